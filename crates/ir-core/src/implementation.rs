@@ -1,0 +1,187 @@
+//! What an implementation (provider) of an op is: availability, `supports` predicate, in-place flag
+//! and function.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::op::{ArgMeta, Value};
+use crate::storage::Storage;
+use crate::{Tensor, TensorError};
+
+/// Whether a provider can run on this machine (library, driver, device), never a user preference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// It can run.
+    Available,
+    /// It cannot, and why (`libcuda.so not found`, `built without feature `rocm``).
+    Unavailable(String),
+}
+
+/// A `supports` predicate's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Support {
+    /// The provider handles these arguments.
+    Yes,
+    /// It does not, and why.
+    No(Cow<'static, str>),
+}
+
+/// The availability probe: evaluated at most once per registry, lazily; a panic inside it is caught.
+pub type Probe = Arc<dyn Fn() -> Availability + Send + Sync>;
+/// The `supports` predicate: argument metadata only, pure, independent of the number of tokens.
+pub type SupportsFn = Arc<dyn Fn(&[ArgMeta<'_>]) -> Support + Send + Sync>;
+
+/// A provider's registration data, apart from its function.
+#[derive(Clone)]
+pub struct ImplSpec {
+    /// Provider name (`^[a-z_][a-z_0-9]*$`; `native` and `unfused` are reserved).
+    pub provider: &'static str,
+    /// Availability probe.
+    pub probe: Probe,
+    /// `None` means "supports all arguments".
+    pub supports: Option<SupportsFn>,
+}
+
+impl ImplSpec {
+    /// An always-available provider with no predicate.
+    pub fn new(provider: &'static str) -> ImplSpec {
+        ImplSpec { provider, probe: Arc::new(|| Availability::Available), supports: None }
+    }
+
+    /// The same spec with an availability probe.
+    pub fn with_probe(self, probe: impl Fn() -> Availability + Send + Sync + 'static) -> ImplSpec {
+        ImplSpec { probe: Arc::new(probe), ..self }
+    }
+
+    /// The same spec with a `supports` predicate.
+    pub fn with_supports(self, supports: impl Fn(&[ArgMeta<'_>]) -> Support + Send + Sync + 'static) -> ImplSpec {
+        ImplSpec { supports: Some(Arc::new(supports)), ..self }
+    }
+}
+
+impl fmt::Debug for ImplSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImplSpec")
+            .field("provider", &self.provider)
+            .field("supports", &self.supports.is_some())
+            .finish()
+    }
+}
+
+/// An error an implementation returns.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum KernelError {
+    /// A tensor operation inside the kernel failed.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    /// Arguments the kernel cannot handle (its predicate should have rejected them).
+    #[error("invalid arguments: {reason}")]
+    InvalidArguments {
+        /// Why.
+        reason: String,
+    },
+    /// The driver reported an error.
+    #[error("{backend} driver error: {message}")]
+    Driver {
+        /// `cuda`, `rocm`, `xpu`.
+        backend: &'static str,
+        /// The driver's message.
+        message: String,
+    },
+    /// A kernel failed to compile; the compiler log is kept.
+    #[error("compiling `{kernel}` with {options:?} failed:\n{log}")]
+    Compile {
+        /// Kernel name.
+        kernel: String,
+        /// Compiler options.
+        options: Vec<String>,
+        /// Compiler log.
+        log: String,
+    },
+}
+
+/// A tensor whose storage was uniquely owned when the dispatcher handed it to an in-place kernel.
+///
+/// In-place implementations receive their activations as `UniqueTensor`s, so the precondition of the
+/// in-place contract is in the type. It does not implement `Clone`.
+#[derive(Debug)]
+pub struct UniqueTensor(Tensor);
+
+impl UniqueTensor {
+    /// Wraps `tensor` if its storage is uniquely owned; gives it back otherwise.
+    pub fn new(tensor: Tensor) -> Result<UniqueTensor, Tensor> {
+        if tensor.is_uniquely_owned() {
+            return Ok(UniqueTensor(tensor));
+        }
+        Err(tensor)
+    }
+
+    /// The tensor, for reading metadata and data.
+    pub fn tensor(&self) -> &Tensor {
+        &self.0
+    }
+
+    /// The storage, for writing. Fails only if the kernel made another handle in the meantime.
+    pub fn storage_mut(&mut self) -> Result<&mut Storage, TensorError> {
+        self.0.storage_mut()
+    }
+
+    /// Unwraps the tensor (the kernel's output).
+    pub fn into_tensor(self) -> Tensor {
+        self.0
+    }
+}
+
+/// The type-erased function the registry calls: bound arguments in, outputs out.
+pub(crate) type ErasedImpl = Arc<dyn Fn(Vec<Value>) -> Result<Vec<Tensor>, KernelError> + Send + Sync>;
+
+/// An implementation function with its in-place flag.
+///
+/// Typed constructors live beside each op (`rms_norm::RmsNormImpl`); these dynamic ones serve ops
+/// defined at run time, whose argument lists the registry has bound before every call.
+#[derive(Clone)]
+pub struct ImplFunc {
+    pub(crate) inplace: bool,
+    pub(crate) call: ErasedImpl,
+}
+
+impl ImplFunc {
+    /// A functional implementation over bound arguments; it must not write any argument.
+    pub fn functional(f: impl Fn(&[Value]) -> Result<Vec<Tensor>, KernelError> + Send + Sync + 'static) -> ImplFunc {
+        ImplFunc { inplace: false, call: Arc::new(move |args| f(&args)) }
+    }
+
+    /// An in-place implementation: it receives the bound arguments by value, every activation uniquely
+    /// owned, writes output i into activation i's storage and returns those tensors.
+    pub fn inplace(f: impl Fn(Vec<Value>) -> Result<Vec<Tensor>, KernelError> + Send + Sync + 'static) -> ImplFunc {
+        ImplFunc { inplace: true, call: Arc::new(f) }
+    }
+
+    /// Whether the implementation writes its outputs into its activations.
+    pub fn is_inplace(&self) -> bool {
+        self.inplace
+    }
+}
+
+impl fmt::Debug for ImplFunc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImplFunc").field("inplace", &self.inplace).finish()
+    }
+}
+
+/// Takes the tensor at `index` out of a bound argument list (for typed wrappers).
+pub(crate) fn take_tensor(args: &mut [Value], index: usize) -> Result<Tensor, KernelError> {
+    match std::mem::replace(&mut args[index], Value::None) {
+        Value::Tensor(t) => Ok(t),
+        _ => Err(KernelError::InvalidArguments { reason: format!("argument {index} is not a tensor") }),
+    }
+}
+
+/// Takes the activation at `index` as a [`UniqueTensor`] (for typed in-place wrappers).
+pub(crate) fn take_unique(args: &mut [Value], index: usize) -> Result<UniqueTensor, KernelError> {
+    let tensor = take_tensor(args, index)?;
+    UniqueTensor::new(tensor).map_err(|t| {
+        KernelError::Tensor(TensorError::SharedStorage { meta: t.meta().clone(), handles: t.storage_handles() })
+    })
+}

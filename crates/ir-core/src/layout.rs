@@ -1,0 +1,464 @@
+//! Shapes, strides and storage offsets.
+//!
+//! Strides and offsets are in elements, not bytes. A layout is canonical: the stride of every dimension
+//! of size 1 (and every stride of a layout without elements) is replaced by its row-major value, so
+//! equal logical layouts compare, hash and print equal.
+
+use std::fmt;
+
+/// Why a layout or view could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// Shape and strides have different lengths.
+    #[error("shape {shape:?} has rank {} but strides {strides:?} have rank {}", shape.len(), strides.len())]
+    RankMismatch {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// The strides given.
+        strides: Vec<usize>,
+    },
+    /// A dimension index is out of range.
+    #[error("dimension {dim} is out of range for rank {rank}")]
+    DimOutOfRange {
+        /// The dimension asked for.
+        dim: usize,
+        /// The rank of the layout.
+        rank: usize,
+    },
+    /// A slice range does not fit the dimension.
+    #[error("slice {start}..{end} is out of range for dimension {dim} of size {size}")]
+    SliceOutOfRange {
+        /// The dimension sliced.
+        dim: usize,
+        /// First index taken.
+        start: usize,
+        /// One past the last index taken.
+        end: usize,
+        /// Size of the dimension.
+        size: usize,
+    },
+    /// A reshape to a different number of elements.
+    #[error("cannot reshape shape {shape:?} ({} elements) to {target:?} ({} elements)", numel(shape), numel(target))]
+    NumelMismatch {
+        /// The source shape.
+        shape: Vec<usize>,
+        /// The requested shape.
+        target: Vec<usize>,
+    },
+    /// A reshape that no strides over the same storage can express.
+    #[error(
+        "cannot view shape {shape:?} with strides {strides:?} as {target:?} without a copy; use contiguous() first"
+    )]
+    NotViewable {
+        /// The source shape.
+        shape: Vec<usize>,
+        /// The source strides.
+        strides: Vec<usize>,
+        /// The requested shape.
+        target: Vec<usize>,
+    },
+    /// An index computation that does not fit in `usize`.
+    #[error("layout with shape {shape:?} overflows the address space")]
+    Overflow {
+        /// The shape involved.
+        shape: Vec<usize>,
+    },
+}
+
+/// Shape, strides (elements) and storage offset (elements) of a tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// The number of elements of a shape (1 for rank 0).
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Row-major strides of a shape.
+pub fn compact_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut acc = 1usize;
+    for (stride, &size) in strides.iter_mut().zip(shape).rev() {
+        *stride = acc;
+        acc = acc.saturating_mul(size);
+    }
+    strides
+}
+
+impl Layout {
+    /// A compact (row-major) layout at offset 0.
+    pub fn compact(shape: &[usize]) -> Layout {
+        Layout { shape: shape.to_vec(), strides: compact_strides(shape), offset: 0 }
+    }
+
+    /// A layout from explicit strides and offset, canonicalized.
+    pub fn new(shape: &[usize], strides: &[usize], offset: usize) -> Result<Layout, LayoutError> {
+        if shape.len() != strides.len() {
+            return Err(LayoutError::RankMismatch { shape: shape.to_vec(), strides: strides.to_vec() });
+        }
+        if shape.iter().try_fold(1usize, |acc, &size| acc.checked_mul(size)).is_none() {
+            return Err(LayoutError::Overflow { shape: shape.to_vec() });
+        }
+        let mut layout = Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset };
+        layout.canonicalize();
+        if layout.span_checked().is_none() {
+            return Err(LayoutError::Overflow { shape: shape.to_vec() });
+        }
+        Ok(layout)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// The storage offset, in elements.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// Size of the last dimension (1 for rank 0).
+    pub fn last_dim(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// One past the largest storage index this layout touches (0 without elements).
+    pub fn storage_end(&self) -> usize {
+        self.span_checked().expect("checked when the layout was built")
+    }
+
+    /// Whether the strides are the row-major strides of the shape.
+    pub fn is_compact(&self) -> bool {
+        self.strides == compact_strides(&self.shape)
+    }
+
+    /// Whether the elements occupy exactly `numel` consecutive slots (compact in some dimension order).
+    pub fn is_dense(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(size, _)| **size > 1)
+            .map(|(&size, &stride)| (stride, size))
+            .collect();
+        dims.sort_unstable();
+        let mut expected = 1usize;
+        for (stride, size) in dims {
+            if stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
+
+    /// The layout a copy of this layout gets: the same strides at offset 0 when dense, else compact.
+    pub fn copy_layout(&self) -> Layout {
+        if self.is_dense() {
+            Layout { shape: self.shape.clone(), strides: self.strides.clone(), offset: 0 }
+        } else {
+            Layout::compact(&self.shape)
+        }
+    }
+
+    /// The same shape and strides at another storage offset.
+    pub fn with_offset(&self, offset: usize) -> Layout {
+        Layout { offset, ..self.clone() }
+    }
+
+    /// A view of `start..end` along `dim`.
+    pub fn slice(&self, dim: usize, start: usize, end: usize) -> Result<Layout, LayoutError> {
+        self.check_dim(dim)?;
+        let size = self.shape[dim];
+        if start > end || end > size {
+            return Err(LayoutError::SliceOutOfRange { dim, start, end, size });
+        }
+        let mut shape = self.shape.clone();
+        shape[dim] = end - start;
+        let offset = if end > start { self.offset + start * self.strides[dim] } else { self.offset };
+        Layout::new(&shape, &self.strides, offset)
+    }
+
+    /// A view of `len` indices from `start` along `dim`.
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout, LayoutError> {
+        let end = start.checked_add(len).ok_or(LayoutError::Overflow { shape: self.shape.clone() })?;
+        self.slice(dim, start, end)
+    }
+
+    /// A view with dimensions `d0` and `d1` swapped.
+    pub fn transpose(&self, d0: usize, d1: usize) -> Result<Layout, LayoutError> {
+        self.check_dim(d0)?;
+        self.check_dim(d1)?;
+        let mut shape = self.shape.clone();
+        let mut strides = self.strides.clone();
+        shape.swap(d0, d1);
+        strides.swap(d0, d1);
+        Layout::new(&shape, &strides, self.offset)
+    }
+
+    /// A view with another shape of the same number of elements, when strides can express it.
+    pub fn reshape(&self, target: &[usize]) -> Result<Layout, LayoutError> {
+        if numel(target) != self.numel() {
+            return Err(LayoutError::NumelMismatch { shape: self.shape.clone(), target: target.to_vec() });
+        }
+        if self.numel() == 0 {
+            return Layout::new(target, &compact_strides(target), self.offset);
+        }
+        match self.view_strides(target) {
+            Some(strides) => Layout::new(target, &strides, self.offset),
+            None => Err(LayoutError::NotViewable {
+                shape: self.shape.clone(),
+                strides: self.strides.clone(),
+                target: target.to_vec(),
+            }),
+        }
+    }
+
+    /// Iterates the storage index of every element in logical (row-major) order.
+    pub fn storage_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.numel();
+        let rank = self.rank();
+        let mut index = vec![0usize; rank];
+        let mut position = self.offset;
+        (0..n).map(move |i| {
+            if i > 0 {
+                // Advance the multi-index like an odometer, updating the storage position incrementally.
+                for dim in (0..rank).rev() {
+                    index[dim] += 1;
+                    position += self.strides[dim];
+                    if index[dim] < self.shape[dim] {
+                        break;
+                    }
+                    position -= self.strides[dim] * self.shape[dim];
+                    index[dim] = 0;
+                }
+            }
+            position
+        })
+    }
+
+    /// Views the layout as `n_rows` rows of `last_dim` elements with one row stride, if possible.
+    ///
+    /// Returns `(n_rows, row_stride)`. Leading dimensions must collapse into one stride.
+    pub fn as_rows(&self) -> Option<(usize, usize)> {
+        let rank = self.rank();
+        if rank == 0 {
+            return Some((1, 1));
+        }
+        let n_rows = numel(&self.shape[..rank - 1]);
+        if n_rows <= 1 {
+            return Some((n_rows, self.last_dim()));
+        }
+        // Collapse the leading dimensions: each (skipping size-1 ones) must step by size * inner stride.
+        let mut row_stride = None;
+        let mut expected = None;
+        for dim in (0..rank - 1).rev() {
+            let size = self.shape[dim];
+            if size == 1 {
+                continue;
+            }
+            let stride = self.strides[dim];
+            match expected {
+                None => row_stride = Some(stride),
+                Some(expected) if expected == stride => {}
+                Some(_) => return None,
+            }
+            expected = Some(stride * size);
+        }
+        row_stride.map(|row_stride| (n_rows, row_stride))
+    }
+
+    fn check_dim(&self, dim: usize) -> Result<(), LayoutError> {
+        if dim < self.rank() {
+            return Ok(());
+        }
+        Err(LayoutError::DimOutOfRange { dim, rank: self.rank() })
+    }
+
+    fn canonicalize(&mut self) {
+        let compact = compact_strides(&self.shape);
+        let empty = self.numel() == 0;
+        for ((stride, &size), &row_major) in self.strides.iter_mut().zip(&self.shape).zip(&compact) {
+            if empty || size == 1 {
+                *stride = row_major;
+            }
+        }
+    }
+
+    fn span_checked(&self) -> Option<usize> {
+        if self.numel() == 0 {
+            return Some(0);
+        }
+        let mut last = self.offset;
+        for (&size, &stride) in self.shape.iter().zip(&self.strides) {
+            last = last.checked_add((size - 1).checked_mul(stride)?)?;
+        }
+        last.checked_add(1)
+    }
+
+    /// Strides viewing this layout's elements as `target`, following the usual chunk-matching rule:
+    /// each group of source dimensions that is contiguous with itself maps onto a group of target
+    /// dimensions of the same element count.
+    fn view_strides(&self, target: &[usize]) -> Option<Vec<usize>> {
+        let mut new_strides = vec![0usize; target.len()];
+        let mut view_d = target.len() as isize - 1;
+        let mut chunk_base_stride = *self.strides.last().unwrap_or(&1);
+        let mut tensor_numel = 1usize;
+        let mut view_numel = 1usize;
+        for tensor_d in (0..self.rank()).rev() {
+            tensor_numel *= self.shape[tensor_d];
+            let chunk_ends = tensor_d == 0
+                || (self.shape[tensor_d - 1] != 1 && self.strides[tensor_d - 1] != tensor_numel * chunk_base_stride);
+            if chunk_ends {
+                while view_d >= 0 && (view_numel < tensor_numel || target[view_d as usize] == 1) {
+                    new_strides[view_d as usize] = view_numel * chunk_base_stride;
+                    view_numel *= target[view_d as usize];
+                    view_d -= 1;
+                }
+                if view_numel != tensor_numel {
+                    return None;
+                }
+                if tensor_d > 0 {
+                    chunk_base_stride = self.strides[tensor_d - 1];
+                    tensor_numel = 1;
+                    view_numel = 1;
+                }
+            }
+        }
+        if view_d != -1 {
+            return None;
+        }
+        Some(new_strides)
+    }
+}
+
+impl fmt::Display for Layout {
+    /// Prints `[8,16]`, plus `{16,1}` when not compact and `+5` when the offset is not 0.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_list(f, "[", &self.shape, "]")?;
+        if !self.is_compact() {
+            write_list(f, "{", &self.strides, "}")?;
+        }
+        if self.offset != 0 {
+            write!(f, "+{}", self.offset)?;
+        }
+        Ok(())
+    }
+}
+
+fn write_list(f: &mut fmt::Formatter<'_>, open: &str, items: &[usize], close: &str) -> fmt::Result {
+    f.write_str(open)?;
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            f.write_str(",")?;
+        }
+        write!(f, "{item}")?;
+    }
+    f.write_str(close)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_strides_for_size_one_dims() {
+        let row = Layout::new(&[1, 4096], &[8192, 1], 0).unwrap();
+        assert!(row.is_compact());
+        assert_eq!(row, Layout::compact(&[1, 4096]));
+        let empty = Layout::new(&[0, 4], &[100, 7], 3).unwrap();
+        assert_eq!(empty.strides(), &[4, 1]);
+        assert_eq!(empty.storage_end(), 0);
+    }
+
+    #[test]
+    fn compact_and_dense() {
+        let base = Layout::compact(&[4, 5]);
+        assert!(base.is_compact() && base.is_dense());
+        let transposed = base.transpose(0, 1).unwrap();
+        assert!(!transposed.is_compact() && transposed.is_dense());
+        let columns = base.slice(1, 0, 3).unwrap();
+        assert_eq!(columns.strides(), &[5, 1]);
+        assert!(!columns.is_dense());
+        assert_eq!(columns.copy_layout().strides(), &[3, 1]);
+        let rows = base.slice(0, 1, 4).unwrap();
+        assert_eq!(rows.offset(), 5);
+        assert!(rows.is_compact());
+        assert_eq!(rows.copy_layout().offset(), 0);
+        assert_eq!(transposed.copy_layout().strides(), &[1, 5]);
+    }
+
+    #[test]
+    fn slice_errors() {
+        let base = Layout::compact(&[4, 5]);
+        assert_eq!(base.slice(2, 0, 1), Err(LayoutError::DimOutOfRange { dim: 2, rank: 2 }));
+        assert_eq!(base.slice(1, 2, 6), Err(LayoutError::SliceOutOfRange { dim: 1, start: 2, end: 6, size: 5 }));
+        assert!(base.slice(1, 3, 2).is_err());
+    }
+
+    #[test]
+    fn reshape_views_and_refusals() {
+        let base = Layout::compact(&[3, 8, 16]);
+        let q = base.slice(0, 0, 1).unwrap().reshape(&[8, 16]).unwrap();
+        assert_eq!(q, Layout::compact(&[8, 16]));
+        let k = base.slice(0, 1, 2).unwrap().reshape(&[8, 16]).unwrap();
+        assert_eq!(k.offset(), 128);
+        let split = Layout::compact(&[8, 16]).reshape(&[8, 2, 8]).unwrap();
+        assert_eq!(split.strides(), &[16, 8, 1]);
+        let padded = Layout::compact(&[4, 5]).slice(1, 0, 3).unwrap();
+        let flat = padded.reshape(&[12]);
+        assert!(matches!(flat, Err(LayoutError::NotViewable { .. })), "{flat:?}");
+        let split_rows = padded.reshape(&[2, 2, 3]).unwrap();
+        assert_eq!(split_rows.strides(), &[10, 5, 1]);
+        assert!(matches!(base.reshape(&[5]), Err(LayoutError::NumelMismatch { .. })));
+        let transposed = Layout::compact(&[4, 6]).transpose(0, 1).unwrap();
+        assert!(transposed.reshape(&[24]).is_err());
+        assert_eq!(transposed.reshape(&[6, 2, 2]).unwrap().strides(), &[1, 12, 6]);
+    }
+
+    #[test]
+    fn storage_indices_and_rows() {
+        let padded = Layout::new(&[2, 3], &[5, 1], 1).unwrap();
+        assert_eq!(padded.storage_indices().collect::<Vec<_>>(), vec![1, 2, 3, 6, 7, 8]);
+        assert_eq!(padded.as_rows(), Some((2, 5)));
+        let heads = Layout::compact(&[4, 2, 64]);
+        assert_eq!(heads.as_rows(), Some((8, 64)));
+        let q_of_qkv = Layout::compact(&[4, 3, 64]).slice(1, 0, 1).unwrap();
+        assert_eq!(q_of_qkv.as_rows(), Some((4, 192)));
+        let q_heads = Layout::compact(&[4, 3, 2, 64]).slice(1, 0, 1).unwrap();
+        assert_eq!(q_heads.as_rows(), None);
+        let k_of_qkv = Layout::compact(&[4, 3, 64]).slice(1, 1, 3).unwrap();
+        assert_eq!(k_of_qkv.as_rows(), None);
+        assert_eq!(Layout::compact(&[]).as_rows(), Some((1, 1)));
+        assert_eq!(Layout::compact(&[0, 8]).as_rows(), Some((0, 8)));
+    }
+
+    #[test]
+    fn display_is_text_format_type_syntax() {
+        assert_eq!(Layout::compact(&[8, 16]).to_string(), "[8,16]");
+        assert_eq!(Layout::new(&[8, 8], &[16, 1], 5).unwrap().to_string(), "[8,8]{16,1}+5");
+        assert_eq!(Layout::compact(&[]).to_string(), "[]");
+    }
+}

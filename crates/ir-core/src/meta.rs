@@ -1,0 +1,70 @@
+//! Per-tensor metadata: dtype, device and layout.
+
+use std::fmt;
+
+use crate::{DType, Device, Layout};
+
+/// The metadata of a tensor or graph value (the "fake tensor"): all a `supports` predicate sees.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorMeta {
+    /// Element type.
+    pub dtype: DType,
+    /// Where the storage lives.
+    pub device: Device,
+    /// Shape, strides and offset.
+    pub layout: Layout,
+}
+
+impl TensorMeta {
+    /// Metadata of a compact CPU tensor.
+    pub fn compact(dtype: DType, shape: &[usize]) -> TensorMeta {
+        TensorMeta { dtype, device: Device::Cpu, layout: Layout::compact(shape) }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// Bytes needed to hold the elements this metadata reaches.
+    pub fn storage_bytes(&self) -> usize {
+        self.layout.storage_end() * self.dtype.size_in_bytes()
+    }
+
+    /// Whether dtype, device and shape match (the layout may differ).
+    pub fn same_kind_and_shape(&self, other: &TensorMeta) -> bool {
+        self.dtype == other.dtype && self.device == other.device && self.shape() == other.shape()
+    }
+}
+
+impl fmt::Display for TensorMeta {
+    /// Prints the text-format type: `bf16[8,16]{16,1}+5@cuda:0` (compact strides, offset 0 and `@cpu` omitted).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.dtype, self.layout)?;
+        if !self.device.is_cpu() {
+            write!(f, "@{}", self.device)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display() {
+        let meta = TensorMeta {
+            dtype: DType::BF16,
+            device: Device::Cuda(0),
+            layout: Layout::new(&[8, 8], &[16, 1], 5).unwrap(),
+        };
+        assert_eq!(meta.to_string(), "bf16[8,8]{16,1}+5@cuda:0");
+        assert_eq!(TensorMeta::compact(DType::F32, &[2, 3]).to_string(), "f32[2,3]");
+    }
+}

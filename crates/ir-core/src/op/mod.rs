@@ -1,0 +1,290 @@
+//! Op definitions: one static [`OpDef`] per op, holding its schema, semantics and test inputs.
+//!
+//! Adding an op touches only its own module and [`BUILTIN_OPS`].
+
+pub mod fused_add_rms_norm;
+mod norm_math;
+pub mod rms_norm;
+mod value;
+
+use std::fmt;
+
+pub use crate::op::value::{ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
+use crate::{DType, Device, KernelError, Tensor, TensorError, TensorMeta};
+
+/// The reference implementation: plain Rust over bound, validated arguments.
+pub type NativeFn = fn(&[Value]) -> Result<Vec<Tensor>, KernelError>;
+/// Computes output metadata from argument metadata and validates the arguments.
+pub type MetaFn = fn(&[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError>;
+/// Produces a complete, deterministic argument list of CPU tensors for tests and benchmarks.
+pub type InputGenerator = fn(&InputSpec) -> Result<Vec<Value>, TensorError>;
+
+/// The one definition of an op.
+#[derive(Clone, Copy, Debug)]
+pub struct OpDef {
+    /// Name (`^[a-z_][a-z_0-9]*$`, not a reserved word of the text format).
+    pub name: &'static str,
+    /// Ordered parameters (all positional).
+    pub params: &'static [ParamDef],
+    /// Number of tensor outputs (at least 1).
+    pub n_outputs: usize,
+    /// Which tensor parameters `maybe_inplace` donates.
+    pub activations: Activations,
+    /// Whether the op has a `maybe_inplace` form (then outputs = activations, output i ↔ activation i).
+    pub allow_inplace: bool,
+    /// The semantics.
+    pub native: NativeFn,
+    /// Shape inference and validation.
+    pub meta: MetaFn,
+    /// Test inputs.
+    pub generate_inputs: InputGenerator,
+    /// Per-dtype tolerance overrides, consulted before the global table.
+    pub tolerances: &'static [(DType, Tolerance)],
+    /// One-line description.
+    pub description: &'static str,
+}
+
+/// How an op's activations are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activations {
+    /// The `Tensor` parameters whose names start with `x`, in order.
+    Default,
+    /// These parameters, each of kind `Tensor`.
+    Explicit(&'static [&'static str]),
+}
+
+/// The two call forms of an op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Overload {
+    /// The functional call: inputs never change, outputs never alias them.
+    Default,
+    /// The caller donates the activations; an in-place kernel may write its outputs into them.
+    MaybeInplace,
+}
+
+/// Absolute and relative tolerance for comparing a provider's result with native.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    /// Absolute tolerance.
+    pub atol: f64,
+    /// Relative tolerance.
+    pub rtol: f64,
+}
+
+/// No tolerance is known for this op and dtype.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("no tolerance for op `{op}` and dtype {dtype}")]
+pub struct NoTolerance {
+    /// The op.
+    pub op: &'static str,
+    /// The dtype.
+    pub dtype: DType,
+}
+
+/// What an input generator is asked for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InputSpec {
+    /// Rows (T).
+    pub num_tokens: usize,
+    /// Last-dimension length (H).
+    pub hidden_size: usize,
+    /// Element type of every tensor.
+    pub dtype: DType,
+    /// The epsilon argument.
+    pub epsilon: f64,
+    /// PRNG seed; equal specs give bit-identical inputs.
+    pub seed: u64,
+}
+
+/// Arguments a meta function rejects. Each names the parameter and what it was compared with.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum MetaError {
+    /// A tensor of the wrong rank.
+    #[error("{op}: `{param}` must have {expected}, got shape {shape:?}")]
+    Rank {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+        /// What was expected (`rank >= 1`).
+        expected: &'static str,
+        /// The shape given.
+        shape: Vec<usize>,
+    },
+    /// A tensor whose shape does not fit another argument's.
+    #[error("{op}: `{param}` has shape {shape:?} but {expected} (`{other}` has shape {other_shape:?})")]
+    Shape {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The rule broken (`must equal x's shape`).
+        expected: &'static str,
+        /// The parameter compared with.
+        other: &'static str,
+        /// That parameter's shape.
+        other_shape: Vec<usize>,
+    },
+    /// A tensor on another device than a reference argument.
+    #[error("{op}: `{param}` is on {device} but `{other}` is on {other_device}")]
+    Device {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+        /// Its device.
+        device: Device,
+        /// The parameter compared with.
+        other: &'static str,
+        /// That parameter's device.
+        other_device: Device,
+    },
+    /// A scalar out of its range.
+    #[error("{op}: `{param}` = {value} is invalid: {reason}")]
+    Scalar {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+        /// The value, printed.
+        value: String,
+        /// The rule broken.
+        reason: String,
+    },
+    /// An argument of the wrong kind reached the meta function (the caller skipped `bind`).
+    #[error("{op}: `{param}` has the wrong kind")]
+    Kind {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+    },
+}
+
+/// The ops every registry built by `Registry::with_builtin_ops` defines.
+pub const BUILTIN_OPS: &[&OpDef] = &[&rms_norm::RMS_NORM, &fused_add_rms_norm::FUSED_ADD_RMS_NORM];
+
+/// Words of the text format that cannot name an op or provider.
+pub const RESERVED_WORDS: &[&str] = &[
+    "clone",
+    "contiguous",
+    "slice",
+    "transpose",
+    "reshape",
+    "add",
+    "mul",
+    "scale",
+    "copy_",
+    "impl",
+    "output",
+    "graph",
+    "none",
+    "true",
+    "false",
+];
+
+/// The global tolerance table (R55), used when an op has no override.
+pub fn global_tolerance(dtype: DType) -> Tolerance {
+    match dtype {
+        DType::F64 => Tolerance { atol: 1e-8, rtol: 1e-8 },
+        DType::F32 => Tolerance { atol: 1e-5, rtol: 1.3e-6 },
+        DType::F16 => Tolerance { atol: 1e-3, rtol: 1e-3 },
+        DType::BF16 => Tolerance { atol: 1e-3, rtol: 1.6e-2 },
+    }
+}
+
+/// The tolerance for comparing `op`'s outputs in `dtype` with native: the op's override, else the global table.
+pub fn tolerance(op: &OpDef, dtype: DType) -> Result<Tolerance, NoTolerance> {
+    let overridden = op.tolerances.iter().find(|(d, _)| *d == dtype).map(|(_, t)| *t);
+    Ok(overridden.unwrap_or_else(|| global_tolerance(dtype)))
+}
+
+/// Whether `name` matches `^[a-z_][a-z_0-9]*$`.
+pub fn is_valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    let Some(first) = chars.next() else { return false };
+    (first.is_ascii_lowercase() || first == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+impl OpDef {
+    /// Parameter indices of the activations, or why the definition is invalid.
+    pub fn activation_indices(&self) -> Result<Vec<usize>, crate::RegistryError> {
+        match self.activations {
+            Activations::Default => Ok(self
+                .params
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.kind == ParamKind::Tensor && p.name.starts_with('x'))
+                .map(|(i, _)| i)
+                .collect()),
+            Activations::Explicit(names) => names
+                .iter()
+                .map(|name| {
+                    let index = self.param_index(name).ok_or_else(|| crate::RegistryError::UnknownActivation {
+                        op: self.name.to_owned(),
+                        name: (*name).to_owned(),
+                    })?;
+                    let kind = self.params[index].kind;
+                    if kind != ParamKind::Tensor {
+                        return Err(crate::RegistryError::ActivationNotTensor {
+                            op: self.name.to_owned(),
+                            name: (*name).to_owned(),
+                            kind,
+                        });
+                    }
+                    Ok(index)
+                })
+                .collect(),
+        }
+    }
+
+    /// The index of the parameter called `name`.
+    pub fn param_index(&self, name: &str) -> Option<usize> {
+        self.params.iter().position(|p| p.name == name)
+    }
+}
+
+impl fmt::Display for OpDef {
+    /// Prints the signature: `rms_norm(x: Tensor, weight: Optional[Tensor], ...) -> 1 output`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}(", self.name)?;
+        for (i, param) in self.params.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{}: {}", param.name, param.kind)?;
+        }
+        let plural = if self.n_outputs == 1 { "" } else { "s" };
+        write!(f, ") -> {} output{plural}", self.n_outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for good in ["rms_norm", "_a1", "a", "x_9"] {
+            assert!(is_valid_name(good), "{good}");
+        }
+        for bad in ["RmsNorm", "1abc", "a-b", "", "é"] {
+            assert!(!is_valid_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tolerances() {
+        let fused = &fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+        assert_eq!(tolerance(fused, DType::F16), Ok(Tolerance { atol: 1e-2, rtol: 2e-3 }));
+        assert_eq!(tolerance(fused, DType::BF16), Ok(Tolerance { atol: 1e-3, rtol: 1.6e-2 }));
+        for op in BUILTIN_OPS {
+            for dtype in DType::ALL {
+                assert!(tolerance(op, dtype).is_ok());
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The normative math of `rms_norm` and `fused_add_rms_norm` (R52–R54), shared by both ops.
+//!
+//! Notation: `c` is the compute dtype (f32; f64 when x is f64). Values are held in `f64` but rounded
+//! to `c` after every step the spec computes "in c": for f32 operands, one f64 operation followed by
+//! one rounding to f32 gives the correctly rounded f32 result (f64 has more than 2·24 + 2 bits), so
+//! this is exactly f32 arithmetic.
+
+use crate::op::{ArgMeta, MetaError};
+use crate::tensor::{element_reader, element_writer};
+use crate::{DType, Tensor, TensorError, TensorMeta};
+
+/// Positions of the arguments in an op's bound argument list.
+pub(crate) struct NormParams {
+    pub(crate) op: &'static str,
+    pub(crate) x: usize,
+    pub(crate) residual: Option<usize>,
+    pub(crate) weight: usize,
+    pub(crate) epsilon: usize,
+    pub(crate) variance_size: usize,
+}
+
+/// The meta function of both norms.
+pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+    let op = p.op;
+    let kind = |param| MetaError::Kind { op, param };
+    let x = args.get(p.x).and_then(ArgMeta::tensor).ok_or(kind("x"))?;
+    if x.layout.rank() == 0 {
+        return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });
+    }
+    let hidden = x.layout.last_dim();
+    match args.get(p.weight) {
+        Some(ArgMeta::None) => {}
+        Some(ArgMeta::Tensor(w)) => {
+            if w.shape() != [hidden] {
+                return Err(MetaError::Shape {
+                    op,
+                    param: "weight",
+                    shape: w.shape().to_vec(),
+                    expected: "must be [H] with H the last dimension of x",
+                    other: "x",
+                    other_shape: x.shape().to_vec(),
+                });
+            }
+            if w.device != x.device {
+                return Err(MetaError::Device {
+                    op,
+                    param: "weight",
+                    device: w.device,
+                    other: "x",
+                    other_device: x.device,
+                });
+            }
+        }
+        _ => return Err(kind("weight")),
+    }
+    let mut outputs = vec![TensorMeta { dtype: x.dtype, device: x.device, layout: x.layout.copy_layout() }];
+    if let Some(index) = p.residual {
+        let r = args.get(index).and_then(ArgMeta::tensor).ok_or(kind("x_residual"))?;
+        if r.shape() != x.shape() {
+            return Err(MetaError::Shape {
+                op,
+                param: "x_residual",
+                shape: r.shape().to_vec(),
+                expected: "must equal the shape of x",
+                other: "x",
+                other_shape: x.shape().to_vec(),
+            });
+        }
+        if r.device != x.device {
+            return Err(MetaError::Device {
+                op,
+                param: "x_residual",
+                device: r.device,
+                other: "x",
+                other_device: x.device,
+            });
+        }
+        outputs.push(TensorMeta { dtype: x.dtype, device: x.device, layout: r.layout.copy_layout() });
+    }
+    let epsilon = args.get(p.epsilon).and_then(ArgMeta::f64).ok_or(kind("epsilon"))?;
+    let epsilon_ok = epsilon.is_finite() && epsilon >= 0.0;
+    if !epsilon_ok {
+        return Err(MetaError::Scalar {
+            op,
+            param: "epsilon",
+            value: format!("{epsilon:?}"),
+            reason: "must be finite and >= 0".to_owned(),
+        });
+    }
+    match args.get(p.variance_size) {
+        Some(ArgMeta::None) => {}
+        Some(ArgMeta::I64(v)) => {
+            let in_range = *v >= 1 && (*v as u64) <= hidden as u64;
+            if !in_range {
+                return Err(MetaError::Scalar {
+                    op,
+                    param: "variance_size",
+                    value: v.to_string(),
+                    reason: format!("must lie in 1..={hidden} (the last dimension of x, shape {:?})", x.shape()),
+                });
+            }
+        }
+        _ => return Err(kind("variance_size")),
+    }
+    Ok(outputs)
+}
+
+/// The reference computation. Returns `(out, residual_out)`; `residual_out` only when a residual is given.
+///
+/// Arguments are validated by [`norm_meta`] first. Device tensors go through host memory.
+pub(crate) fn native_norm(
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<(Tensor, Option<Tensor>), TensorError> {
+    let x_host = x.to_cpu()?;
+    let residual_host = residual.map(Tensor::to_cpu).transpose()?;
+    let weight_values = weight.map(Tensor::to_f64_vec).transpose()?;
+    let weight_dtype = weight.map(Tensor::dtype);
+
+    let x_dtype = x.dtype();
+    let c = x_dtype.compute_dtype();
+    let hidden = x.layout().last_dim();
+    let variance = variance_size.map_or(hidden, |v| v as usize);
+    let eps_c = c.round(epsilon);
+
+    let mut out = Tensor::zeros_with_layout(x_dtype, x.layout().copy_layout());
+    let mut residual_out = residual_host.as_ref().map(|r| Tensor::zeros_with_layout(x_dtype, r.layout().copy_layout()));
+
+    if x.numel() > 0 {
+        let read_x = element_reader(x_dtype);
+        let x_bytes = x_host.cpu_buffer().expect("host copy").bytes();
+        let mut x_indices = x_host.layout().storage_indices();
+        let mut residual_source = residual_host.as_ref().map(|r| {
+            let bytes = r.cpu_buffer().expect("host copy").bytes();
+            (element_reader(r.dtype()), bytes, r.layout().storage_indices())
+        });
+        let write = element_writer(x_dtype);
+        let out_layout = out.layout().clone();
+        let mut out_indices = out_layout.storage_indices();
+        let out_bytes = out.cpu_buffer_mut()?.expect("fresh host tensor").bytes_mut();
+        let residual_layout = residual_out.as_ref().map(|r| r.layout().clone());
+        let mut residual_sink = match (residual_out.as_mut(), residual_layout.as_ref()) {
+            (Some(r), Some(layout)) => {
+                Some((r.cpu_buffer_mut()?.expect("fresh host tensor").bytes_mut(), layout.storage_indices()))
+            }
+            _ => None,
+        };
+
+        let mut row = vec![0f64; hidden];
+        for _ in 0..x.numel() / hidden {
+            // Steps 1 and R54: a_j = c(x_j), or s_j = c(c(x_j) + c(r_j)) for the fused op.
+            for slot in row.iter_mut() {
+                let index = x_indices.next().expect("row-major iteration covers every element");
+                *slot = c.round(read_x(x_bytes, index));
+            }
+            if let Some((read_r, r_bytes, r_indices)) = residual_source.as_mut() {
+                let (sink_bytes, sink_indices) = residual_sink.as_mut().expect("fused op has a residual output");
+                for slot in row.iter_mut() {
+                    let r = c.round(read_r(r_bytes, r_indices.next().expect("same shape as x")));
+                    *slot = c.round(*slot + r);
+                    write(sink_bytes, sink_indices.next().expect("same shape as x"), *slot);
+                }
+            }
+            // Step 2: the mean square over the first V elements, accumulated and divided in f64, rounded once.
+            let sum_sq: f64 = row[..variance].iter().map(|a| a * a).sum();
+            let mean_sq = c.round(sum_sq / variance as f64);
+            // Step 3: rstd = 1 / sqrt(ms + eps), each step in c.
+            let rstd = c.round(1.0 / c.round(c.round(mean_sq + eps_c).sqrt()));
+            // Steps 4–6.
+            for (j, a) in row.iter().enumerate() {
+                let y = c.round(a * rstd);
+                let z = match (&weight_values, weight_dtype) {
+                    (Some(w), Some(dw)) => dw.round(dw.round(y) * w[j]),
+                    _ => y,
+                };
+                write(out_bytes, out_indices.next().expect("same shape as x"), z);
+            }
+        }
+    }
+
+    if x.device().is_cpu() {
+        return Ok((out, residual_out));
+    }
+    let residual_out = residual_out.map(|r| r.to_device_of(x)).transpose()?;
+    Ok((out.to_device_of(x)?, residual_out))
+}
+
+/// Draws `n` values from N(mean, std) with the given generator, rounded to `dtype`.
+pub(crate) fn normal_tensor(
+    rng: &mut rand_chacha::ChaCha8Rng,
+    dtype: DType,
+    shape: &[usize],
+    mean: f64,
+    std: f64,
+) -> Result<Tensor, TensorError> {
+    use rand::Rng;
+    let normal = rand_distr::Normal::new(mean, std).expect("finite mean and positive std");
+    let n = crate::layout::numel(shape);
+    let values: Vec<f64> = (0..n).map(|_| rng.sample(normal)).collect();
+    Tensor::from_f64(dtype, shape, &values)
+}

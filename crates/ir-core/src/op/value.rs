@@ -1,0 +1,276 @@
+//! Dynamic arguments: values, their metadata mirror, parameter kinds and binding.
+
+use std::fmt;
+
+use crate::op::OpDef;
+use crate::{Tensor, TensorMeta};
+
+/// The kind of one op parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParamKind {
+    /// A tensor.
+    Tensor,
+    /// A tensor or none.
+    OptTensor,
+    /// A float.
+    F64,
+    /// An integer or none.
+    OptI64,
+    /// An integer.
+    I64,
+    /// A boolean.
+    Bool,
+}
+
+impl fmt::Display for ParamKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ParamKind::Tensor => "Tensor",
+            ParamKind::OptTensor => "Optional[Tensor]",
+            ParamKind::F64 => "float",
+            ParamKind::OptI64 => "Optional[int]",
+            ParamKind::I64 => "int",
+            ParamKind::Bool => "bool",
+        })
+    }
+}
+
+/// A constant default of a parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Literal {
+    /// `none`.
+    None,
+    /// A float.
+    F64(f64),
+    /// An integer.
+    I64(i64),
+    /// A boolean.
+    Bool(bool),
+}
+
+/// One parameter of an op.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ParamDef {
+    /// Name (`^[a-z_][a-z_0-9]*$`, unique within the op).
+    pub name: &'static str,
+    /// Kind.
+    pub kind: ParamKind,
+    /// Value used when a trailing argument is omitted.
+    pub default: Option<Literal>,
+}
+
+/// One dynamic argument.
+#[derive(Clone, Debug)]
+pub enum Value {
+    /// A tensor.
+    Tensor(Tensor),
+    /// `none`.
+    None,
+    /// A float.
+    F64(f64),
+    /// An integer.
+    I64(i64),
+    /// A boolean.
+    Bool(bool),
+}
+
+/// The metadata mirror of a [`Value`]: what `supports` predicates and meta functions see.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ArgMeta<'a> {
+    /// A tensor's metadata.
+    Tensor(&'a TensorMeta),
+    /// `none`.
+    None,
+    /// A float.
+    F64(f64),
+    /// An integer.
+    I64(i64),
+    /// A boolean.
+    Bool(bool),
+}
+
+/// An argument list that does not fit an op's parameters.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    /// More arguments than parameters.
+    #[error("op `{op}` takes {expected} arguments but {found} were given")]
+    TooManyArgs {
+        /// The op.
+        op: &'static str,
+        /// Number of parameters.
+        expected: usize,
+        /// Number of arguments.
+        found: usize,
+    },
+    /// An omitted parameter without a default.
+    #[error("op `{op}`: missing argument for parameter `{param}`")]
+    MissingArg {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+    },
+    /// An argument of the wrong kind.
+    #[error("op `{op}`: parameter `{param}` expects {expected}, found {found}")]
+    KindMismatch {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+        /// Its kind.
+        expected: ParamKind,
+        /// The kind of the argument given.
+        found: &'static str,
+    },
+}
+
+impl Value {
+    /// The metadata mirror.
+    pub fn meta(&self) -> ArgMeta<'_> {
+        match self {
+            Value::Tensor(t) => ArgMeta::Tensor(t.meta()),
+            Value::None => ArgMeta::None,
+            Value::F64(v) => ArgMeta::F64(*v),
+            Value::I64(v) => ArgMeta::I64(*v),
+            Value::Bool(v) => ArgMeta::Bool(*v),
+        }
+    }
+
+    /// The tensor, if this is one.
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// An optional tensor from `Some(t)` or `None`.
+    pub fn opt_tensor(t: Option<&Tensor>) -> Value {
+        match t {
+            Some(t) => Value::Tensor(t.clone()),
+            None => Value::None,
+        }
+    }
+
+    /// An optional integer from `Some(v)` or `None`.
+    pub fn opt_i64(v: Option<i64>) -> Value {
+        match v {
+            Some(v) => Value::I64(v),
+            None => Value::None,
+        }
+    }
+}
+
+impl From<Literal> for Value {
+    fn from(literal: Literal) -> Value {
+        match literal {
+            Literal::None => Value::None,
+            Literal::F64(v) => Value::F64(v),
+            Literal::I64(v) => Value::I64(v),
+            Literal::Bool(v) => Value::Bool(v),
+        }
+    }
+}
+
+impl<'a> ArgMeta<'a> {
+    /// The tensor metadata, if this is a tensor.
+    pub fn tensor(&self) -> Option<&'a TensorMeta> {
+        match self {
+            ArgMeta::Tensor(meta) => Some(meta),
+            _ => None,
+        }
+    }
+
+    /// The float, if this is one.
+    pub fn f64(&self) -> Option<f64> {
+        match self {
+            ArgMeta::F64(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is one.
+    pub fn i64(&self) -> Option<i64> {
+        match self {
+            ArgMeta::I64(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The spelling of this argument's kind in error messages.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            ArgMeta::Tensor(_) => "a tensor",
+            ArgMeta::None => "none",
+            ArgMeta::F64(_) => "a float",
+            ArgMeta::I64(_) => "an integer",
+            ArgMeta::Bool(_) => "a boolean",
+        }
+    }
+
+    fn fits(&self, kind: ParamKind) -> bool {
+        matches!(
+            (kind, self),
+            (ParamKind::Tensor, ArgMeta::Tensor(_))
+                | (ParamKind::OptTensor, ArgMeta::Tensor(_) | ArgMeta::None)
+                | (ParamKind::F64, ArgMeta::F64(_))
+                | (ParamKind::OptI64, ArgMeta::I64(_) | ArgMeta::None)
+                | (ParamKind::I64, ArgMeta::I64(_))
+                | (ParamKind::Bool, ArgMeta::Bool(_))
+        )
+    }
+}
+
+impl fmt::Display for ArgMeta<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArgMeta::Tensor(meta) => write!(f, "{meta}"),
+            ArgMeta::None => f.write_str("none"),
+            ArgMeta::F64(v) => write!(f, "{v:?}"),
+            ArgMeta::I64(v) => write!(f, "{v}"),
+            ArgMeta::Bool(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// Checks arity and kinds against `op`'s parameters and fills omitted trailing parameters with defaults.
+pub fn bind(op: &OpDef, mut args: Vec<Value>) -> Result<Vec<Value>, BindError> {
+    check_args(op, args.iter().map(Value::meta))?;
+    for param in &op.params[args.len()..] {
+        let default = param.default.ok_or(BindError::MissingArg { op: op.name, param: param.name })?;
+        args.push(Value::from(default));
+    }
+    Ok(args)
+}
+
+/// The metadata form of [`bind`]: defaults are filled in as metadata.
+pub fn bind_meta<'a>(op: &OpDef, mut args: Vec<ArgMeta<'a>>) -> Result<Vec<ArgMeta<'a>>, BindError> {
+    check_args(op, args.iter().copied())?;
+    for param in &op.params[args.len()..] {
+        let default = param.default.ok_or(BindError::MissingArg { op: op.name, param: param.name })?;
+        args.push(match default {
+            Literal::None => ArgMeta::None,
+            Literal::F64(v) => ArgMeta::F64(v),
+            Literal::I64(v) => ArgMeta::I64(v),
+            Literal::Bool(v) => ArgMeta::Bool(v),
+        });
+    }
+    Ok(args)
+}
+
+fn check_args<'a>(op: &OpDef, args: impl ExactSizeIterator<Item = ArgMeta<'a>>) -> Result<(), BindError> {
+    if args.len() > op.params.len() {
+        return Err(BindError::TooManyArgs { op: op.name, expected: op.params.len(), found: args.len() });
+    }
+    for (param, arg) in op.params.iter().zip(args) {
+        if !arg.fits(param.kind) {
+            return Err(BindError::KindMismatch {
+                op: op.name,
+                param: param.name,
+                expected: param.kind,
+                found: arg.kind_name(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! Dispatch and the eager call paths: the functional call and `maybe_inplace`.
+//!
+//! Every call runs the op's meta function first, so every provider receives validated arguments.
+//! The selection rules are the same in eager calls and in lowering ([`Registry::select`]).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::op::{ArgMeta, BindError, MetaError, OpDef, Overload, Value, bind, bind_meta};
+use crate::registry::{ImplEntry, NATIVE, OpEntry, Registry, lock, read};
+use crate::{KernelError, Support, Tensor, TensorError, TensorMeta};
+
+/// Errors of calls and dispatch. Validation happens before any write: an error leaves every
+/// caller-visible tensor untouched.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CallError {
+    // --- the call itself ---
+    /// The op is not defined in this registry.
+    #[error("unknown op `{op}` (known: {})", known.join(", "))]
+    UnknownOp {
+        /// The op.
+        op: String,
+        /// Ops the registry defines.
+        known: Vec<String>,
+    },
+    /// `maybe_inplace` on an op without `allow_inplace`.
+    #[error("op `{op}` does not allow inplace, so it has no maybe_inplace form")]
+    NotInplaceOp {
+        /// The op.
+        op: &'static str,
+    },
+    /// Arguments that do not fit the parameters.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// Arguments the meta function rejects (shapes, dtypes, devices, ranges).
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+
+    // --- provider selection ---
+    /// A provider forced by name does not support the arguments.
+    #[error("provider `{provider}` does not support these arguments of `{op}`: {reason}")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// The provider.
+        provider: String,
+        /// The predicate's reason.
+        reason: String,
+    },
+    /// A provider forced by name cannot run here.
+    #[error("provider `{provider}` of `{op}` is unavailable: {reason}")]
+    ProviderUnavailable {
+        /// The op.
+        op: &'static str,
+        /// The provider.
+        provider: String,
+        /// The probe's reason.
+        reason: String,
+    },
+    /// A provider name not registered for the op.
+    #[error("unknown provider `{provider}` for op `{op}` (known: {})", known.join(", "))]
+    UnknownProvider {
+        /// The op.
+        op: &'static str,
+        /// The provider.
+        provider: String,
+        /// Providers registered for the op.
+        known: Vec<String>,
+    },
+    /// No installed provider supports the arguments (cannot happen with lists built by resolution).
+    #[error("internal error: no provider in the installed list of `{op}` supports these arguments")]
+    DispatchExhausted {
+        /// The op.
+        op: &'static str,
+    },
+
+    // --- the implementation's contract ---
+    /// An in-place implementation was chosen for outputs that cannot live in the activations.
+    #[error(
+        "inplace provider `{provider}` of `{op}` was chosen, but output {index} ({output}) cannot be written into \
+         activation {index} ({activation}); its predicate must reject such arguments"
+    )]
+    InplaceMetaMismatch {
+        /// The op.
+        op: &'static str,
+        /// The provider.
+        provider: &'static str,
+        /// Output (and activation) index.
+        index: usize,
+        /// Declared output metadata.
+        output: TensorMeta,
+        /// The activation's metadata.
+        activation: TensorMeta,
+    },
+    /// An implementation returned outputs other than declared.
+    #[error("provider `{provider}` of `{op}` broke its contract: {problem}")]
+    ContractViolation {
+        /// The op.
+        op: &'static str,
+        /// The provider.
+        provider: &'static str,
+        /// What was wrong.
+        problem: String,
+    },
+    /// The implementation failed.
+    #[error("provider `{provider}` failed on `{op}`: {source}")]
+    Kernel {
+        /// The op.
+        op: &'static str,
+        /// The provider.
+        provider: &'static str,
+        /// The kernel's error.
+        source: KernelError,
+    },
+    /// A copy made by the call path failed.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+}
+
+/// A provider the dispatcher skipped, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The provider.
+    pub provider: &'static str,
+    /// Its predicate's reason.
+    pub reason: Cow<'static, str>,
+}
+
+/// The outcome of selection on metadata (what lowering records).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selection {
+    /// The chosen provider.
+    pub provider: &'static str,
+    /// Whether it writes its outputs into the activations.
+    pub inplace: bool,
+    /// Providers tried before it, with reasons.
+    pub rejected: Vec<Rejection>,
+    /// Output metadata from the meta function.
+    pub outputs: Vec<TensorMeta>,
+    /// Whether a priority list was installed (otherwise native was chosen by default).
+    pub from_priority_list: bool,
+}
+
+impl Registry {
+    /// The functional call, dynamic form: binds `args` (filling defaults), validates, dispatches.
+    pub fn call(&self, op: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
+        let entry = self.call_entry(op)?;
+        let args = bind(entry.def, args)?;
+        self.run(&entry, args, Overload::Default)
+    }
+
+    /// The `maybe_inplace` call, dynamic form: the activations in `args` are donated.
+    pub fn call_maybe_inplace(&self, op: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
+        let entry = self.call_entry(op)?;
+        let args = bind(entry.def, args)?;
+        self.run(&entry, args, Overload::MaybeInplace)
+    }
+
+    /// Validates argument metadata and selects a provider with the installed priorities, without
+    /// running anything (lowering uses this; eager calls follow the same rules).
+    pub fn select(&self, op: &str, args: &[ArgMeta<'_>]) -> Result<Selection, CallError> {
+        let entry = self.call_entry(op)?;
+        let args = bind_meta(entry.def, args.to_vec())?;
+        let outputs = (entry.def.meta)(&args)?;
+        let (chosen, rejected, from_priority_list) = choose(&entry, &args)?;
+        Ok(Selection { provider: chosen.provider, inplace: chosen.inplace, rejected, outputs, from_priority_list })
+    }
+
+    /// The typed entry points' path: `args` is already complete.
+    pub(crate) fn call_op(
+        &self,
+        def: &'static OpDef,
+        args: Vec<Value>,
+        overload: Overload,
+    ) -> Result<Vec<Tensor>, CallError> {
+        let entry = self.call_entry(def.name)?;
+        if !std::ptr::eq(entry.def, def) {
+            return Err(CallError::UnknownOp {
+                op: def.name.to_owned(),
+                known: self.ops().iter().map(|s| (*s).to_owned()).collect(),
+            });
+        }
+        self.run(&entry, args, overload)
+    }
+
+    fn call_entry(&self, op: &str) -> Result<Arc<OpEntry>, CallError> {
+        self.entry(op).map_err(|known| CallError::UnknownOp { op: op.to_owned(), known })
+    }
+
+    fn run(&self, entry: &OpEntry, mut args: Vec<Value>, overload: Overload) -> Result<Vec<Tensor>, CallError> {
+        let def = entry.def;
+        if overload == Overload::MaybeInplace && !def.allow_inplace {
+            return Err(CallError::NotInplaceOp { op: def.name });
+        }
+        let (chosen, outputs_meta, on_device) = {
+            let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
+            let outputs_meta = (def.meta)(&metas)?;
+            let (chosen, rejected, _) = choose(entry, &metas)?;
+            chosen.selections.fetch_add(1, Ordering::Relaxed);
+            note_rejections(entry, &rejected);
+            let on_device = metas.iter().any(|m| m.tensor().is_some_and(|t| !t.device.is_cpu()));
+            (chosen, outputs_meta, on_device)
+        };
+        if on_device && chosen.provider == NATIVE {
+            entry.warn_once("native-host-round-trip", || {
+                format!("op {}: native runs on device tensors through a host round trip (correct, slow)", def.name)
+            });
+        }
+
+        let mut written = Vec::new();
+        if chosen.inplace {
+            for (index, &position) in entry.activations.iter().enumerate() {
+                let activation = args[position].as_tensor().expect("bound activations are tensors").meta();
+                if !outputs_meta[index].same_kind_and_shape(activation) {
+                    return Err(CallError::InplaceMetaMismatch {
+                        op: def.name,
+                        provider: chosen.provider,
+                        index,
+                        output: outputs_meta[index].clone(),
+                        activation: activation.clone(),
+                    });
+                }
+            }
+            for (index, &position) in entry.activations.iter().enumerate() {
+                let Value::Tensor(tensor) = std::mem::replace(&mut args[position], Value::None) else {
+                    unreachable!("bound activations are tensors")
+                };
+                let tensor = prepare_activation(entry, overload, index, tensor)?;
+                written.push(tensor.storage_id());
+                args[position] = Value::Tensor(tensor);
+            }
+        }
+
+        let outputs = (chosen.call)(args).map_err(|source| CallError::Kernel {
+            op: def.name,
+            provider: chosen.provider,
+            source,
+        })?;
+        check_outputs(def, &chosen, &outputs_meta, &outputs, &written)?;
+        Ok(outputs)
+    }
+}
+
+/// Gives an in-place kernel a uniquely owned activation: a copy for the functional call (R46), the
+/// donated tensor itself for `maybe_inplace` when nothing else refers to its storage, else a copy (R47).
+fn prepare_activation(entry: &OpEntry, overload: Overload, index: usize, tensor: Tensor) -> Result<Tensor, CallError> {
+    match overload {
+        Overload::Default => {
+            entry.defensive_copies.fetch_add(1, Ordering::Relaxed);
+            Ok(tensor.deep_clone()?)
+        }
+        Overload::MaybeInplace if tensor.is_uniquely_owned() => {
+            entry.inplace_writes.fetch_add(1, Ordering::Relaxed);
+            Ok(tensor)
+        }
+        Overload::MaybeInplace => {
+            tracing::debug!(
+                target: "ir_core::dispatch",
+                op = entry.def.name,
+                activation = index,
+                handles = tensor.storage_handles(),
+                "activation {index} of op {} is shared; copying instead of writing in place",
+                entry.def.name
+            );
+            entry.defensive_copies.fetch_add(1, Ordering::Relaxed);
+            Ok(tensor.deep_clone()?)
+        }
+    }
+}
+
+/// Chooses the first installed provider whose predicate accepts the arguments (native when nothing
+/// is installed). Returns the choice, the rejections before it, and whether a list was installed.
+fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<(Arc<ImplEntry>, Vec<Rejection>, bool), CallError> {
+    let op = entry.def.name;
+    let installed = read(&entry.installed).clone();
+    let Some(list) = installed else {
+        if !entry.logged_no_priority.swap(true, Ordering::Relaxed) {
+            tracing::info!(target: "ir_core::dispatch", op, "priority not set for op {op}, using native");
+        }
+        let native = Arc::clone(&read(&entry.impls)[0]);
+        log_choice(op, &native, &[], args);
+        return Ok((native, Vec::new(), false));
+    };
+    let mut rejected = Vec::new();
+    for candidate in list.iter() {
+        let verdict = match &candidate.supports {
+            None => Support::Yes,
+            Some(supports) => supports(args),
+        };
+        match verdict {
+            Support::Yes => {
+                log_choice(op, candidate, &rejected, args);
+                return Ok((Arc::clone(candidate), rejected, true));
+            }
+            Support::No(reason) => rejected.push(Rejection { provider: candidate.provider, reason }),
+        }
+    }
+    Err(CallError::DispatchExhausted { op })
+}
+
+fn log_choice(op: &'static str, chosen: &ImplEntry, rejected: &[Rejection], args: &[ArgMeta<'_>]) {
+    tracing::debug!(
+        target: "ir_core::dispatch",
+        op,
+        provider = chosen.provider,
+        inplace = chosen.inplace,
+        rejected = %DisplayRejections(rejected),
+        args = %DisplayArgs(args),
+        "selected {} for {op}",
+        chosen.provider
+    );
+}
+
+fn check_outputs(
+    def: &OpDef,
+    chosen: &ImplEntry,
+    declared: &[TensorMeta],
+    outputs: &[Tensor],
+    written: &[crate::tensor::StorageId],
+) -> Result<(), CallError> {
+    let violation = |problem: String| CallError::ContractViolation { op: def.name, provider: chosen.provider, problem };
+    if outputs.len() != def.n_outputs {
+        return Err(violation(format!("returned {} outputs, expected {}", outputs.len(), def.n_outputs)));
+    }
+    for (index, (output, expected)) in outputs.iter().zip(declared).enumerate() {
+        if chosen.inplace {
+            if output.storage_id() != written[index] {
+                return Err(violation(format!("output {index} was not written into activation {index}'s storage")));
+            }
+            if !output.meta().same_kind_and_shape(expected) {
+                return Err(violation(format!("output {index} is {}, declared {expected}", output.meta())));
+            }
+        } else if output.meta() != expected {
+            return Err(violation(format!("output {index} is {}, declared {expected}", output.meta())));
+        }
+    }
+    Ok(())
+}
+
+struct DisplayRejections<'a>(&'a [Rejection]);
+
+impl fmt::Display for DisplayRejections<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, rejection) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{}: {}", rejection.provider, rejection.reason)?;
+        }
+        f.write_str("]")
+    }
+}
+
+struct DisplayArgs<'a, 'm>(&'a [ArgMeta<'m>]);
+
+impl fmt::Display for DisplayArgs<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("(")?;
+        for (i, arg) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{arg}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Stores the last rejection reason of each rejected provider (for the selection record).
+fn note_rejections(entry: &OpEntry, rejected: &[Rejection]) {
+    if rejected.is_empty() {
+        return;
+    }
+    let impls = read(&entry.impls);
+    for rejection in rejected {
+        if let Some(imp) = impls.iter().find(|i| i.provider == rejection.provider) {
+            *lock(&imp.last_rejection) = Some(rejection.reason.to_string());
+        }
+    }
+}

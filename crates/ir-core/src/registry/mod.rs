@@ -1,0 +1,447 @@
+//! The registry: op definitions, their implementations, installed priorities and dispatch.
+//!
+//! Registries are independent and `Send + Sync`; tests build their own and run in parallel threads.
+//! A lazily created process-wide [`Registry::global`] exists for convenience.
+
+mod dispatch;
+mod priority;
+mod record;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, Location};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use indexmap::IndexMap;
+
+use crate::implementation::{ErasedImpl, ImplFunc};
+use crate::op::{BUILTIN_OPS, OpDef, ParamKind, RESERVED_WORDS, is_valid_name};
+pub use crate::registry::dispatch::{CallError, Rejection, Selection};
+pub use crate::registry::priority::{PriorityError, PriorityGuard};
+pub use crate::registry::record::{OpRecord, ProviderRecord, SelectionRecord};
+use crate::{Availability, ImplSpec, SupportsFn};
+
+/// The provider name of every op's reference implementation.
+pub const NATIVE: &str = "native";
+/// Provider names no implementation may register under.
+pub const RESERVED_PROVIDERS: &[&str] = &[NATIVE, "unfused"];
+
+/// What a name names, for error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameKind {
+    /// An op.
+    Op,
+    /// An op parameter.
+    Param,
+    /// A provider.
+    Provider,
+}
+
+impl fmt::Display for NameKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NameKind::Op => "op",
+            NameKind::Param => "parameter",
+            NameKind::Provider => "provider",
+        })
+    }
+}
+
+/// Errors of op definition and implementation registration. A failed registration leaves nothing behind.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    // --- names ---
+    /// A name that does not match `^[a-z_][a-z_0-9]*$`.
+    #[error("invalid {kind} name `{name}`: names match ^[a-z_][a-z_0-9]*$")]
+    InvalidName {
+        /// What it names.
+        kind: NameKind,
+        /// The name.
+        name: String,
+    },
+    /// A reserved word of the text format, or a reserved provider name.
+    #[error("{kind} name `{name}` is reserved")]
+    ReservedName {
+        /// What it names.
+        kind: NameKind,
+        /// The name.
+        name: String,
+    },
+
+    // --- op definitions ---
+    /// An op name defined twice.
+    #[error("op `{name}` is already defined (first defined at {first})")]
+    DuplicateOp {
+        /// The op.
+        name: String,
+        /// Where the first definition was registered.
+        first: &'static Location<'static>,
+    },
+    /// A parameter name used twice in one op.
+    #[error("op `{op}` has two parameters named `{name}`")]
+    DuplicateParam {
+        /// The op.
+        op: String,
+        /// The parameter.
+        name: String,
+    },
+    /// An op without outputs.
+    #[error("op `{op}` declares no outputs")]
+    NoOutputs {
+        /// The op.
+        op: String,
+    },
+    /// An explicit activation that is not a parameter.
+    #[error("op `{op}`: activation `{name}` is not a parameter")]
+    UnknownActivation {
+        /// The op.
+        op: String,
+        /// The activation.
+        name: String,
+    },
+    /// An explicit activation that is not a (non-optional) tensor parameter.
+    #[error("op `{op}`: activation `{name}` must be a Tensor parameter, not {kind}")]
+    ActivationNotTensor {
+        /// The op.
+        op: String,
+        /// The activation.
+        name: String,
+        /// Its kind.
+        kind: ParamKind,
+    },
+    /// `allow_inplace` with a number of outputs other than the number of activations.
+    #[error("op `{op}` allows inplace but has {outputs} outputs and {activations} activations")]
+    InplaceArity {
+        /// The op.
+        op: String,
+        /// Number of outputs.
+        outputs: usize,
+        /// Number of activations.
+        activations: usize,
+    },
+
+    // --- implementations ---
+    /// An implementation for an op the registry does not define.
+    #[error("unknown op `{op}` (known: {})", known.join(", "))]
+    UnknownOp {
+        /// The op.
+        op: String,
+        /// Ops the registry defines.
+        known: Vec<String>,
+    },
+    /// A provider registered twice for one op.
+    #[error("provider `{provider}` is already registered for op `{op}` (first registered at {first})")]
+    DuplicateProvider {
+        /// The op.
+        op: String,
+        /// The provider.
+        provider: String,
+        /// Where the first registration happened.
+        first: &'static Location<'static>,
+    },
+    /// An in-place implementation of an op without `allow_inplace`.
+    #[error("provider `{provider}` registers an inplace implementation of `{op}`, which does not allow inplace")]
+    InplaceNotAllowed {
+        /// The op.
+        op: String,
+        /// The provider.
+        provider: String,
+    },
+}
+
+/// The op registry. See the module documentation.
+pub struct Registry {
+    ops: RwLock<IndexMap<&'static str, Arc<OpEntry>>>,
+}
+
+/// One defined op and everything registered for it.
+pub(crate) struct OpEntry {
+    pub(crate) def: &'static OpDef,
+    pub(crate) activations: Vec<usize>,
+    defined_at: &'static Location<'static>,
+    /// Implementations in registration order, native first.
+    impls: RwLock<Vec<Arc<ImplEntry>>>,
+    priority: Mutex<priority::PriorityStack>,
+    /// The top of the priority stack, read by every dispatch; `None` when nothing is installed.
+    installed: RwLock<Option<priority::Resolved>>,
+    /// Whether "priority not set" was logged.
+    logged_no_priority: AtomicBool,
+    /// Warnings already given (warn once per registry, op and kind).
+    warned: Mutex<HashSet<String>>,
+    pub(crate) inplace_writes: AtomicU64,
+    pub(crate) defensive_copies: AtomicU64,
+}
+
+/// One registered implementation.
+pub(crate) struct ImplEntry {
+    pub(crate) provider: &'static str,
+    registered_at: &'static Location<'static>,
+    probe: crate::Probe,
+    availability: OnceLock<Availability>,
+    pub(crate) supports: Option<SupportsFn>,
+    pub(crate) inplace: bool,
+    pub(crate) call: ErasedImpl,
+    pub(crate) selections: AtomicU64,
+    pub(crate) last_rejection: Mutex<Option<String>>,
+}
+
+/// A provider as the registry reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderInfo {
+    /// Provider name.
+    pub name: &'static str,
+    /// Whether it can run here, and why not.
+    pub availability: Availability,
+    /// Whether it writes its outputs into its activations.
+    pub inplace: bool,
+    /// Whether it has a `supports` predicate.
+    pub has_predicate: bool,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry { ops: RwLock::new(IndexMap::new()) }
+    }
+
+    /// A registry defining the built-in ops (`rms_norm`, `fused_add_rms_norm`), each with `native` only.
+    #[track_caller]
+    pub fn with_builtin_ops() -> Registry {
+        let registry = Registry::new();
+        for def in BUILTIN_OPS {
+            registry.define_op(def).expect("built-in op definitions are valid and distinct");
+        }
+        registry
+    }
+
+    /// The process-wide registry with the built-in ops, created on first use.
+    pub fn global() -> &'static Registry {
+        static GLOBAL: OnceLock<Registry> = OnceLock::new();
+        GLOBAL.get_or_init(Registry::with_builtin_ops)
+    }
+
+    /// Defines an op; registers its `native` implementation.
+    #[track_caller]
+    pub fn define_op(&self, def: &'static OpDef) -> Result<(), RegistryError> {
+        let location = Location::caller();
+        check_name(NameKind::Op, def.name)?;
+        if RESERVED_WORDS.contains(&def.name) {
+            return Err(RegistryError::ReservedName { kind: NameKind::Op, name: def.name.to_owned() });
+        }
+        let mut seen = HashSet::new();
+        for param in def.params {
+            check_name(NameKind::Param, param.name)?;
+            if !seen.insert(param.name) {
+                return Err(RegistryError::DuplicateParam { op: def.name.to_owned(), name: param.name.to_owned() });
+            }
+        }
+        if def.n_outputs == 0 {
+            return Err(RegistryError::NoOutputs { op: def.name.to_owned() });
+        }
+        let activations = def.activation_indices()?;
+        if def.allow_inplace && activations.len() != def.n_outputs {
+            return Err(RegistryError::InplaceArity {
+                op: def.name.to_owned(),
+                outputs: def.n_outputs,
+                activations: activations.len(),
+            });
+        }
+        let native_fn = def.native;
+        let native = Arc::new(ImplEntry {
+            provider: NATIVE,
+            registered_at: location,
+            probe: Arc::new(|| Availability::Available),
+            availability: OnceLock::from(Availability::Available),
+            supports: None,
+            inplace: false,
+            call: Arc::new(move |args| native_fn(&args)),
+            selections: AtomicU64::new(0),
+            last_rejection: Mutex::new(None),
+        });
+        let mut ops = write(&self.ops);
+        if let Some(existing) = ops.get(def.name) {
+            return Err(RegistryError::DuplicateOp { name: def.name.to_owned(), first: existing.defined_at });
+        }
+        let entry = OpEntry {
+            def,
+            activations,
+            defined_at: location,
+            impls: RwLock::new(vec![native]),
+            priority: Mutex::new(priority::PriorityStack::default()),
+            installed: RwLock::new(None),
+            logged_no_priority: AtomicBool::new(false),
+            warned: Mutex::new(HashSet::new()),
+            inplace_writes: AtomicU64::new(0),
+            defensive_copies: AtomicU64::new(0),
+        };
+        ops.insert(def.name, Arc::new(entry));
+        tracing::debug!(target: "ir_core::registry", op = def.name, "defined op");
+        Ok(())
+    }
+
+    /// Registers an implementation (the dynamic form; ops have typed `register` functions).
+    ///
+    /// Checks, in order: reserved provider name, name syntax, duplicate provider (naming the first
+    /// registration), in-place on an op without `allow_inplace`.
+    #[track_caller]
+    pub fn register_impl(&self, op: &str, spec: ImplSpec, func: ImplFunc) -> Result<(), RegistryError> {
+        let location = Location::caller();
+        let entry = self.entry(op).map_err(|known| RegistryError::UnknownOp { op: op.to_owned(), known })?;
+        let provider = spec.provider;
+        if RESERVED_PROVIDERS.contains(&provider) {
+            return Err(RegistryError::ReservedName { kind: NameKind::Provider, name: provider.to_owned() });
+        }
+        check_name(NameKind::Provider, provider)?;
+        let mut impls = write(&entry.impls);
+        if let Some(first) = impls.iter().find(|i| i.provider == provider) {
+            return Err(RegistryError::DuplicateProvider {
+                op: op.to_owned(),
+                provider: provider.to_owned(),
+                first: first.registered_at,
+            });
+        }
+        if func.inplace && !entry.def.allow_inplace {
+            return Err(RegistryError::InplaceNotAllowed { op: op.to_owned(), provider: provider.to_owned() });
+        }
+        impls.push(Arc::new(ImplEntry {
+            provider,
+            registered_at: location,
+            probe: spec.probe,
+            availability: OnceLock::new(),
+            supports: spec.supports,
+            inplace: func.inplace,
+            call: func.call,
+            selections: AtomicU64::new(0),
+            last_rejection: Mutex::new(None),
+        }));
+        drop(impls);
+        tracing::debug!(target: "ir_core::registry", op, provider, inplace = func.inplace, "registered implementation");
+        if read(&entry.installed).is_some() {
+            entry.warn_once(&format!("registered-after-install:{provider}"), || {
+                format!(
+                    "op {op}: provider `{provider}` registered while a priority list is installed; \
+                     installed lists were resolved earlier and do not include it"
+                )
+            });
+        }
+        Ok(())
+    }
+
+    // --- queries ---
+
+    /// Names of the defined ops, in definition order.
+    pub fn ops(&self) -> Vec<&'static str> {
+        read(&self.ops).keys().copied().collect()
+    }
+
+    /// The definition of `op`.
+    pub fn op_def(&self, op: &str) -> Option<&'static OpDef> {
+        read(&self.ops).get(op).map(|entry| entry.def)
+    }
+
+    /// Parameter indices of `op`'s activations.
+    pub fn activations(&self, op: &str) -> Option<Vec<usize>> {
+        read(&self.ops).get(op).map(|entry| entry.activations.clone())
+    }
+
+    /// The providers of `op` in registration order (native first), with availability.
+    pub fn providers(&self, op: &str) -> Vec<ProviderInfo> {
+        let Ok(entry) = self.entry(op) else { return Vec::new() };
+        let impls = read(&entry.impls).clone();
+        impls
+            .iter()
+            .map(|i| ProviderInfo {
+                name: i.provider,
+                availability: i.availability().clone(),
+                inplace: i.inplace,
+                has_predicate: i.supports.is_some(),
+            })
+            .collect()
+    }
+
+    /// The available providers of `op`, in registration order.
+    pub fn available_providers(&self, op: &str) -> Vec<&'static str> {
+        self.providers(op).into_iter().filter(|p| p.availability == Availability::Available).map(|p| p.name).collect()
+    }
+
+    /// Whether `provider` is registered for any op and available here.
+    pub fn provider_available(&self, provider: &str) -> bool {
+        self.ops().iter().any(|op| self.available_providers(op).contains(&provider))
+    }
+
+    /// Whether `provider` is registered for any op.
+    pub fn provider_registered(&self, provider: &str) -> bool {
+        self.ops().iter().any(|op| self.providers(op).iter().any(|p| p.name == provider))
+    }
+
+    pub(crate) fn entry(&self, op: &str) -> Result<Arc<OpEntry>, Vec<String>> {
+        let ops = read(&self.ops);
+        match ops.get(op) {
+            Some(entry) => Ok(Arc::clone(entry)),
+            None => Err(ops.keys().map(|k| (*k).to_owned()).collect()),
+        }
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Registry {
+        Registry::new()
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry").field("ops", &self.ops()).finish()
+    }
+}
+
+impl OpEntry {
+    /// Emits `message` at warn level unless this op already warned with `kind`.
+    pub(crate) fn warn_once(&self, kind: &str, message: impl FnOnce() -> String) {
+        let first = lock(&self.warned).insert(kind.to_owned());
+        if first {
+            tracing::warn!(target: "ir_core::priority", op = self.def.name, "{}", message());
+        }
+    }
+}
+
+impl ImplEntry {
+    /// The probe's answer, evaluated once; a panic inside the probe is reported as unavailable.
+    pub(crate) fn availability(&self) -> &Availability {
+        self.availability.get_or_init(|| {
+            let answer = std::panic::catch_unwind(AssertUnwindSafe(|| (self.probe)()));
+            let availability = answer.unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                Availability::Unavailable(format!("availability probe panicked: {message}"))
+            });
+            tracing::debug!(target: "ir_core::registry", provider = self.provider, ?availability, "probed availability");
+            availability
+        })
+    }
+}
+
+fn check_name(kind: NameKind, name: &str) -> Result<(), RegistryError> {
+    if is_valid_name(name) {
+        return Ok(());
+    }
+    Err(RegistryError::InvalidName { kind, name: name.to_owned() })
+}
+
+// Locks are never held while user code (probes, predicates, kernels) runs, but a panic elsewhere
+// must not make the registry unusable, so poisoning is ignored.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

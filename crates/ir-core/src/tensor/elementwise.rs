@@ -1,0 +1,87 @@
+//! Elementwise built-ins (`add`, `mul`, `scale`): compute in the compute dtype, round once, compact output.
+//!
+//! Device tensors go through a host round trip (correct, slow).
+
+use crate::{Tensor, TensorError};
+
+impl Tensor {
+    /// `self + other`, computed in the compute dtype and rounded once; compact output.
+    pub fn add(&self, other: &Tensor) -> Result<Tensor, TensorError> {
+        self.binary("add", other, |a, b| a + b)
+    }
+
+    /// `self * other`, computed in the compute dtype and rounded once; compact output.
+    pub fn mul(&self, other: &Tensor) -> Result<Tensor, TensorError> {
+        self.binary("mul", other, |a, b| a * b)
+    }
+
+    /// `self * factor`, computed in the compute dtype and rounded once; compact output.
+    pub fn scale(&self, factor: f64) -> Result<Tensor, TensorError> {
+        let compute = self.dtype().compute_dtype();
+        let factor = compute.round(factor);
+        self.map_values(self.to_f64_vec()?.into_iter().map(|a| compute.round(a * factor)))
+    }
+
+    fn binary(
+        &self,
+        operation: &'static str,
+        other: &Tensor,
+        f: impl Fn(f64, f64) -> f64,
+    ) -> Result<Tensor, TensorError> {
+        if self.shape() != other.shape() {
+            return Err(TensorError::ShapeMismatch {
+                operation,
+                lhs: self.shape().to_vec(),
+                rhs: other.shape().to_vec(),
+            });
+        }
+        if self.dtype() != other.dtype() {
+            return Err(TensorError::DTypeMismatch { operation, lhs: self.dtype(), rhs: other.dtype() });
+        }
+        if self.device() != other.device() {
+            return Err(TensorError::DeviceMismatch { operation, lhs: self.device(), rhs: other.device() });
+        }
+        let compute = self.dtype().compute_dtype();
+        let b = other.to_f64_vec()?;
+        let values = self.to_f64_vec()?.into_iter().zip(b).map(|(x, y)| compute.round(f(x, y)));
+        self.map_values(values)
+    }
+
+    fn map_values(&self, values: impl Iterator<Item = f64>) -> Result<Tensor, TensorError> {
+        // Values are exact in the compute dtype; one rounding to the element dtype follows.
+        let values: Vec<f64> = values.collect();
+        let host = Tensor::from_f64(self.dtype(), self.shape(), &values)?;
+        if self.device().is_cpu() {
+            return Ok(host);
+        }
+        host.to_device_of(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn rounds_once() {
+        let a = Tensor::from_f64(DType::BF16, &[2], &[1.0, 3.0]).unwrap();
+        let b = Tensor::from_f64(DType::BF16, &[2], &[2f64.powi(-8), 1.0]).unwrap();
+        // 1 + 2^-8 computed in f32 is exact, then rounds to bf16 1.0 (tie to even).
+        assert_eq!(a.add(&b).unwrap().to_f64_vec().unwrap(), vec![1.0, 4.0]);
+        assert_eq!(a.mul(&b).unwrap().to_f64_vec().unwrap(), vec![2f64.powi(-8), 3.0]);
+        assert_eq!(a.scale(0.5).unwrap().to_f64_vec().unwrap(), vec![0.5, 1.5]);
+        let err = a.add(&Tensor::zeros(DType::F32, &[2])).unwrap_err();
+        assert_eq!(err.to_string(), "add: dtypes bf16 and f32 differ");
+        let err = a.mul(&Tensor::zeros(DType::BF16, &[3])).unwrap_err();
+        assert_eq!(err.to_string(), "mul: shapes [2] and [3] differ");
+    }
+
+    #[test]
+    fn output_is_compact() {
+        let base = Tensor::zeros(DType::F32, &[4, 5]);
+        let columns = base.slice(1, 0, 3).unwrap();
+        let scaled = columns.scale(2.0).unwrap();
+        assert_eq!(scaled.strides(), &[3, 1]);
+    }
+}

@@ -1,0 +1,564 @@
+//! Tensors: a reference-counted storage handle plus metadata.
+//!
+//! Cloning a [`Tensor`] copies the handle and shares the storage; views share it too. Writing needs
+//! the storage to be *uniquely owned* (exactly one handle refers to it), checked at run time with
+//! [`Arc::get_mut`], so a value someone can still read is never overwritten.
+
+mod compare;
+mod elementwise;
+
+use std::fmt;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::storage::{CpuBuffer, DeviceAllocator, DeviceError, Storage};
+pub use crate::tensor::compare::{AllcloseError, allclose, bit_eq};
+use crate::{DType, Device, Element, Layout, LayoutError, TensorMeta};
+
+/// Runs `$body` with `$T` bound to the Rust element type of `$dtype`.
+macro_rules! with_element_type {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
+
+/// Errors of tensor construction, views, copies and comparisons.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum TensorError {
+    // --- layouts and views ---
+    /// An invalid layout or view.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// A layout reaching past the end of its storage.
+    #[error("layout {meta} needs {needed} bytes but its storage has {available}")]
+    OutOfBounds {
+        /// The metadata that does not fit.
+        meta: TensorMeta,
+        /// Bytes the layout reaches.
+        needed: usize,
+        /// Bytes the storage holds.
+        available: usize,
+    },
+    /// Data whose length does not match the shape.
+    #[error("shape {shape:?} needs {expected} values but {found} were given")]
+    DataLength {
+        /// The shape.
+        shape: Vec<usize>,
+        /// Elements the shape holds.
+        expected: usize,
+        /// Values given.
+        found: usize,
+    },
+
+    // --- writes ---
+    /// A write into storage that other handles or views still refer to.
+    #[error("cannot write into {meta}: its storage is shared by {handles} handles (writing needs unique ownership)")]
+    SharedStorage {
+        /// The tensor written.
+        meta: TensorMeta,
+        /// How many handles refer to the storage.
+        handles: usize,
+    },
+
+    // --- binary operations ---
+    /// Operands with different shapes.
+    #[error("{operation}: shapes {lhs:?} and {rhs:?} differ")]
+    ShapeMismatch {
+        /// The operation.
+        operation: &'static str,
+        /// Left shape.
+        lhs: Vec<usize>,
+        /// Right shape.
+        rhs: Vec<usize>,
+    },
+    /// Operands with different dtypes.
+    #[error("{operation}: dtypes {lhs} and {rhs} differ")]
+    DTypeMismatch {
+        /// The operation.
+        operation: &'static str,
+        /// Left dtype.
+        lhs: DType,
+        /// Right dtype.
+        rhs: DType,
+    },
+    /// Operands on different devices.
+    #[error("{operation}: devices {lhs} and {rhs} differ")]
+    DeviceMismatch {
+        /// The operation.
+        operation: &'static str,
+        /// Left device.
+        lhs: Device,
+        /// Right device.
+        rhs: Device,
+    },
+
+    // --- devices ---
+    /// A device memory operation failed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// Identity of a storage, for checking aliasing after handles were moved away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StorageId(usize);
+
+/// A storage handle plus metadata. `Clone` shares the storage.
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    meta: TensorMeta,
+}
+
+/// Whether two tensors share a storage (alias).
+pub fn shares_storage(a: &Tensor, b: &Tensor) -> bool {
+    Arc::ptr_eq(&a.storage, &b.storage)
+}
+
+impl Tensor {
+    // --- construction ---
+
+    /// A tensor over existing storage; the layout must fit inside it.
+    pub fn from_storage(storage: Storage, dtype: DType, layout: Layout) -> Result<Tensor, TensorError> {
+        let meta = TensorMeta { dtype, device: storage.device(), layout };
+        check_fits(&meta, storage.len_bytes())?;
+        Ok(Tensor { storage: Arc::new(storage), meta })
+    }
+
+    /// A compact CPU tensor of zeros.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
+        let layout = Layout::compact(shape);
+        let storage = Storage::Cpu(CpuBuffer::zeroed(layout.numel() * dtype.size_in_bytes()));
+        Tensor { storage: Arc::new(storage), meta: TensorMeta { dtype, device: Device::Cpu, layout } }
+    }
+
+    /// A CPU tensor of zeros with the given layout (storage sized to reach every element).
+    pub fn zeros_with_layout(dtype: DType, layout: Layout) -> Tensor {
+        let storage = Storage::Cpu(CpuBuffer::zeroed(layout.storage_end() * dtype.size_in_bytes()));
+        Tensor { storage: Arc::new(storage), meta: TensorMeta { dtype, device: Device::Cpu, layout } }
+    }
+
+    /// A compact CPU tensor of ones.
+    pub fn ones(dtype: DType, shape: &[usize]) -> Tensor {
+        Tensor::full(dtype, shape, 1.0)
+    }
+
+    /// A compact CPU tensor filled with `value` (rounded to `dtype`).
+    pub fn full(dtype: DType, shape: &[usize], value: f64) -> Tensor {
+        let mut tensor = Tensor::zeros(dtype, shape);
+        let buffer = tensor.cpu_buffer_mut().ok().flatten().expect("fresh CPU storage is uniquely owned");
+        with_element_type!(dtype, T => buffer.typed_mut::<T>().fill(T::from_f64(value)));
+        tensor
+    }
+
+    /// A compact CPU tensor from `f32` values in row-major order (rounded to `dtype`).
+    pub fn from_f32(dtype: DType, shape: &[usize], values: &[f32]) -> Result<Tensor, TensorError> {
+        Tensor::from_values(dtype, shape, values.len(), values.iter().map(|&v| v as f64))
+    }
+
+    /// A compact CPU tensor from `f64` values in row-major order (rounded to `dtype`).
+    pub fn from_f64(dtype: DType, shape: &[usize], values: &[f64]) -> Result<Tensor, TensorError> {
+        Tensor::from_values(dtype, shape, values.len(), values.iter().copied())
+    }
+
+    fn from_values(
+        dtype: DType,
+        shape: &[usize],
+        found: usize,
+        values: impl Iterator<Item = f64>,
+    ) -> Result<Tensor, TensorError> {
+        let expected = crate::layout::numel(shape);
+        if expected != found {
+            return Err(TensorError::DataLength { shape: shape.to_vec(), expected, found });
+        }
+        let mut tensor = Tensor::zeros(dtype, shape);
+        let buffer = tensor.cpu_buffer_mut().ok().flatten().expect("fresh CPU storage is uniquely owned");
+        with_element_type!(dtype, T => {
+            for (slot, value) in buffer.typed_mut::<T>().iter_mut().zip(values) {
+                *slot = T::from_f64(value);
+            }
+        });
+        Ok(tensor)
+    }
+
+    // --- metadata ---
+
+    /// Dtype, device and layout.
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.meta.dtype
+    }
+
+    /// Device of the storage.
+    pub fn device(&self) -> Device {
+        self.meta.device
+    }
+
+    /// Shape, strides and offset.
+    pub fn layout(&self) -> &Layout {
+        &self.meta.layout
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.meta.layout.shape()
+    }
+
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[usize] {
+        self.meta.layout.strides()
+    }
+
+    /// The storage offset, in elements.
+    pub fn offset(&self) -> usize {
+        self.meta.layout.offset()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.meta.layout.numel()
+    }
+
+    // --- storage ---
+
+    /// The storage.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// The identity of the storage.
+    pub fn storage_id(&self) -> StorageId {
+        StorageId(Arc::as_ptr(&self.storage) as usize)
+    }
+
+    /// Whether this handle is the only one referring to its storage.
+    pub fn is_uniquely_owned(&self) -> bool {
+        Arc::strong_count(&self.storage) == 1
+    }
+
+    /// Number of handles (tensors and views) referring to the storage.
+    pub fn storage_handles(&self) -> usize {
+        Arc::strong_count(&self.storage)
+    }
+
+    /// The storage, mutably; fails unless uniquely owned.
+    pub fn storage_mut(&mut self) -> Result<&mut Storage, TensorError> {
+        let handles = Arc::strong_count(&self.storage);
+        match Arc::get_mut(&mut self.storage) {
+            Some(storage) => Ok(storage),
+            None => Err(TensorError::SharedStorage { meta: self.meta.clone(), handles }),
+        }
+    }
+
+    /// The host buffer, when the tensor is on the CPU.
+    pub fn cpu_buffer(&self) -> Option<&CpuBuffer> {
+        match &*self.storage {
+            Storage::Cpu(buffer) => Some(buffer),
+            Storage::Device(_) => None,
+        }
+    }
+
+    /// The host buffer mutably, when on the CPU and uniquely owned.
+    pub fn cpu_buffer_mut(&mut self) -> Result<Option<&mut CpuBuffer>, TensorError> {
+        match self.storage_mut()? {
+            Storage::Cpu(buffer) => Ok(Some(buffer)),
+            Storage::Device(_) => Ok(None),
+        }
+    }
+
+    // --- views ---
+
+    /// A view with another layout over the same storage.
+    pub fn as_strided(&self, layout: Layout) -> Result<Tensor, TensorError> {
+        let meta = TensorMeta { layout, ..self.meta.clone() };
+        check_fits(&meta, self.storage.len_bytes())?;
+        Ok(Tensor { storage: Arc::clone(&self.storage), meta })
+    }
+
+    /// A view of `start..end` along `dim`.
+    pub fn slice(&self, dim: usize, start: usize, end: usize) -> Result<Tensor, TensorError> {
+        self.as_strided(self.meta.layout.slice(dim, start, end)?)
+    }
+
+    /// A view of `len` indices from `start` along `dim`.
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor, TensorError> {
+        self.as_strided(self.meta.layout.narrow(dim, start, len)?)
+    }
+
+    /// A view with two dimensions swapped.
+    pub fn transpose(&self, d0: usize, d1: usize) -> Result<Tensor, TensorError> {
+        self.as_strided(self.meta.layout.transpose(d0, d1)?)
+    }
+
+    /// A view with another shape; `NotViewable` when strides cannot express it (use `contiguous()`).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor, TensorError> {
+        self.as_strided(self.meta.layout.reshape(shape)?)
+    }
+
+    // --- copies ---
+
+    /// A copy in fresh storage: the source strides at offset 0 if the source is dense, else compact.
+    pub fn deep_clone(&self) -> Result<Tensor, TensorError> {
+        self.copy_into_layout(self.meta.layout.copy_layout())
+    }
+
+    /// A compact copy in fresh storage.
+    pub fn contiguous(&self) -> Result<Tensor, TensorError> {
+        self.copy_into_layout(Layout::compact(self.shape()))
+    }
+
+    fn copy_into_layout(&self, layout: Layout) -> Result<Tensor, TensorError> {
+        let size = self.dtype().size_in_bytes();
+        let bytes = layout.storage_end() * size;
+        let storage = match &*self.storage {
+            Storage::Cpu(src) => {
+                let mut dst = CpuBuffer::zeroed(bytes);
+                copy_elements(src.bytes(), self.layout(), dst.bytes_mut(), &layout, size);
+                Storage::Cpu(dst)
+            }
+            Storage::Device(src) => {
+                let mut dst = src.allocate_like(bytes)?;
+                src.copy_strided(&self.meta, dst.as_mut(), &layout)?;
+                Storage::Device(dst)
+            }
+        };
+        Tensor::from_storage(storage, self.dtype(), layout)
+    }
+
+    /// Overwrites this tensor's elements (in its own layout) with `src`'s, converting the dtype.
+    ///
+    /// Needs unique ownership of this tensor's storage and equal shapes.
+    pub fn copy_from(&mut self, src: &Tensor) -> Result<(), TensorError> {
+        if self.shape() != src.shape() {
+            return Err(TensorError::ShapeMismatch {
+                operation: "copy_",
+                lhs: self.shape().to_vec(),
+                rhs: src.shape().to_vec(),
+            });
+        }
+        let values = src.to_f64_vec()?;
+        let layout = self.meta.layout.clone();
+        let dtype = self.dtype();
+        match self.storage_mut()? {
+            Storage::Cpu(buffer) => write_values(buffer, dtype, &layout, &values),
+            Storage::Device(buffer) => {
+                let mut host = CpuBuffer::zeroed(buffer.len_bytes());
+                buffer.download(host.bytes_mut())?;
+                write_values(&mut host, dtype, &layout, &values);
+                buffer.upload(host.bytes())?;
+            }
+        }
+        Ok(())
+    }
+
+    // --- values and devices ---
+
+    /// The elements in logical (row-major) order, widened to `f64`.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>, TensorError> {
+        let host = self.to_cpu()?;
+        let buffer = host.cpu_buffer().expect("to_cpu returns a CPU tensor");
+        Ok(with_element_type!(self.dtype(), T => {
+            let data = buffer.typed::<T>();
+            host.layout().storage_indices().map(|i| data[i].to_f64()).collect()
+        }))
+    }
+
+    /// The same tensor on the host (a handle copy when already there; same layout otherwise).
+    pub fn to_cpu(&self) -> Result<Tensor, TensorError> {
+        match &*self.storage {
+            Storage::Cpu(_) => Ok(self.clone()),
+            Storage::Device(buffer) => {
+                let mut host = CpuBuffer::zeroed(buffer.len_bytes());
+                buffer.download(host.bytes_mut())?;
+                Tensor::from_storage(Storage::Cpu(host), self.dtype(), self.meta.layout.clone())
+            }
+        }
+    }
+
+    /// A copy on the allocator's device, with the layout a copy gets (R16).
+    pub fn to_device(&self, allocator: &dyn DeviceAllocator) -> Result<Tensor, TensorError> {
+        let host = self.to_cpu()?.deep_clone()?;
+        let buffer = host.cpu_buffer().expect("deep_clone of a CPU tensor is on the CPU");
+        let mut device_buffer = allocator.allocate(buffer.len_bytes())?;
+        device_buffer.upload(buffer.bytes())?;
+        Tensor::from_storage(Storage::Device(device_buffer), self.dtype(), host.meta.layout.clone())
+    }
+
+    /// Moves a host tensor onto the device of `like` (identity when `like` is on the CPU).
+    pub fn to_device_of(&self, like: &Tensor) -> Result<Tensor, TensorError> {
+        match &*like.storage {
+            Storage::Cpu(_) => self.to_cpu(),
+            Storage::Device(like_buffer) => {
+                let host = self.to_cpu()?.deep_clone()?;
+                let buffer = host.cpu_buffer().expect("deep_clone of a CPU tensor is on the CPU");
+                let mut device_buffer = like_buffer.allocate_like(buffer.len_bytes())?;
+                device_buffer.upload(buffer.bytes())?;
+                Tensor::from_storage(Storage::Device(device_buffer), self.dtype(), host.meta.layout.clone())
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}, storage {:#x})", self.meta, self.storage_id().0)
+    }
+}
+
+/// Reads element `index` (in elements) of a host buffer holding `dtype`, widened to `f64`.
+pub(crate) fn element_reader(dtype: DType) -> fn(&[u8], usize) -> f64 {
+    fn read<T: Element>(bytes: &[u8], index: usize) -> f64 {
+        let size = size_of::<T>();
+        bytemuck::pod_read_unaligned::<T>(&bytes[index * size..(index + 1) * size]).to_f64()
+    }
+    with_element_type!(dtype, T => read::<T>)
+}
+
+/// Rounds a value to `dtype` and writes it at element `index` of a host buffer.
+pub(crate) fn element_writer(dtype: DType) -> fn(&mut [u8], usize, f64) {
+    fn write<T: Element>(bytes: &mut [u8], index: usize, value: f64) {
+        let size = size_of::<T>();
+        bytes[index * size..(index + 1) * size].copy_from_slice(bytemuck::bytes_of(&T::from_f64(value)));
+    }
+    with_element_type!(dtype, T => write::<T>)
+}
+
+fn check_fits(meta: &TensorMeta, available: usize) -> Result<(), TensorError> {
+    let needed = meta.storage_bytes();
+    if needed <= available {
+        return Ok(());
+    }
+    Err(TensorError::OutOfBounds { meta: meta.clone(), needed, available })
+}
+
+/// Copies elements of `size` bytes from `src` (in `src_layout`) to `dst` (in `dst_layout`), logical order.
+fn copy_elements(src: &[u8], src_layout: &Layout, dst: &mut [u8], dst_layout: &Layout, size: usize) {
+    let n = src_layout.numel();
+    let same_dense_order = src_layout.is_dense() && src_layout.strides() == dst_layout.strides();
+    if same_dense_order {
+        // Dense layouts with equal strides occupy `n` consecutive slots from their offsets.
+        let from = src_layout.offset() * size;
+        let to = dst_layout.offset() * size;
+        dst[to..to + n * size].copy_from_slice(&src[from..from + n * size]);
+        return;
+    }
+    for (from, to) in src_layout.storage_indices().zip(dst_layout.storage_indices()) {
+        dst[to * size..(to + 1) * size].copy_from_slice(&src[from * size..(from + 1) * size]);
+    }
+}
+
+fn write_values(buffer: &mut CpuBuffer, dtype: DType, layout: &Layout, values: &[f64]) {
+    with_element_type!(dtype, T => {
+        let data = buffer.typed_mut::<T>();
+        for (index, &value) in layout.storage_indices().zip(values) {
+            data[index] = T::from_f64(value);
+        }
+    });
+}
+
+// The element types must stay plain old data for the casts above.
+const _: () = {
+    const fn assert_pod<T: bytemuck::Pod>() {}
+    assert_pod::<f16>();
+    assert_pod::<bf16>();
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iota(dtype: DType, shape: &[usize]) -> Tensor {
+        let n = crate::layout::numel(shape);
+        let values: Vec<f64> = (0..n).map(|i| i as f64).collect();
+        Tensor::from_f64(dtype, shape, &values).unwrap()
+    }
+
+    #[test]
+    fn views_share_storage_and_copies_do_not() {
+        let base = iota(DType::F32, &[4, 5]);
+        let columns = base.slice(1, 0, 3).unwrap();
+        assert!(shares_storage(&base, &columns));
+        assert_eq!(columns.to_f64_vec().unwrap(), vec![0., 1., 2., 5., 6., 7., 10., 11., 12., 15., 16., 17.]);
+        let copy = columns.contiguous().unwrap();
+        assert!(!shares_storage(&copy, &columns));
+        assert_eq!(copy.strides(), &[3, 1]);
+        assert_eq!(copy.to_f64_vec().unwrap(), columns.to_f64_vec().unwrap());
+        let clone = columns.deep_clone().unwrap();
+        assert_eq!(clone.strides(), &[3, 1], "a non-dense source gives a compact copy");
+        let transposed = base.transpose(0, 1).unwrap();
+        let transposed_clone = transposed.deep_clone().unwrap();
+        assert_eq!(transposed_clone.strides(), &[1, 5], "a dense source keeps its strides");
+        assert!(bit_eq(&transposed_clone, &transposed));
+        assert_eq!(transposed.contiguous().unwrap().strides(), &[4, 1]);
+        let rows = base.slice(0, 1, 4).unwrap();
+        assert_eq!(rows.offset(), 5);
+        assert_eq!(rows.deep_clone().unwrap().offset(), 0);
+    }
+
+    #[test]
+    fn unique_ownership_guards_writes() {
+        let mut a = iota(DType::BF16, &[2, 3]);
+        assert!(a.is_uniquely_owned());
+        let view = a.slice(0, 0, 1).unwrap();
+        assert!(!a.is_uniquely_owned());
+        let err = a.copy_from(&Tensor::zeros(DType::F32, &[2, 3])).unwrap_err();
+        assert!(matches!(err, TensorError::SharedStorage { handles: 2, .. }), "{err}");
+        assert_eq!(view.to_f64_vec().unwrap(), vec![0., 1., 2.]);
+        drop(view);
+        a.copy_from(&Tensor::full(DType::F32, &[2, 3], 2.5)).unwrap();
+        assert_eq!(a.to_f64_vec().unwrap(), vec![2.5; 6]);
+    }
+
+    #[test]
+    fn copy_from_writes_in_the_destination_layout() {
+        let storage = Tensor::zeros(DType::F32, &[2, 5]);
+        let mut padded = storage.as_strided(Layout::new(&[2, 3], &[5, 1], 1).unwrap()).unwrap();
+        drop(storage);
+        padded.copy_from(&iota(DType::F16, &[2, 3])).unwrap();
+        assert_eq!(padded.to_f64_vec().unwrap(), vec![0., 1., 2., 3., 4., 5.]);
+        let whole = padded.as_strided(Layout::compact(&[10])).unwrap();
+        assert_eq!(whole.to_f64_vec().unwrap(), vec![0., 0., 1., 2., 0., 0., 3., 4., 5., 0.]);
+        let err = padded.copy_from(&iota(DType::F32, &[3, 2])).unwrap_err();
+        assert!(matches!(err, TensorError::ShapeMismatch { .. }));
+    }
+
+    #[test]
+    fn construction_errors() {
+        let err = Tensor::from_f32(DType::F32, &[2, 2], &[1.0, 2.0]).unwrap_err();
+        assert_eq!(err.to_string(), "shape [2, 2] needs 4 values but 2 were given");
+        let base = Tensor::zeros(DType::F32, &[4]);
+        let err = base.as_strided(Layout::compact(&[5])).unwrap_err();
+        assert_eq!(err.to_string(), "layout f32[5] needs 20 bytes but its storage has 16");
+        assert!(matches!(base.reshape(&[3]), Err(TensorError::Layout(LayoutError::NumelMismatch { .. }))));
+    }
+
+    #[test]
+    fn rank_zero_and_empty() {
+        let scalar = Tensor::full(DType::F64, &[], 3.0);
+        assert_eq!(scalar.to_f64_vec().unwrap(), vec![3.0]);
+        let empty = Tensor::zeros(DType::BF16, &[0, 8]);
+        assert_eq!(empty.to_f64_vec().unwrap(), Vec::<f64>::new());
+        assert_eq!(empty.deep_clone().unwrap().numel(), 0);
+    }
+}
