@@ -52,8 +52,8 @@ impl DType {
     pub fn round(self, value: f64) -> f64 {
         match self {
             DType::F32 => value as f32 as f64,
-            DType::F16 => f16::from_f64(value).to_f64(),
-            DType::BF16 => bf16::from_f64(value).to_f64(),
+            DType::F16 => <f16 as Element>::from_f64(value).to_f64(),
+            DType::BF16 => <bf16 as Element>::from_f64(value).to_f64(),
             DType::F64 => value,
         }
     }
@@ -141,7 +141,7 @@ impl Element for f16 {
         f16::to_f64(self)
     }
     fn from_f64(value: f64) -> f16 {
-        f16::from_f64(value)
+        f16::from_f32(f32_round_to_odd(value))
     }
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
@@ -157,7 +157,7 @@ impl Element for bf16 {
         bf16::to_f64(self)
     }
     fn from_f64(value: f64) -> bf16 {
-        bf16::from_f64(value)
+        bf16::from_f32(f32_round_to_odd(value))
     }
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
@@ -165,6 +165,22 @@ impl Element for bf16 {
     fn from_f32(value: f32) -> bf16 {
         bf16::from_f32(value)
     }
+}
+
+/// Narrows to f32 rounding to odd: truncate, then set the last bit if anything was lost.
+///
+/// Rounding that result to nearest-even in a format of at most 22 significand bits (f16, bf16) equals
+/// rounding the f64 directly, while going through a nearest-even f32 could round twice.
+fn f32_round_to_odd(value: f64) -> f32 {
+    let nearest = value as f32;
+    let exact = nearest as f64 == value;
+    if exact || !nearest.is_finite() || value.is_nan() {
+        return nearest;
+    }
+    let bits = nearest.to_bits();
+    // Sign-magnitude: decrementing the bits of a non-zero float moves it one step toward zero.
+    let truncated = if (nearest as f64).abs() > value.abs() { bits - 1 } else { bits };
+    f32::from_bits(truncated | 1)
 }
 
 #[cfg(test)]
