@@ -1,0 +1,582 @@
+//! Op definitions, implementation registration, priority resolution, guards and dispatch (R103–R109).
+
+mod common;
+
+use std::borrow::Cow;
+
+use common::{capture, register_inplace, register_scaled_rms_norm, sample};
+use ir_core::op::rms_norm::{self, RmsNormArgs, rms_norm};
+use ir_core::op::{Activations, ArgMeta, InputSpec, MetaError, OpDef, ParamDef, ParamKind, Value};
+use ir_core::{
+    Availability, CallError, DType, ImplFunc, ImplSpec, KernelError, NameKind, PriorityError, Registry, RegistryError,
+    Support, Tensor, TensorError, TensorMeta, bit_eq,
+};
+use tracing::Level;
+
+// --- throwaway ops defined at run time ---
+
+fn identity_native(args: &[Value]) -> Result<Vec<Tensor>, KernelError> {
+    let x = args[0].as_tensor().expect("bound");
+    Ok(vec![x.deep_clone()?])
+}
+
+fn identity_meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+    let x = args[0].tensor().ok_or(MetaError::Kind { op: "test", param: "x" })?;
+    Ok(vec![TensorMeta { layout: x.layout.copy_layout(), ..x.clone() }])
+}
+
+fn no_inputs(_: &InputSpec) -> Result<Vec<Value>, TensorError> {
+    Ok(vec![Value::Tensor(Tensor::zeros(DType::F32, &[1]))])
+}
+
+const X: ParamDef = ParamDef { name: "x", kind: ParamKind::Tensor, default: None };
+
+const fn op(name: &'static str, params: &'static [ParamDef], n_outputs: usize, activations: Activations, allow_inplace: bool) -> OpDef {
+    OpDef {
+        name,
+        params,
+        n_outputs,
+        activations,
+        allow_inplace,
+        native: identity_native,
+        meta: identity_meta,
+        generate_inputs: no_inputs,
+        tolerances: &[],
+        description: "a test op",
+    }
+}
+
+static GOOD_A1: OpDef = op("_a1", &[X], 1, Activations::Default, false);
+static BAD_CAMEL: OpDef = op("RmsNorm", &[X], 1, Activations::Default, false);
+static BAD_DIGIT: OpDef = op("1abc", &[X], 1, Activations::Default, false);
+static BAD_DASH: OpDef = op("a-b", &[X], 1, Activations::Default, false);
+static BAD_EMPTY: OpDef = op("", &[X], 1, Activations::Default, false);
+static BAD_RESERVED: OpDef = op("clone", &[X], 1, Activations::Default, false);
+static DUPLICATE_RMS_NORM: OpDef = op("rms_norm", &[X], 1, Activations::Default, false);
+
+static TWO_TENSORS: &[ParamDef] = &[
+    X,
+    ParamDef { name: "y", kind: ParamKind::Tensor, default: None },
+    ParamDef { name: "maybe", kind: ParamKind::OptTensor, default: None },
+    ParamDef { name: "eps", kind: ParamKind::F64, default: None },
+];
+static EXPLICIT: OpDef = op("explicit_act", TWO_TENSORS, 2, Activations::Explicit(&["y", "x"]), true);
+static UNKNOWN_ACT: OpDef = op("unknown_act", TWO_TENSORS, 1, Activations::Explicit(&["z"]), false);
+static OPTIONAL_ACT: OpDef = op("optional_act", TWO_TENSORS, 1, Activations::Explicit(&["maybe"]), false);
+static SCALAR_ACT: OpDef = op("scalar_act", TWO_TENSORS, 1, Activations::Explicit(&["eps"]), false);
+static BAD_ARITY: OpDef = op("bad_arity", TWO_TENSORS, 1, Activations::Explicit(&["x", "y"]), true);
+static NO_OUTPUTS: OpDef = op("no_outputs", &[X], 0, Activations::Default, false);
+
+#[test]
+fn op_names_are_checked() {
+    let line = line!() + 1;
+    let registry = Registry::with_builtin_ops();
+    registry.define_op(&GOOD_A1).unwrap();
+    for (def, expected) in [
+        (&BAD_CAMEL, "invalid op name `RmsNorm`"),
+        (&BAD_DIGIT, "invalid op name `1abc`"),
+        (&BAD_DASH, "invalid op name `a-b`"),
+        (&BAD_EMPTY, "invalid op name ``"),
+        (&BAD_RESERVED, "op name `clone` is reserved"),
+    ] {
+        let err = registry.define_op(def).unwrap_err();
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+    let err = registry.define_op(&DUPLICATE_RMS_NORM).unwrap_err();
+    let RegistryError::DuplicateOp { name, first } = &err else { panic!("expected DuplicateOp, got {err}") };
+    assert_eq!(name, "rms_norm");
+    // `with_builtin_ops` is `#[track_caller]`: the location is the caller's line.
+    assert_eq!((first.file(), first.line()), (file!(), line), "first definition at {first}");
+    assert!(err.to_string().contains("first defined at"), "{err}");
+    assert_eq!(registry.ops(), vec!["rms_norm", "fused_add_rms_norm", "_a1"]);
+    // The duplicate did not replace the original.
+    assert!(std::ptr::eq(registry.op_def("rms_norm").unwrap(), &rms_norm::RMS_NORM));
+}
+
+#[test]
+fn duplicate_op_names_the_location_of_a_user_definition() {
+    let registry = Registry::new();
+    let line = line!() + 1;
+    registry.define_op(&GOOD_A1).unwrap();
+    let err = registry.define_op(&GOOD_A1).unwrap_err();
+    let RegistryError::DuplicateOp { first, .. } = err else { panic!("expected DuplicateOp") };
+    assert_eq!((first.file(), first.line()), (file!(), line));
+}
+
+#[test]
+fn activations() {
+    let registry = Registry::with_builtin_ops();
+    assert_eq!(registry.activations("rms_norm"), Some(vec![0]));
+    assert_eq!(registry.activations("fused_add_rms_norm"), Some(vec![0, 1]));
+    registry.define_op(&EXPLICIT).unwrap();
+    assert_eq!(registry.activations("explicit_act"), Some(vec![1, 0]));
+    let err = registry.define_op(&UNKNOWN_ACT).unwrap_err();
+    assert_eq!(err, RegistryError::UnknownActivation { op: "unknown_act".into(), name: "z".into() });
+    let err = registry.define_op(&OPTIONAL_ACT).unwrap_err();
+    assert!(matches!(err, RegistryError::ActivationNotTensor { kind: ParamKind::OptTensor, .. }), "{err}");
+    let err = registry.define_op(&SCALAR_ACT).unwrap_err();
+    assert!(matches!(err, RegistryError::ActivationNotTensor { kind: ParamKind::F64, .. }), "{err}");
+    let err = registry.define_op(&BAD_ARITY).unwrap_err();
+    assert_eq!(err, RegistryError::InplaceArity { op: "bad_arity".into(), outputs: 1, activations: 2 });
+    assert!(matches!(registry.define_op(&NO_OUTPUTS), Err(RegistryError::NoOutputs { .. })));
+    assert!(registry.op_def("bad_arity").is_none(), "a failed definition leaves nothing behind");
+}
+
+// --- implementation registration ---
+
+fn spec(name: &'static str) -> ImplSpec {
+    ImplSpec::new(name)
+}
+
+#[test]
+fn implementation_registration_failures_leave_nothing_behind() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("alpha"), 2.0);
+    let before = registry.providers("rms_norm");
+
+    let reserved = rms_norm::register(&registry, spec("native"), rms_norm::native).unwrap_err();
+    assert_eq!(reserved, RegistryError::ReservedName { kind: NameKind::Provider, name: "native".into() });
+    let reserved = rms_norm::register(&registry, spec("unfused"), rms_norm::native).unwrap_err();
+    assert!(matches!(reserved, RegistryError::ReservedName { .. }));
+    let bad = rms_norm::register(&registry, spec("Bad-Name"), rms_norm::native).unwrap_err();
+    assert!(matches!(bad, RegistryError::InvalidName { kind: NameKind::Provider, .. }), "{bad}");
+    let duplicate = rms_norm::register(&registry, spec("alpha"), rms_norm::native).unwrap_err();
+    let RegistryError::DuplicateProvider { first, .. } = &duplicate else { panic!("{duplicate}") };
+    assert!(first.file().ends_with("common/mod.rs"), "{first}");
+    let inplace = registry
+        .register_impl("rms_norm", spec("writer"), ImplFunc::inplace(|args| Ok(vec![args[0].as_tensor().unwrap().clone()])))
+        .unwrap_err();
+    assert_eq!(inplace, RegistryError::InplaceNotAllowed { op: "rms_norm".into(), provider: "writer".into() });
+    let unknown = registry.register_impl("no_such_op", spec("alpha"), ImplFunc::functional(|_| Ok(vec![]))).unwrap_err();
+    assert!(unknown.to_string().contains("known: rms_norm, fused_add_rms_norm"), "{unknown}");
+
+    assert_eq!(registry.providers("rms_norm"), before, "failed registrations change nothing");
+    // The original `alpha` still runs: it doubles native's result.
+    let _guard = registry.override_priority("rms_norm", &["alpha"]).unwrap();
+    let x = sample(DType::F32, 2, 8, 1);
+    let y = rms_norm(&registry, &x, None, 1e-6, None).unwrap();
+    let expected = rms_norm::native(&x, None, 1e-6, None).unwrap().scale(2.0).unwrap();
+    assert!(bit_eq(&y, &expected));
+}
+
+#[test]
+fn registering_twice_in_one_registry_fails_but_registries_are_independent() {
+    let a = Registry::with_builtin_ops();
+    let b = Registry::with_builtin_ops();
+    register_inplace(&a, "p");
+    register_inplace(&b, "p");
+    let again = ir_core::op::fused_add_rms_norm::register(
+        &a,
+        spec("p"),
+        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::Inplace(common::inplace_fused),
+    );
+    assert!(matches!(again, Err(RegistryError::DuplicateProvider { .. })));
+}
+
+// --- no priority installed ---
+
+#[test]
+fn without_priorities_native_runs_and_is_logged_once() {
+    let registry = Registry::with_builtin_ops();
+    let x = sample(DType::BF16, 4, 16, 2);
+    let w = sample(DType::BF16, 1, 16, 3).reshape(&[16]).unwrap();
+    let expected = rms_norm::native(&x, Some(&w), 1e-6, None).unwrap();
+    let (results, events) = capture(|| {
+        (0..10).map(|_| rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap()).collect::<Vec<_>>()
+    });
+    for y in &results {
+        assert!(bit_eq(y, &expected));
+    }
+    assert_eq!(events.count(Level::INFO, "priority not set for op rms_norm, using native"), 1);
+    register_scaled_rms_norm(&registry, spec("extra"), 3.0);
+    let y = rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap();
+    assert!(bit_eq(&y, &expected), "registering a provider does not install it");
+    assert_eq!(registry.installed_priority("rms_norm"), None);
+}
+
+// --- guards ---
+
+#[test]
+fn nested_guards_restore_in_order() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("a"), 2.0);
+    register_scaled_rms_norm(&registry, spec("b"), 4.0);
+    {
+        let _outer = registry.override_priority("rms_norm", &["a"]).unwrap();
+        assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["a"]));
+        {
+            let _inner = registry.override_priority("rms_norm", &["b", "native"]).unwrap();
+            assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["b"]));
+        }
+        assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["a"]));
+    }
+    assert_eq!(registry.installed_priority("rms_norm"), None);
+}
+
+#[test]
+fn guards_dropped_out_of_order_remove_their_own_layer() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("a"), 2.0);
+    register_scaled_rms_norm(&registry, spec("b"), 4.0);
+    registry.set_default("rms_norm", &["native"]).unwrap();
+    let outer = registry.override_priority("rms_norm", &["a"]).unwrap();
+    let inner = registry.override_priority("rms_norm", &["b"]).unwrap();
+    drop(outer);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["b"]));
+    // set_default replaces the bottom without disturbing live guards.
+    registry.set_default("rms_norm", &["a"]).unwrap();
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["b"]));
+    drop(inner);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["a"]));
+}
+
+#[test]
+fn guards_restore_after_a_panic() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("a"), 2.0);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _guard = registry.override_priority("rms_norm", &["a"]).unwrap();
+        assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["a"]));
+        panic!("boom");
+    }));
+    assert!(result.is_err());
+    assert_eq!(registry.installed_priority("rms_norm"), None);
+    // The registry still works after the panic.
+    let x = sample(DType::F32, 1, 8, 0);
+    assert!(rms_norm(&registry, &x, None, 1e-6, None).is_ok());
+}
+
+#[test]
+fn guards_restore_on_early_return() {
+    fn early(registry: &Registry) -> Result<(), PriorityError> {
+        let _guard = registry.override_priority("rms_norm", &["a"])?;
+        let _second = registry.override_priority("rms_norm", &["missing"])?;
+        unreachable!("the second override fails");
+    }
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("a"), 2.0);
+    assert!(early(&registry).is_err());
+    assert_eq!(registry.installed_priority("rms_norm"), None);
+}
+
+// --- order and availability ---
+
+#[test]
+fn order_decides_through_typed_and_dynamic_entry_points() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("a"), 2.0);
+    register_scaled_rms_norm(&registry, spec("b"), 4.0);
+    let x = sample(DType::F32, 3, 8, 4);
+    let native = rms_norm::native(&x, None, 1e-6, None).unwrap();
+    let scaled = |f: f64| native.scale(f).unwrap();
+    let dynamic = |registry: &Registry| {
+        registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]).unwrap().remove(0)
+    };
+
+    let _outer = registry.override_priority("rms_norm", &["b", "a"]).unwrap();
+    assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(4.0)));
+    assert!(bit_eq(&dynamic(&registry), &scaled(4.0)));
+    {
+        let _inner = registry.override_priority("rms_norm", &["a"]).unwrap();
+        assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(2.0)));
+        assert!(bit_eq(&dynamic(&registry), &scaled(2.0)));
+    }
+    assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(4.0)));
+}
+
+#[test]
+fn unavailable_providers_are_skipped_with_the_reason_logged() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("gone").with_probe(|| Availability::Unavailable("libgone.so not found".into())), 8.0);
+    register_scaled_rms_norm(&registry, spec("a"), 2.0);
+    let (resolved, events) = capture(|| registry.resolve_priority("rms_norm", &["gone", "a"]).unwrap());
+    assert_eq!(resolved, vec!["a"]);
+    let skipped = events.events().into_iter().find(|e| e.message.contains("skipping unavailable provider")).unwrap();
+    assert!(skipped.fields.contains("libgone.so not found"), "{skipped:?}");
+    let info = registry.providers("rms_norm").into_iter().find(|p| p.name == "gone").unwrap();
+    assert_eq!(info.availability, Availability::Unavailable("libgone.so not found".into()));
+    assert_eq!(registry.available_providers("rms_norm"), vec!["native", "a"]);
+}
+
+#[test]
+fn a_panicking_probe_is_unavailable() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("crashy").with_probe(|| panic!("libcuda missing")), 2.0);
+    let info = registry.providers("rms_norm").into_iter().find(|p| p.name == "crashy").unwrap();
+    let Availability::Unavailable(reason) = info.availability else { panic!("expected unavailable") };
+    assert!(reason.contains("libcuda missing"), "{reason}");
+    assert_eq!(registry.resolve_priority("rms_norm", &["crashy", "native"]).unwrap(), vec!["native"]);
+}
+
+#[test]
+fn the_probe_runs_at_most_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(
+        &registry,
+        spec("counted").with_probe(|| {
+            CALLS.fetch_add(1, Ordering::SeqCst);
+            Availability::Available
+        }),
+        2.0,
+    );
+    for _ in 0..5 {
+        registry.resolve_priority("rms_norm", &["counted"]).unwrap();
+        registry.providers("rms_norm");
+    }
+    assert_eq!(CALLS.load(Ordering::SeqCst), 1);
+}
+
+// --- resolution rules (R38) ---
+
+fn even_only(args: &[ArgMeta<'_>]) -> Support {
+    let args = RmsNormArgs::from_meta(args).expect("bound rms_norm arguments");
+    if args.x.layout.last_dim() % 2 == 0 {
+        Support::Yes
+    } else {
+        Support::No(Cow::Owned(format!("hidden size {} is odd", args.x.layout.last_dim())))
+    }
+}
+
+#[test]
+fn resolution_examples() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
+    register_scaled_rms_norm(&registry, spec("a"), 2.0);
+    register_scaled_rms_norm(&registry, spec("cpu"), 3.0);
+    register_scaled_rms_norm(&registry, spec("off").with_probe(|| Availability::Unavailable("no device".into())), 3.0);
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["even"], &["even", "native"]),
+        (&["off", "a"], &["a"]),
+        (&[], &["native"]),
+        (&["native", "cpu"], &["native"]),
+        (&["even", "a", "cpu"], &["even", "a"]),
+        (&["even", "even", "a"], &["even", "even", "a"]),
+        (&["off"], &["native"]),
+    ];
+    for (names, expected) in cases {
+        assert_eq!(registry.resolve_priority("rms_norm", names).unwrap(), *expected, "{names:?}");
+    }
+}
+
+#[test]
+fn empty_list_resolves_to_native_with_the_warning() {
+    let registry = Registry::with_builtin_ops();
+    let (guard, events) = capture(|| registry.override_priority("rms_norm", &[] as &[&str]).unwrap());
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]));
+    assert_eq!(events.count(Level::WARN, "no provider in the priority list supports all arguments"), 1);
+    drop(guard);
+}
+
+#[test]
+fn a_conditional_provider_alone_gets_native_appended_and_one_warning() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
+    let (guard, install_events) = capture(|| registry.override_priority("rms_norm", &["even"]).unwrap());
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["even", "native"]));
+    let warning = "op rms_norm: no provider in the priority list supports all arguments; calls may fall back to \
+                   native; add `native` at the end of the list to silence this";
+    assert_eq!(install_events.count(Level::WARN, warning), 1);
+
+    let even = sample(DType::F32, 3, 8, 5);
+    let odd = sample(DType::F32, 3, 7, 6);
+    let (results, call_events) = capture(|| {
+        (0..5)
+            .map(|_| {
+                (rms_norm(&registry, &even, None, 1e-6, None).unwrap(), rms_norm(&registry, &odd, None, 1e-6, None).unwrap())
+            })
+            .collect::<Vec<_>>()
+    });
+    let even_expected = rms_norm::native(&even, None, 1e-6, None).unwrap().scale(2.0).unwrap();
+    let odd_expected = rms_norm::native(&odd, None, 1e-6, None).unwrap();
+    for (e, o) in &results {
+        assert!(bit_eq(e, &even_expected), "even H runs the conditional provider");
+        assert!(bit_eq(o, &odd_expected), "odd H falls back to native");
+    }
+    assert_eq!(call_events.events().iter().filter(|e| e.level == Level::WARN).count(), 0);
+    // Installing the same kind of list again does not warn again (warn once per registry and op).
+    let (again, again_events) = capture(|| registry.override_priority("rms_norm", &["even"]).unwrap());
+    assert_eq!(again_events.count(Level::WARN, "no provider"), 0);
+    drop(again);
+    drop(guard);
+}
+
+#[test]
+fn unknown_providers_are_an_error_and_install_nothing() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("a"), 2.0);
+    let err = registry.override_priority("rms_norm", &["a", "bogus", "nope"]).unwrap_err();
+    assert_eq!(
+        err,
+        PriorityError::UnknownProvider {
+            op: "rms_norm".into(),
+            unknown: vec!["bogus".into(), "nope".into()],
+            known: vec!["native".into(), "a".into()],
+        }
+    );
+    assert_eq!(err.to_string(), "unknown providers `bogus`, `nope` in priority list for `rms_norm` (known: native, a)");
+    assert_eq!(registry.installed_priority("rms_norm"), None);
+    assert!(matches!(registry.set_default("rms_norm", &["bogus"]), Err(PriorityError::UnknownProvider { .. })));
+    assert_eq!(registry.installed_priority("rms_norm"), None);
+    let unknown_op = registry.set_default("layer_norm", &["native"]).unwrap_err();
+    assert!(unknown_op.to_string().starts_with("unknown op `layer_norm`"), "{unknown_op}");
+}
+
+#[test]
+fn registering_while_a_list_is_installed_warns_and_keeps_the_list() {
+    let registry = Registry::with_builtin_ops();
+    let _guard = registry.override_priority("rms_norm", &["native"]).unwrap();
+    let ((), events) = capture(|| register_scaled_rms_norm(&registry, spec("late"), 2.0));
+    assert_eq!(events.count(Level::WARN, "provider `late` registered while a priority list is installed"), 1);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]));
+}
+
+// --- predicates, threads, records ---
+
+#[test]
+fn predicates_do_not_depend_on_the_number_of_tokens() {
+    // R108 for the providers of this crate's tests; kernel crates run the same check on theirs.
+    for tokens in [1, 7, 2048, 65536] {
+        for hidden in [7, 8, 4096] {
+            let shapes = [vec![tokens, hidden], vec![2, tokens, hidden]];
+            for shape in shapes {
+                let meta = TensorMeta::compact(DType::BF16, &shape);
+                let args = [ArgMeta::Tensor(&meta), ArgMeta::None, ArgMeta::F64(1e-6), ArgMeta::None];
+                let expected = hidden % 2 == 0;
+                assert_eq!(even_only(&args) == Support::Yes, expected, "{shape:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn registries_in_many_threads_do_not_interfere() {
+    let x = sample(DType::F32, 4, 8, 9);
+    let native = rms_norm::native(&x, None, 1e-6, None).unwrap();
+    std::thread::scope(|scope| {
+        for factor in [2.0, 4.0, 8.0, 16.0] {
+            let x = &x;
+            let native = &native;
+            scope.spawn(move || {
+                let registry = Registry::with_builtin_ops();
+                register_scaled_rms_norm(&registry, spec("p"), factor);
+                let _guard = registry.override_priority("rms_norm", &["p"]).unwrap();
+                for _ in 0..50 {
+                    let y = rms_norm(&registry, x, None, 1e-6, None).unwrap();
+                    assert!(bit_eq(&y, &native.scale(factor).unwrap()));
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn one_registry_shared_by_threads_with_guards_on_different_ops() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("p"), 2.0);
+    register_inplace(&registry, "q");
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for _ in 0..100 {
+                let _guard = registry.override_priority("rms_norm", &["p"]).unwrap();
+            }
+        });
+        scope.spawn(|| {
+            for _ in 0..100 {
+                let _guard = registry.override_priority("fused_add_rms_norm", &["q"]).unwrap();
+            }
+        });
+    });
+    assert_eq!(registry.installed_priority("rms_norm"), None);
+    assert_eq!(registry.installed_priority("fused_add_rms_norm"), None);
+}
+
+#[test]
+fn the_selection_record_and_debug_event_name_chosen_and_rejected_providers() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
+    let _guard = registry.override_priority("rms_norm", &["even", "native"]).unwrap();
+    let odd = sample(DType::F32, 2, 7, 1);
+    let even = sample(DType::F32, 2, 8, 1);
+    let (_, events) = capture(|| {
+        rms_norm(&registry, &odd, None, 1e-6, None).unwrap();
+        rms_norm(&registry, &even, None, 1e-6, None).unwrap();
+        rms_norm(&registry, &even, None, 1e-6, None).unwrap();
+    });
+    let dispatch: Vec<_> = events.events().into_iter().filter(|e| e.target == "ir_core::dispatch").collect();
+    assert_eq!(dispatch.len(), 3);
+    assert!(dispatch[0].message.contains("selected native for rms_norm"), "{:?}", dispatch[0]);
+    assert!(dispatch[0].fields.contains("rejected=[even: hidden size 7 is odd]"), "{:?}", dispatch[0]);
+    assert!(dispatch[0].fields.contains("args=(f32[2,7], none, 1e-6, none)"), "{:?}", dispatch[0]);
+    assert!(dispatch[1].message.contains("selected even"), "{:?}", dispatch[1]);
+
+    let record = registry.selection_record();
+    assert_eq!(record.selections("rms_norm", "native"), 1);
+    assert_eq!(record.selections("rms_norm", "even"), 2);
+    let even_record = record.op("rms_norm").unwrap().providers.iter().find(|p| p.provider == "even").unwrap();
+    assert_eq!(even_record.last_rejection.as_deref(), Some("hidden size 7 is odd"));
+    registry.reset_selection_record();
+    assert_eq!(registry.selection_record().selections("rms_norm", "even"), 0);
+}
+
+#[test]
+fn selection_on_metadata_follows_the_same_rules() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
+    let _guard = registry.override_priority("rms_norm", &["even"]).unwrap();
+    let odd = TensorMeta::compact(DType::BF16, &[4, 9]);
+    let selection = registry.select("rms_norm", &[ArgMeta::Tensor(&odd), ArgMeta::None, ArgMeta::F64(1e-6)]).unwrap();
+    assert_eq!(selection.provider, "native");
+    assert_eq!(selection.rejected.len(), 1);
+    assert_eq!(selection.outputs, vec![odd.clone()]);
+    let err = registry.select("rms_norm", &[ArgMeta::F64(1.0)]).unwrap_err();
+    assert!(matches!(err, CallError::Bind(_)), "{err}");
+}
+
+#[test]
+fn bind_fills_defaults_and_checks_kinds() {
+    let registry = Registry::with_builtin_ops();
+    let x = sample(DType::F32, 2, 4, 0);
+    let ok = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]);
+    assert!(ok.is_ok());
+    let err = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None]).unwrap_err();
+    assert_eq!(err.to_string(), "op `rms_norm`: missing argument for parameter `epsilon`");
+    let err = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::I64(1)]).unwrap_err();
+    assert_eq!(err.to_string(), "op `rms_norm`: parameter `epsilon` expects float, found an integer");
+    let err = registry
+        .call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6), Value::None, Value::None])
+        .unwrap_err();
+    assert_eq!(err.to_string(), "op `rms_norm` takes 4 arguments but 5 were given");
+    let err = registry.call("layer_norm", vec![]).unwrap_err();
+    assert!(matches!(err, CallError::UnknownOp { .. }));
+    let err = registry.call_maybe_inplace("rms_norm", vec![Value::Tensor(x), Value::None, Value::F64(1e-6)]).unwrap_err();
+    assert_eq!(err, CallError::NotInplaceOp { op: "rms_norm" });
+}
+
+#[test]
+fn generators_are_deterministic_and_tolerances_exist() {
+    for def in ir_core::op::BUILTIN_OPS {
+        for dtype in DType::ALL {
+            let spec = InputSpec { num_tokens: 3, hidden_size: 8, dtype, epsilon: 1e-6, seed: 42 };
+            let a = (def.generate_inputs)(&spec).unwrap();
+            let b = (def.generate_inputs)(&spec).unwrap();
+            assert_eq!(a.len(), def.params.len(), "{}: a complete argument list", def.name);
+            for (x, y) in a.iter().zip(&b) {
+                match (x, y) {
+                    (Value::Tensor(x), Value::Tensor(y)) => {
+                        assert!(bit_eq(x, y));
+                        assert_eq!(x.dtype(), dtype);
+                    }
+                    (Value::F64(x), Value::F64(y)) => assert_eq!(x, y),
+                    (Value::None, Value::None) => {}
+                    other => panic!("{}: generator results differ: {other:?}", def.name),
+                }
+            }
+            let other = (def.generate_inputs)(&InputSpec { seed: 43, ..spec }).unwrap();
+            assert!(!bit_eq(a[0].as_tensor().unwrap(), other[0].as_tensor().unwrap()), "the seed matters");
+            let tolerance = ir_core::op::tolerance(def, dtype).unwrap();
+            assert!(tolerance.atol > 0.0 && tolerance.rtol > 0.0);
+        }
+    }
+}
