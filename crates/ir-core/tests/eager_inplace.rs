@@ -20,9 +20,11 @@ fn inputs(rows: usize, cols: usize) -> (Tensor, Tensor, Tensor) {
 fn maybe_inplace_with_a_functional_provider_gives_fresh_outputs() {
     let registry = Registry::with_builtin_ops();
     let (x, residual, weight) = inputs(8, 16);
-    let (expected_out, expected_residual) = fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+    let (expected_out, expected_residual) =
+        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
     let (x_id, residual_id) = (x.storage_id(), residual.storage_id());
-    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap();
+    let (out, residual_out) =
+        fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap();
     assert!(bit_eq(&out, &expected_out));
     assert!(bit_eq(&residual_out, &expected_residual));
     assert_ne!(out.storage_id(), x_id);
@@ -55,10 +57,12 @@ fn maybe_inplace_writes_into_uniquely_owned_activations() {
     register_inplace(&registry, "p");
     let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
     let (x, residual, weight) = inputs(8, 16);
-    let (expected_out, expected_residual) = fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+    let (expected_out, expected_residual) =
+        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
     let (x_id, residual_id) = (x.storage_id(), residual.storage_id());
     let (x_offset, residual_offset) = (x.offset(), residual.offset());
-    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap();
+    let (out, residual_out) =
+        fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap();
     assert_eq!((out.storage_id(), out.offset()), (x_id, x_offset));
     assert_eq!((residual_out.storage_id(), residual_out.offset()), (residual_id, residual_offset));
     assert!(bit_eq(&out, &expected_out));
@@ -72,7 +76,8 @@ fn maybe_inplace_copies_an_activation_someone_can_still_read() {
     register_inplace(&registry, "p");
     let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
     let (x, residual, weight) = inputs(8, 16);
-    let (expected_out, expected_residual) = fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+    let (expected_out, expected_residual) =
+        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
     let other_handle = x.clone();
     let view_of_residual = residual.slice(0, 2, 5).unwrap();
     let (handle_before, view_before) = (other_handle.deep_clone().unwrap(), view_of_residual.deep_clone().unwrap());
@@ -95,7 +100,8 @@ fn the_same_tensor_donated_twice_is_never_corrupted() {
     let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
     let (x, _, weight) = inputs(4, 16);
     let (expected_out, expected_residual) = fused_add_rms_norm::native(&x, &x, Some(&weight), EPS, None).unwrap();
-    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(&registry, x.clone(), x, Some(&weight), EPS, None).unwrap();
+    let (out, residual_out) =
+        fused_add_rms_norm_maybe_inplace(&registry, x.clone(), x, Some(&weight), EPS, None).unwrap();
     assert!(bit_eq(&out, &expected_out) && bit_eq(&residual_out, &expected_residual));
     assert!(!shares_storage(&out, &residual_out));
 }

@@ -107,7 +107,10 @@ fn an_f32_weight_keeps_the_product_in_f32() {
         .flat_map(|row| {
             let sum: f64 = row.iter().map(|&a| (a as f64) * (a as f64)).sum();
             let rstd = 1.0f32 / ((sum / 16.0) as f32 + 1e-6f32).sqrt();
-            row.iter().enumerate().map(move |(j, &a)| bf16::from_f32((a * rstd) * w_values[j]).to_f64()).collect::<Vec<_>>()
+            row.iter()
+                .enumerate()
+                .map(move |(j, &a)| bf16::from_f32((a * rstd) * w_values[j]).to_f64())
+                .collect::<Vec<_>>()
         })
         .collect();
     assert_eq!(y.to_f64_vec().unwrap(), expected);

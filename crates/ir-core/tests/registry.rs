@@ -31,7 +31,13 @@ fn no_inputs(_: &InputSpec) -> Result<Vec<Value>, TensorError> {
 
 const X: ParamDef = ParamDef { name: "x", kind: ParamKind::Tensor, default: None };
 
-const fn op(name: &'static str, params: &'static [ParamDef], n_outputs: usize, activations: Activations, allow_inplace: bool) -> OpDef {
+const fn op(
+    name: &'static str,
+    params: &'static [ParamDef],
+    n_outputs: usize,
+    activations: Activations,
+    allow_inplace: bool,
+) -> OpDef {
     OpDef {
         name,
         params,
@@ -144,10 +150,15 @@ fn implementation_registration_failures_leave_nothing_behind() {
     let RegistryError::DuplicateProvider { first, .. } = &duplicate else { panic!("{duplicate}") };
     assert!(first.file().ends_with("common/mod.rs"), "{first}");
     let inplace = registry
-        .register_impl("rms_norm", spec("writer"), ImplFunc::inplace(|args| Ok(vec![args[0].as_tensor().unwrap().clone()])))
+        .register_impl(
+            "rms_norm",
+            spec("writer"),
+            ImplFunc::inplace(|args| Ok(vec![args[0].as_tensor().unwrap().clone()])),
+        )
         .unwrap_err();
     assert_eq!(inplace, RegistryError::InplaceNotAllowed { op: "rms_norm".into(), provider: "writer".into() });
-    let unknown = registry.register_impl("no_such_op", spec("alpha"), ImplFunc::functional(|_| Ok(vec![]))).unwrap_err();
+    let unknown =
+        registry.register_impl("no_such_op", spec("alpha"), ImplFunc::functional(|_| Ok(vec![]))).unwrap_err();
     assert!(unknown.to_string().contains("known: rms_norm, fused_add_rms_norm"), "{unknown}");
 
     assert_eq!(registry.providers("rms_norm"), before, "failed registrations change nothing");
@@ -181,9 +192,8 @@ fn without_priorities_native_runs_and_is_logged_once() {
     let x = sample(DType::BF16, 4, 16, 2);
     let w = sample(DType::BF16, 1, 16, 3).reshape(&[16]).unwrap();
     let expected = rms_norm::native(&x, Some(&w), 1e-6, None).unwrap();
-    let (results, events) = capture(|| {
-        (0..10).map(|_| rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap()).collect::<Vec<_>>()
-    });
+    let (results, events) =
+        capture(|| (0..10).map(|_| rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap()).collect::<Vec<_>>());
     for y in &results {
         assert!(bit_eq(y, &expected));
     }
@@ -287,7 +297,11 @@ fn order_decides_through_typed_and_dynamic_entry_points() {
 #[test]
 fn unavailable_providers_are_skipped_with_the_reason_logged() {
     let registry = Registry::with_builtin_ops();
-    register_scaled_rms_norm(&registry, spec("gone").with_probe(|| Availability::Unavailable("libgone.so not found".into())), 8.0);
+    register_scaled_rms_norm(
+        &registry,
+        spec("gone").with_probe(|| Availability::Unavailable("libgone.so not found".into())),
+        8.0,
+    );
     register_scaled_rms_norm(&registry, spec("a"), 2.0);
     let (resolved, events) = capture(|| registry.resolve_priority("rms_norm", &["gone", "a"]).unwrap());
     assert_eq!(resolved, vec!["a"]);
@@ -332,7 +346,7 @@ fn the_probe_runs_at_most_once() {
 
 fn even_only(args: &[ArgMeta<'_>]) -> Support {
     let args = RmsNormArgs::from_meta(args).expect("bound rms_norm arguments");
-    if args.x.layout.last_dim() % 2 == 0 {
+    if args.x.layout.last_dim().is_multiple_of(2) {
         Support::Yes
     } else {
         Support::No(Cow::Owned(format!("hidden size {} is odd", args.x.layout.last_dim())))
@@ -384,7 +398,10 @@ fn a_conditional_provider_alone_gets_native_appended_and_one_warning() {
     let (results, call_events) = capture(|| {
         (0..5)
             .map(|_| {
-                (rms_norm(&registry, &even, None, 1e-6, None).unwrap(), rms_norm(&registry, &odd, None, 1e-6, None).unwrap())
+                (
+                    rms_norm(&registry, &even, None, 1e-6, None).unwrap(),
+                    rms_norm(&registry, &odd, None, 1e-6, None).unwrap(),
+                )
             })
             .collect::<Vec<_>>()
     });
@@ -443,7 +460,7 @@ fn predicates_do_not_depend_on_the_number_of_tokens() {
             for shape in shapes {
                 let meta = TensorMeta::compact(DType::BF16, &shape);
                 let args = [ArgMeta::Tensor(&meta), ArgMeta::None, ArgMeta::F64(1e-6), ArgMeta::None];
-                let expected = hidden % 2 == 0;
+                let expected = hidden.is_multiple_of(2);
                 assert_eq!(even_only(&args) == Support::Yes, expected, "{shape:?}");
             }
         }
@@ -550,7 +567,8 @@ fn bind_fills_defaults_and_checks_kinds() {
     assert_eq!(err.to_string(), "op `rms_norm` takes 4 arguments but 5 were given");
     let err = registry.call("layer_norm", vec![]).unwrap_err();
     assert!(matches!(err, CallError::UnknownOp { .. }));
-    let err = registry.call_maybe_inplace("rms_norm", vec![Value::Tensor(x), Value::None, Value::F64(1e-6)]).unwrap_err();
+    let err =
+        registry.call_maybe_inplace("rms_norm", vec![Value::Tensor(x), Value::None, Value::F64(1e-6)]).unwrap_err();
     assert_eq!(err, CallError::NotInplaceOp { op: "rms_norm" });
 }
 

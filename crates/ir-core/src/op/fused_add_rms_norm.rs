@@ -173,7 +173,10 @@ fn pair(mut outputs: Vec<Tensor>) -> Result<(Tensor, Tensor), CallError> {
 
 type Scalars<'a> = (Option<&'a Tensor>, f64, Option<i64>);
 
-fn unpack(args: &[Value]) -> Result<(&Tensor, &Tensor, Option<&Tensor>, f64, Option<i64>), KernelError> {
+/// `(x, x_residual, weight, epsilon, variance_size)` borrowed from a bound argument list.
+type Unpacked<'a> = (&'a Tensor, &'a Tensor, Option<&'a Tensor>, f64, Option<i64>);
+
+fn unpack(args: &[Value]) -> Result<Unpacked<'_>, KernelError> {
     let x = args.first().and_then(Value::as_tensor).ok_or_else(bad_args)?;
     let residual = args.get(1).and_then(Value::as_tensor).ok_or_else(bad_args)?;
     let (weight, epsilon, variance_size) = unpack_scalars(args)?;

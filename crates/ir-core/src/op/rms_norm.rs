@@ -112,7 +112,10 @@ pub(crate) fn opt_i64(arg: &ArgMeta<'_>) -> Option<Option<i64>> {
     }
 }
 
-fn unpack(args: &[Value]) -> Result<(&Tensor, Option<&Tensor>, f64, Option<i64>), KernelError> {
+/// `(x, weight, epsilon, variance_size)` borrowed from a bound argument list.
+type Unpacked<'a> = (&'a Tensor, Option<&'a Tensor>, f64, Option<i64>);
+
+fn unpack(args: &[Value]) -> Result<Unpacked<'_>, KernelError> {
     let bad = || KernelError::InvalidArguments { reason: "rms_norm arguments do not match its parameters".to_owned() };
     let x = args.first().and_then(Value::as_tensor).ok_or_else(bad)?;
     let weight = match args.get(1) {

@@ -90,9 +90,9 @@ pub enum CallError {
         /// Output (and activation) index.
         index: usize,
         /// Declared output metadata.
-        output: TensorMeta,
+        output: Box<TensorMeta>,
         /// The activation's metadata.
-        activation: TensorMeta,
+        activation: Box<TensorMeta>,
     },
     /// An implementation returned outputs other than declared.
     #[error("provider `{provider}` of `{op}` broke its contract: {problem}")]
@@ -218,8 +218,8 @@ impl Registry {
                         op: def.name,
                         provider: chosen.provider,
                         index,
-                        output: outputs_meta[index].clone(),
-                        activation: activation.clone(),
+                        output: Box::new(outputs_meta[index].clone()),
+                        activation: Box::new(activation.clone()),
                     });
                 }
             }

@@ -81,7 +81,8 @@ pub fn inplace_fused(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let (out, residual_out) = fused_add_rms_norm::native(x.tensor(), residual.tensor(), weight, epsilon, variance_size)?;
+    let (out, residual_out) =
+        fused_add_rms_norm::native(x.tensor(), residual.tensor(), weight, epsilon, variance_size)?;
     let mut x = x.into_tensor();
     let mut residual = residual.into_tensor();
     x.copy_from(&out)?;

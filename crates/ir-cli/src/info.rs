@@ -1,0 +1,54 @@
+//! `vllm-ir info`.
+
+use anyhow::Context;
+use ir_core::{Availability, Platform};
+
+use crate::{CommonArgs, build_registry};
+
+pub(crate) fn run(args: &CommonArgs) -> anyhow::Result<()> {
+    let registry = build_registry();
+    let config = args.config()?;
+    let resolved = config.resolve(&registry).context("resolving priorities")?;
+    let how = match config.platform {
+        ir_core::platform::PlatformChoice::Detect => "detected",
+        ir_core::platform::PlatformChoice::Pinned(_) => "pinned",
+    };
+    println!("platform: {} ({how})", resolved.platform);
+    println!("devices:");
+    println!("  cpu: host memory, always available");
+    for platform in [Platform::Cuda, Platform::Rocm, Platform::Xpu] {
+        let provider = platform.provider();
+        let status = registry
+            .ops()
+            .iter()
+            .flat_map(|op| registry.providers(op))
+            .find(|p| p.name == provider)
+            .map(|p| match p.availability {
+                Availability::Available => "available".to_owned(),
+                Availability::Unavailable(reason) => format!("unavailable: {reason}"),
+            })
+            .unwrap_or_else(|| "no provider registered in this build".to_owned());
+        println!("  {platform}: {status}");
+    }
+    if !config.user.source.is_empty() {
+        println!("user priorities: {}", config.user.source);
+    }
+    for op in registry.ops() {
+        let def = registry.op_def(op).expect("listed ops are defined");
+        println!();
+        println!("op {def}");
+        println!("  {}", def.description);
+        for provider in registry.providers(op) {
+            let availability = match provider.availability {
+                Availability::Available => "available".to_owned(),
+                Availability::Unavailable(reason) => format!("unavailable ({reason})"),
+            };
+            let kind = if provider.inplace { "inplace" } else { "functional" };
+            let predicate = if provider.has_predicate { ", has supports predicate" } else { "" };
+            println!("  provider {:<10} {availability}, {kind}{predicate}", provider.name);
+        }
+        let priority = &resolved.ops[op];
+        println!("  priority: [{}] -> resolved [{}]", priority.merged.join(", "), priority.resolved.join(", "));
+    }
+    Ok(())
+}

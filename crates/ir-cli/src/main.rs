@@ -1,0 +1,80 @@
+//! `vllm-ir`: inspect providers and priorities (`info`) and run a toy decoder (`demo`).
+//!
+//! Common flags: `--ir-op-priority` (same syntax as `VLLM_IR_PRIORITY`, which it replaces) and
+//! `--platform` (`cuda`, `rocm`, `xpu`, `cpu`; default: detected). Logs go to stderr, filtered by
+//! `RUST_LOG` (for example `RUST_LOG=ir_core::dispatch=debug`).
+
+#![allow(clippy::print_stdout)]
+
+mod demo;
+mod info;
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use ir_core::platform::{ConfigSources, PLATFORM_ENV, PRIORITY_ENV};
+use ir_core::{PriorityConfig, Registry};
+
+/// Inspect and run vllm-ir ops, providers and priorities.
+#[derive(Parser, Debug)]
+#[command(name = "vllm-ir", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the platform, every op with its providers and their availability, and the final priorities.
+    Info(CommonArgs),
+    /// Run a toy decoder of RmsNorm layers in place and functionally; require bit-identical results.
+    Demo(demo::DemoArgs),
+}
+
+/// Flags every subcommand takes.
+#[derive(Args, Debug, Clone)]
+struct CommonArgs {
+    /// Provider priorities, e.g. `rms_norm=cpu,native;fused_add_rms_norm=native` (replaces VLLM_IR_PRIORITY).
+    #[arg(long = "ir-op-priority", value_name = "SPEC")]
+    ir_op_priority: Option<String>,
+    /// Platform whose defaults to use: cuda, rocm, xpu or cpu (default: detected; replaces VLLM_IR_PLATFORM).
+    #[arg(long, value_name = "PLATFORM")]
+    platform: Option<String>,
+}
+
+impl CommonArgs {
+    fn config(&self) -> anyhow::Result<PriorityConfig> {
+        let sources = ConfigSources {
+            env_priority: std::env::var(PRIORITY_ENV).ok(),
+            env_platform: std::env::var(PLATFORM_ENV).ok(),
+            cli_priority: self.ir_op_priority.clone(),
+            cli_platform: self.platform.clone(),
+        };
+        PriorityConfig::from_sources(&sources).context("reading the priority configuration")
+    }
+}
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Info(args) => info::run(args),
+        Command::Demo(args) => demo::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A registry with the built-in ops and every provider this build includes.
+fn build_registry() -> Registry {
+    Registry::with_builtin_ops()
+}

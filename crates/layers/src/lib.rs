@@ -1,0 +1,29 @@
+//! `layers`: model layers built on `ir-core`, generic over the execution context.
+//!
+//! The same layer code runs eagerly ([`ir_core::EagerContext`]) or is traced into a graph; it holds no
+//! kernel code and no dispatch logic.
+//!
+//! ```
+//! use ir_core::{DType, EagerContext, Registry, Tensor};
+//! use layers::RmsNorm;
+//!
+//! let registry = Registry::with_builtin_ops();
+//! let ctx = EagerContext::new(&registry);
+//! let norm = RmsNorm::builder(8).dtype(DType::BF16).build()?;
+//! let x = Tensor::ones(DType::BF16, &[2, 8]);
+//! let residual = Tensor::zeros(DType::BF16, &[2, 8]);
+//! let y = norm.forward(&ctx, &x)?;
+//! // x and residual are donated: the in-place kernel may reuse their memory.
+//! let (out, new_residual) = norm.forward_residual(&ctx, x, residual)?;
+//! assert!(ir_core::bit_eq(&out, &y));
+//! # let _ = new_residual;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Logging
+//!
+//! `layers` emits no events of its own; the ops it calls log on `ir_core::dispatch`.
+
+mod rms_norm;
+
+pub use crate::rms_norm::{LayerError, RmsNorm, RmsNormBuilder};

@@ -1,0 +1,331 @@
+//! The `RmsNorm` layer: `rms_norm`, or `fused_add_rms_norm` with a residual.
+
+use ir_core::storage::DeviceAllocator;
+use ir_core::{CallError, DType, ExecutionContext, Tensor, TensorError};
+
+/// Errors of building or running a layer.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LayerError {
+    /// `var_hidden_size` outside `1..=hidden_size`.
+    #[error("var_hidden_size {var_hidden_size} must lie in 1..={hidden_size}")]
+    VarHiddenSize {
+        /// The layer's hidden size.
+        hidden_size: usize,
+        /// The requested variance size.
+        var_hidden_size: usize,
+    },
+    /// A hidden size of 0.
+    #[error("hidden_size must be at least 1")]
+    ZeroHiddenSize,
+    /// A weight of the wrong shape.
+    #[error(
+        "weight of shape {found:?} does not fit RmsNorm with hidden size {hidden_size} (expected shape [{hidden_size}])"
+    )]
+    WeightShape {
+        /// The layer's hidden size.
+        hidden_size: usize,
+        /// The weight's shape.
+        found: Vec<usize>,
+    },
+    /// `load_weight` on a layer built without a weight.
+    #[error("this RmsNorm was built without a weight")]
+    NoWeight,
+    /// An input whose last dimension is not the hidden size.
+    #[error("input `{param}` of shape {shape:?} does not fit RmsNorm with hidden size {hidden_size}")]
+    InputShape {
+        /// `x` or `residual`.
+        param: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The layer's hidden size.
+        hidden_size: usize,
+    },
+    /// `x` and `residual` of different shapes.
+    #[error("x of shape {x:?} and residual of shape {residual:?} differ")]
+    ResidualShape {
+        /// x's shape.
+        x: Vec<usize>,
+        /// The residual's shape.
+        residual: Vec<usize>,
+    },
+    /// The op call failed.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// Moving the weight failed.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+}
+
+/// Root-mean-square normalization over the last dimension with an optional learned weight.
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    hidden_size: usize,
+    eps: f64,
+    variance_size: Option<i64>,
+    weight: Option<Tensor>,
+    name: String,
+}
+
+/// Builds an [`RmsNorm`]; defaults: eps 1e-6, no `var_hidden_size`, a weight, bf16.
+#[derive(Clone, Debug)]
+pub struct RmsNormBuilder {
+    hidden_size: usize,
+    eps: f64,
+    var_hidden_size: Option<usize>,
+    has_weight: bool,
+    dtype: DType,
+    name: String,
+}
+
+impl RmsNormBuilder {
+    /// Epsilon added to the mean square.
+    pub fn eps(self, eps: f64) -> RmsNormBuilder {
+        RmsNormBuilder { eps, ..self }
+    }
+
+    /// Computes the variance over the first `var_hidden_size` elements of each row only.
+    pub fn var_hidden_size(self, var_hidden_size: usize) -> RmsNormBuilder {
+        RmsNormBuilder { var_hidden_size: Some(var_hidden_size), ..self }
+    }
+
+    /// Builds the layer without a weight.
+    pub fn without_weight(self) -> RmsNormBuilder {
+        RmsNormBuilder { has_weight: false, ..self }
+    }
+
+    /// The dtype of the weight.
+    pub fn dtype(self, dtype: DType) -> RmsNormBuilder {
+        RmsNormBuilder { dtype, ..self }
+    }
+
+    /// The name the weight has when the layer is traced (`model.layers.0.input_layernorm`).
+    pub fn name(self, name: impl Into<String>) -> RmsNormBuilder {
+        RmsNormBuilder { name: name.into(), ..self }
+    }
+
+    /// Builds the layer; the weight starts as ones.
+    pub fn build(self) -> Result<RmsNorm, LayerError> {
+        let hidden_size = self.hidden_size;
+        if hidden_size == 0 {
+            return Err(LayerError::ZeroHiddenSize);
+        }
+        let variance_size = match self.var_hidden_size {
+            None => None,
+            Some(v) if v == hidden_size => None,
+            Some(v) if (1..hidden_size).contains(&v) => Some(v as i64),
+            Some(v) => return Err(LayerError::VarHiddenSize { hidden_size, var_hidden_size: v }),
+        };
+        let weight = self.has_weight.then(|| Tensor::ones(self.dtype, &[hidden_size]));
+        Ok(RmsNorm { hidden_size, eps: self.eps, variance_size, weight, name: self.name })
+    }
+}
+
+impl RmsNorm {
+    /// A builder with the defaults.
+    pub fn builder(hidden_size: usize) -> RmsNormBuilder {
+        RmsNormBuilder {
+            hidden_size,
+            eps: 1e-6,
+            var_hidden_size: None,
+            has_weight: true,
+            dtype: DType::BF16,
+            name: "rms_norm.weight".to_owned(),
+        }
+    }
+
+    /// A layer with a ones weight of `dtype` and the other defaults.
+    pub fn new(hidden_size: usize, dtype: DType) -> Result<RmsNorm, LayerError> {
+        RmsNorm::builder(hidden_size).dtype(dtype).build()
+    }
+
+    /// The hidden size.
+    pub fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+
+    /// Epsilon.
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+
+    /// The variance size passed to the op (`None` when it is the whole row).
+    pub fn variance_size(&self) -> Option<i64> {
+        self.variance_size
+    }
+
+    /// The weight, if any.
+    pub fn weight(&self) -> Option<&Tensor> {
+        self.weight.as_ref()
+    }
+
+    /// Replaces the weight; its shape must be `[hidden_size]`, its dtype may differ (an f32 weight
+    /// makes kernel predicates choose native).
+    pub fn load_weight(&mut self, weight: Tensor) -> Result<(), LayerError> {
+        if self.weight.is_none() {
+            return Err(LayerError::NoWeight);
+        }
+        if weight.shape() != [self.hidden_size] {
+            return Err(LayerError::WeightShape { hidden_size: self.hidden_size, found: weight.shape().to_vec() });
+        }
+        self.weight = Some(weight);
+        Ok(())
+    }
+
+    /// Moves the weight to the allocator's device.
+    pub fn to_device(&mut self, allocator: &dyn DeviceAllocator) -> Result<(), LayerError> {
+        if let Some(weight) = &self.weight {
+            self.weight = Some(weight.to_device(allocator)?);
+        }
+        Ok(())
+    }
+
+    /// `rms_norm(x, weight, eps, variance_size)`.
+    pub fn forward<C: ExecutionContext>(&self, ctx: &C, x: &C::Tensor) -> Result<C::Tensor, LayerError> {
+        self.check_input(ctx, "x", x)?;
+        let weight = self.weight_in(ctx)?;
+        Ok(ctx.rms_norm(x, weight.as_ref(), self.eps, self.variance_size)?)
+    }
+
+    /// `fused_add_rms_norm` `maybe_inplace`: takes `x` and `residual` by value (they are donated) and
+    /// returns `(out, new_residual)`.
+    ///
+    /// ```compile_fail
+    /// # use ir_core::{DType, EagerContext, Registry, Tensor};
+    /// # let registry = Registry::with_builtin_ops();
+    /// # let ctx = EagerContext::new(&registry);
+    /// let norm = layers::RmsNorm::new(8, DType::BF16).unwrap();
+    /// let x = Tensor::ones(DType::BF16, &[2, 8]);
+    /// let residual = Tensor::zeros(DType::BF16, &[2, 8]);
+    /// let (out, new_residual) = norm.forward_residual(&ctx, x, residual).unwrap();
+    /// // `residual` was donated: reading it again does not compile.
+    /// let _ = residual.shape();
+    /// ```
+    pub fn forward_residual<C: ExecutionContext>(
+        &self,
+        ctx: &C,
+        x: C::Tensor,
+        residual: C::Tensor,
+    ) -> Result<(C::Tensor, C::Tensor), LayerError> {
+        self.check_input(ctx, "x", &x)?;
+        let (x_shape, residual_shape) = (ctx.meta(&x).shape(), ctx.meta(&residual).shape());
+        if x_shape != residual_shape {
+            return Err(LayerError::ResidualShape { x: x_shape.to_vec(), residual: residual_shape.to_vec() });
+        }
+        let weight = self.weight_in(ctx)?;
+        Ok(ctx.fused_add_rms_norm_maybe_inplace(x, residual, weight.as_ref(), self.eps, self.variance_size)?)
+    }
+
+    /// `fused_add_rms_norm`, functional: inputs are not donated.
+    pub fn forward_residual_functional<C: ExecutionContext>(
+        &self,
+        ctx: &C,
+        x: &C::Tensor,
+        residual: &C::Tensor,
+    ) -> Result<(C::Tensor, C::Tensor), LayerError> {
+        self.check_input(ctx, "x", x)?;
+        let (x_shape, residual_shape) = (ctx.meta(x).shape(), ctx.meta(residual).shape());
+        if x_shape != residual_shape {
+            return Err(LayerError::ResidualShape { x: x_shape.to_vec(), residual: residual_shape.to_vec() });
+        }
+        let weight = self.weight_in(ctx)?;
+        Ok(ctx.fused_add_rms_norm(x, residual, weight.as_ref(), self.eps, self.variance_size)?)
+    }
+
+    fn check_input<C: ExecutionContext>(&self, ctx: &C, param: &'static str, t: &C::Tensor) -> Result<(), LayerError> {
+        let shape = ctx.meta(t).shape();
+        if shape.last() == Some(&self.hidden_size) {
+            return Ok(());
+        }
+        Err(LayerError::InputShape { param, shape: shape.to_vec(), hidden_size: self.hidden_size })
+    }
+
+    fn weight_in<C: ExecutionContext>(&self, ctx: &C) -> Result<Option<C::Tensor>, LayerError> {
+        match &self.weight {
+            Some(weight) => Ok(Some(ctx.parameter(&self.name, weight)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ir_core::op::fused_add_rms_norm;
+    use ir_core::op::rms_norm;
+    use ir_core::{EagerContext, Registry, bit_eq};
+
+    use super::*;
+
+    fn sample(rows: usize, cols: usize, seed: usize) -> Tensor {
+        let values: Vec<f64> = (0..rows * cols).map(|i| ((i * 37 + seed * 11) % 17) as f64 / 4.0 - 2.0).collect();
+        Tensor::from_f64(DType::BF16, &[rows, cols], &values).unwrap()
+    }
+
+    #[test]
+    fn builder_rules() {
+        let norm = RmsNorm::builder(16).var_hidden_size(16).build().unwrap();
+        assert_eq!(norm.variance_size(), None, "var_hidden_size == hidden_size means the whole row");
+        let norm = RmsNorm::builder(16).var_hidden_size(8).eps(1e-5).build().unwrap();
+        assert_eq!((norm.variance_size(), norm.eps()), (Some(8), 1e-5));
+        for bad in [0, 17] {
+            let err = RmsNorm::builder(16).var_hidden_size(bad).build().unwrap_err();
+            assert_eq!(err, LayerError::VarHiddenSize { hidden_size: 16, var_hidden_size: bad });
+        }
+        assert_eq!(RmsNorm::builder(0).build().unwrap_err(), LayerError::ZeroHiddenSize);
+        let norm = RmsNorm::new(16, DType::F16).unwrap();
+        let weight = norm.weight().unwrap();
+        assert_eq!((weight.dtype(), weight.shape()), (DType::F16, &[16][..]));
+        assert_eq!(weight.to_f64_vec().unwrap(), vec![1.0; 16]);
+        assert!(RmsNorm::builder(16).without_weight().build().unwrap().weight().is_none());
+    }
+
+    #[test]
+    fn load_weight_checks_the_shape() {
+        let mut norm = RmsNorm::new(16, DType::BF16).unwrap();
+        let err = norm.load_weight(Tensor::ones(DType::BF16, &[15])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "weight of shape [15] does not fit RmsNorm with hidden size 16 (expected shape [16])"
+        );
+        norm.load_weight(Tensor::full(DType::F32, &[16], 2.0)).unwrap();
+        assert_eq!(norm.weight().unwrap().dtype(), DType::F32);
+        let mut weightless = RmsNorm::builder(16).without_weight().build().unwrap();
+        assert_eq!(weightless.load_weight(Tensor::ones(DType::BF16, &[16])), Err(LayerError::NoWeight));
+    }
+
+    #[test]
+    fn forward_matches_the_ops() {
+        let registry = Registry::with_builtin_ops();
+        let ctx = EagerContext::new(&registry);
+        let mut norm = RmsNorm::builder(16).var_hidden_size(8).build().unwrap();
+        let weight = sample(1, 16, 3).reshape(&[16]).unwrap();
+        norm.load_weight(weight.clone()).unwrap();
+        let x = sample(4, 16, 1);
+        let residual = sample(4, 16, 2);
+        let y = norm.forward(&ctx, &x).unwrap();
+        assert!(bit_eq(&y, &rms_norm::native(&x, Some(&weight), 1e-6, Some(8)).unwrap()));
+        let (expected_out, expected_residual) =
+            fused_add_rms_norm::native(&x, &residual, Some(&weight), 1e-6, Some(8)).unwrap();
+        let functional = norm.forward_residual_functional(&ctx, &x, &residual).unwrap();
+        assert!(bit_eq(&functional.0, &expected_out) && bit_eq(&functional.1, &expected_residual));
+        let (out, new_residual) = norm.forward_residual(&ctx, x, residual).unwrap();
+        assert!(bit_eq(&out, &expected_out) && bit_eq(&new_residual, &expected_residual));
+        let weightless = RmsNorm::builder(16).without_weight().build().unwrap();
+        let x = sample(4, 16, 1);
+        assert!(bit_eq(&weightless.forward(&ctx, &x).unwrap(), &rms_norm::native(&x, None, 1e-6, None).unwrap()));
+    }
+
+    #[test]
+    fn shape_errors_name_both_shapes_before_any_write() {
+        let registry = Registry::with_builtin_ops();
+        let ctx = EagerContext::new(&registry);
+        let norm = RmsNorm::new(16, DType::BF16).unwrap();
+        let err = norm.forward(&ctx, &sample(4, 15, 0)).unwrap_err();
+        assert_eq!(err.to_string(), "input `x` of shape [4, 15] does not fit RmsNorm with hidden size 16");
+        let x = sample(4, 16, 0);
+        let kept = x.clone();
+        let before = x.deep_clone().unwrap();
+        let err = norm.forward_residual(&ctx, x, sample(3, 16, 0)).unwrap_err();
+        assert_eq!(err.to_string(), "x of shape [4, 16] and residual of shape [3, 16] differ");
+        assert!(bit_eq(&kept, &before));
+    }
+}
