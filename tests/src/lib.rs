@@ -1,8 +1,11 @@
 //! Shared helpers of the cross-crate tests: an out-of-tree in-place provider registered through the
-//! public API, as a downstream engine would register its own kernels.
+//! public API, and the backends the kernel harness runs on.
+
+use std::sync::Arc;
 
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::{ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use ir_core::storage::DeviceAllocator;
+use ir_core::{ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
 
 /// Computes native's values and writes them into the donated buffers.
 pub fn inplace_fused_add_rms_norm(
@@ -27,4 +30,42 @@ pub fn register_inplace_provider(registry: &Registry, provider: &'static str) ->
         ImplSpec::new(provider),
         FusedAddRmsNormImpl::Inplace(inplace_fused_add_rms_norm),
     )
+}
+
+/// How much of the numeric grid a backend runs (R120).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// Every token count.
+    Full,
+    /// Token counts {1, 7, 257} only (slow emulated devices such as PoCL).
+    Subset,
+}
+
+/// A kernel provider the harness tests: a registry with it installed first, and where its tensors live.
+pub struct Backend {
+    /// Provider name.
+    pub provider: &'static str,
+    /// A registry with the built-in ops and this provider registered.
+    pub registry: Registry,
+    /// Allocator of the provider's device; `None` for the CPU.
+    pub allocator: Option<Arc<dyn DeviceAllocator>>,
+    /// How much of the grid to run.
+    pub grid: Grid,
+}
+
+impl Backend {
+    /// Moves a host tensor to this backend's device.
+    pub fn upload(&self, t: &Tensor) -> Result<Tensor, TensorError> {
+        match &self.allocator {
+            None => t.deep_clone(),
+            Some(allocator) => t.to_device(allocator.as_ref()),
+        }
+    }
+}
+
+/// Every kernel backend this machine can run. Backends that cannot run here print `skipped: <reason>`.
+pub fn backends() -> Vec<Backend> {
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).expect("the cpu provider registers once");
+    vec![Backend { provider: kernels_cpu::PROVIDER, registry, allocator: None, grid: Grid::Full }]
 }

@@ -61,3 +61,10 @@ fn no_dbg_trailing_whitespace_or_tabs() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+#[test]
+fn cargo_run_in_the_root_runs_the_cli() {
+    // The README's quick start is `cargo run --release -- demo`, which needs the CLI as the only default member.
+    let manifest = fs::read_to_string(project_root().join("Cargo.toml")).expect("root manifest");
+    assert!(manifest.contains("\ndefault-members = [\"crates/ir-cli\"]\n"), "default-members must be the CLI alone");
+}

@@ -76,5 +76,7 @@ fn main() -> ExitCode {
 
 /// A registry with the built-in ops and every provider this build includes.
 fn build_registry() -> Registry {
-    Registry::with_builtin_ops()
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).expect("a fresh registry has no cpu provider yet");
+    registry
 }

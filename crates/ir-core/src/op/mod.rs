@@ -3,6 +3,7 @@
 //! Adding an op touches only its own module and [`BUILTIN_OPS`].
 
 pub mod fused_add_rms_norm;
+pub mod kernel_support;
 mod norm_math;
 pub mod rms_norm;
 mod value;

@@ -1,0 +1,190 @@
+//! The standard kernel predicate of the norm ops (R57), shared by the `cpu`, `cuda`, `rocm` and `xpu`
+//! providers, and the row geometry kernels derive from the same metadata.
+//!
+//! Nothing here depends on the number of rows, so a provider's answer is the same for 1 or 65536
+//! tokens (R32, R108).
+
+use std::borrow::Cow;
+
+use crate::op::ArgMeta;
+use crate::op::fused_add_rms_norm::FusedAddRmsNormArgs;
+use crate::op::rms_norm::RmsNormArgs;
+use crate::{DType, DeviceKind, Support, TensorMeta};
+
+/// A tensor seen as `n_rows` rows of `hidden` contiguous elements, one row stride apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rows {
+    /// Number of rows (product of the leading dimensions).
+    pub n_rows: usize,
+    /// Elements per row (the last dimension).
+    pub hidden: usize,
+    /// Elements between the starts of consecutive rows (at least `hidden`).
+    pub row_stride: usize,
+    /// Storage offset of the first element, in elements.
+    pub offset: usize,
+}
+
+impl Rows {
+    /// The row view of `meta`, or why there is none.
+    pub fn of(meta: &TensorMeta) -> Result<Rows, Cow<'static, str>> {
+        let layout = &meta.layout;
+        let hidden = layout.last_dim();
+        let last_stride = layout.strides().last().copied().unwrap_or(1);
+        if hidden > 1 && last_stride != 1 {
+            return Err(Cow::Owned(format!("last dimension has stride {last_stride}, kernels need 1")));
+        }
+        let Some((n_rows, row_stride)) = layout.as_rows() else {
+            return Err(Cow::Owned(format!(
+                "layout {} is not rows of one stride (strides {:?})",
+                layout,
+                layout.strides()
+            )));
+        };
+        let row_stride = if n_rows <= 1 { hidden } else { row_stride };
+        if row_stride < hidden {
+            return Err(Cow::Owned(format!("row stride {row_stride} is smaller than the hidden size {hidden}")));
+        }
+        Ok(Rows { n_rows, hidden, row_stride, offset: layout.offset() })
+    }
+
+    /// One past the last element the rows touch, relative to `offset`.
+    pub fn span(&self) -> usize {
+        match self.n_rows {
+            0 => 0,
+            n => (n - 1) * self.row_stride + self.hidden,
+        }
+    }
+}
+
+/// The standard predicate for `rms_norm` on a provider whose tensors live on `device`.
+pub fn rms_norm_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    let Some(args) = RmsNormArgs::from_meta(args) else { return no("arguments do not match rms_norm") };
+    common_support(args.x, args.weight, args.variance_size, device)
+}
+
+/// The standard predicate for `fused_add_rms_norm` on a provider whose tensors live on `device`.
+pub fn fused_add_rms_norm_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    let Some(args) = FusedAddRmsNormArgs::from_meta(args) else {
+        return no("arguments do not match fused_add_rms_norm");
+    };
+    if let Support::No(reason) = common_support(args.x, args.weight, args.variance_size, device) {
+        return Support::No(reason);
+    }
+    let (x, r) = (args.x, args.x_residual);
+    if r.dtype != x.dtype {
+        return Support::No(Cow::Owned(format!("x_residual dtype {} differs from x dtype {}", r.dtype, x.dtype)));
+    }
+    if r.device != x.device || r.shape() != x.shape() {
+        return no("x_residual must have x's shape and device");
+    }
+    match Rows::of(r) {
+        Ok(_) => Support::Yes,
+        Err(reason) => Support::No(Cow::Owned(format!("x_residual: {reason}"))),
+    }
+}
+
+fn common_support(
+    x: &TensorMeta,
+    weight: Option<&TensorMeta>,
+    variance_size: Option<i64>,
+    device: DeviceKind,
+) -> Support {
+    if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", x.dtype)));
+    }
+    if x.device.kind() != device {
+        return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
+    }
+    if variance_size.is_some() {
+        return no("variance_size is only supported by native");
+    }
+    if let Some(w) = weight {
+        if w.dtype != x.dtype {
+            return Support::No(Cow::Owned(format!("weight dtype {} differs from x dtype {}", w.dtype, x.dtype)));
+        }
+        let unit_stride = w.layout.strides().first().is_none_or(|&s| s == 1 || w.layout.last_dim() <= 1);
+        if w.shape() != [x.layout.last_dim()] || !unit_stride || w.device != x.device {
+            return no("weight must be a unit-stride [H] tensor on x's device");
+        }
+    }
+    match Rows::of(x) {
+        Ok(_) => Support::Yes,
+        Err(reason) => Support::No(reason),
+    }
+}
+
+fn no(reason: &'static str) -> Support {
+    Support::No(Cow::Borrowed(reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Device, Layout};
+
+    fn meta(dtype: DType, shape: &[usize], strides: &[usize], offset: usize) -> TensorMeta {
+        TensorMeta { dtype, device: Device::Cpu, layout: Layout::new(shape, strides, offset).unwrap() }
+    }
+
+    fn rms(x: &TensorMeta, w: Option<&TensorMeta>, variance: Option<i64>) -> Support {
+        let w = w.map_or(ArgMeta::None, ArgMeta::Tensor);
+        let v = variance.map_or(ArgMeta::None, ArgMeta::I64);
+        rms_norm_support(&[ArgMeta::Tensor(x), w, ArgMeta::F64(1e-6), v], DeviceKind::Cpu)
+    }
+
+    #[test]
+    fn rules() {
+        let x = meta(DType::BF16, &[4, 8], &[8, 1], 0);
+        let w = meta(DType::BF16, &[8], &[1], 0);
+        assert_eq!(rms(&x, Some(&w), None), Support::Yes);
+        assert_eq!(rms(&x, None, None), Support::Yes);
+        let Support::No(reason) = rms(&x, Some(&w), Some(4)) else { panic!() };
+        assert!(reason.contains("variance_size"), "{reason}");
+        let Support::No(reason) = rms(&x, Some(&meta(DType::F32, &[8], &[1], 0)), None) else { panic!() };
+        assert_eq!(reason, "weight dtype f32 differs from x dtype bf16");
+        let f64_x = meta(DType::F64, &[4, 8], &[8, 1], 0);
+        assert!(matches!(rms(&f64_x, None, None), Support::No(_)));
+        let padded = meta(DType::BF16, &[4, 8], &[11, 1], 1);
+        assert_eq!(rms(&padded, None, None), Support::Yes);
+        let transposed = meta(DType::BF16, &[8, 4], &[1, 8], 0);
+        assert!(matches!(rms(&transposed, None, None), Support::No(_)));
+        let heads = meta(DType::BF16, &[4, 2, 64], &[128, 64, 1], 0);
+        assert_eq!(rms(&heads, None, None), Support::Yes);
+        let strided_weight = meta(DType::BF16, &[8], &[2], 0);
+        assert!(matches!(rms(&x, Some(&strided_weight), None), Support::No(_)));
+        let mut on_gpu = x.clone();
+        on_gpu.device = Device::Cuda(0);
+        let Support::No(reason) = rms(&on_gpu, None, None) else { panic!() };
+        assert_eq!(reason, "x is on cuda:0, this provider runs on cpu");
+    }
+
+    #[test]
+    fn rows() {
+        let rows = Rows::of(&meta(DType::F32, &[2, 3, 8], &[48, 16, 1], 5)).unwrap();
+        assert_eq!(rows, Rows { n_rows: 6, hidden: 8, row_stride: 16, offset: 5 });
+        assert_eq!(rows.span(), 5 * 16 + 8);
+        let single = Rows::of(&meta(DType::F32, &[8], &[1], 0)).unwrap();
+        assert_eq!((single.n_rows, single.row_stride), (1, 8));
+        let empty = Rows::of(&meta(DType::F32, &[0, 8], &[8, 1], 0)).unwrap();
+        assert_eq!(empty.span(), 0);
+    }
+
+    #[test]
+    fn answers_do_not_depend_on_the_number_of_tokens() {
+        for hidden in [1, 8, 769, 4096] {
+            for (row_stride, offset) in [(hidden, 0), (hidden + 3, 1), (2 * hidden, 0)] {
+                let answers: Vec<bool> = [1usize, 7, 2048, 65536]
+                    .iter()
+                    .flat_map(|&t| {
+                        [
+                            meta(DType::F16, &[t, hidden], &[row_stride, 1], offset),
+                            meta(DType::F16, &[2, t, hidden], &[t * row_stride, row_stride, 1], offset),
+                        ]
+                    })
+                    .map(|x| rms(&x, None, None) == Support::Yes)
+                    .collect();
+                assert!(answers.iter().all(|&a| a == answers[0]), "H {hidden}, stride {row_stride}: {answers:?}");
+            }
+        }
+    }
+}

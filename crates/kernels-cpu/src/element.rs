@@ -1,0 +1,91 @@
+//! Conversions between stored elements and the f32 compute type, one row slice at a time.
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+/// An element type the CPU kernels store; rows are converted to and from f32 scratch in bulk.
+pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
+    /// Widens `src` into `dst` (same length; exact).
+    fn load(src: &[Self], dst: &mut [f32]);
+    /// Rounds `src` to this type into `dst` (same length; nearest-even, NaN stays NaN).
+    fn store(src: &[f32], dst: &mut [Self]);
+}
+
+impl CpuElement for f32 {
+    fn load(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl CpuElement for f16 {
+    fn load(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+
+    fn store(src: &[f32], dst: &mut [f16]) {
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+impl CpuElement for bf16 {
+    fn load(src: &[bf16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits((s.to_bits() as u32) << 16);
+        }
+    }
+
+    fn store(src: &[f32], dst: &mut [bf16]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            let bits = s.to_bits();
+            // Round to nearest-even by adding 0x7fff plus the lowest kept bit, then truncating.
+            let rounded = (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16;
+            // NaN: keep the sign and the top payload bits, and force a quiet NaN.
+            let nan = ((bits >> 16) as u16) | 0x0040;
+            let is_nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
+            *d = bf16::from_bits(if is_nan { nan } else { rounded });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_bit_conversions_match_half() {
+        let values = [
+            0.0f32,
+            -0.0,
+            1.0,
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+            -3.25,
+            65504.0,
+            3.4e38,
+            f32::MAX,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-40,
+            f32::MIN_POSITIVE,
+        ];
+        let mut stored = vec![bf16::ZERO; values.len()];
+        bf16::store(&values, &mut stored);
+        for (value, got) in values.iter().zip(&stored) {
+            assert_eq!(got.to_bits(), bf16::from_f32(*value).to_bits(), "{value}");
+        }
+        let mut back = vec![0f32; values.len()];
+        bf16::load(&stored, &mut back);
+        for (got, s) in back.iter().zip(&stored) {
+            assert_eq!(*got, s.to_f32());
+        }
+        let mut nan = [bf16::ZERO];
+        bf16::store(&[f32::NAN], &mut nan);
+        assert!(nan[0].is_nan());
+        bf16::store(&[f32::from_bits(0x7f80_0001)], &mut nan);
+        assert!(nan[0].is_nan(), "a signalling NaN with a low payload stays NaN");
+    }
+}

@@ -1,0 +1,144 @@
+//! `kernels-cpu`: the `cpu` provider of `rms_norm` (functional) and `fused_add_rms_norm` (in place).
+//!
+//! Plain Rust, no feature and no system library: every machine runs it, so it is the CPU platform's
+//! default and every end-to-end test exercises it. Rows are split across threads (rayon) when a call
+//! moves more than about 64 KB, and stay on the calling thread for decode-sized calls; each row's
+//! result depends only on that row, so results do not depend on the thread count or batch size.
+//!
+//! ```
+//! use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
+//! use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor};
+//!
+//! let registry = Registry::with_builtin_ops();
+//! kernels_cpu::register(&registry)?;
+//! PriorityConfig::platform_default(Platform::Cpu).apply(&registry)?;
+//! let x = Tensor::ones(DType::BF16, &[4, 64]);
+//! let residual = Tensor::zeros(DType::BF16, &[4, 64]);
+//! let x_storage = x.storage_id();
+//! let (out, _) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, 1e-6, None)?;
+//! assert_eq!(out.storage_id(), x_storage, "written in place");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Logging
+//!
+//! Target `kernels_cpu`: debug events for the thread split of large calls.
+
+mod element;
+mod rows;
+
+use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, rms_norm_support};
+use ir_core::op::rms_norm;
+use ir_core::storage::Storage;
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+
+use crate::element::CpuElement;
+
+/// The provider name.
+pub const PROVIDER: &str = "cpu";
+
+/// Registers the `cpu` implementations of both norm ops.
+pub fn register(registry: &Registry) -> Result<(), RegistryError> {
+    let rms_spec = ImplSpec::new(PROVIDER).with_supports(|args| rms_norm_support(args, DeviceKind::Cpu));
+    rms_norm::register(registry, rms_spec, rms_norm_cpu)?;
+    let fused_spec = ImplSpec::new(PROVIDER).with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cpu));
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::Inplace(fused_add_rms_norm_cpu))
+}
+
+/// `rms_norm` on the CPU: a fresh output with the layout the meta function declares.
+pub fn rms_norm_cpu(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<Tensor, KernelError> {
+    reject_variance_size(variance_size)?;
+    let x_rows = rows_of(x)?;
+    let mut out = Tensor::zeros_with_layout(x.dtype(), x.layout().copy_layout());
+    let out_rows = rows_of(&out)?;
+    if x_rows.n_rows == 0 || x_rows.hidden == 0 {
+        return Ok(out);
+    }
+    let weight = weight_f32(weight)?;
+    let x_buffer = x.cpu_buffer().ok_or_else(|| not_on_cpu("x"))?;
+    let out_buffer = out.cpu_buffer_mut()?.ok_or_else(|| not_on_cpu("out"))?;
+    let eps = epsilon as f32;
+    match x.dtype() {
+        DType::F32 => rows::rms_norm::<f32>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
+        DType::F16 => rows::rms_norm::<half::f16>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
+        DType::BF16 => rows::rms_norm::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
+        DType::F64 => return Err(unsupported_dtype(DType::F64)),
+    }
+    Ok(out)
+}
+
+/// `fused_add_rms_norm` on the CPU, in place: `residual ← x + residual` (rounded), `x ← norm(sum)`.
+pub fn fused_add_rms_norm_cpu(
+    mut x: UniqueTensor,
+    mut residual: UniqueTensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<(Tensor, Tensor), KernelError> {
+    reject_variance_size(variance_size)?;
+    let dtype = x.tensor().dtype();
+    if residual.tensor().dtype() != dtype || residual.tensor().shape() != x.tensor().shape() {
+        return Err(KernelError::InvalidArguments {
+            reason: "x_residual must have x's shape and dtype for the in-place cpu kernel".to_owned(),
+        });
+    }
+    let x_rows = rows_of(x.tensor())?;
+    let residual_rows = rows_of(residual.tensor())?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let weight = weight_f32(weight)?;
+        let eps = epsilon as f32;
+        let Storage::Cpu(x_buffer) = x.storage_mut()? else { return Err(not_on_cpu("x")) };
+        let Storage::Cpu(residual_buffer) = residual.storage_mut()? else { return Err(not_on_cpu("x_residual")) };
+        let w = weight.as_deref();
+        match dtype {
+            DType::F32 => rows::fused::<f32>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
+            DType::F16 => rows::fused::<half::f16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
+            DType::BF16 => rows::fused::<half::bf16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
+            DType::F64 => return Err(unsupported_dtype(DType::F64)),
+        }
+    }
+    Ok((x.into_tensor(), residual.into_tensor()))
+}
+
+fn rows_of(t: &Tensor) -> Result<Rows, KernelError> {
+    Rows::of(t.meta()).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
+}
+
+fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
+    match variance_size {
+        None => Ok(()),
+        Some(_) => {
+            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
+        }
+    }
+}
+
+/// The weight converted to f32 once per call.
+fn weight_f32(weight: Option<&Tensor>) -> Result<Option<Vec<f32>>, KernelError> {
+    let Some(weight) = weight else { return Ok(None) };
+    let buffer = weight.cpu_buffer().ok_or_else(|| not_on_cpu("weight"))?;
+    let n = weight.numel();
+    let offset = weight.offset();
+    let mut out = vec![0f32; n];
+    match weight.dtype() {
+        DType::F32 => f32::load(&buffer.typed::<f32>()[offset..offset + n], &mut out),
+        DType::F16 => half::f16::load(&buffer.typed::<half::f16>()[offset..offset + n], &mut out),
+        DType::BF16 => half::bf16::load(&buffer.typed::<half::bf16>()[offset..offset + n], &mut out),
+        DType::F64 => return Err(unsupported_dtype(DType::F64)),
+    }
+    Ok(Some(out))
+}
+
+fn not_on_cpu(param: &str) -> KernelError {
+    KernelError::InvalidArguments { reason: format!("`{param}` is not on the cpu") }
+}
+
+fn unsupported_dtype(dtype: DType) -> KernelError {
+    KernelError::InvalidArguments { reason: format!("dtype {dtype} is not supported by the cpu kernels") }
+}

@@ -1,0 +1,303 @@
+//! The kernel correctness harness: every provider this machine can run, both ops, against native
+//! (R115–R118, R120), plus in-place semantics through dispatch.
+
+use ir_core::op::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm, fused_add_rms_norm_maybe_inplace};
+use ir_core::op::rms_norm::{RMS_NORM, rms_norm};
+use ir_core::op::{ArgMeta, InputSpec, OpDef, Value, tolerance};
+use ir_core::{DType, Layout, Support, Tensor, TensorMeta, allclose, bit_eq, shares_storage};
+use vllm_ir_tests::{Backend, Grid, backends};
+
+const TOKENS: [usize; 6] = [1, 7, 17, 83, 257, 2048];
+const SUBSET_TOKENS: [usize; 3] = [1, 7, 257];
+const HIDDEN: [usize; 18] =
+    [8, 64, 128, 768, 769, 770, 771, 772, 773, 774, 775, 776, 1000, 4096, 5120, 7168, 8192, 8199];
+const EPS: f64 = 1e-6;
+
+struct Case {
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+}
+
+fn case(dtype: DType, tokens: usize, hidden: usize, seed: u64) -> Case {
+    let spec = InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed };
+    let args = (FUSED_ADD_RMS_NORM.generate_inputs)(&spec).expect("inputs generate");
+    let tensor = |i: usize| args[i].as_tensor().expect("generated tensors").clone();
+    Case { x: tensor(0), residual: tensor(1), weight: tensor(2) }
+}
+
+/// Asserts that dispatch on these arguments selects the backend's provider (never a silent fallback).
+fn assert_selects(backend: &Backend, op: &OpDef, args: &[ArgMeta<'_>]) {
+    let selection = backend.registry.select(op.name, args).expect("valid arguments");
+    assert_eq!(selection.provider, backend.provider, "{}: rejected {:?}", op.name, selection.rejected);
+}
+
+fn grid(dtype: DType, op: &'static OpDef) {
+    for backend in backends() {
+        let _guard = backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap();
+        let tokens: &[usize] = match backend.grid {
+            Grid::Full => &TOKENS,
+            Grid::Subset => &SUBSET_TOKENS,
+        };
+        let tol = tolerance(op, dtype).unwrap();
+        for &t in tokens {
+            for &h in &HIDDEN {
+                let host = case(dtype, t, h, (t * 10_000 + h) as u64);
+                let x = backend.upload(&host.x).unwrap();
+                let residual = backend.upload(&host.residual).unwrap();
+                let weight = backend.upload(&host.weight).unwrap();
+                for with_weight in [true, false] {
+                    let (w_host, w) = if with_weight { (Some(&host.weight), Some(&weight)) } else { (None, None) };
+                    let label = format!("{} {} T={t} H={h} weight={with_weight}", backend.provider, op.name);
+                    let w_meta = w.map_or(ArgMeta::None, |w| ArgMeta::Tensor(w.meta()));
+                    if op.name == RMS_NORM.name {
+                        assert_selects(&backend, op, &[ArgMeta::Tensor(x.meta()), w_meta, ArgMeta::F64(EPS)]);
+                        let got = rms_norm(&backend.registry, &x, w, EPS, None).unwrap().to_cpu().unwrap();
+                        let expected = ir_core::op::rms_norm::native(&host.x, w_host, EPS, None).unwrap();
+                        allclose(&got, &expected, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label}: {e}"));
+                    } else {
+                        let args =
+                            [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(residual.meta()), w_meta, ArgMeta::F64(EPS)];
+                        assert_selects(&backend, op, &args);
+                        let (out, res) = fused_add_rms_norm(&backend.registry, &x, &residual, w, EPS, None).unwrap();
+                        let (expected_out, expected_res) =
+                            ir_core::op::fused_add_rms_norm::native(&host.x, &host.residual, w_host, EPS, None)
+                                .unwrap();
+                        assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual_out is bit-exact");
+                        allclose(&out.to_cpu().unwrap(), &expected_out, tol.atol, tol.rtol)
+                            .unwrap_or_else(|e| panic!("{label}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grid_rms_norm_f32() {
+    grid(DType::F32, &RMS_NORM);
+}
+
+#[test]
+fn grid_rms_norm_f16() {
+    grid(DType::F16, &RMS_NORM);
+}
+
+#[test]
+fn grid_rms_norm_bf16() {
+    grid(DType::BF16, &RMS_NORM);
+}
+
+#[test]
+fn grid_fused_add_rms_norm_f32() {
+    grid(DType::F32, &FUSED_ADD_RMS_NORM);
+}
+
+#[test]
+fn grid_fused_add_rms_norm_f16() {
+    grid(DType::F16, &FUSED_ADD_RMS_NORM);
+}
+
+#[test]
+fn grid_fused_add_rms_norm_bf16() {
+    grid(DType::BF16, &FUSED_ADD_RMS_NORM);
+}
+
+#[test]
+fn batch_invariance() {
+    for backend in backends() {
+        let _guards = [
+            backend.registry.override_priority("rms_norm", &[backend.provider]).unwrap(),
+            backend.registry.override_priority("fused_add_rms_norm", &[backend.provider]).unwrap(),
+        ];
+        for dtype in [DType::BF16, DType::F32] {
+            for hidden in [769, 4096] {
+                let host = case(dtype, 2048, hidden, 5);
+                let upload = |t: &Tensor| backend.upload(t).unwrap();
+                let batch = rms_norm(&backend.registry, &upload(&host.x), Some(&upload(&host.weight)), EPS, None)
+                    .unwrap()
+                    .to_cpu()
+                    .unwrap();
+                let (fused_batch, _) = fused_add_rms_norm(
+                    &backend.registry,
+                    &upload(&host.x),
+                    &upload(&host.residual),
+                    Some(&upload(&host.weight)),
+                    EPS,
+                    None,
+                )
+                .unwrap();
+                let fused_batch = fused_batch.to_cpu().unwrap();
+                for row in [0, 1, 1023, 2047] {
+                    let single_x = host.x.narrow(0, row, 1).unwrap().contiguous().unwrap();
+                    let single_r = host.residual.narrow(0, row, 1).unwrap().contiguous().unwrap();
+                    let single =
+                        rms_norm(&backend.registry, &upload(&single_x), Some(&upload(&host.weight)), EPS, None)
+                            .unwrap()
+                            .to_cpu()
+                            .unwrap();
+                    let label = format!("{} {dtype} H={hidden} row {row}", backend.provider);
+                    assert!(bit_eq(&single, &batch.narrow(0, row, 1).unwrap()), "{label}: rms_norm");
+                    let (fused_single, _) = fused_add_rms_norm(
+                        &backend.registry,
+                        &upload(&single_x),
+                        &upload(&single_r),
+                        Some(&upload(&host.weight)),
+                        EPS,
+                        None,
+                    )
+                    .unwrap();
+                    assert!(
+                        bit_eq(&fused_single.to_cpu().unwrap(), &fused_batch.narrow(0, row, 1).unwrap()),
+                        "{label}: fused"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn special_values() {
+    for backend in backends() {
+        let _guard = backend.registry.override_priority("rms_norm", &[backend.provider]).unwrap();
+        let run = |x: &Tensor, eps: f64| {
+            assert_selects(&backend, &RMS_NORM, &[ArgMeta::Tensor(x.meta()), ArgMeta::None, ArgMeta::F64(eps)]);
+            let x = backend.upload(x).unwrap();
+            rms_norm(&backend.registry, &x, None, eps, None).unwrap().to_cpu().unwrap().to_f64_vec().unwrap()
+        };
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let label = format!("{} {dtype}", backend.provider);
+            assert!(run(&Tensor::zeros(dtype, &[2, 64]), EPS).iter().all(|&v| v == 0.0), "{label}: zero rows");
+            let mut values = vec![0.5; 3 * 64];
+            values[64 + 5] = f64::NAN;
+            let y = run(&Tensor::from_f64(dtype, &[3, 64], &values).unwrap(), EPS);
+            assert!(y[64..128].iter().all(|v| v.is_nan()), "{label}: NaN row");
+            assert!(y[..64].iter().chain(&y[128..]).all(|v| (v - 1.0).abs() < 1e-2), "{label}: other rows intact");
+            assert_eq!(run(&Tensor::zeros(dtype, &[0, 64]), EPS).len(), 0, "{label}: T = 0");
+            let y = run(&Tensor::from_f64(dtype, &[3, 1], &[2.0, -0.5, 4.0]).unwrap(), 0.0);
+            assert_eq!(y, vec![1.0, -1.0, 1.0], "{label}: H = 1");
+        }
+        let big = Tensor::from_f64(DType::F16, &[2, 64], &[65504.0; 128]).unwrap();
+        let y = run(&big, EPS);
+        assert!(y.iter().all(|v| (v - 1.0).abs() < 1e-3), "{}: f16 near 65504 gives {:?}", backend.provider, &y[..4]);
+    }
+}
+
+#[test]
+fn layouts_give_the_values_of_compact_inputs() {
+    for backend in backends() {
+        let _guards = [
+            backend.registry.override_priority("rms_norm", &[backend.provider]).unwrap(),
+            backend.registry.override_priority("fused_add_rms_norm", &[backend.provider]).unwrap(),
+        ];
+        let (t, h) = (9, 128);
+        let host = case(DType::BF16, t, h, 77);
+        let expected =
+            rms_norm(&backend.registry, &backend.upload(&host.x).unwrap(), None, EPS, None).unwrap().to_cpu().unwrap();
+        let expected_values = expected.to_f64_vec().unwrap();
+        for (row_stride, offset) in [(2 * h, 0), (h + 3, 0), (h, 1), (h + 3, 1)] {
+            let storage = Tensor::zeros(DType::BF16, &[row_stride * t + offset]);
+            let mut strided = storage.as_strided(Layout::new(&[t, h], &[row_stride, 1], offset).unwrap()).unwrap();
+            drop(storage);
+            strided.copy_from(&host.x).unwrap();
+            let x = backend.upload(&strided).unwrap();
+            let x = x.as_strided(Layout::new(&[t, h], &[row_stride, 1], offset).unwrap()).unwrap_or(x);
+            let meta = x.meta().clone();
+            assert_selects(&backend, &RMS_NORM, &[ArgMeta::Tensor(&meta), ArgMeta::None, ArgMeta::F64(EPS)]);
+            let y = rms_norm(&backend.registry, &x, None, EPS, None).unwrap().to_cpu().unwrap();
+            assert_eq!(y.to_f64_vec().unwrap(), expected_values, "row stride {row_stride}, offset {offset}");
+        }
+        let three_d = backend.upload(&host.x.reshape(&[3, 3, h]).unwrap()).unwrap();
+        let y = rms_norm(&backend.registry, &three_d, None, EPS, None).unwrap().to_cpu().unwrap();
+        assert_eq!(y.to_f64_vec().unwrap(), expected_values, "3-D input");
+        for head_dim in [64, 128] {
+            let wide = case(DType::BF16, 4, 4 * head_dim, 78).x;
+            let heads = backend.upload(&wide.reshape(&[4, 4, head_dim]).unwrap()).unwrap();
+            let q = heads.narrow(1, 0, 2).unwrap();
+            let q_compact = backend
+                .upload(&wide.reshape(&[4, 4, head_dim]).unwrap().narrow(1, 0, 2).unwrap().contiguous().unwrap())
+                .unwrap();
+            let a = rms_norm(&backend.registry, &q, None, EPS, None).unwrap().to_cpu().unwrap();
+            let b = rms_norm(&backend.registry, &q_compact, None, EPS, None).unwrap().to_cpu().unwrap();
+            assert_eq!(a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap(), "q view, head_dim {head_dim}");
+        }
+    }
+}
+
+#[test]
+fn predicates_reject_what_only_native_supports() {
+    for backend in backends() {
+        let x = TensorMeta {
+            device: backend.upload(&Tensor::zeros(DType::BF16, &[1])).unwrap().device(),
+            ..TensorMeta::compact(DType::BF16, &[4, 64])
+        };
+        let w32 = TensorMeta { dtype: DType::F32, ..TensorMeta::compact(DType::F32, &[64]) };
+        let w32 = TensorMeta { device: x.device, ..w32 };
+        let selection = backend
+            .registry
+            .select("rms_norm", &[ArgMeta::Tensor(&x), ArgMeta::None, ArgMeta::F64(EPS), ArgMeta::I64(32)])
+            .unwrap();
+        let _ = selection;
+        let providers = backend.registry.resolve_priority("rms_norm", &[backend.provider]).unwrap();
+        assert_eq!(providers, vec![backend.provider, "native"]);
+        let _guard = backend.registry.override_priority("rms_norm", &[backend.provider]).unwrap();
+        let with_variance = backend
+            .registry
+            .select("rms_norm", &[ArgMeta::Tensor(&x), ArgMeta::None, ArgMeta::F64(EPS), ArgMeta::I64(32)])
+            .unwrap();
+        assert_eq!(with_variance.provider, "native");
+        assert!(with_variance.rejected[0].reason.contains("variance_size"), "{:?}", with_variance.rejected);
+        let with_f32_weight = backend
+            .registry
+            .select("rms_norm", &[ArgMeta::Tensor(&x), ArgMeta::Tensor(&w32), ArgMeta::F64(EPS)])
+            .unwrap();
+        assert_eq!(with_f32_weight.provider, "native");
+        assert!(
+            with_f32_weight.rejected[0].reason.contains("f32") && with_f32_weight.rejected[0].reason.contains("bf16")
+        );
+        // R108: answers do not depend on the number of tokens.
+        for tokens in [1, 7, 2048, 65536] {
+            for hidden in [7, 8, 4096] {
+                let meta = TensorMeta { device: x.device, ..TensorMeta::compact(DType::F16, &[tokens, hidden]) };
+                let selection = backend
+                    .registry
+                    .select("rms_norm", &[ArgMeta::Tensor(&meta), ArgMeta::None, ArgMeta::F64(EPS)])
+                    .unwrap();
+                assert_eq!(selection.provider, backend.provider, "T={tokens} H={hidden}");
+            }
+        }
+        let _ = Support::Yes;
+    }
+}
+
+#[test]
+fn inplace_semantics_through_dispatch() {
+    for backend in backends() {
+        let _guard = backend.registry.override_priority("fused_add_rms_norm", &[backend.provider]).unwrap();
+        let host = case(DType::BF16, 16, 256, 9);
+        let x = backend.upload(&host.x).unwrap();
+        let residual = backend.upload(&host.residual).unwrap();
+        let weight = backend.upload(&host.weight).unwrap();
+        let (x_before, r_before) =
+            (x.to_cpu().unwrap().deep_clone().unwrap(), residual.to_cpu().unwrap().deep_clone().unwrap());
+        let (out, res) = fused_add_rms_norm(&backend.registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+        assert!(
+            bit_eq(&x.to_cpu().unwrap(), &x_before) && bit_eq(&residual.to_cpu().unwrap(), &r_before),
+            "functional call leaves inputs"
+        );
+        assert!(!shares_storage(&out, &x) && !shares_storage(&res, &residual));
+        let (x_id, r_id) = (x.storage_id(), residual.storage_id());
+        let (inplace_out, inplace_res) =
+            fused_add_rms_norm_maybe_inplace(&backend.registry, x, residual, Some(&weight), EPS, None).unwrap();
+        assert_eq!(
+            (inplace_out.storage_id(), inplace_res.storage_id()),
+            (x_id, r_id),
+            "{}: written in place",
+            backend.provider
+        );
+        assert!(bit_eq(&inplace_out.to_cpu().unwrap(), &out.to_cpu().unwrap()));
+        assert!(bit_eq(&inplace_res.to_cpu().unwrap(), &res.to_cpu().unwrap()));
+        let _ = Value::None;
+    }
+}
