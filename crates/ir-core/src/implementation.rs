@@ -41,17 +41,27 @@ pub struct ImplSpec {
     pub probe: Probe,
     /// `None` means "supports all arguments".
     pub supports: Option<SupportsFn>,
+    /// Whether this provider, when available, makes its platform the detected one (`None`: yes).
+    ///
+    /// An OpenCL CPU device (PoCL) can make the `xpu` provider available for tests without ever making
+    /// the platform Xpu (R41).
+    pub detects_platform: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl ImplSpec {
     /// An always-available provider with no predicate.
     pub fn new(provider: &'static str) -> ImplSpec {
-        ImplSpec { provider, probe: Arc::new(|| Availability::Available), supports: None }
+        ImplSpec { provider, probe: Arc::new(|| Availability::Available), supports: None, detects_platform: None }
     }
 
     /// The same spec with an availability probe.
     pub fn with_probe(self, probe: impl Fn() -> Availability + Send + Sync + 'static) -> ImplSpec {
         ImplSpec { probe: Arc::new(probe), ..self }
+    }
+
+    /// The same spec with a check of whether availability should make the platform the detected one.
+    pub fn with_platform_detection(self, detects: impl Fn() -> bool + Send + Sync + 'static) -> ImplSpec {
+        ImplSpec { detects_platform: Some(Arc::new(detects)), ..self }
     }
 
     /// The same spec with a `supports` predicate.

@@ -45,12 +45,12 @@ impl Platform {
         }
     }
 
-    /// Picks the first of Cuda, Rocm, Xpu whose provider is registered and available, else Cpu.
-    /// Never panics: probes that panic count as unavailable.
+    /// Picks the first of Cuda, Rocm, Xpu whose provider is registered and available (and, where the
+    /// provider says so, backed by a GPU), else Cpu. Never panics: probes that panic count as unavailable.
     pub fn detect(registry: &Registry) -> Platform {
         let detected = [Platform::Cuda, Platform::Rocm, Platform::Xpu]
             .into_iter()
-            .find(|platform| registry.provider_available(platform.provider()))
+            .find(|platform| registry.provider_detects_platform(platform.provider()))
             .unwrap_or(Platform::Cpu);
         tracing::debug!(target: "ir_core::priority", platform = %detected, "detected platform");
         detected

@@ -186,4 +186,8 @@ fn detection_never_panics_and_falls_back_to_cpu() {
     let with_xpu = Registry::with_builtin_ops();
     register_scaled_rms_norm(&with_xpu, ImplSpec::new("xpu"), 2.0);
     assert_eq!(Platform::detect(&with_xpu), Platform::Xpu);
+    let cpu_opencl = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&cpu_opencl, ImplSpec::new("xpu").with_platform_detection(|| false), 2.0);
+    assert_eq!(Platform::detect(&cpu_opencl), Platform::Cpu, "an OpenCL CPU device never makes the platform xpu");
+    assert_eq!(cpu_opencl.available_providers("rms_norm"), vec!["native", "xpu"]);
 }

@@ -179,6 +179,7 @@ pub(crate) struct ImplEntry {
     registered_at: &'static Location<'static>,
     probe: crate::Probe,
     availability: OnceLock<Availability>,
+    detects_platform: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
     pub(crate) supports: Option<SupportsFn>,
     pub(crate) inplace: bool,
     pub(crate) call: ErasedImpl,
@@ -253,6 +254,7 @@ impl Registry {
             registered_at: location,
             probe: Arc::new(|| Availability::Available),
             availability: OnceLock::from(Availability::Available),
+            detects_platform: None,
             supports: None,
             inplace: false,
             call: Arc::new(move |args| native_fn(&args)),
@@ -309,6 +311,7 @@ impl Registry {
             registered_at: location,
             probe: spec.probe,
             availability: OnceLock::new(),
+            detects_platform: spec.detects_platform,
             supports: spec.supports,
             inplace: func.inplace,
             call: func.call,
@@ -368,6 +371,23 @@ impl Registry {
     /// Whether `provider` is registered for any op and available here.
     pub fn provider_available(&self, provider: &str) -> bool {
         self.ops().iter().any(|op| self.available_providers(op).contains(&provider))
+    }
+
+    /// Whether `provider` is available for some op and, when it has a platform-detection check, that
+    /// check agrees (used by `Platform::detect`; never panics).
+    pub fn provider_detects_platform(&self, provider: &str) -> bool {
+        self.ops().iter().any(|op| {
+            let Ok(entry) = self.entry(op) else { return false };
+            let impls = read(&entry.impls).clone();
+            impls.iter().filter(|i| i.provider == provider).any(|i| {
+                let available = *i.availability() == Availability::Available;
+                let detects = match &i.detects_platform {
+                    None => true,
+                    Some(check) => std::panic::catch_unwind(AssertUnwindSafe(|| check())).unwrap_or(false),
+                };
+                available && detects
+            })
+        })
     }
 
     /// Whether `provider` is registered for any op.

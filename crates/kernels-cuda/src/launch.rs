@@ -1,0 +1,207 @@
+//! Launch geometry, chosen from the hidden size alone (R87, R92), and the two launch paths.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use ir_core::op::kernel_support::Rows;
+use ir_core::{DType, KernelError};
+
+use crate::device::{CudaDeviceState, driver_error};
+use crate::module::{KernelVariant, NormOp};
+
+/// Threads per row the kernels are compiled for.
+pub const THREADS_PER_ROW: [u32; 6] = [8, 16, 32, 64, 128, 256];
+/// Block sizes: 128 threads, 256 above H = 16384.
+pub const BLOCK_SIZES: [u32; 2] = [128, 256];
+
+/// The launch shape of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Threads cooperating on one row.
+    pub threads_per_row: u32,
+    /// Threads per block.
+    pub block_size: u32,
+    /// Rows one block handles.
+    pub rows_per_block: u32,
+    /// Blocks in the grid.
+    pub grid: u32,
+}
+
+/// Threads per row from the hidden size: 8/16/32/64/128/256 for H ≤ 64/128/3072/6144/16384/larger.
+pub fn threads_per_row(hidden: usize) -> u32 {
+    match hidden {
+        0..=64 => 8,
+        65..=128 => 16,
+        129..=3072 => 32,
+        3073..=6144 => 64,
+        6145..=16384 => 128,
+        _ => 256,
+    }
+}
+
+pub(crate) fn block_size(threads_per_row: u32) -> u32 {
+    if threads_per_row > 128 { 256 } else { 128 }
+}
+
+/// The geometry for `n_rows` rows of `hidden` elements; nothing but the grid depends on `n_rows`.
+pub fn rms_norm_launch(n_rows: usize, hidden: usize) -> Result<Geometry, KernelError> {
+    let threads_per_row = threads_per_row(hidden);
+    let block_size = block_size(threads_per_row);
+    let rows_per_block = block_size / threads_per_row;
+    let grid = n_rows.div_ceil(rows_per_block as usize);
+    let grid = u32::try_from(grid)
+        .ok()
+        .filter(|&g| g <= i32::MAX as u32)
+        .ok_or_else(|| KernelError::InvalidArguments { reason: format!("{n_rows} rows exceed the grid limit") })?;
+    Ok(Geometry { threads_per_row, block_size, rows_per_block, grid })
+}
+
+/// Whether 16-byte accesses are safe for a tensor: aligned start, and a row stride and hidden size
+/// that are multiples of the vector width (R88). Decided on the host; both paths give the same bits.
+pub(crate) fn vector_ok(rows: &Rows, dtype: DType, base_alignment: usize) -> bool {
+    let size = dtype.size_in_bytes();
+    let width = 16 / size;
+    let start = rows.offset * size;
+    base_alignment.is_multiple_of(16)
+        && start.is_multiple_of(16)
+        && rows.hidden.is_multiple_of(width)
+        && (rows.n_rows <= 1 || rows.row_stride.is_multiple_of(width))
+}
+
+/// Arguments of one launch, besides the buffers.
+pub(crate) struct Launch {
+    pub(crate) dtype: DType,
+    pub(crate) rows: Rows,
+    pub(crate) other_rows: Rows,
+    pub(crate) epsilon: f32,
+    pub(crate) vectorized: bool,
+}
+
+/// Launches `rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)`.
+pub(crate) fn launch_rms_norm(
+    device: &CudaDeviceState,
+    launch: &Launch,
+    out: &mut CudaSlice<u8>,
+    x: &CudaSlice<u8>,
+    weight: Option<(&CudaSlice<u8>, usize)>,
+) -> Result<(), KernelError> {
+    let (rows, out_rows) = (launch.rows, launch.other_rows);
+    let geometry = rms_norm_launch(rows.n_rows, rows.hidden)?;
+    let variant = KernelVariant {
+        op: NormOp::RmsNorm,
+        dtype: launch.dtype,
+        has_weight: weight.is_some(),
+        vectorized: launch.vectorized,
+        threads_per_row: geometry.threads_per_row,
+    };
+    let function = device.function(&variant)?;
+    let size = launch.dtype.size_in_bytes();
+    let x_view = x.slice(rows.offset * size..);
+    let mut out_view = out.slice_mut(out_rows.offset * size..);
+    let weight_view = weight.map(|(w, offset)| w.slice(offset * size..));
+    let (n_rows, hidden) = (rows.n_rows as i64, rows.hidden as i32);
+    let (x_stride, out_stride) = (rows.row_stride as i64, out_rows.row_stride as i64);
+    let null = 0u64;
+    let stream = device.stream();
+    let mut builder = stream.launch_builder(&function);
+    // rms_norm_<dtype>(elem_t* out, const elem_t* x, const elem_t* weight, float epsilon,
+    //                  long long n_rows, int hidden, long long x_row_stride, long long out_row_stride)
+    builder.arg(&mut out_view);
+    builder.arg(&x_view);
+    match &weight_view {
+        Some(w) => builder.arg(w),
+        None => builder.arg(&null),
+    };
+    builder.arg(&launch.epsilon).arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&out_stride);
+    let config =
+        LaunchConfig { grid_dim: (geometry.grid, 1, 1), block_dim: (geometry.block_size, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: the arguments follow the kernel's prototype above; the views cover every element the
+    // rows reach (checked by `Rows::of` against the tensors' storage), and the kernel writes only `out`.
+    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    Ok(())
+}
+
+/// Launches `fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, x_row_stride, residual_row_stride)`.
+pub(crate) fn launch_fused(
+    device: &CudaDeviceState,
+    launch: &Launch,
+    x: &mut CudaSlice<u8>,
+    residual: &mut CudaSlice<u8>,
+    weight: Option<(&CudaSlice<u8>, usize)>,
+) -> Result<(), KernelError> {
+    let (rows, residual_rows) = (launch.rows, launch.other_rows);
+    let geometry = rms_norm_launch(rows.n_rows, rows.hidden)?;
+    let variant = KernelVariant {
+        op: NormOp::FusedAddRmsNorm,
+        dtype: launch.dtype,
+        has_weight: weight.is_some(),
+        vectorized: launch.vectorized,
+        threads_per_row: geometry.threads_per_row,
+    };
+    let function = device.function(&variant)?;
+    let size = launch.dtype.size_in_bytes();
+    let mut x_view = x.slice_mut(rows.offset * size..);
+    let mut residual_view = residual.slice_mut(residual_rows.offset * size..);
+    let weight_view = weight.map(|(w, offset)| w.slice(offset * size..));
+    let (n_rows, hidden) = (rows.n_rows as i64, rows.hidden as i32);
+    let (x_stride, residual_stride) = (rows.row_stride as i64, residual_rows.row_stride as i64);
+    let null = 0u64;
+    let stream = device.stream();
+    let mut builder = stream.launch_builder(&function);
+    // fused_add_rms_norm_<dtype>(elem_t* x, elem_t* residual, const elem_t* weight, float epsilon,
+    //                            long long n_rows, int hidden, long long x_row_stride, long long residual_row_stride)
+    builder.arg(&mut x_view);
+    builder.arg(&mut residual_view);
+    match &weight_view {
+        Some(w) => builder.arg(w),
+        None => builder.arg(&null),
+    };
+    builder.arg(&launch.epsilon).arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&residual_stride);
+    let config =
+        LaunchConfig { grid_dim: (geometry.grid, 1, 1), block_dim: (geometry.block_size, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: the arguments follow the kernel's prototype above; x and residual are distinct, uniquely
+    // owned buffers whose views cover every element the rows reach.
+    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_depends_on_hidden_only() {
+        let cases = [
+            (8, 8, 128, 16),
+            (64, 8, 128, 16),
+            (65, 16, 128, 8),
+            (1024, 32, 128, 4),
+            (3072, 32, 128, 4),
+            (4096, 64, 128, 2),
+            (8192, 128, 128, 1),
+            (16384, 128, 128, 1),
+            (16385, 256, 256, 1),
+        ];
+        for (hidden, threads_per_row, block_size, rows_per_block) in cases {
+            for n_rows in [1, 7, 2048, 262145] {
+                let g = rms_norm_launch(n_rows, hidden).unwrap();
+                assert_eq!(
+                    (g.threads_per_row, g.block_size, g.rows_per_block),
+                    (threads_per_row, block_size, rows_per_block),
+                    "H {hidden}"
+                );
+                assert_eq!(g.grid as usize, n_rows.div_ceil(rows_per_block as usize));
+            }
+        }
+        assert!(rms_norm_launch(1024, 1024).unwrap().rows_per_block > 1, "several rows per block when H <= 1024");
+    }
+
+    #[test]
+    fn vector_path_needs_alignment() {
+        let rows = |hidden, row_stride, offset| Rows { n_rows: 4, hidden, row_stride, offset };
+        assert!(vector_ok(&rows(4096, 4096, 0), DType::BF16, 256));
+        assert!(!vector_ok(&rows(4096, 4096, 1), DType::BF16, 256), "misaligned offset");
+        assert!(!vector_ok(&rows(4095, 4096, 0), DType::BF16, 256), "H not a multiple of 8");
+        assert!(!vector_ok(&rows(4096, 4099, 0), DType::BF16, 256), "row stride");
+        assert!(vector_ok(&rows(4096, 4096, 8), DType::BF16, 256));
+        assert!(vector_ok(&rows(4096, 4100, 4), DType::F32, 256));
+    }
+}

@@ -1,0 +1,156 @@
+//! `kernels-cuda`: the `cuda` provider of `rms_norm` (functional) and `fused_add_rms_norm` (in place).
+//!
+//! cudarc loads `libcuda` and `libnvrtc` at run time, so this crate builds everywhere; on a machine
+//! without them the provider is registered and reports itself unavailable with the reason. The
+//! kernels (`kernels/rms_norm.cu`, embedded) are compiled by NVRTC at first use per variant and
+//! cached per device; launch geometry depends on the hidden size only, so each row's result is the
+//! same whatever the batch.
+//!
+//! ```
+//! let registry = ir_core::Registry::with_builtin_ops();
+//! kernels_cuda::register(&registry)?;
+//! let cuda = registry.providers("rms_norm").into_iter().find(|p| p.name == "cuda").unwrap();
+//! // Available on a machine with an NVIDIA driver and a GPU; otherwise the reason says what is missing.
+//! println!("{:?}", cuda.availability);
+//! # Ok::<(), ir_core::RegistryError>(())
+//! ```
+//!
+//! # Logging
+//!
+//! Target `kernels_cuda`: devices found (info), compilation and loading of each variant (debug).
+
+mod device;
+mod launch;
+mod module;
+
+use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, rms_norm_support};
+use ir_core::op::rms_norm;
+use ir_core::storage::Storage;
+use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+
+pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
+pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch, threads_per_row};
+pub use crate::module::{KernelVariant, NormOp, SOURCE, all_variants, arch_for, compile_ptx, nvrtc_availability};
+
+/// The provider name.
+pub const PROVIDER: &str = "cuda";
+
+/// Alignment of device allocations (the driver returns at least 256-byte aligned memory).
+const ALLOCATION_ALIGNMENT: usize = 256;
+
+/// Registers the `cuda` implementations of both norm ops (also when no GPU exists: then unavailable).
+pub fn register(registry: &Registry) -> Result<(), RegistryError> {
+    let rms_spec =
+        ImplSpec::new(PROVIDER).with_probe(availability).with_supports(|args| rms_norm_support(args, DeviceKind::Cuda));
+    rms_norm::register(registry, rms_spec, rms_norm_cuda)?;
+    let fused_spec = ImplSpec::new(PROVIDER)
+        .with_probe(availability)
+        .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cuda));
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::Inplace(fused_add_rms_norm_cuda))
+}
+
+/// `rms_norm` on a CUDA device: a fresh output with the declared layout; the launch is asynchronous.
+pub fn rms_norm_cuda(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<Tensor, KernelError> {
+    reject_variance_size(variance_size)?;
+    let dtype = x.dtype();
+    let x_rows = rows_of(x)?;
+    let x_buffer = cuda_buffer(x, "x")?;
+    let out_layout = x.layout().copy_layout();
+    let out_meta = ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() };
+    let out_rows =
+        Rows::of(&out_meta).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })?;
+    let allocator = CudaAllocator::for_device(&x_buffer.device);
+    let mut out =
+        ir_core::storage::DeviceAllocator::allocate(&allocator, out_layout.storage_end() * dtype.size_in_bytes())
+            .map_err(ir_core::TensorError::from)?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let weight = weight_arg(weight)?;
+        let out_buffer = out.as_any_mut().downcast_mut::<CudaBuffer>().expect("allocated by this crate");
+        let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
+            && launch::vector_ok(&out_rows, dtype, ALLOCATION_ALIGNMENT)
+            && weight.is_none_or(|(_, offset)| weight_vector_ok(offset, x_rows.hidden, dtype));
+        let launch = launch::Launch { dtype, rows: x_rows, other_rows: out_rows, epsilon: epsilon as f32, vectorized };
+        launch::launch_rms_norm(&x_buffer.device, &launch, &mut out_buffer.slice, &x_buffer.slice, weight)?;
+    }
+    Ok(Tensor::from_storage(Storage::Device(out), dtype, out_layout)?)
+}
+
+/// `fused_add_rms_norm` on a CUDA device, in place: `residual ← x + residual`, `x ← norm(sum)`.
+pub fn fused_add_rms_norm_cuda(
+    mut x: UniqueTensor,
+    mut residual: UniqueTensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<(Tensor, Tensor), KernelError> {
+    reject_variance_size(variance_size)?;
+    let dtype = x.tensor().dtype();
+    let x_rows = rows_of(x.tensor())?;
+    let residual_rows = rows_of(residual.tensor())?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let weight = weight_arg(weight)?;
+        let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
+            && launch::vector_ok(&residual_rows, dtype, ALLOCATION_ALIGNMENT)
+            && weight.is_none_or(|(_, offset)| weight_vector_ok(offset, x_rows.hidden, dtype));
+        let launch =
+            launch::Launch { dtype, rows: x_rows, other_rows: residual_rows, epsilon: epsilon as f32, vectorized };
+        let x_buffer = cuda_buffer_mut(&mut x, "x")?;
+        let residual_buffer = cuda_buffer_mut(&mut residual, "x_residual")?;
+        let device = std::sync::Arc::clone(&x_buffer.device);
+        launch::launch_fused(&device, &launch, &mut x_buffer.slice, &mut residual_buffer.slice, weight)?;
+    }
+    Ok((x.into_tensor(), residual.into_tensor()))
+}
+
+impl CudaAllocator {
+    fn for_device(device: &std::sync::Arc<CudaDeviceState>) -> CudaAllocator {
+        allocator(device.ordinal()).expect("a device that holds a buffer was initialized")
+    }
+}
+
+fn rows_of(t: &Tensor) -> Result<Rows, KernelError> {
+    Rows::of(t.meta()).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
+}
+
+fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
+    match variance_size {
+        None => Ok(()),
+        Some(_) => {
+            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
+        }
+    }
+}
+
+fn weight_vector_ok(offset: usize, hidden: usize, dtype: ir_core::DType) -> bool {
+    let rows = Rows { n_rows: 1, hidden, row_stride: hidden, offset };
+    launch::vector_ok(&rows, dtype, ALLOCATION_ALIGNMENT)
+}
+
+fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&cudarc::driver::CudaSlice<u8>, usize)>, KernelError> {
+    match weight {
+        None => Ok(None),
+        Some(w) => Ok(Some((&cuda_buffer(w, "weight")?.slice, w.offset()))),
+    }
+}
+
+fn cuda_buffer<'t>(t: &'t Tensor, param: &str) -> Result<&'t CudaBuffer, KernelError> {
+    match t.storage() {
+        Storage::Device(buffer) => buffer.as_any().downcast_ref::<CudaBuffer>(),
+        Storage::Cpu(_) => None,
+    }
+    .ok_or_else(|| KernelError::InvalidArguments { reason: format!("`{param}` is not in CUDA memory") })
+}
+
+fn cuda_buffer_mut<'t>(t: &'t mut UniqueTensor, param: &str) -> Result<&'t mut CudaBuffer, KernelError> {
+    let not_cuda = || KernelError::InvalidArguments { reason: format!("`{param}` is not in CUDA memory") };
+    match t.storage_mut()? {
+        Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<CudaBuffer>().ok_or_else(not_cuda),
+        Storage::Cpu(_) => Err(not_cuda()),
+    }
+}

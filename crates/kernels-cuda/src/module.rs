@@ -1,0 +1,154 @@
+//! Kernel variants, their NVRTC compilation and the per-device module cache.
+//!
+//! A variant is one set of defines for `kernels/rms_norm.cu` (R91): dtype, weight present, fused,
+//! vector width and threads per row (which also fixes the block size). Modules are compiled at first
+//! use and cached per device (one cache per device, so per compute capability too).
+
+use std::fmt;
+
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
+use ir_core::{Availability, DType, KernelError};
+
+use crate::launch::{BLOCK_SIZES, THREADS_PER_ROW};
+
+/// The kernel source, embedded at build time.
+pub const SOURCE: &str = include_str!("../kernels/rms_norm.cu");
+
+/// Which of the two kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormOp {
+    /// `rms_norm`, writing a fresh output.
+    RmsNorm,
+    /// `fused_add_rms_norm`, in place.
+    FusedAddRmsNorm,
+}
+
+/// One compiled form of the kernel source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelVariant {
+    /// The kernel.
+    pub op: NormOp,
+    /// Element type (f32, f16 or bf16).
+    pub dtype: DType,
+    /// Whether a weight is applied.
+    pub has_weight: bool,
+    /// Whether 16-byte vector accesses are used (else scalar accesses, same bits).
+    pub vectorized: bool,
+    /// Threads cooperating on one row.
+    pub threads_per_row: u32,
+}
+
+impl KernelVariant {
+    /// The block size this variant is compiled for.
+    pub fn block_size(&self) -> u32 {
+        crate::launch::block_size(self.threads_per_row)
+    }
+
+    /// The kernel's symbol: `<op>_<dtype>`.
+    pub fn kernel_name(&self) -> String {
+        let op = match self.op {
+            NormOp::RmsNorm => "rms_norm",
+            NormOp::FusedAddRmsNorm => "fused_add_rms_norm",
+        };
+        format!("{op}_{}", self.dtype)
+    }
+
+    /// The NVRTC `-D` options selecting this variant.
+    pub fn defines(&self) -> Result<Vec<String>, KernelError> {
+        let (dtype, chunk) = match self.dtype {
+            DType::F32 => (0, 4),
+            DType::F16 => (1, 8),
+            DType::BF16 => (2, 8),
+            DType::F64 => {
+                return Err(KernelError::InvalidArguments { reason: "the cuda kernels do not support f64".to_owned() });
+            }
+        };
+        Ok(vec![
+            format!("-DDTYPE={dtype}"),
+            format!("-DHAS_WEIGHT={}", u8::from(self.has_weight)),
+            format!("-DVEC={}", if self.vectorized { chunk } else { 1 }),
+            format!("-DTHREADS_PER_ROW={}", self.threads_per_row),
+            format!("-DBLOCK_SIZE={}", self.block_size()),
+        ])
+    }
+}
+
+impl fmt::Display for KernelVariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}[weight={}, vec={}, threads_per_row={}]",
+            self.kernel_name(),
+            self.has_weight,
+            self.vectorized,
+            self.threads_per_row
+        )
+    }
+}
+
+/// Every variant the provider can launch.
+pub fn all_variants() -> Vec<KernelVariant> {
+    let mut variants = Vec::new();
+    for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for has_weight in [false, true] {
+                for vectorized in [false, true] {
+                    for threads_per_row in THREADS_PER_ROW {
+                        variants.push(KernelVariant { op, dtype, has_weight, vectorized, threads_per_row });
+                    }
+                }
+            }
+        }
+    }
+    debug_assert!(BLOCK_SIZES.len() == 2);
+    variants
+}
+
+/// Whether NVRTC can be loaded (probing never panics).
+pub fn nvrtc_availability() -> Availability {
+    // SAFETY: `is_culib_present` only tries to open the library by its candidate names.
+    let present = std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
+    if present {
+        return Availability::Available;
+    }
+    Availability::Unavailable("libnvrtc.so not found (install the CUDA toolkit or nvidia-cuda-nvrtc-cu12)".to_owned())
+}
+
+/// Compiles one variant to PTX for `arch` (`compute_80`, `compute_90`, …; `None` for NVRTC's default).
+pub fn compile_ptx(variant: &KernelVariant, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    if let Availability::Unavailable(reason) = nvrtc_availability() {
+        return Err(KernelError::Driver { backend: "cuda", message: reason });
+    }
+    let options = CompileOptions {
+        options: variant.defines()?,
+        arch,
+        name: Some("rms_norm.cu".to_owned()),
+        ..Default::default()
+    };
+    let shown_options = options.options.clone();
+    tracing::debug!(target: "kernels_cuda", %variant, ?arch, "compiling with NVRTC");
+    compile_ptx_with_opts(SOURCE, options).map_err(|error| match error {
+        CompileError::CompileError { options, log, .. } => {
+            KernelError::Compile { kernel: variant.to_string(), options, log: log.to_string_lossy().into_owned() }
+        }
+        other => {
+            KernelError::Compile { kernel: variant.to_string(), options: shown_options, log: format!("{other:?}") }
+        }
+    })
+}
+
+/// The NVRTC architecture for a compute capability.
+pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
+    Some(match (major, minor) {
+        (7, 0) => "compute_70",
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
+        _ => return None,
+    })
+}

@@ -1,0 +1,253 @@
+// RMS normalization kernels for the `cuda` provider, compiled by NVRTC at first use per variant.
+//
+// Variant defines (all required):
+//   DTYPE            0 = f32, 1 = f16, 2 = bf16 (the element type of x, residual, weight and out)
+//   HAS_WEIGHT       0 or 1
+//   VEC              1 (scalar loads) or CHUNK (one 16-byte load per chunk); decided on the host from
+//                    alignment, so both paths must give identical bits
+//   THREADS_PER_ROW  8, 16, 32, 64, 128 or 256
+//   BLOCK_SIZE       128 or 256
+//
+// Numerics: squares accumulate in f32; the fused sum is one f32 addition; the norm is computed from
+// the unrounded sum (cached in registers, else recomputed from x and residual before either is
+// overwritten, by the thread that owns those elements); the weight step rounds y to the element type,
+// multiplies by the weight in f32 and rounds once. Each thread owns whole chunks of CHUNK elements
+// (16 bytes) in the same order whatever VEC is, so results depend only on the row, H and the dtype.
+//
+// No CUDA headers are needed: f16 converts with PTX `cvt`, bf16 with bit operations.
+
+#if DTYPE == 0
+typedef float elem_t;
+#define CHUNK 4
+__device__ __forceinline__ float to_f32(elem_t v) { return v; }
+__device__ __forceinline__ elem_t from_f32(float v) { return v; }
+#define KERNEL_SUFFIX f32
+#elif DTYPE == 1
+typedef unsigned short elem_t;
+#define CHUNK 8
+__device__ __forceinline__ float to_f32(elem_t v) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(v));
+    return f;
+}
+__device__ __forceinline__ elem_t from_f32(float f) {
+    elem_t v;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(v) : "f"(f));
+    return v;
+}
+#define KERNEL_SUFFIX f16
+#elif DTYPE == 2
+typedef unsigned short elem_t;
+#define CHUNK 8
+__device__ __forceinline__ float to_f32(elem_t v) { return __uint_as_float(((unsigned int)v) << 16); }
+__device__ __forceinline__ elem_t from_f32(float f) {
+    unsigned int bits = __float_as_uint(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return (elem_t)((bits >> 16) | 0x0040u);  // NaN stays a (quiet) NaN
+    }
+    return (elem_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // nearest-even
+}
+#define KERNEL_SUFFIX bf16
+#else
+#error "DTYPE must be 0 (f32), 1 (f16) or 2 (bf16)"
+#endif
+
+#if VEC != 1 && VEC != CHUNK
+#error "VEC must be 1 or CHUNK"
+#endif
+
+#define CACHE_CHUNKS 4
+#define ROWS_PER_BLOCK (BLOCK_SIZE / THREADS_PER_ROW)
+#define WARP 32
+
+#define CONCAT_(a, b) a##_##b
+#define CONCAT(a, b) CONCAT_(a, b)
+
+struct alignas(16) chunk_t {
+    elem_t v[CHUNK];
+};
+
+// Reads chunk `c` of a row (elements c*CHUNK .. c*CHUNK+CHUNK-1, those below `hidden`) into f32.
+__device__ __forceinline__ void load_chunk(const elem_t* row, long long c, int hidden, float* out) {
+    long long first = c * CHUNK;
+#if VEC == CHUNK
+    if (first + CHUNK <= hidden) {
+        chunk_t packed = *reinterpret_cast<const chunk_t*>(row + first);
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) out[i] = to_f32(packed.v[i]);
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? to_f32(row[first + i]) : 0.0f;
+}
+
+__device__ __forceinline__ void store_chunk(elem_t* row, long long c, int hidden, const float* in) {
+    long long first = c * CHUNK;
+#if VEC == CHUNK
+    if (first + CHUNK <= hidden) {
+        chunk_t packed;
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) packed.v[i] = from_f32(in[i]);
+        *reinterpret_cast<chunk_t*>(row + first) = packed;
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) {
+        if (first + i < hidden) row[first + i] = from_f32(in[i]);
+    }
+}
+
+// Sums `value` over the THREADS_PER_ROW threads of one row; every thread gets the same total.
+// Every thread of the block must call this (it may contain a barrier).
+__device__ __forceinline__ float row_sum(float value) {
+#if THREADS_PER_ROW <= WARP
+#pragma unroll
+    for (int offset = THREADS_PER_ROW / 2; offset > 0; offset >>= 1) {
+        value += __shfl_xor_sync(0xffffffffu, value, offset);
+    }
+    return value;
+#else
+#pragma unroll
+    for (int offset = WARP / 2; offset > 0; offset >>= 1) {
+        value += __shfl_xor_sync(0xffffffffu, value, offset);
+    }
+    __shared__ float partials[BLOCK_SIZE / WARP];
+    int warp = threadIdx.x / WARP;
+    if (threadIdx.x % WARP == 0) partials[warp] = value;
+    __syncthreads();
+    int first_warp = (threadIdx.x / THREADS_PER_ROW) * (THREADS_PER_ROW / WARP);
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < THREADS_PER_ROW / WARP; ++w) total += partials[first_warp + w];
+    return total;
+#endif
+}
+
+// Scales the f32 chunk by rstd (and the weight) and stores it rounded.
+__device__ __forceinline__ void finish_chunk(elem_t* out_row, const elem_t* weight, long long c, int hidden,
+                                             float* s, float rstd) {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) s[i] *= rstd;
+#if HAS_WEIGHT
+    float w[CHUNK];
+    load_chunk(weight, c, hidden, w);
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) s[i] = to_f32(from_f32(s[i])) * w[i];
+#endif
+    store_chunk(out_row, c, hidden, s);
+}
+
+// out[row] = rms_norm(x[row]) * weight. Output rows are `out_row_stride` elements apart.
+extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ out, const elem_t* __restrict__ x,
+                                                          const elem_t* __restrict__ weight, float epsilon,
+                                                          long long n_rows, int hidden, long long x_row_stride,
+                                                          long long out_row_stride) {
+    long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
+    int lane = threadIdx.x % THREADS_PER_ROW;
+    bool active = row < n_rows;
+    long long n_chunks = (hidden + CHUNK - 1) / CHUNK;
+    const elem_t* x_row = x + (active ? row : 0) * x_row_stride;
+    elem_t* out_row = out + (active ? row : 0) * out_row_stride;
+
+    float cache[CACHE_CHUNKS][CHUNK];
+    float sum_sq = 0.0f;
+    if (active) {
+#pragma unroll
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long long c = lane + (long long)k * THREADS_PER_ROW;
+            if (c < n_chunks) {
+                load_chunk(x_row, c, hidden, cache[k]);
+#pragma unroll
+                for (int i = 0; i < CHUNK; ++i) sum_sq += cache[k][i] * cache[k][i];
+            }
+        }
+        for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
+            float s[CHUNK];
+            load_chunk(x_row, c, hidden, s);
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) sum_sq += s[i] * s[i];
+        }
+    }
+    float total = row_sum(sum_sq);
+    if (!active) return;
+    float rstd = 1.0f / sqrtf(total / (float)hidden + epsilon);
+#pragma unroll
+    for (int k = 0; k < CACHE_CHUNKS; ++k) {
+        long long c = lane + (long long)k * THREADS_PER_ROW;
+        if (c < n_chunks) finish_chunk(out_row, weight, c, hidden, cache[k], rstd);
+    }
+    for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
+        float s[CHUNK];
+        load_chunk(x_row, c, hidden, s);
+        finish_chunk(out_row, weight, c, hidden, s, rstd);
+    }
+}
+
+// In place: residual[row] <- round(x + residual), x[row] <- rms_norm(x + residual) * weight, with the
+// norm computed from the unrounded sum.
+extern "C" __global__ void CONCAT(fused_add_rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ x,
+                                                                    elem_t* __restrict__ residual,
+                                                                    const elem_t* __restrict__ weight, float epsilon,
+                                                                    long long n_rows, int hidden,
+                                                                    long long x_row_stride,
+                                                                    long long residual_row_stride) {
+    long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
+    int lane = threadIdx.x % THREADS_PER_ROW;
+    bool active = row < n_rows;
+    long long n_chunks = (hidden + CHUNK - 1) / CHUNK;
+    elem_t* x_row = x + (active ? row : 0) * x_row_stride;
+    elem_t* r_row = residual + (active ? row : 0) * residual_row_stride;
+
+    float cache[CACHE_CHUNKS][CHUNK];
+    float sum_sq = 0.0f;
+    if (active) {
+#pragma unroll
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long long c = lane + (long long)k * THREADS_PER_ROW;
+            if (c < n_chunks) {
+                float r[CHUNK];
+                load_chunk(x_row, c, hidden, cache[k]);
+                load_chunk(r_row, c, hidden, r);
+#pragma unroll
+                for (int i = 0; i < CHUNK; ++i) {
+                    cache[k][i] += r[i];
+                    sum_sq += cache[k][i] * cache[k][i];
+                }
+            }
+        }
+        for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
+            float s[CHUNK], r[CHUNK];
+            load_chunk(x_row, c, hidden, s);
+            load_chunk(r_row, c, hidden, r);
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) {
+                s[i] += r[i];
+                sum_sq += s[i] * s[i];
+            }
+        }
+    }
+    float total = row_sum(sum_sq);
+    if (!active) return;
+    float rstd = 1.0f / sqrtf(total / (float)hidden + epsilon);
+    // Chunks beyond the cache are recomputed from x and residual before this thread overwrites them;
+    // every chunk belongs to one thread, so no other thread reads what is written here.
+    for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
+        float s[CHUNK], r[CHUNK];
+        load_chunk(x_row, c, hidden, s);
+        load_chunk(r_row, c, hidden, r);
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) s[i] += r[i];
+        store_chunk(r_row, c, hidden, s);
+        finish_chunk(x_row, weight, c, hidden, s, rstd);
+    }
+#pragma unroll
+    for (int k = 0; k < CACHE_CHUNKS; ++k) {
+        long long c = lane + (long long)k * THREADS_PER_ROW;
+        if (c < n_chunks) {
+            store_chunk(r_row, c, hidden, cache[k]);
+            finish_chunk(x_row, weight, c, hidden, cache[k], rstd);
+        }
+    }
+}
