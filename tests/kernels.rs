@@ -162,8 +162,8 @@ fn special_values() {
     for backend in backends() {
         let _guard = backend.registry.override_priority("rms_norm", &[backend.provider]).unwrap();
         let run = |x: &Tensor, eps: f64| {
-            assert_selects(&backend, &RMS_NORM, &[ArgMeta::Tensor(x.meta()), ArgMeta::None, ArgMeta::F64(eps)]);
             let x = backend.upload(x).unwrap();
+            assert_selects(&backend, &RMS_NORM, &[ArgMeta::Tensor(x.meta()), ArgMeta::None, ArgMeta::F64(eps)]);
             rms_norm(&backend.registry, &x, None, eps, None).unwrap().to_cpu().unwrap().to_f64_vec().unwrap()
         };
         for dtype in [DType::F32, DType::F16, DType::BF16] {

@@ -63,9 +63,46 @@ impl Backend {
     }
 }
 
-/// Every kernel backend this machine can run. Backends that cannot run here print `skipped: <reason>`.
+/// Every kernel backend this machine can run. Backends that cannot run here print `skipped: <reason>`
+/// (a failure instead when `VLLM_IR_REQUIRE` names them).
 pub fn backends() -> Vec<Backend> {
-    let registry = Registry::with_builtin_ops();
-    kernels_cpu::register(&registry).expect("the cpu provider registers once");
-    vec![Backend { provider: kernels_cpu::PROVIDER, registry, allocator: None, grid: Grid::Full }]
+    let cpu = Registry::with_builtin_ops();
+    kernels_cpu::register(&cpu).expect("the cpu provider registers once");
+    let mut backends =
+        vec![Backend { provider: kernels_cpu::PROVIDER, registry: cpu, allocator: None, grid: Grid::Full }];
+
+    match kernels_cuda::availability() {
+        ir_core::Availability::Available => {
+            let registry = Registry::with_builtin_ops();
+            kernels_cuda::register(&registry).expect("the cuda provider registers once");
+            let allocator = kernels_cuda::allocator(0).expect("an available provider has device 0");
+            backends.push(Backend {
+                provider: kernels_cuda::PROVIDER,
+                registry,
+                allocator: Some(Arc::new(allocator)),
+                grid: Grid::Full,
+            });
+        }
+        ir_core::Availability::Unavailable(reason) => {
+            ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"))
+        }
+    }
+
+    match kernels_xpu::availability() {
+        ir_core::Availability::Available => {
+            let registry = Registry::with_builtin_ops();
+            kernels_xpu::register(&registry).expect("the xpu provider registers once");
+            let allocator = kernels_xpu::allocator().expect("an available provider has a device");
+            // A CPU OpenCL device (PoCL) is slow: it runs the subset of the grid (R120).
+            let grid = if kernels_xpu::is_gpu() { Grid::Full } else { Grid::Subset };
+            backends.push(Backend {
+                provider: kernels_xpu::PROVIDER,
+                registry,
+                allocator: Some(Arc::new(allocator)),
+                grid,
+            });
+        }
+        ir_core::Availability::Unavailable(reason) => ir_core::testing::skip("xpu", &format!("xpu kernels: {reason}")),
+    }
+    backends
 }

@@ -78,5 +78,9 @@ fn main() -> ExitCode {
 fn build_registry() -> Registry {
     let registry = Registry::with_builtin_ops();
     kernels_cpu::register(&registry).expect("a fresh registry has no cpu provider yet");
+    #[cfg(feature = "cuda")]
+    kernels_cuda::register(&registry).expect("a fresh registry has no cuda provider yet");
+    #[cfg(feature = "xpu")]
+    kernels_xpu::register(&registry).expect("a fresh registry has no xpu provider yet");
     registry
 }

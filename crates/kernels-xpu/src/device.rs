@@ -1,0 +1,240 @@
+//! The OpenCL device behind `xpu:0`, its queue and built kernels, and device memory behind tensors.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::ptr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
+use ir_core::{Availability, Device, KernelError};
+use opencl3::command_queue::CommandQueue;
+use opencl3::context::Context;
+use opencl3::device::{CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU, Device as ClDevice};
+use opencl3::kernel::Kernel;
+use opencl3::memory::{Buffer, CL_MEM_READ_WRITE};
+use opencl3::program::Program;
+use opencl3::types::CL_BLOCKING;
+
+use crate::module::{KernelVariant, SOURCE};
+
+/// Environment variable allowing a CPU OpenCL device (PoCL), for tests on machines without a GPU.
+pub const ALLOW_CPU_ENV: &str = "VLLM_IR_XPU_ALLOW_CPU";
+
+/// The OpenCL device, context, in-order queue and kernel cache behind `xpu:0`.
+pub struct XpuDevice {
+    name: String,
+    is_gpu: bool,
+    extensions: String,
+    context: Context,
+    queue: CommandQueue,
+    kernels: Mutex<HashMap<KernelVariant, Arc<Mutex<Kernel>>>>,
+}
+
+impl std::fmt::Debug for XpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XpuDevice").field("name", &self.name).field("is_gpu", &self.is_gpu).finish()
+    }
+}
+
+static DEVICE: OnceLock<Result<Arc<XpuDevice>, String>> = OnceLock::new();
+
+/// Whether an OpenCL device usable as `xpu:0` exists. Never panics.
+pub fn availability() -> Availability {
+    match device() {
+        Ok(_) => Availability::Available,
+        Err(reason) => Availability::Unavailable(reason),
+    }
+}
+
+/// Whether `xpu:0` is a GPU (a CPU device never makes the platform Xpu).
+pub fn is_gpu() -> bool {
+    device().is_ok_and(|d| d.is_gpu)
+}
+
+/// The device behind `xpu:0`, selected once: an Intel GPU if any, else another GPU, else (only with
+/// `VLLM_IR_XPU_ALLOW_CPU=1`) a CPU device.
+pub fn device() -> Result<&'static Arc<XpuDevice>, String> {
+    DEVICE
+        .get_or_init(|| {
+            let allow_cpu = std::env::var(ALLOW_CPU_ENV).is_ok_and(|v| v == "1");
+            let found = std::panic::catch_unwind(|| select_device(allow_cpu))
+                .unwrap_or_else(|_| Err("the OpenCL runtime panicked".to_owned()));
+            match &found {
+                Ok(device) => tracing::info!(target: "kernels_xpu", name = device.name.as_str(), gpu = device.is_gpu, "OpenCL device selected"),
+                Err(reason) => tracing::debug!(target: "kernels_xpu", reason = reason.as_str(), "xpu unavailable"),
+            }
+            found
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
+    let platforms = opencl3::platform::get_platforms()
+        .map_err(|e| format!("OpenCL ICD loader (libOpenCL.so.1) not found or no platform: {e}"))?;
+    let mut gpus = Vec::new();
+    let mut cpus = Vec::new();
+    for platform in &platforms {
+        gpus.extend(platform.get_devices(CL_DEVICE_TYPE_GPU).unwrap_or_default());
+        cpus.extend(platform.get_devices(CL_DEVICE_TYPE_CPU).unwrap_or_default());
+    }
+    let is_intel = |id: &opencl3::types::cl_device_id| ClDevice::new(*id).vendor().is_ok_and(|v| v.contains("Intel"));
+    let chosen = match gpus.iter().find(|id| is_intel(id)).or(gpus.first()) {
+        Some(id) => (ClDevice::new(*id), true),
+        None if allow_cpu => match cpus.first() {
+            Some(id) => (ClDevice::new(*id), false),
+            None => return Err("no OpenCL GPU or CPU device".to_owned()),
+        },
+        None => {
+            return Err(format!(
+                "no OpenCL GPU device ({} CPU device(s) found; set {ALLOW_CPU_ENV}=1 to use one)",
+                cpus.len()
+            ));
+        }
+    };
+    let (cl_device, is_gpu) = chosen;
+    let name = cl_device.name().unwrap_or_else(|_| "unknown OpenCL device".to_owned());
+    let extensions = cl_device.extensions().unwrap_or_default();
+    let context = Context::from_device(&cl_device).map_err(|e| format!("creating an OpenCL context on {name}: {e}"))?;
+    #[allow(deprecated)]
+    let queue = CommandQueue::create_default(&context, 0).map_err(|e| format!("creating a queue on {name}: {e}"))?;
+    Ok(Arc::new(XpuDevice { name, is_gpu, extensions, context, queue, kernels: Mutex::new(HashMap::new()) }))
+}
+
+impl XpuDevice {
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device's extensions (space separated).
+    pub fn extensions(&self) -> &str {
+        &self.extensions
+    }
+
+    /// The in-order queue every operation of this crate uses.
+    pub(crate) fn queue(&self) -> &CommandQueue {
+        &self.queue
+    }
+
+    /// The kernel for `variant`, built at first use. Setting arguments and enqueueing happen under
+    /// its lock, since an OpenCL kernel object is not safe to configure from two threads at once.
+    pub fn kernel(&self, variant: &KernelVariant) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+        let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(kernel) = kernels.get(variant) {
+            return Ok(Arc::clone(kernel));
+        }
+        let options = variant.build_options()?;
+        tracing::debug!(target: "kernels_xpu", %variant, "building OpenCL program");
+        let program = Program::create_and_build_from_source(&self.context, SOURCE, &options).map_err(|log| {
+            KernelError::Compile {
+                kernel: variant.to_string(),
+                options: options.split_whitespace().map(str::to_owned).collect(),
+                log,
+            }
+        })?;
+        let kernel = Kernel::create(&program, &variant.kernel_name()).map_err(cl_error)?;
+        let kernel = Arc::new(Mutex::new(kernel));
+        kernels.insert(*variant, Arc::clone(&kernel));
+        Ok(kernel)
+    }
+
+    fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<XpuBuffer, DeviceError> {
+        // SAFETY: no host pointer is passed, so OpenCL allocates and owns the memory.
+        let mut buffer =
+            unsafe { Buffer::<u8>::create(&self.context, CL_MEM_READ_WRITE, len_bytes.max(1), ptr::null_mut()) }
+                .map_err(|e| self.device_error("allocate", e.to_string()))?;
+        let zeros = vec![0u8; len_bytes.max(1)];
+        // SAFETY: a blocking write of exactly the buffer's size from a live host slice.
+        unsafe { self.queue.enqueue_write_buffer(&mut buffer, CL_BLOCKING, 0, &zeros, &[]) }
+            .map_err(|e| self.device_error("allocate", e.to_string()))?;
+        Ok(XpuBuffer { buffer, len_bytes, device: Arc::clone(self) })
+    }
+
+    fn device_error(&self, operation: &'static str, message: String) -> DeviceError {
+        DeviceError { device: Device::Xpu(0), operation, message }
+    }
+}
+
+/// Allocates tensors on `xpu:0`.
+#[derive(Clone, Debug)]
+pub struct XpuAllocator {
+    device: Arc<XpuDevice>,
+}
+
+/// The allocator of `xpu:0`, or why there is none.
+pub fn allocator() -> Result<XpuAllocator, String> {
+    Ok(XpuAllocator { device: Arc::clone(device()?) })
+}
+
+impl DeviceAllocator for XpuAllocator {
+    fn device(&self) -> Device {
+        Device::Xpu(0)
+    }
+
+    fn allocate(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(self.device.allocate(len_bytes)?))
+    }
+}
+
+/// OpenCL memory of one tensor storage.
+pub struct XpuBuffer {
+    pub(crate) buffer: Buffer<u8>,
+    len_bytes: usize,
+    pub(crate) device: Arc<XpuDevice>,
+}
+
+impl std::fmt::Debug for XpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "XpuBuffer({} bytes on {})", self.len_bytes, self.device.name)
+    }
+}
+
+impl DeviceBuffer for XpuBuffer {
+    fn device(&self) -> Device {
+        Device::Xpu(0)
+    }
+
+    fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+
+    fn download(&self, dst: &mut [u8]) -> Result<(), DeviceError> {
+        if self.len_bytes == 0 {
+            return Ok(());
+        }
+        let dst = &mut dst[..self.len_bytes];
+        // SAFETY: a blocking read of `len_bytes` (at most the buffer's size) into a live host slice;
+        // the in-order queue runs it after every kernel enqueued before.
+        unsafe { self.device.queue.enqueue_read_buffer(&self.buffer, CL_BLOCKING, 0, dst, &[]) }
+            .map_err(|e| self.device.device_error("download", e.to_string()))?;
+        Ok(())
+    }
+
+    fn upload(&mut self, src: &[u8]) -> Result<(), DeviceError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let device = Arc::clone(&self.device);
+        // SAFETY: a blocking write of `src.len()` bytes (at most the buffer's size) from a live slice.
+        unsafe { device.queue.enqueue_write_buffer(&mut self.buffer, CL_BLOCKING, 0, src, &[]) }
+            .map_err(|e| device.device_error("upload", e.to_string()))?;
+        Ok(())
+    }
+
+    fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(self.device.allocate(len_bytes)?))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+pub(crate) fn cl_error(error: opencl3::error_codes::ClError) -> KernelError {
+    KernelError::Driver { backend: "xpu", message: error.to_string() }
+}

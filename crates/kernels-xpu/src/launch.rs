@@ -1,0 +1,87 @@
+//! Setting a kernel's arguments and enqueueing it.
+
+use ir_core::op::kernel_support::Rows;
+use ir_core::{DType, KernelError};
+use opencl3::kernel::ExecuteKernel;
+use opencl3::memory::{Buffer, ClMem};
+
+use crate::FORCE_TREE_ENV;
+use crate::device::{XpuDevice, cl_error};
+use crate::module::{KernelVariant, NormOp, group_size, threads_per_row, use_subgroups};
+
+/// Scalars of one launch.
+pub(crate) struct Args {
+    pub(crate) dtype: DType,
+    pub(crate) epsilon: f32,
+    /// Rows of x.
+    pub(crate) rows: Rows,
+    /// Rows of the output (`rms_norm`) or of the residual (`fused_add_rms_norm`).
+    pub(crate) other_rows: Rows,
+}
+
+/// Enqueues one kernel. For `rms_norm`, `first` is the output and `second` is x; for the fused op,
+/// `first` is x and `second` the residual (both written in place).
+pub(crate) fn launch(
+    device: &XpuDevice,
+    op: NormOp,
+    args: Args,
+    first: &Buffer<u8>,
+    second: &Buffer<u8>,
+    weight: Option<(&Buffer<u8>, usize)>,
+) -> Result<(), KernelError> {
+    let (rows, other) = (args.rows, args.other_rows);
+    let threads_per_row = threads_per_row(rows.hidden);
+    let force_tree = std::env::var(FORCE_TREE_ENV).is_ok_and(|v| v == "1");
+    let variant = KernelVariant {
+        op,
+        dtype: args.dtype,
+        has_weight: weight.is_some(),
+        threads_per_row,
+        subgroups: use_subgroups(device.extensions(), threads_per_row, force_tree),
+    };
+    let kernel = device.kernel(&variant)?;
+    let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let group = group_size(threads_per_row) as usize;
+    let groups = rows.n_rows.div_ceil(variant.rows_per_group() as usize);
+    let (first_mem, second_mem) = (first.get(), second.get());
+    let weight_mem = weight.map_or(second_mem, |(w, _)| w.get());
+    let weight_offset = weight.map_or(0, |(_, offset)| offset) as i64;
+    let (n_rows, hidden) = (rows.n_rows as i64, rows.hidden as i32);
+    let (first_stride, second_stride, first_offset, second_offset) = match op {
+        NormOp::RmsNorm => (other.row_stride, rows.row_stride, other.offset, rows.offset),
+        NormOp::FusedAddRmsNorm => (rows.row_stride, other.row_stride, rows.offset, other.offset),
+    };
+    let (first_stride, second_stride) = (first_stride as i64, second_stride as i64);
+    let (first_offset, second_offset) = (first_offset as i64, second_offset as i64);
+    // rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride,
+    //                  x_offset, out_offset, weight_offset)
+    // fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, x_row_stride,
+    //                            residual_row_stride, x_offset, residual_offset, weight_offset)
+    let (stride_a, stride_b, offset_a, offset_b) = match op {
+        NormOp::RmsNorm => (second_stride, first_stride, second_offset, first_offset),
+        NormOp::FusedAddRmsNorm => (first_stride, second_stride, first_offset, second_offset),
+    };
+    let mut execute = ExecuteKernel::new(&kernel);
+    // SAFETY: the arguments follow the kernel's prototype above, with the types it declares
+    // (cl_mem, float, long, int); every row the kernel touches lies inside its buffer (checked by
+    // `Rows::of` against the tensors' storage when they were built).
+    unsafe {
+        execute
+            .set_arg(&first_mem)
+            .set_arg(&second_mem)
+            .set_arg(&weight_mem)
+            .set_arg(&args.epsilon)
+            .set_arg(&n_rows)
+            .set_arg(&hidden)
+            .set_arg(&stride_a)
+            .set_arg(&stride_b)
+            .set_arg(&offset_a)
+            .set_arg(&offset_b)
+            .set_arg(&weight_offset)
+            .set_global_work_size(groups * group)
+            .set_local_work_size(group)
+            .enqueue_nd_range(device.queue())
+    }
+    .map_err(cl_error)?;
+    Ok(())
+}

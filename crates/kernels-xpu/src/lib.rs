@@ -1,0 +1,143 @@
+//! `kernels-xpu`: the `xpu` provider (Intel GPUs through OpenCL C) of `rms_norm` (functional) and
+//! `fused_add_rms_norm` (in place).
+//!
+//! opencl3 loads the OpenCL ICD loader at run time, so this crate builds everywhere; without a GPU
+//! the provider is registered and reports why it is unavailable. `VLLM_IR_XPU_ALLOW_CPU=1` lets it
+//! use a CPU OpenCL device such as PoCL (how CI runs the kernels); such a device never makes the
+//! platform Xpu. Kernels (`kernels/rms_norm.cl`, embedded) are built at first use per variant.
+//!
+//! ```
+//! let registry = ir_core::Registry::with_builtin_ops();
+//! kernels_xpu::register(&registry)?;
+//! let xpu = registry.providers("rms_norm").into_iter().find(|p| p.name == "xpu").unwrap();
+//! println!("{:?}", xpu.availability);
+//! # Ok::<(), ir_core::RegistryError>(())
+//! ```
+//!
+//! # Logging
+//!
+//! Target `kernels_xpu`: the selected device (info), program builds (debug).
+
+mod device;
+mod launch;
+mod module;
+
+use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, rms_norm_support};
+use ir_core::op::rms_norm;
+use ir_core::storage::{DeviceAllocator, Storage};
+use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
+
+pub use crate::device::{ALLOW_CPU_ENV, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu};
+pub use crate::module::{KernelVariant, NormOp, SOURCE, all_variants, group_size, threads_per_row, use_subgroups};
+
+/// The provider name.
+pub const PROVIDER: &str = "xpu";
+
+/// Environment variable forcing the local-memory tree reduction even where sub-groups exist.
+pub const FORCE_TREE_ENV: &str = "VLLM_IR_XPU_FORCE_TREE";
+
+/// Registers the `xpu` implementations of both norm ops (also when no device exists: then unavailable).
+pub fn register(registry: &Registry) -> Result<(), RegistryError> {
+    let spec = |supports: fn(&[ir_core::op::ArgMeta<'_>], DeviceKind) -> ir_core::Support| {
+        ImplSpec::new(PROVIDER)
+            .with_probe(availability)
+            .with_platform_detection(is_gpu)
+            .with_supports(move |args| supports(args, DeviceKind::Xpu))
+    };
+    rms_norm::register(registry, spec(rms_norm_support), rms_norm_xpu)?;
+    fused_add_rms_norm::register(
+        registry,
+        spec(fused_add_rms_norm_support),
+        FusedAddRmsNormImpl::Inplace(fused_add_rms_norm_xpu),
+    )
+}
+
+/// `rms_norm` on `xpu:0`: a fresh output with the declared layout.
+pub fn rms_norm_xpu(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<Tensor, KernelError> {
+    reject_variance_size(variance_size)?;
+    let dtype = x.dtype();
+    let x_rows = rows_of(x.meta())?;
+    let x_buffer = xpu_buffer(x, "x")?;
+    let out_layout = x.layout().copy_layout();
+    let out_rows = rows_of(&ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
+    let allocator = allocator().map_err(|reason| KernelError::Driver { backend: "xpu", message: reason })?;
+    let mut out = allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(TensorError::from)?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let out_buffer = out.as_any_mut().downcast_mut::<XpuBuffer>().expect("allocated by this crate");
+        let weight = weight_arg(weight)?;
+        launch::launch(
+            &x_buffer.device,
+            NormOp::RmsNorm,
+            launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: out_rows },
+            &out_buffer.buffer,
+            &x_buffer.buffer,
+            weight,
+        )?;
+    }
+    Ok(Tensor::from_storage(Storage::Device(out), dtype, out_layout)?)
+}
+
+/// `fused_add_rms_norm` on `xpu:0`, in place: `residual ← x + residual`, `x ← norm(sum)`.
+pub fn fused_add_rms_norm_xpu(
+    mut x: UniqueTensor,
+    mut residual: UniqueTensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<(Tensor, Tensor), KernelError> {
+    reject_variance_size(variance_size)?;
+    let dtype = x.tensor().dtype();
+    let x_rows = rows_of(x.tensor().meta())?;
+    let residual_rows = rows_of(residual.tensor().meta())?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let weight = weight_arg(weight)?;
+        let args = launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: residual_rows };
+        let x_buffer = xpu_buffer_mut(&mut x, "x")?;
+        let residual_buffer = xpu_buffer_mut(&mut residual, "x_residual")?;
+        let device = std::sync::Arc::clone(&x_buffer.device);
+        launch::launch(&device, NormOp::FusedAddRmsNorm, args, &x_buffer.buffer, &residual_buffer.buffer, weight)?;
+    }
+    Ok((x.into_tensor(), residual.into_tensor()))
+}
+
+fn rows_of(meta: &ir_core::TensorMeta) -> Result<Rows, KernelError> {
+    Rows::of(meta).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
+}
+
+fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
+    match variance_size {
+        None => Ok(()),
+        Some(_) => {
+            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
+        }
+    }
+}
+
+fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&opencl3::memory::Buffer<u8>, usize)>, KernelError> {
+    match weight {
+        None => Ok(None),
+        Some(w) => Ok(Some((&xpu_buffer(w, "weight")?.buffer, w.offset()))),
+    }
+}
+
+fn xpu_buffer<'t>(t: &'t Tensor, param: &str) -> Result<&'t XpuBuffer, KernelError> {
+    match t.storage() {
+        Storage::Device(buffer) => buffer.as_any().downcast_ref::<XpuBuffer>(),
+        Storage::Cpu(_) => None,
+    }
+    .ok_or_else(|| KernelError::InvalidArguments { reason: format!("`{param}` is not in xpu memory") })
+}
+
+fn xpu_buffer_mut<'t>(t: &'t mut UniqueTensor, param: &str) -> Result<&'t mut XpuBuffer, KernelError> {
+    let not_xpu = || KernelError::InvalidArguments { reason: format!("`{param}` is not in xpu memory") };
+    match t.storage_mut()? {
+        Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<XpuBuffer>().ok_or_else(not_xpu),
+        Storage::Cpu(_) => Err(not_xpu()),
+    }
+}

@@ -1,0 +1,157 @@
+//! Kernel variants, build options and the host-side choice of the reduction.
+
+use std::fmt;
+
+use ir_core::{DType, KernelError};
+
+/// The kernel source, embedded at build time.
+pub const SOURCE: &str = include_str!("../kernels/rms_norm.cl");
+
+/// Which of the two kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormOp {
+    /// `rms_norm`, writing a fresh output.
+    RmsNorm,
+    /// `fused_add_rms_norm`, in place.
+    FusedAddRmsNorm,
+}
+
+/// One built form of the kernel source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelVariant {
+    /// The kernel.
+    pub op: NormOp,
+    /// Element type (f32, f16 or bf16).
+    pub dtype: DType,
+    /// Whether a weight is applied.
+    pub has_weight: bool,
+    /// Work-items per row.
+    pub threads_per_row: u32,
+    /// Whether the reduction uses sub-group collectives (else a local-memory tree).
+    pub subgroups: bool,
+}
+
+/// Work-items per row, from the hidden size: 8 (16 rows per group) up to H = 256, then 32, 64, 128, 256.
+pub fn threads_per_row(hidden: usize) -> u32 {
+    match hidden {
+        0..=256 => 8,
+        257..=1024 => 32,
+        1025..=4096 => 64,
+        4097..=16384 => 128,
+        _ => 256,
+    }
+}
+
+/// Work-group size for a number of work-items per row.
+pub fn group_size(threads_per_row: u32) -> u32 {
+    threads_per_row.max(128)
+}
+
+/// Whether to reduce with sub-groups: the device has them, the caller did not force the tree, and
+/// every sub-group lies within one row (Intel sub-groups have at most 32 work-items).
+pub fn use_subgroups(device_extensions: &str, threads_per_row: u32, force_tree: bool) -> bool {
+    let has_subgroups = device_extensions
+        .split_whitespace()
+        .any(|extension| extension == "cl_khr_subgroups" || extension == "cl_intel_subgroups");
+    has_subgroups && !force_tree && threads_per_row >= 32
+}
+
+impl KernelVariant {
+    /// The kernel's symbol: `<op>_<dtype>`.
+    pub fn kernel_name(&self) -> String {
+        let op = match self.op {
+            NormOp::RmsNorm => "rms_norm",
+            NormOp::FusedAddRmsNorm => "fused_add_rms_norm",
+        };
+        format!("{op}_{}", self.dtype)
+    }
+
+    /// Rows one work-group handles.
+    pub fn rows_per_group(&self) -> u32 {
+        group_size(self.threads_per_row) / self.threads_per_row
+    }
+
+    /// `clBuildProgram` options for this variant (no fast-math options).
+    pub fn build_options(&self) -> Result<String, KernelError> {
+        let dtype = match self.dtype {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::BF16 => 2,
+            DType::F64 => {
+                return Err(KernelError::InvalidArguments { reason: "the xpu kernels do not support f64".to_owned() });
+            }
+        };
+        Ok(format!(
+            "-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt -DDTYPE={dtype} -DHAS_WEIGHT={} \
+             -DTHREADS_PER_ROW={} -DROWS_PER_GROUP={} -DUSE_SUBGROUPS={}",
+            u8::from(self.has_weight),
+            self.threads_per_row,
+            self.rows_per_group(),
+            u8::from(self.subgroups)
+        ))
+    }
+}
+
+impl fmt::Display for KernelVariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}[weight={}, threads_per_row={}, subgroups={}]",
+            self.kernel_name(),
+            self.has_weight,
+            self.threads_per_row,
+            self.subgroups
+        )
+    }
+}
+
+/// Every variant with the given reduction.
+pub fn all_variants(subgroups: bool) -> Vec<KernelVariant> {
+    let mut variants = Vec::new();
+    for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for has_weight in [false, true] {
+                for threads_per_row in [8, 32, 64, 128, 256] {
+                    if subgroups && threads_per_row < 32 {
+                        continue;
+                    }
+                    variants.push(KernelVariant { op, dtype, has_weight, threads_per_row, subgroups });
+                }
+            }
+        }
+    }
+    variants
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reduction_choice() {
+        assert!(use_subgroups("cl_khr_fp16 cl_intel_subgroups", 64, false));
+        assert!(use_subgroups("cl_khr_subgroups", 32, false));
+        assert!(!use_subgroups("cl_khr_subgroups", 32, true), "forced tree");
+        assert!(!use_subgroups("cl_khr_subgroups", 8, false), "a sub-group could span rows");
+        assert!(!use_subgroups("cl_khr_fp64 cl_khr_byte_addressable_store", 128, false), "PoCL on a CPU");
+        assert!(!use_subgroups("cl_intel_subgroups_short", 128, false), "only whole extension names count");
+    }
+
+    #[test]
+    fn geometry_from_hidden_size() {
+        assert_eq!((threads_per_row(64), group_size(8)), (8, 128));
+        let small = KernelVariant {
+            op: NormOp::RmsNorm,
+            dtype: DType::BF16,
+            has_weight: true,
+            threads_per_row: 8,
+            subgroups: false,
+        };
+        assert_eq!(small.rows_per_group(), 16, "16 rows per work-group for small rows");
+        assert_eq!(threads_per_row(4096), 64);
+        assert_eq!(threads_per_row(8199), 128);
+        assert_eq!((threads_per_row(32768), group_size(256)), (256, 256));
+        assert!(small.build_options().unwrap().contains("-DROWS_PER_GROUP=16"));
+        assert!(!small.build_options().unwrap().contains("fast-relaxed-math"));
+    }
+}

@@ -1,0 +1,37 @@
+//! Every OpenCL kernel variant builds on the selected device (PoCL in CI).
+
+#[test]
+fn every_variant_builds() {
+    let device = match kernels_xpu::device() {
+        Ok(device) => device,
+        Err(reason) => {
+            ir_core::testing::skip("xpu", &reason);
+            return;
+        }
+    };
+    let subgroups = kernels_xpu::use_subgroups(device.extensions(), 128, false);
+    let mut variants = kernels_xpu::all_variants(false);
+    if subgroups {
+        variants.extend(kernels_xpu::all_variants(true));
+    }
+    for variant in variants {
+        device.kernel(&variant).unwrap_or_else(|e| panic!("{variant} on {}: {e}", device.name()));
+    }
+}
+
+#[test]
+fn the_provider_reports_availability() {
+    let registry = ir_core::Registry::with_builtin_ops();
+    kernels_xpu::register(&registry).unwrap();
+    let xpu = registry.providers("fused_add_rms_norm").into_iter().find(|p| p.name == "xpu").unwrap();
+    assert!(xpu.inplace);
+    match (xpu.availability, kernels_xpu::device()) {
+        (ir_core::Availability::Available, Ok(device)) => {
+            let detected = ir_core::Platform::detect(&registry);
+            let expected = if kernels_xpu::is_gpu() { ir_core::Platform::Xpu } else { ir_core::Platform::Cpu };
+            assert_eq!(detected, expected, "device {}", device.name());
+        }
+        (ir_core::Availability::Unavailable(reason), Err(device_reason)) => assert_eq!(reason, device_reason),
+        (availability, device) => panic!("availability {availability:?} disagrees with {device:?}"),
+    }
+}

@@ -1,0 +1,157 @@
+// RMS normalization kernels for the `xpu` provider (OpenCL C 1.2), built at first use per variant.
+//
+// Variant defines:
+//   DTYPE            0 = f32, 1 = f16 (vload_half/vstore_half_rte, no cl_khr_fp16 needed), 2 = bf16 (ushort bits)
+//   HAS_WEIGHT       0 or 1
+//   THREADS_PER_ROW  work-items cooperating on one row (a power of two)
+//   ROWS_PER_GROUP   rows per work-group; the work-group size is THREADS_PER_ROW * ROWS_PER_GROUP
+//   USE_SUBGROUPS    1: reduce with sub-group collectives (cl_khr_subgroups / cl_intel_subgroups),
+//                    0: reduce with a local-memory tree (always available; forced in tests)
+//
+// Numerics follow the spec (R86): f32 squares and sums, the fused sum as one f32 addition, the norm
+// from the unrounded sum (recomputed from x and residual by the work-item that owns those elements,
+// before it overwrites them), the weight step rounding y to the element type first. No fast-math
+// options and no native_rsqrt. Offsets and row strides are in elements and 64-bit.
+
+#if USE_SUBGROUPS
+#if defined(cl_khr_subgroups)
+#pragma OPENCL EXTENSION cl_khr_subgroups : enable
+#elif defined(cl_intel_subgroups)
+#pragma OPENCL EXTENSION cl_intel_subgroups : enable
+#endif
+#endif
+
+#define GROUP_SIZE (THREADS_PER_ROW * ROWS_PER_GROUP)
+
+#if DTYPE == 0
+typedef float elem_t;
+#define LOAD(p, i) ((p)[i])
+#define STORE(p, i, v) ((p)[i] = (v))
+#define NAME(op) op##_f32
+#elif DTYPE == 1
+typedef half elem_t;
+#define LOAD(p, i) vload_half((i), (p))
+#define STORE(p, i, v) vstore_half_rte((v), (i), (p))
+#define NAME(op) op##_f16
+#elif DTYPE == 2
+typedef ushort elem_t;
+inline float bf16_to_f32(ushort v) { return as_float(((uint)v) << 16); }
+inline ushort f32_to_bf16(float f) {
+    uint bits = as_uint(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (ushort)((bits >> 16) | 0x0040u);
+    return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+#define LOAD(p, i) bf16_to_f32((p)[i])
+#define STORE(p, i, v) ((p)[i] = f32_to_bf16(v))
+#define NAME(op) op##_bf16
+#else
+#error "DTYPE must be 0, 1 or 2"
+#endif
+
+// Rounds to the element type and back (the weight step rounds y first, as native does).
+inline float round_to_elem(float v) {
+#if DTYPE == 0
+    return v;
+#elif DTYPE == 1
+    // Round to nearest-even f16 and widen, through private storage viewed as half.
+    ushort bits;
+    vstore_half_rte(v, 0, (__private half*)&bits);
+    return vload_half(0, (__private const half*)&bits);
+#else
+    return bf16_to_f32(f32_to_bf16(v));
+#endif
+}
+
+// Sums `value` over the THREADS_PER_ROW work-items of this row; all work-items of the group call it.
+inline float row_sum(float value, __local float* scratch) {
+    int local_id = get_local_id(0);
+    int lane = local_id % THREADS_PER_ROW;
+#if USE_SUBGROUPS
+    // The host enables this path only when the sub-group size divides THREADS_PER_ROW, so no
+    // sub-group spans two rows.
+    float partial = sub_group_reduce_add(value);
+    int sg_size = get_sub_group_size();
+    int sg_id = get_sub_group_id();
+    if (get_sub_group_local_id() == 0) scratch[sg_id] = partial;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int per_row = THREADS_PER_ROW / sg_size;
+    int first = (local_id / THREADS_PER_ROW) * per_row;
+    float total = 0.0f;
+    for (int i = 0; i < per_row; ++i) total += scratch[first + i];
+    return total;
+#else
+    scratch[local_id] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = THREADS_PER_ROW / 2; stride > 0; stride >>= 1) {
+        if (lane < stride) scratch[local_id] += scratch[local_id + stride];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return scratch[local_id - lane];
+#endif
+}
+
+inline float weighted(float y, __global const elem_t* weight, long j) {
+#if HAS_WEIGHT
+    return round_to_elem(y) * LOAD(weight, j);
+#else
+    return y;
+#endif
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global const elem_t* weight, float epsilon,
+                    long n_rows, int hidden, long x_row_stride, long out_row_stride, long x_offset, long out_offset,
+                    long weight_offset) {
+    __local float scratch[GROUP_SIZE];
+    long row = (long)get_group_id(0) * ROWS_PER_GROUP + get_local_id(0) / THREADS_PER_ROW;
+    int lane = get_local_id(0) % THREADS_PER_ROW;
+    bool active = row < n_rows;
+    __global const elem_t* x_row = x + x_offset + (active ? row : 0) * x_row_stride;
+    __global elem_t* out_row = out + out_offset + (active ? row : 0) * out_row_stride;
+    __global const elem_t* w = weight + weight_offset;
+
+    float sum_sq = 0.0f;
+    if (active) {
+        for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
+            float a = LOAD(x_row, j);
+            sum_sq += a * a;
+        }
+    }
+    float total = row_sum(sum_sq, scratch);
+    if (!active) return;
+    float rstd = 1.0f / sqrt(total / (float)hidden + epsilon);
+    for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
+        float y = LOAD(x_row, j) * rstd;
+        STORE(out_row, j, weighted(y, w, j));
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
+void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __global const elem_t* weight,
+                              float epsilon, long n_rows, int hidden, long x_row_stride, long residual_row_stride,
+                              long x_offset, long residual_offset, long weight_offset) {
+    __local float scratch[GROUP_SIZE];
+    long row = (long)get_group_id(0) * ROWS_PER_GROUP + get_local_id(0) / THREADS_PER_ROW;
+    int lane = get_local_id(0) % THREADS_PER_ROW;
+    bool active = row < n_rows;
+    __global elem_t* x_row = x + x_offset + (active ? row : 0) * x_row_stride;
+    __global elem_t* r_row = residual + residual_offset + (active ? row : 0) * residual_row_stride;
+    __global const elem_t* w = weight + weight_offset;
+
+    float sum_sq = 0.0f;
+    if (active) {
+        for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
+            float s = LOAD(x_row, j) + LOAD(r_row, j);
+            sum_sq += s * s;
+        }
+    }
+    float total = row_sum(sum_sq, scratch);
+    if (!active) return;
+    float rstd = 1.0f / sqrt(total / (float)hidden + epsilon);
+    // Each element is owned by one work-item, which recomputes the unrounded sum before writing.
+    for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
+        float s = LOAD(x_row, j) + LOAD(r_row, j);
+        STORE(r_row, j, s);
+        STORE(x_row, j, weighted(s * rstd, w, j));
+    }
+}
