@@ -1,8 +1,14 @@
 //! `cargo xtask`: the project's automation, in Rust (matklad's xtask pattern).
 //!
-//! Subcommands: `ci` (everything below this machine can run), `lint` (fmt check, clippy with warnings
-//! denied), `test` (the workspace tests), `check-features` (each feature of the spec's R3 table
-//! compiles on its own), `build --platform cpu|cuda|rocm|xpu` (the CLI with that platform's features).
+//! Subcommands:
+//! - `ci`: everything below that this machine can run;
+//! - `lint`: fmt check and clippy with warnings denied;
+//! - `test`: the workspace tests (the README's test command);
+//! - `check-features`: each feature of the spec's R3 table compiles on its own;
+//! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL
+//!   kernels built and run on the OpenCL device (PoCL in CI);
+//! - `build --platform cpu|cuda|rocm|xpu`: the CLI with that platform's features, saying what the
+//!   machine lacks.
 
 #![allow(clippy::print_stdout)]
 
@@ -12,7 +18,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | lint | test | check-features | build --platform cpu|cuda|rocm|xpu>";
+const USAGE: &str =
+    "usage: cargo xtask <ci | lint | test | check-features | kernels | build --platform cpu|cuda|rocm|xpu>";
 
 fn main() {
     if let Err(error) = run(env::args().skip(1).collect()) {
@@ -28,6 +35,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "lint" => lint(),
         "test" => test(),
         "check-features" => check_features(),
+        "kernels" => kernels(),
         "build" => build(&args[1..]),
         other => bail!("unknown subcommand `{other}`\n{USAGE}"),
     }
@@ -42,18 +50,52 @@ fn ci() -> anyhow::Result<()> {
 }
 
 fn lint() -> anyhow::Result<()> {
-    cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])
+    cargo(&["fmt", "--all", "--", "--check"], &[])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"], &[])?;
+    if hip_installed() {
+        cargo(
+            &[
+                "clippy",
+                "--package",
+                "kernels-rocm",
+                "--all-targets",
+                "--features",
+                "rocm",
+                "--locked",
+                "--",
+                "-D",
+                "warnings",
+            ],
+            &[],
+        )?;
+    }
+    Ok(())
 }
 
-/// The README's test command.
+/// The README's test command (`cargo test --workspace`); the kernel tests are part of it.
 fn test() -> anyhow::Result<()> {
-    cargo(&["test", "--workspace", "--locked"])
+    cargo(&["test", "--workspace", "--locked"], &[])
 }
 
 fn check_features() -> anyhow::Result<()> {
-    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--locked"])?;
-    cargo(&["check", "--workspace", "--all-features", "--locked"])
+    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--locked"], &[])?;
+    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "cuda", "--locked"], &[])?;
+    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])?;
+    if hip_installed() {
+        cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "rocm", "--locked"], &[])?;
+        cargo(&["check", "--workspace", "--all-features", "--locked"], &[])?;
+    } else {
+        println!("skipped: feature `rocm` (needs hipcc and libamdhip64-dev: apt-get install hipcc libamdhip64-dev)");
+    }
+    Ok(())
+}
+
+fn kernels() -> anyhow::Result<()> {
+    cargo(&["test", "--package", "kernels-cuda", "--test", "nvrtc", "--locked"], &[("VLLM_IR_REQUIRE", "nvrtc")])?;
+    cargo(&["test", "--package", "kernels-rocm", "--test", "hipcc", "--locked"], &[("VLLM_IR_REQUIRE", "hip")])?;
+    let opencl = [("VLLM_IR_REQUIRE", "xpu"), ("VLLM_IR_XPU_ALLOW_CPU", "1")];
+    cargo(&["test", "--package", "kernels-xpu", "--locked"], &opencl)?;
+    cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &opencl)
 }
 
 fn build(args: &[String]) -> anyhow::Result<()> {
@@ -62,21 +104,72 @@ fn build(args: &[String]) -> anyhow::Result<()> {
         [flag] if flag.starts_with("--platform=") => &flag["--platform=".len()..],
         _ => bail!("usage: cargo xtask build --platform cpu|cuda|rocm|xpu"),
     };
-    match platform {
-        "cpu" => cargo(&["build", "--release", "--package", "ir-cli", "--no-default-features", "--locked"]),
-        "cuda" | "rocm" | "xpu" => bail!(
-            "platform `{platform}`: this build has no {platform} kernel crate yet; `cargo xtask build --platform cpu` \
-             builds the CPU platform"
-        ),
+    let features = match platform {
+        "cpu" => None,
+        "cuda" => {
+            println!(
+                "cuda: kernels are compiled by NVRTC at first use (cudarc loads libcuda and libnvrtc at run time)"
+            );
+            if !library_loadable("libcuda.so.1") {
+                println!(
+                    "note: libcuda.so.1 is not on this machine; the binary builds but `cuda` will report itself unavailable"
+                );
+            }
+            if !library_loadable("libnvrtc.so.12") {
+                println!(
+                    "note: libnvrtc.so.12 is not on the loader path (pip install nvidia-cuda-nvrtc-cu12 and add its lib dir to LD_LIBRARY_PATH)"
+                );
+            }
+            Some("cuda")
+        }
+        "xpu" => {
+            if !library_loadable("libOpenCL.so.1") {
+                println!(
+                    "note: libOpenCL.so.1 (the OpenCL ICD loader) is missing; `xpu` will report itself unavailable"
+                );
+            }
+            Some("xpu")
+        }
+        "rocm" => {
+            if !hip_installed() {
+                bail!(
+                    "platform rocm needs hipcc and libamdhip64-dev (apt-get install hipcc libamdhip64-dev); kernels are compiled ahead of time for VLLM_IR_HIP_ARCHS (default gfx90a)"
+                );
+            }
+            Some("rocm")
+        }
         other => bail!("unknown platform `{other}` (expected cpu, cuda, rocm or xpu)"),
+    };
+    let mut args = vec!["build", "--release", "--package", "ir-cli", "--no-default-features", "--locked"];
+    if let Some(feature) = features {
+        args.extend(["--features", feature]);
     }
+    cargo(&args, &[])
 }
 
-fn cargo(args: &[&str]) -> anyhow::Result<()> {
+fn hip_installed() -> bool {
+    let hipcc = Command::new("hipcc").arg("--version").output().is_ok_and(|o| o.status.success());
+    hipcc && Path::new("/usr/include/hip/hip_runtime_api.h").exists()
+        || env::var("HIP_PATH").is_ok_and(|p| Path::new(&p).join("include/hip/hip_runtime_api.h").exists())
+}
+
+fn library_loadable(name: &str) -> bool {
+    let ldconfig =
+        Command::new("ldconfig").arg("-p").output().map(|o| String::from_utf8_lossy(&o.stdout).contains(name));
+    let in_path = env::var("LD_LIBRARY_PATH")
+        .unwrap_or_default()
+        .split(':')
+        .any(|dir| !dir.is_empty() && Path::new(dir).join(name).exists());
+    ldconfig.unwrap_or(false) || in_path
+}
+
+fn cargo(args: &[&str], envs: &[(&str, &str)]) -> anyhow::Result<()> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    println!("$ cargo {}", args.join(" "));
+    let shown_env: Vec<String> = envs.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("$ {}cargo {}", shown_env.concat(), args.join(" "));
     let status = Command::new(&cargo)
         .args(args)
+        .envs(envs.iter().copied())
         .current_dir(project_root())
         .status()
         .with_context(|| format!("running `cargo {}`", args.join(" ")))?;

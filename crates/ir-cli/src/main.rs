@@ -82,5 +82,6 @@ fn build_registry() -> Registry {
     kernels_cuda::register(&registry).expect("a fresh registry has no cuda provider yet");
     #[cfg(feature = "xpu")]
     kernels_xpu::register(&registry).expect("a fresh registry has no xpu provider yet");
+    kernels_rocm::register(&registry).expect("a fresh registry has no rocm provider yet");
     registry
 }

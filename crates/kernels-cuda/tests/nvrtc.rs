@@ -10,16 +10,23 @@ fn every_variant_compiles_to_ptx() {
     }
     let variants = all_variants();
     assert_eq!(variants.len(), 2 * 3 * 2 * 2 * 6);
-    for arch in ["compute_80", "compute_90"] {
-        for variant in &variants {
-            let ptx = compile_ptx(variant, Some(arch)).unwrap_or_else(|e| panic!("{variant} for {arch}: {e}"));
-            let text = ptx.to_src();
-            let entry = format!(".entry {}(", variant.kernel_name());
-            assert!(text.contains(&entry), "{variant}: PTX lacks `{entry}`");
-            let target = format!(".target sm_{}", &arch["compute_".len()..]);
-            assert!(text.contains(&target), "{variant}: PTX lacks `{target}`");
+    let jobs: Vec<_> =
+        ["compute_80", "compute_90"].iter().flat_map(|arch| variants.iter().map(move |v| (*arch, *v))).collect();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for chunk in jobs.chunks(jobs.len().div_ceil(threads)) {
+            scope.spawn(move || {
+                for (arch, variant) in chunk {
+                    let ptx = compile_ptx(variant, Some(arch)).unwrap_or_else(|e| panic!("{variant} for {arch}: {e}"));
+                    let text = ptx.to_src();
+                    let entry = format!(".entry {}(", variant.kernel_name());
+                    assert!(text.contains(&entry), "{variant}: PTX lacks `{entry}`");
+                    let target = format!(".target sm_{}", &arch["compute_".len()..]);
+                    assert!(text.contains(&target), "{variant}: PTX lacks `{target}`");
+                }
+            });
         }
-    }
+    });
 }
 
 #[test]

@@ -1,0 +1,166 @@
+//! Argument marshalling for the HIP kernels (feature `rocm`).
+
+use std::ffi::c_void;
+
+use ir_core::op::kernel_support::Rows;
+use ir_core::storage::{DeviceAllocator, Storage};
+use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
+
+use crate::runtime::{HipBuffer, allocator, device};
+use crate::variant::{KernelVariant, NormOp, threads_per_row};
+
+pub(crate) fn rms_norm(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<Tensor, KernelError> {
+    reject_variance_size(variance_size)?;
+    let dtype = x.dtype();
+    let x_rows = rows_of(x.meta())?;
+    let out_layout = x.layout().copy_layout();
+    let out_rows = rows_of(&TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
+    let allocator = allocator().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
+    let mut out = allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(TensorError::from)?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let x_ptr = element_ptr(hip_buffer(x)?.pointer, x_rows.offset, dtype);
+        let out_buffer = out.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate");
+        let out_ptr = element_ptr(out_buffer.pointer, out_rows.offset, dtype);
+        let weight_ptr = weight_ptr(weight, dtype)?;
+        let vectorized = vector_ok(&[(x_rows, x_ptr), (out_rows, out_ptr)], weight_ptr, dtype);
+        run(
+            NormOp::RmsNorm,
+            dtype,
+            x_rows,
+            vectorized,
+            [out_ptr, x_ptr],
+            weight_ptr,
+            epsilon,
+            [x_rows.row_stride, out_rows.row_stride],
+        )?;
+    }
+    Ok(Tensor::from_storage(Storage::Device(out), dtype, out_layout)?)
+}
+
+pub(crate) fn fused(
+    mut x: UniqueTensor,
+    mut residual: UniqueTensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<(Tensor, Tensor), KernelError> {
+    reject_variance_size(variance_size)?;
+    let dtype = x.tensor().dtype();
+    let x_rows = rows_of(x.tensor().meta())?;
+    let r_rows = rows_of(residual.tensor().meta())?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let weight_ptr = weight_ptr(weight, dtype)?;
+        let x_ptr = element_ptr(hip_buffer_mut(&mut x)?.pointer, x_rows.offset, dtype);
+        let r_ptr = element_ptr(hip_buffer_mut(&mut residual)?.pointer, r_rows.offset, dtype);
+        let vectorized = vector_ok(&[(x_rows, x_ptr), (r_rows, r_ptr)], weight_ptr, dtype);
+        run(
+            NormOp::FusedAddRmsNorm,
+            dtype,
+            x_rows,
+            vectorized,
+            [x_ptr, r_ptr],
+            weight_ptr,
+            epsilon,
+            [x_rows.row_stride, r_rows.row_stride],
+        )?;
+    }
+    Ok((x.into_tensor(), residual.into_tensor()))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    op: NormOp,
+    dtype: DType,
+    rows: Rows,
+    vectorized: bool,
+    buffers: [*mut c_void; 2],
+    weight: Option<*mut c_void>,
+    epsilon: f64,
+    strides: [usize; 2],
+) -> Result<(), KernelError> {
+    let device = device().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
+    let variant = KernelVariant {
+        op,
+        dtype,
+        has_weight: weight.is_some(),
+        vectorized,
+        threads_per_row: threads_per_row(rows.hidden),
+    };
+    let rows_per_block = (variant.block_size() / variant.threads_per_row) as usize;
+    let blocks = u32::try_from(rows.n_rows.div_ceil(rows_per_block))
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid limit", rows.n_rows) })?;
+    let (mut first, mut second) = (buffers[0], buffers[1]);
+    let mut weight = weight.unwrap_or(std::ptr::null_mut());
+    let mut epsilon = epsilon as f32;
+    let mut n_rows = rows.n_rows as i64;
+    let mut hidden = rows.hidden as i32;
+    // rms_norm: (out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)
+    // fused:    (x, residual, weight, epsilon, n_rows, hidden, x_row_stride, residual_row_stride)
+    let (mut stride_a, mut stride_b) = (strides[0] as i64, strides[1] as i64);
+    let mut params: [*mut c_void; 8] = [
+        &mut first as *mut _ as *mut c_void,
+        &mut second as *mut _ as *mut c_void,
+        &mut weight as *mut _ as *mut c_void,
+        &mut epsilon as *mut _ as *mut c_void,
+        &mut n_rows as *mut _ as *mut c_void,
+        &mut hidden as *mut _ as *mut c_void,
+        &mut stride_a as *mut _ as *mut c_void,
+        &mut stride_b as *mut _ as *mut c_void,
+    ];
+    // SAFETY: the parameters point to locals of the kernel's declared types in prototype order, and
+    // the buffers cover the rows (checked by `Rows::of` against the tensors' storage).
+    unsafe { device.launch(&variant, blocks, &mut params) }
+}
+
+fn element_ptr(base: *mut c_void, offset: usize, dtype: DType) -> *mut c_void {
+    base.wrapping_byte_add(offset * dtype.size_in_bytes())
+}
+
+fn vector_ok(tensors: &[(Rows, *mut c_void)], weight: Option<*mut c_void>, dtype: DType) -> bool {
+    let width = 16 / dtype.size_in_bytes();
+    let aligned = |p: *mut c_void| (p as usize).is_multiple_of(16);
+    tensors.iter().all(|(rows, p)| {
+        aligned(*p) && rows.hidden.is_multiple_of(width) && (rows.n_rows <= 1 || rows.row_stride.is_multiple_of(width))
+    }) && weight.is_none_or(aligned)
+}
+
+fn weight_ptr(weight: Option<&Tensor>, dtype: DType) -> Result<Option<*mut c_void>, KernelError> {
+    match weight {
+        None => Ok(None),
+        Some(w) => Ok(Some(element_ptr(hip_buffer(w)?.pointer, w.offset(), dtype))),
+    }
+}
+
+fn hip_buffer(t: &Tensor) -> Result<&HipBuffer, KernelError> {
+    match t.storage() {
+        Storage::Device(buffer) => buffer.as_any().downcast_ref::<HipBuffer>(),
+        Storage::Cpu(_) => None,
+    }
+    .ok_or_else(|| KernelError::InvalidArguments { reason: "tensor is not in HIP memory".to_owned() })
+}
+
+fn hip_buffer_mut(t: &mut UniqueTensor) -> Result<&mut HipBuffer, KernelError> {
+    let not_hip = || KernelError::InvalidArguments { reason: "tensor is not in HIP memory".to_owned() };
+    match t.storage_mut()? {
+        Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<HipBuffer>().ok_or_else(not_hip),
+        Storage::Cpu(_) => Err(not_hip()),
+    }
+}
+
+fn rows_of(meta: &TensorMeta) -> Result<Rows, KernelError> {
+    Rows::of(meta).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
+}
+
+fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
+    match variance_size {
+        None => Ok(()),
+        Some(_) => {
+            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
+        }
+    }
+}

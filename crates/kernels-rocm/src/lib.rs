@@ -1,0 +1,103 @@
+//! `kernels-rocm`: the `rocm` provider (AMD GPUs through HIP) of `rms_norm` (functional) and
+//! `fused_add_rms_norm` (in place).
+//!
+//! With feature `rocm`, `build.rs` compiles `kernels/rms_norm.hip` with `hipcc --genco` for the
+//! targets in `VLLM_IR_HIP_ARCHS` (default `gfx90a`) and embeds the code objects, and hip-sys links
+//! `libamdhip64`. Without the feature the same API exists and the provider is registered as
+//! unavailable ("built without feature `rocm`"). Reductions use the wave size of the device.
+//!
+//! ```
+//! let registry = ir_core::Registry::with_builtin_ops();
+//! kernels_rocm::register(&registry)?;
+//! let rocm = registry.providers("rms_norm").into_iter().find(|p| p.name == "rocm").unwrap();
+//! println!("{:?}", rocm.availability);
+//! # Ok::<(), ir_core::RegistryError>(())
+//! ```
+//!
+//! # Logging
+//!
+//! Target `kernels_rocm`: the device and its code object (info).
+
+#[cfg(feature = "rocm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
+mod runtime;
+mod variant;
+
+use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_core::op::kernel_support::{fused_add_rms_norm_support, rms_norm_support};
+use ir_core::op::rms_norm;
+use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+
+#[cfg(feature = "rocm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
+pub use crate::runtime::{HipBuffer, RocmAllocator};
+pub use crate::variant::{KernelVariant, NormOp, THREADS_PER_ROW, all_variants, threads_per_row};
+
+/// The provider name.
+pub const PROVIDER: &str = "rocm";
+
+/// The kernel source, embedded for reference and for compilation checks.
+pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
+
+/// Registers the `rocm` implementations of both norm ops (unavailable without feature `rocm` or a device).
+pub fn register(registry: &Registry) -> Result<(), RegistryError> {
+    let rms_spec =
+        ImplSpec::new(PROVIDER).with_probe(availability).with_supports(|args| rms_norm_support(args, DeviceKind::Rocm));
+    rms_norm::register(registry, rms_spec, rms_norm_rocm)?;
+    let fused_spec = ImplSpec::new(PROVIDER)
+        .with_probe(availability)
+        .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Rocm));
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::Inplace(fused_add_rms_norm_rocm))
+}
+
+/// Whether the provider can run here, and why not.
+pub fn availability() -> Availability {
+    #[cfg(feature = "rocm")]
+    return runtime::availability();
+    #[cfg(not(feature = "rocm"))]
+    Availability::Unavailable("built without feature `rocm`".to_owned())
+}
+
+/// An allocator for `rocm:0` (with feature `rocm` and a device).
+pub fn allocator() -> Result<Box<dyn ir_core::storage::DeviceAllocator>, String> {
+    #[cfg(feature = "rocm")]
+    return runtime::allocator().map(|a| Box::new(a) as Box<dyn ir_core::storage::DeviceAllocator>);
+    #[cfg(not(feature = "rocm"))]
+    Err("built without feature `rocm`".to_owned())
+}
+
+/// `rms_norm` on `rocm:0`.
+pub fn rms_norm_rocm(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<Tensor, KernelError> {
+    #[cfg(feature = "rocm")]
+    return launch::rms_norm(x, weight, epsilon, variance_size);
+    #[cfg(not(feature = "rocm"))]
+    {
+        let _ = (x, weight, epsilon, variance_size);
+        Err(KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() })
+    }
+}
+
+/// `fused_add_rms_norm` on `rocm:0`, in place.
+pub fn fused_add_rms_norm_rocm(
+    x: UniqueTensor,
+    residual: UniqueTensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<(Tensor, Tensor), KernelError> {
+    #[cfg(feature = "rocm")]
+    return launch::fused(x, residual, weight, epsilon, variance_size);
+    #[cfg(not(feature = "rocm"))]
+    {
+        let _ = (x, residual, weight, epsilon, variance_size);
+        Err(KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() })
+    }
+}
+
+#[cfg(feature = "rocm")]
+mod launch;

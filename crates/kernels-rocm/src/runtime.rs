@@ -1,0 +1,257 @@
+//! The HIP runtime path (feature `rocm`): devices, memory, code objects and launches through hip-sys.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_void};
+use std::ptr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use hip_sys::hiprt::{
+    hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceSynchronize, hipError_t, hipFree, hipFunction_t,
+    hipGetDeviceCount, hipGetErrorString, hipMalloc, hipMemcpyDtoH, hipMemcpyHtoD, hipMemsetD8, hipModule_t,
+    hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice,
+};
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
+use ir_core::{Availability, Device, KernelError};
+
+use crate::variant::KernelVariant;
+
+include!(concat!(env!("OUT_DIR"), "/code_objects.rs"));
+
+/// One HIP device with the loaded code object and its kernels.
+pub(crate) struct HipDevice {
+    ordinal: i32,
+    wave_size: i32,
+    target: &'static str,
+    module: hipModule_t,
+    functions: Mutex<HashMap<KernelVariant, usize>>,
+}
+
+// SAFETY: the module handle is only used through HIP calls, which are thread-safe; the function
+// cache is behind a mutex and stores function handles as integers.
+unsafe impl Send for HipDevice {}
+// SAFETY: as above.
+unsafe impl Sync for HipDevice {}
+
+static DEVICE: OnceLock<Result<Arc<HipDevice>, String>> = OnceLock::new();
+
+pub(crate) fn availability() -> Availability {
+    match device() {
+        Ok(_) => Availability::Available,
+        Err(reason) => Availability::Unavailable(reason),
+    }
+}
+
+pub(crate) fn device() -> Result<&'static Arc<HipDevice>, String> {
+    DEVICE
+        .get_or_init(|| {
+            let found = std::panic::catch_unwind(init).unwrap_or_else(|_| Err("the HIP runtime panicked".to_owned()));
+            if let Ok(device) = &found {
+                tracing::info!(target: "kernels_rocm", target_isa = device.target, wave = device.wave_size, "HIP device ready");
+            }
+            found
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn init() -> Result<Arc<HipDevice>, String> {
+    if CODE_OBJECTS.is_empty() {
+        return Err("no code object was built (hipcc missing at build time)".to_owned());
+    }
+    let mut count = 0;
+    // SAFETY: a valid out-pointer to a local integer.
+    check(unsafe { hipGetDeviceCount(&mut count) }).map_err(|e| format!("hipGetDeviceCount: {e}"))?;
+    if count < 1 {
+        return Err("no HIP device".to_owned());
+    }
+    // SAFETY: device 0 exists (count >= 1).
+    check(unsafe { hipSetDevice(0) }).map_err(|e| format!("hipSetDevice(0): {e}"))?;
+    let mut wave_size = 0;
+    // SAFETY: a valid out-pointer and an existing device.
+    check(unsafe { hipDeviceGetAttribute(&mut wave_size, hipDeviceAttribute_t::hipDeviceAttributeWarpSize, 0) })
+        .map_err(|e| format!("querying the wave size: {e}"))?;
+    // The runtime refuses code objects for other ISAs, so the first one that loads is the device's.
+    for (target, bytes) in CODE_OBJECTS {
+        let mut module: hipModule_t = ptr::null_mut();
+        // SAFETY: `bytes` is a complete code object embedded at build time and outlives the module.
+        let loaded = check(unsafe { hipModuleLoadData(&mut module, bytes.as_ptr() as *const c_void) });
+        if loaded.is_ok() {
+            return Ok(Arc::new(HipDevice {
+                ordinal: 0,
+                wave_size,
+                target,
+                module,
+                functions: Mutex::new(HashMap::new()),
+            }));
+        }
+    }
+    let built: Vec<&str> = CODE_OBJECTS.iter().map(|(t, _)| *t).collect();
+    Err(format!("no embedded code object matches the device (built for {}); set VLLM_IR_HIP_ARCHS", built.join(", ")))
+}
+
+impl HipDevice {
+    fn function(&self, variant: &KernelVariant) -> Result<hipFunction_t, KernelError> {
+        let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(&handle) = functions.get(variant) {
+            return Ok(handle as hipFunction_t);
+        }
+        let name = CString::new(variant.symbol()).expect("symbols have no NUL");
+        let mut function: hipFunction_t = ptr::null_mut();
+        // SAFETY: the module is loaded and `name` is a NUL-terminated symbol name.
+        check(unsafe { hipModuleGetFunction(&mut function, self.module, name.as_ptr()) }).map_err(driver)?;
+        functions.insert(*variant, function as usize);
+        Ok(function)
+    }
+
+    fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<HipBuffer, DeviceError> {
+        let mut pointer: *mut c_void = ptr::null_mut();
+        let size = len_bytes.max(1);
+        // SAFETY: a valid out-pointer; the size is non-zero.
+        check(unsafe { hipMalloc(&mut pointer, size) }).map_err(|e| self.error("allocate", e))?;
+        // SAFETY: `pointer` was just allocated with `size` bytes.
+        check(unsafe { hipMemsetD8(pointer, 0, size) }).map_err(|e| self.error("allocate", e))?;
+        Ok(HipBuffer { pointer, len_bytes, device: Arc::clone(self) })
+    }
+
+    fn error(&self, operation: &'static str, message: String) -> DeviceError {
+        DeviceError { device: Device::Rocm(self.ordinal as u32), operation, message }
+    }
+
+    /// Launches `variant` with the given kernel parameters (pointers to each argument, in prototype order).
+    ///
+    /// # Safety
+    ///
+    /// `params` must point to values of exactly the types the kernel's prototype declares, and every
+    /// buffer they reference must cover the elements the kernel touches.
+    pub(crate) unsafe fn launch(
+        &self,
+        variant: &KernelVariant,
+        blocks: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), KernelError> {
+        let function = self.function(variant)?;
+        // SAFETY: the caller guarantees the parameters; the null stream is the default stream, on
+        // which every copy of this crate runs too, so launches and copies stay ordered.
+        let launched = unsafe {
+            hipModuleLaunchKernel(
+                function,
+                blocks,
+                1,
+                1,
+                variant.block_size(),
+                1,
+                1,
+                0,
+                ptr::null_mut(),
+                params.as_mut_ptr(),
+                ptr::null_mut(),
+            )
+        };
+        check(launched).map_err(driver)
+    }
+}
+
+/// Allocates tensors on `rocm:0`.
+#[derive(Clone)]
+pub struct RocmAllocator {
+    device: Arc<HipDevice>,
+}
+
+pub(crate) fn allocator() -> Result<RocmAllocator, String> {
+    Ok(RocmAllocator { device: Arc::clone(device()?) })
+}
+
+impl DeviceAllocator for RocmAllocator {
+    fn device(&self) -> Device {
+        Device::Rocm(self.device.ordinal as u32)
+    }
+
+    fn allocate(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(self.device.allocate(len_bytes)?))
+    }
+}
+
+/// HIP memory of one tensor storage.
+pub struct HipBuffer {
+    pub(crate) pointer: *mut c_void,
+    len_bytes: usize,
+    device: Arc<HipDevice>,
+}
+
+// SAFETY: the buffer exclusively owns its device allocation; HIP memory may be used from any thread.
+unsafe impl Send for HipBuffer {}
+// SAFETY: shared references only read through HIP calls, which are thread-safe.
+unsafe impl Sync for HipBuffer {}
+
+impl std::fmt::Debug for HipBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HipBuffer({} bytes on rocm:{})", self.len_bytes, self.device.ordinal)
+    }
+}
+
+impl Drop for HipBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from hipMalloc and is freed once; pending kernels finish first.
+        unsafe {
+            let _ = hipDeviceSynchronize();
+            let _ = hipFree(self.pointer);
+        }
+    }
+}
+
+impl DeviceBuffer for HipBuffer {
+    fn device(&self) -> Device {
+        Device::Rocm(self.device.ordinal as u32)
+    }
+
+    fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+
+    fn download(&self, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let n = self.len_bytes.min(dst.len());
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `dst` has at least `n` bytes and the device buffer holds `len_bytes >= n`; the
+        // synchronous copy waits for earlier work on the default stream.
+        check(unsafe { hipMemcpyDtoH(dst.as_mut_ptr() as *mut c_void, self.pointer, n) })
+            .map_err(|e| self.device.error("download", e))
+    }
+
+    fn upload(&mut self, src: &[u8]) -> Result<(), DeviceError> {
+        let n = self.len_bytes.min(src.len());
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `src` has at least `n` bytes, which fit the device buffer; HIP only reads them.
+        check(unsafe { hipMemcpyHtoD(self.pointer, src.as_ptr() as *mut c_void, n) })
+            .map_err(|e| self.device.error("upload", e))
+    }
+
+    fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(self.device.allocate(len_bytes)?))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+fn check(result: hipError_t) -> Result<(), String> {
+    if result == hipError_t::hipSuccess {
+        return Ok(());
+    }
+    // SAFETY: hipGetErrorString returns a static NUL-terminated string for any error code.
+    let message = unsafe { CStr::from_ptr(hipGetErrorString(result)) };
+    Err(message.to_string_lossy().into_owned())
+}
+
+fn driver(message: String) -> KernelError {
+    KernelError::Driver { backend: "rocm", message }
+}

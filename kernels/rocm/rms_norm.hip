@@ -1,0 +1,215 @@
+// RMS normalization kernels for the `rocm` provider, compiled ahead of time by `hipcc --genco`.
+//
+// One templated implementation per op; every variant is an `extern "C"` kernel named
+// `<op>_<dtype>_w<weight>_v<vector width>_t<threads per row>`, so one code object holds them all.
+//
+// The numerics and the ownership of elements are those of the CUDA kernels: f32 squares and sums,
+// the fused sum as one f32 addition, the norm from the unrounded sum (cached in registers, else
+// recomputed by the owning thread before it writes), the weight step rounding y first. Each thread
+// owns whole 16-byte chunks in the same order whatever the load width, so results depend only on the
+// row, H and the dtype. Reductions use the device's wave size (`warpSize`: 64 on CDNA, 32 on RDNA).
+
+#include <hip/hip_runtime.h>
+
+#define CACHE_CHUNKS 8
+
+template <int DTYPE> struct Elem;
+
+template <> struct Elem<0> {
+    typedef float T;
+    static constexpr int CHUNK = 4;
+    __device__ static float load(T v) { return v; }
+    __device__ static T store(float f) { return f; }
+};
+
+template <> struct Elem<1> {
+    typedef unsigned short T;
+    static constexpr int CHUNK = 8;
+    __device__ static float load(T v) {
+        _Float16 h;
+        __builtin_memcpy(&h, &v, 2);
+        return (float)h;
+    }
+    __device__ static T store(float f) {
+        _Float16 h = (_Float16)f;  // nearest-even
+        T v;
+        __builtin_memcpy(&v, &h, 2);
+        return v;
+    }
+};
+
+template <> struct Elem<2> {
+    typedef unsigned short T;
+    static constexpr int CHUNK = 8;
+    __device__ static float load(T v) { return __uint_as_float(((unsigned int)v) << 16); }
+    __device__ static T store(float f) {
+        unsigned int bits = __float_as_uint(f);
+        if ((bits & 0x7fffffffu) > 0x7f800000u) return (T)((bits >> 16) | 0x0040u);
+        return (T)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    }
+};
+
+template <int DTYPE, int VEC>
+__device__ __forceinline__ void load_chunk(const typename Elem<DTYPE>::T* row, long long c, int hidden, float* out) {
+    typedef Elem<DTYPE> E;
+    constexpr int CHUNK = E::CHUNK;
+    long long first = c * CHUNK;
+    if (VEC == CHUNK && first + CHUNK <= hidden) {
+        struct alignas(16) Packed { typename E::T v[CHUNK]; };
+        Packed packed = *reinterpret_cast<const Packed*>(row + first);
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) out[i] = E::load(packed.v[i]);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? E::load(row[first + i]) : 0.0f;
+}
+
+template <int DTYPE, int VEC>
+__device__ __forceinline__ void store_chunk(typename Elem<DTYPE>::T* row, long long c, int hidden, const float* in) {
+    typedef Elem<DTYPE> E;
+    constexpr int CHUNK = E::CHUNK;
+    long long first = c * CHUNK;
+    if (VEC == CHUNK && first + CHUNK <= hidden) {
+        struct alignas(16) Packed { typename E::T v[CHUNK]; };
+        Packed packed;
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) packed.v[i] = E::store(in[i]);
+        *reinterpret_cast<Packed*>(row + first) = packed;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) {
+        if (first + i < hidden) row[first + i] = E::store(in[i]);
+    }
+}
+
+// Sums over the TPR threads of a row; every thread of the block calls it.
+template <int TPR, int BLOCK>
+__device__ __forceinline__ float row_sum(float value) {
+    const int wave = warpSize;
+    if (TPR <= wave) {
+        for (int offset = TPR / 2; offset > 0; offset >>= 1) value += __shfl_xor(value, offset);
+        return value;
+    }
+    for (int offset = wave / 2; offset > 0; offset >>= 1) value += __shfl_xor(value, offset);
+    __shared__ float partials[BLOCK / 32];
+    int lane_in_wave = threadIdx.x % wave;
+    if (lane_in_wave == 0) partials[threadIdx.x / wave] = value;
+    __syncthreads();
+    int per_row = TPR / wave;
+    int first = (threadIdx.x / TPR) * per_row;
+    float total = 0.0f;
+    for (int w = 0; w < per_row; ++w) total += partials[first + w];
+    return total;
+}
+
+template <int DTYPE, bool HAS_WEIGHT, int VEC>
+__device__ __forceinline__ void finish_chunk(typename Elem<DTYPE>::T* out_row, const typename Elem<DTYPE>::T* weight,
+                                             long long c, int hidden, float* s, float rstd) {
+    typedef Elem<DTYPE> E;
+#pragma unroll
+    for (int i = 0; i < E::CHUNK; ++i) s[i] *= rstd;
+    if (HAS_WEIGHT) {
+        float w[E::CHUNK];
+        load_chunk<DTYPE, VEC>(weight, c, hidden, w);
+#pragma unroll
+        for (int i = 0; i < E::CHUNK; ++i) s[i] = E::load(E::store(s[i])) * w[i];
+    }
+    store_chunk<DTYPE, VEC>(out_row, c, hidden, s);
+}
+
+template <int DTYPE, bool HAS_WEIGHT, int VEC, int TPR, int BLOCK, bool FUSED>
+__device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typename Elem<DTYPE>::T* second,
+                                          const typename Elem<DTYPE>::T* weight, float epsilon, long long n_rows,
+                                          int hidden, long long first_stride, long long second_stride) {
+    // rms_norm: first = out, second = x.  fused: first = x, second = residual (both written).
+    typedef Elem<DTYPE> E;
+    constexpr int CHUNK = E::CHUNK;
+    long long row = (long long)blockIdx.x * (BLOCK / TPR) + threadIdx.x / TPR;
+    int lane = threadIdx.x % TPR;
+    bool active = row < n_rows;
+    long long n_chunks = (hidden + CHUNK - 1) / CHUNK;
+    typename E::T* a_row = first + (active ? row : 0) * first_stride;
+    typename E::T* b_row = second + (active ? row : 0) * second_stride;
+    const typename E::T* x_row = FUSED ? a_row : b_row;
+
+    float cache[CACHE_CHUNKS][CHUNK];
+    float sum_sq = 0.0f;
+    if (active) {
+        for (long long c = lane, k = 0; c < n_chunks; c += TPR, ++k) {
+            float s[CHUNK];
+            load_chunk<DTYPE, VEC>(x_row, c, hidden, s);
+            if (FUSED) {
+                float r[CHUNK];
+                load_chunk<DTYPE, VEC>(b_row, c, hidden, r);
+#pragma unroll
+                for (int i = 0; i < CHUNK; ++i) s[i] += r[i];
+            }
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) sum_sq += s[i] * s[i];
+            if (k < CACHE_CHUNKS) {
+#pragma unroll
+                for (int i = 0; i < CHUNK; ++i) cache[k][i] = s[i];
+            }
+        }
+    }
+    float total = row_sum<TPR, BLOCK>(sum_sq);
+    if (!active) return;
+    float rstd = 1.0f / sqrtf(total / (float)hidden + epsilon);
+    typename E::T* out_row = a_row;
+    for (long long c = lane, k = 0; c < n_chunks; c += TPR, ++k) {
+        float s[CHUNK];
+        if (k < CACHE_CHUNKS) {
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) s[i] = cache[k][i];
+        } else {
+            load_chunk<DTYPE, VEC>(x_row, c, hidden, s);
+            if (FUSED) {
+                float r[CHUNK];
+                load_chunk<DTYPE, VEC>(b_row, c, hidden, r);
+#pragma unroll
+                for (int i = 0; i < CHUNK; ++i) s[i] += r[i];
+            }
+        }
+        if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
+        finish_chunk<DTYPE, HAS_WEIGHT, VEC>(out_row, weight, c, hidden, s, rstd);
+    }
+}
+
+#define BLOCK_FOR(TPR) ((TPR) > 128 ? 256 : 128)
+
+#define DEFINE_KERNELS(DTYPE, NAME, W, VEC, TPR)                                                                     \
+    extern "C" __global__ void __launch_bounds__(BLOCK_FOR(TPR))                                                   \
+        rms_norm_##NAME##_w##W##_v##VEC##_t##TPR(Elem<DTYPE>::T* out, const Elem<DTYPE>::T* x,                     \
+                                                 const Elem<DTYPE>::T* weight, float epsilon, long long n_rows,    \
+                                                 int hidden, long long x_row_stride, long long out_row_stride) {  \
+        norm_impl<DTYPE, W, VEC, TPR, BLOCK_FOR(TPR), false>(out, const_cast<Elem<DTYPE>::T*>(x), weight,         \
+                                                             epsilon, n_rows, hidden, out_row_stride,             \
+                                                             x_row_stride);                                       \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(BLOCK_FOR(TPR))                                                   \
+        fused_add_rms_norm_##NAME##_w##W##_v##VEC##_t##TPR(                                                        \
+            Elem<DTYPE>::T* x, Elem<DTYPE>::T* residual, const Elem<DTYPE>::T* weight, float epsilon,              \
+            long long n_rows, int hidden, long long x_row_stride, long long residual_row_stride) {                 \
+        norm_impl<DTYPE, W, VEC, TPR, BLOCK_FOR(TPR), true>(x, residual, weight, epsilon, n_rows, hidden,          \
+                                                            x_row_stride, residual_row_stride);                   \
+    }
+
+#define DEFINE_TPR(DTYPE, NAME, W, VEC) \
+    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 8)   \
+    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 16)  \
+    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 32)  \
+    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 64)  \
+    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 128) \
+    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 256)
+
+#define DEFINE_DTYPE(DTYPE, NAME, CHUNK) \
+    DEFINE_TPR(DTYPE, NAME, 0, 1)        \
+    DEFINE_TPR(DTYPE, NAME, 0, CHUNK)    \
+    DEFINE_TPR(DTYPE, NAME, 1, 1)        \
+    DEFINE_TPR(DTYPE, NAME, 1, CHUNK)
+
+DEFINE_DTYPE(0, f32, 4)
+DEFINE_DTYPE(1, f16, 8)
+DEFINE_DTYPE(2, bf16, 8)
