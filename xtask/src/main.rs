@@ -5,6 +5,7 @@
 //! - `lint`: fmt check and clippy with warnings denied;
 //! - `test`: the workspace tests (the README's test command);
 //! - `check-features`: each feature of the spec's R3 table compiles on its own;
+//! - `ci` also checks that each kernel crate's package ships its kernel source;
 //! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL
 //!   kernels built and run on the OpenCL device (PoCL in CI);
 //! - `build --platform cpu|cuda|rocm|xpu`: the CLI with that platform's features, saying what the
@@ -44,6 +45,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
 fn ci() -> anyhow::Result<()> {
     lint()?;
     check_features()?;
+    package_lists()?;
     test()?;
     println!("xtask ci: all steps passed");
     Ok(())
@@ -86,6 +88,32 @@ fn check_features() -> anyhow::Result<()> {
         cargo(&["check", "--workspace", "--all-features", "--locked"], &[])?;
     } else {
         println!("skipped: feature `rocm` (needs hipcc and libamdhip64-dev: apt-get install hipcc libamdhip64-dev)");
+    }
+    Ok(())
+}
+
+/// Each kernel crate ships its kernel sources (reached through a symlink into `kernels/`), so it can
+/// be published on its own (R1).
+fn package_lists() -> anyhow::Result<()> {
+    for (krate, source) in [
+        ("kernels-cuda", "kernels/rms_norm.cu"),
+        ("kernels-rocm", "kernels/rms_norm.hip"),
+        ("kernels-xpu", "kernels/rms_norm.cl"),
+    ] {
+        let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        println!("$ cargo package --list --allow-dirty --package {krate}");
+        let output = Command::new(&cargo)
+            .args(["package", "--list", "--allow-dirty", "--package", krate])
+            .current_dir(project_root())
+            .output()
+            .with_context(|| format!("listing the package of {krate}"))?;
+        let listing = String::from_utf8_lossy(&output.stdout);
+        if !output.status.success() || !listing.lines().any(|line| line == source) {
+            bail!(
+                "`cargo package --list` of {krate} does not ship {source}:\n{listing}{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
     }
     Ok(())
 }
