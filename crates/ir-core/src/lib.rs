@@ -35,6 +35,7 @@
 pub mod context;
 mod device;
 mod dtype;
+pub mod graph;
 mod implementation;
 pub mod layout;
 mod meta;

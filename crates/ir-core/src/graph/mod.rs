@@ -1,0 +1,464 @@
+//! The graph IR: traced models as SSA graphs with concrete metadata on every value.
+//!
+//! Definitions are kept apart from order: nodes and values live in arenas addressed by typed ids,
+//! and `order` lists the live nodes. Ids are never reused; removing a node takes it out of the order
+//! and keeps its data, so diagnostics can still name it. Every value knows its defining node, its
+//! result index and its `TensorMeta`.
+//!
+//! The text format (R63) is produced by [`Graph`]'s `Display` and read by [`parse`]; [`verify`]
+//! checks a graph against a registry.
+
+mod parse;
+mod print;
+mod verify;
+
+use std::fmt;
+
+use cranelift_entity::{PrimaryMap, SecondaryMap, entity_impl};
+
+use crate::TensorMeta;
+pub use crate::graph::parse::{ParseError, parse};
+pub use crate::graph::print::format_float;
+pub use crate::graph::verify::{Diagnostic, VerifyError, verify};
+use crate::op::Overload;
+
+/// A node of a graph. Ids come from the graph's node arena in creation order; the numbering is
+/// stable (never reused) but arbitrary, and says nothing about execution order.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(u32);
+entity_impl!(NodeId, "node");
+
+/// A value of a graph (one result of one node). Ids come from the graph's value arena in creation
+/// order; stable but arbitrary. In text and logs a value appears under its name (`%x`, `%3`).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(u32);
+entity_impl!(ValueId, "v");
+
+/// An argument of an op or implementation call: a value or a constant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arg {
+    /// A graph value.
+    Value(ValueId),
+    /// `none`.
+    None,
+    /// A float constant.
+    F64(f64),
+    /// An integer constant.
+    I64(i64),
+    /// A boolean constant.
+    Bool(bool),
+    /// An integer list (`[8, 16]`).
+    Ints(Vec<i64>),
+}
+
+/// What a node does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeKind {
+    /// A graph input with a stable name; `donated` inputs may be overwritten.
+    Input {
+        /// Name, without `%`.
+        name: String,
+        /// Whether the caller gives the input up.
+        donated: bool,
+    },
+    /// A call of an op, still to dispatch.
+    IrCall {
+        /// Op name.
+        op: String,
+        /// Functional or `maybe_inplace`.
+        overload: Overload,
+        /// Positional arguments.
+        args: Vec<Arg>,
+    },
+    /// A call of one implementation. `writes` lists, in activation order, the parameter positions it
+    /// writes: output i is written into parameter `writes[i]`. Non-empty iff the implementation is in place.
+    ImplCall {
+        /// Op name.
+        op: String,
+        /// Provider name.
+        provider: String,
+        /// Written parameter positions.
+        writes: Vec<usize>,
+        /// Positional arguments.
+        args: Vec<Arg>,
+    },
+    /// A copy keeping dense strides (R16).
+    Clone(ValueId),
+    /// A compact copy.
+    Contiguous(ValueId),
+    /// A view of `start..end` along `dim`.
+    Slice {
+        /// The viewed value.
+        value: ValueId,
+        /// Dimension.
+        dim: usize,
+        /// First index.
+        start: usize,
+        /// One past the last index.
+        end: usize,
+    },
+    /// A view with two dimensions swapped.
+    Transpose {
+        /// The viewed value.
+        value: ValueId,
+        /// First dimension.
+        d0: usize,
+        /// Second dimension.
+        d1: usize,
+    },
+    /// A view with another shape.
+    Reshape {
+        /// The viewed value.
+        value: ValueId,
+        /// The new shape.
+        shape: Vec<usize>,
+    },
+    /// Elementwise sum.
+    Add(ValueId, ValueId),
+    /// Elementwise product.
+    Mul(ValueId, ValueId),
+    /// Multiplication by a constant.
+    Scale(ValueId, f64),
+    /// `copy_(dst, src)`: writes src into dst (converting the dtype); the result aliases dst.
+    Copy {
+        /// Destination (written).
+        dst: ValueId,
+        /// Source.
+        src: ValueId,
+    },
+    /// The graph's outputs; exactly one, last.
+    Output(Vec<ValueId>),
+}
+
+/// A node: what it does, its results and, when parsed, its source position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeData {
+    /// What the node does.
+    pub kind: NodeKind,
+    /// Its results, in order.
+    pub results: Vec<ValueId>,
+    /// Line and column (1-based) of the statement in the source text.
+    pub location: Option<(u32, u32)>,
+}
+
+/// A value: its name, where it is defined, and its metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueData {
+    /// Name, without `%`.
+    pub name: String,
+    /// Defining node.
+    pub def: NodeId,
+    /// Result index in the defining node.
+    pub index: usize,
+    /// Dtype, device and layout.
+    pub meta: TensorMeta,
+}
+
+/// A graph. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct Graph {
+    /// The graph's name.
+    pub name: String,
+    nodes: PrimaryMap<NodeId, NodeData>,
+    values: PrimaryMap<ValueId, ValueData>,
+    order: Vec<NodeId>,
+    next_name: u32,
+}
+
+impl NodeKind {
+    /// The values this node reads or writes, in argument order (for `Output`, the outputs).
+    pub fn operands(&self) -> Vec<ValueId> {
+        match self {
+            NodeKind::Input { .. } => Vec::new(),
+            NodeKind::IrCall { args, .. } | NodeKind::ImplCall { args, .. } => args
+                .iter()
+                .filter_map(|a| match a {
+                    Arg::Value(v) => Some(*v),
+                    _ => None,
+                })
+                .collect(),
+            NodeKind::Clone(v) | NodeKind::Contiguous(v) | NodeKind::Scale(v, _) => vec![*v],
+            NodeKind::Slice { value, .. } | NodeKind::Transpose { value, .. } | NodeKind::Reshape { value, .. } => {
+                vec![*value]
+            }
+            NodeKind::Add(a, b) | NodeKind::Mul(a, b) => vec![*a, *b],
+            NodeKind::Copy { dst, src } => vec![*dst, *src],
+            NodeKind::Output(values) => values.clone(),
+        }
+    }
+
+    /// Rewrites every use of `old` into `new`.
+    pub fn replace_operand(&mut self, old: ValueId, new: ValueId) {
+        let swap = |v: &mut ValueId| {
+            if *v == old {
+                *v = new;
+            }
+        };
+        match self {
+            NodeKind::Input { .. } => {}
+            NodeKind::IrCall { args, .. } | NodeKind::ImplCall { args, .. } => {
+                for arg in args {
+                    if let Arg::Value(v) = arg {
+                        swap(v);
+                    }
+                }
+            }
+            NodeKind::Clone(v) | NodeKind::Contiguous(v) | NodeKind::Scale(v, _) => swap(v),
+            NodeKind::Slice { value, .. } | NodeKind::Transpose { value, .. } | NodeKind::Reshape { value, .. } => {
+                swap(value)
+            }
+            NodeKind::Add(a, b) | NodeKind::Mul(a, b) => {
+                swap(a);
+                swap(b);
+            }
+            NodeKind::Copy { dst, src } => {
+                swap(dst);
+                swap(src);
+            }
+            NodeKind::Output(values) => values.iter_mut().for_each(swap),
+        }
+    }
+
+    /// Whether this is a view (`slice`, `transpose`, `reshape`), whose result shares its input's storage.
+    pub fn is_view(&self) -> bool {
+        matches!(self, NodeKind::Slice { .. } | NodeKind::Transpose { .. } | NodeKind::Reshape { .. })
+    }
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new(name: impl Into<String>) -> Graph {
+        Graph {
+            name: name.into(),
+            nodes: PrimaryMap::new(),
+            values: PrimaryMap::new(),
+            order: Vec::new(),
+            next_name: 0,
+        }
+    }
+
+    // --- building ---
+
+    /// Appends an input named `name` (without `%`) and returns its value.
+    pub fn add_input(&mut self, name: impl Into<String>, meta: TensorMeta) -> ValueId {
+        let name = name.into();
+        let node = self.nodes.push(NodeData {
+            kind: NodeKind::Input { name: name.clone(), donated: false },
+            results: Vec::new(),
+            location: None,
+        });
+        let value = self.values.push(ValueData { name, def: node, index: 0, meta });
+        self.nodes[node].results.push(value);
+        let position = self.order.iter().position(|&n| !matches!(self.nodes[n].kind, NodeKind::Input { .. }));
+        match position {
+            Some(p) => self.order.insert(p, node),
+            None => self.order.push(node),
+        }
+        value
+    }
+
+    /// Appends a node with results of the given metadata (named `%<n>`), before the output node if any.
+    pub fn push(&mut self, kind: NodeKind, result_metas: Vec<TensorMeta>) -> (NodeId, Vec<ValueId>) {
+        let before = self.output_node();
+        self.insert(kind, result_metas, before)
+    }
+
+    /// Inserts a node right before `before` (or at the end), with fresh result names.
+    pub fn insert(
+        &mut self,
+        kind: NodeKind,
+        result_metas: Vec<TensorMeta>,
+        before: Option<NodeId>,
+    ) -> (NodeId, Vec<ValueId>) {
+        let names: Vec<String> = result_metas.iter().map(|_| self.fresh_name()).collect();
+        self.insert_named(kind, names.into_iter().zip(result_metas).collect(), before, None)
+    }
+
+    pub(crate) fn insert_named(
+        &mut self,
+        kind: NodeKind,
+        results: Vec<(String, TensorMeta)>,
+        before: Option<NodeId>,
+        location: Option<(u32, u32)>,
+    ) -> (NodeId, Vec<ValueId>) {
+        let node = self.nodes.push(NodeData { kind, results: Vec::new(), location });
+        let values: Vec<ValueId> = results
+            .into_iter()
+            .enumerate()
+            .map(|(index, (name, meta))| self.values.push(ValueData { name, def: node, index, meta }))
+            .collect();
+        self.nodes[node].results = values.clone();
+        match before.and_then(|b| self.order.iter().position(|&n| n == b)) {
+            Some(position) => self.order.insert(position, node),
+            None => self.order.push(node),
+        }
+        (node, values)
+    }
+
+    /// Sets the outputs (replacing an existing output node).
+    pub fn set_output(&mut self, values: Vec<ValueId>) -> NodeId {
+        if let Some(node) = self.output_node() {
+            self.nodes[node].kind = NodeKind::Output(values);
+            return node;
+        }
+        self.insert_named(NodeKind::Output(values), Vec::new(), None, None).0
+    }
+
+    /// A fresh `%<n>` name that was never used in this graph.
+    pub fn fresh_name(&mut self) -> String {
+        let name = self.next_name.to_string();
+        self.next_name += 1;
+        name
+    }
+
+    pub(crate) fn note_name(&mut self, name: &str) {
+        if let Ok(n) = name.parse::<u32>() {
+            self.next_name = self.next_name.max(n + 1);
+        }
+    }
+
+    // --- editing ---
+
+    /// Takes `node` out of the order; its data stays so diagnostics can name it.
+    pub fn remove_node(&mut self, node: NodeId) {
+        self.order.retain(|&n| n != node);
+    }
+
+    /// Redirects every use of `old` to `new`.
+    pub fn replace_all_uses(&mut self, old: ValueId, new: ValueId) {
+        for &node in &self.order {
+            self.nodes[node].kind.replace_operand(old, new);
+        }
+    }
+
+    /// The node's data, mutably.
+    pub fn node_mut(&mut self, node: NodeId) -> &mut NodeData {
+        &mut self.nodes[node]
+    }
+
+    /// Marks the input `name` donated; returns whether such an input exists.
+    pub fn mark_donated(&mut self, name: &str) -> bool {
+        for &node in &self.order {
+            if let NodeKind::Input { name: n, donated } = &mut self.nodes[node].kind
+                && n == name
+            {
+                *donated = true;
+                return true;
+            }
+        }
+        false
+    }
+
+    // --- queries ---
+
+    /// The live nodes in order.
+    pub fn order(&self) -> &[NodeId] {
+        &self.order
+    }
+
+    /// A node's data.
+    pub fn node(&self, node: NodeId) -> &NodeData {
+        &self.nodes[node]
+    }
+
+    /// A value's data.
+    pub fn value(&self, value: ValueId) -> &ValueData {
+        &self.values[value]
+    }
+
+    /// A value's metadata.
+    pub fn meta(&self, value: ValueId) -> &TensorMeta {
+        &self.values[value].meta
+    }
+
+    /// Every value ever created (live or not), in id order.
+    pub fn values(&self) -> impl Iterator<Item = (ValueId, &ValueData)> {
+        self.values.iter()
+    }
+
+    /// The output node, if any.
+    pub fn output_node(&self) -> Option<NodeId> {
+        self.order.iter().copied().find(|&n| matches!(self.nodes[n].kind, NodeKind::Output(_)))
+    }
+
+    /// The graph's outputs (empty without an output node).
+    pub fn outputs(&self) -> Vec<ValueId> {
+        match self.output_node().map(|n| &self.nodes[n].kind) {
+            Some(NodeKind::Output(values)) => values.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The input nodes in order, with their value, name and donation flag.
+    pub fn inputs(&self) -> Vec<(NodeId, ValueId, &str, bool)> {
+        self.order
+            .iter()
+            .filter_map(|&n| match &self.nodes[n].kind {
+                NodeKind::Input { name, donated } => Some((n, self.nodes[n].results[0], name.as_str(), *donated)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Position of every live node in the order.
+    pub fn positions(&self) -> SecondaryMap<NodeId, u32> {
+        let mut positions = SecondaryMap::with_default(u32::MAX);
+        for (i, &node) in self.order.iter().enumerate() {
+            positions[node] = i as u32;
+        }
+        positions
+    }
+
+    /// The live nodes using `value`, in order (the output node included).
+    pub fn users(&self, value: ValueId) -> Vec<NodeId> {
+        self.order.iter().copied().filter(|&n| self.nodes[n].kind.operands().contains(&value)).collect()
+    }
+
+    /// Every live node's users per value, in one pass.
+    pub fn use_lists(&self) -> SecondaryMap<ValueId, Vec<NodeId>> {
+        let mut uses: SecondaryMap<ValueId, Vec<NodeId>> = SecondaryMap::new();
+        for &node in &self.order {
+            let mut operands = self.nodes[node].kind.operands();
+            operands.dedup();
+            for value in operands {
+                if uses[value].last() != Some(&node) {
+                    uses[value].push(node);
+                }
+            }
+        }
+        uses
+    }
+
+    /// The value's name with its `%` sigil.
+    pub fn display_value(&self, value: ValueId) -> String {
+        format!("%{}", self.values[value].name)
+    }
+
+    /// One node printed as its statement.
+    pub fn display_node(&self, node: NodeId) -> String {
+        let mut text = String::new();
+        print::write_node(&mut text, self, node).expect("writing to a String");
+        text.trim().to_owned()
+    }
+
+    /// Whether two graphs have the same name, statements (by value names) and metadata, in order.
+    pub fn structurally_eq(&self, other: &Graph) -> bool {
+        self.name == other.name && self.to_string() == other.to_string() && {
+            let metas = |g: &Graph| -> Vec<TensorMeta> {
+                g.order.iter().flat_map(|&n| g.nodes[n].results.iter().map(|&v| g.values[v].meta.clone())).collect()
+            };
+            metas(self) == metas(other)
+        }
+    }
+
+    /// Number of nodes ever created (the arena size).
+    pub fn node_capacity(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+impl fmt::Display for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        print::write_graph(f, self)
+    }
+}

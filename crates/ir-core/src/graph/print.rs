@@ -1,0 +1,132 @@
+//! The canonical printer of the text format (R64): every argument explicit and positional, compact
+//! strides, offset 0 and `@cpu` omitted, floats in Rust's shortest round-trip form.
+
+use std::fmt::{self, Write};
+
+use crate::graph::{Arg, Graph, NodeId, NodeKind};
+use crate::op::Overload;
+
+pub(crate) fn write_graph(out: &mut impl Write, graph: &Graph) -> fmt::Result {
+    write!(out, "graph {}(", graph.name)?;
+    for (i, (_, value, _, donated)) in graph.inputs().into_iter().enumerate() {
+        if i > 0 {
+            out.write_str(", ")?;
+        }
+        write!(out, "{}: {}", graph.display_value(value), graph.meta(value))?;
+        if donated {
+            out.write_str(" donated")?;
+        }
+    }
+    out.write_str(") {\n")?;
+    for &node in graph.order() {
+        if matches!(graph.node(node).kind, NodeKind::Input { .. }) {
+            continue;
+        }
+        out.write_str("  ")?;
+        write_node(out, graph, node)?;
+        out.write_str("\n")?;
+    }
+    out.write_str("}\n")
+}
+
+pub(crate) fn write_node(out: &mut impl Write, graph: &Graph, node: NodeId) -> fmt::Result {
+    let data = graph.node(node);
+    let v = |value| graph.display_value(value);
+    if !data.results.is_empty() {
+        let names: Vec<String> = data.results.iter().map(|&r| v(r)).collect();
+        write!(out, "{} = ", names.join(", "))?;
+    }
+    match &data.kind {
+        NodeKind::Input { name, donated } => {
+            write!(out, "%{name}: {}", graph.meta(data.results[0]))?;
+            if *donated {
+                out.write_str(" donated")?;
+            }
+            return Ok(());
+        }
+        NodeKind::IrCall { op, overload, args } => {
+            let suffix = match overload {
+                Overload::Default => "",
+                Overload::MaybeInplace => ".maybe_inplace",
+            };
+            write!(out, "{op}{suffix}(")?;
+            write_args(out, graph, args)?;
+            out.write_str(")")?;
+        }
+        NodeKind::ImplCall { op, provider, writes, args } => {
+            write!(out, "impl {op}[{provider}] ")?;
+            if !writes.is_empty() {
+                let writes: Vec<String> = writes.iter().map(ToString::to_string).collect();
+                write!(out, "writes({}) ", writes.join(", "))?;
+            }
+            out.write_str("(")?;
+            write_args(out, graph, args)?;
+            out.write_str(")")?;
+        }
+        NodeKind::Clone(x) => write!(out, "clone({})", v(*x))?,
+        NodeKind::Contiguous(x) => write!(out, "contiguous({})", v(*x))?,
+        NodeKind::Slice { value, dim, start, end } => write!(out, "slice({}, {dim}, {start}, {end})", v(*value))?,
+        NodeKind::Transpose { value, d0, d1 } => write!(out, "transpose({}, {d0}, {d1})", v(*value))?,
+        NodeKind::Reshape { value, shape } => {
+            let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+            write!(out, "reshape({}, [{}])", v(*value), dims.join(", "))?;
+        }
+        NodeKind::Add(a, b) => write!(out, "add({}, {})", v(*a), v(*b))?,
+        NodeKind::Mul(a, b) => write!(out, "mul({}, {})", v(*a), v(*b))?,
+        NodeKind::Scale(x, factor) => write!(out, "scale({}, {})", v(*x), format_float(*factor))?,
+        NodeKind::Copy { dst, src } => write!(out, "copy_({}, {})", v(*dst), v(*src))?,
+        NodeKind::Output(values) => {
+            let names: Vec<String> = values.iter().map(|&x| v(x)).collect();
+            return write!(out, "output({})", names.join(", "));
+        }
+    }
+    let types: Vec<String> = data.results.iter().map(|&r| graph.meta(r).to_string()).collect();
+    write!(out, " : {}", types.join(", "))
+}
+
+fn write_args(out: &mut impl Write, graph: &Graph, args: &[Arg]) -> fmt::Result {
+    for (i, arg) in args.iter().enumerate() {
+        if i > 0 {
+            out.write_str(", ")?;
+        }
+        match arg {
+            Arg::Value(value) => out.write_str(&graph.display_value(*value))?,
+            Arg::None => out.write_str("none")?,
+            Arg::F64(v) => out.write_str(&format_float(*v))?,
+            Arg::I64(v) => write!(out, "{v}")?,
+            Arg::Bool(v) => write!(out, "{v}")?,
+            Arg::Ints(values) => {
+                let items: Vec<String> = values.iter().map(ToString::to_string).collect();
+                write!(out, "[{}]", items.join(", "))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rust's `{:?}` for f64 (shortest round trip, always with `.` or an exponent), but `nan`, `inf`, `-inf`.
+pub fn format_float(v: f64) -> String {
+    if v.is_nan() {
+        return "nan".to_owned();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "inf".to_owned() } else { "-inf".to_owned() };
+    }
+    format!("{v:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats() {
+        assert_eq!(format_float(1e-6), "1e-6");
+        assert_eq!(format_float(0.1), "0.1");
+        assert_eq!(format_float(1e300), "1e300");
+        assert_eq!(format_float(-0.0), "-0.0");
+        assert_eq!(format_float(4.0), "4.0");
+        assert_eq!(format_float(f64::NAN), "nan");
+        assert_eq!(format_float(f64::NEG_INFINITY), "-inf");
+    }
+}
