@@ -8,8 +8,10 @@
 //! The text format (R63) is produced by [`Graph`]'s `Display` and read by [`parse`]; [`verify`]
 //! checks a graph against a registry.
 
+mod interp;
 mod parse;
 mod print;
+mod trace;
 mod verify;
 
 use std::fmt;
@@ -17,8 +19,10 @@ use std::fmt;
 use cranelift_entity::{PrimaryMap, SecondaryMap, entity_impl};
 
 use crate::TensorMeta;
+pub use crate::graph::interp::{InterpError, InterpOptions, InterpStats, Interpretation, SafetyChecks, interpret};
 pub use crate::graph::parse::{ParseError, parse};
 pub use crate::graph::print::format_float;
+pub use crate::graph::trace::{Traced, TracedGraph, Tracer};
 pub use crate::graph::verify::{Diagnostic, VerifyError, verify};
 use crate::op::Overload;
 

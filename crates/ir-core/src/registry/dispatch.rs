@@ -168,6 +168,72 @@ impl Registry {
         Ok(Selection { provider: chosen.provider, inplace: chosen.inplace, rejected, outputs, from_priority_list })
     }
 
+    /// Calls one named implementation directly (a graph's `impl` node): binds and validates the
+    /// arguments, and fails if the provider is unavailable or its predicate rejects them. An in-place
+    /// implementation writes into the activations given, which must be uniquely owned.
+    pub fn call_implementation(&self, op: &str, provider: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
+        let entry = self.call_entry(op)?;
+        let mut args = bind(entry.def, args)?;
+        let def = entry.def;
+        let implementation = read(&entry.impls).iter().find(|i| i.provider == provider).cloned().ok_or_else(|| {
+            CallError::UnknownProvider {
+                op: def.name,
+                provider: provider.to_owned(),
+                known: read(&entry.impls).iter().map(|i| i.provider.to_owned()).collect(),
+            }
+        })?;
+        if let crate::Availability::Unavailable(reason) = implementation.availability() {
+            return Err(CallError::ProviderUnavailable {
+                op: def.name,
+                provider: provider.to_owned(),
+                reason: reason.clone(),
+            });
+        }
+        let outputs_meta = {
+            let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
+            let outputs_meta = (def.meta)(&metas)?;
+            if let Some(supports) = &implementation.supports
+                && let Support::No(reason) = supports(&metas)
+            {
+                return Err(CallError::Unsupported {
+                    op: def.name,
+                    provider: provider.to_owned(),
+                    reason: reason.into_owned(),
+                });
+            }
+            outputs_meta
+        };
+        let mut written = Vec::new();
+        if implementation.inplace {
+            for &position in &entry.activations {
+                let Value::Tensor(tensor) = std::mem::replace(&mut args[position], Value::None) else {
+                    unreachable!("bound activations are tensors")
+                };
+                if !tensor.is_uniquely_owned() {
+                    return Err(CallError::Tensor(TensorError::SharedStorage {
+                        meta: tensor.meta().clone(),
+                        handles: tensor.storage_handles(),
+                    }));
+                }
+                written.push(tensor.storage_id());
+                args[position] = Value::Tensor(tensor);
+            }
+        }
+        let outputs = (implementation.call)(args).map_err(|source| CallError::Kernel {
+            op: def.name,
+            provider: implementation.provider,
+            source,
+        })?;
+        check_outputs(def, &implementation, &outputs_meta, &outputs, &written)?;
+        Ok(outputs)
+    }
+
+    /// Whether `provider`'s implementation of `op` is in place (`None` if not registered).
+    pub fn is_inplace(&self, op: &str, provider: &str) -> Option<bool> {
+        let entry = self.entry(op).ok()?;
+        read(&entry.impls).iter().find(|i| i.provider == provider).map(|i| i.inplace)
+    }
+
     /// The typed entry points' path: `args` is already complete.
     pub(crate) fn call_op(
         &self,

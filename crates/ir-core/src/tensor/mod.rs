@@ -116,14 +116,30 @@ pub enum TensorError {
     Device(#[from] DeviceError),
 }
 
-/// Identity of a storage, for checking aliasing after handles were moved away.
+/// Identity of a storage, unique for the life of the process (never reused, unlike an address), for
+/// checking aliasing after handles were moved away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct StorageId(usize);
+pub struct StorageId(u64);
+
+static NEXT_STORAGE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A storage with its identity.
+struct Shared {
+    id: StorageId,
+    storage: Storage,
+}
+
+impl Shared {
+    fn new(storage: Storage) -> Arc<Shared> {
+        let id = StorageId(NEXT_STORAGE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        Arc::new(Shared { id, storage })
+    }
+}
 
 /// A storage handle plus metadata. `Clone` shares the storage.
 #[derive(Clone)]
 pub struct Tensor {
-    storage: Arc<Storage>,
+    storage: Arc<Shared>,
     meta: TensorMeta,
 }
 
@@ -139,20 +155,20 @@ impl Tensor {
     pub fn from_storage(storage: Storage, dtype: DType, layout: Layout) -> Result<Tensor, TensorError> {
         let meta = TensorMeta { dtype, device: storage.device(), layout };
         check_fits(&meta, storage.len_bytes())?;
-        Ok(Tensor { storage: Arc::new(storage), meta })
+        Ok(Tensor { storage: Shared::new(storage), meta })
     }
 
     /// A compact CPU tensor of zeros.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
         let layout = Layout::compact(shape);
         let storage = Storage::Cpu(CpuBuffer::zeroed(layout.numel() * dtype.size_in_bytes()));
-        Tensor { storage: Arc::new(storage), meta: TensorMeta { dtype, device: Device::Cpu, layout } }
+        Tensor { storage: Shared::new(storage), meta: TensorMeta { dtype, device: Device::Cpu, layout } }
     }
 
     /// A CPU tensor of zeros with the given layout (storage sized to reach every element).
     pub fn zeros_with_layout(dtype: DType, layout: Layout) -> Tensor {
         let storage = Storage::Cpu(CpuBuffer::zeroed(layout.storage_end() * dtype.size_in_bytes()));
-        Tensor { storage: Arc::new(storage), meta: TensorMeta { dtype, device: Device::Cpu, layout } }
+        Tensor { storage: Shared::new(storage), meta: TensorMeta { dtype, device: Device::Cpu, layout } }
     }
 
     /// A compact CPU tensor of ones.
@@ -244,12 +260,12 @@ impl Tensor {
 
     /// The storage.
     pub fn storage(&self) -> &Storage {
-        &self.storage
+        &self.storage.storage
     }
 
     /// The identity of the storage.
     pub fn storage_id(&self) -> StorageId {
-        StorageId(Arc::as_ptr(&self.storage) as usize)
+        self.storage.id
     }
 
     /// Whether this handle is the only one referring to its storage.
@@ -266,14 +282,14 @@ impl Tensor {
     pub fn storage_mut(&mut self) -> Result<&mut Storage, TensorError> {
         let handles = Arc::strong_count(&self.storage);
         match Arc::get_mut(&mut self.storage) {
-            Some(storage) => Ok(storage),
+            Some(shared) => Ok(&mut shared.storage),
             None => Err(TensorError::SharedStorage { meta: self.meta.clone(), handles }),
         }
     }
 
     /// The host buffer, when the tensor is on the CPU.
     pub fn cpu_buffer(&self) -> Option<&CpuBuffer> {
-        match &*self.storage {
+        match &self.storage.storage {
             Storage::Cpu(buffer) => Some(buffer),
             Storage::Device(_) => None,
         }
@@ -292,7 +308,7 @@ impl Tensor {
     /// A view with another layout over the same storage.
     pub fn as_strided(&self, layout: Layout) -> Result<Tensor, TensorError> {
         let meta = TensorMeta { layout, ..self.meta.clone() };
-        check_fits(&meta, self.storage.len_bytes())?;
+        check_fits(&meta, self.storage.storage.len_bytes())?;
         Ok(Tensor { storage: Arc::clone(&self.storage), meta })
     }
 
@@ -331,7 +347,7 @@ impl Tensor {
     fn copy_into_layout(&self, layout: Layout) -> Result<Tensor, TensorError> {
         let size = self.dtype().size_in_bytes();
         let bytes = layout.storage_end() * size;
-        let storage = match &*self.storage {
+        let storage = match &self.storage.storage {
             Storage::Cpu(src) => {
                 let mut dst = CpuBuffer::zeroed(bytes);
                 copy_elements(src.bytes(), self.layout(), dst.bytes_mut(), &layout, size);
@@ -386,7 +402,7 @@ impl Tensor {
 
     /// The same tensor on the host (a handle copy when already there; same layout otherwise).
     pub fn to_cpu(&self) -> Result<Tensor, TensorError> {
-        match &*self.storage {
+        match &self.storage.storage {
             Storage::Cpu(_) => Ok(self.clone()),
             Storage::Device(buffer) => {
                 let mut host = CpuBuffer::zeroed(buffer.len_bytes());
@@ -407,7 +423,7 @@ impl Tensor {
 
     /// Moves a host tensor onto the device of `like` (identity when `like` is on the CPU).
     pub fn to_device_of(&self, like: &Tensor) -> Result<Tensor, TensorError> {
-        match &*like.storage {
+        match &like.storage.storage {
             Storage::Cpu(_) => self.to_cpu(),
             Storage::Device(like_buffer) => {
                 let host = self.to_cpu()?.deep_clone()?;
@@ -422,7 +438,7 @@ impl Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({}, storage {:#x})", self.meta, self.storage_id().0)
+        write!(f, "Tensor({}, storage #{})", self.meta, self.storage_id().0)
     }
 }
 

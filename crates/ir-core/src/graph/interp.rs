@@ -1,0 +1,607 @@
+//! The interpreter (R67–R70): runs a graph on real tensors through a registry, with safety checks
+//! and statistics.
+//!
+//! Handles are moved into a value's last user and dropped after it, so donated buffers can be
+//! written in place. The IR has mutation: after an in-place write, every alias of the written
+//! storage inside the interpreter reads the new contents (the interpreter rebinds them to the
+//! written storage).
+
+use std::collections::{HashMap, HashSet};
+
+use cranelift_entity::SecondaryMap;
+
+use crate::graph::{Arg, Graph, NodeId, NodeKind, ValueId, VerifyError, verify};
+use crate::op::{ArgMeta, Overload, Value};
+use crate::{CallError, Registry, StorageId, Tensor, TensorError, TensorMeta};
+
+/// Whether the interpreter checks writes for hazards (R69).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SafetyChecks {
+    /// Check (the default everywhere).
+    On,
+    /// Do not check, to demonstrate what the checks catch.
+    Off,
+}
+
+/// Interpreter options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InterpOptions {
+    /// Safety checks.
+    pub safety_checks: SafetyChecks,
+}
+
+impl InterpOptions {
+    /// Safety checks on.
+    pub fn checked() -> InterpOptions {
+        InterpOptions { safety_checks: SafetyChecks::On }
+    }
+}
+
+/// What one run did (R70).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InterpStats {
+    /// Bytes of storages created during the run (defensive copies included, inputs excluded).
+    pub bytes_allocated: u64,
+    /// Maximum over node boundaries of the distinct storage bytes referenced by live values.
+    pub peak_live_bytes: u64,
+    /// `clone` and `contiguous` nodes run.
+    pub clones_executed: usize,
+    /// Copies made because a kernel could not write into a value someone could still read.
+    pub defensive_copies: usize,
+    /// The provider each op node ran: (node, op, provider).
+    pub providers: Vec<(NodeId, String, &'static str)>,
+}
+
+/// The outputs and statistics of a run.
+#[derive(Clone, Debug)]
+pub struct Interpretation {
+    /// The graph's outputs, in order.
+    pub outputs: Vec<Tensor>,
+    /// Statistics.
+    pub stats: InterpStats,
+}
+
+/// Why a run failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum InterpError {
+    // --- inputs ---
+    /// A graph input without a tensor.
+    #[error("missing input `%{name}`")]
+    MissingInput {
+        /// Input name.
+        name: String,
+    },
+    /// A tensor for an input the graph does not have.
+    #[error("unknown input `%{name}` (graph inputs: {})", known.join(", "))]
+    UnknownInput {
+        /// The name given.
+        name: String,
+        /// The graph's inputs.
+        known: Vec<String>,
+    },
+    /// A tensor whose metadata differs from the input's declaration.
+    #[error("input `%{name}`: expected {expected}, found {found}")]
+    InputMeta {
+        /// Input name.
+        name: String,
+        /// Declared metadata.
+        expected: Box<TensorMeta>,
+        /// The tensor's metadata.
+        found: Box<TensorMeta>,
+    },
+    /// The graph does not verify.
+    #[error(transparent)]
+    Verify(Box<VerifyError>),
+
+    // --- nodes ---
+    /// An op or implementation call failed.
+    #[error("`{statement}`: {source}")]
+    Call {
+        /// The node.
+        node: NodeId,
+        /// Its statement.
+        statement: String,
+        /// The error.
+        source: Box<CallError>,
+    },
+    /// A built-in failed.
+    #[error("`{statement}`: {source}")]
+    Tensor {
+        /// The node.
+        node: NodeId,
+        /// Its statement.
+        statement: String,
+        /// The error.
+        source: TensorError,
+    },
+
+    // --- safety checks (R69) ---
+    /// A write into a graph input that is not donated.
+    #[error("`{statement}` writes into `%{input}`, a graph input not marked donated")]
+    WriteToNonDonatedInput {
+        /// The writing node.
+        node: NodeId,
+        /// Its statement.
+        statement: String,
+        /// The input.
+        input: String,
+    },
+    /// An in-place kernel whose written arguments share storage with each other or another argument.
+    #[error("`{statement}`: arguments of an in-place kernel share storage")]
+    AliasedKernelArgs {
+        /// The node.
+        node: NodeId,
+        /// Its statement.
+        statement: String,
+    },
+    /// An in-place kernel overwrites a storage that a later node still reads through another value.
+    #[error("`{statement}` overwrites the storage of `{value}`, which `{later_user}` reads afterwards")]
+    AliasHazard {
+        /// The writing node.
+        node: NodeId,
+        /// Its statement.
+        statement: String,
+        /// The value still read.
+        value: String,
+        /// The later reader, printed.
+        later_user: String,
+    },
+}
+
+/// Runs `graph` on `inputs` (by input name, without `%`; owned tensors).
+pub fn interpret(
+    graph: &Graph,
+    registry: &Registry,
+    inputs: Vec<(String, Tensor)>,
+    options: InterpOptions,
+) -> Result<Interpretation, InterpError> {
+    verify(graph, registry).map_err(|e| InterpError::Verify(Box::new(e)))?;
+    let mut run = Run::new(graph, registry, options);
+    run.bind_inputs(inputs)?;
+    let order = graph.order().to_vec();
+    let mut outputs = Vec::new();
+    for (position, &node) in order.iter().enumerate() {
+        if let NodeKind::Output(values) = &graph.node(node).kind {
+            outputs = values.iter().map(|&v| run.get(v).clone()).collect();
+            continue;
+        }
+        run.execute(node, position)?;
+        run.release_dead(node, position);
+        run.account();
+    }
+    tracing::debug!(target: "ir_core::interp", graph = graph.name.as_str(), stats = ?run.stats, "interpreted");
+    Ok(Interpretation { outputs, stats: run.stats })
+}
+
+struct Run<'g> {
+    graph: &'g Graph,
+    registry: &'g Registry,
+    options: InterpOptions,
+    env: SecondaryMap<ValueId, Option<Tensor>>,
+    uses: SecondaryMap<ValueId, Vec<NodeId>>,
+    positions: SecondaryMap<NodeId, u32>,
+    kept: HashSet<ValueId>,
+    inputs: HashMap<StorageId, (String, bool)>,
+    seen: HashSet<StorageId>,
+    stats: InterpStats,
+}
+
+impl<'g> Run<'g> {
+    fn new(graph: &'g Graph, registry: &'g Registry, options: InterpOptions) -> Run<'g> {
+        Run {
+            graph,
+            registry,
+            options,
+            env: SecondaryMap::new(),
+            uses: graph.use_lists(),
+            positions: graph.positions(),
+            kept: graph.outputs().into_iter().collect(),
+            inputs: HashMap::new(),
+            seen: HashSet::new(),
+            stats: InterpStats::default(),
+        }
+    }
+
+    fn bind_inputs(&mut self, inputs: Vec<(String, Tensor)>) -> Result<(), InterpError> {
+        let declared = self.graph.inputs();
+        let known: Vec<String> = declared.iter().map(|(_, _, name, _)| (*name).to_owned()).collect();
+        let mut given: HashMap<String, Tensor> = HashMap::new();
+        for (name, tensor) in inputs {
+            if !known.contains(&name) {
+                return Err(InterpError::UnknownInput { name, known });
+            }
+            given.insert(name, tensor);
+        }
+        for (_, value, name, donated) in declared {
+            let tensor = given.remove(name).ok_or_else(|| InterpError::MissingInput { name: name.to_owned() })?;
+            let expected = self.graph.meta(value);
+            if tensor.meta() != expected {
+                return Err(InterpError::InputMeta {
+                    name: name.to_owned(),
+                    expected: Box::new(expected.clone()),
+                    found: Box::new(tensor.meta().clone()),
+                });
+            }
+            let tensor = if donated && !tensor.is_uniquely_owned() {
+                // The caller kept a handle: copy before anything can write into it (R68).
+                tracing::debug!(target: "ir_core::interp", input = name, "donated input is shared; copying it");
+                self.stats.defensive_copies += 1;
+                self.stats.bytes_allocated += tensor.storage().len_bytes() as u64;
+                let copy = tensor.deep_clone().map_err(|source| InterpError::Tensor {
+                    node: self.graph.value(value).def,
+                    statement: format!("%{name}"),
+                    source,
+                })?;
+                self.seen.insert(copy.storage_id());
+                copy
+            } else {
+                tensor
+            };
+            self.inputs.insert(tensor.storage_id(), (name.to_owned(), donated));
+            self.seen.insert(tensor.storage_id());
+            self.env[value] = Some(tensor);
+        }
+        self.account();
+        Ok(())
+    }
+
+    fn get(&self, value: ValueId) -> &Tensor {
+        self.env[value].as_ref().expect("verified graphs define values before use and keep them until their last use")
+    }
+
+    fn last_position(&self, value: ValueId) -> u32 {
+        self.uses[value].iter().map(|&n| self.positions[n]).max().unwrap_or(0)
+    }
+
+    fn statement(&self, node: NodeId) -> String {
+        self.graph.display_node(node)
+    }
+
+    fn call_error(&self, node: NodeId, source: CallError) -> InterpError {
+        InterpError::Call { node, statement: self.statement(node), source: Box::new(source) }
+    }
+
+    fn tensor_error(&self, node: NodeId, source: TensorError) -> InterpError {
+        InterpError::Tensor { node, statement: self.statement(node), source }
+    }
+
+    fn execute(&mut self, node: NodeId, position: usize) -> Result<(), InterpError> {
+        let data = self.graph.node(node);
+        let results = data.results.clone();
+        let produced: Vec<Tensor> = match &data.kind {
+            NodeKind::Input { .. } | NodeKind::Output(_) => return Ok(()),
+            kind @ (NodeKind::Clone(_) | NodeKind::Contiguous(_)) => {
+                self.stats.clones_executed += 1;
+                vec![self.builtin(kind).map_err(|e| self.tensor_error(node, e))?]
+            }
+            kind @ (NodeKind::Slice { .. }
+            | NodeKind::Transpose { .. }
+            | NodeKind::Reshape { .. }
+            | NodeKind::Add(..)
+            | NodeKind::Mul(..)
+            | NodeKind::Scale(..)) => vec![self.builtin(kind).map_err(|e| self.tensor_error(node, e))?],
+            NodeKind::Copy { dst, src } => {
+                let (dst, src) = (*dst, *src);
+                self.check_input_write(node, self.get(dst).storage_id())?;
+                let source = self.get(src).clone();
+                let written = self.write_through(node, dst, position, |target| {
+                    target.copy_from(&source).map_err(CallError::Tensor)
+                })?;
+                vec![written]
+            }
+            NodeKind::IrCall { op, overload, args } => self.ir_call(node, position, op, *overload, args)?,
+            NodeKind::ImplCall { op, provider, writes, args } => {
+                self.impl_call(node, position, op, provider, writes, args)?
+            }
+        };
+        for (value, tensor) in results.into_iter().zip(produced) {
+            if self.seen.insert(tensor.storage_id()) {
+                self.stats.bytes_allocated += tensor.storage().len_bytes() as u64;
+            }
+            self.env[value] = Some(tensor);
+        }
+        Ok(())
+    }
+
+    fn builtin(&self, kind: &NodeKind) -> Result<Tensor, TensorError> {
+        match kind {
+            NodeKind::Clone(v) => self.get(*v).deep_clone(),
+            NodeKind::Contiguous(v) => self.get(*v).contiguous(),
+            NodeKind::Slice { value, dim, start, end } => self.get(*value).slice(*dim, *start, *end),
+            NodeKind::Transpose { value, d0, d1 } => self.get(*value).transpose(*d0, *d1),
+            NodeKind::Reshape { value, shape } => self.get(*value).reshape(shape),
+            NodeKind::Add(a, b) => self.get(*a).add(self.get(*b)),
+            NodeKind::Mul(a, b) => self.get(*a).mul(self.get(*b)),
+            NodeKind::Scale(v, factor) => self.get(*v).scale(*factor),
+            _ => unreachable!("only built-ins without writes reach here"),
+        }
+    }
+
+    fn arg_metas<'a>(&'a self, args: &[Arg]) -> Vec<ArgMeta<'a>> {
+        args.iter()
+            .map(|arg| match arg {
+                Arg::Value(v) => ArgMeta::Tensor(self.graph.meta(*v)),
+                Arg::None | Arg::Ints(_) => ArgMeta::None,
+                Arg::F64(v) => ArgMeta::F64(*v),
+                Arg::I64(v) => ArgMeta::I64(*v),
+                Arg::Bool(v) => ArgMeta::Bool(*v),
+            })
+            .collect()
+    }
+
+    fn constant(arg: &Arg) -> Value {
+        match arg {
+            Arg::Value(_) => unreachable!("values are handled by the caller"),
+            Arg::None | Arg::Ints(_) => Value::None,
+            Arg::F64(v) => Value::F64(*v),
+            Arg::I64(v) => Value::I64(*v),
+            Arg::Bool(v) => Value::Bool(*v),
+        }
+    }
+
+    fn ir_call(
+        &mut self,
+        node: NodeId,
+        position: usize,
+        op: &str,
+        overload: Overload,
+        args: &[Arg],
+    ) -> Result<Vec<Tensor>, InterpError> {
+        let selection = self.registry.select(op, &self.arg_metas(args)).map_err(|e| self.call_error(node, e))?;
+        self.stats.providers.push((node, op.to_owned(), selection.provider));
+        let activations = self.registry.activations(op).unwrap_or_default();
+        // R48: write in place only when the result would have the declared layout.
+        let layouts_match =
+            activations.iter().zip(&selection.outputs).all(|(&position, declared)| match &args[position] {
+                Arg::Value(v) => self.graph.meta(*v) == declared,
+                _ => false,
+            });
+        let in_place = overload == Overload::MaybeInplace && layouts_match;
+        // Every argument gets a handle; a donated activation at its last use (and not an output)
+        // then loses the environment's handle, so the call may own it uniquely (R68).
+        let mut values: Vec<Value> = args
+            .iter()
+            .map(|arg| match arg {
+                Arg::Value(v) => Value::Tensor(self.get(*v).clone()),
+                constant => Self::constant(constant),
+            })
+            .collect();
+        if in_place {
+            for &index in &activations {
+                let Some(Arg::Value(v)) = args.get(index) else { continue };
+                // A graph input the caller did not donate is never written: keeping the
+                // environment's handle makes the call copy it (R47).
+                let non_donated_input =
+                    self.inputs.get(&self.get(*v).storage_id()).is_some_and(|(_, donated)| !donated);
+                if self.last_position(*v) as usize == position && !self.kept.contains(v) && !non_donated_input {
+                    self.env[*v] = None;
+                }
+            }
+        }
+        if selection.inplace {
+            for &index in &activations {
+                let Some(Value::Tensor(tensor)) = values.get(index) else { continue };
+                if !(in_place && tensor.is_uniquely_owned()) {
+                    self.stats.defensive_copies += 1;
+                }
+            }
+        }
+        let values = std::mem::take(&mut values);
+        let result =
+            if in_place { self.registry.call_maybe_inplace(op, values) } else { self.registry.call(op, values) };
+        result.map_err(|e| self.call_error(node, e))
+    }
+
+    fn impl_call(
+        &mut self,
+        node: NodeId,
+        position: usize,
+        op: &str,
+        provider: &str,
+        writes: &[usize],
+        args: &[Arg],
+    ) -> Result<Vec<Tensor>, InterpError> {
+        let provider_name =
+            self.registry.providers(op).into_iter().find(|p| p.name == provider).map(|p| p.name).unwrap_or("?");
+        self.stats.providers.push((node, op.to_owned(), provider_name));
+        if writes.is_empty() {
+            let values = args.iter().map(|arg| match arg {
+                Arg::Value(v) => Value::Tensor(self.get(*v).clone()),
+                constant => Self::constant(constant),
+            });
+            let values: Vec<Value> = values.collect();
+            return self.registry.call_implementation(op, provider, values).map_err(|e| self.call_error(node, e));
+        }
+        let written: Vec<ValueId> = writes
+            .iter()
+            .filter_map(|&p| match args.get(p) {
+                Some(Arg::Value(v)) => Some(*v),
+                _ => None,
+            })
+            .collect();
+        if self.options.safety_checks == SafetyChecks::On {
+            self.check_kernel_writes(node, position, &written, args)?;
+        }
+        // Take every alias of the written storages out of the environment, so the kernel owns them
+        // uniquely; afterwards they are rebound to the written storage.
+        let mut aliases: Vec<(ValueId, usize, crate::Layout)> = Vec::new();
+        let mut values: Vec<Option<Value>> = vec![None; args.len()];
+        let mut taken: HashMap<ValueId, Tensor> = HashMap::new();
+        for (slot, &value) in writes.iter().zip(&written) {
+            if let Some(again) = taken.get(&value) {
+                // The same value written twice (only with the checks off): the second slot gets a copy.
+                self.stats.defensive_copies += 1;
+                let copy = again.deep_clone().map_err(|e| self.tensor_error(node, e))?;
+                values[*slot] = Some(Value::Tensor(copy));
+                continue;
+            }
+            let storage = self.get(value).storage_id();
+            let mut tensor = self.env[value].take().expect("defined before use");
+            for (alias, entry) in self.env.iter_mut() {
+                if alias != value && entry.as_ref().is_some_and(|t| t.storage_id() == storage) {
+                    let held = entry.take().expect("checked above");
+                    aliases.push((alias, *slot, held.layout().clone()));
+                }
+            }
+            let keep_original = self.kept.contains(&value) || self.last_position(value) as usize > position;
+            if keep_original {
+                aliases.push((value, *slot, tensor.layout().clone()));
+            }
+            if !tensor.is_uniquely_owned() {
+                // Held outside the interpreter (a non-donated input with the checks off): write a copy.
+                self.stats.defensive_copies += 1;
+                tensor = tensor.deep_clone().map_err(|e| self.tensor_error(node, e))?;
+            }
+            taken.insert(value, tensor.clone());
+            values[*slot] = Some(Value::Tensor(tensor));
+        }
+        // The kernel must own what it writes: drop the bookkeeping handles again.
+        drop(taken);
+        for (index, arg) in args.iter().enumerate() {
+            if values[index].is_none() {
+                values[index] = Some(match arg {
+                    Arg::Value(v) => match &self.env[*v] {
+                        Some(t) => Value::Tensor(t.clone()),
+                        // Read and written by the same call (only with the checks off): read a copy
+                        // of what is written.
+                        None => {
+                            let written_slot = writes.iter().zip(&written).find(|(_, w)| **w == *v).map(|(s, _)| *s);
+                            let source = written_slot.and_then(|s| values[s].as_ref()).and_then(Value::as_tensor);
+                            let source = source.ok_or_else(|| {
+                                self.call_error(
+                                    node,
+                                    CallError::Tensor(TensorError::SharedStorage {
+                                        meta: self.graph.meta(*v).clone(),
+                                        handles: 2,
+                                    }),
+                                )
+                            })?;
+                            Value::Tensor(source.deep_clone().map_err(|e| self.tensor_error(node, e))?)
+                        }
+                    },
+                    constant => Self::constant(constant),
+                });
+            }
+        }
+        let values: Vec<Value> = values.into_iter().map(|v| v.expect("every slot filled")).collect();
+        let outputs = self.registry.call_implementation(op, provider, values).map_err(|e| self.call_error(node, e))?;
+        for (alias, slot, layout) in aliases {
+            let index = writes.iter().position(|&w| w == slot).expect("aliases belong to written slots");
+            let rebound = outputs[index].as_strided(layout).map_err(|e| self.tensor_error(node, e))?;
+            self.env[alias] = Some(rebound);
+        }
+        Ok(outputs)
+    }
+
+    /// Writes through `dst` with `write`, rebinding its aliases to the written storage.
+    fn write_through(
+        &mut self,
+        node: NodeId,
+        dst: ValueId,
+        position: usize,
+        write: impl FnOnce(&mut Tensor) -> Result<(), CallError>,
+    ) -> Result<Tensor, InterpError> {
+        let storage = self.get(dst).storage_id();
+        let mut aliases = Vec::new();
+        for (alias, entry) in self.env.iter_mut() {
+            if alias != dst && entry.as_ref().is_some_and(|t| t.storage_id() == storage) {
+                let held = entry.take().expect("checked above");
+                aliases.push((alias, held.layout().clone()));
+            }
+        }
+        let mut target = self.env[dst].take().expect("defined before use");
+        if self.kept.contains(&dst) || self.last_position(dst) as usize > position {
+            aliases.push((dst, target.layout().clone()));
+        }
+        if !target.is_uniquely_owned() {
+            self.stats.defensive_copies += 1;
+            target = target.deep_clone().map_err(|e| self.tensor_error(node, e))?;
+        }
+        write(&mut target).map_err(|e| self.call_error(node, e))?;
+        for (alias, layout) in aliases {
+            self.env[alias] = Some(target.as_strided(layout).map_err(|e| self.tensor_error(node, e))?);
+        }
+        Ok(target)
+    }
+
+    fn check_input_write(&self, node: NodeId, storage: StorageId) -> Result<(), InterpError> {
+        if self.options.safety_checks == SafetyChecks::Off {
+            return Ok(());
+        }
+        match self.inputs.get(&storage) {
+            Some((name, false)) => {
+                Err(InterpError::WriteToNonDonatedInput { node, statement: self.statement(node), input: name.clone() })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn check_kernel_writes(
+        &self,
+        node: NodeId,
+        position: usize,
+        written: &[ValueId],
+        args: &[Arg],
+    ) -> Result<(), InterpError> {
+        let storages: Vec<StorageId> = written.iter().map(|&v| self.get(v).storage_id()).collect();
+        for &storage in &storages {
+            self.check_input_write(node, storage)?;
+        }
+        let argument_storages: Vec<(ValueId, StorageId)> = args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Value(v) => Some((*v, self.get(*v).storage_id())),
+                _ => None,
+            })
+            .collect();
+        for (i, (&value, &storage)) in written.iter().zip(&storages).enumerate() {
+            let shared_with_written = storages.iter().enumerate().any(|(j, &s)| j != i && s == storage);
+            let shared_with_other = argument_storages.iter().any(|&(v, s)| v != value && s == storage);
+            if shared_with_written || shared_with_other {
+                return Err(InterpError::AliasedKernelArgs { node, statement: self.statement(node) });
+            }
+        }
+        for &storage in &storages {
+            for (value, entry) in self.env.iter() {
+                let aliases = entry.as_ref().is_some_and(|t| t.storage_id() == storage);
+                if !aliases {
+                    continue;
+                }
+                let later = self.uses[value].iter().copied().find(|&user| self.positions[user] as usize > position);
+                if let Some(later_user) = later {
+                    return Err(InterpError::AliasHazard {
+                        node,
+                        statement: self.statement(node),
+                        value: self.graph.display_value(value),
+                        later_user: self.statement(later_user),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn release_dead(&mut self, node: NodeId, position: usize) {
+        let mut operands = self.graph.node(node).kind.operands();
+        operands.extend(self.graph.node(node).results.iter().copied());
+        for value in operands {
+            let dead = !self.kept.contains(&value) && self.last_position(value) as usize <= position;
+            if dead {
+                self.env[value] = None;
+            }
+        }
+    }
+
+    fn account(&mut self) {
+        let mut live = HashSet::new();
+        let mut bytes = 0u64;
+        for (_, entry) in self.env.iter() {
+            if let Some(t) = entry
+                && live.insert(t.storage_id())
+            {
+                bytes += t.storage().len_bytes() as u64;
+            }
+        }
+        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(bytes);
+    }
+}

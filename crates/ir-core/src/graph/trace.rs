@@ -1,0 +1,252 @@
+//! The tracer (R71): an execution context that records graph nodes instead of running kernels, so
+//! the same model source produces eager results and graphs.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::context::ExecutionContext;
+use crate::graph::{Arg, Graph, NodeKind, ValueId};
+use crate::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use crate::op::rms_norm::RMS_NORM;
+use crate::op::{ArgMeta, OpDef, Overload};
+use crate::{CallError, Layout, Registry, Tensor, TensorError, TensorMeta};
+
+/// A traced value: another handle to the same SSA value when cloned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Traced {
+    value: ValueId,
+    meta: TensorMeta,
+}
+
+impl Traced {
+    /// The graph value.
+    pub fn value(&self) -> ValueId {
+        self.value
+    }
+}
+
+/// Records a graph; validates every call exactly like eager calls (meta functions, argument kinds).
+pub struct Tracer<'r> {
+    registry: &'r Registry,
+    graph: RefCell<Graph>,
+    parameters: RefCell<Vec<(String, Tensor)>>,
+    parameter_values: RefCell<HashMap<String, Traced>>,
+}
+
+/// A finished trace: the graph and the parameter tensors its parameter inputs stand for.
+#[derive(Clone, Debug)]
+pub struct TracedGraph {
+    /// The graph.
+    pub graph: Graph,
+    /// Parameter inputs by name, in the order they were first used.
+    pub parameters: Vec<(String, Tensor)>,
+}
+
+impl<'r> Tracer<'r> {
+    /// A tracer recording a graph called `name`.
+    pub fn new(registry: &'r Registry, name: impl Into<String>) -> Tracer<'r> {
+        Tracer {
+            registry,
+            graph: RefCell::new(Graph::new(name)),
+            parameters: RefCell::new(Vec::new()),
+            parameter_values: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Declares a graph input.
+    pub fn input(&self, name: &str, meta: TensorMeta) -> Traced {
+        let value = self.graph.borrow_mut().add_input(name, meta.clone());
+        Traced { value, meta }
+    }
+
+    /// Finishes the trace with these outputs.
+    pub fn finish(self, outputs: &[Traced]) -> TracedGraph {
+        let mut graph = self.graph.into_inner();
+        graph.set_output(outputs.iter().map(|t| t.value).collect());
+        TracedGraph { graph, parameters: self.parameters.into_inner() }
+    }
+
+    fn call(&self, def: &'static OpDef, overload: Overload, args: Vec<TraceArg<'_>>) -> Result<Vec<Traced>, CallError> {
+        if overload == Overload::MaybeInplace && !def.allow_inplace {
+            return Err(CallError::NotInplaceOp { op: def.name });
+        }
+        let metas: Vec<ArgMeta<'_>> = args
+            .iter()
+            .map(|a| match a {
+                TraceArg::Tensor(t) => ArgMeta::Tensor(&t.meta),
+                TraceArg::None => ArgMeta::None,
+                TraceArg::F64(v) => ArgMeta::F64(*v),
+                TraceArg::I64(v) => ArgMeta::I64(*v),
+            })
+            .collect();
+        let selection = self.registry.select(def.name, &metas)?;
+        let graph_args = args
+            .iter()
+            .map(|a| match a {
+                TraceArg::Tensor(t) => Arg::Value(t.value),
+                TraceArg::None => Arg::None,
+                TraceArg::F64(v) => Arg::F64(*v),
+                TraceArg::I64(v) => Arg::I64(*v),
+            })
+            .collect();
+        let kind = NodeKind::IrCall { op: def.name.to_owned(), overload, args: graph_args };
+        let (_, values) = self.graph.borrow_mut().push(kind, selection.outputs.clone());
+        Ok(values.into_iter().zip(selection.outputs).map(|(value, meta)| Traced { value, meta }).collect())
+    }
+
+    fn builtin(&self, kind: NodeKind, meta: TensorMeta) -> Traced {
+        let (_, values) = self.graph.borrow_mut().push(kind, vec![meta.clone()]);
+        Traced { value: values[0], meta }
+    }
+}
+
+enum TraceArg<'a> {
+    Tensor(&'a Traced),
+    None,
+    F64(f64),
+    I64(i64),
+}
+
+fn opt<'a>(t: Option<&'a Traced>) -> TraceArg<'a> {
+    t.map_or(TraceArg::None, TraceArg::Tensor)
+}
+
+fn opt_i64<'a>(v: Option<i64>) -> TraceArg<'a> {
+    v.map_or(TraceArg::None, TraceArg::I64)
+}
+
+fn pair(mut values: Vec<Traced>) -> (Traced, Traced) {
+    let second = values.pop().expect("two outputs");
+    let first = values.pop().expect("two outputs");
+    (first, second)
+}
+
+impl ExecutionContext for Tracer<'_> {
+    type Tensor = Traced;
+
+    fn meta<'t>(&self, t: &'t Traced) -> &'t TensorMeta {
+        &t.meta
+    }
+
+    fn parameter(&self, name: &str, value: &Tensor) -> Result<Traced, CallError> {
+        if let Some(existing) = self.parameter_values.borrow().get(name) {
+            return Ok(existing.clone());
+        }
+        let traced = self.input(name, value.meta().clone());
+        self.parameters.borrow_mut().push((name.to_owned(), value.clone()));
+        self.parameter_values.borrow_mut().insert(name.to_owned(), traced.clone());
+        Ok(traced)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Traced,
+        weight: Option<&Traced>,
+        epsilon: f64,
+        variance_size: Option<i64>,
+    ) -> Result<Traced, CallError> {
+        let args = vec![TraceArg::Tensor(x), opt(weight), TraceArg::F64(epsilon), opt_i64(variance_size)];
+        Ok(self.call(&RMS_NORM, Overload::Default, args)?.remove(0))
+    }
+
+    fn fused_add_rms_norm(
+        &self,
+        x: &Traced,
+        x_residual: &Traced,
+        weight: Option<&Traced>,
+        epsilon: f64,
+        variance_size: Option<i64>,
+    ) -> Result<(Traced, Traced), CallError> {
+        let args = vec![
+            TraceArg::Tensor(x),
+            TraceArg::Tensor(x_residual),
+            opt(weight),
+            TraceArg::F64(epsilon),
+            opt_i64(variance_size),
+        ];
+        Ok(pair(self.call(&FUSED_ADD_RMS_NORM, Overload::Default, args)?))
+    }
+
+    fn fused_add_rms_norm_maybe_inplace(
+        &self,
+        x: Traced,
+        x_residual: Traced,
+        weight: Option<&Traced>,
+        epsilon: f64,
+        variance_size: Option<i64>,
+    ) -> Result<(Traced, Traced), CallError> {
+        let args = vec![
+            TraceArg::Tensor(&x),
+            TraceArg::Tensor(&x_residual),
+            opt(weight),
+            TraceArg::F64(epsilon),
+            opt_i64(variance_size),
+        ];
+        Ok(pair(self.call(&FUSED_ADD_RMS_NORM, Overload::MaybeInplace, args)?))
+    }
+
+    fn slice(&self, t: &Traced, dim: usize, start: usize, end: usize) -> Result<Traced, CallError> {
+        let layout = t.meta.layout.slice(dim, start, end).map_err(TensorError::from)?;
+        Ok(self.builtin(NodeKind::Slice { value: t.value, dim, start, end }, TensorMeta { layout, ..t.meta.clone() }))
+    }
+
+    fn transpose(&self, t: &Traced, d0: usize, d1: usize) -> Result<Traced, CallError> {
+        let layout = t.meta.layout.transpose(d0, d1).map_err(TensorError::from)?;
+        Ok(self.builtin(NodeKind::Transpose { value: t.value, d0, d1 }, TensorMeta { layout, ..t.meta.clone() }))
+    }
+
+    fn reshape(&self, t: &Traced, shape: &[usize]) -> Result<Traced, CallError> {
+        let layout = t.meta.layout.reshape(shape).map_err(TensorError::from)?;
+        Ok(self.builtin(
+            NodeKind::Reshape { value: t.value, shape: shape.to_vec() },
+            TensorMeta { layout, ..t.meta.clone() },
+        ))
+    }
+
+    fn clone_tensor(&self, t: &Traced) -> Result<Traced, CallError> {
+        Ok(self.builtin(NodeKind::Clone(t.value), TensorMeta { layout: t.meta.layout.copy_layout(), ..t.meta.clone() }))
+    }
+
+    fn contiguous(&self, t: &Traced) -> Result<Traced, CallError> {
+        Ok(self.builtin(
+            NodeKind::Contiguous(t.value),
+            TensorMeta { layout: Layout::compact(t.meta.shape()), ..t.meta.clone() },
+        ))
+    }
+
+    fn add(&self, a: &Traced, b: &Traced) -> Result<Traced, CallError> {
+        check_binary("add", &a.meta, &b.meta)?;
+        Ok(self.builtin(
+            NodeKind::Add(a.value, b.value),
+            TensorMeta { layout: Layout::compact(a.meta.shape()), ..a.meta.clone() },
+        ))
+    }
+
+    fn mul(&self, a: &Traced, b: &Traced) -> Result<Traced, CallError> {
+        check_binary("mul", &a.meta, &b.meta)?;
+        Ok(self.builtin(
+            NodeKind::Mul(a.value, b.value),
+            TensorMeta { layout: Layout::compact(a.meta.shape()), ..a.meta.clone() },
+        ))
+    }
+
+    fn scale(&self, t: &Traced, factor: f64) -> Result<Traced, CallError> {
+        Ok(self.builtin(
+            NodeKind::Scale(t.value, factor),
+            TensorMeta { layout: Layout::compact(t.meta.shape()), ..t.meta.clone() },
+        ))
+    }
+}
+
+fn check_binary(operation: &'static str, a: &TensorMeta, b: &TensorMeta) -> Result<(), TensorError> {
+    if a.shape() != b.shape() {
+        return Err(TensorError::ShapeMismatch { operation, lhs: a.shape().to_vec(), rhs: b.shape().to_vec() });
+    }
+    if a.dtype != b.dtype {
+        return Err(TensorError::DTypeMismatch { operation, lhs: a.dtype, rhs: b.dtype });
+    }
+    if a.device != b.device {
+        return Err(TensorError::DeviceMismatch { operation, lhs: a.device, rhs: b.device });
+    }
+    Ok(())
+}

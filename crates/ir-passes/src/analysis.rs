@@ -1,0 +1,68 @@
+//! Analyses shared by the passes: which nodes write which values, and storage roots (R61, R81).
+
+use cranelift_entity::SecondaryMap;
+use ir_core::Registry;
+use ir_core::graph::{Arg, Graph, NodeId, NodeKind, ValueId};
+use ir_core::op::Overload;
+
+/// The values a node writes (R61): an `ImplCall`'s `writes` arguments, `copy_`'s destination, and a
+/// `maybe_inplace` call's activations (it donates them). Nothing else writes.
+pub fn written_values(graph: &Graph, registry: &Registry, node: NodeId) -> Vec<ValueId> {
+    match &graph.node(node).kind {
+        NodeKind::ImplCall { writes, args, .. } => writes
+            .iter()
+            .filter_map(|&p| match args.get(p) {
+                Some(Arg::Value(v)) => Some(*v),
+                _ => None,
+            })
+            .collect(),
+        NodeKind::Copy { dst, .. } => vec![*dst],
+        NodeKind::IrCall { op, overload: Overload::MaybeInplace, args } => registry
+            .activations(op)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|&p| match args.get(p) {
+                Some(Arg::Value(v)) => Some(*v),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Storage roots (R81): an input is its own root; a view's root is its input's root; a writing
+/// node's result i has the root of what it wrote; every other value is its own root.
+pub struct StorageRoots {
+    roots: SecondaryMap<ValueId, Option<ValueId>>,
+}
+
+impl StorageRoots {
+    /// Computes the roots of every live value, in graph order.
+    pub fn compute(graph: &Graph, registry: &Registry) -> StorageRoots {
+        let mut roots: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::new();
+        for &node in graph.order() {
+            let data = graph.node(node);
+            let root_of = |roots: &SecondaryMap<ValueId, Option<ValueId>>, v: ValueId| roots[v].unwrap_or(v);
+            let written = written_values(graph, registry, node);
+            for (i, &result) in data.results.iter().enumerate() {
+                let root = match &data.kind {
+                    NodeKind::Slice { value, .. }
+                    | NodeKind::Transpose { value, .. }
+                    | NodeKind::Reshape { value, .. } => root_of(&roots, *value),
+                    NodeKind::Copy { dst, .. } => root_of(&roots, *dst),
+                    NodeKind::ImplCall { .. } | NodeKind::IrCall { .. } if i < written.len() => {
+                        root_of(&roots, written[i])
+                    }
+                    _ => result,
+                };
+                roots[result] = Some(root);
+            }
+        }
+        StorageRoots { roots }
+    }
+
+    /// The root of `value`.
+    pub fn root(&self, value: ValueId) -> ValueId {
+        self.roots[value].unwrap_or(value)
+    }
+}

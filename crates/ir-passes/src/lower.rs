@@ -1,0 +1,147 @@
+//! Lowering: replaces each functional op call by the implementation the installed priorities select.
+//!
+//! # What it does
+//!
+//! For each functional `IrCall`, selection runs on the graph's metadata with the registry's
+//! installed priorities (the same rules as eager dispatch, R39). A non-inplace choice becomes an
+//! `ImplCall` with the same arguments. For an inplace choice, a `clone` of each activation is inserted
+//! right before the call and the `ImplCall` receives the clones, with `writes` = the activation
+//! positions; clone elimination later removes the clones nothing needs. The `ImplCall` keeps the
+//! node's results, so their names and uses stay. Choosing native gives `impl <op>[native]`.
+//!
+//! # What it does not do
+//!
+//! `maybe_inplace` calls (not functionalized) are not lowered: the pass warns once, listing them, and
+//! the interpreter still runs them through dispatch. A lowered graph does not change when priorities
+//! change later.
+//!
+//! ```
+//! use ir_core::graph::parse;
+//! use ir_passes::{PassContext, lower};
+//!
+//! let mut graph = parse(
+//!     "graph g(%x: f32[2,8]) {
+//!        %0 = rms_norm(%x, none, 1e-6, none) : f32[2,8]
+//!        output(%0)
+//!      }",
+//! )?;
+//! let registry = ir_core::Registry::with_builtin_ops();
+//! let report = lower(&mut graph, &PassContext::new(&registry))?;
+//! assert_eq!(report.to_string(), "lowered 1 call(s): rms_norm=native×1");
+//! assert!(graph.to_string().contains("%0 = impl rms_norm[native] (%x, none, 1e-6, none) : f32[2,8]"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+
+use indexmap::IndexMap;
+use ir_core::graph::{Arg, Graph, NodeId, NodeKind};
+use ir_core::op::{ArgMeta, Overload};
+use ir_core::{Rejection, TensorMeta};
+
+use crate::{PassContext, PassError};
+
+/// The selection recorded for one lowered node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lowered {
+    /// The node (now an `ImplCall`).
+    pub node: NodeId,
+    /// The op.
+    pub op: String,
+    /// The chosen provider.
+    pub provider: &'static str,
+    /// Whether it writes in place (clones were inserted).
+    pub inplace: bool,
+    /// Providers rejected before it, with reasons.
+    pub rejected: Vec<Rejection>,
+}
+
+/// What lowering did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LowerReport {
+    /// One entry per lowered node, in order.
+    pub selections: Vec<Lowered>,
+    /// `maybe_inplace` calls left as they are.
+    pub not_lowered: Vec<NodeId>,
+    /// Clones inserted for inplace implementations.
+    pub clones_inserted: usize,
+}
+
+impl fmt::Display for LowerReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut counts: IndexMap<String, usize> = IndexMap::new();
+        for s in &self.selections {
+            *counts.entry(format!("{}={}", s.op, s.provider)).or_default() += 1;
+        }
+        let summary: Vec<String> = counts.iter().map(|(k, n)| format!("{k}×{n}")).collect();
+        write!(f, "lowered {} call(s): {}", self.selections.len(), summary.join(", "))?;
+        if !self.not_lowered.is_empty() {
+            write!(f, "; {} maybe_inplace call(s) not lowered", self.not_lowered.len())?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs lowering. See the module documentation.
+pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, PassError> {
+    let _span = tracing::info_span!("pass", name = "lower").entered();
+    let mut report = LowerReport::default();
+    let mut plan = Vec::new();
+    for &node in graph.order() {
+        let NodeKind::IrCall { op, overload, args } = &graph.node(node).kind else { continue };
+        if *overload == Overload::MaybeInplace {
+            report.not_lowered.push(node);
+            continue;
+        }
+        let metas: Vec<ArgMeta<'_>> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Value(v) => ArgMeta::Tensor(graph.meta(*v)),
+                Arg::None | Arg::Ints(_) => ArgMeta::None,
+                Arg::F64(v) => ArgMeta::F64(*v),
+                Arg::I64(v) => ArgMeta::I64(*v),
+                Arg::Bool(v) => ArgMeta::Bool(*v),
+            })
+            .collect();
+        let selection = cx
+            .registry
+            .select(op, &metas)
+            .map_err(|source| PassError::Selection { node: graph.display_node(node), source: Box::new(source) })?;
+        let activations = if selection.inplace { cx.registry.activations(op).unwrap_or_default() } else { Vec::new() };
+        plan.push((node, op.clone(), args.clone(), selection, activations));
+    }
+    if !report.not_lowered.is_empty() {
+        let listed: Vec<String> = report.not_lowered.iter().map(|&n| graph.display_node(n)).collect();
+        tracing::warn!(
+            target: "ir_passes::lower",
+            "{} maybe_inplace call(s) were not functionalized and stay unlowered: {}",
+            listed.len(),
+            listed.join("; ")
+        );
+    }
+    for (node, op, mut args, selection, activations) in plan {
+        for &position in &activations {
+            let Some(Arg::Value(value)) = args.get(position) else { continue };
+            let meta = graph.meta(*value);
+            let clone_meta = TensorMeta { layout: meta.layout.copy_layout(), ..meta.clone() };
+            let (_, clone) = graph.insert(NodeKind::Clone(*value), vec![clone_meta], Some(node));
+            args[position] = Arg::Value(clone[0]);
+            report.clones_inserted += 1;
+        }
+        graph.node_mut(node).kind = NodeKind::ImplCall {
+            op: op.clone(),
+            provider: selection.provider.to_owned(),
+            writes: activations.clone(),
+            args,
+        };
+        report.selections.push(Lowered {
+            node,
+            op,
+            provider: selection.provider,
+            inplace: selection.inplace,
+            rejected: selection.rejected,
+        });
+    }
+    tracing::debug!(target: "ir_passes::lower", %report);
+    Ok(report)
+}

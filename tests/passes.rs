@@ -1,0 +1,230 @@
+//! The passes end to end on the models of the spec's table (R128–R131), with the in-place `cpu`
+//! provider forced, in both clone elimination variants.
+
+use ir_core::graph::{InterpError, InterpOptions, Interpretation, NodeKind, interpret, parse};
+use ir_core::op::InputSpec;
+use ir_core::op::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm};
+use ir_core::{DType, PriorityGuard, Registry, Tensor, bit_eq};
+use ir_passes::{CloneElimination, PassContext, PassError, Pipeline, PipelineError, Snapshots};
+
+const HEADER: &str = "graph m(%x: bf16[8,16], %r1: bf16[8,16], %r2: bf16[8,16], %w: bf16[16]) {\n";
+const T: &str = "bf16[8,16]";
+
+fn model(body: &str) -> String {
+    format!("{HEADER}{}}}\n", body.replace("TT", &format!("{T}, {T}")).replace("T1", T))
+}
+
+fn model_a() -> String {
+    model(
+        "  %o1, %s1 = fused_add_rms_norm.maybe_inplace(%x, %r1, %w, 1e-6, none) : TT
+  %o2, %s2 = fused_add_rms_norm.maybe_inplace(%o1, %r2, %w, 1e-6, none) : TT
+  output(%o2, %s1, %s2)
+",
+    )
+}
+
+fn model_b() -> String {
+    model(
+        "  %o1, %s1 = fused_add_rms_norm(%x, %r1, %w, 1e-6, none) : TT
+  %o2, %s2 = fused_add_rms_norm(%o1, %r2, %w, 1e-6, none) : TT
+  output(%o2, %s1, %s2)
+",
+    )
+}
+
+fn model_c() -> String {
+    model(
+        "  %o1, %s1 = fused_add_rms_norm.maybe_inplace(%x, %r1, %w, 1e-6, none) : TT
+  %o2, %s2 = fused_add_rms_norm(%o1, %r2, %w, 1e-6, none) : TT
+  output(%o2, %s1, %s2, %o1)
+",
+    )
+}
+
+fn model_d() -> String {
+    model(
+        "  %o1, %s1 = fused_add_rms_norm.maybe_inplace(%x, %r1, %w, 1e-6, none) : TT
+  %t = scale(%o1, 2.0) : T1
+  %o2, %s2 = fused_add_rms_norm(%t, %r2, %w, 1e-6, none) : TT
+  output(%o2, %s1, %s2)
+",
+    )
+}
+
+fn registry() -> (Registry, [PriorityGuard; 2]) {
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).unwrap();
+    let guards = [
+        registry.override_priority("fused_add_rms_norm", &["cpu", "native"]).unwrap(),
+        registry.override_priority("rms_norm", &["cpu", "native"]).unwrap(),
+    ];
+    (registry, guards)
+}
+
+fn inputs() -> Vec<(String, Tensor)> {
+    let spec = InputSpec { num_tokens: 8, hidden_size: 16, dtype: DType::BF16, epsilon: 1e-6, seed: 11 };
+    let a = (FUSED_ADD_RMS_NORM.generate_inputs)(&spec).unwrap();
+    let b = (FUSED_ADD_RMS_NORM.generate_inputs)(&InputSpec { seed: 12, ..spec }).unwrap();
+    let t = |args: &[ir_core::op::Value], i: usize| args[i].as_tensor().unwrap().deep_clone().unwrap();
+    vec![("x".into(), t(&a, 0)), ("r1".into(), t(&a, 1)), ("r2".into(), t(&b, 1)), ("w".into(), t(&a, 2))]
+}
+
+fn input(inputs: &[(String, Tensor)], name: &str) -> Tensor {
+    inputs.iter().find(|(n, _)| n == name).unwrap().1.clone()
+}
+
+/// The eager reference: the same provider, functional calls.
+fn eager(registry: &Registry, inputs: &[(String, Tensor)], scale_between: bool) -> [Tensor; 4] {
+    let (x, r1, r2, w) = (input(inputs, "x"), input(inputs, "r1"), input(inputs, "r2"), input(inputs, "w"));
+    let (o1, s1) = fused_add_rms_norm(registry, &x, &r1, Some(&w), 1e-6, None).unwrap();
+    let t = if scale_between { o1.scale(2.0).unwrap() } else { o1.clone() };
+    let (o2, s2) = fused_add_rms_norm(registry, &t, &r2, Some(&w), 1e-6, None).unwrap();
+    [o2, s1, s2, o1]
+}
+
+struct Outcome {
+    functionalized: usize,
+    donated: Vec<String>,
+    clones_left: usize,
+    run: Interpretation,
+    text: String,
+}
+
+fn compile_and_run(text: &str, variant: CloneElimination) -> Outcome {
+    let (registry, _guards) = registry();
+    let mut graph = parse(text).unwrap();
+    let cx = PassContext::new(&registry).with_clone_elimination(variant);
+    let report = Pipeline::standard().run(&mut graph, &cx, None, Snapshots::Skip).unwrap();
+    let ir_passes::PassReport::Functionalize(functionalized) = &report.runs[0].report else { panic!("first pass") };
+    let clones_left = graph.order().iter().filter(|&&n| matches!(graph.node(n).kind, NodeKind::Clone(_))).count();
+    for &node in graph.order() {
+        if let NodeKind::ImplCall { provider, .. } = &graph.node(node).kind {
+            assert_eq!(provider, "cpu", "{}", graph.display_node(node));
+        }
+    }
+    let run =
+        interpret(&graph, &registry, inputs(), InterpOptions::checked()).unwrap_or_else(|e| panic!("{e}\n{graph}"));
+    Outcome {
+        functionalized: functionalized.total(),
+        donated: functionalized.donated.clone(),
+        clones_left,
+        run,
+        text: graph.to_string(),
+    }
+}
+
+fn check(text: &str, functionalized: usize, donated: &[&str], clones_left: usize, scale_between: bool) -> Vec<Outcome> {
+    let (registry, _guards) = registry();
+    let expected = eager(&registry, &inputs(), scale_between);
+    [CloneElimination::AliasAware, CloneElimination::Unsafe]
+        .into_iter()
+        .map(|variant| {
+            let outcome = compile_and_run(text, variant);
+            assert_eq!(outcome.functionalized, functionalized, "{variant:?}");
+            assert_eq!(outcome.donated, donated, "{variant:?}");
+            assert_eq!(outcome.clones_left, clones_left, "{variant:?}\n{}", outcome.text);
+            for (got, want) in outcome.run.outputs.iter().zip(&expected) {
+                assert!(bit_eq(got, want), "{variant:?}: outputs equal eager calls of the same provider");
+            }
+            outcome
+        })
+        .collect()
+}
+
+#[test]
+fn model_a_two_donating_calls_run_without_a_copy() {
+    for outcome in check(&model_a(), 2, &["x", "r1", "r2"], 0, false) {
+        assert_eq!(outcome.run.stats.bytes_allocated, 0, "measured zero-copy");
+        assert_eq!(outcome.run.stats.clones_executed, 0);
+        assert!(
+            outcome
+                .text
+                .contains("%x: bf16[8,16] donated, %r1: bf16[8,16] donated, %r2: bf16[8,16] donated, %w: bf16[16])")
+        );
+    }
+}
+
+#[test]
+fn model_b_functional_calls_keep_three_copies() {
+    for outcome in check(&model_b(), 0, &[], 3, false) {
+        assert_eq!(outcome.run.stats.clones_executed, 3);
+    }
+}
+
+#[test]
+fn model_c_a_value_used_after_the_write_keeps_its_copy() {
+    check(&model_c(), 1, &["x", "r1"], 2, false);
+}
+
+#[test]
+fn model_d_only_the_residual_copy_stays() {
+    check(&model_d(), 1, &["x", "r1"], 1, true);
+}
+
+#[test]
+fn reusing_a_donated_value_is_an_error_naming_everything() {
+    let text = model(
+        "  %o1, %s1 = fused_add_rms_norm.maybe_inplace(%x, %r1, %w, 1e-6, none) : TT
+  %t = add(%x, %r1) : T1
+  output(%o1, %s1, %t)
+",
+    );
+    let (registry, _guards) = registry();
+    let mut graph = parse(&text).unwrap();
+    let before = graph.to_string();
+    let err = Pipeline::standard().run(&mut graph, &PassContext::new(&registry), None, Snapshots::Skip).unwrap_err();
+    let PipelineError::Pass { source: PassError::DonatedValueReused { violations }, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(violations.len(), 2, "both violations are reported");
+    let message = err.to_string();
+    assert!(
+        message.contains("%x is donated to `%o1, %s1 = fused_add_rms_norm.maybe_inplace(%x, %r1, %w, 1e-6, none)"),
+        "{message}"
+    );
+    assert!(message.contains("but used later by `%t = add(%x, %r1) : bf16[8,16]`"), "{message}");
+    assert!(message.contains("%r1 is donated"), "{message}");
+    assert!(message.contains("use the functional call, or clone the value explicitly before the call"), "{message}");
+    assert_eq!(graph.to_string(), before, "a failing pass leaves the graph unchanged");
+}
+
+#[test]
+fn the_same_value_as_both_activations() {
+    let text = model(
+        "  %o1, %s1 = fused_add_rms_norm.maybe_inplace(%x, %x, %w, 1e-6, none) : TT
+  output(%o1, %s1)
+",
+    );
+    let (registry, _guards) = registry();
+    let x = input(&inputs(), "x");
+    let (expected_out, expected_res) =
+        fused_add_rms_norm(&registry, &x, &x, Some(&input(&inputs(), "w")), 1e-6, None).unwrap();
+    let aware = compile_and_run(&text, CloneElimination::AliasAware);
+    assert_eq!(aware.clones_left, 1, "{}", aware.text);
+    assert!(bit_eq(&aware.run.outputs[0], &expected_out) && bit_eq(&aware.run.outputs[1], &expected_res));
+
+    let mut graph = parse(&text).unwrap();
+    let cx = PassContext::new(&registry).with_clone_elimination(CloneElimination::Unsafe);
+    Pipeline::standard().run(&mut graph, &cx, None, Snapshots::Skip).unwrap();
+    let err = interpret(&graph, &registry, inputs(), InterpOptions::checked()).unwrap_err();
+    assert!(matches!(err, InterpError::AliasedKernelArgs { .. }), "{err}");
+}
+
+#[test]
+fn donation_is_recorded_by_name_and_the_pipeline_is_stable() {
+    let permuted =
+        model_a().replace(HEADER, "graph m(%w: bf16[16], %r2: bf16[8,16], %x: bf16[8,16], %r1: bf16[8,16]) {\n");
+    let (registry, _guards) = registry();
+    let cx = PassContext::new(&registry);
+    let mut graph = parse(&permuted).unwrap();
+    let report = ir_passes::functionalize(&mut graph, &cx).unwrap();
+    assert_eq!(report.donated, vec!["x", "r1", "r2"]);
+    let once = graph.to_string();
+    let again = ir_passes::functionalize(&mut graph, &cx).unwrap();
+    assert_eq!((again.total(), graph.to_string()), (0, once));
+    let mut compiled = parse(&model_a()).unwrap();
+    Pipeline::standard().run(&mut compiled, &cx, None, Snapshots::Skip).unwrap();
+    let first = compiled.to_string();
+    Pipeline::standard().run(&mut compiled, &cx, None, Snapshots::Skip).unwrap();
+    assert_eq!(compiled.to_string(), first, "a second run changes nothing");
+}
