@@ -228,3 +228,98 @@ fn donation_is_recorded_by_name_and_the_pipeline_is_stable() {
     Pipeline::standard().run(&mut compiled, &cx, None, Snapshots::Skip).unwrap();
     assert_eq!(compiled.to_string(), first, "a second run changes nothing");
 }
+
+#[test]
+fn tracing_a_decoder_records_one_call_per_op_and_interprets_like_eager() {
+    use ir_core::graph::Tracer;
+    use ir_core::{EagerContext, ExecutionContext, TensorMeta};
+    use layers::RmsNorm;
+
+    fn decoder<C: ExecutionContext>(ctx: &C, norms: &[RmsNorm], x: C::Tensor) -> (C::Tensor, C::Tensor) {
+        let residual = x.clone();
+        let mut hidden = norms[0].forward(ctx, &x).unwrap();
+        let mut residual = residual;
+        for norm in &norms[1..] {
+            let (out, new_residual) = norm.forward_residual(ctx, ctx.scale(&hidden, 0.5).unwrap(), residual).unwrap();
+            hidden = out;
+            residual = new_residual;
+        }
+        (hidden, residual)
+    }
+
+    let (registry, _guards) = registry();
+    let norms: Vec<RmsNorm> =
+        (0..3).map(|i| RmsNorm::builder(16).name(format!("layers.{i}.norm")).build().unwrap()).collect();
+    let x = input(&inputs(), "x");
+    let (eager_out, eager_res) = decoder(&EagerContext::new(&registry), &norms, x.deep_clone().unwrap());
+
+    let tracer = Tracer::new(&registry, "decoder");
+    let traced_x = tracer.input("x", TensorMeta::compact(DType::BF16, &[8, 16]));
+    let (out, res) = decoder(&tracer, &norms, traced_x);
+    let traced = tracer.finish(&[out, res]);
+    let graph = &traced.graph;
+    let calls: Vec<(String, ir_core::op::Overload)> = graph
+        .order()
+        .iter()
+        .filter_map(|&n| match &graph.node(n).kind {
+            NodeKind::IrCall { op, overload, .. } => Some((op.clone(), *overload)),
+            _ => None,
+        })
+        .collect();
+    use ir_core::op::Overload::{Default, MaybeInplace};
+    assert_eq!(
+        calls,
+        vec![
+            ("rms_norm".into(), Default),
+            ("fused_add_rms_norm".into(), MaybeInplace),
+            ("fused_add_rms_norm".into(), MaybeInplace)
+        ]
+    );
+    assert_eq!(traced.parameters.len(), 3, "one weight input per layer");
+    let mut graph_inputs = vec![("x".to_owned(), x.deep_clone().unwrap())];
+    graph_inputs.extend(traced.parameters.iter().cloned());
+    let run = interpret(graph, &registry, graph_inputs, InterpOptions::checked()).unwrap();
+    assert!(bit_eq(&run.outputs[0], &eager_out) && bit_eq(&run.outputs[1], &eager_res));
+}
+
+#[test]
+fn the_interpreter_counts_copies_and_bytes() {
+    let (registry, _guards) = registry();
+    let graph = parse("graph g(%x: f32[4,5]) {\n  %s = slice(%x, 1, 0, 3) : f32[4,3]{5,1}\n  %c = contiguous(%s) : f32[4,3]\n  output(%c)\n}\n").unwrap();
+    let x = Tensor::from_f64(DType::F32, &[4, 5], &(0..20).map(f64::from).collect::<Vec<_>>()).unwrap();
+    let run = interpret(&graph, &registry, vec![("x".into(), x)], InterpOptions::checked()).unwrap();
+    assert_eq!(run.stats.clones_executed, 1);
+    assert_eq!(run.stats.bytes_allocated, 4 * 3 * 4);
+    assert_eq!(run.outputs[0].strides(), &[3, 1]);
+    assert_eq!(run.outputs[0].to_f64_vec().unwrap(), vec![0., 1., 2., 5., 6., 7., 10., 11., 12., 15., 16., 17.]);
+    let missing = interpret(&graph, &registry, vec![], InterpOptions::checked()).unwrap_err();
+    assert_eq!(missing.to_string(), "missing input `%x`");
+    let wrong = Tensor::zeros(DType::F16, &[4, 5]);
+    let err = interpret(&graph, &registry, vec![("x".into(), wrong)], InterpOptions::checked()).unwrap_err();
+    assert_eq!(err.to_string(), "input `%x`: expected f32[4,5], found f16[4,5]");
+}
+
+#[test]
+fn a_lowered_graph_ignores_later_priority_changes() {
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).unwrap();
+    let mut graph = parse(&model_b()).unwrap();
+    {
+        let _guard = registry.override_priority("fused_add_rms_norm", &["cpu"]).unwrap();
+        Pipeline::standard().run(&mut graph, &PassContext::new(&registry), None, Snapshots::Skip).unwrap();
+    }
+    let _native = registry.override_priority("fused_add_rms_norm", &["native"]).unwrap();
+    let run = interpret(&graph, &registry, inputs(), InterpOptions::checked()).unwrap();
+    assert!(run.stats.providers.iter().all(|(_, _, p)| *p == "cpu"), "{:?}", run.stats.providers);
+}
+
+#[test]
+fn an_unfunctionalized_maybe_inplace_still_runs_correctly() {
+    let (registry, _guards) = registry();
+    let mut graph = parse(&model_a()).unwrap();
+    let report = ir_passes::lower(&mut graph, &PassContext::new(&registry)).unwrap();
+    assert_eq!(report.not_lowered.len(), 2);
+    let expected = eager(&registry, &inputs(), false);
+    let run = interpret(&graph, &registry, inputs(), InterpOptions::checked()).unwrap();
+    assert!(bit_eq(&run.outputs[0], &expected[0]) && bit_eq(&run.outputs[2], &expected[2]));
+}

@@ -8,6 +8,7 @@
 //! - `ci` also checks that each kernel crate's package ships its kernel source;
 //! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL
 //!   kernels built and run on the OpenCL device (PoCL in CI);
+//! - `bless`: rewrites the expectations of the golden IR tests (`IR_BLESS=1`) and shows the diff;
 //! - `build --platform cpu|cuda|rocm|xpu`: the CLI with that platform's features, saying what the
 //!   machine lacks.
 
@@ -37,6 +38,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "test" => test(),
         "check-features" => check_features(),
         "kernels" => kernels(),
+        "bless" => bless(),
         "build" => build(&args[1..]),
         other => bail!("unknown subcommand `{other}`\n{USAGE}"),
     }
@@ -114,6 +116,20 @@ fn package_lists() -> anyhow::Result<()> {
                 String::from_utf8_lossy(&output.stderr)
             );
         }
+    }
+    Ok(())
+}
+
+/// Reruns the golden IR tests with `IR_BLESS=1`, then shows what changed.
+fn bless() -> anyhow::Result<()> {
+    cargo(&["test", "--package", "vllm-ir-tests", "--test", "ir_golden", "--locked"], &[("IR_BLESS", "1")])?;
+    let status = Command::new("git")
+        .args(["diff", "--stat", "--", "tests/ir"])
+        .current_dir(project_root())
+        .status()
+        .context("running git diff")?;
+    if !status.success() {
+        bail!("git diff failed ({status})");
     }
     Ok(())
 }

@@ -4,10 +4,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use ir_core::graph::{InterpOptions, Interpretation, NodeKind, Tracer, interpret};
 use ir_core::op::InputSpec;
 use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::storage::cpu_bytes_allocated;
 use ir_core::{DType, EagerContext, ExecutionContext, Registry, SelectionRecord, Tensor, bit_eq};
+use ir_passes::{PassContext, PassReport, Pipeline, Snapshots};
 use layers::RmsNorm;
 
 use crate::{CommonArgs, build_registry};
@@ -71,8 +73,91 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     if !identical {
         bail!("the donated and functional runs differ; they must be bit-identical");
     }
+    println!("eager bit-identical: yes");
+
+    let compiled = compiled_runs(&registry, &model, args)?;
+    let compiled_identical = compiled
+        .iter()
+        .all(|run| bit_eq(&run.outputs[0], &functional.outputs.0) && bit_eq(&run.outputs[1], &functional.outputs.1));
+    if !compiled_identical {
+        bail!("the compiled runs differ from the eager run; they must be bit-identical");
+    }
+    let (donating, functional_graph) = (&compiled[0].stats, &compiled[1].stats);
+    println!(
+        "compiled vs functional graph: {:.2} MiB vs {:.2} MiB allocated, peak live {:.2} MiB vs {:.2} MiB",
+        donating.bytes_allocated as f64 / (1 << 20) as f64,
+        functional_graph.bytes_allocated as f64 / (1 << 20) as f64,
+        donating.peak_live_bytes as f64 / (1 << 20) as f64,
+        functional_graph.peak_live_bytes as f64 / (1 << 20) as f64
+    );
+    println!("compiled bit-identical to eager: yes");
     println!("bit-identical: yes");
     Ok(())
+}
+
+/// Traces the model (donating, and functional for comparison), compiles both with the standard
+/// pipeline and interprets them.
+fn compiled_runs(registry: &Registry, model: &Model, args: &DemoArgs) -> anyhow::Result<Vec<Interpretation>> {
+    let meta = ir_core::TensorMeta::compact(DType::BF16, &[args.tokens, args.hidden]);
+    let mut runs = Vec::new();
+    for (label, donate) in [("compiled, maybe_inplace", true), ("compiled, functional", false)] {
+        let tracer = Tracer::new(registry, "decoder");
+        let x = tracer.input("x", meta.clone());
+        let residual = tracer.input("residual", meta.clone());
+        let (out, new_residual) = decoder(&tracer, model, x, residual, donate)?;
+        let traced = tracer.finish(&[out, new_residual]);
+        let mut graph = traced.graph;
+        let report = Pipeline::standard()
+            .run(&mut graph, &PassContext::new(registry), None, Snapshots::Skip)
+            .context("compiling the traced decoder")?;
+        let lowered_clones = report
+            .runs
+            .iter()
+            .find_map(|r| match &r.report {
+                PassReport::Lower(l) => Some(l.clones_inserted),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let (x, residual) = activations(args)?;
+        let mut inputs = vec![("x".to_owned(), x), ("residual".to_owned(), residual)];
+        inputs.extend(traced.parameters.iter().map(|(name, t)| (name.clone(), t.clone())));
+        let start = Instant::now();
+        let run = interpret(&graph, registry, inputs, InterpOptions::checked())
+            .context("interpreting the compiled decoder")?;
+        let elapsed = start.elapsed();
+        println!("{label}:");
+        for pass in &report.runs {
+            match &pass.report {
+                PassReport::Functionalize(f) => println!("  {f}"),
+                PassReport::Lower(l) => println!("  {l}"),
+                _ => {}
+            }
+        }
+        println!(
+            "  copies: {lowered_clones} inserted by lowering, {} left after clone elimination",
+            count_copies(&graph)
+        );
+        let stats = &run.stats;
+        println!(
+            "  bytes allocated {} ({:.2} MiB), peak live {:.2} MiB, clones executed {}, defensive copies {}",
+            stats.bytes_allocated,
+            stats.bytes_allocated as f64 / (1 << 20) as f64,
+            stats.peak_live_bytes as f64 / (1 << 20) as f64,
+            stats.clones_executed,
+            stats.defensive_copies
+        );
+        println!("  time: {:.3} ms", elapsed.as_secs_f64() * 1e3);
+        runs.push(run);
+    }
+    Ok(runs)
+}
+
+fn count_copies(graph: &ir_core::graph::Graph) -> usize {
+    graph
+        .order()
+        .iter()
+        .filter(|&&n| matches!(graph.node(n).kind, NodeKind::Clone(_) | NodeKind::Contiguous(_)))
+        .count()
 }
 
 fn build_model(args: &DemoArgs) -> anyhow::Result<Model> {
@@ -92,9 +177,35 @@ fn build_model(args: &DemoArgs) -> anyhow::Result<Model> {
     Ok(Model { norms, final_norm })
 }
 
-/// One forward pass; `donate` chooses `maybe_inplace` over the functional call for the fused norms.
-fn run_once(registry: &Registry, model: &Model, args: &DemoArgs, donate: bool) -> anyhow::Result<RunReport> {
-    let ctx = EagerContext::new(registry);
+/// The model's forward pass, written once for every execution context (eager or traced); `donate`
+/// chooses `maybe_inplace` over the functional call for the fused norms.
+fn decoder<C: ExecutionContext>(
+    ctx: &C,
+    model: &Model,
+    mut x: C::Tensor,
+    mut residual: C::Tensor,
+    donate: bool,
+) -> anyhow::Result<(C::Tensor, C::Tensor)> {
+    for norm in &model.norms {
+        let (normed, new_residual) = if donate {
+            norm.forward_residual(ctx, x, residual)?
+        } else {
+            norm.forward_residual_functional(ctx, &x, &residual)?
+        };
+        // A cheap stand-in for attention and the MLP.
+        x = ctx.scale(&normed, 0.5)?;
+        residual = new_residual;
+    }
+    let outputs = if donate {
+        model.final_norm.forward_residual(ctx, x, residual)?
+    } else {
+        model.final_norm.forward_residual_functional(ctx, &x, &residual)?
+    };
+    Ok(outputs)
+}
+
+/// Fresh, uniquely owned activations (x, residual).
+fn activations(args: &DemoArgs) -> anyhow::Result<(Tensor, Tensor)> {
     let spec = InputSpec {
         num_tokens: args.tokens,
         hidden_size: args.hidden,
@@ -103,28 +214,19 @@ fn run_once(registry: &Registry, model: &Model, args: &DemoArgs, donate: bool) -
         seed: args.seed,
     };
     let inputs = (ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM.generate_inputs)(&spec)?;
-    let mut x = inputs[0].as_tensor().expect("generated x").clone();
-    let mut residual = inputs[1].as_tensor().expect("generated residual").clone();
-    drop(inputs);
+    let x = inputs[0].as_tensor().expect("generated x").deep_clone()?;
+    let residual = inputs[1].as_tensor().expect("generated residual").deep_clone()?;
+    Ok((x, residual))
+}
 
+/// One eager forward pass.
+fn run_once(registry: &Registry, model: &Model, args: &DemoArgs, donate: bool) -> anyhow::Result<RunReport> {
+    let ctx = EagerContext::new(registry);
+    let (x, residual) = activations(args)?;
     registry.reset_selection_record();
     let bytes_before = cpu_bytes_allocated();
     let start = Instant::now();
-    for norm in &model.norms {
-        let (normed, new_residual) = if donate {
-            norm.forward_residual(&ctx, x, residual)?
-        } else {
-            norm.forward_residual_functional(&ctx, &x, &residual)?
-        };
-        // A cheap stand-in for attention and the MLP.
-        x = ctx.scale(&normed, 0.5)?;
-        residual = new_residual;
-    }
-    let outputs = if donate {
-        model.final_norm.forward_residual(&ctx, x, residual)?
-    } else {
-        model.final_norm.forward_residual_functional(&ctx, &x, &residual)?
-    };
+    let outputs = decoder(&ctx, model, x, residual, donate)?;
     Ok(RunReport {
         outputs,
         elapsed: start.elapsed(),

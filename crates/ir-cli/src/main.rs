@@ -1,4 +1,5 @@
-//! `vllm-ir`: inspect providers and priorities (`info`) and run a toy decoder (`demo`).
+//! `vllm-ir`: inspect providers and priorities (`info`), optimize (`opt`) and run (`run`) graph files,
+//! and run a toy decoder (`demo`).
 //!
 //! Common flags: `--ir-op-priority` (same syntax as `VLLM_IR_PRIORITY`, which it replaces) and
 //! `--platform` (`cuda`, `rocm`, `xpu`, `cpu`; default: detected). Logs go to stderr, filtered by
@@ -6,8 +7,11 @@
 
 #![allow(clippy::print_stdout)]
 
+mod compile;
 mod demo;
 mod info;
+mod opt;
+mod run;
 
 use std::process::ExitCode;
 
@@ -28,8 +32,12 @@ struct Cli {
 enum Command {
     /// Print the platform, every op with its providers and their availability, and the final priorities.
     Info(CommonArgs),
-    /// Run a toy decoder of RmsNorm layers in place and functionally; require bit-identical results.
+    /// Run a toy decoder of RmsNorm layers eagerly and compiled; require bit-identical results.
     Demo(demo::DemoArgs),
+    /// Parse, verify and optimize a graph file; print the result.
+    Opt(opt::OptArgs),
+    /// Interpret a graph file before and after the passes and compare the outputs.
+    Run(run::RunArgs),
 }
 
 /// Flags every subcommand takes.
@@ -64,6 +72,8 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Info(args) => info::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Opt(args) => opt::run(args),
+        Command::Run(args) => run::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -70,3 +70,62 @@ fn demo_rejects_bad_sizes() {
     assert!(!ok);
     assert_eq!(stderr.trim(), "error: --layers, --tokens and --hidden must be at least 1");
 }
+
+fn golden_input(relative: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(format!("{}/../../tests/ir/{relative}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let input = text.split("// expect:").next().unwrap();
+    let path = std::env::temp_dir().join(format!("vllm-ir-cli-{}-{}", std::process::id(), relative.replace('/', "-")));
+    std::fs::write(&path, input).unwrap();
+    path
+}
+
+#[test]
+fn opt_prints_the_optimized_graph_and_reports() {
+    let path = golden_input("pipeline/model-a.ir");
+    let (ok, stdout, stderr) = vllm_ir(&["opt", path.to_str().unwrap(), "--timing"], &[]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("%o1, %s1 = impl fused_add_rms_norm[cpu] writes(0, 1) (%x, %r1, %w, 1e-6, none)"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("functionalize: functionalized 2 call(s)"), "{stderr}");
+    assert!(stderr.contains(" ms)"), "{stderr}");
+    let (ok, stdout, _) = vllm_ir(&["opt", path.to_str().unwrap(), "--dot"], &[]);
+    assert!(ok && stdout.starts_with("digraph"), "{stdout}");
+    let dump = std::env::temp_dir().join(format!("vllm-ir-dump-{}", std::process::id()));
+    let (ok, _, stderr) = vllm_ir(&["opt", path.to_str().unwrap(), "--dump-dir", dump.to_str().unwrap()], &[]);
+    assert!(ok, "{stderr}");
+    let index = std::fs::read_to_string(dump.join("index.md")).unwrap();
+    assert!(index.contains("| 1 | functionalize |") && index.contains("05-dce.ir"), "{index}");
+    assert!(dump.join("00-input.ir").is_file());
+}
+
+#[test]
+fn run_compares_before_and_after() {
+    let path = golden_input("pipeline/model-c.ir");
+    let out = std::env::temp_dir().join(format!("vllm-ir-out-{}.safetensors", std::process::id()));
+    let (ok, stdout, stderr) =
+        vllm_ir(&["run", path.to_str().unwrap(), "--seed", "3", "--save-outputs", out.to_str().unwrap()], &[]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("outputs bit-identical: yes"), "{stdout}");
+    assert!(std::fs::metadata(&out).unwrap().len() > 4 * 128 * 2);
+    let unsafe_qkv = golden_input("eliminate-clones/qkv-view-read-after-write.unsafe.ir");
+    let (ok, _, stderr) = vllm_ir(
+        &["run", unsafe_qkv.to_str().unwrap(), "--passes", "eliminate-clones", "--clone-elimination", "unsafe"],
+        &[],
+    );
+    assert!(!ok);
+    assert!(stderr.contains("overwrites the storage of `%qkv`"), "{stderr}");
+}
+
+#[test]
+fn malformed_files_are_one_line_errors() {
+    let path = std::env::temp_dir().join(format!("vllm-ir-bad-{}.ir", std::process::id()));
+    std::fs::write(&path, "graph g(%x: f32[2]) {\n  %y = scale(%x 2.0) : f32[2]\n}\n").unwrap();
+    let (ok, _, stderr) = vllm_ir(&["opt", path.to_str().unwrap()], &[]);
+    assert!(!ok);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(":2:17: expected ',' or ')', found '2.0'"), "{stderr}");
+    let (ok, _, stderr) = vllm_ir(&["opt", "/no/such/file.ir"], &[]);
+    assert!(!ok && stderr.contains("reading /no/such/file.ir"), "{stderr}");
+}

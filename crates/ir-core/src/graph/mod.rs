@@ -8,6 +8,7 @@
 //! The text format (R63) is produced by [`Graph`]'s `Display` and read by [`parse`]; [`verify`]
 //! checks a graph against a registry.
 
+mod dot;
 mod interp;
 mod parse;
 mod print;

@@ -214,6 +214,20 @@ impl Tensor {
         Ok(tensor)
     }
 
+    /// A CPU tensor with `meta`'s dtype and layout, filled with N(0, 1) values from a seeded
+    /// generator (deterministic: equal seeds give equal bits); its storage is uniquely owned.
+    pub fn randn(meta: &TensorMeta, seed: u64) -> Result<Tensor, TensorError> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let normal = rand_distr::StandardNormal;
+        let n = meta.layout.storage_end();
+        let values: Vec<f64> = (0..n).map(|_| rng.sample::<f64, _>(normal)).collect();
+        let whole = Tensor::from_f64(meta.dtype, &[n], &values)?;
+        let view = whole.as_strided(meta.layout.clone())?;
+        drop(whole);
+        Ok(view)
+    }
+
     // --- metadata ---
 
     /// Dtype, device and layout.

@@ -1,0 +1,182 @@
+//! `vllm-ir run FILE`: interpret a graph before and after the passes and compare.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use ir_core::graph::{Graph, InterpOptions, Interpretation, interpret};
+use ir_core::{DType, Tensor, allclose, bit_eq};
+use ir_passes::Snapshots;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::compile::{PassArgs, compile, read_graph};
+use crate::{CommonArgs, build_registry};
+
+/// Options of `vllm-ir run`.
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    /// The graph file (text format).
+    file: PathBuf,
+    #[command(flatten)]
+    passes: PassArgs,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Seed of the N(0, 1) inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Read the graph's inputs by name from this safetensors file instead.
+    #[arg(long, value_name = "FILE")]
+    inputs: Option<PathBuf>,
+    /// Write the outputs (`out0`, `out1`, …) of the optimized run to this safetensors file.
+    #[arg(long, value_name = "FILE")]
+    save_outputs: Option<PathBuf>,
+}
+
+pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let registry = build_registry();
+    args.common.config()?.apply(&registry).context("applying priorities")?;
+    let original = read_graph(&args.file)?;
+    let mut optimized = original.clone();
+    let report = compile(&mut optimized, &registry, &args.passes, None, Snapshots::Skip)
+        .with_context(|| format!("optimizing {}", args.file.display()))?;
+    for run in &report.runs {
+        eprintln!("{}: {}", run.pass, run.report);
+    }
+    let file_inputs = match &args.inputs {
+        Some(path) => Some(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?),
+        None => None,
+    };
+    let inputs = |graph: &Graph| -> anyhow::Result<Vec<(String, Tensor)>> {
+        match &file_inputs {
+            Some(bytes) => inputs_from_safetensors(graph, bytes, args.inputs.as_deref().unwrap_or(Path::new(""))),
+            None => random_inputs(graph, args.seed),
+        }
+    };
+    let before = interpret(&original, &registry, inputs(&original)?, InterpOptions::checked())
+        .context("running the input graph")?;
+    let after = interpret(&optimized, &registry, inputs(&optimized)?, InterpOptions::checked())
+        .context("running the optimized graph")?;
+    report_run("before passes", &before);
+    report_run("after passes", &after);
+    if let Some(path) = &args.save_outputs {
+        save_outputs(path, &after.outputs)?;
+        println!("outputs saved to {}", path.display());
+    }
+    compare(&before, &after)
+}
+
+fn report_run(label: &str, run: &Interpretation) {
+    println!("{label}:");
+    for (i, out) in run.outputs.iter().enumerate() {
+        let values = out.to_f64_vec().unwrap_or_default();
+        let checksum: f64 = values.iter().sum();
+        let mean_abs = values.iter().map(|v| v.abs()).sum::<f64>() / values.len().max(1) as f64;
+        println!("  out{i}: {} checksum {checksum:.6} mean|x| {mean_abs:.6}", out.meta());
+    }
+    let selections: Vec<String> = run.stats.providers.iter().map(|(_, op, p)| format!("{op}={p}")).collect();
+    println!("  providers: [{}]", selections.join(", "));
+    let stats = &run.stats;
+    println!(
+        "  bytes allocated {}, peak live bytes {}, clones executed {}, defensive copies {}",
+        stats.bytes_allocated, stats.peak_live_bytes, stats.clones_executed, stats.defensive_copies
+    );
+}
+
+fn compare(before: &Interpretation, after: &Interpretation) -> anyhow::Result<()> {
+    let identical = before.outputs.len() == after.outputs.len()
+        && before.outputs.iter().zip(&after.outputs).all(|(a, b)| bit_eq(a, b));
+    if identical {
+        println!("outputs bit-identical: yes");
+        return Ok(());
+    }
+    println!("outputs bit-identical: no");
+    for (i, (a, b)) in before.outputs.iter().zip(&after.outputs).enumerate() {
+        let tolerance = ir_core::op::global_tolerance(a.dtype());
+        if let Err(e) = allclose(b, a, tolerance.atol, tolerance.rtol) {
+            bail!("out{i} differs beyond the {} tolerance: {e}", a.dtype());
+        }
+    }
+    println!("outputs within tolerance: yes");
+    Ok(())
+}
+
+fn random_inputs(graph: &Graph, seed: u64) -> anyhow::Result<Vec<(String, Tensor)>> {
+    graph
+        .inputs()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, value, name, _))| {
+            let tensor = Tensor::randn(graph.meta(value), seed.wrapping_mul(1000).wrapping_add(i as u64))?;
+            Ok((name.to_owned(), tensor))
+        })
+        .collect()
+}
+
+fn inputs_from_safetensors(graph: &Graph, bytes: &[u8], path: &Path) -> anyhow::Result<Vec<(String, Tensor)>> {
+    let file = SafeTensors::deserialize(bytes).with_context(|| format!("reading {} as safetensors", path.display()))?;
+    graph
+        .inputs()
+        .into_iter()
+        .map(|(_, value, name, _)| {
+            let meta = graph.meta(value);
+            let view = file.tensor(name).with_context(|| format!("{} has no tensor `{name}`", path.display()))?;
+            let dtype = match view.dtype() {
+                Dtype::F32 => DType::F32,
+                Dtype::F16 => DType::F16,
+                Dtype::BF16 => DType::BF16,
+                Dtype::F64 => DType::F64,
+                other => bail!("tensor `{name}` has dtype {other:?}; expected one of F32, F16, BF16, F64"),
+            };
+            if dtype != meta.dtype || view.shape() != meta.shape() {
+                bail!("tensor `{name}` is {dtype}{:?} but the graph declares {meta}", view.shape());
+            }
+            let compact = tensor_from_bytes(dtype, view.shape(), view.data())?;
+            let mut placed = Tensor::randn(meta, 0)?;
+            placed.copy_from(&compact)?;
+            Ok((name.to_owned(), placed))
+        })
+        .collect()
+}
+
+fn tensor_from_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> anyhow::Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let size = dtype.size_in_bytes();
+    if data.len() != n * size {
+        bail!("{} bytes do not hold {n} elements of {dtype}", data.len());
+    }
+    let values: Vec<f64> = data
+        .chunks_exact(size)
+        .map(|b| match dtype {
+            DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+            DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+            DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+            DType::F64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+        })
+        .collect();
+    Ok(Tensor::from_f64(dtype, shape, &values)?)
+}
+
+fn save_outputs(path: &Path, outputs: &[Tensor]) -> anyhow::Result<()> {
+    let mut buffers: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (i, out) in outputs.iter().enumerate() {
+        let compact = out.to_cpu()?.contiguous()?;
+        let bytes = compact.cpu_buffer().context("a host copy")?.bytes().to_vec();
+        let dtype = match out.dtype() {
+            DType::F32 => Dtype::F32,
+            DType::F16 => Dtype::F16,
+            DType::BF16 => Dtype::BF16,
+            DType::F64 => Dtype::F64,
+        };
+        buffers.push((format!("out{i}"), dtype, out.shape().to_vec(), bytes));
+    }
+    let views: HashMap<String, safetensors::tensor::TensorView<'_>> = buffers
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            Ok((name.clone(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)?))
+        })
+        .collect::<Result<_, safetensors::SafeTensorError>>()?;
+    let serialized = safetensors::serialize(views, None)?;
+    std::fs::write(path, serialized).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
