@@ -28,7 +28,7 @@ mod element;
 mod rows;
 
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, rms_norm_support};
+use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
 use ir_core::op::rms_norm;
 use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
@@ -54,9 +54,9 @@ pub fn rms_norm_cpu(
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
     reject_variance_size(variance_size)?;
-    let x_rows = rows_of(x)?;
+    let x_rows = Rows::for_kernel(x.meta())?;
     let mut out = Tensor::zeros_with_layout(x.dtype(), x.layout().copy_layout());
-    let out_rows = rows_of(&out)?;
+    let out_rows = Rows::for_kernel(out.meta())?;
     if x_rows.n_rows == 0 || x_rows.hidden == 0 {
         return Ok(out);
     }
@@ -88,8 +88,8 @@ pub fn fused_add_rms_norm_cpu(
             reason: "x_residual must have x's shape and dtype for the in-place cpu kernel".to_owned(),
         });
     }
-    let x_rows = rows_of(x.tensor())?;
-    let residual_rows = rows_of(residual.tensor())?;
+    let x_rows = Rows::for_kernel(x.tensor().meta())?;
+    let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_f32(weight)?;
         let eps = epsilon as f32;
@@ -104,19 +104,6 @@ pub fn fused_add_rms_norm_cpu(
         }
     }
     Ok((x.into_tensor(), residual.into_tensor()))
-}
-
-fn rows_of(t: &Tensor) -> Result<Rows, KernelError> {
-    Rows::of(t.meta()).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
-}
-
-fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
-    match variance_size {
-        None => Ok(()),
-        Some(_) => {
-            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
-        }
-    }
 }
 
 /// The weight converted to f32 once per call.

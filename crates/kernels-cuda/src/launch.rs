@@ -1,7 +1,7 @@
 //! Launch geometry, chosen from the hidden size alone (R87, R92), and the two launch paths.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use ir_core::op::kernel_support::Rows;
+use ir_core::op::kernel_support::{Rows, gpu_threads_per_row};
 use ir_core::{DType, KernelError};
 
 use crate::device::{CudaDeviceState, driver_error};
@@ -25,25 +25,13 @@ pub struct Geometry {
     pub grid: u32,
 }
 
-/// Threads per row from the hidden size: 8/16/32/64/128/256 for H ≤ 64/128/3072/6144/16384/larger.
-pub fn threads_per_row(hidden: usize) -> u32 {
-    match hidden {
-        0..=64 => 8,
-        65..=128 => 16,
-        129..=3072 => 32,
-        3073..=6144 => 64,
-        6145..=16384 => 128,
-        _ => 256,
-    }
-}
-
 pub(crate) fn block_size(threads_per_row: u32) -> u32 {
     if threads_per_row > 128 { 256 } else { 128 }
 }
 
 /// The geometry for `n_rows` rows of `hidden` elements; nothing but the grid depends on `n_rows`.
 pub fn rms_norm_launch(n_rows: usize, hidden: usize) -> Result<Geometry, KernelError> {
-    let threads_per_row = threads_per_row(hidden);
+    let threads_per_row = gpu_threads_per_row(hidden);
     let block_size = block_size(threads_per_row);
     let rows_per_block = block_size / threads_per_row;
     let grid = n_rows.div_ceil(rows_per_block as usize);

@@ -24,13 +24,13 @@ mod launch;
 mod module;
 
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, rms_norm_support};
+use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
 use ir_core::op::rms_norm;
 use ir_core::storage::Storage;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
-pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch, threads_per_row};
+pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch};
 pub use crate::module::{KernelVariant, NormOp, SOURCE, all_variants, arch_for, compile_ptx, nvrtc_availability};
 
 /// The provider name.
@@ -59,12 +59,11 @@ pub fn rms_norm_cuda(
 ) -> Result<Tensor, KernelError> {
     reject_variance_size(variance_size)?;
     let dtype = x.dtype();
-    let x_rows = rows_of(x)?;
+    let x_rows = Rows::for_kernel(x.meta())?;
     let x_buffer = cuda_buffer(x, "x")?;
     let out_layout = x.layout().copy_layout();
     let out_meta = ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() };
-    let out_rows =
-        Rows::of(&out_meta).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })?;
+    let out_rows = Rows::for_kernel(&out_meta)?;
     let allocator = CudaAllocator::for_device(&x_buffer.device);
     let mut out =
         ir_core::storage::DeviceAllocator::allocate(&allocator, out_layout.storage_end() * dtype.size_in_bytes())
@@ -91,8 +90,8 @@ pub fn fused_add_rms_norm_cuda(
 ) -> Result<(Tensor, Tensor), KernelError> {
     reject_variance_size(variance_size)?;
     let dtype = x.tensor().dtype();
-    let x_rows = rows_of(x.tensor())?;
-    let residual_rows = rows_of(residual.tensor())?;
+    let x_rows = Rows::for_kernel(x.tensor().meta())?;
+    let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
         let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
@@ -111,19 +110,6 @@ pub fn fused_add_rms_norm_cuda(
 impl CudaAllocator {
     fn for_device(device: &std::sync::Arc<CudaDeviceState>) -> CudaAllocator {
         allocator(device.ordinal()).expect("a device that holds a buffer was initialized")
-    }
-}
-
-fn rows_of(t: &Tensor) -> Result<Rows, KernelError> {
-    Rows::of(t.meta()).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
-}
-
-fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
-    match variance_size {
-        None => Ok(()),
-        Some(_) => {
-            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
-        }
     }
 }
 

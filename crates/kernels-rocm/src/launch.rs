@@ -2,12 +2,12 @@
 
 use std::ffi::c_void;
 
-use ir_core::op::kernel_support::Rows;
+use ir_core::op::kernel_support::{Rows, reject_variance_size};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
 
 use crate::runtime::{HipBuffer, allocator, device};
-use crate::variant::{KernelVariant, NormOp, threads_per_row};
+use crate::variant::{KernelVariant, NormOp};
 
 pub(crate) fn rms_norm(
     x: &Tensor,
@@ -17,9 +17,9 @@ pub(crate) fn rms_norm(
 ) -> Result<Tensor, KernelError> {
     reject_variance_size(variance_size)?;
     let dtype = x.dtype();
-    let x_rows = rows_of(x.meta())?;
+    let x_rows = Rows::for_kernel(x.meta())?;
     let out_layout = x.layout().copy_layout();
-    let out_rows = rows_of(&TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
+    let out_rows = Rows::for_kernel(&TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
     let allocator = allocator().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
     let mut out = allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(TensorError::from)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
@@ -51,8 +51,8 @@ pub(crate) fn fused(
 ) -> Result<(Tensor, Tensor), KernelError> {
     reject_variance_size(variance_size)?;
     let dtype = x.tensor().dtype();
-    let x_rows = rows_of(x.tensor().meta())?;
-    let r_rows = rows_of(residual.tensor().meta())?;
+    let x_rows = Rows::for_kernel(x.tensor().meta())?;
+    let r_rows = Rows::for_kernel(residual.tensor().meta())?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight_ptr = weight_ptr(weight, dtype)?;
         let x_ptr = element_ptr(hip_buffer_mut(&mut x)?.pointer, x_rows.offset, dtype);
@@ -89,7 +89,7 @@ fn run(
         dtype,
         has_weight: weight.is_some(),
         vectorized,
-        threads_per_row: threads_per_row(rows.hidden),
+        threads_per_row: ir_core::op::kernel_support::gpu_threads_per_row(rows.hidden),
     };
     let rows_per_block = (variant.block_size() / variant.threads_per_row) as usize;
     let blocks = u32::try_from(rows.n_rows.div_ceil(rows_per_block))
@@ -149,18 +149,5 @@ fn hip_buffer_mut(t: &mut UniqueTensor) -> Result<&mut HipBuffer, KernelError> {
     match t.storage_mut()? {
         Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<HipBuffer>().ok_or_else(not_hip),
         Storage::Cpu(_) => Err(not_hip()),
-    }
-}
-
-fn rows_of(meta: &TensorMeta) -> Result<Rows, KernelError> {
-    Rows::of(meta).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
-}
-
-fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
-    match variance_size {
-        None => Ok(()),
-        Some(_) => {
-            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
-        }
     }
 }

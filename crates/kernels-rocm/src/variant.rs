@@ -46,18 +46,6 @@ impl KernelVariant {
     }
 }
 
-/// Threads per row from the hidden size (the CUDA thresholds): 8/16/32/64/128/256.
-pub fn threads_per_row(hidden: usize) -> u32 {
-    match hidden {
-        0..=64 => 8,
-        65..=128 => 16,
-        129..=3072 => 32,
-        3073..=6144 => 64,
-        6145..=16384 => 128,
-        _ => 256,
-    }
-}
-
 /// Every kernel the code object must contain.
 pub fn all_variants() -> Vec<KernelVariant> {
     let mut variants = Vec::new();
@@ -90,6 +78,5 @@ mod tests {
         };
         assert_eq!(v.symbol(), "fused_add_rms_norm_bf16_w1_v8_t32");
         assert_eq!(all_variants().len(), 144);
-        assert_eq!((threads_per_row(4096), threads_per_row(20000)), (64, 256));
     }
 }

@@ -23,7 +23,7 @@ mod launch;
 mod module;
 
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, rms_norm_support};
+use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
 use ir_core::op::rms_norm;
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
@@ -62,10 +62,10 @@ pub fn rms_norm_xpu(
 ) -> Result<Tensor, KernelError> {
     reject_variance_size(variance_size)?;
     let dtype = x.dtype();
-    let x_rows = rows_of(x.meta())?;
+    let x_rows = Rows::for_kernel(x.meta())?;
     let x_buffer = xpu_buffer(x, "x")?;
     let out_layout = x.layout().copy_layout();
-    let out_rows = rows_of(&ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
+    let out_rows = Rows::for_kernel(&ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
     let allocator = allocator().map_err(|reason| KernelError::Driver { backend: "xpu", message: reason })?;
     let mut out = allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(TensorError::from)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
@@ -93,8 +93,8 @@ pub fn fused_add_rms_norm_xpu(
 ) -> Result<(Tensor, Tensor), KernelError> {
     reject_variance_size(variance_size)?;
     let dtype = x.tensor().dtype();
-    let x_rows = rows_of(x.tensor().meta())?;
-    let residual_rows = rows_of(residual.tensor().meta())?;
+    let x_rows = Rows::for_kernel(x.tensor().meta())?;
+    let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
         let args = launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: residual_rows };
@@ -104,19 +104,6 @@ pub fn fused_add_rms_norm_xpu(
         launch::launch(&device, NormOp::FusedAddRmsNorm, args, &x_buffer.buffer, &residual_buffer.buffer, weight)?;
     }
     Ok((x.into_tensor(), residual.into_tensor()))
-}
-
-fn rows_of(meta: &ir_core::TensorMeta) -> Result<Rows, KernelError> {
-    Rows::of(meta).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
-}
-
-fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
-    match variance_size {
-        None => Ok(()),
-        Some(_) => {
-            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
-        }
-    }
 }
 
 fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&opencl3::memory::Buffer<u8>, usize)>, KernelError> {

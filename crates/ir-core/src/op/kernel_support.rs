@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use crate::op::ArgMeta;
 use crate::op::fused_add_rms_norm::FusedAddRmsNormArgs;
 use crate::op::rms_norm::RmsNormArgs;
-use crate::{DType, DeviceKind, Support, TensorMeta};
+use crate::{DType, DeviceKind, KernelError, Support, TensorMeta};
 
 /// A tensor seen as `n_rows` rows of `hidden` contiguous elements, one row stride apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,12 +47,41 @@ impl Rows {
         Ok(Rows { n_rows, hidden, row_stride, offset: layout.offset() })
     }
 
+    /// The row view a kernel needs, as a kernel error when there is none (the predicate rejects such
+    /// arguments, so this is a defensive check).
+    pub fn for_kernel(meta: &TensorMeta) -> Result<Rows, KernelError> {
+        Rows::of(meta).map_err(|reason| KernelError::InvalidArguments { reason: reason.into_owned() })
+    }
+
     /// One past the last element the rows touch, relative to `offset`.
     pub fn span(&self) -> usize {
         match self.n_rows {
             0 => 0,
             n => (n - 1) * self.row_stride + self.hidden,
         }
+    }
+}
+
+/// Kernels do not implement `variance_size`; a defensive check behind the predicate.
+pub fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
+    match variance_size {
+        None => Ok(()),
+        Some(_) => {
+            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
+        }
+    }
+}
+
+/// Threads cooperating on one row in the CUDA and ROCm kernels, from the hidden size alone (R92):
+/// 8/16/32/64/128/256 for H ≤ 64/128/3072/6144/16384/larger.
+pub fn gpu_threads_per_row(hidden: usize) -> u32 {
+    match hidden {
+        0..=64 => 8,
+        65..=128 => 16,
+        129..=3072 => 32,
+        3073..=6144 => 64,
+        6145..=16384 => 128,
+        _ => 256,
     }
 }
 
@@ -156,6 +185,26 @@ mod tests {
         on_gpu.device = Device::Cuda(0);
         let Support::No(reason) = rms(&on_gpu, None, None) else { panic!() };
         assert_eq!(reason, "x is on cuda:0, this provider runs on cpu");
+    }
+
+    #[test]
+    fn gpu_geometry_thresholds() {
+        let cases = [
+            (8, 8),
+            (64, 8),
+            (65, 16),
+            (128, 16),
+            (129, 32),
+            (3072, 32),
+            (3073, 64),
+            (6144, 64),
+            (6145, 128),
+            (16384, 128),
+            (16385, 256),
+        ];
+        for (hidden, threads) in cases {
+            assert_eq!(gpu_threads_per_row(hidden), threads, "H {hidden}");
+        }
     }
 
     #[test]
