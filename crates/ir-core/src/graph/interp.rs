@@ -369,10 +369,11 @@ impl<'g> Run<'g> {
         if in_place {
             for &index in &activations {
                 let Some(Arg::Value(v)) = args.get(index) else { continue };
+                // The same value passed twice: its handle was already released for the first slot.
+                let Some(held) = self.env[*v].as_ref() else { continue };
                 // A graph input the caller did not donate is never written: keeping the
                 // environment's handle makes the call copy it (R47).
-                let non_donated_input =
-                    self.inputs.get(&self.get(*v).storage_id()).is_some_and(|(_, donated)| !donated);
+                let non_donated_input = self.inputs.get(&held.storage_id()).is_some_and(|(_, donated)| !donated);
                 if self.last_position(*v) as usize == position && !self.kept.contains(v) && !non_donated_input {
                     self.env[*v] = None;
                 }
