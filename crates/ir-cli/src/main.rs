@@ -78,10 +78,31 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", one_line(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line; verifier errors give their diagnostics, not the graph.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in error.chain() {
+        let verify = cause
+            .downcast_ref::<ir_core::graph::VerifyError>()
+            .or_else(|| cause.downcast_ref::<Box<ir_core::graph::VerifyError>>().map(|boxed| &**boxed));
+        if let Some(verify) = verify {
+            parts.push(verify.summary());
+            break;
+        }
+        let text = cause.to_string();
+        // thiserror messages often include their source; do not repeat it.
+        if parts.last().is_some_and(|previous| previous.contains(text.lines().next().unwrap_or_default())) {
+            continue;
+        }
+        parts.push(text.lines().next().unwrap_or_default().to_owned());
+    }
+    parts.join(": ")
 }
 
 /// A registry with the built-in ops and every provider this build includes.

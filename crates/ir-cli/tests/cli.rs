@@ -129,3 +129,24 @@ fn malformed_files_are_one_line_errors() {
     let (ok, _, stderr) = vllm_ir(&["opt", "/no/such/file.ir"], &[]);
     assert!(!ok && stderr.contains("reading /no/such/file.ir"), "{stderr}");
 }
+
+#[test]
+fn every_catalogue_file_is_a_one_line_error_for_opt_and_run() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/bad_inputs");
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "ir") {
+            continue;
+        }
+        for command in ["opt", "run"] {
+            let (ok, _, stderr) = vllm_ir(&[command, path.to_str().unwrap()], &[]);
+            assert!(!ok, "{command} {} succeeded", path.display());
+            assert!(!stderr.contains("panicked"), "{command} {}: {stderr}", path.display());
+            assert_eq!(stderr.lines().count(), 1, "{command} {}: {stderr}", path.display());
+            assert!(stderr.starts_with("error: "), "{stderr}");
+        }
+        count += 1;
+    }
+    assert!(count >= 30);
+}

@@ -107,7 +107,7 @@ impl fmt::Display for Violation {
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PassError {
     /// Donated values used after their donation; every violation is listed.
-    #[error("{}", violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    #[error("{}", violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     DonatedValueReused {
         /// The violations.
         violations: Vec<Violation>,

@@ -114,7 +114,7 @@ pub enum PipelineError {
         source: PassError,
     },
     /// The graph does not verify after a pass (a bug in that pass), or before the first.
-    #[error("the graph does not verify after `{pass}`: {source}")]
+    #[error("the graph does not verify after `{pass}`")]
     Verify {
         /// The pass (`input` before any pass ran).
         pass: String,

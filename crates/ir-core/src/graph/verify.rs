@@ -41,7 +41,8 @@ impl fmt::Display for Diagnostic {
     }
 }
 
-/// All diagnostics of a graph; `Display` reprints the graph with each error under its line.
+/// All diagnostics of a graph; `Display` reprints the graph with each error under its line, and
+/// [`VerifyError::summary`] gives them on one line.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{} verifier error(s):\n{annotated}", diagnostics.len())]
 pub struct VerifyError {
@@ -49,6 +50,13 @@ pub struct VerifyError {
     pub diagnostics: Vec<Diagnostic>,
     /// The graph text with `; error: ...` lines under the offending statements.
     pub annotated: String,
+}
+
+impl VerifyError {
+    /// The diagnostics on one line, separated by `; `.
+    pub fn summary(&self) -> String {
+        self.diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    }
 }
 
 /// Checks `graph` against `registry`; returns every diagnostic, not just the first.
