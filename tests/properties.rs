@@ -241,3 +241,44 @@ fn the_generator_finds_graphs_the_unsafe_variant_gets_wrong() {
     assert!(caught > 0, "the generator never produced a graph the unsafe variant mishandles");
     eprintln!("the unsafe variant was caught on {caught} of 600 generated graphs");
 }
+
+/// Graphs with one illegal reuse planted on purpose: a value read after a `maybe_inplace` call that
+/// donated it.
+fn illegal_graphs() -> impl Strategy<Value = (Graph, String, String, String)> {
+    (graphs(), any::<u8>()).prop_filter_map("needs a maybe_inplace call", |(mut graph, pick)| {
+        let calls: Vec<_> = graph
+            .order()
+            .iter()
+            .copied()
+            .filter(|&n| matches!(graph.node(n).kind, NodeKind::IrCall { overload: Overload::MaybeInplace, .. }))
+            .collect();
+        let call = *calls.get(pick as usize % calls.len().max(1))?;
+        let NodeKind::IrCall { args, .. } = &graph.node(call).kind else { return None };
+        let Arg::Value(donated) = args[(pick as usize / 7) % 2] else { return None };
+        let meta = TensorMeta { layout: Layout::compact(graph.meta(donated).shape()), ..graph.meta(donated).clone() };
+        let (reader, results) = graph.push(NodeKind::Scale(donated, 3.0), vec![meta]);
+        let mut outputs = graph.outputs();
+        outputs.push(results[0]);
+        graph.set_output(outputs);
+        let (value, donor, later) =
+            (graph.display_value(donated), graph.display_node(call), graph.display_node(reader));
+        Some((graph, value, donor, later))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_illegal_reuse_is_reported_with_the_right_nodes((graph, value, donor, later) in illegal_graphs()) {
+        let (registry, _guards) = registry();
+        let mut compiled = graph.clone();
+        let err = ir_passes::functionalize(&mut compiled, &PassContext::new(&registry)).unwrap_err();
+        let ir_passes::PassError::DonatedValueReused { violations } = &err else { panic!("{err}") };
+        prop_assert!(
+            violations.iter().any(|v| v.value == value && v.donating_node == donor && v.later_user == later),
+            "{:?} lacks ({}, {}, {})", violations, value, donor, later
+        );
+        prop_assert_eq!(compiled.to_string(), graph.to_string(), "a failing pass leaves the graph unchanged");
+    }
+}

@@ -8,6 +8,7 @@
 //! - `ci` also checks that each kernel crate's package ships its kernel source;
 //! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL
 //!   kernels built and run on the OpenCL device (PoCL in CI);
+//! - `fuzz [--seconds N]`: runs the cargo-fuzz targets (parser; parse → verify → pipeline) on nightly;
 //! - `bless`: rewrites the expectations of the golden IR tests (`IR_BLESS=1`) and shows the diff;
 //! - `build --platform cpu|cuda|rocm|xpu`: the CLI with that platform's features, saying what the
 //!   machine lacks.
@@ -39,6 +40,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "check-features" => check_features(),
         "kernels" => kernels(),
         "bless" => bless(),
+        "fuzz" => fuzz(&args[1..]),
         "build" => build(&args[1..]),
         other => bail!("unknown subcommand `{other}`\n{USAGE}"),
     }
@@ -49,6 +51,7 @@ fn ci() -> anyhow::Result<()> {
     check_features()?;
     package_lists()?;
     test()?;
+    fuzz(&["--seconds".to_owned(), "20".to_owned()])?;
     println!("xtask ci: all steps passed");
     Ok(())
 }
@@ -115,6 +118,48 @@ fn package_lists() -> anyhow::Result<()> {
                 "`cargo package --list` of {krate} does not ship {source}:\n{listing}{}",
                 String::from_utf8_lossy(&output.stderr)
             );
+        }
+    }
+    Ok(())
+}
+
+/// Fuzz targets under `fuzz/`.
+const FUZZ_TARGETS: [&str; 2] = ["parse", "pipeline"];
+
+/// Runs each fuzz target for `--seconds N` (default 60) with cargo-fuzz on the nightly toolchain;
+/// prints `skipped: <reason>` when either is missing. New corpus entries go to a temporary folder,
+/// the committed seeds in `fuzz/corpus/<target>` are only read.
+fn fuzz(args: &[String]) -> anyhow::Result<()> {
+    let seconds: u64 = match args {
+        [] => 60,
+        [flag, n] if flag == "--seconds" => n.parse().with_context(|| format!("--seconds {n}"))?,
+        _ => bail!("usage: cargo xtask fuzz [--seconds N]"),
+    };
+    let works = |args: &[&str]| Command::new("rustup").args(args).output().is_ok_and(|o| o.status.success());
+    if !works(&["run", "nightly", "cargo", "--version"]) {
+        println!("skipped: fuzzing needs a nightly toolchain (rustup toolchain install nightly)");
+        return Ok(());
+    }
+    if !works(&["run", "nightly", "cargo", "fuzz", "--version"]) {
+        println!("skipped: cargo-fuzz is not installed (cargo +nightly install cargo-fuzz)");
+        return Ok(());
+    }
+    for target in FUZZ_TARGETS {
+        let scratch = env::temp_dir().join(format!("vllm-ir-fuzz-{target}-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+        let seeds = project_root().join("fuzz/corpus").join(target);
+        println!("$ cargo +nightly fuzz run {target} -- -max_total_time={seconds}");
+        let status = Command::new("rustup")
+            .args(["run", "nightly", "cargo", "fuzz", "run", target])
+            .arg(&scratch)
+            .arg(&seeds)
+            .args(["--", &format!("-max_total_time={seconds}"), "-max_len=4096"])
+            .current_dir(project_root())
+            .status()
+            .context("running cargo fuzz")?;
+        let _ = std::fs::remove_dir_all(&scratch);
+        if !status.success() {
+            bail!("fuzz target `{target}` failed ({status}); the crashing input is under fuzz/artifacts/{target}");
         }
     }
     Ok(())
