@@ -323,3 +323,29 @@ fn an_unfunctionalized_maybe_inplace_still_runs_correctly() {
     let run = interpret(&graph, &registry, inputs(), InterpOptions::checked()).unwrap();
     assert!(bit_eq(&run.outputs[0], &expected[0]) && bit_eq(&run.outputs[2], &expected[2]));
 }
+
+#[test]
+fn a_shared_donated_input_with_padded_rows_is_copied_with_its_layout() {
+    // The caller keeps a handle to a donated, non-dense input: the interpreter copies it before
+    // writing, and the copy must keep the declared strides and offset for every view of it.
+    let (registry, _guards) = registry();
+    let text = "graph g(%x: bf16[3,16]{19,1}+1 donated, %r: bf16[3,16]) {
+  %t = transpose(%x, 0, 1) : bf16[16,3]{1,19}+1
+  %o, %s = fused_add_rms_norm.maybe_inplace(%x, %r, none, 1e-6, none) : bf16[3,16], bf16[3,16]
+  %u = scale(%t, 2.0) : bf16[16,3]
+  output(%o, %s, %u)
+}
+";
+    let graph = parse(text).unwrap();
+    let meta = graph.meta(graph.inputs()[0].1).clone();
+    let x = Tensor::randn(&meta, 1).unwrap();
+    let r = Tensor::randn(graph.meta(graph.inputs()[1].1), 2).unwrap();
+    let x_before = x.deep_clone().unwrap();
+    let kept = x.clone();
+    let run = interpret(&graph, &registry, vec![("x".into(), x), ("r".into(), r)], InterpOptions::checked()).unwrap();
+    // One copy of the shared donated input, then the call runs functionally (its output layout would
+    // differ from x's padded one, R48), copying both activations for the in-place cpu kernel.
+    assert_eq!(run.stats.defensive_copies, 3);
+    assert!(bit_eq(&kept, &x_before), "the caller's handle still reads the old values");
+    assert!(bit_eq(&run.outputs[2], &x_before.transpose(0, 1).unwrap().scale(2.0).unwrap()));
+}

@@ -19,6 +19,8 @@ enum Step {
     RowSlice(u8, u8),
     Clone(u8),
     Contiguous(u8),
+    ColumnSlice(u8),
+    Transpose(u8),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -31,6 +33,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Step::RowSlice(a, b)),
         1 => any::<u8>().prop_map(Step::Clone),
         1 => any::<u8>().prop_map(Step::Contiguous),
+        1 => any::<u8>().prop_map(Step::ColumnSlice),
+        1 => any::<u8>().prop_map(Step::Transpose),
     ]
 }
 
@@ -38,10 +42,19 @@ const H: usize = 16;
 
 /// Builds a legal graph: a value donated to a `maybe_inplace` call is never used again (views of it
 /// may be: donation through views is the alias-aware elimination's business).
-fn build(dtype: DType, tokens: usize, n_inputs: usize, steps: &[Step], outputs: &[u8]) -> Graph {
+fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool)], steps: &[Step], outputs: &[u8]) -> Graph {
     let mut graph = Graph::new("random");
-    let meta = |rows: usize| TensorMeta::compact(dtype, &[rows, H]);
-    let mut pool: Vec<ValueId> = (0..n_inputs).map(|i| graph.add_input(format!("in{i}"), meta(tokens))).collect();
+    let dtypes = [dtype, DType::F32, DType::BF16, DType::F16];
+    let mut pool: Vec<ValueId> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, &(d, padded))| {
+            let input_dtype = if d % 3 == 0 { dtypes[d as usize % 4] } else { dtype };
+            let row_stride = if padded { H + 3 } else { H };
+            let layout = Layout::new(&[tokens, H], &[row_stride, 1], usize::from(padded)).expect("valid layout");
+            graph.add_input(format!("in{i}"), TensorMeta { dtype: input_dtype, device: ir_core::Device::Cpu, layout })
+        })
+        .collect();
     let weight = graph.add_input("w", TensorMeta::compact(dtype, &[H]));
     let pick = |pool: &[ValueId], i: u8| pool[i as usize % pool.len()];
     for step in steps {
@@ -60,16 +73,19 @@ fn build(dtype: DType, tokens: usize, n_inputs: usize, steps: &[Step], outputs: 
                 } else {
                     Overload::Default
                 };
-                let weight_arg = if w { Arg::Value(weight) } else { Arg::None };
-                let rows = graph.meta(x).shape()[0];
+                let weight_arg =
+                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Value(weight) } else { Arg::None };
                 let out_meta = TensorMeta { layout: m(&graph, x).layout.copy_layout(), ..m(&graph, x) };
-                let res_meta = TensorMeta { layout: m(&graph, r).layout.copy_layout(), dtype, ..m(&graph, r) };
+                let res_meta = TensorMeta {
+                    layout: m(&graph, r).layout.copy_layout(),
+                    dtype: graph.meta(x).dtype,
+                    ..m(&graph, r)
+                };
                 let kind = NodeKind::IrCall {
                     op: "fused_add_rms_norm".into(),
                     overload,
                     args: vec![Arg::Value(x), Arg::Value(r), weight_arg, Arg::F64(1e-6), Arg::None],
                 };
-                let _ = rows;
                 let (_, results) = graph.push(kind, vec![out_meta, res_meta]);
                 if overload == Overload::MaybeInplace {
                     pool.retain(|&v| v != x && v != r);
@@ -78,7 +94,8 @@ fn build(dtype: DType, tokens: usize, n_inputs: usize, steps: &[Step], outputs: 
             }
             Step::RmsNorm(a, w) => {
                 let x = pick(&pool, a);
-                let weight_arg = if w { Arg::Value(weight) } else { Arg::None };
+                let weight_arg =
+                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Value(weight) } else { Arg::None };
                 let out = TensorMeta { layout: m(&graph, x).layout.copy_layout(), ..m(&graph, x) };
                 let kind = NodeKind::IrCall {
                     op: "rms_norm".into(),
@@ -94,9 +111,14 @@ fn build(dtype: DType, tokens: usize, n_inputs: usize, steps: &[Step], outputs: 
             }
             Step::Add(a, b) => {
                 let x = pick(&pool, a);
-                let same_shape: Vec<ValueId> =
-                    pool.iter().copied().filter(|&v| graph.meta(v).shape() == graph.meta(x).shape()).collect();
-                let y = pick(&same_shape, b);
+                let same_kind: Vec<ValueId> = pool
+                    .iter()
+                    .copied()
+                    .filter(|&v| {
+                        graph.meta(v).shape() == graph.meta(x).shape() && graph.meta(v).dtype == graph.meta(x).dtype
+                    })
+                    .collect();
+                let y = pick(&same_kind, b);
                 let out = TensorMeta { layout: Layout::compact(graph.meta(x).shape()), ..m(&graph, x) };
                 pool.extend(graph.push(NodeKind::Add(x, y), vec![out]).1);
             }
@@ -117,6 +139,20 @@ fn build(dtype: DType, tokens: usize, n_inputs: usize, steps: &[Step], outputs: 
                 let x = pick(&pool, a);
                 let out = TensorMeta { layout: Layout::compact(graph.meta(x).shape()), ..m(&graph, x) };
                 pool.extend(graph.push(NodeKind::Contiguous(x), vec![out]).1);
+            }
+            Step::ColumnSlice(a) => {
+                let x = pick(&pool, a);
+                let columns = graph.meta(x).shape()[1];
+                let end = if columns > 8 { 8 } else { columns };
+                let layout = graph.meta(x).layout.slice(1, 0, end).expect("in range");
+                let out = TensorMeta { layout, ..m(&graph, x) };
+                pool.extend(graph.push(NodeKind::Slice { value: x, dim: 1, start: 0, end }, vec![out]).1);
+            }
+            Step::Transpose(a) => {
+                let x = pick(&pool, a);
+                let layout = graph.meta(x).layout.transpose(0, 1).expect("rank 2");
+                let out = TensorMeta { layout, ..m(&graph, x) };
+                pool.extend(graph.push(NodeKind::Transpose { value: x, d0: 0, d1: 1 }, vec![out]).1);
             }
         }
     }
@@ -154,11 +190,11 @@ fn graphs() -> impl Strategy<Value = Graph> {
     (
         prop_oneof![Just(DType::BF16), Just(DType::F32), Just(DType::F16)],
         1usize..5,
-        1usize..4,
-        proptest::collection::vec(step(), 1..10),
+        proptest::collection::vec((any::<u8>(), any::<bool>()), 1..4),
+        proptest::collection::vec(step(), 1..12),
         proptest::collection::vec(any::<u8>(), 1..4),
     )
-        .prop_map(|(dtype, tokens, n_inputs, steps, outputs)| build(dtype, tokens, n_inputs, &steps, &outputs))
+        .prop_map(|(dtype, tokens, inputs, steps, outputs)| build(dtype, tokens, &inputs, &steps, &outputs))
 }
 
 proptest! {

@@ -226,12 +226,12 @@ impl<'g> Run<'g> {
                 // The caller kept a handle: copy before anything can write into it (R68).
                 tracing::debug!(target: "ir_core::interp", input = name, "donated input is shared; copying it");
                 self.stats.defensive_copies += 1;
-                self.stats.bytes_allocated += tensor.storage().len_bytes() as u64;
-                let copy = tensor.deep_clone().map_err(|source| InterpError::Tensor {
+                let copy = tensor.deep_clone_same_layout().map_err(|source| InterpError::Tensor {
                     node: self.graph.value(value).def,
                     statement: format!("%{name}"),
                     source,
                 })?;
+                self.stats.bytes_allocated += copy.storage().len_bytes() as u64;
                 self.seen.insert(copy.storage_id());
                 copy
             } else {
@@ -432,7 +432,7 @@ impl<'g> Run<'g> {
             if let Some(again) = taken.get(&value) {
                 // The same value written twice (only with the checks off): the second slot gets a copy.
                 self.stats.defensive_copies += 1;
-                let copy = again.deep_clone().map_err(|e| self.tensor_error(node, e))?;
+                let copy = again.deep_clone_same_layout().map_err(|e| self.tensor_error(node, e))?;
                 values[*slot] = Some(Value::Tensor(copy));
                 continue;
             }
@@ -451,7 +451,7 @@ impl<'g> Run<'g> {
             if !tensor.is_uniquely_owned() {
                 // Held outside the interpreter (a non-donated input with the checks off): write a copy.
                 self.stats.defensive_copies += 1;
-                tensor = tensor.deep_clone().map_err(|e| self.tensor_error(node, e))?;
+                tensor = tensor.deep_clone_same_layout().map_err(|e| self.tensor_error(node, e))?;
             }
             taken.insert(value, tensor.clone());
             values[*slot] = Some(Value::Tensor(tensor));
@@ -477,7 +477,7 @@ impl<'g> Run<'g> {
                                     }),
                                 )
                             })?;
-                            Value::Tensor(source.deep_clone().map_err(|e| self.tensor_error(node, e))?)
+                            Value::Tensor(source.deep_clone_same_layout().map_err(|e| self.tensor_error(node, e))?)
                         }
                     },
                     constant => Self::constant(constant),
@@ -516,7 +516,7 @@ impl<'g> Run<'g> {
         }
         if !target.is_uniquely_owned() {
             self.stats.defensive_copies += 1;
-            target = target.deep_clone().map_err(|e| self.tensor_error(node, e))?;
+            target = target.deep_clone_same_layout().map_err(|e| self.tensor_error(node, e))?;
         }
         write(&mut target).map_err(|e| self.call_error(node, e))?;
         for (alias, layout) in aliases {

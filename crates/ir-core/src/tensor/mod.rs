@@ -353,6 +353,12 @@ impl Tensor {
         self.copy_into_layout(self.meta.layout.copy_layout())
     }
 
+    /// A copy in fresh storage with exactly this tensor's layout (strides and offset), for callers
+    /// whose other views must keep matching it.
+    pub fn deep_clone_same_layout(&self) -> Result<Tensor, TensorError> {
+        self.copy_into_layout(self.meta.layout.clone())
+    }
+
     /// A compact copy in fresh storage.
     pub fn contiguous(&self) -> Result<Tensor, TensorError> {
         self.copy_into_layout(Layout::compact(self.shape()))
