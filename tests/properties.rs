@@ -1,7 +1,8 @@
 //! Property tests of the passes on random decoder-like graphs (R83, R140): the pipeline's output
 //! verifies, interprets to the same bits as the input graph without tripping a safety check, leaves
 //! non-donated inputs unmodified, round-trips through text, and clone elimination is idempotent.
-//! `PROPTEST_CASES` raises the number of graphs (default 256 per property).
+//! `PROPTEST_CASES` raises the number of graphs (default 256 per property); `PROPTEST_RNG_SEED`
+//! fixes the seed (CI does).
 
 use ir_core::graph::{Arg, Graph, InterpOptions, NodeKind, ValueId, interpret, parse};
 use ir_core::op::Overload;
@@ -165,6 +166,11 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool)], steps: &[Step], out
     graph
 }
 
+/// Graphs per property: 256, or `PROPTEST_CASES`. CI fixes the seed with `PROPTEST_RNG_SEED`.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+}
+
 fn registry() -> (Registry, [PriorityGuard; 2]) {
     let registry = Registry::with_builtin_ops();
     kernels_cpu::register(&registry).unwrap();
@@ -198,7 +204,7 @@ fn graphs() -> impl Strategy<Value = Graph> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn the_alias_aware_pipeline_preserves_results(graph in graphs(), seed in 0u64..1000) {
@@ -303,7 +309,7 @@ fn illegal_graphs() -> impl Strategy<Value = (Graph, String, String, String)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn every_illegal_reuse_is_reported_with_the_right_nodes((graph, value, donor, later) in illegal_graphs()) {
