@@ -21,7 +21,10 @@
 
 use std::fmt;
 
-use ir_core::graph::{Graph, NodeId, NodeKind};
+use std::collections::HashSet;
+
+use cranelift_entity::SecondaryMap;
+use ir_core::graph::{Graph, NodeId, NodeKind, ValueId};
 
 use crate::analysis::written_values;
 use crate::{PassContext, PassError};
@@ -40,30 +43,53 @@ impl fmt::Display for DceReport {
 }
 
 /// Runs dead-code elimination. See the module documentation.
+///
+/// A worklist over use counts makes it linear: removing a node can only make the definitions of its
+/// operands dead.
 pub fn dce(graph: &mut Graph, cx: &PassContext<'_>) -> Result<DceReport, PassError> {
     let _span = tracing::info_span!("pass", name = "dce").entered();
     let mut report = DceReport::default();
-    loop {
-        let uses = graph.use_lists();
-        let dead: Vec<NodeId> = graph
-            .order()
-            .iter()
-            .copied()
-            .filter(|&node| {
-                let data = graph.node(node);
-                let keep = matches!(data.kind, NodeKind::Input { .. } | NodeKind::Output(_))
-                    || !written_values(graph, cx.registry, node).is_empty();
-                !keep && data.results.iter().all(|&r| uses[r].is_empty())
-            })
-            .collect();
-        if dead.is_empty() {
-            break;
-        }
-        for node in dead {
-            graph.remove_node(node);
-            report.removed.push(node);
+    let uses = graph.use_lists();
+    let mut remaining: SecondaryMap<ValueId, usize> = SecondaryMap::new();
+    for &node in graph.order() {
+        for &value in &graph.node(node).results {
+            remaining[value] = uses[value].len();
         }
     }
+    let removable = |graph: &Graph, node: NodeId| {
+        let kind = &graph.node(node).kind;
+        !matches!(kind, NodeKind::Input { .. } | NodeKind::Output(_))
+            && written_values(graph, cx.registry, node).is_empty()
+    };
+    let mut worklist: Vec<NodeId> = graph
+        .order()
+        .iter()
+        .rev()
+        .copied()
+        .filter(|&n| removable(graph, n) && graph.node(n).results.iter().all(|&r| remaining[r] == 0))
+        .collect();
+    let mut removed = HashSet::new();
+    while let Some(node) = worklist.pop() {
+        if !removed.insert(node) {
+            continue;
+        }
+        report.removed.push(node);
+        let mut operands = graph.node(node).kind.operands();
+        operands.sort_unstable();
+        operands.dedup();
+        for value in operands {
+            remaining[value] = remaining[value].saturating_sub(1);
+            let def = graph.value(value).def;
+            let dead = remaining[value] == 0
+                && !removed.contains(&def)
+                && removable(graph, def)
+                && graph.node(def).results.iter().all(|&r| remaining[r] == 0);
+            if dead {
+                worklist.push(def);
+            }
+        }
+    }
+    graph.remove_nodes(&removed);
     tracing::debug!(target: "ir_passes::dce", %report);
     Ok(report)
 }

@@ -79,6 +79,9 @@
 
 use std::fmt;
 
+use std::collections::{HashMap, HashSet};
+
+use cranelift_entity::SecondaryMap;
 use ir_core::graph::{Graph, NodeId, NodeKind, ValueId};
 
 use crate::analysis::{StorageRoots, written_values};
@@ -162,17 +165,37 @@ fn is_non_donated_input(graph: &Graph, value: ValueId) -> bool {
     matches!(graph.node(graph.value(value).def).kind, NodeKind::Input { donated: false, .. })
 }
 
-fn remove(graph: &mut Graph, node: NodeId, original: ValueId, report: &mut CloneReport) {
-    let copy = graph.node(node).results[0];
-    graph.replace_all_uses(copy, original);
-    graph.remove_node(node);
-    report.removed.push(node);
+/// Use lists kept up to date while copies are removed, so each removal costs only the copy's uses.
+struct Edits {
+    users: SecondaryMap<ValueId, Vec<NodeId>>,
+    removed: HashSet<NodeId>,
+}
+
+impl Edits {
+    fn new(graph: &Graph) -> Edits {
+        Edits { users: graph.use_lists(), removed: HashSet::new() }
+    }
+
+    /// Live users of `value` (removed copies filtered out).
+    fn users(&self, value: ValueId) -> impl Iterator<Item = NodeId> + '_ {
+        self.users[value].iter().copied().filter(|u| !self.removed.contains(u))
+    }
+
+    fn remove(&mut self, graph: &mut Graph, node: NodeId, original: ValueId, report: &mut CloneReport) {
+        let copy = graph.node(node).results[0];
+        let moved = std::mem::take(&mut self.users[copy]);
+        graph.replace_uses_in(&moved, copy, original);
+        self.users[original].extend(moved);
+        self.removed.insert(node);
+        report.removed.push(node);
+    }
 }
 
 /// vLLM's rules (R80).
 fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut report = CloneReport::default();
     let positions = graph.positions();
+    let mut edits = Edits::new(graph);
     for node in candidates(graph) {
         let original = copy_input(graph, node).expect("candidates are copies");
         if changes_layout(graph, node, original) {
@@ -182,12 +205,12 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         }
         let copy = graph.node(node).results[0];
         let writers: Vec<NodeId> =
-            graph.users(copy).into_iter().filter(|&u| written_values(graph, cx.registry, u).contains(&copy)).collect();
+            edits.users(copy).filter(|&u| written_values(graph, cx.registry, u).contains(&copy)).collect();
         let keep = match writers.as_slice() {
             [] => None,
             [writer] => {
                 let w = positions[*writer];
-                if graph.users(original).iter().any(|&u| positions[u] > w) {
+                if edits.users(original).any(|u| positions[u] > w) {
                     Some(KeepReason::OriginalUsedAfterWrite)
                 } else if is_non_donated_input(graph, original) {
                     Some(KeepReason::NonDonatedInput)
@@ -199,27 +222,90 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         };
         match keep {
             Some(reason) => report.kept.push((node, reason)),
-            None => remove(graph, node, original, &mut report),
+            None => edits.remove(graph, node, original, &mut report),
         }
     }
+    graph.remove_nodes(&edits.removed);
     report
 }
 
-/// Nodes writing any value whose root is `root`.
-fn writers_of_root(graph: &Graph, cx: &PassContext<'_>, roots: &StorageRoots, root: ValueId) -> Vec<NodeId> {
-    graph
-        .order()
-        .iter()
-        .copied()
-        .filter(|&n| written_values(graph, cx.registry, n).iter().any(|&v| roots.root(v) == root))
-        .collect()
+/// Storage classes: the roots of R81, merged as copies are removed (union-find), with the nodes
+/// writing each class and the last position at which any value of the class is read.
+struct Classes {
+    root: SecondaryMap<ValueId, Option<ValueId>>,
+    merged: HashMap<ValueId, ValueId>,
+    writers: HashMap<ValueId, Vec<NodeId>>,
+    last_use: HashMap<ValueId, u32>,
+}
+
+impl Classes {
+    fn compute(graph: &Graph, cx: &PassContext<'_>, positions: &SecondaryMap<NodeId, u32>, edits: &Edits) -> Classes {
+        let roots = StorageRoots::compute(graph, cx.registry);
+        let mut classes = Classes {
+            root: SecondaryMap::new(),
+            merged: HashMap::new(),
+            writers: HashMap::new(),
+            last_use: HashMap::new(),
+        };
+        for &node in graph.order() {
+            for &value in &graph.node(node).results {
+                classes.root[value] = Some(roots.root(value));
+            }
+        }
+        for &node in graph.order() {
+            let mut written: Vec<ValueId> =
+                written_values(graph, cx.registry, node).into_iter().map(|v| classes.class(v)).collect();
+            written.sort_unstable();
+            written.dedup();
+            for class in written {
+                classes.writers.entry(class).or_default().push(node);
+            }
+            for &value in &graph.node(node).results {
+                let last = edits.users(value).map(|u| positions[u]).max();
+                if let Some(last) = last {
+                    let entry = classes.last_use.entry(classes.class(value)).or_insert(0);
+                    *entry = (*entry).max(last);
+                }
+            }
+        }
+        classes
+    }
+
+    fn class(&self, value: ValueId) -> ValueId {
+        let mut class = self.root[value].unwrap_or(value);
+        while let Some(&next) = self.merged.get(&class) {
+            class = next;
+        }
+        class
+    }
+
+    /// Merges the class of a removed copy into its original's class.
+    fn merge(&mut self, copy_class: ValueId, into: ValueId) {
+        if copy_class == into {
+            return;
+        }
+        self.merged.insert(copy_class, into);
+        let moved = self.writers.remove(&copy_class).unwrap_or_default();
+        let writers = self.writers.entry(into).or_default();
+        for writer in moved {
+            if !writers.contains(&writer) {
+                writers.push(writer);
+            }
+        }
+        if let Some(last) = self.last_use.remove(&copy_class) {
+            let entry = self.last_use.entry(into).or_insert(0);
+            *entry = (*entry).max(last);
+        }
+    }
 }
 
 /// Storage-root aware rules (R81–R82), in two phases so no decision is undone by a later one.
 fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut report = CloneReport::default();
+    let positions = graph.positions();
+    let mut edits = Edits::new(graph);
+    let mut classes = Classes::compute(graph, cx, &positions, &edits);
     // Phase 1: copies whose storage nobody writes.
-    let roots = StorageRoots::compute(graph, cx.registry);
     let mut written = Vec::new();
     for node in candidates(graph) {
         let original = copy_input(graph, node).expect("candidates are copies");
@@ -228,33 +314,33 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
             continue;
         }
         let copy = graph.node(node).results[0];
-        if writers_of_root(graph, cx, &roots, roots.root(copy)).is_empty() {
-            remove(graph, node, original, &mut report);
+        let copy_class = classes.class(copy);
+        if classes.writers.get(&copy_class).is_none_or(Vec::is_empty) {
+            let into = classes.class(original);
+            edits.remove(graph, node, original, &mut report);
+            classes.merge(copy_class, into);
         } else {
             written.push(node);
         }
     }
-    // Phase 2: written copies, with roots and users recomputed after each removal.
+    // Phase 2: written copies in graph order; classes and uses reflect every earlier removal.
     for node in written {
         let original = copy_input(graph, node).expect("candidates are copies");
-        let roots = StorageRoots::compute(graph, cx.registry);
-        let positions = graph.positions();
         let copy = graph.node(node).results[0];
-        let writers = writers_of_root(graph, cx, &roots, roots.root(copy));
-        let keep = match writers.as_slice() {
+        let (copy_class, original_class) = (classes.class(copy), classes.class(original));
+        let keep = match classes.writers.get(&copy_class).map(Vec::as_slice).unwrap_or_default() {
             [writer] => {
                 let w = positions[*writer];
-                let original_root = roots.root(original);
-                let uses = graph.use_lists();
-                let read_later = graph.values().any(|(value, data)| {
-                    let live = positions[data.def] != u32::MAX;
-                    live && roots.root(value) == original_root && uses[value].iter().any(|&u| positions[u] > w)
-                });
-                let writer_args = graph.node(*writer).kind.operands();
-                let aliased_argument = writer_args.iter().any(|&a| a != copy && roots.root(a) == original_root);
+                let read_later = classes.last_use.get(&original_class).is_some_and(|&last| last > w);
+                let aliased_argument = graph
+                    .node(*writer)
+                    .kind
+                    .operands()
+                    .iter()
+                    .any(|&a| a != copy && classes.class(a) == original_class);
                 if read_later {
                     Some(KeepReason::OriginalUsedAfterWrite)
-                } else if is_non_donated_input(graph, original_root) {
+                } else if is_non_donated_input(graph, original_class) {
                     Some(KeepReason::NonDonatedInput)
                 } else if aliased_argument {
                     Some(KeepReason::AliasedWriterArgument)
@@ -266,9 +352,13 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         };
         match keep {
             Some(reason) => report.kept.push((node, reason)),
-            None => remove(graph, node, original, &mut report),
+            None => {
+                edits.remove(graph, node, original, &mut report);
+                classes.merge(copy_class, original_class);
+            }
         }
     }
-    report.kept.sort_by_key(|(n, _)| graph.positions()[*n]);
+    graph.remove_nodes(&edits.removed);
+    report.kept.sort_by_key(|(n, _)| positions[*n]);
     report
 }

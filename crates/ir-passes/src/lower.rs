@@ -119,12 +119,14 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
             listed.join("; ")
         );
     }
+    let mut placements = Vec::new();
     for (node, op, mut args, selection, activations) in plan {
         for &position in &activations {
             let Some(Arg::Value(value)) = args.get(position) else { continue };
             let meta = graph.meta(*value);
             let clone_meta = TensorMeta { layout: meta.layout.copy_layout(), ..meta.clone() };
-            let (_, clone) = graph.insert(NodeKind::Clone(*value), vec![clone_meta], Some(node));
+            let (clone_node, clone) = graph.create_detached(NodeKind::Clone(*value), vec![clone_meta]);
+            placements.push((node, clone_node));
             args[position] = Arg::Value(clone[0]);
             report.clones_inserted += 1;
         }
@@ -142,6 +144,8 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
             rejected: selection.rejected,
         });
     }
+    // One pass over the order places every clone right before its call.
+    graph.insert_detached_before(&placements);
     tracing::debug!(target: "ir_passes::lower", %report);
     Ok(report)
 }

@@ -329,6 +329,58 @@ impl Graph {
         self.order.retain(|&n| n != node);
     }
 
+    /// Takes every node of `nodes` out of the order in one pass (their data stays).
+    pub fn remove_nodes(&mut self, nodes: &std::collections::HashSet<NodeId>) {
+        if nodes.is_empty() {
+            return;
+        }
+        self.order.retain(|n| !nodes.contains(n));
+    }
+
+    /// Redirects the uses of `old` by the given nodes to `new` (callers that keep use lists avoid
+    /// scanning the whole graph).
+    pub fn replace_uses_in(&mut self, users: &[NodeId], old: ValueId, new: ValueId) {
+        for &node in users {
+            self.nodes[node].kind.replace_operand(old, new);
+        }
+    }
+
+    /// Creates a node with fresh result names but does not place it in the order; place it with
+    /// [`Graph::insert_detached_before`].
+    pub fn create_detached(&mut self, kind: NodeKind, result_metas: Vec<TensorMeta>) -> (NodeId, Vec<ValueId>) {
+        let node = self.nodes.push(NodeData { kind, results: Vec::new(), location: None });
+        let values: Vec<ValueId> = result_metas
+            .into_iter()
+            .enumerate()
+            .map(|(index, meta)| {
+                let name = self.fresh_name();
+                self.values.push(ValueData { name, def: node, index, meta })
+            })
+            .collect();
+        self.nodes[node].results = values.clone();
+        (node, values)
+    }
+
+    /// Places detached nodes: each `(anchor, node)` puts `node` right before `anchor`, in the given
+    /// order; one pass over the order.
+    pub fn insert_detached_before(&mut self, placements: &[(NodeId, NodeId)]) {
+        if placements.is_empty() {
+            return;
+        }
+        let mut before: std::collections::HashMap<NodeId, Vec<NodeId>> = std::collections::HashMap::new();
+        for &(anchor, node) in placements {
+            before.entry(anchor).or_default().push(node);
+        }
+        let mut order = Vec::with_capacity(self.order.len() + placements.len());
+        for &node in &self.order {
+            if let Some(inserted) = before.get(&node) {
+                order.extend(inserted.iter().copied());
+            }
+            order.push(node);
+        }
+        self.order = order;
+    }
+
     /// Redirects every use of `old` to `new`.
     pub fn replace_all_uses(&mut self, old: ValueId, new: ValueId) {
         for &node in &self.order {
