@@ -7,21 +7,13 @@
 use std::fmt;
 
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
+pub use ir_core::op::kernel_support::NormOp;
 use ir_core::{Availability, DType, KernelError};
 
 use crate::launch::{BLOCK_SIZES, THREADS_PER_ROW};
 
 /// The kernel source, embedded at build time.
 pub const SOURCE: &str = include_str!("../kernels/rms_norm.cu");
-
-/// Which of the two kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NormOp {
-    /// `rms_norm`, writing a fresh output.
-    RmsNorm,
-    /// `fused_add_rms_norm`, in place.
-    FusedAddRmsNorm,
-}
 
 /// One compiled form of the kernel source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,10 +38,7 @@ impl KernelVariant {
 
     /// The kernel's symbol: `<op>_<dtype>`.
     pub fn kernel_name(&self) -> String {
-        let op = match self.op {
-            NormOp::RmsNorm => "rms_norm",
-            NormOp::FusedAddRmsNorm => "fused_add_rms_norm",
-        };
+        let op = self.op.name();
         format!("{op}_{}", self.dtype)
     }
 

@@ -1,15 +1,7 @@
 //! Kernel variants and their symbol names in the code object.
 
 use ir_core::DType;
-
-/// Which of the two kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NormOp {
-    /// `rms_norm`, writing a fresh output.
-    RmsNorm,
-    /// `fused_add_rms_norm`, in place.
-    FusedAddRmsNorm,
-}
+pub use ir_core::op::kernel_support::NormOp;
 
 /// One kernel of the code object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,10 +24,7 @@ pub const THREADS_PER_ROW: [u32; 6] = [8, 16, 32, 64, 128, 256];
 impl KernelVariant {
     /// The symbol: `<op>_<dtype>_w<0|1>_v<width>_t<threads per row>`.
     pub fn symbol(&self) -> String {
-        let op = match self.op {
-            NormOp::RmsNorm => "rms_norm",
-            NormOp::FusedAddRmsNorm => "fused_add_rms_norm",
-        };
+        let op = self.op.name();
         let width = if self.vectorized { 16 / self.dtype.size_in_bytes() } else { 1 };
         format!("{op}_{}_w{}_v{width}_t{}", self.dtype, u8::from(self.has_weight), self.threads_per_row)
     }

@@ -2,19 +2,11 @@
 
 use std::fmt;
 
+pub use ir_core::op::kernel_support::NormOp;
 use ir_core::{DType, KernelError};
 
 /// The kernel source, embedded at build time.
 pub const SOURCE: &str = include_str!("../kernels/rms_norm.cl");
-
-/// Which of the two kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NormOp {
-    /// `rms_norm`, writing a fresh output.
-    RmsNorm,
-    /// `fused_add_rms_norm`, in place.
-    FusedAddRmsNorm,
-}
 
 /// One built form of the kernel source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,10 +51,7 @@ pub fn use_subgroups(device_extensions: &str, threads_per_row: u32, force_tree: 
 impl KernelVariant {
     /// The kernel's symbol: `<op>_<dtype>`.
     pub fn kernel_name(&self) -> String {
-        let op = match self.op {
-            NormOp::RmsNorm => "rms_norm",
-            NormOp::FusedAddRmsNorm => "fused_add_rms_norm",
-        };
+        let op = self.op.name();
         format!("{op}_{}", self.dtype)
     }
 

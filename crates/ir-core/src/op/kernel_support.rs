@@ -11,6 +11,25 @@ use crate::op::fused_add_rms_norm::FusedAddRmsNormArgs;
 use crate::op::rms_norm::RmsNormArgs;
 use crate::{DType, DeviceKind, KernelError, Support, TensorMeta};
 
+/// Which of the two norm kernels a GPU variant is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormOp {
+    /// `rms_norm`, writing a fresh output.
+    RmsNorm,
+    /// `fused_add_rms_norm`, in place.
+    FusedAddRmsNorm,
+}
+
+impl NormOp {
+    /// The op's name, the first part of every kernel symbol (`<op>_<dtype>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            NormOp::RmsNorm => "rms_norm",
+            NormOp::FusedAddRmsNorm => "fused_add_rms_norm",
+        }
+    }
+}
+
 /// A tensor seen as `n_rows` rows of `hidden` contiguous elements, one row stride apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rows {
