@@ -1,6 +1,6 @@
 //! Launch geometry, chosen from the hidden size alone (R87, R92), and the two launch paths.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use ir_core::op::kernel_support::{Rows, gpu_threads_per_row};
 use ir_core::{DType, KernelError};
 
@@ -63,6 +63,36 @@ pub(crate) struct Launch {
     pub(crate) vectorized: bool,
 }
 
+/// What both launches share: the compiled variant for this call and its launch shape.
+struct Prepared {
+    function: CudaFunction,
+    config: LaunchConfig,
+    n_rows: i64,
+    hidden: i32,
+}
+
+fn prepare(device: &CudaDeviceState, op: NormOp, launch: &Launch, has_weight: bool) -> Result<Prepared, KernelError> {
+    let rows = launch.rows;
+    let geometry = rms_norm_launch(rows.n_rows, rows.hidden)?;
+    let variant = KernelVariant {
+        op,
+        dtype: launch.dtype,
+        has_weight,
+        vectorized: launch.vectorized,
+        threads_per_row: geometry.threads_per_row,
+    };
+    Ok(Prepared {
+        function: device.function(&variant)?,
+        config: LaunchConfig {
+            grid_dim: (geometry.grid, 1, 1),
+            block_dim: (geometry.block_size, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        n_rows: rows.n_rows as i64,
+        hidden: rows.hidden as i32,
+    })
+}
+
 /// Launches `rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)`.
 pub(crate) fn launch_rms_norm(
     device: &CudaDeviceState,
@@ -72,24 +102,15 @@ pub(crate) fn launch_rms_norm(
     weight: Option<(&CudaSlice<u8>, usize)>,
 ) -> Result<(), KernelError> {
     let (rows, out_rows) = (launch.rows, launch.other_rows);
-    let geometry = rms_norm_launch(rows.n_rows, rows.hidden)?;
-    let variant = KernelVariant {
-        op: NormOp::RmsNorm,
-        dtype: launch.dtype,
-        has_weight: weight.is_some(),
-        vectorized: launch.vectorized,
-        threads_per_row: geometry.threads_per_row,
-    };
-    let function = device.function(&variant)?;
+    let prepared = prepare(device, NormOp::RmsNorm, launch, weight.is_some())?;
     let size = launch.dtype.size_in_bytes();
     let x_view = x.slice(rows.offset * size..);
     let mut out_view = out.slice_mut(out_rows.offset * size..);
     let weight_view = weight.map(|(w, offset)| w.slice(offset * size..));
-    let (n_rows, hidden) = (rows.n_rows as i64, rows.hidden as i32);
     let (x_stride, out_stride) = (rows.row_stride as i64, out_rows.row_stride as i64);
     let null = 0u64;
     let stream = device.stream();
-    let mut builder = stream.launch_builder(&function);
+    let mut builder = stream.launch_builder(&prepared.function);
     // rms_norm_<dtype>(elem_t* out, const elem_t* x, const elem_t* weight, float epsilon,
     //                  long long n_rows, int hidden, long long x_row_stride, long long out_row_stride)
     builder.arg(&mut out_view);
@@ -98,12 +119,10 @@ pub(crate) fn launch_rms_norm(
         Some(w) => builder.arg(w),
         None => builder.arg(&null),
     };
-    builder.arg(&launch.epsilon).arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&out_stride);
-    let config =
-        LaunchConfig { grid_dim: (geometry.grid, 1, 1), block_dim: (geometry.block_size, 1, 1), shared_mem_bytes: 0 };
+    builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&x_stride).arg(&out_stride);
     // SAFETY: the arguments follow the kernel's prototype above; the views cover every element the
     // rows reach (checked by `Rows::of` against the tensors' storage), and the kernel writes only `out`.
-    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    unsafe { builder.launch(prepared.config) }.map_err(driver_error)?;
     Ok(())
 }
 
@@ -116,24 +135,15 @@ pub(crate) fn launch_fused(
     weight: Option<(&CudaSlice<u8>, usize)>,
 ) -> Result<(), KernelError> {
     let (rows, residual_rows) = (launch.rows, launch.other_rows);
-    let geometry = rms_norm_launch(rows.n_rows, rows.hidden)?;
-    let variant = KernelVariant {
-        op: NormOp::FusedAddRmsNorm,
-        dtype: launch.dtype,
-        has_weight: weight.is_some(),
-        vectorized: launch.vectorized,
-        threads_per_row: geometry.threads_per_row,
-    };
-    let function = device.function(&variant)?;
+    let prepared = prepare(device, NormOp::FusedAddRmsNorm, launch, weight.is_some())?;
     let size = launch.dtype.size_in_bytes();
     let mut x_view = x.slice_mut(rows.offset * size..);
     let mut residual_view = residual.slice_mut(residual_rows.offset * size..);
     let weight_view = weight.map(|(w, offset)| w.slice(offset * size..));
-    let (n_rows, hidden) = (rows.n_rows as i64, rows.hidden as i32);
     let (x_stride, residual_stride) = (rows.row_stride as i64, residual_rows.row_stride as i64);
     let null = 0u64;
     let stream = device.stream();
-    let mut builder = stream.launch_builder(&function);
+    let mut builder = stream.launch_builder(&prepared.function);
     // fused_add_rms_norm_<dtype>(elem_t* x, elem_t* residual, const elem_t* weight, float epsilon,
     //                            long long n_rows, int hidden, long long x_row_stride, long long residual_row_stride)
     builder.arg(&mut x_view);
@@ -142,12 +152,10 @@ pub(crate) fn launch_fused(
         Some(w) => builder.arg(w),
         None => builder.arg(&null),
     };
-    builder.arg(&launch.epsilon).arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&residual_stride);
-    let config =
-        LaunchConfig { grid_dim: (geometry.grid, 1, 1), block_dim: (geometry.block_size, 1, 1), shared_mem_bytes: 0 };
+    builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&x_stride).arg(&residual_stride);
     // SAFETY: the arguments follow the kernel's prototype above; x and residual are distinct, uniquely
     // owned buffers whose views cover every element the rows reach.
-    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    unsafe { builder.launch(prepared.config) }.map_err(driver_error)?;
     Ok(())
 }
 
