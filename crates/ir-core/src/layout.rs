@@ -148,7 +148,19 @@ impl Layout {
 
     /// Whether the strides are the row-major strides of the shape.
     pub fn is_compact(&self) -> bool {
-        self.strides == compact_strides(&self.shape)
+        let mut acc = 1usize;
+        for (&stride, &size) in self.strides.iter().zip(&self.shape).rev() {
+            if stride != acc {
+                return false;
+            }
+            acc = acc.saturating_mul(size);
+        }
+        true
+    }
+
+    /// Whether this is exactly `Layout::compact(shape)`: compact strides and offset 0.
+    pub fn is_compact_at_zero(&self) -> bool {
+        self.offset == 0 && self.is_compact()
     }
 
     /// Whether the elements occupy exactly `numel` consecutive slots (compact in some dimension order).

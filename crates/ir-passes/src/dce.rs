@@ -23,8 +23,7 @@ use std::fmt;
 
 use std::collections::HashSet;
 
-use cranelift_entity::SecondaryMap;
-use ir_core::graph::{Graph, NodeId, NodeKind, ValueId};
+use ir_core::graph::{Graph, NodeId, NodeKind};
 
 use crate::analysis::written_values;
 use crate::{PassContext, PassError};
@@ -49,13 +48,7 @@ impl fmt::Display for DceReport {
 pub fn dce(graph: &mut Graph, cx: &PassContext<'_>) -> Result<DceReport, PassError> {
     let _span = tracing::info_span!("pass", name = "dce").entered();
     let mut report = DceReport::default();
-    let uses = graph.use_lists();
-    let mut remaining: SecondaryMap<ValueId, usize> = SecondaryMap::new();
-    for &node in graph.order() {
-        for &value in &graph.node(node).results {
-            remaining[value] = uses[value].len();
-        }
-    }
+    let mut remaining = graph.use_counts();
     let removable = |graph: &Graph, node: NodeId| {
         let kind = &graph.node(node).kind;
         !matches!(kind, NodeKind::Input { .. } | NodeKind::Output(_))

@@ -79,7 +79,7 @@
 
 use std::fmt;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use cranelift_entity::SecondaryMap;
 use ir_core::graph::{Graph, NodeId, NodeKind, ValueId};
@@ -229,13 +229,43 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     report
 }
 
+/// The distinct nodes writing a storage class, as far as the rules need them: none, exactly one
+/// (which), or several. Merging is O(1), so long chains of removed copies stay linear.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Writers {
+    #[default]
+    None,
+    One(NodeId),
+    Several,
+}
+
+impl Writers {
+    fn add(self, writer: NodeId) -> Writers {
+        match self {
+            Writers::None => Writers::One(writer),
+            Writers::One(w) if w == writer => self,
+            _ => Writers::Several,
+        }
+    }
+
+    fn union(self, other: Writers) -> Writers {
+        match other {
+            Writers::None => self,
+            Writers::One(w) => self.add(w),
+            Writers::Several => Writers::Several,
+        }
+    }
+}
+
 /// Storage classes: the roots of R81, merged as copies are removed (union-find), with the nodes
 /// writing each class and the last position at which any value of the class is read.
 struct Classes {
     root: SecondaryMap<ValueId, Option<ValueId>>,
-    merged: HashMap<ValueId, ValueId>,
-    writers: HashMap<ValueId, Vec<NodeId>>,
-    last_use: HashMap<ValueId, u32>,
+    /// Union-find parent links of merged classes (`None`: a class of its own).
+    merged: SecondaryMap<ValueId, Option<ValueId>>,
+    writers: SecondaryMap<ValueId, Writers>,
+    /// Last reading position + 1 (0: never read).
+    last_use: SecondaryMap<ValueId, u32>,
 }
 
 impl Classes {
@@ -243,9 +273,9 @@ impl Classes {
         let roots = StorageRoots::compute(graph, cx.registry);
         let mut classes = Classes {
             root: SecondaryMap::new(),
-            merged: HashMap::new(),
-            writers: HashMap::new(),
-            last_use: HashMap::new(),
+            merged: SecondaryMap::new(),
+            writers: SecondaryMap::new(),
+            last_use: SecondaryMap::new(),
         };
         for &node in graph.order() {
             for &value in &graph.node(node).results {
@@ -253,19 +283,14 @@ impl Classes {
             }
         }
         for &node in graph.order() {
-            let mut written: Vec<ValueId> =
-                written_values(graph, cx.registry, node).into_iter().map(|v| classes.class(v)).collect();
-            written.sort_unstable();
-            written.dedup();
-            for class in written {
-                classes.writers.entry(class).or_default().push(node);
+            for value in written_values(graph, cx.registry, node) {
+                let class = classes.class(value);
+                classes.writers[class] = classes.writers[class].add(node);
             }
             for &value in &graph.node(node).results {
-                let last = edits.users(value).map(|u| positions[u]).max();
-                if let Some(last) = last {
-                    let entry = classes.last_use.entry(classes.class(value)).or_insert(0);
-                    *entry = (*entry).max(last);
-                }
+                let last = edits.users(value).map(|u| positions[u] + 1).max().unwrap_or(0);
+                let class = classes.class(value);
+                classes.last_use[class] = classes.last_use[class].max(last);
             }
         }
         classes
@@ -273,10 +298,19 @@ impl Classes {
 
     fn class(&self, value: ValueId) -> ValueId {
         let mut class = self.root[value].unwrap_or(value);
-        while let Some(&next) = self.merged.get(&class) {
+        while let Some(next) = self.merged[class] {
             class = next;
         }
         class
+    }
+
+    fn writers(&self, class: ValueId) -> Writers {
+        self.writers[class]
+    }
+
+    /// Whether a value of `class` is read after position `position`.
+    fn read_after(&self, class: ValueId, position: u32) -> bool {
+        self.last_use[class] > position + 1
     }
 
     /// Merges the class of a removed copy into its original's class.
@@ -284,18 +318,9 @@ impl Classes {
         if copy_class == into {
             return;
         }
-        self.merged.insert(copy_class, into);
-        let moved = self.writers.remove(&copy_class).unwrap_or_default();
-        let writers = self.writers.entry(into).or_default();
-        for writer in moved {
-            if !writers.contains(&writer) {
-                writers.push(writer);
-            }
-        }
-        if let Some(last) = self.last_use.remove(&copy_class) {
-            let entry = self.last_use.entry(into).or_insert(0);
-            *entry = (*entry).max(last);
-        }
+        self.merged[copy_class] = Some(into);
+        self.writers[into] = self.writers[into].union(std::mem::take(&mut self.writers[copy_class]));
+        self.last_use[into] = self.last_use[into].max(std::mem::take(&mut self.last_use[copy_class]));
     }
 }
 
@@ -315,7 +340,7 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         }
         let copy = graph.node(node).results[0];
         let copy_class = classes.class(copy);
-        if classes.writers.get(&copy_class).is_none_or(Vec::is_empty) {
+        if classes.writers(copy_class) == Writers::None {
             let into = classes.class(original);
             edits.remove(graph, node, original, &mut report);
             classes.merge(copy_class, into);
@@ -328,16 +353,12 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         let original = copy_input(graph, node).expect("candidates are copies");
         let copy = graph.node(node).results[0];
         let (copy_class, original_class) = (classes.class(copy), classes.class(original));
-        let keep = match classes.writers.get(&copy_class).map(Vec::as_slice).unwrap_or_default() {
-            [writer] => {
-                let w = positions[*writer];
-                let read_later = classes.last_use.get(&original_class).is_some_and(|&last| last > w);
-                let aliased_argument = graph
-                    .node(*writer)
-                    .kind
-                    .operands()
-                    .iter()
-                    .any(|&a| a != copy && classes.class(a) == original_class);
+        let keep = match classes.writers(copy_class) {
+            Writers::One(writer) => {
+                let w = positions[writer];
+                let read_later = classes.read_after(original_class, w);
+                let aliased_argument =
+                    graph.node(writer).kind.operands().iter().any(|&a| a != copy && classes.class(a) == original_class);
                 if read_later {
                     Some(KeepReason::OriginalUsedAfterWrite)
                 } else if is_non_donated_input(graph, original_class) {

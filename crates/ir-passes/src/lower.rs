@@ -37,7 +37,7 @@ use std::fmt;
 use indexmap::IndexMap;
 use ir_core::graph::{Arg, Graph, NodeId, NodeKind};
 use ir_core::op::{ArgMeta, Overload};
-use ir_core::{Rejection, TensorMeta};
+use ir_core::{Rejection, Selection, TensorMeta};
 
 use crate::{PassContext, PassError};
 
@@ -87,6 +87,10 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
     let _span = tracing::info_span!("pass", name = "lower").entered();
     let mut report = LowerReport::default();
     let mut plan = Vec::new();
+    // Selection depends only on the op and the argument metadata, which a model's layers repeat:
+    // remember the last few (selection runs the same rules either way).
+    let mut memo: Vec<(&str, Vec<ArgMeta<'_>>, Selection, Vec<usize>)> = Vec::new();
+    let mut next_slot = 0;
     for &node in graph.order() {
         let NodeKind::IrCall { op, overload, args } = &graph.node(node).kind else { continue };
         if *overload == Overload::MaybeInplace {
@@ -103,12 +107,29 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 Arg::Bool(v) => ArgMeta::Bool(*v),
             })
             .collect();
-        let selection = cx
-            .registry
-            .select(op, &metas)
-            .map_err(|source| PassError::Selection { node: graph.display_node(node), source: Box::new(source) })?;
-        let activations = if selection.inplace { cx.registry.activations(op).unwrap_or_default() } else { Vec::new() };
-        plan.push((node, op.clone(), args.clone(), selection, activations));
+        let slot = match memo.iter().position(|(o, m, _, _)| o == op && same_metas(m, &metas)) {
+            Some(slot) => slot,
+            None => {
+                let selection = cx.registry.select(op, &metas).map_err(|source| PassError::Selection {
+                    node: graph.display_node(node),
+                    source: Box::new(source),
+                })?;
+                let activations =
+                    if selection.inplace { cx.registry.activations(op).unwrap_or_default() } else { Vec::new() };
+                let entry = (op.as_str(), metas, selection, activations);
+                if memo.len() < SELECTION_MEMO {
+                    memo.push(entry);
+                    memo.len() - 1
+                } else {
+                    let slot = next_slot;
+                    next_slot = (slot + 1) % SELECTION_MEMO;
+                    memo[slot] = entry;
+                    slot
+                }
+            }
+        };
+        let (_, _, selection, activations) = &memo[slot];
+        plan.push((node, op.clone(), args.clone(), selection.clone(), activations.clone()));
     }
     if !report.not_lowered.is_empty() {
         let listed: Vec<String> = report.not_lowered.iter().map(|&n| graph.display_node(n)).collect();
@@ -148,4 +169,20 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
     graph.insert_detached_before(&placements);
     tracing::debug!(target: "ir_passes::lower", %report);
     Ok(report)
+}
+
+/// Distinct (op, metadata) selections remembered per run.
+const SELECTION_MEMO: usize = 8;
+
+/// Argument metadata equal for selection (floats by bits).
+fn same_metas(a: &[ArgMeta<'_>], b: &[ArgMeta<'_>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (ArgMeta::Tensor(x), ArgMeta::Tensor(y)) => x == y,
+            (ArgMeta::F64(x), ArgMeta::F64(y)) => x.to_bits() == y.to_bits(),
+            (ArgMeta::I64(x), ArgMeta::I64(y)) => x == y,
+            (ArgMeta::Bool(x), ArgMeta::Bool(y)) => x == y,
+            (ArgMeta::None, ArgMeta::None) => true,
+            _ => false,
+        })
 }

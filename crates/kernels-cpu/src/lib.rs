@@ -53,12 +53,30 @@ pub fn rms_norm_cpu(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    reject_variance_size(variance_size)?;
-    let x_rows = Rows::for_kernel(x.meta())?;
     let mut out = Tensor::zeros_with_layout(x.dtype(), x.layout().copy_layout());
+    rms_norm_cpu_into(x, weight, epsilon, variance_size, &mut out)?;
+    Ok(out)
+}
+
+/// `rms_norm` on the CPU into a caller-owned output (an engine's preallocated buffer, a benchmark's
+/// untimed allocation). `out` must have x's shape and dtype, be dense in its rows and uniquely owned.
+pub fn rms_norm_cpu_into(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    reject_variance_size(variance_size)?;
+    if out.dtype() != x.dtype() || out.shape() != x.shape() {
+        return Err(KernelError::InvalidArguments {
+            reason: format!("`out` is {}, but x is {}", out.meta(), x.meta()),
+        });
+    }
+    let x_rows = Rows::for_kernel(x.meta())?;
     let out_rows = Rows::for_kernel(out.meta())?;
     if x_rows.n_rows == 0 || x_rows.hidden == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let weight = weight_f32(weight)?;
     let x_buffer = x.cpu_buffer().ok_or_else(|| not_on_cpu("x"))?;
@@ -70,7 +88,7 @@ pub fn rms_norm_cpu(
         DType::BF16 => rows::rms_norm::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
         DType::F64 => return Err(unsupported_dtype(DType::F64)),
     }
-    Ok(out)
+    Ok(())
 }
 
 /// `fused_add_rms_norm` on the CPU, in place: `residual ← x + residual` (rounded), `x ← norm(sum)`.
@@ -128,4 +146,32 @@ fn not_on_cpu(param: &str) -> KernelError {
 
 fn unsupported_dtype(dtype: DType) -> KernelError {
     KernelError::InvalidArguments { reason: format!("dtype {dtype} is not supported by the cpu kernels") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ir_core::TensorMeta;
+
+    #[test]
+    fn rms_norm_into_writes_what_the_functional_kernel_returns() {
+        let x = Tensor::randn(&TensorMeta::compact(DType::BF16, &[3, 96]), 7).unwrap();
+        let weight = Tensor::randn(&TensorMeta::compact(DType::BF16, &[96]), 8).unwrap();
+        let expected = rms_norm_cpu(&x, Some(&weight), 1e-6, None).unwrap();
+        let mut out = Tensor::zeros(DType::BF16, &[3, 96]);
+        rms_norm_cpu_into(&x, Some(&weight), 1e-6, None, &mut out).unwrap();
+        assert!(ir_core::bit_eq(&out, &expected));
+    }
+
+    #[test]
+    fn rms_norm_into_rejects_an_output_of_another_shape_or_dtype() {
+        let x = Tensor::zeros(DType::F32, &[2, 8]);
+        for mut out in [Tensor::zeros(DType::F32, &[2, 4]), Tensor::zeros(DType::BF16, &[2, 8])] {
+            let err = rms_norm_cpu_into(&x, None, 1e-6, None, &mut out).unwrap_err();
+            assert!(err.to_string().contains("`out` is"), "{err}");
+        }
+        let mut shared = Tensor::zeros(DType::F32, &[2, 8]);
+        let _other_handle = shared.clone();
+        assert!(rms_norm_cpu_into(&x, None, 1e-6, None, &mut shared).is_err(), "a shared output is never written");
+    }
 }

@@ -87,6 +87,13 @@ impl CudaDeviceState {
         &self.stream
     }
 
+    /// The device's name and compute capability, for benchmark headers.
+    pub fn describe(&self) -> String {
+        let name = self.context.name().unwrap_or_else(|e| format!("unknown ({e})"));
+        let arch = self.arch.unwrap_or("no matching arch");
+        format!("{name} (cuda:{}, {arch})", self.ordinal)
+    }
+
     /// The kernel for `variant`, compiled and loaded at first use.
     pub(crate) fn function(&self, variant: &KernelVariant) -> Result<CudaFunction, KernelError> {
         let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

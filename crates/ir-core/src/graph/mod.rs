@@ -173,22 +173,35 @@ pub struct Graph {
 impl NodeKind {
     /// The values this node reads or writes, in argument order (for `Output`, the outputs).
     pub fn operands(&self) -> Vec<ValueId> {
+        let mut operands = Vec::new();
+        self.for_each_operand(|v| operands.push(v));
+        operands
+    }
+
+    /// Calls `f` on each operand in argument order, without allocating (the passes' hot loops).
+    pub fn for_each_operand(&self, mut f: impl FnMut(ValueId)) {
         match self {
-            NodeKind::Input { .. } => Vec::new(),
-            NodeKind::IrCall { args, .. } | NodeKind::ImplCall { args, .. } => args
-                .iter()
-                .filter_map(|a| match a {
-                    Arg::Value(v) => Some(*v),
-                    _ => None,
-                })
-                .collect(),
-            NodeKind::Clone(v) | NodeKind::Contiguous(v) | NodeKind::Scale(v, _) => vec![*v],
-            NodeKind::Slice { value, .. } | NodeKind::Transpose { value, .. } | NodeKind::Reshape { value, .. } => {
-                vec![*value]
+            NodeKind::Input { .. } => {}
+            NodeKind::IrCall { args, .. } | NodeKind::ImplCall { args, .. } => {
+                for arg in args {
+                    if let Arg::Value(v) = arg {
+                        f(*v);
+                    }
+                }
             }
-            NodeKind::Add(a, b) | NodeKind::Mul(a, b) => vec![*a, *b],
-            NodeKind::Copy { dst, src } => vec![*dst, *src],
-            NodeKind::Output(values) => values.clone(),
+            NodeKind::Clone(v) | NodeKind::Contiguous(v) | NodeKind::Scale(v, _) => f(*v),
+            NodeKind::Slice { value, .. } | NodeKind::Transpose { value, .. } | NodeKind::Reshape { value, .. } => {
+                f(*value)
+            }
+            NodeKind::Add(a, b) | NodeKind::Mul(a, b) => {
+                f(*a);
+                f(*b);
+            }
+            NodeKind::Copy { dst, src } => {
+                f(*dst);
+                f(*src);
+            }
+            NodeKind::Output(values) => values.iter().copied().for_each(f),
         }
     }
 
@@ -246,7 +259,13 @@ impl Graph {
 
     /// Appends an input named `name` (without `%`) and returns its value.
     pub fn add_input(&mut self, name: impl Into<String>, meta: TensorMeta) -> ValueId {
-        let name = name.into();
+        let (node, value) = self.create_input_detached(name.into(), meta);
+        self.place_inputs(&[node]);
+        value
+    }
+
+    /// Creates an input node without placing it in the order (see [`Graph::place_inputs`]).
+    pub(crate) fn create_input_detached(&mut self, name: String, meta: TensorMeta) -> (NodeId, ValueId) {
         let node = self.nodes.push(NodeData {
             kind: NodeKind::Input { name: name.clone(), donated: false },
             results: Vec::new(),
@@ -254,17 +273,24 @@ impl Graph {
         });
         let value = self.values.push(ValueData { name, def: node, index: 0, meta });
         self.nodes[node].results.push(value);
-        let position = self.order.iter().position(|&n| !matches!(self.nodes[n].kind, NodeKind::Input { .. }));
-        match position {
-            Some(p) => self.order.insert(p, node),
-            None => self.order.push(node),
-        }
-        value
+        (node, value)
     }
 
-    /// Appends a node with results of the given metadata (named `%<n>`), before the output node if any.
+    /// Places detached input nodes after the leading inputs, in the given order; one splice.
+    pub(crate) fn place_inputs(&mut self, inputs: &[NodeId]) {
+        let position = self
+            .order
+            .iter()
+            .position(|&n| !matches!(self.nodes[n].kind, NodeKind::Input { .. }))
+            .unwrap_or(self.order.len());
+        self.order.splice(position..position, inputs.iter().copied());
+    }
+
+    /// Appends a node with results of the given metadata (named `%<n>`), before the output node when that
+    /// is last (where the verifier requires it), else at the end.
     pub fn push(&mut self, kind: NodeKind, result_metas: Vec<TensorMeta>) -> (NodeId, Vec<ValueId>) {
-        let before = self.output_node();
+        // A graph's output node is its last (the verifier requires it): O(1), so tracing is linear.
+        let before = self.order.last().copied().filter(|&n| matches!(self.nodes[n].kind, NodeKind::Output(_)));
         self.insert(kind, result_metas, before)
     }
 
@@ -293,7 +319,8 @@ impl Graph {
             .map(|(index, (name, meta))| self.values.push(ValueData { name, def: node, index, meta }))
             .collect();
         self.nodes[node].results = values.clone();
-        match before.and_then(|b| self.order.iter().position(|&n| n == b)) {
+        // Anchors are usually the output node, at the end: search from there.
+        match before.and_then(|b| self.order.iter().rposition(|&n| n == b)) {
             Some(position) => self.order.insert(position, node),
             None => self.order.push(node),
         }
@@ -433,9 +460,9 @@ impl Graph {
         self.values.iter()
     }
 
-    /// The output node, if any.
+    /// The output node, if any (the last one if a malformed graph has several; it is normally last).
     pub fn output_node(&self) -> Option<NodeId> {
-        self.order.iter().copied().find(|&n| matches!(self.nodes[n].kind, NodeKind::Output(_)))
+        self.order.iter().rev().copied().find(|&n| matches!(self.nodes[n].kind, NodeKind::Output(_)))
     }
 
     /// The graph's outputs (empty without an output node).
@@ -475,15 +502,30 @@ impl Graph {
     pub fn use_lists(&self) -> SecondaryMap<ValueId, Vec<NodeId>> {
         let mut uses: SecondaryMap<ValueId, Vec<NodeId>> = SecondaryMap::new();
         for &node in &self.order {
-            let mut operands = self.nodes[node].kind.operands();
-            operands.dedup();
-            for value in operands {
+            self.nodes[node].kind.for_each_operand(|value| {
                 if uses[value].last() != Some(&node) {
                     uses[value].push(node);
                 }
-            }
+            });
         }
         uses
+    }
+
+    /// The number of distinct live nodes using each value (the output node included): the counts of
+    /// [`Graph::use_lists`] without building the lists.
+    pub fn use_counts(&self) -> SecondaryMap<ValueId, u32> {
+        let mut counts: SecondaryMap<ValueId, u32> = SecondaryMap::with_capacity(self.values.len());
+        let mut seen: Vec<ValueId> = Vec::new();
+        for &node in &self.order {
+            seen.clear();
+            self.nodes[node].kind.for_each_operand(|value| {
+                if !seen.contains(&value) {
+                    seen.push(value);
+                    counts[value] += 1;
+                }
+            });
+        }
+        counts
     }
 
     /// The value's name with its `%` sigil.

@@ -31,6 +31,9 @@ pub struct Tracer<'r> {
     graph: RefCell<Graph>,
     parameters: RefCell<Vec<(String, Tensor)>>,
     parameter_values: RefCell<HashMap<String, Traced>>,
+    /// Parameter input nodes, placed after the declared inputs when the trace finishes (placing each
+    /// at once would shift the whole order per parameter).
+    pending_inputs: RefCell<Vec<crate::graph::NodeId>>,
 }
 
 /// A finished trace: the graph and the parameter tensors its parameter inputs stand for.
@@ -50,6 +53,7 @@ impl<'r> Tracer<'r> {
             graph: RefCell::new(Graph::new(name)),
             parameters: RefCell::new(Vec::new()),
             parameter_values: RefCell::new(HashMap::new()),
+            pending_inputs: RefCell::new(Vec::new()),
         }
     }
 
@@ -62,6 +66,7 @@ impl<'r> Tracer<'r> {
     /// Finishes the trace with these outputs.
     pub fn finish(self, outputs: &[Traced]) -> TracedGraph {
         let mut graph = self.graph.into_inner();
+        graph.place_inputs(&self.pending_inputs.into_inner());
         graph.set_output(outputs.iter().map(|t| t.value).collect());
         TracedGraph { graph, parameters: self.parameters.into_inner() }
     }
@@ -132,7 +137,9 @@ impl ExecutionContext for Tracer<'_> {
         if let Some(existing) = self.parameter_values.borrow().get(name) {
             return Ok(existing.clone());
         }
-        let traced = self.input(name, value.meta().clone());
+        let (node, value_id) = self.graph.borrow_mut().create_input_detached(name.to_owned(), value.meta().clone());
+        self.pending_inputs.borrow_mut().push(node);
+        let traced = Traced { value: value_id, meta: value.meta().clone() };
         self.parameters.borrow_mut().push((name.to_owned(), value.clone()));
         self.parameter_values.borrow_mut().insert(name.to_owned(), traced.clone());
         Ok(traced)

@@ -7,7 +7,7 @@ use std::fmt;
 use cranelift_entity::SecondaryMap;
 
 use crate::graph::{Arg, Graph, NodeId, NodeKind, ValueId};
-use crate::op::{ArgMeta, Overload, bind_meta};
+use crate::op::{ArgMeta, OpDef, Overload, bind_meta};
 use crate::{Layout, Registry, TensorMeta};
 
 /// One problem of a graph.
@@ -60,55 +60,169 @@ impl VerifyError {
 }
 
 /// Checks `graph` against `registry`; returns every diagnostic, not just the first.
+///
+/// Linear in the graph and allocation-free per node in the common case: registry lookups and meta
+/// functions are memoized per run (a model's layers repeat the same calls on the same metadata).
 pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
-    let mut diagnostics = Vec::new();
-    let mut defined: HashSet<ValueId> = HashSet::new();
-    let mut input_names = HashSet::new();
-    let positions = graph.positions();
+    let mut problems: Vec<(Option<NodeId>, String)> = Vec::new();
+    let mut defined: SecondaryMap<ValueId, bool> = SecondaryMap::with_capacity(graph.values.len());
+    let mut input_names: HashSet<&str> = HashSet::new();
+    let mut lookups = Lookups::new(registry);
     let order = graph.order();
-    let mut report = |node: Option<NodeId>, message: String| {
-        diagnostics.push(Diagnostic {
-            node,
-            statement: node.map(|n| graph.display_node(n)).unwrap_or_default(),
-            position: node.map(|n| positions[n] as usize),
-            location: node.and_then(|n| graph.node(n).location),
-            message,
-        });
-    };
     let outputs: Vec<NodeId> =
         order.iter().copied().filter(|&n| matches!(graph.node(n).kind, NodeKind::Output(_))).collect();
     match outputs.as_slice() {
-        [] => report(None, "the graph has no output node".to_owned()),
+        [] => problems.push((None, "the graph has no output node".to_owned())),
         [single] if order.last() == Some(single) => {}
-        [single] => report(Some(*single), "the output node must be the last node".to_owned()),
+        [single] => problems.push((Some(*single), "the output node must be the last node".to_owned())),
         [_, rest @ ..] => {
             for &extra in rest {
-                report(Some(extra), "a graph has exactly one output node".to_owned());
+                problems.push((Some(extra), "a graph has exactly one output node".to_owned()));
             }
         }
     }
     for &node in order {
         let data = graph.node(node);
-        for value in data.kind.operands() {
-            if !defined.contains(&value) {
-                report(Some(node), format!("{} is used before it is defined", graph.display_value(value)));
+        data.kind.for_each_operand(|value| {
+            if !defined[value] {
+                problems.push((Some(node), format!("{} is used before it is defined", graph.display_value(value))));
             }
-        }
+        });
         if let NodeKind::Input { name, .. } = &data.kind
-            && !input_names.insert(name.clone())
+            && !input_names.insert(name.as_str())
         {
-            report(Some(node), format!("duplicate input name `%{name}`"));
+            problems.push((Some(node), format!("duplicate input name `%{name}`")));
         }
-        if let Err(message) = check_node(graph, registry, node) {
-            report(Some(node), message);
+        if let Err(message) = check_node(graph, &mut lookups, node) {
+            problems.push((Some(node), message));
         }
-        defined.extend(data.results.iter().copied());
+        for &result in &data.results {
+            defined[result] = true;
+        }
     }
-    if diagnostics.is_empty() {
+    if problems.is_empty() {
         return Ok(());
     }
+    let positions = graph.positions();
+    let diagnostics: Vec<Diagnostic> = problems
+        .into_iter()
+        .map(|(node, message)| Diagnostic {
+            node,
+            statement: node.map(|n| graph.display_node(n)).unwrap_or_default(),
+            position: node.map(|n| positions[n] as usize),
+            location: node.and_then(|n| graph.node(n).location),
+            message,
+        })
+        .collect();
     let annotated = annotate(graph, &diagnostics, &positions);
     Err(VerifyError { diagnostics, annotated })
+}
+
+/// Registry answers and meta-function results memoized for one verification run.
+struct Lookups<'r, 'g> {
+    registry: &'r Registry,
+    ops: Vec<(&'g str, Option<&'static OpDef>)>,
+    providers: Vec<(&'g str, &'g str, Option<bool>)>,
+    activations: Vec<(&'g str, Vec<usize>)>,
+    /// Recent (op, argument metadata) → outputs; a small ring, since layers repeat.
+    metas: Vec<MetaMemo<'g>>,
+    next_slot: usize,
+}
+
+/// A remembered meta-function call: op, argument metadata, outputs or the error.
+type MetaMemo<'g> = (&'g str, Vec<ArgMeta<'g>>, Result<Vec<TensorMeta>, String>);
+
+/// Distinct calls remembered per run.
+const META_MEMO: usize = 8;
+
+impl<'r, 'g> Lookups<'r, 'g> {
+    fn new(registry: &'r Registry) -> Lookups<'r, 'g> {
+        Lookups {
+            registry,
+            ops: Vec::new(),
+            providers: Vec::new(),
+            activations: Vec::new(),
+            metas: Vec::new(),
+            next_slot: 0,
+        }
+    }
+
+    fn op_def(&mut self, op: &'g str) -> Option<&'static OpDef> {
+        if let Some((_, def)) = self.ops.iter().find(|(o, _)| *o == op) {
+            return *def;
+        }
+        let def = self.registry.op_def(op);
+        self.ops.push((op, def));
+        def
+    }
+
+    /// Whether `provider` of `op` is inplace; `None` when it is not registered.
+    fn provider_inplace(&mut self, op: &'g str, provider: &'g str) -> Option<bool> {
+        if let Some((_, _, inplace)) = self.providers.iter().find(|(o, p, _)| *o == op && *p == provider) {
+            return *inplace;
+        }
+        let inplace = self.registry.is_inplace(op, provider);
+        self.providers.push((op, provider, inplace));
+        inplace
+    }
+
+    fn activations(&mut self, op: &'g str) -> &[usize] {
+        let index = match self.activations.iter().position(|(o, _)| *o == op) {
+            Some(i) => i,
+            None => {
+                self.activations.push((op, self.registry.activations(op).unwrap_or_default()));
+                self.activations.len() - 1
+            }
+        };
+        &self.activations[index].1
+    }
+
+    /// Binds an op call's arguments and runs its meta function (memoized on equal metadata).
+    fn op_outputs(&mut self, graph: &'g Graph, op: &'g str, args: &'g [Arg]) -> Result<&[TensorMeta], String> {
+        let def = self.op_def(op).ok_or_else(|| format!("unknown op `{op}`"))?;
+        if let Some(slot) = self.metas.iter().position(|(o, m, _)| *o == op && same_args(m, graph, args)) {
+            return self.metas[slot].2.as_deref().map_err(Clone::clone);
+        }
+        let mut metas = Vec::with_capacity(args.len());
+        for arg in args {
+            metas.push(match arg {
+                Arg::Value(v) => ArgMeta::Tensor(graph.meta(*v)),
+                Arg::None => ArgMeta::None,
+                Arg::F64(v) => ArgMeta::F64(*v),
+                Arg::I64(v) => ArgMeta::I64(*v),
+                Arg::Bool(v) => ArgMeta::Bool(*v),
+                Arg::Ints(_) => return Err(format!("op `{op}` takes no integer lists")),
+            });
+        }
+        let outputs = bind_meta(def, metas.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|bound| (def.meta)(&bound).map_err(|e| e.to_string()));
+        let entry = (op, metas, outputs);
+        let slot = if self.metas.len() < META_MEMO {
+            self.metas.push(entry);
+            self.metas.len() - 1
+        } else {
+            let slot = self.next_slot;
+            self.next_slot = (slot + 1) % META_MEMO;
+            self.metas[slot] = entry;
+            slot
+        };
+        self.metas[slot].2.as_deref().map_err(Clone::clone)
+    }
+}
+
+/// Whether remembered argument metadata equals a node's arguments (floats by bits, so NaN epsilons
+/// memoize too).
+fn same_args(remembered: &[ArgMeta<'_>], graph: &Graph, args: &[Arg]) -> bool {
+    remembered.len() == args.len()
+        && remembered.iter().zip(args).all(|(m, a)| match (m, a) {
+            (ArgMeta::Tensor(m), Arg::Value(v)) => *m == graph.meta(*v),
+            (ArgMeta::F64(m), Arg::F64(v)) => m.to_bits() == v.to_bits(),
+            (ArgMeta::I64(m), Arg::I64(v)) => m == v,
+            (ArgMeta::Bool(m), Arg::Bool(v)) => m == v,
+            (ArgMeta::None, Arg::None) => true,
+            _ => false,
+        })
 }
 
 fn annotate(graph: &Graph, diagnostics: &[Diagnostic], positions: &SecondaryMap<NodeId, u32>) -> String {
@@ -144,49 +258,62 @@ fn annotate(graph: &Graph, diagnostics: &[Diagnostic], positions: &SecondaryMap<
     out
 }
 
-fn check_node(graph: &Graph, registry: &Registry, node: NodeId) -> Result<(), String> {
+fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId) -> Result<(), String> {
     let data = graph.node(node);
     let meta = |v: ValueId| graph.meta(v);
-    let results: Vec<&TensorMeta> = data.results.iter().map(|&r| graph.meta(r)).collect();
-    let expect_one = |expected: TensorMeta| -> Result<(), String> {
+    let results = &data.results;
+    // One result equal to the metadata `expected` builds (built only when the cheap check fails).
+    let expect_one = |matches: &dyn Fn(&TensorMeta) -> bool, expected: &dyn Fn() -> TensorMeta| -> Result<(), String> {
         match results.as_slice() {
-            [only] if **only == expected => Ok(()),
-            [only] => Err(format!("result type {only} should be {expected}")),
+            [only] if matches(meta(*only)) => Ok(()),
+            [only] => Err(format!("result type {} should be {}", meta(*only), expected())),
             _ => Err(format!("expected one result, found {}", results.len())),
         }
+    };
+    let exact = |expected: TensorMeta| expect_one(&|found| *found == expected, &|| expected.clone());
+    // A fresh compact tensor of `v`'s shape, dtype and device.
+    let compact_like = |v: ValueId| {
+        let source = meta(v);
+        expect_one(
+            &|found| {
+                found.dtype == source.dtype
+                    && found.device == source.device
+                    && found.shape() == source.shape()
+                    && found.layout.is_compact_at_zero()
+            },
+            &|| TensorMeta { layout: Layout::compact(source.shape()), ..source.clone() },
+        )
     };
     match &data.kind {
         NodeKind::Input { .. } | NodeKind::Output(_) => Ok(()),
         NodeKind::IrCall { op, overload, args } => {
-            let def = registry
+            let def = lookups
                 .op_def(op)
-                .ok_or_else(|| format!("unknown op `{op}` (known: {})", registry.ops().join(", ")))?;
+                .ok_or_else(|| format!("unknown op `{op}` (known: {})", lookups.registry.ops().join(", ")))?;
             if *overload == Overload::MaybeInplace && !def.allow_inplace {
                 return Err(format!("op `{op}` does not allow inplace, so it has no maybe_inplace form"));
             }
-            let expected = op_outputs(graph, registry, op, args)?;
-            check_results(&results, &expected)
+            let expected = lookups.op_outputs(graph, op, args)?;
+            check_results(graph, results, expected)
         }
         NodeKind::ImplCall { op, provider, writes, args } => {
-            let def = registry
-                .op_def(op)
-                .ok_or_else(|| format!("unknown op `{op}` (known: {})", registry.ops().join(", ")))?;
-            let info = registry.providers(op).into_iter().find(|p| p.name == provider).ok_or_else(|| {
+            let registry = lookups.registry;
+            lookups.op_def(op).ok_or_else(|| format!("unknown op `{op}` (known: {})", registry.ops().join(", ")))?;
+            let inplace = lookups.provider_inplace(op, provider).ok_or_else(|| {
                 let known: Vec<&str> = registry.providers(op).iter().map(|p| p.name).collect();
                 format!("provider `{provider}` is not registered for `{op}` (known: {})", known.join(", "))
             })?;
-            let expected = op_outputs(graph, registry, op, args)?;
-            if !info.inplace {
+            let expected = lookups.op_outputs(graph, op, args)?;
+            if !inplace {
                 if !writes.is_empty() {
                     return Err(format!("provider `{provider}` of `{op}` is not inplace, so it writes nothing"));
                 }
-                return check_results(&results, &expected);
+                return check_results(graph, results, expected);
             }
-            let activations = registry.activations(op).unwrap_or_default();
-            if *writes != activations {
+            let activations = lookups.activations(op);
+            if writes != activations {
                 return Err(format!("inplace provider `{provider}` of `{op}` writes {activations:?}, not {writes:?}"));
             }
-            let _ = def;
             if results.len() != writes.len() {
                 return Err(format!("expected {} results, found {}", writes.len(), results.len()));
             }
@@ -194,10 +321,10 @@ fn check_node(graph: &Graph, registry: &Registry, node: NodeId) -> Result<(), St
                 let Some(Arg::Value(written)) = args.get(position) else {
                     return Err(format!("written argument {position} is not a value"));
                 };
-                if results[i] != meta(*written) {
+                if meta(results[i]) != meta(*written) {
                     return Err(format!(
                         "result {i} has type {} but writes into {} of type {}",
-                        results[i],
+                        meta(results[i]),
                         graph.display_value(*written),
                         meta(*written)
                     ));
@@ -205,65 +332,52 @@ fn check_node(graph: &Graph, registry: &Registry, node: NodeId) -> Result<(), St
             }
             Ok(())
         }
-        NodeKind::Clone(v) => expect_one(TensorMeta { layout: meta(*v).layout.copy_layout(), ..meta(*v).clone() }),
-        NodeKind::Contiguous(v) => {
-            expect_one(TensorMeta { layout: Layout::compact(meta(*v).shape()), ..meta(*v).clone() })
+        NodeKind::Clone(v) => {
+            let source = meta(*v);
+            if source.layout.is_compact_at_zero() {
+                expect_one(&|found| found == source, &|| source.clone())
+            } else {
+                exact(TensorMeta { layout: source.layout.copy_layout(), ..source.clone() })
+            }
         }
+        NodeKind::Contiguous(v) => compact_like(*v),
         NodeKind::Slice { value, dim, start, end } => {
             let layout = meta(*value).layout.slice(*dim, *start, *end).map_err(|e| e.to_string())?;
-            expect_one(TensorMeta { layout, ..meta(*value).clone() })
+            exact(TensorMeta { layout, ..meta(*value).clone() })
         }
         NodeKind::Transpose { value, d0, d1 } => {
             let layout = meta(*value).layout.transpose(*d0, *d1).map_err(|e| e.to_string())?;
-            expect_one(TensorMeta { layout, ..meta(*value).clone() })
+            exact(TensorMeta { layout, ..meta(*value).clone() })
         }
         NodeKind::Reshape { value, shape } => {
             let layout = meta(*value).layout.reshape(shape).map_err(|e| e.to_string())?;
-            expect_one(TensorMeta { layout, ..meta(*value).clone() })
+            exact(TensorMeta { layout, ..meta(*value).clone() })
         }
         NodeKind::Add(a, b) | NodeKind::Mul(a, b) => {
-            let (a, b) = (meta(*a), meta(*b));
-            if a.shape() != b.shape() || a.dtype != b.dtype || a.device != b.device {
-                return Err(format!("operands {a} and {b} must have equal shapes, dtypes and devices"));
+            let (ma, mb) = (meta(*a), meta(*b));
+            if ma.shape() != mb.shape() || ma.dtype != mb.dtype || ma.device != mb.device {
+                return Err(format!("operands {ma} and {mb} must have equal shapes, dtypes and devices"));
             }
-            expect_one(TensorMeta { layout: Layout::compact(a.shape()), ..a.clone() })
+            compact_like(*a)
         }
-        NodeKind::Scale(v, _) => {
-            expect_one(TensorMeta { layout: Layout::compact(meta(*v).shape()), ..meta(*v).clone() })
-        }
+        NodeKind::Scale(v, _) => compact_like(*v),
         NodeKind::Copy { dst, src } => {
             if meta(*dst).shape() != meta(*src).shape() {
                 return Err(format!("copy_ needs equal shapes, found {} and {}", meta(*dst), meta(*src)));
             }
-            expect_one(meta(*dst).clone())
+            let target = meta(*dst);
+            expect_one(&|found| found == target, &|| target.clone())
         }
     }
 }
 
-/// Binds an op call's arguments and runs its meta function.
-fn op_outputs(graph: &Graph, registry: &Registry, op: &str, args: &[Arg]) -> Result<Vec<TensorMeta>, String> {
-    let def = registry.op_def(op).ok_or_else(|| format!("unknown op `{op}`"))?;
-    let mut metas = Vec::new();
-    for arg in args {
-        metas.push(match arg {
-            Arg::Value(v) => ArgMeta::Tensor(graph.meta(*v)),
-            Arg::None => ArgMeta::None,
-            Arg::F64(v) => ArgMeta::F64(*v),
-            Arg::I64(v) => ArgMeta::I64(*v),
-            Arg::Bool(v) => ArgMeta::Bool(*v),
-            Arg::Ints(_) => return Err(format!("op `{op}` takes no integer lists")),
-        });
-    }
-    let bound = bind_meta(def, metas).map_err(|e| e.to_string())?;
-    (def.meta)(&bound).map_err(|e| e.to_string())
-}
-
-fn check_results(results: &[&TensorMeta], expected: &[TensorMeta]) -> Result<(), String> {
+fn check_results(graph: &Graph, results: &[ValueId], expected: &[TensorMeta]) -> Result<(), String> {
     if results.len() != expected.len() {
         return Err(format!("expected {} results, found {}", expected.len(), results.len()));
     }
-    for (i, (found, expected)) in results.iter().zip(expected).enumerate() {
-        if *found != expected {
+    for (i, (&found, expected)) in results.iter().zip(expected).enumerate() {
+        let found = graph.meta(found);
+        if found != expected {
             return Err(format!("result {i} has type {found} but the op produces {expected}"));
         }
     }

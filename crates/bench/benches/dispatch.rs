@@ -1,0 +1,87 @@
+//! Eager dispatch overhead (R40): `rms_norm` through the registry (metadata, meta function,
+//! predicates, selection, record) against the selected kernel called directly, at decode sizes with
+//! the CPU platform's two-entry list `[cpu, native]`; and selection alone.
+
+// A benchmark reports on standard output.
+#![allow(clippy::print_stdout)]
+
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use ir_core::op::ArgMeta;
+use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
+use ir_core::op::rms_norm::rms_norm;
+use ir_core::{Platform, PriorityConfig, Registry, UniqueTensor};
+use vllm_ir_bench::kernels::{BenchOp, Case, EPSILON, Inputs, Shape};
+use vllm_ir_bench::output;
+
+fn registry() -> Registry {
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).expect("registering the cpu provider");
+    PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("the cpu platform's priorities");
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["cpu", "native"]), "a two-entry list");
+    registry
+}
+
+fn dispatch(c: &mut Criterion) {
+    let registry = registry();
+    let shapes =
+        if output::quick() { vec![Shape::new(1, 4096)] } else { vec![Shape::new(1, 4096), Shape::new(16, 4096)] };
+    for shape in shapes {
+        let case = Case { op: BenchOp::RmsNorm, shape, dtype: ir_core::DType::BF16 };
+        let inputs = Inputs::generate(case, 0).expect("inputs");
+        let (x, w) = (&inputs.x, Some(&inputs.weight));
+        let direct = kernels_cpu::rms_norm_cpu(x, w, EPSILON, None).expect("direct call");
+        let dispatched = rms_norm(&registry, x, w, EPSILON, None).expect("registry call");
+        assert!(ir_core::bit_eq(&direct, &dispatched), "the registry chose the cpu kernel");
+
+        let mut group = c.benchmark_group(format!("dispatch/rms_norm/{shape}"));
+        group.bench_function("direct", |b| b.iter(|| kernels_cpu::rms_norm_cpu(x, w, EPSILON, None).unwrap()));
+        group.bench_function("registry", |b| b.iter(|| rms_norm(&registry, x, w, EPSILON, None).unwrap()));
+        group.finish();
+
+        let case = Case { op: BenchOp::FusedAddRmsNorm, shape, dtype: ir_core::DType::BF16 };
+        let inputs = Inputs::generate(case, 0).expect("inputs");
+        let fresh = || (inputs.x.deep_clone().unwrap(), inputs.residual.deep_clone().unwrap());
+        let mut group = c.benchmark_group(format!("dispatch/fused_add_rms_norm_maybe_inplace/{shape}"));
+        group.bench_function("direct", |b| {
+            b.iter_batched(
+                fresh,
+                |(x, r)| {
+                    let (x, r) = (UniqueTensor::new(x).unwrap(), UniqueTensor::new(r).unwrap());
+                    kernels_cpu::fused_add_rms_norm_cpu(x, r, Some(&inputs.weight), EPSILON, None).unwrap()
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        group.bench_function("registry", |b| {
+            b.iter_batched(
+                fresh,
+                |(x, r)| {
+                    fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&inputs.weight), EPSILON, None).unwrap()
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        group.finish();
+    }
+
+    let x = ir_core::TensorMeta::compact(ir_core::DType::BF16, &[1, 4096]);
+    let w = ir_core::TensorMeta::compact(ir_core::DType::BF16, &[4096]);
+    let metas = [ArgMeta::Tensor(&x), ArgMeta::Tensor(&w), ArgMeta::F64(EPSILON), ArgMeta::None];
+    assert_eq!(registry.select("rms_norm", &metas).expect("selection").provider, "cpu");
+    let mut group = c.benchmark_group("dispatch/select");
+    group.bench_function("rms_norm", |b| b.iter(|| registry.select("rms_norm", &metas).unwrap()));
+    group.finish();
+}
+
+fn config() -> Criterion {
+    let (warm_up, measurement) = if output::quick() { (0.3, 1.0) } else { (1.0, 3.0) };
+    Criterion::default()
+        .warm_up_time(Duration::from_secs_f64(warm_up))
+        .measurement_time(Duration::from_secs_f64(measurement))
+        .configure_from_args()
+}
+
+criterion_group! { name = benches; config = config(); targets = dispatch }
+criterion_main!(benches);

@@ -1,0 +1,77 @@
+//! The standard pipeline (functionalize, dce, lower, eliminate-clones, dce, each verified) on traced
+//! decoder graphs of 1k to 1M nodes: time per node and how it grows.
+
+// A benchmark reports on standard output.
+#![allow(clippy::print_stdout)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use criterion::{BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use ir_core::{Platform, PriorityConfig, Registry};
+use ir_passes::{PassContext, Pipeline, Snapshots};
+use serde::Serialize;
+use vllm_ir_bench::decoder::decoder_graph;
+use vllm_ir_bench::output;
+
+/// Graph sizes (nodes).
+const SIZES: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
+
+#[derive(Serialize)]
+struct PassBreakdown {
+    nodes: usize,
+    /// Seconds per pass (verification excluded), from one run.
+    passes: Vec<(String, f64)>,
+}
+
+fn passes(c: &mut Criterion) {
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).expect("registering the cpu provider");
+    PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("the cpu platform's priorities");
+    let cx = PassContext::new(&registry);
+    let mut breakdown = Vec::new();
+    let mut group = c.benchmark_group("passes/pipeline");
+    for nodes in SIZES {
+        let traced = decoder_graph(&registry, nodes).expect("generating the graph");
+        let n = traced.graph.order().len();
+        let mut once = traced.graph.clone();
+        let report = Pipeline::standard().run(&mut once, &cx, None, Snapshots::Skip).expect("the pipeline runs");
+        let mut per_pass: BTreeMap<String, f64> = BTreeMap::new();
+        for run in &report.runs {
+            *per_pass.entry(run.pass.to_string()).or_default() += run.duration.as_secs_f64();
+        }
+        breakdown.push(PassBreakdown { nodes: n, passes: per_pass.into_iter().collect() });
+
+        if n >= 100_000 {
+            group.sampling_mode(SamplingMode::Flat).sample_size(10);
+        }
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &traced.graph, |b, graph| {
+            b.iter_batched(
+                || graph.clone(),
+                |mut g| {
+                    Pipeline::standard().run(&mut g, &cx, None, Snapshots::Skip).unwrap();
+                    g
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+    match output::write_json("passes.json", &breakdown) {
+        Ok(path) => println!("wrote {}", path.display()),
+        Err(e) => println!("warning: {e}"),
+    }
+}
+
+fn config() -> Criterion {
+    let (warm_up, measurement) = if output::quick() { (0.3, 2.0) } else { (1.0, 5.0) };
+    Criterion::default()
+        .warm_up_time(Duration::from_secs_f64(warm_up))
+        .measurement_time(Duration::from_secs_f64(measurement))
+        .sample_size(20)
+        .configure_from_args()
+}
+
+criterion_group! { name = benches; config = config(); targets = passes }
+criterion_main!(benches);
