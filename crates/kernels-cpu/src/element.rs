@@ -9,15 +9,49 @@ pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
     fn load(src: &[Self], dst: &mut [f32]);
     /// Rounds `src` to this type into `dst` (same length; nearest-even, NaN stays NaN).
     fn store(src: &[f32], dst: &mut [Self]);
+
+    /// Stores `y = s · rstd` rounded to this type, or with a weight `round(f32(round(y)) · w)`: y is
+    /// rounded to the element type first, exactly as native does. This default goes through
+    /// [`CpuElement::store`] and [`CpuElement::load`] in stack-sized chunks; types whose rounding is
+    /// a few bit operations override it with one fused loop.
+    #[inline(always)]
+    fn store_normalized(s: &[f32], rstd: f32, weight: Option<&[f32]>, out: &mut [Self]) {
+        const CHUNK: usize = 256;
+        let mut y = [0f32; CHUNK];
+        for (start, out) in (0..s.len()).step_by(CHUNK).zip(out.chunks_mut(CHUNK)) {
+            let y = &mut y[..out.len()];
+            for (y, v) in y.iter_mut().zip(&s[start..]) {
+                *y = v * rstd;
+            }
+            Self::store(y, out);
+            if let Some(weight) = weight {
+                Self::load(out, y);
+                for (y, w) in y.iter_mut().zip(&weight[start..]) {
+                    *y *= *w;
+                }
+                Self::store(y, out);
+            }
+        }
+    }
 }
 
 impl CpuElement for f32 {
+    #[inline(always)]
     fn load(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
 
+    #[inline(always)]
     fn store(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+
+    #[inline(always)]
+    fn store_normalized(s: &[f32], rstd: f32, weight: Option<&[f32]>, out: &mut [f32]) {
+        match weight {
+            None => out.iter_mut().zip(s).for_each(|(o, v)| *o = v * rstd),
+            Some(weight) => out.iter_mut().zip(s).zip(weight).for_each(|((o, v), w)| *o = (v * rstd) * w),
+        }
     }
 }
 
@@ -32,23 +66,41 @@ impl CpuElement for f16 {
 }
 
 impl CpuElement for bf16 {
+    #[inline(always)]
     fn load(src: &[bf16], dst: &mut [f32]) {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = f32::from_bits((s.to_bits() as u32) << 16);
         }
     }
 
+    #[inline(always)]
     fn store(src: &[f32], dst: &mut [bf16]) {
         for (d, s) in dst.iter_mut().zip(src) {
-            let bits = s.to_bits();
-            // Round to nearest-even by adding 0x7fff plus the lowest kept bit, then truncating.
-            let rounded = (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16;
-            // NaN: keep the sign and the top payload bits, and force a quiet NaN.
-            let nan = ((bits >> 16) as u16) | 0x0040;
-            let is_nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
-            *d = bf16::from_bits(if is_nan { nan } else { rounded });
+            *d = bf16::from_bits(bf16_bits(*s));
         }
     }
+
+    #[inline(always)]
+    fn store_normalized(s: &[f32], rstd: f32, weight: Option<&[f32]>, out: &mut [bf16]) {
+        match weight {
+            None => out.iter_mut().zip(s).for_each(|(o, v)| *o = bf16::from_bits(bf16_bits(v * rstd))),
+            Some(weight) => out.iter_mut().zip(s).zip(weight).for_each(|((o, v), w)| {
+                let y = f32::from_bits((bf16_bits(v * rstd) as u32) << 16);
+                *o = bf16::from_bits(bf16_bits(y * w));
+            }),
+        }
+    }
+}
+
+/// `v` rounded to bf16 bits: nearest-even; NaN keeps its sign and top payload bits and is quieted.
+#[inline(always)]
+fn bf16_bits(v: f32) -> u16 {
+    let bits = v.to_bits();
+    // Round to nearest-even by adding 0x7fff plus the lowest kept bit, then truncating.
+    let rounded = (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16;
+    let nan = ((bits >> 16) as u16) | 0x0040;
+    let is_nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
+    if is_nan { nan } else { rounded }
 }
 
 #[cfg(test)]

@@ -35,8 +35,7 @@ pub(crate) fn rms_norm<T: CpuElement>(
     let out_data = &mut out.typed_mut::<T>()[out_rows.offset..out_rows.offset + out_rows.span()];
     let task = |scratch: &mut Vec<f32>, (index, out_chunk): (usize, &mut [T])| {
         let start = index * x_rows.row_stride;
-        T::load(&x_data[start..start + hidden], scratch);
-        normalize_into(scratch, weight, eps, &mut out_chunk[..hidden]);
+        rms_norm_row(&x_data[start..start + hidden], scratch, weight, eps, &mut out_chunk[..hidden]);
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
@@ -66,14 +65,7 @@ pub(crate) fn fused<T: CpuElement>(
         &mut residual.typed_mut::<T>()[residual_rows.offset..residual_rows.offset + residual_rows.span()];
     let task = |scratch: &mut (Vec<f32>, Vec<f32>), (x_chunk, r_chunk): (&mut [T], &mut [T])| {
         let (sum, other) = scratch;
-        let (x_row, r_row) = (&mut x_chunk[..hidden], &mut r_chunk[..hidden]);
-        T::load(x_row, sum);
-        T::load(r_row, other);
-        for (s, r) in sum.iter_mut().zip(other.iter()) {
-            *s += *r;
-        }
-        T::store(sum, r_row);
-        normalize_into(sum, weight, eps, x_row);
+        fused_row(&mut x_chunk[..hidden], &mut r_chunk[..hidden], sum, other, weight, eps);
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
@@ -92,32 +84,61 @@ pub(crate) fn fused<T: CpuElement>(
         .for_each_init(|| (vec![0f32; hidden], vec![0f32; hidden]), task);
 }
 
-/// Normalizes the f32 row `s` (overwritten) and stores the result, weighted, into `out`.
-fn normalize_into<T: CpuElement>(s: &mut [f32], weight: Option<&[f32]>, eps: f32, out: &mut [T]) {
+/// One row of `rms_norm`: widen x into the f32 scratch, normalize, store weighted. Compiled for
+/// AVX-512, AVX2 (+FMA, F16C) and NEON besides the baseline, chosen at run time; the results are the
+/// same bits on every path (Rust never contracts a multiply and an add into an FMA by itself).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+fn rms_norm_row<T: CpuElement>(x: &[T], scratch: &mut [f32], weight: Option<&[f32]>, eps: f32, out: &mut [T]) {
+    T::load(x, scratch);
+    normalize_into(scratch, weight, eps, out);
+}
+
+/// One row of `fused_add_rms_norm`, in place: `r ← x + r` (rounded), `x ← norm(x + r)` from the
+/// unrounded f32 sum. Multiversioned like [`rms_norm_row`].
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+fn fused_row<T: CpuElement>(
+    x: &mut [T],
+    r: &mut [T],
+    sum: &mut [f32],
+    other: &mut [f32],
+    weight: Option<&[f32]>,
+    eps: f32,
+) {
+    T::load(x, sum);
+    T::load(r, other);
+    for (s, r) in sum.iter_mut().zip(other.iter()) {
+        *s += *r;
+    }
+    T::store(sum, r);
+    normalize_into(sum, weight, eps, x);
+}
+
+/// Normalizes the f32 row `s` and stores the result, weighted, into `out`.
+#[inline(always)]
+fn normalize_into<T: CpuElement>(s: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [T]) {
     let mean_square = sum_squares(s) / s.len() as f32;
     let rstd = 1.0 / (mean_square + eps).sqrt();
-    for v in s.iter_mut() {
-        *v *= rstd;
-    }
-    T::store(s, out);
-    if let Some(weight) = weight {
-        // Round y to the element type first (exactly as native), then multiply in f32 and round once.
-        T::load(out, s);
-        for (v, w) in s.iter_mut().zip(weight) {
-            *v *= *w;
-        }
-        T::store(s, out);
-    }
+    T::store_normalized(s, rstd, weight, out);
 }
 
 /// Σ v² in f32 over 32 independent lanes, reduced in a fixed order.
+#[inline(always)]
 fn sum_squares(v: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
     let chunks = v.chunks_exact(LANES);
     let tail = chunks.remainder();
     for chunk in chunks {
-        for (lane, value) in lanes.iter_mut().zip(chunk) {
-            *lane += value * value;
+        let chunk: &[f32; LANES] = chunk.try_into().expect("chunks_exact yields LANES values");
+        for i in 0..LANES {
+            lanes[i] += chunk[i] * chunk[i];
         }
     }
     let mut width = LANES;
