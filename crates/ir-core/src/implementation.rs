@@ -192,6 +192,9 @@ pub(crate) fn take_tensor(args: &mut [Value], index: usize) -> Result<Tensor, Ke
 pub(crate) fn take_unique(args: &mut [Value], index: usize) -> Result<UniqueTensor, KernelError> {
     let tensor = take_tensor(args, index)?;
     UniqueTensor::new(tensor).map_err(|t| {
-        KernelError::Tensor(TensorError::SharedStorage { meta: t.meta().clone(), handles: t.storage_handles() })
+        KernelError::Tensor(TensorError::SharedStorage {
+            meta: Box::new(t.meta().clone()),
+            handles: t.storage_handles(),
+        })
     })
 }

@@ -4,6 +4,7 @@
 //! of size 1 (and every stride of a layout without elements) is replaced by its row-major value, so
 //! equal logical layouts compare, hash and print equal.
 
+use smallvec::SmallVec;
 use std::fmt;
 
 /// Why a layout or view could not be built.
@@ -65,11 +66,14 @@ pub enum LayoutError {
     },
 }
 
+/// Dimensions kept inline up to rank 4 (every tensor of a norm), so metadata needs no heap.
+type Dims = SmallVec<[usize; 4]>;
+
 /// Shape, strides (elements) and storage offset (elements) of a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: Dims,
+    strides: Dims,
     offset: usize,
 }
 
@@ -80,7 +84,11 @@ pub fn numel(shape: &[usize]) -> usize {
 
 /// Row-major strides of a shape.
 pub fn compact_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
+    compact_dims(shape).into_vec()
+}
+
+fn compact_dims(shape: &[usize]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![0; shape.len()];
     let mut acc = 1usize;
     for (stride, &size) in strides.iter_mut().zip(shape).rev() {
         *stride = acc;
@@ -92,7 +100,7 @@ pub fn compact_strides(shape: &[usize]) -> Vec<usize> {
 impl Layout {
     /// A compact (row-major) layout at offset 0.
     pub fn compact(shape: &[usize]) -> Layout {
-        Layout { shape: shape.to_vec(), strides: compact_strides(shape), offset: 0 }
+        Layout { shape: Dims::from_slice(shape), strides: compact_dims(shape), offset: 0 }
     }
 
     /// A layout from explicit strides and offset, canonicalized.
@@ -103,7 +111,7 @@ impl Layout {
         if shape.iter().try_fold(1usize, |acc, &size| acc.checked_mul(size)).is_none() {
             return Err(LayoutError::Overflow { shape: shape.to_vec() });
         }
-        let mut layout = Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset };
+        let mut layout = Layout { shape: Dims::from_slice(shape), strides: Dims::from_slice(strides), offset };
         layout.canonicalize();
         if layout.span_checked().is_none() {
             return Err(LayoutError::Overflow { shape: shape.to_vec() });
@@ -165,10 +173,10 @@ impl Layout {
 
     /// Whether the elements occupy exactly `numel` consecutive slots (compact in some dimension order).
     pub fn is_dense(&self) -> bool {
-        if self.numel() == 0 {
+        if self.numel() == 0 || self.is_compact() {
             return true;
         }
-        let mut dims: Vec<(usize, usize)> = self
+        let mut dims: SmallVec<[(usize, usize); 4]> = self
             .shape
             .iter()
             .zip(&self.strides)
@@ -215,7 +223,7 @@ impl Layout {
 
     /// A view of `len` indices from `start` along `dim`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout, LayoutError> {
-        let end = start.checked_add(len).ok_or(LayoutError::Overflow { shape: self.shape.clone() })?;
+        let end = start.checked_add(len).ok_or_else(|| LayoutError::Overflow { shape: self.shape.to_vec() })?;
         self.slice(dim, start, end)
     }
 
@@ -233,7 +241,7 @@ impl Layout {
     /// A view with another shape of the same number of elements, when strides can express it.
     pub fn reshape(&self, target: &[usize]) -> Result<Layout, LayoutError> {
         if numel(target) != self.numel() {
-            return Err(LayoutError::NumelMismatch { shape: self.shape.clone(), target: target.to_vec() });
+            return Err(LayoutError::NumelMismatch { shape: self.shape.to_vec(), target: target.to_vec() });
         }
         if self.numel() == 0 {
             return Layout::new(target, &compact_strides(target), self.offset);
@@ -241,8 +249,8 @@ impl Layout {
         match self.view_strides(target) {
             Some(strides) => Layout::new(target, &strides, self.offset),
             None => Err(LayoutError::NotViewable {
-                shape: self.shape.clone(),
-                strides: self.strides.clone(),
+                shape: self.shape.to_vec(),
+                strides: self.strides.to_vec(),
                 target: target.to_vec(),
             }),
         }
@@ -310,7 +318,7 @@ impl Layout {
     }
 
     fn canonicalize(&mut self) {
-        let compact = compact_strides(&self.shape);
+        let compact = compact_dims(&self.shape);
         let empty = self.numel() == 0;
         for ((stride, &size), &row_major) in self.strides.iter_mut().zip(&self.shape).zip(&compact) {
             if empty || size == 1 {
@@ -333,8 +341,8 @@ impl Layout {
     /// Strides viewing this layout's elements as `target`, following the usual chunk-matching rule:
     /// each group of source dimensions that is contiguous with itself maps onto a group of target
     /// dimensions of the same element count.
-    fn view_strides(&self, target: &[usize]) -> Option<Vec<usize>> {
-        let mut new_strides = vec![0usize; target.len()];
+    fn view_strides(&self, target: &[usize]) -> Option<Dims> {
+        let mut new_strides: Dims = smallvec::smallvec![0usize; target.len()];
         let mut view_d = target.len() as isize - 1;
         let mut chunk_base_stride = *self.strides.last().unwrap_or(&1);
         let mut tensor_numel = 1usize;

@@ -472,7 +472,7 @@ impl<'g> Run<'g> {
                                 self.call_error(
                                     node,
                                     CallError::Tensor(TensorError::SharedStorage {
-                                        meta: self.graph.meta(*v).clone(),
+                                        meta: Box::new(self.graph.meta(*v).clone()),
                                         handles: 2,
                                     }),
                                 )

@@ -211,7 +211,7 @@ impl Registry {
                 };
                 if !tensor.is_uniquely_owned() {
                     return Err(CallError::Tensor(TensorError::SharedStorage {
-                        meta: tensor.meta().clone(),
+                        meta: Box::new(tensor.meta().clone()),
                         handles: tensor.storage_handles(),
                     }));
                 }
@@ -340,8 +340,8 @@ fn prepare_activation(entry: &OpEntry, overload: Overload, index: usize, tensor:
 /// is installed). Returns the choice, the rejections before it, and whether a list was installed.
 fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<(Arc<ImplEntry>, Vec<Rejection>, bool), CallError> {
     let op = entry.def.name;
-    let installed = read(&entry.installed).clone();
-    let Some(list) = installed else {
+    let installed = read(&entry.installed);
+    let Some(list) = installed.as_ref() else {
         if !entry.logged_no_priority.swap(true, Ordering::Relaxed) {
             tracing::info!(target: "ir_core::dispatch", op, "priority not set for op {op}, using native");
         }

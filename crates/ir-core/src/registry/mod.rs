@@ -152,7 +152,8 @@ pub enum RegistryError {
 
 /// The op registry. See the module documentation.
 pub struct Registry {
-    ops: RwLock<IndexMap<&'static str, Arc<OpEntry>>>,
+    /// Keyed by op name with a fast non-cryptographic hash (names are ours, not adversarial).
+    ops: RwLock<IndexMap<&'static str, Arc<OpEntry>, rustc_hash::FxBuildHasher>>,
 }
 
 /// One defined op and everything registered for it.
@@ -203,7 +204,7 @@ pub struct ProviderInfo {
 impl Registry {
     /// An empty registry.
     pub fn new() -> Registry {
-        Registry { ops: RwLock::new(IndexMap::new()) }
+        Registry { ops: RwLock::new(IndexMap::default()) }
     }
 
     /// A registry defining the built-in ops (`rms_norm`, `fused_add_rms_norm`), each with `native` only.

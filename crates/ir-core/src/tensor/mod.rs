@@ -51,7 +51,7 @@ pub enum TensorError {
     #[error("layout {meta} needs {needed} bytes but its storage has {available}")]
     OutOfBounds {
         /// The metadata that does not fit.
-        meta: TensorMeta,
+        meta: Box<TensorMeta>,
         /// Bytes the layout reaches.
         needed: usize,
         /// Bytes the storage holds.
@@ -73,7 +73,7 @@ pub enum TensorError {
     #[error("cannot write into {meta}: its storage is shared by {handles} handles (writing needs unique ownership)")]
     SharedStorage {
         /// The tensor written.
-        meta: TensorMeta,
+        meta: Box<TensorMeta>,
         /// How many handles refer to the storage.
         handles: usize,
     },
@@ -297,7 +297,7 @@ impl Tensor {
         let handles = Arc::strong_count(&self.storage);
         match Arc::get_mut(&mut self.storage) {
             Some(shared) => Ok(&mut shared.storage),
-            None => Err(TensorError::SharedStorage { meta: self.meta.clone(), handles }),
+            None => Err(TensorError::SharedStorage { meta: Box::new(self.meta.clone()), handles }),
         }
     }
 
@@ -485,7 +485,7 @@ fn check_fits(meta: &TensorMeta, available: usize) -> Result<(), TensorError> {
     if needed <= available {
         return Ok(());
     }
-    Err(TensorError::OutOfBounds { meta: meta.clone(), needed, available })
+    Err(TensorError::OutOfBounds { meta: Box::new(meta.clone()), needed, available })
 }
 
 /// Copies elements of `size` bytes from `src` (in `src_layout`) to `dst` (in `dst_layout`), logical order.
