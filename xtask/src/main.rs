@@ -11,7 +11,11 @@
 //! - `fuzz [--seconds N]`: runs the cargo-fuzz targets (parser; parse → verify → pipeline) on nightly;
 //! - `bless`: rewrites the expectations of the golden IR tests (`IR_BLESS=1`) and shows the diff;
 //! - `build --platform cpu|cuda|rocm|xpu`: the CLI with that platform's features, saying what the
-//!   machine lacks.
+//!   machine lacks;
+//! - `bench [--quick] [--no-candle]`: the criterion benchmarks of `vllm-ir-bench` (candle comparison
+//!   on unless `--no-candle`), then `docs/benchmarks.md` and its plots;
+//! - `gpu-bench [--quick]`: the kernel benchmark on the GPU providers only, printed and written to
+//!   `docs/benchmarks-gpu.md` with % of the device's nominal peak bandwidth.
 
 #![allow(clippy::print_stdout)]
 
@@ -21,8 +25,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-const USAGE: &str =
-    "usage: cargo xtask <ci | lint | test | check-features | kernels | build --platform cpu|cuda|rocm|xpu>";
+const USAGE: &str = "usage: cargo xtask <ci | lint | test | check-features | kernels | fuzz [--seconds N] | bless | \
+                     build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | gpu-bench [--quick]>";
 
 fn main() {
     if let Err(error) = run(env::args().skip(1).collect()) {
@@ -42,6 +46,8 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "bless" => bless(),
         "fuzz" => fuzz(&args[1..]),
         "build" => build(&args[1..]),
+        "bench" => bench::bench(bench::BenchOptions::parse(&args[1..])?),
+        "gpu-bench" => bench::gpu_bench(&args[1..]),
         other => bail!("unknown subcommand `{other}`\n{USAGE}"),
     }
 }
@@ -90,7 +96,9 @@ fn check_features() -> anyhow::Result<()> {
     cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])?;
     if hip_installed() {
         cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "rocm", "--locked"], &[])?;
-        cargo(&["check", "--workspace", "--all-features", "--locked"], &[])?;
+        // Every feature but the bench crate's `candle` (compiled only by `cargo xtask bench`).
+        cargo(&["check", "--workspace", "--all-features", "--exclude", "vllm-ir-bench", "--locked"], &[])?;
+        cargo(&["check", "--package", "vllm-ir-bench", "--features", "rocm", "--all-targets", "--locked"], &[])?;
     } else {
         println!("skipped: feature `rocm` (needs hipcc and libamdhip64-dev: apt-get install hipcc libamdhip64-dev)");
     }
@@ -252,7 +260,7 @@ fn library_loadable(name: &str) -> bool {
     ldconfig.unwrap_or(false) || in_path
 }
 
-fn cargo(args: &[&str], envs: &[(&str, &str)]) -> anyhow::Result<()> {
+pub(crate) fn cargo(args: &[&str], envs: &[(&str, &str)]) -> anyhow::Result<()> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let shown_env: Vec<String> = envs.iter().map(|(k, v)| format!("{k}={v} ")).collect();
     println!("$ {}cargo {}", shown_env.concat(), args.join(" "));
@@ -268,9 +276,10 @@ fn cargo(args: &[&str], envs: &[(&str, &str)]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn project_root() -> PathBuf {
+pub(crate) fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_path_buf()
 }
 
+mod bench;
 #[cfg(test)]
 mod tidy;

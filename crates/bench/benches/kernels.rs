@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use serde::Serialize;
-use vllm_ir_bench::kernels::{Inputs, Provider, cpu_cases, gpu_cases};
+use vllm_ir_bench::kernels::{Case, Inputs, PROVIDERS_ENV, Provider, cpu_cases, gpu_cases, sweep_cases};
 use vllm_ir_bench::output;
 
 #[derive(Serialize)]
@@ -25,7 +25,7 @@ fn kernels(c: &mut Criterion) {
     let mut statuses: Vec<ProviderStatus> = Provider::ALL
         .iter()
         .map(|&p| {
-            let availability = p.availability();
+            let availability = if p.selected() { p.availability() } else { Err(format!("not in ${PROVIDERS_ENV}")) };
             if let Err(reason) = &availability {
                 println!("skipped: {}: {reason}", p.name());
             }
@@ -38,23 +38,25 @@ fn kernels(c: &mut Criterion) {
             }
         })
         .collect();
-    let any_device = Provider::ALL.iter().any(|p| p.is_device() && p.availability().is_ok());
-    let host = cpu_cases(quick);
+    let any_host = statuses.iter().zip(Provider::ALL).any(|(s, p)| s.available && !p.is_device());
+    let any_device = statuses.iter().zip(Provider::ALL).any(|(s, p)| s.available && p.is_device());
+    let host = if any_host { cpu_cases(quick) } else { Vec::new() };
     let device = if any_device { gpu_cases(quick) } else { Vec::new() };
     let mut all = host.clone();
     all.extend(device.iter().filter(|c| !host.contains(c)));
 
-    for case in all {
+    let mut run = |group: String, case: Case, device_case: bool, host_case: bool, sweep: bool| {
         let inputs = Inputs::generate(case, 0).expect("generating inputs");
         let expected = inputs.expected().expect("native runs on every case");
-        let mut group = c.benchmark_group(case.group());
+        let mut group = c.benchmark_group(group);
         if case.activation_bytes() >= 1 << 20 {
             group.sampling_mode(SamplingMode::Flat).sample_size(10);
         }
         for (i, &provider) in Provider::ALL.iter().enumerate() {
-            let wanted = if provider.is_device() { device.contains(&case) } else { host.contains(&case) };
-            // The reference is slow; quick runs time it only at decode sizes (R90 compares at 1×4096).
-            let skip_native = quick && provider == Provider::Native && !case.shape.is_decode();
+            let wanted = if provider.is_device() { device_case } else { host_case };
+            // The reference is slow: quick runs and the sweep time it only at decode sizes (R90
+            // compares with it at 1×4096).
+            let skip_native = provider == Provider::Native && !case.shape.is_decode() && (quick || sweep);
             if !wanted || skip_native || !statuses[i].available {
                 continue;
             }
@@ -72,6 +74,12 @@ fn kernels(c: &mut Criterion) {
             });
         }
         group.finish();
+    };
+    for case in all {
+        run(case.group(), case, device.contains(&case), host.contains(&case), false);
+    }
+    for case in sweep_cases(quick) {
+        run(case.sweep_group(), case, any_device, any_host, true);
     }
     match output::write_json("providers.json", &statuses) {
         Ok(path) => println!("wrote {}", path.display()),

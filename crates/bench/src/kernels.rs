@@ -16,6 +16,9 @@ use rayon::prelude::*;
 
 use crate::BenchError;
 
+/// Environment variable restricting the kernel benchmark to some providers (`cuda,copy`).
+pub const PROVIDERS_ENV: &str = "VLLM_IR_BENCH_PROVIDERS";
+
 /// The epsilon of every case.
 pub const EPSILON: f64 = 1e-6;
 
@@ -119,6 +122,11 @@ impl Case {
     pub fn group(&self) -> String {
         format!("kernels/{}/{}/{}", self.op.name(), self.dtype, self.shape)
     }
+
+    /// The criterion group name in the hidden-size sweep: `sweep/<op>/<dtype>/<shape>`.
+    pub fn sweep_group(&self) -> String {
+        format!("sweep/{}/{}/{}", self.op.name(), self.dtype, self.shape)
+    }
 }
 
 impl fmt::Display for Case {
@@ -151,6 +159,18 @@ pub fn gpu_cases(quick: bool) -> Vec<Case> {
     let shapes: Vec<Shape> = DECODE_SHAPES.iter().chain(&PREFILL_SHAPES).chain([&GPU_SHAPE]).copied().collect();
     let dtypes = if quick { vec![DType::BF16] } else { DTYPES.to_vec() };
     cases(&shapes, &dtypes)
+}
+
+/// Elements per activation in the hidden-size sweep (32 MB in bf16, the size of 4096 × 4096, so the
+/// data streams from memory rather than from a large last-level cache).
+pub const SWEEP_ELEMENTS: usize = 16 << 20;
+
+/// The hidden-size sweep: both ops in bf16 at T·H = [`SWEEP_ELEMENTS`], H from 256 to 16384 (quick:
+/// 512, 2048, 8192), for the plot of bandwidth against hidden size.
+pub fn sweep_cases(quick: bool) -> Vec<Case> {
+    let hidden: &[usize] = if quick { &[512, 2048, 8192] } else { &[256, 512, 1024, 2048, 4096, 8192, 16384] };
+    let shapes: Vec<Shape> = hidden.iter().map(|&h| Shape::new(SWEEP_ELEMENTS / h, h)).collect();
+    cases(&shapes, &[DType::BF16])
 }
 
 fn cases(shapes: &[Shape], dtypes: &[DType]) -> Vec<Case> {
@@ -272,6 +292,14 @@ impl Provider {
     /// Whether it runs on a device (its cases are [`gpu_cases`]; timing synchronizes).
     pub fn is_device(self) -> bool {
         matches!(self, Provider::Xpu | Provider::Cuda | Provider::Rocm)
+    }
+
+    /// Whether `VLLM_IR_BENCH_PROVIDERS` (a comma-separated list; unset: all) selects it.
+    pub fn selected(self) -> bool {
+        match std::env::var(PROVIDERS_ENV) {
+            Ok(list) if !list.trim().is_empty() => list.split(',').any(|p| p.trim() == self.name()),
+            _ => true,
+        }
     }
 
     /// Whether it can run here; the reason when not.
@@ -680,6 +708,9 @@ mod tests {
             }
         }
         assert!(gpu_cases(true).iter().any(|c| c.shape == GPU_SHAPE && c.dtype == DType::BF16));
+        for case in sweep_cases(false) {
+            assert_eq!(case.shape.tokens * case.shape.hidden, SWEEP_ELEMENTS);
+        }
     }
 
     #[test]

@@ -21,8 +21,7 @@
 
 use std::fmt;
 
-use std::collections::HashSet;
-
+use cranelift_entity::EntitySet;
 use ir_core::graph::{Graph, NodeId, NodeKind};
 
 use crate::analysis::written_values;
@@ -61,7 +60,7 @@ pub fn dce(graph: &mut Graph, cx: &PassContext<'_>) -> Result<DceReport, PassErr
         .copied()
         .filter(|&n| removable(graph, n) && graph.node(n).results.iter().all(|&r| remaining[r] == 0))
         .collect();
-    let mut removed = HashSet::new();
+    let mut removed = EntitySet::new();
     while let Some(node) = worklist.pop() {
         if !removed.insert(node) {
             continue;
@@ -74,7 +73,7 @@ pub fn dce(graph: &mut Graph, cx: &PassContext<'_>) -> Result<DceReport, PassErr
             remaining[value] = remaining[value].saturating_sub(1);
             let def = graph.value(value).def;
             let dead = remaining[value] == 0
-                && !removed.contains(&def)
+                && !removed.contains(def)
                 && removable(graph, def)
                 && graph.node(def).results.iter().all(|&r| remaining[r] == 0);
             if dead {

@@ -79,9 +79,7 @@
 
 use std::fmt;
 
-use std::collections::HashSet;
-
-use cranelift_entity::SecondaryMap;
+use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_core::graph::{Graph, NodeId, NodeKind, ValueId};
 
 use crate::analysis::{StorageRoots, written_values};
@@ -167,18 +165,18 @@ fn is_non_donated_input(graph: &Graph, value: ValueId) -> bool {
 
 /// Use lists kept up to date while copies are removed, so each removal costs only the copy's uses.
 struct Edits {
-    users: SecondaryMap<ValueId, Vec<NodeId>>,
-    removed: HashSet<NodeId>,
+    users: SecondaryMap<ValueId, ir_core::graph::UseList>,
+    removed: EntitySet<NodeId>,
 }
 
 impl Edits {
     fn new(graph: &Graph) -> Edits {
-        Edits { users: graph.use_lists(), removed: HashSet::new() }
+        Edits { users: graph.use_lists(), removed: EntitySet::new() }
     }
 
     /// Live users of `value` (removed copies filtered out).
     fn users(&self, value: ValueId) -> impl Iterator<Item = NodeId> + '_ {
-        self.users[value].iter().copied().filter(|u| !self.removed.contains(u))
+        self.users[value].iter().copied().filter(|&u| !self.removed.contains(u))
     }
 
     fn remove(&mut self, graph: &mut Graph, node: NodeId, original: ValueId, report: &mut CloneReport) {

@@ -33,6 +33,7 @@
 //! ```
 
 use std::fmt;
+use std::rc::Rc;
 
 use indexmap::IndexMap;
 use ir_core::graph::{Arg, Graph, NodeId, NodeKind};
@@ -89,7 +90,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
     let mut plan = Vec::new();
     // Selection depends only on the op and the argument metadata, which a model's layers repeat:
     // remember the last few (selection runs the same rules either way).
-    let mut memo: Vec<(&str, Vec<ArgMeta<'_>>, Selection, Vec<usize>)> = Vec::new();
+    let mut memo: Vec<SelectionMemo<'_>> = Vec::new();
     let mut next_slot = 0;
     for &node in graph.order() {
         let NodeKind::IrCall { op, overload, args } = &graph.node(node).kind else { continue };
@@ -107,7 +108,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 Arg::Bool(v) => ArgMeta::Bool(*v),
             })
             .collect();
-        let slot = match memo.iter().position(|(o, m, _, _)| o == op && same_metas(m, &metas)) {
+        let slot = match memo.iter().position(|(o, m, _)| o == op && same_metas(m, &metas)) {
             Some(slot) => slot,
             None => {
                 let selection = cx.registry.select(op, &metas).map_err(|source| PassError::Selection {
@@ -116,7 +117,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 })?;
                 let activations =
                     if selection.inplace { cx.registry.activations(op).unwrap_or_default() } else { Vec::new() };
-                let entry = (op.as_str(), metas, selection, activations);
+                let entry = (op.as_str(), metas, Rc::new((selection, activations)));
                 if memo.len() < SELECTION_MEMO {
                     memo.push(entry);
                     memo.len() - 1
@@ -128,8 +129,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 }
             }
         };
-        let (_, _, selection, activations) = &memo[slot];
-        plan.push((node, op.clone(), args.clone(), selection.clone(), activations.clone()));
+        plan.push((node, op.clone(), args.clone(), Rc::clone(&memo[slot].2)));
     }
     if !report.not_lowered.is_empty() {
         let listed: Vec<String> = report.not_lowered.iter().map(|&n| graph.display_node(n)).collect();
@@ -141,8 +141,9 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
         );
     }
     let mut placements = Vec::new();
-    for (node, op, mut args, selection, activations) in plan {
-        for &position in &activations {
+    for (node, op, mut args, chosen) in plan {
+        let (selection, activations) = &*chosen;
+        for &position in activations {
             let Some(Arg::Value(value)) = args.get(position) else { continue };
             let meta = graph.meta(*value);
             let clone_meta = TensorMeta { layout: meta.layout.copy_layout(), ..meta.clone() };
@@ -162,7 +163,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
             op,
             provider: selection.provider,
             inplace: selection.inplace,
-            rejected: selection.rejected,
+            rejected: selection.rejected.clone(),
         });
     }
     // One pass over the order places every clone right before its call.
@@ -170,6 +171,9 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
     tracing::debug!(target: "ir_passes::lower", %report);
     Ok(report)
 }
+
+/// A remembered selection: op, argument metadata, and the selection with the op's activations.
+type SelectionMemo<'g> = (&'g str, Vec<ArgMeta<'g>>, Rc<(Selection, Vec<usize>)>);
 
 /// Distinct (op, metadata) selections remembered per run.
 const SELECTION_MEMO: usize = 8;

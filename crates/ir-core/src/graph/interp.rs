@@ -6,7 +6,7 @@
 //! storage inside the interpreter reads the new contents (the interpreter rebinds them to the
 //! written storage).
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use cranelift_entity::SecondaryMap;
 
@@ -178,7 +178,7 @@ struct Run<'g> {
     registry: &'g Registry,
     options: InterpOptions,
     env: SecondaryMap<ValueId, Option<Tensor>>,
-    uses: SecondaryMap<ValueId, Vec<NodeId>>,
+    uses: SecondaryMap<ValueId, crate::graph::UseList>,
     positions: SecondaryMap<NodeId, u32>,
     kept: HashSet<ValueId>,
     inputs: HashMap<StorageId, (String, bool)>,
@@ -196,8 +196,8 @@ impl<'g> Run<'g> {
             uses: graph.use_lists(),
             positions: graph.positions(),
             kept: graph.outputs().into_iter().collect(),
-            inputs: HashMap::new(),
-            seen: HashSet::new(),
+            inputs: HashMap::default(),
+            seen: HashSet::default(),
             stats: InterpStats::default(),
         }
     }
@@ -205,7 +205,7 @@ impl<'g> Run<'g> {
     fn bind_inputs(&mut self, inputs: Vec<(String, Tensor)>) -> Result<(), InterpError> {
         let declared = self.graph.inputs();
         let known: Vec<String> = declared.iter().map(|(_, _, name, _)| (*name).to_owned()).collect();
-        let mut given: HashMap<String, Tensor> = HashMap::new();
+        let mut given: HashMap<String, Tensor> = HashMap::default();
         for (name, tensor) in inputs {
             if !known.contains(&name) {
                 return Err(InterpError::UnknownInput { name, known });
@@ -427,7 +427,7 @@ impl<'g> Run<'g> {
         // uniquely; afterwards they are rebound to the written storage.
         let mut aliases: Vec<(ValueId, usize, crate::Layout)> = Vec::new();
         let mut values: Vec<Option<Value>> = vec![None; args.len()];
-        let mut taken: HashMap<ValueId, Tensor> = HashMap::new();
+        let mut taken: HashMap<ValueId, Tensor> = HashMap::default();
         for (slot, &value) in writes.iter().zip(&written) {
             if let Some(again) = taken.get(&value) {
                 // The same value written twice (only with the checks off): the second slot gets a copy.
@@ -594,7 +594,7 @@ impl<'g> Run<'g> {
     }
 
     fn account(&mut self) {
-        let mut live = HashSet::new();
+        let mut live = HashSet::default();
         let mut bytes = 0u64;
         for (_, entry) in self.env.iter() {
             if let Some(t) = entry

@@ -17,7 +17,7 @@ mod verify;
 
 use std::fmt;
 
-use cranelift_entity::{PrimaryMap, SecondaryMap, entity_impl};
+use cranelift_entity::{EntitySet, PrimaryMap, SecondaryMap, entity_impl};
 
 use crate::TensorMeta;
 pub use crate::graph::interp::{InterpError, InterpOptions, InterpStats, Interpretation, SafetyChecks, interpret};
@@ -169,6 +169,10 @@ pub struct Graph {
     order: Vec<NodeId>,
     next_name: u32,
 }
+
+/// The users of one value, in order: inline up to two (most values), so use lists of large graphs
+/// need no allocation per value.
+pub type UseList = smallvec::SmallVec<[NodeId; 2]>;
 
 impl NodeKind {
     /// The values this node reads or writes, in argument order (for `Output`, the outputs).
@@ -357,11 +361,11 @@ impl Graph {
     }
 
     /// Takes every node of `nodes` out of the order in one pass (their data stays).
-    pub fn remove_nodes(&mut self, nodes: &std::collections::HashSet<NodeId>) {
+    pub fn remove_nodes(&mut self, nodes: &EntitySet<NodeId>) {
         if nodes.is_empty() {
             return;
         }
-        self.order.retain(|n| !nodes.contains(n));
+        self.order.retain(|&n| !nodes.contains(n));
     }
 
     /// Redirects the uses of `old` by the given nodes to `new` (callers that keep use lists avoid
@@ -394,14 +398,26 @@ impl Graph {
         if placements.is_empty() {
             return;
         }
-        let mut before: std::collections::HashMap<NodeId, Vec<NodeId>> = std::collections::HashMap::new();
-        for &(anchor, node) in placements {
-            before.entry(anchor).or_default().push(node);
+        // Per anchor, a linked list through `placements` (first and next index), so any number of
+        // anchors costs no allocation each.
+        const NONE: u32 = u32::MAX;
+        let mut first: SecondaryMap<NodeId, u32> = SecondaryMap::with_default(NONE);
+        let mut last: SecondaryMap<NodeId, u32> = SecondaryMap::with_default(NONE);
+        let mut next = vec![NONE; placements.len()];
+        for (i, &(anchor, _)) in placements.iter().enumerate() {
+            let i = i as u32;
+            match last[anchor] {
+                NONE => first[anchor] = i,
+                tail => next[tail as usize] = i,
+            }
+            last[anchor] = i;
         }
         let mut order = Vec::with_capacity(self.order.len() + placements.len());
         for &node in &self.order {
-            if let Some(inserted) = before.get(&node) {
-                order.extend(inserted.iter().copied());
+            let mut i = first[node];
+            while i != NONE {
+                order.push(placements[i as usize].1);
+                i = next[i as usize];
             }
             order.push(node);
         }
@@ -499,8 +515,8 @@ impl Graph {
     }
 
     /// Every live node's users per value, in one pass.
-    pub fn use_lists(&self) -> SecondaryMap<ValueId, Vec<NodeId>> {
-        let mut uses: SecondaryMap<ValueId, Vec<NodeId>> = SecondaryMap::new();
+    pub fn use_lists(&self) -> SecondaryMap<ValueId, UseList> {
+        let mut uses: SecondaryMap<ValueId, UseList> = SecondaryMap::with_capacity(self.values.len());
         for &node in &self.order {
             self.nodes[node].kind.for_each_operand(|value| {
                 if uses[value].last() != Some(&node) {

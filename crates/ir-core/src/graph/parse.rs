@@ -2,7 +2,7 @@
 //! resolves value names as it goes. Errors carry line and column (1-based, in characters), what was
 //! expected and what was found. No input makes it panic.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
 use crate::graph::{Arg, Graph, NodeKind, ValueId};
@@ -26,7 +26,7 @@ pub struct ParseError {
 /// Parses one graph.
 pub fn parse(text: &str) -> Result<Graph, ParseError> {
     let tokens = lex(text)?;
-    let mut parser = Parser { tokens, pos: 0, names: HashMap::new() };
+    let mut parser = Parser { tokens, pos: 0, names: HashMap::default() };
     parser.graph()
 }
 

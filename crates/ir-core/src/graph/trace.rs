@@ -1,8 +1,8 @@
 //! The tracer (R71): an execution context that records graph nodes instead of running kernels, so
 //! the same model source produces eager results and graphs.
 
+use rustc_hash::FxHashMap as HashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 use crate::context::ExecutionContext;
 use crate::graph::{Arg, Graph, NodeKind, ValueId};
@@ -52,7 +52,7 @@ impl<'r> Tracer<'r> {
             registry,
             graph: RefCell::new(Graph::new(name)),
             parameters: RefCell::new(Vec::new()),
-            parameter_values: RefCell::new(HashMap::new()),
+            parameter_values: RefCell::new(HashMap::default()),
             pending_inputs: RefCell::new(Vec::new()),
         }
     }

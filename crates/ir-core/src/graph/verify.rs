@@ -1,10 +1,10 @@
 //! The verifier (R66): collects every diagnostic of a graph, each naming the node (its printed
 //! statement and position) and, when parsed from text, its line:column.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use std::fmt;
 
-use cranelift_entity::SecondaryMap;
+use cranelift_entity::{EntitySet, SecondaryMap};
 
 use crate::graph::{Arg, Graph, NodeId, NodeKind, ValueId};
 use crate::op::{ArgMeta, OpDef, Overload, bind_meta};
@@ -65,8 +65,8 @@ impl VerifyError {
 /// functions are memoized per run (a model's layers repeat the same calls on the same metadata).
 pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
     let mut problems: Vec<(Option<NodeId>, String)> = Vec::new();
-    let mut defined: SecondaryMap<ValueId, bool> = SecondaryMap::with_capacity(graph.values.len());
-    let mut input_names: HashSet<&str> = HashSet::new();
+    let mut defined: EntitySet<ValueId> = EntitySet::with_capacity(graph.values.len());
+    let mut input_names: HashSet<&str> = HashSet::default();
     let mut lookups = Lookups::new(registry);
     let order = graph.order();
     let outputs: Vec<NodeId> =
@@ -84,7 +84,7 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
     for &node in order {
         let data = graph.node(node);
         data.kind.for_each_operand(|value| {
-            if !defined[value] {
+            if !defined.contains(value) {
                 problems.push((Some(node), format!("{} is used before it is defined", graph.display_value(value))));
             }
         });
@@ -97,7 +97,7 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
             problems.push((Some(node), message));
         }
         for &result in &data.results {
-            defined[result] = true;
+            defined.insert(result);
         }
     }
     if problems.is_empty() {

@@ -1,0 +1,564 @@
+//! `docs/benchmarks.md`: the machine, the targets with their status, then one table per group.
+
+use super::{BenchOptions, Machine, Results, peak_for};
+
+const PROVIDER_COLUMNS: [&str; 7] = ["copy", "native", "cpu", "candle", "xpu", "cuda", "rocm"];
+
+/// A target's verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Status {
+    Met,
+    Missed,
+    NotMeasured(String),
+}
+
+impl Status {
+    fn from_bool(met: bool) -> Status {
+        if met { Status::Met } else { Status::Missed }
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Status::Met => "**met**".to_owned(),
+            Status::Missed => "**missed**".to_owned(),
+            Status::NotMeasured(why) => format!("not measured ({why})"),
+        }
+    }
+}
+
+/// One row of the targets table.
+pub(crate) struct Target {
+    pub(crate) name: String,
+    pub(crate) measured: String,
+    pub(crate) status: Status,
+}
+
+fn fmt_gbps(v: Option<f64>) -> String {
+    v.map_or_else(|| "—".to_owned(), |v| format!("{v:.1}"))
+}
+
+fn fmt_ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "—".to_owned(),
+    }
+}
+
+fn fmt_time(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+fn fmt_bytes(b: u64) -> String {
+    format!("{b} ({:.2} MiB)", b as f64 / (1 << 20) as f64)
+}
+
+fn gbps(results: &Results, group: &str, provider: &str) -> Option<f64> {
+    results.get(group, provider).and_then(|m| m.gb_per_s())
+}
+
+/// The targets of the performance issue, each with what this run measured.
+pub(crate) fn targets(results: &Results) -> Vec<Target> {
+    let mut targets = Vec::new();
+    let prefill = ["4096x4096", "2048x8192"];
+    let mut copy_ratios = Vec::new();
+    let mut candle_ratios = Vec::new();
+    for op in ["rms_norm", "fused_add_rms_norm"] {
+        for dtype in ["f32", "bf16"] {
+            for shape in prefill {
+                let group = format!("kernels/{op}/{dtype}/{shape}");
+                let cpu = gbps(results, &group, "cpu");
+                if let (Some(cpu), Some(copy)) = (cpu, gbps(results, &group, "copy")) {
+                    copy_ratios.push((format!("{op} {dtype} {shape}"), cpu / copy));
+                }
+                if let (Some(cpu), Some(candle)) = (cpu, gbps(results, &group, "candle")) {
+                    candle_ratios.push((format!("{op} {dtype} {shape}"), cpu / candle));
+                }
+            }
+        }
+    }
+    targets.push(ratio_target(
+        "`cpu` at prefill shapes, f32 and bf16: ≥ 85% of the same-run copy bandwidth",
+        &copy_ratios,
+        0.85,
+        true,
+        "no prefill results",
+    ));
+    targets.push(ratio_target(
+        "`cpu` at prefill shapes, f32 and bf16: ≥ 5× candle-nn on the same data",
+        &candle_ratios,
+        5.0,
+        false,
+        "built without `candle`",
+    ));
+
+    let mut native_ratios = Vec::new();
+    for op in ["rms_norm", "fused_add_rms_norm"] {
+        for dtype in ["f32", "bf16"] {
+            let group = format!("kernels/{op}/{dtype}/1x4096");
+            if let (Some(cpu), Some(native)) = (gbps(results, &group, "cpu"), gbps(results, &group, "native")) {
+                native_ratios.push((format!("{op} {dtype}"), cpu / native));
+            }
+        }
+    }
+    targets.push(ratio_target(
+        "`cpu` on one row of 4096 (R90): ≥ 3× native",
+        &native_ratios,
+        3.0,
+        false,
+        "no decode results",
+    ));
+
+    let mut overheads = Vec::new();
+    for op in ["rms_norm", "fused_add_rms_norm_maybe_inplace"] {
+        let group = format!("dispatch/{op}/1x4096");
+        if let (Some(direct), Some(registry)) = (results.get(&group, "direct"), results.get(&group, "registry")) {
+            overheads.push((op.to_owned(), registry.median_ns - direct.median_ns));
+        }
+    }
+    targets.push(match overheads.as_slice() {
+        [] => Target {
+            name: "decode 1×4096: registry dispatch ≤ 100 ns over the direct kernel call".to_owned(),
+            measured: "—".to_owned(),
+            status: Status::NotMeasured("no dispatch results".to_owned()),
+        },
+        list => Target {
+            name: "decode 1×4096: registry dispatch ≤ 100 ns over the direct kernel call".to_owned(),
+            measured: list.iter().map(|(op, ns)| format!("{op}: {ns:+.0} ns")).collect::<Vec<_>>().join("; "),
+            status: Status::from_bool(list.iter().all(|(_, ns)| *ns <= 100.0)),
+        },
+    });
+
+    targets.push(match per_node_near(results, 100_000) {
+        Some(ns) => Target {
+            name: "passes: ≤ 1 µs per node at 100k nodes".to_owned(),
+            measured: format!("{:.2} µs per node", ns / 1e3),
+            status: Status::from_bool(ns <= 1000.0),
+        },
+        None => Target {
+            name: "passes: ≤ 1 µs per node at 100k nodes".to_owned(),
+            measured: "—".to_owned(),
+            status: Status::NotMeasured("no pass results".to_owned()),
+        },
+    });
+    targets.push(match (find_pass(results, 100_000), find_pass(results, 1_000_000)) {
+        (Some(small), Some(large)) => {
+            let ratio = large.median_ns / small.median_ns;
+            let nodes = large.per_iteration.unwrap_or(0) as f64 / small.per_iteration.unwrap_or(1) as f64;
+            Target {
+                name: "passes: 1M nodes ≤ 12× the 100k time (linear)".to_owned(),
+                measured: format!("{ratio:.1}× the time for {nodes:.1}× the nodes"),
+                status: Status::from_bool(ratio <= 12.0),
+            }
+        }
+        _ => Target {
+            name: "passes: 1M nodes ≤ 12× the 100k time (linear)".to_owned(),
+            measured: "—".to_owned(),
+            status: Status::NotMeasured("no pass results".to_owned()),
+        },
+    });
+
+    targets.push(match &results.memory {
+        Some(memory) => {
+            let met = memory.rows.iter().all(|r| {
+                r.compiled.bytes_allocated == r.compiled_floor_bytes && r.compiled.copies() == 0 && r.bit_identical
+            });
+            let measured = memory
+                .rows
+                .iter()
+                .map(|r| {
+                    format!(
+                        "L={}: {} vs {} B, {} vs {} copies",
+                        r.layers,
+                        r.compiled.bytes_allocated,
+                        r.uncompiled.bytes_allocated,
+                        r.compiled.copies(),
+                        r.uncompiled.copies()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            Target {
+                name: "memory: compiled fused norms allocate nothing (only the first norm and the scales)".to_owned(),
+                measured,
+                status: Status::from_bool(met),
+            }
+        }
+        None => Target {
+            name: "memory: compiled fused norms allocate nothing".to_owned(),
+            measured: "—".to_owned(),
+            status: Status::NotMeasured("no memory results".to_owned()),
+        },
+    });
+
+    let cuda_device =
+        results.providers.iter().find(|p| p.provider == "cuda" && p.available).and_then(|p| p.device.clone());
+    let h200 = "H200: `cuda` fused op at 16384×8192 bf16 ≥ 85% of 4.8 TB/s".to_owned();
+    targets.push(match (cuda_device, gbps(results, "kernels/fused_add_rms_norm/bf16/16384x8192", "cuda")) {
+        (Some(device), Some(gb)) if device.contains("H200") => Target {
+            name: h200,
+            measured: format!("{gb:.0} GB/s = {:.1}% of 4800", gb / 48.0),
+            status: Status::from_bool(gb >= 0.85 * 4800.0),
+        },
+        (Some(device), _) => Target {
+            name: h200,
+            measured: "—".to_owned(),
+            status: Status::NotMeasured(format!("the CUDA device is {device}")),
+        },
+        (None, _) => Target {
+            name: h200,
+            measured: "—".to_owned(),
+            status: Status::NotMeasured("no CUDA device in this run; see `cargo xtask gpu-bench`".to_owned()),
+        },
+    });
+    targets
+}
+
+fn find_pass(results: &Results, nodes_at_least: u64) -> Option<&super::Measurement> {
+    results
+        .measurements
+        .iter()
+        .filter(|((g, _), m)| g == "passes/pipeline" && m.per_iteration.is_some_and(|n| n >= nodes_at_least))
+        .map(|(_, m)| m)
+        .min_by_key(|m| m.per_iteration)
+}
+
+fn per_node_near(results: &Results, nodes: u64) -> Option<f64> {
+    find_pass(results, nodes).and_then(|m| m.per_iteration.map(|n| m.median_ns / n as f64))
+}
+
+fn ratio_target(name: &str, ratios: &[(String, f64)], threshold: f64, percent: bool, missing: &str) -> Target {
+    if ratios.is_empty() {
+        return Target {
+            name: name.to_owned(),
+            measured: "—".to_owned(),
+            status: Status::NotMeasured(missing.to_owned()),
+        };
+    }
+    let measured = ratios
+        .iter()
+        .map(|(what, r)| if percent { format!("{what}: {:.0}%", r * 100.0) } else { format!("{what}: {r:.1}×") })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Target { name: name.to_owned(), measured, status: Status::from_bool(ratios.iter().all(|(_, r)| *r >= threshold)) }
+}
+
+/// The whole report.
+pub(crate) fn write(results: &Results, machine: &Machine, options: BenchOptions) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let command = format!(
+        "cargo xtask bench{}{}",
+        if options.quick { " --quick" } else { "" },
+        if options.candle { "" } else { " --no-candle" }
+    );
+    out.push_str("# Benchmarks\n\n");
+    out.push_str(&format!(
+        "Generated by `{command}` on {}, commit {}. Regenerate with the same command; the quick run \
+         is a subset (decode 1×4096 and prefill 4096×4096, f32 and bf16) taking a few minutes on 2 cores.\n\n",
+        machine.date, machine.commit
+    ));
+    out.push_str(&machine_section(machine));
+    out.push_str(
+        "Every figure is a criterion median. Kernel throughput is the bytes the op must move (R95: \
+         `rms_norm` 2·T·H·s + H·s_w, fused 4·T·H·s + H·s_w) divided by the median time, in GB/s (10⁹ B/s); \
+         the copy baseline copies the same activation buffers (1 for `rms_norm`, 2 for the fused op) with \
+         the same thread split, in the same run, so ratios hold on any machine. Inputs are allocated and \
+         checked against native before timing; the in-place `cpu` fused kernel gets its inputs restored \
+         (untimed) before each call. `native` and `candle` allocate their outputs inside the timed region \
+         (their APIs have no other form).\n\n",
+    );
+
+    out.push_str("## Targets\n\n| target | measured | status |\n|---|---|---|\n");
+    for t in targets(results) {
+        out.push_str(&format!("| {} | {} | {} |\n", t.name, t.measured, t.status.text()));
+    }
+    out.push('\n');
+
+    out.push_str(&kernel_tables(results, "kernels/", "## Kernels\n\n"));
+    out.push_str(&kernel_tables(
+        results,
+        "sweep/",
+        "## Bandwidth vs hidden size\n\nbf16, T·H = 16M elements per activation (32 MB, like 4096×4096), \
+         so every shape streams from memory.\n\n![kernel bandwidth vs hidden size](benchmarks/kernel-bandwidth.svg)\n\n",
+    ));
+    out.push_str(&dispatch_table(results));
+    out.push_str(&passes_table(results));
+    out.push_str(&memory_table(results));
+    out.push_str(&providers_section(results));
+    out.push_str(
+        "## GPU\n\nGPU figures come from `cargo xtask gpu-bench` on a machine with a CUDA (or ROCm, \
+         OpenCL GPU) device and go to [benchmarks-gpu.md](benchmarks-gpu.md) with their date.\n",
+    );
+    Ok(out)
+}
+
+fn machine_section(machine: &Machine) -> String {
+    let mut out = String::from("## Machine\n\n");
+    out.push_str(&format!("- CPU: {} ({} threads available)\n", machine.cpu, machine.cores));
+    out.push_str(&format!("- Memory: {}\n- OS: {}\n- Compiler: {}\n", machine.memory, machine.os, machine.rustc));
+    if machine.devices.is_empty() {
+        out.push_str("- Devices: none beyond the CPU\n");
+    }
+    for device in &machine.devices {
+        out.push_str(&format!("- Device {device}\n"));
+    }
+    out.push('\n');
+    out
+}
+
+fn kernel_tables(results: &Results, prefix: &str, heading: &str) -> String {
+    let groups = results.groups(prefix);
+    if groups.is_empty() {
+        return String::new();
+    }
+    let mut out = heading.to_owned();
+    let present: Vec<&str> =
+        PROVIDER_COLUMNS.iter().copied().filter(|p| groups.iter().any(|g| results.get(g, p).is_some())).collect();
+    let mut header = "| op | dtype | shape |".to_owned();
+    let mut rule = "|---|---|---|".to_owned();
+    for p in &present {
+        header.push_str(&format!(" {p} GB/s |"));
+        rule.push_str("---:|");
+    }
+    for extra in ["cpu time", "cpu / copy", "cpu / native", "cpu / candle"] {
+        header.push_str(&format!(" {extra} |"));
+        rule.push_str("---:|");
+    }
+    out.push_str(&format!("{header}\n{rule}\n"));
+    let mut sorted = groups;
+    sorted.sort_by_key(|g| {
+        let parts: Vec<&str> = g.split('/').collect();
+        let dims: Vec<usize> =
+            parts.get(3).map(|s| s.split('x').filter_map(|d| d.parse().ok()).collect()).unwrap_or_default();
+        (
+            parts.get(1).map(|s| s.to_string()),
+            parts.get(2).map(|s| s.to_string()),
+            dims.iter().product::<usize>(),
+            dims.get(1).copied(),
+        )
+    });
+    for group in sorted {
+        let parts: Vec<&str> = group.split('/').collect();
+        let [_, op, dtype, shape] = parts.as_slice() else { continue };
+        let mut row = format!("| {op} | {dtype} | {shape} |");
+        for p in &present {
+            let cell = match (gbps(results, &group, p), *p) {
+                (Some(gb), "cuda" | "rocm" | "xpu") => {
+                    let device = results.providers.iter().find(|s| s.provider == *p).and_then(|s| s.device.clone());
+                    match device.as_deref().and_then(peak_for) {
+                        Some((_, peak)) => format!("{gb:.1} ({:.0}% of peak)", 100.0 * gb / peak),
+                        None => format!("{gb:.1}"),
+                    }
+                }
+                (gb, _) => fmt_gbps(gb),
+            };
+            row.push_str(&format!(" {cell} |"));
+        }
+        let cpu = gbps(results, &group, "cpu");
+        let cpu_time = results.get(&group, "cpu").map_or_else(|| "—".to_owned(), |m| fmt_time(m.median_ns));
+        row.push_str(&format!(
+            " {cpu_time} | {} | {} | {} |",
+            fmt_ratio(cpu, gbps(results, &group, "copy")),
+            fmt_ratio(cpu, gbps(results, &group, "native")),
+            fmt_ratio(cpu, gbps(results, &group, "candle"))
+        ));
+        out.push_str(&row);
+        out.push('\n');
+    }
+    out.push('\n');
+    out
+}
+
+fn dispatch_table(results: &Results) -> String {
+    let groups = results.groups("dispatch/");
+    if groups.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "## Eager dispatch overhead\n\nThe typed entry point through the registry (metadata, meta function, \
+         predicates of the CPU platform's two-entry list `[cpu, native]`, selection record, output checks) \
+         against calling the selected `cpu` kernel directly, bf16. Both allocate the kernel's output.\n\n\
+         | call | shape | direct | registry | overhead |\n|---|---|---:|---:|---:|\n",
+    );
+    for group in &groups {
+        let parts: Vec<&str> = group.split('/').collect();
+        if let [_, call, shape] = parts.as_slice()
+            && let (Some(direct), Some(registry)) = (results.get(group, "direct"), results.get(group, "registry"))
+        {
+            out.push_str(&format!(
+                "| `{call}` | {shape} | {} | {} | {:+.0} ns |\n",
+                fmt_time(direct.median_ns),
+                fmt_time(registry.median_ns),
+                registry.median_ns - direct.median_ns
+            ));
+        }
+    }
+    if let Some(select) = results.get("dispatch/select", "rms_norm") {
+        out.push_str(&format!(
+            "\nSelection alone (`Registry::select`: bind, meta function, predicates, on metadata): {}.\n",
+            fmt_time(select.median_ns)
+        ));
+    }
+    out.push('\n');
+    out
+}
+
+fn passes_table(results: &Results) -> String {
+    let mut rows: Vec<&super::Measurement> =
+        results.measurements.iter().filter(|((g, _), _)| g == "passes/pipeline").map(|(_, m)| m).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by_key(|m| m.per_iteration);
+    let mut out = String::from(
+        "## Passes\n\nThe standard pipeline (functionalize, dce, lower, eliminate-clones, dce) with the graph \
+         verified before the first pass and after each, on traced decoder graphs (a first `rms_norm`, then \
+         layers of `scale` and a donating fused norm, each with its weight input). The graph is cloned \
+         outside the timed region.\n\n| nodes | median | per node | time × vs previous | nodes × vs previous |\n|---:|---:|---:|---:|---:|\n",
+    );
+    let mut previous: Option<&super::Measurement> = None;
+    for m in &rows {
+        let nodes = m.per_iteration.unwrap_or(0);
+        let growth = previous.map_or_else(
+            || ("—".to_owned(), "—".to_owned()),
+            |p| {
+                (
+                    format!("{:.1}×", m.median_ns / p.median_ns),
+                    format!("{:.1}×", nodes as f64 / p.per_iteration.unwrap_or(1) as f64),
+                )
+            },
+        );
+        out.push_str(&format!(
+            "| {nodes} | {} | {:.2} µs | {} | {} |\n",
+            fmt_time(m.median_ns),
+            m.median_ns / nodes.max(1) as f64 / 1e3,
+            growth.0,
+            growth.1
+        ));
+        previous = Some(m);
+    }
+    if !results.passes.is_empty() {
+        let names: Vec<String> = results.passes[0].passes.iter().map(|(n, _)| n.clone()).collect();
+        out.push_str("\nOne run's time per pass (verification excluded), in ns per node:\n\n| nodes |");
+        for n in &names {
+            out.push_str(&format!(" {n} |"));
+        }
+        out.push_str("\n|---:|");
+        out.push_str(&"---:|".repeat(names.len()));
+        out.push('\n');
+        for b in &results.passes {
+            out.push_str(&format!("| {} |", b.nodes));
+            for (_, seconds) in &b.passes {
+                out.push_str(&format!(" {:.0} |", seconds * 1e9 / b.nodes.max(1) as f64));
+            }
+            out.push('\n');
+        }
+    }
+    out.push_str("\n![pass time per node vs graph size](benchmarks/pass-time.svg)\n\n");
+    out
+}
+
+fn memory_table(results: &Results) -> String {
+    let Some(memory) = &results.memory else { return String::new() };
+    let mut out = format!(
+        "## Memory\n\nThe demo's decoder (a first `rms_norm`, then L layers of `scale` and fused add + norm), \
+         {}×{} {} activations ({} B each), fused norms on `{}`, from the interpreter's statistics. \
+         *Functional* is the trace with functional fused norms, interpreted as traced (an in-place provider \
+         copies x and the residual of each); *maybe_inplace* is the donating trace interpreted without \
+         passes (nothing proves the graph input dead, so the residual is copied once); *compiled* is the \
+         donating trace after the standard pipeline. The floor is what the compiled run must allocate: the \
+         first norm's output and the L scales.\n\n\
+         | L | functional: allocated | copies | maybe_inplace: allocated | copies | compiled: allocated | copies | floor | saved vs functional | peak live (functional → compiled) | outputs equal |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n",
+        memory.tokens, memory.hidden, memory.dtype, memory.activation_bytes, memory.fused_provider
+    );
+    for r in &memory.rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} → {} | {} |\n",
+            r.layers,
+            fmt_bytes(r.uncompiled.bytes_allocated),
+            r.uncompiled.copies(),
+            fmt_bytes(r.uncompiled_donating.bytes_allocated),
+            r.uncompiled_donating.copies(),
+            fmt_bytes(r.compiled.bytes_allocated),
+            r.compiled.copies(),
+            fmt_bytes(r.compiled_floor_bytes),
+            fmt_bytes(r.saved_bytes),
+            fmt_bytes(r.uncompiled.peak_live_bytes),
+            fmt_bytes(r.compiled.peak_live_bytes),
+            if r.bit_identical { "bit-identical" } else { "**differ**" }
+        ));
+    }
+    out.push('\n');
+    out
+}
+
+fn providers_section(results: &Results) -> String {
+    if results.providers.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("## Providers in this run\n\n");
+    for p in &results.providers {
+        let line = match (p.available, &p.reason) {
+            (true, _) => format!(
+                "- `{}`: measured{}",
+                p.provider,
+                p.device.as_ref().map(|d| format!(" on {d}")).unwrap_or_default()
+            ),
+            (false, Some(reason)) => format!("- `{}`: skipped: {reason}", p.provider),
+            (false, None) => format!("- `{}`: skipped", p.provider),
+        };
+        out.push_str(&line);
+        out.push('\n');
+        for failure in &p.failures {
+            out.push_str(&format!("  - **failed**: {failure}\n"));
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// The GPU report of `cargo xtask gpu-bench`: % of the device's nominal peak per case.
+pub(crate) fn gpu(results: &Results, machine: &Machine) -> anyhow::Result<String> {
+    let mut out = format!(
+        "# GPU benchmarks\n\nGenerated by `cargo xtask gpu-bench` on {}, commit {}.\n\n",
+        machine.date, machine.commit
+    );
+    out.push_str(&machine_section(machine));
+    out.push_str("GB/s = R95 bytes / median time; the fused op runs in place on the same buffers call after call; timing ends with a synchronizing download. Decode shapes are launch-bound (R97: ≤ 8 µs per call without graph capture).\n\n");
+    out.push_str(
+        "| provider | op | dtype | shape | median | GB/s | % of nominal peak |\n|---|---|---|---|---:|---:|---:|\n",
+    );
+    let mut any = false;
+    for ((group, provider), m) in &results.measurements {
+        let parts: Vec<&str> = group.split('/').collect();
+        let [kind, op, dtype, shape] = parts.as_slice() else { continue };
+        if *kind != "kernels" || !matches!(provider.as_str(), "cuda" | "rocm" | "xpu") {
+            continue;
+        }
+        any = true;
+        let device = results.providers.iter().find(|s| &s.provider == provider).and_then(|s| s.device.clone());
+        let gb = m.gb_per_s().unwrap_or(0.0);
+        let peak = device.as_deref().and_then(peak_for).map_or_else(
+            || "unknown peak".to_owned(),
+            |(name, peak)| format!("{:.1}% of {name} {peak:.0} GB/s", 100.0 * gb / peak),
+        );
+        out.push_str(&format!(
+            "| {provider} | {op} | {dtype} | {shape} | {} | {gb:.1} | {peak} |\n",
+            fmt_time(m.median_ns)
+        ));
+    }
+    if !any {
+        out.push_str("\nNo GPU provider could run on this machine:\n\n");
+        out.push_str(&providers_section(results));
+    }
+    for t in targets(results).into_iter().filter(|t| t.name.starts_with("H200")) {
+        out.push_str(&format!("\n{}: {} ({})\n", t.name, t.measured, t.status.text()));
+    }
+    Ok(out)
+}
