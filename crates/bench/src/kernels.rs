@@ -23,7 +23,7 @@ pub const PROVIDERS_ENV: &str = "VLLM_IR_BENCH_PROVIDERS";
 pub const EPSILON: f64 = 1e-6;
 
 /// Below this many bytes per call the copy baseline stays on one thread, like the cpu kernels.
-pub const PARALLEL_THRESHOLD_BYTES: usize = 64 * 1024;
+pub const PARALLEL_THRESHOLD_BYTES: usize = kernels_cpu::BYTES_PER_TASK;
 
 /// The op a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

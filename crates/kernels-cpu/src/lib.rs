@@ -2,7 +2,7 @@
 //!
 //! Plain Rust, no feature and no system library: every machine runs it, so it is the CPU platform's
 //! default and every end-to-end test exercises it. Rows are split across threads (rayon) when a call
-//! moves more than about 64 KB, and stay on the calling thread for decode-sized calls; each row's
+//! moves more than about 256 KB ([`BYTES_PER_TASK`]), and stay on the calling thread for decode-sized calls; each row's
 //! result depends only on that row, so results do not depend on the thread count or batch size.
 //!
 //! ```
@@ -26,6 +26,8 @@
 
 mod element;
 mod rows;
+
+pub use crate::rows::BYTES_PER_TASK;
 
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
