@@ -290,10 +290,14 @@ pub(crate) fn write(results: &Results, machine: &Machine, options: BenchOptions)
     out.push_str(&passes_table(results));
     out.push_str(&memory_table(results));
     out.push_str(&providers_section(results));
-    out.push_str(
-        "## GPU\n\nGPU figures come from `cargo xtask gpu-bench` on a machine with a CUDA (or ROCm, \
-         OpenCL GPU) device and go to [benchmarks-gpu.md](benchmarks-gpu.md) with their date.\n",
-    );
+    let gpu_report = crate::project_root().join("docs/benchmarks-gpu.md");
+    out.push_str(if gpu_report.exists() {
+        "## GPU\n\nGPU figures come from `cargo xtask gpu-bench` on a machine with a CUDA (or ROCm, OpenCL GPU) \
+         device: see [benchmarks-gpu.md](benchmarks-gpu.md), with their date.\n"
+    } else {
+        "## GPU\n\nNo GPU figures are recorded yet. `cargo xtask gpu-bench` on a machine with a CUDA (or ROCm, \
+         OpenCL GPU) device measures the kernel group there and writes `docs/benchmarks-gpu.md` with the date.\n"
+    });
     Ok(out)
 }
 
