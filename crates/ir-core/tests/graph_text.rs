@@ -156,6 +156,29 @@ graph g(%x: f32[2,8], %r: f32[2,8]) {
 }
 
 #[test]
+fn repeated_calls_are_each_checked_although_their_meta_results_are_remembered() {
+    // The verifier memoizes meta functions on equal argument metadata; a later call with the same
+    // arguments but a wrong declared result must still be reported, and so must a later failing one.
+    let text = "\
+graph g(%x: f32[2,8], %w: f32[8], %v: f32[4]) {
+  %0 = rms_norm(%x, %w, 1e-6, none) : f32[2,8]
+  %1 = rms_norm(%x, %w, 1e-6, none) : f32[2,8]
+  %2 = rms_norm(%x, %w, 1e-6, none) : bf16[2,8]
+  %3 = rms_norm(%x, %v, 1e-6, none) : f32[2,8]
+  %4 = rms_norm(%x, %v, 1e-6, none) : f32[2,8]
+  output(%0, %1, %2, %3, %4)
+}
+";
+    let graph = parse(text).unwrap();
+    let err = verify(&graph, &Registry::with_builtin_ops()).unwrap_err();
+    let lines: Vec<u32> = err.diagnostics.iter().map(|d| d.location.unwrap().0).collect();
+    assert_eq!(lines, vec![4, 5, 6], "{err}");
+    assert!(err.diagnostics[0].message.contains("result 0 has type bf16[2,8] but the op produces f32[2,8]"), "{err}");
+    assert!(err.diagnostics[1].message.contains("weight"), "{err}");
+    assert_eq!(err.diagnostics[1].message, err.diagnostics[2].message, "the remembered error is the same");
+}
+
+#[test]
 fn structural_checks() {
     let registry = Registry::with_builtin_ops();
     let mut graph = Graph::new("g");
