@@ -119,6 +119,9 @@ pub enum CallError {
     Tensor(#[from] TensorError),
 }
 
+/// Argument metadata of one call, inline for every op's parameter count (no allocation per call).
+type ArgMetas<'a> = smallvec::SmallVec<[ArgMeta<'a>; 8]>;
+
 /// A provider the dispatcher skipped, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejection {
@@ -190,7 +193,7 @@ impl Registry {
             });
         }
         let outputs_meta = {
-            let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
+            let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
             let outputs_meta = (def.meta)(&metas)?;
             if let Some(supports) = &implementation.supports
                 && let Support::No(reason) = supports(&metas)
@@ -261,7 +264,7 @@ impl Registry {
             return Err(CallError::NotInplaceOp { op: def.name });
         }
         let (chosen, outputs_meta, on_device) = {
-            let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
+            let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
             let outputs_meta = (def.meta)(&metas)?;
             let (chosen, rejected, _) = choose(entry, &metas)?;
             chosen.selections.fetch_add(1, Ordering::Relaxed);
