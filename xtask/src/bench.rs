@@ -295,7 +295,9 @@ impl Machine {
         let rustc = command_output("rustc", &["--version"]).unwrap_or_else(|| "unknown".to_owned());
         let mut commit =
             command_output("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".to_owned());
-        if command_output("git", &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty()) {
+        // Changes under docs/ (this report itself, after a first run) do not change what was measured.
+        let status = command_output("git", &["status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"]);
+        if status.is_some_and(|s| !s.is_empty()) {
             commit.push_str(" (with uncommitted changes)");
         }
         let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "unknown".to_owned());
