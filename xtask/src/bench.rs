@@ -40,16 +40,8 @@ fn results_dir() -> PathBuf {
 /// Runs every benchmark group and writes `docs/benchmarks.md` and the plots.
 pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
     let out = results_dir();
-    if out.exists() {
-        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
-    }
-    std::fs::create_dir_all(&out)?;
-    let out_str = out.display().to_string();
-    let criterion_home = out.join("criterion").display().to_string();
-    let mut envs = vec![("VLLM_IR_BENCH_OUT", out_str.as_str()), ("CRITERION_HOME", criterion_home.as_str())];
-    if options.quick {
-        envs.push(("VLLM_IR_BENCH_QUICK", "1"));
-    }
+    let run_env = RunEnv::fresh(&out, options.quick)?;
+    let envs = run_env.vars();
     let mut args = vec!["bench", "--package", "vllm-ir-bench", "--locked"];
     if options.candle {
         args.extend(["--features", "candle"]);
@@ -81,20 +73,9 @@ pub(crate) fn gpu_bench(args: &[String]) -> anyhow::Result<()> {
         _ => bail!("usage: cargo xtask gpu-bench [--quick]"),
     };
     let out = results_dir().join("gpu");
-    if out.exists() {
-        std::fs::remove_dir_all(&out)?;
-    }
-    std::fs::create_dir_all(&out)?;
-    let out_str = out.display().to_string();
-    let criterion_home = out.join("criterion").display().to_string();
-    let mut envs = vec![
-        ("VLLM_IR_BENCH_OUT", out_str.as_str()),
-        ("CRITERION_HOME", criterion_home.as_str()),
-        ("VLLM_IR_BENCH_PROVIDERS", "cuda,rocm,xpu"),
-    ];
-    if quick {
-        envs.push(("VLLM_IR_BENCH_QUICK", "1"));
-    }
+    let run_env = RunEnv::fresh(&out, quick)?;
+    let mut envs = run_env.vars();
+    envs.push(("VLLM_IR_BENCH_PROVIDERS", "cuda,rocm,xpu"));
     cargo(&["bench", "--package", "vllm-ir-bench", "--locked", "--bench", "kernels"], &envs)?;
     let results = Results::load(&out)?;
     let machine = Machine::describe(&results)?;
@@ -104,6 +85,32 @@ pub(crate) fn gpu_bench(args: &[String]) -> anyhow::Result<()> {
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// The environment of one benchmark run: an emptied results folder, criterion's files inside it.
+struct RunEnv {
+    out: String,
+    criterion_home: String,
+    quick: bool,
+}
+
+impl RunEnv {
+    fn fresh(out: &Path, quick: bool) -> anyhow::Result<RunEnv> {
+        if out.exists() {
+            std::fs::remove_dir_all(out).with_context(|| format!("clearing {}", out.display()))?;
+        }
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let criterion_home = out.join("criterion").display().to_string();
+        Ok(RunEnv { out: out.display().to_string(), criterion_home, quick })
+    }
+
+    fn vars(&self) -> Vec<(&str, &str)> {
+        let mut vars = vec![("VLLM_IR_BENCH_OUT", self.out.as_str()), ("CRITERION_HOME", self.criterion_home.as_str())];
+        if self.quick {
+            vars.push(("VLLM_IR_BENCH_QUICK", "1"));
+        }
+        vars
+    }
 }
 
 /// One criterion benchmark's median.

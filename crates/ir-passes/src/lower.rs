@@ -98,16 +98,8 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
             report.not_lowered.push(node);
             continue;
         }
-        let metas: Vec<ArgMeta<'_>> = args
-            .iter()
-            .map(|a| match a {
-                Arg::Value(v) => ArgMeta::Tensor(graph.meta(*v)),
-                Arg::None | Arg::Ints(_) => ArgMeta::None,
-                Arg::F64(v) => ArgMeta::F64(*v),
-                Arg::I64(v) => ArgMeta::I64(*v),
-                Arg::Bool(v) => ArgMeta::Bool(*v),
-            })
-            .collect();
+        // Integer lists (no op takes one) reach selection as `none`, which the meta function rejects.
+        let metas: Vec<ArgMeta<'_>> = args.iter().map(|a| graph.arg_meta(a).unwrap_or(ArgMeta::None)).collect();
         let slot = match memo.iter().position(|(o, m, _)| o == op && same_metas(m, &metas)) {
             Some(slot) => slot,
             None => {
@@ -178,15 +170,7 @@ type SelectionMemo<'g> = (&'g str, Vec<ArgMeta<'g>>, Rc<(Selection, Vec<usize>)>
 /// Distinct (op, metadata) selections remembered per run.
 const SELECTION_MEMO: usize = 8;
 
-/// Argument metadata equal for selection (floats by bits).
+/// Argument metadata equal for selection ([`ArgMeta::same_as`]).
 fn same_metas(a: &[ArgMeta<'_>], b: &[ArgMeta<'_>]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| match (x, y) {
-            (ArgMeta::Tensor(x), ArgMeta::Tensor(y)) => x == y,
-            (ArgMeta::F64(x), ArgMeta::F64(y)) => x.to_bits() == y.to_bits(),
-            (ArgMeta::I64(x), ArgMeta::I64(y)) => x == y,
-            (ArgMeta::Bool(x), ArgMeta::Bool(y)) => x == y,
-            (ArgMeta::None, ArgMeta::None) => true,
-            _ => false,
-        })
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_as(y))
 }

@@ -24,7 +24,9 @@ mod launch;
 mod module;
 
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
+use ir_core::op::kernel_support::{
+    Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support, reject_variance_size, rms_norm_support,
+};
 use ir_core::op::rms_norm;
 use ir_core::storage::Storage;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
@@ -60,7 +62,7 @@ pub fn rms_norm_cuda(
     reject_variance_size(variance_size)?;
     let dtype = x.dtype();
     let x_rows = Rows::for_kernel(x.meta())?;
-    let x_buffer = cuda_buffer(x, "x")?;
+    let x_buffer = device_buffer::<CudaBuffer>(x, "x", "CUDA")?;
     let out_layout = x.layout().copy_layout();
     let out_meta = ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() };
     let out_rows = Rows::for_kernel(&out_meta)?;
@@ -99,8 +101,8 @@ pub fn fused_add_rms_norm_cuda(
             && weight.is_none_or(|(_, offset)| weight_vector_ok(offset, x_rows.hidden, dtype));
         let launch =
             launch::Launch { dtype, rows: x_rows, other_rows: residual_rows, epsilon: epsilon as f32, vectorized };
-        let x_buffer = cuda_buffer_mut(&mut x, "x")?;
-        let residual_buffer = cuda_buffer_mut(&mut residual, "x_residual")?;
+        let x_buffer = device_buffer_mut::<CudaBuffer>(&mut x, "x", "CUDA")?;
+        let residual_buffer = device_buffer_mut::<CudaBuffer>(&mut residual, "x_residual", "CUDA")?;
         let device = std::sync::Arc::clone(&x_buffer.device);
         launch::launch_fused(&device, &launch, &mut x_buffer.slice, &mut residual_buffer.slice, weight)?;
     }
@@ -121,22 +123,6 @@ fn weight_vector_ok(offset: usize, hidden: usize, dtype: ir_core::DType) -> bool
 fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&cudarc::driver::CudaSlice<u8>, usize)>, KernelError> {
     match weight {
         None => Ok(None),
-        Some(w) => Ok(Some((&cuda_buffer(w, "weight")?.slice, w.offset()))),
-    }
-}
-
-fn cuda_buffer<'t>(t: &'t Tensor, param: &str) -> Result<&'t CudaBuffer, KernelError> {
-    match t.storage() {
-        Storage::Device(buffer) => buffer.as_any().downcast_ref::<CudaBuffer>(),
-        Storage::Cpu(_) => None,
-    }
-    .ok_or_else(|| KernelError::InvalidArguments { reason: format!("`{param}` is not in CUDA memory") })
-}
-
-fn cuda_buffer_mut<'t>(t: &'t mut UniqueTensor, param: &str) -> Result<&'t mut CudaBuffer, KernelError> {
-    let not_cuda = || KernelError::InvalidArguments { reason: format!("`{param}` is not in CUDA memory") };
-    match t.storage_mut()? {
-        Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<CudaBuffer>().ok_or_else(not_cuda),
-        Storage::Cpu(_) => Err(not_cuda()),
+        Some(w) => Ok(Some((&device_buffer::<CudaBuffer>(w, "weight", "CUDA")?.slice, w.offset()))),
     }
 }

@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use ir_core::op::kernel_support::{Rows, reject_variance_size};
+use ir_core::op::kernel_support::{Rows, device_buffer, device_buffer_mut, reject_variance_size};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
 
@@ -23,7 +23,7 @@ pub(crate) fn rms_norm(
     let allocator = allocator().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
     let mut out = allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(TensorError::from)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
-        let x_ptr = element_ptr(hip_buffer(x)?.pointer, x_rows.offset, dtype);
+        let x_ptr = element_ptr(device_buffer::<HipBuffer>(x, "x", "HIP")?.pointer, x_rows.offset, dtype);
         let out_buffer = out.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate");
         let out_ptr = element_ptr(out_buffer.pointer, out_rows.offset, dtype);
         let weight_ptr = weight_ptr(weight, dtype)?;
@@ -55,8 +55,12 @@ pub(crate) fn fused(
     let r_rows = Rows::for_kernel(residual.tensor().meta())?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight_ptr = weight_ptr(weight, dtype)?;
-        let x_ptr = element_ptr(hip_buffer_mut(&mut x)?.pointer, x_rows.offset, dtype);
-        let r_ptr = element_ptr(hip_buffer_mut(&mut residual)?.pointer, r_rows.offset, dtype);
+        let x_ptr = element_ptr(device_buffer_mut::<HipBuffer>(&mut x, "x", "HIP")?.pointer, x_rows.offset, dtype);
+        let r_ptr = element_ptr(
+            device_buffer_mut::<HipBuffer>(&mut residual, "x_residual", "HIP")?.pointer,
+            r_rows.offset,
+            dtype,
+        );
         let vectorized = vector_ok(&[(x_rows, x_ptr), (r_rows, r_ptr)], weight_ptr, dtype);
         run(
             NormOp::FusedAddRmsNorm,
@@ -132,22 +136,6 @@ fn vector_ok(tensors: &[(Rows, *mut c_void)], weight: Option<*mut c_void>, dtype
 fn weight_ptr(weight: Option<&Tensor>, dtype: DType) -> Result<Option<*mut c_void>, KernelError> {
     match weight {
         None => Ok(None),
-        Some(w) => Ok(Some(element_ptr(hip_buffer(w)?.pointer, w.offset(), dtype))),
-    }
-}
-
-fn hip_buffer(t: &Tensor) -> Result<&HipBuffer, KernelError> {
-    match t.storage() {
-        Storage::Device(buffer) => buffer.as_any().downcast_ref::<HipBuffer>(),
-        Storage::Cpu(_) => None,
-    }
-    .ok_or_else(|| KernelError::InvalidArguments { reason: "tensor is not in HIP memory".to_owned() })
-}
-
-fn hip_buffer_mut(t: &mut UniqueTensor) -> Result<&mut HipBuffer, KernelError> {
-    let not_hip = || KernelError::InvalidArguments { reason: "tensor is not in HIP memory".to_owned() };
-    match t.storage_mut()? {
-        Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<HipBuffer>().ok_or_else(not_hip),
-        Storage::Cpu(_) => Err(not_hip()),
+        Some(w) => Ok(Some(element_ptr(device_buffer::<HipBuffer>(w, "weight", "HIP")?.pointer, w.offset(), dtype))),
     }
 }

@@ -23,7 +23,9 @@ mod launch;
 mod module;
 
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
+use ir_core::op::kernel_support::{
+    Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support, reject_variance_size, rms_norm_support,
+};
 use ir_core::op::rms_norm;
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
@@ -63,7 +65,7 @@ pub fn rms_norm_xpu(
     reject_variance_size(variance_size)?;
     let dtype = x.dtype();
     let x_rows = Rows::for_kernel(x.meta())?;
-    let x_buffer = xpu_buffer(x, "x")?;
+    let x_buffer = device_buffer::<XpuBuffer>(x, "x", "xpu")?;
     let out_layout = x.layout().copy_layout();
     let out_rows = Rows::for_kernel(&ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
     let allocator = allocator().map_err(|reason| KernelError::Driver { backend: "xpu", message: reason })?;
@@ -98,8 +100,8 @@ pub fn fused_add_rms_norm_xpu(
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
         let args = launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: residual_rows };
-        let x_buffer = xpu_buffer_mut(&mut x, "x")?;
-        let residual_buffer = xpu_buffer_mut(&mut residual, "x_residual")?;
+        let x_buffer = device_buffer_mut::<XpuBuffer>(&mut x, "x", "xpu")?;
+        let residual_buffer = device_buffer_mut::<XpuBuffer>(&mut residual, "x_residual", "xpu")?;
         let device = std::sync::Arc::clone(&x_buffer.device);
         launch::launch(&device, NormOp::FusedAddRmsNorm, args, &x_buffer.buffer, &residual_buffer.buffer, weight)?;
     }
@@ -109,22 +111,6 @@ pub fn fused_add_rms_norm_xpu(
 fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&opencl3::memory::Buffer<u8>, usize)>, KernelError> {
     match weight {
         None => Ok(None),
-        Some(w) => Ok(Some((&xpu_buffer(w, "weight")?.buffer, w.offset()))),
-    }
-}
-
-fn xpu_buffer<'t>(t: &'t Tensor, param: &str) -> Result<&'t XpuBuffer, KernelError> {
-    match t.storage() {
-        Storage::Device(buffer) => buffer.as_any().downcast_ref::<XpuBuffer>(),
-        Storage::Cpu(_) => None,
-    }
-    .ok_or_else(|| KernelError::InvalidArguments { reason: format!("`{param}` is not in xpu memory") })
-}
-
-fn xpu_buffer_mut<'t>(t: &'t mut UniqueTensor, param: &str) -> Result<&'t mut XpuBuffer, KernelError> {
-    let not_xpu = || KernelError::InvalidArguments { reason: format!("`{param}` is not in xpu memory") };
-    match t.storage_mut()? {
-        Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<XpuBuffer>().ok_or_else(not_xpu),
-        Storage::Cpu(_) => Err(not_xpu()),
+        Some(w) => Ok(Some((&device_buffer::<XpuBuffer>(w, "weight", "xpu")?.buffer, w.offset()))),
     }
 }

@@ -33,6 +33,12 @@ pub(crate) struct Target {
     pub(crate) status: Status,
 }
 
+impl Target {
+    fn not_measured(name: &str, why: &str) -> Target {
+        Target { name: name.to_owned(), measured: "—".to_owned(), status: Status::NotMeasured(why.to_owned()) }
+    }
+}
+
 fn fmt_gbps(v: Option<f64>) -> String {
     v.map_or_else(|| "—".to_owned(), |v| format!("{v:.1}"))
 }
@@ -122,11 +128,10 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
         }
     }
     targets.push(match overheads.as_slice() {
-        [] => Target {
-            name: "decode 1×4096: registry dispatch ≤ 100 ns over the direct kernel call".to_owned(),
-            measured: "—".to_owned(),
-            status: Status::NotMeasured("no dispatch results".to_owned()),
-        },
+        [] => Target::not_measured(
+            "decode 1×4096: registry dispatch ≤ 100 ns over the direct kernel call",
+            "no dispatch results",
+        ),
         list => Target {
             name: "decode 1×4096: registry dispatch ≤ 100 ns over the direct kernel call".to_owned(),
             measured: list.iter().map(|(op, ns)| format!("{op}: {ns:+.0} ns")).collect::<Vec<_>>().join("; "),
@@ -140,11 +145,7 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
             measured: format!("{:.2} µs per node", ns / 1e3),
             status: Status::from_bool(ns <= 1000.0),
         },
-        None => Target {
-            name: "passes: ≤ 1 µs per node at 100k nodes".to_owned(),
-            measured: "—".to_owned(),
-            status: Status::NotMeasured("no pass results".to_owned()),
-        },
+        None => Target::not_measured("passes: ≤ 1 µs per node at 100k nodes", "no pass results"),
     });
     targets.push(match (find_pass(results, 100_000), find_pass(results, 1_000_000)) {
         (Some(small), Some(large)) => {
@@ -156,11 +157,7 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
                 status: Status::from_bool(ratio <= 12.0),
             }
         }
-        _ => Target {
-            name: "passes: 1M nodes ≤ 12× the 100k time (linear)".to_owned(),
-            measured: "—".to_owned(),
-            status: Status::NotMeasured("no pass results".to_owned()),
-        },
+        _ => Target::not_measured("passes: 1M nodes ≤ 12× the 100k time (linear)", "no pass results"),
     });
 
     targets.push(match &results.memory {
@@ -189,11 +186,7 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
                 status: Status::from_bool(met),
             }
         }
-        None => Target {
-            name: "memory: compiled fused norms allocate nothing".to_owned(),
-            measured: "—".to_owned(),
-            status: Status::NotMeasured("no memory results".to_owned()),
-        },
+        None => Target::not_measured("memory: compiled fused norms allocate nothing", "no memory results"),
     });
 
     let cuda_device =
@@ -205,16 +198,8 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
             measured: format!("{gb:.0} GB/s = {:.1}% of 4800", gb / 48.0),
             status: Status::from_bool(gb >= 0.85 * 4800.0),
         },
-        (Some(device), _) => Target {
-            name: h200,
-            measured: "—".to_owned(),
-            status: Status::NotMeasured(format!("the CUDA device is {device}")),
-        },
-        (None, _) => Target {
-            name: h200,
-            measured: "—".to_owned(),
-            status: Status::NotMeasured("no CUDA device in this run; see `cargo xtask gpu-bench`".to_owned()),
-        },
+        (Some(device), _) => Target::not_measured(&h200, &format!("the CUDA device is {device}")),
+        (None, _) => Target::not_measured(&h200, "no CUDA device in this run; see `cargo xtask gpu-bench`"),
     });
     targets
 }
@@ -234,11 +219,7 @@ fn per_node_near(results: &Results, nodes: u64) -> Option<f64> {
 
 fn ratio_target(name: &str, ratios: &[(String, f64)], threshold: f64, percent: bool, missing: &str) -> Target {
     if ratios.is_empty() {
-        return Target {
-            name: name.to_owned(),
-            measured: "—".to_owned(),
-            status: Status::NotMeasured(missing.to_owned()),
-        };
+        return Target::not_measured(name, missing);
     }
     let measured = ratios
         .iter()

@@ -25,7 +25,7 @@ pub use crate::graph::parse::{ParseError, parse};
 pub use crate::graph::print::format_float;
 pub use crate::graph::trace::{Traced, TracedGraph, Tracer};
 pub use crate::graph::verify::{Diagnostic, VerifyError, verify};
-use crate::op::Overload;
+use crate::op::{ArgMeta, Overload};
 
 /// A node of a graph. Ids come from the graph's node arena in creation order; the numbering is
 /// stable (never reused) but arbitrary, and says nothing about execution order.
@@ -474,6 +474,19 @@ impl Graph {
     /// Every value ever created (live or not), in id order.
     pub fn values(&self) -> impl Iterator<Item = (ValueId, &ValueData)> {
         self.values.iter()
+    }
+
+    /// What a predicate or meta function sees of an argument; `None` for an integer list, which no
+    /// op takes.
+    pub fn arg_meta(&self, arg: &Arg) -> Option<ArgMeta<'_>> {
+        Some(match arg {
+            Arg::Value(v) => ArgMeta::Tensor(self.meta(*v)),
+            Arg::None => ArgMeta::None,
+            Arg::F64(v) => ArgMeta::F64(*v),
+            Arg::I64(v) => ArgMeta::I64(*v),
+            Arg::Bool(v) => ArgMeta::Bool(*v),
+            Arg::Ints(_) => return None,
+        })
     }
 
     /// The output node, if any (the last one if a malformed graph has several; it is normally last).

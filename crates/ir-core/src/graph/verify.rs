@@ -183,17 +183,10 @@ impl<'r, 'g> Lookups<'r, 'g> {
         if let Some(slot) = self.metas.iter().position(|(o, m, _)| *o == op && same_args(m, graph, args)) {
             return self.metas[slot].2.as_deref().map_err(Clone::clone);
         }
-        let mut metas = Vec::with_capacity(args.len());
-        for arg in args {
-            metas.push(match arg {
-                Arg::Value(v) => ArgMeta::Tensor(graph.meta(*v)),
-                Arg::None => ArgMeta::None,
-                Arg::F64(v) => ArgMeta::F64(*v),
-                Arg::I64(v) => ArgMeta::I64(*v),
-                Arg::Bool(v) => ArgMeta::Bool(*v),
-                Arg::Ints(_) => return Err(format!("op `{op}` takes no integer lists")),
-            });
-        }
+        let metas = args
+            .iter()
+            .map(|arg| graph.arg_meta(arg).ok_or_else(|| format!("op `{op}` takes no integer lists")))
+            .collect::<Result<Vec<_>, _>>()?;
         let outputs = bind_meta(def, metas.clone())
             .map_err(|e| e.to_string())
             .and_then(|bound| (def.meta)(&bound).map_err(|e| e.to_string()));
@@ -211,18 +204,10 @@ impl<'r, 'g> Lookups<'r, 'g> {
     }
 }
 
-/// Whether remembered argument metadata equals a node's arguments (floats by bits, so NaN epsilons
-/// memoize too).
+/// Whether remembered argument metadata equals a node's arguments ([`ArgMeta::same_as`]).
 fn same_args(remembered: &[ArgMeta<'_>], graph: &Graph, args: &[Arg]) -> bool {
     remembered.len() == args.len()
-        && remembered.iter().zip(args).all(|(m, a)| match (m, a) {
-            (ArgMeta::Tensor(m), Arg::Value(v)) => *m == graph.meta(*v),
-            (ArgMeta::F64(m), Arg::F64(v)) => m.to_bits() == v.to_bits(),
-            (ArgMeta::I64(m), Arg::I64(v)) => m == v,
-            (ArgMeta::Bool(m), Arg::Bool(v)) => m == v,
-            (ArgMeta::None, Arg::None) => true,
-            _ => false,
-        })
+        && remembered.iter().zip(args).all(|(m, a)| graph.arg_meta(a).is_some_and(|a| m.same_as(&a)))
 }
 
 fn annotate(graph: &Graph, diagnostics: &[Diagnostic], positions: &SecondaryMap<NodeId, u32>) -> String {

@@ -9,7 +9,8 @@ use std::borrow::Cow;
 use crate::op::ArgMeta;
 use crate::op::fused_add_rms_norm::FusedAddRmsNormArgs;
 use crate::op::rms_norm::RmsNormArgs;
-use crate::{DType, DeviceKind, KernelError, Support, TensorMeta};
+use crate::storage::Storage;
+use crate::{DType, DeviceKind, KernelError, Support, Tensor, TensorMeta, UniqueTensor};
 
 /// Which of the two norm kernels a GPU variant is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -165,6 +166,32 @@ fn no(reason: &'static str) -> Support {
     Support::No(Cow::Borrowed(reason))
 }
 
+/// A device provider's own buffer type behind `t`, or an error naming the parameter: "`x` is not in
+/// CUDA memory" (`memory` names the provider's memory).
+pub fn device_buffer<'t, B: 'static>(t: &'t Tensor, param: &str, memory: &str) -> Result<&'t B, KernelError> {
+    match t.storage() {
+        Storage::Device(buffer) => buffer.as_any().downcast_ref::<B>(),
+        Storage::Cpu(_) => None,
+    }
+    .ok_or_else(|| not_in_memory(param, memory))
+}
+
+/// [`device_buffer`] for writing, through the unique ownership an in-place kernel receives.
+pub fn device_buffer_mut<'t, B: 'static>(
+    t: &'t mut UniqueTensor,
+    param: &str,
+    memory: &str,
+) -> Result<&'t mut B, KernelError> {
+    match t.storage_mut()? {
+        Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<B>().ok_or_else(|| not_in_memory(param, memory)),
+        Storage::Cpu(_) => Err(not_in_memory(param, memory)),
+    }
+}
+
+fn not_in_memory(param: &str, memory: &str) -> KernelError {
+    KernelError::InvalidArguments { reason: format!("`{param}` is not in {memory} memory") }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +281,22 @@ mod tests {
                 assert!(answers.iter().all(|&a| a == answers[0]), "H {hidden}, stride {row_stride}: {answers:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_host_tensor_is_not_a_device_buffer_and_the_error_names_the_parameter() {
+        let t = Tensor::zeros(DType::F32, &[2, 4]);
+        let err = device_buffer::<u8>(&t, "x", "CUDA").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            KernelError::InvalidArguments { reason: "`x` is not in CUDA memory".into() }.to_string()
+        );
+        let mut unique = UniqueTensor::new(t).unwrap();
+        assert!(
+            device_buffer_mut::<u8>(&mut unique, "x_residual", "xpu")
+                .unwrap_err()
+                .to_string()
+                .contains("`x_residual` is not in xpu memory")
+        );
     }
 }

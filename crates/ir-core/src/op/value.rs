@@ -173,6 +173,19 @@ impl From<Literal> for Value {
 }
 
 impl<'a> ArgMeta<'a> {
+    /// Whether a meta function and a predicate see the same argument (floats compared by bits, so
+    /// a NaN argument equals itself): what makes a remembered selection or meta result reusable.
+    pub fn same_as(&self, other: &ArgMeta<'_>) -> bool {
+        match (self, other) {
+            (ArgMeta::Tensor(a), ArgMeta::Tensor(b)) => a == b,
+            (ArgMeta::F64(a), ArgMeta::F64(b)) => a.to_bits() == b.to_bits(),
+            (ArgMeta::I64(a), ArgMeta::I64(b)) => a == b,
+            (ArgMeta::Bool(a), ArgMeta::Bool(b)) => a == b,
+            (ArgMeta::None, ArgMeta::None) => true,
+            _ => false,
+        }
+    }
+
     /// The tensor metadata, if this is a tensor.
     pub fn tensor(&self) -> Option<&'a TensorMeta> {
         match self {
