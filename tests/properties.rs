@@ -4,8 +4,10 @@
 //! `PROPTEST_CASES` raises the number of graphs (default 256 per property); `PROPTEST_RNG_SEED`
 //! fixes the seed (CI does).
 
+use ir_core::Support;
 use ir_core::graph::{Arg, Graph, InterpOptions, NodeKind, ValueId, interpret, parse};
-use ir_core::op::Overload;
+use ir_core::op::kernel_support::fused_add_rms_norm_support;
+use ir_core::op::{ArgMeta, Overload};
 use ir_core::{DType, Layout, PriorityGuard, Registry, Tensor, TensorMeta, bit_eq};
 use ir_passes::{CloneElimination, PassContext, Pipeline, Snapshots, eliminate_clones};
 use proptest::prelude::*;
@@ -22,6 +24,10 @@ enum Step {
     Contiguous(u8),
     ColumnSlice(u8),
     Transpose(u8),
+    /// `copy_(dst, src)`: program-level mutation of a value (or a view of it) that others may still read.
+    CopyInto(u8, u8),
+    /// An explicit in-place `impl fused_add_rms_norm[cpu] writes(0, 1)` in the input graph.
+    ImplWrites(u8, u8, bool),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -36,28 +42,42 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<u8>().prop_map(Step::Contiguous),
         1 => any::<u8>().prop_map(Step::ColumnSlice),
         1 => any::<u8>().prop_map(Step::Transpose),
+        2 => (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Step::CopyInto(a, b)),
+        2 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, w)| Step::ImplWrites(a, b, w)),
     ]
 }
 
 const H: usize = 16;
 
 /// Builds a legal graph: a value donated to a `maybe_inplace` call is never used again (views of it
-/// may be: donation through views is the alias-aware elimination's business).
-fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool)], steps: &[Step], outputs: &[u8]) -> Graph {
+/// may be: donation through views is the alias-aware elimination's business). Explicit writes
+/// (`copy_`, in-place `impl` calls) never target the storage of a non-donated input; after an
+/// in-place `impl` call nothing defined before it that shares a written storage is read again (the
+/// interpreter's hazard check), while after `copy_` anything may be read (program-level mutation).
+fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step], outputs: &[u8]) -> Graph {
     let mut graph = Graph::new("random");
     let dtypes = [dtype, DType::F32, DType::BF16, DType::F16];
     let mut pool: Vec<ValueId> = inputs
         .iter()
         .enumerate()
-        .map(|(i, &(d, padded))| {
+        .map(|(i, &(d, padded, donated))| {
             let input_dtype = if d % 3 == 0 { dtypes[d as usize % 4] } else { dtype };
             let row_stride = if padded { H + 3 } else { H };
             let layout = Layout::new(&[tokens, H], &[row_stride, 1], usize::from(padded)).expect("valid layout");
-            graph.add_input(format!("in{i}"), TensorMeta { dtype: input_dtype, device: ir_core::Device::Cpu, layout })
+            let name = format!("in{i}");
+            let value = graph.add_input(&name, TensorMeta { dtype: input_dtype, device: ir_core::Device::Cpu, layout });
+            if donated {
+                graph.mark_donated(&name);
+            }
+            value
         })
         .collect();
     let weight = graph.add_input("w", TensorMeta::compact(dtype, &[H]));
     let pick = |pool: &[ValueId], i: u8| pool[i as usize % pool.len()];
+    // Storage roots as R81 defines them, and which roots the caller did not donate.
+    let mut roots: std::collections::HashMap<ValueId, ValueId> = std::collections::HashMap::new();
+    let root = |roots: &std::collections::HashMap<ValueId, ValueId>, v: ValueId| roots.get(&v).copied().unwrap_or(v);
+    let protected: Vec<ValueId> = graph.inputs().iter().filter(|i| !i.3).map(|i| i.1).collect();
     for step in steps {
         if pool.is_empty() {
             break;
@@ -90,6 +110,8 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool)], steps: &[Step], out
                 let (_, results) = graph.push(kind, vec![out_meta, res_meta]);
                 if overload == Overload::MaybeInplace {
                     pool.retain(|&v| v != x && v != r);
+                    roots.insert(results[0], root(&roots, x));
+                    roots.insert(results[1], root(&roots, r));
                 }
                 pool.extend(results);
             }
@@ -129,7 +151,9 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool)], steps: &[Step], out
                 let start = b as usize % rows;
                 let layout = graph.meta(x).layout.slice(0, start, rows).expect("in range");
                 let out = TensorMeta { layout, ..m(&graph, x) };
-                pool.extend(graph.push(NodeKind::Slice { value: x, dim: 0, start, end: rows }, vec![out]).1);
+                let (_, results) = graph.push(NodeKind::Slice { value: x, dim: 0, start, end: rows }, vec![out]);
+                roots.insert(results[0], root(&roots, x));
+                pool.extend(results);
             }
             Step::Clone(a) => {
                 let x = pick(&pool, a);
@@ -147,13 +171,88 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool)], steps: &[Step], out
                 let end = if columns > 8 { 8 } else { columns };
                 let layout = graph.meta(x).layout.slice(1, 0, end).expect("in range");
                 let out = TensorMeta { layout, ..m(&graph, x) };
-                pool.extend(graph.push(NodeKind::Slice { value: x, dim: 1, start: 0, end }, vec![out]).1);
+                let (_, results) = graph.push(NodeKind::Slice { value: x, dim: 1, start: 0, end }, vec![out]);
+                roots.insert(results[0], root(&roots, x));
+                pool.extend(results);
             }
             Step::Transpose(a) => {
                 let x = pick(&pool, a);
                 let layout = graph.meta(x).layout.transpose(0, 1).expect("rank 2");
                 let out = TensorMeta { layout, ..m(&graph, x) };
-                pool.extend(graph.push(NodeKind::Transpose { value: x, d0: 0, d1: 1 }, vec![out]).1);
+                let (_, results) = graph.push(NodeKind::Transpose { value: x, d0: 0, d1: 1 }, vec![out]);
+                roots.insert(results[0], root(&roots, x));
+                pool.extend(results);
+            }
+            Step::CopyInto(a, b) => {
+                let writable: Vec<ValueId> =
+                    pool.iter().copied().filter(|&v| !protected.contains(&root(&roots, v))).collect();
+                if writable.is_empty() {
+                    continue;
+                }
+                // Every other copy_ goes through a view when there is one (R140: writes through views).
+                let views: Vec<ValueId> =
+                    writable.iter().copied().filter(|&v| graph.node(graph.value(v).def).kind.is_view()).collect();
+                let dst = if a % 2 == 1 && !views.is_empty() { pick(&views, a / 2) } else { pick(&writable, a) };
+                let sources: Vec<ValueId> = pool
+                    .iter()
+                    .copied()
+                    .filter(|&v| {
+                        graph.meta(v).shape() == graph.meta(dst).shape() && root(&roots, v) != root(&roots, dst)
+                    })
+                    .collect();
+                if sources.is_empty() {
+                    continue;
+                }
+                let src = pick(&sources, b);
+                let (_, results) = graph.push(NodeKind::Copy { dst, src }, vec![m(&graph, dst)]);
+                roots.insert(results[0], root(&roots, dst));
+                pool.extend(results);
+            }
+            Step::ImplWrites(a, b, w) => {
+                let writable: Vec<ValueId> =
+                    pool.iter().copied().filter(|&v| !protected.contains(&root(&roots, v))).collect();
+                if writable.is_empty() {
+                    continue;
+                }
+                let x = pick(&writable, a);
+                let partners: Vec<ValueId> = writable
+                    .iter()
+                    .copied()
+                    .filter(|&v| {
+                        graph.meta(v).shape() == graph.meta(x).shape()
+                            && graph.meta(v).dtype == graph.meta(x).dtype
+                            && root(&roots, v) != root(&roots, x)
+                    })
+                    .collect();
+                if partners.is_empty() {
+                    continue;
+                }
+                let r = pick(&partners, b);
+                let use_weight = w && graph.meta(x).dtype == dtype;
+                let weight_arg = if use_weight { Arg::Value(weight) } else { Arg::None };
+                let supported = {
+                    let (xm, rm, wm) = (m(&graph, x), m(&graph, r), m(&graph, weight));
+                    let weight_meta = if use_weight { ArgMeta::Tensor(&wm) } else { ArgMeta::None };
+                    let metas =
+                        [ArgMeta::Tensor(&xm), ArgMeta::Tensor(&rm), weight_meta, ArgMeta::F64(1e-6), ArgMeta::None];
+                    matches!(fused_add_rms_norm_support(&metas, ir_core::DeviceKind::Cpu), Support::Yes)
+                };
+                if !supported {
+                    continue;
+                }
+                let kind = NodeKind::ImplCall {
+                    op: "fused_add_rms_norm".into(),
+                    provider: "cpu".into(),
+                    writes: vec![0, 1],
+                    args: vec![Arg::Value(x), Arg::Value(r), weight_arg, Arg::F64(1e-6), Arg::None],
+                };
+                let (_, results) = graph.push(kind, vec![m(&graph, x), m(&graph, r)]);
+                // Nothing defined before the write that shares a written storage is read again.
+                let (root_x, root_r) = (root(&roots, x), root(&roots, r));
+                pool.retain(|&v| root(&roots, v) != root_x && root(&roots, v) != root_r);
+                roots.insert(results[0], root_x);
+                roots.insert(results[1], root_r);
+                pool.extend(results);
             }
         }
     }
@@ -196,7 +295,7 @@ fn graphs() -> impl Strategy<Value = Graph> {
     (
         prop_oneof![Just(DType::BF16), Just(DType::F32), Just(DType::F16)],
         1usize..5,
-        proptest::collection::vec((any::<u8>(), any::<bool>()), 1..4),
+        proptest::collection::vec((any::<u8>(), any::<bool>(), any::<bool>()), 1..4),
         proptest::collection::vec(step(), 1..12),
         proptest::collection::vec(any::<u8>(), 1..4),
     )
@@ -213,7 +312,9 @@ proptest! {
         let text = graph.to_string();
         prop_assert!(parse(&text).unwrap().structurally_eq(&graph), "round trip\n{}", text);
 
-        let reference = interpret(&graph, &registry, inputs(&graph, seed), InterpOptions::checked()).unwrap();
+        let reference_inputs = inputs(&graph, seed);
+        let reference_handles = non_donated_handles(&graph, &reference_inputs);
+        let reference = interpret(&graph, &registry, reference_inputs, InterpOptions::checked()).unwrap();
         let mut compiled = graph.clone();
         let cx = PassContext::new(&registry);
         Pipeline::standard().run(&mut compiled, &cx, None, Snapshots::Skip).unwrap();
@@ -238,6 +339,16 @@ proptest! {
                 prop_assert!(bit_eq(handle, before), "non-donated input %{} was modified", name);
             }
         }
+        // R141: the pipeline never makes an output share storage with a non-donated input or with
+        // another output, unless the input graph itself returned them aliased.
+        let compiled_handles: Vec<(String, Tensor)> =
+            kept.iter().filter(|k| !k.3).map(|k| (k.0.clone(), k.1.clone())).collect();
+        let before = output_aliasing(&reference.outputs, &reference_handles);
+        let after = output_aliasing(&run.outputs, &compiled_handles);
+        prop_assert!(
+            after.iter().all(|pair| before.contains(pair)),
+            "outputs alias {:?} after the pipeline, {:?} before\nbefore:\n{}\nafter:\n{}", after, before, text, compiled
+        );
         let again = eliminate_clones(&mut compiled, &cx).unwrap();
         prop_assert!(again.removed.is_empty(), "clone elimination is idempotent");
     }
@@ -252,6 +363,69 @@ proptest! {
         prop_assert!(again.removed.is_empty());
         prop_assert!(parse(&compiled.to_string()).unwrap().structurally_eq(&compiled));
     }
+}
+
+/// Handles to the inputs the graph does not mark donated (the caller keeps them), by name.
+fn non_donated_handles(graph: &Graph, given: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+    given.iter().filter(|(name, _)| graph.inputs().iter().any(|i| i.2 == name && !i.3)).cloned().collect()
+}
+
+/// Which outputs share storage with another output (`out0~out1`) or with a non-donated input (`out0~%x`).
+fn output_aliasing(outputs: &[Tensor], inputs: &[(String, Tensor)]) -> Vec<String> {
+    let mut pairs = Vec::new();
+    for (i, a) in outputs.iter().enumerate() {
+        for (j, b) in outputs.iter().enumerate().skip(i + 1) {
+            if ir_core::shares_storage(a, b) {
+                pairs.push(format!("out{i}~out{j}"));
+            }
+        }
+        for (name, input) in inputs {
+            if ir_core::shares_storage(a, input) {
+                pairs.push(format!("out{i}~%{name}"));
+            }
+        }
+    }
+    pairs
+}
+
+/// The generator is not vacuous about what R140 asks: it emits `copy_`, explicit in-place `impl`
+/// calls, writes through views and graphs whose outputs alias each other or an input.
+#[test]
+fn the_generator_emits_explicit_writes_views_and_aliased_outputs() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let strategy = graphs();
+    let (mut copies, mut impl_writes, mut view_writes, mut aliased_outputs) = (0, 0, 0, 0);
+    for _ in 0..600 {
+        let graph = strategy.new_tree(&mut runner).expect("graphs generate").current();
+        let is_view = |v: ValueId| graph.node(graph.value(v).def).kind.is_view();
+        for &node in graph.order() {
+            match &graph.node(node).kind {
+                NodeKind::Copy { dst, .. } => {
+                    copies += 1;
+                    view_writes += usize::from(is_view(*dst));
+                }
+                NodeKind::ImplCall { writes, args, .. } if !writes.is_empty() => {
+                    impl_writes += 1;
+                    let through_view = writes.iter().any(|&p| matches!(args[p], Arg::Value(v) if is_view(v)));
+                    view_writes += usize::from(through_view);
+                }
+                _ => {}
+            }
+        }
+        let outputs = graph.outputs();
+        let defined_by_view_or_input = outputs
+            .iter()
+            .any(|&v| is_view(v) || matches!(graph.node(graph.value(v).def).kind, NodeKind::Input { .. }));
+        aliased_outputs += usize::from(defined_by_view_or_input);
+    }
+    eprintln!(
+        "600 graphs: {copies} copy_, {impl_writes} in-place impl calls, {view_writes} writes through views, \
+         {aliased_outputs} graphs returning an input or a view"
+    );
+    assert!(copies > 0 && impl_writes > 0 && view_writes > 0 && aliased_outputs > 0);
 }
 
 /// The counter-check: the same generator finds graphs where the `unsafe` variant changes results or

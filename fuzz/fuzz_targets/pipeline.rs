@@ -1,13 +1,20 @@
-//! Fuzzes parse → verify → standard pipeline → print: no input panics or hangs any stage, and the
-//! pipeline's output verifies (the pipeline checks it after every pass).
+//! Fuzzes parse → verify → standard pipeline → print, differentially: no input panics or hangs any
+//! stage, the pipeline's output verifies (the pipeline checks it after every pass), and for graphs
+//! small enough to run, interpreting before and after the pipeline gives bit-identical outputs and
+//! the compiled graph never trips a safety check that the input graph did not trip (R83). A
+//! miscompile is a crash.
 
 #![no_main]
 
 use std::sync::OnceLock;
 
-use ir_core::Registry;
+use ir_core::graph::{Graph, InterpOptions, interpret};
+use ir_core::{Registry, Tensor, bit_eq};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use libfuzzer_sys::fuzz_target;
+
+/// Graphs whose every value stays under this many storage elements are run before and after.
+const MAX_ELEMENTS: usize = 1 << 14;
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
@@ -20,6 +27,41 @@ fn registry() -> &'static Registry {
     })
 }
 
+/// Whether every live value's storage extent is small enough to interpret quickly.
+fn small_enough(graph: &Graph) -> bool {
+    graph.order().iter().all(|&node| {
+        graph.node(node).results.iter().all(|&value| graph.meta(value).layout.storage_end() <= MAX_ELEMENTS)
+    })
+}
+
+/// Deterministic inputs with the declared layouts: ordinary values mixed with large and tiny
+/// magnitudes, so overflow and underflow paths run too.
+fn inputs(graph: &Graph) -> Vec<(String, Tensor)> {
+    graph
+        .inputs()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, value, name, _))| {
+            let meta = graph.meta(value);
+            let n = meta.layout.storage_end();
+            let values: Vec<f64> = (0..n)
+                .map(|k| {
+                    let base = (((k * 7 + i * 13) % 23) as f64 - 11.0) / 4.0;
+                    match (k + i) % 17 {
+                        5 => base * 1e30,
+                        11 => base * 1e-30,
+                        _ => base,
+                    }
+                })
+                .collect();
+            let whole = Tensor::from_f64(meta.dtype, &[n], &values).expect("a small input");
+            let view = whole.as_strided(meta.layout.clone()).expect("the declared layout fits");
+            drop(whole);
+            (name.to_owned(), view)
+        })
+        .collect()
+}
+
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     if text.len() > 4096 {
@@ -30,7 +72,21 @@ fuzz_target!(|data: &[u8]| {
     if ir_core::graph::verify(&graph, registry).is_err() {
         return;
     }
-    if Pipeline::standard().run(&mut graph, &PassContext::new(registry), None, Snapshots::Skip).is_ok() {
-        let _ = graph.to_string();
+    let original = graph.clone();
+    if Pipeline::standard().run(&mut graph, &PassContext::new(registry), None, Snapshots::Skip).is_err() {
+        return;
+    }
+    let _ = graph.to_string();
+    if !small_enough(&original) || !small_enough(&graph) {
+        return;
+    }
+    // A graph that trips a safety check (or fails to run) before the pipeline has no reference.
+    let Ok(reference) = interpret(&original, registry, inputs(&original), InterpOptions::checked()) else { return };
+    let compiled = match interpret(&graph, registry, inputs(&graph), InterpOptions::checked()) {
+        Ok(run) => run,
+        Err(e) => panic!("the compiled graph fails where the input ran: {e}\nbefore:\n{original}\nafter:\n{graph}"),
+    };
+    for (i, (after, before)) in compiled.outputs.iter().zip(&reference.outputs).enumerate() {
+        assert!(bit_eq(after, before), "output {i} differs after the pipeline\nbefore:\n{original}\nafter:\n{graph}");
     }
 });

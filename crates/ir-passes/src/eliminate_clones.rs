@@ -7,7 +7,19 @@
 //! after the call, or was donated by the caller. This pass removes a copy `c` of `o` (redirecting
 //! every use of `c` to `o`) unless one of the rules below keeps it.
 //!
-//! # The rules of both variants
+//! Removing `c` makes two storages one: from the copy's position on, whatever reads or writes `c`
+//! (or a view of it) reads or writes `o`'s storage instead. That is harmless exactly when the two
+//! storages would have held the same bytes wherever either is read, and when no caller can tell
+//! that they became one.
+//!
+//! # Notation
+//!
+//! `p` is the copy's position in the graph order. A *storage class* is a set of values sharing one
+//! storage: a value, its views, and the results of nodes writing it (R81's roots), merged as copies
+//! are removed. `C` is the copy's class and `O` the original's. A node *reads* a class when any of
+//! its operands belongs to it (a writer reads what it writes; the output node reads every output).
+//!
+//! # The rules of the `alias-aware` variant (the default, R81–R82)
 //!
 //! **Layout change** — a copy whose layout (strides or storage offset) differs from its input's is
 //! kept, since its users see another layout:
@@ -17,46 +29,98 @@
 //! %c = contiguous(%s) : f32[4,3]          // kept: strides (5, 1) become (3, 1)
 //! ```
 //!
-//! **Read-only copies** — a copy nobody writes is always removed, even of a non-donated input:
-//!
-//! ```text
-//! %c = clone(%x) : f32[4,5]               // removed; users of %c read %x
-//! ```
-//!
-//! **Original used after the write** — a written copy whose original is read after the writer is kept:
+//! **Read after write, copy written** (`OriginalUsedAfterWrite`) — a write to `C` after which `O`
+//! is still read: merged, the reader would see the write.
 //!
 //! ```text
 //! %c = clone(%a) : bf16[8,16]
 //! %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
-//! output(%o, %a)                          // %a is read after the write: %c stays
+//! output(%o, %a)                          // %a is read after %c is written: %c stays
 //! ```
 //!
-//! **Non-donated input** — a written copy of a graph input the caller did not donate is kept.
-//!
-//! # `unsafe` (vLLM's exact rules, R80)
-//!
-//! Candidates are taken in graph order with positions computed once. A copy with more than one
-//! writer is kept. It ignores aliasing through other views of the same storage and through one value
-//! passed as two activations of a kernel, so it can remove a copy whose removal changes results; the
-//! interpreter's safety checks catch those cases.
-//!
-//! # `alias-aware` (the default, R81–R82)
-//!
-//! Works on storage roots (a view's root is its input's root; a writer's result has the root of what
-//! it wrote). Phase 1 removes every copy whose storage nobody writes. Phase 2 takes the written copies
-//! in graph order, recomputing roots and users after each removal, and keeps a copy if more than one
-//! node writes its storage, if any value sharing the original's root is read after the write, if the
-//! original's root is a non-donated input, or if another argument of the writer shares that root:
+//! The same holds when the later reader is a view of `%a`, or a value of the same storage such as
+//! a sibling slice of one `qkv` buffer:
 //!
 //! ```text
-//! %qkv = ... : bf16[3,8,16]
 //! %q = reshape(slice(%qkv, 0, 0, 1), [8, 16])
-//! %c = clone(%q)                          // kept: %qkv (same root) is read after the write
+//! %c = clone(%q)                          // kept: %qkv (same storage) is read after the write
 //! %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
 //! output(%o, %qkv)
 //! ```
 //!
-//! Both variants are idempotent; on error the graph is unchanged.
+//! **Writer reads both** (`AliasedWriterArgument`) — the node writing `C` also reads `O` through
+//! another argument: merged, the kernel's arguments would alias.
+//!
+//! **Read after write, original written** (`OriginalWrittenWhileCopyLive`) — a write to `O` after
+//! the copy while `C` is still read: the copy is a snapshot.
+//!
+//! ```text
+//! %c = clone(%a) : f32[2,8]
+//! %o = copy_(%a, %z) : f32[2,8]           // writes %a's storage
+//! output(%c, %o)                          // %c is read after that: %c stays
+//! ```
+//!
+//! It applies when the write goes through a view (`copy_(slice(%a, ...), %z)`), when it is an
+//! in-place kernel writing `%a` or an alias of it, and when the later reader of `%c` is a kernel
+//! rather than the output node. Any two writes after the copy, one to each class, trip one of the
+//! two read-after-write rules, since each writer reads what it writes.
+//!
+//! **Non-donated input** (`NonDonatedInput`) — a written copy of storage the caller did not donate
+//! is kept, so the caller's tensor is never modified:
+//!
+//! ```text
+//! graph g(%x: f32[4,5]) {                 // %x not donated
+//!   %c = clone(%x)                        // kept: merged, the kernel would write %x
+//!   %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
+//! ```
+//!
+//! **More than one writer** (`MultipleWriters`) — a copy whose storage is written by more than one
+//! node is kept (R82; a conservative rule that keeps the analysis to one write per decision).
+//!
+//! **Graph outputs stay fresh** (`GraphIoAlias`, R141) — a copy is kept when removing it would make
+//! a graph output share storage with a graph input not marked donated, or with another output.
+//! Callers may mutate outputs in place, so an output must not be a window onto an input they kept
+//! or onto another output. Aliasing a donated input is the point of in-place execution and stays
+//! allowed.
+//!
+//! ```text
+//! %c = clone(%x)                          // kept: output(%x) would alias the input
+//! output(%c)
+//! %c1 = clone(%y)                         // removed: %y is an intermediate returned once
+//! %c2 = clone(%y)                         // kept: output(%y, %y) would alias two outputs
+//! output(%c1, %c2)
+//! ```
+//!
+//! Otherwise the copy is removed; read-only copies are removed even of a non-donated input:
+//!
+//! ```text
+//! %c = clone(%x) : f32[4,5]               // removed; users of %c read %x
+//! %1 = scale(%c, 2.0)
+//! ```
+//!
+//! # Phases of the alias-aware variant
+//!
+//! Phase 1 takes, in graph order, the copies whose storage nobody writes; phase 2 takes the written
+//! copies, in graph order. Every decision reads the classes as earlier removals left them (merged
+//! writes, reads and outputs), so each removal is judged on the graph it applies to, and the
+//! sequence is sound by induction. Writes are kept per class as sorted positions and reads as the
+//! last reading position, merged small into large: the pass is `O(n log n)` in the graph size.
+//!
+//! # `unsafe` (vLLM's rules, R80)
+//!
+//! Candidates are taken in graph order with positions computed once, looking only at direct users
+//! of the copy and the original: a copy with more than one writer is kept; a written copy is kept
+//! if the original is used after the writer, or is a non-donated input. The snapshot rule, for
+//! copies nobody writes, and the graph-output rule hold as above, on storage classes (R141, R142). It ignores aliasing through other views of the
+//! same storage and through one value passed as two activations of a kernel, so it can remove a
+//! copy whose removal changes results; the interpreter's safety checks catch those cases.
+//!
+//! # Invariants
+//!
+//! Before: the graph verifies. After: it verifies, every remaining copy has a reason in the report,
+//! and for every graph that does not trip the interpreter's safety checks the alias-aware variant
+//! gives bit-identical outputs and does not make it trip them (R83). Both variants are idempotent;
+//! on error the graph is unchanged.
 //!
 //! ```
 //! use ir_core::graph::parse;
@@ -77,6 +141,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
@@ -92,12 +157,16 @@ pub enum KeepReason {
     LayoutChange,
     /// More than one node writes the copy (or its storage).
     MultipleWriters,
-    /// The original (or an alias of it) is read after the write.
+    /// The original (or an alias of it) is read after the copy is written.
     OriginalUsedAfterWrite,
     /// The original is a graph input the caller did not donate.
     NonDonatedInput,
     /// Another argument of the writer shares the original's storage.
     AliasedWriterArgument,
+    /// The original (or an alias of it) is written while the copy is still read: the copy is a snapshot.
+    OriginalWrittenWhileCopyLive,
+    /// Removing the copy would make a graph output share storage with a non-donated input or another output.
+    GraphIoAlias,
 }
 
 impl fmt::Display for KeepReason {
@@ -108,6 +177,8 @@ impl fmt::Display for KeepReason {
             KeepReason::OriginalUsedAfterWrite => "original used after the write",
             KeepReason::NonDonatedInput => "original is a non-donated input",
             KeepReason::AliasedWriterArgument => "another argument of the writer shares the storage",
+            KeepReason::OriginalWrittenWhileCopyLive => "original written while the copy is still read",
+            KeepReason::GraphIoAlias => "a graph output would alias an input or another output",
         })
     }
 }
@@ -163,6 +234,11 @@ fn is_non_donated_input(graph: &Graph, value: ValueId) -> bool {
     matches!(graph.node(graph.value(value).def).kind, NodeKind::Input { donated: false, .. })
 }
 
+fn keep(graph: &Graph, node: NodeId, reason: KeepReason, report: &mut CloneReport) {
+    tracing::debug!(target: "ir_passes::eliminate_clones", node = %graph.display_node(node), %reason, "copy kept");
+    report.kept.push((node, reason));
+}
+
 /// Use lists kept up to date while copies are removed, so each removal costs only the copy's uses.
 struct Edits {
     users: SecondaryMap<ValueId, ir_core::graph::UseList>,
@@ -189,22 +265,23 @@ impl Edits {
     }
 }
 
-/// vLLM's rules (R80).
+/// vLLM's rules plus the snapshot and graph-output rules (R80).
 fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut report = CloneReport::default();
     let positions = graph.positions();
     let mut edits = Edits::new(graph);
+    let mut classes = Classes::compute(graph, cx, &positions, &edits);
     for node in candidates(graph) {
         let original = copy_input(graph, node).expect("candidates are copies");
         if changes_layout(graph, node, original) {
-            tracing::debug!(target: "ir_passes::eliminate_clones", node = %graph.display_node(node), "copy changes layout");
-            report.kept.push((node, KeepReason::LayoutChange));
+            keep(graph, node, KeepReason::LayoutChange, &mut report);
             continue;
         }
         let copy = graph.node(node).results[0];
         let writers: Vec<NodeId> =
             edits.users(copy).filter(|&u| written_values(graph, cx.registry, u).contains(&copy)).collect();
-        let keep = match writers.as_slice() {
+        let (copy_class, original_class) = (classes.find(copy), classes.find(original));
+        let decision = match writers.as_slice() {
             [] => None,
             [writer] => {
                 let w = positions[*writer];
@@ -218,164 +295,174 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
             }
             _ => Some(KeepReason::MultipleWriters),
         };
-        match keep {
-            Some(reason) => report.kept.push((node, reason)),
-            None => edits.remove(graph, node, original, &mut report),
+        // R80's rule 4, for copies nobody writes: on storage classes, so writes through views count.
+        let p = positions[node];
+        let snapshot = || {
+            let written_while_read = classes.write_between(original_class, p, classes.last_read[copy_class]);
+            written_while_read.map(|_| KeepReason::OriginalWrittenWhileCopyLive)
+        };
+        let decision = if writers.is_empty() { snapshot() } else { decision };
+        let decision = decision.or_else(|| classes.graph_io_alias(graph, copy_class, original_class));
+        match decision {
+            Some(reason) => keep(graph, node, reason, &mut report),
+            None => {
+                edits.remove(graph, node, original, &mut report);
+                classes.merge(copy_class, original_class);
+            }
         }
     }
     graph.remove_nodes(&edits.removed);
     report
 }
 
-/// The distinct nodes writing a storage class, as far as the rules need them: none, exactly one
-/// (which), or several. Merging is O(1), so long chains of removed copies stay linear.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Writers {
-    #[default]
-    None,
-    One(NodeId),
-    Several,
-}
-
-impl Writers {
-    fn add(self, writer: NodeId) -> Writers {
-        match self {
-            Writers::None => Writers::One(writer),
-            Writers::One(w) if w == writer => self,
-            _ => Writers::Several,
-        }
-    }
-
-    fn union(self, other: Writers) -> Writers {
-        match other {
-            Writers::None => self,
-            Writers::One(w) => self.add(w),
-            Writers::Several => Writers::Several,
-        }
-    }
-}
-
-/// Storage classes: the roots of R81, merged as copies are removed (union-find), with the nodes
-/// writing each class and the last position at which any value of the class is read.
+/// Storage classes: the roots of R81, merged as copies are removed (union-find), with the positions
+/// of the nodes writing each class, the last position at which any value of the class is read, and
+/// the number of graph output slots holding a value of the class.
 struct Classes {
-    root: SecondaryMap<ValueId, Option<ValueId>>,
-    /// Union-find parent links of merged classes (`None`: a class of its own).
-    merged: SecondaryMap<ValueId, Option<ValueId>>,
-    writers: SecondaryMap<ValueId, Writers>,
+    /// Union-find parent links (`None`: the class's representative), seeded with R81's roots.
+    parent: SecondaryMap<ValueId, Option<ValueId>>,
+    /// Positions of the distinct nodes writing the class, sorted (one entry per writer node).
+    writes: SecondaryMap<ValueId, BTreeSet<u32>>,
     /// Last reading position + 1 (0: never read).
-    last_use: SecondaryMap<ValueId, u32>,
+    last_read: SecondaryMap<ValueId, u32>,
+    /// Graph output slots whose value is in the class.
+    outputs: SecondaryMap<ValueId, u32>,
 }
 
 impl Classes {
     fn compute(graph: &Graph, cx: &PassContext<'_>, positions: &SecondaryMap<NodeId, u32>, edits: &Edits) -> Classes {
         let roots = StorageRoots::compute(graph, cx.registry);
         let mut classes = Classes {
-            root: SecondaryMap::new(),
-            merged: SecondaryMap::new(),
-            writers: SecondaryMap::new(),
-            last_use: SecondaryMap::new(),
+            parent: SecondaryMap::new(),
+            writes: SecondaryMap::new(),
+            last_read: SecondaryMap::new(),
+            outputs: SecondaryMap::new(),
         };
         for &node in graph.order() {
             for &value in &graph.node(node).results {
-                classes.root[value] = Some(roots.root(value));
+                let root = roots.root(value);
+                classes.parent[value] = (root != value).then_some(root);
             }
         }
         for &node in graph.order() {
             for value in written_values(graph, cx.registry, node) {
-                let class = classes.class(value);
-                classes.writers[class] = classes.writers[class].add(node);
+                let class = classes.find(value);
+                classes.writes[class].insert(positions[node]);
             }
             for &value in &graph.node(node).results {
                 let last = edits.users(value).map(|u| positions[u] + 1).max().unwrap_or(0);
-                let class = classes.class(value);
-                classes.last_use[class] = classes.last_use[class].max(last);
+                let class = classes.find(value);
+                classes.last_read[class] = classes.last_read[class].max(last);
             }
+        }
+        for value in graph.outputs() {
+            let class = classes.find(value);
+            classes.outputs[class] += 1;
         }
         classes
     }
 
-    fn class(&self, value: ValueId) -> ValueId {
-        let mut class = self.root[value].unwrap_or(value);
-        while let Some(next) = self.merged[class] {
-            class = next;
+    /// The class representative of `value`, halving the path on the way.
+    fn find(&mut self, value: ValueId) -> ValueId {
+        let mut class = value;
+        while let Some(parent) = self.parent[class] {
+            if let Some(grandparent) = self.parent[parent] {
+                self.parent[class] = Some(grandparent);
+            }
+            class = parent;
         }
         class
     }
 
-    fn writers(&self, class: ValueId) -> Writers {
-        self.writers[class]
+    /// The first write to `class` at a position in `after + 1 .. until_read` (`until_read` in the
+    /// encoding of `last_read`: a write there happens while a reader is still to come).
+    fn write_between(&self, class: ValueId, after: u32, until_read: u32) -> Option<u32> {
+        self.writes[class].range(after + 1..).next().copied().filter(|&w| w < until_read)
     }
 
-    /// Whether a value of `class` is read after position `position`.
-    fn read_after(&self, class: ValueId, position: u32) -> bool {
-        self.last_use[class] > position + 1
+    /// R80's rule 5: whether merging the copy's class into the original's would make a graph
+    /// output share storage with a non-donated input or with another output.
+    fn graph_io_alias(&self, graph: &Graph, copy_class: ValueId, original_class: ValueId) -> Option<KeepReason> {
+        let copy_returned = 0 < self.outputs[copy_class];
+        let original_exposed = is_non_donated_input(graph, original_class) || 0 < self.outputs[original_class];
+        (copy_returned && original_exposed).then_some(KeepReason::GraphIoAlias)
     }
 
-    /// Merges the class of a removed copy into its original's class.
+    /// Merges the class of a removed copy into its original's class (`into` stays the representative,
+    /// so a class rooted at an input keeps that input as its representative).
     fn merge(&mut self, copy_class: ValueId, into: ValueId) {
         if copy_class == into {
             return;
         }
-        self.merged[copy_class] = Some(into);
-        self.writers[into] = self.writers[into].union(std::mem::take(&mut self.writers[copy_class]));
-        self.last_use[into] = self.last_use[into].max(std::mem::take(&mut self.last_use[copy_class]));
+        self.parent[copy_class] = Some(into);
+        let mut moved = std::mem::take(&mut self.writes[copy_class]);
+        if self.writes[into].len() < moved.len() {
+            std::mem::swap(&mut self.writes[into], &mut moved);
+        }
+        self.writes[into].extend(moved);
+        self.last_read[into] = self.last_read[into].max(std::mem::take(&mut self.last_read[copy_class]));
+        self.outputs[into] += std::mem::take(&mut self.outputs[copy_class]);
     }
 }
 
-/// Storage-root aware rules (R81–R82), in two phases so no decision is undone by a later one.
+/// Storage-aware rules (R81–R82), in two phases so no decision is undone by a later one.
 fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut report = CloneReport::default();
     let positions = graph.positions();
     let mut edits = Edits::new(graph);
     let mut classes = Classes::compute(graph, cx, &positions, &edits);
-    // Phase 1: copies whose storage nobody writes.
     let mut written = Vec::new();
+    let decide =
+        |graph: &mut Graph, edits: &mut Edits, classes: &mut Classes, report: &mut CloneReport, node: NodeId| {
+            let original = copy_input(graph, node).expect("candidates are copies");
+            let copy = graph.node(node).results[0];
+            let (copy_class, original_class) = (classes.find(copy), classes.find(original));
+            let p = positions[node];
+            let copy_writes = classes.writes[copy_class].len();
+            let reason = if 1 < copy_writes {
+                Some(KeepReason::MultipleWriters)
+            } else if let Some(w) = classes.write_between(copy_class, p, classes.last_read[original_class]) {
+                // The original's last read is the writer itself when it reads the original through
+                // another argument, and later otherwise.
+                let writer_reads_original = classes.last_read[original_class] == w + 1;
+                Some(if writer_reads_original {
+                    KeepReason::AliasedWriterArgument
+                } else {
+                    KeepReason::OriginalUsedAfterWrite
+                })
+            } else if 0 < copy_writes && is_non_donated_input(graph, original_class) {
+                Some(KeepReason::NonDonatedInput)
+            } else if classes.write_between(original_class, p, classes.last_read[copy_class]).is_some() {
+                Some(KeepReason::OriginalWrittenWhileCopyLive)
+            } else {
+                classes.graph_io_alias(graph, copy_class, original_class)
+            };
+            match reason {
+                Some(reason) => keep(graph, node, reason, report),
+                None => {
+                    edits.remove(graph, node, original, report);
+                    classes.merge(copy_class, original_class);
+                }
+            }
+        };
+    // Phase 1: copies whose storage nobody writes; layout changes are decided once, here.
     for node in candidates(graph) {
         let original = copy_input(graph, node).expect("candidates are copies");
         if changes_layout(graph, node, original) {
-            report.kept.push((node, KeepReason::LayoutChange));
+            keep(graph, node, KeepReason::LayoutChange, &mut report);
             continue;
         }
         let copy = graph.node(node).results[0];
-        let copy_class = classes.class(copy);
-        if classes.writers(copy_class) == Writers::None {
-            let into = classes.class(original);
-            edits.remove(graph, node, original, &mut report);
-            classes.merge(copy_class, into);
+        let copy_class = classes.find(copy);
+        if classes.writes[copy_class].is_empty() {
+            decide(graph, &mut edits, &mut classes, &mut report, node);
         } else {
             written.push(node);
         }
     }
     // Phase 2: written copies in graph order; classes and uses reflect every earlier removal.
     for node in written {
-        let original = copy_input(graph, node).expect("candidates are copies");
-        let copy = graph.node(node).results[0];
-        let (copy_class, original_class) = (classes.class(copy), classes.class(original));
-        let keep = match classes.writers(copy_class) {
-            Writers::One(writer) => {
-                let w = positions[writer];
-                let read_later = classes.read_after(original_class, w);
-                let aliased_argument =
-                    graph.node(writer).kind.operands().iter().any(|&a| a != copy && classes.class(a) == original_class);
-                if read_later {
-                    Some(KeepReason::OriginalUsedAfterWrite)
-                } else if is_non_donated_input(graph, original_class) {
-                    Some(KeepReason::NonDonatedInput)
-                } else if aliased_argument {
-                    Some(KeepReason::AliasedWriterArgument)
-                } else {
-                    None
-                }
-            }
-            _ => Some(KeepReason::MultipleWriters),
-        };
-        match keep {
-            Some(reason) => report.kept.push((node, reason)),
-            None => {
-                edits.remove(graph, node, original, &mut report);
-                classes.merge(copy_class, original_class);
-            }
-        }
+        decide(graph, &mut edits, &mut classes, &mut report, node);
     }
     graph.remove_nodes(&edits.removed);
     report.kept.sort_by_key(|(n, _)| positions[*n]);
