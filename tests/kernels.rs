@@ -184,6 +184,53 @@ fn special_values() {
     }
 }
 
+/// Magnitudes near each dtype's limits (R116): wherever native's result is finite, every provider
+/// matches it within the op's tolerance. With |x| near 1e18 and H = 4096 the f32 sum of squares
+/// overflows although the mean square fits.
+#[test]
+fn magnitudes_near_the_dtype_limits() {
+    let limits: [(DType, &[f64]); 3] = [
+        (DType::F32, &[1e18, 4e18, 1.5e19, 3e38, 1e-19, 1e-30]),
+        (DType::BF16, &[1e18, 4e18, 1.5e19, 3e38, 1e-19, 1e-30]),
+        (DType::F16, &[65504.0, 3e4, 1e-4, 6e-8]),
+    ];
+    for backend in backends() {
+        let _guards = [
+            backend.registry.override_priority("rms_norm", &[backend.provider]).unwrap(),
+            backend.registry.override_priority("fused_add_rms_norm", &[backend.provider]).unwrap(),
+        ];
+        for (dtype, scales) in limits {
+            for hidden in [64, 4096] {
+                let tokens = scales.len();
+                let pattern = |k: usize, shift: usize| (((k * 7 + shift) % 23) as f64 - 11.0) / 11.0;
+                let values = |shift: usize, factor: f64| -> Vec<f64> {
+                    (0..tokens * hidden).map(|k| pattern(k, shift) * scales[k / hidden] * factor).collect()
+                };
+                let x = Tensor::from_f64(dtype, &[tokens, hidden], &values(0, 1.0)).unwrap();
+                let residual = Tensor::from_f64(dtype, &[tokens, hidden], &values(5, 0.5)).unwrap();
+                let weight = Tensor::from_f64(dtype, &[hidden], &vec![1.5; hidden]).unwrap();
+                let label = format!("{} {dtype} H={hidden} scales {scales:?}", backend.provider);
+                let (dx, dr, dw) =
+                    (backend.upload(&x).unwrap(), backend.upload(&residual).unwrap(), backend.upload(&weight).unwrap());
+
+                let expected = ir_core::op::rms_norm::native(&x, Some(&weight), EPS, None).unwrap();
+                let got = rms_norm(&backend.registry, &dx, Some(&dw), EPS, None).unwrap().to_cpu().unwrap();
+                let tol = tolerance(&RMS_NORM, dtype).unwrap();
+                assert!(expected.to_f64_vec().unwrap().iter().all(|v| v.is_finite()), "{label}: native is finite");
+                allclose(&got, &expected, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label} rms_norm: {e}"));
+
+                let (expected_out, expected_res) =
+                    ir_core::op::fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None).unwrap();
+                let (out, res) = fused_add_rms_norm(&backend.registry, &dx, &dr, Some(&dw), EPS, None).unwrap();
+                let tol = tolerance(&FUSED_ADD_RMS_NORM, dtype).unwrap();
+                assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual_out is bit-exact");
+                allclose(&out.to_cpu().unwrap(), &expected_out, tol.atol, tol.rtol)
+                    .unwrap_or_else(|e| panic!("{label} fused_add_rms_norm: {e}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn layouts_give_the_values_of_compact_inputs() {
     for backend in backends() {

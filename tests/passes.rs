@@ -351,3 +351,36 @@ fn a_shared_donated_input_with_padded_rows_is_copied_with_its_layout() {
     assert!(bit_eq(&kept, &x_before), "the caller's handle still reads the old values");
     assert!(bit_eq(&run.outputs[2], &x_before.transpose(0, 1).unwrap().scale(2.0).unwrap()));
 }
+
+/// A `supports` predicate is user code: a panic in it during lowering is a rejection carrying the
+/// message, and the pipeline goes on with the next provider (R34's "never a panic").
+#[test]
+fn a_panicking_predicate_during_the_pipeline_is_a_rejection() {
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).unwrap();
+    let spec = ir_core::ImplSpec::new("flaky")
+        .with_supports(|_: &[ir_core::op::ArgMeta<'_>]| -> ir_core::Support { panic!("flaky predicate failed") });
+    let functional =
+        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::Functional(ir_core::op::fused_add_rms_norm::native);
+    ir_core::op::fused_add_rms_norm::register(&registry, spec, functional).unwrap();
+    let _guard = registry.override_priority("fused_add_rms_norm", &["flaky", "cpu", "native"]).unwrap();
+    let mut graph = parse(&model_b()).unwrap();
+    let report = Pipeline::standard().run(&mut graph, &PassContext::new(&registry), None, Snapshots::Skip).unwrap();
+    let lowered = report
+        .runs
+        .iter()
+        .find_map(|run| match &run.report {
+            ir_passes::PassReport::Lower(lowered) => Some(lowered.clone()),
+            _ => None,
+        })
+        .expect("the pipeline lowers");
+    assert_eq!(lowered.selections.len(), 2);
+    for selection in &lowered.selections {
+        assert_eq!(selection.provider, "cpu");
+        let reason = selection.rejected[0].reason.to_string();
+        assert!(reason.contains("supports predicate panicked: flaky predicate failed"), "{reason}");
+    }
+    let run = interpret(&graph, &registry, inputs(), InterpOptions::checked()).unwrap();
+    let expected = eager(&registry, &inputs(), false);
+    assert!(bit_eq(&run.outputs[0], &expected[0]));
+}

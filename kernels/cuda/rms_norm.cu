@@ -125,6 +125,24 @@ __device__ __forceinline__ float row_sum(float value) {
 #endif
 }
 
+// The mean square of one row when the f32 sum of squares overflowed (|x| above about 1.8e19 / sqrt(H))
+// although the mean may fit: the row scaled by its largest magnitude, summed serially by the calling
+// thread (no barrier, so any subset of threads may call it), then scaled back. A rare path.
+__device__ __noinline__ float rescaled_mean_square(const elem_t* x_row, const elem_t* r_row, int hidden) {
+    float largest = 0.0f;
+    for (int j = 0; j < hidden; ++j) {
+        float s = to_f32(x_row[j]) + (r_row ? to_f32(r_row[j]) : 0.0f);
+        largest = fmaxf(largest, fabsf(s));
+    }
+    if (!(largest > 0.0f) || isinf(largest)) return __int_as_float(0x7f800000);
+    float sum = 0.0f;
+    for (int j = 0; j < hidden; ++j) {
+        float s = (to_f32(x_row[j]) + (r_row ? to_f32(r_row[j]) : 0.0f)) / largest;
+        sum += s * s;
+    }
+    return sum / (float)hidden * largest * largest;
+}
+
 // Scales the f32 chunk by rstd (and the weight) and stores it rounded.
 __device__ __forceinline__ void finish_chunk(elem_t* out_row, const elem_t* weight, long long c, int hidden,
                                              float* s, float rstd) {
@@ -172,7 +190,8 @@ extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ 
     }
     float total = row_sum(sum_sq);
     if (!active) return;
-    float rstd = 1.0f / sqrtf(total / (float)hidden + epsilon);
+    float mean_square = isinf(total) ? rescaled_mean_square(x_row, nullptr, hidden) : total / (float)hidden;
+    float rstd = 1.0f / sqrtf(mean_square + epsilon);
 #pragma unroll
     for (int k = 0; k < CACHE_CHUNKS; ++k) {
         long long c = lane + (long long)k * THREADS_PER_ROW;
@@ -229,8 +248,11 @@ extern "C" __global__ void CONCAT(fused_add_rms_norm, KERNEL_SUFFIX)(elem_t* __r
         }
     }
     float total = row_sum(sum_sq);
+    float mean_square = active && isinf(total) ? rescaled_mean_square(x_row, r_row, hidden) : total / (float)hidden;
+    // The rescue reads the whole row: no thread of the block writes before every one has read.
+    __syncthreads();
     if (!active) return;
-    float rstd = 1.0f / sqrtf(total / (float)hidden + epsilon);
+    float rstd = 1.0f / sqrtf(mean_square + epsilon);
     // Chunks beyond the cache are recomputed from x and residual before this thread overwrites them;
     // every chunk belongs to one thread, so no other thread reads what is written here.
     for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {

@@ -119,6 +119,27 @@ __device__ __forceinline__ void finish_chunk(typename Elem<DTYPE>::T* out_row, c
     store_chunk<DTYPE, VEC>(out_row, c, hidden, s);
 }
 
+// The mean square of one row when the f32 sum of squares overflowed (|x| above about 1.8e19 / sqrt(H))
+// although the mean may fit: the row scaled by its largest magnitude, summed serially by the calling
+// thread (no barrier, so any subset of threads may call it), then scaled back. A rare path.
+template <int DTYPE>
+__device__ __noinline__ float rescaled_mean_square(const typename Elem<DTYPE>::T* x_row,
+                                                   const typename Elem<DTYPE>::T* r_row, int hidden) {
+    typedef Elem<DTYPE> E;
+    float largest = 0.0f;
+    for (int j = 0; j < hidden; ++j) {
+        float s = E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : 0.0f);
+        largest = fmaxf(largest, fabsf(s));
+    }
+    if (!(largest > 0.0f) || isinf(largest)) return __builtin_huge_valf();
+    float sum = 0.0f;
+    for (int j = 0; j < hidden; ++j) {
+        float s = (E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : 0.0f)) / largest;
+        sum += s * s;
+    }
+    return sum / (float)hidden * largest * largest;
+}
+
 template <int DTYPE, bool HAS_WEIGHT, int VEC, int TPR, int BLOCK, bool FUSED>
 __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typename Elem<DTYPE>::T* second,
                                           const typename Elem<DTYPE>::T* weight, float epsilon, long long n_rows,
@@ -155,8 +176,13 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
         }
     }
     float total = row_sum<TPR, BLOCK>(sum_sq);
+    float mean_square = active && isinf(total)
+                            ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, hidden)
+                            : total / (float)hidden;
+    // The fused rescue reads the whole row: no thread of the block writes before every one has read.
+    if (FUSED) __syncthreads();
     if (!active) return;
-    float rstd = 1.0f / sqrtf(total / (float)hidden + epsilon);
+    float rstd = 1.0f / sqrtf(mean_square + epsilon);
     typename E::T* out_row = a_row;
     for (long long c = lane, k = 0; c < n_chunks; c += TPR, ++k) {
         float s[CHUNK];

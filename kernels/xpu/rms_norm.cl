@@ -90,6 +90,24 @@ inline float row_sum(float value, __local float* scratch) {
 #endif
 }
 
+// The mean square of one row when the f32 sum of squares overflowed (|x| above about 1.8e19 / sqrt(H))
+// although the mean may fit: the row scaled by its largest magnitude, summed serially by the calling
+// work-item (no barrier, so any subset of work-items may call it), then scaled back. A rare path.
+inline float rescaled_mean_square(__global const elem_t* x_row, __global const elem_t* r_row, int hidden) {
+    float largest = 0.0f;
+    for (long j = 0; j < hidden; ++j) {
+        float s = LOAD(x_row, j) + (r_row ? LOAD(r_row, j) : 0.0f);
+        largest = fmax(largest, fabs(s));
+    }
+    if (!(largest > 0.0f) || isinf(largest)) return INFINITY;
+    float sum = 0.0f;
+    for (long j = 0; j < hidden; ++j) {
+        float s = (LOAD(x_row, j) + (r_row ? LOAD(r_row, j) : 0.0f)) / largest;
+        sum += s * s;
+    }
+    return sum / (float)hidden * largest * largest;
+}
+
 inline float weighted(float y, __global const elem_t* weight, long j) {
 #if HAS_WEIGHT
     return round_to_elem(y) * LOAD(weight, j);
@@ -119,7 +137,8 @@ void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global con
     }
     float total = row_sum(sum_sq, scratch);
     if (!active) return;
-    float rstd = 1.0f / sqrt(total / (float)hidden + epsilon);
+    float mean_square = isinf(total) ? rescaled_mean_square(x_row, 0, hidden) : total / (float)hidden;
+    float rstd = 1.0f / sqrt(mean_square + epsilon);
     for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
         float y = LOAD(x_row, j) * rstd;
         STORE(out_row, j, weighted(y, w, j));
@@ -146,8 +165,12 @@ void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __g
         }
     }
     float total = row_sum(sum_sq, scratch);
+    float mean_square =
+        active && isinf(total) ? rescaled_mean_square(x_row, r_row, hidden) : total / (float)hidden;
+    // The rescue reads the whole row: no work-item of the group writes before every one has read.
+    barrier(CLK_GLOBAL_MEM_FENCE);
     if (!active) return;
-    float rstd = 1.0f / sqrt(total / (float)hidden + epsilon);
+    float rstd = 1.0f / sqrt(mean_square + epsilon);
     // Each element is owned by one work-item, which recomputes the unrounded sum before writing.
     for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
         float s = LOAD(x_row, j) + LOAD(r_row, j);

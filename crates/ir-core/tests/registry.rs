@@ -598,3 +598,99 @@ fn generators_are_deterministic_and_tolerances_exist() {
         }
     }
 }
+
+// --- predicates are user code: no registry lock is held while they run ---
+
+/// A registry that predicates can capture.
+fn leaked_registry() -> &'static Registry {
+    Box::leak(Box::new(Registry::with_builtin_ops()))
+}
+
+/// Runs `f` on another thread; a deadlock fails the test after `seconds` instead of hanging it.
+fn within_seconds<T: Send + 'static>(seconds: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(f());
+    });
+    receiver.recv_timeout(std::time::Duration::from_secs(seconds)).expect("the call returns (no deadlock, no panic)")
+}
+
+fn rms_norm_meta_select(registry: &Registry) -> Result<ir_core::Selection, CallError> {
+    let x = TensorMeta::compact(DType::F32, &[2, 8]);
+    registry.select("rms_norm", &[ArgMeta::Tensor(&x), ArgMeta::None, ArgMeta::F64(1e-6), ArgMeta::None])
+}
+
+#[test]
+fn a_predicate_may_edit_priorities_of_its_own_op() {
+    let registry = leaked_registry();
+    let predicate = move |_: &[ArgMeta<'_>]| {
+        let guard = registry.override_priority("rms_norm", &["native"]).expect("a valid list installs");
+        drop(guard);
+        Support::Yes
+    };
+    register_scaled_rms_norm(registry, spec("meddler").with_supports(predicate), 2.0);
+    registry.set_default("rms_norm", &["meddler"]).unwrap();
+    let x = sample(DType::F32, 2, 8, 1);
+    let (provider, out) = within_seconds(20, move || {
+        let provider = rms_norm_meta_select(registry).unwrap().provider;
+        (provider, rms_norm(registry, &x, None, 1e-6, None).unwrap())
+    });
+    assert_eq!(provider, "meddler");
+    let expected = rms_norm::native(&sample(DType::F32, 2, 8, 1), None, 1e-6, None).unwrap().scale(2.0).unwrap();
+    assert!(bit_eq(&out, &expected), "the meddler ran");
+    assert_eq!(registry.installed_priority("rms_norm").unwrap(), ["meddler", "native"], "its guard restored the list");
+}
+
+#[test]
+fn a_predicate_reentering_the_registry_while_a_writer_waits_does_not_deadlock() {
+    let registry = leaked_registry();
+    let (entered, entered_receiver) = std::sync::mpsc::channel::<()>();
+    let entered = std::sync::Mutex::new(Some(entered));
+    let predicate = move |_: &[ArgMeta<'_>]| {
+        if let Some(entered) = entered.lock().unwrap().take() {
+            entered.send(()).unwrap();
+            // Let the writer queue up behind whatever lock dispatch might still hold.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        assert!(registry.installed_priority("rms_norm").is_some());
+        assert!(!registry.providers("rms_norm").is_empty());
+        Support::Yes
+    };
+    register_scaled_rms_norm(registry, spec("reentrant").with_supports(predicate), 2.0);
+    registry.set_default("rms_norm", &["reentrant"]).unwrap();
+    let writer = std::thread::spawn(move || {
+        entered_receiver.recv().unwrap();
+        registry.set_default("rms_norm", &["reentrant", "native"]).unwrap();
+    });
+    let provider = within_seconds(20, move || rms_norm_meta_select(registry).unwrap().provider);
+    assert_eq!(provider, "reentrant");
+    writer.join().unwrap();
+}
+
+fn panicking_predicate(_: &[ArgMeta<'_>]) -> Support {
+    panic!("the flaky predicate failed")
+}
+
+#[test]
+fn a_panicking_predicate_is_a_rejection_with_the_panic_message() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("flaky").with_supports(panicking_predicate), 2.0);
+    registry.set_default("rms_norm", &["flaky"]).unwrap();
+    let selection = rms_norm_meta_select(&registry).unwrap();
+    assert_eq!(selection.provider, "native");
+    assert_eq!(selection.rejected.len(), 1);
+    let reason = selection.rejected[0].reason.to_string();
+    assert!(reason.contains("supports predicate panicked: the flaky predicate failed"), "{reason}");
+
+    let x = sample(DType::F32, 2, 8, 3);
+    let out = rms_norm(&registry, &x, None, 1e-6, None).unwrap();
+    assert!(bit_eq(&out, &rms_norm::native(&x, None, 1e-6, None).unwrap()), "eager dispatch fell back to native");
+
+    let args = vec![Value::Tensor(x), Value::None, Value::F64(1e-6), Value::None];
+    let err = registry.call_implementation("rms_norm", "flaky", args).unwrap_err();
+    assert!(
+        matches!(&err, CallError::Unsupported { reason, .. } if reason.contains("the flaky predicate failed")),
+        "{err}"
+    );
+    assert!(rms_norm_meta_select(&registry).is_ok(), "the registry stays usable");
+}

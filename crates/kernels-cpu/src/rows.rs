@@ -126,9 +126,22 @@ fn fused_row<T: CpuElement>(
 /// Normalizes the f32 row `s` and stores the result, weighted, into `out`.
 #[inline(always)]
 fn normalize_into<T: CpuElement>(s: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [T]) {
-    let mean_square = sum_squares(s) / s.len() as f32;
+    let mut mean_square = sum_squares(s) / s.len() as f32;
+    if mean_square.is_infinite() {
+        // The f32 sum overflowed (|x| above about 1.8e19 / sqrt(H)) although the mean square may fit:
+        // native sums in f64 and rounds the mean once, so this rare row does the same. One compare
+        // per row on the fast path.
+        mean_square = mean_square_f64(s);
+    }
     let rstd = 1.0 / (mean_square + eps).sqrt();
     T::store_normalized(s, rstd, weight, out);
+}
+
+/// The mean of v² summed in f64 and rounded once to f32, as native computes it.
+#[cold]
+fn mean_square_f64(v: &[f32]) -> f32 {
+    let sum: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    (sum / v.len() as f64) as f32
 }
 
 /// Σ v² in f32 over 32 independent lanes, reduced in a fixed order.

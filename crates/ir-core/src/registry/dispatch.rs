@@ -178,13 +178,16 @@ impl Registry {
         let entry = self.call_entry(op)?;
         let mut args = bind(entry.def, args)?;
         let def = entry.def;
-        let implementation = read(&entry.impls).iter().find(|i| i.provider == provider).cloned().ok_or_else(|| {
-            CallError::UnknownProvider {
+        // One read of the implementation list, dropped before any user code (probe, predicate,
+        // kernel) runs: see the lock order in the module documentation of `registry`.
+        let impls = read(&entry.impls).clone();
+        let Some(implementation) = impls.iter().find(|i| i.provider == provider).cloned() else {
+            return Err(CallError::UnknownProvider {
                 op: def.name,
                 provider: provider.to_owned(),
-                known: read(&entry.impls).iter().map(|i| i.provider.to_owned()).collect(),
-            }
-        })?;
+                known: impls.iter().map(|i| i.provider.to_owned()).collect(),
+            });
+        };
         if let crate::Availability::Unavailable(reason) = implementation.availability() {
             return Err(CallError::ProviderUnavailable {
                 op: def.name,
@@ -195,9 +198,7 @@ impl Registry {
         let outputs_meta = {
             let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
             let outputs_meta = (def.meta)(&metas)?;
-            if let Some(supports) = &implementation.supports
-                && let Support::No(reason) = supports(&metas)
-            {
+            if let Support::No(reason) = implementation.check_supports(&metas) {
                 return Err(CallError::Unsupported {
                     op: def.name,
                     provider: provider.to_owned(),
@@ -343,8 +344,10 @@ fn prepare_activation(entry: &OpEntry, overload: Overload, index: usize, tensor:
 /// is installed). Returns the choice, the rejections before it, and whether a list was installed.
 fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<(Arc<ImplEntry>, Vec<Rejection>, bool), CallError> {
     let op = entry.def.name;
-    let installed = read(&entry.installed);
-    let Some(list) = installed.as_ref() else {
+    // The installed list is an `Arc`: clone it and drop the guard, so predicates (user code) run
+    // with no registry lock held and may themselves edit priorities.
+    let installed = read(&entry.installed).clone();
+    let Some(list) = installed else {
         if !entry.logged_no_priority.swap(true, Ordering::Relaxed) {
             tracing::info!(target: "ir_core::dispatch", op, "priority not set for op {op}, using native");
         }
@@ -354,11 +357,7 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<(Arc<ImplEntry>, Vec<
     };
     let mut rejected = Vec::new();
     for candidate in list.iter() {
-        let verdict = match &candidate.supports {
-            None => Support::Yes,
-            Some(supports) => supports(args),
-        };
-        match verdict {
+        match candidate.check_supports(args) {
             Support::Yes => {
                 log_choice(op, candidate, &rejected, args);
                 return Ok((Arc::clone(candidate), rejected, true));

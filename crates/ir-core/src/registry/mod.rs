@@ -2,6 +2,21 @@
 //!
 //! Registries are independent and `Send + Sync`; tests build their own and run in parallel threads.
 //! A lazily created process-wide [`Registry::global`] exists for convenience.
+//!
+//! # Locks
+//!
+//! User code (availability probes, `supports` predicates, meta functions, kernels) never runs while
+//! a registry lock is held: dispatch clones the `Arc`s it needs and drops each guard first, so a
+//! predicate may call back into the registry (select, override a priority) without deadlock. A
+//! panic in a predicate is caught and becomes a rejection whose reason carries the panic message,
+//! as a panicking probe makes its provider unavailable.
+//!
+//! When locks nest, they are taken in this order and released in reverse: `Registry::ops` (read, to
+//! find an op's entry; released before anything else is taken), then an op's priority stack
+//! (`OpEntry::priority`), its implementation list (`OpEntry::impls`), its installed list
+//! (`OpEntry::installed`), and last the leaf locks (`OpEntry::warned`, `ImplEntry::last_rejection`),
+//! which are never held while another is taken. No guard is held across a call of user code, and no
+//! read guard is taken twice in one statement (a waiting writer would block the second read).
 
 mod dispatch;
 mod priority;
@@ -433,17 +448,36 @@ impl ImplEntry {
         self.availability.get_or_init(|| {
             let answer = std::panic::catch_unwind(AssertUnwindSafe(|| (self.probe)()));
             let availability = answer.unwrap_or_else(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_owned());
-                Availability::Unavailable(format!("availability probe panicked: {message}"))
+                Availability::Unavailable(format!("availability probe panicked: {}", panic_message(&*panic)))
             });
             tracing::debug!(target: "ir_core::registry", provider = self.provider, ?availability, "probed availability");
             availability
         })
     }
+}
+
+impl ImplEntry {
+    /// Runs the `supports` predicate (none: supported). The caller holds no registry lock; a panic
+    /// in the predicate is a rejection that carries the panic message.
+    pub(crate) fn check_supports(&self, args: &[crate::op::ArgMeta<'_>]) -> crate::Support {
+        let Some(supports) = &self.supports else { return crate::Support::Yes };
+        match std::panic::catch_unwind(AssertUnwindSafe(|| supports(args))) {
+            Ok(verdict) => verdict,
+            Err(panic) => crate::Support::No(std::borrow::Cow::Owned(format!(
+                "supports predicate panicked: {}",
+                panic_message(&*panic)
+            ))),
+        }
+    }
+}
+
+/// The message of a caught panic payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
 fn check_name(kind: NameKind, name: &str) -> Result<(), RegistryError> {
