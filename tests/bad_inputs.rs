@@ -57,8 +57,8 @@ fn every_ir_file_in_the_catalogue_reports_its_error() {
 #[test]
 fn eager_calls_name_the_culprit() {
     let registry = registry();
-    let x = Tensor::zeros(DType::BF16, &[4, 8]);
-    let err = rms_norm(&registry, &x, Some(&Tensor::zeros(DType::BF16, &[7])), 1e-6, None).unwrap_err();
+    let x = Tensor::zeros(DType::BF16, &[4, 8]).unwrap();
+    let err = rms_norm(&registry, &x, Some(&Tensor::zeros(DType::BF16, &[7]).unwrap()), 1e-6, None).unwrap_err();
     assert!(err.to_string().contains("`weight` has shape [7]") && err.to_string().contains("[4, 8]"), "{err}");
     for eps in [-1e-6, f64::NAN, f64::INFINITY] {
         let err = rms_norm(&registry, &x, None, eps, None).unwrap_err();
@@ -75,7 +75,7 @@ fn legal_edge_cases_give_correct_results() {
     let registry = registry();
     // Zero tokens and hidden size 0: empty outputs.
     for shape in [[0usize, 8], [4, 0]] {
-        let x = Tensor::zeros(DType::BF16, &shape);
+        let x = Tensor::zeros(DType::BF16, &shape).unwrap();
         assert_eq!(rms_norm(&registry, &x, None, 1e-6, None).unwrap().shape(), &shape);
         let (out, res) =
             fused_add_rms_norm_maybe_inplace(&registry, x.clone(), x.deep_clone().unwrap(), None, 1e-6, None).unwrap();
@@ -104,7 +104,7 @@ fn legal_edge_cases_give_correct_results() {
     let (expected_out, expected_res) = fused_add_rms_norm::native(&x, &r, None, 1e-6, None).unwrap();
     assert!(bit_eq(&out, &expected_out) && bit_eq(&res, &expected_res));
     // A padded, misaligned input (offset one element): the scalar path, same values.
-    let storage = Tensor::zeros(DType::BF16, &[4 * 11 + 1]);
+    let storage = Tensor::zeros(DType::BF16, &[4 * 11 + 1]).unwrap();
     let mut padded = storage.as_strided(Layout::new(&[4, 8], &[11, 1], 1).unwrap()).unwrap();
     drop(storage);
     padded
@@ -127,7 +127,7 @@ fn a_missing_gpu_driver_is_a_reason_not_a_panic() {
         "graph g(%x: f32[2,8]) {\n  %y = impl rms_norm[cuda] (%x, none, 1e-6, none) : f32[2,8]\n  output(%y)\n}\n",
     )
     .unwrap();
-    let x = Tensor::zeros(DType::F32, &[2, 8]);
+    let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
     let err = interpret(&graph, &registry, vec![("x".into(), x)], InterpOptions::checked()).unwrap_err();
     assert!(matches!(&err, InterpError::Call { .. }), "{err}");
     assert!(err.to_string().contains("provider `cuda` of `rms_norm` is unavailable"), "{err}");

@@ -168,13 +168,13 @@ fn special_values() {
         };
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let label = format!("{} {dtype}", backend.provider);
-            assert!(run(&Tensor::zeros(dtype, &[2, 64]), EPS).iter().all(|&v| v == 0.0), "{label}: zero rows");
+            assert!(run(&Tensor::zeros(dtype, &[2, 64]).unwrap(), EPS).iter().all(|&v| v == 0.0), "{label}: zero rows");
             let mut values = vec![0.5; 3 * 64];
             values[64 + 5] = f64::NAN;
             let y = run(&Tensor::from_f64(dtype, &[3, 64], &values).unwrap(), EPS);
             assert!(y[64..128].iter().all(|v| v.is_nan()), "{label}: NaN row");
             assert!(y[..64].iter().chain(&y[128..]).all(|v| (v - 1.0).abs() < 1e-2), "{label}: other rows intact");
-            assert_eq!(run(&Tensor::zeros(dtype, &[0, 64]), EPS).len(), 0, "{label}: T = 0");
+            assert_eq!(run(&Tensor::zeros(dtype, &[0, 64]).unwrap(), EPS).len(), 0, "{label}: T = 0");
             let y = run(&Tensor::from_f64(dtype, &[3, 1], &[2.0, -0.5, 4.0]).unwrap(), 0.0);
             assert_eq!(y, vec![1.0, -1.0, 1.0], "{label}: H = 1");
         }
@@ -244,7 +244,7 @@ fn layouts_give_the_values_of_compact_inputs() {
             rms_norm(&backend.registry, &backend.upload(&host.x).unwrap(), None, EPS, None).unwrap().to_cpu().unwrap();
         let expected_values = expected.to_f64_vec().unwrap();
         for (row_stride, offset) in [(2 * h, 0), (h + 3, 0), (h, 1), (h + 3, 1)] {
-            let storage = Tensor::zeros(DType::BF16, &[row_stride * t + offset]);
+            let storage = Tensor::zeros(DType::BF16, &[row_stride * t + offset]).unwrap();
             let mut strided = storage.as_strided(Layout::new(&[t, h], &[row_stride, 1], offset).unwrap()).unwrap();
             drop(storage);
             strided.copy_from(&host.x).unwrap();
@@ -276,7 +276,7 @@ fn layouts_give_the_values_of_compact_inputs() {
 fn predicates_reject_what_only_native_supports() {
     for backend in backends() {
         let x = TensorMeta {
-            device: backend.upload(&Tensor::zeros(DType::BF16, &[1])).unwrap().device(),
+            device: backend.upload(&Tensor::zeros(DType::BF16, &[1]).unwrap()).unwrap().device(),
             ..TensorMeta::compact(DType::BF16, &[4, 64])
         };
         let w32 = TensorMeta { dtype: DType::F32, ..TensorMeta::compact(DType::F32, &[64]) };

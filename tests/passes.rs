@@ -296,7 +296,7 @@ fn the_interpreter_counts_copies_and_bytes() {
     assert_eq!(run.outputs[0].to_f64_vec().unwrap(), vec![0., 1., 2., 5., 6., 7., 10., 11., 12., 15., 16., 17.]);
     let missing = interpret(&graph, &registry, vec![], InterpOptions::checked()).unwrap_err();
     assert_eq!(missing.to_string(), "missing input `%x`");
-    let wrong = Tensor::zeros(DType::F16, &[4, 5]);
+    let wrong = Tensor::zeros(DType::F16, &[4, 5]).unwrap();
     let err = interpret(&graph, &registry, vec![("x".into(), wrong)], InterpOptions::checked()).unwrap_err();
     assert_eq!(err.to_string(), "input `%x`: expected f32[4,5], found f16[4,5]");
 }

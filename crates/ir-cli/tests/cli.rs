@@ -150,3 +150,22 @@ fn every_catalogue_file_is_a_one_line_error_for_opt_and_run() {
     }
     assert!(count >= 30);
 }
+
+#[test]
+fn run_on_an_input_too_large_for_memory_prints_one_line_and_fails() {
+    let dir = std::env::temp_dir().join(format!("vllm-ir-cli-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("huge.ir");
+    // 2^58 f32 elements: 2^60 bytes, below isize::MAX (so the verifier accepts it) but beyond any
+    // address space, so the allocation fails on every machine.
+    let text =
+        "graph g(%x: f32[288230376151711744]) {\n  %y = scale(%x, 2.0) : f32[288230376151711744]\n  output(%y)\n}\n";
+    std::fs::write(&path, text).unwrap();
+    let (ok, stdout, stderr) = vllm_ir(&["run", path.to_str().unwrap()], &[]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!ok, "{stdout}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("out of memory: cannot allocate"), "{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("memory allocation of"), "{stderr}");
+}

@@ -98,7 +98,14 @@ fn compact_dims(shape: &[usize]) -> Dims {
 }
 
 impl Layout {
-    /// A compact (row-major) layout at offset 0.
+    /// A compact (row-major) layout at offset 0, or `Overflow` when the element count does not fit
+    /// `usize` (for shapes from user input; [`Layout::compact`] is for shapes of existing layouts).
+    pub fn try_compact(shape: &[usize]) -> Result<Layout, LayoutError> {
+        Layout::new(shape, &compact_strides(shape), 0)
+    }
+
+    /// A compact (row-major) layout at offset 0. The caller guarantees that the element count fits
+    /// `usize` (the shape of an existing layout does); use [`Layout::try_compact`] otherwise.
     pub fn compact(shape: &[usize]) -> Layout {
         Layout { shape: Dims::from_slice(shape), strides: compact_dims(shape), offset: 0 }
     }
@@ -203,9 +210,9 @@ impl Layout {
         }
     }
 
-    /// The same shape and strides at another storage offset.
-    pub fn with_offset(&self, offset: usize) -> Layout {
-        Layout { offset, ..self.clone() }
+    /// The same shape and strides at another storage offset (`Overflow` when the span no longer fits).
+    pub fn with_offset(&self, offset: usize) -> Result<Layout, LayoutError> {
+        Layout::new(&self.shape, &self.strides, offset)
     }
 
     /// A view of `start..end` along `dim`.
@@ -217,6 +224,7 @@ impl Layout {
         }
         let mut shape = self.shape.clone();
         shape[dim] = end - start;
+        // In range: start < size, and (size - 1) * stride + offset fits (checked when built).
         let offset = if end > start { self.offset + start * self.strides[dim] } else { self.offset };
         Layout::new(&shape, &self.strides, offset)
     }
@@ -240,7 +248,8 @@ impl Layout {
 
     /// A view with another shape of the same number of elements, when strides can express it.
     pub fn reshape(&self, target: &[usize]) -> Result<Layout, LayoutError> {
-        if numel(target) != self.numel() {
+        let target_numel = target.iter().try_fold(1usize, |acc, &size| acc.checked_mul(size));
+        if target_numel != Some(self.numel()) {
             return Err(LayoutError::NumelMismatch { shape: self.shape.to_vec(), target: target.to_vec() });
         }
         if self.numel() == 0 {
@@ -402,6 +411,19 @@ fn write_list(f: &mut fmt::Formatter<'_>, open: &str, items: &[usize], close: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_never_wrap() {
+        let huge = 1usize << 40;
+        assert!(matches!(Layout::try_compact(&[huge, huge]), Err(LayoutError::Overflow { .. })));
+        assert!(matches!(Layout::new(&[2], &[1], usize::MAX), Err(LayoutError::Overflow { .. })));
+        let small = Layout::compact(&[4]);
+        assert!(matches!(small.with_offset(usize::MAX - 1), Err(LayoutError::Overflow { .. })));
+        assert_eq!(small.with_offset(3).unwrap().storage_end(), 7);
+        // The target's product wraps to 4 in 64 bits; it must not be mistaken for 4 elements.
+        let wrapping = [1usize << 32, 1 << 32, 4];
+        assert!(matches!(small.reshape(&wrapping), Err(LayoutError::NumelMismatch { .. })));
+    }
 
     #[test]
     fn canonical_strides_for_size_one_dims() {

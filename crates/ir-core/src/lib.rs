@@ -13,12 +13,12 @@
 //!
 //! let registry = Registry::with_builtin_ops();
 //! let x = Tensor::from_f32(DType::BF16, &[2, 4], &[1.0, 2.0, 3.0, 4.0, -1.0, 0.5, 0.25, 2.0])?;
-//! let weight = Tensor::ones(DType::BF16, &[4]);
+//! let weight = Tensor::ones(DType::BF16, &[4]).unwrap();
 //! let y = rms_norm(&registry, &x, Some(&weight), 1e-6, None)?;
 //! assert_eq!(y.shape(), &[2, 4]);
 //!
 //! // `maybe_inplace` takes the activations by value: the caller donates them.
-//! let residual = Tensor::zeros(DType::BF16, &[2, 4]);
+//! let residual = Tensor::zeros(DType::BF16, &[2, 4]).unwrap();
 //! let (out, new_residual) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), 1e-6, None)?;
 //! assert!(ir_core::bit_eq(&out, &y));
 //! assert_eq!(new_residual.shape(), &[2, 4]);
@@ -53,7 +53,7 @@ pub use crate::implementation::{
     Availability, ImplFunc, ImplSpec, KernelError, Probe, Support, SupportsFn, UniqueTensor,
 };
 pub use crate::layout::{Layout, LayoutError};
-pub use crate::meta::TensorMeta;
+pub use crate::meta::{MAX_TENSOR_BYTES, TensorMeta};
 pub use crate::platform::{ConfigError, Platform, PriorityConfig};
 pub use crate::registry::{
     CallError, NATIVE, NameKind, OpRecord, PriorityError, PriorityGuard, ProviderInfo, ProviderRecord,

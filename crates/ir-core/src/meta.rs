@@ -4,6 +4,10 @@ use std::fmt;
 
 use crate::{DType, Device, Layout};
 
+/// The largest byte extent of a tensor: Rust allocations and pointer offsets are bounded by
+/// `isize::MAX` bytes, so the verifier, the parser and every tensor constructor reject larger ones.
+pub const MAX_TENSOR_BYTES: usize = isize::MAX as usize;
+
 /// The metadata of a tensor or graph value (the "fake tensor"): all a `supports` predicate sees.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorMeta {
@@ -31,9 +35,10 @@ impl TensorMeta {
         self.layout.numel()
     }
 
-    /// Bytes needed to hold the elements this metadata reaches.
-    pub fn storage_bytes(&self) -> usize {
-        self.layout.storage_end() * self.dtype.size_in_bytes()
+    /// Bytes needed to hold the elements this metadata reaches (offset included), or `None` when that
+    /// exceeds [`MAX_TENSOR_BYTES`] (computed with checked arithmetic, so it never wraps).
+    pub fn storage_bytes(&self) -> Option<usize> {
+        self.layout.storage_end().checked_mul(self.dtype.size_in_bytes()).filter(|&bytes| bytes <= MAX_TENSOR_BYTES)
     }
 
     /// Whether dtype, device and shape match (the layout may differ).

@@ -100,6 +100,14 @@ impl Storage {
     }
 }
 
+/// A host allocation the allocator refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("out of memory: cannot allocate {bytes} bytes")]
+pub struct OutOfMemory {
+    /// The bytes asked for.
+    pub bytes: usize,
+}
+
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 struct Chunk([u8; 64]);
@@ -111,10 +119,18 @@ pub struct CpuBuffer {
 }
 
 impl CpuBuffer {
-    /// A zero-filled buffer of `len_bytes` bytes.
-    pub fn zeroed(len_bytes: usize) -> CpuBuffer {
+    /// A zero-filled buffer of `len_bytes` bytes, or [`OutOfMemory`] when the allocator refuses it
+    /// (never an abort). Zeroed pages come from the allocator (`calloc`-style), not written here.
+    pub fn zeroed(len_bytes: usize) -> Result<CpuBuffer, OutOfMemory> {
+        let out_of_memory = OutOfMemory { bytes: len_bytes };
+        if len_bytes > crate::meta::MAX_TENSOR_BYTES - 63 {
+            return Err(out_of_memory);
+        }
+        let chunks = bytemuck::allocation::try_zeroed_slice_box::<Chunk>(len_bytes.div_ceil(64))
+            .map_err(|()| out_of_memory)?
+            .into_vec();
         CPU_BYTES_ALLOCATED.fetch_add(len_bytes as u64, Ordering::Relaxed);
-        CpuBuffer { chunks: vec![Chunk([0; 64]); len_bytes.div_ceil(64)], len_bytes }
+        Ok(CpuBuffer { chunks, len_bytes })
     }
 
     /// Size in bytes.
@@ -160,12 +176,12 @@ mod tests {
     #[test]
     fn cpu_buffers_are_aligned_and_zeroed() {
         for len in [0, 1, 63, 64, 65, 4096] {
-            let buffer = CpuBuffer::zeroed(len);
+            let buffer = CpuBuffer::zeroed(len).unwrap();
             assert_eq!(buffer.bytes().len(), len);
             assert_eq!(buffer.bytes().as_ptr() as usize % 64, 0);
             assert!(buffer.bytes().iter().all(|&b| b == 0));
         }
-        let mut buffer = CpuBuffer::zeroed(12);
+        let mut buffer = CpuBuffer::zeroed(12).unwrap();
         buffer.typed_mut::<f32>()[2] = 1.5;
         assert_eq!(buffer.typed::<f32>(), &[0.0, 0.0, 1.5]);
     }

@@ -222,3 +222,24 @@ mod never_panics {
         }
     }
 }
+
+#[test]
+fn the_verifier_rejects_values_past_isize_max_bytes() {
+    // Built through the API (the parser already refuses the type): 2^62 f32 elements are 2^64 bytes.
+    let mut graph = Graph::new("g");
+    let x = graph.add_input("x", TensorMeta::compact(DType::F32, &[1 << 62]));
+    graph.set_output(vec![x]);
+    let err = verify(&graph, &Registry::with_builtin_ops()).unwrap_err().to_string();
+    assert!(err.contains("%x of type f32[4611686018427387904] is too large: its bytes exceed isize::MAX"), "{err}");
+}
+
+#[test]
+fn fresh_names_skip_numeric_input_names_given_through_the_api() {
+    let mut graph = Graph::new("g");
+    let x = graph.add_input("7", TensorMeta::compact(DType::F32, &[2]));
+    let (_, results) = graph.push(ir_core::graph::NodeKind::Scale(x, 2.0), vec![TensorMeta::compact(DType::F32, &[2])]);
+    graph.set_output(results);
+    let text = graph.to_string();
+    assert!(text.contains("%8 = scale(%7, 2.0)"), "{text}");
+    assert!(parse(&text).unwrap().structurally_eq(&graph));
+}

@@ -37,7 +37,7 @@ fn properties_per_dtype_and_epsilon() {
                 let mean_square = row.iter().map(|v| v * v).sum::<f64>() / 256.0;
                 assert!((mean_square - 1.0).abs() < 1e-2, "{dtype}: mean square {mean_square}");
             }
-            let ones = rms_norm::native(&x, Some(&Tensor::ones(dtype, &[256])), eps, None).unwrap();
+            let ones = rms_norm::native(&x, Some(&Tensor::ones(dtype, &[256]).unwrap()), eps, None).unwrap();
             assert!(bit_eq(&ones, &unweighted), "{dtype}: a ones weight is the identity");
 
             let (out, residual_out) = fused_add_rms_norm::native(&x, &r, Some(&w), eps, None).unwrap();
@@ -47,7 +47,7 @@ fn properties_per_dtype_and_epsilon() {
             let fused_tol = tolerance(&fused_add_rms_norm::FUSED_ADD_RMS_NORM, dtype).unwrap();
             allclose(&out, &renormed, fused_tol.atol, fused_tol.rtol).unwrap_or_else(|e| panic!("{dtype}: {e}"));
 
-            let zeros = Tensor::zeros(dtype, &[16, 256]);
+            let zeros = Tensor::zeros(dtype, &[16, 256]).unwrap();
             let (with_zero, _) = fused_add_rms_norm::native(&x, &zeros, Some(&w), eps, None).unwrap();
             allclose(&with_zero, &y, 0.0, 0.0).unwrap_or_else(|e| panic!("{dtype}: fused(x, 0) == rms_norm(x): {e}"));
         }
@@ -140,14 +140,14 @@ fn variance_size_out_of_range_is_an_error() {
 #[test]
 fn meta_errors_name_both_shapes() {
     let registry = ir_core::Registry::with_builtin_ops();
-    let x = Tensor::zeros(DType::F32, &[2, 8]);
-    let w = Tensor::zeros(DType::F32, &[7]);
+    let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
+    let w = Tensor::zeros(DType::F32, &[7]).unwrap();
     let err = rms_norm::rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap_err();
     assert_eq!(
         err.to_string(),
         "rms_norm: `weight` has shape [7] but must be [H] with H the last dimension of x (`x` has shape [2, 8])"
     );
-    let scalar = Tensor::zeros(DType::F32, &[]);
+    let scalar = Tensor::zeros(DType::F32, &[]).unwrap();
     let err = rms_norm::rms_norm(&registry, &scalar, None, 1e-6, None).unwrap_err();
     assert_eq!(err.to_string(), "rms_norm: `x` must have rank >= 1, got shape []");
 }
@@ -155,7 +155,7 @@ fn meta_errors_name_both_shapes() {
 #[test]
 fn special_values() {
     for dtype in DTYPES {
-        let zeros = Tensor::zeros(dtype, &[2, 8]);
+        let zeros = Tensor::zeros(dtype, &[2, 8]).unwrap();
         let y = rms_norm::native(&zeros, None, 1e-6, None).unwrap();
         assert!(y.to_f64_vec().unwrap().iter().all(|&v| v == 0.0), "{dtype}: an all-zero row gives zeros");
 
@@ -166,7 +166,7 @@ fn special_values() {
         assert!(y[8..16].iter().all(|v| v.is_nan()), "{dtype}: the NaN row is NaN");
         assert!(y[..8].iter().chain(&y[16..]).all(|v| (v - 1.0).abs() < 1e-2), "{dtype}: other rows intact");
 
-        let empty = Tensor::zeros(dtype, &[0, 8]);
+        let empty = Tensor::zeros(dtype, &[0, 8]).unwrap();
         assert_eq!(rms_norm::native(&empty, None, 1e-6, None).unwrap().shape(), &[0, 8]);
         let (out, residual_out) = fused_add_rms_norm::native(&empty, &empty, None, 1e-6, None).unwrap();
         assert_eq!((out.numel(), residual_out.numel()), (0, 0));
@@ -180,7 +180,7 @@ fn special_values() {
     assert!(y.iter().all(|v| v.is_finite()), "{y:?}");
     let expected_rms = ((65504f64.powi(2) * 3.0 + 60000f64.powi(2)) / 4.0).sqrt();
     assert!((y[0] - 65504.0 / expected_rms).abs() < 1e-3, "{y:?}");
-    let zero_eps = rms_norm::native(&Tensor::zeros(DType::F32, &[1, 4]), None, 0.0, None).unwrap();
+    let zero_eps = rms_norm::native(&Tensor::zeros(DType::F32, &[1, 4]).unwrap(), None, 0.0, None).unwrap();
     assert!(zero_eps.to_f64_vec().unwrap().iter().all(|v| v.is_nan()), "eps 0 on a zero row gives NaN");
     let f16_max = f16::MAX.to_f64();
     assert_eq!(f16_max, 65504.0);
@@ -194,7 +194,7 @@ fn layouts_give_the_values_of_compact_inputs() {
     let expected = rms_norm::native(&compact, None, 1e-6, None).unwrap().to_f64_vec().unwrap();
     let (expected_out, expected_res) = fused_add_rms_norm::native(&compact, &residual, None, 1e-6, None).unwrap();
     for (row_stride, offset) in [(2 * h, 0), (h + 3, 0), (h, 1), (h + 3, 1)] {
-        let mut storage = Tensor::zeros(DType::BF16, &[row_stride * t + offset]);
+        let mut storage = Tensor::zeros(DType::BF16, &[row_stride * t + offset]).unwrap();
         let view = storage.as_strided(Layout::new(&[t, h], &[row_stride, 1], offset).unwrap()).unwrap();
         drop(storage);
         storage = view;

@@ -26,7 +26,7 @@ fn identity_meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
 }
 
 fn no_inputs(_: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    Ok(vec![Value::Tensor(Tensor::zeros(DType::F32, &[1]))])
+    Ok(vec![Value::Tensor(Tensor::zeros(DType::F32, &[1]).unwrap())])
 }
 
 const X: ParamDef = ParamDef { name: "x", kind: ParamKind::Tensor, default: None };

@@ -12,8 +12,8 @@
 //! let registry = Registry::with_builtin_ops();
 //! kernels_cpu::register(&registry)?;
 //! PriorityConfig::platform_default(Platform::Cpu).apply(&registry)?;
-//! let x = Tensor::ones(DType::BF16, &[4, 64]);
-//! let residual = Tensor::zeros(DType::BF16, &[4, 64]);
+//! let x = Tensor::ones(DType::BF16, &[4, 64]).unwrap();
+//! let residual = Tensor::zeros(DType::BF16, &[4, 64]).unwrap();
 //! let x_storage = x.storage_id();
 //! let (out, _) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, 1e-6, None)?;
 //! assert_eq!(out.storage_id(), x_storage, "written in place");
@@ -55,7 +55,7 @@ pub fn rms_norm_cpu(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    let mut out = Tensor::zeros_with_layout(x.dtype(), x.layout().copy_layout());
+    let mut out = Tensor::zeros_with_layout(x.dtype(), x.layout().copy_layout())?;
     rms_norm_cpu_into(x, weight, epsilon, variance_size, &mut out)?;
     Ok(out)
 }
@@ -160,19 +160,19 @@ mod tests {
         let x = Tensor::randn(&TensorMeta::compact(DType::BF16, &[3, 96]), 7).unwrap();
         let weight = Tensor::randn(&TensorMeta::compact(DType::BF16, &[96]), 8).unwrap();
         let expected = rms_norm_cpu(&x, Some(&weight), 1e-6, None).unwrap();
-        let mut out = Tensor::zeros(DType::BF16, &[3, 96]);
+        let mut out = Tensor::zeros(DType::BF16, &[3, 96]).unwrap();
         rms_norm_cpu_into(&x, Some(&weight), 1e-6, None, &mut out).unwrap();
         assert!(ir_core::bit_eq(&out, &expected));
     }
 
     #[test]
     fn rms_norm_into_rejects_an_output_of_another_shape_or_dtype() {
-        let x = Tensor::zeros(DType::F32, &[2, 8]);
-        for mut out in [Tensor::zeros(DType::F32, &[2, 4]), Tensor::zeros(DType::BF16, &[2, 8])] {
+        let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
+        for mut out in [Tensor::zeros(DType::F32, &[2, 4]).unwrap(), Tensor::zeros(DType::BF16, &[2, 8]).unwrap()] {
             let err = rms_norm_cpu_into(&x, None, 1e-6, None, &mut out).unwrap_err();
             assert!(err.to_string().contains("`out` is"), "{err}");
         }
-        let mut shared = Tensor::zeros(DType::F32, &[2, 8]);
+        let mut shared = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
         let _other_handle = shared.clone();
         assert!(rms_norm_cpu_into(&x, None, 1e-6, None, &mut shared).is_err(), "a shared output is never written");
     }

@@ -1,7 +1,7 @@
 //! Launch geometry, chosen from the hidden size alone (R87, R92), and the two launch paths.
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use ir_core::op::kernel_support::{Rows, gpu_threads_per_row};
+use ir_core::op::kernel_support::{Rows, gpu_threads_per_row, kernel_int};
 use ir_core::{DType, KernelError};
 
 use crate::device::{CudaDeviceState, driver_error};
@@ -88,8 +88,8 @@ fn prepare(device: &CudaDeviceState, op: NormOp, launch: &Launch, has_weight: bo
             block_dim: (geometry.block_size, 1, 1),
             shared_mem_bytes: 0,
         },
-        n_rows: rows.n_rows as i64,
-        hidden: rows.hidden as i32,
+        n_rows: kernel_int(rows.n_rows, "rows")?,
+        hidden: kernel_int(rows.hidden, "hidden size")?,
     })
 }
 
@@ -107,7 +107,8 @@ pub(crate) fn launch_rms_norm(
     let x_view = x.slice(rows.offset * size..);
     let mut out_view = out.slice_mut(out_rows.offset * size..);
     let weight_view = weight.map(|(w, offset)| w.slice(offset * size..));
-    let (x_stride, out_stride) = (rows.row_stride as i64, out_rows.row_stride as i64);
+    let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
+    let out_stride: i64 = kernel_int(out_rows.row_stride, "out row stride")?;
     let null = 0u64;
     let stream = device.stream();
     let mut builder = stream.launch_builder(&prepared.function);
@@ -120,8 +121,11 @@ pub(crate) fn launch_rms_norm(
         None => builder.arg(&null),
     };
     builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&x_stride).arg(&out_stride);
-    // SAFETY: the arguments follow the kernel's prototype above; the views cover every element the
-    // rows reach (checked by `Rows::of` against the tensors' storage), and the kernel writes only `out`.
+    // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
+    // by `kernel_int`. The views cover every element the rows reach: each tensor was built through
+    // `check_fits`, which verified (in checked arithmetic) that its layout's byte extent fits its
+    // storage, and `Rows::for_kernel` derived offset, row stride and span from that layout, so
+    // `offset + span <= storage length`. The kernel writes only `out`.
     unsafe { builder.launch(prepared.config) }.map_err(driver_error)?;
     Ok(())
 }
@@ -140,7 +144,8 @@ pub(crate) fn launch_fused(
     let mut x_view = x.slice_mut(rows.offset * size..);
     let mut residual_view = residual.slice_mut(residual_rows.offset * size..);
     let weight_view = weight.map(|(w, offset)| w.slice(offset * size..));
-    let (x_stride, residual_stride) = (rows.row_stride as i64, residual_rows.row_stride as i64);
+    let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
+    let residual_stride: i64 = kernel_int(residual_rows.row_stride, "residual row stride")?;
     let null = 0u64;
     let stream = device.stream();
     let mut builder = stream.launch_builder(&prepared.function);
@@ -153,8 +158,10 @@ pub(crate) fn launch_fused(
         None => builder.arg(&null),
     };
     builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&x_stride).arg(&residual_stride);
-    // SAFETY: the arguments follow the kernel's prototype above; x and residual are distinct, uniquely
-    // owned buffers whose views cover every element the rows reach.
+    // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
+    // by `kernel_int`. x and residual are distinct, uniquely owned buffers (`UniqueTensor`), and their
+    // views cover every element the rows reach: each tensor's layout was checked against its storage
+    // by `check_fits` (checked arithmetic) and the rows come from that layout.
     unsafe { builder.launch(prepared.config) }.map_err(driver_error)?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use ir_core::op::kernel_support::{Rows, device_buffer, device_buffer_mut, reject_variance_size};
+use ir_core::op::kernel_support::{Rows, device_buffer, device_buffer_mut, kernel_int, reject_variance_size};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
 
@@ -101,11 +101,12 @@ fn run(
     let (mut first, mut second) = (buffers[0], buffers[1]);
     let mut weight = weight.unwrap_or(std::ptr::null_mut());
     let mut epsilon = epsilon as f32;
-    let mut n_rows = rows.n_rows as i64;
-    let mut hidden = rows.hidden as i32;
+    let mut n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
+    let mut hidden: i32 = kernel_int(rows.hidden, "hidden size")?;
     // rms_norm: (out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)
     // fused:    (x, residual, weight, epsilon, n_rows, hidden, x_row_stride, residual_row_stride)
-    let (mut stride_a, mut stride_b) = (strides[0] as i64, strides[1] as i64);
+    let mut stride_a: i64 = kernel_int(strides[0], "row stride")?;
+    let mut stride_b: i64 = kernel_int(strides[1], "row stride")?;
     let mut params: [*mut c_void; 8] = [
         &mut first as *mut _ as *mut c_void,
         &mut second as *mut _ as *mut c_void,
@@ -116,8 +117,10 @@ fn run(
         &mut stride_a as *mut _ as *mut c_void,
         &mut stride_b as *mut _ as *mut c_void,
     ];
-    // SAFETY: the parameters point to locals of the kernel's declared types in prototype order, and
-    // the buffers cover the rows (checked by `Rows::of` against the tensors' storage).
+    // SAFETY: the parameters point to locals of the kernel's declared types in prototype order, each
+    // integer converted without loss by `kernel_int`. The buffers cover the rows: each tensor's layout
+    // was checked against its storage by `check_fits` (checked arithmetic) when it was built, and the
+    // rows, offsets and strides come from that layout.
     unsafe { device.launch(&variant, blocks, &mut params) }
 }
 

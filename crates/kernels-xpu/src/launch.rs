@@ -1,6 +1,6 @@
 //! Setting a kernel's arguments and enqueueing it.
 
-use ir_core::op::kernel_support::Rows;
+use ir_core::op::kernel_support::{Rows, kernel_int};
 use ir_core::{DType, KernelError};
 use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::{Buffer, ClMem};
@@ -45,14 +45,17 @@ pub(crate) fn launch(
     let groups = rows.n_rows.div_ceil(variant.rows_per_group() as usize);
     let (first_mem, second_mem) = (first.get(), second.get());
     let weight_mem = weight.map_or(second_mem, |(w, _)| w.get());
-    let weight_offset = weight.map_or(0, |(_, offset)| offset) as i64;
-    let (n_rows, hidden) = (rows.n_rows as i64, rows.hidden as i32);
+    let weight_offset: i64 = kernel_int(weight.map_or(0, |(_, offset)| offset), "weight offset")?;
+    let n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
+    let hidden: i32 = kernel_int(rows.hidden, "hidden size")?;
     let (first_stride, second_stride, first_offset, second_offset) = match op {
         NormOp::RmsNorm => (other.row_stride, rows.row_stride, other.offset, rows.offset),
         NormOp::FusedAddRmsNorm => (rows.row_stride, other.row_stride, rows.offset, other.offset),
     };
-    let (first_stride, second_stride) = (first_stride as i64, second_stride as i64);
-    let (first_offset, second_offset) = (first_offset as i64, second_offset as i64);
+    let (first_stride, second_stride): (i64, i64) =
+        (kernel_int(first_stride, "row stride")?, kernel_int(second_stride, "row stride")?);
+    let (first_offset, second_offset): (i64, i64) =
+        (kernel_int(first_offset, "storage offset")?, kernel_int(second_offset, "storage offset")?);
     // rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride,
     //                  x_offset, out_offset, weight_offset)
     // fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, x_row_stride,
@@ -63,8 +66,9 @@ pub(crate) fn launch(
     };
     let mut execute = ExecuteKernel::new(&kernel);
     // SAFETY: the arguments follow the kernel's prototype above, with the types it declares
-    // (cl_mem, float, long, int); every row the kernel touches lies inside its buffer (checked by
-    // `Rows::of` against the tensors' storage when they were built).
+    // (cl_mem, float, long, int), each integer converted without loss by `kernel_int`; every row the
+    // kernel touches lies inside its buffer: each tensor's layout was checked against its storage by
+    // `check_fits` (checked arithmetic) when it was built, and the rows come from that layout.
     unsafe {
         execute
             .set_arg(&first_mem)

@@ -10,8 +10,8 @@
 //! let registry = Registry::with_builtin_ops();
 //! let ctx = EagerContext::new(&registry);
 //! let norm = RmsNorm::builder(8).dtype(DType::BF16).build()?;
-//! let x = Tensor::ones(DType::BF16, &[2, 8]);
-//! let residual = Tensor::zeros(DType::BF16, &[2, 8]);
+//! let x = Tensor::ones(DType::BF16, &[2, 8]).unwrap();
+//! let residual = Tensor::zeros(DType::BF16, &[2, 8]).unwrap();
 //! let y = norm.forward(&ctx, &x)?;
 //! // x and residual are donated: the in-place kernel may reuse their memory.
 //! let (out, new_residual) = norm.forward_residual(&ctx, x, residual)?;

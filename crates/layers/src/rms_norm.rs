@@ -115,7 +115,7 @@ impl RmsNormBuilder {
             Some(v) if (1..hidden_size).contains(&v) => Some(v as i64),
             Some(v) => return Err(LayerError::VarHiddenSize { hidden_size, var_hidden_size: v }),
         };
-        let weight = self.has_weight.then(|| Tensor::ones(self.dtype, &[hidden_size]));
+        let weight = self.has_weight.then(|| Tensor::ones(self.dtype, &[hidden_size])).transpose()?;
         Ok(RmsNorm { hidden_size, eps: self.eps, variance_size, weight, name: self.name })
     }
 }
@@ -194,8 +194,8 @@ impl RmsNorm {
     /// # let registry = Registry::with_builtin_ops();
     /// # let ctx = EagerContext::new(&registry);
     /// let norm = layers::RmsNorm::new(8, DType::BF16).unwrap();
-    /// let x = Tensor::ones(DType::BF16, &[2, 8]);
-    /// let residual = Tensor::zeros(DType::BF16, &[2, 8]);
+    /// let x = Tensor::ones(DType::BF16, &[2, 8]).unwrap();
+    /// let residual = Tensor::zeros(DType::BF16, &[2, 8]).unwrap();
     /// let (out, new_residual) = norm.forward_residual(&ctx, x, residual).unwrap();
     /// // `residual` was donated: reading it again does not compile.
     /// let _ = residual.shape();
@@ -281,15 +281,15 @@ mod tests {
     #[test]
     fn load_weight_checks_the_shape() {
         let mut norm = RmsNorm::new(16, DType::BF16).unwrap();
-        let err = norm.load_weight(Tensor::ones(DType::BF16, &[15])).unwrap_err();
+        let err = norm.load_weight(Tensor::ones(DType::BF16, &[15]).unwrap()).unwrap_err();
         assert_eq!(
             err.to_string(),
             "weight of shape [15] does not fit RmsNorm with hidden size 16 (expected shape [16])"
         );
-        norm.load_weight(Tensor::full(DType::F32, &[16], 2.0)).unwrap();
+        norm.load_weight(Tensor::full(DType::F32, &[16], 2.0).unwrap()).unwrap();
         assert_eq!(norm.weight().unwrap().dtype(), DType::F32);
         let mut weightless = RmsNorm::builder(16).without_weight().build().unwrap();
-        assert_eq!(weightless.load_weight(Tensor::ones(DType::BF16, &[16])), Err(LayerError::NoWeight));
+        assert_eq!(weightless.load_weight(Tensor::ones(DType::BF16, &[16]).unwrap()), Err(LayerError::NoWeight));
     }
 
     #[test]

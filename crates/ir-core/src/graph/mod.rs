@@ -167,8 +167,13 @@ pub struct Graph {
     nodes: PrimaryMap<NodeId, NodeData>,
     values: PrimaryMap<ValueId, ValueData>,
     order: Vec<NodeId>,
-    next_name: u32,
+    /// The next fresh `%<n>` name; always above every numeric name below `FRESH_NAME_LIMIT` in use.
+    next_name: u64,
 }
+
+/// Numeric names at or above this bound are never produced by [`Graph::fresh_name`] (the counter
+/// would need 2^63 fresh names to get there), so they need no noting and the counter cannot wrap.
+const FRESH_NAME_LIMIT: u64 = 1 << 63;
 
 /// The users of one value, in order: inline up to two (most values), so use lists of large graphs
 /// need no allocation per value.
@@ -270,6 +275,7 @@ impl Graph {
 
     /// Creates an input node without placing it in the order (see [`Graph::place_inputs`]).
     pub(crate) fn create_input_detached(&mut self, name: String, meta: TensorMeta) -> (NodeId, ValueId) {
+        self.note_name(&name);
         let node = self.nodes.push(NodeData {
             kind: NodeKind::Input { name: name.clone(), donated: false },
             results: Vec::new(),
@@ -317,6 +323,9 @@ impl Graph {
         location: Option<(u32, u32)>,
     ) -> (NodeId, Vec<ValueId>) {
         let node = self.nodes.push(NodeData { kind, results: Vec::new(), location });
+        for (name, _) in &results {
+            self.note_name(name);
+        }
         let values: Vec<ValueId> = results
             .into_iter()
             .enumerate()
@@ -347,8 +356,11 @@ impl Graph {
         name
     }
 
+    /// Keeps fresh names clear of `name` when it is numeric (`%7` makes the next fresh name `%8` or later).
     pub(crate) fn note_name(&mut self, name: &str) {
-        if let Ok(n) = name.parse::<u32>() {
+        if let Ok(n) = name.parse::<u64>()
+            && n < FRESH_NAME_LIMIT
+        {
             self.next_name = self.next_name.max(n + 1);
         }
     }

@@ -458,7 +458,16 @@ impl Parser {
             expected: "a valid layout".to_owned(),
             found: e.to_string(),
         })?;
-        Ok(TensorMeta { dtype, device, layout })
+        let meta = TensorMeta { dtype, device, layout };
+        if meta.storage_bytes().is_none() {
+            return Err(ParseError {
+                line: token.line,
+                column: token.column,
+                expected: "a tensor of at most isize::MAX bytes".to_owned(),
+                found: meta.to_string(),
+            });
+        }
+        Ok(meta)
     }
 
     fn dims(&mut self, open: char, close: char) -> Result<Vec<usize>, ParseError> {

@@ -97,6 +97,13 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
             problems.push((Some(node), message));
         }
         for &result in &data.results {
+            let meta = graph.meta(result);
+            if meta.storage_bytes().is_none() {
+                problems.push((
+                    Some(node),
+                    format!("{} of type {meta} is too large: its bytes exceed isize::MAX", graph.display_value(result)),
+                ));
+            }
             defined.insert(result);
         }
     }

@@ -63,8 +63,8 @@ pub fn fused_add_rms_norm(
 /// # use ir_core::{DType, Registry, Tensor};
 /// # use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
 /// let registry = Registry::with_builtin_ops();
-/// let x = Tensor::zeros(DType::F32, &[2, 8]);
-/// let residual = Tensor::zeros(DType::F32, &[2, 8]);
+/// let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
+/// let residual = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
 /// let (out, new_residual) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, 1e-6, None).unwrap();
 /// // `x` was donated: using it again does not compile.
 /// println!("{:?}", x.shape());

@@ -156,10 +156,27 @@ fn common_support(
             return no("weight must be a unit-stride [H] tensor on x's device");
         }
     }
+    let gpu = device != DeviceKind::Cpu;
+    if gpu && i32::try_from(x.layout.last_dim()).is_err() {
+        return Support::No(Cow::Owned(format!(
+            "hidden size {} exceeds the GPU kernels' 32-bit limit",
+            x.layout.last_dim()
+        )));
+    }
     match Rows::of(x) {
         Ok(_) => Support::Yes,
         Err(reason) => Support::No(reason),
     }
+}
+
+/// Converts a size, stride or offset for a kernel's integer parameter (`hidden` is an `int`,
+/// rows, strides and offsets are 64-bit), or names the one that does not fit. GPU predicates reject
+/// a hidden size past `i32::MAX`; every element index fits `i64` because no tensor exceeds
+/// `isize::MAX` bytes. This check keeps a launch from truncating either silently.
+pub fn kernel_int<T: TryFrom<usize>>(value: usize, what: &'static str) -> Result<T, KernelError> {
+    T::try_from(value).map_err(|_| KernelError::InvalidArguments {
+        reason: format!("{what} {value} does not fit the kernel's {}-bit parameter", size_of::<T>() * 8),
+    })
 }
 
 fn no(reason: &'static str) -> Support {
@@ -285,7 +302,7 @@ mod tests {
 
     #[test]
     fn a_host_tensor_is_not_a_device_buffer_and_the_error_names_the_parameter() {
-        let t = Tensor::zeros(DType::F32, &[2, 4]);
+        let t = Tensor::zeros(DType::F32, &[2, 4]).unwrap();
         let err = device_buffer::<u8>(&t, "x", "CUDA").unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -126,8 +126,9 @@ pub(crate) fn native_norm(
     let variance = variance_size.map_or(hidden, |v| v as usize);
     let eps_c = c.round(epsilon);
 
-    let mut out = Tensor::zeros_with_layout(x_dtype, x.layout().copy_layout());
-    let mut residual_out = residual_host.as_ref().map(|r| Tensor::zeros_with_layout(x_dtype, r.layout().copy_layout()));
+    let mut out = Tensor::zeros_with_layout(x_dtype, x.layout().copy_layout())?;
+    let mut residual_out =
+        residual_host.as_ref().map(|r| Tensor::zeros_with_layout(x_dtype, r.layout().copy_layout())).transpose()?;
 
     if x.numel() > 0 {
         let read_x = element_reader(x_dtype);

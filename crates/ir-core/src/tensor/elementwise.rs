@@ -71,15 +71,15 @@ mod tests {
         assert_eq!(a.add(&b).unwrap().to_f64_vec().unwrap(), vec![1.0, 4.0]);
         assert_eq!(a.mul(&b).unwrap().to_f64_vec().unwrap(), vec![2f64.powi(-8), 3.0]);
         assert_eq!(a.scale(0.5).unwrap().to_f64_vec().unwrap(), vec![0.5, 1.5]);
-        let err = a.add(&Tensor::zeros(DType::F32, &[2])).unwrap_err();
+        let err = a.add(&Tensor::zeros(DType::F32, &[2]).unwrap()).unwrap_err();
         assert_eq!(err.to_string(), "add: dtypes bf16 and f32 differ");
-        let err = a.mul(&Tensor::zeros(DType::BF16, &[3])).unwrap_err();
+        let err = a.mul(&Tensor::zeros(DType::BF16, &[3]).unwrap()).unwrap_err();
         assert_eq!(err.to_string(), "mul: shapes [2] and [3] differ");
     }
 
     #[test]
     fn output_is_compact() {
-        let base = Tensor::zeros(DType::F32, &[4, 5]);
+        let base = Tensor::zeros(DType::F32, &[4, 5]).unwrap();
         let columns = base.slice(1, 0, 3).unwrap();
         let scaled = columns.scale(2.0).unwrap();
         assert_eq!(scaled.strides(), &[3, 1]);

@@ -110,10 +110,32 @@ pub enum TensorError {
         rhs: Device,
     },
 
+    // --- sizes and memory ---
+    /// A tensor whose byte extent exceeds `isize::MAX` (or whose element count overflows `usize`).
+    #[error("{dtype}{shape:?} is too large: its bytes exceed isize::MAX")]
+    TooLarge {
+        /// Its dtype.
+        dtype: DType,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// The host allocator refused an allocation.
+    #[error("out of memory: cannot allocate {bytes} bytes")]
+    OutOfMemory {
+        /// The bytes asked for.
+        bytes: usize,
+    },
+
     // --- devices ---
     /// A device memory operation failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
+}
+
+impl From<crate::storage::OutOfMemory> for TensorError {
+    fn from(error: crate::storage::OutOfMemory) -> TensorError {
+        TensorError::OutOfMemory { bytes: error.bytes }
+    }
 }
 
 /// Identity of a storage, unique for the life of the process (never reused, unlike an address), for
@@ -158,30 +180,34 @@ impl Tensor {
         Ok(Tensor { storage: Shared::new(storage), meta })
     }
 
-    /// A compact CPU tensor of zeros.
-    pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
-        let layout = Layout::compact(shape);
-        let storage = Storage::Cpu(CpuBuffer::zeroed(layout.numel() * dtype.size_in_bytes()));
-        Tensor { storage: Shared::new(storage), meta: TensorMeta { dtype, device: Device::Cpu, layout } }
+    /// A compact CPU tensor of zeros; `TooLarge` past `isize::MAX` bytes, `OutOfMemory` when the
+    /// allocator refuses.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Tensor, TensorError> {
+        let too_large = || TensorError::TooLarge { dtype, shape: shape.to_vec() };
+        let layout = Layout::try_compact(shape).map_err(|_| too_large())?;
+        Tensor::zeros_with_layout(dtype, layout)
     }
 
     /// A CPU tensor of zeros with the given layout (storage sized to reach every element).
-    pub fn zeros_with_layout(dtype: DType, layout: Layout) -> Tensor {
-        let storage = Storage::Cpu(CpuBuffer::zeroed(layout.storage_end() * dtype.size_in_bytes()));
-        Tensor { storage: Shared::new(storage), meta: TensorMeta { dtype, device: Device::Cpu, layout } }
+    pub fn zeros_with_layout(dtype: DType, layout: Layout) -> Result<Tensor, TensorError> {
+        let meta = TensorMeta { dtype, device: Device::Cpu, layout };
+        let bytes =
+            meta.storage_bytes().ok_or_else(|| TensorError::TooLarge { dtype, shape: meta.shape().to_vec() })?;
+        let storage = Storage::Cpu(CpuBuffer::zeroed(bytes)?);
+        Ok(Tensor { storage: Shared::new(storage), meta })
     }
 
     /// A compact CPU tensor of ones.
-    pub fn ones(dtype: DType, shape: &[usize]) -> Tensor {
+    pub fn ones(dtype: DType, shape: &[usize]) -> Result<Tensor, TensorError> {
         Tensor::full(dtype, shape, 1.0)
     }
 
     /// A compact CPU tensor filled with `value` (rounded to `dtype`).
-    pub fn full(dtype: DType, shape: &[usize], value: f64) -> Tensor {
-        let mut tensor = Tensor::zeros(dtype, shape);
+    pub fn full(dtype: DType, shape: &[usize], value: f64) -> Result<Tensor, TensorError> {
+        let mut tensor = Tensor::zeros(dtype, shape)?;
         let buffer = tensor.cpu_buffer_mut().ok().flatten().expect("fresh CPU storage is uniquely owned");
         with_element_type!(dtype, T => buffer.typed_mut::<T>().fill(T::from_f64(value)));
-        tensor
+        Ok(tensor)
     }
 
     /// A compact CPU tensor from `f32` values in row-major order (rounded to `dtype`).
@@ -200,11 +226,12 @@ impl Tensor {
         found: usize,
         values: impl Iterator<Item = f64>,
     ) -> Result<Tensor, TensorError> {
-        let expected = crate::layout::numel(shape);
+        let too_large = || TensorError::TooLarge { dtype, shape: shape.to_vec() };
+        let expected = Layout::try_compact(shape).map_err(|_| too_large())?.numel();
         if expected != found {
             return Err(TensorError::DataLength { shape: shape.to_vec(), expected, found });
         }
-        let mut tensor = Tensor::zeros(dtype, shape);
+        let mut tensor = Tensor::zeros(dtype, shape)?;
         let buffer = tensor.cpu_buffer_mut().ok().flatten().expect("fresh CPU storage is uniquely owned");
         with_element_type!(dtype, T => {
             for (slot, value) in buffer.typed_mut::<T>().iter_mut().zip(values) {
@@ -220,9 +247,15 @@ impl Tensor {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let normal = rand_distr::StandardNormal;
-        let n = meta.layout.storage_end();
-        let values: Vec<f64> = (0..n).map(|_| rng.sample::<f64, _>(normal)).collect();
-        let whole = Tensor::from_f64(meta.dtype, &[n], &values)?;
+        // The storage is allocated first (fallibly) and filled in place: no value list as large as
+        // the tensor, and a tensor too large for memory is an error before any work.
+        let mut whole = Tensor::zeros(meta.dtype, &[meta.layout.storage_end()])?;
+        let buffer = whole.cpu_buffer_mut()?.expect("fresh CPU storage");
+        with_element_type!(meta.dtype, T => {
+            for slot in buffer.typed_mut::<T>() {
+                *slot = T::from_f64(rng.sample::<f64, _>(normal));
+            }
+        });
         let view = whole.as_strided(meta.layout.clone())?;
         drop(whole);
         Ok(view)
@@ -366,10 +399,12 @@ impl Tensor {
 
     fn copy_into_layout(&self, layout: Layout) -> Result<Tensor, TensorError> {
         let size = self.dtype().size_in_bytes();
-        let bytes = layout.storage_end() * size;
+        let copy_meta = TensorMeta { layout: layout.clone(), ..self.meta.clone() };
+        let too_large = || TensorError::TooLarge { dtype: self.dtype(), shape: self.shape().to_vec() };
+        let bytes = copy_meta.storage_bytes().ok_or_else(too_large)?;
         let storage = match &self.storage.storage {
             Storage::Cpu(src) => {
-                let mut dst = CpuBuffer::zeroed(bytes);
+                let mut dst = CpuBuffer::zeroed(bytes)?;
                 copy_elements(src.bytes(), self.layout(), dst.bytes_mut(), &layout, size);
                 Storage::Cpu(dst)
             }
@@ -399,7 +434,7 @@ impl Tensor {
         match self.storage_mut()? {
             Storage::Cpu(buffer) => write_values(buffer, dtype, &layout, &values),
             Storage::Device(buffer) => {
-                let mut host = CpuBuffer::zeroed(buffer.len_bytes());
+                let mut host = CpuBuffer::zeroed(buffer.len_bytes())?;
                 buffer.download(host.bytes_mut())?;
                 write_values(&mut host, dtype, &layout, &values);
                 buffer.upload(host.bytes())?;
@@ -425,7 +460,7 @@ impl Tensor {
         match &self.storage.storage {
             Storage::Cpu(_) => Ok(self.clone()),
             Storage::Device(buffer) => {
-                let mut host = CpuBuffer::zeroed(buffer.len_bytes());
+                let mut host = CpuBuffer::zeroed(buffer.len_bytes())?;
                 buffer.download(host.bytes_mut())?;
                 Tensor::from_storage(Storage::Cpu(host), self.dtype(), self.meta.layout.clone())
             }
@@ -481,7 +516,8 @@ pub(crate) fn element_writer(dtype: DType) -> fn(&mut [u8], usize, f64) {
 }
 
 fn check_fits(meta: &TensorMeta, available: usize) -> Result<(), TensorError> {
-    let needed = meta.storage_bytes();
+    let too_large = || TensorError::TooLarge { dtype: meta.dtype, shape: meta.shape().to_vec() };
+    let needed = meta.storage_bytes().ok_or_else(too_large)?;
     if needed <= available {
         return Ok(());
     }
@@ -558,17 +594,17 @@ mod tests {
         assert!(a.is_uniquely_owned());
         let view = a.slice(0, 0, 1).unwrap();
         assert!(!a.is_uniquely_owned());
-        let err = a.copy_from(&Tensor::zeros(DType::F32, &[2, 3])).unwrap_err();
+        let err = a.copy_from(&Tensor::zeros(DType::F32, &[2, 3]).unwrap()).unwrap_err();
         assert!(matches!(err, TensorError::SharedStorage { handles: 2, .. }), "{err}");
         assert_eq!(view.to_f64_vec().unwrap(), vec![0., 1., 2.]);
         drop(view);
-        a.copy_from(&Tensor::full(DType::F32, &[2, 3], 2.5)).unwrap();
+        a.copy_from(&Tensor::full(DType::F32, &[2, 3], 2.5).unwrap()).unwrap();
         assert_eq!(a.to_f64_vec().unwrap(), vec![2.5; 6]);
     }
 
     #[test]
     fn copy_from_writes_in_the_destination_layout() {
-        let storage = Tensor::zeros(DType::F32, &[2, 5]);
+        let storage = Tensor::zeros(DType::F32, &[2, 5]).unwrap();
         let mut padded = storage.as_strided(Layout::new(&[2, 3], &[5, 1], 1).unwrap()).unwrap();
         drop(storage);
         padded.copy_from(&iota(DType::F16, &[2, 3])).unwrap();
@@ -583,17 +619,41 @@ mod tests {
     fn construction_errors() {
         let err = Tensor::from_f32(DType::F32, &[2, 2], &[1.0, 2.0]).unwrap_err();
         assert_eq!(err.to_string(), "shape [2, 2] needs 4 values but 2 were given");
-        let base = Tensor::zeros(DType::F32, &[4]);
+        let base = Tensor::zeros(DType::F32, &[4]).unwrap();
         let err = base.as_strided(Layout::compact(&[5])).unwrap_err();
         assert_eq!(err.to_string(), "layout f32[5] needs 20 bytes but its storage has 16");
         assert!(matches!(base.reshape(&[3]), Err(TensorError::Layout(LayoutError::NumelMismatch { .. }))));
     }
 
     #[test]
+    fn sizes_never_wrap_and_allocations_never_abort() {
+        // 2^62 f32 elements are 2^64 bytes: the byte count wraps to 0 in 64 bits.
+        let err = Tensor::zeros(DType::F32, &[1 << 62]).unwrap_err();
+        assert!(matches!(err, TensorError::TooLarge { dtype: DType::F32, .. }), "{err}");
+        assert!(matches!(Tensor::zeros(DType::F32, &[1 << 40, 1 << 40]), Err(TensorError::TooLarge { .. })));
+        assert!(matches!(Tensor::from_f64(DType::F32, &[1 << 32, 1 << 32], &[]), Err(TensorError::TooLarge { .. })));
+        // 2^60 bytes fit isize but no machine's address space: a typed error, not an abort.
+        let err = Tensor::zeros(DType::F32, &[1 << 58]).unwrap_err();
+        assert_eq!(err, TensorError::OutOfMemory { bytes: 1 << 60 });
+        assert_eq!(err.to_string(), "out of memory: cannot allocate 1152921504606846976 bytes");
+        let meta = TensorMeta::compact(DType::BF16, &[1 << 62]);
+        assert!(matches!(Tensor::randn(&meta, 0), Err(TensorError::TooLarge { .. })));
+
+        let base = Tensor::zeros(DType::F32, &[2]).unwrap();
+        let far = Layout::new(&[1], &[1], 1 << 62).unwrap();
+        assert!(matches!(base.as_strided(far), Err(TensorError::TooLarge { .. })), "a view 2^62 elements past 8 bytes");
+        let past = Layout::new(&[1], &[1], 1 << 40).unwrap();
+        assert!(matches!(base.as_strided(past), Err(TensorError::OutOfBounds { .. })));
+        let storage = Storage::Cpu(CpuBuffer::zeroed(8).unwrap());
+        let wide = Layout::new(&[2, 2], &[1 << 61, 1], 0).unwrap();
+        assert!(matches!(Tensor::from_storage(storage, DType::F32, wide), Err(TensorError::TooLarge { .. })));
+    }
+
+    #[test]
     fn rank_zero_and_empty() {
-        let scalar = Tensor::full(DType::F64, &[], 3.0);
+        let scalar = Tensor::full(DType::F64, &[], 3.0).unwrap();
         assert_eq!(scalar.to_f64_vec().unwrap(), vec![3.0]);
-        let empty = Tensor::zeros(DType::BF16, &[0, 8]);
+        let empty = Tensor::zeros(DType::BF16, &[0, 8]).unwrap();
         assert_eq!(empty.to_f64_vec().unwrap(), Vec::<f64>::new());
         assert_eq!(empty.deep_clone().unwrap().numel(), 0);
     }
