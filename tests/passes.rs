@@ -384,3 +384,27 @@ fn a_panicking_predicate_during_the_pipeline_is_a_rejection() {
     let expected = eager(&registry, &inputs(), false);
     assert!(bit_eq(&run.outputs[0], &expected[0]));
 }
+
+/// With the safety checks off, a kernel writing a value and a view of it (two writes into one
+/// storage) is an error, not a panic; with them on it is the same `AliasedKernelArgs`.
+#[test]
+fn a_value_and_its_view_both_written_is_an_error_with_the_checks_off() {
+    let text = "graph g(%x: f32[2,8] donated, %w: f32[8]) {
+  %v = slice(%x, 0, 0, 2) : f32[2,8]
+  %o, %s = impl fused_add_rms_norm[cpu] writes(0, 1) (%x, %v, %w, 1e-6, none) : f32[2,8], f32[2,8]
+  output(%o, %s)
+}
+";
+    let (registry, _guards) = registry();
+    let graph = parse(text).unwrap();
+    let given = || {
+        vec![
+            ("x".to_owned(), Tensor::from_f64(DType::F32, &[2, 8], &[0.5; 16]).unwrap()),
+            ("w".to_owned(), Tensor::ones(DType::F32, &[8]).unwrap()),
+        ]
+    };
+    for safety_checks in [ir_core::graph::SafetyChecks::On, ir_core::graph::SafetyChecks::Off] {
+        let err = interpret(&graph, &registry, given(), InterpOptions { safety_checks }).unwrap_err();
+        assert!(matches!(err, InterpError::AliasedKernelArgs { .. }), "{safety_checks:?}: {err}");
+    }
+}

@@ -1,5 +1,6 @@
 //! The standard pipeline (functionalize, dce, lower, eliminate-clones, dce, each verified) on traced
-//! decoder graphs of 1k to 1M nodes: time per node and how it grows.
+//! decoder graphs of 1k to 1M nodes: time per node and how it grows; and the interpreter running
+//! the same (uncompiled) graphs, which must grow linearly too.
 
 // A benchmark reports on standard output.
 #![allow(clippy::print_stdout)]
@@ -8,10 +9,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use ir_core::graph::{InterpOptions, interpret};
+use ir_core::{DType, Tensor, TensorMeta};
 use ir_core::{Platform, PriorityConfig, Registry};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use serde::Serialize;
-use vllm_ir_bench::decoder::decoder_graph;
+use vllm_ir_bench::decoder::{GRAPH_SHAPE, decoder_graph};
 use vllm_ir_bench::output;
 
 /// Graph sizes (nodes).
@@ -53,6 +56,34 @@ fn passes(c: &mut Criterion) {
                     Pipeline::standard().run(&mut g, &cx, None, Snapshots::Skip).unwrap();
                     g
                 },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+
+    // The interpreter on the uncompiled graphs (maybe_inplace calls through dispatch, in place).
+    let mut group = c.benchmark_group("passes/interpret");
+    // A million-node run takes about ten seconds a sample on 2 cores: full runs only.
+    let sizes = if output::quick() { &SIZES[..3] } else { &SIZES[..] };
+    for &nodes in sizes {
+        let traced = decoder_graph(&registry, nodes).expect("generating the graph");
+        let n = traced.graph.order().len();
+        let (tokens, hidden) = GRAPH_SHAPE;
+        let x_meta = TensorMeta::compact(DType::BF16, &[tokens, hidden]);
+        if n >= 100_000 {
+            group.sampling_mode(SamplingMode::Flat).sample_size(10);
+        }
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &traced, |b, traced| {
+            b.iter_batched(
+                || {
+                    let x = Tensor::randn(&x_meta, 1).expect("a small input");
+                    let mut inputs = vec![("x".to_owned(), x)];
+                    inputs.extend(traced.parameters.iter().cloned());
+                    inputs
+                },
+                |inputs| interpret(&traced.graph, &registry, inputs, InterpOptions::checked()).unwrap(),
                 BatchSize::PerIteration,
             )
         });

@@ -394,17 +394,54 @@ fn dispatch_table(results: &Results) -> String {
 }
 
 fn passes_table(results: &Results) -> String {
-    let mut rows: Vec<&super::Measurement> =
-        results.measurements.iter().filter(|((g, _), _)| g == "passes/pipeline").map(|(_, m)| m).collect();
-    if rows.is_empty() {
-        return String::new();
-    }
-    rows.sort_by_key(|m| m.per_iteration);
+    let Some(rows) = growth_rows(results, "passes/pipeline") else { return String::new() };
     let mut out = String::from(
         "## Passes\n\nThe standard pipeline (functionalize, dce, lower, eliminate-clones, dce) with the graph \
          verified before the first pass and after each, on traced decoder graphs (a first `rms_norm`, then \
          layers of `scale` and a donating fused norm, each with its weight input). The graph is cloned \
-         outside the timed region.\n\n| nodes | median | per node | time × vs previous | nodes × vs previous |\n|---:|---:|---:|---:|---:|\n",
+         outside the timed region.\n\n",
+    );
+    out.push_str(&rows);
+    if !results.passes.is_empty() {
+        let names: Vec<String> = results.passes[0].passes.iter().map(|(n, _)| n.clone()).collect();
+        out.push_str("\nOne run's time per pass (verification excluded), in ns per node:\n\n| nodes |");
+        for n in &names {
+            out.push_str(&format!(" {n} |"));
+        }
+        out.push_str("\n|---:|");
+        out.push_str(&"---:|".repeat(names.len()));
+        out.push('\n');
+        for b in &results.passes {
+            out.push_str(&format!("| {} |", b.nodes));
+            for (_, seconds) in &b.passes {
+                out.push_str(&format!(" {:.0} |", seconds * 1e9 / b.nodes.max(1) as f64));
+            }
+            out.push('\n');
+        }
+    }
+    out.push_str("\n![pass time per node vs graph size](benchmarks/pass-time.svg)\n\n");
+    if let Some(rows) = growth_rows(results, "passes/interpret") {
+        out.push_str(
+            "## Interpreter\n\nThe same decoder graphs, uncompiled, run by the interpreter with its safety checks \
+             (each fused norm a `maybe_inplace` call through dispatch, in place); inputs are made outside the \
+             timed region. The run must grow linearly with the graph.\n\n",
+        );
+        out.push_str(&rows);
+        out.push('\n');
+    }
+    out
+}
+
+/// A table of a group measured at growing graph sizes: median, time per node, and growth.
+fn growth_rows(results: &Results, group: &str) -> Option<String> {
+    let mut rows: Vec<&super::Measurement> =
+        results.measurements.iter().filter(|((g, _), _)| g == group).map(|(_, m)| m).collect();
+    if rows.is_empty() {
+        return None;
+    }
+    rows.sort_by_key(|m| m.per_iteration);
+    let mut out = String::from(
+        "| nodes | median | per node | time × vs previous | nodes × vs previous |\n|---:|---:|---:|---:|---:|\n",
     );
     let mut previous: Option<&super::Measurement> = None;
     for m in &rows {
@@ -427,25 +464,7 @@ fn passes_table(results: &Results) -> String {
         ));
         previous = Some(m);
     }
-    if !results.passes.is_empty() {
-        let names: Vec<String> = results.passes[0].passes.iter().map(|(n, _)| n.clone()).collect();
-        out.push_str("\nOne run's time per pass (verification excluded), in ns per node:\n\n| nodes |");
-        for n in &names {
-            out.push_str(&format!(" {n} |"));
-        }
-        out.push_str("\n|---:|");
-        out.push_str(&"---:|".repeat(names.len()));
-        out.push('\n');
-        for b in &results.passes {
-            out.push_str(&format!("| {} |", b.nodes));
-            for (_, seconds) in &b.passes {
-                out.push_str(&format!(" {:.0} |", seconds * 1e9 / b.nodes.max(1) as f64));
-            }
-            out.push('\n');
-        }
-    }
-    out.push_str("\n![pass time per node vs graph size](benchmarks/pass-time.svg)\n\n");
-    out
+    Some(out)
 }
 
 fn memory_table(results: &Results) -> String {

@@ -5,6 +5,9 @@
 //! written in place. The IR has mutation: after an in-place write, every alias of the written
 //! storage inside the interpreter reads the new contents (the interpreter rebinds them to the
 //! written storage).
+//!
+//! The run is linear in the graph: an index from each live storage to the values bound to it finds
+//! a write's aliases without scanning the environment, and keeps the live bytes as a running sum.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
@@ -178,6 +181,10 @@ struct Run<'g> {
     registry: &'g Registry,
     options: InterpOptions,
     env: SecondaryMap<ValueId, Option<Tensor>>,
+    /// Every storage some value of `env` holds: its bytes and those values (kept in step with `env`).
+    bound: HashMap<StorageId, Bound>,
+    /// Σ bytes of the storages in `bound`.
+    live_bytes: u64,
     uses: SecondaryMap<ValueId, crate::graph::UseList>,
     positions: SecondaryMap<NodeId, u32>,
     kept: HashSet<ValueId>,
@@ -193,6 +200,8 @@ impl<'g> Run<'g> {
             registry,
             options,
             env: SecondaryMap::new(),
+            bound: HashMap::default(),
+            live_bytes: 0,
             uses: graph.use_lists(),
             positions: graph.positions(),
             kept: graph.outputs().into_iter().collect(),
@@ -204,10 +213,11 @@ impl<'g> Run<'g> {
 
     fn bind_inputs(&mut self, inputs: Vec<(String, Tensor)>) -> Result<(), InterpError> {
         let declared = self.graph.inputs();
-        let known: Vec<String> = declared.iter().map(|(_, _, name, _)| (*name).to_owned()).collect();
+        let known: HashSet<&str> = declared.iter().map(|(_, _, name, _)| *name).collect();
         let mut given: HashMap<String, Tensor> = HashMap::default();
         for (name, tensor) in inputs {
-            if !known.contains(&name) {
+            if !known.contains(name.as_str()) {
+                let known = declared.iter().map(|(_, _, name, _)| (*name).to_owned()).collect();
                 return Err(InterpError::UnknownInput { name, known });
             }
             given.insert(name, tensor);
@@ -239,10 +249,42 @@ impl<'g> Run<'g> {
             };
             self.inputs.insert(tensor.storage_id(), (name.to_owned(), donated));
             self.seen.insert(tensor.storage_id());
-            self.env[value] = Some(tensor);
+            self.bind(value, tensor);
         }
         self.account();
         Ok(())
+    }
+
+    /// Binds `value` to `tensor` in the environment (replacing what it held).
+    fn bind(&mut self, value: ValueId, tensor: Tensor) {
+        self.unbind(value);
+        let bytes = tensor.storage().len_bytes() as u64;
+        let entry =
+            self.bound.entry(tensor.storage_id()).or_insert_with(|| Bound { bytes, values: Default::default() });
+        if entry.values.is_empty() {
+            self.live_bytes += bytes;
+        }
+        entry.values.push(value);
+        self.env[value] = Some(tensor);
+    }
+
+    /// Takes `value`'s tensor out of the environment.
+    fn unbind(&mut self, value: ValueId) -> Option<Tensor> {
+        let tensor = self.env[value].take()?;
+        let storage = tensor.storage_id();
+        if let Some(entry) = self.bound.get_mut(&storage) {
+            entry.values.retain(|v| *v != value);
+            if entry.values.is_empty() {
+                self.live_bytes -= entry.bytes;
+                self.bound.remove(&storage);
+            }
+        }
+        Some(tensor)
+    }
+
+    /// The values of the environment holding `storage`, in binding order.
+    fn holders(&self, storage: StorageId) -> smallvec::SmallVec<[ValueId; 2]> {
+        self.bound.get(&storage).map(|entry| entry.values.clone()).unwrap_or_default()
     }
 
     fn get(&self, value: ValueId) -> &Tensor {
@@ -298,7 +340,7 @@ impl<'g> Run<'g> {
             if self.seen.insert(tensor.storage_id()) {
                 self.stats.bytes_allocated += tensor.storage().len_bytes() as u64;
             }
-            self.env[value] = Some(tensor);
+            self.bind(value, tensor);
         }
         Ok(())
     }
@@ -375,7 +417,7 @@ impl<'g> Run<'g> {
                 // environment's handle makes the call copy it (R47).
                 let non_donated_input = self.inputs.get(&held.storage_id()).is_some_and(|(_, donated)| !donated);
                 if self.last_position(*v) as usize == position && !self.kept.contains(v) && !non_donated_input {
-                    self.env[*v] = None;
+                    self.unbind(*v);
                 }
             }
         }
@@ -436,13 +478,14 @@ impl<'g> Run<'g> {
                 values[*slot] = Some(Value::Tensor(copy));
                 continue;
             }
-            let storage = self.get(value).storage_id();
-            let mut tensor = self.env[value].take().expect("defined before use");
-            for (alias, entry) in self.env.iter_mut() {
-                if alias != value && entry.as_ref().is_some_and(|t| t.storage_id() == storage) {
-                    let held = entry.take().expect("checked above");
-                    aliases.push((alias, *slot, held.layout().clone()));
-                }
+            // A value already taken as an alias of an earlier written slot: two writes into one
+            // storage by one call (only with the checks off) have no defined result.
+            let Some(mut tensor) = self.unbind(value) else {
+                return Err(InterpError::AliasedKernelArgs { node, statement: self.statement(node) });
+            };
+            for alias in self.holders(tensor.storage_id()) {
+                let held = self.unbind(alias).expect("holders are bound");
+                aliases.push((alias, *slot, held.layout().clone()));
             }
             let keep_original = self.kept.contains(&value) || self.last_position(value) as usize > position;
             if keep_original {
@@ -489,7 +532,7 @@ impl<'g> Run<'g> {
         for (alias, slot, layout) in aliases {
             let index = writes.iter().position(|&w| w == slot).expect("aliases belong to written slots");
             let rebound = outputs[index].as_strided(layout).map_err(|e| self.tensor_error(node, e))?;
-            self.env[alias] = Some(rebound);
+            self.bind(alias, rebound);
         }
         Ok(outputs)
     }
@@ -502,15 +545,12 @@ impl<'g> Run<'g> {
         position: usize,
         write: impl FnOnce(&mut Tensor) -> Result<(), CallError>,
     ) -> Result<Tensor, InterpError> {
-        let storage = self.get(dst).storage_id();
+        let mut target = self.unbind(dst).expect("verified graphs define values before use");
         let mut aliases = Vec::new();
-        for (alias, entry) in self.env.iter_mut() {
-            if alias != dst && entry.as_ref().is_some_and(|t| t.storage_id() == storage) {
-                let held = entry.take().expect("checked above");
-                aliases.push((alias, held.layout().clone()));
-            }
+        for alias in self.holders(target.storage_id()) {
+            let held = self.unbind(alias).expect("holders are bound");
+            aliases.push((alias, held.layout().clone()));
         }
-        let mut target = self.env[dst].take().expect("defined before use");
         if self.kept.contains(&dst) || self.last_position(dst) as usize > position {
             aliases.push((dst, target.layout().clone()));
         }
@@ -520,7 +560,8 @@ impl<'g> Run<'g> {
         }
         write(&mut target).map_err(|e| self.call_error(node, e))?;
         for (alias, layout) in aliases {
-            self.env[alias] = Some(target.as_strided(layout).map_err(|e| self.tensor_error(node, e))?);
+            let rebound = target.as_strided(layout).map_err(|e| self.tensor_error(node, e))?;
+            self.bind(alias, rebound);
         }
         Ok(target)
     }
@@ -563,11 +604,7 @@ impl<'g> Run<'g> {
             }
         }
         for &storage in &storages {
-            for (value, entry) in self.env.iter() {
-                let aliases = entry.as_ref().is_some_and(|t| t.storage_id() == storage);
-                if !aliases {
-                    continue;
-                }
+            for value in self.holders(storage) {
                 let later = self.uses[value].iter().copied().find(|&user| self.positions[user] as usize > position);
                 if let Some(later_user) = later {
                     return Err(InterpError::AliasHazard {
@@ -588,21 +625,18 @@ impl<'g> Run<'g> {
         for value in operands {
             let dead = !self.kept.contains(&value) && self.last_position(value) as usize <= position;
             if dead {
-                self.env[value] = None;
+                self.unbind(value);
             }
         }
     }
 
     fn account(&mut self) {
-        let mut live = HashSet::default();
-        let mut bytes = 0u64;
-        for (_, entry) in self.env.iter() {
-            if let Some(t) = entry
-                && live.insert(t.storage_id())
-            {
-                bytes += t.storage().len_bytes() as u64;
-            }
-        }
-        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(bytes);
+        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.live_bytes);
     }
+}
+
+/// A storage held by the environment: its size and the values holding it.
+struct Bound {
+    bytes: u64,
+    values: smallvec::SmallVec<[ValueId; 2]>,
 }
