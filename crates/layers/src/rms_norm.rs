@@ -260,6 +260,67 @@ mod tests {
         Tensor::from_f64(DType::BF16, &[rows, cols], &values).unwrap()
     }
 
+    /// Two layers built without `.name()` share the default weight name; their distinct weights must
+    /// stay distinct in the trace, and one weight used by two layers must stay one input.
+    #[test]
+    fn traced_weights_are_identified_by_tensor_not_by_name() {
+        use ir_core::graph::{InterpOptions, Tracer, interpret, parse};
+        let registry = Registry::with_builtin_ops();
+        let mut first = RmsNorm::new(8, DType::BF16).unwrap();
+        let mut second = RmsNorm::new(8, DType::BF16).unwrap();
+        first.load_weight(Tensor::full(DType::BF16, &[8], 0.5).unwrap()).unwrap();
+        second.load_weight(Tensor::full(DType::BF16, &[8], 3.0).unwrap()).unwrap();
+        let tied = first.clone();
+
+        let x = sample(2, 8, 1);
+        let eager = {
+            let ctx = EagerContext::new(&registry);
+            let h = first.forward(&ctx, &x).unwrap();
+            let h = second.forward(&ctx, &h).unwrap();
+            tied.forward(&ctx, &h).unwrap()
+        };
+        let tracer = Tracer::new(&registry, "two_layers");
+        let input = tracer.input("x", x.meta().clone());
+        let h = first.forward(&tracer, &input).unwrap();
+        let h = second.forward(&tracer, &h).unwrap();
+        let out = tied.forward(&tracer, &h).unwrap();
+        let traced = tracer.finish(&[out]);
+        let names: Vec<&str> = traced.parameters.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["rms_norm.weight", "rms_norm.weight.1"], "two tensors, two inputs; the tied one is reused");
+        let text = traced.graph.to_string();
+        assert!(parse(&text).unwrap().structurally_eq(&traced.graph), "{text}");
+
+        let mut inputs = vec![("x".to_owned(), x.clone())];
+        inputs.extend(traced.parameters.iter().cloned());
+        let run = interpret(&traced.graph, &registry, inputs, InterpOptions::checked()).unwrap();
+        assert!(bit_eq(&run.outputs[0], &eager), "the traced model runs each layer's own weight\n{text}");
+    }
+
+    /// Names that the text format cannot spell, or that collide with fresh value names, are renamed
+    /// so the printed graph parses back.
+    #[test]
+    fn every_traced_name_parses_back() {
+        use ir_core::graph::{InterpOptions, Tracer, interpret, parse};
+        let registry = Registry::with_builtin_ops();
+        let tracer = Tracer::new(&registry, "names");
+        let x = sample(2, 8, 2);
+        let input = tracer.input("x y", x.meta().clone());
+        let mut h = input;
+        for name in ["0", "a)b", "x y", "", "1"] {
+            let norm = RmsNorm::builder(8).dtype(DType::BF16).name(name.to_owned()).build().unwrap();
+            h = norm.forward(&tracer, &h).unwrap();
+        }
+        let traced = tracer.finish(&[h]);
+        let text = traced.graph.to_string();
+        let reparsed = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(reparsed.structurally_eq(&traced.graph), "{text}");
+        let input_name = traced.graph.inputs()[0].2.to_owned();
+        assert_eq!(input_name, "x_y");
+        let mut inputs = vec![(input_name, x)];
+        inputs.extend(traced.parameters.iter().cloned());
+        interpret(&traced.graph, &registry, inputs, InterpOptions::checked()).unwrap();
+    }
+
     #[test]
     fn builder_rules() {
         let norm = RmsNorm::builder(16).var_hidden_size(16).build().unwrap();

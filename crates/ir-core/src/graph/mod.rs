@@ -356,6 +356,11 @@ impl Graph {
         name
     }
 
+    /// Whether `name` is a `%<n>` name [`Graph::fresh_name`] has already handed out (or skipped).
+    pub(crate) fn is_fresh_name_taken(&self, name: &str) -> bool {
+        name.parse::<u64>().is_ok_and(|n| n < self.next_name && n.to_string() == name)
+    }
+
     /// Keeps fresh names clear of `name` when it is numeric (`%7` makes the next fresh name `%8` or later).
     pub(crate) fn note_name(&mut self, name: &str) {
         if let Ok(n) = name.parse::<u64>()

@@ -1,7 +1,13 @@
 //! The tracer (R71): an execution context that records graph nodes instead of running kernels, so
 //! the same model source produces eager results and graphs.
+//!
+//! Parameters are identified by the tensor (storage and layout), never by name alone: the same
+//! tensor used twice is one graph input, and two distinct tensors under one name get two inputs,
+//! the second renamed (`rms_norm.weight`, `rms_norm.weight.1`) with a warning. Every name the tracer
+//! gives an input prints as a value name the parser reads back: characters outside `A-Z a-z 0-9 _ .`
+//! become `_`, and a name already taken (by an input or a fresh `%<n>` name) gets a `.<k>` suffix.
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::RefCell;
 
 use crate::context::ExecutionContext;
@@ -9,7 +15,7 @@ use crate::graph::{Arg, Graph, NodeKind, ValueId};
 use crate::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use crate::op::rms_norm::RMS_NORM;
 use crate::op::{ArgMeta, OpDef, Overload};
-use crate::{CallError, Layout, Registry, Tensor, TensorError, TensorMeta};
+use crate::{CallError, Layout, Registry, StorageId, Tensor, TensorError, TensorMeta};
 
 /// A traced value: another handle to the same SSA value when cloned.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,7 +36,10 @@ pub struct Tracer<'r> {
     registry: &'r Registry,
     graph: RefCell<Graph>,
     parameters: RefCell<Vec<(String, Tensor)>>,
-    parameter_values: RefCell<HashMap<String, Traced>>,
+    /// Parameter inputs by tensor identity: storage and layout.
+    parameter_values: RefCell<HashMap<(StorageId, Layout), Traced>>,
+    /// Names given to inputs so far (declared inputs and parameters).
+    input_names: RefCell<HashSet<String>>,
     /// Parameter input nodes, placed after the declared inputs when the trace finishes (placing each
     /// at once would shift the whole order per parameter).
     pending_inputs: RefCell<Vec<crate::graph::NodeId>>,
@@ -53,14 +62,39 @@ impl<'r> Tracer<'r> {
             graph: RefCell::new(Graph::new(name)),
             parameters: RefCell::new(Vec::new()),
             parameter_values: RefCell::new(HashMap::default()),
+            input_names: RefCell::new(HashSet::default()),
             pending_inputs: RefCell::new(Vec::new()),
         }
     }
 
-    /// Declares a graph input.
+    /// Declares a graph input named `name`, made printable and unique as the module documentation
+    /// says (the graph's inputs list the final names).
     pub fn input(&self, name: &str, meta: TensorMeta) -> Traced {
+        let name = self.unique_input_name(name);
         let value = self.graph.borrow_mut().add_input(name, meta.clone());
         Traced { value, meta }
+    }
+
+    /// `name` with characters the text format cannot spell replaced by `_`, and a `.<k>` suffix when
+    /// an input or a fresh value already has that name; the result is reserved.
+    fn unique_input_name(&self, name: &str) -> String {
+        let spelled: String =
+            name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '.' { c } else { '_' }).collect();
+        let base = if spelled.is_empty() { "input".to_owned() } else { spelled };
+        let graph = self.graph.borrow();
+        let mut names = self.input_names.borrow_mut();
+        let taken = |candidate: &str| names.contains(candidate) || graph.is_fresh_name_taken(candidate);
+        let mut unique = base.clone();
+        let mut suffix = 1u64;
+        while taken(&unique) {
+            unique = format!("{base}.{suffix}");
+            suffix += 1;
+        }
+        if unique != name {
+            tracing::debug!(target: "ir_core::trace", requested = name, given = unique.as_str(), "renamed a graph input");
+        }
+        names.insert(unique.clone());
+        unique
     }
 
     /// Finishes the trace with these outputs.
@@ -134,14 +168,23 @@ impl ExecutionContext for Tracer<'_> {
     }
 
     fn parameter(&self, name: &str, value: &Tensor) -> Result<Traced, CallError> {
-        if let Some(existing) = self.parameter_values.borrow().get(name) {
+        let identity = (value.storage_id(), value.layout().clone());
+        if let Some(existing) = self.parameter_values.borrow().get(&identity) {
             return Ok(existing.clone());
         }
-        let (node, value_id) = self.graph.borrow_mut().create_input_detached(name.to_owned(), value.meta().clone());
+        let unique = self.unique_input_name(name);
+        if self.parameters.borrow().iter().any(|(given, _)| given == name) {
+            tracing::warn!(
+                target: "ir_core::trace",
+                "two distinct parameter tensors are named `{name}`; the later one is traced as `%{unique}` \
+                 (give each layer its own name)"
+            );
+        }
+        let (node, value_id) = self.graph.borrow_mut().create_input_detached(unique.clone(), value.meta().clone());
         self.pending_inputs.borrow_mut().push(node);
         let traced = Traced { value: value_id, meta: value.meta().clone() };
-        self.parameters.borrow_mut().push((name.to_owned(), value.clone()));
-        self.parameter_values.borrow_mut().insert(name.to_owned(), traced.clone());
+        self.parameters.borrow_mut().push((unique, value.clone()));
+        self.parameter_values.borrow_mut().insert(identity, traced.clone());
         Ok(traced)
     }
 
