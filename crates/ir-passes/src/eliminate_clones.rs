@@ -110,10 +110,13 @@
 //!
 //! Candidates are taken in graph order with positions computed once, looking only at direct users
 //! of the copy and the original: a copy with more than one writer is kept; a written copy is kept
-//! if the original is used after the writer, or is a non-donated input. The snapshot rule, for
-//! copies nobody writes, and the graph-output rule hold as above, on storage classes (R141, R142). It ignores aliasing through other views of the
-//! same storage and through one value passed as two activations of a kernel, so it can remove a
-//! copy whose removal changes results; the interpreter's safety checks catch those cases.
+//! if the original is used after the writer, or is a non-donated input. The snapshot rule and the
+//! graph-output rule hold as above, on storage classes (R141, R142); the snapshot rule applies to
+//! written copies as well, which keeps the variant idempotent (a snapshot kept in one run becomes a
+//! written copy once the clone lowering put after it is gone) and also keeps one of two copies of a
+//! value passed as both activations of a kernel. It ignores reads of the original through other
+//! views of the same storage after a write to the copy, so it can remove a copy whose removal
+//! changes results; the interpreter's safety checks catch those cases.
 //!
 //! # Invariants
 //!
@@ -295,13 +298,15 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
             }
             _ => Some(KeepReason::MultipleWriters),
         };
-        // R80's rule 4, for copies nobody writes: on storage classes, so writes through views count.
+        // R80's rule 4 on storage classes, so writes through views count. It applies to written
+        // copies too: a copy kept as a snapshot becomes a written copy once the clone lowering put
+        // after it is removed, and without the rule a second run would remove it (not idempotent).
         let p = positions[node];
         let snapshot = || {
             let written_while_read = classes.write_between(original_class, p, classes.last_read[copy_class]);
             written_while_read.map(|_| KeepReason::OriginalWrittenWhileCopyLive)
         };
-        let decision = if writers.is_empty() { snapshot() } else { decision };
+        let decision = decision.or_else(snapshot);
         let decision = decision.or_else(|| classes.graph_io_alias(graph, copy_class, original_class));
         match decision {
             Some(reason) => keep(graph, node, reason, &mut report),
