@@ -51,6 +51,12 @@
 //! **Writer reads both** (`AliasedWriterArgument`) — the node writing `C` also reads `O` through
 //! another argument: merged, the kernel's arguments would alias.
 //!
+//! ```text
+//! %c1 = clone(%x)                         // removed first: %x is dead after the kernel
+//! %c2 = clone(%x)                         // kept: merged, the kernel would get %x twice
+//! %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c1, %c2, ...)
+//! ```
+//!
 //! **Read after write, original written** (`OriginalWrittenWhileCopyLive`) — a write to `O` after
 //! the copy while `C` is still read: the copy is a snapshot.
 //!
@@ -60,9 +66,24 @@
 //! output(%c, %o)                          // %c is read after that: %c stays
 //! ```
 //!
-//! It applies when the write goes through a view (`copy_(slice(%a, ...), %z)`), when it is an
-//! in-place kernel writing `%a` or an alias of it, and when the later reader of `%c` is a kernel
-//! rather than the output node. Any two writes after the copy, one to each class, trip one of the
+//! It applies when the write goes through a view, when it is an in-place kernel writing `%a` or an
+//! alias of it, and when the later reader of `%c` is a kernel rather than the output node:
+//!
+//! ```text
+//! %c = clone(%a) : f32[2,8]
+//! %v = slice(%a, 0, 1, 2) : f32[1,8]{8,1}+8
+//! %o = copy_(%v, %z)                      // writes row 1 of %a's storage
+//! %n = impl rms_norm[cpu] (%c, ...)       // reads the snapshot afterwards: %c stays
+//! ```
+//!
+//! A written copy whose original is written between the copy and the copy's writer is kept by the
+//! same rule (merged, the kernel would read the new bytes):
+//!
+//! ```text
+//! %c = clone(%a)
+//! %b = copy_(%a, %z)                      // %c is read below, by its writer
+//! %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
+//! ``` Any two writes after the copy, one to each class, trip one of the
 //! two read-after-write rules, since each writer reads what it writes.
 //!
 //! **Non-donated input** (`NonDonatedInput`) — a written copy of storage the caller did not donate
@@ -75,7 +96,13 @@
 //! ```
 //!
 //! **More than one writer** (`MultipleWriters`) — a copy whose storage is written by more than one
-//! node is kept (R82; a conservative rule that keeps the analysis to one write per decision).
+//! node is kept (R82; a conservative rule that keeps the analysis to one write per decision):
+//!
+//! ```text
+//! %c = clone(%a)                          // kept: two kernels write %c's storage
+//! %o1, %r1 = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, %p, ...)
+//! %o2, %r2 = impl fused_add_rms_norm[cpu] writes(0, 1) (%o1, %q, ...)
+//! ```
 //!
 //! **Graph outputs stay fresh** (`GraphIoAlias`, R141) — a copy is kept when removing it would make
 //! a graph output share storage with a graph input not marked donated, or with another output.
