@@ -3,11 +3,48 @@
 //! [`EagerContext`] runs on real [`Tensor`]s through a registry. A tracing context (recording graph
 //! nodes instead of running kernels) implements the same trait.
 
-use crate::op::fused_add_rms_norm::{fused_add_rms_norm, fused_add_rms_norm_maybe_inplace};
-use crate::op::rms_norm::rms_norm;
+use crate::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use crate::op::rms_norm::RMS_NORM;
+use crate::op::{OpDef, Overload, Value};
 use crate::{CallError, Registry, Tensor, TensorMeta};
 
+/// One argument of [`ExecutionContext::call`]: a tensor handle of the context, or a constant.
+///
+/// Tensor handles are owned: a `maybe_inplace` call donates its activations by moving them in, and a
+/// functional call gets a handle copy (cheap: `Tensor` and traced handles are reference counted).
+#[derive(Clone, Debug)]
+pub enum CallArg<T> {
+    /// A tensor handle.
+    Tensor(T),
+    /// `none`.
+    None,
+    /// A float.
+    F64(f64),
+    /// An integer.
+    I64(i64),
+    /// A boolean.
+    Bool(bool),
+}
+
+impl<T: Clone> CallArg<T> {
+    /// A handle copy of `t`, or `none`.
+    pub fn opt_tensor(t: Option<&T>) -> CallArg<T> {
+        t.map_or(CallArg::None, |t| CallArg::Tensor(t.clone()))
+    }
+}
+
+impl<T> CallArg<T> {
+    /// An integer, or `none`.
+    pub fn opt_i64(v: Option<i64>) -> CallArg<T> {
+        v.map_or(CallArg::None, CallArg::I64)
+    }
+}
+
 /// What models need from the place they run in.
+///
+/// Every op goes through one generic [`call`](ExecutionContext::call), so an op defined in any crate
+/// (and registered with the context's registry) runs eagerly and is traced with no per-op code in
+/// the contexts; the typed methods for the built-in ops are sugar over it.
 pub trait ExecutionContext {
     /// The tensor handle type (a real tensor, or a traced value).
     type Tensor: Clone + std::fmt::Debug;
@@ -18,6 +55,16 @@ pub trait ExecutionContext {
     /// Brings a model parameter (a weight) into the context under a stable name.
     fn parameter(&self, name: &str, value: &Tensor) -> Result<Self::Tensor, CallError>;
 
+    /// Calls `op` with positional arguments (trailing defaults may be omitted), functional or
+    /// `maybe_inplace`; validated exactly like the registry's own entry points. The op must be
+    /// defined in the context's registry.
+    fn call(
+        &self,
+        op: &'static OpDef,
+        overload: Overload,
+        args: Vec<CallArg<Self::Tensor>>,
+    ) -> Result<Vec<Self::Tensor>, CallError>;
+
     /// `rms_norm`, functional.
     fn rms_norm(
         &self,
@@ -25,7 +72,16 @@ pub trait ExecutionContext {
         weight: Option<&Self::Tensor>,
         epsilon: f64,
         variance_size: Option<i64>,
-    ) -> Result<Self::Tensor, CallError>;
+    ) -> Result<Self::Tensor, CallError> {
+        let args = vec![
+            CallArg::Tensor(x.clone()),
+            CallArg::opt_tensor(weight),
+            CallArg::F64(epsilon),
+            CallArg::opt_i64(variance_size),
+        ];
+        let [out] = outputs::<_, 1>(&RMS_NORM, self.call(&RMS_NORM, Overload::Default, args)?)?;
+        Ok(out)
+    }
 
     /// `fused_add_rms_norm`, functional.
     fn fused_add_rms_norm(
@@ -35,7 +91,18 @@ pub trait ExecutionContext {
         weight: Option<&Self::Tensor>,
         epsilon: f64,
         variance_size: Option<i64>,
-    ) -> Result<(Self::Tensor, Self::Tensor), CallError>;
+    ) -> Result<(Self::Tensor, Self::Tensor), CallError> {
+        let args = vec![
+            CallArg::Tensor(x.clone()),
+            CallArg::Tensor(x_residual.clone()),
+            CallArg::opt_tensor(weight),
+            CallArg::F64(epsilon),
+            CallArg::opt_i64(variance_size),
+        ];
+        let [out, residual] =
+            outputs::<_, 2>(&FUSED_ADD_RMS_NORM, self.call(&FUSED_ADD_RMS_NORM, Overload::Default, args)?)?;
+        Ok((out, residual))
+    }
 
     /// `fused_add_rms_norm`, `maybe_inplace`: `x` and `x_residual` are donated.
     fn fused_add_rms_norm_maybe_inplace(
@@ -45,7 +112,18 @@ pub trait ExecutionContext {
         weight: Option<&Self::Tensor>,
         epsilon: f64,
         variance_size: Option<i64>,
-    ) -> Result<(Self::Tensor, Self::Tensor), CallError>;
+    ) -> Result<(Self::Tensor, Self::Tensor), CallError> {
+        let args = vec![
+            CallArg::Tensor(x),
+            CallArg::Tensor(x_residual),
+            CallArg::opt_tensor(weight),
+            CallArg::F64(epsilon),
+            CallArg::opt_i64(variance_size),
+        ];
+        let [out, residual] =
+            outputs::<_, 2>(&FUSED_ADD_RMS_NORM, self.call(&FUSED_ADD_RMS_NORM, Overload::MaybeInplace, args)?)?;
+        Ok((out, residual))
+    }
 
     /// A view of `start..end` along `dim`.
     fn slice(&self, t: &Self::Tensor, dim: usize, start: usize, end: usize) -> Result<Self::Tensor, CallError>;
@@ -63,6 +141,16 @@ pub trait ExecutionContext {
     fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor, CallError>;
     /// Multiplication by a constant.
     fn scale(&self, t: &Self::Tensor, factor: f64) -> Result<Self::Tensor, CallError>;
+}
+
+/// The `N` outputs of a call of `op`, as an array (a contract violation if the count differs).
+pub fn outputs<T, const N: usize>(op: &'static OpDef, outputs: Vec<T>) -> Result<[T; N], CallError> {
+    let found = outputs.len();
+    outputs.try_into().map_err(|_| CallError::ContractViolation {
+        op: op.name,
+        provider: "context",
+        problem: format!("returned {found} outputs, expected {N}"),
+    })
 }
 
 /// Runs models on real tensors, dispatching through a registry.
@@ -90,36 +178,23 @@ impl ExecutionContext for EagerContext<'_> {
         Ok(value.clone())
     }
 
-    fn rms_norm(
+    fn call(
         &self,
-        x: &Tensor,
-        weight: Option<&Tensor>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-    ) -> Result<Tensor, CallError> {
-        rms_norm(self.registry, x, weight, epsilon, variance_size)
-    }
-
-    fn fused_add_rms_norm(
-        &self,
-        x: &Tensor,
-        x_residual: &Tensor,
-        weight: Option<&Tensor>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-    ) -> Result<(Tensor, Tensor), CallError> {
-        fused_add_rms_norm(self.registry, x, x_residual, weight, epsilon, variance_size)
-    }
-
-    fn fused_add_rms_norm_maybe_inplace(
-        &self,
-        x: Tensor,
-        x_residual: Tensor,
-        weight: Option<&Tensor>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-    ) -> Result<(Tensor, Tensor), CallError> {
-        fused_add_rms_norm_maybe_inplace(self.registry, x, x_residual, weight, epsilon, variance_size)
+        op: &'static OpDef,
+        overload: Overload,
+        args: Vec<CallArg<Tensor>>,
+    ) -> Result<Vec<Tensor>, CallError> {
+        let values = args
+            .into_iter()
+            .map(|arg| match arg {
+                CallArg::Tensor(t) => Value::Tensor(t),
+                CallArg::None => Value::None,
+                CallArg::F64(v) => Value::F64(v),
+                CallArg::I64(v) => Value::I64(v),
+                CallArg::Bool(v) => Value::Bool(v),
+            })
+            .collect();
+        self.registry.call_def(op, overload, values)
     }
 
     fn slice(&self, t: &Tensor, dim: usize, start: usize, end: usize) -> Result<Tensor, CallError> {

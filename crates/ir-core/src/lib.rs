@@ -46,7 +46,7 @@ pub mod storage;
 mod tensor;
 pub mod testing;
 
-pub use crate::context::{EagerContext, ExecutionContext};
+pub use crate::context::{CallArg, EagerContext, ExecutionContext};
 pub use crate::device::{Device, DeviceKind, UnknownDevice};
 pub use crate::dtype::{DType, Element, UnknownDType};
 pub use crate::implementation::{

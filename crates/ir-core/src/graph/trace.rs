@@ -10,11 +10,9 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::RefCell;
 
-use crate::context::ExecutionContext;
+use crate::context::{CallArg, ExecutionContext};
 use crate::graph::{Arg, Graph, NodeKind, ValueId};
-use crate::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-use crate::op::rms_norm::RMS_NORM;
-use crate::op::{ArgMeta, OpDef, Overload};
+use crate::op::{ArgMeta, OpDef, Overload, bind_meta};
 use crate::{CallError, Layout, Registry, StorageId, Tensor, TensorError, TensorMeta};
 
 /// A traced value: another handle to the same SSA value when cloned.
@@ -105,59 +103,10 @@ impl<'r> Tracer<'r> {
         TracedGraph { graph, parameters: self.parameters.into_inner() }
     }
 
-    fn call(&self, def: &'static OpDef, overload: Overload, args: Vec<TraceArg<'_>>) -> Result<Vec<Traced>, CallError> {
-        if overload == Overload::MaybeInplace && !def.allow_inplace {
-            return Err(CallError::NotInplaceOp { op: def.name });
-        }
-        let metas: Vec<ArgMeta<'_>> = args
-            .iter()
-            .map(|a| match a {
-                TraceArg::Tensor(t) => ArgMeta::Tensor(&t.meta),
-                TraceArg::None => ArgMeta::None,
-                TraceArg::F64(v) => ArgMeta::F64(*v),
-                TraceArg::I64(v) => ArgMeta::I64(*v),
-            })
-            .collect();
-        let selection = self.registry.select(def.name, &metas)?;
-        let graph_args = args
-            .iter()
-            .map(|a| match a {
-                TraceArg::Tensor(t) => Arg::Value(t.value),
-                TraceArg::None => Arg::None,
-                TraceArg::F64(v) => Arg::F64(*v),
-                TraceArg::I64(v) => Arg::I64(*v),
-            })
-            .collect();
-        let kind = NodeKind::IrCall { op: def.name.to_owned(), overload, args: graph_args };
-        let (_, values) = self.graph.borrow_mut().push(kind, selection.outputs.clone());
-        Ok(values.into_iter().zip(selection.outputs).map(|(value, meta)| Traced { value, meta }).collect())
-    }
-
     fn builtin(&self, kind: NodeKind, meta: TensorMeta) -> Traced {
         let (_, values) = self.graph.borrow_mut().push(kind, vec![meta.clone()]);
         Traced { value: values[0], meta }
     }
-}
-
-enum TraceArg<'a> {
-    Tensor(&'a Traced),
-    None,
-    F64(f64),
-    I64(i64),
-}
-
-fn opt<'a>(t: Option<&'a Traced>) -> TraceArg<'a> {
-    t.map_or(TraceArg::None, TraceArg::Tensor)
-}
-
-fn opt_i64<'a>(v: Option<i64>) -> TraceArg<'a> {
-    v.map_or(TraceArg::None, TraceArg::I64)
-}
-
-fn pair(mut values: Vec<Traced>) -> (Traced, Traced) {
-    let second = values.pop().expect("two outputs");
-    let first = values.pop().expect("two outputs");
-    (first, second)
 }
 
 impl ExecutionContext for Tracer<'_> {
@@ -188,51 +137,49 @@ impl ExecutionContext for Tracer<'_> {
         Ok(traced)
     }
 
-    fn rms_norm(
+    fn call(
         &self,
-        x: &Traced,
-        weight: Option<&Traced>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-    ) -> Result<Traced, CallError> {
-        let args = vec![TraceArg::Tensor(x), opt(weight), TraceArg::F64(epsilon), opt_i64(variance_size)];
-        Ok(self.call(&RMS_NORM, Overload::Default, args)?.remove(0))
-    }
-
-    fn fused_add_rms_norm(
-        &self,
-        x: &Traced,
-        x_residual: &Traced,
-        weight: Option<&Traced>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-    ) -> Result<(Traced, Traced), CallError> {
-        let args = vec![
-            TraceArg::Tensor(x),
-            TraceArg::Tensor(x_residual),
-            opt(weight),
-            TraceArg::F64(epsilon),
-            opt_i64(variance_size),
-        ];
-        Ok(pair(self.call(&FUSED_ADD_RMS_NORM, Overload::Default, args)?))
-    }
-
-    fn fused_add_rms_norm_maybe_inplace(
-        &self,
-        x: Traced,
-        x_residual: Traced,
-        weight: Option<&Traced>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-    ) -> Result<(Traced, Traced), CallError> {
-        let args = vec![
-            TraceArg::Tensor(&x),
-            TraceArg::Tensor(&x_residual),
-            opt(weight),
-            TraceArg::F64(epsilon),
-            opt_i64(variance_size),
-        ];
-        Ok(pair(self.call(&FUSED_ADD_RMS_NORM, Overload::MaybeInplace, args)?))
+        op: &'static OpDef,
+        overload: Overload,
+        args: Vec<CallArg<Traced>>,
+    ) -> Result<Vec<Traced>, CallError> {
+        if overload == Overload::MaybeInplace && !op.allow_inplace {
+            return Err(CallError::NotInplaceOp { op: op.name });
+        }
+        let metas: Vec<ArgMeta<'_>> = args
+            .iter()
+            .map(|arg| match arg {
+                CallArg::Tensor(t) => ArgMeta::Tensor(&t.meta),
+                CallArg::None => ArgMeta::None,
+                CallArg::F64(v) => ArgMeta::F64(*v),
+                CallArg::I64(v) => ArgMeta::I64(*v),
+                CallArg::Bool(v) => ArgMeta::Bool(*v),
+            })
+            .collect();
+        // Binding fills the omitted trailing parameters, so the graph spells every argument.
+        let bound = bind_meta(op, metas)?;
+        if !self.registry.op_def(op.name).is_some_and(|registered| std::ptr::eq(registered, op)) {
+            return Err(CallError::UnknownOp {
+                op: op.name.to_owned(),
+                known: self.registry.ops().iter().map(|s| (*s).to_owned()).collect(),
+            });
+        }
+        let selection = self.registry.select(op.name, &bound)?;
+        let graph_args = bound
+            .iter()
+            .enumerate()
+            .map(|(index, meta)| match (args.get(index), meta) {
+                (Some(CallArg::Tensor(t)), _) => Arg::Value(t.value),
+                (_, ArgMeta::Tensor(_)) => unreachable!("defaults are constants"),
+                (_, ArgMeta::None) => Arg::None,
+                (_, ArgMeta::F64(v)) => Arg::F64(*v),
+                (_, ArgMeta::I64(v)) => Arg::I64(*v),
+                (_, ArgMeta::Bool(v)) => Arg::Bool(*v),
+            })
+            .collect();
+        let kind = NodeKind::IrCall { op: op.name.to_owned(), overload, args: graph_args };
+        let (_, values) = self.graph.borrow_mut().push(kind, selection.outputs.clone());
+        Ok(values.into_iter().zip(selection.outputs).map(|(value, meta)| Traced { value, meta }).collect())
     }
 
     fn slice(&self, t: &Traced, dim: usize, start: usize, end: usize) -> Result<Traced, CallError> {

@@ -255,6 +255,19 @@ impl Registry {
         self.run(&entry, args, overload)
     }
 
+    /// Calls the op `def` (the definition registered under its name) with positional arguments,
+    /// filling trailing defaults: the path execution contexts and out-of-tree ops use. With
+    /// `MaybeInplace`, the activations in `args` are donated.
+    pub fn call_def(
+        &self,
+        def: &'static OpDef,
+        overload: Overload,
+        args: Vec<Value>,
+    ) -> Result<Vec<Tensor>, CallError> {
+        let args = bind(def, args)?;
+        self.call_op(def, args, overload)
+    }
+
     fn call_entry(&self, op: &str) -> Result<Arc<OpEntry>, CallError> {
         self.entry(op).map_err(|known| CallError::UnknownOp { op: op.to_owned(), known })
     }
