@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use ir_core::graph::{InterpError, InterpOptions, interpret, parse, verify};
 use ir_core::op::fused_add_rms_norm::{self, fused_add_rms_norm_maybe_inplace};
 use ir_core::op::rms_norm::{self, rms_norm};
 use ir_core::platform::{ConfigSources, UserPriorities};
 use ir_core::{Availability, CallError, DType, Layout, PriorityConfig, Registry, Tensor, allclose, bit_eq};
+use ir_graph::{InterpError, InterpOptions, interpret, parse, verify};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 
 fn registry() -> Registry {

@@ -5,8 +5,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ir_core::graph::{Graph, InterpError, InterpOptions, SafetyChecks, interpret, parse};
 use ir_core::{Registry, Tensor};
+use ir_graph::{Graph, InterpError, InterpOptions, SafetyChecks, interpret, parse};
 use ir_passes::{CloneElimination, PassContext, Pipeline, Snapshots};
 
 struct Case {

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ir_core::graph::{InterpOptions, Tracer, interpret, parse};
 use ir_core::op::{Activations, ArgMeta, InputSpec, Literal, MetaError, OpDef, Overload, ParamDef, ParamKind, Value};
 use ir_core::{
     CallArg, CallError, DType, EagerContext, ExecutionContext, ImplFunc, ImplSpec, KernelError, Registry, Tensor,
     TensorError, TensorMeta, bit_eq,
 };
+use ir_graph::{InterpOptions, Tracer, interpret, parse};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 
 /// `shifted_square(x, shift = 0.0) -> out`: `out = (x + shift)²` elementwise, computed in f64 and
@@ -116,9 +116,9 @@ fn an_op_defined_outside_ir_core_traces_compiles_and_runs_like_a_built_in() {
     assert!(text.contains("= shifted_square(%1, 0.0) : bf16[4,16]"), "the default is spelled out\n{text}");
     let reparsed = parse(&text).unwrap();
     assert!(reparsed.structurally_eq(&traced.graph), "{text}");
-    ir_core::graph::verify(&reparsed, &registry).unwrap();
+    ir_graph::verify(&reparsed, &registry).unwrap();
 
-    let run = |graph: &ir_core::graph::Graph| {
+    let run = |graph: &ir_graph::Graph| {
         interpret(graph, &registry, vec![("x".to_owned(), x.clone())], InterpOptions::checked()).unwrap()
     };
     assert!(bit_eq(&run(&reparsed).outputs[0], &eager), "the uncompiled graph runs like eager");

@@ -1,10 +1,10 @@
 //! The passes end to end on the models of the spec's table (R128–R131), with the in-place `cpu`
 //! provider forced, in both clone elimination variants.
 
-use ir_core::graph::{InterpError, InterpOptions, Interpretation, NodeKind, interpret, parse};
 use ir_core::op::InputSpec;
 use ir_core::op::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm};
 use ir_core::{DType, PriorityGuard, Registry, Tensor, bit_eq};
+use ir_graph::{InterpError, InterpOptions, Interpretation, NodeKind, interpret, parse};
 use ir_passes::{CloneElimination, PassContext, PassError, Pipeline, PipelineError, Snapshots};
 
 const HEADER: &str = "graph m(%x: bf16[8,16], %r1: bf16[8,16], %r2: bf16[8,16], %w: bf16[16]) {\n";
@@ -233,8 +233,8 @@ fn donation_is_recorded_by_name_and_the_pipeline_is_stable() {
 
 #[test]
 fn tracing_a_decoder_records_one_call_per_op_and_interprets_like_eager() {
-    use ir_core::graph::Tracer;
     use ir_core::{EagerContext, ExecutionContext, TensorMeta};
+    use ir_graph::Tracer;
     use layers::RmsNorm;
 
     fn decoder<C: ExecutionContext>(ctx: &C, norms: &[RmsNorm], x: C::Tensor) -> (C::Tensor, C::Tensor) {
@@ -403,7 +403,7 @@ fn a_value_and_its_view_both_written_is_an_error_with_the_checks_off() {
             ("w".to_owned(), Tensor::ones(DType::F32, &[8]).unwrap()),
         ]
     };
-    for safety_checks in [ir_core::graph::SafetyChecks::On, ir_core::graph::SafetyChecks::Off] {
+    for safety_checks in [ir_graph::SafetyChecks::On, ir_graph::SafetyChecks::Off] {
         let err = interpret(&graph, &registry, given(), InterpOptions { safety_checks }).unwrap_err();
         assert!(matches!(err, InterpError::AliasedKernelArgs { .. }), "{safety_checks:?}: {err}");
     }

@@ -5,10 +5,10 @@
 //! fixes the seed (CI does).
 
 use ir_core::Support;
-use ir_core::graph::{Arg, Graph, InterpOptions, NodeKind, ValueId, interpret, parse};
 use ir_core::op::kernel_support::fused_add_rms_norm_support;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{DType, Layout, PriorityGuard, Registry, Tensor, TensorMeta, bit_eq};
+use ir_graph::{Arg, Graph, InterpOptions, NodeKind, ValueId, interpret, parse};
 use ir_passes::{CloneElimination, PassContext, Pipeline, Snapshots, eliminate_clones};
 use proptest::prelude::*;
 
@@ -308,7 +308,7 @@ proptest! {
     #[test]
     fn the_alias_aware_pipeline_preserves_results(graph in graphs(), seed in 0u64..1000) {
         let (registry, _guards) = registry();
-        ir_core::graph::verify(&graph, &registry).unwrap();
+        ir_graph::verify(&graph, &registry).unwrap();
         let text = graph.to_string();
         prop_assert!(parse(&text).unwrap().structurally_eq(&graph), "round trip\n{}", text);
 

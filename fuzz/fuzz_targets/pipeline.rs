@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use ir_core::graph::{Graph, InterpOptions, interpret};
+use ir_graph::{Graph, InterpOptions, interpret};
 use ir_core::{Registry, Tensor, bit_eq};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use libfuzzer_sys::fuzz_target;
@@ -67,9 +67,9 @@ fuzz_target!(|data: &[u8]| {
     if text.len() > 4096 {
         return;
     }
-    let Ok(mut graph) = ir_core::graph::parse(text) else { return };
+    let Ok(mut graph) = ir_graph::parse(text) else { return };
     let registry = registry();
-    if ir_core::graph::verify(&graph, registry).is_err() {
+    if ir_graph::verify(&graph, registry).is_err() {
         return;
     }
     let original = graph.clone();

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use ir_core::graph::{InterpOptions, interpret};
 use ir_core::{DType, Tensor, TensorMeta};
 use ir_core::{Platform, PriorityConfig, Registry};
+use ir_graph::{InterpOptions, interpret};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use serde::Serialize;
 use vllm_ir_bench::decoder::{GRAPH_SHAPE, decoder_graph};

@@ -2,8 +2,8 @@
 //! `scale` (a stand-in for attention and the MLP) and `forward_residual` (a fused add + norm), the
 //! shape of a transformer's norm traffic. One generic forward serves eager runs and the tracer.
 
-use ir_core::graph::{TracedGraph, Tracer};
 use ir_core::{DType, ExecutionContext, Registry, Tensor, TensorMeta};
+use ir_graph::{TracedGraph, Tracer};
 use layers::RmsNorm;
 
 use crate::BenchError;
@@ -101,8 +101,8 @@ pub fn decoder_graph(registry: &Registry, nodes: usize) -> Result<TracedGraph, B
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir_core::graph::{InterpOptions, interpret};
     use ir_core::{EagerContext, bit_eq};
+    use ir_graph::{InterpOptions, interpret};
 
     fn registry() -> Registry {
         let registry = Registry::with_builtin_ops();

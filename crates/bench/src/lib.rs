@@ -51,7 +51,7 @@ pub enum BenchError {
     Pipeline(#[from] ir_passes::PipelineError),
     /// The interpreter failed.
     #[error(transparent)]
-    Interp(#[from] ir_core::graph::InterpError),
+    Interp(#[from] ir_graph::InterpError),
     /// A provider's result differs from native's beyond the op's tolerance.
     #[error("{provider} {case}: result differs from native: {detail}")]
     Mismatch {

@@ -4,7 +4,7 @@
 use ir_core::DType;
 use ir_core::Registry;
 use ir_core::bit_eq;
-use ir_core::graph::{InterpOptions, InterpStats, interpret};
+use ir_graph::{InterpOptions, InterpStats, interpret};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use serde::Serialize;
 

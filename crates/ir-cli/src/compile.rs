@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use ir_core::Registry;
-use ir_core::graph::{Graph, parse};
+use ir_graph::{Graph, parse};
 use ir_passes::{CloneElimination, PassContext, Pipeline, PipelineReport, Snapshots};
 
 /// Pass selection flags.

@@ -4,11 +4,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use ir_core::graph::{InterpOptions, Interpretation, NodeKind, Tracer, interpret};
 use ir_core::op::InputSpec;
 use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::storage::cpu_bytes_allocated;
 use ir_core::{DType, EagerContext, ExecutionContext, Registry, SelectionRecord, Tensor, bit_eq};
+use ir_graph::{InterpOptions, Interpretation, NodeKind, Tracer, interpret};
 use ir_passes::{PassContext, PassReport, Pipeline, Snapshots};
 use layers::RmsNorm;
 
@@ -152,7 +152,7 @@ fn compiled_runs(registry: &Registry, model: &Model, args: &DemoArgs) -> anyhow:
     Ok(runs)
 }
 
-fn count_copies(graph: &ir_core::graph::Graph) -> usize {
+fn count_copies(graph: &ir_graph::Graph) -> usize {
     graph
         .order()
         .iter()

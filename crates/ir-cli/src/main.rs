@@ -89,8 +89,8 @@ fn one_line(error: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in error.chain() {
         let verify = cause
-            .downcast_ref::<ir_core::graph::VerifyError>()
-            .or_else(|| cause.downcast_ref::<Box<ir_core::graph::VerifyError>>().map(|boxed| &**boxed));
+            .downcast_ref::<ir_graph::VerifyError>()
+            .or_else(|| cause.downcast_ref::<Box<ir_graph::VerifyError>>().map(|boxed| &**boxed));
         if let Some(verify) = verify {
             parts.push(verify.summary());
             break;

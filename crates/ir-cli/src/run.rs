@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use ir_core::graph::{Graph, InterpOptions, Interpretation, interpret};
 use ir_core::{DType, Tensor, allclose, bit_eq};
+use ir_graph::{Graph, InterpOptions, Interpretation, interpret};
 use ir_passes::Snapshots;
 use safetensors::{Dtype, SafeTensors};
 

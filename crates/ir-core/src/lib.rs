@@ -35,7 +35,6 @@
 pub mod context;
 mod device;
 mod dtype;
-pub mod graph;
 mod implementation;
 pub mod layout;
 mod meta;

@@ -2,8 +2,8 @@
 
 use cranelift_entity::SecondaryMap;
 use ir_core::Registry;
-use ir_core::graph::{Arg, Graph, NodeId, NodeKind, ValueId};
 use ir_core::op::Overload;
+use ir_graph::{Arg, Graph, NodeId, NodeKind, ValueId};
 
 /// The values a node writes (R61): an `ImplCall`'s `writes` arguments, `copy_`'s destination, and a
 /// `maybe_inplace` call's activations (it donates them). Nothing else writes.

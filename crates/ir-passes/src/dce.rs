@@ -2,7 +2,7 @@
 //! results nobody uses. Inputs, the output node and writing nodes always stay.
 //!
 //! ```
-//! use ir_core::graph::parse;
+//! use ir_graph::parse;
 //! use ir_passes::{PassContext, dce};
 //!
 //! let mut graph = parse(
@@ -22,7 +22,7 @@
 use std::fmt;
 
 use cranelift_entity::EntitySet;
-use ir_core::graph::{Graph, NodeId, NodeKind};
+use ir_graph::{Graph, NodeId, NodeKind};
 
 use crate::analysis::written_values;
 use crate::{PassContext, PassError};

@@ -153,7 +153,7 @@
 //! on error the graph is unchanged.
 //!
 //! ```
-//! use ir_core::graph::parse;
+//! use ir_graph::parse;
 //! use ir_passes::{CloneElimination, PassContext, eliminate_clones};
 //!
 //! let mut graph = parse(
@@ -175,7 +175,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
-use ir_core::graph::{Graph, NodeId, NodeKind, ValueId};
+use ir_graph::{Graph, NodeId, NodeKind, ValueId};
 
 use crate::analysis::{StorageRoots, written_values};
 use crate::{CloneElimination, PassContext, PassError};
@@ -271,7 +271,7 @@ fn keep(graph: &Graph, node: NodeId, reason: KeepReason, report: &mut CloneRepor
 
 /// Use lists kept up to date while copies are removed, so each removal costs only the copy's uses.
 struct Edits {
-    users: SecondaryMap<ValueId, ir_core::graph::UseList>,
+    users: SecondaryMap<ValueId, ir_graph::UseList>,
     removed: EntitySet<NodeId>,
 }
 

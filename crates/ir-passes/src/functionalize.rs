@@ -21,7 +21,7 @@
 //! violation is reported. The pass is idempotent.
 //!
 //! ```
-//! use ir_core::graph::parse;
+//! use ir_graph::parse;
 //! use ir_passes::{PassContext, functionalize};
 //!
 //! let mut graph = parse(
@@ -45,8 +45,8 @@
 use std::fmt;
 
 use indexmap::IndexMap;
-use ir_core::graph::{Arg, Graph, NodeKind};
 use ir_core::op::Overload;
+use ir_graph::{Arg, Graph, NodeKind};
 
 use crate::{PassContext, PassError, Violation};
 

@@ -11,7 +11,7 @@
 //! [`Pipeline::standard`] runs them in that order (DCE twice) and verifies after each pass.
 //!
 //! ```
-//! use ir_core::graph::parse;
+//! use ir_graph::parse;
 //! use ir_passes::{PassContext, Pipeline, Snapshots};
 //!
 //! let registry = ir_core::Registry::with_builtin_ops();

@@ -16,7 +16,7 @@
 //! change later.
 //!
 //! ```
-//! use ir_core::graph::parse;
+//! use ir_graph::parse;
 //! use ir_passes::{PassContext, lower};
 //!
 //! let mut graph = parse(
@@ -36,9 +36,9 @@ use std::fmt;
 use std::rc::Rc;
 
 use indexmap::IndexMap;
-use ir_core::graph::{Arg, Graph, NodeId, NodeKind};
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{Rejection, Selection, TensorMeta};
+use ir_graph::{Arg, Graph, NodeId, NodeKind};
 
 use crate::{PassContext, PassError};
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use ir_core::graph::{Graph, VerifyError, verify};
+use ir_graph::{Graph, VerifyError, verify};
 
 use crate::{
     CloneReport, DceReport, FunctionalizeReport, LowerReport, PassContext, PassError, dce, eliminate_clones,

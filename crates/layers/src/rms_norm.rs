@@ -264,7 +264,7 @@ mod tests {
     /// stay distinct in the trace, and one weight used by two layers must stay one input.
     #[test]
     fn traced_weights_are_identified_by_tensor_not_by_name() {
-        use ir_core::graph::{InterpOptions, Tracer, interpret, parse};
+        use ir_graph::{InterpOptions, Tracer, interpret, parse};
         let registry = Registry::with_builtin_ops();
         let mut first = RmsNorm::new(8, DType::BF16).unwrap();
         let mut second = RmsNorm::new(8, DType::BF16).unwrap();
@@ -300,7 +300,7 @@ mod tests {
     /// so the printed graph parses back.
     #[test]
     fn every_traced_name_parses_back() {
-        use ir_core::graph::{InterpOptions, Tracer, interpret, parse};
+        use ir_graph::{InterpOptions, Tracer, interpret, parse};
         let registry = Registry::with_builtin_ops();
         let tracer = Tracer::new(&registry, "names");
         let x = sample(2, 8, 2);

@@ -5,9 +5,9 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
-use crate::graph::{Arg, Graph, NodeKind, ValueId};
-use crate::op::Overload;
-use crate::{DType, Device, Layout, TensorMeta};
+use crate::{Arg, Graph, NodeKind, ValueId};
+use ir_core::op::Overload;
+use ir_core::{DType, Device, Layout, TensorMeta};
 
 /// A syntax or name-resolution error, displayed like `3:17: expected ',' or ')', found 'x'`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -46,7 +46,7 @@ impl fmt::Display for Tok {
             Tok::Ident(s) => write!(f, "'{s}'"),
             Tok::Value(s) => write!(f, "'%{s}'"),
             Tok::Int(v) => write!(f, "'{v}'"),
-            Tok::Float(v) => write!(f, "'{}'", crate::graph::print::format_float(*v)),
+            Tok::Float(v) => write!(f, "'{}'", crate::print::format_float(*v)),
             Tok::Punct(c) => write!(f, "'{c}'"),
             Tok::Eof => f.write_str("end of input"),
         }
@@ -451,7 +451,7 @@ impl Parser {
             device =
                 spelled.parse().map_err(|_| self.error_at(&kind_token, "a device (cpu, cuda:N, rocm:N, xpu:N)"))?;
         }
-        let strides = strides.unwrap_or_else(|| crate::layout::compact_strides(&shape));
+        let strides = strides.unwrap_or_else(|| ir_core::layout::compact_strides(&shape));
         let layout = Layout::new(&shape, &strides, offset).map_err(|e| ParseError {
             line: token.line,
             column: token.column,

@@ -10,10 +10,10 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::RefCell;
 
-use crate::context::{CallArg, ExecutionContext};
-use crate::graph::{Arg, Graph, NodeKind, ValueId};
-use crate::op::{ArgMeta, OpDef, Overload, bind_meta};
-use crate::{CallError, Layout, Registry, StorageId, Tensor, TensorError, TensorMeta};
+use crate::{Arg, Graph, NodeKind, ValueId};
+use ir_core::context::{CallArg, ExecutionContext};
+use ir_core::op::{ArgMeta, OpDef, Overload, bind_meta};
+use ir_core::{CallError, Layout, Registry, StorageId, Tensor, TensorError, TensorMeta};
 
 /// A traced value: another handle to the same SSA value when cloned.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,7 +40,7 @@ pub struct Tracer<'r> {
     input_names: RefCell<HashSet<String>>,
     /// Parameter input nodes, placed after the declared inputs when the trace finishes (placing each
     /// at once would shift the whole order per parameter).
-    pending_inputs: RefCell<Vec<crate::graph::NodeId>>,
+    pending_inputs: RefCell<Vec<crate::NodeId>>,
 }
 
 /// A finished trace: the graph and the parameter tensors its parameter inputs stand for.
@@ -89,7 +89,7 @@ impl<'r> Tracer<'r> {
             suffix += 1;
         }
         if unique != name {
-            tracing::debug!(target: "ir_core::trace", requested = name, given = unique.as_str(), "renamed a graph input");
+            tracing::debug!(target: "ir_graph::trace", requested = name, given = unique.as_str(), "renamed a graph input");
         }
         names.insert(unique.clone());
         unique
@@ -124,7 +124,7 @@ impl ExecutionContext for Tracer<'_> {
         let unique = self.unique_input_name(name);
         if self.parameters.borrow().iter().any(|(given, _)| given == name) {
             tracing::warn!(
-                target: "ir_core::trace",
+                target: "ir_graph::trace",
                 "two distinct parameter tensors are named `{name}`; the later one is traced as `%{unique}` \
                  (give each layer its own name)"
             );

@@ -3,8 +3,8 @@
 
 use std::fmt::{self, Write};
 
-use crate::graph::{Arg, Graph, NodeId, NodeKind};
-use crate::op::Overload;
+use crate::{Arg, Graph, NodeId, NodeKind};
+use ir_core::op::Overload;
 
 pub(crate) fn write_graph(out: &mut impl Write, graph: &Graph) -> fmt::Result {
     write!(out, "graph {}(", graph.name)?;

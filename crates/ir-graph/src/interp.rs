@@ -13,9 +13,9 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use cranelift_entity::SecondaryMap;
 
-use crate::graph::{Arg, Graph, NodeId, NodeKind, ValueId, VerifyError, verify};
-use crate::op::{ArgMeta, Overload, Value};
-use crate::{CallError, Registry, StorageId, Tensor, TensorError, TensorMeta};
+use crate::{Arg, Graph, NodeId, NodeKind, ValueId, VerifyError, verify};
+use ir_core::op::{ArgMeta, Overload, Value};
+use ir_core::{CallError, Registry, StorageId, Tensor, TensorError, TensorMeta};
 
 /// Whether the interpreter checks writes for hazards (R69).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,7 +172,7 @@ pub fn interpret(
         run.release_dead(node, position);
         run.account();
     }
-    tracing::debug!(target: "ir_core::interp", graph = graph.name.as_str(), stats = ?run.stats, "interpreted");
+    tracing::debug!(target: "ir_graph::interp", graph = graph.name.as_str(), stats = ?run.stats, "interpreted");
     Ok(Interpretation { outputs, stats: run.stats })
 }
 
@@ -185,7 +185,7 @@ struct Run<'g> {
     bound: HashMap<StorageId, Bound>,
     /// Σ bytes of the storages in `bound`.
     live_bytes: u64,
-    uses: SecondaryMap<ValueId, crate::graph::UseList>,
+    uses: SecondaryMap<ValueId, crate::UseList>,
     positions: SecondaryMap<NodeId, u32>,
     kept: HashSet<ValueId>,
     inputs: HashMap<StorageId, (String, bool)>,
@@ -234,7 +234,7 @@ impl<'g> Run<'g> {
             }
             let tensor = if donated && !tensor.is_uniquely_owned() {
                 // The caller kept a handle: copy before anything can write into it (R68).
-                tracing::debug!(target: "ir_core::interp", input = name, "donated input is shared; copying it");
+                tracing::debug!(target: "ir_graph::interp", input = name, "donated input is shared; copying it");
                 self.stats.defensive_copies += 1;
                 let copy = tensor.deep_clone_same_layout().map_err(|source| InterpError::Tensor {
                     node: self.graph.value(value).def,
@@ -467,7 +467,7 @@ impl<'g> Run<'g> {
         }
         // Take every alias of the written storages out of the environment, so the kernel owns them
         // uniquely; afterwards they are rebound to the written storage.
-        let mut aliases: Vec<(ValueId, usize, crate::Layout)> = Vec::new();
+        let mut aliases: Vec<(ValueId, usize, ir_core::Layout)> = Vec::new();
         let mut values: Vec<Option<Value>> = vec![None; args.len()];
         let mut taken: HashMap<ValueId, Tensor> = HashMap::default();
         for (slot, &value) in writes.iter().zip(&written) {

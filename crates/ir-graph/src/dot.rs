@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::graph::{Graph, NodeKind};
+use crate::{Graph, NodeKind};
 
 impl Graph {
     /// The graph in Graphviz DOT syntax.
@@ -37,7 +37,7 @@ impl Graph {
 
 #[cfg(test)]
 mod tests {
-    use crate::graph::parse;
+    use crate::parse;
 
     #[test]
     fn dot_lists_nodes_and_edges() {

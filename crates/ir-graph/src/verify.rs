@@ -6,9 +6,9 @@ use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
 
-use crate::graph::{Arg, Graph, NodeId, NodeKind, ValueId};
-use crate::op::{ArgMeta, OpDef, Overload, bind_meta};
-use crate::{Layout, Registry, TensorMeta};
+use crate::{Arg, Graph, NodeId, NodeKind, ValueId};
+use ir_core::op::{ArgMeta, OpDef, Overload, bind_meta};
+use ir_core::{Layout, Registry, TensorMeta};
 
 /// One problem of a graph.
 ///

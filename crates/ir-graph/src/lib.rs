@@ -1,4 +1,5 @@
-//! The graph IR: traced models as SSA graphs with concrete metadata on every value.
+//! `ir-graph`: the graph IR of vllm-ir-rs — traced models as SSA graphs with concrete metadata on
+//! every value, their text format, the verifier, the interpreter and the tracer.
 //!
 //! Definitions are kept apart from order: nodes and values live in arenas addressed by typed ids,
 //! and `order` lists the live nodes. Ids are never reused; removing a node takes it out of the order
@@ -6,7 +7,33 @@
 //! result index and its `TensorMeta`.
 //!
 //! The text format (R63) is produced by [`Graph`]'s `Display` and read by [`parse`]; [`verify`]
-//! checks a graph against a registry.
+//! checks a graph against a registry; [`interpret`] runs it on real tensors through the registry,
+//! with safety checks; [`Tracer`] is an execution context that records a graph from model code
+//! written against `ir_core::ExecutionContext`. The passes live in `ir-passes`.
+//!
+//! ```
+//! use ir_core::{DType, Registry, Tensor};
+//! use ir_graph::{InterpOptions, interpret, parse, verify};
+//!
+//! let graph = parse(
+//!     "graph g(%x: f32[2,4]) {
+//!        %y = rms_norm(%x, none, 1e-6, none) : f32[2,4]
+//!        output(%y)
+//!      }",
+//! )?;
+//! let registry = Registry::with_builtin_ops();
+//! verify(&graph, &registry)?;
+//! let x = Tensor::from_f32(DType::F32, &[2, 4], &[1.0, 2.0, 3.0, 4.0, -1.0, 0.5, 0.25, 2.0])?;
+//! let run = interpret(&graph, &registry, vec![("x".to_owned(), x)], InterpOptions::checked())?;
+//! assert_eq!(run.outputs[0].shape(), &[2, 4]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Logging
+//!
+//! Libraries only emit `tracing` events; binaries install a subscriber honouring `RUST_LOG`. Targets:
+//! `ir_graph::interp` (a run's statistics, defensive copies of shared donated inputs),
+//! `ir_graph::trace` (renamed inputs, parameter names shared by distinct tensors).
 
 mod dot;
 mod interp;
@@ -19,13 +46,13 @@ use std::fmt;
 
 use cranelift_entity::{EntitySet, PrimaryMap, SecondaryMap, entity_impl};
 
-use crate::TensorMeta;
-pub use crate::graph::interp::{InterpError, InterpOptions, InterpStats, Interpretation, SafetyChecks, interpret};
-pub use crate::graph::parse::{ParseError, parse};
-pub use crate::graph::print::format_float;
-pub use crate::graph::trace::{Traced, TracedGraph, Tracer};
-pub use crate::graph::verify::{Diagnostic, VerifyError, verify};
-use crate::op::{ArgMeta, Overload};
+pub use crate::interp::{InterpError, InterpOptions, InterpStats, Interpretation, SafetyChecks, interpret};
+pub use crate::parse::{ParseError, parse};
+pub use crate::print::format_float;
+pub use crate::trace::{Traced, TracedGraph, Tracer};
+pub use crate::verify::{Diagnostic, VerifyError, verify};
+use ir_core::TensorMeta;
+use ir_core::op::{ArgMeta, Overload};
 
 /// A node of a graph. Ids come from the graph's node arena in creation order; the numbering is
 /// stable (never reused) but arbitrary, and says nothing about execution order.
