@@ -361,7 +361,7 @@ fn a_panicking_predicate_during_the_pipeline_is_a_rejection() {
     let spec = ir_core::ImplSpec::new("flaky")
         .with_supports(|_: &[ir_core::op::ArgMeta<'_>]| -> ir_core::Support { panic!("flaky predicate failed") });
     let functional =
-        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::Functional(ir_core::op::fused_add_rms_norm::native);
+        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::functional(ir_core::op::fused_add_rms_norm::native);
     ir_core::op::fused_add_rms_norm::register(&registry, spec, functional).unwrap();
     let _guard = registry.override_priority("fused_add_rms_norm", &["flaky", "cpu", "native"]).unwrap();
     let mut graph = parse(&model_b()).unwrap();

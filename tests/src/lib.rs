@@ -28,7 +28,7 @@ pub fn register_inplace_provider(registry: &Registry, provider: &'static str) ->
     fused_add_rms_norm::register(
         registry,
         ImplSpec::new(provider),
-        FusedAddRmsNormImpl::Inplace(inplace_fused_add_rms_norm),
+        FusedAddRmsNormImpl::inplace(inplace_fused_add_rms_norm),
     )
 }
 

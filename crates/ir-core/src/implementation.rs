@@ -35,8 +35,9 @@ pub type SupportsFn = Arc<dyn Fn(&[ArgMeta<'_>]) -> Support + Send + Sync>;
 /// A provider's registration data, apart from its function.
 #[derive(Clone)]
 pub struct ImplSpec {
-    /// Provider name (`^[a-z_][a-z_0-9]*$`; `native` and `unfused` are reserved).
-    pub provider: &'static str,
+    /// Provider name (`^[a-z_][a-z_0-9]*$`; `native` and `unfused` are reserved). A name made at run
+    /// time (an engine's plugin name) is stored once for the life of the process when registered.
+    pub provider: std::borrow::Cow<'static, str>,
     /// Availability probe.
     pub probe: Probe,
     /// `None` means "supports all arguments".
@@ -49,9 +50,15 @@ pub struct ImplSpec {
 }
 
 impl ImplSpec {
-    /// An always-available provider with no predicate.
-    pub fn new(provider: &'static str) -> ImplSpec {
-        ImplSpec { provider, probe: Arc::new(|| Availability::Available), supports: None, detects_platform: None }
+    /// An always-available provider with no predicate. The name may be a literal or a `String`
+    /// made at run time.
+    pub fn new(provider: impl Into<std::borrow::Cow<'static, str>>) -> ImplSpec {
+        ImplSpec {
+            provider: provider.into(),
+            probe: Arc::new(|| Availability::Available),
+            supports: None,
+            detects_platform: None,
+        }
     }
 
     /// The same spec with an availability probe.

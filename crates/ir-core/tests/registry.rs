@@ -179,7 +179,7 @@ fn registering_twice_in_one_registry_fails_but_registries_are_independent() {
     let again = ir_core::op::fused_add_rms_norm::register(
         &a,
         spec("p"),
-        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::Inplace(common::inplace_fused),
+        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(common::inplace_fused),
     );
     assert!(matches!(again, Err(RegistryError::DuplicateProvider { .. })));
 }
@@ -693,4 +693,81 @@ fn a_panicking_predicate_is_a_rejection_with_the_panic_message() {
         "{err}"
     );
     assert!(rms_norm_meta_select(&registry).is_ok(), "the registry stays usable");
+}
+
+// --- providers made at run time, closures, replacement ---
+
+fn scaled_native(factor: f64) -> ImplFunc {
+    ImplFunc::functional(move |args| {
+        let x = args[0].as_tensor().expect("bound");
+        Ok(vec![rms_norm::native(x, None, 1e-6, None)?.scale(factor)?])
+    })
+}
+
+#[test]
+fn a_provider_name_made_at_run_time_registers_dispatches_and_cannot_be_registered_twice() {
+    let registry = Registry::with_builtin_ops();
+    let plugin = format!("plugin_{}", 3);
+    registry.register_impl("rms_norm", ImplSpec::new(plugin.clone()), scaled_native(2.0)).unwrap();
+    registry.set_default("rms_norm", &[plugin.as_str()]).unwrap();
+    let x = sample(DType::F32, 2, 8, 5);
+    let out = rms_norm(&registry, &x, None, 1e-6, None).unwrap();
+    assert!(bit_eq(&out, &rms_norm::native(&x, None, 1e-6, None).unwrap().scale(2.0).unwrap()));
+    assert_eq!(registry.installed_priority("rms_norm").unwrap(), ["plugin_3"]);
+
+    let err = registry.register_impl("rms_norm", ImplSpec::new(plugin.clone()), scaled_native(3.0)).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("provider `plugin_3` is already registered for op `rms_norm`"), "{message}");
+    assert!(message.contains("to swap its implementation, call `Registry::replace_impl`"), "{message}");
+    let err = registry.register_impl("rms_norm", ImplSpec::new(String::from("Bad-Name")), scaled_native(1.0));
+    assert!(matches!(err, Err(RegistryError::InvalidName { kind: NameKind::Provider, .. })), "{err:?}");
+}
+
+#[test]
+fn replacing_an_implementation_keeps_its_place_in_every_installed_list() {
+    let registry = Registry::with_builtin_ops();
+    registry.register_impl("rms_norm", spec("mine"), scaled_native(2.0)).unwrap();
+    registry.set_default("rms_norm", &["mine"]).unwrap();
+    let guard = registry.override_priority("rms_norm", &["mine", "native"]).unwrap();
+    let x = sample(DType::F32, 2, 8, 6);
+    let reference = rms_norm::native(&x, None, 1e-6, None).unwrap();
+    let run = || rms_norm(&registry, &x, None, 1e-6, None).unwrap();
+    assert!(bit_eq(&run(), &reference.scale(2.0).unwrap()));
+
+    registry.replace_impl("rms_norm", spec("mine"), scaled_native(3.0)).unwrap();
+    assert!(bit_eq(&run(), &reference.scale(3.0).unwrap()), "the scoped list runs the new function");
+    drop(guard);
+    assert!(bit_eq(&run(), &reference.scale(3.0).unwrap()), "so does the default list");
+
+    // A replacement that cannot run here is skipped, as resolution skips any unavailable provider.
+    let offline = spec("mine").with_probe(|| Availability::Unavailable("unplugged".into()));
+    registry.replace_impl("rms_norm", offline, scaled_native(4.0)).unwrap();
+    assert_eq!(registry.installed_priority("rms_norm").unwrap(), ["native"]);
+    assert!(bit_eq(&run(), &reference));
+
+    let err = registry.replace_impl("rms_norm", spec("absent"), scaled_native(1.0)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "provider `absent` is not registered for op `rms_norm`, so it cannot be replaced; register it with \
+         `Registry::register_impl`"
+    );
+}
+
+#[test]
+fn typed_implementations_are_closures_that_may_capture_state() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let registry = Registry::with_builtin_ops();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let kernel = ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(move |x, r, w, eps, v| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        common::inplace_fused(x, r, w, eps, v)
+    });
+    ir_core::op::fused_add_rms_norm::register(&registry, spec("counted"), kernel).unwrap();
+    registry.set_default("fused_add_rms_norm", &["counted"]).unwrap();
+    let (x, r) = (sample(DType::F32, 2, 8, 7), sample(DType::F32, 2, 8, 8));
+    ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(&registry, x, r, None, 1e-6, None).unwrap();
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
 }

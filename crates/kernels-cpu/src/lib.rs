@@ -45,7 +45,7 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let rms_spec = ImplSpec::new(PROVIDER).with_supports(|args| rms_norm_support(args, DeviceKind::Cpu));
     rms_norm::register(registry, rms_spec, rms_norm_cpu)?;
     let fused_spec = ImplSpec::new(PROVIDER).with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cpu));
-    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::Inplace(fused_add_rms_norm_cpu))
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cpu))
 }
 
 /// `rms_norm` on the CPU: a fresh output with the layout the meta function declares.

@@ -49,7 +49,7 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
         .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cuda));
-    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::Inplace(fused_add_rms_norm_cuda))
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cuda))
 }
 
 /// `rms_norm` on a CUDA device: a fresh output with the declared layout; the launch is asynchronous.

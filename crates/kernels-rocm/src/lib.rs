@@ -47,7 +47,7 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
         .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Rocm));
-    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::Inplace(fused_add_rms_norm_rocm))
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_rocm))
 }
 
 /// Whether the provider can run here, and why not.

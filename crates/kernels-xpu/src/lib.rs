@@ -51,7 +51,7 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     fused_add_rms_norm::register(
         registry,
         spec(fused_add_rms_norm_support),
-        FusedAddRmsNormImpl::Inplace(fused_add_rms_norm_xpu),
+        FusedAddRmsNormImpl::inplace(fused_add_rms_norm_xpu),
     )
 }
 

@@ -34,14 +34,18 @@ pub static FUSED_ADD_RMS_NORM: OpDef = OpDef {
 const PARAMS: NormParams =
     NormParams { op: "fused_add_rms_norm", x: 0, residual: Some(1), weight: 2, epsilon: 3, variance_size: 4 };
 
-/// The typed signature of a functional implementation.
-pub type FusedAddRmsNormFn =
-    fn(&Tensor, &Tensor, Option<&Tensor>, f64, Option<i64>) -> Result<(Tensor, Tensor), KernelError>;
+/// The typed signature of a functional implementation (a closure: it may capture state).
+pub type FusedAddRmsNormFn = std::sync::Arc<
+    dyn Fn(&Tensor, &Tensor, Option<&Tensor>, f64, Option<i64>) -> Result<(Tensor, Tensor), KernelError> + Send + Sync,
+>;
 
 /// The typed signature of an in-place implementation: writes `out` into x's storage and
-/// `residual_out` into x_residual's, and returns those two tensors.
-pub type FusedAddRmsNormInplaceFn =
-    fn(UniqueTensor, UniqueTensor, Option<&Tensor>, f64, Option<i64>) -> Result<(Tensor, Tensor), KernelError>;
+/// `residual_out` into x_residual's, and returns those two tensors (a closure: it may capture state).
+pub type FusedAddRmsNormInplaceFn = std::sync::Arc<
+    dyn Fn(UniqueTensor, UniqueTensor, Option<&Tensor>, f64, Option<i64>) -> Result<(Tensor, Tensor), KernelError>
+        + Send
+        + Sync,
+>;
 
 /// The functional call: inputs never change and outputs never alias them.
 pub fn fused_add_rms_norm(
@@ -87,6 +91,28 @@ pub enum FusedAddRmsNormImpl {
     Functional(FusedAddRmsNormFn),
     /// Writes the outputs into the donated activations.
     Inplace(FusedAddRmsNormInplaceFn),
+}
+
+impl FusedAddRmsNormImpl {
+    /// A functional implementation from a function or closure.
+    pub fn functional(
+        f: impl Fn(&Tensor, &Tensor, Option<&Tensor>, f64, Option<i64>) -> Result<(Tensor, Tensor), KernelError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> FusedAddRmsNormImpl {
+        FusedAddRmsNormImpl::Functional(std::sync::Arc::new(f))
+    }
+
+    /// An in-place implementation from a function or closure.
+    pub fn inplace(
+        f: impl Fn(UniqueTensor, UniqueTensor, Option<&Tensor>, f64, Option<i64>) -> Result<(Tensor, Tensor), KernelError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> FusedAddRmsNormImpl {
+        FusedAddRmsNormImpl::Inplace(std::sync::Arc::new(f))
+    }
 }
 
 /// Registers an implementation of `fused_add_rms_norm` with a typed signature.

@@ -30,7 +30,8 @@ pub static RMS_NORM: OpDef = OpDef {
 
 const PARAMS: NormParams = NormParams { op: "rms_norm", x: 0, residual: None, weight: 1, epsilon: 2, variance_size: 3 };
 
-/// The typed implementation signature: `(x, weight, epsilon, variance_size) -> out` (never in place).
+/// The typed implementation signature as a function pointer: `(x, weight, epsilon, variance_size) ->
+/// out` (never in place). [`register`] takes any closure of this shape.
 pub type RmsNormFn = fn(&Tensor, Option<&Tensor>, f64, Option<i64>) -> Result<Tensor, KernelError>;
 
 /// The functional call: dispatches with the registry's installed priorities.

@@ -146,7 +146,10 @@ pub enum RegistryError {
         known: Vec<String>,
     },
     /// A provider registered twice for one op.
-    #[error("provider `{provider}` is already registered for op `{op}` (first registered at {first})")]
+    #[error(
+        "provider `{provider}` is already registered for op `{op}` (first registered at {first}); \
+         to swap its implementation, call `Registry::replace_impl`"
+    )]
     DuplicateProvider {
         /// The op.
         op: String,
@@ -154,6 +157,16 @@ pub enum RegistryError {
         provider: String,
         /// Where the first registration happened.
         first: &'static Location<'static>,
+    },
+    /// `replace_impl` for a provider that is not registered.
+    #[error(
+        "provider `{provider}` is not registered for op `{op}`, so it cannot be replaced; register it with `Registry::register_impl`"
+    )]
+    NotRegistered {
+        /// The op.
+        op: String,
+        /// The provider.
+        provider: String,
     },
     /// An in-place implementation of an op without `allow_inplace`.
     #[error("provider `{provider}` registers an inplace implementation of `{op}`, which does not allow inplace")]
@@ -301,16 +314,12 @@ impl Registry {
     /// Registers an implementation (the dynamic form; ops have typed `register` functions).
     ///
     /// Checks, in order: reserved provider name, name syntax, duplicate provider (naming the first
-    /// registration), in-place on an op without `allow_inplace`.
+    /// registration and [`Registry::replace_impl`]), in-place on an op without `allow_inplace`.
     #[track_caller]
     pub fn register_impl(&self, op: &str, spec: ImplSpec, func: ImplFunc) -> Result<(), RegistryError> {
         let location = Location::caller();
-        let entry = self.entry(op).map_err(|known| RegistryError::UnknownOp { op: op.to_owned(), known })?;
-        let provider = spec.provider;
-        if RESERVED_PROVIDERS.contains(&provider) {
-            return Err(RegistryError::ReservedName { kind: NameKind::Provider, name: provider.to_owned() });
-        }
-        check_name(NameKind::Provider, provider)?;
+        let (entry, implementation) = self.checked_impl(op, spec, func, location)?;
+        let provider = implementation.provider;
         let mut impls = write(&entry.impls);
         if let Some(first) = impls.iter().find(|i| i.provider == provider) {
             return Err(RegistryError::DuplicateProvider {
@@ -319,23 +328,9 @@ impl Registry {
                 first: first.registered_at,
             });
         }
-        if func.inplace && !entry.def.allow_inplace {
-            return Err(RegistryError::InplaceNotAllowed { op: op.to_owned(), provider: provider.to_owned() });
-        }
-        impls.push(Arc::new(ImplEntry {
-            provider,
-            registered_at: location,
-            probe: spec.probe,
-            availability: OnceLock::new(),
-            detects_platform: spec.detects_platform,
-            supports: spec.supports,
-            inplace: func.inplace,
-            call: func.call,
-            selections: AtomicU64::new(0),
-            last_rejection: Mutex::new(None),
-        }));
+        impls.push(implementation);
         drop(impls);
-        tracing::debug!(target: "ir_core::registry", op, provider, inplace = func.inplace, "registered implementation");
+        tracing::debug!(target: "ir_core::registry", op, provider, "registered implementation");
         if read(&entry.installed).is_some() {
             entry.warn_once(&format!("registered-after-install:{provider}"), || {
                 format!(
@@ -345,6 +340,65 @@ impl Registry {
             });
         }
         Ok(())
+    }
+
+    /// Replaces the implementation a provider registered for `op` (spec and function), keeping its
+    /// place: every installed priority list naming the provider is resolved again, so the next call
+    /// runs the new function (or skips it if its probe says it cannot run here).
+    #[track_caller]
+    pub fn replace_impl(&self, op: &str, spec: ImplSpec, func: ImplFunc) -> Result<(), RegistryError> {
+        let location = Location::caller();
+        let (entry, implementation) = self.checked_impl(op, spec, func, location)?;
+        let provider = implementation.provider;
+        // Probes are user code: evaluate every one before any lock is taken, so resolving again
+        // below only reads cached answers.
+        implementation.availability();
+        for other in read(&entry.impls).clone().iter() {
+            other.availability();
+        }
+        let mut stack = lock(&entry.priority);
+        let mut impls = write(&entry.impls);
+        let Some(slot) = impls.iter_mut().find(|i| i.provider == provider) else {
+            return Err(RegistryError::NotRegistered { op: op.to_owned(), provider: provider.to_owned() });
+        };
+        *slot = implementation;
+        drop(impls);
+        stack.resolve_again(&entry);
+        *write(&entry.installed) = stack.top();
+        tracing::debug!(target: "ir_core::registry", op, provider, "replaced implementation");
+        Ok(())
+    }
+
+    /// The op's entry and a new implementation entry, after the checks registration and
+    /// replacement share (the provider name is interned here, after it was validated).
+    fn checked_impl(
+        &self,
+        op: &str,
+        spec: ImplSpec,
+        func: ImplFunc,
+        location: &'static Location<'static>,
+    ) -> Result<(Arc<OpEntry>, Arc<ImplEntry>), RegistryError> {
+        let entry = self.entry(op).map_err(|known| RegistryError::UnknownOp { op: op.to_owned(), known })?;
+        if RESERVED_PROVIDERS.contains(&spec.provider.as_ref()) {
+            return Err(RegistryError::ReservedName { kind: NameKind::Provider, name: spec.provider.into_owned() });
+        }
+        check_name(NameKind::Provider, &spec.provider)?;
+        if func.inplace && !entry.def.allow_inplace {
+            return Err(RegistryError::InplaceNotAllowed { op: op.to_owned(), provider: spec.provider.into_owned() });
+        }
+        let implementation = Arc::new(ImplEntry {
+            provider: intern_provider_name(spec.provider),
+            registered_at: location,
+            probe: spec.probe,
+            availability: OnceLock::new(),
+            detects_platform: spec.detects_platform,
+            supports: spec.supports,
+            inplace: func.inplace,
+            call: func.call,
+            selections: AtomicU64::new(0),
+            last_rejection: Mutex::new(None),
+        });
+        Ok((entry, implementation))
     }
 
     // --- queries ---
@@ -467,6 +521,25 @@ impl ImplEntry {
                 "supports predicate panicked: {}",
                 panic_message(&*panic)
             ))),
+        }
+    }
+}
+
+/// A provider name with the life of the process: literals as they are; a name made at run time is
+/// stored once (the same name registered again reuses it), so a process holds one copy per distinct
+/// provider name it ever registered.
+fn intern_provider_name(name: std::borrow::Cow<'static, str>) -> &'static str {
+    static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    match name {
+        std::borrow::Cow::Borrowed(name) => name,
+        std::borrow::Cow::Owned(name) => {
+            let mut names = lock(&NAMES);
+            if let Some(&interned) = names.iter().find(|&&n| n == name) {
+                return interned;
+            }
+            let interned: &'static str = Box::leak(name.into_boxed_str());
+            names.push(interned);
+            interned
         }
     }
 }

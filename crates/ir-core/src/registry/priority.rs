@@ -36,17 +36,33 @@ pub enum PriorityError {
     },
 }
 
-/// The per-op stack: a permanent default at the bottom, guard layers above it.
+/// The per-op stack: a permanent default at the bottom, guard layers above it. Each list keeps the
+/// names it was resolved from, so replacing an implementation can resolve it again.
 #[derive(Default)]
 pub(crate) struct PriorityStack {
-    default: Option<Resolved>,
-    layers: Vec<(u64, Resolved)>,
+    default: Option<Layer>,
+    layers: Vec<(u64, Layer)>,
     next_layer: u64,
 }
 
+/// One installed list: the names asked for and what resolution made of them.
+struct Layer {
+    names: Vec<String>,
+    resolved: Resolved,
+}
+
 impl PriorityStack {
-    fn top(&self) -> Option<Resolved> {
-        self.layers.last().map(|(_, list)| Arc::clone(list)).or_else(|| self.default.clone())
+    pub(crate) fn top(&self) -> Option<Resolved> {
+        self.layers.last().map(|(_, layer)| &layer.resolved).or(self.default.as_ref().map(|l| &l.resolved)).cloned()
+    }
+
+    /// Resolves every list again (after an implementation was replaced); names stay valid because a
+    /// replacement keeps the provider's name.
+    pub(crate) fn resolve_again(&mut self, entry: &OpEntry) {
+        let layers = self.default.iter_mut().chain(self.layers.iter_mut().map(|(_, layer)| layer));
+        for layer in layers {
+            layer.resolved = resolve(entry, &layer.names).expect("a replacement keeps every name registered");
+        }
     }
 }
 
@@ -85,9 +101,10 @@ impl Registry {
         let entry = self.priority_entry(op)?;
         let resolved = resolve(&entry, names)?;
         let mut stack = lock(&entry.priority);
-        stack.default = Some(resolved);
+        let names = names.iter().map(|n| n.as_ref().to_owned()).collect();
+        stack.default = Some(Layer { names, resolved });
         *write(&entry.installed) = stack.top();
-        tracing::debug!(target: "ir_core::priority", op, default = %display_list(stack.default.as_deref()), "set default priority list");
+        tracing::debug!(target: "ir_core::priority", op, default = %display_list(stack.top().as_deref()), "set default priority list");
         Ok(())
     }
 
@@ -95,7 +112,8 @@ impl Registry {
     pub fn override_priority(&self, op: &str, names: &[impl AsRef<str>]) -> Result<PriorityGuard, PriorityError> {
         let entry = self.priority_entry(op)?;
         let resolved = resolve(&entry, names)?;
-        Ok(install_layer(entry, resolved))
+        let names = names.iter().map(|n| n.as_ref().to_owned()).collect();
+        Ok(install_layer(entry, Layer { names, resolved }))
     }
 
     /// The installed, resolved list of `op` (`None` when nothing is installed or the op is unknown).
@@ -116,11 +134,11 @@ impl Registry {
     }
 }
 
-fn install_layer(entry: Arc<OpEntry>, resolved: Resolved) -> PriorityGuard {
+fn install_layer(entry: Arc<OpEntry>, layer_data: Layer) -> PriorityGuard {
     let mut stack = lock(&entry.priority);
     let layer = stack.next_layer;
     stack.next_layer += 1;
-    stack.layers.push((layer, resolved));
+    stack.layers.push((layer, layer_data));
     *write(&entry.installed) = stack.top();
     tracing::debug!(target: "ir_core::priority", op = entry.def.name, installed = %display_list(stack.top().as_deref()), "installed scoped priority list");
     drop(stack);

@@ -92,7 +92,7 @@ pub fn inplace_fused(
 
 /// Registers `name` as an in-place provider of `fused_add_rms_norm` (no predicate).
 pub fn register_inplace(registry: &Registry, name: &'static str) {
-    fused_add_rms_norm::register(registry, ImplSpec::new(name), FusedAddRmsNormImpl::Inplace(inplace_fused)).unwrap();
+    fused_add_rms_norm::register(registry, ImplSpec::new(name), FusedAddRmsNormImpl::inplace(inplace_fused)).unwrap();
 }
 
 /// Registers `name` as a functional provider of `rms_norm` that scales native's result by `factor`,
