@@ -173,3 +173,150 @@ fn an_out_of_tree_op_is_validated_like_a_built_in() {
     );
     assert!(matches!(eager, Err(CallError::UnknownOp { .. })), "{eager:?}");
 }
+
+// --- every parameter kind, through the same path ---
+
+const MODES: &[&str] = &["exact", "fast"];
+
+/// `kinds_probe(x, mode = "exact", scale = none, flag = none, out_dtype = none, dims = none)`: x times
+/// `scale` (1 if none; negated when `flag`), in `out_dtype` (x's if none), reshaped to `dims` (x's
+/// shape if none). Exercises every parameter kind.
+static KINDS_PROBE: OpDef = OpDef {
+    name: "kinds_probe",
+    params: &[
+        ParamDef { name: "x", kind: ParamKind::Tensor, default: None },
+        ParamDef { name: "mode", kind: ParamKind::Str(MODES), default: Some(Literal::Str("exact")) },
+        ParamDef { name: "scale", kind: ParamKind::OptF64, default: Some(Literal::None) },
+        ParamDef { name: "flag", kind: ParamKind::OptBool, default: Some(Literal::None) },
+        ParamDef { name: "out_dtype", kind: ParamKind::OptDType, default: Some(Literal::None) },
+        ParamDef { name: "dims", kind: ParamKind::OptInts, default: Some(Literal::None) },
+    ],
+    n_outputs: 1,
+    activations: Activations::Default,
+    allow_inplace: false,
+    native: kinds_native,
+    meta: kinds_meta,
+    generate_inputs: generate,
+    tolerances: &[],
+    description: "a probe of every parameter kind",
+};
+
+fn kinds_shape_and_dtype(args: &[ArgMeta<'_>]) -> Result<(Vec<usize>, DType), MetaError> {
+    let x = args[0].tensor().ok_or(MetaError::Kind { op: "kinds_probe", param: "x" })?;
+    let dtype = args[4].dtype().unwrap_or(x.dtype);
+    let shape = match args[5].ints() {
+        None => x.shape().to_vec(),
+        Some(dims) => {
+            let dims: Vec<usize> = dims.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+            if dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) != Some(x.numel()) {
+                return Err(MetaError::Kind { op: "kinds_probe", param: "dims" });
+            }
+            dims
+        }
+    };
+    Ok((shape, dtype))
+}
+
+fn kinds_meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+    let (shape, dtype) = kinds_shape_and_dtype(args)?;
+    Ok(vec![TensorMeta::compact(dtype, &shape)])
+}
+
+fn kinds_native(args: &[Value]) -> Result<Vec<Tensor>, KernelError> {
+    let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
+    let (shape, dtype) =
+        kinds_shape_and_dtype(&metas).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
+    let x = args[0].as_tensor().expect("bound");
+    let sign = if metas[3].bool() == Some(true) { -1.0 } else { 1.0 };
+    let factor = metas[2].f64().unwrap_or(1.0) * sign;
+    let exact = metas[1].str() == Some("exact");
+    let values: Vec<f64> =
+        x.to_f64_vec()?.into_iter().map(|v| if exact { v * factor } else { (v * factor) as f32 as f64 }).collect();
+    Ok(vec![Tensor::from_f64(dtype, &shape, &values)?])
+}
+
+/// A call of `kinds_probe` giving every parameter a value.
+fn every_kind<T>(x: T) -> Vec<CallArg<T>> {
+    vec![
+        CallArg::Tensor(x),
+        CallArg::Str("fast".to_owned()),
+        CallArg::F64(2.0),
+        CallArg::Bool(true),
+        CallArg::DType(DType::F32),
+        CallArg::Ints(vec![8, 4]),
+    ]
+}
+
+#[test]
+fn every_parameter_kind_traces_prints_parses_and_runs() {
+    let registry = Registry::with_builtin_ops();
+    registry.define_op(&KINDS_PROBE).unwrap();
+    let x = Tensor::randn(&TensorMeta::compact(DType::BF16, &[4, 8]), 3).unwrap();
+    let eager_ctx = EagerContext::new(&registry);
+    let eager = eager_ctx.call(&KINDS_PROBE, Overload::Default, every_kind(x.clone())).unwrap();
+    let eager_defaults = eager_ctx.call(&KINDS_PROBE, Overload::Default, vec![CallArg::Tensor(x.clone())]).unwrap();
+    assert_eq!((eager[0].dtype(), eager[0].shape()), (DType::F32, &[8, 4][..]));
+
+    let tracer = Tracer::new(&registry, "kinds");
+    let input = tracer.input("x", x.meta().clone());
+    let all = tracer.call(&KINDS_PROBE, Overload::Default, every_kind(input.clone())).unwrap();
+    let defaults = tracer.call(&KINDS_PROBE, Overload::Default, vec![CallArg::Tensor(input)]).unwrap();
+    let traced = tracer.finish(&[all[0].clone(), defaults[0].clone()]);
+    let text = traced.graph.to_string();
+    assert!(text.contains(r#"= kinds_probe(%x, "fast", 2.0, true, f32, [8, 4]) : f32[8,4]"#), "{text}");
+    assert!(text.contains(r#"= kinds_probe(%x, "exact", none, none, none, none) : bf16[4,8]"#), "{text}");
+    let reparsed = parse(&text).unwrap();
+    assert!(reparsed.structurally_eq(&traced.graph), "{text}");
+    let run = interpret(&reparsed, &registry, vec![("x".to_owned(), x.clone())], InterpOptions::checked()).unwrap();
+    assert!(bit_eq(&run.outputs[0], &eager[0]) && bit_eq(&run.outputs[1], &eager_defaults[0]));
+    assert_eq!(KINDS_PROBE.params[1].kind.to_string(), r#"Literal["exact", "fast"]"#);
+    assert_eq!(KINDS_PROBE.params[4].kind.to_string(), "Optional[dtype]");
+    assert_eq!(KINDS_PROBE.params[5].kind.to_string(), "Optional[list[int]]");
+
+    // A string outside the allowed values is refused by name, eagerly, when tracing and in text.
+    let err = eager_ctx
+        .call(&KINDS_PROBE, Overload::Default, vec![CallArg::Tensor(x.clone()), CallArg::Str("slow".to_owned())])
+        .unwrap_err();
+    assert_eq!(err.to_string(), r#"op `kinds_probe`: parameter `mode` expects one of "exact", "fast", found "slow""#);
+    let bad = text.replace(r#""fast""#, r#""slow""#);
+    let err = ir_graph::verify(&parse(&bad).unwrap(), &registry).unwrap_err().to_string();
+    assert!(err.contains(r#"found "slow""#), "{err}");
+    let err = parse(&text.replace(r#""fast""#, r#""fast"#)).unwrap_err().to_string();
+    assert!(err.contains("strings have no escapes"), "{err}");
+}
+
+#[test]
+fn definitions_with_unspellable_choices_or_misfit_defaults_are_refused() {
+    static BAD_CHOICE: OpDef = OpDef {
+        name: "bad_choice",
+        params: &[
+            ParamDef { name: "x", kind: ParamKind::Tensor, default: None },
+            ParamDef { name: "mode", kind: ParamKind::Str(&["ok", "a\"b"]), default: None },
+        ],
+        ..KINDS_PROBE
+    };
+    static BAD_DEFAULT: OpDef = OpDef {
+        name: "bad_default",
+        params: &[
+            ParamDef { name: "x", kind: ParamKind::Tensor, default: None },
+            ParamDef { name: "mode", kind: ParamKind::Str(MODES), default: Some(Literal::Str("slow")) },
+        ],
+        ..KINDS_PROBE
+    };
+    static BAD_KIND: OpDef = OpDef {
+        name: "bad_kind",
+        params: &[
+            ParamDef { name: "x", kind: ParamKind::Tensor, default: None },
+            ParamDef { name: "dims", kind: ParamKind::Ints, default: Some(Literal::F64(1.0)) },
+        ],
+        ..KINDS_PROBE
+    };
+    let registry = Registry::with_builtin_ops();
+    let err = registry.define_op(&BAD_CHOICE).unwrap_err().to_string();
+    assert!(err.contains(r#"allows "a\"b""#), "{err}");
+    let err = registry.define_op(&BAD_DEFAULT).unwrap_err().to_string();
+    assert_eq!(err, r#"op `bad_default`: the default of parameter `mode` is not a Literal["exact", "fast"]"#);
+    let err = registry.define_op(&BAD_KIND).unwrap_err().to_string();
+    assert_eq!(err, "op `bad_kind`: the default of parameter `dims` is not a list[int]");
+    assert_eq!(registry.ops(), ["rms_norm", "fused_add_rms_norm"], "nothing was defined");
+}

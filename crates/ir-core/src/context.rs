@@ -24,6 +24,12 @@ pub enum CallArg<T> {
     I64(i64),
     /// A boolean.
     Bool(bool),
+    /// A string.
+    Str(String),
+    /// A dtype.
+    DType(crate::DType),
+    /// A list of integers.
+    Ints(Vec<i64>),
 }
 
 impl<T: Clone> CallArg<T> {
@@ -192,6 +198,9 @@ impl ExecutionContext for EagerContext<'_> {
                 CallArg::F64(v) => Value::F64(v),
                 CallArg::I64(v) => Value::I64(v),
                 CallArg::Bool(v) => Value::Bool(v),
+                CallArg::Str(v) => Value::Str(v),
+                CallArg::DType(v) => Value::DType(v),
+                CallArg::Ints(v) => Value::Ints(v),
             })
             .collect();
         self.registry.call_def(op, overload, values)

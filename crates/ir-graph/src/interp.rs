@@ -359,26 +359,12 @@ impl<'g> Run<'g> {
         }
     }
 
-    fn arg_metas<'a>(&'a self, args: &[Arg]) -> Vec<ArgMeta<'a>> {
-        args.iter()
-            .map(|arg| match arg {
-                Arg::Value(v) => ArgMeta::Tensor(self.graph.meta(*v)),
-                Arg::None | Arg::Ints(_) => ArgMeta::None,
-                Arg::F64(v) => ArgMeta::F64(*v),
-                Arg::I64(v) => ArgMeta::I64(*v),
-                Arg::Bool(v) => ArgMeta::Bool(*v),
-            })
-            .collect()
+    fn arg_metas<'a>(&'a self, args: &'a [Arg]) -> Vec<ArgMeta<'a>> {
+        args.iter().map(|arg| self.graph.arg_meta(arg)).collect()
     }
 
     fn constant(arg: &Arg) -> Value {
-        match arg {
-            Arg::Value(_) => unreachable!("values are handled by the caller"),
-            Arg::None | Arg::Ints(_) => Value::None,
-            Arg::F64(v) => Value::F64(*v),
-            Arg::I64(v) => Value::I64(*v),
-            Arg::Bool(v) => Value::Bool(*v),
-        }
+        arg.constant().expect("values are handled by the caller")
     }
 
     fn ir_call(

@@ -81,6 +81,41 @@ pub enum Arg {
     Bool(bool),
     /// An integer list (`[8, 16]`).
     Ints(Vec<i64>),
+    /// A string (`"tanh"`).
+    Str(String),
+    /// A dtype (`bf16`).
+    DType(ir_core::DType),
+}
+
+impl Arg {
+    /// The constant as a dynamic argument (`None` for a value, which the caller looks up).
+    pub fn constant(&self) -> Option<ir_core::op::Value> {
+        use ir_core::op::Value;
+        Some(match self {
+            Arg::Value(_) => return None,
+            Arg::None => Value::None,
+            Arg::F64(v) => Value::F64(*v),
+            Arg::I64(v) => Value::I64(*v),
+            Arg::Bool(v) => Value::Bool(*v),
+            Arg::Ints(v) => Value::Ints(v.clone()),
+            Arg::Str(v) => Value::Str(v.clone()),
+            Arg::DType(v) => Value::DType(*v),
+        })
+    }
+
+    /// The constant's metadata form (`None` for a value, which the caller looks up).
+    pub fn constant_meta(&self) -> Option<ArgMeta<'_>> {
+        Some(match self {
+            Arg::Value(_) => return None,
+            Arg::None => ArgMeta::None,
+            Arg::F64(v) => ArgMeta::F64(*v),
+            Arg::I64(v) => ArgMeta::I64(*v),
+            Arg::Bool(v) => ArgMeta::Bool(*v),
+            Arg::Ints(v) => ArgMeta::Ints(v),
+            Arg::Str(v) => ArgMeta::Str(v),
+            Arg::DType(v) => ArgMeta::DType(*v),
+        })
+    }
 }
 
 /// What a node does.
@@ -520,17 +555,12 @@ impl Graph {
         self.values.iter()
     }
 
-    /// What a predicate or meta function sees of an argument; `None` for an integer list, which no
-    /// op takes.
-    pub fn arg_meta(&self, arg: &Arg) -> Option<ArgMeta<'_>> {
-        Some(match arg {
+    /// What a predicate or meta function sees of an argument.
+    pub fn arg_meta<'a>(&'a self, arg: &'a Arg) -> ArgMeta<'a> {
+        match arg {
             Arg::Value(v) => ArgMeta::Tensor(self.meta(*v)),
-            Arg::None => ArgMeta::None,
-            Arg::F64(v) => ArgMeta::F64(*v),
-            Arg::I64(v) => ArgMeta::I64(*v),
-            Arg::Bool(v) => ArgMeta::Bool(*v),
-            Arg::Ints(_) => return None,
-        })
+            constant => constant.constant_meta().expect("constants have a metadata form"),
+        }
     }
 
     /// The output node, if any (the last one if a malformed graph has several; it is normally last).

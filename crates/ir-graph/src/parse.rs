@@ -36,6 +36,7 @@ enum Tok {
     Value(String),
     Int(i64),
     Float(f64),
+    Str(String),
     Punct(char),
     Eof,
 }
@@ -47,6 +48,7 @@ impl fmt::Display for Tok {
             Tok::Value(s) => write!(f, "'%{s}'"),
             Tok::Int(v) => write!(f, "'{v}'"),
             Tok::Float(v) => write!(f, "'{}'", crate::print::format_float(*v)),
+            Tok::Str(s) => write!(f, "'\"{s}\"'"),
             Tok::Punct(c) => write!(f, "'{c}'"),
             Tok::Eof => f.write_str("end of input"),
         }
@@ -139,6 +141,18 @@ fn lex(text: &str) -> Result<Vec<Token>, ParseError> {
                     Tok::Int(value)
                 }
             }
+        } else if c == '"' {
+            // A string argument: no escapes, so no quote, backslash or line break inside.
+            i += 1;
+            while i < chars.len() && chars[i] != '"' && chars[i] != '\\' && chars[i] != '\n' {
+                i += 1;
+            }
+            if chars.get(i) != Some(&'"') {
+                let found = chars.get(i).map_or("end of input".to_owned(), |c| format!("{c:?}"));
+                return Err(error(start_line, start_column, "a closing '\"' (strings have no escapes)", found));
+            }
+            i += 1;
+            Tok::Str(chars[start + 1..i - 1].iter().collect())
         } else if "(){}[],:=+@.".contains(c) {
             i += 1;
             Tok::Punct(c)
@@ -398,7 +412,10 @@ impl Parser {
                         "false" => Arg::Bool(false),
                         "inf" => Arg::F64(f64::INFINITY),
                         "nan" => Arg::F64(f64::NAN),
-                        _ => return Err(self.error_at(&token, "an argument")),
+                        other => match other.parse::<DType>() {
+                            Ok(dtype) => Arg::DType(dtype),
+                            Err(_) => return Err(self.error_at(&token, "an argument")),
+                        },
                     }
                 }
                 Tok::Int(v) => {
@@ -408,6 +425,10 @@ impl Parser {
                 Tok::Float(v) => {
                     self.next();
                     Arg::F64(*v)
+                }
+                Tok::Str(v) => {
+                    self.next();
+                    Arg::Str(v.clone())
                 }
                 Tok::Punct('[') => {
                     self.next();

@@ -99,6 +99,8 @@ fn write_args(out: &mut impl Write, graph: &Graph, args: &[Arg]) -> fmt::Result 
                 let items: Vec<String> = values.iter().map(ToString::to_string).collect();
                 write!(out, "[{}]", items.join(", "))?;
             }
+            Arg::Str(v) => write!(out, "\"{v}\"")?,
+            Arg::DType(v) => write!(out, "{v}")?,
         }
     }
     Ok(())

@@ -154,6 +154,9 @@ impl ExecutionContext for Tracer<'_> {
                 CallArg::F64(v) => ArgMeta::F64(*v),
                 CallArg::I64(v) => ArgMeta::I64(*v),
                 CallArg::Bool(v) => ArgMeta::Bool(*v),
+                CallArg::Str(v) => ArgMeta::Str(v),
+                CallArg::DType(v) => ArgMeta::DType(*v),
+                CallArg::Ints(v) => ArgMeta::Ints(v),
             })
             .collect();
         // Binding fills the omitted trailing parameters, so the graph spells every argument.
@@ -175,6 +178,9 @@ impl ExecutionContext for Tracer<'_> {
                 (_, ArgMeta::F64(v)) => Arg::F64(*v),
                 (_, ArgMeta::I64(v)) => Arg::I64(*v),
                 (_, ArgMeta::Bool(v)) => Arg::Bool(*v),
+                (_, ArgMeta::Str(v)) => Arg::Str((*v).to_owned()),
+                (_, ArgMeta::DType(v)) => Arg::DType(*v),
+                (_, ArgMeta::Ints(v)) => Arg::Ints(v.to_vec()),
             })
             .collect();
         let kind = NodeKind::IrCall { op: op.name.to_owned(), overload, args: graph_args };

@@ -190,10 +190,7 @@ impl<'r, 'g> Lookups<'r, 'g> {
         if let Some(slot) = self.metas.iter().position(|(o, m, _)| *o == op && same_args(m, graph, args)) {
             return self.metas[slot].2.as_deref().map_err(Clone::clone);
         }
-        let metas = args
-            .iter()
-            .map(|arg| graph.arg_meta(arg).ok_or_else(|| format!("op `{op}` takes no integer lists")))
-            .collect::<Result<Vec<_>, _>>()?;
+        let metas: Vec<ArgMeta<'g>> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
         let outputs = bind_meta(def, metas.clone())
             .map_err(|e| e.to_string())
             .and_then(|bound| (def.meta)(&bound).map_err(|e| e.to_string()));
@@ -213,8 +210,7 @@ impl<'r, 'g> Lookups<'r, 'g> {
 
 /// Whether remembered argument metadata equals a node's arguments ([`ArgMeta::same_as`]).
 fn same_args(remembered: &[ArgMeta<'_>], graph: &Graph, args: &[Arg]) -> bool {
-    remembered.len() == args.len()
-        && remembered.iter().zip(args).all(|(m, a)| graph.arg_meta(a).is_some_and(|a| m.same_as(&a)))
+    remembered.len() == args.len() && remembered.iter().zip(args).all(|(m, a)| m.same_as(&graph.arg_meta(a)))
 }
 
 fn annotate(graph: &Graph, diagnostics: &[Diagnostic], positions: &SecondaryMap<NodeId, u32>) -> String {

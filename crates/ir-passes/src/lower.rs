@@ -99,7 +99,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
             continue;
         }
         // Integer lists (no op takes one) reach selection as `none`, which the meta function rejects.
-        let metas: Vec<ArgMeta<'_>> = args.iter().map(|a| graph.arg_meta(a).unwrap_or(ArgMeta::None)).collect();
+        let metas: Vec<ArgMeta<'_>> = args.iter().map(|a| graph.arg_meta(a)).collect();
         let slot = match memo.iter().position(|(o, m, _)| o == op && same_metas(m, &metas)) {
             Some(slot) => slot,
             None => {

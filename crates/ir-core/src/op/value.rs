@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::op::OpDef;
-use crate::{Tensor, TensorMeta};
+use crate::{DType, Tensor, TensorMeta};
 
 /// The kind of one op parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -14,24 +14,49 @@ pub enum ParamKind {
     OptTensor,
     /// A float.
     F64,
+    /// A float or none.
+    OptF64,
     /// An integer or none.
     OptI64,
     /// An integer.
     I64,
     /// A boolean.
     Bool,
+    /// A boolean or none.
+    OptBool,
+    /// One of these strings (an enum such as `approximate: "none" | "tanh"`).
+    Str(&'static [&'static str]),
+    /// One of these strings, or none.
+    OptStr(&'static [&'static str]),
+    /// A dtype (`f32`, `bf16`, …).
+    DType,
+    /// A dtype or none.
+    OptDType,
+    /// A list of integers (`[8, 16]`).
+    Ints,
+    /// A list of integers or none.
+    OptInts,
 }
 
 impl fmt::Display for ParamKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ParamKind::Tensor => "Tensor",
-            ParamKind::OptTensor => "Optional[Tensor]",
-            ParamKind::F64 => "float",
-            ParamKind::OptI64 => "Optional[int]",
-            ParamKind::I64 => "int",
-            ParamKind::Bool => "bool",
-        })
+        let choices = |allowed: &[&str]| allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
+        match self {
+            ParamKind::Tensor => f.write_str("Tensor"),
+            ParamKind::OptTensor => f.write_str("Optional[Tensor]"),
+            ParamKind::F64 => f.write_str("float"),
+            ParamKind::OptF64 => f.write_str("Optional[float]"),
+            ParamKind::OptI64 => f.write_str("Optional[int]"),
+            ParamKind::I64 => f.write_str("int"),
+            ParamKind::Bool => f.write_str("bool"),
+            ParamKind::OptBool => f.write_str("Optional[bool]"),
+            ParamKind::Str(allowed) => write!(f, "Literal[{}]", choices(allowed)),
+            ParamKind::OptStr(allowed) => write!(f, "Optional[Literal[{}]]", choices(allowed)),
+            ParamKind::DType => f.write_str("dtype"),
+            ParamKind::OptDType => f.write_str("Optional[dtype]"),
+            ParamKind::Ints => f.write_str("list[int]"),
+            ParamKind::OptInts => f.write_str("Optional[list[int]]"),
+        }
     }
 }
 
@@ -46,6 +71,12 @@ pub enum Literal {
     I64(i64),
     /// A boolean.
     Bool(bool),
+    /// A string (one of the parameter's allowed values).
+    Str(&'static str),
+    /// A dtype.
+    DType(DType),
+    /// A list of integers.
+    Ints(&'static [i64]),
 }
 
 /// One parameter of an op.
@@ -72,6 +103,12 @@ pub enum Value {
     I64(i64),
     /// A boolean.
     Bool(bool),
+    /// A string.
+    Str(String),
+    /// A dtype.
+    DType(DType),
+    /// A list of integers.
+    Ints(Vec<i64>),
 }
 
 /// The metadata mirror of a [`Value`]: what `supports` predicates and meta functions see.
@@ -87,6 +124,12 @@ pub enum ArgMeta<'a> {
     I64(i64),
     /// A boolean.
     Bool(bool),
+    /// A string.
+    Str(&'a str),
+    /// A dtype.
+    DType(DType),
+    /// A list of integers.
+    Ints(&'a [i64]),
 }
 
 /// An argument list that does not fit an op's parameters.
@@ -122,6 +165,18 @@ pub enum BindError {
         /// The kind of the argument given.
         found: &'static str,
     },
+    /// A string that is not one of the parameter's allowed values.
+    #[error("op `{op}`: parameter `{param}` expects one of {}, found \"{found}\"", allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", "))]
+    NotAllowed {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+        /// The allowed values.
+        allowed: &'static [&'static str],
+        /// The string given.
+        found: String,
+    },
 }
 
 impl Value {
@@ -133,6 +188,9 @@ impl Value {
             Value::F64(v) => ArgMeta::F64(*v),
             Value::I64(v) => ArgMeta::I64(*v),
             Value::Bool(v) => ArgMeta::Bool(*v),
+            Value::Str(v) => ArgMeta::Str(v),
+            Value::DType(v) => ArgMeta::DType(*v),
+            Value::Ints(v) => ArgMeta::Ints(v),
         }
     }
 
@@ -168,6 +226,24 @@ impl From<Literal> for Value {
             Literal::F64(v) => Value::F64(v),
             Literal::I64(v) => Value::I64(v),
             Literal::Bool(v) => Value::Bool(v),
+            Literal::Str(v) => Value::Str(v.to_owned()),
+            Literal::DType(v) => Value::DType(v),
+            Literal::Ints(v) => Value::Ints(v.to_vec()),
+        }
+    }
+}
+
+impl Literal {
+    /// The metadata form of a default.
+    pub fn meta(self) -> ArgMeta<'static> {
+        match self {
+            Literal::None => ArgMeta::None,
+            Literal::F64(v) => ArgMeta::F64(v),
+            Literal::I64(v) => ArgMeta::I64(v),
+            Literal::Bool(v) => ArgMeta::Bool(v),
+            Literal::Str(v) => ArgMeta::Str(v),
+            Literal::DType(v) => ArgMeta::DType(v),
+            Literal::Ints(v) => ArgMeta::Ints(v),
         }
     }
 }
@@ -181,6 +257,9 @@ impl<'a> ArgMeta<'a> {
             (ArgMeta::F64(a), ArgMeta::F64(b)) => a.to_bits() == b.to_bits(),
             (ArgMeta::I64(a), ArgMeta::I64(b)) => a == b,
             (ArgMeta::Bool(a), ArgMeta::Bool(b)) => a == b,
+            (ArgMeta::Str(a), ArgMeta::Str(b)) => a == b,
+            (ArgMeta::DType(a), ArgMeta::DType(b)) => a == b,
+            (ArgMeta::Ints(a), ArgMeta::Ints(b)) => a == b,
             (ArgMeta::None, ArgMeta::None) => true,
             _ => false,
         }
@@ -210,6 +289,38 @@ impl<'a> ArgMeta<'a> {
         }
     }
 
+    /// The boolean, if this is one.
+    pub fn bool(&self) -> Option<bool> {
+        match self {
+            ArgMeta::Bool(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The string, if this is one.
+    pub fn str(&self) -> Option<&'a str> {
+        match self {
+            ArgMeta::Str(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The dtype, if this is one.
+    pub fn dtype(&self) -> Option<DType> {
+        match self {
+            ArgMeta::DType(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The integer list, if this is one.
+    pub fn ints(&self) -> Option<&'a [i64]> {
+        match self {
+            ArgMeta::Ints(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// The spelling of this argument's kind in error messages.
     pub fn kind_name(&self) -> &'static str {
         match self {
@@ -218,18 +329,30 @@ impl<'a> ArgMeta<'a> {
             ArgMeta::F64(_) => "a float",
             ArgMeta::I64(_) => "an integer",
             ArgMeta::Bool(_) => "a boolean",
+            ArgMeta::Str(_) => "a string",
+            ArgMeta::DType(_) => "a dtype",
+            ArgMeta::Ints(_) => "a list of integers",
         }
     }
 
+    /// Whether the argument has the parameter's kind (a string's value is checked separately).
     fn fits(&self, kind: ParamKind) -> bool {
         matches!(
             (kind, self),
             (ParamKind::Tensor, ArgMeta::Tensor(_))
                 | (ParamKind::OptTensor, ArgMeta::Tensor(_) | ArgMeta::None)
                 | (ParamKind::F64, ArgMeta::F64(_))
+                | (ParamKind::OptF64, ArgMeta::F64(_) | ArgMeta::None)
                 | (ParamKind::OptI64, ArgMeta::I64(_) | ArgMeta::None)
                 | (ParamKind::I64, ArgMeta::I64(_))
                 | (ParamKind::Bool, ArgMeta::Bool(_))
+                | (ParamKind::OptBool, ArgMeta::Bool(_) | ArgMeta::None)
+                | (ParamKind::Str(_), ArgMeta::Str(_))
+                | (ParamKind::OptStr(_), ArgMeta::Str(_) | ArgMeta::None)
+                | (ParamKind::DType, ArgMeta::DType(_))
+                | (ParamKind::OptDType, ArgMeta::DType(_) | ArgMeta::None)
+                | (ParamKind::Ints, ArgMeta::Ints(_))
+                | (ParamKind::OptInts, ArgMeta::Ints(_) | ArgMeta::None)
         )
     }
 }
@@ -242,8 +365,21 @@ impl fmt::Display for ArgMeta<'_> {
             ArgMeta::F64(v) => write!(f, "{v:?}"),
             ArgMeta::I64(v) => write!(f, "{v}"),
             ArgMeta::Bool(v) => write!(f, "{v}"),
+            ArgMeta::Str(v) => write!(f, "\"{v}\""),
+            ArgMeta::DType(v) => write!(f, "{v}"),
+            ArgMeta::Ints(v) => write!(f, "{v:?}"),
         }
     }
+}
+
+/// Whether a default fits its parameter: the kind, and for a string one of the allowed values.
+pub(crate) fn literal_fits(kind: ParamKind, literal: Literal) -> bool {
+    let meta = literal.meta();
+    let allowed = match (kind, meta) {
+        (ParamKind::Str(choices) | ParamKind::OptStr(choices), ArgMeta::Str(found)) => choices.contains(&found),
+        _ => true,
+    };
+    meta.fits(kind) && allowed
 }
 
 /// Checks arity and kinds against `op`'s parameters and fills omitted trailing parameters with defaults.
@@ -261,12 +397,7 @@ pub fn bind_meta<'a>(op: &OpDef, mut args: Vec<ArgMeta<'a>>) -> Result<Vec<ArgMe
     check_args(op, args.iter().copied())?;
     for param in &op.params[args.len()..] {
         let default = param.default.ok_or(BindError::MissingArg { op: op.name, param: param.name })?;
-        args.push(match default {
-            Literal::None => ArgMeta::None,
-            Literal::F64(v) => ArgMeta::F64(v),
-            Literal::I64(v) => ArgMeta::I64(v),
-            Literal::Bool(v) => ArgMeta::Bool(v),
-        });
+        args.push(default.meta());
     }
     Ok(args)
 }
@@ -283,6 +414,11 @@ fn check_args<'a>(op: &OpDef, args: impl ExactSizeIterator<Item = ArgMeta<'a>>) 
                 expected: param.kind,
                 found: arg.kind_name(),
             });
+        }
+        if let (ParamKind::Str(allowed) | ParamKind::OptStr(allowed), ArgMeta::Str(found)) = (param.kind, arg)
+            && !allowed.contains(&found)
+        {
+            return Err(BindError::NotAllowed { op: op.name, param: param.name, allowed, found: found.to_owned() });
         }
     }
     Ok(())

@@ -101,6 +101,28 @@ pub enum RegistryError {
         /// The parameter.
         name: String,
     },
+    /// A string parameter whose allowed values include one the text format cannot spell.
+    #[error(
+        "op `{op}`: parameter `{param}` allows {choice:?}, which is empty or holds a quote, backslash or control character"
+    )]
+    InvalidChoice {
+        /// The op.
+        op: String,
+        /// The parameter.
+        param: String,
+        /// The allowed value.
+        choice: String,
+    },
+    /// A default that does not fit its parameter's kind (or allowed values).
+    #[error("op `{op}`: the default of parameter `{param}` is not a {kind}")]
+    InvalidDefault {
+        /// The op.
+        op: String,
+        /// The parameter.
+        param: String,
+        /// The parameter's kind.
+        kind: ParamKind,
+    },
     /// An op without outputs.
     #[error("op `{op}` declares no outputs")]
     NoOutputs {
@@ -265,6 +287,7 @@ impl Registry {
             if !seen.insert(param.name) {
                 return Err(RegistryError::DuplicateParam { op: def.name.to_owned(), name: param.name.to_owned() });
             }
+            check_param(def, param)?;
         }
         if def.n_outputs == 0 {
             return Err(RegistryError::NoOutputs { op: def.name.to_owned() });
@@ -551,6 +574,28 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
+/// A parameter's string choices are spellable in the text format, and its default fits its kind.
+fn check_param(def: &OpDef, param: &crate::op::ParamDef) -> Result<(), RegistryError> {
+    if let ParamKind::Str(choices) | ParamKind::OptStr(choices) = param.kind {
+        let spellable = |c: &str| !c.is_empty() && !c.chars().any(|ch| ch == '"' || ch == '\\' || ch.is_control());
+        if let Some(choice) = choices.iter().find(|c| !spellable(c)) {
+            return Err(RegistryError::InvalidChoice {
+                op: def.name.to_owned(),
+                param: param.name.to_owned(),
+                choice: (*choice).to_owned(),
+            });
+        }
+    }
+    match param.default {
+        Some(default) if !crate::op::literal_fits(param.kind, default) => Err(RegistryError::InvalidDefault {
+            op: def.name.to_owned(),
+            param: param.name.to_owned(),
+            kind: param.kind,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn check_name(kind: NameKind, name: &str) -> Result<(), RegistryError> {
