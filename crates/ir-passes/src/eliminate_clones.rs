@@ -219,12 +219,23 @@ pub struct CloneReport {
     /// Removed copies.
     pub removed: Vec<NodeId>,
     /// Kept copies with their reasons.
-    pub kept: Vec<(NodeId, KeepReason)>,
+    pub kept: Vec<KeptCopy>,
+}
+
+/// A copy the pass kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptCopy {
+    /// The copy's node.
+    pub node: NodeId,
+    /// The copy as printed (`%c = clone(%x) : f32[4,8]`), so reports read like the IR.
+    pub statement: String,
+    /// Why it stays.
+    pub reason: KeepReason,
 }
 
 impl fmt::Display for CloneReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kept: Vec<String> = self.kept.iter().map(|(n, r)| format!("{n}: {r}")).collect();
+        let kept: Vec<String> = self.kept.iter().map(|k| format!("`{}`: {}", k.statement, k.reason)).collect();
         write!(f, "removed {} copy(ies), kept {}", self.removed.len(), self.kept.len())?;
         if !kept.is_empty() {
             write!(f, " ({})", kept.join("; "))?;
@@ -266,7 +277,7 @@ fn is_non_donated_input(graph: &Graph, value: ValueId) -> bool {
 
 fn keep(graph: &Graph, node: NodeId, reason: KeepReason, report: &mut CloneReport) {
     tracing::debug!(target: "ir_passes::eliminate_clones", node = %graph.display_node(node), %reason, "copy kept");
-    report.kept.push((node, reason));
+    report.kept.push(KeptCopy { node, statement: graph.display_node(node), reason });
 }
 
 /// Use lists kept up to date while copies are removed, so each removal costs only the copy's uses.
@@ -497,6 +508,6 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         decide(graph, &mut edits, &mut classes, &mut report, node);
     }
     graph.remove_nodes(&edits.removed);
-    report.kept.sort_by_key(|(n, _)| positions[*n]);
+    report.kept.sort_by_key(|k| positions[k.node]);
     report
 }

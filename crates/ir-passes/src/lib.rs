@@ -46,7 +46,7 @@ use ir_core::{CallError, Registry};
 
 pub use crate::analysis::{StorageRoots, written_values};
 pub use crate::dce::{DceReport, dce};
-pub use crate::eliminate_clones::{CloneReport, KeepReason, eliminate_clones};
+pub use crate::eliminate_clones::{CloneReport, KeepReason, KeptCopy, eliminate_clones};
 pub use crate::functionalize::{FunctionalizeReport, functionalize};
 pub use crate::lower::{LowerReport, Lowered, lower};
 pub use crate::pipeline::{PassName, PassReport, PassRun, Pipeline, PipelineError, PipelineReport, Snapshots};
