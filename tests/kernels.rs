@@ -368,7 +368,8 @@ fn every_op_of_every_provider_matches_native_on_generated_inputs() {
                 let tol = tolerance(def, dtype).unwrap();
                 for (i, &(tokens, hidden)) in shapes.iter().enumerate() {
                     let label = format!("{} {op} {dtype} T={tokens} H={hidden}", backend.provider);
-                    let spec = InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: i as u64 };
+                    let spec =
+                        InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: i as u64 };
                     let host = (def.generate_inputs)(&spec).unwrap();
                     let expected = (def.native)(&host).unwrap_or_else(|e| panic!("{label}: native: {e}"));
                     let args: Vec<Value> = host
