@@ -99,7 +99,7 @@ fn compile_and_run(text: &str, variant: CloneElimination) -> Outcome {
     let clones_left = graph.order().iter().filter(|&&n| matches!(graph.node(n).kind, NodeKind::Clone(_))).count();
     for &node in graph.order() {
         if let NodeKind::ImplCall { provider, .. } = &graph.node(node).kind {
-            assert_eq!(provider, "cpu", "{}", graph.display_node(node));
+            assert_eq!(graph.provider_name(*provider), "cpu", "{}", graph.display_node(node));
         }
     }
     let run =
@@ -264,7 +264,7 @@ fn tracing_a_decoder_records_one_call_per_op_and_interprets_like_eager() {
         .order()
         .iter()
         .filter_map(|&n| match &graph.node(n).kind {
-            NodeKind::IrCall { op, overload, .. } => Some((op.clone(), *overload)),
+            NodeKind::IrCall { op, overload, .. } => Some((graph.op_name(*op).to_owned(), *overload)),
             _ => None,
         })
         .collect();

@@ -103,7 +103,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     ..m(&graph, r)
                 };
                 let kind = NodeKind::IrCall {
-                    op: "fused_add_rms_norm".into(),
+                    op: graph.op_ref("fused_add_rms_norm"),
                     overload,
                     args: vec![Arg::Value(x), Arg::Value(r), weight_arg, Arg::F64(1e-6), Arg::None],
                 };
@@ -121,7 +121,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     if w && graph.meta(x).shape().last() == Some(&H) { Arg::Value(weight) } else { Arg::None };
                 let out = TensorMeta { layout: m(&graph, x).layout.copy_layout(), ..m(&graph, x) };
                 let kind = NodeKind::IrCall {
-                    op: "rms_norm".into(),
+                    op: graph.op_ref("rms_norm"),
                     overload: Overload::Default,
                     args: vec![Arg::Value(x), weight_arg, Arg::F64(1e-6), Arg::None],
                 };
@@ -241,8 +241,8 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     continue;
                 }
                 let kind = NodeKind::ImplCall {
-                    op: "fused_add_rms_norm".into(),
-                    provider: "cpu".into(),
+                    op: graph.op_ref("fused_add_rms_norm"),
+                    provider: graph.provider_ref("cpu"),
                     writes: vec![0, 1],
                     args: vec![Arg::Value(x), Arg::Value(r), weight_arg, Arg::F64(1e-6), Arg::None],
                 };

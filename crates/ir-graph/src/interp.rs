@@ -331,8 +331,11 @@ impl<'g> Run<'g> {
                 })?;
                 vec![written]
             }
-            NodeKind::IrCall { op, overload, args } => self.ir_call(node, position, op, *overload, args)?,
+            NodeKind::IrCall { op, overload, args } => {
+                self.ir_call(node, position, self.graph.op_name(*op), *overload, args)?
+            }
             NodeKind::ImplCall { op, provider, writes, args } => {
+                let (op, provider) = (self.graph.op_name(*op), self.graph.provider_name(*provider));
                 self.impl_call(node, position, op, provider, writes, args)?
             }
         };

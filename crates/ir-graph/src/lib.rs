@@ -66,6 +66,20 @@ entity_impl!(NodeId, "node");
 pub struct ValueId(u32);
 entity_impl!(ValueId, "v");
 
+/// An op a graph calls: an index into the graph's op table, so nodes hold no strings and passes
+/// look each op up once per graph (a `SecondaryMap<OpRef, _>`), not once per node. Ids come from the
+/// table in first-use order; the numbering is stable but arbitrary. In text and logs an op appears
+/// under its name ([`Graph::op_name`]).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpRef(u32);
+entity_impl!(OpRef, "op");
+
+/// A provider an `impl` node names: an index into the graph's provider table, like [`OpRef`]; it
+/// appears under its name ([`Graph::provider_name`]).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProviderRef(u32);
+entity_impl!(ProviderRef, "provider");
+
 /// An argument of an op or implementation call: a value or a constant.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Arg {
@@ -130,8 +144,8 @@ pub enum NodeKind {
     },
     /// A call of an op, still to dispatch.
     IrCall {
-        /// Op name.
-        op: String,
+        /// The op ([`Graph::op_name`] spells it).
+        op: OpRef,
         /// Functional or `maybe_inplace`.
         overload: Overload,
         /// Positional arguments.
@@ -140,10 +154,10 @@ pub enum NodeKind {
     /// A call of one implementation. `writes` lists, in activation order, the parameter positions it
     /// writes: output i is written into parameter `writes[i]`. Non-empty iff the implementation is in place.
     ImplCall {
-        /// Op name.
-        op: String,
-        /// Provider name.
-        provider: String,
+        /// The op ([`Graph::op_name`] spells it).
+        op: OpRef,
+        /// The provider ([`Graph::provider_name`] spells it).
+        provider: ProviderRef,
         /// Written parameter positions.
         writes: Vec<usize>,
         /// Positional arguments.
@@ -229,6 +243,12 @@ pub struct Graph {
     nodes: PrimaryMap<NodeId, NodeData>,
     values: PrimaryMap<ValueId, ValueData>,
     order: Vec<NodeId>,
+    /// The names of the ops nodes call, and the reverse index.
+    ops: PrimaryMap<OpRef, String>,
+    op_index: rustc_hash::FxHashMap<String, OpRef>,
+    /// The names of the providers `impl` nodes name, and the reverse index.
+    providers: PrimaryMap<ProviderRef, String>,
+    provider_index: rustc_hash::FxHashMap<String, ProviderRef>,
     /// The next fresh `%<n>` name; always above every numeric name below `FRESH_NAME_LIMIT` in use.
     next_name: u64,
 }
@@ -322,8 +342,47 @@ impl Graph {
             nodes: PrimaryMap::new(),
             values: PrimaryMap::new(),
             order: Vec::new(),
+            ops: PrimaryMap::new(),
+            op_index: Default::default(),
+            providers: PrimaryMap::new(),
+            provider_index: Default::default(),
             next_name: 0,
         }
+    }
+
+    /// The reference of op `name` in this graph's table, adding it on first use.
+    pub fn op_ref(&mut self, name: &str) -> OpRef {
+        if let Some(&op) = self.op_index.get(name) {
+            return op;
+        }
+        let op = self.ops.push(name.to_owned());
+        self.op_index.insert(name.to_owned(), op);
+        op
+    }
+
+    /// The reference of provider `name` in this graph's table, adding it on first use.
+    pub fn provider_ref(&mut self, name: &str) -> ProviderRef {
+        if let Some(&provider) = self.provider_index.get(name) {
+            return provider;
+        }
+        let provider = self.providers.push(name.to_owned());
+        self.provider_index.insert(name.to_owned(), provider);
+        provider
+    }
+
+    /// The name of an op of this graph.
+    pub fn op_name(&self, op: OpRef) -> &str {
+        &self.ops[op]
+    }
+
+    /// The name of a provider of this graph.
+    pub fn provider_name(&self, provider: ProviderRef) -> &str {
+        &self.providers[provider]
+    }
+
+    /// Every op in the graph's table (also ops no live node calls any more), in first-use order.
+    pub fn op_table(&self) -> impl Iterator<Item = (OpRef, &str)> {
+        self.ops.iter().map(|(op, name)| (op, name.as_str()))
     }
 
     // --- building ---

@@ -337,7 +337,7 @@ impl Parser {
             }
             self.expect_punct(',', "',' or '='")?;
         }
-        let kind = self.expr()?;
+        let kind = self.expr(graph)?;
         let token = self.expect_punct(':', "':' and the result types")?;
         let mut types = vec![self.ty()?];
         while self.eat_punct(',') {
@@ -359,7 +359,7 @@ impl Parser {
         Ok(())
     }
 
-    fn expr(&mut self) -> Result<NodeKind, ParseError> {
+    fn expr(&mut self, graph: &mut Graph) -> Result<NodeKind, ParseError> {
         let (name, token) = self.ident("an op, 'impl' or a built-in")?;
         if name == "impl" {
             let (op, _) = self.ident("an op name")?;
@@ -379,6 +379,7 @@ impl Parser {
                 }
             }
             let args = self.args()?;
+            let (op, provider) = (graph.op_ref(&op), graph.provider_ref(&provider));
             return Ok(NodeKind::ImplCall { op, provider, writes, args: args.into_iter().map(|(a, _)| a).collect() });
         }
         if BUILTINS.contains(&name.as_str()) {
@@ -391,7 +392,7 @@ impl Parser {
             overload = Overload::MaybeInplace;
         }
         let args = self.args()?;
-        Ok(NodeKind::IrCall { op: name, overload, args: args.into_iter().map(|(a, _)| a).collect() })
+        Ok(NodeKind::IrCall { op: graph.op_ref(&name), overload, args: args.into_iter().map(|(a, _)| a).collect() })
     }
 
     fn args(&mut self) -> Result<Vec<(Arg, Token)>, ParseError> {

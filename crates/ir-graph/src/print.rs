@@ -49,12 +49,12 @@ pub(crate) fn write_node(out: &mut impl Write, graph: &Graph, node: NodeId) -> f
                 Overload::Default => "",
                 Overload::MaybeInplace => ".maybe_inplace",
             };
-            write!(out, "{op}{suffix}(")?;
+            write!(out, "{}{suffix}(", graph.op_name(*op))?;
             write_args(out, graph, args)?;
             out.write_str(")")?;
         }
         NodeKind::ImplCall { op, provider, writes, args } => {
-            write!(out, "impl {op}[{provider}] ")?;
+            write!(out, "impl {}[{}] ", graph.op_name(*op), graph.provider_name(*provider))?;
             if !writes.is_empty() {
                 let writes: Vec<String> = writes.iter().map(ToString::to_string).collect();
                 write!(out, "writes({}) ", writes.join(", "))?;

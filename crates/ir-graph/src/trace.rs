@@ -183,8 +183,9 @@ impl ExecutionContext for Tracer<'_> {
                 (_, ArgMeta::Ints(v)) => Arg::Ints(v.to_vec()),
             })
             .collect();
-        let kind = NodeKind::IrCall { op: op.name.to_owned(), overload, args: graph_args };
-        let (_, values) = self.graph.borrow_mut().push(kind, selection.outputs.clone());
+        let mut graph = self.graph.borrow_mut();
+        let kind = NodeKind::IrCall { op: graph.op_ref(op.name), overload, args: graph_args };
+        let (_, values) = graph.push(kind, selection.outputs.clone());
         Ok(values.into_iter().zip(selection.outputs).map(|(value, meta)| Traced { value, meta }).collect())
     }
 

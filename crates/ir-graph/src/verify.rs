@@ -6,7 +6,7 @@ use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
 
-use crate::{Arg, Graph, NodeId, NodeKind, ValueId};
+use crate::{Arg, Graph, NodeId, NodeKind, OpRef, ProviderRef, ValueId};
 use ir_core::op::{ArgMeta, OpDef, Overload, bind_meta};
 use ir_core::{Layout, Registry, TensorMeta};
 
@@ -67,7 +67,7 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
     let mut problems: Vec<(Option<NodeId>, String)> = Vec::new();
     let mut defined: EntitySet<ValueId> = EntitySet::with_capacity(graph.values.len());
     let mut input_names: HashSet<&str> = HashSet::default();
-    let mut lookups = Lookups::new(registry);
+    let mut lookups = Lookups::new(registry, graph);
     let order = graph.order();
     let outputs: Vec<NodeId> =
         order.iter().copied().filter(|&n| matches!(graph.node(n).kind, NodeKind::Output(_))).collect();
@@ -125,68 +125,48 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
     Err(VerifyError { diagnostics, annotated })
 }
 
-/// Registry answers and meta-function results memoized for one verification run.
+/// Registry facts for the ops and providers a graph names, looked up once per entry of the graph's
+/// op and provider tables (typed refs, never names), and a small memo of meta-function results.
 struct Lookups<'r, 'g> {
     registry: &'r Registry,
-    ops: Vec<(&'g str, Option<&'static OpDef>)>,
-    providers: Vec<(&'g str, &'g str, Option<bool>)>,
-    activations: Vec<(&'g str, Vec<usize>)>,
+    defs: SecondaryMap<OpRef, Option<&'static OpDef>>,
+    activations: SecondaryMap<OpRef, Vec<usize>>,
+    /// Whether (op, provider) is in place; `None` when the provider is not registered for the op.
+    inplace: rustc_hash::FxHashMap<(OpRef, ProviderRef), Option<bool>>,
     /// Recent (op, argument metadata) → outputs; a small ring, since layers repeat.
     metas: Vec<MetaMemo<'g>>,
     next_slot: usize,
 }
 
 /// A remembered meta-function call: op, argument metadata, outputs or the error.
-type MetaMemo<'g> = (&'g str, Vec<ArgMeta<'g>>, Result<Vec<TensorMeta>, String>);
+type MetaMemo<'g> = (OpRef, Vec<ArgMeta<'g>>, Result<Vec<TensorMeta>, String>);
 
 /// Distinct calls remembered per run.
 const META_MEMO: usize = 8;
 
 impl<'r, 'g> Lookups<'r, 'g> {
-    fn new(registry: &'r Registry) -> Lookups<'r, 'g> {
-        Lookups {
-            registry,
-            ops: Vec::new(),
-            providers: Vec::new(),
-            activations: Vec::new(),
-            metas: Vec::new(),
-            next_slot: 0,
+    fn new(registry: &'r Registry, graph: &Graph) -> Lookups<'r, 'g> {
+        let mut defs = SecondaryMap::new();
+        let mut activations = SecondaryMap::new();
+        for (op, name) in graph.op_table() {
+            defs[op] = registry.op_def(name);
+            activations[op] = registry.activations(name).unwrap_or_default();
         }
-    }
-
-    fn op_def(&mut self, op: &'g str) -> Option<&'static OpDef> {
-        if let Some((_, def)) = self.ops.iter().find(|(o, _)| *o == op) {
-            return *def;
-        }
-        let def = self.registry.op_def(op);
-        self.ops.push((op, def));
-        def
+        Lookups { registry, defs, activations, inplace: Default::default(), metas: Vec::new(), next_slot: 0 }
     }
 
     /// Whether `provider` of `op` is inplace; `None` when it is not registered.
-    fn provider_inplace(&mut self, op: &'g str, provider: &'g str) -> Option<bool> {
-        if let Some((_, _, inplace)) = self.providers.iter().find(|(o, p, _)| *o == op && *p == provider) {
-            return *inplace;
-        }
-        let inplace = self.registry.is_inplace(op, provider);
-        self.providers.push((op, provider, inplace));
-        inplace
-    }
-
-    fn activations(&mut self, op: &'g str) -> &[usize] {
-        let index = match self.activations.iter().position(|(o, _)| *o == op) {
-            Some(i) => i,
-            None => {
-                self.activations.push((op, self.registry.activations(op).unwrap_or_default()));
-                self.activations.len() - 1
-            }
-        };
-        &self.activations[index].1
+    fn provider_inplace(&mut self, graph: &Graph, op: OpRef, provider: ProviderRef) -> Option<bool> {
+        let registry = self.registry;
+        *self
+            .inplace
+            .entry((op, provider))
+            .or_insert_with(|| registry.is_inplace(graph.op_name(op), graph.provider_name(provider)))
     }
 
     /// Binds an op call's arguments and runs its meta function (memoized on equal metadata).
-    fn op_outputs(&mut self, graph: &'g Graph, op: &'g str, args: &'g [Arg]) -> Result<&[TensorMeta], String> {
-        let def = self.op_def(op).ok_or_else(|| format!("unknown op `{op}`"))?;
+    fn op_outputs(&mut self, graph: &'g Graph, op: OpRef, args: &'g [Arg]) -> Result<&[TensorMeta], String> {
+        let def = self.defs[op].ok_or_else(|| format!("unknown op `{}`", graph.op_name(op)))?;
         if let Some(slot) = self.metas.iter().position(|(o, m, _)| *o == op && same_args(m, graph, args)) {
             return self.metas[slot].2.as_deref().map_err(Clone::clone);
         }
@@ -274,31 +254,32 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
     };
     match &data.kind {
         NodeKind::Input { .. } | NodeKind::Output(_) => Ok(()),
-        NodeKind::IrCall { op, overload, args } => {
-            let def = lookups
-                .op_def(op)
+        NodeKind::IrCall { op: op_ref, overload, args } => {
+            let op = graph.op_name(*op_ref);
+            let def = lookups.defs[*op_ref]
                 .ok_or_else(|| format!("unknown op `{op}` (known: {})", lookups.registry.ops().join(", ")))?;
             if *overload == Overload::MaybeInplace && !def.allow_inplace {
                 return Err(format!("op `{op}` does not allow inplace, so it has no maybe_inplace form"));
             }
-            let expected = lookups.op_outputs(graph, op, args)?;
+            let expected = lookups.op_outputs(graph, *op_ref, args)?;
             check_results(graph, results, expected)
         }
-        NodeKind::ImplCall { op, provider, writes, args } => {
+        NodeKind::ImplCall { op: op_ref, provider: provider_ref, writes, args } => {
+            let (op, provider) = (graph.op_name(*op_ref), graph.provider_name(*provider_ref));
             let registry = lookups.registry;
-            lookups.op_def(op).ok_or_else(|| format!("unknown op `{op}` (known: {})", registry.ops().join(", ")))?;
-            let inplace = lookups.provider_inplace(op, provider).ok_or_else(|| {
+            lookups.defs[*op_ref].ok_or_else(|| format!("unknown op `{op}` (known: {})", registry.ops().join(", ")))?;
+            let inplace = lookups.provider_inplace(graph, *op_ref, *provider_ref).ok_or_else(|| {
                 let known: Vec<&str> = registry.providers(op).iter().map(|p| p.name).collect();
                 format!("provider `{provider}` is not registered for `{op}` (known: {})", known.join(", "))
             })?;
-            let expected = lookups.op_outputs(graph, op, args)?;
+            let expected = lookups.op_outputs(graph, *op_ref, args)?;
             if !inplace {
                 if !writes.is_empty() {
                     return Err(format!("provider `{provider}` of `{op}` is not inplace, so it writes nothing"));
                 }
                 return check_results(graph, results, expected);
             }
-            let activations = lookups.activations(op);
+            let activations = &lookups.activations[*op_ref];
             if writes != activations {
                 return Err(format!("inplace provider `{provider}` of `{op}` writes {activations:?}, not {writes:?}"));
             }

@@ -1,13 +1,36 @@
-//! Analyses shared by the passes: which nodes write which values, and storage roots (R61, R81).
+//! Analyses shared by the passes: what each op needs, which nodes write which values, and storage
+//! roots (R61, R81).
 
 use cranelift_entity::SecondaryMap;
 use ir_core::Registry;
 use ir_core::op::Overload;
-use ir_graph::{Arg, Graph, NodeId, NodeKind, ValueId};
+use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef, ValueId};
+
+/// What the passes need of each op a graph calls, looked up in the registry once per op of the
+/// graph's op table, never per node.
+pub struct OpTable {
+    activations: SecondaryMap<OpRef, Vec<usize>>,
+}
+
+impl OpTable {
+    /// Looks up every op of `graph`'s table (an op the registry does not define has no activations).
+    pub fn compute(graph: &Graph, registry: &Registry) -> OpTable {
+        let mut activations = SecondaryMap::new();
+        for (op, name) in graph.op_table() {
+            activations[op] = registry.activations(name).unwrap_or_default();
+        }
+        OpTable { activations }
+    }
+
+    /// The parameter positions of `op`'s activations.
+    pub fn activations(&self, op: OpRef) -> &[usize] {
+        &self.activations[op]
+    }
+}
 
 /// The values a node writes (R61): an `ImplCall`'s `writes` arguments, `copy_`'s destination, and a
 /// `maybe_inplace` call's activations (it donates them). Nothing else writes.
-pub fn written_values(graph: &Graph, registry: &Registry, node: NodeId) -> Vec<ValueId> {
+pub fn written_values(graph: &Graph, ops: &OpTable, node: NodeId) -> Vec<ValueId> {
     match &graph.node(node).kind {
         NodeKind::ImplCall { writes, args, .. } => writes
             .iter()
@@ -17,9 +40,8 @@ pub fn written_values(graph: &Graph, registry: &Registry, node: NodeId) -> Vec<V
             })
             .collect(),
         NodeKind::Copy { dst, .. } => vec![*dst],
-        NodeKind::IrCall { op, overload: Overload::MaybeInplace, args } => registry
-            .activations(op)
-            .unwrap_or_default()
+        NodeKind::IrCall { op, overload: Overload::MaybeInplace, args } => ops
+            .activations(*op)
             .iter()
             .filter_map(|&p| match args.get(p) {
                 Some(Arg::Value(v)) => Some(*v),
@@ -38,12 +60,12 @@ pub struct StorageRoots {
 
 impl StorageRoots {
     /// Computes the roots of every live value, in graph order.
-    pub fn compute(graph: &Graph, registry: &Registry) -> StorageRoots {
+    pub fn compute(graph: &Graph, ops: &OpTable) -> StorageRoots {
         let mut roots: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::new();
         for &node in graph.order() {
             let data = graph.node(node);
             let root_of = |roots: &SecondaryMap<ValueId, Option<ValueId>>, v: ValueId| roots[v].unwrap_or(v);
-            let written = written_values(graph, registry, node);
+            let written = written_values(graph, ops, node);
             for (i, &result) in data.results.iter().enumerate() {
                 let root = match &data.kind {
                     NodeKind::Slice { value, .. }

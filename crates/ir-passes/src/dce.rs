@@ -24,7 +24,7 @@ use std::fmt;
 use cranelift_entity::EntitySet;
 use ir_graph::{Graph, NodeId, NodeKind};
 
-use crate::analysis::written_values;
+use crate::analysis::{OpTable, written_values};
 use crate::{PassContext, PassError};
 
 /// What DCE removed.
@@ -48,10 +48,10 @@ pub fn dce(graph: &mut Graph, cx: &PassContext<'_>) -> Result<DceReport, PassErr
     let _span = tracing::info_span!("pass", name = "dce").entered();
     let mut report = DceReport::default();
     let mut remaining = graph.use_counts();
+    let ops = OpTable::compute(graph, cx.registry);
     let removable = |graph: &Graph, node: NodeId| {
         let kind = &graph.node(node).kind;
-        !matches!(kind, NodeKind::Input { .. } | NodeKind::Output(_))
-            && written_values(graph, cx.registry, node).is_empty()
+        !matches!(kind, NodeKind::Input { .. } | NodeKind::Output(_)) && written_values(graph, &ops, node).is_empty()
     };
     let mut worklist: Vec<NodeId> = graph
         .order()

@@ -177,7 +177,7 @@ use std::fmt;
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_graph::{Graph, NodeId, NodeKind, ValueId};
 
-use crate::analysis::{StorageRoots, written_values};
+use crate::analysis::{OpTable, StorageRoots, written_values};
 use crate::{CloneElimination, PassContext, PassError};
 
 /// Why a copy was kept.
@@ -311,7 +311,8 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut report = CloneReport::default();
     let positions = graph.positions();
     let mut edits = Edits::new(graph);
-    let mut classes = Classes::compute(graph, cx, &positions, &edits);
+    let ops = OpTable::compute(graph, cx.registry);
+    let mut classes = Classes::compute(graph, &ops, &positions, &edits);
     for node in candidates(graph) {
         let original = copy_input(graph, node).expect("candidates are copies");
         if changes_layout(graph, node, original) {
@@ -320,7 +321,7 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         }
         let copy = graph.node(node).results[0];
         let writers: Vec<NodeId> =
-            edits.users(copy).filter(|&u| written_values(graph, cx.registry, u).contains(&copy)).collect();
+            edits.users(copy).filter(|&u| written_values(graph, &ops, u).contains(&copy)).collect();
         let (copy_class, original_class) = (classes.find(copy), classes.find(original));
         let decision = match writers.as_slice() {
             [] => None,
@@ -373,8 +374,8 @@ struct Classes {
 }
 
 impl Classes {
-    fn compute(graph: &Graph, cx: &PassContext<'_>, positions: &SecondaryMap<NodeId, u32>, edits: &Edits) -> Classes {
-        let roots = StorageRoots::compute(graph, cx.registry);
+    fn compute(graph: &Graph, ops: &OpTable, positions: &SecondaryMap<NodeId, u32>, edits: &Edits) -> Classes {
+        let roots = StorageRoots::compute(graph, ops);
         let mut classes = Classes {
             parent: SecondaryMap::new(),
             writes: SecondaryMap::new(),
@@ -388,7 +389,7 @@ impl Classes {
             }
         }
         for &node in graph.order() {
-            for value in written_values(graph, cx.registry, node) {
+            for value in written_values(graph, ops, node) {
                 let class = classes.find(value);
                 classes.writes[class].insert(positions[node]);
             }
@@ -453,7 +454,8 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut report = CloneReport::default();
     let positions = graph.positions();
     let mut edits = Edits::new(graph);
-    let mut classes = Classes::compute(graph, cx, &positions, &edits);
+    let ops = OpTable::compute(graph, cx.registry);
+    let mut classes = Classes::compute(graph, &ops, &positions, &edits);
     let mut written = Vec::new();
     let decide =
         |graph: &mut Graph, edits: &mut Edits, classes: &mut Classes, report: &mut CloneReport, node: NodeId| {

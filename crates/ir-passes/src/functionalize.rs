@@ -90,7 +90,8 @@ pub fn functionalize(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Function
     let mut report = FunctionalizeReport::default();
     for &node in graph.order() {
         let NodeKind::IrCall { op, overload: Overload::MaybeInplace, args } = &graph.node(node).kind else { continue };
-        let activations = cx.registry.activations(op).ok_or_else(|| PassError::UnknownOp { op: op.clone() })?;
+        let op = graph.op_name(*op);
+        let activations = cx.registry.activations(op).ok_or_else(|| PassError::UnknownOp { op: op.to_owned() })?;
         for &position in &activations {
             let Some(Arg::Value(value)) = args.get(position) else { continue };
             for &user in &uses[*value] {
@@ -108,7 +109,7 @@ pub fn functionalize(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Function
                 report.donated.push(name.clone());
             }
         }
-        *report.functionalized.entry(op.clone()).or_default() += 1;
+        *report.functionalized.entry(op.to_owned()).or_default() += 1;
         retarget.push(node);
     }
     if !violations.is_empty() {

@@ -44,7 +44,7 @@ use std::fmt;
 
 use ir_core::{CallError, Registry};
 
-pub use crate::analysis::{StorageRoots, written_values};
+pub use crate::analysis::{OpTable, StorageRoots, written_values};
 pub use crate::dce::{DceReport, dce};
 pub use crate::eliminate_clones::{CloneReport, KeepReason, KeptCopy, eliminate_clones};
 pub use crate::functionalize::{FunctionalizeReport, functionalize};

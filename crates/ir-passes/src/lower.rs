@@ -38,7 +38,7 @@ use std::rc::Rc;
 use indexmap::IndexMap;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{Rejection, Selection, TensorMeta};
-use ir_graph::{Arg, Graph, NodeId, NodeKind};
+use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef};
 
 use crate::{PassContext, PassError};
 
@@ -93,14 +93,15 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
     let mut memo: Vec<SelectionMemo<'_>> = Vec::new();
     let mut next_slot = 0;
     for &node in graph.order() {
-        let NodeKind::IrCall { op, overload, args } = &graph.node(node).kind else { continue };
+        let NodeKind::IrCall { op: op_ref, overload, args } = &graph.node(node).kind else { continue };
+        let op = graph.op_name(*op_ref);
         if *overload == Overload::MaybeInplace {
             report.not_lowered.push(node);
             continue;
         }
         // Integer lists (no op takes one) reach selection as `none`, which the meta function rejects.
         let metas: Vec<ArgMeta<'_>> = args.iter().map(|a| graph.arg_meta(a)).collect();
-        let slot = match memo.iter().position(|(o, m, _)| o == op && same_metas(m, &metas)) {
+        let slot = match memo.iter().position(|(o, m, _)| *o == *op_ref && same_metas(m, &metas)) {
             Some(slot) => slot,
             None => {
                 let selection = cx.registry.select(op, &metas).map_err(|source| PassError::Selection {
@@ -109,7 +110,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 })?;
                 let activations =
                     if selection.inplace { cx.registry.activations(op).unwrap_or_default() } else { Vec::new() };
-                let entry = (op.as_str(), metas, Rc::new((selection, activations)));
+                let entry = (*op_ref, metas, Rc::new((selection, activations)));
                 if memo.len() < SELECTION_MEMO {
                     memo.push(entry);
                     memo.len() - 1
@@ -121,7 +122,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 }
             }
         };
-        plan.push((node, op.clone(), args.clone(), Rc::clone(&memo[slot].2)));
+        plan.push((node, *op_ref, args.clone(), Rc::clone(&memo[slot].2)));
     }
     if !report.not_lowered.is_empty() {
         let listed: Vec<String> = report.not_lowered.iter().map(|&n| graph.display_node(n)).collect();
@@ -144,15 +145,11 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
             args[position] = Arg::Value(clone[0]);
             report.clones_inserted += 1;
         }
-        graph.node_mut(node).kind = NodeKind::ImplCall {
-            op: op.clone(),
-            provider: selection.provider.to_owned(),
-            writes: activations.clone(),
-            args,
-        };
+        let provider = graph.provider_ref(selection.provider);
+        graph.node_mut(node).kind = NodeKind::ImplCall { op, provider, writes: activations.clone(), args };
         report.selections.push(Lowered {
             node,
-            op,
+            op: graph.op_name(op).to_owned(),
             provider: selection.provider,
             inplace: selection.inplace,
             rejected: selection.rejected.clone(),
@@ -165,7 +162,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
 }
 
 /// A remembered selection: op, argument metadata, and the selection with the op's activations.
-type SelectionMemo<'g> = (&'g str, Vec<ArgMeta<'g>>, Rc<(Selection, Vec<usize>)>);
+type SelectionMemo<'g> = (OpRef, Vec<ArgMeta<'g>>, Rc<(Selection, Vec<usize>)>);
 
 /// Distinct (op, metadata) selections remembered per run.
 const SELECTION_MEMO: usize = 8;
