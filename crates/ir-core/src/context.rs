@@ -5,7 +5,7 @@
 
 use crate::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use crate::op::rms_norm::RMS_NORM;
-use crate::op::{OpDef, Overload, Value};
+use crate::op::{ArgMeta, OpDef, Overload, Value};
 use crate::{CallError, Registry, Tensor, TensorMeta};
 
 /// One argument of [`ExecutionContext::call`]: a tensor handle of the context, or a constant.
@@ -43,6 +43,34 @@ impl<T> CallArg<T> {
     /// An integer, or `none`.
     pub fn opt_i64(v: Option<i64>) -> CallArg<T> {
         v.map_or(CallArg::None, CallArg::I64)
+    }
+
+    /// The dynamic argument, with `tensor` turning a handle into a [`Value`].
+    pub fn into_value(self, tensor: impl FnOnce(T) -> Value) -> Value {
+        match self {
+            CallArg::Tensor(t) => tensor(t),
+            CallArg::None => Value::None,
+            CallArg::F64(v) => Value::F64(v),
+            CallArg::I64(v) => Value::I64(v),
+            CallArg::Bool(v) => Value::Bool(v),
+            CallArg::Str(v) => Value::Str(v),
+            CallArg::DType(v) => Value::DType(v),
+            CallArg::Ints(v) => Value::Ints(v),
+        }
+    }
+
+    /// What a meta function sees of the argument, with `meta` giving a handle's metadata.
+    pub fn meta<'a>(&'a self, meta: impl FnOnce(&'a T) -> &'a TensorMeta) -> ArgMeta<'a> {
+        match self {
+            CallArg::Tensor(t) => ArgMeta::Tensor(meta(t)),
+            CallArg::None => ArgMeta::None,
+            CallArg::F64(v) => ArgMeta::F64(*v),
+            CallArg::I64(v) => ArgMeta::I64(*v),
+            CallArg::Bool(v) => ArgMeta::Bool(*v),
+            CallArg::Str(v) => ArgMeta::Str(v),
+            CallArg::DType(v) => ArgMeta::DType(*v),
+            CallArg::Ints(v) => ArgMeta::Ints(v),
+        }
     }
 }
 
@@ -190,19 +218,7 @@ impl ExecutionContext for EagerContext<'_> {
         overload: Overload,
         args: Vec<CallArg<Tensor>>,
     ) -> Result<Vec<Tensor>, CallError> {
-        let values = args
-            .into_iter()
-            .map(|arg| match arg {
-                CallArg::Tensor(t) => Value::Tensor(t),
-                CallArg::None => Value::None,
-                CallArg::F64(v) => Value::F64(v),
-                CallArg::I64(v) => Value::I64(v),
-                CallArg::Bool(v) => Value::Bool(v),
-                CallArg::Str(v) => Value::Str(v),
-                CallArg::DType(v) => Value::DType(v),
-                CallArg::Ints(v) => Value::Ints(v),
-            })
-            .collect();
+        let values = args.into_iter().map(|arg| arg.into_value(Value::Tensor)).collect();
         self.registry.call_def(op, overload, values)
     }
 

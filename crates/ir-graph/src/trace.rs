@@ -146,19 +146,7 @@ impl ExecutionContext for Tracer<'_> {
         if overload == Overload::MaybeInplace && !op.allow_inplace {
             return Err(CallError::NotInplaceOp { op: op.name });
         }
-        let metas: Vec<ArgMeta<'_>> = args
-            .iter()
-            .map(|arg| match arg {
-                CallArg::Tensor(t) => ArgMeta::Tensor(&t.meta),
-                CallArg::None => ArgMeta::None,
-                CallArg::F64(v) => ArgMeta::F64(*v),
-                CallArg::I64(v) => ArgMeta::I64(*v),
-                CallArg::Bool(v) => ArgMeta::Bool(*v),
-                CallArg::Str(v) => ArgMeta::Str(v),
-                CallArg::DType(v) => ArgMeta::DType(*v),
-                CallArg::Ints(v) => ArgMeta::Ints(v),
-            })
-            .collect();
+        let metas: Vec<ArgMeta<'_>> = args.iter().map(|arg| arg.meta(|t| &t.meta)).collect();
         // Binding fills the omitted trailing parameters, so the graph spells every argument.
         let bound = bind_meta(op, metas)?;
         if !self.registry.op_def(op.name).is_some_and(|registered| std::ptr::eq(registered, op)) {
