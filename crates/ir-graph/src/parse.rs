@@ -565,3 +565,19 @@ fn builtin(name: &str, args: Vec<(Arg, Token)>, at: &Token) -> Result<NodeKind, 
 fn token_text(token: &Token) -> String {
     token.tok.to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ir-core` refuses to define an op named like a built-in; its list must cover the parser's.
+    #[test]
+    fn every_built_in_is_a_reserved_word_of_ir_core() {
+        for name in BUILTINS {
+            assert!(ir_core::op::RESERVED_WORDS.contains(name), "`{name}` is a built-in but not reserved");
+        }
+        for word in ["impl", "output", "graph", "none", "true", "false"] {
+            assert!(ir_core::op::RESERVED_WORDS.contains(&word), "`{word}` is a keyword but not reserved");
+        }
+    }
+}
