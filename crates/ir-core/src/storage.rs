@@ -122,12 +122,9 @@ impl CpuBuffer {
     /// A zero-filled buffer of `len_bytes` bytes, or [`OutOfMemory`] when the allocator refuses it
     /// (never an abort). Zeroed pages come from the allocator (`calloc`-style), not written here.
     pub fn zeroed(len_bytes: usize) -> Result<CpuBuffer, OutOfMemory> {
-        let out_of_memory = OutOfMemory { bytes: len_bytes };
-        if len_bytes > crate::meta::MAX_TENSOR_BYTES - 63 {
-            return Err(out_of_memory);
-        }
+        // The allocation's layout is checked too: a size past `isize::MAX` is refused, not wrapped.
         let chunks = bytemuck::allocation::try_zeroed_slice_box::<Chunk>(len_bytes.div_ceil(64))
-            .map_err(|()| out_of_memory)?
+            .map_err(|()| OutOfMemory { bytes: len_bytes })?
             .into_vec();
         CPU_BYTES_ALLOCATED.fetch_add(len_bytes as u64, Ordering::Relaxed);
         Ok(CpuBuffer { chunks, len_bytes })

@@ -187,6 +187,8 @@ struct Run<'g> {
     live_bytes: u64,
     uses: SecondaryMap<ValueId, crate::UseList>,
     positions: SecondaryMap<NodeId, u32>,
+    /// Each value's last reading position (0 when unread), computed once.
+    last_use: SecondaryMap<ValueId, u32>,
     kept: HashSet<ValueId>,
     inputs: HashMap<StorageId, (String, bool)>,
     seen: HashSet<StorageId>,
@@ -195,6 +197,11 @@ struct Run<'g> {
 
 impl<'g> Run<'g> {
     fn new(graph: &'g Graph, registry: &'g Registry, options: InterpOptions) -> Run<'g> {
+        let (uses, positions) = (graph.use_lists(), graph.positions());
+        let mut last_use = SecondaryMap::new();
+        for (value, users) in uses.iter() {
+            last_use[value] = users.iter().map(|&n| positions[n]).max().unwrap_or(0);
+        }
         Run {
             graph,
             registry,
@@ -202,8 +209,9 @@ impl<'g> Run<'g> {
             env: SecondaryMap::new(),
             bound: HashMap::default(),
             live_bytes: 0,
-            uses: graph.use_lists(),
-            positions: graph.positions(),
+            uses,
+            positions,
+            last_use,
             kept: graph.outputs().into_iter().collect(),
             inputs: HashMap::default(),
             seen: HashSet::default(),
@@ -292,7 +300,7 @@ impl<'g> Run<'g> {
     }
 
     fn last_position(&self, value: ValueId) -> u32 {
-        self.uses[value].iter().map(|&n| self.positions[n]).max().unwrap_or(0)
+        self.last_use[value]
     }
 
     fn statement(&self, node: NodeId) -> String {

@@ -37,6 +37,7 @@
 
 mod dot;
 mod interp;
+mod op_table;
 mod parse;
 mod print;
 mod trace;
@@ -47,6 +48,7 @@ use std::fmt;
 use cranelift_entity::{EntitySet, PrimaryMap, SecondaryMap, entity_impl};
 
 pub use crate::interp::{InterpError, InterpOptions, InterpStats, Interpretation, SafetyChecks, interpret};
+pub use crate::op_table::OpTable;
 pub use crate::parse::{ParseError, parse};
 pub use crate::print::format_float;
 pub use crate::trace::{Traced, TracedGraph, Tracer};
@@ -243,12 +245,10 @@ pub struct Graph {
     nodes: PrimaryMap<NodeId, NodeData>,
     values: PrimaryMap<ValueId, ValueData>,
     order: Vec<NodeId>,
-    /// The names of the ops nodes call, and the reverse index.
-    ops: PrimaryMap<OpRef, String>,
-    op_index: rustc_hash::FxHashMap<String, OpRef>,
-    /// The names of the providers `impl` nodes name, and the reverse index.
-    providers: PrimaryMap<ProviderRef, String>,
-    provider_index: rustc_hash::FxHashMap<String, ProviderRef>,
+    /// The ops nodes call.
+    ops: NameTable<OpRef>,
+    /// The providers `impl` nodes name.
+    providers: NameTable<ProviderRef>,
     /// The next fresh `%<n>` name; always above every numeric name below `FRESH_NAME_LIMIT` in use.
     next_name: u64,
 }
@@ -256,6 +256,32 @@ pub struct Graph {
 /// Numeric names at or above this bound are never produced by [`Graph::fresh_name`] (the counter
 /// would need 2^63 fresh names to get there), so they need no noting and the counter cannot wrap.
 const FRESH_NAME_LIMIT: u64 = 1 << 63;
+
+/// A table of names addressed by typed refs, with the reverse index, so each name is stored once
+/// and looked up by hash.
+#[derive(Clone, Debug)]
+struct NameTable<K: cranelift_entity::EntityRef> {
+    names: PrimaryMap<K, String>,
+    index: rustc_hash::FxHashMap<String, K>,
+}
+
+impl<K: cranelift_entity::EntityRef> Default for NameTable<K> {
+    fn default() -> NameTable<K> {
+        NameTable { names: PrimaryMap::new(), index: Default::default() }
+    }
+}
+
+impl<K: cranelift_entity::EntityRef> NameTable<K> {
+    /// The ref of `name`, adding it on first use.
+    fn intern(&mut self, name: &str) -> K {
+        if let Some(&key) = self.index.get(name) {
+            return key;
+        }
+        let key = self.names.push(name.to_owned());
+        self.index.insert(name.to_owned(), key);
+        key
+    }
+}
 
 /// The users of one value, in order: inline up to two (most values), so use lists of large graphs
 /// need no allocation per value.
@@ -342,47 +368,35 @@ impl Graph {
             nodes: PrimaryMap::new(),
             values: PrimaryMap::new(),
             order: Vec::new(),
-            ops: PrimaryMap::new(),
-            op_index: Default::default(),
-            providers: PrimaryMap::new(),
-            provider_index: Default::default(),
+            ops: NameTable::default(),
+            providers: NameTable::default(),
             next_name: 0,
         }
     }
 
     /// The reference of op `name` in this graph's table, adding it on first use.
     pub fn op_ref(&mut self, name: &str) -> OpRef {
-        if let Some(&op) = self.op_index.get(name) {
-            return op;
-        }
-        let op = self.ops.push(name.to_owned());
-        self.op_index.insert(name.to_owned(), op);
-        op
+        self.ops.intern(name)
     }
 
     /// The reference of provider `name` in this graph's table, adding it on first use.
     pub fn provider_ref(&mut self, name: &str) -> ProviderRef {
-        if let Some(&provider) = self.provider_index.get(name) {
-            return provider;
-        }
-        let provider = self.providers.push(name.to_owned());
-        self.provider_index.insert(name.to_owned(), provider);
-        provider
+        self.providers.intern(name)
     }
 
     /// The name of an op of this graph.
     pub fn op_name(&self, op: OpRef) -> &str {
-        &self.ops[op]
+        &self.ops.names[op]
     }
 
     /// The name of a provider of this graph.
     pub fn provider_name(&self, provider: ProviderRef) -> &str {
-        &self.providers[provider]
+        &self.providers.names[provider]
     }
 
     /// Every op in the graph's table (also ops no live node calls any more), in first-use order.
     pub fn op_table(&self) -> impl Iterator<Item = (OpRef, &str)> {
-        self.ops.iter().map(|(op, name)| (op, name.as_str()))
+        self.ops.names.iter().map(|(op, name)| (op, name.as_str()))
     }
 
     // --- building ---

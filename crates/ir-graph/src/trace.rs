@@ -38,6 +38,10 @@ pub struct Tracer<'r> {
     parameter_values: RefCell<HashMap<(StorageId, Layout), Traced>>,
     /// Names given to inputs so far (declared inputs and parameters).
     input_names: RefCell<HashSet<String>>,
+    /// Per spelled name, the next `.<k>` suffix to try, so renaming many inputs of one name stays linear.
+    next_suffix: RefCell<HashMap<String, u64>>,
+    /// Names parameters were requested under, to warn when distinct tensors share one.
+    parameter_names: RefCell<HashSet<String>>,
     /// Parameter input nodes, placed after the declared inputs when the trace finishes (placing each
     /// at once would shift the whole order per parameter).
     pending_inputs: RefCell<Vec<crate::NodeId>>,
@@ -61,6 +65,8 @@ impl<'r> Tracer<'r> {
             parameters: RefCell::new(Vec::new()),
             parameter_values: RefCell::new(HashMap::default()),
             input_names: RefCell::new(HashSet::default()),
+            next_suffix: RefCell::new(HashMap::default()),
+            parameter_names: RefCell::new(HashSet::default()),
             pending_inputs: RefCell::new(Vec::new()),
         }
     }
@@ -83,10 +89,13 @@ impl<'r> Tracer<'r> {
         let mut names = self.input_names.borrow_mut();
         let taken = |candidate: &str| names.contains(candidate) || graph.is_fresh_name_taken(candidate);
         let mut unique = base.clone();
-        let mut suffix = 1u64;
-        while taken(&unique) {
-            unique = format!("{base}.{suffix}");
-            suffix += 1;
+        if taken(&unique) {
+            let mut next_suffix = self.next_suffix.borrow_mut();
+            let suffix = next_suffix.entry(base.clone()).or_insert(1);
+            while taken(&unique) {
+                unique = format!("{base}.{suffix}");
+                *suffix += 1;
+            }
         }
         if unique != name {
             tracing::debug!(target: "ir_graph::trace", requested = name, given = unique.as_str(), "renamed a graph input");
@@ -122,7 +131,7 @@ impl ExecutionContext for Tracer<'_> {
             return Ok(existing.clone());
         }
         let unique = self.unique_input_name(name);
-        if self.parameters.borrow().iter().any(|(given, _)| given == name) {
+        if !self.parameter_names.borrow_mut().insert(name.to_owned()) {
             tracing::warn!(
                 target: "ir_graph::trace",
                 "two distinct parameter tensors are named `{name}`; the later one is traced as `%{unique}` \

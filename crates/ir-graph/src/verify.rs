@@ -6,8 +6,8 @@ use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
 
-use crate::{Arg, Graph, NodeId, NodeKind, OpRef, ProviderRef, ValueId};
-use ir_core::op::{ArgMeta, OpDef, Overload, bind_meta};
+use crate::{Arg, Graph, NodeId, NodeKind, OpRef, OpTable, ProviderRef, ValueId};
+use ir_core::op::{ArgMeta, Overload, bind_meta};
 use ir_core::{Layout, Registry, TensorMeta};
 
 /// One problem of a graph.
@@ -129,8 +129,7 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
 /// op and provider tables (typed refs, never names), and a small memo of meta-function results.
 struct Lookups<'r, 'g> {
     registry: &'r Registry,
-    defs: SecondaryMap<OpRef, Option<&'static OpDef>>,
-    activations: SecondaryMap<OpRef, Vec<usize>>,
+    ops: OpTable,
     /// Whether (op, provider) is in place; `None` when the provider is not registered for the op.
     inplace: rustc_hash::FxHashMap<(OpRef, ProviderRef), Option<bool>>,
     /// Recent (op, argument metadata) → outputs; a small ring, since layers repeat.
@@ -146,13 +145,8 @@ const META_MEMO: usize = 8;
 
 impl<'r, 'g> Lookups<'r, 'g> {
     fn new(registry: &'r Registry, graph: &Graph) -> Lookups<'r, 'g> {
-        let mut defs = SecondaryMap::new();
-        let mut activations = SecondaryMap::new();
-        for (op, name) in graph.op_table() {
-            defs[op] = registry.op_def(name);
-            activations[op] = registry.activations(name).unwrap_or_default();
-        }
-        Lookups { registry, defs, activations, inplace: Default::default(), metas: Vec::new(), next_slot: 0 }
+        let ops = OpTable::compute(graph, registry);
+        Lookups { registry, ops, inplace: Default::default(), metas: Vec::new(), next_slot: 0 }
     }
 
     /// Whether `provider` of `op` is inplace; `None` when it is not registered.
@@ -166,7 +160,7 @@ impl<'r, 'g> Lookups<'r, 'g> {
 
     /// Binds an op call's arguments and runs its meta function (memoized on equal metadata).
     fn op_outputs(&mut self, graph: &'g Graph, op: OpRef, args: &'g [Arg]) -> Result<&[TensorMeta], String> {
-        let def = self.defs[op].ok_or_else(|| format!("unknown op `{}`", graph.op_name(op)))?;
+        let def = self.ops.def(op).ok_or_else(|| format!("unknown op `{}`", graph.op_name(op)))?;
         if let Some(slot) = self.metas.iter().position(|(o, m, _)| *o == op && same_args(m, graph, args)) {
             return self.metas[slot].2.as_deref().map_err(Clone::clone);
         }
@@ -256,7 +250,9 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
         NodeKind::Input { .. } | NodeKind::Output(_) => Ok(()),
         NodeKind::IrCall { op: op_ref, overload, args } => {
             let op = graph.op_name(*op_ref);
-            let def = lookups.defs[*op_ref]
+            let def = lookups
+                .ops
+                .def(*op_ref)
                 .ok_or_else(|| format!("unknown op `{op}` (known: {})", lookups.registry.ops().join(", ")))?;
             if *overload == Overload::MaybeInplace && !def.allow_inplace {
                 return Err(format!("op `{op}` does not allow inplace, so it has no maybe_inplace form"));
@@ -267,7 +263,10 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
         NodeKind::ImplCall { op: op_ref, provider: provider_ref, writes, args } => {
             let (op, provider) = (graph.op_name(*op_ref), graph.provider_name(*provider_ref));
             let registry = lookups.registry;
-            lookups.defs[*op_ref].ok_or_else(|| format!("unknown op `{op}` (known: {})", registry.ops().join(", ")))?;
+            lookups
+                .ops
+                .def(*op_ref)
+                .ok_or_else(|| format!("unknown op `{op}` (known: {})", registry.ops().join(", ")))?;
             let inplace = lookups.provider_inplace(graph, *op_ref, *provider_ref).ok_or_else(|| {
                 let known: Vec<&str> = registry.providers(op).iter().map(|p| p.name).collect();
                 format!("provider `{provider}` is not registered for `{op}` (known: {})", known.join(", "))
@@ -279,7 +278,7 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
                 }
                 return check_results(graph, results, expected);
             }
-            let activations = &lookups.activations[*op_ref];
+            let activations = lookups.ops.activations(*op_ref);
             if writes != activations {
                 return Err(format!("inplace provider `{provider}` of `{op}` writes {activations:?}, not {writes:?}"));
             }

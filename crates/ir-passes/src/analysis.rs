@@ -1,32 +1,8 @@
-//! Analyses shared by the passes: what each op needs, which nodes write which values, and storage
-//! roots (R61, R81).
+//! Analyses shared by the passes: which nodes write which values, and storage roots (R61, R81).
 
 use cranelift_entity::SecondaryMap;
-use ir_core::Registry;
 use ir_core::op::Overload;
-use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef, ValueId};
-
-/// What the passes need of each op a graph calls, looked up in the registry once per op of the
-/// graph's op table, never per node.
-pub struct OpTable {
-    activations: SecondaryMap<OpRef, Vec<usize>>,
-}
-
-impl OpTable {
-    /// Looks up every op of `graph`'s table (an op the registry does not define has no activations).
-    pub fn compute(graph: &Graph, registry: &Registry) -> OpTable {
-        let mut activations = SecondaryMap::new();
-        for (op, name) in graph.op_table() {
-            activations[op] = registry.activations(name).unwrap_or_default();
-        }
-        OpTable { activations }
-    }
-
-    /// The parameter positions of `op`'s activations.
-    pub fn activations(&self, op: OpRef) -> &[usize] {
-        &self.activations[op]
-    }
-}
+use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
 /// The values a node writes (R61): an `ImplCall`'s `writes` arguments, `copy_`'s destination, and a
 /// `maybe_inplace` call's activations (it donates them). Nothing else writes.

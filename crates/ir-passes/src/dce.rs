@@ -24,8 +24,9 @@ use std::fmt;
 use cranelift_entity::EntitySet;
 use ir_graph::{Graph, NodeId, NodeKind};
 
-use crate::analysis::{OpTable, written_values};
+use crate::analysis::written_values;
 use crate::{PassContext, PassError};
+use ir_graph::OpTable;
 
 /// What DCE removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -177,8 +177,9 @@ use std::fmt;
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_graph::{Graph, NodeId, NodeKind, ValueId};
 
-use crate::analysis::{OpTable, StorageRoots, written_values};
+use crate::analysis::{StorageRoots, written_values};
 use crate::{CloneElimination, PassContext, PassError};
+use ir_graph::OpTable;
 
 /// Why a copy was kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,8 +277,9 @@ fn is_non_donated_input(graph: &Graph, value: ValueId) -> bool {
 }
 
 fn keep(graph: &Graph, node: NodeId, reason: KeepReason, report: &mut CloneReport) {
-    tracing::debug!(target: "ir_passes::eliminate_clones", node = %graph.display_node(node), %reason, "copy kept");
-    report.kept.push(KeptCopy { node, statement: graph.display_node(node), reason });
+    let statement = graph.display_node(node);
+    tracing::debug!(target: "ir_passes::eliminate_clones", node = statement.as_str(), %reason, "copy kept");
+    report.kept.push(KeptCopy { node, statement, reason });
 }
 
 /// Use lists kept up to date while copies are removed, so each removal costs only the copy's uses.

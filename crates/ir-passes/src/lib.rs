@@ -44,12 +44,13 @@ use std::fmt;
 
 use ir_core::{CallError, Registry};
 
-pub use crate::analysis::{OpTable, StorageRoots, written_values};
+pub use crate::analysis::{StorageRoots, written_values};
 pub use crate::dce::{DceReport, dce};
 pub use crate::eliminate_clones::{CloneReport, KeepReason, KeptCopy, eliminate_clones};
 pub use crate::functionalize::{FunctionalizeReport, functionalize};
 pub use crate::lower::{LowerReport, Lowered, lower};
 pub use crate::pipeline::{PassName, PassReport, PassRun, Pipeline, PipelineError, PipelineReport, Snapshots};
+pub use ir_graph::OpTable;
 
 /// Which clone elimination to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ mod value;
 
 use std::fmt;
 
-pub(crate) use crate::op::value::literal_fits;
+pub(crate) use crate::op::value::default_fits;
 pub use crate::op::value::{ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
 use crate::{DType, Device, KernelError, Tensor, TensorError, TensorMeta};
 

@@ -40,7 +40,6 @@ pub enum ParamKind {
 
 impl fmt::Display for ParamKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let choices = |allowed: &[&str]| allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
         match self {
             ParamKind::Tensor => f.write_str("Tensor"),
             ParamKind::OptTensor => f.write_str("Optional[Tensor]"),
@@ -50,8 +49,8 @@ impl fmt::Display for ParamKind {
             ParamKind::I64 => f.write_str("int"),
             ParamKind::Bool => f.write_str("bool"),
             ParamKind::OptBool => f.write_str("Optional[bool]"),
-            ParamKind::Str(allowed) => write!(f, "Literal[{}]", choices(allowed)),
-            ParamKind::OptStr(allowed) => write!(f, "Optional[Literal[{}]]", choices(allowed)),
+            ParamKind::Str(allowed) => write!(f, "Literal[{}]", quoted(allowed)),
+            ParamKind::OptStr(allowed) => write!(f, "Optional[Literal[{}]]", quoted(allowed)),
             ParamKind::DType => f.write_str("dtype"),
             ParamKind::OptDType => f.write_str("Optional[dtype]"),
             ParamKind::Ints => f.write_str("list[int]"),
@@ -166,7 +165,7 @@ pub enum BindError {
         found: &'static str,
     },
     /// A string that is not one of the parameter's allowed values.
-    #[error("op `{op}`: parameter `{param}` expects one of {}, found \"{found}\"", allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", "))]
+    #[error("op `{op}`: parameter `{param}` expects one of {}, found \"{found}\"", quoted(allowed))]
     NotAllowed {
         /// The op.
         op: &'static str,
@@ -372,14 +371,9 @@ impl fmt::Display for ArgMeta<'_> {
     }
 }
 
-/// Whether a default fits its parameter: the kind, and for a string one of the allowed values.
-pub(crate) fn literal_fits(kind: ParamKind, literal: Literal) -> bool {
-    let meta = literal.meta();
-    let allowed = match (kind, meta) {
-        (ParamKind::Str(choices) | ParamKind::OptStr(choices), ArgMeta::Str(found)) => choices.contains(&found),
-        _ => true,
-    };
-    meta.fits(kind) && allowed
+/// Whether a parameter's default fits it: the kind, and for a string one of the allowed values.
+pub(crate) fn default_fits(op: &'static str, param: &ParamDef) -> bool {
+    param.default.is_none_or(|default| check_arg(op, param, default.meta()).is_ok())
 }
 
 /// Checks arity and kinds against `op`'s parameters and fills omitted trailing parameters with defaults.
@@ -407,19 +401,25 @@ fn check_args<'a>(op: &OpDef, args: impl ExactSizeIterator<Item = ArgMeta<'a>>) 
         return Err(BindError::TooManyArgs { op: op.name, expected: op.params.len(), found: args.len() });
     }
     for (param, arg) in op.params.iter().zip(args) {
-        if !arg.fits(param.kind) {
-            return Err(BindError::KindMismatch {
-                op: op.name,
-                param: param.name,
-                expected: param.kind,
-                found: arg.kind_name(),
-            });
-        }
-        if let (ParamKind::Str(allowed) | ParamKind::OptStr(allowed), ArgMeta::Str(found)) = (param.kind, arg)
-            && !allowed.contains(&found)
-        {
-            return Err(BindError::NotAllowed { op: op.name, param: param.name, allowed, found: found.to_owned() });
-        }
+        check_arg(op.name, param, arg)?;
     }
     Ok(())
+}
+
+/// Whether `arg` fits `param`: its kind, and for a string one of the allowed values.
+fn check_arg(op: &'static str, param: &ParamDef, arg: ArgMeta<'_>) -> Result<(), BindError> {
+    if !arg.fits(param.kind) {
+        return Err(BindError::KindMismatch { op, param: param.name, expected: param.kind, found: arg.kind_name() });
+    }
+    match (param.kind, arg) {
+        (ParamKind::Str(allowed) | ParamKind::OptStr(allowed), ArgMeta::Str(found)) if !allowed.contains(&found) => {
+            Err(BindError::NotAllowed { op, param: param.name, allowed, found: found.to_owned() })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The allowed values of a string parameter as the text format spells them: `"none", "tanh"`.
+fn quoted(allowed: &[&str]) -> String {
+    allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")
 }

@@ -342,7 +342,7 @@ impl Registry {
     pub fn register_impl(&self, op: &str, spec: ImplSpec, func: ImplFunc) -> Result<(), RegistryError> {
         let location = Location::caller();
         let (entry, implementation) = self.checked_impl(op, spec, func, location)?;
-        let provider = implementation.provider;
+        let (provider, func_inplace) = (implementation.provider, implementation.inplace);
         let mut impls = write(&entry.impls);
         if let Some(first) = impls.iter().find(|i| i.provider == provider) {
             return Err(RegistryError::DuplicateProvider {
@@ -353,7 +353,7 @@ impl Registry {
         }
         impls.push(implementation);
         drop(impls);
-        tracing::debug!(target: "ir_core::registry", op, provider, "registered implementation");
+        tracing::debug!(target: "ir_core::registry", op, provider, inplace = func_inplace, "registered implementation");
         if read(&entry.installed).is_some() {
             entry.warn_once(&format!("registered-after-install:{provider}"), || {
                 format!(
@@ -588,14 +588,14 @@ fn check_param(def: &OpDef, param: &crate::op::ParamDef) -> Result<(), RegistryE
             });
         }
     }
-    match param.default {
-        Some(default) if !crate::op::literal_fits(param.kind, default) => Err(RegistryError::InvalidDefault {
+    if !crate::op::default_fits(def.name, param) {
+        return Err(RegistryError::InvalidDefault {
             op: def.name.to_owned(),
             param: param.name.to_owned(),
             kind: param.kind,
-        }),
-        _ => Ok(()),
+        });
     }
+    Ok(())
 }
 
 fn check_name(kind: NameKind, name: &str) -> Result<(), RegistryError> {

@@ -51,6 +51,12 @@ struct Layer {
     resolved: Resolved,
 }
 
+impl Layer {
+    fn new(names: &[impl AsRef<str>], resolved: Resolved) -> Layer {
+        Layer { names: names.iter().map(|n| n.as_ref().to_owned()).collect(), resolved }
+    }
+}
+
 impl PriorityStack {
     pub(crate) fn top(&self) -> Option<Resolved> {
         self.layers.last().map(|(_, layer)| &layer.resolved).or(self.default.as_ref().map(|l| &l.resolved)).cloned()
@@ -101,10 +107,9 @@ impl Registry {
         let entry = self.priority_entry(op)?;
         let resolved = resolve(&entry, names)?;
         let mut stack = lock(&entry.priority);
-        let names = names.iter().map(|n| n.as_ref().to_owned()).collect();
-        stack.default = Some(Layer { names, resolved });
+        stack.default = Some(Layer::new(names, resolved));
         *write(&entry.installed) = stack.top();
-        tracing::debug!(target: "ir_core::priority", op, default = %display_list(stack.top().as_deref()), "set default priority list");
+        tracing::debug!(target: "ir_core::priority", op, default = %display_list(stack.default.as_ref().map(|l| &*l.resolved)), "set default priority list");
         Ok(())
     }
 
@@ -112,8 +117,7 @@ impl Registry {
     pub fn override_priority(&self, op: &str, names: &[impl AsRef<str>]) -> Result<PriorityGuard, PriorityError> {
         let entry = self.priority_entry(op)?;
         let resolved = resolve(&entry, names)?;
-        let names = names.iter().map(|n| n.as_ref().to_owned()).collect();
-        Ok(install_layer(entry, Layer { names, resolved }))
+        Ok(install_layer(entry, Layer::new(names, resolved)))
     }
 
     /// The installed, resolved list of `op` (`None` when nothing is installed or the op is unknown).

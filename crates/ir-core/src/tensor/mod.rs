@@ -191,9 +191,7 @@ impl Tensor {
     /// A CPU tensor of zeros with the given layout (storage sized to reach every element).
     pub fn zeros_with_layout(dtype: DType, layout: Layout) -> Result<Tensor, TensorError> {
         let meta = TensorMeta { dtype, device: Device::Cpu, layout };
-        let bytes =
-            meta.storage_bytes().ok_or_else(|| TensorError::TooLarge { dtype, shape: meta.shape().to_vec() })?;
-        let storage = Storage::Cpu(CpuBuffer::zeroed(bytes)?);
+        let storage = Storage::Cpu(CpuBuffer::zeroed(storage_bytes(&meta)?)?);
         Ok(Tensor { storage: Shared::new(storage), meta })
     }
 
@@ -399,9 +397,7 @@ impl Tensor {
 
     fn copy_into_layout(&self, layout: Layout) -> Result<Tensor, TensorError> {
         let size = self.dtype().size_in_bytes();
-        let copy_meta = TensorMeta { layout: layout.clone(), ..self.meta.clone() };
-        let too_large = || TensorError::TooLarge { dtype: self.dtype(), shape: self.shape().to_vec() };
-        let bytes = copy_meta.storage_bytes().ok_or_else(too_large)?;
+        let bytes = storage_bytes(&TensorMeta { layout: layout.clone(), ..self.meta.clone() })?;
         let storage = match &self.storage.storage {
             Storage::Cpu(src) => {
                 let mut dst = CpuBuffer::zeroed(bytes)?;
@@ -515,9 +511,13 @@ pub(crate) fn element_writer(dtype: DType) -> fn(&mut [u8], usize, f64) {
     with_element_type!(dtype, T => write::<T>)
 }
 
+/// The bytes `meta` reaches, or `TooLarge` past `isize::MAX`.
+fn storage_bytes(meta: &TensorMeta) -> Result<usize, TensorError> {
+    meta.storage_bytes().ok_or_else(|| TensorError::TooLarge { dtype: meta.dtype, shape: meta.shape().to_vec() })
+}
+
 fn check_fits(meta: &TensorMeta, available: usize) -> Result<(), TensorError> {
-    let too_large = || TensorError::TooLarge { dtype: meta.dtype, shape: meta.shape().to_vec() };
-    let needed = meta.storage_bytes().ok_or_else(too_large)?;
+    let needed = storage_bytes(meta)?;
     if needed <= available {
         return Ok(());
     }
