@@ -65,11 +65,46 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
     }
 }
 
+thread_local! {
+    /// The captures open on this thread, innermost last.
+    static OPEN: std::cell::RefCell<Vec<Capture>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The process-wide subscriber: hands each event to the innermost capture open on the emitting thread.
+///
+/// One global subscriber that is interested in every callsite, rather than a scoped subscriber per
+/// test: tracing caches each callsite's interest, and a callsite first reached on a thread without a
+/// subscriber while another test's scoped subscriber was being registered could stay cached as
+/// "never", which dropped the event from a later capture (a flaky count of 0).
+struct Router;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Router {
+    fn on_event(&self, event: &tracing::Event<'_>, cx: Context<'_, S>) {
+        let innermost = OPEN.with(|open| open.borrow().last().cloned());
+        if let Some(capture) = innermost {
+            tracing_subscriber::Layer::<S>::on_event(&capture, event, cx);
+        }
+    }
+}
+
 /// Runs `f` with every event of this thread captured.
 pub fn capture<R>(f: impl FnOnce() -> R) -> (R, Capture) {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Router))
+            .expect("no other global subscriber in the ir-core tests");
+    });
+    struct Close;
+    impl Drop for Close {
+        fn drop(&mut self) {
+            OPEN.with(|open| open.borrow_mut().pop());
+        }
+    }
     let capture = Capture::default();
-    let subscriber = tracing_subscriber::registry().with(capture.clone());
-    let result = tracing::subscriber::with_default(subscriber, f);
+    OPEN.with(|open| open.borrow_mut().push(capture.clone()));
+    let close = Close;
+    let result = f();
+    drop(close);
     (result, capture)
 }
 
