@@ -3,8 +3,6 @@
 //! [`EagerContext`] runs on real [`Tensor`]s through a registry. A tracing context (recording graph
 //! nodes instead of running kernels) implements the same trait.
 
-use crate::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-use crate::op::rms_norm::RMS_NORM;
 use crate::op::{ArgMeta, OpDef, Overload, Value};
 use crate::{CallError, Registry, Tensor, TensorMeta};
 
@@ -99,7 +97,7 @@ pub trait ExecutionContext {
         args: Vec<CallArg<Self::Tensor>>,
     ) -> Result<Vec<Self::Tensor>, CallError>;
 
-    /// `rms_norm`, functional.
+    /// `rms_norm`, functional (sugar for the declaration's [`rms_norm::call`](crate::op::rms_norm::call)).
     fn rms_norm(
         &self,
         x: &Self::Tensor,
@@ -107,14 +105,7 @@ pub trait ExecutionContext {
         epsilon: f64,
         variance_size: Option<i64>,
     ) -> Result<Self::Tensor, CallError> {
-        let args = vec![
-            CallArg::Tensor(x.clone()),
-            CallArg::opt_tensor(weight),
-            CallArg::F64(epsilon),
-            CallArg::opt_i64(variance_size),
-        ];
-        let [out] = outputs::<_, 1>(&RMS_NORM, self.call(&RMS_NORM, Overload::Default, args)?)?;
-        Ok(out)
+        crate::op::rms_norm::call(self, x, weight, epsilon, variance_size)
     }
 
     /// `fused_add_rms_norm`, functional.
@@ -126,16 +117,7 @@ pub trait ExecutionContext {
         epsilon: f64,
         variance_size: Option<i64>,
     ) -> Result<(Self::Tensor, Self::Tensor), CallError> {
-        let args = vec![
-            CallArg::Tensor(x.clone()),
-            CallArg::Tensor(x_residual.clone()),
-            CallArg::opt_tensor(weight),
-            CallArg::F64(epsilon),
-            CallArg::opt_i64(variance_size),
-        ];
-        let [out, residual] =
-            outputs::<_, 2>(&FUSED_ADD_RMS_NORM, self.call(&FUSED_ADD_RMS_NORM, Overload::Default, args)?)?;
-        Ok((out, residual))
+        crate::op::fused_add_rms_norm::call(self, x, x_residual, weight, epsilon, variance_size)
     }
 
     /// `fused_add_rms_norm`, `maybe_inplace`: `x` and `x_residual` are donated.
@@ -147,16 +129,7 @@ pub trait ExecutionContext {
         epsilon: f64,
         variance_size: Option<i64>,
     ) -> Result<(Self::Tensor, Self::Tensor), CallError> {
-        let args = vec![
-            CallArg::Tensor(x),
-            CallArg::Tensor(x_residual),
-            CallArg::opt_tensor(weight),
-            CallArg::F64(epsilon),
-            CallArg::opt_i64(variance_size),
-        ];
-        let [out, residual] =
-            outputs::<_, 2>(&FUSED_ADD_RMS_NORM, self.call(&FUSED_ADD_RMS_NORM, Overload::MaybeInplace, args)?)?;
-        Ok((out, residual))
+        crate::op::fused_add_rms_norm::call_maybe_inplace(self, x, x_residual, weight, epsilon, variance_size)
     }
 
     /// A view of `start..end` along `dim`.

@@ -2,6 +2,7 @@
 //!
 //! Adding an op touches only its own module and [`BUILTIN_OPS`].
 
+mod declare;
 pub mod fused_add_rms_norm;
 pub mod kernel_support;
 mod norm_math;
@@ -10,6 +11,9 @@ mod value;
 
 use std::fmt;
 
+pub use crate::op::declare::{
+    Activation, OpOutputs, OpParam, StrEnum, count_donated, donated_names, mismatched, output_count,
+};
 pub(crate) use crate::op::value::default_fits;
 pub use crate::op::value::{ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
 use crate::{DType, Device, KernelError, Tensor, TensorError, TensorMeta};
