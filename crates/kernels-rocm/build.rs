@@ -1,5 +1,6 @@
-//! With feature `rocm`, compiles `kernels/rms_norm.hip` with `hipcc --genco` for every target in
-//! `VLLM_IR_HIP_ARCHS` (default `gfx90a`) and writes `code_objects.rs`, which embeds them. Targets
+//! With feature `rocm`, compiles every kernel source `kernels/*.hip` (the norms and each gated op)
+//! as one translation unit with `hipcc --genco` for every target in `VLLM_IR_HIP_ARCHS` (default
+//! `gfx90a`) and writes `code_objects.rs`, which embeds them. Targets
 //! the installed hipcc rejects are reported and skipped. Without the feature, or without hipcc, or on
 //! docs.rs, no code object is embedded.
 
@@ -10,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    println!("cargo::rerun-if-changed=kernels/rms_norm.hip");
+    println!("cargo::rerun-if-changed=kernels");
     println!("cargo::rerun-if-env-changed=VLLM_IR_HIP_ARCHS");
     println!("cargo::rerun-if-env-changed=HIPCC");
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -19,14 +20,16 @@ fn main() {
     );
     let wanted = env::var("CARGO_FEATURE_ROCM").is_ok() && env::var("DOCS_RS").is_err();
     if wanted {
+        let unit = out_dir.join("all_kernels.hip");
+        fs::write(&unit, translation_unit()).expect("writing all_kernels.hip");
         let hipcc = env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
         let archs = env::var("VLLM_IR_HIP_ARCHS").unwrap_or_else(|_| "gfx90a".to_owned());
         for arch in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-            let output = out_dir.join(format!("rms_norm-{arch}.hsaco"));
+            let output = out_dir.join(format!("kernels-{arch}.hsaco"));
             let result = Command::new(&hipcc)
                 .args(["--genco", &format!("--offload-arch={arch}"), "-O3", "-o"])
                 .arg(&output)
-                .arg("kernels/rms_norm.hip")
+                .arg(&unit)
                 .output();
             match result {
                 Ok(done) if done.status.success() && output.is_file() => {
@@ -43,4 +46,17 @@ fn main() {
     }
     embedded.push_str("];\n");
     fs::write(out_dir.join("code_objects.rs"), embedded).expect("writing code_objects.rs");
+}
+
+/// One translation unit including every `kernels/*.hip` source (sorted): each defines `extern "C"`
+/// kernels with distinct names, so one code object holds them all.
+fn translation_unit() -> String {
+    let dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("kernels");
+    let mut sources: Vec<PathBuf> = fs::read_dir(&dir)
+        .expect("the kernels directory exists")
+        .map(|entry| entry.expect("a readable directory entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "hip"))
+        .collect();
+    sources.sort();
+    sources.iter().map(|path| format!("#include {:?}\n", path.display().to_string())).collect()
 }

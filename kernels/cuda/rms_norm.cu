@@ -14,43 +14,7 @@
 // multiplies by the weight in f32 and rounds once. Each thread owns whole chunks of CHUNK elements
 // (16 bytes) in the same order whatever VEC is, so results depend only on the row, H and the dtype.
 //
-// No CUDA headers are needed: f16 converts with PTX `cvt`, bf16 with bit operations.
-
-#if DTYPE == 0
-typedef float elem_t;
-#define CHUNK 4
-__device__ __forceinline__ float to_f32(elem_t v) { return v; }
-__device__ __forceinline__ elem_t from_f32(float v) { return v; }
-#define KERNEL_SUFFIX f32
-#elif DTYPE == 1
-typedef unsigned short elem_t;
-#define CHUNK 8
-__device__ __forceinline__ float to_f32(elem_t v) {
-    float f;
-    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(v));
-    return f;
-}
-__device__ __forceinline__ elem_t from_f32(float f) {
-    elem_t v;
-    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(v) : "f"(f));
-    return v;
-}
-#define KERNEL_SUFFIX f16
-#elif DTYPE == 2
-typedef unsigned short elem_t;
-#define CHUNK 8
-__device__ __forceinline__ float to_f32(elem_t v) { return __uint_as_float(((unsigned int)v) << 16); }
-__device__ __forceinline__ elem_t from_f32(float f) {
-    unsigned int bits = __float_as_uint(f);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        return (elem_t)((bits >> 16) | 0x0040u);  // NaN stays a (quiet) NaN
-    }
-    return (elem_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // nearest-even
-}
-#define KERNEL_SUFFIX bf16
-#else
-#error "DTYPE must be 0 (f32), 1 (f16) or 2 (bf16)"
-#endif
+// Compiled after `element.cuh` (the element type and its conversions), which the crate prepends.
 
 #if VEC != 1 && VEC != CHUNK
 #error "VEC must be 1 or CHUNK"
@@ -59,9 +23,6 @@ __device__ __forceinline__ elem_t from_f32(float f) {
 #define CACHE_CHUNKS 4
 #define ROWS_PER_BLOCK (BLOCK_SIZE / THREADS_PER_ROW)
 #define WARP 32
-
-#define CONCAT_(a, b) a##_##b
-#define CONCAT(a, b) CONCAT_(a, b)
 
 struct alignas(16) chunk_t {
     elem_t v[CHUNK];

@@ -9,45 +9,9 @@
 // owns whole 16-byte chunks in the same order whatever the load width, so results depend only on the
 // row, H and the dtype. Reductions use the device's wave size (`warpSize`: 64 on CDNA, 32 on RDNA).
 
-#include <hip/hip_runtime.h>
+#include "element.hip.h"
 
 #define CACHE_CHUNKS 8
-
-template <int DTYPE> struct Elem;
-
-template <> struct Elem<0> {
-    typedef float T;
-    static constexpr int CHUNK = 4;
-    __device__ static float load(T v) { return v; }
-    __device__ static T store(float f) { return f; }
-};
-
-template <> struct Elem<1> {
-    typedef unsigned short T;
-    static constexpr int CHUNK = 8;
-    __device__ static float load(T v) {
-        _Float16 h;
-        __builtin_memcpy(&h, &v, 2);
-        return (float)h;
-    }
-    __device__ static T store(float f) {
-        _Float16 h = (_Float16)f;  // nearest-even
-        T v;
-        __builtin_memcpy(&v, &h, 2);
-        return v;
-    }
-};
-
-template <> struct Elem<2> {
-    typedef unsigned short T;
-    static constexpr int CHUNK = 8;
-    __device__ static float load(T v) { return __uint_as_float(((unsigned int)v) << 16); }
-    __device__ static T store(float f) {
-        unsigned int bits = __float_as_uint(f);
-        if ((bits & 0x7fffffffu) > 0x7f800000u) return (T)((bits >> 16) | 0x0040u);
-        return (T)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-    }
-};
 
 template <int DTYPE, int VEC>
 __device__ __forceinline__ void load_chunk(const typename Elem<DTYPE>::T* row, long long c, int hidden, float* out) {

@@ -1,12 +1,14 @@
 // RMS normalization kernels for the `xpu` provider (OpenCL C 1.2), built at first use per variant.
 //
 // Variant defines:
-//   DTYPE            0 = f32, 1 = f16 (vload_half/vstore_half_rte, no cl_khr_fp16 needed), 2 = bf16 (ushort bits)
+//   DTYPE            0 = f32, 1 = f16, 2 = bf16 (see element.cl)
 //   HAS_WEIGHT       0 or 1
 //   THREADS_PER_ROW  work-items cooperating on one row (a power of two)
 //   ROWS_PER_GROUP   rows per work-group; the work-group size is THREADS_PER_ROW * ROWS_PER_GROUP
 //   USE_SUBGROUPS    1: reduce with sub-group collectives (cl_khr_subgroups / cl_intel_subgroups),
 //                    0: reduce with a local-memory tree (always available; forced in tests)
+//
+// Built after `element.cl` (the element type and its conversions), which the crate prepends.
 //
 // Numerics follow the spec (R86): f32 squares and sums, the fused sum as one f32 addition, the norm
 // from the unrounded sum (recomputed from x and residual by the work-item that owns those elements,
@@ -22,45 +24,6 @@
 #endif
 
 #define GROUP_SIZE (THREADS_PER_ROW * ROWS_PER_GROUP)
-
-#if DTYPE == 0
-typedef float elem_t;
-#define LOAD(p, i) ((p)[i])
-#define STORE(p, i, v) ((p)[i] = (v))
-#define NAME(op) op##_f32
-#elif DTYPE == 1
-typedef half elem_t;
-#define LOAD(p, i) vload_half((i), (p))
-#define STORE(p, i, v) vstore_half_rte((v), (i), (p))
-#define NAME(op) op##_f16
-#elif DTYPE == 2
-typedef ushort elem_t;
-inline float bf16_to_f32(ushort v) { return as_float(((uint)v) << 16); }
-inline ushort f32_to_bf16(float f) {
-    uint bits = as_uint(f);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (ushort)((bits >> 16) | 0x0040u);
-    return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-#define LOAD(p, i) bf16_to_f32((p)[i])
-#define STORE(p, i, v) ((p)[i] = f32_to_bf16(v))
-#define NAME(op) op##_bf16
-#else
-#error "DTYPE must be 0, 1 or 2"
-#endif
-
-// Rounds to the element type and back (the weight step rounds y first, as native does).
-inline float round_to_elem(float v) {
-#if DTYPE == 0
-    return v;
-#elif DTYPE == 1
-    // Round to nearest-even f16 and widen, through private storage viewed as half.
-    ushort bits;
-    vstore_half_rte(v, 0, (__private half*)&bits);
-    return vload_half(0, (__private const half*)&bits);
-#else
-    return bf16_to_f32(f32_to_bf16(v));
-#endif
-}
 
 // Sums `value` over the THREADS_PER_ROW work-items of this row; all work-items of the group call it.
 inline float row_sum(float value, __local float* scratch) {

@@ -10,6 +10,19 @@ pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
     /// Rounds `src` to this type into `dst` (same length; nearest-even, NaN stays NaN).
     fn store(src: &[f32], dst: &mut [Self]);
 
+    /// Rounds each value to this type and back (nearest-even), in place. This default goes through
+    /// [`CpuElement::store`] and [`CpuElement::load`] in stack-sized chunks.
+    #[inline(always)]
+    fn round_in_place(v: &mut [f32]) {
+        const CHUNK: usize = 256;
+        let mut stored = [Self::zeroed(); CHUNK];
+        for chunk in v.chunks_mut(CHUNK) {
+            let stored = &mut stored[..chunk.len()];
+            Self::store(chunk, stored);
+            Self::load(stored, chunk);
+        }
+    }
+
     /// Stores `y = s · rstd` rounded to this type, or with a weight `round(f32(round(y)) · w)`: y is
     /// rounded to the element type first, exactly as native does. This default goes through
     /// [`CpuElement::store`] and [`CpuElement::load`] in stack-sized chunks; types whose rounding is
@@ -47,6 +60,9 @@ impl CpuElement for f32 {
     }
 
     #[inline(always)]
+    fn round_in_place(_: &mut [f32]) {}
+
+    #[inline(always)]
     fn store_normalized(s: &[f32], rstd: f32, weight: Option<&[f32]>, out: &mut [f32]) {
         match weight {
             None => out.iter_mut().zip(s).for_each(|(o, v)| *o = v * rstd),
@@ -77,6 +93,13 @@ impl CpuElement for bf16 {
     fn store(src: &[f32], dst: &mut [bf16]) {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = bf16::from_bits(bf16_bits(*s));
+        }
+    }
+
+    #[inline(always)]
+    fn round_in_place(v: &mut [f32]) {
+        for x in v {
+            *x = f32::from_bits((bf16_bits(*x) as u32) << 16);
         }
     }
 

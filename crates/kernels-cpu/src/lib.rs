@@ -25,6 +25,7 @@
 //! Target `kernels_cpu`: debug events for the thread split of large calls.
 
 mod element;
+pub mod gated;
 mod rows;
 
 pub use crate::rows::BYTES_PER_TASK;
@@ -32,6 +33,7 @@ pub use crate::rows::BYTES_PER_TASK;
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
 use ir_core::op::rms_norm;
+use ir_core::op::{gelu_and_mul, silu_and_mul};
 use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 
@@ -40,12 +42,15 @@ use crate::element::CpuElement;
 /// The provider name.
 pub const PROVIDER: &str = "cpu";
 
-/// Registers the `cpu` implementations of both norm ops.
+/// Registers the `cpu` implementations of every built-in op.
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let rms_spec = ImplSpec::new(PROVIDER).with_supports(|args| rms_norm_support(args, DeviceKind::Cpu));
     rms_norm::register(registry, rms_spec, rms_norm_cpu)?;
     let fused_spec = ImplSpec::new(PROVIDER).with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cpu));
-    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cpu))
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cpu))?;
+    silu_and_mul::register(registry, gated::spec(), |x| gated::run(x, gated::Silu))?;
+    gelu_and_mul::register(registry, gated::spec(), |x, approximate| gated::run(x, gated::Gelu(approximate)))?;
+    Ok(())
 }
 
 /// `rms_norm` on the CPU: a fresh output with the layout the meta function declares.
@@ -142,11 +147,11 @@ fn weight_f32(weight: Option<&Tensor>) -> Result<Option<Vec<f32>>, KernelError> 
     Ok(Some(out))
 }
 
-fn not_on_cpu(param: &str) -> KernelError {
+pub(crate) fn not_on_cpu(param: &str) -> KernelError {
     KernelError::InvalidArguments { reason: format!("`{param}` is not on the cpu") }
 }
 
-fn unsupported_dtype(dtype: DType) -> KernelError {
+pub(crate) fn unsupported_dtype(dtype: DType) -> KernelError {
     KernelError::InvalidArguments { reason: format!("dtype {dtype} is not supported by the cpu kernels") }
 }
 

@@ -20,7 +20,7 @@ pub const BYTES_PER_TASK: usize = 256 * 1024;
 const LANES: usize = 32;
 
 /// How many rows one task takes; calls with fewer rows run on the calling thread.
-fn rows_per_task(hidden: usize, element_size: usize) -> usize {
+pub(crate) fn rows_per_task(hidden: usize, element_size: usize) -> usize {
     (BYTES_PER_TASK / (hidden * element_size).max(1)).max(1)
 }
 

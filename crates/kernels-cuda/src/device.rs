@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError};
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
-use ir_core::{Availability, Device, KernelError};
+use ir_core::{Availability, DType, Device, KernelError};
 
 use crate::module::{KernelVariant, arch_for, compile_ptx, nvrtc_availability};
+use ir_core::op::kernel_support::GatedKernel;
 
 /// One CUDA device: its context, the stream every operation of this crate uses, and compiled kernels.
 pub struct CudaDeviceState {
@@ -17,6 +18,7 @@ pub struct CudaDeviceState {
     stream: Arc<CudaStream>,
     arch: Option<&'static str>,
     functions: Mutex<HashMap<KernelVariant, CudaFunction>>,
+    gated_functions: Mutex<HashMap<(&'static str, DType), CudaFunction>>,
 }
 
 impl std::fmt::Debug for CudaDeviceState {
@@ -66,7 +68,14 @@ fn init_devices() -> Result<Vec<Arc<CudaDeviceState>>, String> {
             let stream = context.new_stream().map_err(|e| format!("creating a stream on cuda:{ordinal}: {e}"))?;
             let (major, minor) = context.compute_capability().map_err(|e| format!("cuda:{ordinal}: {e}"))?;
             let arch = arch_for(major, minor);
-            Ok(Arc::new(CudaDeviceState { ordinal, context, stream, arch, functions: Mutex::new(HashMap::new()) }))
+            Ok(Arc::new(CudaDeviceState {
+                ordinal,
+                context,
+                stream,
+                arch,
+                functions: Mutex::new(HashMap::new()),
+                gated_functions: Mutex::new(HashMap::new()),
+            }))
         })
         .collect()
 }
@@ -105,6 +114,20 @@ impl CudaDeviceState {
         let function = module.load_function(&variant.kernel_name()).map_err(driver_error)?;
         tracing::debug!(target: "kernels_cuda", %variant, ordinal = self.ordinal, "loaded kernel");
         functions.insert(*variant, function.clone());
+        Ok(function)
+    }
+
+    /// The kernel of a gated op for `dtype`, compiled and loaded at first use.
+    pub(crate) fn gated_function(&self, op: &GatedKernel, dtype: DType) -> Result<CudaFunction, KernelError> {
+        let mut functions = self.gated_functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(function) = functions.get(&(op.def.name, dtype)) {
+            return Ok(function.clone());
+        }
+        tracing::debug!(target: "kernels_cuda", op = op.def.name, %dtype, arch = ?self.arch, "compiling with NVRTC");
+        let ptx = crate::gated::compile_ptx(op, dtype, self.arch)?;
+        let module = self.context.load_module(ptx).map_err(driver_error)?;
+        let function = module.load_function(&op.kernel_name(dtype)).map_err(driver_error)?;
+        functions.insert((op.def.name, dtype), function.clone());
         Ok(function)
     }
 

@@ -20,6 +20,7 @@
 //! Target `kernels_cuda`: devices found (info), compilation and loading of each variant (debug).
 
 mod device;
+pub mod gated;
 mod launch;
 mod module;
 
@@ -33,7 +34,9 @@ use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor
 
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
 pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch};
-pub use crate::module::{KernelVariant, NormOp, SOURCE, all_variants, arch_for, compile_ptx, nvrtc_availability};
+pub use crate::module::{
+    ELEMENT, KernelVariant, NormOp, SOURCE, all_variants, arch_for, compile_ptx, nvrtc_availability,
+};
 
 /// The provider name.
 pub const PROVIDER: &str = "cuda";
@@ -41,7 +44,7 @@ pub const PROVIDER: &str = "cuda";
 /// Alignment of device allocations (the driver returns at least 256-byte aligned memory).
 const ALLOCATION_ALIGNMENT: usize = 256;
 
-/// Registers the `cuda` implementations of both norm ops (also when no GPU exists: then unavailable).
+/// Registers the `cuda` implementations of every built-in op (also when no GPU exists: then unavailable).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let rms_spec =
         ImplSpec::new(PROVIDER).with_probe(availability).with_supports(|args| rms_norm_support(args, DeviceKind::Cuda));
@@ -49,7 +52,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
         .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cuda));
-    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cuda))
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cuda))?;
+    gated::register(registry)
 }
 
 /// `rms_norm` on a CUDA device: a fresh output with the declared layout; the launch is asynchronous.

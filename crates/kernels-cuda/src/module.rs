@@ -12,8 +12,11 @@ use ir_core::{Availability, DType, KernelError};
 
 use crate::launch::{BLOCK_SIZES, THREADS_PER_ROW};
 
-/// The kernel source, embedded at build time.
-pub const SOURCE: &str = include_str!("../kernels/rms_norm.cu");
+/// The element-type prelude every kernel source is compiled after.
+pub const ELEMENT: &str = include_str!("../kernels/element.cuh");
+
+/// The norm kernels' source as NVRTC compiles it (the element prelude, then `kernels/rms_norm.cu`).
+pub const SOURCE: &str = concat!(include_str!("../kernels/element.cuh"), "\n", include_str!("../kernels/rms_norm.cu"));
 
 /// One compiled form of the kernel source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,16 +47,9 @@ impl KernelVariant {
 
     /// The NVRTC `-D` options selecting this variant.
     pub fn defines(&self) -> Result<Vec<String>, KernelError> {
-        let (dtype, chunk) = match self.dtype {
-            DType::F32 => (0, 4),
-            DType::F16 => (1, 8),
-            DType::BF16 => (2, 8),
-            DType::F64 => {
-                return Err(KernelError::InvalidArguments { reason: "the cuda kernels do not support f64".to_owned() });
-            }
-        };
+        let chunk = 16 / self.dtype.size_in_bytes();
         Ok(vec![
-            format!("-DDTYPE={dtype}"),
+            dtype_define(self.dtype)?,
             format!("-DHAS_WEIGHT={}", u8::from(self.has_weight)),
             format!("-DVEC={}", if self.vectorized { chunk } else { 1 }),
             format!("-DTHREADS_PER_ROW={}", self.threads_per_row),
@@ -105,25 +101,42 @@ pub fn nvrtc_availability() -> Availability {
 
 /// Compiles one variant to PTX for `arch` (`compute_80`, `compute_90`, …; `None` for NVRTC's default).
 pub fn compile_ptx(variant: &KernelVariant, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    tracing::debug!(target: "kernels_cuda", %variant, ?arch, "compiling with NVRTC");
+    compile(SOURCE, "rms_norm.cu", variant.to_string(), variant.defines()?, arch)
+}
+
+/// Compiles `source` with NVRTC; errors keep the kernel's name, the options and the log.
+pub(crate) fn compile(
+    source: &str,
+    file_name: &str,
+    kernel: String,
+    defines: Vec<String>,
+    arch: Option<&'static str>,
+) -> Result<Ptx, KernelError> {
     if let Availability::Unavailable(reason) = nvrtc_availability() {
         return Err(KernelError::Driver { backend: "cuda", message: reason });
     }
-    let options = CompileOptions {
-        options: variant.defines()?,
-        arch,
-        name: Some("rms_norm.cu".to_owned()),
-        ..Default::default()
-    };
+    let options = CompileOptions { options: defines, arch, name: Some(file_name.to_owned()), ..Default::default() };
     let shown_options = options.options.clone();
-    tracing::debug!(target: "kernels_cuda", %variant, ?arch, "compiling with NVRTC");
-    compile_ptx_with_opts(SOURCE, options).map_err(|error| match error {
+    compile_ptx_with_opts(source, options).map_err(|error| match error {
         CompileError::CompileError { options, log, .. } => {
-            KernelError::Compile { kernel: variant.to_string(), options, log: log.to_string_lossy().into_owned() }
+            KernelError::Compile { kernel, options, log: log.to_string_lossy().into_owned() }
         }
-        other => {
-            KernelError::Compile { kernel: variant.to_string(), options: shown_options, log: format!("{other:?}") }
-        }
+        other => KernelError::Compile { kernel, options: shown_options, log: format!("{other:?}") },
     })
+}
+
+/// The `-DDTYPE=` option of a dtype the kernels support.
+pub(crate) fn dtype_define(dtype: DType) -> Result<String, KernelError> {
+    let code = match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::F64 => {
+            return Err(KernelError::InvalidArguments { reason: "the cuda kernels do not support f64".to_owned() });
+        }
+    };
+    Ok(format!("-DDTYPE={code}"))
 }
 
 /// The NVRTC architecture for a compute capability.

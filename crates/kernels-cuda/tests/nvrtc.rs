@@ -61,3 +61,24 @@ fn the_provider_reports_why_it_is_unavailable() {
     }
     assert!(kernels_cuda::register(&registry).is_err(), "registering twice is a duplicate-provider error");
 }
+
+#[test]
+fn every_gated_op_compiles_to_ptx_for_every_dtype() {
+    if let ir_core::Availability::Unavailable(reason) = nvrtc_availability() {
+        ir_core::testing::skip("nvrtc", &reason);
+        return;
+    }
+    let registry = ir_core::Registry::with_builtin_ops();
+    kernels_cuda::register(&registry).unwrap();
+    for op in kernels_cuda::gated::GATED_OPS {
+        assert!(registry.providers(op.def.name).iter().any(|p| p.name == "cuda"), "{} is registered", op.def.name);
+        for arch in ["compute_80", "compute_90"] {
+            for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+                let ptx = kernels_cuda::gated::compile_ptx(op, dtype, Some(arch))
+                    .unwrap_or_else(|e| panic!("{} {dtype} {arch}: {e}", op.def.name));
+                let entry = format!(".entry {}(", op.kernel_name(dtype));
+                assert!(ptx.to_src().contains(&entry), "{} {dtype}: PTX lacks `{entry}`", op.def.name);
+            }
+        }
+    }
+}

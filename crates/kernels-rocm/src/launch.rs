@@ -121,10 +121,10 @@ fn run(
     // integer converted without loss by `kernel_int`. The buffers cover the rows: each tensor's layout
     // was checked against its storage by `check_fits` (checked arithmetic) when it was built, and the
     // rows, offsets and strides come from that layout.
-    unsafe { device.launch(&variant, blocks, &mut params) }
+    unsafe { device.launch(&variant.symbol(), blocks, variant.block_size(), &mut params) }
 }
 
-fn element_ptr(base: *mut c_void, offset: usize, dtype: DType) -> *mut c_void {
+pub(crate) fn element_ptr(base: *mut c_void, offset: usize, dtype: DType) -> *mut c_void {
     base.wrapping_byte_add(offset * dtype.size_in_bytes())
 }
 

@@ -1,7 +1,7 @@
 //! `kernels-rocm`: the `rocm` provider (AMD GPUs through HIP) of `rms_norm` (functional) and
 //! `fused_add_rms_norm` (in place).
 //!
-//! With feature `rocm`, `build.rs` compiles `kernels/rms_norm.hip` with `hipcc --genco` for the
+//! With feature `rocm`, `build.rs` compiles every `kernels/*.hip` with `hipcc --genco` for the
 //! targets in `VLLM_IR_HIP_ARCHS` (default `gfx90a`) and embeds the code objects, and hip-sys links
 //! `libamdhip64`. Without the feature the same API exists and the provider is registered as
 //! unavailable ("built without feature `rocm`"). Reductions use the wave size of the device.
@@ -18,6 +18,7 @@
 //!
 //! Target `kernels_rocm`: the device and its code object (info).
 
+pub mod gated;
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
 mod runtime;
@@ -39,7 +40,7 @@ pub const PROVIDER: &str = "rocm";
 /// The kernel source, embedded for reference and for compilation checks.
 pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
 
-/// Registers the `rocm` implementations of both norm ops (unavailable without feature `rocm` or a device).
+/// Registers the `rocm` implementations of every built-in op (unavailable without feature `rocm` or a device).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let rms_spec =
         ImplSpec::new(PROVIDER).with_probe(availability).with_supports(|args| rms_norm_support(args, DeviceKind::Rocm));
@@ -47,7 +48,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
         .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Rocm));
-    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_rocm))
+    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_rocm))?;
+    gated::register(registry)
 }
 
 /// Whether the provider can run here, and why not.

@@ -14,8 +14,6 @@ use hip_sys::hiprt::{
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, Device, KernelError};
 
-use crate::variant::KernelVariant;
-
 include!(concat!(env!("OUT_DIR"), "/code_objects.rs"));
 
 /// One HIP device with the loaded code object and its kernels.
@@ -24,7 +22,7 @@ pub(crate) struct HipDevice {
     wave_size: i32,
     target: &'static str,
     module: hipModule_t,
-    functions: Mutex<HashMap<KernelVariant, usize>>,
+    functions: Mutex<HashMap<String, usize>>,
 }
 
 // SAFETY: the module handle is only used through HIP calls, which are thread-safe; the function
@@ -91,16 +89,16 @@ fn init() -> Result<Arc<HipDevice>, String> {
 }
 
 impl HipDevice {
-    fn function(&self, variant: &KernelVariant) -> Result<hipFunction_t, KernelError> {
+    fn function(&self, symbol: &str) -> Result<hipFunction_t, KernelError> {
         let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(&handle) = functions.get(variant) {
+        if let Some(&handle) = functions.get(symbol) {
             return Ok(handle as hipFunction_t);
         }
-        let name = CString::new(variant.symbol()).expect("symbols have no NUL");
+        let name = CString::new(symbol).expect("symbols have no NUL");
         let mut function: hipFunction_t = ptr::null_mut();
         // SAFETY: the module is loaded and `name` is a NUL-terminated symbol name.
         check(unsafe { hipModuleGetFunction(&mut function, self.module, name.as_ptr()) }).map_err(driver)?;
-        functions.insert(*variant, function as usize);
+        functions.insert(symbol.to_owned(), function as usize);
         Ok(function)
     }
 
@@ -118,7 +116,7 @@ impl HipDevice {
         DeviceError { device: Device::Rocm(self.ordinal as u32), operation, message }
     }
 
-    /// Launches `variant` with the given kernel parameters (pointers to each argument, in prototype order).
+    /// Launches kernel `symbol` with `blocks` blocks of `block_size` threads and the given kernel parameters (pointers to each argument, in prototype order).
     ///
     /// # Safety
     ///
@@ -126,11 +124,12 @@ impl HipDevice {
     /// buffer they reference must cover the elements the kernel touches.
     pub(crate) unsafe fn launch(
         &self,
-        variant: &KernelVariant,
+        symbol: &str,
         blocks: u32,
+        block_size: u32,
         params: &mut [*mut c_void],
     ) -> Result<(), KernelError> {
-        let function = self.function(variant)?;
+        let function = self.function(symbol)?;
         // SAFETY: the caller guarantees the parameters; the null stream is the default stream, on
         // which every copy of this crate runs too, so launches and copies stay ordered.
         let launched = unsafe {
@@ -139,7 +138,7 @@ impl HipDevice {
                 blocks,
                 1,
                 1,
-                variant.block_size(),
+                block_size,
                 1,
                 1,
                 0,

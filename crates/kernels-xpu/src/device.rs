@@ -6,7 +6,7 @@ use std::ptr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
-use ir_core::{Availability, Device, KernelError};
+use ir_core::{Availability, DType, Device, KernelError};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::{CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU, Device as ClDevice};
@@ -15,7 +15,8 @@ use opencl3::memory::{Buffer, CL_MEM_READ_WRITE};
 use opencl3::program::Program;
 use opencl3::types::CL_BLOCKING;
 
-use crate::module::{KernelVariant, SOURCE};
+use crate::module::{KernelVariant, SOURCE, base_options};
+use ir_core::op::kernel_support::GatedKernel;
 
 /// Environment variable allowing a CPU OpenCL device (PoCL), for tests on machines without a GPU.
 pub const ALLOW_CPU_ENV: &str = "VLLM_IR_XPU_ALLOW_CPU";
@@ -27,8 +28,12 @@ pub struct XpuDevice {
     extensions: String,
     context: Context,
     queue: CommandQueue,
-    kernels: Mutex<HashMap<KernelVariant, Arc<Mutex<Kernel>>>>,
+    kernels: KernelCache<KernelVariant>,
+    gated_kernels: KernelCache<(&'static str, DType)>,
 }
+
+/// Built kernels by key, each behind the lock its launches take.
+type KernelCache<K> = Mutex<HashMap<K, Arc<Mutex<Kernel>>>>;
 
 impl std::fmt::Debug for XpuDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -98,7 +103,15 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
     let context = Context::from_device(&cl_device).map_err(|e| format!("creating an OpenCL context on {name}: {e}"))?;
     #[allow(deprecated)]
     let queue = CommandQueue::create_default(&context, 0).map_err(|e| format!("creating a queue on {name}: {e}"))?;
-    Ok(Arc::new(XpuDevice { name, is_gpu, extensions, context, queue, kernels: Mutex::new(HashMap::new()) }))
+    Ok(Arc::new(XpuDevice {
+        name,
+        is_gpu,
+        extensions,
+        context,
+        queue,
+        kernels: Mutex::new(HashMap::new()),
+        gated_kernels: Mutex::new(HashMap::new()),
+    }))
 }
 
 impl XpuDevice {
@@ -124,19 +137,35 @@ impl XpuDevice {
         if let Some(kernel) = kernels.get(variant) {
             return Ok(Arc::clone(kernel));
         }
-        let options = variant.build_options()?;
         tracing::debug!(target: "kernels_xpu", %variant, "building OpenCL program");
-        let program = Program::create_and_build_from_source(&self.context, SOURCE, &options).map_err(|log| {
+        let kernel = self.build(SOURCE, &variant.build_options()?, &variant.kernel_name(), variant.to_string())?;
+        kernels.insert(*variant, Arc::clone(&kernel));
+        Ok(kernel)
+    }
+
+    /// The kernel of a gated op for `dtype`, built at first use (locked like [`XpuDevice::kernel`]).
+    pub fn gated_kernel(&self, op: &GatedKernel, dtype: DType) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+        let mut kernels = self.gated_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(kernel) = kernels.get(&(op.def.name, dtype)) {
+            return Ok(Arc::clone(kernel));
+        }
+        tracing::debug!(target: "kernels_xpu", op = op.def.name, %dtype, "building OpenCL program");
+        let name = op.kernel_name(dtype);
+        let kernel = self.build(&crate::gated::program(op), &base_options(dtype)?, &name, name.clone())?;
+        kernels.insert((op.def.name, dtype), Arc::clone(&kernel));
+        Ok(kernel)
+    }
+
+    fn build(&self, source: &str, options: &str, name: &str, label: String) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+        let program = Program::create_and_build_from_source(&self.context, source, options).map_err(|log| {
             KernelError::Compile {
-                kernel: variant.to_string(),
+                kernel: label,
                 options: options.split_whitespace().map(str::to_owned).collect(),
                 log,
             }
         })?;
-        let kernel = Kernel::create(&program, &variant.kernel_name()).map_err(cl_error)?;
-        let kernel = Arc::new(Mutex::new(kernel));
-        kernels.insert(*variant, Arc::clone(&kernel));
-        Ok(kernel)
+        let kernel = Kernel::create(&program, name).map_err(cl_error)?;
+        Ok(Arc::new(Mutex::new(kernel)))
     }
 
     fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<XpuBuffer, DeviceError> {

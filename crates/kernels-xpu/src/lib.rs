@@ -19,6 +19,7 @@
 //! Target `kernels_xpu`: the selected device (info), program builds (debug).
 
 mod device;
+pub mod gated;
 mod launch;
 mod module;
 
@@ -31,7 +32,9 @@ use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
 
 pub use crate::device::{ALLOW_CPU_ENV, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu};
-pub use crate::module::{KernelVariant, NormOp, SOURCE, all_variants, group_size, threads_per_row, use_subgroups};
+pub use crate::module::{
+    ELEMENT, KernelVariant, NormOp, SOURCE, all_variants, group_size, threads_per_row, use_subgroups,
+};
 
 /// The provider name.
 pub const PROVIDER: &str = "xpu";
@@ -39,7 +42,7 @@ pub const PROVIDER: &str = "xpu";
 /// Environment variable forcing the local-memory tree reduction even where sub-groups exist.
 pub const FORCE_TREE_ENV: &str = "VLLM_IR_XPU_FORCE_TREE";
 
-/// Registers the `xpu` implementations of both norm ops (also when no device exists: then unavailable).
+/// Registers the `xpu` implementations of every built-in op (also when no device exists: then unavailable).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = |supports: fn(&[ir_core::op::ArgMeta<'_>], DeviceKind) -> ir_core::Support| {
         ImplSpec::new(PROVIDER)
@@ -52,7 +55,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         registry,
         spec(fused_add_rms_norm_support),
         FusedAddRmsNormImpl::inplace(fused_add_rms_norm_xpu),
-    )
+    )?;
+    gated::register(registry)
 }
 
 /// `rms_norm` on `xpu:0`: a fresh output with the declared layout.

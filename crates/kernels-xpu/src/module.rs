@@ -5,8 +5,11 @@ use std::fmt;
 pub use ir_core::op::kernel_support::NormOp;
 use ir_core::{DType, KernelError};
 
-/// The kernel source, embedded at build time.
-pub const SOURCE: &str = include_str!("../kernels/rms_norm.cl");
+/// The element-type prelude every kernel source is built after.
+pub const ELEMENT: &str = include_str!("../kernels/element.cl");
+
+/// The norm kernels' source as it is built (the element prelude, then `kernels/rms_norm.cl`).
+pub const SOURCE: &str = concat!(include_str!("../kernels/element.cl"), "\n", include_str!("../kernels/rms_norm.cl"));
 
 /// One built form of the kernel source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,23 +65,28 @@ impl KernelVariant {
 
     /// `clBuildProgram` options for this variant (no fast-math options).
     pub fn build_options(&self) -> Result<String, KernelError> {
-        let dtype = match self.dtype {
-            DType::F32 => 0,
-            DType::F16 => 1,
-            DType::BF16 => 2,
-            DType::F64 => {
-                return Err(KernelError::InvalidArguments { reason: "the xpu kernels do not support f64".to_owned() });
-            }
-        };
         Ok(format!(
-            "-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt -DDTYPE={dtype} -DHAS_WEIGHT={} \
-             -DTHREADS_PER_ROW={} -DROWS_PER_GROUP={} -DUSE_SUBGROUPS={}",
+            "{} -DHAS_WEIGHT={} -DTHREADS_PER_ROW={} -DROWS_PER_GROUP={} -DUSE_SUBGROUPS={}",
+            base_options(self.dtype)?,
             u8::from(self.has_weight),
             self.threads_per_row,
             self.rows_per_group(),
             u8::from(self.subgroups)
         ))
     }
+}
+
+/// The build options every program of a dtype gets (no fast-math options).
+pub(crate) fn base_options(dtype: DType) -> Result<String, KernelError> {
+    let code = match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::F64 => {
+            return Err(KernelError::InvalidArguments { reason: "the xpu kernels do not support f64".to_owned() });
+        }
+    };
+    Ok(format!("-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt -DDTYPE={code}"))
 }
 
 impl fmt::Display for KernelVariant {

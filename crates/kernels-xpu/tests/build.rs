@@ -35,3 +35,21 @@ fn the_provider_reports_availability() {
         (availability, device) => panic!("availability {availability:?} disagrees with {device:?}"),
     }
 }
+
+#[test]
+fn every_gated_op_builds_for_every_dtype() {
+    let device = match kernels_xpu::device() {
+        Ok(device) => device,
+        Err(reason) => {
+            ir_core::testing::skip("xpu", &reason);
+            return;
+        }
+    };
+    for op in kernels_xpu::gated::GATED_OPS {
+        for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+            device
+                .gated_kernel(op, dtype)
+                .unwrap_or_else(|e| panic!("{} {dtype} on {}: {e}", op.def.name, device.name()));
+        }
+    }
+}

@@ -24,6 +24,8 @@
 //!
 //! `layers` emits no events of its own; the ops it calls log on `ir_core::dispatch`.
 
+mod activation;
 mod rms_norm;
 
+pub use crate::activation::{GeluAndMul, SiluAndMul};
 pub use crate::rms_norm::{LayerError, RmsNorm, RmsNormBuilder};

@@ -48,6 +48,14 @@ pub enum LayerError {
         /// The residual's shape.
         residual: Vec<usize>,
     },
+    /// An input of a gated activation layer without an even last dimension.
+    #[error("{layer} needs an input with an even last dimension, got shape {shape:?}")]
+    GatedInput {
+        /// The layer.
+        layer: &'static str,
+        /// The input's shape.
+        shape: Vec<usize>,
+    },
     /// The op call failed.
     #[error(transparent)]
     Call(#[from] CallError),

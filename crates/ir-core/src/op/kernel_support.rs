@@ -169,6 +169,143 @@ fn common_support(
     }
 }
 
+/// The standard predicate of the gated activations (`silu_and_mul`, `gelu_and_mul`, …), whose first
+/// parameter is `x: [..., 2d]`: x's dtype is f32, f16 or bf16, x is on `device`, and x is rows of one
+/// stride with a unit last stride. Other parameters are validated by the op's meta function.
+pub fn gated_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    let Some(x) = args.first().and_then(ArgMeta::tensor) else { return no("the first argument must be a tensor") };
+    if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", x.dtype)));
+    }
+    if x.device.kind() != device {
+        return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
+    }
+    if device != DeviceKind::Cpu && i32::try_from(x.layout.last_dim()).is_err() {
+        return Support::No(Cow::Owned(format!(
+            "last dimension {} exceeds the GPU kernels' 32-bit limit",
+            x.layout.last_dim()
+        )));
+    }
+    match Rows::of(x) {
+        Ok(_) => Support::Yes,
+        Err(reason) => Support::No(reason),
+    }
+}
+
+/// What a gated kernel needs of x: its rows (of 2d elements), d, and the compact `[..., d]` layout of
+/// the fresh output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatedGeometry {
+    /// x as rows of `2d` elements.
+    pub rows: Rows,
+    /// Elements of each output row.
+    pub d: usize,
+    /// The output's layout: compact, x's shape with the last dimension halved.
+    pub out_layout: crate::Layout,
+}
+
+impl GatedGeometry {
+    /// The geometry of a call on `x`, or why a kernel cannot run it (the predicate and the meta
+    /// function reject such arguments first, so this is a defensive check).
+    pub fn of(x: &TensorMeta) -> Result<GatedGeometry, KernelError> {
+        let rows = Rows::for_kernel(x)?;
+        if !rows.hidden.is_multiple_of(2) {
+            return Err(KernelError::InvalidArguments { reason: format!("x's last dimension {} is odd", rows.hidden) });
+        }
+        let d = rows.hidden / 2;
+        let mut shape = x.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = d;
+        }
+        Ok(GatedGeometry { rows, d, out_layout: TensorMeta::compact(x.dtype, &shape).layout })
+    }
+
+    /// Whether the call has any element to compute.
+    pub fn is_empty(&self) -> bool {
+        self.rows.n_rows == 0 || self.d == 0
+    }
+}
+
+/// A gated op of a GPU provider and its kernel source (`kernels/<op>.<ext>`); each provider lists
+/// its gated ops in one table, so adding an op is its kernel source and one line there.
+#[derive(Clone, Copy, Debug)]
+pub struct GatedKernel {
+    /// The op.
+    pub def: &'static crate::op::OpDef,
+    /// The op's kernel source.
+    pub source: &'static str,
+}
+
+impl GatedKernel {
+    /// The kernel's symbol for `dtype`: `<op>_<dtype>`.
+    pub fn kernel_name(&self, dtype: DType) -> String {
+        format!("{}_{dtype}", self.def.name)
+    }
+
+    /// Registers every kernel of `table` as a functional implementation: `spec` makes each one's
+    /// spec (the provider's name, probe and the gated predicate), `run` computes the output from the
+    /// bound arguments.
+    pub fn register_all(
+        table: &'static [GatedKernel],
+        registry: &crate::Registry,
+        spec: impl Fn() -> crate::ImplSpec,
+        run: fn(&GatedKernel, &[crate::op::Value]) -> Result<Tensor, KernelError>,
+    ) -> Result<(), crate::RegistryError> {
+        for kernel in table {
+            let func = crate::ImplFunc::functional(move |args| Ok(vec![run(kernel, args)?]));
+            registry.register_impl(kernel.def.name, spec(), func)?;
+        }
+        Ok(())
+    }
+}
+
+/// The scalar arguments of a gated op as a GPU kernel receives them: every float parameter in order
+/// in `floats`, every string choice (as its index among the allowed values), integer and boolean in
+/// order in `ints`. Kernels take [`GATED_SLOTS`] of each; `none` is rejected.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GatedScalars {
+    /// Float parameters, in declaration order, rounded to f32.
+    pub floats: [f32; GATED_SLOTS],
+    /// String-choice, integer and boolean parameters, in declaration order.
+    pub ints: [i32; GATED_SLOTS],
+}
+
+/// How many float and how many integer scalar slots a gated GPU kernel takes.
+pub const GATED_SLOTS: usize = 2;
+
+impl GatedScalars {
+    /// Packs `args[1..]` (bound arguments of `def`, an op whose first parameter is x).
+    pub fn pack(def: &crate::op::OpDef, args: &[crate::op::Value]) -> Result<GatedScalars, KernelError> {
+        use crate::op::{ParamKind, Value};
+        let mut packed = GatedScalars::default();
+        let (mut floats, mut ints) = (0, 0);
+        let too_many = || KernelError::InvalidArguments {
+            reason: format!("{} has more than {GATED_SLOTS} float or integer parameters for a gated kernel", def.name),
+        };
+        for (param, value) in def.params.iter().zip(args).skip(1) {
+            let int = match (param.kind, value) {
+                (_, Value::F64(v)) => {
+                    *packed.floats.get_mut(floats).ok_or_else(too_many)? = *v as f32;
+                    floats += 1;
+                    continue;
+                }
+                (ParamKind::Str(allowed), Value::Str(text)) => {
+                    allowed.iter().position(|a| a == text).and_then(|i| i32::try_from(i).ok())
+                }
+                (_, Value::I64(v)) => i32::try_from(*v).ok(),
+                (_, Value::Bool(v)) => Some(i32::from(*v)),
+                _ => None,
+            };
+            let int = int.ok_or_else(|| KernelError::InvalidArguments {
+                reason: format!("{}: parameter `{}` cannot be passed to a gated kernel", def.name, param.name),
+            })?;
+            *packed.ints.get_mut(ints).ok_or_else(too_many)? = int;
+            ints += 1;
+        }
+        Ok(packed)
+    }
+}
+
 /// Converts a size, stride or offset for a kernel's integer parameter (`hidden` is an `int`,
 /// rows, strides and offsets are 64-bit), or names the one that does not fit. GPU predicates reject
 /// a hidden size past `i32::MAX`; every element index fits `i64` because no tensor exceeds

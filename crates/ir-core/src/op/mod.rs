@@ -4,9 +4,12 @@
 
 mod declare;
 pub mod fused_add_rms_norm;
+pub mod gated;
+pub mod gelu_and_mul;
 pub mod kernel_support;
 mod norm_math;
 pub mod rms_norm;
+pub mod silu_and_mul;
 mod value;
 
 use std::fmt;
@@ -170,7 +173,12 @@ pub enum MetaError {
 }
 
 /// The ops every registry built by `Registry::with_builtin_ops` defines.
-pub const BUILTIN_OPS: &[&OpDef] = &[&rms_norm::RMS_NORM, &fused_add_rms_norm::FUSED_ADD_RMS_NORM];
+pub const BUILTIN_OPS: &[&OpDef] = &[
+    &rms_norm::RMS_NORM,
+    &fused_add_rms_norm::FUSED_ADD_RMS_NORM,
+    &silu_and_mul::SILU_AND_MUL,
+    &gelu_and_mul::GELU_AND_MUL,
+];
 
 /// Words of the text format that cannot name an op or provider.
 pub const RESERVED_WORDS: &[&str] = &[

@@ -1,0 +1,128 @@
+//! The driver of the gated activations (`x: [..., 2d]` → `act(gate) * up: [..., d]`) and their
+//! activations, in f32.
+//!
+//! Each row: widen the gate and up halves into f32 scratch, let the op's [`GateRow`] turn the gate
+//! into the activation (in f32), round it to the element type, multiply by the up half and round
+//! once more on the store: the rounding points of the reference. Rows are split across threads as
+//! the norms are ([`BYTES_PER_TASK`](crate::BYTES_PER_TASK)); each row's result depends on that row
+//! only.
+
+use ir_core::op::gelu_and_mul::Approximate;
+use ir_core::op::kernel_support::{GatedGeometry, Rows, gated_support};
+use ir_core::storage::CpuBuffer;
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor};
+use rayon::prelude::*;
+
+use crate::element::CpuElement;
+use crate::rows::rows_per_task;
+
+/// What a gated op does to one row's gate before the product: replace `gate` (f32, widened from
+/// the stored values) with the activation. `round` rounds values to the element type, for ops with
+/// intermediate rounding points.
+pub trait GateRow: Sync {
+    /// Turns the gate into the activation, in place.
+    fn activate(&self, gate: &mut [f32], round: fn(&mut [f32]));
+}
+
+/// `silu(g) = g / (1 + e^-g)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Silu;
+
+impl GateRow for Silu {
+    fn activate(&self, gate: &mut [f32], _: fn(&mut [f32])) {
+        gate.iter_mut().for_each(|g| *g = silu(*g));
+    }
+}
+
+/// `gelu(g)` with the erf or the tanh form.
+#[derive(Clone, Copy, Debug)]
+pub struct Gelu(pub Approximate);
+
+impl GateRow for Gelu {
+    fn activate(&self, gate: &mut [f32], _: fn(&mut [f32])) {
+        gelu_in_place(gate, self.0);
+    }
+}
+
+/// `silu` in f32.
+#[inline(always)]
+pub fn silu(g: f32) -> f32 {
+    g / (1.0 + (-g).exp())
+}
+
+/// `gelu` in f32, over a row.
+pub fn gelu_in_place(v: &mut [f32], approximate: Approximate) {
+    match approximate {
+        Approximate::None => {
+            v.iter_mut().for_each(|g| *g = 0.5 * *g * (1.0 + libm::erff(*g * std::f32::consts::FRAC_1_SQRT_2)))
+        }
+        Approximate::Tanh => {
+            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+            v.iter_mut()
+                .for_each(|g| *g = 0.5 * *g * (1.0 + (SQRT_2_OVER_PI * (*g + 0.044_715 * *g * *g * *g)).tanh()));
+        }
+    }
+}
+
+/// The `supports` predicate and spec of every gated op on the cpu.
+pub(crate) fn spec() -> ImplSpec {
+    ImplSpec::new(crate::PROVIDER).with_supports(|args| gated_support(args, DeviceKind::Cpu))
+}
+
+/// Runs a gated op on the cpu: a fresh compact `[..., d]` output.
+pub fn run(x: &Tensor, gate: impl GateRow) -> Result<Tensor, KernelError> {
+    let GatedGeometry { rows, out_layout, .. } = GatedGeometry::of(x.meta())?;
+    let mut out = Tensor::zeros_with_layout(x.dtype(), out_layout)?;
+    if rows.n_rows == 0 || rows.hidden == 0 {
+        return Ok(out);
+    }
+    let x_buffer = x.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x"))?;
+    let out_buffer = out.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("out"))?;
+    match x.dtype() {
+        DType::F32 => gated::<f32, _>(x_buffer, rows, out_buffer, &gate),
+        DType::F16 => gated::<half::f16, _>(x_buffer, rows, out_buffer, &gate),
+        DType::BF16 => gated::<half::bf16, _>(x_buffer, rows, out_buffer, &gate),
+        DType::F64 => return Err(crate::unsupported_dtype(DType::F64)),
+    }
+    Ok(out)
+}
+
+fn gated<T: CpuElement, G: GateRow>(x: &CpuBuffer, rows: Rows, out: &mut CpuBuffer, gate: &G) {
+    let d = rows.hidden / 2;
+    let x_data = &x.typed::<T>()[rows.offset..rows.offset + rows.span()];
+    let out_data = &mut out.typed_mut::<T>()[..rows.n_rows * d];
+    let task = |scratch: &mut (Vec<f32>, Vec<f32>), (index, out_row): (usize, &mut [T])| {
+        let start = index * rows.row_stride;
+        let (a, up) = scratch;
+        gated_row(&x_data[start..start + d], &x_data[start + d..start + 2 * d], a, up, gate, out_row);
+    };
+    let per_task = rows_per_task(rows.hidden, size_of::<T>());
+    if rows.n_rows <= per_task {
+        let mut scratch = (vec![0f32; d], vec![0f32; d]);
+        out_data.chunks_mut(d).enumerate().for_each(|item| task(&mut scratch, item));
+        return;
+    }
+    tracing::debug!(target: "kernels_cpu", rows = rows.n_rows, per_task, "gated activation split across threads");
+    out_data
+        .par_chunks_mut(d)
+        .enumerate()
+        .with_min_len(per_task)
+        .for_each_init(|| (vec![0f32; d], vec![0f32; d]), task);
+}
+
+/// One row: `out = round(round(act(g)) · u)`. Multiversioned like the norm rows.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+fn gated_row<T: CpuElement, G: GateRow>(g: &[T], u: &[T], a: &mut [f32], up: &mut [f32], gate: &G, out: &mut [T]) {
+    T::load(g, a);
+    gate.activate(a, T::round_in_place);
+    T::round_in_place(a);
+    T::load(u, up);
+    for (a, u) in a.iter_mut().zip(up.iter()) {
+        *a *= *u;
+    }
+    T::store(a, out);
+}

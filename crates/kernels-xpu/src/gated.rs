@@ -1,0 +1,95 @@
+//! The gated activations (`silu_and_mul`, `gelu_and_mul`, …) on the xpu.
+//!
+//! Each op is one kernel source `kernels/<op>.cl` and one line of [`GATED_OPS`]; the program is the
+//! element prelude, `kernels/gated.cl` (the shared row kernel) and the op's source, built per dtype
+//! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`].
+
+use ir_core::op::gelu_and_mul::GELU_AND_MUL;
+use ir_core::op::kernel_support::{GatedGeometry, GatedKernel, GatedScalars, device_buffer, gated_support, kernel_int};
+use ir_core::op::silu_and_mul::SILU_AND_MUL;
+use ir_core::op::{Value, mismatched};
+use ir_core::storage::{DeviceAllocator, Storage};
+use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
+use opencl3::kernel::ExecuteKernel;
+use opencl3::memory::ClMem;
+
+use crate::device::{XpuBuffer, cl_error};
+use crate::module::ELEMENT;
+
+/// The shared row kernel of the gated ops.
+pub const GATED: &str = include_str!("../kernels/gated.cl");
+
+/// Work-items per work-group of the gated kernels (`GATED_GROUP` in `gated.cl`): one group per row.
+pub const GATED_GROUP: usize = 128;
+
+/// Every gated op this provider implements: adding one is a kernel source and a line here.
+pub const GATED_OPS: &[GatedKernel] = &[
+    GatedKernel { def: &SILU_AND_MUL, source: include_str!("../kernels/silu_and_mul.cl") },
+    GatedKernel { def: &GELU_AND_MUL, source: include_str!("../kernels/gelu_and_mul.cl") },
+];
+
+/// The program source of a gated op: the element prelude, the row kernel, the op.
+pub fn program(op: &GatedKernel) -> String {
+    format!("{ELEMENT}\n{GATED}\n{}", op.source)
+}
+
+/// Registers every op of [`GATED_OPS`].
+pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
+    let spec = || {
+        ImplSpec::new(crate::PROVIDER)
+            .with_probe(crate::availability)
+            .with_platform_detection(crate::is_gpu)
+            .with_supports(|args| gated_support(args, DeviceKind::Xpu))
+    };
+    GatedKernel::register_all(GATED_OPS, registry, spec, run)
+}
+
+/// Runs `op` on the bound `args` (x first): a fresh compact `[..., d]` output.
+pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
+    let x = args.first().and_then(Value::as_tensor).ok_or_else(|| mismatched(op.def.name))?;
+    let scalars = GatedScalars::pack(op.def, args)?;
+    let dtype = x.dtype();
+    let GatedGeometry { rows, d, out_layout } = GatedGeometry::of(x.meta())?;
+    let x_buffer = device_buffer::<XpuBuffer>(x, "x", "xpu")?;
+    let allocator = crate::allocator().map_err(|reason| KernelError::Driver { backend: "xpu", message: reason })?;
+    let mut out =
+        allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(ir_core::TensorError::from)?;
+    if rows.n_rows > 0 && d > 0 {
+        let out_buffer = out.as_any_mut().downcast_mut::<XpuBuffer>().expect("allocated by this crate");
+        let kernel = x_buffer.device.gated_kernel(op, dtype)?;
+        let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (out_mem, x_mem) = (out_buffer.buffer.get(), x_buffer.buffer.get());
+        let n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
+        let d: i32 = kernel_int(d, "output width")?;
+        let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
+        let x_offset: i64 = kernel_int(rows.offset, "storage offset")?;
+        let global = rows
+            .n_rows
+            .checked_mul(GATED_GROUP)
+            .ok_or_else(|| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid", rows.n_rows) })?;
+        // <op>_<dtype>(out, x, long n_rows, int d, long x_row_stride, long x_offset, float f0, float f1,
+        //              int i0, int i1)
+        // SAFETY: the arguments follow the kernel's prototype above, with the types it declares,
+        // each integer converted without loss by `kernel_int`; x's rows lie inside its buffer (its
+        // layout was checked against its storage by `check_fits`, and the rows come from that
+        // layout); `out` holds n_rows · d elements, written densely.
+        unsafe {
+            ExecuteKernel::new(&kernel)
+                .set_arg(&out_mem)
+                .set_arg(&x_mem)
+                .set_arg(&n_rows)
+                .set_arg(&d)
+                .set_arg(&x_stride)
+                .set_arg(&x_offset)
+                .set_arg(&scalars.floats[0])
+                .set_arg(&scalars.floats[1])
+                .set_arg(&scalars.ints[0])
+                .set_arg(&scalars.ints[1])
+                .set_global_work_size(global)
+                .set_local_work_size(GATED_GROUP)
+                .enqueue_nd_range(x_buffer.device.queue())
+        }
+        .map_err(cl_error)?;
+    }
+    Ok(Tensor::from_storage(Storage::Device(out), dtype, out_layout)?)
+}

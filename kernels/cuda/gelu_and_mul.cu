@@ -1,0 +1,10 @@
+// gelu_and_mul: out = gelu(gate, approximate) * up (see gated.cuh); i0 is `approximate`, 0 = "none"
+// (erf form), 1 = "tanh".
+
+struct GeluAndMul {
+    static constexpr bool ROW_STATS = false;
+    __device__ static float prepare(float, float, const GateScalars&) { return 0.0f; }
+    __device__ static float activate(float g, float, const GateScalars& s) { return gelu_f32(g, s.i0); }
+};
+
+GATED_KERNEL(gelu_and_mul, GeluAndMul)
