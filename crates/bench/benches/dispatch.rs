@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use ir_core::op::ArgMeta;
+use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
+use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::op::rms_norm::rms_norm;
 use ir_core::{Platform, PriorityConfig, Registry, UniqueTensor};
-use vllm_ir_bench::kernels::{BenchOp, Case, EPSILON, Inputs, Shape};
+use vllm_ir_bench::kernels::{Case, EPSILON, Inputs, Shape};
 use vllm_ir_bench::output;
 
 fn registry() -> Registry {
@@ -28,9 +30,9 @@ fn dispatch(c: &mut Criterion) {
     let shapes =
         if output::quick() { vec![Shape::new(1, 4096)] } else { vec![Shape::new(1, 4096), Shape::new(16, 4096)] };
     for shape in shapes {
-        let case = Case { op: BenchOp::RmsNorm, shape, dtype: ir_core::DType::BF16 };
+        let case = Case { op: &RMS_NORM, shape, dtype: ir_core::DType::BF16 };
         let inputs = Inputs::generate(case, 0).expect("inputs");
-        let (x, w) = (&inputs.x, Some(&inputs.weight));
+        let (x, w) = (inputs.tensor(0), Some(inputs.tensor(1)));
         let direct = kernels_cpu::rms_norm_cpu(x, w, EPSILON, None).expect("direct call");
         let dispatched = rms_norm(&registry, x, w, EPSILON, None).expect("registry call");
         assert!(ir_core::bit_eq(&direct, &dispatched), "the registry chose the cpu kernel");
@@ -40,16 +42,17 @@ fn dispatch(c: &mut Criterion) {
         group.bench_function("registry", |b| b.iter(|| rms_norm(&registry, x, w, EPSILON, None).unwrap()));
         group.finish();
 
-        let case = Case { op: BenchOp::FusedAddRmsNorm, shape, dtype: ir_core::DType::BF16 };
+        let case = Case { op: &FUSED_ADD_RMS_NORM, shape, dtype: ir_core::DType::BF16 };
         let inputs = Inputs::generate(case, 0).expect("inputs");
-        let fresh = || (inputs.x.deep_clone().unwrap(), inputs.residual.deep_clone().unwrap());
+        let weight = inputs.tensor(2);
+        let fresh = || (inputs.tensor(0).deep_clone().unwrap(), inputs.tensor(1).deep_clone().unwrap());
         let mut group = c.benchmark_group(format!("dispatch/fused_add_rms_norm_maybe_inplace/{shape}"));
         group.bench_function("direct", |b| {
             b.iter_batched(
                 fresh,
                 |(x, r)| {
                     let (x, r) = (UniqueTensor::new(x).unwrap(), UniqueTensor::new(r).unwrap());
-                    kernels_cpu::fused_add_rms_norm_cpu(x, r, Some(&inputs.weight), EPSILON, None).unwrap()
+                    kernels_cpu::fused_add_rms_norm_cpu(x, r, Some(weight), EPSILON, None).unwrap()
                 },
                 BatchSize::SmallInput,
             )
@@ -57,9 +60,7 @@ fn dispatch(c: &mut Criterion) {
         group.bench_function("registry", |b| {
             b.iter_batched(
                 fresh,
-                |(x, r)| {
-                    fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&inputs.weight), EPSILON, None).unwrap()
-                },
+                |(x, r)| fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(weight), EPSILON, None).unwrap(),
                 BatchSize::SmallInput,
             )
         });

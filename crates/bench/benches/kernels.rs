@@ -1,15 +1,18 @@
-//! Kernel throughput (R95–R97): every available provider of both norm ops beside a copy of the same
-//! activation bytes (and candle with feature `candle`), on the same data in the same run.
+//! Kernel throughput (R95–R97), generic over the registry: every op it defines × every provider
+//! registered for the op, beside a copy of the op's activation bytes (and candle for the norms, with
+//! feature `candle`), on the same data in the same run. A new op or provider is benchmarked by being
+//! defined and registered.
 
 // A benchmark reports on standard output.
 #![allow(clippy::print_stdout)]
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use serde::Serialize;
-use vllm_ir_bench::kernels::{Case, Inputs, PROVIDERS_ENV, Provider, cpu_cases, gpu_cases, sweep_cases};
-use vllm_ir_bench::output;
+use vllm_ir_bench::kernels::{Case, Inputs, PROVIDERS_ENV, Provider, cpu_cases, gpu_cases, ops, registry, sweep_cases};
+use vllm_ir_bench::{BenchError, output};
 
 #[derive(Serialize)]
 struct ProviderStatus {
@@ -18,53 +21,70 @@ struct ProviderStatus {
     device: Option<String>,
     reason: Option<String>,
     failures: Vec<String>,
+    /// Criterion groups whose case the provider's predicate rejects, with the reason.
+    rejected: Vec<(String, String)>,
 }
 
 fn kernels(c: &mut Criterion) {
     let quick = output::quick();
-    let mut statuses: Vec<ProviderStatus> = Provider::ALL
+    let registry = registry().expect("registering the kernel providers");
+    let ops = ops(&registry);
+    let mut providers: Vec<Provider> = ops.iter().flat_map(|op| Provider::for_op(&registry, op)).collect();
+    providers.sort_by_key(|p| {
+        vllm_ir_bench::kernels::PROVIDER_ORDER.iter().position(|n| *n == p.name()).unwrap_or(usize::MAX)
+    });
+    providers.dedup();
+    let mut statuses: BTreeMap<&'static str, ProviderStatus> = providers
         .iter()
         .map(|&p| {
-            let availability = if p.selected() { p.availability() } else { Err(format!("not in ${PROVIDERS_ENV}")) };
+            let availability =
+                if p.selected() { p.availability(&registry) } else { Err(format!("not in ${PROVIDERS_ENV}")) };
             if let Err(reason) = &availability {
                 println!("skipped: {}: {reason}", p.name());
             }
-            ProviderStatus {
+            let status = ProviderStatus {
                 provider: p.name(),
                 available: availability.is_ok(),
                 device: p.device_description(),
                 reason: availability.err(),
                 failures: Vec::new(),
-            }
+                rejected: Vec::new(),
+            };
+            (p.name(), status)
         })
         .collect();
-    let any_host = statuses.iter().zip(Provider::ALL).any(|(s, p)| s.available && !p.is_device());
-    let any_device = statuses.iter().zip(Provider::ALL).any(|(s, p)| s.available && p.is_device());
-    let host = if any_host { cpu_cases(quick) } else { Vec::new() };
-    let device = if any_device { gpu_cases(quick) } else { Vec::new() };
+    let runs = |device: bool| providers.iter().any(|p| p.is_device() == device && statuses[p.name()].available);
+    let (any_host, any_device) = (runs(false), runs(true));
+    let host = if any_host { cpu_cases(&ops, quick) } else { Vec::new() };
+    let device = if any_device { gpu_cases(&ops, quick) } else { Vec::new() };
     let mut all = host.clone();
     all.extend(device.iter().filter(|c| !host.contains(c)));
 
-    let mut run = |group: String, case: Case, device_case: bool, host_case: bool, sweep: bool| {
-        let inputs = Inputs::generate(case, 0).expect("generating inputs");
-        let expected = inputs.expected().expect("native runs on every case");
-        let mut group = c.benchmark_group(group);
-        if case.activation_bytes() >= 1 << 20 {
+    let mut run = |group_name: String, case: Case, device_case: bool, host_case: bool, sweep: bool| {
+        let inputs = Inputs::generate(case, 0).expect("generating inputs and native's outputs");
+        let mut group = c.benchmark_group(&group_name);
+        if inputs.activation_bytes() >= 1 << 20 {
             group.sampling_mode(SamplingMode::Flat).sample_size(10);
         }
-        for (i, &provider) in Provider::ALL.iter().enumerate() {
+        for provider in Provider::for_op(&registry, case.op) {
             let wanted = if provider.is_device() { device_case } else { host_case };
             // The reference is slow: quick runs and the sweep time it only at decode sizes (R90
             // compares with it at 1×4096).
-            let skip_native = provider == Provider::Native && !case.shape.is_decode() && (quick || sweep);
-            if !wanted || skip_native || !statuses[i].available {
+            let skip_native = provider.name() == "native" && !case.shape.is_decode() && (quick || sweep);
+            let status = statuses.get_mut(provider.name()).expect("every provider has a status");
+            if !wanted || skip_native || !status.available {
                 continue;
             }
-            let mut timed = match provider.prepare(&inputs, &expected) {
+            let mut timed = match provider.prepare(&registry, &inputs) {
                 Ok(timed) => timed,
+                Err(BenchError::Rejected { reason, .. }) => {
+                    println!("rejected: {} {case}: {reason}", provider.name());
+                    status.rejected.push((group_name.clone(), reason));
+                    continue;
+                }
                 Err(e) => {
                     println!("failed: {e}");
-                    statuses[i].failures.push(e.to_string());
+                    status.failures.push(e.to_string());
                     continue;
                 }
             };
@@ -78,9 +98,10 @@ fn kernels(c: &mut Criterion) {
     for case in all {
         run(case.group(), case, device.contains(&case), host.contains(&case), false);
     }
-    for case in sweep_cases(quick) {
+    for case in sweep_cases(&ops, quick) {
         run(case.sweep_group(), case, any_device, any_host, true);
     }
+    let statuses: Vec<ProviderStatus> = statuses.into_values().collect();
     match output::write_json("providers.json", &statuses) {
         Ok(path) => println!("wrote {}", path.display()),
         Err(e) => println!("warning: {e}"),

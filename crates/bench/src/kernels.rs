@@ -1,17 +1,19 @@
-//! The kernel benchmark: cases (op, shape, dtype), the bytes each moves (R95), and one prepared,
-//! correctness-checked runner per provider whose [`Timed::time`] criterion calls through
-//! `iter_custom`, so allocation, uploads and the restoring of in-place inputs stay outside the
-//! timed region (R96).
+//! The kernel benchmark, generic over the registry: every op the registry defines × every provider
+//! registered for it (plus a copy of the activation bytes and, for the norms, candle), on the op's
+//! own generated inputs. Each runner is prepared once: inputs uploaded, one call through the
+//! registry's validating entry point checked against native (so a wrong kernel is never timed, and a
+//! provider whose predicate rejects the case is reported as rejected), then [`Timed::time`] calls the
+//! implementation directly through `iter_custom`, so uploads and the restoring of in-place inputs
+//! stay outside the timed region (R96).
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ir_core::op::fused_add_rms_norm::{self, FUSED_ADD_RMS_NORM};
-use ir_core::op::rms_norm::{self, RMS_NORM};
-use ir_core::op::{InputSpec, OpDef, tolerance};
+use ir_core::op::{InputSpec, OpDef, Value, tolerance};
 use ir_core::storage::DeviceAllocator;
-use ir_core::{DType, KernelError, Tensor, UniqueTensor, allclose};
+use ir_core::{CallError, DType, ImplFunc, Registry, Tensor, allclose};
 use rayon::prelude::*;
 
 use crate::BenchError;
@@ -25,39 +27,20 @@ pub const EPSILON: f64 = 1e-6;
 /// Below this many bytes per call the copy baseline stays on one thread, like the cpu kernels.
 pub const PARALLEL_THRESHOLD_BYTES: usize = kernels_cpu::BYTES_PER_TASK;
 
-/// The op a case runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum BenchOp {
-    /// `rms_norm` (functional: reads x, writes a fresh output).
-    RmsNorm,
-    /// `fused_add_rms_norm` (in place on in-place providers: reads and writes x and residual).
-    FusedAddRmsNorm,
+/// The registry the benchmark measures: the built-in ops with every kernel provider of this build
+/// registered (those that cannot run here say why).
+pub fn registry() -> Result<Registry, BenchError> {
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry)?;
+    kernels_cuda::register(&registry)?;
+    kernels_rocm::register(&registry)?;
+    kernels_xpu::register(&registry)?;
+    Ok(registry)
 }
 
-impl BenchOp {
-    /// Both ops.
-    pub const ALL: [BenchOp; 2] = [BenchOp::RmsNorm, BenchOp::FusedAddRmsNorm];
-
-    /// The op's name.
-    pub fn name(self) -> &'static str {
-        self.def().name
-    }
-
-    /// The op's definition.
-    pub fn def(self) -> &'static OpDef {
-        match self {
-            BenchOp::RmsNorm => &RMS_NORM,
-            BenchOp::FusedAddRmsNorm => &FUSED_ADD_RMS_NORM,
-        }
-    }
-
-    /// Activation buffers the op reads and writes: one (x → out) or two (x and residual).
-    pub fn activation_buffers(self) -> usize {
-        match self {
-            BenchOp::RmsNorm => 1,
-            BenchOp::FusedAddRmsNorm => 2,
-        }
-    }
+/// Every op `registry` defines, in definition order.
+pub fn ops(registry: &Registry) -> Vec<&'static OpDef> {
+    registry.ops().into_iter().filter_map(|name| registry.op_def(name)).collect()
 }
 
 /// `tokens × hidden`.
@@ -97,85 +80,89 @@ pub const GPU_SHAPE: Shape = Shape::new(16384, 8192);
 pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// One benchmark case.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug)]
 pub struct Case {
     /// The op.
-    pub op: BenchOp,
-    /// The shape of x (and the residual).
+    pub op: &'static OpDef,
+    /// Tokens and hidden size, as the op's input generator reads them.
     pub shape: Shape,
-    /// The dtype of every tensor (the weight included).
+    /// The dtype of every tensor.
     pub dtype: DType,
 }
 
+impl PartialEq for Case {
+    fn eq(&self, other: &Case) -> bool {
+        (self.op.name, self.shape, self.dtype) == (other.op.name, other.shape, other.dtype)
+    }
+}
+
+impl Eq for Case {}
+
+impl Hash for Case {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self.op.name, self.shape, self.dtype).hash(state);
+    }
+}
+
 impl Case {
-    /// Bytes the op must move (R95), the weight in the activations' dtype.
-    pub fn bytes_moved(&self) -> u64 {
-        bytes_moved(self.op, self.shape, self.dtype, Some(self.dtype))
-    }
-
-    /// Bytes of one activation buffer (T·H·s).
-    pub fn activation_bytes(&self) -> usize {
-        self.shape.tokens * self.shape.hidden * self.dtype.size_in_bytes()
-    }
-
     /// The criterion group name: `kernels/<op>/<dtype>/<shape>`.
     pub fn group(&self) -> String {
-        format!("kernels/{}/{}/{}", self.op.name(), self.dtype, self.shape)
+        format!("kernels/{}/{}/{}", self.op.name, self.dtype, self.shape)
     }
 
     /// The criterion group name in the hidden-size sweep: `sweep/<op>/<dtype>/<shape>`.
     pub fn sweep_group(&self) -> String {
-        format!("sweep/{}/{}/{}", self.op.name(), self.dtype, self.shape)
+        format!("sweep/{}/{}/{}", self.op.name, self.dtype, self.shape)
     }
 }
 
 impl fmt::Display for Case {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {} {}", self.op.name(), self.dtype, self.shape)
+        write!(f, "{} {} {}", self.op.name, self.dtype, self.shape)
     }
 }
 
-/// Bytes moved (R95): `rms_norm` 2·T·H·s + H·s_w, `fused_add_rms_norm` 4·T·H·s + H·s_w (no weight:
-/// no weight term).
-pub fn bytes_moved(op: BenchOp, shape: Shape, dtype: DType, weight: Option<DType>) -> u64 {
-    let activation = (shape.tokens * shape.hidden * dtype.size_in_bytes()) as u64;
-    let weight = weight.map_or(0, |w| (shape.hidden * w.size_in_bytes()) as u64);
-    2 * op.activation_buffers() as u64 * activation + weight
+/// Bytes a call must move: every tensor argument read once and every output written once. For the
+/// norms this is R95 (`rms_norm` 2·T·H·s + H·s_w, `fused_add_rms_norm` 4·T·H·s + H·s_w); for a
+/// gated activation on `[T, 2H]`, 3·T·H·s.
+pub fn bytes_moved(args: &[Value], outputs: &[Tensor]) -> u64 {
+    let bytes = |t: &Tensor| (t.numel() * t.dtype().size_in_bytes()) as u64;
+    args.iter().filter_map(Value::as_tensor).map(bytes).sum::<u64>() + outputs.iter().map(bytes).sum::<u64>()
 }
 
 /// The CPU cases: every op × shape × dtype of R96, or (quick) 1×4096 and 4096×4096 in f32 and bf16,
 /// the shapes and dtypes the targets name.
-pub fn cpu_cases(quick: bool) -> Vec<Case> {
+pub fn cpu_cases(ops: &[&'static OpDef], quick: bool) -> Vec<Case> {
     let (shapes, dtypes): (Vec<Shape>, Vec<DType>) = if quick {
         (vec![DECODE_SHAPES[0], PREFILL_SHAPES[0]], vec![DType::F32, DType::BF16])
     } else {
         (DECODE_SHAPES.iter().chain(&PREFILL_SHAPES).copied().collect(), DTYPES.to_vec())
     };
-    cases(&shapes, &dtypes)
+    cases(ops, &shapes, &dtypes)
 }
 
 /// The GPU cases: the CPU shapes plus 16384×8192; bf16 everywhere, f32 and f16 too unless quick.
-pub fn gpu_cases(quick: bool) -> Vec<Case> {
+pub fn gpu_cases(ops: &[&'static OpDef], quick: bool) -> Vec<Case> {
     let shapes: Vec<Shape> = DECODE_SHAPES.iter().chain(&PREFILL_SHAPES).chain([&GPU_SHAPE]).copied().collect();
     let dtypes = if quick { vec![DType::BF16] } else { DTYPES.to_vec() };
-    cases(&shapes, &dtypes)
+    cases(ops, &shapes, &dtypes)
 }
 
 /// Elements per activation in the hidden-size sweep (32 MB in bf16, the size of 4096 × 4096, so the
 /// data streams from memory rather than from a large last-level cache).
 pub const SWEEP_ELEMENTS: usize = 16 << 20;
 
-/// The hidden-size sweep: both ops in bf16 at T·H = [`SWEEP_ELEMENTS`], H from 256 to 16384 (quick:
+/// The hidden-size sweep: every op in bf16 at T·H = [`SWEEP_ELEMENTS`], H from 256 to 16384 (quick:
 /// 512, 2048, 8192), for the plot of bandwidth against hidden size.
-pub fn sweep_cases(quick: bool) -> Vec<Case> {
+pub fn sweep_cases(ops: &[&'static OpDef], quick: bool) -> Vec<Case> {
     let hidden: &[usize] = if quick { &[512, 2048, 8192] } else { &[256, 512, 1024, 2048, 4096, 8192, 16384] };
     let shapes: Vec<Shape> = hidden.iter().map(|&h| Shape::new(SWEEP_ELEMENTS / h, h)).collect();
-    cases(&shapes, &[DType::BF16])
+    cases(ops, &shapes, &[DType::BF16])
 }
 
-fn cases(shapes: &[Shape], dtypes: &[DType]) -> Vec<Case> {
+fn cases(ops: &[&'static OpDef], shapes: &[Shape], dtypes: &[DType]) -> Vec<Case> {
     let mut out = Vec::new();
-    for op in BenchOp::ALL {
+    for &op in ops {
         for &dtype in dtypes {
             for &shape in shapes {
                 out.push(Case { op, shape, dtype });
@@ -185,22 +172,19 @@ fn cases(shapes: &[Shape], dtypes: &[DType]) -> Vec<Case> {
     out
 }
 
-/// A case's host inputs (the op's own generator: normal x and residual, weight near 1) and native's
-/// results on them.
+/// A case's host arguments (from the op's own generator) and native's outputs on them.
 #[derive(Clone, Debug)]
 pub struct Inputs {
     /// The case.
     pub case: Case,
-    /// x.
-    pub x: Tensor,
-    /// The residual (unused by `rms_norm`).
-    pub residual: Tensor,
-    /// The weight.
-    pub weight: Tensor,
+    /// The bound arguments.
+    pub values: Vec<Value>,
+    /// Native's outputs.
+    pub expected: Vec<Tensor>,
 }
 
 impl Inputs {
-    /// Generates the inputs of `case` from `seed`.
+    /// Generates the arguments of `case` from `seed` and runs native on them.
     pub fn generate(case: Case, seed: u64) -> Result<Inputs, BenchError> {
         let spec = InputSpec {
             num_tokens: case.shape.tokens,
@@ -209,35 +193,44 @@ impl Inputs {
             epsilon: EPSILON,
             seed,
         };
-        let values = (FUSED_ADD_RMS_NORM.generate_inputs)(&spec)?;
-        let tensor = |i: usize| values[i].as_tensor().cloned().expect("the generator returns x, residual, weight");
-        Ok(Inputs { case, x: tensor(0), residual: tensor(1), weight: tensor(2) })
+        let values = (case.op.generate_inputs)(&spec)?;
+        let expected = (case.op.native)(&values)?;
+        Ok(Inputs { case, values, expected })
     }
 
-    /// Native's outputs: `[out]` or `[out, residual]`.
-    pub fn expected(&self) -> Result<Vec<Tensor>, BenchError> {
-        Ok(match self.case.op {
-            BenchOp::RmsNorm => vec![rms_norm::native(&self.x, Some(&self.weight), EPSILON, None)?],
-            BenchOp::FusedAddRmsNorm => {
-                let (out, residual) =
-                    fused_add_rms_norm::native(&self.x, &self.residual, Some(&self.weight), EPSILON, None)?;
-                vec![out, residual]
-            }
-        })
+    /// The tensor argument at `index` (generated arguments of the built-in ops are tensors there).
+    pub fn tensor(&self, index: usize) -> &Tensor {
+        self.values[index].as_tensor().expect("a tensor argument")
     }
 
-    /// Compares `actual` with `expected` within the op's tolerance for the dtype.
-    pub fn check(&self, provider: &str, actual: &[Tensor], expected: &[Tensor]) -> Result<(), BenchError> {
+    /// The activation tensors (what `maybe_inplace` donates), in order.
+    pub fn activations(&self) -> impl Iterator<Item = &Tensor> {
+        let indices = self.case.op.activation_indices().unwrap_or_default();
+        indices.into_iter().filter_map(|i| self.values.get(i).and_then(Value::as_tensor))
+    }
+
+    /// Bytes one call moves ([`bytes_moved`]).
+    pub fn bytes_moved(&self) -> u64 {
+        bytes_moved(&self.values, &self.expected)
+    }
+
+    /// Bytes of the activations.
+    pub fn activation_bytes(&self) -> usize {
+        self.activations().map(|t| t.numel() * t.dtype().size_in_bytes()).sum()
+    }
+
+    /// Compares `actual` with native's outputs within the op's tolerance for the dtype.
+    pub fn check(&self, provider: &str, actual: &[Tensor]) -> Result<(), BenchError> {
         let mismatch = |detail: String| BenchError::Mismatch {
             provider: provider.to_owned(),
             case: self.case.to_string(),
             detail,
         };
-        if actual.len() != expected.len() {
-            return Err(mismatch(format!("{} outputs, expected {}", actual.len(), expected.len())));
+        if actual.len() != self.expected.len() {
+            return Err(mismatch(format!("{} outputs, expected {}", actual.len(), self.expected.len())));
         }
-        let tol = tolerance(self.case.op.def(), self.case.dtype).map_err(|e| mismatch(e.to_string()))?;
-        for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        let tol = tolerance(self.case.op, self.case.dtype).map_err(|e| mismatch(e.to_string()))?;
+        for (i, (a, e)) in actual.iter().zip(&self.expected).enumerate() {
             let a = a.to_cpu()?;
             allclose(&a, e, tol.atol, tol.rtol).map_err(|err| mismatch(format!("output {i}: {err}")))?;
         }
@@ -248,50 +241,44 @@ impl Inputs {
 /// A provider or baseline the kernel benchmark runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Provider {
-    /// A plain copy moving the activation bytes (1 buffer for `rms_norm`, 2 for the fused op).
+    /// A plain copy of the op's activation buffers.
     Copy,
-    /// The reference implementation (allocates its outputs: its API has no other form).
-    Native,
-    /// `kernels-cpu`.
-    Cpu,
-    /// `kernels-xpu` (OpenCL).
-    Xpu,
-    /// `kernels-cuda`.
-    Cuda,
-    /// `kernels-rocm`.
-    Rocm,
+    /// A provider registered for the op (`native`, `cpu`, `cuda`, …), called as registered.
+    Registered(&'static str),
     /// candle-nn's CPU `rms_norm` (and `add` then `rms_norm` for the fused op); feature `candle`.
     Candle,
 }
 
-impl Provider {
-    /// Every provider and baseline, in table order.
-    pub const ALL: [Provider; 7] = [
-        Provider::Copy,
-        Provider::Native,
-        Provider::Cpu,
-        Provider::Candle,
-        Provider::Xpu,
-        Provider::Cuda,
-        Provider::Rocm,
-    ];
+/// The table order of the providers this workspace ships; others follow in registration order.
+pub const PROVIDER_ORDER: [&str; 7] = ["copy", "native", "cpu", "candle", "xpu", "cuda", "rocm"];
 
+/// The ops candle has a counterpart for.
+const CANDLE_OPS: [&str; 2] = ["rms_norm", "fused_add_rms_norm"];
+
+impl Provider {
     /// The name in benchmark ids and tables.
     pub fn name(self) -> &'static str {
         match self {
             Provider::Copy => "copy",
-            Provider::Native => "native",
-            Provider::Cpu => "cpu",
-            Provider::Xpu => "xpu",
-            Provider::Cuda => "cuda",
-            Provider::Rocm => "rocm",
+            Provider::Registered(name) => name,
             Provider::Candle => "candle",
         }
     }
 
-    /// Whether it runs on a device (its cases are [`gpu_cases`]; timing synchronizes).
+    /// The runners of `op`: the copy, every provider registered for it, candle where it has the op.
+    pub fn for_op(registry: &Registry, op: &OpDef) -> Vec<Provider> {
+        let mut providers = vec![Provider::Copy];
+        providers.extend(registry.providers(op.name).into_iter().map(|p| Provider::Registered(p.name)));
+        if CANDLE_OPS.contains(&op.name) {
+            providers.push(Provider::Candle);
+        }
+        providers.sort_by_key(|p| PROVIDER_ORDER.iter().position(|n| *n == p.name()).unwrap_or(PROVIDER_ORDER.len()));
+        providers
+    }
+
+    /// Whether its tensors live on a device (its cases are [`gpu_cases`]; timing synchronizes).
     pub fn is_device(self) -> bool {
-        matches!(self, Provider::Xpu | Provider::Cuda | Provider::Rocm)
+        device_allocator(self.name()).is_some()
     }
 
     /// Whether `VLLM_IR_BENCH_PROVIDERS` (a comma-separated list; unset: all) selects it.
@@ -303,16 +290,19 @@ impl Provider {
     }
 
     /// Whether it can run here; the reason when not.
-    pub fn availability(self) -> Result<(), String> {
-        let probe = |a: ir_core::Availability| match a {
-            ir_core::Availability::Available => Ok(()),
-            ir_core::Availability::Unavailable(reason) => Err(reason),
-        };
+    pub fn availability(self, registry: &Registry) -> Result<(), String> {
         match self {
-            Provider::Copy | Provider::Native | Provider::Cpu => Ok(()),
-            Provider::Xpu => probe(kernels_xpu::availability()),
-            Provider::Cuda => probe(kernels_cuda::availability()),
-            Provider::Rocm => probe(kernels_rocm::availability()),
+            Provider::Copy => Ok(()),
+            Provider::Registered(name) if registry.provider_available(name) => Ok(()),
+            Provider::Registered(name) => Err(registry
+                .ops()
+                .into_iter()
+                .flat_map(|op| registry.providers(op))
+                .find_map(|p| match p.availability {
+                    ir_core::Availability::Unavailable(reason) if p.name == name => Some(reason),
+                    _ => None,
+                })
+                .unwrap_or_else(|| "not registered".to_owned())),
             Provider::Candle if cfg!(feature = "candle") => Ok(()),
             Provider::Candle => Err("built without feature `candle` (`cargo xtask bench` turns it on)".to_owned()),
         }
@@ -320,52 +310,36 @@ impl Provider {
 
     /// A description of the device it runs on, for the report header.
     pub fn device_description(self) -> Option<String> {
-        match self {
-            Provider::Xpu => kernels_xpu::device().ok().map(|d| format!("{} (OpenCL)", d.name())),
-            Provider::Cuda => kernels_cuda::devices().ok().and_then(|d| d.first().map(|d| d.describe())),
-            Provider::Rocm => kernels_rocm::allocator().ok().map(|_| "rocm:0".to_owned()),
+        match self.name() {
+            "xpu" => kernels_xpu::device().ok().map(|d| format!("{} (OpenCL)", d.name())),
+            "cuda" => kernels_cuda::devices().ok().and_then(|d| d.first().map(|d| d.describe())),
+            "rocm" => kernels_rocm::allocator().ok().map(|_| "rocm:0".to_owned()),
             _ => None,
         }
     }
 
-    /// Prepares this provider on `inputs`: uploads, runs once and checks the result against native's
-    /// (`expected`), so a wrong kernel is never timed.
-    pub fn prepare(self, inputs: &Inputs, expected: &[Tensor]) -> Result<Box<dyn Timed>, BenchError> {
-        self.availability().map_err(|reason| BenchError::Unavailable { provider: self.name().to_owned(), reason })?;
-        let timed: Box<dyn Timed> = match self {
+    /// Prepares this provider on `inputs`: uploads, runs once through the validating entry point and
+    /// checks the result against native's, so a wrong kernel is never timed. A provider whose
+    /// predicate rejects the case gives [`BenchError::Rejected`].
+    pub fn prepare(self, registry: &Registry, inputs: &Inputs) -> Result<Box<dyn Timed>, BenchError> {
+        self.availability(registry)
+            .map_err(|reason| BenchError::Unavailable { provider: self.name().to_owned(), reason })?;
+        Ok(match self {
             Provider::Copy => Box::new(CopyBench::new(inputs)?),
-            Provider::Native => Box::new(NativeBench::new(inputs, expected)?),
-            Provider::Cpu => Box::new(CpuBench::new(inputs, expected)?),
-            Provider::Xpu => {
-                let allocator = kernels_xpu::allocator().map_err(|reason| unavailable(self, reason))?;
-                let kernels =
-                    DeviceKernels { rms_norm: kernels_xpu::rms_norm_xpu, fused: kernels_xpu::fused_add_rms_norm_xpu };
-                Box::new(DeviceBench::new(self, Arc::new(allocator), kernels, inputs, expected)?)
-            }
-            Provider::Cuda => {
-                let allocator = kernels_cuda::allocator(0).map_err(|reason| unavailable(self, reason))?;
-                let kernels = DeviceKernels {
-                    rms_norm: kernels_cuda::rms_norm_cuda,
-                    fused: kernels_cuda::fused_add_rms_norm_cuda,
-                };
-                Box::new(DeviceBench::new(self, Arc::new(allocator), kernels, inputs, expected)?)
-            }
-            Provider::Rocm => {
-                let allocator = kernels_rocm::allocator().map_err(|reason| unavailable(self, reason))?;
-                let kernels = DeviceKernels {
-                    rms_norm: kernels_rocm::rms_norm_rocm,
-                    fused: kernels_rocm::fused_add_rms_norm_rocm,
-                };
-                Box::new(DeviceBench::new(self, Arc::from(allocator), kernels, inputs, expected)?)
-            }
-            Provider::Candle => candle_bench(inputs, expected)?,
-        };
-        Ok(timed)
+            Provider::Registered(name) => Box::new(ImplBench::new(registry, name, inputs)?),
+            Provider::Candle => candle_bench(inputs)?,
+        })
     }
 }
 
-fn unavailable(provider: Provider, reason: String) -> BenchError {
-    BenchError::Unavailable { provider: provider.name().to_owned(), reason }
+/// The allocator of a device provider's memory; `None` for providers that run on host tensors.
+fn device_allocator(provider: &str) -> Option<Result<Arc<dyn DeviceAllocator>, String>> {
+    Some(match provider {
+        "cuda" => kernels_cuda::allocator(0).map(|a| Arc::new(a) as Arc<dyn DeviceAllocator>),
+        "rocm" => kernels_rocm::allocator().map(Arc::from),
+        "xpu" => kernels_xpu::allocator().map(|a| Arc::new(a) as Arc<dyn DeviceAllocator>),
+        _ => return None,
+    })
 }
 
 /// A prepared runner.
@@ -378,7 +352,7 @@ pub trait Timed {
     fn bytes_per_call(&self) -> u64;
 }
 
-/// The copy baseline: the activation buffers copied, split across threads like the cpu kernels.
+/// The copy baseline: the op's activation buffers copied, split across threads like the cpu kernels.
 struct CopyBench {
     sources: Vec<Vec<u8>>,
     destinations: Vec<Vec<u8>>,
@@ -386,10 +360,7 @@ struct CopyBench {
 
 impl CopyBench {
     fn new(inputs: &Inputs) -> Result<CopyBench, BenchError> {
-        let mut sources = vec![host_bytes(&inputs.x)];
-        if inputs.case.op == BenchOp::FusedAddRmsNorm {
-            sources.push(host_bytes(&inputs.residual));
-        }
+        let sources: Vec<Vec<u8>> = inputs.activations().map(host_bytes).collect();
         // Written once so every page is mapped before timing.
         let destinations = sources.iter().map(|s| vec![1u8; s.len()]).collect();
         let mut bench = CopyBench { sources, destinations };
@@ -451,25 +422,9 @@ pub fn parallel_copy(destinations: &mut [&mut [u8]], sources: &[&[u8]]) {
     }
 }
 
-/// Native: allocates its outputs inside the timed region (the reference has no other form).
-struct NativeBench {
-    inputs: Inputs,
-}
-
-impl NativeBench {
-    fn new(inputs: &Inputs, expected: &[Tensor]) -> Result<NativeBench, BenchError> {
-        let bench = NativeBench { inputs: inputs.clone() };
-        inputs.check("native", &bench.call()?, expected)?;
-        Ok(bench)
-    }
-
-    fn call(&self) -> Result<Vec<Tensor>, BenchError> {
-        self.inputs.expected()
-    }
-}
-
 /// Times `iters` calls of `call`, its results dropped inside the timed region (their allocation is
 /// part of the call).
+#[cfg_attr(not(feature = "candle"), allow(dead_code))]
 pub(crate) fn time_calls<R>(
     iters: u64,
     mut call: impl FnMut() -> Result<R, BenchError>,
@@ -481,229 +436,168 @@ pub(crate) fn time_calls<R>(
     Ok(start.elapsed())
 }
 
-impl Timed for NativeBench {
-    fn time(&mut self, iters: u64) -> Result<Duration, BenchError> {
-        time_calls(iters, || self.call())
-    }
-
-    fn bytes_per_call(&self) -> u64 {
-        self.inputs.case.bytes_moved()
-    }
+/// A registered implementation, called directly ([`ImplFunc::invoke`]) after one validated call.
+/// Functional implementations allocate their outputs inside the timed region, as every caller of
+/// them does. In-place ones write into the activations: on the host these are restored from the
+/// pristine inputs (untimed) before each call; on a device they are not (the values change, the work
+/// does not), and timing ends with a one-element download, which waits for the device.
+struct ImplBench {
+    func: ImplFunc,
+    /// The arguments; for in-place implementations, the activation slots are `none` here and the
+    /// activations live in `current`, so each call gets them uniquely owned.
+    args: Vec<Value>,
+    activations: Vec<usize>,
+    current: Vec<Tensor>,
+    pristine: Option<Vec<Tensor>>,
+    device_sync: Option<Tensor>,
+    bytes: u64,
 }
 
-/// `kernels-cpu`: `rms_norm` into a preallocated output; the fused op in place on x and residual,
-/// restored from the pristine inputs (untimed) before each call.
-struct CpuBench {
-    inputs: Inputs,
-    out: Option<Tensor>,
-    residual: Option<Tensor>,
-}
-
-impl CpuBench {
-    fn new(inputs: &Inputs, expected: &[Tensor]) -> Result<CpuBench, BenchError> {
-        let mut bench = CpuBench {
-            inputs: inputs.clone(),
-            out: Some(inputs.x.deep_clone()?),
-            residual: Some(inputs.residual.deep_clone()?),
+impl ImplBench {
+    fn new(registry: &Registry, provider: &'static str, inputs: &Inputs) -> Result<ImplBench, BenchError> {
+        let op = inputs.case.op;
+        let allocator = device_allocator(provider)
+            .transpose()
+            .map_err(|reason| BenchError::Unavailable { provider: provider.to_owned(), reason })?;
+        let upload = |values: &[Value]| -> Result<Vec<Value>, BenchError> {
+            values
+                .iter()
+                .map(|v| match (v, &allocator) {
+                    (Value::Tensor(t), Some(a)) => Ok(Value::Tensor(t.to_device(a.as_ref())?)),
+                    (Value::Tensor(t), None) => Ok(Value::Tensor(t.deep_clone()?)),
+                    (other, _) => Ok(other.clone()),
+                })
+                .collect()
         };
-        bench.call()?;
-        let mut outputs = vec![bench.out()?.clone()];
-        if inputs.case.op == BenchOp::FusedAddRmsNorm {
-            outputs.push(bench.residual.clone().expect("kept between calls"));
-        }
-        inputs.check("cpu", &outputs, expected)?;
-        Ok(bench)
+        let first = registry.call_implementation(op.name, provider, upload(&inputs.values)?).map_err(|e| match e {
+            CallError::Unsupported { reason, .. } => {
+                BenchError::Rejected { provider: provider.to_owned(), case: inputs.case.to_string(), reason }
+            }
+            other => BenchError::Call(other),
+        })?;
+        inputs.check(provider, &first)?;
+        let func = registry.implementation(op.name, provider)?;
+        let activations = if func.is_inplace() { op.activation_indices()? } else { Vec::new() };
+        let mut args = upload(&inputs.values)?;
+        let current = activations
+            .iter()
+            .map(|&i| match std::mem::replace(&mut args[i], Value::None) {
+                Value::Tensor(t) => Ok(t),
+                _ => Err(BenchError::Kernel(ir_core::op::mismatched(op.name))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let pristine = match (&allocator, func.is_inplace()) {
+            (None, true) => Some(activations.iter().map(|&i| inputs.tensor(i).clone()).collect()),
+            _ => None,
+        };
+        let device_sync = allocator.map(|a| Tensor::zeros(DType::F32, &[1])?.to_device(a.as_ref())).transpose()?;
+        Ok(ImplBench { func, args, activations, current, pristine, device_sync, bytes: inputs.bytes_moved() })
     }
 
-    fn out(&self) -> Result<&Tensor, BenchError> {
-        Ok(self.out.as_ref().expect("kept between calls"))
-    }
-
-    fn restore(&mut self) -> Result<(), BenchError> {
-        if self.inputs.case.op == BenchOp::FusedAddRmsNorm {
-            self.out.as_mut().expect("kept between calls").copy_from(&self.inputs.x)?;
-            self.residual.as_mut().expect("kept between calls").copy_from(&self.inputs.residual)?;
-        }
-        Ok(())
-    }
-
+    /// One call; in-place outputs become the next call's activations.
     fn call(&mut self) -> Result<(), BenchError> {
-        let weight = Some(&self.inputs.weight);
-        match self.inputs.case.op {
-            BenchOp::RmsNorm => {
-                let out = self.out.as_mut().expect("kept between calls");
-                kernels_cpu::rms_norm_cpu_into(&self.inputs.x, weight, EPSILON, None, out)?;
-            }
-            BenchOp::FusedAddRmsNorm => {
-                let x = unique(self.out.take())?;
-                let residual = unique(self.residual.take())?;
-                let (x, residual) = kernels_cpu::fused_add_rms_norm_cpu(x, residual, weight, EPSILON, None)?;
-                self.out = Some(x);
-                self.residual = Some(residual);
-            }
+        if !self.func.is_inplace() {
+            std::hint::black_box(self.func.invoke(self.args.clone())?);
+            return Ok(());
         }
+        let mut args = self.args.clone();
+        for (&position, tensor) in self.activations.iter().zip(self.current.drain(..)) {
+            args[position] = Value::Tensor(tensor);
+        }
+        self.current = self.func.invoke(args)?;
         Ok(())
-    }
-}
-
-fn unique(t: Option<Tensor>) -> Result<UniqueTensor, BenchError> {
-    let t = t.expect("kept between calls");
-    UniqueTensor::new(t).map_err(|_| {
-        BenchError::Kernel(KernelError::InvalidArguments { reason: "benchmark buffer is shared".to_owned() })
-    })
-}
-
-impl Timed for CpuBench {
-    fn time(&mut self, iters: u64) -> Result<Duration, BenchError> {
-        if self.inputs.case.op == BenchOp::RmsNorm {
-            let start = Instant::now();
-            for _ in 0..iters {
-                self.call()?;
-            }
-            return Ok(start.elapsed());
-        }
-        let mut total = Duration::ZERO;
-        for _ in 0..iters {
-            self.restore()?;
-            let start = Instant::now();
-            self.call()?;
-            total += start.elapsed();
-        }
-        Ok(total)
-    }
-
-    fn bytes_per_call(&self) -> u64 {
-        self.inputs.case.bytes_moved()
-    }
-}
-
-type FusedFn =
-    fn(UniqueTensor, UniqueTensor, Option<&Tensor>, f64, Option<i64>) -> Result<(Tensor, Tensor), KernelError>;
-
-/// A device provider's two entry points.
-struct DeviceKernels {
-    rms_norm: rms_norm::RmsNormFn,
-    fused: FusedFn,
-}
-
-/// A device provider: inputs uploaded once; `rms_norm` allocates its output on the device (its
-/// entry point's form), the fused op runs in place on the same device buffers call after call (its
-/// values change, its work does not). Timing ends with a download, which waits for the device.
-struct DeviceBench {
-    case: Case,
-    kernels: DeviceKernels,
-    x: Option<Tensor>,
-    residual: Option<Tensor>,
-    weight: Tensor,
-}
-
-impl DeviceBench {
-    fn new(
-        provider: Provider,
-        allocator: Arc<dyn DeviceAllocator>,
-        kernels: DeviceKernels,
-        inputs: &Inputs,
-        expected: &[Tensor],
-    ) -> Result<DeviceBench, BenchError> {
-        let mut bench = DeviceBench {
-            case: inputs.case,
-            kernels,
-            x: Some(inputs.x.to_device(allocator.as_ref())?),
-            residual: Some(inputs.residual.to_device(allocator.as_ref())?),
-            weight: inputs.weight.to_device(allocator.as_ref())?,
-        };
-        let outputs = match bench.case.op {
-            BenchOp::RmsNorm => vec![bench.call()?.expect("rms_norm returns its output")],
-            BenchOp::FusedAddRmsNorm => {
-                bench.call()?;
-                let outputs = vec![bench.x.clone().expect("kept"), bench.residual.clone().expect("kept")];
-                // Back to the pristine inputs for the timed calls.
-                bench.x = Some(inputs.x.to_device(allocator.as_ref())?);
-                bench.residual = Some(inputs.residual.to_device(allocator.as_ref())?);
-                outputs
-            }
-        };
-        inputs.check(provider.name(), &outputs, expected)?;
-        Ok(bench)
-    }
-
-    fn call(&mut self) -> Result<Option<Tensor>, BenchError> {
-        let weight = Some(&self.weight);
-        match self.case.op {
-            BenchOp::RmsNorm => {
-                let x = self.x.as_ref().expect("kept");
-                Ok(Some((self.kernels.rms_norm)(x, weight, EPSILON, None)?))
-            }
-            BenchOp::FusedAddRmsNorm => {
-                let (x, residual) = (unique(self.x.take())?, unique(self.residual.take())?);
-                let (x, residual) = (self.kernels.fused)(x, residual, weight, EPSILON, None)?;
-                self.x = Some(x);
-                self.residual = Some(residual);
-                Ok(None)
-            }
-        }
     }
 
     fn synchronize(&self) -> Result<(), BenchError> {
-        self.weight.to_cpu()?;
+        if let Some(t) = &self.device_sync {
+            t.to_cpu()?;
+        }
         Ok(())
     }
 }
 
-impl Timed for DeviceBench {
+impl Timed for ImplBench {
     fn time(&mut self, iters: u64) -> Result<Duration, BenchError> {
+        if let Some(pristine) = self.pristine.take() {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                for (tensor, source) in self.current.iter_mut().zip(&pristine) {
+                    tensor.copy_from(source)?;
+                }
+                let start = Instant::now();
+                let called = self.call();
+                total += start.elapsed();
+                if let Err(e) = called {
+                    self.pristine = Some(pristine);
+                    return Err(e);
+                }
+            }
+            self.pristine = Some(pristine);
+            return Ok(total);
+        }
         self.synchronize()?;
         let start = Instant::now();
         for _ in 0..iters {
-            std::hint::black_box(self.call()?);
+            self.call()?;
         }
         self.synchronize()?;
         Ok(start.elapsed())
     }
 
     fn bytes_per_call(&self) -> u64 {
-        self.case.bytes_moved()
+        self.bytes
     }
 }
 
 #[cfg(feature = "candle")]
-fn candle_bench(inputs: &Inputs, expected: &[Tensor]) -> Result<Box<dyn Timed>, BenchError> {
-    Ok(Box::new(crate::candle::CandleBench::new(inputs, expected)?))
+fn candle_bench(inputs: &Inputs) -> Result<Box<dyn Timed>, BenchError> {
+    Ok(Box::new(crate::candle::CandleBench::new(inputs)?))
 }
 
 #[cfg(not(feature = "candle"))]
-fn candle_bench(_inputs: &Inputs, _expected: &[Tensor]) -> Result<Box<dyn Timed>, BenchError> {
-    Err(unavailable(Provider::Candle, "built without feature `candle`".to_owned()))
+fn candle_bench(_inputs: &Inputs) -> Result<Box<dyn Timed>, BenchError> {
+    Err(BenchError::Unavailable { provider: "candle".to_owned(), reason: "built without feature `candle`".to_owned() })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+    use ir_core::op::rms_norm::RMS_NORM;
+    use ir_core::op::silu_and_mul::SILU_AND_MUL;
 
-    #[test]
-    fn bytes_moved_follows_r95() {
-        // The spec's example: 4096 × 4096 bf16 is 67.1 MB for rms_norm and 134.2 MB fused.
-        let shape = Shape::new(4096, 4096);
-        assert_eq!(bytes_moved(BenchOp::RmsNorm, shape, DType::BF16, Some(DType::BF16)), 67_117_056);
-        assert_eq!(bytes_moved(BenchOp::FusedAddRmsNorm, shape, DType::BF16, Some(DType::BF16)), 134_225_920);
-        assert_eq!(bytes_moved(BenchOp::RmsNorm, Shape::new(1, 4096), DType::F32, None), 32_768);
+    fn small(op: &'static OpDef, dtype: DType) -> Inputs {
+        Inputs::generate(Case { op, shape: Shape::new(3, 200), dtype }, 5).unwrap()
     }
 
     #[test]
-    fn the_case_lists_cover_r96() {
-        let full = cpu_cases(false);
-        assert_eq!(full.len(), 2 * 5 * 3);
-        let quick = cpu_cases(true);
+    fn bytes_moved_follows_r95_and_counts_every_tensor() {
+        // R95: rms_norm 2·T·H·s + H·s_w, the fused op 4·T·H·s + H·s_w.
+        let (t, h, s) = (3u64, 200u64, 2u64);
+        assert_eq!(small(&RMS_NORM, DType::BF16).bytes_moved(), 2 * t * h * s + h * s);
+        assert_eq!(small(&FUSED_ADD_RMS_NORM, DType::BF16).bytes_moved(), 4 * t * h * s + h * s);
+        // A gated op reads [T, 2H] and writes [T, H].
+        assert_eq!(small(&SILU_AND_MUL, DType::BF16).bytes_moved(), 3 * t * h * s);
+    }
+
+    #[test]
+    fn the_case_lists_cover_r96_for_every_op() {
+        let registry = registry().unwrap();
+        let ops = ops(&registry);
+        assert!(ops.len() >= 4, "every built-in op is benchmarked");
+        let full = cpu_cases(&ops, false);
+        assert_eq!(full.len(), ops.len() * 5 * 3);
+        let quick = cpu_cases(&ops, true);
         assert!(quick.iter().all(|c| full.contains(c)));
         for target in [Shape::new(4096, 4096), Shape::new(1, 4096)] {
             for dtype in [DType::F32, DType::BF16] {
-                for op in BenchOp::ALL {
-                    assert!(quick.contains(&Case { op, shape: target, dtype }), "{op:?} {dtype} {target}");
+                for &op in &ops {
+                    assert!(quick.contains(&Case { op, shape: target, dtype }), "{} {dtype} {target}", op.name);
                 }
             }
         }
-        assert!(gpu_cases(true).iter().any(|c| c.shape == GPU_SHAPE && c.dtype == DType::BF16));
-        for case in sweep_cases(false) {
+        assert!(gpu_cases(&ops, true).iter().any(|c| c.shape == GPU_SHAPE && c.dtype == DType::BF16));
+        for case in sweep_cases(&ops, false) {
             assert_eq!(case.shape.tokens * case.shape.hidden, SWEEP_ELEMENTS);
         }
     }
@@ -719,26 +613,23 @@ mod tests {
         }
     }
 
-    fn small(op: BenchOp, dtype: DType) -> Inputs {
-        Inputs::generate(Case { op, shape: Shape::new(3, 200), dtype }, 5).unwrap()
-    }
-
     #[test]
-    fn every_host_runner_checks_and_times() {
-        for op in BenchOp::ALL {
+    fn every_host_runner_of_every_op_checks_and_times() {
+        let registry = registry().unwrap();
+        for op in ops(&registry) {
+            let providers = Provider::for_op(&registry, op);
+            assert!(providers.contains(&Provider::Registered("cpu")) && providers.contains(&Provider::Copy));
             for dtype in DTYPES {
                 let inputs = small(op, dtype);
-                let expected = inputs.expected().unwrap();
-                for provider in [Provider::Copy, Provider::Native, Provider::Cpu] {
-                    let mut timed = provider.prepare(&inputs, &expected).unwrap();
+                for provider in [Provider::Copy, Provider::Registered("native"), Provider::Registered("cpu")] {
+                    let mut timed = provider.prepare(&registry, &inputs).unwrap();
                     assert!(timed.time(3).unwrap() > Duration::ZERO);
-                    let activations = 2 * op.activation_buffers() as u64 * 600 * dtype.size_in_bytes() as u64;
                     let expected_bytes = if provider == Provider::Copy {
-                        activations
+                        2 * inputs.activation_bytes() as u64
                     } else {
-                        activations + 200 * dtype.size_in_bytes() as u64
+                        inputs.bytes_moved()
                     };
-                    assert_eq!(timed.bytes_per_call(), expected_bytes, "{provider:?} {op:?}");
+                    assert_eq!(timed.bytes_per_call(), expected_bytes, "{provider:?} {}", op.name);
                 }
             }
         }
@@ -746,31 +637,39 @@ mod tests {
 
     #[test]
     fn the_in_place_cpu_runner_restores_its_inputs_between_calls() {
-        let inputs = small(BenchOp::FusedAddRmsNorm, DType::F16);
-        let expected = inputs.expected().unwrap();
-        let mut bench = CpuBench::new(&inputs, &expected).unwrap();
+        let registry = registry().unwrap();
+        let inputs = small(&FUSED_ADD_RMS_NORM, DType::F16);
+        let mut bench = ImplBench::new(&registry, "cpu", &inputs).unwrap();
+        assert!(bench.func.is_inplace() && bench.pristine.is_some());
         bench.time(5).unwrap();
-        let outputs = [bench.out().unwrap().clone(), bench.residual.clone().unwrap()];
-        inputs.check("cpu", &outputs, &expected).expect("the fifth call computed what the first did");
+        inputs.check("cpu", &bench.current).expect("the fifth call computed what the first did");
     }
 
     #[test]
-    fn a_wrong_result_is_caught_before_timing() {
-        let inputs = small(BenchOp::RmsNorm, DType::F32);
-        let wrong = vec![inputs.x.clone()];
-        let err = Provider::Cpu.prepare(&inputs, &wrong).err().expect("mismatch");
-        assert!(err.to_string().starts_with("cpu rms_norm f32 3x200: result differs from native"), "{err}");
+    fn a_wrong_kernel_is_caught_before_timing_and_a_rejection_is_named() {
+        let registry = registry().unwrap();
+        ir_core::op::rms_norm::register(&registry, ir_core::ImplSpec::new("wrong"), |x, _, _, _| Ok(x.deep_clone()?))
+            .unwrap();
+        let inputs = small(&RMS_NORM, DType::F32);
+        let err = Provider::Registered("wrong").prepare(&registry, &inputs).err().expect("mismatch");
+        assert!(err.to_string().starts_with("wrong rms_norm f32 3x200: result differs from native"), "{err}");
+        let f64_inputs = small(&SILU_AND_MUL, DType::F64);
+        let err = Provider::Registered("cpu").prepare(&registry, &f64_inputs).err().expect("rejected");
+        assert!(matches!(err, BenchError::Rejected { .. }), "{err}");
+        assert!(err.to_string().contains("dtype f64 is not one of f32, f16, bf16"), "{err}");
     }
 
     #[test]
     fn unavailable_providers_say_why() {
+        let registry = registry().unwrap();
         if !cfg!(feature = "candle") {
-            let inputs = small(BenchOp::RmsNorm, DType::F32);
-            let err = Provider::Candle.prepare(&inputs, &[]).err().expect("no candle");
+            let inputs = small(&RMS_NORM, DType::F32);
+            let err = Provider::Candle.prepare(&registry, &inputs).err().expect("no candle");
             assert!(err.to_string().contains("feature `candle`"), "{err}");
         }
-        if let Err(reason) = Provider::Cuda.availability() {
+        if let Err(reason) = Provider::Registered("cuda").availability(&registry) {
             assert!(!reason.is_empty());
         }
+        assert!(Provider::Registered("cuda").is_device() && !Provider::Registered("cpu").is_device());
     }
 }

@@ -3,9 +3,10 @@
 //! The criterion benchmarks under `benches/` measure four things, each beside a baseline measured in
 //! the same run, because machines are noisy and only ratios travel between them:
 //!
-//! - `kernels`: every available provider of both norm ops at the shapes and dtypes of R96, as
-//!   throughput from the bytes-moved formulas of R95 ([`kernels::bytes_moved`]), beside a plain copy
-//!   moving the same bytes and (feature `candle`) candle-nn's CPU `rms_norm` on the same data;
+//! - `kernels`: every op the registry defines × every available provider at the shapes and dtypes
+//!   of R96, from each op's input generator, as throughput from the bytes each call moves
+//!   ([`kernels::bytes_moved`], R95 for the norms), beside a plain copy of the activation bytes and
+//!   (feature `candle`, norms only) candle-nn's CPU `rms_norm` on the same data;
 //! - `dispatch`: `rms_norm` through the registry against the selected kernel called directly, and
 //!   selection alone;
 //! - `passes`: the standard pipeline on generated decoder graphs of 1k to 1M nodes ([`decoder`]);
@@ -61,6 +62,16 @@ pub enum BenchError {
         case: String,
         /// What differs.
         detail: String,
+    },
+    /// A provider's predicate rejects the case (it would fall back to another provider).
+    #[error("{provider} {case}: rejected by its predicate: {reason}")]
+    Rejected {
+        /// The provider.
+        provider: String,
+        /// The benchmark case.
+        case: String,
+        /// The predicate's reason.
+        reason: String,
     },
     /// A provider cannot run here (no device, no driver) or is not built in.
     #[error("{provider}: {reason}")]

@@ -179,6 +179,14 @@ impl ImplFunc {
     pub fn is_inplace(&self) -> bool {
         self.inplace
     }
+
+    /// Runs the kernel on bound arguments without any of the registry's checks (arguments, the
+    /// predicate, the output contract): for tools and benchmarks that validated the same call once
+    /// through [`Registry::call_implementation`](crate::Registry::call_implementation). An in-place
+    /// implementation needs every activation uniquely owned.
+    pub fn invoke(&self, args: Vec<Value>) -> Result<Vec<Tensor>, KernelError> {
+        (self.call)(args)
+    }
 }
 
 impl fmt::Debug for ImplFunc {

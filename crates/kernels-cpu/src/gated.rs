@@ -2,8 +2,9 @@
 //! activations, in f32.
 //!
 //! Each row: widen the gate and up halves into f32 scratch, let the op's [`GateRow`] turn the gate
-//! into the activation (in f32), round it to the element type, multiply by the up half and round
-//! once more on the store: the rounding points of the reference. Rows are split across threads as
+//! into the activation (in f32, with rten-vecmath's vectorized exp, erf and tanh), round it to the
+//! element type, multiply by the up half and round once more on the store: the rounding points of
+//! the reference. Rows are split across threads as
 //! the norms are ([`BYTES_PER_TASK`](crate::BYTES_PER_TASK)); each row's result depends on that row
 //! only.
 
@@ -12,6 +13,7 @@ use ir_core::op::kernel_support::{GatedGeometry, Rows, gated_support};
 use ir_core::storage::CpuBuffer;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor};
 use rayon::prelude::*;
+use rten_simd::SimdUnaryOp;
 
 use crate::element::CpuElement;
 use crate::rows::rows_per_task;
@@ -30,7 +32,7 @@ pub struct Silu;
 
 impl GateRow for Silu {
     fn activate(&self, gate: &mut [f32], _: fn(&mut [f32])) {
-        gate.iter_mut().for_each(|g| *g = silu(*g));
+        rten_vecmath::Silu {}.map_mut(gate);
     }
 }
 
@@ -44,23 +46,11 @@ impl GateRow for Gelu {
     }
 }
 
-/// `silu` in f32.
-#[inline(always)]
-pub fn silu(g: f32) -> f32 {
-    g / (1.0 + (-g).exp())
-}
-
-/// `gelu` in f32, over a row.
+/// `gelu` over a row, in f32, vectorized (the SIMD width of the machine, chosen at run time).
 pub fn gelu_in_place(v: &mut [f32], approximate: Approximate) {
     match approximate {
-        Approximate::None => {
-            v.iter_mut().for_each(|g| *g = 0.5 * *g * (1.0 + libm::erff(*g * std::f32::consts::FRAC_1_SQRT_2)))
-        }
-        Approximate::Tanh => {
-            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-            v.iter_mut()
-                .for_each(|g| *g = 0.5 * *g * (1.0 + (SQRT_2_OVER_PI * (*g + 0.044_715 * *g * *g * *g)).tanh()));
-        }
+        Approximate::None => rten_vecmath::Gelu {}.map_mut(v),
+        Approximate::Tanh => rten_vecmath::ApproxGelu {}.map_mut(v),
     }
 }
 

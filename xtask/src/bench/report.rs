@@ -245,13 +245,18 @@ pub(crate) fn write(results: &Results, machine: &Machine, options: BenchOptions)
     ));
     out.push_str(&machine_section(machine));
     out.push_str(
-        "Every figure is a criterion median. Kernel throughput is the bytes the op must move (R95: \
-         `rms_norm` 2·T·H·s + H·s_w, fused 4·T·H·s + H·s_w) divided by the median time, in GB/s (10⁹ B/s); \
-         the copy baseline copies the same activation buffers (1 for `rms_norm`, 2 for the fused op) with \
-         the same thread split, in the same run, so ratios hold on any machine. Inputs are allocated and \
-         checked against native before timing; the in-place `cpu` fused kernel gets its inputs restored \
-         (untimed) before each call. `native` and `candle` allocate their outputs inside the timed region \
-         (their APIs have no other form).\n\n",
+        "Every figure is a criterion median. The kernel group runs every op the registry defines on every \
+         provider registered for it, from the op's own input generator. Kernel throughput is the bytes a \
+         call must move (every tensor argument read once, every output written once: R95's `rms_norm` \
+         2·T·H·s + H·s_w and fused 4·T·H·s + H·s_w; a gated activation on [T, 2H] 3·T·H·s) divided by the \
+         median time, in GB/s (10⁹ B/s); the copy baseline copies the op's activation buffers with the same \
+         thread split, in the same run, so ratios hold on any machine. Each provider is checked against \
+         native once through the registry before timing, then called directly; functional \
+         implementations allocate their outputs inside the timed region (as every caller of them does; the \
+         run keeps freed host memory in the process, as an engine's caching allocator does, so a call pays \
+         the zeroing of its output but not fresh page faults), in-place ones get their inputs restored \
+         (untimed) before each call. A provider whose predicate \
+         rejects a case shows `rejected`.\n\n",
     );
 
     out.push_str("## Targets\n\n| target | measured | status |\n|---|---|---|\n");
@@ -260,6 +265,7 @@ pub(crate) fn write(results: &Results, machine: &Machine, options: BenchOptions)
     }
     out.push('\n');
 
+    out.push_str(&provider_summary(results));
     out.push_str(&kernel_tables(results, "kernels/", "## Kernels\n\n"));
     out.push_str(&kernel_tables(
         results,
@@ -340,6 +346,7 @@ fn kernel_tables(results: &Results, prefix: &str, heading: &str) -> String {
                         None => format!("{gb:.1}"),
                     }
                 }
+                (None, _) if rejected(results, &group, p) => "rejected".to_owned(),
                 (gb, _) => fmt_gbps(gb),
             };
             row.push_str(&format!(" {cell} |"));
@@ -354,6 +361,95 @@ fn kernel_tables(results: &Results, prefix: &str, heading: &str) -> String {
         ));
         out.push_str(&row);
         out.push('\n');
+    }
+    out.push('\n');
+    out
+}
+
+/// Whether `provider`'s predicate rejected the case of `group` in this run.
+fn rejected(results: &Results, group: &str, provider: &str) -> bool {
+    results.providers.iter().any(|s| s.provider == provider && s.rejected.iter().any(|(g, _)| g == group))
+}
+
+/// A ratio with the case it was measured on.
+type Labelled = (String, f64);
+
+/// Geometric mean, best and worst of positive ratios, with the labels of the best and worst.
+fn spread(ratios: &[Labelled]) -> Option<(f64, Labelled, Labelled)> {
+    let valid: Vec<&(String, f64)> = ratios.iter().filter(|(_, r)| *r > 0.0 && r.is_finite()).collect();
+    if valid.is_empty() {
+        return None;
+    }
+    let geomean = (valid.iter().map(|(_, r)| r.ln()).sum::<f64>() / valid.len() as f64).exp();
+    let best = valid.iter().max_by(|a, b| a.1.total_cmp(&b.1)).expect("non-empty");
+    let worst = valid.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("non-empty");
+    Some((geomean, (*best).clone(), (*worst).clone()))
+}
+
+/// Per provider over every `kernels/` case it ran: its bandwidth as a share of the same-run copy and
+/// its speedup over native (geometric mean, best, worst), then the share of copy per op.
+fn provider_summary(results: &Results) -> String {
+    let groups = results.groups("kernels/");
+    if groups.is_empty() {
+        return String::new();
+    }
+    let case_of = |group: &str| group.trim_start_matches("kernels/").replace('/', " ");
+    let ratios = |provider: &str, baseline: &str, filter: &dyn Fn(&str) -> bool| -> Vec<(String, f64)> {
+        groups
+            .iter()
+            .filter(|g| filter(g))
+            .filter_map(|g| Some((case_of(g), gbps(results, g, provider)? / gbps(results, g, baseline)?)))
+            .collect()
+    };
+    let mut out = String::from(
+        "## Providers at a glance\n\nOver every kernel case each provider ran: bandwidth as a share of the \
+         same-run copy of the op's activation bytes, and speedup over native (native's time ÷ the \
+         provider's; native runs at decode shapes only in quick runs). Geometric mean, best and worst case.\n\n\
+         | provider | % of copy: geomean | best | worst | × native: geomean | best | worst |\n\
+         |---|---:|---|---|---:|---|---|\n",
+    );
+    let fmt_case = |(case, r): &(String, f64), percent: bool| {
+        if percent { format!("{:.0}% ({case})", 100.0 * r) } else { format!("{r:.1}× ({case})") }
+    };
+    for provider in PROVIDER_COLUMNS.iter().filter(|p| !matches!(**p, "copy")) {
+        let all = |_: &str| true;
+        let copy = spread(&ratios(provider, "copy", &all));
+        let native = if *provider == "native" { None } else { spread(&ratios(provider, "native", &all)) };
+        if copy.is_none() && native.is_none() {
+            continue;
+        }
+        let cells = |s: Option<(f64, Labelled, Labelled)>, percent: bool| match s {
+            Some((g, best, worst)) => format!(
+                "{} | {} | {}",
+                if percent { format!("{:.0}%", 100.0 * g) } else { format!("{g:.1}×") },
+                fmt_case(&best, percent),
+                fmt_case(&worst, percent)
+            ),
+            None => "— | — | —".to_owned(),
+        };
+        out.push_str(&format!("| {provider} | {} | {} |\n", cells(copy, true), cells(native, false)));
+    }
+    let mut ops: Vec<String> = groups.iter().filter_map(|g| g.split('/').nth(1).map(str::to_owned)).collect();
+    ops.dedup();
+    out.push_str("\nShare of copy per op (geometric mean over the op's cases):\n\n| provider |");
+    for op in &ops {
+        out.push_str(&format!(" {op} |"));
+    }
+    out.push_str(&format!("\n|---|{}\n", "---:|".repeat(ops.len())));
+    for provider in PROVIDER_COLUMNS.iter().filter(|p| !matches!(**p, "copy")) {
+        let cells: Vec<String> = ops
+            .iter()
+            .map(|op| {
+                let prefix = format!("kernels/{op}/");
+                let of_op = |g: &str| g.starts_with(&prefix);
+                spread(&ratios(provider, "copy", &of_op))
+                    .map_or_else(|| "—".to_owned(), |(g, _, _)| format!("{:.0}%", 100.0 * g))
+            })
+            .collect();
+        if cells.iter().all(|c| c == "—") {
+            continue;
+        }
+        out.push_str(&format!("| {provider} | {} |\n", cells.join(" | ")));
     }
     out.push('\n');
     out
@@ -565,4 +661,54 @@ pub(crate) fn gpu(results: &Results, machine: &Machine) -> anyhow::Result<String
         out.push_str(&format!("\n{}: {} ({})\n", t.name, t.measured, t.status.text()));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Measurement, ProviderStatus};
+    use super::*;
+
+    fn measure(results: &mut Results, group: &str, provider: &str, gbps: f64) {
+        let m = Measurement {
+            group: group.to_owned(),
+            function: provider.to_owned(),
+            median_ns: 1000.0,
+            per_iteration: Some((gbps * 1000.0) as u64),
+        };
+        results.measurements.insert((group.to_owned(), provider.to_owned()), m);
+    }
+
+    #[test]
+    fn the_summary_gives_geomean_best_and_worst_and_rejected_cells_show() {
+        let mut results = Results::default();
+        for (group, copy, cpu, native) in [
+            ("kernels/silu_and_mul/bf16/1x4096", 10.0, 5.0, 1.0),
+            ("kernels/silu_and_mul/bf16/4096x4096", 10.0, 8.0, 2.0),
+        ] {
+            measure(&mut results, group, "copy", copy);
+            measure(&mut results, group, "cpu", cpu);
+            measure(&mut results, group, "native", native);
+        }
+        results.providers.push(ProviderStatus {
+            provider: "xpu".to_owned(),
+            available: true,
+            device: None,
+            reason: None,
+            failures: Vec::new(),
+            rejected: vec![("kernels/silu_and_mul/bf16/1x4096".to_owned(), "dtype".to_owned())],
+        });
+        measure(&mut results, "kernels/silu_and_mul/bf16/4096x4096", "xpu", 4.0);
+        let (geomean, best, worst) = spread(&[("a".to_owned(), 0.5), ("b".to_owned(), 0.8)]).unwrap();
+        assert!((geomean - 0.4f64.sqrt()).abs() < 1e-12);
+        assert_eq!((best.0.as_str(), worst.0.as_str()), ("b", "a"));
+        let summary = provider_summary(&results);
+        assert!(
+            summary
+                .contains("| cpu | 63% | 80% (silu_and_mul bf16 4096x4096) | 50% (silu_and_mul bf16 1x4096) | 4.5× |"),
+            "{summary}"
+        );
+        assert!(summary.contains("| cpu | 63% |\n"), "per-op share\n{summary}");
+        let table = kernel_tables(&results, "kernels/", "");
+        assert!(table.contains("| silu_and_mul | bf16 | 1x4096 | 10.0 | 1.0 | 5.0 | rejected |"), "{table}");
+    }
 }

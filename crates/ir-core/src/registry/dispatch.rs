@@ -232,6 +232,29 @@ impl Registry {
         Ok(outputs)
     }
 
+    /// `provider`'s implementation of `op` as registered, to call without dispatch
+    /// ([`ImplFunc::invoke`](crate::ImplFunc::invoke)); fails if the op or provider is unknown or the
+    /// provider is unavailable here.
+    pub fn implementation(&self, op: &str, provider: &str) -> Result<crate::ImplFunc, CallError> {
+        let entry = self.call_entry(op)?;
+        let impls = read(&entry.impls).clone();
+        let Some(implementation) = impls.iter().find(|i| i.provider == provider) else {
+            return Err(CallError::UnknownProvider {
+                op: entry.def.name,
+                provider: provider.to_owned(),
+                known: impls.iter().map(|i| i.provider.to_owned()).collect(),
+            });
+        };
+        if let crate::Availability::Unavailable(reason) = implementation.availability() {
+            return Err(CallError::ProviderUnavailable {
+                op: entry.def.name,
+                provider: provider.to_owned(),
+                reason: reason.clone(),
+            });
+        }
+        Ok(crate::ImplFunc { inplace: implementation.inplace, call: std::sync::Arc::clone(&implementation.call) })
+    }
+
     /// Whether `provider`'s implementation of `op` is in place (`None` if not registered).
     pub fn is_inplace(&self, op: &str, provider: &str) -> Option<bool> {
         let entry = self.entry(op).ok()?;
