@@ -3,8 +3,9 @@
 //
 // Each op source includes this header, defines a struct with
 //   static constexpr bool ROW_STATS;            // whether `prepare` needs the gate's mean and std
-//   __device__ static float prepare(float mean, float std, const GateScalars& s);
-//   __device__ static float activate(float g, float prepared, const GateScalars& s);
+//   template <int DTYPE> __device__ static float prepare(float mean, float std, const GateScalars& s);
+//   template <int DTYPE> __device__ static float activate(float g, float prepared, const GateScalars& s);
+// (templated on the element type, for ops that round to it: `round_elem<DTYPE>`)
 // and instantiates `GATED_KERNELS(<op name>, <struct>)`, which defines the `extern "C"` kernels
 // `<op name>_<dtype>(out, x, n_rows, d, x_row_stride, out_row_stride, f0, f1, i0, i1)` for f32, f16
 // and bf16: the op's float parameters in f0, f1 and its string-choice, integer and boolean
@@ -74,7 +75,7 @@ __device__ __forceinline__ void gated_row(typename Elem<DTYPE>::T* __restrict__ 
         prepared = Op::template prepare<DTYPE>(mean, std, s);
     }
     for (int j = threadIdx.x; j < d; j += GATED_BLOCK) {
-        float a = round_elem<DTYPE>(Op::activate(E::load(gate[j]), prepared, s));
+        float a = round_elem<DTYPE>(Op::template activate<DTYPE>(E::load(gate[j]), prepared, s));
         out_row[j] = E::store(a * E::load(up[j]));
     }
 }

@@ -7,6 +7,7 @@ struct GeluAndMul {
     static constexpr bool ROW_STATS = false;
     template <int DTYPE>
     __device__ static float prepare(float, float, const GateScalars&) { return 0.0f; }
+    template <int DTYPE>
     __device__ static float activate(float g, float, const GateScalars& s) { return gelu_f32(g, s.i0); }
 };
 

@@ -6,6 +6,7 @@ struct SiluAndMul {
     static constexpr bool ROW_STATS = false;
     template <int DTYPE>
     __device__ static float prepare(float, float, const GateScalars&) { return 0.0f; }
+    template <int DTYPE>
     __device__ static float activate(float g, float, const GateScalars&) { return silu_f32(g); }
 };
 
