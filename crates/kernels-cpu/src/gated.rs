@@ -46,6 +46,39 @@ impl GateRow for Gelu {
     }
 }
 
+/// `gelu_and_mul_sparse`'s gate: `gelu(relu(round(g - cutoff)))`, with the row's cutoff
+/// `round(round(mean) + round(round(std) · std_multiplier))`; the mean and the (biased) std are
+/// summed in f64, as native does, so the rounded cutoff agrees with native's.
+#[derive(Clone, Copy, Debug)]
+pub struct SparseGelu {
+    /// Standard deviations above the mean.
+    pub std_multiplier: f64,
+    /// The gelu formula.
+    pub approximate: Approximate,
+}
+
+impl GateRow for SparseGelu {
+    fn activate(&self, gate: &mut [f32], round: fn(&mut [f32])) {
+        let n = gate.len() as f64;
+        let mean = gate.iter().map(|&g| f64::from(g)).sum::<f64>() / n;
+        let variance = gate.iter().map(|&g| (f64::from(g) - mean) * (f64::from(g) - mean)).sum::<f64>() / n;
+        let mut stats = [mean as f32, variance.sqrt() as f32];
+        round(&mut stats);
+        let mut shift = [(f64::from(stats[1]) * self.std_multiplier) as f32];
+        round(&mut shift);
+        let mut cutoff = [stats[0] + shift[0]];
+        round(&mut cutoff);
+        gate.iter_mut().for_each(|g| *g -= cutoff[0]);
+        round(gate);
+        gate.iter_mut().for_each(|g| {
+            if *g < 0.0 {
+                *g = 0.0;
+            }
+        });
+        gelu_in_place(gate, self.approximate);
+    }
+}
+
 /// `gelu` over a row, in f32, vectorized (the SIMD width of the machine, chosen at run time).
 pub fn gelu_in_place(v: &mut [f32], approximate: Approximate) {
     match approximate {

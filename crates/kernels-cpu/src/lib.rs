@@ -50,6 +50,9 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cpu))?;
     silu_and_mul::register(registry, gated::spec(), |x| gated::run(x, gated::Silu))?;
     gelu_and_mul::register(registry, gated::spec(), |x, approximate| gated::run(x, gated::Gelu(approximate)))?;
+    ir_core::op::gelu_and_mul_sparse::register(registry, gated::spec(), |x, m, a| {
+        gated::run(x, gated::SparseGelu { std_multiplier: m, approximate: a })
+    })?;
     Ok(())
 }
 

@@ -20,6 +20,10 @@ pub const GATED_BLOCK: u32 = 256;
 pub const GATED_OPS: &[GatedKernel] = &[
     GatedKernel { def: &SILU_AND_MUL, source: include_str!("../kernels/silu_and_mul.hip") },
     GatedKernel { def: &GELU_AND_MUL, source: include_str!("../kernels/gelu_and_mul.hip") },
+    GatedKernel {
+        def: &ir_core::op::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
+        source: include_str!("../kernels/gelu_and_mul_sparse.hip"),
+    },
 ];
 
 /// Registers every op of [`GATED_OPS`].

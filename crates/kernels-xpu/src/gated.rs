@@ -26,6 +26,10 @@ pub const GATED_GROUP: usize = 128;
 pub const GATED_OPS: &[GatedKernel] = &[
     GatedKernel { def: &SILU_AND_MUL, source: include_str!("../kernels/silu_and_mul.cl") },
     GatedKernel { def: &GELU_AND_MUL, source: include_str!("../kernels/gelu_and_mul.cl") },
+    GatedKernel {
+        def: &ir_core::op::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
+        source: include_str!("../kernels/gelu_and_mul_sparse.cl"),
+    },
 ];
 
 /// The program source of a gated op: the element prelude, the row kernel, the op.

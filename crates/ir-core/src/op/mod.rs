@@ -6,6 +6,7 @@ mod declare;
 pub mod fused_add_rms_norm;
 pub mod gated;
 pub mod gelu_and_mul;
+pub mod gelu_and_mul_sparse;
 pub mod kernel_support;
 mod norm_math;
 pub mod rms_norm;
@@ -178,6 +179,7 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &fused_add_rms_norm::FUSED_ADD_RMS_NORM,
     &silu_and_mul::SILU_AND_MUL,
     &gelu_and_mul::GELU_AND_MUL,
+    &gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
 ];
 
 /// Words of the text format that cannot name an op or provider.
