@@ -2,7 +2,7 @@
 //! (one fused `gate_up_proj` matmul's output); the output is `act(gate) * up`, `[..., d]`.
 
 use ir_core::op::gelu_and_mul::{self, Approximate};
-use ir_core::op::silu_and_mul;
+use ir_core::op::{gelu_and_mul_sparse, silu_and_mul};
 use ir_core::{ExecutionContext, TensorMeta};
 
 use crate::LayerError;
@@ -62,6 +62,60 @@ impl Default for GeluAndMul {
     }
 }
 
+/// Gemma 3n's sparse GeGLU activation: on the gate, only the part above the row's
+/// `mean + std_multiplier · std` passes through gelu, then the product with the up half
+/// (`gelu_and_mul_sparse`). Built from the target sparsity, whose standard normal quantile (of the
+/// f32-rounded sparsity, as upstream computes it) is the multiplier.
+///
+/// ```
+/// use ir_core::op::gelu_and_mul::Approximate;
+/// use layers::GeluAndMulSparse;
+///
+/// let layer = GeluAndMulSparse::new(0.95, Approximate::Tanh)?;
+/// assert!((layer.std_multiplier() - 1.6448536).abs() < 1e-6);
+/// assert!(GeluAndMulSparse::new(1.0, Approximate::Tanh).is_err());
+/// # Ok::<(), layers::LayerError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GeluAndMulSparse {
+    std_multiplier: f64,
+    approximate: Approximate,
+}
+
+impl GeluAndMulSparse {
+    /// A layer keeping about `1 - activation_sparsity` of a normal gate; the sparsity lies in (0, 1).
+    pub fn new(activation_sparsity: f64, approximate: Approximate) -> Result<GeluAndMulSparse, LayerError> {
+        use statrs::distribution::{ContinuousCDF, Normal};
+        if !(activation_sparsity > 0.0 && activation_sparsity < 1.0) {
+            return Err(LayerError::Sparsity { activation_sparsity });
+        }
+        let standard = Normal::new(0.0, 1.0).expect("the standard normal is valid");
+        let std_multiplier = standard.inverse_cdf(f64::from(activation_sparsity as f32));
+        Ok(GeluAndMulSparse { std_multiplier, approximate })
+    }
+
+    /// A layer with an explicit multiplier (any finite value; the op checks it).
+    pub fn with_std_multiplier(std_multiplier: f64, approximate: Approximate) -> GeluAndMulSparse {
+        GeluAndMulSparse { std_multiplier, approximate }
+    }
+
+    /// Standard deviations above the gate's mean where the cutoff lies.
+    pub fn std_multiplier(&self) -> f64 {
+        self.std_multiplier
+    }
+
+    /// The gelu formula.
+    pub fn approximate(&self) -> Approximate {
+        self.approximate
+    }
+
+    /// Applies the layer to `x: [..., 2d]`.
+    pub fn forward<C: ExecutionContext>(&self, ctx: &C, x: &C::Tensor) -> Result<C::Tensor, LayerError> {
+        check_gated("GeluAndMulSparse", ctx.meta(x))?;
+        Ok(gelu_and_mul_sparse::call(ctx, x, self.std_multiplier, self.approximate)?)
+    }
+}
+
 /// Checks that `x` has rank ≥ 1 and an even last dimension, naming the layer otherwise.
 pub(crate) fn check_gated(layer: &'static str, x: &TensorMeta) -> Result<(), LayerError> {
     match x.shape().last() {
@@ -87,6 +141,14 @@ mod tests {
             assert!(bit_eq(&gelu, &gelu_and_mul::native(&x, approximate).unwrap()), "{approximate:?}");
         }
         assert_eq!(GeluAndMul::default().approximate(), Approximate::None);
+        let sparse = GeluAndMulSparse::new(0.95, Approximate::Tanh).unwrap();
+        let out = sparse.forward(&ctx, &x).unwrap();
+        let expected = gelu_and_mul_sparse::native(&x, sparse.std_multiplier(), Approximate::Tanh).unwrap();
+        assert!(bit_eq(&out, &expected));
+        for bad in [0.0, 1.0, f64::NAN, -0.5] {
+            let err = GeluAndMulSparse::new(bad, Approximate::None).unwrap_err();
+            assert!(err.to_string().contains("activation_sparsity"), "{err}");
+        }
         let odd = Tensor::zeros(DType::BF16, &[3, 15]).unwrap();
         let err = SiluAndMul.forward(&ctx, &odd).unwrap_err();
         assert_eq!(err.to_string(), "SiluAndMul needs an input with an even last dimension, got shape [3, 15]");

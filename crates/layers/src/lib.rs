@@ -27,5 +27,5 @@
 mod activation;
 mod rms_norm;
 
-pub use crate::activation::{GeluAndMul, SiluAndMul};
+pub use crate::activation::{GeluAndMul, GeluAndMulSparse, SiluAndMul};
 pub use crate::rms_norm::{LayerError, RmsNorm, RmsNormBuilder};

@@ -48,6 +48,12 @@ pub enum LayerError {
         /// The residual's shape.
         residual: Vec<usize>,
     },
+    /// An activation sparsity outside (0, 1).
+    #[error("activation_sparsity {activation_sparsity} must lie strictly between 0 and 1")]
+    Sparsity {
+        /// The value given.
+        activation_sparsity: f64,
+    },
     /// An input of a gated activation layer without an even last dimension.
     #[error("{layer} needs an input with an even last dimension, got shape {shape:?}")]
     GatedInput {
