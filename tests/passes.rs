@@ -4,7 +4,7 @@
 use ir_core::op::InputSpec;
 use ir_core::op::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm};
 use ir_core::{DType, PriorityGuard, Registry, Tensor, bit_eq};
-use ir_graph::{InterpError, InterpOptions, Interpretation, NodeKind, interpret, parse};
+use ir_graph::{Builtin, InterpError, InterpOptions, Interpretation, NodeKind, interpret, parse};
 use ir_passes::{CloneElimination, PassContext, PassError, Pipeline, PipelineError, Snapshots};
 
 const HEADER: &str = "graph m(%x: bf16[8,16], %r1: bf16[8,16], %r2: bf16[8,16], %w: bf16[16]) {\n";
@@ -96,7 +96,11 @@ fn compile_and_run(text: &str, variant: CloneElimination) -> Outcome {
     let cx = PassContext::new(&registry).with_clone_elimination(variant);
     let report = Pipeline::standard().run(&mut graph, &cx, None, Snapshots::Skip).unwrap();
     let ir_passes::PassReport::Functionalize(functionalized) = &report.runs[0].report else { panic!("first pass") };
-    let clones_left = graph.order().iter().filter(|&&n| matches!(graph.node(n).kind, NodeKind::Clone(_))).count();
+    let clones_left = graph
+        .order()
+        .iter()
+        .filter(|&&n| matches!(graph.node(n).kind, NodeKind::Builtin { op: Builtin::Clone, .. }))
+        .count();
     for &node in graph.order() {
         if let NodeKind::ImplCall { provider, .. } = &graph.node(node).kind {
             assert_eq!(graph.provider_name(*provider), "cpu", "{}", graph.display_node(node));

@@ -8,7 +8,7 @@ use ir_core::Support;
 use ir_core::op::kernel_support::fused_add_rms_norm_support;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{DType, Layout, PriorityGuard, Registry, Tensor, TensorMeta, bit_eq};
-use ir_graph::{Arg, Graph, InterpOptions, NodeKind, ValueId, interpret, parse};
+use ir_graph::{Arg, Builtin, BuiltinArg, Effect, Graph, InterpOptions, NodeKind, ValueId, interpret, parse};
 use ir_passes::{CloneElimination, PassContext, Pipeline, Snapshots, eliminate_clones};
 use proptest::prelude::*;
 
@@ -130,7 +130,14 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
             Step::Scale(a) => {
                 let x = pick(&pool, a);
                 let out = TensorMeta { layout: Layout::compact(graph.meta(x).shape()), ..m(&graph, x) };
-                pool.extend(graph.push(NodeKind::Scale(x, 0.5), vec![out]).1);
+                pool.extend(
+                    graph
+                        .push(
+                            NodeKind::builtin(Builtin::Scale, vec![BuiltinArg::Value(x), BuiltinArg::Float(0.5)]),
+                            vec![out],
+                        )
+                        .1,
+                );
             }
             Step::Add(a, b) => {
                 let x = pick(&pool, a);
@@ -143,7 +150,14 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     .collect();
                 let y = pick(&same_kind, b);
                 let out = TensorMeta { layout: Layout::compact(graph.meta(x).shape()), ..m(&graph, x) };
-                pool.extend(graph.push(NodeKind::Add(x, y), vec![out]).1);
+                pool.extend(
+                    graph
+                        .push(
+                            NodeKind::builtin(Builtin::Add, vec![BuiltinArg::Value(x), BuiltinArg::Value(y)]),
+                            vec![out],
+                        )
+                        .1,
+                );
             }
             Step::RowSlice(a, b) => {
                 let x = pick(&pool, a);
@@ -151,19 +165,32 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 let start = b as usize % rows;
                 let layout = graph.meta(x).layout.slice(0, start, rows).expect("in range");
                 let out = TensorMeta { layout, ..m(&graph, x) };
-                let (_, results) = graph.push(NodeKind::Slice { value: x, dim: 0, start, end: rows }, vec![out]);
+                let (_, results) = graph.push(
+                    NodeKind::builtin(
+                        Builtin::Slice,
+                        vec![
+                            BuiltinArg::Value(x),
+                            BuiltinArg::Index(0),
+                            BuiltinArg::Index(start),
+                            BuiltinArg::Index(rows),
+                        ],
+                    ),
+                    vec![out],
+                );
                 roots.insert(results[0], root(&roots, x));
                 pool.extend(results);
             }
             Step::Clone(a) => {
                 let x = pick(&pool, a);
                 let out = TensorMeta { layout: graph.meta(x).layout.copy_layout(), ..m(&graph, x) };
-                pool.extend(graph.push(NodeKind::Clone(x), vec![out]).1);
+                pool.extend(graph.push(NodeKind::clone_of(x), vec![out]).1);
             }
             Step::Contiguous(a) => {
                 let x = pick(&pool, a);
                 let out = TensorMeta { layout: Layout::compact(graph.meta(x).shape()), ..m(&graph, x) };
-                pool.extend(graph.push(NodeKind::Contiguous(x), vec![out]).1);
+                pool.extend(
+                    graph.push(NodeKind::builtin(Builtin::Contiguous, vec![BuiltinArg::Value(x)]), vec![out]).1,
+                );
             }
             Step::ColumnSlice(a) => {
                 let x = pick(&pool, a);
@@ -171,7 +198,13 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 let end = if columns > 8 { 8 } else { columns };
                 let layout = graph.meta(x).layout.slice(1, 0, end).expect("in range");
                 let out = TensorMeta { layout, ..m(&graph, x) };
-                let (_, results) = graph.push(NodeKind::Slice { value: x, dim: 1, start: 0, end }, vec![out]);
+                let (_, results) = graph.push(
+                    NodeKind::builtin(
+                        Builtin::Slice,
+                        vec![BuiltinArg::Value(x), BuiltinArg::Index(1), BuiltinArg::Index(0), BuiltinArg::Index(end)],
+                    ),
+                    vec![out],
+                );
                 roots.insert(results[0], root(&roots, x));
                 pool.extend(results);
             }
@@ -179,7 +212,13 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 let x = pick(&pool, a);
                 let layout = graph.meta(x).layout.transpose(0, 1).expect("rank 2");
                 let out = TensorMeta { layout, ..m(&graph, x) };
-                let (_, results) = graph.push(NodeKind::Transpose { value: x, d0: 0, d1: 1 }, vec![out]);
+                let (_, results) = graph.push(
+                    NodeKind::builtin(
+                        Builtin::Transpose,
+                        vec![BuiltinArg::Value(x), BuiltinArg::Index(0), BuiltinArg::Index(1)],
+                    ),
+                    vec![out],
+                );
                 roots.insert(results[0], root(&roots, x));
                 pool.extend(results);
             }
@@ -204,7 +243,10 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     continue;
                 }
                 let src = pick(&sources, b);
-                let (_, results) = graph.push(NodeKind::Copy { dst, src }, vec![m(&graph, dst)]);
+                let (_, results) = graph.push(
+                    NodeKind::builtin(Builtin::Copy, vec![BuiltinArg::Value(dst), BuiltinArg::Value(src)]),
+                    vec![m(&graph, dst)],
+                );
                 roots.insert(results[0], root(&roots, dst));
                 pool.extend(results);
             }
@@ -404,9 +446,10 @@ fn the_generator_emits_explicit_writes_views_and_aliased_outputs() {
         let is_view = |v: ValueId| graph.node(graph.value(v).def).kind.is_view();
         for &node in graph.order() {
             match &graph.node(node).kind {
-                NodeKind::Copy { dst, .. } => {
+                kind @ NodeKind::Builtin { op: Builtin::Copy, .. } => {
+                    let dst = kind.builtin_subject(Effect::WriteFirst).expect("copy_ writes its first value");
                     copies += 1;
-                    view_writes += usize::from(is_view(*dst));
+                    view_writes += usize::from(is_view(dst));
                 }
                 NodeKind::ImplCall { writes, args, .. } if !writes.is_empty() => {
                     impl_writes += 1;
@@ -473,7 +516,10 @@ fn illegal_graphs() -> impl Strategy<Value = (Graph, String, String, String)> {
         let NodeKind::IrCall { args, .. } = &graph.node(call).kind else { return None };
         let Arg::Value(donated) = args[(pick as usize / 7) % 2] else { return None };
         let meta = TensorMeta { layout: Layout::compact(graph.meta(donated).shape()), ..graph.meta(donated).clone() };
-        let (reader, results) = graph.push(NodeKind::Scale(donated, 3.0), vec![meta]);
+        let (reader, results) = graph.push(
+            NodeKind::builtin(Builtin::Scale, vec![BuiltinArg::Value(donated), BuiltinArg::Float(3.0)]),
+            vec![meta],
+        );
         let mut outputs = graph.outputs();
         outputs.push(results[0]);
         graph.set_output(outputs);

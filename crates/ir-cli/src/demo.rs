@@ -8,7 +8,7 @@ use ir_core::op::InputSpec;
 use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::storage::cpu_bytes_allocated;
 use ir_core::{DType, EagerContext, ExecutionContext, Registry, SelectionRecord, Tensor, bit_eq};
-use ir_graph::{InterpOptions, Interpretation, NodeKind, Tracer, interpret};
+use ir_graph::{InterpOptions, Interpretation, Tracer, interpret};
 use ir_passes::{PassContext, PassReport, Pipeline, Snapshots};
 use layers::RmsNorm;
 
@@ -153,11 +153,7 @@ fn compiled_runs(registry: &Registry, model: &Model, args: &DemoArgs) -> anyhow:
 }
 
 fn count_copies(graph: &ir_graph::Graph) -> usize {
-    graph
-        .order()
-        .iter()
-        .filter(|&&n| matches!(graph.node(n).kind, NodeKind::Clone(_) | NodeKind::Contiguous(_)))
-        .count()
+    graph.order().iter().filter(|&&n| graph.node(n).kind.builtin_subject(ir_graph::Effect::Copy).is_some()).count()
 }
 
 fn build_model(args: &DemoArgs) -> anyhow::Result<Model> {

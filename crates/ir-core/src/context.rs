@@ -3,6 +3,7 @@
 //! [`EagerContext`] runs on real [`Tensor`]s through a registry. A tracing context (recording graph
 //! nodes instead of running kernels) implements the same trait.
 
+use crate::builtin::{Builtin, BuiltinArg, Eval, Scalars, check_args};
 use crate::op::{ArgMeta, OpDef, Overload, Value};
 use crate::{CallError, Registry, Tensor, TensorMeta};
 
@@ -132,22 +133,47 @@ pub trait ExecutionContext {
         crate::op::fused_add_rms_norm::call_maybe_inplace(self, x, x_residual, weight, epsilon, variance_size)
     }
 
+    /// Runs built-in `op` ([`crate::builtin`]) on `args`, of the kinds its table entry lists.
+    fn builtin(&self, op: Builtin, args: Vec<BuiltinArg<Self::Tensor>>) -> Result<Self::Tensor, CallError>;
+
     /// A view of `start..end` along `dim`.
-    fn slice(&self, t: &Self::Tensor, dim: usize, start: usize, end: usize) -> Result<Self::Tensor, CallError>;
+    fn slice(&self, t: &Self::Tensor, dim: usize, start: usize, end: usize) -> Result<Self::Tensor, CallError> {
+        let args = vec![value(t), BuiltinArg::Index(dim), BuiltinArg::Index(start), BuiltinArg::Index(end)];
+        self.builtin(Builtin::Slice, args)
+    }
     /// A view with two dimensions swapped.
-    fn transpose(&self, t: &Self::Tensor, d0: usize, d1: usize) -> Result<Self::Tensor, CallError>;
+    fn transpose(&self, t: &Self::Tensor, d0: usize, d1: usize) -> Result<Self::Tensor, CallError> {
+        self.builtin(Builtin::Transpose, vec![value(t), BuiltinArg::Index(d0), BuiltinArg::Index(d1)])
+    }
     /// A view with another shape.
-    fn reshape(&self, t: &Self::Tensor, shape: &[usize]) -> Result<Self::Tensor, CallError>;
+    fn reshape(&self, t: &Self::Tensor, shape: &[usize]) -> Result<Self::Tensor, CallError> {
+        self.builtin(Builtin::Reshape, vec![value(t), BuiltinArg::Shape(shape.to_vec())])
+    }
     /// A copy (source strides if dense, else compact).
-    fn clone_tensor(&self, t: &Self::Tensor) -> Result<Self::Tensor, CallError>;
+    fn clone_tensor(&self, t: &Self::Tensor) -> Result<Self::Tensor, CallError> {
+        self.builtin(Builtin::Clone, vec![value(t)])
+    }
     /// A compact copy.
-    fn contiguous(&self, t: &Self::Tensor) -> Result<Self::Tensor, CallError>;
+    fn contiguous(&self, t: &Self::Tensor) -> Result<Self::Tensor, CallError> {
+        self.builtin(Builtin::Contiguous, vec![value(t)])
+    }
     /// Elementwise sum.
-    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor, CallError>;
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor, CallError> {
+        self.builtin(Builtin::Add, vec![value(a), value(b)])
+    }
     /// Elementwise product.
-    fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor, CallError>;
+    fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor, CallError> {
+        self.builtin(Builtin::Mul, vec![value(a), value(b)])
+    }
     /// Multiplication by a constant.
-    fn scale(&self, t: &Self::Tensor, factor: f64) -> Result<Self::Tensor, CallError>;
+    fn scale(&self, t: &Self::Tensor, factor: f64) -> Result<Self::Tensor, CallError> {
+        self.builtin(Builtin::Scale, vec![value(t), BuiltinArg::Float(factor)])
+    }
+}
+
+/// A handle copy of `t` as a built-in argument.
+fn value<T: Clone>(t: &T) -> BuiltinArg<T> {
+    BuiltinArg::Value(t.clone())
 }
 
 /// The `N` outputs of a call of `op`, as an array (a contract violation if the count differs).
@@ -195,35 +221,65 @@ impl ExecutionContext for EagerContext<'_> {
         self.registry.call_def(op, overload, values)
     }
 
-    fn slice(&self, t: &Tensor, dim: usize, start: usize, end: usize) -> Result<Tensor, CallError> {
-        Ok(t.slice(dim, start, end)?)
+    /// Runs the table's computation; `copy_` writes into its first argument, which must be uniquely
+    /// owned (move the tensor in).
+    fn builtin(&self, op: Builtin, mut args: Vec<BuiltinArg<Tensor>>) -> Result<Tensor, CallError> {
+        check_args(op, &args).map_err(|reason| CallError::BuiltinArgs { builtin: op.name(), reason })?;
+        match op.def().eval {
+            Eval::Result(eval) => {
+                let tensors: Vec<&Tensor> = args.iter().filter_map(BuiltinArg::value).collect();
+                Ok(eval(&tensors, &Scalars(&args))?)
+            }
+            Eval::Write(write) => {
+                let BuiltinArg::Value(mut target) = std::mem::replace(&mut args[0], BuiltinArg::Index(0)) else {
+                    unreachable!("check_args: the first argument is a value")
+                };
+                let sources: Vec<&Tensor> = args.iter().filter_map(BuiltinArg::value).collect();
+                write(&mut target, &sources, &Scalars(&args))?;
+                Ok(target)
+            }
+        }
     }
+}
 
-    fn transpose(&self, t: &Tensor, d0: usize, d1: usize) -> Result<Tensor, CallError> {
-        Ok(t.transpose(d0, d1)?)
-    }
+#[cfg(test)]
+mod builtin_tests {
+    use super::*;
+    use crate::{DType, bit_eq};
 
-    fn reshape(&self, t: &Tensor, shape: &[usize]) -> Result<Tensor, CallError> {
-        Ok(t.reshape(shape)?)
-    }
+    #[test]
+    fn the_eager_context_runs_every_built_in_through_the_table() {
+        let registry = Registry::new();
+        let ctx = EagerContext::new(&registry);
+        let x = Tensor::from_f64(DType::F32, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let t = ctx.transpose(&x, 0, 1).unwrap();
+        assert_eq!(t.shape(), &[3, 2]);
+        let c = ctx.contiguous(&t).unwrap();
+        assert_eq!(c.to_f64_vec().unwrap(), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+        let sum = ctx.add(&x, &ctx.scale(&x, 2.0).unwrap()).unwrap();
+        assert_eq!(sum.to_f64_vec().unwrap(), vec![3.0, 6.0, 9.0, 12.0, 15.0, 18.0]);
+        assert!(bit_eq(&ctx.mul(&x, &ctx.clone_tensor(&x).unwrap()).unwrap(), &x.mul(&x).unwrap()));
+        assert_eq!(ctx.reshape(&x, &[3, 2]).unwrap().shape(), &[3, 2]);
+        assert_eq!(ctx.slice(&x, 1, 1, 3).unwrap().to_f64_vec().unwrap(), vec![2.0, 3.0, 5.0, 6.0]);
 
-    fn clone_tensor(&self, t: &Tensor) -> Result<Tensor, CallError> {
-        Ok(t.deep_clone()?)
-    }
+        // copy_ writes into its moved-in destination and returns it.
+        let dst = Tensor::zeros(DType::BF16, &[2, 3]).unwrap();
+        let storage = dst.storage_id();
+        let copied = ctx.builtin(Builtin::Copy, vec![BuiltinArg::Value(dst), BuiltinArg::Value(x.clone())]).unwrap();
+        assert_eq!(copied.storage_id(), storage);
+        assert_eq!(copied.to_f64_vec().unwrap(), x.to_f64_vec().unwrap());
+        // A shared destination is refused, not written.
+        let shared = Tensor::zeros(DType::F32, &[2, 3]).unwrap();
+        let err = ctx.builtin(Builtin::Copy, vec![BuiltinArg::Value(shared.clone()), BuiltinArg::Value(x.clone())]);
+        assert!(matches!(err, Err(CallError::Tensor(_))), "{err:?}");
+        assert_eq!(shared.to_f64_vec().unwrap(), vec![0.0; 6]);
 
-    fn contiguous(&self, t: &Tensor) -> Result<Tensor, CallError> {
-        Ok(t.contiguous()?)
-    }
-
-    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, CallError> {
-        Ok(a.add(b)?)
-    }
-
-    fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, CallError> {
-        Ok(a.mul(b)?)
-    }
-
-    fn scale(&self, t: &Tensor, factor: f64) -> Result<Tensor, CallError> {
-        Ok(t.scale(factor)?)
+        // Arguments are checked against the table.
+        let err = ctx.builtin(Builtin::Slice, vec![BuiltinArg::Value(x.clone()), BuiltinArg::Index(0)]).unwrap_err();
+        assert_eq!(err.to_string(), "built-in `slice`: slice(value, index, index, index) takes 4 arguments, found 2");
+        let err = ctx.builtin(Builtin::Scale, vec![BuiltinArg::Value(x.clone()), BuiltinArg::Index(2)]).unwrap_err();
+        assert!(err.to_string().contains("argument 1 of scale(value, float) has the wrong kind"), "{err}");
+        let err = ctx.add(&x, &Tensor::zeros(DType::F32, &[3, 2]).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("add: shapes [2, 3] and [3, 2] differ"), "{err}");
     }
 }

@@ -32,6 +32,7 @@
 //! installed lists, the applied configuration, warnings), `ir_core::dispatch` (one debug event per
 //! selection, naming the chosen provider and every rejected one with its reason).
 
+pub mod builtin;
 pub mod context;
 mod device;
 mod dtype;
@@ -45,6 +46,7 @@ pub mod storage;
 mod tensor;
 pub mod testing;
 
+pub use crate::builtin::{Builtin, BuiltinArg};
 pub use crate::context::{CallArg, EagerContext, ExecutionContext};
 pub use crate::device::{Device, DeviceKind, UnknownDevice};
 pub use crate::dtype::{DType, Element, UnknownDType};

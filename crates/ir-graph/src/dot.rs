@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::{Graph, NodeKind};
+use crate::{Effect, Graph, NodeKind};
 
 impl Graph {
     /// The graph in Graphviz DOT syntax.
@@ -17,7 +17,11 @@ impl Graph {
                 NodeKind::Input { donated: true, .. } => ", style=filled, fillcolor=\"#ffe0b0\"",
                 NodeKind::Input { .. } => ", style=filled, fillcolor=\"#e0e0ff\"",
                 NodeKind::ImplCall { ref writes, .. } if !writes.is_empty() => ", color=red",
-                NodeKind::Clone(_) | NodeKind::Contiguous(_) => ", style=dashed",
+                NodeKind::Builtin { op, .. } => match op.def().effect {
+                    Effect::Copy => ", style=dashed",
+                    Effect::WriteFirst => ", color=red",
+                    Effect::View | Effect::Compute => "",
+                },
                 _ => "",
             };
             writeln!(out, "  {node} [label=\"{}\"{style}];", escape(&self.display_node(node)))

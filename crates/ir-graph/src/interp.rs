@@ -13,7 +13,8 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use cranelift_entity::SecondaryMap;
 
-use crate::{Arg, Graph, NodeId, NodeKind, ValueId, VerifyError, verify};
+use crate::{Arg, Builtin, BuiltinArg, Effect, Graph, NodeId, NodeKind, ValueId, VerifyError, verify};
+use ir_core::builtin::{Eval, Scalars};
 use ir_core::op::{ArgMeta, Overload, Value};
 use ir_core::{CallError, Registry, StorageId, Tensor, TensorError, TensorMeta};
 
@@ -320,25 +321,7 @@ impl<'g> Run<'g> {
         let results = data.results.clone();
         let produced: Vec<Tensor> = match &data.kind {
             NodeKind::Input { .. } | NodeKind::Output(_) => return Ok(()),
-            kind @ (NodeKind::Clone(_) | NodeKind::Contiguous(_)) => {
-                self.stats.clones_executed += 1;
-                vec![self.builtin(kind).map_err(|e| self.tensor_error(node, e))?]
-            }
-            kind @ (NodeKind::Slice { .. }
-            | NodeKind::Transpose { .. }
-            | NodeKind::Reshape { .. }
-            | NodeKind::Add(..)
-            | NodeKind::Mul(..)
-            | NodeKind::Scale(..)) => vec![self.builtin(kind).map_err(|e| self.tensor_error(node, e))?],
-            NodeKind::Copy { dst, src } => {
-                let (dst, src) = (*dst, *src);
-                self.check_input_write(node, self.get(dst).storage_id())?;
-                let source = self.get(src).clone();
-                let written = self.write_through(node, dst, position, |target| {
-                    target.copy_from(&source).map_err(CallError::Tensor)
-                })?;
-                vec![written]
-            }
+            NodeKind::Builtin { op, args } => vec![self.builtin(node, position, *op, args)?],
             NodeKind::IrCall { op, overload, args } => {
                 self.ir_call(node, position, self.graph.op_name(*op), *overload, args)?
             }
@@ -356,17 +339,34 @@ impl<'g> Run<'g> {
         Ok(())
     }
 
-    fn builtin(&self, kind: &NodeKind) -> Result<Tensor, TensorError> {
-        match kind {
-            NodeKind::Clone(v) => self.get(*v).deep_clone(),
-            NodeKind::Contiguous(v) => self.get(*v).contiguous(),
-            NodeKind::Slice { value, dim, start, end } => self.get(*value).slice(*dim, *start, *end),
-            NodeKind::Transpose { value, d0, d1 } => self.get(*value).transpose(*d0, *d1),
-            NodeKind::Reshape { value, shape } => self.get(*value).reshape(shape),
-            NodeKind::Add(a, b) => self.get(*a).add(self.get(*b)),
-            NodeKind::Mul(a, b) => self.get(*a).mul(self.get(*b)),
-            NodeKind::Scale(v, factor) => self.get(*v).scale(*factor),
-            _ => unreachable!("only built-ins without writes reach here"),
+    /// Runs a built-in through its table entry: copies are counted, writes go through the same
+    /// checks as in-place kernels' (never into a non-donated input, never into a value read later).
+    fn builtin(
+        &mut self,
+        node: NodeId,
+        position: usize,
+        op: Builtin,
+        args: &[BuiltinArg],
+    ) -> Result<Tensor, InterpError> {
+        let def = op.def();
+        let values: Vec<ValueId> = args.iter().filter_map(BuiltinArg::value).copied().collect();
+        match def.eval {
+            Eval::Result(eval) => {
+                if def.effect == Effect::Copy {
+                    self.stats.clones_executed += 1;
+                }
+                let tensors: Vec<&Tensor> = values.iter().map(|&v| self.get(v)).collect();
+                eval(&tensors, &Scalars(args)).map_err(|e| self.tensor_error(node, e))
+            }
+            Eval::Write(write) => {
+                let (target, sources) = values.split_first().expect("the table's first parameter is a value");
+                self.check_input_write(node, self.get(*target).storage_id())?;
+                let sources: Vec<Tensor> = sources.iter().map(|&v| self.get(v).clone()).collect();
+                self.write_through(node, *target, position, |target| {
+                    let sources: Vec<&Tensor> = sources.iter().collect();
+                    write(target, &sources, &Scalars(args)).map_err(CallError::Tensor)
+                })
+            }
         }
     }
 

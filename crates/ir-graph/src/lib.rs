@@ -54,6 +54,7 @@ pub use crate::print::format_float;
 pub use crate::trace::{Traced, TracedGraph, Tracer};
 pub use crate::verify::{Diagnostic, VerifyError, verify};
 use ir_core::TensorMeta;
+pub use ir_core::builtin::{Builtin, BuiltinDef, BuiltinParam, Effect};
 use ir_core::op::{ArgMeta, Overload};
 
 /// A node of a graph. Ids come from the graph's node arena in creation order; the numbering is
@@ -165,49 +166,12 @@ pub enum NodeKind {
         /// Positional arguments.
         args: Vec<Arg>,
     },
-    /// A copy keeping dense strides (R16).
-    Clone(ValueId),
-    /// A compact copy.
-    Contiguous(ValueId),
-    /// A view of `start..end` along `dim`.
-    Slice {
-        /// The viewed value.
-        value: ValueId,
-        /// Dimension.
-        dim: usize,
-        /// First index.
-        start: usize,
-        /// One past the last index.
-        end: usize,
-    },
-    /// A view with two dimensions swapped.
-    Transpose {
-        /// The viewed value.
-        value: ValueId,
-        /// First dimension.
-        d0: usize,
-        /// Second dimension.
-        d1: usize,
-    },
-    /// A view with another shape.
-    Reshape {
-        /// The viewed value.
-        value: ValueId,
-        /// The new shape.
-        shape: Vec<usize>,
-    },
-    /// Elementwise sum.
-    Add(ValueId, ValueId),
-    /// Elementwise product.
-    Mul(ValueId, ValueId),
-    /// Multiplication by a constant.
-    Scale(ValueId, f64),
-    /// `copy_(dst, src)`: writes src into dst (converting the dtype); the result aliases dst.
-    Copy {
-        /// Destination (written).
-        dst: ValueId,
-        /// Source.
-        src: ValueId,
+    /// A built-in tensor operation: [`Builtin`]'s table gives its parameters, effect and semantics.
+    Builtin {
+        /// Which.
+        op: Builtin,
+        /// Its arguments, of the kinds the table lists.
+        args: Vec<BuiltinArg>,
     },
     /// The graph's outputs; exactly one, last.
     Output(Vec<ValueId>),
@@ -283,6 +247,9 @@ impl<K: cranelift_entity::EntityRef> NameTable<K> {
     }
 }
 
+/// An argument of a built-in node: a graph value or a scalar.
+pub type BuiltinArg = ir_core::builtin::BuiltinArg<ValueId>;
+
 /// The users of one value, in order: inline up to two (most values), so use lists of large graphs
 /// need no allocation per value.
 pub type UseList = smallvec::SmallVec<[NodeId; 2]>;
@@ -306,18 +273,7 @@ impl NodeKind {
                     }
                 }
             }
-            NodeKind::Clone(v) | NodeKind::Contiguous(v) | NodeKind::Scale(v, _) => f(*v),
-            NodeKind::Slice { value, .. } | NodeKind::Transpose { value, .. } | NodeKind::Reshape { value, .. } => {
-                f(*value)
-            }
-            NodeKind::Add(a, b) | NodeKind::Mul(a, b) => {
-                f(*a);
-                f(*b);
-            }
-            NodeKind::Copy { dst, src } => {
-                f(*dst);
-                f(*src);
-            }
+            NodeKind::Builtin { args, .. } => args.iter().filter_map(BuiltinArg::value).copied().for_each(f),
             NodeKind::Output(values) => values.iter().copied().for_each(f),
         }
     }
@@ -338,25 +294,40 @@ impl NodeKind {
                     }
                 }
             }
-            NodeKind::Clone(v) | NodeKind::Contiguous(v) | NodeKind::Scale(v, _) => swap(v),
-            NodeKind::Slice { value, .. } | NodeKind::Transpose { value, .. } | NodeKind::Reshape { value, .. } => {
-                swap(value)
-            }
-            NodeKind::Add(a, b) | NodeKind::Mul(a, b) => {
-                swap(a);
-                swap(b);
-            }
-            NodeKind::Copy { dst, src } => {
-                swap(dst);
-                swap(src);
+            NodeKind::Builtin { args, .. } => {
+                for arg in args {
+                    if let BuiltinArg::Value(v) = arg {
+                        swap(v);
+                    }
+                }
             }
             NodeKind::Output(values) => values.iter_mut().for_each(swap),
         }
     }
 
+    /// A built-in node.
+    pub fn builtin(op: Builtin, args: Vec<BuiltinArg>) -> NodeKind {
+        NodeKind::Builtin { op, args }
+    }
+
+    /// `clone(value)`.
+    pub fn clone_of(value: ValueId) -> NodeKind {
+        NodeKind::Builtin { op: Builtin::Clone, args: vec![BuiltinArg::Value(value)] }
+    }
+
+    /// The first value of a built-in with this effect (the copied, viewed or written value).
+    pub fn builtin_subject(&self, effect: Effect) -> Option<ValueId> {
+        match self {
+            NodeKind::Builtin { op, args } if op.def().effect == effect => {
+                args.first().and_then(BuiltinArg::value).copied()
+            }
+            _ => None,
+        }
+    }
+
     /// Whether this is a view (`slice`, `transpose`, `reshape`), whose result shares its input's storage.
     pub fn is_view(&self) -> bool {
-        matches!(self, NodeKind::Slice { .. } | NodeKind::Transpose { .. } | NodeKind::Reshape { .. })
+        self.builtin_subject(Effect::View).is_some()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::fmt::{self, Write};
 
-use crate::{Arg, Graph, NodeId, NodeKind};
+use crate::{Arg, BuiltinArg, Graph, NodeId, NodeKind};
 use ir_core::op::Overload;
 
 pub(crate) fn write_graph(out: &mut impl Write, graph: &Graph) -> fmt::Result {
@@ -63,18 +63,24 @@ pub(crate) fn write_node(out: &mut impl Write, graph: &Graph, node: NodeId) -> f
             write_args(out, graph, args)?;
             out.write_str(")")?;
         }
-        NodeKind::Clone(x) => write!(out, "clone({})", v(*x))?,
-        NodeKind::Contiguous(x) => write!(out, "contiguous({})", v(*x))?,
-        NodeKind::Slice { value, dim, start, end } => write!(out, "slice({}, {dim}, {start}, {end})", v(*value))?,
-        NodeKind::Transpose { value, d0, d1 } => write!(out, "transpose({}, {d0}, {d1})", v(*value))?,
-        NodeKind::Reshape { value, shape } => {
-            let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
-            write!(out, "reshape({}, [{}])", v(*value), dims.join(", "))?;
+        NodeKind::Builtin { op, args } => {
+            write!(out, "{}(", op.name())?;
+            for (i, arg) in args.iter().enumerate() {
+                if i > 0 {
+                    out.write_str(", ")?;
+                }
+                match arg {
+                    BuiltinArg::Value(x) => out.write_str(&v(*x))?,
+                    BuiltinArg::Index(index) => write!(out, "{index}")?,
+                    BuiltinArg::Shape(dims) => {
+                        let dims: Vec<String> = dims.iter().map(usize::to_string).collect();
+                        write!(out, "[{}]", dims.join(", "))?
+                    }
+                    BuiltinArg::Float(f) => out.write_str(&format_float(*f))?,
+                }
+            }
+            out.write_str(")")?;
         }
-        NodeKind::Add(a, b) => write!(out, "add({}, {})", v(*a), v(*b))?,
-        NodeKind::Mul(a, b) => write!(out, "mul({}, {})", v(*a), v(*b))?,
-        NodeKind::Scale(x, factor) => write!(out, "scale({}, {})", v(*x), format_float(*factor))?,
-        NodeKind::Copy { dst, src } => write!(out, "copy_({}, {})", v(*dst), v(*src))?,
         NodeKind::Output(values) => {
             let names: Vec<String> = values.iter().map(|&x| v(x)).collect();
             return write!(out, "output({})", names.join(", "));

@@ -10,10 +10,11 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::RefCell;
 
-use crate::{Arg, Graph, NodeKind, ValueId};
+use crate::{Arg, Builtin, BuiltinArg, Graph, NodeKind, ValueId};
+use ir_core::builtin::{Scalars, check_args};
 use ir_core::context::{CallArg, ExecutionContext};
 use ir_core::op::{ArgMeta, OpDef, Overload, bind_meta};
-use ir_core::{CallError, Layout, Registry, StorageId, Tensor, TensorError, TensorMeta};
+use ir_core::{CallError, Layout, Registry, StorageId, Tensor, TensorMeta};
 
 /// A traced value: another handle to the same SSA value when cloned.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,11 +112,6 @@ impl<'r> Tracer<'r> {
         graph.set_output(outputs.iter().map(|t| t.value).collect());
         TracedGraph { graph, parameters: self.parameters.into_inner() }
     }
-
-    fn builtin(&self, kind: NodeKind, meta: TensorMeta) -> Traced {
-        let (_, values) = self.graph.borrow_mut().push(kind, vec![meta.clone()]);
-        Traced { value: values[0], meta }
-    }
 }
 
 impl ExecutionContext for Tracer<'_> {
@@ -186,68 +182,21 @@ impl ExecutionContext for Tracer<'_> {
         Ok(values.into_iter().zip(selection.outputs).map(|(value, meta)| Traced { value, meta }).collect())
     }
 
-    fn slice(&self, t: &Traced, dim: usize, start: usize, end: usize) -> Result<Traced, CallError> {
-        let layout = t.meta.layout.slice(dim, start, end).map_err(TensorError::from)?;
-        Ok(self.builtin(NodeKind::Slice { value: t.value, dim, start, end }, TensorMeta { layout, ..t.meta.clone() }))
+    /// Records a built-in node, with the result metadata from the built-in table.
+    fn builtin(&self, op: Builtin, args: Vec<ir_core::BuiltinArg<Traced>>) -> Result<Traced, CallError> {
+        check_args(op, &args).map_err(|reason| CallError::BuiltinArgs { builtin: op.name(), reason })?;
+        let metas: Vec<&TensorMeta> = args.iter().filter_map(|a| a.value()).map(|t| &t.meta).collect();
+        let meta = (op.def().meta)(&metas, &Scalars(&args))?;
+        let graph_args: Vec<BuiltinArg> = args
+            .iter()
+            .map(|arg| match arg {
+                ir_core::BuiltinArg::Value(t) => BuiltinArg::Value(t.value),
+                ir_core::BuiltinArg::Index(i) => BuiltinArg::Index(*i),
+                ir_core::BuiltinArg::Shape(dims) => BuiltinArg::Shape(dims.clone()),
+                ir_core::BuiltinArg::Float(f) => BuiltinArg::Float(*f),
+            })
+            .collect();
+        let (_, values) = self.graph.borrow_mut().push(NodeKind::Builtin { op, args: graph_args }, vec![meta.clone()]);
+        Ok(Traced { value: values[0], meta })
     }
-
-    fn transpose(&self, t: &Traced, d0: usize, d1: usize) -> Result<Traced, CallError> {
-        let layout = t.meta.layout.transpose(d0, d1).map_err(TensorError::from)?;
-        Ok(self.builtin(NodeKind::Transpose { value: t.value, d0, d1 }, TensorMeta { layout, ..t.meta.clone() }))
-    }
-
-    fn reshape(&self, t: &Traced, shape: &[usize]) -> Result<Traced, CallError> {
-        let layout = t.meta.layout.reshape(shape).map_err(TensorError::from)?;
-        Ok(self.builtin(
-            NodeKind::Reshape { value: t.value, shape: shape.to_vec() },
-            TensorMeta { layout, ..t.meta.clone() },
-        ))
-    }
-
-    fn clone_tensor(&self, t: &Traced) -> Result<Traced, CallError> {
-        Ok(self.builtin(NodeKind::Clone(t.value), TensorMeta { layout: t.meta.layout.copy_layout(), ..t.meta.clone() }))
-    }
-
-    fn contiguous(&self, t: &Traced) -> Result<Traced, CallError> {
-        Ok(self.builtin(
-            NodeKind::Contiguous(t.value),
-            TensorMeta { layout: Layout::compact(t.meta.shape()), ..t.meta.clone() },
-        ))
-    }
-
-    fn add(&self, a: &Traced, b: &Traced) -> Result<Traced, CallError> {
-        check_binary("add", &a.meta, &b.meta)?;
-        Ok(self.builtin(
-            NodeKind::Add(a.value, b.value),
-            TensorMeta { layout: Layout::compact(a.meta.shape()), ..a.meta.clone() },
-        ))
-    }
-
-    fn mul(&self, a: &Traced, b: &Traced) -> Result<Traced, CallError> {
-        check_binary("mul", &a.meta, &b.meta)?;
-        Ok(self.builtin(
-            NodeKind::Mul(a.value, b.value),
-            TensorMeta { layout: Layout::compact(a.meta.shape()), ..a.meta.clone() },
-        ))
-    }
-
-    fn scale(&self, t: &Traced, factor: f64) -> Result<Traced, CallError> {
-        Ok(self.builtin(
-            NodeKind::Scale(t.value, factor),
-            TensorMeta { layout: Layout::compact(t.meta.shape()), ..t.meta.clone() },
-        ))
-    }
-}
-
-fn check_binary(operation: &'static str, a: &TensorMeta, b: &TensorMeta) -> Result<(), TensorError> {
-    if a.shape() != b.shape() {
-        return Err(TensorError::ShapeMismatch { operation, lhs: a.shape().to_vec(), rhs: b.shape().to_vec() });
-    }
-    if a.dtype != b.dtype {
-        return Err(TensorError::DTypeMismatch { operation, lhs: a.dtype, rhs: b.dtype });
-    }
-    if a.device != b.device {
-        return Err(TensorError::DeviceMismatch { operation, lhs: a.device, rhs: b.device });
-    }
-    Ok(())
 }

@@ -6,9 +6,9 @@ use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
 
-use crate::{Arg, Graph, NodeId, NodeKind, OpRef, OpTable, ProviderRef, ValueId};
+use crate::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpRef, OpTable, ProviderRef, ValueId};
 use ir_core::op::{ArgMeta, Overload, bind_meta};
-use ir_core::{Layout, Registry, TensorMeta};
+use ir_core::{Registry, TensorMeta};
 
 /// One problem of a graph.
 ///
@@ -233,19 +233,6 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
         }
     };
     let exact = |expected: TensorMeta| expect_one(&|found| *found == expected, &|| expected.clone());
-    // A fresh compact tensor of `v`'s shape, dtype and device.
-    let compact_like = |v: ValueId| {
-        let source = meta(v);
-        expect_one(
-            &|found| {
-                found.dtype == source.dtype
-                    && found.device == source.device
-                    && found.shape() == source.shape()
-                    && found.layout.is_compact_at_zero()
-            },
-            &|| TensorMeta { layout: Layout::compact(source.shape()), ..source.clone() },
-        )
-    };
     match &data.kind {
         NodeKind::Input { .. } | NodeKind::Output(_) => Ok(()),
         NodeKind::IrCall { op: op_ref, overload, args } => {
@@ -300,41 +287,10 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
             }
             Ok(())
         }
-        NodeKind::Clone(v) => {
-            let source = meta(*v);
-            if source.layout.is_compact_at_zero() {
-                expect_one(&|found| found == source, &|| source.clone())
-            } else {
-                exact(TensorMeta { layout: source.layout.copy_layout(), ..source.clone() })
-            }
-        }
-        NodeKind::Contiguous(v) => compact_like(*v),
-        NodeKind::Slice { value, dim, start, end } => {
-            let layout = meta(*value).layout.slice(*dim, *start, *end).map_err(|e| e.to_string())?;
-            exact(TensorMeta { layout, ..meta(*value).clone() })
-        }
-        NodeKind::Transpose { value, d0, d1 } => {
-            let layout = meta(*value).layout.transpose(*d0, *d1).map_err(|e| e.to_string())?;
-            exact(TensorMeta { layout, ..meta(*value).clone() })
-        }
-        NodeKind::Reshape { value, shape } => {
-            let layout = meta(*value).layout.reshape(shape).map_err(|e| e.to_string())?;
-            exact(TensorMeta { layout, ..meta(*value).clone() })
-        }
-        NodeKind::Add(a, b) | NodeKind::Mul(a, b) => {
-            let (ma, mb) = (meta(*a), meta(*b));
-            if ma.shape() != mb.shape() || ma.dtype != mb.dtype || ma.device != mb.device {
-                return Err(format!("operands {ma} and {mb} must have equal shapes, dtypes and devices"));
-            }
-            compact_like(*a)
-        }
-        NodeKind::Scale(v, _) => compact_like(*v),
-        NodeKind::Copy { dst, src } => {
-            if meta(*dst).shape() != meta(*src).shape() {
-                return Err(format!("copy_ needs equal shapes, found {} and {}", meta(*dst), meta(*src)));
-            }
-            let target = meta(*dst);
-            expect_one(&|found| found == target, &|| target.clone())
+        NodeKind::Builtin { op, args } => {
+            ir_core::builtin::check_args(*op, args)?;
+            let metas: Vec<&TensorMeta> = args.iter().filter_map(BuiltinArg::value).map(|v| meta(*v)).collect();
+            exact((op.def().meta)(&metas, &ir_core::builtin::Scalars(args)).map_err(|e| e.to_string())?)
         }
     }
 }

@@ -75,7 +75,7 @@ fn new_names_continue_after_the_largest_numeric_name() {
     assert_eq!(graph.fresh_name(), "3");
     let x = graph.inputs()[0].1;
     let meta = graph.meta(x).clone();
-    let (_, values) = graph.push(ir_graph::NodeKind::Clone(x), vec![meta]);
+    let (_, values) = graph.push(ir_graph::NodeKind::clone_of(x), vec![meta]);
     assert_eq!(graph.display_value(values[0]), "%4");
 }
 
@@ -187,7 +187,7 @@ fn structural_checks() {
     assert!(err.diagnostics[0].message.contains("no output node"));
     graph.set_output(vec![x]);
     verify(&graph, &registry).unwrap();
-    let (clone, _) = graph.push(ir_graph::NodeKind::Clone(x), vec![TensorMeta::compact(DType::F32, &[2])]);
+    let (clone, _) = graph.push(ir_graph::NodeKind::clone_of(x), vec![TensorMeta::compact(DType::F32, &[2])]);
     verify(&graph, &registry).unwrap();
     let y = graph.node(clone).results[0];
     graph.set_output(vec![y]);
@@ -237,7 +237,13 @@ fn the_verifier_rejects_values_past_isize_max_bytes() {
 fn fresh_names_skip_numeric_input_names_given_through_the_api() {
     let mut graph = Graph::new("g");
     let x = graph.add_input("7", TensorMeta::compact(DType::F32, &[2]));
-    let (_, results) = graph.push(ir_graph::NodeKind::Scale(x, 2.0), vec![TensorMeta::compact(DType::F32, &[2])]);
+    let (_, results) = graph.push(
+        ir_graph::NodeKind::builtin(
+            ir_graph::Builtin::Scale,
+            vec![ir_graph::BuiltinArg::Value(x), ir_graph::BuiltinArg::Float(2.0)],
+        ),
+        vec![TensorMeta::compact(DType::F32, &[2])],
+    );
     graph.set_output(results);
     let text = graph.to_string();
     assert!(text.contains("%8 = scale(%7, 2.0)"), "{text}");

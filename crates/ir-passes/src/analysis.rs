@@ -2,9 +2,10 @@
 
 use cranelift_entity::SecondaryMap;
 use ir_core::op::Overload;
-use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
+use ir_graph::{Arg, Effect, Graph, NodeId, NodeKind, OpTable, ValueId};
 
-/// The values a node writes (R61): an `ImplCall`'s `writes` arguments, `copy_`'s destination, and a
+/// The values a node writes (R61): an `ImplCall`'s `writes` arguments, a writing built-in's first
+/// value (`copy_`'s destination), and a
 /// `maybe_inplace` call's activations (it donates them). Nothing else writes.
 pub fn written_values(graph: &Graph, ops: &OpTable, node: NodeId) -> Vec<ValueId> {
     match &graph.node(node).kind {
@@ -15,7 +16,7 @@ pub fn written_values(graph: &Graph, ops: &OpTable, node: NodeId) -> Vec<ValueId
                 _ => None,
             })
             .collect(),
-        NodeKind::Copy { dst, .. } => vec![*dst],
+        kind @ NodeKind::Builtin { .. } => kind.builtin_subject(Effect::WriteFirst).into_iter().collect(),
         NodeKind::IrCall { op, overload: Overload::MaybeInplace, args } => ops
             .activations(*op)
             .iter()
@@ -44,10 +45,12 @@ impl StorageRoots {
             let written = written_values(graph, ops, node);
             for (i, &result) in data.results.iter().enumerate() {
                 let root = match &data.kind {
-                    NodeKind::Slice { value, .. }
-                    | NodeKind::Transpose { value, .. }
-                    | NodeKind::Reshape { value, .. } => root_of(&roots, *value),
-                    NodeKind::Copy { dst, .. } => root_of(&roots, *dst),
+                    kind @ NodeKind::Builtin { .. } => {
+                        match kind.builtin_subject(Effect::View).or(kind.builtin_subject(Effect::WriteFirst)) {
+                            Some(subject) => root_of(&roots, subject),
+                            None => result,
+                        }
+                    }
                     NodeKind::ImplCall { .. } | NodeKind::IrCall { .. } if i < written.len() => {
                         root_of(&roots, written[i])
                     }

@@ -175,7 +175,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
-use ir_graph::{Graph, NodeId, NodeKind, ValueId};
+use ir_graph::{Effect, Graph, NodeId, NodeKind, ValueId};
 
 use crate::analysis::{StorageRoots, written_values};
 use crate::{CloneElimination, PassContext, PassError};
@@ -257,10 +257,7 @@ pub fn eliminate_clones(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Clone
 }
 
 fn copy_input(graph: &Graph, node: NodeId) -> Option<ValueId> {
-    match graph.node(node).kind {
-        NodeKind::Clone(o) | NodeKind::Contiguous(o) => Some(o),
-        _ => None,
-    }
+    graph.node(node).kind.builtin_subject(Effect::Copy)
 }
 
 fn candidates(graph: &Graph) -> Vec<NodeId> {

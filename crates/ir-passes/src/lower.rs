@@ -140,7 +140,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
             let Some(Arg::Value(value)) = args.get(position) else { continue };
             let meta = graph.meta(*value);
             let clone_meta = TensorMeta { layout: meta.layout.copy_layout(), ..meta.clone() };
-            let (clone_node, clone) = graph.create_detached(NodeKind::Clone(*value), vec![clone_meta]);
+            let (clone_node, clone) = graph.create_detached(NodeKind::clone_of(*value), vec![clone_meta]);
             placements.push((node, clone_node));
             args[position] = Arg::Value(clone[0]);
             report.clones_inserted += 1;

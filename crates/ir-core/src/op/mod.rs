@@ -182,24 +182,14 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
 ];
 
-/// Words of the text format that cannot name an op or provider.
-pub const RESERVED_WORDS: &[&str] = &[
-    "clone",
-    "contiguous",
-    "slice",
-    "transpose",
-    "reshape",
-    "add",
-    "mul",
-    "scale",
-    "copy_",
-    "impl",
-    "output",
-    "graph",
-    "none",
-    "true",
-    "false",
-];
+/// Keywords of the text format; with the built-ins' names ([`crate::Builtin`]), the words that cannot
+/// name an op or a provider.
+pub const KEYWORDS: &[&str] = &["impl", "output", "graph", "none", "true", "false"];
+
+/// Whether `name` is reserved: a keyword of the text format or a built-in's name.
+pub fn is_reserved(name: &str) -> bool {
+    KEYWORDS.contains(&name) || crate::Builtin::from_name(name).is_some()
+}
 
 /// The global tolerance table (R55), used when an op has no override.
 pub fn global_tolerance(dtype: DType) -> Tolerance {

@@ -37,6 +37,14 @@ pub enum CallError {
     /// Arguments the meta function rejects (shapes, dtypes, devices, ranges).
     #[error(transparent)]
     Meta(#[from] MetaError),
+    /// A built-in called with arguments of the wrong number or kinds.
+    #[error("built-in `{builtin}`: {reason}")]
+    BuiltinArgs {
+        /// The built-in.
+        builtin: &'static str,
+        /// What does not fit.
+        reason: String,
+    },
 
     // --- provider selection ---
     /// A provider forced by name does not support the arguments.

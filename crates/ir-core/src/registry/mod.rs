@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 use indexmap::IndexMap;
 
 use crate::implementation::{ErasedImpl, ImplFunc};
-use crate::op::{BUILTIN_OPS, OpDef, ParamKind, RESERVED_WORDS, is_valid_name};
+use crate::op::{BUILTIN_OPS, OpDef, ParamKind, is_reserved, is_valid_name};
 pub use crate::registry::dispatch::{CallError, Rejection, Selection};
 pub use crate::registry::priority::{PriorityError, PriorityGuard};
 pub use crate::registry::record::{OpRecord, ProviderRecord, SelectionRecord};
@@ -278,7 +278,7 @@ impl Registry {
     pub fn define_op(&self, def: &'static OpDef) -> Result<(), RegistryError> {
         let location = Location::caller();
         check_name(NameKind::Op, def.name)?;
-        if RESERVED_WORDS.contains(&def.name) {
+        if is_reserved(def.name) {
             return Err(RegistryError::ReservedName { kind: NameKind::Op, name: def.name.to_owned() });
         }
         let mut seen = HashSet::new();
