@@ -5,7 +5,7 @@
 //! fixes the seed (CI does).
 
 use ir_core::Support;
-use ir_core::op::kernel_support::fused_add_rms_norm_support;
+use ir_core::kernel::fused_add_rms_norm_support;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{DType, Layout, PriorityGuard, Registry, Tensor, TensorMeta, bit_eq};
 use ir_graph::{Arg, Builtin, BuiltinArg, Effect, Graph, InterpOptions, NodeKind, ValueId, interpret, parse};

@@ -91,6 +91,12 @@ fn test() -> anyhow::Result<()> {
 }
 
 fn check_features() -> anyhow::Result<()> {
+    // What an engine links: the core and the cpu kernels without the `testing` feature (no
+    // random-number crates); the generators then report the missing feature.
+    cargo(
+        &["check", "--package", "ir-core", "--package", "kernels-cpu", "--package", "layers", "--lib", "--locked"],
+        &[],
+    )?;
     cargo(&["check", "--package", "ir-cli", "--no-default-features", "--locked"], &[])?;
     cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "cuda", "--locked"], &[])?;
     cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])?;

@@ -1,10 +1,19 @@
 //! `ir-core`: the tensor model, op definitions, the registry of implementations, priorities and
 //! dispatch, and the native reference ops of vllm-ir-rs.
 //!
-//! An op (`rms_norm`, `fused_add_rms_norm`) is defined once by its semantics, a plain Rust reference
-//! registered as provider `native`. Kernel crates register more implementations, each with an
-//! availability probe, a metadata-only `supports` predicate and an in-place flag. A per-op priority
-//! list, installed from a per-platform [`PriorityConfig`], picks the implementation for each call.
+//! An op (`rms_norm`, `fused_add_rms_norm`, `silu_and_mul`, `gelu_and_mul`, `gelu_and_mul_sparse`,
+//! or one of an engine's own) is declared once ([`define_op!`]) with its semantics, a plain Rust
+//! reference registered as provider `native`. Kernel crates register more implementations, each
+//! with an availability probe, a metadata-only `supports` predicate and an in-place flag. A per-op
+//! priority list, installed from a per-platform [`PriorityConfig`], picks the implementation for
+//! each call.
+//!
+//! Modules for models and engines: [`op`] (declarations and typed calls), [`context`] (the
+//! execution-context trait models are written against), [`builtin`] (the built-in tensor
+//! operations), [`platform`]; the registry and tensor types at the root. Modules for kernel crates:
+//! [`kernel`] (standard predicates, row geometry, device buffers) and [`storage`]. [`testing`] holds
+//! test helpers; feature `testing` adds `Tensor::randn` and the ops' input generators (without it
+//! the generators say so), so engines do not depend on the random-number crates.
 //!
 //! ```
 //! use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
@@ -37,6 +46,7 @@ pub mod context;
 mod device;
 mod dtype;
 mod implementation;
+pub mod kernel;
 pub mod layout;
 mod meta;
 pub mod op;

@@ -8,8 +8,8 @@
 //! the norms are ([`BYTES_PER_TASK`](crate::BYTES_PER_TASK)); each row's result depends on that row
 //! only.
 
+use ir_core::kernel::{GatedGeometry, Rows, gated_support};
 use ir_core::op::gelu_and_mul::Approximate;
-use ir_core::op::kernel_support::{GatedGeometry, Rows, gated_support};
 use ir_core::storage::CpuBuffer;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor};
 use rayon::prelude::*;
@@ -60,8 +60,8 @@ pub struct SparseGelu {
 impl GateRow for SparseGelu {
     fn activate(&self, gate: &mut [f32], round: fn(&mut [f32])) {
         let n = gate.len() as f64;
-        let mean = gate.iter().map(|&g| f64::from(g)).sum::<f64>() / n;
-        let variance = gate.iter().map(|&g| (f64::from(g) - mean) * (f64::from(g) - mean)).sum::<f64>() / n;
+        let mean = lane_sum(gate, |g| g) / n;
+        let variance = lane_sum(gate, |g| (g - mean) * (g - mean)) / n;
         let mut stats = [mean as f32, variance.sqrt() as f32];
         round(&mut stats);
         let mut shift = [(f64::from(stats[1]) * self.std_multiplier) as f32];
@@ -77,6 +77,23 @@ impl GateRow for SparseGelu {
         });
         gelu_in_place(gate, self.approximate);
     }
+}
+
+/// Σ f(v) over `values` in f64, over 8 independent lanes reduced in a fixed order (so it vectorizes;
+/// a single f64 accumulator is bound by the latency of each addition).
+#[inline(always)]
+fn lane_sum(values: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    const LANES: usize = 8;
+    let mut lanes = [0f64; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += f(f64::from(v));
+        }
+    }
+    let total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    tail.iter().fold(total, |acc, &v| acc + f(f64::from(v)))
 }
 
 /// `gelu` over a row, in f32, vectorized (the SIMD width of the machine, chosen at run time).

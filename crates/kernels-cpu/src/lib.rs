@@ -30,8 +30,8 @@ mod rows;
 
 pub use crate::rows::BYTES_PER_TASK;
 
+use ir_core::kernel::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::kernel_support::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
 use ir_core::op::rms_norm;
 use ir_core::op::{gelu_and_mul, silu_and_mul};
 use ir_core::storage::Storage;

@@ -9,7 +9,7 @@ use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, KernelError};
 
 use crate::module::{KernelVariant, arch_for, compile_ptx, nvrtc_availability};
-use ir_core::op::kernel_support::GatedKernel;
+use ir_core::kernel::GatedKernel;
 
 /// One CUDA device: its context, the stream every operation of this crate uses, and compiled kernels.
 pub struct CudaDeviceState {

@@ -9,10 +9,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
+use ir_core::kernel::{GatedGeometry, GatedKernel, GatedScalars, Rows, device_buffer, gated_support, kernel_int};
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
-use ir_core::op::kernel_support::{
-    GatedGeometry, GatedKernel, GatedScalars, Rows, device_buffer, gated_support, kernel_int,
-};
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
 use ir_core::op::{Value, mismatched};
 use ir_core::storage::{DeviceAllocator, Storage};

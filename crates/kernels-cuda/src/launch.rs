@@ -1,7 +1,7 @@
 //! Launch geometry, chosen from the hidden size alone (R87, R92), and the two launch paths.
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use ir_core::op::kernel_support::{Rows, gpu_threads_per_row, kernel_int};
+use ir_core::kernel::{Rows, gpu_threads_per_row, kernel_int};
 use ir_core::{DType, KernelError};
 
 use crate::device::{CudaDeviceState, driver_error};

@@ -7,7 +7,7 @@
 use std::fmt;
 
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
-pub use ir_core::op::kernel_support::NormOp;
+pub use ir_core::kernel::NormOp;
 use ir_core::{Availability, DType, KernelError};
 
 use crate::launch::{BLOCK_SIZES, THREADS_PER_ROW};

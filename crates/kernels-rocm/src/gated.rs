@@ -2,11 +2,11 @@
 //!
 //! Each op is one kernel source `kernels/<op>.hip` (compiled into the code object with every other
 //! source by `build.rs`) and one line of [`GATED_OPS`]. The op's scalar parameters reach the kernel
-//! through [`GatedScalars`](ir_core::op::kernel_support::GatedScalars).
+//! through [`GatedScalars`](ir_core::kernel::GatedScalars).
 
+use ir_core::kernel::{GatedKernel, gated_support};
 use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
-use ir_core::op::kernel_support::{GatedKernel, gated_support};
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 
@@ -51,12 +51,12 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
 mod launch {
     use std::ffi::c_void;
 
-    use ir_core::op::kernel_support::{GatedGeometry, GatedScalars, device_buffer, kernel_int};
+    use ir_core::kernel::{GatedGeometry, GatedScalars, device_buffer, kernel_int};
     use ir_core::op::{Value, mismatched};
     use ir_core::storage::{DeviceAllocator, Storage};
     use ir_core::{KernelError, Tensor, TensorError};
 
-    use ir_core::op::kernel_support::GatedKernel;
+    use ir_core::kernel::GatedKernel;
 
     use super::GATED_BLOCK;
     use crate::launch::element_ptr;

@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use ir_core::op::kernel_support::{Rows, device_buffer, device_buffer_mut, kernel_int, reject_variance_size};
+use ir_core::kernel::{Rows, device_buffer, device_buffer_mut, kernel_int, reject_variance_size};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
 
@@ -93,7 +93,7 @@ fn run(
         dtype,
         has_weight: weight.is_some(),
         vectorized,
-        threads_per_row: ir_core::op::kernel_support::gpu_threads_per_row(rows.hidden),
+        threads_per_row: ir_core::kernel::gpu_threads_per_row(rows.hidden),
     };
     let rows_per_block = (variant.block_size() / variant.threads_per_row) as usize;
     let blocks = u32::try_from(rows.n_rows.div_ceil(rows_per_block))

@@ -24,8 +24,8 @@ pub mod gated;
 mod runtime;
 mod variant;
 
+use ir_core::kernel::{fused_add_rms_norm_support, rms_norm_support};
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::kernel_support::{fused_add_rms_norm_support, rms_norm_support};
 use ir_core::op::rms_norm;
 use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 

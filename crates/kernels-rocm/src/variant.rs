@@ -1,7 +1,7 @@
 //! Kernel variants and their symbol names in the code object.
 
 use ir_core::DType;
-pub use ir_core::op::kernel_support::NormOp;
+pub use ir_core::kernel::NormOp;
 
 /// One kernel of the code object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

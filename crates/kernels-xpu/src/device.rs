@@ -16,7 +16,7 @@ use opencl3::program::Program;
 use opencl3::types::CL_BLOCKING;
 
 use crate::module::{KernelVariant, SOURCE, base_options};
-use ir_core::op::kernel_support::GatedKernel;
+use ir_core::kernel::GatedKernel;
 
 /// Environment variable allowing a CPU OpenCL device (PoCL), for tests on machines without a GPU.
 pub const ALLOW_CPU_ENV: &str = "VLLM_IR_XPU_ALLOW_CPU";

@@ -4,8 +4,8 @@
 //! element prelude, `kernels/gated.cl` (the shared row kernel) and the op's source, built per dtype
 //! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`].
 
+use ir_core::kernel::{GatedGeometry, GatedKernel, GatedScalars, device_buffer, gated_support, kernel_int};
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
-use ir_core::op::kernel_support::{GatedGeometry, GatedKernel, GatedScalars, device_buffer, gated_support, kernel_int};
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
 use ir_core::op::{Value, mismatched};
 use ir_core::storage::{DeviceAllocator, Storage};

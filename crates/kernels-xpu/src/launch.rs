@@ -1,6 +1,6 @@
 //! Setting a kernel's arguments and enqueueing it.
 
-use ir_core::op::kernel_support::{Rows, kernel_int};
+use ir_core::kernel::{Rows, kernel_int};
 use ir_core::{DType, KernelError};
 use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::{Buffer, ClMem};

@@ -23,10 +23,10 @@ pub mod gated;
 mod launch;
 mod module;
 
-use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::kernel_support::{
+use ir_core::kernel::{
     Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support, reject_variance_size, rms_norm_support,
 };
+use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};

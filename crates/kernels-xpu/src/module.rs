@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-pub use ir_core::op::kernel_support::NormOp;
+pub use ir_core::kernel::NormOp;
 use ir_core::{DType, KernelError};
 
 /// The element-type prelude every kernel source is built after.

@@ -585,7 +585,7 @@ macro_rules! define_op {
             $($param: <$ty as $crate::op::OpParam>::$given<'_>),+
         ) -> ::std::result::Result<$out, $crate::CallError> {
             let args = vec![$(<$ty as $crate::op::OpParam>::$to_value($param)),+];
-            let outputs = registry.call_def(&$def, $crate::op::Overload::$overload, args)?;
+            let outputs = registry.call_declared(&$def, $crate::op::Overload::$overload, args)?;
             Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
         }
 

@@ -3,9 +3,7 @@
 //! `residual_out = x + x_residual` and `out = rms_norm(residual_out)`, computed from the unrounded sum.
 //! `allow_inplace`; activations `[x, x_residual]`; `out` ↔ `x`, `residual_out` ↔ `x_residual`.
 
-use rand::SeedableRng;
-
-use crate::op::norm_math::{NormParams, native_norm, norm_meta, normal_tensor};
+use crate::op::norm_math::{NormParams, native_norm, norm_meta};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
 use crate::{KernelError, Tensor, TensorError, TensorMeta};
 
@@ -74,10 +72,10 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(spec.seed);
+    let mut rng = crate::testing::InputRng::new(spec.seed);
     let shape = [spec.num_tokens, spec.hidden_size];
-    let x = normal_tensor(&mut rng, spec.dtype, &shape, 0.0, 1.0)?;
-    let residual = normal_tensor(&mut rng, spec.dtype, &shape, 0.0, 1.0)?;
-    let weight = normal_tensor(&mut rng, spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
+    let x = rng.normal(spec.dtype, &shape, 0.0, 1.0)?;
+    let residual = rng.normal(spec.dtype, &shape, 0.0, 1.0)?;
+    let weight = rng.normal(spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
     Ok(vec![Value::Tensor(x), Value::Tensor(residual), Value::Tensor(weight), Value::F64(spec.epsilon), Value::None])
 }

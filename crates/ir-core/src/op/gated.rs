@@ -9,9 +9,6 @@
 //! dtype once (`out_j = round_d(a_j · u_j)`). Ops with a per-row step before the activation (the
 //! sparse gate's cutoff) give it a row and get back the activation's inputs.
 
-use rand::SeedableRng;
-
-use crate::op::norm_math::normal_tensor;
 use crate::op::{ArgMeta, InputSpec, MetaError, Value};
 use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
 
@@ -56,8 +53,8 @@ pub(crate) fn gated_meta(op: &'static str, x: Option<&TensorMeta>) -> Result<Ten
 /// The argument list of a gated op's input generator: `x ~ N(0, 1)` of shape `[T, 2H]` (so the
 /// output is `[T, H]`), followed by `rest`.
 pub(crate) fn gated_inputs(spec: &InputSpec, rest: impl IntoIterator<Item = Value>) -> Result<Vec<Value>, TensorError> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(spec.seed);
-    let x = normal_tensor(&mut rng, spec.dtype, &[spec.num_tokens, 2 * spec.hidden_size], 0.0, 1.0)?;
+    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let x = rng.normal(spec.dtype, &[spec.num_tokens, 2 * spec.hidden_size], 0.0, 1.0)?;
     Ok(std::iter::once(Value::Tensor(x)).chain(rest).collect())
 }
 

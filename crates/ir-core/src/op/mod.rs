@@ -7,7 +7,6 @@ pub mod fused_add_rms_norm;
 pub mod gated;
 pub mod gelu_and_mul;
 pub mod gelu_and_mul_sparse;
-pub mod kernel_support;
 mod norm_math;
 pub mod rms_norm;
 pub mod silu_and_mul;

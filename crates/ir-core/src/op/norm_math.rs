@@ -7,7 +7,7 @@
 
 use crate::op::{ArgMeta, MetaError};
 use crate::tensor::{element_reader, element_writer};
-use crate::{DType, Tensor, TensorError, TensorMeta};
+use crate::{Tensor, TensorError, TensorMeta};
 
 /// Positions of the arguments in an op's bound argument list.
 pub(crate) struct NormParams {
@@ -187,19 +187,4 @@ pub(crate) fn native_norm(
     }
     let residual_out = residual_out.map(|r| r.to_device_of(x)).transpose()?;
     Ok((out.to_device_of(x)?, residual_out))
-}
-
-/// Draws `n` values from N(mean, std) with the given generator, rounded to `dtype`.
-pub(crate) fn normal_tensor(
-    rng: &mut rand_chacha::ChaCha8Rng,
-    dtype: DType,
-    shape: &[usize],
-    mean: f64,
-    std: f64,
-) -> Result<Tensor, TensorError> {
-    use rand::Rng;
-    let normal = rand_distr::Normal::new(mean, std).expect("finite mean and positive std");
-    let n = crate::layout::numel(shape);
-    let values: Vec<f64> = (0..n).map(|_| rng.sample(normal)).collect();
-    Tensor::from_f64(dtype, shape, &values)
 }

@@ -2,9 +2,7 @@
 //!
 //! Not `allow_inplace`; activations `[x]`. The math is in R53 of the spec and in `native` below.
 
-use rand::SeedableRng;
-
-use crate::op::norm_math::{NormParams, native_norm, norm_meta, normal_tensor};
+use crate::op::norm_math::{NormParams, native_norm, norm_meta};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
 use crate::{KernelError, Tensor, TensorError, TensorMeta};
 
@@ -54,8 +52,8 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(spec.seed);
-    let x = normal_tensor(&mut rng, spec.dtype, &[spec.num_tokens, spec.hidden_size], 0.0, 1.0)?;
-    let weight = normal_tensor(&mut rng, spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
+    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let x = rng.normal(spec.dtype, &[spec.num_tokens, spec.hidden_size], 0.0, 1.0)?;
+    let weight = rng.normal(spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
     Ok(vec![Value::Tensor(x), Value::Tensor(weight), Value::F64(spec.epsilon), Value::None])
 }

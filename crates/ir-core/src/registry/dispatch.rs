@@ -286,6 +286,19 @@ impl Registry {
         self.run(&entry, args, overload)
     }
 
+    /// The path of the calls [`define_op!`](crate::define_op) generates: `args` holds exactly `def`'s
+    /// parameters, in order, of their kinds (built from the declaration, so nothing is left to bind).
+    /// Other callers use [`Registry::call_def`], which binds and checks the arguments first.
+    pub fn call_declared(
+        &self,
+        def: &'static OpDef,
+        overload: Overload,
+        args: Vec<Value>,
+    ) -> Result<Vec<Tensor>, CallError> {
+        debug_assert_eq!(args.len(), def.params.len(), "declared calls pass every parameter");
+        self.call_op(def, args, overload)
+    }
+
     /// Calls the op `def` (the definition registered under its name) with positional arguments,
     /// filling trailing defaults: the path execution contexts and out-of-tree ops use. With
     /// `MaybeInplace`, the activations in `args` are donated.

@@ -130,6 +130,11 @@ pub enum TensorError {
     /// A device memory operation failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
+
+    // --- build ---
+    /// Test inputs were asked of a build without ir-core's `testing` feature.
+    #[error("generating test inputs needs ir-core's `testing` feature")]
+    TestingDisabled,
 }
 
 impl From<crate::storage::OutOfMemory> for TensorError {
@@ -241,6 +246,8 @@ impl Tensor {
 
     /// A CPU tensor with `meta`'s dtype and layout, filled with N(0, 1) values from a seeded
     /// generator (deterministic: equal seeds give equal bits); its storage is uniquely owned.
+    /// Feature `testing`.
+    #[cfg(feature = "testing")]
     pub fn randn(meta: &TensorMeta, seed: u64) -> Result<Tensor, TensorError> {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);

@@ -1,5 +1,7 @@
-//! The standard kernel predicate of the norm ops (R57), shared by the `cpu`, `cuda`, `rocm` and `xpu`
-//! providers, and the row geometry kernels derive from the same metadata.
+//! Plumbing for kernel crates, kept apart from the user-facing API: the standard kernel predicates
+//! (the norms' R57, the gated activations'), shared by the `cpu`, `cuda`, `rocm` and `xpu` providers,
+//! the row geometry kernels derive from the same metadata, the gated family's scalar packing and
+//! table entries, and access to a device provider's own buffers behind a tensor.
 //!
 //! Nothing here depends on the number of rows, so a provider's answer is the same for 1 or 65536
 //! tokens (R32, R108).
