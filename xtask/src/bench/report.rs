@@ -371,6 +371,12 @@ fn rejected(results: &Results, group: &str, provider: &str) -> bool {
     results.providers.iter().any(|s| s.provider == provider && s.rejected.iter().any(|(g, _)| g == group))
 }
 
+/// A share as a percentage: whole percents, one decimal below 10%.
+fn fmt_percent(share: f64) -> String {
+    let percent = 100.0 * share;
+    if percent < 10.0 { format!("{percent:.1}%") } else { format!("{percent:.0}%") }
+}
+
 /// A ratio with the case it was measured on.
 type Labelled = (String, f64);
 
@@ -409,7 +415,7 @@ fn provider_summary(results: &Results) -> String {
          |---|---:|---|---|---:|---|---|\n",
     );
     let fmt_case = |(case, r): &(String, f64), percent: bool| {
-        if percent { format!("{:.0}% ({case})", 100.0 * r) } else { format!("{r:.1}× ({case})") }
+        if percent { format!("{} ({case})", fmt_percent(*r)) } else { format!("{r:.1}× ({case})") }
     };
     for provider in PROVIDER_COLUMNS.iter().filter(|p| !matches!(**p, "copy")) {
         let all = |_: &str| true;
@@ -421,7 +427,7 @@ fn provider_summary(results: &Results) -> String {
         let cells = |s: Option<(f64, Labelled, Labelled)>, percent: bool| match s {
             Some((g, best, worst)) => format!(
                 "{} | {} | {}",
-                if percent { format!("{:.0}%", 100.0 * g) } else { format!("{g:.1}×") },
+                if percent { fmt_percent(g) } else { format!("{g:.1}×") },
                 fmt_case(&best, percent),
                 fmt_case(&worst, percent)
             ),
@@ -442,8 +448,7 @@ fn provider_summary(results: &Results) -> String {
             .map(|op| {
                 let prefix = format!("kernels/{op}/");
                 let of_op = |g: &str| g.starts_with(&prefix);
-                spread(&ratios(provider, "copy", &of_op))
-                    .map_or_else(|| "—".to_owned(), |(g, _, _)| format!("{:.0}%", 100.0 * g))
+                spread(&ratios(provider, "copy", &of_op)).map_or_else(|| "—".to_owned(), |(g, _, _)| fmt_percent(g))
             })
             .collect();
         if cells.iter().all(|c| c == "—") {
