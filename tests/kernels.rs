@@ -349,6 +349,20 @@ fn inplace_semantics_through_dispatch() {
     }
 }
 
+/// `t` (`[T, W]`) copied into the first W columns of a `[T, W + 3]` buffer and returned as that view:
+/// equal values, rows of one stride larger than their length.
+fn row_padded(t: &Tensor) -> Tensor {
+    let [tokens, width] = t.shape() else { panic!("generated activations are [T, W], got {:?}", t.shape()) };
+    let wide = Tensor::zeros(t.dtype(), &[*tokens, width + 3]).unwrap();
+    let mut view = wide.slice(1, 0, *width).unwrap();
+    drop(wide);
+    view.copy_from(t).unwrap();
+    if *tokens > 1 {
+        assert_eq!(view.layout().strides(), [width + 3, 1], "padded rows");
+    }
+    view
+}
+
 /// Every op the registry defines, on every provider registered for it here, against native on the
 /// op's own generated inputs: a new op and a new provider are covered by being defined and
 /// registered, with no per-op code in this harness.
@@ -372,22 +386,31 @@ fn every_op_of_every_provider_matches_native_on_generated_inputs() {
                         InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: i as u64 };
                     let host = (def.generate_inputs)(&spec).unwrap();
                     let expected = (def.native)(&host).unwrap_or_else(|e| panic!("{label}: native: {e}"));
-                    let args: Vec<Value> = host
-                        .iter()
-                        .map(|v| match v {
-                            Value::Tensor(t) => Value::Tensor(backend.upload(t).unwrap()),
-                            other => other.clone(),
-                        })
-                        .collect();
-                    let got = backend
-                        .registry
-                        .call_implementation(op, backend.provider, args)
-                        .unwrap_or_else(|e| panic!("{label}: {e}"));
-                    assert_eq!(got.len(), expected.len(), "{label}: output count");
-                    for (index, (got, expected)) in got.iter().zip(&expected).enumerate() {
-                        let got = got.to_cpu().unwrap();
-                        allclose(&got, expected, tol.atol, tol.rtol)
-                            .unwrap_or_else(|e| panic!("{label}: output {index}: {e}"));
+                    let activations = def.activation_indices().unwrap();
+                    // Compact activations, then activations whose rows are 3 elements apart more than
+                    // their length (a slice of a wider buffer): the same values in another layout.
+                    for padded in [false, true] {
+                        let args: Vec<Value> = host
+                            .iter()
+                            .enumerate()
+                            .map(|(i, v)| match v {
+                                Value::Tensor(t) if padded && activations.contains(&i) => {
+                                    Value::Tensor(backend.upload(&row_padded(t)).unwrap())
+                                }
+                                Value::Tensor(t) => Value::Tensor(backend.upload(t).unwrap()),
+                                other => other.clone(),
+                            })
+                            .collect();
+                        let got = backend
+                            .registry
+                            .call_implementation(op, backend.provider, args)
+                            .unwrap_or_else(|e| panic!("{label} padded={padded}: {e}"));
+                        assert_eq!(got.len(), expected.len(), "{label}: output count");
+                        for (index, (got, expected)) in got.iter().zip(&expected).enumerate() {
+                            let got = got.to_cpu().unwrap();
+                            allclose(&got, expected, tol.atol, tol.rtol)
+                                .unwrap_or_else(|e| panic!("{label} padded={padded}: output {index}: {e}"));
+                        }
                     }
                 }
             }

@@ -349,13 +349,13 @@ impl<'g> Run<'g> {
         args: &[BuiltinArg],
     ) -> Result<Tensor, InterpError> {
         let def = op.def();
-        let values: Vec<ValueId> = args.iter().filter_map(BuiltinArg::value).copied().collect();
+        let values: smallvec::SmallVec<[ValueId; 2]> = args.iter().filter_map(BuiltinArg::value).copied().collect();
         match def.eval {
             Eval::Result(eval) => {
                 if def.effect == Effect::Copy {
                     self.stats.clones_executed += 1;
                 }
-                let tensors: Vec<&Tensor> = values.iter().map(|&v| self.get(v)).collect();
+                let tensors: smallvec::SmallVec<[&Tensor; 2]> = values.iter().map(|&v| self.get(v)).collect();
                 eval(&tensors, &Scalars(args)).map_err(|e| self.tensor_error(node, e))
             }
             Eval::Write(write) => {

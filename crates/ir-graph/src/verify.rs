@@ -289,7 +289,8 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
         }
         NodeKind::Builtin { op, args } => {
             ir_core::builtin::check_args(*op, args)?;
-            let metas: Vec<&TensorMeta> = args.iter().filter_map(BuiltinArg::value).map(|v| meta(*v)).collect();
+            let metas: smallvec::SmallVec<[&TensorMeta; 2]> =
+                args.iter().filter_map(BuiltinArg::value).map(|v| meta(*v)).collect();
             exact((op.def().meta)(&metas, &ir_core::builtin::Scalars(args)).map_err(|e| e.to_string())?)
         }
     }
