@@ -71,3 +71,5 @@ pub use crate::registry::{
     RESERVED_PROVIDERS, Registry, RegistryError, Rejection, Selection, SelectionRecord,
 };
 pub use crate::tensor::{AllcloseError, StorageId, Tensor, TensorError, allclose, bit_eq, shares_storage};
+/// The `half` crate, whose `f16` and `bf16` are this crate's 16-bit element types.
+pub use half;

@@ -146,6 +146,9 @@ impl CpuBuffer {
     }
 
     /// The buffer as elements of `T` (the whole buffer, `len_bytes / size_of::<T>()` elements).
+    ///
+    /// This is the whole storage, not a tensor's view of it: read a tensor's own elements with
+    /// [`Tensor::to_vec`](crate::Tensor::to_vec).
     pub fn typed<T: bytemuck::Pod>(&self) -> &[T] {
         let whole = self.bytes();
         let n = whole.len() / size_of::<T>();

@@ -213,6 +213,46 @@ impl Tensor {
         Ok(tensor)
     }
 
+    /// A compact CPU tensor of `T`'s dtype holding `values` in row-major order, bit for bit (one copy
+    /// into the 64-byte-aligned storage every tensor has).
+    ///
+    /// ```
+    /// use ir_core::{half::bf16, Tensor};
+    /// let t = Tensor::from_slice(&[2, 2], &[bf16::ONE, bf16::ZERO, bf16::ONE, bf16::ONE])?;
+    /// assert_eq!(t.to_vec::<bf16>()?, [bf16::ONE, bf16::ZERO, bf16::ONE, bf16::ONE]);
+    /// // A view reads its own elements: column 0.
+    /// assert_eq!(t.slice(1, 0, 1)?.to_vec::<bf16>()?, [bf16::ONE, bf16::ONE]);
+    /// # Ok::<(), ir_core::TensorError>(())
+    /// ```
+    pub fn from_slice<T: Element>(shape: &[usize], values: &[T]) -> Result<Tensor, TensorError> {
+        let dtype = T::DTYPE;
+        let expected =
+            Layout::try_compact(shape).map_err(|_| TensorError::TooLarge { dtype, shape: shape.to_vec() })?.numel();
+        if expected != values.len() {
+            return Err(TensorError::DataLength { shape: shape.to_vec(), expected, found: values.len() });
+        }
+        let mut tensor = Tensor::zeros(dtype, shape)?;
+        let buffer = tensor.cpu_buffer_mut().ok().flatten().expect("fresh CPU storage is uniquely owned");
+        buffer.typed_mut::<T>()[..values.len()].copy_from_slice(values);
+        Ok(tensor)
+    }
+
+    /// [`Tensor::from_slice`] from an owned vector.
+    pub fn from_vec<T: Element>(shape: &[usize], values: Vec<T>) -> Result<Tensor, TensorError> {
+        Tensor::from_slice(shape, &values)
+    }
+
+    /// The tensor's own elements in row-major order (a view reads only what it views; a device
+    /// tensor is downloaded first), bit for bit. `T` must be the tensor's element type.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, TensorError> {
+        if T::DTYPE != self.dtype() {
+            return Err(TensorError::DTypeMismatch { operation: "to_vec", lhs: self.dtype(), rhs: T::DTYPE });
+        }
+        let host = self.to_cpu()?;
+        let data = host.cpu_buffer().expect("to_cpu returns a CPU tensor").typed::<T>();
+        Ok(host.layout().storage_indices().map(|i| data[i]).collect())
+    }
+
     /// A compact CPU tensor from `f32` values in row-major order (rounded to `dtype`).
     pub fn from_f32(dtype: DType, shape: &[usize], values: &[f32]) -> Result<Tensor, TensorError> {
         Tensor::from_values(dtype, shape, values.len(), values.iter().map(|&v| v as f64))
@@ -566,6 +606,30 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn round_trip<T: Element + PartialEq>(values: Vec<T>) {
+        let t = Tensor::from_vec(&[2, 3], values.clone()).unwrap();
+        assert_eq!((t.dtype(), t.shape()), (T::DTYPE, &[2, 3][..]));
+        assert_eq!(t.to_vec::<T>().unwrap(), values, "bit for bit");
+        // The transposed view reads its own elements, in its own row-major order.
+        let transposed = t.transpose(0, 1).unwrap().to_vec::<T>().unwrap();
+        assert_eq!(transposed, [0, 3, 1, 4, 2, 5].map(|i| values[i]));
+        let row = t.slice(0, 1, 2).unwrap().to_vec::<T>().unwrap();
+        assert_eq!(row, values[3..]);
+    }
+
+    #[test]
+    fn vectors_of_every_element_type_round_trip_and_views_read_their_own_elements() {
+        round_trip((0..6).map(|i| i as f32 * 0.5).collect());
+        round_trip((0..6).map(|i| i as f64 * -1.25).collect());
+        round_trip((0..6).map(|i| half::f16::from_f32(i as f32 + 0.125)).collect());
+        round_trip((0..6).map(|i| half::bf16::from_f32(i as f32 - 3.0)).collect());
+        let t = Tensor::from_slice(&[2], &[1.0f32, 2.0]).unwrap();
+        let err = t.to_vec::<f64>().unwrap_err();
+        assert_eq!(err.to_string(), "to_vec: dtypes f32 and f64 differ");
+        let err = Tensor::from_slice(&[2, 2], &[1.0f32, 2.0, 3.0]).unwrap_err();
+        assert!(matches!(err, TensorError::DataLength { expected: 4, found: 3, .. }), "{err}");
+    }
 
     fn iota(dtype: DType, shape: &[usize]) -> Tensor {
         let n = crate::layout::numel(shape);
