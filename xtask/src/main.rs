@@ -5,7 +5,8 @@
 //! - `lint`: fmt check and clippy with warnings denied;
 //! - `test`: the workspace tests (the README's test command);
 //! - `check-features`: each feature of the spec's R3 table compiles on its own;
-//! - `ci` also checks that each kernel crate's package ships its kernel source;
+//! - `ci` also checks that each kernel crate's package ships its kernel source, and runs the `vllm-ir`
+//!   crate's engine example;
 //! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL
 //!   kernels built and run on the OpenCL device (PoCL in CI);
 //! - `fuzz [--seconds N]`: runs the cargo-fuzz targets (parser; parse → verify → pipeline) on nightly;
@@ -57,9 +58,15 @@ fn ci() -> anyhow::Result<()> {
     check_features()?;
     package_lists()?;
     test()?;
+    examples()?;
     fuzz(&["--seconds".to_owned(), "20".to_owned()])?;
     println!("xtask ci: all steps passed");
     Ok(())
+}
+
+/// The engine-facing examples run as written (each asserts what it shows).
+fn examples() -> anyhow::Result<()> {
+    cargo(&["run", "--package", "vllm-ir", "--example", "engine", "--locked"], &[])
 }
 
 fn lint() -> anyhow::Result<()> {

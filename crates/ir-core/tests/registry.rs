@@ -198,7 +198,9 @@ fn without_priorities_native_runs_and_is_logged_once() {
     for y in &results {
         assert!(bit_eq(y, &expected));
     }
-    assert_eq!(events.count(Level::INFO, "priority not set for op rms_norm, using native"), 1);
+    let warning = "priority not set for op rms_norm, using native (0 other provider(s) registered); install the \
+                   platform's priorities with `PriorityConfig::detected().apply(&registry)`";
+    assert_eq!(events.count(Level::WARN, warning), 1, "warned once, naming the fix");
     register_scaled_rms_norm(&registry, spec("extra"), 3.0);
     let y = rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap();
     assert!(bit_eq(&y, &expected), "registering a provider does not install it");

@@ -406,7 +406,14 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<(Arc<ImplEntry>, Vec<
     let installed = read(&entry.installed).clone();
     let Some(list) = installed else {
         if !entry.logged_no_priority.swap(true, Ordering::Relaxed) {
-            tracing::info!(target: "ir_core::dispatch", op, "priority not set for op {op}, using native");
+            let others = read(&entry.impls).len() - 1;
+            tracing::warn!(
+                target: "ir_core::dispatch",
+                op,
+                "priority not set for op {op}, using native ({others} other provider(s) registered); install the \
+                 platform's priorities with `PriorityConfig::detected().apply(&registry)` (or build the registry \
+                 with the `vllm-ir` crate's `registry()`)"
+            );
         }
         let native = Arc::clone(&read(&entry.impls)[0]);
         log_choice(op, &native, &[], args);

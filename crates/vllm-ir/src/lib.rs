@@ -1,0 +1,115 @@
+//! `vllm-ir`: the one dependency an inference engine adds. It re-exports the op layer (`ir-core`:
+//! tensors, ops, the registry, priorities, execution contexts), the layers, the graph IR and the
+//! passes, the kernel providers its features enable (`cpu` by default; `cuda`, `rocm`, `xpu`), and
+//! the external crates their APIs expose (`half`). One call, [`registry`], gives a registry with
+//! every op, every provider of this build registered, and the platform's priorities installed, so
+//! the first call already runs the fast kernel.
+//!
+//! ```
+//! use vllm_ir::layers::{RmsNorm, SiluAndMul};
+//! use vllm_ir::{DType, EagerContext, Tensor};
+//!
+//! let registry = vllm_ir::registry()?;
+//! let ctx = EagerContext::new(&registry);
+//! let x = Tensor::from_vec(&[2, 8], vec![vllm_ir::half::bf16::ONE; 16])?;
+//! let y = RmsNorm::builder(8).dtype(DType::BF16).build()?.forward(&ctx, &x)?;
+//! let gated = SiluAndMul.forward(&ctx, &y)?;
+//! assert_eq!(gated.shape(), &[2, 4]);
+//! // The cpu provider ran both ops (the registry records every choice).
+//! assert_eq!(registry.selection_record().selections("rms_norm", "cpu"), 1);
+//! assert_eq!(registry.selection_record().selections("silu_and_mul", "cpu"), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Priorities: [`registry`] applies the detected platform's lists with `VLLM_IR_PLATFORM` and
+//! `VLLM_IR_PRIORITY` on top (your entries first, the platform's after); [`registry_with`] takes a
+//! configuration from code instead. `Registry::override_priority` installs a list for a scope.
+
+pub use ir_core::*;
+/// The graph IR: graphs, the text format, the verifier, the interpreter and the tracer.
+pub use ir_graph as graph;
+/// The passes: functionalization, lowering, clone elimination, DCE and the pipeline.
+pub use ir_passes as passes;
+/// Model layers, generic over the execution context.
+pub use layers;
+
+#[cfg(feature = "cpu")]
+pub use kernels_cpu;
+#[cfg(feature = "cuda")]
+pub use kernels_cuda;
+#[cfg(feature = "rocm")]
+pub use kernels_rocm;
+#[cfg(feature = "xpu")]
+pub use kernels_xpu;
+
+/// Why a registry could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A provider could not be registered.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The priority configuration is invalid or does not resolve.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// A registry with every built-in op, every provider this build enables registered (those that
+/// cannot run here are registered and say why), and the priorities of `VLLM_IR_PLATFORM` (or the
+/// detected platform) with `VLLM_IR_PRIORITY`'s entries first, installed.
+pub fn registry() -> Result<Registry, SetupError> {
+    registry_with(PriorityConfig::from_env()?)
+}
+
+/// [`registry`] with a configuration from code; reads no environment variable.
+pub fn registry_with(config: PriorityConfig) -> Result<Registry, SetupError> {
+    let registry = Registry::with_builtin_ops();
+    register_providers(&registry)?;
+    config.apply(&registry)?;
+    Ok(registry)
+}
+
+/// Registers every provider this build enables into `registry`.
+pub fn register_providers(registry: &Registry) -> Result<(), RegistryError> {
+    #[cfg(feature = "cpu")]
+    kernels_cpu::register(registry)?;
+    #[cfg(feature = "cuda")]
+    kernels_cuda::register(registry)?;
+    #[cfg(feature = "rocm")]
+    kernels_rocm::register(registry)?;
+    #[cfg(feature = "xpu")]
+    kernels_xpu::register(registry)?;
+    let _ = registry;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_call_installs_the_fast_provider_first() {
+        let registry = registry_with(PriorityConfig::platform_default(Platform::Cpu)).unwrap();
+        for op in registry.ops() {
+            let list = registry.installed_priority(op).expect("every op has a list");
+            assert_eq!(list.first(), Some(&"cpu"), "{op}: {list:?}");
+        }
+        let x = Tensor::from_vec(&[4, 64], vec![half::bf16::from_f32(0.5); 256]).unwrap();
+        let out = op::rms_norm::rms_norm(&registry, &x, None, 1e-6, None).unwrap();
+        assert_eq!(out.shape(), &[4, 64]);
+        assert_eq!(registry.selection_record().selections("rms_norm", "cpu"), 1, "the cpu kernel ran");
+        assert_eq!(registry.selection_record().selections("rms_norm", "native"), 0);
+    }
+
+    #[test]
+    fn a_bad_configuration_is_an_error_naming_it() {
+        let config = PriorityConfig::from_sources(&platform::ConfigSources {
+            env_priority: Some("rms_norm=warp_drive".to_owned()),
+            env_platform: Some("cpu".to_owned()),
+            cli_priority: None,
+            cli_platform: None,
+        })
+        .unwrap();
+        let err = registry_with(config).unwrap_err().to_string();
+        assert!(err.contains("warp_drive"), "{err}");
+    }
+}
