@@ -444,12 +444,39 @@ fn unknown_providers_are_an_error_and_install_nothing() {
 }
 
 #[test]
-fn registering_while_a_list_is_installed_warns_and_keeps_the_list() {
+fn a_provider_registered_after_installation_joins_every_list_before_native() {
     let registry = Registry::with_builtin_ops();
-    let _guard = registry.override_priority("rms_norm", &["native"]).unwrap();
-    let ((), events) = capture(|| register_scaled_rms_norm(&registry, spec("late"), 2.0));
-    assert_eq!(events.count(Level::WARN, "provider `late` registered while a priority list is installed"), 1);
-    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]));
+    register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
+    registry.set_default("rms_norm", &["even", "native"]).unwrap();
+    let guard = registry.override_priority("rms_norm", &["native"]).unwrap();
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]), "native is unconditional");
+    let ((), events) = capture(|| register_scaled_rms_norm(&registry, spec("late"), 3.0));
+    assert_eq!(events.count(Level::INFO, "joins every installed list before `native`"), 1);
+    // The late provider joins each list before `native`: the guard's list (native first) now starts
+    // with it, the default list has it between `even` and `native`.
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["late"]));
+    drop(guard);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["even", "late"]));
+    let odd = sample(DType::F32, 2, 7, 1);
+    let y = rms_norm(&registry, &odd, None, 1e-6, None).unwrap();
+    let expected = rms_norm::native(&odd, None, 1e-6, None).unwrap().scale(3.0).unwrap();
+    assert!(bit_eq(&y, &expected), "odd H: `even` rejects, the late provider runs");
+}
+
+#[test]
+fn overrides_in_code_put_their_entries_first_and_keep_the_list_below() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
+    register_scaled_rms_norm(&registry, spec("mine").with_supports(even_only), 5.0);
+    registry.set_default("rms_norm", &["even", "native"]).unwrap();
+    let guard = registry.override_priority("rms_norm", &["mine"]).unwrap();
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["mine", "even", "native"]), "even is kept");
+    {
+        let _inner = registry.override_priority("rms_norm", &["even"]).unwrap();
+        assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["even", "mine", "native"]));
+    }
+    drop(guard);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["even", "native"]));
 }
 
 // --- predicates, threads, records ---

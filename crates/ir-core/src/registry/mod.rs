@@ -355,12 +355,21 @@ impl Registry {
         drop(impls);
         tracing::debug!(target: "ir_core::registry", op, provider, inplace = func_inplace, "registered implementation");
         if read(&entry.installed).is_some() {
-            entry.warn_once(&format!("registered-after-install:{provider}"), || {
-                format!(
-                    "op {op}: provider `{provider}` registered while a priority list is installed; \
-                     installed lists were resolved earlier and do not include it"
-                )
-            });
+            // The probe is user code: evaluate it before the lock, so resolving below reads a cached answer.
+            for registered in read(&entry.impls).clone().iter() {
+                registered.availability();
+            }
+            let mut stack = lock(&entry.priority);
+            stack.join(&entry, provider);
+            *write(&entry.installed) = stack.top();
+            drop(stack);
+            tracing::info!(
+                target: "ir_core::priority",
+                op,
+                provider,
+                "provider registered after priorities were installed joins every installed list before `native`; \
+                 put it first with `Registry::override_priority` or `PriorityConfig`"
+            );
         }
         Ok(())
     }

@@ -62,6 +62,30 @@ impl PriorityStack {
         self.layers.last().map(|(_, layer)| &layer.resolved).or(self.default.as_ref().map(|l| &l.resolved)).cloned()
     }
 
+    /// The names of the list on top (the innermost guard's, else the default's).
+    fn top_names(&self) -> Vec<String> {
+        self.layers
+            .last()
+            .map(|(_, layer)| layer)
+            .or(self.default.as_ref())
+            .map(|l| l.names.clone())
+            .unwrap_or_default()
+    }
+
+    /// Adds a provider registered after lists were installed to every list, before an explicit
+    /// `native` (else last), and resolves them again.
+    pub(crate) fn join(&mut self, entry: &OpEntry, provider: &str) {
+        let layers = self.default.iter_mut().chain(self.layers.iter_mut().map(|(_, layer)| layer));
+        for layer in layers {
+            if layer.names.iter().any(|n| n == provider) {
+                continue;
+            }
+            let at = layer.names.iter().position(|n| n == NATIVE).unwrap_or(layer.names.len());
+            layer.names.insert(at, provider.to_owned());
+            layer.resolved = resolve(entry, &layer.names).expect("every name was registered");
+        }
+    }
+
     /// Resolves every list again (after an implementation was replaced); names stay valid because a
     /// replacement keeps the provider's name.
     pub(crate) fn resolve_again(&mut self, entry: &OpEntry) {
@@ -113,11 +137,16 @@ impl Registry {
         Ok(())
     }
 
-    /// Resolves `names` for `op` and installs the result until the guard is dropped.
+    /// Installs `names` for `op` until the guard is dropped, with the configuration's merge rule:
+    /// your entries first, then the entries of the list installed below (the platform's, or an
+    /// enclosing guard's) not already named. `override_priority("rms_norm", &["mine"])` on the CPU
+    /// platform installs `[mine, cpu, native]`, never dropping `cpu`.
     pub fn override_priority(&self, op: &str, names: &[impl AsRef<str>]) -> Result<PriorityGuard, PriorityError> {
         let entry = self.priority_entry(op)?;
-        let resolved = resolve(&entry, names)?;
-        Ok(install_layer(entry, Layer::new(names, resolved)))
+        let below = lock(&entry.priority).top_names();
+        let merged = crate::platform::merge(names, &below);
+        let resolved = resolve(&entry, &merged)?;
+        Ok(install_layer(entry, Layer::new(&merged, resolved)))
     }
 
     /// The installed, resolved list of `op` (`None` when nothing is installed or the op is unknown).
