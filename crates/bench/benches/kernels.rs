@@ -60,13 +60,22 @@ fn kernels(c: &mut Criterion) {
     let mut all = host.clone();
     all.extend(device.iter().filter(|c| !host.contains(c)));
 
+    // Criterion filters benchmark ids after setup; skip the setup (inputs, native, uploads) of cases
+    // the filter excludes, so a filtered run times only what it names.
+    let filter = output::filter(std::env::args());
     let mut run = |group_name: String, case: Case, device_case: bool, host_case: bool, sweep: bool| {
+        let providers = Provider::for_op(&registry, case.op);
+        if let Some(filter) = &filter
+            && !providers.iter().any(|p| filter.is_match(&format!("{group_name}/{}", p.name())))
+        {
+            return;
+        }
         let inputs = Inputs::generate(case, 0).expect("generating inputs and native's outputs");
         let mut group = c.benchmark_group(&group_name);
         if inputs.activation_bytes() >= 1 << 20 {
             group.sampling_mode(SamplingMode::Flat).sample_size(10);
         }
-        for provider in Provider::for_op(&registry, case.op) {
+        for provider in providers {
             let wanted = if provider.is_device() { device_case } else { host_case };
             // The reference is slow: quick runs and the sweep time it only at decode sizes (R90
             // compares with it at 1×4096).
