@@ -67,6 +67,7 @@ fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let cli = Cli::parse();
     let result = match &cli.command {
@@ -78,7 +79,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}", one_line(&error));
+            match error.chain().find_map(|cause| cause.downcast_ref::<compile::LocatedError>()) {
+                // `FILE:LINE:COL: error: MESSAGE`, as compilers print it.
+                Some(located) => eprintln!("{located}"),
+                None => eprintln!("error: {}", one_line(&error)),
+            }
             ExitCode::FAILURE
         }
     }

@@ -1,4 +1,7 @@
-//! `vllm-ir opt FILE`: parse, verify, run passes, print the result.
+//! `vllm-ir opt FILE`: parse, verify, run passes, print the result. Conventions of `mlir-opt`: `-`
+//! reads standard input, `-o FILE` writes the result there, standard output holds exactly the
+//! final graph (it parses back; or its DOT with `--dot`) and everything else (pass reports,
+//! `--print-after-all` dumps, timings) goes to standard error.
 
 use std::path::PathBuf;
 
@@ -12,13 +15,17 @@ use crate::{CommonArgs, build_registry};
 /// Options of `vllm-ir opt`.
 #[derive(Args, Debug)]
 pub(crate) struct OptArgs {
-    /// The graph file (text format).
+    /// The graph file (text format); `-` reads standard input.
     file: PathBuf,
+    /// Write the result to this file instead of standard output.
+    #[arg(short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
     #[command(flatten)]
     passes: PassArgs,
     #[command(flatten)]
     common: CommonArgs,
-    /// Print the graph after every pass (to stdout, each after a `// after <pass>` line).
+    /// Print the graph before the first pass and after every pass to standard error (each after a
+    /// `// after <pass>` line); standard output still gets only the result.
     #[arg(long)]
     print_after_all: bool,
     /// Write `00-input.ir`, `01-<pass>.ir`, … and `index.md` into this folder.
@@ -38,10 +45,9 @@ pub(crate) fn run(args: &OptArgs) -> anyhow::Result<()> {
     let mut graph = read_graph(&args.file)?;
     let snapshots = if args.print_after_all { Snapshots::Keep } else { Snapshots::Skip };
     if args.print_after_all {
-        print!("// input\n{graph}");
+        eprint!("// input\n{graph}");
     }
-    let report = compile(&mut graph, &registry, &args.passes, args.dump_dir.as_ref(), snapshots)
-        .with_context(|| format!("optimizing {}", args.file.display()))?;
+    let report = compile(&mut graph, &registry, &args.passes, args.dump_dir.as_ref(), snapshots, &args.file)?;
     for run in &report.runs {
         if args.timing {
             eprintln!("{}: {} ({:.3} ms)", run.pass, run.report, run.duration.as_secs_f64() * 1e3);
@@ -49,16 +55,13 @@ pub(crate) fn run(args: &OptArgs) -> anyhow::Result<()> {
             eprintln!("{}: {}", run.pass, run.report);
         }
         if let Some(after) = &run.after {
-            print!("// after {}\n{after}", run.pass);
+            eprint!("// after {}\n{after}", run.pass);
         }
     }
-    if args.print_after_all {
-        return Ok(());
-    }
-    if args.dot {
-        print!("{}", graph.to_dot());
-    } else {
-        print!("{graph}");
+    let result = if args.dot { graph.to_dot() } else { graph.to_string() };
+    match &args.output {
+        Some(path) => std::fs::write(path, result).with_context(|| format!("writing {}", path.display()))?,
+        None => print!("{result}"),
     }
     Ok(())
 }

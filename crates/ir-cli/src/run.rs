@@ -16,7 +16,7 @@ use crate::{CommonArgs, build_registry};
 /// Options of `vllm-ir run`.
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
-    /// The graph file (text format).
+    /// The graph file (text format); `-` reads standard input.
     file: PathBuf,
     #[command(flatten)]
     passes: PassArgs,
@@ -38,8 +38,7 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     args.common.config()?.apply(&registry).context("applying priorities")?;
     let original = read_graph(&args.file)?;
     let mut optimized = original.clone();
-    let report = compile(&mut optimized, &registry, &args.passes, None, Snapshots::Skip)
-        .with_context(|| format!("optimizing {}", args.file.display()))?;
+    let report = compile(&mut optimized, &registry, &args.passes, None, Snapshots::Skip, &args.file)?;
     for run in &report.runs {
         eprintln!("{}: {}", run.pass, run.report);
     }

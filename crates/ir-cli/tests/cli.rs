@@ -100,6 +100,52 @@ fn opt_prints_the_optimized_graph_and_reports() {
     assert!(dump.join("00-input.ir").is_file());
 }
 
+/// Runs the binary with `stdin` as standard input.
+fn vllm_ir_stdin(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-ir"))
+        .args(args)
+        .env_remove("VLLM_IR_PRIORITY")
+        .env_remove("VLLM_IR_PLATFORM")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    child.stdin.take().expect("piped").write_all(stdin.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into(),
+        String::from_utf8_lossy(&output.stderr).into(),
+    )
+}
+
+#[test]
+fn opt_follows_mlir_opt_conventions() {
+    let text = std::fs::read_to_string(golden_input("pipeline/model-a.ir")).unwrap();
+    // `-` reads stdin; with --print-after-all the dumps go to stderr and stdout is exactly the result.
+    let (ok, stdout, stderr) = vllm_ir_stdin(&["opt", "-", "--print-after-all"], &text);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("// input\n") && stderr.contains("// after lower\n"), "{stderr}");
+    assert!(!stdout.contains("//"), "{stdout}");
+    let reparsed = ir_graph::parse(&stdout).expect("stdout parses back");
+    let (_, plain, _) = vllm_ir_stdin(&["opt", "-"], &text);
+    assert_eq!(stdout, plain, "the same result with and without dumps");
+    assert_eq!(reparsed.to_string(), plain);
+    // --dot works with --print-after-all; -o writes the result to a file.
+    let out = std::env::temp_dir().join(format!("vllm-ir-o-{}.dot", std::process::id()));
+    let (ok, stdout, stderr) =
+        vllm_ir_stdin(&["opt", "-", "--print-after-all", "--dot", "-o", out.to_str().unwrap()], &text);
+    assert!(ok && stdout.is_empty(), "{stdout}{stderr}");
+    assert!(std::fs::read_to_string(&out).unwrap().starts_with("digraph"));
+    assert!(stderr.contains("// after eliminate-clones\n"), "{stderr}");
+    // Errors on stdin name it.
+    let (ok, _, stderr) = vllm_ir_stdin(&["opt", "-"], "graph g(%x: f32[2]) {\n  output(%y)\n}\n");
+    assert!(!ok && stderr.starts_with("<stdin>:2:"), "{stderr}");
+}
+
 #[test]
 fn run_compares_before_and_after() {
     let path = golden_input("pipeline/model-c.ir");
@@ -125,7 +171,8 @@ fn malformed_files_are_one_line_errors() {
     let (ok, _, stderr) = vllm_ir(&["opt", path.to_str().unwrap()], &[]);
     assert!(!ok);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains(":2:17: expected ',' or ')', found '2.0'"), "{stderr}");
+    let expected = format!("{}:2:17: error: expected ',' or ')', found '2.0'", path.display());
+    assert_eq!(stderr.trim_end(), expected, "compiler-style: FILE:LINE:COL: error: MESSAGE");
     let (ok, _, stderr) = vllm_ir(&["opt", "/no/such/file.ir"], &[]);
     assert!(!ok && stderr.contains("reading /no/such/file.ir"), "{stderr}");
 }
@@ -144,7 +191,12 @@ fn every_catalogue_file_is_a_one_line_error_for_opt_and_run() {
             assert!(!ok, "{command} {} succeeded", path.display());
             assert!(!stderr.contains("panicked"), "{command} {}: {stderr}", path.display());
             assert_eq!(stderr.lines().count(), 1, "{command} {}: {stderr}", path.display());
-            assert!(stderr.starts_with("error: "), "{stderr}");
+            let located = stderr.starts_with(&format!("{}:", path.display())) && stderr.contains(": error: ");
+            assert!(located || stderr.starts_with("error: "), "{stderr}");
+            let name = path.file_name().unwrap().to_string_lossy();
+            if name.starts_with("parse-") && !name.contains("empty") {
+                assert!(located, "a syntax error is located: {stderr}");
+            }
         }
         count += 1;
     }
