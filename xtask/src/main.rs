@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's automation, in Rust (matklad's xtask pattern).
 //!
 //! Subcommands:
-//! - `ci`: everything below that this machine can run;
+//! - `ci [--vendor cpu|cuda|rocm|xpu]`: everything below that this machine can run, or one vendor's job of
+//!   the CI matrix (its toolchain required);
 //! - `lint`: fmt check and clippy with warnings denied;
 //! - `test`: the workspace tests (the README's test command);
 //! - `check-features`: each feature of the spec's R3 table compiles on its own;
@@ -26,8 +27,9 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | lint | test | check-features | kernels | fuzz [--seconds N] | bless | \
-                     build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | gpu-bench [--quick]>";
+const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | check-features | kernels | \
+                     fuzz [--seconds N] | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
+                     gpu-bench [--quick]>";
 
 fn main() {
     if let Err(error) = run(env::args().skip(1).collect()) {
@@ -39,7 +41,12 @@ fn main() {
 fn run(args: Vec<String>) -> anyhow::Result<()> {
     let Some(command) = args.first() else { bail!("{USAGE}") };
     match command.as_str() {
-        "ci" => ci(),
+        "ci" => match &args[1..] {
+            [] => ci(),
+            [flag, vendor] if flag == "--vendor" => vendor_job(vendor),
+            [flag] if flag.starts_with("--vendor=") => vendor_job(&flag["--vendor=".len()..]),
+            _ => bail!("usage: cargo xtask ci [--vendor cpu|cuda|rocm|xpu]"),
+        },
         "lint" => lint(),
         "test" => test(),
         "check-features" => check_features(),
@@ -64,32 +71,95 @@ fn ci() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One GPU vendor's CI job (or the CPU's), as the matrix in `.github/workflows/ci.yml` runs them:
+/// the toolchain it needs is printed first and required (a missing one fails the job); `cargo xtask
+/// ci` without `--vendor` runs everything this machine has, as `.ci/run` does.
+fn vendor_job(vendor: &str) -> anyhow::Result<()> {
+    match vendor {
+        "cpu" => {
+            println!("cpu job: needs only the Rust toolchain (and nightly + cargo-fuzz for the fuzz step)");
+            lint_core()?;
+            check_features_core()?;
+            package_lists()?;
+            cargo(&["test", "--workspace", "--locked"], &[("VLLM_IR_REQUIRE", "")])?;
+            examples()?;
+            fuzz(&["--seconds".to_owned(), "20".to_owned()])
+        }
+        "cuda" => {
+            println!(
+                "cuda job: install NVRTC and the CUDA headers: pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 \
+                 nvidia-cuda-nvcc-cu12, and put the nvrtc wheel's lib directory on LD_LIBRARY_PATH; on a GPU runner \
+                 the driver's libcuda runs the device tests too"
+            );
+            if !library_loadable("libnvrtc.so.12") {
+                bail!("the cuda job needs libnvrtc.so.12 on the loader path (see above)");
+            }
+            let require = [("VLLM_IR_REQUIRE", "nvrtc")];
+            cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "cuda", "--locked"], &[])?;
+            cargo(&["check", "--package", "vllm-ir", "--features", "cuda", "--all-targets", "--locked"], &[])?;
+            cargo(&["test", "--package", "kernels-cuda", "--locked"], &require)?;
+            cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
+        }
+        "rocm" => {
+            println!("rocm job: install hipcc and the HIP runtime headers: apt-get install hipcc libamdhip64-dev");
+            if !hip_installed() {
+                bail!("the rocm job needs hipcc and libamdhip64-dev (see above)");
+            }
+            let require = [("VLLM_IR_REQUIRE", "hip")];
+            lint_rocm()?;
+            check_features_rocm()?;
+            cargo(&["test", "--package", "kernels-rocm", "--features", "rocm", "--locked"], &require)?;
+            cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
+        }
+        "xpu" => {
+            println!(
+                "xpu job: install an OpenCL ICD loader and a device: apt-get install ocl-icd-libopencl1 \
+                 pocl-opencl-icd (CPU OpenCL, with VLLM_IR_XPU_ALLOW_CPU=1) or an Intel GPU driver"
+            );
+            if !library_loadable("libOpenCL.so.1") {
+                bail!("the xpu job needs libOpenCL.so.1 (see above)");
+            }
+            let require = [("VLLM_IR_REQUIRE", "xpu"), ("VLLM_IR_XPU_ALLOW_CPU", "1")];
+            cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])?;
+            cargo(&["test", "--package", "kernels-xpu", "--locked"], &require)?;
+            cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
+        }
+        other => bail!("unknown vendor `{other}` (cpu, cuda, rocm, xpu)"),
+    }
+}
+
 /// The engine-facing examples run as written (each asserts what it shows).
 fn examples() -> anyhow::Result<()> {
     cargo(&["run", "--package", "vllm-ir", "--example", "engine", "--locked"], &[])
 }
 
 fn lint() -> anyhow::Result<()> {
-    cargo(&["fmt", "--all", "--", "--check"], &[])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"], &[])?;
+    lint_core()?;
     if hip_installed() {
-        cargo(
-            &[
-                "clippy",
-                "--package",
-                "kernels-rocm",
-                "--all-targets",
-                "--features",
-                "rocm",
-                "--locked",
-                "--",
-                "-D",
-                "warnings",
-            ],
-            &[],
-        )?;
+        lint_rocm()?;
     }
     Ok(())
+}
+
+fn lint_core() -> anyhow::Result<()> {
+    cargo(&["fmt", "--all", "--", "--check"], &[])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"], &[])
+}
+
+fn lint_rocm() -> anyhow::Result<()> {
+    let args = [
+        "clippy",
+        "--package",
+        "kernels-rocm",
+        "--all-targets",
+        "--features",
+        "rocm",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ];
+    cargo(&args, &[])
 }
 
 /// The README's test command (`cargo test --workspace`); the kernel tests are part of it.
@@ -98,6 +168,16 @@ fn test() -> anyhow::Result<()> {
 }
 
 fn check_features() -> anyhow::Result<()> {
+    check_features_core()?;
+    if hip_installed() {
+        check_features_rocm()?;
+    } else {
+        println!("skipped: feature `rocm` (needs hipcc and libamdhip64-dev: apt-get install hipcc libamdhip64-dev)");
+    }
+    Ok(())
+}
+
+fn check_features_core() -> anyhow::Result<()> {
     // What an engine links: the core and the cpu kernels without the `testing` feature (no
     // random-number crates); the generators then report the missing feature.
     cargo(
@@ -106,16 +186,14 @@ fn check_features() -> anyhow::Result<()> {
     )?;
     cargo(&["check", "--package", "ir-cli", "--no-default-features", "--locked"], &[])?;
     cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "cuda", "--locked"], &[])?;
-    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])?;
-    if hip_installed() {
-        cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "rocm", "--locked"], &[])?;
-        // Every feature but the bench crate's `candle` (compiled only by `cargo xtask bench`).
-        cargo(&["check", "--workspace", "--all-features", "--exclude", "vllm-ir-bench", "--locked"], &[])?;
-        cargo(&["check", "--package", "vllm-ir-bench", "--features", "rocm", "--all-targets", "--locked"], &[])?;
-    } else {
-        println!("skipped: feature `rocm` (needs hipcc and libamdhip64-dev: apt-get install hipcc libamdhip64-dev)");
-    }
-    Ok(())
+    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])
+}
+
+fn check_features_rocm() -> anyhow::Result<()> {
+    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "rocm", "--locked"], &[])?;
+    // Every feature but the bench crate's `candle` (compiled only by `cargo xtask bench`).
+    cargo(&["check", "--workspace", "--all-features", "--exclude", "vllm-ir-bench", "--locked"], &[])?;
+    cargo(&["check", "--package", "vllm-ir-bench", "--features", "rocm", "--all-targets", "--locked"], &[])
 }
 
 /// Each kernel crate ships its kernel sources (reached through a symlink into `kernels/`), so it can
