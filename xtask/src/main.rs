@@ -7,7 +7,7 @@
 //! - `test`: the workspace tests (the README's test command);
 //! - `check-features`: each feature of the spec's R3 table compiles on its own;
 //! - `ci` also checks that each kernel crate's package ships its kernel source, and runs the `vllm-ir`
-//!   crate's engine example;
+//!   crate's examples;
 //! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL
 //!   kernels built and run on the OpenCL device (PoCL in CI);
 //! - `fuzz [--seconds N]`: runs the cargo-fuzz targets (parser; parse → verify → pipeline) on nightly;
@@ -130,7 +130,10 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
 
 /// The engine-facing examples run as written (each asserts what it shows).
 fn examples() -> anyhow::Result<()> {
-    cargo(&["run", "--package", "vllm-ir", "--example", "engine", "--locked"], &[])
+    for example in ["engine", "custom_kernel"] {
+        cargo(&["run", "--package", "vllm-ir", "--example", example, "--locked"], &[])?;
+    }
+    Ok(())
 }
 
 fn lint() -> anyhow::Result<()> {
