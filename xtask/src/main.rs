@@ -95,9 +95,12 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
                 bail!("the cuda job needs libnvrtc.so.12 on the loader path (see above)");
             }
             let require = [("VLLM_IR_REQUIRE", "nvrtc")];
-            cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "cuda", "--locked"], &[])?;
+            cargo(
+                &["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "cuda", "--locked"],
+                &[],
+            )?;
             cargo(&["check", "--package", "vllm-ir", "--features", "cuda", "--all-targets", "--locked"], &[])?;
-            cargo(&["test", "--package", "kernels-cuda", "--locked"], &require)?;
+            cargo(&["test", "--package", "vllm-ir-kernels-cuda", "--locked"], &require)?;
             cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
         }
         "rocm" => {
@@ -108,7 +111,7 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
             let require = [("VLLM_IR_REQUIRE", "hip")];
             lint_rocm()?;
             check_features_rocm()?;
-            cargo(&["test", "--package", "kernels-rocm", "--features", "rocm", "--locked"], &require)?;
+            cargo(&["test", "--package", "vllm-ir-kernels-rocm", "--features", "rocm", "--locked"], &require)?;
             cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
         }
         "xpu" => {
@@ -120,8 +123,11 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
                 bail!("the xpu job needs libOpenCL.so.1 (see above)");
             }
             let require = [("VLLM_IR_REQUIRE", "xpu"), ("VLLM_IR_XPU_ALLOW_CPU", "1")];
-            cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])?;
-            cargo(&["test", "--package", "kernels-xpu", "--locked"], &require)?;
+            cargo(
+                &["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "xpu", "--locked"],
+                &[],
+            )?;
+            cargo(&["test", "--package", "vllm-ir-kernels-xpu", "--locked"], &require)?;
             cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
         }
         other => bail!("unknown vendor `{other}` (cpu, cuda, rocm, xpu)"),
@@ -153,7 +159,7 @@ fn lint_rocm() -> anyhow::Result<()> {
     let args = [
         "clippy",
         "--package",
-        "kernels-rocm",
+        "vllm-ir-kernels-rocm",
         "--all-targets",
         "--features",
         "rocm",
@@ -184,29 +190,49 @@ fn check_features_core() -> anyhow::Result<()> {
     // What an engine links: the core and the cpu kernels without the `testing` feature (no
     // random-number crates); the generators then report the missing feature.
     cargo(
-        &["check", "--package", "ir-core", "--package", "kernels-cpu", "--package", "layers", "--lib", "--locked"],
+        &[
+            "check",
+            "--package",
+            "vllm-ir-core",
+            "--package",
+            "vllm-ir-kernels-cpu",
+            "--package",
+            "vllm-ir-layers",
+            "--lib",
+            "--locked",
+        ],
         &[],
     )?;
-    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--locked"], &[])?;
-    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "cuda", "--locked"], &[])?;
-    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])
+    cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--locked"], &[])?;
+    cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "cuda", "--locked"], &[])?;
+    cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])
 }
 
 fn check_features_rocm() -> anyhow::Result<()> {
-    cargo(&["check", "--package", "ir-cli", "--no-default-features", "--features", "rocm", "--locked"], &[])?;
+    cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "rocm", "--locked"], &[])?;
     // Every feature but the bench crate's `candle` (compiled only by `cargo xtask bench`).
     cargo(&["check", "--workspace", "--all-features", "--exclude", "vllm-ir-bench", "--locked"], &[])?;
     cargo(&["check", "--package", "vllm-ir-bench", "--features", "rocm", "--all-targets", "--locked"], &[])
 }
 
-/// Each kernel crate ships its kernel sources (reached through a symlink into `kernels/`), so it can
-/// be published on its own (R1).
+/// Each published crate ships the license texts, and each kernel crate its kernel sources (reached
+/// through symlinks), so every crate can be published on its own; then `cargo publish --workspace
+/// --dry-run` packages and builds them all as crates.io would.
 fn package_lists() -> anyhow::Result<()> {
-    for (krate, source) in [
-        ("kernels-cuda", "kernels/rms_norm.cu"),
-        ("kernels-rocm", "kernels/rms_norm.hip"),
-        ("kernels-xpu", "kernels/rms_norm.cl"),
-    ] {
+    let licenses = ["LICENSE-APACHE", "LICENSE-MIT"];
+    let crates: [(&str, &[&str]); 10] = [
+        ("vllm-ir-core", &[]),
+        ("vllm-ir-graph", &[]),
+        ("vllm-ir-passes", &[]),
+        ("vllm-ir-kernels-cpu", &[]),
+        ("vllm-ir-kernels-cuda", &["kernels/rms_norm.cu", "kernels/gated.cuh"]),
+        ("vllm-ir-kernels-rocm", &["kernels/rms_norm.hip", "kernels/gated.hip.h"]),
+        ("vllm-ir-kernels-xpu", &["kernels/rms_norm.cl", "kernels/gated.cl"]),
+        ("vllm-ir-layers", &[]),
+        ("vllm-ir-cli", &[]),
+        ("vllm-ir", &[]),
+    ];
+    for (krate, sources) in crates {
         let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         println!("$ cargo package --list --allow-dirty --package {krate}");
         let output = Command::new(&cargo)
@@ -215,14 +241,16 @@ fn package_lists() -> anyhow::Result<()> {
             .output()
             .with_context(|| format!("listing the package of {krate}"))?;
         let listing = String::from_utf8_lossy(&output.stdout);
-        if !output.status.success() || !listing.lines().any(|line| line == source) {
-            bail!(
-                "`cargo package --list` of {krate} does not ship {source}:\n{listing}{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+        for file in licenses.iter().chain(sources.iter()) {
+            if !output.status.success() || !listing.lines().any(|line| line == *file) {
+                bail!(
+                    "`cargo package --list` of {krate} does not ship {file}:\n{listing}{}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
         }
     }
-    Ok(())
+    cargo(&["publish", "--workspace", "--dry-run", "--allow-dirty", "--locked"], &[])
 }
 
 /// Fuzz targets under `fuzz/`.
@@ -285,7 +313,10 @@ fn bless() -> anyhow::Result<()> {
 /// there is a failure); backends the machine lacks are skipped with the reason and what to install.
 fn kernels() -> anyhow::Result<()> {
     if library_loadable("libnvrtc.so.12") {
-        cargo(&["test", "--package", "kernels-cuda", "--test", "nvrtc", "--locked"], &[("VLLM_IR_REQUIRE", "nvrtc")])?;
+        cargo(
+            &["test", "--package", "vllm-ir-kernels-cuda", "--test", "nvrtc", "--locked"],
+            &[("VLLM_IR_REQUIRE", "nvrtc")],
+        )?;
     } else {
         println!(
             "skipped: cuda kernels: libnvrtc.so.12 is not on the loader path (pip install nvidia-cuda-nvrtc-cu12 \
@@ -293,7 +324,10 @@ fn kernels() -> anyhow::Result<()> {
         );
     }
     if hip_installed() {
-        cargo(&["test", "--package", "kernels-rocm", "--test", "hipcc", "--locked"], &[("VLLM_IR_REQUIRE", "hip")])?;
+        cargo(
+            &["test", "--package", "vllm-ir-kernels-rocm", "--test", "hipcc", "--locked"],
+            &[("VLLM_IR_REQUIRE", "hip")],
+        )?;
     } else {
         println!("skipped: rocm kernels: hipcc or the HIP headers are missing (apt-get install hipcc libamdhip64-dev)");
     }
@@ -304,7 +338,7 @@ fn kernels() -> anyhow::Result<()> {
         &[]
     };
     if !opencl.is_empty() {
-        cargo(&["test", "--package", "kernels-xpu", "--locked"], opencl)?;
+        cargo(&["test", "--package", "vllm-ir-kernels-xpu", "--locked"], opencl)?;
     }
     // The harness runs every provider available here (cpu always).
     cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], opencl)
@@ -352,7 +386,7 @@ fn build(args: &[String]) -> anyhow::Result<()> {
         }
         other => bail!("unknown platform `{other}` (expected cpu, cuda, rocm or xpu)"),
     };
-    let mut args = vec!["build", "--release", "--package", "ir-cli", "--no-default-features", "--locked"];
+    let mut args = vec!["build", "--release", "--package", "vllm-ir-cli", "--no-default-features", "--locked"];
     if let Some(feature) = features {
         args.extend(["--features", feature]);
     }
