@@ -3,7 +3,7 @@
 //! Subcommands:
 //! - `ci [--vendor cpu|cuda|rocm|xpu]`: everything below that this machine can run, or one vendor's job of
 //!   the CI matrix (its toolchain required);
-//! - `lint`: fmt check and clippy with warnings denied;
+//! - `lint`: fmt check, clippy and rustdoc with warnings denied;
 //! - `test`: the workspace tests (the README's test command);
 //! - `check-features`: each feature of the spec's R3 table compiles on its own;
 //! - `ci` also checks that each kernel crate's package ships its kernel source, and runs the `vllm-ir`
@@ -152,7 +152,12 @@ fn lint() -> anyhow::Result<()> {
 
 fn lint_core() -> anyhow::Result<()> {
     cargo(&["fmt", "--all", "--", "--check"], &[])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"], &[])
+    cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"], &[])?;
+    // The published crates' documentation builds without a warning (broken or private links).
+    cargo(
+        &["doc", "--workspace", "--no-deps", "--exclude", "vllm-ir-bench", "--locked"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )
 }
 
 fn lint_rocm() -> anyhow::Result<()> {

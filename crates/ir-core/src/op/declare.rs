@@ -73,7 +73,8 @@ fn scalar_call_arg<T>(value: Value) -> CallArg<T> {
     }
 }
 
-/// Marker of a donated tensor parameter (an activation): see the [module docs](self).
+/// Marker of a donated tensor parameter (an activation): `maybe_inplace` callers move it in and
+/// in-place implementations receive it as a [`UniqueTensor`]; see [`OpParam`].
 #[derive(Clone, Copy, Debug)]
 pub enum Activation {}
 
