@@ -179,11 +179,7 @@ fn value<T: Clone>(t: &T) -> BuiltinArg<T> {
 /// The `N` outputs of a call of `op`, as an array (a contract violation if the count differs).
 pub fn outputs<T, const N: usize>(op: &'static OpDef, outputs: Vec<T>) -> Result<[T; N], CallError> {
     let found = outputs.len();
-    outputs.try_into().map_err(|_| CallError::ContractViolation {
-        op: op.name,
-        provider: "context",
-        problem: format!("returned {found} outputs, expected {N}"),
-    })
+    outputs.try_into().map_err(|_| crate::op::output_count(op.name, found, N))
 }
 
 /// Runs models on real tensors, dispatching through a registry.

@@ -228,6 +228,26 @@ impl GatedGeometry {
     }
 }
 
+/// What every GPU gated kernel reads from its bound arguments: x (the first argument), the packed
+/// scalars and the geometry.
+#[derive(Debug)]
+pub struct GatedCall<'a> {
+    /// The input `[..., 2d]`.
+    pub x: &'a Tensor,
+    /// The op's scalar parameters, as the kernel takes them.
+    pub scalars: GatedScalars,
+    /// Rows, d and the output layout.
+    pub geometry: GatedGeometry,
+}
+
+impl<'a> GatedCall<'a> {
+    /// Reads the bound arguments of `def`, an op whose first parameter is x.
+    pub fn new(def: &crate::op::OpDef, args: &'a [crate::op::Value]) -> Result<GatedCall<'a>, KernelError> {
+        let x = args.first().and_then(crate::op::Value::as_tensor).ok_or_else(|| crate::op::mismatched(def.name))?;
+        Ok(GatedCall { x, scalars: GatedScalars::pack(def, args)?, geometry: GatedGeometry::of(x.meta())? })
+    }
+}
+
 /// A gated op of a GPU provider and its kernel source (`kernels/<op>.<ext>`); each provider lists
 /// its gated ops in one table, so adding an op is its kernel source and one line there.
 #[derive(Clone, Copy, Debug)]

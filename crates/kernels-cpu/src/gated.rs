@@ -111,9 +111,11 @@ pub(crate) fn spec() -> ImplSpec {
 
 /// Runs a gated op on the cpu: a fresh compact `[..., d]` output.
 pub fn run(x: &Tensor, gate: impl GateRow) -> Result<Tensor, KernelError> {
-    let GatedGeometry { rows, out_layout, .. } = GatedGeometry::of(x.meta())?;
+    let geometry = GatedGeometry::of(x.meta())?;
+    let empty = geometry.is_empty();
+    let GatedGeometry { rows, out_layout, .. } = geometry;
     let mut out = Tensor::zeros_with_layout(x.dtype(), out_layout)?;
-    if rows.n_rows == 0 || rows.hidden == 0 {
+    if empty {
         return Ok(out);
     }
     let x_buffer = x.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x"))?;

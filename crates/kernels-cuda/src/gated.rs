@@ -9,10 +9,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ir_core::kernel::{GatedGeometry, GatedKernel, GatedScalars, Rows, device_buffer, gated_support, kernel_int};
+use ir_core::kernel::{
+    GatedCall, GatedGeometry, GatedKernel, GatedScalars, Rows, device_buffer, gated_support, kernel_int,
+};
+use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
-use ir_core::op::{Value, mismatched};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 
@@ -58,16 +60,16 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 
 /// Runs `op` on the bound `args` (x first): a fresh compact `[..., d]` output; the launch is asynchronous.
 pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
-    let x = args.first().and_then(Value::as_tensor).ok_or_else(|| mismatched(op.def.name))?;
-    let scalars = GatedScalars::pack(op.def, args)?;
+    let GatedCall { x, scalars, geometry } = GatedCall::new(op.def, args)?;
+    let empty = geometry.is_empty();
+    let GatedGeometry { rows, out_layout, .. } = geometry;
     let dtype = x.dtype();
-    let GatedGeometry { rows, d, out_layout } = GatedGeometry::of(x.meta())?;
     let x_buffer = device_buffer::<CudaBuffer>(x, "x", "CUDA")?;
     let allocator = crate::allocator(x_buffer.device.ordinal())
         .map_err(|reason| KernelError::Driver { backend: "cuda", message: reason })?;
     let mut out =
         allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(ir_core::TensorError::from)?;
-    if rows.n_rows > 0 && d > 0 {
+    if !empty {
         let out_buffer = out.as_any_mut().downcast_mut::<CudaBuffer>().expect("allocated by this crate");
         launch(&x_buffer.device, op, dtype, rows, &x_buffer.slice, &mut out_buffer.slice, scalars)?;
     }

@@ -51,8 +51,8 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
 mod launch {
     use std::ffi::c_void;
 
-    use ir_core::kernel::{GatedGeometry, GatedScalars, device_buffer, kernel_int};
-    use ir_core::op::{Value, mismatched};
+    use ir_core::kernel::{GatedCall, GatedGeometry, device_buffer, kernel_int};
+    use ir_core::op::Value;
     use ir_core::storage::{DeviceAllocator, Storage};
     use ir_core::{KernelError, Tensor, TensorError};
 
@@ -63,14 +63,14 @@ mod launch {
     use crate::runtime::{HipBuffer, allocator, device};
 
     pub(super) fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
-        let x = args.first().and_then(Value::as_tensor).ok_or_else(|| mismatched(op.def.name))?;
-        let scalars = GatedScalars::pack(op.def, args)?;
+        let GatedCall { x, scalars, geometry } = GatedCall::new(op.def, args)?;
+        let empty = geometry.is_empty();
+        let GatedGeometry { rows, d, out_layout } = geometry;
         let dtype = x.dtype();
-        let GatedGeometry { rows, d, out_layout } = GatedGeometry::of(x.meta())?;
         let allocator = allocator().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
         let mut out =
             allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(TensorError::from)?;
-        if rows.n_rows > 0 && d > 0 {
+        if !empty {
             let device = device().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
             let mut x_ptr = element_ptr(device_buffer::<HipBuffer>(x, "x", "HIP")?.pointer, rows.offset, dtype);
             let mut out_ptr = out.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate").pointer;

@@ -4,10 +4,10 @@
 //! element prelude, `kernels/gated.cl` (the shared row kernel) and the op's source, built per dtype
 //! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`].
 
-use ir_core::kernel::{GatedGeometry, GatedKernel, GatedScalars, device_buffer, gated_support, kernel_int};
+use ir_core::kernel::{GatedCall, GatedGeometry, GatedKernel, device_buffer, gated_support, kernel_int};
+use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
-use ir_core::op::{Value, mismatched};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 use opencl3::kernel::ExecuteKernel;
@@ -50,15 +50,15 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 
 /// Runs `op` on the bound `args` (x first): a fresh compact `[..., d]` output.
 pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
-    let x = args.first().and_then(Value::as_tensor).ok_or_else(|| mismatched(op.def.name))?;
-    let scalars = GatedScalars::pack(op.def, args)?;
+    let GatedCall { x, scalars, geometry } = GatedCall::new(op.def, args)?;
+    let empty = geometry.is_empty();
+    let GatedGeometry { rows, d, out_layout } = geometry;
     let dtype = x.dtype();
-    let GatedGeometry { rows, d, out_layout } = GatedGeometry::of(x.meta())?;
     let x_buffer = device_buffer::<XpuBuffer>(x, "x", "xpu")?;
     let allocator = crate::allocator().map_err(|reason| KernelError::Driver { backend: "xpu", message: reason })?;
     let mut out =
         allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(ir_core::TensorError::from)?;
-    if rows.n_rows > 0 && d > 0 {
+    if !empty {
         let out_buffer = out.as_any_mut().downcast_mut::<XpuBuffer>().expect("allocated by this crate");
         let kernel = x_buffer.device.gated_kernel(op, dtype)?;
         let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -88,13 +88,13 @@ impl OpParam for Activation {
     type Taken = UniqueTensor;
 
     fn arg(value: &Value) -> Option<&Tensor> {
-        value.as_tensor()
+        <Tensor as OpParam>::arg(value)
     }
     fn meta<'a>(meta: &ArgMeta<'a>) -> Option<&'a TensorMeta> {
-        meta.tensor()
+        <Tensor as OpParam>::meta(meta)
     }
     fn value(arg: &Tensor) -> Value {
-        Value::Tensor(arg.clone())
+        <Tensor as OpParam>::value(arg)
     }
     fn given_value(given: Tensor) -> Value {
         Value::Tensor(given)
