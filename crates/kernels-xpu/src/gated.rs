@@ -2,7 +2,7 @@
 //!
 //! Each op is one kernel source `kernels/<op>.cl` and one line of [`GATED_OPS`]; the program is the
 //! element prelude, `kernels/gated.cl` (the shared row kernel) and the op's source, built per dtype
-//! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`].
+//! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`](ir_core::kernel::GatedScalars).
 
 use ir_core::kernel::{GatedCall, GatedGeometry, GatedKernel, device_buffer, gated_support, kernel_int};
 use ir_core::op::Value;
