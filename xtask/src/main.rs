@@ -27,7 +27,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | check-features | kernels | \
+const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | check-features | kernels | package | \
                      fuzz [--seconds N] | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
                      gpu-bench [--quick]>";
 
@@ -53,6 +53,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "kernels" => kernels(),
         "bless" => bless(),
         "fuzz" => fuzz(&args[1..]),
+        "package" => package_lists(),
         "build" => build(&args[1..]),
         "bench" => bench::bench(bench::BenchOptions::parse(&args[1..])?),
         "gpu-bench" => bench::gpu_bench(&args[1..]),
@@ -255,7 +256,50 @@ fn package_lists() -> anyhow::Result<()> {
             }
         }
     }
-    cargo(&["publish", "--workspace", "--dry-run", "--allow-dirty", "--locked"], &[])
+    let target_dir = forget_packaged_workspace_crates()?;
+    let target_dir = target_dir.to_string_lossy();
+    cargo(&["publish", "--workspace", "--dry-run", "--allow-dirty", "--locked", "--target-dir", &target_dir], &[])
+}
+
+/// Removes what an earlier `cargo publish --dry-run` left behind, and returns the target directory
+/// the dry run builds in. Cargo treats registry crates as immutable: it unpacks the packaged crates
+/// of its local registry under `$CARGO_HOME/registry/src/-<hash>/` once per name and version, and
+/// reuses their builds by version. So a later dry run of changed sources would verify the dependents
+/// against the first run's copies (and fail, or pass wrongly). Only this workspace's `vllm-ir*`
+/// unpacked crates go, and the dry run builds in its own target directory whose `vllm-ir*`
+/// fingerprints go (third-party builds stay cached).
+fn forget_packaged_workspace_crates() -> anyhow::Result<PathBuf> {
+    let target_dir = project_root().join("target").join("publish-dry-run");
+    let fingerprints = target_dir.join("debug").join(".fingerprint");
+    remove_entries_starting_with(&fingerprints, "vllm-ir")?;
+    let cargo_home = match env::var_os("CARGO_HOME") {
+        Some(home) => PathBuf::from(home),
+        None => match env::var_os("HOME") {
+            Some(home) => PathBuf::from(home).join(".cargo"),
+            None => return Ok(target_dir),
+        },
+    };
+    let Ok(registries) = std::fs::read_dir(cargo_home.join("registry").join("src")) else { return Ok(target_dir) };
+    for registry in registries.flatten() {
+        // Local registries have no host name: their folder is `-<hash>`.
+        if registry.file_name().to_string_lossy().starts_with('-') {
+            remove_entries_starting_with(&registry.path(), "vllm-ir")?;
+        }
+    }
+    Ok(target_dir)
+}
+
+/// Removes the entries of `dir` (if it exists) whose names start with `prefix`.
+fn remove_entries_starting_with(dir: &Path, prefix: &str) -> anyhow::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(prefix) {
+            let path = entry.path();
+            let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            removed.with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Fuzz targets under `fuzz/`.
