@@ -28,7 +28,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | check-features | kernels | package | \
-                     fuzz [--seconds N] | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
+                     candle-cuda | fuzz [--seconds N] | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
                      gpu-bench [--quick]>";
 
 fn main() {
@@ -54,6 +54,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "bless" => bless(),
         "fuzz" => fuzz(&args[1..]),
         "package" => package_lists(),
+        "candle-cuda" => candle_cuda(),
         "build" => build(&args[1..]),
         "bench" => bench::bench(bench::BenchOptions::parse(&args[1..])?),
         "gpu-bench" => bench::gpu_bench(&args[1..]),
@@ -65,6 +66,7 @@ fn ci() -> anyhow::Result<()> {
     lint()?;
     check_features()?;
     package_lists()?;
+    candle_cuda()?;
     test()?;
     examples()?;
     fuzz(&["--seconds".to_owned(), "20".to_owned()])?;
@@ -101,6 +103,7 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
                 &[],
             )?;
             cargo(&["check", "--package", "vllm-ir", "--features", "cuda", "--all-targets", "--locked"], &[])?;
+            candle_cuda()?;
             cargo(&["test", "--package", "vllm-ir-kernels-cuda", "--locked"], &require)?;
             cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
         }
@@ -140,7 +143,8 @@ fn examples() -> anyhow::Result<()> {
     for example in ["engine", "custom_kernel"] {
         cargo(&["run", "--package", "vllm-ir", "--example", example, "--locked"], &[])?;
     }
-    Ok(())
+    // Candle's tensors in and out without a copy (the feature pulls candle-core in).
+    cargo(&["run", "--package", "vllm-ir", "--features", "candle", "--example", "candle", "--locked"], &[])
 }
 
 fn lint() -> anyhow::Result<()> {
@@ -216,8 +220,21 @@ fn check_features_core() -> anyhow::Result<()> {
 
 fn check_features_rocm() -> anyhow::Result<()> {
     cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "rocm", "--locked"], &[])?;
-    // Every feature but the bench crate's `candle` (compiled only by `cargo xtask bench`).
-    cargo(&["check", "--workspace", "--all-features", "--exclude", "vllm-ir-bench", "--locked"], &[])?;
+    // Every feature but the bench crate's `candle` (compiled only by `cargo xtask bench`) and
+    // kernels-cuda's cudarc choices, which exclude each other (its dependents build its defaults).
+    cargo(
+        &[
+            "check",
+            "--workspace",
+            "--all-features",
+            "--exclude",
+            "vllm-ir-bench",
+            "--exclude",
+            "vllm-ir-kernels-cuda",
+            "--locked",
+        ],
+        &[],
+    )?;
     cargo(&["check", "--package", "vllm-ir-bench", "--features", "rocm", "--all-targets", "--locked"], &[])
 }
 
@@ -300,6 +317,21 @@ fn remove_entries_starting_with(dir: &Path, prefix: &str) -> anyhow::Result<()> 
         }
     }
     Ok(())
+}
+
+/// `cargo check` of `examples/candle-cuda`, a crate outside the workspace that builds the `cuda`
+/// provider (its defaults off) beside cudarc configured as candle-core 0.9's `cuda` feature does.
+/// cudarc's `cuda-version-from-build-system` asks `nvcc` unless `CUDARC_CUDA_VERSION` says; CI
+/// machines have no nvcc, so it says 12.8, the version this crate's default binds.
+fn candle_cuda() -> anyhow::Result<()> {
+    let root = project_root();
+    let manifest = root.join("examples").join("candle-cuda").join("Cargo.toml");
+    let target = root.join("target").join("candle-cuda");
+    let (manifest, target) = (manifest.to_string_lossy(), target.to_string_lossy());
+    cargo(
+        &["check", "--manifest-path", &manifest, "--target-dir", &target, "--locked"],
+        &[("CUDARC_CUDA_VERSION", "12080")],
+    )
 }
 
 /// Fuzz targets under `fuzz/`.

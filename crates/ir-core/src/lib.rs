@@ -46,6 +46,7 @@ pub mod context;
 mod device;
 mod dtype;
 mod implementation;
+pub mod interop;
 pub mod kernel;
 pub mod layout;
 mod meta;
@@ -63,6 +64,7 @@ pub use crate::dtype::{DType, Element, UnknownDType};
 pub use crate::implementation::{
     Availability, ImplFunc, ImplSpec, KernelError, Probe, Support, SupportsFn, UniqueTensor,
 };
+pub use crate::interop::InteropError;
 pub use crate::layout::{Layout, LayoutError};
 pub use crate::meta::{MAX_TENSOR_BYTES, TensorMeta};
 pub use crate::platform::{ConfigError, Platform, PriorityConfig};

@@ -52,9 +52,15 @@ pub fn devices() -> Result<&'static [Arc<CudaDeviceState>], String> {
 }
 
 fn init_devices() -> Result<Vec<Arc<CudaDeviceState>>, String> {
-    // SAFETY: `is_culib_present` only tries to open the driver library by its candidate names; it
-    // must run first because every other call panics when the library is missing.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    // Every driver call panics when cudarc cannot find the library, so probe first: with this
+    // crate's default `dynamic-loading`, by cudarc's own search; with the engine's cudarc choice
+    // (which may load or link the driver), by opening it ourselves.
+    #[cfg(feature = "dynamic-loading")]
+    // SAFETY: `is_culib_present` only tries to open the driver library by its candidate names.
+    let present = unsafe { cudarc::driver::sys::is_culib_present() };
+    #[cfg(not(feature = "dynamic-loading"))]
+    let present = crate::module::library_present(&["libcuda.so.1", "libcuda.so", "nvcuda.dll"]);
+    if !present {
         return Err("libcuda.so not found".to_owned());
     }
     let count = CudaContext::device_count().map_err(|e| format!("cuInit or cuDeviceGetCount failed: {e}"))?;

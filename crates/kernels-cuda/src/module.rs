@@ -91,12 +91,26 @@ pub fn all_variants() -> Vec<KernelVariant> {
 
 /// Whether NVRTC can be loaded (probing never panics).
 pub fn nvrtc_availability() -> Availability {
+    #[cfg(feature = "dynamic-loading")]
     // SAFETY: `is_culib_present` only tries to open the library by its candidate names.
     let present = std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
+    #[cfg(not(feature = "dynamic-loading"))]
+    let present = library_present(&["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so", "nvrtc64_120_0.dll"]);
     if present {
         return Availability::Available;
     }
     Availability::Unavailable("libnvrtc.so not found (install the CUDA toolkit or nvidia-cuda-nvrtc-cu12)".to_owned())
+}
+
+/// Whether one of `names` opens as a shared library (for when the engine's cudarc choice, not this
+/// crate's, decides how cudarc reaches the library).
+#[cfg(not(feature = "dynamic-loading"))]
+pub(crate) fn library_present(names: &[&str]) -> bool {
+    names.iter().any(|name| {
+        // SAFETY: opening the CUDA driver or NVRTC runs their initializers, which have no
+        // preconditions; the handle is closed again at once.
+        unsafe { libloading::Library::new(*name) }.is_ok()
+    })
 }
 
 /// Compiles one variant to PTX for `arch` (`compute_80`, `compute_90`, …; `None` for NVRTC's default).

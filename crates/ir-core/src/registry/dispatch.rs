@@ -222,10 +222,7 @@ impl Registry {
                     unreachable!("bound activations are tensors")
                 };
                 if !tensor.is_uniquely_owned() {
-                    return Err(CallError::Tensor(TensorError::SharedStorage {
-                        meta: Box::new(tensor.meta().clone()),
-                        handles: tensor.storage_handles(),
-                    }));
+                    return Err(CallError::Tensor(tensor.write_refusal()));
                 }
                 written.push(tensor.storage_id());
                 args[position] = Value::Tensor(tensor);
@@ -388,7 +385,8 @@ fn prepare_activation(entry: &OpEntry, overload: Overload, index: usize, tensor:
                 op = entry.def.name,
                 activation = index,
                 handles = tensor.storage_handles(),
-                "activation {index} of op {} is shared; copying instead of writing in place",
+                writable = tensor.storage().is_writable(),
+                "activation {index} of op {} is shared or read-only; copying instead of writing in place",
                 entry.def.name
             );
             entry.defensive_copies.fetch_add(1, Ordering::Relaxed);

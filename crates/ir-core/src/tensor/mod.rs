@@ -78,6 +78,24 @@ pub enum TensorError {
         handles: usize,
     },
 
+    /// A write into memory another library lent read-only (a candle tensor, a read-only DLPack
+    /// tensor, or host memory given as [`HostAccess::ReadOnly`](crate::storage::HostAccess::ReadOnly)).
+    #[error("cannot write into {meta}: its memory is read-only (lent by another library)")]
+    ReadOnlyStorage {
+        /// The tensor written.
+        meta: Box<TensorMeta>,
+    },
+    /// Host memory whose address is not a multiple of the element size.
+    #[error("{dtype} elements need {alignment}-byte alignment, but the memory starts at {address:#x}")]
+    Misaligned {
+        /// The dtype.
+        dtype: DType,
+        /// The alignment needed.
+        alignment: usize,
+        /// The first element's address.
+        address: usize,
+    },
+
     // --- binary operations ---
     /// Operands with different shapes.
     #[error("{operation}: shapes {lhs:?} and {rhs:?} differ")]
@@ -178,10 +196,18 @@ pub fn shares_storage(a: &Tensor, b: &Tensor) -> bool {
 impl Tensor {
     // --- construction ---
 
-    /// A tensor over existing storage; the layout must fit inside it.
+    /// A tensor over existing storage; the layout must fit inside it, and host memory must be
+    /// aligned to the element size.
     pub fn from_storage(storage: Storage, dtype: DType, layout: Layout) -> Result<Tensor, TensorError> {
         let meta = TensorMeta { dtype, device: storage.device(), layout };
         check_fits(&meta, storage.len_bytes())?;
+        if let Storage::Cpu(buffer) = &storage {
+            let alignment = dtype.size_in_bytes();
+            let address = buffer.as_ptr() as usize;
+            if !address.is_multiple_of(alignment) {
+                return Err(TensorError::Misaligned { dtype, alignment, address });
+            }
+        }
         Ok(Tensor { storage: Shared::new(storage), meta })
     }
 
@@ -196,7 +222,7 @@ impl Tensor {
     /// A CPU tensor of zeros with the given layout (storage sized to reach every element).
     pub fn zeros_with_layout(dtype: DType, layout: Layout) -> Result<Tensor, TensorError> {
         let meta = TensorMeta { dtype, device: Device::Cpu, layout };
-        let storage = Storage::Cpu(CpuBuffer::zeroed(storage_bytes(&meta)?)?);
+        let storage = Storage::Cpu(CpuBuffer::zeroed_for(dtype, storage_bytes(&meta)?)?);
         Ok(Tensor { storage: Shared::new(storage), meta })
     }
 
@@ -214,7 +240,7 @@ impl Tensor {
     }
 
     /// A compact CPU tensor of `T`'s dtype holding `values` in row-major order, bit for bit (one copy
-    /// into the 64-byte-aligned storage every tensor has).
+    /// into fresh 64-byte-aligned storage; [`Tensor::from_vec`] takes a vector without a copy).
     ///
     /// ```
     /// use ir_core::{half::bf16, Tensor};
@@ -237,9 +263,55 @@ impl Tensor {
         Ok(tensor)
     }
 
-    /// [`Tensor::from_slice`] from an owned vector.
+    /// A compact CPU tensor over `values`, without a copy: the tensor's storage is the vector
+    /// (aligned to `T`, not to 64 bytes), and [`Tensor::into_vec`] gives it back.
+    ///
+    /// ```
+    /// use ir_core::Tensor;
+    /// let values = vec![1.0f32, 2.0, 3.0, 4.0];
+    /// let start = values.as_ptr();
+    /// let t = Tensor::from_vec(&[2, 2], values)?;
+    /// assert_eq!(t.cpu_buffer().unwrap().as_ptr(), start.cast());
+    /// assert_eq!(t.into_vec::<f32>()?.as_ptr(), start); // the same allocation, back
+    /// # Ok::<(), ir_core::TensorError>(())
+    /// ```
     pub fn from_vec<T: Element>(shape: &[usize], values: Vec<T>) -> Result<Tensor, TensorError> {
-        Tensor::from_slice(shape, &values)
+        let dtype = T::DTYPE;
+        let layout = Layout::try_compact(shape).map_err(|_| TensorError::TooLarge { dtype, shape: shape.to_vec() })?;
+        if layout.numel() != values.len() {
+            return Err(TensorError::DataLength {
+                shape: shape.to_vec(),
+                expected: layout.numel(),
+                found: values.len(),
+            });
+        }
+        Tensor::from_storage(Storage::Cpu(CpuBuffer::from_vec(values)), dtype, layout)
+    }
+
+    /// The tensor's elements as a vector in row-major order: without a copy when this handle owns
+    /// its storage alone, the storage is a `Vec<T>` from [`Tensor::from_vec`] and the tensor covers
+    /// it compactly from its first element; a copy ([`Tensor::to_vec`]) otherwise (storage
+    /// allocated here starts at a 64-byte boundary inside its vector, so it is copied).
+    pub fn into_vec<T: Element>(self) -> Result<Vec<T>, TensorError> {
+        if T::DTYPE != self.dtype() {
+            return Err(TensorError::DTypeMismatch { operation: "into_vec", lhs: self.dtype(), rhs: T::DTYPE });
+        }
+        let covers_whole = |buffer: &CpuBuffer| {
+            self.layout().is_compact_at_zero() && self.numel() * size_of::<T>() == buffer.len_bytes()
+        };
+        if self.is_uniquely_owned() && self.cpu_buffer().is_some_and(covers_whole) {
+            let Tensor { storage, meta } = self;
+            let shared = Arc::into_inner(storage).expect("uniquely owned");
+            let Storage::Cpu(buffer) = shared.storage else { unreachable!("checked to be on the CPU") };
+            return match buffer.into_vec::<T>() {
+                Ok(vec) => Ok(vec),
+                Err(buffer) => {
+                    let tensor = Tensor::from_storage(Storage::Cpu(buffer), meta.dtype, meta.layout)?;
+                    tensor.to_vec()
+                }
+            };
+        }
+        self.to_vec()
     }
 
     /// The tensor's own elements in row-major order (a view reads only what it views; a device
@@ -360,9 +432,10 @@ impl Tensor {
         self.storage.id
     }
 
-    /// Whether this handle is the only one referring to its storage.
+    /// Whether this handle is the only one referring to its storage, and the storage is writable
+    /// (memory lent read-only by another library never is): what writing in place needs.
     pub fn is_uniquely_owned(&self) -> bool {
-        Arc::strong_count(&self.storage) == 1
+        Arc::strong_count(&self.storage) == 1 && self.storage.storage.is_writable()
     }
 
     /// Number of handles (tensors and views) referring to the storage.
@@ -370,8 +443,34 @@ impl Tensor {
         Arc::strong_count(&self.storage)
     }
 
-    /// The storage, mutably; fails unless uniquely owned.
+    /// The storage and metadata when this handle owns the storage alone (and may write it); the
+    /// tensor back otherwise.
+    #[cfg(feature = "candle")]
+    pub(crate) fn into_unique_storage(self) -> Result<(Storage, TensorMeta), Tensor> {
+        if !self.is_uniquely_owned() {
+            return Err(self);
+        }
+        let Tensor { storage, meta } = self;
+        match Arc::try_unwrap(storage) {
+            Ok(shared) => Ok((shared.storage, meta)),
+            Err(storage) => Err(Tensor { storage, meta }),
+        }
+    }
+
+    /// Why this handle may not write its storage: read-only memory, or other handles.
+    pub(crate) fn write_refusal(&self) -> TensorError {
+        if self.storage.storage.is_writable() {
+            TensorError::SharedStorage { meta: Box::new(self.meta.clone()), handles: self.storage_handles() }
+        } else {
+            TensorError::ReadOnlyStorage { meta: Box::new(self.meta.clone()) }
+        }
+    }
+
+    /// The storage, mutably; fails unless uniquely owned and writable.
     pub fn storage_mut(&mut self) -> Result<&mut Storage, TensorError> {
+        if !self.storage.storage.is_writable() {
+            return Err(TensorError::ReadOnlyStorage { meta: Box::new(self.meta.clone()) });
+        }
         let handles = Arc::strong_count(&self.storage);
         match Arc::get_mut(&mut self.storage) {
             Some(shared) => Ok(&mut shared.storage),
@@ -447,7 +546,7 @@ impl Tensor {
         let bytes = storage_bytes(&TensorMeta { layout: layout.clone(), ..self.meta.clone() })?;
         let storage = match &self.storage.storage {
             Storage::Cpu(src) => {
-                let mut dst = CpuBuffer::zeroed(bytes)?;
+                let mut dst = CpuBuffer::zeroed_for(self.dtype(), bytes)?;
                 copy_elements(src.bytes(), self.layout(), dst.bytes_mut(), &layout, size);
                 Storage::Cpu(dst)
             }
@@ -503,7 +602,7 @@ impl Tensor {
         match &self.storage.storage {
             Storage::Cpu(_) => Ok(self.clone()),
             Storage::Device(buffer) => {
-                let mut host = CpuBuffer::zeroed(buffer.len_bytes())?;
+                let mut host = CpuBuffer::zeroed_for(self.dtype(), buffer.len_bytes())?;
                 buffer.download(host.bytes_mut())?;
                 Tensor::from_storage(Storage::Cpu(host), self.dtype(), self.meta.layout.clone())
             }
@@ -657,6 +756,78 @@ mod tests {
         let rows = base.slice(0, 1, 4).unwrap();
         assert_eq!(rows.offset(), 5);
         assert_eq!(rows.deep_clone().unwrap().offset(), 0);
+    }
+
+    #[test]
+    fn vectors_move_in_and_out_without_a_copy() {
+        let values: Vec<half::bf16> = (0..6).map(|i| half::bf16::from_f32(i as f32)).collect();
+        let start = values.as_ptr();
+        let t = Tensor::from_vec(&[2, 3], values).unwrap();
+        assert_eq!(t.cpu_buffer().unwrap().as_ptr(), start.cast());
+        assert!(t.is_uniquely_owned());
+        // A view shares the vector; while it lives, into_vec copies.
+        let view = t.slice(1, 1, 3).unwrap();
+        let copied = t.clone().into_vec::<half::bf16>().unwrap();
+        assert_ne!(copied.as_ptr(), start);
+        assert_eq!(view.to_vec::<half::bf16>().unwrap().len(), 4);
+        drop(view);
+        let back = t.into_vec::<half::bf16>().unwrap();
+        assert_eq!(back.as_ptr(), start);
+        assert_eq!(back, copied);
+        // Wrong length, wrong type.
+        assert!(matches!(Tensor::from_vec(&[2, 2], vec![0f32; 3]), Err(TensorError::DataLength { .. })));
+        let t = Tensor::from_vec(&[1], vec![1f32]).unwrap();
+        assert!(matches!(t.into_vec::<f64>(), Err(TensorError::DTypeMismatch { .. })));
+        // Storage allocated here is 64-byte aligned, and into_vec copies it out.
+        let t = Tensor::zeros(DType::F16, &[3, 5]).unwrap();
+        assert_eq!(t.cpu_buffer().unwrap().as_ptr() as usize % 64, 0);
+        assert_eq!(t.into_vec::<half::f16>().unwrap(), vec![half::f16::ZERO; 15]);
+    }
+
+    #[test]
+    fn read_only_host_memory_is_read_never_written() {
+        use crate::storage::HostAccess;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static DROPPED: AtomicBool = AtomicBool::new(false);
+        struct Owner(Vec<f32>);
+        impl Drop for Owner {
+            fn drop(&mut self) {
+                DROPPED.store(true, Ordering::SeqCst);
+            }
+        }
+        let owner = Owner(vec![1.0, 2.0, 3.0, 4.0]);
+        let ptr = std::ptr::NonNull::new(owner.0.as_ptr() as *mut u8).unwrap();
+        // SAFETY: the vector lives in `owner`, which the buffer keeps; nothing else writes it.
+        let buffer = unsafe { CpuBuffer::from_external(ptr, 16, HostAccess::ReadOnly, owner) };
+        let mut t = Tensor::from_storage(Storage::Cpu(buffer), DType::F32, Layout::compact(&[2, 2])).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+        assert!(!t.is_uniquely_owned(), "read-only memory is never written in place");
+        assert!(matches!(t.storage_mut(), Err(TensorError::ReadOnlyStorage { .. })));
+        let src = Tensor::zeros(DType::F32, &[2, 2]).unwrap();
+        let refused = t.copy_from(&src).unwrap_err();
+        assert!(refused.to_string().contains("read-only"), "{refused}");
+        assert_eq!(t.to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+        // A copy is ordinary writable memory.
+        assert!(t.deep_clone().unwrap().is_uniquely_owned());
+        let view = t.transpose(0, 1).unwrap();
+        drop(t);
+        assert!(!DROPPED.load(Ordering::SeqCst), "a view keeps the owner alive");
+        assert_eq!(view.to_vec::<f32>().unwrap(), [1.0, 3.0, 2.0, 4.0]);
+        drop(view);
+        assert!(DROPPED.load(Ordering::SeqCst), "the owner is dropped with the last tensor");
+    }
+
+    #[test]
+    fn misaligned_host_memory_is_refused() {
+        use crate::storage::HostAccess;
+        let bytes = vec![0u8; 17];
+        let ptr = std::ptr::NonNull::new(bytes.as_ptr().wrapping_add(1) as *mut u8).unwrap();
+        // A vector's allocation is at least 4-byte aligned, so one byte in is not.
+        assert!(!(ptr.as_ptr() as usize).is_multiple_of(4));
+        // SAFETY: 16 bytes from offset 1 lie inside `bytes`, which the buffer owns; read-only.
+        let buffer = unsafe { CpuBuffer::from_external(ptr, 16, HostAccess::ReadOnly, bytes) };
+        let made = Tensor::from_storage(Storage::Cpu(buffer), DType::F32, Layout::compact(&[4]));
+        assert!(matches!(made, Err(TensorError::Misaligned { alignment: 4, .. })), "{made:?}");
     }
 
     #[test]

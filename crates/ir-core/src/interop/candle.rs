@@ -1,0 +1,141 @@
+//! Tensors to and from candle (`candle-core` 0.9), on the CPU.
+
+use std::ptr::NonNull;
+
+use candle_core as candle;
+use candle_core::backend::BackendStorage;
+
+use super::InteropError;
+use crate::storage::{CpuBuffer, HostAccess, Storage};
+use crate::{DType, Device, Element, Layout, Tensor};
+
+const LIBRARY: &str = "candle";
+
+fn candle_error(error: candle::Error) -> InteropError {
+    InteropError::Library { library: LIBRARY, message: error.to_string() }
+}
+
+/// The dtype, first byte and byte length of a candle CPU storage.
+fn host_memory(storage: &candle::CpuStorage) -> Result<(DType, *const u8, usize), InteropError> {
+    fn parts<T>(values: &[T], dtype: DType) -> (DType, *const u8, usize) {
+        (dtype, values.as_ptr().cast(), size_of_val(values))
+    }
+    Ok(match storage {
+        candle::CpuStorage::F32(values) => parts(values, DType::F32),
+        candle::CpuStorage::F16(values) => parts(values, DType::F16),
+        candle::CpuStorage::BF16(values) => parts(values, DType::BF16),
+        candle::CpuStorage::F64(values) => parts(values, DType::F64),
+        other => {
+            return Err(InteropError::UnsupportedDType { library: LIBRARY, dtype: format!("{:?}", other.dtype()) });
+        }
+    })
+}
+
+impl Tensor {
+    /// A tensor viewing a candle CPU tensor's memory, without a copy: the same elements, strides
+    /// and offset, read-only (an in-place call copies it first), keeping the candle tensor alive
+    /// until the last view is dropped.
+    ///
+    /// # Safety
+    ///
+    /// Candle tensors are immutable except through candle's explicit in-place operations
+    /// (`slice_set`, `inplace_op1`/`2`/`3`, custom in-place ops), which write the shared storage
+    /// under candle's lock that this tensor does not take. None of them may write this storage
+    /// while the returned tensor or a view of it is alive. [`Tensor::from_candle`] copies instead
+    /// and has no such condition.
+    ///
+    /// ```
+    /// use ir_core::Tensor;
+    /// let weight = candle_core::Tensor::new(&[1.0f32, 2.0, 3.0], &candle_core::Device::Cpu)?;
+    /// // SAFETY: nothing writes `weight` in place while `w` lives.
+    /// let w = unsafe { Tensor::from_candle_shared(&weight)? };
+    /// assert_eq!(w.to_vec::<f32>()?, [1.0, 2.0, 3.0]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub unsafe fn from_candle_shared(tensor: &candle::Tensor) -> Result<Tensor, InteropError> {
+        let (dtype, ptr, len_bytes, layout) = {
+            let (storage, layout) = tensor.storage_and_layout();
+            let candle::Storage::Cpu(cpu) = &*storage else {
+                return Err(InteropError::UnsupportedDevice {
+                    library: LIBRARY,
+                    device: format!("{:?}", tensor.device().location()),
+                    hint: "move it with `to_device(&candle_core::Device::Cpu)`",
+                });
+            };
+            let (dtype, ptr, len_bytes) = host_memory(cpu)?;
+            let layout = Layout::new(layout.dims(), layout.stride(), layout.start_offset())
+                .map_err(|error| InteropError::UnsupportedLayout { library: LIBRARY, reason: error.to_string() })?;
+            (dtype, ptr, len_bytes, layout)
+        };
+        // A candle storage's vector never moves or shrinks while a tensor over it lives (the clone
+        // below keeps it), and the caller promises no in-place candle write meanwhile.
+        let ptr = NonNull::new(ptr.cast_mut()).unwrap_or(NonNull::dangling());
+        // SAFETY: as above; the buffer is read-only, so this crate never writes it either.
+        let buffer = unsafe { CpuBuffer::from_external(ptr, len_bytes, HostAccess::ReadOnly, tensor.clone()) };
+        Ok(Tensor::from_storage(Storage::Cpu(buffer), dtype, layout)?)
+    }
+
+    /// A copy of a candle CPU tensor (compact, writable), taken while holding candle's storage
+    /// lock; [`Tensor::from_candle_shared`] views the memory without a copy.
+    pub fn from_candle(tensor: &candle::Tensor) -> Result<Tensor, InteropError> {
+        let (storage, _) = tensor.storage_and_layout();
+        // SAFETY: candle's read lock is held until the copy is made, so no in-place candle
+        // operation can write the storage meanwhile; the view is dropped before the lock.
+        let shared = unsafe { Tensor::from_candle_shared(tensor)? };
+        let copy = shared.contiguous()?;
+        drop(shared);
+        drop(storage);
+        Ok(copy)
+    }
+
+    /// The tensor as a candle CPU tensor. Without a copy when this handle owns its storage alone
+    /// and the tensor is compact (row-major from some offset): the storage's vector moves into
+    /// candle, which views the tensor's elements of it. A copy otherwise (a shared storage, a
+    /// strided view, a device tensor).
+    ///
+    /// ```
+    /// use ir_core::Tensor;
+    /// let t = Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0])?;
+    /// let c = t.into_candle()?;
+    /// assert_eq!(c.to_vec2::<f32>()?, [[1.0, 2.0], [3.0, 4.0]]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn into_candle(self) -> Result<candle::Tensor, InteropError> {
+        match self.dtype() {
+            DType::F32 => into_candle_typed::<f32>(self),
+            DType::F16 => into_candle_typed::<half::f16>(self),
+            DType::BF16 => into_candle_typed::<half::bf16>(self),
+            DType::F64 => into_candle_typed::<f64>(self),
+        }
+    }
+}
+
+fn into_candle_typed<T: Element + candle::WithDType>(tensor: Tensor) -> Result<candle::Tensor, InteropError> {
+    let shape = tensor.shape().to_vec();
+    let tensor = if tensor.device() == Device::Cpu { tensor } else { tensor.to_cpu()? };
+    if !tensor.layout().is_compact() {
+        return copy_into_candle::<T>(&tensor);
+    }
+    match tensor.into_unique_storage() {
+        Ok((Storage::Cpu(buffer), meta)) if buffer.owner().is::<Vec<T>>() => {
+            let (ptr, owner) = buffer.into_owner();
+            let vec = owner.downcast::<Vec<T>>().expect("checked to be a Vec<T>");
+            // The buffer starts inside the vector (at its first 64-byte boundary, or at its start).
+            let skipped = (ptr.as_ptr() as usize - vec.as_ptr() as usize) / size_of::<T>();
+            let start = skipped + meta.layout.offset();
+            let len = vec.len();
+            let whole = candle::Tensor::from_vec(*vec, len, &candle::Device::Cpu).map_err(candle_error)?;
+            whole
+                .narrow(0, start, meta.layout.numel())
+                .and_then(|elements| elements.reshape(shape))
+                .map_err(candle_error)
+        }
+        // Memory someone else lent, or a vector of bytes: copied.
+        Ok((storage, meta)) => copy_into_candle::<T>(&Tensor::from_storage(storage, meta.dtype, meta.layout)?),
+        Err(tensor) => copy_into_candle::<T>(&tensor),
+    }
+}
+
+fn copy_into_candle<T: Element + candle::WithDType>(tensor: &Tensor) -> Result<candle::Tensor, InteropError> {
+    candle::Tensor::from_vec(tensor.to_vec::<T>()?, tensor.shape(), &candle::Device::Cpu).map_err(candle_error)
+}

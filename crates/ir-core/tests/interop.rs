@@ -1,0 +1,141 @@
+//! Exchanging tensors with candle and DLPack: which conversions share memory, which copy, and
+//! that memory lent read-only is never written.
+
+mod common;
+
+use candle_core as candle;
+use ir_core::half::bf16;
+use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
+use ir_core::op::rms_norm::rms_norm;
+use ir_core::storage::Storage;
+use ir_core::{DType, InteropError, Registry, Tensor, TensorError};
+
+/// The address of a candle CPU tensor's first element.
+fn candle_first_element(tensor: &candle::Tensor) -> usize {
+    let (storage, layout) = tensor.storage_and_layout();
+    let candle::Storage::Cpu(cpu) = &*storage else { panic!("not a CPU tensor") };
+    let base = match cpu {
+        candle::CpuStorage::F32(v) => v.as_ptr() as usize,
+        candle::CpuStorage::BF16(v) => v.as_ptr() as usize,
+        other => panic!("unexpected storage {other:?}"),
+    };
+    base + layout.start_offset() * tensor.dtype().size_in_bytes()
+}
+
+fn first_element(tensor: &Tensor) -> usize {
+    tensor.cpu_buffer().unwrap().as_ptr() as usize + tensor.offset() * tensor.dtype().size_in_bytes()
+}
+
+#[test]
+fn candle_tensors_are_viewed_without_a_copy_and_never_written() {
+    let data: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let c = candle::Tensor::from_vec(data, (3, 4), &candle::Device::Cpu).unwrap();
+    // A strided candle view (transposed, then narrowed) keeps its strides and offset.
+    let view = c.t().unwrap().narrow(0, 1, 2).unwrap();
+    // SAFETY: nothing writes `c` in place in this test.
+    let t = unsafe { Tensor::from_candle_shared(&view) }.unwrap();
+    assert_eq!(first_element(&t), candle_first_element(&view));
+    assert_eq!(t.shape(), [2, 3]);
+    assert_eq!(t.to_vec::<f32>().unwrap(), view.to_vec2::<f32>().unwrap().concat());
+    assert!(!t.is_uniquely_owned(), "memory lent by candle is read-only");
+    // An in-place kernel given it as a donated activation gets a copy; candle's memory keeps its
+    // values, while the writable residual is written in place.
+    let registry = Registry::with_builtin_ops();
+    common::register_inplace(&registry, "p");
+    let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
+    let before = c.to_vec2::<f32>().unwrap();
+    let residual = Tensor::ones(DType::F32, &[2, 3]).unwrap();
+    let residual_address = first_element(&residual);
+    let (normed, residual) =
+        fused_add_rms_norm_maybe_inplace(&registry, t.clone(), residual, None, 1e-6, None).unwrap();
+    assert_ne!(first_element(&normed), first_element(&t));
+    assert_eq!(first_element(&residual), residual_address);
+    assert_eq!(c.to_vec2::<f32>().unwrap(), before);
+    let record = registry.selection_record();
+    let record = record.op("fused_add_rms_norm").unwrap();
+    assert_eq!((record.inplace_writes, record.defensive_copies), (1, 1));
+    // copy_ into it is refused by name.
+    let mut target = t.clone();
+    let error = target.copy_from(&normed).unwrap_err();
+    assert!(matches!(error, TensorError::ReadOnlyStorage { .. }), "{error}");
+    // The safe conversion copies.
+    let copied = Tensor::from_candle(&view).unwrap();
+    assert_ne!(first_element(&copied), candle_first_element(&view));
+    assert_eq!(copied.to_vec::<f32>().unwrap(), t.to_vec::<f32>().unwrap());
+    assert!(copied.is_uniquely_owned());
+}
+
+#[test]
+fn kernel_outputs_move_into_candle_without_a_copy() {
+    let registry = Registry::with_builtin_ops();
+    let x = Tensor::from_vec(&[2, 4], (0..8).map(|i| bf16::from_f32(i as f32 - 3.0)).collect()).unwrap();
+    let w = Tensor::ones(DType::BF16, &[4]).unwrap();
+    let out = rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap();
+    let expected = out.to_vec::<bf16>().unwrap();
+    let address = first_element(&out);
+    let c = out.into_candle().unwrap();
+    assert_eq!(candle_first_element(&c), address, "the output's vector moved into candle");
+    assert_eq!(c.dims(), [2, 4]);
+    assert_eq!(c.flatten_all().unwrap().to_vec1::<bf16>().unwrap(), expected);
+    // A compact view at an offset moves too; a shared or strided one is copied.
+    let x = Tensor::from_vec(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    let row = x.slice(0, 1, 3).unwrap();
+    let shared = row.clone().into_candle().unwrap();
+    assert_ne!(candle_first_element(&shared), first_element(&row), "x still holds the storage");
+    drop(x);
+    let address = first_element(&row);
+    let moved = row.into_candle().unwrap();
+    assert_eq!(candle_first_element(&moved), address);
+    assert_eq!(moved.to_vec2::<f32>().unwrap(), [[3.0, 4.0], [5.0, 6.0]]);
+    let t = Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap().transpose(0, 1).unwrap();
+    assert_eq!(t.into_candle().unwrap().to_vec2::<f32>().unwrap(), [[1.0, 3.0], [2.0, 4.0]]);
+}
+
+#[test]
+fn candle_dtypes_without_a_counterpart_are_errors_naming_them() {
+    let c = candle::Tensor::new(&[1u32, 2], &candle::Device::Cpu).unwrap();
+    // SAFETY: nothing writes `c`.
+    let error = unsafe { Tensor::from_candle_shared(&c) }.unwrap_err();
+    assert!(matches!(error, InteropError::UnsupportedDType { .. }));
+    assert!(error.to_string().contains("U32"), "{error}");
+}
+
+#[test]
+fn dlpack_round_trips_share_memory_and_respect_read_only() {
+    let t = Tensor::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    let address = first_element(&t);
+    // The only handle: exported writable, imported writable, the same memory.
+    let exported = t.to_dlpack().unwrap();
+    assert!(exported.flags().is_empty());
+    // SAFETY: the DLPack tensor came from `to_dlpack`; nothing else touches it.
+    let mut back = unsafe { Tensor::from_dlpack(exported) }.unwrap();
+    assert_eq!(first_element(&back), address);
+    assert!(back.is_uniquely_owned());
+    back.copy_from(&Tensor::zeros(DType::F32, &[2, 3]).unwrap()).unwrap();
+    assert_eq!(back.to_vec::<f32>().unwrap(), [0.0; 6]);
+    // A view of a shared storage: read-only, strides and offset kept.
+    let base = Tensor::from_vec(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    let view = base.slice(0, 1, 3).unwrap().transpose(0, 1).unwrap();
+    let exported = view.clone().to_dlpack().unwrap();
+    assert!(exported.flags().contains(dlpark::DlpackFlags::READ_ONLY));
+    // SAFETY: as above.
+    let back = unsafe { Tensor::from_dlpack(exported) }.unwrap();
+    assert_eq!(first_element(&back), first_element(&view));
+    assert_eq!(back.to_vec::<f32>().unwrap(), [3.0, 5.0, 4.0, 6.0]);
+    assert!(!back.is_uniquely_owned(), "read-only DLPack memory is never written");
+    assert!(matches!(back.storage(), Storage::Cpu(_)));
+}
+
+#[test]
+fn candle_tensors_reach_dlpack_consumers_and_back() {
+    // candle -> ours (shared) -> DLPack -> ours: one allocation throughout.
+    let c = candle::Tensor::from_vec(vec![bf16::ONE; 8], (2, 4), &candle::Device::Cpu).unwrap();
+    // SAFETY: nothing writes `c` in place.
+    let t = unsafe { Tensor::from_candle_shared(&c) }.unwrap();
+    let exported = t.to_dlpack().unwrap();
+    assert!(exported.flags().contains(dlpark::DlpackFlags::READ_ONLY), "candle's memory stays read-only");
+    // SAFETY: the DLPack tensor came from `to_dlpack`.
+    let back = unsafe { Tensor::from_dlpack(exported) }.unwrap();
+    assert_eq!(first_element(&back), candle_first_element(&c));
+    assert_eq!(back.to_vec::<bf16>().unwrap(), vec![bf16::ONE; 8]);
+}
