@@ -4,7 +4,10 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, SyncOnDrop,
+};
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, KernelError};
 
@@ -138,9 +141,32 @@ impl CudaDeviceState {
     }
 
     fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<CudaBuffer, DeviceError> {
+        self.allocate_on(&self.stream, len_bytes)
+    }
+
+    /// A zeroed buffer allocated in stream order on `stream`, which its kernels then use.
+    pub(crate) fn allocate_on(
+        self: &Arc<Self>,
+        stream: &Arc<CudaStream>,
+        len_bytes: usize,
+    ) -> Result<CudaBuffer, DeviceError> {
         // Zero-byte allocations are not allowed by the driver; keep one byte and report the real size.
-        let slice = self.stream.alloc_zeros::<u8>(len_bytes.max(1)).map_err(|e| self.device_error("allocate", e))?;
-        Ok(CudaBuffer { slice, len_bytes, device: Arc::clone(self) })
+        let slice = stream.alloc_zeros::<u8>(len_bytes.max(1)).map_err(|e| self.device_error("allocate", e))?;
+        Ok(CudaBuffer { memory: Memory::Owned(slice), len_bytes, device: Arc::clone(self), stream: Arc::clone(stream) })
+    }
+
+    /// Whether `stream` runs in this device's primary context, where this crate's kernels are loaded.
+    fn check_stream(&self, stream: &CudaStream) -> Result<(), DeviceError> {
+        if stream.context().cu_ctx() == self.context.cu_ctx() {
+            return Ok(());
+        }
+        Err(DeviceError {
+            device: Device::Cuda(self.ordinal as u32),
+            operation: "adopt",
+            message: "the stream belongs to another CUDA context than the device's primary context, where this \
+                      crate's kernels are loaded (cudarc's CudaContext::new uses the primary context)"
+                .to_owned(),
+        })
     }
 
     fn device_error(&self, operation: &'static str, error: DriverError) -> DeviceError {
@@ -171,16 +197,128 @@ impl DeviceAllocator for CudaAllocator {
     }
 }
 
-/// Device memory of one tensor storage.
+/// Device memory of one tensor storage, and the stream its kernels, copies and outputs use.
+///
+/// Memory allocated here is a cudarc slice on the device's own stream. An engine hands its own
+/// memory over with [`CudaBuffer::from_cuda_slice`] (a cudarc slice, safe) or
+/// [`CudaBuffer::from_raw_parts`] (a device pointer, `unsafe`); kernels on tensors over it launch on
+/// the stream given with it, so they are ordered with the engine's own work on that stream, and
+/// their outputs are allocated on it too.
 pub struct CudaBuffer {
-    pub(crate) slice: CudaSlice<u8>,
+    memory: Memory,
     len_bytes: usize,
     pub(crate) device: Arc<CudaDeviceState>,
+    stream: Arc<CudaStream>,
+}
+
+enum Memory {
+    /// Allocated here; cudarc orders its uses across streams.
+    Owned(CudaSlice<u8>),
+    /// An engine's memory: its address, and what keeps it allocated.
+    External { ptr: CUdeviceptr, _owner: Box<dyn Any + Send + Sync> },
+}
+
+/// A device address to pass to a kernel, with cudarc's stream-ordering guard (for memory it
+/// manages) that records the use when dropped after the launch.
+pub(crate) struct DeviceAddress<'a> {
+    pub(crate) ptr: CUdeviceptr,
+    _guard: Option<SyncOnDrop<'a>>,
+}
+
+impl<'a> DeviceAddress<'a> {
+    /// The address `bytes` past this one.
+    pub(crate) fn offset(&self, bytes: usize) -> CUdeviceptr {
+        self.ptr + bytes as CUdeviceptr
+    }
+}
+
+impl CudaBuffer {
+    /// Adopts an engine's cudarc slice without a copy: the buffer keeps the slice, and kernels on
+    /// tensors over it launch on the slice's stream. The stream must run in the device's primary
+    /// context (cudarc's `CudaContext::new` gives that context; candle's CUDA device uses it).
+    pub fn from_cuda_slice<T: DeviceRepr + Send + Sync + 'static>(
+        slice: CudaSlice<T>,
+    ) -> Result<CudaBuffer, DeviceError> {
+        let stream = Arc::clone(slice.stream());
+        let device = device_of_stream(&stream)?;
+        let len_bytes = slice.len() * size_of::<T>();
+        let (ptr, guard) = slice.device_ptr(&stream);
+        drop(guard);
+        Ok(CudaBuffer { memory: Memory::External { ptr, _owner: Box::new(slice) }, len_bytes, device, stream })
+    }
+
+    /// Adopts device memory an engine owns, without a copy: `len_bytes` from `ptr` on the device of
+    /// `stream`, on which kernels on tensors over it launch. `owner` is dropped with the buffer (an
+    /// engine's allocation handle, or `()` when the engine frees the memory itself later).
+    ///
+    /// # Safety
+    ///
+    /// - `ptr` is a device address in the stream's context valid for reads and writes of
+    ///   `len_bytes` until `owner` is dropped (or, with `()`, until the last tensor over the buffer
+    ///   is dropped and every kernel queued on it has finished);
+    /// - work on other streams that touches the memory is ordered with `stream` by the engine
+    ///   (events or synchronization): this crate orders only its own uses, on `stream`;
+    /// - while a tensor over the buffer is alive, nothing but such tensors writes the memory.
+    pub unsafe fn from_raw_parts(
+        ptr: CUdeviceptr,
+        len_bytes: usize,
+        stream: Arc<CudaStream>,
+        owner: impl Any + Send + Sync,
+    ) -> Result<CudaBuffer, DeviceError> {
+        let device = device_of_stream(&stream)?;
+        Ok(CudaBuffer { memory: Memory::External { ptr, _owner: Box::new(owner) }, len_bytes, device, stream })
+    }
+
+    /// A tensor over the whole buffer (or part of it: the layout must fit).
+    pub fn into_tensor(self, dtype: DType, layout: ir_core::Layout) -> Result<ir_core::Tensor, ir_core::TensorError> {
+        ir_core::Tensor::from_storage(ir_core::storage::Storage::Device(Box::new(self)), dtype, layout)
+    }
+
+    /// The stream kernels on this memory launch on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The address to read from in work queued on `stream`.
+    pub(crate) fn read_address<'a>(&'a self, stream: &'a CudaStream) -> DeviceAddress<'a> {
+        match &self.memory {
+            Memory::Owned(slice) => {
+                let (ptr, guard) = slice.device_ptr(stream);
+                DeviceAddress { ptr, _guard: Some(guard) }
+            }
+            Memory::External { ptr, .. } => DeviceAddress { ptr: *ptr, _guard: None },
+        }
+    }
+
+    /// The address to write to in work queued on `stream`.
+    pub(crate) fn write_address<'a>(&'a mut self, stream: &'a CudaStream) -> DeviceAddress<'a> {
+        match &mut self.memory {
+            Memory::Owned(slice) => {
+                let (ptr, guard) = slice.device_ptr_mut(stream);
+                DeviceAddress { ptr, _guard: Some(guard) }
+            }
+            Memory::External { ptr, .. } => DeviceAddress { ptr: *ptr, _guard: None },
+        }
+    }
+}
+
+/// The device whose primary context runs `stream`.
+fn device_of_stream(stream: &CudaStream) -> Result<Arc<CudaDeviceState>, DeviceError> {
+    let ordinal = stream.context().ordinal();
+    let error = |message: String| DeviceError { device: Device::Cuda(ordinal as u32), operation: "adopt", message };
+    let devices = devices().map_err(error)?;
+    let device = devices.get(ordinal).ok_or_else(|| error(format!("no device cuda:{ordinal}")))?;
+    device.check_stream(stream)?;
+    Ok(Arc::clone(device))
 }
 
 impl std::fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaBuffer(cuda:{}, {} bytes)", self.device.ordinal, self.len_bytes)
+        let kind = match self.memory {
+            Memory::Owned(_) => "allocated here",
+            Memory::External { .. } => "adopted",
+        };
+        write!(f, "CudaBuffer(cuda:{}, {} bytes, {kind})", self.device.ordinal, self.len_bytes)
     }
 }
 
@@ -197,10 +335,21 @@ impl DeviceBuffer for CudaBuffer {
         if self.len_bytes == 0 {
             return Ok(());
         }
-        let stream = &self.device.stream;
-        stream
-            .memcpy_dtoh(&self.slice.slice(..self.len_bytes), dst)
-            .map_err(|e| self.device.device_error("download", e))?;
+        let stream = &self.stream;
+        match &self.memory {
+            Memory::Owned(slice) => stream
+                .memcpy_dtoh(&slice.slice(..self.len_bytes), dst)
+                .map_err(|e| self.device.device_error("download", e))?,
+            Memory::External { ptr, .. } => {
+                let dst = &mut dst[..self.len_bytes];
+                stream.context().bind_to_thread().map_err(|e| self.device.device_error("download", e))?;
+                // SAFETY: `ptr` is valid for `len_bytes` reads in the stream's context
+                // (`from_raw_parts`'s contract, or a slice this buffer keeps); `dst` holds as many
+                // bytes and outlives the copy, which the synchronization below completes.
+                unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, *ptr, stream.cu_stream()) }
+                    .map_err(|e| self.device.device_error("download", e))?
+            }
+        }
         stream.synchronize().map_err(|e| self.device.device_error("download", e))
     }
 
@@ -208,15 +357,25 @@ impl DeviceBuffer for CudaBuffer {
         if src.is_empty() {
             return Ok(());
         }
-        let stream = Arc::clone(&self.device.stream);
-        stream
-            .memcpy_htod(src, &mut self.slice.slice_mut(..src.len()))
-            .map_err(|e| self.device.device_error("upload", e))?;
+        let stream = Arc::clone(&self.stream);
+        match &mut self.memory {
+            Memory::Owned(slice) => stream
+                .memcpy_htod(src, &mut slice.slice_mut(..src.len()))
+                .map_err(|e| self.device.device_error("upload", e))?,
+            Memory::External { ptr, .. } => {
+                let src = &src[..src.len().min(self.len_bytes)];
+                stream.context().bind_to_thread().map_err(|e| self.device.device_error("upload", e))?;
+                // SAFETY: `ptr` is valid for writes of `len_bytes` (at least `src.len()`) in the
+                // stream's context; `src` outlives the copy, which the synchronization completes.
+                unsafe { cudarc::driver::result::memcpy_htod_async(*ptr, src, stream.cu_stream()) }
+                    .map_err(|e| self.device.device_error("upload", e))?
+            }
+        }
         stream.synchronize().map_err(|e| self.device.device_error("upload", e))
     }
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(self.device.allocate(len_bytes)?))
+        Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes)?))
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -15,10 +15,10 @@ use ir_core::kernel::{
 use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
-use ir_core::storage::{DeviceAllocator, Storage};
+use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 
-use crate::device::{CudaBuffer, CudaDeviceState, driver_error};
+use crate::device::{CudaBuffer, driver_error};
 use crate::module::{ELEMENT, compile, dtype_define};
 
 /// The shared row kernel of the gated ops.
@@ -65,47 +65,50 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
     let GatedGeometry { rows, out_layout, .. } = geometry;
     let dtype = x.dtype();
     let x_buffer = device_buffer::<CudaBuffer>(x, "x", "CUDA")?;
-    let allocator = crate::allocator(x_buffer.device.ordinal())
-        .map_err(|reason| KernelError::Driver { backend: "cuda", message: reason })?;
-    let mut out =
-        allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(ir_core::TensorError::from)?;
+    // The output lives on x's stream, in stream order with the kernel that writes it.
+    let mut out = x_buffer
+        .device
+        .allocate_on(x_buffer.stream(), out_layout.storage_end() * dtype.size_in_bytes())
+        .map_err(ir_core::TensorError::from)?;
     if !empty {
-        let out_buffer = out.as_any_mut().downcast_mut::<CudaBuffer>().expect("allocated by this crate");
-        launch(&x_buffer.device, op, dtype, rows, &x_buffer.slice, &mut out_buffer.slice, scalars)?;
+        launch(op, dtype, rows, x_buffer, &mut out, scalars)?;
     }
-    Ok(Tensor::from_storage(Storage::Device(out), dtype, out_layout)?)
+    Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
 }
 
 fn launch(
-    device: &Arc<CudaDeviceState>,
     op: &GatedKernel,
     dtype: DType,
     rows: Rows,
-    x: &cudarc::driver::CudaSlice<u8>,
-    out: &mut cudarc::driver::CudaSlice<u8>,
+    x: &CudaBuffer,
+    out: &mut CudaBuffer,
     scalars: GatedScalars,
 ) -> Result<(), KernelError> {
-    let function = device.gated_function(op, dtype)?;
+    let function = x.device.gated_function(op, dtype)?;
     let grid = u32::try_from(rows.n_rows).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| {
         KernelError::InvalidArguments { reason: format!("{} rows exceed the grid limit", rows.n_rows) }
     })?;
     let size = dtype.size_in_bytes();
-    let x_view = x.slice(rows.offset * size..);
     let n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
     let d: i32 = kernel_int(rows.hidden / 2, "output width")?;
     let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
     let out_stride: i64 = i64::from(d);
-    let stream = device.stream();
+    let stream = Arc::clone(x.stream());
+    let x_address = x.read_address(&stream);
+    let out_address = out.write_address(&stream);
+    let (x_ptr, out_ptr) = (x_address.offset(rows.offset * size), out_address.ptr);
     let mut builder = stream.launch_builder(&function);
     // <op>_<dtype>(elem_t* out, const elem_t* x, long long n_rows, int d, long long x_row_stride,
     //              long long out_row_stride, float f0, float f1, int i0, int i1)
-    builder.arg(out).arg(&x_view).arg(&n_rows).arg(&d).arg(&x_stride).arg(&out_stride);
+    builder.arg(&out_ptr).arg(&x_ptr).arg(&n_rows).arg(&d).arg(&x_stride).arg(&out_stride);
     builder.arg(&scalars.floats[0]).arg(&scalars.floats[1]).arg(&scalars.ints[0]).arg(&scalars.ints[1]);
     let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (GATED_BLOCK, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
-    // by `kernel_int`. x's view covers every element the rows reach (its layout was checked against
+    // by `kernel_int`. x's address covers every element the rows reach (its layout was checked against
     // its storage by `check_fits`, and the rows come from that layout); `out` was allocated for
-    // n_rows · d elements, written densely. The kernel writes only `out`.
+    // n_rows · d elements, written densely. The kernel writes only `out`. The launch is on x's
+    // stream, where `out` was allocated; cudarc orders the buffers it allocated (the address
+    // guards, dropped after the launch, record the uses).
     unsafe { builder.launch(config) }.map_err(driver_error)?;
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! Launch geometry, chosen from the hidden size alone (R87, R92), and the two launch paths.
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use ir_core::kernel::{Rows, gpu_threads_per_row, kernel_int};
 use ir_core::{DType, KernelError};
 
-use crate::device::{CudaDeviceState, driver_error};
+use crate::device::{CudaBuffer, CudaDeviceState, driver_error};
 use crate::module::{KernelVariant, NormOp};
 
 /// Threads per row the kernels are compiled for.
@@ -93,75 +95,73 @@ fn prepare(device: &CudaDeviceState, op: NormOp, launch: &Launch, has_weight: bo
     })
 }
 
-/// Launches `rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)`.
+/// Launches `rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)`
+/// on x's stream.
 pub(crate) fn launch_rms_norm(
-    device: &CudaDeviceState,
     launch: &Launch,
-    out: &mut CudaSlice<u8>,
-    x: &CudaSlice<u8>,
-    weight: Option<(&CudaSlice<u8>, usize)>,
+    out: &mut CudaBuffer,
+    x: &CudaBuffer,
+    weight: Option<(&CudaBuffer, usize)>,
 ) -> Result<(), KernelError> {
     let (rows, out_rows) = (launch.rows, launch.other_rows);
-    let prepared = prepare(device, NormOp::RmsNorm, launch, weight.is_some())?;
+    let prepared = prepare(&x.device, NormOp::RmsNorm, launch, weight.is_some())?;
     let size = launch.dtype.size_in_bytes();
-    let x_view = x.slice(rows.offset * size..);
-    let mut out_view = out.slice_mut(out_rows.offset * size..);
-    let weight_view = weight.map(|(w, offset)| w.slice(offset * size..));
     let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
     let out_stride: i64 = kernel_int(out_rows.row_stride, "out row stride")?;
-    let null = 0u64;
-    let stream = device.stream();
+    let stream = Arc::clone(x.stream());
+    let x_address = x.read_address(&stream);
+    let out_address = out.write_address(&stream);
+    let weight_address = weight.map(|(w, offset)| (w.read_address(&stream), offset));
+    let x_ptr = x_address.offset(rows.offset * size);
+    let out_ptr = out_address.offset(out_rows.offset * size);
+    let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset)| w.offset(offset * size));
     let mut builder = stream.launch_builder(&prepared.function);
     // rms_norm_<dtype>(elem_t* out, const elem_t* x, const elem_t* weight, float epsilon,
     //                  long long n_rows, int hidden, long long x_row_stride, long long out_row_stride)
-    builder.arg(&mut out_view);
-    builder.arg(&x_view);
-    match &weight_view {
-        Some(w) => builder.arg(w),
-        None => builder.arg(&null),
-    };
+    builder.arg(&out_ptr).arg(&x_ptr).arg(&weight_ptr);
     builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&x_stride).arg(&out_stride);
     // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
-    // by `kernel_int`. The views cover every element the rows reach: each tensor was built through
-    // `check_fits`, which verified (in checked arithmetic) that its layout's byte extent fits its
-    // storage, and `Rows::for_kernel` derived offset, row stride and span from that layout, so
-    // `offset + span <= storage length`. The kernel writes only `out`.
+    // by `kernel_int`. The addresses cover every element the rows reach: each tensor was built
+    // through `check_fits`, which verified (in checked arithmetic) that its layout's byte extent fits
+    // its storage, and `Rows::for_kernel` derived offset, row stride and span from that layout, so
+    // `offset + span <= storage length` (for adopted memory, `from_raw_parts`'s contract makes the
+    // storage length valid device memory). The kernel writes only `out`. The launch is on x's
+    // stream; cudarc orders the buffers it allocated on it (the address guards, dropped after the
+    // launch, record the uses).
     unsafe { builder.launch(prepared.config) }.map_err(driver_error)?;
     Ok(())
 }
 
-/// Launches `fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, x_row_stride, residual_row_stride)`.
+/// Launches `fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, x_row_stride,
+/// residual_row_stride)` on x's stream.
 pub(crate) fn launch_fused(
-    device: &CudaDeviceState,
     launch: &Launch,
-    x: &mut CudaSlice<u8>,
-    residual: &mut CudaSlice<u8>,
-    weight: Option<(&CudaSlice<u8>, usize)>,
+    x: &mut CudaBuffer,
+    residual: &mut CudaBuffer,
+    weight: Option<(&CudaBuffer, usize)>,
 ) -> Result<(), KernelError> {
     let (rows, residual_rows) = (launch.rows, launch.other_rows);
-    let prepared = prepare(device, NormOp::FusedAddRmsNorm, launch, weight.is_some())?;
+    let prepared = prepare(&x.device, NormOp::FusedAddRmsNorm, launch, weight.is_some())?;
     let size = launch.dtype.size_in_bytes();
-    let mut x_view = x.slice_mut(rows.offset * size..);
-    let mut residual_view = residual.slice_mut(residual_rows.offset * size..);
-    let weight_view = weight.map(|(w, offset)| w.slice(offset * size..));
     let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
     let residual_stride: i64 = kernel_int(residual_rows.row_stride, "residual row stride")?;
-    let null = 0u64;
-    let stream = device.stream();
+    let stream = Arc::clone(x.stream());
+    let x_address = x.write_address(&stream);
+    let residual_address = residual.write_address(&stream);
+    let weight_address = weight.map(|(w, offset)| (w.read_address(&stream), offset));
+    let x_ptr = x_address.offset(rows.offset * size);
+    let residual_ptr = residual_address.offset(residual_rows.offset * size);
+    let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset)| w.offset(offset * size));
     let mut builder = stream.launch_builder(&prepared.function);
     // fused_add_rms_norm_<dtype>(elem_t* x, elem_t* residual, const elem_t* weight, float epsilon,
     //                            long long n_rows, int hidden, long long x_row_stride, long long residual_row_stride)
-    builder.arg(&mut x_view);
-    builder.arg(&mut residual_view);
-    match &weight_view {
-        Some(w) => builder.arg(w),
-        None => builder.arg(&null),
-    };
+    builder.arg(&x_ptr).arg(&residual_ptr).arg(&weight_ptr);
     builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&x_stride).arg(&residual_stride);
     // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
     // by `kernel_int`. x and residual are distinct, uniquely owned buffers (`UniqueTensor`), and their
-    // views cover every element the rows reach: each tensor's layout was checked against its storage
-    // by `check_fits` (checked arithmetic) and the rows come from that layout.
+    // addresses cover every element the rows reach: each tensor's layout was checked against its
+    // storage by `check_fits` (checked arithmetic) and the rows come from that layout. The launch is
+    // on x's stream, as for `launch_rms_norm`.
     unsafe { builder.launch(prepared.config) }.map_err(driver_error)?;
     Ok(())
 }

@@ -37,6 +37,8 @@ pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch}
 pub use crate::module::{
     ELEMENT, KernelVariant, NormOp, SOURCE, all_variants, arch_for, compile_ptx, nvrtc_availability,
 };
+/// The cudarc this crate is built with, so an engine names the same slice and stream types.
+pub use cudarc;
 
 /// The provider name.
 pub const PROVIDER: &str = "cuda";
@@ -70,20 +72,20 @@ pub fn rms_norm_cuda(
     let out_layout = x.layout().copy_layout();
     let out_meta = ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() };
     let out_rows = Rows::for_kernel(&out_meta)?;
-    let allocator = CudaAllocator::for_device(&x_buffer.device);
-    let mut out =
-        ir_core::storage::DeviceAllocator::allocate(&allocator, out_layout.storage_end() * dtype.size_in_bytes())
-            .map_err(ir_core::TensorError::from)?;
+    // Outputs live on x's stream, in stream order with the kernel that writes them.
+    let mut out = x_buffer
+        .device
+        .allocate_on(x_buffer.stream(), out_layout.storage_end() * dtype.size_in_bytes())
+        .map_err(ir_core::TensorError::from)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
-        let out_buffer = out.as_any_mut().downcast_mut::<CudaBuffer>().expect("allocated by this crate");
         let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
             && launch::vector_ok(&out_rows, dtype, ALLOCATION_ALIGNMENT)
             && weight.is_none_or(|(_, offset)| weight_vector_ok(offset, x_rows.hidden, dtype));
         let launch = launch::Launch { dtype, rows: x_rows, other_rows: out_rows, epsilon: epsilon as f32, vectorized };
-        launch::launch_rms_norm(&x_buffer.device, &launch, &mut out_buffer.slice, &x_buffer.slice, weight)?;
+        launch::launch_rms_norm(&launch, &mut out, x_buffer, weight)?;
     }
-    Ok(Tensor::from_storage(Storage::Device(out), dtype, out_layout)?)
+    Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
 }
 
 /// `fused_add_rms_norm` on a CUDA device, in place: `residual ← x + residual`, `x ← norm(sum)`.
@@ -107,16 +109,9 @@ pub fn fused_add_rms_norm_cuda(
             launch::Launch { dtype, rows: x_rows, other_rows: residual_rows, epsilon: epsilon as f32, vectorized };
         let x_buffer = device_buffer_mut::<CudaBuffer>(&mut x, "x", "CUDA")?;
         let residual_buffer = device_buffer_mut::<CudaBuffer>(&mut residual, "x_residual", "CUDA")?;
-        let device = std::sync::Arc::clone(&x_buffer.device);
-        launch::launch_fused(&device, &launch, &mut x_buffer.slice, &mut residual_buffer.slice, weight)?;
+        launch::launch_fused(&launch, x_buffer, residual_buffer, weight)?;
     }
     Ok((x.into_tensor(), residual.into_tensor()))
-}
-
-impl CudaAllocator {
-    fn for_device(device: &std::sync::Arc<CudaDeviceState>) -> CudaAllocator {
-        allocator(device.ordinal()).expect("a device that holds a buffer was initialized")
-    }
 }
 
 fn weight_vector_ok(offset: usize, hidden: usize, dtype: ir_core::DType) -> bool {
@@ -124,9 +119,9 @@ fn weight_vector_ok(offset: usize, hidden: usize, dtype: ir_core::DType) -> bool
     launch::vector_ok(&rows, dtype, ALLOCATION_ALIGNMENT)
 }
 
-fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&cudarc::driver::CudaSlice<u8>, usize)>, KernelError> {
+fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&CudaBuffer, usize)>, KernelError> {
     match weight {
         None => Ok(None),
-        Some(w) => Ok(Some((&device_buffer::<CudaBuffer>(w, "weight", "CUDA")?.slice, w.offset()))),
+        Some(w) => Ok(Some((device_buffer::<CudaBuffer>(w, "weight", "CUDA")?, w.offset()))),
     }
 }

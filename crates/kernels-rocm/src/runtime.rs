@@ -109,7 +109,7 @@ impl HipDevice {
         check(unsafe { hipMalloc(&mut pointer, size) }).map_err(|e| self.error("allocate", e))?;
         // SAFETY: `pointer` was just allocated with `size` bytes.
         check(unsafe { hipMemsetD8(pointer, 0, size) }).map_err(|e| self.error("allocate", e))?;
-        Ok(HipBuffer { pointer, len_bytes, device: Arc::clone(self) })
+        Ok(HipBuffer { pointer, len_bytes, device: Arc::clone(self), owner: None })
     }
 
     fn error(&self, operation: &'static str, message: String) -> DeviceError {
@@ -171,11 +171,50 @@ impl DeviceAllocator for RocmAllocator {
     }
 }
 
-/// HIP memory of one tensor storage.
+/// HIP memory of one tensor storage: allocated here (freed on drop), or an engine's (kept alive
+/// by its owner value, never freed here).
 pub struct HipBuffer {
     pub(crate) pointer: *mut c_void,
     len_bytes: usize,
     device: Arc<HipDevice>,
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl HipBuffer {
+    /// Adopts an engine's device memory on `rocm:0` without a copy: `len_bytes` from `pointer`.
+    /// `owner` is dropped with the buffer (an engine's allocation handle, or `()` when the engine
+    /// frees the memory itself later); this crate never frees the memory.
+    ///
+    /// Kernels and copies of this crate run on the default (null) stream.
+    ///
+    /// # Safety
+    ///
+    /// - `pointer` is device memory of `rocm:0` valid for reads and writes of `len_bytes` until
+    ///   `owner` is dropped (with `()`: until the last tensor over the buffer is dropped);
+    /// - work the engine queues on other streams that touches the memory is ordered with the
+    ///   default stream (a blocking stream, an event, or a synchronization);
+    /// - while a tensor over the buffer is alive, nothing but such tensors writes the memory.
+    pub unsafe fn from_raw_parts(
+        pointer: *mut c_void,
+        len_bytes: usize,
+        owner: impl std::any::Any + Send + Sync,
+    ) -> Result<HipBuffer, DeviceError> {
+        let device = Arc::clone(device().map_err(|reason| DeviceError {
+            device: Device::Rocm(0),
+            operation: "adopt",
+            message: reason,
+        })?);
+        Ok(HipBuffer { pointer, len_bytes, device, owner: Some(Box::new(owner)) })
+    }
+
+    /// A tensor over the buffer (the layout must fit).
+    pub fn into_tensor(
+        self,
+        dtype: ir_core::DType,
+        layout: ir_core::Layout,
+    ) -> Result<ir_core::Tensor, ir_core::TensorError> {
+        ir_core::Tensor::from_storage(ir_core::storage::Storage::Device(Box::new(self)), dtype, layout)
+    }
 }
 
 // SAFETY: the buffer exclusively owns its device allocation; HIP memory may be used from any thread.
@@ -191,10 +230,13 @@ impl std::fmt::Debug for HipBuffer {
 
 impl Drop for HipBuffer {
     fn drop(&mut self) {
-        // SAFETY: the pointer came from hipMalloc and is freed once; pending kernels finish first.
+        // SAFETY: pending kernels finish first; memory allocated here came from hipMalloc and is
+        // freed once, adopted memory is left to its owner (dropped after this).
         unsafe {
             let _ = hipDeviceSynchronize();
-            let _ = hipFree(self.pointer);
+            if self.owner.is_none() {
+                let _ = hipFree(self.pointer);
+            }
         }
     }
 }

@@ -125,9 +125,17 @@ impl XpuDevice {
         &self.extensions
     }
 
-    /// The in-order queue every operation of this crate uses.
-    pub(crate) fn queue(&self) -> &CommandQueue {
+    /// The in-order queue every operation of this crate uses. An engine sharing memory with the
+    /// kernels enqueues its own work on it too (or orders its queues with it by events), so both
+    /// run in one order.
+    pub fn queue(&self) -> &CommandQueue {
         &self.queue
+    }
+
+    /// The OpenCL context the kernels are built in: memory an engine hands over
+    /// ([`XpuBuffer::from_cl_mem`]) is allocated in it.
+    pub fn context(&self) -> &Context {
+        &self.context
     }
 
     /// The kernel for `variant`, built at first use. Setting arguments and enqueueing happen under
@@ -211,6 +219,65 @@ pub struct XpuBuffer {
     pub(crate) buffer: Buffer<u8>,
     len_bytes: usize,
     pub(crate) device: Arc<XpuDevice>,
+}
+
+impl XpuBuffer {
+    /// Adopts an engine's OpenCL buffer without a copy: the first `len_bytes` of `mem`, which must
+    /// be allocated in this crate's context ([`XpuDevice::context`]). The buffer takes its own
+    /// reference (`clRetainMemObject`), released when the buffer is dropped; the engine keeps its own.
+    ///
+    /// Kernels on tensors over it run on this crate's in-order queue ([`XpuDevice::queue`]).
+    ///
+    /// # Safety
+    ///
+    /// - `mem` is a valid OpenCL memory object (checked further: its context and size);
+    /// - work the engine enqueues on other queues that touches the memory is ordered with this
+    ///   crate's queue by the engine (events, `clFinish`);
+    /// - while a tensor over the buffer is alive, nothing but such tensors writes the memory.
+    pub unsafe fn from_cl_mem(mem: opencl3::types::cl_mem, len_bytes: usize) -> Result<XpuBuffer, DeviceError> {
+        let device = Arc::clone(device().map_err(|reason| DeviceError {
+            device: Device::Xpu(0),
+            operation: "adopt",
+            message: reason,
+        })?);
+        let info = |name| {
+            opencl3::memory::get_mem_object_info(mem, name).map_err(|code| {
+                device.device_error("adopt", format!("clGetMemObjectInfo: {}", opencl3::error_codes::ClError(code)))
+            })
+        };
+        let context: isize = info(opencl3::memory::CL_MEM_CONTEXT)?.into();
+        let context = context as opencl3::types::cl_context;
+        if context != device.context.get() {
+            return Err(device.device_error(
+                "adopt",
+                "the memory belongs to another OpenCL context; allocate it in kernels_xpu::device()?.context()"
+                    .to_owned(),
+            ));
+        }
+        let size: usize = info(opencl3::memory::CL_MEM_SIZE)?.into();
+        if size < len_bytes {
+            return Err(device.device_error(
+                "adopt",
+                format!("the memory holds {size} bytes, fewer than the {len_bytes} asked for"),
+            ));
+        }
+        // SAFETY: `mem` is a valid memory object (the caller's contract, and the queries above
+        // succeeded); the reference taken here is released by `Buffer`'s drop.
+        unsafe { opencl3::memory::retain_mem_object(mem) }.map_err(|code| {
+            device.device_error("adopt", format!("clRetainMemObject: {}", opencl3::error_codes::ClError(code)))
+        })?;
+        Ok(XpuBuffer { buffer: Buffer::new(mem), len_bytes, device })
+    }
+
+    /// A tensor over the buffer (the layout must fit).
+    pub fn into_tensor(self, dtype: DType, layout: ir_core::Layout) -> Result<ir_core::Tensor, ir_core::TensorError> {
+        ir_core::Tensor::from_storage(ir_core::storage::Storage::Device(Box::new(self)), dtype, layout)
+    }
+
+    /// The OpenCL memory object (this buffer keeps its own reference to it).
+    pub fn cl_mem(&self) -> opencl3::types::cl_mem {
+        opencl3::memory::ClMem::get(&self.buffer)
+    }
 }
 
 impl std::fmt::Debug for XpuBuffer {

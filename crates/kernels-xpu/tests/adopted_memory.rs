@@ -1,0 +1,79 @@
+//! Kernels on an engine's own OpenCL memory (runs where an OpenCL device is, PoCL included with
+//! `VLLM_IR_XPU_ALLOW_CPU=1`; says `skipped: …` elsewhere).
+
+use std::ptr;
+
+use ir_core::op::rms_norm;
+use ir_core::{Availability, DType, Registry, Tensor, allclose, bit_eq};
+use kernels_xpu::XpuBuffer;
+use opencl3::memory::{Buffer, CL_MEM_READ_WRITE, ClMem};
+use opencl3::types::CL_BLOCKING;
+
+fn host(rows: usize, hidden: usize, seed: u64) -> Tensor {
+    let values: Vec<f64> =
+        (0..rows * hidden).map(|i| (((i as u64 * 2654435761 + seed) % 1000) as f64) / 250.0 - 2.0).collect();
+    Tensor::from_f64(DType::F32, &[rows, hidden], &values).unwrap()
+}
+
+/// An engine's buffer in the kernels' context, filled with `t`'s bytes.
+fn engine_buffer(t: &Tensor) -> Buffer<u8> {
+    let device = kernels_xpu::device().unwrap();
+    let bytes = t.cpu_buffer().unwrap().bytes().to_vec();
+    // SAFETY: no host pointer; OpenCL allocates the memory.
+    let mut buffer =
+        unsafe { Buffer::<u8>::create(device.context(), CL_MEM_READ_WRITE, bytes.len(), ptr::null_mut()) }.unwrap();
+    // SAFETY: a blocking write of the buffer's size from a live slice.
+    unsafe { device.queue().enqueue_write_buffer(&mut buffer, CL_BLOCKING, 0, &bytes, &[]) }.unwrap();
+    buffer
+}
+
+#[test]
+fn kernels_run_on_adopted_opencl_memory() {
+    if let Availability::Unavailable(reason) = kernels_xpu::availability() {
+        ir_core::testing::skip("xpu", &format!("adopted OpenCL memory: {reason}"));
+        return;
+    }
+    let registry = Registry::with_builtin_ops();
+    kernels_xpu::register(&registry).unwrap();
+    let _guard = registry.override_priority("rms_norm", &["xpu"]).unwrap();
+    let x = host(4, 256, 1);
+    let engine = engine_buffer(&x);
+    // SAFETY: `engine` is a live buffer of this context; only the tensor below uses it meanwhile.
+    let adopted = unsafe { XpuBuffer::from_cl_mem(engine.get(), x.cpu_buffer().unwrap().len_bytes()) }.unwrap();
+    assert_eq!(adopted.cl_mem(), engine.get(), "the same memory object, no copy");
+    let dx = adopted.into_tensor(DType::F32, x.layout().clone()).unwrap();
+    assert!(bit_eq(&dx.to_cpu().unwrap(), &x));
+    let out = rms_norm::rms_norm(&registry, &dx, None, 1e-6, None).unwrap();
+    let record = registry.selection_record();
+    let record = record.op("rms_norm").unwrap();
+    assert!(record.providers.iter().any(|p| p.provider == "xpu" && p.selections == 1), "{record:?}");
+    allclose(&out.to_cpu().unwrap(), &rms_norm::native(&x, None, 1e-6, None).unwrap(), 1e-5, 1e-5).unwrap();
+    // Dropping the tensor releases only its own reference: the engine's buffer still reads.
+    drop(dx);
+    let mut back = vec![0u8; 16];
+    // SAFETY: a blocking read of 16 bytes of a live buffer into a live slice.
+    unsafe { kernels_xpu::device().unwrap().queue().enqueue_read_buffer(&engine, CL_BLOCKING, 0, &mut back, &[]) }
+        .unwrap();
+    assert_eq!(back, x.cpu_buffer().unwrap().bytes()[..16]);
+}
+
+#[test]
+fn memory_too_small_or_from_another_context_is_refused() {
+    if let Availability::Unavailable(reason) = kernels_xpu::availability() {
+        ir_core::testing::skip("xpu", &format!("adopted OpenCL memory: {reason}"));
+        return;
+    }
+    let x = host(2, 8, 2);
+    let engine = engine_buffer(&x);
+    // SAFETY: a live buffer; the call refuses it before adopting.
+    let error = unsafe { XpuBuffer::from_cl_mem(engine.get(), 1 << 20) }.unwrap_err();
+    assert!(error.to_string().contains("fewer than the 1048576"), "{error}");
+    let device = kernels_xpu::device().unwrap();
+    let other =
+        opencl3::context::Context::from_device(&opencl3::device::Device::new(device.context().devices()[0])).unwrap();
+    // SAFETY: no host pointer.
+    let foreign = unsafe { Buffer::<u8>::create(&other, CL_MEM_READ_WRITE, 64, ptr::null_mut()) }.unwrap();
+    // SAFETY: a live buffer; the call refuses it before adopting.
+    let error = unsafe { XpuBuffer::from_cl_mem(foreign.get(), 64) }.unwrap_err();
+    assert!(error.to_string().contains("another OpenCL context"), "{error}");
+}
