@@ -14,7 +14,7 @@ use crate::{Tensor, TensorError, TensorMeta};
 /// A built-in operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Builtin {
-    /// `clone(x)`: a copy keeping dense strides (R16).
+    /// `clone(x)`: a copy keeping dense strides.
     Clone,
     /// `contiguous(x)`: a compact copy.
     Contiguous,

@@ -45,7 +45,7 @@ pub struct ImplSpec {
     /// Whether this provider, when available, makes its platform the detected one (`None`: yes).
     ///
     /// An OpenCL CPU device (PoCL) can make the `xpu` provider available for tests without ever making
-    /// the platform Xpu (R41).
+    /// the platform Xpu.
     pub detects_platform: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 

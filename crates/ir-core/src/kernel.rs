@@ -1,10 +1,10 @@
 //! Plumbing for kernel crates, kept apart from the user-facing API: the standard kernel predicates
-//! (the norms' R57, the gated activations'), shared by the `cpu`, `cuda`, `rocm` and `xpu` providers,
+//! (for the norms and the gated activations), shared by the `cpu`, `cuda`, `rocm` and `xpu` providers,
 //! the row geometry kernels derive from the same metadata, the gated family's scalar packing and
 //! table entries, and access to a device provider's own buffers behind a tensor.
 //!
 //! Nothing here depends on the number of rows, so a provider's answer is the same for 1 or 65536
-//! tokens (R32, R108).
+//! tokens.
 
 use std::borrow::Cow;
 
@@ -94,7 +94,7 @@ pub fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelErro
     }
 }
 
-/// Threads cooperating on one row in the CUDA and ROCm kernels, from the hidden size alone (R92):
+/// Threads cooperating on one row in the CUDA and ROCm kernels, from the hidden size alone:
 /// 8/16/32/64/128/256 for H ≤ 64/128/3072/6144/16384/larger.
 pub fn gpu_threads_per_row(hidden: usize) -> u32 {
     match hidden {

@@ -52,7 +52,7 @@ pub mod layout;
 mod meta;
 pub mod op;
 pub mod platform;
-mod registry;
+pub mod registry;
 pub mod storage;
 mod tensor;
 pub mod testing;

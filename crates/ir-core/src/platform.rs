@@ -2,8 +2,26 @@
 //!
 //! A [`PriorityConfig`] names a platform (pinned or detected) and the user's overrides, parsed from
 //! the syntax `rms_norm=cpu,native;fused_add_rms_norm=native`. Applying it merges, for every op, the
-//! user's entries first and then the platform's (R44), resolves every list (collecting all errors),
+//! user's entries first and then the platform's, resolves every list (collecting all errors),
 //! installs them, and logs the result once at info level on `ir_core::priority`.
+//!
+//! ```
+//! use ir_core::platform::{Platform, PlatformChoice, UserPriorities};
+//! use ir_core::{PriorityConfig, Registry};
+//!
+//! let registry = Registry::with_builtin_ops(); // kernel crates would register their providers here
+//! let config = PriorityConfig {
+//!     platform: PlatformChoice::Pinned(Platform::Cpu),
+//!     user: UserPriorities::parse("rms_norm=native")?,
+//! };
+//! let resolved = config.apply(&registry)?;
+//! assert_eq!(resolved.ops["rms_norm"].merged[0], "native"); // the user's entries first
+//! assert_eq!(registry.installed_priority("rms_norm").unwrap()[0], "native");
+//! // An unknown provider is an error naming it; nothing is installed then.
+//! let bad = PriorityConfig { platform: PlatformChoice::Pinned(Platform::Cpu), user: UserPriorities::parse("rms_norm=bogus")? };
+//! assert!(bad.apply(&registry).unwrap_err().to_string().contains("bogus"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::fmt;
 use std::str::FromStr;
@@ -267,9 +285,9 @@ pub struct ResolvedConfig {
 /// The priority of one op after merging and resolution.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpPriority {
-    /// User entries first, then the platform's (R44).
+    /// User entries first, then the platform's.
     pub merged: Vec<String>,
-    /// What resolution made of it (R38).
+    /// What resolution made of it.
     pub resolved: Vec<&'static str>,
 }
 

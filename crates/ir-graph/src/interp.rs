@@ -1,4 +1,4 @@
-//! The interpreter (R67–R70): runs a graph on real tensors through a registry, with safety checks
+//! The interpreter: runs a graph on real tensors through a registry, with safety checks
 //! and statistics.
 //!
 //! Handles are moved into a value's last user and dropped after it, so donated buffers can be
@@ -18,7 +18,7 @@ use ir_core::builtin::{Eval, Scalars};
 use ir_core::op::{ArgMeta, Overload, Value};
 use ir_core::{CallError, Registry, StorageId, Tensor, TensorError, TensorMeta};
 
-/// Whether the interpreter checks writes for hazards (R69).
+/// Whether the interpreter checks writes for hazards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SafetyChecks {
     /// Check (the default everywhere).
@@ -41,7 +41,7 @@ impl InterpOptions {
     }
 }
 
-/// What one run did (R70).
+/// What one run did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InterpStats {
     /// Bytes of storages created during the run (defensive copies included, inputs excluded).

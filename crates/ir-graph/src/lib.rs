@@ -6,7 +6,7 @@
 //! and keeps its data, so diagnostics can still name it. Every value knows its defining node, its
 //! result index and its `TensorMeta`.
 //!
-//! The text format (R63) is produced by [`Graph`]'s `Display` and read by [`parse`]; [`verify`]
+//! The text format is produced by [`Graph`]'s `Display` and read by [`parse`]; [`verify`]
 //! checks a graph against a registry; [`interpret`] runs it on real tensors through the registry,
 //! with safety checks; [`Tracer`] is an execution context that records a graph from model code
 //! written against `ir_core::ExecutionContext`. The passes live in `ir-passes`.
@@ -201,7 +201,7 @@ pub struct ValueData {
     pub meta: TensorMeta,
 }
 
-/// A graph. See the module documentation.
+/// A graph. The [crate documentation](crate) describes its text format, verifier and interpreter.
 #[derive(Clone, Debug)]
 pub struct Graph {
     /// The graph's name.

@@ -1,4 +1,4 @@
-//! The parser of the text format (R63, R65): a small lexer and a recursive-descent parser that
+//! The parser of the text format: a small lexer and a recursive-descent parser that
 //! resolves value names as it goes. Errors carry line and column (1-based, in characters), what was
 //! expected and what was found. No input makes it panic.
 

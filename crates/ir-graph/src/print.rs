@@ -1,4 +1,4 @@
-//! The canonical printer of the text format (R64): every argument explicit and positional, compact
+//! The canonical printer of the text format: every argument explicit and positional, compact
 //! strides, offset 0 and `@cpu` omitted, floats in Rust's shortest round-trip form.
 
 use std::fmt::{self, Write};

@@ -1,5 +1,31 @@
-//! The tracer (R71): an execution context that records graph nodes instead of running kernels, so
+//! The tracer: an execution context that records graph nodes instead of running kernels, so
 //! the same model source produces eager results and graphs.
+//!
+//! ```
+//! use ir_core::{CallError, DType, EagerContext, ExecutionContext, Registry, Tensor, bit_eq};
+//! use ir_graph::{InterpOptions, Tracer, interpret};
+//!
+//! // A model written once against the execution context.
+//! fn model<C: ExecutionContext>(ctx: &C, x: &C::Tensor, r: &C::Tensor) -> Result<C::Tensor, CallError> {
+//!     let (y, _residual) = ctx.fused_add_rms_norm(x, r, None, 1e-6, None)?;
+//!     ctx.rms_norm(&y, None, 1e-6, None)
+//! }
+//!
+//! let registry = Registry::with_builtin_ops();
+//! let x = Tensor::from_f32(DType::F32, &[2, 4], &[1.0, 2.0, 3.0, 4.0, -1.0, 0.5, 0.25, 2.0])?;
+//! let r = Tensor::ones(DType::F32, &[2, 4])?;
+//! let eager = model(&EagerContext::new(&registry), &x, &r)?;
+//!
+//! let tracer = Tracer::new(&registry, "block");
+//! let (tx, tr) = (tracer.input("x", x.meta().clone()), tracer.input("r", r.meta().clone()));
+//! let out = model(&tracer, &tx, &tr)?;
+//! let traced = tracer.finish(&[out]);
+//! assert!(traced.graph.to_string().contains("fused_add_rms_norm(%x, %r, none, 1e-6, none)"));
+//! let inputs = vec![("x".to_owned(), x), ("r".to_owned(), r)];
+//! let run = interpret(&traced.graph, &registry, inputs, InterpOptions::checked())?;
+//! assert!(bit_eq(&run.outputs[0], &eager));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! Parameters are identified by the tensor (storage and layout), never by name alone: the same
 //! tensor used twice is one graph input, and two distinct tensors under one name get two inputs,

@@ -1,4 +1,4 @@
-//! The verifier (R66): collects every diagnostic of a graph, each naming the node (its printed
+//! The verifier: collects every diagnostic of a graph, each naming the node (its printed
 //! statement and position) and, when parsed from text, its line:column.
 
 use rustc_hash::FxHashSet as HashSet;

@@ -1,10 +1,10 @@
-//! Analyses shared by the passes: which nodes write which values, and storage roots (R61, R81).
+//! Analyses shared by the passes: which nodes write which values, and storage roots.
 
 use cranelift_entity::SecondaryMap;
 use ir_core::op::Overload;
 use ir_graph::{Arg, Effect, Graph, NodeId, NodeKind, OpTable, ValueId};
 
-/// The values a node writes (R61): an `ImplCall`'s `writes` arguments, a writing built-in's first
+/// The values a node writes: an `ImplCall`'s `writes` arguments, a writing built-in's first
 /// value (`copy_`'s destination), and a
 /// `maybe_inplace` call's activations (it donates them). Nothing else writes.
 pub fn written_values(graph: &Graph, ops: &OpTable, node: NodeId) -> Vec<ValueId> {
@@ -29,7 +29,7 @@ pub fn written_values(graph: &Graph, ops: &OpTable, node: NodeId) -> Vec<ValueId
     }
 }
 
-/// Storage roots (R81): an input is its own root; a view's root is its input's root; a writing
+/// Storage roots: an input is its own root; a view's root is its input's root; a writing
 /// node's result i has the root of what it wrote; every other value is its own root.
 pub struct StorageRoots {
     roots: SecondaryMap<ValueId, Option<ValueId>>,

@@ -1,4 +1,4 @@
-//! Dead-code elimination (R84): removes, until nothing changes, nodes that write nothing and whose
+//! Dead-code elimination: removes, until nothing changes, nodes that write nothing and whose
 //! results nobody uses. Inputs, the output node and writing nodes always stay.
 //!
 //! ```
@@ -41,7 +41,7 @@ impl fmt::Display for DceReport {
     }
 }
 
-/// Runs dead-code elimination. See the module documentation.
+/// Runs dead-code elimination, as the [module documentation](self) describes.
 ///
 /// A worklist over use counts makes it linear: removing a node can only make the definitions of its
 /// operands dead.

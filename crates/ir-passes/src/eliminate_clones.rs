@@ -15,11 +15,11 @@
 //! # Notation
 //!
 //! `p` is the copy's position in the graph order. A *storage class* is a set of values sharing one
-//! storage: a value, its views, and the results of nodes writing it (R81's roots), merged as copies
+//! storage: a value, its views, and the results of nodes writing it (their storage roots), merged as copies
 //! are removed. `C` is the copy's class and `O` the original's. A node *reads* a class when any of
 //! its operands belongs to it (a writer reads what it writes; the output node reads every output).
 //!
-//! # The rules of the `alias-aware` variant (the default, R81–R82)
+//! # The rules of the `alias-aware` variant (the default)
 //!
 //! **Layout change** — a copy whose layout (strides or storage offset) differs from its input's is
 //! kept, since its users see another layout:
@@ -96,7 +96,7 @@
 //! ```
 //!
 //! **More than one writer** (`MultipleWriters`) — a copy whose storage is written by more than one
-//! node is kept (R82; a conservative rule that keeps the analysis to one write per decision):
+//! node is kept (a conservative rule that keeps the analysis to one write per decision):
 //!
 //! ```text
 //! %c = clone(%a)                          // kept: two kernels write %c's storage
@@ -104,7 +104,7 @@
 //! %o2, %r2 = impl fused_add_rms_norm[cpu] writes(0, 1) (%o1, %q, ...)
 //! ```
 //!
-//! **Graph outputs stay fresh** (`GraphIoAlias`, R141) — a copy is kept when removing it would make
+//! **Graph outputs stay fresh** (`GraphIoAlias`) — a copy is kept when removing it would make
 //! a graph output share storage with a graph input not marked donated, or with another output.
 //! Callers may mutate outputs in place, so an output must not be a window onto an input they kept
 //! or onto another output. Aliasing a donated input is the point of in-place execution and stays
@@ -133,12 +133,12 @@
 //! sequence is sound by induction. Writes are kept per class as sorted positions and reads as the
 //! last reading position, merged small into large: the pass is `O(n log n)` in the graph size.
 //!
-//! # `unsafe` (vLLM's rules, R80)
+//! # `unsafe` (vLLM's rules)
 //!
 //! Candidates are taken in graph order with positions computed once, looking only at direct users
 //! of the copy and the original: a copy with more than one writer is kept; a written copy is kept
 //! if the original is used after the writer, or is a non-donated input. The snapshot rule and the
-//! graph-output rule hold as above, on storage classes (R141, R142); the snapshot rule applies to
+//! graph-output rule hold as above, on storage classes; the snapshot rule applies to
 //! written copies as well, which keeps the variant idempotent (a snapshot kept in one run becomes a
 //! written copy once the clone lowering put after it is gone) and also keeps one of two copies of a
 //! value passed as both activations of a kernel. It ignores reads of the original through other
@@ -149,7 +149,7 @@
 //!
 //! Before: the graph verifies. After: it verifies, every remaining copy has a reason in the report,
 //! and for every graph that does not trip the interpreter's safety checks the alias-aware variant
-//! gives bit-identical outputs and does not make it trip them (R83). Both variants are idempotent;
+//! gives bit-identical outputs and does not make it trip them. Both variants are idempotent;
 //! on error the graph is unchanged.
 //!
 //! ```
@@ -245,7 +245,7 @@ impl fmt::Display for CloneReport {
     }
 }
 
-/// Runs clone elimination with the context's variant. See the module documentation.
+/// Runs clone elimination with the context's variant, by the rules of the [module documentation](self).
 pub fn eliminate_clones(graph: &mut Graph, cx: &PassContext<'_>) -> Result<CloneReport, PassError> {
     let _span = tracing::info_span!("pass", name = "eliminate-clones").entered();
     let report = match cx.clone_elimination {
@@ -305,7 +305,7 @@ impl Edits {
     }
 }
 
-/// vLLM's rules plus the snapshot and graph-output rules (R80).
+/// vLLM's rules plus the snapshot and graph-output rules.
 fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut report = CloneReport::default();
     let positions = graph.positions();
@@ -358,11 +358,11 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     report
 }
 
-/// Storage classes: the roots of R81, merged as copies are removed (union-find), with the positions
+/// Storage classes: the storage roots, merged as copies are removed (union-find), with the positions
 /// of the nodes writing each class, the last position at which any value of the class is read, and
 /// the number of graph output slots holding a value of the class.
 struct Classes {
-    /// Union-find parent links (`None`: the class's representative), seeded with R81's roots.
+    /// Union-find parent links (`None`: the class's representative), seeded with the storage roots.
     parent: SecondaryMap<ValueId, Option<ValueId>>,
     /// Positions of the distinct nodes writing the class, sorted (one entry per writer node).
     writes: SecondaryMap<ValueId, BTreeSet<u32>>,
@@ -423,7 +423,7 @@ impl Classes {
         self.writes[class].range(after + 1..).next().copied().filter(|&w| w < until_read)
     }
 
-    /// R80's rule 5: whether merging the copy's class into the original's would make a graph
+    /// The graph-output rule: whether merging the copy's class into the original's would make a graph
     /// output share storage with a non-donated input or with another output.
     fn graph_io_alias(&self, graph: &Graph, copy_class: ValueId, original_class: ValueId) -> Option<KeepReason> {
         let copy_returned = 0 < self.outputs[copy_class];
@@ -448,7 +448,7 @@ impl Classes {
     }
 }
 
-/// Storage-aware rules (R81–R82), in two phases so no decision is undone by a later one.
+/// Storage-aware rules, in two phases so no decision is undone by a later one.
 fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut report = CloneReport::default();
     let positions = graph.positions();

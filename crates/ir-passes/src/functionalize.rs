@@ -80,7 +80,7 @@ impl fmt::Display for FunctionalizeReport {
     }
 }
 
-/// Runs inplace functionalization. See the module documentation.
+/// Runs inplace functionalization, as the [module documentation](self) describes.
 pub fn functionalize(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FunctionalizeReport, PassError> {
     let _span = tracing::info_span!("pass", name = "functionalize").entered();
     let positions = graph.positions();

@@ -1,12 +1,15 @@
 //! `ir-passes`: the graph passes that make donation safe and free.
 //!
-//! - [`functionalize`]: `maybe_inplace` calls become functional after the donated values are proven
+//! Each pass is a function of the same name; its module holds its essay (the rules, with IR
+//! examples).
+//!
+//! - [`functionalize`](mod@functionalize): `maybe_inplace` calls become functional after the donated values are proven
 //!   dead; donated graph inputs are marked.
-//! - [`lower`]: each op call becomes the implementation the installed priorities select; in-place
+//! - [`lower`](mod@lower): each op call becomes the implementation the installed priorities select; in-place
 //!   implementations get copies of their activations.
-//! - [`eliminate_clones`]: copies nothing needs are removed, with vLLM's rules (`unsafe`) or with
+//! - [`eliminate_clones`](mod@eliminate_clones): copies nothing needs are removed, with vLLM's rules (`unsafe`) or with
 //!   storage roots (`alias-aware`, the default).
-//! - [`dce`]: dead nodes are removed.
+//! - [`dce`](mod@dce): dead nodes are removed.
 //!
 //! [`Pipeline::standard`] runs them in that order (DCE twice) and verifies after each pass.
 //!
@@ -34,11 +37,11 @@
 //! `ir_passes::pipeline`; lowering warns about `maybe_inplace` calls it leaves.
 
 mod analysis;
-mod dce;
-mod eliminate_clones;
-mod functionalize;
-mod lower;
-mod pipeline;
+pub mod dce;
+pub mod eliminate_clones;
+pub mod functionalize;
+pub mod lower;
+pub mod pipeline;
 
 use std::fmt;
 
@@ -55,9 +58,9 @@ pub use ir_graph::OpTable;
 /// Which clone elimination to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CloneElimination {
-    /// Storage-root aware and sound (R81–R83); the default.
+    /// Storage-root aware and sound; the default.
     AliasAware,
-    /// vLLM's rules (R80); ignores aliasing through views and duplicate activations.
+    /// vLLM's rules; ignores aliasing through views and duplicate activations.
     Unsafe,
 }
 
@@ -82,7 +85,7 @@ impl<'r> PassContext<'r> {
     }
 }
 
-/// A donated value used after the call it was donated to (R75).
+/// A donated value used after the call it was donated to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
     /// The value, printed (`%x`).

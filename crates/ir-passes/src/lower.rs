@@ -3,7 +3,7 @@
 //! # What it does
 //!
 //! For each functional `IrCall`, selection runs on the graph's metadata with the registry's
-//! installed priorities (the same rules as eager dispatch, R39). A non-inplace choice becomes an
+//! installed priorities (the same rules as eager dispatch). A non-inplace choice becomes an
 //! `ImplCall` with the same arguments. For an inplace choice, a `clone` of each activation is inserted
 //! right before the call and the `ImplCall` receives the clones, with `writes` = the activation
 //! positions; clone elimination later removes the clones nothing needs. The `ImplCall` keeps the
@@ -83,7 +83,7 @@ impl fmt::Display for LowerReport {
     }
 }
 
-/// Runs lowering. See the module documentation.
+/// Runs lowering, as the [module documentation](self) describes.
 pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, PassError> {
     let _span = tracing::info_span!("pass", name = "lower").entered();
     let mut report = LowerReport::default();

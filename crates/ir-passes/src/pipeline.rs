@@ -1,4 +1,4 @@
-//! The pipeline (R73): runs passes by name, verifies after each, times them, and optionally dumps
+//! The pipeline: runs passes by name, verifies after each, times them, and optionally dumps
 //! the IR after each pass into a folder with an `index.md`.
 
 use std::fmt;
@@ -141,6 +141,25 @@ pub enum Snapshots {
 }
 
 /// Passes in order.
+///
+/// ```
+/// use ir_passes::{PassContext, Pipeline, Snapshots};
+///
+/// let registry = ir_core::Registry::with_builtin_ops();
+/// let mut graph = ir_graph::parse(
+///     "graph g(%x: f32[2,8]) {
+///        %c = clone(%x) : f32[2,8]
+///        %y = rms_norm(%c, none, 1e-6, none) : f32[2,8]
+///        output(%y)
+///      }",
+/// )?;
+/// let pipeline = Pipeline::from_names("lower,eliminate-clones,dce")?;
+/// let report = pipeline.run(&mut graph, &PassContext::new(&registry), None, Snapshots::Skip)?;
+/// assert_eq!(report.runs.len(), 3);
+/// // The copy fed a functional op only: removed.
+/// assert!(!graph.to_string().contains("clone("), "{graph}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pipeline {
     /// The passes.

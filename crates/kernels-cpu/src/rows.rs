@@ -1,6 +1,6 @@
 //! Row kernels and the thread split.
 //!
-//! Numerics (R86): squares are accumulated in f32 over 32 independent lanes (so the compiler can
+//! Numerics: squares are accumulated in f32 over 32 independent lanes (so the compiler can
 //! vectorize) with a fixed reduction order; the fused sum is one f32 addition per element, so the
 //! residual output is bit-identical to native; the norm is computed from the unrounded sum; the
 //! weight step rounds y to the element type, multiplies by the f32 weight and rounds once.

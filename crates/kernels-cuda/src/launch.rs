@@ -1,4 +1,4 @@
-//! Launch geometry, chosen from the hidden size alone (R87, R92), and the two launch paths.
+//! Launch geometry, chosen from the hidden size alone, and the two launch paths.
 
 use std::sync::Arc;
 
@@ -45,7 +45,7 @@ pub fn rms_norm_launch(n_rows: usize, hidden: usize) -> Result<Geometry, KernelE
 }
 
 /// Whether 16-byte accesses are safe for a tensor: aligned start, and a row stride and hidden size
-/// that are multiples of the vector width (R88). Decided on the host; both paths give the same bits.
+/// that are multiples of the vector width. Decided on the host; both paths give the same bits.
 pub(crate) fn vector_ok(rows: &Rows, dtype: DType, base_alignment: usize) -> bool {
     let size = dtype.size_in_bytes();
     let width = 16 / size;

@@ -1,6 +1,6 @@
 //! Kernel variants, their NVRTC compilation and the per-device module cache.
 //!
-//! A variant is one set of defines for `kernels/rms_norm.cu` (R91): dtype, weight present, fused,
+//! A variant is one set of defines for `kernels/rms_norm.cu`: dtype, weight present, fused,
 //! vector width and threads per row (which also fixes the block size). Modules are compiled at first
 //! use and cached per device (one cache per device, so per compute capability too).
 

@@ -1,7 +1,7 @@
 //! `vllm-ir`: the one dependency an inference engine adds. It re-exports the op layer (`ir-core`:
 //! tensors, ops, the registry, priorities, execution contexts), the layers, the graph IR and the
 //! passes, the kernel providers its features enable (`cpu` by default; `cuda`, `rocm`, `xpu`), and
-//! the external crates their APIs expose (`half`). One call, [`registry`], gives a registry with
+//! the external crates their APIs expose (`half`). One call, [`registry()`], gives a registry with
 //! every op, every provider of this build registered, and the platform's priorities installed, so
 //! the first call already runs the fast kernel.
 //!
@@ -21,7 +21,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Priorities: [`registry`] applies the detected platform's lists with `VLLM_IR_PLATFORM` and
+//! Priorities: [`registry()`] applies the detected platform's lists with `VLLM_IR_PLATFORM` and
 //! `VLLM_IR_PRIORITY` on top (your entries first, the platform's after); [`registry_with`] takes a
 //! configuration from code instead. `Registry::override_priority` installs a list for a scope.
 
@@ -60,7 +60,7 @@ pub fn registry() -> Result<Registry, SetupError> {
     registry_with(PriorityConfig::from_env()?)
 }
 
-/// [`registry`] with a configuration from code; reads no environment variable.
+/// [`registry()`] with a configuration from code; reads no environment variable.
 pub fn registry_with(config: PriorityConfig) -> Result<Registry, SetupError> {
     let registry = Registry::with_builtin_ops();
     register_providers(&registry)?;

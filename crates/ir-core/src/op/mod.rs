@@ -2,7 +2,7 @@
 //!
 //! Adding an op touches only its own module and [`BUILTIN_OPS`].
 
-mod declare;
+pub mod declare;
 pub mod fused_add_rms_norm;
 pub mod gated;
 pub mod gelu_and_mul;
@@ -190,7 +190,7 @@ pub fn is_reserved(name: &str) -> bool {
     KEYWORDS.contains(&name) || crate::Builtin::from_name(name).is_some()
 }
 
-/// The global tolerance table (R55), used when an op has no override.
+/// The global tolerance table, used when an op has no override.
 pub fn global_tolerance(dtype: DType) -> Tolerance {
     match dtype {
         DType::F64 => Tolerance { atol: 1e-8, rtol: 1e-8 },

@@ -1,4 +1,4 @@
-//! The normative math of `rms_norm` and `fused_add_rms_norm` (R52–R54), shared by both ops.
+//! The normative math of `rms_norm` and `fused_add_rms_norm`, shared by both ops.
 //!
 //! Notation: `c` is the compute dtype (f32; f64 when x is f64). Values are held in `f64` but rounded
 //! to `c` after every step the spec computes "in c": for f32 operands, one f64 operation followed by

@@ -1,6 +1,6 @@
 //! `rms_norm(x, weight, epsilon, variance_size) -> out`: root-mean-square normalization of each row.
 //!
-//! Not `allow_inplace`; activations `[x]`. The math is in R53 of the spec and in `native` below.
+//! Not `allow_inplace`; activations `[x]`. The math is in `native` below.
 
 use crate::op::norm_math::{NormParams, native_norm, norm_meta};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};

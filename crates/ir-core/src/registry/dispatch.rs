@@ -367,8 +367,8 @@ impl Registry {
     }
 }
 
-/// Gives an in-place kernel a uniquely owned activation: a copy for the functional call (R46), the
-/// donated tensor itself for `maybe_inplace` when nothing else refers to its storage, else a copy (R47).
+/// Gives an in-place kernel a uniquely owned activation: a copy for the functional call, the
+/// donated tensor itself for `maybe_inplace` when nothing else refers to its storage, else a copy.
 fn prepare_activation(entry: &OpEntry, overload: Overload, index: usize, tensor: Tensor) -> Result<Tensor, CallError> {
     match overload {
         Overload::Default => {

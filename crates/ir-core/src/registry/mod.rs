@@ -3,6 +3,47 @@
 //! Registries are independent and `Send + Sync`; tests build their own and run in parallel threads.
 //! A lazily created process-wide [`Registry::global`] exists for convenience.
 //!
+//! # Registering a provider, installing priorities, dispatching
+//!
+//! A provider is a closure (it may hold state) plus an [`ImplSpec`]: its name, an
+//! optional availability probe and an optional `supports` predicate over argument metadata. The
+//! installed priority list of an op picks, per call, the first available provider whose predicate
+//! accepts the arguments; every rejection is recorded with its reason.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//!
+//! use ir_core::op::silu_and_mul::{self, SiluAndMulArgs};
+//! use ir_core::{DType, ImplSpec, Registry, Support, Tensor};
+//!
+//! let registry = Registry::with_builtin_ops();
+//! // State: a call counter. The predicate sees metadata only: this provider takes f32.
+//! let calls = Arc::new(AtomicU64::new(0));
+//! let counter = Arc::clone(&calls);
+//! let spec = ImplSpec::new("mine").with_supports(|args| match SiluAndMulArgs::from_meta(args) {
+//!     Some(view) if view.x.dtype == DType::F32 => Support::Yes,
+//!     _ => Support::No("f32 only".into()),
+//! });
+//! silu_and_mul::register(&registry, spec, move |x| {
+//!     counter.fetch_add(1, Ordering::Relaxed);
+//!     silu_and_mul::native(x)
+//! })?;
+//! // Priorities: `mine` first, the list installed before (here none: `native`) after it.
+//! let _guard = registry.override_priority("silu_and_mul", &["mine"])?;
+//! assert_eq!(registry.installed_priority("silu_and_mul").unwrap(), ["mine", "native"]);
+//!
+//! silu_and_mul::silu_and_mul(&registry, &Tensor::ones(DType::F32, &[2, 8])?)?;
+//! silu_and_mul::silu_and_mul(&registry, &Tensor::ones(DType::BF16, &[2, 8])?)?; // rejected: native
+//! assert_eq!(calls.load(Ordering::Relaxed), 1);
+//! let record = registry.selection_record();
+//! assert_eq!(record.selections("silu_and_mul", "native"), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Engines install every op's list at once from a per-platform
+//! [`PriorityConfig`](crate::PriorityConfig) (see [`platform`](crate::platform)).
+//!
 //! # Locks
 //!
 //! User code (availability probes, `supports` predicates, meta functions, kernels) never runs while
@@ -200,7 +241,8 @@ pub enum RegistryError {
     },
 }
 
-/// The op registry. See the module documentation.
+/// The op registry. The [module documentation](crate::registry) describes registration, resolution,
+/// dispatch and the lock order.
 pub struct Registry {
     /// Keyed by op name with a fast non-cryptographic hash (names are ours, not adversarial).
     ops: RwLock<IndexMap<&'static str, Arc<OpEntry>, rustc_hash::FxBuildHasher>>,

@@ -178,7 +178,7 @@ fn install_layer(entry: Arc<OpEntry>, layer_data: Layer) -> PriorityGuard {
     PriorityGuard { entry, layer }
 }
 
-/// Resolution (R38): check names, skip unavailable providers, stop after the first provider without a
+/// Resolution: check names, skip unavailable providers, stop after the first provider without a
 /// predicate, and append `native` (with a warning) when no such provider was reached.
 fn resolve(entry: &OpEntry, names: &[impl AsRef<str>]) -> Result<Resolved, PriorityError> {
     let op = entry.def.name;

@@ -609,7 +609,7 @@ impl Tensor {
         }
     }
 
-    /// A copy on the allocator's device, with the layout a copy gets (R16).
+    /// A copy on the allocator's device, with the layout a copy gets.
     pub fn to_device(&self, allocator: &dyn DeviceAllocator) -> Result<Tensor, TensorError> {
         let host = self.to_cpu()?.deep_clone()?;
         let buffer = host.cpu_buffer().expect("deep_clone of a CPU tensor is on the CPU");
