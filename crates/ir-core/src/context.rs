@@ -183,16 +183,36 @@ pub fn outputs<T, const N: usize>(op: &'static OpDef, outputs: Vec<T>) -> Result
 }
 
 /// Runs models on real tensors, dispatching through a registry.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct EagerContext<'r> {
     /// The registry whose installed priorities choose the kernels.
     pub registry: &'r Registry,
+    /// The stream (queue) device kernels of this context's calls launch on, if the caller gave one.
+    stream: Option<crate::kernel::LaunchStream>,
+}
+
+impl std::fmt::Debug for EagerContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EagerContext")
+            .field("registry", &self.registry)
+            .field("stream", &self.stream.is_some())
+            .finish()
+    }
 }
 
 impl<'r> EagerContext<'r> {
     /// A context dispatching through `registry`.
     pub fn new(registry: &'r Registry) -> EagerContext<'r> {
-        EagerContext { registry }
+        EagerContext { registry, stream: None }
+    }
+
+    /// The same context whose calls launch device kernels on `stream`: the engine's own stream
+    /// handle, of the type the kernel crate documents (`Arc<cudarc::driver::CudaStream>` for
+    /// `cuda`). Providers that take no stream, or another type, ignore it; see
+    /// [`kernel::launch_stream`](crate::kernel::launch_stream).
+    pub fn with_stream<S: std::any::Any + Send + Sync>(mut self, stream: S) -> EagerContext<'r> {
+        self.stream = Some(std::sync::Arc::new(stream));
+        self
     }
 }
 
@@ -214,7 +234,7 @@ impl ExecutionContext for EagerContext<'_> {
         args: Vec<CallArg<Tensor>>,
     ) -> Result<Vec<Tensor>, CallError> {
         let values = args.into_iter().map(|arg| arg.into_value(Value::Tensor)).collect();
-        self.registry.call_def(op, overload, values)
+        crate::kernel::with_launch_stream(self.stream.as_ref(), || self.registry.call_def(op, overload, values))
     }
 
     /// Runs the table's computation; `copy_` writes into its first argument, which must be uniquely

@@ -274,9 +274,24 @@ impl CudaBuffer {
         ir_core::Tensor::from_storage(ir_core::storage::Storage::Device(Box::new(self)), dtype, layout)
     }
 
-    /// The stream kernels on this memory launch on.
+    /// The stream kernels on this memory launch on (unless the call's context gives another).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The stream a call whose first activation is this buffer launches on: the caller's, when
+    /// the call came through an [`EagerContext::with_stream`](ir_core::EagerContext::with_stream)
+    /// given an `Arc<CudaStream>`, else this memory's.
+    pub(crate) fn call_stream(&self) -> Result<Arc<CudaStream>, KernelError> {
+        match ir_core::kernel::launch_stream::<Arc<CudaStream>>() {
+            Some(stream) => {
+                self.device
+                    .check_stream(&stream)
+                    .map_err(|e| KernelError::Driver { backend: "cuda", message: e.message })?;
+                Ok(stream)
+            }
+            None => Ok(Arc::clone(&self.stream)),
+        }
     }
 
     /// The address to read from in work queued on `stream`.

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use ir_core::kernel::{
     GatedCall, GatedGeometry, GatedKernel, GatedScalars, Rows, device_buffer, gated_support, kernel_int,
@@ -65,18 +65,20 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
     let GatedGeometry { rows, out_layout, .. } = geometry;
     let dtype = x.dtype();
     let x_buffer = device_buffer::<CudaBuffer>(x, "x", "CUDA")?;
-    // The output lives on x's stream, in stream order with the kernel that writes it.
+    // The output lives on the call's stream, in stream order with the kernel that writes it.
+    let stream = x_buffer.call_stream()?;
     let mut out = x_buffer
         .device
-        .allocate_on(x_buffer.stream(), out_layout.storage_end() * dtype.size_in_bytes())
+        .allocate_on(&stream, out_layout.storage_end() * dtype.size_in_bytes())
         .map_err(ir_core::TensorError::from)?;
     if !empty {
-        launch(op, dtype, rows, x_buffer, &mut out, scalars)?;
+        launch(&stream, op, dtype, rows, x_buffer, &mut out, scalars)?;
     }
     Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
 }
 
 fn launch(
+    stream: &Arc<CudaStream>,
     op: &GatedKernel,
     dtype: DType,
     rows: Rows,
@@ -93,9 +95,8 @@ fn launch(
     let d: i32 = kernel_int(rows.hidden / 2, "output width")?;
     let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
     let out_stride: i64 = i64::from(d);
-    let stream = Arc::clone(x.stream());
-    let x_address = x.read_address(&stream);
-    let out_address = out.write_address(&stream);
+    let x_address = x.read_address(stream);
+    let out_address = out.write_address(stream);
     let (x_ptr, out_ptr) = (x_address.offset(rows.offset * size), out_address.ptr);
     let mut builder = stream.launch_builder(&function);
     // <op>_<dtype>(elem_t* out, const elem_t* x, long long n_rows, int d, long long x_row_stride,

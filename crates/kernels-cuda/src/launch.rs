@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use ir_core::kernel::{Rows, gpu_threads_per_row, kernel_int};
 use ir_core::{DType, KernelError};
 
@@ -96,8 +96,9 @@ fn prepare(device: &CudaDeviceState, op: NormOp, launch: &Launch, has_weight: bo
 }
 
 /// Launches `rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)`
-/// on x's stream.
+/// on `stream` (the call's: see `CudaBuffer::call_stream`).
 pub(crate) fn launch_rms_norm(
+    stream: &Arc<CudaStream>,
     launch: &Launch,
     out: &mut CudaBuffer,
     x: &CudaBuffer,
@@ -108,10 +109,9 @@ pub(crate) fn launch_rms_norm(
     let size = launch.dtype.size_in_bytes();
     let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
     let out_stride: i64 = kernel_int(out_rows.row_stride, "out row stride")?;
-    let stream = Arc::clone(x.stream());
-    let x_address = x.read_address(&stream);
-    let out_address = out.write_address(&stream);
-    let weight_address = weight.map(|(w, offset)| (w.read_address(&stream), offset));
+    let x_address = x.read_address(stream);
+    let out_address = out.write_address(stream);
+    let weight_address = weight.map(|(w, offset)| (w.read_address(stream), offset));
     let x_ptr = x_address.offset(rows.offset * size);
     let out_ptr = out_address.offset(out_rows.offset * size);
     let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset)| w.offset(offset * size));
@@ -133,8 +133,9 @@ pub(crate) fn launch_rms_norm(
 }
 
 /// Launches `fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, x_row_stride,
-/// residual_row_stride)` on x's stream.
+/// residual_row_stride)` on `stream`.
 pub(crate) fn launch_fused(
+    stream: &Arc<CudaStream>,
     launch: &Launch,
     x: &mut CudaBuffer,
     residual: &mut CudaBuffer,
@@ -145,10 +146,9 @@ pub(crate) fn launch_fused(
     let size = launch.dtype.size_in_bytes();
     let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
     let residual_stride: i64 = kernel_int(residual_rows.row_stride, "residual row stride")?;
-    let stream = Arc::clone(x.stream());
-    let x_address = x.write_address(&stream);
-    let residual_address = residual.write_address(&stream);
-    let weight_address = weight.map(|(w, offset)| (w.read_address(&stream), offset));
+    let x_address = x.write_address(stream);
+    let residual_address = residual.write_address(stream);
+    let weight_address = weight.map(|(w, offset)| (w.read_address(stream), offset));
     let x_ptr = x_address.offset(rows.offset * size);
     let residual_ptr = residual_address.offset(residual_rows.offset * size);
     let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset)| w.offset(offset * size));

@@ -72,10 +72,11 @@ pub fn rms_norm_cuda(
     let out_layout = x.layout().copy_layout();
     let out_meta = ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() };
     let out_rows = Rows::for_kernel(&out_meta)?;
-    // Outputs live on x's stream, in stream order with the kernel that writes them.
+    // Outputs live on the call's stream, in stream order with the kernel that writes them.
+    let stream = x_buffer.call_stream()?;
     let mut out = x_buffer
         .device
-        .allocate_on(x_buffer.stream(), out_layout.storage_end() * dtype.size_in_bytes())
+        .allocate_on(&stream, out_layout.storage_end() * dtype.size_in_bytes())
         .map_err(ir_core::TensorError::from)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
@@ -83,7 +84,7 @@ pub fn rms_norm_cuda(
             && launch::vector_ok(&out_rows, dtype, ALLOCATION_ALIGNMENT)
             && weight.is_none_or(|(_, offset)| weight_vector_ok(offset, x_rows.hidden, dtype));
         let launch = launch::Launch { dtype, rows: x_rows, other_rows: out_rows, epsilon: epsilon as f32, vectorized };
-        launch::launch_rms_norm(&launch, &mut out, x_buffer, weight)?;
+        launch::launch_rms_norm(&stream, &launch, &mut out, x_buffer, weight)?;
     }
     Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
 }
@@ -109,7 +110,8 @@ pub fn fused_add_rms_norm_cuda(
             launch::Launch { dtype, rows: x_rows, other_rows: residual_rows, epsilon: epsilon as f32, vectorized };
         let x_buffer = device_buffer_mut::<CudaBuffer>(&mut x, "x", "CUDA")?;
         let residual_buffer = device_buffer_mut::<CudaBuffer>(&mut residual, "x_residual", "CUDA")?;
-        launch::launch_fused(&launch, x_buffer, residual_buffer, weight)?;
+        let stream = x_buffer.call_stream()?;
+        launch::launch_fused(&stream, &launch, x_buffer, residual_buffer, weight)?;
     }
     Ok((x.into_tensor(), residual.into_tensor()))
 }

@@ -90,3 +90,27 @@ fn raw_device_pointers_are_adopted_with_their_owner() {
     let expected = rms_norm::native(&x, None, 1e-6, None).unwrap();
     ir_core::allclose(&out.to_cpu().unwrap(), &expected, 0.05, 0.02).unwrap();
 }
+
+#[test]
+fn an_execution_context_carries_the_engines_stream() {
+    let Some(registry) = registry() else { return };
+    let _guard = registry.override_priority("rms_norm", &["cuda"]).unwrap();
+    let device = &kernels_cuda::devices().unwrap()[0];
+    let engine_stream = device.context().new_stream().unwrap();
+    let allocator = kernels_cuda::allocator(0).unwrap();
+    let x = host(16, 1024, 5);
+    // Memory allocated by this crate (on its own stream); the call's context names another.
+    let dx = x.to_device(&allocator).unwrap();
+    let ctx = ir_core::EagerContext::new(&registry).with_stream(Arc::clone(&engine_stream));
+    let out = ir_core::ExecutionContext::rms_norm(&ctx, &dx, None, 1e-6, None).unwrap();
+    let Storage::Device(buffer) = out.storage() else { panic!("a device output") };
+    let buffer = buffer.as_any().downcast_ref::<CudaBuffer>().unwrap();
+    assert!(Arc::ptr_eq(buffer.stream(), &engine_stream), "launched and allocated on the context's stream");
+    let expected = rms_norm::native(&x, None, 1e-6, None).unwrap();
+    ir_core::allclose(&out.to_cpu().unwrap(), &expected, 0.05, 0.02).unwrap();
+    // Without the stream, the memory's own stream.
+    let out = rms_norm::rms_norm(&registry, &dx, None, 1e-6, None).unwrap();
+    let Storage::Device(buffer) = out.storage() else { panic!("a device output") };
+    let buffer = buffer.as_any().downcast_ref::<CudaBuffer>().unwrap();
+    assert!(Arc::ptr_eq(buffer.stream(), device.stream()));
+}
