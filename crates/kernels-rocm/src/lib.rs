@@ -31,7 +31,7 @@ use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, Registr
 
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
-pub use crate::runtime::{HipBuffer, RocmAllocator};
+pub use crate::runtime::{HipBuffer, HipStream, RocmAllocator};
 pub use crate::variant::{KernelVariant, NormOp, THREADS_PER_ROW, all_variants};
 
 /// The provider name.

@@ -130,8 +130,10 @@ impl HipDevice {
         params: &mut [*mut c_void],
     ) -> Result<(), KernelError> {
         let function = self.function(symbol)?;
-        // SAFETY: the caller guarantees the parameters; the null stream is the default stream, on
-        // which every copy of this crate runs too, so launches and copies stay ordered.
+        let stream = ir_core::kernel::launch_stream::<HipStream>().map_or(ptr::null_mut(), |stream| stream.0);
+        // SAFETY: the caller guarantees the parameters; the stream is the caller's (a live stream
+        // of this device, `HipStream`'s contract) or the null stream; copies synchronize the
+        // device first, so they see every launch on either.
         let launched = unsafe {
             hipModuleLaunchKernel(
                 function,
@@ -142,12 +144,33 @@ impl HipDevice {
                 1,
                 1,
                 0,
-                ptr::null_mut(),
+                stream,
                 params.as_mut_ptr(),
                 ptr::null_mut(),
             )
         };
         check(launched).map_err(driver)
+    }
+}
+
+/// An engine's HIP stream, for [`EagerContext::with_stream`](ir_core::EagerContext::with_stream):
+/// the calls made through that context launch their kernels on it instead of the default stream.
+#[derive(Clone, Copy, Debug)]
+pub struct HipStream(hip_sys::hiprt::hipStream_t);
+
+// SAFETY: a HIP stream handle may be used from any thread (the HIP runtime is thread-safe).
+unsafe impl Send for HipStream {}
+// SAFETY: as above; the handle is only passed to HIP calls.
+unsafe impl Sync for HipStream {}
+
+impl HipStream {
+    /// Wraps an engine's stream handle.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream of `rocm:0` for as long as any context carrying it is used.
+    pub unsafe fn from_raw(stream: hip_sys::hiprt::hipStream_t) -> HipStream {
+        HipStream(stream)
     }
 }
 
@@ -255,8 +278,11 @@ impl DeviceBuffer for HipBuffer {
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: `dst` has at least `n` bytes and the device buffer holds `len_bytes >= n`; the
-        // synchronous copy waits for earlier work on the default stream.
+        // Kernels may have run on an engine's stream, which the default stream does not wait for.
+        // SAFETY: no preconditions.
+        check(unsafe { hipDeviceSynchronize() }).map_err(|e| self.device.error("download", e))?;
+        // SAFETY: `dst` has at least `n` bytes and the device buffer holds `len_bytes >= n`; every
+        // earlier kernel has finished (above).
         check(unsafe { hipMemcpyDtoH(dst.as_mut_ptr() as *mut c_void, self.pointer, n) })
             .map_err(|e| self.device.error("download", e))
     }
@@ -266,6 +292,9 @@ impl DeviceBuffer for HipBuffer {
         if n == 0 {
             return Ok(());
         }
+        // Kernels on an engine's stream may still read the memory.
+        // SAFETY: no preconditions.
+        check(unsafe { hipDeviceSynchronize() }).map_err(|e| self.device.error("upload", e))?;
         // SAFETY: `src` has at least `n` bytes, which fit the device buffer; HIP only reads them.
         check(unsafe { hipMemcpyHtoD(self.pointer, src.as_ptr() as *mut c_void, n) })
             .map_err(|e| self.device.error("upload", e))

@@ -27,7 +27,7 @@ pub struct XpuDevice {
     is_gpu: bool,
     extensions: String,
     context: Context,
-    queue: CommandQueue,
+    queue: Arc<CommandQueue>,
     kernels: KernelCache<KernelVariant>,
     gated_kernels: KernelCache<(&'static str, DType)>,
 }
@@ -108,7 +108,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         is_gpu,
         extensions,
         context,
-        queue,
+        queue: Arc::new(queue),
         kernels: Mutex::new(HashMap::new()),
         gated_kernels: Mutex::new(HashMap::new()),
     }))
@@ -125,11 +125,22 @@ impl XpuDevice {
         &self.extensions
     }
 
-    /// The in-order queue every operation of this crate uses. An engine sharing memory with the
-    /// kernels enqueues its own work on it too (or orders its queues with it by events), so both
-    /// run in one order.
-    pub fn queue(&self) -> &CommandQueue {
+    /// The in-order queue this crate uses when the caller gives none (see [`XpuBuffer`]).
+    pub fn queue(&self) -> &Arc<CommandQueue> {
         &self.queue
+    }
+
+    /// Whether `queue` belongs to this device's context (the kernels are built in it).
+    fn check_queue(&self, queue: &CommandQueue) -> Result<(), KernelError> {
+        let context = queue.context().map_err(cl_error)?;
+        if context == self.context.get() {
+            return Ok(());
+        }
+        Err(KernelError::Driver {
+            backend: "xpu",
+            message: "the queue belongs to another OpenCL context; create it in kernels_xpu::device()?.context()"
+                .to_owned(),
+        })
     }
 
     /// The OpenCL context the kernels are built in: memory an engine hands over
@@ -177,15 +188,24 @@ impl XpuDevice {
     }
 
     fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<XpuBuffer, DeviceError> {
+        self.allocate_on(&self.queue, len_bytes)
+    }
+
+    /// A zeroed buffer whose zeros are written on `queue`, which it then belongs to.
+    pub(crate) fn allocate_on(
+        self: &Arc<Self>,
+        queue: &Arc<CommandQueue>,
+        len_bytes: usize,
+    ) -> Result<XpuBuffer, DeviceError> {
         // SAFETY: no host pointer is passed, so OpenCL allocates and owns the memory.
         let mut buffer =
             unsafe { Buffer::<u8>::create(&self.context, CL_MEM_READ_WRITE, len_bytes.max(1), ptr::null_mut()) }
                 .map_err(|e| self.device_error("allocate", e.to_string()))?;
         let zeros = vec![0u8; len_bytes.max(1)];
         // SAFETY: a blocking write of exactly the buffer's size from a live host slice.
-        unsafe { self.queue.enqueue_write_buffer(&mut buffer, CL_BLOCKING, 0, &zeros, &[]) }
+        unsafe { queue.enqueue_write_buffer(&mut buffer, CL_BLOCKING, 0, &zeros, &[]) }
             .map_err(|e| self.device_error("allocate", e.to_string()))?;
-        Ok(XpuBuffer { buffer, len_bytes, device: Arc::clone(self) })
+        Ok(XpuBuffer { buffer, len_bytes, device: Arc::clone(self), queue: Mutex::new(Arc::clone(queue)) })
     }
 
     fn device_error(&self, operation: &'static str, message: String) -> DeviceError {
@@ -214,11 +234,19 @@ impl DeviceAllocator for XpuAllocator {
     }
 }
 
-/// OpenCL memory of one tensor storage.
+/// OpenCL memory of one tensor storage, and the in-order queue of its last use.
+///
+/// A call launches on the queue its caller gives through the execution context
+/// ([`EagerContext::with_stream`](ir_core::EagerContext::with_stream) with an `Arc<CommandQueue>`
+/// of this crate's context), else on its first activation's queue. Before a buffer is used on a
+/// queue other than its last one, that queue waits for everything enqueued on the old one (a
+/// marker and a barrier), and the buffer moves to the new queue; so uses of one buffer on several
+/// queues stay in order. Downloads and uploads run on the buffer's current queue.
 pub struct XpuBuffer {
     pub(crate) buffer: Buffer<u8>,
     len_bytes: usize,
     pub(crate) device: Arc<XpuDevice>,
+    queue: Mutex<Arc<CommandQueue>>,
 }
 
 impl XpuBuffer {
@@ -226,13 +254,14 @@ impl XpuBuffer {
     /// be allocated in this crate's context ([`XpuDevice::context`]). The buffer takes its own
     /// reference (`clRetainMemObject`), released when the buffer is dropped; the engine keeps its own.
     ///
-    /// Kernels on tensors over it run on this crate's in-order queue ([`XpuDevice::queue`]).
+    /// Its first queue is this crate's ([`XpuDevice::queue`]); see [`XpuBuffer`] for how calls pick
+    /// theirs.
     ///
     /// # Safety
     ///
     /// - `mem` is a valid OpenCL memory object (checked further: its context and size);
-    /// - work the engine enqueues on other queues that touches the memory is ordered with this
-    ///   crate's queue by the engine (events, `clFinish`);
+    /// - work the engine enqueues itself that touches the memory is ordered with the buffer's
+    ///   queue by the engine (the same queue, events, `clFinish`);
     /// - while a tensor over the buffer is alive, nothing but such tensors writes the memory.
     pub unsafe fn from_cl_mem(mem: opencl3::types::cl_mem, len_bytes: usize) -> Result<XpuBuffer, DeviceError> {
         let device = Arc::clone(device().map_err(|reason| DeviceError {
@@ -266,7 +295,41 @@ impl XpuBuffer {
         unsafe { opencl3::memory::retain_mem_object(mem) }.map_err(|code| {
             device.device_error("adopt", format!("clRetainMemObject: {}", opencl3::error_codes::ClError(code)))
         })?;
-        Ok(XpuBuffer { buffer: Buffer::new(mem), len_bytes, device })
+        let queue = Mutex::new(Arc::clone(&device.queue));
+        Ok(XpuBuffer { buffer: Buffer::new(mem), len_bytes, device, queue })
+    }
+
+    /// The queue of the buffer's last use.
+    pub fn queue(&self) -> Arc<CommandQueue> {
+        Arc::clone(&self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// Moves the buffer to `queue` for its next use: when it differs from the buffer's current
+    /// queue, `queue` first waits for everything enqueued on the current one.
+    pub(crate) fn use_on(&self, queue: &Arc<CommandQueue>) -> Result<(), KernelError> {
+        let mut current = self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if Arc::ptr_eq(&current, queue) {
+            return Ok(());
+        }
+        // SAFETY: a marker with no wait list on a live queue, and a barrier on a live queue of
+        // the same context waiting for that marker's event (kept alive until both calls return).
+        let marker = unsafe { current.enqueue_marker_with_wait_list(&[]) }.map_err(cl_error)?;
+        // SAFETY: as above: `marker` is a live event of this context.
+        unsafe { queue.enqueue_barrier_with_wait_list(&[marker.get()]) }.map_err(cl_error)?;
+        *current = Arc::clone(queue);
+        Ok(())
+    }
+
+    /// The queue a call whose first activation is this buffer launches on: the caller's, when the
+    /// call came through an execution context given an `Arc<CommandQueue>`, else this buffer's.
+    pub(crate) fn call_queue(&self) -> Result<Arc<CommandQueue>, KernelError> {
+        match ir_core::kernel::launch_stream::<Arc<CommandQueue>>() {
+            Some(queue) => {
+                self.device.check_queue(&queue)?;
+                Ok(queue)
+            }
+            None => Ok(self.queue()),
+        }
     }
 
     /// A tensor over the buffer (the layout must fit).
@@ -301,8 +364,8 @@ impl DeviceBuffer for XpuBuffer {
         }
         let dst = &mut dst[..self.len_bytes];
         // SAFETY: a blocking read of `len_bytes` (at most the buffer's size) into a live host slice;
-        // the in-order queue runs it after every kernel enqueued before.
-        unsafe { self.device.queue.enqueue_read_buffer(&self.buffer, CL_BLOCKING, 0, dst, &[]) }
+        // the buffer's in-order queue runs it after every use enqueued before.
+        unsafe { self.queue().enqueue_read_buffer(&self.buffer, CL_BLOCKING, 0, dst, &[]) }
             .map_err(|e| self.device.device_error("download", e.to_string()))?;
         Ok(())
     }
@@ -313,13 +376,14 @@ impl DeviceBuffer for XpuBuffer {
         }
         let device = Arc::clone(&self.device);
         // SAFETY: a blocking write of `src.len()` bytes (at most the buffer's size) from a live slice.
-        unsafe { device.queue.enqueue_write_buffer(&mut self.buffer, CL_BLOCKING, 0, src, &[]) }
+        let queue = self.queue();
+        unsafe { queue.enqueue_write_buffer(&mut self.buffer, CL_BLOCKING, 0, src, &[]) }
             .map_err(|e| device.device_error("upload", e.to_string()))?;
         Ok(())
     }
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(self.device.allocate(len_bytes)?))
+        Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes)?))
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -8,7 +8,7 @@ use ir_core::kernel::{GatedCall, GatedGeometry, GatedKernel, device_buffer, gate
 use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
-use ir_core::storage::{DeviceAllocator, Storage};
+use ir_core::storage::Storage;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::ClMem;
@@ -55,11 +55,14 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
     let GatedGeometry { rows, d, out_layout } = geometry;
     let dtype = x.dtype();
     let x_buffer = device_buffer::<XpuBuffer>(x, "x", "xpu")?;
-    let allocator = crate::allocator().map_err(|reason| KernelError::Driver { backend: "xpu", message: reason })?;
-    let mut out =
-        allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(ir_core::TensorError::from)?;
+    // The output belongs to the call's queue, where the kernel writes it.
+    let queue = x_buffer.call_queue()?;
+    let out_buffer = x_buffer
+        .device
+        .allocate_on(&queue, out_layout.storage_end() * dtype.size_in_bytes())
+        .map_err(ir_core::TensorError::from)?;
     if !empty {
-        let out_buffer = out.as_any_mut().downcast_mut::<XpuBuffer>().expect("allocated by this crate");
+        x_buffer.use_on(&queue)?;
         let kernel = x_buffer.device.gated_kernel(op, dtype)?;
         let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (out_mem, x_mem) = (out_buffer.buffer.get(), x_buffer.buffer.get());
@@ -91,9 +94,9 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
                 .set_arg(&scalars.ints[1])
                 .set_global_work_size(global)
                 .set_local_work_size(GATED_GROUP)
-                .enqueue_nd_range(x_buffer.device.queue())
+                .enqueue_nd_range(&queue)
         }
         .map_err(cl_error)?;
     }
-    Ok(Tensor::from_storage(Storage::Device(out), dtype, out_layout)?)
+    Ok(Tensor::from_storage(Storage::Device(Box::new(out_buffer)), dtype, out_layout)?)
 }

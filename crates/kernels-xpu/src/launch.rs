@@ -3,10 +3,13 @@
 use ir_core::kernel::{Rows, kernel_int};
 use ir_core::{DType, KernelError};
 use opencl3::kernel::ExecuteKernel;
-use opencl3::memory::{Buffer, ClMem};
+use std::sync::Arc;
+
+use opencl3::command_queue::CommandQueue;
+use opencl3::memory::ClMem;
 
 use crate::FORCE_TREE_ENV;
-use crate::device::{XpuDevice, cl_error};
+use crate::device::{XpuBuffer, cl_error};
 use crate::module::{KernelVariant, NormOp, group_size, threads_per_row, use_subgroups};
 
 /// Scalars of one launch.
@@ -19,16 +22,21 @@ pub(crate) struct Args {
     pub(crate) other_rows: Rows,
 }
 
-/// Enqueues one kernel. For `rms_norm`, `first` is the output and `second` is x; for the fused op,
-/// `first` is x and `second` the residual (both written in place).
+/// Enqueues one kernel on `queue` (every buffer moved to it first). For `rms_norm`, `first` is the
+/// output and `second` is x; for the fused op, `first` is x and `second` the residual (both
+/// written in place).
 pub(crate) fn launch(
-    device: &XpuDevice,
+    queue: &Arc<CommandQueue>,
     op: NormOp,
     args: Args,
-    first: &Buffer<u8>,
-    second: &Buffer<u8>,
-    weight: Option<(&Buffer<u8>, usize)>,
+    first: &XpuBuffer,
+    second: &XpuBuffer,
+    weight: Option<(&XpuBuffer, usize)>,
 ) -> Result<(), KernelError> {
+    let device = &second.device;
+    for buffer in [Some(first), Some(second), weight.map(|(w, _)| w)].into_iter().flatten() {
+        buffer.use_on(queue)?;
+    }
     let (rows, other) = (args.rows, args.other_rows);
     let threads_per_row = threads_per_row(rows.hidden);
     let force_tree = std::env::var(FORCE_TREE_ENV).is_ok_and(|v| v == "1");
@@ -43,8 +51,8 @@ pub(crate) fn launch(
     let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let group = group_size(threads_per_row) as usize;
     let groups = rows.n_rows.div_ceil(variant.rows_per_group() as usize);
-    let (first_mem, second_mem) = (first.get(), second.get());
-    let weight_mem = weight.map_or(second_mem, |(w, _)| w.get());
+    let (first_mem, second_mem) = (first.buffer.get(), second.buffer.get());
+    let weight_mem = weight.map_or(second_mem, |(w, _)| w.buffer.get());
     let weight_offset: i64 = kernel_int(weight.map_or(0, |(_, offset)| offset), "weight offset")?;
     let n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
     let hidden: i32 = kernel_int(rows.hidden, "hidden size")?;
@@ -84,7 +92,7 @@ pub(crate) fn launch(
             .set_arg(&weight_offset)
             .set_global_work_size(groups * group)
             .set_local_work_size(group)
-            .enqueue_nd_range(device.queue())
+            .enqueue_nd_range(queue)
     }
     .map_err(cl_error)?;
     Ok(())

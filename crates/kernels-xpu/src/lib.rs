@@ -28,7 +28,7 @@ use ir_core::kernel::{
 };
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
-use ir_core::storage::{DeviceAllocator, Storage};
+use ir_core::storage::Storage;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
 
 pub use crate::device::{ALLOW_CPU_ENV, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu};
@@ -72,21 +72,24 @@ pub fn rms_norm_xpu(
     let x_buffer = device_buffer::<XpuBuffer>(x, "x", "xpu")?;
     let out_layout = x.layout().copy_layout();
     let out_rows = Rows::for_kernel(&ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
-    let allocator = allocator().map_err(|reason| KernelError::Driver { backend: "xpu", message: reason })?;
-    let mut out = allocator.allocate(out_layout.storage_end() * dtype.size_in_bytes()).map_err(TensorError::from)?;
+    // The output belongs to the call's queue, where the kernel writes it.
+    let queue = x_buffer.call_queue()?;
+    let out = x_buffer
+        .device
+        .allocate_on(&queue, out_layout.storage_end() * dtype.size_in_bytes())
+        .map_err(TensorError::from)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
-        let out_buffer = out.as_any_mut().downcast_mut::<XpuBuffer>().expect("allocated by this crate");
         let weight = weight_arg(weight)?;
         launch::launch(
-            &x_buffer.device,
+            &queue,
             NormOp::RmsNorm,
             launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: out_rows },
-            &out_buffer.buffer,
-            &x_buffer.buffer,
+            &out,
+            x_buffer,
             weight,
         )?;
     }
-    Ok(Tensor::from_storage(Storage::Device(out), dtype, out_layout)?)
+    Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
 }
 
 /// `fused_add_rms_norm` on `xpu:0`, in place: `residual ← x + residual`, `x ← norm(sum)`.
@@ -106,15 +109,15 @@ pub fn fused_add_rms_norm_xpu(
         let args = launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: residual_rows };
         let x_buffer = device_buffer_mut::<XpuBuffer>(&mut x, "x", "xpu")?;
         let residual_buffer = device_buffer_mut::<XpuBuffer>(&mut residual, "x_residual", "xpu")?;
-        let device = std::sync::Arc::clone(&x_buffer.device);
-        launch::launch(&device, NormOp::FusedAddRmsNorm, args, &x_buffer.buffer, &residual_buffer.buffer, weight)?;
+        let queue = x_buffer.call_queue()?;
+        launch::launch(&queue, NormOp::FusedAddRmsNorm, args, x_buffer, residual_buffer, weight)?;
     }
     Ok((x.into_tensor(), residual.into_tensor()))
 }
 
-fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&opencl3::memory::Buffer<u8>, usize)>, KernelError> {
+fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&XpuBuffer, usize)>, KernelError> {
     match weight {
         None => Ok(None),
-        Some(w) => Ok(Some((&device_buffer::<XpuBuffer>(w, "weight", "xpu")?.buffer, w.offset()))),
+        Some(w) => Ok(Some((device_buffer::<XpuBuffer>(w, "weight", "xpu")?, w.offset()))),
     }
 }

@@ -77,3 +77,51 @@ fn memory_too_small_or_from_another_context_is_refused() {
     let error = unsafe { XpuBuffer::from_cl_mem(foreign.get(), 64) }.unwrap_err();
     assert!(error.to_string().contains("another OpenCL context"), "{error}");
 }
+
+#[test]
+fn an_execution_context_carries_the_engines_queue() {
+    if let Availability::Unavailable(reason) = kernels_xpu::availability() {
+        ir_core::testing::skip("xpu", &format!("engine queue: {reason}"));
+        return;
+    }
+    let registry = Registry::with_builtin_ops();
+    kernels_xpu::register(&registry).unwrap();
+    let _norm = registry.override_priority("rms_norm", &["xpu"]).unwrap();
+    let _fused = registry.override_priority("fused_add_rms_norm", &["xpu"]).unwrap();
+    let _silu = registry.override_priority("silu_and_mul", &["xpu"]).unwrap();
+    let device = kernels_xpu::device().unwrap();
+    #[allow(deprecated)]
+    let engine_queue =
+        std::sync::Arc::new(opencl3::command_queue::CommandQueue::create_default(device.context(), 0).unwrap());
+    let allocator = kernels_xpu::allocator().unwrap();
+    let (x, residual) = (host(4, 256, 3), host(4, 256, 4));
+    let (dx, dresidual) = (x.to_device(&allocator).unwrap(), residual.to_device(&allocator).unwrap());
+    let ctx = ir_core::EagerContext::new(&registry).with_stream(std::sync::Arc::clone(&engine_queue));
+    let queue_of = |t: &Tensor| {
+        let ir_core::storage::Storage::Device(buffer) = t.storage() else { panic!("a device tensor") };
+        buffer.as_any().downcast_ref::<XpuBuffer>().unwrap().queue()
+    };
+    // A functional call: the output belongs to the engine's queue; the input moved there too.
+    let out = ir_core::ExecutionContext::rms_norm(&ctx, &dx, None, 1e-6, None).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&queue_of(&out), &engine_queue));
+    assert!(std::sync::Arc::ptr_eq(&queue_of(&dx), &engine_queue));
+    allclose(&out.to_cpu().unwrap(), &rms_norm::native(&x, None, 1e-6, None).unwrap(), 1e-5, 1e-5).unwrap();
+    // In place on the engine's queue, then a call without a queue reads the results in order.
+    let (normed, summed) =
+        ir_core::ExecutionContext::fused_add_rms_norm_maybe_inplace(&ctx, dx, dresidual, None, 1e-6, None).unwrap();
+    let (want_normed, want_summed) =
+        ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &x, &residual, None, 1e-6, None).unwrap();
+    let gated = ir_core::op::silu_and_mul::silu_and_mul(&registry, &normed).unwrap();
+    let want_gated = ir_core::op::silu_and_mul::native(&want_normed).unwrap();
+    allclose(&summed.to_cpu().unwrap(), &want_summed, 1e-6, 1e-6).unwrap();
+    allclose(&gated.to_cpu().unwrap(), &want_gated, 1e-4, 1e-4).unwrap();
+    // A queue of another context is refused by name.
+    let other =
+        opencl3::context::Context::from_device(&opencl3::device::Device::new(device.context().devices()[0])).unwrap();
+    #[allow(deprecated)]
+    let foreign = std::sync::Arc::new(opencl3::command_queue::CommandQueue::create_default(&other, 0).unwrap());
+    let wrong = ir_core::EagerContext::new(&registry).with_stream(foreign);
+    let x2 = host(2, 64, 5).to_device(&allocator).unwrap();
+    let error = ir_core::ExecutionContext::rms_norm(&wrong, &x2, None, 1e-6, None).unwrap_err();
+    assert!(error.to_string().contains("another OpenCL context"), "{error}");
+}
