@@ -14,6 +14,10 @@ struct Case {
     priority: Option<String>,
     variant: CloneElimination,
     interp: Option<String>,
+    /// `// compare: tolerance`: outputs within the producing op's tolerance instead of bit-equal.
+    within_tolerance: bool,
+    /// `// report: ...` lines: substrings the passes' reports must contain.
+    reports: Vec<String>,
     input: String,
     expect: Option<String>,
     error: Option<(usize, String)>,
@@ -44,6 +48,8 @@ fn read_case(path: &Path) -> Case {
         priority: header("priority"),
         variant,
         interp: header("interp"),
+        within_tolerance: header("compare").as_deref() == Some("tolerance"),
+        reports: text.lines().filter_map(|l| l.strip_prefix("// report: ").map(|v| v.trim().to_owned())).collect(),
         input,
         expect,
         error,
@@ -149,7 +155,13 @@ fn run_case(path: &Path, bless: bool) -> Result<(), String> {
         }
         (Some((_, expected)), Ok(_)) => return Err(format!("expected an error containing `{expected}`")),
         (None, Err(e)) => return Err(format!("pipeline failed: {e}")),
-        (None, Ok(_)) => {}
+        (None, Ok(report)) => {
+            let text: Vec<String> = report.runs.iter().map(|run| run.report.to_string()).collect();
+            let text = text.join("\n");
+            if let Some(missing) = case.reports.iter().find(|expected| !text.contains(expected.as_str())) {
+                return Err(format!("the reports lack `{missing}`:\n{text}"));
+            }
+        }
     }
     let actual = graph.to_string();
     match &case.expect {
@@ -177,7 +189,11 @@ fn check_semantics(case: &Case, registry: &Registry, before: &Graph, after: &Gra
     match (case.interp.as_deref(), result) {
         (None, Ok(run)) => {
             for (i, (a, b)) in run.outputs.iter().zip(&reference.outputs).enumerate() {
-                if !ir_core::bit_eq(a, b) {
+                if case.within_tolerance {
+                    let tolerance = ir_core::op::global_tolerance(a.dtype());
+                    ir_core::allclose(a, b, tolerance.atol, tolerance.rtol)
+                        .map_err(|e| format!("output {i} is outside the tolerance: {e}"))?;
+                } else if !ir_core::bit_eq(a, b) {
                     return Err(format!("output {i} differs from the unoptimized graph"));
                 }
             }

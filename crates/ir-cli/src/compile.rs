@@ -12,7 +12,8 @@ use ir_passes::{CloneElimination, PassContext, Pipeline, PipelineError, Pipeline
 /// Pass selection flags.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct PassArgs {
-    /// Comma-separated passes (functionalize, dce, lower, eliminate-clones); default: the standard pipeline.
+    /// Comma-separated passes (functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm); default: the
+    /// standard pipeline.
     #[arg(long, value_name = "LIST")]
     pub(crate) passes: Option<String>,
     /// Clone elimination variant.

@@ -10,6 +10,9 @@
 //! - [`eliminate_clones`](mod@eliminate_clones): copies nothing needs are removed, with vLLM's rules (`unsafe`) or with
 //!   storage roots (`alias-aware`, the default).
 //! - [`dce`](mod@dce): dead nodes are removed.
+//! - [`fuse_add_rms_norm`](mod@fuse_add_rms_norm): an `add` whose sum an `rms_norm` normalizes
+//!   becomes one `fused_add_rms_norm` (selected by name: it may change the last bit of 16-bit
+//!   results, so the standard pipeline leaves it out).
 //!
 //! [`Pipeline::standard`] runs them in that order (DCE twice) and verifies after each pass.
 //!
@@ -40,6 +43,7 @@ mod analysis;
 pub mod dce;
 pub mod eliminate_clones;
 pub mod functionalize;
+pub mod fuse_add_rms_norm;
 pub mod lower;
 pub mod pipeline;
 
@@ -51,6 +55,7 @@ pub use crate::analysis::{StorageRoots, written_values};
 pub use crate::dce::{DceReport, dce};
 pub use crate::eliminate_clones::{CloneReport, KeepReason, KeptCopy, eliminate_clones};
 pub use crate::functionalize::{FunctionalizeReport, functionalize};
+pub use crate::fuse_add_rms_norm::{FuseReport, SkipReason, fuse_add_rms_norm};
 pub use crate::lower::{LowerReport, Lowered, lower};
 pub use crate::pipeline::{PassName, PassReport, PassRun, Pipeline, PipelineError, PipelineReport, Snapshots};
 pub use ir_graph::OpTable;
@@ -131,7 +136,7 @@ pub enum PassError {
         source: Box<CallError>,
     },
     /// A pass name that does not exist.
-    #[error("unknown pass `{name}` (known: functionalize, dce, lower, eliminate-clones)")]
+    #[error("unknown pass `{name}` (known: functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm)")]
     UnknownPass {
         /// The name.
         name: String,

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use ir_graph::{Graph, VerifyError, verify};
 
 use crate::{
-    CloneReport, DceReport, FunctionalizeReport, LowerReport, PassContext, PassError, dce, eliminate_clones,
-    functionalize, lower,
+    CloneReport, DceReport, FunctionalizeReport, FuseReport, LowerReport, PassContext, PassError, dce,
+    eliminate_clones, functionalize, fuse_add_rms_norm, lower,
 };
 
 /// A pass the pipeline can run.
@@ -24,6 +24,8 @@ pub enum PassName {
     Lower,
     /// `eliminate-clones`.
     EliminateClones,
+    /// `fuse-add-rms-norm`.
+    FuseAddRmsNorm,
 }
 
 impl PassName {
@@ -34,6 +36,7 @@ impl PassName {
             PassName::Dce => "dce",
             PassName::Lower => "lower",
             PassName::EliminateClones => "eliminate-clones",
+            PassName::FuseAddRmsNorm => "fuse-add-rms-norm",
         }
     }
 }
@@ -53,6 +56,7 @@ impl FromStr for PassName {
             "dce" => Ok(PassName::Dce),
             "lower" => Ok(PassName::Lower),
             "eliminate-clones" => Ok(PassName::EliminateClones),
+            "fuse-add-rms-norm" => Ok(PassName::FuseAddRmsNorm),
             other => Err(PassError::UnknownPass { name: other.to_owned() }),
         }
     }
@@ -69,6 +73,8 @@ pub enum PassReport {
     Lower(LowerReport),
     /// From `eliminate-clones`.
     EliminateClones(CloneReport),
+    /// From `fuse-add-rms-norm`.
+    FuseAddRmsNorm(FuseReport),
 }
 
 impl fmt::Display for PassReport {
@@ -78,6 +84,7 @@ impl fmt::Display for PassReport {
             PassReport::Dce(r) => r.fmt(f),
             PassReport::Lower(r) => r.fmt(f),
             PassReport::EliminateClones(r) => r.fmt(f),
+            PassReport::FuseAddRmsNorm(r) => r.fmt(f),
         }
     }
 }
@@ -211,6 +218,7 @@ impl Pipeline {
                 PassName::Dce => dce(graph, cx).map(PassReport::Dce),
                 PassName::Lower => lower(graph, cx).map(PassReport::Lower),
                 PassName::EliminateClones => eliminate_clones(graph, cx).map(PassReport::EliminateClones),
+                PassName::FuseAddRmsNorm => fuse_add_rms_norm(graph, cx).map(PassReport::FuseAddRmsNorm),
             };
             let duration = started.elapsed();
             let file = format!("{:02}-{pass}.ir", i + 1);

@@ -1,0 +1,231 @@
+//! Add + RMSNorm fusion: a residual add whose sum an `rms_norm` normalizes becomes one
+//! `fused_add_rms_norm` call, whose second result is the sum. Later readers of the sum read that
+//! result, so the residual stream stays available; lowering then picks the fused kernel, which
+//! writes both results into its activations in place where the donations allow.
+//!
+//! ```text
+//! %s = add(%x, %r) : bf16[8,16]                      %o, %s2 = fused_add_rms_norm(%x, %r, %w, 1e-6, none)
+//! %o = rms_norm(%s, %w, 1e-6, none) : bf16[8,16]  →          : bf16[8,16], bf16[8,16]
+//! output(%o, %s)                                     output(%o, %s2)
+//! ```
+//!
+//! # When a candidate is fused
+//!
+//! Every functional `rms_norm` whose input is the result of an `add` is a candidate. It is fused
+//! when all of these hold, and otherwise reported with the first that fails:
+//!
+//! - **The sum is not read between the add and the norm** ([`SkipReason::SumReadBeforeNorm`]): the
+//!   fused call takes the norm's place, so the sum exists only from there on.
+//!   ```text
+//!   %s = add(%x, %r) : f32[2,8]
+//!   %t = scale(%s, 2.0) : f32[2,8]          // reads %s before the norm: kept as is
+//!   %o = rms_norm(%s, none, 1e-6, none) : f32[2,8]
+//!   ```
+//! - **Nothing is written between them** ([`SkipReason::WriteBetween`]): the add moves to the
+//!   norm's place, so a write in between (`copy_`, an in-place `impl` call) could change what it
+//!   reads.
+//!   ```text
+//!   %s = add(%x, %r) : f32[2,8]
+//!   %c = copy_(%x, %y) : f32[2,8]           // writes %x, which the add reads: kept as is
+//!   %o = rms_norm(%s, none, 1e-6, none) : f32[2,8]
+//!   ```
+//! - **The fused op gives the same metadata** ([`SkipReason::Metadata`]): its two results must have
+//!   the dtype, device and layout of the norm's output and of the sum (the add of two strided
+//!   views, for instance, gives a compact sum, and so does the fused residual output; mixed dtypes
+//!   do not fuse).
+//!
+//! # Rounding
+//!
+//! `fused_add_rms_norm` normalizes the sum before rounding it to the dtype, where the unfused pair
+//! normalizes the rounded sum. For f32 and f64 the two agree bit for bit (the sum is computed in
+//! the dtype itself); for f16 and bf16 the fused result may differ in the last bit of some
+//! elements, within the ops' tolerance. The residual output (the sum) is bit-identical for every
+//! dtype. This is why the pass is not in the standard pipeline, which promises bit-identical
+//! results: select it by name (`vllm-ir opt --passes fuse-add-rms-norm,functionalize,…`).
+//!
+//! ```
+//! use ir_graph::parse;
+//! use ir_passes::{PassContext, fuse_add_rms_norm};
+//!
+//! let mut graph = parse(
+//!     "graph g(%x: f32[2,8], %r: f32[2,8], %w: f32[8]) {
+//!        %s = add(%x, %r) : f32[2,8]
+//!        %o = rms_norm(%s, %w, 1e-6, none) : f32[2,8]
+//!        output(%o, %s)
+//!      }",
+//! )?;
+//! let registry = ir_core::Registry::with_builtin_ops();
+//! let report = fuse_add_rms_norm(&mut graph, &PassContext::new(&registry))?;
+//! assert_eq!(report.fused.len(), 1);
+//! assert!(graph.to_string().contains("= fused_add_rms_norm(%x, %r, %w, 1e-6, none) : f32[2,8], f32[2,8]"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+
+use cranelift_entity::{EntitySet, SecondaryMap};
+use ir_core::op::{Overload, bind_meta};
+use ir_core::{Builtin, TensorMeta};
+use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
+
+use crate::analysis::written_values;
+use crate::{PassContext, PassError};
+
+/// Why a candidate pair was left unfused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    /// Another node reads the sum between the add and the norm.
+    SumReadBeforeNorm,
+    /// A node between the add and the norm writes a value.
+    WriteBetween,
+    /// The fused op's results would not have the unfused values' metadata (or it rejects them).
+    Metadata(String),
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::SumReadBeforeNorm => f.write_str("the sum is read between the add and the norm"),
+            SkipReason::WriteBetween => f.write_str("a node between the add and the norm writes a value"),
+            SkipReason::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
+        }
+    }
+}
+
+/// What the fusion did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FuseReport {
+    /// The fused calls, printed.
+    pub fused: Vec<String>,
+    /// The candidates left alone: the norm's statement, printed, and why.
+    pub skipped: Vec<(String, SkipReason)>,
+}
+
+impl fmt::Display for FuseReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fused {} add + rms_norm pair(s)", self.fused.len())?;
+        for (statement, reason) in &self.skipped {
+            write!(f, "; kept `{statement}`: {reason}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One fusion decided on the unmodified graph.
+struct Fusion {
+    add: NodeId,
+    norm: NodeId,
+    /// The fused call's arguments: the add's two operands, then the norm's remaining arguments.
+    args: Vec<Arg>,
+    /// The norm's output and the sum, which the fused call's results replace.
+    replaced: [ValueId; 2],
+}
+
+/// Fuses every add + rms_norm pair the [module documentation](self) allows.
+///
+/// Linear: one pass decides every fusion on the unmodified graph (positions, use lists and a prefix
+/// count of writing nodes answer each rule in constant time per use), one more rewrites the uses.
+pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FuseReport, PassError> {
+    let _span = tracing::info_span!("pass", name = "fuse-add-rms-norm").entered();
+    let mut report = FuseReport::default();
+    let fused_def = cx
+        .registry
+        .op_def("fused_add_rms_norm")
+        .ok_or_else(|| PassError::UnknownOp { op: "fused_add_rms_norm".to_owned() })?;
+    let ops = OpTable::compute(graph, cx.registry);
+    let positions = graph.positions();
+    let uses = graph.use_lists();
+    // writes_before[i]: how many of the first i nodes of the order write a value.
+    let mut writes_before = Vec::with_capacity(graph.order().len() + 1);
+    writes_before.push(0u32);
+    for &node in graph.order() {
+        let writes = u32::from(!written_values(graph, &ops, node).is_empty());
+        writes_before.push(writes_before.last().copied().unwrap_or(0) + writes);
+    }
+
+    let mut fusions = Vec::new();
+    for &norm in graph.order() {
+        let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(norm).kind else { continue };
+        if graph.op_name(*op) != "rms_norm" {
+            continue;
+        }
+        let Some(Arg::Value(sum)) = args.first() else { continue };
+        let add = graph.value(*sum).def;
+        let NodeKind::Builtin { op: Builtin::Add, args: add_args } = &graph.node(add).kind else { continue };
+        let (Some(&x), Some(&r)) = (add_args[0].value(), add_args[1].value()) else { continue };
+        let (add_at, norm_at) = (positions[add] as usize, positions[norm] as usize);
+        let statement = graph.display_node(norm);
+        if uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at) {
+            report.skipped.push((statement, SkipReason::SumReadBeforeNorm));
+            continue;
+        }
+        if writes_before[norm_at] - writes_before[add_at + 1] > 0 {
+            report.skipped.push((statement, SkipReason::WriteBetween));
+            continue;
+        }
+        let mut fused_args = vec![Arg::Value(x), Arg::Value(r)];
+        fused_args.extend(args[1..].iter().cloned());
+        let output = graph.node(norm).results[0];
+        let expected = [graph.meta(output), graph.meta(*sum)];
+        if let Err(why) = same_metadata(graph, fused_def, &fused_args, expected) {
+            report.skipped.push((statement, SkipReason::Metadata(why)));
+            continue;
+        }
+        fusions.push(Fusion { add, norm, args: fused_args, replaced: [output, *sum] });
+    }
+
+    let fused_op = graph.op_ref("fused_add_rms_norm");
+    let mut replacement: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::new();
+    let mut placements = Vec::with_capacity(fusions.len());
+    let mut removed = EntitySet::new();
+    let mut created = Vec::with_capacity(fusions.len());
+    for fusion in fusions {
+        let metas = fusion.replaced.iter().map(|&v| graph.meta(v).clone()).collect();
+        let kind = NodeKind::IrCall { op: fused_op, overload: Overload::Default, args: fusion.args };
+        let (node, results) = graph.create_detached(kind, metas);
+        for (&old, &new) in fusion.replaced.iter().zip(&results) {
+            replacement[old] = Some(new);
+        }
+        placements.push((fusion.norm, node));
+        removed.insert(fusion.add);
+        removed.insert(fusion.norm);
+        created.push(node);
+    }
+    if created.is_empty() {
+        return Ok(report);
+    }
+    graph.insert_detached_before(&placements);
+    graph.remove_nodes(&removed);
+    let order = graph.order().to_vec();
+    for node in order {
+        let mut operands = graph.node(node).kind.operands();
+        operands.sort_unstable();
+        operands.dedup();
+        for old in operands {
+            if let Some(new) = replacement[old] {
+                graph.node_mut(node).kind.replace_operand(old, new);
+            }
+        }
+    }
+    report.fused = created.iter().map(|&node| graph.display_node(node)).collect();
+    tracing::debug!(target: "ir_passes::fuse_add_rms_norm", %report, "fused");
+    Ok(report)
+}
+
+/// Whether the fused op, bound to `args`, gives exactly `expected` (its output, then the sum).
+fn same_metadata(
+    graph: &Graph,
+    def: &'static ir_core::op::OpDef,
+    args: &[Arg],
+    expected: [&TensorMeta; 2],
+) -> Result<(), String> {
+    let metas = args.iter().map(|arg| graph.arg_meta(arg)).collect();
+    let bound = bind_meta(def, metas).map_err(|e| e.to_string())?;
+    let outputs = (def.meta)(&bound).map_err(|e| e.to_string())?;
+    for ((what, got), want) in ["output", "residual"].iter().zip(&outputs).zip(expected) {
+        if got != want {
+            return Err(format!("its {what} would be {got}, not {want}"));
+        }
+    }
+    Ok(())
+}
