@@ -14,16 +14,18 @@
 //! Every functional `rms_norm` whose input is the result of an `add` is a candidate. It is fused
 //! when all of these hold, and otherwise reported with the first that fails:
 //!
-//! - **The sum is not read between the add and the norm** ([`SkipReason::SumReadBeforeNorm`]): the
-//!   fused call takes the norm's place, so the sum exists only from there on.
+//! - **A place for the fused call** ([`SkipReason::SumReadBeforeNorm`]): it takes the norm's place
+//!   when nothing reads the sum before the norm, else the add's place when the norm's other operands
+//!   (its weight) are defined before the add; otherwise the pair stays.
 //!   ```text
 //!   %s = add(%x, %r) : f32[2,8]
-//!   %t = scale(%s, 2.0) : f32[2,8]          // reads %s before the norm: kept as is
-//!   %o = rms_norm(%s, none, 1e-6, none) : f32[2,8]
+//!   %w2 = scale(%w, 2.0) : f32[8]           // the weight is made after the add,
+//!   %t = scale(%s, 2.0) : f32[2,8]          // and the sum is read before the norm: kept as is
+//!   %o = rms_norm(%s, %w2, 1e-6, none) : f32[2,8]
 //!   ```
 //! - **Nothing is written between them** ([`SkipReason::WriteBetween`]): the add moves to the
-//!   norm's place, so a write in between (`copy_`, an in-place `impl` call) could change what it
-//!   reads.
+//!   norm's place (or the norm to the add's), so a write in between (`copy_`, an in-place `impl`
+//!   call) could change what it reads.
 //!   ```text
 //!   %s = add(%x, %r) : f32[2,8]
 //!   %c = copy_(%x, %y) : f32[2,8]           // writes %x, which the add reads: kept as is
@@ -74,7 +76,8 @@ use crate::{PassContext, PassError};
 /// Why a candidate pair was left unfused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SkipReason {
-    /// Another node reads the sum between the add and the norm.
+    /// Another node reads the sum between the add and the norm, and the norm's weight is defined
+    /// after the add: the fused call fits neither place.
     SumReadBeforeNorm,
     /// A node between the add and the norm writes a value.
     WriteBetween,
@@ -85,7 +88,9 @@ pub enum SkipReason {
 impl fmt::Display for SkipReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SkipReason::SumReadBeforeNorm => f.write_str("the sum is read between the add and the norm"),
+            SkipReason::SumReadBeforeNorm => {
+                f.write_str("the sum is read between the add and the norm, whose weight is defined after the add")
+            }
             SkipReason::WriteBetween => f.write_str("a node between the add and the norm writes a value"),
             SkipReason::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
         }
@@ -115,6 +120,8 @@ impl fmt::Display for FuseReport {
 struct Fusion {
     add: NodeId,
     norm: NodeId,
+    /// The node the fused call goes right before: the norm, or the add when the sum is read first.
+    anchor: NodeId,
     /// The fused call's arguments: the add's two operands, then the norm's remaining arguments.
     args: Vec<Arg>,
     /// The norm's output and the sum, which the fused call's results replace.
@@ -155,10 +162,18 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
         let (Some(&x), Some(&r)) = (add_args[0].value(), add_args[1].value()) else { continue };
         let (add_at, norm_at) = (positions[add] as usize, positions[norm] as usize);
         let statement = graph.display_node(norm);
-        if uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at) {
+        let read_before_norm = uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at);
+        let anchor = if !read_before_norm {
+            norm
+        } else if args[1..].iter().all(|arg| match arg {
+            Arg::Value(v) => (positions[graph.value(*v).def] as usize) < add_at,
+            _ => true,
+        }) {
+            add
+        } else {
             report.skipped.push((statement, SkipReason::SumReadBeforeNorm));
             continue;
-        }
+        };
         if writes_before[norm_at] - writes_before[add_at + 1] > 0 {
             report.skipped.push((statement, SkipReason::WriteBetween));
             continue;
@@ -171,7 +186,7 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
             report.skipped.push((statement, SkipReason::Metadata(why)));
             continue;
         }
-        fusions.push(Fusion { add, norm, args: fused_args, replaced: [output, *sum] });
+        fusions.push(Fusion { add, norm, anchor, args: fused_args, replaced: [output, *sum] });
     }
 
     let fused_op = graph.op_ref("fused_add_rms_norm");
@@ -186,7 +201,7 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
         for (&old, &new) in fusion.replaced.iter().zip(&results) {
             replacement[old] = Some(new);
         }
-        placements.push((fusion.norm, node));
+        placements.push((fusion.anchor, node));
         removed.insert(fusion.add);
         removed.insert(fusion.norm);
         created.push(node);
