@@ -31,6 +31,8 @@
 //!   %c = copy_(%x, %y) : f32[2,8]           // writes %x, which the add reads: kept as is
 //!   %o = rms_norm(%s, none, 1e-6, none) : f32[2,8]
 //!   ```
+//! - **One norm per add** ([`SkipReason::AddAlreadyFused`]): when two norms read one sum, the first
+//!   fuses and the second reads the fused call's residual result, so the sum is computed once.
 //! - **The fused op gives the same metadata** ([`SkipReason::Metadata`]): its two results must have
 //!   the dtype, device and layout of the norm's output and of the sum (the add of two strided
 //!   views, for instance, gives a compact sum, and so does the fused residual output; mixed dtypes
@@ -83,6 +85,8 @@ pub enum SkipReason {
     WriteBetween,
     /// The fused op's results would not have the unfused values' metadata (or it rejects them).
     Metadata(String),
+    /// The add is already fused with an earlier norm (whose residual result this norm reads).
+    AddAlreadyFused,
 }
 
 impl fmt::Display for SkipReason {
@@ -93,6 +97,7 @@ impl fmt::Display for SkipReason {
             }
             SkipReason::WriteBetween => f.write_str("a node between the add and the norm writes a value"),
             SkipReason::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
+            SkipReason::AddAlreadyFused => f.write_str("the add is already fused with an earlier norm"),
         }
     }
 }
@@ -151,6 +156,7 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
     }
 
     let mut fusions = Vec::new();
+    let mut fused_adds = EntitySet::new();
     for &norm in graph.order() {
         let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(norm).kind else { continue };
         if graph.op_name(*op) != "rms_norm" {
@@ -162,6 +168,10 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
         let (Some(&x), Some(&r)) = (add_args[0].value(), add_args[1].value()) else { continue };
         let (add_at, norm_at) = (positions[add] as usize, positions[norm] as usize);
         let statement = graph.display_node(norm);
+        if fused_adds.contains(add) {
+            report.skipped.push((statement, SkipReason::AddAlreadyFused));
+            continue;
+        }
         let read_before_norm = uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at);
         let anchor = if !read_before_norm {
             norm
@@ -186,6 +196,7 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
             report.skipped.push((statement, SkipReason::Metadata(why)));
             continue;
         }
+        fused_adds.insert(add);
         fusions.push(Fusion { add, norm, anchor, args: fused_args, replaced: [output, *sum] });
     }
 

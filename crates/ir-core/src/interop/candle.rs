@@ -31,6 +31,35 @@ fn host_memory(storage: &candle::CpuStorage) -> Result<(DType, *const u8, usize)
     })
 }
 
+/// A read-only tensor over `tensor`'s memory, given its storage (under a read lock the caller holds)
+/// and layout; the tensor keeps a clone of `tensor`, so the memory outlives it.
+///
+/// # Safety
+///
+/// As [`Tensor::from_candle_shared`]: no candle in-place write to the storage while the view lives.
+unsafe fn view(
+    tensor: &candle::Tensor,
+    storage: &candle::Storage,
+    layout: &candle::Layout,
+) -> Result<Tensor, InteropError> {
+    let candle::Storage::Cpu(cpu) = storage else {
+        return Err(InteropError::UnsupportedDevice {
+            library: LIBRARY,
+            device: format!("{:?}", tensor.device().location()),
+            hint: "move it with `to_device(&candle_core::Device::Cpu)`",
+        });
+    };
+    let (dtype, ptr, len_bytes) = host_memory(cpu)?;
+    let layout = Layout::new(layout.dims(), layout.stride(), layout.start_offset())
+        .map_err(|error| InteropError::UnsupportedLayout { library: LIBRARY, reason: error.to_string() })?;
+    // A candle storage's vector never moves or shrinks while a tensor over it lives (the clone
+    // below keeps it), and the caller promises no in-place candle write meanwhile.
+    let ptr = NonNull::new(ptr.cast_mut()).unwrap_or(NonNull::dangling());
+    // SAFETY: as above; the buffer is read-only, so this crate never writes it either.
+    let buffer = unsafe { CpuBuffer::from_external(ptr, len_bytes, HostAccess::ReadOnly, tensor.clone()) };
+    Ok(Tensor::from_storage(Storage::Cpu(buffer), dtype, layout)?)
+}
+
 impl Tensor {
     /// A tensor viewing a candle CPU tensor's memory, without a copy: the same elements, strides
     /// and offset, read-only (an in-place call copies it first), keeping the candle tensor alive
@@ -53,39 +82,24 @@ impl Tensor {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub unsafe fn from_candle_shared(tensor: &candle::Tensor) -> Result<Tensor, InteropError> {
-        let (dtype, ptr, len_bytes, layout) = {
-            let (storage, layout) = tensor.storage_and_layout();
-            let candle::Storage::Cpu(cpu) = &*storage else {
-                return Err(InteropError::UnsupportedDevice {
-                    library: LIBRARY,
-                    device: format!("{:?}", tensor.device().location()),
-                    hint: "move it with `to_device(&candle_core::Device::Cpu)`",
-                });
-            };
-            let (dtype, ptr, len_bytes) = host_memory(cpu)?;
-            let layout = Layout::new(layout.dims(), layout.stride(), layout.start_offset())
-                .map_err(|error| InteropError::UnsupportedLayout { library: LIBRARY, reason: error.to_string() })?;
-            (dtype, ptr, len_bytes, layout)
-        };
-        // A candle storage's vector never moves or shrinks while a tensor over it lives (the clone
-        // below keeps it), and the caller promises no in-place candle write meanwhile.
-        let ptr = NonNull::new(ptr.cast_mut()).unwrap_or(NonNull::dangling());
-        // SAFETY: as above; the buffer is read-only, so this crate never writes it either.
-        let buffer = unsafe { CpuBuffer::from_external(ptr, len_bytes, HostAccess::ReadOnly, tensor.clone()) };
-        Ok(Tensor::from_storage(Storage::Cpu(buffer), dtype, layout)?)
+        let (storage, layout) = tensor.storage_and_layout();
+        // SAFETY: the caller's contract.
+        unsafe { view(tensor, &storage, layout) }
     }
 
     /// A copy of a candle CPU tensor (compact, writable), taken while holding candle's storage
     /// lock; [`Tensor::from_candle_shared`] views the memory without a copy.
     pub fn from_candle(tensor: &candle::Tensor) -> Result<Tensor, InteropError> {
-        let (storage, _) = tensor.storage_and_layout();
+        // The lock is taken once: a second read lock on this thread could wait behind a writer
+        // queued in between, which waits for the first.
+        let (storage, layout) = tensor.storage_and_layout();
         // SAFETY: candle's read lock is held until the copy is made, so no in-place candle
         // operation can write the storage meanwhile; the view is dropped before the lock.
-        let shared = unsafe { Tensor::from_candle_shared(tensor)? };
-        let copy = shared.contiguous()?;
+        let shared = unsafe { view(tensor, &storage, layout)? };
+        let copy = shared.contiguous();
         drop(shared);
         drop(storage);
-        Ok(copy)
+        Ok(copy?)
     }
 
     /// The tensor as a candle CPU tensor. Without a copy when this handle owns its storage alone
