@@ -158,10 +158,15 @@ fn common_support(
             return no("weight must be a unit-stride [H] tensor on x's device");
         }
     }
-    let gpu = device != DeviceKind::Cpu;
-    if gpu && i32::try_from(x.layout.last_dim()).is_err() {
+    rows_support(x, device, "hidden size")
+}
+
+/// The part both standard predicates end with: on a GPU, x's last dimension (`what` names it)
+/// fits the kernels' 32-bit integers, and x is rows of one stride with a unit last stride.
+fn rows_support(x: &TensorMeta, device: DeviceKind, what: &str) -> Support {
+    if device != DeviceKind::Cpu && i32::try_from(x.layout.last_dim()).is_err() {
         return Support::No(Cow::Owned(format!(
-            "hidden size {} exceeds the GPU kernels' 32-bit limit",
+            "{what} {} exceeds the GPU kernels' 32-bit limit",
             x.layout.last_dim()
         )));
     }
@@ -182,16 +187,7 @@ pub fn gated_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
     if x.device.kind() != device {
         return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
     }
-    if device != DeviceKind::Cpu && i32::try_from(x.layout.last_dim()).is_err() {
-        return Support::No(Cow::Owned(format!(
-            "last dimension {} exceeds the GPU kernels' 32-bit limit",
-            x.layout.last_dim()
-        )));
-    }
-    match Rows::of(x) {
-        Ok(_) => Support::Yes,
-        Err(reason) => Support::No(reason),
-    }
+    rows_support(x, device, "last dimension")
 }
 
 /// What a gated kernel needs of x: its rows (of 2d elements), d, and the compact `[..., d]` layout of

@@ -7,7 +7,7 @@ use std::fmt;
 use cranelift_entity::{EntitySet, SecondaryMap};
 
 use crate::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpRef, OpTable, ProviderRef, ValueId};
-use ir_core::op::{ArgMeta, Overload, bind_meta};
+use ir_core::op::{ArgMeta, Overload};
 use ir_core::{Registry, TensorMeta};
 
 /// One problem of a graph.
@@ -165,9 +165,7 @@ impl<'r, 'g> Lookups<'r, 'g> {
             return self.metas[slot].2.as_deref().map_err(Clone::clone);
         }
         let metas: Vec<ArgMeta<'g>> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
-        let outputs = bind_meta(def, metas.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|bound| (def.meta)(&bound).map_err(|e| e.to_string()));
+        let outputs = def.output_metas(metas.clone()).map_err(|e| e.to_string());
         let entry = (op, metas, outputs);
         let slot = if self.metas.len() < META_MEMO {
             self.metas.push(entry);

@@ -15,6 +15,13 @@ fn host(rows: usize, hidden: usize, seed: u64) -> Tensor {
     Tensor::from_f64(DType::F32, &[rows, hidden], &values).unwrap()
 }
 
+/// Whether an OpenCL device runs here; says `skipped: <what>: <reason>` otherwise.
+fn xpu_runs(what: &str) -> bool {
+    let Availability::Unavailable(reason) = kernels_xpu::availability() else { return true };
+    ir_core::testing::skip("xpu", &format!("{what}: {reason}"));
+    false
+}
+
 /// An engine's buffer in the kernels' context, filled with `t`'s bytes.
 fn engine_buffer(t: &Tensor) -> Buffer<u8> {
     let device = kernels_xpu::device().unwrap();
@@ -29,8 +36,7 @@ fn engine_buffer(t: &Tensor) -> Buffer<u8> {
 
 #[test]
 fn kernels_run_on_adopted_opencl_memory() {
-    if let Availability::Unavailable(reason) = kernels_xpu::availability() {
-        ir_core::testing::skip("xpu", &format!("adopted OpenCL memory: {reason}"));
+    if !xpu_runs("adopted OpenCL memory") {
         return;
     }
     let registry = Registry::with_builtin_ops();
@@ -59,8 +65,7 @@ fn kernels_run_on_adopted_opencl_memory() {
 
 #[test]
 fn memory_too_small_or_from_another_context_is_refused() {
-    if let Availability::Unavailable(reason) = kernels_xpu::availability() {
-        ir_core::testing::skip("xpu", &format!("adopted OpenCL memory: {reason}"));
+    if !xpu_runs("adopted OpenCL memory") {
         return;
     }
     let x = host(2, 8, 2);
@@ -80,8 +85,7 @@ fn memory_too_small_or_from_another_context_is_refused() {
 
 #[test]
 fn an_execution_context_carries_the_engines_queue() {
-    if let Availability::Unavailable(reason) = kernels_xpu::availability() {
-        ir_core::testing::skip("xpu", &format!("engine queue: {reason}"));
+    if !xpu_runs("engine queue") {
         return;
     }
     let registry = Registry::with_builtin_ops();

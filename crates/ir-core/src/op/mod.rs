@@ -215,6 +215,13 @@ pub fn is_valid_name(name: &str) -> bool {
 }
 
 impl OpDef {
+    /// The metadata of the outputs for these argument metadata: binds them (filling defaulted
+    /// parameters) and runs the meta function. The verifier and the passes ask this of graph calls.
+    pub fn output_metas(&'static self, args: Vec<ArgMeta<'_>>) -> Result<Vec<TensorMeta>, crate::CallError> {
+        let bound = bind_meta(self, args)?;
+        Ok((self.meta)(&bound)?)
+    }
+
     /// Parameter indices of the activations, or why the definition is invalid.
     pub fn activation_indices(&self) -> Result<Vec<usize>, crate::RegistryError> {
         match self.activations {

@@ -299,19 +299,17 @@ impl Tensor {
         let covers_whole = |buffer: &CpuBuffer| {
             self.layout().is_compact_at_zero() && self.numel() * size_of::<T>() == buffer.len_bytes()
         };
-        if self.is_uniquely_owned() && self.cpu_buffer().is_some_and(covers_whole) {
-            let Tensor { storage, meta } = self;
-            let shared = Arc::into_inner(storage).expect("uniquely owned");
-            let Storage::Cpu(buffer) = shared.storage else { unreachable!("checked to be on the CPU") };
-            return match buffer.into_vec::<T>() {
-                Ok(vec) => Ok(vec),
-                Err(buffer) => {
-                    let tensor = Tensor::from_storage(Storage::Cpu(buffer), meta.dtype, meta.layout)?;
-                    tensor.to_vec()
-                }
-            };
+        if !self.cpu_buffer().is_some_and(covers_whole) {
+            return self.to_vec();
         }
-        self.to_vec()
+        match self.into_unique_storage() {
+            Ok((Storage::Cpu(buffer), meta)) => match buffer.into_vec::<T>() {
+                Ok(vec) => Ok(vec),
+                Err(buffer) => Tensor::from_storage(Storage::Cpu(buffer), meta.dtype, meta.layout)?.to_vec(),
+            },
+            Ok((storage, meta)) => Tensor::from_storage(storage, meta.dtype, meta.layout)?.to_vec(),
+            Err(shared) => shared.to_vec(),
+        }
     }
 
     /// The tensor's own elements in row-major order (a view reads only what it views; a device
@@ -445,7 +443,6 @@ impl Tensor {
 
     /// The storage and metadata when this handle owns the storage alone (and may write it); the
     /// tensor back otherwise.
-    #[cfg(feature = "candle")]
     pub(crate) fn into_unique_storage(self) -> Result<(Storage, TensorMeta), Tensor> {
         if !self.is_uniquely_owned() {
             return Err(self);
