@@ -120,12 +120,11 @@ fn inputs_from_safetensors(graph: &Graph, bytes: &[u8], path: &Path) -> anyhow::
         .map(|(_, value, name, _)| {
             let meta = graph.meta(value);
             let view = file.tensor(name).with_context(|| format!("{} has no tensor `{name}`", path.display()))?;
-            let dtype = match view.dtype() {
-                Dtype::F32 => DType::F32,
-                Dtype::F16 => DType::F16,
-                Dtype::BF16 => DType::BF16,
-                Dtype::F64 => DType::F64,
-                other => bail!("tensor `{name}` has dtype {other:?}; expected one of F32, F16, BF16, F64"),
+            let Some(dtype) = dtype_from_safetensors(view.dtype()) else {
+                bail!(
+                    "tensor `{name}` has dtype {:?}; expected one of F32, F16, BF16, F64, F8_E4M3, F8_E5M2, I8",
+                    view.dtype()
+                );
             };
             if dtype != meta.dtype || view.shape() != meta.shape() {
                 bail!("tensor `{name}` is {dtype}{:?} but the graph declares {meta}", view.shape());
@@ -138,22 +137,42 @@ fn inputs_from_safetensors(graph: &Graph, bytes: &[u8], path: &Path) -> anyhow::
         .collect()
 }
 
-fn tensor_from_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> anyhow::Result<Tensor> {
-    let n: usize = shape.iter().product();
-    let size = dtype.size_in_bytes();
-    if data.len() != n * size {
-        bail!("{} bytes do not hold {n} elements of {dtype}", data.len());
+/// The dtype of a safetensors dtype, if this crate has it. safetensors' `F8_E4M3` is the OCP `E4M3FN`
+/// format (the one PyTorch writes for `float8_e4m3fn`).
+fn dtype_from_safetensors(dtype: Dtype) -> Option<DType> {
+    Some(match dtype {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F64 => DType::F64,
+        Dtype::F8_E4M3 => DType::F8E4M3FN,
+        Dtype::F8_E5M2 => DType::F8E5M2,
+        Dtype::I8 => DType::I8,
+        _ => return None,
+    })
+}
+
+fn dtype_to_safetensors(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::F64 => Dtype::F64,
+        DType::F8E4M3FN => Dtype::F8_E4M3,
+        DType::F8E5M2 => Dtype::F8_E5M2,
+        DType::I8 => Dtype::I8,
     }
-    let values: Vec<f64> = data
-        .chunks_exact(size)
-        .map(|b| match dtype {
-            DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
-            DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-            DType::F64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-        })
-        .collect();
-    Ok(Tensor::from_f64(dtype, shape, &values)?)
+}
+
+/// A compact tensor holding these little-endian bytes as they are (NaN payloads included).
+fn tensor_from_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> anyhow::Result<Tensor> {
+    let mut tensor = Tensor::zeros(dtype, shape)?;
+    let buffer = tensor.cpu_buffer_mut()?.context("a fresh host tensor")?.bytes_mut();
+    if data.len() != buffer.len() {
+        bail!("{} bytes do not hold {} elements of {dtype}", data.len(), tensor.numel());
+    }
+    buffer.copy_from_slice(data);
+    Ok(tensor)
 }
 
 fn save_outputs(path: &Path, outputs: &[Tensor]) -> anyhow::Result<()> {
@@ -161,12 +180,7 @@ fn save_outputs(path: &Path, outputs: &[Tensor]) -> anyhow::Result<()> {
     for (i, out) in outputs.iter().enumerate() {
         let compact = out.to_cpu()?.contiguous()?;
         let bytes = compact.cpu_buffer().context("a host copy")?.bytes().to_vec();
-        let dtype = match out.dtype() {
-            DType::F32 => Dtype::F32,
-            DType::F16 => Dtype::F16,
-            DType::BF16 => Dtype::BF16,
-            DType::F64 => Dtype::F64,
-        };
+        let dtype = dtype_to_safetensors(out.dtype());
         buffers.push((format!("out{i}"), dtype, out.shape().to_vec(), bytes));
     }
     let views: HashMap<String, safetensors::tensor::TensorView<'_>> = buffers

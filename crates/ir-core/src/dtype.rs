@@ -1,8 +1,16 @@
 //! Element types and their conversions.
+//!
+//! The 8-bit formats are OCP FP8 `E4M3FN` (4 exponent bits, 3 mantissa bits, no infinities, one NaN
+//! per sign, largest finite 448) and `E5M2` (IEEE-style, largest finite 57344), backed by the
+//! `float8` crate's types, and `i8`. Converting to them rounds to nearest-even and *saturates*:
+//! anything beyond the largest finite value, infinities included, becomes that value with its sign;
+//! NaN stays NaN (for `i8`, NaN becomes 0). These are the conversions CUDA's `__NV_SATFINITE` mode
+//! performs, and the ones quantization kernels use.
 
 use std::fmt;
 use std::str::FromStr;
 
+pub use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
 /// The element type of a tensor.
@@ -18,16 +26,29 @@ pub enum DType {
     BF16,
     /// IEEE binary64, for references.
     F64,
+    /// OCP FP8 E4M3FN ([`F8E4M3`]): finite only, largest 448.
+    F8E4M3FN,
+    /// OCP FP8 E5M2 ([`F8E5M2`]): largest finite 57344.
+    F8E5M2,
+    /// Signed 8-bit integer.
+    I8,
 }
 
-/// A dtype name that is not one of `f32`, `f16`, `bf16`, `f64`.
+/// A dtype name that is not one of the known spellings.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown dtype `{0}` (known: f32, f16, bf16, f64)")]
+#[error("unknown dtype `{0}` (known: f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8)")]
 pub struct UnknownDType(pub String);
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+    pub const ALL: [DType; 7] =
+        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::F8E4M3FN, DType::F8E5M2, DType::I8];
+
+    /// The dtypes models compute in (norms and activations take these): f32, f16, bf16, f64.
+    pub const COMPUTE: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+
+    /// The 8-bit floating-point dtypes quantization writes.
+    pub const FP8: [DType; 2] = [DType::F8E4M3FN, DType::F8E5M2];
 
     /// Size of one element in bytes.
     pub fn size_in_bytes(self) -> usize {
@@ -35,26 +56,34 @@ impl DType {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::F64 => 8,
+            DType::F8E4M3FN | DType::F8E5M2 | DType::I8 => 1,
         }
     }
 
-    /// The text-format spelling (`f32`, `f16`, `bf16`, `f64`).
+    /// The text-format spelling (`f32`, `f16`, `bf16`, `f64`, `f8e4m3fn`, `f8e5m2`, `i8`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::F64 => "f64",
+            DType::F8E4M3FN => "f8e4m3fn",
+            DType::F8E5M2 => "f8e5m2",
+            DType::I8 => "i8",
         }
     }
 
-    /// Rounds `value` to this dtype (nearest-even; NaN stays NaN) and widens it back to `f64`.
+    /// Rounds `value` to this dtype (nearest-even, saturating for the 8-bit types; NaN stays NaN
+    /// except in `i8`, where it is 0) and widens it back to `f64`.
     pub fn round(self, value: f64) -> f64 {
         match self {
             DType::F32 => value as f32 as f64,
             DType::F16 => <f16 as Element>::from_f64(value).to_f64(),
             DType::BF16 => <bf16 as Element>::from_f64(value).to_f64(),
             DType::F64 => value,
+            DType::F8E4M3FN => <F8E4M3 as Element>::from_f64(value).to_f64(),
+            DType::F8E5M2 => <F8E5M2 as Element>::from_f64(value).to_f64(),
+            DType::I8 => <i8 as Element>::from_f64(value).to_f64(),
         }
     }
 
@@ -62,7 +91,22 @@ impl DType {
     pub fn compute_dtype(self) -> DType {
         match self {
             DType::F64 => DType::F64,
-            DType::F32 | DType::F16 | DType::BF16 => DType::F32,
+            _ => DType::F32,
+        }
+    }
+
+    /// Whether models compute in this dtype (one of [`DType::COMPUTE`]); the 8-bit types only store
+    /// quantized values.
+    pub fn is_compute(self) -> bool {
+        DType::COMPUTE.contains(&self)
+    }
+
+    /// The largest finite value of an 8-bit floating-point dtype (448 for E4M3FN, 57344 for E5M2).
+    pub fn fp8_max(self) -> Option<f64> {
+        match self {
+            DType::F8E4M3FN => Some(448.0),
+            DType::F8E5M2 => Some(57344.0),
+            _ => None,
         }
     }
 }
@@ -82,6 +126,9 @@ impl FromStr for DType {
             "f16" => Ok(DType::F16),
             "bf16" => Ok(DType::BF16),
             "f64" => Ok(DType::F64),
+            "f8e4m3fn" => Ok(DType::F8E4M3FN),
+            "f8e5m2" => Ok(DType::F8E5M2),
+            "i8" => Ok(DType::I8),
             _ => Err(UnknownDType(s.to_owned())),
         }
     }
@@ -167,6 +214,56 @@ impl Element for bf16 {
     }
 }
 
+impl Element for F8E4M3 {
+    const DTYPE: DType = DType::F8E4M3FN;
+    fn to_f64(self) -> f64 {
+        F8E4M3::to_f64(&self)
+    }
+    fn from_f64(value: f64) -> F8E4M3 {
+        F8E4M3::from_f64(value)
+    }
+    fn to_f32(self) -> f32 {
+        F8E4M3::to_f32(&self)
+    }
+    fn from_f32(value: f32) -> F8E4M3 {
+        F8E4M3::from_f32(value)
+    }
+}
+
+impl Element for F8E5M2 {
+    const DTYPE: DType = DType::F8E5M2;
+    fn to_f64(self) -> f64 {
+        F8E5M2::to_f64(&self)
+    }
+    fn from_f64(value: f64) -> F8E5M2 {
+        F8E5M2::from_f64(value)
+    }
+    fn to_f32(self) -> f32 {
+        F8E5M2::to_f32(&self)
+    }
+    fn from_f32(value: f32) -> F8E5M2 {
+        F8E5M2::from_f32(value)
+    }
+}
+
+impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    /// Nearest integer, ties to even, saturated to `-128..=127`; NaN becomes 0.
+    fn from_f64(value: f64) -> i8 {
+        // `as` saturates and maps NaN to 0.
+        value.round_ties_even() as i8
+    }
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(value: f32) -> i8 {
+        value.round_ties_even() as i8
+    }
+}
+
 /// Narrows to f32 rounding to odd: truncate, then set the last bit if anything was lost.
 ///
 /// Rounding that result to nearest-even in a format of at most 22 significand bits (f16, bf16) equals
@@ -193,7 +290,7 @@ mod tests {
             assert_eq!(dtype.name().parse::<DType>(), Ok(dtype));
         }
         let err = "int8".parse::<DType>().unwrap_err();
-        assert_eq!(err.to_string(), "unknown dtype `int8` (known: f32, f16, bf16, f64)");
+        assert_eq!(err.to_string(), "unknown dtype `int8` (known: f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8)");
     }
 
     #[test]
@@ -212,5 +309,124 @@ mod tests {
         assert_eq!(DType::F16.round(just_above_half), 1.0 + 2f64.powi(-10));
         let just_above_half = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
         assert_eq!(DType::BF16.round(just_above_half), 1.0 + 2f64.powi(-7));
+    }
+
+    /// The value of an 8-bit float code, decoded from its fields (independently of `float8`).
+    fn decode(code: u8, exponent_bits: u32, e4m3fn: bool) -> f64 {
+        let mantissa_bits = 7 - exponent_bits;
+        let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+        let exponent = ((code >> mantissa_bits) & ((1 << exponent_bits) - 1)) as i32;
+        let mantissa = (code & ((1 << mantissa_bits) - 1)) as f64;
+        let max_exponent = (1 << exponent_bits) - 1;
+        let bias = (1 << (exponent_bits - 1)) - 1;
+        let scale = (1u32 << mantissa_bits) as f64;
+        if e4m3fn && exponent == max_exponent && mantissa == scale - 1.0 {
+            return f64::NAN;
+        }
+        if !e4m3fn && exponent == max_exponent {
+            return if mantissa == 0.0 { sign * f64::INFINITY } else { f64::NAN };
+        }
+        if exponent == 0 {
+            return sign * mantissa / scale * 2f64.powi(1 - bias);
+        }
+        sign * (1.0 + mantissa / scale) * 2f64.powi(exponent - bias)
+    }
+
+    /// Every code of an 8-bit float format: decoding matches the fields, every finite value encodes
+    /// back to its code, midpoints round to the even neighbour and their neighbours to the nearest,
+    /// overflow saturates and NaN stays NaN.
+    fn check_all_codes(dtype: DType, exponent_bits: u32) {
+        let e4m3fn = dtype == DType::F8E4M3FN;
+        let from_bits = |code: u8| match dtype {
+            DType::F8E4M3FN => F8E4M3::from_bits(code).to_f64(),
+            _ => F8E5M2::from_bits(code).to_f64(),
+        };
+        let encode = |value: f64| match dtype {
+            DType::F8E4M3FN => <F8E4M3 as Element>::from_f64(value).to_bits(),
+            _ => <F8E5M2 as Element>::from_f64(value).to_bits(),
+        };
+        let max = dtype.fp8_max().unwrap();
+        let mut finite = Vec::new();
+        for code in 0..=255u8 {
+            let expected = decode(code, exponent_bits, e4m3fn);
+            let got = from_bits(code);
+            if expected.is_nan() {
+                assert!(got.is_nan(), "{dtype} code {code:#04x} decodes to NaN, got {got}");
+                assert!(is_nan_code(encode(got), dtype), "{dtype}: NaN encodes to a NaN code");
+                continue;
+            }
+            assert_eq!(got.to_bits(), expected.to_bits(), "{dtype} code {code:#04x}");
+            if expected.is_infinite() {
+                assert_eq!(from_bits(encode(expected)), expected.signum() * max, "{dtype}: infinity saturates");
+                continue;
+            }
+            assert_eq!(encode(expected), code, "{dtype}: {expected} encodes back to {code:#04x}");
+            assert_eq!(dtype.round(expected).to_bits(), expected.to_bits());
+            if code < 0x80 {
+                finite.push((expected, code));
+            }
+        }
+        finite.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert_eq!(finite.last().unwrap().0, max, "{dtype}: the largest finite value");
+        for pair in finite.windows(2) {
+            let [(low, low_code), (high, high_code)] = [pair[0], pair[1]];
+            let mid = (low + high) / 2.0;
+            let even = if low_code % 2 == 0 { low_code } else { high_code };
+            for sign in [1.0, -1.0] {
+                let sign_bit = if sign < 0.0 { 0x80 } else { 0 };
+                assert_eq!(encode(sign * mid), even | sign_bit, "{dtype}: the tie {} goes to even", sign * mid);
+                assert_eq!(encode(sign * mid.next_up()), high_code | sign_bit, "{dtype}: above {mid}");
+                assert_eq!(encode(sign * mid.next_down()), low_code | sign_bit, "{dtype}: below {mid}");
+            }
+        }
+        for beyond in [max.next_up(), max * 1.0625, max * 4.0, f64::MAX, f64::INFINITY] {
+            assert_eq!(dtype.round(beyond), max, "{dtype}: {beyond} saturates");
+            assert_eq!(dtype.round(-beyond), -max, "{dtype}: -{beyond} saturates");
+        }
+        let smallest = finite[1].0;
+        assert_eq!(encode(smallest / 2.0), 0, "{dtype}: half the smallest subnormal ties to zero");
+        assert_eq!(encode(-smallest / 4.0), 0x80, "{dtype}: underflow keeps the sign");
+        assert!(dtype.round(f64::NAN).is_nan());
+    }
+
+    /// Whether `code` is a NaN of the 8-bit float `dtype`.
+    fn is_nan_code(code: u8, dtype: DType) -> bool {
+        match dtype {
+            DType::F8E4M3FN => code & 0x7f == 0x7f,
+            _ => code & 0x7f > 0x7c,
+        }
+    }
+
+    #[test]
+    fn every_f8e4m3fn_code() {
+        check_all_codes(DType::F8E4M3FN, 4);
+    }
+
+    #[test]
+    fn every_f8e5m2_code() {
+        check_all_codes(DType::F8E5M2, 5);
+    }
+
+    #[test]
+    fn i8_rounds_to_even_and_saturates() {
+        for code in i8::MIN..=i8::MAX {
+            assert_eq!(<i8 as Element>::from_f64(code as f64), code);
+            assert_eq!(<i8 as Element>::from_f32(code as f32 + 0.25), code);
+        }
+        assert_eq!(DType::I8.round(2.5), 2.0);
+        assert_eq!(DType::I8.round(3.5), 4.0);
+        assert_eq!(DType::I8.round(-2.5), -2.0);
+        assert_eq!(DType::I8.round(127.6), 127.0);
+        assert_eq!(DType::I8.round(-1e30), -128.0);
+        assert_eq!(DType::I8.round(f64::NAN), 0.0);
+        assert_eq!(DType::I8.size_in_bytes(), 1);
+    }
+
+    #[test]
+    fn only_the_wide_types_are_computed_in() {
+        let compute: Vec<DType> = DType::ALL.into_iter().filter(|d| d.is_compute()).collect();
+        assert_eq!(compute, DType::COMPUTE);
+        assert_eq!(DType::F8E4M3FN.compute_dtype(), DType::F32);
+        assert_eq!(DType::F32.fp8_max(), None);
     }
 }

@@ -166,6 +166,9 @@ impl CpuBuffer {
             crate::DType::F16 => CpuBuffer::zeroed_elements::<half::f16>(elements)?,
             crate::DType::BF16 => CpuBuffer::zeroed_elements::<half::bf16>(elements)?,
             crate::DType::F64 => CpuBuffer::zeroed_elements::<f64>(elements)?,
+            crate::DType::F8E4M3FN => CpuBuffer::zeroed_elements::<crate::F8E4M3>(elements)?,
+            crate::DType::F8E5M2 => CpuBuffer::zeroed_elements::<crate::F8E5M2>(elements)?,
+            crate::DType::I8 => CpuBuffer::zeroed_elements::<i8>(elements)?,
         };
         buffer.len_bytes = len_bytes;
         Ok(buffer)

@@ -101,6 +101,28 @@ fn candle_dtypes_without_a_counterpart_are_errors_naming_them() {
 }
 
 #[test]
+fn eight_bit_tensors_cross_to_candle_and_dlpack_with_their_bits() {
+    let values = [0.0, -1.5, 448.0, 1e6, -0.001953125, f64::NAN];
+    let t = Tensor::from_f64(DType::F8E4M3FN, &[2, 3], &values).unwrap();
+    let bits: Vec<u8> = t.cpu_buffer().unwrap().bytes().to_vec();
+    assert_eq!(bits, [0x00, 0xbc, 0x7e, 0x7e, 0x81, 0x7f], "saturating, nearest-even codes");
+    let c = t.clone().into_candle().unwrap();
+    assert_eq!(c.dtype(), candle::DType::F8E4M3);
+    // SAFETY: nothing writes `c`.
+    let back = unsafe { Tensor::from_candle_shared(&c) }.unwrap();
+    assert_eq!((back.dtype(), back.cpu_buffer().unwrap().bytes()), (DType::F8E4M3FN, &bits[..]));
+    for dtype in [DType::F8E5M2, DType::I8] {
+        let t = Tensor::from_f64(dtype, &[3], &[1.0, -2.0, 3.0]).unwrap();
+        let error = t.clone().into_candle().unwrap_err();
+        assert!(error.to_string().contains(dtype.name()), "{error}");
+        // SAFETY: the DLPack tensor came from `to_dlpack`; nothing else touches it.
+        let back = unsafe { Tensor::from_dlpack(t.to_dlpack().unwrap()) }.unwrap();
+        assert_eq!(back.dtype(), dtype);
+        assert_eq!(back.to_f64_vec().unwrap(), [1.0, -2.0, 3.0]);
+    }
+}
+
+#[test]
 fn dlpack_round_trips_share_memory_and_respect_read_only() {
     let t = Tensor::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
     let address = first_element(&t);

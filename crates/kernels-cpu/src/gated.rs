@@ -124,7 +124,7 @@ pub fn run(x: &Tensor, gate: impl GateRow) -> Result<Tensor, KernelError> {
         DType::F32 => gated::<f32, _>(x_buffer, rows, out_buffer, &gate),
         DType::F16 => gated::<half::f16, _>(x_buffer, rows, out_buffer, &gate),
         DType::BF16 => gated::<half::bf16, _>(x_buffer, rows, out_buffer, &gate),
-        DType::F64 => return Err(crate::unsupported_dtype(DType::F64)),
+        other => return Err(crate::unsupported_dtype(other)),
     }
     Ok(out)
 }

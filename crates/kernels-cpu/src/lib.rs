@@ -96,7 +96,7 @@ pub fn rms_norm_cpu_into(
         DType::F32 => rows::rms_norm::<f32>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
         DType::F16 => rows::rms_norm::<half::f16>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
         DType::BF16 => rows::rms_norm::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
-        DType::F64 => return Err(unsupported_dtype(DType::F64)),
+        other => return Err(unsupported_dtype(other)),
     }
     Ok(())
 }
@@ -128,7 +128,7 @@ pub fn fused_add_rms_norm_cpu(
             DType::F32 => rows::fused::<f32>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
             DType::F16 => rows::fused::<half::f16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
             DType::BF16 => rows::fused::<half::bf16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
-            DType::F64 => return Err(unsupported_dtype(DType::F64)),
+            other => return Err(unsupported_dtype(other)),
         }
     }
     Ok((x.into_tensor(), residual.into_tensor()))
@@ -145,7 +145,7 @@ fn weight_f32(weight: Option<&Tensor>) -> Result<Option<Vec<f32>>, KernelError> 
         DType::F32 => f32::load(&buffer.typed::<f32>()[offset..offset + n], &mut out),
         DType::F16 => half::f16::load(&buffer.typed::<half::f16>()[offset..offset + n], &mut out),
         DType::BF16 => half::bf16::load(&buffer.typed::<half::bf16>()[offset..offset + n], &mut out),
-        DType::F64 => return Err(unsupported_dtype(DType::F64)),
+        other => return Err(unsupported_dtype(other)),
     }
     Ok(Some(out))
 }

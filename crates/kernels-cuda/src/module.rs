@@ -146,8 +146,10 @@ pub(crate) fn dtype_define(dtype: DType) -> Result<String, KernelError> {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::BF16 => 2,
-        DType::F64 => {
-            return Err(KernelError::InvalidArguments { reason: "the cuda kernels do not support f64".to_owned() });
+        other => {
+            return Err(KernelError::InvalidArguments {
+                reason: format!("the cuda kernels do not compute in {other}"),
+            });
         }
     };
     Ok(format!("-DDTYPE={code}"))

@@ -82,8 +82,8 @@ pub(crate) fn base_options(dtype: DType) -> Result<String, KernelError> {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::BF16 => 2,
-        DType::F64 => {
-            return Err(KernelError::InvalidArguments { reason: "the xpu kernels do not support f64".to_owned() });
+        other => {
+            return Err(KernelError::InvalidArguments { reason: format!("the xpu kernels do not compute in {other}") });
         }
     };
     Ok(format!("-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt -DDTYPE={code}"))

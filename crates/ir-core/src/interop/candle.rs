@@ -25,6 +25,7 @@ fn host_memory(storage: &candle::CpuStorage) -> Result<(DType, *const u8, usize)
         candle::CpuStorage::F16(values) => parts(values, DType::F16),
         candle::CpuStorage::BF16(values) => parts(values, DType::BF16),
         candle::CpuStorage::F64(values) => parts(values, DType::F64),
+        candle::CpuStorage::F8E4M3(values) => parts(values, DType::F8E4M3FN),
         other => {
             return Err(InteropError::UnsupportedDType { library: LIBRARY, dtype: format!("{:?}", other.dtype()) });
         }
@@ -120,6 +121,11 @@ impl Tensor {
             DType::F16 => into_candle_typed::<half::f16>(self),
             DType::BF16 => into_candle_typed::<half::bf16>(self),
             DType::F64 => into_candle_typed::<f64>(self),
+            DType::F8E4M3FN => into_candle_typed::<crate::F8E4M3>(self),
+            // candle 0.9 has no E5M2 and no i8.
+            DType::F8E5M2 | DType::I8 => {
+                Err(InteropError::UnsupportedDType { library: LIBRARY, dtype: self.dtype().to_string() })
+            }
         }
     }
 }

@@ -22,6 +22,9 @@ fn dtype_from_dlpack(dtype: DLDataType) -> Result<DType, InteropError> {
         t if t == DLDataType::F16 => DType::F16,
         t if t == DLDataType::BF16 => DType::BF16,
         t if t == DLDataType::F64 => DType::F64,
+        t if t == DLDataType::F8E4M3FN => DType::F8E4M3FN,
+        t if t == DLDataType::F8E5M2 => DType::F8E5M2,
+        t if t == DLDataType::I8 => DType::I8,
         other => {
             return Err(InteropError::UnsupportedDType {
                 library: LIBRARY,
@@ -37,6 +40,9 @@ fn dtype_to_dlpack(dtype: DType) -> DLDataType {
         DType::F16 => DLDataType::F16,
         DType::BF16 => DLDataType::BF16,
         DType::F64 => DLDataType::F64,
+        DType::F8E4M3FN => DLDataType::F8E4M3FN,
+        DType::F8E5M2 => DLDataType::F8E5M2,
+        DType::I8 => DLDataType::I8,
     }
 }
 
@@ -59,7 +65,7 @@ impl Tensor {
     /// `torch.from_dlpack`, a write through it (only ever an in-place call on a uniquely owned
     /// tensor) is visible to the producer.
     ///
-    /// Accepted: CPU (and pinned host) memory; f32, f16, bf16 and f64; non-negative strides (or
+    /// Accepted: CPU (and pinned host) memory; f32, f16, bf16, f64, f8e4m3fn, f8e5m2 and i8; non-negative strides (or
     /// none: compact); a first element aligned to the element size. Anything else is an error
     /// naming it, and the DLPack tensor is released.
     ///

@@ -28,8 +28,8 @@ use crate::TensorError;
 /// An exchange with another library that could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum InteropError {
-    /// An element type this crate has no dtype for.
-    #[error("{library} dtype {dtype} is not supported (supported: f32, f16, bf16, f64)")]
+    /// An element type one side has and the other lacks (candle's `u32`, this crate's `f8e5m2` in candle).
+    #[error("dtype {dtype} has no counterpart between {library} and vllm-ir")]
     UnsupportedDType {
         /// The other library.
         library: &'static str,

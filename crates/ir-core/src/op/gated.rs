@@ -32,6 +32,7 @@ pub fn gelu_tanh(v: f64) -> f64 {
 /// output is a fresh compact `[..., d]` tensor of x's dtype on x's device.
 pub(crate) fn gated_meta(op: &'static str, x: Option<&TensorMeta>) -> Result<TensorMeta, MetaError> {
     let x = x.ok_or(MetaError::Kind { op, param: "x" })?;
+    MetaError::require_compute_dtype(op, "x", x)?;
     let Some((&last, leading)) = x.shape().split_last() else {
         return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });
     };

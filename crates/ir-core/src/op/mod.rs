@@ -136,6 +136,18 @@ pub enum MetaError {
         /// That parameter's shape.
         other_shape: Vec<usize>,
     },
+    /// A tensor of a dtype the op does not take.
+    #[error("{op}: `{param}` has dtype {dtype} but must be {expected}")]
+    DType {
+        /// The op.
+        op: &'static str,
+        /// The parameter.
+        param: &'static str,
+        /// Its dtype.
+        dtype: DType,
+        /// The dtypes allowed (`one of f32, f16, bf16, f64`).
+        expected: &'static str,
+    },
     /// A tensor on another device than a reference argument.
     #[error("{op}: `{param}` is on {device} but `{other}` is on {other_device}")]
     Device {
@@ -172,6 +184,17 @@ pub enum MetaError {
     },
 }
 
+impl MetaError {
+    /// `Ok` when `meta` has a dtype models compute in ([`DType::COMPUTE`]), else the error naming it:
+    /// the norms and activations take no 8-bit (quantized) tensors.
+    pub fn require_compute_dtype(op: &'static str, param: &'static str, meta: &TensorMeta) -> Result<(), MetaError> {
+        if meta.dtype.is_compute() {
+            return Ok(());
+        }
+        Err(MetaError::DType { op, param, dtype: meta.dtype, expected: "one of f32, f16, bf16, f64" })
+    }
+}
+
 /// The ops every registry built by `Registry::with_builtin_ops` defines.
 pub const BUILTIN_OPS: &[&OpDef] = &[
     &rms_norm::RMS_NORM,
@@ -197,6 +220,11 @@ pub fn global_tolerance(dtype: DType) -> Tolerance {
         DType::F32 => Tolerance { atol: 1e-5, rtol: 1.3e-6 },
         DType::F16 => Tolerance { atol: 1e-3, rtol: 1e-3 },
         DType::BF16 => Tolerance { atol: 1e-3, rtol: 1.6e-2 },
+        // One step of the format: a step is at most 2^-3 (E4M3) or 2^-2 (E5M2) of the value, and
+        // the smallest subnormal (2^-9, 2^-16) near zero.
+        DType::F8E4M3FN => Tolerance { atol: 1.0 / 512.0, rtol: 0.125 },
+        DType::F8E5M2 => Tolerance { atol: 1.0 / 65536.0, rtol: 0.25 },
+        DType::I8 => Tolerance { atol: 1.0, rtol: 0.0 },
     }
 }
 

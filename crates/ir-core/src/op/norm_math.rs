@@ -27,10 +27,12 @@ pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<Vec<Tens
     if x.layout.rank() == 0 {
         return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });
     }
+    MetaError::require_compute_dtype(op, "x", x)?;
     let hidden = x.layout.last_dim();
     match args.get(p.weight) {
         Some(ArgMeta::None) => {}
         Some(ArgMeta::Tensor(w)) => {
+            MetaError::require_compute_dtype(op, "weight", w)?;
             if w.shape() != [hidden] {
                 return Err(MetaError::Shape {
                     op,
@@ -56,6 +58,7 @@ pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<Vec<Tens
     let mut outputs = vec![TensorMeta { dtype: x.dtype, device: x.device, layout: x.layout.copy_layout() }];
     if let Some(index) = p.residual {
         let r = args.get(index).and_then(ArgMeta::tensor).ok_or(kind("x_residual"))?;
+        MetaError::require_compute_dtype(op, "x_residual", r)?;
         if r.shape() != x.shape() {
             return Err(MetaError::Shape {
                 op,

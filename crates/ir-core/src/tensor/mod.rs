@@ -36,6 +36,18 @@ macro_rules! with_element_type {
                 type $T = f64;
                 $body
             }
+            $crate::DType::F8E4M3FN => {
+                type $T = $crate::F8E4M3;
+                $body
+            }
+            $crate::DType::F8E5M2 => {
+                type $T = $crate::F8E5M2;
+                $body
+            }
+            $crate::DType::I8 => {
+                type $T = i8;
+                $body
+            }
         }
     };
 }
