@@ -420,3 +420,94 @@ fn every_op_of_every_provider_matches_native_on_generated_inputs() {
         assert_eq!(checked_ops, defined, "{} implements every op the registry defines", backend.provider);
     }
 }
+
+/// Every f32 that decides an fp8 rounding: each code's value, the midpoints between neighbours and
+/// the f32 values either side of them, values beyond the largest finite, infinities, NaN, zeros and
+/// the f32 subnormals, with both signs.
+fn fp8_deciding_values(dtype: DType) -> Vec<f64> {
+    let mut finite: Vec<f64> = (0..=255u8)
+        .map(|code| {
+            let bytes = Tensor::from_vec(&[1], vec![code as i8]).unwrap();
+            // The byte's value read as an fp8 code: reinterpret through the host bytes.
+            let mut t = Tensor::zeros(dtype, &[1]).unwrap();
+            t.cpu_buffer_mut().unwrap().unwrap().bytes_mut().copy_from_slice(bytes.cpu_buffer().unwrap().bytes());
+            t.to_f64_vec().unwrap()[0]
+        })
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .collect();
+    finite.sort_by(f64::total_cmp);
+    finite.dedup();
+    let mut values = Vec::new();
+    for pair in finite.windows(2) {
+        let mid = (pair[0] + pair[1]) / 2.0;
+        let mid32 = mid as f32;
+        values.extend([pair[0], mid, f64::from(mid32.next_up()), f64::from(mid32.next_down())]);
+    }
+    let max = dtype.fp8_max().unwrap();
+    values.extend([
+        max,
+        max * 1.03,
+        max * 1.1,
+        1e30,
+        f64::INFINITY,
+        f64::NAN,
+        0.0,
+        1e-40,
+        f64::from(f32::MIN_POSITIVE),
+    ]);
+    let negated: Vec<f64> = values.iter().map(|v| -v).collect();
+    values.extend(negated);
+    values
+}
+
+/// The quantization kernels round exactly as the reference on every provider: one f32 division
+/// (correctly rounded) and the saturating nearest-even conversion, checked on every value that
+/// decides a rounding, and per-token scales bit for bit.
+#[test]
+fn fp8_quantization_is_bit_exact_on_every_provider() {
+    use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self as dynamic, dynamic_per_token_scaled_fp8_quant};
+    use ir_core::op::static_scaled_fp8_quant::{self as fixed, static_scaled_fp8_quant};
+    for backend in backends() {
+        let _guards = [
+            backend.registry.override_priority("static_scaled_fp8_quant", &[backend.provider]).unwrap(),
+            backend.registry.override_priority("dynamic_per_token_scaled_fp8_quant", &[backend.provider]).unwrap(),
+        ];
+        let upload = |t: &Tensor| backend.upload(t).unwrap();
+        for out_dtype in DType::FP8 {
+            let label = format!("{} {out_dtype}", backend.provider);
+            let values = fp8_deciding_values(out_dtype);
+            let x = Tensor::from_f64(DType::F32, &[1, values.len()], &values).unwrap();
+            for scale in [1.0, 0.5, 3.0 / 448.0] {
+                let s = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
+                let got = static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype).unwrap();
+                let expected = fixed::native(&x, &s, out_dtype).unwrap();
+                let got = got.to_cpu().unwrap().to_f64_vec().unwrap();
+                let expected = expected.to_f64_vec().unwrap();
+                // The same value, sign of zero included; any NaN matches any NaN.
+                let same = |(g, e): (&f64, &f64)| g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan());
+                if let Some(i) = got.iter().zip(&expected).position(|pair| !same(pair)) {
+                    panic!("{label} scale {scale}: x = {} gives {}, native {}", values[i], got[i], expected[i]);
+                }
+            }
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let wide = Tensor::randn(&TensorMeta::compact(dtype, &[67, 773]), 9).unwrap();
+                let x = wide.narrow(1, 3, 769).unwrap();
+                let ub = Tensor::from_f64(DType::F32, &[1], &[2.5]).unwrap();
+                for ub in [None, Some(&ub)] {
+                    let ub_device = ub.map(upload);
+                    let (q, s) = dynamic_per_token_scaled_fp8_quant(
+                        &backend.registry,
+                        &upload(&x),
+                        ub_device.as_ref(),
+                        out_dtype,
+                    )
+                    .unwrap();
+                    let (eq, es) = dynamic::native(&x, ub, out_dtype).unwrap();
+                    let with_ub = ub.is_some();
+                    assert!(bit_eq(&s.to_cpu().unwrap(), &es), "{label} {dtype} bound {with_ub}: scales");
+                    assert!(bit_eq(&q.to_cpu().unwrap(), &eq), "{label} {dtype} bound {with_ub}: q");
+                }
+            }
+        }
+    }
+}

@@ -84,6 +84,32 @@ impl Rows {
     }
 }
 
+/// [`Rows`] as a GPU kernel's integer parameters (`long long n_rows, int hidden, long long
+/// row_stride`, and the storage offset for kernels that take it), each converted without loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowArgs {
+    /// Number of rows.
+    pub n_rows: i64,
+    /// Elements per row.
+    pub hidden: i32,
+    /// Elements between row starts.
+    pub row_stride: i64,
+    /// Storage offset of the first element, in elements.
+    pub offset: i64,
+}
+
+impl Rows {
+    /// The rows as kernel parameters, or an error naming the one that does not fit ([`kernel_int`]).
+    pub fn kernel_args(&self) -> Result<RowArgs, KernelError> {
+        Ok(RowArgs {
+            n_rows: kernel_int(self.n_rows, "rows")?,
+            hidden: kernel_int(self.hidden, "hidden size")?,
+            row_stride: kernel_int(self.row_stride, "row stride")?,
+            offset: kernel_int(self.offset, "storage offset")?,
+        })
+    }
+}
+
 /// Kernels do not implement `variance_size`; a defensive check behind the predicate.
 pub fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
     match variance_size {
@@ -188,6 +214,51 @@ pub fn gated_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
         return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
     }
     rows_support(x, device, "last dimension")
+}
+
+/// The standard predicate of the quantization ops (`static_scaled_fp8_quant`,
+/// `dynamic_per_token_scaled_fp8_quant`), whose first parameter is `x: [..., H]`: x's dtype is f32,
+/// f16 or bf16, x is on `device`, and x is rows of one stride with a unit last stride. The scales'
+/// dtype, size and device and the output dtype are validated by the op's meta function.
+pub fn quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    let Some(x) = args.first().and_then(ArgMeta::tensor) else { return no("the first argument must be a tensor") };
+    if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", x.dtype)));
+    }
+    if x.device.kind() != device {
+        return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
+    }
+    rows_support(x, device, "hidden size")
+}
+
+/// The quantization kernels' `format` argument: 0 for f8e4m3fn, 1 for f8e5m2.
+pub fn fp8_format_code(dtype: DType) -> Result<i32, KernelError> {
+    match dtype {
+        DType::F8E4M3FN => Ok(0),
+        DType::F8E5M2 => Ok(1),
+        other => Err(KernelError::InvalidArguments { reason: format!("out_dtype {other} is not an fp8 dtype") }),
+    }
+}
+
+/// The shape of per-token scales for x of shape `shape`: the last dimension becomes 1.
+pub fn per_token_scales_shape(shape: &[usize]) -> Vec<usize> {
+    let mut scales = shape.to_vec();
+    if let Some(last) = scales.last_mut() {
+        *last = 1;
+    }
+    scales
+}
+
+/// The f32 value of a one-element scale tensor in host memory (a kernel on the cpu, or a GPU
+/// kernel reading a scale the caller kept on the host is not supported: the meta function puts
+/// scales on x's device).
+pub fn host_scale(scale: &Tensor, param: &str) -> Result<f32, KernelError> {
+    let buffer = scale
+        .cpu_buffer()
+        .ok_or_else(|| KernelError::InvalidArguments { reason: format!("`{param}` is not in host memory") })?;
+    buffer.typed::<f32>().get(scale.offset()).copied().ok_or_else(|| KernelError::InvalidArguments {
+        reason: format!("`{param}` holds no f32 element at offset {}", scale.offset()),
+    })
 }
 
 /// What a gated kernel needs of x: its rows (of 2d elements), d, and the compact `[..., d]` layout of

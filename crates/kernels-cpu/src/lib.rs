@@ -26,6 +26,7 @@
 
 mod element;
 pub mod gated;
+pub mod quant;
 mod rows;
 
 pub use crate::rows::BYTES_PER_TASK;
@@ -53,6 +54,12 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     ir_core::op::gelu_and_mul_sparse::register(registry, gated::spec(), |x, m, a| {
         gated::run(x, gated::SparseGelu { std_multiplier: m, approximate: a })
     })?;
+    ir_core::op::static_scaled_fp8_quant::register(registry, quant::spec(), quant::static_scaled_fp8_quant_cpu)?;
+    ir_core::op::dynamic_per_token_scaled_fp8_quant::register(
+        registry,
+        quant::spec(),
+        quant::dynamic_per_token_scaled_fp8_quant_cpu,
+    )?;
     Ok(())
 }
 

@@ -19,9 +19,9 @@ pub struct CudaDeviceState {
     ordinal: usize,
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    arch: Option<&'static str>,
+    pub(crate) arch: Option<&'static str>,
     functions: Mutex<HashMap<KernelVariant, CudaFunction>>,
-    gated_functions: Mutex<HashMap<(&'static str, DType), CudaFunction>>,
+    op_functions: Mutex<HashMap<(&'static str, DType), CudaFunction>>,
 }
 
 impl std::fmt::Debug for CudaDeviceState {
@@ -83,7 +83,7 @@ fn init_devices() -> Result<Vec<Arc<CudaDeviceState>>, String> {
                 stream,
                 arch,
                 functions: Mutex::new(HashMap::new()),
-                gated_functions: Mutex::new(HashMap::new()),
+                op_functions: Mutex::new(HashMap::new()),
             }))
         })
         .collect()
@@ -128,15 +128,26 @@ impl CudaDeviceState {
 
     /// The kernel of a gated op for `dtype`, compiled and loaded at first use.
     pub(crate) fn gated_function(&self, op: &GatedKernel, dtype: DType) -> Result<CudaFunction, KernelError> {
-        let mut functions = self.gated_functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(function) = functions.get(&(op.def.name, dtype)) {
+        self.op_function(op.def.name, dtype, &op.kernel_name(dtype), || crate::gated::compile_ptx(op, dtype, self.arch))
+    }
+
+    /// The function `name` of op `op` for `dtype`, from the PTX `compile` makes, compiled and loaded
+    /// at first use and cached per (op, dtype).
+    pub(crate) fn op_function(
+        &self,
+        op: &'static str,
+        dtype: DType,
+        name: &str,
+        compile: impl FnOnce() -> Result<cudarc::nvrtc::Ptx, KernelError>,
+    ) -> Result<CudaFunction, KernelError> {
+        let mut functions = self.op_functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(function) = functions.get(&(op, dtype)) {
             return Ok(function.clone());
         }
-        tracing::debug!(target: "kernels_cuda", op = op.def.name, %dtype, arch = ?self.arch, "compiling with NVRTC");
-        let ptx = crate::gated::compile_ptx(op, dtype, self.arch)?;
-        let module = self.context.load_module(ptx).map_err(driver_error)?;
-        let function = module.load_function(&op.kernel_name(dtype)).map_err(driver_error)?;
-        functions.insert((op.def.name, dtype), function.clone());
+        tracing::debug!(target: "kernels_cuda", op, %dtype, arch = ?self.arch, "compiling with NVRTC");
+        let module = self.context.load_module(compile()?).map_err(driver_error)?;
+        let function = module.load_function(name).map_err(driver_error)?;
+        functions.insert((op, dtype), function.clone());
         Ok(function)
     }
 

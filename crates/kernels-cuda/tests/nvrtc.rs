@@ -82,3 +82,28 @@ fn every_gated_op_compiles_to_ptx_for_every_dtype() {
         }
     }
 }
+
+#[test]
+fn the_quantization_kernels_compile_to_ptx_for_every_dtype() {
+    if let ir_core::Availability::Unavailable(reason) = nvrtc_availability() {
+        ir_core::testing::skip("nvrtc", &reason);
+        return;
+    }
+    let registry = ir_core::Registry::with_builtin_ops();
+    kernels_cuda::register(&registry).unwrap();
+    for op in kernels_cuda::quant::QUANT_OPS {
+        assert!(registry.providers(op).iter().any(|p| p.name == "cuda"), "{op} is registered");
+    }
+    for arch in ["compute_80", "compute_90"] {
+        for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+            let ptx = kernels_cuda::quant::compile_ptx(dtype, Some(arch))
+                .unwrap_or_else(|e| panic!("quant {dtype} {arch}: {e}"))
+                .to_src();
+            for op in kernels_cuda::quant::QUANT_OPS {
+                let entry = format!(".entry {op}_{dtype}(");
+                assert!(ptx.contains(&entry), "quant {dtype} {arch}: PTX lacks `{entry}`");
+            }
+            assert!(!ptx.contains(".local"), "quant {dtype} {arch}: no local memory");
+        }
+    }
+}

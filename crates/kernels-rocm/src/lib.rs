@@ -19,6 +19,7 @@
 //! Target `kernels_rocm`: the device and its code object (info).
 
 pub mod gated;
+pub mod quant;
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
 mod runtime;
@@ -49,7 +50,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         .with_probe(availability)
         .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Rocm));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_rocm))?;
-    gated::register(registry)
+    gated::register(registry)?;
+    quant::register(registry)
 }
 
 /// Whether the provider can run here, and why not.
@@ -103,3 +105,9 @@ pub fn fused_add_rms_norm_rocm(
 
 #[cfg(feature = "rocm")]
 mod launch;
+
+/// The error of a kernel call in a build without feature `rocm`.
+#[cfg(not(feature = "rocm"))]
+pub(crate) fn not_built() -> KernelError {
+    KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() }
+}

@@ -50,6 +50,39 @@ fn hipcc_compiles_every_variant() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The quantization kernels compile for every dtype and use no scratch memory (hipcc's resource
+/// report for each kernel).
+#[test]
+fn the_quantization_kernels_compile_without_scratch() {
+    let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
+    if !Command::new(&hipcc).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        ir_core::testing::skip("hip", &format!("`{hipcc}` not found (install Debian's hipcc)"));
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kernels-rocm-quant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let output = dir.join("quant.hsaco");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels").join("quant.hip");
+    let done = Command::new(&hipcc)
+        .args(["--genco", "--offload-arch=gfx90a", "-O3", "-Rpass-analysis=kernel-resource-usage", "-o"])
+        .arg(&output)
+        .arg(&source)
+        .output()
+        .expect("hipcc runs");
+    let report = String::from_utf8_lossy(&done.stderr).into_owned();
+    assert!(done.status.success(), "hipcc failed on quant.hip:\n{report}");
+    let text = String::from_utf8_lossy(&std::fs::read(&output).unwrap()).into_owned();
+    for op in kernels_rocm::quant::QUANT_OPS {
+        for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+            assert!(text.contains(&format!("{op}_{dtype}")), "the code object lacks `{op}_{dtype}`");
+        }
+    }
+    let scratch: Vec<&str> = report.lines().filter(|l| l.contains("ScratchSize")).collect();
+    assert_eq!(scratch.len(), 6, "one resource report per kernel:\n{report}");
+    assert!(scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{scratch:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn without_the_feature_or_a_device_the_provider_says_why() {
     let registry = ir_core::Registry::with_builtin_ops();

@@ -29,7 +29,7 @@ pub struct XpuDevice {
     context: Context,
     queue: Arc<CommandQueue>,
     kernels: KernelCache<KernelVariant>,
-    gated_kernels: KernelCache<(&'static str, DType)>,
+    op_kernels: KernelCache<(&'static str, DType)>,
 }
 
 /// Built kernels by key, each behind the lock its launches take.
@@ -110,7 +110,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         context,
         queue: Arc::new(queue),
         kernels: Mutex::new(HashMap::new()),
-        gated_kernels: Mutex::new(HashMap::new()),
+        op_kernels: Mutex::new(HashMap::new()),
     }))
 }
 
@@ -164,14 +164,25 @@ impl XpuDevice {
 
     /// The kernel of a gated op for `dtype`, built at first use (locked like [`XpuDevice::kernel`]).
     pub fn gated_kernel(&self, op: &GatedKernel, dtype: DType) -> Result<Arc<Mutex<Kernel>>, KernelError> {
-        let mut kernels = self.gated_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(kernel) = kernels.get(&(op.def.name, dtype)) {
+        self.op_kernel(op.def.name, dtype, &op.kernel_name(dtype), || crate::gated::program(op))
+    }
+
+    /// The kernel `name` of op `op` for `dtype`, from the program `program` makes, built with the
+    /// dtype's base options at first use and cached per (op, dtype) (locked like [`XpuDevice::kernel`]).
+    pub(crate) fn op_kernel(
+        &self,
+        op: &'static str,
+        dtype: DType,
+        name: &str,
+        program: impl FnOnce() -> String,
+    ) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+        let mut kernels = self.op_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(kernel) = kernels.get(&(op, dtype)) {
             return Ok(Arc::clone(kernel));
         }
-        tracing::debug!(target: "kernels_xpu", op = op.def.name, %dtype, "building OpenCL program");
-        let name = op.kernel_name(dtype);
-        let kernel = self.build(&crate::gated::program(op), &base_options(dtype)?, &name, name.clone())?;
-        kernels.insert((op.def.name, dtype), Arc::clone(&kernel));
+        tracing::debug!(target: "kernels_xpu", op, %dtype, "building OpenCL program");
+        let kernel = self.build(&program(), &base_options(dtype)?, name, name.to_owned())?;
+        kernels.insert((op, dtype), Arc::clone(&kernel));
         Ok(kernel)
     }
 

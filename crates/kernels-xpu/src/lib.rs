@@ -22,6 +22,7 @@ mod device;
 pub mod gated;
 mod launch;
 mod module;
+pub mod quant;
 
 use ir_core::kernel::{
     Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support, reject_variance_size, rms_norm_support,
@@ -56,7 +57,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         spec(fused_add_rms_norm_support),
         FusedAddRmsNormImpl::inplace(fused_add_rms_norm_xpu),
     )?;
-    gated::register(registry)
+    gated::register(registry)?;
+    quant::register(registry)
 }
 
 /// `rms_norm` on `xpu:0`: a fresh output with the declared layout.

@@ -3,13 +3,16 @@
 //! Adding an op touches only its own module and [`BUILTIN_OPS`].
 
 pub mod declare;
+pub mod dynamic_per_token_scaled_fp8_quant;
 pub mod fused_add_rms_norm;
 pub mod gated;
 pub mod gelu_and_mul;
 pub mod gelu_and_mul_sparse;
 mod norm_math;
+pub mod quant;
 pub mod rms_norm;
 pub mod silu_and_mul;
+pub mod static_scaled_fp8_quant;
 mod value;
 
 use std::fmt;
@@ -202,6 +205,8 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &silu_and_mul::SILU_AND_MUL,
     &gelu_and_mul::GELU_AND_MUL,
     &gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
+    &static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT,
+    &dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT,
 ];
 
 /// Keywords of the text format; with the built-ins' names ([`crate::Builtin`]), the words that cannot

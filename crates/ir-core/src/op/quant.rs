@@ -1,0 +1,150 @@
+//! The normative math of the fp8 quantization ops, shared by the unfused ops and the norm + quant
+//! ops whose semantics are their composition.
+//!
+//! Notation: `c` is f32 (the compute dtype; f64 for f64 inputs), `d` the fp8 output dtype
+//! (`f8e4m3fn` or `f8e5m2`), `M` its largest finite value (448, 57344), and `sat_d` the saturating
+//! nearest-even conversion to `d` ([`DType::round`]). Per element, with the row's scale `s`:
+//!
+//! ```text
+//! q_j = sat_d(c(x_j / s))            // one division in c, one conversion
+//! ```
+//!
+//! A static scale is the caller's f32 scalar. A dynamic per-token scale is computed from the row:
+//!
+//! ```text
+//! a = max_j |x_j|                    // NaN elements do not count (fmax semantics); 0 for an empty row
+//! a = min(a, scale_ub)               // when an upper bound is given (it bounds the row's absmax)
+//! s = max(c(a / M), c(1 / (M · 512)))  // the floor keeps all-zero rows finite
+//! ```
+//!
+//! These are the rounding points of vLLM's CUDA kernels except one: the static kernel there
+//! multiplies by a reciprocal of the scale, which rounds twice; the reference divides, so a kernel
+//! here divides too and matches it bit for bit. Overflow saturates (an element beyond `M · s`
+//! becomes `±M`); NaN stays NaN; an infinite element makes its row's dynamic scale infinite, so
+//! that element is NaN and the rest of the row zero.
+
+use crate::op::{ArgMeta, MetaError};
+use crate::{DType, Device, TensorMeta};
+
+/// The fp8 output dtype, or the error naming the parameter.
+pub(crate) fn fp8_dtype(op: &'static str, args: &[ArgMeta<'_>], index: usize) -> Result<DType, MetaError> {
+    let dtype = args.get(index).and_then(ArgMeta::dtype).ok_or(MetaError::Kind { op, param: "out_dtype" })?;
+    if dtype.fp8_max().is_none() {
+        return Err(MetaError::Scalar {
+            op,
+            param: "out_dtype",
+            value: dtype.to_string(),
+            reason: "must be f8e4m3fn or f8e5m2".to_owned(),
+        });
+    }
+    Ok(dtype)
+}
+
+/// Checks a scale argument: an f32 tensor of one element on x's device.
+pub(crate) fn check_scale(
+    op: &'static str,
+    param: &'static str,
+    scale: &TensorMeta,
+    x: &TensorMeta,
+) -> Result<(), MetaError> {
+    if scale.dtype != DType::F32 {
+        return Err(MetaError::DType { op, param, dtype: scale.dtype, expected: "f32" });
+    }
+    if scale.numel() != 1 {
+        return Err(MetaError::Shape {
+            op,
+            param,
+            shape: scale.shape().to_vec(),
+            expected: "must hold exactly one element",
+            other: "x",
+            other_shape: x.shape().to_vec(),
+        });
+    }
+    if scale.device != x.device {
+        return Err(MetaError::Device { op, param, device: scale.device, other: "x", other_device: x.device });
+    }
+    Ok(())
+}
+
+/// The quantized output's metadata: x's shape, compact, in `dtype`, on x's device.
+pub(crate) fn quantized_meta(x: &TensorMeta, dtype: DType) -> TensorMeta {
+    TensorMeta { device: x.device, ..TensorMeta::compact(dtype, x.shape()) }
+}
+
+/// The per-token scales' metadata: x's shape with the last dimension 1, compact f32 on x's device.
+pub(crate) fn scales_meta(x: &TensorMeta) -> TensorMeta {
+    let shape = crate::kernel::per_token_scales_shape(x.shape());
+    TensorMeta { device: x.device, ..TensorMeta::compact(DType::F32, &shape) }
+}
+
+/// Checks x of a quantization op: rank ≥ 1, a compute dtype.
+pub(crate) fn check_x(op: &'static str, x: &TensorMeta) -> Result<(), MetaError> {
+    if x.layout.rank() == 0 {
+        return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });
+    }
+    MetaError::require_compute_dtype(op, "x", x)
+}
+
+/// The smallest dynamic scale for `dtype`: `c(1 / (M · 512))`.
+pub fn min_scale(dtype: DType) -> f32 {
+    let max = dtype.fp8_max().unwrap_or(1.0);
+    (1.0 / (max * 512.0)) as f32
+}
+
+/// The dynamic per-token scale of a row (its values already in `c`), with an optional upper
+/// bound on the row's absmax; see the module doc. `compute` is `c`.
+pub fn dynamic_scale(row: &[f64], scale_ub: Option<f64>, dtype: DType, compute: DType) -> f64 {
+    let max = dtype.fp8_max().unwrap_or(1.0);
+    // `f64::max` ignores NaN, as fmax does.
+    let mut absmax = row.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+    if let Some(ub) = scale_ub {
+        absmax = absmax.min(ub);
+    }
+    let floor = compute.round(1.0 / (max * 512.0));
+    compute.round(absmax / max).max(floor)
+}
+
+/// `q = sat_d(c(value / scale))` for one element already in `c`.
+pub fn quantize(value: f64, scale: f64, dtype: DType, compute: DType) -> f64 {
+    dtype.round(compute.round(value / scale))
+}
+
+/// The values of a one-element scale tensor on any device, as f64.
+pub(crate) fn scale_value(scale: &crate::Tensor) -> Result<f64, crate::TensorError> {
+    Ok(scale.to_f64_vec()?.first().copied().unwrap_or(f64::NAN))
+}
+
+/// Moves a host result to x's device.
+pub(crate) fn to_device_of(t: crate::Tensor, x: &crate::Tensor) -> Result<crate::Tensor, crate::TensorError> {
+    if x.device() == Device::Cpu { Ok(t) } else { t.to_device_of(x) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_scales_follow_absmax_bound_and_floor() {
+        let c = DType::F32;
+        let d = DType::F8E4M3FN;
+        assert_eq!(dynamic_scale(&[1.0, -448.0, 3.0], None, d, c), 1.0);
+        assert_eq!(dynamic_scale(&[1.0, -896.0], Some(448.0), d, c), 1.0, "the bound clamps the absmax");
+        assert_eq!(dynamic_scale(&[0.0, 0.0], None, d, c), c.round(1.0 / (448.0 * 512.0)));
+        assert_eq!(dynamic_scale(&[f64::NAN, 44.8], None, d, c), c.round(0.1), "NaN does not count");
+        assert_eq!(dynamic_scale(&[], None, d, c), min_scale(d) as f64);
+        assert_eq!(dynamic_scale(&[57344.0], None, DType::F8E5M2, c), 1.0);
+    }
+
+    #[test]
+    fn quantization_divides_once_and_saturates() {
+        let (c, d) = (DType::F32, DType::F8E4M3FN);
+        assert_eq!(quantize(1.0, 0.5, d, c), 2.0);
+        assert_eq!(quantize(1000.0, 1.0, d, c), 448.0);
+        assert_eq!(quantize(-1000.0, 1.0, d, c), -448.0);
+        assert_eq!(quantize(f64::INFINITY, 1.0, d, c), 448.0);
+        assert!(quantize(f64::NAN, 1.0, d, c).is_nan());
+        // 17 / 1 lies halfway between 16 and 18: ties to even (16).
+        assert_eq!(quantize(17.0, 1.0, d, c), 16.0);
+        assert_eq!(quantize(100000.0, 1.0, DType::F8E5M2, c), 57344.0);
+    }
+}

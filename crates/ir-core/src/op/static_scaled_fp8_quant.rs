@@ -1,0 +1,66 @@
+//! `static_scaled_fp8_quant(x, scale, out_dtype = f8e4m3fn) -> q`: per-tensor fp8 quantization with
+//! the caller's scale.
+//!
+//! `x` is `[..., H]` in f32, f16, bf16 or f64; `scale` an f32 tensor of one element on x's device;
+//! `q` a fresh compact tensor of x's shape in `out_dtype` (`f8e4m3fn` or `f8e5m2`) with
+//! `q_j = sat(c(x_j / scale))`: see [`quant`](crate::op::quant) for the rounding points. Not in
+//! place (the output dtype differs); activations `[x]`.
+
+use crate::op::quant::{check_scale, check_x, fp8_dtype, quantize, quantized_meta, scale_value, to_device_of};
+use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+
+crate::define_op! {
+    /// The definition of `static_scaled_fp8_quant`.
+    op static_scaled_fp8_quant {
+        def: STATIC_SCALED_FP8_QUANT,
+        args: StaticScaledFp8QuantArgs,
+        params: (
+            /// Input `[..., H]`.
+            x: Activation,
+            /// The scale: an f32 tensor of one element.
+            scale: Tensor,
+            /// The fp8 format of the output.
+            out_dtype: DType = Literal::DType(DType::F8E4M3FN),
+        ),
+        outputs: Tensor,
+        inplace: false,
+        native: native,
+        meta: meta,
+        generate: generate,
+        tolerances: &[],
+        description: "fp8 quantization with a per-tensor scale, saturating",
+    }
+}
+
+const OP: &str = "static_scaled_fp8_quant";
+
+/// The reference implementation (the semantics).
+pub fn native(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
+    let args = [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(scale.meta()), ArgMeta::DType(out_dtype)];
+    let out_meta = meta(&args).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?.remove(0);
+    let compute = x.dtype().compute_dtype();
+    let s = compute.round(scale_value(scale)?);
+    let values: Vec<f64> =
+        x.to_f64_vec()?.into_iter().map(|v| quantize(compute.round(v), s, out_dtype, compute)).collect();
+    let q = Tensor::from_f64(out_dtype, out_meta.shape(), &values)?;
+    Ok(to_device_of(q, x)?)
+}
+
+fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+    let kind = |param| MetaError::Kind { op: OP, param };
+    let x = args.first().and_then(ArgMeta::tensor).ok_or(kind("x"))?;
+    check_x(OP, x)?;
+    let scale = args.get(1).and_then(ArgMeta::tensor).ok_or(kind("scale"))?;
+    check_scale(OP, "scale", scale, x)?;
+    let dtype = fp8_dtype(OP, args, 2)?;
+    Ok(vec![quantized_meta(x, dtype)])
+}
+
+/// `x ~ N(0, 1)` of `[T, H]` and the scale `3 / 448`: elements beyond 3σ saturate.
+fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
+    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let x = rng.normal(spec.dtype, &[spec.num_tokens, spec.hidden_size], 0.0, 1.0)?;
+    let scale = Tensor::from_f64(DType::F32, &[1], &[3.0 / 448.0])?;
+    Ok(vec![Value::Tensor(x), Value::Tensor(scale), Value::DType(DType::F8E4M3FN)])
+}

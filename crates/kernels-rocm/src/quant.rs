@@ -1,0 +1,172 @@
+//! fp8 quantization on `rocm:0`: `static_scaled_fp8_quant` and `dynamic_per_token_scaled_fp8_quant`.
+//!
+//! The kernels are `kernels/quant.hip` (compiled into the code object with every other source by
+//! `build.rs`), `<op>_<dtype>` per input dtype; the fp8 format is a kernel argument and the scales
+//! stay on the device.
+
+use ir_core::kernel::{fp8_format_code, quant_support};
+use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT};
+use ir_core::op::static_scaled_fp8_quant::{self, STATIC_SCALED_FP8_QUANT};
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
+
+/// Threads per block (`QUANT_BLOCK` in `quant.hip`): one block per row.
+pub const QUANT_BLOCK: u32 = 256;
+
+/// The ops of this module, each a kernel `<op>_<dtype>` of the code object.
+pub const QUANT_OPS: [&str; 2] = [STATIC_SCALED_FP8_QUANT.name, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name];
+
+/// Registers both quantization ops.
+pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
+    let spec = || {
+        ImplSpec::new(crate::PROVIDER)
+            .with_probe(crate::availability)
+            .with_supports(|args| quant_support(args, DeviceKind::Rocm))
+    };
+    static_scaled_fp8_quant::register(registry, spec(), static_scaled_fp8_quant_rocm)?;
+    dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_rocm)
+}
+
+/// `static_scaled_fp8_quant` on `rocm:0`: a fresh compact output in `out_dtype`.
+pub fn static_scaled_fp8_quant_rocm(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
+    let format = fp8_format_code(out_dtype)?;
+    #[cfg(feature = "rocm")]
+    return launch::quantize(x, launch::Scale::Static(scale), out_dtype, format).map(|(q, _)| q);
+    #[cfg(not(feature = "rocm"))]
+    {
+        let _ = (x, scale, format);
+        Err(crate::not_built())
+    }
+}
+
+/// `dynamic_per_token_scaled_fp8_quant` on `rocm:0`: fresh compact `(q, scales)`.
+pub fn dynamic_per_token_scaled_fp8_quant_rocm(
+    x: &Tensor,
+    scale_ub: Option<&Tensor>,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let format = fp8_format_code(out_dtype)?;
+    #[cfg(feature = "rocm")]
+    return launch::quantize(x, launch::Scale::Dynamic(scale_ub), out_dtype, format)
+        .map(|(q, scales)| (q, scales.expect("a dynamic call makes scales")));
+    #[cfg(not(feature = "rocm"))]
+    {
+        let _ = (x, scale_ub, format);
+        Err(crate::not_built())
+    }
+}
+
+#[cfg(feature = "rocm")]
+mod launch {
+    use std::ffi::c_void;
+
+    use ir_core::kernel::{RowArgs, Rows, device_buffer};
+    use ir_core::storage::{DeviceAllocator, Storage};
+    use ir_core::{DType, KernelError, Layout, Tensor, TensorError};
+
+    use super::{DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT, QUANT_BLOCK, STATIC_SCALED_FP8_QUANT};
+    use crate::launch::element_ptr;
+    use crate::runtime::{HipBuffer, allocator, device};
+
+    pub(super) enum Scale<'a> {
+        Static(&'a Tensor),
+        Dynamic(Option<&'a Tensor>),
+    }
+
+    fn driver(message: String) -> KernelError {
+        KernelError::Driver { backend: "rocm", message }
+    }
+
+    /// Quantizes x; the scales come back for a dynamic call.
+    pub(super) fn quantize(
+        x: &Tensor,
+        scale: Scale<'_>,
+        out_dtype: DType,
+        mut format: i32,
+    ) -> Result<(Tensor, Option<Tensor>), KernelError> {
+        let rows = Rows::for_kernel(x.meta())?;
+        let dtype = x.dtype();
+        let allocator = allocator().map_err(driver)?;
+        let mut q = allocator.allocate(x.numel() * out_dtype.size_in_bytes()).map_err(TensorError::from)?;
+        let scales_shape = ir_core::kernel::per_token_scales_shape(x.shape());
+        let dynamic = matches!(scale, Scale::Dynamic(_));
+        let mut scales =
+            if dynamic { Some(allocator.allocate(rows.n_rows * 4).map_err(TensorError::from)?) } else { None };
+        if rows.n_rows > 0 && rows.hidden == 0 && dynamic {
+            // No element to reduce: every scale is the floor, as native computes it.
+            let floor = f64::from(ir_core::op::quant::min_scale(out_dtype));
+            let host = Tensor::from_f64(DType::F32, &scales_shape, &vec![floor; rows.n_rows])?;
+            let q = Tensor::from_storage(Storage::Device(q), out_dtype, Layout::compact(x.shape()))?;
+            return Ok((q, Some(host.to_device_of(x)?)));
+        }
+        if rows.n_rows > 0 && rows.hidden > 0 {
+            let device = device().map_err(driver)?;
+            let mut x_ptr = element_ptr(device_buffer::<HipBuffer>(x, "x", "HIP")?.pointer, rows.offset, dtype);
+            let mut q_ptr = q.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate").pointer;
+            let blocks = u32::try_from(rows.n_rows).map_err(|_| KernelError::InvalidArguments {
+                reason: format!("{} rows exceed the grid limit", rows.n_rows),
+            })?;
+            let RowArgs { mut n_rows, mut hidden, row_stride: mut x_stride, .. } = rows.kernel_args()?;
+            let scale_ptr = |t: &Tensor, param: &str| -> Result<*mut c_void, KernelError> {
+                Ok(element_ptr(device_buffer::<HipBuffer>(t, param, "HIP")?.pointer, t.offset(), DType::F32))
+            };
+            match scale {
+                Scale::Static(scale) => {
+                    let mut s_ptr = scale_ptr(scale, "scale")?;
+                    // static_scaled_fp8_quant_<dtype>(q, x, long long n_rows, int hidden,
+                    //                                  long long x_row_stride, const float* scale, int format)
+                    let mut params: [*mut c_void; 7] = [
+                        &mut q_ptr as *mut _ as *mut c_void,
+                        &mut x_ptr as *mut _ as *mut c_void,
+                        &mut n_rows as *mut _ as *mut c_void,
+                        &mut hidden as *mut _ as *mut c_void,
+                        &mut x_stride as *mut _ as *mut c_void,
+                        &mut s_ptr as *mut _ as *mut c_void,
+                        &mut format as *mut _ as *mut c_void,
+                    ];
+                    let symbol = format!("{}_{dtype}", STATIC_SCALED_FP8_QUANT.name);
+                    // SAFETY: the parameters point to locals of the kernel's declared types in
+                    // prototype order, each integer converted without loss by `Rows::kernel_args`. x's rows
+                    // lie inside its buffer (its layout was checked against its storage, and the rows
+                    // come from that layout); the scale points at its one f32 element likewise; `q`
+                    // holds n_rows · hidden bytes, written densely.
+                    unsafe { device.launch(&symbol, blocks, QUANT_BLOCK, &mut params) }?;
+                }
+                Scale::Dynamic(ub) => {
+                    let mut scales_ptr = scales
+                        .as_mut()
+                        .and_then(|s| s.as_any_mut().downcast_mut::<HipBuffer>())
+                        .expect("allocated by this crate")
+                        .pointer;
+                    // Without a bound the kernel never reads `scale_ub`; the scales stand in.
+                    let mut ub_ptr = match ub {
+                        Some(ub) => scale_ptr(ub, "scale_ub")?,
+                        None => scales_ptr,
+                    };
+                    let mut has_ub = i32::from(ub.is_some());
+                    // dynamic_per_token_scaled_fp8_quant_<dtype>(q, scales, x, long long n_rows,
+                    //     int hidden, long long x_row_stride, const float* scale_ub, int has_ub, int format)
+                    let mut params: [*mut c_void; 9] = [
+                        &mut q_ptr as *mut _ as *mut c_void,
+                        &mut scales_ptr as *mut _ as *mut c_void,
+                        &mut x_ptr as *mut _ as *mut c_void,
+                        &mut n_rows as *mut _ as *mut c_void,
+                        &mut hidden as *mut _ as *mut c_void,
+                        &mut x_stride as *mut _ as *mut c_void,
+                        &mut ub_ptr as *mut _ as *mut c_void,
+                        &mut has_ub as *mut _ as *mut c_void,
+                        &mut format as *mut _ as *mut c_void,
+                    ];
+                    let symbol = format!("{}_{dtype}", DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name);
+                    // SAFETY: as for the static kernel; `scales` holds n_rows f32 values, one written
+                    // per row, and `scale_ub` is read only when `has_ub` is 1.
+                    unsafe { device.launch(&symbol, blocks, QUANT_BLOCK, &mut params) }?;
+                }
+            }
+        }
+        let q = Tensor::from_storage(Storage::Device(q), out_dtype, Layout::compact(x.shape()))?;
+        let scales = scales
+            .map(|s| Tensor::from_storage(Storage::Device(s), DType::F32, Layout::compact(&scales_shape)))
+            .transpose()?;
+        Ok((q, scales))
+    }
+}

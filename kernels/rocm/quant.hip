@@ -1,0 +1,93 @@
+// fp8 quantization of the `rocm` provider: `static_scaled_fp8_quant_<dtype>` and
+// `dynamic_per_token_scaled_fp8_quant_<dtype>` for f32, f16 and bf16 inputs. The numerics are those
+// of the CUDA kernels (`kernels/cuda/quant.cu`): one IEEE f32 division per element (hipcc's default
+// correctly rounded division) and a saturating nearest-even conversion, done in software; `format`
+// 0 = f8e4m3fn, 1 = f8e5m2. One block of QUANT_BLOCK threads per row; q is compact rows of `hidden` bytes.
+
+#include "element.hip.h"
+
+#define QUANT_BLOCK 256
+
+__device__ __forceinline__ unsigned char fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
+    unsigned int bits = __float_as_uint(f);
+    unsigned int sign = (bits >> 24) & 0x80u;
+    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
+    if (__builtin_isnan(f)) return (unsigned char)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
+    float a = fminf(fabsf(f), max_finite);
+    int emin = 1 - bias;
+    int e = max((int)((__float_as_uint(a) >> 23) & 0xffu) - 127, emin);
+    float inv_step = __uint_as_float((unsigned int)(127 - (e - m_bits)) << 23);
+    float step = __uint_as_float((unsigned int)(127 + (e - m_bits)) << 23);
+    float r = rintf(a * inv_step) * step;
+    if (r == 0.0f) return (unsigned char)sign;
+    unsigned int rb = __float_as_uint(r);
+    int re = (int)((rb >> 23) & 0xffu) - 127;
+    unsigned int code;
+    if (re >= emin) {
+        code = ((unsigned int)(re + bias) << m_bits) | ((rb & 0x7fffffu) >> (23 - m_bits));
+    } else {
+        code = (unsigned int)(r * __uint_as_float((unsigned int)(127 - (emin - m_bits)) << 23));
+    }
+    return (unsigned char)(sign | code);
+}
+
+__device__ __forceinline__ unsigned char to_fp8(float v, int format) {
+    return format == 0 ? fp8_from_f32(v, 3, 7, 448.0f) : fp8_from_f32(v, 2, 15, 57344.0f);
+}
+
+__device__ __forceinline__ float quant_block_max(float value, float* scratch) {
+    scratch[threadIdx.x] = value;
+    __syncthreads();
+    for (int width = QUANT_BLOCK / 2; width > 0; width >>= 1) {
+        if ((int)threadIdx.x < width) scratch[threadIdx.x] = fmaxf(scratch[threadIdx.x], scratch[threadIdx.x + width]);
+        __syncthreads();
+    }
+    float total = scratch[0];
+    __syncthreads();
+    return total;
+}
+
+template <int DTYPE>
+__device__ void static_quant_row(unsigned char* q, const typename Elem<DTYPE>::T* x, long long n_rows, int hidden,
+                                 long long x_row_stride, const float* scale, int format) {
+    long long row = blockIdx.x;
+    if (row >= n_rows) return;
+    const typename Elem<DTYPE>::T* x_row = x + row * x_row_stride;
+    unsigned char* q_row = q + row * (long long)hidden;
+    float s = *scale;
+    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) q_row[j] = to_fp8(Elem<DTYPE>::load(x_row[j]) / s, format);
+}
+
+template <int DTYPE>
+__device__ void dynamic_quant_row(unsigned char* q, float* scales, const typename Elem<DTYPE>::T* x, long long n_rows,
+                                  int hidden, long long x_row_stride, const float* scale_ub, int has_ub, int format) {
+    __shared__ float scratch[QUANT_BLOCK];
+    long long row = blockIdx.x;
+    if (row >= n_rows) return;
+    const typename Elem<DTYPE>::T* x_row = x + row * x_row_stride;
+    unsigned char* q_row = q + row * (long long)hidden;
+    float absmax = 0.0f;
+    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) absmax = fmaxf(absmax, fabsf(Elem<DTYPE>::load(x_row[j])));
+    absmax = quant_block_max(absmax, scratch);
+    if (has_ub) absmax = fminf(absmax, *scale_ub);
+    float max_finite = format == 0 ? 448.0f : 57344.0f;
+    float s = fmaxf(absmax / max_finite, 1.0f / (max_finite * 512.0f));
+    if (threadIdx.x == 0) scales[row] = s;
+    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) q_row[j] = to_fp8(Elem<DTYPE>::load(x_row[j]) / s, format);
+}
+
+#define QUANT_KERNELS_DTYPE(DTYPE, suffix)                                                                         \
+    extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) static_scaled_fp8_quant_##suffix(                     \
+        unsigned char* q, const Elem<DTYPE>::T* x, long long n_rows, int hidden, long long x_row_stride,           \
+        const float* scale, int format) {                                                                          \
+        static_quant_row<DTYPE>(q, x, n_rows, hidden, x_row_stride, scale, format);                                \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) dynamic_per_token_scaled_fp8_quant_##suffix(          \
+        unsigned char* q, float* scales, const Elem<DTYPE>::T* x, long long n_rows, int hidden,                    \
+        long long x_row_stride, const float* scale_ub, int has_ub, int format) {                                   \
+        dynamic_quant_row<DTYPE>(q, scales, x, n_rows, hidden, x_row_stride, scale_ub, has_ub, format);            \
+    }
+
+QUANT_KERNELS_DTYPE(0, f32)
+QUANT_KERNELS_DTYPE(1, f16)
+QUANT_KERNELS_DTYPE(2, bf16)

@@ -1,0 +1,87 @@
+// fp8 quantization of the `xpu` provider (OpenCL C 1.2): `static_scaled_fp8_quant` and
+// `dynamic_per_token_scaled_fp8_quant`. Built after `element.cl`, per input dtype.
+//
+// q[row, j] = fp8(x[row, j] / s) with one f32 division (the program is built with
+// -cl-fp32-correctly-rounded-divide-sqrt) and a saturating nearest-even conversion; the dynamic
+// kernel's s = max(min(absmax, ub) / M, 1 / (M * 512)), absmax reduced with fmax (NaN skipped).
+// `format` 0 = f8e4m3fn (M = 448), 1 = f8e5m2 (M = 57344). One work-group of QUANT_GROUP
+// work-items per row; q is compact rows of `hidden` bytes.
+
+#define QUANT_GROUP 128
+
+// f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN stays NaN,
+// magnitudes clamp to `max_finite` (saturation, infinities included), then round to nearest-even on
+// the format's grid. Rounding happens in f32 on exact multiples of the grid step (a power of two),
+// so `rint` (ties to even) does it; the result is then encoded from its f32 fields.
+inline uchar fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
+    uint bits = as_uint(f);
+    uint sign = (bits >> 24) & 0x80u;
+    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
+    if (isnan(f)) return (uchar)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
+    float a = fmin(fabs(f), max_finite);
+    int emin = 1 - bias;
+    int e = max((int)((as_uint(a) >> 23) & 0xffu) - 127, emin);
+    // 1 / step and step, both powers of two: the scaling is exact.
+    float inv_step = as_float((uint)(127 - (e - m_bits)) << 23);
+    float step = as_float((uint)(127 + (e - m_bits)) << 23);
+    float r = rint(a * inv_step) * step;
+    if (r == 0.0f) return (uchar)sign;
+    uint rb = as_uint(r);
+    int re = (int)((rb >> 23) & 0xffu) - 127;
+    uint code;
+    if (re >= emin) {
+        code = ((uint)(re + bias) << m_bits) | ((rb & 0x7fffffu) >> (23 - m_bits));
+    } else {
+        // A subnormal: r is a whole number of the smallest subnormal 2^(emin - m_bits).
+        code = (uint)(r * as_float((uint)(127 - (emin - m_bits)) << 23));
+    }
+    return (uchar)(sign | code);
+}
+
+inline uchar to_fp8(float v, int format) {
+    return format == 0 ? fp8_from_f32(v, 3, 7, 448.0f) : fp8_from_f32(v, 2, 15, 57344.0f);
+}
+
+inline float fp8_max(int format) { return format == 0 ? 448.0f : 57344.0f; }
+
+// The maximum of `value` over the work-group in a fixed tree order (fmax: NaN skipped); every
+// work-item gets it.
+inline float quant_group_max(float value, __local float* scratch) {
+    int id = get_local_id(0);
+    scratch[id] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int width = QUANT_GROUP / 2; width > 0; width >>= 1) {
+        if (id < width) scratch[id] = fmax(scratch[id], scratch[id + width]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
+__kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(static_scaled_fp8_quant)(
+    __global uchar* q, __global const elem_t* x, long n_rows, int hidden, long x_row_stride, long x_offset,
+    __global const float* scale, long scale_offset, int format) {
+    long row = get_group_id(0);
+    __global const elem_t* x_row = x + x_offset + row * x_row_stride;
+    __global uchar* q_row = q + row * (long)hidden;
+    float s = scale[scale_offset];
+    for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) q_row[j] = to_fp8(LOAD(x_row, j) / s, format);
+}
+
+__kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(dynamic_per_token_scaled_fp8_quant)(
+    __global uchar* q, __global float* scales, __global const elem_t* x, long n_rows, int hidden,
+    long x_row_stride, long x_offset, __global const float* scale_ub, long ub_offset, int has_ub, int format) {
+    __local float scratch[QUANT_GROUP];
+    long row = get_group_id(0);
+    __global const elem_t* x_row = x + x_offset + row * x_row_stride;
+    __global uchar* q_row = q + row * (long)hidden;
+    float absmax = 0.0f;
+    for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) absmax = fmax(absmax, fabs(LOAD(x_row, j)));
+    absmax = quant_group_max(absmax, scratch);
+    if (has_ub) absmax = fmin(absmax, scale_ub[ub_offset]);
+    float max_finite = fp8_max(format);
+    float s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
+    if (get_local_id(0) == 0) scales[row] = s;
+    for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) q_row[j] = to_fp8(LOAD(x_row, j) / s, format);
+}
