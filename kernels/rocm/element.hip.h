@@ -40,3 +40,9 @@ template <> struct Elem<2> {
         return (T)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
     }
 };
+
+// Rounds to the element type and back (nearest-even).
+template <int DTYPE>
+__device__ __forceinline__ float round_elem(float v) {
+    return Elem<DTYPE>::load(Elem<DTYPE>::store(v));
+}

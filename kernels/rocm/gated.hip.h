@@ -5,7 +5,7 @@
 //   static constexpr bool ROW_STATS;            // whether `prepare` needs the gate's mean and std
 //   template <int DTYPE> __device__ static float prepare(float mean, float std, const GateScalars& s);
 //   template <int DTYPE> __device__ static float activate(float g, float prepared, const GateScalars& s);
-// (templated on the element type, for ops that round to it: `round_elem<DTYPE>`)
+// (templated on the element type, for ops that round to it: `round_elem<DTYPE>` of element.hip.h)
 // and instantiates `GATED_KERNELS(<op name>, <struct>)`, which defines the `extern "C"` kernels
 // `<op name>_<dtype>(out, x, n_rows, d, x_row_stride, out_row_stride, f0, f1, i0, i1)` for f32, f16
 // and bf16: the op's float parameters in f0, f1 and its string-choice, integer and boolean
@@ -43,11 +43,6 @@ __device__ __forceinline__ float gated_block_sum(float value, float* scratch) {
     float total = scratch[0];
     __syncthreads();
     return total;
-}
-
-template <int DTYPE>
-__device__ __forceinline__ float round_elem(float v) {
-    return Elem<DTYPE>::load(Elem<DTYPE>::store(v));
 }
 
 template <int DTYPE, typename Op>

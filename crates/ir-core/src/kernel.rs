@@ -147,7 +147,11 @@ pub fn fused_add_rms_norm_support(args: &[ArgMeta<'_>], device: DeviceKind) -> S
     if let Support::No(reason) = common_support(args.x, args.weight, args.variance_size, device) {
         return Support::No(reason);
     }
-    let (x, r) = (args.x, args.x_residual);
+    residual_support(args.x, args.x_residual)
+}
+
+/// The residual's part of the fused predicates: x's dtype, shape and device, rows of one stride.
+fn residual_support(x: &TensorMeta, r: &TensorMeta) -> Support {
     if r.dtype != x.dtype {
         return Support::No(Cow::Owned(format!("x_residual dtype {} differs from x dtype {}", r.dtype, x.dtype)));
     }
@@ -158,6 +162,37 @@ pub fn fused_add_rms_norm_support(args: &[ArgMeta<'_>], device: DeviceKind) -> S
         Ok(_) => Support::Yes,
         Err(reason) => Support::No(Cow::Owned(format!("x_residual: {reason}"))),
     }
+}
+
+/// The standard predicate of `rms_norm_static_fp8_quant`: the norm's ([`rms_norm_support`]) without
+/// `variance_size`; the scale and output dtype are validated by the meta function.
+pub fn rms_norm_static_fp8_quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    let Some(args) = crate::op::rms_norm_static_fp8_quant::RmsNormStaticFp8QuantArgs::from_meta(args) else {
+        return no("arguments do not match rms_norm_static_fp8_quant");
+    };
+    common_support(args.x, args.weight, None, device)
+}
+
+/// The standard predicate of `rms_norm_dynamic_per_token_quant` (as the static form's).
+pub fn rms_norm_dynamic_per_token_quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    let Some(args) = crate::op::rms_norm_dynamic_per_token_quant::RmsNormDynamicPerTokenQuantArgs::from_meta(args)
+    else {
+        return no("arguments do not match rms_norm_dynamic_per_token_quant");
+    };
+    common_support(args.x, args.weight, None, device)
+}
+
+/// The standard predicate of `fused_add_rms_norm_static_fp8_quant`: the fused norm's
+/// ([`fused_add_rms_norm_support`]) without `variance_size`.
+pub fn fused_add_rms_norm_static_fp8_quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    let Some(args) = crate::op::fused_add_rms_norm_static_fp8_quant::FusedAddRmsNormStaticFp8QuantArgs::from_meta(args)
+    else {
+        return no("arguments do not match fused_add_rms_norm_static_fp8_quant");
+    };
+    if let Support::No(reason) = common_support(args.x, args.weight, None, device) {
+        return Support::No(reason);
+    }
+    residual_support(args.x, args.x_residual)
 }
 
 fn common_support(
@@ -247,6 +282,104 @@ pub fn per_token_scales_shape(shape: &[usize]) -> Vec<usize> {
         *last = 1;
     }
     scales
+}
+
+/// One call of a GPU provider's norm + quantization kernel, which serves all three norm +
+/// quantization ops (`rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant`,
+/// `fused_add_rms_norm_static_fp8_quant`).
+#[derive(Clone, Copy, Debug)]
+pub struct NormQuantCall<'a> {
+    /// The input rows.
+    pub x: &'a Tensor,
+    /// The residual of the fused-add form.
+    pub residual: Option<&'a Tensor>,
+    /// The weight.
+    pub weight: Option<&'a Tensor>,
+    /// Epsilon.
+    pub epsilon: f64,
+    /// The static scale, or the dynamic form's optional bound on the absmax.
+    pub scale: Option<&'a Tensor>,
+    /// Whether scales are computed per token.
+    pub dynamic: bool,
+    /// The fp8 output dtype.
+    pub out_dtype: DType,
+}
+
+/// What a norm + quantization kernel returns: `q`, the per-token scales of the dynamic form, and
+/// the residual output of the fused-add form.
+#[derive(Debug)]
+pub struct NormQuantOutputs {
+    /// The quantized rows.
+    pub q: Tensor,
+    /// One f32 scale per row (dynamic form).
+    pub scales: Option<Tensor>,
+    /// `x + x_residual` rounded to x's dtype (fused-add form).
+    pub residual_out: Option<Tensor>,
+}
+
+/// Registers the three norm + quantization ops of a provider whose tensors live on `device`, all
+/// served by `run`: `spec` makes each one's spec (the provider's name and probe), to which the op's
+/// standard predicate is added.
+pub fn register_norm_quant_ops(
+    registry: &crate::Registry,
+    device: DeviceKind,
+    spec: impl Fn() -> crate::ImplSpec,
+    run: fn(NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError>,
+) -> Result<(), crate::RegistryError> {
+    use crate::op::{fused_add_rms_norm_static_fp8_quant, rms_norm_dynamic_per_token_quant, rms_norm_static_fp8_quant};
+    let with =
+        |supports: fn(&[ArgMeta<'_>], DeviceKind) -> Support| spec().with_supports(move |args| supports(args, device));
+    rms_norm_static_fp8_quant::register(
+        registry,
+        with(rms_norm_static_fp8_quant_support),
+        move |x, weight, epsilon, scale, out_dtype| {
+            let call =
+                NormQuantCall { x, residual: None, weight, epsilon, scale: Some(scale), dynamic: false, out_dtype };
+            Ok(run(call)?.q)
+        },
+    )?;
+    rms_norm_dynamic_per_token_quant::register(
+        registry,
+        with(rms_norm_dynamic_per_token_quant_support),
+        move |x, weight, epsilon, scale_ub, out_dtype| {
+            let call = NormQuantCall { x, residual: None, weight, epsilon, scale: scale_ub, dynamic: true, out_dtype };
+            let done = run(call)?;
+            let scales = done.scales.ok_or_else(|| missing_output("scales"))?;
+            Ok((done.q, scales))
+        },
+    )?;
+    fused_add_rms_norm_static_fp8_quant::register(
+        registry,
+        with(fused_add_rms_norm_static_fp8_quant_support),
+        move |x, x_residual, weight, epsilon, scale, out_dtype| {
+            let call = NormQuantCall {
+                x,
+                residual: Some(x_residual),
+                weight,
+                epsilon,
+                scale: Some(scale),
+                dynamic: false,
+                out_dtype,
+            };
+            let done = run(call)?;
+            let residual_out = done.residual_out.ok_or_else(|| missing_output("residual_out"))?;
+            Ok((residual_out, done.q))
+        },
+    )
+}
+
+fn missing_output(name: &str) -> KernelError {
+    KernelError::InvalidArguments { reason: format!("the norm + quantization kernel returned no `{name}`") }
+}
+
+/// The per-token scales of rows without elements: every scale is the floor `1 / (M · 512)`, as
+/// the reference computes it, on x's device (kernels launch nothing for such rows).
+pub fn floor_scales(x: &Tensor, out_dtype: DType) -> Result<Tensor, crate::TensorError> {
+    let shape = per_token_scales_shape(x.shape());
+    let rows: usize = shape.iter().product();
+    let floor = f64::from(crate::op::quant::min_scale(out_dtype));
+    let host = Tensor::from_f64(DType::F32, &shape, &vec![floor; rows])?;
+    if x.device().is_cpu() { Ok(host) } else { host.to_device_of(x) }
 }
 
 /// The f32 value of a one-element scale tensor in host memory (a kernel on the cpu, or a GPU

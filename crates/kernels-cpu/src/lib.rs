@@ -31,7 +31,7 @@ mod rows;
 
 pub use crate::rows::BYTES_PER_TASK;
 
-use ir_core::kernel::{Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
+use ir_core::kernel::{self, Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
 use ir_core::op::{gelu_and_mul, silu_and_mul};
@@ -59,6 +59,24 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         registry,
         quant::spec(),
         quant::dynamic_per_token_scaled_fp8_quant_cpu,
+    )?;
+    let spec = |supports: fn(&[ir_core::op::ArgMeta<'_>], DeviceKind) -> ir_core::Support| {
+        ImplSpec::new(PROVIDER).with_supports(move |args| supports(args, DeviceKind::Cpu))
+    };
+    ir_core::op::rms_norm_static_fp8_quant::register(
+        registry,
+        spec(kernel::rms_norm_static_fp8_quant_support),
+        quant::rms_norm_static_fp8_quant_cpu,
+    )?;
+    ir_core::op::rms_norm_dynamic_per_token_quant::register(
+        registry,
+        spec(kernel::rms_norm_dynamic_per_token_quant_support),
+        quant::rms_norm_dynamic_per_token_quant_cpu,
+    )?;
+    ir_core::op::fused_add_rms_norm_static_fp8_quant::register(
+        registry,
+        spec(kernel::fused_add_rms_norm_static_fp8_quant_support),
+        quant::fused_add_rms_norm_static_fp8_quant_cpu,
     )?;
     Ok(())
 }
@@ -142,7 +160,7 @@ pub fn fused_add_rms_norm_cpu(
 }
 
 /// The weight converted to f32 once per call.
-fn weight_f32(weight: Option<&Tensor>) -> Result<Option<Vec<f32>>, KernelError> {
+pub(crate) fn weight_f32(weight: Option<&Tensor>) -> Result<Option<Vec<f32>>, KernelError> {
     let Some(weight) = weight else { return Ok(None) };
     let buffer = weight.cpu_buffer().ok_or_else(|| not_on_cpu("weight"))?;
     let n = weight.numel();

@@ -15,7 +15,7 @@ use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor};
 use rayon::prelude::*;
 
 use crate::element::CpuElement;
-use crate::rows::rows_per_task;
+use crate::rows::{normalize_into, rows_per_task};
 
 /// The `supports` predicate and spec of the quantization ops on the cpu.
 pub(crate) fn spec() -> ImplSpec {
@@ -34,7 +34,7 @@ enum RowScale {
 /// `static_scaled_fp8_quant` on the cpu: a fresh compact output in `out_dtype`.
 pub fn static_scaled_fp8_quant_cpu(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
     let scale = host_scale(scale, "scale")?;
-    Ok(quantize(x, RowScale::Static(scale), out_dtype)?.0)
+    Ok(quantize(x, None, RowScale::Static(scale), out_dtype)?.q)
 }
 
 /// `dynamic_per_token_scaled_fp8_quant` on the cpu: fresh compact `(q, scales)`.
@@ -43,9 +43,52 @@ pub fn dynamic_per_token_scaled_fp8_quant_cpu(
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let ub = scale_ub.map(|t| host_scale(t, "scale_ub")).transpose()?;
-    let max = out_dtype.fp8_max().ok_or_else(|| not_fp8(out_dtype))? as f32;
-    quantize(x, RowScale::Dynamic { ub, max, floor: min_scale(out_dtype) }, out_dtype)
+    let done = quantize(x, None, dynamic_scale(scale_ub, out_dtype)?, out_dtype)?;
+    Ok((done.q, done.scales))
+}
+
+/// `rms_norm_static_fp8_quant` on the cpu: each row normalized (the cpu `rms_norm` row, rounded
+/// to x's dtype in a row buffer) and quantized in one pass; a fresh compact output.
+pub fn rms_norm_static_fp8_quant_cpu(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    scale: &Tensor,
+    out_dtype: DType,
+) -> Result<Tensor, KernelError> {
+    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32, residual: None };
+    Ok(quantize(x, Some(norm), RowScale::Static(host_scale(scale, "scale")?), out_dtype)?.q)
+}
+
+/// `rms_norm_dynamic_per_token_quant` on the cpu: fresh compact `(q, scales)`.
+pub fn rms_norm_dynamic_per_token_quant_cpu(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    scale_ub: Option<&Tensor>,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32, residual: None };
+    let done = quantize(x, Some(norm), dynamic_scale(scale_ub, out_dtype)?, out_dtype)?;
+    Ok((done.q, done.scales))
+}
+
+/// `fused_add_rms_norm_static_fp8_quant` on the cpu: fresh compact `(residual_out, q)`, each row
+/// added, normalized and quantized in one pass (the cpu `fused_add_rms_norm` row).
+pub fn fused_add_rms_norm_static_fp8_quant_cpu(
+    x: &Tensor,
+    x_residual: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    scale: &Tensor,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor), KernelError> {
+    if x_residual.dtype() != x.dtype() {
+        return Err(crate::unsupported_dtype(x_residual.dtype()));
+    }
+    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32, residual: Some(x_residual) };
+    let done = quantize(x, Some(norm), RowScale::Static(host_scale(scale, "scale")?), out_dtype)?;
+    Ok((done.residual_out.expect("a residual was given"), done.q))
 }
 
 /// An fp8 format's parameters and its branch-free conversion from f32.
@@ -108,57 +151,162 @@ fn not_fp8(dtype: DType) -> KernelError {
     KernelError::InvalidArguments { reason: format!("out_dtype {dtype} is not an fp8 dtype") }
 }
 
-/// Quantizes x's rows; returns `(q, scales)` (the scales of a static call are its scale per row).
-fn quantize(x: &Tensor, scale: RowScale, out_dtype: DType) -> Result<(Tensor, Tensor), KernelError> {
-    let rows = Rows::for_kernel(x.meta())?;
-    let mut q = Tensor::zeros(out_dtype, x.shape())?;
-    let scales_shape = per_token_scales_shape(x.shape());
-    let mut scales = Tensor::zeros(DType::F32, &scales_shape)?;
-    if rows.n_rows == 0 {
-        return Ok((q, scales));
-    }
-    let x_buffer = x.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x"))?;
-    let q_buffer = q.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("q"))?;
-    let scales_buffer = scales.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("scales"))?;
-    let scales_out = &mut scales_buffer.typed_mut::<f32>()[..rows.n_rows];
-    match (x.dtype(), out_dtype) {
-        (DType::F32, DType::F8E4M3FN) => rows_of::<f32, E4M3>(x_buffer, rows, q_buffer, scales_out, scale),
-        (DType::F16, DType::F8E4M3FN) => rows_of::<half::f16, E4M3>(x_buffer, rows, q_buffer, scales_out, scale),
-        (DType::BF16, DType::F8E4M3FN) => rows_of::<half::bf16, E4M3>(x_buffer, rows, q_buffer, scales_out, scale),
-        (DType::F32, DType::F8E5M2) => rows_of::<f32, E5M2>(x_buffer, rows, q_buffer, scales_out, scale),
-        (DType::F16, DType::F8E5M2) => rows_of::<half::f16, E5M2>(x_buffer, rows, q_buffer, scales_out, scale),
-        (DType::BF16, DType::F8E5M2) => rows_of::<half::bf16, E5M2>(x_buffer, rows, q_buffer, scales_out, scale),
-        (DType::F32 | DType::F16 | DType::BF16, other) => return Err(not_fp8(other)),
-        (other, _) => return Err(crate::unsupported_dtype(other)),
-    }
-    Ok((q, scales))
+fn dynamic_scale(scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<RowScale, KernelError> {
+    let ub = scale_ub.map(|t| host_scale(t, "scale_ub")).transpose()?;
+    let max = out_dtype.fp8_max().ok_or_else(|| not_fp8(out_dtype))? as f32;
+    Ok(RowScale::Dynamic { ub, max, floor: min_scale(out_dtype) })
 }
 
-fn rows_of<T: CpuElement, Q: Fp8>(x: &CpuBuffer, rows: Rows, q: &mut CpuBuffer, scales: &mut [f32], scale: RowScale) {
+/// The norm in front of a fused quantization: the weight in f32, epsilon, and the residual of the
+/// fused-add form.
+struct Norm<'a> {
+    weight: Option<Vec<f32>>,
+    eps: f32,
+    residual: Option<&'a Tensor>,
+}
+
+/// What [`quantize`] produces: `q`, the per-row scales (a static call's scale per row), and the
+/// fused-add form's residual output.
+struct Quantized {
+    q: Tensor,
+    scales: Tensor,
+    residual_out: Option<Tensor>,
+}
+
+/// Quantizes x's rows, normalized first when `norm` is given.
+fn quantize(x: &Tensor, norm: Option<Norm<'_>>, scale: RowScale, out_dtype: DType) -> Result<Quantized, KernelError> {
+    let rows = Rows::for_kernel(x.meta())?;
+    let mut q = Tensor::zeros(out_dtype, x.shape())?;
+    let mut scales = Tensor::zeros(DType::F32, &per_token_scales_shape(x.shape()))?;
+    let residual = norm.as_ref().and_then(|n| n.residual);
+    let mut residual_out = residual.map(|_| Tensor::zeros(x.dtype(), x.shape())).transpose()?;
+    if rows.n_rows > 0 {
+        let residual_rows = residual.map(|r| Rows::for_kernel(r.meta())).transpose()?;
+        let inputs = RowInputs {
+            x: x.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x"))?,
+            rows,
+            residual: match (residual, residual_rows) {
+                (Some(r), Some(r_rows)) => {
+                    Some((r.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x_residual"))?, r_rows))
+                }
+                _ => None,
+            },
+            weight: norm.as_ref().and_then(|n| n.weight.as_deref()),
+            eps: norm.as_ref().map(|n| n.eps),
+            scale,
+        };
+        let outputs = RowOutputs {
+            q: q.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("q"))?,
+            scales: scales.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("scales"))?,
+            residual_out: match residual_out.as_mut() {
+                Some(r) => Some(r.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("residual_out"))?),
+                None => None,
+            },
+        };
+        match (x.dtype(), out_dtype) {
+            (DType::F32, DType::F8E4M3FN) => rows_of::<f32, E4M3>(inputs, outputs),
+            (DType::F16, DType::F8E4M3FN) => rows_of::<half::f16, E4M3>(inputs, outputs),
+            (DType::BF16, DType::F8E4M3FN) => rows_of::<half::bf16, E4M3>(inputs, outputs),
+            (DType::F32, DType::F8E5M2) => rows_of::<f32, E5M2>(inputs, outputs),
+            (DType::F16, DType::F8E5M2) => rows_of::<half::f16, E5M2>(inputs, outputs),
+            (DType::BF16, DType::F8E5M2) => rows_of::<half::bf16, E5M2>(inputs, outputs),
+            (DType::F32 | DType::F16 | DType::BF16, other) => return Err(not_fp8(other)),
+            (other, _) => return Err(crate::unsupported_dtype(other)),
+        }
+    }
+    Ok(Quantized { q, scales, residual_out })
+}
+
+/// The read side of a quantization call: x's rows, the residual's, the norm's parameters (a norm
+/// runs when `eps` is given) and the scale.
+struct RowInputs<'a> {
+    x: &'a CpuBuffer,
+    rows: Rows,
+    residual: Option<(&'a CpuBuffer, Rows)>,
+    weight: Option<&'a [f32]>,
+    eps: Option<f32>,
+    scale: RowScale,
+}
+
+/// The write side: q (compact rows), one scale per row, and the residual output (compact rows).
+struct RowOutputs<'a> {
+    q: &'a mut CpuBuffer,
+    scales: &'a mut CpuBuffer,
+    residual_out: Option<&'a mut CpuBuffer>,
+}
+
+/// Per-task scratch: two f32 rows and one row of the element type.
+struct Scratch<T> {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    normalized: Vec<T>,
+}
+
+impl<T: CpuElement> Scratch<T> {
+    fn new(hidden: usize) -> Scratch<T> {
+        Scratch { a: vec![0f32; hidden], b: vec![0f32; hidden], normalized: vec![T::zeroed(); hidden] }
+    }
+}
+
+fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>) {
+    let RowInputs { x, rows, residual, weight, eps, scale } = inputs;
     let hidden = rows.hidden;
-    let x_data = &x.typed::<T>()[rows.offset..rows.offset + rows.span()];
-    let q_data = &mut q.typed_mut::<u8>()[..rows.n_rows * hidden];
-    let task = |scratch: &mut Vec<f32>, (index, (q_row, s)): (usize, (&mut [u8], &mut f32))| {
-        let start = index * rows.row_stride;
-        *s = quantize_row::<T, Q>(&x_data[start..start + hidden], scratch, scale, q_row);
-    };
+    let scales = &mut outputs.scales.typed_mut::<f32>()[..rows.n_rows];
     if hidden == 0 {
         scales.iter_mut().for_each(|s| *s = row_scale(&[], scale));
         return;
     }
+    let x_data = &x.typed::<T>()[rows.offset..rows.offset + rows.span()];
+    let residual_data =
+        residual.map(|(r, r_rows)| (&r.typed::<T>()[r_rows.offset..r_rows.offset + r_rows.span()], r_rows));
+    let q_data = &mut outputs.q.typed_mut::<u8>()[..rows.n_rows * hidden];
+    let mut residual_out = outputs.residual_out.map(|r| &mut r.typed_mut::<T>()[..rows.n_rows * hidden]);
+    let task = |scratch: &mut Scratch<T>, index: usize, q_row: &mut [u8], s: &mut f32, r_out: Option<&mut [T]>| {
+        let x_row = &x_data[index * rows.row_stride..][..hidden];
+        let row = match (eps, residual_data, r_out) {
+            (None, ..) => Row::Plain(x_row),
+            (Some(eps), Some((r, r_rows)), Some(r_out)) => {
+                Row::Fused { x: x_row, r: &r[index * r_rows.row_stride..][..hidden], r_out, weight, eps }
+            }
+            (Some(eps), ..) => Row::Norm { x: x_row, weight, eps },
+        };
+        *s = quantize_row::<T, Q>(row, scratch, scale, q_row);
+    };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if rows.n_rows <= per_task {
-        let mut scratch = vec![0f32; hidden];
-        q_data.chunks_mut(hidden).zip(scales.iter_mut()).enumerate().for_each(|item| task(&mut scratch, item));
+        let mut scratch = Scratch::new(hidden);
+        let mut r_chunks = residual_out.as_mut().map(|r| r.chunks_mut(hidden));
+        for (index, (q_row, s)) in q_data.chunks_mut(hidden).zip(scales.iter_mut()).enumerate() {
+            let r_out = r_chunks.as_mut().and_then(Iterator::next);
+            task(&mut scratch, index, q_row, s, r_out);
+        }
         return;
     }
     tracing::debug!(target: "kernels_cpu", rows = rows.n_rows, per_task, "fp8 quantization split across threads");
+    let r_chunks = match residual_out {
+        Some(r) => rayon::iter::Either::Left(r.par_chunks_mut(hidden).map(Some)),
+        None => rayon::iter::Either::Right((0..rows.n_rows).into_par_iter().map(|_| None)),
+    };
     q_data
         .par_chunks_mut(hidden)
         .zip(scales.par_iter_mut())
+        .zip(r_chunks)
         .enumerate()
         .with_min_len(per_task)
-        .for_each_init(|| vec![0f32; hidden], task);
+        .for_each_init(
+            || Scratch::new(hidden),
+            |scratch, (index, ((q_row, s), r_out))| task(scratch, index, q_row, s, r_out),
+        );
+}
+
+/// One row's input to quantization.
+enum Row<'a, T> {
+    /// x itself.
+    Plain(&'a [T]),
+    /// `rms_norm(x)`.
+    Norm { x: &'a [T], weight: Option<&'a [f32]>, eps: f32 },
+    /// `fused_add_rms_norm(x, r)`, writing the sum to `r_out`.
+    Fused { x: &'a [T], r: &'a [T], r_out: &'a mut [T], weight: Option<&'a [f32]>, eps: f32 },
 }
 
 /// The scale of one row of f32 values.
@@ -175,16 +323,40 @@ fn row_scale(row: &[f32], scale: RowScale) -> f32 {
     }
 }
 
-/// One row: widen, find the scale, divide and convert. Returns the row's scale.
+/// One row: widen (normalizing first for the fused ops, through a row of x's dtype: the
+/// composition's rounding point), find the scale, divide and convert. Returns the row's scale.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
     "x86_64+avx2+fma+f16c",
     "aarch64+neon"
 ))]
-fn quantize_row<T: CpuElement, Q: Fp8>(x: &[T], scratch: &mut [f32], scale: RowScale, q: &mut [u8]) -> f32 {
-    T::load(x, scratch);
-    let s = row_scale(scratch, scale);
-    for (q, v) in q.iter_mut().zip(scratch.iter()) {
+fn quantize_row<T: CpuElement, Q: Fp8>(
+    row: Row<'_, T>,
+    scratch: &mut Scratch<T>,
+    scale: RowScale,
+    q: &mut [u8],
+) -> f32 {
+    let Scratch { a, b, normalized } = scratch;
+    match row {
+        Row::Plain(x) => T::load(x, a),
+        Row::Norm { x, weight, eps } => {
+            T::load(x, a);
+            normalize_into(a, weight, eps, normalized);
+            T::load(normalized, a);
+        }
+        Row::Fused { x, r, r_out, weight, eps } => {
+            T::load(x, a);
+            T::load(r, b);
+            for (s, r) in a.iter_mut().zip(b.iter()) {
+                *s += *r;
+            }
+            T::store(a, r_out);
+            normalize_into(a, weight, eps, normalized);
+            T::load(normalized, a);
+        }
+    }
+    let s = row_scale(a, scale);
+    for (q, v) in q.iter_mut().zip(a.iter()) {
         *q = Q::encode(v / s);
     }
     s
@@ -225,6 +397,41 @@ mod tests {
                 let f = f32::from_bits((u32::from(high) << 16) | low);
                 assert_eq!(E4M3::encode(f), F8E4M3::from_f32(f).to_bits(), "e4m3 {f:e} ({:#010x})", f.to_bits());
                 assert_eq!(E5M2::encode(f), F8E5M2::from_f32(f).to_bits(), "e5m2 {f:e} ({:#010x})", f.to_bits());
+            }
+        }
+    }
+
+    /// The fused ops equal the cpu norm followed by the cpu quantization, bit for bit, on padded
+    /// rows, with and without a weight, on one thread and split across threads.
+    #[test]
+    fn the_fused_ops_are_the_cpu_composition() {
+        use crate::{fused_add_rms_norm_cpu, rms_norm_cpu};
+        use ir_core::UniqueTensor;
+        for (tokens, hidden) in [(3, 40), (300, 1024)] {
+            let wide = Tensor::randn(&TensorMeta::compact(DType::BF16, &[tokens, hidden + 5]), 4).unwrap();
+            let x = wide.narrow(1, 1, hidden).unwrap();
+            let r = Tensor::randn(&TensorMeta::compact(DType::BF16, &[tokens, hidden]), 5).unwrap();
+            let w = Tensor::randn(&TensorMeta::compact(DType::BF16, &[hidden]), 6).unwrap();
+            let scale = Tensor::from_f64(DType::F32, &[1], &[0.02]).unwrap();
+            let ub = Tensor::from_f64(DType::F32, &[1], &[2.0]).unwrap();
+            for weight in [None, Some(&w)] {
+                for out_dtype in DType::FP8 {
+                    let label = format!("T={tokens} weight={} {out_dtype}", weight.is_some());
+                    let normalized = rms_norm_cpu(&x, weight, 1e-6, None).unwrap();
+                    let q = rms_norm_static_fp8_quant_cpu(&x, weight, 1e-6, &scale, out_dtype).unwrap();
+                    let expected = static_scaled_fp8_quant_cpu(&normalized, &scale, out_dtype).unwrap();
+                    assert!(bit_eq(&q, &expected), "{label}: static");
+                    let (q, s) = rms_norm_dynamic_per_token_quant_cpu(&x, weight, 1e-6, Some(&ub), out_dtype).unwrap();
+                    let (eq, es) = dynamic_per_token_scaled_fp8_quant_cpu(&normalized, Some(&ub), out_dtype).unwrap();
+                    assert!(bit_eq(&q, &eq) && bit_eq(&s, &es), "{label}: dynamic");
+                    let (residual_out, q) =
+                        fused_add_rms_norm_static_fp8_quant_cpu(&x, &r, weight, 1e-6, &scale, out_dtype).unwrap();
+                    let unique = |t: &Tensor| UniqueTensor::new(t.contiguous().unwrap()).unwrap();
+                    let (out, sum) = fused_add_rms_norm_cpu(unique(&x), unique(&r), weight, 1e-6, None).unwrap();
+                    assert!(bit_eq(&residual_out, &sum), "{label}: residual_out");
+                    let expected = static_scaled_fp8_quant_cpu(&out, &scale, out_dtype).unwrap();
+                    assert!(bit_eq(&q, &expected), "{label}: fused q");
+                }
             }
         }
     }

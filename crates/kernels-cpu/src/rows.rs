@@ -125,7 +125,7 @@ fn fused_row<T: CpuElement>(
 
 /// Normalizes the f32 row `s` and stores the result, weighted, into `out`.
 #[inline(always)]
-fn normalize_into<T: CpuElement>(s: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [T]) {
+pub(crate) fn normalize_into<T: CpuElement>(s: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [T]) {
     let mut mean_square = sum_squares(s) / s.len() as f32;
     if mean_square.is_infinite() {
         // The f32 sum overflowed (|x| above about 1.8e19 / sqrt(H)) although the mean square may fit:

@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ir_core::kernel::{RowArgs, Rows, device_buffer, fp8_format_code, per_token_scales_shape, quant_support};
+use ir_core::kernel::{
+    NormQuantCall, NormQuantOutputs, RowArgs, Rows, device_buffer, floor_scales, fp8_format_code,
+    per_token_scales_shape, quant_support,
+};
 use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT};
 use ir_core::op::static_scaled_fp8_quant::{self, STATIC_SCALED_FP8_QUANT};
 use ir_core::storage::Storage;
@@ -23,12 +26,27 @@ pub const QUANT: &str = include_str!("../kernels/quant.cu");
 /// Threads per block (`QUANT_BLOCK` in `quant.cu`): one block per row.
 pub const QUANT_BLOCK: u32 = 256;
 
-/// The ops of this module, each a kernel `<op>_<dtype>` of the one program.
-pub const QUANT_OPS: [&str; 2] = [STATIC_SCALED_FP8_QUANT.name, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name];
+/// The ops of this module.
+pub const QUANT_OPS: [&str; 5] = [
+    STATIC_SCALED_FP8_QUANT.name,
+    DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name,
+    ir_core::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT.name,
+    ir_core::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
+    ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name,
+];
 
-/// Compiles the quantization program for input `dtype` to PTX for `arch`.
+/// The norm + quantization kernel's source (after the element prelude and `quant.cu`).
+pub const NORM_QUANT: &str = include_str!("../kernels/norm_quant.cu");
+
+/// Every kernel of the quantization program, by op (the three norm + quantization ops share
+/// `norm_quant_<dtype>`).
+pub const KERNELS: [&str; 3] = [STATIC_SCALED_FP8_QUANT.name, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name, "norm_quant"];
+
+/// Compiles the quantization program (both quantization kernels and the norm + quantization
+/// kernel) for input `dtype` to PTX for `arch`.
 pub fn compile_ptx(dtype: DType, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    compile(&format!("{ELEMENT}\n{QUANT}"), "quant.cu", format!("quant_{dtype}"), vec![dtype_define(dtype)?], arch)
+    let source = format!("{ELEMENT}\n{QUANT}\n{NORM_QUANT}");
+    compile(&source, "quant.cu", format!("quant_{dtype}"), vec![dtype_define(dtype)?], arch)
 }
 
 /// Registers both quantization ops.
@@ -39,7 +57,14 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
             .with_supports(|args| quant_support(args, DeviceKind::Cuda))
     };
     static_scaled_fp8_quant::register(registry, spec(), static_scaled_fp8_quant_cuda)?;
-    dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_cuda)
+    dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_cuda)?;
+    register_fused(registry)
+}
+
+/// Registers the three norm + quantization ops.
+fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
+    let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
+    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Cuda, spec, norm_quant)
 }
 
 /// x's rows, buffer and call stream, and the fresh q buffer on that stream.
@@ -123,10 +148,8 @@ pub fn dynamic_per_token_scaled_fp8_quant_cuda(
     let scales_shape = per_token_scales_shape(x.shape());
     let rows = launch.rows;
     if rows.hidden == 0 && rows.n_rows > 0 {
-        // No element to reduce: every scale is the floor, as native computes it.
-        let floor = f64::from(ir_core::op::quant::min_scale(out_dtype));
-        let scales = Tensor::from_f64(DType::F32, &scales_shape, &vec![floor; rows.n_rows])?.to_device_of(x)?;
-        return Ok((launch.into_q(x, out_dtype)?, scales));
+        // No element to reduce: every scale is the floor.
+        return Ok((launch.into_q(x, out_dtype)?, floor_scales(x, out_dtype)?));
     }
     let mut scales = launch.x.device.allocate_on(&launch.stream, rows.n_rows * 4).map_err(TensorError::from)?;
     if !launch.is_empty() {
@@ -158,4 +181,86 @@ pub fn dynamic_per_token_scaled_fp8_quant_cuda(
     }
     let scales = Tensor::from_storage(Storage::Device(Box::new(scales)), DType::F32, Layout::compact(&scales_shape))?;
     Ok((launch.into_q(x, out_dtype)?, scales))
+}
+
+/// Runs the norm + quantization kernel: fresh compact outputs; the launch is asynchronous.
+fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
+    let NormQuantCall { x, residual, weight, epsilon, scale, dynamic, out_dtype } = call;
+    let format = fp8_format_code(out_dtype)?;
+    let mut launch = Launch::new(x, out_dtype)?;
+    let rows = launch.rows;
+    let dtype = x.dtype();
+    let size = dtype.size_in_bytes();
+    let stream = Arc::clone(&launch.stream);
+    let device = Arc::clone(&launch.x.device);
+    let mut residual_out =
+        residual.map(|_| device.allocate_on(&stream, x.numel() * size)).transpose().map_err(TensorError::from)?;
+    let mut scales =
+        if dynamic { Some(device.allocate_on(&stream, rows.n_rows * 4).map_err(TensorError::from)?) } else { None };
+    let scales_shape = per_token_scales_shape(x.shape());
+    if !launch.is_empty() {
+        let residual_buffer = residual.map(|r| device_buffer::<CudaBuffer>(r, "x_residual", "CUDA")).transpose()?;
+        let residual_rows = residual.map(|r| Rows::for_kernel(r.meta())).transpose()?;
+        let weight_buffer = weight.map(|w| device_buffer::<CudaBuffer>(w, "weight", "CUDA")).transpose()?;
+        let scale_param = if dynamic { "scale_ub" } else { "scale" };
+        let scale_buffer = scale.map(|s| device_buffer::<CudaBuffer>(s, scale_param, "CUDA")).transpose()?;
+        let arch = device.arch;
+        let function =
+            device.op_function("norm_quant", dtype, &format!("norm_quant_{dtype}"), || compile_ptx(dtype, arch))?;
+        let config = launch.config()?;
+        let RowArgs { n_rows, hidden, row_stride: x_stride, .. } = rows.kernel_args()?;
+        let r_stride = residual_rows.map(|r| r.kernel_args()).transpose()?.map_or(0, |r| r.row_stride);
+        let eps = epsilon as f32;
+        let flags = [residual.is_some(), weight.is_some(), dynamic, scale.is_some()].map(i32::from);
+        let x_address = launch.x.read_address(&stream);
+        let r_address = residual_buffer.map(|b| b.read_address(&stream));
+        let w_address = weight_buffer.map(|b| b.read_address(&stream));
+        let s_address = scale_buffer.map(|b| b.read_address(&stream));
+        let q_address = launch.q.write_address(&stream);
+        let scales_address = scales.as_mut().map(|b| b.write_address(&stream));
+        let out_address = residual_out.as_mut().map(|b| b.write_address(&stream));
+        // Absent tensors are null: the kernel's flags keep it from reading or writing them.
+        let x_ptr = x_address.offset(rows.offset * size);
+        let r_ptr = match (&r_address, residual_rows) {
+            (Some(address), Some(r_rows)) => address.offset(r_rows.offset * size),
+            _ => 0,
+        };
+        let w_ptr = match (&w_address, weight) {
+            (Some(address), Some(w)) => address.offset(w.offset() * size),
+            _ => 0,
+        };
+        let s_ptr = match (&s_address, scale) {
+            (Some(address), Some(s)) => address.offset(s.offset() * 4),
+            _ => 0,
+        };
+        let scales_ptr = scales_address.as_ref().map_or(0, |a| a.ptr);
+        let out_ptr = out_address.as_ref().map_or(0, |a| a.ptr);
+        let mut builder = stream.launch_builder(&function);
+        // norm_quant_<dtype>(unsigned char* q, float* scales, elem_t* residual_out, const elem_t* x,
+        //     const elem_t* r, const elem_t* w, long long n_rows, int hidden, long long x_row_stride,
+        //     long long r_row_stride, float eps, const float* scale, int has_residual, int has_weight,
+        //     int dynamic, int has_scale, int format)
+        builder.arg(&q_address.ptr).arg(&scales_ptr).arg(&out_ptr).arg(&x_ptr).arg(&r_ptr).arg(&w_ptr);
+        builder.arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&r_stride).arg(&eps).arg(&s_ptr);
+        builder.arg(&flags[0]).arg(&flags[1]).arg(&flags[2]).arg(&flags[3]).arg(&format);
+        // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
+        // loss by `Rows::kernel_args`. x's and the residual's addresses cover every element their
+        // rows reach (their layouts were checked against their storage); the weight holds `hidden`
+        // unit-stride elements from its offset (the predicate); the scale points at its one f32
+        // element. `q` and `residual_out` were allocated for n_rows · hidden elements written
+        // densely, `scales` for n_rows. A null pointer is never dereferenced: its flag is 0. The
+        // launch is on the call's stream; the address guards record every use for cudarc's ordering.
+        unsafe { builder.launch(config) }.map_err(driver_error)?;
+    }
+    let residual_out = residual_out
+        .map(|r| Tensor::from_storage(Storage::Device(Box::new(r)), dtype, Layout::compact(x.shape())))
+        .transpose()?;
+    let scales = match scales {
+        Some(_) if rows.hidden == 0 && rows.n_rows > 0 => Some(floor_scales(x, out_dtype)?),
+        Some(s) => {
+            Some(Tensor::from_storage(Storage::Device(Box::new(s)), DType::F32, Layout::compact(&scales_shape))?)
+        }
+        None => None,
+    };
+    Ok(NormQuantOutputs { q: launch.into_q(x, out_dtype)?, scales, residual_out })
 }

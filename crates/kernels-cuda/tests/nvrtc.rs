@@ -99,8 +99,8 @@ fn the_quantization_kernels_compile_to_ptx_for_every_dtype() {
             let ptx = kernels_cuda::quant::compile_ptx(dtype, Some(arch))
                 .unwrap_or_else(|e| panic!("quant {dtype} {arch}: {e}"))
                 .to_src();
-            for op in kernels_cuda::quant::QUANT_OPS {
-                let entry = format!(".entry {op}_{dtype}(");
+            for kernel in kernels_cuda::quant::KERNELS {
+                let entry = format!(".entry {kernel}_{dtype}(");
                 assert!(ptx.contains(&entry), "quant {dtype} {arch}: PTX lacks `{entry}`");
             }
             assert!(!ptx.contains(".local"), "quant {dtype} {arch}: no local memory");

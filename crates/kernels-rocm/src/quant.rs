@@ -4,7 +4,7 @@
 //! `build.rs`), `<op>_<dtype>` per input dtype; the fp8 format is a kernel argument and the scales
 //! stay on the device.
 
-use ir_core::kernel::{fp8_format_code, quant_support};
+use ir_core::kernel::{NormQuantCall, NormQuantOutputs, fp8_format_code, quant_support};
 use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT};
 use ir_core::op::static_scaled_fp8_quant::{self, STATIC_SCALED_FP8_QUANT};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
@@ -12,8 +12,18 @@ use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError,
 /// Threads per block (`QUANT_BLOCK` in `quant.hip`): one block per row.
 pub const QUANT_BLOCK: u32 = 256;
 
-/// The ops of this module, each a kernel `<op>_<dtype>` of the code object.
-pub const QUANT_OPS: [&str; 2] = [STATIC_SCALED_FP8_QUANT.name, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name];
+/// The ops of this module.
+pub const QUANT_OPS: [&str; 5] = [
+    STATIC_SCALED_FP8_QUANT.name,
+    DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name,
+    ir_core::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT.name,
+    ir_core::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
+    ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name,
+];
+
+/// The kernels of `quant.hip` and `norm_quant.hip`, each `<kernel>_<dtype>` (the three norm +
+/// quantization ops share `norm_quant`).
+pub const KERNELS: [&str; 3] = [STATIC_SCALED_FP8_QUANT.name, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name, "norm_quant"];
 
 /// Registers both quantization ops.
 pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
@@ -23,7 +33,26 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
             .with_supports(|args| quant_support(args, DeviceKind::Rocm))
     };
     static_scaled_fp8_quant::register(registry, spec(), static_scaled_fp8_quant_rocm)?;
-    dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_rocm)
+    dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_rocm)?;
+    register_fused(registry)
+}
+
+/// Registers the three norm + quantization ops.
+fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
+    let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
+    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Rocm, spec, norm_quant)
+}
+
+/// Runs the norm + quantization kernel: fresh compact outputs.
+fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
+    let format = fp8_format_code(call.out_dtype)?;
+    #[cfg(feature = "rocm")]
+    return launch::norm_quant(call, format);
+    #[cfg(not(feature = "rocm"))]
+    {
+        let _ = (call, format);
+        Err(crate::not_built())
+    }
 }
 
 /// `static_scaled_fp8_quant` on `rocm:0`: a fresh compact output in `out_dtype`.
@@ -59,7 +88,7 @@ pub fn dynamic_per_token_scaled_fp8_quant_rocm(
 mod launch {
     use std::ffi::c_void;
 
-    use ir_core::kernel::{RowArgs, Rows, device_buffer};
+    use ir_core::kernel::{NormQuantCall, NormQuantOutputs, RowArgs, Rows, device_buffer};
     use ir_core::storage::{DeviceAllocator, Storage};
     use ir_core::{DType, KernelError, Layout, Tensor, TensorError};
 
@@ -92,11 +121,9 @@ mod launch {
         let mut scales =
             if dynamic { Some(allocator.allocate(rows.n_rows * 4).map_err(TensorError::from)?) } else { None };
         if rows.n_rows > 0 && rows.hidden == 0 && dynamic {
-            // No element to reduce: every scale is the floor, as native computes it.
-            let floor = f64::from(ir_core::op::quant::min_scale(out_dtype));
-            let host = Tensor::from_f64(DType::F32, &scales_shape, &vec![floor; rows.n_rows])?;
+            // No element to reduce: every scale is the floor.
             let q = Tensor::from_storage(Storage::Device(q), out_dtype, Layout::compact(x.shape()))?;
-            return Ok((q, Some(host.to_device_of(x)?)));
+            return Ok((q, Some(ir_core::kernel::floor_scales(x, out_dtype)?)));
         }
         if rows.n_rows > 0 && rows.hidden > 0 {
             let device = device().map_err(driver)?;
@@ -168,5 +195,91 @@ mod launch {
             .map(|s| Tensor::from_storage(Storage::Device(s), DType::F32, Layout::compact(&scales_shape)))
             .transpose()?;
         Ok((q, scales))
+    }
+
+    /// The norm + quantization kernel: fresh compact outputs.
+    pub(super) fn norm_quant(call: NormQuantCall<'_>, mut format: i32) -> Result<NormQuantOutputs, KernelError> {
+        let NormQuantCall { x, residual, weight, epsilon, scale, dynamic, out_dtype } = call;
+        let rows = Rows::for_kernel(x.meta())?;
+        let dtype = x.dtype();
+        let allocator = allocator().map_err(driver)?;
+        let mut q = allocator.allocate(x.numel() * out_dtype.size_in_bytes()).map_err(TensorError::from)?;
+        let mut residual_out = residual
+            .map(|_| allocator.allocate(x.numel() * dtype.size_in_bytes()))
+            .transpose()
+            .map_err(TensorError::from)?;
+        let mut scales =
+            if dynamic { Some(allocator.allocate(rows.n_rows * 4).map_err(TensorError::from)?) } else { None };
+        let scales_shape = ir_core::kernel::per_token_scales_shape(x.shape());
+        if rows.n_rows > 0 && rows.hidden > 0 {
+            let device = device().map_err(driver)?;
+            let pointer = |t: &Tensor, param: &str, offset: usize, dtype: DType| -> Result<*mut c_void, KernelError> {
+                Ok(element_ptr(device_buffer::<HipBuffer>(t, param, "HIP")?.pointer, offset, dtype))
+            };
+            let own = |b: &mut Box<dyn ir_core::storage::DeviceBuffer>| {
+                b.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate").pointer
+            };
+            let residual_rows = residual.map(|r| Rows::for_kernel(r.meta())).transpose()?;
+            let null = std::ptr::null_mut::<c_void>();
+            let mut q_ptr = own(&mut q);
+            let mut scales_ptr = scales.as_mut().map_or(null, own);
+            let mut out_ptr = residual_out.as_mut().map_or(null, own);
+            let mut x_ptr = pointer(x, "x", rows.offset, dtype)?;
+            let mut r_ptr = match (residual, residual_rows) {
+                (Some(r), Some(r_rows)) => pointer(r, "x_residual", r_rows.offset, dtype)?,
+                _ => null,
+            };
+            let mut w_ptr = weight.map(|w| pointer(w, "weight", w.offset(), dtype)).transpose()?.unwrap_or(null);
+            let scale_param = if dynamic { "scale_ub" } else { "scale" };
+            let mut s_ptr = scale.map(|s| pointer(s, scale_param, s.offset(), DType::F32)).transpose()?.unwrap_or(null);
+            let RowArgs { mut n_rows, mut hidden, row_stride: mut x_stride, .. } = rows.kernel_args()?;
+            let mut r_stride = residual_rows.map(|r| r.kernel_args()).transpose()?.map_or(0, |r| r.row_stride);
+            let mut eps = epsilon as f32;
+            let [mut has_residual, mut has_weight, mut is_dynamic, mut has_scale] =
+                [residual.is_some(), weight.is_some(), dynamic, scale.is_some()].map(i32::from);
+            let blocks = u32::try_from(rows.n_rows).map_err(|_| KernelError::InvalidArguments {
+                reason: format!("{} rows exceed the grid limit", rows.n_rows),
+            })?;
+            // norm_quant_<dtype>(q, scales, residual_out, x, r, w, long long n_rows, int hidden,
+            //     long long x_row_stride, long long r_row_stride, float eps, const float* scale,
+            //     int has_residual, int has_weight, int dynamic, int has_scale, int format)
+            let mut params: [*mut c_void; 17] = [
+                &mut q_ptr as *mut _ as *mut c_void,
+                &mut scales_ptr as *mut _ as *mut c_void,
+                &mut out_ptr as *mut _ as *mut c_void,
+                &mut x_ptr as *mut _ as *mut c_void,
+                &mut r_ptr as *mut _ as *mut c_void,
+                &mut w_ptr as *mut _ as *mut c_void,
+                &mut n_rows as *mut _ as *mut c_void,
+                &mut hidden as *mut _ as *mut c_void,
+                &mut x_stride as *mut _ as *mut c_void,
+                &mut r_stride as *mut _ as *mut c_void,
+                &mut eps as *mut _ as *mut c_void,
+                &mut s_ptr as *mut _ as *mut c_void,
+                &mut has_residual as *mut _ as *mut c_void,
+                &mut has_weight as *mut _ as *mut c_void,
+                &mut is_dynamic as *mut _ as *mut c_void,
+                &mut has_scale as *mut _ as *mut c_void,
+                &mut format as *mut _ as *mut c_void,
+            ];
+            // SAFETY: the parameters point to locals of the kernel's declared types in prototype
+            // order, each integer converted without loss by `Rows::kernel_args`. x's and the
+            // residual's rows lie inside their buffers (their layouts were checked against their
+            // storage); the weight holds `hidden` unit-stride elements from its offset (the
+            // predicate); the scale points at its one f32 element. `q` and `residual_out` hold
+            // n_rows · hidden elements written densely, `scales` n_rows. A null pointer is never
+            // dereferenced: its flag is 0.
+            unsafe { device.launch(&format!("norm_quant_{dtype}"), blocks, QUANT_BLOCK, &mut params) }?;
+        }
+        let q = Tensor::from_storage(Storage::Device(q), out_dtype, Layout::compact(x.shape()))?;
+        let residual_out = residual_out
+            .map(|r| Tensor::from_storage(Storage::Device(r), dtype, Layout::compact(x.shape())))
+            .transpose()?;
+        let scales = match scales {
+            Some(_) if rows.hidden == 0 && rows.n_rows > 0 => Some(ir_core::kernel::floor_scales(x, out_dtype)?),
+            Some(s) => Some(Tensor::from_storage(Storage::Device(s), DType::F32, Layout::compact(&scales_shape))?),
+            None => None,
+        };
+        Ok(NormQuantOutputs { q, scales, residual_out })
     }
 }

@@ -50,36 +50,50 @@ fn hipcc_compiles_every_variant() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The quantization kernels compile for every dtype and use no scratch memory (hipcc's resource
-/// report for each kernel).
+/// Every kernel source together, as `build.rs` compiles them (one translation unit, so a name
+/// defined twice fails here and not only as a build-script warning), and the quantization
+/// kernels use no scratch memory (hipcc's resource report for each kernel).
 #[test]
-fn the_quantization_kernels_compile_without_scratch() {
+fn all_sources_compile_as_one_unit_and_the_quantization_kernels_use_no_scratch() {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
     if !Command::new(&hipcc).arg("--version").output().is_ok_and(|o| o.status.success()) {
         ir_core::testing::skip("hip", &format!("`{hipcc}` not found (install Debian's hipcc)"));
         return;
     }
-    let dir = std::env::temp_dir().join(format!("kernels-rocm-quant-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("kernels-rocm-unit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let output = dir.join("quant.hsaco");
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels").join("quant.hip");
+    let kernels = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let mut sources: Vec<_> = std::fs::read_dir(&kernels)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "hip"))
+        .collect();
+    sources.sort();
+    let unit = dir.join("all_kernels.hip");
+    let includes: String = sources.iter().map(|path| format!("#include {:?}\n", path.display().to_string())).collect();
+    std::fs::write(&unit, includes).unwrap();
+    let output = dir.join("all.hsaco");
     let done = Command::new(&hipcc)
         .args(["--genco", "--offload-arch=gfx90a", "-O3", "-Rpass-analysis=kernel-resource-usage", "-o"])
         .arg(&output)
-        .arg(&source)
+        .arg(&unit)
         .output()
         .expect("hipcc runs");
     let report = String::from_utf8_lossy(&done.stderr).into_owned();
-    assert!(done.status.success(), "hipcc failed on quant.hip:\n{report}");
+    assert!(done.status.success(), "hipcc failed on the unit of every source:\n{report}");
     let text = String::from_utf8_lossy(&std::fs::read(&output).unwrap()).into_owned();
-    for op in kernels_rocm::quant::QUANT_OPS {
+    for kernel in kernels_rocm::quant::KERNELS {
         for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
-            assert!(text.contains(&format!("{op}_{dtype}")), "the code object lacks `{op}_{dtype}`");
+            assert!(text.contains(&format!("{kernel}_{dtype}")), "the code object lacks `{kernel}_{dtype}`");
         }
     }
-    let scratch: Vec<&str> = report.lines().filter(|l| l.contains("ScratchSize")).collect();
-    assert_eq!(scratch.len(), 6, "one resource report per kernel:\n{report}");
-    assert!(scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{scratch:#?}");
+    // Each report line names the source line of the kernel it describes.
+    let quant_scratch: Vec<&str> = report
+        .lines()
+        .filter(|l| l.contains("ScratchSize") && (l.contains("/quant.hip:") || l.contains("/norm_quant.hip:")))
+        .collect();
+    assert_eq!(quant_scratch.len(), 3 * kernels_rocm::quant::KERNELS.len(), "one report per kernel:\n{report}");
+    assert!(quant_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{quant_scratch:#?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

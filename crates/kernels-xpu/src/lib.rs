@@ -58,7 +58,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         FusedAddRmsNormImpl::inplace(fused_add_rms_norm_xpu),
     )?;
     gated::register(registry)?;
-    quant::register(registry)
+    quant::register(registry)?;
+    quant::register_fused(registry)
 }
 
 /// `rms_norm` on `xpu:0`: a fresh output with the declared layout.

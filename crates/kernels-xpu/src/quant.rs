@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use ir_core::kernel::{
-    RowArgs, Rows, device_buffer, fp8_format_code, kernel_int, per_token_scales_shape, quant_support,
+    NormQuantCall, NormQuantOutputs, RowArgs, Rows, device_buffer, floor_scales, fp8_format_code, kernel_int,
+    per_token_scales_shape, quant_support,
 };
 use ir_core::op::dynamic_per_token_scaled_fp8_quant;
 use ir_core::op::static_scaled_fp8_quant;
@@ -139,11 +140,8 @@ pub fn dynamic_per_token_scaled_fp8_quant_xpu(
     let scales_shape = per_token_scales_shape(x.shape());
     let rows = launch.rows;
     if rows.hidden == 0 && rows.n_rows > 0 {
-        // No element to reduce: every scale is the floor. Computed on the host like native's.
-        let floor = f64::from(ir_core::op::quant::min_scale(out_dtype));
-        let host = Tensor::from_f64(DType::F32, &scales_shape, &vec![floor; rows.n_rows])?;
-        let scales = host.to_device_of(x)?;
-        return Ok((launch.into_q(x, out_dtype)?, scales));
+        // No element to reduce: every scale is the floor.
+        return Ok((launch.into_q(x, out_dtype)?, floor_scales(x, out_dtype)?));
     }
     let scales = launch.x.device.allocate_on(&launch.queue, rows.n_rows * 4).map_err(TensorError::from)?;
     if !launch.is_empty() {
@@ -183,4 +181,119 @@ pub fn dynamic_per_token_scaled_fp8_quant_xpu(
     }
     let scales = Tensor::from_storage(Storage::Device(Box::new(scales)), DType::F32, Layout::compact(&scales_shape))?;
     Ok((launch.into_q(x, out_dtype)?, scales))
+}
+
+/// The norm + quantization kernel's source (after the element prelude and `quant.cl`).
+pub const NORM_QUANT: &str = include_str!("../kernels/norm_quant.cl");
+
+/// The program source of the norm + quantization kernel.
+pub fn norm_quant_program() -> String {
+    format!("{ELEMENT}\n{QUANT}\n{NORM_QUANT}")
+}
+
+/// Registers the three norm + quantization ops.
+pub(crate) fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
+    let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability).with_platform_detection(crate::is_gpu);
+    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Xpu, spec, norm_quant)
+}
+
+/// Runs the norm + quantization kernel: fresh compact outputs.
+fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
+    let NormQuantCall { x, residual, weight, epsilon, scale, dynamic, out_dtype } = call;
+    let format = fp8_format_code(out_dtype)?;
+    let launch = Launch::new(x, out_dtype)?;
+    let rows = launch.rows;
+    let dtype = x.dtype();
+    let device = &launch.x.device;
+    let residual_out = residual
+        .map(|_| device.allocate_on(&launch.queue, x.numel() * dtype.size_in_bytes()))
+        .transpose()
+        .map_err(TensorError::from)?;
+    let scales = if dynamic {
+        Some(device.allocate_on(&launch.queue, rows.n_rows * 4).map_err(TensorError::from)?)
+    } else {
+        None
+    };
+    if !launch.is_empty() {
+        let residual_buffer = residual.map(|r| device_buffer::<XpuBuffer>(r, "x_residual", "xpu")).transpose()?;
+        let residual_rows = residual.map(|r| Rows::for_kernel(r.meta())).transpose()?;
+        let weight_buffer = weight.map(|w| device_buffer::<XpuBuffer>(w, "weight", "xpu")).transpose()?;
+        for buffer in residual_buffer.iter().chain(weight_buffer.iter()) {
+            buffer.use_on(&launch.queue)?;
+        }
+        let scale = scale.map(|s| launch.scale(s, if dynamic { "scale_ub" } else { "scale" })).transpose()?;
+        let kernel =
+            launch.x.device.op_kernel("norm_quant", dtype, &format!("norm_quant_{dtype}"), norm_quant_program)?;
+        launch.x.use_on(&launch.queue)?;
+        let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let RowArgs { n_rows, hidden, row_stride: x_stride, offset: x_offset } = rows.kernel_args()?;
+        let residual_args = residual_rows.map(|r| r.kernel_args()).transpose()?;
+        let (r_stride, r_offset) = residual_args.map_or((0, 0), |r| (r.row_stride, r.offset));
+        let w_offset: i64 = kernel_int(weight.map_or(0, Tensor::offset), "weight offset")?;
+        let eps = epsilon as f32;
+        // Absent tensors are never read; buffers of the call stand in for them.
+        let q_mem = launch.q.buffer.get();
+        let x_mem = launch.x.buffer.get();
+        let scales_mem = scales.as_ref().map_or(q_mem, |s| s.buffer.get());
+        let residual_out_mem = residual_out.as_ref().map_or(q_mem, |r| r.buffer.get());
+        let r_mem = residual_buffer.map_or(x_mem, |r| r.buffer.get());
+        let w_mem = weight_buffer.map_or(x_mem, |w| w.buffer.get());
+        let (scale_mem, scale_offset) = scale.map_or((q_mem, 0), |(b, offset)| (b.buffer.get(), offset));
+        let has_residual = i32::from(residual.is_some());
+        let has_weight = i32::from(weight.is_some());
+        let is_dynamic = i32::from(dynamic);
+        let has_scale = i32::from(scale.is_some());
+        // norm_quant_<dtype>(q, scales, residual_out, x, r, w, long n_rows, int hidden,
+        //     long x_row_stride, long x_offset, long r_row_stride, long r_offset, long w_offset,
+        //     float eps, scale, long scale_offset, int has_residual, int has_weight, int dynamic,
+        //     int has_scale, int format)
+        // SAFETY: the arguments follow the kernel's prototype above, with the types it declares,
+        // each integer converted without loss (`Rows::kernel_args`, `kernel_int`). x's and the
+        // residual's rows lie inside their buffers (their layouts were checked against their
+        // storage, and the rows come from those layouts); the weight holds `hidden` unit-stride
+        // elements from its offset (the predicate); the scale points at its one f32 element. `q`
+        // and `residual_out` hold n_rows · hidden elements written densely, `scales` n_rows. A
+        // flag of 0 keeps the kernel from touching the stand-in buffer it guards.
+        unsafe {
+            ExecuteKernel::new(&kernel)
+                .set_arg(&q_mem)
+                .set_arg(&scales_mem)
+                .set_arg(&residual_out_mem)
+                .set_arg(&x_mem)
+                .set_arg(&r_mem)
+                .set_arg(&w_mem)
+                .set_arg(&n_rows)
+                .set_arg(&hidden)
+                .set_arg(&x_stride)
+                .set_arg(&x_offset)
+                .set_arg(&r_stride)
+                .set_arg(&r_offset)
+                .set_arg(&w_offset)
+                .set_arg(&eps)
+                .set_arg(&scale_mem)
+                .set_arg(&scale_offset)
+                .set_arg(&has_residual)
+                .set_arg(&has_weight)
+                .set_arg(&is_dynamic)
+                .set_arg(&has_scale)
+                .set_arg(&format)
+                .set_global_work_size(launch.global)
+                .set_local_work_size(QUANT_GROUP)
+                .enqueue_nd_range(&launch.queue)
+        }
+        .map_err(cl_error)?;
+    }
+    let compact = || Layout::compact(x.shape());
+    let residual_out =
+        residual_out.map(|r| Tensor::from_storage(Storage::Device(Box::new(r)), dtype, compact())).transpose()?;
+    let scales = match scales {
+        Some(_) if rows.hidden == 0 && rows.n_rows > 0 => Some(floor_scales(x, out_dtype)?),
+        Some(s) => Some(Tensor::from_storage(
+            Storage::Device(Box::new(s)),
+            DType::F32,
+            Layout::compact(&per_token_scales_shape(x.shape())),
+        )?),
+        None => None,
+    };
+    Ok(NormQuantOutputs { q: launch.into_q(x, out_dtype)?, scales, residual_out })
 }

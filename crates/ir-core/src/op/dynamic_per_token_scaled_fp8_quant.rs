@@ -8,7 +8,7 @@
 //! [`quant`](crate::op::quant). Not in place; activations `[x]`.
 
 use crate::op::quant::{
-    check_scale, check_x, dynamic_scale, fp8_dtype, quantize, quantized_meta, scale_value, scales_meta, to_device_of,
+    QuantScale, check_scale, check_x, fp8_dtype, quantize_host, quantized_meta, scale_value, scales_meta, to_device_of,
 };
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
 use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
@@ -42,22 +42,10 @@ const OP: &str = "dynamic_per_token_scaled_fp8_quant";
 pub fn native(x: &Tensor, scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<(Tensor, Tensor), KernelError> {
     let ub_meta = scale_ub.map_or(ArgMeta::None, |t| ArgMeta::Tensor(t.meta()));
     let args = [ArgMeta::Tensor(x.meta()), ub_meta, ArgMeta::DType(out_dtype)];
-    let metas = meta(&args).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
-    let compute = x.dtype().compute_dtype();
-    let ub = scale_ub.map(scale_value).transpose()?.map(|v| compute.round(v));
-    let hidden = x.layout().last_dim();
-    let values: Vec<f64> = x.to_f64_vec()?.into_iter().map(|v| compute.round(v)).collect();
-    let n_rows = metas[1].numel();
-    let mut q = Vec::with_capacity(values.len());
-    let mut scales = Vec::with_capacity(n_rows);
-    for r in 0..n_rows {
-        let row = &values[r * hidden..(r + 1) * hidden];
-        let s = dynamic_scale(row, ub, out_dtype, compute);
-        q.extend(row.iter().map(|&v| quantize(v, s, out_dtype, compute)));
-        scales.push(s);
-    }
-    let q = Tensor::from_f64(out_dtype, metas[0].shape(), &q)?;
-    let scales = Tensor::from_f64(DType::F32, metas[1].shape(), &scales)?;
+    meta(&args).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
+    let ub = scale_ub.map(scale_value).transpose()?;
+    let (q, scales) = quantize_host(x, QuantScale::Dynamic(ub), out_dtype)?;
+    let scales = scales.expect("a dynamic quantization has scales");
     Ok((to_device_of(q, x)?, to_device_of(scales, x)?))
 }
 

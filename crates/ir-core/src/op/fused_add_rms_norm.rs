@@ -35,7 +35,7 @@ crate::define_op! {
 }
 
 const PARAMS: NormParams =
-    NormParams { op: "fused_add_rms_norm", x: 0, residual: Some(1), weight: 2, epsilon: 3, variance_size: 4 };
+    NormParams { op: "fused_add_rms_norm", x: 0, residual: Some(1), weight: 2, epsilon: 3, variance_size: Some(4) };
 
 /// The typed implementation of either kind (the declaration's [`Impl`]).
 pub type FusedAddRmsNormImpl = Impl;

@@ -5,12 +5,15 @@
 pub mod declare;
 pub mod dynamic_per_token_scaled_fp8_quant;
 pub mod fused_add_rms_norm;
+pub mod fused_add_rms_norm_static_fp8_quant;
 pub mod gated;
 pub mod gelu_and_mul;
 pub mod gelu_and_mul_sparse;
 mod norm_math;
 pub mod quant;
 pub mod rms_norm;
+pub mod rms_norm_dynamic_per_token_quant;
+pub mod rms_norm_static_fp8_quant;
 pub mod silu_and_mul;
 pub mod static_scaled_fp8_quant;
 mod value;
@@ -207,6 +210,9 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
     &static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT,
     &dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT,
+    &rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT,
+    &fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
+    &rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
 ];
 
 /// Keywords of the text format; with the built-ins' names ([`crate::Builtin`]), the words that cannot

@@ -16,7 +16,8 @@ pub(crate) struct NormParams {
     pub(crate) residual: Option<usize>,
     pub(crate) weight: usize,
     pub(crate) epsilon: usize,
-    pub(crate) variance_size: usize,
+    /// `None` for ops without the parameter (the norm + quantization ops).
+    pub(crate) variance_size: Option<usize>,
 }
 
 /// The meta function of both norms.
@@ -90,9 +91,9 @@ pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<Vec<Tens
             reason: "must be finite and >= 0".to_owned(),
         });
     }
-    match args.get(p.variance_size) {
-        Some(ArgMeta::None) => {}
-        Some(ArgMeta::I64(v)) => {
+    match p.variance_size.map(|index| args.get(index)) {
+        None | Some(Some(ArgMeta::None)) => {}
+        Some(Some(ArgMeta::I64(v))) => {
             let in_range = *v >= 1 && (*v as u64) <= hidden as u64;
             if !in_range {
                 return Err(MetaError::Scalar {

@@ -23,8 +23,9 @@
 //! becomes `±M`); NaN stays NaN; an infinite element makes its row's dynamic scale infinite, so
 //! that element is NaN and the rest of the row zero.
 
+use crate::op::norm_math::{NormParams, norm_meta};
 use crate::op::{ArgMeta, MetaError};
-use crate::{DType, Device, TensorMeta};
+use crate::{DType, Device, Tensor, TensorError, TensorMeta};
 
 /// The fp8 output dtype, or the error naming the parameter.
 pub(crate) fn fp8_dtype(op: &'static str, args: &[ArgMeta<'_>], index: usize) -> Result<DType, MetaError> {
@@ -85,6 +86,82 @@ pub(crate) fn check_x(op: &'static str, x: &TensorMeta) -> Result<(), MetaError>
     MetaError::require_compute_dtype(op, "x", x)
 }
 
+/// Where a norm + quantization op keeps its quantization arguments.
+pub(crate) struct QuantParams {
+    /// The static scale or the dynamic bound.
+    pub(crate) scale: usize,
+    /// Whether the op quantizes per token (then `scale` is the optional `scale_ub`).
+    pub(crate) dynamic: bool,
+    /// The output dtype.
+    pub(crate) out_dtype: usize,
+}
+
+/// The meta function of the norm + quantization ops: the norm's checks ([`norm_meta`]), then the
+/// quantization's. Outputs: the residual's (fused ops), then `q`, then the scales (dynamic ops).
+pub(crate) fn norm_quant_meta(
+    norm: &NormParams,
+    quant: &QuantParams,
+    args: &[ArgMeta<'_>],
+) -> Result<Vec<TensorMeta>, MetaError> {
+    let op = norm.op;
+    let mut norm_outputs = norm_meta(norm, args)?;
+    let x = args.get(norm.x).and_then(ArgMeta::tensor).ok_or(MetaError::Kind { op, param: "x" })?;
+    let scale_param = if quant.dynamic { "scale_ub" } else { "scale" };
+    match args.get(quant.scale) {
+        Some(ArgMeta::Tensor(scale)) => check_scale(op, scale_param, scale, x)?,
+        Some(ArgMeta::None) if quant.dynamic => {}
+        _ => return Err(MetaError::Kind { op, param: scale_param }),
+    }
+    let dtype = fp8_dtype(op, args, quant.out_dtype)?;
+    let mut outputs = norm_outputs.split_off(1);
+    outputs.push(quantized_meta(x, dtype));
+    if quant.dynamic {
+        outputs.push(scales_meta(x));
+    }
+    Ok(outputs)
+}
+
+/// Quantizes a host tensor (the norm's output) with a static scale or per-token dynamic scales:
+/// the reference step shared by every quantization op. Returns `(q, scales)`, the scales for a
+/// dynamic call only.
+pub(crate) fn quantize_host(
+    x: &Tensor,
+    scale: QuantScale,
+    dtype: DType,
+) -> Result<(Tensor, Option<Tensor>), TensorError> {
+    let compute = x.dtype().compute_dtype();
+    let hidden = x.layout().last_dim();
+    let values: Vec<f64> = x.to_f64_vec()?.into_iter().map(|v| compute.round(v)).collect();
+    let scales_shape = crate::kernel::per_token_scales_shape(x.shape());
+    let n_rows: usize = scales_shape.iter().product();
+    let mut q = Vec::with_capacity(values.len());
+    let mut scales = Vec::with_capacity(n_rows);
+    for r in 0..n_rows {
+        let row = &values[r * hidden..(r + 1) * hidden];
+        let s = match scale {
+            QuantScale::Static(s) => compute.round(s),
+            QuantScale::Dynamic(ub) => dynamic_scale(row, ub.map(|v| compute.round(v)), dtype, compute),
+        };
+        q.extend(row.iter().map(|&v| quantize(v, s, dtype, compute)));
+        scales.push(s);
+    }
+    let q = Tensor::from_f64(dtype, x.shape(), &q)?;
+    let scales = match scale {
+        QuantScale::Static(_) => None,
+        QuantScale::Dynamic(_) => Some(Tensor::from_f64(DType::F32, &scales_shape, &scales)?),
+    };
+    Ok((q, scales))
+}
+
+/// The scale of [`quantize_host`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum QuantScale {
+    /// One scale for the whole tensor.
+    Static(f64),
+    /// Per token, with an optional bound on the absmax.
+    Dynamic(Option<f64>),
+}
+
 /// The smallest dynamic scale for `dtype`: `c(1 / (M · 512))`.
 pub fn min_scale(dtype: DType) -> f32 {
     let max = dtype.fp8_max().unwrap_or(1.0);
@@ -110,12 +187,12 @@ pub fn quantize(value: f64, scale: f64, dtype: DType, compute: DType) -> f64 {
 }
 
 /// The values of a one-element scale tensor on any device, as f64.
-pub(crate) fn scale_value(scale: &crate::Tensor) -> Result<f64, crate::TensorError> {
+pub(crate) fn scale_value(scale: &Tensor) -> Result<f64, TensorError> {
     Ok(scale.to_f64_vec()?.first().copied().unwrap_or(f64::NAN))
 }
 
 /// Moves a host result to x's device.
-pub(crate) fn to_device_of(t: crate::Tensor, x: &crate::Tensor) -> Result<crate::Tensor, crate::TensorError> {
+pub(crate) fn to_device_of(t: Tensor, x: &Tensor) -> Result<Tensor, TensorError> {
     if x.device() == Device::Cpu { Ok(t) } else { t.to_device_of(x) }
 }
 

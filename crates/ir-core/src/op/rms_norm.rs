@@ -31,7 +31,8 @@ crate::define_op! {
     }
 }
 
-const PARAMS: NormParams = NormParams { op: "rms_norm", x: 0, residual: None, weight: 1, epsilon: 2, variance_size: 3 };
+const PARAMS: NormParams =
+    NormParams { op: "rms_norm", x: 0, residual: None, weight: 1, epsilon: 2, variance_size: Some(3) };
 
 /// The typed implementation signature as a function pointer: `(x, weight, epsilon, variance_size) ->
 /// out` (never in place). [`register`] takes any closure of this shape.

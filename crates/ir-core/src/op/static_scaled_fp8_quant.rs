@@ -6,7 +6,9 @@
 //! `q_j = sat(c(x_j / scale))`: see [`quant`](crate::op::quant) for the rounding points. Not in
 //! place (the output dtype differs); activations `[x]`.
 
-use crate::op::quant::{check_scale, check_x, fp8_dtype, quantize, quantized_meta, scale_value, to_device_of};
+use crate::op::quant::{
+    QuantScale, check_scale, check_x, fp8_dtype, quantize_host, quantized_meta, scale_value, to_device_of,
+};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
 use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
 
@@ -38,12 +40,8 @@ const OP: &str = "static_scaled_fp8_quant";
 /// The reference implementation (the semantics).
 pub fn native(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
     let args = [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(scale.meta()), ArgMeta::DType(out_dtype)];
-    let out_meta = meta(&args).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?.remove(0);
-    let compute = x.dtype().compute_dtype();
-    let s = compute.round(scale_value(scale)?);
-    let values: Vec<f64> =
-        x.to_f64_vec()?.into_iter().map(|v| quantize(compute.round(v), s, out_dtype, compute)).collect();
-    let q = Tensor::from_f64(out_dtype, out_meta.shape(), &values)?;
+    meta(&args).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
+    let (q, _) = quantize_host(x, QuantScale::Static(scale_value(scale)?), out_dtype)?;
     Ok(to_device_of(q, x)?)
 }
 

@@ -1,0 +1,93 @@
+//! `fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, out_dtype = f8e4m3fn)
+//! -> (residual_out, q)`: `fused_add_rms_norm` followed by `static_scaled_fp8_quant` of its
+//! normalized output, in one pass over each row.
+//!
+//! The semantics are the composition: `(out, residual_out) = fused_add_rms_norm(x, x_residual,
+//! weight, epsilon)` and `q = static_scaled_fp8_quant(out, scale, out_dtype)`; the normalized row
+//! is never written. Activations `[x_residual]`.
+//!
+//! The residual comes first among the outputs, unlike vLLM's `(out, residual)`: outputs that may
+//! live in an activation's storage are the first ones, one per activation in order, so that an
+//! in-place form writes `residual_out` into `x_residual` while `q`, of another dtype and size,
+//! stays a fresh tensor.
+
+use crate::op::norm_math::{NormParams, native_norm};
+use crate::op::quant::{QuantParams, QuantScale, norm_quant_meta, quantize_host, scale_value, to_device_of};
+use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+
+crate::define_op! {
+    /// The definition of `fused_add_rms_norm_static_fp8_quant`.
+    op fused_add_rms_norm_static_fp8_quant {
+        def: FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
+        args: FusedAddRmsNormStaticFp8QuantArgs,
+        params: (
+            /// Input `[..., H]`.
+            x: Tensor,
+            /// Residual input, x's shape.
+            x_residual: Activation,
+            /// Optional weight `[H]`.
+            weight: Option<Tensor>,
+            /// Epsilon.
+            epsilon: f64,
+            /// The scale: an f32 tensor of one element.
+            scale: Tensor,
+            /// The fp8 format of the output.
+            out_dtype: DType = Literal::DType(DType::F8E4M3FN),
+        ),
+        outputs: (Tensor, Tensor),
+        inplace: false,
+        native: native,
+        meta: meta,
+        generate: generate,
+        tolerances: &[(DType::F16, crate::op::Tolerance { atol: 1e-2, rtol: 2e-3 })],
+        description: "residual add, RMS normalization and fp8 quantization with a per-tensor scale; returns (residual_out, q)",
+    }
+}
+
+const NORM: NormParams = NormParams {
+    op: "fused_add_rms_norm_static_fp8_quant",
+    x: 0,
+    residual: Some(1),
+    weight: 2,
+    epsilon: 3,
+    variance_size: None,
+};
+const QUANT: QuantParams = QuantParams { scale: 4, dynamic: false, out_dtype: 5 };
+
+/// The reference implementation: the composition of the two ops' references.
+pub fn native(
+    x: &Tensor,
+    x_residual: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    scale: &Tensor,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let (normalized, residual_out) = native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None)?;
+    let residual_out = residual_out.expect("a residual was given");
+    let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype)?;
+    Ok((to_device_of(residual_out, x)?, to_device_of(q, x)?))
+}
+
+fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+    norm_quant_meta(&NORM, &QUANT, args)
+}
+
+/// `x, x_residual ~ N(0, 1)`, `weight ~ N(1, 0.1)`, scale `3 / 448`.
+fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
+    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let shape = [spec.num_tokens, spec.hidden_size];
+    let x = rng.normal(spec.dtype, &shape, 0.0, 1.0)?;
+    let residual = rng.normal(spec.dtype, &shape, 0.0, 1.0)?;
+    let weight = rng.normal(spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
+    let scale = Tensor::from_f64(DType::F32, &[1], &[3.0 / 448.0])?;
+    Ok(vec![
+        Value::Tensor(x),
+        Value::Tensor(residual),
+        Value::Tensor(weight),
+        Value::F64(spec.epsilon),
+        Value::Tensor(scale),
+        Value::DType(DType::F8E4M3FN),
+    ])
+}

@@ -1,0 +1,75 @@
+//! `rms_norm_static_fp8_quant(x, weight, epsilon, scale, out_dtype = f8e4m3fn) -> q`: `rms_norm`
+//! followed by `static_scaled_fp8_quant` of its output, in one pass over each row.
+//!
+//! The semantics are the composition: `q = static_scaled_fp8_quant(rms_norm(x, weight, epsilon),
+//! scale, out_dtype)`, the norm's output rounded to x's dtype before it is divided by the scale
+//! (see [`rms_norm`](crate::op::rms_norm) and [`quant`](crate::op::quant)); a kernel keeps the
+//! normalized row in registers instead of writing it. Not in place; activations `[x]`.
+
+use crate::op::norm_math::{NormParams, native_norm};
+use crate::op::quant::{QuantParams, QuantScale, norm_quant_meta, quantize_host, scale_value, to_device_of};
+use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+
+crate::define_op! {
+    /// The definition of `rms_norm_static_fp8_quant`.
+    op rms_norm_static_fp8_quant {
+        def: RMS_NORM_STATIC_FP8_QUANT,
+        args: RmsNormStaticFp8QuantArgs,
+        params: (
+            /// Input `[..., H]`.
+            x: Activation,
+            /// Optional weight `[H]`.
+            weight: Option<Tensor>,
+            /// Epsilon.
+            epsilon: f64,
+            /// The scale: an f32 tensor of one element.
+            scale: Tensor,
+            /// The fp8 format of the output.
+            out_dtype: DType = Literal::DType(DType::F8E4M3FN),
+        ),
+        outputs: Tensor,
+        inplace: false,
+        native: native,
+        meta: meta,
+        generate: generate,
+        tolerances: &[],
+        description: "RMS normalization then fp8 quantization with a per-tensor scale, in one pass",
+    }
+}
+
+const NORM: NormParams =
+    NormParams { op: "rms_norm_static_fp8_quant", x: 0, residual: None, weight: 1, epsilon: 2, variance_size: None };
+const QUANT: QuantParams = QuantParams { scale: 3, dynamic: false, out_dtype: 4 };
+
+/// The reference implementation: the composition of the two ops' references.
+pub fn native(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    scale: &Tensor,
+    out_dtype: DType,
+) -> Result<Tensor, KernelError> {
+    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None)?;
+    let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype)?;
+    Ok(to_device_of(q, x)?)
+}
+
+fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+    norm_quant_meta(&NORM, &QUANT, args)
+}
+
+/// `x ~ N(0, 1)`, `weight ~ N(1, 0.1)`, scale `3 / 448` (outputs beyond about 3 saturate).
+fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
+    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let x = rng.normal(spec.dtype, &[spec.num_tokens, spec.hidden_size], 0.0, 1.0)?;
+    let weight = rng.normal(spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
+    let scale = Tensor::from_f64(DType::F32, &[1], &[3.0 / 448.0])?;
+    Ok(vec![
+        Value::Tensor(x),
+        Value::Tensor(weight),
+        Value::F64(spec.epsilon),
+        Value::Tensor(scale),
+        Value::DType(DType::F8E4M3FN),
+    ])
+}

@@ -1,0 +1,59 @@
+// The fp8 conversion and the block reductions of the `rocm` quantization kernels (`quant.hip`,
+// `norm_quant.hip`); the numerics are those of the CUDA kernels (`kernels/cuda/quant.cu`).
+
+#pragma once
+
+#include "element.hip.h"
+
+#define QUANT_BLOCK 256
+
+__device__ __forceinline__ unsigned char fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
+    unsigned int bits = __float_as_uint(f);
+    unsigned int sign = (bits >> 24) & 0x80u;
+    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
+    if (__builtin_isnan(f)) return (unsigned char)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
+    float a = fminf(fabsf(f), max_finite);
+    int emin = 1 - bias;
+    int e = max((int)((__float_as_uint(a) >> 23) & 0xffu) - 127, emin);
+    float inv_step = __uint_as_float((unsigned int)(127 - (e - m_bits)) << 23);
+    float step = __uint_as_float((unsigned int)(127 + (e - m_bits)) << 23);
+    float r = rintf(a * inv_step) * step;
+    if (r == 0.0f) return (unsigned char)sign;
+    unsigned int rb = __float_as_uint(r);
+    int re = (int)((rb >> 23) & 0xffu) - 127;
+    unsigned int code;
+    if (re >= emin) {
+        code = ((unsigned int)(re + bias) << m_bits) | ((rb & 0x7fffffu) >> (23 - m_bits));
+    } else {
+        code = (unsigned int)(r * __uint_as_float((unsigned int)(127 - (emin - m_bits)) << 23));
+    }
+    return (unsigned char)(sign | code);
+}
+
+__device__ __forceinline__ unsigned char to_fp8(float v, int format) {
+    return format == 0 ? fp8_from_f32(v, 3, 7, 448.0f) : fp8_from_f32(v, 2, 15, 57344.0f);
+}
+
+__device__ __forceinline__ float quant_block_max(float value, float* scratch) {
+    scratch[threadIdx.x] = value;
+    __syncthreads();
+    for (int width = QUANT_BLOCK / 2; width > 0; width >>= 1) {
+        if ((int)threadIdx.x < width) scratch[threadIdx.x] = fmaxf(scratch[threadIdx.x], scratch[threadIdx.x + width]);
+        __syncthreads();
+    }
+    float total = scratch[0];
+    __syncthreads();
+    return total;
+}
+
+__device__ __forceinline__ float quant_block_sum(float value, float* scratch) {
+    scratch[threadIdx.x] = value;
+    __syncthreads();
+    for (int width = QUANT_BLOCK / 2; width > 0; width >>= 1) {
+        if ((int)threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
+        __syncthreads();
+    }
+    float total = scratch[0];
+    __syncthreads();
+    return total;
+}

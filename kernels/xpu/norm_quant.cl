@@ -1,0 +1,83 @@
+// RMS normalization followed by fp8 quantization in one kernel (OpenCL C 1.2): the ops
+// `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant` and
+// `fused_add_rms_norm_static_fp8_quant`. Built after `element.cl` and `quant.cl` (the conversion
+// and the group maximum), per input dtype.
+//
+// One work-group of QUANT_GROUP work-items per row. Pass 1 sums the squares of a = x (+ r) in f32;
+// rstd = 1 / sqrt(sum / hidden + eps). Pass 2 (dynamic only) reduces the absmax of the normalized
+// values z. The last pass recomputes z, writes the residual output (the rounded sum) and
+// q = fp8(z / s). z = round(round(a * rstd) * w), rounded to the element type at each step: the
+// rounding points of the composition `quant(rms_norm(x))`, where the norm's output is stored in
+// x's dtype. The residual is read in every pass and written only in the last, so the residual
+// output may be the residual's own buffer.
+
+// Sums `value` over the work-group in a fixed tree order; every work-item gets the total.
+inline float quant_group_sum(float value, __local float* scratch) {
+    int id = get_local_id(0);
+    scratch[id] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int width = QUANT_GROUP / 2; width > 0; width >>= 1) {
+        if (id < width) scratch[id] += scratch[id + width];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
+__kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm_quant)(
+    __global uchar* q, __global float* scales, __global elem_t* residual_out, __global const elem_t* x,
+    __global const elem_t* r, __global const elem_t* w, long n_rows, int hidden, long x_row_stride, long x_offset,
+    long r_row_stride, long r_offset, long w_offset, float eps, __global const float* scale, long scale_offset,
+    int has_residual, int has_weight, int dynamic, int has_scale, int format) {
+    __local float scratch[QUANT_GROUP];
+    long row = get_group_id(0);
+    int lid = get_local_id(0);
+    __global const elem_t* x_row = x + x_offset + row * x_row_stride;
+    __global const elem_t* r_row = r + r_offset + row * r_row_stride;
+    __global const elem_t* w_row = w + w_offset;
+    __global uchar* q_row = q + row * (long)hidden;
+    __global elem_t* out_row = residual_out + row * (long)hidden;
+
+    float squares = 0.0f;
+    for (long j = lid; j < hidden; j += QUANT_GROUP) {
+        float a = LOAD(x_row, j);
+        if (has_residual) a += LOAD(r_row, j);
+        squares += a * a;
+    }
+    float rstd = 1.0f / sqrt(quant_group_sum(squares, scratch) / (float)hidden + eps);
+
+    // The reduction runs for static calls too (on zeros), so every barrier is reached
+    // unconditionally.
+    float absmax = 0.0f;
+    if (dynamic) {
+        for (long j = lid; j < hidden; j += QUANT_GROUP) {
+            float a = LOAD(x_row, j);
+            if (has_residual) a += LOAD(r_row, j);
+            float z = round_to_elem(a * rstd);
+            if (has_weight) z = round_to_elem(z * LOAD(w_row, j));
+            absmax = fmax(absmax, fabs(z));
+        }
+    }
+    absmax = quant_group_max(absmax, scratch);
+    float s;
+    if (dynamic) {
+        if (has_scale) absmax = fmin(absmax, scale[scale_offset]);
+        float max_finite = fp8_max(format);
+        s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
+        if (lid == 0) scales[row] = s;
+    } else {
+        s = scale[scale_offset];
+    }
+
+    for (long j = lid; j < hidden; j += QUANT_GROUP) {
+        float a = LOAD(x_row, j);
+        if (has_residual) {
+            a += LOAD(r_row, j);
+            STORE(out_row, j, a);
+        }
+        float z = round_to_elem(a * rstd);
+        if (has_weight) z = round_to_elem(z * LOAD(w_row, j));
+        q_row[j] = to_fp8(z / s, format);
+    }
+}
