@@ -32,6 +32,10 @@ enum Step {
     CopyInto(u8, u8),
     /// An explicit in-place `impl fused_add_rms_norm[cpu] writes(0, 1)` in the input graph.
     ImplWrites(u8, u8, bool),
+    /// A norm whose output only an fp8 quantization reads (what `fuse-norm-quant` fuses): x, the
+    /// residual partner, which pair (`rms_norm` + static, `rms_norm` + per-token,
+    /// `fused_add_rms_norm` + static, `fused_add_rms_norm` + per-token: no fused op), the weight.
+    NormQuant(u8, u8, u8, bool),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -49,6 +53,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<u8>().prop_map(Step::Transpose),
         2 => (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Step::CopyInto(a, b)),
         2 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, w)| Step::ImplWrites(a, b, w)),
+        1 => (any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, k, w)| Step::NormQuant(a, b, k, w)),
     ]
 }
 
@@ -78,6 +83,10 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
         })
         .collect();
     let weight = graph.add_input("w", TensorMeta::compact(dtype, &[H]));
+    let scale = graph.add_input("scale", TensorMeta::compact(DType::F32, &[1]));
+    // Quantized results: graph outputs, never operands of later steps (no op but the quantizations
+    // takes 8-bit values).
+    let mut quantized: Vec<ValueId> = Vec::new();
     let pick = |pool: &[ValueId], i: u8| pool[i as usize % pool.len()];
     // Storage roots as R81 defines them, and which roots the caller did not donate.
     let mut roots: std::collections::HashMap<ValueId, ValueId> = std::collections::HashMap::new();
@@ -312,10 +321,60 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 roots.insert(results[1], root_r);
                 pool.extend(results);
             }
+            Step::NormQuant(a, b, k, w) => {
+                let x = pick(&pool, a);
+                let weight_arg =
+                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Value(weight) } else { Arg::None };
+                let normalized_meta = TensorMeta { layout: m(&graph, x).layout.copy_layout(), ..m(&graph, x) };
+                let normalized = if k % 4 < 2 {
+                    let kind = NodeKind::IrCall {
+                        op: graph.op_ref("rms_norm"),
+                        overload: Overload::Default,
+                        args: vec![Arg::Value(x), weight_arg, Arg::F64(1e-6), Arg::None],
+                    };
+                    graph.push(kind, vec![normalized_meta]).1[0]
+                } else {
+                    let same_shape: Vec<ValueId> =
+                        pool.iter().copied().filter(|&v| graph.meta(v).shape() == graph.meta(x).shape()).collect();
+                    let r = pick(&same_shape, b);
+                    let res_meta = TensorMeta {
+                        layout: m(&graph, r).layout.copy_layout(),
+                        dtype: graph.meta(x).dtype,
+                        ..m(&graph, r)
+                    };
+                    let kind = NodeKind::IrCall {
+                        op: graph.op_ref("fused_add_rms_norm"),
+                        overload: Overload::Default,
+                        args: vec![Arg::Value(x), Arg::Value(r), weight_arg, Arg::F64(1e-6), Arg::None],
+                    };
+                    let results = graph.push(kind, vec![normalized_meta, res_meta]).1;
+                    pool.push(results[1]);
+                    results[0]
+                };
+                let shape = graph.meta(normalized).shape().to_vec();
+                let q_meta = TensorMeta::compact(DType::F8E4M3FN, &shape);
+                let (op, args, metas) = if k % 2 == 0 {
+                    let args = vec![Arg::Value(normalized), Arg::Value(scale), Arg::DType(DType::F8E4M3FN)];
+                    ("static_scaled_fp8_quant", args, vec![q_meta])
+                } else {
+                    let mut scales_shape = shape.clone();
+                    *scales_shape.last_mut().expect("rank 2") = 1;
+                    let ub = if w { Arg::Value(scale) } else { Arg::None };
+                    let args = vec![Arg::Value(normalized), ub, Arg::DType(DType::F8E4M3FN)];
+                    (
+                        "dynamic_per_token_scaled_fp8_quant",
+                        args,
+                        vec![q_meta, TensorMeta::compact(DType::F32, &scales_shape)],
+                    )
+                };
+                let kind = NodeKind::IrCall { op: graph.op_ref(op), overload: Overload::Default, args };
+                quantized.extend(graph.push(kind, metas).1);
+            }
         }
     }
     let mut outs: Vec<ValueId> = outputs.iter().filter(|_| !pool.is_empty()).map(|&o| pick(&pool, o)).collect();
     outs.dedup();
+    outs.extend(quantized);
     if outs.is_empty() {
         outs.push(weight);
     }
@@ -328,13 +387,19 @@ fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
 }
 
-fn registry() -> (Registry, [PriorityGuard; 2]) {
+fn registry() -> (Registry, Vec<PriorityGuard>) {
     let registry = Registry::with_builtin_ops();
     kernels_cpu::register(&registry).unwrap();
-    let guards = [
-        registry.override_priority("fused_add_rms_norm", &["cpu", "native"]).unwrap(),
-        registry.override_priority("rms_norm", &["cpu", "native"]).unwrap(),
+    let ops = [
+        "fused_add_rms_norm",
+        "rms_norm",
+        "static_scaled_fp8_quant",
+        "dynamic_per_token_scaled_fp8_quant",
+        "rms_norm_static_fp8_quant",
+        "rms_norm_dynamic_per_token_quant",
+        "fused_add_rms_norm_static_fp8_quant",
     ];
+    let guards = ops.iter().map(|op| registry.override_priority(op, &["cpu", "native"]).unwrap()).collect();
     (registry, guards)
 }
 
@@ -575,6 +640,45 @@ fn the_generator_gives_add_rms_norm_pairs_to_fuse() {
     }
     eprintln!("600 graphs: {fused} add + rms_norm pairs fused, {kept} kept");
     assert!(fused > 0, "the generator makes fusable pairs");
+}
+
+/// The generator's norm + quantization steps give `fuse-norm-quant` pairs to fuse and pairs it must
+/// keep (a per-token quantization after `fused_add_rms_norm` has no fused op), so the pipeline
+/// property above covers the fusion; and the fused graphs run bit for bit like the unfused ones on
+/// the cpu provider.
+#[test]
+fn the_generator_gives_norm_quant_pairs_to_fuse() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    let (registry, _guards) = registry();
+    let cx = PassContext::new(&registry);
+    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let strategy = graphs();
+    let (mut fused, mut kept, mut by_op) = (0, 0, std::collections::BTreeMap::<String, usize>::new());
+    for seed in 0..600u64 {
+        let graph = strategy.new_tree(&mut runner).expect("graphs generate").current();
+        let mut compiled = graph.clone();
+        let report = ir_passes::fuse_norm_quant(&mut compiled, &cx).unwrap();
+        fused += report.fused.len();
+        kept += report.skipped.len();
+        for statement in &report.fused {
+            let op = statement.split(" = ").nth(1).and_then(|rest| rest.split('(').next()).unwrap_or("?");
+            *by_op.entry(op.to_owned()).or_default() += 1;
+        }
+        if report.fused.is_empty() {
+            continue;
+        }
+        ir_graph::verify(&compiled, &registry).unwrap_or_else(|e| panic!("{e}\nbefore:\n{graph}\nafter:\n{compiled}"));
+        let reference = interpret(&graph, &registry, inputs(&graph, seed), InterpOptions::checked()).unwrap();
+        let run = interpret(&compiled, &registry, inputs(&compiled, seed), InterpOptions::checked()).unwrap();
+        for (a, b) in run.outputs.iter().zip(&reference.outputs) {
+            assert!(bit_eq(a, b), "outputs differ\nbefore:\n{graph}\nafter:\n{compiled}");
+        }
+    }
+    eprintln!("600 graphs: {fused} norm + quantization pairs fused ({by_op:?}), {kept} kept");
+    assert_eq!(by_op.len(), 3, "every fused op is made: {by_op:?}");
+    assert!(kept > 0, "the generator makes pairs the pass must keep");
 }
 
 /// The counter-check: the same generator finds graphs where the `unsafe` variant changes results or

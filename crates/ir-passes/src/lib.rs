@@ -13,8 +13,12 @@
 //! - [`fuse_add_rms_norm`](mod@fuse_add_rms_norm): an `add` whose sum an `rms_norm` normalizes
 //!   becomes one `fused_add_rms_norm` (selected by name: it may change the last bit of 16-bit
 //!   results, so the standard pipeline leaves it out).
+//! - [`fuse_norm_quant`](mod@fuse_norm_quant): an fp8 quantization of an RMS norm's output becomes one
+//!   norm + quantization op (in the standard pipeline, right after functionalize: the fused ops'
+//!   semantics are the pair's).
 //!
-//! [`Pipeline::standard`] runs them in that order (DCE twice) and verifies after each pass.
+//! [`Pipeline::standard`] runs functionalize, fuse-norm-quant, dce, lower, eliminate-clones and dce,
+//! and verifies after each pass.
 //!
 //! ```
 //! use ir_graph::parse;
@@ -28,7 +32,7 @@
 //!      }",
 //! )?;
 //! let report = Pipeline::standard().run(&mut graph, &PassContext::new(&registry), None, Snapshots::Skip)?;
-//! assert_eq!(report.runs.len(), 5);
+//! assert_eq!(report.runs.len(), 6);
 //! assert!(graph.to_string().contains("impl fused_add_rms_norm[native] (%x, %r, %w, 1e-6, none)"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -44,6 +48,7 @@ pub mod dce;
 pub mod eliminate_clones;
 pub mod functionalize;
 pub mod fuse_add_rms_norm;
+pub mod fuse_norm_quant;
 pub mod lower;
 pub mod pipeline;
 
@@ -56,6 +61,7 @@ pub use crate::dce::{DceReport, dce};
 pub use crate::eliminate_clones::{CloneReport, KeepReason, KeptCopy, eliminate_clones};
 pub use crate::functionalize::{FunctionalizeReport, functionalize};
 pub use crate::fuse_add_rms_norm::{FuseReport, SkipReason, fuse_add_rms_norm};
+pub use crate::fuse_norm_quant::{NormQuantReport, NormQuantSkip, fuse_norm_quant};
 pub use crate::lower::{LowerReport, Lowered, lower};
 pub use crate::pipeline::{PassName, PassReport, PassRun, Pipeline, PipelineError, PipelineReport, Snapshots};
 pub use ir_graph::OpTable;
@@ -136,7 +142,9 @@ pub enum PassError {
         source: Box<CallError>,
     },
     /// A pass name that does not exist.
-    #[error("unknown pass `{name}` (known: functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm)")]
+    #[error(
+        "unknown pass `{name}` (known: functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm, fuse-norm-quant)"
+    )]
     UnknownPass {
         /// The name.
         name: String,

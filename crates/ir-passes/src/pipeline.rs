@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use ir_graph::{Graph, VerifyError, verify};
 
 use crate::{
-    CloneReport, DceReport, FunctionalizeReport, FuseReport, LowerReport, PassContext, PassError, dce,
-    eliminate_clones, functionalize, fuse_add_rms_norm, lower,
+    CloneReport, DceReport, FunctionalizeReport, FuseReport, LowerReport, NormQuantReport, PassContext, PassError, dce,
+    eliminate_clones, functionalize, fuse_add_rms_norm, fuse_norm_quant, lower,
 };
 
 /// A pass the pipeline can run.
@@ -26,6 +26,8 @@ pub enum PassName {
     EliminateClones,
     /// `fuse-add-rms-norm`.
     FuseAddRmsNorm,
+    /// `fuse-norm-quant`.
+    FuseNormQuant,
 }
 
 impl PassName {
@@ -37,6 +39,7 @@ impl PassName {
             PassName::Lower => "lower",
             PassName::EliminateClones => "eliminate-clones",
             PassName::FuseAddRmsNorm => "fuse-add-rms-norm",
+            PassName::FuseNormQuant => "fuse-norm-quant",
         }
     }
 }
@@ -57,6 +60,7 @@ impl FromStr for PassName {
             "lower" => Ok(PassName::Lower),
             "eliminate-clones" => Ok(PassName::EliminateClones),
             "fuse-add-rms-norm" => Ok(PassName::FuseAddRmsNorm),
+            "fuse-norm-quant" => Ok(PassName::FuseNormQuant),
             other => Err(PassError::UnknownPass { name: other.to_owned() }),
         }
     }
@@ -75,6 +79,8 @@ pub enum PassReport {
     EliminateClones(CloneReport),
     /// From `fuse-add-rms-norm`.
     FuseAddRmsNorm(FuseReport),
+    /// From `fuse-norm-quant`.
+    FuseNormQuant(NormQuantReport),
 }
 
 impl fmt::Display for PassReport {
@@ -85,6 +91,7 @@ impl fmt::Display for PassReport {
             PassReport::Lower(r) => r.fmt(f),
             PassReport::EliminateClones(r) => r.fmt(f),
             PassReport::FuseAddRmsNorm(r) => r.fmt(f),
+            PassReport::FuseNormQuant(r) => r.fmt(f),
         }
     }
 }
@@ -174,11 +181,12 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// The standard pipeline: functionalize → dce → lower → eliminate-clones → dce.
+    /// The standard pipeline: functionalize → fuse-norm-quant → dce → lower → eliminate-clones → dce.
     pub fn standard() -> Pipeline {
         Pipeline {
             passes: vec![
                 PassName::Functionalize,
+                PassName::FuseNormQuant,
                 PassName::Dce,
                 PassName::Lower,
                 PassName::EliminateClones,
@@ -219,6 +227,7 @@ impl Pipeline {
                 PassName::Lower => lower(graph, cx).map(PassReport::Lower),
                 PassName::EliminateClones => eliminate_clones(graph, cx).map(PassReport::EliminateClones),
                 PassName::FuseAddRmsNorm => fuse_add_rms_norm(graph, cx).map(PassReport::FuseAddRmsNorm),
+                PassName::FuseNormQuant => fuse_norm_quant(graph, cx).map(PassReport::FuseNormQuant),
             };
             let duration = started.elapsed();
             let file = format!("{:02}-{pass}.ir", i + 1);

@@ -1,0 +1,333 @@
+//! Norm + quantization fusion: an fp8 quantization whose input is an RMS norm's output, and that
+//! output's only reader, becomes one norm + quantization call, so the normalized row is never
+//! written to memory. Three pairs have a fused op:
+//!
+//! | norm | quantization | fused op (results) |
+//! |---|---|---|
+//! | `rms_norm` | `static_scaled_fp8_quant` | `rms_norm_static_fp8_quant` (`q`) |
+//! | `rms_norm` | `dynamic_per_token_scaled_fp8_quant` | `rms_norm_dynamic_per_token_quant` (`q`, `scales`) |
+//! | `fused_add_rms_norm` | `static_scaled_fp8_quant` | `fused_add_rms_norm_static_fp8_quant` (`residual_out`, `q`) |
+//!
+//! ```text
+//! %o = rms_norm(%x, %w, 1e-6, none) : bf16[8,16]                 %q2 = rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn)
+//! %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[8,16]  →      : f8e4m3fn[8,16]
+//! output(%q)                                                      output(%q2)
+//! ```
+//!
+//! Notation: `o` is the norm's normalized output, `q` the quantization's call. The pass matches
+//! functional calls only: it runs after `functionalize` in the standard pipeline (a `maybe_inplace`
+//! norm is reported and kept).
+//!
+//! # When a candidate is fused
+//!
+//! Every functional quantization whose input is a norm's normalized output is a candidate. It is
+//! fused when all of these hold, and otherwise reported with the first that fails
+//! ([`NormQuantSkip`]):
+//!
+//! - **The norm is functional** ([`NormQuantSkip::Donated`]).
+//! - **A fused op exists** ([`NormQuantSkip::NoFusedOp`]): `fused_add_rms_norm` followed by a
+//!   per-token quantization has none.
+//! - **No `variance_size`** ([`NormQuantSkip::VarianceSize`]): the fused ops normalize whole rows.
+//! - **The quantization is `o`'s only reader** ([`NormQuantSkip::OtherReaders`]): another reader,
+//!   the graph's output included, needs `o` in memory, so fusing would compute the norm twice.
+//!   ```text
+//!   %o = rms_norm(%x, none, 1e-6, none) : f32[2,8]
+//!   %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[2,8]
+//!   output(%q, %o)                          // o is an output: kept as is
+//!   ```
+//! - **A place for the fused call** ([`NormQuantSkip::NoPlace`]): it takes the quantization's place
+//!   when nothing reads the norm's residual output before it, else the norm's place when the
+//!   quantization's scale is defined before the norm; otherwise the pair stays.
+//! - **Nothing is written between them** ([`NormQuantSkip::WriteBetween`]): one of the two calls
+//!   moves to the other's place, so a write in between could change what it reads.
+//! - **The fused op gives the same metadata** ([`NormQuantSkip::Metadata`]): its results must have
+//!   the dtype, device and layout of the values they replace (a norm of a strided view returns a
+//!   compact output either way; the fused op's predicate-free meta function is the judge).
+//!
+//! # Rounding
+//!
+//! Each fused op's semantics are the composition of the pair (the norm's output rounded to x's
+//! dtype, then quantized), so the pass changes no result of the reference; the cpu provider's fused
+//! kernels are its unfused kernels composed, bit for bit. A GPU provider's fused kernel sums the
+//! squares in another order than its norm kernel may, so on a GPU the fused result can differ from
+//! the unfused pair's by one step of the fp8 format (the ops' tolerance), as two providers may.
+//!
+//! ```
+//! use ir_graph::parse;
+//! use ir_passes::{PassContext, fuse_norm_quant};
+//!
+//! let mut graph = parse(
+//!     "graph g(%x: f32[2,8], %w: f32[8], %s: f32[1]) {
+//!        %o = rms_norm(%x, %w, 1e-6, none) : f32[2,8]
+//!        %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[2,8]
+//!        output(%q)
+//!      }",
+//! )?;
+//! let registry = ir_core::Registry::with_builtin_ops();
+//! let report = fuse_norm_quant(&mut graph, &PassContext::new(&registry))?;
+//! assert_eq!(report.fused.len(), 1);
+//! assert!(graph.to_string().contains("= rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn) : f8e4m3fn[2,8]"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+
+use cranelift_entity::{EntitySet, SecondaryMap};
+use ir_core::op::Overload;
+use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
+
+use crate::analysis::written_values;
+use crate::{PassContext, PassError};
+
+/// Why a candidate pair was left unfused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NormQuantSkip {
+    /// The norm is a `maybe_inplace` call (functionalize runs first in the standard pipeline).
+    Donated,
+    /// No fused op exists for this norm and quantization.
+    NoFusedOp,
+    /// The norm has a `variance_size`, which the fused ops do not take.
+    VarianceSize,
+    /// The normalized output has another reader (or is a graph output).
+    OtherReaders,
+    /// The residual output is read before the quantization, whose scale is defined after the norm.
+    NoPlace,
+    /// A node between the norm and the quantization writes a value.
+    WriteBetween,
+    /// The fused op's results would not have the replaced values' metadata (or it rejects them).
+    Metadata(String),
+}
+
+impl fmt::Display for NormQuantSkip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NormQuantSkip::Donated => f.write_str("the norm is a maybe_inplace call"),
+            NormQuantSkip::NoFusedOp => f.write_str("no fused op exists for this norm and quantization"),
+            NormQuantSkip::VarianceSize => f.write_str("the norm has a variance_size"),
+            NormQuantSkip::OtherReaders => f.write_str("the normalized output has another reader"),
+            NormQuantSkip::NoPlace => f.write_str(
+                "the residual output is read before the quantization, whose scale is defined after the norm",
+            ),
+            NormQuantSkip::WriteBetween => f.write_str("a node between the norm and the quantization writes a value"),
+            NormQuantSkip::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
+        }
+    }
+}
+
+/// What the fusion did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NormQuantReport {
+    /// The fused calls, printed.
+    pub fused: Vec<String>,
+    /// The candidates left alone: the quantization's statement, printed, and why.
+    pub skipped: Vec<(String, NormQuantSkip)>,
+}
+
+impl fmt::Display for NormQuantReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fused {} norm + quantization pair(s)", self.fused.len())?;
+        for (statement, reason) in &self.skipped {
+            write!(f, "; kept `{statement}`: {reason}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A norm, a quantization and their fused op.
+struct Pattern {
+    norm: &'static str,
+    quant: &'static str,
+    fused: &'static str,
+}
+
+/// The pairs with a fused op.
+const PATTERNS: [Pattern; 3] = [
+    Pattern { norm: "rms_norm", quant: "static_scaled_fp8_quant", fused: "rms_norm_static_fp8_quant" },
+    Pattern {
+        norm: "rms_norm",
+        quant: "dynamic_per_token_scaled_fp8_quant",
+        fused: "rms_norm_dynamic_per_token_quant",
+    },
+    Pattern {
+        norm: "fused_add_rms_norm",
+        quant: "static_scaled_fp8_quant",
+        fused: "fused_add_rms_norm_static_fp8_quant",
+    },
+];
+
+const NORMS: [&str; 2] = ["rms_norm", "fused_add_rms_norm"];
+const QUANTS: [&str; 2] = ["static_scaled_fp8_quant", "dynamic_per_token_scaled_fp8_quant"];
+
+/// One fusion decided on the unmodified graph.
+struct Fusion {
+    norm: NodeId,
+    quant: NodeId,
+    /// The node the fused call goes right before.
+    anchor: NodeId,
+    fused: &'static str,
+    /// The norm's arguments without `variance_size`, then the quantization's after its input.
+    args: Vec<Arg>,
+    /// The values the fused call's results replace, in its result order.
+    replaced: Vec<ValueId>,
+}
+
+/// Fuses every norm + quantization pair the [module documentation](self) allows.
+///
+/// Linear: one pass decides every fusion on the unmodified graph (positions, use lists and a prefix
+/// count of writing nodes answer each rule in constant time per use), one more rewrites the uses.
+pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQuantReport, PassError> {
+    let _span = tracing::info_span!("pass", name = "fuse-norm-quant").entered();
+    let mut report = NormQuantReport::default();
+    let ops = OpTable::compute(graph, cx.registry);
+    let positions = graph.positions();
+    let uses = graph.use_lists();
+    // writes_before[i]: how many of the first i nodes of the order write a value.
+    let mut writes_before = Vec::with_capacity(graph.order().len() + 1);
+    writes_before.push(0u32);
+    for &node in graph.order() {
+        let writes = u32::from(!written_values(graph, &ops, node).is_empty());
+        writes_before.push(writes_before.last().copied().unwrap_or(0) + writes);
+    }
+
+    let mut fusions = Vec::new();
+    for &quant in graph.order() {
+        let NodeKind::IrCall { op, overload: Overload::Default, args: quant_args } = &graph.node(quant).kind else {
+            continue;
+        };
+        let quant_name = graph.op_name(*op);
+        if !QUANTS.contains(&quant_name) {
+            continue;
+        }
+        let Some(Arg::Value(normalized)) = quant_args.first() else { continue };
+        let norm = graph.value(*normalized).def;
+        let NodeKind::IrCall { op: norm_op, overload, args: norm_args } = &graph.node(norm).kind else { continue };
+        let norm_name = graph.op_name(*norm_op);
+        let is_normalized_output = graph.node(norm).results.first() == Some(normalized);
+        if !NORMS.contains(&norm_name) || !is_normalized_output {
+            continue;
+        }
+        let statement = graph.display_node(quant);
+        let skip = |reason| (statement.clone(), reason);
+        if *overload != Overload::Default {
+            report.skipped.push(skip(NormQuantSkip::Donated));
+            continue;
+        }
+        let Some(pattern) = PATTERNS.iter().find(|p| p.norm == norm_name && p.quant == quant_name) else {
+            report.skipped.push(skip(NormQuantSkip::NoFusedOp));
+            continue;
+        };
+        // The norms' last parameter is `variance_size`.
+        let variance_size = norm_args.len() == norm_op_params(cx, norm_name)?;
+        let has_variance = variance_size && !matches!(norm_args.last(), Some(Arg::None));
+        if has_variance {
+            report.skipped.push(skip(NormQuantSkip::VarianceSize));
+            continue;
+        }
+        let quant_scalars = &quant_args[1..];
+        let read_by_scalars = quant_scalars.iter().any(|a| matches!(a, Arg::Value(v) if v == normalized));
+        if uses[*normalized].iter().any(|&user| user != quant) || read_by_scalars {
+            report.skipped.push(skip(NormQuantSkip::OtherReaders));
+            continue;
+        }
+        let (norm_at, quant_at) = (positions[norm] as usize, positions[quant] as usize);
+        let residual_read_first = graph.node(norm).results[1..]
+            .iter()
+            .any(|&r| uses[r].iter().any(|&user| (positions[user] as usize) < quant_at));
+        let anchor = if !residual_read_first {
+            quant
+        } else if quant_scalars.iter().all(|arg| match arg {
+            Arg::Value(v) => (positions[graph.value(*v).def] as usize) < norm_at,
+            _ => true,
+        }) {
+            norm
+        } else {
+            report.skipped.push(skip(NormQuantSkip::NoPlace));
+            continue;
+        };
+        if writes_before[quant_at] - writes_before[norm_at + 1] > 0 {
+            report.skipped.push(skip(NormQuantSkip::WriteBetween));
+            continue;
+        }
+        let kept = if variance_size { norm_args.len() - 1 } else { norm_args.len() };
+        let mut args: Vec<Arg> = norm_args[..kept].to_vec();
+        args.extend(quant_scalars.iter().cloned());
+        let quant_results = &graph.node(quant).results;
+        let replaced: Vec<ValueId> = match pattern.norm {
+            "fused_add_rms_norm" => {
+                std::iter::once(graph.node(norm).results[1]).chain(quant_results.iter().copied()).collect()
+            }
+            _ => quant_results.to_vec(),
+        };
+        if let Err(why) = same_metadata(graph, cx, pattern.fused, &args, &replaced) {
+            report.skipped.push(skip(NormQuantSkip::Metadata(why)));
+            continue;
+        }
+        fusions.push(Fusion { norm, quant, anchor, fused: pattern.fused, args, replaced });
+    }
+    if fusions.is_empty() {
+        return Ok(report);
+    }
+
+    let mut replacement: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::new();
+    let mut placements = Vec::with_capacity(fusions.len());
+    let mut removed = EntitySet::new();
+    let mut created = Vec::with_capacity(fusions.len());
+    for fusion in fusions {
+        let metas = fusion.replaced.iter().map(|&v| graph.meta(v).clone()).collect();
+        let op = graph.op_ref(fusion.fused);
+        let kind = NodeKind::IrCall { op, overload: Overload::Default, args: fusion.args };
+        let (node, results) = graph.create_detached(kind, metas);
+        for (&old, &new) in fusion.replaced.iter().zip(&results) {
+            replacement[old] = Some(new);
+        }
+        placements.push((fusion.anchor, node));
+        removed.insert(fusion.norm);
+        removed.insert(fusion.quant);
+        created.push(node);
+    }
+    graph.insert_detached_before(&placements);
+    graph.remove_nodes(&removed);
+    let order = graph.order().to_vec();
+    for node in order {
+        let mut operands = graph.node(node).kind.operands();
+        operands.sort_unstable();
+        operands.dedup();
+        for old in operands {
+            if let Some(new) = replacement[old] {
+                graph.node_mut(node).kind.replace_operand(old, new);
+            }
+        }
+    }
+    report.fused = created.iter().map(|&node| graph.display_node(node)).collect();
+    tracing::debug!(target: "ir_passes::fuse_norm_quant", %report, "fused");
+    Ok(report)
+}
+
+/// The number of parameters of the norm `name` (its last is `variance_size`).
+fn norm_op_params(cx: &PassContext<'_>, name: &str) -> Result<usize, PassError> {
+    let def = cx.registry.op_def(name).ok_or_else(|| PassError::UnknownOp { op: name.to_owned() })?;
+    Ok(def.params.len())
+}
+
+/// Whether the fused op `fused`, bound to `args`, gives exactly the metadata of `replaced`.
+fn same_metadata(
+    graph: &Graph,
+    cx: &PassContext<'_>,
+    fused: &str,
+    args: &[Arg],
+    replaced: &[ValueId],
+) -> Result<(), String> {
+    let def = cx.registry.op_def(fused).ok_or_else(|| format!("the registry does not define `{fused}`"))?;
+    let metas = args.iter().map(|arg| graph.arg_meta(arg)).collect();
+    let outputs = def.output_metas(metas).map_err(|e| e.to_string())?;
+    if outputs.len() != replaced.len() {
+        return Err(format!("it has {} results, not {}", outputs.len(), replaced.len()));
+    }
+    for (index, (got, &value)) in outputs.iter().zip(replaced).enumerate() {
+        let want = graph.meta(value);
+        if got != want {
+            return Err(format!("its result {index} would be {got}, not {want}"));
+        }
+    }
+    Ok(())
+}
