@@ -511,3 +511,63 @@ fn fp8_quantization_is_bit_exact_on_every_provider() {
         }
     }
 }
+
+/// The fused add + norm + quantization writes the residual into a donated residual's storage and
+/// `q` into a fresh tensor; called functionally, it leaves the residual as it was. Both give the
+/// same bits.
+#[test]
+fn the_fused_quantization_writes_the_residual_in_place_only_when_donated() {
+    use ir_core::op::fused_add_rms_norm_static_fp8_quant::{
+        fused_add_rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant_maybe_inplace,
+    };
+    let registry = ir_core::Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).unwrap();
+    let _guard = registry.override_priority("fused_add_rms_norm_static_fp8_quant", &["cpu"]).unwrap();
+    let host = case(DType::BF16, 5, 96, 3);
+    let scale = Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap();
+    let kept = host.residual.deep_clone().unwrap();
+    let (residual_out, q) = fused_add_rms_norm_static_fp8_quant(
+        &registry,
+        &host.x,
+        &kept,
+        Some(&host.weight),
+        EPS,
+        &scale,
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    assert!(bit_eq(&kept, &host.residual), "the functional call leaves the residual as it was");
+    assert!(!shares_storage(&residual_out, &kept));
+
+    let donated = host.residual.deep_clone().unwrap();
+    let storage = donated.storage_id();
+    let (in_place, q2) = fused_add_rms_norm_static_fp8_quant_maybe_inplace(
+        &registry,
+        &host.x,
+        donated,
+        Some(&host.weight),
+        EPS,
+        &scale,
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    assert_eq!(in_place.storage_id(), storage, "the residual output is written into the donated residual");
+    assert_ne!(q2.storage_id(), storage, "q is fresh");
+    assert!(bit_eq(&in_place, &residual_out) && bit_eq(&q2, &q), "both forms give the same bits");
+    let (native_residual, native_q) = ir_core::op::fused_add_rms_norm_static_fp8_quant::native(
+        &host.x,
+        &host.residual,
+        Some(&host.weight),
+        EPS,
+        &scale,
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    assert!(bit_eq(&in_place, &native_residual), "the residual output is bit-exact");
+    let tol = tolerance(
+        &ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    allclose(&q2, &native_q, tol.atol, tol.rtol).unwrap();
+}

@@ -348,9 +348,7 @@ pub fn register_norm_quant_ops(
             Ok((done.q, scales))
         },
     )?;
-    fused_add_rms_norm_static_fp8_quant::register(
-        registry,
-        with(fused_add_rms_norm_static_fp8_quant_support),
+    let fused = fused_add_rms_norm_static_fp8_quant::Impl::functional(
         move |x, x_residual, weight, epsilon, scale, out_dtype| {
             let call = NormQuantCall {
                 x,
@@ -365,7 +363,8 @@ pub fn register_norm_quant_ops(
             let residual_out = done.residual_out.ok_or_else(|| missing_output("residual_out"))?;
             Ok((residual_out, done.q))
         },
-    )
+    );
+    fused_add_rms_norm_static_fp8_quant::register(registry, with(fused_add_rms_norm_static_fp8_quant_support), fused)
 }
 
 fn missing_output(name: &str) -> KernelError {

@@ -71,6 +71,9 @@ static UNKNOWN_ACT: OpDef = op("unknown_act", TWO_TENSORS, 1, Activations::Expli
 static OPTIONAL_ACT: OpDef = op("optional_act", TWO_TENSORS, 1, Activations::Explicit(&["maybe"]), false);
 static SCALAR_ACT: OpDef = op("scalar_act", TWO_TENSORS, 1, Activations::Explicit(&["eps"]), false);
 static BAD_ARITY: OpDef = op("bad_arity", TWO_TENSORS, 1, Activations::Explicit(&["x", "y"]), true);
+/// In place with no activation: nothing to write into.
+static NO_ACT_INPLACE: OpDef =
+    op("no_act_inplace", &[ParamDef { name: "y", kind: ParamKind::Tensor, default: None }], 1, Activations::Default, true);
 static NO_OUTPUTS: OpDef = op("no_outputs", &[X], 0, Activations::Default, false);
 
 #[test]
@@ -125,6 +128,10 @@ fn activations() {
     assert!(matches!(err, RegistryError::ActivationNotTensor { kind: ParamKind::F64, .. }), "{err}");
     let err = registry.define_op(&BAD_ARITY).unwrap_err();
     assert_eq!(err, RegistryError::InplaceArity { op: "bad_arity".into(), outputs: 1, activations: 2 });
+    let err = registry.define_op(&NO_ACT_INPLACE).unwrap_err();
+    assert_eq!(err, RegistryError::InplaceArity { op: "no_act_inplace".into(), outputs: 1, activations: 0 });
+    // Fewer activations than outputs: the first outputs are written in place, the rest are fresh.
+    assert_eq!(registry.activations("fused_add_rms_norm_static_fp8_quant"), Some(vec![1]));
     assert!(matches!(registry.define_op(&NO_OUTPUTS), Err(RegistryError::NoOutputs { .. })));
     assert!(registry.op_def("bad_arity").is_none(), "a failed definition leaves nothing behind");
 }

@@ -256,19 +256,26 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
                 let known: Vec<&str> = registry.providers(op).iter().map(|p| p.name).collect();
                 format!("provider `{provider}` is not registered for `{op}` (known: {})", known.join(", "))
             })?;
-            let expected = lookups.op_outputs(graph, *op_ref, args)?;
             if !inplace {
+                let expected = lookups.op_outputs(graph, *op_ref, args)?;
                 if !writes.is_empty() {
                     return Err(format!("provider `{provider}` of `{op}` is not inplace, so it writes nothing"));
                 }
                 return check_results(graph, results, expected);
             }
-            let activations = lookups.ops.activations(*op_ref);
-            if writes != activations {
+            let activations = lookups.ops.activations(*op_ref).to_vec();
+            let expected = lookups.op_outputs(graph, *op_ref, args)?;
+            if *writes != activations {
                 return Err(format!("inplace provider `{provider}` of `{op}` writes {activations:?}, not {writes:?}"));
             }
-            if results.len() != writes.len() {
-                return Err(format!("expected {} results, found {}", writes.len(), results.len()));
+            // Result i is written into argument writes[i]; results after the written ones are fresh.
+            if results.len() != expected.len() {
+                return Err(format!("expected {} results, found {}", expected.len(), results.len()));
+            }
+            for (i, want) in expected.iter().enumerate().skip(writes.len()) {
+                if meta(results[i]) != want {
+                    return Err(format!("result {i} has type {} but the op gives {want}", meta(results[i])));
+                }
             }
             for (i, &position) in writes.iter().enumerate() {
                 let Some(Arg::Value(written)) = args.get(position) else {

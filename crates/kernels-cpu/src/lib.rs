@@ -76,7 +76,7 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     ir_core::op::fused_add_rms_norm_static_fp8_quant::register(
         registry,
         spec(kernel::fused_add_rms_norm_static_fp8_quant_support),
-        quant::fused_add_rms_norm_static_fp8_quant_cpu,
+        ir_core::op::fused_add_rms_norm_static_fp8_quant::Impl::inplace(quant::fused_add_rms_norm_static_fp8_quant_cpu),
     )?;
     Ok(())
 }

@@ -11,7 +11,8 @@
 use ir_core::kernel::{Rows, host_scale, per_token_scales_shape, quant_support};
 use ir_core::op::quant::min_scale;
 use ir_core::storage::CpuBuffer;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor};
+use ir_core::storage::Storage;
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor, UniqueTensor};
 use rayon::prelude::*;
 
 use crate::element::CpuElement;
@@ -34,7 +35,7 @@ enum RowScale {
 /// `static_scaled_fp8_quant` on the cpu: a fresh compact output in `out_dtype`.
 pub fn static_scaled_fp8_quant_cpu(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
     let scale = host_scale(scale, "scale")?;
-    Ok(quantize(x, None, RowScale::Static(scale), out_dtype)?.q)
+    Ok(quantize(x, None, None, RowScale::Static(scale), out_dtype)?.q)
 }
 
 /// `dynamic_per_token_scaled_fp8_quant` on the cpu: fresh compact `(q, scales)`.
@@ -43,7 +44,7 @@ pub fn dynamic_per_token_scaled_fp8_quant_cpu(
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let done = quantize(x, None, dynamic_scale(scale_ub, out_dtype)?, out_dtype)?;
+    let done = quantize(x, None, None, dynamic_scale(scale_ub, out_dtype)?, out_dtype)?;
     Ok((done.q, done.scales))
 }
 
@@ -56,8 +57,8 @@ pub fn rms_norm_static_fp8_quant_cpu(
     scale: &Tensor,
     out_dtype: DType,
 ) -> Result<Tensor, KernelError> {
-    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32, residual: None };
-    Ok(quantize(x, Some(norm), RowScale::Static(host_scale(scale, "scale")?), out_dtype)?.q)
+    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32 };
+    Ok(quantize(x, Some(norm), None, RowScale::Static(host_scale(scale, "scale")?), out_dtype)?.q)
 }
 
 /// `rms_norm_dynamic_per_token_quant` on the cpu: fresh compact `(q, scales)`.
@@ -68,27 +69,35 @@ pub fn rms_norm_dynamic_per_token_quant_cpu(
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32, residual: None };
-    let done = quantize(x, Some(norm), dynamic_scale(scale_ub, out_dtype)?, out_dtype)?;
+    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32 };
+    let done = quantize(x, Some(norm), None, dynamic_scale(scale_ub, out_dtype)?, out_dtype)?;
     Ok((done.q, done.scales))
 }
 
-/// `fused_add_rms_norm_static_fp8_quant` on the cpu: fresh compact `(residual_out, q)`, each row
-/// added, normalized and quantized in one pass (the cpu `fused_add_rms_norm` row).
+/// `fused_add_rms_norm_static_fp8_quant` on the cpu, in place on the residual: each row is added,
+/// its sum written back into `x_residual` (the residual output, in the residual's layout),
+/// normalized and quantized in one pass (the cpu `fused_add_rms_norm` row). Returns
+/// `(residual_out, q)`, `q` fresh and compact.
 pub fn fused_add_rms_norm_static_fp8_quant_cpu(
     x: &Tensor,
-    x_residual: &Tensor,
+    mut x_residual: UniqueTensor,
     weight: Option<&Tensor>,
     epsilon: f64,
     scale: &Tensor,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    if x_residual.dtype() != x.dtype() {
-        return Err(crate::unsupported_dtype(x_residual.dtype()));
+    let r_meta = x_residual.tensor().meta().clone();
+    if r_meta.dtype != x.dtype() || r_meta.shape() != x.shape() {
+        return Err(KernelError::InvalidArguments {
+            reason: "x_residual must have x's shape and dtype for the in-place cpu kernel".to_owned(),
+        });
     }
-    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32, residual: Some(x_residual) };
-    let done = quantize(x, Some(norm), RowScale::Static(host_scale(scale, "scale")?), out_dtype)?;
-    Ok((done.residual_out.expect("a residual was given"), done.q))
+    let r_rows = Rows::for_kernel(&r_meta)?;
+    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32 };
+    let scale = RowScale::Static(host_scale(scale, "scale")?);
+    let Storage::Cpu(r_buffer) = x_residual.storage_mut()? else { return Err(crate::not_on_cpu("x_residual")) };
+    let done = quantize(x, Some(norm), Some((r_buffer, r_rows)), scale, out_dtype)?;
+    Ok((x_residual.into_tensor(), done.q))
 }
 
 /// An fp8 format's parameters and its branch-free conversion from f32.
@@ -157,40 +166,34 @@ fn dynamic_scale(scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<RowScale
     Ok(RowScale::Dynamic { ub, max, floor: min_scale(out_dtype) })
 }
 
-/// The norm in front of a fused quantization: the weight in f32, epsilon, and the residual of the
-/// fused-add form.
-struct Norm<'a> {
+/// The norm in front of a fused quantization: the weight in f32 and epsilon.
+struct Norm {
     weight: Option<Vec<f32>>,
     eps: f32,
-    residual: Option<&'a Tensor>,
 }
 
-/// What [`quantize`] produces: `q`, the per-row scales (a static call's scale per row), and the
-/// fused-add form's residual output.
+/// What [`quantize`] produces: `q` and the per-row scales (a static call's scale per row).
 struct Quantized {
     q: Tensor,
     scales: Tensor,
-    residual_out: Option<Tensor>,
 }
 
-/// Quantizes x's rows, normalized first when `norm` is given.
-fn quantize(x: &Tensor, norm: Option<Norm<'_>>, scale: RowScale, out_dtype: DType) -> Result<Quantized, KernelError> {
+/// Quantizes x's rows, normalized first when `norm` is given, after adding the residual rows (which
+/// then receive the sum, in place) when `residual` is given.
+fn quantize(
+    x: &Tensor,
+    norm: Option<Norm>,
+    residual: Option<(&mut CpuBuffer, Rows)>,
+    scale: RowScale,
+    out_dtype: DType,
+) -> Result<Quantized, KernelError> {
     let rows = Rows::for_kernel(x.meta())?;
     let mut q = Tensor::zeros(out_dtype, x.shape())?;
     let mut scales = Tensor::zeros(DType::F32, &per_token_scales_shape(x.shape()))?;
-    let residual = norm.as_ref().and_then(|n| n.residual);
-    let mut residual_out = residual.map(|_| Tensor::zeros(x.dtype(), x.shape())).transpose()?;
     if rows.n_rows > 0 {
-        let residual_rows = residual.map(|r| Rows::for_kernel(r.meta())).transpose()?;
         let inputs = RowInputs {
             x: x.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x"))?,
             rows,
-            residual: match (residual, residual_rows) {
-                (Some(r), Some(r_rows)) => {
-                    Some((r.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x_residual"))?, r_rows))
-                }
-                _ => None,
-            },
             weight: norm.as_ref().and_then(|n| n.weight.as_deref()),
             eps: norm.as_ref().map(|n| n.eps),
             scale,
@@ -198,10 +201,7 @@ fn quantize(x: &Tensor, norm: Option<Norm<'_>>, scale: RowScale, out_dtype: DTyp
         let outputs = RowOutputs {
             q: q.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("q"))?,
             scales: scales.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("scales"))?,
-            residual_out: match residual_out.as_mut() {
-                Some(r) => Some(r.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("residual_out"))?),
-                None => None,
-            },
+            residual,
         };
         match (x.dtype(), out_dtype) {
             (DType::F32, DType::F8E4M3FN) => rows_of::<f32, E4M3>(inputs, outputs),
@@ -214,25 +214,25 @@ fn quantize(x: &Tensor, norm: Option<Norm<'_>>, scale: RowScale, out_dtype: DTyp
             (other, _) => return Err(crate::unsupported_dtype(other)),
         }
     }
-    Ok(Quantized { q, scales, residual_out })
+    Ok(Quantized { q, scales })
 }
 
-/// The read side of a quantization call: x's rows, the residual's, the norm's parameters (a norm
-/// runs when `eps` is given) and the scale.
+/// The read side of a quantization call: x's rows, the norm's parameters (a norm runs when `eps`
+/// is given) and the scale.
 struct RowInputs<'a> {
     x: &'a CpuBuffer,
     rows: Rows,
-    residual: Option<(&'a CpuBuffer, Rows)>,
     weight: Option<&'a [f32]>,
     eps: Option<f32>,
     scale: RowScale,
 }
 
-/// The write side: q (compact rows), one scale per row, and the residual output (compact rows).
+/// The write side: q (compact rows), one scale per row, and the residual (read, then written with
+/// the sum, in its own rows).
 struct RowOutputs<'a> {
     q: &'a mut CpuBuffer,
     scales: &'a mut CpuBuffer,
-    residual_out: Option<&'a mut CpuBuffer>,
+    residual: Option<(&'a mut CpuBuffer, Rows)>,
 }
 
 /// Per-task scratch: two f32 rows and one row of the element type.
@@ -249,7 +249,7 @@ impl<T: CpuElement> Scratch<T> {
 }
 
 fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>) {
-    let RowInputs { x, rows, residual, weight, eps, scale } = inputs;
+    let RowInputs { x, rows, weight, eps, scale } = inputs;
     let hidden = rows.hidden;
     let scales = &mut outputs.scales.typed_mut::<f32>()[..rows.n_rows];
     if hidden == 0 {
@@ -257,34 +257,32 @@ fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>
         return;
     }
     let x_data = &x.typed::<T>()[rows.offset..rows.offset + rows.span()];
-    let residual_data =
-        residual.map(|(r, r_rows)| (&r.typed::<T>()[r_rows.offset..r_rows.offset + r_rows.span()], r_rows));
     let q_data = &mut outputs.q.typed_mut::<u8>()[..rows.n_rows * hidden];
-    let mut residual_out = outputs.residual_out.map(|r| &mut r.typed_mut::<T>()[..rows.n_rows * hidden]);
-    let task = |scratch: &mut Scratch<T>, index: usize, q_row: &mut [u8], s: &mut f32, r_out: Option<&mut [T]>| {
+    let residual = outputs
+        .residual
+        .map(|(r, r_rows)| (&mut r.typed_mut::<T>()[r_rows.offset..r_rows.offset + r_rows.span()], r_rows.row_stride));
+    let task = |scratch: &mut Scratch<T>, index: usize, q_row: &mut [u8], s: &mut f32, r: Option<&mut [T]>| {
         let x_row = &x_data[index * rows.row_stride..][..hidden];
-        let row = match (eps, residual_data, r_out) {
-            (None, ..) => Row::Plain(x_row),
-            (Some(eps), Some((r, r_rows)), Some(r_out)) => {
-                Row::Fused { x: x_row, r: &r[index * r_rows.row_stride..][..hidden], r_out, weight, eps }
-            }
-            (Some(eps), ..) => Row::Norm { x: x_row, weight, eps },
+        let row = match (eps, r) {
+            (None, _) => Row::Plain(x_row),
+            (Some(eps), Some(r)) => Row::Fused { x: x_row, r: &mut r[..hidden], weight, eps },
+            (Some(eps), None) => Row::Norm { x: x_row, weight, eps },
         };
         *s = quantize_row::<T, Q>(row, scratch, scale, q_row);
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if rows.n_rows <= per_task {
         let mut scratch = Scratch::new(hidden);
-        let mut r_chunks = residual_out.as_mut().map(|r| r.chunks_mut(hidden));
+        let mut r_chunks = residual.map(|(r, stride)| r.chunks_mut(stride));
         for (index, (q_row, s)) in q_data.chunks_mut(hidden).zip(scales.iter_mut()).enumerate() {
-            let r_out = r_chunks.as_mut().and_then(Iterator::next);
-            task(&mut scratch, index, q_row, s, r_out);
+            let r = r_chunks.as_mut().and_then(Iterator::next);
+            task(&mut scratch, index, q_row, s, r);
         }
         return;
     }
     tracing::debug!(target: "kernels_cpu", rows = rows.n_rows, per_task, "fp8 quantization split across threads");
-    let r_chunks = match residual_out {
-        Some(r) => rayon::iter::Either::Left(r.par_chunks_mut(hidden).map(Some)),
+    let r_chunks = match residual {
+        Some((r, stride)) => rayon::iter::Either::Left(r.par_chunks_mut(stride).map(Some)),
         None => rayon::iter::Either::Right((0..rows.n_rows).into_par_iter().map(|_| None)),
     };
     q_data
@@ -293,10 +291,7 @@ fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>
         .zip(r_chunks)
         .enumerate()
         .with_min_len(per_task)
-        .for_each_init(
-            || Scratch::new(hidden),
-            |scratch, (index, ((q_row, s), r_out))| task(scratch, index, q_row, s, r_out),
-        );
+        .for_each_init(|| Scratch::new(hidden), |scratch, (index, ((q_row, s), r))| task(scratch, index, q_row, s, r));
 }
 
 /// One row's input to quantization.
@@ -305,8 +300,8 @@ enum Row<'a, T> {
     Plain(&'a [T]),
     /// `rms_norm(x)`.
     Norm { x: &'a [T], weight: Option<&'a [f32]>, eps: f32 },
-    /// `fused_add_rms_norm(x, r)`, writing the sum to `r_out`.
-    Fused { x: &'a [T], r: &'a [T], r_out: &'a mut [T], weight: Option<&'a [f32]>, eps: f32 },
+    /// `fused_add_rms_norm(x, r)`, writing the sum back into `r`.
+    Fused { x: &'a [T], r: &'a mut [T], weight: Option<&'a [f32]>, eps: f32 },
 }
 
 /// The scale of one row of f32 values.
@@ -344,13 +339,13 @@ fn quantize_row<T: CpuElement, Q: Fp8>(
             normalize_into(a, weight, eps, normalized);
             T::load(normalized, a);
         }
-        Row::Fused { x, r, r_out, weight, eps } => {
+        Row::Fused { x, r, weight, eps } => {
             T::load(x, a);
             T::load(r, b);
             for (s, r) in a.iter_mut().zip(b.iter()) {
                 *s += *r;
             }
-            T::store(a, r_out);
+            T::store(a, r);
             normalize_into(a, weight, eps, normalized);
             T::load(normalized, a);
         }
@@ -406,7 +401,6 @@ mod tests {
     #[test]
     fn the_fused_ops_are_the_cpu_composition() {
         use crate::{fused_add_rms_norm_cpu, rms_norm_cpu};
-        use ir_core::UniqueTensor;
         for (tokens, hidden) in [(3, 40), (300, 1024)] {
             let wide = Tensor::randn(&TensorMeta::compact(DType::BF16, &[tokens, hidden + 5]), 4).unwrap();
             let x = wide.narrow(1, 1, hidden).unwrap();
@@ -424,9 +418,10 @@ mod tests {
                     let (q, s) = rms_norm_dynamic_per_token_quant_cpu(&x, weight, 1e-6, Some(&ub), out_dtype).unwrap();
                     let (eq, es) = dynamic_per_token_scaled_fp8_quant_cpu(&normalized, Some(&ub), out_dtype).unwrap();
                     assert!(bit_eq(&q, &eq) && bit_eq(&s, &es), "{label}: dynamic");
-                    let (residual_out, q) =
-                        fused_add_rms_norm_static_fp8_quant_cpu(&x, &r, weight, 1e-6, &scale, out_dtype).unwrap();
                     let unique = |t: &Tensor| UniqueTensor::new(t.contiguous().unwrap()).unwrap();
+                    let (residual_out, q) =
+                        fused_add_rms_norm_static_fp8_quant_cpu(&x, unique(&r), weight, 1e-6, &scale, out_dtype)
+                            .unwrap();
                     let (out, sum) = fused_add_rms_norm_cpu(unique(&x), unique(&r), weight, 1e-6, None).unwrap();
                     assert!(bit_eq(&residual_out, &sum), "{label}: residual_out");
                     let expected = static_scaled_fp8_quant_cpu(&out, &scale, out_dtype).unwrap();

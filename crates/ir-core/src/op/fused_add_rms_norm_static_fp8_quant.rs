@@ -6,10 +6,10 @@
 //! weight, epsilon)` and `q = static_scaled_fp8_quant(out, scale, out_dtype)`; the normalized row
 //! is never written. Activations `[x_residual]`.
 //!
-//! The residual comes first among the outputs, unlike vLLM's `(out, residual)`: outputs that may
-//! live in an activation's storage are the first ones, one per activation in order, so that an
-//! in-place form writes `residual_out` into `x_residual` while `q`, of another dtype and size,
-//! stays a fresh tensor.
+//! `allow_inplace` with activations `[x_residual]`: the `maybe_inplace` form donates the residual,
+//! and an in-place kernel writes `residual_out` into its storage; `q` is always fresh. The residual
+//! comes first among the outputs, unlike vLLM's `(out, residual)`: an in-place op's first outputs
+//! are its activations', one per activation in order, and the rest are fresh.
 
 use crate::op::norm_math::{NormParams, native_norm};
 use crate::op::quant::{QuantParams, QuantScale, norm_quant_meta, quantize_host, scale_value, to_device_of};
@@ -36,7 +36,7 @@ crate::define_op! {
             out_dtype: DType = Literal::DType(DType::F8E4M3FN),
         ),
         outputs: (Tensor, Tensor),
-        inplace: false,
+        inplace: true,
         native: native,
         meta: meta,
         generate: generate,
@@ -44,6 +44,10 @@ crate::define_op! {
         description: "residual add, RMS normalization and fp8 quantization with a per-tensor scale; returns (residual_out, q)",
     }
 }
+
+/// The `maybe_inplace` call: `x_residual` is donated (moved in), so an in-place kernel may write
+/// `residual_out` into its storage (the declaration's [`maybe_inplace`]).
+pub use self::maybe_inplace as fused_add_rms_norm_static_fp8_quant_maybe_inplace;
 
 const NORM: NormParams = NormParams {
     op: "fused_add_rms_norm_static_fp8_quant",

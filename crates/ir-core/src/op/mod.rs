@@ -45,7 +45,9 @@ pub struct OpDef {
     pub n_outputs: usize,
     /// Which tensor parameters `maybe_inplace` donates.
     pub activations: Activations,
-    /// Whether the op has a `maybe_inplace` form (then outputs = activations, output i ↔ activation i).
+    /// Whether the op has a `maybe_inplace` form: then output i ↔ activation i for each activation
+    /// (an in-place kernel writes that output into that activation's storage), and any outputs
+    /// after those are fresh.
     pub allow_inplace: bool,
     /// The semantics.
     pub native: NativeFn,

@@ -454,16 +454,26 @@ fn check_outputs(
     if outputs.len() != def.n_outputs {
         return Err(violation(format!("returned {} outputs, expected {}", outputs.len(), def.n_outputs)));
     }
+    // An in-place kernel writes output i into activation i's storage for each activation; outputs
+    // after those are fresh and must not share a written storage.
     for (index, (output, expected)) in outputs.iter().zip(declared).enumerate() {
-        if chosen.inplace {
-            if output.storage_id() != written[index] {
-                return Err(violation(format!("output {index} was not written into activation {index}'s storage")));
+        match written.get(index) {
+            Some(&storage) if chosen.inplace => {
+                if output.storage_id() != storage {
+                    return Err(violation(format!("output {index} was not written into activation {index}'s storage")));
+                }
+                if !output.meta().same_kind_and_shape(expected) {
+                    return Err(violation(format!("output {index} is {}, declared {expected}", output.meta())));
+                }
             }
-            if !output.meta().same_kind_and_shape(expected) {
-                return Err(violation(format!("output {index} is {}, declared {expected}", output.meta())));
+            _ => {
+                if output.meta() != expected {
+                    return Err(violation(format!("output {index} is {}, declared {expected}", output.meta())));
+                }
+                if written.contains(&output.storage_id()) {
+                    return Err(violation(format!("output {index} is fresh but shares an activation's storage")));
+                }
             }
-        } else if output.meta() != expected {
-            return Err(violation(format!("output {index} is {}, declared {expected}", output.meta())));
         }
     }
     Ok(())

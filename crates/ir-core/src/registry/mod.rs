@@ -188,8 +188,12 @@ pub enum RegistryError {
         /// Its kind.
         kind: ParamKind,
     },
-    /// `allow_inplace` with a number of outputs other than the number of activations.
-    #[error("op `{op}` allows inplace but has {outputs} outputs and {activations} activations")]
+    /// `allow_inplace` without activations, or with more activations than outputs (each activation
+    /// receives the output of its index).
+    #[error(
+        "op `{op}` allows inplace but has {outputs} outputs and {activations} activations (in-place ops need at \
+         least one activation and no more activations than outputs)"
+    )]
     InplaceArity {
         /// The op.
         op: String,
@@ -335,7 +339,7 @@ impl Registry {
             return Err(RegistryError::NoOutputs { op: def.name.to_owned() });
         }
         let activations = def.activation_indices()?;
-        if def.allow_inplace && activations.len() != def.n_outputs {
+        if def.allow_inplace && (activations.is_empty() || activations.len() > def.n_outputs) {
             return Err(RegistryError::InplaceArity {
                 op: def.name.to_owned(),
                 outputs: def.n_outputs,
