@@ -229,8 +229,9 @@ impl Inputs {
         if actual.len() != self.expected.len() {
             return Err(mismatch(format!("{} outputs, expected {}", actual.len(), self.expected.len())));
         }
-        let tol = tolerance(self.case.op, self.case.dtype).map_err(|e| mismatch(e.to_string()))?;
         for (i, (a, e)) in actual.iter().zip(&self.expected).enumerate() {
+            // Each output in its own dtype's tolerance (a quantized output in fp8's).
+            let tol = tolerance(self.case.op, e.dtype()).map_err(|e| mismatch(e.to_string()))?;
             let a = a.to_cpu()?;
             allclose(&a, e, tol.atol, tol.rtol).map_err(|err| mismatch(format!("output {i}: {err}")))?;
         }
@@ -247,10 +248,12 @@ pub enum Provider {
     Registered(&'static str),
     /// candle-nn's CPU `rms_norm` (and `add` then `rms_norm` for the fused op); feature `candle`.
     Candle,
+    /// The cpu provider's norm, then its quantization, for a norm + quantization op.
+    Unfused,
 }
 
 /// The table order of the providers this workspace ships; others follow in registration order.
-pub const PROVIDER_ORDER: [&str; 7] = ["copy", "native", "cpu", "candle", "xpu", "cuda", "rocm"];
+pub const PROVIDER_ORDER: [&str; 8] = ["copy", "native", "cpu", "unfused", "candle", "xpu", "cuda", "rocm"];
 
 /// The ops candle has a counterpart for.
 const CANDLE_OPS: [&str; 2] = ["rms_norm", "fused_add_rms_norm"];
@@ -262,6 +265,7 @@ impl Provider {
             Provider::Copy => "copy",
             Provider::Registered(name) => name,
             Provider::Candle => "candle",
+            Provider::Unfused => "unfused",
         }
     }
 
@@ -271,6 +275,9 @@ impl Provider {
         providers.extend(registry.providers(op.name).into_iter().map(|p| Provider::Registered(p.name)));
         if CANDLE_OPS.contains(&op.name) {
             providers.push(Provider::Candle);
+        }
+        if crate::unfused::UNFUSED_OPS.contains(&op.name) {
+            providers.push(Provider::Unfused);
         }
         providers.sort_by_key(|p| PROVIDER_ORDER.iter().position(|n| *n == p.name()).unwrap_or(PROVIDER_ORDER.len()));
         providers
@@ -292,7 +299,7 @@ impl Provider {
     /// Whether it can run here; the reason when not.
     pub fn availability(self, registry: &Registry) -> Result<(), String> {
         match self {
-            Provider::Copy => Ok(()),
+            Provider::Copy | Provider::Unfused => Ok(()),
             Provider::Registered(name) if registry.provider_available(name) => Ok(()),
             Provider::Registered(name) => Err(registry
                 .ops()
@@ -328,6 +335,7 @@ impl Provider {
             Provider::Copy => Box::new(CopyBench::new(inputs)?),
             Provider::Registered(name) => Box::new(ImplBench::new(registry, name, inputs)?),
             Provider::Candle => candle_bench(inputs)?,
+            Provider::Unfused => Box::new(crate::unfused::UnfusedBench::new(inputs)?),
         })
     }
 }

@@ -6,7 +6,8 @@
 //! - `kernels`: every op the registry defines × every available provider at the shapes and dtypes
 //!   of R96, from each op's input generator, as throughput from the bytes each call moves
 //!   ([`kernels::bytes_moved`], R95 for the norms), beside a plain copy of the activation bytes and
-//!   (feature `candle`, norms only) candle-nn's CPU `rms_norm` on the same data;
+//!   (feature `candle`, norms only) candle-nn's CPU `rms_norm` on the same data, and (norm +
+//!   quantization ops) the unfused pair on the cpu provider ([`unfused`]);
 //! - `dispatch`: `rms_norm` through the registry against the selected kernel called directly, and
 //!   selection alone;
 //! - `passes`: the standard pipeline on generated decoder graphs of 1k to 1M nodes ([`decoder`]);
@@ -22,6 +23,7 @@ pub mod decoder;
 pub mod kernels;
 pub mod memory;
 pub mod output;
+pub mod unfused;
 
 #[cfg(feature = "candle")]
 mod candle;

@@ -72,8 +72,13 @@ static OPTIONAL_ACT: OpDef = op("optional_act", TWO_TENSORS, 1, Activations::Exp
 static SCALAR_ACT: OpDef = op("scalar_act", TWO_TENSORS, 1, Activations::Explicit(&["eps"]), false);
 static BAD_ARITY: OpDef = op("bad_arity", TWO_TENSORS, 1, Activations::Explicit(&["x", "y"]), true);
 /// In place with no activation: nothing to write into.
-static NO_ACT_INPLACE: OpDef =
-    op("no_act_inplace", &[ParamDef { name: "y", kind: ParamKind::Tensor, default: None }], 1, Activations::Default, true);
+static NO_ACT_INPLACE: OpDef = op(
+    "no_act_inplace",
+    &[ParamDef { name: "y", kind: ParamKind::Tensor, default: None }],
+    1,
+    Activations::Default,
+    true,
+);
 static NO_OUTPUTS: OpDef = op("no_outputs", &[X], 0, Activations::Default, false);
 
 #[test]

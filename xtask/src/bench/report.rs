@@ -2,7 +2,11 @@
 
 use super::{BenchOptions, Machine, Results, peak_for};
 
-const PROVIDER_COLUMNS: [&str; 7] = ["copy", "native", "cpu", "candle", "xpu", "cuda", "rocm"];
+const PROVIDER_COLUMNS: [&str; 8] = ["copy", "native", "cpu", "unfused", "candle", "xpu", "cuda", "rocm"];
+
+/// The norm + quantization ops, whose `unfused` baseline is the cpu norm then the cpu quantization.
+const FUSED_QUANT_OPS: [&str; 3] =
+    ["rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant", "fused_add_rms_norm_static_fp8_quant"];
 
 /// A target's verdict.
 #[derive(Debug, Clone, PartialEq)]
@@ -273,6 +277,7 @@ pub(crate) fn write(results: &Results, machine: &Machine, options: BenchOptions)
         "## Bandwidth vs hidden size\n\nbf16, T·H = 16M elements per activation (32 MB, like 4096×4096), \
          so every shape streams from memory.\n\n![kernel bandwidth vs hidden size](benchmarks/kernel-bandwidth.svg)\n\n",
     ));
+    out.push_str(&fusion_table(results));
     out.push_str(&dispatch_table(results));
     out.push_str(&passes_table(results));
     out.push_str(&memory_table(results));
@@ -286,6 +291,49 @@ pub(crate) fn write(results: &Results, machine: &Machine, options: BenchOptions)
          OpenCL GPU) device measures the kernel group there and writes `docs/benchmarks-gpu.md` with the date.\n"
     });
     Ok(out)
+}
+
+/// The norm + quantization ops against their unfused pair on the cpu provider: time, and the bytes
+/// each moves (the pair also writes the normalized tensor and reads it back: 2·T·H·s more).
+fn fusion_table(results: &Results) -> String {
+    let mut out = String::from(
+        "## Fusion: norm + fp8 quantization\n\nEach fused op's `cpu` kernel against the `unfused` pair (the cpu \
+         norm kernel writing its output, then the cpu quantization kernel reading it back) on the same inputs, \
+         both checked against native before timing. Bytes: what each must move at least; the pair also writes \
+         and reads the normalized tensor.\n\n| op | dtype | shape | fused | unfused | fused speed-up | bytes fused | \
+         bytes unfused |\n|---|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    let mut rows = 0;
+    let mut groups = results.groups("kernels/");
+    groups.sort_unstable();
+    for group in &groups {
+        let parts: Vec<&str> = group.split('/').collect();
+        let [_, op, dtype, shape] = parts.as_slice() else { continue };
+        if !FUSED_QUANT_OPS.contains(op) {
+            continue;
+        }
+        let (Some(fused), Some(unfused)) = (results.get(group, "cpu"), results.get(group, "unfused")) else { continue };
+        let size: u64 = match *dtype {
+            "f32" => 4,
+            _ => 2,
+        };
+        let elements: u64 = shape.split('x').filter_map(|d| d.parse::<u64>().ok()).product();
+        let bytes = fused.per_iteration.unwrap_or(0);
+        out.push_str(&format!(
+            "| {op} | {dtype} | {shape} | {} | {} | {:.2}× | {} | {} |\n",
+            fmt_time(fused.median_ns),
+            fmt_time(unfused.median_ns),
+            unfused.median_ns / fused.median_ns,
+            fmt_bytes(bytes),
+            fmt_bytes(bytes + 2 * elements * size),
+        ));
+        rows += 1;
+    }
+    if rows == 0 {
+        out.push_str("| (no run measured both) | | | | | | | |\n");
+    }
+    out.push('\n');
+    out
 }
 
 fn machine_section(machine: &Machine) -> String {
