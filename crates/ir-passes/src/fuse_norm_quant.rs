@@ -44,6 +44,21 @@
 //!   the dtype, device and layout of the values they replace (a norm of a strided view returns a
 //!   compact output either way; the fused op's predicate-free meta function is the judge).
 //!
+//! # Reshapes between the two
+//!
+//! A `reshape` of the normalized output that only the quantization reads (splitting heads, say)
+//! does not block fusion: the fused op quantizes the unreshaped rows and the reshape moves after
+//! it, onto `q` (and onto the per-token scales, `[..., 1]`). Static quantization is elementwise, so
+//! any reshape commutes with it; a per-token quantization's rows are the last dimension, so the
+//! reshape must keep it ([`NormQuantSkip::ReshapeChangesRows`]).
+//!
+//! ```text
+//! %o = rms_norm(%x, %w, 1e-6, none) : bf16[4,64]                %0 = rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn)
+//! %v = reshape(%o, [4, 2, 32]) : bf16[4,2,32]              →         : f8e4m3fn[4,64]
+//! %q = static_scaled_fp8_quant(%v, %s, f8e4m3fn)                %1 = reshape(%0, [4, 2, 32]) : f8e4m3fn[4,2,32]
+//!        : f8e4m3fn[4,2,32]
+//! ```
+//!
 //! # Rounding
 //!
 //! Each fused op's semantics are the composition of the pair (the norm's output rounded to x's
@@ -74,7 +89,8 @@ use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_core::op::Overload;
-use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
+use ir_core::{Builtin, TensorMeta};
+use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
 use crate::analysis::written_values;
 use crate::{PassContext, PassError};
@@ -96,6 +112,8 @@ pub enum NormQuantSkip {
     WriteBetween,
     /// The fused op's results would not have the replaced values' metadata (or it rejects them).
     Metadata(String),
+    /// A reshape between a norm and a per-token quantization changes the last dimension (the rows).
+    ReshapeChangesRows,
 }
 
 impl fmt::Display for NormQuantSkip {
@@ -110,6 +128,9 @@ impl fmt::Display for NormQuantSkip {
             ),
             NormQuantSkip::WriteBetween => f.write_str("a node between the norm and the quantization writes a value"),
             NormQuantSkip::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
+            NormQuantSkip::ReshapeChangesRows => {
+                f.write_str("a reshape between the norm and the per-token quantization changes the rows")
+            }
         }
     }
 }
@@ -162,13 +183,20 @@ const QUANTS: [&str; 2] = ["static_scaled_fp8_quant", "dynamic_per_token_scaled_
 struct Fusion {
     norm: NodeId,
     quant: NodeId,
+    /// A reshape between the two, and its shape.
+    reshape: Option<(NodeId, Vec<usize>)>,
+    /// The fused op's result metadata.
+    metas: Vec<TensorMeta>,
     /// The node the fused call goes right before.
     anchor: NodeId,
     fused: &'static str,
     /// The norm's arguments without `variance_size`, then the quantization's after its input.
     args: Vec<Arg>,
-    /// The values the fused call's results replace, in its result order.
+    /// The values the fused call's results replace (through the moved reshape for `q` and the
+    /// scales), in its result order.
     replaced: Vec<ValueId>,
+    /// How many leading results are the norm's (the residual), which no reshape touches.
+    norm_results: usize,
 }
 
 /// Fuses every norm + quantization pair the [module documentation](self) allows.
@@ -198,7 +226,18 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
         if !QUANTS.contains(&quant_name) {
             continue;
         }
-        let Some(Arg::Value(normalized)) = quant_args.first() else { continue };
+        let Some(&Arg::Value(quant_input)) = quant_args.first() else { continue };
+        // A reshape between the norm and the quantization moves after the fused call.
+        let (normalized, reshape) = match &graph.node(graph.value(quant_input).def).kind {
+            NodeKind::Builtin { op: Builtin::Reshape, args: reshape_args } => match reshape_args.as_slice() {
+                [BuiltinArg::Value(source), BuiltinArg::Shape(dims)] => {
+                    (*source, Some((graph.value(quant_input).def, dims.clone())))
+                }
+                _ => continue,
+            },
+            _ => (quant_input, None),
+        };
+        let normalized = &normalized;
         let norm = graph.value(*normalized).def;
         let NodeKind::IrCall { op: norm_op, overload, args: norm_args } = &graph.node(norm).kind else { continue };
         let norm_name = graph.op_name(*norm_op);
@@ -224,9 +263,24 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
             continue;
         }
         let quant_scalars = &quant_args[1..];
-        let read_by_scalars = quant_scalars.iter().any(|a| matches!(a, Arg::Value(v) if v == normalized));
-        if uses[*normalized].iter().any(|&user| user != quant) || read_by_scalars {
+        let read_by_scalars =
+            quant_scalars.iter().any(|a| matches!(a, Arg::Value(v) if v == normalized || *v == quant_input));
+        let other_readers = match &reshape {
+            Some((reshape_node, _)) => {
+                uses[*normalized].iter().any(|&user| user != *reshape_node)
+                    || uses[quant_input].iter().any(|&user| user != quant)
+            }
+            None => uses[*normalized].iter().any(|&user| user != quant),
+        };
+        if other_readers || read_by_scalars {
             report.skipped.push(skip(NormQuantSkip::OtherReaders));
+            continue;
+        }
+        let per_token = quant_name == "dynamic_per_token_scaled_fp8_quant";
+        let rows_change =
+            reshape.as_ref().is_some_and(|(_, dims)| dims.last() != graph.meta(*normalized).shape().last());
+        if per_token && rows_change {
+            report.skipped.push(skip(NormQuantSkip::ReshapeChangesRows));
             continue;
         }
         let (norm_at, quant_at) = (positions[norm] as usize, positions[quant] as usize);
@@ -252,17 +306,27 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
         let mut args: Vec<Arg> = norm_args[..kept].to_vec();
         args.extend(quant_scalars.iter().cloned());
         let quant_results = &graph.node(quant).results;
-        let replaced: Vec<ValueId> = match pattern.norm {
-            "fused_add_rms_norm" => {
-                std::iter::once(graph.node(norm).results[1]).chain(quant_results.iter().copied()).collect()
+        let norm_results = usize::from(pattern.norm == "fused_add_rms_norm");
+        let replaced: Vec<ValueId> =
+            graph.node(norm).results[1..=norm_results].iter().chain(quant_results).copied().collect();
+        let metas = match fused_metadata(graph, cx, pattern.fused, &args, &replaced, norm_results, &reshape) {
+            Ok(metas) => metas,
+            Err(why) => {
+                report.skipped.push(skip(NormQuantSkip::Metadata(why)));
+                continue;
             }
-            _ => quant_results.to_vec(),
         };
-        if let Err(why) = same_metadata(graph, cx, pattern.fused, &args, &replaced) {
-            report.skipped.push(skip(NormQuantSkip::Metadata(why)));
-            continue;
-        }
-        fusions.push(Fusion { norm, quant, anchor, fused: pattern.fused, args, replaced });
+        fusions.push(Fusion {
+            norm,
+            quant,
+            reshape,
+            metas,
+            anchor,
+            fused: pattern.fused,
+            args,
+            replaced,
+            norm_results,
+        });
     }
     if fusions.is_empty() {
         return Ok(report);
@@ -273,16 +337,28 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
     let mut removed = EntitySet::new();
     let mut created = Vec::with_capacity(fusions.len());
     for fusion in fusions {
-        let metas = fusion.replaced.iter().map(|&v| graph.meta(v).clone()).collect();
         let op = graph.op_ref(fusion.fused);
         let kind = NodeKind::IrCall { op, overload: Overload::Default, args: fusion.args };
-        let (node, results) = graph.create_detached(kind, metas);
-        for (&old, &new) in fusion.replaced.iter().zip(&results) {
-            replacement[old] = Some(new);
-        }
+        let (node, results) = graph.create_detached(kind, fusion.metas);
         placements.push((fusion.anchor, node));
+        for (index, (&old, &new)) in fusion.replaced.iter().zip(&results).enumerate() {
+            let moved_reshape = fusion.reshape.as_ref().filter(|_| index >= fusion.norm_results);
+            let Some((_, dims)) = moved_reshape else {
+                replacement[old] = Some(new);
+                continue;
+            };
+            // q takes the reshape's shape; the per-token scales its leading dimensions and 1.
+            let shape = if index > fusion.norm_results { scales_shape(dims) } else { dims.clone() };
+            let kind = NodeKind::builtin(Builtin::Reshape, vec![BuiltinArg::Value(new), BuiltinArg::Shape(shape)]);
+            let (reshaped, values) = graph.create_detached(kind, vec![graph.meta(old).clone()]);
+            placements.push((fusion.anchor, reshaped));
+            replacement[old] = Some(values[0]);
+        }
         removed.insert(fusion.norm);
         removed.insert(fusion.quant);
+        if let Some((reshape, _)) = fusion.reshape {
+            removed.insert(reshape);
+        }
         created.push(node);
     }
     graph.insert_detached_before(&placements);
@@ -309,14 +385,26 @@ fn norm_op_params(cx: &PassContext<'_>, name: &str) -> Result<usize, PassError> 
     Ok(def.params.len())
 }
 
-/// Whether the fused op `fused`, bound to `args`, gives exactly the metadata of `replaced`.
-fn same_metadata(
+/// The per-token scales' shape for a reshape to `dims`: its leading dimensions, then 1.
+fn scales_shape(dims: &[usize]) -> Vec<usize> {
+    let mut shape = dims.to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = 1;
+    }
+    shape
+}
+
+/// The fused op's result metadata when, bound to `args`, it gives exactly the metadata of
+/// `replaced` (after the moved reshape, for the results past the norm's).
+fn fused_metadata(
     graph: &Graph,
     cx: &PassContext<'_>,
     fused: &str,
     args: &[Arg],
     replaced: &[ValueId],
-) -> Result<(), String> {
+    norm_results: usize,
+    reshape: &Option<(NodeId, Vec<usize>)>,
+) -> Result<Vec<TensorMeta>, String> {
     let def = cx.registry.op_def(fused).ok_or_else(|| format!("the registry does not define `{fused}`"))?;
     let metas = args.iter().map(|arg| graph.arg_meta(arg)).collect();
     let outputs = def.output_metas(metas).map_err(|e| e.to_string())?;
@@ -325,9 +413,17 @@ fn same_metadata(
     }
     for (index, (got, &value)) in outputs.iter().zip(replaced).enumerate() {
         let want = graph.meta(value);
-        if got != want {
+        let got = match reshape {
+            Some((_, dims)) if index >= norm_results => {
+                let shape = if index > norm_results { scales_shape(dims) } else { dims.clone() };
+                let layout = got.layout.reshape(&shape).map_err(|e| e.to_string())?;
+                TensorMeta { layout, ..got.clone() }
+            }
+            _ => got.clone(),
+        };
+        if got != *want {
             return Err(format!("its result {index} would be {got}, not {want}"));
         }
     }
-    Ok(())
+    Ok(outputs)
 }
