@@ -1,4 +1,6 @@
-//! `vllm-ir demo`: a toy decoder of `RmsNorm` layers, run with donated activations and functionally.
+//! `vllm-ir demo`: a toy decoder of `RmsNorm` layers whose normalized outputs are quantized to fp8
+//! (the input of an fp8 GEMM), run with donated activations and functionally, then traced and
+//! compiled (where the norm and its quantization fuse).
 
 use std::time::{Duration, Instant};
 
@@ -7,10 +9,10 @@ use clap::Args;
 use ir_core::op::InputSpec;
 use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::storage::cpu_bytes_allocated;
-use ir_core::{DType, EagerContext, ExecutionContext, Registry, SelectionRecord, Tensor, bit_eq};
+use ir_core::{Builtin, BuiltinArg, DType, EagerContext, ExecutionContext, Registry, SelectionRecord, Tensor, bit_eq};
 use ir_graph::{InterpOptions, Interpretation, Tracer, interpret};
 use ir_passes::{PassContext, PassReport, Pipeline, Snapshots};
-use layers::RmsNorm;
+use layers::{QuantFp8, QuantScale, RmsNorm};
 
 use crate::{CommonArgs, build_registry};
 
@@ -19,7 +21,8 @@ use crate::{CommonArgs, build_registry};
 pub(crate) struct DemoArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Number of decoder steps (each: fused add + norm, then a stand-in for attention/MLP).
+    /// Number of decoder steps (each: fused add + norm, fp8 quantization of its output, then a
+    /// stand-in for the fp8 GEMM: dequantization and a scale).
     #[arg(long, default_value_t = 8)]
     layers: usize,
     /// Number of tokens (rows).
@@ -35,8 +38,13 @@ pub(crate) struct DemoArgs {
 
 struct Model {
     norms: Vec<RmsNorm>,
+    /// The fp8 quantization of each layer's normalized output (a static, calibrated scale).
+    quants: Vec<QuantFp8>,
     final_norm: RmsNorm,
 }
+
+/// The static scale of the layers' fp8 quantization: normalized values up to 4 in magnitude fit.
+const QUANT_SCALE: f64 = 4.0 / 448.0;
 
 struct RunReport {
     outputs: (Tensor, Tensor),
@@ -129,6 +137,7 @@ fn compiled_runs(registry: &Registry, model: &Model, args: &DemoArgs) -> anyhow:
         for pass in &report.runs {
             match &pass.report {
                 PassReport::Functionalize(f) => println!("  {f}"),
+                PassReport::FuseNormQuant(f) => println!("  {f}"),
                 PassReport::Lower(l) => println!("  {l}"),
                 _ => {}
             }
@@ -152,8 +161,14 @@ fn compiled_runs(registry: &Registry, model: &Model, args: &DemoArgs) -> anyhow:
     Ok(runs)
 }
 
+/// The `clone`s in `graph`: what lowering inserts in front of in-place kernels (the model's own
+/// `contiguous` buffers are not counted).
 fn count_copies(graph: &ir_graph::Graph) -> usize {
-    graph.order().iter().filter(|&&n| graph.node(n).kind.builtin_subject(ir_graph::Effect::Copy).is_some()).count()
+    graph
+        .order()
+        .iter()
+        .filter(|&&n| matches!(graph.node(n).kind, ir_graph::NodeKind::Builtin { op: Builtin::Clone, .. }))
+        .count()
 }
 
 fn build_model(args: &DemoArgs) -> anyhow::Result<Model> {
@@ -163,14 +178,17 @@ fn build_model(args: &DemoArgs) -> anyhow::Result<Model> {
         Ok(inputs[1].as_tensor().expect("rms_norm's generator returns a weight").clone())
     };
     let mut norms = Vec::new();
+    let mut quants = Vec::new();
     for layer in 0..args.layers {
         let mut norm = RmsNorm::builder(args.hidden).name(format!("layers.{layer}.norm.weight")).build()?;
         norm.load_weight(weight(args.seed + 1000 + layer as u64)?)?;
         norms.push(norm);
+        let scale = QuantScale::Static(Tensor::from_f64(DType::F32, &[1], &[QUANT_SCALE])?);
+        quants.push(QuantFp8::new(format!("layers.{layer}.input_scale"), scale, DType::F8E4M3FN)?);
     }
     let mut final_norm = RmsNorm::builder(args.hidden).name("final_norm.weight").build()?;
     final_norm.load_weight(weight(args.seed + 999)?)?;
-    Ok(Model { norms, final_norm })
+    Ok(Model { norms, quants, final_norm })
 }
 
 /// The model's forward pass, written once for every execution context (eager or traced); `donate`
@@ -182,14 +200,19 @@ fn decoder<C: ExecutionContext>(
     mut residual: C::Tensor,
     donate: bool,
 ) -> anyhow::Result<(C::Tensor, C::Tensor)> {
-    for norm in &model.norms {
+    for (norm, quant) in model.norms.iter().zip(&model.quants) {
         let (normed, new_residual) = if donate {
             norm.forward_residual(ctx, x, residual)?
         } else {
             norm.forward_residual_functional(ctx, &x, &residual)?
         };
-        // A cheap stand-in for attention and the MLP.
-        x = ctx.scale(&normed, 0.5)?;
+        // The fp8 GEMM's input: the normalized output's only reader, so the compiled graph fuses the
+        // norm and the quantization into one kernel.
+        let (q, _) = quant.forward(ctx, &normed)?;
+        // A cheap stand-in for the GEMM: dequantize into a fresh bf16 buffer, then scale.
+        let buffer = ctx.contiguous(&new_residual)?;
+        let dequantized = ctx.builtin(Builtin::Copy, vec![BuiltinArg::Value(buffer), BuiltinArg::Value(q)])?;
+        x = ctx.scale(&dequantized, 0.5 * QUANT_SCALE)?;
         residual = new_residual;
     }
     let outputs = if donate {

@@ -62,6 +62,10 @@ fn demo_runs_and_is_bit_identical() {
     assert!(stdout.contains("bit-identical: yes"), "{stdout}");
     assert!(stdout.contains("fused_add_rms_norm:"), "{stdout}");
     assert!(stdout.contains("bytes allocated"), "{stdout}");
+    // The compiled decoder fuses each layer's norm with its fp8 quantization, in place on the residual.
+    assert!(stdout.contains("fused 3 norm + quantization pair(s)"), "{stdout}");
+    assert!(stdout.contains("fused_add_rms_norm_static_fp8_quant=cpu×3"), "{stdout}");
+    assert!(stdout.contains("compiled bit-identical to eager: yes"), "{stdout}");
 }
 
 #[test]

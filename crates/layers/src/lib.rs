@@ -25,7 +25,9 @@
 //! `layers` emits no events of its own; the ops it calls log on `ir_core::dispatch`.
 
 mod activation;
+mod quant;
 mod rms_norm;
 
 pub use crate::activation::{GeluAndMul, GeluAndMulSparse, SiluAndMul};
+pub use crate::quant::{QuantFp8, QuantScale};
 pub use crate::rms_norm::{LayerError, RmsNorm, RmsNormBuilder};

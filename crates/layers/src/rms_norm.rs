@@ -62,6 +62,15 @@ pub enum LayerError {
         /// The input's shape.
         shape: Vec<usize>,
     },
+    /// A quantization scale that is not an f32 tensor of one element, or an output dtype that is not
+    /// fp8.
+    #[error("QuantFp8 `{name}`: {reason}")]
+    Quant {
+        /// The layer's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The op call failed.
     #[error(transparent)]
     Call(#[from] CallError),

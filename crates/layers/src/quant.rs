@@ -1,0 +1,111 @@
+//! fp8 quantization of activations, as the input of an fp8 GEMM: a per-tensor (static) scale, or one
+//! scale per token computed from the row (dynamic).
+
+use ir_core::op::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
+use ir_core::{DType, ExecutionContext, Tensor};
+
+use crate::LayerError;
+
+/// How a [`QuantFp8`] layer scales.
+#[derive(Clone, Debug)]
+pub enum QuantScale {
+    /// One calibrated scale for the whole tensor (an f32 tensor of one element, a traced parameter).
+    Static(Tensor),
+    /// One scale per token from the row's absmax, optionally bounded.
+    PerToken {
+        /// An upper bound on each row's absmax (an f32 tensor of one element).
+        scale_ub: Option<Tensor>,
+    },
+}
+
+/// fp8 quantization of `[..., H]` activations: `static_scaled_fp8_quant` or
+/// `dynamic_per_token_scaled_fp8_quant`. After an `RmsNorm` whose output only it reads, the
+/// standard pipeline fuses the two into one norm + quantization op.
+///
+/// ```
+/// use ir_core::{DType, EagerContext, Registry, Tensor};
+/// use layers::{QuantFp8, QuantScale};
+///
+/// let registry = Registry::with_builtin_ops();
+/// let ctx = EagerContext::new(&registry);
+/// let scale = Tensor::from_f64(DType::F32, &[1], &[0.5])?;
+/// let quant = QuantFp8::new("layers.0.input_scale", QuantScale::Static(scale), DType::F8E4M3FN)?;
+/// let x = Tensor::from_f64(DType::BF16, &[1, 4], &[1.0, -2.0, 300.0, 0.25])?;
+/// let (q, scales) = quant.forward(&ctx, &x)?;
+/// assert_eq!(q.to_f64_vec()?, [2.0, -4.0, 448.0, 0.5]); // saturates at 448
+/// assert!(scales.is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct QuantFp8 {
+    name: String,
+    scale: QuantScale,
+    out_dtype: DType,
+}
+
+impl QuantFp8 {
+    /// A quantization layer named `name` (its scale's parameter name when traced), writing
+    /// `out_dtype` (`f8e4m3fn` or `f8e5m2`).
+    pub fn new(name: impl Into<String>, scale: QuantScale, out_dtype: DType) -> Result<QuantFp8, LayerError> {
+        let name = name.into();
+        let error = |reason: String| LayerError::Quant { name: name.clone(), reason };
+        if out_dtype.fp8_max().is_none() {
+            return Err(error(format!("output dtype {out_dtype} is not f8e4m3fn or f8e5m2")));
+        }
+        let given = match &scale {
+            QuantScale::Static(s) => Some(s),
+            QuantScale::PerToken { scale_ub } => scale_ub.as_ref(),
+        };
+        if let Some(s) = given.filter(|s| s.dtype() != DType::F32 || s.numel() != 1) {
+            return Err(error(format!("the scale must be an f32 tensor of one element, got {}", s.meta())));
+        }
+        Ok(QuantFp8 { name, scale, out_dtype })
+    }
+
+    /// The output dtype.
+    pub fn out_dtype(&self) -> DType {
+        self.out_dtype
+    }
+
+    /// Quantizes `x`: `q`, and the per-token scales (`[..., 1]`, f32) when the layer computes them.
+    pub fn forward<C: ExecutionContext>(
+        &self,
+        ctx: &C,
+        x: &C::Tensor,
+    ) -> Result<(C::Tensor, Option<C::Tensor>), LayerError> {
+        match &self.scale {
+            QuantScale::Static(scale) => {
+                let scale = ctx.parameter(&self.name, scale)?;
+                Ok((static_scaled_fp8_quant::call(ctx, x, &scale, self.out_dtype)?, None))
+            }
+            QuantScale::PerToken { scale_ub } => {
+                let bound = scale_ub.as_ref().map(|ub| ctx.parameter(&self.name, ub)).transpose()?;
+                let (q, scales) = dynamic_per_token_scaled_fp8_quant::call(ctx, x, bound.as_ref(), self.out_dtype)?;
+                Ok((q, Some(scales)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ir_core::{EagerContext, Registry, TensorMeta, bit_eq};
+
+    #[test]
+    fn both_modes_call_their_op_and_bad_scales_are_refused() {
+        let registry = Registry::with_builtin_ops();
+        let ctx = EagerContext::new(&registry);
+        let x = Tensor::randn(&TensorMeta::compact(DType::BF16, &[3, 16]), 2).unwrap();
+        let ub = Tensor::from_f64(DType::F32, &[1], &[1.5]).unwrap();
+        let layer = QuantFp8::new("q", QuantScale::PerToken { scale_ub: Some(ub.clone()) }, DType::F8E5M2).unwrap();
+        let (q, scales) = layer.forward(&ctx, &x).unwrap();
+        let (eq, es) = dynamic_per_token_scaled_fp8_quant::native(&x, Some(&ub), DType::F8E5M2).unwrap();
+        assert!(bit_eq(&q, &eq) && bit_eq(&scales.unwrap(), &es));
+        let err = QuantFp8::new("q", QuantScale::Static(Tensor::zeros(DType::F32, &[2]).unwrap()), DType::F8E4M3FN)
+            .unwrap_err();
+        assert!(err.to_string().contains("QuantFp8 `q`: the scale must be an f32 tensor of one element"), "{err}");
+        let err = QuantFp8::new("q", QuantScale::PerToken { scale_ub: None }, DType::BF16).unwrap_err();
+        assert!(err.to_string().contains("not f8e4m3fn or f8e5m2"), "{err}");
+    }
+}
