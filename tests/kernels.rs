@@ -513,61 +513,68 @@ fn fp8_quantization_is_bit_exact_on_every_provider() {
 }
 
 /// The fused add + norm + quantization writes the residual into a donated residual's storage and
-/// `q` into a fresh tensor; called functionally, it leaves the residual as it was. Both give the
-/// same bits.
+/// `q` into a fresh tensor, on every provider (a padded residual included: the sum goes into its own
+/// rows); called functionally, it leaves the residual as it was. Both give the same bits, the
+/// residual output bit-exact against native and `q` within one fp8 step.
 #[test]
 fn the_fused_quantization_writes_the_residual_in_place_only_when_donated() {
     use ir_core::op::fused_add_rms_norm_static_fp8_quant::{
-        fused_add_rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant_maybe_inplace,
+        FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT, fused_add_rms_norm_static_fp8_quant,
+        fused_add_rms_norm_static_fp8_quant_maybe_inplace, native,
     };
-    let registry = ir_core::Registry::with_builtin_ops();
-    kernels_cpu::register(&registry).unwrap();
-    let _guard = registry.override_priority("fused_add_rms_norm_static_fp8_quant", &["cpu"]).unwrap();
-    let host = case(DType::BF16, 5, 96, 3);
-    let scale = Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap();
-    let kept = host.residual.deep_clone().unwrap();
-    let (residual_out, q) = fused_add_rms_norm_static_fp8_quant(
-        &registry,
-        &host.x,
-        &kept,
-        Some(&host.weight),
-        EPS,
-        &scale,
-        DType::F8E4M3FN,
-    )
-    .unwrap();
-    assert!(bit_eq(&kept, &host.residual), "the functional call leaves the residual as it was");
-    assert!(!shares_storage(&residual_out, &kept));
+    let tol = tolerance(&FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT, DType::F8E4M3FN).unwrap();
+    for backend in backends() {
+        let op = FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name;
+        let _guard = backend.registry.override_priority(op, &[backend.provider]).unwrap();
+        let host = case(DType::BF16, 5, 96, 3);
+        let scale = Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap();
+        let up = |t: &Tensor| backend.upload(t).unwrap();
+        let (x, weight, scale_device) = (up(&host.x), up(&host.weight), up(&scale));
+        let (expected_residual, expected_q) =
+            native(&host.x, &host.residual, Some(&host.weight), EPS, &scale, DType::F8E4M3FN).unwrap();
+        for padded in [false, true] {
+            let label = format!("{} padded={padded}", backend.provider);
+            let residual_host = if padded { row_padded(&host.residual) } else { host.residual.deep_clone().unwrap() };
+            let kept = up(&residual_host);
+            let (residual_out, q) = fused_add_rms_norm_static_fp8_quant(
+                &backend.registry,
+                &x,
+                &kept,
+                Some(&weight),
+                EPS,
+                &scale_device,
+                DType::F8E4M3FN,
+            )
+            .unwrap();
+            assert!(
+                bit_eq(&kept.to_cpu().unwrap(), &residual_host),
+                "{label}: the functional call leaves the residual"
+            );
+            assert!(!shares_storage(&residual_out, &kept), "{label}");
 
-    let donated = host.residual.deep_clone().unwrap();
-    let storage = donated.storage_id();
-    let (in_place, q2) = fused_add_rms_norm_static_fp8_quant_maybe_inplace(
-        &registry,
-        &host.x,
-        donated,
-        Some(&host.weight),
-        EPS,
-        &scale,
-        DType::F8E4M3FN,
-    )
-    .unwrap();
-    assert_eq!(in_place.storage_id(), storage, "the residual output is written into the donated residual");
-    assert_ne!(q2.storage_id(), storage, "q is fresh");
-    assert!(bit_eq(&in_place, &residual_out) && bit_eq(&q2, &q), "both forms give the same bits");
-    let (native_residual, native_q) = ir_core::op::fused_add_rms_norm_static_fp8_quant::native(
-        &host.x,
-        &host.residual,
-        Some(&host.weight),
-        EPS,
-        &scale,
-        DType::F8E4M3FN,
-    )
-    .unwrap();
-    assert!(bit_eq(&in_place, &native_residual), "the residual output is bit-exact");
-    let tol = tolerance(
-        &ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
-        DType::F8E4M3FN,
-    )
-    .unwrap();
-    allclose(&q2, &native_q, tol.atol, tol.rtol).unwrap();
+            let donated = up(&residual_host);
+            let storage = donated.storage_id();
+            let (in_place, q2) = fused_add_rms_norm_static_fp8_quant_maybe_inplace(
+                &backend.registry,
+                &x,
+                donated,
+                Some(&weight),
+                EPS,
+                &scale_device,
+                DType::F8E4M3FN,
+            )
+            .unwrap();
+            assert_eq!(
+                in_place.storage_id(),
+                storage,
+                "{label}: the residual output is written into the donated residual"
+            );
+            assert_ne!(q2.storage_id(), storage, "{label}: q is fresh");
+            let (in_place, q2, residual_out, q) =
+                (in_place.to_cpu().unwrap(), q2.to_cpu().unwrap(), residual_out.to_cpu().unwrap(), q.to_cpu().unwrap());
+            assert!(bit_eq(&in_place, &residual_out) && bit_eq(&q2, &q), "{label}: both forms give the same bits");
+            assert!(bit_eq(&in_place.contiguous().unwrap(), &expected_residual), "{label}: residual_out is bit-exact");
+            allclose(&q2, &expected_q, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label}: {e}"));
+        }
+    }
 }

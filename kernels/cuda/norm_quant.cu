@@ -7,7 +7,8 @@
 // reduces the absmax of the normalized values z. The last pass recomputes z, writes the residual
 // output (the rounded sum) and q = fp8(z / s). z = round(round(a * rstd) * w), rounded to the element
 // type at each step: the rounding points of the composition `quant(rms_norm(x))`. The residual is
-// read in every pass and written only in the last, so the residual output may be its own buffer.
+// read in every pass and written only in the last, each element by the thread that read it, so the
+// residual output may be the residual's own rows (in place: `residual_out` is `r`, with its stride).
 
 __device__ __forceinline__ float quant_block_sum(float value, float* scratch) {
     scratch[threadIdx.x] = value;
@@ -24,7 +25,8 @@ __device__ __forceinline__ float quant_block_sum(float value, float* scratch) {
 extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) CONCAT(norm_quant, KERNEL_SUFFIX)(
     unsigned char* __restrict__ q, float* __restrict__ scales, elem_t* residual_out, const elem_t* x,
     const elem_t* r, const elem_t* __restrict__ w, long long n_rows, int hidden, long long x_row_stride,
-    long long r_row_stride, float eps, const float* __restrict__ scale, int has_residual, int has_weight,
+    long long r_row_stride, long long out_row_stride, float eps, const float* __restrict__ scale, int has_residual,
+    int has_weight,
     int dynamic, int has_scale, int format) {
     __shared__ float scratch[QUANT_BLOCK];
     long long row = blockIdx.x;
@@ -32,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) CONCAT(norm_quant, KER
     const elem_t* x_row = x + row * x_row_stride;
     const elem_t* r_row = r + row * r_row_stride;
     unsigned char* q_row = q + row * (long long)hidden;
-    elem_t* out_row = residual_out + row * (long long)hidden;
+    elem_t* out_row = residual_out + row * out_row_stride;
 
     float squares = 0.0f;
     for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {

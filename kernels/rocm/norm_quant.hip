@@ -2,7 +2,8 @@
 // and bf16: the ops `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant` and
 // `fused_add_rms_norm_static_fp8_quant`. The passes and rounding points are those of the CUDA
 // kernel (`kernels/cuda/norm_quant.cu`): the sum of squares, the absmax of the normalized values
-// (dynamic), then the residual output and q. Every barrier is reached by the whole block.
+// (dynamic), then the residual output and q. Every barrier is reached by the whole block. The
+// residual output may be the residual's own rows (in place: `residual_out` is `r`, with its stride).
 
 #include "quant.hip.h"
 
@@ -10,7 +11,8 @@ template <int DTYPE>
 __device__ void norm_quant_row(unsigned char* q, float* scales, typename Elem<DTYPE>::T* residual_out,
                                const typename Elem<DTYPE>::T* x, const typename Elem<DTYPE>::T* r,
                                const typename Elem<DTYPE>::T* w, long long n_rows, int hidden,
-                               long long x_row_stride, long long r_row_stride, float eps, const float* scale,
+                               long long x_row_stride, long long r_row_stride, long long out_row_stride, float eps,
+                               const float* scale,
                                int has_residual, int has_weight, int dynamic, int has_scale, int format) {
     typedef Elem<DTYPE> E;
     __shared__ float scratch[QUANT_BLOCK];
@@ -19,7 +21,7 @@ __device__ void norm_quant_row(unsigned char* q, float* scales, typename Elem<DT
     const typename E::T* x_row = x + row * x_row_stride;
     const typename E::T* r_row = r + row * r_row_stride;
     unsigned char* q_row = q + row * (long long)hidden;
-    typename E::T* out_row = residual_out + row * (long long)hidden;
+    typename E::T* out_row = residual_out + row * out_row_stride;
 
     float squares = 0.0f;
     for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
@@ -66,10 +68,10 @@ __device__ void norm_quant_row(unsigned char* q, float* scales, typename Elem<DT
     extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) norm_quant_##suffix(                                \
         unsigned char* q, float* scales, Elem<DTYPE>::T* residual_out, const Elem<DTYPE>::T* x,                  \
         const Elem<DTYPE>::T* r, const Elem<DTYPE>::T* w, long long n_rows, int hidden, long long x_row_stride,   \
-        long long r_row_stride, float eps, const float* scale, int has_residual, int has_weight, int dynamic,     \
-        int has_scale, int format) {                                                                             \
-        norm_quant_row<DTYPE>(q, scales, residual_out, x, r, w, n_rows, hidden, x_row_stride, r_row_stride, eps,  \
-                              scale, has_residual, has_weight, dynamic, has_scale, format);                      \
+        long long r_row_stride, long long out_row_stride, float eps, const float* scale, int has_residual,        \
+        int has_weight, int dynamic, int has_scale, int format) {                                                \
+        norm_quant_row<DTYPE>(q, scales, residual_out, x, r, w, n_rows, hidden, x_row_stride, r_row_stride,       \
+                              out_row_stride, eps, scale, has_residual, has_weight, dynamic, has_scale, format); \
     }
 
 NORM_QUANT_KERNEL_DTYPE(0, f32)

@@ -8,8 +8,9 @@
 // values z. The last pass recomputes z, writes the residual output (the rounded sum) and
 // q = fp8(z / s). z = round(round(a * rstd) * w), rounded to the element type at each step: the
 // rounding points of the composition `quant(rms_norm(x))`, where the norm's output is stored in
-// x's dtype. The residual is read in every pass and written only in the last, so the residual
-// output may be the residual's own buffer.
+// x's dtype. The residual is read in every pass and written only in the last, each element by the
+// work-item that read it, so the residual output may be the residual's own rows (in place: then
+// `residual_out` is `r` and the output strides are the residual's).
 
 // Sums `value` over the work-group in a fixed tree order; every work-item gets the total.
 inline float quant_group_sum(float value, __local float* scratch) {
@@ -28,7 +29,8 @@ inline float quant_group_sum(float value, __local float* scratch) {
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm_quant)(
     __global uchar* q, __global float* scales, __global elem_t* residual_out, __global const elem_t* x,
     __global const elem_t* r, __global const elem_t* w, long n_rows, int hidden, long x_row_stride, long x_offset,
-    long r_row_stride, long r_offset, long w_offset, float eps, __global const float* scale, long scale_offset,
+    long r_row_stride, long r_offset, long out_row_stride, long out_offset, long w_offset, float eps,
+    __global const float* scale, long scale_offset,
     int has_residual, int has_weight, int dynamic, int has_scale, int format) {
     __local float scratch[QUANT_GROUP];
     long row = get_group_id(0);
@@ -37,7 +39,7 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
     __global const elem_t* r_row = r + r_offset + row * r_row_stride;
     __global const elem_t* w_row = w + w_offset;
     __global uchar* q_row = q + row * (long)hidden;
-    __global elem_t* out_row = residual_out + row * (long)hidden;
+    __global elem_t* out_row = residual_out + out_offset + row * out_row_stride;
 
     float squares = 0.0f;
     for (long j = lid; j < hidden; j += QUANT_GROUP) {

@@ -54,12 +54,15 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// Moves a host tensor to this backend's device.
+    /// Moves a host tensor to this backend's device in a fresh storage, keeping its layout (strides
+    /// and offset: a padded view stays padded, so kernels see the layouts the tests give them).
     pub fn upload(&self, t: &Tensor) -> Result<Tensor, TensorError> {
-        match &self.allocator {
-            None => t.deep_clone(),
-            Some(allocator) => t.to_device(allocator.as_ref()),
-        }
+        let host = t.deep_clone_same_layout()?;
+        let Some(allocator) = &self.allocator else { return Ok(host) };
+        let buffer = host.cpu_buffer().expect("a host copy");
+        let mut device = allocator.allocate(buffer.len_bytes())?;
+        device.upload(buffer.bytes())?;
+        Tensor::from_storage(ir_core::storage::Storage::Device(device), host.dtype(), host.layout().clone())
     }
 }
 

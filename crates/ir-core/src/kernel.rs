@@ -287,12 +287,12 @@ pub fn per_token_scales_shape(shape: &[usize]) -> Vec<usize> {
 /// One call of a GPU provider's norm + quantization kernel, which serves all three norm +
 /// quantization ops (`rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant`,
 /// `fused_add_rms_norm_static_fp8_quant`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct NormQuantCall<'a> {
     /// The input rows.
     pub x: &'a Tensor,
     /// The residual of the fused-add form.
-    pub residual: Option<&'a Tensor>,
+    pub residual: Option<NormQuantResidual<'a>>,
     /// The weight.
     pub weight: Option<&'a Tensor>,
     /// Epsilon.
@@ -305,21 +305,40 @@ pub struct NormQuantCall<'a> {
     pub out_dtype: DType,
 }
 
+/// The residual of a fused-add norm + quantization call.
+#[derive(Debug)]
+pub enum NormQuantResidual<'a> {
+    /// Read; the sum goes to a fresh compact tensor ([`NormQuantOutputs::residual_out`]).
+    Read(&'a Tensor),
+    /// Read and overwritten with the sum, in its own layout (the in-place kernel's activation).
+    InPlace(&'a mut UniqueTensor),
+}
+
+impl NormQuantResidual<'_> {
+    /// The residual tensor.
+    pub fn tensor(&self) -> &Tensor {
+        match self {
+            NormQuantResidual::Read(t) => t,
+            NormQuantResidual::InPlace(t) => t.tensor(),
+        }
+    }
+}
+
 /// What a norm + quantization kernel returns: `q`, the per-token scales of the dynamic form, and
-/// the residual output of the fused-add form.
+/// the fresh residual output of a fused-add call that read its residual.
 #[derive(Debug)]
 pub struct NormQuantOutputs {
     /// The quantized rows.
     pub q: Tensor,
     /// One f32 scale per row (dynamic form).
     pub scales: Option<Tensor>,
-    /// `x + x_residual` rounded to x's dtype (fused-add form).
+    /// `x + x_residual` rounded to x's dtype ([`NormQuantResidual::Read`] calls).
     pub residual_out: Option<Tensor>,
 }
 
 /// Registers the three norm + quantization ops of a provider whose tensors live on `device`, all
 /// served by `run`: `spec` makes each one's spec (the provider's name and probe), to which the op's
-/// standard predicate is added.
+/// standard predicate is added. The fused-add form is registered in place on the residual.
 pub fn register_norm_quant_ops(
     registry: &crate::Registry,
     device: DeviceKind,
@@ -348,11 +367,11 @@ pub fn register_norm_quant_ops(
             Ok((done.q, scales))
         },
     )?;
-    let fused = fused_add_rms_norm_static_fp8_quant::Impl::functional(
-        move |x, x_residual, weight, epsilon, scale, out_dtype| {
+    let fused = fused_add_rms_norm_static_fp8_quant::Impl::inplace(
+        move |x, mut x_residual, weight, epsilon, scale, out_dtype| {
             let call = NormQuantCall {
                 x,
-                residual: Some(x_residual),
+                residual: Some(NormQuantResidual::InPlace(&mut x_residual)),
                 weight,
                 epsilon,
                 scale: Some(scale),
@@ -360,8 +379,7 @@ pub fn register_norm_quant_ops(
                 out_dtype,
             };
             let done = run(call)?;
-            let residual_out = done.residual_out.ok_or_else(|| missing_output("residual_out"))?;
-            Ok((residual_out, done.q))
+            Ok((x_residual.into_tensor(), done.q))
         },
     );
     fused_add_rms_norm_static_fp8_quant::register(registry, with(fused_add_rms_norm_static_fp8_quant_support), fused)

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use ir_core::kernel::{
-    NormQuantCall, NormQuantOutputs, RowArgs, Rows, device_buffer, floor_scales, fp8_format_code,
-    per_token_scales_shape, quant_support,
+    NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales,
+    fp8_format_code, per_token_scales_shape, quant_support,
 };
 use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT};
 use ir_core::op::static_scaled_fp8_quant::{self, STATIC_SCALED_FP8_QUANT};
@@ -185,7 +185,7 @@ pub fn dynamic_per_token_scaled_fp8_quant_cuda(
 
 /// Runs the norm + quantization kernel: fresh compact outputs; the launch is asynchronous.
 fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
-    let NormQuantCall { x, residual, weight, epsilon, scale, dynamic, out_dtype } = call;
+    let NormQuantCall { x, mut residual, weight, epsilon, scale, dynamic, out_dtype } = call;
     let format = fp8_format_code(out_dtype)?;
     let mut launch = Launch::new(x, out_dtype)?;
     let rows = launch.rows;
@@ -193,14 +193,26 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
     let size = dtype.size_in_bytes();
     let stream = Arc::clone(&launch.stream);
     let device = Arc::clone(&launch.x.device);
-    let mut residual_out =
-        residual.map(|_| device.allocate_on(&stream, x.numel() * size)).transpose().map_err(TensorError::from)?;
+    let mut residual_out = match &residual {
+        Some(NormQuantResidual::Read(_)) => {
+            Some(device.allocate_on(&stream, x.numel() * size).map_err(TensorError::from)?)
+        }
+        _ => None,
+    };
     let mut scales =
         if dynamic { Some(device.allocate_on(&stream, rows.n_rows * 4).map_err(TensorError::from)?) } else { None };
     let scales_shape = per_token_scales_shape(x.shape());
     if !launch.is_empty() {
-        let residual_buffer = residual.map(|r| device_buffer::<CudaBuffer>(r, "x_residual", "CUDA")).transpose()?;
-        let residual_rows = residual.map(|r| Rows::for_kernel(r.meta())).transpose()?;
+        let residual_rows = residual.as_ref().map(|r| Rows::for_kernel(r.tensor().meta())).transpose()?;
+        let has_residual = residual.is_some();
+        // The residual's buffer: read, or read and written in place (through its write guard).
+        let (residual_read, residual_written) = match &mut residual {
+            Some(NormQuantResidual::Read(r)) => (Some(device_buffer::<CudaBuffer>(r, "x_residual", "CUDA")?), None),
+            Some(NormQuantResidual::InPlace(r)) => {
+                (None, Some(device_buffer_mut::<CudaBuffer>(r, "x_residual", "CUDA")?))
+            }
+            None => (None, None),
+        };
         let weight_buffer = weight.map(|w| device_buffer::<CudaBuffer>(w, "weight", "CUDA")).transpose()?;
         let scale_param = if dynamic { "scale_ub" } else { "scale" };
         let scale_buffer = scale.map(|s| device_buffer::<CudaBuffer>(s, scale_param, "CUDA")).transpose()?;
@@ -211,9 +223,13 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
         let RowArgs { n_rows, hidden, row_stride: x_stride, .. } = rows.kernel_args()?;
         let r_stride = residual_rows.map(|r| r.kernel_args()).transpose()?.map_or(0, |r| r.row_stride);
         let eps = epsilon as f32;
-        let flags = [residual.is_some(), weight.is_some(), dynamic, scale.is_some()].map(i32::from);
+        let flags = [has_residual, weight.is_some(), dynamic, scale.is_some()].map(i32::from);
         let x_address = launch.x.read_address(&stream);
-        let r_address = residual_buffer.map(|b| b.read_address(&stream));
+        let r_address = match (residual_read, residual_written) {
+            (Some(b), _) => Some(b.read_address(&stream)),
+            (None, Some(b)) => Some(b.write_address(&stream)),
+            _ => None,
+        };
         let w_address = weight_buffer.map(|b| b.read_address(&stream));
         let s_address = scale_buffer.map(|b| b.read_address(&stream));
         let q_address = launch.q.write_address(&stream);
@@ -234,22 +250,30 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
             _ => 0,
         };
         let scales_ptr = scales_address.as_ref().map_or(0, |a| a.ptr);
-        let out_ptr = out_address.as_ref().map_or(0, |a| a.ptr);
+        // A fresh residual output is compact; in place, the sum goes into the residual's own rows.
+        let (out_ptr, out_stride) = match &out_address {
+            Some(address) => (address.ptr, i64::from(hidden)),
+            None if has_residual => (r_ptr, r_stride),
+            None => (0, 0),
+        };
         let mut builder = stream.launch_builder(&function);
         // norm_quant_<dtype>(unsigned char* q, float* scales, elem_t* residual_out, const elem_t* x,
         //     const elem_t* r, const elem_t* w, long long n_rows, int hidden, long long x_row_stride,
-        //     long long r_row_stride, float eps, const float* scale, int has_residual, int has_weight,
-        //     int dynamic, int has_scale, int format)
+        //     long long r_row_stride, long long out_row_stride, float eps, const float* scale,
+        //     int has_residual, int has_weight, int dynamic, int has_scale, int format)
         builder.arg(&q_address.ptr).arg(&scales_ptr).arg(&out_ptr).arg(&x_ptr).arg(&r_ptr).arg(&w_ptr);
-        builder.arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&r_stride).arg(&eps).arg(&s_ptr);
+        builder.arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&r_stride).arg(&out_stride).arg(&eps).arg(&s_ptr);
         builder.arg(&flags[0]).arg(&flags[1]).arg(&flags[2]).arg(&flags[3]).arg(&format);
         // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
         // loss by `Rows::kernel_args`. x's and the residual's addresses cover every element their
         // rows reach (their layouts were checked against their storage); the weight holds `hidden`
         // unit-stride elements from its offset (the predicate); the scale points at its one f32
-        // element. `q` and `residual_out` were allocated for n_rows · hidden elements written
-        // densely, `scales` for n_rows. A null pointer is never dereferenced: its flag is 0. The
-        // launch is on the call's stream; the address guards record every use for cudarc's ordering.
+        // element. `q` was allocated for n_rows · hidden elements written densely, `scales` for
+        // n_rows; the residual output is a fresh compact buffer of n_rows · hidden elements or, in
+        // place, the residual's own rows (uniquely owned: the call's activation; each element read
+        // before the same thread writes it, only in the last pass). A null pointer is never
+        // dereferenced: its flag is 0. The launch is on the call's stream; the address guards
+        // record every use for cudarc's ordering.
         unsafe { builder.launch(config) }.map_err(driver_error)?;
     }
     let residual_out = residual_out

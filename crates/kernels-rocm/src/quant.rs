@@ -88,7 +88,9 @@ pub fn dynamic_per_token_scaled_fp8_quant_rocm(
 mod launch {
     use std::ffi::c_void;
 
-    use ir_core::kernel::{NormQuantCall, NormQuantOutputs, RowArgs, Rows, device_buffer};
+    use ir_core::kernel::{
+        NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut,
+    };
     use ir_core::storage::{DeviceAllocator, Storage};
     use ir_core::{DType, KernelError, Layout, Tensor, TensorError};
 
@@ -199,15 +201,17 @@ mod launch {
 
     /// The norm + quantization kernel: fresh compact outputs.
     pub(super) fn norm_quant(call: NormQuantCall<'_>, mut format: i32) -> Result<NormQuantOutputs, KernelError> {
-        let NormQuantCall { x, residual, weight, epsilon, scale, dynamic, out_dtype } = call;
+        let NormQuantCall { x, mut residual, weight, epsilon, scale, dynamic, out_dtype } = call;
         let rows = Rows::for_kernel(x.meta())?;
         let dtype = x.dtype();
         let allocator = allocator().map_err(driver)?;
         let mut q = allocator.allocate(x.numel() * out_dtype.size_in_bytes()).map_err(TensorError::from)?;
-        let mut residual_out = residual
-            .map(|_| allocator.allocate(x.numel() * dtype.size_in_bytes()))
-            .transpose()
-            .map_err(TensorError::from)?;
+        let mut residual_out = match &residual {
+            Some(NormQuantResidual::Read(_)) => {
+                Some(allocator.allocate(x.numel() * dtype.size_in_bytes()).map_err(TensorError::from)?)
+            }
+            _ => None,
+        };
         let mut scales =
             if dynamic { Some(allocator.allocate(rows.n_rows * 4).map_err(TensorError::from)?) } else { None };
         let scales_shape = ir_core::kernel::per_token_scales_shape(x.shape());
@@ -219,14 +223,19 @@ mod launch {
             let own = |b: &mut Box<dyn ir_core::storage::DeviceBuffer>| {
                 b.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate").pointer
             };
-            let residual_rows = residual.map(|r| Rows::for_kernel(r.meta())).transpose()?;
+            let residual_rows = residual.as_ref().map(|r| Rows::for_kernel(r.tensor().meta())).transpose()?;
             let null = std::ptr::null_mut::<c_void>();
             let mut q_ptr = own(&mut q);
             let mut scales_ptr = scales.as_mut().map_or(null, own);
-            let mut out_ptr = residual_out.as_mut().map_or(null, own);
             let mut x_ptr = pointer(x, "x", rows.offset, dtype)?;
-            let mut r_ptr = match (residual, residual_rows) {
-                (Some(r), Some(r_rows)) => pointer(r, "x_residual", r_rows.offset, dtype)?,
+            let has_residual = residual.is_some();
+            // The residual: read, or read and written in place (through its unique ownership).
+            let mut r_ptr = match (&mut residual, residual_rows) {
+                (Some(NormQuantResidual::Read(r)), Some(r_rows)) => pointer(r, "x_residual", r_rows.offset, dtype)?,
+                (Some(NormQuantResidual::InPlace(r)), Some(r_rows)) => {
+                    let buffer = device_buffer_mut::<HipBuffer>(r, "x_residual", "HIP")?;
+                    element_ptr(buffer.pointer, r_rows.offset, dtype)
+                }
                 _ => null,
             };
             let mut w_ptr = weight.map(|w| pointer(w, "weight", w.offset(), dtype)).transpose()?.unwrap_or(null);
@@ -234,16 +243,23 @@ mod launch {
             let mut s_ptr = scale.map(|s| pointer(s, scale_param, s.offset(), DType::F32)).transpose()?.unwrap_or(null);
             let RowArgs { mut n_rows, mut hidden, row_stride: mut x_stride, .. } = rows.kernel_args()?;
             let mut r_stride = residual_rows.map(|r| r.kernel_args()).transpose()?.map_or(0, |r| r.row_stride);
+            // A fresh residual output is compact; in place, the sum goes into the residual's own rows.
+            let (mut out_ptr, mut out_stride) = match residual_out.as_mut() {
+                Some(out) => (own(out), i64::from(hidden)),
+                None if has_residual => (r_ptr, r_stride),
+                None => (null, 0),
+            };
             let mut eps = epsilon as f32;
             let [mut has_residual, mut has_weight, mut is_dynamic, mut has_scale] =
-                [residual.is_some(), weight.is_some(), dynamic, scale.is_some()].map(i32::from);
+                [has_residual, weight.is_some(), dynamic, scale.is_some()].map(i32::from);
             let blocks = u32::try_from(rows.n_rows).map_err(|_| KernelError::InvalidArguments {
                 reason: format!("{} rows exceed the grid limit", rows.n_rows),
             })?;
             // norm_quant_<dtype>(q, scales, residual_out, x, r, w, long long n_rows, int hidden,
-            //     long long x_row_stride, long long r_row_stride, float eps, const float* scale,
-            //     int has_residual, int has_weight, int dynamic, int has_scale, int format)
-            let mut params: [*mut c_void; 17] = [
+            //     long long x_row_stride, long long r_row_stride, long long out_row_stride, float eps,
+            //     const float* scale, int has_residual, int has_weight, int dynamic, int has_scale,
+            //     int format)
+            let mut params: [*mut c_void; 18] = [
                 &mut q_ptr as *mut _ as *mut c_void,
                 &mut scales_ptr as *mut _ as *mut c_void,
                 &mut out_ptr as *mut _ as *mut c_void,
@@ -254,6 +270,7 @@ mod launch {
                 &mut hidden as *mut _ as *mut c_void,
                 &mut x_stride as *mut _ as *mut c_void,
                 &mut r_stride as *mut _ as *mut c_void,
+                &mut out_stride as *mut _ as *mut c_void,
                 &mut eps as *mut _ as *mut c_void,
                 &mut s_ptr as *mut _ as *mut c_void,
                 &mut has_residual as *mut _ as *mut c_void,
@@ -266,9 +283,11 @@ mod launch {
             // order, each integer converted without loss by `Rows::kernel_args`. x's and the
             // residual's rows lie inside their buffers (their layouts were checked against their
             // storage); the weight holds `hidden` unit-stride elements from its offset (the
-            // predicate); the scale points at its one f32 element. `q` and `residual_out` hold
-            // n_rows · hidden elements written densely, `scales` n_rows. A null pointer is never
-            // dereferenced: its flag is 0.
+            // predicate); the scale points at its one f32 element. `q` holds n_rows · hidden
+            // elements written densely, `scales` n_rows; the residual output is a fresh compact
+            // buffer or, in place, the residual's own rows (uniquely owned: the call's activation;
+            // each element read before the same thread writes it, only in the last pass). A null
+            // pointer is never dereferenced: its flag is 0.
             unsafe { device.launch(&format!("norm_quant_{dtype}"), blocks, QUANT_BLOCK, &mut params) }?;
         }
         let q = Tensor::from_storage(Storage::Device(q), out_dtype, Layout::compact(x.shape()))?;

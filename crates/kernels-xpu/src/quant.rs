@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use ir_core::kernel::{
-    NormQuantCall, NormQuantOutputs, RowArgs, Rows, device_buffer, floor_scales, fp8_format_code, kernel_int,
-    per_token_scales_shape, quant_support,
+    NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales,
+    fp8_format_code, kernel_int, per_token_scales_shape, quant_support,
 };
 use ir_core::op::dynamic_per_token_scaled_fp8_quant;
 use ir_core::op::static_scaled_fp8_quant;
@@ -197,26 +197,34 @@ pub(crate) fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Xpu, spec, norm_quant)
 }
 
-/// Runs the norm + quantization kernel: fresh compact outputs.
+/// Runs the norm + quantization kernel: fresh compact outputs, and the residual output fresh or
+/// written into the residual in place.
 fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
-    let NormQuantCall { x, residual, weight, epsilon, scale, dynamic, out_dtype } = call;
+    let NormQuantCall { x, mut residual, weight, epsilon, scale, dynamic, out_dtype } = call;
     let format = fp8_format_code(out_dtype)?;
     let launch = Launch::new(x, out_dtype)?;
     let rows = launch.rows;
     let dtype = x.dtype();
     let device = &launch.x.device;
-    let residual_out = residual
-        .map(|_| device.allocate_on(&launch.queue, x.numel() * dtype.size_in_bytes()))
-        .transpose()
-        .map_err(TensorError::from)?;
+    let residual_out = match &residual {
+        Some(NormQuantResidual::Read(_)) => {
+            Some(device.allocate_on(&launch.queue, x.numel() * dtype.size_in_bytes()).map_err(TensorError::from)?)
+        }
+        _ => None,
+    };
     let scales = if dynamic {
         Some(device.allocate_on(&launch.queue, rows.n_rows * 4).map_err(TensorError::from)?)
     } else {
         None
     };
     if !launch.is_empty() {
-        let residual_buffer = residual.map(|r| device_buffer::<XpuBuffer>(r, "x_residual", "xpu")).transpose()?;
-        let residual_rows = residual.map(|r| Rows::for_kernel(r.meta())).transpose()?;
+        let residual_rows = residual.as_ref().map(|r| Rows::for_kernel(r.tensor().meta())).transpose()?;
+        // The residual's buffer: read only, or read and written (then it is also the output).
+        let residual_buffer: Option<&XpuBuffer> = match &mut residual {
+            Some(NormQuantResidual::Read(r)) => Some(device_buffer::<XpuBuffer>(r, "x_residual", "xpu")?),
+            Some(NormQuantResidual::InPlace(r)) => Some(&*device_buffer_mut::<XpuBuffer>(r, "x_residual", "xpu")?),
+            None => None,
+        };
         let weight_buffer = weight.map(|w| device_buffer::<XpuBuffer>(w, "weight", "xpu")).transpose()?;
         for buffer in residual_buffer.iter().chain(weight_buffer.iter()) {
             buffer.use_on(&launch.queue)?;
@@ -235,30 +243,38 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
         let q_mem = launch.q.buffer.get();
         let x_mem = launch.x.buffer.get();
         let scales_mem = scales.as_ref().map_or(q_mem, |s| s.buffer.get());
-        let residual_out_mem = residual_out.as_ref().map_or(q_mem, |r| r.buffer.get());
         let r_mem = residual_buffer.map_or(x_mem, |r| r.buffer.get());
+        // A fresh residual output is compact; in place, the sum goes into the residual's own rows.
+        let (out_mem, out_stride, out_offset) = match &residual_out {
+            Some(out) => (out.buffer.get(), i64::from(hidden), 0i64),
+            None if residual_buffer.is_some() => (r_mem, r_stride, r_offset),
+            None => (q_mem, 0, 0),
+        };
         let w_mem = weight_buffer.map_or(x_mem, |w| w.buffer.get());
         let (scale_mem, scale_offset) = scale.map_or((q_mem, 0), |(b, offset)| (b.buffer.get(), offset));
-        let has_residual = i32::from(residual.is_some());
+        let has_residual = i32::from(residual_buffer.is_some());
         let has_weight = i32::from(weight.is_some());
         let is_dynamic = i32::from(dynamic);
         let has_scale = i32::from(scale.is_some());
         // norm_quant_<dtype>(q, scales, residual_out, x, r, w, long n_rows, int hidden,
-        //     long x_row_stride, long x_offset, long r_row_stride, long r_offset, long w_offset,
-        //     float eps, scale, long scale_offset, int has_residual, int has_weight, int dynamic,
-        //     int has_scale, int format)
+        //     long x_row_stride, long x_offset, long r_row_stride, long r_offset, long out_row_stride,
+        //     long out_offset, long w_offset, float eps, scale, long scale_offset, int has_residual,
+        //     int has_weight, int dynamic, int has_scale, int format)
         // SAFETY: the arguments follow the kernel's prototype above, with the types it declares,
         // each integer converted without loss (`Rows::kernel_args`, `kernel_int`). x's and the
         // residual's rows lie inside their buffers (their layouts were checked against their
         // storage, and the rows come from those layouts); the weight holds `hidden` unit-stride
         // elements from its offset (the predicate); the scale points at its one f32 element. `q`
-        // and `residual_out` hold n_rows · hidden elements written densely, `scales` n_rows. A
-        // flag of 0 keeps the kernel from touching the stand-in buffer it guards.
+        // holds n_rows · hidden elements written densely, `scales` n_rows; the residual output is
+        // a fresh compact buffer of n_rows · hidden elements or, in place, the residual's own rows
+        // (uniquely owned: the call's activation), each element read before the same work-item
+        // writes it, and only in the last pass. A flag of 0 keeps the kernel from touching the
+        // stand-in buffer it guards.
         unsafe {
             ExecuteKernel::new(&kernel)
                 .set_arg(&q_mem)
                 .set_arg(&scales_mem)
-                .set_arg(&residual_out_mem)
+                .set_arg(&out_mem)
                 .set_arg(&x_mem)
                 .set_arg(&r_mem)
                 .set_arg(&w_mem)
@@ -268,6 +284,8 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
                 .set_arg(&x_offset)
                 .set_arg(&r_stride)
                 .set_arg(&r_offset)
+                .set_arg(&out_stride)
+                .set_arg(&out_offset)
                 .set_arg(&w_offset)
                 .set_arg(&eps)
                 .set_arg(&scale_mem)
