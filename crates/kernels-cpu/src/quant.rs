@@ -2,7 +2,7 @@
 //!
 //! Each row is widened into f32 scratch; the dynamic op reduces its absmax there (`f32::max`, which
 //! skips NaN as the reference does), then every element is divided by the row's scale in f32 and
-//! converted to fp8 with [`Fp8::encode`], a branch-free form of the saturating nearest-even
+//! converted to fp8 with `Fp8::encode`, a branch-free form of the saturating nearest-even
 //! conversion that vectorizes (the `float8` crate's conversion, which native uses, goes through
 //! f64 one branchy element at a time: 3.4 ns an element on the development machine, against 0.3 ns); its tests compare the two on every
 //! f32 that decides a rounding. The rounding points are those of [`ir_core::op::quant`], so results
