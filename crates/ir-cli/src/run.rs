@@ -122,7 +122,7 @@ fn inputs_from_safetensors(graph: &Graph, bytes: &[u8], path: &Path) -> anyhow::
             let view = file.tensor(name).with_context(|| format!("{} has no tensor `{name}`", path.display()))?;
             let Some(dtype) = dtype_from_safetensors(view.dtype()) else {
                 bail!(
-                    "tensor `{name}` has dtype {:?}; expected one of F32, F16, BF16, F64, F8_E4M3, F8_E5M2, I8",
+                    "tensor `{name}` has dtype {:?}; expected one of F32, F16, BF16, F64, F8_E4M3, F8_E5M2, I8, I64",
                     view.dtype()
                 );
             };
@@ -148,6 +148,7 @@ fn dtype_from_safetensors(dtype: Dtype) -> Option<DType> {
         Dtype::F8_E4M3 => DType::F8E4M3FN,
         Dtype::F8_E5M2 => DType::F8E5M2,
         Dtype::I8 => DType::I8,
+        Dtype::I64 => DType::I64,
         _ => return None,
     })
 }
@@ -161,6 +162,7 @@ fn dtype_to_safetensors(dtype: DType) -> Dtype {
         DType::F8E4M3FN => Dtype::F8_E4M3,
         DType::F8E5M2 => Dtype::F8_E5M2,
         DType::I8 => Dtype::I8,
+        DType::I64 => Dtype::I64,
     }
 }
 

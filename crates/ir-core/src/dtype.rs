@@ -32,17 +32,20 @@ pub enum DType {
     F8E5M2,
     /// Signed 8-bit integer.
     I8,
+    /// Signed 64-bit integer (token positions, indices). Values beyond 2^53 do not survive the
+    /// `f64` conversions of the reference paths.
+    I64,
 }
 
 /// A dtype name that is not one of the known spellings.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown dtype `{0}` (known: f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8)")]
+#[error("unknown dtype `{0}` (known: f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8, i64)")]
 pub struct UnknownDType(pub String);
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 7] =
-        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::F8E4M3FN, DType::F8E5M2, DType::I8];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::F8E4M3FN, DType::F8E5M2, DType::I8, DType::I64];
 
     /// The dtypes models compute in (norms and activations take these): f32, f16, bf16, f64.
     pub const COMPUTE: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
@@ -55,12 +58,12 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::F64 => 8,
+            DType::F64 | DType::I64 => 8,
             DType::F8E4M3FN | DType::F8E5M2 | DType::I8 => 1,
         }
     }
 
-    /// The text-format spelling (`f32`, `f16`, `bf16`, `f64`, `f8e4m3fn`, `f8e5m2`, `i8`).
+    /// The text-format spelling (`f32`, `f16`, `bf16`, `f64`, `f8e4m3fn`, `f8e5m2`, `i8`, `i64`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -70,11 +73,12 @@ impl DType {
             DType::F8E4M3FN => "f8e4m3fn",
             DType::F8E5M2 => "f8e5m2",
             DType::I8 => "i8",
+            DType::I64 => "i64",
         }
     }
 
-    /// Rounds `value` to this dtype (nearest-even, saturating for the 8-bit types; NaN stays NaN
-    /// except in `i8`, where it is 0) and widens it back to `f64`.
+    /// Rounds `value` to this dtype (nearest-even, saturating for the 8-bit and integer types; NaN
+    /// stays NaN except in the integer types, where it is 0) and widens it back to `f64`.
     pub fn round(self, value: f64) -> f64 {
         match self {
             DType::F32 => value as f32 as f64,
@@ -84,6 +88,7 @@ impl DType {
             DType::F8E4M3FN => <F8E4M3 as Element>::from_f64(value).to_f64(),
             DType::F8E5M2 => <F8E5M2 as Element>::from_f64(value).to_f64(),
             DType::I8 => <i8 as Element>::from_f64(value).to_f64(),
+            DType::I64 => <i64 as Element>::from_f64(value).to_f64(),
         }
     }
 
@@ -129,6 +134,7 @@ impl FromStr for DType {
             "f8e4m3fn" => Ok(DType::F8E4M3FN),
             "f8e5m2" => Ok(DType::F8E5M2),
             "i8" => Ok(DType::I8),
+            "i64" => Ok(DType::I64),
             _ => Err(UnknownDType(s.to_owned())),
         }
     }
@@ -144,7 +150,7 @@ pub trait Element: bytemuck::Pod + Send + Sync + fmt::Debug + 'static {
     fn to_f64(self) -> f64;
     /// Rounds an `f64` to this type.
     fn from_f64(value: f64) -> Self;
-    /// Widens to `f32` (exact for every type but `f64`).
+    /// Widens to `f32` (exact for every type but `f64`, and `i64` beyond 2^24).
     fn to_f32(self) -> f32;
     /// Rounds an `f32` to this type.
     fn from_f32(value: f32) -> Self;
@@ -264,6 +270,25 @@ impl Element for i8 {
     }
 }
 
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+    /// Exact up to 2^53 in magnitude.
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    /// Nearest integer, ties to even, saturated to the `i64` range; NaN becomes 0.
+    fn from_f64(value: f64) -> i64 {
+        value.round_ties_even() as i64
+    }
+    /// Exact up to 2^24 in magnitude.
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(value: f32) -> i64 {
+        value.round_ties_even() as i64
+    }
+}
+
 /// Narrows to f32 rounding to odd: truncate, then set the last bit if anything was lost.
 ///
 /// Rounding that result to nearest-even in a format of at most 22 significand bits (f16, bf16) equals
@@ -290,7 +315,7 @@ mod tests {
             assert_eq!(dtype.name().parse::<DType>(), Ok(dtype));
         }
         let err = "int8".parse::<DType>().unwrap_err();
-        assert_eq!(err.to_string(), "unknown dtype `int8` (known: f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8)");
+        assert_eq!(err.to_string(), "unknown dtype `int8` (known: f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8, i64)");
     }
 
     #[test]
@@ -420,6 +445,21 @@ mod tests {
         assert_eq!(DType::I8.round(-1e30), -128.0);
         assert_eq!(DType::I8.round(f64::NAN), 0.0);
         assert_eq!(DType::I8.size_in_bytes(), 1);
+    }
+
+    #[test]
+    fn i64_keeps_positions_and_saturates() {
+        for value in [0i64, 1, -1, 4095, 1 << 40, -(1 << 53), 1 << 53] {
+            assert_eq!(<i64 as Element>::from_f64(value as f64), value);
+            assert_eq!(<i64 as Element>::from_f64(value as f64).to_f64(), value as f64);
+        }
+        assert_eq!(DType::I64.round(2.5), 2.0);
+        assert_eq!(DType::I64.round(-3.5), -4.0);
+        assert_eq!(<i64 as Element>::from_f64(1e300), i64::MAX);
+        assert_eq!(<i64 as Element>::from_f64(f64::NEG_INFINITY), i64::MIN);
+        assert_eq!(DType::I64.round(f64::NAN), 0.0);
+        assert_eq!(DType::I64.size_in_bytes(), 8);
+        assert!(!DType::I64.is_compute() && DType::I64.fp8_max().is_none());
     }
 
     #[test]

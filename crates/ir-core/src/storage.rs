@@ -169,6 +169,7 @@ impl CpuBuffer {
             crate::DType::F8E4M3FN => CpuBuffer::zeroed_elements::<crate::F8E4M3>(elements)?,
             crate::DType::F8E5M2 => CpuBuffer::zeroed_elements::<crate::F8E5M2>(elements)?,
             crate::DType::I8 => CpuBuffer::zeroed_elements::<i8>(elements)?,
+            crate::DType::I64 => CpuBuffer::zeroed_elements::<i64>(elements)?,
         };
         buffer.len_bytes = len_bytes;
         Ok(buffer)

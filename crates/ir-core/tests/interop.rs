@@ -123,6 +123,19 @@ fn eight_bit_tensors_cross_to_candle_and_dlpack_with_their_bits() {
 }
 
 #[test]
+fn i64_positions_cross_to_candle_and_dlpack() {
+    let positions = Tensor::from_vec(&[4], vec![0i64, 7, 4095, 1 << 40]).unwrap();
+    let c = positions.clone().into_candle().unwrap();
+    assert_eq!(c.to_vec1::<i64>().unwrap(), [0, 7, 4095, 1 << 40]);
+    // SAFETY: nothing writes `c`.
+    let back = unsafe { Tensor::from_candle_shared(&c) }.unwrap();
+    assert_eq!((back.dtype(), back.to_f64_vec().unwrap()), (DType::I64, vec![0.0, 7.0, 4095.0, (1u64 << 40) as f64]));
+    // SAFETY: the DLPack tensor came from `to_dlpack`; nothing else touches it.
+    let again = unsafe { Tensor::from_dlpack(positions.clone().to_dlpack().unwrap()) }.unwrap();
+    assert!(ir_core::bit_eq(&again, &positions));
+}
+
+#[test]
 fn dlpack_round_trips_share_memory_and_respect_read_only() {
     let t = Tensor::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
     let address = first_element(&t);

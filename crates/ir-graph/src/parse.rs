@@ -454,9 +454,10 @@ impl Parser {
     }
 
     fn ty(&mut self) -> Result<TensorMeta, ParseError> {
-        let (name, token) = self.ident("a dtype (f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8)")?;
-        let dtype: DType =
-            name.parse().map_err(|_| self.error_at(&token, "a dtype (f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8)"))?;
+        let (name, token) = self.ident("a dtype (f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8, i64)")?;
+        let dtype: DType = name
+            .parse()
+            .map_err(|_| self.error_at(&token, "a dtype (f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8, i64)"))?;
         let shape = self.dims('[', ']')?;
         let strides = if self.peek().tok == Tok::Punct('{') { Some(self.dims('{', '}')?) } else { None };
         let offset = if self.eat_punct('+') { self.usize("a storage offset")? } else { 0 };

@@ -91,7 +91,7 @@ fn parse_errors_have_positions_and_say_what_was_expected() {
     );
     assert_eq!(
         error("graph g(%x: f8[2]) {\n  output(%x)\n}"),
-        "1:13: expected a dtype (f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8), found 'f8'"
+        "1:13: expected a dtype (f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8, i64), found 'f8'"
     );
     assert_eq!(
         error("graph g(%x: f32[2]) {\n  %y = scale(%z, 2.0) : f32[2]\n  output(%y)\n}"),

@@ -26,6 +26,7 @@ fn host_memory(storage: &candle::CpuStorage) -> Result<(DType, *const u8, usize)
         candle::CpuStorage::BF16(values) => parts(values, DType::BF16),
         candle::CpuStorage::F64(values) => parts(values, DType::F64),
         candle::CpuStorage::F8E4M3(values) => parts(values, DType::F8E4M3FN),
+        candle::CpuStorage::I64(values) => parts(values, DType::I64),
         other => {
             return Err(InteropError::UnsupportedDType { library: LIBRARY, dtype: format!("{:?}", other.dtype()) });
         }
@@ -122,6 +123,7 @@ impl Tensor {
             DType::BF16 => into_candle_typed::<half::bf16>(self),
             DType::F64 => into_candle_typed::<f64>(self),
             DType::F8E4M3FN => into_candle_typed::<crate::F8E4M3>(self),
+            DType::I64 => into_candle_typed::<i64>(self),
             // candle 0.9 has no E5M2 and no i8.
             DType::F8E5M2 | DType::I8 => {
                 Err(InteropError::UnsupportedDType { library: LIBRARY, dtype: self.dtype().to_string() })

@@ -25,6 +25,7 @@ fn dtype_from_dlpack(dtype: DLDataType) -> Result<DType, InteropError> {
         t if t == DLDataType::F8E4M3FN => DType::F8E4M3FN,
         t if t == DLDataType::F8E5M2 => DType::F8E5M2,
         t if t == DLDataType::I8 => DType::I8,
+        t if t == DLDataType::I64 => DType::I64,
         other => {
             return Err(InteropError::UnsupportedDType {
                 library: LIBRARY,
@@ -43,6 +44,7 @@ fn dtype_to_dlpack(dtype: DType) -> DLDataType {
         DType::F8E4M3FN => DLDataType::F8E4M3FN,
         DType::F8E5M2 => DLDataType::F8E5M2,
         DType::I8 => DLDataType::I8,
+        DType::I64 => DLDataType::I64,
     }
 }
 
@@ -65,7 +67,7 @@ impl Tensor {
     /// `torch.from_dlpack`, a write through it (only ever an in-place call on a uniquely owned
     /// tensor) is visible to the producer.
     ///
-    /// Accepted: CPU (and pinned host) memory; f32, f16, bf16, f64, f8e4m3fn, f8e5m2 and i8; non-negative strides (or
+    /// Accepted: CPU (and pinned host) memory; f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8 and i64; non-negative strides (or
     /// none: compact); a first element aligned to the element size. Anything else is an error
     /// naming it, and the DLPack tensor is released.
     ///

@@ -238,6 +238,8 @@ pub fn global_tolerance(dtype: DType) -> Tolerance {
         DType::F8E4M3FN => Tolerance { atol: 1.0 / 512.0, rtol: 0.125 },
         DType::F8E5M2 => Tolerance { atol: 1.0 / 65536.0, rtol: 0.25 },
         DType::I8 => Tolerance { atol: 1.0, rtol: 0.0 },
+        // Positions and indices: equal.
+        DType::I64 => Tolerance { atol: 0.0, rtol: 0.0 },
     }
 }
 

@@ -48,6 +48,10 @@ macro_rules! with_element_type {
                 type $T = i8;
                 $body
             }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
         }
     };
 }
