@@ -252,42 +252,31 @@ impl Element for F8E5M2 {
     }
 }
 
-impl Element for i8 {
-    const DTYPE: DType = DType::I8;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    /// Nearest integer, ties to even, saturated to `-128..=127`; NaN becomes 0.
-    fn from_f64(value: f64) -> i8 {
-        // `as` saturates and maps NaN to 0.
-        value.round_ties_even() as i8
-    }
-    fn to_f32(self) -> f32 {
-        self as f32
-    }
-    fn from_f32(value: f32) -> i8 {
-        value.round_ties_even() as i8
-    }
+/// Implements [`Element`] for a signed integer type: conversions from floats round to the nearest
+/// integer, ties to even, and saturate to the type's range (`as` saturates and maps NaN to 0).
+macro_rules! integer_element {
+    ($t:ty, $dtype:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(value: f64) -> $t {
+                value.round_ties_even() as $t
+            }
+            fn to_f32(self) -> f32 {
+                self as f32
+            }
+            fn from_f32(value: f32) -> $t {
+                value.round_ties_even() as $t
+            }
+        }
+    };
 }
 
-impl Element for i64 {
-    const DTYPE: DType = DType::I64;
-    /// Exact up to 2^53 in magnitude.
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    /// Nearest integer, ties to even, saturated to the `i64` range; NaN becomes 0.
-    fn from_f64(value: f64) -> i64 {
-        value.round_ties_even() as i64
-    }
-    /// Exact up to 2^24 in magnitude.
-    fn to_f32(self) -> f32 {
-        self as f32
-    }
-    fn from_f32(value: f32) -> i64 {
-        value.round_ties_even() as i64
-    }
-}
+integer_element!(i8, I8);
+// Exact in f64 up to 2^53 and in f32 up to 2^24 in magnitude.
+integer_element!(i64, I64);
 
 /// Narrows to f32 rounding to odd: truncate, then set the last bit if anything was lost.
 ///
