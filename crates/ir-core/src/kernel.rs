@@ -266,6 +266,19 @@ pub fn quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
     rows_support(x, device, "hidden size")
 }
 
+/// The five quantization ops a GPU provider implements with the quantization kernels.
+pub const QUANT_OPS: [&str; 5] = [
+    crate::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT.name,
+    crate::op::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name,
+    crate::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT.name,
+    crate::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
+    crate::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name,
+];
+
+/// The GPU quantization kernels, each `<kernel>_<dtype>`: the two quantizations, and `norm_quant`,
+/// which serves the three norm + quantization ops.
+pub const QUANT_KERNELS: [&str; 3] = [QUANT_OPS[0], QUANT_OPS[1], "norm_quant"];
+
 /// The quantization kernels' `format` argument: 0 for f8e4m3fn, 1 for f8e5m2.
 pub fn fp8_format_code(dtype: DType) -> Result<i32, KernelError> {
     match dtype {

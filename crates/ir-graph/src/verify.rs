@@ -263,11 +263,11 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
                 }
                 return check_results(graph, results, expected);
             }
-            let activations = lookups.ops.activations(*op_ref).to_vec();
-            let expected = lookups.op_outputs(graph, *op_ref, args)?;
-            if *writes != activations {
+            let activations = lookups.ops.activations(*op_ref);
+            if writes.as_slice() != activations {
                 return Err(format!("inplace provider `{provider}` of `{op}` writes {activations:?}, not {writes:?}"));
             }
+            let expected = lookups.op_outputs(graph, *op_ref, args)?;
             // Result i is written into argument writes[i]; results after the written ones are fresh.
             if results.len() != expected.len() {
                 return Err(format!("expected {} results, found {}", expected.len(), results.len()));

@@ -29,6 +29,33 @@ pub fn written_values(graph: &Graph, ops: &OpTable, node: NodeId) -> Vec<ValueId
     }
 }
 
+/// `writes_before[i]`: how many of the first `i` nodes of the order write a value (so the writers
+/// strictly between positions `a` and `b` number `writes_before[b] - writes_before[a + 1]`).
+pub(crate) fn writes_before(graph: &Graph, ops: &OpTable) -> Vec<u32> {
+    let mut counts = Vec::with_capacity(graph.order().len() + 1);
+    counts.push(0u32);
+    for &node in graph.order() {
+        let writes = u32::from(!written_values(graph, ops, node).is_empty());
+        counts.push(counts.last().copied().unwrap_or(0) + writes);
+    }
+    counts
+}
+
+/// Rewires every use of a value with a replacement to the replacement, in one pass over the order.
+pub(crate) fn replace_uses(graph: &mut Graph, replacement: &SecondaryMap<ValueId, Option<ValueId>>) {
+    let order = graph.order().to_vec();
+    for node in order {
+        let mut operands = graph.node(node).kind.operands();
+        operands.sort_unstable();
+        operands.dedup();
+        for old in operands {
+            if let Some(new) = replacement[old] {
+                graph.node_mut(node).kind.replace_operand(old, new);
+            }
+        }
+    }
+}
+
 /// Storage roots: an input is its own root; a view's root is its input's root; a writing
 /// node's result i has the root of what it wrote; every other value is its own root.
 pub struct StorageRoots {

@@ -72,7 +72,7 @@ use ir_core::op::Overload;
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
-use crate::analysis::written_values;
+use crate::analysis::{replace_uses, writes_before};
 use crate::{PassContext, PassError};
 
 /// Why a candidate pair was left unfused.
@@ -147,13 +147,7 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
     let ops = OpTable::compute(graph, cx.registry);
     let positions = graph.positions();
     let uses = graph.use_lists();
-    // writes_before[i]: how many of the first i nodes of the order write a value.
-    let mut writes_before = Vec::with_capacity(graph.order().len() + 1);
-    writes_before.push(0u32);
-    for &node in graph.order() {
-        let writes = u32::from(!written_values(graph, &ops, node).is_empty());
-        writes_before.push(writes_before.last().copied().unwrap_or(0) + writes);
-    }
+    let writes_before = writes_before(graph, &ops);
 
     let mut fusions = Vec::new();
     let mut fused_adds = EntitySet::new();
@@ -222,17 +216,7 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
     }
     graph.insert_detached_before(&placements);
     graph.remove_nodes(&removed);
-    let order = graph.order().to_vec();
-    for node in order {
-        let mut operands = graph.node(node).kind.operands();
-        operands.sort_unstable();
-        operands.dedup();
-        for old in operands {
-            if let Some(new) = replacement[old] {
-                graph.node_mut(node).kind.replace_operand(old, new);
-            }
-        }
-    }
+    replace_uses(graph, &replacement);
     report.fused = created.iter().map(|&node| graph.display_node(node)).collect();
     tracing::debug!(target: "ir_passes::fuse_add_rms_norm", %report, "fused");
     Ok(report)

@@ -26,21 +26,11 @@ pub const QUANT: &str = include_str!("../kernels/quant.cu");
 /// Threads per block (`QUANT_BLOCK` in `quant.cu`): one block per row.
 pub const QUANT_BLOCK: u32 = 256;
 
-/// The ops of this module.
-pub const QUANT_OPS: [&str; 5] = [
-    STATIC_SCALED_FP8_QUANT.name,
-    DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name,
-    ir_core::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT.name,
-    ir_core::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
-    ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name,
-];
+/// The ops of this module, and its kernels (`<kernel>_<dtype>`).
+pub use ir_core::kernel::{QUANT_KERNELS as KERNELS, QUANT_OPS};
 
 /// The norm + quantization kernel's source (after the element prelude and `quant.cu`).
 pub const NORM_QUANT: &str = include_str!("../kernels/norm_quant.cu");
-
-/// Every kernel of the quantization program, by op (the three norm + quantization ops share
-/// `norm_quant_<dtype>`).
-pub const KERNELS: [&str; 3] = [STATIC_SCALED_FP8_QUANT.name, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name, "norm_quant"];
 
 /// Compiles the quantization program (both quantization kernels and the norm + quantization
 /// kernel) for input `dtype` to PTX for `arch`.

@@ -5,25 +5,14 @@
 //! stay on the device.
 
 use ir_core::kernel::{NormQuantCall, NormQuantOutputs, fp8_format_code, quant_support};
-use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT};
-use ir_core::op::static_scaled_fp8_quant::{self, STATIC_SCALED_FP8_QUANT};
+use ir_core::op::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 
 /// Threads per block (`QUANT_BLOCK` in `quant.hip`): one block per row.
 pub const QUANT_BLOCK: u32 = 256;
 
-/// The ops of this module.
-pub const QUANT_OPS: [&str; 5] = [
-    STATIC_SCALED_FP8_QUANT.name,
-    DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name,
-    ir_core::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT.name,
-    ir_core::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
-    ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name,
-];
-
-/// The kernels of `quant.hip` and `norm_quant.hip`, each `<kernel>_<dtype>` (the three norm +
-/// quantization ops share `norm_quant`).
-pub const KERNELS: [&str; 3] = [STATIC_SCALED_FP8_QUANT.name, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name, "norm_quant"];
+/// The ops of this module, and its kernels (`<kernel>_<dtype>`).
+pub use ir_core::kernel::{QUANT_KERNELS as KERNELS, QUANT_OPS};
 
 /// Registers both quantization ops.
 pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
@@ -94,7 +83,10 @@ mod launch {
     use ir_core::storage::{DeviceAllocator, Storage};
     use ir_core::{DType, KernelError, Layout, Tensor, TensorError};
 
-    use super::{DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT, QUANT_BLOCK, STATIC_SCALED_FP8_QUANT};
+    use ir_core::op::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
+    use ir_core::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
+
+    use super::QUANT_BLOCK;
     use crate::launch::element_ptr;
     use crate::runtime::{HipBuffer, allocator, device};
 

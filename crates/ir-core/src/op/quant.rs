@@ -162,6 +162,28 @@ pub(crate) enum QuantScale {
     Dynamic(Option<f64>),
 }
 
+/// The input generator of the norm + quantization ops: `x ~ N(0, 1)` of `[T, H]`, the residual
+/// (same distribution) when `with_residual`, `weight ~ N(1, 0.1)`, epsilon, then `scale` (the
+/// quantization's scale or bound, an f32 tensor of one element) and the output dtype `f8e4m3fn`.
+pub(crate) fn norm_quant_inputs(
+    spec: &crate::op::InputSpec,
+    with_residual: bool,
+    scale: f64,
+) -> Result<Vec<crate::op::Value>, TensorError> {
+    use crate::op::Value;
+    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let shape = [spec.num_tokens, spec.hidden_size];
+    let mut values = vec![Value::Tensor(rng.normal(spec.dtype, &shape, 0.0, 1.0)?)];
+    if with_residual {
+        values.push(Value::Tensor(rng.normal(spec.dtype, &shape, 0.0, 1.0)?));
+    }
+    values.push(Value::Tensor(rng.normal(spec.dtype, &[spec.hidden_size], 1.0, 0.1)?));
+    values.push(Value::F64(spec.epsilon));
+    values.push(Value::Tensor(Tensor::from_f64(DType::F32, &[1], &[scale])?));
+    values.push(Value::DType(DType::F8E4M3FN));
+    Ok(values)
+}
+
 /// The smallest dynamic scale for `dtype`: `c(1 / (M · 512))`.
 pub fn min_scale(dtype: DType) -> f32 {
     let max = dtype.fp8_max().unwrap_or(1.0);

@@ -7,7 +7,9 @@
 //! normalized row in registers instead of writing it. Not in place; activations `[x]`.
 
 use crate::op::norm_math::{NormParams, native_norm};
-use crate::op::quant::{QuantParams, QuantScale, norm_quant_meta, quantize_host, scale_value, to_device_of};
+use crate::op::quant::{
+    QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
+};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
 use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
 
@@ -61,15 +63,5 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
 
 /// `x ~ N(0, 1)`, `weight ~ N(1, 0.1)`, scale `3 / 448` (outputs beyond about 3 saturate).
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    let mut rng = crate::testing::InputRng::new(spec.seed);
-    let x = rng.normal(spec.dtype, &[spec.num_tokens, spec.hidden_size], 0.0, 1.0)?;
-    let weight = rng.normal(spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
-    let scale = Tensor::from_f64(DType::F32, &[1], &[3.0 / 448.0])?;
-    Ok(vec![
-        Value::Tensor(x),
-        Value::Tensor(weight),
-        Value::F64(spec.epsilon),
-        Value::Tensor(scale),
-        Value::DType(DType::F8E4M3FN),
-    ])
+    norm_quant_inputs(spec, false, 3.0 / 448.0)
 }
