@@ -578,3 +578,115 @@ fn the_fused_quantization_writes_the_residual_in_place_only_when_donated() {
         }
     }
 }
+
+/// `rotary_embedding` on every provider, bit for bit against native, rotating q and k in their own
+/// storage when donated: NeoX and GPT-J pairs, full and partial rotary, with and without a key, q
+/// and k as column slices of one `[T, (4 + 2 + 2) · 64]` qkv buffer (rows of the buffer's stride),
+/// positions spanning the cache (0 and its last row included). The functional call leaves its
+/// arguments as they were.
+#[test]
+fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
+    use ir_core::op::rotary_embedding::{
+        ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding, rotary_embedding_maybe_inplace,
+    };
+    const HEAD: usize = 64;
+    const TOKENS: usize = 9;
+    const MAX_POSITION: usize = 40;
+    let positions: Vec<i64> = vec![0, 39, 1, 17, 17, 2, 38, 5, 23];
+    for backend in backends() {
+        let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &[backend.provider]).unwrap();
+        let up = |t: &Tensor| backend.upload(t).unwrap();
+        let positions = Tensor::from_vec(&[TOKENS], positions.clone()).unwrap();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let qkv = Tensor::randn(&TensorMeta::compact(dtype, &[TOKENS, 8 * HEAD]), 11).unwrap();
+            let q = qkv.narrow(1, 0, 4 * HEAD).unwrap();
+            let k = qkv.narrow(1, 4 * HEAD, 2 * HEAD).unwrap();
+            assert_eq!(q.layout().strides(), [8 * HEAD, 1], "q is a view of the qkv rows");
+            for (is_neox, rotary_dim, with_key) in [
+                (true, HEAD, true),
+                (false, HEAD, true),
+                (true, HEAD / 2, true),
+                (false, HEAD / 4, true),
+                (true, HEAD, false),
+                (false, HEAD / 2, false),
+            ] {
+                let label =
+                    format!("{} {dtype} neox={is_neox} rotary_dim={rotary_dim} key={with_key}", backend.provider);
+                let cache = cos_sin_cache(dtype, MAX_POSITION, rotary_dim, 10000.0).unwrap();
+                let key = with_key.then_some(&k);
+                let (eq, ek) = native(&positions, &q, key, &cache, HEAD as i64, rotary_dim as i64, is_neox).unwrap();
+                assert_eq!(ek.is_some(), with_key, "{label}: a key output only with a key");
+                let (p_dev, c_dev) = (up(&positions), up(&cache));
+                // Functional: fresh outputs, arguments untouched.
+                let (q_dev, k_dev) = (up(&q), key.map(up));
+                let (fq, fk) = rotary_embedding(
+                    &backend.registry,
+                    &p_dev,
+                    &q_dev,
+                    k_dev.as_ref(),
+                    &c_dev,
+                    HEAD as i64,
+                    rotary_dim as i64,
+                    is_neox,
+                )
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert!(bit_eq(&fq.to_cpu().unwrap(), &eq), "{label}: functional query");
+                assert!(bit_eq(&q_dev.to_cpu().unwrap(), &q), "{label}: the functional call leaves query");
+                assert!(!shares_storage(&fq, &q_dev), "{label}");
+                if let (Some(fk), Some(ek), Some(k_dev)) = (&fk, &ek, &k_dev) {
+                    assert!(bit_eq(&fk.to_cpu().unwrap(), ek), "{label}: functional key");
+                    assert!(bit_eq(&k_dev.to_cpu().unwrap(), &k), "{label}: the functional call leaves key");
+                }
+                // Donated: rotated in their own storage and layout.
+                let (q_dev, k_dev) = (up(&q), key.map(up));
+                let q_storage = q_dev.storage_id();
+                let k_storage = k_dev.as_ref().map(Tensor::storage_id);
+                let (iq, ik) = rotary_embedding_maybe_inplace(
+                    &backend.registry,
+                    &p_dev,
+                    q_dev,
+                    k_dev,
+                    &c_dev,
+                    HEAD as i64,
+                    rotary_dim as i64,
+                    is_neox,
+                )
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert_eq!(iq.storage_id(), q_storage, "{label}: query rotated in place");
+                assert_eq!(iq.layout(), q.layout(), "{label}: in its own layout");
+                assert_eq!(ik.as_ref().map(Tensor::storage_id), k_storage, "{label}: key rotated in place");
+                assert!(bit_eq(&iq.to_cpu().unwrap(), &eq), "{label}: in-place query");
+                if let (Some(ik), Some(ek)) = (&ik, &ek) {
+                    assert!(bit_eq(&ik.to_cpu().unwrap(), ek), "{label}: in-place key");
+                }
+            }
+        }
+    }
+}
+
+/// A position outside the cos/sin cache is an error naming it on the cpu (and in native), before
+/// anything is written.
+#[test]
+fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
+    use ir_core::op::rotary_embedding::{ROTARY_EMBEDDING, cos_sin_cache, rotary_embedding_maybe_inplace};
+    let backend = backends().into_iter().next().expect("the cpu backend");
+    let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &["cpu"]).unwrap();
+    let cache = cos_sin_cache(DType::F32, 8, 4, 10000.0).unwrap();
+    let q = Tensor::randn(&TensorMeta::compact(DType::F32, &[3, 8]), 1).unwrap();
+    for bad in [8i64, -1] {
+        let positions = Tensor::from_vec(&[3], vec![0, bad, 2]).unwrap();
+        let err = rotary_embedding_maybe_inplace(
+            &backend.registry,
+            &positions,
+            q.deep_clone().unwrap(),
+            None,
+            &cache,
+            4,
+            4,
+            true,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(&format!("position {bad} of token 1")) && err.contains("0..8"), "{err}");
+    }
+}

@@ -36,6 +36,10 @@ enum Step {
     /// residual partner, which pair (`rms_norm` + static, `rms_norm` + per-token,
     /// `fused_add_rms_norm` + static, `fused_add_rms_norm` + per-token: no fused op), the weight.
     NormQuant(u8, u8, u8, bool),
+    /// `rotary_embedding` (heads of 8) of a `[T, 8k]` query and, unless the third byte says none,
+    /// a key of its dtype (the query itself possible): the query, the key, and the case (key or
+    /// none, full or partial rotary, `maybe_inplace` or functional, NeoX or GPT-J).
+    Rotary(u8, u8, u8),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -54,6 +58,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Step::CopyInto(a, b)),
         2 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, w)| Step::ImplWrites(a, b, w)),
         1 => (any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, k, w)| Step::NormQuant(a, b, k, w)),
+        1 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(a, b, k)| Step::Rotary(a, b, k)),
     ]
 }
 
@@ -84,6 +89,17 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
         .collect();
     let weight = graph.add_input("w", TensorMeta::compact(dtype, &[H]));
     let scale = graph.add_input("scale", TensorMeta::compact(DType::F32, &[1]));
+    // Rotary embedding's positions (i64 inputs are drawn in 0..8) and a cos/sin cache of 8 rows per
+    // dtype and rotary_dim (8: full rotary of heads of 8; 4: partial).
+    let positions = graph.add_input("pos", TensorMeta::compact(DType::I64, &[tokens]));
+    let mut caches = std::collections::HashMap::new();
+    for cache_dtype in [DType::F32, DType::BF16, DType::F16] {
+        for rotary_dim in [4usize, 8] {
+            let name = format!("cache_{cache_dtype}_{rotary_dim}");
+            let cache = graph.add_input(&name, TensorMeta::compact(cache_dtype, &[8, rotary_dim]));
+            caches.insert((cache_dtype, rotary_dim), cache);
+        }
+    }
     // Quantized results: graph outputs, never operands of later steps (no op but the quantizations
     // takes 8-bit values).
     let mut quantized: Vec<ValueId> = Vec::new();
@@ -382,6 +398,46 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 let kind = NodeKind::IrCall { op: graph.op_ref(op), overload: Overload::Default, args };
                 quantized.extend(graph.push(kind, metas).1);
             }
+            Step::Rotary(a, b, k) => {
+                let queries: Vec<ValueId> = pool
+                    .iter()
+                    .copied()
+                    .filter(|&v| matches!(graph.meta(v).shape(), [t, w] if *t == tokens && *w > 0 && w % 8 == 0))
+                    .collect();
+                if queries.is_empty() {
+                    continue;
+                }
+                let q = pick(&queries, a);
+                let q_dtype = graph.meta(q).dtype;
+                let keys: Vec<ValueId> = queries.iter().copied().filter(|&v| graph.meta(v).dtype == q_dtype).collect();
+                let key = (k % 3 != 0).then(|| pick(&keys, b));
+                let rotary_dim = if k % 2 == 0 { 8 } else { 4 };
+                let overload = if k % 4 < 2 { Overload::MaybeInplace } else { Overload::Default };
+                let mut metas = vec![TensorMeta { layout: m(&graph, q).layout.copy_layout(), ..m(&graph, q) }];
+                metas.extend(key.map(|k| TensorMeta { layout: m(&graph, k).layout.copy_layout(), ..m(&graph, k) }));
+                let kind = NodeKind::IrCall {
+                    op: graph.op_ref("rotary_embedding"),
+                    overload,
+                    args: vec![
+                        Arg::Value(positions),
+                        Arg::Value(q),
+                        key.map_or(Arg::None, Arg::Value),
+                        Arg::Value(caches[&(q_dtype, rotary_dim)]),
+                        Arg::I64(8),
+                        Arg::I64(rotary_dim as i64),
+                        Arg::Bool(k % 8 < 4),
+                    ],
+                };
+                let (_, results) = graph.push(kind, metas);
+                if overload == Overload::MaybeInplace {
+                    pool.retain(|&v| v != q && Some(v) != key);
+                    roots.insert(results[0], root(&roots, q));
+                    if let (Some(key), Some(&result)) = (key, results.get(1)) {
+                        roots.insert(result, root(&roots, key));
+                    }
+                }
+                pool.extend(results);
+            }
         }
     }
     let mut outs: Vec<ValueId> = outputs.iter().filter(|_| !pool.is_empty()).map(|&o| pick(&pool, o)).collect();
@@ -410,6 +466,7 @@ fn registry() -> (Registry, Vec<PriorityGuard>) {
         "rms_norm_static_fp8_quant",
         "rms_norm_dynamic_per_token_quant",
         "fused_add_rms_norm_static_fp8_quant",
+        "rotary_embedding",
     ];
     let guards = ops.iter().map(|op| registry.override_priority(op, &["cpu", "native"]).unwrap()).collect();
     (registry, guards)
@@ -704,6 +761,49 @@ fn the_generator_gives_norm_quant_pairs_to_fuse() {
     assert!(kept > 0, "the generator makes pairs the pass must keep");
 }
 
+/// The generator exercises rotary embedding's optional activation: with and without a key,
+/// donated and functional; the standard pipeline lowers every call to the cpu kernel in place
+/// (`writes` names the given activations only) and the outputs keep their bits.
+#[test]
+fn the_generator_gives_rotary_calls_with_and_without_a_key() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    let (registry, _guards) = registry();
+    let cx = PassContext::new(&registry);
+    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let strategy = graphs();
+    let mut seen = std::collections::BTreeMap::<(bool, bool), usize>::new();
+    let (mut lowered_one, mut lowered_two) = (0, 0);
+    for seed in 0..400u64 {
+        let graph = strategy.new_tree(&mut runner).expect("graphs generate").current();
+        let text = graph.to_string();
+        for line in text.lines().filter(|l| l.contains("rotary_embedding")) {
+            let key = !line.contains(", none, %cache");
+            *seen.entry((line.contains(".maybe_inplace("), key)).or_default() += 1;
+        }
+        if !text.contains("rotary_embedding") {
+            continue;
+        }
+        let reference = interpret(&graph, &registry, inputs(&graph, seed), InterpOptions::checked()).unwrap();
+        let mut compiled = graph.clone();
+        Pipeline::standard().run(&mut compiled, &cx, None, Snapshots::Skip).unwrap();
+        let after = compiled.to_string();
+        lowered_one += after.matches("impl rotary_embedding[cpu] writes(1) ").count();
+        lowered_two += after.matches("impl rotary_embedding[cpu] writes(1, 2) ").count();
+        let run = interpret(&compiled, &registry, inputs(&compiled, seed), InterpOptions::checked())
+            .unwrap_or_else(|e| panic!("{e}\nbefore:\n{text}\nafter:\n{after}"));
+        for (a, b) in run.outputs.iter().zip(&reference.outputs) {
+            assert!(bit_eq(a, b), "outputs differ\nbefore:\n{text}\nafter:\n{after}");
+        }
+    }
+    eprintln!(
+        "400 graphs: rotary calls by (maybe_inplace, key) {seen:?}; lowered writes(1) {lowered_one}, writes(1, 2) {lowered_two}"
+    );
+    assert_eq!(seen.len(), 4, "donated and functional, with and without a key: {seen:?}");
+    assert!(lowered_one > 0 && lowered_two > 0, "lowered with one and with two written activations");
+}
+
 /// The counter-check: the same generator finds graphs where the `unsafe` variant changes results or
 /// trips the interpreter's safety checks, so the soundness property above is not vacuous.
 #[test]
@@ -745,8 +845,16 @@ fn illegal_graphs() -> impl Strategy<Value = (Graph, String, String, String)> {
             .filter(|&n| matches!(graph.node(n).kind, NodeKind::IrCall { overload: Overload::MaybeInplace, .. }))
             .collect();
         let call = *calls.get(pick as usize % calls.len().max(1))?;
-        let NodeKind::IrCall { args, .. } = &graph.node(call).kind else { return None };
-        let Arg::Value(donated) = args[(pick as usize / 7) % 2] else { return None };
+        let NodeKind::IrCall { op, args, .. } = &graph.node(call).kind else { return None };
+        // One of the call's given activations (an absent optional one is `none`).
+        let def = ir_core::op::BUILTIN_OPS.iter().find(|d| d.name == graph.op_name(*op))?;
+        let given: Vec<ValueId> = (def.activation_indices().ok()?.into_iter())
+            .filter_map(|i| match args.get(i) {
+                Some(Arg::Value(v)) => Some(*v),
+                _ => None,
+            })
+            .collect();
+        let donated = *given.get((pick as usize / 7) % given.len().max(1))?;
         let meta = TensorMeta { layout: Layout::compact(graph.meta(donated).shape()), ..graph.meta(donated).clone() };
         let (reader, results) = graph.push(
             NodeKind::builtin(Builtin::Scale, vec![BuiltinArg::Value(donated), BuiltinArg::Float(3.0)]),

@@ -5,7 +5,7 @@
 // A benchmark reports on standard output.
 #![allow(clippy::print_stdout)]
 
-use std::time::Duration;
+mod common;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use ir_core::op::ArgMeta;
@@ -77,11 +77,7 @@ fn dispatch(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    let (warm_up, measurement) = if output::quick() { (0.3, 1.0) } else { (1.0, 3.0) };
-    Criterion::default()
-        .warm_up_time(Duration::from_secs_f64(warm_up))
-        .measurement_time(Duration::from_secs_f64(measurement))
-        .configure_from_args()
+    common::criterion((0.3, 1.0), (1.0, 3.0), None)
 }
 
 criterion_group! { name = benches; config = config(); targets = dispatch }

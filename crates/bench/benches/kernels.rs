@@ -6,8 +6,9 @@
 // A benchmark reports on standard output.
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use serde::Serialize;
@@ -118,12 +119,7 @@ fn kernels(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    let (warm_up, measurement) = if output::quick() { (0.3, 1.0) } else { (1.0, 3.0) };
-    Criterion::default()
-        .warm_up_time(Duration::from_secs_f64(warm_up))
-        .measurement_time(Duration::from_secs_f64(measurement))
-        .sample_size(20)
-        .configure_from_args()
+    common::criterion((0.3, 1.0), (1.0, 3.0), Some(20))
 }
 
 criterion_group! { name = benches; config = config(); targets = kernels }

@@ -5,8 +5,9 @@
 // A benchmark reports on standard output.
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use ir_core::{DType, Tensor, TensorMeta};
@@ -96,12 +97,7 @@ fn passes(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    let (warm_up, measurement) = if output::quick() { (0.3, 2.0) } else { (1.0, 5.0) };
-    Criterion::default()
-        .warm_up_time(Duration::from_secs_f64(warm_up))
-        .measurement_time(Duration::from_secs_f64(measurement))
-        .sample_size(20)
-        .configure_from_args()
+    common::criterion((0.3, 2.0), (1.0, 5.0), Some(20))
 }
 
 criterion_group! { name = benches; config = config(); targets = passes }

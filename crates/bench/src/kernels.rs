@@ -485,7 +485,13 @@ impl ImplBench {
         })?;
         inputs.check(provider, &first)?;
         let func = registry.implementation(op.name, provider)?;
-        let activations = if func.is_inplace() { op.activation_indices()? } else { Vec::new() };
+        // The given activations (an absent optional one has no output to carry to the next call).
+        let activations: Vec<usize> = if func.is_inplace() {
+            let given = |i: &usize| matches!(inputs.values.get(*i), Some(Value::Tensor(_)));
+            op.activation_indices()?.into_iter().filter(given).collect()
+        } else {
+            Vec::new()
+        };
         let mut args = upload(&inputs.values)?;
         let current = activations
             .iter()

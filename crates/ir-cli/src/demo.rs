@@ -1,18 +1,20 @@
-//! `vllm-ir demo`: a toy decoder of `RmsNorm` layers whose normalized outputs are quantized to fp8
-//! (the input of an fp8 GEMM), run with donated activations and functionally, then traced and
-//! compiled (where the norm and its quantization fuse).
+//! `vllm-ir demo`: a toy decoder run with donated activations and functionally, then traced and
+//! compiled. Each layer: `RmsNorm` with residual, its output quantized to fp8 (the input of an fp8
+//! GEMM: the norm and the quantization fuse when compiled), rotary embedding of q and k, views of one
+//! qkv buffer, then a second norm + quantization and a `SiluAndMul` MLP. The GEMMs and the attention
+//! are stand-ins made of copies (dequantization into a fresh buffer, `cat` of column slices), so
+//! every run is bit-identical to every other.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use ir_core::op::InputSpec;
-use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::storage::cpu_bytes_allocated;
-use ir_core::{Builtin, BuiltinArg, DType, EagerContext, ExecutionContext, Registry, SelectionRecord, Tensor, bit_eq};
+use ir_core::{Builtin, DType, EagerContext, Registry, SelectionRecord, Tensor, bit_eq};
 use ir_graph::{InterpOptions, Interpretation, Tracer, interpret};
 use ir_passes::{PassContext, PassReport, Pipeline, Snapshots};
-use layers::{QuantFp8, QuantScale, RmsNorm};
+use layers::toy::{ToyDecoder, ToyDecoderConfig};
 
 use crate::{CommonArgs, build_registry};
 
@@ -21,30 +23,24 @@ use crate::{CommonArgs, build_registry};
 pub(crate) struct DemoArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Number of decoder steps (each: fused add + norm, fp8 quantization of its output, then a
-    /// stand-in for the fp8 GEMM: dequantization and a scale).
+    /// Number of decoder layers (each: fused add + norm and fp8 quantization, rotary embedding of q
+    /// and k, fused add + norm and fp8 quantization, `SiluAndMul`; the GEMMs and the attention are
+    /// stand-ins made of copies).
     #[arg(long, default_value_t = 8)]
     layers: usize,
     /// Number of tokens (rows).
     #[arg(long, default_value_t = 64)]
     tokens: usize,
-    /// Hidden size.
+    /// Hidden size (a multiple of 8: it is split into query, key and value heads).
     #[arg(long, default_value_t = 4096)]
     hidden: usize,
     /// Seed of the random inputs and weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Print each compiled graph (after the standard pipeline) in the text format.
+    #[arg(long)]
+    print_ir: bool,
 }
-
-struct Model {
-    norms: Vec<RmsNorm>,
-    /// The fp8 quantization of each layer's normalized output (a static, calibrated scale).
-    quants: Vec<QuantFp8>,
-    final_norm: RmsNorm,
-}
-
-/// The static scale of the layers' fp8 quantization: normalized values up to 4 in magnitude fit.
-const QUANT_SCALE: f64 = 4.0 / 448.0;
 
 struct RunReport {
     outputs: (Tensor, Tensor),
@@ -62,8 +58,14 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let resolved = config.apply(&registry).context("applying priorities")?;
     let model = build_model(args)?;
     println!(
-        "demo: {} decoder steps, {} tokens x hidden {}, bf16, platform {}",
-        args.layers, args.tokens, args.hidden, resolved.platform
+        "demo: {} decoder layers, {} tokens x hidden {} ({} query and {} key/value heads of {}), bf16, platform {}",
+        args.layers,
+        args.tokens,
+        args.hidden,
+        model.heads().q_heads,
+        model.heads().kv_heads,
+        model.heads().head_size,
+        resolved.platform
     );
     for (op, priority) in &resolved.ops {
         println!("  priority {op}: [{}]", priority.resolved.join(", "));
@@ -105,14 +107,15 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
 
 /// Traces the model (donating, and functional for comparison), compiles both with the standard
 /// pipeline and interprets them.
-fn compiled_runs(registry: &Registry, model: &Model, args: &DemoArgs) -> anyhow::Result<Vec<Interpretation>> {
+fn compiled_runs(registry: &Registry, model: &ToyDecoder, args: &DemoArgs) -> anyhow::Result<Vec<Interpretation>> {
     let meta = ir_core::TensorMeta::compact(DType::BF16, &[args.tokens, args.hidden]);
     let mut runs = Vec::new();
     for (label, donate) in [("compiled, maybe_inplace", true), ("compiled, functional", false)] {
         let tracer = Tracer::new(registry, "decoder");
         let x = tracer.input("x", meta.clone());
         let residual = tracer.input("residual", meta.clone());
-        let (out, new_residual) = decoder(&tracer, model, x, residual, donate)?;
+        let positions = tracer.input("positions", ir_core::TensorMeta::compact(DType::I64, &[args.tokens]));
+        let (out, new_residual) = model.forward(&tracer, (x, residual), &positions, donate)?;
         let traced = tracer.finish(&[out, new_residual]);
         let mut graph = traced.graph;
         let report = Pipeline::standard()
@@ -126,8 +129,9 @@ fn compiled_runs(registry: &Registry, model: &Model, args: &DemoArgs) -> anyhow:
                 _ => None,
             })
             .unwrap_or(0);
-        let (x, residual) = activations(args)?;
-        let mut inputs = vec![("x".to_owned(), x), ("residual".to_owned(), residual)];
+        let (x, residual, positions) = activations(args)?;
+        let mut inputs =
+            vec![("x".to_owned(), x), ("residual".to_owned(), residual), ("positions".to_owned(), positions)];
         inputs.extend(traced.parameters.iter().map(|(name, t)| (name.clone(), t.clone())));
         let start = Instant::now();
         let run = interpret(&graph, registry, inputs, InterpOptions::checked())
@@ -156,6 +160,9 @@ fn compiled_runs(registry: &Registry, model: &Model, args: &DemoArgs) -> anyhow:
             stats.defensive_copies
         );
         println!("  time: {:.3} ms", elapsed.as_secs_f64() * 1e3);
+        if args.print_ir {
+            println!("{graph}");
+        }
         runs.push(run);
     }
     Ok(runs)
@@ -171,60 +178,19 @@ fn count_copies(graph: &ir_graph::Graph) -> usize {
         .count()
 }
 
-fn build_model(args: &DemoArgs) -> anyhow::Result<Model> {
-    let weight = |seed: u64| -> anyhow::Result<Tensor> {
-        let spec = InputSpec { num_tokens: 1, hidden_size: args.hidden, dtype: DType::BF16, epsilon: 1e-6, seed };
-        let inputs = (RMS_NORM.generate_inputs)(&spec)?;
-        Ok(inputs[1].as_tensor().expect("rms_norm's generator returns a weight").clone())
+fn build_model(args: &DemoArgs) -> anyhow::Result<ToyDecoder> {
+    let config = ToyDecoderConfig {
+        layers: args.layers,
+        hidden: args.hidden,
+        max_position: args.tokens.max(4096),
+        dtype: DType::BF16,
+        seed: args.seed,
     };
-    let mut norms = Vec::new();
-    let mut quants = Vec::new();
-    for layer in 0..args.layers {
-        let mut norm = RmsNorm::builder(args.hidden).name(format!("layers.{layer}.norm.weight")).build()?;
-        norm.load_weight(weight(args.seed + 1000 + layer as u64)?)?;
-        norms.push(norm);
-        let scale = QuantScale::Static(Tensor::from_f64(DType::F32, &[1], &[QUANT_SCALE])?);
-        quants.push(QuantFp8::new(format!("layers.{layer}.input_scale"), scale, DType::F8E4M3FN)?);
-    }
-    let mut final_norm = RmsNorm::builder(args.hidden).name("final_norm.weight").build()?;
-    final_norm.load_weight(weight(args.seed + 999)?)?;
-    Ok(Model { norms, quants, final_norm })
+    ToyDecoder::new(config).map_err(|e| anyhow::anyhow!("--hidden {}: {e}", args.hidden))
 }
 
-/// The model's forward pass, written once for every execution context (eager or traced); `donate`
-/// chooses `maybe_inplace` over the functional call for the fused norms.
-fn decoder<C: ExecutionContext>(
-    ctx: &C,
-    model: &Model,
-    mut x: C::Tensor,
-    mut residual: C::Tensor,
-    donate: bool,
-) -> anyhow::Result<(C::Tensor, C::Tensor)> {
-    for (norm, quant) in model.norms.iter().zip(&model.quants) {
-        let (normed, new_residual) = if donate {
-            norm.forward_residual(ctx, x, residual)?
-        } else {
-            norm.forward_residual_functional(ctx, &x, &residual)?
-        };
-        // The fp8 GEMM's input: the normalized output's only reader, so the compiled graph fuses the
-        // norm and the quantization into one kernel.
-        let (q, _) = quant.forward(ctx, &normed)?;
-        // A cheap stand-in for the GEMM: dequantize into a fresh bf16 buffer, then scale.
-        let buffer = ctx.contiguous(&new_residual)?;
-        let dequantized = ctx.builtin(Builtin::Copy, vec![BuiltinArg::Value(buffer), BuiltinArg::Value(q)])?;
-        x = ctx.scale(&dequantized, 0.5 * QUANT_SCALE)?;
-        residual = new_residual;
-    }
-    let outputs = if donate {
-        model.final_norm.forward_residual(ctx, x, residual)?
-    } else {
-        model.final_norm.forward_residual_functional(ctx, &x, &residual)?
-    };
-    Ok(outputs)
-}
-
-/// Fresh, uniquely owned activations (x, residual).
-fn activations(args: &DemoArgs) -> anyhow::Result<(Tensor, Tensor)> {
+/// Fresh, uniquely owned activations (x, residual) and the token positions `0..T`.
+fn activations(args: &DemoArgs) -> anyhow::Result<(Tensor, Tensor, Tensor)> {
     let spec = InputSpec {
         num_tokens: args.tokens,
         hidden_size: args.hidden,
@@ -235,17 +201,18 @@ fn activations(args: &DemoArgs) -> anyhow::Result<(Tensor, Tensor)> {
     let inputs = (ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM.generate_inputs)(&spec)?;
     let x = inputs[0].as_tensor().expect("generated x").deep_clone()?;
     let residual = inputs[1].as_tensor().expect("generated residual").deep_clone()?;
-    Ok((x, residual))
+    let positions = Tensor::from_vec(&[args.tokens], (0..args.tokens as i64).collect())?;
+    Ok((x, residual, positions))
 }
 
 /// One eager forward pass.
-fn run_once(registry: &Registry, model: &Model, args: &DemoArgs, donate: bool) -> anyhow::Result<RunReport> {
+fn run_once(registry: &Registry, model: &ToyDecoder, args: &DemoArgs, donate: bool) -> anyhow::Result<RunReport> {
     let ctx = EagerContext::new(registry);
-    let (x, residual) = activations(args)?;
+    let (x, residual, positions) = activations(args)?;
     registry.reset_selection_record();
     let bytes_before = cpu_bytes_allocated();
     let start = Instant::now();
-    let outputs = decoder(&ctx, model, x, residual, donate)?;
+    let outputs = model.forward(&ctx, (x, residual), &positions, donate)?;
     Ok(RunReport {
         outputs,
         elapsed: start.elapsed(),

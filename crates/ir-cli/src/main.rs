@@ -32,7 +32,7 @@ struct Cli {
 enum Command {
     /// Print the platform, every op with its providers and their availability, and the final priorities.
     Info(CommonArgs),
-    /// Run a toy decoder of RmsNorm layers eagerly and compiled; require bit-identical results.
+    /// Run a toy decoder (norms, fp8 quantization, rotary embedding, SiluAndMul) eagerly and compiled; require bit-identical results.
     Demo(demo::DemoArgs),
     /// Parse, verify and optimize a graph file; print the result.
     Opt(opt::OptArgs),

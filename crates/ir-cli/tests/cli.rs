@@ -62,9 +62,13 @@ fn demo_runs_and_is_bit_identical() {
     assert!(stdout.contains("bit-identical: yes"), "{stdout}");
     assert!(stdout.contains("fused_add_rms_norm:"), "{stdout}");
     assert!(stdout.contains("bytes allocated"), "{stdout}");
-    // The compiled decoder fuses each layer's norm with its fp8 quantization, in place on the residual.
-    assert!(stdout.contains("fused 3 norm + quantization pair(s)"), "{stdout}");
-    assert!(stdout.contains("fused_add_rms_norm_static_fp8_quant=cpu×3"), "{stdout}");
+    // The compiled decoder fuses each layer's two norms with their fp8 quantizations, in place on
+    // the residual, and rotates q and k (slices of one qkv buffer) on the cpu.
+    assert!(stdout.contains("fused 6 norm + quantization pair(s)"), "{stdout}");
+    assert!(stdout.contains("fused_add_rms_norm_static_fp8_quant=cpu×6"), "{stdout}");
+    assert!(stdout.contains("rotary_embedding=cpu×3"), "{stdout}");
+    assert!(stdout.contains("rotary_embedding: cpux3"), "{stdout}");
+    assert!(stdout.contains("silu_and_mul=cpu×3"), "{stdout}");
     assert!(stdout.contains("compiled bit-identical to eager: yes"), "{stdout}");
 }
 
@@ -73,6 +77,9 @@ fn demo_rejects_bad_sizes() {
     let (ok, _, stderr) = vllm_ir(&["demo", "--hidden", "0"], &[]);
     assert!(!ok);
     assert_eq!(stderr.trim(), "error: --layers, --tokens and --hidden must be at least 1");
+    let (ok, _, stderr) = vllm_ir(&["demo", "--hidden", "12"], &[]);
+    assert!(!ok);
+    assert!(stderr.contains("--hidden 12: ToyDecoder: hidden size 12 must be a multiple of 8"), "{stderr}");
 }
 
 fn golden_input(relative: &str) -> std::path::PathBuf {

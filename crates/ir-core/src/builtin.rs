@@ -32,6 +32,8 @@ pub enum Builtin {
     Scale,
     /// `copy_(dst, src)`: writes src into dst (converting the dtype); the result aliases dst.
     Copy,
+    /// `cat(a, b, dim)`: a and b joined along `dim` (a fresh compact tensor).
+    Cat,
 }
 
 /// The kind of one parameter of a built-in.
@@ -142,7 +144,7 @@ pub struct BuiltinDef {
 }
 
 /// The table, in the order of [`Builtin`]'s variants.
-pub static BUILTINS: [BuiltinDef; 9] = {
+pub static BUILTINS: [BuiltinDef; 10] = {
     use BuiltinParam::{Float, Index, Shape, Value};
     [
         // Clone
@@ -232,12 +234,20 @@ pub static BUILTINS: [BuiltinDef; 9] = {
             },
             eval: Eval::Write(|target, t, _| target.copy_from(t[0])),
         },
+        // Cat
+        BuiltinDef {
+            name: "cat",
+            params: &[Value, Value, Index],
+            effect: Effect::Compute,
+            meta: |m, a| crate::tensor::cat_meta(m[0], m[1], a.index(2)),
+            eval: Eval::Result(|t, a| t[0].cat(t[1], a.index(2))),
+        },
     ]
 };
 
 impl Builtin {
     /// Every built-in, in table order.
-    pub const ALL: [Builtin; 9] = [
+    pub const ALL: [Builtin; 10] = [
         Builtin::Clone,
         Builtin::Contiguous,
         Builtin::Slice,
@@ -247,6 +257,7 @@ impl Builtin {
         Builtin::Mul,
         Builtin::Scale,
         Builtin::Copy,
+        Builtin::Cat,
     ];
 
     /// The built-in spelled `name`.

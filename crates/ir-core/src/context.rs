@@ -169,6 +169,10 @@ pub trait ExecutionContext {
     fn scale(&self, t: &Self::Tensor, factor: f64) -> Result<Self::Tensor, CallError> {
         self.builtin(Builtin::Scale, vec![value(t), BuiltinArg::Float(factor)])
     }
+    /// `a` and `b` joined along `dim` (a fresh compact tensor).
+    fn cat(&self, a: &Self::Tensor, b: &Self::Tensor, dim: usize) -> Result<Self::Tensor, CallError> {
+        self.builtin(Builtin::Cat, vec![value(a), value(b), BuiltinArg::Index(dim)])
+    }
 }
 
 /// A handle copy of `t` as a built-in argument.

@@ -266,6 +266,122 @@ pub fn quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
     rows_support(x, device, "hidden size")
 }
 
+/// The standard predicate of `rotary_embedding` on a provider whose tensors live on `device`: query
+/// in f32, f16 or bf16 on `device`; query, key and the cache rows of one stride with a unit last
+/// stride; positions compact (any offset). The meta function validates the rest.
+pub fn rotary_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    let Some(args) = crate::op::rotary_embedding::RotaryEmbeddingArgs::from_meta(args) else {
+        return no("arguments do not match rotary_embedding");
+    };
+    let query = args.query;
+    if !matches!(query.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", query.dtype)));
+    }
+    if query.device.kind() != device {
+        return Support::No(Cow::Owned(format!("query is on {}, this provider runs on {device}", query.device)));
+    }
+    if !args.positions.layout.is_compact() {
+        return no("positions must be compact");
+    }
+    for (what, t) in [("query width", Some(query)), ("key width", args.key), ("rotary_dim", Some(args.cos_sin_cache))] {
+        if let Some(t) = t
+            && let Support::No(reason) = rows_support(t, device, what)
+        {
+            return Support::No(reason);
+        }
+    }
+    Support::Yes
+}
+
+/// What a `rotary_embedding` kernel is given: the geometry, the rows of query, key and the cache,
+/// and the positions' storage offset, each as kernel integers.
+#[derive(Clone, Copy, Debug)]
+pub struct RotaryLaunch {
+    /// The call's geometry.
+    pub geometry: crate::op::rotary_embedding::RotaryGeometry,
+    /// Query rows.
+    pub query: RowArgs,
+    /// Key rows (`None` without a key).
+    pub key: Option<RowArgs>,
+    /// Cache rows.
+    pub cache: RowArgs,
+    /// Storage offset of the first position, in elements.
+    pub positions_offset: i64,
+}
+
+impl RotaryLaunch {
+    /// Work-items per token (each rotates pairs `i`, `i + threads`, … of every head): the pairs of
+    /// the larger of query and key, rounded up to a multiple of 32 and capped at 256.
+    pub fn threads_per_token(&self) -> u32 {
+        let g = &self.geometry;
+        let pairs = g.heads.max(g.kv_heads) * (g.rotary_dim / 2);
+        (pairs.div_ceil(32) * 32).clamp(32, 256) as u32
+    }
+
+    /// The geometry's integers as the kernels take them: `(heads, kv_heads, head_size, rotary_dim,
+    /// max_position)`.
+    pub fn dims(&self) -> Result<[i32; 5], KernelError> {
+        let g = &self.geometry;
+        Ok([
+            kernel_int(g.heads, "heads")?,
+            kernel_int(g.kv_heads, "key heads")?,
+            kernel_int(g.head_size, "head_size")?,
+            kernel_int(g.rotary_dim, "rotary_dim")?,
+            kernel_int(g.max_position, "cache rows")?,
+        ])
+    }
+}
+
+/// A `rotary_embedding` call as a provider's kernel receives it: the arguments, query and key
+/// uniquely owned (the kernel rotates them in their storage), and the launch derived from them.
+#[derive(Debug)]
+pub struct RotaryCall<'a> {
+    /// Token positions (i64).
+    pub positions: &'a Tensor,
+    /// The query, written in place.
+    pub query: UniqueTensor,
+    /// The key, written in place, when given.
+    pub key: Option<UniqueTensor>,
+    /// `[max_position, rotary_dim]`.
+    pub cos_sin_cache: &'a Tensor,
+    /// Geometry and kernel integers.
+    pub launch: RotaryLaunch,
+}
+
+/// A provider's rotary kernel: the rotated query and key, written in their storage.
+pub type RotaryKernel = fn(RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError>;
+
+/// Registers a provider's in-place `rotary_embedding` kernel on `device`, with the standard
+/// predicate ([`rotary_support`]); `kernel` returns the rotated query and key.
+pub fn register_rotary(
+    registry: &crate::Registry,
+    device: DeviceKind,
+    spec: crate::ImplSpec,
+    kernel: RotaryKernel,
+) -> Result<(), crate::RegistryError> {
+    use crate::op::rotary_embedding::{self, RotaryGeometry};
+    let spec = spec.with_supports(move |args| rotary_support(args, device));
+    let call = move |positions: &Tensor,
+                     query: UniqueTensor,
+                     key: Option<UniqueTensor>,
+                     cos_sin_cache: &Tensor,
+                     head_size: i64,
+                     rotary_dim: i64,
+                     is_neox_style: bool| {
+        let key_tensor = key.as_ref().map(UniqueTensor::tensor);
+        let (q, c) = (query.tensor(), cos_sin_cache);
+        let launch = RotaryLaunch {
+            geometry: RotaryGeometry::of_tensors(positions, q, key_tensor, c, head_size, rotary_dim, is_neox_style),
+            query: Rows::for_kernel(q.meta())?.kernel_args()?,
+            key: key_tensor.map(|k| Rows::for_kernel(k.meta())?.kernel_args()).transpose()?,
+            cache: Rows::for_kernel(c.meta())?.kernel_args()?,
+            positions_offset: kernel_int(positions.offset(), "positions offset")?,
+        };
+        kernel(RotaryCall { positions, query, key, cos_sin_cache, launch })
+    };
+    rotary_embedding::register(registry, spec, rotary_embedding::Impl::inplace(call))
+}
+
 /// The five quantization ops a GPU provider implements with the quantization kernels.
 pub const QUANT_OPS: [&str; 5] = [
     crate::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT.name,

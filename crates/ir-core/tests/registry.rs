@@ -127,8 +127,9 @@ fn activations() {
     assert_eq!(registry.activations("explicit_act"), Some(vec![1, 0]));
     let err = registry.define_op(&UNKNOWN_ACT).unwrap_err();
     assert_eq!(err, RegistryError::UnknownActivation { op: "unknown_act".into(), name: "z".into() });
-    let err = registry.define_op(&OPTIONAL_ACT).unwrap_err();
-    assert!(matches!(err, RegistryError::ActivationNotTensor { kind: ParamKind::OptTensor, .. }), "{err}");
+    // An optional tensor may be an activation (donated when given, like rotary_embedding's key).
+    registry.define_op(&OPTIONAL_ACT).unwrap();
+    assert_eq!(registry.activations("optional_act"), Some(vec![2]));
     let err = registry.define_op(&SCALAR_ACT).unwrap_err();
     assert!(matches!(err, RegistryError::ActivationNotTensor { kind: ParamKind::F64, .. }), "{err}");
     let err = registry.define_op(&BAD_ARITY).unwrap_err();

@@ -388,7 +388,10 @@ impl<'g> Run<'g> {
     ) -> Result<Vec<Tensor>, InterpError> {
         let selection = self.registry.select(op, &self.arg_metas(args)).map_err(|e| self.call_error(node, e))?;
         self.stats.providers.push((node, op.to_owned(), selection.provider));
-        let activations = self.registry.activations(op).unwrap_or_default();
+        // The given activations (an absent optional one has no output), in output order.
+        let activations: Vec<usize> = (self.registry.activations(op).unwrap_or_default().into_iter())
+            .filter(|&position| matches!(args.get(position), Some(Arg::Value(_))))
+            .collect();
         // R48: write in place only when the result would have the declared layout.
         let layouts_match =
             activations.iter().zip(&selection.outputs).all(|(&position, declared)| match &args[position] {

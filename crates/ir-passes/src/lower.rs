@@ -108,8 +108,13 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                     node: graph.display_node(node),
                     source: Box::new(source),
                 })?;
-                let activations =
-                    if selection.inplace { cx.registry.activations(op).unwrap_or_default() } else { Vec::new() };
+                // The given activations: an absent optional one is neither cloned nor written.
+                let activations = if selection.inplace {
+                    let all = cx.registry.activations(op).unwrap_or_default();
+                    all.into_iter().filter(|&p| matches!(args.get(p), Some(Arg::Value(_)))).collect()
+                } else {
+                    Vec::new()
+                };
                 let entry = (*op_ref, metas, Rc::new((selection, activations)));
                 if memo.len() < SELECTION_MEMO {
                     memo.push(entry);

@@ -27,6 +27,7 @@
 mod element;
 pub mod gated;
 pub mod quant;
+pub mod rotary;
 mod rows;
 
 pub use crate::rows::BYTES_PER_TASK;
@@ -78,7 +79,7 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         spec(kernel::fused_add_rms_norm_static_fp8_quant_support),
         ir_core::op::fused_add_rms_norm_static_fp8_quant::Impl::inplace(quant::fused_add_rms_norm_static_fp8_quant_cpu),
     )?;
-    Ok(())
+    rotary::register(registry)
 }
 
 /// `rms_norm` on the CPU: a fresh output with the layout the meta function declares.

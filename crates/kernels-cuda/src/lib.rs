@@ -24,6 +24,7 @@ pub mod gated;
 mod launch;
 mod module;
 pub mod quant;
+pub mod rotary;
 
 use ir_core::kernel::{
     Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support, reject_variance_size, rms_norm_support,
@@ -57,7 +58,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cuda));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cuda))?;
     gated::register(registry)?;
-    quant::register(registry)
+    quant::register(registry)?;
+    rotary::register(registry)
 }
 
 /// `rms_norm` on a CUDA device: a fresh output with the declared layout; the launch is asynchronous.

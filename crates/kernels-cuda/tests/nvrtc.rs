@@ -107,3 +107,28 @@ fn the_quantization_kernels_compile_to_ptx_for_every_dtype() {
         }
     }
 }
+
+#[test]
+fn the_rotary_kernel_compiles_to_ptx_without_fused_multiply_adds() {
+    if let ir_core::Availability::Unavailable(reason) = nvrtc_availability() {
+        ir_core::testing::skip("nvrtc", &reason);
+        return;
+    }
+    let registry = ir_core::Registry::with_builtin_ops();
+    kernels_cuda::register(&registry).unwrap();
+    assert!(registry.providers("rotary_embedding").iter().any(|p| p.name == "cuda"), "rotary_embedding is registered");
+    assert_eq!(registry.is_inplace("rotary_embedding", "cuda"), Some(true), "it rotates in place");
+    for arch in ["compute_80", "compute_90"] {
+        for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+            let ptx = kernels_cuda::rotary::compile_ptx(dtype, Some(arch))
+                .unwrap_or_else(|e| panic!("rotary {dtype} {arch}: {e}"))
+                .to_src();
+            let entry = format!(".entry {}_{dtype}(", kernels_cuda::rotary::KERNEL);
+            assert!(ptx.contains(&entry), "rotary {dtype} {arch}: PTX lacks `{entry}`");
+            assert!(!ptx.contains(".local"), "rotary {dtype} {arch}: no local memory");
+            // The reference rounds each product: a contracted fma would round once.
+            assert!(!ptx.contains("fma.rn.f32"), "rotary {dtype} {arch}: no fused multiply-add");
+            assert!(ptx.contains("mul.rn.f32"), "rotary {dtype} {arch}: products rounded on their own");
+        }
+    }
+}

@@ -20,6 +20,7 @@
 
 pub mod gated;
 pub mod quant;
+pub mod rotary;
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
 mod runtime;
@@ -51,7 +52,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Rocm));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_rocm))?;
     gated::register(registry)?;
-    quant::register(registry)
+    quant::register(registry)?;
+    rotary::register(registry)
 }
 
 /// Whether the provider can run here, and why not.

@@ -94,7 +94,51 @@ fn all_sources_compile_as_one_unit_and_the_quantization_kernels_use_no_scratch()
         .collect();
     assert_eq!(quant_scratch.len(), 3 * kernels_rocm::quant::KERNELS.len(), "one report per kernel:\n{report}");
     assert!(quant_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{quant_scratch:#?}");
+    let rotary_scratch: Vec<&str> =
+        report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/rotary.hip:")).collect();
+    assert_eq!(rotary_scratch.len(), 3, "one report per rotary kernel:\n{report}");
+    assert!(rotary_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{rotary_scratch:#?}");
+    for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+        let symbol = format!("{}_{dtype}", kernels_rocm::rotary::KERNEL);
+        assert!(text.contains(&symbol), "the code object lacks `{symbol}`");
+    }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The rotary kernel rounds each product on its own, as the reference does: its gfx90a ISA has no
+/// f32 fused multiply-add (hipcc contracts `x * c - y * s` into one unless told not to).
+#[test]
+fn the_rotary_kernel_has_no_fused_multiply_add() {
+    let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
+    if !Command::new(&hipcc).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        ir_core::testing::skip("hip", &format!("`{hipcc}` not found (install Debian's hipcc)"));
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kernels-rocm-rotary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels").join("rotary.hip");
+    let output = dir.join("rotary.s");
+    let done = Command::new(&hipcc)
+        .args(["--offload-arch=gfx90a", "-O3", "--cuda-device-only", "-S", "-o"])
+        .arg(&output)
+        .arg(&source)
+        .current_dir(&dir)
+        .output()
+        .expect("hipcc runs");
+    assert!(done.status.success(), "hipcc failed on rotary.hip:\n{}", String::from_utf8_lossy(&done.stderr));
+    let isa = std::fs::read_to_string(&output).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(isa.contains("v_mul_f32"), "the products are in the ISA");
+    let fused: Vec<&str> = isa
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            ["v_fma_f32", "v_fmac_f32", "v_mad_f32", "v_mac_f32", "v_fma_mix", "v_mad_mix"]
+                .iter()
+                .any(|i| l.starts_with(i))
+        })
+        .collect();
+    assert!(fused.is_empty(), "fused multiply-adds in the rotary kernel: {fused:#?}");
 }
 
 #[test]

@@ -23,6 +23,7 @@ pub mod gated;
 mod launch;
 mod module;
 pub mod quant;
+pub mod rotary;
 
 use ir_core::kernel::{
     Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support, reject_variance_size, rms_norm_support,
@@ -59,7 +60,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     )?;
     gated::register(registry)?;
     quant::register(registry)?;
-    quant::register_fused(registry)
+    quant::register_fused(registry)?;
+    rotary::register(registry)
 }
 
 /// `rms_norm` on `xpu:0`: a fresh output with the declared layout.

@@ -27,7 +27,10 @@
 mod activation;
 mod quant;
 mod rms_norm;
+mod rotary;
+pub mod toy;
 
 pub use crate::activation::{GeluAndMul, GeluAndMulSparse, SiluAndMul};
 pub use crate::quant::{QuantFp8, QuantScale};
 pub use crate::rms_norm::{LayerError, RmsNorm, RmsNormBuilder};
+pub use crate::rotary::RotaryEmbedding;

@@ -71,6 +71,21 @@ pub enum LayerError {
         /// What is wrong.
         reason: String,
     },
+    /// A rotary embedding with an impossible geometry (`rotary_dim` odd or above `head_size`, no
+    /// positions, a bad base or dtype).
+    #[error("RotaryEmbedding `{name}`: {reason}")]
+    Rotary {
+        /// The layer's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A toy decoder that cannot be built or run.
+    #[error("ToyDecoder: {reason}")]
+    ToyDecoder {
+        /// What is wrong.
+        reason: String,
+    },
     /// The op call failed.
     #[error(transparent)]
     Call(#[from] CallError),

@@ -578,6 +578,37 @@ fn passes_table(results: &Results) -> String {
         out.push_str(&rows);
         out.push('\n');
     }
+    out.push_str(&toy_decoder(results));
+    out
+}
+
+/// The toy decoder's section: each form's median (eager functional, eager donating, compiled and
+/// interpreted, and compiling).
+fn toy_decoder(results: &Results) -> String {
+    let rows: Vec<(&str, &str, f64)> = results
+        .measurements
+        .iter()
+        .filter_map(|((group, function), m)| {
+            group.strip_prefix("decoder/toy/").map(|shape| (shape, function.as_str(), m.median_ns))
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "## Toy decoder
+
+`layers::toy::ToyDecoder` (the demo's model): per layer a fused add + norm with fp8 \
+         quantization, rotary embedding of q and k (slices of one qkv buffer), a second norm + quantization and \
+         `SiluAndMul`; the GEMMs and the attention are copy stand-ins, so the times are the non-GEMM work plus \
+         those copies. bf16 on the cpu providers, shape T×H×layers; every form gives the same bits (checked before \
+         timing). *compiled* is the donating trace after the standard pipeline, run by the interpreter with its \
+         safety checks; *compile* is the standard pipeline itself.\n\n| shape | form | median |\n|---|---|---:|\n",
+    );
+    for (shape, function, median) in rows {
+        out.push_str(&format!("| {shape} | {function} | {} |\n", fmt_time(median)));
+    }
+    out.push('\n');
     out
 }
 

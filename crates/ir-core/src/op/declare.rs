@@ -7,6 +7,7 @@
 //! | marker | kind | caller / implementation | predicate | `maybe_inplace` caller | in-place implementation |
 //! |---|---|---|---|---|---|
 //! | [`Activation`] | `Tensor`, donated | `&Tensor` | `&TensorMeta` | `Tensor` (moved in) | [`UniqueTensor`] |
+//! | `Option<Activation>` | `Optional[Tensor]`, donated when given | `Option<&Tensor>` | `Option<&TensorMeta>` | `Option<Tensor>` | `Option<UniqueTensor>` |
 //! | `Tensor` | `Tensor` | `&Tensor` | `&TensorMeta` | `&Tensor` | `&Tensor` |
 //! | `Option<Tensor>` | `Optional[Tensor]` | `Option<&Tensor>` | `Option<&TensorMeta>` | same | same |
 //! | `f64`, `i64`, `bool`, `DType` | scalar | by value | by value | by value | by value |
@@ -14,8 +15,10 @@
 //! | `Vec<i64>`, `Option<Vec<i64>>` | integer list | `&[i64]`, `Option<&[i64]>` | same | same | same |
 //! | a [`str_enum!`](crate::str_enum) type | `Literal["a", "b"]` | the enum | the enum | the enum | the enum |
 //!
-//! The activations are the `Activation` parameters, in order; an op with `inplace: true` has a
-//! `maybe_inplace` form whose outputs are written into them.
+//! The activations are the `Activation` and `Option<Activation>` parameters, in order; an op with
+//! `inplace: true` has a `maybe_inplace` form whose outputs are written into them. An absent
+//! optional activation has no output: the outputs are the given activations', in order, then the
+//! fresh ones (`rotary_embedding` returns `(query, Option<key>)`, typed `(Tensor, Option<Tensor>)`).
 
 use crate::op::{ArgMeta, ParamKind, Value};
 use crate::{CallArg, DType, KernelError, Tensor, TensorMeta, UniqueTensor};
@@ -112,6 +115,48 @@ impl OpParam for Activation {
     }
     fn given_call_arg<'a, T: Clone + 'a>(given: T) -> CallArg<T> {
         CallArg::Tensor(given)
+    }
+}
+
+/// An optional donated tensor parameter: absent (`none`) or an [`Activation`]. Its output exists only
+/// when it is given.
+impl OpParam for Option<Activation> {
+    const KIND: ParamKind = ParamKind::OptTensor;
+    const DONATED: bool = true;
+    type Arg<'a> = Option<&'a Tensor>;
+    type Meta<'a> = Option<&'a TensorMeta>;
+    type Given<'a> = Option<Tensor>;
+    type InplaceArg<'a> = Option<UniqueTensor>;
+    type Taken = Option<UniqueTensor>;
+    type CtxArg<'a, T: 'a> = Option<&'a T>;
+    type CtxGiven<'a, T: 'a> = Option<T>;
+
+    fn arg(value: &Value) -> Option<Option<&Tensor>> {
+        <Option<Tensor> as OpParam>::arg(value)
+    }
+    fn meta<'a>(meta: &ArgMeta<'a>) -> Option<Option<&'a TensorMeta>> {
+        <Option<Tensor> as OpParam>::meta(meta)
+    }
+    fn value(arg: Option<&Tensor>) -> Value {
+        Value::opt_tensor(arg)
+    }
+    fn given_value(given: Option<Tensor>) -> Value {
+        given.map_or(Value::None, Value::Tensor)
+    }
+    fn take(args: &mut [Value], index: usize) -> Result<Option<UniqueTensor>, KernelError> {
+        match args.get(index) {
+            Some(Value::None) => Ok(None),
+            _ => crate::implementation::take_unique(args, index).map(Some),
+        }
+    }
+    fn inplace_arg(taken: Option<UniqueTensor>, _: &Value) -> Option<Option<UniqueTensor>> {
+        Some(taken)
+    }
+    fn call_arg<'a, T: Clone + 'a>(arg: Option<&'a T>) -> CallArg<T> {
+        CallArg::opt_tensor(arg)
+    }
+    fn given_call_arg<'a, T: Clone + 'a>(given: Option<T>) -> CallArg<T> {
+        given.map_or(CallArg::None, CallArg::Tensor)
     }
 }
 
@@ -378,11 +423,12 @@ macro_rules! str_enum {
 
 /// The typed outputs of an op: one `Tensor` or a tuple of them.
 pub trait OpOutputs: Sized {
-    /// How many tensors.
+    /// How many tensors at most (optional outputs included).
     const N: usize;
     /// The same shape of outputs with handles `T` (an execution context's tensors).
     type Of<T>;
-    /// From a list of handles; `None` when its length is not [`N`](Self::N).
+    /// From a list of handles; `None` when its length does not fit (at most [`N`](Self::N), fewer
+    /// only by absent optional outputs).
     fn from_handles<T>(outputs: Vec<T>) -> Option<Self::Of<T>>;
     /// Into a list of handles.
     fn into_handles<T>(outputs: Self::Of<T>) -> Vec<T>;
@@ -409,6 +455,24 @@ impl OpOutputs for (Tensor, Tensor) {
     }
     fn into_handles<T>((a, b): (T, T)) -> Vec<T> {
         vec![a, b]
+    }
+}
+
+/// A required output and one that exists only when its optional activation is given: one or two
+/// handles.
+impl OpOutputs for (Tensor, Option<Tensor>) {
+    const N: usize = 2;
+    type Of<T> = (T, Option<T>);
+    fn from_handles<T>(outputs: Vec<T>) -> Option<(T, Option<T>)> {
+        let mut outputs = outputs.into_iter();
+        let first = outputs.next()?;
+        let second = outputs.next();
+        outputs.next().is_none().then_some((first, second))
+    }
+    fn into_handles<T>((a, b): (T, Option<T>)) -> Vec<T> {
+        let mut handles = vec![a];
+        handles.extend(b);
+        handles
     }
 }
 

@@ -14,6 +14,7 @@ pub mod quant;
 pub mod rms_norm;
 pub mod rms_norm_dynamic_per_token_quant;
 pub mod rms_norm_static_fp8_quant;
+pub mod rotary_embedding;
 pub mod silu_and_mul;
 pub mod static_scaled_fp8_quant;
 mod value;
@@ -41,13 +42,14 @@ pub struct OpDef {
     pub name: &'static str,
     /// Ordered parameters (all positional).
     pub params: &'static [ParamDef],
-    /// Number of tensor outputs (at least 1).
+    /// Number of tensor outputs (at least 1); the most there can be when an optional activation has
+    /// an output (the meta function's list says how many a call has).
     pub n_outputs: usize,
     /// Which tensor parameters `maybe_inplace` donates.
     pub activations: Activations,
-    /// Whether the op has a `maybe_inplace` form: then output i ↔ activation i for each activation
-    /// (an in-place kernel writes that output into that activation's storage), and any outputs
-    /// after those are fresh.
+    /// Whether the op has a `maybe_inplace` form: then output i ↔ the i-th given activation (an
+    /// in-place kernel writes that output into that activation's storage; an absent optional
+    /// activation has no output), and any outputs after those are fresh.
     pub allow_inplace: bool,
     /// The semantics.
     pub native: NativeFn,
@@ -66,7 +68,7 @@ pub struct OpDef {
 pub enum Activations {
     /// The `Tensor` parameters whose names start with `x`, in order.
     Default,
-    /// These parameters, each of kind `Tensor`.
+    /// These parameters, each of kind `Tensor` or `Optional[Tensor]` (donated when given).
     Explicit(&'static [&'static str]),
 }
 
@@ -215,6 +217,7 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT,
     &fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
     &rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
+    &rotary_embedding::ROTARY_EMBEDDING,
 ];
 
 /// Keywords of the text format; with the built-ins' names ([`crate::Builtin`]), the words that cannot
@@ -283,7 +286,7 @@ impl OpDef {
                         name: (*name).to_owned(),
                     })?;
                     let kind = self.params[index].kind;
-                    if kind != ParamKind::Tensor {
+                    if !matches!(kind, ParamKind::Tensor | ParamKind::OptTensor) {
                         return Err(crate::RegistryError::ActivationNotTensor {
                             op: self.name.to_owned(),
                             name: (*name).to_owned(),

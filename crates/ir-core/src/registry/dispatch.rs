@@ -217,9 +217,10 @@ impl Registry {
         };
         let mut written = Vec::new();
         if implementation.inplace {
-            for &position in &entry.activations {
+            let given: Vec<usize> = given_activations(&entry, &args).collect();
+            for position in given {
                 let Value::Tensor(tensor) = std::mem::replace(&mut args[position], Value::None) else {
-                    unreachable!("bound activations are tensors")
+                    unreachable!("given activations are tensors")
                 };
                 if !tensor.is_uniquely_owned() {
                     return Err(CallError::Tensor(tensor.write_refusal()));
@@ -335,8 +336,9 @@ impl Registry {
 
         let mut written = Vec::new();
         if chosen.inplace {
-            for (index, &position) in entry.activations.iter().enumerate() {
-                let activation = args[position].as_tensor().expect("bound activations are tensors").meta();
+            let given: Vec<usize> = given_activations(entry, &args).collect();
+            for (index, &position) in given.iter().enumerate() {
+                let activation = args[position].as_tensor().expect("given activations are tensors").meta();
                 if !outputs_meta[index].same_kind_and_shape(activation) {
                     return Err(CallError::InplaceMetaMismatch {
                         op: def.name,
@@ -347,9 +349,9 @@ impl Registry {
                     });
                 }
             }
-            for (index, &position) in entry.activations.iter().enumerate() {
+            for (index, &position) in given.iter().enumerate() {
                 let Value::Tensor(tensor) = std::mem::replace(&mut args[position], Value::None) else {
-                    unreachable!("bound activations are tensors")
+                    unreachable!("given activations are tensors")
                 };
                 let tensor = prepare_activation(entry, overload, index, tensor)?;
                 written.push(tensor.storage_id());
@@ -365,6 +367,12 @@ impl Registry {
         check_outputs(def, &chosen, &outputs_meta, &outputs, &written)?;
         Ok(outputs)
     }
+}
+
+/// The positions of the activations given in `args` (an absent optional activation, `none`, has no
+/// output and is skipped), in order: output i belongs to the i-th of them.
+fn given_activations<'a>(entry: &'a OpEntry, args: &'a [Value]) -> impl Iterator<Item = usize> + 'a {
+    entry.activations.iter().copied().filter(|&position| matches!(args.get(position), Some(Value::Tensor(_))))
 }
 
 /// Gives an in-place kernel a uniquely owned activation: a copy for the functional call, the
@@ -451,8 +459,9 @@ fn check_outputs(
     written: &[crate::tensor::StorageId],
 ) -> Result<(), CallError> {
     let violation = |problem: String| CallError::ContractViolation { op: def.name, provider: chosen.provider, problem };
-    if outputs.len() != def.n_outputs {
-        return Err(violation(format!("returned {} outputs, expected {}", outputs.len(), def.n_outputs)));
+    // The meta function's list: as many as declared, fewer when an optional activation is absent.
+    if outputs.len() != declared.len() {
+        return Err(violation(format!("returned {} outputs, expected {}", outputs.len(), declared.len())));
     }
     // An in-place kernel writes output i into activation i's storage for each activation; outputs
     // after those are fresh and must not share a written storage.

@@ -178,8 +178,8 @@ pub enum RegistryError {
         /// The activation.
         name: String,
     },
-    /// An explicit activation that is not a (non-optional) tensor parameter.
-    #[error("op `{op}`: activation `{name}` must be a Tensor parameter, not {kind}")]
+    /// An explicit activation that is not a tensor parameter (optional or not).
+    #[error("op `{op}`: activation `{name}` must be a Tensor or Optional[Tensor] parameter, not {kind}")]
     ActivationNotTensor {
         /// The op.
         op: String,

@@ -371,8 +371,9 @@ impl Tensor {
     }
 
     /// A CPU tensor with `meta`'s dtype and layout, filled with N(0, 1) values from a seeded
-    /// generator (deterministic: equal seeds give equal bits); its storage is uniquely owned.
-    /// Feature `testing`.
+    /// generator (deterministic: equal seeds give equal bits); its storage is uniquely owned. An
+    /// i64 tensor holds indices or positions instead: uniform in `0..8` (every cache or table a
+    /// test indexes has at least 8 rows). Feature `testing`.
     #[cfg(feature = "testing")]
     pub fn randn(meta: &TensorMeta, seed: u64) -> Result<Tensor, TensorError> {
         use rand::{Rng, SeedableRng};
@@ -382,11 +383,17 @@ impl Tensor {
         // the tensor, and a tensor too large for memory is an error before any work.
         let mut whole = Tensor::zeros(meta.dtype, &[meta.layout.storage_end()])?;
         let buffer = whole.cpu_buffer_mut()?.expect("fresh CPU storage");
-        with_element_type!(meta.dtype, T => {
-            for slot in buffer.typed_mut::<T>() {
-                *slot = T::from_f64(rng.sample::<f64, _>(normal));
+        if meta.dtype == DType::I64 {
+            for slot in buffer.typed_mut::<i64>() {
+                *slot = rng.random_range(0..8);
             }
-        });
+        } else {
+            with_element_type!(meta.dtype, T => {
+                for slot in buffer.typed_mut::<T>() {
+                    *slot = T::from_f64(rng.sample::<f64, _>(normal));
+                }
+            });
+        }
         let view = whole.as_strided(meta.layout.clone())?;
         drop(whole);
         Ok(view)
@@ -572,6 +579,26 @@ impl Tensor {
         Tensor::from_storage(storage, self.dtype(), layout)
     }
 
+    /// `self` and `other` joined along `dim` into a fresh compact tensor (every other dimension,
+    /// the dtype and the device must agree); the elements are copied bit for bit. Device tensors go
+    /// through host memory.
+    pub fn cat(&self, other: &Tensor, dim: usize) -> Result<Tensor, TensorError> {
+        let meta = cat_meta(self.meta(), other.meta(), dim)?;
+        if !self.device().is_cpu() {
+            return self.to_cpu()?.cat(&other.to_cpu()?, dim)?.to_device_of(self);
+        }
+        let size = self.dtype().size_in_bytes();
+        let mut dst = CpuBuffer::zeroed_for(self.dtype(), storage_bytes(&meta)?)?;
+        let split = self.shape()[dim];
+        for (src, layout) in
+            [(self, meta.layout.slice(dim, 0, split)?), (other, meta.layout.slice(dim, split, meta.shape()[dim])?)]
+        {
+            let Storage::Cpu(bytes) = &src.storage.storage else { unreachable!("both on the cpu (cat_meta)") };
+            copy_elements(bytes.bytes(), src.layout(), dst.bytes_mut(), &layout, size);
+        }
+        Tensor::from_storage(Storage::Cpu(dst), meta.dtype, meta.layout)
+    }
+
     /// Overwrites this tensor's elements (in its own layout) with `src`'s, converting the dtype.
     ///
     /// Needs unique ownership of this tensor's storage and equal shapes.
@@ -684,6 +711,26 @@ fn check_fits(meta: &TensorMeta, available: usize) -> Result<(), TensorError> {
 }
 
 /// Copies elements of `size` bytes from `src` (in `src_layout`) to `dst` (in `dst_layout`), logical order.
+/// The compact result of joining `a` and `b` along `dim`, or why they cannot be joined.
+pub(crate) fn cat_meta(a: &TensorMeta, b: &TensorMeta, dim: usize) -> Result<TensorMeta, TensorError> {
+    let (lhs, rhs) = (a.shape().to_vec(), b.shape().to_vec());
+    let joinable = dim < lhs.len()
+        && lhs.len() == rhs.len()
+        && lhs.iter().zip(&rhs).enumerate().all(|(d, (x, y))| d == dim || x == y);
+    if !joinable {
+        return Err(TensorError::ShapeMismatch { operation: "cat", lhs, rhs });
+    }
+    if a.dtype != b.dtype {
+        return Err(TensorError::DTypeMismatch { operation: "cat", lhs: a.dtype, rhs: b.dtype });
+    }
+    if a.device != b.device {
+        return Err(TensorError::DeviceMismatch { operation: "cat", lhs: a.device, rhs: b.device });
+    }
+    let mut shape = lhs;
+    shape[dim] += rhs[dim];
+    Ok(TensorMeta { device: a.device, ..TensorMeta::compact(a.dtype, &shape) })
+}
+
 fn copy_elements(src: &[u8], src_layout: &Layout, dst: &mut [u8], dst_layout: &Layout, size: usize) {
     let n = src_layout.numel();
     let same_dense_order = src_layout.is_dense() && src_layout.strides() == dst_layout.strides();
@@ -717,6 +764,26 @@ const _: () = {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cat_joins_along_a_dimension_bit_for_bit() {
+        let a = Tensor::from_f64(DType::BF16, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let b = Tensor::from_f64(DType::BF16, &[2, 1], &[-1.0, f64::NAN]).unwrap();
+        let joined = a.cat(&b, 1).unwrap();
+        assert_eq!(joined.shape(), &[2, 4]);
+        assert!(joined.layout().is_compact_at_zero());
+        let values = joined.to_f64_vec().unwrap();
+        assert_eq!(values[..7], [1.0, 2.0, 3.0, -1.0, 4.0, 5.0, 6.0]);
+        assert!(values[7].is_nan());
+        // A strided view joins by its logical elements.
+        let rows = a.transpose(0, 1).unwrap().cat(&Tensor::zeros(DType::BF16, &[1, 2]).unwrap(), 0).unwrap();
+        assert_eq!(rows.to_f64_vec().unwrap(), [1.0, 4.0, 2.0, 5.0, 3.0, 6.0, 0.0, 0.0]);
+        let err = a.cat(&b, 0).unwrap_err();
+        assert_eq!(err.to_string(), "cat: shapes [2, 3] and [2, 1] differ");
+        assert!(a.cat(&b, 2).is_err(), "no dimension 2");
+        let err = a.cat(&Tensor::zeros(DType::F32, &[2, 1]).unwrap(), 1).unwrap_err();
+        assert_eq!(err.to_string(), "cat: dtypes bf16 and f32 differ");
+    }
+
     use super::*;
 
     fn round_trip<T: Element + PartialEq>(values: Vec<T>) {

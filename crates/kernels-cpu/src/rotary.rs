@@ -1,0 +1,89 @@
+//! `rotary_embedding` on the cpu, in place on query and key.
+//!
+//! Each token's row is widened into f32 scratch with its cache row, every pair of every head is
+//! rotated with [`rotate_pair`] (the reference's operations, so results are bit-identical to
+//! native), and the row is stored back in its own layout (query and key may be views of one qkv
+//! buffer's rows). Tokens are split across threads as the norms' rows are. Positions are checked
+//! against the cache before anything is written.
+
+use ir_core::kernel::{RotaryCall, RotaryLaunch, Rows, register_rotary};
+use ir_core::op::rotary_embedding::{checked_positions, pair_indices, rotate_pair};
+use ir_core::storage::{CpuBuffer, Storage};
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use rayon::prelude::*;
+
+use crate::element::CpuElement;
+use crate::rows::rows_per_task;
+
+/// Registers `rotary_embedding` on the cpu (in place).
+pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
+    register_rotary(registry, DeviceKind::Cpu, ImplSpec::new(crate::PROVIDER), rotary_embedding_cpu)
+}
+
+/// `rotary_embedding` on the cpu: rotates query and key (when given) in their storage and returns them.
+pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
+    let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch } = call;
+    let tokens = launch.geometry.tokens;
+    let stored = positions.cpu_buffer().ok_or_else(|| crate::not_on_cpu("positions"))?.typed::<i64>();
+    let stored = stored
+        .get(positions.offset()..positions.offset() + tokens)
+        .ok_or_else(|| KernelError::InvalidArguments { reason: "positions lie outside their buffer".to_owned() })?;
+    let positions = checked_positions(stored, launch.geometry.max_position)?;
+    let cache_rows = Rows::for_kernel(cos_sin_cache.meta())?;
+    let cache = cos_sin_cache.cpu_buffer().ok_or_else(|| crate::not_on_cpu("cos_sin_cache"))?;
+    let dtype = query.tensor().dtype();
+    let pass = Pass { positions: &positions, cache, cache_rows, launch: &launch };
+    for (param, tensor) in [("query", Some(&mut query)), ("key", key.as_mut())] {
+        let Some(tensor) = tensor else { continue };
+        let rows = Rows::for_kernel(tensor.tensor().meta())?;
+        let Storage::Cpu(buffer) = tensor.storage_mut()? else { return Err(crate::not_on_cpu(param)) };
+        match dtype {
+            DType::F32 => pass.rotate::<f32>(buffer, rows),
+            DType::F16 => pass.rotate::<half::f16>(buffer, rows),
+            DType::BF16 => pass.rotate::<half::bf16>(buffer, rows),
+            other => return Err(crate::unsupported_dtype(other)),
+        }
+    }
+    Ok((query.into_tensor(), key.map(UniqueTensor::into_tensor)))
+}
+
+/// What every rotated tensor shares: the checked positions and the cache.
+struct Pass<'a> {
+    positions: &'a [usize],
+    cache: &'a CpuBuffer,
+    cache_rows: Rows,
+    launch: &'a RotaryLaunch,
+}
+
+impl Pass<'_> {
+    /// Rotates the rows of one tensor in place.
+    fn rotate<T: CpuElement>(&self, buffer: &mut CpuBuffer, rows: Rows) {
+        let g = self.launch.geometry;
+        let (rot, half) = (g.rotary_dim, g.rotary_dim / 2);
+        let width = rows.hidden;
+        if rows.n_rows == 0 || width == 0 {
+            return;
+        }
+        let cache = &self.cache.typed::<T>()[self.cache_rows.offset..self.cache_rows.offset + self.cache_rows.span()];
+        let cache_stride = self.cache_rows.row_stride;
+        let data = &mut buffer.typed_mut::<T>()[rows.offset..rows.offset + rows.span()];
+        let per_task = rows_per_task(width, size_of::<T>());
+        data.par_chunks_mut(rows.row_stride).zip(self.positions.par_iter()).with_min_len(per_task).for_each_init(
+            || vec![0f32; width + rot],
+            |scratch, (row, &position)| {
+                let row = &mut row[..width];
+                let (values, cs) = scratch.split_at_mut(width);
+                T::load(row, values);
+                T::load(&cache[position * cache_stride..][..rot], cs);
+                let (cos, sin) = cs.split_at(half);
+                for head in values.chunks_exact_mut(g.head_size) {
+                    for i in 0..half {
+                        let (xi, yi) = pair_indices(i, rot, g.is_neox_style);
+                        (head[xi], head[yi]) = rotate_pair(head[xi], head[yi], cos[i], sin[i]);
+                    }
+                }
+                T::store(values, row);
+            },
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! Rotary position embedding of query and key, with the cos/sin cache built once per layer.
+
+use ir_core::op::rotary_embedding::{self, cos_sin_cache};
+use ir_core::storage::DeviceAllocator;
+use ir_core::{DType, ExecutionContext, Tensor};
+
+use crate::LayerError;
+
+/// Rotary position embedding (`rotary_embedding`) of `[T, n_heads · head_size]` query and
+/// `[T, n_kv_heads · head_size]` key, NeoX or GPT-J style, over the first `rotary_dim` elements of
+/// each head. The cos/sin cache (`[max_position, rotary_dim]`, frequencies `base^(−2i / rotary_dim)`,
+/// computed in f64 and rounded to the layer's dtype) is built by [`RotaryEmbedding::new`] and
+/// passed as a traced parameter.
+///
+/// ```
+/// use ir_core::{DType, EagerContext, Registry, Tensor, TensorMeta};
+/// use layers::RotaryEmbedding;
+///
+/// let registry = Registry::with_builtin_ops();
+/// let ctx = EagerContext::new(&registry);
+/// let rope = RotaryEmbedding::new("rope", 64, 64, 2048, 10000.0, true, DType::BF16)?;
+/// let positions = Tensor::from_vec(&[3], vec![0i64, 1, 2])?;
+/// let q = Tensor::randn(&TensorMeta::compact(DType::BF16, &[3, 4 * 64]), 0)?;
+/// let k = Tensor::randn(&TensorMeta::compact(DType::BF16, &[3, 64]), 1)?;
+/// let q0 = q.to_f64_vec()?;
+/// // q and k are donated: an in-place kernel rotates them in their storage.
+/// let (q, k) = rope.forward(&ctx, &positions, q, Some(k))?;
+/// assert!(k.is_some());
+/// assert_eq!(q.to_f64_vec()?[..64], q0[..64], "position 0 is not rotated");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RotaryEmbedding {
+    name: String,
+    head_size: usize,
+    rotary_dim: usize,
+    is_neox_style: bool,
+    cache: Tensor,
+}
+
+impl RotaryEmbedding {
+    /// A rotary embedding named `name` (the cache's parameter name when traced) for heads of
+    /// `head_size`, rotating the first `rotary_dim` (even, at most `head_size`) elements of each,
+    /// for positions `0..max_position`, with frequency base `base`, in `dtype` (query's and key's).
+    pub fn new(
+        name: impl Into<String>,
+        head_size: usize,
+        rotary_dim: usize,
+        max_position: usize,
+        base: f64,
+        is_neox_style: bool,
+        dtype: DType,
+    ) -> Result<RotaryEmbedding, LayerError> {
+        let name = name.into();
+        let error = |reason: String| LayerError::Rotary { name: name.clone(), reason };
+        if head_size == 0 || rotary_dim < 2 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_size {
+            return Err(error(format!("rotary_dim {rotary_dim} must be even and lie in 2..={head_size} (head_size)")));
+        }
+        if max_position == 0 {
+            return Err(error("max_position must be at least 1".to_owned()));
+        }
+        if !(base.is_finite() && base > 0.0) {
+            return Err(error(format!("base {base} must be finite and positive")));
+        }
+        if !dtype.is_compute() {
+            return Err(error(format!("dtype {dtype} is not one of f32, f16, bf16, f64")));
+        }
+        let cache = cos_sin_cache(dtype, max_position, rotary_dim, base)?;
+        Ok(RotaryEmbedding { name, head_size, rotary_dim, is_neox_style, cache })
+    }
+
+    /// Elements per head.
+    pub fn head_size(&self) -> usize {
+        self.head_size
+    }
+
+    /// Rotated elements per head.
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim
+    }
+
+    /// The cos/sin cache, `[max_position, rotary_dim]`.
+    pub fn cos_sin_cache(&self) -> &Tensor {
+        &self.cache
+    }
+
+    /// Moves the cache to the allocator's device.
+    pub fn to_device(&mut self, allocator: &dyn DeviceAllocator) -> Result<(), LayerError> {
+        self.cache = self.cache.to_device(allocator)?;
+        Ok(())
+    }
+
+    /// `rotary_embedding` `maybe_inplace`: query and key are donated (an in-place kernel rotates
+    /// them in their storage, views of one qkv buffer included); returns `(query, key)`, the key
+    /// only when one was given.
+    pub fn forward<C: ExecutionContext>(
+        &self,
+        ctx: &C,
+        positions: &C::Tensor,
+        query: C::Tensor,
+        key: Option<C::Tensor>,
+    ) -> Result<(C::Tensor, Option<C::Tensor>), LayerError> {
+        let cache = ctx.parameter(&self.name, &self.cache)?;
+        let (head_size, rotary_dim) = (self.head_size as i64, self.rotary_dim as i64);
+        Ok(rotary_embedding::call_maybe_inplace(
+            ctx,
+            positions,
+            query,
+            key,
+            &cache,
+            head_size,
+            rotary_dim,
+            self.is_neox_style,
+        )?)
+    }
+
+    /// `rotary_embedding`, functional: query and key are not donated.
+    pub fn forward_functional<C: ExecutionContext>(
+        &self,
+        ctx: &C,
+        positions: &C::Tensor,
+        query: &C::Tensor,
+        key: Option<&C::Tensor>,
+    ) -> Result<(C::Tensor, Option<C::Tensor>), LayerError> {
+        let cache = ctx.parameter(&self.name, &self.cache)?;
+        let (head_size, rotary_dim) = (self.head_size as i64, self.rotary_dim as i64);
+        Ok(rotary_embedding::call(ctx, positions, query, key, &cache, head_size, rotary_dim, self.is_neox_style)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ir_core::{EagerContext, Registry, TensorMeta, bit_eq};
+
+    #[test]
+    fn both_forms_match_the_reference_and_bad_geometry_is_refused() {
+        let registry = Registry::with_builtin_ops();
+        let ctx = EagerContext::new(&registry);
+        let rope = RotaryEmbedding::new("rope", 16, 8, 32, 10000.0, false, DType::F32).unwrap();
+        let positions = Tensor::from_vec(&[4], vec![3i64, 0, 31, 7]).unwrap();
+        let q = Tensor::randn(&TensorMeta::compact(DType::F32, &[4, 32]), 5).unwrap();
+        let (eq, ek) = rotary_embedding::native(&positions, &q, None, rope.cos_sin_cache(), 16, 8, false).unwrap();
+        assert!(ek.is_none());
+        let (fq, fk) = rope.forward_functional(&ctx, &positions, &q, None).unwrap();
+        assert!(bit_eq(&fq, &eq) && fk.is_none());
+        let (iq, _) = rope.forward(&ctx, &positions, q, None).unwrap();
+        assert!(bit_eq(&iq, &eq));
+        for (head, rot) in [(16, 3), (16, 18), (16, 0)] {
+            let err = RotaryEmbedding::new("r", head, rot, 8, 10000.0, true, DType::F32).unwrap_err();
+            assert!(err.to_string().starts_with("RotaryEmbedding `r`: rotary_dim"), "{err}");
+        }
+        let err = RotaryEmbedding::new("r", 16, 16, 8, 10000.0, true, DType::I8).unwrap_err();
+        assert!(err.to_string().contains("dtype i8"), "{err}");
+        let err = RotaryEmbedding::new("r", 16, 16, 0, 10000.0, true, DType::F32).unwrap_err();
+        assert!(err.to_string().contains("max_position"), "{err}");
+    }
+}

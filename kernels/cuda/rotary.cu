@@ -1,0 +1,46 @@
+// rotary_embedding of the `cuda` provider, in place on query and key. Compiled after
+// `element.cuh`, per dtype.
+//
+// One block per token; its threads share the token's (head, pair) items, the query's then the
+// key's. Each pair is rotated with the reference's operations: four products and a difference and
+// a sum, each rounded once in f32 (`__fmul_rn`, `__fsub_rn`, `__fadd_rn`: NVRTC contracts plain
+// `x * c - y * s` into an fma, which rounds once instead of twice), then stored in the element
+// type. A token whose position lies outside the cache is left as it is (native and the cpu
+// provider report it as an error; a kernel cannot). Positions are i64, as vLLM passes them.
+
+__device__ __forceinline__ void rotate_pair_at(elem_t* __restrict__ row, int pair, int half_dim, int head_size,
+                                               int is_neox, const elem_t* __restrict__ cs) {
+    int head = pair / half_dim;
+    int i = pair - head * half_dim;
+    int xi = is_neox ? i : 2 * i;
+    int yi = is_neox ? half_dim + i : 2 * i + 1;
+    elem_t* h = row + (long long)head * head_size;
+    float x = to_f32(h[xi]);
+    float y = to_f32(h[yi]);
+    float c = to_f32(cs[i]);
+    float s = to_f32(cs[half_dim + i]);
+    h[xi] = from_f32(__fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s)));
+    h[yi] = from_f32(__fadd_rn(__fmul_rn(y, c), __fmul_rn(x, s)));
+}
+
+extern "C" __global__ void CONCAT(rotary_embedding, KERNEL_SUFFIX)(
+    elem_t* __restrict__ q, long long q_row_stride, elem_t* __restrict__ k, long long k_row_stride, int has_key,
+    const long long* __restrict__ positions, const elem_t* __restrict__ cache, long long cache_row_stride,
+    long long tokens, int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox) {
+    long long token = blockIdx.x;
+    if (token >= tokens) return;
+    long long position = positions[token];
+    if (position < 0 || position >= max_position) return;
+    const elem_t* cs = cache + position * cache_row_stride;
+    int half_dim = rotary_dim / 2;
+    elem_t* q_row = q + token * q_row_stride;
+    for (int pair = threadIdx.x; pair < heads * half_dim; pair += blockDim.x) {
+        rotate_pair_at(q_row, pair, half_dim, head_size, is_neox, cs);
+    }
+    if (has_key) {
+        elem_t* k_row = k + token * k_row_stride;
+        for (int pair = threadIdx.x; pair < kv_heads * half_dim; pair += blockDim.x) {
+            rotate_pair_at(k_row, pair, half_dim, head_size, is_neox, cs);
+        }
+    }
+}

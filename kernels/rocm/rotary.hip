@@ -1,0 +1,64 @@
+// rotary_embedding of the `rocm` provider, in place on query and key: `rotary_embedding_<dtype>` for
+// f32, f16 and bf16. The numerics are those of the CUDA kernel (`kernels/cuda/rotary.cu`): four
+// products and a difference and a sum, each rounded once in f32 (contraction into fused
+// multiply-adds is switched off for them; `tests/hipcc.rs` checks the ISA has none), then stored in the
+// element type. One block per token; a token whose position lies outside the cache is left as it is.
+
+#include "element.hip.h"
+
+#define ROTARY_BLOCK_MAX 256
+
+template <int DTYPE>
+__device__ __forceinline__ void rotate_pair_at(typename Elem<DTYPE>::T* row, int pair, int half_dim, int head_size,
+                                               int is_neox, const typename Elem<DTYPE>::T* cs) {
+    // Each product rounds on its own (HIP's `__fmul_rn` is a plain product in a header, which
+    // clang would still contract with the sum that follows).
+#pragma clang fp contract(off)
+    int head = pair / half_dim;
+    int i = pair - head * half_dim;
+    int xi = is_neox ? i : 2 * i;
+    int yi = is_neox ? half_dim + i : 2 * i + 1;
+    typename Elem<DTYPE>::T* h = row + (long long)head * head_size;
+    float x = Elem<DTYPE>::load(h[xi]);
+    float y = Elem<DTYPE>::load(h[yi]);
+    float c = Elem<DTYPE>::load(cs[i]);
+    float s = Elem<DTYPE>::load(cs[half_dim + i]);
+    h[xi] = Elem<DTYPE>::store(x * c - y * s);
+    h[yi] = Elem<DTYPE>::store(y * c + x * s);
+}
+
+template <int DTYPE>
+__device__ void rotary_token(typename Elem<DTYPE>::T* q, long long q_row_stride, typename Elem<DTYPE>::T* k,
+                             long long k_row_stride, int has_key, const long long* positions,
+                             const typename Elem<DTYPE>::T* cache, long long cache_row_stride, long long tokens,
+                             int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox) {
+    long long token = blockIdx.x;
+    if (token >= tokens) return;
+    long long position = positions[token];
+    if (position < 0 || position >= max_position) return;
+    const typename Elem<DTYPE>::T* cs = cache + position * cache_row_stride;
+    int half_dim = rotary_dim / 2;
+    typename Elem<DTYPE>::T* q_row = q + token * q_row_stride;
+    for (int pair = threadIdx.x; pair < heads * half_dim; pair += blockDim.x) {
+        rotate_pair_at<DTYPE>(q_row, pair, half_dim, head_size, is_neox, cs);
+    }
+    if (has_key) {
+        typename Elem<DTYPE>::T* k_row = k + token * k_row_stride;
+        for (int pair = threadIdx.x; pair < kv_heads * half_dim; pair += blockDim.x) {
+            rotate_pair_at<DTYPE>(k_row, pair, half_dim, head_size, is_neox, cs);
+        }
+    }
+}
+
+#define ROTARY_KERNEL_DTYPE(DTYPE, suffix)                                                                          \
+    extern "C" __global__ void __launch_bounds__(ROTARY_BLOCK_MAX) rotary_embedding_##suffix(                       \
+        Elem<DTYPE>::T* q, long long q_row_stride, Elem<DTYPE>::T* k, long long k_row_stride, int has_key,         \
+        const long long* positions, const Elem<DTYPE>::T* cache, long long cache_row_stride, long long tokens,     \
+        int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox) {                   \
+        rotary_token<DTYPE>(q, q_row_stride, k, k_row_stride, has_key, positions, cache, cache_row_stride, tokens,  \
+                            heads, kv_heads, head_size, rotary_dim, max_position, is_neox);                        \
+    }
+
+ROTARY_KERNEL_DTYPE(0, f32)
+ROTARY_KERNEL_DTYPE(1, f16)
+ROTARY_KERNEL_DTYPE(2, bf16)

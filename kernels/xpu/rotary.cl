@@ -1,0 +1,54 @@
+// rotary_embedding, in place on query and key (after the element prelude).
+//
+// One work-group per token; its work-items share the token's (head, pair) items, the query's then
+// the key's. Each pair is rotated with the reference's operations: four products and a difference
+// and a sum, each rounded once in f32 (no contraction into fused multiply-adds), then stored in the
+// element type. A token whose position lies outside the cache is left as it is (the cpu provider
+// and native report it as an error; a kernel cannot). No barrier: items never share data.
+
+#pragma OPENCL FP_CONTRACT OFF
+
+inline void rotate_pair_at(__global elem_t* row, int pair, int half_dim, int head_size, int is_neox,
+                           __global const elem_t* cs) {
+    int head = pair / half_dim;
+    int i = pair - head * half_dim;
+    int xi = is_neox ? i : 2 * i;
+    int yi = is_neox ? half_dim + i : 2 * i + 1;
+    __global elem_t* h = row + (long)head * head_size;
+    float x = LOAD(h, xi);
+    float y = LOAD(h, yi);
+    float c = LOAD(cs, i);
+    float s = LOAD(cs, half_dim + i);
+    float xc = x * c;
+    float ys = y * s;
+    float yc = y * c;
+    float xs = x * s;
+    STORE(h, xi, xc - ys);
+    STORE(h, yi, yc + xs);
+}
+
+__kernel void NAME(rotary_embedding)(__global elem_t* q, long q_row_stride, long q_offset,
+                                     __global elem_t* k, long k_row_stride, long k_offset, int has_key,
+                                     __global const long* positions, long positions_offset,
+                                     __global const elem_t* cache, long cache_row_stride, long cache_offset,
+                                     long tokens, int heads, int kv_heads, int head_size, int rotary_dim,
+                                     int max_position, int is_neox) {
+    long token = get_group_id(0);
+    if (token >= tokens) return;
+    long position = positions[positions_offset + token];
+    if (position < 0 || position >= max_position) return;
+    __global const elem_t* cs = cache + cache_offset + position * cache_row_stride;
+    int half_dim = rotary_dim / 2;
+    int lane = get_local_id(0);
+    int lanes = get_local_size(0);
+    __global elem_t* q_row = q + q_offset + token * q_row_stride;
+    for (int pair = lane; pair < heads * half_dim; pair += lanes) {
+        rotate_pair_at(q_row, pair, half_dim, head_size, is_neox, cs);
+    }
+    if (has_key) {
+        __global elem_t* k_row = k + k_offset + token * k_row_stride;
+        for (int pair = lane; pair < kv_heads * half_dim; pair += lanes) {
+            rotate_pair_at(k_row, pair, half_dim, head_size, is_neox, cs);
+        }
+    }
+}
