@@ -215,7 +215,10 @@ fn check_features_core() -> anyhow::Result<()> {
     )?;
     cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--locked"], &[])?;
     cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "cuda", "--locked"], &[])?;
-    cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])
+    cargo(&["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "xpu", "--locked"], &[])?;
+    // The benchmarks' candle baseline is compiled only by `cargo xtask bench`: check it here, so a
+    // change elsewhere (a new dtype) cannot break it unseen.
+    cargo(&["check", "--package", "vllm-ir-bench", "--features", "candle", "--all-targets", "--locked"], &[])
 }
 
 fn check_features_rocm() -> anyhow::Result<()> {

@@ -28,6 +28,10 @@ fn to_candle(t: &Tensor) -> Result<CandleTensor, BenchError> {
         DType::F16 => CandleDType::F16,
         DType::BF16 => CandleDType::BF16,
         DType::F64 => CandleDType::F64,
+        other => {
+            let reason = format!("the candle baseline compares norms of f32, f16, bf16 and f64, not {other}");
+            return Err(BenchError::Unavailable { provider: "candle".to_owned(), reason });
+        }
     };
     CandleTensor::from_vec(values, t.shape(), &Device::Cpu).and_then(|c| c.to_dtype(dtype)).map_err(candle_error)
 }

@@ -1,4 +1,6 @@
-//! `kernels-cpu`: the `cpu` provider of `rms_norm` (functional) and `fused_add_rms_norm` (in place).
+//! `kernels-cpu`: the `cpu` provider of every built-in op: the norms (`fused_add_rms_norm` in place),
+//! the gated activations, the fp8 quantizations and the fused norm + quantizations, and
+//! `rotary_embedding` (in place on query and key).
 //!
 //! Plain Rust, no feature and no system library: every machine runs it, so it is the CPU platform's
 //! default and every end-to-end test exercises it. Rows are split across threads (rayon) when a call

@@ -7,7 +7,7 @@
 //! against the cache before anything is written.
 
 use ir_core::kernel::{RotaryCall, RotaryLaunch, Rows, register_rotary};
-use ir_core::op::rotary_embedding::{checked_positions, pair_indices, rotate_pair};
+use ir_core::op::rotary_embedding::{checked_positions, rotate_pair};
 use ir_core::storage::{CpuBuffer, Storage};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 use rayon::prelude::*;
@@ -77,13 +77,50 @@ impl Pass<'_> {
                 T::load(&cache[position * cache_stride..][..rot], cs);
                 let (cos, sin) = cs.split_at(half);
                 for head in values.chunks_exact_mut(g.head_size) {
-                    for i in 0..half {
-                        let (xi, yi) = pair_indices(i, rot, g.is_neox_style);
-                        (head[xi], head[yi]) = rotate_pair(head[xi], head[yi], cos[i], sin[i]);
-                    }
+                    rotate_head(&mut head[..rot], cos, sin, g.is_neox_style);
                 }
                 T::store(values, row);
             },
         );
+    }
+}
+
+/// Rotates one head's first `rotary_dim` elements (`rotated`) in f32: NeoX pairs are the two
+/// halves, GPT-J pairs neighbours. Written as zipped slices (no index arithmetic), so the loops
+/// vectorize; each pair is [`rotate_pair`], as the reference computes it.
+#[inline(always)]
+fn rotate_head(rotated: &mut [f32], cos: &[f32], sin: &[f32], is_neox_style: bool) {
+    if is_neox_style {
+        let (xs, ys) = rotated.split_at_mut(rotated.len() / 2);
+        for (((x, y), &c), &s) in xs.iter_mut().zip(ys.iter_mut()).zip(cos).zip(sin) {
+            (*x, *y) = rotate_pair(*x, *y, c, s);
+        }
+    } else {
+        for ((pair, &c), &s) in rotated.chunks_exact_mut(2).zip(cos).zip(sin) {
+            (pair[0], pair[1]) = rotate_pair(pair[0], pair[1], c, s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ir_core::op::rotary_embedding::pair_indices;
+
+    #[test]
+    fn the_sliced_rotation_pairs_the_elements_the_reference_pairs() {
+        let cos: Vec<f32> = (0..4).map(|i| 0.1 * i as f32 + 0.3).collect();
+        let sin: Vec<f32> = (0..4).map(|i| 0.7 - 0.05 * i as f32).collect();
+        for neox in [true, false] {
+            let head: Vec<f32> = (0..8).map(|i| i as f32 * 1.25 - 3.0).collect();
+            let mut fast = head.clone();
+            rotate_head(&mut fast, &cos, &sin, neox);
+            let mut indexed = head.clone();
+            for i in 0..4 {
+                let (xi, yi) = pair_indices(i, 8, neox);
+                (indexed[xi], indexed[yi]) = rotate_pair(head[xi], head[yi], cos[i], sin[i]);
+            }
+            assert_eq!(fast, indexed, "neox={neox}");
+        }
     }
 }

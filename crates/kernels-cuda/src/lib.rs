@@ -1,4 +1,6 @@
-//! `kernels-cuda`: the `cuda` provider of `rms_norm` (functional) and `fused_add_rms_norm` (in place).
+//! `kernels-cuda`: the `cuda` provider of every built-in op: the norms (`fused_add_rms_norm` in place),
+//! the gated activations, the fp8 quantizations and the fused norm + quantizations, and
+//! `rotary_embedding` (in place on query and key).
 //!
 //! cudarc loads `libcuda` and `libnvrtc` at run time, so this crate builds everywhere; on a machine
 //! without them the provider is registered and reports itself unavailable with the reason. The

@@ -1,5 +1,6 @@
-//! `kernels-rocm`: the `rocm` provider (AMD GPUs through HIP) of `rms_norm` (functional) and
-//! `fused_add_rms_norm` (in place).
+//! `kernels-rocm`: the `rocm` provider (AMD GPUs through HIP) of every built-in op: the norms
+//! (`fused_add_rms_norm` in place), the gated activations, the fp8 quantizations and the fused norm +
+//! quantizations, and `rotary_embedding` (in place on query and key).
 //!
 //! With feature `rocm`, `build.rs` compiles every `kernels/*.hip` with `hipcc --genco` for the
 //! targets in `VLLM_IR_HIP_ARCHS` (default `gfx90a`) and embeds the code objects, and hip-sys links

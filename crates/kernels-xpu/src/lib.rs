@@ -1,5 +1,6 @@
-//! `kernels-xpu`: the `xpu` provider (Intel GPUs through OpenCL C) of `rms_norm` (functional) and
-//! `fused_add_rms_norm` (in place).
+//! `kernels-xpu`: the `xpu` provider (Intel GPUs through OpenCL C) of every built-in op: the norms
+//! (`fused_add_rms_norm` in place), the gated activations, the fp8 quantizations and the fused norm +
+//! quantizations, and `rotary_embedding` (in place on query and key).
 //!
 //! opencl3 loads the OpenCL ICD loader at run time, so this crate builds everywhere; without a GPU
 //! the provider is registered and reports why it is unavailable. `VLLM_IR_XPU_ALLOW_CPU=1` lets it

@@ -1,7 +1,9 @@
 //! `layers`: model layers built on `ir-core`, generic over the execution context.
 //!
 //! The same layer code runs eagerly ([`ir_core::EagerContext`]) or is traced into a graph; it holds no
-//! kernel code and no dispatch logic.
+//! kernel code and no dispatch logic. Layers: [`RmsNorm`], the gated activations ([`SiluAndMul`],
+//! [`GeluAndMul`], [`GeluAndMulSparse`]), fp8 quantization ([`QuantFp8`]) and [`RotaryEmbedding`];
+//! [`toy::ToyDecoder`] composes them into a Llama-shaped block for demos and benchmarks.
 //!
 //! ```
 //! use ir_core::{DType, EagerContext, Registry, Tensor};

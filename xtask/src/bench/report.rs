@@ -650,7 +650,7 @@ fn growth_rows(results: &Results, group: &str) -> Option<String> {
 fn memory_table(results: &Results) -> String {
     let Some(memory) = &results.memory else { return String::new() };
     let mut out = format!(
-        "## Memory\n\nThe demo's decoder (a first `rms_norm`, then L layers of `scale` and fused add + norm), \
+        "## Memory\n\nThe norm decoder of the passes benchmark (`vllm_ir_bench::decoder`: a first `rms_norm`, then L layers of `scale` and fused add + norm), \
          {}×{} {} activations ({} B each), fused norms on `{}`, from the interpreter's statistics. \
          *Functional* is the trace with functional fused norms, interpreted as traced (an in-place provider \
          copies x and the residual of each); *maybe_inplace* is the donating trace interpreted without \
