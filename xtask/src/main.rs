@@ -91,13 +91,13 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
         "cuda" => {
             println!(
                 "cuda job: install NVRTC and the CUDA headers: pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 \
-                 nvidia-cuda-nvcc-cu12, and put the nvrtc wheel's lib directory on LD_LIBRARY_PATH; on a GPU runner \
+                 nvidia-cuda-nvcc-cu12, put the nvrtc wheel's lib directory on LD_LIBRARY_PATH and the nvcc wheel's bin (ptxas) on PATH; on a GPU runner \
                  the driver's libcuda runs the device tests too"
             );
             if !library_loadable("libnvrtc.so.12") {
                 bail!("the cuda job needs libnvrtc.so.12 on the loader path (see above)");
             }
-            let require = [("VLLM_IR_REQUIRE", "nvrtc")];
+            let require = [("VLLM_IR_REQUIRE", "nvrtc,ptxas")];
             cargo(
                 &["check", "--package", "vllm-ir-cli", "--no-default-features", "--features", "cuda", "--locked"],
                 &[],

@@ -26,6 +26,7 @@ pub struct XpuDevice {
     name: String,
     is_gpu: bool,
     extensions: String,
+    max_sub_group_size: Option<u32>,
     context: Context,
     queue: Arc<CommandQueue>,
     kernels: KernelCache<KernelVariant>,
@@ -74,6 +75,24 @@ pub fn device() -> Result<&'static Arc<XpuDevice>, String> {
         .map_err(Clone::clone)
 }
 
+/// `CL_DEVICE_SUB_GROUP_SIZES_INTEL` (extension `cl_intel_required_subgroup_size`): the sub-group
+/// sizes the device supports, an array of `size_t`.
+const CL_DEVICE_SUB_GROUP_SIZES_INTEL: u32 = 0x4108;
+
+/// The largest sub-group size `device` lists, when it lists them (Intel devices); a device with only
+/// `cl_khr_subgroups` says a size per built kernel, too late to choose the reduction.
+fn max_sub_group_size(device: &ClDevice, extensions: &str) -> Option<u32> {
+    let intel =
+        extensions.split_whitespace().any(|e| e == "cl_intel_subgroups" || e == "cl_intel_required_subgroup_size");
+    if !intel {
+        return None;
+    }
+    let bytes = device.get_data(CL_DEVICE_SUB_GROUP_SIZES_INTEL).ok()?;
+    let sizes =
+        bytes.chunks_exact(size_of::<usize>()).map(|c| usize::from_ne_bytes(c.try_into().expect("chunks_exact")));
+    sizes.max().and_then(|m| u32::try_from(m).ok()).filter(|&m| m > 0)
+}
+
 fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
     let platforms = opencl3::platform::get_platforms()
         .map_err(|e| format!("OpenCL ICD loader (libOpenCL.so.1) not found or no platform: {e}"))?;
@@ -100,6 +119,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
     let (cl_device, is_gpu) = chosen;
     let name = cl_device.name().unwrap_or_else(|_| "unknown OpenCL device".to_owned());
     let extensions = cl_device.extensions().unwrap_or_default();
+    let max_sub_group_size = max_sub_group_size(&cl_device, &extensions);
     let context = Context::from_device(&cl_device).map_err(|e| format!("creating an OpenCL context on {name}: {e}"))?;
     #[allow(deprecated)]
     let queue = CommandQueue::create_default(&context, 0).map_err(|e| format!("creating a queue on {name}: {e}"))?;
@@ -107,6 +127,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         name,
         is_gpu,
         extensions,
+        max_sub_group_size,
         context,
         queue: Arc::new(queue),
         kernels: Mutex::new(HashMap::new()),
@@ -123,6 +144,12 @@ impl XpuDevice {
     /// The device's extensions (space separated).
     pub fn extensions(&self) -> &str {
         &self.extensions
+    }
+
+    /// The largest sub-group size the device's compiler may give a kernel, when the device says
+    /// before any kernel is built (Intel's `CL_DEVICE_SUB_GROUP_SIZES_INTEL`); `None` otherwise.
+    pub fn max_sub_group_size(&self) -> Option<u32> {
+        self.max_sub_group_size
     }
 
     /// The in-order queue this crate uses when the caller gives none (see [`XpuBuffer`]).

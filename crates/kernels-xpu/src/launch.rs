@@ -45,7 +45,7 @@ pub(crate) fn launch(
         dtype: args.dtype,
         has_weight: weight.is_some(),
         threads_per_row,
-        subgroups: use_subgroups(device.extensions(), threads_per_row, force_tree),
+        subgroups: use_subgroups(device.extensions(), device.max_sub_group_size(), threads_per_row, force_tree),
     };
     let kernel = device.kernel(&variant)?;
     let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

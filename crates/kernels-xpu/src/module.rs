@@ -43,12 +43,21 @@ pub fn group_size(threads_per_row: u32) -> u32 {
 }
 
 /// Whether to reduce with sub-groups: the device has them, the caller did not force the tree, and
-/// every sub-group lies within one row (Intel sub-groups have at most 32 work-items).
-pub fn use_subgroups(device_extensions: &str, threads_per_row: u32, force_tree: bool) -> bool {
+/// no sub-group can span two rows: the largest sub-group size the device may choose
+/// (`max_sub_group_size`, known on Intel devices) divides the work-items per row (sizes are powers of
+/// two). A device that cannot say (only `cl_khr_subgroups`, whose sub-groups may be 64 wide) uses
+/// the local-memory tree.
+pub fn use_subgroups(
+    device_extensions: &str,
+    max_sub_group_size: Option<u32>,
+    threads_per_row: u32,
+    force_tree: bool,
+) -> bool {
     let has_subgroups = device_extensions
         .split_whitespace()
         .any(|extension| extension == "cl_khr_subgroups" || extension == "cl_intel_subgroups");
-    has_subgroups && !force_tree && threads_per_row >= 32
+    let fits = max_sub_group_size.is_some_and(|size| threads_per_row.is_multiple_of(size));
+    has_subgroups && !force_tree && threads_per_row >= 32 && fits
 }
 
 impl KernelVariant {
@@ -126,12 +135,15 @@ mod tests {
 
     #[test]
     fn reduction_choice() {
-        assert!(use_subgroups("cl_khr_fp16 cl_intel_subgroups", 64, false));
-        assert!(use_subgroups("cl_khr_subgroups", 32, false));
-        assert!(!use_subgroups("cl_khr_subgroups", 32, true), "forced tree");
-        assert!(!use_subgroups("cl_khr_subgroups", 8, false), "a sub-group could span rows");
-        assert!(!use_subgroups("cl_khr_fp64 cl_khr_byte_addressable_store", 128, false), "PoCL on a CPU");
-        assert!(!use_subgroups("cl_intel_subgroups_short", 128, false), "only whole extension names count");
+        let intel = "cl_khr_fp16 cl_intel_subgroups";
+        assert!(use_subgroups(intel, Some(32), 64, false));
+        assert!(use_subgroups("cl_khr_subgroups", Some(16), 32, false));
+        assert!(!use_subgroups("cl_khr_subgroups", Some(16), 32, true), "forced tree");
+        assert!(!use_subgroups("cl_khr_subgroups", Some(8), 8, false), "8 work-items per row use the tree");
+        assert!(!use_subgroups(intel, Some(64), 32, false), "a 64-wide sub-group would span two rows");
+        assert!(!use_subgroups("cl_khr_subgroups", None, 128, false), "an unknown sub-group size");
+        assert!(!use_subgroups("cl_khr_fp64 cl_khr_byte_addressable_store", Some(8), 128, false), "PoCL on a CPU");
+        assert!(!use_subgroups("cl_intel_subgroups_short", Some(16), 128, false), "only whole extension names count");
     }
 
     #[test]

@@ -9,7 +9,7 @@ fn every_variant_builds() {
             return;
         }
     };
-    let subgroups = kernels_xpu::use_subgroups(device.extensions(), 128, false);
+    let subgroups = kernels_xpu::use_subgroups(device.extensions(), device.max_sub_group_size(), 128, false);
     let mut variants = kernels_xpu::all_variants(false);
     if subgroups {
         variants.extend(kernels_xpu::all_variants(true));

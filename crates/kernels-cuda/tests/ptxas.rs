@@ -1,0 +1,191 @@
+//! Every CUDA kernel of this crate assembles to SASS with `ptxas` for sm_80 and sm_90 with no
+//! register spill and no stack frame (local memory), and the resource report (registers per
+//! thread, shared memory) of each is printed. No GPU needed: NVRTC makes the PTX and `ptxas` (the
+//! `nvidia-cuda-nvcc-cu12` wheel ships it) assembles it; `PTXAS` names the binary, else `ptxas` on
+//! `PATH`. Without it the test says so (`VLLM_IR_REQUIRE=ptxas` makes that a failure).
+
+use std::io::Write as _;
+use std::process::Command;
+
+use ir_core::DType;
+use kernels_cuda::{all_variants, compile_ptx, nvrtc_availability};
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+const ARCHS: [(&str, &str); 2] = [("compute_80", "sm_80"), ("compute_90", "sm_90")];
+
+/// One kernel's resources, from `ptxas -v`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Resources {
+    kernel: String,
+    registers: u32,
+    shared_bytes: u32,
+    stack_bytes: u32,
+    spill_store_bytes: u32,
+    spill_load_bytes: u32,
+}
+
+/// The number before `unit` in `line` (`"12 bytes spill stores"`, `"Used 32 registers"`).
+fn number_before(line: &str, unit: &str) -> Option<u32> {
+    let head = &line[..line.find(unit)?];
+    head.split(|c: char| !c.is_ascii_digit()).rfind(|s| !s.is_empty())?.parse().ok()
+}
+
+/// Every entry function's resources in a `ptxas -v` report.
+fn parse_report(report: &str) -> Vec<Resources> {
+    let mut kernels: Vec<Resources> = Vec::new();
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default();
+            kernels.push(Resources { kernel: name.to_owned(), ..Resources::default() });
+            continue;
+        }
+        let Some(current) = kernels.last_mut() else { continue };
+        if line.contains("bytes stack frame") {
+            current.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(u32::MAX);
+            current.spill_store_bytes = number_before(line, "bytes spill stores").unwrap_or(u32::MAX);
+            current.spill_load_bytes = number_before(line, "bytes spill loads").unwrap_or(u32::MAX);
+        } else if line.contains("Used ") && line.contains(" registers") {
+            current.registers = number_before(line, " registers").unwrap_or(u32::MAX);
+            current.shared_bytes = number_before(line, "bytes smem").unwrap_or(0);
+        }
+    }
+    kernels
+}
+
+/// The ptxas binary, or why there is none.
+fn ptxas() -> Result<String, String> {
+    let binary = std::env::var("PTXAS").unwrap_or_else(|_| "ptxas".to_owned());
+    match Command::new(&binary).arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(binary),
+        _ => Err(format!(
+            "`{binary}` not found (pip install nvidia-cuda-nvcc-cu12 and put its bin on PATH, or set PTXAS)"
+        )),
+    }
+}
+
+/// Every program this crate compiles, for one architecture: (label, PTX).
+fn programs(arch: &'static str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for variant in all_variants() {
+        let ptx = compile_ptx(&variant, Some(arch)).unwrap_or_else(|e| panic!("{variant} for {arch}: {e}"));
+        out.push((format!("{variant}"), ptx.to_src()));
+    }
+    for dtype in DTYPES {
+        for op in kernels_cuda::gated::GATED_OPS {
+            let ptx = kernels_cuda::gated::compile_ptx(op, dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+            out.push((op.kernel_name(dtype), ptx.to_src()));
+        }
+        let quant = kernels_cuda::quant::compile_ptx(dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+        out.push((format!("quant_{dtype}"), quant.to_src()));
+        let rotary = kernels_cuda::rotary::compile_ptx(dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+        out.push((format!("rotary_{dtype}"), rotary.to_src()));
+    }
+    out
+}
+
+/// Assembles `ptx` for `sm` with `-v` and returns the report (ptxas writes it on stderr).
+fn assemble(ptxas: &str, dir: &std::path::Path, label: &str, sm: &str, ptx: &str) -> String {
+    let file = dir.join(format!("{}-{sm}.ptx", label.replace(|c: char| !c.is_ascii_alphanumeric(), "_")));
+    std::fs::write(&file, ptx).unwrap();
+    let out = Command::new(ptxas)
+        .args([&format!("-arch={sm}"), "-v", "-o", "/dev/null"])
+        .arg(&file)
+        .output()
+        .expect("ptxas runs");
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "ptxas failed on {label} for {sm}:\n{report}");
+    report
+}
+
+#[test]
+fn the_report_parser_reads_registers_spills_and_shared_memory() {
+    let report = "ptxas info    : 0 bytes gmem\n\
+        ptxas info    : Compiling entry function 'rms_norm_bf16' for 'sm_80'\n\
+        ptxas info    : Function properties for rms_norm_bf16\n    \
+        8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+        ptxas info    : Used 40 registers, used 1 barriers, 128 bytes smem, 400 bytes cmem[0]\n\
+        ptxas info    : Compiling entry function 'other' for 'sm_80'\n\
+        ptxas info    : Function properties for other\n    \
+        0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+        ptxas info    : Used 18 registers, 380 bytes cmem[0]\n";
+    let parsed = parse_report(report);
+    assert_eq!(
+        parsed,
+        [
+            Resources {
+                kernel: "rms_norm_bf16".into(),
+                registers: 40,
+                shared_bytes: 128,
+                stack_bytes: 8,
+                spill_store_bytes: 4,
+                spill_load_bytes: 12
+            },
+            Resources { kernel: "other".into(), registers: 18, ..Resources::default() },
+        ]
+    );
+}
+
+#[test]
+fn every_kernel_assembles_without_spills_or_local_memory() {
+    if let ir_core::Availability::Unavailable(reason) = nvrtc_availability() {
+        ir_core::testing::skip("nvrtc", &reason);
+        return;
+    }
+    let ptxas = match ptxas() {
+        Ok(binary) => binary,
+        Err(reason) => {
+            ir_core::testing::skip("ptxas", &reason);
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("kernels-cuda-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut table = Vec::new();
+    for (arch, sm) in ARCHS {
+        let programs = programs(arch);
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let reports: Vec<(String, String)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = programs
+                .chunks(programs.len().div_ceil(threads))
+                .map(|chunk| {
+                    let (ptxas, dir) = (&ptxas, &dir);
+                    scope.spawn(move || {
+                        chunk
+                            .iter()
+                            .map(|(label, ptx)| (label.clone(), assemble(ptxas, dir, label, sm, ptx)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().flat_map(|h| h.join().expect("an assembling thread")).collect()
+        });
+        for (label, report) in reports {
+            let kernels = parse_report(&report);
+            assert!(!kernels.is_empty(), "{label} for {sm}: no entry function in the report:\n{report}");
+            for k in kernels {
+                let clean = k.stack_bytes == 0 && k.spill_store_bytes == 0 && k.spill_load_bytes == 0;
+                assert!(clean, "{label} for {sm}: {k:?} uses local memory or spills:\n{report}");
+                table.push((sm, label.clone(), k));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // The resource table, on stderr (which libtest does not capture): per architecture and kernel
+    // symbol, the registers per thread over its variants and the most shared memory.
+    let mut summary: std::collections::BTreeMap<(&str, &str), (u32, u32, u32, usize)> = Default::default();
+    for (sm, _, k) in &table {
+        let entry = summary.entry((sm, k.kernel.as_str())).or_insert((u32::MAX, 0, 0, 0));
+        *entry = (entry.0.min(k.registers), entry.1.max(k.registers), entry.2.max(k.shared_bytes), entry.3 + 1);
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(
+        err,
+        "ptxas: {} kernels, no spills, no stack frame; registers per thread (min-max over variants), shared memory:",
+        table.len()
+    );
+    for ((sm, kernel), (low, high, shared, variants)) in &summary {
+        let _ = writeln!(err, "  {sm} {kernel}: {low}-{high} registers over {variants} variant(s), {shared} B smem");
+    }
+    let most = table.iter().map(|(_, _, k)| k.registers).max().unwrap_or(0);
+    assert!(most <= 255, "a kernel asks for {most} registers");
+}
