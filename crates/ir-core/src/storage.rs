@@ -50,20 +50,32 @@ pub trait DeviceBuffer: Send + Sync + fmt::Debug + Any {
         dst: &mut dyn DeviceBuffer,
         dst_layout: &Layout,
     ) -> Result<(), DeviceError> {
-        let size = src.dtype.size_in_bytes();
-        let mut src_bytes = vec![0u8; self.len_bytes()];
-        self.download(&mut src_bytes)?;
-        let mut dst_bytes = vec![0u8; dst.len_bytes()];
-        dst.download(&mut dst_bytes)?;
-        for (from, to) in src.layout.storage_indices().zip(dst_layout.storage_indices()) {
-            dst_bytes[to * size..(to + 1) * size].copy_from_slice(&src_bytes[from * size..(from + 1) * size]);
-        }
-        dst.upload(&dst_bytes)
+        copy_strided_through_host(self, src, dst, dst_layout)
     }
     /// For downcasting to the backend's concrete buffer type.
     fn as_any(&self) -> &dyn Any;
     /// For downcasting to the backend's concrete buffer type.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// [`DeviceBuffer::copy_strided`] through host memory: both buffers downloaded, the elements moved
+/// on the host, the destination uploaded. The default of the trait, and the fallback of backends
+/// whose device-side copy does not cover a case.
+pub fn copy_strided_through_host(
+    src_buffer: &(impl DeviceBuffer + ?Sized),
+    src: &TensorMeta,
+    dst: &mut dyn DeviceBuffer,
+    dst_layout: &Layout,
+) -> Result<(), DeviceError> {
+    let size = src.dtype.size_in_bytes();
+    let mut src_bytes = vec![0u8; src_buffer.len_bytes()];
+    src_buffer.download(&mut src_bytes)?;
+    let mut dst_bytes = vec![0u8; dst.len_bytes()];
+    dst.download(&mut dst_bytes)?;
+    for (from, to) in src.layout.storage_indices().zip(dst_layout.storage_indices()) {
+        dst_bytes[to * size..(to + 1) * size].copy_from_slice(&src_bytes[from * size..(from + 1) * size]);
+    }
+    dst.upload(&dst_bytes)
 }
 
 /// Allocates device memory on one device. Implemented by the kernel crates.

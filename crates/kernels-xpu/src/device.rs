@@ -3,14 +3,16 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
 use ir_core::{Availability, DType, Device, KernelError};
+use ir_core::{Layout, TensorMeta};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::{CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU, Device as ClDevice};
-use opencl3::kernel::Kernel;
+use opencl3::kernel::{ExecuteKernel, Kernel};
 use opencl3::memory::{Buffer, CL_MEM_READ_WRITE};
 use opencl3::program::Program;
 use opencl3::types::CL_BLOCKING;
@@ -31,6 +33,10 @@ pub struct XpuDevice {
     queue: Arc<CommandQueue>,
     kernels: KernelCache<KernelVariant>,
     op_kernels: KernelCache<(&'static str, DType)>,
+    /// The strided copy kernel by element size.
+    copy_kernels: KernelCache<usize>,
+    /// Strided copies done on the device (`clone`/`contiguous` of xpu tensors).
+    device_copies: AtomicU64,
 }
 
 /// Built kernels by key, each behind the lock its launches take.
@@ -74,6 +80,12 @@ pub fn device() -> Result<&'static Arc<XpuDevice>, String> {
         .as_ref()
         .map_err(Clone::clone)
 }
+
+/// The strided copy kernel's source (`kernels/strided_copy.cl`).
+const STRIDED_COPY: &str = include_str!("../kernels/strided_copy.cl");
+
+/// Dimensions the device-side strided copy takes; a tensor of higher rank copies through the host.
+pub const COPY_MAX_RANK: usize = 8;
 
 /// `CL_DEVICE_SUB_GROUP_SIZES_INTEL` (extension `cl_intel_required_subgroup_size`): the sub-group
 /// sizes the device supports, an array of `size_t`.
@@ -132,6 +144,8 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         queue: Arc::new(queue),
         kernels: Mutex::new(HashMap::new()),
         op_kernels: Mutex::new(HashMap::new()),
+        copy_kernels: Mutex::new(HashMap::new()),
+        device_copies: AtomicU64::new(0),
     }))
 }
 
@@ -150,6 +164,34 @@ impl XpuDevice {
     /// before any kernel is built (Intel's `CL_DEVICE_SUB_GROUP_SIZES_INTEL`); `None` otherwise.
     pub fn max_sub_group_size(&self) -> Option<u32> {
         self.max_sub_group_size
+    }
+
+    /// How many strided copies (`clone`, `contiguous` of xpu tensors) ran on the device.
+    pub fn device_copies(&self) -> u64 {
+        self.device_copies.load(Ordering::Relaxed)
+    }
+
+    /// The strided copy kernel for elements of `element_size` bytes, built at first use.
+    fn copy_kernel(&self, element_size: usize) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+        let element = match element_size {
+            1 => "uchar",
+            2 => "ushort",
+            4 => "uint",
+            8 => "ulong",
+            other => {
+                return Err(KernelError::InvalidArguments {
+                    reason: format!("no strided copy of {other}-byte elements"),
+                });
+            }
+        };
+        let mut kernels = self.copy_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(kernel) = kernels.get(&element_size) {
+            return Ok(Arc::clone(kernel));
+        }
+        let options = format!("-cl-std=CL1.2 -DELEM={element}");
+        let kernel = self.build(STRIDED_COPY, &options, "strided_copy", format!("strided_copy[{element}]"))?;
+        kernels.insert(element_size, Arc::clone(&kernel));
+        Ok(kernel)
     }
 
     /// The in-order queue this crate uses when the caller gives none (see [`XpuBuffer`]).
@@ -381,6 +423,60 @@ impl XpuBuffer {
     }
 }
 
+impl XpuBuffer {
+    /// Copies the elements `src` describes in this buffer into `dst` with `dst_layout`, on the device,
+    /// queued on this buffer's queue (`dst` first waits for its own).
+    fn copy_on_device(&self, src: &TensorMeta, dst: &XpuBuffer, dst_layout: &Layout) -> Result<(), KernelError> {
+        let n = src.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let rank = src.layout.rank();
+        // Shape and strides padded to eight dimensions (a scalar is one element of shape [1]).
+        let (mut shape, mut src_strides, mut dst_strides) = ([1i64; 8], [0i64; 8], [0i64; 8]);
+        for k in 0..rank {
+            shape[k] = ir_core::kernel::kernel_int(src.layout.shape()[k], "extent")?;
+            src_strides[k] = ir_core::kernel::kernel_int(src.layout.strides()[k], "source stride")?;
+            dst_strides[k] = ir_core::kernel::kernel_int(dst_layout.strides()[k], "destination stride")?;
+        }
+        let rank = i32::try_from(rank.max(1)).expect("at most COPY_MAX_RANK dimensions");
+        let (src_offset, dst_offset): (i64, i64) = (
+            ir_core::kernel::kernel_int(src.layout.offset(), "source offset")?,
+            ir_core::kernel::kernel_int(dst_layout.offset(), "destination offset")?,
+        );
+        let n_elements: i64 = ir_core::kernel::kernel_int(n, "elements")?;
+        let queue = self.queue();
+        dst.use_on(&queue)?;
+        let kernel = self.device.copy_kernel(src.dtype.size_in_bytes())?;
+        let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (src_mem, dst_mem) = (self.cl_mem(), dst.cl_mem());
+        // strided_copy(src, long src_offset, dst, long dst_offset, long n, int rank, long8 shape,
+        //              long8 src_strides, long8 dst_strides)
+        // SAFETY: the arguments follow the kernel's prototype above, each `long8` passed as eight
+        // i64 (64 bytes, its size), every integer converted without loss. Every element `src`
+        // describes lies inside this buffer (its layout was checked against the storage), and
+        // every element `dst_layout` describes inside `dst` (allocated for it by the caller); the
+        // two buffers are distinct (`dst` is borrowed mutably by the caller).
+        unsafe {
+            ExecuteKernel::new(&kernel)
+                .set_arg(&src_mem)
+                .set_arg(&src_offset)
+                .set_arg(&dst_mem)
+                .set_arg(&dst_offset)
+                .set_arg(&n_elements)
+                .set_arg(&rank)
+                .set_arg(&shape)
+                .set_arg(&src_strides)
+                .set_arg(&dst_strides)
+                .set_global_work_size(n)
+                .enqueue_nd_range(&queue)
+        }
+        .map_err(cl_error)?;
+        self.device.device_copies.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 impl std::fmt::Debug for XpuBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "XpuBuffer({} bytes on {})", self.len_bytes, self.device.name)
@@ -422,6 +518,25 @@ impl DeviceBuffer for XpuBuffer {
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
         Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes)?))
+    }
+
+    /// On the device (the strided copy kernel) when `dst` is memory of the same device and the rank
+    /// is at most [`COPY_MAX_RANK`]; through the host otherwise.
+    fn copy_strided(
+        &self,
+        src: &TensorMeta,
+        dst: &mut dyn DeviceBuffer,
+        dst_layout: &Layout,
+    ) -> Result<(), DeviceError> {
+        if src.layout.rank() <= COPY_MAX_RANK
+            && let Some(target) = dst.as_any().downcast_ref::<XpuBuffer>()
+            && Arc::ptr_eq(&target.device, &self.device)
+        {
+            return self
+                .copy_on_device(src, target, dst_layout)
+                .map_err(|e| self.device.device_error("copy", e.to_string()));
+        }
+        copy_strided_through_host(self, src, dst, dst_layout)
     }
 
     fn as_any(&self) -> &dyn Any {

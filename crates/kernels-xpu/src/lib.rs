@@ -34,7 +34,9 @@ use ir_core::op::rms_norm;
 use ir_core::storage::Storage;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
 
-pub use crate::device::{ALLOW_CPU_ENV, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu};
+pub use crate::device::{
+    ALLOW_CPU_ENV, COPY_MAX_RANK, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu,
+};
 pub use crate::module::{
     ELEMENT, KernelVariant, NormOp, SOURCE, all_variants, group_size, threads_per_row, use_subgroups,
 };
