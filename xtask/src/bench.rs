@@ -17,16 +17,21 @@ use crate::{cargo, project_root};
 pub(crate) struct BenchOptions {
     pub(crate) quick: bool,
     pub(crate) candle: bool,
+    /// Rewrite the report and plots from the last run's results without running anything.
+    pub(crate) report_only: bool,
 }
 
 impl BenchOptions {
     pub(crate) fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
-        let mut options = BenchOptions { quick: false, candle: true };
+        let mut options = BenchOptions { quick: false, candle: true, report_only: false };
         for arg in args {
             match arg.as_str() {
                 "--quick" => options.quick = true,
                 "--no-candle" => options.candle = false,
-                other => bail!("unknown option `{other}`\nusage: cargo xtask bench [--quick] [--no-candle]"),
+                "--report-only" => options.report_only = true,
+                other => {
+                    bail!("unknown option `{other}`\nusage: cargo xtask bench [--quick] [--no-candle] [--report-only]")
+                }
             }
         }
         Ok(options)
@@ -40,25 +45,47 @@ fn results_dir() -> PathBuf {
 /// Runs every benchmark group and writes `docs/benchmarks.md` and the plots.
 pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
     let out = results_dir();
-    let run_env = RunEnv::fresh(&out, options.quick)?;
-    let envs = run_env.vars();
-    let mut args = vec!["bench", "--package", "vllm-ir-bench", "--locked"];
-    if options.candle {
-        args.extend(["--features", "candle"]);
-    }
-    for bench in ["memory", "dispatch", "passes", "decoder", "kernels"] {
-        let mut run = args.clone();
-        run.extend(["--bench", bench]);
-        cargo(&run, &envs)?;
+    if options.report_only {
+        if !out.join("criterion").exists() {
+            bail!("no results in {} to report on: run `cargo xtask bench` first", out.display());
+        }
+    } else {
+        let run_env = RunEnv::fresh(&out, options.quick)?;
+        let envs = run_env.vars();
+        let mut args = vec!["bench", "--package", "vllm-ir-bench", "--locked"];
+        if options.candle {
+            args.extend(["--features", "candle"]);
+        }
+        for bench in ["memory", "dispatch", "passes", "decoder", "kernels"] {
+            let mut run = args.clone();
+            run.extend(["--bench", bench]);
+            cargo(&run, &envs)?;
+        }
     }
     let results = Results::load(&out)?;
     let docs = project_root().join("docs");
     let plots = docs.join("benchmarks");
     std::fs::create_dir_all(&plots)?;
-    plot::kernel_sweep(&results, &plots.join("kernel-bandwidth.svg"))?;
+    // Plots of earlier runs (other families, the former single plot) are replaced, not kept.
+    for entry in std::fs::read_dir(&plots)? {
+        let path = entry?.path();
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("kernel-bandwidth")) {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    let sweeps = plot::kernel_sweeps(&results, &plots)?;
     plot::passes(&results, &plots.join("pass-time.svg"))?;
-    let machine = Machine::describe(&results)?;
-    let report = report::write(&results, &machine, options)?;
+    let mut machine = Machine::describe(&results)?;
+    // The date and commit of the run measured: written by a run, read back by `--report-only`.
+    let stamp = out.join("run-stamp.txt");
+    if options.report_only {
+        let text = std::fs::read_to_string(&stamp).with_context(|| format!("reading {}", stamp.display()))?;
+        let (date, commit) = text.split_once('\n').context("run-stamp.txt holds the date, then the commit")?;
+        (machine.date, machine.commit) = (date.to_owned(), commit.trim_end().to_owned());
+    } else {
+        std::fs::write(&stamp, format!("{}\n{}\n", machine.date, machine.commit))?;
+    }
+    let report = report::write(&results, &machine, options, &sweeps)?;
     let path = docs.join("benchmarks.md");
     std::fs::write(&path, report).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {} and the plots in docs/benchmarks/", path.display());
@@ -355,8 +382,12 @@ mod tests {
     #[test]
     fn options_parse_and_reject_unknown_flags() {
         let parse = |args: &[&str]| BenchOptions::parse(&args.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-        assert_eq!(parse(&[]).unwrap(), BenchOptions { quick: false, candle: true });
-        assert_eq!(parse(&["--quick", "--no-candle"]).unwrap(), BenchOptions { quick: true, candle: false });
+        assert_eq!(parse(&[]).unwrap(), BenchOptions { quick: false, candle: true, report_only: false });
+        assert_eq!(
+            parse(&["--quick", "--no-candle"]).unwrap(),
+            BenchOptions { quick: true, candle: false, report_only: false }
+        );
+        assert!(parse(&["--report-only"]).unwrap().report_only);
         assert!(parse(&["--fast"]).unwrap_err().to_string().contains("unknown option `--fast`"));
     }
 

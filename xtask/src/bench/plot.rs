@@ -1,5 +1,7 @@
-//! The two plots beside `docs/benchmarks.md`, as SVG (plotters, no font files needed).
+//! The plots beside `docs/benchmarks.md`, as SVG (plotters, no font files needed): one bandwidth
+//! plot per op family and the pass time per node.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
@@ -7,36 +9,105 @@ use plotters::prelude::*;
 
 use super::Results;
 
-/// Kernel bandwidth against hidden size (the `sweep/` groups): one line per op and provider.
-pub(crate) fn kernel_sweep(results: &Results, path: &Path) -> anyhow::Result<()> {
-    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+/// The family an op's bandwidth plot belongs to (one plot per family).
+pub(crate) fn op_family(op: &str) -> &'static str {
+    match op {
+        "rms_norm" | "fused_add_rms_norm" => "norms",
+        "silu_and_mul" | "gelu_and_mul" | "gelu_and_mul_sparse" => "gated",
+        "static_scaled_fp8_quant" | "dynamic_per_token_scaled_fp8_quant" => "quant",
+        "rms_norm_static_fp8_quant" | "rms_norm_dynamic_per_token_quant" | "fused_add_rms_norm_static_fp8_quant" => {
+            "norm-quant"
+        }
+        "rotary_embedding" => "rotary",
+        _ => "other",
+    }
+}
+
+/// One plot per op family of the `sweep/` groups: each provider's bandwidth as a share of the
+/// same-run copy of the same bytes (the copy is the 100% ceiling line), against the hidden size,
+/// every measured hidden size labelled, the legend beside the plot. Returns `(family, file name)`
+/// of each plot written into `dir` (`kernel-bandwidth-<family>.svg`).
+pub(crate) fn kernel_sweeps(results: &Results, dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    type Series = BTreeMap<String, Vec<(f64, f64)>>;
+    let mut families: BTreeMap<&'static str, (Series, Vec<f64>)> = BTreeMap::new();
     for group in results.groups("sweep/") {
         // sweep/<op>/<dtype>/<T>x<H>
         let parts: Vec<&str> = group.split('/').collect();
-        let [_, op, dtype, shape] = parts.as_slice() else { continue };
+        let [_, op, _, shape] = parts.as_slice() else { continue };
         let Some(hidden) = shape.split('x').nth(1).and_then(|h| h.parse::<f64>().ok()) else { continue };
+        let Some(copy) = results.measurements.get(&(group.clone(), "copy".to_owned())).and_then(|m| m.gb_per_s())
+        else {
+            continue;
+        };
+        let (series, sizes) = families.entry(op_family(op)).or_default();
+        if !sizes.contains(&hidden) {
+            sizes.push(hidden);
+        }
         for ((g, provider), m) in &results.measurements {
-            if g != &group {
+            if g != &group || provider == "copy" {
                 continue;
             }
             let Some(gbps) = m.gb_per_s() else { continue };
-            let label = format!("{op} {dtype} {provider}");
-            match series.iter_mut().find(|(l, _)| *l == label) {
-                Some((_, points)) => points.push((hidden, gbps)),
-                None => series.push((label, vec![(hidden, gbps)])),
-            }
+            series.entry(format!("{op} {provider}")).or_default().push((hidden, 100.0 * gbps / copy));
         }
     }
-    for (_, points) in &mut series {
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut written = Vec::new();
+    for (family, (series, mut sizes)) in families {
+        sizes.sort_by(f64::total_cmp);
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = series.into_iter().collect();
+        for (_, points) in &mut series {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        let file = format!("kernel-bandwidth-{family}.svg");
+        let title = format!("{family}: bandwidth as a share of the same-run copy (bf16, 16M elements per activation)");
+        share_chart(&dir.join(&file), &title, &sizes, &series)?;
+        written.push((family.to_owned(), file));
     }
-    line_chart(
-        path,
-        "Kernel bandwidth vs hidden size (bf16, 16M elements per activation)",
-        "hidden size H",
-        "GB/s (R95 bytes / median time)",
-        &series,
-    )
+    Ok(written)
+}
+
+/// A chart of shares of the copy (%) against hidden sizes on a log axis labelled at exactly
+/// `sizes`, with the 100% copy ceiling drawn, and the legend in its own column on the right.
+fn share_chart(path: &Path, title: &str, sizes: &[f64], series: &[(String, Vec<(f64, f64)>)]) -> anyhow::Result<()> {
+    let err = |e: &dyn std::fmt::Debug| anyhow::anyhow!("{e:?}");
+    let (x_min, x_max) = match (sizes.first(), sizes.last()) {
+        (Some(&a), Some(&b)) => (a, b),
+        _ => (1.0, 10.0),
+    };
+    let y_max = series.iter().flat_map(|(_, p)| p.iter().map(|&(_, y)| y)).fold(110f64, f64::max) * 1.08;
+    let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let (plot_area, legend_area) = root.split_horizontally(760);
+    let x_range = (x_min / 1.25..x_max * 1.25).log_scale().with_key_points(sizes.to_vec());
+    let mut chart = ChartBuilder::on(&plot_area)
+        .caption(title, ("sans-serif", 15))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x_range, 0f64..y_max)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("hidden size H")
+        .y_desc("% of the same-run copy")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()
+        .map_err(|e| err(&e))?;
+    let ceiling = [(x_min / 1.25, 100.0), (x_max * 1.25, 100.0)];
+    chart.draw_series(LineSeries::new(ceiling, BLACK.stroke_width(2))).map_err(|e| err(&e))?;
+    let mut entries = vec![("copy (same run): the ceiling".to_owned(), BLACK.to_rgba())];
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart.draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2))).map_err(|e| err(&e))?;
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+        entries.push((label.clone(), color));
+    }
+    for (i, (label, color)) in entries.iter().enumerate() {
+        let y = 50 + 22 * i as i32;
+        legend_area.draw(&PathElement::new(vec![(10, y), (40, y)], color.stroke_width(2))).map_err(|e| err(&e))?;
+        legend_area.draw(&Text::new(label.as_str(), (48, y - 7), ("sans-serif", 13))).map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e)).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Pipeline time per node against graph size (the `passes/pipeline` group).
@@ -105,4 +176,33 @@ fn line_chart(
         .draw()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     root.present().map_err(|e| anyhow::anyhow!("{e:?}")).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_built_in_op_has_a_plot_family() {
+        for op in ir_core_ops() {
+            assert_ne!(op_family(op), "other", "{op} has no family");
+        }
+    }
+
+    /// The built-in ops, as the benchmarks name them.
+    fn ir_core_ops() -> [&'static str; 11] {
+        [
+            "rms_norm",
+            "fused_add_rms_norm",
+            "silu_and_mul",
+            "gelu_and_mul",
+            "gelu_and_mul_sparse",
+            "static_scaled_fp8_quant",
+            "dynamic_per_token_scaled_fp8_quant",
+            "rms_norm_static_fp8_quant",
+            "fused_add_rms_norm_static_fp8_quant",
+            "rms_norm_dynamic_per_token_quant",
+            "rotary_embedding",
+        ]
+    }
 }
