@@ -382,6 +382,55 @@ pub fn register_rotary(
     rotary_embedding::register(registry, spec, rotary_embedding::Impl::inplace(call))
 }
 
+/// Dimensions a device-side strided copy kernel takes.
+pub const COPY_MAX_RANK: usize = 8;
+
+/// A strided copy as the copy kernels take it: shape and strides padded to [`COPY_MAX_RANK`]
+/// dimensions (extent 1, stride 0), the element count, and the storage offsets, each converted to a
+/// kernel integer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyDims {
+    /// Extents.
+    pub shape: [i64; COPY_MAX_RANK],
+    /// Source strides, in elements.
+    pub src_strides: [i64; COPY_MAX_RANK],
+    /// Destination strides, in elements.
+    pub dst_strides: [i64; COPY_MAX_RANK],
+    /// Elements copied.
+    pub n: i64,
+    /// Source storage offset, in elements.
+    pub src_offset: i64,
+    /// Destination storage offset, in elements.
+    pub dst_offset: i64,
+}
+
+impl CopyDims {
+    /// The copy of the elements `src` describes into `dst_layout` (same shape), or the error naming
+    /// what does not fit (more than [`COPY_MAX_RANK`] dimensions, a value past a kernel integer).
+    pub fn new(src: &TensorMeta, dst_layout: &crate::Layout) -> Result<CopyDims, KernelError> {
+        if src.layout.rank() > COPY_MAX_RANK || dst_layout.shape() != src.shape() {
+            return Err(KernelError::InvalidArguments {
+                reason: format!("no device-side copy of {src} into {dst_layout}"),
+            });
+        }
+        let padded = |values: &[usize], pad: i64, what: &'static str| -> Result<[i64; COPY_MAX_RANK], KernelError> {
+            let mut out = [pad; COPY_MAX_RANK];
+            for (slot, &v) in out.iter_mut().zip(values) {
+                *slot = kernel_int(v, what)?;
+            }
+            Ok(out)
+        };
+        Ok(CopyDims {
+            shape: padded(src.layout.shape(), 1, "extent")?,
+            src_strides: padded(src.layout.strides(), 0, "source stride")?,
+            dst_strides: padded(dst_layout.strides(), 0, "destination stride")?,
+            n: kernel_int(src.numel(), "elements")?,
+            src_offset: kernel_int(src.layout.offset(), "source offset")?,
+            dst_offset: kernel_int(dst_layout.offset(), "destination offset")?,
+        })
+    }
+}
+
 /// The five quantization ops a GPU provider implements with the quantization kernels.
 pub const QUANT_OPS: [&str; 5] = [
     crate::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT.name,

@@ -8,8 +8,9 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, SyncOnDrop,
 };
-use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
 use ir_core::{Availability, DType, Device, KernelError};
+use ir_core::{Layout, TensorMeta};
 
 use crate::module::{KernelVariant, arch_for, compile_ptx, nvrtc_availability};
 use ir_core::kernel::GatedKernel;
@@ -402,6 +403,27 @@ impl DeviceBuffer for CudaBuffer {
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
         Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes)?))
+    }
+
+    /// On the device (`kernels/strided_copy.cu`) when `dst` is memory of the same device and the
+    /// rank is at most [`COPY_MAX_RANK`](crate::copy::COPY_MAX_RANK); through the host otherwise.
+    fn copy_strided(
+        &self,
+        src: &TensorMeta,
+        dst: &mut dyn DeviceBuffer,
+        dst_layout: &Layout,
+    ) -> Result<(), DeviceError> {
+        if src.layout.rank() <= crate::copy::COPY_MAX_RANK
+            && let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>()
+            && Arc::ptr_eq(&target.device, &self.device)
+        {
+            return crate::copy::copy_on_device(self, src, target, dst_layout).map_err(|e| DeviceError {
+                device: Device::Cuda(self.device.ordinal as u32),
+                operation: "copy",
+                message: e.to_string(),
+            });
+        }
+        copy_strided_through_host(self, src, dst, dst_layout)
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -21,6 +21,7 @@
 //!
 //! Target `kernels_cuda`: devices found (info), compilation and loading of each variant (debug).
 
+pub mod copy;
 mod device;
 pub mod gated;
 mod launch;

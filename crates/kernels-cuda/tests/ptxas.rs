@@ -1,4 +1,4 @@
-//! Every CUDA kernel of this crate assembles to SASS with `ptxas` for sm_80 and sm_90 with no
+//! Every CUDA kernel of this crate (the strided copy included) assembles to SASS with `ptxas` for sm_80 and sm_90 with no
 //! register spill and no stack frame (local memory), and the resource report (registers per
 //! thread, shared memory) of each is printed. No GPU needed: NVRTC makes the PTX and `ptxas` (the
 //! `nvidia-cuda-nvcc-cu12` wheel ships it) assembles it; `PTXAS` names the binary, else `ptxas` on
@@ -80,6 +80,12 @@ fn programs(arch: &'static str) -> Vec<(String, String)> {
         let rotary = kernels_cuda::rotary::compile_ptx(dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
         out.push((format!("rotary_{dtype}"), rotary.to_src()));
     }
+    let copy = kernels_cuda::copy::compile_ptx(Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+    for size in kernels_cuda::copy::ELEMENT_SIZES {
+        let entry = format!(".entry strided_copy_{size}(");
+        assert!(copy.to_src().contains(&entry), "the strided copy PTX lacks `{entry}`");
+    }
+    out.push(("strided_copy".to_owned(), copy.to_src()));
     out
 }
 

@@ -11,8 +11,9 @@ use hip_sys::hiprt::{
     hipGetDeviceCount, hipGetErrorString, hipMalloc, hipMemcpyDtoH, hipMemcpyHtoD, hipMemsetD8, hipModule_t,
     hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice,
 };
-use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
 use ir_core::{Availability, Device, KernelError};
+use ir_core::{Layout, TensorMeta};
 
 include!(concat!(env!("OUT_DIR"), "/code_objects.rs"));
 
@@ -264,6 +265,40 @@ impl Drop for HipBuffer {
     }
 }
 
+use ir_core::kernel::COPY_MAX_RANK;
+
+impl HipBuffer {
+    /// Copies the elements `src` describes in this buffer into `to` with `to_layout`, on the device.
+    fn copy_on_device(&self, src: &TensorMeta, to: &HipBuffer, to_layout: &Layout) -> Result<(), KernelError> {
+        let n = src.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let size = src.dtype.size_in_bytes();
+        let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
+            ir_core::kernel::CopyDims::new(src, to_layout)?;
+        let mut src_ptr = self.pointer.wrapping_byte_add(src.layout.offset() * size);
+        let mut dst_ptr = to.pointer.wrapping_byte_add(to_layout.offset() * size);
+        let blocks = u32::try_from(n.div_ceil(256))
+            .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+        // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
+        //                      Dims8 dst_strides), Dims8 being eight long longs by value.
+        let mut params: [*mut c_void; 6] = [
+            &mut src_ptr as *mut _ as *mut c_void,
+            &mut dst_ptr as *mut _ as *mut c_void,
+            &mut n_elements as *mut _ as *mut c_void,
+            &mut shape as *mut _ as *mut c_void,
+            &mut src_strides as *mut _ as *mut c_void,
+            &mut dst_strides as *mut _ as *mut c_void,
+        ];
+        // SAFETY: the parameters point to locals of the kernel's declared types in prototype order
+        // (each [i64; 8] laid out as `Dims8`), every integer converted without loss. Every element
+        // `src` describes lies in this buffer (its layout was checked against the storage) and every
+        // element of `to_layout` in `to` (allocated for it by the caller, distinct from this one).
+        unsafe { self.device.launch(&format!("strided_copy_{size}"), blocks, 256, &mut params) }
+    }
+}
+
 impl DeviceBuffer for HipBuffer {
     fn device(&self) -> Device {
         Device::Rocm(self.device.ordinal as u32)
@@ -302,6 +337,23 @@ impl DeviceBuffer for HipBuffer {
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
         Ok(Box::new(self.device.allocate(len_bytes)?))
+    }
+
+    /// On the device (`kernels/strided_copy.hip`) when `dst` is memory of this device and the rank
+    /// is at most [`COPY_MAX_RANK`]; through the host otherwise.
+    fn copy_strided(
+        &self,
+        src: &TensorMeta,
+        dst: &mut dyn DeviceBuffer,
+        dst_layout: &Layout,
+    ) -> Result<(), DeviceError> {
+        if src.layout.rank() <= COPY_MAX_RANK
+            && let Some(target) = dst.as_any().downcast_ref::<HipBuffer>()
+            && Arc::ptr_eq(&target.device, &self.device)
+        {
+            return self.copy_on_device(src, target, dst_layout).map_err(|e| self.device.error("copy", e.to_string()));
+        }
+        copy_strided_through_host(self, src, dst, dst_layout)
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -102,6 +102,14 @@ fn all_sources_compile_as_one_unit_and_the_quantization_kernels_use_no_scratch()
         let symbol = format!("{}_{dtype}", kernels_rocm::rotary::KERNEL);
         assert!(text.contains(&symbol), "the code object lacks `{symbol}`");
     }
+    // The strided copy (`clone`/`contiguous` on the device): one kernel per element size, no scratch.
+    let copy_scratch: Vec<&str> =
+        report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/strided_copy.hip:")).collect();
+    assert_eq!(copy_scratch.len(), 4, "one report per strided copy kernel:\n{report}");
+    assert!(copy_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{copy_scratch:#?}");
+    for size in [1, 2, 4, 8] {
+        assert!(text.contains(&format!("strided_copy_{size}")), "the code object lacks `strided_copy_{size}`");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -84,8 +84,7 @@ pub fn device() -> Result<&'static Arc<XpuDevice>, String> {
 /// The strided copy kernel's source (`kernels/strided_copy.cl`).
 const STRIDED_COPY: &str = include_str!("../kernels/strided_copy.cl");
 
-/// Dimensions the device-side strided copy takes; a tensor of higher rank copies through the host.
-pub const COPY_MAX_RANK: usize = 8;
+pub use ir_core::kernel::COPY_MAX_RANK;
 
 /// `CL_DEVICE_SUB_GROUP_SIZES_INTEL` (extension `cl_intel_required_subgroup_size`): the sub-group
 /// sizes the device supports, an array of `size_t`.
@@ -431,20 +430,9 @@ impl XpuBuffer {
         if n == 0 {
             return Ok(());
         }
-        let rank = src.layout.rank();
-        // Shape and strides padded to eight dimensions (a scalar is one element of shape [1]).
-        let (mut shape, mut src_strides, mut dst_strides) = ([1i64; 8], [0i64; 8], [0i64; 8]);
-        for k in 0..rank {
-            shape[k] = ir_core::kernel::kernel_int(src.layout.shape()[k], "extent")?;
-            src_strides[k] = ir_core::kernel::kernel_int(src.layout.strides()[k], "source stride")?;
-            dst_strides[k] = ir_core::kernel::kernel_int(dst_layout.strides()[k], "destination stride")?;
-        }
-        let rank = i32::try_from(rank.max(1)).expect("at most COPY_MAX_RANK dimensions");
-        let (src_offset, dst_offset): (i64, i64) = (
-            ir_core::kernel::kernel_int(src.layout.offset(), "source offset")?,
-            ir_core::kernel::kernel_int(dst_layout.offset(), "destination offset")?,
-        );
-        let n_elements: i64 = ir_core::kernel::kernel_int(n, "elements")?;
+        let rank = i32::try_from(src.layout.rank().max(1)).expect("at most COPY_MAX_RANK dimensions");
+        let ir_core::kernel::CopyDims { shape, src_strides, dst_strides, n: n_elements, src_offset, dst_offset } =
+            ir_core::kernel::CopyDims::new(src, dst_layout)?;
         let queue = self.queue();
         dst.use_on(&queue)?;
         let kernel = self.device.copy_kernel(src.dtype.size_in_bytes())?;

@@ -1,0 +1,68 @@
+//! `clone` and `contiguous` of cuda tensors on the device: `kernels/strided_copy.cu`, one thread per
+//! element, each element moved as an unsigned integer of its size (every dtype bit for bit), up to
+//! [`COPY_MAX_RANK`] dimensions; past that, or into another device's memory, through the host.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use ir_core::kernel::CopyDims;
+use ir_core::{KernelError, Layout, TensorMeta};
+
+use crate::device::{CudaBuffer, driver_error};
+use crate::module::compile;
+
+/// The strided copy kernels' source.
+pub const STRIDED_COPY: &str = include_str!("../kernels/strided_copy.cu");
+
+pub use ir_core::kernel::COPY_MAX_RANK;
+
+/// Threads per block of the copy.
+const COPY_BLOCK: u32 = 256;
+
+/// The element sizes the program has a kernel for (`strided_copy_<bytes>`).
+pub const ELEMENT_SIZES: [usize; 4] = [1, 2, 4, 8];
+
+/// Compiles the strided copy program (all four element sizes) to PTX for `arch`.
+pub fn compile_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    compile(STRIDED_COPY, "strided_copy.cu", "strided_copy".to_owned(), Vec::new(), arch)
+}
+
+/// Copies the elements `src` describes in `from` into `to` with `to_layout`, on `from`'s stream.
+pub(crate) fn copy_on_device(
+    from: &CudaBuffer,
+    src: &TensorMeta,
+    to: &mut CudaBuffer,
+    to_layout: &Layout,
+) -> Result<(), KernelError> {
+    let n = src.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let size = src.dtype.size_in_bytes();
+    if !ELEMENT_SIZES.contains(&size) {
+        return Err(KernelError::InvalidArguments { reason: format!("no device-side copy of {size}-byte elements") });
+    }
+    let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(src, to_layout)?;
+    let blocks = u32::try_from(n.div_ceil(COPY_BLOCK as usize))
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+    let device = std::sync::Arc::clone(&from.device);
+    let arch = device.arch;
+    let function =
+        device.op_function("strided_copy", src.dtype, &format!("strided_copy_{size}"), || compile_ptx(arch))?;
+    let stream = std::sync::Arc::clone(from.stream());
+    let src_address = from.read_address(&stream);
+    let dst_address = to.write_address(&stream);
+    let src_ptr = src_address.offset(src.layout.offset() * size);
+    let dst_ptr = dst_address.offset(to_layout.offset() * size);
+    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let mut builder = stream.launch_builder(&function);
+    // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
+    //                      Dims8 dst_strides), Dims8 being eight long longs by value.
+    builder.arg(&src_ptr).arg(&dst_ptr).arg(&n_elements).arg(&shape).arg(&src_strides).arg(&dst_strides);
+    // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
+    // loss, each [i64; 8] laid out as the kernel's `Dims8`. Every element `src` describes lies in
+    // `from` (its layout was checked against the storage) and every element of `to_layout` in `to`
+    // (allocated for it by the caller); the buffers are distinct (`to` is borrowed mutably). The
+    // address guards record both uses on the stream for cudarc's ordering.
+    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    Ok(())
+}
