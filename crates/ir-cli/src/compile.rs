@@ -12,7 +12,7 @@ use ir_passes::{CloneElimination, PassContext, Pipeline, PipelineError, Pipeline
 /// Pass selection flags.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct PassArgs {
-    /// Comma-separated passes (functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm, fuse-norm-quant); default: the
+    /// Comma-separated passes (functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm, fuse-add-rms-norm-exact, fuse-norm-quant); default: the
     /// standard pipeline.
     #[arg(long, value_name = "LIST")]
     pub(crate) passes: Option<String>,

@@ -141,6 +141,7 @@ fn compiled_runs(registry: &Registry, model: &ToyDecoder, args: &DemoArgs) -> an
         for pass in &report.runs {
             match &pass.report {
                 PassReport::Functionalize(f) => println!("  {f}"),
+                PassReport::FuseAddRmsNorm(f) => println!("  {f}"),
                 PassReport::FuseNormQuant(f) => println!("  {f}"),
                 PassReport::Lower(l) => println!("  {l}"),
                 _ => {}

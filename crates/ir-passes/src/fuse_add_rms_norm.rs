@@ -44,8 +44,12 @@
 //! normalizes the rounded sum. For f32 and f64 the two agree bit for bit (the sum is computed in
 //! the dtype itself); for f16 and bf16 the fused result may differ in the last bit of some
 //! elements, within the ops' tolerance. The residual output (the sum) is bit-identical for every
-//! dtype. This is why the pass is not in the standard pipeline, which promises bit-identical
-//! results: select it by name (`vllm-ir opt --passes fuse-add-rms-norm,functionalize,…`).
+//! dtype. The standard pipeline, which promises bit-identical results, therefore runs
+//! `fuse-add-rms-norm-exact` ([`fuse_add_rms_norm_exact`]), which fuses the f32 and f64 pairs whose
+//! norm runs on the provider the fused op would run on, and reports the others
+//! ([`SkipReason::Rounding`], [`SkipReason::Provider`]: another provider may sum the squares in
+//! another order); select `fuse-add-rms-norm` by name to fuse every pair
+//! (`vllm-ir opt --passes functionalize,fuse-add-rms-norm,…`), within the ops' tolerance.
 //!
 //! ```
 //! use ir_graph::parse;
@@ -87,6 +91,17 @@ pub enum SkipReason {
     Metadata(String),
     /// The add is already fused with an earlier norm (whose residual result this norm reads).
     AddAlreadyFused,
+    /// `fuse-add-rms-norm-exact` (the standard pipeline's form) fuses f32 and f64 pairs only: in a
+    /// 16-bit dtype the fused op normalizes the unrounded sum, the pair the rounded one.
+    Rounding(ir_core::DType),
+    /// `fuse-add-rms-norm-exact` fuses only when the installed priorities pick the same provider
+    /// for the fused op as for the norm (another provider may sum the squares in another order).
+    Provider {
+        /// The norm's provider.
+        norm: String,
+        /// The fused op's provider.
+        fused: String,
+    },
 }
 
 impl fmt::Display for SkipReason {
@@ -98,6 +113,14 @@ impl fmt::Display for SkipReason {
             SkipReason::WriteBetween => f.write_str("a node between the add and the norm writes a value"),
             SkipReason::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
             SkipReason::AddAlreadyFused => f.write_str("the add is already fused with an earlier norm"),
+            SkipReason::Provider { norm, fused } => write!(
+                f,
+                "the norm runs on `{norm}` but the fused op would run on `{fused}` (select `fuse-add-rms-norm` to fuse it)"
+            ),
+            SkipReason::Rounding(dtype) => write!(
+                f,
+                "in {dtype} the fused op normalizes the unrounded sum (last-bit differences; select `fuse-add-rms-norm` to fuse it)"
+            ),
         }
     }
 }
@@ -139,6 +162,17 @@ struct Fusion {
 /// count of writing nodes answer each rule in constant time per use), one more rewrites the uses.
 pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FuseReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-add-rms-norm").entered();
+    fuse(graph, cx, false)
+}
+
+/// `fuse-add-rms-norm-exact`, the standard pipeline's form: fuses only the pairs whose results stay
+/// bit-identical (f32 and f64 sums) and reports the others ([`SkipReason::Rounding`]).
+pub fn fuse_add_rms_norm_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FuseReport, PassError> {
+    let _span = tracing::info_span!("pass", name = "fuse-add-rms-norm-exact").entered();
+    fuse(graph, cx, true)
+}
+
+fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseReport, PassError> {
     let mut report = FuseReport::default();
     let fused_def = cx
         .registry
@@ -166,6 +200,11 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
             report.skipped.push((statement, SkipReason::AddAlreadyFused));
             continue;
         }
+        let dtype = graph.meta(*sum).dtype;
+        if exact && !matches!(dtype, ir_core::DType::F32 | ir_core::DType::F64) {
+            report.skipped.push((statement, SkipReason::Rounding(dtype)));
+            continue;
+        }
         let read_before_norm = uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at);
         let anchor = if !read_before_norm {
             norm
@@ -188,6 +227,10 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
         let expected = [graph.meta(output), graph.meta(*sum)];
         if let Err(why) = same_metadata(graph, fused_def, &fused_args, expected) {
             report.skipped.push((statement, SkipReason::Metadata(why)));
+            continue;
+        }
+        if exact && let Some(reason) = provider_change(graph, cx, args, &fused_args) {
+            report.skipped.push((statement, reason));
             continue;
         }
         fused_adds.insert(add);
@@ -223,6 +266,20 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fuse
 }
 
 /// Whether the fused op, bound to `args`, gives exactly `expected` (its output, then the sum).
+/// Why the exact form keeps a pair: the providers the installed priorities pick for the norm and
+/// for the fused op differ (or one cannot be selected); `None` when they are the same.
+fn provider_change(graph: &Graph, cx: &PassContext<'_>, norm_args: &[Arg], fused_args: &[Arg]) -> Option<SkipReason> {
+    let select = |op: &str, args: &[Arg]| {
+        let metas: Vec<_> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
+        cx.registry.select(op, &metas).map(|s| s.provider.to_owned()).map_err(|e| e.to_string())
+    };
+    match (select("rms_norm", norm_args), select("fused_add_rms_norm", fused_args)) {
+        (Ok(norm), Ok(fused)) if norm == fused => None,
+        (Ok(norm), Ok(fused)) => Some(SkipReason::Provider { norm, fused }),
+        (Err(why), _) | (_, Err(why)) => Some(SkipReason::Metadata(why)),
+    }
+}
+
 fn same_metadata(
     graph: &Graph,
     def: &'static ir_core::op::OpDef,

@@ -11,14 +11,15 @@
 //!   storage roots (`alias-aware`, the default).
 //! - [`dce`](mod@dce): dead nodes are removed.
 //! - [`fuse_add_rms_norm`](mod@fuse_add_rms_norm): an `add` whose sum an `rms_norm` normalizes
-//!   becomes one `fused_add_rms_norm` (selected by name: it may change the last bit of 16-bit
-//!   results, so the standard pipeline leaves it out).
+//!   becomes one `fused_add_rms_norm`; the standard pipeline runs its exact form
+//!   (`fuse-add-rms-norm-exact`: f32 and f64 pairs, whose results stay bit-identical), and
+//!   `fuse-add-rms-norm` by name fuses 16-bit pairs too (last-bit differences, within tolerance).
 //! - [`fuse_norm_quant`](mod@fuse_norm_quant): an fp8 quantization of an RMS norm's output becomes one
 //!   norm + quantization op (in the standard pipeline, right after functionalize: the fused ops'
 //!   semantics are the pair's).
 //!
-//! [`Pipeline::standard`] runs functionalize, fuse-norm-quant, dce, lower, eliminate-clones and dce,
-//! and verifies after each pass.
+//! [`Pipeline::standard`] runs functionalize, fuse-add-rms-norm-exact, fuse-norm-quant, dce, lower,
+//! eliminate-clones and dce, and verifies after each pass.
 //!
 //! ```
 //! use ir_graph::parse;
@@ -32,7 +33,7 @@
 //!      }",
 //! )?;
 //! let report = Pipeline::standard().run(&mut graph, &PassContext::new(&registry), None, Snapshots::Skip)?;
-//! assert_eq!(report.runs.len(), 6);
+//! assert_eq!(report.runs.len(), 7);
 //! assert!(graph.to_string().contains("impl fused_add_rms_norm[native] (%x, %r, %w, 1e-6, none)"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -60,7 +61,7 @@ pub use crate::analysis::{StorageRoots, written_values};
 pub use crate::dce::{DceReport, dce};
 pub use crate::eliminate_clones::{CloneReport, KeepReason, KeptCopy, eliminate_clones};
 pub use crate::functionalize::{FunctionalizeReport, functionalize};
-pub use crate::fuse_add_rms_norm::{FuseReport, SkipReason, fuse_add_rms_norm};
+pub use crate::fuse_add_rms_norm::{FuseReport, SkipReason, fuse_add_rms_norm, fuse_add_rms_norm_exact};
 pub use crate::fuse_norm_quant::{NormQuantReport, NormQuantSkip, fuse_norm_quant};
 pub use crate::lower::{LowerReport, Lowered, lower};
 pub use crate::pipeline::{PassName, PassReport, PassRun, Pipeline, PipelineError, PipelineReport, Snapshots};
@@ -143,7 +144,7 @@ pub enum PassError {
     },
     /// A pass name that does not exist.
     #[error(
-        "unknown pass `{name}` (known: functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm, fuse-norm-quant)"
+        "unknown pass `{name}` (known: functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm, fuse-add-rms-norm-exact, fuse-norm-quant)"
     )]
     UnknownPass {
         /// The name.

@@ -10,7 +10,7 @@ use ir_graph::{Graph, VerifyError, verify};
 
 use crate::{
     CloneReport, DceReport, FunctionalizeReport, FuseReport, LowerReport, NormQuantReport, PassContext, PassError, dce,
-    eliminate_clones, functionalize, fuse_add_rms_norm, fuse_norm_quant, lower,
+    eliminate_clones, functionalize, fuse_add_rms_norm, fuse_add_rms_norm_exact, fuse_norm_quant, lower,
 };
 
 /// A pass the pipeline can run.
@@ -26,6 +26,8 @@ pub enum PassName {
     EliminateClones,
     /// `fuse-add-rms-norm`.
     FuseAddRmsNorm,
+    /// `fuse-add-rms-norm-exact`: the f32 and f64 pairs only (the standard pipeline's form).
+    FuseAddRmsNormExact,
     /// `fuse-norm-quant`.
     FuseNormQuant,
 }
@@ -39,6 +41,7 @@ impl PassName {
             PassName::Lower => "lower",
             PassName::EliminateClones => "eliminate-clones",
             PassName::FuseAddRmsNorm => "fuse-add-rms-norm",
+            PassName::FuseAddRmsNormExact => "fuse-add-rms-norm-exact",
             PassName::FuseNormQuant => "fuse-norm-quant",
         }
     }
@@ -60,6 +63,7 @@ impl FromStr for PassName {
             "lower" => Ok(PassName::Lower),
             "eliminate-clones" => Ok(PassName::EliminateClones),
             "fuse-add-rms-norm" => Ok(PassName::FuseAddRmsNorm),
+            "fuse-add-rms-norm-exact" => Ok(PassName::FuseAddRmsNormExact),
             "fuse-norm-quant" => Ok(PassName::FuseNormQuant),
             other => Err(PassError::UnknownPass { name: other.to_owned() }),
         }
@@ -181,11 +185,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// The standard pipeline: functionalize → fuse-norm-quant → dce → lower → eliminate-clones → dce.
+    /// The standard pipeline: functionalize → fuse-add-rms-norm-exact → fuse-norm-quant → dce → lower →
+    /// eliminate-clones → dce. Its results are bit-identical to the input graph's with the same
+    /// providers (the exact form of the add + norm fusion leaves 16-bit pairs unfused).
     pub fn standard() -> Pipeline {
         Pipeline {
             passes: vec![
                 PassName::Functionalize,
+                PassName::FuseAddRmsNormExact,
                 PassName::FuseNormQuant,
                 PassName::Dce,
                 PassName::Lower,
@@ -227,6 +234,7 @@ impl Pipeline {
                 PassName::Lower => lower(graph, cx).map(PassReport::Lower),
                 PassName::EliminateClones => eliminate_clones(graph, cx).map(PassReport::EliminateClones),
                 PassName::FuseAddRmsNorm => fuse_add_rms_norm(graph, cx).map(PassReport::FuseAddRmsNorm),
+                PassName::FuseAddRmsNormExact => fuse_add_rms_norm_exact(graph, cx).map(PassReport::FuseAddRmsNorm),
                 PassName::FuseNormQuant => fuse_norm_quant(graph, cx).map(PassReport::FuseNormQuant),
             };
             let duration = started.elapsed();
