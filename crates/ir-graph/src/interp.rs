@@ -389,9 +389,7 @@ impl<'g> Run<'g> {
         let selection = self.registry.select(op, &self.arg_metas(args)).map_err(|e| self.call_error(node, e))?;
         self.stats.providers.push((node, op.to_owned(), selection.provider));
         // The given activations (an absent optional one has no output), in output order.
-        let activations: Vec<usize> = (self.registry.activations(op).unwrap_or_default().into_iter())
-            .filter(|&position| matches!(args.get(position), Some(Arg::Value(_))))
-            .collect();
+        let activations = crate::given_activations(&self.registry.activations(op).unwrap_or_default(), args);
         // R48: write in place only when the result would have the declared layout.
         let layouts_match =
             activations.iter().zip(&selection.outputs).all(|(&position, declared)| match &args[position] {

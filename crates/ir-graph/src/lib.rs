@@ -104,6 +104,13 @@ pub enum Arg {
     DType(ir_core::DType),
 }
 
+/// The positions among `activations` whose argument in `args` is a value, in order: the given
+/// activations of a call (an absent optional activation, `none`, has no output and is not written).
+/// Output i of an in-place call belongs to the i-th of them.
+pub fn given_activations(activations: &[usize], args: &[Arg]) -> Vec<usize> {
+    activations.iter().copied().filter(|&p| matches!(args.get(p), Some(Arg::Value(_)))).collect()
+}
+
 impl Arg {
     /// The constant as a dynamic argument (`None` for a value, which the caller looks up).
     pub fn constant(&self) -> Option<ir_core::op::Value> {

@@ -264,9 +264,7 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
                 return check_results(graph, results, expected);
             }
             // The given activations, in order (an absent optional activation is not written).
-            let activations: Vec<usize> = (lookups.ops.activations(*op_ref).iter().copied())
-                .filter(|&p| matches!(args.get(p), Some(Arg::Value(_))))
-                .collect();
+            let activations = crate::given_activations(lookups.ops.activations(*op_ref), args);
             if *writes != activations {
                 return Err(format!("inplace provider `{provider}` of `{op}` writes {activations:?}, not {writes:?}"));
             }

@@ -110,8 +110,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 })?;
                 // The given activations: an absent optional one is neither cloned nor written.
                 let activations = if selection.inplace {
-                    let all = cx.registry.activations(op).unwrap_or_default();
-                    all.into_iter().filter(|&p| matches!(args.get(p), Some(Arg::Value(_)))).collect()
+                    ir_graph::given_activations(&cx.registry.activations(op).unwrap_or_default(), args)
                 } else {
                     Vec::new()
                 };

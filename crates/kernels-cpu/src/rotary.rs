@@ -25,8 +25,9 @@ pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
     let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch } = call;
     let tokens = launch.geometry.tokens;
     let stored = positions.cpu_buffer().ok_or_else(|| crate::not_on_cpu("positions"))?.typed::<i64>();
-    let stored = stored
-        .get(positions.offset()..positions.offset() + tokens)
+    let end = positions.offset().checked_add(tokens);
+    let stored = end
+        .and_then(|end| stored.get(positions.offset()..end))
         .ok_or_else(|| KernelError::InvalidArguments { reason: "positions lie outside their buffer".to_owned() })?;
     let positions = checked_positions(stored, launch.geometry.max_position)?;
     let cache_rows = Rows::for_kernel(cos_sin_cache.meta())?;

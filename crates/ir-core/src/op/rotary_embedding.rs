@@ -25,7 +25,7 @@
 //! views). With `key` absent the op has one output, the rotated query.
 
 use crate::op::{Activation, ArgMeta, InputSpec, MetaError, Value};
-use crate::{DType, Device, KernelError, Tensor, TensorError, TensorMeta};
+use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
 
 crate::define_op! {
     /// The definition of `rotary_embedding`.
@@ -133,9 +133,7 @@ impl RotaryGeometry {
             is_neox_style: args.is_neox_style,
         }
     }
-}
 
-impl RotaryGeometry {
     /// The geometry of a call's arguments (validated by the meta function).
     pub fn of_tensors(
         positions: &Tensor,
@@ -194,8 +192,7 @@ pub fn native(
                 }
             }
         }
-        let out = Tensor::from_f64(dtype, t.shape(), &values)?;
-        Ok(if t.device() == Device::Cpu { out } else { out.to_device_of(t)? })
+        Ok(crate::op::quant::to_device_of(Tensor::from_f64(dtype, t.shape(), &values)?, t)?)
     };
     Ok((rotate(query)?, key.map(rotate).transpose()?))
 }

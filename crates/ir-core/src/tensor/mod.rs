@@ -726,8 +726,8 @@ pub(crate) fn cat_meta(a: &TensorMeta, b: &TensorMeta, dim: usize) -> Result<Ten
     if a.device != b.device {
         return Err(TensorError::DeviceMismatch { operation: "cat", lhs: a.device, rhs: b.device });
     }
-    let mut shape = lhs;
-    shape[dim] += rhs[dim];
+    let mut shape = lhs.clone();
+    shape[dim] = lhs[dim].checked_add(rhs[dim]).ok_or(TensorError::ShapeMismatch { operation: "cat", lhs, rhs })?;
     Ok(TensorMeta { device: a.device, ..TensorMeta::compact(a.dtype, &shape) })
 }
 
