@@ -79,7 +79,7 @@ fn native(x: &Tensor, cap: f64, mode: CapMode, bias: Option<&Tensor>) -> Result<
     Ok(capped(x, cap, mode, bias)?)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let view = SoftCapArgs::from_meta(args).ok_or(MetaError::Kind { op: "soft_cap", param: "x" })?;
     if view.cap.is_nan() || view.cap <= 0.0 {
         return Err(MetaError::Scalar {
@@ -101,7 +101,7 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
             other_shape: view.x.shape().to_vec(),
         });
     }
-    Ok(vec![TensorMeta { layout: view.x.layout.copy_layout(), ..view.x.clone() }])
+    Ok(ir_core::op::smallvec![TensorMeta { layout: view.x.layout.copy_layout(), ..view.x.clone() }])
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {

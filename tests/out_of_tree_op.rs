@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ir_core::op::{Activations, ArgMeta, InputSpec, Literal, MetaError, OpDef, Overload, ParamDef, ParamKind, Value};
+use ir_core::op::{
+    Activations, ArgMeta, InputSpec, Literal, MetaError, OpDef, Outputs, Overload, ParamDef, ParamKind, Value, smallvec,
+};
 use ir_core::{
     CallArg, CallError, DType, EagerContext, ExecutionContext, ImplFunc, ImplSpec, KernelError, Registry, Tensor,
     TensorError, TensorMeta, bit_eq,
@@ -47,14 +49,14 @@ fn arguments(args: &[Value]) -> Result<(&Tensor, f64), KernelError> {
     }
 }
 
-fn native(args: &[Value]) -> Result<Vec<Tensor>, KernelError> {
+fn native(args: &[Value]) -> Result<Outputs, KernelError> {
     let (x, shift) = arguments(args)?;
-    Ok(vec![shifted_square_values(x, shift)?])
+    Ok(smallvec![shifted_square_values(x, shift)?])
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let x = args[0].tensor().ok_or(MetaError::Kind { op: "shifted_square", param: "x" })?;
-    Ok(vec![TensorMeta { layout: x.layout.copy_layout(), ..x.clone() }])
+    Ok(ir_core::op::smallvec![TensorMeta { layout: x.layout.copy_layout(), ..x.clone() }])
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
@@ -69,9 +71,9 @@ fn registry(calls: Arc<AtomicUsize>) -> Registry {
     registry.define_op(&SHIFTED_SQUARE).unwrap();
     let kernel = ImplFunc::inplace(move |args| {
         calls.fetch_add(1, Ordering::Relaxed);
-        // Bound arguments arrive by value; the activation is uniquely owned, so it can be written.
-        let mut args = args.into_iter();
-        let (Some(Value::Tensor(mut x)), Some(Value::F64(shift))) = (args.next(), args.next()) else {
+        // The activation is uniquely owned: take it out of the bound arguments to write it.
+        let (Value::Tensor(mut x), &Value::F64(shift)) = (std::mem::replace(&mut args[0], Value::None), &args[1])
+        else {
             return Err(KernelError::InvalidArguments { reason: "shifted_square takes (x, shift)".to_owned() });
         };
         let result = shifted_square_values(&x, shift)?;
@@ -217,12 +219,12 @@ fn kinds_shape_and_dtype(args: &[ArgMeta<'_>]) -> Result<(Vec<usize>, DType), Me
     Ok((shape, dtype))
 }
 
-fn kinds_meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn kinds_meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let (shape, dtype) = kinds_shape_and_dtype(args)?;
-    Ok(vec![TensorMeta::compact(dtype, &shape)])
+    Ok(ir_core::op::smallvec![TensorMeta::compact(dtype, &shape)])
 }
 
-fn kinds_native(args: &[Value]) -> Result<Vec<Tensor>, KernelError> {
+fn kinds_native(args: &[Value]) -> Result<Outputs, KernelError> {
     let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
     let (shape, dtype) =
         kinds_shape_and_dtype(&metas).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
@@ -232,7 +234,7 @@ fn kinds_native(args: &[Value]) -> Result<Vec<Tensor>, KernelError> {
     let exact = metas[1].str() == Some("exact");
     let values: Vec<f64> =
         x.to_f64_vec()?.into_iter().map(|v| if exact { v * factor } else { (v * factor) as f32 as f64 }).collect();
-    Ok(vec![Tensor::from_f64(dtype, &shape, &values)?])
+    Ok(smallvec![Tensor::from_f64(dtype, &shape, &values)?])
 }
 
 /// A call of `kinds_probe` giving every parameter a value.

@@ -67,6 +67,28 @@ fn dispatch(c: &mut Criterion) {
         group.finish();
     }
 
+    // The overhead alone: a provider whose kernel returns a prepared output (no work), called through
+    // the registry and directly.
+    let overhead_registry = self::registry();
+    let case = Case { op: &RMS_NORM, shape: Shape::new(1, 4096), dtype: ir_core::DType::BF16 };
+    let inputs = Inputs::generate(case, 0).expect("inputs");
+    let (x, w) = (inputs.tensor(0), Some(inputs.tensor(1)));
+    let prepared = kernels_cpu::rms_norm_cpu(x, w, EPSILON, None).expect("direct call");
+    let noop = {
+        let prepared = prepared.clone();
+        move |_x: &ir_core::Tensor, _w: Option<&ir_core::Tensor>, _eps: f64, _v: Option<i64>| Ok(prepared.clone())
+    };
+    let spec = ir_core::ImplSpec::new("noop")
+        .with_supports(|args| ir_core::kernel::rms_norm_support(args, ir_core::DeviceKind::Cpu));
+    ir_core::op::rms_norm::register(&overhead_registry, spec, noop.clone()).expect("registering noop");
+    let _noop_first = overhead_registry.override_priority("rms_norm", &["noop"]).expect("noop first");
+    let through = rms_norm(&overhead_registry, x, w, EPSILON, None).expect("registry call");
+    assert!(ir_core::shares_storage(&through, &prepared), "the registry chose the noop kernel");
+    let mut group = c.benchmark_group("dispatch/overhead/rms_norm/1x4096");
+    group.bench_function("direct", |b| b.iter(|| noop(x, w, EPSILON, None).unwrap()));
+    group.bench_function("registry", |b| b.iter(|| rms_norm(&overhead_registry, x, w, EPSILON, None).unwrap()));
+    group.finish();
+
     let x = ir_core::TensorMeta::compact(ir_core::DType::BF16, &[1, 4096]);
     let w = ir_core::TensorMeta::compact(ir_core::DType::BF16, &[4096]);
     let metas = [ArgMeta::Tensor(&x), ArgMeta::Tensor(&w), ArgMeta::F64(EPSILON), ArgMeta::None];

@@ -194,7 +194,7 @@ impl Inputs {
             seed,
         };
         let values = (case.op.generate_inputs)(&spec)?;
-        let expected = (case.op.native)(&values)?;
+        let expected = (case.op.native)(&values)?.into_vec();
         Ok(Inputs { case, values, expected })
     }
 

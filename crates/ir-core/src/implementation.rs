@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::op::{ArgMeta, Value};
+use crate::op::{ArgMeta, Outputs, Value};
 use crate::storage::Storage;
 use crate::{Tensor, TensorError};
 
@@ -150,13 +150,15 @@ impl UniqueTensor {
     }
 }
 
-/// The type-erased function the registry calls: bound arguments in, outputs out.
-pub(crate) type ErasedImpl = Arc<dyn Fn(Vec<Value>) -> Result<Vec<Tensor>, KernelError> + Send + Sync>;
+/// The type-erased function the registry calls: bound arguments in (tensors an in-place
+/// implementation writes are taken out of the list), outputs out; neither list allocates.
+pub(crate) type ErasedImpl = Arc<dyn Fn(&mut [Value]) -> Result<Outputs, KernelError> + Send + Sync>;
 
 /// An implementation function with its in-place flag.
 ///
 /// Typed constructors live beside each op (`rms_norm::RmsNormImpl`); these dynamic ones serve ops
-/// defined at run time, whose argument lists the registry has bound before every call.
+/// defined at run time, whose argument lists the registry has bound before every call. A function
+/// may return its outputs as a `Vec<Tensor>` or as [`Outputs`] (inline, no allocation).
 #[derive(Clone)]
 pub struct ImplFunc {
     pub(crate) inplace: bool,
@@ -165,14 +167,19 @@ pub struct ImplFunc {
 
 impl ImplFunc {
     /// A functional implementation over bound arguments; it must not write any argument.
-    pub fn functional(f: impl Fn(&[Value]) -> Result<Vec<Tensor>, KernelError> + Send + Sync + 'static) -> ImplFunc {
-        ImplFunc { inplace: false, call: Arc::new(move |args| f(&args)) }
+    pub fn functional<O: Into<Outputs>>(
+        f: impl Fn(&[Value]) -> Result<O, KernelError> + Send + Sync + 'static,
+    ) -> ImplFunc {
+        ImplFunc { inplace: false, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)) }
     }
 
-    /// An in-place implementation: it receives the bound arguments by value, every activation uniquely
-    /// owned, writes output i into activation i's storage and returns those tensors.
-    pub fn inplace(f: impl Fn(Vec<Value>) -> Result<Vec<Tensor>, KernelError> + Send + Sync + 'static) -> ImplFunc {
-        ImplFunc { inplace: true, call: Arc::new(f) }
+    /// An in-place implementation: it receives the bound arguments, every activation uniquely owned
+    /// (take them out of the list to write them), writes output i into activation i's storage and
+    /// returns those tensors.
+    pub fn inplace<O: Into<Outputs>>(
+        f: impl Fn(&mut [Value]) -> Result<O, KernelError> + Send + Sync + 'static,
+    ) -> ImplFunc {
+        ImplFunc { inplace: true, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)) }
     }
 
     /// Whether the implementation writes its outputs into its activations.
@@ -184,8 +191,8 @@ impl ImplFunc {
     /// predicate, the output contract): for tools and benchmarks that validated the same call once
     /// through [`Registry::call_implementation`](crate::Registry::call_implementation). An in-place
     /// implementation needs every activation uniquely owned.
-    pub fn invoke(&self, args: Vec<Value>) -> Result<Vec<Tensor>, KernelError> {
-        (self.call)(args)
+    pub fn invoke(&self, mut args: Vec<Value>) -> Result<Vec<Tensor>, KernelError> {
+        (self.call)(&mut args).map(Outputs::into_vec)
     }
 }
 

@@ -15,14 +15,14 @@ use tracing::Level;
 
 // --- throwaway ops defined at run time ---
 
-fn identity_native(args: &[Value]) -> Result<Vec<Tensor>, KernelError> {
+fn identity_native(args: &[Value]) -> Result<ir_core::op::Outputs, KernelError> {
     let x = args[0].as_tensor().expect("bound");
-    Ok(vec![x.deep_clone()?])
+    Ok(ir_core::op::smallvec![x.deep_clone()?])
 }
 
-fn identity_meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn identity_meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let x = args[0].tensor().ok_or(MetaError::Kind { op: "test", param: "x" })?;
-    Ok(vec![TensorMeta { layout: x.layout.copy_layout(), ..x.clone() }])
+    Ok(ir_core::op::smallvec![TensorMeta { layout: x.layout.copy_layout(), ..x.clone() }])
 }
 
 fn no_inputs(_: &InputSpec) -> Result<Vec<Value>, TensorError> {

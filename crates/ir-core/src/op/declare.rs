@@ -421,6 +421,9 @@ macro_rules! str_enum {
     };
 }
 
+/// The handles of one call's outputs, inline up to [`INLINE_OUTPUTS`](crate::op::INLINE_OUTPUTS).
+pub type Handles<T> = smallvec::SmallVec<[T; crate::op::INLINE_OUTPUTS]>;
+
 /// The typed outputs of an op: one `Tensor` or a tuple of them.
 pub trait OpOutputs: Sized {
     /// How many tensors at most (optional outputs included).
@@ -429,32 +432,46 @@ pub trait OpOutputs: Sized {
     type Of<T>;
     /// From a list of handles; `None` when its length does not fit (at most [`N`](Self::N), fewer
     /// only by absent optional outputs).
-    fn from_handles<T>(outputs: Vec<T>) -> Option<Self::Of<T>>;
-    /// Into a list of handles.
-    fn into_handles<T>(outputs: Self::Of<T>) -> Vec<T>;
+    fn from_handles<T>(outputs: Handles<T>) -> Option<Self::Of<T>>;
+    /// Into a list of handles (inline: no allocation).
+    fn into_handles<T>(outputs: Self::Of<T>) -> Handles<T>;
+}
+
+/// Exactly `N` handles from `outputs`, or `None`.
+fn exactly<T, const N: usize>(mut outputs: Handles<T>) -> Option<[T; N]> {
+    if outputs.len() != N {
+        return None;
+    }
+    let mut handles: [Option<T>; N] = std::array::from_fn(|_| None);
+    for slot in handles.iter_mut().rev() {
+        *slot = outputs.pop();
+    }
+    Some(handles.map(|handle| handle.expect("the length was checked")))
 }
 
 impl OpOutputs for Tensor {
     const N: usize = 1;
     type Of<T> = T;
-    fn from_handles<T>(outputs: Vec<T>) -> Option<T> {
-        let [out]: [T; 1] = outputs.try_into().ok()?;
-        Some(out)
+    fn from_handles<T>(mut outputs: Handles<T>) -> Option<T> {
+        if outputs.len() != 1 {
+            return None;
+        }
+        outputs.pop()
     }
-    fn into_handles<T>(out: T) -> Vec<T> {
-        vec![out]
+    fn into_handles<T>(out: T) -> Handles<T> {
+        smallvec::smallvec![out]
     }
 }
 
 impl OpOutputs for (Tensor, Tensor) {
     const N: usize = 2;
     type Of<T> = (T, T);
-    fn from_handles<T>(outputs: Vec<T>) -> Option<(T, T)> {
-        let [a, b]: [T; 2] = outputs.try_into().ok()?;
+    fn from_handles<T>(outputs: Handles<T>) -> Option<(T, T)> {
+        let [a, b] = exactly::<T, 2>(outputs)?;
         Some((a, b))
     }
-    fn into_handles<T>((a, b): (T, T)) -> Vec<T> {
-        vec![a, b]
+    fn into_handles<T>((a, b): (T, T)) -> Handles<T> {
+        smallvec::smallvec![a, b]
     }
 }
 
@@ -463,14 +480,18 @@ impl OpOutputs for (Tensor, Tensor) {
 impl OpOutputs for (Tensor, Option<Tensor>) {
     const N: usize = 2;
     type Of<T> = (T, Option<T>);
-    fn from_handles<T>(outputs: Vec<T>) -> Option<(T, Option<T>)> {
-        let mut outputs = outputs.into_iter();
-        let first = outputs.next()?;
-        let second = outputs.next();
-        outputs.next().is_none().then_some((first, second))
+    fn from_handles<T>(mut outputs: Handles<T>) -> Option<(T, Option<T>)> {
+        match outputs.len() {
+            1 => Some((outputs.pop()?, None)),
+            2 => {
+                let second = outputs.pop();
+                Some((outputs.pop()?, second))
+            }
+            _ => None,
+        }
     }
-    fn into_handles<T>((a, b): (T, Option<T>)) -> Vec<T> {
-        let mut handles = vec![a];
+    fn into_handles<T>((a, b): (T, Option<T>)) -> Handles<T> {
+        let mut handles: Handles<T> = smallvec::smallvec![a];
         handles.extend(b);
         handles
     }
@@ -479,12 +500,12 @@ impl OpOutputs for (Tensor, Option<Tensor>) {
 impl OpOutputs for (Tensor, Tensor, Tensor) {
     const N: usize = 3;
     type Of<T> = (T, T, T);
-    fn from_handles<T>(outputs: Vec<T>) -> Option<(T, T, T)> {
-        let [a, b, c]: [T; 3] = outputs.try_into().ok()?;
+    fn from_handles<T>(outputs: Handles<T>) -> Option<(T, T, T)> {
+        let [a, b, c] = exactly::<T, 3>(outputs)?;
         Some((a, b, c))
     }
-    fn into_handles<T>((a, b, c): (T, T, T)) -> Vec<T> {
-        vec![a, b, c]
+    fn into_handles<T>((a, b, c): (T, T, T)) -> Handles<T> {
+        smallvec::smallvec![a, b, c]
     }
 }
 
@@ -551,7 +572,7 @@ pub fn mismatched(op: &str) -> KernelError {
 ///         outputs: Tensor,
 ///         inplace: false,
 ///         native: negate_native,
-///         meta: |args| Ok(vec![args[0].tensor().unwrap().clone()]),
+///         meta: |args| Ok(ir_core::op::smallvec![args[0].tensor().unwrap().clone()]),
 ///         generate: |_spec| Ok(vec![Value::Tensor(Tensor::ones(ir_core::DType::F32, &[2, 4])?)]),
 ///         tolerances: &[],
 ///         description: "negation",
@@ -605,7 +626,7 @@ macro_rules! define_op {
             native: {
                 fn native_dynamic(
                     args: &[$crate::op::Value],
-                ) -> ::std::result::Result<::std::vec::Vec<$crate::Tensor>, $crate::KernelError> {
+                ) -> ::std::result::Result<$crate::op::Outputs, $crate::KernelError> {
                     let mut index = 0..;
                     $(let $param = args.get(index.next().expect("unbounded")).and_then(<$ty as $crate::op::OpParam>::arg)
                         .ok_or_else(|| $crate::op::mismatched(stringify!($name)))?;)+
@@ -649,8 +670,8 @@ macro_rules! define_op {
             registry: &$crate::Registry,
             $($param: <$ty as $crate::op::OpParam>::$given<'_>),+
         ) -> ::std::result::Result<$out, $crate::CallError> {
-            let args = vec![$(<$ty as $crate::op::OpParam>::$to_value($param)),+];
-            let outputs = registry.call_declared(&$def, $crate::op::Overload::$overload, args)?;
+            let mut args = [$(<$ty as $crate::op::OpParam>::$to_value($param)),+];
+            let outputs = registry.call_declared(&$def, $crate::op::Overload::$overload, &mut args)?;
             Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
         }
 
@@ -666,7 +687,7 @@ macro_rules! define_op {
             let args = vec![$(<$ty as $crate::op::OpParam>::$to_call_arg::<C::Tensor>($param)),+];
             let outputs = ctx.call(&$def, $crate::op::Overload::$overload, args)?;
             let found = outputs.len();
-            <$out as $crate::op::OpOutputs>::from_handles(outputs)
+            <$out as $crate::op::OpOutputs>::from_handles($crate::op::Handles::from_vec(outputs))
                 .ok_or_else(|| $crate::op::output_count($def.name, found, <$out as $crate::op::OpOutputs>::N))
         }
     };
@@ -714,9 +735,9 @@ macro_rules! define_op {
                 func: impl Fn($(<$ty as $crate::op::OpParam>::InplaceArg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
                     + Send + Sync + 'static,
             ) -> Impl {
-                Impl::Inplace($crate::ImplFunc::inplace(move |mut args: ::std::vec::Vec<$crate::op::Value>| {
+                Impl::Inplace($crate::ImplFunc::inplace(move |args: &mut [$crate::op::Value]| {
                     let mut index = 0..;
-                    $(let $param = <$ty as $crate::op::OpParam>::take(&mut args, index.next().expect("unbounded"))?;)+
+                    $(let $param = <$ty as $crate::op::OpParam>::take(args, index.next().expect("unbounded"))?;)+
                     let mut index = 0..;
                     $(let $param = args.get(index.next().expect("unbounded"))
                         .and_then(|value| <$ty as $crate::op::OpParam>::inplace_arg($param, value))

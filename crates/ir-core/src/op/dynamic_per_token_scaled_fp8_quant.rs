@@ -11,7 +11,7 @@ use crate::op::quant::{
     QuantScale, check_scale, check_x, fp8_dtype, quantize_host, quantized_meta, scale_value, scales_meta, to_device_of,
 };
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+use crate::{DType, KernelError, Tensor, TensorError};
 
 crate::define_op! {
     /// The definition of `dynamic_per_token_scaled_fp8_quant`.
@@ -49,7 +49,7 @@ pub fn native(x: &Tensor, scale_ub: Option<&Tensor>, out_dtype: DType) -> Result
     Ok((to_device_of(q, x)?, to_device_of(scales, x)?))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     let kind = |param| MetaError::Kind { op: OP, param };
     let x = args.first().and_then(ArgMeta::tensor).ok_or(kind("x"))?;
     check_x(OP, x)?;
@@ -59,7 +59,7 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
         _ => return Err(kind("scale_ub")),
     }
     let dtype = fp8_dtype(OP, args, 2)?;
-    Ok(vec![quantized_meta(x, dtype), scales_meta(x)])
+    Ok(crate::op::smallvec![quantized_meta(x, dtype), scales_meta(x)])
 }
 
 /// `x ~ N(0, 1)` of `[T, H]` and the absmax bound 3: wide rows are clamped, and their elements beyond

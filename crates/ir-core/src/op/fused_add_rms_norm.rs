@@ -5,7 +5,7 @@
 
 use crate::op::norm_math::{NormParams, native_norm, norm_meta};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{KernelError, Tensor, TensorError, TensorMeta};
+use crate::{KernelError, Tensor, TensorError};
 
 crate::define_op! {
     /// The definition of `fused_add_rms_norm`.
@@ -67,7 +67,7 @@ pub fn native(
     Ok((out, residual_out.expect("a residual was given")))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     norm_meta(&PARAMS, args)
 }
 

@@ -84,8 +84,8 @@ pub(crate) fn native_gated(
 }
 
 /// The one-output meta function of a gated op whose other arguments need no check.
-pub(crate) fn gated_meta_only_x(op: &'static str, args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
-    Ok(vec![gated_meta(op, args.first().and_then(ArgMeta::tensor))?])
+pub(crate) fn gated_meta_only_x(op: &'static str, args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+    Ok(crate::op::smallvec![gated_meta(op, args.first().and_then(ArgMeta::tensor))?])
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 
 use crate::op::gated::{gated_inputs, gated_meta_only_x, gelu_erf, gelu_tanh, native_gated};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Value};
-use crate::{KernelError, Tensor, TensorError, TensorMeta};
+use crate::{KernelError, Tensor, TensorError};
 
 crate::str_enum! {
     /// Which formula `gelu` uses.
@@ -63,7 +63,7 @@ pub fn native(x: &Tensor, approximate: Approximate) -> Result<Tensor, KernelErro
     })
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     gated_meta_only_x("gelu_and_mul", args)
 }
 

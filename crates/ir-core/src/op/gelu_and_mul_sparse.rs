@@ -18,7 +18,7 @@
 use crate::op::gated::{gated_inputs, gated_meta, native_gated};
 use crate::op::gelu_and_mul::Approximate;
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Tolerance, Value};
-use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+use crate::{DType, KernelError, Tensor, TensorError};
 
 crate::define_op! {
     /// The definition of `gelu_and_mul_sparse`.
@@ -65,14 +65,14 @@ pub fn native(x: &Tensor, std_multiplier: f64, approximate: Approximate) -> Resu
     })
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     let op = "gelu_and_mul_sparse";
     let args = GeluAndMulSparseArgs::from_meta(args).ok_or(MetaError::Kind { op, param: "x" })?;
     if !args.std_multiplier.is_finite() {
         let value = format!("{:?}", args.std_multiplier);
         return Err(MetaError::Scalar { op, param: "std_multiplier", value, reason: "must be finite".to_owned() });
     }
-    Ok(vec![gated_meta(op, Some(args.x))?])
+    Ok(crate::op::smallvec![gated_meta(op, Some(args.x))?])
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
@@ -83,6 +83,7 @@ fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TensorMeta;
     use crate::op::gated::gelu_erf;
 
     #[test]

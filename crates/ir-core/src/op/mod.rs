@@ -21,6 +21,7 @@ mod value;
 
 use std::fmt;
 
+pub use crate::op::declare::Handles;
 pub use crate::op::declare::{
     Activation, OpOutputs, OpParam, StrEnum, count_donated, donated_names, mismatched, output_count,
 };
@@ -28,10 +29,24 @@ pub(crate) use crate::op::value::default_fits;
 pub use crate::op::value::{ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
 use crate::{DType, Device, KernelError, Tensor, TensorError, TensorMeta};
 
+/// How many arguments' metadata dispatch holds without a heap allocation (typed calls keep the
+/// arguments themselves in an array of their own): every built-in op's parameter count fits.
+pub const INLINE_ARGS: usize = 8;
+/// How many outputs (or output metadata) a call holds without a heap allocation: every built-in
+/// op's output count fits (an op with more outputs spills them to the heap).
+pub const INLINE_OUTPUTS: usize = 2;
+/// A call's outputs, inline up to [`INLINE_OUTPUTS`].
+pub type Outputs = smallvec::SmallVec<[Tensor; INLINE_OUTPUTS]>;
+/// A meta function's output metadata, inline up to [`INLINE_OUTPUTS`] (build one with
+/// [`smallvec!`], or `.into()` from a `Vec`).
+pub type OutputMetas = smallvec::SmallVec<[TensorMeta; INLINE_OUTPUTS]>;
+/// Builds an [`Outputs`] or [`OutputMetas`] like `vec!`.
+pub use smallvec::smallvec;
+
 /// The reference implementation: plain Rust over bound, validated arguments.
-pub type NativeFn = fn(&[Value]) -> Result<Vec<Tensor>, KernelError>;
+pub type NativeFn = fn(&[Value]) -> Result<Outputs, KernelError>;
 /// Computes output metadata from argument metadata and validates the arguments.
-pub type MetaFn = fn(&[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError>;
+pub type MetaFn = fn(&[ArgMeta<'_>]) -> Result<OutputMetas, MetaError>;
 /// Produces a complete, deterministic argument list of CPU tensors for tests and benchmarks.
 pub type InputGenerator = fn(&InputSpec) -> Result<Vec<Value>, TensorError>;
 
@@ -265,7 +280,7 @@ impl OpDef {
     /// parameters) and runs the meta function. The verifier and the passes ask this of graph calls.
     pub fn output_metas(&'static self, args: Vec<ArgMeta<'_>>) -> Result<Vec<TensorMeta>, crate::CallError> {
         let bound = bind_meta(self, args)?;
-        Ok((self.meta)(&bound)?)
+        Ok((self.meta)(&bound)?.into_vec())
     }
 
     /// Parameter indices of the activations, or why the definition is invalid.

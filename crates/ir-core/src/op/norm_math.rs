@@ -21,7 +21,7 @@ pub(crate) struct NormParams {
 }
 
 /// The meta function of both norms.
-pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     let op = p.op;
     let kind = |param| MetaError::Kind { op, param };
     let x = args.get(p.x).and_then(ArgMeta::tensor).ok_or(kind("x"))?;
@@ -56,7 +56,8 @@ pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<Vec<Tens
         }
         _ => return Err(kind("weight")),
     }
-    let mut outputs = vec![TensorMeta { dtype: x.dtype, device: x.device, layout: x.layout.copy_layout() }];
+    let mut outputs: crate::op::OutputMetas =
+        crate::op::smallvec![TensorMeta { dtype: x.dtype, device: x.device, layout: x.layout.copy_layout() }];
     if let Some(index) = p.residual {
         let r = args.get(index).and_then(ArgMeta::tensor).ok_or(kind("x_residual"))?;
         MetaError::require_compute_dtype(op, "x_residual", r)?;

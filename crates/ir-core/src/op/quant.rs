@@ -102,7 +102,7 @@ pub(crate) fn norm_quant_meta(
     norm: &NormParams,
     quant: &QuantParams,
     args: &[ArgMeta<'_>],
-) -> Result<Vec<TensorMeta>, MetaError> {
+) -> Result<crate::op::OutputMetas, MetaError> {
     let op = norm.op;
     let mut norm_outputs = norm_meta(norm, args)?;
     let x = args.get(norm.x).and_then(ArgMeta::tensor).ok_or(MetaError::Kind { op, param: "x" })?;
@@ -113,7 +113,7 @@ pub(crate) fn norm_quant_meta(
         _ => return Err(MetaError::Kind { op, param: scale_param }),
     }
     let dtype = fp8_dtype(op, args, quant.out_dtype)?;
-    let mut outputs = norm_outputs.split_off(1);
+    let mut outputs: crate::op::OutputMetas = norm_outputs.drain(1..).collect();
     outputs.push(quantized_meta(x, dtype));
     if quant.dynamic {
         outputs.push(scales_meta(x));

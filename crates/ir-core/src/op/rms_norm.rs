@@ -4,7 +4,7 @@
 
 use crate::op::norm_math::{NormParams, native_norm, norm_meta};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{KernelError, Tensor, TensorError, TensorMeta};
+use crate::{KernelError, Tensor, TensorError};
 
 crate::define_op! {
     /// The definition of `rms_norm`.
@@ -48,7 +48,7 @@ pub fn native(
     Ok(native_norm(x, None, weight, epsilon, variance_size)?.0)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     norm_meta(&PARAMS, args)
 }
 

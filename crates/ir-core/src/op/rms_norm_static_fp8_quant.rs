@@ -11,7 +11,7 @@ use crate::op::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
 };
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+use crate::{DType, KernelError, Tensor, TensorError};
 
 crate::define_op! {
     /// The definition of `rms_norm_static_fp8_quant`.
@@ -57,7 +57,7 @@ pub fn native(
     Ok(to_device_of(q, x)?)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     norm_quant_meta(&NORM, &QUANT, args)
 }
 

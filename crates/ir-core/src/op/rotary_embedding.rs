@@ -212,7 +212,7 @@ pub fn checked_positions(positions: &[i64], max_position: usize) -> Result<Vec<u
         .collect()
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     let kind = |param| MetaError::Kind { op: OP, param };
     let args = RotaryEmbeddingArgs::from_meta(args).ok_or(kind("query"))?;
     let query = args.query;
@@ -285,7 +285,11 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
         return Err(MetaError::DType { op: OP, param: "cos_sin_cache", dtype: cache.dtype, expected: "query's dtype" });
     }
     same_device("cos_sin_cache", cache)?;
-    let mut outputs = vec![TensorMeta { dtype: query.dtype, device: query.device, layout: query.layout.copy_layout() }];
+    let mut outputs: crate::op::OutputMetas = crate::op::smallvec![TensorMeta {
+        dtype: query.dtype,
+        device: query.device,
+        layout: query.layout.copy_layout()
+    }];
     if let Some(key) = args.key {
         if key.dtype != query.dtype {
             return Err(MetaError::DType { op: OP, param: "key", dtype: key.dtype, expected: "query's dtype" });
@@ -407,7 +411,7 @@ mod tests {
             };
         assert_eq!(call(&pos, &q, Some(&k), &cache, 4, 4).unwrap().len(), 2);
         assert_eq!(call(&pos, &q, None, &cache, 4, 4).unwrap().len(), 1, "no key, one output");
-        let param = |r: Result<Vec<TensorMeta>, MetaError>| match r.unwrap_err() {
+        let param = |r: Result<crate::op::OutputMetas, MetaError>| match r.unwrap_err() {
             MetaError::Scalar { param, .. }
             | MetaError::Shape { param, .. }
             | MetaError::DType { param, .. }

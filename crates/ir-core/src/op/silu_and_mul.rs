@@ -7,7 +7,7 @@
 
 use crate::op::gated::{gated_inputs, gated_meta_only_x, native_gated, silu};
 use crate::op::{Activation, ArgMeta, InputSpec, MetaError, Value};
-use crate::{KernelError, Tensor, TensorError, TensorMeta};
+use crate::{KernelError, Tensor, TensorError};
 
 crate::define_op! {
     /// The definition of `silu_and_mul`.
@@ -33,7 +33,7 @@ pub fn native(x: &Tensor) -> Result<Tensor, KernelError> {
     native_gated("silu_and_mul", x, |gate, dtype| gate.iter_mut().for_each(|g| *g = dtype.round(silu(*g))))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     gated_meta_only_x("silu_and_mul", args)
 }
 

@@ -10,7 +10,7 @@ use crate::op::quant::{
     QuantScale, check_scale, check_x, fp8_dtype, quantize_host, quantized_meta, scale_value, to_device_of,
 };
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+use crate::{DType, KernelError, Tensor, TensorError};
 
 crate::define_op! {
     /// The definition of `static_scaled_fp8_quant`.
@@ -45,14 +45,14 @@ pub fn native(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, Ke
     Ok(to_device_of(q, x)?)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<Vec<TensorMeta>, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
     let kind = |param| MetaError::Kind { op: OP, param };
     let x = args.first().and_then(ArgMeta::tensor).ok_or(kind("x"))?;
     check_x(OP, x)?;
     let scale = args.get(1).and_then(ArgMeta::tensor).ok_or(kind("scale"))?;
     check_scale(OP, "scale", scale, x)?;
     let dtype = fp8_dtype(OP, args, 2)?;
-    Ok(vec![quantized_meta(x, dtype)])
+    Ok(crate::op::smallvec![quantized_meta(x, dtype)])
 }
 
 /// `x ~ N(0, 1)` of `[T, H]` and the scale `3 / 448`: elements beyond 3σ saturate.

@@ -8,7 +8,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::op::{ArgMeta, BindError, MetaError, OpDef, Overload, Value, bind, bind_meta};
+use smallvec::SmallVec;
+
+use crate::op::{
+    ArgMeta, BindError, INLINE_ARGS, INLINE_OUTPUTS, MetaError, OpDef, Outputs, Overload, Value, bind, bind_meta,
+};
+use crate::registry::selection::Cached;
 use crate::registry::{ImplEntry, NATIVE, OpEntry, Registry, lock, read};
 use crate::{KernelError, Support, Tensor, TensorError, TensorMeta};
 
@@ -128,7 +133,9 @@ pub enum CallError {
 }
 
 /// Argument metadata of one call, inline for every op's parameter count (no allocation per call).
-type ArgMetas<'a> = smallvec::SmallVec<[ArgMeta<'a>; 8]>;
+type ArgMetas<'a> = SmallVec<[ArgMeta<'a>; INLINE_ARGS]>;
+/// Argument positions or storages of one call's activations, inline.
+type PerOutput<T> = SmallVec<[T; INLINE_OUTPUTS]>;
 
 /// A provider the dispatcher skipped, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -158,25 +165,38 @@ impl Registry {
     /// The functional call, dynamic form: binds `args` (filling defaults), validates, dispatches.
     pub fn call(&self, op: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
         let entry = self.call_entry(op)?;
-        let args = bind(entry.def, args)?;
-        self.run(&entry, args, Overload::Default)
+        let mut args = bind(entry.def, args)?;
+        Ok(self.run(&entry, &mut args, Overload::Default)?.into_vec())
     }
 
     /// The `maybe_inplace` call, dynamic form: the activations in `args` are donated.
     pub fn call_maybe_inplace(&self, op: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
         let entry = self.call_entry(op)?;
-        let args = bind(entry.def, args)?;
-        self.run(&entry, args, Overload::MaybeInplace)
+        let mut args = bind(entry.def, args)?;
+        Ok(self.run(&entry, &mut args, Overload::MaybeInplace)?.into_vec())
     }
 
     /// Validates argument metadata and selects a provider with the installed priorities, without
-    /// running anything (lowering uses this; eager calls follow the same rules).
+    /// running anything (lowering uses this; eager calls follow the same rules and share the
+    /// installed list's selection cache).
     pub fn select(&self, op: &str, args: &[ArgMeta<'_>]) -> Result<Selection, CallError> {
         let entry = self.call_entry(op)?;
         let args = bind_meta(entry.def, args.to_vec())?;
-        let outputs = (entry.def.meta)(&args)?;
-        let (chosen, rejected, from_priority_list) = choose(&entry, &args)?;
-        Ok(Selection { provider: chosen.provider, inplace: chosen.inplace, rejected, outputs, from_priority_list })
+        let choice = choose(&entry, &args)?;
+        Ok(Selection {
+            provider: choice.chosen.provider,
+            inplace: choice.chosen.inplace,
+            rejected: choice
+                .rejected
+                .iter()
+                .map(|(provider, reason)| Rejection {
+                    provider: provider.provider,
+                    reason: Cow::Owned(reason.to_string()),
+                })
+                .collect(),
+            outputs: choice.outputs.to_vec(),
+            from_priority_list: choice.from_priority_list,
+        })
     }
 
     /// Calls one named implementation directly (a graph's `impl` node): binds and validates the
@@ -186,14 +206,14 @@ impl Registry {
         let entry = self.call_entry(op)?;
         let mut args = bind(entry.def, args)?;
         let def = entry.def;
-        // One read of the implementation list, dropped before any user code (probe, predicate,
-        // kernel) runs: see the lock order in the module documentation of `registry`.
-        let impls = read(&entry.impls).clone();
-        let Some(implementation) = impls.iter().find(|i| i.provider == provider).cloned() else {
+        // One read of the implementation list, dropped at the end of the statement, before any user
+        // code (probe, predicate, kernel) runs: see the lock order in the module documentation.
+        let found = read(&entry.impls).iter().find(|i| i.provider == provider).cloned();
+        let Some(implementation) = found else {
             return Err(CallError::UnknownProvider {
                 op: def.name,
                 provider: provider.to_owned(),
-                known: impls.iter().map(|i| i.provider.to_owned()).collect(),
+                known: read(&entry.impls).iter().map(|i| i.provider.to_owned()).collect(),
             });
         };
         if let crate::Availability::Unavailable(reason) = implementation.availability() {
@@ -215,27 +235,23 @@ impl Registry {
             }
             outputs_meta
         };
-        let mut written = Vec::new();
+        let mut written = PerOutput::new();
         if implementation.inplace {
-            let given: Vec<usize> = given_activations(&entry, &args).collect();
-            for position in given {
-                let Value::Tensor(tensor) = std::mem::replace(&mut args[position], Value::None) else {
-                    unreachable!("given activations are tensors")
-                };
+            for position in given_activations(&entry, &args) {
+                let tensor = args[position].as_tensor().expect("given activations are tensors");
                 if !tensor.is_uniquely_owned() {
                     return Err(CallError::Tensor(tensor.write_refusal()));
                 }
                 written.push(tensor.storage_id());
-                args[position] = Value::Tensor(tensor);
             }
         }
-        let outputs = (implementation.call)(args).map_err(|source| CallError::Kernel {
+        let outputs = (implementation.call)(&mut args).map_err(|source| CallError::Kernel {
             op: def.name,
             provider: implementation.provider,
             source,
         })?;
         check_outputs(def, &implementation, &outputs_meta, &outputs, &written)?;
-        Ok(outputs)
+        Ok(outputs.into_vec())
     }
 
     /// `provider`'s implementation of `op` as registered, to call without dispatch
@@ -267,32 +283,31 @@ impl Registry {
         read(&entry.impls).iter().find(|i| i.provider == provider).map(|i| i.inplace)
     }
 
-    /// The typed entry points' path: `args` is already complete.
-    pub(crate) fn call_op(
-        &self,
-        def: &'static OpDef,
-        args: Vec<Value>,
-        overload: Overload,
-    ) -> Result<Vec<Tensor>, CallError> {
-        let entry = self.call_entry(def.name)?;
-        if !std::ptr::eq(entry.def, def) {
-            return Err(CallError::UnknownOp {
+    /// The typed entry points' path: `args` is already complete. Reads the op table without a lock
+    /// and keeps no reference count on the entry.
+    fn call_op(&self, def: &'static OpDef, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
+        let ops = self.ops.load();
+        match ops.get(def.name) {
+            Some(entry) if std::ptr::eq(entry.def, def) => self.run(entry, args, overload),
+            _ => Err(CallError::UnknownOp {
                 op: def.name.to_owned(),
-                known: self.ops().iter().map(|s| (*s).to_owned()).collect(),
-            });
+                known: ops.keys().map(|s| (*s).to_owned()).collect(),
+            }),
         }
-        self.run(&entry, args, overload)
     }
 
     /// The path of the calls [`define_op!`](crate::define_op) generates: `args` holds exactly `def`'s
     /// parameters, in order, of their kinds (built from the declaration, so nothing is left to bind).
-    /// Other callers use [`Registry::call_def`], which binds and checks the arguments first.
+    /// Other callers use [`Registry::call_def`], which binds and checks the arguments first. The
+    /// arguments live in the caller's array (the in-place activations are taken out of it), neither
+    /// they nor the outputs allocate, and a repeated call (same argument metadata) reuses the
+    /// installed list's cached selection.
     pub fn call_declared(
         &self,
         def: &'static OpDef,
         overload: Overload,
-        args: Vec<Value>,
-    ) -> Result<Vec<Tensor>, CallError> {
+        args: &mut [Value],
+    ) -> Result<Outputs, CallError> {
         debug_assert_eq!(args.len(), def.params.len(), "declared calls pass every parameter");
         self.call_op(def, args, overload)
     }
@@ -306,45 +321,47 @@ impl Registry {
         overload: Overload,
         args: Vec<Value>,
     ) -> Result<Vec<Tensor>, CallError> {
-        let args = bind(def, args)?;
-        self.call_op(def, args, overload)
+        let mut args = bind(def, args)?;
+        Ok(self.call_op(def, &mut args, overload)?.into_vec())
     }
 
     fn call_entry(&self, op: &str) -> Result<Arc<OpEntry>, CallError> {
         self.entry(op).map_err(|known| CallError::UnknownOp { op: op.to_owned(), known })
     }
 
-    fn run(&self, entry: &OpEntry, mut args: Vec<Value>, overload: Overload) -> Result<Vec<Tensor>, CallError> {
+    /// Selects, prepares the activations and runs the kernel. `args` is bound; the in-place
+    /// activations are taken out of it by the kernel.
+    fn run(&self, entry: &OpEntry, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
         let def = entry.def;
         if overload == Overload::MaybeInplace && !def.allow_inplace {
             return Err(CallError::NotInplaceOp { op: def.name });
         }
-        let (chosen, outputs_meta, on_device) = {
+        let (choice, on_device) = {
             let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
-            let outputs_meta = (def.meta)(&metas)?;
-            let (chosen, rejected, _) = choose(entry, &metas)?;
-            chosen.selections.fetch_add(1, Ordering::Relaxed);
-            note_rejections(entry, &rejected);
+            let choice = choose(entry, &metas)?;
             let on_device = metas.iter().any(|m| m.tensor().is_some_and(|t| !t.device.is_cpu()));
-            (chosen, outputs_meta, on_device)
+            (choice, on_device)
         };
+        let chosen = &choice.chosen;
+        chosen.selections.fetch_add(1, Ordering::Relaxed);
+        note_rejections(&choice.rejected);
         if on_device && chosen.provider == NATIVE {
             entry.warn_once("native-host-round-trip", || {
                 format!("op {}: native runs on device tensors through a host round trip (correct, slow)", def.name)
             });
         }
 
-        let mut written = Vec::new();
+        let mut written = PerOutput::new();
         if chosen.inplace {
-            let given: Vec<usize> = given_activations(entry, &args).collect();
+            let given: PerOutput<usize> = given_activations(entry, args).collect();
             for (index, &position) in given.iter().enumerate() {
                 let activation = args[position].as_tensor().expect("given activations are tensors").meta();
-                if !outputs_meta[index].same_kind_and_shape(activation) {
+                if !choice.outputs[index].same_kind_and_shape(activation) {
                     return Err(CallError::InplaceMetaMismatch {
                         op: def.name,
                         provider: chosen.provider,
                         index,
-                        output: Box::new(outputs_meta[index].clone()),
+                        output: Box::new(choice.outputs[index].clone()),
                         activation: Box::new(activation.clone()),
                     });
                 }
@@ -364,7 +381,7 @@ impl Registry {
             provider: chosen.provider,
             source,
         })?;
-        check_outputs(def, &chosen, &outputs_meta, &outputs, &written)?;
+        check_outputs(def, chosen, &choice.outputs, &outputs, &written)?;
         Ok(outputs)
     }
 }
@@ -403,14 +420,32 @@ fn prepare_activation(entry: &OpEntry, overload: Overload, index: usize, tensor:
     }
 }
 
+/// A selection: remembered by the installed list (read through its guard, no reference count), or
+/// made now.
+enum Choice {
+    Remembered(arc_swap::Guard<Option<Arc<Cached>>>),
+    Made(Arc<Cached>),
+}
+
+impl std::ops::Deref for Choice {
+    type Target = Cached;
+
+    fn deref(&self) -> &Cached {
+        match self {
+            Choice::Remembered(guard) => guard.as_ref().expect("only matching entries are returned"),
+            Choice::Made(cached) => cached,
+        }
+    }
+}
+
 /// Chooses the first installed provider whose predicate accepts the arguments (native when nothing
-/// is installed). Returns the choice, the rejections before it, and whether a list was installed.
-fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<(Arc<ImplEntry>, Vec<Rejection>, bool), CallError> {
+/// is installed) and runs the meta function, or finds both in the installed list's cache.
+fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
     let op = entry.def.name;
-    // The installed list is an `Arc`: clone it and drop the guard, so predicates (user code) run
-    // with no registry lock held and may themselves edit priorities.
-    let installed = read(&entry.installed).clone();
-    let Some(list) = installed else {
+    // The installed list is a snapshot: predicates (user code) run with no registry lock held and
+    // may themselves edit priorities, which publishes a new snapshot for the next call.
+    let installed = entry.installed.load();
+    let Some(installed) = installed.as_ref() else {
         if !entry.logged_no_priority.swap(true, Ordering::Relaxed) {
             let others = read(&entry.impls).len() - 1;
             tracing::warn!(
@@ -421,24 +456,33 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<(Arc<ImplEntry>, Vec<
                  with the `vllm-ir` crate's `registry()`)"
             );
         }
+        let outputs = (entry.def.meta)(args)?;
         let native = Arc::clone(&read(&entry.impls)[0]);
         log_choice(op, &native, &[], args);
-        return Ok((native, Vec::new(), false));
+        return Ok(Choice::Made(Arc::new(Cached::unkeyed(native, outputs))));
     };
-    let mut rejected = Vec::new();
-    for candidate in list.iter() {
+    if let Some(remembered) = installed.cached(args) {
+        let choice = Choice::Remembered(remembered);
+        log_choice(op, &choice.chosen, &choice.rejected, args);
+        return Ok(choice);
+    }
+    let outputs = (entry.def.meta)(args)?;
+    let mut rejected = SmallVec::new();
+    for candidate in installed.list.iter() {
         match candidate.check_supports(args) {
             Support::Yes => {
                 log_choice(op, candidate, &rejected, args);
-                return Ok((Arc::clone(candidate), rejected, true));
+                let cached = Arc::new(Cached::new(args, Arc::clone(candidate), outputs, rejected));
+                installed.remember(Arc::clone(&cached));
+                return Ok(Choice::Made(cached));
             }
-            Support::No(reason) => rejected.push(Rejection { provider: candidate.provider, reason }),
+            Support::No(reason) => rejected.push((Arc::clone(candidate), Arc::<str>::from(reason.as_ref()))),
         }
     }
     Err(CallError::DispatchExhausted { op })
 }
 
-fn log_choice(op: &'static str, chosen: &ImplEntry, rejected: &[Rejection], args: &[ArgMeta<'_>]) {
+fn log_choice(op: &'static str, chosen: &ImplEntry, rejected: &[(Arc<ImplEntry>, Arc<str>)], args: &[ArgMeta<'_>]) {
     tracing::debug!(
         target: "ir_core::dispatch",
         op,
@@ -488,16 +532,16 @@ fn check_outputs(
     Ok(())
 }
 
-struct DisplayRejections<'a>(&'a [Rejection]);
+struct DisplayRejections<'a>(&'a [(Arc<ImplEntry>, Arc<str>)]);
 
 impl fmt::Display for DisplayRejections<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[")?;
-        for (i, rejection) in self.0.iter().enumerate() {
+        for (i, (provider, reason)) in self.0.iter().enumerate() {
             if i > 0 {
                 f.write_str(", ")?;
             }
-            write!(f, "{}: {}", rejection.provider, rejection.reason)?;
+            write!(f, "{}: {reason}", provider.provider)?;
         }
         f.write_str("]")
     }
@@ -518,15 +562,10 @@ impl fmt::Display for DisplayArgs<'_, '_> {
     }
 }
 
-/// Stores the last rejection reason of each rejected provider (for the selection record).
-fn note_rejections(entry: &OpEntry, rejected: &[Rejection]) {
-    if rejected.is_empty() {
-        return;
-    }
-    let impls = read(&entry.impls);
-    for rejection in rejected {
-        if let Some(imp) = impls.iter().find(|i| i.provider == rejection.provider) {
-            *lock(&imp.last_rejection) = Some(rejection.reason.to_string());
-        }
+/// Stores the last rejection reason of each rejected provider (for the selection record): a reference
+/// count and an uncontended leaf lock per rejection, no allocation.
+fn note_rejections(rejected: &[(Arc<ImplEntry>, Arc<str>)]) {
+    for (provider, reason) in rejected {
+        *lock(&provider.last_rejection) = Some(Arc::clone(reason));
     }
 }

@@ -46,22 +46,27 @@
 //!
 //! # Locks
 //!
-//! User code (availability probes, `supports` predicates, meta functions, kernels) never runs while
-//! a registry lock is held: dispatch clones the `Arc`s it needs and drops each guard first, so a
-//! predicate may call back into the registry (select, override a priority) without deadlock. A
-//! panic in a predicate is caught and becomes a rejection whose reason carries the panic message,
-//! as a panicking probe makes its provider unavailable.
+//! Dispatch takes no lock: the op table and each op's installed priority list are immutable
+//! snapshots read through [`arc_swap`] and replaced whole when they change, and each installed list
+//! caches its selections by argument metadata (predicates are pure, R32), so a repeated call runs no
+//! predicate and no meta function and allocates nothing of its own.
 //!
-//! When locks nest, they are taken in this order and released in reverse: `Registry::ops` (read, to
-//! find an op's entry; released before anything else is taken), then an op's priority stack
-//! (`OpEntry::priority`), its implementation list (`OpEntry::impls`), its installed list
-//! (`OpEntry::installed`), and last the leaf locks (`OpEntry::warned`, `ImplEntry::last_rejection`),
-//! which are never held while another is taken. No guard is held across a call of user code, and no
-//! read guard is taken twice in one statement (a waiting writer would block the second read).
+//! User code (availability probes, `supports` predicates, meta functions, kernels) never runs while
+//! a registry lock is held, so a predicate may call back into the registry (select, override a
+//! priority) without deadlock. A panic in a predicate is caught and becomes a rejection whose reason
+//! carries the panic message, as a panicking probe makes its provider unavailable.
+//!
+//! The writers' locks nest in this order and are released in reverse: `Registry::defining` (op
+//! definitions), an op's priority stack (`OpEntry::priority`, held while a new list is published),
+//! its implementation list (`OpEntry::impls`), and last the leaf locks (`OpEntry::warned`,
+//! `ImplEntry::last_rejection`), which are never held while another is taken. No guard is held across
+//! a call of user code, and no read guard is taken twice in one statement (a waiting writer would
+//! block the second read).
 
 mod dispatch;
 mod priority;
 mod record;
+mod selection;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -69,6 +74,7 @@ use std::panic::{AssertUnwindSafe, Location};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use arc_swap::{ArcSwap, ArcSwapOption};
 use indexmap::IndexMap;
 
 use crate::implementation::{ErasedImpl, ImplFunc};
@@ -248,9 +254,14 @@ pub enum RegistryError {
 /// The op registry. The [module documentation](crate::registry) describes registration, resolution,
 /// dispatch and the lock order.
 pub struct Registry {
-    /// Keyed by op name with a fast non-cryptographic hash (names are ours, not adversarial).
-    ops: RwLock<IndexMap<&'static str, Arc<OpEntry>, rustc_hash::FxBuildHasher>>,
+    /// Keyed by op name with a fast non-cryptographic hash (names are ours, not adversarial). Read
+    /// by every call without a lock; defining an op publishes a new map.
+    ops: ArcSwap<OpMap>,
+    /// Serializes op definitions (readers never take it).
+    defining: Mutex<()>,
 }
+
+type OpMap = IndexMap<&'static str, Arc<OpEntry>, rustc_hash::FxBuildHasher>;
 
 /// One defined op and everything registered for it.
 pub(crate) struct OpEntry {
@@ -260,12 +271,13 @@ pub(crate) struct OpEntry {
     /// Implementations in registration order, native first.
     impls: RwLock<Vec<Arc<ImplEntry>>>,
     priority: Mutex<priority::PriorityStack>,
-    /// The top of the priority stack, read by every dispatch; `None` when nothing is installed.
-    installed: RwLock<Option<priority::Resolved>>,
+    /// The top of the priority stack with its selection cache, read by every dispatch without a
+    /// lock; `None` when nothing is installed. Replaced whole on every change ([`OpEntry::publish`]).
+    installed: ArcSwapOption<selection::Installed>,
     /// Whether "priority not set" was logged.
     logged_no_priority: AtomicBool,
     /// Warnings already given (warn once per registry, op and kind).
-    warned: Mutex<HashSet<String>>,
+    warned: Mutex<HashSet<&'static str>>,
     pub(crate) inplace_writes: AtomicU64,
     pub(crate) defensive_copies: AtomicU64,
 }
@@ -281,7 +293,7 @@ pub(crate) struct ImplEntry {
     pub(crate) inplace: bool,
     pub(crate) call: ErasedImpl,
     pub(crate) selections: AtomicU64,
-    pub(crate) last_rejection: Mutex<Option<String>>,
+    pub(crate) last_rejection: Mutex<Option<Arc<str>>>,
 }
 
 /// A provider as the registry reports it.
@@ -300,7 +312,7 @@ pub struct ProviderInfo {
 impl Registry {
     /// An empty registry.
     pub fn new() -> Registry {
-        Registry { ops: RwLock::new(IndexMap::default()) }
+        Registry { ops: ArcSwap::from_pointee(OpMap::default()), defining: Mutex::new(()) }
     }
 
     /// A registry defining the built-in ops (`rms_norm`, `fused_add_rms_norm`), each with `native` only.
@@ -355,11 +367,12 @@ impl Registry {
             detects_platform: None,
             supports: None,
             inplace: false,
-            call: Arc::new(move |args| native_fn(&args)),
+            call: Arc::new(move |args| native_fn(args)),
             selections: AtomicU64::new(0),
             last_rejection: Mutex::new(None),
         });
-        let mut ops = write(&self.ops);
+        let _defining = lock(&self.defining);
+        let mut ops = OpMap::clone(&self.ops.load());
         if let Some(existing) = ops.get(def.name) {
             return Err(RegistryError::DuplicateOp { name: def.name.to_owned(), first: existing.defined_at });
         }
@@ -369,13 +382,14 @@ impl Registry {
             defined_at: location,
             impls: RwLock::new(vec![native]),
             priority: Mutex::new(priority::PriorityStack::default()),
-            installed: RwLock::new(None),
+            installed: ArcSwapOption::empty(),
             logged_no_priority: AtomicBool::new(false),
             warned: Mutex::new(HashSet::new()),
             inplace_writes: AtomicU64::new(0),
             defensive_copies: AtomicU64::new(0),
         };
         ops.insert(def.name, Arc::new(entry));
+        self.ops.store(Arc::new(ops));
         tracing::debug!(target: "ir_core::registry", op = def.name, "defined op");
         Ok(())
     }
@@ -400,14 +414,14 @@ impl Registry {
         impls.push(implementation);
         drop(impls);
         tracing::debug!(target: "ir_core::registry", op, provider, inplace = func_inplace, "registered implementation");
-        if read(&entry.installed).is_some() {
+        if entry.installed.load().is_some() {
             // The probe is user code: evaluate it before the lock, so resolving below reads a cached answer.
             for registered in read(&entry.impls).clone().iter() {
                 registered.availability();
             }
             let mut stack = lock(&entry.priority);
             stack.join(&entry, provider);
-            *write(&entry.installed) = stack.top();
+            entry.publish(stack.top());
             drop(stack);
             tracing::info!(
                 target: "ir_core::priority",
@@ -442,7 +456,7 @@ impl Registry {
         *slot = implementation;
         drop(impls);
         stack.resolve_again(&entry);
-        *write(&entry.installed) = stack.top();
+        entry.publish(stack.top());
         tracing::debug!(target: "ir_core::registry", op, provider, "replaced implementation");
         Ok(())
     }
@@ -483,17 +497,17 @@ impl Registry {
 
     /// Names of the defined ops, in definition order.
     pub fn ops(&self) -> Vec<&'static str> {
-        read(&self.ops).keys().copied().collect()
+        self.ops.load().keys().copied().collect()
     }
 
     /// The definition of `op`.
     pub fn op_def(&self, op: &str) -> Option<&'static OpDef> {
-        read(&self.ops).get(op).map(|entry| entry.def)
+        self.ops.load().get(op).map(|entry| entry.def)
     }
 
     /// Parameter indices of `op`'s activations.
     pub fn activations(&self, op: &str) -> Option<Vec<usize>> {
-        read(&self.ops).get(op).map(|entry| entry.activations.clone())
+        self.ops.load().get(op).map(|entry| entry.activations.clone())
     }
 
     /// The providers of `op` in registration order (native first), with availability.
@@ -544,7 +558,7 @@ impl Registry {
     }
 
     pub(crate) fn entry(&self, op: &str) -> Result<Arc<OpEntry>, Vec<String>> {
-        let ops = read(&self.ops);
+        let ops = self.ops.load();
         match ops.get(op) {
             Some(entry) => Ok(Arc::clone(entry)),
             None => Err(ops.keys().map(|k| (*k).to_owned()).collect()),
@@ -565,9 +579,15 @@ impl fmt::Debug for Registry {
 }
 
 impl OpEntry {
+    /// Publishes the top of the priority stack as the list dispatch reads (with an empty selection
+    /// cache). Called with the priority stack's lock held, so publications follow the stack's order.
+    pub(crate) fn publish(&self, top: Option<priority::Resolved>) {
+        self.installed.store(top.map(|list| Arc::new(selection::Installed::new(list))));
+    }
+
     /// Emits `message` at warn level unless this op already warned with `kind`.
-    pub(crate) fn warn_once(&self, kind: &str, message: impl FnOnce() -> String) {
-        let first = lock(&self.warned).insert(kind.to_owned());
+    pub(crate) fn warn_once(&self, kind: &'static str, message: impl FnOnce() -> String) {
+        let first = lock(&self.warned).insert(kind);
         if first {
             tracing::warn!(target: "ir_core::priority", op = self.def.name, "{}", message());
         }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::Availability;
-use crate::registry::{ImplEntry, NATIVE, OpEntry, Registry, lock, read, write};
+use crate::registry::{ImplEntry, NATIVE, OpEntry, Registry, lock, read};
 
 /// A resolved, installed priority list.
 pub(crate) type Resolved = Arc<[Arc<ImplEntry>]>;
@@ -109,7 +109,7 @@ impl Drop for PriorityGuard {
     fn drop(&mut self) {
         let mut stack = lock(&self.entry.priority);
         stack.layers.retain(|(id, _)| *id != self.layer);
-        *write(&self.entry.installed) = stack.top();
+        self.entry.publish(stack.top());
         tracing::debug!(
             target: "ir_core::priority",
             op = self.entry.def.name,
@@ -132,7 +132,7 @@ impl Registry {
         let resolved = resolve(&entry, names)?;
         let mut stack = lock(&entry.priority);
         stack.default = Some(Layer::new(names, resolved));
-        *write(&entry.installed) = stack.top();
+        entry.publish(stack.top());
         tracing::debug!(target: "ir_core::priority", op, default = %display_list(stack.default.as_ref().map(|l| &*l.resolved)), "set default priority list");
         Ok(())
     }
@@ -152,8 +152,8 @@ impl Registry {
     /// The installed, resolved list of `op` (`None` when nothing is installed or the op is unknown).
     pub fn installed_priority(&self, op: &str) -> Option<Vec<&'static str>> {
         let entry = self.entry(op).ok()?;
-        let installed = read(&entry.installed).clone()?;
-        Some(installed.iter().map(|i| i.provider).collect())
+        let installed = entry.installed.load_full()?;
+        Some(installed.list.iter().map(|i| i.provider).collect())
     }
 
     /// Resolves a list without installing it (what `set_default` would install).
@@ -172,7 +172,7 @@ fn install_layer(entry: Arc<OpEntry>, layer_data: Layer) -> PriorityGuard {
     let layer = stack.next_layer;
     stack.next_layer += 1;
     stack.layers.push((layer, layer_data));
-    *write(&entry.installed) = stack.top();
+    entry.publish(stack.top());
     tracing::debug!(target: "ir_core::priority", op = entry.def.name, installed = %display_list(stack.top().as_deref()), "installed scoped priority list");
     drop(stack);
     PriorityGuard { entry, layer }

@@ -50,7 +50,7 @@ impl SelectionRecord {
 impl Registry {
     /// A snapshot of the selection record.
     pub fn selection_record(&self) -> SelectionRecord {
-        let entries: Vec<_> = read(&self.ops).values().cloned().collect();
+        let entries: Vec<_> = self.ops.load().values().cloned().collect();
         let ops = entries
             .iter()
             .map(|entry| OpRecord {
@@ -62,7 +62,7 @@ impl Registry {
                     .map(|imp| ProviderRecord {
                         provider: imp.provider,
                         selections: imp.selections.load(Ordering::Relaxed),
-                        last_rejection: lock(&imp.last_rejection).clone(),
+                        last_rejection: lock(&imp.last_rejection).as_deref().map(str::to_owned),
                     })
                     .collect(),
             })
@@ -72,7 +72,7 @@ impl Registry {
 
     /// Clears the selection record.
     pub fn reset_selection_record(&self) {
-        let entries: Vec<_> = read(&self.ops).values().cloned().collect();
+        let entries: Vec<_> = self.ops.load().values().cloned().collect();
         for entry in entries {
             entry.inplace_writes.store(0, Ordering::Relaxed);
             entry.defensive_copies.store(0, Ordering::Relaxed);

@@ -1,0 +1,127 @@
+//! The installed priority list as dispatch reads it, with its selection cache.
+//!
+//! Dispatch reads an op's installed list without a lock: the list is an immutable snapshot swapped
+//! whole ([`arc_swap`]) whenever priorities change (install, guard drop, registration, replacement).
+//! Each snapshot carries a small cache of the selections made on it, keyed by the call's complete
+//! argument metadata: predicates are pure functions of that metadata (R32) and meta functions are
+//! plain functions of it, so the same metadata always selects the same provider with the same output
+//! metadata. A new snapshot starts with an empty cache, so a priority change is seen by the next call.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use arc_swap::ArcSwapOption;
+use smallvec::SmallVec;
+
+use crate::op::{ArgMeta, OutputMetas};
+use crate::registry::ImplEntry;
+use crate::registry::priority::Resolved;
+use crate::{DType, TensorMeta};
+
+/// How many distinct argument-metadata keys one installed list remembers (a decoder's norms see one
+/// or two per step: the batch's shape, the same in every layer).
+const CACHE_SLOTS: usize = 4;
+
+/// An installed, resolved priority list and the selections made on it.
+pub(crate) struct Installed {
+    /// The resolved providers, in priority order.
+    pub(crate) list: Resolved,
+    cache: [ArcSwapOption<Cached>; CACHE_SLOTS],
+    /// The slot the next miss fills (round robin).
+    next_slot: AtomicUsize,
+}
+
+/// One remembered selection.
+pub(crate) struct Cached {
+    key: SmallVec<[KeyArg; crate::op::INLINE_ARGS]>,
+    /// The chosen provider.
+    pub(crate) chosen: Arc<ImplEntry>,
+    /// The meta function's output metadata.
+    pub(crate) outputs: OutputMetas,
+    /// The providers rejected before the chosen one, with their reasons.
+    pub(crate) rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]>,
+    /// Whether a priority list was installed (otherwise native was chosen by default).
+    pub(crate) from_priority_list: bool,
+}
+
+/// An owned argument metadata, compared against a call's [`ArgMeta`].
+enum KeyArg {
+    Tensor(TensorMeta),
+    None,
+    /// The float's bits: `-0.0` and each NaN are their own keys.
+    F64(u64),
+    I64(i64),
+    Bool(bool),
+    Str(Box<str>),
+    DType(DType),
+    Ints(Box<[i64]>),
+}
+
+impl KeyArg {
+    fn of(arg: &ArgMeta<'_>) -> KeyArg {
+        match *arg {
+            ArgMeta::Tensor(meta) => KeyArg::Tensor(meta.clone()),
+            ArgMeta::None => KeyArg::None,
+            ArgMeta::F64(value) => KeyArg::F64(value.to_bits()),
+            ArgMeta::I64(value) => KeyArg::I64(value),
+            ArgMeta::Bool(value) => KeyArg::Bool(value),
+            ArgMeta::Str(value) => KeyArg::Str(value.into()),
+            ArgMeta::DType(value) => KeyArg::DType(value),
+            ArgMeta::Ints(values) => KeyArg::Ints(values.into()),
+        }
+    }
+
+    fn matches(&self, arg: &ArgMeta<'_>) -> bool {
+        match (self, *arg) {
+            (KeyArg::Tensor(key), ArgMeta::Tensor(meta)) => key == meta,
+            (KeyArg::None, ArgMeta::None) => true,
+            (KeyArg::F64(key), ArgMeta::F64(value)) => *key == value.to_bits(),
+            (KeyArg::I64(key), ArgMeta::I64(value)) => *key == value,
+            (KeyArg::Bool(key), ArgMeta::Bool(value)) => *key == value,
+            (KeyArg::Str(key), ArgMeta::Str(value)) => **key == *value,
+            (KeyArg::DType(key), ArgMeta::DType(value)) => *key == value,
+            (KeyArg::Ints(key), ArgMeta::Ints(values)) => **key == *values,
+            _ => false,
+        }
+    }
+}
+
+impl Cached {
+    /// A selection to remember for `args`.
+    pub(crate) fn new(
+        args: &[ArgMeta<'_>],
+        chosen: Arc<ImplEntry>,
+        outputs: OutputMetas,
+        rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]>,
+    ) -> Cached {
+        Cached { key: args.iter().map(KeyArg::of).collect(), chosen, outputs, rejected, from_priority_list: true }
+    }
+
+    /// Native, chosen because nothing is installed (never remembered).
+    pub(crate) fn unkeyed(native: Arc<ImplEntry>, outputs: OutputMetas) -> Cached {
+        Cached { key: SmallVec::new(), chosen: native, outputs, rejected: SmallVec::new(), from_priority_list: false }
+    }
+
+    fn matches(&self, args: &[ArgMeta<'_>]) -> bool {
+        self.key.len() == args.len() && self.key.iter().zip(args).all(|(key, arg)| key.matches(arg))
+    }
+}
+
+impl Installed {
+    /// A snapshot of `list` with an empty cache.
+    pub(crate) fn new(list: Resolved) -> Installed {
+        Installed { list, cache: Default::default(), next_slot: AtomicUsize::new(0) }
+    }
+
+    /// The selection remembered for exactly these argument metadata, if any. Takes no lock and
+    /// allocates nothing.
+    pub(crate) fn cached(&self, args: &[ArgMeta<'_>]) -> Option<arc_swap::Guard<Option<Arc<Cached>>>> {
+        self.cache.iter().map(ArcSwapOption::load).find(|slot| slot.as_ref().is_some_and(|cached| cached.matches(args)))
+    }
+
+    /// Remembers a selection, replacing the oldest one.
+    pub(crate) fn remember(&self, cached: Arc<Cached>) {
+        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % CACHE_SLOTS;
+        self.cache[slot].store(Some(cached));
+    }
+}
