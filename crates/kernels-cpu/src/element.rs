@@ -3,12 +3,37 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+/// A `rms_norm` row kernel: `(x, weight, eps, out)`.
+pub(crate) type RmsNormRow<T> = fn(&[T], Option<&[T]>, f32, &mut [T]);
+/// A `fused_add_rms_norm` row kernel, in place: `(x, residual, weight, eps)`.
+pub(crate) type FusedRow<T> = fn(&mut [T], &mut [T], Option<&[T]>, f32);
+
 /// An element type the CPU kernels store; rows are converted to and from f32 scratch in bulk.
 pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
     /// Widens `src` into `dst` (same length; exact).
     fn load(src: &[Self], dst: &mut [f32]);
     /// Rounds `src` to this type into `dst` (same length; nearest-even, NaN stays NaN).
     fn store(src: &[f32], dst: &mut [Self]);
+
+    /// An explicit SIMD `rms_norm` row for this type with a weight of this type, when the CPU has
+    /// one and the portable rows are not forced ([`crate::row_path`]).
+    #[inline(always)]
+    fn simd_rms_norm_row() -> Option<RmsNormRow<Self>> {
+        None
+    }
+
+    /// An explicit SIMD `fused_add_rms_norm` row, as [`CpuElement::simd_rms_norm_row`].
+    #[inline(always)]
+    fn simd_fused_row() -> Option<FusedRow<Self>> {
+        None
+    }
+
+    /// `src` as f32 values: widened into `buffer` (same length), or `src` itself when it is f32.
+    #[inline(always)]
+    fn widen<'a>(src: &'a [Self], buffer: &'a mut [f32]) -> &'a [f32] {
+        Self::load(src, buffer);
+        buffer
+    }
 
     /// Rounds each value to this type and back (nearest-even), in place. This default goes through
     /// [`CpuElement::store`] and [`CpuElement::load`] in stack-sized chunks.
@@ -49,9 +74,25 @@ pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
 }
 
 impl CpuElement for f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn simd_rms_norm_row() -> Option<RmsNormRow<Self>> {
+        crate::row_path().is_avx512().then(crate::avx512::rms_norm_row_fn::<Self>).flatten()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn simd_fused_row() -> Option<FusedRow<Self>> {
+        crate::row_path().is_avx512().then(crate::avx512::fused_row_fn::<Self>).flatten()
+    }
     #[inline(always)]
     fn load(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+
+    #[inline(always)]
+    fn widen<'a>(src: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
+        src
     }
 
     #[inline(always)]
@@ -82,6 +123,17 @@ impl CpuElement for f16 {
 }
 
 impl CpuElement for bf16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn simd_rms_norm_row() -> Option<RmsNormRow<Self>> {
+        crate::row_path().is_avx512().then(crate::avx512::rms_norm_row_fn::<Self>).flatten()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn simd_fused_row() -> Option<FusedRow<Self>> {
+        crate::row_path().is_avx512().then(crate::avx512::fused_row_fn::<Self>).flatten()
+    }
     #[inline(always)]
     fn load(src: &[bf16], dst: &mut [f32]) {
         for (d, s) in dst.iter_mut().zip(src) {
@@ -117,7 +169,7 @@ impl CpuElement for bf16 {
 
 /// `v` rounded to bf16 bits: nearest-even; NaN keeps its sign and top payload bits and is quieted.
 #[inline(always)]
-fn bf16_bits(v: f32) -> u16 {
+pub(crate) fn bf16_bits(v: f32) -> u16 {
     let bits = v.to_bits();
     // Round to nearest-even by adding 0x7fff plus the lowest kept bit, then truncating.
     let rounded = (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16;

@@ -7,6 +7,11 @@
 //! moves more than about 256 KB ([`BYTES_PER_TASK`]), and stay on the calling thread for decode-sized calls; each row's
 //! result depends only on that row, so results do not depend on the thread count or batch size.
 //!
+//! The norms' rows have two paths with the same bits, chosen once per process ([`row_path`]):
+//! explicit AVX-512F rows for f32 and bf16 where the CPU has them, and portable rows (multiversioned
+//! for AVX-512, AVX2, NEON and the baseline) everywhere else; `VLLM_IR_CPU_ROWS=portable`
+//! ([`ROW_PATH_ENV`]) forces the portable ones.
+//!
 //! ```
 //! use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
 //! use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor};
@@ -26,6 +31,8 @@
 //!
 //! Target `kernels_cpu`: debug events for the thread split of large calls.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod element;
 pub mod gated;
 pub mod quant;
@@ -45,6 +52,64 @@ use crate::element::CpuElement;
 
 /// The provider name.
 pub const PROVIDER: &str = "cpu";
+
+/// The environment variable that forces the portable row kernels (`portable`) instead of the
+/// explicit SIMD ones this CPU offers (`auto`, the default): both give the same bits.
+pub const ROW_PATH_ENV: &str = "VLLM_IR_CPU_ROWS";
+
+/// Which row kernels the norms run on this machine, chosen once per process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowPath {
+    /// Explicit AVX-512F rows for f32 and bf16 (f16 and mixed weight dtypes take the portable rows).
+    Avx512,
+    /// The portable rows (compiled for AVX-512, AVX2 and NEON besides the baseline, picked at run
+    /// time), because the CPU has no explicit path or because [`ROW_PATH_ENV`] forced them.
+    Portable {
+        /// Whether [`ROW_PATH_ENV`] forced them.
+        forced: bool,
+    },
+}
+
+impl RowPath {
+    /// Whether the explicit AVX-512 rows run.
+    pub fn is_avx512(self) -> bool {
+        self == RowPath::Avx512
+    }
+}
+
+impl std::fmt::Display for RowPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RowPath::Avx512 => f.write_str("avx512 (explicit f32/bf16 rows)"),
+            RowPath::Portable { forced: true } => write!(f, "portable (forced by {ROW_PATH_ENV}=portable)"),
+            RowPath::Portable { forced: false } => f.write_str("portable (no explicit rows for this CPU)"),
+        }
+    }
+}
+
+/// The row kernels of this process: the explicit AVX-512 rows when the CPU has AVX-512F, unless
+/// [`ROW_PATH_ENV`]`=portable`; an unknown value is logged and ignored.
+pub fn row_path() -> RowPath {
+    static PATH: std::sync::OnceLock<RowPath> = std::sync::OnceLock::new();
+    *PATH.get_or_init(|| {
+        let forced = match std::env::var(ROW_PATH_ENV) {
+            Ok(value) if value == "portable" => true,
+            Ok(value) if value == "auto" || value.is_empty() => false,
+            Ok(value) => {
+                tracing::warn!(target: "kernels_cpu", "{ROW_PATH_ENV}={value:?} is neither `auto` nor `portable`; using auto");
+                false
+            }
+            Err(_) => false,
+        };
+        #[cfg(target_arch = "x86_64")]
+        let explicit = crate::avx512::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let explicit = false;
+        let path = if explicit && !forced { RowPath::Avx512 } else { RowPath::Portable { forced } };
+        tracing::debug!(target: "kernels_cpu", %path, "row kernels");
+        path
+    })
+}
 
 /// Registers the `cpu` implementations of every built-in op.
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
@@ -116,17 +181,73 @@ pub fn rms_norm_cpu_into(
     if x_rows.n_rows == 0 || x_rows.hidden == 0 {
         return Ok(());
     }
-    let weight = weight_f32(weight)?;
+    let weight = RowWeight::of(weight, x.dtype())?;
     let x_buffer = x.cpu_buffer().ok_or_else(|| not_on_cpu("x"))?;
     let out_buffer = out.cpu_buffer_mut()?.ok_or_else(|| not_on_cpu("out"))?;
     let eps = epsilon as f32;
     match x.dtype() {
-        DType::F32 => rows::rms_norm::<f32>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
-        DType::F16 => rows::rms_norm::<half::f16>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
-        DType::BF16 => rows::rms_norm::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, weight.as_deref(), eps),
+        DType::F32 => rms_norm_rows::<f32>(x_buffer, x_rows, out_buffer, out_rows, &weight, eps),
+        DType::F16 => rms_norm_rows::<half::f16>(x_buffer, x_rows, out_buffer, out_rows, &weight, eps),
+        DType::BF16 => rms_norm_rows::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, &weight, eps),
         other => return Err(unsupported_dtype(other)),
     }
     Ok(())
+}
+
+/// The weight as the norm rows read it: in x's dtype straight from its storage (the case every
+/// provider call is, by the predicate), or, for a direct call with another weight dtype, converted
+/// to f32 once per call.
+enum RowWeight<'a> {
+    None,
+    Same(&'a ir_core::storage::CpuBuffer, std::ops::Range<usize>),
+    F32(Vec<f32>),
+}
+
+impl<'a> RowWeight<'a> {
+    fn of(weight: Option<&'a Tensor>, dtype: DType) -> Result<RowWeight<'a>, KernelError> {
+        match weight {
+            None => Ok(RowWeight::None),
+            Some(w) if w.dtype() == dtype => {
+                let buffer = w.cpu_buffer().ok_or_else(|| not_on_cpu("weight"))?;
+                Ok(RowWeight::Same(buffer, w.offset()..w.offset() + w.numel()))
+            }
+            Some(_) => Ok(RowWeight::F32(weight_f32(weight)?.expect("a weight was given"))),
+        }
+    }
+}
+
+fn rms_norm_rows<T: CpuElement>(
+    x: &ir_core::storage::CpuBuffer,
+    x_rows: Rows,
+    out: &mut ir_core::storage::CpuBuffer,
+    out_rows: Rows,
+    weight: &RowWeight<'_>,
+    eps: f32,
+) {
+    match weight {
+        RowWeight::None => rows::rms_norm::<T, T>(x, x_rows, out, out_rows, None, eps),
+        RowWeight::Same(buffer, range) => {
+            rows::rms_norm::<T, T>(x, x_rows, out, out_rows, Some(&buffer.typed::<T>()[range.clone()]), eps)
+        }
+        RowWeight::F32(w) => rows::rms_norm::<T, f32>(x, x_rows, out, out_rows, Some(w), eps),
+    }
+}
+
+fn fused_rows<T: CpuElement>(
+    x: &mut ir_core::storage::CpuBuffer,
+    x_rows: Rows,
+    residual: &mut ir_core::storage::CpuBuffer,
+    residual_rows: Rows,
+    weight: &RowWeight<'_>,
+    eps: f32,
+) {
+    match weight {
+        RowWeight::None => rows::fused::<T, T>(x, x_rows, residual, residual_rows, None, eps),
+        RowWeight::Same(buffer, range) => {
+            rows::fused::<T, T>(x, x_rows, residual, residual_rows, Some(&buffer.typed::<T>()[range.clone()]), eps)
+        }
+        RowWeight::F32(w) => rows::fused::<T, f32>(x, x_rows, residual, residual_rows, Some(w), eps),
+    }
 }
 
 /// `fused_add_rms_norm` on the CPU, in place: `residual ← x + residual` (rounded), `x ← norm(sum)`.
@@ -147,15 +268,15 @@ pub fn fused_add_rms_norm_cpu(
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
-        let weight = weight_f32(weight)?;
+        let weight = RowWeight::of(weight, dtype)?;
         let eps = epsilon as f32;
         let Storage::Cpu(x_buffer) = x.storage_mut()? else { return Err(not_on_cpu("x")) };
         let Storage::Cpu(residual_buffer) = residual.storage_mut()? else { return Err(not_on_cpu("x_residual")) };
-        let w = weight.as_deref();
+        let w = &weight;
         match dtype {
-            DType::F32 => rows::fused::<f32>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
-            DType::F16 => rows::fused::<half::f16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
-            DType::BF16 => rows::fused::<half::bf16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
+            DType::F32 => fused_rows::<f32>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
+            DType::F16 => fused_rows::<half::f16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
+            DType::BF16 => fused_rows::<half::bf16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
             other => return Err(unsupported_dtype(other)),
         }
     }

@@ -17,65 +17,65 @@ use crate::element::CpuElement;
 pub const BYTES_PER_TASK: usize = 256 * 1024;
 
 /// Lanes of the sum-of-squares accumulator.
-const LANES: usize = 32;
+pub(crate) const LANES: usize = 32;
 
 /// How many rows one task takes; calls with fewer rows run on the calling thread.
 pub(crate) fn rows_per_task(hidden: usize, element_size: usize) -> usize {
     (BYTES_PER_TASK / (hidden * element_size).max(1)).max(1)
 }
 
-pub(crate) fn rms_norm<T: CpuElement>(
+pub(crate) fn rms_norm<T: CpuElement, W: CpuElement>(
     x: &CpuBuffer,
     x_rows: Rows,
     out: &mut CpuBuffer,
     out_rows: Rows,
-    weight: Option<&[f32]>,
+    weight: Option<&[W]>,
     eps: f32,
 ) {
     let hidden = x_rows.hidden;
     let x_data = &x.typed::<T>()[x_rows.offset..x_rows.offset + x_rows.span()];
     let out_data = &mut out.typed_mut::<T>()[out_rows.offset..out_rows.offset + out_rows.span()];
-    let task = |scratch: &mut Vec<f32>, (index, out_chunk): (usize, &mut [T])| {
+    let simd = same_type(weight).and_then(|weight| Some((T::simd_rms_norm_row()?, weight)));
+    let task = |(index, out_chunk): (usize, &mut [T])| {
         let start = index * x_rows.row_stride;
-        rms_norm_row(&x_data[start..start + hidden], scratch, weight, eps, &mut out_chunk[..hidden]);
+        let (x, out) = (&x_data[start..start + hidden], &mut out_chunk[..hidden]);
+        match simd {
+            Some((row, weight)) => row(x, weight, eps, out),
+            None => rms_norm_row_portable(x, weight, eps, out),
+        }
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
-        let mut scratch = vec![0f32; hidden];
-        out_data.chunks_mut(out_rows.row_stride).enumerate().for_each(|item| task(&mut scratch, item));
+        out_data.chunks_mut(out_rows.row_stride).enumerate().for_each(task);
         return;
     }
     tracing::debug!(target: "kernels_cpu", rows = x_rows.n_rows, per_task, "rms_norm split across threads");
-    out_data
-        .par_chunks_mut(out_rows.row_stride)
-        .enumerate()
-        .with_min_len(per_task)
-        .for_each_init(|| vec![0f32; hidden], task);
+    out_data.par_chunks_mut(out_rows.row_stride).enumerate().with_min_len(per_task).for_each(task);
 }
 
-pub(crate) fn fused<T: CpuElement>(
+pub(crate) fn fused<T: CpuElement, W: CpuElement>(
     x: &mut CpuBuffer,
     x_rows: Rows,
     residual: &mut CpuBuffer,
     residual_rows: Rows,
-    weight: Option<&[f32]>,
+    weight: Option<&[W]>,
     eps: f32,
 ) {
     let hidden = x_rows.hidden;
     let x_data = &mut x.typed_mut::<T>()[x_rows.offset..x_rows.offset + x_rows.span()];
     let residual_data =
         &mut residual.typed_mut::<T>()[residual_rows.offset..residual_rows.offset + residual_rows.span()];
-    let task = |scratch: &mut (Vec<f32>, Vec<f32>), (x_chunk, r_chunk): (&mut [T], &mut [T])| {
-        let (sum, other) = scratch;
-        fused_row(&mut x_chunk[..hidden], &mut r_chunk[..hidden], sum, other, weight, eps);
+    let simd = same_type(weight).and_then(|weight| Some((T::simd_fused_row()?, weight)));
+    let task = |(x_chunk, r_chunk): (&mut [T], &mut [T])| {
+        let (x, r) = (&mut x_chunk[..hidden], &mut r_chunk[..hidden]);
+        match simd {
+            Some((row, weight)) => row(x, r, weight, eps),
+            None => fused_row_portable(x, r, weight, eps),
+        }
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
-        let mut scratch = (vec![0f32; hidden], vec![0f32; hidden]);
-        x_data
-            .chunks_mut(x_rows.row_stride)
-            .zip(residual_data.chunks_mut(residual_rows.row_stride))
-            .for_each(|item| task(&mut scratch, item));
+        x_data.chunks_mut(x_rows.row_stride).zip(residual_data.chunks_mut(residual_rows.row_stride)).for_each(task);
         return;
     }
     tracing::debug!(target: "kernels_cpu", rows = x_rows.n_rows, per_task, "fused_add_rms_norm split across threads");
@@ -83,44 +83,158 @@ pub(crate) fn fused<T: CpuElement>(
         .par_chunks_mut(x_rows.row_stride)
         .zip(residual_data.par_chunks_mut(residual_rows.row_stride))
         .with_min_len(per_task)
-        .for_each_init(|| (vec![0f32; hidden], vec![0f32; hidden]), task);
+        .for_each(task);
 }
 
-/// One row of `rms_norm`: widen x into the f32 scratch, normalize, store weighted. Compiled for
-/// AVX-512, AVX2 (+FMA, F16C) and NEON besides the baseline, chosen at run time; the results are the
-/// same bits on every path (Rust never contracts a multiply and an add into an FMA by itself).
+/// The weight as `T` values when its element type is `T` (the explicit SIMD rows take only that).
+fn same_type<T: CpuElement, W: CpuElement>(weight: Option<&[W]>) -> Option<Option<&[T]>> {
+    if std::any::TypeId::of::<T>() != std::any::TypeId::of::<W>() {
+        return None;
+    }
+    Some(weight.map(bytemuck::cast_slice::<W, T>))
+}
+
+/// Elements widened to f32 at a time, in stack buffers (a multiple of [`LANES`]): the row kernels
+/// need no heap scratch, and a row's second pass reads it from the L1 cache.
+const CHUNK: usize = 128;
+
+/// One row of `rms_norm` in two passes over x, [`CHUNK`] elements at a time: the sum of squares,
+/// then widen again, normalize and store weighted. Compiled for AVX-512, AVX2 (+FMA, F16C) and NEON
+/// besides the baseline, chosen at run time; the results are the same bits on every path (Rust never
+/// contracts a multiply and an add into an FMA by itself) and the same as normalizing a widened copy
+/// of the row ([`normalize_into`]).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
     "x86_64+avx2+fma+f16c",
     "aarch64+neon"
 ))]
-fn rms_norm_row<T: CpuElement>(x: &[T], scratch: &mut [f32], weight: Option<&[f32]>, eps: f32, out: &mut [T]) {
-    T::load(x, scratch);
-    normalize_into(scratch, weight, eps, out);
+pub(crate) fn rms_norm_row_portable<T: CpuElement, W: CpuElement>(
+    x: &[T],
+    weight: Option<&[W]>,
+    eps: f32,
+    out: &mut [T],
+) {
+    let rstd = rstd(x, None, eps);
+    let (mut a, mut w) = ([0f32; CHUNK], [0f32; CHUNK]);
+    for (start, out) in (0..x.len()).step_by(CHUNK).zip(out.chunks_mut(CHUNK)) {
+        let len = out.len();
+        let values = T::widen(&x[start..start + len], &mut a[..len]);
+        let weight = weight.map(|weight| W::widen(&weight[start..start + len], &mut w[..len]));
+        T::store_normalized(values, rstd, weight, out);
+    }
 }
 
 /// One row of `fused_add_rms_norm`, in place: `r ← x + r` (rounded), `x ← norm(x + r)` from the
-/// unrounded f32 sum. Multiversioned like [`rms_norm_row`].
+/// unrounded f32 sum. Two passes like [`rms_norm_row_portable`]: the first only reads (the sum of squares of
+/// `x + r`), the second forms each chunk's sum again (the same bits), then writes `r` and `x`.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
     "x86_64+avx2+fma+f16c",
     "aarch64+neon"
 ))]
-fn fused_row<T: CpuElement>(
+pub(crate) fn fused_row_portable<T: CpuElement, W: CpuElement>(
     x: &mut [T],
     r: &mut [T],
-    sum: &mut [f32],
-    other: &mut [f32],
-    weight: Option<&[f32]>,
+    weight: Option<&[W]>,
     eps: f32,
 ) {
+    let rstd = rstd(x, Some(r), eps);
+    let (mut a, mut w) = ([0f32; CHUNK], [0f32; CHUNK]);
+    for ((start, x), r) in (0..x.len()).step_by(CHUNK).zip(x.chunks_mut(CHUNK)).zip(r.chunks_mut(CHUNK)) {
+        let len = x.len();
+        let sum = &mut a[..len];
+        add_widened(x, r, sum);
+        T::store(sum, r);
+        let weight = weight.map(|weight| W::widen(&weight[start..start + len], &mut w[..len]));
+        T::store_normalized(sum, rstd, weight, x);
+    }
+}
+
+/// `sum ← widen(x) + widen(r)`.
+#[inline(always)]
+pub(crate) fn add_widened<T: CpuElement>(x: &[T], r: &[T], sum: &mut [f32]) {
+    let mut other = [0f32; CHUNK];
     T::load(x, sum);
-    T::load(r, other);
-    for (s, r) in sum.iter_mut().zip(other.iter()) {
+    let r = T::widen(r, &mut other[..r.len()]);
+    for (s, r) in sum.iter_mut().zip(r) {
         *s += *r;
     }
-    T::store(sum, r);
-    normalize_into(sum, weight, eps, x);
+}
+
+/// `len` values of the row `x` (or `x + r`) from `start`, as f32: `x` itself when it is f32.
+#[inline(always)]
+fn row_values<'a, T: CpuElement>(
+    x: &'a [T],
+    r: Option<&[T]>,
+    start: usize,
+    len: usize,
+    buffer: &'a mut [f32; CHUNK],
+) -> &'a [f32] {
+    let x = &x[start..start + len];
+    match r {
+        None => T::widen(x, &mut buffer[..len]),
+        Some(r) => {
+            add_widened(x, &r[start..start + len], &mut buffer[..len]);
+            &buffer[..len]
+        }
+    }
+}
+
+/// `1 / sqrt(mean(v²) + eps)` of the row `v = x` (or `v = x + r`, widened), [`CHUNK`] values at a
+/// time: the same sum as [`sum_squares`] over the whole row (32 lanes over the row's full 32-value
+/// groups in order, a fixed tree, then the tail), so the same bits as [`normalize_into`] on a widened
+/// copy.
+#[inline(always)]
+pub(crate) fn rstd<T: CpuElement>(x: &[T], r: Option<&[T]>, eps: f32) -> f32 {
+    let mut buffer = [0f32; CHUNK];
+    let full = x.len() - x.len() % LANES;
+    let mut lanes = [0f32; LANES];
+    for start in (0..full).step_by(CHUNK) {
+        for group in row_values(x, r, start, CHUNK.min(full - start), &mut buffer).chunks_exact(LANES) {
+            let group: &[f32; LANES] = group.try_into().expect("chunks_exact yields LANES values");
+            for i in 0..LANES {
+                lanes[i] += group[i] * group[i];
+            }
+        }
+    }
+    rstd_from_lanes(lanes, x, r, eps)
+}
+
+/// Finishes [`rstd`] from the lanes accumulated over the row's full 32-value groups (by any path
+/// that accumulates group j's value i into lane i, in order): the fixed tree, the tail, the mean,
+/// and the f64 fallback for a row whose f32 sum overflowed.
+#[inline(always)]
+pub(crate) fn rstd_from_lanes<T: CpuElement>(mut lanes: [f32; LANES], x: &[T], r: Option<&[T]>, eps: f32) -> f32 {
+    let n = x.len();
+    let full = n - n % LANES;
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    let mut buffer = [0f32; CHUNK];
+    let tail = row_values(x, r, full, n - full, &mut buffer);
+    let sum = tail.iter().fold(lanes[0], |acc, value| acc + value * value);
+    let mut mean_square = sum / n as f32;
+    if mean_square.is_infinite() {
+        mean_square = mean_square_f64_of(x, r);
+    }
+    1.0 / (mean_square + eps).sqrt()
+}
+
+/// As in `normalize_into`: the f32 sum overflowed; this rare row is summed in f64, in order.
+#[cold]
+fn mean_square_f64_of<T: CpuElement>(x: &[T], r: Option<&[T]>) -> f32 {
+    let n = x.len();
+    let mut buffer = [0f32; CHUNK];
+    let mut sum = 0f64;
+    for start in (0..n).step_by(CHUNK) {
+        let values = row_values(x, r, start, CHUNK.min(n - start), &mut buffer);
+        sum = values.iter().fold(sum, |acc, &x| acc + f64::from(x) * f64::from(x));
+    }
+    (sum / n as f64) as f32
 }
 
 /// Normalizes the f32 row `s` and stores the result, weighted, into `out`.
