@@ -444,7 +444,8 @@ pub(crate) fn time_calls<R>(
     Ok(start.elapsed())
 }
 
-/// A registered implementation, called directly ([`ImplFunc::invoke`]) after one validated call.
+/// A registered implementation, called directly ([`ImplFunc::invoke_in`], on arguments kept between
+/// calls) after one validated call.
 /// Functional implementations allocate their outputs inside the timed region, as every caller of
 /// them does. In-place ones write into the activations: on the host these are restored from the
 /// pristine inputs (untimed) before each call; on a device they are not (the values change, the work
@@ -511,14 +512,13 @@ impl ImplBench {
     /// One call; in-place outputs become the next call's activations.
     fn call(&mut self) -> Result<(), BenchError> {
         if !self.func.is_inplace() {
-            std::hint::black_box(self.func.invoke(self.args.clone())?);
+            std::hint::black_box(self.func.invoke_in(&mut self.args)?);
             return Ok(());
         }
-        let mut args = self.args.clone();
         for (&position, tensor) in self.activations.iter().zip(self.current.drain(..)) {
-            args[position] = Value::Tensor(tensor);
+            self.args[position] = Value::Tensor(tensor);
         }
-        self.current = self.func.invoke(args)?;
+        self.current.extend(self.func.invoke_in(&mut self.args)?);
         Ok(())
     }
 

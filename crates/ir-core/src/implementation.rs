@@ -194,6 +194,13 @@ impl ImplFunc {
     pub fn invoke(&self, mut args: Vec<Value>) -> Result<Vec<Tensor>, KernelError> {
         (self.call)(&mut args).map(Outputs::into_vec)
     }
+
+    /// As [`ImplFunc::invoke`], on arguments the caller keeps, with no allocation of its own: a
+    /// functional kernel leaves them as they are; an in-place one takes its activations out (their
+    /// slots hold `none` afterwards).
+    pub fn invoke_in(&self, args: &mut [Value]) -> Result<Outputs, KernelError> {
+        (self.call)(args)
+    }
 }
 
 impl fmt::Debug for ImplFunc {

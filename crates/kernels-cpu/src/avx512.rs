@@ -1,4 +1,4 @@
-//! Explicit AVX-512 row kernels of the norms for f32 and bf16 (weight in x's dtype), chosen at run
+//! Explicit AVX-512 row kernels of the norms for f32, bf16 and f16 (weight in x's dtype), chosen at run
 //! time when the CPU has AVX-512F and the portable path is not forced ([`crate::row_path`]).
 //!
 //! The compiler's own vectorization of the portable rows keeps the 32 sum-of-squares lanes in
@@ -12,10 +12,12 @@
 //! not used: it flushes subnormal inputs and outputs to zero, which the reference does not.
 
 use std::arch::x86_64::{
-    __m512, _CMP_UNORD_Q, _mm256_loadu_si256, _mm256_storeu_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512,
-    _mm512_castps_si512, _mm512_castsi512_ps, _mm512_cmp_ps_mask, _mm512_cvtepi32_epi16, _mm512_cvtepu16_epi32,
-    _mm512_loadu_ps, _mm512_mask_or_epi32, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
-    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_storeu_ps,
+    __m512, _CMP_UNORD_Q, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_sfence, _mm256_loadu_si256,
+    _mm256_storeu_si256, _mm256_stream_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
+    _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cvtepu16_epi32, _mm512_cvtph_ps,
+    _mm512_cvtps_ph, _mm512_loadu_ps, _mm512_mask_or_epi32, _mm512_mul_ps, _mm512_permutexvar_epi16, _mm512_set_epi16,
+    _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_storeu_ps,
+    _mm512_stream_ps,
 };
 
 use half::bf16;
@@ -36,8 +38,13 @@ pub(crate) trait Avx512Element: CpuElement {
     /// Rounds 16 f32 values to this type and stores them.
     ///
     /// # Safety
-    /// AVX-512F is available and `p` points to 16 writable values.
+    /// AVX-512F/BW are available and `p` points to 16 writable values.
     unsafe fn store16(p: *mut Self, v: __m512);
+    /// As [`Avx512Element::store16`] with a non-temporal store (past the caches).
+    ///
+    /// # Safety
+    /// As `store16`, and `p` is aligned to the 16 values' size.
+    unsafe fn stream16(p: *mut Self, v: __m512);
     /// Rounds 16 f32 values to this type and widens them back.
     ///
     /// # Safety
@@ -59,6 +66,12 @@ impl Avx512Element for f32 {
     }
 
     #[inline(always)]
+    unsafe fn stream16(p: *mut f32, v: __m512) {
+        // SAFETY: the caller's contract (64-byte aligned).
+        unsafe { _mm512_stream_ps(p, v) }
+    }
+
+    #[inline(always)]
     unsafe fn round16(v: __m512) -> __m512 {
         v
     }
@@ -74,13 +87,67 @@ impl Avx512Element for bf16 {
     #[inline(always)]
     unsafe fn store16(p: *mut bf16, v: __m512) {
         // SAFETY: the caller's contract.
-        unsafe { _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(bf16_bits(v))) }
+        unsafe { _mm256_storeu_si256(p.cast(), narrow(bf16_bits(v))) }
+    }
+
+    #[inline(always)]
+    unsafe fn stream16(p: *mut bf16, v: __m512) {
+        // SAFETY: the caller's contract (32-byte aligned).
+        unsafe { _mm256_stream_si256(p.cast(), narrow(bf16_bits(v))) }
     }
 
     #[inline(always)]
     unsafe fn round16(v: __m512) -> __m512 {
         // SAFETY: the caller's contract.
         unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bf16_bits(v))) }
+    }
+}
+
+impl Avx512Element for half::f16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const half::f16) -> __m512 {
+        // SAFETY: the caller's contract (F16C's conversion is part of AVX-512F); exact.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+
+    #[inline(always)]
+    unsafe fn store16(p: *mut half::f16, v: __m512) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_storeu_si256(p.cast(), to_f16(v)) }
+    }
+
+    #[inline(always)]
+    unsafe fn stream16(p: *mut half::f16, v: __m512) {
+        // SAFETY: the caller's contract (32-byte aligned).
+        unsafe { _mm256_stream_si256(p.cast(), to_f16(v)) }
+    }
+
+    #[inline(always)]
+    unsafe fn round16(v: __m512) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_cvtph_ps(to_f16(v)) }
+    }
+}
+
+/// 16 f32 values rounded to f16 (nearest-even, subnormals kept: the hardware conversion `half`
+/// itself uses where the CPU has F16C, so the portable path's bits).
+#[inline(always)]
+unsafe fn to_f16(v: __m512) -> std::arch::x86_64::__m256i {
+    // SAFETY: the caller guarantees AVX-512F.
+    unsafe { _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v) }
+}
+
+/// The low 16 bits of each 32-bit lane, in order, as 256 bits. A word permutation rather than
+/// `vpmovdw`: with a memory operand the compiler folds that into a store, which is microcoded and
+/// slow on AMD Zen 4 (it was the bf16 row's hot spot).
+#[inline(always)]
+unsafe fn narrow(v: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m256i {
+    // SAFETY: the caller guarantees AVX-512F/BW.
+    unsafe {
+        let low_words = _mm512_set_epi16(
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0,
+        );
+        _mm512_castsi512_si256(_mm512_permutexvar_epi16(low_words, v))
     }
 }
 
@@ -102,7 +169,7 @@ unsafe fn bf16_bits(v: __m512) -> std::arch::x86_64::__m512i {
 
 /// `1 / sqrt(mean(v²) + eps)` of the row `v = x` (or `x + r`): the full 32-value groups in two
 /// registers, then the portable finish.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn rstd<T: Avx512Element>(x: &[T], r: Option<&[T]>, eps: f32) -> f32 {
     let full = x.len() - x.len() % LANES;
     let (mut low, mut high) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -144,18 +211,32 @@ unsafe fn normalized<T: Avx512Element>(v: __m512, rstd: __m512, weight: Option<&
 }
 
 /// One `rms_norm` row (see [`rows`] for the rule): vectors of 16, then the portable tail.
-#[target_feature(enable = "avx512f")]
-fn rms_norm_row<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T]) {
+#[target_feature(enable = "avx512f,avx512bw")]
+fn rms_norm_row<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T], stream: bool) {
     let n = x.len();
     assert!(out.len() == n && weight.is_none_or(|w| w.len() == n), "row lengths agree");
     let rstd = rstd(x, None, eps);
     let scale = _mm512_set1_ps(rstd);
     let full = n - n % WIDTH;
+    // Non-temporal stores need each 16-value store aligned to its size: the row's start is.
+    let stream = stream && (out.as_ptr() as usize).is_multiple_of(WIDTH * size_of::<T>());
     let mut i = 0;
     while i < full {
-        // SAFETY: `i + 16 <= n` for x, out and the weight (checked above); AVX-512F is enabled.
-        unsafe { T::store16(out.as_mut_ptr().add(i), normalized(T::load16(x.as_ptr().add(i)), scale, weight, i)) };
+        // SAFETY: `i + 16 <= n` for x, out and the weight (checked above); AVX-512F/BW are enabled;
+        // streamed stores are aligned (the start is, and each store advances by its size).
+        unsafe {
+            let y = normalized(T::load16(x.as_ptr().add(i)), scale, weight, i);
+            if stream {
+                T::stream16(out.as_mut_ptr().add(i), y);
+            } else {
+                T::store16(out.as_mut_ptr().add(i), y);
+            }
+        }
         i += WIDTH;
+    }
+    if stream {
+        // Order the non-temporal stores before whatever follows (the row's tail, the thread's join).
+        _mm_sfence();
     }
     let mut values = [0f32; WIDTH];
     let mut w = [0f32; WIDTH];
@@ -169,7 +250,7 @@ fn rms_norm_row<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: 
 }
 
 /// One `fused_add_rms_norm` row, in place (see [`rows`]): vectors of 16, then the portable tail.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw")]
 fn fused_row<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
     let n = x.len();
     assert!(r.len() == n && weight.is_none_or(|w| w.len() == n), "row lengths agree");
@@ -200,9 +281,9 @@ fn fused_row<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, e
 
 /// The AVX-512 `rms_norm` row, when this CPU has AVX-512F.
 pub(crate) fn rms_norm_row_fn<T: Avx512Element>() -> Option<RmsNormRow<T>> {
-    fn run<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T]) {
-        // SAFETY: returned only after AVX-512F was detected.
-        unsafe { rms_norm_row(x, weight, eps, out) }
+    fn run<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T], stream: bool) {
+        // SAFETY: returned only after AVX-512F/BW were detected.
+        unsafe { rms_norm_row(x, weight, eps, out, stream) }
     }
     available().then_some(run::<T>)
 }
@@ -210,7 +291,7 @@ pub(crate) fn rms_norm_row_fn<T: Avx512Element>() -> Option<RmsNormRow<T>> {
 /// The AVX-512 `fused_add_rms_norm` row, when this CPU has AVX-512F.
 pub(crate) fn fused_row_fn<T: Avx512Element>() -> Option<FusedRow<T>> {
     fn run<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
-        // SAFETY: returned only after AVX-512F was detected.
+        // SAFETY: returned only after AVX-512F/BW were detected.
         unsafe { fused_row(x, r, weight, eps) }
     }
     available().then_some(run::<T>)
@@ -218,7 +299,7 @@ pub(crate) fn fused_row_fn<T: Avx512Element>() -> Option<FusedRow<T>> {
 
 /// Whether this CPU runs the AVX-512 rows.
 pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
+    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
 #[cfg(test)]
@@ -268,10 +349,16 @@ mod tests {
                 let w = convert(&awkward(n, seed + 9, false));
                 for weight in [None, Some(w.as_slice())] {
                     let mut expected = x.clone();
-                    let mut got = x.clone();
                     rows::rms_norm_row_portable(&x, weight, 1e-6, &mut expected);
-                    rms(&x, weight, 1e-6, &mut got);
-                    assert_eq!(bits(&got), bits(&expected), "rms_norm n {n} seed {seed} weight {}", weight.is_some());
+                    for stream in [false, true] {
+                        // A 64-byte aligned output, so the streaming stores run.
+                        let mut storage = vec![T::zeroed(); n + 64];
+                        let start = storage.as_ptr().align_offset(64);
+                        let got = &mut storage[start..start + n];
+                        rms(&x, weight, 1e-6, got, stream);
+                        let what = format!("rms_norm n {n} seed {seed} weight {} stream {stream}", weight.is_some());
+                        assert_eq!(bits(got), bits(&expected), "{what}");
+                    }
 
                     let (mut ex, mut er) = (x.clone(), r.clone());
                     let (mut gx, mut gr) = (x.clone(), r.clone());
@@ -296,6 +383,11 @@ mod tests {
     #[test]
     fn f32_rows_match_the_portable_rows_bit_for_bit() {
         check::<f32>(<[f32]>::to_vec);
+    }
+
+    #[test]
+    fn f16_rows_match_the_portable_rows_bit_for_bit() {
+        check::<half::f16>(|v| v.iter().map(|&x| half::f16::from_f32(x)).collect());
     }
 
     #[test]

@@ -3,8 +3,9 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-/// A `rms_norm` row kernel: `(x, weight, eps, out)`.
-pub(crate) type RmsNormRow<T> = fn(&[T], Option<&[T]>, f32, &mut [T]);
+/// A `rms_norm` row kernel: `(x, weight, eps, out, stream)`; `stream` asks for non-temporal
+/// stores of the output (which the kernel may ignore).
+pub(crate) type RmsNormRow<T> = fn(&[T], Option<&[T]>, f32, &mut [T], bool);
 /// A `fused_add_rms_norm` row kernel, in place: `(x, residual, weight, eps)`.
 pub(crate) type FusedRow<T> = fn(&mut [T], &mut [T], Option<&[T]>, f32);
 
@@ -113,6 +114,18 @@ impl CpuElement for f32 {
 }
 
 impl CpuElement for f16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn simd_rms_norm_row() -> Option<RmsNormRow<Self>> {
+        crate::row_path().is_avx512().then(crate::avx512::rms_norm_row_fn::<Self>).flatten()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn simd_fused_row() -> Option<FusedRow<Self>> {
+        crate::row_path().is_avx512().then(crate::avx512::fused_row_fn::<Self>).flatten()
+    }
+
     fn load(src: &[f16], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }

@@ -114,7 +114,8 @@ pub fn run(x: &Tensor, gate: impl GateRow) -> Result<Tensor, KernelError> {
     let geometry = GatedGeometry::of(x.meta())?;
     let empty = geometry.is_empty();
     let GatedGeometry { rows, out_layout, .. } = geometry;
-    let mut out = Tensor::zeros_with_layout(x.dtype(), out_layout)?;
+    // Every element of the compact output is written (or there are none).
+    let mut out = Tensor::empty_with_layout(x.dtype(), out_layout)?;
     if empty {
         return Ok(out);
     }

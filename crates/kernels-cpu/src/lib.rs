@@ -8,7 +8,7 @@
 //! result depends only on that row, so results do not depend on the thread count or batch size.
 //!
 //! The norms' rows have two paths with the same bits, chosen once per process ([`row_path`]):
-//! explicit AVX-512F rows for f32 and bf16 where the CPU has them, and portable rows (multiversioned
+//! explicit AVX-512F/BW rows for f32, bf16 and f16 where the CPU has them, and portable rows (multiversioned
 //! for AVX-512, AVX2, NEON and the baseline) everywhere else; `VLLM_IR_CPU_ROWS=portable`
 //! ([`ROW_PATH_ENV`]) forces the portable ones.
 //!
@@ -60,7 +60,8 @@ pub const ROW_PATH_ENV: &str = "VLLM_IR_CPU_ROWS";
 /// Which row kernels the norms run on this machine, chosen once per process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowPath {
-    /// Explicit AVX-512F rows for f32 and bf16 (f16 and mixed weight dtypes take the portable rows).
+    /// Explicit AVX-512F/BW rows for f32, bf16 and f16 (a weight of another dtype than x takes the
+    /// portable rows).
     Avx512,
     /// The portable rows (compiled for AVX-512, AVX2 and NEON besides the baseline, picked at run
     /// time), because the CPU has no explicit path or because [`ROW_PATH_ENV`] forced them.
@@ -80,7 +81,7 @@ impl RowPath {
 impl std::fmt::Display for RowPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RowPath::Avx512 => f.write_str("avx512 (explicit f32/bf16 rows)"),
+            RowPath::Avx512 => f.write_str("avx512 (explicit f32/bf16/f16 rows)"),
             RowPath::Portable { forced: true } => write!(f, "portable (forced by {ROW_PATH_ENV}=portable)"),
             RowPath::Portable { forced: false } => f.write_str("portable (no explicit rows for this CPU)"),
         }
@@ -156,7 +157,8 @@ pub fn rms_norm_cpu(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    let mut out = Tensor::zeros_with_layout(x.dtype(), x.layout().copy_layout())?;
+    // The kernel writes every element of its dense rows.
+    let mut out = Tensor::empty_with_layout(x.dtype(), x.layout().copy_layout())?;
     rms_norm_cpu_into(x, weight, epsilon, variance_size, &mut out)?;
     Ok(out)
 }

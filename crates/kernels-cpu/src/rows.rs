@@ -36,11 +36,14 @@ pub(crate) fn rms_norm<T: CpuElement, W: CpuElement>(
     let x_data = &x.typed::<T>()[x_rows.offset..x_rows.offset + x_rows.span()];
     let out_data = &mut out.typed_mut::<T>()[out_rows.offset..out_rows.offset + out_rows.span()];
     let simd = same_type(weight).and_then(|weight| Some((T::simd_rms_norm_row()?, weight)));
+    // An output larger than the last-level cache is streamed past it: ordinary stores would read
+    // every output line before writing it, and the lines would only evict the input.
+    let stream = size_of_val(out_data) > last_level_cache_bytes();
     let task = |(index, out_chunk): (usize, &mut [T])| {
         let start = index * x_rows.row_stride;
         let (x, out) = (&x_data[start..start + hidden], &mut out_chunk[..hidden]);
         match simd {
-            Some((row, weight)) => row(x, weight, eps, out),
+            Some((row, weight)) => row(x, weight, eps, out, stream),
             None => rms_norm_row_portable(x, weight, eps, out),
         }
     };
@@ -84,6 +87,27 @@ pub(crate) fn fused<T: CpuElement, W: CpuElement>(
         .zip(residual_data.par_chunks_mut(residual_rows.row_stride))
         .with_min_len(per_task)
         .for_each(task);
+}
+
+/// The size of this machine's largest CPU cache (Linux: from sysfs, read once), else 32 MiB.
+pub(crate) fn last_level_cache_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let read = |index: usize| -> Option<usize> {
+            let path = format!("/sys/devices/system/cpu/cpu0/cache/index{index}/size");
+            let text = std::fs::read_to_string(path).ok()?;
+            let text = text.trim();
+            let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+            let value: usize = digits.parse().ok()?;
+            Some(match unit {
+                "K" => value << 10,
+                "M" => value << 20,
+                "G" => value << 30,
+                _ => value,
+            })
+        };
+        (0..8).filter_map(read).max().unwrap_or(32 << 20)
+    })
 }
 
 /// The weight as `T` values when its element type is `T` (the explicit SIMD rows take only that).

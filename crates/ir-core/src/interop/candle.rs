@@ -6,6 +6,7 @@ use candle_core as candle;
 use candle_core::backend::BackendStorage;
 
 use super::InteropError;
+use crate::storage::PooledBlock;
 use crate::storage::{CpuBuffer, HostAccess, Storage};
 use crate::{DType, Device, Element, Layout, Tensor};
 
@@ -139,9 +140,18 @@ fn into_candle_typed<T: Element + candle::WithDType>(tensor: Tensor) -> Result<c
         return copy_into_candle::<T>(&tensor);
     }
     match tensor.into_unique_storage() {
-        Ok((Storage::Cpu(buffer), meta)) if buffer.owner().is::<Vec<T>>() => {
+        Ok((Storage::Cpu(buffer), meta))
+            if buffer.owner().is::<Vec<T>>()
+                || buffer.owner().downcast_ref::<PooledBlock>().is_some_and(PooledBlock::holds::<T>) =>
+        {
             let (ptr, owner) = buffer.into_owner();
-            let vec = owner.downcast::<Vec<T>>().expect("checked to be a Vec<T>");
+            // A pooled buffer's vector leaves the pool: candle owns it from here.
+            let vec = match owner.downcast::<Vec<T>>() {
+                Ok(vec) => vec,
+                Err(owner) => Box::new(
+                    owner.downcast::<PooledBlock>().expect("checked above").take_vec::<T>().expect("checked above"),
+                ),
+            };
             // The buffer starts inside the vector (at its first 64-byte boundary, or at its start).
             let skipped = (ptr.as_ptr() as usize - vec.as_ptr() as usize) / size_of::<T>();
             let start = skipped + meta.layout.offset();

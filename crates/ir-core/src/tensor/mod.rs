@@ -242,6 +242,16 @@ impl Tensor {
         Ok(Tensor { storage: Shared::new(storage), meta })
     }
 
+    /// A CPU tensor with `layout` whose contents are unspecified: zeros, or the values a dropped
+    /// tensor's buffer of the same size held ([`CpuBuffer::for_overwrite`]). For kernels that write
+    /// every element of their output: large outputs then reuse the host pool's buffers instead of
+    /// fresh pages. Reading it is never undefined behaviour, only meaningless.
+    pub fn empty_with_layout(dtype: DType, layout: Layout) -> Result<Tensor, TensorError> {
+        let meta = TensorMeta { dtype, device: Device::Cpu, layout };
+        let storage = Storage::Cpu(CpuBuffer::for_overwrite(dtype, storage_bytes(&meta)?)?);
+        Ok(Tensor { storage: Shared::new(storage), meta })
+    }
+
     /// A compact CPU tensor of ones.
     pub fn ones(dtype: DType, shape: &[usize]) -> Result<Tensor, TensorError> {
         Tensor::full(dtype, shape, 1.0)
@@ -566,7 +576,13 @@ impl Tensor {
         let bytes = storage_bytes(&TensorMeta { layout: layout.clone(), ..self.meta.clone() })?;
         let storage = match &self.storage.storage {
             Storage::Cpu(src) => {
-                let mut dst = CpuBuffer::zeroed_for(self.dtype(), bytes)?;
+                // A compact copy writes every byte of its storage; another layout may leave gaps,
+                // which read as zeros.
+                let mut dst = if layout.offset() == 0 && layout.is_dense() {
+                    CpuBuffer::for_overwrite(self.dtype(), bytes)?
+                } else {
+                    CpuBuffer::zeroed_for(self.dtype(), bytes)?
+                };
                 copy_elements(src.bytes(), self.layout(), dst.bytes_mut(), &layout, size);
                 Storage::Cpu(dst)
             }
