@@ -70,8 +70,9 @@ impl fmt::Display for Shape {
     }
 }
 
-/// The decode shapes of R96.
-pub const DECODE_SHAPES: [Shape; 3] = [Shape::new(1, 4096), Shape::new(16, 4096), Shape::new(64, 8192)];
+/// The decode shapes of R96, and 256×4096 (a large decode batch, which the performance issue adds).
+pub const DECODE_SHAPES: [Shape; 4] =
+    [Shape::new(1, 4096), Shape::new(16, 4096), Shape::new(64, 8192), Shape::new(256, 4096)];
 /// The prefill shapes of R96.
 pub const PREFILL_SHAPES: [Shape; 2] = [Shape::new(4096, 4096), Shape::new(2048, 8192)];
 /// The shape GPUs add (R96).
@@ -600,7 +601,8 @@ mod tests {
         let ops = ops(&registry);
         assert!(ops.len() >= 4, "every built-in op is benchmarked");
         let full = cpu_cases(&ops, false);
-        assert_eq!(full.len(), ops.len() * 5 * 3);
+        // Four decode shapes (R96's three and 256×4096) and two prefill shapes, three dtypes.
+        assert_eq!(full.len(), ops.len() * 6 * 3);
         let quick = cpu_cases(&ops, true);
         assert!(quick.iter().all(|c| full.contains(c)));
         for target in [Shape::new(4096, 4096), Shape::new(1, 4096)] {

@@ -9,6 +9,23 @@ pub(crate) type RmsNormRow<T> = fn(&[T], Option<&[T]>, f32, &mut [T], bool);
 /// A `fused_add_rms_norm` row kernel, in place: `(x, residual, weight, eps)`.
 pub(crate) type FusedRow<T> = fn(&mut [T], &mut [T], Option<&[T]>, f32);
 
+/// The explicit-row methods of [`CpuElement`] for a type with AVX-512 rows.
+macro_rules! explicit_rows {
+    () => {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        fn simd_rms_norm_row() -> Option<RmsNormRow<Self>> {
+            crate::row_path().is_avx512().then(crate::avx512::rms_norm_row_fn::<Self>).flatten()
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        fn simd_fused_row() -> Option<FusedRow<Self>> {
+            crate::row_path().is_avx512().then(crate::avx512::fused_row_fn::<Self>).flatten()
+        }
+    };
+}
+
 /// An element type the CPU kernels store; rows are converted to and from f32 scratch in bulk.
 pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
     /// Widens `src` into `dst` (same length; exact).
@@ -75,17 +92,7 @@ pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
 }
 
 impl CpuElement for f32 {
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn simd_rms_norm_row() -> Option<RmsNormRow<Self>> {
-        crate::row_path().is_avx512().then(crate::avx512::rms_norm_row_fn::<Self>).flatten()
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn simd_fused_row() -> Option<FusedRow<Self>> {
-        crate::row_path().is_avx512().then(crate::avx512::fused_row_fn::<Self>).flatten()
-    }
+    explicit_rows!();
     #[inline(always)]
     fn load(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
@@ -114,17 +121,7 @@ impl CpuElement for f32 {
 }
 
 impl CpuElement for f16 {
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn simd_rms_norm_row() -> Option<RmsNormRow<Self>> {
-        crate::row_path().is_avx512().then(crate::avx512::rms_norm_row_fn::<Self>).flatten()
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn simd_fused_row() -> Option<FusedRow<Self>> {
-        crate::row_path().is_avx512().then(crate::avx512::fused_row_fn::<Self>).flatten()
-    }
+    explicit_rows!();
 
     fn load(src: &[f16], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
@@ -136,17 +133,7 @@ impl CpuElement for f16 {
 }
 
 impl CpuElement for bf16 {
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn simd_rms_norm_row() -> Option<RmsNormRow<Self>> {
-        crate::row_path().is_avx512().then(crate::avx512::rms_norm_row_fn::<Self>).flatten()
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn simd_fused_row() -> Option<FusedRow<Self>> {
-        crate::row_path().is_avx512().then(crate::avx512::fused_row_fn::<Self>).flatten()
-    }
+    explicit_rows!();
     #[inline(always)]
     fn load(src: &[bf16], dst: &mut [f32]) {
         for (d, s) in dst.iter_mut().zip(src) {

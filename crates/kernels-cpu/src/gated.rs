@@ -134,23 +134,41 @@ fn gated<T: CpuElement, G: GateRow>(x: &CpuBuffer, rows: Rows, out: &mut CpuBuff
     let d = rows.hidden / 2;
     let x_data = &x.typed::<T>()[rows.offset..rows.offset + rows.span()];
     let out_data = &mut out.typed_mut::<T>()[..rows.n_rows * d];
-    let task = |scratch: &mut (Vec<f32>, Vec<f32>), (index, out_row): (usize, &mut [T])| {
+    let task = |(index, out_row): (usize, &mut [T])| {
         let start = index * rows.row_stride;
-        let (a, up) = scratch;
-        gated_row(&x_data[start..start + d], &x_data[start + d..start + 2 * d], a, up, gate, out_row);
+        let (g, u) = (&x_data[start..start + d], &x_data[start + d..start + 2 * d]);
+        // Whole rows in this thread's reused scratch. Activating a row in 256-value stack chunks
+        // instead was 50% slower at 4096×4096 f32 (9.3 against 6.1 ms, alternating runs).
+        with_row_scratch(2 * d, |scratch| {
+            let (a, b) = scratch.split_at_mut(d);
+            gated_row(g, u, a, b, gate, out_row);
+        });
     };
     let per_task = rows_per_task(rows.hidden, size_of::<T>());
     if rows.n_rows <= per_task {
-        let mut scratch = (vec![0f32; d], vec![0f32; d]);
-        out_data.chunks_mut(d).enumerate().for_each(|item| task(&mut scratch, item));
+        out_data.chunks_mut(d).enumerate().for_each(task);
         return;
     }
     tracing::debug!(target: "kernels_cpu", rows = rows.n_rows, per_task, "gated activation split across threads");
-    out_data
-        .par_chunks_mut(d)
-        .enumerate()
-        .with_min_len(per_task)
-        .for_each_init(|| (vec![0f32; d], vec![0f32; d]), task);
+    out_data.par_chunks_mut(d).enumerate().with_min_len(per_task).for_each(task);
+}
+
+/// Runs `f` on `len` f32 values of this thread's row scratch, which grows to the largest row seen
+/// and is reused by later calls (no allocation or zeroing per call; the contents are unspecified).
+fn with_row_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => {
+            if scratch.len() < len {
+                scratch.resize(len, 0.0);
+            }
+            f(&mut scratch[..len])
+        }
+        // Re-entered on this thread (a gate that runs a kernel): a fresh buffer.
+        Err(_) => f(&mut vec![0f32; len]),
+    })
 }
 
 /// One row: `out = round(round(act(g)) · u)`. Multiversioned like the norm rows.

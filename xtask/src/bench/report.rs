@@ -99,6 +99,18 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
         true,
         "no prefill results",
     ));
+    targets.push(every_op_share(
+        results,
+        "every op's `cpu` at prefill shapes (4096×4096, 2048×8192), f32 and bf16: ≥ 85% of the same-run copy",
+        &prefill,
+        0.85,
+    ));
+    targets.push(every_op_share(
+        results,
+        "every op's `cpu` at decode shapes (1×4096, 16×4096, 64×8192, 256×4096), f32 and bf16: ≥ 50% of the same-run copy",
+        &["1x4096", "16x4096", "64x8192", "256x4096"],
+        0.50,
+    ));
     targets.push(ratio_target(
         "`cpu` at prefill shapes, f32 and bf16: ≥ 5× candle-nn on the same data",
         &candle_ratios,
@@ -233,6 +245,34 @@ fn find_pass(results: &Results, nodes_at_least: u64) -> Option<&super::Measureme
 
 fn per_node_near(results: &Results, nodes: u64) -> Option<f64> {
     find_pass(results, nodes).and_then(|m| m.per_iteration.map(|n| m.median_ns / n as f64))
+}
+
+/// The `cpu` provider's share of the same-run copy over every op's kernel cases at `shapes` in f32
+/// and bf16: how many cases meet `threshold`, and each case below it, worst first.
+fn every_op_share(results: &Results, name: &str, shapes: &[&str], threshold: f64) -> Target {
+    let mut shares = Vec::new();
+    for group in results.groups("kernels/") {
+        let parts: Vec<&str> = group.split('/').collect();
+        let [_, op, dtype, shape] = parts.as_slice() else { continue };
+        if !matches!(*dtype, "f32" | "bf16") || !shapes.contains(shape) {
+            continue;
+        }
+        if let (Some(cpu), Some(copy)) = (gbps(results, &group, "cpu"), gbps(results, &group, "copy")) {
+            shares.push((format!("{op} {dtype} {shape}"), cpu / copy));
+        }
+    }
+    if shares.is_empty() {
+        return Target::not_measured(name, "no such cases in this run");
+    }
+    let met = shares.iter().filter(|(_, share)| *share >= threshold).count();
+    let mut below: Vec<&(String, f64)> = shares.iter().filter(|(_, share)| *share < threshold).collect();
+    below.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut measured = format!("{met} of {} cases", shares.len());
+    if !below.is_empty() {
+        let list: Vec<String> = below.iter().map(|(what, share)| format!("{what} {:.0}%", share * 100.0)).collect();
+        measured.push_str(&format!("; below: {}", list.join(", ")));
+    }
+    Target { name: name.to_owned(), measured, status: Status::from_bool(below.is_empty()) }
 }
 
 fn ratio_target(name: &str, ratios: &[(String, f64)], threshold: f64, percent: bool, missing: &str) -> Target {
