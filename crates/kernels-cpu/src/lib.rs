@@ -289,15 +289,14 @@ pub fn fused_add_rms_norm_cpu(
 pub(crate) fn weight_f32(weight: Option<&Tensor>) -> Result<Option<Vec<f32>>, KernelError> {
     let Some(weight) = weight else { return Ok(None) };
     let buffer = weight.cpu_buffer().ok_or_else(|| not_on_cpu("weight"))?;
-    let n = weight.numel();
-    let offset = weight.offset();
-    let mut out = vec![0f32; n];
-    match weight.dtype() {
-        DType::F32 => f32::load(&buffer.typed::<f32>()[offset..offset + n], &mut out),
-        DType::F16 => half::f16::load(&buffer.typed::<half::f16>()[offset..offset + n], &mut out),
-        DType::BF16 => half::bf16::load(&buffer.typed::<half::bf16>()[offset..offset + n], &mut out),
+    let range = weight.offset()..weight.offset() + weight.numel();
+    // Converted into a vector that is written once (no zero fill first).
+    let out = match weight.dtype() {
+        DType::F32 => buffer.typed::<f32>()[range].to_vec(),
+        DType::F16 => half::slice::HalfFloatSliceExt::to_f32_vec(&buffer.typed::<half::f16>()[range]),
+        DType::BF16 => half::slice::HalfFloatSliceExt::to_f32_vec(&buffer.typed::<half::bf16>()[range]),
         other => return Err(unsupported_dtype(other)),
-    }
+    };
     Ok(Some(out))
 }
 

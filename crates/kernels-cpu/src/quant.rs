@@ -16,7 +16,7 @@ use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor, UniqueTensor};
 use rayon::prelude::*;
 
 use crate::element::CpuElement;
-use crate::rows::{normalize_into, rows_per_task};
+use crate::rows::{fused_row_portable, rms_norm_row_portable, rows_per_task, with_scratch};
 
 /// The `supports` predicate and spec of the quantization ops on the cpu.
 pub(crate) fn spec() -> ImplSpec {
@@ -57,7 +57,7 @@ pub fn rms_norm_static_fp8_quant_cpu(
     scale: &Tensor,
     out_dtype: DType,
 ) -> Result<Tensor, KernelError> {
-    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32 };
+    let norm = Norm { weight, eps: epsilon as f32 };
     Ok(quantize(x, Some(norm), None, RowScale::Static(host_scale(scale, "scale")?), out_dtype)?.q)
 }
 
@@ -69,7 +69,7 @@ pub fn rms_norm_dynamic_per_token_quant_cpu(
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32 };
+    let norm = Norm { weight, eps: epsilon as f32 };
     let done = quantize(x, Some(norm), None, dynamic_scale(scale_ub, out_dtype)?, out_dtype)?;
     Ok((done.q, done.scales))
 }
@@ -93,7 +93,7 @@ pub fn fused_add_rms_norm_static_fp8_quant_cpu(
         });
     }
     let r_rows = Rows::for_kernel(&r_meta)?;
-    let norm = Norm { weight: crate::weight_f32(weight)?, eps: epsilon as f32 };
+    let norm = Norm { weight, eps: epsilon as f32 };
     let scale = RowScale::Static(host_scale(scale, "scale")?);
     let Storage::Cpu(r_buffer) = x_residual.storage_mut()? else { return Err(crate::not_on_cpu("x_residual")) };
     let done = quantize(x, Some(norm), Some((r_buffer, r_rows)), scale, out_dtype)?;
@@ -166,10 +166,27 @@ fn dynamic_scale(scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<RowScale
     Ok(RowScale::Dynamic { ub, max, floor: min_scale(out_dtype) })
 }
 
-/// The norm in front of a fused quantization: the weight in f32 and epsilon.
-struct Norm {
-    weight: Option<Vec<f32>>,
+/// The norm in front of a fused quantization: the weight and epsilon.
+struct Norm<'a> {
+    weight: Option<&'a Tensor>,
     eps: f32,
+}
+
+/// The norm's weight as the rows read it: in x's dtype from its storage (every provider call, by
+/// the predicate), or converted to f32 once per call (a direct call with another weight dtype).
+#[derive(Clone, Copy)]
+enum WeightRows<'a> {
+    None,
+    Same(&'a CpuBuffer, usize, usize),
+    F32(&'a [f32]),
+}
+
+/// [`WeightRows`] typed for the element type `T`.
+#[derive(Clone, Copy)]
+enum RowWeight<'a, T> {
+    None,
+    Same(&'a [T]),
+    F32(&'a [f32]),
 }
 
 /// What [`quantize`] produces: `q` and the per-row scales (a static call's scale per row).
@@ -182,7 +199,7 @@ struct Quantized {
 /// then receive the sum, in place) when `residual` is given.
 fn quantize(
     x: &Tensor,
-    norm: Option<Norm>,
+    norm: Option<Norm<'_>>,
     residual: Option<(&mut CpuBuffer, Rows)>,
     scale: RowScale,
     out_dtype: DType,
@@ -192,10 +209,22 @@ fn quantize(
     let mut q = Tensor::empty_with_layout(out_dtype, ir_core::Layout::compact(x.shape()))?;
     let mut scales = Tensor::zeros(DType::F32, &per_token_scales_shape(x.shape()))?;
     if rows.n_rows > 0 {
+        let converted;
+        let weight = match norm.as_ref().and_then(|n| n.weight) {
+            None => WeightRows::None,
+            Some(w) if w.dtype() == x.dtype() => {
+                let buffer = w.cpu_buffer().ok_or_else(|| crate::not_on_cpu("weight"))?;
+                WeightRows::Same(buffer, w.offset(), w.numel())
+            }
+            Some(w) => {
+                converted = crate::weight_f32(Some(w))?.expect("a weight was given");
+                WeightRows::F32(&converted)
+            }
+        };
         let inputs = RowInputs {
             x: x.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x"))?,
             rows,
-            weight: norm.as_ref().and_then(|n| n.weight.as_deref()),
+            weight,
             eps: norm.as_ref().map(|n| n.eps),
             scale,
         };
@@ -223,7 +252,7 @@ fn quantize(
 struct RowInputs<'a> {
     x: &'a CpuBuffer,
     rows: Rows,
-    weight: Option<&'a [f32]>,
+    weight: WeightRows<'a>,
     eps: Option<f32>,
     scale: RowScale,
 }
@@ -236,21 +265,35 @@ struct RowOutputs<'a> {
     residual: Option<(&'a mut CpuBuffer, Rows)>,
 }
 
-/// Per-task scratch: two f32 rows and one row of the element type.
-struct Scratch<T> {
+/// Per-task scratch: an f32 row and a row of the element type.
+struct Scratch<'a, T> {
+    a: &'a mut [f32],
+    normalized: &'a mut [T],
+}
+
+/// Owned scratch for a task of the thread pool (allocated once per task, not per row).
+struct OwnedScratch<T> {
     a: Vec<f32>,
-    b: Vec<f32>,
     normalized: Vec<T>,
 }
 
-impl<T: CpuElement> Scratch<T> {
-    fn new(hidden: usize) -> Scratch<T> {
-        Scratch { a: vec![0f32; hidden], b: vec![0f32; hidden], normalized: vec![T::zeroed(); hidden] }
+impl<T: CpuElement> OwnedScratch<T> {
+    fn new(hidden: usize) -> OwnedScratch<T> {
+        OwnedScratch { a: vec![0f32; hidden], normalized: vec![T::zeroed(); hidden] }
+    }
+
+    fn view(&mut self) -> Scratch<'_, T> {
+        Scratch { a: &mut self.a, normalized: &mut self.normalized }
     }
 }
 
 fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>) {
     let RowInputs { x, rows, weight, eps, scale } = inputs;
+    let weight = match weight {
+        WeightRows::None => RowWeight::None,
+        WeightRows::Same(buffer, offset, n) => RowWeight::Same(&buffer.typed::<T>()[offset..offset + n]),
+        WeightRows::F32(w) => RowWeight::F32(w),
+    };
     let hidden = rows.hidden;
     let scales = &mut outputs.scales.typed_mut::<f32>()[..rows.n_rows];
     if hidden == 0 {
@@ -273,12 +316,17 @@ fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if rows.n_rows <= per_task {
-        let mut scratch = Scratch::new(hidden);
-        let mut r_chunks = residual.map(|(r, stride)| r.chunks_mut(stride));
-        for (index, (q_row, s)) in q_data.chunks_mut(hidden).zip(scales.iter_mut()).enumerate() {
-            let r = r_chunks.as_mut().and_then(Iterator::next);
-            task(&mut scratch, index, q_row, s, r);
-        }
+        // This thread's reused scratch: an f32 row, then a row of T (at most 4 bytes a value).
+        with_scratch(2 * hidden, |words: &mut [f32]| {
+            let (a, normalized) = words.split_at_mut(hidden);
+            let normalized = &mut bytemuck::cast_slice_mut::<f32, T>(normalized)[..hidden];
+            let mut scratch = Scratch { a, normalized };
+            let mut r_chunks = residual.map(|(r, stride)| r.chunks_mut(stride));
+            for (index, (q_row, s)) in q_data.chunks_mut(hidden).zip(scales.iter_mut()).enumerate() {
+                let r = r_chunks.as_mut().and_then(Iterator::next);
+                task(&mut scratch, index, q_row, s, r);
+            }
+        });
         return;
     }
     tracing::debug!(target: "kernels_cpu", rows = rows.n_rows, per_task, "fp8 quantization split across threads");
@@ -292,7 +340,10 @@ fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>
         .zip(r_chunks)
         .enumerate()
         .with_min_len(per_task)
-        .for_each_init(|| Scratch::new(hidden), |scratch, (index, ((q_row, s), r))| task(scratch, index, q_row, s, r));
+        .for_each_init(
+            || OwnedScratch::new(hidden),
+            |scratch, (index, ((q_row, s), r))| task(&mut scratch.view(), index, q_row, s, r),
+        );
 }
 
 /// One row's input to quantization.
@@ -300,9 +351,9 @@ enum Row<'a, T> {
     /// x itself.
     Plain(&'a [T]),
     /// `rms_norm(x)`.
-    Norm { x: &'a [T], weight: Option<&'a [f32]>, eps: f32 },
+    Norm { x: &'a [T], weight: RowWeight<'a, T>, eps: f32 },
     /// `fused_add_rms_norm(x, r)`, writing the sum back into `r`.
-    Fused { x: &'a [T], r: &'a mut [T], weight: Option<&'a [f32]>, eps: f32 },
+    Fused { x: &'a [T], r: &'a mut [T], weight: RowWeight<'a, T>, eps: f32 },
 }
 
 /// The scale of one row of f32 values.
@@ -332,22 +383,31 @@ fn quantize_row<T: CpuElement, Q: Fp8>(
     scale: RowScale,
     q: &mut [u8],
 ) -> f32 {
-    let Scratch { a, b, normalized } = scratch;
+    let Scratch { a, normalized } = scratch;
     match row {
         Row::Plain(x) => T::load(x, a),
         Row::Norm { x, weight, eps } => {
-            T::load(x, a);
-            normalize_into(a, weight, eps, normalized);
+            // The cpu rms_norm row itself (explicit where the CPU has it), so the composition's
+            // bits are the cpu norm's.
+            match (weight, T::simd_rms_norm_row()) {
+                (RowWeight::None, Some(row)) => row(x, None, eps, normalized, false),
+                (RowWeight::Same(w), Some(row)) => row(x, Some(w), eps, normalized, false),
+                (RowWeight::None, None) => rms_norm_row_portable::<T, T>(x, None, eps, normalized),
+                (RowWeight::Same(w), None) => rms_norm_row_portable::<T, T>(x, Some(w), eps, normalized),
+                (RowWeight::F32(w), _) => rms_norm_row_portable::<T, f32>(x, Some(w), eps, normalized),
+            }
             T::load(normalized, a);
         }
         Row::Fused { x, r, weight, eps } => {
-            T::load(x, a);
-            T::load(r, b);
-            for (s, r) in a.iter_mut().zip(b.iter()) {
-                *s += *r;
+            // The cpu fused row on a copy of x (x is read only): normalized ← norm(x + r), r ← x + r.
+            normalized.copy_from_slice(x);
+            match (weight, T::simd_fused_row()) {
+                (RowWeight::None, Some(row)) => row(normalized, r, None, eps),
+                (RowWeight::Same(w), Some(row)) => row(normalized, r, Some(w), eps),
+                (RowWeight::None, None) => fused_row_portable::<T, T>(normalized, r, None, eps),
+                (RowWeight::Same(w), None) => fused_row_portable::<T, T>(normalized, r, Some(w), eps),
+                (RowWeight::F32(w), _) => fused_row_portable::<T, f32>(normalized, r, Some(w), eps),
             }
-            T::store(a, r);
-            normalize_into(a, weight, eps, normalized);
             T::load(normalized, a);
         }
     }

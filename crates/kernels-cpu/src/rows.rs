@@ -89,6 +89,25 @@ pub(crate) fn fused<T: CpuElement, W: CpuElement>(
         .for_each(task);
 }
 
+/// Runs `f` on `len` values of this thread's scratch, which grows to the largest request seen and is
+/// reused by later calls: no allocation or zeroing per call (the contents are unspecified).
+pub(crate) fn with_scratch<T: bytemuck::Pod, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    thread_local! {
+        static WORDS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let words = (len * size_of::<T>()).div_ceil(size_of::<u64>());
+    WORDS.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => {
+            if scratch.len() < words {
+                scratch.resize(words, 0);
+            }
+            f(&mut bytemuck::cast_slice_mut::<u64, T>(&mut scratch[..words])[..len])
+        }
+        // Re-entered on this thread (user code inside a row that runs a kernel): a fresh buffer.
+        Err(_) => f(&mut bytemuck::cast_slice_mut::<u64, T>(&mut vec![0u64; words])[..len]),
+    })
+}
+
 /// The size of this machine's largest CPU cache (Linux: from sysfs, read once), else 32 MiB.
 pub(crate) fn last_level_cache_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -126,7 +145,7 @@ const CHUNK: usize = 128;
 /// then widen again, normalize and store weighted. Compiled for AVX-512, AVX2 (+FMA, F16C) and NEON
 /// besides the baseline, chosen at run time; the results are the same bits on every path (Rust never
 /// contracts a multiply and an add into an FMA by itself) and the same as normalizing a widened copy
-/// of the row ([`normalize_into`]).
+/// of the row (widen, sum, normalize: the rule every cpu norm follows).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
     "x86_64+avx2+fma+f16c",
@@ -205,8 +224,8 @@ fn row_values<'a, T: CpuElement>(
 }
 
 /// `1 / sqrt(mean(v²) + eps)` of the row `v = x` (or `v = x + r`, widened), [`CHUNK`] values at a
-/// time: the same sum as [`sum_squares`] over the whole row (32 lanes over the row's full 32-value
-/// groups in order, a fixed tree, then the tail), so the same bits as [`normalize_into`] on a widened
+/// time: 32 lanes over the row's full 32-value groups in order, a fixed tree, then the tail (the
+/// order every cpu norm and the explicit rows share), so the same bits as summing a widened
 /// copy.
 #[inline(always)]
 pub(crate) fn rstd<T: CpuElement>(x: &[T], r: Option<&[T]>, eps: f32) -> f32 {
@@ -248,7 +267,8 @@ pub(crate) fn rstd_from_lanes<T: CpuElement>(mut lanes: [f32; LANES], x: &[T], r
     1.0 / (mean_square + eps).sqrt()
 }
 
-/// As in `normalize_into`: the f32 sum overflowed; this rare row is summed in f64, in order.
+/// The f32 sum overflowed (|x| above about 1.8e19 / sqrt(H)) although the mean square may fit:
+/// native sums in f64 and rounds the mean once, so this rare row does the same, in order.
 #[cold]
 fn mean_square_f64_of<T: CpuElement>(x: &[T], r: Option<&[T]>) -> f32 {
     let n = x.len();
@@ -261,61 +281,24 @@ fn mean_square_f64_of<T: CpuElement>(x: &[T], r: Option<&[T]>) -> f32 {
     (sum / n as f64) as f32
 }
 
-/// Normalizes the f32 row `s` and stores the result, weighted, into `out`.
-#[inline(always)]
-pub(crate) fn normalize_into<T: CpuElement>(s: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [T]) {
-    let mut mean_square = sum_squares(s) / s.len() as f32;
-    if mean_square.is_infinite() {
-        // The f32 sum overflowed (|x| above about 1.8e19 / sqrt(H)) although the mean square may fit:
-        // native sums in f64 and rounds the mean once, so this rare row does the same. One compare
-        // per row on the fast path.
-        mean_square = mean_square_f64(s);
-    }
-    let rstd = 1.0 / (mean_square + eps).sqrt();
-    T::store_normalized(s, rstd, weight, out);
-}
-
-/// The mean of v² summed in f64 and rounded once to f32, as native computes it.
-#[cold]
-fn mean_square_f64(v: &[f32]) -> f32 {
-    let sum: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    (sum / v.len() as f64) as f32
-}
-
-/// Σ v² in f32 over 32 independent lanes, reduced in a fixed order.
-#[inline(always)]
-fn sum_squares(v: &[f32]) -> f32 {
-    let mut lanes = [0f32; LANES];
-    let chunks = v.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        let chunk: &[f32; LANES] = chunk.try_into().expect("chunks_exact yields LANES values");
-        for i in 0..LANES {
-            lanes[i] += chunk[i] * chunk[i];
-        }
-    }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            lanes[i] += lanes[i + width];
-        }
-    }
-    tail.iter().fold(lanes[0], |acc, value| acc + value * value)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sum_of_squares_is_close_to_f64() {
-        for n in [0, 1, 31, 32, 33, 769, 8199] {
+    fn the_lane_sum_is_close_to_f64() {
+        for n in [1, 31, 32, 33, 769, 8199] {
             let v: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
-            let exact: f64 = v.iter().map(|&x| (x as f64) * (x as f64)).sum();
-            let got = sum_squares(&v) as f64;
-            assert!((got - exact).abs() <= 1e-5 * exact.max(1.0), "n {n}: {got} vs {exact}");
+            let mean: f64 = v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>() / n as f64;
+            let exact = 1.0 / (mean + 1e-6).sqrt();
+            let got = f64::from(rstd(&v, None, 1e-6));
+            assert!((got - exact).abs() <= 1e-5 * exact, "n {n}: {got} vs {exact}");
         }
+        // A row whose f32 sum of squares overflows (64 · 1e38) but whose mean square fits is summed
+        // in f64.
+        let huge = vec![1e19f32; 64];
+        let got = f64::from(rstd(&huge, None, 0.0));
+        assert!((got - 1e-19).abs() <= 1e-5 * 1e-19, "{got}");
     }
 
     #[test]
