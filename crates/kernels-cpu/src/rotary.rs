@@ -13,7 +13,7 @@ use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError,
 use rayon::prelude::*;
 
 use crate::element::CpuElement;
-use crate::rows::rows_per_task;
+use crate::rows::{rows_per_task, with_scratch};
 
 /// Registers `rotary_embedding` on the cpu (in place).
 pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
@@ -69,13 +69,22 @@ impl Pass<'_> {
         let cache_stride = self.cache_rows.row_stride;
         let data = &mut buffer.typed_mut::<T>()[rows.offset..rows.offset + rows.span()];
         let per_task = rows_per_task(width, size_of::<T>());
-        data.par_chunks_mut(rows.row_stride).zip(self.positions.par_iter()).with_min_len(per_task).for_each_init(
-            || vec![0f32; width + rot],
-            |scratch, (row, &position)| {
-                let cache_row = &cache[position * cache_stride..][..rot];
-                rotate_row(&mut row[..width], cache_row, scratch, g.head_size, g.is_neox_style);
-            },
-        );
+        let task = |scratch: &mut [f32], (row, &position): (&mut [T], &usize)| {
+            let cache_row = &cache[position * cache_stride..][..rot];
+            rotate_row(&mut row[..width], cache_row, scratch, g.head_size, g.is_neox_style);
+        };
+        if rows.n_rows <= per_task {
+            // On the calling thread, in its reused scratch (handing one task to the thread pool
+            // costs more than a decode-sized call).
+            with_scratch(width + rot, |scratch: &mut [f32]| {
+                data.chunks_mut(rows.row_stride).zip(self.positions.iter()).for_each(|item| task(scratch, item));
+            });
+            return;
+        }
+        data.par_chunks_mut(rows.row_stride)
+            .zip(self.positions.par_iter())
+            .with_min_len(per_task)
+            .for_each_init(|| vec![0f32; width + rot], |scratch, item| task(scratch, item));
     }
 }
 
