@@ -164,10 +164,9 @@ pub const CPU_ALIGNMENT: usize = 64;
 /// same dtype and size (smaller ones are left to the system allocator, which reuses them without
 /// new pages).
 pub const HOST_POOL_MIN_BYTES: usize = 1 << 20;
-/// The environment variable that bounds the host pool: the most MiB of freed buffers it keeps
-/// (default 1024; `0` turns the pool off). Read once per process.
-pub const HOST_POOL_ENV: &str = "VLLM_IR_HOST_POOL_MIB";
-const HOST_POOL_DEFAULT_MIB: usize = 1024;
+/// The most bytes of freed buffers the host pool keeps unless [`set_host_pool_capacity`] says
+/// otherwise (the `vllm-ir` crate's `registry()` applies `VLLM_IR_HOST_POOL_MIB`).
+pub const HOST_POOL_DEFAULT_BYTES: usize = 1 << 30;
 
 /// Whether a new buffer must read as zeros.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -195,35 +194,52 @@ fn aligned_vec<T: bytemuck::Pod>(elements: usize) -> Result<(Vec<T>, usize), Out
 /// page faults and zeroing (82% of a 4096×4096 f32 `rms_norm` on the development machine). A decoder
 /// allocates the same sizes every step, so a buffer kept by dtype and size is taken again at once.
 struct HostPool {
-    /// Most bytes kept ([`HOST_POOL_ENV`]).
-    capacity: usize,
+    /// Most bytes kept ([`set_host_pool_capacity`]).
+    capacity: std::sync::atomic::AtomicUsize,
     state: std::sync::Mutex<PoolState>,
 }
 
+/// Freed vectors (`Vec<T>` of the dtype's element type, boxed) by dtype and element count.
+type FreeBlocks = std::collections::HashMap<(crate::DType, usize), Vec<Box<dyn Any + Send + Sync>>>;
+
 #[derive(Default)]
 struct PoolState {
-    free: std::collections::HashMap<(crate::DType, usize), Vec<Box<dyn Any + Send + Sync>>>,
+    /// Created at the first buffer put back (a `static` cannot build a hash map).
+    free: Option<FreeBlocks>,
     held_bytes: usize,
 }
 
 fn host_pool() -> &'static HostPool {
-    static POOL: std::sync::OnceLock<HostPool> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        let mib = match std::env::var(HOST_POOL_ENV) {
-            Ok(value) => value.trim().parse::<usize>().unwrap_or_else(|_| {
-                tracing::warn!(target: "ir_core::storage", "{HOST_POOL_ENV}={value:?} is not a number of MiB; using {HOST_POOL_DEFAULT_MIB}");
-                HOST_POOL_DEFAULT_MIB
-            }),
-            Err(_) => HOST_POOL_DEFAULT_MIB,
-        };
-        HostPool { capacity: mib.saturating_mul(1 << 20), state: std::sync::Mutex::default() }
-    })
+    static POOL: HostPool = HostPool {
+        capacity: std::sync::atomic::AtomicUsize::new(HOST_POOL_DEFAULT_BYTES),
+        state: std::sync::Mutex::new(PoolState { free: None, held_bytes: 0 }),
+    };
+    &POOL
+}
+
+/// Bounds the bytes of freed host buffers the process keeps for reuse (`0` turns the pool off);
+/// buffers held beyond the new bound are freed now.
+pub fn set_host_pool_capacity(bytes: usize) {
+    let pool = host_pool();
+    pool.capacity.store(bytes, Ordering::Relaxed);
+    let mut state = pool.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let PoolState { free, held_bytes } = &mut *state;
+    for ((dtype, elements), blocks) in free.iter_mut().flatten() {
+        while *held_bytes > bytes && blocks.pop().is_some() {
+            *held_bytes -= elements * dtype.size_in_bytes();
+        }
+    }
+}
+
+/// The bound [`set_host_pool_capacity`] set (by default [`HOST_POOL_DEFAULT_BYTES`]).
+pub fn host_pool_capacity() -> usize {
+    host_pool().capacity.load(Ordering::Relaxed)
 }
 
 impl HostPool {
     fn take<T: 'static>(&self, key: (crate::DType, usize)) -> Option<Vec<T>> {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let block = state.free.get_mut(&key)?.pop()?;
+        let block = state.free.as_mut()?.get_mut(&key)?.pop()?;
         state.held_bytes -= key.1 * key.0.size_in_bytes();
         drop(state);
         block.downcast::<Vec<T>>().ok().map(|vec| *vec)
@@ -231,13 +247,13 @@ impl HostPool {
 
     fn put(&self, key: (crate::DType, usize), bytes: usize, vec: Box<dyn Any + Send + Sync>) {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if state.held_bytes + bytes > self.capacity {
+        if state.held_bytes + bytes > self.capacity.load(Ordering::Relaxed) {
             drop(state);
             tracing::trace!(target: "ir_core::storage", bytes, "host pool full; freeing the buffer");
             return;
         }
         state.held_bytes += bytes;
-        state.free.entry(key).or_default().push(vec);
+        state.free.get_or_insert_default().entry(key).or_default().push(vec);
     }
 }
 
@@ -335,7 +351,7 @@ impl CpuBuffer {
         fill: Fill,
     ) -> Result<CpuBuffer, OutOfMemory> {
         let len_bytes = elements.checked_mul(size_of::<T>()).ok_or(OutOfMemory { bytes: usize::MAX })?;
-        if len_bytes < HOST_POOL_MIN_BYTES || host_pool().capacity == 0 {
+        if len_bytes < HOST_POOL_MIN_BYTES || host_pool_capacity() == 0 {
             return CpuBuffer::zeroed_elements::<T>(elements);
         }
         let key = (dtype, elements);
@@ -529,7 +545,8 @@ mod tests {
 
     #[test]
     fn the_pool_keeps_at_most_its_capacity() {
-        let pool = HostPool { capacity: 3 << 20, state: std::sync::Mutex::default() };
+        let pool =
+            HostPool { capacity: std::sync::atomic::AtomicUsize::new(3 << 20), state: std::sync::Mutex::default() };
         let key = (crate::DType::F32, (1 << 20) / 4);
         for _ in 0..5 {
             pool.put(key, 1 << 20, Box::new(vec![0f32; (1 << 20) / 4]));

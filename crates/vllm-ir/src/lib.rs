@@ -24,6 +24,10 @@
 //! Priorities: [`registry()`] applies the detected platform's lists with `VLLM_IR_PLATFORM` and
 //! `VLLM_IR_PRIORITY` on top (your entries first, the platform's after); [`registry_with`] takes a
 //! configuration from code instead. `Registry::override_priority` installs a list for a scope.
+//!
+//! Host memory: freed host buffers of at least 1 MiB are kept for the next allocation of the same
+//! dtype and size, up to 1 GiB by default; [`registry()`] applies `VLLM_IR_HOST_POOL_MIB` (`0` turns
+//! the pool off), code calls [`storage::set_host_pool_capacity`].
 
 pub use ir_core::*;
 /// The graph IR: graphs, the text format, the verifier, the interpreter and the tracer.
@@ -51,13 +55,32 @@ pub enum SetupError {
     /// The priority configuration is invalid or does not resolve.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// `VLLM_IR_HOST_POOL_MIB` is not a whole number of MiB.
+    #[error("{HOST_POOL_ENV}={value:?} is not a whole number of MiB (0 turns the host buffer pool off)")]
+    HostPool {
+        /// The value given.
+        value: String,
+    },
 }
+
+/// The environment variable [`registry()`] reads for the host buffer pool's bound, in MiB.
+pub const HOST_POOL_ENV: &str = "VLLM_IR_HOST_POOL_MIB";
 
 /// A registry with every built-in op, every provider this build enables registered (those that
 /// cannot run here are registered and say why), and the priorities of `VLLM_IR_PLATFORM` (or the
-/// detected platform) with `VLLM_IR_PRIORITY`'s entries first, installed.
+/// detected platform) with `VLLM_IR_PRIORITY`'s entries first, installed; `VLLM_IR_HOST_POOL_MIB`,
+/// when set, bounds the host buffer pool.
 pub fn registry() -> Result<Registry, SetupError> {
+    if let Ok(value) = std::env::var(HOST_POOL_ENV) {
+        storage::set_host_pool_capacity(host_pool_bytes(&value)?);
+    }
     registry_with(PriorityConfig::from_env()?)
+}
+
+/// The host pool's bound in bytes from `VLLM_IR_HOST_POOL_MIB`'s value.
+fn host_pool_bytes(value: &str) -> Result<usize, SetupError> {
+    let mib: usize = value.trim().parse().map_err(|_| SetupError::HostPool { value: value.to_owned() })?;
+    Ok(mib.saturating_mul(1 << 20))
 }
 
 /// [`registry()`] with a configuration from code; reads no environment variable.
@@ -98,6 +121,17 @@ mod tests {
         assert_eq!(out.shape(), &[4, 64]);
         assert_eq!(registry.selection_record().selections("rms_norm", "cpu"), 1, "the cpu kernel ran");
         assert_eq!(registry.selection_record().selections("rms_norm", "native"), 0);
+    }
+
+    #[test]
+    fn the_host_pool_bound_is_a_number_of_mib() {
+        assert_eq!(host_pool_bytes("512").unwrap(), 512 << 20);
+        assert_eq!(host_pool_bytes(" 0 ").unwrap(), 0);
+        let err = host_pool_bytes("lots").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "VLLM_IR_HOST_POOL_MIB=\"lots\" is not a whole number of MiB (0 turns the host buffer pool off)"
+        );
     }
 
     #[test]
