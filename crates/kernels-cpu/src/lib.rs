@@ -188,25 +188,25 @@ pub fn rms_norm_cpu_into(
     let out_buffer = out.cpu_buffer_mut()?.ok_or_else(|| not_on_cpu("out"))?;
     let eps = epsilon as f32;
     match x.dtype() {
-        DType::F32 => rms_norm_rows::<f32>(x_buffer, x_rows, out_buffer, out_rows, &weight, eps),
-        DType::F16 => rms_norm_rows::<half::f16>(x_buffer, x_rows, out_buffer, out_rows, &weight, eps),
-        DType::BF16 => rms_norm_rows::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, &weight, eps),
+        DType::F32 => rows::rms_norm::<f32>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
+        DType::F16 => rows::rms_norm::<half::f16>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
+        DType::BF16 => rows::rms_norm::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
         other => return Err(unsupported_dtype(other)),
     }
     Ok(())
 }
 
-/// The weight as the norm rows read it: in x's dtype straight from its storage (the case every
-/// provider call is, by the predicate), or, for a direct call with another weight dtype, converted
-/// to f32 once per call.
-enum RowWeight<'a> {
+/// A norm's weight for the rows: in x's dtype straight from its storage (the case every provider
+/// call is, by the predicate), or, for a direct call with another weight dtype, converted to f32
+/// once per call.
+pub(crate) enum RowWeight<'a> {
     None,
     Same(&'a ir_core::storage::CpuBuffer, std::ops::Range<usize>),
     F32(Vec<f32>),
 }
 
 impl<'a> RowWeight<'a> {
-    fn of(weight: Option<&'a Tensor>, dtype: DType) -> Result<RowWeight<'a>, KernelError> {
+    pub(crate) fn of(weight: Option<&'a Tensor>, dtype: DType) -> Result<RowWeight<'a>, KernelError> {
         match weight {
             None => Ok(RowWeight::None),
             Some(w) if w.dtype() == dtype => {
@@ -216,39 +216,14 @@ impl<'a> RowWeight<'a> {
             Some(_) => Ok(RowWeight::F32(weight_f32(weight)?.expect("a weight was given"))),
         }
     }
-}
 
-fn rms_norm_rows<T: CpuElement>(
-    x: &ir_core::storage::CpuBuffer,
-    x_rows: Rows,
-    out: &mut ir_core::storage::CpuBuffer,
-    out_rows: Rows,
-    weight: &RowWeight<'_>,
-    eps: f32,
-) {
-    match weight {
-        RowWeight::None => rows::rms_norm::<T, T>(x, x_rows, out, out_rows, None, eps),
-        RowWeight::Same(buffer, range) => {
-            rows::rms_norm::<T, T>(x, x_rows, out, out_rows, Some(&buffer.typed::<T>()[range.clone()]), eps)
+    /// The weight as rows of element type `T` (x's) read it.
+    pub(crate) fn typed<T: CpuElement>(&self) -> rows::Weight<'_, T> {
+        match self {
+            RowWeight::None => rows::Weight::None,
+            RowWeight::Same(buffer, range) => rows::Weight::Same(&buffer.typed::<T>()[range.clone()]),
+            RowWeight::F32(w) => rows::Weight::F32(w),
         }
-        RowWeight::F32(w) => rows::rms_norm::<T, f32>(x, x_rows, out, out_rows, Some(w), eps),
-    }
-}
-
-fn fused_rows<T: CpuElement>(
-    x: &mut ir_core::storage::CpuBuffer,
-    x_rows: Rows,
-    residual: &mut ir_core::storage::CpuBuffer,
-    residual_rows: Rows,
-    weight: &RowWeight<'_>,
-    eps: f32,
-) {
-    match weight {
-        RowWeight::None => rows::fused::<T, T>(x, x_rows, residual, residual_rows, None, eps),
-        RowWeight::Same(buffer, range) => {
-            rows::fused::<T, T>(x, x_rows, residual, residual_rows, Some(&buffer.typed::<T>()[range.clone()]), eps)
-        }
-        RowWeight::F32(w) => rows::fused::<T, f32>(x, x_rows, residual, residual_rows, Some(w), eps),
     }
 }
 
@@ -274,11 +249,11 @@ pub fn fused_add_rms_norm_cpu(
         let eps = epsilon as f32;
         let Storage::Cpu(x_buffer) = x.storage_mut()? else { return Err(not_on_cpu("x")) };
         let Storage::Cpu(residual_buffer) = residual.storage_mut()? else { return Err(not_on_cpu("x_residual")) };
-        let w = &weight;
+        let (r_buffer, r_rows) = (residual_buffer, residual_rows);
         match dtype {
-            DType::F32 => fused_rows::<f32>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
-            DType::F16 => fused_rows::<half::f16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
-            DType::BF16 => fused_rows::<half::bf16>(x_buffer, x_rows, residual_buffer, residual_rows, w, eps),
+            DType::F32 => rows::fused::<f32>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps),
+            DType::F16 => rows::fused::<half::f16>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps),
+            DType::BF16 => rows::fused::<half::bf16>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps),
             other => return Err(unsupported_dtype(other)),
         }
     }

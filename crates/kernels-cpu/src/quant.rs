@@ -16,7 +16,7 @@ use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor, UniqueTensor};
 use rayon::prelude::*;
 
 use crate::element::CpuElement;
-use crate::rows::{fused_row_portable, rms_norm_row_portable, rows_per_task, with_scratch};
+use crate::rows::{Weight, fused_row, rms_norm_row, rows_per_task, with_scratch};
 
 /// The `supports` predicate and spec of the quantization ops on the cpu.
 pub(crate) fn spec() -> ImplSpec {
@@ -172,23 +172,6 @@ struct Norm<'a> {
     eps: f32,
 }
 
-/// The norm's weight as the rows read it: in x's dtype from its storage (every provider call, by
-/// the predicate), or converted to f32 once per call (a direct call with another weight dtype).
-#[derive(Clone, Copy)]
-enum WeightRows<'a> {
-    None,
-    Same(&'a CpuBuffer, usize, usize),
-    F32(&'a [f32]),
-}
-
-/// [`WeightRows`] typed for the element type `T`.
-#[derive(Clone, Copy)]
-enum RowWeight<'a, T> {
-    None,
-    Same(&'a [T]),
-    F32(&'a [f32]),
-}
-
 /// What [`quantize`] produces: `q` and the per-row scales (a static call's scale per row).
 struct Quantized {
     q: Tensor,
@@ -209,22 +192,11 @@ fn quantize(
     let mut q = Tensor::empty_with_layout(out_dtype, ir_core::Layout::compact(x.shape()))?;
     let mut scales = Tensor::zeros(DType::F32, &per_token_scales_shape(x.shape()))?;
     if rows.n_rows > 0 {
-        let converted;
-        let weight = match norm.as_ref().and_then(|n| n.weight) {
-            None => WeightRows::None,
-            Some(w) if w.dtype() == x.dtype() => {
-                let buffer = w.cpu_buffer().ok_or_else(|| crate::not_on_cpu("weight"))?;
-                WeightRows::Same(buffer, w.offset(), w.numel())
-            }
-            Some(w) => {
-                converted = crate::weight_f32(Some(w))?.expect("a weight was given");
-                WeightRows::F32(&converted)
-            }
-        };
+        let weight = crate::RowWeight::of(norm.as_ref().and_then(|n| n.weight), x.dtype())?;
         let inputs = RowInputs {
             x: x.cpu_buffer().ok_or_else(|| crate::not_on_cpu("x"))?,
             rows,
-            weight,
+            weight: &weight,
             eps: norm.as_ref().map(|n| n.eps),
             scale,
         };
@@ -252,7 +224,7 @@ fn quantize(
 struct RowInputs<'a> {
     x: &'a CpuBuffer,
     rows: Rows,
-    weight: WeightRows<'a>,
+    weight: &'a crate::RowWeight<'a>,
     eps: Option<f32>,
     scale: RowScale,
 }
@@ -289,11 +261,7 @@ impl<T: CpuElement> OwnedScratch<T> {
 
 fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>) {
     let RowInputs { x, rows, weight, eps, scale } = inputs;
-    let weight = match weight {
-        WeightRows::None => RowWeight::None,
-        WeightRows::Same(buffer, offset, n) => RowWeight::Same(&buffer.typed::<T>()[offset..offset + n]),
-        WeightRows::F32(w) => RowWeight::F32(w),
-    };
+    let weight = weight.typed::<T>();
     let hidden = rows.hidden;
     let scales = &mut outputs.scales.typed_mut::<f32>()[..rows.n_rows];
     if hidden == 0 {
@@ -351,9 +319,9 @@ enum Row<'a, T> {
     /// x itself.
     Plain(&'a [T]),
     /// `rms_norm(x)`.
-    Norm { x: &'a [T], weight: RowWeight<'a, T>, eps: f32 },
+    Norm { x: &'a [T], weight: Weight<'a, T>, eps: f32 },
     /// `fused_add_rms_norm(x, r)`, writing the sum back into `r`.
-    Fused { x: &'a [T], r: &'a mut [T], weight: RowWeight<'a, T>, eps: f32 },
+    Fused { x: &'a [T], r: &'a mut [T], weight: Weight<'a, T>, eps: f32 },
 }
 
 /// The scale of one row of f32 values.
@@ -389,25 +357,13 @@ fn quantize_row<T: CpuElement, Q: Fp8>(
         Row::Norm { x, weight, eps } => {
             // The cpu rms_norm row itself (explicit where the CPU has it), so the composition's
             // bits are the cpu norm's.
-            match (weight, T::simd_rms_norm_row()) {
-                (RowWeight::None, Some(row)) => row(x, None, eps, normalized, false),
-                (RowWeight::Same(w), Some(row)) => row(x, Some(w), eps, normalized, false),
-                (RowWeight::None, None) => rms_norm_row_portable::<T, T>(x, None, eps, normalized),
-                (RowWeight::Same(w), None) => rms_norm_row_portable::<T, T>(x, Some(w), eps, normalized),
-                (RowWeight::F32(w), _) => rms_norm_row_portable::<T, f32>(x, Some(w), eps, normalized),
-            }
+            rms_norm_row(x, weight, eps, normalized, false);
             T::load(normalized, a);
         }
         Row::Fused { x, r, weight, eps } => {
             // The cpu fused row on a copy of x (x is read only): normalized ← norm(x + r), r ← x + r.
             normalized.copy_from_slice(x);
-            match (weight, T::simd_fused_row()) {
-                (RowWeight::None, Some(row)) => row(normalized, r, None, eps),
-                (RowWeight::Same(w), Some(row)) => row(normalized, r, Some(w), eps),
-                (RowWeight::None, None) => fused_row_portable::<T, T>(normalized, r, None, eps),
-                (RowWeight::Same(w), None) => fused_row_portable::<T, T>(normalized, r, Some(w), eps),
-                (RowWeight::F32(w), _) => fused_row_portable::<T, f32>(normalized, r, Some(w), eps),
-            }
+            fused_row(normalized, r, weight, eps);
             T::load(normalized, a);
         }
     }

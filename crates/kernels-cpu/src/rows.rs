@@ -24,28 +24,23 @@ pub(crate) fn rows_per_task(hidden: usize, element_size: usize) -> usize {
     (BYTES_PER_TASK / (hidden * element_size).max(1)).max(1)
 }
 
-pub(crate) fn rms_norm<T: CpuElement, W: CpuElement>(
+pub(crate) fn rms_norm<T: CpuElement>(
     x: &CpuBuffer,
     x_rows: Rows,
     out: &mut CpuBuffer,
     out_rows: Rows,
-    weight: Option<&[W]>,
+    weight: Weight<'_, T>,
     eps: f32,
 ) {
     let hidden = x_rows.hidden;
     let x_data = &x.typed::<T>()[x_rows.offset..x_rows.offset + x_rows.span()];
     let out_data = &mut out.typed_mut::<T>()[out_rows.offset..out_rows.offset + out_rows.span()];
-    let simd = same_type(weight).and_then(|weight| Some((T::simd_rms_norm_row()?, weight)));
     // An output larger than the last-level cache is streamed past it: ordinary stores would read
     // every output line before writing it, and the lines would only evict the input.
     let stream = size_of_val(out_data) > last_level_cache_bytes();
     let task = |(index, out_chunk): (usize, &mut [T])| {
         let start = index * x_rows.row_stride;
-        let (x, out) = (&x_data[start..start + hidden], &mut out_chunk[..hidden]);
-        match simd {
-            Some((row, weight)) => row(x, weight, eps, out, stream),
-            None => rms_norm_row_portable(x, weight, eps, out),
-        }
+        rms_norm_row(&x_data[start..start + hidden], weight, eps, &mut out_chunk[..hidden], stream);
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
@@ -56,25 +51,20 @@ pub(crate) fn rms_norm<T: CpuElement, W: CpuElement>(
     out_data.par_chunks_mut(out_rows.row_stride).enumerate().with_min_len(per_task).for_each(task);
 }
 
-pub(crate) fn fused<T: CpuElement, W: CpuElement>(
+pub(crate) fn fused<T: CpuElement>(
     x: &mut CpuBuffer,
     x_rows: Rows,
     residual: &mut CpuBuffer,
     residual_rows: Rows,
-    weight: Option<&[W]>,
+    weight: Weight<'_, T>,
     eps: f32,
 ) {
     let hidden = x_rows.hidden;
     let x_data = &mut x.typed_mut::<T>()[x_rows.offset..x_rows.offset + x_rows.span()];
     let residual_data =
         &mut residual.typed_mut::<T>()[residual_rows.offset..residual_rows.offset + residual_rows.span()];
-    let simd = same_type(weight).and_then(|weight| Some((T::simd_fused_row()?, weight)));
     let task = |(x_chunk, r_chunk): (&mut [T], &mut [T])| {
-        let (x, r) = (&mut x_chunk[..hidden], &mut r_chunk[..hidden]);
-        match simd {
-            Some((row, weight)) => row(x, r, weight, eps),
-            None => fused_row_portable(x, r, weight, eps),
-        }
+        fused_row(&mut x_chunk[..hidden], &mut r_chunk[..hidden], weight, eps);
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
@@ -129,12 +119,36 @@ pub(crate) fn last_level_cache_bytes() -> usize {
     })
 }
 
-/// The weight as `T` values when its element type is `T` (the explicit SIMD rows take only that).
-fn same_type<T: CpuElement, W: CpuElement>(weight: Option<&[W]>) -> Option<Option<&[T]>> {
-    if std::any::TypeId::of::<T>() != std::any::TypeId::of::<W>() {
-        return None;
+/// A norm's weight as a row reads it: none, in x's element type, or converted to f32 (a direct
+/// call with a weight of another dtype; the explicit rows take only the first two).
+#[derive(Clone, Copy)]
+pub(crate) enum Weight<'a, T> {
+    None,
+    Same(&'a [T]),
+    F32(&'a [f32]),
+}
+
+/// One `rms_norm` row: the explicit SIMD row when the CPU has one and the weight is in x's type,
+/// else the portable row (the same bits either way). `stream` asks for non-temporal output stores.
+pub(crate) fn rms_norm_row<T: CpuElement>(x: &[T], weight: Weight<'_, T>, eps: f32, out: &mut [T], stream: bool) {
+    match (weight, T::simd_rms_norm_row()) {
+        (Weight::F32(w), _) => rms_norm_row_portable::<T, f32>(x, Some(w), eps, out),
+        (Weight::None, Some(row)) => row(x, None, eps, out, stream),
+        (Weight::Same(w), Some(row)) => row(x, Some(w), eps, out, stream),
+        (Weight::None, None) => rms_norm_row_portable::<T, T>(x, None, eps, out),
+        (Weight::Same(w), None) => rms_norm_row_portable::<T, T>(x, Some(w), eps, out),
     }
-    Some(weight.map(bytemuck::cast_slice::<W, T>))
+}
+
+/// One `fused_add_rms_norm` row, in place, chosen as [`rms_norm_row`] is.
+pub(crate) fn fused_row<T: CpuElement>(x: &mut [T], r: &mut [T], weight: Weight<'_, T>, eps: f32) {
+    match (weight, T::simd_fused_row()) {
+        (Weight::F32(w), _) => fused_row_portable::<T, f32>(x, r, Some(w), eps),
+        (Weight::None, Some(row)) => row(x, r, None, eps),
+        (Weight::Same(w), Some(row)) => row(x, r, Some(w), eps),
+        (Weight::None, None) => fused_row_portable::<T, T>(x, r, None, eps),
+        (Weight::Same(w), None) => fused_row_portable::<T, T>(x, r, Some(w), eps),
+    }
 }
 
 /// Elements widened to f32 at a time, in stack buffers (a multiple of [`LANES`]): the row kernels
