@@ -3,10 +3,12 @@
 //! final graph (it parses back; or its DOT with `--dot`) and everything else (pass reports,
 //! `--print-after-all` dumps, timings) goes to standard error.
 
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use ir_graph::Graph;
 use ir_passes::Snapshots;
 
 use crate::compile::{PassArgs, compile, read_graph};
@@ -58,10 +60,23 @@ pub(crate) fn run(args: &OptArgs) -> anyhow::Result<()> {
             eprint!("// after {}\n{after}", run.pass);
         }
     }
-    let result = if args.dot { graph.to_dot() } else { graph.to_string() };
+    // The graph text is streamed to its destination, not built in memory first: for a large graph it
+    // is as big as the input file.
     match &args.output {
-        Some(path) => std::fs::write(path, result).with_context(|| format!("writing {}", path.display()))?,
-        None => print!("{result}"),
+        Some(path) => {
+            let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+            write_result(&graph, args.dot, BufWriter::new(file)).with_context(|| format!("writing {}", path.display()))
+        }
+        None => write_result(&graph, args.dot, BufWriter::new(std::io::stdout().lock())).context("writing the result"),
     }
-    Ok(())
+}
+
+/// Writes the graph (its text, or its DOT) and flushes.
+fn write_result(graph: &Graph, dot: bool, mut out: impl Write) -> std::io::Result<()> {
+    if dot {
+        out.write_all(graph.to_dot().as_bytes())?;
+    } else {
+        write!(out, "{graph}")?;
+    }
+    out.flush()
 }

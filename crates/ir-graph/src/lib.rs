@@ -401,11 +401,17 @@ impl Graph {
 
     /// Places detached input nodes after the leading inputs, in the given order; one splice.
     pub(crate) fn place_inputs(&mut self, inputs: &[NodeId]) {
-        let position = self
-            .order
-            .iter()
-            .position(|&n| !matches!(self.nodes[n].kind, NodeKind::Input { .. }))
-            .unwrap_or(self.order.len());
+        // While only inputs are placed (parsing a header, the start of a trace) they go at the end:
+        // O(1) per input, so a graph with many inputs is read in linear time.
+        let only_inputs = self.order.last().is_none_or(|&n| matches!(self.nodes[n].kind, NodeKind::Input { .. }));
+        let position = if only_inputs {
+            self.order.len()
+        } else {
+            self.order
+                .iter()
+                .position(|&n| !matches!(self.nodes[n].kind, NodeKind::Input { .. }))
+                .unwrap_or(self.order.len())
+        };
         self.order.splice(position..position, inputs.iter().copied());
     }
 

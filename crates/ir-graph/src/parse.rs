@@ -23,25 +23,32 @@ pub struct ParseError {
     pub found: String,
 }
 
-/// Parses one graph.
+/// Parses one graph. The text is read once, front to back: tokens are produced on demand and borrow
+/// from it, so parsing needs no memory beyond the graph itself and the table of names in scope.
 pub fn parse(text: &str) -> Result<Graph, ParseError> {
-    let tokens = lex(text)?;
-    let mut parser = Parser { tokens, pos: 0, names: HashMap::default() };
+    let mut lexer = Lexer { text, bytes: text.as_bytes(), i: 0, line: 1, column: 1 };
+    let (current, pending) = match lexer.token() {
+        Ok(token) => (token, None),
+        Err(error) => (Token { tok: Tok::Bad, line: error.line, column: error.column }, Some(error)),
+    };
+    let mut parser = Parser { lexer, current, pending, names: HashMap::default() };
     parser.graph()
 }
 
-#[derive(Clone, Debug, PartialEq)]
-enum Tok {
-    Ident(String),
-    Value(String),
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Tok<'a> {
+    Ident(&'a str),
+    Value(&'a str),
     Int(i64),
     Float(f64),
-    Str(String),
+    Str(&'a str),
     Punct(char),
     Eof,
+    /// Where the text could not be read as a token; the parser reports the lexer's error there.
+    Bad,
 }
 
-impl fmt::Display for Tok {
+impl fmt::Display for Tok<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Tok::Ident(s) => write!(f, "'{s}'"),
@@ -51,141 +58,186 @@ impl fmt::Display for Tok {
             Tok::Str(s) => write!(f, "'\"{s}\"'"),
             Tok::Punct(c) => write!(f, "'{c}'"),
             Tok::Eof => f.write_str("end of input"),
+            Tok::Bad => f.write_str("an unreadable token"),
         }
     }
 }
 
-#[derive(Clone, Debug)]
-struct Token {
-    tok: Tok,
+#[derive(Clone, Copy, Debug)]
+struct Token<'a> {
+    tok: Tok<'a>,
     line: u32,
     column: u32,
 }
 
-fn lex(text: &str) -> Result<Vec<Token>, ParseError> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut tokens = Vec::new();
-    let (mut i, mut line, mut column) = (0usize, 1u32, 1u32);
-    let error =
-        |line, column, expected: &str, found: String| ParseError { line, column, expected: expected.to_owned(), found };
-    while i < chars.len() {
-        let c = chars[i];
-        if c == '\n' {
-            i += 1;
-            line += 1;
-            column = 1;
-            continue;
+/// Splits the text into tokens one at a time. Positions are bytes; columns count characters (only
+/// strings, comments and errors hold non-ASCII text).
+struct Lexer<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    i: usize,
+    line: u32,
+    column: u32,
+}
+
+fn lex_error(line: u32, column: u32, expected: &str, found: String) -> ParseError {
+    ParseError { line, column, expected: expected.to_owned(), found }
+}
+
+impl<'a> Lexer<'a> {
+    /// The character at byte `i`, if any.
+    fn char_at(&self, i: usize) -> Option<char> {
+        self.text.get(i..).and_then(|rest| rest.chars().next())
+    }
+
+    fn byte_at(&self, i: usize) -> Option<u8> {
+        self.bytes.get(i).copied()
+    }
+
+    /// Moves past `len` bytes that hold `chars` characters on the current line.
+    fn advance(&mut self, len: usize, chars: usize) {
+        self.i += len;
+        self.column += chars as u32;
+    }
+
+    fn skip_while(&mut self, mut keep: impl FnMut(u8) -> bool) {
+        while self.i < self.bytes.len() && keep(self.bytes[self.i]) {
+            self.i += 1;
         }
-        if c.is_whitespace() {
-            i += 1;
-            column += 1;
-            continue;
+    }
+
+    fn token(&mut self) -> Result<Token<'a>, ParseError> {
+        loop {
+            let Some(c) = self.byte_at(self.i) else {
+                return Ok(Token { tok: Tok::Eof, line: self.line, column: self.column });
+            };
+            if c == b'\n' {
+                self.i += 1;
+                self.line += 1;
+                self.column = 1;
+            } else if c.is_ascii_whitespace() {
+                self.advance(1, 1);
+            } else if !c.is_ascii() && self.char_at(self.i).is_some_and(char::is_whitespace) {
+                let len = self.char_at(self.i).map_or(1, char::len_utf8);
+                self.advance(len, 1);
+            } else if c == b'/' && self.byte_at(self.i + 1) == Some(b'/') {
+                // A comment runs to the end of the line; the newline is read as whitespace.
+                self.skip_while(|b| b != b'\n');
+            } else {
+                break;
+            }
         }
-        if c == '/' && chars.get(i + 1) == Some(&'/') {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
+        let (line, column, start) = (self.line, self.column, self.i);
+        let c = self.bytes[start];
+        let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+        let tok = if c.is_ascii_alphabetic() || c == b'_' {
+            self.skip_while(word);
+            Tok::Ident(&self.text[start..self.i])
+        } else if c == b'%' {
+            self.i += 1;
+            self.skip_while(|b| word(b) || b == b'.');
+            if self.i == start + 1 {
+                let found = self.char_at(self.i).map_or("end of input".to_owned(), |c| format!("'{c}'"));
+                return Err(lex_error(line, column + 1, "a value name after '%'", found));
             }
-            continue;
-        }
-        let (start_line, start_column) = (line, column);
-        let start = i;
-        let tok = if c.is_ascii_alphabetic() || c == '_' {
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
-                i += 1;
-            }
-            Tok::Ident(chars[start..i].iter().collect())
-        } else if c == '%' {
-            i += 1;
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == '.') {
-                i += 1;
-            }
-            if i == start + 1 {
-                let found = chars.get(i).map_or("end of input".to_owned(), |c| format!("'{c}'"));
-                return Err(error(start_line, start_column + 1, "a value name after '%'", found));
-            }
-            Tok::Value(chars[start + 1..i].iter().collect())
-        } else if c.is_ascii_digit() || (c == '-' && chars.get(i + 1).is_some_and(|n| n.is_ascii_digit() || *n == 'i'))
+            Tok::Value(&self.text[start + 1..self.i])
+        } else if c.is_ascii_digit()
+            || (c == b'-' && self.byte_at(start + 1).is_some_and(|n| n.is_ascii_digit() || n == b'i'))
         {
-            i += 1;
-            if c == '-' && chars[i] == 'i' {
-                let word: String = chars[i..(i + 3).min(chars.len())].iter().collect();
+            self.i += 1;
+            if c == b'-' && self.bytes[self.i] == b'i' {
+                let word: String = self.text[self.i..].chars().take(3).collect();
                 if word != "inf" {
-                    return Err(error(start_line, start_column, "a number", format!("'-{word}'")));
+                    return Err(lex_error(line, column, "a number", format!("'-{word}'")));
                 }
-                i += 3;
+                self.i += 3;
                 Tok::Float(f64::NEG_INFINITY)
             } else {
                 let mut is_float = false;
-                while i < chars.len() {
-                    let d = chars[i];
-                    let exponent_sign = (d == '-' || d == '+') && matches!(chars[i - 1], 'e' | 'E');
+                while let Some(d) = self.byte_at(self.i) {
+                    let exponent_sign = (d == b'-' || d == b'+') && matches!(self.bytes[self.i - 1], b'e' | b'E');
                     if d.is_ascii_digit() || exponent_sign {
-                        i += 1;
-                    } else if d == '.' || d == 'e' || d == 'E' {
+                        self.i += 1;
+                    } else if d == b'.' || d == b'e' || d == b'E' {
                         is_float = true;
-                        i += 1;
+                        self.i += 1;
                     } else {
                         break;
                     }
                 }
-                let literal: String = chars[start..i].iter().collect();
+                let literal = &self.text[start..self.i];
                 if is_float {
                     let value = literal
                         .parse::<f64>()
-                        .map_err(|_| error(start_line, start_column, "a number", format!("'{literal}'")))?;
+                        .map_err(|_| lex_error(line, column, "a number", format!("'{literal}'")))?;
                     Tok::Float(value)
                 } else {
                     let value = literal.parse::<i64>().map_err(|_| {
-                        error(start_line, start_column, "an integer that fits in 64 bits", format!("'{literal}'"))
+                        lex_error(line, column, "an integer that fits in 64 bits", format!("'{literal}'"))
                     })?;
                     Tok::Int(value)
                 }
             }
-        } else if c == '"' {
+        } else if c == b'"' {
             // A string argument: no escapes, so no quote, backslash or line break inside.
-            i += 1;
-            while i < chars.len() && chars[i] != '"' && chars[i] != '\\' && chars[i] != '\n' {
-                i += 1;
+            self.i += 1;
+            self.skip_while(|b| b != b'"' && b != b'\\' && b != b'\n');
+            if self.byte_at(self.i) != Some(b'"') {
+                let found = self.char_at(self.i).map_or("end of input".to_owned(), |c| format!("{c:?}"));
+                return Err(lex_error(line, column, "a closing '\"' (strings have no escapes)", found));
             }
-            if chars.get(i) != Some(&'"') {
-                let found = chars.get(i).map_or("end of input".to_owned(), |c| format!("{c:?}"));
-                return Err(error(start_line, start_column, "a closing '\"' (strings have no escapes)", found));
-            }
-            i += 1;
-            Tok::Str(chars[start + 1..i - 1].iter().collect())
-        } else if "(){}[],:=+@.".contains(c) {
-            i += 1;
-            Tok::Punct(c)
+            self.i += 1;
+            Tok::Str(&self.text[start + 1..self.i - 1])
+        } else if b"(){}[],:=+@.".contains(&c) {
+            self.i += 1;
+            Tok::Punct(char::from(c))
         } else {
-            return Err(error(start_line, start_column, "a token", format!("'{c}'")));
+            let found = self.char_at(start).map_or_else(|| format!("'{}'", char::from(c)), |c| format!("'{c}'"));
+            return Err(lex_error(line, column, "a token", found));
         };
-        column += (i - start) as u32;
-        tokens.push(Token { tok, line: start_line, column: start_column });
+        self.column += self.text[start..self.i].chars().count() as u32;
+        Ok(Token { tok, line, column })
     }
-    tokens.push(Token { tok: Tok::Eof, line, column });
-    Ok(tokens)
 }
 
-struct Parser {
-    tokens: Vec<Token>,
-    pos: usize,
-    names: HashMap<String, ValueId>,
+struct Parser<'a> {
+    lexer: Lexer<'a>,
+    /// The next token (one token of lookahead).
+    current: Token<'a>,
+    /// The lexer's error where `current` is `Tok::Bad`.
+    pending: Option<ParseError>,
+    /// The values in scope, by name.
+    names: HashMap<&'a str, ValueId>,
 }
 
-impl Parser {
-    fn peek(&self) -> &Token {
-        &self.tokens[self.pos.min(self.tokens.len() - 1)]
+impl<'a> Parser<'a> {
+    fn peek(&self) -> &Token<'a> {
+        &self.current
     }
 
-    fn next(&mut self) -> Token {
-        let token = self.peek().clone();
-        if self.pos < self.tokens.len() - 1 {
-            self.pos += 1;
+    /// Takes the current token and reads the one after it. A token the lexer cannot read becomes
+    /// `Tok::Bad` (which stays: nothing is read past it), reported when the parser reaches it.
+    fn next(&mut self) -> Token<'a> {
+        let token = self.current;
+        if !matches!(token.tok, Tok::Eof | Tok::Bad) {
+            self.current = match self.lexer.token() {
+                Ok(next) => next,
+                Err(error) => {
+                    let bad = Token { tok: Tok::Bad, line: error.line, column: error.column };
+                    self.pending = Some(error);
+                    bad
+                }
+            };
         }
         token
     }
 
-    fn error_at(&self, token: &Token, expected: &str) -> ParseError {
+    fn error_at(&self, token: &Token<'a>, expected: &str) -> ParseError {
+        if token.tok == Tok::Bad
+            && let Some(error) = &self.pending
+        {
+            return error.clone();
+        }
         ParseError {
             line: token.line,
             column: token.column,
@@ -194,7 +246,7 @@ impl Parser {
         }
     }
 
-    fn expect_punct(&mut self, c: char, expected: &str) -> Result<Token, ParseError> {
+    fn expect_punct(&mut self, c: char, expected: &str) -> Result<Token<'a>, ParseError> {
         let token = self.next();
         if token.tok == Tok::Punct(c) {
             return Ok(token);
@@ -210,17 +262,17 @@ impl Parser {
         false
     }
 
-    fn ident(&mut self, expected: &str) -> Result<(String, Token), ParseError> {
+    fn ident(&mut self, expected: &str) -> Result<(&'a str, Token<'a>), ParseError> {
         let token = self.next();
-        match &token.tok {
-            Tok::Ident(name) => Ok((name.clone(), token)),
+        match token.tok {
+            Tok::Ident(name) => Ok((name, token)),
             _ => Err(self.error_at(&token, expected)),
         }
     }
 
     fn keyword(&mut self, word: &str) -> Result<(), ParseError> {
         let token = self.next();
-        match &token.tok {
+        match token.tok {
             Tok::Ident(name) if name == word => Ok(()),
             _ => Err(self.error_at(&token, &format!("'{word}'"))),
         }
@@ -235,7 +287,7 @@ impl Parser {
     }
 
     fn usize(&mut self, expected: &str) -> Result<usize, ParseError> {
-        let token = self.peek().clone();
+        let token = *self.peek();
         let value = self.int(expected)?;
         usize::try_from(value).map_err(|_| self.error_at(&token, expected))
     }
@@ -267,21 +319,29 @@ impl Parser {
 
     fn input(&mut self, graph: &mut Graph) -> Result<(), ParseError> {
         let token = self.next();
-        let Tok::Value(name) = token.tok.clone() else { return Err(self.error_at(&token, "an input name like '%x'")) };
+        let Tok::Value(name) = token.tok else { return Err(self.error_at(&token, "an input name like '%x'")) };
         self.expect_punct(':', "':'")?;
         let meta = self.ty()?;
-        let value = graph.add_input(name.clone(), meta);
+        let value = graph.add_input(name, meta);
         let node = graph.value(value).def;
         graph.node_mut(node).location = Some((token.line, token.column));
-        if matches!(&self.peek().tok, Tok::Ident(word) if word == "donated") {
+        if matches!(self.peek().tok, Tok::Ident("donated")) {
             self.next();
-            graph.mark_donated(&name);
+            if let NodeKind::Input { donated, .. } = &mut graph.node_mut(node).kind {
+                *donated = true;
+            }
         }
-        self.define(graph, &name, value, &token)
+        self.define(graph, name, value, &token)
     }
 
-    fn define(&mut self, graph: &mut Graph, name: &str, value: ValueId, token: &Token) -> Result<(), ParseError> {
-        if self.names.insert(name.to_owned(), value).is_some() {
+    fn define(
+        &mut self,
+        graph: &mut Graph,
+        name: &'a str,
+        value: ValueId,
+        token: &Token<'a>,
+    ) -> Result<(), ParseError> {
+        if self.names.insert(name, value).is_some() {
             return Err(ParseError {
                 line: token.line,
                 column: token.column,
@@ -295,7 +355,7 @@ impl Parser {
 
     fn use_value(&mut self) -> Result<ValueId, ParseError> {
         let token = self.next();
-        let Tok::Value(name) = &token.tok else { return Err(self.error_at(&token, "a value like '%x'")) };
+        let Tok::Value(name) = token.tok else { return Err(self.error_at(&token, "a value like '%x'")) };
         self.names.get(name).copied().ok_or_else(|| ParseError {
             line: token.line,
             column: token.column,
@@ -305,9 +365,9 @@ impl Parser {
     }
 
     fn statement(&mut self, graph: &mut Graph) -> Result<(), ParseError> {
-        let start = self.peek().clone();
+        let start = *self.peek();
         let location = Some((start.line, start.column));
-        if matches!(&start.tok, Tok::Ident(word) if word == "output") {
+        if matches!(start.tok, Tok::Ident("output")) {
             self.next();
             self.expect_punct('(', "'('")?;
             let mut values = Vec::new();
@@ -326,10 +386,10 @@ impl Parser {
         let mut results = Vec::new();
         loop {
             let token = self.next();
-            let Tok::Value(name) = &token.tok else {
+            let Tok::Value(name) = token.tok else {
                 return Err(self.error_at(&token, "a result like '%0' or 'output'"));
             };
-            results.push((name.clone(), token.clone()));
+            results.push((name, token));
             if self.eat_punct('=') {
                 break;
             }
@@ -349,7 +409,7 @@ impl Parser {
                 found: format!("{} type(s)", types.len()),
             });
         }
-        let named = results.iter().map(|(name, _)| name.clone()).zip(types).collect();
+        let named = results.iter().map(|(name, _)| (*name).to_owned()).zip(types).collect();
         let (_, values) = graph.insert_named(kind, named, None, location);
         for ((name, token), value) in results.iter().zip(values) {
             self.define(graph, name, value, token)?;
@@ -365,7 +425,7 @@ impl Parser {
             let (provider, _) = self.ident("a provider name")?;
             self.expect_punct(']', "']'")?;
             let mut writes = Vec::new();
-            if matches!(&self.peek().tok, Tok::Ident(word) if word == "writes") {
+            if matches!(self.peek().tok, Tok::Ident("writes")) {
                 self.next();
                 self.expect_punct('(', "'('")?;
                 loop {
@@ -377,10 +437,10 @@ impl Parser {
                 }
             }
             let args = self.args()?;
-            let (op, provider) = (graph.op_ref(&op), graph.provider_ref(&provider));
-            return Ok(NodeKind::ImplCall { op, provider, writes, args: args.into_iter().map(|(a, _)| a).collect() });
+            let (op, provider) = (graph.op_ref(op), graph.provider_ref(provider));
+            return Ok(NodeKind::ImplCall { op, provider, writes, args: without_tokens(args) });
         }
-        if let Some(op) = Builtin::from_name(&name) {
+        if let Some(op) = Builtin::from_name(name) {
             let args = self.args()?;
             return builtin(op, args, &token);
         }
@@ -390,22 +450,22 @@ impl Parser {
             overload = Overload::MaybeInplace;
         }
         let args = self.args()?;
-        Ok(NodeKind::IrCall { op: graph.op_ref(&name), overload, args: args.into_iter().map(|(a, _)| a).collect() })
+        Ok(NodeKind::IrCall { op: graph.op_ref(name), overload, args: without_tokens(args) })
     }
 
-    fn args(&mut self) -> Result<Vec<(Arg, Token)>, ParseError> {
+    fn args(&mut self) -> Result<Vec<(Arg, Token<'a>)>, ParseError> {
         self.expect_punct('(', "'('")?;
         let mut args = Vec::new();
         if self.eat_punct(')') {
             return Ok(args);
         }
         loop {
-            let token = self.peek().clone();
-            let arg = match &token.tok {
+            let token = *self.peek();
+            let arg = match token.tok {
                 Tok::Value(_) => Arg::Value(self.use_value()?),
                 Tok::Ident(word) => {
                     self.next();
-                    match word.as_str() {
+                    match word {
                         "none" => Arg::None,
                         "true" => Arg::Bool(true),
                         "false" => Arg::Bool(false),
@@ -419,15 +479,15 @@ impl Parser {
                 }
                 Tok::Int(v) => {
                     self.next();
-                    Arg::I64(*v)
+                    Arg::I64(v)
                 }
                 Tok::Float(v) => {
                     self.next();
-                    Arg::F64(*v)
+                    Arg::F64(v)
                 }
                 Tok::Str(v) => {
                     self.next();
-                    Arg::Str(v.clone())
+                    Arg::Str(v.to_owned())
                 }
                 Tok::Punct('[') => {
                     self.next();
@@ -465,7 +525,7 @@ impl Parser {
         if self.eat_punct('@') {
             let (kind, kind_token) = self.ident("a device (cpu, cuda:N, rocm:N, xpu:N)")?;
             let spelled = if kind == "cpu" {
-                kind
+                kind.to_owned()
             } else {
                 self.expect_punct(':', "':' and a device index")?;
                 format!("{kind}:{}", self.usize("a device index")?)
@@ -508,9 +568,17 @@ impl Parser {
     }
 }
 
+/// The arguments alone, in a vector of their exact size: collecting in place would keep the larger
+/// buffer of `(Arg, Token)` pairs alive for the graph's lifetime, several times the arguments' size.
+fn without_tokens(args: Vec<(Arg, Token<'_>)>) -> Vec<Arg> {
+    let mut exact = Vec::with_capacity(args.len());
+    exact.extend(args.into_iter().map(|(arg, _)| arg));
+    exact
+}
+
 /// Converts a built-in's positional arguments into its node kind, with the arity and the argument
 /// kinds from the built-in table.
-fn builtin(op: Builtin, args: Vec<(Arg, Token)>, at: &Token) -> Result<NodeKind, ParseError> {
+fn builtin(op: Builtin, args: Vec<(Arg, Token<'_>)>, at: &Token<'_>) -> Result<NodeKind, ParseError> {
     let params = op.def().params;
     if args.len() != params.len() {
         return Err(ParseError {
@@ -520,37 +588,37 @@ fn builtin(op: Builtin, args: Vec<(Arg, Token)>, at: &Token) -> Result<NodeKind,
             found: format!("{} argument(s)", args.len()),
         });
     }
-    args.into_iter()
-        .zip(params)
-        .map(|((arg, token), param)| {
-            let converted = match (arg, param) {
-                (Arg::Value(v), BuiltinParam::Value) => Some(BuiltinArg::Value(v)),
-                (Arg::I64(v), BuiltinParam::Index) => usize::try_from(v).ok().map(BuiltinArg::Index),
-                (Arg::Ints(dims), BuiltinParam::Shape) => {
-                    dims.iter().map(|&d| usize::try_from(d).ok()).collect::<Option<Vec<_>>>().map(BuiltinArg::Shape)
-                }
-                (Arg::F64(v), BuiltinParam::Float) => Some(BuiltinArg::Float(v)),
-                _ => None,
+    // Built in a vector of the exact size (see `without_tokens`).
+    let mut converted_args = Vec::with_capacity(args.len());
+    for ((arg, token), param) in args.into_iter().zip(params) {
+        let converted = match (arg, param) {
+            (Arg::Value(v), BuiltinParam::Value) => Some(BuiltinArg::Value(v)),
+            (Arg::I64(v), BuiltinParam::Index) => usize::try_from(v).ok().map(BuiltinArg::Index),
+            (Arg::Ints(dims), BuiltinParam::Shape) => {
+                dims.iter().map(|&d| usize::try_from(d).ok()).collect::<Option<Vec<_>>>().map(BuiltinArg::Shape)
+            }
+            (Arg::F64(v), BuiltinParam::Float) => Some(BuiltinArg::Float(v)),
+            _ => None,
+        };
+        let Some(converted) = converted else {
+            let what = match param {
+                BuiltinParam::Value => "a value",
+                BuiltinParam::Index => "a non-negative integer",
+                BuiltinParam::Shape => "a list of non-negative integers",
+                BuiltinParam::Float => "a float",
             };
-            converted.ok_or_else(|| {
-                let what = match param {
-                    BuiltinParam::Value => "a value",
-                    BuiltinParam::Index => "a non-negative integer",
-                    BuiltinParam::Shape => "a list of non-negative integers",
-                    BuiltinParam::Float => "a float",
-                };
-                ParseError {
-                    line: token.line,
-                    column: token.column,
-                    expected: format!("{what} ({} takes {})", op.name(), op.signature()),
-                    found: token_text(&token),
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(|args| NodeKind::Builtin { op, args })
+            return Err(ParseError {
+                line: token.line,
+                column: token.column,
+                expected: format!("{what} ({} takes {})", op.name(), op.signature()),
+                found: token_text(&token),
+            });
+        };
+        converted_args.push(converted);
+    }
+    Ok(NodeKind::Builtin { op, args: converted_args })
 }
 
-fn token_text(token: &Token) -> String {
+fn token_text(token: &Token<'_>) -> String {
     token.tok.to_string()
 }

@@ -120,6 +120,27 @@ fn parse_errors_have_positions_and_say_what_was_expected() {
 }
 
 #[test]
+fn columns_count_characters_and_the_first_error_in_the_text_is_reported() {
+    // A string and a comment with non-ASCII text: columns after them count characters, not bytes.
+    let text = "graph g(%x: f32[2]) { // größe ✓\n  %y = gelu_and_mul(%x, \"tänh\", %q) : f32[1]\n  output(%y)\n}";
+    assert_eq!(error(text), "2:33: expected a defined value, found undefined value '%q'");
+    // A character no token starts with, at its own column.
+    assert_eq!(error("graph g(%x: f32[2]) {\n  %y = scale(%x, ✓) : f32[2]\n}"), "2:18: expected a token, found '✓'");
+    assert_eq!(
+        error("graph g(%x: f32[2]) {\n  %y = scale(%, 2.0)\n}"),
+        "2:15: expected a value name after '%', found ','"
+    );
+    assert_eq!(
+        error("graph g(%x: f32[2]) {\n  %y = gelu(%x, \"open\n}"),
+        "2:17: expected a closing '\"' (strings have no escapes), found '\\n'"
+    );
+    // An error earlier in the text wins over an unreadable token after it.
+    assert_eq!(error("graph g(%x f32[2]) { ✓ }"), "1:12: expected ':', found 'f32'");
+    // Unicode whitespace separates tokens like ASCII whitespace.
+    assert!(parse("graph\u{a0}g(%x: f32[2])\u{2003}{\n  output(%x)\n}").is_ok());
+}
+
+#[test]
 fn an_integer_for_a_float_parameter_is_a_verifier_diagnostic_with_its_location() {
     let text = "graph g(%x: f32[2,8]) {\n  %y = rms_norm(%x, none, 1, none) : f32[2,8]\n  output(%y)\n}\n";
     let graph = parse(text).unwrap();
