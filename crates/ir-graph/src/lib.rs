@@ -189,23 +189,83 @@ pub enum NodeKind {
 pub struct NodeData {
     /// What the node does.
     pub kind: NodeKind,
-    /// Its results, in order.
-    pub results: Vec<ValueId>,
+    /// Its results, in order (inline: nodes have at most a few).
+    pub results: Results,
     /// Line and column (1-based) of the statement in the source text.
     pub location: Option<(u32, u32)>,
 }
 
-/// A value: its name, where it is defined, and its metadata.
+/// A value: where it is defined, its name and its metadata. Names and metadata are kept compactly
+/// (a number or an index into the graph's name list; an index into the graph's table of distinct
+/// metadata, which a model has few of): read them with [`Graph::value_name`] and [`Graph::meta`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValueData {
-    /// Name, without `%`.
-    pub name: String,
     /// Defining node.
     pub def: NodeId,
     /// Result index in the defining node.
     pub index: usize,
-    /// Dtype, device and layout.
-    pub meta: TensorMeta,
+    name: NameKey,
+    meta: MetaRef,
+}
+
+/// A stored value name: a canonical decimal number below [`FRESH_NAME_LIMIT`] (`%12`, the names the
+/// tracer and the passes make) kept as the number, or, with the top bit set, an index into the
+/// graph's list of other names (`%x`, `%layers.0.norm.weight`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct NameKey(u64);
+
+const TEXT_NAME: u64 = 1 << 63;
+
+/// A distinct `TensorMeta` of a graph: an index into its metadata table.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct MetaRef(u32);
+entity_impl!(MetaRef, "meta");
+
+/// A value's name, without the `%` sigil; `Display` writes it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ValueName<'a> {
+    /// A numeric name (`%12`).
+    Number(u64),
+    /// Any other name (`%x`).
+    Text(&'a str),
+}
+
+impl fmt::Display for ValueName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ValueName::Number(n) => write!(f, "{n}"),
+            ValueName::Text(text) => f.write_str(text),
+        }
+    }
+}
+
+/// The distinct metadata of a graph's values, each stored once.
+#[derive(Clone, Debug, Default)]
+struct MetaTable {
+    metas: PrimaryMap<MetaRef, TensorMeta>,
+    index: rustc_hash::FxHashMap<TensorMeta, MetaRef>,
+}
+
+impl MetaTable {
+    /// The ref of `meta` if some value of the graph has it.
+    fn get(&self, meta: &TensorMeta) -> Option<MetaRef> {
+        self.index.get(meta).copied()
+    }
+
+    fn intern(&mut self, meta: TensorMeta) -> MetaRef {
+        // Consecutive values mostly share their metadata: check the newest entry before hashing.
+        if let Some((last, newest)) = self.metas.last()
+            && *newest == meta
+        {
+            return last;
+        }
+        if let Some(&key) = self.index.get(&meta) {
+            return key;
+        }
+        let key = self.metas.push(meta.clone());
+        self.index.insert(meta, key);
+        key
+    }
 }
 
 /// A graph. The [crate documentation](crate) describes its text format, verifier and interpreter.
@@ -215,6 +275,10 @@ pub struct Graph {
     pub name: String,
     nodes: PrimaryMap<NodeId, NodeData>,
     values: PrimaryMap<ValueId, ValueData>,
+    /// The names of values that are not numbers ([`NameKey`]).
+    text_names: Vec<Box<str>>,
+    /// The distinct metadata of the values.
+    metas: MetaTable,
     order: Vec<NodeId>,
     /// The ops nodes call.
     ops: NameTable<OpRef>,
@@ -256,6 +320,9 @@ impl<K: cranelift_entity::EntityRef> NameTable<K> {
 
 /// An argument of a built-in node: a graph value or a scalar.
 pub type BuiltinArg = ir_core::builtin::BuiltinArg<ValueId>;
+
+/// The results of one node: inline up to two, so a node's results need no allocation of their own.
+pub type Results = smallvec::SmallVec<[ValueId; 2]>;
 
 /// The users of one value, in order: inline up to two (most values), so use lists of large graphs
 /// need no allocation per value.
@@ -345,6 +412,8 @@ impl Graph {
             name: name.into(),
             nodes: PrimaryMap::new(),
             values: PrimaryMap::new(),
+            text_names: Vec::new(),
+            metas: MetaTable::default(),
             order: Vec::new(),
             ops: NameTable::default(),
             providers: NameTable::default(),
@@ -389,12 +458,14 @@ impl Graph {
     /// Creates an input node without placing it in the order (see [`Graph::place_inputs`]).
     pub(crate) fn create_input_detached(&mut self, name: String, meta: TensorMeta) -> (NodeId, ValueId) {
         self.note_name(&name);
+        let key = self.name_key(&name);
+        let meta = self.metas.intern(meta);
         let node = self.nodes.push(NodeData {
-            kind: NodeKind::Input { name: name.clone(), donated: false },
-            results: Vec::new(),
+            kind: NodeKind::Input { name, donated: false },
+            results: Results::new(),
             location: None,
         });
-        let value = self.values.push(ValueData { name, def: node, index: 0, meta });
+        let value = self.values.push(ValueData { name: key, def: node, index: 0, meta });
         self.nodes[node].results.push(value);
         (node, value)
     }
@@ -430,8 +501,13 @@ impl Graph {
         result_metas: Vec<TensorMeta>,
         before: Option<NodeId>,
     ) -> (NodeId, Vec<ValueId>) {
-        let names: Vec<String> = result_metas.iter().map(|_| self.fresh_name()).collect();
-        self.insert_named(kind, names.into_iter().zip(result_metas).collect(), before, None)
+        let (node, values) = self.create_detached(kind, result_metas);
+        // Anchors are usually the output node, at the end: search from there.
+        match before.and_then(|b| self.order.iter().rposition(|&n| n == b)) {
+            Some(position) => self.order.insert(position, node),
+            None => self.order.push(node),
+        }
+        (node, values)
     }
 
     pub(crate) fn insert_named(
@@ -441,16 +517,19 @@ impl Graph {
         before: Option<NodeId>,
         location: Option<(u32, u32)>,
     ) -> (NodeId, Vec<ValueId>) {
-        let node = self.nodes.push(NodeData { kind, results: Vec::new(), location });
+        let node = self.nodes.push(NodeData { kind, results: Results::new(), location });
         for (name, _) in &results {
             self.note_name(name);
         }
         let values: Vec<ValueId> = results
             .into_iter()
             .enumerate()
-            .map(|(index, (name, meta))| self.values.push(ValueData { name, def: node, index, meta }))
+            .map(|(index, (name, meta))| {
+                let (name, meta) = (self.name_key(&name), self.metas.intern(meta));
+                self.values.push(ValueData { name, def: node, index, meta })
+            })
             .collect();
-        self.nodes[node].results = values.clone();
+        self.nodes[node].results = Results::from_slice(&values);
         // Anchors are usually the output node, at the end: search from there.
         match before.and_then(|b| self.order.iter().rposition(|&n| n == b)) {
             Some(position) => self.order.insert(position, node),
@@ -470,9 +549,39 @@ impl Graph {
 
     /// A fresh `%<n>` name that was never used in this graph.
     pub fn fresh_name(&mut self) -> String {
-        let name = self.next_name.to_string();
+        self.fresh_key().0.to_string()
+    }
+
+    /// A fresh numeric name, stored as its number.
+    fn fresh_key(&mut self) -> NameKey {
+        let key = NameKey(self.next_name);
         self.next_name += 1;
-        name
+        key
+    }
+
+    /// How `name` is stored: a canonical number below the fresh-name limit as itself, else in the
+    /// list of text names.
+    fn name_key(&mut self, name: &str) -> NameKey {
+        if let Ok(n) = name.parse::<u64>()
+            && n < FRESH_NAME_LIMIT
+            && (n == 0 && name == "0" || !name.starts_with('0'))
+            && !name.starts_with('+')
+        {
+            return NameKey(n);
+        }
+        let index = self.text_names.len() as u64;
+        self.text_names.push(name.into());
+        NameKey(TEXT_NAME | index)
+    }
+
+    /// A value's name (without `%`).
+    pub fn value_name(&self, value: ValueId) -> ValueName<'_> {
+        let NameKey(key) = self.values[value].name;
+        if key & TEXT_NAME == 0 {
+            ValueName::Number(key)
+        } else {
+            ValueName::Text(&self.text_names[(key & !TEXT_NAME) as usize])
+        }
     }
 
     /// Whether `name` is a `%<n>` name [`Graph::fresh_name`] has already handed out (or skipped).
@@ -515,16 +624,16 @@ impl Graph {
     /// Creates a node with fresh result names but does not place it in the order; place it with
     /// [`Graph::insert_detached_before`].
     pub fn create_detached(&mut self, kind: NodeKind, result_metas: Vec<TensorMeta>) -> (NodeId, Vec<ValueId>) {
-        let node = self.nodes.push(NodeData { kind, results: Vec::new(), location: None });
+        let node = self.nodes.push(NodeData { kind, results: Results::new(), location: None });
         let values: Vec<ValueId> = result_metas
             .into_iter()
             .enumerate()
             .map(|(index, meta)| {
-                let name = self.fresh_name();
+                let (name, meta) = (self.fresh_key(), self.metas.intern(meta));
                 self.values.push(ValueData { name, def: node, index, meta })
             })
             .collect();
-        self.nodes[node].results = values.clone();
+        self.nodes[node].results = Results::from_slice(&values);
         (node, values)
     }
 
@@ -604,7 +713,7 @@ impl Graph {
 
     /// A value's metadata.
     pub fn meta(&self, value: ValueId) -> &TensorMeta {
-        &self.values[value].meta
+        &self.metas.metas[self.values[value].meta]
     }
 
     /// Every value ever created (live or not), in id order.
@@ -690,7 +799,7 @@ impl Graph {
 
     /// The value's name with its `%` sigil.
     pub fn display_value(&self, value: ValueId) -> String {
-        format!("%{}", self.values[value].name)
+        format!("%{}", self.value_name(value))
     }
 
     /// One node printed as its statement.
@@ -704,7 +813,7 @@ impl Graph {
     pub fn structurally_eq(&self, other: &Graph) -> bool {
         self.name == other.name && self.to_string() == other.to_string() && {
             let metas = |g: &Graph| -> Vec<TensorMeta> {
-                g.order.iter().flat_map(|&n| g.nodes[n].results.iter().map(|&v| g.values[v].meta.clone())).collect()
+                g.order.iter().flat_map(|&n| g.nodes[n].results.iter().map(|&v| g.meta(v).clone())).collect()
             };
             metas(self) == metas(other)
         }

@@ -12,7 +12,7 @@ pub(crate) fn write_graph(out: &mut impl Write, graph: &Graph) -> fmt::Result {
         if i > 0 {
             out.write_str(", ")?;
         }
-        write!(out, "{}: {}", graph.display_value(value), graph.meta(value))?;
+        write!(out, "%{}: {}", graph.value_name(value), graph.meta(value))?;
         if donated {
             out.write_str(" donated")?;
         }
@@ -33,8 +33,11 @@ pub(crate) fn write_node(out: &mut impl Write, graph: &Graph, node: NodeId) -> f
     let data = graph.node(node);
     let v = |value| graph.display_value(value);
     if !data.results.is_empty() {
-        let names: Vec<String> = data.results.iter().map(|&r| v(r)).collect();
-        write!(out, "{} = ", names.join(", "))?;
+        for (i, &result) in data.results.iter().enumerate() {
+            let separator = if i == 0 { "" } else { ", " };
+            write!(out, "{separator}%{}", graph.value_name(result))?;
+        }
+        out.write_str(" = ")?;
     }
     match &data.kind {
         NodeKind::Input { name, donated } => {
@@ -96,7 +99,7 @@ fn write_args(out: &mut impl Write, graph: &Graph, args: &[Arg]) -> fmt::Result 
             out.write_str(", ")?;
         }
         match arg {
-            Arg::Value(value) => out.write_str(&graph.display_value(*value))?,
+            Arg::Value(value) => write!(out, "%{}", graph.value_name(*value))?,
             Arg::None => out.write_str("none")?,
             Arg::F64(v) => out.write_str(&format_float(*v))?,
             Arg::I64(v) => write!(out, "{v}")?,

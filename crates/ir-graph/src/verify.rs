@@ -6,7 +6,7 @@ use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
 
-use crate::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpRef, OpTable, ProviderRef, ValueId};
+use crate::{Arg, Builtin, BuiltinArg, Graph, MetaRef, NodeId, NodeKind, OpRef, OpTable, ProviderRef, ValueId};
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{Registry, TensorMeta};
 
@@ -68,6 +68,14 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
     let mut defined: EntitySet<ValueId> = EntitySet::with_capacity(graph.values.len());
     let mut input_names: HashSet<&str> = HashSet::default();
     let mut lookups = Lookups::new(registry, graph);
+    // Each distinct metadata is checked once (a graph has few), not once per value.
+    let too_large: SecondaryMap<MetaRef, bool> = {
+        let mut too_large = SecondaryMap::with_capacity(graph.metas.metas.len());
+        for (key, meta) in graph.metas.metas.iter() {
+            too_large[key] = meta.storage_bytes().is_none();
+        }
+        too_large
+    };
     let order = graph.order();
     let outputs: Vec<NodeId> =
         order.iter().copied().filter(|&n| matches!(graph.node(n).kind, NodeKind::Output(_))).collect();
@@ -97,8 +105,8 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
             problems.push((Some(node), message));
         }
         for &result in &data.results {
-            let meta = graph.meta(result);
-            if meta.storage_bytes().is_none() {
+            if too_large[graph.values[result].meta] {
+                let meta = graph.meta(result);
                 problems.push((
                     Some(node),
                     format!("{} of type {meta} is too large: its bytes exceed isize::MAX", graph.display_value(result)),
@@ -126,27 +134,112 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
 }
 
 /// Registry facts for the ops and providers a graph names, looked up once per entry of the graph's
-/// op and provider tables (typed refs, never names), and a small memo of meta-function results.
+/// op and provider tables (typed refs, never names), and small memos of meta-function results keyed
+/// by the graph's interned metadata (comparing a value's metadata is comparing two indices).
 struct Lookups<'r, 'g> {
     registry: &'r Registry,
     ops: OpTable,
     /// Whether (op, provider) is in place; `None` when the provider is not registered for the op.
     inplace: rustc_hash::FxHashMap<(OpRef, ProviderRef), Option<bool>>,
-    /// Recent (op, argument metadata) → outputs; a small ring, since layers repeat.
+    /// Recent (op, argument keys) → outputs; a small ring, since layers repeat.
     metas: Vec<MetaMemo<'g>>,
     next_slot: usize,
+    /// The same for built-ins.
+    builtins: Vec<BuiltinMemo<'g>>,
+    next_builtin_slot: usize,
 }
 
-/// A remembered meta-function call: op, argument metadata, outputs or the error.
-type MetaMemo<'g> = (OpRef, Vec<ArgMeta<'g>>, Result<Vec<TensorMeta>, String>);
+/// What a memo compares an argument by: a value by its interned metadata, a constant as a meta
+/// function sees it ([`ArgMeta::same_as`]: floats by bits).
+enum ArgKey<'g> {
+    Value(MetaRef),
+    Constant(ArgMeta<'g>),
+}
+
+impl ArgKey<'_> {
+    fn of<'g>(graph: &'g Graph, arg: &'g Arg) -> ArgKey<'g> {
+        match arg {
+            Arg::Value(v) => ArgKey::Value(graph.values[*v].meta),
+            constant => ArgKey::Constant(graph.arg_meta(constant)),
+        }
+    }
+
+    fn matches(&self, graph: &Graph, arg: &Arg) -> bool {
+        match (self, arg) {
+            (ArgKey::Value(meta), Arg::Value(v)) => *meta == graph.values[*v].meta,
+            (ArgKey::Constant(_), Arg::Value(_)) | (ArgKey::Value(_), _) => false,
+            (ArgKey::Constant(remembered), constant) => remembered.same_as(&graph.arg_meta(constant)),
+        }
+    }
+}
+
+/// The outputs a meta function gives, with their interned form in the graph (`None`: no value of
+/// the graph has that metadata, so no result can match it).
+struct Expected {
+    metas: Vec<TensorMeta>,
+    refs: Vec<Option<MetaRef>>,
+}
+
+impl Expected {
+    fn new(graph: &Graph, metas: Vec<TensorMeta>) -> Expected {
+        let refs = metas.iter().map(|meta| graph.metas.get(meta)).collect();
+        Expected { metas, refs }
+    }
+
+    fn len(&self) -> usize {
+        self.metas.len()
+    }
+
+    /// Whether value `found` has output `i`'s metadata.
+    fn matches(&self, graph: &Graph, i: usize, found: ValueId) -> bool {
+        self.refs[i] == Some(graph.values[found].meta)
+    }
+}
+
+/// A remembered meta-function call: op, argument keys, outputs or the error.
+type MetaMemo<'g> = (OpRef, Vec<ArgKey<'g>>, Result<Expected, String>);
+
+/// A remembered built-in: op, its values' interned metadata and its scalars, the one output or the error.
+type BuiltinMemo<'g> = (Builtin, Vec<MetaRef>, &'g [BuiltinArg], Result<Expected, String>);
 
 /// Distinct calls remembered per run.
 const META_MEMO: usize = 8;
 
+/// Puts `entry` in a ring of at most `META_MEMO` entries; returns its slot.
+fn remember<T>(ring: &mut Vec<T>, next_slot: &mut usize, entry: T) -> usize {
+    if ring.len() < META_MEMO {
+        ring.push(entry);
+        return ring.len() - 1;
+    }
+    let slot = *next_slot;
+    *next_slot = (slot + 1) % META_MEMO;
+    ring[slot] = entry;
+    slot
+}
+
+/// Whether two built-in scalar arguments are the same (floats by bits); values are compared by
+/// their metadata separately.
+fn same_scalars(a: &[BuiltinArg], b: &[BuiltinArg]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (BuiltinArg::Value(_), BuiltinArg::Value(_)) => true,
+            (BuiltinArg::Float(x), BuiltinArg::Float(y)) => x.to_bits() == y.to_bits(),
+            (x, y) => x == y,
+        })
+}
+
 impl<'r, 'g> Lookups<'r, 'g> {
     fn new(registry: &'r Registry, graph: &Graph) -> Lookups<'r, 'g> {
         let ops = OpTable::compute(graph, registry);
-        Lookups { registry, ops, inplace: Default::default(), metas: Vec::new(), next_slot: 0 }
+        Lookups {
+            registry,
+            ops,
+            inplace: Default::default(),
+            metas: Vec::new(),
+            next_slot: 0,
+            builtins: Vec::new(),
+            next_builtin_slot: 0,
+        }
     }
 
     /// Whether `provider` of `op` is inplace; `None` when it is not registered.
@@ -159,30 +252,44 @@ impl<'r, 'g> Lookups<'r, 'g> {
     }
 
     /// Binds an op call's arguments and runs its meta function (memoized on equal metadata).
-    fn op_outputs(&mut self, graph: &'g Graph, op: OpRef, args: &'g [Arg]) -> Result<&[TensorMeta], String> {
+    fn op_outputs(&mut self, graph: &'g Graph, op: OpRef, args: &'g [Arg]) -> Result<&Expected, String> {
         let def = self.ops.def(op).ok_or_else(|| format!("unknown op `{}`", graph.op_name(op)))?;
-        if let Some(slot) = self.metas.iter().position(|(o, m, _)| *o == op && same_args(m, graph, args)) {
-            return self.metas[slot].2.as_deref().map_err(Clone::clone);
-        }
-        let metas: Vec<ArgMeta<'g>> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
-        let outputs = def.output_metas(metas.clone()).map_err(|e| e.to_string());
-        let entry = (op, metas, outputs);
-        let slot = if self.metas.len() < META_MEMO {
-            self.metas.push(entry);
-            self.metas.len() - 1
-        } else {
-            let slot = self.next_slot;
-            self.next_slot = (slot + 1) % META_MEMO;
-            self.metas[slot] = entry;
-            slot
+        let known = self.metas.iter().position(|(o, keys, _)| {
+            *o == op && keys.len() == args.len() && keys.iter().zip(args).all(|(key, arg)| key.matches(graph, arg))
+        });
+        let slot = match known {
+            Some(slot) => slot,
+            None => {
+                let metas: Vec<ArgMeta<'g>> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
+                let outputs =
+                    def.output_metas(metas).map(|metas| Expected::new(graph, metas)).map_err(|e| e.to_string());
+                let keys = args.iter().map(|arg| ArgKey::of(graph, arg)).collect();
+                remember(&mut self.metas, &mut self.next_slot, (op, keys, outputs))
+            }
         };
-        self.metas[slot].2.as_deref().map_err(Clone::clone)
+        self.metas[slot].2.as_ref().map_err(Clone::clone)
     }
-}
 
-/// Whether remembered argument metadata equals a node's arguments ([`ArgMeta::same_as`]).
-fn same_args(remembered: &[ArgMeta<'_>], graph: &Graph, args: &[Arg]) -> bool {
-    remembered.len() == args.len() && remembered.iter().zip(args).all(|(m, a)| m.same_as(&graph.arg_meta(a)))
+    /// Checks a built-in's arguments and computes its output (memoized like [`Lookups::op_outputs`]).
+    fn builtin_output(&mut self, graph: &'g Graph, op: Builtin, args: &'g [BuiltinArg]) -> Result<&Expected, String> {
+        let value_metas = || args.iter().filter_map(BuiltinArg::value).map(|v| graph.values[*v].meta);
+        let known = self.builtins.iter().position(|(o, metas, scalars, _)| {
+            *o == op && same_scalars(scalars, args) && metas.iter().copied().eq(value_metas())
+        });
+        let slot = match known {
+            Some(slot) => slot,
+            None => {
+                let output = ir_core::builtin::check_args(op, args).map_err(|e| e.to_string()).and_then(|()| {
+                    let metas: smallvec::SmallVec<[&TensorMeta; 2]> =
+                        args.iter().filter_map(BuiltinArg::value).map(|v| graph.meta(*v)).collect();
+                    (op.def().meta)(&metas, &ir_core::builtin::Scalars(args)).map_err(|e| e.to_string())
+                });
+                let entry = (op, value_metas().collect(), args, output.map(|meta| Expected::new(graph, vec![meta])));
+                remember(&mut self.builtins, &mut self.next_builtin_slot, entry)
+            }
+        };
+        self.builtins[slot].3.as_ref().map_err(Clone::clone)
+    }
 }
 
 fn annotate(graph: &Graph, diagnostics: &[Diagnostic], positions: &SecondaryMap<NodeId, u32>) -> String {
@@ -222,15 +329,6 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
     let data = graph.node(node);
     let meta = |v: ValueId| graph.meta(v);
     let results = &data.results;
-    // One result equal to the metadata `expected` builds (built only when the cheap check fails).
-    let expect_one = |matches: &dyn Fn(&TensorMeta) -> bool, expected: &dyn Fn() -> TensorMeta| -> Result<(), String> {
-        match results.as_slice() {
-            [only] if matches(meta(*only)) => Ok(()),
-            [only] => Err(format!("result type {} should be {}", meta(*only), expected())),
-            _ => Err(format!("expected one result, found {}", results.len())),
-        }
-    };
-    let exact = |expected: TensorMeta| expect_one(&|found| *found == expected, &|| expected.clone());
     match &data.kind {
         NodeKind::Input { .. } | NodeKind::Output(_) => Ok(()),
         NodeKind::IrCall { op: op_ref, overload, args } => {
@@ -273,8 +371,8 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
             if results.len() != expected.len() {
                 return Err(format!("expected {} results, found {}", expected.len(), results.len()));
             }
-            for (i, want) in expected.iter().enumerate().skip(writes.len()) {
-                if meta(results[i]) != want {
+            for (i, want) in expected.metas.iter().enumerate().skip(writes.len()) {
+                if !expected.matches(graph, i, results[i]) {
                     return Err(format!("result {i} has type {} but the op gives {want}", meta(results[i])));
                 }
             }
@@ -282,7 +380,7 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
                 let Some(Arg::Value(written)) = args.get(position) else {
                     return Err(format!("written argument {position} is not a value"));
                 };
-                if meta(results[i]) != meta(*written) {
+                if graph.values[results[i]].meta != graph.values[*written].meta {
                     return Err(format!(
                         "result {i} has type {} but writes into {} of type {}",
                         meta(results[i]),
@@ -294,21 +392,23 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
             Ok(())
         }
         NodeKind::Builtin { op, args } => {
-            ir_core::builtin::check_args(*op, args)?;
-            let metas: smallvec::SmallVec<[&TensorMeta; 2]> =
-                args.iter().filter_map(BuiltinArg::value).map(|v| meta(*v)).collect();
-            exact((op.def().meta)(&metas, &ir_core::builtin::Scalars(args)).map_err(|e| e.to_string())?)
+            let expected = lookups.builtin_output(graph, *op, args)?;
+            match results.as_slice() {
+                [only] if expected.matches(graph, 0, *only) => Ok(()),
+                [only] => Err(format!("result type {} should be {}", meta(*only), expected.metas[0])),
+                _ => Err(format!("expected one result, found {}", results.len())),
+            }
         }
     }
 }
 
-fn check_results(graph: &Graph, results: &[ValueId], expected: &[TensorMeta]) -> Result<(), String> {
+fn check_results(graph: &Graph, results: &[ValueId], expected: &Expected) -> Result<(), String> {
     if results.len() != expected.len() {
         return Err(format!("expected {} results, found {}", expected.len(), results.len()));
     }
-    for (i, (&found, expected)) in results.iter().zip(expected).enumerate() {
-        let found = graph.meta(found);
-        if found != expected {
+    for (i, &found) in results.iter().enumerate() {
+        if !expected.matches(graph, i, found) {
+            let (found, expected) = (graph.meta(found), &expected.metas[i]);
             return Err(format!("result {i} has type {found} but the op produces {expected}"));
         }
     }

@@ -270,3 +270,59 @@ fn fresh_names_skip_numeric_input_names_given_through_the_api() {
     assert!(text.contains("%8 = scale(%7, 2.0)"), "{text}");
     assert!(parse(&text).unwrap().structurally_eq(&graph));
 }
+
+#[test]
+fn built_ins_are_each_checked_although_their_results_are_remembered() {
+    // Built-ins are memoized on (op, scalars, value metadata) too: equal inputs with different
+    // scalars, or a later wrong declared result, must each be checked on their own.
+    let text = "\
+graph g(%x: f32[4,8]) {
+  %0 = slice(%x, 1, 0, 4) : f32[4,4]{8,1}
+  %1 = slice(%x, 1, 0, 4) : f32[4,4]{8,1}
+  %2 = slice(%x, 1, 4, 8) : f32[4,4]{8,1}
+  %3 = slice(%x, 1, 0, 4) : f32[4,4]
+  %4 = slice(%x, 1, 0, 9) : f32[4,9]{8,1}
+  output(%0, %1, %2, %3, %4)
+}
+";
+    let graph = parse(text).unwrap();
+    let error = verify(&graph, &Registry::with_builtin_ops()).unwrap_err();
+    let lines: Vec<u32> = error.diagnostics.iter().filter_map(|d| d.location).map(|(line, _)| line).collect();
+    // %2 is an offset of 4, so its layout is `+4`: a mismatch; %3 claims a compact layout; %4 is out of range.
+    assert_eq!(lines, vec![4, 5, 6], "{}", error.summary());
+}
+
+#[test]
+fn value_names_keep_their_spelling_through_the_compact_storage() {
+    // Numbers are stored as numbers only when that loses nothing: leading zeros, 2^63 and above,
+    // and text names keep their spelling, and fresh names continue above the numeric ones.
+    let text = "\
+graph g(%0: f32[2], %007: f32[2], %9223372036854775808: f32[2], %18446744073709551615: f32[2], %x.y_z: f32[2]) {
+  %00 = scale(%0, 2.0) : f32[2]
+  %41 = scale(%007, 2.0) : f32[2]
+  output(%00, %41, %9223372036854775808, %18446744073709551615, %x.y_z)
+}
+";
+    let mut graph = parse(text).unwrap();
+    assert_eq!(graph.to_string(), text);
+    let spelled: Vec<String> = graph
+        .order()
+        .iter()
+        .flat_map(|&n| graph.node(n).results.clone())
+        .map(|v| graph.value_name(v).to_string())
+        .collect();
+    assert_eq!(spelled, ["0", "007", "9223372036854775808", "18446744073709551615", "x.y_z", "00", "41"]);
+    assert_eq!(graph.fresh_name(), "42");
+}
+
+#[test]
+fn values_with_equal_metadata_share_it_and_different_metadata_stays_apart() {
+    let mut graph = Graph::new("g");
+    let a = graph.add_input("a", TensorMeta::compact(DType::F32, &[2, 3]));
+    let b = graph.add_input("b", TensorMeta::compact(DType::BF16, &[2, 3]));
+    let c = graph.add_input("c", TensorMeta::compact(DType::F32, &[2, 3]));
+    assert_eq!(graph.meta(a), &TensorMeta::compact(DType::F32, &[2, 3]));
+    assert_eq!(graph.meta(b), &TensorMeta::compact(DType::BF16, &[2, 3]));
+    assert_eq!(graph.meta(c), graph.meta(a));
+    assert!(std::ptr::eq(graph.meta(a), graph.meta(c)), "one stored copy");
+}
