@@ -538,6 +538,14 @@ impl Graph {
         (node, values)
     }
 
+    /// Makes room for exactly `nodes` more nodes and `values` more values: for a pass that knows how
+    /// many it will create (the arenas otherwise grow by doubling, which at a million nodes is
+    /// hundreds of megabytes held for nothing).
+    pub fn reserve_exact(&mut self, nodes: usize, values: usize) {
+        self.nodes.reserve_exact(nodes);
+        self.values.reserve_exact(values);
+    }
+
     /// Sets the outputs (replacing an existing output node).
     pub fn set_output(&mut self, values: Vec<ValueId>) -> NodeId {
         if let Some(node) = self.output_node() {
@@ -822,6 +830,11 @@ impl Graph {
     /// Number of nodes ever created (the arena size).
     pub fn node_capacity(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Number of values ever created (the arena size): the size of a side table indexed by value.
+    pub fn value_capacity(&self) -> usize {
+        self.values.len()
     }
 }
 

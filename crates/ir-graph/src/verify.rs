@@ -66,7 +66,10 @@ impl VerifyError {
 pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
     let mut problems: Vec<(Option<NodeId>, String)> = Vec::new();
     let mut defined: EntitySet<ValueId> = EntitySet::with_capacity(graph.values.len());
-    let mut input_names: HashSet<&str> = HashSet::default();
+    // Sized for every input at once: growing a set of a large graph's parameter names rehashes it
+    // several times per run.
+    let inputs = graph.order().iter().filter(|&&n| matches!(graph.node(n).kind, NodeKind::Input { .. })).count();
+    let mut input_names: HashSet<&str> = HashSet::with_capacity_and_hasher(inputs, Default::default());
     let mut lookups = Lookups::new(registry, graph);
     // Each distinct metadata is checked once (a graph has few), not once per value.
     let too_large: SecondaryMap<MetaRef, bool> = {

@@ -65,7 +65,7 @@ pub struct StorageRoots {
 impl StorageRoots {
     /// Computes the roots of every live value, in graph order.
     pub fn compute(graph: &Graph, ops: &OpTable) -> StorageRoots {
-        let mut roots: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::new();
+        let mut roots: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::with_capacity(graph.value_capacity());
         for &node in graph.order() {
             let data = graph.node(node);
             let root_of = |roots: &SecondaryMap<ValueId, Option<ValueId>>, v: ValueId| roots[v].unwrap_or(v);

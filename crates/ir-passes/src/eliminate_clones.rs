@@ -365,21 +365,105 @@ struct Classes {
     /// Union-find parent links (`None`: the class's representative), seeded with the storage roots.
     parent: SecondaryMap<ValueId, Option<ValueId>>,
     /// Positions of the distinct nodes writing the class, sorted (one entry per writer node).
-    writes: SecondaryMap<ValueId, BTreeSet<u32>>,
+    writes: WriteSets,
     /// Last reading position + 1 (0: never read).
     last_read: SecondaryMap<ValueId, u32>,
     /// Graph output slots whose value is in the class.
     outputs: SecondaryMap<ValueId, u32>,
 }
 
+/// The writer positions of each class, in 4 bytes per value for the common cases: no writer, or
+/// one (most written classes); only a class with several writers gets a set.
+struct WriteSets {
+    /// 0: no writer; `1..SET`: one writer, at this position - 1; `SET | i`: the positions are `sets[i]`.
+    slot: SecondaryMap<ValueId, u32>,
+    sets: Vec<BTreeSet<u32>>,
+}
+
+/// The tag of a slot that refers to a set.
+const SET: u32 = 1 << 31;
+
+impl WriteSets {
+    fn new(values: usize) -> WriteSets {
+        WriteSets { slot: SecondaryMap::with_capacity(values), sets: Vec::new() }
+    }
+
+    /// The set behind `slot`, creating one (holding the single writer, if any) when there is none.
+    fn set_mut(&mut self, class: ValueId) -> &mut BTreeSet<u32> {
+        let slot = self.slot[class];
+        if slot & SET != 0 {
+            return &mut self.sets[(slot & !SET) as usize];
+        }
+        let mut set = BTreeSet::new();
+        if slot != 0 {
+            set.insert(slot - 1);
+        }
+        self.slot[class] = SET | self.sets.len() as u32;
+        self.sets.push(set);
+        self.sets.last_mut().expect("just pushed")
+    }
+
+    fn insert(&mut self, class: ValueId, position: u32) {
+        match self.slot[class] {
+            0 if position + 1 < SET => self.slot[class] = position + 1,
+            single if single != 0 && single & SET == 0 && single - 1 == position => {}
+            _ => {
+                self.set_mut(class).insert(position);
+            }
+        }
+    }
+
+    /// Distinct writer positions of the class.
+    fn len(&self, class: ValueId) -> usize {
+        match self.slot[class] {
+            0 => 0,
+            slot if slot & SET != 0 => self.sets[(slot & !SET) as usize].len(),
+            _ => 1,
+        }
+    }
+
+    /// The first writer position after `after`.
+    fn first_after(&self, class: ValueId, after: u32) -> Option<u32> {
+        match self.slot[class] {
+            0 => None,
+            slot if slot & SET != 0 => self.sets[(slot & !SET) as usize].range(after + 1..).next().copied(),
+            single => Some(single - 1).filter(|&position| position > after),
+        }
+    }
+
+    /// Moves the writes of `from` into `into` (the smaller set into the larger).
+    fn merge(&mut self, from: ValueId, into: ValueId) {
+        let moved = std::mem::take(&mut self.slot[from]);
+        if moved == 0 {
+            return;
+        }
+        if self.slot[into] == 0 {
+            self.slot[into] = moved;
+            return;
+        }
+        if moved & SET == 0 {
+            self.insert(into, moved - 1);
+            return;
+        }
+        let mut moved = std::mem::take(&mut self.sets[(moved & !SET) as usize]);
+        let into_set = self.set_mut(into);
+        if into_set.len() < moved.len() {
+            std::mem::swap(into_set, &mut moved);
+        }
+        into_set.extend(moved);
+    }
+}
+
 impl Classes {
     fn compute(graph: &Graph, ops: &OpTable, positions: &SecondaryMap<NodeId, u32>, edits: &Edits) -> Classes {
         let roots = StorageRoots::compute(graph, ops);
+        // Side tables sized once for every value (growing them would double their capacity).
+        let values = graph.value_capacity();
         let mut classes = Classes {
-            parent: SecondaryMap::new(),
-            writes: SecondaryMap::new(),
-            last_read: SecondaryMap::new(),
-            outputs: SecondaryMap::new(),
+            parent: SecondaryMap::with_capacity(values),
+            writes: WriteSets::new(values),
+            last_read: SecondaryMap::with_capacity(values),
+            outputs: SecondaryMap::with_capacity(values),
         };
         for &node in graph.order() {
             for &value in &graph.node(node).results {
@@ -390,7 +474,7 @@ impl Classes {
         for &node in graph.order() {
             for value in written_values(graph, ops, node) {
                 let class = classes.find(value);
-                classes.writes[class].insert(positions[node]);
+                classes.writes.insert(class, positions[node]);
             }
             for &value in &graph.node(node).results {
                 let last = edits.users(value).map(|u| positions[u] + 1).max().unwrap_or(0);
@@ -420,7 +504,7 @@ impl Classes {
     /// The first write to `class` at a position in `after + 1 .. until_read` (`until_read` in the
     /// encoding of `last_read`: a write there happens while a reader is still to come).
     fn write_between(&self, class: ValueId, after: u32, until_read: u32) -> Option<u32> {
-        self.writes[class].range(after + 1..).next().copied().filter(|&w| w < until_read)
+        self.writes.first_after(class, after).filter(|&w| w < until_read)
     }
 
     /// The graph-output rule: whether merging the copy's class into the original's would make a graph
@@ -438,11 +522,7 @@ impl Classes {
             return;
         }
         self.parent[copy_class] = Some(into);
-        let mut moved = std::mem::take(&mut self.writes[copy_class]);
-        if self.writes[into].len() < moved.len() {
-            std::mem::swap(&mut self.writes[into], &mut moved);
-        }
-        self.writes[into].extend(moved);
+        self.writes.merge(copy_class, into);
         self.last_read[into] = self.last_read[into].max(std::mem::take(&mut self.last_read[copy_class]));
         self.outputs[into] += std::mem::take(&mut self.outputs[copy_class]);
     }
@@ -462,7 +542,7 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
             let copy = graph.node(node).results[0];
             let (copy_class, original_class) = (classes.find(copy), classes.find(original));
             let p = positions[node];
-            let copy_writes = classes.writes[copy_class].len();
+            let copy_writes = classes.writes.len(copy_class);
             let reason = if 1 < copy_writes {
                 Some(KeepReason::MultipleWriters)
             } else if let Some(w) = classes.write_between(copy_class, p, classes.last_read[original_class]) {
@@ -498,7 +578,7 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         }
         let copy = graph.node(node).results[0];
         let copy_class = classes.find(copy);
-        if classes.writes[copy_class].is_empty() {
+        if classes.writes.len(copy_class) == 0 {
             decide(graph, &mut edits, &mut classes, &mut report, node);
         } else {
             written.push(node);
@@ -511,4 +591,62 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     graph.remove_nodes(&edits.removed);
     report.kept.sort_by_key(|k| positions[k.node]);
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use cranelift_entity::EntityRef;
+    use ir_graph::ValueId;
+    use proptest::prelude::*;
+
+    use super::{SET, WriteSets};
+
+    /// One step on four classes: insert a position, or merge one class into another.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Insert(usize, u32),
+        Merge(usize, usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        // Positions near the top of the single-writer range exercise its fallback to a set.
+        let position = prop_oneof![0u32..40, (SET - 3)..(SET + 2), Just(u32::MAX - 1)];
+        prop_oneof![
+            (0usize..4, position).prop_map(|(class, p)| Step::Insert(class, p)),
+            (0usize..4, 0usize..4).prop_map(|(from, into)| Step::Merge(from, into)),
+        ]
+    }
+
+    proptest! {
+        /// The compact sets answer like one `BTreeSet` per class under any mix of inserts and merges.
+        #[test]
+        fn write_sets_behave_like_btree_sets(steps in proptest::collection::vec(step(), 0..60)) {
+            let mut sets = WriteSets::new(4);
+            let mut model: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); 4];
+            let class = ValueId::new;
+            for step in steps {
+                match step {
+                    Step::Insert(c, p) => {
+                        sets.insert(class(c), p);
+                        model[c].insert(p);
+                    }
+                    Step::Merge(from, into) if from != into => {
+                        sets.merge(class(from), class(into));
+                        let moved = std::mem::take(&mut model[from]);
+                        model[into].extend(moved);
+                    }
+                    Step::Merge(..) => {}
+                }
+                for (c, expected) in model.iter().enumerate() {
+                    prop_assert_eq!(sets.len(class(c)), expected.len());
+                    for after in [0u32, 5, 20, SET - 3, SET, u32::MAX - 2] {
+                        let want = expected.range(after + 1..).next().copied();
+                        prop_assert_eq!(sets.first_after(class(c), after), want, "class {} after {}", c, after);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -34,10 +34,11 @@
 
 use std::fmt;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use indexmap::IndexMap;
 use ir_core::op::{ArgMeta, Overload};
-use ir_core::{Rejection, Selection, TensorMeta};
+use ir_core::{Rejection, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef};
 
 use crate::{PassContext, PassError};
@@ -48,13 +49,13 @@ pub struct Lowered {
     /// The node (now an `ImplCall`).
     pub node: NodeId,
     /// The op.
-    pub op: String,
+    pub op: &'static str,
     /// The chosen provider.
     pub provider: &'static str,
     /// Whether it writes in place (clones were inserted).
     pub inplace: bool,
-    /// Providers rejected before it, with reasons.
-    pub rejected: Vec<Rejection>,
+    /// Providers rejected before it, with reasons (shared by the nodes of one selection).
+    pub rejected: Arc<[Rejection]>,
 }
 
 /// What lowering did.
@@ -114,7 +115,14 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 } else {
                     Vec::new()
                 };
-                let entry = (*op_ref, metas, Rc::new((selection, activations)));
+                let chosen = Chosen {
+                    op: cx.registry.op_def(op).map_or("?", |def| def.name),
+                    provider: selection.provider,
+                    inplace: selection.inplace,
+                    rejected: selection.rejected.into(),
+                    activations,
+                };
+                let entry = (*op_ref, metas, Rc::new(chosen));
                 if memo.len() < SELECTION_MEMO {
                     memo.push(entry);
                     memo.len() - 1
@@ -126,7 +134,7 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 }
             }
         };
-        plan.push((node, *op_ref, args.clone(), Rc::clone(&memo[slot].2)));
+        plan.push((node, *op_ref, Rc::clone(&memo[slot].2)));
     }
     if !report.not_lowered.is_empty() {
         let listed: Vec<String> = report.not_lowered.iter().map(|&n| graph.display_node(n)).collect();
@@ -138,8 +146,16 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
         );
     }
     let mut placements = Vec::new();
-    for (node, op, mut args, chosen) in plan {
-        let (selection, activations) = &*chosen;
+    // The clones to come, made room for exactly (the arenas would otherwise double).
+    let clones: usize = plan.iter().map(|(_, _, chosen)| chosen.activations.len()).sum();
+    graph.reserve_exact(clones, clones);
+    report.selections.reserve_exact(plan.len());
+    for (node, op, chosen) in plan {
+        let mut args = match &mut graph.node_mut(node).kind {
+            NodeKind::IrCall { args, .. } => std::mem::take(args),
+            _ => unreachable!("planned nodes are op calls"),
+        };
+        let activations = &chosen.activations;
         for &position in activations {
             let Some(Arg::Value(value)) = args.get(position) else { continue };
             let meta = graph.meta(*value);
@@ -149,14 +165,14 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
             args[position] = Arg::Value(clone[0]);
             report.clones_inserted += 1;
         }
-        let provider = graph.provider_ref(selection.provider);
+        let provider = graph.provider_ref(chosen.provider);
         graph.node_mut(node).kind = NodeKind::ImplCall { op, provider, writes: activations.clone(), args };
         report.selections.push(Lowered {
             node,
-            op: graph.op_name(op).to_owned(),
-            provider: selection.provider,
-            inplace: selection.inplace,
-            rejected: selection.rejected.clone(),
+            op: chosen.op,
+            provider: chosen.provider,
+            inplace: chosen.inplace,
+            rejected: Arc::clone(&chosen.rejected),
         });
     }
     // One pass over the order places every clone right before its call.
@@ -165,8 +181,18 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
     Ok(report)
 }
 
-/// A remembered selection: op, argument metadata, and the selection with the op's activations.
-type SelectionMemo<'g> = (OpRef, Vec<ArgMeta<'g>>, Rc<(Selection, Vec<usize>)>);
+/// What lowering records of one selection: the op, the choice, the rejections and the given
+/// activations (cloned and written when the choice is in place).
+struct Chosen {
+    op: &'static str,
+    provider: &'static str,
+    inplace: bool,
+    rejected: Arc<[Rejection]>,
+    activations: Vec<usize>,
+}
+
+/// A remembered selection: op, argument metadata, and what was chosen.
+type SelectionMemo<'g> = (OpRef, Vec<ArgMeta<'g>>, Rc<Chosen>);
 
 /// Distinct (op, metadata) selections remembered per run.
 const SELECTION_MEMO: usize = 8;
