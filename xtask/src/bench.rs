@@ -61,6 +61,7 @@ pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
             run.extend(["--bench", bench]);
             cargo(&run, &envs)?;
         }
+        rss::measure(&out)?;
     }
     let results = Results::load(&out)?;
     let docs = project_root().join("docs");
@@ -228,6 +229,8 @@ pub(crate) struct Results {
     pub(crate) providers: Vec<ProviderStatus>,
     pub(crate) passes: Vec<PassBreakdown>,
     pub(crate) memory: Option<MemoryStudy>,
+    /// `vllm-ir opt`'s peak resident memory on generated graphs.
+    pub(crate) rss: Option<rss::RssStudy>,
 }
 
 impl Results {
@@ -257,6 +260,9 @@ impl Results {
         }
         if let Some(text) = read_json("memory.json")? {
             results.memory = Some(serde_json::from_str(&text).context("parsing memory.json")?);
+        }
+        if let Some(text) = read_json("rss.json")? {
+            results.rss = Some(serde_json::from_str(&text).context("parsing rss.json")?);
         }
         Ok(results)
     }
@@ -374,6 +380,7 @@ pub(crate) fn peak_for(device: &str) -> Option<(&'static str, f64)> {
 
 mod plot;
 mod report;
+mod rss;
 
 #[cfg(test)]
 mod tests {
