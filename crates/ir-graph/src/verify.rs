@@ -66,9 +66,9 @@ impl VerifyError {
 pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
     let mut problems: Vec<(Option<NodeId>, String)> = Vec::new();
     let mut defined: EntitySet<ValueId> = EntitySet::with_capacity(graph.values.len());
-    // Sized for every input at once: growing a set of a large graph's parameter names rehashes it
-    // several times per run.
-    let inputs = graph.order().iter().filter(|&&n| matches!(graph.node(n).kind, NodeKind::Input { .. })).count();
+    // Sized for the leading inputs (where inputs are) at once: growing a set of a large graph's
+    // parameter names rehashes it several times per run.
+    let inputs = graph.order().iter().take_while(|&&n| matches!(graph.node(n).kind, NodeKind::Input { .. })).count();
     let mut input_names: HashSet<&str> = HashSet::with_capacity_and_hasher(inputs, Default::default());
     let mut lookups = Lookups::new(registry, graph);
     // Each distinct metadata is checked once (a graph has few), not once per value.
@@ -80,20 +80,13 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
         too_large
     };
     let order = graph.order();
-    let outputs: Vec<NodeId> =
-        order.iter().copied().filter(|&n| matches!(graph.node(n).kind, NodeKind::Output(_))).collect();
-    match outputs.as_slice() {
-        [] => problems.push((None, "the graph has no output node".to_owned())),
-        [single] if order.last() == Some(single) => {}
-        [single] => problems.push((Some(*single), "the output node must be the last node".to_owned())),
-        [_, rest @ ..] => {
-            for &extra in rest {
-                problems.push((Some(extra), "a graph has exactly one output node".to_owned()));
-            }
-        }
-    }
+    // Output nodes are found in the one pass over the nodes below; their problems come first.
+    let mut outputs: Vec<NodeId> = Vec::new();
     for &node in order {
         let data = graph.node(node);
+        if matches!(data.kind, NodeKind::Output(_)) {
+            outputs.push(node);
+        }
         data.kind.for_each_operand(|value| {
             if !defined.contains(value) {
                 problems.push((Some(node), format!("{} is used before it is defined", graph.display_value(value))));
@@ -118,6 +111,15 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
             defined.insert(result);
         }
     }
+    let output_problems: Vec<(Option<NodeId>, String)> = match outputs.as_slice() {
+        [] => vec![(None, "the graph has no output node".to_owned())],
+        [single] if order.last() == Some(single) => Vec::new(),
+        [single] => vec![(Some(*single), "the output node must be the last node".to_owned())],
+        [_, rest @ ..] => {
+            rest.iter().map(|&extra| (Some(extra), "a graph has exactly one output node".to_owned())).collect()
+        }
+    };
+    problems.splice(0..0, output_problems);
     if problems.is_empty() {
         return Ok(());
     }

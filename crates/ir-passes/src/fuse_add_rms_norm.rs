@@ -178,6 +178,10 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseRepo
         .registry
         .op_def("fused_add_rms_norm")
         .ok_or_else(|| PassError::UnknownOp { op: "fused_add_rms_norm".to_owned() })?;
+    // The analyses below read the whole graph: a graph without a candidate pair (most) skips them.
+    if !graph.order().iter().any(|&norm| candidate(graph, norm).is_some()) {
+        return Ok(report);
+    }
     let ops = OpTable::compute(graph, cx.registry);
     let positions = graph.positions();
     let uses = graph.use_lists();
@@ -186,13 +190,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseRepo
     let mut fusions = Vec::new();
     let mut fused_adds = EntitySet::new();
     for &norm in graph.order() {
-        let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(norm).kind else { continue };
-        if graph.op_name(*op) != "rms_norm" {
-            continue;
-        }
-        let Some(Arg::Value(sum)) = args.first() else { continue };
-        let add = graph.value(*sum).def;
-        let NodeKind::Builtin { op: Builtin::Add, args: add_args } = &graph.node(add).kind else { continue };
+        let Some((args, sum, add, add_args)) = candidate(graph, norm) else { continue };
         let (Some(&x), Some(&r)) = (add_args[0].value(), add_args[1].value()) else { continue };
         let (add_at, norm_at) = (positions[add] as usize, positions[norm] as usize);
         let statement = graph.display_node(norm);
@@ -263,6 +261,19 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseRepo
     report.fused = created.iter().map(|&node| graph.display_node(node)).collect();
     tracing::debug!(target: "ir_passes::fuse_add_rms_norm", %report, "fused");
     Ok(report)
+}
+
+/// A functional `rms_norm` whose input is the result of an `add`: its arguments, the sum, the add
+/// node and the add's arguments.
+fn candidate(graph: &Graph, norm: NodeId) -> Option<(&[Arg], &ValueId, NodeId, &[ir_graph::BuiltinArg])> {
+    let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(norm).kind else { return None };
+    if graph.op_name(*op) != "rms_norm" {
+        return None;
+    }
+    let Some(Arg::Value(sum)) = args.first() else { return None };
+    let add = graph.value(*sum).def;
+    let NodeKind::Builtin { op: Builtin::Add, args: add_args } = &graph.node(add).kind else { return None };
+    Some((args, sum, add, add_args))
 }
 
 /// Whether the fused op, bound to `args`, gives exactly `expected` (its output, then the sum).

@@ -206,6 +206,10 @@ struct Fusion {
 pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQuantReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-norm-quant").entered();
     let mut report = NormQuantReport::default();
+    // The analyses below read the whole graph: a graph that calls no quantization skips them.
+    if !graph.op_table().any(|(_, name)| QUANTS.contains(&name)) {
+        return Ok(report);
+    }
     let ops = OpTable::compute(graph, cx.registry);
     let positions = graph.positions();
     let uses = graph.use_lists();
