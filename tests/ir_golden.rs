@@ -235,6 +235,6 @@ fn statement_at_line(graph: &Graph, line: usize) -> Option<String> {
     graph
         .order()
         .iter()
-        .find(|&&n| graph.node(n).location.is_some_and(|(l, _)| l as usize == line))
+        .find(|&&n| graph.node(n).location.get().is_some_and(|(l, _)| l as usize == line))
         .map(|&n| graph.display_node(n))
 }

@@ -192,7 +192,30 @@ pub struct NodeData {
     /// Its results, in order (inline: nodes have at most a few).
     pub results: Results,
     /// Line and column (1-based) of the statement in the source text.
-    pub location: Option<(u32, u32)>,
+    pub location: SourceLocation,
+}
+
+/// A statement's line and column (1-based) in the source text, if it was parsed: 8 bytes (line 0
+/// stands for "none"), so a node stays within 96 bytes.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceLocation {
+    line: u32,
+    column: u32,
+}
+
+impl SourceLocation {
+    /// No location (a node made by a pass or the API).
+    pub const NONE: SourceLocation = SourceLocation { line: 0, column: 0 };
+
+    /// Line and column, 1-based; a line of 0 gives [`SourceLocation::NONE`].
+    pub fn new(line: u32, column: u32) -> SourceLocation {
+        if line == 0 { SourceLocation::NONE } else { SourceLocation { line, column } }
+    }
+
+    /// Line and column, if any.
+    pub fn get(self) -> Option<(u32, u32)> {
+        (self.line != 0).then_some((self.line, self.column))
+    }
 }
 
 /// A value: where it is defined, its name and its metadata. Names and metadata are kept compactly
@@ -463,7 +486,7 @@ impl Graph {
         let node = self.nodes.push(NodeData {
             kind: NodeKind::Input { name, donated: false },
             results: Results::new(),
-            location: None,
+            location: SourceLocation::NONE,
         });
         let value = self.values.push(ValueData { name: key, def: node, index: 0, meta });
         self.nodes[node].results.push(value);
@@ -515,7 +538,7 @@ impl Graph {
         kind: NodeKind,
         results: Vec<(String, TensorMeta)>,
         before: Option<NodeId>,
-        location: Option<(u32, u32)>,
+        location: SourceLocation,
     ) -> (NodeId, Vec<ValueId>) {
         let node = self.nodes.push(NodeData { kind, results: Results::new(), location });
         for (name, _) in &results {
@@ -552,7 +575,7 @@ impl Graph {
             self.nodes[node].kind = NodeKind::Output(values);
             return node;
         }
-        self.insert_named(NodeKind::Output(values), Vec::new(), None, None).0
+        self.insert_named(NodeKind::Output(values), Vec::new(), None, SourceLocation::NONE).0
     }
 
     /// A fresh `%<n>` name that was never used in this graph.
@@ -632,7 +655,7 @@ impl Graph {
     /// Creates a node with fresh result names but does not place it in the order; place it with
     /// [`Graph::insert_detached_before`].
     pub fn create_detached(&mut self, kind: NodeKind, result_metas: Vec<TensorMeta>) -> (NodeId, Vec<ValueId>) {
-        let node = self.nodes.push(NodeData { kind, results: Results::new(), location: None });
+        let node = self.nodes.push(NodeData { kind, results: Results::new(), location: SourceLocation::NONE });
         let values: Vec<ValueId> = result_metas
             .into_iter()
             .enumerate()

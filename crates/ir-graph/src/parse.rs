@@ -5,7 +5,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
-use crate::{Arg, Builtin, BuiltinArg, BuiltinParam, Graph, NodeKind, ValueId};
+use crate::{Arg, Builtin, BuiltinArg, BuiltinParam, Graph, NodeKind, SourceLocation, ValueId};
 use ir_core::op::Overload;
 use ir_core::{DType, Device, Layout, TensorMeta};
 
@@ -324,7 +324,7 @@ impl<'a> Parser<'a> {
         let meta = self.ty()?;
         let value = graph.add_input(name, meta);
         let node = graph.value(value).def;
-        graph.node_mut(node).location = Some((token.line, token.column));
+        graph.node_mut(node).location = SourceLocation::new(token.line, token.column);
         if matches!(self.peek().tok, Tok::Ident("donated")) {
             self.next();
             if let NodeKind::Input { donated, .. } = &mut graph.node_mut(node).kind {
@@ -366,7 +366,7 @@ impl<'a> Parser<'a> {
 
     fn statement(&mut self, graph: &mut Graph) -> Result<(), ParseError> {
         let start = *self.peek();
-        let location = Some((start.line, start.column));
+        let location = SourceLocation::new(start.line, start.column);
         if matches!(start.tok, Tok::Ident("output")) {
             self.next();
             self.expect_punct('(', "'('")?;
@@ -588,7 +588,6 @@ fn builtin(op: Builtin, args: Vec<(Arg, Token<'_>)>, at: &Token<'_>) -> Result<N
             found: format!("{} argument(s)", args.len()),
         });
     }
-    // Built in a vector of the exact size (see `without_tokens`).
     let mut converted_args = Vec::with_capacity(args.len());
     for ((arg, token), param) in args.into_iter().zip(params) {
         let converted = match (arg, param) {

@@ -222,7 +222,7 @@ impl ExecutionContext for Tracer<'_> {
                 ir_core::BuiltinArg::Float(f) => BuiltinArg::Float(*f),
             })
             .collect();
-        let (_, values) = self.graph.borrow_mut().push(NodeKind::Builtin { op, args: graph_args }, vec![meta.clone()]);
+        let (_, values) = self.graph.borrow_mut().push(NodeKind::builtin(op, graph_args), vec![meta.clone()]);
         Ok(Traced { value: values[0], meta })
     }
 }

@@ -130,7 +130,7 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
             node,
             statement: node.map(|n| graph.display_node(n)).unwrap_or_default(),
             position: node.map(|n| positions[n] as usize),
-            location: node.and_then(|n| graph.node(n).location),
+            location: node.and_then(|n| graph.node(n).location.get()),
             message,
         })
         .collect();

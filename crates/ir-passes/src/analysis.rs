@@ -8,25 +8,35 @@ use ir_graph::{Arg, Effect, Graph, NodeId, NodeKind, OpTable, ValueId};
 /// value (`copy_`'s destination), and a
 /// `maybe_inplace` call's activations (it donates them). Nothing else writes.
 pub fn written_values(graph: &Graph, ops: &OpTable, node: NodeId) -> Vec<ValueId> {
+    let mut written = Vec::new();
+    for_each_written_value(graph, ops, node, |value| written.push(value));
+    written
+}
+
+/// The written values of [`written_values`], in order, without allocating (the passes' hot loops).
+pub(crate) fn for_each_written_value(graph: &Graph, ops: &OpTable, node: NodeId, mut f: impl FnMut(ValueId)) {
+    let values_at = |positions: &[usize], args: &[Arg], f: &mut dyn FnMut(ValueId)| {
+        for &p in positions {
+            if let Some(Arg::Value(v)) = args.get(p) {
+                f(*v);
+            }
+        }
+    };
     match &graph.node(node).kind {
-        NodeKind::ImplCall { writes, args, .. } => writes
-            .iter()
-            .filter_map(|&p| match args.get(p) {
-                Some(Arg::Value(v)) => Some(*v),
-                _ => None,
-            })
-            .collect(),
-        kind @ NodeKind::Builtin { .. } => kind.builtin_subject(Effect::WriteFirst).into_iter().collect(),
-        NodeKind::IrCall { op, overload: Overload::MaybeInplace, args } => ops
-            .activations(*op)
-            .iter()
-            .filter_map(|&p| match args.get(p) {
-                Some(Arg::Value(v)) => Some(*v),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
+        NodeKind::ImplCall { writes, args, .. } => values_at(writes, args, &mut f),
+        kind @ NodeKind::Builtin { .. } => kind.builtin_subject(Effect::WriteFirst).into_iter().for_each(f),
+        NodeKind::IrCall { op, overload: Overload::MaybeInplace, args } => {
+            values_at(ops.activations(*op), args, &mut f)
+        }
+        _ => {}
     }
+}
+
+/// Whether the node writes any value ([`written_values`] is not empty).
+pub(crate) fn writes_any(graph: &Graph, ops: &OpTable, node: NodeId) -> bool {
+    let mut any = false;
+    for_each_written_value(graph, ops, node, |_| any = true);
+    any
 }
 
 /// `writes_before[i]`: how many of the first `i` nodes of the order write a value (so the writers
@@ -35,7 +45,7 @@ pub(crate) fn writes_before(graph: &Graph, ops: &OpTable) -> Vec<u32> {
     let mut counts = Vec::with_capacity(graph.order().len() + 1);
     counts.push(0u32);
     for &node in graph.order() {
-        let writes = u32::from(!written_values(graph, ops, node).is_empty());
+        let writes = u32::from(writes_any(graph, ops, node));
         counts.push(counts.last().copied().unwrap_or(0) + writes);
     }
     counts
@@ -69,7 +79,8 @@ impl StorageRoots {
         for &node in graph.order() {
             let data = graph.node(node);
             let root_of = |roots: &SecondaryMap<ValueId, Option<ValueId>>, v: ValueId| roots[v].unwrap_or(v);
-            let written = written_values(graph, ops, node);
+            let mut written: smallvec::SmallVec<[ValueId; 4]> = smallvec::SmallVec::new();
+            for_each_written_value(graph, ops, node, |value| written.push(value));
             for (i, &result) in data.results.iter().enumerate() {
                 let root = match &data.kind {
                     kind @ NodeKind::Builtin { .. } => {

@@ -24,7 +24,7 @@ use std::fmt;
 use cranelift_entity::EntitySet;
 use ir_graph::{Graph, NodeId, NodeKind};
 
-use crate::analysis::written_values;
+use crate::analysis::writes_any;
 use crate::{PassContext, PassError};
 use ir_graph::OpTable;
 
@@ -52,14 +52,15 @@ pub fn dce(graph: &mut Graph, cx: &PassContext<'_>) -> Result<DceReport, PassErr
     let ops = OpTable::compute(graph, cx.registry);
     let removable = |graph: &Graph, node: NodeId| {
         let kind = &graph.node(node).kind;
-        !matches!(kind, NodeKind::Input { .. } | NodeKind::Output(_)) && written_values(graph, &ops, node).is_empty()
+        !matches!(kind, NodeKind::Input { .. } | NodeKind::Output(_)) && !writes_any(graph, &ops, node)
     };
     let mut worklist: Vec<NodeId> = graph
         .order()
         .iter()
         .rev()
         .copied()
-        .filter(|&n| removable(graph, n) && graph.node(n).results.iter().all(|&r| remaining[r] == 0))
+        // The use counts first: they rule out almost every node without looking at what it writes.
+        .filter(|&n| graph.node(n).results.iter().all(|&r| remaining[r] == 0) && removable(graph, n))
         .collect();
     let mut removed = EntitySet::new();
     while let Some(node) = worklist.pop() {

@@ -177,7 +177,7 @@ use std::fmt;
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_graph::{Effect, Graph, NodeId, NodeKind, ValueId};
 
-use crate::analysis::{StorageRoots, written_values};
+use crate::analysis::{StorageRoots, for_each_written_value, written_values};
 use crate::{CloneElimination, PassContext, PassError};
 use ir_graph::OpTable;
 
@@ -472,10 +472,10 @@ impl Classes {
             }
         }
         for &node in graph.order() {
-            for value in written_values(graph, ops, node) {
+            for_each_written_value(graph, ops, node, |value| {
                 let class = classes.find(value);
                 classes.writes.insert(class, positions[node]);
-            }
+            });
             for &value in &graph.node(node).results {
                 let last = edits.users(value).map(|u| positions[u] + 1).max().unwrap_or(0);
                 let class = classes.find(value);
