@@ -293,16 +293,23 @@ fn predicates_reject_what_only_native_supports() {
             .registry
             .select("rms_norm", &[ArgMeta::Tensor(&x), ArgMeta::None, ArgMeta::F64(EPS), ArgMeta::I64(32)])
             .unwrap();
-        assert_eq!(with_variance.provider, "native");
-        assert!(with_variance.rejected[0].reason.contains("variance_size"), "{:?}", with_variance.rejected);
         let with_f32_weight = backend
             .registry
             .select("rms_norm", &[ArgMeta::Tensor(&x), ArgMeta::Tensor(&w32), ArgMeta::F64(EPS)])
             .unwrap();
-        assert_eq!(with_f32_weight.provider, "native");
-        assert!(
-            with_f32_weight.rejected[0].reason.contains("f32") && with_f32_weight.rejected[0].reason.contains("bf16")
-        );
+        if takes_every_norm_argument(&backend) {
+            // Issue 14 item 4: no host round trip through native for these on a GPU provider.
+            assert_eq!(with_variance.provider, backend.provider, "{:?}", with_variance.rejected);
+            assert_eq!(with_f32_weight.provider, backend.provider, "{:?}", with_f32_weight.rejected);
+        } else {
+            assert_eq!(with_variance.provider, "native");
+            assert!(with_variance.rejected[0].reason.contains("variance_size"), "{:?}", with_variance.rejected);
+            assert_eq!(with_f32_weight.provider, "native");
+            assert!(
+                with_f32_weight.rejected[0].reason.contains("f32")
+                    && with_f32_weight.rejected[0].reason.contains("bf16")
+            );
+        }
         // R108: answers do not depend on the number of tokens.
         for tokens in [1, 7, 2048, 65536] {
             for hidden in [7, 8, 4096] {
@@ -315,6 +322,128 @@ fn predicates_reject_what_only_native_supports() {
             }
         }
         let _ = Support::Yes;
+    }
+}
+
+/// Whether the backend's norms take a weight of another dtype than x and `variance_size` (the
+/// GPU providers that compute them on the device; the cpu provider leaves them to native).
+fn takes_every_norm_argument(backend: &Backend) -> bool {
+    backend.provider == "xpu"
+}
+
+/// The coarser of two compute dtypes (bf16, then f16, then f32): the output of a weighted norm is
+/// rounded to both, so it is as precise as the coarser.
+fn coarser(a: DType, b: DType) -> DType {
+    [DType::BF16, DType::F16].into_iter().find(|&d| a == d || b == d).unwrap_or(DType::F32)
+}
+
+#[test]
+fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take_them() {
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    for backend in backends() {
+        let takes = takes_every_norm_argument(&backend);
+        let mut on_device = 0;
+        for op in [&RMS_NORM, &FUSED_ADD_RMS_NORM] {
+            let _guard = backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap();
+            for (t, h) in [(7, 64), (3, 770), (2, 4096)] {
+                for x_dtype in DTYPES {
+                    let host = case(x_dtype, t, h, (t * 31 + h) as u64);
+                    let (x, residual) = (backend.upload(&host.x).unwrap(), backend.upload(&host.residual).unwrap());
+                    for w_dtype in DTYPES {
+                        let w_host = Tensor::from_f64(w_dtype, &[h], &host.weight.to_f64_vec().unwrap()).unwrap();
+                        let w = backend.upload(&w_host).unwrap();
+                        for variance in [None, Some(1), Some(h as i64 / 2 + 1), Some(h as i64)] {
+                            let label = format!(
+                                "{} {} T={t} H={h} x={x_dtype} w={w_dtype} variance={variance:?}",
+                                backend.provider, op.name
+                            );
+                            let tol = tolerance(op, coarser(x_dtype, w_dtype)).unwrap();
+                            let variance_meta = variance.map_or(ArgMeta::None, ArgMeta::I64);
+                            let mut metas = vec![ArgMeta::Tensor(x.meta())];
+                            if op.name == FUSED_ADD_RMS_NORM.name {
+                                metas.push(ArgMeta::Tensor(residual.meta()));
+                            }
+                            metas.extend([ArgMeta::Tensor(w.meta()), ArgMeta::F64(EPS), variance_meta]);
+                            let selection = backend.registry.select(op.name, &metas).unwrap();
+                            let plain = w_dtype == x_dtype && variance.is_none();
+                            if takes || plain {
+                                assert_eq!(selection.provider, backend.provider, "{label}: {:?}", selection.rejected);
+                                on_device += 1;
+                            } else {
+                                assert_eq!(selection.provider, "native", "{label}");
+                            }
+                            if op.name == RMS_NORM.name {
+                                let got = rms_norm(&backend.registry, &x, Some(&w), EPS, variance).unwrap();
+                                let expected =
+                                    ir_core::op::rms_norm::native(&host.x, Some(&w_host), EPS, variance).unwrap();
+                                allclose(&got.to_cpu().unwrap(), &expected, tol.atol, tol.rtol)
+                                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                            } else {
+                                let (out, res) =
+                                    fused_add_rms_norm(&backend.registry, &x, &residual, Some(&w), EPS, variance)
+                                        .unwrap();
+                                let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::native(
+                                    &host.x,
+                                    &host.residual,
+                                    Some(&w_host),
+                                    EPS,
+                                    variance,
+                                )
+                                .unwrap();
+                                assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual bit-exact");
+                                allclose(&out.to_cpu().unwrap(), &expected_out, tol.atol, tol.rtol)
+                                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // 2 ops x 3 shapes x 3 x dtypes x (3 weight dtypes x 4 variances, or the 1 plain case each).
+        let expected = if takes { 2 * 3 * 3 * 12 } else { 2 * 3 * 3 };
+        assert_eq!(on_device, expected, "{}: calls that ran on the provider", backend.provider);
+    }
+}
+
+#[test]
+fn the_weight_step_rounds_in_the_weights_dtype_bit_for_bit() {
+    // With epsilon 0 and the mean square over the first element only, which is 1, rstd is exactly 1
+    // on every path: the results then differ only if the weight step rounds differently (y rounded
+    // to the weight's dtype, the product rounded to it, the store rounded to x's dtype).
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    let (t, h) = (3, 100);
+    for backend in backends() {
+        for op in [&RMS_NORM, &FUSED_ADD_RMS_NORM] {
+            let _guard = backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap();
+            for x_dtype in DTYPES {
+                let host = case(x_dtype, t, h, 5);
+                let mut x_values = host.x.to_f64_vec().unwrap();
+                let mut r_values = host.residual.to_f64_vec().unwrap();
+                for row in 0..t {
+                    x_values[row * h] = 1.0;
+                    r_values[row * h] = 0.0;
+                }
+                let x_host = Tensor::from_f64(x_dtype, &[t, h], &x_values).unwrap();
+                let r_host = Tensor::from_f64(x_dtype, &[t, h], &r_values).unwrap();
+                let (x, residual) = (backend.upload(&x_host).unwrap(), backend.upload(&r_host).unwrap());
+                for w_dtype in DTYPES {
+                    let w_host = Tensor::from_f64(w_dtype, &[h], &host.weight.to_f64_vec().unwrap()).unwrap();
+                    let w = backend.upload(&w_host).unwrap();
+                    let label = format!("{} {} x={x_dtype} w={w_dtype}", backend.provider, op.name);
+                    let (got, expected) = if op.name == RMS_NORM.name {
+                        let got = rms_norm(&backend.registry, &x, Some(&w), 0.0, Some(1)).unwrap();
+                        (got, ir_core::op::rms_norm::native(&x_host, Some(&w_host), 0.0, Some(1)).unwrap())
+                    } else {
+                        let (got, _) =
+                            fused_add_rms_norm(&backend.registry, &x, &residual, Some(&w), 0.0, Some(1)).unwrap();
+                        let native =
+                            ir_core::op::fused_add_rms_norm::native(&x_host, &r_host, Some(&w_host), 0.0, Some(1));
+                        (got, native.unwrap().0)
+                    };
+                    assert!(bit_eq(&got.to_cpu().unwrap(), &expected), "{label}: the weight step's rounding");
+                }
+            }
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 // Variant defines:
 //   DTYPE            0 = f32, 1 = f16, 2 = bf16 (see element.cl)
 //   HAS_WEIGHT       0 or 1
+//   WDTYPE           the weight's type, coded like DTYPE (see element.cl; default DTYPE)
 //   THREADS_PER_ROW  work-items cooperating on one row (a power of two)
 //   ROWS_PER_GROUP   rows per work-group; the work-group size is THREADS_PER_ROW * ROWS_PER_GROUP
 //   USE_SUBGROUPS    1: reduce with sub-group collectives (cl_khr_subgroups / cl_intel_subgroups),
@@ -13,7 +14,9 @@
 // Numerics follow the spec (R86): f32 squares and sums, the fused sum as one f32 addition, the norm
 // from the unrounded sum (recomputed from x and residual by the work-item that owns those elements,
 // before it overwrites them), the weight step rounding y to the element type first. No fast-math
-// options and no native_rsqrt. Offsets and row strides are in elements and 64-bit.
+// options and no native_rsqrt. Offsets and row strides are in elements and 64-bit. The mean square
+// runs over the first `variance` elements of each row (variance_size; the host passes the hidden size
+// when it is not given); every element is normalized and written.
 
 #if USE_SUBGROUPS
 #if defined(cl_khr_subgroups)
@@ -53,54 +56,57 @@ inline float row_sum(float value, __local float* scratch) {
 #endif
 }
 
-// The mean square of one row when the f32 sum of squares overflowed (|x| above about 1.8e19 / sqrt(H))
+// The mean square of the first `count` elements of a row when their f32 sum of squares overflowed
+// (|x| above about 1.8e19 / sqrt(count))
 // although the mean may fit: the row scaled by its largest magnitude, summed serially by the calling
 // work-item (no barrier, so any subset of work-items may call it), then scaled back. A rare path.
-inline float rescaled_mean_square(__global const elem_t* x_row, __global const elem_t* r_row, int hidden) {
+inline float rescaled_mean_square(__global const elem_t* x_row, __global const elem_t* r_row, int count) {
     float largest = 0.0f;
-    for (long j = 0; j < hidden; ++j) {
+    for (long j = 0; j < count; ++j) {
         float s = LOAD(x_row, j) + (r_row ? LOAD(r_row, j) : 0.0f);
         largest = fmax(largest, fabs(s));
     }
     if (!(largest > 0.0f) || isinf(largest)) return INFINITY;
     float sum = 0.0f;
-    for (long j = 0; j < hidden; ++j) {
+    for (long j = 0; j < count; ++j) {
         float s = (LOAD(x_row, j) + (r_row ? LOAD(r_row, j) : 0.0f)) / largest;
         sum += s * s;
     }
-    return sum / (float)hidden * largest * largest;
+    return sum / (float)count * largest * largest;
 }
 
-inline float weighted(float y, __global const elem_t* weight, long j) {
+// The weight step in the weight's type (y rounded to it, the product rounded to it); the store then
+// rounds to the element type. With the weight in the element type this is the product rounded once.
+inline float weighted(float y, __global const welem_t* weight, long j) {
 #if HAS_WEIGHT
-    return round_to_elem(y) * LOAD(weight, j);
+    return round_to_w(round_to_w(y) * LOAD_W(weight, j));
 #else
     return y;
 #endif
 }
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
-void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global const elem_t* weight, float epsilon,
-                    long n_rows, int hidden, long x_row_stride, long out_row_stride, long x_offset, long out_offset,
-                    long weight_offset) {
+void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global const welem_t* weight, float epsilon,
+                    long n_rows, int hidden, int variance, long x_row_stride, long out_row_stride, long x_offset,
+                    long out_offset, long weight_offset) {
     __local float scratch[GROUP_SIZE];
     long row = (long)get_group_id(0) * ROWS_PER_GROUP + get_local_id(0) / THREADS_PER_ROW;
     int lane = get_local_id(0) % THREADS_PER_ROW;
     bool active = row < n_rows;
     __global const elem_t* x_row = x + x_offset + (active ? row : 0) * x_row_stride;
     __global elem_t* out_row = out + out_offset + (active ? row : 0) * out_row_stride;
-    __global const elem_t* w = weight + weight_offset;
+    __global const welem_t* w = weight + weight_offset;
 
     float sum_sq = 0.0f;
     if (active) {
-        for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
+        for (long j = lane; j < variance; j += THREADS_PER_ROW) {
             float a = LOAD(x_row, j);
             sum_sq += a * a;
         }
     }
     float total = row_sum(sum_sq, scratch);
     if (!active) return;
-    float mean_square = isinf(total) ? rescaled_mean_square(x_row, 0, hidden) : total / (float)hidden;
+    float mean_square = isinf(total) ? rescaled_mean_square(x_row, 0, variance) : total / (float)variance;
     float rstd = 1.0f / sqrt(mean_square + epsilon);
     for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
         float y = LOAD(x_row, j) * rstd;
@@ -109,27 +115,27 @@ void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global con
 }
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
-void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __global const elem_t* weight,
-                              float epsilon, long n_rows, int hidden, long x_row_stride, long residual_row_stride,
-                              long x_offset, long residual_offset, long weight_offset) {
+void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __global const welem_t* weight,
+                              float epsilon, long n_rows, int hidden, int variance, long x_row_stride,
+                              long residual_row_stride, long x_offset, long residual_offset, long weight_offset) {
     __local float scratch[GROUP_SIZE];
     long row = (long)get_group_id(0) * ROWS_PER_GROUP + get_local_id(0) / THREADS_PER_ROW;
     int lane = get_local_id(0) % THREADS_PER_ROW;
     bool active = row < n_rows;
     __global elem_t* x_row = x + x_offset + (active ? row : 0) * x_row_stride;
     __global elem_t* r_row = residual + residual_offset + (active ? row : 0) * residual_row_stride;
-    __global const elem_t* w = weight + weight_offset;
+    __global const welem_t* w = weight + weight_offset;
 
     float sum_sq = 0.0f;
     if (active) {
-        for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
+        for (long j = lane; j < variance; j += THREADS_PER_ROW) {
             float s = LOAD(x_row, j) + LOAD(r_row, j);
             sum_sq += s * s;
         }
     }
     float total = row_sum(sum_sq, scratch);
     float mean_square =
-        active && isinf(total) ? rescaled_mean_square(x_row, r_row, hidden) : total / (float)hidden;
+        active && isinf(total) ? rescaled_mean_square(x_row, r_row, variance) : total / (float)variance;
     // The rescue reads the whole row: no work-item of the group writes before every one has read.
     barrier(CLK_GLOBAL_MEM_FENCE);
     if (!active) return;

@@ -133,18 +133,48 @@ pub fn gpu_threads_per_row(hidden: usize) -> u32 {
     }
 }
 
+/// What a norm provider computes beyond the common case (an x-dtype weight, the whole row's mean):
+/// the predicates accept these arguments only for a provider that says so.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NormCapabilities {
+    /// A weight of another compute dtype than x (f32, f16 or bf16; a Gemma-style f32 weight on
+    /// bf16 activations), applied in the weight's dtype as the spec's step 5 says.
+    pub mixed_weight_dtype: bool,
+    /// `variance_size`: the mean square over the first V elements of each row.
+    pub variance_size: bool,
+}
+
+impl NormCapabilities {
+    /// Everything the reference computes.
+    pub const ALL: NormCapabilities = NormCapabilities { mixed_weight_dtype: true, variance_size: true };
+}
+
 /// The standard predicate for `rms_norm` on a provider whose tensors live on `device`.
 pub fn rms_norm_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    rms_norm_support_with(args, device, NormCapabilities::default())
+}
+
+/// [`rms_norm_support`] for a provider with `capabilities` beyond the common case.
+pub fn rms_norm_support_with(args: &[ArgMeta<'_>], device: DeviceKind, capabilities: NormCapabilities) -> Support {
     let Some(args) = RmsNormArgs::from_meta(args) else { return no("arguments do not match rms_norm") };
-    common_support(args.x, args.weight, args.variance_size, device)
+    common_support(args.x, args.weight, args.variance_size, device, capabilities)
 }
 
 /// The standard predicate for `fused_add_rms_norm` on a provider whose tensors live on `device`.
 pub fn fused_add_rms_norm_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    fused_add_rms_norm_support_with(args, device, NormCapabilities::default())
+}
+
+/// [`fused_add_rms_norm_support`] for a provider with `capabilities` beyond the common case.
+pub fn fused_add_rms_norm_support_with(
+    args: &[ArgMeta<'_>],
+    device: DeviceKind,
+    capabilities: NormCapabilities,
+) -> Support {
     let Some(args) = FusedAddRmsNormArgs::from_meta(args) else {
         return no("arguments do not match fused_add_rms_norm");
     };
-    if let Support::No(reason) = common_support(args.x, args.weight, args.variance_size, device) {
+    if let Support::No(reason) = common_support(args.x, args.weight, args.variance_size, device, capabilities) {
         return Support::No(reason);
     }
     residual_support(args.x, args.x_residual)
@@ -170,7 +200,7 @@ pub fn rms_norm_static_fp8_quant_support(args: &[ArgMeta<'_>], device: DeviceKin
     let Some(args) = crate::op::rms_norm_static_fp8_quant::RmsNormStaticFp8QuantArgs::from_meta(args) else {
         return no("arguments do not match rms_norm_static_fp8_quant");
     };
-    common_support(args.x, args.weight, None, device)
+    common_support(args.x, args.weight, None, device, NormCapabilities::default())
 }
 
 /// The standard predicate of `rms_norm_dynamic_per_token_quant` (as the static form's).
@@ -179,7 +209,7 @@ pub fn rms_norm_dynamic_per_token_quant_support(args: &[ArgMeta<'_>], device: De
     else {
         return no("arguments do not match rms_norm_dynamic_per_token_quant");
     };
-    common_support(args.x, args.weight, None, device)
+    common_support(args.x, args.weight, None, device, NormCapabilities::default())
 }
 
 /// The standard predicate of `fused_add_rms_norm_static_fp8_quant`: the fused norm's
@@ -189,7 +219,7 @@ pub fn fused_add_rms_norm_static_fp8_quant_support(args: &[ArgMeta<'_>], device:
     else {
         return no("arguments do not match fused_add_rms_norm_static_fp8_quant");
     };
-    if let Support::No(reason) = common_support(args.x, args.weight, None, device) {
+    if let Support::No(reason) = common_support(args.x, args.weight, None, device, NormCapabilities::default()) {
         return Support::No(reason);
     }
     residual_support(args.x, args.x_residual)
@@ -200,6 +230,7 @@ fn common_support(
     weight: Option<&TensorMeta>,
     variance_size: Option<i64>,
     device: DeviceKind,
+    capabilities: NormCapabilities,
 ) -> Support {
     if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", x.dtype)));
@@ -207,11 +238,14 @@ fn common_support(
     if x.device.kind() != device {
         return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
     }
-    if variance_size.is_some() {
-        return no("variance_size is only supported by native");
+    if variance_size.is_some() && !capabilities.variance_size {
+        return no("variance_size is not supported by this provider");
     }
     if let Some(w) = weight {
-        if w.dtype != x.dtype {
+        if !matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Support::No(Cow::Owned(format!("weight dtype {} is not one of f32, f16, bf16", w.dtype)));
+        }
+        if w.dtype != x.dtype && !capabilities.mixed_weight_dtype {
             return Support::No(Cow::Owned(format!("weight dtype {} differs from x dtype {}", w.dtype, x.dtype)));
         }
         let unit_stride = w.layout.strides().first().is_none_or(|&s| s == 1 || w.layout.last_dim() <= 1);

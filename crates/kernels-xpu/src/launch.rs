@@ -20,6 +20,8 @@ pub(crate) struct Args {
     pub(crate) rows: Rows,
     /// Rows of the output (`rms_norm`) or of the residual (`fused_add_rms_norm`).
     pub(crate) other_rows: Rows,
+    /// Elements of each row the mean square runs over (`variance_size`, else the hidden size).
+    pub(crate) variance: usize,
 }
 
 /// Enqueues one kernel on `queue` (every buffer moved to it first). For `rms_norm`, `first` is the
@@ -31,10 +33,10 @@ pub(crate) fn launch(
     args: Args,
     first: &XpuBuffer,
     second: &XpuBuffer,
-    weight: Option<(&XpuBuffer, usize)>,
+    weight: Option<(&XpuBuffer, usize, DType)>,
 ) -> Result<(), KernelError> {
     let device = &second.device;
-    for buffer in [Some(first), Some(second), weight.map(|(w, _)| w)].into_iter().flatten() {
+    for buffer in [Some(first), Some(second), weight.map(|(w, _, _)| w)].into_iter().flatten() {
         buffer.use_on(queue)?;
     }
     let (rows, other) = (args.rows, args.other_rows);
@@ -43,7 +45,7 @@ pub(crate) fn launch(
     let variant = KernelVariant {
         op,
         dtype: args.dtype,
-        has_weight: weight.is_some(),
+        weight: weight.map(|(_, _, dtype)| dtype),
         threads_per_row,
         subgroups: use_subgroups(device.extensions(), device.max_sub_group_size(), threads_per_row, force_tree),
     };
@@ -52,10 +54,16 @@ pub(crate) fn launch(
     let group = group_size(threads_per_row) as usize;
     let groups = rows.n_rows.div_ceil(variant.rows_per_group() as usize);
     let (first_mem, second_mem) = (first.buffer.get(), second.buffer.get());
-    let weight_mem = weight.map_or(second_mem, |(w, _)| w.buffer.get());
-    let weight_offset: i64 = kernel_int(weight.map_or(0, |(_, offset)| offset), "weight offset")?;
+    let weight_mem = weight.map_or(second_mem, |(w, _, _)| w.buffer.get());
+    let weight_offset: i64 = kernel_int(weight.map_or(0, |(_, offset, _)| offset), "weight offset")?;
     let n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
     let hidden: i32 = kernel_int(rows.hidden, "hidden size")?;
+    if args.variance == 0 || args.variance > rows.hidden {
+        return Err(KernelError::InvalidArguments {
+            reason: format!("variance_size {} is outside 1..={}", args.variance, rows.hidden),
+        });
+    }
+    let variance: i32 = kernel_int(args.variance, "variance_size")?;
     let (first_stride, second_stride, first_offset, second_offset) = match op {
         NormOp::RmsNorm => (other.row_stride, rows.row_stride, other.offset, rows.offset),
         NormOp::FusedAddRmsNorm => (rows.row_stride, other.row_stride, rows.offset, other.offset),
@@ -64,9 +72,9 @@ pub(crate) fn launch(
         (kernel_int(first_stride, "row stride")?, kernel_int(second_stride, "row stride")?);
     let (first_offset, second_offset): (i64, i64) =
         (kernel_int(first_offset, "storage offset")?, kernel_int(second_offset, "storage offset")?);
-    // rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride,
+    // rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, variance, x_row_stride, out_row_stride,
     //                  x_offset, out_offset, weight_offset)
-    // fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, x_row_stride,
+    // fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, variance, x_row_stride,
     //                            residual_row_stride, x_offset, residual_offset, weight_offset)
     let (stride_a, stride_b, offset_a, offset_b) = match op {
         NormOp::RmsNorm => (second_stride, first_stride, second_offset, first_offset),
@@ -85,6 +93,7 @@ pub(crate) fn launch(
             .set_arg(&args.epsilon)
             .set_arg(&n_rows)
             .set_arg(&hidden)
+            .set_arg(&variance)
             .set_arg(&stride_a)
             .set_arg(&stride_b)
             .set_arg(&offset_a)

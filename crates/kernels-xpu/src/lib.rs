@@ -27,12 +27,12 @@ pub mod quant;
 pub mod rotary;
 
 use ir_core::kernel::{
-    Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support, reject_variance_size, rms_norm_support,
+    NormCapabilities, Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support_with, rms_norm_support_with,
 };
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
 use ir_core::storage::Storage;
-use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
 
 pub use crate::device::{
     ALLOW_CPU_ENV, COPY_MAX_RANK, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu,
@@ -55,6 +55,13 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
             .with_platform_detection(is_gpu)
             .with_supports(move |args| supports(args, DeviceKind::Xpu))
     };
+    // The norms compute everything the reference does: a weight of another dtype than x and
+    // `variance_size` run on the device, not on the host through native.
+    let rms_norm_support =
+        |args: &[ir_core::op::ArgMeta<'_>], device| rms_norm_support_with(args, device, NormCapabilities::ALL);
+    let fused_add_rms_norm_support = |args: &[ir_core::op::ArgMeta<'_>], device| {
+        fused_add_rms_norm_support_with(args, device, NormCapabilities::ALL)
+    };
     rms_norm::register(registry, spec(rms_norm_support), rms_norm_xpu)?;
     fused_add_rms_norm::register(
         registry,
@@ -74,9 +81,9 @@ pub fn rms_norm_xpu(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    reject_variance_size(variance_size)?;
     let dtype = x.dtype();
     let x_rows = Rows::for_kernel(x.meta())?;
+    let variance = variance(variance_size, x_rows.hidden)?;
     let x_buffer = device_buffer::<XpuBuffer>(x, "x", "xpu")?;
     let out_layout = x.layout().copy_layout();
     let out_rows = Rows::for_kernel(&ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
@@ -91,7 +98,7 @@ pub fn rms_norm_xpu(
         launch::launch(
             &queue,
             NormOp::RmsNorm,
-            launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: out_rows },
+            launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: out_rows, variance },
             &out,
             x_buffer,
             weight,
@@ -108,13 +115,13 @@ pub fn fused_add_rms_norm_xpu(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    reject_variance_size(variance_size)?;
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
+    let variance = variance(variance_size, x_rows.hidden)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
-        let args = launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: residual_rows };
+        let args = launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: residual_rows, variance };
         let x_buffer = device_buffer_mut::<XpuBuffer>(&mut x, "x", "xpu")?;
         let residual_buffer = device_buffer_mut::<XpuBuffer>(&mut residual, "x_residual", "xpu")?;
         let queue = x_buffer.call_queue()?;
@@ -123,9 +130,21 @@ pub fn fused_add_rms_norm_xpu(
     Ok((x.into_tensor(), residual.into_tensor()))
 }
 
-fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&XpuBuffer, usize)>, KernelError> {
+/// The weight's buffer, storage offset and dtype (which may differ from x's).
+fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&XpuBuffer, usize, DType)>, KernelError> {
     match weight {
         None => Ok(None),
-        Some(w) => Ok(Some((device_buffer::<XpuBuffer>(w, "weight", "xpu")?, w.offset()))),
+        Some(w) => Ok(Some((device_buffer::<XpuBuffer>(w, "weight", "xpu")?, w.offset(), w.dtype()))),
+    }
+}
+
+/// The elements of each row the mean square runs over: `variance_size` (the meta function checked
+/// it lies in 1..=H; checked again here), else the hidden size.
+fn variance(variance_size: Option<i64>, hidden: usize) -> Result<usize, KernelError> {
+    match variance_size {
+        None => Ok(hidden),
+        Some(v) => usize::try_from(v).ok().filter(|&v| (1..=hidden).contains(&v)).ok_or_else(|| {
+            KernelError::InvalidArguments { reason: format!("variance_size {v} is outside 1..={hidden}") }
+        }),
     }
 }

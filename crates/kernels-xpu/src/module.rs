@@ -18,8 +18,8 @@ pub struct KernelVariant {
     pub op: NormOp,
     /// Element type (f32, f16 or bf16).
     pub dtype: DType,
-    /// Whether a weight is applied.
-    pub has_weight: bool,
+    /// The weight's dtype when a weight is applied (it may differ from `dtype`: f32, f16 or bf16).
+    pub weight: Option<DType>,
     /// Work-items per row.
     pub threads_per_row: u32,
     /// Whether the reduction uses sub-group collectives (else a local-memory tree).
@@ -75,9 +75,10 @@ impl KernelVariant {
     /// `clBuildProgram` options for this variant (no fast-math options).
     pub fn build_options(&self) -> Result<String, KernelError> {
         Ok(format!(
-            "{} -DHAS_WEIGHT={} -DTHREADS_PER_ROW={} -DROWS_PER_GROUP={} -DUSE_SUBGROUPS={}",
+            "{} -DHAS_WEIGHT={} -DWDTYPE={} -DTHREADS_PER_ROW={} -DROWS_PER_GROUP={} -DUSE_SUBGROUPS={}",
             base_options(self.dtype)?,
-            u8::from(self.has_weight),
+            u8::from(self.weight.is_some()),
+            dtype_code(self.weight.unwrap_or(self.dtype))?,
             self.threads_per_row,
             self.rows_per_group(),
             u8::from(self.subgroups)
@@ -87,15 +88,17 @@ impl KernelVariant {
 
 /// The build options every program of a dtype gets (no fast-math options).
 pub(crate) fn base_options(dtype: DType) -> Result<String, KernelError> {
-    let code = match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        other => {
-            return Err(KernelError::InvalidArguments { reason: format!("the xpu kernels do not compute in {other}") });
-        }
-    };
-    Ok(format!("-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt -DDTYPE={code}"))
+    Ok(format!("-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt -DDTYPE={}", dtype_code(dtype)?))
+}
+
+/// The code `element.cl` knows a dtype by (`DTYPE`, `WDTYPE`).
+fn dtype_code(dtype: DType) -> Result<u8, KernelError> {
+    match dtype {
+        DType::F32 => Ok(0),
+        DType::F16 => Ok(1),
+        DType::BF16 => Ok(2),
+        other => Err(KernelError::InvalidArguments { reason: format!("the xpu kernels do not compute in {other}") }),
+    }
 }
 
 impl fmt::Display for KernelVariant {
@@ -104,24 +107,28 @@ impl fmt::Display for KernelVariant {
             f,
             "{}[weight={}, threads_per_row={}, subgroups={}]",
             self.kernel_name(),
-            self.has_weight,
+            self.weight.map_or_else(|| "none".to_owned(), |w| w.to_string()),
             self.threads_per_row,
             self.subgroups
         )
     }
 }
 
-/// Every variant with the given reduction.
+/// Every variant with the given reduction: without a weight and with one of each dtype (a weight of
+/// another dtype than x at two row widths only: its code differs from the same-dtype form only in the
+/// weight step).
 pub fn all_variants(subgroups: bool) -> Vec<KernelVariant> {
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
     let mut variants = Vec::new();
     for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
-            for has_weight in [false, true] {
+        for dtype in DTYPES {
+            for weight in std::iter::once(None).chain(DTYPES.map(Some)) {
                 for threads_per_row in [8, 32, 64, 128, 256] {
-                    if subgroups && threads_per_row < 32 {
+                    let mixed = weight.is_some_and(|w| w != dtype);
+                    if (subgroups && threads_per_row < 32) || (mixed && !matches!(threads_per_row, 32 | 256)) {
                         continue;
                     }
-                    variants.push(KernelVariant { op, dtype, has_weight, threads_per_row, subgroups });
+                    variants.push(KernelVariant { op, dtype, weight, threads_per_row, subgroups });
                 }
             }
         }
@@ -152,7 +159,7 @@ mod tests {
         let small = KernelVariant {
             op: NormOp::RmsNorm,
             dtype: DType::BF16,
-            has_weight: true,
+            weight: Some(DType::F32),
             threads_per_row: 8,
             subgroups: false,
         };
@@ -161,6 +168,10 @@ mod tests {
         assert_eq!(threads_per_row(8199), 128);
         assert_eq!((threads_per_row(32768), group_size(256)), (256, 256));
         assert!(small.build_options().unwrap().contains("-DROWS_PER_GROUP=16"));
+        let options = small.build_options().unwrap();
+        assert!(options.contains("-DDTYPE=2") && options.contains("-DWDTYPE=0"), "bf16 x, f32 weight: {options}");
+        let unweighted = KernelVariant { weight: None, ..small }.build_options().unwrap();
+        assert!(unweighted.contains("-DHAS_WEIGHT=0") && unweighted.contains("-DWDTYPE=2"), "{unweighted}");
         assert!(!small.build_options().unwrap().contains("fast-relaxed-math"));
     }
 }
