@@ -328,7 +328,7 @@ fn predicates_reject_what_only_native_supports() {
 /// Whether the backend's norms take a weight of another dtype than x and `variance_size` (the
 /// GPU providers that compute them on the device; the cpu provider leaves them to native).
 fn takes_every_norm_argument(backend: &Backend) -> bool {
-    backend.provider == "xpu"
+    matches!(backend.provider, "xpu" | "cuda" | "rocm")
 }
 
 /// The coarser of two compute dtypes (bf16, then f16, then f32): the output of a weighted norm is

@@ -3,6 +3,7 @@
 // Variant defines (all required):
 //   DTYPE            0 = f32, 1 = f16, 2 = bf16 (the element type of x, residual, weight and out)
 //   HAS_WEIGHT       0 or 1
+//   WDTYPE           the weight's type, coded like DTYPE (element.cuh; default DTYPE)
 //   VEC              1 (scalar loads) or CHUNK (one 16-byte load per chunk); decided on the host from
 //                    alignment, so both paths must give identical bits
 //   THREADS_PER_ROW  8, 16, 32, 64, 128 or 256
@@ -13,6 +14,10 @@
 // overwritten, by the thread that owns those elements); the weight step rounds y to the element type,
 // multiplies by the weight in f32 and rounds once. Each thread owns whole chunks of CHUNK elements
 // (16 bytes) in the same order whatever VEC is, so results depend only on the row, H and the dtype.
+// The mean square runs over the first `variance` elements of each row (variance_size; the host
+// passes H when it is not given); every element is normalized. A weight of another type than the
+// elements is read with scalar loads; the weight step computes in the weight's type (y rounded to
+// it, the product rounded to it) and the store rounds to the element type.
 //
 // Compiled after `element.cuh` (the element type and its conversions), which the crate prepends.
 
@@ -86,43 +91,64 @@ __device__ __forceinline__ float row_sum(float value) {
 #endif
 }
 
-// The mean square of one row when the f32 sum of squares overflowed (|x| above about 1.8e19 / sqrt(H))
-// although the mean may fit: the row scaled by its largest magnitude, summed serially by the calling
-// thread (no barrier, so any subset of threads may call it), then scaled back. A rare path.
-__device__ __noinline__ float rescaled_mean_square(const elem_t* x_row, const elem_t* r_row, int hidden) {
+// The mean square of the first `count` elements of a row when their f32 sum of squares overflowed
+// (|x| above about 1.8e19 / sqrt(count)) although the mean may fit: the elements scaled by their
+// largest magnitude, summed serially by the calling thread (no barrier, so any subset of threads may
+// call it), then scaled back. A rare path.
+__device__ __noinline__ float rescaled_mean_square(const elem_t* x_row, const elem_t* r_row, int count) {
     float largest = 0.0f;
-    for (int j = 0; j < hidden; ++j) {
+    for (int j = 0; j < count; ++j) {
         float s = to_f32(x_row[j]) + (r_row ? to_f32(r_row[j]) : 0.0f);
         largest = fmaxf(largest, fabsf(s));
     }
     if (!(largest > 0.0f) || isinf(largest)) return __int_as_float(0x7f800000);
     float sum = 0.0f;
-    for (int j = 0; j < hidden; ++j) {
+    for (int j = 0; j < count; ++j) {
         float s = (to_f32(x_row[j]) + (r_row ? to_f32(r_row[j]) : 0.0f)) / largest;
         sum += s * s;
     }
-    return sum / (float)hidden * largest * largest;
+    return sum / (float)count * largest * largest;
+}
+
+// Adds the squares of a chunk's elements that lie among the first `variance` of the row to `sum`, in
+// element order (the others add an exact 0, so with variance = H the sum is the plain one).
+__device__ __forceinline__ void add_squares(float& sum, const float* s, long long c, int variance) {
+    long long first = c * CHUNK;
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) sum += (first + i < variance) ? s[i] * s[i] : 0.0f;
+}
+
+// Reads the weight of chunk `c` into f32: like load_chunk for a weight of the element type, with
+// scalar loads for another type (whose chunk is not 16 bytes).
+__device__ __forceinline__ void load_weight_chunk(const welem_t* weight, long long c, int hidden, float* out) {
+#if WDTYPE == DTYPE
+    load_chunk(weight, c, hidden, out);
+#else
+    long long first = c * CHUNK;
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? w_to_f32(weight[first + i]) : 0.0f;
+#endif
 }
 
 // Scales the f32 chunk by rstd (and the weight) and stores it rounded.
-__device__ __forceinline__ void finish_chunk(elem_t* out_row, const elem_t* weight, long long c, int hidden,
+__device__ __forceinline__ void finish_chunk(elem_t* out_row, const welem_t* weight, long long c, int hidden,
                                              float* s, float rstd) {
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) s[i] *= rstd;
 #if HAS_WEIGHT
     float w[CHUNK];
-    load_chunk(weight, c, hidden, w);
+    load_weight_chunk(weight, c, hidden, w);
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) s[i] = to_f32(from_f32(s[i])) * w[i];
+    for (int i = 0; i < CHUNK; ++i) s[i] = round_w(round_w(s[i]) * w[i]);
 #endif
     store_chunk(out_row, c, hidden, s);
 }
 
 // out[row] = rms_norm(x[row]) * weight. Output rows are `out_row_stride` elements apart.
 extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ out, const elem_t* __restrict__ x,
-                                                          const elem_t* __restrict__ weight, float epsilon,
-                                                          long long n_rows, int hidden, long long x_row_stride,
-                                                          long long out_row_stride) {
+                                                          const welem_t* __restrict__ weight, float epsilon,
+                                                          long long n_rows, int hidden, int variance,
+                                                          long long x_row_stride, long long out_row_stride) {
     long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
     int lane = threadIdx.x % THREADS_PER_ROW;
     bool active = row < n_rows;
@@ -138,20 +164,18 @@ extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ 
             long long c = lane + (long long)k * THREADS_PER_ROW;
             if (c < n_chunks) {
                 load_chunk(x_row, c, hidden, cache[k]);
-#pragma unroll
-                for (int i = 0; i < CHUNK; ++i) sum_sq += cache[k][i] * cache[k][i];
+                add_squares(sum_sq, cache[k], c, variance);
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
             float s[CHUNK];
             load_chunk(x_row, c, hidden, s);
-#pragma unroll
-            for (int i = 0; i < CHUNK; ++i) sum_sq += s[i] * s[i];
+            add_squares(sum_sq, s, c, variance);
         }
     }
     float total = row_sum(sum_sq);
     if (!active) return;
-    float mean_square = isinf(total) ? rescaled_mean_square(x_row, nullptr, hidden) : total / (float)hidden;
+    float mean_square = isinf(total) ? rescaled_mean_square(x_row, nullptr, variance) : total / (float)variance;
     float rstd = 1.0f / sqrtf(mean_square + epsilon);
 #pragma unroll
     for (int k = 0; k < CACHE_CHUNKS; ++k) {
@@ -169,8 +193,8 @@ extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ 
 // norm computed from the unrounded sum.
 extern "C" __global__ void CONCAT(fused_add_rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ x,
                                                                     elem_t* __restrict__ residual,
-                                                                    const elem_t* __restrict__ weight, float epsilon,
-                                                                    long long n_rows, int hidden,
+                                                                    const welem_t* __restrict__ weight, float epsilon,
+                                                                    long long n_rows, int hidden, int variance,
                                                                     long long x_row_stride,
                                                                     long long residual_row_stride) {
     long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
@@ -191,10 +215,8 @@ extern "C" __global__ void CONCAT(fused_add_rms_norm, KERNEL_SUFFIX)(elem_t* __r
                 load_chunk(x_row, c, hidden, cache[k]);
                 load_chunk(r_row, c, hidden, r);
 #pragma unroll
-                for (int i = 0; i < CHUNK; ++i) {
-                    cache[k][i] += r[i];
-                    sum_sq += cache[k][i] * cache[k][i];
-                }
+                for (int i = 0; i < CHUNK; ++i) cache[k][i] += r[i];
+                add_squares(sum_sq, cache[k], c, variance);
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
@@ -202,14 +224,13 @@ extern "C" __global__ void CONCAT(fused_add_rms_norm, KERNEL_SUFFIX)(elem_t* __r
             load_chunk(x_row, c, hidden, s);
             load_chunk(r_row, c, hidden, r);
 #pragma unroll
-            for (int i = 0; i < CHUNK; ++i) {
-                s[i] += r[i];
-                sum_sq += s[i] * s[i];
-            }
+            for (int i = 0; i < CHUNK; ++i) s[i] += r[i];
+            add_squares(sum_sq, s, c, variance);
         }
     }
     float total = row_sum(sum_sq);
-    float mean_square = active && isinf(total) ? rescaled_mean_square(x_row, r_row, hidden) : total / (float)hidden;
+    float mean_square =
+        active && isinf(total) ? rescaled_mean_square(x_row, r_row, variance) : total / (float)variance;
     // The rescue reads the whole row: no thread of the block writes before every one has read.
     __syncthreads();
     if (!active) return;

@@ -1,7 +1,12 @@
 // RMS normalization kernels for the `rocm` provider, compiled ahead of time by `hipcc --genco`.
 //
 // One templated implementation per op; every variant is an `extern "C"` kernel named
-// `<op>_<dtype>_w<weight>_v<vector width>_t<threads per row>`, so one code object holds them all.
+// `<op>_<dtype>_w<weight>_v<vector width>_t<threads per row>`, so one code object holds them all. The
+// weight is `w0` (none), `w1` (of the element type) or `wf32`/`wf16`/`wbf16` (another type: a
+// Gemma-style f32 weight on bf16 activations), read with scalar loads; the weight step computes in
+// the weight's type (y rounded to it, the product rounded to it) and the store rounds to the element
+// type. The mean square runs over the first `variance` elements of each row (variance_size; the host
+// passes H when it is not given); every element is normalized.
 //
 // The numerics and the ownership of elements are those of the CUDA kernels: f32 squares and sums,
 // the fused sum as one f32 addition, the norm from the unrounded sum (cached in registers, else
@@ -68,46 +73,58 @@ __device__ __forceinline__ float row_sum(float value) {
     return total;
 }
 
-template <int DTYPE, bool HAS_WEIGHT, int VEC>
-__device__ __forceinline__ void finish_chunk(typename Elem<DTYPE>::T* out_row, const typename Elem<DTYPE>::T* weight,
+// The weight's element type: WDTYPE -1 means no weight (any type serves), else Elem<WDTYPE>.
+template <int WDTYPE> struct Weight { typedef typename Elem<WDTYPE>::T T; };
+template <> struct Weight<-1> { typedef float T; };
+
+template <int DTYPE, int WDTYPE, int VEC>
+__device__ __forceinline__ void finish_chunk(typename Elem<DTYPE>::T* out_row, const typename Weight<WDTYPE>::T* weight,
                                              long long c, int hidden, float* s, float rstd) {
     typedef Elem<DTYPE> E;
 #pragma unroll
     for (int i = 0; i < E::CHUNK; ++i) s[i] *= rstd;
-    if (HAS_WEIGHT) {
+    if constexpr (WDTYPE >= 0) {
+        typedef Elem<WDTYPE> W;
         float w[E::CHUNK];
-        load_chunk<DTYPE, VEC>(weight, c, hidden, w);
+        if constexpr (WDTYPE == DTYPE) {
+            load_chunk<DTYPE, VEC>(weight, c, hidden, w);
+        } else {
+            long long first = c * E::CHUNK;
 #pragma unroll
-        for (int i = 0; i < E::CHUNK; ++i) s[i] = E::load(E::store(s[i])) * w[i];
+            for (int i = 0; i < E::CHUNK; ++i) w[i] = (first + i < hidden) ? W::load(weight[first + i]) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < E::CHUNK; ++i) s[i] = round_elem<WDTYPE>(round_elem<WDTYPE>(s[i]) * w[i]);
     }
     store_chunk<DTYPE, VEC>(out_row, c, hidden, s);
 }
 
-// The mean square of one row when the f32 sum of squares overflowed (|x| above about 1.8e19 / sqrt(H))
-// although the mean may fit: the row scaled by its largest magnitude, summed serially by the calling
-// thread (no barrier, so any subset of threads may call it), then scaled back. A rare path.
+// The mean square of the first `count` elements of a row when their f32 sum of squares overflowed
+// (|x| above about 1.8e19 / sqrt(count)) although the mean may fit: the elements scaled by their
+// largest magnitude, summed serially by the calling thread (no barrier, so any subset of threads may
+// call it), then scaled back. A rare path.
 template <int DTYPE>
 __device__ __noinline__ float rescaled_mean_square(const typename Elem<DTYPE>::T* x_row,
-                                                   const typename Elem<DTYPE>::T* r_row, int hidden) {
+                                                   const typename Elem<DTYPE>::T* r_row, int count) {
     typedef Elem<DTYPE> E;
     float largest = 0.0f;
-    for (int j = 0; j < hidden; ++j) {
+    for (int j = 0; j < count; ++j) {
         float s = E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : 0.0f);
         largest = fmaxf(largest, fabsf(s));
     }
     if (!(largest > 0.0f) || isinf(largest)) return __builtin_huge_valf();
     float sum = 0.0f;
-    for (int j = 0; j < hidden; ++j) {
+    for (int j = 0; j < count; ++j) {
         float s = (E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : 0.0f)) / largest;
         sum += s * s;
     }
-    return sum / (float)hidden * largest * largest;
+    return sum / (float)count * largest * largest;
 }
 
-template <int DTYPE, bool HAS_WEIGHT, int VEC, int TPR, int BLOCK, bool FUSED>
+template <int DTYPE, int WDTYPE, int VEC, int TPR, int BLOCK, bool FUSED>
 __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typename Elem<DTYPE>::T* second,
-                                          const typename Elem<DTYPE>::T* weight, float epsilon, long long n_rows,
-                                          int hidden, long long first_stride, long long second_stride) {
+                                          const typename Weight<WDTYPE>::T* weight, float epsilon, long long n_rows,
+                                          int hidden, int variance, long long first_stride, long long second_stride) {
     // rms_norm: first = out, second = x.  fused: first = x, second = residual (both written).
     typedef Elem<DTYPE> E;
     constexpr int CHUNK = E::CHUNK;
@@ -131,8 +148,9 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
 #pragma unroll
                 for (int i = 0; i < CHUNK; ++i) s[i] += r[i];
             }
+            // Elements past the first `variance` add an exact 0 (with variance = H, the plain sum).
 #pragma unroll
-            for (int i = 0; i < CHUNK; ++i) sum_sq += s[i] * s[i];
+            for (int i = 0; i < CHUNK; ++i) sum_sq += (c * CHUNK + i < variance) ? s[i] * s[i] : 0.0f;
             if (k < CACHE_CHUNKS) {
 #pragma unroll
                 for (int i = 0; i < CHUNK; ++i) cache[k][i] = s[i];
@@ -141,8 +159,8 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     }
     float total = row_sum<TPR, BLOCK>(sum_sq);
     float mean_square = active && isinf(total)
-                            ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, hidden)
-                            : total / (float)hidden;
+                            ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, variance)
+                            : total / (float)variance;
     // The fused rescue reads the whole row: no thread of the block writes before every one has read.
     if (FUSED) __syncthreads();
     if (!active) return;
@@ -163,43 +181,62 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
             }
         }
         if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
-        finish_chunk<DTYPE, HAS_WEIGHT, VEC>(out_row, weight, c, hidden, s, rstd);
+        finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
     }
 }
 
 #define BLOCK_FOR(TPR) ((TPR) > 128 ? 256 : 128)
 
-#define DEFINE_KERNELS(DTYPE, NAME, W, VEC, TPR)                                                                     \
+// WD: the weight's type code (-1 none); W: its part of the symbol (0, 1, f32, f16, bf16).
+#define DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, TPR)                                                                \
     extern "C" __global__ void __launch_bounds__(BLOCK_FOR(TPR))                                                   \
         rms_norm_##NAME##_w##W##_v##VEC##_t##TPR(Elem<DTYPE>::T* out, const Elem<DTYPE>::T* x,                     \
-                                                 const Elem<DTYPE>::T* weight, float epsilon, long long n_rows,    \
-                                                 int hidden, long long x_row_stride, long long out_row_stride) {  \
-        norm_impl<DTYPE, W, VEC, TPR, BLOCK_FOR(TPR), false>(out, const_cast<Elem<DTYPE>::T*>(x), weight,         \
-                                                             epsilon, n_rows, hidden, out_row_stride,             \
-                                                             x_row_stride);                                       \
+                                                 const Weight<WD>::T* weight, float epsilon, long long n_rows,     \
+                                                 int hidden, int variance, long long x_row_stride,                \
+                                                 long long out_row_stride) {                                       \
+        norm_impl<DTYPE, WD, VEC, TPR, BLOCK_FOR(TPR), false>(out, const_cast<Elem<DTYPE>::T*>(x), weight,        \
+                                                              epsilon, n_rows, hidden, variance, out_row_stride,  \
+                                                              x_row_stride);                                      \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(BLOCK_FOR(TPR))                                                   \
         fused_add_rms_norm_##NAME##_w##W##_v##VEC##_t##TPR(                                                        \
-            Elem<DTYPE>::T* x, Elem<DTYPE>::T* residual, const Elem<DTYPE>::T* weight, float epsilon,              \
-            long long n_rows, int hidden, long long x_row_stride, long long residual_row_stride) {                 \
-        norm_impl<DTYPE, W, VEC, TPR, BLOCK_FOR(TPR), true>(x, residual, weight, epsilon, n_rows, hidden,          \
-                                                            x_row_stride, residual_row_stride);                   \
+            Elem<DTYPE>::T* x, Elem<DTYPE>::T* residual, const Weight<WD>::T* weight, float epsilon,               \
+            long long n_rows, int hidden, int variance, long long x_row_stride, long long residual_row_stride) {   \
+        norm_impl<DTYPE, WD, VEC, TPR, BLOCK_FOR(TPR), true>(x, residual, weight, epsilon, n_rows, hidden,         \
+                                                             variance, x_row_stride, residual_row_stride);        \
     }
 
-#define DEFINE_TPR(DTYPE, NAME, W, VEC) \
-    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 8)   \
-    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 16)  \
-    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 32)  \
-    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 64)  \
-    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 128) \
-    DEFINE_KERNELS(DTYPE, NAME, W, VEC, 256)
+#define DEFINE_TPR(DTYPE, NAME, WD, W, VEC)     \
+    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 8)   \
+    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 16)  \
+    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 32)  \
+    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 64)  \
+    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 128) \
+    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 256)
 
-#define DEFINE_DTYPE(DTYPE, NAME, CHUNK) \
-    DEFINE_TPR(DTYPE, NAME, 0, 1)        \
-    DEFINE_TPR(DTYPE, NAME, 0, CHUNK)    \
-    DEFINE_TPR(DTYPE, NAME, 1, 1)        \
-    DEFINE_TPR(DTYPE, NAME, 1, CHUNK)
+// A weight of another type than the elements: at two row widths (32 and 256 threads per row).
+#define DEFINE_MIXED(DTYPE, NAME, WD, W, VEC)    \
+    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 32)  \
+    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 256)
+
+#define DEFINE_DTYPE(DTYPE, NAME, CHUNK)     \
+    DEFINE_TPR(DTYPE, NAME, -1, 0, 1)        \
+    DEFINE_TPR(DTYPE, NAME, -1, 0, CHUNK)    \
+    DEFINE_TPR(DTYPE, NAME, DTYPE, 1, 1)     \
+    DEFINE_TPR(DTYPE, NAME, DTYPE, 1, CHUNK)
 
 DEFINE_DTYPE(0, f32, 4)
 DEFINE_DTYPE(1, f16, 8)
 DEFINE_DTYPE(2, bf16, 8)
+DEFINE_MIXED(0, f32, 1, f16, 1)
+DEFINE_MIXED(0, f32, 1, f16, 4)
+DEFINE_MIXED(0, f32, 2, bf16, 1)
+DEFINE_MIXED(0, f32, 2, bf16, 4)
+DEFINE_MIXED(1, f16, 0, f32, 1)
+DEFINE_MIXED(1, f16, 0, f32, 8)
+DEFINE_MIXED(1, f16, 2, bf16, 1)
+DEFINE_MIXED(1, f16, 2, bf16, 8)
+DEFINE_MIXED(2, bf16, 0, f32, 1)
+DEFINE_MIXED(2, bf16, 0, f32, 8)
+DEFINE_MIXED(2, bf16, 1, f16, 1)
+DEFINE_MIXED(2, bf16, 1, f16, 8)

@@ -120,6 +120,17 @@ pub fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelErro
     }
 }
 
+/// The elements of each row a norm's mean square runs over: `variance_size` (the meta function has
+/// checked it lies in 1..=H; checked again here, as a kernel error), else the hidden size.
+pub fn norm_variance(variance_size: Option<i64>, hidden: usize) -> Result<usize, KernelError> {
+    match variance_size {
+        None => Ok(hidden),
+        Some(v) => usize::try_from(v).ok().filter(|&v| (1..=hidden).contains(&v)).ok_or_else(|| {
+            KernelError::InvalidArguments { reason: format!("variance_size {v} is outside 1..={hidden}") }
+        }),
+    }
+}
+
 /// Threads cooperating on one row in the CUDA and ROCm kernels, from the hidden size alone:
 /// 8/16/32/64/128/256 for H ≤ 64/128/3072/6144/16384/larger.
 pub fn gpu_threads_per_row(hidden: usize) -> u32 {

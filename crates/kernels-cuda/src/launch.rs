@@ -63,7 +63,12 @@ pub(crate) struct Launch {
     pub(crate) other_rows: Rows,
     pub(crate) epsilon: f32,
     pub(crate) vectorized: bool,
+    /// Elements of each row the mean square runs over (`variance_size`, else the hidden size).
+    pub(crate) variance: usize,
 }
+
+/// A launch's weight: its buffer, storage offset (elements) and dtype (which may differ from x's).
+pub(crate) type WeightArg<'a> = Option<(&'a CudaBuffer, usize, DType)>;
 
 /// What both launches share: the compiled variant for this call and its launch shape.
 struct Prepared {
@@ -71,15 +76,26 @@ struct Prepared {
     config: LaunchConfig,
     n_rows: i64,
     hidden: i32,
+    variance: i32,
 }
 
-fn prepare(device: &CudaDeviceState, op: NormOp, launch: &Launch, has_weight: bool) -> Result<Prepared, KernelError> {
+fn prepare(
+    device: &CudaDeviceState,
+    op: NormOp,
+    launch: &Launch,
+    weight: Option<DType>,
+) -> Result<Prepared, KernelError> {
     let rows = launch.rows;
     let geometry = rms_norm_launch(rows.n_rows, rows.hidden)?;
+    if launch.variance == 0 || launch.variance > rows.hidden {
+        return Err(KernelError::InvalidArguments {
+            reason: format!("variance_size {} is outside 1..={}", launch.variance, rows.hidden),
+        });
+    }
     let variant = KernelVariant {
         op,
         dtype: launch.dtype,
-        has_weight,
+        weight,
         vectorized: launch.vectorized,
         threads_per_row: geometry.threads_per_row,
     };
@@ -92,34 +108,36 @@ fn prepare(device: &CudaDeviceState, op: NormOp, launch: &Launch, has_weight: bo
         },
         n_rows: kernel_int(rows.n_rows, "rows")?,
         hidden: kernel_int(rows.hidden, "hidden size")?,
+        variance: kernel_int(launch.variance, "variance_size")?,
     })
 }
 
-/// Launches `rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)`
-/// on `stream` (the call's: see `CudaBuffer::call_stream`).
+/// Launches `rms_norm_<dtype>(out, x, weight, epsilon, n_rows, hidden, variance, x_row_stride,
+/// out_row_stride)` on `stream` (the call's: see `CudaBuffer::call_stream`).
 pub(crate) fn launch_rms_norm(
     stream: &Arc<CudaStream>,
     launch: &Launch,
     out: &mut CudaBuffer,
     x: &CudaBuffer,
-    weight: Option<(&CudaBuffer, usize)>,
+    weight: WeightArg<'_>,
 ) -> Result<(), KernelError> {
     let (rows, out_rows) = (launch.rows, launch.other_rows);
-    let prepared = prepare(&x.device, NormOp::RmsNorm, launch, weight.is_some())?;
+    let prepared = prepare(&x.device, NormOp::RmsNorm, launch, weight.map(|(_, _, dtype)| dtype))?;
     let size = launch.dtype.size_in_bytes();
     let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
     let out_stride: i64 = kernel_int(out_rows.row_stride, "out row stride")?;
     let x_address = x.read_address(stream);
     let out_address = out.write_address(stream);
-    let weight_address = weight.map(|(w, offset)| (w.read_address(stream), offset));
+    let weight_address = weight.map(|(w, offset, dtype)| (w.read_address(stream), offset * dtype.size_in_bytes()));
     let x_ptr = x_address.offset(rows.offset * size);
     let out_ptr = out_address.offset(out_rows.offset * size);
-    let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset)| w.offset(offset * size));
+    let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset_bytes)| w.offset(*offset_bytes));
     let mut builder = stream.launch_builder(&prepared.function);
-    // rms_norm_<dtype>(elem_t* out, const elem_t* x, const elem_t* weight, float epsilon,
-    //                  long long n_rows, int hidden, long long x_row_stride, long long out_row_stride)
+    // rms_norm_<dtype>(elem_t* out, const elem_t* x, const welem_t* weight, float epsilon, long long n_rows,
+    //                  int hidden, int variance, long long x_row_stride, long long out_row_stride)
     builder.arg(&out_ptr).arg(&x_ptr).arg(&weight_ptr);
-    builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&x_stride).arg(&out_stride);
+    builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&prepared.variance);
+    builder.arg(&x_stride).arg(&out_stride);
     // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
     // by `kernel_int`. The addresses cover every element the rows reach: each tensor was built
     // through `check_fits`, which verified (in checked arithmetic) that its layout's byte extent fits
@@ -132,31 +150,33 @@ pub(crate) fn launch_rms_norm(
     Ok(())
 }
 
-/// Launches `fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, x_row_stride,
-/// residual_row_stride)` on `stream`.
+/// Launches `fused_add_rms_norm_<dtype>(x, residual, weight, epsilon, n_rows, hidden, variance,
+/// x_row_stride, residual_row_stride)` on `stream`.
 pub(crate) fn launch_fused(
     stream: &Arc<CudaStream>,
     launch: &Launch,
     x: &mut CudaBuffer,
     residual: &mut CudaBuffer,
-    weight: Option<(&CudaBuffer, usize)>,
+    weight: WeightArg<'_>,
 ) -> Result<(), KernelError> {
     let (rows, residual_rows) = (launch.rows, launch.other_rows);
-    let prepared = prepare(&x.device, NormOp::FusedAddRmsNorm, launch, weight.is_some())?;
+    let prepared = prepare(&x.device, NormOp::FusedAddRmsNorm, launch, weight.map(|(_, _, dtype)| dtype))?;
     let size = launch.dtype.size_in_bytes();
     let x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
     let residual_stride: i64 = kernel_int(residual_rows.row_stride, "residual row stride")?;
     let x_address = x.write_address(stream);
     let residual_address = residual.write_address(stream);
-    let weight_address = weight.map(|(w, offset)| (w.read_address(stream), offset));
+    let weight_address = weight.map(|(w, offset, dtype)| (w.read_address(stream), offset * dtype.size_in_bytes()));
     let x_ptr = x_address.offset(rows.offset * size);
     let residual_ptr = residual_address.offset(residual_rows.offset * size);
-    let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset)| w.offset(offset * size));
+    let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset_bytes)| w.offset(*offset_bytes));
     let mut builder = stream.launch_builder(&prepared.function);
-    // fused_add_rms_norm_<dtype>(elem_t* x, elem_t* residual, const elem_t* weight, float epsilon,
-    //                            long long n_rows, int hidden, long long x_row_stride, long long residual_row_stride)
+    // fused_add_rms_norm_<dtype>(elem_t* x, elem_t* residual, const welem_t* weight, float epsilon,
+    //                            long long n_rows, int hidden, int variance, long long x_row_stride,
+    //                            long long residual_row_stride)
     builder.arg(&x_ptr).arg(&residual_ptr).arg(&weight_ptr);
-    builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&x_stride).arg(&residual_stride);
+    builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&prepared.variance);
+    builder.arg(&x_stride).arg(&residual_stride);
     // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
     // by `kernel_int`. x and residual are distinct, uniquely owned buffers (`UniqueTensor`), and their
     // addresses cover every element the rows reach: each tensor's layout was checked against its

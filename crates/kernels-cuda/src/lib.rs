@@ -30,7 +30,8 @@ pub mod quant;
 pub mod rotary;
 
 use ir_core::kernel::{
-    Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support, reject_variance_size, rms_norm_support,
+    NormCapabilities, Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support_with, norm_variance,
+    rms_norm_support_with,
 };
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
@@ -53,12 +54,13 @@ const ALLOCATION_ALIGNMENT: usize = 256;
 
 /// Registers the `cuda` implementations of every built-in op (also when no GPU exists: then unavailable).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let rms_spec =
-        ImplSpec::new(PROVIDER).with_probe(availability).with_supports(|args| rms_norm_support(args, DeviceKind::Cuda));
+    let rms_spec = ImplSpec::new(PROVIDER)
+        .with_probe(availability)
+        .with_supports(|args| rms_norm_support_with(args, DeviceKind::Cuda, NormCapabilities::ALL));
     rms_norm::register(registry, rms_spec, rms_norm_cuda)?;
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
-        .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cuda));
+        .with_supports(|args| fused_add_rms_norm_support_with(args, DeviceKind::Cuda, NormCapabilities::ALL));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cuda))?;
     gated::register(registry)?;
     quant::register(registry)?;
@@ -72,9 +74,9 @@ pub fn rms_norm_cuda(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    reject_variance_size(variance_size)?;
     let dtype = x.dtype();
     let x_rows = Rows::for_kernel(x.meta())?;
+    let variance = norm_variance(variance_size, x_rows.hidden)?;
     let x_buffer = device_buffer::<CudaBuffer>(x, "x", "CUDA")?;
     let out_layout = x.layout().copy_layout();
     let out_meta = ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() };
@@ -89,8 +91,9 @@ pub fn rms_norm_cuda(
         let weight = weight_arg(weight)?;
         let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
             && launch::vector_ok(&out_rows, dtype, ALLOCATION_ALIGNMENT)
-            && weight.is_none_or(|(_, offset)| weight_vector_ok(offset, x_rows.hidden, dtype));
-        let launch = launch::Launch { dtype, rows: x_rows, other_rows: out_rows, epsilon: epsilon as f32, vectorized };
+            && weight.is_none_or(|(_, offset, w_dtype)| weight_vector_ok(offset, x_rows.hidden, dtype, w_dtype));
+        let launch =
+            launch::Launch { dtype, rows: x_rows, other_rows: out_rows, epsilon: epsilon as f32, vectorized, variance };
         launch::launch_rms_norm(&stream, &launch, &mut out, x_buffer, weight)?;
     }
     Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
@@ -104,17 +107,23 @@ pub fn fused_add_rms_norm_cuda(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    reject_variance_size(variance_size)?;
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
+    let variance = norm_variance(variance_size, x_rows.hidden)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
         let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
             && launch::vector_ok(&residual_rows, dtype, ALLOCATION_ALIGNMENT)
-            && weight.is_none_or(|(_, offset)| weight_vector_ok(offset, x_rows.hidden, dtype));
-        let launch =
-            launch::Launch { dtype, rows: x_rows, other_rows: residual_rows, epsilon: epsilon as f32, vectorized };
+            && weight.is_none_or(|(_, offset, w_dtype)| weight_vector_ok(offset, x_rows.hidden, dtype, w_dtype));
+        let launch = launch::Launch {
+            dtype,
+            rows: x_rows,
+            other_rows: residual_rows,
+            epsilon: epsilon as f32,
+            vectorized,
+            variance,
+        };
         let x_buffer = device_buffer_mut::<CudaBuffer>(&mut x, "x", "CUDA")?;
         let residual_buffer = device_buffer_mut::<CudaBuffer>(&mut residual, "x_residual", "CUDA")?;
         let stream = x_buffer.call_stream()?;
@@ -123,14 +132,17 @@ pub fn fused_add_rms_norm_cuda(
     Ok((x.into_tensor(), residual.into_tensor()))
 }
 
-fn weight_vector_ok(offset: usize, hidden: usize, dtype: ir_core::DType) -> bool {
+/// Whether the weight allows the 16-byte path: a weight of another dtype than x is read with scalar
+/// loads in either path, so only a weight of x's dtype must be aligned.
+fn weight_vector_ok(offset: usize, hidden: usize, dtype: ir_core::DType, weight_dtype: ir_core::DType) -> bool {
     let rows = Rows { n_rows: 1, hidden, row_stride: hidden, offset };
-    launch::vector_ok(&rows, dtype, ALLOCATION_ALIGNMENT)
+    weight_dtype != dtype || launch::vector_ok(&rows, dtype, ALLOCATION_ALIGNMENT)
 }
 
-fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&CudaBuffer, usize)>, KernelError> {
+/// The weight's buffer, storage offset and dtype (which may differ from x's).
+fn weight_arg(weight: Option<&Tensor>) -> Result<launch::WeightArg<'_>, KernelError> {
     match weight {
         None => Ok(None),
-        Some(w) => Ok(Some((device_buffer::<CudaBuffer>(w, "weight", "CUDA")?, w.offset()))),
+        Some(w) => Ok(Some((device_buffer::<CudaBuffer>(w, "weight", "CUDA")?, w.offset(), w.dtype()))),
     }
 }

@@ -25,8 +25,8 @@ pub struct KernelVariant {
     pub op: NormOp,
     /// Element type (f32, f16 or bf16).
     pub dtype: DType,
-    /// Whether a weight is applied.
-    pub has_weight: bool,
+    /// The weight's dtype when a weight is applied (it may differ from `dtype`: f32, f16 or bf16).
+    pub weight: Option<DType>,
     /// Whether 16-byte vector accesses are used (else scalar accesses, same bits).
     pub vectorized: bool,
     /// Threads cooperating on one row.
@@ -50,7 +50,8 @@ impl KernelVariant {
         let chunk = 16 / self.dtype.size_in_bytes();
         Ok(vec![
             dtype_define(self.dtype)?,
-            format!("-DHAS_WEIGHT={}", u8::from(self.has_weight)),
+            format!("-DHAS_WEIGHT={}", u8::from(self.weight.is_some())),
+            format!("-DWDTYPE={}", dtype_code(self.weight.unwrap_or(self.dtype))?),
             format!("-DVEC={}", if self.vectorized { chunk } else { 1 }),
             format!("-DTHREADS_PER_ROW={}", self.threads_per_row),
             format!("-DBLOCK_SIZE={}", self.block_size()),
@@ -64,22 +65,29 @@ impl fmt::Display for KernelVariant {
             f,
             "{}[weight={}, vec={}, threads_per_row={}]",
             self.kernel_name(),
-            self.has_weight,
+            self.weight.map_or_else(|| "none".to_owned(), |w| w.to_string()),
             self.vectorized,
             self.threads_per_row
         )
     }
 }
 
-/// Every variant the provider can launch.
+/// Every variant the provider can launch: without a weight and with one of each dtype (a weight of
+/// another dtype than x at two row widths only: it differs from the same-dtype form only in the
+/// weight step's loads and roundings).
 pub fn all_variants() -> Vec<KernelVariant> {
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
     let mut variants = Vec::new();
     for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
-            for has_weight in [false, true] {
+        for dtype in DTYPES {
+            for weight in std::iter::once(None).chain(DTYPES.map(Some)) {
                 for vectorized in [false, true] {
                     for threads_per_row in THREADS_PER_ROW {
-                        variants.push(KernelVariant { op, dtype, has_weight, vectorized, threads_per_row });
+                        let mixed = weight.is_some_and(|w| w != dtype);
+                        if mixed && !matches!(threads_per_row, 32 | 256) {
+                            continue;
+                        }
+                        variants.push(KernelVariant { op, dtype, weight, vectorized, threads_per_row });
                     }
                 }
             }
@@ -142,17 +150,17 @@ pub(crate) fn compile(
 
 /// The `-DDTYPE=` option of a dtype the kernels support.
 pub(crate) fn dtype_define(dtype: DType) -> Result<String, KernelError> {
-    let code = match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        other => {
-            return Err(KernelError::InvalidArguments {
-                reason: format!("the cuda kernels do not compute in {other}"),
-            });
-        }
-    };
-    Ok(format!("-DDTYPE={code}"))
+    Ok(format!("-DDTYPE={}", dtype_code(dtype)?))
+}
+
+/// The code `element.cuh` knows a dtype by (`DTYPE`, `WDTYPE`).
+fn dtype_code(dtype: DType) -> Result<u8, KernelError> {
+    match dtype {
+        DType::F32 => Ok(0),
+        DType::F16 => Ok(1),
+        DType::BF16 => Ok(2),
+        other => Err(KernelError::InvalidArguments { reason: format!("the cuda kernels do not compute in {other}") }),
+    }
 }
 
 /// The NVRTC architecture for a compute capability.

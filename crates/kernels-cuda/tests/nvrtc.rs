@@ -9,7 +9,10 @@ fn every_variant_compiles_to_ptx() {
         return;
     }
     let variants = all_variants();
-    assert_eq!(variants.len(), 2 * 3 * 2 * 2 * 6);
+    // ops x dtypes x (no weight, or one of x's dtype) x vector paths x row widths, and the weights
+    // of the two other dtypes at two row widths.
+    assert_eq!(variants.len(), 2 * 3 * 2 * 2 * 6 + 2 * 3 * 2 * 2 * 2);
+    assert!(variants.iter().any(|v| v.weight == Some(ir_core::DType::F32) && v.dtype == ir_core::DType::BF16));
     let jobs: Vec<_> =
         ["compute_80", "compute_90"].iter().flat_map(|arch| variants.iter().map(move |v| (*arch, *v))).collect();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());

@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use ir_core::kernel::{Rows, device_buffer, device_buffer_mut, kernel_int, reject_variance_size};
+use ir_core::kernel::{Rows, device_buffer, device_buffer_mut, kernel_int, norm_variance};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
 
@@ -15,9 +15,9 @@ pub(crate) fn rms_norm(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    reject_variance_size(variance_size)?;
     let dtype = x.dtype();
     let x_rows = Rows::for_kernel(x.meta())?;
+    let variance = norm_variance(variance_size, x_rows.hidden)?;
     let out_layout = x.layout().copy_layout();
     let out_rows = Rows::for_kernel(&TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
     let allocator = allocator().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
@@ -26,7 +26,7 @@ pub(crate) fn rms_norm(
         let x_ptr = element_ptr(device_buffer::<HipBuffer>(x, "x", "HIP")?.pointer, x_rows.offset, dtype);
         let out_buffer = out.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate");
         let out_ptr = element_ptr(out_buffer.pointer, out_rows.offset, dtype);
-        let weight_ptr = weight_ptr(weight, dtype)?;
+        let weight_ptr = weight_ptr(weight)?;
         let vectorized = vector_ok(&[(x_rows, x_ptr), (out_rows, out_ptr)], weight_ptr, dtype);
         run(
             NormOp::RmsNorm,
@@ -36,6 +36,7 @@ pub(crate) fn rms_norm(
             [out_ptr, x_ptr],
             weight_ptr,
             epsilon,
+            variance,
             [x_rows.row_stride, out_rows.row_stride],
         )?;
     }
@@ -49,12 +50,12 @@ pub(crate) fn fused(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    reject_variance_size(variance_size)?;
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let r_rows = Rows::for_kernel(residual.tensor().meta())?;
+    let variance = norm_variance(variance_size, x_rows.hidden)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
-        let weight_ptr = weight_ptr(weight, dtype)?;
+        let weight_ptr = weight_ptr(weight)?;
         let x_ptr = element_ptr(device_buffer_mut::<HipBuffer>(&mut x, "x", "HIP")?.pointer, x_rows.offset, dtype);
         let r_ptr = element_ptr(
             device_buffer_mut::<HipBuffer>(&mut residual, "x_residual", "HIP")?.pointer,
@@ -70,6 +71,7 @@ pub(crate) fn fused(
             [x_ptr, r_ptr],
             weight_ptr,
             epsilon,
+            variance,
             [x_rows.row_stride, r_rows.row_stride],
         )?;
     }
@@ -83,37 +85,47 @@ fn run(
     rows: Rows,
     vectorized: bool,
     buffers: [*mut c_void; 2],
-    weight: Option<*mut c_void>,
+    weight: Option<(*mut c_void, DType)>,
     epsilon: f64,
+    variance: usize,
     strides: [usize; 2],
 ) -> Result<(), KernelError> {
     let device = device().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
+    let weight_dtype = weight.map(|(_, w_dtype)| w_dtype);
+    let mixed = weight_dtype.is_some_and(|w_dtype| w_dtype != dtype);
     let variant = KernelVariant {
         op,
         dtype,
-        has_weight: weight.is_some(),
+        weight: weight_dtype,
         vectorized,
-        threads_per_row: ir_core::kernel::gpu_threads_per_row(rows.hidden),
+        threads_per_row: crate::variant::launch_threads_per_row(rows.hidden, mixed),
     };
     let rows_per_block = (variant.block_size() / variant.threads_per_row) as usize;
     let blocks = u32::try_from(rows.n_rows.div_ceil(rows_per_block))
         .map_err(|_| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid limit", rows.n_rows) })?;
     let (mut first, mut second) = (buffers[0], buffers[1]);
-    let mut weight = weight.unwrap_or(std::ptr::null_mut());
+    let mut weight = weight.map_or(std::ptr::null_mut(), |(pointer, _)| pointer);
     let mut epsilon = epsilon as f32;
     let mut n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
     let mut hidden: i32 = kernel_int(rows.hidden, "hidden size")?;
-    // rms_norm: (out, x, weight, epsilon, n_rows, hidden, x_row_stride, out_row_stride)
-    // fused:    (x, residual, weight, epsilon, n_rows, hidden, x_row_stride, residual_row_stride)
+    if variance == 0 || variance > rows.hidden {
+        return Err(KernelError::InvalidArguments {
+            reason: format!("variance_size {variance} is outside 1..={}", rows.hidden),
+        });
+    }
+    let mut variance: i32 = kernel_int(variance, "variance_size")?;
+    // rms_norm: (out, x, weight, epsilon, n_rows, hidden, variance, x_row_stride, out_row_stride)
+    // fused:    (x, residual, weight, epsilon, n_rows, hidden, variance, x_row_stride, residual_row_stride)
     let mut stride_a: i64 = kernel_int(strides[0], "row stride")?;
     let mut stride_b: i64 = kernel_int(strides[1], "row stride")?;
-    let mut params: [*mut c_void; 8] = [
+    let mut params: [*mut c_void; 9] = [
         &mut first as *mut _ as *mut c_void,
         &mut second as *mut _ as *mut c_void,
         &mut weight as *mut _ as *mut c_void,
         &mut epsilon as *mut _ as *mut c_void,
         &mut n_rows as *mut _ as *mut c_void,
         &mut hidden as *mut _ as *mut c_void,
+        &mut variance as *mut _ as *mut c_void,
         &mut stride_a as *mut _ as *mut c_void,
         &mut stride_b as *mut _ as *mut c_void,
     ];
@@ -128,17 +140,23 @@ pub(crate) fn element_ptr(base: *mut c_void, offset: usize, dtype: DType) -> *mu
     base.wrapping_byte_add(offset * dtype.size_in_bytes())
 }
 
-fn vector_ok(tensors: &[(Rows, *mut c_void)], weight: Option<*mut c_void>, dtype: DType) -> bool {
+/// Whether 16-byte accesses are safe: x's rows, the output's and a weight of x's dtype (a weight of
+/// another dtype is read with scalar loads in either path).
+fn vector_ok(tensors: &[(Rows, *mut c_void)], weight: Option<(*mut c_void, DType)>, dtype: DType) -> bool {
     let width = 16 / dtype.size_in_bytes();
     let aligned = |p: *mut c_void| (p as usize).is_multiple_of(16);
     tensors.iter().all(|(rows, p)| {
         aligned(*p) && rows.hidden.is_multiple_of(width) && (rows.n_rows <= 1 || rows.row_stride.is_multiple_of(width))
-    }) && weight.is_none_or(aligned)
+    }) && weight.is_none_or(|(pointer, w_dtype)| w_dtype != dtype || aligned(pointer))
 }
 
-fn weight_ptr(weight: Option<&Tensor>, dtype: DType) -> Result<Option<*mut c_void>, KernelError> {
+/// The weight's address (at its storage offset, in its own dtype) and dtype.
+fn weight_ptr(weight: Option<&Tensor>) -> Result<Option<(*mut c_void, DType)>, KernelError> {
     match weight {
         None => Ok(None),
-        Some(w) => Ok(Some(element_ptr(device_buffer::<HipBuffer>(w, "weight", "HIP")?.pointer, w.offset(), dtype))),
+        Some(w) => {
+            let base = device_buffer::<HipBuffer>(w, "weight", "HIP")?.pointer;
+            Ok(Some((element_ptr(base, w.offset(), w.dtype()), w.dtype())))
+        }
     }
 }

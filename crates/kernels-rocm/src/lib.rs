@@ -27,7 +27,7 @@ pub mod rotary;
 mod runtime;
 mod variant;
 
-use ir_core::kernel::{fused_add_rms_norm_support, rms_norm_support};
+use ir_core::kernel::{NormCapabilities, fused_add_rms_norm_support_with, rms_norm_support_with};
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
 use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
@@ -35,7 +35,9 @@ use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, Registr
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
 pub use crate::runtime::{HipBuffer, HipStream, RocmAllocator};
-pub use crate::variant::{KernelVariant, NormOp, THREADS_PER_ROW, all_variants};
+pub use crate::variant::{
+    KernelVariant, MIXED_WEIGHT_THREADS_PER_ROW, NormOp, THREADS_PER_ROW, all_variants, launch_threads_per_row,
+};
 
 /// The provider name.
 pub const PROVIDER: &str = "rocm";
@@ -45,12 +47,13 @@ pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
 
 /// Registers the `rocm` implementations of every built-in op (unavailable without feature `rocm` or a device).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let rms_spec =
-        ImplSpec::new(PROVIDER).with_probe(availability).with_supports(|args| rms_norm_support(args, DeviceKind::Rocm));
+    let rms_spec = ImplSpec::new(PROVIDER)
+        .with_probe(availability)
+        .with_supports(|args| rms_norm_support_with(args, DeviceKind::Rocm, NormCapabilities::ALL));
     rms_norm::register(registry, rms_spec, rms_norm_rocm)?;
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
-        .with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Rocm));
+        .with_supports(|args| fused_add_rms_norm_support_with(args, DeviceKind::Rocm, NormCapabilities::ALL));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_rocm))?;
     gated::register(registry)?;
     quant::register(registry)?;

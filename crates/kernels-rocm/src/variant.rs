@@ -10,8 +10,8 @@ pub struct KernelVariant {
     pub op: NormOp,
     /// Element type (f32, f16 or bf16).
     pub dtype: DType,
-    /// Whether a weight is applied.
-    pub has_weight: bool,
+    /// The weight's dtype when a weight is applied (it may differ from `dtype`: f32, f16 or bf16).
+    pub weight: Option<DType>,
     /// Whether 16-byte accesses are used (same bits as scalar accesses).
     pub vectorized: bool,
     /// Threads cooperating on one row.
@@ -22,11 +22,17 @@ pub struct KernelVariant {
 pub const THREADS_PER_ROW: [u32; 6] = [8, 16, 32, 64, 128, 256];
 
 impl KernelVariant {
-    /// The symbol: `<op>_<dtype>_w<0|1>_v<width>_t<threads per row>`.
+    /// The symbol: `<op>_<dtype>_w<weight>_v<width>_t<threads per row>`, the weight `0` (none), `1`
+    /// (of x's dtype) or its dtype (another one).
     pub fn symbol(&self) -> String {
         let op = self.op.name();
         let width = if self.vectorized { 16 / self.dtype.size_in_bytes() } else { 1 };
-        format!("{op}_{}_w{}_v{width}_t{}", self.dtype, u8::from(self.has_weight), self.threads_per_row)
+        let weight = match self.weight {
+            None => "0".to_owned(),
+            Some(w) if w == self.dtype => "1".to_owned(),
+            Some(w) => w.to_string(),
+        };
+        format!("{op}_{}_w{weight}_v{width}_t{}", self.dtype, self.threads_per_row)
     }
 
     /// Threads per block: 128, or 256 for 256 threads per row.
@@ -35,21 +41,41 @@ impl KernelVariant {
     }
 }
 
-/// Every kernel the code object must contain.
+/// Threads per row the code object holds kernels with a weight of another dtype than x for.
+pub const MIXED_WEIGHT_THREADS_PER_ROW: [u32; 2] = [32, 256];
+
+/// Every kernel the code object must contain: without a weight and with one of x's dtype at every
+/// row width, and with a weight of each other dtype at [`MIXED_WEIGHT_THREADS_PER_ROW`].
 pub fn all_variants() -> Vec<KernelVariant> {
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
     let mut variants = Vec::new();
     for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
-            for has_weight in [false, true] {
+        for dtype in DTYPES {
+            for weight in std::iter::once(None).chain(DTYPES.map(Some)) {
                 for vectorized in [false, true] {
                     for threads_per_row in THREADS_PER_ROW {
-                        variants.push(KernelVariant { op, dtype, has_weight, vectorized, threads_per_row });
+                        let mixed = weight.is_some_and(|w| w != dtype);
+                        if mixed && !MIXED_WEIGHT_THREADS_PER_ROW.contains(&threads_per_row) {
+                            continue;
+                        }
+                        variants.push(KernelVariant { op, dtype, weight, vectorized, threads_per_row });
                     }
                 }
             }
         }
     }
     variants
+}
+
+/// The row width a launch uses: the hidden size's, or for a weight of another dtype than x (whose
+/// kernels exist at two widths only) the nearer of [`MIXED_WEIGHT_THREADS_PER_ROW`].
+pub fn launch_threads_per_row(hidden: usize, mixed_weight: bool) -> u32 {
+    let threads = ir_core::kernel::gpu_threads_per_row(hidden);
+    match (mixed_weight, threads) {
+        (false, threads) => threads,
+        (true, ..=64) => 32,
+        (true, _) => 256,
+    }
 }
 
 #[cfg(test)]
@@ -61,11 +87,19 @@ mod tests {
         let v = KernelVariant {
             op: NormOp::FusedAddRmsNorm,
             dtype: DType::BF16,
-            has_weight: true,
+            weight: Some(DType::BF16),
             vectorized: true,
             threads_per_row: 32,
         };
         assert_eq!(v.symbol(), "fused_add_rms_norm_bf16_w1_v8_t32");
-        assert_eq!(all_variants().len(), 144);
+        let mixed = KernelVariant { weight: Some(DType::F32), ..v };
+        assert_eq!(mixed.symbol(), "fused_add_rms_norm_bf16_wf32_v8_t32");
+        assert_eq!(KernelVariant { weight: None, ..v }.symbol(), "fused_add_rms_norm_bf16_w0_v8_t32");
+        assert_eq!(all_variants().len(), 144 + 2 * 3 * 2 * 2 * 2);
+        // Every launch finds its kernel: mixed weights use the widths the code object has.
+        for hidden in [1, 64, 65, 3072, 3073, 6144, 6145, 16384, 16385, 1 << 20] {
+            assert!(MIXED_WEIGHT_THREADS_PER_ROW.contains(&launch_threads_per_row(hidden, true)), "H {hidden}");
+            assert_eq!(launch_threads_per_row(hidden, false), ir_core::kernel::gpu_threads_per_row(hidden));
+        }
     }
 }

@@ -27,7 +27,8 @@ pub mod quant;
 pub mod rotary;
 
 use ir_core::kernel::{
-    NormCapabilities, Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support_with, rms_norm_support_with,
+    NormCapabilities, Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support_with, norm_variance,
+    rms_norm_support_with,
 };
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
@@ -83,7 +84,7 @@ pub fn rms_norm_xpu(
 ) -> Result<Tensor, KernelError> {
     let dtype = x.dtype();
     let x_rows = Rows::for_kernel(x.meta())?;
-    let variance = variance(variance_size, x_rows.hidden)?;
+    let variance = norm_variance(variance_size, x_rows.hidden)?;
     let x_buffer = device_buffer::<XpuBuffer>(x, "x", "xpu")?;
     let out_layout = x.layout().copy_layout();
     let out_rows = Rows::for_kernel(&ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
@@ -118,7 +119,7 @@ pub fn fused_add_rms_norm_xpu(
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
-    let variance = variance(variance_size, x_rows.hidden)?;
+    let variance = norm_variance(variance_size, x_rows.hidden)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
         let args = launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: residual_rows, variance };
@@ -135,16 +136,5 @@ fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&XpuBuffer, usize, DTyp
     match weight {
         None => Ok(None),
         Some(w) => Ok(Some((device_buffer::<XpuBuffer>(w, "weight", "xpu")?, w.offset(), w.dtype()))),
-    }
-}
-
-/// The elements of each row the mean square runs over: `variance_size` (the meta function checked
-/// it lies in 1..=H; checked again here), else the hidden size.
-fn variance(variance_size: Option<i64>, hidden: usize) -> Result<usize, KernelError> {
-    match variance_size {
-        None => Ok(hidden),
-        Some(v) => usize::try_from(v).ok().filter(|&v| (1..=hidden).contains(&v)).ok_or_else(|| {
-            KernelError::InvalidArguments { reason: format!("variance_size {v} is outside 1..={hidden}") }
-        }),
     }
 }
