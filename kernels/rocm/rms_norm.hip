@@ -121,6 +121,27 @@ __device__ __noinline__ float rescaled_mean_square(const typename Elem<DTYPE>::T
     return sum / (float)count * largest * largest;
 }
 
+// Chunk `c` of x, plus the residual's for the fused op (one f32 addition per element).
+template <int DTYPE, int VEC, bool FUSED>
+__device__ __forceinline__ void load_sum(const typename Elem<DTYPE>::T* x_row, const typename Elem<DTYPE>::T* r_row,
+                                         long long c, int hidden, float* s) {
+    load_chunk<DTYPE, VEC>(x_row, c, hidden, s);
+    if (FUSED) {
+        float r[Elem<DTYPE>::CHUNK];
+        load_chunk<DTYPE, VEC>(r_row, c, hidden, r);
+#pragma unroll
+        for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) s[i] += r[i];
+    }
+}
+
+// Adds the squares of chunk `c`'s elements among the first `variance` of the row to `sum`, in element
+// order (the others add an exact 0, so with variance = H the sum is the plain one).
+template <int CHUNK>
+__device__ __forceinline__ void add_squares(float& sum, const float* s, long long c, int variance) {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) sum += (c * CHUNK + i < variance) ? s[i] * s[i] : 0.0f;
+}
+
 template <int DTYPE, int WDTYPE, int VEC, int TPR, int BLOCK, bool FUSED>
 __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typename Elem<DTYPE>::T* second,
                                           const typename Weight<WDTYPE>::T* weight, float epsilon, long long n_rows,
@@ -136,25 +157,24 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     typename E::T* b_row = second + (active ? row : 0) * second_stride;
     const typename E::T* x_row = FUSED ? a_row : b_row;
 
+    // The first CACHE_CHUNKS chunks of each thread stay in registers between the two passes: the
+    // loops over them are unrolled, so every index into `cache` is a constant (a runtime index would
+    // put the array in scratch memory).
     float cache[CACHE_CHUNKS][CHUNK];
     float sum_sq = 0.0f;
     if (active) {
-        for (long long c = lane, k = 0; c < n_chunks; c += TPR, ++k) {
+#pragma unroll
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long long c = lane + (long long)k * TPR;
+            if (c < n_chunks) {
+                load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, cache[k]);
+                add_squares<CHUNK>(sum_sq, cache[k], c, variance);
+            }
+        }
+        for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
             float s[CHUNK];
-            load_chunk<DTYPE, VEC>(x_row, c, hidden, s);
-            if (FUSED) {
-                float r[CHUNK];
-                load_chunk<DTYPE, VEC>(b_row, c, hidden, r);
-#pragma unroll
-                for (int i = 0; i < CHUNK; ++i) s[i] += r[i];
-            }
-            // Elements past the first `variance` add an exact 0 (with variance = H, the plain sum).
-#pragma unroll
-            for (int i = 0; i < CHUNK; ++i) sum_sq += (c * CHUNK + i < variance) ? s[i] * s[i] : 0.0f;
-            if (k < CACHE_CHUNKS) {
-#pragma unroll
-                for (int i = 0; i < CHUNK; ++i) cache[k][i] = s[i];
-            }
+            load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
+            add_squares<CHUNK>(sum_sq, s, c, variance);
         }
     }
     float total = row_sum<TPR, BLOCK>(sum_sq);
@@ -166,20 +186,19 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     if (!active) return;
     float rstd = 1.0f / sqrtf(mean_square + epsilon);
     typename E::T* out_row = a_row;
-    for (long long c = lane, k = 0; c < n_chunks; c += TPR, ++k) {
-        float s[CHUNK];
-        if (k < CACHE_CHUNKS) {
+    // Each chunk belongs to one thread, which recomputes an uncached chunk from x and the residual
+    // before it overwrites them.
 #pragma unroll
-            for (int i = 0; i < CHUNK; ++i) s[i] = cache[k][i];
-        } else {
-            load_chunk<DTYPE, VEC>(x_row, c, hidden, s);
-            if (FUSED) {
-                float r[CHUNK];
-                load_chunk<DTYPE, VEC>(b_row, c, hidden, r);
-#pragma unroll
-                for (int i = 0; i < CHUNK; ++i) s[i] += r[i];
-            }
+    for (int k = 0; k < CACHE_CHUNKS; ++k) {
+        long long c = lane + (long long)k * TPR;
+        if (c < n_chunks) {
+            if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, cache[k]);
+            finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, cache[k], rstd);
         }
+    }
+    for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
+        float s[CHUNK];
+        load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
         if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
         finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
     }

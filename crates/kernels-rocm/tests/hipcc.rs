@@ -51,10 +51,10 @@ fn hipcc_compiles_every_variant() {
 }
 
 /// Every kernel source together, as `build.rs` compiles them (one translation unit, so a name
-/// defined twice fails here and not only as a build-script warning), and the quantization
-/// kernels use no scratch memory (hipcc's resource report for each kernel).
+/// defined twice fails here and not only as a build-script warning), and no kernel (norms,
+/// quantizations, rotary, copies) uses scratch memory (hipcc's resource report for each kernel).
 #[test]
-fn all_sources_compile_as_one_unit_and_the_quantization_kernels_use_no_scratch() {
+fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
     if !Command::new(&hipcc).arg("--version").output().is_ok_and(|o| o.status.success()) {
         ir_core::testing::skip("hip", &format!("`{hipcc}` not found (install Debian's hipcc)"));
@@ -94,6 +94,12 @@ fn all_sources_compile_as_one_unit_and_the_quantization_kernels_use_no_scratch()
         .collect();
     assert_eq!(quant_scratch.len(), 3 * kernels_rocm::quant::KERNELS.len(), "one report per kernel:\n{report}");
     assert!(quant_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{quant_scratch:#?}");
+    // The norm kernels keep their cached chunks in registers (constant indices): no scratch in any
+    // variant (issue 14: each used 144 or 272 bytes per lane while its cache had a runtime index).
+    let norm_scratch: Vec<&str> =
+        report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/rms_norm.hip:")).collect();
+    assert_eq!(norm_scratch.len(), kernels_rocm::all_variants().len(), "one report per norm kernel:\n{report}");
+    assert!(norm_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{norm_scratch:#?}");
     let rotary_scratch: Vec<&str> =
         report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/rotary.hip:")).collect();
     assert_eq!(rotary_scratch.len(), 3, "one report per rotary kernel:\n{report}");
