@@ -28,6 +28,10 @@
 
 #define GROUP_SIZE (THREADS_PER_ROW * ROWS_PER_GROUP)
 
+// Elements of a row each work-item keeps in registers between the two passes (H up to 32 times the
+// work-items per row is read once).
+#define CACHE 32
+
 // Sums `value` over the THREADS_PER_ROW work-items of this row; all work-items of the group call it.
 inline float row_sum(float value, __local float* scratch) {
     int local_id = get_local_id(0);
@@ -97,9 +101,19 @@ void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global con
     __global elem_t* out_row = out + out_offset + (active ? row : 0) * out_row_stride;
     __global const welem_t* w = weight + weight_offset;
 
+    // The first CACHE elements of each work-item stay in private registers between the passes
+    // (unrolled loops, constant indices); the rest is read again. Sums run in element order.
+    float cache[CACHE];
     float sum_sq = 0.0f;
     if (active) {
-        for (long j = lane; j < variance; j += THREADS_PER_ROW) {
+#pragma unroll
+        for (int k = 0; k < CACHE; ++k) {
+            long j = lane + (long)k * THREADS_PER_ROW;
+            float a = j < hidden ? LOAD(x_row, j) : 0.0f;
+            cache[k] = a;
+            if (j < variance) sum_sq += a * a;
+        }
+        for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < variance; j += THREADS_PER_ROW) {
             float a = LOAD(x_row, j);
             sum_sq += a * a;
         }
@@ -108,7 +122,12 @@ void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global con
     if (!active) return;
     float mean_square = isinf(total) ? rescaled_mean_square(x_row, 0, variance) : total / (float)variance;
     float rstd = 1.0f / sqrt(mean_square + epsilon);
-    for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        long j = lane + (long)k * THREADS_PER_ROW;
+        if (j < hidden) STORE(out_row, j, weighted(cache[k] * rstd, w, j));
+    }
+    for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < hidden; j += THREADS_PER_ROW) {
         float y = LOAD(x_row, j) * rstd;
         STORE(out_row, j, weighted(y, w, j));
     }
@@ -126,9 +145,17 @@ void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __g
     __global elem_t* r_row = residual + residual_offset + (active ? row : 0) * residual_row_stride;
     __global const welem_t* w = weight + weight_offset;
 
+    float cache[CACHE];
     float sum_sq = 0.0f;
     if (active) {
-        for (long j = lane; j < variance; j += THREADS_PER_ROW) {
+#pragma unroll
+        for (int k = 0; k < CACHE; ++k) {
+            long j = lane + (long)k * THREADS_PER_ROW;
+            float s = j < hidden ? LOAD(x_row, j) + LOAD(r_row, j) : 0.0f;
+            cache[k] = s;
+            if (j < variance) sum_sq += s * s;
+        }
+        for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < variance; j += THREADS_PER_ROW) {
             float s = LOAD(x_row, j) + LOAD(r_row, j);
             sum_sq += s * s;
         }
@@ -140,8 +167,17 @@ void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __g
     barrier(CLK_GLOBAL_MEM_FENCE);
     if (!active) return;
     float rstd = 1.0f / sqrt(mean_square + epsilon);
-    // Each element is owned by one work-item, which recomputes the unrounded sum before writing.
-    for (long j = lane; j < hidden; j += THREADS_PER_ROW) {
+    // Each element is owned by one work-item, which writes it from its cache, or recomputes the
+    // unrounded sum from x and the residual before overwriting them.
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        long j = lane + (long)k * THREADS_PER_ROW;
+        if (j < hidden) {
+            STORE(r_row, j, cache[k]);
+            STORE(x_row, j, weighted(cache[k] * rstd, w, j));
+        }
+    }
+    for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < hidden; j += THREADS_PER_ROW) {
         float s = LOAD(x_row, j) + LOAD(r_row, j);
         STORE(r_row, j, s);
         STORE(x_row, j, weighted(s * rstd, w, j));
