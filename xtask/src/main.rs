@@ -17,7 +17,9 @@
 //! - `bench [--quick] [--no-candle]`: the criterion benchmarks of `vllm-ir-bench` (candle comparison
 //!   on unless `--no-candle`), then `docs/benchmarks.md` and its plots;
 //! - `gpu-bench [--quick]`: the kernel benchmark on the GPU providers only, printed and written to
-//!   `docs/benchmarks-gpu.md` with % of the device's nominal peak bandwidth.
+//!   `docs/benchmarks-gpu.md` with % of the device's nominal peak bandwidth;
+//! - `kernel-resources`: registers, shared memory and occupancy of every CUDA kernel (NVRTC +
+//!   `ptxas`) and every ROCm kernel (hipcc's remarks), written to `docs/kernel-resources.md`; no GPU.
 
 #![allow(clippy::print_stdout)]
 
@@ -29,7 +31,7 @@ use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | check-features | kernels | package | \
                      candle-cuda | fuzz [--seconds N] | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
-                     gpu-bench [--quick]>";
+                     gpu-bench [--quick] | kernel-resources>";
 
 fn main() {
     if let Err(error) = run(env::args().skip(1).collect()) {
@@ -58,6 +60,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "build" => build(&args[1..]),
         "bench" => bench::bench(bench::BenchOptions::parse(&args[1..])?),
         "gpu-bench" => bench::gpu_bench(&args[1..]),
+        "kernel-resources" => resources::run(),
         other => bail!("unknown subcommand `{other}`\n{USAGE}"),
     }
 }
@@ -514,5 +517,6 @@ pub(crate) fn project_root() -> PathBuf {
 }
 
 mod bench;
+mod resources;
 #[cfg(test)]
 mod tidy;

@@ -194,4 +194,16 @@ fn every_kernel_assembles_without_spills_or_local_memory() {
     }
     let most = table.iter().map(|(_, _, k)| k.registers).max().unwrap_or(0);
     assert!(most <= 255, "a kernel asks for {most} registers");
+    // `cargo xtask kernel-resources` asks for every row (architecture, program, kernel, registers,
+    // shared bytes) as tab-separated lines, to compute occupancies for docs/kernel-resources.md.
+    if let Ok(path) = std::env::var(TABLE_ENV) {
+        let rows: String = table
+            .iter()
+            .map(|(sm, label, k)| format!("{sm}\t{label}\t{}\t{}\t{}\n", k.kernel, k.registers, k.shared_bytes))
+            .collect();
+        std::fs::write(&path, rows).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
 }
+
+/// Where to write the resource table (tab-separated), when set.
+const TABLE_ENV: &str = "VLLM_IR_PTXAS_TABLE";
