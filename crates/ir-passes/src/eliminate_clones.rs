@@ -405,7 +405,7 @@ impl WriteSets {
 
     fn insert(&mut self, class: ValueId, position: u32) {
         match self.slot[class] {
-            0 if position + 1 < SET => self.slot[class] = position + 1,
+            0 if position < SET - 1 => self.slot[class] = position + 1,
             single if single != 0 && single & SET == 0 && single - 1 == position => {}
             _ => {
                 self.set_mut(class).insert(position);
@@ -612,7 +612,7 @@ mod tests {
 
     fn step() -> impl Strategy<Value = Step> {
         // Positions near the top of the single-writer range exercise its fallback to a set.
-        let position = prop_oneof![0u32..40, (SET - 3)..(SET + 2), Just(u32::MAX - 1)];
+        let position = prop_oneof![0u32..40, (SET - 3)..(SET + 2), Just(u32::MAX - 1), Just(u32::MAX)];
         prop_oneof![
             (0usize..4, position).prop_map(|(class, p)| Step::Insert(class, p)),
             (0usize..4, 0usize..4).prop_map(|(from, into)| Step::Merge(from, into)),
