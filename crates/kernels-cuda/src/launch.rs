@@ -63,7 +63,7 @@ pub(crate) struct Launch {
     pub(crate) other_rows: Rows,
     pub(crate) epsilon: f32,
     pub(crate) vectorized: bool,
-    /// Elements of each row the mean square runs over (`variance_size`, else the hidden size).
+    /// Elements of each row the mean square runs over, from `kernel::norm_variance` (in 1..=H).
     pub(crate) variance: usize,
 }
 
@@ -87,11 +87,6 @@ fn prepare(
 ) -> Result<Prepared, KernelError> {
     let rows = launch.rows;
     let geometry = rms_norm_launch(rows.n_rows, rows.hidden)?;
-    if launch.variance == 0 || launch.variance > rows.hidden {
-        return Err(KernelError::InvalidArguments {
-            reason: format!("variance_size {} is outside 1..={}", launch.variance, rows.hidden),
-        });
-    }
     let variant = KernelVariant {
         op,
         dtype: launch.dtype,

@@ -108,11 +108,6 @@ fn run(
     let mut epsilon = epsilon as f32;
     let mut n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
     let mut hidden: i32 = kernel_int(rows.hidden, "hidden size")?;
-    if variance == 0 || variance > rows.hidden {
-        return Err(KernelError::InvalidArguments {
-            reason: format!("variance_size {variance} is outside 1..={}", rows.hidden),
-        });
-    }
     let mut variance: i32 = kernel_int(variance, "variance_size")?;
     // rms_norm: (out, x, weight, epsilon, n_rows, hidden, variance, x_row_stride, out_row_stride)
     // fused:    (x, residual, weight, epsilon, n_rows, hidden, variance, x_row_stride, residual_row_stride)

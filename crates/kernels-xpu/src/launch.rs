@@ -20,7 +20,7 @@ pub(crate) struct Args {
     pub(crate) rows: Rows,
     /// Rows of the output (`rms_norm`) or of the residual (`fused_add_rms_norm`).
     pub(crate) other_rows: Rows,
-    /// Elements of each row the mean square runs over (`variance_size`, else the hidden size).
+    /// Elements of each row the mean square runs over, from `kernel::norm_variance` (in 1..=H).
     pub(crate) variance: usize,
 }
 
@@ -58,11 +58,6 @@ pub(crate) fn launch(
     let weight_offset: i64 = kernel_int(weight.map_or(0, |(_, offset, _)| offset), "weight offset")?;
     let n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
     let hidden: i32 = kernel_int(rows.hidden, "hidden size")?;
-    if args.variance == 0 || args.variance > rows.hidden {
-        return Err(KernelError::InvalidArguments {
-            reason: format!("variance_size {} is outside 1..={}", args.variance, rows.hidden),
-        });
-    }
     let variance: i32 = kernel_int(args.variance, "variance_size")?;
     let (first_stride, second_stride, first_offset, second_offset) = match op {
         NormOp::RmsNorm => (other.row_stride, rows.row_stride, other.offset, rows.offset),
