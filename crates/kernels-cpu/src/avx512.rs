@@ -8,16 +8,23 @@
 //! fused multiply-add), the tree, tail and f64 fallback are the portable code
 //! ([`rows::rstd_from_lanes`]), and bf16 rounding is the same nearest-even bit operation with the
 //! same NaN rule, so both paths give the same bits (tested below on every length up to 300 and on
-//! NaN, infinities, subnormals and rows whose f32 sum overflows). AVX512-BF16's `vcvtneps2bf16` is
-//! not used: it flushes subnormal inputs and outputs to zero, which the reference does not.
+//! NaN, infinities, subnormals and rows whose f32 sum overflows).
+//!
+//! Where the CPU also has AVX512-BF16 (and AVX512-DQ), bf16 is rounded by `vcvtneps2bf16`, one
+//! instruction for 16 values instead of eight: it rounds to nearest even and quiets NaN exactly as
+//! the bit operation does, but treats a subnormal f32 input as zero, so a vector holding one
+//! (`vfpclassps` finds it) is rounded by the bit operation instead. Every f32 whose bf16 rounding
+//! is decided by its top 16 bits and a few low patterns is checked against the bit operation below,
+//! and the rows of both variants against the portable rows. The same conversion serves the other
+//! ops' bf16 stores ([`store_bf16`], [`round_bf16_in_place`]).
 
 use std::arch::x86_64::{
-    __m512, _CMP_UNORD_Q, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_sfence, _mm256_loadu_si256,
-    _mm256_storeu_si256, _mm256_stream_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
-    _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cvtepu16_epi32, _mm512_cvtph_ps,
-    _mm512_cvtps_ph, _mm512_loadu_ps, _mm512_mask_or_epi32, _mm512_mul_ps, _mm512_permutexvar_epi16, _mm512_set_epi16,
-    _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_storeu_ps,
-    _mm512_stream_ps,
+    __m256bh, __m256i, __m512, _CMP_UNORD_Q, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_sfence,
+    _mm256_loadu_si256, _mm256_storeu_si256, _mm256_stream_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512,
+    _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cvtepu16_epi32,
+    _mm512_cvtneps_pbh, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
+    _mm512_mask_or_epi32, _mm512_mul_ps, _mm512_permutexvar_epi16, _mm512_set_epi16, _mm512_set1_epi32, _mm512_set1_ps,
+    _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_storeu_ps, _mm512_stream_ps,
 };
 
 use half::bf16;
@@ -29,7 +36,13 @@ use crate::rows::{self, LANES};
 const WIDTH: usize = 16;
 
 /// An element type with AVX-512 loads and stores (widen to f32, round from f32).
+///
+/// `HW` asks for the AVX512-BF16 conversion where the type has one (bf16; the others ignore it): the
+/// caller then guarantees AVX512-BF16 and AVX512-DQ as well.
 pub(crate) trait Avx512Element: CpuElement {
+    /// Whether rounding to this type has a faster hardware form (`HW = true`).
+    const HARDWARE_ROUNDING: bool = false;
+
     /// Loads 16 values widened to f32.
     ///
     /// # Safety
@@ -39,17 +52,17 @@ pub(crate) trait Avx512Element: CpuElement {
     ///
     /// # Safety
     /// AVX-512F/BW are available and `p` points to 16 writable values.
-    unsafe fn store16(p: *mut Self, v: __m512);
+    unsafe fn store16<const HW: bool>(p: *mut Self, v: __m512);
     /// As [`Avx512Element::store16`] with a non-temporal store (past the caches).
     ///
     /// # Safety
     /// As `store16`, and `p` is aligned to the 16 values' size.
-    unsafe fn stream16(p: *mut Self, v: __m512);
+    unsafe fn stream16<const HW: bool>(p: *mut Self, v: __m512);
     /// Rounds 16 f32 values to this type and widens them back.
     ///
     /// # Safety
     /// AVX-512F is available.
-    unsafe fn round16(v: __m512) -> __m512;
+    unsafe fn round16<const HW: bool>(v: __m512) -> __m512;
 }
 
 impl Avx512Element for f32 {
@@ -60,24 +73,26 @@ impl Avx512Element for f32 {
     }
 
     #[inline(always)]
-    unsafe fn store16(p: *mut f32, v: __m512) {
+    unsafe fn store16<const HW: bool>(p: *mut f32, v: __m512) {
         // SAFETY: the caller's contract.
         unsafe { _mm512_storeu_ps(p, v) }
     }
 
     #[inline(always)]
-    unsafe fn stream16(p: *mut f32, v: __m512) {
+    unsafe fn stream16<const HW: bool>(p: *mut f32, v: __m512) {
         // SAFETY: the caller's contract (64-byte aligned).
         unsafe { _mm512_stream_ps(p, v) }
     }
 
     #[inline(always)]
-    unsafe fn round16(v: __m512) -> __m512 {
+    unsafe fn round16<const HW: bool>(v: __m512) -> __m512 {
         v
     }
 }
 
 impl Avx512Element for bf16 {
+    const HARDWARE_ROUNDING: bool = true;
+
     #[inline(always)]
     unsafe fn load16(p: *const bf16) -> __m512 {
         // SAFETY: the caller's contract; bf16 widens exactly by a 16-bit shift.
@@ -85,21 +100,27 @@ impl Avx512Element for bf16 {
     }
 
     #[inline(always)]
-    unsafe fn store16(p: *mut bf16, v: __m512) {
+    unsafe fn store16<const HW: bool>(p: *mut bf16, v: __m512) {
         // SAFETY: the caller's contract.
-        unsafe { _mm256_storeu_si256(p.cast(), narrow(bf16_bits(v))) }
+        unsafe { _mm256_storeu_si256(p.cast(), to_bf16::<HW>(v)) }
     }
 
     #[inline(always)]
-    unsafe fn stream16(p: *mut bf16, v: __m512) {
+    unsafe fn stream16<const HW: bool>(p: *mut bf16, v: __m512) {
         // SAFETY: the caller's contract (32-byte aligned).
-        unsafe { _mm256_stream_si256(p.cast(), narrow(bf16_bits(v))) }
+        unsafe { _mm256_stream_si256(p.cast(), to_bf16::<HW>(v)) }
     }
 
     #[inline(always)]
-    unsafe fn round16(v: __m512) -> __m512 {
+    unsafe fn round16<const HW: bool>(v: __m512) -> __m512 {
         // SAFETY: the caller's contract.
-        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bf16_bits(v))) }
+        unsafe {
+            if HW {
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(to_bf16::<true>(v))))
+            } else {
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bf16_bits(v)))
+            }
+        }
     }
 }
 
@@ -111,19 +132,19 @@ impl Avx512Element for half::f16 {
     }
 
     #[inline(always)]
-    unsafe fn store16(p: *mut half::f16, v: __m512) {
+    unsafe fn store16<const HW: bool>(p: *mut half::f16, v: __m512) {
         // SAFETY: the caller's contract.
         unsafe { _mm256_storeu_si256(p.cast(), to_f16(v)) }
     }
 
     #[inline(always)]
-    unsafe fn stream16(p: *mut half::f16, v: __m512) {
+    unsafe fn stream16<const HW: bool>(p: *mut half::f16, v: __m512) {
         // SAFETY: the caller's contract (32-byte aligned).
         unsafe { _mm256_stream_si256(p.cast(), to_f16(v)) }
     }
 
     #[inline(always)]
-    unsafe fn round16(v: __m512) -> __m512 {
+    unsafe fn round16<const HW: bool>(v: __m512) -> __m512 {
         // SAFETY: the caller's contract.
         unsafe { _mm512_cvtph_ps(to_f16(v)) }
     }
@@ -141,13 +162,29 @@ unsafe fn to_f16(v: __m512) -> std::arch::x86_64::__m256i {
 /// `vpmovdw`: with a memory operand the compiler folds that into a store, which is microcoded and
 /// slow on AMD Zen 4 (it was the bf16 row's hot spot).
 #[inline(always)]
-unsafe fn narrow(v: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m256i {
+unsafe fn narrow(v: std::arch::x86_64::__m512i) -> __m256i {
     // SAFETY: the caller guarantees AVX-512F/BW.
     unsafe {
         let low_words = _mm512_set_epi16(
             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0,
         );
         _mm512_castsi512_si256(_mm512_permutexvar_epi16(low_words, v))
+    }
+}
+
+/// 16 f32 values rounded to bf16, in order: by `vcvtneps2bf16` when `HW` (the caller guarantees
+/// AVX512-BF16 and AVX512-DQ), unless a value is subnormal (the instruction would flush it to zero),
+/// else by the bit operation; the same bits either way.
+#[inline(always)]
+unsafe fn to_bf16<const HW: bool>(v: __m512) -> __m256i {
+    // SAFETY: the caller guarantees AVX-512F/BW, and AVX512-BF16/DQ when `HW`.
+    unsafe {
+        // `vfpclassps` category 0x20: subnormal.
+        if HW && _mm512_fpclass_ps_mask::<0x20>(v) == 0 {
+            std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v))
+        } else {
+            narrow(bf16_bits(v))
+        }
     }
 }
 
@@ -199,24 +236,40 @@ fn rstd<T: Avx512Element>(x: &[T], r: Option<&[T]>, eps: f32) -> f32 {
 
 /// `y = v · rstd`, weighted as the portable `store_normalized` does (round y first, then multiply).
 #[inline(always)]
-unsafe fn normalized<T: Avx512Element>(v: __m512, rstd: __m512, weight: Option<&[T]>, i: usize) -> __m512 {
+unsafe fn normalized<T: Avx512Element, const HW: bool>(
+    v: __m512,
+    rstd: __m512,
+    weight: Option<&[T]>,
+    i: usize,
+) -> __m512 {
     // SAFETY: the caller's contract: AVX-512F, and `i + 16 <= weight.len()`.
     unsafe {
         let y = _mm512_mul_ps(v, rstd);
         match weight {
-            Some(w) => _mm512_mul_ps(T::round16(y), T::load16(w.as_ptr().add(i))),
+            Some(w) => _mm512_mul_ps(T::round16::<HW>(y), T::load16(w.as_ptr().add(i))),
             None => y,
         }
     }
 }
 
 /// One `rms_norm` row (see [`rows`] for the rule): vectors of 16, then the portable tail.
-#[target_feature(enable = "avx512f,avx512bw")]
-fn rms_norm_row<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T], stream: bool) {
+///
+/// # Safety
+/// AVX-512F/BW are available, and AVX512-BF16/DQ when `HW`.
+#[inline(always)]
+unsafe fn rms_norm_row<T: Avx512Element, const HW: bool>(
+    x: &[T],
+    weight: Option<&[T]>,
+    eps: f32,
+    out: &mut [T],
+    stream: bool,
+) {
     let n = x.len();
     assert!(out.len() == n && weight.is_none_or(|w| w.len() == n), "row lengths agree");
-    let rstd = rstd(x, None, eps);
-    let scale = _mm512_set1_ps(rstd);
+    // SAFETY: the caller's contract.
+    let rstd = unsafe { rstd(x, None, eps) };
+    // SAFETY: the caller's contract.
+    let scale = unsafe { _mm512_set1_ps(rstd) };
     let full = n - n % WIDTH;
     // Non-temporal stores need each 16-value store aligned to its size: the row's start is.
     let stream = stream && (out.as_ptr() as usize).is_multiple_of(WIDTH * size_of::<T>());
@@ -225,18 +278,19 @@ fn rms_norm_row<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: 
         // SAFETY: `i + 16 <= n` for x, out and the weight (checked above); AVX-512F/BW are enabled;
         // streamed stores are aligned (the start is, and each store advances by its size).
         unsafe {
-            let y = normalized(T::load16(x.as_ptr().add(i)), scale, weight, i);
+            let y = normalized::<T, HW>(T::load16(x.as_ptr().add(i)), scale, weight, i);
             if stream {
-                T::stream16(out.as_mut_ptr().add(i), y);
+                T::stream16::<HW>(out.as_mut_ptr().add(i), y);
             } else {
-                T::store16(out.as_mut_ptr().add(i), y);
+                T::store16::<HW>(out.as_mut_ptr().add(i), y);
             }
         }
         i += WIDTH;
     }
     if stream {
         // Order the non-temporal stores before whatever follows (the row's tail, the thread's join).
-        _mm_sfence();
+        // SAFETY: the caller's contract (SSE is part of x86_64).
+        unsafe { _mm_sfence() };
     }
     let mut values = [0f32; WIDTH];
     let mut w = [0f32; WIDTH];
@@ -250,20 +304,25 @@ fn rms_norm_row<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: 
 }
 
 /// One `fused_add_rms_norm` row, in place (see [`rows`]): vectors of 16, then the portable tail.
-#[target_feature(enable = "avx512f,avx512bw")]
-fn fused_row<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+///
+/// # Safety
+/// AVX-512F/BW are available, and AVX512-BF16/DQ when `HW`.
+#[inline(always)]
+unsafe fn fused_row<T: Avx512Element, const HW: bool>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
     let n = x.len();
     assert!(r.len() == n && weight.is_none_or(|w| w.len() == n), "row lengths agree");
-    let rstd = rstd(x, Some(r), eps);
-    let scale = _mm512_set1_ps(rstd);
+    // SAFETY: the caller's contract.
+    let rstd = unsafe { rstd(x, Some(r), eps) };
+    // SAFETY: the caller's contract.
+    let scale = unsafe { _mm512_set1_ps(rstd) };
     let full = n - n % WIDTH;
     let mut i = 0;
     while i < full {
         // SAFETY: `i + 16 <= n` for x, r and the weight (checked above); AVX-512F is enabled.
         unsafe {
             let sum = _mm512_add_ps(T::load16(x.as_ptr().add(i)), T::load16(r.as_ptr().add(i)));
-            T::store16(r.as_mut_ptr().add(i), sum);
-            T::store16(x.as_mut_ptr().add(i), normalized(sum, scale, weight, i));
+            T::store16::<HW>(r.as_mut_ptr().add(i), sum);
+            T::store16::<HW>(x.as_mut_ptr().add(i), normalized::<T, HW>(sum, scale, weight, i));
         }
         i += WIDTH;
     }
@@ -279,27 +338,115 @@ fn fused_row<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, e
     T::store_normalized(sum, rstd, weight, &mut x[full..]);
 }
 
-/// The AVX-512 `rms_norm` row, when this CPU has AVX-512F.
-pub(crate) fn rms_norm_row_fn<T: Avx512Element>() -> Option<RmsNormRow<T>> {
-    fn run<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T], stream: bool) {
-        // SAFETY: returned only after AVX-512F/BW were detected.
-        unsafe { rms_norm_row(x, weight, eps, out, stream) }
-    }
-    available().then_some(run::<T>)
+/// The rows compiled for AVX-512F/BW (bf16 rounded by the bit operation).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn rms_norm_row_avx512<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T], stream: bool) {
+    // SAFETY: the features are enabled here.
+    unsafe { rms_norm_row::<T, false>(x, weight, eps, out, stream) }
 }
 
-/// The AVX-512 `fused_add_rms_norm` row, when this CPU has AVX-512F.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn fused_row_avx512<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+    // SAFETY: the features are enabled here.
+    unsafe { fused_row::<T, false>(x, r, weight, eps) }
+}
+
+/// The rows compiled for AVX-512F/BW/DQ and AVX512-BF16 (bf16 rounded by `vcvtneps2bf16`).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+fn rms_norm_row_bf16<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T], stream: bool) {
+    // SAFETY: the features are enabled here.
+    unsafe { rms_norm_row::<T, true>(x, weight, eps, out, stream) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+fn fused_row_bf16<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+    // SAFETY: the features are enabled here.
+    unsafe { fused_row::<T, true>(x, r, weight, eps) }
+}
+
+/// The AVX-512 `rms_norm` row, when this CPU has AVX-512F/BW: with the hardware bf16 rounding where
+/// `T` has one and the CPU runs it.
+pub(crate) fn rms_norm_row_fn<T: Avx512Element>() -> Option<RmsNormRow<T>> {
+    available().then(|| if T::HARDWARE_ROUNDING && hardware_bf16() { rms_hardware::<T> } else { rms_plain::<T> })
+}
+
+/// The AVX-512 `fused_add_rms_norm` row, chosen as [`rms_norm_row_fn`] is.
 pub(crate) fn fused_row_fn<T: Avx512Element>() -> Option<FusedRow<T>> {
-    fn run<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
-        // SAFETY: returned only after AVX-512F/BW were detected.
-        unsafe { fused_row(x, r, weight, eps) }
-    }
-    available().then_some(run::<T>)
+    available().then(|| if T::HARDWARE_ROUNDING && hardware_bf16() { fused_hardware::<T> } else { fused_plain::<T> })
+}
+
+// The row functions handed out above: each only after its CPU features were detected.
+
+fn rms_plain<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T], stream: bool) {
+    // SAFETY: handed out only after AVX-512F/BW were detected.
+    unsafe { rms_norm_row_avx512(x, weight, eps, out, stream) }
+}
+
+fn rms_hardware<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: &mut [T], stream: bool) {
+    // SAFETY: handed out only after AVX-512F/BW/DQ and AVX512-BF16 were detected.
+    unsafe { rms_norm_row_bf16(x, weight, eps, out, stream) }
+}
+
+fn fused_plain<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+    // SAFETY: handed out only after AVX-512F/BW were detected.
+    unsafe { fused_row_avx512(x, r, weight, eps) }
+}
+
+fn fused_hardware<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+    // SAFETY: handed out only after AVX-512F/BW/DQ and AVX512-BF16 were detected.
+    unsafe { fused_row_bf16(x, r, weight, eps) }
 }
 
 /// Whether this CPU runs the AVX-512 rows.
 pub(crate) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+/// Whether this CPU also rounds to bf16 in hardware (AVX512-BF16, with AVX512-DQ's `vfpclassps`
+/// for the subnormal check).
+pub(crate) fn hardware_bf16() -> bool {
+    available() && std::arch::is_x86_feature_detected!("avx512dq") && std::arch::is_x86_feature_detected!("avx512bf16")
+}
+
+/// Rounds `src` to bf16 into `dst` (same length) with `vcvtneps2bf16`: the portable bits.
+///
+/// # Safety
+/// [`hardware_bf16`] is true.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+pub(crate) unsafe fn store_bf16(src: &[f32], dst: &mut [bf16]) {
+    let n = src.len().min(dst.len());
+    let full = n - n % WIDTH;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + 16 <= n` for both slices; the features are enabled here.
+        unsafe { bf16::store16::<true>(dst.as_mut_ptr().add(i), _mm512_loadu_ps(src.as_ptr().add(i))) };
+        i += WIDTH;
+    }
+    for (d, s) in dst[full..n].iter_mut().zip(&src[full..n]) {
+        *d = bf16::from_bits(crate::element::bf16_bits(*s));
+    }
+}
+
+/// Rounds each value to bf16 and back, in place, with `vcvtneps2bf16`: the portable bits.
+///
+/// # Safety
+/// [`hardware_bf16`] is true.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+pub(crate) unsafe fn round_bf16_in_place(v: &mut [f32]) {
+    let n = v.len();
+    let full = n - n % WIDTH;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + 16 <= n`; the features are enabled here.
+        unsafe {
+            let p = v.as_mut_ptr().add(i);
+            _mm512_storeu_ps(p, bf16::round16::<true>(_mm512_loadu_ps(p)));
+        }
+        i += WIDTH;
+    }
+    for x in &mut v[full..] {
+        *x = f32::from_bits(u32::from(crate::element::bf16_bits(*x)) << 16);
+    }
 }
 
 #[cfg(test)]
@@ -335,13 +482,36 @@ mod tests {
             .collect()
     }
 
+    /// The explicit row variants this CPU runs for `T`: the AVX-512F/BW rows, and for bf16 the
+    /// AVX512-BF16 ones where the CPU has them.
+    fn variants<T: Avx512Element>() -> Vec<(&'static str, RmsNormRow<T>, FusedRow<T>)> {
+        let mut variants = vec![("avx512", rms_plain::<T> as RmsNormRow<T>, fused_plain::<T> as FusedRow<T>)];
+        if T::HARDWARE_ROUNDING {
+            if hardware_bf16() {
+                variants.push(("avx512bf16", rms_hardware::<T>, fused_hardware::<T>));
+            } else {
+                eprintln!("skipped the AVX512-BF16 rows: this CPU has no AVX512-BF16");
+            }
+        }
+        variants
+    }
+
     fn check<T: Avx512Element + PartialEq + std::fmt::Debug>(convert: impl Fn(&[f32]) -> Vec<T>) {
         if !available() {
             eprintln!("skipped: this CPU has no AVX-512F, so only the portable rows run here");
             return;
         }
-        let rms = rms_norm_row_fn::<T>().expect("available");
-        let fused = fused_row_fn::<T>().expect("available");
+        for (variant, rms, fused) in variants::<T>() {
+            check_rows(variant, rms, fused, &convert);
+        }
+    }
+
+    fn check_rows<T: Avx512Element + PartialEq + std::fmt::Debug>(
+        variant: &str,
+        rms: RmsNormRow<T>,
+        fused: FusedRow<T>,
+        convert: &impl Fn(&[f32]) -> Vec<T>,
+    ) {
         for n in (1..=300).chain([4096, 4096 + 17]) {
             for (seed, huge) in [(1, false), (5, false), (7, false), (11, true)] {
                 let x = convert(&awkward(n, seed, huge));
@@ -356,7 +526,8 @@ mod tests {
                         let start = storage.as_ptr().align_offset(64);
                         let got = &mut storage[start..start + n];
                         rms(&x, weight, 1e-6, got, stream);
-                        let what = format!("rms_norm n {n} seed {seed} weight {} stream {stream}", weight.is_some());
+                        let what =
+                            format!("{variant} rms_norm n {n} seed {seed} weight {} stream {stream}", weight.is_some());
                         assert_eq!(bits(got), bits(&expected), "{what}");
                     }
 
@@ -364,11 +535,49 @@ mod tests {
                     let (mut gx, mut gr) = (x.clone(), r.clone());
                     rows::fused_row_portable(&mut ex, &mut er, weight, 1e-6);
                     fused(&mut gx, &mut gr, weight, 1e-6);
-                    assert_eq!(bits(&gr), bits(&er), "fused residual n {n} seed {seed}");
-                    assert_eq!(bits(&gx), bits(&ex), "fused output n {n} seed {seed} weight {}", weight.is_some());
+                    assert_eq!(bits(&gr), bits(&er), "{variant} fused residual n {n} seed {seed}");
+                    let what = format!("{variant} fused output n {n} seed {seed} weight {}", weight.is_some());
+                    assert_eq!(bits(&gx), bits(&ex), "{what}");
                 }
             }
         }
+    }
+
+    /// f32 values covering every sign and exponent (all 65536 top halves) with the low halves that
+    /// decide bf16 rounding (exact, just below, at and above halfway, the largest) and a few others.
+    fn rounding_cases() -> Vec<f32> {
+        let lows = [0x0000u32, 0x0001, 0x3fff, 0x7fff, 0x8000, 0x8001, 0xc123, 0xffff];
+        (0..=0xffffu32).flat_map(|high| lows.map(|low| f32::from_bits(high << 16 | low))).collect()
+    }
+
+    #[test]
+    fn hardware_bf16_rounding_gives_the_bit_operations_bits_on_every_exponent() {
+        if !hardware_bf16() {
+            eprintln!("skipped: this CPU has no AVX512-BF16, so bf16 is rounded by the bit operation only");
+            return;
+        }
+        let values = rounding_cases();
+        let expected: Vec<u16> = values.iter().map(|&v| crate::element::bf16_bits(v)).collect();
+        // Lengths that leave a tail, and offsets that put subnormals and ordinary values in one vector.
+        for skip in [0, 5] {
+            let src = &values[skip..];
+            let mut got = vec![bf16::ZERO; src.len()];
+            // SAFETY: `hardware_bf16` checked the CPU.
+            unsafe { store_bf16(src, &mut got) };
+            for (i, (g, e)) in got.iter().zip(&expected[skip..]).enumerate() {
+                assert_eq!(g.to_bits(), *e, "store of {:#010x}", src[i].to_bits());
+            }
+            let mut rounded = src.to_vec();
+            // SAFETY: as above.
+            unsafe { round_bf16_in_place(&mut rounded) };
+            for (i, (r, e)) in rounded.iter().zip(&expected[skip..]).enumerate() {
+                assert_eq!(r.to_bits(), u32::from(*e) << 16, "round of {:#010x}", src[i].to_bits());
+            }
+        }
+        // The generic bf16 conversions take the hardware form here, with the same bits.
+        let mut stored = vec![bf16::ZERO; values.len()];
+        bf16::store(&values, &mut stored);
+        assert!(stored.iter().zip(&expected).all(|(s, e)| s.to_bits() == *e));
     }
 
     /// The values' bits, every NaN as one canonical NaN: Rust (like IEEE 754) leaves the payload of

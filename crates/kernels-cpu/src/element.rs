@@ -143,6 +143,11 @@ impl CpuElement for bf16 {
 
     #[inline(always)]
     fn store(src: &[f32], dst: &mut [bf16]) {
+        #[cfg(target_arch = "x86_64")]
+        if hardware_bf16() {
+            // SAFETY: `hardware_bf16` checked the CPU.
+            return unsafe { crate::avx512::store_bf16(src, dst) };
+        }
         for (d, s) in dst.iter_mut().zip(src) {
             *d = bf16::from_bits(bf16_bits(*s));
         }
@@ -150,6 +155,11 @@ impl CpuElement for bf16 {
 
     #[inline(always)]
     fn round_in_place(v: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if hardware_bf16() {
+            // SAFETY: `hardware_bf16` checked the CPU.
+            return unsafe { crate::avx512::round_bf16_in_place(v) };
+        }
         for x in v {
             *x = f32::from_bits((bf16_bits(*x) as u32) << 16);
         }
@@ -165,6 +175,15 @@ impl CpuElement for bf16 {
             }),
         }
     }
+}
+
+/// Whether bf16 slices are rounded by the AVX512-BF16 conversion ([`crate::avx512::store_bf16`]):
+/// the explicit rows run ([`crate::row_path`]) and the CPU has it. The same bits as the loops here.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn hardware_bf16() -> bool {
+    static HARDWARE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HARDWARE.get_or_init(|| crate::row_path().is_avx512() && crate::avx512::hardware_bf16())
 }
 
 /// `v` rounded to bf16 bits: nearest-even; NaN keeps its sign and top payload bits and is quieted.
