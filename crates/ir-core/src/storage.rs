@@ -161,9 +161,18 @@ unsafe impl Sync for CpuBuffer {}
 pub const CPU_ALIGNMENT: usize = 64;
 
 /// Host buffers at least this large are kept when freed and reused by the next allocation of the
-/// same dtype and size (smaller ones are left to the system allocator, which reuses them without
-/// new pages).
+/// same dtype and size from any thread (smaller ones are kept by the thread that frees them, see
+/// [`THREAD_CACHE_BYTES`]).
 pub const HOST_POOL_MIN_BYTES: usize = 1 << 20;
+/// The most bytes of freed small host buffers (under [`HOST_POOL_MIN_BYTES`]) each thread keeps
+/// for its next buffer of the same dtype and size, in at most [`THREAD_CACHE_BLOCKS`] buffers. A
+/// decode step allocates the same small outputs every layer: a kept buffer saves the allocator's
+/// call and, for [`CpuBuffer::for_overwrite`], the zeroing (about 100 ns of a 16 KB output, as much
+/// as the kernel that fills it). A host pool capacity of 0 ([`set_host_pool_capacity`]) turns this
+/// cache off too.
+pub const THREAD_CACHE_BYTES: usize = 4 << 20;
+/// The most freed small buffers each thread keeps ([`THREAD_CACHE_BYTES`]).
+pub const THREAD_CACHE_BLOCKS: usize = 32;
 /// The most bytes of freed buffers the host pool keeps unless [`set_host_pool_capacity`] says
 /// otherwise (the `vllm-ir` crate's `registry()` applies `VLLM_IR_HOST_POOL_MIB`).
 pub const HOST_POOL_DEFAULT_BYTES: usize = 1 << 30;
@@ -257,6 +266,56 @@ impl HostPool {
     }
 }
 
+/// A freed block's vector (`Vec<T>` of the dtype's element type, boxed) with its dtype and element
+/// count.
+type Block = ((crate::DType, usize), Box<dyn Any + Send + Sync>);
+
+/// The freed small buffers of one thread ([`THREAD_CACHE_BYTES`]).
+struct ThreadCache {
+    blocks: Vec<Block>,
+    bytes: usize,
+}
+
+thread_local! {
+    static THREAD_CACHE: std::cell::RefCell<ThreadCache> =
+        const { std::cell::RefCell::new(ThreadCache { blocks: Vec::new(), bytes: 0 }) };
+}
+
+/// A freed small block of this thread with `key`, if it keeps one.
+fn thread_cache_take(key: (crate::DType, usize)) -> Option<Box<dyn Any + Send + Sync>> {
+    THREAD_CACHE
+        .try_with(|cache| {
+            let mut cache = cache.try_borrow_mut().ok()?;
+            let at = cache.blocks.iter().rposition(|(k, _)| *k == key)?;
+            let (_, block) = cache.blocks.swap_remove(at);
+            cache.bytes -= key.1 * key.0.size_in_bytes();
+            Some(block)
+        })
+        .ok()
+        .flatten()
+}
+
+/// Keeps a freed small block in this thread's cache when it has room (else, or while the thread
+/// exits, the block is freed).
+fn thread_cache_put(key: (crate::DType, usize), bytes: usize, block: Box<dyn Any + Send + Sync>) {
+    let mut block = Some(block);
+    let _ = THREAD_CACHE.try_with(|cache| {
+        let Ok(mut cache) = cache.try_borrow_mut() else { return };
+        let room = cache.blocks.len() < THREAD_CACHE_BLOCKS && cache.bytes + bytes <= THREAD_CACHE_BYTES;
+        if room && host_pool_capacity() > 0 {
+            cache.bytes += bytes;
+            cache.blocks.extend(block.take().map(|block| (key, block)));
+        }
+    });
+    // Not kept: freed here, after the cache's borrow ended.
+    drop(block);
+}
+
+/// Bytes of freed small buffers this thread keeps now ([`THREAD_CACHE_BYTES`]; for tests).
+pub fn thread_cache_bytes() -> usize {
+    THREAD_CACHE.try_with(|cache| cache.try_borrow().map_or(0, |cache| cache.bytes)).unwrap_or(0)
+}
+
 /// Bytes of freed host buffers the pool holds now (for reports and tests).
 pub fn host_pool_bytes() -> usize {
     host_pool().state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).held_bytes
@@ -268,6 +327,13 @@ pub(crate) struct PooledBlock {
     key: (crate::DType, usize),
     bytes: usize,
     vec: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl PooledBlock {
+    /// Whether the block goes back to its thread's cache rather than the shared pool.
+    fn is_small(&self) -> bool {
+        self.bytes < HOST_POOL_MIN_BYTES
+    }
 }
 
 impl PooledBlock {
@@ -294,7 +360,11 @@ impl PooledBlock {
 impl Drop for PooledBlock {
     fn drop(&mut self) {
         if let Some(vec) = self.vec.take() {
-            host_pool().put(self.key, self.bytes, vec);
+            if self.is_small() {
+                thread_cache_put(self.key, self.bytes, vec);
+            } else {
+                host_pool().put(self.key, self.bytes, vec);
+            }
         }
     }
 }
@@ -344,17 +414,21 @@ impl CpuBuffer {
         Ok(CpuBuffer::over_aligned_vec(vec, len_bytes, |vec| Box::new(vec)))
     }
 
-    /// `elements` of `T` (the element type of `dtype`): from the pool when large enough, else fresh.
+    /// `elements` of `T` (the element type of `dtype`): from the shared pool when large enough, from
+    /// this thread's cache when small, else fresh.
     fn elements<T: bytemuck::Pod + Send + Sync>(
         dtype: crate::DType,
         elements: usize,
         fill: Fill,
     ) -> Result<CpuBuffer, OutOfMemory> {
         let len_bytes = elements.checked_mul(size_of::<T>()).ok_or(OutOfMemory { bytes: usize::MAX })?;
-        if len_bytes < HOST_POOL_MIN_BYTES || host_pool_capacity() == 0 {
+        if host_pool_capacity() == 0 {
             return CpuBuffer::zeroed_elements::<T>(elements);
         }
         let key = (dtype, elements);
+        if len_bytes < HOST_POOL_MIN_BYTES {
+            return CpuBuffer::small_elements::<T>(key, len_bytes, fill);
+        }
         let vec = match host_pool().take::<T>(key) {
             Some(mut vec) => {
                 if fill == Fill::Zeros {
@@ -369,25 +443,53 @@ impl CpuBuffer {
         }))
     }
 
+    /// A small buffer: a block this thread freed (kept boxed, so taking it allocates nothing), or
+    /// fresh; it goes back to the cache of the thread that frees it.
+    fn small_elements<T: bytemuck::Pod + Send + Sync>(
+        key: (crate::DType, usize),
+        len_bytes: usize,
+        fill: Fill,
+    ) -> Result<CpuBuffer, OutOfMemory> {
+        let mut block = match thread_cache_take(key) {
+            Some(mut block) if block.is::<Vec<T>>() => {
+                if fill == Fill::Zeros {
+                    block.downcast_mut::<Vec<T>>().expect("checked above").fill(T::zeroed());
+                }
+                block
+            }
+            // A fresh vector reads as zeros.
+            _ => Box::new(aligned_vec::<T>(key.1)?.0) as Box<dyn Any + Send + Sync>,
+        };
+        let start = CpuBuffer::aligned_start(block.downcast_mut::<Vec<T>>().expect("a Vec<T> by construction"));
+        CPU_BYTES_ALLOCATED.fetch_add(len_bytes as u64, Ordering::Relaxed);
+        Ok(CpuBuffer {
+            ptr: start,
+            len_bytes,
+            access: HostAccess::ReadWrite,
+            owner: Box::new(PooledBlock { key, bytes: len_bytes, vec: Some(block) }),
+        })
+    }
+
+    /// The first 64-byte boundary of a vector from [`aligned_vec`].
+    fn aligned_start<T>(vec: &mut Vec<T>) -> NonNull<u8> {
+        let padding = CPU_ALIGNMENT / size_of::<T>();
+        let base = vec.as_mut_ptr();
+        let skip = base.align_offset(CPU_ALIGNMENT).min(padding);
+        // SAFETY: `skip <= padding`, inside the allocation of `elements + padding` elements.
+        let start = unsafe { base.add(skip) }.cast::<u8>();
+        NonNull::new(start).expect("a vector's pointer is never null")
+    }
+
     /// A buffer over `vec`'s first 64-byte boundary (see [`aligned_vec`]), kept alive by `owner(vec)`.
     fn over_aligned_vec<T: bytemuck::Pod + Send + Sync>(
         mut vec: Vec<T>,
         len_bytes: usize,
         owner: impl FnOnce(Vec<T>) -> Box<dyn Any + Send + Sync>,
     ) -> CpuBuffer {
-        let padding = CPU_ALIGNMENT / size_of::<T>();
-        let base = vec.as_mut_ptr();
-        let skip = base.align_offset(CPU_ALIGNMENT).min(padding);
-        // SAFETY: `skip <= padding`, inside the allocation of `elements + padding` elements; moving
-        // the vector into its owner does not move its heap allocation.
-        let start = unsafe { base.add(skip) }.cast::<u8>();
+        // Moving the vector into its owner does not move its heap allocation.
+        let start = CpuBuffer::aligned_start(&mut vec);
         CPU_BYTES_ALLOCATED.fetch_add(len_bytes as u64, Ordering::Relaxed);
-        CpuBuffer {
-            ptr: NonNull::new(start).expect("a vector's pointer is never null"),
-            len_bytes,
-            access: HostAccess::ReadWrite,
-            owner: owner(vec),
-        }
+        CpuBuffer { ptr: start, len_bytes, access: HostAccess::ReadWrite, owner: owner(vec) }
     }
 
     /// A buffer over a vector's elements, without a copy (writable; the start is wherever the
@@ -535,12 +637,63 @@ mod tests {
     }
 
     #[test]
-    fn small_buffers_bypass_the_pool() {
-        let bytes = HOST_POOL_MIN_BYTES - 64;
-        let buffer = CpuBuffer::for_overwrite(crate::DType::F32, bytes).unwrap();
-        assert!(buffer.owner().is::<Vec<f32>>(), "a plain vector, freed on drop");
+    fn small_buffers_come_back_to_the_thread_that_freed_them() {
+        // Sizes of this test's own: the cache is per thread, but a test thread may run other tests.
+        let bytes = 4 * 3001;
+        let before = thread_cache_bytes();
+        let mut first = CpuBuffer::for_overwrite(crate::DType::F32, bytes).unwrap();
+        assert_eq!(first.as_ptr() as usize % CPU_ALIGNMENT, 0);
+        assert!(first.bytes().iter().all(|&b| b == 0), "a fresh buffer reads as zeros");
+        first.bytes_mut().fill(0xcd);
+        let start = first.as_ptr();
+        drop(first);
+        assert_eq!(thread_cache_bytes(), before + bytes, "kept by this thread");
+        let again = CpuBuffer::for_overwrite(crate::DType::F32, bytes).unwrap();
+        assert_eq!(again.as_ptr(), start, "the freed buffer came back");
+        assert!(again.bytes().iter().all(|&b| b == 0xcd), "for_overwrite leaves the old contents");
+        assert_eq!(thread_cache_bytes(), before);
+        drop(again);
+        let zeroed = CpuBuffer::zeroed_for(crate::DType::F32, bytes).unwrap();
+        assert_eq!(zeroed.as_ptr(), start, "reused again");
+        assert!(zeroed.bytes().iter().all(|&b| b == 0), "zeroed_for zeroes a reused buffer");
+        drop(zeroed);
+        assert!(CpuBuffer::for_overwrite(crate::DType::BF16, bytes).unwrap().as_ptr() != start, "another dtype");
+        assert!(CpuBuffer::for_overwrite(crate::DType::F32, bytes + 4).unwrap().as_ptr() != start, "another size");
+        // Freed on another thread: kept there, not here.
+        let elsewhere = CpuBuffer::for_overwrite(crate::DType::F32, bytes).unwrap();
+        assert_eq!(elsewhere.as_ptr(), start);
+        let here = thread_cache_bytes();
+        let kept_there = std::thread::spawn(move || {
+            drop(elsewhere);
+            thread_cache_bytes()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(kept_there, bytes);
+        assert_eq!(thread_cache_bytes(), here, "nothing came back here");
         let large = CpuBuffer::for_overwrite(crate::DType::F32, HOST_POOL_MIN_BYTES + 4 * 4003).unwrap();
         assert!(large.owner().is::<PooledBlock>());
+    }
+
+    #[test]
+    fn a_thread_keeps_at_most_its_cache_bound() {
+        let bytes = HOST_POOL_MIN_BYTES - 4096;
+        let fit = THREAD_CACHE_BYTES / bytes;
+        assert!(fit < 6, "the test frees more than fit");
+        let kept = std::thread::spawn(move || {
+            let buffers: Vec<CpuBuffer> =
+                (0..6).map(|_| CpuBuffer::for_overwrite(crate::DType::BF16, bytes).unwrap()).collect();
+            drop(buffers);
+            let by_bytes = thread_cache_bytes();
+            let many: Vec<CpuBuffer> =
+                (0..THREAD_CACHE_BLOCKS + 8).map(|_| CpuBuffer::for_overwrite(crate::DType::I8, 64).unwrap()).collect();
+            drop(many);
+            (by_bytes, thread_cache_bytes() - by_bytes)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(kept.0, fit * bytes, "as many as fit under the byte bound");
+        assert_eq!(kept.1, (THREAD_CACHE_BLOCKS - fit) * 64, "the rest up to the block bound");
     }
 
     #[test]
