@@ -70,11 +70,19 @@ pub enum LayoutError {
 type Dims = SmallVec<[usize; 4]>;
 
 /// Shape, strides (elements) and storage offset (elements) of a tensor.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
     shape: Dims,
     strides: Dims,
     offset: usize,
+}
+
+impl Clone for Layout {
+    /// A copy of the dimensions as one block each (`SmallVec`'s derived clone extends element by
+    /// element; a layout is cloned with every tensor handle, so on every dispatched call).
+    fn clone(&self) -> Layout {
+        Layout { shape: Dims::from_slice(&self.shape), strides: Dims::from_slice(&self.strides), offset: self.offset }
+    }
 }
 
 /// The number of elements of a shape (1 for rank 0).
@@ -411,6 +419,22 @@ fn write_list(f: &mut fmt::Formatter<'_>, open: &str, items: &[usize], close: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clone_is_the_same_layout_inline_and_spilled() {
+        for layout in [
+            Layout::compact(&[]),
+            Layout::new(&[3, 5], &[10, 1], 7).unwrap(),
+            Layout::new(&[2, 3, 4, 5, 6, 7], &[5040, 1680, 420, 84, 14, 2], 3).unwrap(),
+        ] {
+            let copy = layout.clone();
+            assert_eq!(copy, layout);
+            assert_eq!(
+                (copy.shape(), copy.strides(), copy.offset()),
+                (layout.shape(), layout.strides(), layout.offset())
+            );
+        }
+    }
 
     #[test]
     fn sizes_never_wrap() {
