@@ -24,6 +24,22 @@ use crate::rows::{rows_per_task, with_scratch};
 pub trait GateRow: Sync {
     /// Turns the gate into the activation, in place.
     fn activate(&self, gate: &mut [f32], round: fn(&mut [f32]));
+
+    /// Writes the activation of `gate` into `out` (same length). This default copies, then
+    /// activates in place; element-wise activations read `gate` where it is (an f32 row straight
+    /// from the tensor, without a copy).
+    fn activate_into(&self, gate: &[f32], out: &mut [f32], round: fn(&mut [f32])) {
+        out.copy_from_slice(gate);
+        self.activate(out, round);
+    }
+}
+
+/// `out ← op(gate)` with rten-vecmath's vectorized `op`, `out` fully overwritten.
+fn map_into(op: impl SimdUnaryOp<f32>, gate: &[f32], out: &mut [f32]) {
+    // SAFETY: `MaybeUninit<f32>` has f32's layout, and `map` writes only initialized values (every
+    // element of `out`), so `out` stays initialized.
+    let uninit = unsafe { &mut *(std::ptr::from_mut(out) as *mut [std::mem::MaybeUninit<f32>]) };
+    op.map(gate, uninit);
 }
 
 /// `silu(g) = g / (1 + e^-g)`.
@@ -34,6 +50,10 @@ impl GateRow for Silu {
     fn activate(&self, gate: &mut [f32], _: fn(&mut [f32])) {
         rten_vecmath::Silu {}.map_mut(gate);
     }
+
+    fn activate_into(&self, gate: &[f32], out: &mut [f32], _: fn(&mut [f32])) {
+        map_into(rten_vecmath::Silu {}, gate, out);
+    }
 }
 
 /// `gelu(g)` with the erf or the tanh form.
@@ -43,6 +63,13 @@ pub struct Gelu(pub Approximate);
 impl GateRow for Gelu {
     fn activate(&self, gate: &mut [f32], _: fn(&mut [f32])) {
         gelu_in_place(gate, self.0);
+    }
+
+    fn activate_into(&self, gate: &[f32], out: &mut [f32], _: fn(&mut [f32])) {
+        match self.0 {
+            Approximate::None => map_into(rten_vecmath::Gelu {}, gate, out),
+            Approximate::Tanh => map_into(rten_vecmath::ApproxGelu {}, gate, out),
+        }
     }
 }
 
@@ -160,12 +187,21 @@ fn gated<T: CpuElement, G: GateRow>(x: &CpuBuffer, rows: Rows, out: &mut CpuBuff
     "aarch64+neon"
 ))]
 fn gated_row<T: CpuElement, G: GateRow>(g: &[T], u: &[T], a: &mut [f32], up: &mut [f32], gate: &G, out: &mut [T]) {
-    T::load(g, a);
-    gate.activate(a, T::round_in_place);
+    // The gate as f32 (an f32 row is read where it is; others are widened into `up`, free until the
+    // product), activated into `a` and rounded to the element type.
+    let g = T::widen(g, up);
+    gate.activate_into(g, a, T::round_in_place);
     T::round_in_place(a);
-    T::load(u, up);
-    for (a, u) in a.iter_mut().zip(up.iter()) {
-        *a *= *u;
+    // The product in stack-sized chunks: the up half is read once, where it is for f32.
+    let mut widened = [0f32; PRODUCT_CHUNK];
+    for ((a, u), out) in a.chunks_mut(PRODUCT_CHUNK).zip(u.chunks(PRODUCT_CHUNK)).zip(out.chunks_mut(PRODUCT_CHUNK)) {
+        let u = T::widen(u, &mut widened[..u.len()]);
+        for (a, u) in a.iter_mut().zip(u) {
+            *a *= *u;
+        }
+        T::store(a, out);
     }
-    T::store(a, out);
 }
+
+/// Elements of the product `act · up` formed at a time in [`gated_row`].
+const PRODUCT_CHUNK: usize = 256;
