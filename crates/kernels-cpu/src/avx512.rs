@@ -29,7 +29,7 @@ use std::arch::x86_64::{
 
 use half::bf16;
 
-use crate::element::{CpuElement, FusedRow, RmsNormRow};
+use crate::element::{CpuElement, FusedRow, RmsNormRow, RowOut};
 use crate::rows::{self, LANES};
 
 /// Vector lanes of one register.
@@ -303,39 +303,50 @@ unsafe fn rms_norm_row<T: Avx512Element, const HW: bool>(
     T::store_normalized(tail, rstd, weight, &mut out[full..]);
 }
 
-/// One `fused_add_rms_norm` row, in place (see [`rows`]): vectors of 16, then the portable tail.
+/// One `fused_add_rms_norm` row, the norm over x or into another row (see [`rows`]): vectors of 16,
+/// then the portable tail.
 ///
 /// # Safety
 /// AVX-512F/BW are available, and AVX512-BF16/DQ when `HW`.
 #[inline(always)]
-unsafe fn fused_row<T: Avx512Element, const HW: bool>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+unsafe fn fused_row<T: Avx512Element, const HW: bool>(
+    mut x: RowOut<'_, T>,
+    r: &mut [T],
+    weight: Option<&[T]>,
+    eps: f32,
+) {
     let n = x.len();
     assert!(r.len() == n && weight.is_none_or(|w| w.len() == n), "row lengths agree");
-    // SAFETY: the caller's contract.
-    let rstd = unsafe { rstd(x, Some(r), eps) };
+    let (x, out) = x.pointers();
+    // SAFETY: the caller's contract; `x` points to `n` readable values, and the slice ends before
+    // anything is written.
+    let rstd = unsafe { rstd(std::slice::from_raw_parts(x, n), Some(r), eps) };
     // SAFETY: the caller's contract.
     let scale = unsafe { _mm512_set1_ps(rstd) };
     let full = n - n % WIDTH;
     let mut i = 0;
     while i < full {
-        // SAFETY: `i + 16 <= n` for x, r and the weight (checked above); AVX-512F is enabled.
+        // SAFETY: `i + 16 <= n` for x, the norm, r and the weight (checked above); x's values are
+        // read before the norm's (perhaps the same memory) are written; AVX-512F is enabled.
         unsafe {
-            let sum = _mm512_add_ps(T::load16(x.as_ptr().add(i)), T::load16(r.as_ptr().add(i)));
+            let sum = _mm512_add_ps(T::load16(x.add(i)), T::load16(r.as_ptr().add(i)));
             T::store16::<HW>(r.as_mut_ptr().add(i), sum);
-            T::store16::<HW>(x.as_mut_ptr().add(i), normalized::<T, HW>(sum, scale, weight, i));
+            T::store16::<HW>(out.add(i), normalized::<T, HW>(sum, scale, weight, i));
         }
         i += WIDTH;
     }
     let mut sum = [0f32; WIDTH];
     let mut w = [0f32; WIDTH];
     let sum = &mut sum[..n - full];
-    rows::add_widened(&x[full..], &r[full..], sum);
+    // SAFETY: the tail of x, read (and its borrow ended) before the norm's tail is written.
+    rows::add_widened(unsafe { std::slice::from_raw_parts(x.add(full), n - full) }, &r[full..], sum);
     T::store(sum, &mut r[full..]);
     let weight = weight.map(|weight| {
         T::load(&weight[full..], &mut w[..n - full]);
         &w[..n - full]
     });
-    T::store_normalized(sum, rstd, weight, &mut x[full..]);
+    // SAFETY: the norm's tail, with no other borrow of it alive.
+    T::store_normalized(sum, rstd, weight, unsafe { std::slice::from_raw_parts_mut(out.add(full), n - full) });
 }
 
 /// The rows compiled for AVX-512F/BW (bf16 rounded by the bit operation).
@@ -346,7 +357,7 @@ fn rms_norm_row_avx512<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32
 }
 
 #[target_feature(enable = "avx512f,avx512bw")]
-fn fused_row_avx512<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+fn fused_row_avx512<T: Avx512Element>(x: RowOut<'_, T>, r: &mut [T], weight: Option<&[T]>, eps: f32) {
     // SAFETY: the features are enabled here.
     unsafe { fused_row::<T, false>(x, r, weight, eps) }
 }
@@ -359,7 +370,7 @@ fn rms_norm_row_bf16<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, 
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-fn fused_row_bf16<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+fn fused_row_bf16<T: Avx512Element>(x: RowOut<'_, T>, r: &mut [T], weight: Option<&[T]>, eps: f32) {
     // SAFETY: the features are enabled here.
     unsafe { fused_row::<T, true>(x, r, weight, eps) }
 }
@@ -387,12 +398,12 @@ fn rms_hardware<T: Avx512Element>(x: &[T], weight: Option<&[T]>, eps: f32, out: 
     unsafe { rms_norm_row_bf16(x, weight, eps, out, stream) }
 }
 
-fn fused_plain<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+fn fused_plain<T: Avx512Element>(x: RowOut<'_, T>, r: &mut [T], weight: Option<&[T]>, eps: f32) {
     // SAFETY: handed out only after AVX-512F/BW were detected.
     unsafe { fused_row_avx512(x, r, weight, eps) }
 }
 
-fn fused_hardware<T: Avx512Element>(x: &mut [T], r: &mut [T], weight: Option<&[T]>, eps: f32) {
+fn fused_hardware<T: Avx512Element>(x: RowOut<'_, T>, r: &mut [T], weight: Option<&[T]>, eps: f32) {
     // SAFETY: handed out only after AVX-512F/BW/DQ and AVX512-BF16 were detected.
     unsafe { fused_row_bf16(x, r, weight, eps) }
 }
@@ -533,11 +544,19 @@ mod tests {
 
                     let (mut ex, mut er) = (x.clone(), r.clone());
                     let (mut gx, mut gr) = (x.clone(), r.clone());
-                    rows::fused_row_portable(&mut ex, &mut er, weight, 1e-6);
-                    fused(&mut gx, &mut gr, weight, 1e-6);
+                    rows::fused_row_portable(RowOut::InPlace(&mut ex), &mut er, weight, 1e-6);
+                    fused(RowOut::InPlace(&mut gx), &mut gr, weight, 1e-6);
                     assert_eq!(bits(&gr), bits(&er), "{variant} fused residual n {n} seed {seed}");
                     let what = format!("{variant} fused output n {n} seed {seed} weight {}", weight.is_some());
                     assert_eq!(bits(&gx), bits(&ex), "{what}");
+                    // Into another row: the same norm and residual, x unchanged.
+                    let (mut sr, mut out) = (r.clone(), vec![T::zeroed(); n]);
+                    fused(RowOut::Separate { x: &x, out: &mut out }, &mut sr, weight, 1e-6);
+                    assert_eq!(bits(&out), bits(&ex), "{what}, into another row");
+                    assert_eq!(bits(&sr), bits(&er), "{what}, into another row: residual");
+                    let (mut pr, mut pout) = (r.clone(), vec![T::zeroed(); n]);
+                    rows::fused_row_portable(RowOut::Separate { x: &x, out: &mut pout }, &mut pr, weight, 1e-6);
+                    assert_eq!(bits(&pout), bits(&ex), "{what}, portable into another row");
                 }
             }
         }

@@ -6,8 +6,47 @@ use half::{bf16, f16};
 /// A `rms_norm` row kernel: `(x, weight, eps, out, stream)`; `stream` asks for non-temporal
 /// stores of the output (which the kernel may ignore).
 pub(crate) type RmsNormRow<T> = fn(&[T], Option<&[T]>, f32, &mut [T], bool);
-/// A `fused_add_rms_norm` row kernel, in place: `(x, residual, weight, eps)`.
-pub(crate) type FusedRow<T> = fn(&mut [T], &mut [T], Option<&[T]>, f32);
+/// A `fused_add_rms_norm` row kernel: `(x and where the norm goes, residual, weight, eps)`.
+pub(crate) type FusedRow<T> = fn(RowOut<'_, T>, &mut [T], Option<&[T]>, f32);
+
+/// Where a fused row reads x and writes the norm: x itself (the op, in place), or another row of
+/// the same length (a fused composition that must leave x unchanged).
+pub(crate) enum RowOut<'a, T> {
+    /// Read x, write the norm over it.
+    InPlace(&'a mut [T]),
+    /// Read `x`, write the norm into `out`.
+    Separate {
+        /// The row read.
+        x: &'a [T],
+        /// The norm written.
+        out: &'a mut [T],
+    },
+}
+
+impl<T> RowOut<'_, T> {
+    /// The row's length, checked equal on both sides.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            RowOut::InPlace(x) => x.len(),
+            RowOut::Separate { x, out } => {
+                assert_eq!(x.len(), out.len(), "a fused row's input and output have one length");
+                x.len()
+            }
+        }
+    }
+
+    /// The row read and the row written, as pointers (the same memory for `InPlace`): reading
+    /// element i before writing it is all either form needs.
+    pub(crate) fn pointers(&mut self) -> (*const T, *mut T) {
+        match self {
+            RowOut::InPlace(x) => {
+                let p = x.as_mut_ptr();
+                (p.cast_const(), p)
+            }
+            RowOut::Separate { x, out } => (x.as_ptr(), out.as_mut_ptr()),
+        }
+    }
+}
 
 /// The explicit-row methods of [`CpuElement`] for a type with AVX-512 rows.
 macro_rules! explicit_rows {

@@ -15,7 +15,7 @@ use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor, UniqueTensor};
 use rayon::prelude::*;
 
-use crate::element::CpuElement;
+use crate::element::{CpuElement, RowOut};
 use crate::rows::{Weight, fused_row, rms_norm_row, rows_per_task, with_scratch};
 
 /// The `supports` predicate and spec of the quantization ops on the cpu.
@@ -361,9 +361,8 @@ fn quantize_row<T: CpuElement, Q: Fp8>(
             T::load(normalized, a);
         }
         Row::Fused { x, r, weight, eps } => {
-            // The cpu fused row on a copy of x (x is read only): normalized ← norm(x + r), r ← x + r.
-            normalized.copy_from_slice(x);
-            fused_row(normalized, r, weight, eps);
+            // The cpu fused row with its norm into `normalized` (x is read only): r ← x + r.
+            fused_row(RowOut::Separate { x, out: normalized }, r, weight, eps);
             T::load(normalized, a);
         }
     }

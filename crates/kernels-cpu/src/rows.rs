@@ -9,7 +9,7 @@ use ir_core::kernel::Rows;
 use ir_core::storage::CpuBuffer;
 use rayon::prelude::*;
 
-use crate::element::CpuElement;
+use crate::element::{CpuElement, RowOut};
 
 /// Bytes of row data one task should own before rows are split across threads. Tuned with the
 /// kernels benchmark on 2 cores: at 64 KB, waking the pool cost more than it saved (fused f32 16×4096:
@@ -64,7 +64,7 @@ pub(crate) fn fused<T: CpuElement>(
     let residual_data =
         &mut residual.typed_mut::<T>()[residual_rows.offset..residual_rows.offset + residual_rows.span()];
     let task = |(x_chunk, r_chunk): (&mut [T], &mut [T])| {
-        fused_row(&mut x_chunk[..hidden], &mut r_chunk[..hidden], weight, eps);
+        fused_row(RowOut::InPlace(&mut x_chunk[..hidden]), &mut r_chunk[..hidden], weight, eps);
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
@@ -140,8 +140,9 @@ pub(crate) fn rms_norm_row<T: CpuElement>(x: &[T], weight: Weight<'_, T>, eps: f
     }
 }
 
-/// One `fused_add_rms_norm` row, in place, chosen as [`rms_norm_row`] is.
-pub(crate) fn fused_row<T: CpuElement>(x: &mut [T], r: &mut [T], weight: Weight<'_, T>, eps: f32) {
+/// One `fused_add_rms_norm` row (the norm in place or into another row), chosen as
+/// [`rms_norm_row`] is.
+pub(crate) fn fused_row<T: CpuElement>(x: RowOut<'_, T>, r: &mut [T], weight: Weight<'_, T>, eps: f32) {
     match (weight, T::simd_fused_row()) {
         (Weight::F32(w), _) => fused_row_portable::<T, f32>(x, r, Some(w), eps),
         (Weight::None, Some(row)) => row(x, r, None, eps),
@@ -181,29 +182,37 @@ pub(crate) fn rms_norm_row_portable<T: CpuElement, W: CpuElement>(
     }
 }
 
-/// One row of `fused_add_rms_norm`, in place: `r ← x + r` (rounded), `x ← norm(x + r)` from the
-/// unrounded f32 sum. Two passes like [`rms_norm_row_portable`]: the first only reads (the sum of squares of
-/// `x + r`), the second forms each chunk's sum again (the same bits), then writes `r` and `x`.
+/// One row of `fused_add_rms_norm`: `r ← x + r` (rounded), `norm ← norm(x + r)` from the
+/// unrounded f32 sum, the norm over x or into another row ([`RowOut`]). Two passes like
+/// [`rms_norm_row_portable`]: the first only reads (the sum of squares of `x + r`), the second forms
+/// each chunk's sum again (the same bits), then writes `r` and the norm.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
     "x86_64+avx2+fma+f16c",
     "aarch64+neon"
 ))]
 pub(crate) fn fused_row_portable<T: CpuElement, W: CpuElement>(
-    x: &mut [T],
+    mut x: RowOut<'_, T>,
     r: &mut [T],
     weight: Option<&[W]>,
     eps: f32,
 ) {
-    let rstd = rstd(x, Some(r), eps);
+    let n = x.len();
+    assert_eq!(r.len(), n, "row lengths agree");
+    let (x, out) = x.pointers();
+    // SAFETY: `x` points to `n` readable values (`RowOut`); the slice ends before the norm is written.
+    let rstd = rstd(unsafe { std::slice::from_raw_parts(x, n) }, Some(r), eps);
     let (mut a, mut w) = ([0f32; CHUNK], [0f32; CHUNK]);
-    for ((start, x), r) in (0..x.len()).step_by(CHUNK).zip(x.chunks_mut(CHUNK)).zip(r.chunks_mut(CHUNK)) {
-        let len = x.len();
+    for (start, r) in (0..n).step_by(CHUNK).zip(r.chunks_mut(CHUNK)) {
+        let len = r.len();
         let sum = &mut a[..len];
-        add_widened(x, r, sum);
+        // SAFETY: `start + len <= n`; this chunk of x is read (and its borrow ends) before the same
+        // chunk of the norm, which may be the same memory, is written.
+        add_widened(unsafe { std::slice::from_raw_parts(x.add(start), len) }, r, sum);
         T::store(sum, r);
         let weight = weight.map(|weight| W::widen(&weight[start..start + len], &mut w[..len]));
-        T::store_normalized(sum, rstd, weight, x);
+        // SAFETY: `start + len <= n` values of the written row, no other borrow of them alive.
+        T::store_normalized(sum, rstd, weight, unsafe { std::slice::from_raw_parts_mut(out.add(start), len) });
     }
 }
 
