@@ -92,6 +92,16 @@ pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
         buffer
     }
 
+    /// Runs `f` on `row` as f32 values and stores the result back (rounded): `row` itself when it is
+    /// f32, else widened into `scratch` (at least as long) and rounded back after.
+    #[inline(always)]
+    fn update_as_f32(row: &mut [Self], scratch: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        let values = &mut scratch[..row.len()];
+        Self::load(row, values);
+        f(values);
+        Self::store(values, row);
+    }
+
     /// Rounds each value to this type and back (nearest-even), in place. This default goes through
     /// [`CpuElement::store`] and [`CpuElement::load`] in stack-sized chunks.
     #[inline(always)]
@@ -145,6 +155,11 @@ impl CpuElement for f32 {
     #[inline(always)]
     fn store(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+
+    #[inline(always)]
+    fn update_as_f32(row: &mut [f32], _: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        f(row);
     }
 
     #[inline(always)]

@@ -107,14 +107,14 @@ fn rotate_row<T: CpuElement>(
 ) {
     let (values, cs) = scratch.split_at_mut(row.len());
     let cs = &mut cs[..cache_row.len()];
-    T::load(row, values);
-    T::load(cache_row, cs);
-    let (cos, sin) = cs.split_at(cs.len() / 2);
+    let (cos, sin) = T::widen(cache_row, cs).split_at(cache_row.len() / 2);
     let rotary_dim = cache_row.len();
-    for head in values.chunks_exact_mut(head_size) {
-        rotate_head(&mut head[..rotary_dim], cos, sin, is_neox_style);
-    }
-    T::store(values, row);
+    // An f32 row is rotated where it is; others through `values`.
+    T::update_as_f32(row, values, |values| {
+        for head in values.chunks_exact_mut(head_size) {
+            rotate_head(&mut head[..rotary_dim], cos, sin, is_neox_style);
+        }
+    });
 }
 
 /// Rotates one head's first `rotary_dim` elements (`rotated`) in f32: NeoX pairs are the two
