@@ -22,7 +22,7 @@ use std::arch::x86_64::{
     __m256bh, __m256i, __m512, _CMP_UNORD_Q, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_sfence,
     _mm256_loadu_si256, _mm256_storeu_si256, _mm256_stream_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512,
     _mm512_castps_si512, _mm512_castsi512_ps, _mm512_castsi512_si256, _mm512_cmp_ps_mask, _mm512_cvtepu16_epi32,
-    _mm512_cvtneps_pbh, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_fpclass_ps_mask, _mm512_loadu_ps,
+    _mm512_cvtneps_pbh, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_fpclass_ps_mask, _mm512_loadu_ps, _mm512_loadu_si512,
     _mm512_mask_or_epi32, _mm512_mul_ps, _mm512_permutexvar_epi16, _mm512_set_epi16, _mm512_set1_epi32, _mm512_set1_ps,
     _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_storeu_ps, _mm512_stream_ps,
 };
@@ -48,6 +48,22 @@ pub(crate) trait Avx512Element: CpuElement {
     /// # Safety
     /// AVX-512F is available and `p` points to 16 readable values.
     unsafe fn load16(p: *const Self) -> __m512;
+
+    /// Whether [`Avx512Element::load32`] returns the even and the odd values rather than the first
+    /// and the last 16.
+    const PAIRED: bool = false;
+
+    /// Loads 32 values widened to f32 as two registers: values 0..16 and 16..32, or, when
+    /// [`Avx512Element::PAIRED`], the even and the odd ones (cheaper for a type whose pairs fill a
+    /// 32-bit lane). A sum of squares only needs each lane to see the same values in order.
+    ///
+    /// # Safety
+    /// AVX-512F/BW are available and `p` points to 32 readable values.
+    #[inline(always)]
+    unsafe fn load32(p: *const Self) -> (__m512, __m512) {
+        // SAFETY: the caller's contract.
+        unsafe { (Self::load16(p), Self::load16(p.add(WIDTH))) }
+    }
     /// Rounds 16 f32 values to this type and stores them.
     ///
     /// # Safety
@@ -92,6 +108,19 @@ impl Avx512Element for f32 {
 
 impl Avx512Element for bf16 {
     const HARDWARE_ROUNDING: bool = true;
+    const PAIRED: bool = true;
+
+    #[inline(always)]
+    unsafe fn load32(p: *const bf16) -> (__m512, __m512) {
+        // SAFETY: the caller's contract. Lane k holds values 2k (low half) and 2k + 1 (high half):
+        // each widens exactly by moving it to the top half of the lane.
+        unsafe {
+            let pairs = _mm512_loadu_si512(p.cast());
+            let even = _mm512_slli_epi32::<16>(pairs);
+            let odd = _mm512_and_si512(pairs, _mm512_set1_epi32(0xffff_0000_u32 as i32));
+            (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
+        }
+    }
 
     #[inline(always)]
     unsafe fn load16(p: *const bf16) -> __m512 {
@@ -214,11 +243,11 @@ fn rstd<T: Avx512Element>(x: &[T], r: Option<&[T]>, eps: f32) -> f32 {
     while i < full {
         // SAFETY: `i + 32 <= full <= x.len()` (and `r.len() == x.len()`); AVX-512F is enabled here.
         unsafe {
-            let mut a = T::load16(x.as_ptr().add(i));
-            let mut b = T::load16(x.as_ptr().add(i + WIDTH));
+            let (mut a, mut b) = T::load32(x.as_ptr().add(i));
             if let Some(r) = r {
-                a = _mm512_add_ps(a, T::load16(r.as_ptr().add(i)));
-                b = _mm512_add_ps(b, T::load16(r.as_ptr().add(i + WIDTH)));
+                let (ra, rb) = T::load32(r.as_ptr().add(i));
+                a = _mm512_add_ps(a, ra);
+                b = _mm512_add_ps(b, rb);
             }
             low = _mm512_add_ps(low, _mm512_mul_ps(a, a));
             high = _mm512_add_ps(high, _mm512_mul_ps(b, b));
@@ -230,6 +259,17 @@ fn rstd<T: Avx512Element>(x: &[T], r: Option<&[T]>, eps: f32) -> f32 {
     unsafe {
         _mm512_storeu_ps(lanes.as_mut_ptr(), low);
         _mm512_storeu_ps(lanes.as_mut_ptr().add(WIDTH), high);
+    }
+    if T::PAIRED {
+        // Lane k of `low` summed the values 2k of each group, of `high` the values 2k + 1: the
+        // portable lanes 2k and 2k + 1.
+        let (even, odd) = lanes.split_at(WIDTH);
+        let mut ordered = [0f32; LANES];
+        for k in 0..WIDTH {
+            ordered[2 * k] = even[k];
+            ordered[2 * k + 1] = odd[k];
+        }
+        lanes = ordered;
     }
     rows::rstd_from_lanes(lanes, x, r, eps)
 }
