@@ -163,14 +163,19 @@ pub(crate) type ErasedImpl = Arc<dyn Fn(&mut [Value]) -> Result<Outputs, KernelE
 pub struct ImplFunc {
     pub(crate) inplace: bool,
     pub(crate) call: ErasedImpl,
+    pub(crate) typed: Option<TypedImpl>,
 }
+
+/// The typed function behind a functional implementation (an `Arc` of the op's typed `dyn Fn`),
+/// which the typed call path runs on the caller's borrowed arguments.
+pub(crate) type TypedImpl = Arc<dyn std::any::Any + Send + Sync>;
 
 impl ImplFunc {
     /// A functional implementation over bound arguments; it must not write any argument.
     pub fn functional<O: Into<Outputs>>(
         f: impl Fn(&[Value]) -> Result<O, KernelError> + Send + Sync + 'static,
     ) -> ImplFunc {
-        ImplFunc { inplace: false, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)) }
+        ImplFunc { inplace: false, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)), typed: None }
     }
 
     /// An in-place implementation: it receives the bound arguments, every activation uniquely owned
@@ -179,7 +184,17 @@ impl ImplFunc {
     pub fn inplace<O: Into<Outputs>>(
         f: impl Fn(&mut [Value]) -> Result<O, KernelError> + Send + Sync + 'static,
     ) -> ImplFunc {
-        ImplFunc { inplace: true, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)) }
+        ImplFunc { inplace: true, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)), typed: None }
+    }
+
+    /// The same functional implementation with its typed function attached: `typed` holds an
+    /// `Arc<F>` of the op's typed signature `F` (a `dyn Fn` over the parameters' functional argument
+    /// types), the same function the dynamic `f` runs. [`define_op!`](crate::define_op)'s `register`
+    /// attaches it, so the op's typed functional call runs the function on the caller's borrowed
+    /// arguments, without building argument values ([`Registry::call_typed`](crate::Registry::call_typed)).
+    /// An in-place implementation keeps none.
+    pub fn with_typed(self, typed: Arc<dyn std::any::Any + Send + Sync>) -> ImplFunc {
+        ImplFunc { typed: (!self.inplace).then_some(typed), ..self }
     }
 
     /// Whether the implementation writes its outputs into its activations.

@@ -818,3 +818,110 @@ fn typed_implementations_are_closures_that_may_capture_state() {
     ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(&registry, x, r, None, 1e-6, None).unwrap();
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 }
+
+// --- the typed call path and each thread's memo of selections ---
+
+/// The result of `factor · native` for `x`.
+fn scaled(x: &Tensor, factor: f64) -> Tensor {
+    rms_norm::native(x, None, 1e-6, None).unwrap().scale(factor).unwrap()
+}
+
+#[test]
+fn a_remembered_selection_never_outlives_a_priority_change() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("p"), 2.0);
+    register_scaled_rms_norm(&registry, spec("q"), 3.0);
+    registry.set_default("rms_norm", &["p", "native"]).unwrap();
+    let x = sample(DType::F32, 2, 8, 1);
+    for _ in 0..3 {
+        assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)));
+    }
+    {
+        let _q = registry.override_priority("rms_norm", &["q"]).unwrap();
+        for _ in 0..3 {
+            assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 3.0)), "the override");
+        }
+    }
+    assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)), "the guard dropped");
+    let record = registry.selection_record();
+    assert_eq!(record.selections("rms_norm", "p"), 4);
+    assert_eq!(record.selections("rms_norm", "q"), 3);
+    // A provider replaced in place runs its new function at the next call.
+    registry
+        .replace_impl(
+            "rms_norm",
+            spec("p"),
+            ImplFunc::functional(|args: &[Value]| Ok(vec![scaled(args[0].as_tensor().expect("bound"), 5.0)])),
+        )
+        .unwrap();
+    assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 5.0)), "the replacement");
+    assert_eq!(registry.selection_record().selections("rms_norm", "p"), 1, "the replacement's own count");
+}
+
+#[test]
+fn two_registries_on_one_thread_keep_their_own_selections() {
+    let (first, second) = (Registry::with_builtin_ops(), Registry::with_builtin_ops());
+    register_scaled_rms_norm(&first, spec("p"), 2.0);
+    register_scaled_rms_norm(&second, spec("p"), 3.0);
+    first.set_default("rms_norm", &["p"]).unwrap();
+    second.set_default("rms_norm", &["p"]).unwrap();
+    let x = sample(DType::F32, 3, 16, 2);
+    for _ in 0..4 {
+        assert!(bit_eq(&rms_norm(&first, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)));
+        assert!(bit_eq(&rms_norm(&second, &x, None, 1e-6, None).unwrap(), &scaled(&x, 3.0)));
+    }
+    assert_eq!(first.selection_record().selections("rms_norm", "p"), 4);
+    assert_eq!(second.selection_record().selections("rms_norm", "p"), 4);
+}
+
+#[test]
+fn a_kernel_may_dispatch_on_its_own_thread_while_its_selection_runs() {
+    let registry = std::sync::Arc::new(Registry::with_builtin_ops());
+    register_scaled_rms_norm(&registry, spec("inner"), 2.0);
+    let weak = std::sync::Arc::downgrade(&registry);
+    // `outer` runs `rms_norm` again (through `inner`) from inside its kernel, on rows of another width.
+    rms_norm::register(&registry, spec("outer"), move |x, w, eps, v| {
+        let registry = weak.upgrade().expect("the registry outlives its calls");
+        let _inner = registry.override_priority("rms_norm", &["inner"]).unwrap();
+        let wider = Tensor::zeros(DType::F32, &[1, 64]).unwrap();
+        rms_norm(&registry, &wider, None, 1e-6, None)
+            .map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
+        rms_norm::native(x, w, eps, v)
+    })
+    .unwrap();
+    registry.set_default("rms_norm", &["outer"]).unwrap();
+    let x = sample(DType::F32, 2, 8, 3);
+    for _ in 0..3 {
+        assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 1.0)));
+    }
+    let record = registry.selection_record();
+    assert_eq!(record.selections("rms_norm", "outer"), 3);
+    assert_eq!(record.selections("rms_norm", "inner"), 3);
+}
+
+#[test]
+fn typed_and_dynamically_registered_functions_give_one_result_and_one_record() {
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("typed"), 2.0);
+    registry.register_impl("rms_norm", spec("dynamic"), scaled_native(2.0)).unwrap();
+    let x = sample(DType::F32, 4, 8, 4);
+    for provider in ["typed", "dynamic"] {
+        let _first = registry.override_priority("rms_norm", &[provider]).unwrap();
+        for _ in 0..2 {
+            let out = rms_norm(&registry, &x, None, 1e-6, None).unwrap();
+            assert!(bit_eq(&out, &scaled(&x, 2.0)), "{provider}");
+        }
+        // The dynamic form of the same call selects the same provider.
+        let out = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]).unwrap();
+        assert!(bit_eq(&out[0], &scaled(&x, 2.0)), "{provider}, dynamic call");
+        assert_eq!(registry.selection_record().selections("rms_norm", provider), 3, "{provider}");
+    }
+    // A kernel error on the typed path names the op and the provider.
+    rms_norm::register(&registry, spec("failing"), |_, _, _, _| {
+        Err(KernelError::InvalidArguments { reason: "no".to_owned() })
+    })
+    .unwrap();
+    let _failing = registry.override_priority("rms_norm", &["failing"]).unwrap();
+    let err = rms_norm(&registry, &x, None, 1e-6, None).unwrap_err();
+    assert!(matches!(err, CallError::Kernel { op: "rms_norm", provider: "failing", .. }), "{err}");
+}

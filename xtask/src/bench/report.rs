@@ -609,13 +609,14 @@ fn dispatch_table(results: &Results) -> String {
     }
     let mut out = String::from(
         "## Eager dispatch overhead\n\nThe typed entry point through the registry against calling the selected \
-         kernel directly, bf16, with the CPU platform's two-entry list `[cpu, native]`. Dispatch reads the op \
-         table and the installed list without a lock (snapshots swapped on change), and a call whose argument \
-         metadata was seen before takes the provider and output metadata from the installed list's selection \
-         cache (no predicate, no meta function); the steady-state path allocates nothing beyond the kernel's \
-         own output (counted by `tests/dispatch_alloc.rs`). What remains is building the argument values \
-         (a tensor handle carries its whole layout), the cache-key comparison, the in-place preparation and \
-         the output contract check. Both sides of each pair allocate the kernel's output.\n\n\
+         kernel directly, bf16, with the CPU platform's two-entry list `[cpu, native]`. A call whose argument \
+         metadata this thread saw before takes the provider and output metadata from its memo (one atomic \
+         load of the generation that any priority change advances, and the key comparison; no snapshot \
+         load, predicate or meta function); the functional calls run a typed implementation on the caller's \
+         borrowed arguments; the steady-state path allocates nothing beyond the kernel's own output \
+         (counted by `tests/dispatch_alloc.rs`). What remains is the key comparison, the selection count, \
+         the output contract check and, for `maybe_inplace`, the argument values and the in-place \
+         preparation. Both sides of each pair allocate the kernel's output.\n\n\
          | call | shape | direct | registry | overhead |\n|---|---|---:|---:|---:|\n",
     );
     if let (Some(direct), Some(registry)) =

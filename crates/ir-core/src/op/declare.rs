@@ -48,6 +48,8 @@ pub trait OpParam {
     fn arg(value: &Value) -> Option<Self::Arg<'_>>;
     /// Reads bound metadata; `None` when its kind does not match.
     fn meta<'a>(meta: &ArgMeta<'a>) -> Option<Self::Meta<'a>>;
+    /// The metadata of a functional caller's argument (what selection keys on), without a copy.
+    fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a>;
     /// The value a functional caller's argument becomes.
     fn value(arg: Self::Arg<'_>) -> Value;
     /// The value a `maybe_inplace` caller's argument becomes.
@@ -96,6 +98,9 @@ impl OpParam for Activation {
     fn meta<'a>(meta: &ArgMeta<'a>) -> Option<&'a TensorMeta> {
         <Tensor as OpParam>::meta(meta)
     }
+    fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
+        ArgMeta::Tensor(arg.meta())
+    }
     fn value(arg: &Tensor) -> Value {
         <Tensor as OpParam>::value(arg)
     }
@@ -137,6 +142,9 @@ impl OpParam for Option<Activation> {
     fn meta<'a>(meta: &ArgMeta<'a>) -> Option<Option<&'a TensorMeta>> {
         <Option<Tensor> as OpParam>::meta(meta)
     }
+    fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
+        <Option<Tensor> as OpParam>::arg_meta(arg)
+    }
     fn value(arg: Option<&Tensor>) -> Value {
         Value::opt_tensor(arg)
     }
@@ -176,6 +184,9 @@ impl OpParam for Tensor {
     fn meta<'a>(meta: &ArgMeta<'a>) -> Option<&'a TensorMeta> {
         meta.tensor()
     }
+    fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
+        ArgMeta::Tensor(arg.meta())
+    }
     fn value(arg: &Tensor) -> Value {
         Value::Tensor(arg.clone())
     }
@@ -212,6 +223,9 @@ impl OpParam for Option<Tensor> {
     fn meta<'a>(meta: &ArgMeta<'a>) -> Option<Option<&'a TensorMeta>> {
         optional(matches!(meta, ArgMeta::None), || meta.tensor())
     }
+    fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
+        arg.map_or(ArgMeta::None, |t| ArgMeta::Tensor(t.meta()))
+    }
     fn value(arg: Option<&Tensor>) -> Value {
         Value::opt_tensor(arg)
     }
@@ -234,7 +248,7 @@ impl OpParam for Option<Tensor> {
 
 /// Implements [`OpParam`] for a marker whose in-place and `maybe_inplace` views equal its plain one.
 macro_rules! plain_param {
-    ($marker:ty, $kind:expr, $arg:ty, $meta:ty, |$v:ident| $from_value:expr, |$m:ident| $from_meta:expr, |$a:ident| $to_value:expr) => {
+    ($marker:ty, $kind:expr, $arg:ty, $meta:ty, |$v:ident| $from_value:expr, |$m:ident| $from_meta:expr, |$a:ident| $to_value:expr, |$am:ident| $to_meta:expr) => {
         impl OpParam for $marker {
             const KIND: ParamKind = $kind;
             type Arg<'a> = $arg;
@@ -250,6 +264,9 @@ macro_rules! plain_param {
             }
             fn meta<'a>($m: &ArgMeta<'a>) -> Option<Self::Meta<'a>> {
                 $from_meta
+            }
+            fn arg_meta<'a>($am: Self::Arg<'a>) -> ArgMeta<'a> {
+                $to_meta
             }
             fn value($a: Self::Arg<'_>) -> Value {
                 $to_value
@@ -292,7 +309,8 @@ macro_rules! scalar_param {
                 _ => None,
             },
             |m| m.$accessor(),
-            |a| Value::$variant(a)
+            |a| Value::$variant(a),
+            |a| ArgMeta::$variant(a)
         );
         plain_param!(
             Option<$t>,
@@ -301,7 +319,8 @@ macro_rules! scalar_param {
             Option<$t>,
             |v| optional(matches!(v, Value::None), || <$t>::arg(v)),
             |m| optional(matches!(m, ArgMeta::None), || m.$accessor()),
-            |a| a.map_or(Value::None, Value::$variant)
+            |a| a.map_or(Value::None, Value::$variant),
+            |a| a.map_or(ArgMeta::None, ArgMeta::$variant)
         );
     };
 }
@@ -320,7 +339,8 @@ plain_param!(
         _ => None,
     },
     |m| m.ints(),
-    |a| Value::Ints(a.to_vec())
+    |a| Value::Ints(a.to_vec()),
+    |a| ArgMeta::Ints(a)
 );
 plain_param!(
     Option<Vec<i64>>,
@@ -329,7 +349,8 @@ plain_param!(
     Option<&'a [i64]>,
     |v| optional(matches!(v, Value::None), || <Vec<i64>>::arg(v)),
     |m| optional(matches!(m, ArgMeta::None), || m.ints()),
-    |a| a.map_or(Value::None, |a| Value::Ints(a.to_vec()))
+    |a| a.map_or(Value::None, |a| Value::Ints(a.to_vec())),
+    |a| a.map_or(ArgMeta::None, ArgMeta::Ints)
 );
 
 /// A string parameter with a fixed set of allowed values, as a Rust enum (declare with
@@ -359,6 +380,9 @@ impl<E: StrEnum> OpParam for E {
     }
     fn meta<'a>(meta: &ArgMeta<'a>) -> Option<E> {
         meta.str().and_then(E::from_str)
+    }
+    fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
+        ArgMeta::Str(arg.as_str())
     }
     fn value(arg: E) -> Value {
         Value::Str(arg.as_str().to_owned())
@@ -657,9 +681,37 @@ macro_rules! define_op {
             }
         }
 
-        $crate::define_op!(@calls $name $def Default $name call Arg value CtxArg call_arg ($($param : $ty),+) [$out]
+        $crate::define_op!(@functional_call $name $def ($($param : $ty),+) [$out]);
+        $crate::define_op!(@ctx_call $name $def Default call CtxArg call_arg ($($param : $ty),+) [$out]
             "functional: inputs never change and outputs never alias them");
         $crate::define_op!(@inplace $inplace $name $def ($($param : $ty),+) $out);
+    };
+
+    // The typed signature of a functional implementation of the op, as a trait object.
+    (@typed_fn ($($param:ident : $ty:ty),+) [$out:ty]) => {
+        dyn for<'a> Fn($(<$ty as $crate::op::OpParam>::Arg<'a>),+) -> ::std::result::Result<$out, $crate::KernelError>
+            + Send + Sync
+    };
+
+    (@functional_call $name:ident $def:ident ($($param:ident : $ty:ty),+) [$out:ty]) => {
+        #[doc = concat!("`", stringify!($name), "` through the registry's installed priorities, functional: inputs never change and outputs never alias them.")]
+        ///
+        /// A functional implementation registered through this op's `register` runs on the borrowed
+        /// arguments as they are; any other goes through the bound-argument path.
+        #[allow(clippy::too_many_arguments)]
+        pub fn $name(
+            registry: &$crate::Registry,
+            $($param: <$ty as $crate::op::OpParam>::Arg<'_>),+
+        ) -> ::std::result::Result<$out, $crate::CallError> {
+            let metas = [$(<$ty as $crate::op::OpParam>::arg_meta($param)),+];
+            let outputs = registry.call_typed::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out]), _>(
+                &$def,
+                &metas,
+                |func| func($($param),+).map(<$out as $crate::op::OpOutputs>::into_handles),
+                || [$(<$ty as $crate::op::OpParam>::value($param)),+],
+            )?;
+            Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
+        }
     };
 
     (@calls $name:ident $def:ident $overload:ident $fname:ident $ctx_fname:ident $given:ident $to_value:ident
@@ -675,6 +727,11 @@ macro_rules! define_op {
             Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
         }
 
+        $crate::define_op!(@ctx_call $name $def $overload $ctx_fname $ctx_given $to_call_arg ($($param : $ty),+) [$out] $what);
+    };
+
+    (@ctx_call $name:ident $def:ident $overload:ident $ctx_fname:ident $ctx_given:ident $to_call_arg:ident
+        ($($param:ident : $ty:ty),+) [$out:ty] $what:literal) => {
         #[doc = concat!("`", stringify!($name), "` through an execution context (eager, traced, or an engine's own), ", $what, ".")]
         #[allow(clippy::too_many_arguments)]
         pub fn $ctx_fname<'a, C: $crate::ExecutionContext + ?Sized>(
@@ -760,12 +817,17 @@ macro_rules! define_op {
         }
     };
 
-    (@functional $name:ident $func:ident ($($param:ident : $ty:ty),+) $out:ty) => {
+    (@functional $name:ident $func:ident ($($param:ident : $ty:ty),+) $out:ty) => {{
+        // One function behind both paths: the bound-argument adapter and the typed call.
+        let typed: ::std::sync::Arc<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out])> =
+            ::std::sync::Arc::new($func);
+        let func = ::std::sync::Arc::clone(&typed);
         $crate::ImplFunc::functional(move |args: &[$crate::op::Value]| {
             let mut index = 0..;
             $(let $param = args.get(index.next().expect("unbounded")).and_then(<$ty as $crate::op::OpParam>::arg)
                 .ok_or_else(|| $crate::op::mismatched(stringify!($name)))?;)+
-            Ok(<$out as $crate::op::OpOutputs>::into_handles($func($($param),+)?))
+            Ok(<$out as $crate::op::OpOutputs>::into_handles(func($($param),+)?))
         })
-    };
+        .with_typed(::std::sync::Arc::new(typed))
+    }};
 }

@@ -14,7 +14,7 @@ use crate::op::{
     ArgMeta, BindError, INLINE_ARGS, INLINE_OUTPUTS, MetaError, OpDef, Outputs, Overload, Value, bind, bind_meta,
 };
 use crate::registry::selection::Cached;
-use crate::registry::{ImplEntry, NATIVE, OpEntry, Registry, lock, read};
+use crate::registry::{ImplEntry, NATIVE, OpEntry, OpMap, Registry, lock, memo, read};
 use crate::{KernelError, Support, Tensor, TensorError, TensorMeta};
 
 /// Errors of calls and dispatch. Validation happens before any write: an error leaves every
@@ -274,7 +274,11 @@ impl Registry {
                 reason: reason.clone(),
             });
         }
-        Ok(crate::ImplFunc { inplace: implementation.inplace, call: std::sync::Arc::clone(&implementation.call) })
+        Ok(crate::ImplFunc {
+            inplace: implementation.inplace,
+            call: Arc::clone(&implementation.call),
+            typed: implementation.typed.clone(),
+        })
     }
 
     /// Whether `provider`'s implementation of `op` is in place (`None` if not registered).
@@ -283,17 +287,74 @@ impl Registry {
         read(&entry.impls).iter().find(|i| i.provider == provider).map(|i| i.inplace)
     }
 
+    /// The typed functional path of the calls [`define_op!`](crate::define_op) generates: selects on
+    /// `metas` (the metadata of the caller's borrowed arguments, every parameter in order) with the
+    /// same rules, cache and records as every call. When the chosen implementation is functional and
+    /// was registered with its typed function `Arc<F>`
+    /// ([`ImplFunc::with_typed`](crate::ImplFunc::with_typed)), runs it through `call` on the
+    /// borrowed arguments (no argument values are built) and checks its outputs; otherwise (an
+    /// in-place implementation, native, one registered dynamically) builds the bound arguments with
+    /// `values` and runs the selection as [`Registry::call_declared`] does.
+    pub fn call_typed<F: ?Sized + 'static, A: AsMut<[Value]>>(
+        &self,
+        def: &'static OpDef,
+        metas: &[ArgMeta<'_>],
+        call: impl FnOnce(&F) -> Result<Outputs, KernelError>,
+        values: impl FnOnce() -> A,
+    ) -> Result<Outputs, CallError> {
+        debug_assert_eq!(metas.len(), def.params.len(), "declared calls pass every parameter");
+        // Read before the op table and the installed list (see `memo`).
+        let generation = memo::generation();
+        if let Some((slot, remembered)) = memo::take(self.id, def, generation, metas) {
+            let cached = &remembered.cached;
+            log_choice(def.name, &cached.chosen, &cached.rejected, metas);
+            let ran = run_typed(&remembered.entry, cached, metas, call, values);
+            memo::restore(slot, remembered);
+            return ran;
+        }
+        let ops = self.ops.load();
+        let entry = declared_entry(&ops, def)?;
+        let choice = choose(entry, metas)?;
+        let remembered = installed_selection(&choice);
+        let ran = run_typed(entry, &choice, metas, call, values);
+        if let Some(cached) = remembered {
+            memo::remember(self.id, def, generation, Arc::clone(entry), cached);
+        }
+        ran
+    }
+
     /// The typed entry points' path: `args` is already complete. Reads the op table without a lock
     /// and keeps no reference count on the entry.
     fn call_op(&self, def: &'static OpDef, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
-        let ops = self.ops.load();
-        match ops.get(def.name) {
-            Some(entry) if std::ptr::eq(entry.def, def) => self.run(entry, args, overload),
-            _ => Err(CallError::UnknownOp {
-                op: def.name.to_owned(),
-                known: ops.keys().map(|s| (*s).to_owned()).collect(),
-            }),
+        if overload == Overload::MaybeInplace && !def.allow_inplace {
+            return Err(CallError::NotInplaceOp { op: def.name });
         }
+        // Read before the op table and the installed list (see `memo`).
+        let generation = memo::generation();
+        let hit = {
+            let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
+            memo::take(self.id, def, generation, &metas).map(|(slot, remembered)| {
+                log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, &metas);
+                (slot, remembered, on_device(&metas))
+            })
+        };
+        if let Some((slot, remembered, on_device)) = hit {
+            let ran = run_chosen(&remembered.entry, &remembered.cached, args, overload, on_device);
+            memo::restore(slot, remembered);
+            return ran;
+        }
+        let ops = self.ops.load();
+        let entry = declared_entry(&ops, def)?;
+        let (choice, on_device) = {
+            let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
+            (choose(entry, &metas)?, on_device(&metas))
+        };
+        let remembered = installed_selection(&choice);
+        let ran = run_chosen(entry, &choice, args, overload, on_device);
+        if let Some(cached) = remembered {
+            memo::remember(self.id, def, generation, Arc::clone(entry), cached);
+        }
+        ran
     }
 
     /// The path of the calls [`define_op!`](crate::define_op) generates: `args` holds exactly `def`'s
@@ -332,58 +393,120 @@ impl Registry {
     /// Selects, prepares the activations and runs the kernel. `args` is bound; the in-place
     /// activations are taken out of it by the kernel.
     fn run(&self, entry: &OpEntry, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
-        let def = entry.def;
-        if overload == Overload::MaybeInplace && !def.allow_inplace {
-            return Err(CallError::NotInplaceOp { op: def.name });
+        if overload == Overload::MaybeInplace && !entry.def.allow_inplace {
+            return Err(CallError::NotInplaceOp { op: entry.def.name });
         }
         let (choice, on_device) = {
             let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
-            let choice = choose(entry, &metas)?;
-            let on_device = metas.iter().any(|m| m.tensor().is_some_and(|t| !t.device.is_cpu()));
-            (choice, on_device)
+            (choose(entry, &metas)?, on_device(&metas))
         };
-        let chosen = &choice.chosen;
-        chosen.selections.fetch_add(1, Ordering::Relaxed);
-        note_rejections(&choice.rejected);
-        if on_device && chosen.provider == NATIVE {
-            entry.warn_once("native-host-round-trip", || {
-                format!("op {}: native runs on device tensors through a host round trip (correct, slow)", def.name)
-            });
-        }
-
-        let mut written = PerOutput::new();
-        if chosen.inplace {
-            let given: PerOutput<usize> = given_activations(entry, args).collect();
-            for (index, &position) in given.iter().enumerate() {
-                let activation = args[position].as_tensor().expect("given activations are tensors").meta();
-                if !choice.outputs[index].same_kind_and_shape(activation) {
-                    return Err(CallError::InplaceMetaMismatch {
-                        op: def.name,
-                        provider: chosen.provider,
-                        index,
-                        output: Box::new(choice.outputs[index].clone()),
-                        activation: Box::new(activation.clone()),
-                    });
-                }
-            }
-            for (index, &position) in given.iter().enumerate() {
-                let Value::Tensor(tensor) = std::mem::replace(&mut args[position], Value::None) else {
-                    unreachable!("given activations are tensors")
-                };
-                let tensor = prepare_activation(entry, overload, index, tensor)?;
-                written.push(tensor.storage_id());
-                args[position] = Value::Tensor(tensor);
-            }
-        }
-
-        let outputs = (chosen.call)(args).map_err(|source| CallError::Kernel {
-            op: def.name,
-            provider: chosen.provider,
-            source,
-        })?;
-        check_outputs(def, chosen, &choice.outputs, &outputs, &written)?;
-        Ok(outputs)
+        run_chosen(entry, &choice, args, overload, on_device)
     }
+}
+
+/// The entry of the op `def` (defined under its name as this definition).
+fn declared_entry<'a>(ops: &'a OpMap, def: &'static OpDef) -> Result<&'a Arc<OpEntry>, CallError> {
+    ops.get(def.name).filter(|entry| std::ptr::eq(entry.def, def)).ok_or_else(|| CallError::UnknownOp {
+        op: def.name.to_owned(),
+        known: ops.keys().map(|s| (*s).to_owned()).collect(),
+    })
+}
+
+/// Whether any tensor argument lives on a device.
+fn on_device(metas: &[ArgMeta<'_>]) -> bool {
+    metas.iter().any(|m| m.tensor().is_some_and(|t| !t.device.is_cpu()))
+}
+
+/// A selection of an installed list, to remember in this thread's memo (never native chosen for want
+/// of an installed list).
+fn installed_selection(choice: &Choice) -> Option<Arc<Cached>> {
+    match choice {
+        Choice::Remembered(guard) => guard.as_ref().map(Arc::clone),
+        Choice::Made(cached) => cached.from_priority_list.then(|| Arc::clone(cached)),
+    }
+}
+
+/// Runs a selection: records it, prepares the activations of an in-place implementation, runs the
+/// kernel and checks its outputs.
+fn run_chosen(
+    entry: &OpEntry,
+    choice: &Cached,
+    args: &mut [Value],
+    overload: Overload,
+    on_device: bool,
+) -> Result<Outputs, CallError> {
+    let def = entry.def;
+    let chosen = &choice.chosen;
+    chosen.selections.fetch_add(1, Ordering::Relaxed);
+    note_rejections(&choice.rejected);
+    if on_device && chosen.provider == NATIVE {
+        warn_host_round_trip(entry);
+    }
+
+    let mut written = PerOutput::new();
+    if chosen.inplace {
+        let given: PerOutput<usize> = given_activations(entry, args).collect();
+        for (index, &position) in given.iter().enumerate() {
+            let activation = args[position].as_tensor().expect("given activations are tensors").meta();
+            if !choice.outputs[index].same_kind_and_shape(activation) {
+                return Err(CallError::InplaceMetaMismatch {
+                    op: def.name,
+                    provider: chosen.provider,
+                    index,
+                    output: Box::new(choice.outputs[index].clone()),
+                    activation: Box::new(activation.clone()),
+                });
+            }
+        }
+        for (index, &position) in given.iter().enumerate() {
+            let Value::Tensor(tensor) = std::mem::replace(&mut args[position], Value::None) else {
+                unreachable!("given activations are tensors")
+            };
+            let tensor = prepare_activation(entry, overload, index, tensor)?;
+            written.push(tensor.storage_id());
+            args[position] = Value::Tensor(tensor);
+        }
+    }
+
+    let outputs =
+        (chosen.call)(args).map_err(|source| CallError::Kernel { op: def.name, provider: chosen.provider, source })?;
+    check_outputs(def, chosen, &choice.outputs, &outputs, &written)?;
+    Ok(outputs)
+}
+
+/// The chosen implementation's typed function of type `F`, when it is functional and has one.
+fn typed_impl<F: ?Sized + 'static>(cached: &Cached) -> Option<&Arc<F>> {
+    let chosen = &cached.chosen;
+    chosen.typed.as_ref().filter(|_| !chosen.inplace).and_then(|typed| typed.downcast_ref::<Arc<F>>())
+}
+
+/// Runs a selection for [`Registry::call_typed`]: its typed function on the borrowed arguments, or,
+/// without one, the bound arguments `values` builds.
+fn run_typed<F: ?Sized + 'static, A: AsMut<[Value]>>(
+    entry: &OpEntry,
+    cached: &Cached,
+    metas: &[ArgMeta<'_>],
+    call: impl FnOnce(&F) -> Result<Outputs, KernelError>,
+    values: impl FnOnce() -> A,
+) -> Result<Outputs, CallError> {
+    let Some(typed) = typed_impl::<F>(cached) else {
+        let mut args = values();
+        return run_chosen(entry, cached, args.as_mut(), Overload::Default, on_device(metas));
+    };
+    let (def, chosen) = (entry.def, &cached.chosen);
+    chosen.selections.fetch_add(1, Ordering::Relaxed);
+    note_rejections(&cached.rejected);
+    let outputs =
+        call(typed).map_err(|source| CallError::Kernel { op: def.name, provider: chosen.provider, source })?;
+    check_outputs(def, chosen, &cached.outputs, &outputs, &[])?;
+    Ok(outputs)
+}
+
+/// Native chosen for device tensors: said once per op.
+fn warn_host_round_trip(entry: &OpEntry) {
+    entry.warn_once("native-host-round-trip", || {
+        format!("op {}: native runs on device tensors through a host round trip (correct, slow)", entry.def.name)
+    });
 }
 
 /// The positions of the activations given in `args` (an absent optional activation, `none`, has no

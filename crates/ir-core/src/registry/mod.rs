@@ -49,7 +49,12 @@
 //! Dispatch takes no lock: the op table and each op's installed priority list are immutable
 //! snapshots read through [`arc_swap`] and replaced whole when they change, and each installed list
 //! caches its selections by argument metadata (predicates are pure, R32), so a repeated call runs no
-//! predicate and no meta function and allocates nothing of its own.
+//! predicate and no meta function and allocates nothing of its own. Each thread also remembers its
+//! last 16 selections, stamped with a process-wide generation that every published op table or
+//! installed list advances, so a repeated call reads neither snapshot; a remembered selection keeps
+//! its implementations alive until its slot is reused or the thread ends. The typed functional
+//! calls run an implementation registered through its op's typed `register` on the caller's
+//! borrowed arguments ([`Registry::call_typed`]).
 //!
 //! User code (availability probes, `supports` predicates, meta functions, kernels) never runs while
 //! a registry lock is held, so a predicate may call back into the registry (select, override a
@@ -64,6 +69,7 @@
 //! block the second read).
 
 mod dispatch;
+mod memo;
 mod priority;
 mod record;
 mod selection;
@@ -259,6 +265,8 @@ pub struct Registry {
     ops: ArcSwap<OpMap>,
     /// Serializes op definitions (readers never take it).
     defining: Mutex<()>,
+    /// This registry's identity in the typed call path's per-thread memo.
+    id: u64,
 }
 
 type OpMap = IndexMap<&'static str, Arc<OpEntry>, rustc_hash::FxBuildHasher>;
@@ -292,6 +300,9 @@ pub(crate) struct ImplEntry {
     pub(crate) supports: Option<SupportsFn>,
     pub(crate) inplace: bool,
     pub(crate) call: ErasedImpl,
+    /// The typed function of a functional implementation registered through its op's typed
+    /// `register` ([`crate::ImplFunc::with_typed`]).
+    pub(crate) typed: Option<crate::implementation::TypedImpl>,
     pub(crate) selections: AtomicU64,
     pub(crate) last_rejection: Mutex<Option<Arc<str>>>,
 }
@@ -312,7 +323,7 @@ pub struct ProviderInfo {
 impl Registry {
     /// An empty registry.
     pub fn new() -> Registry {
-        Registry { ops: ArcSwap::from_pointee(OpMap::default()), defining: Mutex::new(()) }
+        Registry { ops: ArcSwap::from_pointee(OpMap::default()), defining: Mutex::new(()), id: memo::registry_id() }
     }
 
     /// A registry defining the built-in ops (`rms_norm`, `fused_add_rms_norm`), each with `native` only.
@@ -368,6 +379,7 @@ impl Registry {
             supports: None,
             inplace: false,
             call: Arc::new(move |args| native_fn(args)),
+            typed: None,
             selections: AtomicU64::new(0),
             last_rejection: Mutex::new(None),
         });
@@ -390,6 +402,7 @@ impl Registry {
         };
         ops.insert(def.name, Arc::new(entry));
         self.ops.store(Arc::new(ops));
+        memo::advance();
         tracing::debug!(target: "ir_core::registry", op = def.name, "defined op");
         Ok(())
     }
@@ -487,6 +500,7 @@ impl Registry {
             supports: spec.supports,
             inplace: func.inplace,
             call: func.call,
+            typed: func.typed,
             selections: AtomicU64::new(0),
             last_rejection: Mutex::new(None),
         });
@@ -583,6 +597,7 @@ impl OpEntry {
     /// cache). Called with the priority stack's lock held, so publications follow the stack's order.
     pub(crate) fn publish(&self, top: Option<priority::Resolved>) {
         self.installed.store(top.map(|list| Arc::new(selection::Installed::new(list))));
+        memo::advance();
     }
 
     /// Emits `message` at warn level unless this op already warned with `kind`.

@@ -102,7 +102,7 @@ impl Cached {
         Cached { key: SmallVec::new(), chosen: native, outputs, rejected: SmallVec::new(), from_priority_list: false }
     }
 
-    fn matches(&self, args: &[ArgMeta<'_>]) -> bool {
+    pub(crate) fn matches(&self, args: &[ArgMeta<'_>]) -> bool {
         self.key.len() == args.len() && self.key.iter().zip(args).all(|(key, arg)| key.matches(arg))
     }
 }
