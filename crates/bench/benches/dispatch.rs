@@ -42,29 +42,8 @@ fn dispatch(c: &mut Criterion) {
         group.bench_function("registry", |b| b.iter(|| rms_norm(&registry, x, w, EPSILON, None).unwrap()));
         group.finish();
 
-        let case = Case { op: &FUSED_ADD_RMS_NORM, shape, dtype: ir_core::DType::BF16 };
-        let inputs = Inputs::generate(case, 0).expect("inputs");
-        let weight = inputs.tensor(2);
-        let fresh = || (inputs.tensor(0).deep_clone().unwrap(), inputs.tensor(1).deep_clone().unwrap());
-        let mut group = c.benchmark_group(format!("dispatch/fused_add_rms_norm_maybe_inplace/{shape}"));
-        group.bench_function("direct", |b| {
-            b.iter_batched(
-                fresh,
-                |(x, r)| {
-                    let (x, r) = (UniqueTensor::new(x).unwrap(), UniqueTensor::new(r).unwrap());
-                    kernels_cpu::fused_add_rms_norm_cpu(x, r, Some(weight), EPSILON, None).unwrap()
-                },
-                BatchSize::SmallInput,
-            )
-        });
-        group.bench_function("registry", |b| {
-            b.iter_batched(
-                fresh,
-                |(x, r)| fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(weight), EPSILON, None).unwrap(),
-                BatchSize::SmallInput,
-            )
-        });
-        group.finish();
+        let group = format!("dispatch/fused_add_rms_norm_maybe_inplace/{shape}");
+        bench_maybe_inplace(c, &group, &registry, shape, kernels_cpu::fused_add_rms_norm_cpu);
     }
 
     // The overhead alone: a provider whose kernel returns a prepared output (no work), called through
@@ -89,12 +68,74 @@ fn dispatch(c: &mut Criterion) {
     group.bench_function("registry", |b| b.iter(|| rms_norm(&overhead_registry, x, w, EPSILON, None).unwrap()));
     group.finish();
 
+    // The same for `maybe_inplace` with an in-place provider whose kernel returns its donated
+    // activations as they are.
+    let noop_inplace = |x: UniqueTensor, r: UniqueTensor, _w: Option<&ir_core::Tensor>, _eps: f64, _v: Option<i64>| {
+        Ok((x.into_tensor(), r.into_tensor()))
+    };
+    let spec = ir_core::ImplSpec::new("noop")
+        .with_supports(|args| ir_core::kernel::fused_add_rms_norm_support(args, ir_core::DeviceKind::Cpu));
+    ir_core::op::fused_add_rms_norm::register(
+        &overhead_registry,
+        spec,
+        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(noop_inplace),
+    )
+    .expect("registering noop");
+    let _noop_fused_first = overhead_registry.override_priority("fused_add_rms_norm", &["noop"]).expect("noop first");
+    let group = "dispatch/overhead/fused_add_rms_norm_maybe_inplace/1x4096";
+    bench_maybe_inplace(c, group, &overhead_registry, Shape::new(1, 4096), noop_inplace);
+
     let x = ir_core::TensorMeta::compact(ir_core::DType::BF16, &[1, 4096]);
     let w = ir_core::TensorMeta::compact(ir_core::DType::BF16, &[4096]);
     let metas = [ArgMeta::Tensor(&x), ArgMeta::Tensor(&w), ArgMeta::F64(EPSILON), ArgMeta::None];
     assert_eq!(registry.select("rms_norm", &metas).expect("selection").provider, "cpu");
     let mut group = c.benchmark_group("dispatch/select");
     group.bench_function("rms_norm", |b| b.iter(|| registry.select("rms_norm", &metas).unwrap()));
+    group.finish();
+}
+
+/// `fused_add_rms_norm_maybe_inplace` through `registry` against `kernel` called directly, on
+/// fresh donated activations each call (made outside the timed region); checks first that the
+/// registry's call ran in place.
+fn bench_maybe_inplace(
+    c: &mut Criterion,
+    group: &str,
+    registry: &Registry,
+    shape: Shape,
+    kernel: impl Fn(
+        UniqueTensor,
+        UniqueTensor,
+        Option<&ir_core::Tensor>,
+        f64,
+        Option<i64>,
+    ) -> Result<(ir_core::Tensor, ir_core::Tensor), ir_core::KernelError>,
+) {
+    let case = Case { op: &FUSED_ADD_RMS_NORM, shape, dtype: ir_core::DType::BF16 };
+    let inputs = Inputs::generate(case, 0).expect("inputs");
+    let weight = inputs.tensor(2);
+    let fresh = || (inputs.tensor(0).deep_clone().unwrap(), inputs.tensor(1).deep_clone().unwrap());
+    let (x, r) = fresh();
+    let storages = (x.storage_id(), r.storage_id());
+    let (out, residual) = fused_add_rms_norm_maybe_inplace(registry, x, r, Some(weight), EPSILON, None).expect("call");
+    assert_eq!((out.storage_id(), residual.storage_id()), storages, "the registry's call ran in place");
+    let mut group = c.benchmark_group(group);
+    group.bench_function("direct", |b| {
+        b.iter_batched(
+            fresh,
+            |(x, r)| {
+                kernel(UniqueTensor::new(x).unwrap(), UniqueTensor::new(r).unwrap(), Some(weight), EPSILON, None)
+                    .unwrap()
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("registry", |b| {
+        b.iter_batched(
+            fresh,
+            |(x, r)| fused_add_rms_norm_maybe_inplace(registry, x, r, Some(weight), EPSILON, None).unwrap(),
+            BatchSize::SmallInput,
+        )
+    });
     group.finish();
 }
 

@@ -187,14 +187,15 @@ impl ImplFunc {
         ImplFunc { inplace: true, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)), typed: None }
     }
 
-    /// The same functional implementation with its typed function attached: `typed` holds an
-    /// `Arc<F>` of the op's typed signature `F` (a `dyn Fn` over the parameters' functional argument
-    /// types), the same function the dynamic `f` runs. [`define_op!`](crate::define_op)'s `register`
-    /// attaches it, so the op's typed functional call runs the function on the caller's borrowed
-    /// arguments, without building argument values ([`Registry::call_typed`](crate::Registry::call_typed)).
-    /// An in-place implementation keeps none.
+    /// The same implementation with its typed function attached: `typed` holds an `Arc<F>` of the
+    /// op's typed signature `F` (a `dyn Fn` over the parameters' functional argument types, or their
+    /// in-place ones for an in-place implementation), the same function the dynamic one runs.
+    /// [`define_op!`](crate::define_op)'s `register` attaches it, so the op's typed calls run the
+    /// function on the caller's arguments as they are, without building argument values
+    /// ([`Registry::call_typed`](crate::Registry::call_typed),
+    /// [`Registry::select_declared`](crate::Registry::select_declared)).
     pub fn with_typed(self, typed: Arc<dyn std::any::Any + Send + Sync>) -> ImplFunc {
-        ImplFunc { typed: (!self.inplace).then_some(typed), ..self }
+        ImplFunc { typed: Some(typed), ..self }
     }
 
     /// Whether the implementation writes its outputs into its activations.

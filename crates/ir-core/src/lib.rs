@@ -70,7 +70,7 @@ pub use crate::meta::{MAX_TENSOR_BYTES, TensorMeta};
 pub use crate::platform::{ConfigError, Platform, PriorityConfig};
 pub use crate::registry::{
     CallError, NATIVE, NameKind, OpRecord, PriorityError, PriorityGuard, ProviderInfo, ProviderRecord,
-    RESERVED_PROVIDERS, Registry, RegistryError, Rejection, Selection, SelectionRecord,
+    RESERVED_PROVIDERS, Registry, RegistryError, Rejection, Selected, Selection, SelectionRecord,
 };
 pub use crate::tensor::{AllcloseError, StorageId, Tensor, TensorError, allclose, bit_eq, shares_storage};
 /// The `half` crate, whose `f16` and `bf16` are this crate's 16-bit element types.

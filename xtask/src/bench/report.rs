@@ -143,26 +143,31 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
             overheads.push((op.to_owned(), registry.median_ns - direct.median_ns));
         }
     }
-    // The overhead alone (a provider that does no work) decides; the pairs with the cpu kernel are
-    // shown beside it, where the kernel's run-to-run variation is larger than the overhead.
-    let noop = OVERHEAD_GROUP;
-    let alone = match (results.get(noop, "direct"), results.get(noop, "registry")) {
-        (Some(direct), Some(registry)) => Some(registry.median_ns - direct.median_ns),
-        _ => None,
-    };
+    // The overheads alone (providers that do no work: the functional call and `maybe_inplace` with
+    // an in-place provider) decide; the pairs with the cpu kernel are shown beside them, where the
+    // kernel's run-to-run variation is larger than the overhead.
+    let alone: Vec<(&str, f64)> = OVERHEAD_GROUPS
+        .iter()
+        .filter_map(|&(call, group)| match (results.get(group, "direct"), results.get(group, "registry")) {
+            (Some(direct), Some(registry)) => Some((call, registry.median_ns - direct.median_ns)),
+            _ => None,
+        })
+        .collect();
     let name = "decode 1×4096: registry dispatch ≤ 100 ns over the direct kernel call";
     let with_kernel = overheads.iter().map(|(op, ns)| format!("{op} with the cpu kernel: {ns:+.0} ns"));
-    targets.push(match (alone, overheads.as_slice()) {
-        (None, []) => Target::not_measured(name, "no dispatch results"),
-        (Some(ns), _) => Target {
+    targets.push(match (alone.as_slice(), overheads.as_slice()) {
+        ([], []) => Target::not_measured(name, "no dispatch results"),
+        (alone @ [_, ..], _) => Target {
             name: name.to_owned(),
-            measured: std::iter::once(format!("rms_norm, no-op kernel: {ns:+.0} ns"))
+            measured: alone
+                .iter()
+                .map(|(call, ns)| format!("{call}, no-op kernel: {ns:+.0} ns"))
                 .chain(with_kernel)
                 .collect::<Vec<_>>()
                 .join("; "),
-            status: Status::from_bool(ns <= 100.0),
+            status: Status::from_bool(alone.iter().all(|(_, ns)| *ns <= 100.0)),
         },
-        (None, list) => Target {
+        ([], list) => Target {
             name: name.to_owned(),
             measured: with_kernel.collect::<Vec<_>>().join("; "),
             status: Status::from_bool(list.iter().all(|(_, ns)| *ns <= 100.0)),
@@ -599,8 +604,12 @@ fn provider_summary(results: &Results) -> String {
     out
 }
 
-/// The dispatch benchmark's group for the overhead alone (a provider whose kernel does no work).
-const OVERHEAD_GROUP: &str = "dispatch/overhead/rms_norm/1x4096";
+/// The dispatch benchmark's groups for the overhead alone (a provider whose kernel does no work), by
+/// the call they time.
+const OVERHEAD_GROUPS: [(&str, &str); 2] = [
+    ("rms_norm", "dispatch/overhead/rms_norm/1x4096"),
+    ("fused_add_rms_norm_maybe_inplace", "dispatch/overhead/fused_add_rms_norm_maybe_inplace/1x4096"),
+];
 
 fn dispatch_table(results: &Results) -> String {
     let groups = results.groups("dispatch/");
@@ -619,15 +628,15 @@ fn dispatch_table(results: &Results) -> String {
          preparation. Both sides of each pair allocate the kernel's output.\n\n\
          | call | shape | direct | registry | overhead |\n|---|---|---:|---:|---:|\n",
     );
-    if let (Some(direct), Some(registry)) =
-        (results.get(OVERHEAD_GROUP, "direct"), results.get(OVERHEAD_GROUP, "registry"))
-    {
-        out.push_str(&format!(
-            "| `rms_norm`, no-op kernel (the overhead alone) | 1x4096 | {} | {} | {:+.0} ns |\n",
-            fmt_time(direct.median_ns),
-            fmt_time(registry.median_ns),
-            registry.median_ns - direct.median_ns
-        ));
+    for (call, group) in OVERHEAD_GROUPS {
+        if let (Some(direct), Some(registry)) = (results.get(group, "direct"), results.get(group, "registry")) {
+            out.push_str(&format!(
+                "| `{call}`, no-op kernel (the overhead alone) | 1x4096 | {} | {} | {:+.0} ns |\n",
+                fmt_time(direct.median_ns),
+                fmt_time(registry.median_ns),
+                registry.median_ns - direct.median_ns
+            ));
+        }
     }
     for group in &groups {
         let parts: Vec<&str> = group.split('/').collect();
@@ -903,6 +912,35 @@ mod tests {
             per_iteration: Some((gbps * 1000.0) as u64),
         };
         results.measurements.insert((group.to_owned(), provider.to_owned()), m);
+    }
+
+    #[test]
+    fn every_no_op_overhead_decides_the_dispatch_target() {
+        let timed = |results: &mut Results, group: &str, function: &str, ns: f64| {
+            let m = Measurement {
+                group: group.to_owned(),
+                function: function.to_owned(),
+                median_ns: ns,
+                per_iteration: None,
+            };
+            results.measurements.insert((group.to_owned(), function.to_owned()), m);
+        };
+        let dispatch = |results: &Results| {
+            targets(results).into_iter().find(|t| t.name.starts_with("decode 1×4096: registry dispatch")).unwrap()
+        };
+        let mut results = Results::default();
+        timed(&mut results, OVERHEAD_GROUPS[0].1, "direct", 20.0);
+        timed(&mut results, OVERHEAD_GROUPS[0].1, "registry", 100.0);
+        assert!(matches!(dispatch(&results).status, Status::Met), "one call, within 100 ns");
+        timed(&mut results, OVERHEAD_GROUPS[1].1, "direct", 40.0);
+        timed(&mut results, OVERHEAD_GROUPS[1].1, "registry", 250.0);
+        let target = dispatch(&results);
+        assert!(matches!(target.status, Status::Missed), "the maybe_inplace call is 210 ns over");
+        assert!(
+            target.measured.contains("fused_add_rms_norm_maybe_inplace, no-op kernel: +210 ns"),
+            "{}",
+            target.measured
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@
 //! fresh ones (`rotary_embedding` returns `(query, Option<key>)`, typed `(Tensor, Option<Tensor>)`).
 
 use crate::op::{ArgMeta, ParamKind, Value};
-use crate::{CallArg, DType, KernelError, Tensor, TensorMeta, UniqueTensor};
+use crate::{CallArg, DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
 
 /// How one parameter's Rust marker type maps to its kind and to the typed views of its value.
 pub trait OpParam {
@@ -50,6 +50,16 @@ pub trait OpParam {
     fn meta<'a>(meta: &ArgMeta<'a>) -> Option<Self::Meta<'a>>;
     /// The metadata of a functional caller's argument (what selection keys on), without a copy.
     fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a>;
+    /// The metadata of a `maybe_inplace` caller's argument.
+    fn given_meta<'b, 'a: 'b>(given: &'b Self::Given<'a>) -> ArgMeta<'b>;
+    /// The donated tensor of a `maybe_inplace` caller's argument (an activation), to prepare for an
+    /// in-place implementation; `None` for other parameters and an absent optional activation.
+    fn given_activation<'b, 'a: 'b>(given: &'b mut Self::Given<'a>) -> Option<&'b mut Tensor>;
+    /// A `maybe_inplace` caller's argument as an in-place implementation receives it (a prepared
+    /// activation becomes a [`UniqueTensor`]).
+    fn given_inplace<'a>(given: Self::Given<'a>) -> Result<Self::InplaceArg<'a>, TensorError>;
+    /// A `maybe_inplace` caller's argument as a functional implementation receives it (borrowed).
+    fn given_arg<'b, 'a: 'b>(given: &'b Self::Given<'a>) -> Self::Arg<'b>;
     /// The value a functional caller's argument becomes.
     fn value(arg: Self::Arg<'_>) -> Value;
     /// The value a `maybe_inplace` caller's argument becomes.
@@ -101,6 +111,18 @@ impl OpParam for Activation {
     fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
         ArgMeta::Tensor(arg.meta())
     }
+    fn given_meta<'b, 'a: 'b>(given: &'b Tensor) -> ArgMeta<'b> {
+        ArgMeta::Tensor(given.meta())
+    }
+    fn given_activation<'b, 'a: 'b>(given: &'b mut Tensor) -> Option<&'b mut Tensor> {
+        Some(given)
+    }
+    fn given_inplace<'a>(given: Self::Given<'a>) -> Result<Self::InplaceArg<'a>, TensorError> {
+        UniqueTensor::new(given).map_err(|t| t.write_refusal())
+    }
+    fn given_arg<'b, 'a: 'b>(given: &'b Tensor) -> &'b Tensor {
+        given
+    }
     fn value(arg: &Tensor) -> Value {
         <Tensor as OpParam>::value(arg)
     }
@@ -145,6 +167,18 @@ impl OpParam for Option<Activation> {
     fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
         <Option<Tensor> as OpParam>::arg_meta(arg)
     }
+    fn given_meta<'b, 'a: 'b>(given: &'b Option<Tensor>) -> ArgMeta<'b> {
+        <Option<Tensor> as OpParam>::arg_meta(given.as_ref())
+    }
+    fn given_activation<'b, 'a: 'b>(given: &'b mut Option<Tensor>) -> Option<&'b mut Tensor> {
+        given.as_mut()
+    }
+    fn given_inplace<'a>(given: Self::Given<'a>) -> Result<Self::InplaceArg<'a>, TensorError> {
+        given.map(<Activation as OpParam>::given_inplace).transpose()
+    }
+    fn given_arg<'b, 'a: 'b>(given: &'b Option<Tensor>) -> Option<&'b Tensor> {
+        given.as_ref()
+    }
     fn value(arg: Option<&Tensor>) -> Value {
         Value::opt_tensor(arg)
     }
@@ -187,6 +221,18 @@ impl OpParam for Tensor {
     fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
         ArgMeta::Tensor(arg.meta())
     }
+    fn given_meta<'b, 'a: 'b>(given: &'b &'a Tensor) -> ArgMeta<'b> {
+        ArgMeta::Tensor(given.meta())
+    }
+    fn given_activation<'b, 'a: 'b>(_: &'b mut &'a Tensor) -> Option<&'b mut Tensor> {
+        None
+    }
+    fn given_inplace<'a>(given: Self::Given<'a>) -> Result<Self::InplaceArg<'a>, TensorError> {
+        Ok(given)
+    }
+    fn given_arg<'b, 'a: 'b>(given: &'b &'a Tensor) -> &'b Tensor {
+        given
+    }
     fn value(arg: &Tensor) -> Value {
         Value::Tensor(arg.clone())
     }
@@ -225,6 +271,18 @@ impl OpParam for Option<Tensor> {
     }
     fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
         arg.map_or(ArgMeta::None, |t| ArgMeta::Tensor(t.meta()))
+    }
+    fn given_meta<'b, 'a: 'b>(given: &'b Option<&'a Tensor>) -> ArgMeta<'b> {
+        Self::arg_meta(*given)
+    }
+    fn given_activation<'b, 'a: 'b>(_: &'b mut Option<&'a Tensor>) -> Option<&'b mut Tensor> {
+        None
+    }
+    fn given_inplace<'a>(given: Self::Given<'a>) -> Result<Self::InplaceArg<'a>, TensorError> {
+        Ok(given)
+    }
+    fn given_arg<'b, 'a: 'b>(given: &'b Option<&'a Tensor>) -> Option<&'b Tensor> {
+        *given
     }
     fn value(arg: Option<&Tensor>) -> Value {
         Value::opt_tensor(arg)
@@ -267,6 +325,18 @@ macro_rules! plain_param {
             }
             fn arg_meta<'a>($am: Self::Arg<'a>) -> ArgMeta<'a> {
                 $to_meta
+            }
+            fn given_meta<'b, 'a: 'b>(given: &'b Self::Given<'a>) -> ArgMeta<'b> {
+                Self::arg_meta(*given)
+            }
+            fn given_activation<'b, 'a: 'b>(_: &'b mut Self::Given<'a>) -> Option<&'b mut Tensor> {
+                None
+            }
+            fn given_inplace<'a>(given: Self::Given<'a>) -> Result<Self::InplaceArg<'a>, TensorError> {
+                Ok(given)
+            }
+            fn given_arg<'b, 'a: 'b>(given: &'b Self::Given<'a>) -> Self::Arg<'b> {
+                *given
             }
             fn value($a: Self::Arg<'_>) -> Value {
                 $to_value
@@ -384,6 +454,18 @@ impl<E: StrEnum> OpParam for E {
     fn arg_meta<'a>(arg: Self::Arg<'a>) -> ArgMeta<'a> {
         ArgMeta::Str(arg.as_str())
     }
+    fn given_meta<'b, 'a: 'b>(given: &'b E) -> ArgMeta<'b> {
+        ArgMeta::Str(given.as_str())
+    }
+    fn given_activation<'b, 'a: 'b>(_: &'b mut E) -> Option<&'b mut Tensor> {
+        None
+    }
+    fn given_inplace<'a>(given: Self::Given<'a>) -> Result<Self::InplaceArg<'a>, TensorError> {
+        Ok(given)
+    }
+    fn given_arg<'b, 'a: 'b>(given: &'b E) -> E {
+        *given
+    }
     fn value(arg: E) -> Value {
         Value::Str(arg.as_str().to_owned())
     }
@@ -462,15 +544,13 @@ pub trait OpOutputs: Sized {
 }
 
 /// Exactly `N` handles from `outputs`, or `None`.
-fn exactly<T, const N: usize>(mut outputs: Handles<T>) -> Option<[T; N]> {
+fn exactly<T, const N: usize>(outputs: Handles<T>) -> Option<[T; N]> {
     if outputs.len() != N {
         return None;
     }
-    let mut handles: [Option<T>; N] = std::array::from_fn(|_| None);
-    for slot in handles.iter_mut().rev() {
-        *slot = outputs.pop();
-    }
-    Some(handles.map(|handle| handle.expect("the length was checked")))
+    // Each handle moved once, straight into its place (handles are about 100 bytes).
+    let mut handles = outputs.into_iter();
+    Some(std::array::from_fn(|_| handles.next().expect("the length was checked")))
 }
 
 impl OpOutputs for Tensor {
@@ -693,6 +773,59 @@ macro_rules! define_op {
             + Send + Sync
     };
 
+    // The typed signature of an in-place implementation of the op, as a trait object.
+    (@typed_inplace_fn ($($param:ident : $ty:ty),+) [$out:ty]) => {
+        dyn for<'a> Fn($(<$ty as $crate::op::OpParam>::InplaceArg<'a>),+) -> ::std::result::Result<$out, $crate::KernelError>
+            + Send + Sync
+    };
+
+    (@maybe_inplace_call $name:ident $def:ident ($($param:ident : $ty:ty),+) [$out:ty]) => {
+        #[doc = concat!("`", stringify!($name), "` through the registry's installed priorities, `maybe_inplace`: the activations are donated (moved in), so an in-place implementation may write the outputs into their storage when nothing else refers to it.")]
+        ///
+        /// An implementation registered through this op's `register` runs on the arguments as they
+        /// are (a donated activation that something else refers to is copied first); any other goes
+        /// through the bound-argument path.
+        #[allow(clippy::too_many_arguments)]
+        pub fn maybe_inplace(
+            registry: &$crate::Registry,
+            $($param: <$ty as $crate::op::OpParam>::Given<'_>),+
+        ) -> ::std::result::Result<$out, $crate::CallError> {
+            $(#[allow(unused_mut)] let mut $param = $param;)+
+            let selected = registry.select_declared(&$def, &[$(<$ty as $crate::op::OpParam>::given_meta(&$param)),+])?;
+            let outputs = if let Some(func) =
+                selected.typed_inplace::<$crate::define_op!(@typed_inplace_fn ($($param : $ty),+) [$out])>()
+            {
+                // Every activation checked before any is copied, then prepared in order.
+                let mut index = 0;
+                $(if let Some(activation) = <$ty as $crate::op::OpParam>::given_activation(&mut $param) {
+                    selected.check_activation(index, activation)?;
+                    index += 1;
+                })+
+                let _ = index;
+                $(if let Some(activation) = <$ty as $crate::op::OpParam>::given_activation(&mut $param) {
+                    selected.prepare_activation(activation)?;
+                })+
+                let ran: ::std::result::Result<$crate::op::Outputs, $crate::KernelError> = 'run: {
+                    $(let $param = match <$ty as $crate::op::OpParam>::given_inplace($param) {
+                        Ok(arg) => arg,
+                        Err(e) => break 'run Err(e.into()),
+                    };)+
+                    func($($param),+).map(<$out as $crate::op::OpOutputs>::into_handles)
+                };
+                selected.finish(ran)?
+            } else if let Some(func) =
+                selected.typed_functional::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out])>()
+            {
+                let ran = func($(<$ty as $crate::op::OpParam>::given_arg(&$param)),+);
+                selected.finish(ran.map(<$out as $crate::op::OpOutputs>::into_handles))?
+            } else {
+                let mut args = [$(<$ty as $crate::op::OpParam>::given_value($param)),+];
+                selected.run_bound(&mut args)?
+            };
+            Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
+        }
+    };
+
     (@functional_call $name:ident $def:ident ($($param:ident : $ty:ty),+) [$out:ty]) => {
         #[doc = concat!("`", stringify!($name), "` through the registry's installed priorities, functional: inputs never change and outputs never alias them.")]
         ///
@@ -712,22 +845,6 @@ macro_rules! define_op {
             )?;
             Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
         }
-    };
-
-    (@calls $name:ident $def:ident $overload:ident $fname:ident $ctx_fname:ident $given:ident $to_value:ident
-        $ctx_given:ident $to_call_arg:ident ($($param:ident : $ty:ty),+) [$out:ty] $what:literal) => {
-        #[doc = concat!("`", stringify!($name), "` through the registry's installed priorities, ", $what, ".")]
-        #[allow(clippy::too_many_arguments)]
-        pub fn $fname(
-            registry: &$crate::Registry,
-            $($param: <$ty as $crate::op::OpParam>::$given<'_>),+
-        ) -> ::std::result::Result<$out, $crate::CallError> {
-            let mut args = [$(<$ty as $crate::op::OpParam>::$to_value($param)),+];
-            let outputs = registry.call_declared(&$def, $crate::op::Overload::$overload, &mut args)?;
-            Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
-        }
-
-        $crate::define_op!(@ctx_call $name $def $overload $ctx_fname $ctx_given $to_call_arg ($($param : $ty),+) [$out] $what);
     };
 
     (@ctx_call $name:ident $def:ident $overload:ident $ctx_fname:ident $ctx_given:ident $to_call_arg:ident
@@ -766,7 +883,8 @@ macro_rules! define_op {
     };
 
     (@inplace true $name:ident $def:ident ($($param:ident : $ty:ty),+) $out:ty) => {
-        $crate::define_op!(@calls $name $def MaybeInplace maybe_inplace call_maybe_inplace Given given_value CtxGiven given_call_arg
+        $crate::define_op!(@maybe_inplace_call $name $def ($($param : $ty),+) [$out]);
+        $crate::define_op!(@ctx_call $name $def MaybeInplace call_maybe_inplace CtxGiven given_call_arg
             ($($param : $ty),+) [$out]
             "`maybe_inplace`: the activations are donated (moved in), so an in-place implementation may write the outputs into their storage when nothing else refers to it");
 
@@ -792,6 +910,10 @@ macro_rules! define_op {
                 func: impl Fn($(<$ty as $crate::op::OpParam>::InplaceArg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
                     + Send + Sync + 'static,
             ) -> Impl {
+                // One function behind both paths: the bound-argument adapter and the typed call.
+                let typed: ::std::sync::Arc<$crate::define_op!(@typed_inplace_fn ($($param : $ty),+) [$out])> =
+                    ::std::sync::Arc::new(func);
+                let func = ::std::sync::Arc::clone(&typed);
                 Impl::Inplace($crate::ImplFunc::inplace(move |args: &mut [$crate::op::Value]| {
                     let mut index = 0..;
                     $(let $param = <$ty as $crate::op::OpParam>::take(args, index.next().expect("unbounded"))?;)+
@@ -801,7 +923,7 @@ macro_rules! define_op {
                         .ok_or_else(|| $crate::op::mismatched(stringify!($name)))?;)+
                     let outputs: $out = func($($param),+)?;
                     Ok(<$out as $crate::op::OpOutputs>::into_handles(outputs))
-                }))
+                }).with_typed(::std::sync::Arc::new(typed)))
             }
         }
 

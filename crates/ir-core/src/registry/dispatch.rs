@@ -4,6 +4,7 @@
 //! The selection rules are the same in eager calls and in lowering ([`Registry::select`]).
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -323,6 +324,43 @@ impl Registry {
         ran
     }
 
+    /// Selects for a typed `maybe_inplace` call of `def` on `metas` (the metadata of the caller's
+    /// arguments, every parameter in order) with the same rules, cache, memo and records as every
+    /// call, and holds the selection while the call runs ([`Selected`]). The calls
+    /// [`define_op!`](crate::define_op) generates use it; the selection is recorded as run.
+    pub fn select_declared(&self, def: &'static OpDef, metas: &[ArgMeta<'_>]) -> Result<Selected<'_>, CallError> {
+        if !def.allow_inplace {
+            return Err(CallError::NotInplaceOp { op: def.name });
+        }
+        let generation = memo::generation();
+        let (remembered, slot) = match memo::take(self.id, def, generation, metas) {
+            Some((slot, remembered)) => {
+                log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, metas);
+                (remembered, Some(slot))
+            }
+            None => {
+                let ops = self.ops.load();
+                let entry = declared_entry(&ops, def)?;
+                let choice = choose(entry, metas)?;
+                let installed = installed_selection(&choice);
+                let keep = installed.is_some();
+                let cached = installed.unwrap_or_else(|| match choice {
+                    Choice::Made(cached) => cached,
+                    Choice::Remembered(_) => unreachable!("a remembered selection is an installed list's"),
+                });
+                (memo::Entry::new(self.id, def, generation, Arc::clone(entry), cached), keep.then_some(usize::MAX))
+            }
+        };
+        record(&remembered.entry, &remembered.cached, on_device(metas));
+        Ok(Selected {
+            remembered: Some(remembered),
+            slot,
+            written: RefCell::new(PerOutput::new()),
+            in_place: std::cell::Cell::new(0),
+            _registry: self,
+        })
+    }
+
     /// The typed entry points' path: `args` is already complete. Reads the op table without a lock
     /// and keeps no reference count on the entry.
     fn call_op(&self, def: &'static OpDef, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
@@ -435,14 +473,25 @@ fn run_chosen(
     overload: Overload,
     on_device: bool,
 ) -> Result<Outputs, CallError> {
-    let def = entry.def;
-    let chosen = &choice.chosen;
-    chosen.selections.fetch_add(1, Ordering::Relaxed);
+    record(entry, choice, on_device);
+    execute(entry, choice, args, overload)
+}
+
+/// Records a selection that runs: the provider's count, the rejections' reasons, and the warning
+/// when native runs on device tensors.
+fn record(entry: &OpEntry, choice: &Cached, on_device: bool) {
+    choice.chosen.selections.fetch_add(1, Ordering::Relaxed);
     note_rejections(&choice.rejected);
-    if on_device && chosen.provider == NATIVE {
+    if on_device && choice.chosen.provider == NATIVE {
         warn_host_round_trip(entry);
     }
+}
 
+/// Prepares the activations of an in-place implementation, runs the kernel on bound arguments and
+/// checks its outputs.
+fn execute(entry: &OpEntry, choice: &Cached, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
+    let def = entry.def;
+    let chosen = &choice.chosen;
     let mut written = PerOutput::new();
     if chosen.inplace {
         let given: PerOutput<usize> = given_activations(entry, args).collect();
@@ -458,13 +507,19 @@ fn run_chosen(
                 });
             }
         }
+        let mut written_in_place = 0;
         for (index, &position) in given.iter().enumerate() {
-            let Value::Tensor(tensor) = std::mem::replace(&mut args[position], Value::None) else {
-                unreachable!("given activations are tensors")
-            };
-            let tensor = prepare_activation(entry, overload, index, tensor)?;
+            let Value::Tensor(tensor) = &mut args[position] else { unreachable!("given activations are tensors") };
+            if overload == Overload::MaybeInplace && tensor.is_uniquely_owned() {
+                written_in_place += 1;
+            } else {
+                *tensor = defensive_copy(entry, overload, index, tensor)?;
+            }
             written.push(tensor.storage_id());
-            args[position] = Value::Tensor(tensor);
+        }
+        // One count per call, not per activation: each is an atomic read-modify-write.
+        if written_in_place > 0 {
+            entry.inplace_writes.fetch_add(written_in_place, Ordering::Relaxed);
         }
     }
 
@@ -472,6 +527,102 @@ fn run_chosen(
         (chosen.call)(args).map_err(|source| CallError::Kernel { op: def.name, provider: chosen.provider, source })?;
     check_outputs(def, chosen, &choice.outputs, &outputs, &written)?;
     Ok(outputs)
+}
+
+/// A selection held by a typed `maybe_inplace` call ([`Registry::select_declared`]): the call checks
+/// and prepares its donated activations through it (a uniquely owned activation is written in place,
+/// any other copied, as `maybe_inplace` promises), runs the chosen implementation's typed function
+/// on its arguments, or, for an implementation without one, the bound arguments, and checks the
+/// outputs. Dropping it gives the selection back to this thread's memo.
+pub struct Selected<'r> {
+    /// The memo entry in use (given back on drop).
+    remembered: Option<memo::Entry>,
+    /// The memo slot it came from, `usize::MAX` for a selection made now and to remember, `None`
+    /// for one not to remember (native, chosen for want of an installed list).
+    slot: Option<usize>,
+    /// The storages of the prepared activations, in order.
+    written: RefCell<PerOutput<crate::tensor::StorageId>>,
+    /// Activations kept for writing in place, counted into the op's record once, on drop.
+    in_place: std::cell::Cell<u64>,
+    _registry: &'r Registry,
+}
+
+impl Selected<'_> {
+    fn remembered(&self) -> &memo::Entry {
+        self.remembered.as_ref().expect("held until dropped")
+    }
+
+    /// The chosen in-place implementation's typed function `Arc<F>`, if it is in place and has one.
+    pub fn typed_inplace<F: ?Sized + 'static>(&self) -> Option<&Arc<F>> {
+        let chosen = &self.remembered().cached.chosen;
+        chosen.typed.as_ref().filter(|_| chosen.inplace).and_then(|typed| typed.downcast_ref::<Arc<F>>())
+    }
+
+    /// The chosen functional implementation's typed function `Arc<F>`, if it is functional and has one.
+    pub fn typed_functional<F: ?Sized + 'static>(&self) -> Option<&Arc<F>> {
+        typed_impl::<F>(&self.remembered().cached)
+    }
+
+    /// Checks donated activation `index` (the index-th given) against the output the in-place
+    /// implementation writes into it: call for every activation before preparing any.
+    pub fn check_activation(&self, index: usize, activation: &Tensor) -> Result<(), CallError> {
+        let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
+        let output = &cached.outputs[index];
+        if output.same_kind_and_shape(activation.meta()) {
+            return Ok(());
+        }
+        Err(CallError::InplaceMetaMismatch {
+            op: entry.def.name,
+            provider: cached.chosen.provider,
+            index,
+            output: Box::new(output.clone()),
+            activation: Box::new(activation.meta().clone()),
+        })
+    }
+
+    /// Makes the next donated activation writable by the in-place implementation: kept when nothing
+    /// else refers to its storage, else replaced by a copy.
+    pub fn prepare_activation(&self, activation: &mut Tensor) -> Result<(), CallError> {
+        let entry = &self.remembered().entry;
+        let mut written = self.written.borrow_mut();
+        if activation.is_uniquely_owned() {
+            self.in_place.set(self.in_place.get() + 1);
+        } else {
+            *activation = defensive_copy(entry, Overload::MaybeInplace, written.len(), activation)?;
+        }
+        written.push(activation.storage_id());
+        Ok(())
+    }
+
+    /// The typed function's outputs, checked (an error names the op and the provider).
+    pub fn finish(&self, outputs: Result<Outputs, KernelError>) -> Result<Outputs, CallError> {
+        let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
+        let chosen = &cached.chosen;
+        let outputs =
+            outputs.map_err(|source| CallError::Kernel { op: entry.def.name, provider: chosen.provider, source })?;
+        check_outputs(entry.def, chosen, &cached.outputs, &outputs, &self.written.borrow())?;
+        Ok(outputs)
+    }
+
+    /// Runs an implementation without a typed function of the call's types on the bound arguments.
+    pub fn run_bound(&self, args: &mut [Value]) -> Result<Outputs, CallError> {
+        let remembered = self.remembered();
+        execute(&remembered.entry, &remembered.cached, args, Overload::MaybeInplace)
+    }
+}
+
+impl Drop for Selected<'_> {
+    fn drop(&mut self) {
+        let Some(remembered) = self.remembered.take() else { return };
+        if self.in_place.get() > 0 {
+            remembered.entry.inplace_writes.fetch_add(self.in_place.get(), Ordering::Relaxed);
+        }
+        match self.slot {
+            Some(usize::MAX) => memo::remember_entry(remembered),
+            Some(slot) => memo::restore(slot, remembered),
+            None => {}
+        }
+    }
 }
 
 /// The chosen implementation's typed function of type `F`, when it is functional and has one.
@@ -515,32 +666,22 @@ fn given_activations<'a>(entry: &'a OpEntry, args: &'a [Value]) -> impl Iterator
     entry.activations.iter().copied().filter(|&position| matches!(args.get(position), Some(Value::Tensor(_))))
 }
 
-/// Gives an in-place kernel a uniquely owned activation: a copy for the functional call, the
-/// donated tensor itself for `maybe_inplace` when nothing else refers to its storage, else a copy.
-fn prepare_activation(entry: &OpEntry, overload: Overload, index: usize, tensor: Tensor) -> Result<Tensor, CallError> {
-    match overload {
-        Overload::Default => {
-            entry.defensive_copies.fetch_add(1, Ordering::Relaxed);
-            Ok(tensor.deep_clone()?)
-        }
-        Overload::MaybeInplace if tensor.is_uniquely_owned() => {
-            entry.inplace_writes.fetch_add(1, Ordering::Relaxed);
-            Ok(tensor)
-        }
-        Overload::MaybeInplace => {
-            tracing::debug!(
-                target: "ir_core::dispatch",
-                op = entry.def.name,
-                activation = index,
-                handles = tensor.storage_handles(),
-                writable = tensor.storage().is_writable(),
-                "activation {index} of op {} is shared or read-only; copying instead of writing in place",
-                entry.def.name
-            );
-            entry.defensive_copies.fetch_add(1, Ordering::Relaxed);
-            Ok(tensor.deep_clone()?)
-        }
+/// A copy of an activation an in-place kernel may write: for the functional call, or for
+/// `maybe_inplace` when something else refers to the donated tensor's storage (or it is read-only).
+fn defensive_copy(entry: &OpEntry, overload: Overload, index: usize, tensor: &Tensor) -> Result<Tensor, CallError> {
+    if overload == Overload::MaybeInplace {
+        tracing::debug!(
+            target: "ir_core::dispatch",
+            op = entry.def.name,
+            activation = index,
+            handles = tensor.storage_handles(),
+            writable = tensor.storage().is_writable(),
+            "activation {index} of op {} is shared or read-only; copying instead of writing in place",
+            entry.def.name
+        );
     }
+    entry.defensive_copies.fetch_add(1, Ordering::Relaxed);
+    Ok(tensor.deep_clone()?)
 }
 
 /// A selection: remembered by the installed list (read through its guard, no reference count), or

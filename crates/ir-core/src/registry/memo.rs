@@ -75,8 +75,8 @@ pub(crate) fn take(
         let mut memo = memo.try_borrow_mut().ok()?;
         let index = memo.slots.iter().position(|slot| {
             slot.as_ref().is_some_and(|entry| {
-                entry.registry == registry
-                    && std::ptr::eq(entry.def, def)
+                std::ptr::eq(entry.def, def)
+                    && entry.registry == registry
                     && entry.generation == generation
                     && entry.cached.matches(metas)
             })
@@ -98,9 +98,26 @@ pub(crate) fn restore(index: usize, entry: Entry) {
     });
 }
 
+impl Entry {
+    /// A selection made now, stamped with the generation read before it was made.
+    pub(crate) fn new(
+        registry: u64,
+        def: &'static OpDef,
+        generation: u64,
+        entry: Arc<OpEntry>,
+        cached: Arc<Cached>,
+    ) -> Entry {
+        Entry { registry, def, generation, entry, cached }
+    }
+}
+
 /// Remembers a selection made now, stamped with the generation read before it was made.
 pub(crate) fn remember(registry: u64, def: &'static OpDef, generation: u64, entry: Arc<OpEntry>, cached: Arc<Cached>) {
-    let entry = Entry { registry, def, generation, entry, cached };
+    remember_entry(Entry::new(registry, def, generation, entry, cached));
+}
+
+/// Remembers an entry (see [`remember`]), in a free slot or the oldest one's.
+pub(crate) fn remember_entry(entry: Entry) {
     let evicted = MEMO.try_with(|memo| {
         let mut memo = memo.try_borrow_mut().ok()?;
         let index = memo.slots.iter().position(Option::is_none).unwrap_or_else(|| {

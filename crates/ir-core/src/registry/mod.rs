@@ -85,7 +85,7 @@ use indexmap::IndexMap;
 
 use crate::implementation::{ErasedImpl, ImplFunc};
 use crate::op::{BUILTIN_OPS, OpDef, ParamKind, is_reserved, is_valid_name};
-pub use crate::registry::dispatch::{CallError, Rejection, Selection};
+pub use crate::registry::dispatch::{CallError, Rejection, Selected, Selection};
 pub use crate::registry::priority::{PriorityError, PriorityGuard};
 pub use crate::registry::record::{OpRecord, ProviderRecord, SelectionRecord};
 use crate::{Availability, ImplSpec, SupportsFn};
