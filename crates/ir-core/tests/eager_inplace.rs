@@ -189,3 +189,45 @@ fn an_inplace_provider_is_refused_when_outputs_cannot_live_in_the_activations() 
     let err = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, EPS, None).unwrap_err();
     assert!(matches!(err, CallError::InplaceMetaMismatch { index: 1, .. }), "{err}");
 }
+
+/// `maybe_inplace` runs every kind of implementation with the same results: an in-place one with
+/// its typed function (written in place), one registered dynamically (the bound-argument path,
+/// written in place), a functional one (fresh outputs, the donated tensors untouched).
+#[test]
+fn maybe_inplace_runs_typed_dynamic_and_functional_implementations_alike() {
+    let registry = Registry::with_builtin_ops();
+    register_inplace(&registry, "typed");
+    let dynamic = ir_core::ImplFunc::inplace(|args: &mut [ir_core::op::Value]| {
+        let take = |value: &mut ir_core::op::Value| match std::mem::replace(value, ir_core::op::Value::None) {
+            ir_core::op::Value::Tensor(t) => ir_core::UniqueTensor::new(t)
+                .map_err(|_| ir_core::KernelError::InvalidArguments { reason: "an activation is shared".to_owned() }),
+            _ => Err(ir_core::KernelError::InvalidArguments { reason: "not a tensor".to_owned() }),
+        };
+        let (x, residual) = (take(&mut args[0])?, take(&mut args[1])?);
+        let weight = args[2].as_tensor();
+        let (out, residual) = common::inplace_fused(x, residual, weight, EPS, None)?;
+        Ok(vec![out, residual])
+    });
+    registry.register_impl("fused_add_rms_norm", ir_core::ImplSpec::new("dynamic"), dynamic).unwrap();
+    fused_add_rms_norm::register(
+        &registry,
+        ir_core::ImplSpec::new("functional"),
+        fused_add_rms_norm::FusedAddRmsNormImpl::functional(fused_add_rms_norm::native),
+    )
+    .unwrap();
+    let (x, residual, weight) = inputs(4, 16);
+    let expected = fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None).unwrap();
+    for (provider, in_place) in [("typed", true), ("dynamic", true), ("functional", false)] {
+        let _first = registry.override_priority("fused_add_rms_norm", &[provider]).unwrap();
+        let (dx, dr) = (x.deep_clone().unwrap(), residual.deep_clone().unwrap());
+        let storages = (dx.storage_id(), dr.storage_id());
+        let (out, res) = fused_add_rms_norm_maybe_inplace(&registry, dx, dr, Some(&weight), EPS, None).unwrap();
+        assert!(bit_eq(&out, &expected.0) && bit_eq(&res, &expected.1), "{provider}");
+        assert_eq!((out.storage_id(), res.storage_id()) == storages, in_place, "{provider}: written in place");
+    }
+    let record = registry.selection_record();
+    for provider in ["typed", "dynamic", "functional"] {
+        assert_eq!(record.selections("fused_add_rms_norm", provider), 1, "{provider}");
+    }
+    assert_eq!(record.op("fused_add_rms_norm").unwrap().inplace_writes, 4, "two activations, twice");
+}
