@@ -304,24 +304,8 @@ impl Registry {
         values: impl FnOnce() -> A,
     ) -> Result<Outputs, CallError> {
         debug_assert_eq!(metas.len(), def.params.len(), "declared calls pass every parameter");
-        // Read before the op table and the installed list (see `memo`).
-        let generation = memo::generation();
-        if let Some((slot, remembered)) = memo::take(self.id, def, generation, metas) {
-            let cached = &remembered.cached;
-            log_choice(def.name, &cached.chosen, &cached.rejected, metas);
-            let ran = run_typed(&remembered.entry, cached, metas, call, values);
-            memo::restore(slot, remembered);
-            return ran;
-        }
-        let ops = self.ops.load();
-        let entry = declared_entry(&ops, def)?;
-        let choice = choose(entry, metas)?;
-        let remembered = installed_selection(&choice);
-        let ran = run_typed(entry, &choice, metas, call, values);
-        if let Some(cached) = remembered {
-            memo::remember(self.id, def, generation, Arc::clone(entry), cached);
-        }
-        ran
+        let held = self.hold(def, metas)?;
+        run_typed(&held.entry().entry, &held.entry().cached, metas, call, values)
     }
 
     /// Selects for a typed `maybe_inplace` call of `def` on `metas` (the metadata of the caller's
@@ -332,29 +316,10 @@ impl Registry {
         if !def.allow_inplace {
             return Err(CallError::NotInplaceOp { op: def.name });
         }
-        let generation = memo::generation();
-        let (remembered, slot) = match memo::take(self.id, def, generation, metas) {
-            Some((slot, remembered)) => {
-                log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, metas);
-                (remembered, Some(slot))
-            }
-            None => {
-                let ops = self.ops.load();
-                let entry = declared_entry(&ops, def)?;
-                let choice = choose(entry, metas)?;
-                let installed = installed_selection(&choice);
-                let keep = installed.is_some();
-                let cached = installed.unwrap_or_else(|| match choice {
-                    Choice::Made(cached) => cached,
-                    Choice::Remembered(_) => unreachable!("a remembered selection is an installed list's"),
-                });
-                (memo::Entry::new(self.id, def, generation, Arc::clone(entry), cached), keep.then_some(usize::MAX))
-            }
-        };
-        record(&remembered.entry, &remembered.cached, on_device(metas));
+        let held = self.hold(def, metas)?;
+        record(&held.entry().entry, &held.entry().cached, on_device(metas));
         Ok(Selected {
-            remembered: Some(remembered),
-            slot,
+            held,
             written: RefCell::new(PerOutput::new()),
             in_place: std::cell::Cell::new(0),
             _registry: self,
@@ -367,32 +332,39 @@ impl Registry {
         if overload == Overload::MaybeInplace && !def.allow_inplace {
             return Err(CallError::NotInplaceOp { op: def.name });
         }
+        let (held, on_device) = {
+            let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
+            (self.hold(def, &metas)?, on_device(&metas))
+        };
+        run_chosen(&held.entry().entry, &held.entry().cached, args, overload, on_device)
+    }
+
+    /// The selection for a declared call of `def` on `metas`, held while the call runs: this
+    /// thread's remembered one when current (logged as a cache hit is), else one made now from the op
+    /// table and the installed list, which the memo keeps afterwards when it comes from an installed
+    /// list ([`memo::Held`]).
+    #[inline(always)]
+    fn hold(&self, def: &'static OpDef, metas: &[ArgMeta<'_>]) -> Result<memo::Held, CallError> {
         // Read before the op table and the installed list (see `memo`).
         let generation = memo::generation();
-        let hit = {
-            let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
-            memo::take(self.id, def, generation, &metas).map(|(slot, remembered)| {
-                log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, &metas);
-                (slot, remembered, on_device(&metas))
-            })
-        };
-        if let Some((slot, remembered, on_device)) = hit {
-            let ran = run_chosen(&remembered.entry, &remembered.cached, args, overload, on_device);
-            memo::restore(slot, remembered);
-            return ran;
+        if let Some((slot, remembered)) = memo::take(self.id, def, generation, metas) {
+            log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, metas);
+            return Ok(memo::Held::taken(slot, remembered));
         }
         let ops = self.ops.load();
         let entry = declared_entry(&ops, def)?;
-        let (choice, on_device) = {
-            let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
-            (choose(entry, &metas)?, on_device(&metas))
+        let (cached, installed) = match choose(entry, metas)? {
+            Choice::Remembered(guard) => {
+                (Arc::clone(guard.as_ref().expect("only matching entries are returned")), true)
+            }
+            Choice::Made(cached) => {
+                // Native chosen for want of an installed list is never remembered.
+                let installed = cached.from_priority_list;
+                (cached, installed)
+            }
         };
-        let remembered = installed_selection(&choice);
-        let ran = run_chosen(entry, &choice, args, overload, on_device);
-        if let Some(cached) = remembered {
-            memo::remember(self.id, def, generation, Arc::clone(entry), cached);
-        }
-        ran
+        let made = memo::Entry::new(self.id, def, generation, Arc::clone(entry), cached);
+        Ok(memo::Held::made(made, installed))
     }
 
     /// The path of the calls [`define_op!`](crate::define_op) generates: `args` holds exactly `def`'s
@@ -453,15 +425,6 @@ fn declared_entry<'a>(ops: &'a OpMap, def: &'static OpDef) -> Result<&'a Arc<OpE
 /// Whether any tensor argument lives on a device.
 fn on_device(metas: &[ArgMeta<'_>]) -> bool {
     metas.iter().any(|m| m.tensor().is_some_and(|t| !t.device.is_cpu()))
-}
-
-/// A selection of an installed list, to remember in this thread's memo (never native chosen for want
-/// of an installed list).
-fn installed_selection(choice: &Choice) -> Option<Arc<Cached>> {
-    match choice {
-        Choice::Remembered(guard) => guard.as_ref().map(Arc::clone),
-        Choice::Made(cached) => cached.from_priority_list.then(|| Arc::clone(cached)),
-    }
 }
 
 /// Runs a selection: records it, prepares the activations of an in-place implementation, runs the
@@ -535,11 +498,8 @@ fn execute(entry: &OpEntry, choice: &Cached, args: &mut [Value], overload: Overl
 /// on its arguments, or, for an implementation without one, the bound arguments, and checks the
 /// outputs. Dropping it gives the selection back to this thread's memo.
 pub struct Selected<'r> {
-    /// The memo entry in use (given back on drop).
-    remembered: Option<memo::Entry>,
-    /// The memo slot it came from, `usize::MAX` for a selection made now and to remember, `None`
-    /// for one not to remember (native, chosen for want of an installed list).
-    slot: Option<usize>,
+    /// The selection (given back to the memo on drop).
+    held: memo::Held,
     /// The storages of the prepared activations, in order.
     written: RefCell<PerOutput<crate::tensor::StorageId>>,
     /// Activations kept for writing in place, counted into the op's record once, on drop.
@@ -549,7 +509,7 @@ pub struct Selected<'r> {
 
 impl Selected<'_> {
     fn remembered(&self) -> &memo::Entry {
-        self.remembered.as_ref().expect("held until dropped")
+        self.held.entry()
     }
 
     /// The chosen in-place implementation's typed function `Arc<F>`, if it is in place and has one.
@@ -613,14 +573,9 @@ impl Selected<'_> {
 
 impl Drop for Selected<'_> {
     fn drop(&mut self) {
-        let Some(remembered) = self.remembered.take() else { return };
-        if self.in_place.get() > 0 {
-            remembered.entry.inplace_writes.fetch_add(self.in_place.get(), Ordering::Relaxed);
-        }
-        match self.slot {
-            Some(usize::MAX) => memo::remember_entry(remembered),
-            Some(slot) => memo::restore(slot, remembered),
-            None => {}
+        let in_place = self.in_place.get();
+        if in_place > 0 {
+            self.held.entry().entry.inplace_writes.fetch_add(in_place, Ordering::Relaxed);
         }
     }
 }
@@ -645,8 +600,7 @@ fn run_typed<F: ?Sized + 'static, A: AsMut<[Value]>>(
         return run_chosen(entry, cached, args.as_mut(), Overload::Default, on_device(metas));
     };
     let (def, chosen) = (entry.def, &cached.chosen);
-    chosen.selections.fetch_add(1, Ordering::Relaxed);
-    note_rejections(&cached.rejected);
+    record(entry, cached, on_device(metas));
     let outputs =
         call(typed).map_err(|source| CallError::Kernel { op: def.name, provider: chosen.provider, source })?;
     check_outputs(def, chosen, &cached.outputs, &outputs, &[])?;

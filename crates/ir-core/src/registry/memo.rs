@@ -88,7 +88,7 @@ pub(crate) fn take(
 }
 
 /// Gives a taken entry back to its slot (unless a nested call filled the slot meanwhile).
-pub(crate) fn restore(index: usize, entry: Entry) {
+fn restore(index: usize, entry: Entry) {
     let _ = MEMO.try_with(|memo| {
         if let Ok(mut memo) = memo.try_borrow_mut()
             && memo.slots[index].is_none()
@@ -111,13 +111,8 @@ impl Entry {
     }
 }
 
-/// Remembers a selection made now, stamped with the generation read before it was made.
-pub(crate) fn remember(registry: u64, def: &'static OpDef, generation: u64, entry: Arc<OpEntry>, cached: Arc<Cached>) {
-    remember_entry(Entry::new(registry, def, generation, entry, cached));
-}
-
-/// Remembers an entry (see [`remember`]), in a free slot or the oldest one's.
-pub(crate) fn remember_entry(entry: Entry) {
+/// Remembers a selection made now, in a free slot or the oldest one's.
+fn remember(entry: Entry) {
     let evicted = MEMO.try_with(|memo| {
         let mut memo = memo.try_borrow_mut().ok()?;
         let index = memo.slots.iter().position(Option::is_none).unwrap_or_else(|| {
@@ -129,6 +124,53 @@ pub(crate) fn remember_entry(entry: Entry) {
     });
     // An evicted entry is dropped here, after the memo's borrow ended.
     drop(evicted);
+}
+
+/// A selection held by one call: given back to the memo when the call is over (dropped).
+pub(crate) struct Held {
+    entry: Option<Entry>,
+    origin: Origin,
+}
+
+/// Where a held selection goes afterwards.
+enum Origin {
+    /// Back to the memo slot it was taken from.
+    Slot(usize),
+    /// Into the memo (made now from an installed list).
+    Remember,
+    /// Nowhere (native, chosen for want of an installed list).
+    Drop,
+}
+
+impl Held {
+    /// An entry taken from slot `slot` by [`take`].
+    #[inline]
+    pub(crate) fn taken(slot: usize, entry: Entry) -> Held {
+        Held { entry: Some(entry), origin: Origin::Slot(slot) }
+    }
+
+    /// A selection made now; remembered afterwards when it comes from an installed list.
+    pub(crate) fn made(entry: Entry, installed: bool) -> Held {
+        Held { entry: Some(entry), origin: if installed { Origin::Remember } else { Origin::Drop } }
+    }
+
+    /// The selection.
+    #[inline]
+    pub(crate) fn entry(&self) -> &Entry {
+        self.entry.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for Held {
+    #[inline]
+    fn drop(&mut self) {
+        let Some(entry) = self.entry.take() else { return };
+        match self.origin {
+            Origin::Slot(slot) => restore(slot, entry),
+            Origin::Remember => remember(entry),
+            Origin::Drop => {}
+        }
+    }
 }
 
 #[cfg(test)]
