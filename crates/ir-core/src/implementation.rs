@@ -127,6 +127,7 @@ pub struct UniqueTensor(Tensor);
 
 impl UniqueTensor {
     /// Wraps `tensor` if its storage is uniquely owned; gives it back otherwise.
+    #[inline]
     pub fn new(tensor: Tensor) -> Result<UniqueTensor, Tensor> {
         if tensor.is_uniquely_owned() {
             return Ok(UniqueTensor(tensor));
@@ -134,7 +135,17 @@ impl UniqueTensor {
         Err(tensor)
     }
 
+    /// Wraps `tensor` if its storage is uniquely owned; says why it may not be written otherwise.
+    #[inline]
+    pub(crate) fn writable(tensor: Tensor) -> Result<UniqueTensor, TensorError> {
+        if tensor.is_uniquely_owned() {
+            return Ok(UniqueTensor(tensor));
+        }
+        Err(tensor.write_refusal())
+    }
+
     /// The tensor, for reading metadata and data.
+    #[inline]
     pub fn tensor(&self) -> &Tensor {
         &self.0
     }
@@ -145,6 +156,7 @@ impl UniqueTensor {
     }
 
     /// Unwraps the tensor (the kernel's output).
+    #[inline]
     pub fn into_tensor(self) -> Tensor {
         self.0
     }

@@ -70,11 +70,35 @@ pub enum LayoutError {
 type Dims = SmallVec<[usize; 4]>;
 
 /// Shape, strides (elements) and storage offset (elements) of a tensor.
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, Eq)]
 pub struct Layout {
     shape: Dims,
     strides: Dims,
     offset: usize,
+}
+
+impl PartialEq for Layout {
+    /// Compared element by element (dispatch compares layouts several times per call).
+    #[inline]
+    fn eq(&self, other: &Layout) -> bool {
+        self.offset == other.offset && dims_eq(&self.shape, &other.shape) && dims_eq(&self.strides, &other.strides)
+    }
+}
+
+impl std::hash::Hash for Layout {
+    /// Hashes what [`PartialEq`] compares.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.shape[..].hash(state);
+        self.strides[..].hash(state);
+        self.offset.hash(state);
+    }
+}
+
+/// Whether two dimension lists are equal, by an element loop: ranks are small, and the slice
+/// comparison calls `memcmp`, which costs more than the comparison itself at these lengths.
+#[inline]
+pub(crate) fn dims_eq(a: &[usize], b: &[usize]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 impl Clone for Layout {
@@ -433,6 +457,32 @@ mod tests {
                 (copy.shape(), copy.strides(), copy.offset()),
                 (layout.shape(), layout.strides(), layout.offset())
             );
+        }
+    }
+
+    #[test]
+    fn layouts_are_equal_exactly_when_shape_strides_and_offset_are_and_then_hash_alike() {
+        use std::hash::{BuildHasher, RandomState};
+        let layouts = [
+            Layout::compact(&[]),
+            Layout::compact(&[4096]),
+            Layout::compact(&[1, 4096]),
+            Layout::new(&[2, 4096], &[8192, 1], 0).unwrap(),
+            Layout::compact(&[2, 4096]),
+            Layout::new(&[1, 4096], &[4096, 1], 1).unwrap(),
+            Layout::compact(&[4096, 1]),
+            Layout::compact(&[2, 3, 4, 5, 6]),
+            Layout::compact(&[2, 3, 4, 5, 7]),
+            Layout::compact(&[2, 3, 4, 5]),
+        ];
+        let hasher = RandomState::new();
+        for (i, a) in layouts.iter().enumerate() {
+            for (j, b) in layouts.iter().enumerate() {
+                let same = (a.shape(), a.strides(), a.offset()) == (b.shape(), b.strides(), b.offset());
+                assert_eq!(a == b, same, "{a} vs {b}");
+                assert_eq!(i == j, same, "the list holds distinct layouts");
+            }
+            assert_eq!(hasher.hash_one(a), hasher.hash_one(a.clone()), "{a}");
         }
     }
 

@@ -42,8 +42,9 @@ impl TensorMeta {
     }
 
     /// Whether dtype, device and shape match (the layout may differ).
+    #[inline]
     pub fn same_kind_and_shape(&self, other: &TensorMeta) -> bool {
-        self.dtype == other.dtype && self.device == other.device && self.shape() == other.shape()
+        self.dtype == other.dtype && self.device == other.device && crate::layout::dims_eq(self.shape(), other.shape())
     }
 }
 

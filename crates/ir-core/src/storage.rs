@@ -113,6 +113,7 @@ impl Storage {
     }
 
     /// Whether tensors may write this memory (read-only host memory from another library is not).
+    #[inline]
     pub fn is_writable(&self) -> bool {
         match self {
             Storage::Cpu(buffer) => buffer.access() == HostAccess::ReadWrite,

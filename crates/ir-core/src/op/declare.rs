@@ -117,8 +117,9 @@ impl OpParam for Activation {
     fn given_activation<'b, 'a: 'b>(given: &'b mut Tensor) -> Option<&'b mut Tensor> {
         Some(given)
     }
+    #[inline]
     fn given_inplace<'a>(given: Self::Given<'a>) -> Result<Self::InplaceArg<'a>, TensorError> {
-        UniqueTensor::new(given).map_err(|t| t.write_refusal())
+        UniqueTensor::writable(given)
     }
     fn given_arg<'b, 'a: 'b>(given: &'b Tensor) -> &'b Tensor {
         given
@@ -530,6 +531,10 @@ macro_rules! str_enum {
 /// The handles of one call's outputs, inline up to [`INLINE_OUTPUTS`](crate::op::INLINE_OUTPUTS).
 pub type Handles<T> = smallvec::SmallVec<[T; crate::op::INLINE_OUTPUTS]>;
 
+/// References to one call's output tensors, inline (a typed call checks its outputs through these
+/// instead of moving the handles into a list).
+pub type TensorRefs<'a> = smallvec::SmallVec<[&'a Tensor; 4]>;
+
 /// The typed outputs of an op: one `Tensor` or a tuple of them.
 pub trait OpOutputs: Sized {
     /// How many tensors at most (optional outputs included).
@@ -541,6 +546,10 @@ pub trait OpOutputs: Sized {
     fn from_handles<T>(outputs: Handles<T>) -> Option<Self::Of<T>>;
     /// Into a list of handles (inline: no allocation).
     fn into_handles<T>(outputs: Self::Of<T>) -> Handles<T>;
+    /// The output tensors, in order (an absent optional output has none).
+    fn tensors(&self) -> TensorRefs<'_>;
+    /// From a call's output tensors; `None` when their number does not fit.
+    fn from_outputs(outputs: crate::op::Outputs) -> Option<Self>;
 }
 
 /// Exactly `N` handles from `outputs`, or `None`.
@@ -565,6 +574,12 @@ impl OpOutputs for Tensor {
     fn into_handles<T>(out: T) -> Handles<T> {
         smallvec::smallvec![out]
     }
+    fn tensors(&self) -> TensorRefs<'_> {
+        smallvec::smallvec![self]
+    }
+    fn from_outputs(outputs: crate::op::Outputs) -> Option<Tensor> {
+        Self::from_handles(outputs)
+    }
 }
 
 impl OpOutputs for (Tensor, Tensor) {
@@ -576,6 +591,12 @@ impl OpOutputs for (Tensor, Tensor) {
     }
     fn into_handles<T>((a, b): (T, T)) -> Handles<T> {
         smallvec::smallvec![a, b]
+    }
+    fn tensors(&self) -> TensorRefs<'_> {
+        smallvec::smallvec![&self.0, &self.1]
+    }
+    fn from_outputs(outputs: crate::op::Outputs) -> Option<(Tensor, Tensor)> {
+        Self::from_handles(outputs)
     }
 }
 
@@ -599,6 +620,14 @@ impl OpOutputs for (Tensor, Option<Tensor>) {
         handles.extend(b);
         handles
     }
+    fn tensors(&self) -> TensorRefs<'_> {
+        let mut tensors: TensorRefs<'_> = smallvec::smallvec![&self.0];
+        tensors.extend(self.1.as_ref());
+        tensors
+    }
+    fn from_outputs(outputs: crate::op::Outputs) -> Option<(Tensor, Option<Tensor>)> {
+        Self::from_handles(outputs)
+    }
 }
 
 impl OpOutputs for (Tensor, Tensor, Tensor) {
@@ -610,6 +639,12 @@ impl OpOutputs for (Tensor, Tensor, Tensor) {
     }
     fn into_handles<T>((a, b, c): (T, T, T)) -> Handles<T> {
         smallvec::smallvec![a, b, c]
+    }
+    fn tensors(&self) -> TensorRefs<'_> {
+        smallvec::smallvec![&self.0, &self.1, &self.2]
+    }
+    fn from_outputs(outputs: crate::op::Outputs) -> Option<(Tensor, Tensor, Tensor)> {
+        Self::from_handles(outputs)
     }
 }
 
@@ -805,24 +840,24 @@ macro_rules! define_op {
                 $(if let Some(activation) = <$ty as $crate::op::OpParam>::given_activation(&mut $param) {
                     selected.prepare_activation(activation)?;
                 })+
-                let ran: ::std::result::Result<$crate::op::Outputs, $crate::KernelError> = 'run: {
+                let ran: ::std::result::Result<$out, $crate::KernelError> = 'run: {
                     $(let $param = match <$ty as $crate::op::OpParam>::given_inplace($param) {
                         Ok(arg) => arg,
                         Err(e) => break 'run Err(e.into()),
                     };)+
-                    func($($param),+).map(<$out as $crate::op::OpOutputs>::into_handles)
+                    func($($param),+)
                 };
                 selected.finish(ran)?
             } else if let Some(func) =
                 selected.typed_functional::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out])>()
             {
-                let ran = func($(<$ty as $crate::op::OpParam>::given_arg(&$param)),+);
-                selected.finish(ran.map(<$out as $crate::op::OpOutputs>::into_handles))?
+                selected.finish(func($(<$ty as $crate::op::OpParam>::given_arg(&$param)),+))?
             } else {
                 let mut args = [$(<$ty as $crate::op::OpParam>::given_value($param)),+];
-                selected.run_bound(&mut args)?
+                <$out as $crate::op::OpOutputs>::from_outputs(selected.run_bound(&mut args)?)
+                    .expect("the registry checks the number of outputs")
             };
-            Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
+            Ok(outputs)
         }
     };
 
@@ -837,13 +872,12 @@ macro_rules! define_op {
             $($param: <$ty as $crate::op::OpParam>::Arg<'_>),+
         ) -> ::std::result::Result<$out, $crate::CallError> {
             let metas = [$(<$ty as $crate::op::OpParam>::arg_meta($param)),+];
-            let outputs = registry.call_typed::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out]), _>(
+            registry.call_typed::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out]), $out, _>(
                 &$def,
                 &metas,
-                |func| func($($param),+).map(<$out as $crate::op::OpOutputs>::into_handles),
+                |func| func($($param),+),
                 || [$(<$ty as $crate::op::OpParam>::value($param)),+],
-            )?;
-            Ok(<$out as $crate::op::OpOutputs>::from_handles(outputs).expect("the registry checks the number of outputs"))
+            )
         }
     };
 

@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use crate::op::{
-    ArgMeta, BindError, INLINE_ARGS, INLINE_OUTPUTS, MetaError, OpDef, Outputs, Overload, Value, bind, bind_meta,
+    ArgMeta, BindError, INLINE_ARGS, INLINE_OUTPUTS, MetaError, OpDef, OpOutputs, Outputs, Overload, Value, bind,
+    bind_meta,
 };
 use crate::registry::selection::Cached;
 use crate::registry::{ImplEntry, NATIVE, OpEntry, OpMap, Registry, lock, memo, read};
@@ -296,13 +297,13 @@ impl Registry {
     /// borrowed arguments (no argument values are built) and checks its outputs; otherwise (an
     /// in-place implementation, native, one registered dynamically) builds the bound arguments with
     /// `values` and runs the selection as [`Registry::call_declared`] does.
-    pub fn call_typed<F: ?Sized + 'static, A: AsMut<[Value]>>(
+    pub fn call_typed<F: ?Sized + 'static, O: OpOutputs, A: AsMut<[Value]>>(
         &self,
         def: &'static OpDef,
         metas: &[ArgMeta<'_>],
-        call: impl FnOnce(&F) -> Result<Outputs, KernelError>,
+        call: impl FnOnce(&F) -> Result<O, KernelError>,
         values: impl FnOnce() -> A,
-    ) -> Result<Outputs, CallError> {
+    ) -> Result<O, CallError> {
         debug_assert_eq!(metas.len(), def.params.len(), "declared calls pass every parameter");
         let held = self.hold(def, metas)?;
         run_typed(&held.entry().entry, &held.entry().cached, metas, call, values)
@@ -312,6 +313,7 @@ impl Registry {
     /// arguments, every parameter in order) with the same rules, cache, memo and records as every
     /// call, and holds the selection while the call runs ([`Selected`]). The calls
     /// [`define_op!`](crate::define_op) generates use it; the selection is recorded as run.
+    #[inline]
     pub fn select_declared(&self, def: &'static OpDef, metas: &[ArgMeta<'_>]) -> Result<Selected<'_>, CallError> {
         if !def.allow_inplace {
             return Err(CallError::NotInplaceOp { op: def.name });
@@ -423,6 +425,7 @@ fn declared_entry<'a>(ops: &'a OpMap, def: &'static OpDef) -> Result<&'a Arc<OpE
 }
 
 /// Whether any tensor argument lives on a device.
+#[inline]
 fn on_device(metas: &[ArgMeta<'_>]) -> bool {
     metas.iter().any(|m| m.tensor().is_some_and(|t| !t.device.is_cpu()))
 }
@@ -442,6 +445,7 @@ fn run_chosen(
 
 /// Records a selection that runs: the provider's count, the rejections' reasons, and the warning
 /// when native runs on device tensors.
+#[inline]
 fn record(entry: &OpEntry, choice: &Cached, on_device: bool) {
     choice.chosen.selections.fetch_add(1, Ordering::Relaxed);
     note_rejections(&choice.rejected);
@@ -458,7 +462,9 @@ fn execute(entry: &OpEntry, choice: &Cached, args: &mut [Value], overload: Overl
     let mut written = PerOutput::new();
     if chosen.inplace {
         let given: PerOutput<usize> = given_activations(entry, args).collect();
-        for (index, &position) in given.iter().enumerate() {
+        // The selection decided this from its key, these arguments' metadata; the loop names the
+        // activation that does not fit.
+        for (index, &position) in given.iter().enumerate().filter(|_| !choice.activations_fit) {
             let activation = args[position].as_tensor().expect("given activations are tensors").meta();
             if !choice.outputs[index].same_kind_and_shape(activation) {
                 return Err(CallError::InplaceMetaMismatch {
@@ -525,8 +531,13 @@ impl Selected<'_> {
 
     /// Checks donated activation `index` (the index-th given) against the output the in-place
     /// implementation writes into it: call for every activation before preparing any.
+    #[inline]
     pub fn check_activation(&self, index: usize, activation: &Tensor) -> Result<(), CallError> {
         let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
+        // The selection's key is these arguments' metadata, so its answer is this call's.
+        if cached.activations_fit {
+            return Ok(());
+        }
         let output = &cached.outputs[index];
         if output.same_kind_and_shape(activation.meta()) {
             return Ok(());
@@ -542,6 +553,7 @@ impl Selected<'_> {
 
     /// Makes the next donated activation writable by the in-place implementation: kept when nothing
     /// else refers to its storage, else replaced by a copy.
+    #[inline]
     pub fn prepare_activation(&self, activation: &mut Tensor) -> Result<(), CallError> {
         let entry = &self.remembered().entry;
         let mut written = self.written.borrow_mut();
@@ -554,14 +566,26 @@ impl Selected<'_> {
         Ok(())
     }
 
-    /// The typed function's outputs, checked (an error names the op and the provider).
-    pub fn finish(&self, outputs: Result<Outputs, KernelError>) -> Result<Outputs, CallError> {
-        let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
-        let chosen = &cached.chosen;
-        let outputs =
-            outputs.map_err(|source| CallError::Kernel { op: entry.def.name, provider: chosen.provider, source })?;
-        check_outputs(entry.def, chosen, &cached.outputs, &outputs, &self.written.borrow())?;
+    /// The typed function's outputs, checked where they are (an error names the op and the
+    /// provider).
+    #[inline]
+    pub fn finish<O: OpOutputs>(&self, outputs: Result<O, KernelError>) -> Result<O, CallError> {
+        let outputs = outputs.map_err(|source| self.kernel_error(source))?;
+        self.check(&outputs.tensors())?;
         Ok(outputs)
+    }
+
+    /// Checks the outputs against the declared metadata and the written storages.
+    #[inline]
+    fn check(&self, outputs: &[&Tensor]) -> Result<(), CallError> {
+        let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
+        check_outputs(entry.def, &cached.chosen, &cached.outputs, outputs, &self.written.borrow())
+    }
+
+    /// A failure of the chosen implementation, named.
+    fn kernel_error(&self, source: KernelError) -> CallError {
+        let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
+        CallError::Kernel { op: entry.def.name, provider: cached.chosen.provider, source }
     }
 
     /// Runs an implementation without a typed function of the call's types on the bound arguments.
@@ -572,6 +596,7 @@ impl Selected<'_> {
 }
 
 impl Drop for Selected<'_> {
+    #[inline]
     fn drop(&mut self) {
         let in_place = self.in_place.get();
         if in_place > 0 {
@@ -588,22 +613,23 @@ fn typed_impl<F: ?Sized + 'static>(cached: &Cached) -> Option<&Arc<F>> {
 
 /// Runs a selection for [`Registry::call_typed`]: its typed function on the borrowed arguments, or,
 /// without one, the bound arguments `values` builds.
-fn run_typed<F: ?Sized + 'static, A: AsMut<[Value]>>(
+fn run_typed<F: ?Sized + 'static, O: OpOutputs, A: AsMut<[Value]>>(
     entry: &OpEntry,
     cached: &Cached,
     metas: &[ArgMeta<'_>],
-    call: impl FnOnce(&F) -> Result<Outputs, KernelError>,
+    call: impl FnOnce(&F) -> Result<O, KernelError>,
     values: impl FnOnce() -> A,
-) -> Result<Outputs, CallError> {
+) -> Result<O, CallError> {
     let Some(typed) = typed_impl::<F>(cached) else {
         let mut args = values();
-        return run_chosen(entry, cached, args.as_mut(), Overload::Default, on_device(metas));
+        let outputs = run_chosen(entry, cached, args.as_mut(), Overload::Default, on_device(metas))?;
+        return Ok(O::from_outputs(outputs).expect("the registry checks the number of outputs"));
     };
     let (def, chosen) = (entry.def, &cached.chosen);
     record(entry, cached, on_device(metas));
     let outputs =
         call(typed).map_err(|source| CallError::Kernel { op: def.name, provider: chosen.provider, source })?;
-    check_outputs(def, chosen, &cached.outputs, &outputs, &[])?;
+    check_outputs(def, chosen, &cached.outputs, &outputs.tensors(), &[])?;
     Ok(outputs)
 }
 
@@ -677,7 +703,7 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
         let outputs = (entry.def.meta)(args)?;
         let native = Arc::clone(&read(&entry.impls)[0]);
         log_choice(op, &native, &[], args);
-        return Ok(Choice::Made(Arc::new(Cached::unkeyed(native, outputs))));
+        return Ok(Choice::Made(Arc::new(Cached::unkeyed(args, &entry.activations, native, outputs))));
     };
     if let Some(remembered) = installed.cached(args) {
         let choice = Choice::Remembered(remembered);
@@ -690,7 +716,7 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
         match candidate.check_supports(args) {
             Support::Yes => {
                 log_choice(op, candidate, &rejected, args);
-                let cached = Arc::new(Cached::new(args, Arc::clone(candidate), outputs, rejected));
+                let cached = Arc::new(Cached::new(args, &entry.activations, Arc::clone(candidate), outputs, rejected));
                 installed.remember(Arc::clone(&cached));
                 return Ok(Choice::Made(cached));
             }
@@ -717,7 +743,7 @@ fn check_outputs(
     def: &OpDef,
     chosen: &ImplEntry,
     declared: &[TensorMeta],
-    outputs: &[Tensor],
+    outputs: &[impl std::borrow::Borrow<Tensor>],
     written: &[crate::tensor::StorageId],
 ) -> Result<(), CallError> {
     let violation = |problem: String| CallError::ContractViolation { op: def.name, provider: chosen.provider, problem };
@@ -728,6 +754,7 @@ fn check_outputs(
     // An in-place kernel writes output i into activation i's storage for each activation; outputs
     // after those are fresh and must not share a written storage.
     for (index, (output, expected)) in outputs.iter().zip(declared).enumerate() {
+        let output: &Tensor = output.borrow();
         match written.get(index) {
             Some(&storage) if chosen.inplace => {
                 if output.storage_id() != storage {

@@ -30,6 +30,7 @@ static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(0);
 const SLOTS: usize = 16;
 
 /// The current generation (read before anything the selection depends on).
+#[inline]
 pub(crate) fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
@@ -65,6 +66,7 @@ thread_local! {
 
 /// Takes this thread's current entry for the call out of the memo: its slot and the entry, to give
 /// back with [`restore`] after the kernel ran.
+#[inline]
 pub(crate) fn take(
     registry: u64,
     def: &'static OpDef,
@@ -88,6 +90,7 @@ pub(crate) fn take(
 }
 
 /// Gives a taken entry back to its slot (unless a nested call filled the slot meanwhile).
+#[inline]
 fn restore(index: usize, entry: Entry) {
     let _ = MEMO.try_with(|memo| {
         if let Ok(mut memo) = memo.try_borrow_mut()

@@ -42,6 +42,10 @@ pub(crate) struct Cached {
     pub(crate) rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]>,
     /// Whether a priority list was installed (otherwise native was chosen by default).
     pub(crate) from_priority_list: bool,
+    /// Whether each output an in-place implementation writes into a given activation has that
+    /// activation's dtype, device and shape: decided once from the key, which holds the activations'
+    /// metadata, so a call on matching arguments need not compare them again.
+    pub(crate) activations_fit: bool,
 }
 
 /// An owned argument metadata, compared against a call's [`ArgMeta`].
@@ -71,6 +75,7 @@ impl KeyArg {
         }
     }
 
+    #[inline]
     fn matches(&self, arg: &ArgMeta<'_>) -> bool {
         match (self, *arg) {
             (KeyArg::Tensor(key), ArgMeta::Tensor(meta)) => key == meta,
@@ -88,23 +93,48 @@ impl KeyArg {
 
 impl Cached {
     /// A selection to remember for `args`.
+    /// `activations` are the op's activation positions.
     pub(crate) fn new(
         args: &[ArgMeta<'_>],
+        activations: &[usize],
         chosen: Arc<ImplEntry>,
         outputs: OutputMetas,
         rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]>,
     ) -> Cached {
-        Cached { key: args.iter().map(KeyArg::of).collect(), chosen, outputs, rejected, from_priority_list: true }
+        let activations_fit = activations_fit(args, activations, &outputs);
+        let key = args.iter().map(KeyArg::of).collect();
+        Cached { key, chosen, outputs, rejected, from_priority_list: true, activations_fit }
     }
 
     /// Native, chosen because nothing is installed (never remembered).
-    pub(crate) fn unkeyed(native: Arc<ImplEntry>, outputs: OutputMetas) -> Cached {
-        Cached { key: SmallVec::new(), chosen: native, outputs, rejected: SmallVec::new(), from_priority_list: false }
+    pub(crate) fn unkeyed(
+        args: &[ArgMeta<'_>],
+        activations: &[usize],
+        native: Arc<ImplEntry>,
+        outputs: OutputMetas,
+    ) -> Cached {
+        let activations_fit = activations_fit(args, activations, &outputs);
+        Cached {
+            key: SmallVec::new(),
+            chosen: native,
+            outputs,
+            rejected: SmallVec::new(),
+            from_priority_list: false,
+            activations_fit,
+        }
     }
 
+    #[inline]
     pub(crate) fn matches(&self, args: &[ArgMeta<'_>]) -> bool {
         self.key.len() == args.len() && self.key.iter().zip(args).all(|(key, arg)| key.matches(arg))
     }
+}
+
+/// Whether output i has the dtype, device and shape of the i-th activation given in `args` (an
+/// absent optional activation, `none`, has no output and is skipped).
+fn activations_fit(args: &[ArgMeta<'_>], activations: &[usize], outputs: &[TensorMeta]) -> bool {
+    let given = activations.iter().filter_map(|&position| args.get(position).and_then(ArgMeta::tensor));
+    given.zip(outputs).all(|(activation, output)| output.same_kind_and_shape(activation))
 }
 
 impl Installed {

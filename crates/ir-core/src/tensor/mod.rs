@@ -412,6 +412,7 @@ impl Tensor {
     // --- metadata ---
 
     /// Dtype, device and layout.
+    #[inline]
     pub fn meta(&self) -> &TensorMeta {
         &self.meta
     }
@@ -459,12 +460,14 @@ impl Tensor {
     }
 
     /// The identity of the storage.
+    #[inline]
     pub fn storage_id(&self) -> StorageId {
         self.storage.id
     }
 
     /// Whether this handle is the only one referring to its storage, and the storage is writable
     /// (memory lent read-only by another library never is): what writing in place needs.
+    #[inline]
     pub fn is_uniquely_owned(&self) -> bool {
         Arc::strong_count(&self.storage) == 1 && self.storage.storage.is_writable()
     }
