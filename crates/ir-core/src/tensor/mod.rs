@@ -619,6 +619,8 @@ impl Tensor {
     }
 
     /// Overwrites this tensor's elements (in its own layout) with `src`'s, converting the dtype.
+    /// Host tensors of one dtype are copied bit for bit (every i64, every NaN payload), other pairs
+    /// through f64.
     ///
     /// Needs unique ownership of this tensor's storage and equal shapes.
     pub fn copy_from(&mut self, src: &Tensor) -> Result<(), TensorError> {
@@ -628,6 +630,13 @@ impl Tensor {
                 lhs: self.shape().to_vec(),
                 rhs: src.shape().to_vec(),
             });
+        }
+        if let (Storage::Cpu(from), true) = (&src.storage.storage, self.dtype() == src.dtype()) {
+            let (size, layout) = (self.dtype().size_in_bytes(), self.meta.layout.clone());
+            if let Storage::Cpu(to) = self.storage_mut()? {
+                copy_elements(from.bytes(), src.layout(), to.bytes_mut(), &layout, size);
+                return Ok(());
+            }
         }
         let values = src.to_f64_vec()?;
         let layout = self.meta.layout.clone();
@@ -954,6 +963,22 @@ mod tests {
         assert_eq!(whole.to_f64_vec().unwrap(), vec![0., 0., 1., 2., 0., 0., 3., 4., 5., 0.]);
         let err = padded.copy_from(&iota(DType::F32, &[3, 2])).unwrap_err();
         assert!(matches!(err, TensorError::ShapeMismatch { .. }));
+    }
+
+    #[test]
+    fn copy_from_of_one_dtype_is_bit_exact_in_any_layout() {
+        // i64 beyond f64's 53-bit mantissa, and a NaN with a payload, survive the copy.
+        let big = [i64::MAX, i64::MIN, (1 << 53) + 1, -3, 0, 7];
+        let src = Tensor::from_slice(&[2, 3], &big).unwrap();
+        let mut dst = Tensor::zeros(DType::I64, &[3, 2]).unwrap().transpose(0, 1).unwrap();
+        dst.copy_from(&src).unwrap();
+        assert_eq!(dst.contiguous().unwrap().to_vec::<i64>().unwrap(), big);
+        let payload = f32::from_bits(0x7fc0_1234);
+        let src = Tensor::from_slice(&[3], &[payload, -0.0, 1.5]).unwrap();
+        let mut dst = Tensor::zeros(DType::F32, &[3]).unwrap();
+        dst.copy_from(&src.as_strided(Layout::new(&[3], &[1], 0).unwrap()).unwrap()).unwrap();
+        let bits: Vec<u32> = dst.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect();
+        assert_eq!(bits, [0x7fc0_1234, (-0.0f32).to_bits(), 1.5f32.to_bits()]);
     }
 
     #[test]
