@@ -33,15 +33,24 @@ fn assert_selects(backend: &Backend, op: &OpDef, args: &[ArgMeta<'_>]) {
 }
 
 fn grid(dtype: DType, op: &'static OpDef) {
-    for backend in backends() {
-        let _guard = backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap();
-        let tokens: &[usize] = match backend.grid {
+    grid_over(
+        dtype,
+        op,
+        |backend| match backend.grid {
             Grid::Full => &TOKENS,
             Grid::Subset => &SUBSET_TOKENS,
-        };
+        },
+        &HIDDEN,
+    );
+}
+
+/// Every backend's `op` against native on each (tokens, hidden) pair, with and without a weight.
+fn grid_over(dtype: DType, op: &'static OpDef, tokens: impl Fn(&Backend) -> &'static [usize], hidden: &[usize]) {
+    for backend in backends() {
+        let _guard = backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap();
         let tol = tolerance(op, dtype).unwrap();
-        for &t in tokens {
-            for &h in &HIDDEN {
+        for &t in tokens(&backend) {
+            for &h in hidden {
                 let host = case(dtype, t, h, (t * 10_000 + h) as u64);
                 let x = backend.upload(&host.x).unwrap();
                 let residual = backend.upload(&host.residual).unwrap();
@@ -101,6 +110,17 @@ fn grid_fused_add_rms_norm_f16() {
 #[test]
 fn grid_fused_add_rms_norm_bf16() {
     grid(DType::BF16, &FUSED_ADD_RMS_NORM);
+}
+
+/// Rows as long as the GPU kernels keep whole in registers (H = 16384, 32768: the largest bucket,
+/// the most work-items per row) and one element longer, whose tail is read again.
+#[test]
+fn long_rows_match_native() {
+    for dtype in [DType::F32, DType::BF16] {
+        for op in [&RMS_NORM, &FUSED_ADD_RMS_NORM] {
+            grid_over(dtype, op, |_| &[1, 3], &[16384, 32768, 32769]);
+        }
+    }
 }
 
 #[test]

@@ -8,6 +8,12 @@
 //                    alignment, so both paths must give identical bits
 //   THREADS_PER_ROW  8, 16, 32, 64, 128 or 256
 //   BLOCK_SIZE       128 or 256
+//   CACHE_CHUNKS     chunks of a row each thread keeps in registers between the passes (the host
+//                    sizes it to hold the whole row up to the largest H of the threads-per-row bucket)
+//
+// Registers: each thread keeps its CACHE_CHUNKS chunks of the row between the two passes, so a row
+// up to the bucket's largest H is read once and written once: rms_norm keeps x as stored (packed),
+// the fused op the unrounded f32 sums. Chunks beyond (longer rows only) are read again.
 //
 // Numerics: squares accumulate in f32; the fused sum is one f32 addition; the norm is computed from
 // the unrounded sum (cached in registers, else recomputed from x and residual before either is
@@ -25,7 +31,9 @@
 #error "VEC must be 1 or CHUNK"
 #endif
 
-#define CACHE_CHUNKS 4
+#ifndef CACHE_CHUNKS
+#error "CACHE_CHUNKS (16-byte chunks of a row each thread keeps in registers) must be defined"
+#endif
 #define ROWS_PER_BLOCK (BLOCK_SIZE / THREADS_PER_ROW)
 #define WARP 32
 
@@ -46,6 +54,25 @@ __device__ __forceinline__ void load_chunk(const elem_t* row, long long c, int h
 #endif
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? to_f32(row[first + i]) : 0.0f;
+}
+
+// Reads chunk `c` of a row as stored (elements at or beyond `hidden` read as zero), for the
+// register cache; `unpack` widens it to f32 exactly as load_chunk does.
+__device__ __forceinline__ void load_packed(const elem_t* row, long long c, int hidden, chunk_t& out) {
+    long long first = c * CHUNK;
+#if VEC == CHUNK
+    if (first + CHUNK <= hidden) {
+        out = *reinterpret_cast<const chunk_t*>(row + first);
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) out.v[i] = (first + i < hidden) ? row[first + i] : from_f32(0.0f);
+}
+
+__device__ __forceinline__ void unpack(const chunk_t& packed, float* out) {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) out[i] = to_f32(packed.v[i]);
 }
 
 __device__ __forceinline__ void store_chunk(elem_t* row, long long c, int hidden, const float* in) {
@@ -145,7 +172,7 @@ __device__ __forceinline__ void finish_chunk(elem_t* out_row, const welem_t* wei
 }
 
 // out[row] = rms_norm(x[row]) * weight. Output rows are `out_row_stride` elements apart.
-extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ out, const elem_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ out, const elem_t* __restrict__ x,
                                                           const welem_t* __restrict__ weight, float epsilon,
                                                           long long n_rows, int hidden, int variance,
                                                           long long x_row_stride, long long out_row_stride) {
@@ -156,15 +183,18 @@ extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ 
     const elem_t* x_row = x + (active ? row : 0) * x_row_stride;
     elem_t* out_row = out + (active ? row : 0) * out_row_stride;
 
-    float cache[CACHE_CHUNKS][CHUNK];
+    // The row stays in registers as stored (packed), widened again for the second pass.
+    chunk_t cache[CACHE_CHUNKS];
     float sum_sq = 0.0f;
     if (active) {
 #pragma unroll
         for (int k = 0; k < CACHE_CHUNKS; ++k) {
             long long c = lane + (long long)k * THREADS_PER_ROW;
             if (c < n_chunks) {
-                load_chunk(x_row, c, hidden, cache[k]);
-                add_squares(sum_sq, cache[k], c, variance);
+                float s[CHUNK];
+                load_packed(x_row, c, hidden, cache[k]);
+                unpack(cache[k], s);
+                add_squares(sum_sq, s, c, variance);
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
@@ -180,7 +210,11 @@ extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ 
 #pragma unroll
     for (int k = 0; k < CACHE_CHUNKS; ++k) {
         long long c = lane + (long long)k * THREADS_PER_ROW;
-        if (c < n_chunks) finish_chunk(out_row, weight, c, hidden, cache[k], rstd);
+        if (c < n_chunks) {
+            float s[CHUNK];
+            unpack(cache[k], s);
+            finish_chunk(out_row, weight, c, hidden, s, rstd);
+        }
     }
     for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
         float s[CHUNK];
@@ -191,7 +225,7 @@ extern "C" __global__ void CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ 
 
 // In place: residual[row] <- round(x + residual), x[row] <- rms_norm(x + residual) * weight, with the
 // norm computed from the unrounded sum.
-extern "C" __global__ void CONCAT(fused_add_rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ x,
                                                                     elem_t* __restrict__ residual,
                                                                     const welem_t* __restrict__ weight, float epsilon,
                                                                     long long n_rows, int hidden, int variance,

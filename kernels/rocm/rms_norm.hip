@@ -16,7 +16,16 @@
 
 #include "element.hip.h"
 
-#define CACHE_CHUNKS 8
+// The longest row a kernel with TPR threads per row keeps whole in registers: the largest hidden size
+// that launches with it (the CUDA provider's buckets), and 32768 for the last, open-ended one.
+__host__ __device__ constexpr int largest_cached_row(int tpr) {
+    return tpr <= 8 ? 64 : tpr == 16 ? 128 : tpr == 32 ? 3072 : tpr == 64 ? 6144 : tpr == 128 ? 16384 : 32768;
+}
+
+// The chunks of a row each thread keeps in registers: the whole row up to largest_cached_row(TPR).
+__host__ __device__ constexpr int cache_chunks(int chunk, int tpr) {
+    return (largest_cached_row(tpr) + chunk * tpr - 1) / (chunk * tpr);
+}
 
 template <int DTYPE, int VEC>
 __device__ __forceinline__ void load_chunk(const typename Elem<DTYPE>::T* row, long long c, int hidden, float* out) {
@@ -157,9 +166,10 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     typename E::T* b_row = second + (active ? row : 0) * second_stride;
     const typename E::T* x_row = FUSED ? a_row : b_row;
 
-    // The first CACHE_CHUNKS chunks of each thread stay in registers between the two passes: the
-    // loops over them are unrolled, so every index into `cache` is a constant (a runtime index would
-    // put the array in scratch memory).
+    // Each thread's chunks stay in registers between the two passes (the whole row up to the
+    // bucket's largest H; longer rows read the rest again): the loops over them are unrolled, so
+    // every index into `cache` is a constant (a runtime index would put the array in scratch memory).
+    constexpr int CACHE_CHUNKS = cache_chunks(CHUNK, TPR);
     float cache[CACHE_CHUNKS][CHUNK];
     float sum_sq = 0.0f;
     if (active) {

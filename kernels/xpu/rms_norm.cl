@@ -28,8 +28,9 @@
 
 #define GROUP_SIZE (THREADS_PER_ROW * ROWS_PER_GROUP)
 
-// Elements of a row each work-item keeps in registers between the two passes (H up to 32 times the
-// work-items per row is read once).
+// Elements of a row each work-item keeps in registers between the two passes. The host gives a row
+// enough work-items (within the device's work-group limit) for the whole row to fit, up to
+// H = 32 × 1024 = 32768: each element is read once and written once. Longer rows read the rest twice.
 #define CACHE 32
 
 // Sums `value` over the THREADS_PER_ROW work-items of this row; all work-items of the group call it.

@@ -41,7 +41,7 @@ use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
 pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch};
 pub use crate::module::{
-    ELEMENT, KernelVariant, NormOp, SOURCE, all_variants, arch_for, compile_ptx, nvrtc_availability,
+    ELEMENT, KernelVariant, NormOp, SOURCE, all_variants, arch_for, compile_ptx, largest_cached_row, nvrtc_availability,
 };
 /// The cudarc this crate is built with, so an engine names the same slice and stream types.
 pub use cudarc;

@@ -45,10 +45,19 @@ impl KernelVariant {
         format!("{op}_{}", self.dtype)
     }
 
+    /// The 16-byte chunks of a row each thread keeps in registers between the two passes: enough
+    /// for the whole row up to the largest hidden size of this variant's threads-per-row bucket
+    /// ([`largest_cached_row`]); the chunks of longer rows beyond these are read again.
+    pub fn cache_chunks(&self) -> u32 {
+        let chunk = 16 / self.dtype.size_in_bytes() as u32;
+        largest_cached_row(self.threads_per_row).div_ceil(chunk * self.threads_per_row)
+    }
+
     /// The NVRTC `-D` options selecting this variant.
     pub fn defines(&self) -> Result<Vec<String>, KernelError> {
         let chunk = 16 / self.dtype.size_in_bytes();
         Ok(vec![
+            format!("-DCACHE_CHUNKS={}", self.cache_chunks()),
             dtype_define(self.dtype)?,
             format!("-DHAS_WEIGHT={}", u8::from(self.weight.is_some())),
             format!("-DWDTYPE={}", dtype_code(self.weight.unwrap_or(self.dtype))?),
@@ -56,6 +65,19 @@ impl KernelVariant {
             format!("-DTHREADS_PER_ROW={}", self.threads_per_row),
             format!("-DBLOCK_SIZE={}", self.block_size()),
         ])
+    }
+}
+
+/// The longest row a kernel with `threads_per_row` threads per row keeps whole in registers: the
+/// largest hidden size that launches with it (R92's buckets), and 32768 for the last, open-ended one.
+pub fn largest_cached_row(threads_per_row: u32) -> u32 {
+    match threads_per_row {
+        ..=8 => 64,
+        16 => 128,
+        32 => 3072,
+        64 => 6144,
+        128 => 16384,
+        _ => 32768,
     }
 }
 
@@ -177,4 +199,32 @@ pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
         (12, 0) => "compute_120",
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::rms_norm_launch;
+
+    /// Every hidden size a variant launches with, up to its bucket's largest (32768 for the last),
+    /// fits in its threads' register cache; the bounded buckets' largest row launches with it.
+    #[test]
+    fn each_variant_caches_every_row_of_its_bucket() {
+        for variant in all_variants() {
+            let chunk = 16 / variant.dtype.size_in_bytes() as u32;
+            let cached = variant.cache_chunks() * chunk * variant.threads_per_row;
+            let largest = largest_cached_row(variant.threads_per_row);
+            assert!(cached >= largest, "{variant}: {cached} elements cached, rows up to {largest}");
+            assert!(
+                cached < largest + chunk * variant.threads_per_row,
+                "{variant}: one chunk a thread at most to spare"
+            );
+            if variant.threads_per_row < 256 {
+                let launched = rms_norm_launch(1, largest as usize).unwrap().threads_per_row;
+                assert_eq!(launched, variant.threads_per_row, "H {largest} launches with this variant's width");
+                let next = rms_norm_launch(1, largest as usize + 1).unwrap().threads_per_row;
+                assert!(next > variant.threads_per_row, "H {} takes a wider bucket", largest + 1);
+            }
+        }
+    }
 }

@@ -29,6 +29,8 @@ pub struct XpuDevice {
     is_gpu: bool,
     extensions: String,
     max_sub_group_size: Option<u32>,
+    /// The most work-items a work-group may have.
+    max_work_group_size: usize,
     context: Context,
     queue: Arc<CommandQueue>,
     kernels: KernelCache<KernelVariant>,
@@ -131,6 +133,8 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
     let name = cl_device.name().unwrap_or_else(|_| "unknown OpenCL device".to_owned());
     let extensions = cl_device.extensions().unwrap_or_default();
     let max_sub_group_size = max_sub_group_size(&cl_device, &extensions);
+    // OpenCL guarantees at least 1; the norm kernels' smallest work-group is 128 work-items.
+    let max_work_group_size = cl_device.max_work_group_size().unwrap_or(128);
     let context = Context::from_device(&cl_device).map_err(|e| format!("creating an OpenCL context on {name}: {e}"))?;
     #[allow(deprecated)]
     let queue = CommandQueue::create_default(&context, 0).map_err(|e| format!("creating a queue on {name}: {e}"))?;
@@ -139,6 +143,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         is_gpu,
         extensions,
         max_sub_group_size,
+        max_work_group_size,
         context,
         queue: Arc::new(queue),
         kernels: Mutex::new(HashMap::new()),
@@ -163,6 +168,11 @@ impl XpuDevice {
     /// before any kernel is built (Intel's `CL_DEVICE_SUB_GROUP_SIZES_INTEL`); `None` otherwise.
     pub fn max_sub_group_size(&self) -> Option<u32> {
         self.max_sub_group_size
+    }
+
+    /// The most work-items a work-group may have on this device.
+    pub fn max_work_group_size(&self) -> usize {
+        self.max_work_group_size
     }
 
     /// How many strided copies (`clone`, `contiguous` of xpu tensors) ran on the device.

@@ -40,7 +40,7 @@ pub(crate) fn launch(
         buffer.use_on(queue)?;
     }
     let (rows, other) = (args.rows, args.other_rows);
-    let threads_per_row = threads_per_row(rows.hidden);
+    let threads_per_row = threads_per_row(rows.hidden, device.max_work_group_size());
     let force_tree = std::env::var(FORCE_TREE_ENV).is_ok_and(|v| v == "1");
     let variant = KernelVariant {
         op,

@@ -39,7 +39,8 @@ pub use crate::device::{
     ALLOW_CPU_ENV, COPY_MAX_RANK, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu,
 };
 pub use crate::module::{
-    ELEMENT, KernelVariant, NormOp, SOURCE, all_variants, group_size, threads_per_row, use_subgroups,
+    CACHED_PER_WORK_ITEM, ELEMENT, KernelVariant, NormOp, SOURCE, THREADS_PER_ROW, all_variants, group_size,
+    threads_per_row, use_subgroups,
 };
 
 /// The provider name.

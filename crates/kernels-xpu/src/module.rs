@@ -26,15 +26,24 @@ pub struct KernelVariant {
     pub subgroups: bool,
 }
 
-/// Work-items per row, from the hidden size: 8 (16 rows per group) up to H = 256, then 32, 64, 128, 256.
-pub fn threads_per_row(hidden: usize) -> u32 {
-    match hidden {
-        0..=256 => 8,
-        257..=1024 => 32,
-        1025..=4096 => 64,
-        4097..=16384 => 128,
-        _ => 256,
-    }
+/// Elements of a row each work-item keeps in registers between the kernels' two passes (`CACHE` in
+/// `rms_norm.cl`).
+pub const CACHED_PER_WORK_ITEM: usize = 32;
+
+/// Work-item counts per row the kernels are built for.
+pub const THREADS_PER_ROW: [u32; 7] = [8, 32, 64, 128, 256, 512, 1024];
+
+/// Work-items per row, from the hidden size and the device's largest work-group: the fewest (8, with
+/// 16 rows per group, up to H = 256; then 32 up to 1024, and doubling) that keep the whole row in
+/// their registers ([`CACHED_PER_WORK_ITEM`] each: H = 32 × the work-items, so up to 32768 with
+/// 1024), within `max_group_size` (a device with smaller work-groups reads the rest of a longer row
+/// twice).
+pub fn threads_per_row(hidden: usize, max_group_size: usize) -> u32 {
+    let fits = |threads: &u32| hidden <= CACHED_PER_WORK_ITEM * *threads as usize;
+    let allowed = |threads: &u32| group_size(*threads) as usize <= max_group_size;
+    let mut candidates = THREADS_PER_ROW.into_iter().filter(allowed);
+    let smallest = candidates.clone().next().unwrap_or(THREADS_PER_ROW[0]);
+    candidates.clone().find(fits).or_else(|| candidates.next_back()).unwrap_or(smallest)
 }
 
 /// Work-group size for a number of work-items per row.
@@ -123,9 +132,9 @@ pub fn all_variants(subgroups: bool) -> Vec<KernelVariant> {
     for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
         for dtype in DTYPES {
             for weight in std::iter::once(None).chain(DTYPES.map(Some)) {
-                for threads_per_row in [8, 32, 64, 128, 256] {
+                for threads_per_row in THREADS_PER_ROW {
                     let mixed = weight.is_some_and(|w| w != dtype);
-                    if (subgroups && threads_per_row < 32) || (mixed && !matches!(threads_per_row, 32 | 256)) {
+                    if (subgroups && threads_per_row < 32) || (mixed && !matches!(threads_per_row, 32 | 1024)) {
                         continue;
                     }
                     variants.push(KernelVariant { op, dtype, weight, threads_per_row, subgroups });
@@ -155,7 +164,7 @@ mod tests {
 
     #[test]
     fn geometry_from_hidden_size() {
-        assert_eq!((threads_per_row(64), group_size(8)), (8, 128));
+        assert_eq!((threads_per_row(64, 1024), group_size(8)), (8, 128));
         let small = KernelVariant {
             op: NormOp::RmsNorm,
             dtype: DType::BF16,
@@ -164,9 +173,18 @@ mod tests {
             subgroups: false,
         };
         assert_eq!(small.rows_per_group(), 16, "16 rows per work-group for small rows");
-        assert_eq!(threads_per_row(4096), 64);
-        assert_eq!(threads_per_row(8199), 128);
-        assert_eq!((threads_per_row(32768), group_size(256)), (256, 256));
+        // The whole row in registers: 32 elements a work-item.
+        for (hidden, threads) in
+            [(1, 8), (256, 8), (257, 32), (1024, 32), (2048, 64), (4096, 128), (8199, 512), (32768, 1024)]
+        {
+            assert_eq!(threads_per_row(hidden, 1024), threads, "H {hidden}");
+            assert!(hidden <= CACHED_PER_WORK_ITEM * threads as usize);
+        }
+        // A device with smaller work-groups takes its largest; longer rows read the rest twice.
+        assert_eq!(threads_per_row(32768, 256), 256);
+        assert_eq!(threads_per_row(1 << 20, 1024), 1024);
+        assert_eq!(threads_per_row(100, 64), 8, "the smallest group (128) even where the device says less");
+        assert_eq!((threads_per_row(64, 1024), group_size(1024)), (8, 1024));
         assert!(small.build_options().unwrap().contains("-DROWS_PER_GROUP=16"));
         let options = small.build_options().unwrap();
         assert!(options.contains("-DDTYPE=2") && options.contains("-DWDTYPE=0"), "bf16 x, f32 weight: {options}");
