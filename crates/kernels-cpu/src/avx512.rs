@@ -478,6 +478,55 @@ pub(crate) unsafe fn store_bf16(src: &[f32], dst: &mut [bf16]) {
     }
 }
 
+/// Rounds `src` to `T` into the start of `dst` with non-temporal stores (16 values at a time, past
+/// the caches: an output larger than the last-level cache is then not read before it is written;
+/// the caller fences them with [`crate::element::fence_streaming`]); returns how many values it stored: 0 when `dst` does not start aligned
+/// to 16 values, otherwise every full group of 16 (the caller stores the rest). The bits of
+/// [`Avx512Element::store16`], with the hardware bf16 conversion where the CPU has it.
+pub(crate) fn stream_store<T: Avx512Element>(src: &[f32], dst: &mut [T]) -> usize {
+    if !available() {
+        return 0;
+    }
+    if hardware_bf16() {
+        // SAFETY: `hardware_bf16` checked every feature the function enables.
+        unsafe { stream_store_hardware(src, dst) }
+    } else {
+        // SAFETY: `available` checked AVX-512F/BW.
+        unsafe { stream_store_plain(src, dst) }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn stream_store_plain<T: Avx512Element>(src: &[f32], dst: &mut [T]) -> usize {
+    // SAFETY: the caller checked the features this body needs.
+    unsafe { stream_store_body::<T, false>(src, dst) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+unsafe fn stream_store_hardware<T: Avx512Element>(src: &[f32], dst: &mut [T]) -> usize {
+    // SAFETY: the caller checked the features this body needs.
+    unsafe { stream_store_body::<T, true>(src, dst) }
+}
+
+/// # Safety
+/// AVX-512F/BW are available, and AVX512-BF16/DQ too when `HW`.
+#[inline(always)]
+unsafe fn stream_store_body<T: Avx512Element, const HW: bool>(src: &[f32], dst: &mut [T]) -> usize {
+    let n = src.len().min(dst.len());
+    if !(dst.as_ptr() as usize).is_multiple_of(WIDTH * size_of::<T>()) || n < WIDTH {
+        return 0;
+    }
+    let full = n - n % WIDTH;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + 16 <= n` for both slices; `dst` starts aligned to 16 values and each store
+        // advances by 16 of them, so every store is aligned.
+        unsafe { T::stream16::<HW>(dst.as_mut_ptr().add(i), _mm512_loadu_ps(src.as_ptr().add(i))) };
+        i += WIDTH;
+    }
+    full
+}
+
 /// Rounds each value to bf16 and back, in place, with `vcvtneps2bf16`: the portable bits.
 ///
 /// # Safety

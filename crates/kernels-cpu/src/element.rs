@@ -62,6 +62,13 @@ macro_rules! explicit_rows {
         fn simd_fused_row() -> Option<FusedRow<Self>> {
             crate::row_path().is_avx512().then(crate::avx512::fused_row_fn::<Self>).flatten()
         }
+
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        fn store_streaming(src: &[f32], dst: &mut [Self]) {
+            let done = if crate::row_path().is_avx512() { crate::avx512::stream_store(src, dst) } else { 0 };
+            Self::store(&src[done..], &mut dst[done..]);
+        }
     };
 }
 
@@ -71,6 +78,14 @@ pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
     fn load(src: &[Self], dst: &mut [f32]);
     /// Rounds `src` to this type into `dst` (same length; nearest-even, NaN stays NaN).
     fn store(src: &[f32], dst: &mut [Self]);
+
+    /// [`CpuElement::store`] with non-temporal stores where the explicit rows have them (for an
+    /// output larger than the last-level cache: its lines are not read before being written); the
+    /// same bits. The caller calls [`fence_streaming`] before the output is read.
+    #[inline(always)]
+    fn store_streaming(src: &[f32], dst: &mut [Self]) {
+        Self::store(src, dst);
+    }
 
     /// An explicit SIMD `rms_norm` row for this type with a weight of this type, when the CPU has
     /// one and the portable rows are not forced ([`crate::row_path`]).
@@ -231,6 +246,17 @@ impl CpuElement for bf16 {
     }
 }
 
+/// Orders the non-temporal stores of [`CpuElement::store_streaming`] before every later store, so
+/// the output is complete when the kernel returns (a no-op where there are none).
+#[inline(always)]
+pub(crate) fn fence_streaming() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86_64.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
 /// Whether bf16 slices are rounded by the AVX512-BF16 conversion ([`crate::avx512::store_bf16`]):
 /// the explicit rows run ([`crate::row_path`]) and the CPU has it. The same bits as the loops here.
 #[cfg(target_arch = "x86_64")]
@@ -287,5 +313,54 @@ mod tests {
         assert!(nan[0].is_nan());
         bf16::store(&[f32::from_bits(0x7f80_0001)], &mut nan);
         assert!(nan[0].is_nan(), "a signalling NaN with a low payload stays NaN");
+    }
+
+    /// Values whose rounding is decided by every rule: halfway cases, subnormals, NaN, overflow.
+    fn deciding_values(n: usize) -> Vec<f32> {
+        let special = [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 1e-40, -3e-39, f32::NAN, 3.4e38, 65519.0];
+        (0..n)
+            .map(|i| if i % 3 == 0 { special[i / 3 % special.len()] } else { (i as f32 * 0.731).sin() * 1e3 })
+            .collect()
+    }
+
+    /// `store_streaming` into destinations at every offset from a 64-byte boundary (so both the
+    /// streamed and the ordinary path run) gives `store`'s bits.
+    #[cfg(target_arch = "x86_64")]
+    fn streaming_matches_store<T: CpuElement + crate::avx512::Avx512Element>() -> bool {
+        let mut streamed = false;
+        for n in [0, 1, 15, 16, 17, 31, 32, 33, 64, 100, 256] {
+            let src = deciding_values(n);
+            for offset in 0..4 {
+                let mut expected = vec![<T as bytemuck::Zeroable>::zeroed(); n];
+                T::store(&src, &mut expected);
+                let mut buffer = vec![<T as bytemuck::Zeroable>::zeroed(); n + 64];
+                let align = buffer.as_ptr().align_offset(64);
+                let dst = &mut buffer[align + offset..align + offset + n];
+                T::store_streaming(&src, dst);
+                fence_streaming();
+                let (got, want): (&[u8], &[u8]) = (bytemuck::cast_slice(dst), bytemuck::cast_slice(&expected));
+                assert_eq!(got, want, "n {n} offset {offset}");
+                if offset == 0 && crate::row_path().is_avx512() {
+                    // From a 64-byte boundary every full group of 16 is streamed.
+                    assert_eq!(crate::avx512::stream_store(&src, dst), n - n % 16, "n {n}");
+                    fence_streaming();
+                    streamed = true;
+                }
+            }
+        }
+        streamed
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn streaming_stores_give_the_bits_of_ordinary_ones() {
+        let streamed =
+            [streaming_matches_store::<f32>(), streaming_matches_store::<bf16>(), streaming_matches_store::<f16>()];
+        if !streamed.iter().all(|&s| s) {
+            eprintln!(
+                "no explicit AVX-512 rows on this CPU ({}): only the ordinary stores were compared",
+                crate::row_path()
+            );
+        }
     }
 }
