@@ -7,7 +7,7 @@
 //! against the cache before anything is written.
 
 use ir_core::kernel::{RotaryCall, RotaryLaunch, Rows, register_rotary};
-use ir_core::op::rotary_embedding::{checked_positions, rotate_pair};
+use ir_core::op::rotary_embedding::{check_positions, rotate_pair};
 use ir_core::storage::{CpuBuffer, Storage};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 use rayon::prelude::*;
@@ -29,11 +29,13 @@ pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
     let stored = end
         .and_then(|end| stored.get(positions.offset()..end))
         .ok_or_else(|| KernelError::InvalidArguments { reason: "positions lie outside their buffer".to_owned() })?;
-    let positions = checked_positions(stored, launch.geometry.max_position)?;
+    // Checked in place (no per-call list); each is then a cache row.
+    check_positions(stored, launch.geometry.max_position)?;
+    let positions = stored;
     let cache_rows = Rows::for_kernel(cos_sin_cache.meta())?;
     let cache = cos_sin_cache.cpu_buffer().ok_or_else(|| crate::not_on_cpu("cos_sin_cache"))?;
     let dtype = query.tensor().dtype();
-    let pass = Pass { positions: &positions, cache, cache_rows, launch: &launch };
+    let pass = Pass { positions, cache, cache_rows, launch: &launch };
     for (param, tensor) in [("query", Some(&mut query)), ("key", key.as_mut())] {
         let Some(tensor) = tensor else { continue };
         let rows = Rows::for_kernel(tensor.tensor().meta())?;
@@ -50,7 +52,8 @@ pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
 
 /// What every rotated tensor shares: the checked positions and the cache.
 struct Pass<'a> {
-    positions: &'a [usize],
+    /// Checked by `check_positions`: each is a row of the cache.
+    positions: &'a [i64],
     cache: &'a CpuBuffer,
     cache_rows: Rows,
     launch: &'a RotaryLaunch,
@@ -69,8 +72,8 @@ impl Pass<'_> {
         let cache_stride = self.cache_rows.row_stride;
         let data = &mut buffer.typed_mut::<T>()[rows.offset..rows.offset + rows.span()];
         let per_task = rows_per_task(width, size_of::<T>());
-        let task = |scratch: &mut [f32], (row, &position): (&mut [T], &usize)| {
-            let cache_row = &cache[position * cache_stride..][..rot];
+        let task = |scratch: &mut [f32], (row, &position): (&mut [T], &i64)| {
+            let cache_row = &cache[position as usize * cache_stride..][..rot];
             rotate_row(&mut row[..width], cache_row, scratch, g.head_size, g.is_neox_style);
         };
         if rows.n_rows <= per_task {

@@ -199,17 +199,23 @@ pub fn native(
 
 /// The positions as cache rows, or the error naming the first out of range.
 pub fn checked_positions(positions: &[i64], max_position: usize) -> Result<Vec<usize>, KernelError> {
-    positions
-        .iter()
-        .enumerate()
-        .map(|(token, &p)| {
-            usize::try_from(p).ok().filter(|&p| p < max_position).ok_or_else(|| KernelError::InvalidArguments {
-                reason: format!(
-                    "rotary_embedding: position {p} of token {token} is outside the cos/sin cache (0..{max_position})"
-                ),
-            })
-        })
-        .collect()
+    check_positions(positions, max_position)?;
+    Ok(positions.iter().map(|&p| p as usize).collect())
+}
+
+/// Whether every position is a row of the cache (`0..max_position`), without allocating: the
+/// error names the first that is not. After it, `p as usize` is each position's row.
+pub fn check_positions(positions: &[i64], max_position: usize) -> Result<(), KernelError> {
+    let outside = |&p: &i64| usize::try_from(p).map_or(true, |p| p >= max_position);
+    match positions.iter().position(outside) {
+        None => Ok(()),
+        Some(token) => Err(KernelError::InvalidArguments {
+            reason: format!(
+                "rotary_embedding: position {} of token {token} is outside the cos/sin cache (0..{max_position})",
+                positions[token]
+            ),
+        }),
+    }
 }
 
 fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
