@@ -622,10 +622,11 @@ fn dispatch_table(results: &Results) -> String {
          metadata this thread saw before takes the provider and output metadata from its memo (one atomic \
          load of the generation that any priority change advances, and the key comparison; no snapshot \
          load, predicate or meta function); the functional calls run a typed implementation on the caller's \
-         borrowed arguments; the steady-state path allocates nothing beyond the kernel's own output \
-         (counted by `tests/dispatch_alloc.rs`). What remains is the key comparison, the selection count, \
-         the output contract check and, for `maybe_inplace`, the argument values and the in-place \
-         preparation. Both sides of each pair allocate the kernel's output.\n\n\
+         borrowed arguments, and `maybe_inplace` an in-place one on the donated tensors, their outputs \
+         checked where they are; the steady-state path allocates nothing beyond the kernel's own output \
+         (counted by `tests/dispatch_alloc.rs`). What remains is the key comparison, the selection and \
+         in-place counts, the output contract check and, for `maybe_inplace`, the donated tensors' \
+         uniqueness checks. Both sides of each pair allocate the kernel's output.\n\n\
          | call | shape | direct | registry | overhead |\n|---|---|---:|---:|---:|\n",
     );
     for (call, group) in OVERHEAD_GROUPS {
