@@ -110,6 +110,23 @@ impl Rows {
     }
 }
 
+impl RowArgs {
+    /// The rows these parameters were made from ([`Rows::kernel_args`]), for a host kernel handed a
+    /// launch, so it need not derive them from the layout again; an error names a negative field.
+    pub fn rows(&self) -> Result<Rows, KernelError> {
+        let back = |value: i64, what: &str| {
+            usize::try_from(value)
+                .map_err(|_| KernelError::InvalidArguments { reason: format!("negative {what} {value}") })
+        };
+        Ok(Rows {
+            n_rows: back(self.n_rows, "rows")?,
+            hidden: back(self.hidden.into(), "hidden size")?,
+            row_stride: back(self.row_stride, "row stride")?,
+            offset: back(self.offset, "storage offset")?,
+        })
+    }
+}
+
 /// Kernels do not implement `variance_size`; a defensive check behind the predicate.
 pub fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
     match variance_size {
@@ -871,6 +888,17 @@ mod tests {
         let w = w.map_or(ArgMeta::None, ArgMeta::Tensor);
         let v = variance.map_or(ArgMeta::None, ArgMeta::I64);
         rms_norm_support(&[ArgMeta::Tensor(x), w, ArgMeta::F64(1e-6), v], DeviceKind::Cpu)
+    }
+
+    #[test]
+    fn row_parameters_give_back_their_rows() {
+        for m in [meta(DType::BF16, &[4, 8], &[8, 1], 0), meta(DType::F32, &[3, 2, 8], &[32, 16, 1], 5)] {
+            let rows = Rows::for_kernel(&m).unwrap();
+            assert_eq!(rows.kernel_args().unwrap().rows().unwrap(), rows, "{m}");
+        }
+        let negative = RowArgs { n_rows: 2, hidden: 8, row_stride: -8, offset: 0 };
+        let err = negative.rows().unwrap_err();
+        assert!(err.to_string().contains("negative row stride -8"), "{err}");
     }
 
     #[test]

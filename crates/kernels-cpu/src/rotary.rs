@@ -32,13 +32,16 @@ pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
     // Checked in place (no per-call list); each is then a cache row.
     check_positions(stored, launch.geometry.max_position)?;
     let positions = stored;
-    let cache_rows = Rows::for_kernel(cos_sin_cache.meta())?;
+    // The row views the launch was made with (not derived from the layouts a second time).
+    let cache_rows = launch.cache.rows()?;
     let cache = cos_sin_cache.cpu_buffer().ok_or_else(|| crate::not_on_cpu("cos_sin_cache"))?;
     let dtype = query.tensor().dtype();
     let pass = Pass { positions, cache, cache_rows, launch: &launch };
-    for (param, tensor) in [("query", Some(&mut query)), ("key", key.as_mut())] {
+    for (param, tensor, rows) in [("query", Some(&mut query), Some(launch.query)), ("key", key.as_mut(), launch.key)] {
         let Some(tensor) = tensor else { continue };
-        let rows = Rows::for_kernel(tensor.tensor().meta())?;
+        let rows = rows
+            .ok_or_else(|| KernelError::InvalidArguments { reason: format!("the launch has no rows for {param}") })?
+            .rows()?;
         let Storage::Cpu(buffer) = tensor.storage_mut()? else { return Err(crate::not_on_cpu(param)) };
         match dtype {
             DType::F32 => pass.rotate::<f32>(buffer, rows),
