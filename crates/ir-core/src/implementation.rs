@@ -248,5 +248,5 @@ pub(crate) fn take_tensor(args: &mut [Value], index: usize) -> Result<Tensor, Ke
 /// Takes the activation at `index` as a [`UniqueTensor`] (for typed in-place wrappers).
 pub(crate) fn take_unique(args: &mut [Value], index: usize) -> Result<UniqueTensor, KernelError> {
     let tensor = take_tensor(args, index)?;
-    UniqueTensor::new(tensor).map_err(|t| KernelError::Tensor(t.write_refusal()))
+    Ok(UniqueTensor::writable(tensor)?)
 }

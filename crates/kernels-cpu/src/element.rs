@@ -358,7 +358,7 @@ mod tests {
             [streaming_matches_store::<f32>(), streaming_matches_store::<bf16>(), streaming_matches_store::<f16>()];
         if !streamed.iter().all(|&s| s) {
             eprintln!(
-                "no explicit AVX-512 rows on this CPU ({}): only the ordinary stores were compared",
+                "skipped: no explicit AVX-512 rows on this CPU ({}), so only the ordinary stores were compared",
                 crate::row_path()
             );
         }

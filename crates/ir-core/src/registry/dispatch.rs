@@ -462,18 +462,20 @@ fn execute(entry: &OpEntry, choice: &Cached, args: &mut [Value], overload: Overl
     let mut written = PerOutput::new();
     if chosen.inplace {
         let given: PerOutput<usize> = given_activations(entry, args).collect();
-        // The selection decided this from its key, these arguments' metadata; the loop names the
-        // activation that does not fit.
-        for (index, &position) in given.iter().enumerate().filter(|_| !choice.activations_fit) {
-            let activation = args[position].as_tensor().expect("given activations are tensors").meta();
-            if !choice.outputs[index].same_kind_and_shape(activation) {
-                return Err(CallError::InplaceMetaMismatch {
-                    op: def.name,
-                    provider: chosen.provider,
-                    index,
-                    output: Box::new(choice.outputs[index].clone()),
-                    activation: Box::new(activation.clone()),
-                });
+        // The selection decided this from its key, these arguments' metadata; only a misfit is
+        // looked for, to name the activation.
+        if !choice.activations_fit {
+            for (index, &position) in given.iter().enumerate() {
+                let activation = args[position].as_tensor().expect("given activations are tensors").meta();
+                if !choice.outputs[index].same_kind_and_shape(activation) {
+                    return Err(CallError::InplaceMetaMismatch {
+                        op: def.name,
+                        provider: chosen.provider,
+                        index,
+                        output: Box::new(choice.outputs[index].clone()),
+                        activation: Box::new(activation.clone()),
+                    });
+                }
             }
         }
         let mut written_in_place = 0;

@@ -631,7 +631,9 @@ impl Tensor {
                 rhs: src.shape().to_vec(),
             });
         }
-        if let (Storage::Cpu(from), true) = (&src.storage.storage, self.dtype() == src.dtype()) {
+        if self.dtype() == src.dtype()
+            && let Storage::Cpu(from) = &src.storage.storage
+        {
             let (size, layout) = (self.dtype().size_in_bytes(), self.meta.layout.clone());
             if let Storage::Cpu(to) = self.storage_mut()? {
                 copy_elements(from.bytes(), src.layout(), to.bytes_mut(), &layout, size);
