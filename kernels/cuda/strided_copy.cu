@@ -9,14 +9,12 @@ struct Dims8 {
     long long v[8];
 };
 
-template <typename T>
-__device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, Dims8 shape,
-                                             Dims8 src_strides, Dims8 dst_strides) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+// The storage offsets of element i (row-major) in the source and the destination layouts.
+__device__ __forceinline__ void strided_offsets(long long i, const Dims8& shape, const Dims8& src_strides,
+                                                const Dims8& dst_strides, long long& s, long long& d) {
     long long rest = i;
-    long long s = 0;
-    long long d = 0;
+    s = 0;
+    d = 0;
 #pragma unroll
     for (int k = 7; k >= 0; --k) {
         long long extent = shape.v[k];
@@ -25,6 +23,15 @@ __device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __res
         s += index * src_strides.v[k];
         d += index * dst_strides.v[k];
     }
+}
+
+template <typename T>
+__device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, Dims8 shape,
+                                             Dims8 src_strides, Dims8 dst_strides) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long long s, d;
+    strided_offsets(i, shape, src_strides, dst_strides, s, d);
     dst[d] = src[s];
 }
 

@@ -62,6 +62,7 @@ pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
             cargo(&run, &envs)?;
         }
         rss::measure(&out)?;
+        device_demo::measure(&out)?;
     }
     let results = Results::load(&out)?;
     let docs = project_root().join("docs");
@@ -231,6 +232,8 @@ pub(crate) struct Results {
     pub(crate) memory: Option<MemoryStudy>,
     /// `vllm-ir opt`'s peak resident memory on generated graphs.
     pub(crate) rss: Option<rss::RssStudy>,
+    /// The demo's host round trips on each GPU platform.
+    pub(crate) device_demo: Vec<device_demo::DeviceDemo>,
 }
 
 impl Results {
@@ -263,6 +266,9 @@ impl Results {
         }
         if let Some(text) = read_json("rss.json")? {
             results.rss = Some(serde_json::from_str(&text).context("parsing rss.json")?);
+        }
+        if let Some(text) = read_json("device-demo.json")? {
+            results.device_demo = serde_json::from_str(&text).context("parsing device-demo.json")?;
         }
         Ok(results)
     }
@@ -378,6 +384,7 @@ pub(crate) fn peak_for(device: &str) -> Option<(&'static str, f64)> {
     PEAKS.iter().find(|(name, _)| device.contains(name)).copied()
 }
 
+mod device_demo;
 mod plot;
 mod report;
 mod rss;

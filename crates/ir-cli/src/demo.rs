@@ -4,19 +4,23 @@
 //! qkv buffer, then a second norm + quantization and a `SiluAndMul` MLP. The GEMMs and the attention
 //! are stand-ins made of copies (dequantization into a fresh buffer, `cat` of column slices), so
 //! every run is bit-identical to every other.
+//!
+//! The model's parameters and the activations live on the platform's device (host memory for
+//! `cpu`), and each run says how many times it moved device tensors through host memory
+//! ([`host_round_trips`]): 0 when every step runs on the device.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use ir_core::op::InputSpec;
-use ir_core::storage::cpu_bytes_allocated;
+use ir_core::storage::{DeviceAllocator, cpu_bytes_allocated, host_round_trips};
 use ir_core::{Builtin, DType, EagerContext, Registry, SelectionRecord, Tensor, bit_eq};
 use ir_graph::{InterpOptions, Interpretation, Tracer, interpret};
 use ir_passes::{PassContext, PassReport, Pipeline, Snapshots};
 use layers::toy::{ToyDecoder, ToyDecoderConfig};
 
-use crate::{CommonArgs, build_registry};
+use crate::{CommonArgs, build_registry, device_allocator};
 
 /// Options of `vllm-ir demo`.
 #[derive(Args, Debug)]
@@ -46,7 +50,27 @@ struct RunReport {
     outputs: (Tensor, Tensor),
     elapsed: Duration,
     bytes_allocated: u64,
+    host_round_trips: u64,
     record: SelectionRecord,
+}
+
+/// Where the demo's tensors live: the platform's device, or host memory.
+struct Placement {
+    allocator: Option<std::sync::Arc<dyn DeviceAllocator>>,
+}
+
+impl Placement {
+    /// `t` on the device (a fresh upload), or `t` itself on the host.
+    fn place(&self, t: Tensor) -> anyhow::Result<Tensor> {
+        match &self.allocator {
+            Some(allocator) => Ok(t.to_device(allocator.as_ref())?),
+            None => Ok(t),
+        }
+    }
+
+    fn device(&self) -> ir_core::Device {
+        self.allocator.as_ref().map_or(ir_core::Device::Cpu, |a| a.device())
+    }
 }
 
 pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
@@ -56,23 +80,28 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let registry = build_registry();
     let config = args.common.config()?;
     let resolved = config.apply(&registry).context("applying priorities")?;
-    let model = build_model(args)?;
+    let placement = Placement { allocator: device_allocator(resolved.platform)? };
+    let mut model = build_model(args)?;
+    if let Some(allocator) = &placement.allocator {
+        model.to_device(allocator.as_ref()).context("moving the model's parameters to the device")?;
+    }
     println!(
-        "demo: {} decoder layers, {} tokens x hidden {} ({} query and {} key/value heads of {}), bf16, platform {}",
+        "demo: {} decoder layers, {} tokens x hidden {} ({} query and {} key/value heads of {}), bf16, platform {}, tensors on {}",
         args.layers,
         args.tokens,
         args.hidden,
         model.heads().q_heads,
         model.heads().kv_heads,
         model.heads().head_size,
-        resolved.platform
+        resolved.platform,
+        placement.device()
     );
     for (op, priority) in &resolved.ops {
         println!("  priority {op}: [{}]", priority.resolved.join(", "));
     }
 
-    let donated = run_once(&registry, &model, args, true)?;
-    let functional = run_once(&registry, &model, args, false)?;
+    let donated = run_once(&registry, &model, args, &placement, true)?;
+    let functional = run_once(&registry, &model, args, &placement, false)?;
     report("maybe_inplace (donated activations)", &donated);
     report("functional", &functional);
 
@@ -85,14 +114,14 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     }
     println!("eager bit-identical: yes");
 
-    let compiled = compiled_runs(&registry, &model, args)?;
-    let compiled_identical = compiled
-        .iter()
-        .all(|run| bit_eq(&run.outputs[0], &functional.outputs.0) && bit_eq(&run.outputs[1], &functional.outputs.1));
+    let compiled = compiled_runs(&registry, &model, args, &placement)?;
+    let compiled_identical = compiled.iter().all(|(run, _)| {
+        bit_eq(&run.outputs[0], &functional.outputs.0) && bit_eq(&run.outputs[1], &functional.outputs.1)
+    });
     if !compiled_identical {
         bail!("the compiled runs differ from the eager run; they must be bit-identical");
     }
-    let (donating, functional_graph) = (&compiled[0].stats, &compiled[1].stats);
+    let (donating, functional_graph) = (&compiled[0].0.stats, &compiled[1].0.stats);
     println!(
         "compiled vs functional graph: {:.2} MiB vs {:.2} MiB allocated, peak live {:.2} MiB vs {:.2} MiB",
         donating.bytes_allocated as f64 / (1 << 20) as f64,
@@ -102,19 +131,31 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     );
     println!("compiled bit-identical to eager: yes");
     println!("bit-identical: yes");
+    let round_trips = [&donated, &functional].iter().map(|r| r.host_round_trips).sum::<u64>()
+        + compiled.iter().map(|(_, trips)| trips).sum::<u64>();
+    println!("host round trips: {round_trips}");
     Ok(())
 }
 
 /// Traces the model (donating, and functional for comparison), compiles both with the standard
-/// pipeline and interprets them.
-fn compiled_runs(registry: &Registry, model: &ToyDecoder, args: &DemoArgs) -> anyhow::Result<Vec<Interpretation>> {
-    let meta = ir_core::TensorMeta::compact(DType::BF16, &[args.tokens, args.hidden]);
+/// pipeline and interprets them; each run with its host round trips.
+fn compiled_runs(
+    registry: &Registry,
+    model: &ToyDecoder,
+    args: &DemoArgs,
+    placement: &Placement,
+) -> anyhow::Result<Vec<(Interpretation, u64)>> {
+    let device = placement.device();
+    let meta = ir_core::TensorMeta { device, ..ir_core::TensorMeta::compact(DType::BF16, &[args.tokens, args.hidden]) };
     let mut runs = Vec::new();
     for (label, donate) in [("compiled, maybe_inplace", true), ("compiled, functional", false)] {
         let tracer = Tracer::new(registry, "decoder");
         let x = tracer.input("x", meta.clone());
         let residual = tracer.input("residual", meta.clone());
-        let positions = tracer.input("positions", ir_core::TensorMeta::compact(DType::I64, &[args.tokens]));
+        let positions = tracer.input(
+            "positions",
+            ir_core::TensorMeta { device, ..ir_core::TensorMeta::compact(DType::I64, &[args.tokens]) },
+        );
         let (out, new_residual) = model.forward(&tracer, (x, residual), &positions, donate)?;
         let traced = tracer.finish(&[out, new_residual]);
         let mut graph = traced.graph;
@@ -129,14 +170,15 @@ fn compiled_runs(registry: &Registry, model: &ToyDecoder, args: &DemoArgs) -> an
                 _ => None,
             })
             .unwrap_or(0);
-        let (x, residual, positions) = activations(args)?;
+        let (x, residual, positions) = activations(args, placement)?;
         let mut inputs =
             vec![("x".to_owned(), x), ("residual".to_owned(), residual), ("positions".to_owned(), positions)];
         inputs.extend(traced.parameters.iter().map(|(name, t)| (name.clone(), t.clone())));
-        let start = Instant::now();
+        let (trips_before, start) = (host_round_trips(), Instant::now());
         let run = interpret(&graph, registry, inputs, InterpOptions::checked())
             .context("interpreting the compiled decoder")?;
         let elapsed = start.elapsed();
+        let round_trips = host_round_trips() - trips_before;
         println!("{label}:");
         for pass in &report.runs {
             match &pass.report {
@@ -160,11 +202,12 @@ fn compiled_runs(registry: &Registry, model: &ToyDecoder, args: &DemoArgs) -> an
             stats.clones_executed,
             stats.defensive_copies
         );
+        println!("  host round trips: {round_trips}");
         println!("  time: {:.3} ms", elapsed.as_secs_f64() * 1e3);
         if args.print_ir {
             println!("{graph}");
         }
-        runs.push(run);
+        runs.push((run, round_trips));
     }
     Ok(runs)
 }
@@ -190,8 +233,8 @@ fn build_model(args: &DemoArgs) -> anyhow::Result<ToyDecoder> {
     ToyDecoder::new(config).map_err(|e| anyhow::anyhow!("--hidden {}: {e}", args.hidden))
 }
 
-/// Fresh, uniquely owned activations (x, residual) and the token positions `0..T`.
-fn activations(args: &DemoArgs) -> anyhow::Result<(Tensor, Tensor, Tensor)> {
+/// Fresh, uniquely owned activations (x, residual) and the token positions `0..T`, placed.
+fn activations(args: &DemoArgs, placement: &Placement) -> anyhow::Result<(Tensor, Tensor, Tensor)> {
     let spec = InputSpec {
         num_tokens: args.tokens,
         hidden_size: args.hidden,
@@ -203,21 +246,28 @@ fn activations(args: &DemoArgs) -> anyhow::Result<(Tensor, Tensor, Tensor)> {
     let x = inputs[0].as_tensor().expect("generated x").deep_clone()?;
     let residual = inputs[1].as_tensor().expect("generated residual").deep_clone()?;
     let positions = Tensor::from_vec(&[args.tokens], (0..args.tokens as i64).collect())?;
-    Ok((x, residual, positions))
+    Ok((placement.place(x)?, placement.place(residual)?, placement.place(positions)?))
 }
 
 /// One eager forward pass.
-fn run_once(registry: &Registry, model: &ToyDecoder, args: &DemoArgs, donate: bool) -> anyhow::Result<RunReport> {
+fn run_once(
+    registry: &Registry,
+    model: &ToyDecoder,
+    args: &DemoArgs,
+    placement: &Placement,
+    donate: bool,
+) -> anyhow::Result<RunReport> {
     let ctx = EagerContext::new(registry);
-    let (x, residual, positions) = activations(args)?;
+    let (x, residual, positions) = activations(args, placement)?;
     registry.reset_selection_record();
-    let bytes_before = cpu_bytes_allocated();
+    let (bytes_before, trips_before) = (cpu_bytes_allocated(), host_round_trips());
     let start = Instant::now();
     let outputs = model.forward(&ctx, (x, residual), &positions, donate)?;
     Ok(RunReport {
         outputs,
         elapsed: start.elapsed(),
         bytes_allocated: cpu_bytes_allocated() - bytes_before,
+        host_round_trips: host_round_trips() - trips_before,
         record: registry.selection_record(),
     })
 }
@@ -243,5 +293,6 @@ fn report(label: &str, run: &RunReport) {
         );
     }
     println!("  bytes allocated: {} ({:.2} MiB)", run.bytes_allocated, run.bytes_allocated as f64 / (1 << 20) as f64);
+    println!("  host round trips: {}", run.host_round_trips);
     println!("  time: {:.3} ms", run.elapsed.as_secs_f64() * 1e3);
 }

@@ -14,11 +14,13 @@ mod opt;
 mod run;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use ir_core::platform::{ConfigSources, PLATFORM_ENV, PRIORITY_ENV};
-use ir_core::{PriorityConfig, Registry};
+use ir_core::storage::DeviceAllocator;
+use ir_core::{Platform, PriorityConfig, Registry};
 
 /// Inspect and run vllm-ir ops, providers and priorities.
 #[derive(Parser, Debug)]
@@ -108,6 +110,28 @@ fn one_line(error: &anyhow::Error) -> String {
         parts.push(text.lines().next().unwrap_or_default().to_owned());
     }
     parts.join(": ")
+}
+
+/// The allocator of the platform's device, where a run on `platform` keeps its tensors; `None` for
+/// the CPU. A platform whose device this build or machine lacks is an error naming why.
+fn device_allocator(platform: Platform) -> anyhow::Result<Option<Arc<dyn DeviceAllocator>>> {
+    let unavailable = |reason: String| anyhow::anyhow!("platform {platform}: no device to run on: {reason}");
+    match platform {
+        Platform::Cpu => Ok(None),
+        #[cfg(feature = "cuda")]
+        Platform::Cuda => match kernels_cuda::allocator(0) {
+            Ok(allocator) => Ok(Some(Arc::new(allocator))),
+            Err(reason) => Err(unavailable(reason)),
+        },
+        #[cfg(feature = "xpu")]
+        Platform::Xpu => match kernels_xpu::allocator() {
+            Ok(allocator) => Ok(Some(Arc::new(allocator))),
+            Err(reason) => Err(unavailable(reason)),
+        },
+        Platform::Rocm => kernels_rocm::allocator().map(|a| Some(Arc::from(a))).map_err(unavailable),
+        #[allow(unreachable_patterns)]
+        other => Err(unavailable(format!("this build has no `{}` provider", other.provider()))),
+    }
 }
 
 /// A registry with the built-in ops and every provider this build includes.

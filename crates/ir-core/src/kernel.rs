@@ -447,6 +447,30 @@ pub fn register_rotary(
 /// Dimensions a device-side strided copy kernel takes.
 pub const COPY_MAX_RANK: usize = 8;
 
+/// The conversions the GPU backends' strided conversion kernels make (`copy_` between dtypes and
+/// `scale` of device tensors): (source, destination, kernel name), the same names in the CUDA
+/// and ROCm sources.
+pub const CONVERT_KERNELS: [(DType, DType, &str); 15] = {
+    use DType::{BF16, F8E4M3FN, F8E5M2, F16, F32};
+    [
+        (F32, F32, "strided_convert_f32_f32"),
+        (F32, F16, "strided_convert_f32_f16"),
+        (F32, BF16, "strided_convert_f32_bf16"),
+        (F16, F32, "strided_convert_f16_f32"),
+        (F16, F16, "strided_convert_f16_f16"),
+        (F16, BF16, "strided_convert_f16_bf16"),
+        (BF16, F32, "strided_convert_bf16_f32"),
+        (BF16, F16, "strided_convert_bf16_f16"),
+        (BF16, BF16, "strided_convert_bf16_bf16"),
+        (F8E4M3FN, F32, "strided_convert_f8e4m3fn_f32"),
+        (F8E4M3FN, F16, "strided_convert_f8e4m3fn_f16"),
+        (F8E4M3FN, BF16, "strided_convert_f8e4m3fn_bf16"),
+        (F8E5M2, F32, "strided_convert_f8e5m2_f32"),
+        (F8E5M2, F16, "strided_convert_f8e5m2_f16"),
+        (F8E5M2, BF16, "strided_convert_f8e5m2_bf16"),
+    ]
+};
+
 /// A strided copy as the copy kernels take it: shape and strides padded to [`COPY_MAX_RANK`]
 /// dimensions (extent 1, stride 0), the element count, and the storage offsets, each converted to a
 /// kernel integer.

@@ -17,6 +17,22 @@ pub fn cpu_bytes_allocated() -> u64 {
     CPU_BYTES_ALLOCATED.load(Ordering::Relaxed)
 }
 
+static HOST_ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times this process moved device tensors through host memory to compute on them: a
+/// native kernel given device tensors, a built-in or a copy that a backend has no device-side path
+/// for. Monotonic; explicit transfers (`Tensor::to_cpu`, uploads) are not counted. An engine reads
+/// it around a step to prove that step stayed on the device.
+pub fn host_round_trips() -> u64 {
+    HOST_ROUND_TRIPS.load(Ordering::Relaxed)
+}
+
+/// Counts one host round trip of `operation` (see [`host_round_trips`]).
+pub fn note_host_round_trip(operation: &str) {
+    HOST_ROUND_TRIPS.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(target: "ir_core::storage", operation, "device tensors through host memory");
+}
+
 /// An error from device memory management, reported by a kernel crate.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{device}: {operation} failed: {message}")]
@@ -52,6 +68,23 @@ pub trait DeviceBuffer: Send + Sync + fmt::Debug + Any {
     ) -> Result<(), DeviceError> {
         copy_strided_through_host(self, src, dst, dst_layout)
     }
+    /// Writes the elements `src` describes in this buffer into `dst` as `dst_meta` describes them
+    /// (same shape, any layout), converted to `dst_meta`'s dtype: `round_dst(v)`, or with `factor`
+    /// `round_dst(round_c(v · round_c(factor)))` where `c` is the source's compute dtype (the
+    /// semantics of `copy_` and `scale`). Returns `false`, leaving `dst` untouched, where the
+    /// backend has no device-side conversion for the case; the caller then converts on the host.
+    ///
+    /// The default has none.
+    fn convert_strided(
+        &self,
+        src: &TensorMeta,
+        dst: &mut dyn DeviceBuffer,
+        dst_meta: &TensorMeta,
+        factor: Option<f64>,
+    ) -> Result<bool, DeviceError> {
+        let _ = (src, dst, dst_meta, factor);
+        Ok(false)
+    }
     /// For downcasting to the backend's concrete buffer type.
     fn as_any(&self) -> &dyn Any;
     /// For downcasting to the backend's concrete buffer type.
@@ -67,6 +100,7 @@ pub fn copy_strided_through_host(
     dst: &mut dyn DeviceBuffer,
     dst_layout: &Layout,
 ) -> Result<(), DeviceError> {
+    note_host_round_trip("copy");
     let size = src.dtype.size_in_bytes();
     let mut src_bytes = vec![0u8; src_buffer.len_bytes()];
     src_buffer.download(&mut src_bytes)?;

@@ -91,3 +91,91 @@ pub fn check_device_copies(allocator: &dyn crate::storage::DeviceAllocator) {
         }
     }
 }
+
+/// The dtypes a device converts from on the device in [`check_device_conversions`].
+pub const CONVERT_SOURCES: [crate::DType; 5] =
+    [crate::DType::F32, crate::DType::F16, crate::DType::BF16, crate::DType::F8E4M3FN, crate::DType::F8E5M2];
+
+/// The dtypes a device converts into on the device in [`check_device_conversions`].
+pub const CONVERT_TARGETS: [crate::DType; 3] = [crate::DType::F32, crate::DType::F16, crate::DType::BF16];
+
+/// Checks a device's `copy_` between dtypes and `scale` (its `DeviceBuffer::convert_strided`) against
+/// the host's, bit for bit (NaN as NaN): every pair of [`CONVERT_SOURCES`] and [`CONVERT_TARGETS`],
+/// from a compact and a transposed source into a compact and a transposed destination, on values
+/// from 2^-30 to 2^20 (subnormal, overflowing and tie cases for the narrow dtypes), every code of
+/// the two fp8 formats, and `scale` of each target dtype by an inexact factor. Panics naming the
+/// case that differs. Returns the number of conversions made, each of which a backend with a
+/// device-side conversion for every pair does on the device. For the kernel crates' tests.
+pub fn check_device_conversions(allocator: &dyn crate::storage::DeviceAllocator) -> u64 {
+    use crate::{DType, F8E4M3, F8E5M2, Tensor};
+    // Signed quarter steps times powers of two from 2^-30 to 2^20, and values halfway between two
+    // bf16 (and f16) neighbours.
+    let values: Vec<f64> = (0..84i32)
+        .map(|i| {
+            let base = f64::from((i * 37) % 29) / 4.0 - 3.5;
+            let scaled = base * 2f64.powi((i % 11) * 5 - 30);
+            if i % 7 == 3 { 1.0 + 2f64.powi(-8) + 2f64.powi(-9) * f64::from(i % 2) } else { scaled }
+        })
+        .collect();
+    let mut conversions = 0;
+    let same = |a: &Tensor, b: &Tensor| -> bool {
+        let (x, y) = (a.to_f64_vec().expect("download"), b.to_f64_vec().expect("download"));
+        x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
+    };
+    for src_dtype in CONVERT_SOURCES {
+        let mut sources = vec![Tensor::from_f64(src_dtype, &[7, 12], &values).expect("a small tensor")];
+        match src_dtype {
+            DType::F8E4M3FN => sources
+                .push(Tensor::from_vec(&[16, 16], (0..=255u8).map(F8E4M3::from_bits).collect()).expect("every code")),
+            DType::F8E5M2 => sources
+                .push(Tensor::from_vec(&[16, 16], (0..=255u8).map(F8E5M2::from_bits).collect()).expect("every code")),
+            _ => {}
+        }
+        for host in sources {
+            let on_device = host.to_device(allocator).expect("upload");
+            for transposed_src in [false, true] {
+                let (src_host, src_device) = if transposed_src {
+                    (host.transpose(0, 1).expect("rank 2"), on_device.transpose(0, 1).expect("rank 2"))
+                } else {
+                    (host.clone(), on_device.clone())
+                };
+                for dst_dtype in CONVERT_TARGETS {
+                    for transposed_dst in [false, true] {
+                        let label = format!(
+                            "copy_ {src_dtype} {} -> {dst_dtype}{}",
+                            src_host.layout(),
+                            if transposed_dst { " (transposed destination)" } else { "" }
+                        );
+                        let shape = src_host.shape();
+                        let fresh = |shape: &[usize]| Tensor::zeros(dst_dtype, shape).expect("zeros");
+                        let (mut expected, dst) = if transposed_dst {
+                            let swapped = [shape[1], shape[0]];
+                            let host_dst = fresh(&swapped).transpose(0, 1).expect("rank 2");
+                            let device_dst =
+                                fresh(&swapped).to_device(allocator).and_then(|t| t.transpose(0, 1)).expect("upload");
+                            (host_dst, device_dst)
+                        } else {
+                            (fresh(shape), fresh(shape).to_device(allocator).expect("upload"))
+                        };
+                        let mut dst = dst;
+                        expected.copy_from(&src_host).unwrap_or_else(|e| panic!("{label}: {e}"));
+                        dst.copy_from(&src_device).unwrap_or_else(|e| panic!("{label}: {e}"));
+                        conversions += 1;
+                        assert!(same(&dst, &expected), "{label}: differs from the host's conversion");
+                    }
+                }
+                if CONVERT_TARGETS.contains(&src_dtype) {
+                    for factor in [0.1, -3.0, 1e-3] {
+                        let label = format!("scale {src_dtype} {} by {factor}", src_host.layout());
+                        let expected = src_host.scale(factor).unwrap_or_else(|e| panic!("{label}: {e}"));
+                        let got = src_device.scale(factor).unwrap_or_else(|e| panic!("{label}: {e}"));
+                        conversions += 1;
+                        assert!(got.layout().is_compact_at_zero(), "{label}: compact result");
+                        assert!(same(&got, &expected), "{label}: differs from the host's");
+                    }
+                }
+            }
+        }
+    }
+    conversions
+}

@@ -1,6 +1,8 @@
-//! `clone` and `contiguous` of cuda tensors on the device: `kernels/strided_copy.cu`, one thread per
-//! element, each element moved as an unsigned integer of its size (every dtype bit for bit), up to
-//! [`COPY_MAX_RANK`] dimensions; past that, or into another device's memory, through the host.
+//! `clone`, `contiguous` and `cat` of cuda tensors on the device: `kernels/strided_copy.cu`, one
+//! thread per element, each element moved as an unsigned integer of its size (every dtype bit for
+//! bit), up to [`COPY_MAX_RANK`] dimensions; past that, or into another device's memory, through the
+//! host. `copy_` between dtypes and `scale`: `kernels/strided_convert.cu`, one kernel per pair of
+//! [`CONVERT_KERNELS`].
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
@@ -17,6 +19,18 @@ pub use ir_core::kernel::COPY_MAX_RANK;
 
 /// Threads per block of the copy.
 const COPY_BLOCK: u32 = 256;
+
+/// The strided conversion kernels' source.
+pub const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cu");
+
+pub use ir_core::kernel::CONVERT_KERNELS;
+
+/// Compiles the strided conversion program (every kernel of [`CONVERT_KERNELS`]) to PTX for `arch`.
+/// The program holds the strided copies too: it is compiled after their source, whose indexing it uses.
+pub fn compile_convert_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    let source = format!("{STRIDED_COPY}\n{STRIDED_CONVERT}");
+    compile(&source, "strided_convert.cu", "strided_convert".to_owned(), Vec::new(), arch)
+}
 
 /// The element sizes the program has a kernel for (`strided_copy_<bytes>`).
 pub const ELEMENT_SIZES: [usize; 4] = [1, 2, 4, 8];
@@ -65,4 +79,58 @@ pub(crate) fn copy_on_device(
     // address guards record both uses on the stream for cudarc's ordering.
     unsafe { builder.launch(config) }.map_err(driver_error)?;
     Ok(())
+}
+
+/// Converts the elements `src` describes in `from` into `to` as `to_meta` describes them, on `from`'s
+/// stream (see [`DeviceBuffer::convert_strided`](ir_core::storage::DeviceBuffer::convert_strided));
+/// `false` when no kernel converts this pair of dtypes.
+pub(crate) fn convert_on_device(
+    from: &CudaBuffer,
+    src: &TensorMeta,
+    to: &mut CudaBuffer,
+    to_meta: &TensorMeta,
+    factor: Option<f64>,
+) -> Result<bool, KernelError> {
+    let Some(&(_, _, name)) = CONVERT_KERNELS.iter().find(|(s, d, _)| *s == src.dtype && *d == to_meta.dtype) else {
+        return Ok(false);
+    };
+    let n = src.numel();
+    if n == 0 {
+        return Ok(true);
+    }
+    let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(src, &to_meta.layout)?;
+    let blocks = u32::try_from(n.div_ceil(COPY_BLOCK as usize))
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+    let device = std::sync::Arc::clone(&from.device);
+    let arch = device.arch;
+    // Cached per kernel name (each pair its own entry).
+    let function = device.op_function(name, src.dtype, name, || compile_convert_ptx(arch))?;
+    // `scale` multiplies in f32 (the compute dtype of every dtype converted here) by the factor
+    // rounded to it.
+    let (factor, scaled) = (factor.unwrap_or(1.0) as f32, i32::from(factor.is_some()));
+    let stream = std::sync::Arc::clone(from.stream());
+    let src_address = from.read_address(&stream);
+    let dst_address = to.write_address(&stream);
+    let src_ptr = src_address.offset(src.layout.offset() * src.dtype.size_in_bytes());
+    let dst_ptr = dst_address.offset(to_meta.layout.offset() * to_meta.dtype.size_in_bytes());
+    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let mut builder = stream.launch_builder(&function);
+    // strided_convert_<src>_<dst>(const S* src, D* dst, long long n, Dims8 shape, Dims8 src_strides,
+    //                             Dims8 dst_strides, float factor, int scaled)
+    builder
+        .arg(&src_ptr)
+        .arg(&dst_ptr)
+        .arg(&n_elements)
+        .arg(&shape)
+        .arg(&src_strides)
+        .arg(&dst_strides)
+        .arg(&factor)
+        .arg(&scaled);
+    // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
+    // loss, each [i64; 8] laid out as the kernel's `Dims8`; the kernel is the one for these two
+    // dtypes. Every element `src` describes lies in `from` (its layout was checked against the
+    // storage) and every element of `to_meta` in `to`; the buffers are distinct (`to` is borrowed
+    // mutably). The address guards record both uses on the stream for cudarc's ordering.
+    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    Ok(true)
 }

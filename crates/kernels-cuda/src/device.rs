@@ -426,6 +426,29 @@ impl DeviceBuffer for CudaBuffer {
         copy_strided_through_host(self, src, dst, dst_layout)
     }
 
+    /// On the device (`kernels/strided_convert.cu`) when `dst` is memory of the same device, the
+    /// rank at most [`COPY_MAX_RANK`](crate::copy::COPY_MAX_RANK) and the pair of dtypes one of
+    /// [`CONVERT_KERNELS`](crate::copy::CONVERT_KERNELS).
+    fn convert_strided(
+        &self,
+        src: &TensorMeta,
+        dst: &mut dyn DeviceBuffer,
+        dst_meta: &TensorMeta,
+        factor: Option<f64>,
+    ) -> Result<bool, DeviceError> {
+        let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>() else {
+            return Ok(false);
+        };
+        if src.layout.rank() > crate::copy::COPY_MAX_RANK || !Arc::ptr_eq(&target.device, &self.device) {
+            return Ok(false);
+        }
+        crate::copy::convert_on_device(self, src, target, dst_meta, factor).map_err(|e| DeviceError {
+            device: Device::Cuda(self.device.ordinal as u32),
+            operation: "convert",
+            message: e.to_string(),
+        })
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

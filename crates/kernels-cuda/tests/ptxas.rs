@@ -1,4 +1,4 @@
-//! Every CUDA kernel of this crate (the strided copy included) assembles to SASS with `ptxas` for sm_80 and sm_90 with no
+//! Every CUDA kernel of this crate (the strided copy and conversion included) assembles to SASS with `ptxas` for sm_80 and sm_90 with no
 //! register spill and no stack frame (local memory), and the resource report (registers per
 //! thread, shared memory) of each is printed. No GPU needed: NVRTC makes the PTX and `ptxas` (the
 //! `nvidia-cuda-nvcc-cu12` wheel ships it) assembles it; `PTXAS` names the binary, else `ptxas` on
@@ -86,6 +86,12 @@ fn programs(arch: &'static str) -> Vec<(String, String)> {
         assert!(copy.to_src().contains(&entry), "the strided copy PTX lacks `{entry}`");
     }
     out.push(("strided_copy".to_owned(), copy.to_src()));
+    let convert = kernels_cuda::copy::compile_convert_ptx(Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+    for (_, _, name) in kernels_cuda::copy::CONVERT_KERNELS {
+        let entry = format!(".entry {name}(");
+        assert!(convert.to_src().contains(&entry), "the strided conversion PTX lacks `{entry}`");
+    }
+    out.push(("strided_convert".to_owned(), convert.to_src()));
     out
 }
 

@@ -1,5 +1,6 @@
 //! `clone` and `contiguous` of cuda tensors copy on the device, bit for bit in every dtype and
-//! layout (needs a CUDA device; the kernels' compilation is checked without one by `ptxas.rs`).
+//! layout, and `copy_` between dtypes and `scale` convert there with the host's bits (needs a CUDA
+//! device; the kernels' compilation is checked without one by `ptxas.rs`).
 
 #[test]
 fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
@@ -8,4 +9,14 @@ fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
         return;
     }
     ir_core::testing::check_device_copies(&kernels_cuda::allocator(0).unwrap());
+}
+
+#[test]
+fn copies_between_dtypes_and_scales_convert_on_the_device() {
+    if let ir_core::Availability::Unavailable(reason) = kernels_cuda::availability() {
+        ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
+        return;
+    }
+    let conversions = ir_core::testing::check_device_conversions(&kernels_cuda::allocator(0).unwrap());
+    assert!(conversions > 100, "{conversions} conversions checked");
 }

@@ -270,32 +270,74 @@ use ir_core::kernel::COPY_MAX_RANK;
 impl HipBuffer {
     /// Copies the elements `src` describes in this buffer into `to` with `to_layout`, on the device.
     fn copy_on_device(&self, src: &TensorMeta, to: &HipBuffer, to_layout: &Layout) -> Result<(), KernelError> {
+        let symbol = format!("strided_copy_{}", src.dtype.size_in_bytes());
+        self.launch_strided(&symbol, src, to, to_layout, src.dtype.size_in_bytes(), None)
+    }
+
+    /// Converts the elements `src` describes in this buffer into `to` as `to_meta` describes them, on
+    /// the device (see [`DeviceBuffer::convert_strided`]); `false` when no kernel converts this pair.
+    fn convert_on_device(
+        &self,
+        src: &TensorMeta,
+        to: &HipBuffer,
+        to_meta: &TensorMeta,
+        factor: Option<f64>,
+    ) -> Result<bool, KernelError> {
+        let Some(&(_, _, name)) =
+            crate::CONVERT_KERNELS.iter().find(|(s, d, _)| *s == src.dtype && *d == to_meta.dtype)
+        else {
+            return Ok(false);
+        };
+        // `scale` multiplies in f32 (the compute dtype of every dtype converted here) by the factor
+        // rounded to it.
+        let scale = (factor.unwrap_or(1.0) as f32, i32::from(factor.is_some()));
+        self.launch_strided(name, src, to, &to_meta.layout, to_meta.dtype.size_in_bytes(), Some(scale))?;
+        Ok(true)
+    }
+
+    /// Launches the strided copy (`scale` `None`) or conversion kernel `symbol` (`Some((factor,
+    /// scaled))`) over the elements `src` describes, into `to` with `to_layout` (elements of
+    /// `to_size` bytes).
+    fn launch_strided(
+        &self,
+        symbol: &str,
+        src: &TensorMeta,
+        to: &HipBuffer,
+        to_layout: &Layout,
+        to_size: usize,
+        scale: Option<(f32, i32)>,
+    ) -> Result<(), KernelError> {
         let n = src.numel();
         if n == 0 {
             return Ok(());
         }
-        let size = src.dtype.size_in_bytes();
         let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
             ir_core::kernel::CopyDims::new(src, to_layout)?;
-        let mut src_ptr = self.pointer.wrapping_byte_add(src.layout.offset() * size);
-        let mut dst_ptr = to.pointer.wrapping_byte_add(to_layout.offset() * size);
+        let mut src_ptr = self.pointer.wrapping_byte_add(src.layout.offset() * src.dtype.size_in_bytes());
+        let mut dst_ptr = to.pointer.wrapping_byte_add(to_layout.offset() * to_size);
         let blocks = u32::try_from(n.div_ceil(256))
             .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+        let (mut factor, mut scaled) = scale.unwrap_or_default();
         // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
-        //                      Dims8 dst_strides), Dims8 being eight long longs by value.
-        let mut params: [*mut c_void; 6] = [
+        //                      Dims8 dst_strides), Dims8 being eight long longs by value;
+        // strided_convert_<src>_<dst>(the same, float factor, int scaled).
+        let mut params: [*mut c_void; 8] = [
             &mut src_ptr as *mut _ as *mut c_void,
             &mut dst_ptr as *mut _ as *mut c_void,
             &mut n_elements as *mut _ as *mut c_void,
             &mut shape as *mut _ as *mut c_void,
             &mut src_strides as *mut _ as *mut c_void,
             &mut dst_strides as *mut _ as *mut c_void,
+            &mut factor as *mut _ as *mut c_void,
+            &mut scaled as *mut _ as *mut c_void,
         ];
-        // SAFETY: the parameters point to locals of the kernel's declared types in prototype order
-        // (each [i64; 8] laid out as `Dims8`), every integer converted without loss. Every element
+        let count = if scale.is_some() { 8 } else { 6 };
+        // SAFETY: the first `count` parameters point to locals of the kernel's declared types in
+        // prototype order (each [i64; 8] laid out as `Dims8`; the conversion's two more only for
+        // it, which `scale` is given for), every integer converted without loss. Every element
         // `src` describes lies in this buffer (its layout was checked against the storage) and every
         // element of `to_layout` in `to` (allocated for it by the caller, distinct from this one).
-        unsafe { self.device.launch(&format!("strided_copy_{size}"), blocks, 256, &mut params) }
+        unsafe { self.device.launch(symbol, blocks, 256, &mut params[..count]) }
     }
 }
 
@@ -354,6 +396,25 @@ impl DeviceBuffer for HipBuffer {
             return self.copy_on_device(src, target, dst_layout).map_err(|e| self.device.error("copy", e.to_string()));
         }
         copy_strided_through_host(self, src, dst, dst_layout)
+    }
+
+    /// On the device (`strided_convert_*` in `kernels/strided_copy.hip`) when `dst` is memory of this
+    /// device, the rank at most [`COPY_MAX_RANK`] and the pair of dtypes one of
+    /// [`CONVERT_KERNELS`](crate::CONVERT_KERNELS).
+    fn convert_strided(
+        &self,
+        src: &TensorMeta,
+        dst: &mut dyn DeviceBuffer,
+        dst_meta: &TensorMeta,
+        factor: Option<f64>,
+    ) -> Result<bool, DeviceError> {
+        let Some(target) = dst.as_any().downcast_ref::<HipBuffer>() else {
+            return Ok(false);
+        };
+        if src.layout.rank() > COPY_MAX_RANK || !Arc::ptr_eq(&target.device, &self.device) {
+            return Ok(false);
+        }
+        self.convert_on_device(src, target, dst_meta, factor).map_err(|e| self.device.error("convert", e.to_string()))
     }
 
     fn as_any(&self) -> &dyn Any {

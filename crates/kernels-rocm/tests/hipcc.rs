@@ -108,13 +108,18 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
         let symbol = format!("{}_{dtype}", kernels_rocm::rotary::KERNEL);
         assert!(text.contains(&symbol), "the code object lacks `{symbol}`");
     }
-    // The strided copy (`clone`/`contiguous` on the device): one kernel per element size, no scratch.
+    // The strided copy (`clone`/`contiguous` on the device): one kernel per element size, and the
+    // strided conversion (`copy_` between dtypes, `scale`): one per pair of dtypes; no scratch.
     let copy_scratch: Vec<&str> =
         report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/strided_copy.hip:")).collect();
-    assert_eq!(copy_scratch.len(), 4, "one report per strided copy kernel:\n{report}");
+    let expected = 4 + kernels_rocm::CONVERT_KERNELS.len();
+    assert_eq!(copy_scratch.len(), expected, "one report per strided copy and conversion kernel:\n{report}");
     assert!(copy_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{copy_scratch:#?}");
     for size in [1, 2, 4, 8] {
         assert!(text.contains(&format!("strided_copy_{size}")), "the code object lacks `strided_copy_{size}`");
+    }
+    for (_, _, name) in kernels_rocm::CONVERT_KERNELS {
+        assert!(text.contains(name), "the code object lacks `{name}`");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

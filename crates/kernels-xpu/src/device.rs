@@ -37,7 +37,10 @@ pub struct XpuDevice {
     op_kernels: KernelCache<(&'static str, DType)>,
     /// The strided copy kernel by element size.
     copy_kernels: KernelCache<usize>,
-    /// Strided copies done on the device (`clone`/`contiguous` of xpu tensors).
+    /// The strided conversion kernel by (source, destination) dtype.
+    convert_kernels: KernelCache<(DType, DType)>,
+    /// Strided copies and conversions done on the device (`clone`, `contiguous`, `cat`, `copy_`,
+    /// `scale` of xpu tensors).
     device_copies: AtomicU64,
 }
 
@@ -85,6 +88,22 @@ pub fn device() -> Result<&'static Arc<XpuDevice>, String> {
 
 /// The strided copy kernel's source (`kernels/strided_copy.cl`).
 const STRIDED_COPY: &str = include_str!("../kernels/strided_copy.cl");
+
+/// The strided conversion kernel's source (`kernels/strided_convert.cl`), built after `element.cl`
+/// and the strided copy's indexing.
+const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cl");
+
+/// The code `strided_convert.cl` knows a source dtype by (`SDTYPE`), for the dtypes it converts from.
+fn convert_source_code(dtype: DType) -> Option<u8> {
+    match dtype {
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        DType::F8E4M3FN => Some(3),
+        DType::F8E5M2 => Some(4),
+        _ => None,
+    }
+}
 
 pub use ir_core::kernel::COPY_MAX_RANK;
 
@@ -149,6 +168,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         kernels: Mutex::new(HashMap::new()),
         op_kernels: Mutex::new(HashMap::new()),
         copy_kernels: Mutex::new(HashMap::new()),
+        convert_kernels: Mutex::new(HashMap::new()),
         device_copies: AtomicU64::new(0),
     }))
 }
@@ -175,7 +195,8 @@ impl XpuDevice {
         self.max_work_group_size
     }
 
-    /// How many strided copies (`clone`, `contiguous` of xpu tensors) ran on the device.
+    /// How many strided copies and conversions (`clone`, `contiguous`, `cat`, `copy_`, `scale` of
+    /// xpu tensors) ran on the device.
     pub fn device_copies(&self) -> u64 {
         self.device_copies.load(Ordering::Relaxed)
     }
@@ -201,6 +222,24 @@ impl XpuDevice {
         let kernel = self.build(STRIDED_COPY, &options, "strided_copy", format!("strided_copy[{element}]"))?;
         kernels.insert(element_size, Arc::clone(&kernel));
         Ok(kernel)
+    }
+
+    /// The strided conversion kernel from `src` to `dst` elements, built at first use; `None` when
+    /// the device converts no such pair (into f32, f16 or bf16 from those or fp8).
+    fn convert_kernel(&self, src: DType, dst: DType) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
+        let (Some(code), true) = (convert_source_code(src), matches!(dst, DType::F32 | DType::F16 | DType::BF16))
+        else {
+            return Ok(None);
+        };
+        let mut kernels = self.convert_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(kernel) = kernels.get(&(src, dst)) {
+            return Ok(Some(Arc::clone(kernel)));
+        }
+        let options = format!("{} -DSDTYPE={code}", base_options(dst)?);
+        let source = format!("{}\n{STRIDED_COPY}\n{STRIDED_CONVERT}", crate::module::ELEMENT);
+        let kernel = self.build(&source, &options, "strided_convert", format!("strided_convert[{src} -> {dst}]"))?;
+        kernels.insert((src, dst), Arc::clone(&kernel));
+        Ok(Some(kernel))
     }
 
     /// The in-order queue this crate uses when the caller gives none (see [`XpuBuffer`]).
@@ -436,6 +475,41 @@ impl XpuBuffer {
     /// Copies the elements `src` describes in this buffer into `dst` with `dst_layout`, on the device,
     /// queued on this buffer's queue (`dst` first waits for its own).
     fn copy_on_device(&self, src: &TensorMeta, dst: &XpuBuffer, dst_layout: &Layout) -> Result<(), KernelError> {
+        let kernel = self.device.copy_kernel(src.dtype.size_in_bytes())?;
+        self.launch_strided(&kernel, src, dst, dst_layout, None)
+    }
+
+    /// Converts the elements `src` describes in this buffer into `dst` as `dst_meta` describes
+    /// them, on the device (see [`DeviceBuffer::convert_strided`]); `false` when the kernel does
+    /// not convert this pair of dtypes.
+    fn convert_on_device(
+        &self,
+        src: &TensorMeta,
+        dst: &XpuBuffer,
+        dst_meta: &TensorMeta,
+        factor: Option<f64>,
+    ) -> Result<bool, KernelError> {
+        let Some(kernel) = self.device.convert_kernel(src.dtype, dst_meta.dtype)? else {
+            return Ok(false);
+        };
+        // `scale` multiplies in f32 (the compute dtype of every dtype converted here) by the factor
+        // rounded to it.
+        let scale = (factor.unwrap_or(1.0) as f32, i32::from(factor.is_some()));
+        self.launch_strided(&kernel, src, dst, &dst_meta.layout, Some(scale))?;
+        Ok(true)
+    }
+
+    /// Launches the strided copy (`scale` `None`) or conversion kernel (`Some((factor, scaled))`) over
+    /// the elements `src` describes, into `dst` with `dst_layout`, queued on this buffer's queue
+    /// (`dst` first waits for its own).
+    fn launch_strided(
+        &self,
+        kernel: &Mutex<Kernel>,
+        src: &TensorMeta,
+        dst: &XpuBuffer,
+        dst_layout: &Layout,
+        scale: Option<(f32, i32)>,
+    ) -> Result<(), KernelError> {
         let n = src.numel();
         if n == 0 {
             return Ok(());
@@ -445,18 +519,21 @@ impl XpuBuffer {
             ir_core::kernel::CopyDims::new(src, dst_layout)?;
         let queue = self.queue();
         dst.use_on(&queue)?;
-        let kernel = self.device.copy_kernel(src.dtype.size_in_bytes())?;
         let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (src_mem, dst_mem) = (self.cl_mem(), dst.cl_mem());
+        let (factor, scaled) = scale.unwrap_or_default();
         // strided_copy(src, long src_offset, dst, long dst_offset, long n, int rank, long8 shape,
         //              long8 src_strides, long8 dst_strides)
-        // SAFETY: the arguments follow the kernel's prototype above, each `long8` passed as eight
-        // i64 (64 bytes, its size), every integer converted without loss. Every element `src`
-        // describes lies inside this buffer (its layout was checked against the storage), and
-        // every element `dst_layout` describes inside `dst` (allocated for it by the caller); the
-        // two buffers are distinct (`dst` is borrowed mutably by the caller).
+        // strided_convert(the same, float factor, int scaled)
+        // SAFETY: the arguments follow the kernel's prototype above (the conversion kernel's two
+        // more only for it, which `scale` is given for), each `long8` passed as eight i64 (64 bytes,
+        // its size), every integer converted without loss. Every element `src` describes lies inside
+        // this buffer (its layout was checked against the storage), and every element `dst_layout`
+        // describes inside `dst` (allocated for it by the caller); the two buffers are distinct
+        // (`dst` is borrowed mutably by the caller).
         unsafe {
-            ExecuteKernel::new(&kernel)
+            let mut launch = ExecuteKernel::new(&kernel);
+            launch
                 .set_arg(&src_mem)
                 .set_arg(&src_offset)
                 .set_arg(&dst_mem)
@@ -465,9 +542,11 @@ impl XpuBuffer {
                 .set_arg(&rank)
                 .set_arg(&shape)
                 .set_arg(&src_strides)
-                .set_arg(&dst_strides)
-                .set_global_work_size(n)
-                .enqueue_nd_range(&queue)
+                .set_arg(&dst_strides);
+            if scale.is_some() {
+                launch.set_arg(&factor).set_arg(&scaled);
+            }
+            launch.set_global_work_size(n).enqueue_nd_range(&queue)
         }
         .map_err(cl_error)?;
         self.device.device_copies.fetch_add(1, Ordering::Relaxed);
@@ -535,6 +614,25 @@ impl DeviceBuffer for XpuBuffer {
                 .map_err(|e| self.device.device_error("copy", e.to_string()));
         }
         copy_strided_through_host(self, src, dst, dst_layout)
+    }
+
+    /// On the device (the strided conversion kernel) when `dst` is memory of the same device, the
+    /// rank at most [`COPY_MAX_RANK`] and the dtypes f32, f16, bf16 or fp8 into f32, f16 or bf16.
+    fn convert_strided(
+        &self,
+        src: &TensorMeta,
+        dst: &mut dyn DeviceBuffer,
+        dst_meta: &TensorMeta,
+        factor: Option<f64>,
+    ) -> Result<bool, DeviceError> {
+        let Some(target) = dst.as_any().downcast_ref::<XpuBuffer>() else {
+            return Ok(false);
+        };
+        if src.layout.rank() > COPY_MAX_RANK || !Arc::ptr_eq(&target.device, &self.device) {
+            return Ok(false);
+        }
+        self.convert_on_device(src, target, dst_meta, factor)
+            .map_err(|e| self.device.device_error("convert", e.to_string()))
     }
 
     fn as_any(&self) -> &dyn Any {

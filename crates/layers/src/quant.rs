@@ -2,6 +2,7 @@
 //! scale per token computed from the row (dynamic).
 
 use ir_core::op::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
+use ir_core::storage::DeviceAllocator;
 use ir_core::{DType, ExecutionContext, Tensor};
 
 use crate::LayerError;
@@ -44,6 +45,16 @@ pub struct QuantFp8 {
 }
 
 impl QuantFp8 {
+    /// Moves the scale tensors (the static scale, or the per-token bound) to the allocator's device.
+    pub fn to_device(&mut self, allocator: &dyn DeviceAllocator) -> Result<(), LayerError> {
+        match &mut self.scale {
+            QuantScale::Static(scale) => *scale = scale.to_device(allocator)?,
+            QuantScale::PerToken { scale_ub: Some(bound) } => *bound = bound.to_device(allocator)?,
+            QuantScale::PerToken { scale_ub: None } => {}
+        }
+        Ok(())
+    }
+
     /// A quantization layer named `name` (its scale's parameter name when traced), writing
     /// `out_dtype` (`f8e4m3fn` or `f8e5m2`).
     pub fn new(name: impl Into<String>, scale: QuantScale, out_dtype: DType) -> Result<QuantFp8, LayerError> {

@@ -5,6 +5,7 @@
 //! copies (dequantization into a fresh buffer, `cat` of column slices), so a run is bit-identical
 //! to any other run of the same providers, eager or compiled.
 
+use ir_core::storage::DeviceAllocator;
 use ir_core::{Builtin, BuiltinArg, DType, ExecutionContext, Tensor};
 
 use crate::{LayerError, QuantFp8, QuantScale, RmsNorm, RotaryEmbedding, SiluAndMul};
@@ -142,6 +143,19 @@ impl ToyDecoder {
         }
         let final_norm = norm("final_norm.weight".to_owned(), 2 * layers as u64)?;
         Ok(ToyDecoder { layers: modules, heads, silu: SiluAndMul, final_norm })
+    }
+
+    /// Moves every parameter (norm weights, quantization scales, rotary caches) to the allocator's
+    /// device, so that a forward pass over activations there stays there.
+    pub fn to_device(&mut self, allocator: &dyn DeviceAllocator) -> Result<(), LayerError> {
+        for layer in &mut self.layers {
+            layer.input_norm.to_device(allocator)?;
+            layer.input_quant.to_device(allocator)?;
+            layer.rope.to_device(allocator)?;
+            layer.post_norm.to_device(allocator)?;
+            layer.post_quant.to_device(allocator)?;
+        }
+        self.final_norm.to_device(allocator)
     }
 
     /// The head split.

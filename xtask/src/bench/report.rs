@@ -248,6 +248,29 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
         None => Target::not_measured("memory: compiled fused norms allocate nothing", "no memory results"),
     });
 
+    let round_trips = "GPU: 0 host round trips in the demo (`vllm-ir demo --platform <p>`: toy decoder, eager and compiled, tensors on the device)";
+    let ran: Vec<_> = results.device_demo.iter().filter(|d| d.round_trips.is_some()).collect();
+    targets.push(if ran.is_empty() {
+        let why =
+            results.device_demo.iter().map(|d| format!("{}: {}", d.platform, d.note)).collect::<Vec<_>>().join("; ");
+        Target::not_measured(round_trips, if why.is_empty() { "no device demo results" } else { &why })
+    } else {
+        let measured = results
+            .device_demo
+            .iter()
+            .map(|d| match d.round_trips {
+                Some(n) => format!("{}: {n} ({})", d.platform, d.note),
+                None => format!("{}: not run ({})", d.platform, d.note),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        Target {
+            name: round_trips.to_owned(),
+            measured,
+            status: Status::from_bool(ran.iter().all(|d| d.round_trips == Some(0))),
+        }
+    });
+
     let cuda_device =
         results.providers.iter().find(|p| p.provider == "cuda" && p.available).and_then(|p| p.device.clone());
     let h200 = "H200: `cuda` fused op at 16384×8192 bf16 ≥ 85% of 4.8 TB/s".to_owned();

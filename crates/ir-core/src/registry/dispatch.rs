@@ -235,6 +235,10 @@ impl Registry {
                     reason: reason.into_owned(),
                 });
             }
+            if implementation.provider == NATIVE && on_device(&metas) {
+                crate::storage::note_host_round_trip(def.name);
+                warn_host_round_trip(&entry);
+            }
             outputs_meta
         };
         let mut written = PerOutput::new();
@@ -450,6 +454,7 @@ fn record(entry: &OpEntry, choice: &Cached, on_device: bool) {
     choice.chosen.selections.fetch_add(1, Ordering::Relaxed);
     note_rejections(&choice.rejected);
     if on_device && choice.chosen.provider == NATIVE {
+        crate::storage::note_host_round_trip(entry.def.name);
         warn_host_round_trip(entry);
     }
 }

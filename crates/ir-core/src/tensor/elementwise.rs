@@ -1,8 +1,12 @@
 //! Elementwise built-ins (`add`, `mul`, `scale`): compute in the compute dtype, round once, compact output.
 //!
-//! Device tensors go through a host round trip (correct, slow).
+//! `scale` of a device tensor runs on the device where its backend converts there; `add`, `mul`
+//! and the rest of device tensors go through a host round trip (correct, slow, and counted by
+//! [`host_round_trips`](crate::storage::host_round_trips)).
 
-use crate::{Tensor, TensorError};
+use super::storage_bytes;
+use crate::storage::Storage;
+use crate::{Layout, Tensor, TensorError, TensorMeta};
 
 impl Tensor {
     /// `self + other`, computed in the compute dtype and rounded once; compact output.
@@ -16,10 +20,19 @@ impl Tensor {
     }
 
     /// `self * factor`, computed in the compute dtype and rounded once; compact output.
+    /// Device tensors are scaled on the device where the backend can
+    /// ([`DeviceBuffer::convert_strided`](crate::storage::DeviceBuffer::convert_strided)).
     pub fn scale(&self, factor: f64) -> Result<Tensor, TensorError> {
+        if let Storage::Device(src) = &self.storage.storage {
+            let meta = TensorMeta { layout: Layout::compact(self.shape()), ..self.meta.clone() };
+            let mut dst = src.allocate_like(storage_bytes(&meta)?)?;
+            if src.convert_strided(&self.meta, dst.as_mut(), &meta, Some(factor))? {
+                return Tensor::from_storage(Storage::Device(dst), meta.dtype, meta.layout);
+            }
+        }
         let compute = self.dtype().compute_dtype();
         let factor = compute.round(factor);
-        self.map_values(self.to_f64_vec()?.into_iter().map(|a| compute.round(a * factor)))
+        self.map_values("scale", self.to_f64_vec()?.into_iter().map(|a| compute.round(a * factor)))
     }
 
     fn binary(
@@ -44,16 +57,17 @@ impl Tensor {
         let compute = self.dtype().compute_dtype();
         let b = other.to_f64_vec()?;
         let values = self.to_f64_vec()?.into_iter().zip(b).map(|(x, y)| compute.round(f(x, y)));
-        self.map_values(values)
+        self.map_values(operation, values)
     }
 
-    fn map_values(&self, values: impl Iterator<Item = f64>) -> Result<Tensor, TensorError> {
+    fn map_values(&self, operation: &str, values: impl Iterator<Item = f64>) -> Result<Tensor, TensorError> {
         // Values are exact in the compute dtype; one rounding to the element dtype follows.
         let values: Vec<f64> = values.collect();
         let host = Tensor::from_f64(self.dtype(), self.shape(), &values)?;
         if self.device().is_cpu() {
             return Ok(host);
         }
+        crate::storage::note_host_round_trip(operation);
         host.to_device_of(self)
     }
 }

@@ -599,19 +599,26 @@ impl Tensor {
     }
 
     /// `self` and `other` joined along `dim` into a fresh compact tensor (every other dimension,
-    /// the dtype and the device must agree); the elements are copied bit for bit. Device tensors go
-    /// through host memory.
+    /// the dtype and the device must agree); the elements are copied bit for bit, device tensors
+    /// by their backend's strided copy.
     pub fn cat(&self, other: &Tensor, dim: usize) -> Result<Tensor, TensorError> {
         let meta = cat_meta(self.meta(), other.meta(), dim)?;
-        if !self.device().is_cpu() {
-            return self.to_cpu()?.cat(&other.to_cpu()?, dim)?.to_device_of(self);
+        let split = self.shape()[dim];
+        let parts =
+            [(self, meta.layout.slice(dim, 0, split)?), (other, meta.layout.slice(dim, split, meta.shape()[dim])?)];
+        if let Storage::Device(first) = &self.storage.storage {
+            // Each part copied into its slice of the result by the backend (on the device where it
+            // has a strided copy).
+            let mut dst = first.allocate_like(storage_bytes(&meta)?)?;
+            for (src, layout) in &parts {
+                let Storage::Device(from) = &src.storage.storage else { unreachable!("one device (cat_meta)") };
+                from.copy_strided(src.meta(), dst.as_mut(), layout)?;
+            }
+            return Tensor::from_storage(Storage::Device(dst), meta.dtype, meta.layout);
         }
         let size = self.dtype().size_in_bytes();
         let mut dst = CpuBuffer::zeroed_for(self.dtype(), storage_bytes(&meta)?)?;
-        let split = self.shape()[dim];
-        for (src, layout) in
-            [(self, meta.layout.slice(dim, 0, split)?), (other, meta.layout.slice(dim, split, meta.shape()[dim])?)]
-        {
+        for (src, layout) in parts {
             let Storage::Cpu(bytes) = &src.storage.storage else { unreachable!("both on the cpu (cat_meta)") };
             copy_elements(bytes.bytes(), src.layout(), dst.bytes_mut(), &layout, size);
         }
@@ -619,8 +626,9 @@ impl Tensor {
     }
 
     /// Overwrites this tensor's elements (in its own layout) with `src`'s, converting the dtype.
-    /// Host tensors of one dtype are copied bit for bit (every i64, every NaN payload), other pairs
-    /// through f64.
+    /// Tensors of one dtype are copied bit for bit (every i64, every NaN payload); on one device
+    /// the backend copies or converts there where it can ([`DeviceBuffer::convert_strided`]);
+    /// other pairs convert through f64 on the host.
     ///
     /// Needs unique ownership of this tensor's storage and equal shapes.
     pub fn copy_from(&mut self, src: &Tensor) -> Result<(), TensorError> {
@@ -639,6 +647,22 @@ impl Tensor {
                 copy_elements(from.bytes(), src.layout(), to.bytes_mut(), &layout, size);
                 return Ok(());
             }
+        }
+        if let Storage::Device(from) = &src.storage.storage
+            && src.device() == self.device()
+        {
+            let dst_meta = self.meta.clone();
+            let Storage::Device(to) = self.storage_mut()? else { unreachable!("on src's device") };
+            if src.dtype() == dst_meta.dtype {
+                from.copy_strided(src.meta(), to.as_mut(), &dst_meta.layout)?;
+                return Ok(());
+            }
+            if from.convert_strided(src.meta(), to.as_mut(), &dst_meta, None)? {
+                return Ok(());
+            }
+        }
+        if !src.device().is_cpu() || !self.device().is_cpu() {
+            crate::storage::note_host_round_trip("copy_");
         }
         let values = src.to_f64_vec()?;
         let layout = self.meta.layout.clone();
