@@ -161,6 +161,11 @@ pub struct Selection {
     pub outputs: Vec<TensorMeta>,
     /// Whether a priority list was installed (otherwise native was chosen by default).
     pub from_priority_list: bool,
+    /// Positions of device tensor arguments whose layouts the provider's predicate rejects: a call
+    /// gives it compact copies made on their device, and puts the results back in the declared
+    /// layouts (in-place outputs into the original activations), so the call stays on the device
+    /// instead of falling back to native. Usually empty.
+    pub compacted: Vec<usize>,
 }
 
 impl Registry {
@@ -198,6 +203,7 @@ impl Registry {
                 .collect(),
             outputs: choice.outputs.to_vec(),
             from_priority_list: choice.from_priority_list,
+            compacted: choice.compacted.to_vec(),
         })
     }
 
@@ -225,21 +231,29 @@ impl Registry {
                 reason: reason.clone(),
             });
         }
-        let outputs_meta = {
+        let (outputs_meta, compacted) = {
             let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
             let outputs_meta = (def.meta)(&metas)?;
-            if let Support::No(reason) = implementation.check_supports(&metas) {
-                return Err(CallError::Unsupported {
-                    op: def.name,
-                    provider: provider.to_owned(),
-                    reason: reason.into_owned(),
-                });
-            }
+            // A graph lowered to this provider on compact copies of some arguments (see
+            // `Selection::compacted`) runs it the same way.
+            let compacted = match implementation.check_supports(&metas) {
+                Support::Yes => SmallVec::new(),
+                Support::No(reason) => match compacting(&metas, std::slice::from_ref(&implementation)) {
+                    Some((_, positions)) => positions,
+                    None => {
+                        return Err(CallError::Unsupported {
+                            op: def.name,
+                            provider: provider.to_owned(),
+                            reason: reason.into_owned(),
+                        });
+                    }
+                },
+            };
             if implementation.provider == NATIVE && on_device(&metas) {
                 crate::storage::note_host_round_trip(def.name);
                 warn_host_round_trip(&entry);
             }
-            outputs_meta
+            (outputs_meta, compacted)
         };
         let mut written = PerOutput::new();
         if implementation.inplace {
@@ -251,11 +265,7 @@ impl Registry {
                 written.push(tensor.storage_id());
             }
         }
-        let outputs = (implementation.call)(&mut args).map_err(|source| CallError::Kernel {
-            op: def.name,
-            provider: implementation.provider,
-            source,
-        })?;
+        let outputs = run_compacted(&entry, &implementation, &mut args, &compacted, &outputs_meta)?;
         check_outputs(def, &implementation, &outputs_meta, &outputs, &written)?;
         Ok(outputs.into_vec())
     }
@@ -499,10 +509,104 @@ fn execute(entry: &OpEntry, choice: &Cached, args: &mut [Value], overload: Overl
         }
     }
 
-    let outputs =
-        (chosen.call)(args).map_err(|source| CallError::Kernel { op: def.name, provider: chosen.provider, source })?;
+    let outputs = run_compacted(entry, chosen, args, &choice.compacted, &choice.outputs)?;
     check_outputs(def, chosen, &choice.outputs, &outputs, &written)?;
     Ok(outputs)
+}
+
+/// Runs `chosen` on `args`, first replacing the tensors at `compacted` (usually none) by compact
+/// copies made on their device; then each output of such a call gets its declared layout back: an
+/// in-place output is copied into the original activation it was written for (which becomes the
+/// output, so the call stays in place), a fresh one into a fresh tensor of its declared layout.
+/// The other compacted arguments are put back into `args`.
+#[inline]
+fn run_compacted(
+    entry: &OpEntry,
+    chosen: &ImplEntry,
+    args: &mut [Value],
+    compacted: &[usize],
+    declared: &[TensorMeta],
+) -> Result<Outputs, CallError> {
+    let def = entry.def;
+    let kernel_error = |source| CallError::Kernel { op: def.name, provider: chosen.provider, source };
+    if compacted.is_empty() {
+        return (chosen.call)(args).map_err(kernel_error);
+    }
+    let given: PerOutput<usize> =
+        if chosen.inplace { given_activations(entry, args).collect() } else { PerOutput::new() };
+    let mut originals: SmallVec<[(usize, Option<Tensor>); 2]> = SmallVec::new();
+    for &position in compacted {
+        if let Some(Value::Tensor(tensor)) = args.get_mut(position) {
+            let compact = tensor.contiguous()?;
+            originals.push((position, Some(std::mem::replace(tensor, compact))));
+        }
+    }
+    tracing::debug!(
+        target: "ir_core::dispatch",
+        op = def.name,
+        provider = chosen.provider,
+        positions = ?compacted,
+        "running {} on compact copies of arguments {compacted:?}",
+        chosen.provider
+    );
+    let mut outputs = (chosen.call)(args).map_err(kernel_error)?;
+    for (index, output) in outputs.iter_mut().enumerate() {
+        let original = given
+            .get(index)
+            .and_then(|position| originals.iter_mut().find(|(p, _)| p == position))
+            .and_then(|(_, original)| original.take());
+        match original {
+            Some(mut original) => {
+                original.copy_from(output)?;
+                *output = original;
+            }
+            None => {
+                if let Some(declared) = declared.get(index)
+                    && output.meta() != declared
+                {
+                    *output = output.copy_into_layout(declared.layout.clone())?;
+                }
+            }
+        }
+    }
+    for (position, original) in originals {
+        if let Some(original) = original {
+            args[position] = Value::Tensor(original);
+        }
+    }
+    Ok(outputs)
+}
+
+/// Whether one of `candidates` (in order) takes the call when the non-compact device tensors among
+/// `args` are made compact on their device: the first such candidate's index and the positions to
+/// compact. `None` when no argument is a non-compact device tensor or no candidate takes them.
+fn compacting(args: &[ArgMeta<'_>], candidates: &[Arc<ImplEntry>]) -> Option<(usize, SmallVec<[usize; 2]>)> {
+    let mut positions = SmallVec::<[usize; 2]>::new();
+    let mut compact = SmallVec::<[TensorMeta; 2]>::new();
+    for (position, arg) in args.iter().enumerate() {
+        if let Some(t) = arg.tensor()
+            && !t.device.is_cpu()
+            && !t.layout.is_compact()
+        {
+            positions.push(position);
+            compact.push(TensorMeta { device: t.device, ..TensorMeta::compact(t.dtype, t.shape()) });
+        }
+    }
+    if positions.is_empty() {
+        return None;
+    }
+    let adapted: ArgMetas<'_> = args
+        .iter()
+        .enumerate()
+        .map(|(i, arg)| match positions.iter().position(|&p| p == i) {
+            Some(k) => ArgMeta::Tensor(&compact[k]),
+            None => *arg,
+        })
+        .collect();
+    let index = candidates
+        .iter()
+        .position(|candidate| candidate.provider != NATIVE && candidate.check_supports(&adapted) == Support::Yes)?;
+    Some((index, positions))
 }
 
 /// A selection held by a typed `maybe_inplace` call ([`Registry::select_declared`]): the call checks
@@ -527,8 +631,14 @@ impl Selected<'_> {
 
     /// The chosen in-place implementation's typed function `Arc<F>`, if it is in place and has one.
     pub fn typed_inplace<F: ?Sized + 'static>(&self) -> Option<&Arc<F>> {
-        let chosen = &self.remembered().cached.chosen;
-        chosen.typed.as_ref().filter(|_| chosen.inplace).and_then(|typed| typed.downcast_ref::<Arc<F>>())
+        let cached = &self.remembered().cached;
+        let chosen = &cached.chosen;
+        // A compacting selection runs through the bound arguments (`run_compacted`).
+        chosen
+            .typed
+            .as_ref()
+            .filter(|_| chosen.inplace && cached.compacted.is_empty())
+            .and_then(|typed| typed.downcast_ref::<Arc<F>>())
     }
 
     /// The chosen functional implementation's typed function `Arc<F>`, if it is functional and has one.
@@ -615,7 +725,12 @@ impl Drop for Selected<'_> {
 /// The chosen implementation's typed function of type `F`, when it is functional and has one.
 fn typed_impl<F: ?Sized + 'static>(cached: &Cached) -> Option<&Arc<F>> {
     let chosen = &cached.chosen;
-    chosen.typed.as_ref().filter(|_| !chosen.inplace).and_then(|typed| typed.downcast_ref::<Arc<F>>())
+    // A compacting selection runs through the bound arguments (`run_compacted`).
+    chosen
+        .typed
+        .as_ref()
+        .filter(|_| !chosen.inplace && cached.compacted.is_empty())
+        .and_then(|typed| typed.downcast_ref::<Arc<F>>())
 }
 
 /// Runs a selection for [`Registry::call_typed`]: its typed function on the borrowed arguments, or,
@@ -718,10 +833,25 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
         return Ok(choice);
     }
     let outputs = (entry.def.meta)(args)?;
-    let mut rejected = SmallVec::new();
+    let mut rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]> = SmallVec::new();
     for candidate in installed.list.iter() {
         match candidate.check_supports(args) {
             Support::Yes => {
+                // Rather than native on device tensors (a host round trip), a provider before it
+                // that takes compact copies of the arguments whose layouts it rejects.
+                if candidate.provider == NATIVE
+                    && on_device(args)
+                    && let Some((index, positions)) =
+                        compacting(args, &rejected.iter().map(|(p, _)| Arc::clone(p)).collect::<Vec<_>>())
+                {
+                    let chosen = Arc::clone(&rejected[index].0);
+                    rejected.truncate(index);
+                    log_choice(op, &chosen, &rejected, args);
+                    let cached = Cached::new(args, &entry.activations, chosen, outputs, rejected).compacting(positions);
+                    let cached = Arc::new(cached);
+                    installed.remember(Arc::clone(&cached));
+                    return Ok(Choice::Made(cached));
+                }
                 log_choice(op, candidate, &rejected, args);
                 let cached = Arc::new(Cached::new(args, &entry.activations, Arc::clone(candidate), outputs, rejected));
                 installed.remember(Arc::clone(&cached));

@@ -46,6 +46,10 @@ pub(crate) struct Cached {
     /// activation's dtype, device and shape: decided once from the key, which holds the activations'
     /// metadata, so a call on matching arguments need not compare them again.
     pub(crate) activations_fit: bool,
+    /// Positions of device tensor arguments the chosen provider takes as compact copies made on
+    /// their device (its predicate rejects their layouts; see `dispatch::compacting`); empty for
+    /// most selections.
+    pub(crate) compacted: SmallVec<[usize; 2]>,
 }
 
 /// An owned argument metadata, compared against a call's [`ArgMeta`].
@@ -103,7 +107,12 @@ impl Cached {
     ) -> Cached {
         let activations_fit = activations_fit(args, activations, &outputs);
         let key = args.iter().map(KeyArg::of).collect();
-        Cached { key, chosen, outputs, rejected, from_priority_list: true, activations_fit }
+        Cached { key, chosen, outputs, rejected, from_priority_list: true, activations_fit, compacted: SmallVec::new() }
+    }
+
+    /// The same selection, its provider taking compact copies of the tensors at `positions`.
+    pub(crate) fn compacting(self, positions: SmallVec<[usize; 2]>) -> Cached {
+        Cached { compacted: positions, ..self }
     }
 
     /// Native, chosen because nothing is installed (never remembered).
@@ -121,6 +130,7 @@ impl Cached {
             rejected: SmallVec::new(),
             from_priority_list: false,
             activations_fit,
+            compacted: SmallVec::new(),
         }
     }
 

@@ -574,7 +574,8 @@ impl Tensor {
         self.copy_into_layout(Layout::compact(self.shape()))
     }
 
-    fn copy_into_layout(&self, layout: Layout) -> Result<Tensor, TensorError> {
+    /// A copy in fresh storage (on this tensor's device) with `layout`, which must fit its shape.
+    pub(crate) fn copy_into_layout(&self, layout: Layout) -> Result<Tensor, TensorError> {
         let size = self.dtype().size_in_bytes();
         let bytes = storage_bytes(&TensorMeta { layout: layout.clone(), ..self.meta.clone() })?;
         let storage = match &self.storage.storage {

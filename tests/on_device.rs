@@ -1,0 +1,230 @@
+//! Work on device tensors stays on the device (issue 14 item 4), on every device backend this machine
+//! runs. The toy decoder (`layers::toy`, the demo's model), eager (donated and functional) and
+//! compiled by the standard pipeline, with its parameters and activations on the device: the norms,
+//! the fused quantizations, the rotary embedding, the activation, and the stand-ins' `contiguous`,
+//! `copy_` from fp8, `scale` and `cat` all run there, and the results match the cpu provider's.
+//! Every op on arguments whose layouts the device kernels reject (transposed): the provider runs on
+//! compact copies made on the device, with the bits of a call on compact arguments, in place where
+//! the call is. Its own test binary: the round-trip counter is process-wide, and no test here may
+//! make a round trip.
+
+use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use ir_core::op::{BUILTIN_OPS, InputSpec, Value};
+use ir_core::storage::host_round_trips;
+use ir_core::{
+    DType, EagerContext, ExecutionContext, Platform, PriorityConfig, Registry, Tensor, TensorMeta, allclose, bit_eq,
+};
+use ir_graph::{InterpOptions, Tracer, interpret};
+use ir_passes::{PassContext, Pipeline, Snapshots};
+use layers::toy::{ToyDecoder, ToyDecoderConfig};
+use vllm_ir_tests::{Backend, backends};
+
+const TOKENS: usize = 5;
+const HIDDEN: usize = 256;
+
+/// Runs `test` on every device backend this machine has, with the priorities an engine on its
+/// platform gets (its provider first, then native); says so when there is none.
+fn on_each_device(what: &str, mut test: impl FnMut(&Backend)) {
+    let mut ran = 0;
+    for backend in backends() {
+        if backend.allocator.is_none() {
+            continue;
+        }
+        let platform = Platform::ALL.into_iter().find(|p| p.provider() == backend.provider).expect("a device platform");
+        let _priorities = PriorityConfig::platform_default(platform).apply_scoped(&backend.registry).unwrap();
+        test(&backend);
+        ran += 1;
+    }
+    if ran == 0 {
+        ir_core::testing::skip("device", &format!("no device backend on this machine: {what} not run on one"));
+    }
+}
+
+fn model() -> ToyDecoder {
+    let config = ToyDecoderConfig { layers: 2, hidden: HIDDEN, max_position: 64, dtype: DType::BF16, seed: 7 };
+    ToyDecoder::new(config).unwrap()
+}
+
+/// Host activations `(x, residual, positions)`.
+fn activations() -> (Tensor, Tensor, Tensor) {
+    let spec = InputSpec { num_tokens: TOKENS, hidden_size: HIDDEN, dtype: DType::BF16, epsilon: 1e-6, seed: 11 };
+    let inputs = (FUSED_ADD_RMS_NORM.generate_inputs)(&spec).unwrap();
+    let positions = Tensor::from_vec(&[TOKENS], vec![0i64, 3, 9, 27, 63]).unwrap();
+    (
+        inputs[0].as_tensor().unwrap().deep_clone().unwrap(),
+        inputs[1].as_tensor().unwrap().deep_clone().unwrap(),
+        positions,
+    )
+}
+
+/// The model traced (donating when `donate`) and compiled by the standard pipeline, run by the
+/// checked interpreter on `inputs` (x, residual, positions).
+fn compiled(
+    registry: &Registry,
+    model: &ToyDecoder,
+    inputs: (Tensor, Tensor, Tensor),
+    donate: bool,
+) -> (Tensor, Tensor) {
+    let tracer = Tracer::new(registry, "decoder");
+    let device = inputs.0.device();
+    let meta = TensorMeta { device, ..TensorMeta::compact(DType::BF16, &[TOKENS, HIDDEN]) };
+    let x = tracer.input("x", meta.clone());
+    let residual = tracer.input("residual", meta);
+    let positions = tracer.input("positions", TensorMeta { device, ..TensorMeta::compact(DType::I64, &[TOKENS]) });
+    let (out, new_residual) = model.forward(&tracer, (x, residual), &positions, donate).unwrap();
+    let traced = tracer.finish(&[out, new_residual]);
+    let mut graph = traced.graph;
+    Pipeline::standard().run(&mut graph, &PassContext::new(registry), None, Snapshots::Skip).unwrap();
+    let mut named =
+        vec![("x".to_owned(), inputs.0), ("residual".to_owned(), inputs.1), ("positions".to_owned(), inputs.2)];
+    named.extend(traced.parameters.iter().map(|(name, t)| (name.clone(), t.clone())));
+    let run = interpret(&graph, registry, named, InterpOptions::checked()).unwrap();
+    let mut outputs = run.outputs.into_iter();
+    (outputs.next().unwrap(), outputs.next().unwrap())
+}
+
+#[test]
+fn the_toy_decoder_stays_on_the_device_and_matches_the_cpu() {
+    let cpu_backend = backends().into_iter().next().expect("the cpu backend comes first");
+    let host_model = model();
+    let ctx = EagerContext::new(&cpu_backend.registry);
+    let (x, residual, positions) = activations();
+    let (expected, expected_residual) = host_model.forward(&ctx, (x, residual), &positions, false).unwrap();
+    on_each_device("the toy decoder", |backend| {
+        let allocator = backend.allocator.as_ref().expect("a device backend");
+        let label = backend.provider;
+        let mut device_model = model();
+        device_model.to_device(allocator.as_ref()).unwrap();
+        let upload = || {
+            let (x, residual, positions) = activations();
+            (backend.upload(&x).unwrap(), backend.upload(&residual).unwrap(), backend.upload(&positions).unwrap())
+        };
+        let before = host_round_trips();
+        let ctx = EagerContext::new(&backend.registry);
+        let (x, residual, positions) = upload();
+        let functional = device_model.forward(&ctx, (x, residual), &positions, false).unwrap();
+        let (x, residual, positions) = upload();
+        let donated = device_model.forward(&ctx, (x, residual), &positions, true).unwrap();
+        let compiled_donated = compiled(&backend.registry, &device_model, upload(), true);
+        let compiled_functional = compiled(&backend.registry, &device_model, upload(), false);
+        assert_eq!(host_round_trips(), before, "{label}: device tensors went through host memory");
+        for (name, run) in
+            [("donated", &donated), ("compiled", &compiled_donated), ("compiled functional", &compiled_functional)]
+        {
+            assert!(!run.0.device().is_cpu() && !run.1.device().is_cpu(), "{label} {name}: results on the device");
+            assert!(
+                bit_eq(&run.0, &functional.0) && bit_eq(&run.1, &functional.1),
+                "{label} {name}: same bits as eager functional"
+            );
+        }
+        // Another provider's kernels round differently inside the row reductions; fp8 then moves
+        // a value by at most one step of its grid (1/8 relative), which the next norm carries.
+        allclose(&functional.1.to_cpu().unwrap(), &expected_residual, 0.25, 0.125)
+            .unwrap_or_else(|e| panic!("{label} residual vs cpu: {e}"));
+        allclose(&functional.0.to_cpu().unwrap(), &expected, 0.25, 0.125)
+            .unwrap_or_else(|e| panic!("{label} output vs cpu: {e}"));
+    });
+}
+
+/// `t` uploaded as the transpose of a compact `[.., b, a]` tensor: the same shape and values, the
+/// last stride not 1, a layout no device kernel takes as rows.
+fn transposed_upload(backend: &Backend, t: &Tensor) -> Tensor {
+    let rank = t.shape().len();
+    let swapped = t.transpose(rank - 2, rank - 1).unwrap().contiguous().unwrap();
+    backend.upload(&swapped).unwrap().transpose(rank - 2, rank - 1).unwrap()
+}
+
+#[test]
+fn arguments_the_kernels_reject_by_layout_run_on_compact_copies_on_the_device() {
+    on_each_device("layouts", |backend| {
+        let label = backend.provider;
+        for def in BUILTIN_OPS {
+            for dtype in [DType::F32, DType::BF16] {
+                let spec = InputSpec { num_tokens: 6, hidden_size: 128, dtype, epsilon: 1e-6, seed: 5 };
+                let inputs = (def.generate_inputs)(&spec).unwrap();
+                let case = format!("{label} {} {dtype}", def.name);
+                // Every tensor of rank 2 or more transposed (non-compact), the others uploaded.
+                let odd = |values: &[Value]| -> Vec<Value> {
+                    values
+                        .iter()
+                        .map(|v| match v.as_tensor() {
+                            Some(t) if t.shape().len() >= 2 => Value::Tensor(transposed_upload(backend, t)),
+                            Some(t) => Value::Tensor(backend.upload(t).unwrap()),
+                            None => v.clone(),
+                        })
+                        .collect()
+                };
+                let compact = |values: &[Value]| -> Vec<Value> {
+                    values
+                        .iter()
+                        .map(|v| match v.as_tensor() {
+                            Some(t) => Value::Tensor(backend.upload(t).unwrap()),
+                            None => v.clone(),
+                        })
+                        .collect()
+                };
+                let args = odd(&inputs);
+                let metas: Vec<_> = args.iter().map(Value::meta).collect();
+                let selection = backend.registry.select(def.name, &metas).unwrap();
+                assert_eq!(selection.provider, label, "{case}: {:?}", selection.rejected);
+                assert!(!selection.compacted.is_empty(), "{case}: some argument is made compact");
+                let before = host_round_trips();
+                let expected = backend.registry.call(def.name, compact(&inputs)).unwrap();
+                let got = backend.registry.call(def.name, args).unwrap();
+                let inputs_after = odd(&inputs);
+                let donated: Vec<_> =
+                    inputs_after.iter().filter_map(Value::as_tensor).map(|t| t.storage_id()).collect();
+                let in_place = if def.allow_inplace {
+                    let outputs = backend.registry.call_maybe_inplace(def.name, inputs_after).unwrap();
+                    for output in &outputs {
+                        assert!(!output.device().is_cpu(), "{case}: on the device");
+                    }
+                    Some(outputs)
+                } else {
+                    None
+                };
+                assert_eq!(host_round_trips(), before, "{case}: device tensors went through host memory");
+                assert_eq!(got.len(), expected.len(), "{case}");
+                for (index, (got, expected)) in got.iter().zip(&expected).enumerate() {
+                    assert!(bit_eq(got, expected), "{case}: output {index} differs from the call on compact arguments");
+                }
+                if let Some(outputs) = in_place {
+                    // The in-place kernel wrote the donated tensors (their own storages, their layouts).
+                    let written = outputs.iter().filter(|o| donated.contains(&o.storage_id())).count();
+                    assert!(written > 0, "{case}: maybe_inplace writes a donated activation");
+                    for (index, (output, expected)) in outputs.iter().zip(&expected).enumerate() {
+                        assert!(bit_eq(output, expected), "{case}: maybe_inplace output {index}");
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
+    on_each_device("the compiled graph", |backend| {
+        let label = backend.provider;
+        let (x, residual, _) = activations();
+        let (x_odd, residual_odd) = (transposed_upload(backend, &x), transposed_upload(backend, &residual));
+        // x + residual normalized, the sum donated: lowered to the device provider's in-place kernel,
+        // which runs on compact copies and writes the results back.
+        let tracer = Tracer::new(&backend.registry, "norm");
+        let x_in = tracer.input("x", x_odd.meta().clone());
+        let residual_in = tracer.input("residual", residual_odd.meta().clone());
+        let (out, sum) = tracer.fused_add_rms_norm_maybe_inplace(x_in, residual_in, None, 1e-6, None).unwrap();
+        let traced = tracer.finish(&[out, sum]);
+        let mut graph = traced.graph;
+        Pipeline::standard().run(&mut graph, &PassContext::new(&backend.registry), None, Snapshots::Skip).unwrap();
+        assert!(graph.to_string().contains(&format!("[{label}]")), "{label}: lowered to the device provider:\n{graph}");
+        let before = host_round_trips();
+        let inputs = vec![("x".to_owned(), x_odd), ("residual".to_owned(), residual_odd)];
+        let run = interpret(&graph, &backend.registry, inputs, InterpOptions::checked()).unwrap();
+        assert_eq!(host_round_trips(), before, "{label}: device tensors went through host memory");
+        let ctx = EagerContext::new(&backend.registry);
+        let (expected, expected_sum) = ctx
+            .fused_add_rms_norm(&backend.upload(&x).unwrap(), &backend.upload(&residual).unwrap(), None, 1e-6, None)
+            .unwrap();
+        assert!(bit_eq(&run.outputs[0], &expected) && bit_eq(&run.outputs[1], &expected_sum), "{label}: same bits");
+    });
+}
