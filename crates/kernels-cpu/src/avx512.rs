@@ -17,6 +17,10 @@
 //! is decided by its top 16 bits and a few low patterns is checked against the bit operation below,
 //! and the rows of both variants against the portable rows. The same conversion serves the other
 //! ops' bf16 stores ([`store_bf16`], [`round_bf16_in_place`]).
+//!
+//! `gelu_and_mul_sparse`'s gate has two helpers here: its f64 row sums in the portable lanes'
+//! order ([`lane_sum_f64`]) and the packing of the values its relu keeps ([`pack_nonzero`]), so
+//! gelu runs on those only.
 
 use std::arch::x86_64::{
     __m256bh, __m256i, __m512, _CMP_UNORD_Q, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm_sfence,
@@ -25,6 +29,12 @@ use std::arch::x86_64::{
     _mm512_cvtneps_pbh, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_fpclass_ps_mask, _mm512_loadu_ps, _mm512_loadu_si512,
     _mm512_mask_or_epi32, _mm512_mul_ps, _mm512_permutexvar_epi16, _mm512_set_epi16, _mm512_set1_epi32, _mm512_set1_ps,
     _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_storeu_ps, _mm512_stream_ps,
+};
+use std::arch::x86_64::{
+    _CMP_NEQ_UQ, _mm_add_pd, _mm_cvtsd_f64, _mm_unpackhi_pd, _mm256_add_pd, _mm256_castpd256_pd128,
+    _mm256_extractf128_pd, _mm256_loadu_ps, _mm512_add_pd, _mm512_castpd512_pd256, _mm512_cvtps_pd,
+    _mm512_extractf64x4_pd, _mm512_maskz_compress_epi32, _mm512_maskz_compress_ps, _mm512_mul_pd, _mm512_set1_pd,
+    _mm512_setr_epi32, _mm512_setzero_pd, _mm512_storeu_epi32, _mm512_sub_pd,
 };
 
 use half::bf16;
@@ -547,6 +557,84 @@ pub(crate) unsafe fn round_bf16_in_place(v: &mut [f32]) {
     for x in &mut v[full..] {
         *x = f32::from_bits(u32::from(crate::element::bf16_bits(*x)) << 16);
     }
+}
+
+/// `Σ v` (`center` `None`) or `Σ (v − center)²` over `values` in f64 with the lanes of
+/// `gated::lane_sum`, operation for operation (a subtract, a multiply, an add: no fused
+/// multiply-add): four 8-lane accumulators hold its 32 lanes, reduced in its pairwise order, then
+/// the tail in order. The same bits.
+///
+/// # Safety
+/// [`available`] is true.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn lane_sum_f64(values: &[f32], center: Option<f64>) -> f64 {
+    const CHUNK: usize = 32;
+    let full = values.len() - values.len() % CHUNK;
+    let c = _mm512_set1_pd(center.unwrap_or(0.0));
+    let mut acc = [_mm512_setzero_pd(); 4];
+    let mut i = 0;
+    while i < full {
+        for (k, lane) in acc.iter_mut().enumerate() {
+            // SAFETY: `i + 32 <= len`, so the 8 values at `i + 8k` are readable.
+            let v = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(values.as_ptr().add(i + 8 * k)) });
+            let term = if center.is_some() {
+                let d = _mm512_sub_pd(v, c);
+                _mm512_mul_pd(d, d)
+            } else {
+                v
+            };
+            *lane = _mm512_add_pd(*lane, term);
+        }
+        i += CHUNK;
+    }
+    // Lanes i += i + 16, then i += i + 8, 4, 2, 1.
+    let half = _mm512_add_pd(_mm512_add_pd(acc[0], acc[2]), _mm512_add_pd(acc[1], acc[3]));
+    let quarter = _mm256_add_pd(_mm512_castpd512_pd256(half), _mm512_extractf64x4_pd::<1>(half));
+    let pair = _mm_add_pd(_mm256_castpd256_pd128(quarter), _mm256_extractf128_pd::<1>(quarter));
+    let total = _mm_cvtsd_f64(pair) + _mm_cvtsd_f64(_mm_unpackhi_pd(pair, pair));
+    values[full..].iter().fold(total, |acc, &v| {
+        let v = f64::from(v);
+        acc + match center {
+            Some(center) => (v - center) * (v - center),
+            None => v,
+        }
+    })
+}
+
+/// Packs the values of `values` that are not ±0 (NaN included) into the start of `packed`, their
+/// indices into `indices`, in order; returns how many. Both outputs need room for `values.len() + 16`
+/// (each group of 16 stores a whole register).
+///
+/// # Safety
+/// [`available`] is true.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn pack_nonzero(values: &[f32], packed: &mut [f32], indices: &mut [u32]) -> usize {
+    assert!(packed.len() >= values.len() + WIDTH && indices.len() >= values.len() + WIDTH, "room to pack");
+    let full = values.len() - values.len() % WIDTH;
+    let (zero, step) = (_mm512_setzero_ps(), _mm512_set1_epi32(WIDTH as i32));
+    let mut index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let mut n = 0;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + 16 <= len` values are read; `n <= i`, so `n + 16 <= len + 16` fit both outputs.
+        unsafe {
+            let v = _mm512_loadu_ps(values.as_ptr().add(i));
+            let keep = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(v, zero);
+            _mm512_storeu_ps(packed.as_mut_ptr().add(n), _mm512_maskz_compress_ps(keep, v));
+            _mm512_storeu_epi32(indices.as_mut_ptr().add(n).cast(), _mm512_maskz_compress_epi32(keep, index));
+            n += keep.count_ones() as usize;
+        }
+        index = _mm512_add_epi32(index, step);
+        i += WIDTH;
+    }
+    for (j, &v) in values.iter().enumerate().skip(full) {
+        if v != 0.0 {
+            packed[n] = v;
+            indices[n] = j as u32;
+            n += 1;
+        }
+    }
+    n
 }
 
 #[cfg(test)]
