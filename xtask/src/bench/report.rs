@@ -380,10 +380,17 @@ pub(crate) fn write(
     );
 
     out.push_str("## Targets\n\n| target | measured | status |\n|---|---|---|\n");
-    for t in targets(results) {
+    let targets = targets(results);
+    for t in &targets {
         out.push_str(&format!("| {} | {} | {} |\n", t.name, t.measured, t.status.text()));
     }
     out.push('\n');
+    if targets.iter().any(|t| matches!(t.status, Status::Missed)) {
+        out.push_str(
+            "What limits each missed figure, with the profiles that show it, is in [What limits the \
+             figures](benchmarking.md#what-limits-the-figures).\n\n",
+        );
+    }
 
     out.push_str(&provider_summary(results));
     out.push_str(&kernel_tables(results, "kernels/", "## Kernels\n\n"));
