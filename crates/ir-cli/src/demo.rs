@@ -44,6 +44,10 @@ pub(crate) struct DemoArgs {
     /// Print each compiled graph (after the standard pipeline) in the text format.
     #[arg(long)]
     print_ir: bool,
+    /// Refuse host round trips: a step that would move device tensors through host memory fails,
+    /// naming the op, instead of running slowly.
+    #[arg(long)]
+    no_host_round_trips: bool,
 }
 
 struct RunReport {
@@ -77,6 +81,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     if args.layers == 0 || args.tokens == 0 || args.hidden == 0 {
         bail!("--layers, --tokens and --hidden must be at least 1");
     }
+    ir_core::storage::refuse_host_round_trips(args.no_host_round_trips);
     let registry = build_registry();
     let config = args.common.config()?;
     let resolved = config.apply(&registry).context("applying priorities")?;

@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::{Device, Layout, TensorMeta};
 
@@ -27,8 +27,37 @@ pub fn host_round_trips() -> u64 {
     HOST_ROUND_TRIPS.load(Ordering::Relaxed)
 }
 
-/// Counts one host round trip of `operation` (see [`host_round_trips`]).
-pub fn note_host_round_trip(operation: &str) {
+static REFUSE_HOST_ROUND_TRIPS: AtomicBool = AtomicBool::new(false);
+
+/// Refuses (`true`) or allows again (`false`, the default) every host round trip of this process
+/// (see [`host_round_trips`]): a refused one fails, naming the op or built-in, instead of running
+/// slowly. An engine that must keep a step on the device turns this on; the host reference paths
+/// stay available to tests that allow them.
+pub fn refuse_host_round_trips(refuse: bool) {
+    REFUSE_HOST_ROUND_TRIPS.store(refuse, Ordering::Relaxed);
+}
+
+/// Whether host round trips are refused ([`refuse_host_round_trips`]).
+pub fn host_round_trips_refused() -> bool {
+    REFUSE_HOST_ROUND_TRIPS.load(Ordering::Relaxed)
+}
+
+/// What a refused host round trip says (after the operation).
+pub const HOST_ROUND_TRIP_REFUSED: &str =
+    "refused: it would move device tensors through host memory (ir_core::storage::refuse_host_round_trips)";
+
+/// Counts one host round trip of `operation` on device tensors of `device` (see
+/// [`host_round_trips`]), or refuses it ([`refuse_host_round_trips`]).
+pub fn note_host_round_trip(operation: &'static str, device: Device) -> Result<(), DeviceError> {
+    if host_round_trips_refused() {
+        return Err(DeviceError { device, operation, message: HOST_ROUND_TRIP_REFUSED.to_owned() });
+    }
+    count_host_round_trip(operation);
+    Ok(())
+}
+
+/// Counts one host round trip (dispatch checks the refusal itself, to name the rejections).
+pub(crate) fn count_host_round_trip(operation: &str) {
     HOST_ROUND_TRIPS.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(target: "ir_core::storage", operation, "device tensors through host memory");
 }
@@ -100,7 +129,7 @@ pub fn copy_strided_through_host(
     dst: &mut dyn DeviceBuffer,
     dst_layout: &Layout,
 ) -> Result<(), DeviceError> {
-    note_host_round_trip("copy");
+    note_host_round_trip("copy", src_buffer.device())?;
     let size = src.dtype.size_in_bytes();
     let mut src_bytes = vec![0u8; src_buffer.len_bytes()];
     src_buffer.download(&mut src_bytes)?;

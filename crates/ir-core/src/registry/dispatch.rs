@@ -129,6 +129,18 @@ pub enum CallError {
         /// The kernel's error.
         source: KernelError,
     },
+    /// Native would run on device tensors, a host round trip, which this process refuses
+    /// ([`refuse_host_round_trips`](crate::storage::refuse_host_round_trips)).
+    #[error(
+        "op `{op}`: no provider runs these device tensors on the device ({rejected}); native would move them \
+         through host memory, which is refused (ir_core::storage::refuse_host_round_trips)"
+    )]
+    HostRoundTripRefused {
+        /// The op.
+        op: &'static str,
+        /// Each provider tried before native, with its reason.
+        rejected: String,
+    },
     /// A copy made by the call path failed.
     #[error(transparent)]
     Tensor(#[from] TensorError),
@@ -250,8 +262,7 @@ impl Registry {
                 },
             };
             if implementation.provider == NATIVE && on_device(&metas) {
-                crate::storage::note_host_round_trip(def.name);
-                warn_host_round_trip(&entry);
+                native_on_device(&entry, &[])?;
             }
             (outputs_meta, compacted)
         };
@@ -333,7 +344,7 @@ impl Registry {
             return Err(CallError::NotInplaceOp { op: def.name });
         }
         let held = self.hold(def, metas)?;
-        record(&held.entry().entry, &held.entry().cached, on_device(metas));
+        record(&held.entry().entry, &held.entry().cached, on_device(metas))?;
         Ok(Selected {
             held,
             written: RefCell::new(PerOutput::new()),
@@ -453,20 +464,34 @@ fn run_chosen(
     overload: Overload,
     on_device: bool,
 ) -> Result<Outputs, CallError> {
-    record(entry, choice, on_device);
+    record(entry, choice, on_device)?;
     execute(entry, choice, args, overload)
 }
 
 /// Records a selection that runs: the provider's count, the rejections' reasons, and the warning
 /// when native runs on device tensors.
 #[inline]
-fn record(entry: &OpEntry, choice: &Cached, on_device: bool) {
+fn record(entry: &OpEntry, choice: &Cached, on_device: bool) -> Result<(), CallError> {
+    if on_device && choice.chosen.provider == NATIVE {
+        native_on_device(entry, &choice.rejected)?;
+    }
     choice.chosen.selections.fetch_add(1, Ordering::Relaxed);
     note_rejections(&choice.rejected);
-    if on_device && choice.chosen.provider == NATIVE {
-        crate::storage::note_host_round_trip(entry.def.name);
-        warn_host_round_trip(entry);
+    Ok(())
+}
+
+/// Native chosen for device tensors: counted as a host round trip and said once per op, or refused.
+#[cold]
+fn native_on_device(entry: &OpEntry, rejected: &[(Arc<ImplEntry>, Arc<str>)]) -> Result<(), CallError> {
+    if crate::storage::host_round_trips_refused() {
+        return Err(CallError::HostRoundTripRefused {
+            op: entry.def.name,
+            rejected: DisplayRejections(rejected).to_string(),
+        });
     }
+    crate::storage::count_host_round_trip(entry.def.name);
+    warn_host_round_trip(entry);
+    Ok(())
 }
 
 /// Prepares the activations of an in-place implementation, runs the kernel on bound arguments and
@@ -748,7 +773,7 @@ fn run_typed<F: ?Sized + 'static, O: OpOutputs, A: AsMut<[Value]>>(
         return Ok(O::from_outputs(outputs).expect("the registry checks the number of outputs"));
     };
     let (def, chosen) = (entry.def, &cached.chosen);
-    record(entry, cached, on_device(metas));
+    record(entry, cached, on_device(metas))?;
     let outputs =
         call(typed).map_err(|source| CallError::Kernel { op: def.name, provider: chosen.provider, source })?;
     check_outputs(def, chosen, &cached.outputs, &outputs.tensors(), &[])?;

@@ -30,9 +30,10 @@ impl Tensor {
                 return Tensor::from_storage(Storage::Device(dst), meta.dtype, meta.layout);
             }
         }
+        self.note_round_trip("scale")?;
         let compute = self.dtype().compute_dtype();
         let factor = compute.round(factor);
-        self.map_values("scale", self.to_f64_vec()?.into_iter().map(|a| compute.round(a * factor)))
+        self.map_values(self.to_f64_vec()?.into_iter().map(|a| compute.round(a * factor)))
     }
 
     fn binary(
@@ -54,20 +55,28 @@ impl Tensor {
         if self.device() != other.device() {
             return Err(TensorError::DeviceMismatch { operation, lhs: self.device(), rhs: other.device() });
         }
+        self.note_round_trip(operation)?;
         let compute = self.dtype().compute_dtype();
         let b = other.to_f64_vec()?;
         let values = self.to_f64_vec()?.into_iter().zip(b).map(|(x, y)| compute.round(f(x, y)));
-        self.map_values(operation, values)
+        self.map_values(values)
     }
 
-    fn map_values(&self, operation: &str, values: impl Iterator<Item = f64>) -> Result<Tensor, TensorError> {
+    /// Counts (or refuses) the host round trip `operation` makes when this tensor is on a device.
+    fn note_round_trip(&self, operation: &'static str) -> Result<(), TensorError> {
+        if !self.device().is_cpu() {
+            crate::storage::note_host_round_trip(operation, self.device())?;
+        }
+        Ok(())
+    }
+
+    fn map_values(&self, values: impl Iterator<Item = f64>) -> Result<Tensor, TensorError> {
         // Values are exact in the compute dtype; one rounding to the element dtype follows.
         let values: Vec<f64> = values.collect();
         let host = Tensor::from_f64(self.dtype(), self.shape(), &values)?;
         if self.device().is_cpu() {
             return Ok(host);
         }
-        crate::storage::note_host_round_trip(operation);
         host.to_device_of(self)
     }
 }

@@ -663,7 +663,8 @@ impl Tensor {
             }
         }
         if !src.device().is_cpu() || !self.device().is_cpu() {
-            crate::storage::note_host_round_trip("copy_");
+            let device = if src.device().is_cpu() { self.device() } else { src.device() };
+            crate::storage::note_host_round_trip("copy_", device)?;
         }
         let values = src.to_f64_vec()?;
         let layout = self.meta.layout.clone();

@@ -1,0 +1,54 @@
+//! With host round trips refused (`ir_core::storage::refuse_host_round_trips`), whatever would move
+//! device tensors through host memory fails with an error naming it, and nothing is counted; allowed
+//! again, the same calls run through the host and are counted. Its own test binary: the refusal
+//! and the counter are process-wide.
+
+use ir_core::op::rms_norm;
+use ir_core::storage::{HOST_ROUND_TRIP_REFUSED, host_round_trips, refuse_host_round_trips};
+use ir_core::{CallError, DType, Platform, PriorityConfig, Tensor, TensorError};
+use vllm_ir_tests::backends;
+
+#[test]
+fn refused_round_trips_fail_naming_what_would_have_made_them() {
+    let mut ran = 0;
+    for backend in backends() {
+        if backend.allocator.is_none() {
+            continue;
+        }
+        let label = backend.provider;
+        let platform = Platform::ALL.into_iter().find(|p| p.provider() == label).expect("a device platform");
+        let _priorities = PriorityConfig::platform_default(platform).apply_scoped(&backend.registry).unwrap();
+        // f64 activations: no GPU kernel computes in f64, so only native takes them.
+        let x = backend.upload(&Tensor::from_f64(DType::F64, &[2, 8], &[0.5; 16]).unwrap()).unwrap();
+        let (a, b) = (
+            backend.upload(&Tensor::from_f64(DType::BF16, &[2, 8], &[1.0; 16]).unwrap()).unwrap(),
+            backend.upload(&Tensor::from_f64(DType::BF16, &[2, 8], &[2.0; 16]).unwrap()).unwrap(),
+        );
+        refuse_host_round_trips(true);
+        let before = host_round_trips();
+        let refused = rms_norm::call(&ir_core::EagerContext::new(&backend.registry), &x, None, 1e-6, None);
+        let Err(CallError::HostRoundTripRefused { op, rejected }) = refused else {
+            panic!("{label}: native on device tensors must be refused, got {refused:?}")
+        };
+        assert_eq!(op, "rms_norm");
+        assert!(rejected.contains(label) && rejected.contains("f64"), "{label}: names the rejection: {rejected}");
+        // The built-ins without a device kernel: `add` and `mul`.
+        let Err(TensorError::Device(error)) = a.add(&b) else { panic!("{label}: `add` must be refused") };
+        assert_eq!(error.operation, "add");
+        assert!(error.to_string().contains(HOST_ROUND_TRIP_REFUSED), "{error}");
+        assert_eq!(host_round_trips(), before, "{label}: nothing refused is counted");
+        // What runs on the device is not affected.
+        let sum = a.scale(3.0).unwrap();
+        assert!(!sum.device().is_cpu(), "{label}: scale stays on the device");
+        refuse_host_round_trips(false);
+        let allowed = rms_norm::call(&ir_core::EagerContext::new(&backend.registry), &x, None, 1e-6, None).unwrap();
+        let expected = rms_norm::native(&x.to_cpu().unwrap(), None, 1e-6, None).unwrap();
+        assert!(ir_core::bit_eq(&allowed, &expected), "{label}: allowed again, native runs");
+        a.mul(&b).unwrap();
+        assert_eq!(host_round_trips(), before + 2, "{label}: the allowed round trips are counted");
+        ran += 1;
+    }
+    if ran == 0 {
+        ir_core::testing::skip("device", "no device backend on this machine: refusals were not exercised on one");
+    }
+}
