@@ -20,10 +20,12 @@ fn refused_round_trips_fail_naming_what_would_have_made_them() {
         let _priorities = PriorityConfig::platform_default(platform).apply_scoped(&backend.registry).unwrap();
         // f64 activations: no GPU kernel computes in f64, so only native takes them.
         let x = backend.upload(&Tensor::from_f64(DType::F64, &[2, 8], &[0.5; 16]).unwrap()).unwrap();
+        // f64 operands: the `add`/`mul` kernels compute f32, f16 and bf16.
         let (a, b) = (
-            backend.upload(&Tensor::from_f64(DType::BF16, &[2, 8], &[1.0; 16]).unwrap()).unwrap(),
-            backend.upload(&Tensor::from_f64(DType::BF16, &[2, 8], &[2.0; 16]).unwrap()).unwrap(),
+            backend.upload(&Tensor::from_f64(DType::F64, &[2, 8], &[1.0; 16]).unwrap()).unwrap(),
+            backend.upload(&Tensor::from_f64(DType::F64, &[2, 8], &[2.0; 16]).unwrap()).unwrap(),
         );
+        let bf16 = backend.upload(&Tensor::from_f64(DType::BF16, &[2, 8], &[1.5; 16]).unwrap()).unwrap();
         refuse_host_round_trips(true);
         let before = host_round_trips();
         let refused = rms_norm::call(&ir_core::EagerContext::new(&backend.registry), &x, None, 1e-6, None);
@@ -32,14 +34,14 @@ fn refused_round_trips_fail_naming_what_would_have_made_them() {
         };
         assert_eq!(op, "rms_norm");
         assert!(rejected.contains(label) && rejected.contains("f64"), "{label}: names the rejection: {rejected}");
-        // The built-ins without a device kernel: `add` and `mul`.
-        let Err(TensorError::Device(error)) = a.add(&b) else { panic!("{label}: `add` must be refused") };
+        // A built-in without a device kernel for the case.
+        let Err(TensorError::Device(error)) = a.add(&b) else { panic!("{label}: f64 `add` must be refused") };
         assert_eq!(error.operation, "add");
         assert!(error.to_string().contains(HOST_ROUND_TRIP_REFUSED), "{error}");
         assert_eq!(host_round_trips(), before, "{label}: nothing refused is counted");
         // What runs on the device is not affected.
-        let sum = a.scale(3.0).unwrap();
-        assert!(!sum.device().is_cpu(), "{label}: scale stays on the device");
+        assert!(!bf16.scale(3.0).unwrap().device().is_cpu(), "{label}: scale stays on the device");
+        assert!(!bf16.add(&bf16).unwrap().device().is_cpu(), "{label}: bf16 add stays on the device");
         refuse_host_round_trips(false);
         let allowed = rms_norm::call(&ir_core::EagerContext::new(&backend.registry), &x, None, 1e-6, None).unwrap();
         let expected = rms_norm::native(&x.to_cpu().unwrap(), None, 1e-6, None).unwrap();

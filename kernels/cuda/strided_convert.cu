@@ -71,3 +71,27 @@ TO_EVERY_TARGET(f16, unsigned short)
 TO_EVERY_TARGET(bf16, unsigned short)
 TO_EVERY_TARGET(f8e4m3fn, unsigned char)
 TO_EVERY_TARGET(f8e5m2, unsigned char)
+
+// `add` and `mul` of two strided tensors of one dtype into a compact destination
+// (`strided_<op>_<dtype>`): computed in f32 (exact for f16 and bf16 operands) and rounded once
+// to the dtype, as the host computes it. The product and the sum are each a lone operation (no
+// fused multiply-add to contract).
+#define STRIDED_BINARY(OP, EXPR, NAME, T)                                                                     \
+    extern "C" __global__ void strided_##OP##_##NAME(const T* __restrict__ a, const T* __restrict__ b,        \
+                                                    T* __restrict__ dst, long long n, Dims8 shape,           \
+                                                    Dims8 a_strides, Dims8 b_strides) {                      \
+        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                       \
+        if (i >= n) return;                                                                                   \
+        long long s, t;                                                                                       \
+        strided_offsets(i, shape, a_strides, b_strides, s, t);                                                \
+        float x = load_##NAME(a, s);                                                                          \
+        float y = load_##NAME(b, t);                                                                          \
+        store_##NAME(dst, i, EXPR);                                                                           \
+    }
+
+STRIDED_BINARY(add, __fadd_rn(x, y), f32, float)
+STRIDED_BINARY(add, __fadd_rn(x, y), f16, unsigned short)
+STRIDED_BINARY(add, __fadd_rn(x, y), bf16, unsigned short)
+STRIDED_BINARY(mul, __fmul_rn(x, y), f32, float)
+STRIDED_BINARY(mul, __fmul_rn(x, y), f16, unsigned short)
+STRIDED_BINARY(mul, __fmul_rn(x, y), bf16, unsigned short)

@@ -99,3 +99,26 @@ TO_EVERY_TARGET(f16, unsigned short)
 TO_EVERY_TARGET(bf16, unsigned short)
 TO_EVERY_TARGET(f8e4m3fn, unsigned char)
 TO_EVERY_TARGET(f8e5m2, unsigned char)
+
+// `add` and `mul` of two strided tensors of one dtype into a compact destination
+// (`strided_<op>_<dtype>`), as `kernels/cuda/strided_convert.cu` does it: computed in f32 and
+// rounded once to the dtype; each a lone operation (contraction off regardless).
+#define STRIDED_BINARY(OP, EXPR, NAME, T, DTYPE)                                                                \
+    extern "C" __global__ void __launch_bounds__(COPY_BLOCK)                                                    \
+        strided_##OP##_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ dst, long long n, \
+                              Dims8 shape, Dims8 a_strides, Dims8 b_strides) {                                  \
+        _Pragma("clang fp contract(off)") long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;       \
+        if (i >= n) return;                                                                                     \
+        long long s, t;                                                                                         \
+        strided_offsets(i, shape, a_strides, b_strides, s, t);                                                  \
+        float x = convert_load_##NAME(a, s);                                                                    \
+        float y = convert_load_##NAME(b, t);                                                                    \
+        dst[i] = Elem<DTYPE>::store(EXPR);                                                                      \
+    }
+
+STRIDED_BINARY(add, x + y, f32, float, 0)
+STRIDED_BINARY(add, x + y, f16, unsigned short, 1)
+STRIDED_BINARY(add, x + y, bf16, unsigned short, 2)
+STRIDED_BINARY(mul, x * y, f32, float, 0)
+STRIDED_BINARY(mul, x * y, f16, unsigned short, 1)
+STRIDED_BINARY(mul, x * y, bf16, unsigned short, 2)

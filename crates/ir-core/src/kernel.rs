@@ -447,6 +447,21 @@ pub fn register_rotary(
 /// Dimensions a device-side strided copy kernel takes.
 pub const COPY_MAX_RANK: usize = 8;
 
+/// The `add` and `mul` kernels of the GPU backends (`binary_strided`): (dtype, operation, kernel
+/// name), the same names in the CUDA and ROCm sources.
+pub const BINARY_KERNELS: [(DType, crate::storage::BinaryOp, &str); 6] = {
+    use crate::storage::BinaryOp::{Add, Mul};
+    use DType::{BF16, F16, F32};
+    [
+        (F32, Add, "strided_add_f32"),
+        (F16, Add, "strided_add_f16"),
+        (BF16, Add, "strided_add_bf16"),
+        (F32, Mul, "strided_mul_f32"),
+        (F16, Mul, "strided_mul_f16"),
+        (BF16, Mul, "strided_mul_bf16"),
+    ]
+};
+
 /// The conversions the GPU backends' strided conversion kernels make (`copy_` between dtypes and
 /// `scale` of device tensors): (source, destination, kernel name), the same names in the CUDA
 /// and ROCm sources.

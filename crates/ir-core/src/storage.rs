@@ -74,6 +74,25 @@ pub struct DeviceError {
     pub message: String,
 }
 
+/// An elementwise operation of two tensors ([`DeviceBuffer::binary_strided`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a · b`.
+    Mul,
+}
+
+impl BinaryOp {
+    /// The built-in's name (`add`, `mul`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Mul => "mul",
+        }
+    }
+}
+
 /// Device memory owned by one tensor storage. Implemented by the kernel crates.
 pub trait DeviceBuffer: Send + Sync + fmt::Debug + Any {
     /// The device holding the memory.
@@ -112,6 +131,25 @@ pub trait DeviceBuffer: Send + Sync + fmt::Debug + Any {
         factor: Option<f64>,
     ) -> Result<bool, DeviceError> {
         let _ = (src, dst, dst_meta, factor);
+        Ok(false)
+    }
+    /// Writes `round(a ∘ b)` (`op`) of the elements `a` describes in this buffer and `b` describes in
+    /// `other` (same shape and dtype) into `dst` as `dst_meta` describes them (compact), computed in
+    /// the dtype's compute dtype and rounded once to the dtype: the `add` and `mul` built-ins.
+    /// Returns `false`, leaving `dst` untouched, where the backend has no device-side kernel for the
+    /// case; the caller then computes on the host.
+    ///
+    /// The default has none.
+    fn binary_strided(
+        &self,
+        a: &TensorMeta,
+        other: &dyn DeviceBuffer,
+        b: &TensorMeta,
+        op: BinaryOp,
+        dst: &mut dyn DeviceBuffer,
+        dst_meta: &TensorMeta,
+    ) -> Result<bool, DeviceError> {
+        let _ = (a, other, b, op, dst, dst_meta);
         Ok(false)
     }
     /// For downcasting to the backend's concrete buffer type.

@@ -179,3 +179,67 @@ pub fn check_device_conversions(allocator: &dyn crate::storage::DeviceAllocator)
     }
     conversions
 }
+
+/// Checks a device's `add` and `mul` (its `DeviceBuffer::binary_strided`) against the host's, bit
+/// for bit (NaN as NaN): f32, f16 and bf16, compact and transposed operands, on values whose sums
+/// and products round (ties, overflow, subnormal results, NaN). Panics naming the case that
+/// differs; returns the number of operations made, each of which a backend with a kernel for
+/// every case does on the device. For the kernel crates' tests.
+pub fn check_device_binaries(allocator: &dyn crate::storage::DeviceAllocator) -> u64 {
+    use crate::{DType, Tensor};
+    let a_values: Vec<f64> = (0..84i32)
+        .map(|i| match i % 9 {
+            0 => f64::NAN,
+            1 => 6.0e4,
+            2 => 1.0 + 2f64.powi(-8),
+            3 => 2f64.powi(-20),
+            _ => f64::from((i * 37) % 29) / 4.0 - 3.5,
+        })
+        .collect();
+    let b_values: Vec<f64> = (0..84i32)
+        .map(|i| match i % 7 {
+            1 => 6.0e4,
+            2 => 2f64.powi(-9),
+            3 => -2f64.powi(-21),
+            _ => f64::from((i * 11) % 17) / 8.0 - 1.0,
+        })
+        .collect();
+    let same = |x: &Tensor, y: &Tensor| -> bool {
+        let (x, y) = (x.to_f64_vec().expect("download"), y.to_f64_vec().expect("download"));
+        x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
+    };
+    let mut operations = 0;
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let a = Tensor::from_f64(dtype, &[7, 12], &a_values).expect("a small tensor");
+        let b = Tensor::from_f64(dtype, &[12, 7], &b_values).expect("a small tensor");
+        let (a_device, b_device) = (a.to_device(allocator).expect("upload"), b.to_device(allocator).expect("upload"));
+        // a compact with b transposed, and both transposed.
+        let pairs = [
+            (
+                a.clone(),
+                b.transpose(0, 1).expect("rank 2"),
+                a_device.clone(),
+                b_device.transpose(0, 1).expect("rank 2"),
+            ),
+            (
+                a.transpose(0, 1).expect("rank 2"),
+                b.clone(),
+                a_device.transpose(0, 1).expect("rank 2"),
+                b_device.clone(),
+            ),
+        ];
+        for (x, y, x_device, y_device) in pairs {
+            for (name, host, device) in
+                [("add", x.add(&y), x_device.add(&y_device)), ("mul", x.mul(&y), x_device.mul(&y_device))]
+            {
+                let label = format!("{name} {dtype} {} {}", x.layout(), y.layout());
+                let (host, device) = (host.expect("host"), device.unwrap_or_else(|e| panic!("{label}: {e}")));
+                operations += 1;
+                assert!(!device.device().is_cpu(), "{label}: the result stays on the device");
+                assert!(device.layout().is_compact_at_zero(), "{label}: compact result");
+                assert!(same(&device, &host), "{label}: differs from the host's");
+            }
+        }
+    }
+    operations
+}

@@ -2,7 +2,7 @@
 //! thread per element, each element moved as an unsigned integer of its size (every dtype bit for
 //! bit), up to [`COPY_MAX_RANK`] dimensions; past that, or into another device's memory, through the
 //! host. `copy_` between dtypes and `scale`: `kernels/strided_convert.cu`, one kernel per pair of
-//! [`CONVERT_KERNELS`].
+//! [`CONVERT_KERNELS`]; `add` and `mul` there too, one kernel per dtype ([`BINARY_KERNELS`]).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
@@ -23,7 +23,7 @@ const COPY_BLOCK: u32 = 256;
 /// The strided conversion kernels' source.
 pub const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cu");
 
-pub use ir_core::kernel::CONVERT_KERNELS;
+pub use ir_core::kernel::{BINARY_KERNELS, CONVERT_KERNELS};
 
 /// Compiles the strided conversion program (every kernel of [`CONVERT_KERNELS`]) to PTX for `arch`.
 /// The program holds the strided copies too: it is compiled after their source, whose indexing it uses.
@@ -131,6 +131,53 @@ pub(crate) fn convert_on_device(
     // dtypes. Every element `src` describes lies in `from` (its layout was checked against the
     // storage) and every element of `to_meta` in `to`; the buffers are distinct (`to` is borrowed
     // mutably). The address guards record both uses on the stream for cudarc's ordering.
+    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    Ok(true)
+}
+
+/// `add`/`mul` (`op`) of the elements `a` describes in `from` and `b` describes in `other` into the
+/// compact `to`, on `from`'s stream (see
+/// [`DeviceBuffer::binary_strided`](ir_core::storage::DeviceBuffer::binary_strided)); `false` when
+/// no kernel computes this dtype.
+pub(crate) fn binary_on_device(
+    from: &CudaBuffer,
+    a: &TensorMeta,
+    other: &CudaBuffer,
+    b: &TensorMeta,
+    op: ir_core::storage::BinaryOp,
+    to: &mut CudaBuffer,
+) -> Result<bool, KernelError> {
+    let Some(&(_, _, name)) = BINARY_KERNELS.iter().find(|(d, o, _)| *d == a.dtype && *o == op) else {
+        return Ok(false);
+    };
+    let n = a.numel();
+    if n == 0 {
+        return Ok(true);
+    }
+    // a's strides as the source's, b's as the destination's: the kernel walks both.
+    let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(a, &b.layout)?;
+    let blocks = u32::try_from(n.div_ceil(COPY_BLOCK as usize))
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+    let device = std::sync::Arc::clone(&from.device);
+    let arch = device.arch;
+    let function = device.op_function(name, a.dtype, name, || compile_convert_ptx(arch))?;
+    let stream = std::sync::Arc::clone(from.stream());
+    let size = a.dtype.size_in_bytes();
+    let (a_address, b_address) = (from.read_address(&stream), other.read_address(&stream));
+    let dst_address = to.write_address(&stream);
+    let a_ptr = a_address.offset(a.layout.offset() * size);
+    let b_ptr = b_address.offset(b.layout.offset() * size);
+    let dst_ptr = dst_address.offset(0);
+    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let mut builder = stream.launch_builder(&function);
+    // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape, Dims8 a_strides,
+    //                      Dims8 b_strides)
+    builder.arg(&a_ptr).arg(&b_ptr).arg(&dst_ptr).arg(&n_elements).arg(&shape).arg(&src_strides).arg(&dst_strides);
+    // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
+    // loss, each [i64; 8] laid out as the kernel's `Dims8`; the kernel is the one for this dtype and
+    // operation. Every element `a` and `b` describe lies in `from` and `other` (their layouts were
+    // checked against their storages); `to` (borrowed mutably, so distinct from both) holds `n`
+    // compact elements. The address guards record the uses on the stream for cudarc's ordering.
     unsafe { builder.launch(config) }.map_err(driver_error)?;
     Ok(true)
 }

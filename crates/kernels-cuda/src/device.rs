@@ -449,6 +449,35 @@ impl DeviceBuffer for CudaBuffer {
         })
     }
 
+    /// On the device (`strided_<op>_<dtype>` in `kernels/strided_convert.cu`) when `other` and `dst`
+    /// are memory of the same device, the rank is at most
+    /// [`COPY_MAX_RANK`](crate::copy::COPY_MAX_RANK) and the dtype f32, f16 or bf16.
+    fn binary_strided(
+        &self,
+        a: &TensorMeta,
+        other: &dyn DeviceBuffer,
+        b: &TensorMeta,
+        op: ir_core::storage::BinaryOp,
+        dst: &mut dyn DeviceBuffer,
+        dst_meta: &TensorMeta,
+    ) -> Result<bool, DeviceError> {
+        let Some(other) = other.as_any().downcast_ref::<CudaBuffer>() else {
+            return Ok(false);
+        };
+        let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>() else {
+            return Ok(false);
+        };
+        let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
+        if a.layout.rank() > crate::copy::COPY_MAX_RANK || !same_device || !dst_meta.layout.is_compact_at_zero() {
+            return Ok(false);
+        }
+        crate::copy::binary_on_device(self, a, other, b, op, target).map_err(|e| DeviceError {
+            device: Device::Cuda(self.device.ordinal as u32),
+            operation: op.name(),
+            message: e.to_string(),
+        })
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

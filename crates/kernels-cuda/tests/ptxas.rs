@@ -87,7 +87,8 @@ fn programs(arch: &'static str) -> Vec<(String, String)> {
     }
     out.push(("strided_copy".to_owned(), copy.to_src()));
     let convert = kernels_cuda::copy::compile_convert_ptx(Some(arch)).unwrap_or_else(|e| panic!("{e}"));
-    for (_, _, name) in kernels_cuda::copy::CONVERT_KERNELS {
+    let names = kernels_cuda::copy::CONVERT_KERNELS.iter().map(|k| k.2);
+    for name in names.chain(kernels_cuda::copy::BINARY_KERNELS.iter().map(|k| k.2)) {
         let entry = format!(".entry {name}(");
         assert!(convert.to_src().contains(&entry), "the strided conversion PTX lacks `{entry}`");
     }

@@ -20,3 +20,12 @@ fn copies_between_dtypes_and_scales_convert_on_the_device() {
     let conversions = ir_core::testing::check_device_conversions(&kernels_cuda::allocator(0).unwrap());
     assert!(conversions > 100, "{conversions} conversions checked");
 }
+
+#[test]
+fn add_and_mul_compute_on_the_device() {
+    if let ir_core::Availability::Unavailable(reason) = kernels_cuda::availability() {
+        ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
+        return;
+    }
+    assert_eq!(ir_core::testing::check_device_binaries(&kernels_cuda::allocator(0).unwrap()), 12);
+}

@@ -20,7 +20,7 @@
 //! Target `kernels_rocm`: the device and its code object (info).
 
 pub mod gated;
-pub use ir_core::kernel::CONVERT_KERNELS;
+pub use ir_core::kernel::{BINARY_KERNELS, CONVERT_KERNELS};
 pub mod quant;
 pub mod rotary;
 #[cfg(feature = "rocm")]

@@ -11,7 +11,7 @@ use hip_sys::hiprt::{
     hipGetDeviceCount, hipGetErrorString, hipMalloc, hipMemcpyDtoH, hipMemcpyHtoD, hipMemsetD8, hipModule_t,
     hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice,
 };
-use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
+use ir_core::storage::{BinaryOp, DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
 use ir_core::{Availability, Device, KernelError};
 use ir_core::{Layout, TensorMeta};
 
@@ -341,6 +341,55 @@ impl HipBuffer {
     }
 }
 
+impl HipBuffer {
+    /// `add`/`mul` (`op`) of the elements `a` describes in this buffer and `b` describes in `other`
+    /// into the compact `to`, on the device (see [`DeviceBuffer::binary_strided`]); `false` when no
+    /// kernel computes this dtype.
+    fn binary_on_device(
+        &self,
+        a: &TensorMeta,
+        other: &HipBuffer,
+        b: &TensorMeta,
+        op: BinaryOp,
+        to: &HipBuffer,
+    ) -> Result<bool, KernelError> {
+        let Some(&(_, _, name)) = crate::BINARY_KERNELS.iter().find(|(d, o, _)| *d == a.dtype && *o == op) else {
+            return Ok(false);
+        };
+        let n = a.numel();
+        if n == 0 {
+            return Ok(true);
+        }
+        // a's strides as the source's, b's as the destination's: the kernel walks both.
+        let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
+            ir_core::kernel::CopyDims::new(a, &b.layout)?;
+        let size = a.dtype.size_in_bytes();
+        let mut a_ptr = self.pointer.wrapping_byte_add(a.layout.offset() * size);
+        let mut b_ptr = other.pointer.wrapping_byte_add(b.layout.offset() * size);
+        let mut dst_ptr = to.pointer;
+        let blocks = u32::try_from(n.div_ceil(256))
+            .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+        // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape,
+        //                      Dims8 a_strides, Dims8 b_strides)
+        let mut params: [*mut c_void; 7] = [
+            &mut a_ptr as *mut _ as *mut c_void,
+            &mut b_ptr as *mut _ as *mut c_void,
+            &mut dst_ptr as *mut _ as *mut c_void,
+            &mut n_elements as *mut _ as *mut c_void,
+            &mut shape as *mut _ as *mut c_void,
+            &mut src_strides as *mut _ as *mut c_void,
+            &mut dst_strides as *mut _ as *mut c_void,
+        ];
+        // SAFETY: the parameters point to locals of the kernel's declared types in prototype order
+        // (each [i64; 8] laid out as `Dims8`), every integer converted without loss; the kernel is
+        // the one for this dtype and operation. Every element `a` and `b` describe lies in this
+        // buffer and `other` (their layouts were checked against their storages); `to`, distinct
+        // from both, holds `n` compact elements.
+        unsafe { self.device.launch(name, blocks, 256, &mut params) }?;
+        Ok(true)
+    }
+}
+
 impl DeviceBuffer for HipBuffer {
     fn device(&self) -> Device {
         Device::Rocm(self.device.ordinal as u32)
@@ -396,6 +445,30 @@ impl DeviceBuffer for HipBuffer {
             return self.copy_on_device(src, target, dst_layout).map_err(|e| self.device.error("copy", e.to_string()));
         }
         copy_strided_through_host(self, src, dst, dst_layout)
+    }
+
+    /// On the device (`strided_<op>_<dtype>` in `kernels/strided_copy.hip`) when `other` and `dst`
+    /// are memory of this device, the rank is at most [`COPY_MAX_RANK`] and the dtype f32, f16 or
+    /// bf16.
+    fn binary_strided(
+        &self,
+        a: &TensorMeta,
+        other: &dyn DeviceBuffer,
+        b: &TensorMeta,
+        op: BinaryOp,
+        dst: &mut dyn DeviceBuffer,
+        dst_meta: &TensorMeta,
+    ) -> Result<bool, DeviceError> {
+        let (Some(other), Some(target)) =
+            (other.as_any().downcast_ref::<HipBuffer>(), dst.as_any().downcast_ref::<HipBuffer>())
+        else {
+            return Ok(false);
+        };
+        let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
+        if a.layout.rank() > COPY_MAX_RANK || !same_device || !dst_meta.layout.is_compact_at_zero() {
+            return Ok(false);
+        }
+        self.binary_on_device(a, other, b, op, target).map_err(|e| self.device.error(op.name(), e.to_string()))
     }
 
     /// On the device (`strided_convert_*` in `kernels/strided_copy.hip`) when `dst` is memory of this

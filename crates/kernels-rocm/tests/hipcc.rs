@@ -108,17 +108,20 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
         let symbol = format!("{}_{dtype}", kernels_rocm::rotary::KERNEL);
         assert!(text.contains(&symbol), "the code object lacks `{symbol}`");
     }
-    // The strided copy (`clone`/`contiguous` on the device): one kernel per element size, and the
-    // strided conversion (`copy_` between dtypes, `scale`): one per pair of dtypes; no scratch.
+    // The strided copy (`clone`/`contiguous` on the device): one kernel per element size, the
+    // strided conversion (`copy_` between dtypes, `scale`): one per pair of dtypes, and `add`/`mul`:
+    // one per dtype; no scratch.
     let copy_scratch: Vec<&str> =
         report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/strided_copy.hip:")).collect();
-    let expected = 4 + kernels_rocm::CONVERT_KERNELS.len();
+    let expected = 4 + kernels_rocm::CONVERT_KERNELS.len() + kernels_rocm::BINARY_KERNELS.len();
     assert_eq!(copy_scratch.len(), expected, "one report per strided copy and conversion kernel:\n{report}");
     assert!(copy_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{copy_scratch:#?}");
     for size in [1, 2, 4, 8] {
         assert!(text.contains(&format!("strided_copy_{size}")), "the code object lacks `strided_copy_{size}`");
     }
-    for (_, _, name) in kernels_rocm::CONVERT_KERNELS {
+    let names =
+        kernels_rocm::CONVERT_KERNELS.iter().map(|k| k.2).chain(kernels_rocm::BINARY_KERNELS.iter().map(|k| k.2));
+    for name in names {
         assert!(text.contains(name), "the code object lacks `{name}`");
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -20,3 +20,11 @@ fn copies_between_dtypes_and_scales_convert_on_the_device() {
         Err(reason) => ir_core::testing::skip("rocm", &format!("rocm device: {reason}")),
     }
 }
+
+#[test]
+fn add_and_mul_compute_on_the_device() {
+    match kernels_rocm::allocator() {
+        Ok(allocator) => assert_eq!(ir_core::testing::check_device_binaries(allocator.as_ref()), 12),
+        Err(reason) => ir_core::testing::skip("rocm", &format!("rocm device: {reason}")),
+    }
+}

@@ -6,7 +6,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
+use ir_core::storage::{BinaryOp, DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
 use ir_core::{Availability, DType, Device, KernelError};
 use ir_core::{Layout, TensorMeta};
 use opencl3::command_queue::CommandQueue;
@@ -39,6 +39,8 @@ pub struct XpuDevice {
     copy_kernels: KernelCache<usize>,
     /// The strided conversion kernel by (source, destination) dtype.
     convert_kernels: KernelCache<(DType, DType)>,
+    /// The `add`/`mul` kernel by dtype and operation.
+    binary_kernels: KernelCache<(DType, BinaryOp)>,
     /// Strided copies and conversions done on the device (`clone`, `contiguous`, `cat`, `copy_`,
     /// `scale` of xpu tensors).
     device_copies: AtomicU64,
@@ -92,6 +94,10 @@ const STRIDED_COPY: &str = include_str!("../kernels/strided_copy.cl");
 /// The strided conversion kernel's source (`kernels/strided_convert.cl`), built after `element.cl`
 /// and the strided copy's indexing.
 const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cl");
+
+/// The `add`/`mul` kernel's source (`kernels/strided_binary.cl`), built after `element.cl` and the
+/// strided copy's indexing.
+const STRIDED_BINARY: &str = include_str!("../kernels/strided_binary.cl");
 
 /// The code `strided_convert.cl` knows a source dtype by (`SDTYPE`), for the dtypes it converts from.
 fn convert_source_code(dtype: DType) -> Option<u8> {
@@ -169,6 +175,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         op_kernels: Mutex::new(HashMap::new()),
         copy_kernels: Mutex::new(HashMap::new()),
         convert_kernels: Mutex::new(HashMap::new()),
+        binary_kernels: Mutex::new(HashMap::new()),
         device_copies: AtomicU64::new(0),
     }))
 }
@@ -239,6 +246,28 @@ impl XpuDevice {
         let source = format!("{}\n{STRIDED_COPY}\n{STRIDED_CONVERT}", crate::module::ELEMENT);
         let kernel = self.build(&source, &options, "strided_convert", format!("strided_convert[{src} -> {dst}]"))?;
         kernels.insert((src, dst), Arc::clone(&kernel));
+        Ok(Some(kernel))
+    }
+
+    /// The `add`/`mul` kernel of `dtype`, built at first use; `None` for a dtype it does not compute
+    /// (other than f32, f16, bf16).
+    fn binary_kernel(&self, dtype: DType, op: BinaryOp) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Ok(None);
+        }
+        let mut kernels = self.binary_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(kernel) = kernels.get(&(dtype, op)) {
+            return Ok(Some(Arc::clone(kernel)));
+        }
+        let code = match op {
+            BinaryOp::Add => 0,
+            BinaryOp::Mul => 1,
+        };
+        let options = format!("{} -DOP={code}", base_options(dtype)?);
+        let source = format!("{}\n{STRIDED_COPY}\n{STRIDED_BINARY}", crate::module::ELEMENT);
+        let kernel =
+            self.build(&source, &options, "strided_binary", format!("strided_binary[{} {dtype}]", op.name()))?;
+        kernels.insert((dtype, op), Arc::clone(&kernel));
         Ok(Some(kernel))
     }
 
@@ -554,6 +583,62 @@ impl XpuBuffer {
     }
 }
 
+impl XpuBuffer {
+    /// `add`/`mul` of the elements `a` describes in this buffer and `b` describes in `other` into the
+    /// compact `dst`, on the device (see [`DeviceBuffer::binary_strided`]); `false` when the kernel
+    /// does not compute this dtype.
+    fn binary_on_device(
+        &self,
+        a: &TensorMeta,
+        other: &XpuBuffer,
+        b: &TensorMeta,
+        op: BinaryOp,
+        dst: &XpuBuffer,
+    ) -> Result<bool, KernelError> {
+        let Some(kernel) = self.device.binary_kernel(a.dtype, op)? else {
+            return Ok(false);
+        };
+        let n = a.numel();
+        if n == 0 {
+            return Ok(true);
+        }
+        let rank = i32::try_from(a.layout.rank().max(1)).expect("at most COPY_MAX_RANK dimensions");
+        // a's strides as the source's, b's as the destination's: the kernel walks both.
+        let ir_core::kernel::CopyDims { shape, src_strides, dst_strides, n: n_elements, src_offset, dst_offset } =
+            ir_core::kernel::CopyDims::new(a, &b.layout)?;
+        let queue = self.queue();
+        other.use_on(&queue)?;
+        dst.use_on(&queue)?;
+        let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (a_mem, b_mem, dst_mem) = (self.cl_mem(), other.cl_mem(), dst.cl_mem());
+        // strided_binary(a, long a_offset, b, long b_offset, dst, long n, int rank, long8 shape,
+        //                long8 a_strides, long8 b_strides)
+        // SAFETY: the arguments follow the kernel's prototype above, each `long8` passed as eight i64
+        // (64 bytes, its size), every integer converted without loss; the kernel was built for this
+        // dtype. Every element `a` and `b` describe lies inside this buffer and `other` (their
+        // layouts were checked against their storages), and `dst`, distinct from both (borrowed
+        // mutably by the caller), holds `n` compact elements.
+        unsafe {
+            ExecuteKernel::new(&kernel)
+                .set_arg(&a_mem)
+                .set_arg(&src_offset)
+                .set_arg(&b_mem)
+                .set_arg(&dst_offset)
+                .set_arg(&dst_mem)
+                .set_arg(&n_elements)
+                .set_arg(&rank)
+                .set_arg(&shape)
+                .set_arg(&src_strides)
+                .set_arg(&dst_strides)
+                .set_global_work_size(n)
+                .enqueue_nd_range(&queue)
+        }
+        .map_err(cl_error)?;
+        self.device.device_copies.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
 impl std::fmt::Debug for XpuBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "XpuBuffer({} bytes on {})", self.len_bytes, self.device.name)
@@ -633,6 +718,29 @@ impl DeviceBuffer for XpuBuffer {
         }
         self.convert_on_device(src, target, dst_meta, factor)
             .map_err(|e| self.device.device_error("convert", e.to_string()))
+    }
+
+    /// On the device (the `add`/`mul` kernel) when `other` and `dst` are memory of the same device,
+    /// the rank is at most [`COPY_MAX_RANK`] and the dtype f32, f16 or bf16.
+    fn binary_strided(
+        &self,
+        a: &TensorMeta,
+        other: &dyn DeviceBuffer,
+        b: &TensorMeta,
+        op: BinaryOp,
+        dst: &mut dyn DeviceBuffer,
+        dst_meta: &TensorMeta,
+    ) -> Result<bool, DeviceError> {
+        let (Some(other), Some(target)) =
+            (other.as_any().downcast_ref::<XpuBuffer>(), dst.as_any().downcast_ref::<XpuBuffer>())
+        else {
+            return Ok(false);
+        };
+        let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
+        if a.layout.rank() > COPY_MAX_RANK || !same_device || !dst_meta.layout.is_compact_at_zero() {
+            return Ok(false);
+        }
+        self.binary_on_device(a, other, b, op, target).map_err(|e| self.device.device_error(op.name(), e.to_string()))
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -1,22 +1,24 @@
 //! Elementwise built-ins (`add`, `mul`, `scale`): compute in the compute dtype, round once, compact output.
 //!
-//! `scale` of a device tensor runs on the device where its backend converts there; `add`, `mul`
-//! and the rest of device tensors go through a host round trip (correct, slow, and counted by
+//! Device tensors are computed on the device where their backend has the kernel (`scale`:
+//! [`DeviceBuffer::convert_strided`](crate::storage::DeviceBuffer::convert_strided), `add` and
+//! `mul`: [`DeviceBuffer::binary_strided`](crate::storage::DeviceBuffer::binary_strided)); the rest
+//! go through a host round trip (correct, slow, and counted by
 //! [`host_round_trips`](crate::storage::host_round_trips)).
 
 use super::storage_bytes;
-use crate::storage::Storage;
+use crate::storage::{BinaryOp, Storage};
 use crate::{Layout, Tensor, TensorError, TensorMeta};
 
 impl Tensor {
     /// `self + other`, computed in the compute dtype and rounded once; compact output.
     pub fn add(&self, other: &Tensor) -> Result<Tensor, TensorError> {
-        self.binary("add", other, |a, b| a + b)
+        self.binary(BinaryOp::Add, other, |a, b| a + b)
     }
 
     /// `self * other`, computed in the compute dtype and rounded once; compact output.
     pub fn mul(&self, other: &Tensor) -> Result<Tensor, TensorError> {
-        self.binary("mul", other, |a, b| a * b)
+        self.binary(BinaryOp::Mul, other, |a, b| a * b)
     }
 
     /// `self * factor`, computed in the compute dtype and rounded once; compact output.
@@ -36,12 +38,8 @@ impl Tensor {
         self.map_values(self.to_f64_vec()?.into_iter().map(|a| compute.round(a * factor)))
     }
 
-    fn binary(
-        &self,
-        operation: &'static str,
-        other: &Tensor,
-        f: impl Fn(f64, f64) -> f64,
-    ) -> Result<Tensor, TensorError> {
+    fn binary(&self, op: BinaryOp, other: &Tensor, f: impl Fn(f64, f64) -> f64) -> Result<Tensor, TensorError> {
+        let operation = op.name();
         if self.shape() != other.shape() {
             return Err(TensorError::ShapeMismatch {
                 operation,
@@ -54,6 +52,13 @@ impl Tensor {
         }
         if self.device() != other.device() {
             return Err(TensorError::DeviceMismatch { operation, lhs: self.device(), rhs: other.device() });
+        }
+        if let (Storage::Device(a), Storage::Device(b)) = (&self.storage.storage, &other.storage.storage) {
+            let meta = TensorMeta { layout: Layout::compact(self.shape()), ..self.meta.clone() };
+            let mut dst = a.allocate_like(storage_bytes(&meta)?)?;
+            if a.binary_strided(&self.meta, b.as_ref(), &other.meta, op, dst.as_mut(), &meta)? {
+                return Tensor::from_storage(Storage::Device(dst), meta.dtype, meta.layout);
+            }
         }
         self.note_round_trip(operation)?;
         let compute = self.dtype().compute_dtype();
