@@ -628,8 +628,9 @@ impl Tensor {
 
     /// Overwrites this tensor's elements (in its own layout) with `src`'s, converting the dtype.
     /// Tensors of one dtype are copied bit for bit (every i64, every NaN payload); on one device
-    /// the backend copies or converts there where it can ([`DeviceBuffer::convert_strided`]);
-    /// other pairs convert through f64 on the host.
+    /// the backend copies or converts there where it can
+    /// ([`DeviceBuffer::convert_strided`](crate::storage::DeviceBuffer::convert_strided)); other
+    /// pairs convert through f64 on the host.
     ///
     /// Needs unique ownership of this tensor's storage and equal shapes.
     pub fn copy_from(&mut self, src: &Tensor) -> Result<(), TensorError> {
