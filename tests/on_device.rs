@@ -11,34 +11,14 @@
 use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use ir_core::op::{BUILTIN_OPS, InputSpec, Value};
 use ir_core::storage::host_round_trips;
-use ir_core::{
-    DType, EagerContext, ExecutionContext, Platform, PriorityConfig, Registry, Tensor, TensorMeta, allclose, bit_eq,
-};
+use ir_core::{DType, EagerContext, ExecutionContext, Registry, Tensor, TensorMeta, allclose, bit_eq};
 use ir_graph::{InterpOptions, Tracer, interpret};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use layers::toy::{ToyDecoder, ToyDecoderConfig};
-use vllm_ir_tests::{Backend, backends};
+use vllm_ir_tests::{Backend, backends, on_each_device};
 
 const TOKENS: usize = 5;
 const HIDDEN: usize = 256;
-
-/// Runs `test` on every device backend this machine has, with the priorities an engine on its
-/// platform gets (its provider first, then native); says so when there is none.
-fn on_each_device(what: &str, mut test: impl FnMut(&Backend)) {
-    let mut ran = 0;
-    for backend in backends() {
-        if backend.allocator.is_none() {
-            continue;
-        }
-        let platform = Platform::ALL.into_iter().find(|p| p.provider() == backend.provider).expect("a device platform");
-        let _priorities = PriorityConfig::platform_default(platform).apply_scoped(&backend.registry).unwrap();
-        test(&backend);
-        ran += 1;
-    }
-    if ran == 0 {
-        ir_core::testing::skip("device", &format!("no device backend on this machine: {what} not run on one"));
-    }
-}
 
 fn model() -> ToyDecoder {
     let config = ToyDecoderConfig { layers: 2, hidden: HIDDEN, max_position: 64, dtype: DType::BF16, seed: 7 };

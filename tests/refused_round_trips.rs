@@ -5,19 +5,13 @@
 
 use ir_core::op::rms_norm;
 use ir_core::storage::{HOST_ROUND_TRIP_REFUSED, host_round_trips, refuse_host_round_trips};
-use ir_core::{CallError, DType, Platform, PriorityConfig, Tensor, TensorError};
-use vllm_ir_tests::backends;
+use ir_core::{CallError, DType, Tensor, TensorError};
+use vllm_ir_tests::on_each_device;
 
 #[test]
 fn refused_round_trips_fail_naming_what_would_have_made_them() {
-    let mut ran = 0;
-    for backend in backends() {
-        if backend.allocator.is_none() {
-            continue;
-        }
+    on_each_device("refusals", |backend| {
         let label = backend.provider;
-        let platform = Platform::ALL.into_iter().find(|p| p.provider() == label).expect("a device platform");
-        let _priorities = PriorityConfig::platform_default(platform).apply_scoped(&backend.registry).unwrap();
         // f64 activations: no GPU kernel computes in f64, so only native takes them.
         let x = backend.upload(&Tensor::from_f64(DType::F64, &[2, 8], &[0.5; 16]).unwrap()).unwrap();
         // f64 operands: the `add`/`mul` kernels compute f32, f16 and bf16.
@@ -48,9 +42,5 @@ fn refused_round_trips_fail_naming_what_would_have_made_them() {
         assert!(ir_core::bit_eq(&allowed, &expected), "{label}: allowed again, native runs");
         a.mul(&b).unwrap();
         assert_eq!(host_round_trips(), before + 2, "{label}: the allowed round trips are counted");
-        ran += 1;
-    }
-    if ran == 0 {
-        ir_core::testing::skip("device", "no device backend on this machine: refusals were not exercised on one");
-    }
+    });
 }

@@ -109,3 +109,22 @@ pub fn backends() -> Vec<Backend> {
     }
     backends
 }
+
+/// Runs `test` on every device backend this machine has, with the priorities an engine on its
+/// platform gets (its provider first, then native); says so when there is none.
+pub fn on_each_device(what: &str, mut test: impl FnMut(&Backend)) {
+    let mut ran = 0;
+    for backend in backends() {
+        if backend.allocator.is_none() {
+            continue;
+        }
+        let platform =
+            ir_core::Platform::ALL.into_iter().find(|p| p.provider() == backend.provider).expect("a device platform");
+        let _priorities = ir_core::PriorityConfig::platform_default(platform).apply_scoped(&backend.registry).unwrap();
+        test(&backend);
+        ran += 1;
+    }
+    if ran == 0 {
+        ir_core::testing::skip("device", &format!("no device backend on this machine: {what} not run on one"));
+    }
+}

@@ -160,7 +160,7 @@ pub static BUILTINS: [BuiltinDef; 10] = {
             name: "contiguous",
             params: &[Value],
             effect: Effect::Copy,
-            meta: |m, _| Ok(compact_like(m[0])),
+            meta: |m, _| Ok(m[0].compact_like()),
             eval: Eval::Result(|t, _| t[0].contiguous()),
         },
         // Slice
@@ -217,7 +217,7 @@ pub static BUILTINS: [BuiltinDef; 10] = {
             name: "scale",
             params: &[Value, Float],
             effect: Effect::Compute,
-            meta: |m, _| Ok(compact_like(m[0])),
+            meta: |m, _| Ok(m[0].compact_like()),
             eval: Eval::Result(|t, a| t[0].scale(a.float(1))),
         },
         // Copy
@@ -314,10 +314,6 @@ impl<V> BuiltinArg<V> {
 }
 
 /// A compact tensor of `m`'s shape, dtype and device.
-fn compact_like(m: &TensorMeta) -> TensorMeta {
-    TensorMeta { device: m.device, ..TensorMeta::compact(m.dtype, m.shape()) }
-}
-
 fn elementwise_meta(operation: &'static str, m: &[&TensorMeta]) -> Result<TensorMeta, TensorError> {
     let (a, b) = (m[0], m[1]);
     if a.shape() != b.shape() {
@@ -329,7 +325,7 @@ fn elementwise_meta(operation: &'static str, m: &[&TensorMeta]) -> Result<Tensor
     if a.device != b.device {
         return Err(TensorError::DeviceMismatch { operation, lhs: a.device, rhs: b.device });
     }
-    Ok(compact_like(a))
+    Ok(a.compact_like())
 }
 
 /// Checks `args` against `builtin`'s parameters: the arity and each kind, naming the first misfit.

@@ -25,6 +25,11 @@ impl TensorMeta {
         TensorMeta { dtype, device: Device::Cpu, layout: Layout::compact(shape) }
     }
 
+    /// The metadata of a compact copy of this tensor: its dtype, shape and device, compact at offset 0.
+    pub fn compact_like(&self) -> TensorMeta {
+        TensorMeta { device: self.device, ..TensorMeta::compact(self.dtype, self.shape()) }
+    }
+
     /// The shape.
     pub fn shape(&self) -> &[usize] {
         self.layout.shape()

@@ -35,6 +35,12 @@ pub fn compile_convert_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelErro
 /// The element sizes the program has a kernel for (`strided_copy_<bytes>`).
 pub const ELEMENT_SIZES: [usize; 4] = [1, 2, 4, 8];
 
+/// Blocks of [`COPY_BLOCK`] threads for one thread per element of `n`.
+fn blocks_for(n: usize) -> Result<u32, KernelError> {
+    u32::try_from(n.div_ceil(COPY_BLOCK as usize))
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })
+}
+
 /// Compiles the strided copy program (all four element sizes) to PTX for `arch`.
 pub fn compile_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
     compile(STRIDED_COPY, "strided_copy.cu", "strided_copy".to_owned(), Vec::new(), arch)
@@ -56,8 +62,7 @@ pub(crate) fn copy_on_device(
         return Err(KernelError::InvalidArguments { reason: format!("no device-side copy of {size}-byte elements") });
     }
     let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(src, to_layout)?;
-    let blocks = u32::try_from(n.div_ceil(COPY_BLOCK as usize))
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+    let blocks = blocks_for(n)?;
     let device = std::sync::Arc::clone(&from.device);
     let arch = device.arch;
     let function =
@@ -99,8 +104,7 @@ pub(crate) fn convert_on_device(
         return Ok(true);
     }
     let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(src, &to_meta.layout)?;
-    let blocks = u32::try_from(n.div_ceil(COPY_BLOCK as usize))
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+    let blocks = blocks_for(n)?;
     let device = std::sync::Arc::clone(&from.device);
     let arch = device.arch;
     // Cached per kernel name (each pair its own entry).
@@ -156,8 +160,7 @@ pub(crate) fn binary_on_device(
     }
     // a's strides as the source's, b's as the destination's: the kernel walks both.
     let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(a, &b.layout)?;
-    let blocks = u32::try_from(n.div_ceil(COPY_BLOCK as usize))
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+    let blocks = blocks_for(n)?;
     let device = std::sync::Arc::clone(&from.device);
     let arch = device.arch;
     let function = device.op_function(name, a.dtype, name, || compile_convert_ptx(arch))?;

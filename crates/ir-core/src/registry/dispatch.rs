@@ -614,7 +614,7 @@ fn compacting(args: &[ArgMeta<'_>], candidates: &[Arc<ImplEntry>]) -> Option<(us
             && !t.layout.is_compact()
         {
             positions.push(position);
-            compact.push(TensorMeta { device: t.device, ..TensorMeta::compact(t.dtype, t.shape()) });
+            compact.push(t.compact_like());
         }
     }
     if positions.is_empty() {

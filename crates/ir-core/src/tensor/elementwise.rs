@@ -8,7 +8,7 @@
 
 use super::storage_bytes;
 use crate::storage::{BinaryOp, Storage};
-use crate::{Layout, Tensor, TensorError, TensorMeta};
+use crate::{Tensor, TensorError};
 
 impl Tensor {
     /// `self + other`, computed in the compute dtype and rounded once; compact output.
@@ -26,7 +26,7 @@ impl Tensor {
     /// ([`DeviceBuffer::convert_strided`](crate::storage::DeviceBuffer::convert_strided)).
     pub fn scale(&self, factor: f64) -> Result<Tensor, TensorError> {
         if let Storage::Device(src) = &self.storage.storage {
-            let meta = TensorMeta { layout: Layout::compact(self.shape()), ..self.meta.clone() };
+            let meta = self.meta.compact_like();
             let mut dst = src.allocate_like(storage_bytes(&meta)?)?;
             if src.convert_strided(&self.meta, dst.as_mut(), &meta, Some(factor))? {
                 return Tensor::from_storage(Storage::Device(dst), meta.dtype, meta.layout);
@@ -54,7 +54,7 @@ impl Tensor {
             return Err(TensorError::DeviceMismatch { operation, lhs: self.device(), rhs: other.device() });
         }
         if let (Storage::Device(a), Storage::Device(b)) = (&self.storage.storage, &other.storage.storage) {
-            let meta = TensorMeta { layout: Layout::compact(self.shape()), ..self.meta.clone() };
+            let meta = self.meta.compact_like();
             let mut dst = a.allocate_like(storage_bytes(&meta)?)?;
             if a.binary_strided(&self.meta, b.as_ref(), &other.meta, op, dst.as_mut(), &meta)? {
                 return Tensor::from_storage(Storage::Device(dst), meta.dtype, meta.layout);
