@@ -12,8 +12,9 @@
 //!
 //! Where the CPU also has AVX512-BF16 (and AVX512-DQ), bf16 is rounded by `vcvtneps2bf16`, one
 //! instruction for 16 values instead of eight: it rounds to nearest even and quiets NaN exactly as
-//! the bit operation does, but treats a subnormal f32 input as zero, so a vector holding one
-//! (`vfpclassps` finds it) is rounded by the bit operation instead. Every f32 whose bf16 rounding
+//! the bit operation does, but treats a subnormal f32 input as zero: `vfpclassps` notes them
+//! ([`Flushed`]), and a row (or a block of the fused row, which writes its inputs) that met one is
+//! converted again by the bit operation. Every f32 whose bf16 rounding
 //! is decided by its top 16 bits and a few low patterns is checked against the bit operation below,
 //! and the rows of both variants against the portable rows. The same conversion serves the other
 //! ops' bf16 stores ([`store_bf16`], [`round_bf16_in_place`]).
@@ -74,21 +75,70 @@ pub(crate) trait Avx512Element: CpuElement {
         // SAFETY: the caller's contract.
         unsafe { (Self::load16(p), Self::load16(p.add(WIDTH))) }
     }
-    /// Rounds 16 f32 values to this type and stores them.
+    /// 16 values in this type, in a register.
+    type Packed: Copy;
+    /// Rounds 16 f32 values to this type. With `HW`, a subnormal value the hardware conversion
+    /// flushed is noted in `flushed`, and the result is then the caller's to redo with `HW = false`.
     ///
     /// # Safety
-    /// AVX-512F/BW are available and `p` points to 16 writable values.
-    unsafe fn store16<const HW: bool>(p: *mut Self, v: __m512);
-    /// As [`Avx512Element::store16`] with a non-temporal store (past the caches).
+    /// AVX-512F/BW are available, and AVX512-BF16/DQ too when `HW`.
+    unsafe fn pack16<const HW: bool>(v: __m512, flushed: &mut Flushed) -> Self::Packed;
+    /// Stores 16 packed values.
     ///
     /// # Safety
-    /// As `store16`, and `p` is aligned to the 16 values' size.
-    unsafe fn stream16<const HW: bool>(p: *mut Self, v: __m512);
-    /// Rounds 16 f32 values to this type and widens them back.
+    /// AVX-512F is available and `p` points to 16 writable values.
+    unsafe fn store_packed(p: *mut Self, packed: Self::Packed);
+    /// As [`Avx512Element::store_packed`] with a non-temporal store (past the caches).
     ///
     /// # Safety
-    /// AVX-512F is available.
-    unsafe fn round16<const HW: bool>(v: __m512) -> __m512;
+    /// As `store_packed`, and `p` is aligned to the 16 values' size.
+    unsafe fn stream_packed(p: *mut Self, packed: Self::Packed);
+    /// Rounds 16 f32 values to this type and widens them back (`flushed` as for
+    /// [`Avx512Element::pack16`]).
+    ///
+    /// # Safety
+    /// As `pack16`.
+    unsafe fn round16<const HW: bool>(v: __m512, flushed: &mut Flushed) -> __m512;
+
+    /// Rounds 16 f32 values to this type and stores them (`flushed` as for
+    /// [`Avx512Element::pack16`]).
+    ///
+    /// # Safety
+    /// As `pack16` and `store_packed`.
+    #[inline(always)]
+    unsafe fn store16<const HW: bool>(p: *mut Self, v: __m512, flushed: &mut Flushed) {
+        // SAFETY: the caller's contract.
+        unsafe { Self::store_packed(p, Self::pack16::<HW>(v, flushed)) }
+    }
+    /// As [`Avx512Element::store16`] with a non-temporal store.
+    ///
+    /// # Safety
+    /// As `pack16` and `stream_packed`.
+    #[inline(always)]
+    unsafe fn stream16<const HW: bool>(p: *mut Self, v: __m512, flushed: &mut Flushed) {
+        // SAFETY: the caller's contract.
+        unsafe { Self::stream_packed(p, Self::pack16::<HW>(v, flushed)) }
+    }
+}
+
+/// The subnormal f32 values the hardware bf16 conversion met, as OR-ed `vfpclassps` masks.
+/// `vcvtneps2bf16` flushes them to zero, so whatever was converted in hardware while this
+/// accumulator was passed is redone with the bit operation when it is set: one check per row or
+/// block instead of a branch per vector (the branch cost a bf16 row 15–20% of its time).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Flushed(u16);
+
+impl Flushed {
+    #[inline(always)]
+    fn note(&mut self, subnormal: u16) {
+        self.0 |= subnormal;
+    }
+
+    /// Whether any converted value was subnormal.
+    #[inline(always)]
+    pub(crate) fn any(self) -> bool {
+        self.0 != 0
+    }
 }
 
 impl Avx512Element for f32 {
@@ -98,20 +148,27 @@ impl Avx512Element for f32 {
         unsafe { _mm512_loadu_ps(p) }
     }
 
+    type Packed = __m512;
+
     #[inline(always)]
-    unsafe fn store16<const HW: bool>(p: *mut f32, v: __m512) {
+    unsafe fn pack16<const HW: bool>(v: __m512, _flushed: &mut Flushed) -> __m512 {
+        v
+    }
+
+    #[inline(always)]
+    unsafe fn store_packed(p: *mut f32, packed: __m512) {
         // SAFETY: the caller's contract.
-        unsafe { _mm512_storeu_ps(p, v) }
+        unsafe { _mm512_storeu_ps(p, packed) }
     }
 
     #[inline(always)]
-    unsafe fn stream16<const HW: bool>(p: *mut f32, v: __m512) {
+    unsafe fn stream_packed(p: *mut f32, packed: __m512) {
         // SAFETY: the caller's contract (64-byte aligned).
-        unsafe { _mm512_stream_ps(p, v) }
+        unsafe { _mm512_stream_ps(p, packed) }
     }
 
     #[inline(always)]
-    unsafe fn round16<const HW: bool>(v: __m512) -> __m512 {
+    unsafe fn round16<const HW: bool>(v: __m512, _flushed: &mut Flushed) -> __m512 {
         v
     }
 }
@@ -138,24 +195,32 @@ impl Avx512Element for bf16 {
         unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))) }
     }
 
+    type Packed = __m256i;
+
     #[inline(always)]
-    unsafe fn store16<const HW: bool>(p: *mut bf16, v: __m512) {
+    unsafe fn pack16<const HW: bool>(v: __m512, flushed: &mut Flushed) -> __m256i {
         // SAFETY: the caller's contract.
-        unsafe { _mm256_storeu_si256(p.cast(), to_bf16::<HW>(v)) }
+        unsafe { to_bf16::<HW>(v, flushed) }
     }
 
     #[inline(always)]
-    unsafe fn stream16<const HW: bool>(p: *mut bf16, v: __m512) {
+    unsafe fn store_packed(p: *mut bf16, packed: __m256i) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_storeu_si256(p.cast(), packed) }
+    }
+
+    #[inline(always)]
+    unsafe fn stream_packed(p: *mut bf16, packed: __m256i) {
         // SAFETY: the caller's contract (32-byte aligned).
-        unsafe { _mm256_stream_si256(p.cast(), to_bf16::<HW>(v)) }
+        unsafe { _mm256_stream_si256(p.cast(), packed) }
     }
 
     #[inline(always)]
-    unsafe fn round16<const HW: bool>(v: __m512) -> __m512 {
+    unsafe fn round16<const HW: bool>(v: __m512, flushed: &mut Flushed) -> __m512 {
         // SAFETY: the caller's contract.
         unsafe {
             if HW {
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(to_bf16::<true>(v))))
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(to_bf16::<true>(v, flushed))))
             } else {
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bf16_bits(v)))
             }
@@ -170,20 +235,28 @@ impl Avx512Element for half::f16 {
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
 
+    type Packed = __m256i;
+
     #[inline(always)]
-    unsafe fn store16<const HW: bool>(p: *mut half::f16, v: __m512) {
+    unsafe fn pack16<const HW: bool>(v: __m512, _flushed: &mut Flushed) -> __m256i {
         // SAFETY: the caller's contract.
-        unsafe { _mm256_storeu_si256(p.cast(), to_f16(v)) }
+        unsafe { to_f16(v) }
     }
 
     #[inline(always)]
-    unsafe fn stream16<const HW: bool>(p: *mut half::f16, v: __m512) {
+    unsafe fn store_packed(p: *mut half::f16, packed: __m256i) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_storeu_si256(p.cast(), packed) }
+    }
+
+    #[inline(always)]
+    unsafe fn stream_packed(p: *mut half::f16, packed: __m256i) {
         // SAFETY: the caller's contract (32-byte aligned).
-        unsafe { _mm256_stream_si256(p.cast(), to_f16(v)) }
+        unsafe { _mm256_stream_si256(p.cast(), packed) }
     }
 
     #[inline(always)]
-    unsafe fn round16<const HW: bool>(v: __m512) -> __m512 {
+    unsafe fn round16<const HW: bool>(v: __m512, _flushed: &mut Flushed) -> __m512 {
         // SAFETY: the caller's contract.
         unsafe { _mm512_cvtph_ps(to_f16(v)) }
     }
@@ -212,14 +285,15 @@ unsafe fn narrow(v: std::arch::x86_64::__m512i) -> __m256i {
 }
 
 /// 16 f32 values rounded to bf16, in order: by `vcvtneps2bf16` when `HW` (the caller guarantees
-/// AVX512-BF16 and AVX512-DQ), unless a value is subnormal (the instruction would flush it to zero),
-/// else by the bit operation; the same bits either way.
+/// AVX512-BF16 and AVX512-DQ), which flushes a subnormal value to zero: that is noted in `flushed`
+/// for the caller to redo with `HW = false`, the bit operation. The same bits either way.
 #[inline(always)]
-unsafe fn to_bf16<const HW: bool>(v: __m512) -> __m256i {
+unsafe fn to_bf16<const HW: bool>(v: __m512, flushed: &mut Flushed) -> __m256i {
     // SAFETY: the caller guarantees AVX-512F/BW, and AVX512-BF16/DQ when `HW`.
     unsafe {
-        // `vfpclassps` category 0x20: subnormal.
-        if HW && _mm512_fpclass_ps_mask::<0x20>(v) == 0 {
+        if HW {
+            // `vfpclassps` category 0x20: subnormal.
+            flushed.note(_mm512_fpclass_ps_mask::<0x20>(v));
             std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v))
         } else {
             narrow(bf16_bits(v))
@@ -284,25 +358,29 @@ fn rstd<T: Avx512Element>(x: &[T], r: Option<&[T]>, eps: f32) -> f32 {
     rows::rstd_from_lanes(lanes, x, r, eps)
 }
 
-/// `y = v · rstd`, weighted as the portable `store_normalized` does (round y first, then multiply).
+/// `y = v · rstd`, weighted as the portable `store_normalized` does (round y first, then multiply;
+/// `flushed` as for [`Avx512Element::pack16`]).
 #[inline(always)]
 unsafe fn normalized<T: Avx512Element, const HW: bool>(
     v: __m512,
     rstd: __m512,
     weight: Option<&[T]>,
     i: usize,
+    flushed: &mut Flushed,
 ) -> __m512 {
     // SAFETY: the caller's contract: AVX-512F, and `i + 16 <= weight.len()`.
     unsafe {
         let y = _mm512_mul_ps(v, rstd);
         match weight {
-            Some(w) => _mm512_mul_ps(T::round16::<HW>(y), T::load16(w.as_ptr().add(i))),
+            Some(w) => _mm512_mul_ps(T::round16::<HW>(y, flushed), T::load16(w.as_ptr().add(i))),
             None => y,
         }
     }
 }
 
-/// One `rms_norm` row (see [`rows`] for the rule): vectors of 16, then the portable tail.
+/// One `rms_norm` row (see [`rows`] for the rule): vectors of 16, then the portable tail. With
+/// `HW`, a row whose values met the hardware bf16 conversion as subnormals is written again with the
+/// bit operation (x is only read, so the row can be).
 ///
 /// # Safety
 /// AVX-512F/BW are available, and AVX512-BF16/DQ when `HW`.
@@ -318,30 +396,16 @@ unsafe fn rms_norm_row<T: Avx512Element, const HW: bool>(
     assert!(out.len() == n && weight.is_none_or(|w| w.len() == n), "row lengths agree");
     // SAFETY: the caller's contract.
     let rstd = unsafe { rstd(x, None, eps) };
-    // SAFETY: the caller's contract.
-    let scale = unsafe { _mm512_set1_ps(rstd) };
-    let full = n - n % WIDTH;
     // Non-temporal stores need each 16-value store aligned to its size: the row's start is.
     let stream = stream && (out.as_ptr() as usize).is_multiple_of(WIDTH * size_of::<T>());
-    let mut i = 0;
-    while i < full {
-        // SAFETY: `i + 16 <= n` for x, out and the weight (checked above); AVX-512F/BW are enabled;
-        // streamed stores are aligned (the start is, and each store advances by its size).
-        unsafe {
-            let y = normalized::<T, HW>(T::load16(x.as_ptr().add(i)), scale, weight, i);
-            if stream {
-                T::stream16::<HW>(out.as_mut_ptr().add(i), y);
-            } else {
-                T::store16::<HW>(out.as_mut_ptr().add(i), y);
-            }
-        }
-        i += WIDTH;
+    let mut flushed = Flushed::default();
+    // SAFETY: the caller's contract.
+    unsafe { rms_norm_vectors::<T, HW>(x, weight, rstd, out, stream, &mut flushed) };
+    if HW && flushed.any() {
+        // SAFETY: the caller's contract.
+        unsafe { rms_norm_vectors::<T, false>(x, weight, rstd, out, stream, &mut flushed) };
     }
-    if stream {
-        // Order the non-temporal stores before whatever follows (the row's tail, the thread's join).
-        // SAFETY: the caller's contract (SSE is part of x86_64).
-        unsafe { _mm_sfence() };
-    }
+    let full = n - n % WIDTH;
     let mut values = [0f32; WIDTH];
     let mut w = [0f32; WIDTH];
     let tail = &mut values[..n - full];
@@ -353,8 +417,51 @@ unsafe fn rms_norm_row<T: Avx512Element, const HW: bool>(
     T::store_normalized(tail, rstd, weight, &mut out[full..]);
 }
 
-/// One `fused_add_rms_norm` row, the norm over x or into another row (see [`rows`]): vectors of 16,
-/// then the portable tail.
+/// The full 16-value groups of an `rms_norm` row, normalized by `rstd` into `out` (streamed when
+/// `stream`: `out` is then aligned to 16 values).
+///
+/// # Safety
+/// As [`rms_norm_row`]; the lengths agree.
+#[inline(always)]
+unsafe fn rms_norm_vectors<T: Avx512Element, const HW: bool>(
+    x: &[T],
+    weight: Option<&[T]>,
+    rstd: f32,
+    out: &mut [T],
+    stream: bool,
+    flushed: &mut Flushed,
+) {
+    let n = x.len();
+    // SAFETY: the caller's contract.
+    let scale = unsafe { _mm512_set1_ps(rstd) };
+    let full = n - n % WIDTH;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + 16 <= n` for x, out and the weight (the caller checked the lengths); the
+        // features are enabled; streamed stores are aligned (the start is, and each store advances
+        // by its size).
+        unsafe {
+            let y = normalized::<T, HW>(T::load16(x.as_ptr().add(i)), scale, weight, i, flushed);
+            if stream {
+                T::stream16::<HW>(out.as_mut_ptr().add(i), y, flushed);
+            } else {
+                T::store16::<HW>(out.as_mut_ptr().add(i), y, flushed);
+            }
+        }
+        i += WIDTH;
+    }
+    if stream {
+        // Order the non-temporal stores before whatever follows (the row's tail, the thread's join).
+        // SAFETY: the caller's contract (SSE is part of x86_64).
+        unsafe { _mm_sfence() };
+    }
+}
+
+/// Vectors of 16 a `fused_add_rms_norm` row converts before it checks for flushed subnormals.
+const FUSED_BLOCK: usize = 4;
+
+/// One `fused_add_rms_norm` row, the norm over x or into another row (see [`rows`]): blocks of
+/// [`FUSED_BLOCK`] vectors, single vectors, then the portable tail.
 ///
 /// # Safety
 /// AVX-512F/BW are available, and AVX512-BF16/DQ when `HW`.
@@ -374,15 +481,16 @@ unsafe fn fused_row<T: Avx512Element, const HW: bool>(
     // SAFETY: the caller's contract.
     let scale = unsafe { _mm512_set1_ps(rstd) };
     let full = n - n % WIDTH;
+    let blocks = full - full % (FUSED_BLOCK * WIDTH);
     let mut i = 0;
+    while i < blocks {
+        // SAFETY: `i + 64 <= n` for x, the norm, r and the weight (checked above).
+        unsafe { fused_vectors::<T, HW, FUSED_BLOCK>(x.add(i), r.as_mut_ptr().add(i), out.add(i), weight, i, scale) };
+        i += FUSED_BLOCK * WIDTH;
+    }
     while i < full {
-        // SAFETY: `i + 16 <= n` for x, the norm, r and the weight (checked above); x's values are
-        // read before the norm's (perhaps the same memory) are written; AVX-512F is enabled.
-        unsafe {
-            let sum = _mm512_add_ps(T::load16(x.add(i)), T::load16(r.as_ptr().add(i)));
-            T::store16::<HW>(r.as_mut_ptr().add(i), sum);
-            T::store16::<HW>(out.add(i), normalized::<T, HW>(sum, scale, weight, i));
-        }
+        // SAFETY: `i + 16 <= n` for x, the norm, r and the weight (checked above).
+        unsafe { fused_vectors::<T, HW, 1>(x.add(i), r.as_mut_ptr().add(i), out.add(i), weight, i, scale) };
         i += WIDTH;
     }
     let mut sum = [0f32; WIDTH];
@@ -397,6 +505,47 @@ unsafe fn fused_row<T: Avx512Element, const HW: bool>(
     });
     // SAFETY: the norm's tail, with no other borrow of it alive.
     T::store_normalized(sum, rstd, weight, unsafe { std::slice::from_raw_parts_mut(out.add(full), n - full) });
+}
+
+/// `K` vectors of 16 of a fused row at `x`, `r` and `out` (the weight's values from `at`): every
+/// value is read and converted before any is written (the norm may be x itself), and with `HW` a
+/// block whose conversions flushed a subnormal is converted again with the bit operation.
+///
+/// # Safety
+/// As [`fused_row`]; `16 · K` values are readable at `x`, writable at `r` and `out`, and readable
+/// in the weight from `at`.
+#[inline(always)]
+unsafe fn fused_vectors<T: Avx512Element, const HW: bool, const K: usize>(
+    x: *const T,
+    r: *mut T,
+    out: *mut T,
+    weight: Option<&[T]>,
+    at: usize,
+    scale: __m512,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut sums = [_mm512_setzero_ps(); K];
+        for (k, sum) in sums.iter_mut().enumerate() {
+            *sum = _mm512_add_ps(T::load16(x.add(k * WIDTH)), T::load16(r.add(k * WIDTH)));
+        }
+        let mut flushed = Flushed::default();
+        let mut packed = [(T::pack16::<HW>(sums[0], &mut flushed), T::pack16::<HW>(sums[0], &mut flushed)); K];
+        for (k, packed) in packed.iter_mut().enumerate() {
+            let norm = normalized::<T, HW>(sums[k], scale, weight, at + k * WIDTH, &mut flushed);
+            *packed = (T::pack16::<HW>(sums[k], &mut flushed), T::pack16::<HW>(norm, &mut flushed));
+        }
+        if HW && flushed.any() {
+            for (k, packed) in packed.iter_mut().enumerate() {
+                let norm = normalized::<T, false>(sums[k], scale, weight, at + k * WIDTH, &mut flushed);
+                *packed = (T::pack16::<false>(sums[k], &mut flushed), T::pack16::<false>(norm, &mut flushed));
+            }
+        }
+        for (k, (sum, norm)) in packed.into_iter().enumerate() {
+            T::store_packed(r.add(k * WIDTH), sum);
+            T::store_packed(out.add(k * WIDTH), norm);
+        }
+    }
 }
 
 /// The rows compiled for AVX-512F/BW (bf16 rounded by the bit operation).
@@ -477,14 +626,30 @@ pub(crate) fn hardware_bf16() -> bool {
 pub(crate) unsafe fn store_bf16(src: &[f32], dst: &mut [bf16]) {
     let n = src.len().min(dst.len());
     let full = n - n % WIDTH;
-    let mut i = 0;
-    while i < full {
-        // SAFETY: `i + 16 <= n` for both slices; the features are enabled here.
-        unsafe { bf16::store16::<true>(dst.as_mut_ptr().add(i), _mm512_loadu_ps(src.as_ptr().add(i))) };
-        i += WIDTH;
+    let mut flushed = Flushed::default();
+    // SAFETY: the features are enabled here; both slices hold `full` values.
+    unsafe { store_vectors::<true>(&src[..full], &mut dst[..full], &mut flushed) };
+    if flushed.any() {
+        // A subnormal was flushed: the whole run again with the bit operation (`src` is unchanged).
+        // SAFETY: as above.
+        unsafe { store_vectors::<false>(&src[..full], &mut dst[..full], &mut flushed) };
     }
     for (d, s) in dst[full..n].iter_mut().zip(&src[full..n]) {
         *d = bf16::from_bits(crate::element::bf16_bits(*s));
+    }
+}
+
+/// Rounds `src` (whole vectors of 16) to bf16 into `dst` (as long).
+///
+/// # Safety
+/// AVX-512F/BW are available, and AVX512-BF16/DQ too when `HW`.
+#[inline(always)]
+unsafe fn store_vectors<const HW: bool>(src: &[f32], dst: &mut [bf16], flushed: &mut Flushed) {
+    let mut i = 0;
+    while i < src.len() {
+        // SAFETY: `i + 16 <= src.len() == dst.len()`; the caller's contract.
+        unsafe { bf16::store16::<HW>(dst.as_mut_ptr().add(i), _mm512_loadu_ps(src.as_ptr().add(i)), flushed) };
+        i += WIDTH;
     }
 }
 
@@ -527,14 +692,30 @@ unsafe fn stream_store_body<T: Avx512Element, const HW: bool>(src: &[f32], dst: 
         return 0;
     }
     let full = n - n % WIDTH;
-    let mut i = 0;
-    while i < full {
-        // SAFETY: `i + 16 <= n` for both slices; `dst` starts aligned to 16 values and each store
-        // advances by 16 of them, so every store is aligned.
-        unsafe { T::stream16::<HW>(dst.as_mut_ptr().add(i), _mm512_loadu_ps(src.as_ptr().add(i))) };
-        i += WIDTH;
+    let mut flushed = Flushed::default();
+    // SAFETY: the caller's contract.
+    unsafe { stream_vectors::<T, HW>(&src[..full], dst, &mut flushed) };
+    if HW && flushed.any() {
+        // A subnormal was flushed: the whole run again with the bit operation (`src` is unchanged).
+        // SAFETY: the caller's contract.
+        unsafe { stream_vectors::<T, false>(&src[..full], dst, &mut flushed) };
     }
     full
+}
+
+/// Streams `src` (whole vectors of 16) into the start of `dst`, aligned to 16 values.
+///
+/// # Safety
+/// As [`stream_store_body`]; `dst` holds `src.len()` values.
+#[inline(always)]
+unsafe fn stream_vectors<T: Avx512Element, const HW: bool>(src: &[f32], dst: &mut [T], flushed: &mut Flushed) {
+    let mut i = 0;
+    while i < src.len() {
+        // SAFETY: `i + 16 <= src.len() <= dst.len()`; `dst` starts aligned to 16 values and each
+        // store advances by 16 of them, so every store is aligned.
+        unsafe { T::stream16::<HW>(dst.as_mut_ptr().add(i), _mm512_loadu_ps(src.as_ptr().add(i)), flushed) };
+        i += WIDTH;
+    }
 }
 
 /// Rounds each value to bf16 and back, in place, with `vcvtneps2bf16`: the portable bits.
@@ -550,7 +731,14 @@ pub(crate) unsafe fn round_bf16_in_place(v: &mut [f32]) {
         // SAFETY: `i + 16 <= n`; the features are enabled here.
         unsafe {
             let p = v.as_mut_ptr().add(i);
-            _mm512_storeu_ps(p, bf16::round16::<true>(_mm512_loadu_ps(p)));
+            let value = _mm512_loadu_ps(p);
+            // In place, so each vector is checked before it is written.
+            let mut flushed = Flushed::default();
+            let mut rounded = bf16::round16::<true>(value, &mut flushed);
+            if flushed.any() {
+                rounded = bf16::round16::<false>(value, &mut flushed);
+            }
+            _mm512_storeu_ps(p, rounded);
         }
         i += WIDTH;
     }
@@ -701,9 +889,12 @@ mod tests {
         convert: &impl Fn(&[f32]) -> Vec<T>,
     ) {
         for n in (1..=300).chain([4096, 4096 + 17]) {
-            for (seed, huge) in [(1, false), (5, false), (7, false), (11, true)] {
+            // A zero residual makes the fused sums x itself, subnormals included.
+            for (seed, huge, zero_residual) in
+                [(1, false, false), (5, false, false), (7, false, false), (11, true, false), (13, false, true)]
+            {
                 let x = convert(&awkward(n, seed, huge));
-                let r = convert(&awkward(n, seed + 3, false));
+                let r = convert(&if zero_residual { vec![0.0; n] } else { awkward(n, seed + 3, false) });
                 let w = convert(&awkward(n, seed + 9, false));
                 for weight in [None, Some(w.as_slice())] {
                     let mut expected = x.clone();
