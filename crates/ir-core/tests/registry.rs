@@ -925,3 +925,42 @@ fn typed_and_dynamically_registered_functions_give_one_result_and_one_record() {
     let err = rms_norm(&registry, &x, None, 1e-6, None).unwrap_err();
     assert!(matches!(err, CallError::Kernel { op: "rms_norm", provider: "failing", .. }), "{err}");
 }
+
+// --- the per-thread memo lends its entries in place ---
+
+#[test]
+fn kernels_may_call_the_registry_again_deeper_than_the_memo_holds() {
+    // More levels than the memo's 16 slots, each on its own shape: every nested selection is made
+    // and remembered while the outer ones are lent out, so the memo evicts; a lent entry replaced
+    // under its call would give that call another shape's output metadata, a contract violation.
+    const DEPTH: usize = 20;
+    thread_local! {
+        static LEVEL: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    let registry = leaked_registry();
+    let recursive = move |x: &Tensor, w: Option<&Tensor>, eps: f64, v: Option<i64>| {
+        let level = LEVEL.with(|level| level.get());
+        if level < DEPTH {
+            LEVEL.with(|l| l.set(level + 1));
+            let inner = sample(DType::F32, level + 3, 8, level as u64);
+            let out = rms_norm(registry, &inner, None, 1e-6, None).expect("the nested call");
+            assert!(bit_eq(&out, &rms_norm::native(&inner, None, 1e-6, None)?), "level {level}");
+            LEVEL.with(|l| l.set(level));
+        }
+        rms_norm::native(x, w, eps, v)
+    };
+    let spec =
+        spec("recursive").with_supports(|args| ir_core::kernel::rms_norm_support(args, ir_core::DeviceKind::Cpu));
+    rms_norm::register(registry, spec, recursive).unwrap();
+    registry.set_default("rms_norm", &["recursive", "native"]).unwrap();
+    let x = sample(DType::F32, 2, 8, 1);
+    let expected = rms_norm::native(&x, None, 1e-6, None).unwrap();
+    for call in 1..=3 {
+        registry.reset_selection_record();
+        let out = rms_norm(registry, &x, None, 1e-6, None).unwrap();
+        assert!(bit_eq(&out, &expected), "call {call}");
+        let selections = registry.selection_record().selections("rms_norm", "recursive");
+        assert_eq!(selections, DEPTH as u64 + 1, "call {call}: every level selected");
+        assert_eq!(LEVEL.with(|l| l.get()), 0);
+    }
+}

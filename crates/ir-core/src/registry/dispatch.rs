@@ -374,9 +374,10 @@ impl Registry {
     fn hold(&self, def: &'static OpDef, metas: &[ArgMeta<'_>]) -> Result<memo::Held, CallError> {
         // Read before the op table and the installed list (see `memo`).
         let generation = memo::generation();
-        if let Some((slot, remembered)) = memo::take(self.id, def, generation, metas) {
+        if let Some(held) = memo::take(self.id, def, generation, metas) {
+            let remembered = held.entry();
             log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, metas);
-            return Ok(memo::Held::taken(slot, remembered));
+            return Ok(held);
         }
         let ops = self.ops.load();
         let entry = declared_entry(&ops, def)?;

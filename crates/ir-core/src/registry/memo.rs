@@ -9,10 +9,12 @@
 //!
 //! The stamp is read before the op table and the installed list, so an entry made while a change
 //! was being published carries the older stamp and is never used after the change completes. During
-//! the kernel call the hit entry is out of the memo (moved, no reference count), so a nested call on
-//! the same thread can neither see nor free it.
+//! the kernel call the hit entry stays in its slot, lent to the call (no move, no reference count):
+//! the slot is marked busy, so a nested call on the same thread can neither take it nor replace it.
+//! Moving the entry out and back had cost a `maybe_inplace` call about 20 ns.
 
-use std::cell::RefCell;
+use std::cell::{Cell, UnsafeCell};
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -55,50 +57,49 @@ pub(crate) struct Entry {
     pub(crate) cached: Arc<Cached>,
 }
 
+/// This thread's memo. A slot in use by a call (its entry lent out by [`take`]) is marked busy: no
+/// other lookup returns it and nothing replaces it until the call gives it back, so the entry stays
+/// where it is and the call reads it there (no move in or out).
 struct Memo {
-    slots: [Option<Entry>; SLOTS],
-    next: usize,
+    slots: [UnsafeCell<Option<Entry>>; SLOTS],
+    busy: [Cell<bool>; SLOTS],
+    next: Cell<usize>,
 }
 
 thread_local! {
-    static MEMO: RefCell<Memo> = const { RefCell::new(Memo { slots: [const { None }; SLOTS], next: 0 }) };
+    static MEMO: Memo = const {
+        Memo {
+            slots: [const { UnsafeCell::new(None) }; SLOTS],
+            busy: [const { Cell::new(false) }; SLOTS],
+            next: Cell::new(0),
+        }
+    };
 }
 
-/// Takes this thread's current entry for the call out of the memo: its slot and the entry, to give
-/// back with [`restore`] after the kernel ran.
+/// Lends this thread's current entry for the call, in its slot, until the returned selection is
+/// dropped.
 #[inline]
-pub(crate) fn take(
-    registry: u64,
-    def: &'static OpDef,
-    generation: u64,
-    metas: &[ArgMeta<'_>],
-) -> Option<(usize, Entry)> {
+pub(crate) fn take(registry: u64, def: &'static OpDef, generation: u64, metas: &[ArgMeta<'_>]) -> Option<Held> {
     MEMO.try_with(|memo| {
-        let mut memo = memo.try_borrow_mut().ok()?;
-        let index = memo.slots.iter().position(|slot| {
-            slot.as_ref().is_some_and(|entry| {
-                std::ptr::eq(entry.def, def)
-                    && entry.registry == registry
-                    && entry.generation == generation
-                    && entry.cached.matches(metas)
-            })
+        let index = (0..SLOTS).find(|&index| {
+            // SAFETY: a slot that is not busy is only read here and written by `remember`, neither
+            // of which keeps a reference past its own access; this thread is the only one.
+            !memo.busy[index].get()
+                && unsafe { &*memo.slots[index].get() }.as_ref().is_some_and(|entry| {
+                    std::ptr::eq(entry.def, def)
+                        && entry.registry == registry
+                        && entry.generation == generation
+                        && entry.cached.matches(metas)
+                })
         })?;
-        memo.slots[index].take().map(|entry| (index, entry))
+        memo.busy[index].set(true);
+        // SAFETY: the slot holds an entry (just matched); busy now, so it is neither replaced nor
+        // lent again until the selection is dropped, and the memo lives as long as the thread.
+        let entry = unsafe { (*memo.slots[index].get()).as_ref().map(NonNull::from) }?;
+        Some(Held { state: State::Lent { slot: index, entry } })
     })
     .ok()
     .flatten()
-}
-
-/// Gives a taken entry back to its slot (unless a nested call filled the slot meanwhile).
-#[inline]
-fn restore(index: usize, entry: Entry) {
-    let _ = MEMO.try_with(|memo| {
-        if let Ok(mut memo) = memo.try_borrow_mut()
-            && memo.slots[index].is_none()
-        {
-            memo.slots[index] = Some(entry);
-        }
-    });
 }
 
 impl Entry {
@@ -114,64 +115,67 @@ impl Entry {
     }
 }
 
-/// Remembers a selection made now, in a free slot or the oldest one's.
+/// Remembers a selection made now, in a free slot or the oldest one's that no call is using (the
+/// selection is dropped when every slot is in use: calls nested sixteen deep).
 fn remember(entry: Entry) {
     let evicted = MEMO.try_with(|memo| {
-        let mut memo = memo.try_borrow_mut().ok()?;
-        let index = memo.slots.iter().position(Option::is_none).unwrap_or_else(|| {
-            let index = memo.next;
-            memo.next = (index + 1) % SLOTS;
-            index
+        let free = (0..SLOTS).find(|&index| {
+            // SAFETY: as in `take`.
+            !memo.busy[index].get() && unsafe { &*memo.slots[index].get() }.is_none()
         });
-        memo.slots[index].replace(entry)
+        let index =
+            free.or_else(|| (0..SLOTS).map(|k| (memo.next.get() + k) % SLOTS).find(|&index| !memo.busy[index].get()))?;
+        memo.next.set((index + 1) % SLOTS);
+        // SAFETY: the slot is not busy, so no reference to its entry is alive.
+        unsafe { (*memo.slots[index].get()).replace(entry) }
     });
-    // An evicted entry is dropped here, after the memo's borrow ended.
+    // An evicted entry is dropped here, after the memo's slot was written.
     drop(evicted);
 }
 
 /// A selection held by one call: given back to the memo when the call is over (dropped).
 pub(crate) struct Held {
-    entry: Option<Entry>,
-    origin: Origin,
+    state: State,
 }
 
-/// Where a held selection goes afterwards.
-enum Origin {
-    /// Back to the memo slot it was taken from.
-    Slot(usize),
-    /// Into the memo (made now from an installed list).
-    Remember,
-    /// Nowhere (native, chosen for want of an installed list).
-    Drop,
+enum State {
+    /// Lent from memo slot `slot`, where it stays.
+    Lent { slot: usize, entry: NonNull<Entry> },
+    /// Made now: into the memo afterwards when it comes from an installed list, else dropped
+    /// (native, chosen for want of one).
+    Made { entry: Option<Entry>, remember: bool },
 }
 
 impl Held {
-    /// An entry taken from slot `slot` by [`take`].
-    #[inline]
-    pub(crate) fn taken(slot: usize, entry: Entry) -> Held {
-        Held { entry: Some(entry), origin: Origin::Slot(slot) }
-    }
-
     /// A selection made now; remembered afterwards when it comes from an installed list.
     pub(crate) fn made(entry: Entry, installed: bool) -> Held {
-        Held { entry: Some(entry), origin: if installed { Origin::Remember } else { Origin::Drop } }
+        Held { state: State::Made { entry: Some(entry), remember: installed } }
     }
 
     /// The selection.
     #[inline]
     pub(crate) fn entry(&self) -> &Entry {
-        self.entry.as_ref().expect("held until dropped")
+        match &self.state {
+            // SAFETY: the slot is busy until this selection is dropped (see `take`).
+            State::Lent { entry, .. } => unsafe { entry.as_ref() },
+            State::Made { entry, .. } => entry.as_ref().expect("held until dropped"),
+        }
     }
 }
 
 impl Drop for Held {
     #[inline]
     fn drop(&mut self) {
-        let Some(entry) = self.entry.take() else { return };
-        match self.origin {
-            Origin::Slot(slot) => restore(slot, entry),
-            Origin::Remember => remember(entry),
-            Origin::Drop => {}
+        match &mut self.state {
+            State::Lent { slot, .. } => {
+                let _ = MEMO.try_with(|memo| memo.busy[*slot].set(false));
+            }
+            State::Made { entry, remember: true } => {
+                if let Some(entry) = entry.take() {
+                    self::remember(entry);
+                }
+            }
+            State::Made { remember: false, .. } => {}
         }
     }
 }
