@@ -486,9 +486,9 @@ pub const CONVERT_KERNELS: [(DType, DType, &str); 15] = {
     ]
 };
 
-/// A strided copy as the copy kernels take it: shape and strides padded to [`COPY_MAX_RANK`]
-/// dimensions (extent 1, stride 0), the element count, and the storage offsets, each converted to a
-/// kernel integer.
+/// One launch of a strided copy as the copy kernels take it: shape and strides padded to
+/// [`COPY_MAX_RANK`] dimensions (extent 1, stride 0), the element count, and the storage offsets,
+/// each converted to a kernel integer. [`CopyDims::pieces`] cuts a copy of any rank into these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyDims {
     /// Extents.
@@ -497,39 +497,93 @@ pub struct CopyDims {
     pub src_strides: [i64; COPY_MAX_RANK],
     /// Destination strides, in elements.
     pub dst_strides: [i64; COPY_MAX_RANK],
+    /// The dimensions in use (at least 1): those past it are padding.
+    pub rank: i32,
     /// Elements copied.
     pub n: i64,
     /// Source storage offset, in elements.
     pub src_offset: i64,
     /// Destination storage offset, in elements.
     pub dst_offset: i64,
+    /// The row-major index of this piece's first element in the whole copy: where its elements
+    /// start in a compact destination (the `add`/`mul` kernels write one).
+    pub first: i64,
 }
 
+/// One dimension of a copy: extent, source stride, destination stride.
+type CopyDim = (usize, usize, usize);
+
 impl CopyDims {
-    /// The copy of the elements `src` describes into `dst_layout` (same shape), or the error naming
-    /// what does not fit (more than [`COPY_MAX_RANK`] dimensions, a value past a kernel integer).
-    pub fn new(src: &TensorMeta, dst_layout: &crate::Layout) -> Result<CopyDims, KernelError> {
-        if src.layout.rank() > COPY_MAX_RANK || dst_layout.shape() != src.shape() {
+    /// The copy of the elements `src` describes into `dst_layout` (same shape), as kernel launches
+    /// of at most [`COPY_MAX_RANK`] dimensions each, in row-major order of their elements: none for
+    /// no elements, one for most copies. Dimensions of extent 1 are dropped and neighbours that
+    /// both layouts step through as one are merged, so only a copy still past the kernel's rank
+    /// after that takes more than one launch (one per index of its outer dimensions). Errors name
+    /// what does not fit: different shapes, a value past a kernel integer.
+    pub fn pieces(src: &TensorMeta, dst_layout: &crate::Layout) -> Result<Vec<CopyDims>, KernelError> {
+        if dst_layout.shape() != src.shape() {
             return Err(KernelError::InvalidArguments {
                 reason: format!("no device-side copy of {src} into {dst_layout}"),
             });
         }
-        let padded = |values: &[usize], pad: i64, what: &'static str| -> Result<[i64; COPY_MAX_RANK], KernelError> {
-            let mut out = [pad; COPY_MAX_RANK];
-            for (slot, &v) in out.iter_mut().zip(values) {
-                *slot = kernel_int(v, what)?;
-            }
-            Ok(out)
-        };
-        Ok(CopyDims {
-            shape: padded(src.layout.shape(), 1, "extent")?,
-            src_strides: padded(src.layout.strides(), 0, "source stride")?,
-            dst_strides: padded(dst_layout.strides(), 0, "destination stride")?,
-            n: kernel_int(src.numel(), "elements")?,
-            src_offset: kernel_int(src.layout.offset(), "source offset")?,
-            dst_offset: kernel_int(dst_layout.offset(), "destination offset")?,
-        })
+        if src.numel() == 0 {
+            return Ok(Vec::new());
+        }
+        let dims = merged_dims(src.layout.shape(), src.layout.strides(), dst_layout.strides());
+        let (outer, inner) = dims.split_at(dims.len().saturating_sub(COPY_MAX_RANK));
+        let inner_n: usize = inner.iter().map(|d| d.0).product();
+        let pieces: usize = outer.iter().map(|d| d.0).product();
+        let mut padded = ([1i64; COPY_MAX_RANK], [0i64; COPY_MAX_RANK], [0i64; COPY_MAX_RANK]);
+        for (i, &(extent, s, d)) in inner.iter().enumerate() {
+            padded.0[i] = kernel_int(extent, "extent")?;
+            padded.1[i] = kernel_int(s, "source stride")?;
+            padded.2[i] = kernel_int(d, "destination stride")?;
+        }
+        let rank = i32::try_from(inner.len().max(1)).expect("at most COPY_MAX_RANK dimensions");
+        let n = kernel_int(inner_n, "elements")?;
+        (0..pieces)
+            .map(|piece| {
+                // The piece's index in the outer dimensions, innermost fastest.
+                let (mut rest, mut src_offset, mut dst_offset) = (piece, src.layout.offset(), dst_layout.offset());
+                for &(extent, s, d) in outer.iter().rev() {
+                    src_offset += (rest % extent) * s;
+                    dst_offset += (rest % extent) * d;
+                    rest /= extent;
+                }
+                Ok(CopyDims {
+                    shape: padded.0,
+                    src_strides: padded.1,
+                    dst_strides: padded.2,
+                    rank,
+                    n,
+                    src_offset: kernel_int(src_offset, "source offset")?,
+                    dst_offset: kernel_int(dst_offset, "destination offset")?,
+                    first: kernel_int(piece * inner_n, "elements")?,
+                })
+            })
+            .collect()
     }
+}
+
+/// The dimensions of a copy with extents `shape` between layouts of `src` and `dst` strides, in the
+/// same row-major order of elements: extent-1 dimensions dropped, and each dimension merged into
+/// the one before it where both layouts step over it as one (the outer stride is the inner one
+/// times the inner extent). At least one dimension.
+fn merged_dims(shape: &[usize], src: &[usize], dst: &[usize]) -> Vec<CopyDim> {
+    let mut dims: Vec<CopyDim> = Vec::with_capacity(shape.len());
+    for ((&extent, &s), &d) in shape.iter().zip(src).zip(dst) {
+        if extent == 1 {
+            continue;
+        }
+        match dims.last_mut() {
+            Some(last) if last.1 == s * extent && last.2 == d * extent => *last = (last.0 * extent, s, d),
+            _ => dims.push((extent, s, d)),
+        }
+    }
+    if dims.is_empty() {
+        dims.push((1, 0, 0));
+    }
+    dims
 }
 
 /// The five quantization ops a GPU provider implements with the quantization kernels.
@@ -1031,5 +1085,110 @@ mod tests {
                 .to_string()
                 .contains("`x_residual` is not in xpu memory")
         );
+    }
+
+    /// Every (source, destination) storage index pair the pieces walk, in launch order: each
+    /// piece's elements in row-major order of its padded dimensions.
+    fn walked(pieces: &[CopyDims]) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for piece in pieces {
+            for i in 0..piece.n {
+                let (mut rest, mut s, mut d) = (i, piece.src_offset, piece.dst_offset);
+                for k in (0..COPY_MAX_RANK).rev() {
+                    s += (rest % piece.shape[k]) * piece.src_strides[k];
+                    d += (rest % piece.shape[k]) * piece.dst_strides[k];
+                    rest /= piece.shape[k];
+                }
+                out.push((s as usize, d as usize));
+            }
+        }
+        out
+    }
+
+    /// What a copy between the two layouts moves, element by element.
+    fn expected(src: &Layout, dst: &Layout) -> Vec<(usize, usize)> {
+        src.storage_indices().zip(dst.storage_indices()).collect()
+    }
+
+    #[test]
+    fn copy_pieces_merge_what_both_layouts_step_through_as_one() {
+        // Compact into compact at any rank: one piece of one dimension.
+        let shape = [2, 1, 3, 2, 2, 1, 2, 2, 3, 2, 2];
+        let compact = Layout::compact(&shape);
+        let pieces = CopyDims::pieces(&meta(DType::F32, &shape, compact.strides(), 0), &compact).unwrap();
+        assert_eq!(pieces.len(), 1);
+        assert_eq!((pieces[0].rank, pieces[0].n, pieces[0].shape[0], pieces[0].src_strides[0]), (1, 1152, 1152, 1));
+        // A row slice of a [4, 6] matrix into compact rows: two dimensions stay.
+        let rows = meta(DType::F32, &[4, 3], &[6, 1], 2);
+        let pieces = CopyDims::pieces(&rows, &Layout::compact(&[4, 3])).unwrap();
+        assert_eq!((pieces.len(), pieces[0].rank), (1, 2));
+        assert_eq!(walked(&pieces), expected(&rows.layout, &Layout::compact(&[4, 3])));
+        // No elements, no launch.
+        assert!(
+            CopyDims::pieces(&meta(DType::F32, &[3, 0], &[1, 1], 0), &Layout::compact(&[3, 0])).unwrap().is_empty()
+        );
+        // Different shapes are refused.
+        let err = CopyDims::pieces(&rows, &Layout::compact(&[3, 4])).unwrap_err();
+        assert!(err.to_string().contains("no device-side copy"), "{err}");
+    }
+
+    #[test]
+    fn a_copy_past_the_kernels_rank_is_cut_into_pieces_over_its_outer_dimensions() {
+        // Ten dimensions of extent 2, the source's strides reversed (a full transpose): nothing
+        // merges, so the outer two dimensions make four pieces of eight dimensions.
+        let shape = [2; 10];
+        let compact = Layout::compact(&shape);
+        let reversed: Vec<usize> = (0..10).map(|i| 1 << i).collect();
+        let src = meta(DType::BF16, &shape, &reversed, 3);
+        let dst = Layout::new(&shape, compact.strides(), 5).unwrap();
+        let pieces = CopyDims::pieces(&src, &dst).unwrap();
+        assert_eq!(pieces.len(), 4);
+        assert!(pieces.iter().all(|p| p.rank == 8 && p.n == 256));
+        assert_eq!(pieces.iter().map(|p| p.first).collect::<Vec<_>>(), [0, 256, 512, 768]);
+        assert_eq!(walked(&pieces), expected(&src.layout, &dst));
+    }
+
+    proptest::proptest! {
+        /// For any shape up to twelve dimensions, any order of the source's and the destination's
+        /// dimensions in memory, padding and offsets: the pieces walk exactly the copy's pairs, in
+        /// row-major order, each within the kernel's rank, with `first` counting the elements before.
+        #[test]
+        fn copy_pieces_walk_every_element_pair_in_order(
+            extents in proptest::collection::vec(1usize..4, 1..12),
+            src_order in proptest::prelude::any::<u64>(),
+            dst_order in proptest::prelude::any::<u64>(),
+            pad in 0usize..2,
+            offsets in (0usize..7, 0usize..7),
+        ) {
+            let strided = |order: u64, offset: usize| {
+                // The dimensions laid out in memory in a permutation drawn from `order`, the
+                // innermost one padded by `pad`.
+                let rank = extents.len();
+                let mut dims: Vec<usize> = (0..rank).collect();
+                let mut bits = order;
+                for i in (1..rank).rev() {
+                    dims.swap(i, (bits % (i as u64 + 1)) as usize);
+                    bits /= i as u64 + 1;
+                }
+                let mut strides = vec![0; rank];
+                let mut step = 1;
+                for &d in dims.iter().rev() {
+                    strides[d] = step;
+                    step *= extents[d] + pad;
+                }
+                Layout::new(&extents, &strides, offset).unwrap()
+            };
+            let src = strided(src_order, offsets.0);
+            let dst = strided(dst_order, offsets.1);
+            let pieces = CopyDims::pieces(&meta(DType::F16, &extents, src.strides(), src.offset()), &dst).unwrap();
+            proptest::prop_assert!(pieces.iter().all(|p| (1..=COPY_MAX_RANK as i32).contains(&p.rank)));
+            let mut first = 0;
+            for p in &pieces {
+                proptest::prop_assert_eq!(p.first, first);
+                proptest::prop_assert!(p.shape[p.rank as usize..].iter().all(|&e| e == 1));
+                first += p.n;
+            }
+            proptest::prop_assert_eq!(walked(&pieces), expected(&src, &dst));
+        }
     }
 }

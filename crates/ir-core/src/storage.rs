@@ -27,6 +27,16 @@ pub fn host_round_trips() -> u64 {
     HOST_ROUND_TRIPS.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    static THREAD_HOST_ROUND_TRIPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// [`host_round_trips`] made on the calling thread: what a step on this thread caused, whatever
+/// other threads do meanwhile.
+pub fn host_round_trips_on_this_thread() -> u64 {
+    THREAD_HOST_ROUND_TRIPS.with(std::cell::Cell::get)
+}
+
 static REFUSE_HOST_ROUND_TRIPS: AtomicBool = AtomicBool::new(false);
 
 /// Refuses (`true`) or allows again (`false`, the default) every host round trip of this process
@@ -59,6 +69,7 @@ pub fn note_host_round_trip(operation: &'static str, device: Device) -> Result<(
 /// Counts one host round trip (dispatch checks the refusal itself, to name the rejections).
 pub(crate) fn count_host_round_trip(operation: &str) {
     HOST_ROUND_TRIPS.fetch_add(1, Ordering::Relaxed);
+    THREAD_HOST_ROUND_TRIPS.with(|count| count.set(count.get() + 1));
     tracing::debug!(target: "ir_core::storage", operation, "device tensors through host memory");
 }
 

@@ -62,34 +62,53 @@ impl InputRng {
 }
 
 /// Checks a device's `clone` and `contiguous` (its `DeviceBuffer::copy_strided`) bit for bit in every
-/// dtype, on views that are transposed, sliced (an offset), both, and of rank 3, against the same
-/// views on the host; panics naming the dtype and layout that differ. For the kernel crates' tests.
-pub fn check_device_copies(allocator: &dyn crate::storage::DeviceAllocator) {
+/// dtype, on views that are transposed, sliced (an offset), both, of rank 3, and of rank 10 with
+/// no two dimensions mergeable (past the kernels' [`COPY_MAX_RANK`](crate::kernel::COPY_MAX_RANK),
+/// so a device cuts it into pieces), against the same views on the host; panics naming the dtype
+/// and layout that differ, or saying that a copy went through the host. Returns the number of copies
+/// made (clone and contiguous of each view). For the kernel crates' tests.
+pub fn check_device_copies(allocator: &dyn crate::storage::DeviceAllocator) -> u64 {
+    use crate::storage::host_round_trips_on_this_thread;
     use crate::{DType, Tensor, bit_eq};
+    let mut copies = 0;
     for dtype in DType::ALL {
         // Quarter steps, signed: every dtype, 8-bit ones included, holds neighbours apart.
-        let values: Vec<f64> = (0..84).map(|i| ((i * 37) % 29) as f64 / 4.0 - 3.5).collect();
-        let host = Tensor::from_f64(dtype, &[7, 12], &values).expect("a small tensor");
+        let distinct = |shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let values: Vec<f64> = (0..n).map(|i| ((i * 37) % 29) as f64 / 4.0 - 3.5).collect();
+            Tensor::from_f64(dtype, shape, &values).expect("a small tensor")
+        };
+        let host = distinct(&[7, 12]);
+        // Ten dimensions, the first and last of extent 3 and 2 swapped and the middle ones of
+        // extent 2 reversed pairwise: no neighbours step as one.
+        let deep = distinct(&[3, 2, 2, 2, 2, 2, 2, 2, 2, 2]);
+        let deep_view =
+            (1..5).try_fold(deep.transpose(0, 9).expect("rank 10"), |t, k| t.transpose(k, 9 - k)).expect("rank 10");
         let views = [
-            host.clone(),
-            host.transpose(0, 1).expect("rank 2"),
-            host.slice(1, 2, 9).expect("in range"),
-            host.slice(0, 1, 6).and_then(|t| t.transpose(0, 1)).expect("in range"),
-            host.reshape(&[2, 3, 14]).and_then(|t| t.transpose(0, 2)).expect("84 elements"),
+            (&host, host.clone()),
+            (&host, host.transpose(0, 1).expect("rank 2")),
+            (&host, host.slice(1, 2, 9).expect("in range")),
+            (&host, host.slice(0, 1, 6).and_then(|t| t.transpose(0, 1)).expect("in range")),
+            (&host, host.reshape(&[2, 3, 14]).and_then(|t| t.transpose(0, 2)).expect("84 elements")),
+            (&deep, deep_view),
         ];
-        for view in views {
+        for (base, view) in views {
             let label = format!("{dtype} {}", view.layout());
-            let on_device = host
+            let on_device = base
                 .to_device(allocator)
                 .and_then(|t| t.as_strided(view.layout().clone()))
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
+            let trips = host_round_trips_on_this_thread();
             let contiguous = on_device.contiguous().unwrap_or_else(|e| panic!("{label}: {e}"));
             let cloned = on_device.deep_clone().unwrap_or_else(|e| panic!("{label}: {e}"));
+            assert_eq!(host_round_trips_on_this_thread(), trips, "{label}: copied through the host");
             assert!(contiguous.layout().is_compact_at_zero(), "{label}: contiguous is compact");
             assert!(bit_eq(&contiguous.to_cpu().expect("download"), &view), "{label}: contiguous");
             assert!(bit_eq(&cloned.to_cpu().expect("download"), &view), "{label}: clone");
+            copies += 2;
         }
     }
+    copies
 }
 
 /// The dtypes a device converts from on the device in [`check_device_conversions`].
@@ -181,8 +200,9 @@ pub fn check_device_conversions(allocator: &dyn crate::storage::DeviceAllocator)
 }
 
 /// Checks a device's `add` and `mul` (its `DeviceBuffer::binary_strided`) against the host's, bit
-/// for bit (NaN as NaN): f32, f16 and bf16, compact and transposed operands, on values whose sums
-/// and products round (ties, overflow, subnormal results, NaN). Panics naming the case that
+/// for bit (NaN as NaN): f32, f16 and bf16, compact and transposed operands, and operands of rank 10
+/// (one with its dimensions reversed: past the kernels' rank, so a device cuts it into pieces), on
+/// values whose sums and products round (ties, overflow, subnormal results, NaN). Panics naming the case that
 /// differs; returns the number of operations made, each of which a backend with a kernel for
 /// every case does on the device. For the kernel crates' tests.
 pub fn check_device_binaries(allocator: &dyn crate::storage::DeviceAllocator) -> u64 {
@@ -213,8 +233,20 @@ pub fn check_device_binaries(allocator: &dyn crate::storage::DeviceAllocator) ->
         let a = Tensor::from_f64(dtype, &[7, 12], &a_values).expect("a small tensor");
         let b = Tensor::from_f64(dtype, &[12, 7], &b_values).expect("a small tensor");
         let (a_device, b_device) = (a.to_device(allocator).expect("upload"), b.to_device(allocator).expect("upload"));
-        // a compact with b transposed, and both transposed.
+        // Rank 10: a with its dimensions reversed, b compact in that shape.
+        let deep = |values: &[f64], shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let cycled: Vec<f64> = values.iter().copied().cycle().take(n).collect();
+            Tensor::from_f64(dtype, shape, &cycled).expect("a small tensor")
+        };
+        let a_deep = deep(&a_values, &[3, 2, 2, 2, 2, 2, 2, 2, 2, 2]);
+        let b_deep = deep(&b_values, &[2, 2, 2, 2, 2, 2, 2, 2, 2, 3]);
+        let reversed = |t: &Tensor| (0..5).try_fold(t.clone(), |t, k| t.transpose(k, 9 - k)).expect("rank 10");
+        let a_deep_device = a_deep.to_device(allocator).expect("upload");
+        let b_deep_device = b_deep.to_device(allocator).expect("upload");
+        // a compact with b transposed, both transposed, and the rank-10 pair.
         let pairs = [
+            (reversed(&a_deep), b_deep, reversed(&a_deep_device), b_deep_device),
             (
                 a.clone(),
                 b.transpose(0, 1).expect("rank 2"),
@@ -228,6 +260,7 @@ pub fn check_device_binaries(allocator: &dyn crate::storage::DeviceAllocator) ->
                 b_device.clone(),
             ),
         ];
+        let trips = crate::storage::host_round_trips_on_this_thread();
         for (x, y, x_device, y_device) in pairs {
             for (name, host, device) in
                 [("add", x.add(&y), x_device.add(&y_device)), ("mul", x.mul(&y), x_device.mul(&y_device))]
@@ -236,10 +269,13 @@ pub fn check_device_binaries(allocator: &dyn crate::storage::DeviceAllocator) ->
                 let (host, device) = (host.expect("host"), device.unwrap_or_else(|e| panic!("{label}: {e}")));
                 operations += 1;
                 assert!(!device.device().is_cpu(), "{label}: the result stays on the device");
+                assert!(device.layout().shape() == host.layout().shape(), "{label}: shape");
                 assert!(device.layout().is_compact_at_zero(), "{label}: compact result");
                 assert!(same(&device, &host), "{label}: differs from the host's");
             }
         }
+        let through_host = crate::storage::host_round_trips_on_this_thread() - trips;
+        assert_eq!(through_host, 0, "{dtype}: add or mul went through the host");
     }
     operations
 }

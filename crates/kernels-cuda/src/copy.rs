@@ -1,7 +1,7 @@
 //! `clone`, `contiguous` and `cat` of cuda tensors on the device: `kernels/strided_copy.cu`, one
 //! thread per element, each element moved as an unsigned integer of its size (every dtype bit for
-//! bit), up to [`COPY_MAX_RANK`] dimensions; past that, or into another device's memory, through the
-//! host. `copy_` between dtypes and `scale`: `kernels/strided_convert.cu`, one kernel per pair of
+//! bit), up to [`COPY_MAX_RANK`] dimensions a launch (a copy past that takes one launch per
+//! [`CopyDims::pieces`]); into another device's memory, through the host. `copy_` between dtypes and `scale`: `kernels/strided_convert.cu`, one kernel per pair of
 //! [`CONVERT_KERNELS`]; `add` and `mul` there too, one kernel per dtype ([`BINARY_KERNELS`]).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -35,10 +35,17 @@ pub fn compile_convert_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelErro
 /// The element sizes the program has a kernel for (`strided_copy_<bytes>`).
 pub const ELEMENT_SIZES: [usize; 4] = [1, 2, 4, 8];
 
-/// Blocks of [`COPY_BLOCK`] threads for one thread per element of `n`.
-fn blocks_for(n: usize) -> Result<u32, KernelError> {
-    u32::try_from(n.div_ceil(COPY_BLOCK as usize))
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })
+/// The launch of one thread per element of a piece of `n` elements, in blocks of [`COPY_BLOCK`].
+fn launch_config(n: i64) -> Result<LaunchConfig, KernelError> {
+    let blocks = u32::try_from((n as u64).div_ceil(u64::from(COPY_BLOCK)))
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+    Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 })
+}
+
+/// A piece's storage offset (elements, never negative) as an address offset.
+fn element_offset(offset: i64) -> Result<usize, KernelError> {
+    usize::try_from(offset)
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("offset {offset} is negative") })
 }
 
 /// Compiles the strided copy program (all four element sizes) to PTX for `arch`.
@@ -61,8 +68,7 @@ pub(crate) fn copy_on_device(
     if !ELEMENT_SIZES.contains(&size) {
         return Err(KernelError::InvalidArguments { reason: format!("no device-side copy of {size}-byte elements") });
     }
-    let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(src, to_layout)?;
-    let blocks = blocks_for(n)?;
+    let pieces = CopyDims::pieces(src, to_layout)?;
     let device = std::sync::Arc::clone(&from.device);
     let arch = device.arch;
     let function =
@@ -70,19 +76,27 @@ pub(crate) fn copy_on_device(
     let stream = std::sync::Arc::clone(from.stream());
     let src_address = from.read_address(&stream);
     let dst_address = to.write_address(&stream);
-    let src_ptr = src_address.offset(src.layout.offset() * size);
-    let dst_ptr = dst_address.offset(to_layout.offset() * size);
-    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let mut builder = stream.launch_builder(&function);
-    // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
-    //                      Dims8 dst_strides), Dims8 being eight long longs by value.
-    builder.arg(&src_ptr).arg(&dst_ptr).arg(&n_elements).arg(&shape).arg(&src_strides).arg(&dst_strides);
-    // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
-    // loss, each [i64; 8] laid out as the kernel's `Dims8`. Every element `src` describes lies in
-    // `from` (its layout was checked against the storage) and every element of `to_layout` in `to`
-    // (allocated for it by the caller); the buffers are distinct (`to` is borrowed mutably). The
-    // address guards record both uses on the stream for cudarc's ordering.
-    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    for piece in &pieces {
+        let src_ptr = src_address.offset(element_offset(piece.src_offset)? * size);
+        let dst_ptr = dst_address.offset(element_offset(piece.dst_offset)? * size);
+        let config = launch_config(piece.n)?;
+        let mut builder = stream.launch_builder(&function);
+        // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
+        //                      Dims8 dst_strides), Dims8 being eight long longs by value.
+        builder
+            .arg(&src_ptr)
+            .arg(&dst_ptr)
+            .arg(&piece.n)
+            .arg(&piece.shape)
+            .arg(&piece.src_strides)
+            .arg(&piece.dst_strides);
+        // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
+        // loss, each [i64; 8] laid out as the kernel's `Dims8`. Every element the piece describes is
+        // one `src` describes, in `from` (its layout was checked against the storage), or one of
+        // `to_layout`, in `to` (allocated for it by the caller); the buffers are distinct (`to` is
+        // borrowed mutably). The address guards record both uses on the stream for cudarc's ordering.
+        unsafe { builder.launch(config) }.map_err(driver_error)?;
+    }
     Ok(())
 }
 
@@ -103,8 +117,7 @@ pub(crate) fn convert_on_device(
     if n == 0 {
         return Ok(true);
     }
-    let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(src, &to_meta.layout)?;
-    let blocks = blocks_for(n)?;
+    let pieces = CopyDims::pieces(src, &to_meta.layout)?;
     let device = std::sync::Arc::clone(&from.device);
     let arch = device.arch;
     // Cached per kernel name (each pair its own entry).
@@ -115,27 +128,30 @@ pub(crate) fn convert_on_device(
     let stream = std::sync::Arc::clone(from.stream());
     let src_address = from.read_address(&stream);
     let dst_address = to.write_address(&stream);
-    let src_ptr = src_address.offset(src.layout.offset() * src.dtype.size_in_bytes());
-    let dst_ptr = dst_address.offset(to_meta.layout.offset() * to_meta.dtype.size_in_bytes());
-    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let mut builder = stream.launch_builder(&function);
-    // strided_convert_<src>_<dst>(const S* src, D* dst, long long n, Dims8 shape, Dims8 src_strides,
-    //                             Dims8 dst_strides, float factor, int scaled)
-    builder
-        .arg(&src_ptr)
-        .arg(&dst_ptr)
-        .arg(&n_elements)
-        .arg(&shape)
-        .arg(&src_strides)
-        .arg(&dst_strides)
-        .arg(&factor)
-        .arg(&scaled);
-    // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
-    // loss, each [i64; 8] laid out as the kernel's `Dims8`; the kernel is the one for these two
-    // dtypes. Every element `src` describes lies in `from` (its layout was checked against the
-    // storage) and every element of `to_meta` in `to`; the buffers are distinct (`to` is borrowed
-    // mutably). The address guards record both uses on the stream for cudarc's ordering.
-    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    for piece in &pieces {
+        let src_ptr = src_address.offset(element_offset(piece.src_offset)? * src.dtype.size_in_bytes());
+        let dst_ptr = dst_address.offset(element_offset(piece.dst_offset)? * to_meta.dtype.size_in_bytes());
+        let config = launch_config(piece.n)?;
+        let mut builder = stream.launch_builder(&function);
+        // strided_convert_<src>_<dst>(const S* src, D* dst, long long n, Dims8 shape,
+        //                             Dims8 src_strides, Dims8 dst_strides, float factor, int scaled)
+        builder
+            .arg(&src_ptr)
+            .arg(&dst_ptr)
+            .arg(&piece.n)
+            .arg(&piece.shape)
+            .arg(&piece.src_strides)
+            .arg(&piece.dst_strides)
+            .arg(&factor)
+            .arg(&scaled);
+        // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
+        // loss, each [i64; 8] laid out as the kernel's `Dims8`; the kernel is the one for these two
+        // dtypes. Every element the piece describes is one `src` describes, in `from` (its layout
+        // was checked against the storage), or one of `to_meta`, in `to`; the buffers are distinct
+        // (`to` is borrowed mutably). The address guards record both uses on the stream for
+        // cudarc's ordering.
+        unsafe { builder.launch(config) }.map_err(driver_error)?;
+    }
     Ok(true)
 }
 
@@ -159,8 +175,7 @@ pub(crate) fn binary_on_device(
         return Ok(true);
     }
     // a's strides as the source's, b's as the destination's: the kernel walks both.
-    let CopyDims { shape, src_strides, dst_strides, n: n_elements, .. } = CopyDims::new(a, &b.layout)?;
-    let blocks = blocks_for(n)?;
+    let pieces = CopyDims::pieces(a, &b.layout)?;
     let device = std::sync::Arc::clone(&from.device);
     let arch = device.arch;
     let function = device.op_function(name, a.dtype, name, || compile_convert_ptx(arch))?;
@@ -168,19 +183,29 @@ pub(crate) fn binary_on_device(
     let size = a.dtype.size_in_bytes();
     let (a_address, b_address) = (from.read_address(&stream), other.read_address(&stream));
     let dst_address = to.write_address(&stream);
-    let a_ptr = a_address.offset(a.layout.offset() * size);
-    let b_ptr = b_address.offset(b.layout.offset() * size);
-    let dst_ptr = dst_address.offset(0);
-    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let mut builder = stream.launch_builder(&function);
-    // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape, Dims8 a_strides,
-    //                      Dims8 b_strides)
-    builder.arg(&a_ptr).arg(&b_ptr).arg(&dst_ptr).arg(&n_elements).arg(&shape).arg(&src_strides).arg(&dst_strides);
-    // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
-    // loss, each [i64; 8] laid out as the kernel's `Dims8`; the kernel is the one for this dtype and
-    // operation. Every element `a` and `b` describe lies in `from` and `other` (their layouts were
-    // checked against their storages); `to` (borrowed mutably, so distinct from both) holds `n`
-    // compact elements. The address guards record the uses on the stream for cudarc's ordering.
-    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    for piece in &pieces {
+        let a_ptr = a_address.offset(element_offset(piece.src_offset)? * size);
+        let b_ptr = b_address.offset(element_offset(piece.dst_offset)? * size);
+        let dst_ptr = dst_address.offset(element_offset(piece.first)? * size);
+        let config = launch_config(piece.n)?;
+        let mut builder = stream.launch_builder(&function);
+        // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape,
+        //                      Dims8 a_strides, Dims8 b_strides)
+        builder
+            .arg(&a_ptr)
+            .arg(&b_ptr)
+            .arg(&dst_ptr)
+            .arg(&piece.n)
+            .arg(&piece.shape)
+            .arg(&piece.src_strides)
+            .arg(&piece.dst_strides);
+        // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
+        // loss, each [i64; 8] laid out as the kernel's `Dims8`; the kernel is the one for this dtype
+        // and operation. Every element the piece describes is one `a` and `b` describe, in `from`
+        // and `other` (their layouts were checked against their storages); `to` (borrowed mutably,
+        // so distinct from both) holds the `n` compact elements, of which the piece writes those
+        // from `first` on. The address guards record the uses on the stream for cudarc's ordering.
+        unsafe { builder.launch(config) }.map_err(driver_error)?;
+    }
     Ok(true)
 }

@@ -405,16 +405,15 @@ impl DeviceBuffer for CudaBuffer {
         Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes)?))
     }
 
-    /// On the device (`kernels/strided_copy.cu`) when `dst` is memory of the same device and the
-    /// rank is at most [`COPY_MAX_RANK`](crate::copy::COPY_MAX_RANK); through the host otherwise.
+    /// On the device (`kernels/strided_copy.cu`, any rank) when `dst` is memory of the same device;
+    /// through the host otherwise.
     fn copy_strided(
         &self,
         src: &TensorMeta,
         dst: &mut dyn DeviceBuffer,
         dst_layout: &Layout,
     ) -> Result<(), DeviceError> {
-        if src.layout.rank() <= crate::copy::COPY_MAX_RANK
-            && let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>()
+        if let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>()
             && Arc::ptr_eq(&target.device, &self.device)
         {
             return crate::copy::copy_on_device(self, src, target, dst_layout).map_err(|e| DeviceError {
@@ -426,8 +425,8 @@ impl DeviceBuffer for CudaBuffer {
         copy_strided_through_host(self, src, dst, dst_layout)
     }
 
-    /// On the device (`kernels/strided_convert.cu`) when `dst` is memory of the same device, the
-    /// rank at most [`COPY_MAX_RANK`](crate::copy::COPY_MAX_RANK) and the pair of dtypes one of
+    /// On the device (`kernels/strided_convert.cu`) when `dst` is memory of the same device and the
+    /// pair of dtypes one of
     /// [`CONVERT_KERNELS`](crate::copy::CONVERT_KERNELS).
     fn convert_strided(
         &self,
@@ -439,7 +438,7 @@ impl DeviceBuffer for CudaBuffer {
         let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>() else {
             return Ok(false);
         };
-        if src.layout.rank() > crate::copy::COPY_MAX_RANK || !Arc::ptr_eq(&target.device, &self.device) {
+        if !Arc::ptr_eq(&target.device, &self.device) {
             return Ok(false);
         }
         crate::copy::convert_on_device(self, src, target, dst_meta, factor).map_err(|e| DeviceError {
@@ -450,8 +449,7 @@ impl DeviceBuffer for CudaBuffer {
     }
 
     /// On the device (`strided_<op>_<dtype>` in `kernels/strided_convert.cu`) when `other` and `dst`
-    /// are memory of the same device, the rank is at most
-    /// [`COPY_MAX_RANK`](crate::copy::COPY_MAX_RANK) and the dtype f32, f16 or bf16.
+    /// are memory of the same device and the dtype f32, f16 or bf16.
     fn binary_strided(
         &self,
         a: &TensorMeta,
@@ -468,7 +466,7 @@ impl DeviceBuffer for CudaBuffer {
             return Ok(false);
         };
         let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
-        if a.layout.rank() > crate::copy::COPY_MAX_RANK || !same_device || !dst_meta.layout.is_compact_at_zero() {
+        if !same_device || !dst_meta.layout.is_compact_at_zero() {
             return Ok(false);
         }
         crate::copy::binary_on_device(self, a, other, b, op, target).map_err(|e| DeviceError {

@@ -1,6 +1,7 @@
 //! `clone` and `contiguous` of cuda tensors copy on the device, bit for bit in every dtype and
-//! layout, and `copy_` between dtypes and `scale` convert there with the host's bits (needs a CUDA
-//! device; the kernels' compilation is checked without one by `ptxas.rs`).
+//! layout (a rank past the kernel's in pieces), and `copy_` between dtypes and `scale` convert
+//! there with the host's bits (needs a CUDA device; the kernels' compilation is checked without one
+//! by `ptxas.rs`).
 
 #[test]
 fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
@@ -8,7 +9,7 @@ fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
         ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
         return;
     }
-    ir_core::testing::check_device_copies(&kernels_cuda::allocator(0).unwrap());
+    assert_eq!(ir_core::testing::check_device_copies(&kernels_cuda::allocator(0).unwrap()), 96);
 }
 
 #[test]
@@ -27,5 +28,5 @@ fn add_and_mul_compute_on_the_device() {
         ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
         return;
     }
-    assert_eq!(ir_core::testing::check_device_binaries(&kernels_cuda::allocator(0).unwrap()), 12);
+    assert_eq!(ir_core::testing::check_device_binaries(&kernels_cuda::allocator(0).unwrap()), 18);
 }

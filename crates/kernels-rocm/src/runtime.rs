@@ -265,7 +265,17 @@ impl Drop for HipBuffer {
     }
 }
 
-use ir_core::kernel::COPY_MAX_RANK;
+/// Blocks of 256 threads for one thread per element of a piece of `n` elements.
+fn blocks_for(n: i64) -> Result<u32, KernelError> {
+    u32::try_from((n as u64).div_ceil(256))
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })
+}
+
+/// A piece's storage offset (elements, never negative) as an address offset.
+fn element_offset(offset: i64) -> Result<usize, KernelError> {
+    usize::try_from(offset)
+        .map_err(|_| KernelError::InvalidArguments { reason: format!("offset {offset} is negative") })
+}
 
 impl HipBuffer {
     /// Copies the elements `src` describes in this buffer into `to` with `to_layout`, on the device.
@@ -311,33 +321,36 @@ impl HipBuffer {
         if n == 0 {
             return Ok(());
         }
-        let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
-            ir_core::kernel::CopyDims::new(src, to_layout)?;
-        let mut src_ptr = self.pointer.wrapping_byte_add(src.layout.offset() * src.dtype.size_in_bytes());
-        let mut dst_ptr = to.pointer.wrapping_byte_add(to_layout.offset() * to_size);
-        let blocks = u32::try_from(n.div_ceil(256))
-            .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
-        let (mut factor, mut scaled) = scale.unwrap_or_default();
-        // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
-        //                      Dims8 dst_strides), Dims8 being eight long longs by value;
-        // strided_convert_<src>_<dst>(the same, float factor, int scaled).
-        let mut params: [*mut c_void; 8] = [
-            &mut src_ptr as *mut _ as *mut c_void,
-            &mut dst_ptr as *mut _ as *mut c_void,
-            &mut n_elements as *mut _ as *mut c_void,
-            &mut shape as *mut _ as *mut c_void,
-            &mut src_strides as *mut _ as *mut c_void,
-            &mut dst_strides as *mut _ as *mut c_void,
-            &mut factor as *mut _ as *mut c_void,
-            &mut scaled as *mut _ as *mut c_void,
-        ];
-        let count = if scale.is_some() { 8 } else { 6 };
-        // SAFETY: the first `count` parameters point to locals of the kernel's declared types in
-        // prototype order (each [i64; 8] laid out as `Dims8`; the conversion's two more only for
-        // it, which `scale` is given for), every integer converted without loss. Every element
-        // `src` describes lies in this buffer (its layout was checked against the storage) and every
-        // element of `to_layout` in `to` (allocated for it by the caller, distinct from this one).
-        unsafe { self.device.launch(symbol, blocks, 256, &mut params[..count]) }
+        let src_size = src.dtype.size_in_bytes();
+        for piece in ir_core::kernel::CopyDims::pieces(src, to_layout)? {
+            let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
+                piece;
+            let mut src_ptr = self.pointer.wrapping_byte_add(element_offset(piece.src_offset)? * src_size);
+            let mut dst_ptr = to.pointer.wrapping_byte_add(element_offset(piece.dst_offset)? * to_size);
+            let (mut factor, mut scaled) = scale.unwrap_or_default();
+            // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
+            //                      Dims8 dst_strides), Dims8 being eight long longs by value;
+            // strided_convert_<src>_<dst>(the same, float factor, int scaled).
+            let mut params: [*mut c_void; 8] = [
+                &mut src_ptr as *mut _ as *mut c_void,
+                &mut dst_ptr as *mut _ as *mut c_void,
+                &mut n_elements as *mut _ as *mut c_void,
+                &mut shape as *mut _ as *mut c_void,
+                &mut src_strides as *mut _ as *mut c_void,
+                &mut dst_strides as *mut _ as *mut c_void,
+                &mut factor as *mut _ as *mut c_void,
+                &mut scaled as *mut _ as *mut c_void,
+            ];
+            let count = if scale.is_some() { 8 } else { 6 };
+            // SAFETY: the first `count` parameters point to locals of the kernel's declared types in
+            // prototype order (each [i64; 8] laid out as `Dims8`; the conversion's two more only for
+            // it, which `scale` is given for), every integer converted without loss. Every element
+            // the piece describes is one `src` describes, in this buffer (its layout was checked
+            // against the storage), or one of `to_layout`, in `to` (allocated for it by the caller,
+            // distinct from this one).
+            unsafe { self.device.launch(symbol, blocks_for(piece.n)?, 256, &mut params[..count]) }?;
+        }
+        Ok(())
     }
 }
 
@@ -361,31 +374,32 @@ impl HipBuffer {
             return Ok(true);
         }
         // a's strides as the source's, b's as the destination's: the kernel walks both.
-        let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
-            ir_core::kernel::CopyDims::new(a, &b.layout)?;
         let size = a.dtype.size_in_bytes();
-        let mut a_ptr = self.pointer.wrapping_byte_add(a.layout.offset() * size);
-        let mut b_ptr = other.pointer.wrapping_byte_add(b.layout.offset() * size);
-        let mut dst_ptr = to.pointer;
-        let blocks = u32::try_from(n.div_ceil(256))
-            .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
-        // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape,
-        //                      Dims8 a_strides, Dims8 b_strides)
-        let mut params: [*mut c_void; 7] = [
-            &mut a_ptr as *mut _ as *mut c_void,
-            &mut b_ptr as *mut _ as *mut c_void,
-            &mut dst_ptr as *mut _ as *mut c_void,
-            &mut n_elements as *mut _ as *mut c_void,
-            &mut shape as *mut _ as *mut c_void,
-            &mut src_strides as *mut _ as *mut c_void,
-            &mut dst_strides as *mut _ as *mut c_void,
-        ];
-        // SAFETY: the parameters point to locals of the kernel's declared types in prototype order
-        // (each [i64; 8] laid out as `Dims8`), every integer converted without loss; the kernel is
-        // the one for this dtype and operation. Every element `a` and `b` describe lies in this
-        // buffer and `other` (their layouts were checked against their storages); `to`, distinct
-        // from both, holds `n` compact elements.
-        unsafe { self.device.launch(name, blocks, 256, &mut params) }?;
+        for piece in ir_core::kernel::CopyDims::pieces(a, &b.layout)? {
+            let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
+                piece;
+            let mut a_ptr = self.pointer.wrapping_byte_add(element_offset(piece.src_offset)? * size);
+            let mut b_ptr = other.pointer.wrapping_byte_add(element_offset(piece.dst_offset)? * size);
+            let mut dst_ptr = to.pointer.wrapping_byte_add(element_offset(piece.first)? * size);
+            // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape,
+            //                      Dims8 a_strides, Dims8 b_strides)
+            let mut params: [*mut c_void; 7] = [
+                &mut a_ptr as *mut _ as *mut c_void,
+                &mut b_ptr as *mut _ as *mut c_void,
+                &mut dst_ptr as *mut _ as *mut c_void,
+                &mut n_elements as *mut _ as *mut c_void,
+                &mut shape as *mut _ as *mut c_void,
+                &mut src_strides as *mut _ as *mut c_void,
+                &mut dst_strides as *mut _ as *mut c_void,
+            ];
+            // SAFETY: the parameters point to locals of the kernel's declared types in prototype
+            // order (each [i64; 8] laid out as `Dims8`), every integer converted without loss; the
+            // kernel is the one for this dtype and operation. Every element the piece describes is
+            // one `a` and `b` describe, in this buffer and `other` (their layouts were checked
+            // against their storages); `to`, distinct from both, holds the `n` compact elements, of
+            // which the piece writes those from `first` on.
+            unsafe { self.device.launch(name, blocks_for(piece.n)?, 256, &mut params) }?;
+        }
         Ok(true)
     }
 }
@@ -430,16 +444,15 @@ impl DeviceBuffer for HipBuffer {
         Ok(Box::new(self.device.allocate(len_bytes)?))
     }
 
-    /// On the device (`kernels/strided_copy.hip`) when `dst` is memory of this device and the rank
-    /// is at most [`COPY_MAX_RANK`]; through the host otherwise.
+    /// On the device (`kernels/strided_copy.hip`, any rank) when `dst` is memory of this device;
+    /// through the host otherwise.
     fn copy_strided(
         &self,
         src: &TensorMeta,
         dst: &mut dyn DeviceBuffer,
         dst_layout: &Layout,
     ) -> Result<(), DeviceError> {
-        if src.layout.rank() <= COPY_MAX_RANK
-            && let Some(target) = dst.as_any().downcast_ref::<HipBuffer>()
+        if let Some(target) = dst.as_any().downcast_ref::<HipBuffer>()
             && Arc::ptr_eq(&target.device, &self.device)
         {
             return self.copy_on_device(src, target, dst_layout).map_err(|e| self.device.error("copy", e.to_string()));
@@ -448,8 +461,7 @@ impl DeviceBuffer for HipBuffer {
     }
 
     /// On the device (`strided_<op>_<dtype>` in `kernels/strided_copy.hip`) when `other` and `dst`
-    /// are memory of this device, the rank is at most [`COPY_MAX_RANK`] and the dtype f32, f16 or
-    /// bf16.
+    /// are memory of this device and the dtype f32, f16 or bf16.
     fn binary_strided(
         &self,
         a: &TensorMeta,
@@ -465,14 +477,14 @@ impl DeviceBuffer for HipBuffer {
             return Ok(false);
         };
         let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
-        if a.layout.rank() > COPY_MAX_RANK || !same_device || !dst_meta.layout.is_compact_at_zero() {
+        if !same_device || !dst_meta.layout.is_compact_at_zero() {
             return Ok(false);
         }
         self.binary_on_device(a, other, b, op, target).map_err(|e| self.device.error(op.name(), e.to_string()))
     }
 
     /// On the device (`strided_convert_*` in `kernels/strided_copy.hip`) when `dst` is memory of this
-    /// device, the rank at most [`COPY_MAX_RANK`] and the pair of dtypes one of
+    /// device and the pair of dtypes one of
     /// [`CONVERT_KERNELS`](crate::CONVERT_KERNELS).
     fn convert_strided(
         &self,
@@ -484,7 +496,7 @@ impl DeviceBuffer for HipBuffer {
         let Some(target) = dst.as_any().downcast_ref::<HipBuffer>() else {
             return Ok(false);
         };
-        if src.layout.rank() > COPY_MAX_RANK || !Arc::ptr_eq(&target.device, &self.device) {
+        if !Arc::ptr_eq(&target.device, &self.device) {
             return Ok(false);
         }
         self.convert_on_device(src, target, dst_meta, factor).map_err(|e| self.device.error("convert", e.to_string()))

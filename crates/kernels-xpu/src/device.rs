@@ -543,41 +543,41 @@ impl XpuBuffer {
         if n == 0 {
             return Ok(());
         }
-        let rank = i32::try_from(src.layout.rank().max(1)).expect("at most COPY_MAX_RANK dimensions");
-        let ir_core::kernel::CopyDims { shape, src_strides, dst_strides, n: n_elements, src_offset, dst_offset } =
-            ir_core::kernel::CopyDims::new(src, dst_layout)?;
+        let pieces = ir_core::kernel::CopyDims::pieces(src, dst_layout)?;
         let queue = self.queue();
         dst.use_on(&queue)?;
         let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (src_mem, dst_mem) = (self.cl_mem(), dst.cl_mem());
         let (factor, scaled) = scale.unwrap_or_default();
-        // strided_copy(src, long src_offset, dst, long dst_offset, long n, int rank, long8 shape,
-        //              long8 src_strides, long8 dst_strides)
-        // strided_convert(the same, float factor, int scaled)
-        // SAFETY: the arguments follow the kernel's prototype above (the conversion kernel's two
-        // more only for it, which `scale` is given for), each `long8` passed as eight i64 (64 bytes,
-        // its size), every integer converted without loss. Every element `src` describes lies inside
-        // this buffer (its layout was checked against the storage), and every element `dst_layout`
-        // describes inside `dst` (allocated for it by the caller); the two buffers are distinct
-        // (`dst` is borrowed mutably by the caller).
-        unsafe {
-            let mut launch = ExecuteKernel::new(&kernel);
-            launch
-                .set_arg(&src_mem)
-                .set_arg(&src_offset)
-                .set_arg(&dst_mem)
-                .set_arg(&dst_offset)
-                .set_arg(&n_elements)
-                .set_arg(&rank)
-                .set_arg(&shape)
-                .set_arg(&src_strides)
-                .set_arg(&dst_strides);
-            if scale.is_some() {
-                launch.set_arg(&factor).set_arg(&scaled);
+        for piece in &pieces {
+            // strided_copy(src, long src_offset, dst, long dst_offset, long n, int rank, long8 shape,
+            //              long8 src_strides, long8 dst_strides)
+            // strided_convert(the same, float factor, int scaled)
+            // SAFETY: the arguments follow the kernel's prototype above (the conversion kernel's two
+            // more only for it, which `scale` is given for), each `long8` passed as eight i64 (64
+            // bytes, its size), every integer converted without loss. Every element the piece
+            // describes is one `src` describes, inside this buffer (its layout was checked against
+            // the storage), or one `dst_layout` describes, inside `dst` (allocated for it by the
+            // caller); the two buffers are distinct (`dst` is borrowed mutably by the caller).
+            unsafe {
+                let mut launch = ExecuteKernel::new(&kernel);
+                launch
+                    .set_arg(&src_mem)
+                    .set_arg(&piece.src_offset)
+                    .set_arg(&dst_mem)
+                    .set_arg(&piece.dst_offset)
+                    .set_arg(&piece.n)
+                    .set_arg(&piece.rank)
+                    .set_arg(&piece.shape)
+                    .set_arg(&piece.src_strides)
+                    .set_arg(&piece.dst_strides);
+                if scale.is_some() {
+                    launch.set_arg(&factor).set_arg(&scaled);
+                }
+                launch.set_global_work_size(piece.n as usize).enqueue_nd_range(&queue)
             }
-            launch.set_global_work_size(n).enqueue_nd_range(&queue)
+            .map_err(cl_error)?;
         }
-        .map_err(cl_error)?;
         self.device.device_copies.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -602,38 +602,40 @@ impl XpuBuffer {
         if n == 0 {
             return Ok(true);
         }
-        let rank = i32::try_from(a.layout.rank().max(1)).expect("at most COPY_MAX_RANK dimensions");
         // a's strides as the source's, b's as the destination's: the kernel walks both.
-        let ir_core::kernel::CopyDims { shape, src_strides, dst_strides, n: n_elements, src_offset, dst_offset } =
-            ir_core::kernel::CopyDims::new(a, &b.layout)?;
+        let pieces = ir_core::kernel::CopyDims::pieces(a, &b.layout)?;
         let queue = self.queue();
         other.use_on(&queue)?;
         dst.use_on(&queue)?;
         let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (a_mem, b_mem, dst_mem) = (self.cl_mem(), other.cl_mem(), dst.cl_mem());
-        // strided_binary(a, long a_offset, b, long b_offset, dst, long n, int rank, long8 shape,
-        //                long8 a_strides, long8 b_strides)
-        // SAFETY: the arguments follow the kernel's prototype above, each `long8` passed as eight i64
-        // (64 bytes, its size), every integer converted without loss; the kernel was built for this
-        // dtype. Every element `a` and `b` describe lies inside this buffer and `other` (their
-        // layouts were checked against their storages), and `dst`, distinct from both (borrowed
-        // mutably by the caller), holds `n` compact elements.
-        unsafe {
-            ExecuteKernel::new(&kernel)
-                .set_arg(&a_mem)
-                .set_arg(&src_offset)
-                .set_arg(&b_mem)
-                .set_arg(&dst_offset)
-                .set_arg(&dst_mem)
-                .set_arg(&n_elements)
-                .set_arg(&rank)
-                .set_arg(&shape)
-                .set_arg(&src_strides)
-                .set_arg(&dst_strides)
-                .set_global_work_size(n)
-                .enqueue_nd_range(&queue)
+        for piece in &pieces {
+            // strided_binary(a, long a_offset, b, long b_offset, dst, long first, long n, int rank,
+            //                long8 shape, long8 a_strides, long8 b_strides)
+            // SAFETY: the arguments follow the kernel's prototype above, each `long8` passed as eight
+            // i64 (64 bytes, its size), every integer converted without loss; the kernel was built
+            // for this dtype. Every element the piece describes is one `a` and `b` describe, inside
+            // this buffer and `other` (their layouts were checked against their storages), and
+            // `dst`, distinct from both (borrowed mutably by the caller), holds the `n` compact
+            // elements of which the piece writes `first..first + piece.n`.
+            unsafe {
+                ExecuteKernel::new(&kernel)
+                    .set_arg(&a_mem)
+                    .set_arg(&piece.src_offset)
+                    .set_arg(&b_mem)
+                    .set_arg(&piece.dst_offset)
+                    .set_arg(&dst_mem)
+                    .set_arg(&piece.first)
+                    .set_arg(&piece.n)
+                    .set_arg(&piece.rank)
+                    .set_arg(&piece.shape)
+                    .set_arg(&piece.src_strides)
+                    .set_arg(&piece.dst_strides)
+                    .set_global_work_size(piece.n as usize)
+                    .enqueue_nd_range(&queue)
+            }
+            .map_err(cl_error)?;
         }
-        .map_err(cl_error)?;
         self.device.device_copies.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
@@ -682,16 +684,16 @@ impl DeviceBuffer for XpuBuffer {
         Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes)?))
     }
 
-    /// On the device (the strided copy kernel) when `dst` is memory of the same device and the rank
-    /// is at most [`COPY_MAX_RANK`]; through the host otherwise.
+    /// On the device (the strided copy kernel, one launch per
+    /// [`CopyDims::pieces`](ir_core::kernel::CopyDims::pieces), so any rank) when `dst` is memory of
+    /// the same device; through the host otherwise.
     fn copy_strided(
         &self,
         src: &TensorMeta,
         dst: &mut dyn DeviceBuffer,
         dst_layout: &Layout,
     ) -> Result<(), DeviceError> {
-        if src.layout.rank() <= COPY_MAX_RANK
-            && let Some(target) = dst.as_any().downcast_ref::<XpuBuffer>()
+        if let Some(target) = dst.as_any().downcast_ref::<XpuBuffer>()
             && Arc::ptr_eq(&target.device, &self.device)
         {
             return self
@@ -701,8 +703,8 @@ impl DeviceBuffer for XpuBuffer {
         copy_strided_through_host(self, src, dst, dst_layout)
     }
 
-    /// On the device (the strided conversion kernel) when `dst` is memory of the same device, the
-    /// rank at most [`COPY_MAX_RANK`] and the dtypes f32, f16, bf16 or fp8 into f32, f16 or bf16.
+    /// On the device (the strided conversion kernel) when `dst` is memory of the same device and the
+    /// dtypes f32, f16, bf16 or fp8 into f32, f16 or bf16.
     fn convert_strided(
         &self,
         src: &TensorMeta,
@@ -713,15 +715,15 @@ impl DeviceBuffer for XpuBuffer {
         let Some(target) = dst.as_any().downcast_ref::<XpuBuffer>() else {
             return Ok(false);
         };
-        if src.layout.rank() > COPY_MAX_RANK || !Arc::ptr_eq(&target.device, &self.device) {
+        if !Arc::ptr_eq(&target.device, &self.device) {
             return Ok(false);
         }
         self.convert_on_device(src, target, dst_meta, factor)
             .map_err(|e| self.device.device_error("convert", e.to_string()))
     }
 
-    /// On the device (the `add`/`mul` kernel) when `other` and `dst` are memory of the same device,
-    /// the rank is at most [`COPY_MAX_RANK`] and the dtype f32, f16 or bf16.
+    /// On the device (the `add`/`mul` kernel) when `other` and `dst` are memory of the same device
+    /// and the dtype f32, f16 or bf16.
     fn binary_strided(
         &self,
         a: &TensorMeta,
@@ -737,7 +739,7 @@ impl DeviceBuffer for XpuBuffer {
             return Ok(false);
         };
         let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
-        if a.layout.rank() > COPY_MAX_RANK || !same_device || !dst_meta.layout.is_compact_at_zero() {
+        if !same_device || !dst_meta.layout.is_compact_at_zero() {
             return Ok(false);
         }
         self.binary_on_device(a, other, b, op, target).map_err(|e| self.device.device_error(op.name(), e.to_string()))

@@ -10,7 +10,7 @@ fn add_and_mul_compute_on_the_device() {
     let allocator = kernels_xpu::allocator().expect("an available device has an allocator");
     let (launches, round_trips) = (device.device_copies(), ir_core::storage::host_round_trips());
     let operations = ir_core::testing::check_device_binaries(&allocator);
-    assert_eq!(operations, 12);
+    assert_eq!(operations, 18);
     assert_eq!(device.device_copies() - launches, operations, "one kernel each");
     assert_eq!(ir_core::storage::host_round_trips(), round_trips, "no host round trip");
 }
