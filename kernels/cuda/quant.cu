@@ -1,5 +1,5 @@
 // fp8 quantization of the `cuda` provider: `static_scaled_fp8_quant` and
-// `dynamic_per_token_scaled_fp8_quant`. Compiled after `element.cuh`, per input dtype.
+// `dynamic_per_token_scaled_fp8_quant`. Compiled after `element.cuh` and `fp8.cuh`, per input dtype.
 //
 // q[row, j] = fp8(x[row, j] / s) with one IEEE f32 division (NVRTC's default -prec-div=true) and a
 // saturating nearest-even conversion; the dynamic kernel's s = max(min(absmax, ub) / M,
@@ -9,32 +9,6 @@
 // the same bits as the hardware's `cvt.rn.satfinite`.
 
 #define QUANT_BLOCK 256
-
-// f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN stays NaN,
-// magnitudes clamp to `max_finite` (saturation, infinities included), then round to nearest-even
-// on the format's grid, exactly in f32 (the grid step is a power of two), and encode the fields.
-__device__ __forceinline__ unsigned char fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
-    unsigned int bits = __float_as_uint(f);
-    unsigned int sign = (bits >> 24) & 0x80u;
-    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
-    if (isnan(f)) return (unsigned char)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
-    float a = fminf(fabsf(f), max_finite);
-    int emin = 1 - bias;
-    int e = max((int)((__float_as_uint(a) >> 23) & 0xffu) - 127, emin);
-    float inv_step = __uint_as_float((unsigned int)(127 - (e - m_bits)) << 23);
-    float step = __uint_as_float((unsigned int)(127 + (e - m_bits)) << 23);
-    float r = rintf(__fmul_rn(a, inv_step)) * step;
-    if (r == 0.0f) return (unsigned char)sign;
-    unsigned int rb = __float_as_uint(r);
-    int re = (int)((rb >> 23) & 0xffu) - 127;
-    unsigned int code;
-    if (re >= emin) {
-        code = ((unsigned int)(re + bias) << m_bits) | ((rb & 0x7fffffu) >> (23 - m_bits));
-    } else {
-        code = (unsigned int)(r * __uint_as_float((unsigned int)(127 - (emin - m_bits)) << 23));
-    }
-    return (unsigned char)(sign | code);
-}
 
 __device__ __forceinline__ unsigned char to_fp8(float v, int format) {
     return format == 0 ? fp8_from_f32(v, 3, 7, 448.0f) : fp8_from_f32(v, 2, 15, 57344.0f);

@@ -5,14 +5,17 @@
 // storage offsets are applied to the pointers by the host.
 //
 // In the same source (one `Dims8` in the unit of every kernel): the strided conversion (`copy_`
-// between dtypes and `scale` of rocm tensors), as `kernels/cuda/strided_convert.cu` does it:
-// `strided_convert_<src>_<dst>` writes `round_dst(v)`, or with `scaled` != 0
-// `round_dst(round_f32(v * factor))`, the factor already rounded to f32 by the host; every source
-// value is exact in f32, so each result is rounded once (to nearest even), as the host rounds it.
+// between dtypes and `scale` of rocm tensors), as `kernels/cuda/strided_convert.cu` does it, for
+// every pair of dtypes: `strided_convert_<src>_<dst>` writes `round_dst(v)`, or with `scaled` != 0
+// `round_dst(round_c(v * factor))`, c the source's compute dtype, the factor already rounded to it
+// by the host. Sources exact in f32 compute in it, each result rounded once (to nearest even); f64
+// and i64 sources compute in f64 and narrow to f16, bf16 or fp8 through f32 rounded to odd; into
+// an integer: nearest even, saturated, NaN 0. The host's bits in every case.
 
 #include <hip/hip_runtime.h>
 
 #include "element.hip.h"
+#include "quant.hip.h"
 
 #define COPY_BLOCK 256
 
@@ -76,34 +79,109 @@ __device__ __forceinline__ float convert_load_f8e5m2(const unsigned char* p, lon
     return Elem<1>::load((unsigned short)(((unsigned short)p[i]) << 8));
 }
 
-#define STRIDED_CONVERT(SRC, S, DST, D, DTYPE)                                                                  \
+__device__ __forceinline__ float convert_load_i8(const signed char* p, long long i) { return (float)p[i]; }
+__device__ __forceinline__ double convert_load_f64(const double* p, long long i) { return p[i]; }
+__device__ __forceinline__ double convert_load_i64(const long long* p, long long i) { return (double)p[i]; }
+
+// f32 rounded to odd (truncated, the last bit set when anything was lost): rounding it to nearest
+// even in a format of at most 22 significand bits equals rounding the double directly.
+__device__ __forceinline__ float f32_round_to_odd(double value) {
+    float nearest = (float)value;
+    if ((double)nearest == value || isinf(nearest) || isnan(value)) return nearest;
+    unsigned int bits = __float_as_uint(nearest);
+    // Sign-magnitude: decrementing the bits of a non-zero float moves it one step toward zero.
+    unsigned int truncated = fabs((double)nearest) > fabs(value) ? bits - 1u : bits;
+    return __uint_as_float(truncated | 1u);
+}
+
+// Destination stores by dtype name, from the f32 or the f64 compute type.
+__device__ __forceinline__ void convert_store_f32(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void convert_store_f32(float* p, long long i, double v) { p[i] = (float)v; }
+__device__ __forceinline__ void convert_store_f16(unsigned short* p, long long i, float v) { p[i] = Elem<1>::store(v); }
+__device__ __forceinline__ void convert_store_f16(unsigned short* p, long long i, double v) {
+    p[i] = Elem<1>::store(f32_round_to_odd(v));
+}
+__device__ __forceinline__ void convert_store_bf16(unsigned short* p, long long i, float v) { p[i] = Elem<2>::store(v); }
+__device__ __forceinline__ void convert_store_bf16(unsigned short* p, long long i, double v) {
+    p[i] = Elem<2>::store(f32_round_to_odd(v));
+}
+__device__ __forceinline__ void convert_store_f8e4m3fn(unsigned char* p, long long i, float v) {
+    p[i] = fp8_from_f32(v, 3, 7, 448.0f);
+}
+__device__ __forceinline__ void convert_store_f8e4m3fn(unsigned char* p, long long i, double v) {
+    p[i] = fp8_from_f32(f32_round_to_odd(v), 3, 7, 448.0f);
+}
+__device__ __forceinline__ void convert_store_f8e5m2(unsigned char* p, long long i, float v) {
+    p[i] = fp8_from_f32(v, 2, 15, 57344.0f);
+}
+__device__ __forceinline__ void convert_store_f8e5m2(unsigned char* p, long long i, double v) {
+    p[i] = fp8_from_f32(f32_round_to_odd(v), 2, 15, 57344.0f);
+}
+__device__ __forceinline__ void convert_store_f64(double* p, long long i, float v) { p[i] = (double)v; }
+__device__ __forceinline__ void convert_store_f64(double* p, long long i, double v) { p[i] = v; }
+template <class C>
+__device__ __forceinline__ void convert_store_i8(signed char* p, long long i, C v) {
+    C r = rint(v);
+    p[i] = isnan(v) ? 0 : r <= (C)-128 ? -128 : r >= (C)127 ? 127 : (signed char)r;
+}
+// 2^63 is exact in f32 and f64: every r below it in magnitude converts without overflow.
+template <class C>
+__device__ __forceinline__ void convert_store_i64(long long* p, long long i, C v) {
+    C r = rint(v);
+    const C limit = (C)9223372036854775808.0;
+    p[i] = isnan(v) ? 0 : r < -limit ? (long long)0x8000000000000000ULL : r >= limit ? 0x7fffffffffffffffLL : (long long)r;
+}
+
+// The rounding of a result to the source's compute dtype: f32 and f64 results are already in it;
+// i64's f64 results round to f32, its compute dtype.
+__device__ __forceinline__ float round_c_f32(float v) { return v; }
+__device__ __forceinline__ float round_c_f16(float v) { return v; }
+__device__ __forceinline__ float round_c_bf16(float v) { return v; }
+__device__ __forceinline__ float round_c_f8e4m3fn(float v) { return v; }
+__device__ __forceinline__ float round_c_f8e5m2(float v) { return v; }
+__device__ __forceinline__ float round_c_i8(float v) { return v; }
+__device__ __forceinline__ double round_c_f64(double v) { return v; }
+__device__ __forceinline__ double round_c_i64(double v) { return (double)(float)v; }
+
+// C is the source's compute type: `factor` is passed in it (for i64, the f32 factor widened). Each
+// product a lone operation (contraction off regardless).
+#define STRIDED_CONVERT(SRC, S, C, DST, D)                                                                      \
     extern "C" __global__ void __launch_bounds__(COPY_BLOCK)                                                    \
         strided_convert_##SRC##_##DST(const S* __restrict__ src, D* __restrict__ dst, long long n, Dims8 shape, \
-                                      Dims8 src_strides, Dims8 dst_strides, float factor, int scaled) {         \
-        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                         \
+                                      Dims8 src_strides, Dims8 dst_strides, C factor, int scaled) {             \
+        _Pragma("clang fp contract(off)") long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;       \
         if (i >= n) return;                                                                                     \
         long long s, d;                                                                                         \
         strided_offsets(i, shape, src_strides, dst_strides, s, d);                                              \
-        float v = convert_load_##SRC(src, s);                                                                   \
-        if (scaled) v = v * factor;                                                                             \
-        dst[d] = Elem<DTYPE>::store(v);                                                                         \
+        C v = convert_load_##SRC(src, s);                                                                       \
+        if (scaled) v = round_c_##SRC(v * factor);                                                              \
+        convert_store_##DST(dst, d, v);                                                                         \
     }
 
-#define TO_EVERY_TARGET(SRC, S)                         \
-    STRIDED_CONVERT(SRC, S, f32, float, 0)              \
-    STRIDED_CONVERT(SRC, S, f16, unsigned short, 1)     \
-    STRIDED_CONVERT(SRC, S, bf16, unsigned short, 2)
+#define TO_EVERY_TARGET(SRC, S, C)                       \
+    STRIDED_CONVERT(SRC, S, C, f32, float)               \
+    STRIDED_CONVERT(SRC, S, C, f16, unsigned short)      \
+    STRIDED_CONVERT(SRC, S, C, bf16, unsigned short)     \
+    STRIDED_CONVERT(SRC, S, C, f8e4m3fn, unsigned char)  \
+    STRIDED_CONVERT(SRC, S, C, f8e5m2, unsigned char)    \
+    STRIDED_CONVERT(SRC, S, C, i8, signed char)          \
+    STRIDED_CONVERT(SRC, S, C, f64, double)              \
+    STRIDED_CONVERT(SRC, S, C, i64, long long)
 
-TO_EVERY_TARGET(f32, float)
-TO_EVERY_TARGET(f16, unsigned short)
-TO_EVERY_TARGET(bf16, unsigned short)
-TO_EVERY_TARGET(f8e4m3fn, unsigned char)
-TO_EVERY_TARGET(f8e5m2, unsigned char)
+TO_EVERY_TARGET(f32, float, float)
+TO_EVERY_TARGET(f16, unsigned short, float)
+TO_EVERY_TARGET(bf16, unsigned short, float)
+TO_EVERY_TARGET(f8e4m3fn, unsigned char, float)
+TO_EVERY_TARGET(f8e5m2, unsigned char, float)
+TO_EVERY_TARGET(i8, signed char, float)
+TO_EVERY_TARGET(f64, double, double)
+TO_EVERY_TARGET(i64, long long, double)
 
 // `add` and `mul` of two strided tensors of one dtype into a compact destination
-// (`strided_<op>_<dtype>`), as `kernels/cuda/strided_convert.cu` does it: computed in f32 and
-// rounded once to the dtype; each a lone operation (contraction off regardless).
-#define STRIDED_BINARY(OP, EXPR, NAME, T, DTYPE)                                                                \
+// (`strided_<op>_<dtype>`), as `kernels/cuda/strided_convert.cu` does it: computed in the compute
+// dtype and rounded once to the dtype (i64's f64 result rounded to f32 first, as the host does);
+// each a lone operation (contraction off regardless).
+#define STRIDED_BINARY(OP, EXPR, NAME, T, C)                                                                    \
     extern "C" __global__ void __launch_bounds__(COPY_BLOCK)                                                    \
         strided_##OP##_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ dst, long long n, \
                               Dims8 shape, Dims8 a_strides, Dims8 b_strides) {                                  \
@@ -111,14 +189,20 @@ TO_EVERY_TARGET(f8e5m2, unsigned char)
         if (i >= n) return;                                                                                     \
         long long s, t;                                                                                         \
         strided_offsets(i, shape, a_strides, b_strides, s, t);                                                  \
-        float x = convert_load_##NAME(a, s);                                                                    \
-        float y = convert_load_##NAME(b, t);                                                                    \
-        dst[i] = Elem<DTYPE>::store(EXPR);                                                                      \
+        C x = convert_load_##NAME(a, s);                                                                        \
+        C y = convert_load_##NAME(b, t);                                                                        \
+        convert_store_##NAME(dst, i, round_c_##NAME(EXPR));                                                     \
     }
 
-STRIDED_BINARY(add, x + y, f32, float, 0)
-STRIDED_BINARY(add, x + y, f16, unsigned short, 1)
-STRIDED_BINARY(add, x + y, bf16, unsigned short, 2)
-STRIDED_BINARY(mul, x * y, f32, float, 0)
-STRIDED_BINARY(mul, x * y, f16, unsigned short, 1)
-STRIDED_BINARY(mul, x * y, bf16, unsigned short, 2)
+#define ADD_AND_MUL(NAME, T, C)                  \
+    STRIDED_BINARY(add, x + y, NAME, T, C)       \
+    STRIDED_BINARY(mul, x * y, NAME, T, C)
+
+ADD_AND_MUL(f32, float, float)
+ADD_AND_MUL(f16, unsigned short, float)
+ADD_AND_MUL(bf16, unsigned short, float)
+ADD_AND_MUL(f8e4m3fn, unsigned char, float)
+ADD_AND_MUL(f8e5m2, unsigned char, float)
+ADD_AND_MUL(i8, signed char, float)
+ADD_AND_MUL(f64, double, double)
+ADD_AND_MUL(i64, long long, double)

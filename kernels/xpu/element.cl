@@ -1,7 +1,8 @@
 // The element type of the `xpu` kernels and its conversions to and from f32 (OpenCL C 1.2), prepended
 // by the crate to every kernel source before the program is built.
 //
-// Define required: DTYPE  0 = f32, 1 = f16 (vload_half/vstore_half_rte, no cl_khr_fp16 needed),
+// Define required (except for the strided conversions, which use only the helpers before it):
+//                 DTYPE  0 = f32, 1 = f16 (vload_half/vstore_half_rte, no cl_khr_fp16 needed),
 //                         2 = bf16 (ushort bits). NAME(op) appends the dtype to a kernel name.
 // Define optional: WDTYPE the norm weight's type, coded like DTYPE (default: DTYPE): welem_t,
 //                         LOAD_W and round_to_w.
@@ -20,6 +21,36 @@ inline float round_to_f16(float v) {
     return vload_half(0, (__private const half*)&bits);
 }
 
+// f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN stays NaN,
+// magnitudes clamp to `max_finite` (saturation, infinities included), then round to nearest-even on
+// the format's grid. Rounding happens in f32 on exact multiples of the grid step (a power of two),
+// so `rint` (ties to even) does it; the result is then encoded from its f32 fields.
+inline uchar fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
+    uint bits = as_uint(f);
+    uint sign = (bits >> 24) & 0x80u;
+    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
+    if (isnan(f)) return (uchar)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
+    float a = fmin(fabs(f), max_finite);
+    int emin = 1 - bias;
+    int e = max((int)((as_uint(a) >> 23) & 0xffu) - 127, emin);
+    // 1 / step and step, both powers of two: the scaling is exact.
+    float inv_step = as_float((uint)(127 - (e - m_bits)) << 23);
+    float step = as_float((uint)(127 + (e - m_bits)) << 23);
+    float r = rint(a * inv_step) * step;
+    if (r == 0.0f) return (uchar)sign;
+    uint rb = as_uint(r);
+    int re = (int)((rb >> 23) & 0xffu) - 127;
+    uint code;
+    if (re >= emin) {
+        code = ((uint)(re + bias) << m_bits) | ((rb & 0x7fffffu) >> (23 - m_bits));
+    } else {
+        // A subnormal: r is a whole number of the smallest subnormal 2^(emin - m_bits).
+        code = (uint)(r * as_float((uint)(127 - (emin - m_bits)) << 23));
+    }
+    return (uchar)(sign | code);
+}
+
+#ifdef DTYPE
 #if DTYPE == 0
 typedef float elem_t;
 #define LOAD(p, i) ((p)[i])
@@ -71,3 +102,4 @@ inline float round_to_w(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 #else
 #error "WDTYPE must be 0, 1 or 2"
 #endif
+#endif  // DTYPE

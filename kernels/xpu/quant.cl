@@ -2,41 +2,12 @@
 // `dynamic_per_token_scaled_fp8_quant`. Built after `element.cl`, per input dtype.
 //
 // q[row, j] = fp8(x[row, j] / s) with one f32 division (the program is built with
-// -cl-fp32-correctly-rounded-divide-sqrt) and a saturating nearest-even conversion; the dynamic
+// -cl-fp32-correctly-rounded-divide-sqrt) and a saturating nearest-even conversion (`fp8_from_f32`, in `element.cl`); the dynamic
 // kernel's s = max(min(absmax, ub) / M, 1 / (M * 512)), absmax reduced with fmax (NaN skipped).
 // `format` 0 = f8e4m3fn (M = 448), 1 = f8e5m2 (M = 57344). One work-group of QUANT_GROUP
 // work-items per row; q is compact rows of `hidden` bytes.
 
 #define QUANT_GROUP 128
-
-// f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN stays NaN,
-// magnitudes clamp to `max_finite` (saturation, infinities included), then round to nearest-even on
-// the format's grid. Rounding happens in f32 on exact multiples of the grid step (a power of two),
-// so `rint` (ties to even) does it; the result is then encoded from its f32 fields.
-inline uchar fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
-    uint bits = as_uint(f);
-    uint sign = (bits >> 24) & 0x80u;
-    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
-    if (isnan(f)) return (uchar)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
-    float a = fmin(fabs(f), max_finite);
-    int emin = 1 - bias;
-    int e = max((int)((as_uint(a) >> 23) & 0xffu) - 127, emin);
-    // 1 / step and step, both powers of two: the scaling is exact.
-    float inv_step = as_float((uint)(127 - (e - m_bits)) << 23);
-    float step = as_float((uint)(127 + (e - m_bits)) << 23);
-    float r = rint(a * inv_step) * step;
-    if (r == 0.0f) return (uchar)sign;
-    uint rb = as_uint(r);
-    int re = (int)((rb >> 23) & 0xffu) - 127;
-    uint code;
-    if (re >= emin) {
-        code = ((uint)(re + bias) << m_bits) | ((rb & 0x7fffffu) >> (23 - m_bits));
-    } else {
-        // A subnormal: r is a whole number of the smallest subnormal 2^(emin - m_bits).
-        code = (uint)(r * as_float((uint)(127 - (emin - m_bits)) << 23));
-    }
-    return (uchar)(sign | code);
-}
 
 inline uchar to_fp8(float v, int format) {
     return format == 0 ? fp8_from_f32(v, 3, 7, 448.0f) : fp8_from_f32(v, 2, 15, 57344.0f);

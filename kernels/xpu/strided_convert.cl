@@ -1,12 +1,31 @@
-// Strided conversion on the device (OpenCL C 1.2, built after `element.cl` and `strided_copy.cl`): the elements a source
-// layout describes, into a destination layout of the same shape, converted from the source dtype
-// to the element type (DTYPE), one work-item per element in row-major order: `copy_` between two
-// dtypes, and `scale` (`scaled` != 0) as `round_dst(round_f32(v * factor))`, the factor already
-// rounded to f32 by the caller. Every source value is exact in f32, so each result is rounded once
-// (to nearest even), as the host's conversion through f64 rounds it.
+// Strided conversion on the device (OpenCL C 1.2, built after the helpers of `element.cl` and
+// `strided_copy.cl`'s indexing): the elements a source layout describes, into a destination layout
+// of the same shape, converted from the source dtype (SDTYPE) to the destination's (DDTYPE), one
+// work-item per element in row-major order: `copy_` between two dtypes, and `scale` (`scaled` != 0,
+// same dtype) as `round_dst(round_c(v * factor))`, c the source's compute dtype, the factor already
+// rounded to it by the caller. Results have the host's bits: it converts through f64 and rounds once.
 //
-// Define required: SDTYPE the source's dtype: 0 = f32, 1 = f16, 2 = bf16, 3 = f8e4m3fn, 4 = f8e5m2.
-// Up to 8 dimensions (shape and strides padded with 1 and 0); offsets and strides in elements.
+// Sources f32, f16, bf16, fp8 and i8 are exact in f32 and compute in it: each result is rounded once
+// (to nearest even). f64 and i64 sources compute in f64 (needs cl_khr_fp64; an i64 source is
+// rounded to f64 as the host reads it, and `scale` rounds its f64 product to f32, i64's compute
+// dtype); a double narrows to f16, bf16 or fp8 through f32 rounded to odd, which then rounds to
+// nearest even with the bits of a direct rounding. Into an integer: nearest even, saturated, NaN 0.
+//
+// Defines required: SDTYPE and DDTYPE, each 0 = f32, 1 = f16, 2 = bf16, 3 = f8e4m3fn, 4 = f8e5m2,
+// 5 = i8, 6 = f64, 7 = i64 (the `add`/`mul` program defines both as its dtype, for the loads and
+// stores).
+// Up to 8 dimensions a launch (shape and strides padded with 1 and 0); offsets and strides in elements.
+
+#if SDTYPE == 6 || SDTYPE == 7 || DDTYPE == 6
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+#if SDTYPE == 6 || SDTYPE == 7
+typedef double compute_t;
+#define COMPUTE_DOUBLE 1
+#else
+typedef float compute_t;
+#endif
 
 #if SDTYPE == 0
 typedef float src_t;
@@ -36,19 +55,86 @@ inline float load_src(__global const src_t* p, long i) {
     ushort bits = (ushort)(((ushort)p[i]) << 8);
     return vload_half(0, (__private const half*)&bits);
 }
+#elif SDTYPE == 5
+typedef char src_t;
+inline float load_src(__global const src_t* p, long i) { return (float)p[i]; }
+#elif SDTYPE == 6
+typedef double src_t;
+inline double load_src(__global const src_t* p, long i) { return p[i]; }
+#elif SDTYPE == 7
+typedef long src_t;
+inline double load_src(__global const src_t* p, long i) { return (double)p[i]; }
 #else
-#error "SDTYPE must be 0, 1, 2, 3 or 4"
+#error "SDTYPE must be 0 to 7"
 #endif
 
-__kernel void strided_convert(__global const src_t* src, long src_offset, __global elem_t* dst, long dst_offset,
-                              long n, int rank, long8 shape, long8 src_strides, long8 dst_strides, float factor,
-                              int scaled) {
+#ifdef COMPUTE_DOUBLE
+// f32 rounded to odd (truncated, the last bit set when anything was lost): rounding it to nearest
+// even in a format of at most 22 significand bits equals rounding the double directly.
+inline float f32_round_to_odd(double value) {
+    float nearest = (float)value;
+    if ((double)nearest == value || isinf(nearest) || isnan(value)) return nearest;
+    uint bits = as_uint(nearest);
+    // Sign-magnitude: decrementing the bits of a non-zero float moves it one step toward zero.
+    uint truncated = fabs((double)nearest) > fabs(value) ? bits - 1u : bits;
+    return as_float(truncated | 1u);
+}
+#define NARROW(v) f32_round_to_odd(v)
+#else
+#define NARROW(v) (v)
+#endif
+
+#if DDTYPE == 0
+typedef float dst_t;
+inline void store_dst(__global dst_t* p, long i, compute_t v) { p[i] = (float)v; }
+#elif DDTYPE == 1
+typedef half dst_t;
+inline void store_dst(__global dst_t* p, long i, compute_t v) { vstore_half_rte(NARROW(v), i, p); }
+#elif DDTYPE == 2
+typedef ushort dst_t;
+inline void store_dst(__global dst_t* p, long i, compute_t v) { p[i] = f32_to_bf16(NARROW(v)); }
+#elif DDTYPE == 3
+typedef uchar dst_t;
+inline void store_dst(__global dst_t* p, long i, compute_t v) { p[i] = fp8_from_f32(NARROW(v), 3, 7, 448.0f); }
+#elif DDTYPE == 4
+typedef uchar dst_t;
+inline void store_dst(__global dst_t* p, long i, compute_t v) { p[i] = fp8_from_f32(NARROW(v), 2, 15, 57344.0f); }
+#elif DDTYPE == 5
+typedef char dst_t;
+inline void store_dst(__global dst_t* p, long i, compute_t v) {
+    compute_t r = rint(v);
+    p[i] = isnan(v) ? (char)0 : r <= -128 ? (char)-128 : r >= 127 ? (char)127 : (char)r;
+}
+#elif DDTYPE == 6
+typedef double dst_t;
+inline void store_dst(__global dst_t* p, long i, compute_t v) { p[i] = (double)v; }
+#elif DDTYPE == 7
+typedef long dst_t;
+// 2^63 is exact in f32 and f64: every r below it in magnitude converts without overflow.
+inline void store_dst(__global dst_t* p, long i, compute_t v) {
+    compute_t r = rint(v);
+    p[i] = isnan(v) ? 0L : r < -0x1p63 ? LONG_MIN : r >= 0x1p63 ? LONG_MAX : (long)r;
+}
+#else
+#error "DDTYPE must be 0 to 7"
+#endif
+
+// `factor` has the compute dtype: f64 for f64 and i64 sources (rounded to f32 by the caller for
+// i64), f32 for the others.
+__kernel void strided_convert(__global const src_t* src, long src_offset, __global dst_t* dst, long dst_offset,
+                              long n, int rank, long8 shape, long8 src_strides, long8 dst_strides,
+                              compute_t factor, int scaled) {
     long i = get_global_id(0);
     if (i >= n) return;
     long s = src_offset;
     long d = dst_offset;
     strided_offsets(i, rank, shape, src_strides, dst_strides, &s, &d);
-    float v = load_src(src, s);
-    if (scaled) v = v * factor;
-    STORE(dst, d, v);
+    compute_t v = load_src(src, s);
+    if (scaled) {
+        v = v * factor;
+#if SDTYPE == 7
+        v = (double)(float)v;  // i64 computes in f32: the f64 product rounded to it, as the host does
+#endif
+    }
+    store_dst(dst, d, v);
 }

@@ -448,43 +448,133 @@ pub fn register_rotary(
 pub const COPY_MAX_RANK: usize = 8;
 
 /// The `add` and `mul` kernels of the GPU backends (`binary_strided`): (dtype, operation, kernel
-/// name), the same names in the CUDA and ROCm sources.
-pub const BINARY_KERNELS: [(DType, crate::storage::BinaryOp, &str); 6] = {
+/// name), the same names in the CUDA and ROCm sources. Every dtype.
+pub const BINARY_KERNELS: [(DType, crate::storage::BinaryOp, &str); 16] = {
     use crate::storage::BinaryOp::{Add, Mul};
-    use DType::{BF16, F16, F32};
+    use DType::{BF16, F8E4M3FN, F8E5M2, F16, F32, F64, I8, I64};
     [
         (F32, Add, "strided_add_f32"),
         (F16, Add, "strided_add_f16"),
         (BF16, Add, "strided_add_bf16"),
+        (F8E4M3FN, Add, "strided_add_f8e4m3fn"),
+        (F8E5M2, Add, "strided_add_f8e5m2"),
+        (I8, Add, "strided_add_i8"),
+        (F64, Add, "strided_add_f64"),
+        (I64, Add, "strided_add_i64"),
         (F32, Mul, "strided_mul_f32"),
         (F16, Mul, "strided_mul_f16"),
         (BF16, Mul, "strided_mul_bf16"),
+        (F8E4M3FN, Mul, "strided_mul_f8e4m3fn"),
+        (F8E5M2, Mul, "strided_mul_f8e5m2"),
+        (I8, Mul, "strided_mul_i8"),
+        (F64, Mul, "strided_mul_f64"),
+        (I64, Mul, "strided_mul_i64"),
     ]
 };
 
 /// The conversions the GPU backends' strided conversion kernels make (`copy_` between dtypes and
 /// `scale` of device tensors): (source, destination, kernel name), the same names in the CUDA
-/// and ROCm sources.
-pub const CONVERT_KERNELS: [(DType, DType, &str); 15] = {
-    use DType::{BF16, F8E4M3FN, F8E5M2, F16, F32};
+/// and ROCm sources. Every pair of dtypes.
+pub const CONVERT_KERNELS: [(DType, DType, &str); 64] = {
+    use DType::{BF16, F8E4M3FN, F8E5M2, F16, F32, F64, I8, I64};
     [
         (F32, F32, "strided_convert_f32_f32"),
         (F32, F16, "strided_convert_f32_f16"),
         (F32, BF16, "strided_convert_f32_bf16"),
+        (F32, F8E4M3FN, "strided_convert_f32_f8e4m3fn"),
+        (F32, F8E5M2, "strided_convert_f32_f8e5m2"),
+        (F32, I8, "strided_convert_f32_i8"),
+        (F32, F64, "strided_convert_f32_f64"),
+        (F32, I64, "strided_convert_f32_i64"),
         (F16, F32, "strided_convert_f16_f32"),
         (F16, F16, "strided_convert_f16_f16"),
         (F16, BF16, "strided_convert_f16_bf16"),
+        (F16, F8E4M3FN, "strided_convert_f16_f8e4m3fn"),
+        (F16, F8E5M2, "strided_convert_f16_f8e5m2"),
+        (F16, I8, "strided_convert_f16_i8"),
+        (F16, F64, "strided_convert_f16_f64"),
+        (F16, I64, "strided_convert_f16_i64"),
         (BF16, F32, "strided_convert_bf16_f32"),
         (BF16, F16, "strided_convert_bf16_f16"),
         (BF16, BF16, "strided_convert_bf16_bf16"),
+        (BF16, F8E4M3FN, "strided_convert_bf16_f8e4m3fn"),
+        (BF16, F8E5M2, "strided_convert_bf16_f8e5m2"),
+        (BF16, I8, "strided_convert_bf16_i8"),
+        (BF16, F64, "strided_convert_bf16_f64"),
+        (BF16, I64, "strided_convert_bf16_i64"),
         (F8E4M3FN, F32, "strided_convert_f8e4m3fn_f32"),
         (F8E4M3FN, F16, "strided_convert_f8e4m3fn_f16"),
         (F8E4M3FN, BF16, "strided_convert_f8e4m3fn_bf16"),
+        (F8E4M3FN, F8E4M3FN, "strided_convert_f8e4m3fn_f8e4m3fn"),
+        (F8E4M3FN, F8E5M2, "strided_convert_f8e4m3fn_f8e5m2"),
+        (F8E4M3FN, I8, "strided_convert_f8e4m3fn_i8"),
+        (F8E4M3FN, F64, "strided_convert_f8e4m3fn_f64"),
+        (F8E4M3FN, I64, "strided_convert_f8e4m3fn_i64"),
         (F8E5M2, F32, "strided_convert_f8e5m2_f32"),
         (F8E5M2, F16, "strided_convert_f8e5m2_f16"),
         (F8E5M2, BF16, "strided_convert_f8e5m2_bf16"),
+        (F8E5M2, F8E4M3FN, "strided_convert_f8e5m2_f8e4m3fn"),
+        (F8E5M2, F8E5M2, "strided_convert_f8e5m2_f8e5m2"),
+        (F8E5M2, I8, "strided_convert_f8e5m2_i8"),
+        (F8E5M2, F64, "strided_convert_f8e5m2_f64"),
+        (F8E5M2, I64, "strided_convert_f8e5m2_i64"),
+        (I8, F32, "strided_convert_i8_f32"),
+        (I8, F16, "strided_convert_i8_f16"),
+        (I8, BF16, "strided_convert_i8_bf16"),
+        (I8, F8E4M3FN, "strided_convert_i8_f8e4m3fn"),
+        (I8, F8E5M2, "strided_convert_i8_f8e5m2"),
+        (I8, I8, "strided_convert_i8_i8"),
+        (I8, F64, "strided_convert_i8_f64"),
+        (I8, I64, "strided_convert_i8_i64"),
+        (F64, F32, "strided_convert_f64_f32"),
+        (F64, F16, "strided_convert_f64_f16"),
+        (F64, BF16, "strided_convert_f64_bf16"),
+        (F64, F8E4M3FN, "strided_convert_f64_f8e4m3fn"),
+        (F64, F8E5M2, "strided_convert_f64_f8e5m2"),
+        (F64, I8, "strided_convert_f64_i8"),
+        (F64, F64, "strided_convert_f64_f64"),
+        (F64, I64, "strided_convert_f64_i64"),
+        (I64, F32, "strided_convert_i64_f32"),
+        (I64, F16, "strided_convert_i64_f16"),
+        (I64, BF16, "strided_convert_i64_bf16"),
+        (I64, F8E4M3FN, "strided_convert_i64_f8e4m3fn"),
+        (I64, F8E5M2, "strided_convert_i64_f8e5m2"),
+        (I64, I8, "strided_convert_i64_i8"),
+        (I64, F64, "strided_convert_i64_f64"),
+        (I64, I64, "strided_convert_i64_i64"),
     ]
 };
+
+/// The `factor` parameter of a strided conversion kernel (`scale`; 1 for `copy_`): in the source's
+/// compute dtype, rounded to it as the host rounds it. f64 for f64 sources; for i64 sources, which
+/// the kernels read into f64, the factor rounded to f32 (i64's compute dtype) and passed as f64;
+/// f32 for the others.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ConvertFactor {
+    /// An f32 parameter.
+    F32(f32),
+    /// An f64 parameter.
+    F64(f64),
+}
+
+impl ConvertFactor {
+    /// The parameter for a conversion from `src` scaling by `factor` (none: 1).
+    pub fn for_source(src: DType, factor: Option<f64>) -> ConvertFactor {
+        let factor = factor.unwrap_or(1.0);
+        match src {
+            DType::F64 => ConvertFactor::F64(factor),
+            DType::I64 => ConvertFactor::F64(f64::from(factor as f32)),
+            _ => ConvertFactor::F32(factor as f32),
+        }
+    }
+}
+
+/// Whether a strided conversion (or `add`/`mul`, `src == dst`) between these dtypes computes or
+/// stores in f64 on the device: an f64 or i64 source, or an f64 destination. A device without f64
+/// arithmetic (some OpenCL GPUs) leaves these to the host.
+pub fn converts_through_f64(src: DType, dst: DType) -> bool {
+    matches!(src, DType::F64 | DType::I64) || dst == DType::F64
+}
 
 /// One launch of a strided copy as the copy kernels take it: shape and strides padded to
 /// [`COPY_MAX_RANK`] dimensions (extent 1, stride 0), the element count, and the storage offsets,

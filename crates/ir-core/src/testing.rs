@@ -111,43 +111,77 @@ pub fn check_device_copies(allocator: &dyn crate::storage::DeviceAllocator) -> u
     copies
 }
 
-/// The dtypes a device converts from on the device in [`check_device_conversions`].
-pub const CONVERT_SOURCES: [crate::DType; 5] =
-    [crate::DType::F32, crate::DType::F16, crate::DType::BF16, crate::DType::F8E4M3FN, crate::DType::F8E5M2];
-
-/// The dtypes a device converts into on the device in [`check_device_conversions`].
-pub const CONVERT_TARGETS: [crate::DType; 3] = [crate::DType::F32, crate::DType::F16, crate::DType::BF16];
+/// Panics naming `label` and the first element where `got` differs from `expected` (bit for bit,
+/// any NaN equal to any NaN).
+fn assert_same(got: &crate::Tensor, expected: &crate::Tensor, label: &str) {
+    let (x, y) = (got.to_f64_vec().expect("download"), expected.to_f64_vec().expect("download"));
+    assert_eq!(x.len(), y.len(), "{label}: lengths");
+    let differs = x.iter().zip(&y).position(|(p, q)| p.to_bits() != q.to_bits() && !(p.is_nan() && q.is_nan()));
+    if let Some(i) = differs {
+        panic!("{label}: differs from the host's at element {i}: {:e} against {:e}", x[i], y[i]);
+    }
+}
 
 /// Checks a device's `copy_` between dtypes and `scale` (its `DeviceBuffer::convert_strided`) against
-/// the host's, bit for bit (NaN as NaN): every pair of [`CONVERT_SOURCES`] and [`CONVERT_TARGETS`],
-/// from a compact and a transposed source into a compact and a transposed destination, on values
-/// from 2^-30 to 2^20 (subnormal, overflowing and tie cases for the narrow dtypes), every code of
-/// the two fp8 formats, and `scale` of each target dtype by an inexact factor. Panics naming the
-/// case that differs. Returns the number of conversions made, each of which a backend with a
-/// device-side conversion for every pair does on the device. For the kernel crates' tests.
+/// the host's, bit for bit (NaN as NaN): every pair of dtypes, from a compact and a transposed
+/// source into a compact and a transposed destination, on values from 2^-30 to 2^20 (subnormal,
+/// overflowing and tie cases for the narrow dtypes), infinities, NaN, values past i64's range, f64
+/// values that a rounding through nearest-even f32 would round twice, every code of the 8-bit
+/// dtypes, i64 values past f64's precision, and `scale` of each dtype by inexact factors. Panics
+/// naming the case that differs, or saying that a conversion went through the host (a backend
+/// with f64 arithmetic converts every pair on the device). Returns the number of conversions made.
+/// For the kernel crates' tests.
 pub fn check_device_conversions(allocator: &dyn crate::storage::DeviceAllocator) -> u64 {
+    check_device_conversions_of(allocator, &crate::DType::ALL)
+}
+
+/// [`check_device_conversions`] of the pairs within `dtypes` only (a device without f64 arithmetic
+/// checks the others).
+pub fn check_device_conversions_of(allocator: &dyn crate::storage::DeviceAllocator, dtypes: &[crate::DType]) -> u64 {
+    use crate::storage::host_round_trips_on_this_thread;
     use crate::{DType, F8E4M3, F8E5M2, Tensor};
-    // Signed quarter steps times powers of two from 2^-30 to 2^20, and values halfway between two
-    // bf16 (and f16) neighbours.
+    // Signed quarter steps times powers of two from 2^-30 to 2^20, values halfway between two bf16
+    // (and f16) neighbours, then twelve specials.
+    let specials = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e19,
+        -1e19,
+        // Exact in f64 and i64, not in f32.
+        2f64.powi(60) + 256.0,
+        // A bf16 tie broken by a bit f32 cannot hold: nearest-even f32 would round twice.
+        1.0 + 2f64.powi(-8) + 2f64.powi(-30),
+        -(1.0 + 2f64.powi(-11) + 2f64.powi(-40)),
+        1e-300,
+        300.0,
+        -129.5,
+        2.5,
+    ];
     let values: Vec<f64> = (0..84i32)
         .map(|i| {
             let base = f64::from((i * 37) % 29) / 4.0 - 3.5;
             let scaled = base * 2f64.powi((i % 11) * 5 - 30);
             if i % 7 == 3 { 1.0 + 2f64.powi(-8) + 2f64.powi(-9) * f64::from(i % 2) } else { scaled }
         })
+        .chain(specials)
         .collect();
     let mut conversions = 0;
-    let same = |a: &Tensor, b: &Tensor| -> bool {
-        let (x, y) = (a.to_f64_vec().expect("download"), b.to_f64_vec().expect("download"));
-        x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
-    };
-    for src_dtype in CONVERT_SOURCES {
-        let mut sources = vec![Tensor::from_f64(src_dtype, &[7, 12], &values).expect("a small tensor")];
+    for &src_dtype in dtypes {
+        let mut sources = vec![Tensor::from_f64(src_dtype, &[8, 12], &values).expect("a small tensor")];
+        let every_code = |t: Result<Tensor, crate::TensorError>| t.expect("every code");
         match src_dtype {
-            DType::F8E4M3FN => sources
-                .push(Tensor::from_vec(&[16, 16], (0..=255u8).map(F8E4M3::from_bits).collect()).expect("every code")),
-            DType::F8E5M2 => sources
-                .push(Tensor::from_vec(&[16, 16], (0..=255u8).map(F8E5M2::from_bits).collect()).expect("every code")),
+            DType::F8E4M3FN => {
+                sources.push(every_code(Tensor::from_vec(&[16, 16], (0..=255u8).map(F8E4M3::from_bits).collect())))
+            }
+            DType::F8E5M2 => {
+                sources.push(every_code(Tensor::from_vec(&[16, 16], (0..=255u8).map(F8E5M2::from_bits).collect())))
+            }
+            DType::I8 => sources.push(every_code(Tensor::from_vec(&[16, 16], (-128..=127i8).collect()))),
+            DType::I64 => {
+                let edges = [i64::MAX, i64::MIN, (1 << 53) + 1, -(1 << 53) - 1, (1 << 62) + 1, (1 << 62) - 1, 0, -1];
+                sources.push(every_code(Tensor::from_vec(&[2, 4], edges.to_vec())));
+            }
             _ => {}
         }
         for host in sources {
@@ -158,7 +192,7 @@ pub fn check_device_conversions(allocator: &dyn crate::storage::DeviceAllocator)
                 } else {
                     (host.clone(), on_device.clone())
                 };
-                for dst_dtype in CONVERT_TARGETS {
+                for &dst_dtype in dtypes {
                     for transposed_dst in [false, true] {
                         let label = format!(
                             "copy_ {src_dtype} {} -> {dst_dtype}{}",
@@ -178,20 +212,22 @@ pub fn check_device_conversions(allocator: &dyn crate::storage::DeviceAllocator)
                         };
                         let mut dst = dst;
                         expected.copy_from(&src_host).unwrap_or_else(|e| panic!("{label}: {e}"));
+                        let trips = host_round_trips_on_this_thread();
                         dst.copy_from(&src_device).unwrap_or_else(|e| panic!("{label}: {e}"));
+                        assert_eq!(host_round_trips_on_this_thread(), trips, "{label}: converted on the host");
                         conversions += 1;
-                        assert!(same(&dst, &expected), "{label}: differs from the host's conversion");
+                        assert_same(&dst, &expected, &label);
                     }
                 }
-                if CONVERT_TARGETS.contains(&src_dtype) {
-                    for factor in [0.1, -3.0, 1e-3] {
-                        let label = format!("scale {src_dtype} {} by {factor}", src_host.layout());
-                        let expected = src_host.scale(factor).unwrap_or_else(|e| panic!("{label}: {e}"));
-                        let got = src_device.scale(factor).unwrap_or_else(|e| panic!("{label}: {e}"));
-                        conversions += 1;
-                        assert!(got.layout().is_compact_at_zero(), "{label}: compact result");
-                        assert!(same(&got, &expected), "{label}: differs from the host's");
-                    }
+                for factor in [0.1, -3.0, 1e-3] {
+                    let label = format!("scale {src_dtype} {} by {factor}", src_host.layout());
+                    let expected = src_host.scale(factor).unwrap_or_else(|e| panic!("{label}: {e}"));
+                    let trips = host_round_trips_on_this_thread();
+                    let got = src_device.scale(factor).unwrap_or_else(|e| panic!("{label}: {e}"));
+                    assert_eq!(host_round_trips_on_this_thread(), trips, "{label}: scaled on the host");
+                    conversions += 1;
+                    assert!(got.layout().is_compact_at_zero(), "{label}: compact result");
+                    assert_same(&got, &expected, &label);
                 }
             }
         }
@@ -200,19 +236,26 @@ pub fn check_device_conversions(allocator: &dyn crate::storage::DeviceAllocator)
 }
 
 /// Checks a device's `add` and `mul` (its `DeviceBuffer::binary_strided`) against the host's, bit
-/// for bit (NaN as NaN): f32, f16 and bf16, compact and transposed operands, and operands of rank 10
-/// (one with its dimensions reversed: past the kernels' rank, so a device cuts it into pieces), on
-/// values whose sums and products round (ties, overflow, subnormal results, NaN). Panics naming the case that
-/// differs; returns the number of operations made, each of which a backend with a kernel for
-/// every case does on the device. For the kernel crates' tests.
+/// for bit (NaN as NaN): every dtype, compact and transposed operands, and operands of rank 10 (one
+/// with its dimensions reversed: past the kernels' rank, so a device cuts it into pieces), on
+/// values whose sums and products round (ties, overflow, subnormal results, NaN, i64 saturation).
+/// Panics naming the case that differs or went through the host; returns the number of operations
+/// made. For the kernel crates' tests.
 pub fn check_device_binaries(allocator: &dyn crate::storage::DeviceAllocator) -> u64 {
-    use crate::{DType, Tensor};
+    check_device_binaries_of(allocator, &crate::DType::ALL)
+}
+
+/// [`check_device_binaries`] of the dtypes in `dtypes` only (a device without f64 arithmetic checks
+/// the others).
+pub fn check_device_binaries_of(allocator: &dyn crate::storage::DeviceAllocator, dtypes: &[crate::DType]) -> u64 {
+    use crate::Tensor;
     let a_values: Vec<f64> = (0..84i32)
         .map(|i| match i % 9 {
             0 => f64::NAN,
             1 => 6.0e4,
             2 => 1.0 + 2f64.powi(-8),
             3 => 2f64.powi(-20),
+            4 if i % 2 == 0 => 3e18,
             _ => f64::from((i * 37) % 29) / 4.0 - 3.5,
         })
         .collect();
@@ -224,12 +267,8 @@ pub fn check_device_binaries(allocator: &dyn crate::storage::DeviceAllocator) ->
             _ => f64::from((i * 11) % 17) / 8.0 - 1.0,
         })
         .collect();
-    let same = |x: &Tensor, y: &Tensor| -> bool {
-        let (x, y) = (x.to_f64_vec().expect("download"), y.to_f64_vec().expect("download"));
-        x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
-    };
     let mut operations = 0;
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for &dtype in dtypes {
         let a = Tensor::from_f64(dtype, &[7, 12], &a_values).expect("a small tensor");
         let b = Tensor::from_f64(dtype, &[12, 7], &b_values).expect("a small tensor");
         let (a_device, b_device) = (a.to_device(allocator).expect("upload"), b.to_device(allocator).expect("upload"));
@@ -271,7 +310,7 @@ pub fn check_device_binaries(allocator: &dyn crate::storage::DeviceAllocator) ->
                 assert!(!device.device().is_cpu(), "{label}: the result stays on the device");
                 assert!(device.layout().shape() == host.layout().shape(), "{label}: shape");
                 assert!(device.layout().is_compact_at_zero(), "{label}: compact result");
-                assert!(same(&device, &host), "{label}: differs from the host's");
+                assert_same(&device, &host, &label);
             }
         }
         let through_host = crate::storage::host_round_trips_on_this_thread() - trips;

@@ -1,12 +1,13 @@
 //! `clone`, `contiguous` and `cat` of cuda tensors on the device: `kernels/strided_copy.cu`, one
 //! thread per element, each element moved as an unsigned integer of its size (every dtype bit for
 //! bit), up to [`COPY_MAX_RANK`] dimensions a launch (a copy past that takes one launch per
-//! [`CopyDims::pieces`]); into another device's memory, through the host. `copy_` between dtypes and `scale`: `kernels/strided_convert.cu`, one kernel per pair of
-//! [`CONVERT_KERNELS`]; `add` and `mul` there too, one kernel per dtype ([`BINARY_KERNELS`]).
+//! [`CopyDims::pieces`]); into another device's memory, through the host. `copy_` between dtypes
+//! and `scale`: `kernels/strided_convert.cu`, one kernel per pair of [`CONVERT_KERNELS`] (every
+//! pair of dtypes); `add` and `mul` there too, one kernel per dtype ([`BINARY_KERNELS`]).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ir_core::kernel::CopyDims;
+use ir_core::kernel::{ConvertFactor, CopyDims};
 use ir_core::{KernelError, Layout, TensorMeta};
 
 use crate::device::{CudaBuffer, driver_error};
@@ -26,9 +27,10 @@ pub const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cu");
 pub use ir_core::kernel::{BINARY_KERNELS, CONVERT_KERNELS};
 
 /// Compiles the strided conversion program (every kernel of [`CONVERT_KERNELS`]) to PTX for `arch`.
-/// The program holds the strided copies too: it is compiled after their source, whose indexing it uses.
+/// The program holds the strided copies too: it is compiled after their source, whose indexing it
+/// uses, and the software fp8 conversion.
 pub fn compile_convert_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    let source = format!("{STRIDED_COPY}\n{STRIDED_CONVERT}");
+    let source = format!("{STRIDED_COPY}\n{}\n{STRIDED_CONVERT}", crate::quant::FP8);
     compile(&source, "strided_convert.cu", "strided_convert".to_owned(), Vec::new(), arch)
 }
 
@@ -122,9 +124,7 @@ pub(crate) fn convert_on_device(
     let arch = device.arch;
     // Cached per kernel name (each pair its own entry).
     let function = device.op_function(name, src.dtype, name, || compile_convert_ptx(arch))?;
-    // `scale` multiplies in f32 (the compute dtype of every dtype converted here) by the factor
-    // rounded to it.
-    let (factor, scaled) = (factor.unwrap_or(1.0) as f32, i32::from(factor.is_some()));
+    let (factor, scaled) = (ConvertFactor::for_source(src.dtype, factor), i32::from(factor.is_some()));
     let stream = std::sync::Arc::clone(from.stream());
     let src_address = from.read_address(&stream);
     let dst_address = to.write_address(&stream);
@@ -134,16 +134,20 @@ pub(crate) fn convert_on_device(
         let config = launch_config(piece.n)?;
         let mut builder = stream.launch_builder(&function);
         // strided_convert_<src>_<dst>(const S* src, D* dst, long long n, Dims8 shape,
-        //                             Dims8 src_strides, Dims8 dst_strides, float factor, int scaled)
+        //                             Dims8 src_strides, Dims8 dst_strides, C factor, int scaled),
+        // C double for f64 and i64 sources (ConvertFactor::F64), float for the others
         builder
             .arg(&src_ptr)
             .arg(&dst_ptr)
             .arg(&piece.n)
             .arg(&piece.shape)
             .arg(&piece.src_strides)
-            .arg(&piece.dst_strides)
-            .arg(&factor)
-            .arg(&scaled);
+            .arg(&piece.dst_strides);
+        match &factor {
+            ConvertFactor::F32(factor) => builder.arg(factor),
+            ConvertFactor::F64(factor) => builder.arg(factor),
+        };
+        builder.arg(&scaled);
         // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
         // loss, each [i64; 8] laid out as the kernel's `Dims8`; the kernel is the one for these two
         // dtypes. Every element the piece describes is one `src` describes, in `from` (its layout

@@ -449,7 +449,7 @@ impl DeviceBuffer for CudaBuffer {
     }
 
     /// On the device (`strided_<op>_<dtype>` in `kernels/strided_convert.cu`) when `other` and `dst`
-    /// are memory of the same device and the dtype f32, f16 or bf16.
+    /// are memory of the same device (every dtype).
     fn binary_strided(
         &self,
         a: &TensorMeta,

@@ -23,6 +23,10 @@ use crate::module::{ELEMENT, compile, dtype_define};
 /// The quantization kernels' source (after the element prelude).
 pub const QUANT: &str = include_str!("../kernels/quant.cu");
 
+/// The software f32 -> fp8 conversion (`kernels/fp8.cuh`), compiled before the quantization and
+/// strided conversion kernels.
+pub const FP8: &str = include_str!("../kernels/fp8.cuh");
+
 /// Threads per block (`QUANT_BLOCK` in `quant.cu`): one block per row.
 pub const QUANT_BLOCK: u32 = 256;
 
@@ -35,7 +39,7 @@ pub const NORM_QUANT: &str = include_str!("../kernels/norm_quant.cu");
 /// Compiles the quantization program (both quantization kernels and the norm + quantization
 /// kernel) for input `dtype` to PTX for `arch`.
 pub fn compile_ptx(dtype: DType, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    let source = format!("{ELEMENT}\n{QUANT}\n{NORM_QUANT}");
+    let source = format!("{ELEMENT}\n{FP8}\n{QUANT}\n{NORM_QUANT}");
     compile(&source, "quant.cu", format!("quant_{dtype}"), vec![dtype_define(dtype)?], arch)
 }
 

@@ -28,5 +28,5 @@ fn add_and_mul_compute_on_the_device() {
         ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
         return;
     }
-    assert_eq!(ir_core::testing::check_device_binaries(&kernels_cuda::allocator(0).unwrap()), 18);
+    assert_eq!(ir_core::testing::check_device_binaries(&kernels_cuda::allocator(0).unwrap()), 48);
 }

@@ -265,6 +265,8 @@ impl Drop for HipBuffer {
     }
 }
 
+use ir_core::kernel::ConvertFactor;
+
 /// Blocks of 256 threads for one thread per element of a piece of `n` elements.
 fn blocks_for(n: i64) -> Result<u32, KernelError> {
     u32::try_from((n as u64).div_ceil(256))
@@ -298,9 +300,7 @@ impl HipBuffer {
         else {
             return Ok(false);
         };
-        // `scale` multiplies in f32 (the compute dtype of every dtype converted here) by the factor
-        // rounded to it.
-        let scale = (factor.unwrap_or(1.0) as f32, i32::from(factor.is_some()));
+        let scale = (ConvertFactor::for_source(src.dtype, factor), i32::from(factor.is_some()));
         self.launch_strided(name, src, to, &to_meta.layout, to_meta.dtype.size_in_bytes(), Some(scale))?;
         Ok(true)
     }
@@ -315,7 +315,7 @@ impl HipBuffer {
         to: &HipBuffer,
         to_layout: &Layout,
         to_size: usize,
-        scale: Option<(f32, i32)>,
+        scale: Option<(ConvertFactor, i32)>,
     ) -> Result<(), KernelError> {
         let n = src.numel();
         if n == 0 {
@@ -327,10 +327,15 @@ impl HipBuffer {
                 piece;
             let mut src_ptr = self.pointer.wrapping_byte_add(element_offset(piece.src_offset)? * src_size);
             let mut dst_ptr = to.pointer.wrapping_byte_add(element_offset(piece.dst_offset)? * to_size);
-            let (mut factor, mut scaled) = scale.unwrap_or_default();
+            let (mut factor, mut scaled) = scale.unwrap_or((ConvertFactor::F32(1.0), 0));
+            let factor_param = match &mut factor {
+                ConvertFactor::F32(f) => f as *mut f32 as *mut c_void,
+                ConvertFactor::F64(f) => f as *mut f64 as *mut c_void,
+            };
             // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
             //                      Dims8 dst_strides), Dims8 being eight long longs by value;
-            // strided_convert_<src>_<dst>(the same, float factor, int scaled).
+            // strided_convert_<src>_<dst>(the same, C factor, int scaled), C double for f64 and i64
+            // sources (ConvertFactor::F64), float for the others.
             let mut params: [*mut c_void; 8] = [
                 &mut src_ptr as *mut _ as *mut c_void,
                 &mut dst_ptr as *mut _ as *mut c_void,
@@ -338,16 +343,16 @@ impl HipBuffer {
                 &mut shape as *mut _ as *mut c_void,
                 &mut src_strides as *mut _ as *mut c_void,
                 &mut dst_strides as *mut _ as *mut c_void,
-                &mut factor as *mut _ as *mut c_void,
+                factor_param,
                 &mut scaled as *mut _ as *mut c_void,
             ];
             let count = if scale.is_some() { 8 } else { 6 };
             // SAFETY: the first `count` parameters point to locals of the kernel's declared types in
             // prototype order (each [i64; 8] laid out as `Dims8`; the conversion's two more only for
-            // it, which `scale` is given for), every integer converted without loss. Every element
-            // the piece describes is one `src` describes, in this buffer (its layout was checked
-            // against the storage), or one of `to_layout`, in `to` (allocated for it by the caller,
-            // distinct from this one).
+            // it, which `scale` is given for, the factor in the kernel's compute type), every integer
+            // converted without loss. Every element the piece describes is one `src` describes, in
+            // this buffer (its layout was checked against the storage), or one of `to_layout`, in
+            // `to` (allocated for it by the caller, distinct from this one).
             unsafe { self.device.launch(symbol, blocks_for(piece.n)?, 256, &mut params[..count]) }?;
         }
         Ok(())
@@ -461,7 +466,7 @@ impl DeviceBuffer for HipBuffer {
     }
 
     /// On the device (`strided_<op>_<dtype>` in `kernels/strided_copy.hip`) when `other` and `dst`
-    /// are memory of this device and the dtype f32, f16 or bf16.
+    /// are memory of this device (every dtype).
     fn binary_strided(
         &self,
         a: &TensorMeta,

@@ -25,7 +25,7 @@ fn copies_between_dtypes_and_scales_convert_on_the_device() {
 #[test]
 fn add_and_mul_compute_on_the_device() {
     match kernels_rocm::allocator() {
-        Ok(allocator) => assert_eq!(ir_core::testing::check_device_binaries(allocator.as_ref()), 18),
+        Ok(allocator) => assert_eq!(ir_core::testing::check_device_binaries(allocator.as_ref()), 48),
         Err(reason) => ir_core::testing::skip("rocm", &format!("rocm device: {reason}")),
     }
 }

@@ -18,7 +18,7 @@ use opencl3::program::Program;
 use opencl3::types::CL_BLOCKING;
 
 use crate::module::{KernelVariant, SOURCE, base_options};
-use ir_core::kernel::GatedKernel;
+use ir_core::kernel::{ConvertFactor, GatedKernel, converts_through_f64};
 
 /// Environment variable allowing a CPU OpenCL device (PoCL), for tests on machines without a GPU.
 pub const ALLOW_CPU_ENV: &str = "VLLM_IR_XPU_ALLOW_CPU";
@@ -99,15 +99,17 @@ const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cl");
 /// strided copy's indexing.
 const STRIDED_BINARY: &str = include_str!("../kernels/strided_binary.cl");
 
-/// The code `strided_convert.cl` knows a source dtype by (`SDTYPE`), for the dtypes it converts from.
-fn convert_source_code(dtype: DType) -> Option<u8> {
+/// The code `strided_convert.cl` knows a dtype by (`SDTYPE`, `DDTYPE`).
+fn convert_code(dtype: DType) -> u8 {
     match dtype {
-        DType::F32 => Some(0),
-        DType::F16 => Some(1),
-        DType::BF16 => Some(2),
-        DType::F8E4M3FN => Some(3),
-        DType::F8E5M2 => Some(4),
-        _ => None,
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::F8E4M3FN => 3,
+        DType::F8E5M2 => 4,
+        DType::I8 => 5,
+        DType::F64 => 6,
+        DType::I64 => 7,
     }
 }
 
@@ -231,44 +233,50 @@ impl XpuDevice {
         Ok(kernel)
     }
 
-    /// The strided conversion kernel from `src` to `dst` elements, built at first use; `None` when
-    /// the device converts no such pair (into f32, f16 or bf16 from those or fp8).
+    /// The strided conversion kernel from `src` to `dst` elements, built at first use; `None` for a
+    /// pair that needs f64 arithmetic ([`converts_through_f64`]) on a device without
+    /// `cl_khr_fp64`.
     fn convert_kernel(&self, src: DType, dst: DType) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
-        let (Some(code), true) = (convert_source_code(src), matches!(dst, DType::F32 | DType::F16 | DType::BF16))
-        else {
+        if converts_through_f64(src, dst) && !self.has_fp64() {
             return Ok(None);
-        };
+        }
         let mut kernels = self.convert_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(kernel) = kernels.get(&(src, dst)) {
             return Ok(Some(Arc::clone(kernel)));
         }
-        let options = format!("{} -DSDTYPE={code}", base_options(dst)?);
+        let options = format!("-cl-std=CL1.2 -DSDTYPE={} -DDDTYPE={}", convert_code(src), convert_code(dst));
         let source = format!("{}\n{STRIDED_COPY}\n{STRIDED_CONVERT}", crate::module::ELEMENT);
         let kernel = self.build(&source, &options, "strided_convert", format!("strided_convert[{src} -> {dst}]"))?;
         kernels.insert((src, dst), Arc::clone(&kernel));
         Ok(Some(kernel))
     }
 
-    /// The `add`/`mul` kernel of `dtype`, built at first use; `None` for a dtype it does not compute
-    /// (other than f32, f16, bf16).
+    /// The `add`/`mul` kernel of `dtype`, built at first use; `None` for f64 or i64 on a device
+    /// without `cl_khr_fp64`.
     fn binary_kernel(&self, dtype: DType, op: BinaryOp) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
-        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        if converts_through_f64(dtype, dtype) && !self.has_fp64() {
             return Ok(None);
         }
         let mut kernels = self.binary_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(kernel) = kernels.get(&(dtype, op)) {
             return Ok(Some(Arc::clone(kernel)));
         }
-        let code = match op {
+        let op_code = match op {
             BinaryOp::Add => 0,
             BinaryOp::Mul => 1,
         };
-        let options = format!("{} -DOP={code}", base_options(dtype)?);
-        let source = format!("{}\n{STRIDED_COPY}\n{STRIDED_BINARY}", crate::module::ELEMENT);
+        let code = convert_code(dtype);
+        let options = format!("-cl-std=CL1.2 -DSDTYPE={code} -DDDTYPE={code} -DOP={op_code}");
+        let source = format!("{}\n{STRIDED_COPY}\n{STRIDED_CONVERT}\n{STRIDED_BINARY}", crate::module::ELEMENT);
         let kernel =
             self.build(&source, &options, "strided_binary", format!("strided_binary[{} {dtype}]", op.name()))?;
         kernels.insert((dtype, op), Arc::clone(&kernel));
         Ok(Some(kernel))
+    }
+
+    /// Whether the device computes in f64 (`cl_khr_fp64`).
+    pub fn has_fp64(&self) -> bool {
+        self.extensions.split_whitespace().any(|e| e == "cl_khr_fp64")
     }
 
     /// The in-order queue this crate uses when the caller gives none (see [`XpuBuffer`]).
@@ -521,9 +529,7 @@ impl XpuBuffer {
         let Some(kernel) = self.device.convert_kernel(src.dtype, dst_meta.dtype)? else {
             return Ok(false);
         };
-        // `scale` multiplies in f32 (the compute dtype of every dtype converted here) by the factor
-        // rounded to it.
-        let scale = (factor.unwrap_or(1.0) as f32, i32::from(factor.is_some()));
+        let scale = (ConvertFactor::for_source(src.dtype, factor), i32::from(factor.is_some()));
         self.launch_strided(&kernel, src, dst, &dst_meta.layout, Some(scale))?;
         Ok(true)
     }
@@ -537,7 +543,7 @@ impl XpuBuffer {
         src: &TensorMeta,
         dst: &XpuBuffer,
         dst_layout: &Layout,
-        scale: Option<(f32, i32)>,
+        scale: Option<(ConvertFactor, i32)>,
     ) -> Result<(), KernelError> {
         let n = src.numel();
         if n == 0 {
@@ -548,11 +554,11 @@ impl XpuBuffer {
         dst.use_on(&queue)?;
         let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (src_mem, dst_mem) = (self.cl_mem(), dst.cl_mem());
-        let (factor, scaled) = scale.unwrap_or_default();
         for piece in &pieces {
             // strided_copy(src, long src_offset, dst, long dst_offset, long n, int rank, long8 shape,
             //              long8 src_strides, long8 dst_strides)
-            // strided_convert(the same, float factor, int scaled)
+            // strided_convert(the same, compute_t factor, int scaled), compute_t double for f64 and
+            //                i64 sources (ConvertFactor::F64), float for the others
             // SAFETY: the arguments follow the kernel's prototype above (the conversion kernel's two
             // more only for it, which `scale` is given for), each `long8` passed as eight i64 (64
             // bytes, its size), every integer converted without loss. Every element the piece
@@ -571,9 +577,11 @@ impl XpuBuffer {
                     .set_arg(&piece.shape)
                     .set_arg(&piece.src_strides)
                     .set_arg(&piece.dst_strides);
-                if scale.is_some() {
-                    launch.set_arg(&factor).set_arg(&scaled);
-                }
+                match scale {
+                    Some((ConvertFactor::F32(factor), scaled)) => launch.set_arg(&factor).set_arg(&scaled),
+                    Some((ConvertFactor::F64(factor), scaled)) => launch.set_arg(&factor).set_arg(&scaled),
+                    None => &mut launch,
+                };
                 launch.set_global_work_size(piece.n as usize).enqueue_nd_range(&queue)
             }
             .map_err(cl_error)?;
@@ -703,8 +711,9 @@ impl DeviceBuffer for XpuBuffer {
         copy_strided_through_host(self, src, dst, dst_layout)
     }
 
-    /// On the device (the strided conversion kernel) when `dst` is memory of the same device and the
-    /// dtypes f32, f16, bf16 or fp8 into f32, f16 or bf16.
+    /// On the device (the strided conversion kernel) when `dst` is memory of the same device, for
+    /// every pair of dtypes (those through f64, [`converts_through_f64`], where the device has
+    /// `cl_khr_fp64`).
     fn convert_strided(
         &self,
         src: &TensorMeta,
@@ -723,7 +732,7 @@ impl DeviceBuffer for XpuBuffer {
     }
 
     /// On the device (the `add`/`mul` kernel) when `other` and `dst` are memory of the same device
-    /// and the dtype f32, f16 or bf16.
+    /// (every dtype; f64 and i64 where the device has `cl_khr_fp64`).
     fn binary_strided(
         &self,
         a: &TensorMeta,

@@ -261,7 +261,7 @@ impl Tensor {
     pub fn full(dtype: DType, shape: &[usize], value: f64) -> Result<Tensor, TensorError> {
         let mut tensor = Tensor::zeros(dtype, shape)?;
         let buffer = tensor.cpu_buffer_mut().ok().flatten().expect("fresh CPU storage is uniquely owned");
-        with_element_type!(dtype, T => buffer.typed_mut::<T>().fill(T::from_f64(value)));
+        with_element_type!(dtype, T => buffer.typed_mut::<T>().fill(<T as Element>::from_f64(value)));
         Ok(tensor)
     }
 
@@ -374,7 +374,7 @@ impl Tensor {
         let buffer = tensor.cpu_buffer_mut().ok().flatten().expect("fresh CPU storage is uniquely owned");
         with_element_type!(dtype, T => {
             for (slot, value) in buffer.typed_mut::<T>().iter_mut().zip(values) {
-                *slot = T::from_f64(value);
+                *slot = <T as Element>::from_f64(value);
             }
         });
         Ok(tensor)
@@ -400,7 +400,7 @@ impl Tensor {
         } else {
             with_element_type!(meta.dtype, T => {
                 for slot in buffer.typed_mut::<T>() {
-                    *slot = T::from_f64(rng.sample::<f64, _>(normal));
+                    *slot = <T as Element>::from_f64(rng.sample::<f64, _>(normal));
                 }
             });
         }
@@ -749,7 +749,7 @@ pub(crate) fn element_reader(dtype: DType) -> fn(&[u8], usize) -> f64 {
 pub(crate) fn element_writer(dtype: DType) -> fn(&mut [u8], usize, f64) {
     fn write<T: Element>(bytes: &mut [u8], index: usize, value: f64) {
         let size = size_of::<T>();
-        bytes[index * size..(index + 1) * size].copy_from_slice(bytemuck::bytes_of(&T::from_f64(value)));
+        bytes[index * size..(index + 1) * size].copy_from_slice(bytemuck::bytes_of(&<T as Element>::from_f64(value)));
     }
     with_element_type!(dtype, T => write::<T>)
 }
@@ -807,7 +807,7 @@ fn write_values(buffer: &mut CpuBuffer, dtype: DType, layout: &Layout, values: &
     with_element_type!(dtype, T => {
         let data = buffer.typed_mut::<T>();
         for (index, &value) in layout.storage_indices().zip(values) {
-            data[index] = T::from_f64(value);
+            data[index] = <T as Element>::from_f64(value);
         }
     });
 }
@@ -992,6 +992,22 @@ mod tests {
         assert_eq!(whole.to_f64_vec().unwrap(), vec![0., 0., 1., 2., 0., 0., 3., 4., 5., 0.]);
         let err = padded.copy_from(&iota(DType::F32, &[3, 2])).unwrap_err();
         assert!(matches!(err, TensorError::ShapeMismatch { .. }));
+    }
+
+    #[test]
+    fn f64_values_round_once_into_f16_and_bf16() {
+        // Ties of f16 and bf16 broken by a bit f32 cannot hold: rounding through nearest-even f32
+        // (what `half`'s own `from_f64` does) lands on the tie and rounds it to even, the wrong way.
+        let f16_case = -(1.0 + 2f64.powi(-11) + 2f64.powi(-40));
+        let bf16_case = 1.0 + 2f64.powi(-8) + 2f64.powi(-30);
+        let built = Tensor::from_f64(DType::F16, &[1], &[f16_case]).unwrap();
+        assert_eq!(built.to_vec::<f16>().unwrap(), [f16::from_f32(-(1.0 + 2f32.powi(-10)))]);
+        let src = Tensor::from_slice(&[2], &[f16_case, bf16_case]).unwrap();
+        let mut dst = Tensor::zeros(DType::BF16, &[2]).unwrap();
+        dst.copy_from(&src).unwrap();
+        assert_eq!(dst.to_vec::<bf16>().unwrap(), [bf16::from_f32(-1.0), bf16::from_f32(1.0 + 2f32.powi(-7))]);
+        let filled = Tensor::full(DType::BF16, &[1], bf16_case).unwrap();
+        assert_eq!(filled.to_vec::<bf16>().unwrap(), [bf16::from_f32(1.0 + 2f32.powi(-7))]);
     }
 
     #[test]
