@@ -603,6 +603,10 @@ pub struct CopyDims {
 /// One dimension of a copy: extent, source stride, destination stride.
 type CopyDim = (usize, usize, usize);
 
+/// The launches of one strided copy ([`CopyDims::pieces`]): inline for the usual single launch, so
+/// preparing it allocates nothing.
+pub type CopyPieces = smallvec::SmallVec<[CopyDims; 1]>;
+
 impl CopyDims {
     /// The copy of the elements `src` describes into `dst_layout` (same shape), as kernel launches
     /// of at most [`COPY_MAX_RANK`] dimensions each, in row-major order of their elements: none for
@@ -610,14 +614,14 @@ impl CopyDims {
     /// both layouts step through as one are merged, so only a copy still past the kernel's rank
     /// after that takes more than one launch (one per index of its outer dimensions). Errors name
     /// what does not fit: different shapes, a value past a kernel integer.
-    pub fn pieces(src: &TensorMeta, dst_layout: &crate::Layout) -> Result<Vec<CopyDims>, KernelError> {
+    pub fn pieces(src: &TensorMeta, dst_layout: &crate::Layout) -> Result<CopyPieces, KernelError> {
         if dst_layout.shape() != src.shape() {
             return Err(KernelError::InvalidArguments {
                 reason: format!("no device-side copy of {src} into {dst_layout}"),
             });
         }
         if src.numel() == 0 {
-            return Ok(Vec::new());
+            return Ok(CopyPieces::new());
         }
         let dims = merged_dims(src.layout.shape(), src.layout.strides(), dst_layout.strides());
         let (outer, inner) = dims.split_at(dims.len().saturating_sub(COPY_MAX_RANK));
