@@ -657,14 +657,25 @@ impl CopyDims {
             })
             .collect()
     }
+
+    /// The source offset, the destination offset and `first`, in elements, as host integers: for
+    /// backends that offset pointers rather than pass the offsets. Errors name a negative one (the
+    /// fields are public; [`CopyDims::pieces`] never makes one).
+    pub fn element_offsets(&self) -> Result<[usize; 3], KernelError> {
+        let offset = |value: i64| {
+            usize::try_from(value)
+                .map_err(|_| KernelError::InvalidArguments { reason: format!("offset {value} is negative") })
+        };
+        Ok([offset(self.src_offset)?, offset(self.dst_offset)?, offset(self.first)?])
+    }
 }
 
 /// The dimensions of a copy with extents `shape` between layouts of `src` and `dst` strides, in the
 /// same row-major order of elements: extent-1 dimensions dropped, and each dimension merged into
 /// the one before it where both layouts step over it as one (the outer stride is the inner one
 /// times the inner extent). At least one dimension.
-fn merged_dims(shape: &[usize], src: &[usize], dst: &[usize]) -> Vec<CopyDim> {
-    let mut dims: Vec<CopyDim> = Vec::with_capacity(shape.len());
+fn merged_dims(shape: &[usize], src: &[usize], dst: &[usize]) -> smallvec::SmallVec<[CopyDim; COPY_MAX_RANK]> {
+    let mut dims = smallvec::SmallVec::<[CopyDim; COPY_MAX_RANK]>::new();
     for ((&extent, &s), &d) in shape.iter().zip(src).zip(dst) {
         if extent == 1 {
             continue;

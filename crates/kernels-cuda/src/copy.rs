@@ -44,12 +44,6 @@ fn launch_config(n: i64) -> Result<LaunchConfig, KernelError> {
     Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 })
 }
 
-/// A piece's storage offset (elements, never negative) as an address offset.
-fn element_offset(offset: i64) -> Result<usize, KernelError> {
-    usize::try_from(offset)
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("offset {offset} is negative") })
-}
-
 /// Compiles the strided copy program (all four element sizes) to PTX for `arch`.
 pub fn compile_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
     compile(STRIDED_COPY, "strided_copy.cu", "strided_copy".to_owned(), Vec::new(), arch)
@@ -79,8 +73,8 @@ pub(crate) fn copy_on_device(
     let src_address = from.read_address(&stream);
     let dst_address = to.write_address(&stream);
     for piece in &pieces {
-        let src_ptr = src_address.offset(element_offset(piece.src_offset)? * size);
-        let dst_ptr = dst_address.offset(element_offset(piece.dst_offset)? * size);
+        let [src_offset, dst_offset, _] = piece.element_offsets()?;
+        let (src_ptr, dst_ptr) = (src_address.offset(src_offset * size), dst_address.offset(dst_offset * size));
         let config = launch_config(piece.n)?;
         let mut builder = stream.launch_builder(&function);
         // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
@@ -129,8 +123,9 @@ pub(crate) fn convert_on_device(
     let src_address = from.read_address(&stream);
     let dst_address = to.write_address(&stream);
     for piece in &pieces {
-        let src_ptr = src_address.offset(element_offset(piece.src_offset)? * src.dtype.size_in_bytes());
-        let dst_ptr = dst_address.offset(element_offset(piece.dst_offset)? * to_meta.dtype.size_in_bytes());
+        let [src_offset, dst_offset, _] = piece.element_offsets()?;
+        let src_ptr = src_address.offset(src_offset * src.dtype.size_in_bytes());
+        let dst_ptr = dst_address.offset(dst_offset * to_meta.dtype.size_in_bytes());
         let config = launch_config(piece.n)?;
         let mut builder = stream.launch_builder(&function);
         // strided_convert_<src>_<dst>(const S* src, D* dst, long long n, Dims8 shape,
@@ -188,9 +183,9 @@ pub(crate) fn binary_on_device(
     let (a_address, b_address) = (from.read_address(&stream), other.read_address(&stream));
     let dst_address = to.write_address(&stream);
     for piece in &pieces {
-        let a_ptr = a_address.offset(element_offset(piece.src_offset)? * size);
-        let b_ptr = b_address.offset(element_offset(piece.dst_offset)? * size);
-        let dst_ptr = dst_address.offset(element_offset(piece.first)? * size);
+        let [a_offset, b_offset, first] = piece.element_offsets()?;
+        let (a_ptr, b_ptr) = (a_address.offset(a_offset * size), b_address.offset(b_offset * size));
+        let dst_ptr = dst_address.offset(first * size);
         let config = launch_config(piece.n)?;
         let mut builder = stream.launch_builder(&function);
         // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape,

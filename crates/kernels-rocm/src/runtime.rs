@@ -273,12 +273,6 @@ fn blocks_for(n: i64) -> Result<u32, KernelError> {
         .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })
 }
 
-/// A piece's storage offset (elements, never negative) as an address offset.
-fn element_offset(offset: i64) -> Result<usize, KernelError> {
-    usize::try_from(offset)
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("offset {offset} is negative") })
-}
-
 impl HipBuffer {
     /// Copies the elements `src` describes in this buffer into `to` with `to_layout`, on the device.
     fn copy_on_device(&self, src: &TensorMeta, to: &HipBuffer, to_layout: &Layout) -> Result<(), KernelError> {
@@ -325,8 +319,9 @@ impl HipBuffer {
         for piece in ir_core::kernel::CopyDims::pieces(src, to_layout)? {
             let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
                 piece;
-            let mut src_ptr = self.pointer.wrapping_byte_add(element_offset(piece.src_offset)? * src_size);
-            let mut dst_ptr = to.pointer.wrapping_byte_add(element_offset(piece.dst_offset)? * to_size);
+            let [src_offset, dst_offset, _] = piece.element_offsets()?;
+            let mut src_ptr = self.pointer.wrapping_byte_add(src_offset * src_size);
+            let mut dst_ptr = to.pointer.wrapping_byte_add(dst_offset * to_size);
             let (mut factor, mut scaled) = scale.unwrap_or((ConvertFactor::F32(1.0), 0));
             let factor_param = match &mut factor {
                 ConvertFactor::F32(f) => f as *mut f32 as *mut c_void,
@@ -383,9 +378,10 @@ impl HipBuffer {
         for piece in ir_core::kernel::CopyDims::pieces(a, &b.layout)? {
             let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
                 piece;
-            let mut a_ptr = self.pointer.wrapping_byte_add(element_offset(piece.src_offset)? * size);
-            let mut b_ptr = other.pointer.wrapping_byte_add(element_offset(piece.dst_offset)? * size);
-            let mut dst_ptr = to.pointer.wrapping_byte_add(element_offset(piece.first)? * size);
+            let [a_offset, b_offset, first] = piece.element_offsets()?;
+            let mut a_ptr = self.pointer.wrapping_byte_add(a_offset * size);
+            let mut b_ptr = other.pointer.wrapping_byte_add(b_offset * size);
+            let mut dst_ptr = to.pointer.wrapping_byte_add(first * size);
             // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape,
             //                      Dims8 a_strides, Dims8 b_strides)
             let mut params: [*mut c_void; 7] = [
