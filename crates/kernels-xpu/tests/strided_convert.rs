@@ -10,7 +10,7 @@ fn dtypes(device: &kernels_xpu::XpuDevice) -> Vec<DType> {
         return DType::ALL.to_vec();
     }
     eprintln!(
-        "the OpenCL device has no cl_khr_fp64: conversions from f64 or i64 and into f64 go through the host, not checked here"
+        "skipped: conversions from f64 or i64 and into f64: the OpenCL device has no cl_khr_fp64 (they go through the host)"
     );
     DType::ALL.into_iter().filter(|d| !matches!(d, DType::F64 | DType::I64)).collect()
 }
