@@ -1,6 +1,7 @@
 //! The kernel correctness harness: every provider this machine can run, both ops, against native
 //! (R115–R118, R120), plus in-place semantics through dispatch.
 
+use ir_core::kernel::KernelDTypes;
 use ir_core::op::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm, fused_add_rms_norm_maybe_inplace};
 use ir_core::op::rms_norm::{RMS_NORM, rms_norm};
 use ir_core::op::{ArgMeta, InputSpec, OpDef, Value, tolerance};
@@ -186,7 +187,7 @@ fn special_values() {
             assert_selects(&backend, &RMS_NORM, &[ArgMeta::Tensor(x.meta()), ArgMeta::None, ArgMeta::F64(eps)]);
             rms_norm(&backend.registry, &x, None, eps, None).unwrap().to_cpu().unwrap().to_f64_vec().unwrap()
         };
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for dtype in backend.element_dtypes() {
             let label = format!("{} {dtype}", backend.provider);
             assert!(run(&Tensor::zeros(dtype, &[2, 64]).unwrap(), EPS).iter().all(|&v| v == 0.0), "{label}: zero rows");
             let mut values = vec![0.5; 3 * 64];
@@ -351,25 +352,26 @@ fn takes_every_norm_argument(backend: &Backend) -> bool {
     matches!(backend.provider, "xpu" | "cuda" | "rocm")
 }
 
-/// The coarser of two compute dtypes (bf16, then f16, then f32): the output of a weighted norm is
-/// rounded to both, so it is as precise as the coarser.
+/// The coarser of two compute dtypes (bf16, then f16, then f32, then f64): the output of a weighted
+/// norm is rounded to both, so it is as precise as the coarser.
 fn coarser(a: DType, b: DType) -> DType {
-    [DType::BF16, DType::F16].into_iter().find(|&d| a == d || b == d).unwrap_or(DType::F32)
+    [DType::BF16, DType::F16, DType::F32].into_iter().find(|&d| a == d || b == d).unwrap_or(DType::F64)
 }
 
 #[test]
 fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take_them() {
-    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
     for backend in backends() {
+        // f64 x and weights, against each other dtype both ways, where the kernels compute in f64.
+        let dtypes = backend.element_dtypes();
         let takes = takes_every_norm_argument(&backend);
         let mut on_device = 0;
         for op in [&RMS_NORM, &FUSED_ADD_RMS_NORM] {
             let _guard = backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap();
             for (t, h) in [(7, 64), (3, 770), (2, 4096)] {
-                for x_dtype in DTYPES {
+                for &x_dtype in &dtypes {
                     let host = case(x_dtype, t, h, (t * 31 + h) as u64);
                     let (x, residual) = (backend.upload(&host.x).unwrap(), backend.upload(&host.residual).unwrap());
-                    for w_dtype in DTYPES {
+                    for &w_dtype in &dtypes {
                         let w_host = Tensor::from_f64(w_dtype, &[h], &host.weight.to_f64_vec().unwrap()).unwrap();
                         let w = backend.upload(&w_host).unwrap();
                         for variance in [None, Some(1), Some(h as i64 / 2 + 1), Some(h as i64)] {
@@ -419,8 +421,9 @@ fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take
                 }
             }
         }
-        // 2 ops x 3 shapes x 3 x dtypes x (3 weight dtypes x 4 variances, or the 1 plain case each).
-        let expected = if takes { 2 * 3 * 3 * 12 } else { 2 * 3 * 3 };
+        // 2 ops x 3 shapes x n x dtypes x (n weight dtypes x 4 variances, or the 1 plain case each).
+        let n = dtypes.len();
+        let expected = if takes { 2 * 3 * n * n * 4 } else { 2 * 3 * n };
         assert_eq!(on_device, expected, "{}: calls that ran on the provider", backend.provider);
     }
 }
@@ -430,12 +433,12 @@ fn the_weight_step_rounds_in_the_weights_dtype_bit_for_bit() {
     // With epsilon 0 and the mean square over the first element only, which is 1, rstd is exactly 1
     // on every path: the results then differ only if the weight step rounds differently (y rounded
     // to the weight's dtype, the product rounded to it, the store rounded to x's dtype).
-    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
     let (t, h) = (3, 100);
     for backend in backends() {
+        let dtypes = backend.element_dtypes();
         for op in [&RMS_NORM, &FUSED_ADD_RMS_NORM] {
             let _guard = backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap();
-            for x_dtype in DTYPES {
+            for &x_dtype in &dtypes {
                 let host = case(x_dtype, t, h, 5);
                 let mut x_values = host.x.to_f64_vec().unwrap();
                 let mut r_values = host.residual.to_f64_vec().unwrap();
@@ -446,7 +449,7 @@ fn the_weight_step_rounds_in_the_weights_dtype_bit_for_bit() {
                 let x_host = Tensor::from_f64(x_dtype, &[t, h], &x_values).unwrap();
                 let r_host = Tensor::from_f64(x_dtype, &[t, h], &r_values).unwrap();
                 let (x, residual) = (backend.upload(&x_host).unwrap(), backend.upload(&r_host).unwrap());
-                for w_dtype in DTYPES {
+                for &w_dtype in &dtypes {
                     let w_host = Tensor::from_f64(w_dtype, &[h], &host.weight.to_f64_vec().unwrap()).unwrap();
                     let w = backend.upload(&w_host).unwrap();
                     let label = format!("{} {} x={x_dtype} w={w_dtype}", backend.provider, op.name);
@@ -527,7 +530,7 @@ fn every_op_of_every_provider_matches_native_on_generated_inputs() {
                 continue;
             }
             checked_ops += 1;
-            for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for dtype in backend.element_dtypes() {
                 for (i, &(tokens, hidden)) in shapes.iter().enumerate() {
                     let label = format!("{} {op} {dtype} T={tokens} H={hidden}", backend.provider);
                     let spec =
@@ -625,20 +628,31 @@ fn fp8_quantization_is_bit_exact_on_every_provider() {
         for out_dtype in DType::FP8 {
             let label = format!("{} {out_dtype}", backend.provider);
             let values = fp8_deciding_values(out_dtype);
-            let x = Tensor::from_f64(DType::F32, &[1, values.len()], &values).unwrap();
-            for scale in [1.0, 0.5, 3.0 / 448.0] {
-                let s = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
-                let got = static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype).unwrap();
-                let expected = fixed::native(&x, &s, out_dtype).unwrap();
-                let got = got.to_cpu().unwrap().to_f64_vec().unwrap();
-                let expected = expected.to_f64_vec().unwrap();
-                // The same value, sign of zero included; any NaN matches any NaN.
-                let same = |(g, e): (&f64, &f64)| g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan());
-                if let Some(i) = got.iter().zip(&expected).position(|pair| !same(pair)) {
-                    panic!("{label} scale {scale}: x = {} gives {}, native {}", values[i], got[i], expected[i]);
+            let mut inputs = vec![(DType::F32, values.clone())];
+            if backend.dtypes == KernelDTypes::WithF64 {
+                // f64 values a hair either side of each value, midpoints included: rounded once,
+                // directly (an f32 in between would round such a value onto the midpoint, a tie).
+                let hair = 2f64.powi(-40);
+                let nudged = values.iter().flat_map(|&v| [v, v * (1.0 + hair), v * (1.0 - hair)]);
+                inputs.push((DType::F64, nudged.collect()));
+            }
+            for (x_dtype, values) in &inputs {
+                let x = Tensor::from_f64(*x_dtype, &[1, values.len()], values).unwrap();
+                for scale in [1.0, 0.5, 3.0 / 448.0] {
+                    let s = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
+                    let got = static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype).unwrap();
+                    let expected = fixed::native(&x, &s, out_dtype).unwrap();
+                    let got = got.to_cpu().unwrap().to_f64_vec().unwrap();
+                    let expected = expected.to_f64_vec().unwrap();
+                    // The same value, sign of zero included; any NaN matches any NaN.
+                    let same = |(g, e): (&f64, &f64)| g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan());
+                    if let Some(i) = got.iter().zip(&expected).position(|pair| !same(pair)) {
+                        let v = values[i];
+                        panic!("{label} {x_dtype} scale {scale}: x = {v} gives {}, native {}", got[i], expected[i]);
+                    }
                 }
             }
-            for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for dtype in backend.element_dtypes() {
                 let wide = Tensor::randn(&TensorMeta::compact(dtype, &[67, 773]), 9).unwrap();
                 let x = wide.narrow(1, 3, 769).unwrap();
                 let ub = Tensor::from_f64(DType::F32, &[1], &[2.5]).unwrap();
@@ -746,7 +760,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
         let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &[backend.provider]).unwrap();
         let up = |t: &Tensor| backend.upload(t).unwrap();
         let positions = Tensor::from_vec(&[TOKENS], positions.clone()).unwrap();
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for dtype in backend.element_dtypes() {
             let qkv = Tensor::randn(&TensorMeta::compact(dtype, &[TOKENS, 8 * HEAD]), 11).unwrap();
             let q = qkv.narrow(1, 0, 4 * HEAD).unwrap();
             let k = qkv.narrow(1, 4 * HEAD, 2 * HEAD).unwrap();

@@ -4,8 +4,27 @@
 // Define required (except for the strided conversions, which use only the helpers before it):
 //                 DTYPE  0 = f32, 1 = f16 (vload_half/vstore_half_rte, no cl_khr_fp16 needed),
 //                         2 = bf16 (ushort bits). NAME(op) appends the dtype to a kernel name.
+//                         6 = f64 (needs cl_khr_fp64; the kernels then compute in f64).
+//                 compute_t is the compute dtype c: double for f64 elements, float otherwise; LIT(x)
+//                 writes a decimal constant in it (x##f for float, so the f32 kernels keep their bits).
 // Define optional: WDTYPE the norm weight's type, coded like DTYPE (default: DTYPE): welem_t,
-//                         LOAD_W and round_to_w.
+//                         LOAD_W, wcompute_t (double when x or the weight is f64), round_to_w and
+//                         WSTORE, which stores a weight step's result into the element type.
+
+#if defined(cl_khr_fp64)
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+
+// f32 rounded to odd (truncated, the last bit set when anything was lost): rounding it to nearest
+// even in a format of at most 22 significand bits (f16, bf16, fp8) equals rounding the double directly.
+inline float f32_round_to_odd(double value) {
+    float nearest = (float)value;
+    if ((double)nearest == value || isinf(nearest) || isnan(value)) return nearest;
+    uint bits = as_uint(nearest);
+    // Sign-magnitude: decrementing the bits of a non-zero float moves it one step toward zero.
+    uint truncated = fabs((double)nearest) > fabs(value) ? bits - 1u : bits;
+    return as_float(truncated | 1u);
+}
+#endif
 
 inline float bf16_to_f32(ushort v) { return as_float(((uint)v) << 16); }
 inline ushort f32_to_bf16(float f) {
@@ -66,18 +85,34 @@ typedef ushort elem_t;
 #define LOAD(p, i) bf16_to_f32((p)[i])
 #define STORE(p, i, v) ((p)[i] = f32_to_bf16(v))
 #define NAME(op) op##_bf16
+#elif DTYPE == 6
+typedef double elem_t;
+#define LOAD(p, i) ((p)[i])
+#define STORE(p, i, v) ((p)[i] = (v))
+#define NAME(op) op##_f64
 #else
-#error "DTYPE must be 0, 1 or 2"
+#error "DTYPE must be 0, 1, 2 or 6"
+#endif
+
+// NARROW_C(v): a compute value as the f32 that rounds to a narrower format (f16, bf16, fp8) as v would.
+#if DTYPE == 6
+typedef double compute_t;
+#define LIT(x) x
+#define NARROW_C(v) f32_round_to_odd(v)
+#else
+typedef float compute_t;
+#define LIT(x) x##f
+#define NARROW_C(v) (v)
 #endif
 
 // Rounds to the element type and back (the weight step rounds y first, as native does).
-inline float round_to_elem(float v) {
-#if DTYPE == 0
-    return v;
-#elif DTYPE == 1
+inline compute_t round_to_elem(compute_t v) {
+#if DTYPE == 1
     return round_to_f16(v);
-#else
+#elif DTYPE == 2
     return bf16_to_f32(f32_to_bf16(v));
+#else
+    return v;
 #endif
 }
 
@@ -87,19 +122,42 @@ inline float round_to_elem(float v) {
 
 // The weight's type, which may differ from the element type (a Gemma-style f32 weight on bf16
 // activations): the weight step computes in it (R86 step 5), the store rounds to the element type.
+// With f64 on either side the step computes in double: y and the product round to the weight's type
+// directly from it (a double narrows to f16 or bf16 through f32 rounded to odd), and WSTORE rounds
+// the double result to the element type directly.
+#if DTYPE == 6 || WDTYPE == 6
+typedef double wcompute_t;
+#define W_NARROW(v) f32_round_to_odd(v)
+#else
+typedef float wcompute_t;
+#define W_NARROW(v) (v)
+#endif
+
 #if WDTYPE == 0
 typedef float welem_t;
 #define LOAD_W(p, i) ((p)[i])
-inline float round_to_w(float v) { return v; }
+inline wcompute_t round_to_w(wcompute_t v) { return (float)v; }
 #elif WDTYPE == 1
 typedef half welem_t;
 #define LOAD_W(p, i) vload_half((i), (p))
-inline float round_to_w(float v) { return round_to_f16(v); }
+inline wcompute_t round_to_w(wcompute_t v) { return round_to_f16(W_NARROW(v)); }
 #elif WDTYPE == 2
 typedef ushort welem_t;
 #define LOAD_W(p, i) bf16_to_f32((p)[i])
-inline float round_to_w(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+inline wcompute_t round_to_w(wcompute_t v) { return bf16_to_f32(f32_to_bf16(W_NARROW(v))); }
+#elif WDTYPE == 6
+typedef double welem_t;
+#define LOAD_W(p, i) ((p)[i])
+inline wcompute_t round_to_w(wcompute_t v) { return v; }
 #else
-#error "WDTYPE must be 0, 1 or 2"
+#error "WDTYPE must be 0, 1, 2 or 6"
+#endif
+
+#if DTYPE == 0 || DTYPE == 6
+#define WSTORE(p, i, v) ((p)[i] = (v))
+#elif DTYPE == 1
+#define WSTORE(p, i, v) vstore_half_rte(W_NARROW(v), (i), (p))
+#else
+#define WSTORE(p, i, v) ((p)[i] = f32_to_bf16(W_NARROW(v)))
 #endif
 #endif  // DTYPE

@@ -13,7 +13,7 @@
 // `residual_out` is `r` and the output strides are the residual's).
 
 // Sums `value` over the work-group in a fixed tree order; every work-item gets the total.
-inline float quant_group_sum(float value, __local float* scratch) {
+inline compute_t quant_group_sum(compute_t value, __local compute_t* scratch) {
     int id = get_local_id(0);
     scratch[id] = value;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -21,7 +21,7 @@ inline float quant_group_sum(float value, __local float* scratch) {
         if (id < width) scratch[id] += scratch[id + width];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    float total = scratch[0];
+    compute_t total = scratch[0];
     barrier(CLK_LOCAL_MEM_FENCE);
     return total;
 }
@@ -29,10 +29,10 @@ inline float quant_group_sum(float value, __local float* scratch) {
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm_quant)(
     __global uchar* q, __global float* scales, __global elem_t* residual_out, __global const elem_t* x,
     __global const elem_t* r, __global const elem_t* w, long n_rows, int hidden, long x_row_stride, long x_offset,
-    long r_row_stride, long r_offset, long out_row_stride, long out_offset, long w_offset, float eps,
+    long r_row_stride, long r_offset, long out_row_stride, long out_offset, long w_offset, compute_t eps,
     __global const float* scale, long scale_offset,
     int has_residual, int has_weight, int dynamic, int has_scale, int format) {
-    __local float scratch[QUANT_GROUP];
+    __local compute_t scratch[QUANT_GROUP];
     long row = get_group_id(0);
     int lid = get_local_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
@@ -41,31 +41,31 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
     __global uchar* q_row = q + row * (long)hidden;
     __global elem_t* out_row = residual_out + out_offset + row * out_row_stride;
 
-    float squares = 0.0f;
+    compute_t squares = 0.0f;
     for (long j = lid; j < hidden; j += QUANT_GROUP) {
-        float a = LOAD(x_row, j);
+        compute_t a = LOAD(x_row, j);
         if (has_residual) a += LOAD(r_row, j);
         squares += a * a;
     }
-    float rstd = 1.0f / sqrt(quant_group_sum(squares, scratch) / (float)hidden + eps);
+    compute_t rstd = 1.0f / sqrt(quant_group_sum(squares, scratch) / (compute_t)hidden + eps);
 
     // The reduction runs for static calls too (on zeros), so every barrier is reached
     // unconditionally.
-    float absmax = 0.0f;
+    compute_t absmax = 0.0f;
     if (dynamic) {
         for (long j = lid; j < hidden; j += QUANT_GROUP) {
-            float a = LOAD(x_row, j);
+            compute_t a = LOAD(x_row, j);
             if (has_residual) a += LOAD(r_row, j);
-            float z = round_to_elem(a * rstd);
+            compute_t z = round_to_elem(a * rstd);
             if (has_weight) z = round_to_elem(z * LOAD(w_row, j));
             absmax = fmax(absmax, fabs(z));
         }
     }
     absmax = quant_group_max(absmax, scratch);
-    float s;
+    compute_t s;
     if (dynamic) {
-        if (has_scale) absmax = fmin(absmax, scale[scale_offset]);
-        float max_finite = fp8_max(format);
+        if (has_scale) absmax = fmin(absmax, (compute_t)scale[scale_offset]);
+        compute_t max_finite = fp8_max(format);
         s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
         if (lid == 0) scales[row] = s;
     } else {
@@ -73,12 +73,12 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
     }
 
     for (long j = lid; j < hidden; j += QUANT_GROUP) {
-        float a = LOAD(x_row, j);
+        compute_t a = LOAD(x_row, j);
         if (has_residual) {
             a += LOAD(r_row, j);
             STORE(out_row, j, a);
         }
-        float z = round_to_elem(a * rstd);
+        compute_t z = round_to_elem(a * rstd);
         if (has_weight) z = round_to_elem(z * LOAD(w_row, j));
         q_row[j] = to_fp8(z / s, format);
     }

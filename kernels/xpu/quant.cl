@@ -9,15 +9,17 @@
 
 #define QUANT_GROUP 128
 
-inline uchar to_fp8(float v, int format) {
-    return format == 0 ? fp8_from_f32(v, 3, 7, 448.0f) : fp8_from_f32(v, 2, 15, 57344.0f);
+// A double narrows through f32 rounded to odd, which the fp8 rounding then rounds as the double.
+inline uchar to_fp8(compute_t v, int format) {
+    float f = NARROW_C(v);
+    return format == 0 ? fp8_from_f32(f, 3, 7, 448.0f) : fp8_from_f32(f, 2, 15, 57344.0f);
 }
 
-inline float fp8_max(int format) { return format == 0 ? 448.0f : 57344.0f; }
+inline compute_t fp8_max(int format) { return format == 0 ? 448.0f : 57344.0f; }
 
 // The maximum of `value` over the work-group in a fixed tree order (fmax: NaN skipped); every
 // work-item gets it.
-inline float quant_group_max(float value, __local float* scratch) {
+inline compute_t quant_group_max(compute_t value, __local compute_t* scratch) {
     int id = get_local_id(0);
     scratch[id] = value;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -25,7 +27,7 @@ inline float quant_group_max(float value, __local float* scratch) {
         if (id < width) scratch[id] = fmax(scratch[id], scratch[id + width]);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    float total = scratch[0];
+    compute_t total = scratch[0];
     barrier(CLK_LOCAL_MEM_FENCE);
     return total;
 }
@@ -36,23 +38,23 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(stat
     long row = get_group_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
     __global uchar* q_row = q + row * (long)hidden;
-    float s = scale[scale_offset];
+    compute_t s = scale[scale_offset];
     for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) q_row[j] = to_fp8(LOAD(x_row, j) / s, format);
 }
 
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(dynamic_per_token_scaled_fp8_quant)(
     __global uchar* q, __global float* scales, __global const elem_t* x, long n_rows, int hidden,
     long x_row_stride, long x_offset, __global const float* scale_ub, long ub_offset, int has_ub, int format) {
-    __local float scratch[QUANT_GROUP];
+    __local compute_t scratch[QUANT_GROUP];
     long row = get_group_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
     __global uchar* q_row = q + row * (long)hidden;
-    float absmax = 0.0f;
+    compute_t absmax = 0.0f;
     for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) absmax = fmax(absmax, fabs(LOAD(x_row, j)));
     absmax = quant_group_max(absmax, scratch);
-    if (has_ub) absmax = fmin(absmax, scale_ub[ub_offset]);
-    float max_finite = fp8_max(format);
-    float s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
+    if (has_ub) absmax = fmin(absmax, (compute_t)scale_ub[ub_offset]);
+    compute_t max_finite = fp8_max(format);
+    compute_t s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
     if (get_local_id(0) == 0) scales[row] = s;
     for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) q_row[j] = to_fp8(LOAD(x_row, j) / s, format);
 }

@@ -34,20 +34,20 @@
 #define CACHE 32
 
 // Sums `value` over the THREADS_PER_ROW work-items of this row; all work-items of the group call it.
-inline float row_sum(float value, __local float* scratch) {
+inline compute_t row_sum(compute_t value, __local compute_t* scratch) {
     int local_id = get_local_id(0);
     int lane = local_id % THREADS_PER_ROW;
 #if USE_SUBGROUPS
     // The host enables this path only when the sub-group size divides THREADS_PER_ROW, so no
     // sub-group spans two rows.
-    float partial = sub_group_reduce_add(value);
+    compute_t partial = sub_group_reduce_add(value);
     int sg_size = get_sub_group_size();
     int sg_id = get_sub_group_id();
     if (get_sub_group_local_id() == 0) scratch[sg_id] = partial;
     barrier(CLK_LOCAL_MEM_FENCE);
     int per_row = THREADS_PER_ROW / sg_size;
     int first = (local_id / THREADS_PER_ROW) * per_row;
-    float total = 0.0f;
+    compute_t total = 0.0f;
     for (int i = 0; i < per_row; ++i) total += scratch[first + i];
     return total;
 #else
@@ -65,24 +65,24 @@ inline float row_sum(float value, __local float* scratch) {
 // (|x| above about 1.8e19 / sqrt(count))
 // although the mean may fit: the row scaled by its largest magnitude, summed serially by the calling
 // work-item (no barrier, so any subset of work-items may call it), then scaled back. A rare path.
-inline float rescaled_mean_square(__global const elem_t* x_row, __global const elem_t* r_row, int count) {
-    float largest = 0.0f;
+inline compute_t rescaled_mean_square(__global const elem_t* x_row, __global const elem_t* r_row, int count) {
+    compute_t largest = 0.0f;
     for (long j = 0; j < count; ++j) {
-        float s = LOAD(x_row, j) + (r_row ? LOAD(r_row, j) : 0.0f);
+        compute_t s = LOAD(x_row, j) + (r_row ? LOAD(r_row, j) : 0.0f);
         largest = fmax(largest, fabs(s));
     }
     if (!(largest > 0.0f) || isinf(largest)) return INFINITY;
-    float sum = 0.0f;
+    compute_t sum = 0.0f;
     for (long j = 0; j < count; ++j) {
-        float s = (LOAD(x_row, j) + (r_row ? LOAD(r_row, j) : 0.0f)) / largest;
+        compute_t s = (LOAD(x_row, j) + (r_row ? LOAD(r_row, j) : 0.0f)) / largest;
         sum += s * s;
     }
-    return sum / (float)count * largest * largest;
+    return sum / (compute_t)count * largest * largest;
 }
 
 // The weight step in the weight's type (y rounded to it, the product rounded to it); the store then
 // rounds to the element type. With the weight in the element type this is the product rounded once.
-inline float weighted(float y, __global const welem_t* weight, long j) {
+inline wcompute_t weighted(compute_t y, __global const welem_t* weight, long j) {
 #if HAS_WEIGHT
     return round_to_w(round_to_w(y) * LOAD_W(weight, j));
 #else
@@ -91,10 +91,10 @@ inline float weighted(float y, __global const welem_t* weight, long j) {
 }
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
-void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global const welem_t* weight, float epsilon,
+void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global const welem_t* weight, compute_t epsilon,
                     long n_rows, int hidden, int variance, long x_row_stride, long out_row_stride, long x_offset,
                     long out_offset, long weight_offset) {
-    __local float scratch[GROUP_SIZE];
+    __local compute_t scratch[GROUP_SIZE];
     long row = (long)get_group_id(0) * ROWS_PER_GROUP + get_local_id(0) / THREADS_PER_ROW;
     int lane = get_local_id(0) % THREADS_PER_ROW;
     bool active = row < n_rows;
@@ -104,41 +104,41 @@ void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global con
 
     // The first CACHE elements of each work-item stay in private registers between the passes
     // (unrolled loops, constant indices); the rest is read again. Sums run in element order.
-    float cache[CACHE];
-    float sum_sq = 0.0f;
+    compute_t cache[CACHE];
+    compute_t sum_sq = 0.0f;
     if (active) {
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             long j = lane + (long)k * THREADS_PER_ROW;
-            float a = j < hidden ? LOAD(x_row, j) : 0.0f;
+            compute_t a = j < hidden ? LOAD(x_row, j) : 0.0f;
             cache[k] = a;
             if (j < variance) sum_sq += a * a;
         }
         for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < variance; j += THREADS_PER_ROW) {
-            float a = LOAD(x_row, j);
+            compute_t a = LOAD(x_row, j);
             sum_sq += a * a;
         }
     }
-    float total = row_sum(sum_sq, scratch);
+    compute_t total = row_sum(sum_sq, scratch);
     if (!active) return;
-    float mean_square = isinf(total) ? rescaled_mean_square(x_row, 0, variance) : total / (float)variance;
-    float rstd = 1.0f / sqrt(mean_square + epsilon);
+    compute_t mean_square = isinf(total) ? rescaled_mean_square(x_row, 0, variance) : total / (compute_t)variance;
+    compute_t rstd = 1.0f / sqrt(mean_square + epsilon);
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         long j = lane + (long)k * THREADS_PER_ROW;
-        if (j < hidden) STORE(out_row, j, weighted(cache[k] * rstd, w, j));
+        if (j < hidden) WSTORE(out_row, j, weighted(cache[k] * rstd, w, j));
     }
     for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < hidden; j += THREADS_PER_ROW) {
-        float y = LOAD(x_row, j) * rstd;
-        STORE(out_row, j, weighted(y, w, j));
+        compute_t y = LOAD(x_row, j) * rstd;
+        WSTORE(out_row, j, weighted(y, w, j));
     }
 }
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
 void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __global const welem_t* weight,
-                              float epsilon, long n_rows, int hidden, int variance, long x_row_stride,
+                              compute_t epsilon, long n_rows, int hidden, int variance, long x_row_stride,
                               long residual_row_stride, long x_offset, long residual_offset, long weight_offset) {
-    __local float scratch[GROUP_SIZE];
+    __local compute_t scratch[GROUP_SIZE];
     long row = (long)get_group_id(0) * ROWS_PER_GROUP + get_local_id(0) / THREADS_PER_ROW;
     int lane = get_local_id(0) % THREADS_PER_ROW;
     bool active = row < n_rows;
@@ -146,28 +146,28 @@ void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __g
     __global elem_t* r_row = residual + residual_offset + (active ? row : 0) * residual_row_stride;
     __global const welem_t* w = weight + weight_offset;
 
-    float cache[CACHE];
-    float sum_sq = 0.0f;
+    compute_t cache[CACHE];
+    compute_t sum_sq = 0.0f;
     if (active) {
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             long j = lane + (long)k * THREADS_PER_ROW;
-            float s = j < hidden ? LOAD(x_row, j) + LOAD(r_row, j) : 0.0f;
+            compute_t s = j < hidden ? LOAD(x_row, j) + LOAD(r_row, j) : 0.0f;
             cache[k] = s;
             if (j < variance) sum_sq += s * s;
         }
         for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < variance; j += THREADS_PER_ROW) {
-            float s = LOAD(x_row, j) + LOAD(r_row, j);
+            compute_t s = LOAD(x_row, j) + LOAD(r_row, j);
             sum_sq += s * s;
         }
     }
-    float total = row_sum(sum_sq, scratch);
-    float mean_square =
-        active && isinf(total) ? rescaled_mean_square(x_row, r_row, variance) : total / (float)variance;
+    compute_t total = row_sum(sum_sq, scratch);
+    compute_t mean_square =
+        active && isinf(total) ? rescaled_mean_square(x_row, r_row, variance) : total / (compute_t)variance;
     // The rescue reads the whole row: no work-item of the group writes before every one has read.
     barrier(CLK_GLOBAL_MEM_FENCE);
     if (!active) return;
-    float rstd = 1.0f / sqrt(mean_square + epsilon);
+    compute_t rstd = 1.0f / sqrt(mean_square + epsilon);
     // Each element is owned by one work-item, which writes it from its cache, or recomputes the
     // unrounded sum from x and the residual before overwriting them.
 #pragma unroll
@@ -175,12 +175,12 @@ void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __g
         long j = lane + (long)k * THREADS_PER_ROW;
         if (j < hidden) {
             STORE(r_row, j, cache[k]);
-            STORE(x_row, j, weighted(cache[k] * rstd, w, j));
+            WSTORE(x_row, j, weighted(cache[k] * rstd, w, j));
         }
     }
     for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < hidden; j += THREADS_PER_ROW) {
-        float s = LOAD(x_row, j) + LOAD(r_row, j);
+        compute_t s = LOAD(x_row, j) + LOAD(r_row, j);
         STORE(r_row, j, s);
-        STORE(x_row, j, weighted(s * rstd, w, j));
+        WSTORE(x_row, j, weighted(s * rstd, w, j));
     }
 }

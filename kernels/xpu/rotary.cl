@@ -2,8 +2,8 @@
 //
 // One work-group per token; its work-items share the token's (head, pair) items, the query's then
 // the key's. Each pair is rotated with the reference's operations: four products and a difference
-// and a sum, each rounded once in f32 (no contraction into fused multiply-adds), then stored in the
-// element type. A token whose position lies outside the cache is left as it is (the cpu provider
+// and a sum, each rounded once in the compute dtype (f32; f64 for f64 elements; no contraction into
+// fused multiply-adds), then stored in the element type. A token whose position lies outside the cache is left as it is (the cpu provider
 // and native report it as an error; a kernel cannot). No barrier: items never share data.
 
 #pragma OPENCL FP_CONTRACT OFF
@@ -15,14 +15,14 @@ inline void rotate_pair_at(__global elem_t* row, int pair, int half_dim, int hea
     int xi = is_neox ? i : 2 * i;
     int yi = is_neox ? half_dim + i : 2 * i + 1;
     __global elem_t* h = row + (long)head * head_size;
-    float x = LOAD(h, xi);
-    float y = LOAD(h, yi);
-    float c = LOAD(cs, i);
-    float s = LOAD(cs, half_dim + i);
-    float xc = x * c;
-    float ys = y * s;
-    float yc = y * c;
-    float xs = x * s;
+    compute_t x = LOAD(h, xi);
+    compute_t y = LOAD(h, yi);
+    compute_t c = LOAD(cs, i);
+    compute_t s = LOAD(cs, half_dim + i);
+    compute_t xc = x * c;
+    compute_t ys = y * s;
+    compute_t yc = y * c;
+    compute_t xs = x * s;
     STORE(h, xi, xc - ys);
     STORE(h, yi, yc + xs);
 }

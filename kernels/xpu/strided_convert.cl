@@ -69,16 +69,7 @@ inline double load_src(__global const src_t* p, long i) { return (double)p[i]; }
 #endif
 
 #ifdef COMPUTE_DOUBLE
-// f32 rounded to odd (truncated, the last bit set when anything was lost): rounding it to nearest
-// even in a format of at most 22 significand bits equals rounding the double directly.
-inline float f32_round_to_odd(double value) {
-    float nearest = (float)value;
-    if ((double)nearest == value || isinf(nearest) || isnan(value)) return nearest;
-    uint bits = as_uint(nearest);
-    // Sign-magnitude: decrementing the bits of a non-zero float moves it one step toward zero.
-    uint truncated = fabs((double)nearest) > fabs(value) ? bits - 1u : bits;
-    return as_float(truncated | 1u);
-}
+// f32_round_to_odd is in element.cl.
 #define NARROW(v) f32_round_to_odd(v)
 #else
 #define NARROW(v) (v)

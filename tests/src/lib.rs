@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use ir_core::kernel::KernelDTypes;
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::storage::DeviceAllocator;
-use ir_core::{ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
+use ir_core::{DType, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
 
 /// Computes native's values and writes them into the donated buffers.
 pub fn inplace_fused_add_rms_norm(
@@ -51,9 +52,21 @@ pub struct Backend {
     pub allocator: Option<Arc<dyn DeviceAllocator>>,
     /// How much of the grid to run.
     pub grid: Grid,
+    /// The element dtypes the provider's kernels compute on (f64 only where they take it).
+    pub dtypes: KernelDTypes,
 }
 
 impl Backend {
+    /// The element dtypes to test the provider's kernels on: f32, f16, bf16, and f64 where its
+    /// kernels compute on it.
+    pub fn element_dtypes(&self) -> Vec<DType> {
+        let mut dtypes = vec![DType::F32, DType::F16, DType::BF16];
+        if self.dtypes == KernelDTypes::WithF64 {
+            dtypes.push(DType::F64);
+        }
+        dtypes
+    }
+
     /// Moves a host tensor to this backend's device in a fresh storage, keeping its layout (strides
     /// and offset: a padded view stays padded, so kernels see the layouts the tests give them).
     pub fn upload(&self, t: &Tensor) -> Result<Tensor, TensorError> {
@@ -71,8 +84,13 @@ impl Backend {
 pub fn backends() -> Vec<Backend> {
     let cpu = Registry::with_builtin_ops();
     kernels_cpu::register(&cpu).expect("the cpu provider registers once");
-    let mut backends =
-        vec![Backend { provider: kernels_cpu::PROVIDER, registry: cpu, allocator: None, grid: Grid::Full }];
+    let mut backends = vec![Backend {
+        provider: kernels_cpu::PROVIDER,
+        registry: cpu,
+        allocator: None,
+        grid: Grid::Full,
+        dtypes: KernelDTypes::Reduced,
+    }];
 
     match kernels_cuda::availability() {
         ir_core::Availability::Available => {
@@ -84,6 +102,7 @@ pub fn backends() -> Vec<Backend> {
                 registry,
                 allocator: Some(Arc::new(allocator)),
                 grid: Grid::Full,
+                dtypes: KernelDTypes::Reduced,
             });
         }
         ir_core::Availability::Unavailable(reason) => {
@@ -103,6 +122,7 @@ pub fn backends() -> Vec<Backend> {
                 registry,
                 allocator: Some(Arc::new(allocator)),
                 grid,
+                dtypes: kernels_xpu::kernel_dtypes(),
             });
         }
         ir_core::Availability::Unavailable(reason) => ir_core::testing::skip("xpu", &format!("xpu kernels: {reason}")),

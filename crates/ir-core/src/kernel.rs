@@ -161,20 +161,65 @@ pub fn gpu_threads_per_row(hidden: usize) -> u32 {
     }
 }
 
+/// The element dtypes a provider's kernels compute on. Every kernel takes f32, f16 and bf16; f64
+/// exists for references (R9), and a GPU provider whose kernels also compute in it keeps an f64
+/// reference on its device tensors on the device instead of sending it through host memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelDTypes {
+    /// f32, f16 and bf16.
+    #[default]
+    Reduced,
+    /// f32, f16, bf16 and f64.
+    WithF64,
+}
+
+impl KernelDTypes {
+    /// `WithF64` when `f64` holds (a device that computes in f64), else `Reduced`.
+    pub fn with_f64_if(f64: bool) -> KernelDTypes {
+        if f64 { KernelDTypes::WithF64 } else { KernelDTypes::Reduced }
+    }
+
+    /// Whether a kernel computes on `dtype` elements.
+    pub fn contains(self, dtype: DType) -> bool {
+        matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || (self == KernelDTypes::WithF64 && dtype == DType::F64)
+    }
+
+    /// The dtypes, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            KernelDTypes::Reduced => "f32, f16, bf16",
+            KernelDTypes::WithF64 => "f32, f16, bf16, f64",
+        }
+    }
+
+    /// Why `what` (a tensor parameter's name) of `dtype` is refused, or `Yes`.
+    fn support(self, what: &str, dtype: DType) -> Support {
+        if self.contains(dtype) {
+            Support::Yes
+        } else {
+            Support::No(Cow::Owned(format!("{what} dtype {dtype} is not one of {}", self.describe())))
+        }
+    }
+}
+
 /// What a norm provider computes beyond the common case (an x-dtype weight, the whole row's mean):
 /// the predicates accept these arguments only for a provider that says so.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NormCapabilities {
-    /// A weight of another compute dtype than x (f32, f16 or bf16; a Gemma-style f32 weight on
-    /// bf16 activations), applied in the weight's dtype as the spec's step 5 says.
+    /// A weight of another compute dtype than x (f32, f16 or bf16, and f64 where `dtypes` has it; a
+    /// Gemma-style f32 weight on bf16 activations), applied in the weight's dtype as the spec's
+    /// step 5 says.
     pub mixed_weight_dtype: bool,
     /// `variance_size`: the mean square over the first V elements of each row.
     pub variance_size: bool,
+    /// The dtypes of x and the weight.
+    pub dtypes: KernelDTypes,
 }
 
 impl NormCapabilities {
-    /// Everything the reference computes.
-    pub const ALL: NormCapabilities = NormCapabilities { mixed_weight_dtype: true, variance_size: true };
+    /// Every argument form the reference computes, on f32, f16 and bf16 elements.
+    pub const ALL: NormCapabilities =
+        NormCapabilities { mixed_weight_dtype: true, variance_size: true, dtypes: KernelDTypes::Reduced };
 }
 
 /// The standard predicate for `rms_norm` on a provider whose tensors live on `device`.
@@ -225,29 +270,57 @@ fn residual_support(x: &TensorMeta, r: &TensorMeta) -> Support {
 /// The standard predicate of `rms_norm_static_fp8_quant`: the norm's ([`rms_norm_support`]) without
 /// `variance_size`; the scale and output dtype are validated by the meta function.
 pub fn rms_norm_static_fp8_quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    rms_norm_static_fp8_quant_support_with(args, device, KernelDTypes::Reduced)
+}
+
+/// [`rms_norm_static_fp8_quant_support`] for a provider computing on `dtypes`.
+pub fn rms_norm_static_fp8_quant_support_with(
+    args: &[ArgMeta<'_>],
+    device: DeviceKind,
+    dtypes: KernelDTypes,
+) -> Support {
     let Some(args) = crate::op::rms_norm_static_fp8_quant::RmsNormStaticFp8QuantArgs::from_meta(args) else {
         return no("arguments do not match rms_norm_static_fp8_quant");
     };
-    common_support(args.x, args.weight, None, device, NormCapabilities::default())
+    common_support(args.x, args.weight, None, device, NormCapabilities { dtypes, ..NormCapabilities::default() })
 }
 
 /// The standard predicate of `rms_norm_dynamic_per_token_quant` (as the static form's).
 pub fn rms_norm_dynamic_per_token_quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    rms_norm_dynamic_per_token_quant_support_with(args, device, KernelDTypes::Reduced)
+}
+
+/// [`rms_norm_dynamic_per_token_quant_support`] for a provider computing on `dtypes`.
+pub fn rms_norm_dynamic_per_token_quant_support_with(
+    args: &[ArgMeta<'_>],
+    device: DeviceKind,
+    dtypes: KernelDTypes,
+) -> Support {
     let Some(args) = crate::op::rms_norm_dynamic_per_token_quant::RmsNormDynamicPerTokenQuantArgs::from_meta(args)
     else {
         return no("arguments do not match rms_norm_dynamic_per_token_quant");
     };
-    common_support(args.x, args.weight, None, device, NormCapabilities::default())
+    common_support(args.x, args.weight, None, device, NormCapabilities { dtypes, ..NormCapabilities::default() })
 }
 
 /// The standard predicate of `fused_add_rms_norm_static_fp8_quant`: the fused norm's
 /// ([`fused_add_rms_norm_support`]) without `variance_size`.
 pub fn fused_add_rms_norm_static_fp8_quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    fused_add_rms_norm_static_fp8_quant_support_with(args, device, KernelDTypes::Reduced)
+}
+
+/// [`fused_add_rms_norm_static_fp8_quant_support`] for a provider computing on `dtypes`.
+pub fn fused_add_rms_norm_static_fp8_quant_support_with(
+    args: &[ArgMeta<'_>],
+    device: DeviceKind,
+    dtypes: KernelDTypes,
+) -> Support {
     let Some(args) = crate::op::fused_add_rms_norm_static_fp8_quant::FusedAddRmsNormStaticFp8QuantArgs::from_meta(args)
     else {
         return no("arguments do not match fused_add_rms_norm_static_fp8_quant");
     };
-    if let Support::No(reason) = common_support(args.x, args.weight, None, device, NormCapabilities::default()) {
+    let capabilities = NormCapabilities { dtypes, ..NormCapabilities::default() };
+    if let Support::No(reason) = common_support(args.x, args.weight, None, device, capabilities) {
         return Support::No(reason);
     }
     residual_support(args.x, args.x_residual)
@@ -260,8 +333,8 @@ fn common_support(
     device: DeviceKind,
     capabilities: NormCapabilities,
 ) -> Support {
-    if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", x.dtype)));
+    if let Support::No(reason) = capabilities.dtypes.support("x", x.dtype) {
+        return Support::No(reason);
     }
     if x.device.kind() != device {
         return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
@@ -270,8 +343,8 @@ fn common_support(
         return no("variance_size is not supported by this provider");
     }
     if let Some(w) = weight {
-        if !matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Support::No(Cow::Owned(format!("weight dtype {} is not one of f32, f16, bf16", w.dtype)));
+        if let Support::No(reason) = capabilities.dtypes.support("weight", w.dtype) {
+            return Support::No(reason);
         }
         if w.dtype != x.dtype && !capabilities.mixed_weight_dtype {
             return Support::No(Cow::Owned(format!("weight dtype {} differs from x dtype {}", w.dtype, x.dtype)));
@@ -303,9 +376,14 @@ fn rows_support(x: &TensorMeta, device: DeviceKind, what: &str) -> Support {
 /// parameter is `x: [..., 2d]`: x's dtype is f32, f16 or bf16, x is on `device`, and x is rows of one
 /// stride with a unit last stride. Other parameters are validated by the op's meta function.
 pub fn gated_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    gated_support_with(args, device, KernelDTypes::Reduced)
+}
+
+/// [`gated_support`] for a provider computing on `dtypes`.
+pub fn gated_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes: KernelDTypes) -> Support {
     let Some(x) = args.first().and_then(ArgMeta::tensor) else { return no("the first argument must be a tensor") };
-    if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", x.dtype)));
+    if let Support::No(reason) = dtypes.support("x", x.dtype) {
+        return Support::No(reason);
     }
     if x.device.kind() != device {
         return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
@@ -318,9 +396,14 @@ pub fn gated_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
 /// f16 or bf16, x is on `device`, and x is rows of one stride with a unit last stride. The scales'
 /// dtype, size and device and the output dtype are validated by the op's meta function.
 pub fn quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    quant_support_with(args, device, KernelDTypes::Reduced)
+}
+
+/// [`quant_support`] for a provider computing on `dtypes`.
+pub fn quant_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes: KernelDTypes) -> Support {
     let Some(x) = args.first().and_then(ArgMeta::tensor) else { return no("the first argument must be a tensor") };
-    if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", x.dtype)));
+    if let Support::No(reason) = dtypes.support("x", x.dtype) {
+        return Support::No(reason);
     }
     if x.device.kind() != device {
         return Support::No(Cow::Owned(format!("x is on {}, this provider runs on {device}", x.device)));
@@ -332,12 +415,17 @@ pub fn quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
 /// in f32, f16 or bf16 on `device`; query, key and the cache rows of one stride with a unit last
 /// stride; positions compact (any offset). The meta function validates the rest.
 pub fn rotary_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    rotary_support_with(args, device, KernelDTypes::Reduced)
+}
+
+/// [`rotary_support`] for a provider computing on `dtypes`.
+pub fn rotary_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes: KernelDTypes) -> Support {
     let Some(args) = crate::op::rotary_embedding::RotaryEmbeddingArgs::from_meta(args) else {
         return no("arguments do not match rotary_embedding");
     };
     let query = args.query;
-    if !matches!(query.dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Support::No(Cow::Owned(format!("dtype {} is not one of f32, f16, bf16", query.dtype)));
+    if let Support::No(reason) = dtypes.support("query", query.dtype) {
+        return Support::No(reason);
     }
     if query.device.kind() != device {
         return Support::No(Cow::Owned(format!("query is on {}, this provider runs on {device}", query.device)));
@@ -421,8 +509,20 @@ pub fn register_rotary(
     spec: crate::ImplSpec,
     kernel: RotaryKernel,
 ) -> Result<(), crate::RegistryError> {
+    register_rotary_with(registry, device, || KernelDTypes::Reduced, spec, kernel)
+}
+
+/// [`register_rotary`] for a provider whose kernel computes on the dtypes `dtypes` says (asked at
+/// each selection).
+pub fn register_rotary_with(
+    registry: &crate::Registry,
+    device: DeviceKind,
+    dtypes: fn() -> KernelDTypes,
+    spec: crate::ImplSpec,
+    kernel: RotaryKernel,
+) -> Result<(), crate::RegistryError> {
     use crate::op::rotary_embedding::{self, RotaryGeometry};
-    let spec = spec.with_supports(move |args| rotary_support(args, device));
+    let spec = spec.with_supports(move |args| rotary_support_with(args, device, dtypes()));
     let call = move |positions: &Tensor,
                      query: UniqueTensor,
                      key: Option<UniqueTensor>,
@@ -783,12 +883,25 @@ pub fn register_norm_quant_ops(
     spec: impl Fn() -> crate::ImplSpec,
     run: fn(NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError>,
 ) -> Result<(), crate::RegistryError> {
+    register_norm_quant_ops_with(registry, device, || KernelDTypes::Reduced, spec, run)
+}
+
+/// [`register_norm_quant_ops`] for a provider whose kernels compute on the dtypes `dtypes` says
+/// (asked at each selection, so a provider may answer from the device it finds at run time).
+pub fn register_norm_quant_ops_with(
+    registry: &crate::Registry,
+    device: DeviceKind,
+    dtypes: fn() -> KernelDTypes,
+    spec: impl Fn() -> crate::ImplSpec,
+    run: fn(NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError>,
+) -> Result<(), crate::RegistryError> {
     use crate::op::{fused_add_rms_norm_static_fp8_quant, rms_norm_dynamic_per_token_quant, rms_norm_static_fp8_quant};
-    let with =
-        |supports: fn(&[ArgMeta<'_>], DeviceKind) -> Support| spec().with_supports(move |args| supports(args, device));
+    let with = |supports: fn(&[ArgMeta<'_>], DeviceKind, KernelDTypes) -> Support| {
+        spec().with_supports(move |args| supports(args, device, dtypes()))
+    };
     rms_norm_static_fp8_quant::register(
         registry,
-        with(rms_norm_static_fp8_quant_support),
+        with(rms_norm_static_fp8_quant_support_with),
         move |x, weight, epsilon, scale, out_dtype| {
             let call =
                 NormQuantCall { x, residual: None, weight, epsilon, scale: Some(scale), dynamic: false, out_dtype };
@@ -797,7 +910,7 @@ pub fn register_norm_quant_ops(
     )?;
     rms_norm_dynamic_per_token_quant::register(
         registry,
-        with(rms_norm_dynamic_per_token_quant_support),
+        with(rms_norm_dynamic_per_token_quant_support_with),
         move |x, weight, epsilon, scale_ub, out_dtype| {
             let call = NormQuantCall { x, residual: None, weight, epsilon, scale: scale_ub, dynamic: true, out_dtype };
             let done = run(call)?;
@@ -820,7 +933,11 @@ pub fn register_norm_quant_ops(
             Ok((x_residual.into_tensor(), done.q))
         },
     );
-    fused_add_rms_norm_static_fp8_quant::register(registry, with(fused_add_rms_norm_static_fp8_quant_support), fused)
+    fused_add_rms_norm_static_fp8_quant::register(
+        registry,
+        with(fused_add_rms_norm_static_fp8_quant_support_with),
+        fused,
+    )
 }
 
 fn missing_output(name: &str) -> KernelError {
@@ -943,6 +1060,8 @@ impl GatedKernel {
 pub struct GatedScalars {
     /// Float parameters, in declaration order, rounded to f32.
     pub floats: [f32; GATED_SLOTS],
+    /// The same float parameters unrounded, for a kernel that computes in f64.
+    pub floats_f64: [f64; GATED_SLOTS],
     /// String-choice, integer and boolean parameters, in declaration order.
     pub ints: [i32; GATED_SLOTS],
 }
@@ -963,6 +1082,7 @@ impl GatedScalars {
             let int = match (param.kind, value) {
                 (_, Value::F64(v)) => {
                     *packed.floats.get_mut(floats).ok_or_else(too_many)? = *v as f32;
+                    packed.floats_f64[floats] = *v;
                     floats += 1;
                     continue;
                 }
@@ -1123,6 +1243,32 @@ mod tests {
         on_gpu.device = Device::Cuda(0);
         let Support::No(reason) = rms(&on_gpu, None, None) else { panic!() };
         assert_eq!(reason, "x is on cuda:0, this provider runs on cpu");
+    }
+
+    #[test]
+    fn f64_is_taken_only_by_kernels_that_compute_in_it() {
+        let f64_x = meta(DType::F64, &[4, 8], &[8, 1], 0);
+        let f64_w = meta(DType::F64, &[8], &[1], 0);
+        let bf16_x = meta(DType::BF16, &[4, 8], &[8, 1], 0);
+        let bf16_w = meta(DType::BF16, &[8], &[1], 0);
+        let norm = |x: &TensorMeta, w: &TensorMeta, dtypes| {
+            let capabilities = NormCapabilities { dtypes, ..NormCapabilities::ALL };
+            let args = [ArgMeta::Tensor(x), ArgMeta::Tensor(w), ArgMeta::F64(1e-6), ArgMeta::None];
+            rms_norm_support_with(&args, DeviceKind::Cpu, capabilities)
+        };
+        for (x, w) in [(&f64_x, &f64_w), (&f64_x, &bf16_w), (&bf16_x, &f64_w)] {
+            assert_eq!(norm(x, w, KernelDTypes::WithF64), Support::Yes, "x {} w {}", x.dtype, w.dtype);
+            let Support::No(reason) = norm(x, w, KernelDTypes::Reduced) else { panic!("f64 refused") };
+            assert!(reason.ends_with("dtype f64 is not one of f32, f16, bf16"), "{reason}");
+        }
+        let gated = |dtypes| gated_support_with(&[ArgMeta::Tensor(&f64_x)], DeviceKind::Cpu, dtypes);
+        let quant = |dtypes| quant_support_with(&[ArgMeta::Tensor(&f64_x)], DeviceKind::Cpu, dtypes);
+        assert_eq!((gated(KernelDTypes::WithF64), quant(KernelDTypes::WithF64)), (Support::Yes, Support::Yes));
+        assert!(matches!(gated(KernelDTypes::Reduced), Support::No(_)));
+        assert!(matches!(quant(KernelDTypes::Reduced), Support::No(_)));
+        assert!(matches!(gated_support(&[ArgMeta::Tensor(&f64_x)], DeviceKind::Cpu), Support::No(_)), "the default");
+        assert_eq!(KernelDTypes::with_f64_if(true), KernelDTypes::WithF64);
+        assert!(!KernelDTypes::default().contains(DType::F64) && !KernelDTypes::WithF64.contains(DType::I64));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! element prelude, `kernels/gated.cl` (the shared row kernel) and the op's source, built per dtype
 //! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`](ir_core::kernel::GatedScalars).
 
-use ir_core::kernel::{GatedCall, GatedGeometry, GatedKernel, device_buffer, gated_support, kernel_int};
+use ir_core::kernel::{GatedCall, GatedGeometry, GatedKernel, device_buffer, gated_support_with, kernel_int};
 use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
@@ -14,6 +14,7 @@ use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::ClMem;
 
 use crate::device::{XpuBuffer, cl_error};
+use crate::launch::ComputeScalar;
 use crate::module::ELEMENT;
 
 /// The shared row kernel of the gated ops.
@@ -43,7 +44,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
         ImplSpec::new(crate::PROVIDER)
             .with_probe(crate::availability)
             .with_platform_detection(crate::is_gpu)
-            .with_supports(|args| gated_support(args, DeviceKind::Xpu))
+            .with_supports(|args| gated_support_with(args, DeviceKind::Xpu, crate::kernel_dtypes()))
     };
     GatedKernel::register_all(GATED_OPS, registry, spec, run)
 }
@@ -74,22 +75,24 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
             .n_rows
             .checked_mul(GATED_GROUP)
             .ok_or_else(|| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid", rows.n_rows) })?;
-        // <op>_<dtype>(out, x, long n_rows, int d, long x_row_stride, long x_offset, float f0, float f1,
-        //              int i0, int i1)
+        let [f0, f1] = scalars.floats_f64.map(|v| ComputeScalar::new(dtype, v));
+        // <op>_<dtype>(out, x, long n_rows, int d, long x_row_stride, long x_offset, compute_t f0,
+        //              compute_t f1, int i0, int i1)
         // SAFETY: the arguments follow the kernel's prototype above, with the types it declares,
         // each integer converted without loss by `kernel_int`; x's rows lie inside its buffer (its
         // layout was checked against its storage by `check_fits`, and the rows come from that
         // layout); `out` holds n_rows · d elements, written densely.
         unsafe {
-            ExecuteKernel::new(&kernel)
+            let mut execute = ExecuteKernel::new(&kernel);
+            let execute = execute
                 .set_arg(&out_mem)
                 .set_arg(&x_mem)
                 .set_arg(&n_rows)
                 .set_arg(&d)
                 .set_arg(&x_stride)
-                .set_arg(&x_offset)
-                .set_arg(&scalars.floats[0])
-                .set_arg(&scalars.floats[1])
+                .set_arg(&x_offset);
+            let execute = f0.set_on(execute);
+            f1.set_on(execute)
                 .set_arg(&scalars.ints[0])
                 .set_arg(&scalars.ints[1])
                 .set_global_work_size(global)

@@ -12,10 +12,40 @@ use crate::FORCE_TREE_ENV;
 use crate::device::{XpuBuffer, cl_error};
 use crate::module::{KernelVariant, NormOp, group_size, threads_per_row, use_subgroups};
 
+/// A float argument in a kernel's compute dtype (`compute_t` in `element.cl`): f64 for f64
+/// elements, f32 (the value rounded to it) for the others.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum ComputeScalar {
+    F32(f32),
+    F64(f64),
+}
+
+impl ComputeScalar {
+    /// `value` in the compute dtype of `dtype` elements.
+    pub(crate) fn new(dtype: DType, value: f64) -> ComputeScalar {
+        if dtype == DType::F64 { ComputeScalar::F64(value) } else { ComputeScalar::F32(value as f32) }
+    }
+
+    /// Sets the kernel's next argument to this value.
+    ///
+    /// # Safety
+    ///
+    /// That argument is `compute_t` of the program this value was made for (its dtype's).
+    pub(crate) unsafe fn set_on<'b, 'k>(&self, execute: &'b mut ExecuteKernel<'k>) -> &'b mut ExecuteKernel<'k> {
+        // SAFETY: the caller's promise: the argument has this value's type.
+        unsafe {
+            match self {
+                ComputeScalar::F32(v) => execute.set_arg(v),
+                ComputeScalar::F64(v) => execute.set_arg(v),
+            }
+        }
+    }
+}
+
 /// Scalars of one launch.
 pub(crate) struct Args {
     pub(crate) dtype: DType,
-    pub(crate) epsilon: f32,
+    pub(crate) epsilon: ComputeScalar,
     /// Rows of x.
     pub(crate) rows: Rows,
     /// Rows of the output (`rms_norm`) or of the residual (`fused_add_rms_norm`).
@@ -77,15 +107,14 @@ pub(crate) fn launch(
     };
     let mut execute = ExecuteKernel::new(&kernel);
     // SAFETY: the arguments follow the kernel's prototype above, with the types it declares
-    // (cl_mem, float, long, int), each integer converted without loss by `kernel_int`; every row the
+    // (cl_mem, compute_t, long, int; `epsilon` made for this dtype), each integer converted without
+    // loss by `kernel_int`; every row the
     // kernel touches lies inside its buffer: each tensor's layout was checked against its storage by
     // `check_fits` (checked arithmetic) when it was built, and the rows come from that layout.
     unsafe {
-        execute
-            .set_arg(&first_mem)
-            .set_arg(&second_mem)
-            .set_arg(&weight_mem)
-            .set_arg(&args.epsilon)
+        let execute = execute.set_arg(&first_mem).set_arg(&second_mem).set_arg(&weight_mem);
+        args.epsilon
+            .set_on(execute)
             .set_arg(&n_rows)
             .set_arg(&hidden)
             .set_arg(&variance)

@@ -26,9 +26,10 @@ mod module;
 pub mod quant;
 pub mod rotary;
 
+use crate::launch::ComputeScalar;
 use ir_core::kernel::{
-    NormCapabilities, Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support_with, norm_variance,
-    rms_norm_support_with,
+    KernelDTypes, NormCapabilities, Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support_with,
+    norm_variance, rms_norm_support_with,
 };
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
@@ -59,11 +60,11 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     };
     // The norms compute everything the reference does: a weight of another dtype than x and
     // `variance_size` run on the device, not on the host through native.
+    // On a device with cl_khr_fp64 they compute on f64 too (an f64 reference on device tensors).
     let rms_norm_support =
-        |args: &[ir_core::op::ArgMeta<'_>], device| rms_norm_support_with(args, device, NormCapabilities::ALL);
-    let fused_add_rms_norm_support = |args: &[ir_core::op::ArgMeta<'_>], device| {
-        fused_add_rms_norm_support_with(args, device, NormCapabilities::ALL)
-    };
+        |args: &[ir_core::op::ArgMeta<'_>], device| rms_norm_support_with(args, device, capabilities());
+    let fused_add_rms_norm_support =
+        |args: &[ir_core::op::ArgMeta<'_>], device| fused_add_rms_norm_support_with(args, device, capabilities());
     rms_norm::register(registry, spec(rms_norm_support), rms_norm_xpu)?;
     fused_add_rms_norm::register(
         registry,
@@ -74,6 +75,17 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     quant::register(registry)?;
     quant::register_fused(registry)?;
     rotary::register(registry)
+}
+
+/// The element dtypes the kernels compute on: f32, f16 and bf16, and f64 where the device has
+/// `cl_khr_fp64` (every kernel then computes in f64, as the reference does for f64).
+pub fn kernel_dtypes() -> KernelDTypes {
+    KernelDTypes::with_f64_if(device().is_ok_and(|d| d.has_fp64()))
+}
+
+/// The norms' capabilities: every argument form, on [`kernel_dtypes`].
+fn capabilities() -> NormCapabilities {
+    NormCapabilities { dtypes: kernel_dtypes(), ..NormCapabilities::ALL }
 }
 
 /// `rms_norm` on `xpu:0`: a fresh output with the declared layout.
@@ -100,7 +112,13 @@ pub fn rms_norm_xpu(
         launch::launch(
             &queue,
             NormOp::RmsNorm,
-            launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: out_rows, variance },
+            launch::Args {
+                dtype,
+                epsilon: ComputeScalar::new(dtype, epsilon),
+                rows: x_rows,
+                other_rows: out_rows,
+                variance,
+            },
             &out,
             x_buffer,
             weight,
@@ -123,7 +141,13 @@ pub fn fused_add_rms_norm_xpu(
     let variance = norm_variance(variance_size, x_rows.hidden)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
-        let args = launch::Args { dtype, epsilon: epsilon as f32, rows: x_rows, other_rows: residual_rows, variance };
+        let args = launch::Args {
+            dtype,
+            epsilon: ComputeScalar::new(dtype, epsilon),
+            rows: x_rows,
+            other_rows: residual_rows,
+            variance,
+        };
         let x_buffer = device_buffer_mut::<XpuBuffer>(&mut x, "x", "xpu")?;
         let residual_buffer = device_buffer_mut::<XpuBuffer>(&mut residual, "x_residual", "xpu")?;
         let queue = x_buffer.call_queue()?;

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use ir_core::kernel::KernelDTypes;
 pub use ir_core::kernel::NormOp;
 use ir_core::{DType, KernelError};
 
@@ -16,9 +17,9 @@ pub const SOURCE: &str = concat!(include_str!("../kernels/element.cl"), "\n", in
 pub struct KernelVariant {
     /// The kernel.
     pub op: NormOp,
-    /// Element type (f32, f16 or bf16).
+    /// Element type (f32, f16, bf16, or f64 on a device with `cl_khr_fp64`).
     pub dtype: DType,
-    /// The weight's dtype when a weight is applied (it may differ from `dtype`: f32, f16 or bf16).
+    /// The weight's dtype when a weight is applied (it may differ from `dtype`; one of the same).
     pub weight: Option<DType>,
     /// Work-items per row.
     pub threads_per_row: u32,
@@ -106,6 +107,7 @@ fn dtype_code(dtype: DType) -> Result<u8, KernelError> {
         DType::F32 => Ok(0),
         DType::F16 => Ok(1),
         DType::BF16 => Ok(2),
+        DType::F64 => Ok(6),
         other => Err(KernelError::InvalidArguments { reason: format!("the xpu kernels do not compute in {other}") }),
     }
 }
@@ -123,15 +125,16 @@ impl fmt::Display for KernelVariant {
     }
 }
 
-/// Every variant with the given reduction: without a weight and with one of each dtype (a weight of
-/// another dtype than x at two row widths only: its code differs from the same-dtype form only in the
-/// weight step).
-pub fn all_variants(subgroups: bool) -> Vec<KernelVariant> {
-    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+/// Every variant with the given reduction on elements and weights of `dtypes`: without a weight and
+/// with one of each dtype (a weight of another dtype than x at two row widths only: its code differs
+/// from the same-dtype form only in the weight step).
+pub fn all_variants(subgroups: bool, dtypes: KernelDTypes) -> Vec<KernelVariant> {
+    let dtypes: Vec<DType> =
+        [DType::F32, DType::F16, DType::BF16, DType::F64].into_iter().filter(|&d| dtypes.contains(d)).collect();
     let mut variants = Vec::new();
     for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
-        for dtype in DTYPES {
-            for weight in std::iter::once(None).chain(DTYPES.map(Some)) {
+        for &dtype in &dtypes {
+            for weight in std::iter::once(None).chain(dtypes.iter().copied().map(Some)) {
                 for threads_per_row in THREADS_PER_ROW {
                     let mixed = weight.is_some_and(|w| w != dtype);
                     if (subgroups && threads_per_row < 32) || (mixed && !matches!(threads_per_row, 32 | 1024)) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ir_core::kernel::{
     NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales,
-    fp8_format_code, kernel_int, per_token_scales_shape, quant_support,
+    fp8_format_code, kernel_int, per_token_scales_shape, quant_support_with,
 };
 use ir_core::op::dynamic_per_token_scaled_fp8_quant;
 use ir_core::op::static_scaled_fp8_quant;
@@ -18,6 +18,7 @@ use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::ClMem;
 
 use crate::device::{XpuBuffer, cl_error};
+use crate::launch::ComputeScalar;
 use crate::module::ELEMENT;
 
 /// The quantization kernels' source (after the element prelude).
@@ -37,7 +38,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
         ImplSpec::new(crate::PROVIDER)
             .with_probe(crate::availability)
             .with_platform_detection(crate::is_gpu)
-            .with_supports(|args| quant_support(args, DeviceKind::Xpu))
+            .with_supports(|args| quant_support_with(args, DeviceKind::Xpu, crate::kernel_dtypes()))
     };
     static_scaled_fp8_quant::register(registry, spec(), static_scaled_fp8_quant_xpu)?;
     dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_xpu)
@@ -194,7 +195,7 @@ pub fn norm_quant_program() -> String {
 /// Registers the three norm + quantization ops.
 pub(crate) fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability).with_platform_detection(crate::is_gpu);
-    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Xpu, spec, norm_quant)
+    ir_core::kernel::register_norm_quant_ops_with(registry, DeviceKind::Xpu, crate::kernel_dtypes, spec, norm_quant)
 }
 
 /// Runs the norm + quantization kernel: fresh compact outputs, and the residual output fresh or
@@ -238,7 +239,7 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
         let residual_args = residual_rows.map(|r| r.kernel_args()).transpose()?;
         let (r_stride, r_offset) = residual_args.map_or((0, 0), |r| (r.row_stride, r.offset));
         let w_offset: i64 = kernel_int(weight.map_or(0, Tensor::offset), "weight offset")?;
-        let eps = epsilon as f32;
+        let eps = ComputeScalar::new(x.dtype(), epsilon);
         // Absent tensors are never read; buffers of the call stand in for them.
         let q_mem = launch.q.buffer.get();
         let x_mem = launch.x.buffer.get();
@@ -258,7 +259,7 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
         let has_scale = i32::from(scale.is_some());
         // norm_quant_<dtype>(q, scales, residual_out, x, r, w, long n_rows, int hidden,
         //     long x_row_stride, long x_offset, long r_row_stride, long r_offset, long out_row_stride,
-        //     long out_offset, long w_offset, float eps, scale, long scale_offset, int has_residual,
+        //     long out_offset, long w_offset, compute_t eps, scale, long scale_offset, int has_residual,
         //     int has_weight, int dynamic, int has_scale, int format)
         // SAFETY: the arguments follow the kernel's prototype above, with the types it declares,
         // each integer converted without loss (`Rows::kernel_args`, `kernel_int`). x's and the
@@ -271,7 +272,8 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
         // writes it, and only in the last pass. A flag of 0 keeps the kernel from touching the
         // stand-in buffer it guards.
         unsafe {
-            ExecuteKernel::new(&kernel)
+            let mut execute = ExecuteKernel::new(&kernel);
+            let execute = execute
                 .set_arg(&q_mem)
                 .set_arg(&scales_mem)
                 .set_arg(&out_mem)
@@ -286,8 +288,8 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
                 .set_arg(&r_offset)
                 .set_arg(&out_stride)
                 .set_arg(&out_offset)
-                .set_arg(&w_offset)
-                .set_arg(&eps)
+                .set_arg(&w_offset);
+            eps.set_on(execute)
                 .set_arg(&scale_mem)
                 .set_arg(&scale_offset)
                 .set_arg(&has_residual)

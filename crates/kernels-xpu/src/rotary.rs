@@ -2,7 +2,7 @@
 //! prelude, one program per dtype, one work-group per token. The positions stay on the device; a
 //! token whose position lies outside the cache is left unrotated (the kernel cannot report it).
 
-use ir_core::kernel::{RotaryCall, device_buffer, device_buffer_mut, register_rotary};
+use ir_core::kernel::{RotaryCall, device_buffer, device_buffer_mut, register_rotary_with};
 use ir_core::op::rotary_embedding::ROTARY_EMBEDDING;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 use opencl3::kernel::ExecuteKernel;
@@ -22,7 +22,7 @@ pub fn program() -> String {
 /// Registers `rotary_embedding` (in place).
 pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = ImplSpec::new(crate::PROVIDER).with_probe(crate::availability).with_platform_detection(crate::is_gpu);
-    register_rotary(registry, DeviceKind::Xpu, spec, rotary_embedding_xpu)
+    register_rotary_with(registry, DeviceKind::Xpu, crate::kernel_dtypes, spec, rotary_embedding_xpu)
 }
 
 /// `rotary_embedding` on `xpu:0`: rotates query and key (when given) in their storage.

@@ -10,10 +10,13 @@ fn every_variant_builds() {
         }
     };
     let subgroups = kernels_xpu::use_subgroups(device.extensions(), device.max_sub_group_size(), 128, false);
-    let mut variants = kernels_xpu::all_variants(false);
+    let dtypes = kernels_xpu::kernel_dtypes();
+    let mut variants = kernels_xpu::all_variants(false, dtypes);
     if subgroups {
-        variants.extend(kernels_xpu::all_variants(true));
+        variants.extend(kernels_xpu::all_variants(true, dtypes));
     }
+    let f64_variants = variants.iter().filter(|v| v.dtype == ir_core::DType::F64).count();
+    assert_eq!(f64_variants > 0, device.has_fp64(), "f64 variants exactly where the device computes in f64");
     for variant in variants {
         device.kernel(&variant).unwrap_or_else(|e| panic!("{variant} on {}: {e}", device.name()));
     }
@@ -46,7 +49,8 @@ fn every_gated_op_builds_for_every_dtype() {
         }
     };
     for op in kernels_xpu::gated::GATED_OPS {
-        for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+        let dtypes = [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16, ir_core::DType::F64];
+        for dtype in dtypes.into_iter().filter(|&d| kernels_xpu::kernel_dtypes().contains(d)) {
             device
                 .gated_kernel(op, dtype)
                 .unwrap_or_else(|e| panic!("{} {dtype} on {}: {e}", op.def.name, device.name()));
