@@ -3,8 +3,8 @@
 
 struct GeluAndMul {
     static constexpr bool ROW_STATS = false;
-    __device__ static float prepare(float, float, const GateScalars&) { return 0.0f; }
-    __device__ static float activate(float g, float, const GateScalars& s) { return gelu_f32(g, s.i0); }
+    __device__ static compute_t prepare(compute_t, compute_t, const GateScalars&) { return 0.0f; }
+    __device__ static compute_t activate(compute_t g, compute_t, const GateScalars& s) { return gelu(g, s.i0); }
 };
 
 GATED_KERNEL(gelu_and_mul, GeluAndMul)

@@ -4,12 +4,12 @@
 
 struct GeluAndMulSparse {
     static constexpr bool ROW_STATS = true;
-    __device__ static float prepare(float mean, float std, const GateScalars& s) {
+    __device__ static compute_t prepare(compute_t mean, compute_t std, const GateScalars& s) {
         return round_elem(round_elem(mean) + round_elem(round_elem(std) * s.f0));
     }
-    __device__ static float activate(float g, float cutoff, const GateScalars& s) {
-        float shifted = round_elem(g - cutoff);
-        return gelu_f32(shifted < 0.0f ? 0.0f : shifted, s.i0);
+    __device__ static compute_t activate(compute_t g, compute_t cutoff, const GateScalars& s) {
+        compute_t shifted = round_elem(g - cutoff);
+        return gelu(shifted < 0.0f ? 0.0f : shifted, s.i0);
     }
 };
 

@@ -1,7 +1,7 @@
 // RMS normalization kernels for the `cuda` provider, compiled by NVRTC at first use per variant.
 //
 // Variant defines (all required):
-//   DTYPE            0 = f32, 1 = f16, 2 = bf16 (the element type of x, residual, weight and out)
+//   DTYPE            0 = f32, 1 = f16, 2 = bf16, 6 = f64 (the element type of x, residual and out)
 //   HAS_WEIGHT       0 or 1
 //   WDTYPE           the weight's type, coded like DTYPE (element.cuh; default DTYPE)
 //   VEC              1 (scalar loads) or CHUNK (one 16-byte load per chunk); decided on the host from
@@ -9,23 +9,27 @@
 //   THREADS_PER_ROW  8, 16, 32, 64, 128 or 256
 //   BLOCK_SIZE       128 or 256
 //   CACHE_CHUNKS     chunks of a row each thread keeps in registers between the passes (the host
-//                    sizes it to hold the whole row up to the largest H of the threads-per-row bucket)
+//                    sizes it to hold the whole row up to the largest H of the threads-per-row bucket;
+//                    f64, a reference dtype, keeps the f32 kernels' register budget: half the row)
 //
 // Registers: each thread keeps its CACHE_CHUNKS chunks of the row between the two passes, so a row
 // up to the bucket's largest H is read once and written once: rms_norm keeps x as stored (packed),
-// the fused op the unrounded f32 sums. Chunks beyond (longer rows only) are read again.
+// the fused op the unrounded sums. Chunks beyond (longer rows only) are read again.
 //
-// Numerics: squares accumulate in f32; the fused sum is one f32 addition; the norm is computed from
+// Numerics, in the compute type c (element.cuh: f32, and f64 for f64 elements): squares accumulate
+// in c; the fused sum is one addition in c; the norm is computed from
 // the unrounded sum (cached in registers, else recomputed from x and residual before either is
 // overwritten, by the thread that owns those elements); the weight step rounds y to the element type,
-// multiplies by the weight in f32 and rounds once. Each thread owns whole chunks of CHUNK elements
+// multiplies by the weight in c and rounds once. Each thread owns whole chunks of CHUNK elements
 // (16 bytes) in the same order whatever VEC is, so results depend only on the row, H and the dtype.
 // The mean square runs over the first `variance` elements of each row (variance_size; the host
 // passes H when it is not given); every element is normalized. A weight of another type than the
 // elements is read with scalar loads; the weight step computes in the weight's type (y rounded to
-// it, the product rounded to it) and the store rounds to the element type.
+// it, the product rounded to it; in f64 when x or the weight is f64) and the store rounds to the
+// element type.
 //
-// Compiled after `element.cuh` (the element type and its conversions), which the crate prepends.
+// Compiled after `narrow.cuh` and `element.cuh` (the element type and its conversions), which the
+// crate prepends.
 
 #if VEC != 1 && VEC != CHUNK
 #error "VEC must be 1 or CHUNK"
@@ -41,23 +45,23 @@ struct alignas(16) chunk_t {
     elem_t v[CHUNK];
 };
 
-// Reads chunk `c` of a row (elements c*CHUNK .. c*CHUNK+CHUNK-1, those below `hidden`) into f32.
-__device__ __forceinline__ void load_chunk(const elem_t* row, long long c, int hidden, float* out) {
+// Reads chunk `c` of a row (elements c*CHUNK .. c*CHUNK+CHUNK-1, those below `hidden`) into c.
+__device__ __forceinline__ void load_chunk(const elem_t* row, long long c, int hidden, compute_t* out) {
     long long first = c * CHUNK;
 #if VEC == CHUNK
     if (first + CHUNK <= hidden) {
         chunk_t packed = *reinterpret_cast<const chunk_t*>(row + first);
 #pragma unroll
-        for (int i = 0; i < CHUNK; ++i) out[i] = to_f32(packed.v[i]);
+        for (int i = 0; i < CHUNK; ++i) out[i] = to_c(packed.v[i]);
         return;
     }
 #endif
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? to_f32(row[first + i]) : 0.0f;
+    for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? to_c(row[first + i]) : 0.0f;
 }
 
 // Reads chunk `c` of a row as stored (elements at or beyond `hidden` read as zero), for the
-// register cache; `unpack` widens it to f32 exactly as load_chunk does.
+// register cache; `unpack` widens it to c exactly as load_chunk does.
 __device__ __forceinline__ void load_packed(const elem_t* row, long long c, int hidden, chunk_t& out) {
     long long first = c * CHUNK;
 #if VEC == CHUNK
@@ -67,34 +71,40 @@ __device__ __forceinline__ void load_packed(const elem_t* row, long long c, int 
     }
 #endif
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) out.v[i] = (first + i < hidden) ? row[first + i] : from_f32(0.0f);
+    for (int i = 0; i < CHUNK; ++i) out.v[i] = (first + i < hidden) ? row[first + i] : from_c(0.0f);
 }
 
-__device__ __forceinline__ void unpack(const chunk_t& packed, float* out) {
+__device__ __forceinline__ void unpack(const chunk_t& packed, compute_t* out) {
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) out[i] = to_f32(packed.v[i]);
+    for (int i = 0; i < CHUNK; ++i) out[i] = to_c(packed.v[i]);
 }
 
-__device__ __forceinline__ void store_chunk(elem_t* row, long long c, int hidden, const float* in) {
+// Writes chunk `c` of a row (the elements below `hidden`) as stored.
+__device__ __forceinline__ void store_packed(elem_t* row, long long c, int hidden, const chunk_t& packed) {
     long long first = c * CHUNK;
 #if VEC == CHUNK
     if (first + CHUNK <= hidden) {
-        chunk_t packed;
-#pragma unroll
-        for (int i = 0; i < CHUNK; ++i) packed.v[i] = from_f32(in[i]);
         *reinterpret_cast<chunk_t*>(row + first) = packed;
         return;
     }
 #endif
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) {
-        if (first + i < hidden) row[first + i] = from_f32(in[i]);
+        if (first + i < hidden) row[first + i] = packed.v[i];
     }
+}
+
+// Writes chunk `c` of a row from the compute type, rounded to the element type.
+__device__ __forceinline__ void store_chunk(elem_t* row, long long c, int hidden, const compute_t* in) {
+    chunk_t packed;
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) packed.v[i] = from_c(in[i]);
+    store_packed(row, c, hidden, packed);
 }
 
 // Sums `value` over the THREADS_PER_ROW threads of one row; every thread gets the same total.
 // Every thread of the block must call this (it may contain a barrier).
-__device__ __forceinline__ float row_sum(float value) {
+__device__ __forceinline__ compute_t row_sum(compute_t value) {
 #if THREADS_PER_ROW <= WARP
 #pragma unroll
     for (int offset = THREADS_PER_ROW / 2; offset > 0; offset >>= 1) {
@@ -106,74 +116,77 @@ __device__ __forceinline__ float row_sum(float value) {
     for (int offset = WARP / 2; offset > 0; offset >>= 1) {
         value += __shfl_xor_sync(0xffffffffu, value, offset);
     }
-    __shared__ float partials[BLOCK_SIZE / WARP];
+    __shared__ compute_t partials[BLOCK_SIZE / WARP];
     int warp = threadIdx.x / WARP;
     if (threadIdx.x % WARP == 0) partials[warp] = value;
     __syncthreads();
     int first_warp = (threadIdx.x / THREADS_PER_ROW) * (THREADS_PER_ROW / WARP);
-    float total = 0.0f;
+    compute_t total = 0.0f;
 #pragma unroll
     for (int w = 0; w < THREADS_PER_ROW / WARP; ++w) total += partials[first_warp + w];
     return total;
 #endif
 }
 
-// The mean square of the first `count` elements of a row when their f32 sum of squares overflowed
+// The mean square of the first `count` elements of a row when their sum of squares in c overflowed
 // (|x| above about 1.8e19 / sqrt(count)) although the mean may fit: the elements scaled by their
 // largest magnitude, summed serially by the calling thread (no barrier, so any subset of threads may
 // call it), then scaled back. A rare path.
-__device__ __noinline__ float rescaled_mean_square(const elem_t* x_row, const elem_t* r_row, int count) {
-    float largest = 0.0f;
+__device__ __noinline__ compute_t rescaled_mean_square(const elem_t* x_row, const elem_t* r_row, int count) {
+    compute_t largest = 0.0f;
     for (int j = 0; j < count; ++j) {
-        float s = to_f32(x_row[j]) + (r_row ? to_f32(r_row[j]) : 0.0f);
-        largest = fmaxf(largest, fabsf(s));
+        compute_t s = to_c(x_row[j]) + (r_row ? to_c(r_row[j]) : 0.0f);
+        largest = c_fmax(largest, c_fabs(s));
     }
-    if (!(largest > 0.0f) || isinf(largest)) return __int_as_float(0x7f800000);
-    float sum = 0.0f;
+    if (!(largest > 0.0f) || isinf(largest)) return compute_t(__int_as_float(0x7f800000));
+    compute_t sum = 0.0f;
     for (int j = 0; j < count; ++j) {
-        float s = (to_f32(x_row[j]) + (r_row ? to_f32(r_row[j]) : 0.0f)) / largest;
+        compute_t s = (to_c(x_row[j]) + (r_row ? to_c(r_row[j]) : 0.0f)) / largest;
         sum += s * s;
     }
-    return sum / (float)count * largest * largest;
+    return sum / (compute_t)count * largest * largest;
 }
 
 // Adds the squares of a chunk's elements that lie among the first `variance` of the row to `sum`, in
 // element order (the others add an exact 0, so with variance = H the sum is the plain one).
-__device__ __forceinline__ void add_squares(float& sum, const float* s, long long c, int variance) {
+__device__ __forceinline__ void add_squares(compute_t& sum, const compute_t* s, long long c, int variance) {
     long long first = c * CHUNK;
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) sum += (first + i < variance) ? s[i] * s[i] : 0.0f;
 }
 
-// Reads the weight of chunk `c` into f32: like load_chunk for a weight of the element type, with
-// scalar loads for another type (whose chunk is not 16 bytes).
-__device__ __forceinline__ void load_weight_chunk(const welem_t* weight, long long c, int hidden, float* out) {
+// Reads the weight of chunk `c` into its compute type: like load_chunk for a weight of the element
+// type, with scalar loads for another type (whose chunk is not 16 bytes).
+__device__ __forceinline__ void load_weight_chunk(const welem_t* weight, long long c, int hidden, wcompute_t* out) {
 #if WDTYPE == DTYPE
     load_chunk(weight, c, hidden, out);
 #else
     long long first = c * CHUNK;
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? w_to_f32(weight[first + i]) : 0.0f;
+    for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? w_to_wc(weight[first + i]) : wcompute_t(0);
 #endif
 }
 
-// Scales the f32 chunk by rstd (and the weight) and stores it rounded.
+// Scales the chunk by rstd (and the weight, in the weight's compute type) and stores it rounded.
 __device__ __forceinline__ void finish_chunk(elem_t* out_row, const welem_t* weight, long long c, int hidden,
-                                             float* s, float rstd) {
+                                             compute_t* s, compute_t rstd) {
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) s[i] *= rstd;
 #if HAS_WEIGHT
-    float w[CHUNK];
+    wcompute_t w[CHUNK];
     load_weight_chunk(weight, c, hidden, w);
+    chunk_t packed;
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) s[i] = round_w(round_w(s[i]) * w[i]);
-#endif
+    for (int i = 0; i < CHUNK; ++i) packed.v[i] = store_wc(round_w(round_w(s[i]) * w[i]));
+    store_packed(out_row, c, hidden, packed);
+#else
     store_chunk(out_row, c, hidden, s);
+#endif
 }
 
 // out[row] = rms_norm(x[row]) * weight. Output rows are `out_row_stride` elements apart.
 extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ out, const elem_t* __restrict__ x,
-                                                          const welem_t* __restrict__ weight, float epsilon,
+                                                          const welem_t* __restrict__ weight, compute_t epsilon,
                                                           long long n_rows, int hidden, int variance,
                                                           long long x_row_stride, long long out_row_stride) {
     long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
@@ -185,39 +198,39 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(rms_norm, KERNEL
 
     // The row stays in registers as stored (packed), widened again for the second pass.
     chunk_t cache[CACHE_CHUNKS];
-    float sum_sq = 0.0f;
+    compute_t sum_sq = 0.0f;
     if (active) {
 #pragma unroll
         for (int k = 0; k < CACHE_CHUNKS; ++k) {
             long long c = lane + (long long)k * THREADS_PER_ROW;
             if (c < n_chunks) {
-                float s[CHUNK];
+                compute_t s[CHUNK];
                 load_packed(x_row, c, hidden, cache[k]);
                 unpack(cache[k], s);
                 add_squares(sum_sq, s, c, variance);
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
-            float s[CHUNK];
+            compute_t s[CHUNK];
             load_chunk(x_row, c, hidden, s);
             add_squares(sum_sq, s, c, variance);
         }
     }
-    float total = row_sum(sum_sq);
+    compute_t total = row_sum(sum_sq);
     if (!active) return;
-    float mean_square = isinf(total) ? rescaled_mean_square(x_row, nullptr, variance) : total / (float)variance;
-    float rstd = 1.0f / sqrtf(mean_square + epsilon);
+    compute_t mean_square = isinf(total) ? rescaled_mean_square(x_row, nullptr, variance) : total / (compute_t)variance;
+    compute_t rstd = c_div(compute_t(1), c_sqrt(mean_square + epsilon));
 #pragma unroll
     for (int k = 0; k < CACHE_CHUNKS; ++k) {
         long long c = lane + (long long)k * THREADS_PER_ROW;
         if (c < n_chunks) {
-            float s[CHUNK];
+            compute_t s[CHUNK];
             unpack(cache[k], s);
             finish_chunk(out_row, weight, c, hidden, s, rstd);
         }
     }
     for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
-        float s[CHUNK];
+        compute_t s[CHUNK];
         load_chunk(x_row, c, hidden, s);
         finish_chunk(out_row, weight, c, hidden, s, rstd);
     }
@@ -227,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(rms_norm, KERNEL
 // norm computed from the unrounded sum.
 extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ x,
                                                                     elem_t* __restrict__ residual,
-                                                                    const welem_t* __restrict__ weight, float epsilon,
+                                                                    const welem_t* __restrict__ weight, compute_t epsilon,
                                                                     long long n_rows, int hidden, int variance,
                                                                     long long x_row_stride,
                                                                     long long residual_row_stride) {
@@ -238,14 +251,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_no
     elem_t* x_row = x + (active ? row : 0) * x_row_stride;
     elem_t* r_row = residual + (active ? row : 0) * residual_row_stride;
 
-    float cache[CACHE_CHUNKS][CHUNK];
-    float sum_sq = 0.0f;
+    compute_t cache[CACHE_CHUNKS][CHUNK];
+    compute_t sum_sq = 0.0f;
     if (active) {
 #pragma unroll
         for (int k = 0; k < CACHE_CHUNKS; ++k) {
             long long c = lane + (long long)k * THREADS_PER_ROW;
             if (c < n_chunks) {
-                float r[CHUNK];
+                compute_t r[CHUNK];
                 load_chunk(x_row, c, hidden, cache[k]);
                 load_chunk(r_row, c, hidden, r);
 #pragma unroll
@@ -254,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_no
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
-            float s[CHUNK], r[CHUNK];
+            compute_t s[CHUNK], r[CHUNK];
             load_chunk(x_row, c, hidden, s);
             load_chunk(r_row, c, hidden, r);
 #pragma unroll
@@ -262,17 +275,17 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_no
             add_squares(sum_sq, s, c, variance);
         }
     }
-    float total = row_sum(sum_sq);
-    float mean_square =
-        active && isinf(total) ? rescaled_mean_square(x_row, r_row, variance) : total / (float)variance;
+    compute_t total = row_sum(sum_sq);
+    compute_t mean_square =
+        active && isinf(total) ? rescaled_mean_square(x_row, r_row, variance) : total / (compute_t)variance;
     // The rescue reads the whole row: no thread of the block writes before every one has read.
     __syncthreads();
     if (!active) return;
-    float rstd = 1.0f / sqrtf(mean_square + epsilon);
+    compute_t rstd = c_div(compute_t(1), c_sqrt(mean_square + epsilon));
     // Chunks beyond the cache are recomputed from x and residual before this thread overwrites them;
     // every chunk belongs to one thread, so no other thread reads what is written here.
     for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
-        float s[CHUNK], r[CHUNK];
+        compute_t s[CHUNK], r[CHUNK];
         load_chunk(x_row, c, hidden, s);
         load_chunk(r_row, c, hidden, r);
 #pragma unroll

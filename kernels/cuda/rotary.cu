@@ -3,7 +3,8 @@
 //
 // One block per token; its threads share the token's (head, pair) items, the query's then the
 // key's. Each pair is rotated with the reference's operations: four products and a difference and
-// a sum, each rounded once in f32 (`__fmul_rn`, `__fsub_rn`, `__fadd_rn`: NVRTC contracts plain
+// a sum, each rounded once in the compute type (f32; f64 for f64 elements: `c_mul`, `c_sub`,
+// `c_add` of element.cuh, the `__fmul_rn` family's one rounding each: NVRTC contracts plain
 // `x * c - y * s` into an fma, which rounds once instead of twice), then stored in the element
 // type. A token whose position lies outside the cache is left as it is (native and the cpu
 // provider report it as an error; a kernel cannot). Positions are i64, as vLLM passes them.
@@ -15,12 +16,12 @@ __device__ __forceinline__ void rotate_pair_at(elem_t* __restrict__ row, int pai
     int xi = is_neox ? i : 2 * i;
     int yi = is_neox ? half_dim + i : 2 * i + 1;
     elem_t* h = row + (long long)head * head_size;
-    float x = to_f32(h[xi]);
-    float y = to_f32(h[yi]);
-    float c = to_f32(cs[i]);
-    float s = to_f32(cs[half_dim + i]);
-    h[xi] = from_f32(__fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s)));
-    h[yi] = from_f32(__fadd_rn(__fmul_rn(y, c), __fmul_rn(x, s)));
+    compute_t x = to_c(h[xi]);
+    compute_t y = to_c(h[yi]);
+    compute_t c = to_c(cs[i]);
+    compute_t s = to_c(cs[half_dim + i]);
+    h[xi] = from_c(c_sub(c_mul(x, c), c_mul(y, s)));
+    h[yi] = from_c(c_add(c_mul(y, c), c_mul(x, s)));
 }
 
 extern "C" __global__ void CONCAT(rotary_embedding, KERNEL_SUFFIX)(

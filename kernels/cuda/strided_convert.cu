@@ -9,8 +9,8 @@
 // host reads it, and `scale` of i64 rounds its f64 product to f32, i64's compute dtype); a double
 // narrows to f16, bf16 or fp8 through f32 rounded to odd, which then rounds to nearest even with
 // the bits of a direct rounding. Into an integer: nearest even, saturated, NaN 0. Compiled after
-// `strided_copy.cu`, whose `Dims8` and indexing it uses, and `fp8.cuh`; the storage offsets are
-// applied to the pointers by the host. No headers (NVRTC).
+// `strided_copy.cu`, whose `Dims8` and indexing it uses, `narrow.cuh` (f32 rounded to odd) and
+// `fp8.cuh`; the storage offsets are applied to the pointers by the host. No headers (NVRTC).
 
 __device__ __forceinline__ float load_f32(const float* p, long long i) { return p[i]; }
 __device__ __forceinline__ float half_bits_to_f32(unsigned short v) {
@@ -40,17 +40,6 @@ __device__ __forceinline__ float load_f8e5m2(const unsigned char* p, long long i
 __device__ __forceinline__ float load_i8(const signed char* p, long long i) { return (float)p[i]; }
 __device__ __forceinline__ double load_f64(const double* p, long long i) { return p[i]; }
 __device__ __forceinline__ double load_i64(const long long* p, long long i) { return __ll2double_rn(p[i]); }
-
-// f32 rounded to odd (truncated, the last bit set when anything was lost): rounding it to nearest
-// even in a format of at most 22 significand bits equals rounding the double directly.
-__device__ __forceinline__ float f32_round_to_odd(double value) {
-    float nearest = __double2float_rn(value);
-    if ((double)nearest == value || isinf(nearest) || isnan(value)) return nearest;
-    unsigned int bits = __float_as_uint(nearest);
-    // Sign-magnitude: decrementing the bits of a non-zero float moves it one step toward zero.
-    unsigned int truncated = fabs((double)nearest) > fabs(value) ? bits - 1u : bits;
-    return __uint_as_float(truncated | 1u);
-}
 
 __device__ __forceinline__ void store_f32(float* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f16(unsigned short* p, long long i, float v) {

@@ -6,9 +6,13 @@
 struct GeluAndMul {
     static constexpr bool ROW_STATS = false;
     template <int DTYPE>
-    __device__ static float prepare(float, float, const GateScalars&) { return 0.0f; }
+    __device__ static Compute<DTYPE> prepare(Compute<DTYPE>, Compute<DTYPE>, const GateScalars<Compute<DTYPE>>&) {
+        return 0.0f;
+    }
     template <int DTYPE>
-    __device__ static float activate(float g, float, const GateScalars& s) { return gelu_f32(g, s.i0); }
+    __device__ static Compute<DTYPE> activate(Compute<DTYPE> g, Compute<DTYPE>, const GateScalars<Compute<DTYPE>>& s) {
+        return gelu(g, s.i0);
+    }
 };
 
 GATED_KERNELS(gelu_and_mul, GeluAndMul)

@@ -7,13 +7,15 @@
 struct GeluAndMulSparse {
     static constexpr bool ROW_STATS = true;
     template <int DTYPE>
-    __device__ static float prepare(float mean, float std, const GateScalars& s) {
+    __device__ static Compute<DTYPE> prepare(Compute<DTYPE> mean, Compute<DTYPE> std,
+                                             const GateScalars<Compute<DTYPE>>& s) {
         return round_elem<DTYPE>(round_elem<DTYPE>(mean) + round_elem<DTYPE>(round_elem<DTYPE>(std) * s.f0));
     }
     template <int DTYPE>
-    __device__ static float activate(float g, float cutoff, const GateScalars& s) {
-        float shifted = round_elem<DTYPE>(g - cutoff);
-        return gelu_f32(shifted < 0.0f ? 0.0f : shifted, s.i0);
+    __device__ static Compute<DTYPE> activate(Compute<DTYPE> g, Compute<DTYPE> cutoff,
+                                              const GateScalars<Compute<DTYPE>>& s) {
+        Compute<DTYPE> shifted = round_elem<DTYPE>(g - cutoff);
+        return gelu(shifted < 0.0f ? Compute<DTYPE>(0) : shifted, s.i0);
     }
 };
 

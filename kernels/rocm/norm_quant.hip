@@ -1,5 +1,5 @@
-// RMS normalization followed by fp8 quantization in one kernel, `norm_quant_<dtype>` for f32, f16
-// and bf16: the ops `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant` and
+// RMS normalization followed by fp8 quantization in one kernel, `norm_quant_<dtype>` for f32, f16,
+// bf16 and f64 (computing in f64): the ops `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant` and
 // `fused_add_rms_norm_static_fp8_quant`. The passes and rounding points are those of the CUDA
 // kernel (`kernels/cuda/norm_quant.cu`): the sum of squares, the absmax of the normalized values
 // (dynamic), then the residual output and q. Every barrier is reached by the whole block. The
@@ -11,11 +11,13 @@ template <int DTYPE>
 __device__ void norm_quant_row(unsigned char* q, float* scales, typename Elem<DTYPE>::T* residual_out,
                                const typename Elem<DTYPE>::T* x, const typename Elem<DTYPE>::T* r,
                                const typename Elem<DTYPE>::T* w, long long n_rows, int hidden,
-                               long long x_row_stride, long long r_row_stride, long long out_row_stride, float eps,
+                               long long x_row_stride, long long r_row_stride, long long out_row_stride,
+                               Compute<DTYPE> eps,
                                const float* scale,
                                int has_residual, int has_weight, int dynamic, int has_scale, int format) {
     typedef Elem<DTYPE> E;
-    __shared__ float scratch[QUANT_BLOCK];
+    typedef Compute<DTYPE> C;
+    __shared__ C scratch[QUANT_BLOCK];
     long long row = blockIdx.x;
     if (row >= n_rows) return;
     const typename E::T* x_row = x + row * x_row_stride;
@@ -23,42 +25,42 @@ __device__ void norm_quant_row(unsigned char* q, float* scales, typename Elem<DT
     unsigned char* q_row = q + row * (long long)hidden;
     typename E::T* out_row = residual_out + row * out_row_stride;
 
-    float squares = 0.0f;
+    C squares = 0.0f;
     for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
-        float a = E::load(x_row[j]);
+        C a = E::load(x_row[j]);
         if (has_residual) a += E::load(r_row[j]);
         squares += a * a;
     }
-    float rstd = 1.0f / sqrtf(quant_block_sum(squares, scratch) / (float)hidden + eps);
+    C rstd = C(1) / c_sqrt(quant_block_sum(squares, scratch) / (C)hidden + eps);
 
-    float absmax = 0.0f;
+    C absmax = 0.0f;
     if (dynamic) {
         for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
-            float a = E::load(x_row[j]);
+            C a = E::load(x_row[j]);
             if (has_residual) a += E::load(r_row[j]);
-            float z = round_elem<DTYPE>(a * rstd);
+            C z = round_elem<DTYPE>(a * rstd);
             if (has_weight) z = round_elem<DTYPE>(z * E::load(w[j]));
-            absmax = fmaxf(absmax, fabsf(z));
+            absmax = c_fmax(absmax, c_fabs(z));
         }
     }
     absmax = quant_block_max(absmax, scratch);
-    float s;
+    C s;
     if (dynamic) {
-        if (has_scale) absmax = fminf(absmax, *scale);
-        float max_finite = format == 0 ? 448.0f : 57344.0f;
-        s = fmaxf(absmax / max_finite, 1.0f / (max_finite * 512.0f));
+        if (has_scale) absmax = c_fmin(absmax, (C)*scale);
+        C max_finite = format == 0 ? 448.0f : 57344.0f;
+        s = c_fmax(absmax / max_finite, C(1) / (max_finite * 512));
         if (threadIdx.x == 0) scales[row] = s;
     } else {
         s = *scale;
     }
 
     for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
-        float a = E::load(x_row[j]);
+        C a = E::load(x_row[j]);
         if (has_residual) {
             a += E::load(r_row[j]);
             out_row[j] = E::store(a);
         }
-        float z = round_elem<DTYPE>(a * rstd);
+        C z = round_elem<DTYPE>(a * rstd);
         if (has_weight) z = round_elem<DTYPE>(z * E::load(w[j]));
         q_row[j] = to_fp8(z / s, format);
     }
@@ -68,7 +70,7 @@ __device__ void norm_quant_row(unsigned char* q, float* scales, typename Elem<DT
     extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) norm_quant_##suffix(                                \
         unsigned char* q, float* scales, Elem<DTYPE>::T* residual_out, const Elem<DTYPE>::T* x,                  \
         const Elem<DTYPE>::T* r, const Elem<DTYPE>::T* w, long long n_rows, int hidden, long long x_row_stride,   \
-        long long r_row_stride, long long out_row_stride, float eps, const float* scale, int has_residual,        \
+        long long r_row_stride, long long out_row_stride, Compute<DTYPE> eps, const float* scale, int has_residual,\
         int has_weight, int dynamic, int has_scale, int format) {                                                \
         norm_quant_row<DTYPE>(q, scales, residual_out, x, r, w, n_rows, hidden, x_row_stride, r_row_stride,       \
                               out_row_stride, eps, scale, has_residual, has_weight, dynamic, has_scale, format); \
@@ -77,3 +79,4 @@ __device__ void norm_quant_row(unsigned char* q, float* scales, typename Elem<DT
 NORM_QUANT_KERNEL_DTYPE(0, f32)
 NORM_QUANT_KERNEL_DTYPE(1, f16)
 NORM_QUANT_KERNEL_DTYPE(2, bf16)
+NORM_QUANT_KERNEL_DTYPE(6, f64)

@@ -1,7 +1,8 @@
 // fp8 quantization of the `rocm` provider: `static_scaled_fp8_quant_<dtype>` and
-// `dynamic_per_token_scaled_fp8_quant_<dtype>` for f32, f16 and bf16 inputs. The numerics are those
-// of the CUDA kernels (`kernels/cuda/quant.cu`): one IEEE f32 division per element (hipcc's default
-// correctly rounded division) and a saturating nearest-even conversion, done in software; `format`
+// `dynamic_per_token_scaled_fp8_quant_<dtype>` for f32, f16, bf16 and f64 inputs. The numerics are
+// those of the CUDA kernels (`kernels/cuda/quant.cu`): one IEEE division per element in the compute
+// type (hipcc's default correctly rounded division; f64 for f64 inputs, a dynamic scale stored as
+// f32) and a saturating nearest-even conversion, done in software; `format`
 // 0 = f8e4m3fn, 1 = f8e5m2. One block of QUANT_BLOCK threads per row; q is compact rows of `hidden` bytes.
 
 #include "quant.hip.h"
@@ -13,24 +14,25 @@ __device__ void static_quant_row(unsigned char* q, const typename Elem<DTYPE>::T
     if (row >= n_rows) return;
     const typename Elem<DTYPE>::T* x_row = x + row * x_row_stride;
     unsigned char* q_row = q + row * (long long)hidden;
-    float s = *scale;
+    Compute<DTYPE> s = *scale;
     for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) q_row[j] = to_fp8(Elem<DTYPE>::load(x_row[j]) / s, format);
 }
 
 template <int DTYPE>
 __device__ void dynamic_quant_row(unsigned char* q, float* scales, const typename Elem<DTYPE>::T* x, long long n_rows,
                                   int hidden, long long x_row_stride, const float* scale_ub, int has_ub, int format) {
-    __shared__ float scratch[QUANT_BLOCK];
+    typedef Compute<DTYPE> C;
+    __shared__ C scratch[QUANT_BLOCK];
     long long row = blockIdx.x;
     if (row >= n_rows) return;
     const typename Elem<DTYPE>::T* x_row = x + row * x_row_stride;
     unsigned char* q_row = q + row * (long long)hidden;
-    float absmax = 0.0f;
-    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) absmax = fmaxf(absmax, fabsf(Elem<DTYPE>::load(x_row[j])));
+    C absmax = 0.0f;
+    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) absmax = c_fmax(absmax, c_fabs(Elem<DTYPE>::load(x_row[j])));
     absmax = quant_block_max(absmax, scratch);
-    if (has_ub) absmax = fminf(absmax, *scale_ub);
-    float max_finite = format == 0 ? 448.0f : 57344.0f;
-    float s = fmaxf(absmax / max_finite, 1.0f / (max_finite * 512.0f));
+    if (has_ub) absmax = c_fmin(absmax, (C)*scale_ub);
+    C max_finite = format == 0 ? 448.0f : 57344.0f;
+    C s = c_fmax(absmax / max_finite, C(1) / (max_finite * 512));
     if (threadIdx.x == 0) scales[row] = s;
     for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) q_row[j] = to_fp8(Elem<DTYPE>::load(x_row[j]) / s, format);
 }
@@ -50,3 +52,4 @@ __device__ void dynamic_quant_row(unsigned char* q, float* scales, const typenam
 QUANT_KERNELS_DTYPE(0, f32)
 QUANT_KERNELS_DTYPE(1, f16)
 QUANT_KERNELS_DTYPE(2, bf16)
+QUANT_KERNELS_DTYPE(6, f64)

@@ -30,30 +30,35 @@ __device__ __forceinline__ unsigned char fp8_from_f32(float f, int m_bits, int b
     return (unsigned char)(sign | code);
 }
 
-__device__ __forceinline__ unsigned char to_fp8(float v, int format) {
-    return format == 0 ? fp8_from_f32(v, 3, 7, 448.0f) : fp8_from_f32(v, 2, 15, 57344.0f);
+// A double narrows through f32 rounded to odd, which the fp8 rounding then rounds as the double.
+template <typename C>
+__device__ __forceinline__ unsigned char to_fp8(C v, int format) {
+    float f = narrow_f32(v);
+    return format == 0 ? fp8_from_f32(f, 3, 7, 448.0f) : fp8_from_f32(f, 2, 15, 57344.0f);
 }
 
-__device__ __forceinline__ float quant_block_max(float value, float* scratch) {
+template <typename C>
+__device__ __forceinline__ C quant_block_max(C value, C* scratch) {
     scratch[threadIdx.x] = value;
     __syncthreads();
     for (int width = QUANT_BLOCK / 2; width > 0; width >>= 1) {
-        if ((int)threadIdx.x < width) scratch[threadIdx.x] = fmaxf(scratch[threadIdx.x], scratch[threadIdx.x + width]);
+        if ((int)threadIdx.x < width) scratch[threadIdx.x] = c_fmax(scratch[threadIdx.x], scratch[threadIdx.x + width]);
         __syncthreads();
     }
-    float total = scratch[0];
+    C total = scratch[0];
     __syncthreads();
     return total;
 }
 
-__device__ __forceinline__ float quant_block_sum(float value, float* scratch) {
+template <typename C>
+__device__ __forceinline__ C quant_block_sum(C value, C* scratch) {
     scratch[threadIdx.x] = value;
     __syncthreads();
     for (int width = QUANT_BLOCK / 2; width > 0; width >>= 1) {
         if ((int)threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
         __syncthreads();
     }
-    float total = scratch[0];
+    C total = scratch[0];
     __syncthreads();
     return total;
 }

@@ -8,8 +8,8 @@
 // type. The mean square runs over the first `variance` elements of each row (variance_size; the host
 // passes H when it is not given); every element is normalized.
 //
-// The numerics and the ownership of elements are those of the CUDA kernels: f32 squares and sums,
-// the fused sum as one f32 addition, the norm from the unrounded sum (cached in registers, else
+// The numerics and the ownership of elements are those of the CUDA kernels, in the compute type
+// (f32; f64 for f64 elements, element.hip.h): squares and sums, the fused sum as one addition, the norm from the unrounded sum (cached in registers, else
 // recomputed by the owning thread before it writes), the weight step rounding y first. Each thread
 // owns whole 16-byte chunks in the same order whatever the load width, so results depend only on the
 // row, H and the dtype. Reductions use the device's wave size (`warpSize`: 64 on CDNA, 32 on RDNA).
@@ -28,7 +28,8 @@ __host__ __device__ constexpr int cache_chunks(int chunk, int tpr) {
 }
 
 template <int DTYPE, int VEC>
-__device__ __forceinline__ void load_chunk(const typename Elem<DTYPE>::T* row, long long c, int hidden, float* out) {
+__device__ __forceinline__ void load_chunk(const typename Elem<DTYPE>::T* row, long long c, int hidden,
+                                           Compute<DTYPE>* out) {
     typedef Elem<DTYPE> E;
     constexpr int CHUNK = E::CHUNK;
     long long first = c * CHUNK;
@@ -43,8 +44,10 @@ __device__ __forceinline__ void load_chunk(const typename Elem<DTYPE>::T* row, l
     for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? E::load(row[first + i]) : 0.0f;
 }
 
+// Writes chunk `c` of a row (the elements below `hidden`) from `values`, already in the element type.
 template <int DTYPE, int VEC>
-__device__ __forceinline__ void store_chunk(typename Elem<DTYPE>::T* row, long long c, int hidden, const float* in) {
+__device__ __forceinline__ void store_elems(typename Elem<DTYPE>::T* row, long long c, int hidden,
+                                            const typename Elem<DTYPE>::T* values) {
     typedef Elem<DTYPE> E;
     constexpr int CHUNK = E::CHUNK;
     long long first = c * CHUNK;
@@ -52,32 +55,41 @@ __device__ __forceinline__ void store_chunk(typename Elem<DTYPE>::T* row, long l
         struct alignas(16) Packed { typename E::T v[CHUNK]; };
         Packed packed;
 #pragma unroll
-        for (int i = 0; i < CHUNK; ++i) packed.v[i] = E::store(in[i]);
+        for (int i = 0; i < CHUNK; ++i) packed.v[i] = values[i];
         *reinterpret_cast<Packed*>(row + first) = packed;
         return;
     }
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) {
-        if (first + i < hidden) row[first + i] = E::store(in[i]);
+        if (first + i < hidden) row[first + i] = values[i];
     }
 }
 
+template <int DTYPE, int VEC>
+__device__ __forceinline__ void store_chunk(typename Elem<DTYPE>::T* row, long long c, int hidden,
+                                            const Compute<DTYPE>* in) {
+    typename Elem<DTYPE>::T values[Elem<DTYPE>::CHUNK];
+#pragma unroll
+    for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) values[i] = Elem<DTYPE>::store(in[i]);
+    store_elems<DTYPE, VEC>(row, c, hidden, values);
+}
+
 // Sums over the TPR threads of a row; every thread of the block calls it.
-template <int TPR, int BLOCK>
-__device__ __forceinline__ float row_sum(float value) {
+template <int TPR, int BLOCK, typename V>
+__device__ __forceinline__ V row_sum(V value) {
     const int wave = warpSize;
     if (TPR <= wave) {
         for (int offset = TPR / 2; offset > 0; offset >>= 1) value += __shfl_xor(value, offset);
         return value;
     }
     for (int offset = wave / 2; offset > 0; offset >>= 1) value += __shfl_xor(value, offset);
-    __shared__ float partials[BLOCK / 32];
+    __shared__ V partials[BLOCK / 32];
     int lane_in_wave = threadIdx.x % wave;
     if (lane_in_wave == 0) partials[threadIdx.x / wave] = value;
     __syncthreads();
     int per_row = TPR / wave;
     int first = (threadIdx.x / TPR) * per_row;
-    float total = 0.0f;
+    V total = 0.0f;
     for (int w = 0; w < per_row; ++w) total += partials[first + w];
     return total;
 }
@@ -86,26 +98,32 @@ __device__ __forceinline__ float row_sum(float value) {
 template <int WDTYPE> struct Weight { typedef typename Elem<WDTYPE>::T T; };
 template <> struct Weight<-1> { typedef float T; };
 
+// Scales the chunk by rstd (and the weight, in the weight step's compute type: double when x or the
+// weight is f64) and stores it, each element rounded once to the element type.
 template <int DTYPE, int WDTYPE, int VEC>
 __device__ __forceinline__ void finish_chunk(typename Elem<DTYPE>::T* out_row, const typename Weight<WDTYPE>::T* weight,
-                                             long long c, int hidden, float* s, float rstd) {
+                                             long long c, int hidden, Compute<DTYPE>* s, Compute<DTYPE> rstd) {
     typedef Elem<DTYPE> E;
 #pragma unroll
     for (int i = 0; i < E::CHUNK; ++i) s[i] *= rstd;
     if constexpr (WDTYPE >= 0) {
         typedef Elem<WDTYPE> W;
-        float w[E::CHUNK];
+        typedef typename MixedCompute<DTYPE, WDTYPE>::T WC;
+        WC w[E::CHUNK];
         if constexpr (WDTYPE == DTYPE) {
             load_chunk<DTYPE, VEC>(weight, c, hidden, w);
         } else {
             long long first = c * E::CHUNK;
 #pragma unroll
-            for (int i = 0; i < E::CHUNK; ++i) w[i] = (first + i < hidden) ? W::load(weight[first + i]) : 0.0f;
+            for (int i = 0; i < E::CHUNK; ++i) w[i] = (first + i < hidden) ? (WC)W::load(weight[first + i]) : WC(0);
         }
+        typename E::T values[E::CHUNK];
 #pragma unroll
-        for (int i = 0; i < E::CHUNK; ++i) s[i] = round_elem<WDTYPE>(round_elem<WDTYPE>(s[i]) * w[i]);
+        for (int i = 0; i < E::CHUNK; ++i) values[i] = E::store(round_elem<WDTYPE>(round_elem<WDTYPE>((WC)s[i]) * w[i]));
+        store_elems<DTYPE, VEC>(out_row, c, hidden, values);
+    } else {
+        store_chunk<DTYPE, VEC>(out_row, c, hidden, s);
     }
-    store_chunk<DTYPE, VEC>(out_row, c, hidden, s);
 }
 
 // The mean square of the first `count` elements of a row when their f32 sum of squares overflowed
@@ -113,30 +131,31 @@ __device__ __forceinline__ void finish_chunk(typename Elem<DTYPE>::T* out_row, c
 // largest magnitude, summed serially by the calling thread (no barrier, so any subset of threads may
 // call it), then scaled back. A rare path.
 template <int DTYPE>
-__device__ __noinline__ float rescaled_mean_square(const typename Elem<DTYPE>::T* x_row,
-                                                   const typename Elem<DTYPE>::T* r_row, int count) {
+__device__ __noinline__ Compute<DTYPE> rescaled_mean_square(const typename Elem<DTYPE>::T* x_row,
+                                                            const typename Elem<DTYPE>::T* r_row, int count) {
     typedef Elem<DTYPE> E;
-    float largest = 0.0f;
+    typedef Compute<DTYPE> C;
+    C largest = 0.0f;
     for (int j = 0; j < count; ++j) {
-        float s = E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : 0.0f);
-        largest = fmaxf(largest, fabsf(s));
+        C s = E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : C(0));
+        largest = c_fmax(largest, c_fabs(s));
     }
-    if (!(largest > 0.0f) || isinf(largest)) return __builtin_huge_valf();
-    float sum = 0.0f;
+    if (!(largest > 0.0f) || isinf(largest)) return (C)__builtin_huge_val();
+    C sum = 0.0f;
     for (int j = 0; j < count; ++j) {
-        float s = (E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : 0.0f)) / largest;
+        C s = (E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : C(0))) / largest;
         sum += s * s;
     }
-    return sum / (float)count * largest * largest;
+    return sum / (C)count * largest * largest;
 }
 
 // Chunk `c` of x, plus the residual's for the fused op (one f32 addition per element).
 template <int DTYPE, int VEC, bool FUSED>
 __device__ __forceinline__ void load_sum(const typename Elem<DTYPE>::T* x_row, const typename Elem<DTYPE>::T* r_row,
-                                         long long c, int hidden, float* s) {
+                                         long long c, int hidden, Compute<DTYPE>* s) {
     load_chunk<DTYPE, VEC>(x_row, c, hidden, s);
     if (FUSED) {
-        float r[Elem<DTYPE>::CHUNK];
+        Compute<DTYPE> r[Elem<DTYPE>::CHUNK];
         load_chunk<DTYPE, VEC>(r_row, c, hidden, r);
 #pragma unroll
         for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) s[i] += r[i];
@@ -145,18 +164,20 @@ __device__ __forceinline__ void load_sum(const typename Elem<DTYPE>::T* x_row, c
 
 // Adds the squares of chunk `c`'s elements among the first `variance` of the row to `sum`, in element
 // order (the others add an exact 0, so with variance = H the sum is the plain one).
-template <int CHUNK>
-__device__ __forceinline__ void add_squares(float& sum, const float* s, long long c, int variance) {
+template <int CHUNK, typename V>
+__device__ __forceinline__ void add_squares(V& sum, const V* s, long long c, int variance) {
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) sum += (c * CHUNK + i < variance) ? s[i] * s[i] : 0.0f;
 }
 
 template <int DTYPE, int WDTYPE, int VEC, int TPR, int BLOCK, bool FUSED>
 __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typename Elem<DTYPE>::T* second,
-                                          const typename Weight<WDTYPE>::T* weight, float epsilon, long long n_rows,
+                                          const typename Weight<WDTYPE>::T* weight, Compute<DTYPE> epsilon,
+                                          long long n_rows,
                                           int hidden, int variance, long long first_stride, long long second_stride) {
     // rms_norm: first = out, second = x.  fused: first = x, second = residual (both written).
     typedef Elem<DTYPE> E;
+    typedef Compute<DTYPE> C;
     constexpr int CHUNK = E::CHUNK;
     long long row = (long long)blockIdx.x * (BLOCK / TPR) + threadIdx.x / TPR;
     int lane = threadIdx.x % TPR;
@@ -169,9 +190,10 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     // Each thread's chunks stay in registers between the two passes (the whole row up to the
     // bucket's largest H; longer rows read the rest again): the loops over them are unrolled, so
     // every index into `cache` is a constant (a runtime index would put the array in scratch memory).
-    constexpr int CACHE_CHUNKS = cache_chunks(CHUNK, TPR);
-    float cache[CACHE_CHUNKS][CHUNK];
-    float sum_sq = 0.0f;
+    // f64, a reference dtype, keeps the f32 kernels' chunk count and so their registers: half its row.
+    constexpr int CACHE_CHUNKS = cache_chunks(DTYPE == 6 ? 4 : CHUNK, TPR);
+    C cache[CACHE_CHUNKS][CHUNK];
+    C sum_sq = 0.0f;
     if (active) {
 #pragma unroll
         for (int k = 0; k < CACHE_CHUNKS; ++k) {
@@ -182,19 +204,18 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
-            float s[CHUNK];
+            C s[CHUNK];
             load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
             add_squares<CHUNK>(sum_sq, s, c, variance);
         }
     }
-    float total = row_sum<TPR, BLOCK>(sum_sq);
-    float mean_square = active && isinf(total)
-                            ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, variance)
-                            : total / (float)variance;
+    C total = row_sum<TPR, BLOCK>(sum_sq);
+    C mean_square = active && isinf(total) ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, variance)
+                                           : total / (C)variance;
     // The fused rescue reads the whole row: no thread of the block writes before every one has read.
     if (FUSED) __syncthreads();
     if (!active) return;
-    float rstd = 1.0f / sqrtf(mean_square + epsilon);
+    C rstd = C(1) / c_sqrt(mean_square + epsilon);
     typename E::T* out_row = a_row;
     // Each chunk belongs to one thread, which recomputes an uncached chunk from x and the residual
     // before it overwrites them.
@@ -207,7 +228,7 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
         }
     }
     for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
-        float s[CHUNK];
+        C s[CHUNK];
         load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
         if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
         finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
@@ -220,7 +241,8 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
 #define DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, TPR)                                                                \
     extern "C" __global__ void __launch_bounds__(BLOCK_FOR(TPR))                                                   \
         rms_norm_##NAME##_w##W##_v##VEC##_t##TPR(Elem<DTYPE>::T* out, const Elem<DTYPE>::T* x,                     \
-                                                 const Weight<WD>::T* weight, float epsilon, long long n_rows,     \
+                                                 const Weight<WD>::T* weight, Compute<DTYPE> epsilon,              \
+                                                 long long n_rows,                                                 \
                                                  int hidden, int variance, long long x_row_stride,                \
                                                  long long out_row_stride) {                                       \
         norm_impl<DTYPE, WD, VEC, TPR, BLOCK_FOR(TPR), false>(out, const_cast<Elem<DTYPE>::T*>(x), weight,        \
@@ -229,7 +251,7 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(BLOCK_FOR(TPR))                                                   \
         fused_add_rms_norm_##NAME##_w##W##_v##VEC##_t##TPR(                                                        \
-            Elem<DTYPE>::T* x, Elem<DTYPE>::T* residual, const Weight<WD>::T* weight, float epsilon,               \
+            Elem<DTYPE>::T* x, Elem<DTYPE>::T* residual, const Weight<WD>::T* weight, Compute<DTYPE> epsilon,      \
             long long n_rows, int hidden, int variance, long long x_row_stride, long long residual_row_stride) {   \
         norm_impl<DTYPE, WD, VEC, TPR, BLOCK_FOR(TPR), true>(x, residual, weight, epsilon, n_rows, hidden,         \
                                                              variance, x_row_stride, residual_row_stride);        \
@@ -269,3 +291,17 @@ DEFINE_MIXED(2, bf16, 0, f32, 1)
 DEFINE_MIXED(2, bf16, 0, f32, 8)
 DEFINE_MIXED(2, bf16, 1, f16, 1)
 DEFINE_MIXED(2, bf16, 1, f16, 8)
+
+// f64 (a reference dtype): scalar accesses only, and a weight of another type than the elements on
+// either side at one row width (32 threads per row).
+DEFINE_TPR(6, f64, -1, 0, 1)
+DEFINE_TPR(6, f64, 6, 1, 1)
+DEFINE_KERNELS(6, f64, 0, f32, 1, 32)
+DEFINE_KERNELS(6, f64, 1, f16, 1, 32)
+DEFINE_KERNELS(6, f64, 2, bf16, 1, 32)
+DEFINE_KERNELS(0, f32, 6, f64, 1, 32)
+DEFINE_KERNELS(0, f32, 6, f64, 4, 32)
+DEFINE_KERNELS(1, f16, 6, f64, 1, 32)
+DEFINE_KERNELS(1, f16, 6, f64, 8, 32)
+DEFINE_KERNELS(2, bf16, 6, f64, 1, 32)
+DEFINE_KERNELS(2, bf16, 6, f64, 8, 32)

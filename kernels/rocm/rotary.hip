@@ -1,6 +1,7 @@
 // rotary_embedding of the `rocm` provider, in place on query and key: `rotary_embedding_<dtype>` for
-// f32, f16 and bf16. The numerics are those of the CUDA kernel (`kernels/cuda/rotary.cu`): four
-// products and a difference and a sum, each rounded once in f32 (contraction into fused
+// f32, f16, bf16 and f64. The numerics are those of the CUDA kernel (`kernels/cuda/rotary.cu`): four
+// products and a difference and a sum, each rounded once in the compute type (f32; f64 for f64;
+// contraction into fused
 // multiply-adds is switched off for them; `tests/hipcc.rs` checks the ISA has none), then stored in the
 // element type. One block per token; a token whose position lies outside the cache is left as it is.
 
@@ -19,10 +20,10 @@ __device__ __forceinline__ void rotate_pair_at(typename Elem<DTYPE>::T* row, int
     int xi = is_neox ? i : 2 * i;
     int yi = is_neox ? half_dim + i : 2 * i + 1;
     typename Elem<DTYPE>::T* h = row + (long long)head * head_size;
-    float x = Elem<DTYPE>::load(h[xi]);
-    float y = Elem<DTYPE>::load(h[yi]);
-    float c = Elem<DTYPE>::load(cs[i]);
-    float s = Elem<DTYPE>::load(cs[half_dim + i]);
+    Compute<DTYPE> x = Elem<DTYPE>::load(h[xi]);
+    Compute<DTYPE> y = Elem<DTYPE>::load(h[yi]);
+    Compute<DTYPE> c = Elem<DTYPE>::load(cs[i]);
+    Compute<DTYPE> s = Elem<DTYPE>::load(cs[half_dim + i]);
     h[xi] = Elem<DTYPE>::store(x * c - y * s);
     h[yi] = Elem<DTYPE>::store(y * c + x * s);
 }
@@ -62,3 +63,4 @@ __device__ void rotary_token(typename Elem<DTYPE>::T* q, long long q_row_stride,
 ROTARY_KERNEL_DTYPE(0, f32)
 ROTARY_KERNEL_DTYPE(1, f16)
 ROTARY_KERNEL_DTYPE(2, bf16)
+ROTARY_KERNEL_DTYPE(6, f64)

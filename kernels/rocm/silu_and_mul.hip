@@ -5,9 +5,13 @@
 struct SiluAndMul {
     static constexpr bool ROW_STATS = false;
     template <int DTYPE>
-    __device__ static float prepare(float, float, const GateScalars&) { return 0.0f; }
+    __device__ static Compute<DTYPE> prepare(Compute<DTYPE>, Compute<DTYPE>, const GateScalars<Compute<DTYPE>>&) {
+        return 0.0f;
+    }
     template <int DTYPE>
-    __device__ static float activate(float g, float, const GateScalars&) { return silu_f32(g); }
+    __device__ static Compute<DTYPE> activate(Compute<DTYPE> g, Compute<DTYPE>, const GateScalars<Compute<DTYPE>>&) {
+        return silu(g);
+    }
 };
 
 GATED_KERNELS(silu_and_mul, SiluAndMul)

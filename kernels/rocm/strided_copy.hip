@@ -83,16 +83,7 @@ __device__ __forceinline__ float convert_load_i8(const signed char* p, long long
 __device__ __forceinline__ double convert_load_f64(const double* p, long long i) { return p[i]; }
 __device__ __forceinline__ double convert_load_i64(const long long* p, long long i) { return (double)p[i]; }
 
-// f32 rounded to odd (truncated, the last bit set when anything was lost): rounding it to nearest
-// even in a format of at most 22 significand bits equals rounding the double directly.
-__device__ __forceinline__ float f32_round_to_odd(double value) {
-    float nearest = (float)value;
-    if ((double)nearest == value || isinf(nearest) || isnan(value)) return nearest;
-    unsigned int bits = __float_as_uint(nearest);
-    // Sign-magnitude: decrementing the bits of a non-zero float moves it one step toward zero.
-    unsigned int truncated = fabs((double)nearest) > fabs(value) ? bits - 1u : bits;
-    return __uint_as_float(truncated | 1u);
-}
+// f32_round_to_odd (a double narrowed with one rounding) is in element.hip.h.
 
 // Destination stores by dtype name, from the f32 or the f64 compute type.
 __device__ __forceinline__ void convert_store_f32(float* p, long long i, float v) { p[i] = v; }

@@ -102,7 +102,7 @@ pub fn backends() -> Vec<Backend> {
                 registry,
                 allocator: Some(Arc::new(allocator)),
                 grid: Grid::Full,
-                dtypes: KernelDTypes::Reduced,
+                dtypes: kernels_cuda::KERNEL_DTYPES,
             });
         }
         ir_core::Availability::Unavailable(reason) => {

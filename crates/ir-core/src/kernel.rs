@@ -202,6 +202,23 @@ impl KernelDTypes {
     }
 }
 
+/// A float scalar argument of a kernel in the kernel's compute dtype: f64 for f64 elements, f32
+/// (the value rounded to it) for f32, f16 and bf16, as the reference rounds its scalars to c.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ComputeScalar {
+    /// For an f32, f16 or bf16 kernel.
+    F32(f32),
+    /// For an f64 kernel.
+    F64(f64),
+}
+
+impl ComputeScalar {
+    /// `value` in the compute dtype of `dtype` elements.
+    pub fn new(dtype: DType, value: f64) -> ComputeScalar {
+        if dtype == DType::F64 { ComputeScalar::F64(value) } else { ComputeScalar::F32(value as f32) }
+    }
+}
+
 /// What a norm provider computes beyond the common case (an x-dtype weight, the whole row's mean):
 /// the predicates accept these arguments only for a provider that says so.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use ir_core::kernel::{
-    GatedCall, GatedGeometry, GatedKernel, GatedScalars, Rows, device_buffer, gated_support, kernel_int,
+    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, GatedScalars, Rows, device_buffer, gated_support_with,
+    kernel_int,
 };
 use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
@@ -19,6 +20,7 @@ use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 
 use crate::device::{CudaBuffer, driver_error};
+use crate::launch::arg_compute;
 use crate::module::{ELEMENT, compile, dtype_define};
 
 /// The shared row kernel of the gated ops.
@@ -53,7 +55,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || {
         ImplSpec::new(crate::PROVIDER)
             .with_probe(crate::availability)
-            .with_supports(|args| gated_support(args, DeviceKind::Cuda))
+            .with_supports(|args| gated_support_with(args, DeviceKind::Cuda, crate::KERNEL_DTYPES))
     };
     GatedKernel::register_all(GATED_OPS, registry, spec, run)
 }
@@ -100,9 +102,12 @@ fn launch(
     let (x_ptr, out_ptr) = (x_address.offset(rows.offset * size), out_address.ptr);
     let mut builder = stream.launch_builder(&function);
     // <op>_<dtype>(elem_t* out, const elem_t* x, long long n_rows, int d, long long x_row_stride,
-    //              long long out_row_stride, float f0, float f1, int i0, int i1)
+    //              long long out_row_stride, compute_t f0, compute_t f1, int i0, int i1)
+    let [f0, f1] = scalars.floats_f64.map(|v| ComputeScalar::new(dtype, v));
     builder.arg(&out_ptr).arg(&x_ptr).arg(&n_rows).arg(&d).arg(&x_stride).arg(&out_stride);
-    builder.arg(&scalars.floats[0]).arg(&scalars.floats[1]).arg(&scalars.ints[0]).arg(&scalars.ints[1]);
+    arg_compute(&mut builder, &f0);
+    arg_compute(&mut builder, &f1);
+    builder.arg(&scalars.ints[0]).arg(&scalars.ints[1]);
     let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (GATED_BLOCK, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
     // by `kernel_int`. x's address covers every element the rows reach (its layout was checked against

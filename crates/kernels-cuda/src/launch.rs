@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use ir_core::kernel::{Rows, gpu_threads_per_row, kernel_int};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg};
+use ir_core::kernel::{ComputeScalar, Rows, gpu_threads_per_row, kernel_int};
 use ir_core::{DType, KernelError};
 
 use crate::device::{CudaBuffer, CudaDeviceState, driver_error};
@@ -50,10 +50,20 @@ pub(crate) fn vector_ok(rows: &Rows, dtype: DType, base_alignment: usize) -> boo
     let size = dtype.size_in_bytes();
     let width = 16 / size;
     let start = rows.offset * size;
-    base_alignment.is_multiple_of(16)
+    crate::module::vectorizes(dtype)
+        && base_alignment.is_multiple_of(16)
         && start.is_multiple_of(16)
         && rows.hidden.is_multiple_of(width)
         && (rows.n_rows <= 1 || rows.row_stride.is_multiple_of(width))
+}
+
+/// Pushes `value` as the kernel's next argument, a `compute_t` (`element.cuh`) of the program
+/// `value` was made for.
+pub(crate) fn arg_compute<'a>(builder: &mut LaunchArgs<'a>, value: &'a ComputeScalar) {
+    match value {
+        ComputeScalar::F32(v) => builder.arg(v),
+        ComputeScalar::F64(v) => builder.arg(v),
+    };
 }
 
 /// Arguments of one launch, besides the buffers.
@@ -61,7 +71,7 @@ pub(crate) struct Launch {
     pub(crate) dtype: DType,
     pub(crate) rows: Rows,
     pub(crate) other_rows: Rows,
-    pub(crate) epsilon: f32,
+    pub(crate) epsilon: ComputeScalar,
     pub(crate) vectorized: bool,
     /// Elements of each row the mean square runs over, from `kernel::norm_variance` (in 1..=H).
     pub(crate) variance: usize,
@@ -128,10 +138,12 @@ pub(crate) fn launch_rms_norm(
     let out_ptr = out_address.offset(out_rows.offset * size);
     let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset_bytes)| w.offset(*offset_bytes));
     let mut builder = stream.launch_builder(&prepared.function);
-    // rms_norm_<dtype>(elem_t* out, const elem_t* x, const welem_t* weight, float epsilon, long long n_rows,
-    //                  int hidden, int variance, long long x_row_stride, long long out_row_stride)
+    // rms_norm_<dtype>(elem_t* out, const elem_t* x, const welem_t* weight, compute_t epsilon,
+    //                  long long n_rows, int hidden, int variance, long long x_row_stride,
+    //                  long long out_row_stride)
     builder.arg(&out_ptr).arg(&x_ptr).arg(&weight_ptr);
-    builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&prepared.variance);
+    arg_compute(&mut builder, &launch.epsilon);
+    builder.arg(&prepared.n_rows).arg(&prepared.hidden).arg(&prepared.variance);
     builder.arg(&x_stride).arg(&out_stride);
     // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
     // by `kernel_int`. The addresses cover every element the rows reach: each tensor was built
@@ -166,11 +178,12 @@ pub(crate) fn launch_fused(
     let residual_ptr = residual_address.offset(residual_rows.offset * size);
     let weight_ptr = weight_address.as_ref().map_or(0, |(w, offset_bytes)| w.offset(*offset_bytes));
     let mut builder = stream.launch_builder(&prepared.function);
-    // fused_add_rms_norm_<dtype>(elem_t* x, elem_t* residual, const welem_t* weight, float epsilon,
+    // fused_add_rms_norm_<dtype>(elem_t* x, elem_t* residual, const welem_t* weight, compute_t epsilon,
     //                            long long n_rows, int hidden, int variance, long long x_row_stride,
     //                            long long residual_row_stride)
     builder.arg(&x_ptr).arg(&residual_ptr).arg(&weight_ptr);
-    builder.arg(&launch.epsilon).arg(&prepared.n_rows).arg(&prepared.hidden).arg(&prepared.variance);
+    arg_compute(&mut builder, &launch.epsilon);
+    builder.arg(&prepared.n_rows).arg(&prepared.hidden).arg(&prepared.variance);
     builder.arg(&x_stride).arg(&residual_stride);
     // SAFETY: the arguments follow the kernel's prototype above, each integer converted without loss
     // by `kernel_int`. x and residual are distinct, uniquely owned buffers (`UniqueTensor`), and their
@@ -221,5 +234,6 @@ mod tests {
         assert!(!vector_ok(&rows(4096, 4099, 0), DType::BF16, 256), "row stride");
         assert!(vector_ok(&rows(4096, 4096, 8), DType::BF16, 256));
         assert!(vector_ok(&rows(4096, 4100, 4), DType::F32, 256));
+        assert!(!vector_ok(&rows(4096, 4096, 0), DType::F64, 256), "f64 rows launch with scalar accesses");
     }
 }

@@ -30,8 +30,8 @@ pub mod quant;
 pub mod rotary;
 
 use ir_core::kernel::{
-    NormCapabilities, Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support_with, norm_variance,
-    rms_norm_support_with,
+    ComputeScalar, KernelDTypes, NormCapabilities, Rows, device_buffer, device_buffer_mut,
+    fused_add_rms_norm_support_with, norm_variance, rms_norm_support_with,
 };
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
@@ -41,13 +41,21 @@ use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
 pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch};
 pub use crate::module::{
-    ELEMENT, KernelVariant, NormOp, SOURCE, all_variants, arch_for, compile_ptx, largest_cached_row, nvrtc_availability,
+    ELEMENT, KernelVariant, NARROW, NormOp, SOURCE, all_variants, arch_for, compile_ptx, largest_cached_row,
+    nvrtc_availability, vectorizes,
 };
 /// The cudarc this crate is built with, so an engine names the same slice and stream types.
 pub use cudarc;
 
 /// The provider name.
 pub const PROVIDER: &str = "cuda";
+
+/// The element dtypes the kernels compute on: f32, f16, bf16 and f64 (every CUDA GPU computes in
+/// f64; an f64 reference on device tensors then stays on the device).
+pub const KERNEL_DTYPES: KernelDTypes = KernelDTypes::WithF64;
+
+/// The norms' capabilities: every argument form, on [`KERNEL_DTYPES`].
+const CAPABILITIES: NormCapabilities = NormCapabilities { dtypes: KERNEL_DTYPES, ..NormCapabilities::ALL };
 
 /// Alignment of device allocations (the driver returns at least 256-byte aligned memory).
 const ALLOCATION_ALIGNMENT: usize = 256;
@@ -56,11 +64,11 @@ const ALLOCATION_ALIGNMENT: usize = 256;
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let rms_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
-        .with_supports(|args| rms_norm_support_with(args, DeviceKind::Cuda, NormCapabilities::ALL));
+        .with_supports(|args| rms_norm_support_with(args, DeviceKind::Cuda, CAPABILITIES));
     rms_norm::register(registry, rms_spec, rms_norm_cuda)?;
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
-        .with_supports(|args| fused_add_rms_norm_support_with(args, DeviceKind::Cuda, NormCapabilities::ALL));
+        .with_supports(|args| fused_add_rms_norm_support_with(args, DeviceKind::Cuda, CAPABILITIES));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cuda))?;
     gated::register(registry)?;
     quant::register(registry)?;
@@ -92,8 +100,14 @@ pub fn rms_norm_cuda(
         let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
             && launch::vector_ok(&out_rows, dtype, ALLOCATION_ALIGNMENT)
             && weight.is_none_or(|(_, offset, w_dtype)| weight_vector_ok(offset, x_rows.hidden, dtype, w_dtype));
-        let launch =
-            launch::Launch { dtype, rows: x_rows, other_rows: out_rows, epsilon: epsilon as f32, vectorized, variance };
+        let launch = launch::Launch {
+            dtype,
+            rows: x_rows,
+            other_rows: out_rows,
+            epsilon: ComputeScalar::new(dtype, epsilon),
+            vectorized,
+            variance,
+        };
         launch::launch_rms_norm(&stream, &launch, &mut out, x_buffer, weight)?;
     }
     Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
@@ -120,7 +134,7 @@ pub fn fused_add_rms_norm_cuda(
             dtype,
             rows: x_rows,
             other_rows: residual_rows,
-            epsilon: epsilon as f32,
+            epsilon: ComputeScalar::new(dtype, epsilon),
             vectorized,
             variance,
         };

@@ -12,20 +12,30 @@ use ir_core::{Availability, DType, KernelError};
 
 use crate::launch::{BLOCK_SIZES, THREADS_PER_ROW};
 
-/// The element-type prelude every kernel source is compiled after.
-pub const ELEMENT: &str = include_str!("../kernels/element.cuh");
+/// The narrowing of a double through f32 rounded to odd (`kernels/narrow.cuh`), which the element
+/// prelude and the strided conversions use.
+pub const NARROW: &str = include_str!("../kernels/narrow.cuh");
+
+/// The element-type prelude every kernel source is compiled after (`narrow.cuh`, then `element.cuh`).
+pub const ELEMENT: &str = concat!(include_str!("../kernels/narrow.cuh"), "\n", include_str!("../kernels/element.cuh"));
 
 /// The norm kernels' source as NVRTC compiles it (the element prelude, then `kernels/rms_norm.cu`).
-pub const SOURCE: &str = concat!(include_str!("../kernels/element.cuh"), "\n", include_str!("../kernels/rms_norm.cu"));
+pub const SOURCE: &str = concat!(
+    include_str!("../kernels/narrow.cuh"),
+    "\n",
+    include_str!("../kernels/element.cuh"),
+    "\n",
+    include_str!("../kernels/rms_norm.cu")
+);
 
 /// One compiled form of the kernel source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelVariant {
     /// The kernel.
     pub op: NormOp,
-    /// Element type (f32, f16 or bf16).
+    /// Element type (f32, f16, bf16 or f64).
     pub dtype: DType,
-    /// The weight's dtype when a weight is applied (it may differ from `dtype`: f32, f16 or bf16).
+    /// The weight's dtype when a weight is applied (it may differ from `dtype`; one of the same).
     pub weight: Option<DType>,
     /// Whether 16-byte vector accesses are used (else scalar accesses, same bits).
     pub vectorized: bool,
@@ -47,10 +57,11 @@ impl KernelVariant {
 
     /// The 16-byte chunks of a row each thread keeps in registers between the two passes: enough
     /// for the whole row up to the largest hidden size of this variant's threads-per-row bucket
-    /// ([`largest_cached_row`]); the chunks of longer rows beyond these are read again.
+    /// ([`largest_cached_row`]); the chunks of longer rows beyond these are read again. f64, a
+    /// reference dtype, gets the f32 kernels' chunk count and so the same registers: half its row.
     pub fn cache_chunks(&self) -> u32 {
-        let chunk = 16 / self.dtype.size_in_bytes() as u32;
-        largest_cached_row(self.threads_per_row).div_ceil(chunk * self.threads_per_row)
+        let size = if self.dtype == DType::F64 { 4 } else { self.dtype.size_in_bytes() as u32 };
+        largest_cached_row(self.threads_per_row).div_ceil(16 / size * self.threads_per_row)
     }
 
     /// The NVRTC `-D` options selecting this variant.
@@ -96,9 +107,10 @@ impl fmt::Display for KernelVariant {
 
 /// Every variant the provider can launch: without a weight and with one of each dtype (a weight of
 /// another dtype than x at two row widths only: it differs from the same-dtype form only in the
-/// weight step's loads and roundings).
+/// weight step's loads and roundings). f64 rows launch with scalar accesses only
+/// ([`vectorizes`]), and an f64 weight or f64 x with another weight at one row width.
 pub fn all_variants() -> Vec<KernelVariant> {
-    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
     let mut variants = Vec::new();
     for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
         for dtype in DTYPES {
@@ -106,7 +118,9 @@ pub fn all_variants() -> Vec<KernelVariant> {
                 for vectorized in [false, true] {
                     for threads_per_row in THREADS_PER_ROW {
                         let mixed = weight.is_some_and(|w| w != dtype);
-                        if mixed && !matches!(threads_per_row, 32 | 256) {
+                        let with_f64 = dtype == DType::F64 || weight == Some(DType::F64);
+                        let widths: &[u32] = if with_f64 { &[32] } else { &[32, 256] };
+                        if (mixed && !widths.contains(&threads_per_row)) || (vectorized && !vectorizes(dtype)) {
                             continue;
                         }
                         variants.push(KernelVariant { op, dtype, weight, vectorized, threads_per_row });
@@ -117,6 +131,12 @@ pub fn all_variants() -> Vec<KernelVariant> {
     }
     debug_assert!(BLOCK_SIZES.len() == 2);
     variants
+}
+
+/// Whether rows of `dtype` may launch with 16-byte vector accesses (when aligned): not f64, a
+/// reference dtype, whose rows always launch with scalar accesses (fewer variants to compile).
+pub fn vectorizes(dtype: DType) -> bool {
+    dtype != DType::F64
 }
 
 /// Whether NVRTC can be loaded (probing never panics).
@@ -181,6 +201,7 @@ fn dtype_code(dtype: DType) -> Result<u8, KernelError> {
         DType::F32 => Ok(0),
         DType::F16 => Ok(1),
         DType::BF16 => Ok(2),
+        DType::F64 => Ok(6),
         other => Err(KernelError::InvalidArguments { reason: format!("the cuda kernels do not compute in {other}") }),
     }
 }
@@ -213,17 +234,19 @@ mod tests {
         for variant in all_variants() {
             let chunk = 16 / variant.dtype.size_in_bytes() as u32;
             let cached = variant.cache_chunks() * chunk * variant.threads_per_row;
-            let largest = largest_cached_row(variant.threads_per_row);
+            let bucket = largest_cached_row(variant.threads_per_row);
+            // f64 keeps the f32 kernels' registers: half the row.
+            let largest = if variant.dtype == DType::F64 { bucket / 2 } else { bucket };
             assert!(cached >= largest, "{variant}: {cached} elements cached, rows up to {largest}");
             assert!(
                 cached < largest + chunk * variant.threads_per_row,
                 "{variant}: one chunk a thread at most to spare"
             );
             if variant.threads_per_row < 256 {
-                let launched = rms_norm_launch(1, largest as usize).unwrap().threads_per_row;
-                assert_eq!(launched, variant.threads_per_row, "H {largest} launches with this variant's width");
-                let next = rms_norm_launch(1, largest as usize + 1).unwrap().threads_per_row;
-                assert!(next > variant.threads_per_row, "H {} takes a wider bucket", largest + 1);
+                let launched = rms_norm_launch(1, bucket as usize).unwrap().threads_per_row;
+                assert_eq!(launched, variant.threads_per_row, "H {bucket} launches with this variant's width");
+                let next = rms_norm_launch(1, bucket as usize + 1).unwrap().threads_per_row;
+                assert!(next > variant.threads_per_row, "H {} takes a wider bucket", bucket + 1);
             }
         }
     }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use ir_core::kernel::{
-    NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales,
-    fp8_format_code, per_token_scales_shape, quant_support,
+    ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut,
+    floor_scales, fp8_format_code, per_token_scales_shape, quant_support_with,
 };
 use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT};
 use ir_core::op::static_scaled_fp8_quant::{self, STATIC_SCALED_FP8_QUANT};
@@ -18,6 +18,7 @@ use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Layout, Registry, RegistryError, Tensor, TensorError};
 
 use crate::device::{CudaBuffer, driver_error};
+use crate::launch::arg_compute;
 use crate::module::{ELEMENT, compile, dtype_define};
 
 /// The quantization kernels' source (after the element prelude).
@@ -48,7 +49,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || {
         ImplSpec::new(crate::PROVIDER)
             .with_probe(crate::availability)
-            .with_supports(|args| quant_support(args, DeviceKind::Cuda))
+            .with_supports(|args| quant_support_with(args, DeviceKind::Cuda, crate::KERNEL_DTYPES))
     };
     static_scaled_fp8_quant::register(registry, spec(), static_scaled_fp8_quant_cuda)?;
     dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_cuda)?;
@@ -58,7 +59,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 /// Registers the three norm + quantization ops.
 fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
-    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Cuda, spec, norm_quant)
+    ir_core::kernel::register_norm_quant_ops_with(registry, DeviceKind::Cuda, || crate::KERNEL_DTYPES, spec, norm_quant)
 }
 
 /// x's rows, buffer and call stream, and the fresh q buffer on that stream.
@@ -216,7 +217,7 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
         let config = launch.config()?;
         let RowArgs { n_rows, hidden, row_stride: x_stride, .. } = rows.kernel_args()?;
         let r_stride = residual_rows.map(|r| r.kernel_args()).transpose()?.map_or(0, |r| r.row_stride);
-        let eps = epsilon as f32;
+        let eps = ComputeScalar::new(dtype, epsilon);
         let flags = [has_residual, weight.is_some(), dynamic, scale.is_some()].map(i32::from);
         let x_address = launch.x.read_address(&stream);
         let r_address = match (residual_read, residual_written) {
@@ -253,10 +254,12 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
         let mut builder = stream.launch_builder(&function);
         // norm_quant_<dtype>(unsigned char* q, float* scales, elem_t* residual_out, const elem_t* x,
         //     const elem_t* r, const elem_t* w, long long n_rows, int hidden, long long x_row_stride,
-        //     long long r_row_stride, long long out_row_stride, float eps, const float* scale,
+        //     long long r_row_stride, long long out_row_stride, compute_t eps, const float* scale,
         //     int has_residual, int has_weight, int dynamic, int has_scale, int format)
         builder.arg(&q_address.ptr).arg(&scales_ptr).arg(&out_ptr).arg(&x_ptr).arg(&r_ptr).arg(&w_ptr);
-        builder.arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&r_stride).arg(&out_stride).arg(&eps).arg(&s_ptr);
+        builder.arg(&n_rows).arg(&hidden).arg(&x_stride).arg(&r_stride).arg(&out_stride);
+        arg_compute(&mut builder, &eps);
+        builder.arg(&s_ptr);
         builder.arg(&flags[0]).arg(&flags[1]).arg(&flags[2]).arg(&flags[3]).arg(&format);
         // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
         // loss by `Rows::kernel_args`. x's and the residual's addresses cover every element their

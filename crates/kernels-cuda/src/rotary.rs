@@ -5,7 +5,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ir_core::kernel::{RotaryCall, device_buffer, device_buffer_mut, register_rotary};
+use ir_core::kernel::{RotaryCall, device_buffer, device_buffer_mut, register_rotary_with};
 use ir_core::op::rotary_embedding::ROTARY_EMBEDDING;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 
@@ -27,7 +27,7 @@ pub fn compile_ptx(dtype: DType, arch: Option<&'static str>) -> Result<Ptx, Kern
 /// Registers `rotary_embedding` (in place).
 pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
-    register_rotary(registry, DeviceKind::Cuda, spec, rotary_embedding_cuda)
+    register_rotary_with(registry, DeviceKind::Cuda, || crate::KERNEL_DTYPES, spec, rotary_embedding_cuda)
 }
 
 /// `rotary_embedding` on CUDA: rotates query and key (when given) in their storage; the launch is

@@ -10,7 +10,7 @@ use std::process::Command;
 use ir_core::DType;
 use kernels_cuda::{all_variants, compile_ptx, nvrtc_availability};
 
-const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
 const ARCHS: [(&str, &str); 2] = [("compute_80", "sm_80"), ("compute_90", "sm_90")];
 
 /// One kernel's resources, from `ptxas -v`.
@@ -63,37 +63,65 @@ fn ptxas() -> Result<String, String> {
     }
 }
 
-/// Every program this crate compiles, for one architecture: (label, PTX).
+/// One program to compile: its label and how to make its PTX.
+type Job = Box<dyn Fn() -> (String, String) + Send + Sync>;
+
+/// Every program this crate compiles, for one architecture: (label, PTX), compiled on every core
+/// (NVRTC compiles independent programs concurrently).
 fn programs(arch: &'static str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+    let mut jobs: Vec<Job> = Vec::new();
     for variant in all_variants() {
-        let ptx = compile_ptx(&variant, Some(arch)).unwrap_or_else(|e| panic!("{variant} for {arch}: {e}"));
-        out.push((format!("{variant}"), ptx.to_src()));
+        jobs.push(Box::new(move || {
+            let ptx = compile_ptx(&variant, Some(arch)).unwrap_or_else(|e| panic!("{variant} for {arch}: {e}"));
+            (format!("{variant}"), ptx.to_src())
+        }));
     }
     for dtype in DTYPES {
         for op in kernels_cuda::gated::GATED_OPS {
-            let ptx = kernels_cuda::gated::compile_ptx(op, dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
-            out.push((op.kernel_name(dtype), ptx.to_src()));
+            jobs.push(Box::new(move || {
+                let ptx = kernels_cuda::gated::compile_ptx(op, dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+                (op.kernel_name(dtype), ptx.to_src())
+            }));
         }
-        let quant = kernels_cuda::quant::compile_ptx(dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
-        out.push((format!("quant_{dtype}"), quant.to_src()));
-        let rotary = kernels_cuda::rotary::compile_ptx(dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
-        out.push((format!("rotary_{dtype}"), rotary.to_src()));
+        jobs.push(Box::new(move || {
+            let quant = kernels_cuda::quant::compile_ptx(dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+            (format!("quant_{dtype}"), quant.to_src())
+        }));
+        jobs.push(Box::new(move || {
+            let rotary = kernels_cuda::rotary::compile_ptx(dtype, Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+            (format!("rotary_{dtype}"), rotary.to_src())
+        }));
     }
-    let copy = kernels_cuda::copy::compile_ptx(Some(arch)).unwrap_or_else(|e| panic!("{e}"));
-    for size in kernels_cuda::copy::ELEMENT_SIZES {
-        let entry = format!(".entry strided_copy_{size}(");
-        assert!(copy.to_src().contains(&entry), "the strided copy PTX lacks `{entry}`");
-    }
-    out.push(("strided_copy".to_owned(), copy.to_src()));
-    let convert = kernels_cuda::copy::compile_convert_ptx(Some(arch)).unwrap_or_else(|e| panic!("{e}"));
-    let names = kernels_cuda::copy::CONVERT_KERNELS.iter().map(|k| k.2);
-    for name in names.chain(kernels_cuda::copy::BINARY_KERNELS.iter().map(|k| k.2)) {
-        let entry = format!(".entry {name}(");
-        assert!(convert.to_src().contains(&entry), "the strided conversion PTX lacks `{entry}`");
-    }
-    out.push(("strided_convert".to_owned(), convert.to_src()));
-    out
+    jobs.push(Box::new(move || {
+        let copy = kernels_cuda::copy::compile_ptx(Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+        for size in kernels_cuda::copy::ELEMENT_SIZES {
+            let entry = format!(".entry strided_copy_{size}(");
+            assert!(copy.to_src().contains(&entry), "the strided copy PTX lacks `{entry}`");
+        }
+        ("strided_copy".to_owned(), copy.to_src())
+    }));
+    jobs.push(Box::new(move || {
+        let convert = kernels_cuda::copy::compile_convert_ptx(Some(arch)).unwrap_or_else(|e| panic!("{e}"));
+        let names = kernels_cuda::copy::CONVERT_KERNELS.iter().map(|k| k.2);
+        for name in names.chain(kernels_cuda::copy::BINARY_KERNELS.iter().map(|k| k.2)) {
+            let entry = format!(".entry {name}(");
+            assert!(convert.to_src().contains(&entry), "the strided conversion PTX lacks `{entry}`");
+        }
+        ("strided_convert".to_owned(), convert.to_src())
+    }));
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Every `threads`-th job to each thread, so the slow norm variants spread evenly.
+    let mut compiled: Vec<(usize, (String, String))> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|first| {
+                let jobs = &jobs;
+                scope.spawn(move || (first..jobs.len()).step_by(threads).map(|i| (i, jobs[i]())).collect::<Vec<_>>())
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("a compiling thread")).collect()
+    });
+    compiled.sort_by_key(|(i, _)| *i);
+    compiled.into_iter().map(|(_, program)| program).collect()
 }
 
 /// Assembles `ptx` for `sm` with `-v` and returns the report (ptxas writes it on stderr).

@@ -4,7 +4,7 @@
 //! source by `build.rs`) and one line of [`GATED_OPS`]. The op's scalar parameters reach the kernel
 //! through [`GatedScalars`](ir_core::kernel::GatedScalars).
 
-use ir_core::kernel::{GatedKernel, gated_support};
+use ir_core::kernel::{GatedKernel, gated_support_with};
 use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
@@ -31,7 +31,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || {
         ImplSpec::new(crate::PROVIDER)
             .with_probe(crate::availability)
-            .with_supports(|args| gated_support(args, DeviceKind::Rocm))
+            .with_supports(|args| gated_support_with(args, DeviceKind::Rocm, crate::KERNEL_DTYPES))
     };
     GatedKernel::register_all(GATED_OPS, registry, spec, run)
 }
@@ -51,7 +51,7 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
 mod launch {
     use std::ffi::c_void;
 
-    use ir_core::kernel::{GatedCall, GatedGeometry, device_buffer, kernel_int};
+    use ir_core::kernel::{ComputeScalar, GatedCall, GatedGeometry, device_buffer, kernel_int};
     use ir_core::op::Value;
     use ir_core::storage::{DeviceAllocator, Storage};
     use ir_core::{KernelError, Tensor, TensorError};
@@ -59,7 +59,7 @@ mod launch {
     use ir_core::kernel::GatedKernel;
 
     use super::GATED_BLOCK;
-    use crate::launch::element_ptr;
+    use crate::launch::{compute_param, element_ptr};
     use crate::runtime::{HipBuffer, allocator, device};
 
     pub(super) fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
@@ -81,10 +81,10 @@ mod launch {
             let mut d: i32 = kernel_int(d, "output width")?;
             let mut x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
             let mut out_stride = i64::from(d);
-            let [mut f0, mut f1] = scalars.floats;
+            let [mut f0, mut f1] = scalars.floats_f64.map(|v| ComputeScalar::new(dtype, v));
             let [mut i0, mut i1] = scalars.ints;
             // <op>_<dtype>(out, x, long long n_rows, int d, long long x_row_stride, long long out_row_stride,
-            //              float f0, float f1, int i0, int i1)
+            //              Compute<DTYPE> f0, Compute<DTYPE> f1, int i0, int i1)
             let mut params: [*mut c_void; 10] = [
                 &mut out_ptr as *mut _ as *mut c_void,
                 &mut x_ptr as *mut _ as *mut c_void,
@@ -92,8 +92,8 @@ mod launch {
                 &mut d as *mut _ as *mut c_void,
                 &mut x_stride as *mut _ as *mut c_void,
                 &mut out_stride as *mut _ as *mut c_void,
-                &mut f0 as *mut _ as *mut c_void,
-                &mut f1 as *mut _ as *mut c_void,
+                compute_param(&mut f0),
+                compute_param(&mut f1),
                 &mut i0 as *mut _ as *mut c_void,
                 &mut i1 as *mut _ as *mut c_void,
             ];

@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use ir_core::kernel::{Rows, device_buffer, device_buffer_mut, kernel_int, norm_variance};
+use ir_core::kernel::{ComputeScalar, Rows, device_buffer, device_buffer_mut, kernel_int, norm_variance};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
 
@@ -92,20 +92,19 @@ fn run(
 ) -> Result<(), KernelError> {
     let device = device().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
     let weight_dtype = weight.map(|(_, w_dtype)| w_dtype);
-    let mixed = weight_dtype.is_some_and(|w_dtype| w_dtype != dtype);
     let variant = KernelVariant {
         op,
         dtype,
         weight: weight_dtype,
         vectorized,
-        threads_per_row: crate::variant::launch_threads_per_row(rows.hidden, mixed),
+        threads_per_row: crate::variant::launch_threads_per_row(rows.hidden, dtype, weight_dtype),
     };
     let rows_per_block = (variant.block_size() / variant.threads_per_row) as usize;
     let blocks = u32::try_from(rows.n_rows.div_ceil(rows_per_block))
         .map_err(|_| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid limit", rows.n_rows) })?;
     let (mut first, mut second) = (buffers[0], buffers[1]);
     let mut weight = weight.map_or(std::ptr::null_mut(), |(pointer, _)| pointer);
-    let mut epsilon = epsilon as f32;
+    let mut epsilon = ComputeScalar::new(dtype, epsilon);
     let mut n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
     let mut hidden: i32 = kernel_int(rows.hidden, "hidden size")?;
     let mut variance: i32 = kernel_int(variance, "variance_size")?;
@@ -117,7 +116,7 @@ fn run(
         &mut first as *mut _ as *mut c_void,
         &mut second as *mut _ as *mut c_void,
         &mut weight as *mut _ as *mut c_void,
-        &mut epsilon as *mut _ as *mut c_void,
+        compute_param(&mut epsilon),
         &mut n_rows as *mut _ as *mut c_void,
         &mut hidden as *mut _ as *mut c_void,
         &mut variance as *mut _ as *mut c_void,
@@ -131,6 +130,15 @@ fn run(
     unsafe { device.launch(&variant.symbol(), blocks, variant.block_size(), &mut params) }
 }
 
+/// A pointer to `value`'s number for a kernel's parameter array: a `Compute<DTYPE>` parameter
+/// (element.hip.h) of the kernel `value` was made for.
+pub(crate) fn compute_param(value: &mut ComputeScalar) -> *mut c_void {
+    match value {
+        ComputeScalar::F32(v) => v as *mut f32 as *mut c_void,
+        ComputeScalar::F64(v) => v as *mut f64 as *mut c_void,
+    }
+}
+
 pub(crate) fn element_ptr(base: *mut c_void, offset: usize, dtype: DType) -> *mut c_void {
     base.wrapping_byte_add(offset * dtype.size_in_bytes())
 }
@@ -138,6 +146,9 @@ pub(crate) fn element_ptr(base: *mut c_void, offset: usize, dtype: DType) -> *mu
 /// Whether 16-byte accesses are safe: x's rows, the output's and a weight of x's dtype (a weight of
 /// another dtype is read with scalar loads in either path).
 fn vector_ok(tensors: &[(Rows, *mut c_void)], weight: Option<(*mut c_void, DType)>, dtype: DType) -> bool {
+    if !crate::variant::vectorizes(dtype) {
+        return false;
+    }
     let width = 16 / dtype.size_in_bytes();
     let aligned = |p: *mut c_void| (p as usize).is_multiple_of(16);
     tensors.iter().all(|(rows, p)| {

@@ -28,7 +28,7 @@ pub mod rotary;
 mod runtime;
 mod variant;
 
-use ir_core::kernel::{NormCapabilities, fused_add_rms_norm_support_with, rms_norm_support_with};
+use ir_core::kernel::{KernelDTypes, NormCapabilities, fused_add_rms_norm_support_with, rms_norm_support_with};
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
 use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
@@ -37,11 +37,19 @@ use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, Registr
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
 pub use crate::runtime::{HipBuffer, HipStream, RocmAllocator};
 pub use crate::variant::{
-    KernelVariant, MIXED_WEIGHT_THREADS_PER_ROW, NormOp, THREADS_PER_ROW, all_variants, launch_threads_per_row,
+    F64_MIXED_THREADS_PER_ROW, KernelVariant, MIXED_WEIGHT_THREADS_PER_ROW, NormOp, THREADS_PER_ROW, all_variants,
+    launch_threads_per_row, vectorizes,
 };
 
 /// The provider name.
 pub const PROVIDER: &str = "rocm";
+
+/// The element dtypes the kernels compute on: f32, f16, bf16 and f64 (every AMD GPU computes in
+/// f64; an f64 reference on device tensors then stays on the device).
+pub const KERNEL_DTYPES: KernelDTypes = KernelDTypes::WithF64;
+
+/// The norms' capabilities: every argument form, on [`KERNEL_DTYPES`].
+const CAPABILITIES: NormCapabilities = NormCapabilities { dtypes: KERNEL_DTYPES, ..NormCapabilities::ALL };
 
 /// The kernel source, embedded for reference and for compilation checks.
 pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
@@ -50,11 +58,11 @@ pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let rms_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
-        .with_supports(|args| rms_norm_support_with(args, DeviceKind::Rocm, NormCapabilities::ALL));
+        .with_supports(|args| rms_norm_support_with(args, DeviceKind::Rocm, CAPABILITIES));
     rms_norm::register(registry, rms_spec, rms_norm_rocm)?;
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_probe(availability)
-        .with_supports(|args| fused_add_rms_norm_support_with(args, DeviceKind::Rocm, NormCapabilities::ALL));
+        .with_supports(|args| fused_add_rms_norm_support_with(args, DeviceKind::Rocm, CAPABILITIES));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_rocm))?;
     gated::register(registry)?;
     quant::register(registry)?;

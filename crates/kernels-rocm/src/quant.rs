@@ -4,7 +4,7 @@
 //! `build.rs`), `<op>_<dtype>` per input dtype; the fp8 format is a kernel argument and the scales
 //! stay on the device.
 
-use ir_core::kernel::{NormQuantCall, NormQuantOutputs, fp8_format_code, quant_support};
+use ir_core::kernel::{NormQuantCall, NormQuantOutputs, fp8_format_code, quant_support_with};
 use ir_core::op::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 
@@ -19,7 +19,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || {
         ImplSpec::new(crate::PROVIDER)
             .with_probe(crate::availability)
-            .with_supports(|args| quant_support(args, DeviceKind::Rocm))
+            .with_supports(|args| quant_support_with(args, DeviceKind::Rocm, crate::KERNEL_DTYPES))
     };
     static_scaled_fp8_quant::register(registry, spec(), static_scaled_fp8_quant_rocm)?;
     dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_rocm)?;
@@ -29,7 +29,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 /// Registers the three norm + quantization ops.
 fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
-    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Rocm, spec, norm_quant)
+    ir_core::kernel::register_norm_quant_ops_with(registry, DeviceKind::Rocm, || crate::KERNEL_DTYPES, spec, norm_quant)
 }
 
 /// Runs the norm + quantization kernel: fresh compact outputs.
@@ -78,7 +78,8 @@ mod launch {
     use std::ffi::c_void;
 
     use ir_core::kernel::{
-        NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut,
+        ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer,
+        device_buffer_mut,
     };
     use ir_core::storage::{DeviceAllocator, Storage};
     use ir_core::{DType, KernelError, Layout, Tensor, TensorError};
@@ -87,7 +88,7 @@ mod launch {
     use ir_core::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 
     use super::QUANT_BLOCK;
-    use crate::launch::element_ptr;
+    use crate::launch::{compute_param, element_ptr};
     use crate::runtime::{HipBuffer, allocator, device};
 
     pub(super) enum Scale<'a> {
@@ -241,14 +242,14 @@ mod launch {
                 None if has_residual => (r_ptr, r_stride),
                 None => (null, 0),
             };
-            let mut eps = epsilon as f32;
+            let mut eps = ComputeScalar::new(dtype, epsilon);
             let [mut has_residual, mut has_weight, mut is_dynamic, mut has_scale] =
                 [has_residual, weight.is_some(), dynamic, scale.is_some()].map(i32::from);
             let blocks = u32::try_from(rows.n_rows).map_err(|_| KernelError::InvalidArguments {
                 reason: format!("{} rows exceed the grid limit", rows.n_rows),
             })?;
             // norm_quant_<dtype>(q, scales, residual_out, x, r, w, long long n_rows, int hidden,
-            //     long long x_row_stride, long long r_row_stride, long long out_row_stride, float eps,
+            //     long long x_row_stride, long long r_row_stride, long long out_row_stride, Compute<DTYPE> eps,
             //     const float* scale, int has_residual, int has_weight, int dynamic, int has_scale,
             //     int format)
             let mut params: [*mut c_void; 18] = [
@@ -263,7 +264,7 @@ mod launch {
                 &mut x_stride as *mut _ as *mut c_void,
                 &mut r_stride as *mut _ as *mut c_void,
                 &mut out_stride as *mut _ as *mut c_void,
-                &mut eps as *mut _ as *mut c_void,
+                compute_param(&mut eps),
                 &mut s_ptr as *mut _ as *mut c_void,
                 &mut has_residual as *mut _ as *mut c_void,
                 &mut has_weight as *mut _ as *mut c_void,

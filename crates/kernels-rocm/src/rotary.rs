@@ -3,7 +3,7 @@
 //! token. The positions stay on the device; a token whose position lies outside the cache is left
 //! unrotated (the kernel cannot report it).
 
-use ir_core::kernel::{RotaryCall, register_rotary};
+use ir_core::kernel::{RotaryCall, register_rotary_with};
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 
 /// The kernel of this module (`rotary_embedding_<dtype>`).
@@ -12,7 +12,7 @@ pub const KERNEL: &str = "rotary_embedding";
 /// Registers `rotary_embedding` (in place).
 pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
-    register_rotary(registry, DeviceKind::Rocm, spec, rotary_embedding_rocm)
+    register_rotary_with(registry, DeviceKind::Rocm, || crate::KERNEL_DTYPES, spec, rotary_embedding_rocm)
 }
 
 /// `rotary_embedding` on `rocm:0`: rotates query and key (when given) in their storage.

@@ -8,9 +8,9 @@ pub use ir_core::kernel::NormOp;
 pub struct KernelVariant {
     /// The kernel.
     pub op: NormOp,
-    /// Element type (f32, f16 or bf16).
+    /// Element type (f32, f16, bf16 or f64).
     pub dtype: DType,
-    /// The weight's dtype when a weight is applied (it may differ from `dtype`: f32, f16 or bf16).
+    /// The weight's dtype when a weight is applied (it may differ from `dtype`; one of the same).
     pub weight: Option<DType>,
     /// Whether 16-byte accesses are used (same bits as scalar accesses).
     pub vectorized: bool,
@@ -44,18 +44,33 @@ impl KernelVariant {
 /// Threads per row the code object holds kernels with a weight of another dtype than x for.
 pub const MIXED_WEIGHT_THREADS_PER_ROW: [u32; 2] = [32, 256];
 
+/// Threads per row of the kernels mixing f64 (a reference dtype) with another dtype (x f64 and a
+/// weight of another dtype, or an f64 weight on other elements): one width.
+pub const F64_MIXED_THREADS_PER_ROW: u32 = 32;
+
+/// Whether rows of `dtype` may launch with 16-byte vector accesses (when aligned): not f64, whose
+/// kernels take scalar accesses only.
+pub fn vectorizes(dtype: DType) -> bool {
+    dtype != DType::F64
+}
+
 /// Every kernel the code object must contain: without a weight and with one of x's dtype at every
-/// row width, and with a weight of each other dtype at [`MIXED_WEIGHT_THREADS_PER_ROW`].
+/// row width, and with a weight of each other dtype at [`MIXED_WEIGHT_THREADS_PER_ROW`] (at
+/// [`F64_MIXED_THREADS_PER_ROW`] when either side is f64); f64 rows with scalar accesses only.
 pub fn all_variants() -> Vec<KernelVariant> {
-    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
     let mut variants = Vec::new();
     for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
         for dtype in DTYPES {
             for weight in std::iter::once(None).chain(DTYPES.map(Some)) {
                 for vectorized in [false, true] {
                     for threads_per_row in THREADS_PER_ROW {
-                        let mixed = weight.is_some_and(|w| w != dtype);
-                        if mixed && !MIXED_WEIGHT_THREADS_PER_ROW.contains(&threads_per_row) {
+                        let widths: &[u32] = match weight.filter(|&w| w != dtype) {
+                            None => &THREADS_PER_ROW,
+                            Some(w) if w == DType::F64 || dtype == DType::F64 => &[F64_MIXED_THREADS_PER_ROW],
+                            Some(_) => &MIXED_WEIGHT_THREADS_PER_ROW,
+                        };
+                        if !widths.contains(&threads_per_row) || (vectorized && !vectorizes(dtype)) {
                             continue;
                         }
                         variants.push(KernelVariant { op, dtype, weight, vectorized, threads_per_row });
@@ -68,14 +83,15 @@ pub fn all_variants() -> Vec<KernelVariant> {
 }
 
 /// The row width a launch uses: the hidden size's, or for a weight of another dtype than x (whose
-/// kernels exist at two widths only) the nearer of [`MIXED_WEIGHT_THREADS_PER_ROW`].
-pub fn launch_threads_per_row(hidden: usize, mixed_weight: bool) -> u32 {
+/// kernels exist at few widths only) the nearer of [`MIXED_WEIGHT_THREADS_PER_ROW`], or
+/// [`F64_MIXED_THREADS_PER_ROW`] when either side is f64.
+pub fn launch_threads_per_row(hidden: usize, dtype: DType, weight: Option<DType>) -> u32 {
     let threads = ir_core::kernel::gpu_threads_per_row(hidden);
-    match (mixed_weight, threads) {
-        (false, threads) => threads,
-        (true, ..=64) => 32,
-        (true, _) => 256,
+    let Some(weight) = weight.filter(|&w| w != dtype) else { return threads };
+    if dtype == DType::F64 || weight == DType::F64 {
+        return F64_MIXED_THREADS_PER_ROW;
     }
+    if threads <= 64 { 32 } else { 256 }
 }
 
 #[cfg(test)]
@@ -95,11 +111,25 @@ mod tests {
         let mixed = KernelVariant { weight: Some(DType::F32), ..v };
         assert_eq!(mixed.symbol(), "fused_add_rms_norm_bf16_wf32_v8_t32");
         assert_eq!(KernelVariant { weight: None, ..v }.symbol(), "fused_add_rms_norm_bf16_w0_v8_t32");
-        assert_eq!(all_variants().len(), 144 + 2 * 3 * 2 * 2 * 2);
+        // f32/f16/bf16 as before; f64 with scalar accesses: no weight or an f64 one at every width,
+        // and at one width x f64 with each other weight and each other x with an f64 weight (both
+        // access widths).
+        assert_eq!(all_variants().len(), 144 + 2 * 3 * 2 * 2 * 2 + 2 * 2 * 6 + 2 * 3 + 2 * 3 * 2);
         // Every launch finds its kernel: mixed weights use the widths the code object has.
+        let variants = all_variants();
+        let dtypes = [DType::F32, DType::F16, DType::BF16, DType::F64];
         for hidden in [1, 64, 65, 3072, 3073, 6144, 6145, 16384, 16385, 1 << 20] {
-            assert!(MIXED_WEIGHT_THREADS_PER_ROW.contains(&launch_threads_per_row(hidden, true)), "H {hidden}");
-            assert_eq!(launch_threads_per_row(hidden, false), ir_core::kernel::gpu_threads_per_row(hidden));
+            for dtype in dtypes {
+                for weight in std::iter::once(None).chain(dtypes.map(Some)) {
+                    let threads_per_row = launch_threads_per_row(hidden, dtype, weight);
+                    let variant =
+                        KernelVariant { op: NormOp::RmsNorm, dtype, weight, vectorized: false, threads_per_row };
+                    assert!(variants.contains(&variant), "H {hidden}: {}", variant.symbol());
+                }
+            }
+            assert_eq!(launch_threads_per_row(hidden, DType::BF16, None), ir_core::kernel::gpu_threads_per_row(hidden));
         }
+        let f64_weight = KernelVariant { weight: Some(DType::F64), ..v };
+        assert_eq!(f64_weight.symbol(), "fused_add_rms_norm_bf16_wf64_v8_t32");
     }
 }

@@ -16,6 +16,10 @@ fn compile(hipcc: &str, dir: &std::path::Path, file: &str) -> Vec<u8> {
     std::fs::read(&output).expect("hipcc wrote the code object")
 }
 
+/// The element dtypes every kernel family is compiled for.
+const DTYPES: [ir_core::DType; 4] =
+    [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16, ir_core::DType::F64];
+
 #[test]
 fn hipcc_compiles_every_variant() {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
@@ -40,7 +44,7 @@ fn hipcc_compiles_every_variant() {
             scope.spawn(move || {
                 let object = compile(hipcc, dir, &format!("{}.hip", op.def.name));
                 let text = String::from_utf8_lossy(&object);
-                for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+                for dtype in DTYPES {
                     let symbol = op.kernel_name(dtype);
                     assert!(text.contains(&symbol), "the code object of {} lacks `{symbol}`", op.def.name);
                 }
@@ -83,7 +87,7 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     assert!(done.status.success(), "hipcc failed on the unit of every source:\n{report}");
     let text = String::from_utf8_lossy(&std::fs::read(&output).unwrap()).into_owned();
     for kernel in kernels_rocm::quant::KERNELS {
-        for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+        for dtype in DTYPES {
             assert!(text.contains(&format!("{kernel}_{dtype}")), "the code object lacks `{kernel}_{dtype}`");
         }
     }
@@ -92,7 +96,11 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
         .lines()
         .filter(|l| l.contains("ScratchSize") && (l.contains("/quant.hip:") || l.contains("/norm_quant.hip:")))
         .collect();
-    assert_eq!(quant_scratch.len(), 3 * kernels_rocm::quant::KERNELS.len(), "one report per kernel:\n{report}");
+    assert_eq!(
+        quant_scratch.len(),
+        DTYPES.len() * kernels_rocm::quant::KERNELS.len(),
+        "one report per kernel:\n{report}"
+    );
     assert!(quant_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{quant_scratch:#?}");
     // The norm kernels keep their cached chunks in registers (constant indices): no scratch in any
     // variant (issue 14: each used 144 or 272 bytes per lane while its cache had a runtime index).
@@ -102,9 +110,9 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     assert!(norm_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{norm_scratch:#?}");
     let rotary_scratch: Vec<&str> =
         report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/rotary.hip:")).collect();
-    assert_eq!(rotary_scratch.len(), 3, "one report per rotary kernel:\n{report}");
+    assert_eq!(rotary_scratch.len(), DTYPES.len(), "one report per rotary kernel:\n{report}");
     assert!(rotary_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{rotary_scratch:#?}");
-    for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+    for dtype in DTYPES {
         let symbol = format!("{}_{dtype}", kernels_rocm::rotary::KERNEL);
         assert!(text.contains(&symbol), "the code object lacks `{symbol}`");
     }
@@ -128,7 +136,7 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
 }
 
 /// The rotary kernel rounds each product on its own, as the reference does: its gfx90a ISA has no
-/// f32 fused multiply-add (hipcc contracts `x * c - y * s` into one unless told not to).
+/// f32 or f64 fused multiply-add (hipcc contracts `x * c - y * s` into one unless told not to).
 #[test]
 fn the_rotary_kernel_has_no_fused_multiply_add() {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
@@ -150,12 +158,12 @@ fn the_rotary_kernel_has_no_fused_multiply_add() {
     assert!(done.status.success(), "hipcc failed on rotary.hip:\n{}", String::from_utf8_lossy(&done.stderr));
     let isa = std::fs::read_to_string(&output).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(isa.contains("v_mul_f32"), "the products are in the ISA");
+    assert!(isa.contains("v_mul_f32") && isa.contains("v_mul_f64"), "the products are in the ISA");
     let fused: Vec<&str> = isa
         .lines()
         .map(str::trim)
         .filter(|l| {
-            ["v_fma_f32", "v_fmac_f32", "v_mad_f32", "v_mac_f32", "v_fma_mix", "v_mad_mix"]
+            ["v_fma_f32", "v_fmac_f32", "v_mad_f32", "v_mac_f32", "v_fma_mix", "v_mad_mix", "v_fma_f64"]
                 .iter()
                 .any(|i| l.starts_with(i))
         })

@@ -4,7 +4,9 @@
 //! element prelude, `kernels/gated.cl` (the shared row kernel) and the op's source, built per dtype
 //! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`](ir_core::kernel::GatedScalars).
 
-use ir_core::kernel::{GatedCall, GatedGeometry, GatedKernel, device_buffer, gated_support_with, kernel_int};
+use ir_core::kernel::{
+    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, device_buffer, gated_support_with, kernel_int,
+};
 use ir_core::op::Value;
 use ir_core::op::gelu_and_mul::GELU_AND_MUL;
 use ir_core::op::silu_and_mul::SILU_AND_MUL;
@@ -14,7 +16,7 @@ use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::ClMem;
 
 use crate::device::{XpuBuffer, cl_error};
-use crate::launch::ComputeScalar;
+use crate::launch::set_compute;
 use crate::module::ELEMENT;
 
 /// The shared row kernel of the gated ops.
@@ -91,8 +93,8 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
                 .set_arg(&d)
                 .set_arg(&x_stride)
                 .set_arg(&x_offset);
-            let execute = f0.set_on(execute);
-            f1.set_on(execute)
+            let execute = set_compute(execute, &f0);
+            set_compute(execute, &f1)
                 .set_arg(&scalars.ints[0])
                 .set_arg(&scalars.ints[1])
                 .set_global_work_size(global)

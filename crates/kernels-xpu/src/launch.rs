@@ -1,6 +1,6 @@
 //! Setting a kernel's arguments and enqueueing it.
 
-use ir_core::kernel::{Rows, kernel_int};
+use ir_core::kernel::{ComputeScalar, Rows, kernel_int};
 use ir_core::{DType, KernelError};
 use opencl3::kernel::ExecuteKernel;
 use std::sync::Arc;
@@ -12,32 +12,20 @@ use crate::FORCE_TREE_ENV;
 use crate::device::{XpuBuffer, cl_error};
 use crate::module::{KernelVariant, NormOp, group_size, threads_per_row, use_subgroups};
 
-/// A float argument in a kernel's compute dtype (`compute_t` in `element.cl`): f64 for f64
-/// elements, f32 (the value rounded to it) for the others.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum ComputeScalar {
-    F32(f32),
-    F64(f64),
-}
-
-impl ComputeScalar {
-    /// `value` in the compute dtype of `dtype` elements.
-    pub(crate) fn new(dtype: DType, value: f64) -> ComputeScalar {
-        if dtype == DType::F64 { ComputeScalar::F64(value) } else { ComputeScalar::F32(value as f32) }
-    }
-
-    /// Sets the kernel's next argument to this value.
-    ///
-    /// # Safety
-    ///
-    /// That argument is `compute_t` of the program this value was made for (its dtype's).
-    pub(crate) unsafe fn set_on<'b, 'k>(&self, execute: &'b mut ExecuteKernel<'k>) -> &'b mut ExecuteKernel<'k> {
-        // SAFETY: the caller's promise: the argument has this value's type.
-        unsafe {
-            match self {
-                ComputeScalar::F32(v) => execute.set_arg(v),
-                ComputeScalar::F64(v) => execute.set_arg(v),
-            }
+/// Sets the kernel's next argument to `value`.
+///
+/// # Safety
+///
+/// That argument is `compute_t` of the program `value` was made for (its dtype's).
+pub(crate) unsafe fn set_compute<'b, 'k>(
+    execute: &'b mut ExecuteKernel<'k>,
+    value: &ComputeScalar,
+) -> &'b mut ExecuteKernel<'k> {
+    // SAFETY: the caller's promise: the argument has this value's type.
+    unsafe {
+        match value {
+            ComputeScalar::F32(v) => execute.set_arg(v),
+            ComputeScalar::F64(v) => execute.set_arg(v),
         }
     }
 }
@@ -113,8 +101,7 @@ pub(crate) fn launch(
     // `check_fits` (checked arithmetic) when it was built, and the rows come from that layout.
     unsafe {
         let execute = execute.set_arg(&first_mem).set_arg(&second_mem).set_arg(&weight_mem);
-        args.epsilon
-            .set_on(execute)
+        set_compute(execute, &args.epsilon)
             .set_arg(&n_rows)
             .set_arg(&hidden)
             .set_arg(&variance)

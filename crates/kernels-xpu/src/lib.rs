@@ -26,10 +26,9 @@ mod module;
 pub mod quant;
 pub mod rotary;
 
-use crate::launch::ComputeScalar;
 use ir_core::kernel::{
-    KernelDTypes, NormCapabilities, Rows, device_buffer, device_buffer_mut, fused_add_rms_norm_support_with,
-    norm_variance, rms_norm_support_with,
+    ComputeScalar, KernelDTypes, NormCapabilities, Rows, device_buffer, device_buffer_mut,
+    fused_add_rms_norm_support_with, norm_variance, rms_norm_support_with,
 };
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use ir_core::kernel::{
-    NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales,
-    fp8_format_code, kernel_int, per_token_scales_shape, quant_support_with,
+    ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut,
+    floor_scales, fp8_format_code, kernel_int, per_token_scales_shape, quant_support_with,
 };
 use ir_core::op::dynamic_per_token_scaled_fp8_quant;
 use ir_core::op::static_scaled_fp8_quant;
@@ -18,7 +18,7 @@ use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::ClMem;
 
 use crate::device::{XpuBuffer, cl_error};
-use crate::launch::ComputeScalar;
+use crate::launch::set_compute;
 use crate::module::ELEMENT;
 
 /// The quantization kernels' source (after the element prelude).
@@ -289,7 +289,7 @@ fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> 
                 .set_arg(&out_stride)
                 .set_arg(&out_offset)
                 .set_arg(&w_offset);
-            eps.set_on(execute)
+            set_compute(execute, &eps)
                 .set_arg(&scale_mem)
                 .set_arg(&scale_offset)
                 .set_arg(&has_residual)
