@@ -227,6 +227,20 @@ mod tests {
     use super::*;
     use crate::launch::rms_norm_launch;
 
+    #[test]
+    fn the_variants_cover_every_dtype_weight_and_width() {
+        let variants = all_variants();
+        // ops x dtypes x (no weight, or one of x's dtype) x vector paths x row widths, and the
+        // weights of the two other dtypes at two row widths; f64 (scalar accesses only): no weight
+        // or an f64 one at every width, and at one width x f64 with each other weight and each
+        // other x with an f64 weight (both vector paths).
+        let reduced = 2 * 3 * 2 * 2 * 6 + 2 * 3 * 2 * 2 * 2;
+        assert_eq!(variants.len(), reduced + 2 * 2 * 6 + 2 * 3 + 2 * 3 * 2);
+        assert!(variants.iter().filter(|v| v.dtype == DType::F64).all(|v| !v.vectorized));
+        assert!(variants.iter().any(|v| v.weight == Some(DType::F32) && v.dtype == DType::BF16));
+        assert!(variants.iter().any(|v| v.weight == Some(DType::F64) && v.dtype == DType::BF16 && v.vectorized));
+    }
+
     /// Every hidden size a variant launches with, up to its bucket's largest (32768 for the last),
     /// fits in its threads' register cache; the bounded buckets' largest row launches with it.
     #[test]
