@@ -16,9 +16,7 @@
 // stores).
 // Up to 8 dimensions a launch (shape and strides padded with 1 and 0); offsets and strides in elements.
 
-#if SDTYPE == 6 || SDTYPE == 7 || DDTYPE == 6
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+// element.cl enables cl_khr_fp64 where the device has it (the f64 pairs are built only there).
 
 #if SDTYPE == 6 || SDTYPE == 7
 typedef double compute_t;

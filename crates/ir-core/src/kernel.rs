@@ -893,19 +893,10 @@ pub struct NormQuantOutputs {
 
 /// Registers the three norm + quantization ops of a provider whose tensors live on `device`, all
 /// served by `run`: `spec` makes each one's spec (the provider's name and probe), to which the op's
-/// standard predicate is added. The fused-add form is registered in place on the residual.
+/// standard predicate is added for the element dtypes `dtypes` says (asked at each selection, so a
+/// provider may answer from the device it finds at run time). The fused-add form is registered in
+/// place on the residual.
 pub fn register_norm_quant_ops(
-    registry: &crate::Registry,
-    device: DeviceKind,
-    spec: impl Fn() -> crate::ImplSpec,
-    run: fn(NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError>,
-) -> Result<(), crate::RegistryError> {
-    register_norm_quant_ops_with(registry, device, || KernelDTypes::Reduced, spec, run)
-}
-
-/// [`register_norm_quant_ops`] for a provider whose kernels compute on the dtypes `dtypes` says
-/// (asked at each selection, so a provider may answer from the device it finds at run time).
-pub fn register_norm_quant_ops_with(
     registry: &crate::Registry,
     device: DeviceKind,
     dtypes: fn() -> KernelDTypes,
@@ -1075,10 +1066,9 @@ impl GatedKernel {
 /// order in `ints`. Kernels take [`GATED_SLOTS`] of each; `none` is rejected.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GatedScalars {
-    /// Float parameters, in declaration order, rounded to f32.
-    pub floats: [f32; GATED_SLOTS],
-    /// The same float parameters unrounded, for a kernel that computes in f64.
-    pub floats_f64: [f64; GATED_SLOTS],
+    /// Float parameters, in declaration order, unrounded: a kernel takes each in its compute dtype
+    /// ([`ComputeScalar::new`]).
+    pub floats: [f64; GATED_SLOTS],
     /// String-choice, integer and boolean parameters, in declaration order.
     pub ints: [i32; GATED_SLOTS],
 }
@@ -1098,8 +1088,7 @@ impl GatedScalars {
         for (param, value) in def.params.iter().zip(args).skip(1) {
             let int = match (param.kind, value) {
                 (_, Value::F64(v)) => {
-                    *packed.floats.get_mut(floats).ok_or_else(too_many)? = *v as f32;
-                    packed.floats_f64[floats] = *v;
+                    *packed.floats.get_mut(floats).ok_or_else(too_many)? = *v;
                     floats += 1;
                     continue;
                 }

@@ -103,7 +103,7 @@ fn launch(
     let mut builder = stream.launch_builder(&function);
     // <op>_<dtype>(elem_t* out, const elem_t* x, long long n_rows, int d, long long x_row_stride,
     //              long long out_row_stride, compute_t f0, compute_t f1, int i0, int i1)
-    let [f0, f1] = scalars.floats_f64.map(|v| ComputeScalar::new(dtype, v));
+    let [f0, f1] = scalars.floats.map(|v| ComputeScalar::new(dtype, v));
     builder.arg(&out_ptr).arg(&x_ptr).arg(&n_rows).arg(&d).arg(&x_stride).arg(&out_stride);
     arg_compute(&mut builder, &f0);
     arg_compute(&mut builder, &f1);

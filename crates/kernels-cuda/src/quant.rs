@@ -59,7 +59,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 /// Registers the three norm + quantization ops.
 fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
-    ir_core::kernel::register_norm_quant_ops_with(registry, DeviceKind::Cuda, || crate::KERNEL_DTYPES, spec, norm_quant)
+    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Cuda, || crate::KERNEL_DTYPES, spec, norm_quant)
 }
 
 /// x's rows, buffer and call stream, and the fresh q buffer on that stream.

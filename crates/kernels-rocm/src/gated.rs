@@ -81,7 +81,7 @@ mod launch {
             let mut d: i32 = kernel_int(d, "output width")?;
             let mut x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;
             let mut out_stride = i64::from(d);
-            let [mut f0, mut f1] = scalars.floats_f64.map(|v| ComputeScalar::new(dtype, v));
+            let [mut f0, mut f1] = scalars.floats.map(|v| ComputeScalar::new(dtype, v));
             let [mut i0, mut i1] = scalars.ints;
             // <op>_<dtype>(out, x, long long n_rows, int d, long long x_row_stride, long long out_row_stride,
             //              Compute<DTYPE> f0, Compute<DTYPE> f1, int i0, int i1)

@@ -77,7 +77,7 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
             .n_rows
             .checked_mul(GATED_GROUP)
             .ok_or_else(|| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid", rows.n_rows) })?;
-        let [f0, f1] = scalars.floats_f64.map(|v| ComputeScalar::new(dtype, v));
+        let [f0, f1] = scalars.floats.map(|v| ComputeScalar::new(dtype, v));
         // <op>_<dtype>(out, x, long n_rows, int d, long x_row_stride, long x_offset, compute_t f0,
         //              compute_t f1, int i0, int i1)
         // SAFETY: the arguments follow the kernel's prototype above, with the types it declares,

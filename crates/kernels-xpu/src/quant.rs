@@ -195,7 +195,7 @@ pub fn norm_quant_program() -> String {
 /// Registers the three norm + quantization ops.
 pub(crate) fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability).with_platform_detection(crate::is_gpu);
-    ir_core::kernel::register_norm_quant_ops_with(registry, DeviceKind::Xpu, crate::kernel_dtypes, spec, norm_quant)
+    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Xpu, crate::kernel_dtypes, spec, norm_quant)
 }
 
 /// Runs the norm + quantization kernel: fresh compact outputs, and the residual output fresh or
