@@ -40,6 +40,11 @@ enum Step {
     /// a key of its dtype (the query itself possible): the query, the key, and the case (key or
     /// none, full or partial rotary, `maybe_inplace` or functional, NeoX or GPT-J).
     Rotary(u8, u8, u8),
+    /// A fusion candidate one of whose other operands the pair itself computes: an add + rms_norm
+    /// whose weight is the sum (rank 1, `[H]`), or a `fused_add_rms_norm` + static quantization whose
+    /// scale is the norm's residual output (`[1]`, f32); the second byte reads the sum before the
+    /// norm (the fused call would go to the add's place).
+    SelfOperandPair(u8, u8),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -59,6 +64,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, w)| Step::ImplWrites(a, b, w)),
         1 => (any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, k, w)| Step::NormQuant(a, b, k, w)),
         1 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(a, b, k)| Step::Rotary(a, b, k)),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(a, k)| Step::SelfOperandPair(a, k)),
     ]
 }
 
@@ -100,8 +106,8 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
             caches.insert((cache_dtype, rotary_dim), cache);
         }
     }
-    // Quantized results: graph outputs, never operands of later steps (no op but the quantizations
-    // takes 8-bit values).
+    // Quantized results and the rank-1 results of `SelfOperandPair`: graph outputs, never operands
+    // of later steps (no op but the quantizations takes 8-bit values; the other steps take [T, H]).
     let mut quantized: Vec<ValueId> = Vec::new();
     let pick = |pool: &[ValueId], i: u8| pool[i as usize % pool.len()];
     // Storage roots as R81 defines them, and which roots the caller did not donate.
@@ -397,6 +403,86 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 };
                 let kind = NodeKind::IrCall { op: graph.op_ref(op), overload: Overload::Default, args };
                 quantized.extend(graph.push(kind, metas).1);
+            }
+            Step::SelfOperandPair(a, k) => {
+                // A row of an activation of the weight's dtype, as a rank-1 [H] view, or the weight.
+                let rows: Vec<ValueId> = pool
+                    .iter()
+                    .copied()
+                    .filter(|&v| {
+                        let meta = graph.meta(v);
+                        meta.dtype == dtype && meta.shape().len() == 2 && meta.shape()[1] == H
+                    })
+                    .collect();
+                let builtin = |graph: &mut Graph, op, args: Vec<BuiltinArg>, meta: TensorMeta| {
+                    graph.push(NodeKind::builtin(op, args), vec![meta]).1[0]
+                };
+                let row_of = |graph: &mut Graph, v: ValueId, index: usize| {
+                    let rows = graph.meta(v).shape()[0];
+                    let start = index % rows;
+                    let layout = graph.meta(v).layout.slice(0, start, start + 1).expect("in range");
+                    let args = vec![
+                        BuiltinArg::Value(v),
+                        BuiltinArg::Index(0),
+                        BuiltinArg::Index(start),
+                        BuiltinArg::Index(start + 1),
+                    ];
+                    let row = builtin(graph, Builtin::Slice, args, TensorMeta { layout, ..m(graph, v) });
+                    let shape = graph.meta(row).shape()[1..].to_vec();
+                    let layout = graph.meta(row).layout.reshape(&shape).expect("one row is viewable as rank 1");
+                    let args = vec![BuiltinArg::Value(row), BuiltinArg::Shape(shape)];
+                    builtin(graph, Builtin::Reshape, args, TensorMeta { layout, ..m(graph, row) })
+                };
+                let read_first = k % 2 == 1;
+                if k % 4 < 2 {
+                    let x = if rows.is_empty() { weight } else { row_of(&mut graph, pick(&rows, a), a as usize) };
+                    let r = builtin(
+                        &mut graph,
+                        Builtin::Scale,
+                        vec![BuiltinArg::Value(weight), BuiltinArg::Float(0.5)],
+                        TensorMeta::compact(dtype, &[H]),
+                    );
+                    let sum = builtin(
+                        &mut graph,
+                        Builtin::Add,
+                        vec![BuiltinArg::Value(x), BuiltinArg::Value(r)],
+                        TensorMeta::compact(dtype, &[H]),
+                    );
+                    if read_first {
+                        let args = vec![BuiltinArg::Value(sum), BuiltinArg::Float(2.0)];
+                        quantized.push(builtin(&mut graph, Builtin::Scale, args, TensorMeta::compact(dtype, &[H])));
+                    }
+                    let kind = NodeKind::IrCall {
+                        op: graph.op_ref("rms_norm"),
+                        overload: Overload::Default,
+                        args: vec![Arg::Value(sum), Arg::Value(sum), Arg::F64(1e-6), Arg::None],
+                    };
+                    quantized.extend(graph.push(kind, vec![TensorMeta::compact(dtype, &[H])]).1);
+                } else {
+                    let one = TensorMeta::compact(DType::F32, &[1]);
+                    let r = builtin(
+                        &mut graph,
+                        Builtin::Scale,
+                        vec![BuiltinArg::Value(scale), BuiltinArg::Float(0.5)],
+                        one.clone(),
+                    );
+                    let kind = NodeKind::IrCall {
+                        op: graph.op_ref("fused_add_rms_norm"),
+                        overload: Overload::Default,
+                        args: vec![Arg::Value(scale), Arg::Value(r), Arg::None, Arg::F64(1e-6), Arg::None],
+                    };
+                    let results = graph.push(kind, vec![one.clone(), one.clone()]).1;
+                    if read_first {
+                        let args = vec![BuiltinArg::Value(results[1]), BuiltinArg::Float(2.0)];
+                        quantized.push(builtin(&mut graph, Builtin::Scale, args, one.clone()));
+                    }
+                    let kind = NodeKind::IrCall {
+                        op: graph.op_ref("static_scaled_fp8_quant"),
+                        overload: Overload::Default,
+                        args: vec![Arg::Value(results[0]), Arg::Value(results[1]), Arg::DType(DType::F8E4M3FN)],
+                    };
+                    quantized.extend(graph.push(kind, vec![TensorMeta::compact(DType::F8E4M3FN, &[1])]).1);
+                }
             }
             Step::Rotary(a, b, k) => {
                 let queries: Vec<ValueId> = pool
@@ -709,6 +795,42 @@ fn the_generator_gives_add_rms_norm_pairs_to_fuse() {
     }
     eprintln!("600 graphs: {fused} add + rms_norm pairs fused, {kept} kept");
     assert!(fused > 0, "the generator makes fusable pairs");
+}
+
+/// The generator builds fusion candidates one of whose operands the pair itself computes (the
+/// norm's weight is the sum; the quantization's scale is the residual output), which both fusions
+/// must keep, and the pipeline compiles them (the pipeline property above runs them).
+#[test]
+fn the_generator_gives_pairs_whose_operands_the_pair_computes() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    let (registry, _guards) = registry();
+    let cx = PassContext::new(&registry);
+    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let strategy = graphs();
+    let (mut add_norm, mut norm_quant) = (0, 0);
+    for _ in 0..600 {
+        let graph = strategy.new_tree(&mut runner).expect("graphs generate").current();
+        let mut fused = graph.clone();
+        let report = ir_passes::fuse_add_rms_norm(&mut fused, &cx).unwrap();
+        add_norm +=
+            report.skipped.iter().filter(|(_, r)| matches!(r, ir_passes::SkipReason::OperandNotReady { .. })).count();
+        let report = ir_passes::fuse_norm_quant(&mut fused, &cx).unwrap();
+        norm_quant += report
+            .skipped
+            .iter()
+            .filter(|(_, r)| matches!(r, ir_passes::NormQuantSkip::OperandNotReady { .. }))
+            .count();
+        let mut compiled = graph.clone();
+        Pipeline::standard()
+            .run(&mut compiled, &cx, None, Snapshots::Skip)
+            .unwrap_or_else(|e| panic!("a valid graph fails to compile: {e}\n{graph}"));
+    }
+    eprintln!(
+        "600 graphs: kept {add_norm} add + rms_norm and {norm_quant} norm + quantization pairs for their operands"
+    );
+    assert!(add_norm > 0 && norm_quant > 0, "the generator makes both kinds");
 }
 
 /// The generator's norm + quantization steps give `fuse-norm-quant` pairs to fuse and pairs it must

@@ -105,3 +105,105 @@ impl StorageRoots {
         self.roots[value].unwrap_or(value)
     }
 }
+
+/// One fusion as [`split_misplaced`] sees it: the fused call stands right before `anchor`, takes
+/// `args`, and replaces the nodes `removed` (whose results `replaced` it redefines).
+pub(crate) struct FusionSite<'a> {
+    /// The node the fused call goes right before.
+    pub(crate) anchor: NodeId,
+    /// The fused call's arguments.
+    pub(crate) args: &'a [Arg],
+    /// The nodes the fusion removes.
+    pub(crate) removed: smallvec::SmallVec<[NodeId; 3]>,
+    /// The values the fused call's results replace.
+    pub(crate) replaced: &'a [ValueId],
+}
+
+/// A fusion decided by a pass, before it is applied.
+pub(crate) trait DecidedFusion {
+    /// Where the fused call goes and what it reads and replaces.
+    fn site(&self) -> FusionSite<'_>;
+}
+
+/// Splits off the fusions whose call would read a value that is not there yet, each with that
+/// operand printed: an operand that one of the fusion's own removed nodes defines (the norm's
+/// weight is the add's sum), one that depends on them through nodes between (a value computed
+/// from the sum), or one defined at or after the place the call takes, counting a value another
+/// fusion replaces as defined where that fusion's call stands (an earlier pair's sum as the weight
+/// of a call moved up to its own add, above the earlier pair's fused call).
+///
+/// Dropping a fusion moves the values it would have replaced back to their own definitions, which
+/// can make another fusion's operand available or not; the check is repeated until no fusion is
+/// dropped (each round drops one at least). Returns the fusions to apply, in their order, and the
+/// dropped ones.
+pub(crate) fn split_misplaced<F: DecidedFusion>(
+    graph: &Graph,
+    positions: &SecondaryMap<NodeId, u32>,
+    fusions: Vec<F>,
+) -> (Vec<F>, Vec<(F, String)>) {
+    let mut misplaced: Vec<Option<ValueId>> = vec![None; fusions.len()];
+    let sites: Vec<FusionSite<'_>> = fusions.iter().map(DecidedFusion::site).collect();
+    loop {
+        // Where each value a kept fusion replaces is defined once the fusions are applied.
+        let mut moved: SecondaryMap<ValueId, Option<u32>> = SecondaryMap::new();
+        for (site, _) in sites.iter().zip(&misplaced).filter(|(_, misplaced)| misplaced.is_none()) {
+            for &value in site.replaced {
+                moved[value] = Some(positions[site.anchor]);
+            }
+        }
+        let mut dropped_now = false;
+        for (site, misplaced) in sites.iter().zip(misplaced.iter_mut()) {
+            if misplaced.is_some() {
+                continue;
+            }
+            *misplaced = site.args.iter().find_map(|arg| match arg {
+                Arg::Value(value) if !operand_ready(graph, positions, &moved, site, *value) => Some(*value),
+                _ => None,
+            });
+            dropped_now |= misplaced.is_some();
+        }
+        if !dropped_now {
+            break;
+        }
+    }
+    drop(sites);
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for (fusion, misplaced) in fusions.into_iter().zip(misplaced) {
+        match misplaced {
+            None => kept.push(fusion),
+            Some(operand) => dropped.push((fusion, graph.display_value(operand))),
+        }
+    }
+    (kept, dropped)
+}
+
+/// Whether `value` is defined before `site.anchor` once the kept fusions (`moved`) are applied,
+/// and neither is nor depends on a result of the nodes the site removes.
+fn operand_ready(
+    graph: &Graph,
+    positions: &SecondaryMap<NodeId, u32>,
+    moved: &SecondaryMap<ValueId, Option<u32>>,
+    site: &FusionSite<'_>,
+    value: ValueId,
+) -> bool {
+    let anchor_at = positions[site.anchor];
+    let defined_at = moved[value].unwrap_or(positions[graph.value(value).def]);
+    if anchor_at <= defined_at {
+        return false;
+    }
+    // A value defined before the first removed node cannot depend on one; only the nodes after it
+    // are walked (the few between the pair).
+    let first_removed = site.removed.iter().map(|&node| positions[node]).min().unwrap_or(u32::MAX);
+    let mut visited = std::collections::HashSet::new();
+    let mut stack = vec![graph.value(value).def];
+    while let Some(node) = stack.pop() {
+        if positions[node] < first_removed || !visited.insert(node) {
+            continue;
+        }
+        if site.removed.contains(&node) {
+            return false;
+        }
+        graph.node(node).kind.for_each_operand(|operand| stack.push(graph.value(operand).def));
+    }
+    true
+}

@@ -33,6 +33,14 @@
 //!   ```
 //! - **One norm per add** ([`SkipReason::AddAlreadyFused`]): when two norms read one sum, the first
 //!   fuses and the second reads the fused call's residual result, so the sum is computed once.
+//! - **Every operand is there where the fused call stands** ([`SkipReason::OperandNotReady`]): the
+//!   call reads no value the pair computes or that depends on it, and none defined after its place,
+//!   counting a value another fusion replaces as defined where that fusion's call stands (checked
+//!   once every pair is decided, dropping pairs until all that remain fit).
+//!   ```text
+//!   %s = add(%x, %r) : f32[8]
+//!   %o = rms_norm(%s, %s, 1e-6, none) : f32[8]  // the weight is the sum: kept as is
+//!   ```
 //! - **The fused op gives the same metadata** ([`SkipReason::Metadata`]): its two results must have
 //!   the dtype, device and layout of the norm's output and of the sum (the add of two strided
 //!   views, for instance, gives a compact sum, and so does the fused residual output; mixed dtypes
@@ -76,7 +84,7 @@ use ir_core::op::Overload;
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
-use crate::analysis::{replace_uses, writes_before};
+use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
 use crate::{PassContext, PassError};
 
 /// Why a candidate pair was left unfused.
@@ -91,6 +99,12 @@ pub enum SkipReason {
     Metadata(String),
     /// The add is already fused with an earlier norm (whose residual result this norm reads).
     AddAlreadyFused,
+    /// An operand of the fused call would not be there where the call stands: the pair computes it
+    /// (the norm's weight is the sum), or it is defined after the call's place.
+    OperandNotReady {
+        /// The operand, printed (`%s`).
+        operand: String,
+    },
     /// `fuse-add-rms-norm-exact` (the standard pipeline's form) fuses f32 and f64 pairs only: in a
     /// 16-bit dtype the fused op normalizes the unrounded sum, the pair the rounded one.
     Rounding(ir_core::DType),
@@ -113,6 +127,10 @@ impl fmt::Display for SkipReason {
             SkipReason::WriteBetween => f.write_str("a node between the add and the norm writes a value"),
             SkipReason::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
             SkipReason::AddAlreadyFused => f.write_str("the add is already fused with an earlier norm"),
+            SkipReason::OperandNotReady { operand } => write!(
+                f,
+                "operand `{operand}` of the fused call is computed by the pair or defined after the call's place"
+            ),
             SkipReason::Provider { norm, fused } => write!(
                 f,
                 "the norm runs on `{norm}` but the fused op would run on `{fused}` (select `fuse-add-rms-norm` to fuse it)"
@@ -154,6 +172,19 @@ struct Fusion {
     args: Vec<Arg>,
     /// The norm's output and the sum, which the fused call's results replace.
     replaced: [ValueId; 2],
+    /// The norm's statement, printed (for the report, should a later check keep the pair).
+    statement: String,
+}
+
+impl DecidedFusion for Fusion {
+    fn site(&self) -> FusionSite<'_> {
+        FusionSite {
+            anchor: self.anchor,
+            args: &self.args,
+            removed: [self.add, self.norm].into_iter().collect(),
+            replaced: &self.replaced,
+        }
+    }
 }
 
 /// Fuses every add + rms_norm pair the [module documentation](self) allows.
@@ -232,7 +263,11 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseRepo
             continue;
         }
         fused_adds.insert(add);
-        fusions.push(Fusion { add, norm, anchor, args: fused_args, replaced: [output, *sum] });
+        fusions.push(Fusion { add, norm, anchor, args: fused_args, replaced: [output, *sum], statement });
+    }
+    let (fusions, dropped) = split_misplaced(graph, &positions, fusions);
+    for (fusion, operand) in dropped {
+        report.skipped.push((fusion.statement, SkipReason::OperandNotReady { operand }));
     }
 
     let fused_op = graph.op_ref("fused_add_rms_norm");

@@ -40,6 +40,14 @@
 //!   quantization's scale is defined before the norm; otherwise the pair stays.
 //! - **Nothing is written between them** ([`NormQuantSkip::WriteBetween`]): one of the two calls
 //!   moves to the other's place, so a write in between could change what it reads.
+//! - **Every operand is there where the fused call stands** ([`NormQuantSkip::OperandNotReady`]):
+//!   the call reads no value the pair computes or that depends on it, and none defined after its
+//!   place, counting a value another fusion replaces as defined where that fusion's call stands
+//!   (checked once every pair is decided, dropping pairs until all that remain fit).
+//!   ```text
+//!   %o, %res = fused_add_rms_norm(%x, %r, none, 1e-6, none) : f32[1], f32[1]
+//!   %q = static_scaled_fp8_quant(%o, %res, f8e4m3fn) : f8e4m3fn[1]  // the scale is the residual: kept
+//!   ```
 //! - **The fused op gives the same metadata** ([`NormQuantSkip::Metadata`]): its results must have
 //!   the dtype, device and layout of the values they replace (a norm of a strided view returns a
 //!   compact output either way; the fused op's predicate-free meta function is the judge).
@@ -92,7 +100,7 @@ use ir_core::op::Overload;
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
-use crate::analysis::{replace_uses, writes_before};
+use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
 use crate::{PassContext, PassError};
 
 /// Why a candidate pair was left unfused.
@@ -114,6 +122,12 @@ pub enum NormQuantSkip {
     Metadata(String),
     /// A reshape between a norm and a per-token quantization changes the last dimension (the rows).
     ReshapeChangesRows,
+    /// An operand of the fused call would not be there where the call stands: the pair computes it
+    /// (the scale is the norm's residual output), or it is defined after the call's place.
+    OperandNotReady {
+        /// The operand, printed (`%res`).
+        operand: String,
+    },
 }
 
 impl fmt::Display for NormQuantSkip {
@@ -131,6 +145,10 @@ impl fmt::Display for NormQuantSkip {
             NormQuantSkip::ReshapeChangesRows => {
                 f.write_str("a reshape between the norm and the per-token quantization changes the rows")
             }
+            NormQuantSkip::OperandNotReady { operand } => write!(
+                f,
+                "operand `{operand}` of the fused call is computed by the pair or defined after the call's place"
+            ),
         }
     }
 }
@@ -197,6 +215,19 @@ struct Fusion {
     replaced: Vec<ValueId>,
     /// How many leading results are the norm's (the residual), which no reshape touches.
     norm_results: usize,
+    /// The quantization's statement, printed (for the report, should a later check keep the pair).
+    statement: String,
+}
+
+impl DecidedFusion for Fusion {
+    fn site(&self) -> FusionSite<'_> {
+        FusionSite {
+            anchor: self.anchor,
+            args: &self.args,
+            removed: [self.norm, self.quant].into_iter().chain(self.reshape.as_ref().map(|(node, _)| *node)).collect(),
+            replaced: &self.replaced,
+        }
+    }
 }
 
 /// Fuses every norm + quantization pair the [module documentation](self) allows.
@@ -324,7 +355,12 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
             args,
             replaced,
             norm_results,
+            statement,
         });
+    }
+    let (fusions, dropped) = split_misplaced(graph, &positions, fusions);
+    for (fusion, operand) in dropped {
+        report.skipped.push((fusion.statement, NormQuantSkip::OperandNotReady { operand }));
     }
     if fusions.is_empty() {
         return Ok(report);
