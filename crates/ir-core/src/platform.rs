@@ -384,7 +384,9 @@ impl PriorityConfig {
     pub fn apply(&self, registry: &Registry) -> Result<ResolvedConfig, ConfigError> {
         let config = self.resolve(registry)?;
         for (op, priority) in &config.ops {
-            registry.set_default(op, &priority.merged).map_err(|e| ConfigError::Resolution { errors: vec![e] })?;
+            registry
+                .set_default_pinned(op, &priority.merged, self.pinned(op))
+                .map_err(|e| ConfigError::Resolution { errors: vec![e] })?;
         }
         self.log_applied(&config);
         Ok(config)
@@ -396,12 +398,19 @@ impl PriorityConfig {
         let mut guards = Vec::new();
         for (op, priority) in &config.ops {
             let guard = registry
-                .override_priority(op, &priority.merged)
+                .override_priority_pinned(op, &priority.merged, self.pinned(op))
                 .map_err(|e| ConfigError::Resolution { errors: vec![e] })?;
             guards.push(guard);
         }
         self.log_applied(&config);
         Ok(ConfigGuard { config, _guards: guards })
+    }
+
+    /// How many of the first names of `op`'s merged list the user wrote (distinct names: the merge
+    /// keeps their first occurrences, in order, in front of the platform's).
+    fn pinned(&self, op: &str) -> usize {
+        let user: &[String] = self.user.get(op).unwrap_or(&[]);
+        merge(user, &[] as &[&str]).len()
     }
 
     fn log_applied(&self, config: &ResolvedConfig) {

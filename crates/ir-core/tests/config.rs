@@ -190,3 +190,82 @@ fn detection_never_panics_and_falls_back_to_cpu() {
     assert_eq!(Platform::detect(&cpu_opencl), Platform::Cpu, "an OpenCL CPU device never makes the platform xpu");
     assert_eq!(cpu_opencl.available_providers("rms_norm"), vec!["native", "xpu"]);
 }
+
+/// A registry with `cpu` (taking even hidden sizes only, as a kernel provider with a predicate) and
+/// nothing else but native.
+fn registry_with_even_cpu() -> Registry {
+    let registry = Registry::with_builtin_ops();
+    let even = ImplSpec::new("cpu").with_supports(|args| {
+        let hidden = args[0].tensor().expect("x").layout.last_dim();
+        if hidden.is_multiple_of(2) { ir_core::Support::Yes } else { ir_core::Support::No("odd hidden size".into()) }
+    });
+    register_scaled_rms_norm(&registry, even, 2.0);
+    registry
+}
+
+#[test]
+fn a_later_provider_never_joins_in_front_of_the_users_entries() {
+    // `VLLM_IR_PRIORITY='rms_norm=native'` (as `from_env` reads it): native first disables the
+    // rest, and stays so when an engine registers a provider afterwards.
+    let registry = registry_with_even_cpu();
+    let sources = ConfigSources {
+        env_priority: Some("rms_norm=native".into()),
+        env_platform: Some("cpu".into()),
+        ..ConfigSources::default()
+    };
+    PriorityConfig::from_sources(&sources).unwrap().apply(&registry).unwrap();
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]));
+    register_scaled_rms_norm(&registry, ImplSpec::new("late"), 3.0);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]), "pinned by the user");
+
+    // A user list of `cpu` alone: the late provider joins after it, before the platform's native.
+    let registry = registry_with_even_cpu();
+    let config = PriorityConfig {
+        platform: PlatformChoice::Pinned(Platform::Cpu),
+        user: UserPriorities::parse("rms_norm=cpu").unwrap(),
+    };
+    config.apply(&registry).unwrap();
+    register_scaled_rms_norm(&registry, ImplSpec::new("late"), 3.0);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["cpu", "late"]));
+
+    // The platform's own list (no user entry): the late provider takes what cpu rejects.
+    let registry = registry_with_even_cpu();
+    PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
+    register_scaled_rms_norm(&registry, ImplSpec::new("late"), 3.0);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["cpu", "late"]));
+
+    // A scoped configuration pins its user entries the same way.
+    let registry = registry_with_even_cpu();
+    let scoped = PriorityConfig {
+        platform: PlatformChoice::Pinned(Platform::Cpu),
+        user: UserPriorities::parse("rms_norm=cpu,native").unwrap(),
+    };
+    let _guard = scoped.apply_scoped(&registry).unwrap();
+    register_scaled_rms_norm(&registry, ImplSpec::new("late"), 3.0);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["cpu", "native"]));
+}
+
+/// The same through the real environment variable, in a child process of this test binary (the
+/// variable is process-wide, so the parent's other tests never see it).
+#[test]
+fn the_environment_pins_priorities_against_later_providers() {
+    const CHILD: &str = "VLLM_IR_TEST_PINNED_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let registry = registry_with_even_cpu();
+        PriorityConfig::from_env().unwrap().apply(&registry).unwrap();
+        register_scaled_rms_norm(&registry, ImplSpec::new("late"), 3.0);
+        assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]), "pinned by VLLM_IR_PRIORITY");
+        assert_eq!(registry.installed_priority("fused_add_rms_norm"), Some(vec!["native"]));
+        return;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "the_environment_pins_priorities_against_later_providers", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("VLLM_IR_PRIORITY", "rms_norm=native")
+        .env("VLLM_IR_PLATFORM", "cpu")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("1 passed"), "the child ran the test:\n{stdout}");
+}

@@ -457,23 +457,36 @@ fn unknown_providers_are_an_error_and_install_nothing() {
 }
 
 #[test]
-fn a_provider_registered_after_installation_joins_every_list_before_native() {
+fn a_provider_registered_after_installation_joins_after_the_pinned_names() {
     let registry = Registry::with_builtin_ops();
     register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
     registry.set_default("rms_norm", &["even", "native"]).unwrap();
     let guard = registry.override_priority("rms_norm", &["native"]).unwrap();
     assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]), "native is unconditional");
     let ((), events) = capture(|| register_scaled_rms_norm(&registry, spec("late"), 3.0));
-    assert_eq!(events.count(Level::INFO, "joins every installed list before `native`"), 1);
-    // The late provider joins each list before `native`: the guard's list (native first) now starts
-    // with it, the default list has it between `even` and `native`.
-    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["late"]));
+    assert_eq!(events.count(Level::INFO, "joins every installed list after the entries users listed"), 1);
+    // Both lists were written by the caller: the late provider goes after their names, where native
+    // (unconditional) already ends them, so neither list changes.
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]), "override_priority pins");
     drop(guard);
-    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["even", "late"]));
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["even", "native"]), "set_default pins");
     let odd = sample(DType::F32, 2, 7, 1);
     let y = rms_norm(&registry, &odd, None, 1e-6, None).unwrap();
+    assert!(bit_eq(&y, &rms_norm::native(&odd, None, 1e-6, None).unwrap()), "odd H: `even` rejects, native runs");
+
+    // A guard's own names and those pinned below it stay in front; a name the user did not end with
+    // native leaves room before the platform's native (here a default list without pinned names).
+    let registry = Registry::with_builtin_ops();
+    register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
+    register_scaled_rms_norm(&registry, spec("mine").with_supports(even_only), 5.0);
+    ir_core::PriorityConfig::platform_default(ir_core::Platform::Cpu).apply(&registry).unwrap();
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]), "no cpu provider registered");
+    let _mine = registry.override_priority("rms_norm", &["mine", "even"]).unwrap();
+    register_scaled_rms_norm(&registry, spec("late"), 3.0);
+    assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["mine", "even", "late"]));
+    let y = rms_norm(&registry, &odd, None, 1e-6, None).unwrap();
     let expected = rms_norm::native(&odd, None, 1e-6, None).unwrap().scale(3.0).unwrap();
-    assert!(bit_eq(&y, &expected), "odd H: `even` rejects, the late provider runs");
+    assert!(bit_eq(&y, &expected), "odd H: `mine` and `even` reject, the late provider runs before native");
 }
 
 #[test]

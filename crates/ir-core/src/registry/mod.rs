@@ -44,6 +44,28 @@
 //! Engines install every op's list at once from a per-platform
 //! [`PriorityConfig`](crate::PriorityConfig) (see [`platform`](crate::platform)).
 //!
+//! # Providers registered after priorities are installed
+//!
+//! A list keeps which of its names a user wrote: every name given to [`Registry::set_default`] or
+//! [`Registry::override_priority`], the entries of `VLLM_IR_PRIORITY` (or a
+//! [`PriorityConfig`](crate::PriorityConfig)'s user overrides), and the names a guard's list
+//! inherits pinned from the list below it; the platform's defaults that the configuration appends
+//! are not pinned. A provider registered later joins each installed list right after its last
+//! pinned name, before the platform's `native` that follows (at the end when none does). It never
+//! goes in front of a name a user wrote, so a user list ending in `native` (`rms_norm=native`:
+//! "`native` first disables the rest") stays what it was, and on a platform's own list
+//! (`[cpu, native]`) the new provider takes what `cpu` rejects before `native` does.
+//!
+//! ```
+//! # use ir_core::op::rms_norm;
+//! # use ir_core::{ImplSpec, Registry};
+//! let registry = Registry::with_builtin_ops();
+//! let _pinned = registry.override_priority("rms_norm", &["native"])?;
+//! rms_norm::register(&registry, ImplSpec::new("late"), |x, w, eps, v| rms_norm::native(x, w, eps, v))?;
+//! assert_eq!(registry.installed_priority("rms_norm").unwrap(), ["native"]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Locks
 //!
 //! Dispatch takes no lock: the op table and each op's installed priority list are immutable
@@ -440,8 +462,8 @@ impl Registry {
                 target: "ir_core::priority",
                 op,
                 provider,
-                "provider registered after priorities were installed joins every installed list before `native`; \
-                 put it first with `Registry::override_priority` or `PriorityConfig`"
+                "provider registered after priorities were installed joins every installed list after the entries users \
+                 listed (before the platform's `native`); put it first with `Registry::override_priority` or `PriorityConfig`"
             );
         }
         Ok(())

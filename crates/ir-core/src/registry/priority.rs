@@ -45,15 +45,19 @@ pub(crate) struct PriorityStack {
     next_layer: u64,
 }
 
-/// One installed list: the names asked for and what resolution made of them.
+/// One installed list: the names asked for, how many of the first ones a user listed (pinned),
+/// and what resolution made of them.
 struct Layer {
     names: Vec<String>,
+    /// `names[..pinned]` ends with the last name a user listed (in this list or one it was merged
+    /// with); the names after it came from a platform's defaults.
+    pinned: usize,
     resolved: Resolved,
 }
 
 impl Layer {
-    fn new(names: &[impl AsRef<str>], resolved: Resolved) -> Layer {
-        Layer { names: names.iter().map(|n| n.as_ref().to_owned()).collect(), resolved }
+    fn new(names: &[impl AsRef<str>], pinned: usize, resolved: Resolved) -> Layer {
+        Layer { names: names.iter().map(|n| n.as_ref().to_owned()).collect(), pinned, resolved }
     }
 }
 
@@ -62,25 +66,29 @@ impl PriorityStack {
         self.layers.last().map(|(_, layer)| &layer.resolved).or(self.default.as_ref().map(|l| &l.resolved)).cloned()
     }
 
-    /// The names of the list on top (the innermost guard's, else the default's).
-    fn top_names(&self) -> Vec<String> {
+    /// The names of the list on top (the innermost guard's, else the default's), and how many of
+    /// the first are pinned.
+    fn top_names(&self) -> (Vec<String>, usize) {
         self.layers
             .last()
             .map(|(_, layer)| layer)
             .or(self.default.as_ref())
-            .map(|l| l.names.clone())
+            .map(|l| (l.names.clone(), l.pinned))
             .unwrap_or_default()
     }
 
-    /// Adds a provider registered after lists were installed to every list, before an explicit
-    /// `native` (else last), and resolves them again.
+    /// Adds a provider registered after lists were installed to every list, after the names a
+    /// user listed and before the platform's `native` that follows them (else last), and resolves
+    /// them again. A list whose user entries end in `native` (or another provider that takes every
+    /// argument) therefore never reaches it: a pinned list stays as the user wrote it.
     pub(crate) fn join(&mut self, entry: &OpEntry, provider: &str) {
         let layers = self.default.iter_mut().chain(self.layers.iter_mut().map(|(_, layer)| layer));
         for layer in layers {
             if layer.names.iter().any(|n| n == provider) {
                 continue;
             }
-            let at = layer.names.iter().position(|n| n == NATIVE).unwrap_or(layer.names.len());
+            let platform_native = layer.names[layer.pinned..].iter().position(|n| n == NATIVE);
+            let at = platform_native.map_or(layer.names.len(), |k| layer.pinned + k);
             layer.names.insert(at, provider.to_owned());
             layer.resolved = resolve(entry, &layer.names).expect("every name was registered");
         }
@@ -126,12 +134,25 @@ impl std::fmt::Debug for PriorityGuard {
 }
 
 impl Registry {
-    /// Resolves `names` for `op` and installs the result as its permanent default.
+    /// Resolves `names` for `op` and installs the result as its permanent default. The list is the
+    /// caller's own: a provider registered later joins it only at its end (see
+    /// [`Registry::register_impl`]), so it is reached only when every name here rejects a call.
     pub fn set_default(&self, op: &str, names: &[impl AsRef<str>]) -> Result<(), PriorityError> {
+        self.set_default_pinned(op, names, names.len())
+    }
+
+    /// [`Registry::set_default`] of a merged list whose first `pinned` names a user listed and the
+    /// rest a platform (the configuration's lists).
+    pub(crate) fn set_default_pinned(
+        &self,
+        op: &str,
+        names: &[impl AsRef<str>],
+        pinned: usize,
+    ) -> Result<(), PriorityError> {
         let entry = self.priority_entry(op)?;
         let resolved = resolve(&entry, names)?;
         let mut stack = lock(&entry.priority);
-        stack.default = Some(Layer::new(names, resolved));
+        stack.default = Some(Layer::new(names, pinned.min(names.len()), resolved));
         entry.publish(stack.top());
         tracing::debug!(target: "ir_core::priority", op, default = %display_list(stack.default.as_ref().map(|l| &*l.resolved)), "set default priority list");
         Ok(())
@@ -141,12 +162,30 @@ impl Registry {
     /// your entries first, then the entries of the list installed below (the platform's, or an
     /// enclosing guard's) not already named. `override_priority("rms_norm", &["mine"])` on the CPU
     /// platform installs `[mine, cpu, native]`, never dropping `cpu`.
+    ///
+    /// Every name given here is pinned, as are those the list below pinned: a provider registered
+    /// while the guard is alive joins the list after them (see [`Registry::register_impl`]).
     pub fn override_priority(&self, op: &str, names: &[impl AsRef<str>]) -> Result<PriorityGuard, PriorityError> {
+        self.override_priority_pinned(op, names, names.len())
+    }
+
+    /// [`Registry::override_priority`] of a list whose first `pinned` names a user listed and the
+    /// rest a platform (the configuration's scoped lists).
+    pub(crate) fn override_priority_pinned(
+        &self,
+        op: &str,
+        names: &[impl AsRef<str>],
+        pinned: usize,
+    ) -> Result<PriorityGuard, PriorityError> {
         let entry = self.priority_entry(op)?;
-        let below = lock(&entry.priority).top_names();
+        let (below, below_pinned) = lock(&entry.priority).top_names();
         let merged = crate::platform::merge(names, &below);
+        // The pinned prefix ends at the last name a user listed, here or below.
+        let user_names = names[..pinned.min(names.len())].iter().map(AsRef::as_ref);
+        let user_names: Vec<&str> = user_names.chain(below[..below_pinned].iter().map(String::as_str)).collect();
+        let pinned = merged.iter().rposition(|name| user_names.contains(&name.as_str())).map_or(0, |last| last + 1);
         let resolved = resolve(&entry, &merged)?;
-        Ok(install_layer(entry, Layer::new(&merged, resolved)))
+        Ok(install_layer(entry, Layer::new(&merged, pinned, resolved)))
     }
 
     /// The installed, resolved list of `op` (`None` when nothing is installed or the op is unknown).
