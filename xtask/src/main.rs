@@ -11,6 +11,8 @@
 //! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL
 //!   kernels built and run on the OpenCL device (PoCL in CI);
 //! - `fuzz [--seconds N]`: runs the cargo-fuzz targets (parser; parse → verify → pipeline) on nightly;
+//! - `miri`: the tests of the code that holds `unsafe` (storage, tensors, interop, the registry's
+//!   per-thread state, the cpu rows) under Miri, on nightly;
 //! - `bless`: rewrites the expectations of the golden IR tests (`IR_BLESS=1`) and shows the diff;
 //! - `build --platform cpu|cuda|rocm|xpu`: the CLI with that platform's features, saying what the
 //!   machine lacks;
@@ -30,7 +32,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | check-features | kernels | package | \
-                     candle-cuda | fuzz [--seconds N] | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
+                     candle-cuda | fuzz [--seconds N] | miri | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
                      gpu-bench [--quick] | kernel-resources>";
 
 fn main() {
@@ -55,6 +57,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "kernels" => kernels(),
         "bless" => bless(),
         "fuzz" => fuzz(&args[1..]),
+        "miri" => miri(),
         "package" => package_lists(),
         "candle-cuda" => candle_cuda(),
         "build" => build(&args[1..]),
@@ -73,6 +76,7 @@ fn ci() -> anyhow::Result<()> {
     test()?;
     examples()?;
     fuzz(&["--seconds".to_owned(), "20".to_owned()])?;
+    miri()?;
     println!("xtask ci: all steps passed");
     Ok(())
 }
@@ -381,6 +385,78 @@ fn fuzz(args: &[String]) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The tests that reach the workspace's `unsafe` code, run under Miri (nightly with the `miri`
+/// component); prints `skipped: <reason>` when either is missing. What runs and what does not:
+/// - `ir-core`: the storage (host buffers, the pool, external memory), tensors over them, the candle
+///   and DLPack interop, and the registry (its per-thread selection memo, a selection that outlives
+///   its thread's dispatch state); left out, two tests Miri cannot run as written: one asks for 2^60
+///   bytes (Miri aborts where the allocator returns an error) and one fills a 1 MiB pool buffer
+///   three times (minutes under Miri; the pool's code is the small buffers' code);
+/// - `kernels-cpu`: the rows' raw-pointer slices (in place and into another row), the element
+///   conversions and the gated activations' scratch; its AVX-512 code cannot run under Miri (no
+///   AVX-512), and its tests say `skipped:` there;
+/// - the GPU crates hold `unsafe` only around driver calls (FFI), which Miri cannot run.
+///
+/// `-Zmiri-deterministic-floats` turns off Miri's deliberate imprecision in transcendental
+/// functions, which the exact-value tests would read as failures; isolation is off for the test
+/// harness's file and environment reads.
+fn miri() -> anyhow::Result<()> {
+    let works = |args: &[&str]| Command::new("rustup").args(args).output().is_ok_and(|o| o.status.success());
+    if !works(&["run", "nightly", "cargo", "miri", "--version"]) {
+        println!(
+            "skipped: Miri needs the nightly toolchain with its `miri` component (rustup component add --toolchain nightly miri rust-src)"
+        );
+        return Ok(());
+    }
+    let runs: [&[&str]; 3] = [
+        &[
+            "--package",
+            "vllm-ir-core",
+            "--features",
+            "dlpack",
+            "--lib",
+            "--",
+            "storage::",
+            "tensor::",
+            "interop::",
+            "registry::",
+            "--skip",
+            "sizes_never_wrap_and_allocations_never_abort",
+            "--skip",
+            "a_freed_large_buffer_is_reused",
+        ],
+        &[
+            "--package",
+            "vllm-ir-core",
+            "--features",
+            "dlpack,candle,testing",
+            "--test",
+            "interop",
+            "--test",
+            "thread_exit",
+        ],
+        &["--package", "vllm-ir-kernels-cpu", "--lib", "--", "rows::", "element::", "gated::", "tests::rms_norm_into"],
+    ];
+    for run in runs {
+        let shown = run.join(" ");
+        println!("$ MIRIFLAGS=\"{MIRIFLAGS}\" cargo +nightly miri test --locked {shown}");
+        let status = Command::new("rustup")
+            .args(["run", "nightly", "cargo", "miri", "test", "--locked"])
+            .args(run)
+            .env("MIRIFLAGS", MIRIFLAGS)
+            .current_dir(project_root())
+            .status()
+            .context("running cargo miri")?;
+        if !status.success() {
+            bail!("`cargo +nightly miri test {shown}` failed ({status})");
+        }
+    }
+    Ok(())
+}
+
+/// Miri's flags for [`miri`].
+const MIRIFLAGS: &str = "-Zmiri-disable-isolation -Zmiri-deterministic-floats";
 
 /// Reruns the golden IR tests with `IR_BLESS=1`, then shows what changed.
 fn bless() -> anyhow::Result<()> {

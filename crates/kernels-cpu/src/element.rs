@@ -250,11 +250,15 @@ impl CpuElement for bf16 {
 /// the output is complete when the kernel returns (a no-op where there are none).
 #[inline(always)]
 pub(crate) fn fence_streaming() {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: SSE is part of x86_64.
     unsafe {
         std::arch::x86_64::_mm_sfence()
     };
+    // Miri runs no non-temporal store (it has no AVX-512, so the explicit rows never run) and does
+    // not model `sfence`; a full fence orders at least as much.
+    #[cfg(miri)]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
 /// Whether bf16 slices are rounded by the AVX512-BF16 conversion ([`crate::avx512::store_bf16`]):

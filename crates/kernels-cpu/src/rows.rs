@@ -324,6 +324,30 @@ mod tests {
         assert!((got - 1e-19).abs() <= 1e-5 * 1e-19, "{got}");
     }
 
+    /// The fused row through its two pointer forms, over the row (in place) and into another row,
+    /// gives the same bits, a tail chunk included (`n` not a multiple of [`CHUNK`]): the raw-pointer
+    /// slices of `fused_row_portable` on both paths (small enough for Miri, which CI runs on it).
+    #[test]
+    fn the_fused_row_in_place_and_into_another_row_agree() {
+        fn check<T: CpuElement>(from_f32: impl Fn(f32) -> T) {
+            let n = CHUNK + 7;
+            let x: Vec<T> = (0..n).map(|i| from_f32((i as f32 * 0.37).sin() * 3.0)).collect();
+            let r: Vec<T> = (0..n).map(|i| from_f32((i as f32 * 0.11).cos())).collect();
+            let w: Vec<T> = (0..n).map(|i| from_f32(1.0 + i as f32 / n as f32)).collect();
+            let (mut r_separate, mut out) = (r.clone(), x.clone());
+            fused_row_portable(RowOut::Separate { x: &x, out: &mut out }, &mut r_separate, Some(&w), 1e-6);
+            let (mut r_in_place, mut in_place) = (r.clone(), x.clone());
+            fused_row_portable(RowOut::InPlace(&mut in_place), &mut r_in_place, Some(&w), 1e-6);
+            let bits = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
+            assert_eq!(bits(&out), bits(&in_place), "the norm");
+            assert_eq!(bits(&r_separate), bits(&r_in_place), "the residual");
+            assert_ne!(bits(&r_in_place), bits(&r), "the residual was written");
+        }
+        check::<f32>(|v| v);
+        check::<half::bf16>(half::bf16::from_f32);
+        check::<half::f16>(half::f16::from_f32);
+    }
+
     #[test]
     fn task_size() {
         assert_eq!(rows_per_task(4096, 2), 32);

@@ -8,13 +8,15 @@
 //! return now, so a hit costs one atomic load and the key comparison.
 //!
 //! The stamp is read before the op table and the installed list, so an entry made while a change
-//! was being published carries the older stamp and is never used after the change completes. During
-//! the kernel call the hit entry stays in its slot, lent to the call (no move, no reference count):
-//! the slot is marked busy, so a nested call on the same thread can neither take it nor replace it.
-//! Moving the entry out and back had cost a `maybe_inplace` call about 20 ns.
+//! was being published carries the older stamp and is never used after the change completes.
+//!
+//! Entries are reference-counted on this thread (`Rc`): a hit lends the call its own handle to the
+//! entry, so nothing the call holds points into the memo itself. A nested call may evict the slot,
+//! and the thread's memo may be destroyed before a selection kept in another thread-local is
+//! dropped; the entry lives until its last handle goes. The memo holds no `unsafe`.
 
-use std::cell::{Cell, UnsafeCell};
-use std::ptr::NonNull;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -57,46 +59,30 @@ pub(crate) struct Entry {
     pub(crate) cached: Arc<Cached>,
 }
 
-/// This thread's memo. A slot in use by a call (its entry lent out by [`take`]) is marked busy: no
-/// other lookup returns it and nothing replaces it until the call gives it back, so the entry stays
-/// where it is and the call reads it there (no move in or out).
+/// This thread's memo. The slots are borrowed only inside [`take`] and [`remember`], which run no
+/// code of anyone else's while they hold the borrow (an evicted entry is dropped after it ends),
+/// so the borrow never fails.
 struct Memo {
-    slots: [UnsafeCell<Option<Entry>>; SLOTS],
-    busy: [Cell<bool>; SLOTS],
+    slots: RefCell<[Option<Rc<Entry>>; SLOTS]>,
     next: Cell<usize>,
 }
 
 thread_local! {
-    static MEMO: Memo = const {
-        Memo {
-            slots: [const { UnsafeCell::new(None) }; SLOTS],
-            busy: [const { Cell::new(false) }; SLOTS],
-            next: Cell::new(0),
-        }
-    };
+    static MEMO: Memo = const { Memo { slots: RefCell::new([const { None }; SLOTS]), next: Cell::new(0) } };
 }
 
-/// Lends this thread's current entry for the call, in its slot, until the returned selection is
-/// dropped.
+/// This thread's current entry for the call, if it remembers one.
 #[inline]
 pub(crate) fn take(registry: u64, def: &'static OpDef, generation: u64, metas: &[ArgMeta<'_>]) -> Option<Held> {
     MEMO.try_with(|memo| {
-        let index = (0..SLOTS).find(|&index| {
-            // SAFETY: a slot that is not busy is only read here and written by `remember`, neither
-            // of which keeps a reference past its own access; this thread is the only one.
-            !memo.busy[index].get()
-                && unsafe { &*memo.slots[index].get() }.as_ref().is_some_and(|entry| {
-                    std::ptr::eq(entry.def, def)
-                        && entry.registry == registry
-                        && entry.generation == generation
-                        && entry.cached.matches(metas)
-                })
+        let slots = memo.slots.borrow();
+        let entry = slots.iter().flatten().find(|entry| {
+            std::ptr::eq(entry.def, def)
+                && entry.registry == registry
+                && entry.generation == generation
+                && entry.cached.matches(metas)
         })?;
-        memo.busy[index].set(true);
-        // SAFETY: the slot holds an entry (just matched); busy now, so it is neither replaced nor
-        // lent again until the selection is dropped, and the memo lives as long as the thread.
-        let entry = unsafe { (*memo.slots[index].get()).as_ref().map(NonNull::from) }?;
-        Some(Held { state: State::Lent { slot: index, entry } })
+        Some(Held { state: State::Lent(Rc::clone(entry)) })
     })
     .ok()
     .flatten()
@@ -115,32 +101,27 @@ impl Entry {
     }
 }
 
-/// Remembers a selection made now, in a free slot or the oldest one's that no call is using (the
-/// selection is dropped when every slot is in use: calls nested sixteen deep).
+/// Remembers a selection made now, in a free slot or the oldest one's.
 fn remember(entry: Entry) {
     let evicted = MEMO.try_with(|memo| {
-        let free = (0..SLOTS).find(|&index| {
-            // SAFETY: as in `take`.
-            !memo.busy[index].get() && unsafe { &*memo.slots[index].get() }.is_none()
-        });
-        let index =
-            free.or_else(|| (0..SLOTS).map(|k| (memo.next.get() + k) % SLOTS).find(|&index| !memo.busy[index].get()))?;
+        let mut slots = memo.slots.borrow_mut();
+        let index = slots.iter().position(Option::is_none).unwrap_or_else(|| memo.next.get());
         memo.next.set((index + 1) % SLOTS);
-        // SAFETY: the slot is not busy, so no reference to its entry is alive.
-        unsafe { (*memo.slots[index].get()).replace(entry) }
+        slots[index].replace(Rc::new(entry))
     });
-    // An evicted entry is dropped here, after the memo's slot was written.
+    // An evicted entry (and the memo's answer when the thread is ending) is dropped here, after the
+    // borrow ended: dropping it may run anyone's code.
     drop(evicted);
 }
 
-/// A selection held by one call: given back to the memo when the call is over (dropped).
+/// A selection held by one call.
 pub(crate) struct Held {
     state: State,
 }
 
 enum State {
-    /// Lent from memo slot `slot`, where it stays.
-    Lent { slot: usize, entry: NonNull<Entry> },
+    /// Lent from this thread's memo: the call's own handle to the entry.
+    Lent(Rc<Entry>),
     /// Made now: into the memo afterwards when it comes from an installed list, else dropped
     /// (native, chosen for want of one).
     Made { entry: Option<Entry>, remember: bool },
@@ -156,8 +137,7 @@ impl Held {
     #[inline]
     pub(crate) fn entry(&self) -> &Entry {
         match &self.state {
-            // SAFETY: the slot is busy until this selection is dropped (see `take`).
-            State::Lent { entry, .. } => unsafe { entry.as_ref() },
+            State::Lent(entry) => entry,
             State::Made { entry, .. } => entry.as_ref().expect("held until dropped"),
         }
     }
@@ -166,16 +146,10 @@ impl Held {
 impl Drop for Held {
     #[inline]
     fn drop(&mut self) {
-        match &mut self.state {
-            State::Lent { slot, .. } => {
-                let _ = MEMO.try_with(|memo| memo.busy[*slot].set(false));
-            }
-            State::Made { entry, remember: true } => {
-                if let Some(entry) = entry.take() {
-                    self::remember(entry);
-                }
-            }
-            State::Made { remember: false, .. } => {}
+        if let State::Made { entry, remember: true } = &mut self.state
+            && let Some(entry) = entry.take()
+        {
+            self::remember(entry);
         }
     }
 }
