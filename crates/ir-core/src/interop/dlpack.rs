@@ -6,7 +6,7 @@ use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 
-use super::InteropError;
+use super::{AddressProblem, InteropError};
 use crate::storage::{CpuBuffer, HostAccess, Storage};
 use crate::{DType, Device, Layout, Tensor, TensorMeta};
 
@@ -60,6 +60,33 @@ fn non_negative(values: &[i64], what: &str) -> Result<Vec<usize>, InteropError> 
         .collect()
 }
 
+/// The first byte of a DLPack tensor's elements: `data + byte_offset`, checked so that the
+/// `len_bytes` from it are an address range memory can have. An empty tensor (no bytes) may have
+/// any pointer, null included; it gets a dangling one.
+fn checked_start(data: *const u8, byte_offset: u64, len_bytes: usize) -> Result<NonNull<u8>, InteropError> {
+    let address = data as usize;
+    if len_bytes == 0 {
+        return Ok(NonNull::dangling());
+    }
+    if data.is_null() {
+        return Err(InteropError::BadAddress { library: LIBRARY, problem: AddressProblem::NullData { len_bytes } });
+    }
+    // One allocation spans at most `isize::MAX` bytes and never wraps around the address space.
+    let within = usize::try_from(byte_offset)
+        .ok()
+        .and_then(|offset| offset.checked_add(len_bytes))
+        .filter(|&extent| extent <= isize::MAX as usize && address.checked_add(extent).is_some());
+    if within.is_none() {
+        return Err(InteropError::BadAddress {
+            library: LIBRARY,
+            problem: AddressProblem::PastAddressSpace { address, byte_offset, len_bytes },
+        });
+    }
+    // The offset stays inside the producer's allocation (the caller's contract); `wrapping_add`
+    // computes the same address without asserting that here.
+    Ok(NonNull::new(data.wrapping_add(byte_offset as usize).cast_mut()).expect("checked: no wrap past zero"))
+}
+
 impl Tensor {
     /// A tensor over a DLPack tensor's host memory, without a copy (`DLPack` from PyTorch, NumPy,
     /// JAX, candle through dlpark, …). The tensor keeps the DLPack tensor and calls its deleter
@@ -70,6 +97,13 @@ impl Tensor {
     /// Accepted: CPU (and pinned host) memory; f32, f16, bf16, f64, f8e4m3fn, f8e5m2, i8 and i64; non-negative strides (or
     /// none: compact); a first element aligned to the element size. Anything else is an error
     /// naming it, and the DLPack tensor is released.
+    ///
+    /// What the descriptor alone shows is checked before its memory is trusted: the shape and
+    /// strides are non-negative and the extent they reach fits `isize::MAX` bytes; a tensor with
+    /// elements has a non-null data pointer; `data + byte_offset` and the extent after it neither
+    /// pass `isize::MAX` bytes nor wrap around the address space; the first element is aligned.
+    /// Whether the memory in that range is really the producer's, alive and not written meanwhile
+    /// cannot be checked: that is the contract below.
     ///
     /// # Safety
     ///
@@ -93,23 +127,23 @@ impl Tensor {
             let strides = non_negative(&strides, "strides")?;
             let layout = Layout::new(&shape, &strides, 0)
                 .map_err(|error| InteropError::UnsupportedLayout { library: LIBRARY, reason: error.to_string() })?;
-            let offset = usize::try_from(view.byte_offset()).map_err(dlpack_error)?;
-            let start = (view.data_ptr() as *const u8).wrapping_add(offset);
             let access = if dlpack.flags().contains(DlpackFlags::READ_ONLY) {
                 HostAccess::ReadOnly
             } else {
                 HostAccess::ReadWrite
             };
-            (dtype, layout, start, access)
+            (dtype, layout, (view.data_ptr() as *const u8, view.byte_offset()), access)
         };
         let meta = TensorMeta { dtype, device: Device::Cpu, layout };
         let len_bytes = meta.storage_bytes().ok_or_else(|| InteropError::UnsupportedLayout {
             library: LIBRARY,
             reason: format!("{meta} reaches past isize::MAX bytes"),
         })?;
-        let ptr = NonNull::new(start.cast_mut()).unwrap_or(NonNull::dangling());
+        let ptr = checked_start(start.0, start.1, len_bytes)?;
         // SAFETY: the caller's DLPack contract makes the descriptor's extent valid host memory,
-        // untouched by the producer, while `dlpack` (kept as the owner) lives.
+        // untouched by the producer, while `dlpack` (kept as the owner) lives; `checked_start`
+        // refused what the descriptor alone shows cannot be memory (a null pointer with elements,
+        // an extent past `isize::MAX` or the end of the address space).
         let buffer = unsafe { CpuBuffer::from_external(ptr, len_bytes, access, dlpack) };
         Ok(Tensor::from_storage(Storage::Cpu(buffer), meta.dtype, meta.layout)?)
     }
@@ -152,5 +186,67 @@ impl Tensor {
         // and describe a layout that fits the storage; the flags say read-only whenever another
         // handle may read the memory.
         Ok(unsafe { initialized.finish() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A compact DLPack descriptor of `dtype` and `shape` over `data + byte_offset`; its context owns
+    /// nothing, so the deleter frees only the descriptor.
+    fn descriptor(
+        dtype: DType,
+        shape: &[i64],
+        data: *mut std::ffi::c_void,
+        byte_offset: u64,
+    ) -> dlpark::versioned::Dlpack {
+        let mut strides = vec![1i64; shape.len()];
+        for dim in (0..shape.len().saturating_sub(1)).rev() {
+            strides[dim] = strides[dim + 1] * shape[dim + 1];
+        }
+        let mut initialized = Dynamic::new(shape.to_vec(), strides).initialize(Box::new(())).unwrap();
+        initialized
+            .set_data(data)
+            .set_device(DLDevice::CPU)
+            .set_dtype(dtype_to_dlpack(dtype))
+            .set_byte_offset(byte_offset);
+        // SAFETY: shape and strides were copied into the descriptor; its data pointer is only
+        // ever read by the tests below after `from_dlpack` accepted it.
+        unsafe { initialized.finish() }
+    }
+
+    fn bad_address(result: Result<Tensor, InteropError>) -> AddressProblem {
+        match result {
+            Err(InteropError::BadAddress { problem, .. }) => problem,
+            Err(other) => panic!("another error: {other}"),
+            Ok(t) => panic!("accepted: {}", t.meta()),
+        }
+    }
+
+    #[test]
+    fn descriptors_whose_addresses_cannot_be_memory_are_refused_before_any_read() {
+        let mut values = [1.0f32, 2.0, 3.0, 4.0];
+        let data = values.as_mut_ptr().cast::<std::ffi::c_void>();
+        // SAFETY (every call below): `from_dlpack` refuses these descriptors from their fields
+        // alone, before it reads or keeps their memory; the accepted ones point at `values` or
+        // hold no element.
+        let far = bad_address(unsafe { Tensor::from_dlpack(descriptor(DType::F32, &[4], data, 1 << 63)) });
+        assert!(matches!(far, AddressProblem::PastAddressSpace { byte_offset, .. } if byte_offset == 1 << 63), "{far}");
+        let null = bad_address(unsafe { Tensor::from_dlpack(descriptor(DType::I8, &[4], std::ptr::null_mut(), 0)) });
+        assert_eq!(null, AddressProblem::NullData { len_bytes: 4 });
+        assert_eq!(null.to_string(), "a null data pointer for 4 bytes of elements");
+        let top = (usize::MAX - 7) as *mut std::ffi::c_void;
+        let wraps = bad_address(unsafe { Tensor::from_dlpack(descriptor(DType::I8, &[16], top, 0)) });
+        assert!(matches!(wraps, AddressProblem::PastAddressSpace { len_bytes: 16, .. }), "{wraps}");
+        let past_isize =
+            bad_address(unsafe { Tensor::from_dlpack(descriptor(DType::I8, &[4], data, isize::MAX as u64 - 2)) });
+        assert!(matches!(past_isize, AddressProblem::PastAddressSpace { .. }), "{past_isize}");
+
+        // An empty tensor may have any pointer, null included.
+        let empty = unsafe { Tensor::from_dlpack(descriptor(DType::I8, &[0], std::ptr::null_mut(), 0)) }.unwrap();
+        assert_eq!(empty.shape(), [0]);
+        let ok = unsafe { Tensor::from_dlpack(descriptor(DType::F32, &[2], data, 8)) }.unwrap();
+        assert_eq!(ok.to_vec::<f32>().unwrap(), [3.0, 4.0]);
     }
 }

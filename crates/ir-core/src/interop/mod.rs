@@ -54,6 +54,15 @@ pub enum InteropError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A descriptor whose address range cannot be memory (a DLPack tensor's data pointer and byte
+    /// offset): refused before anything reads it.
+    #[error("{library} tensor at an impossible address: {problem}")]
+    BadAddress {
+        /// The other library.
+        library: &'static str,
+        /// What is wrong with the address.
+        problem: AddressProblem,
+    },
     /// The other library reported an error.
     #[error("{library}: {message}")]
     Library {
@@ -65,4 +74,28 @@ pub enum InteropError {
     /// Building the tensor failed.
     #[error(transparent)]
     Tensor(#[from] TensorError),
+}
+
+/// Why a descriptor's address range cannot be memory ([`InteropError::BadAddress`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddressProblem {
+    /// A null data pointer for a tensor with elements.
+    #[error("a null data pointer for {len_bytes} bytes of elements")]
+    NullData {
+        /// The bytes its elements span.
+        len_bytes: usize,
+    },
+    /// The byte offset and the elements after it pass `isize::MAX` bytes or the end of the address
+    /// space.
+    #[error(
+        "data at {address:#x} + byte offset {byte_offset} + {len_bytes} bytes of elements passes the address space"
+    )]
+    PastAddressSpace {
+        /// The data pointer.
+        address: usize,
+        /// The byte offset.
+        byte_offset: u64,
+        /// The bytes the elements span.
+        len_bytes: usize,
+    },
 }
