@@ -2,14 +2,15 @@
 // of the hardware's `cvt.rn.satfinite`: compiled before the quantization kernels (`quant.cu`,
 // `norm_quant.cu`) and the strided conversions (`strided_convert.cu`). No headers (NVRTC).
 
-// f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN stays NaN,
+// f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN becomes the canonical NaN 0x7f,
 // magnitudes clamp to `max_finite` (saturation, infinities included), then round to nearest-even
 // on the format's grid, exactly in f32 (the grid step is a power of two), and encode the fields.
 __device__ __forceinline__ unsigned char fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
     unsigned int bits = __float_as_uint(f);
     unsigned int sign = (bits >> 24) & 0x80u;
-    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
-    if (isnan(f)) return (unsigned char)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
+    // NaN: one canonical code in both formats (sign clear, all other bits set), whatever the
+    // NaN's sign and payload, as every provider writes it and the hardware `cvt` does.
+    if (isnan(f)) return (unsigned char)0x7fu;
     float a = fminf(fabsf(f), max_finite);
     int emin = 1 - bias;
     int e = max((int)((__float_as_uint(a) >> 23) & 0xffu) - 127, emin);

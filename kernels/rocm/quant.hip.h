@@ -10,8 +10,9 @@
 __device__ __forceinline__ unsigned char fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
     unsigned int bits = __float_as_uint(f);
     unsigned int sign = (bits >> 24) & 0x80u;
-    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
-    if (__builtin_isnan(f)) return (unsigned char)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
+    // NaN: one canonical code in both formats (sign clear, all other bits set), whatever the
+    // NaN's sign and payload, as every provider writes it and the hardware `cvt` does.
+    if (__builtin_isnan(f)) return (unsigned char)0x7fu;
     float a = fminf(fabsf(f), max_finite);
     int emin = 1 - bias;
     int e = max((int)((__float_as_uint(a) >> 23) & 0xffu) - 127, emin);

@@ -40,15 +40,16 @@ inline float round_to_f16(float v) {
     return vload_half(0, (__private const half*)&bits);
 }
 
-// f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN stays NaN,
+// f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN becomes the canonical NaN 0x7f,
 // magnitudes clamp to `max_finite` (saturation, infinities included), then round to nearest-even on
 // the format's grid. Rounding happens in f32 on exact multiples of the grid step (a power of two),
 // so `rint` (ties to even) does it; the result is then encoded from its f32 fields.
 inline uchar fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
     uint bits = as_uint(f);
     uint sign = (bits >> 24) & 0x80u;
-    // NaN: E4M3FN has one NaN code per sign; E5M2 keeps the payload's top two bits.
-    if (isnan(f)) return (uchar)(sign | (m_bits == 3 ? 0x7fu : 0x7eu | ((bits >> 21) & 3u)));
+    // NaN: one canonical code in both formats (sign clear, all other bits set), whatever the
+    // NaN's sign and payload, as every provider writes it and the hardware `cvt` does.
+    if (isnan(f)) return (uchar)0x7fu;
     float a = fmin(fabs(f), max_finite);
     int emin = 1 - bias;
     int e = max((int)((as_uint(a) >> 23) & 0xffu) - 127, emin);

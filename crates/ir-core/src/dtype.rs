@@ -6,6 +6,12 @@
 //! anything beyond the largest finite value, infinities included, becomes that value with its sign;
 //! NaN stays NaN (for `i8`, NaN becomes 0). These are the conversions CUDA's `__NV_SATFINITE` mode
 //! performs, and the ones quantization kernels use.
+//!
+//! Every NaN, whatever its sign and payload, converts to one code per format, [`FP8_NAN`] (`0x7f`:
+//! sign clear, exponent and mantissa all ones), in every provider: a NaN's sign and payload after
+//! arithmetic are unspecified (IEEE 754 leaves them to the hardware and the compiler), so keeping
+//! them would make the bits of a quantized NaN depend on where it was computed. `0x7f` is also what
+//! NVIDIA's hardware conversion (`cvt.rn.satfinite.e4m3x2.f32`) writes for a NaN.
 
 use std::fmt;
 use std::str::FromStr;
@@ -220,19 +226,23 @@ impl Element for bf16 {
     }
 }
 
+/// The code every NaN converts to in both 8-bit float formats (sign clear, all other bits set):
+/// one canonical NaN per format, the same in every provider (see the [module docs](self)).
+pub const FP8_NAN: u8 = 0x7f;
+
 impl Element for F8E4M3 {
     const DTYPE: DType = DType::F8E4M3FN;
     fn to_f64(self) -> f64 {
         F8E4M3::to_f64(&self)
     }
     fn from_f64(value: f64) -> F8E4M3 {
-        F8E4M3::from_f64(value)
+        if value.is_nan() { F8E4M3::from_bits(FP8_NAN) } else { F8E4M3::from_f64(value) }
     }
     fn to_f32(self) -> f32 {
         F8E4M3::to_f32(&self)
     }
     fn from_f32(value: f32) -> F8E4M3 {
-        F8E4M3::from_f32(value)
+        if value.is_nan() { F8E4M3::from_bits(FP8_NAN) } else { F8E4M3::from_f32(value) }
     }
 }
 
@@ -242,13 +252,13 @@ impl Element for F8E5M2 {
         F8E5M2::to_f64(&self)
     }
     fn from_f64(value: f64) -> F8E5M2 {
-        F8E5M2::from_f64(value)
+        if value.is_nan() { F8E5M2::from_bits(FP8_NAN) } else { F8E5M2::from_f64(value) }
     }
     fn to_f32(self) -> f32 {
         F8E5M2::to_f32(&self)
     }
     fn from_f32(value: f32) -> F8E5M2 {
-        F8E5M2::from_f32(value)
+        if value.is_nan() { F8E5M2::from_bits(FP8_NAN) } else { F8E5M2::from_f32(value) }
     }
 }
 
@@ -366,7 +376,8 @@ mod tests {
             let got = from_bits(code);
             if expected.is_nan() {
                 assert!(got.is_nan(), "{dtype} code {code:#04x} decodes to NaN, got {got}");
-                assert!(is_nan_code(encode(got), dtype), "{dtype}: NaN encodes to a NaN code");
+                assert!(is_nan_code(code, dtype), "{dtype}: {code:#04x} is a NaN code");
+                assert_eq!(encode(got), FP8_NAN, "{dtype}: NaN encodes to the canonical NaN");
                 continue;
             }
             assert_eq!(got.to_bits(), expected.to_bits(), "{dtype} code {code:#04x}");
@@ -401,6 +412,26 @@ mod tests {
         assert_eq!(encode(smallest / 2.0), 0, "{dtype}: half the smallest subnormal ties to zero");
         assert_eq!(encode(-smallest / 4.0), 0x80, "{dtype}: underflow keeps the sign");
         assert!(dtype.round(f64::NAN).is_nan());
+        // Every NaN, whatever its sign and payload, in f64 and in f32, is the one canonical code.
+        let nans64 =
+            [f64::NAN, -f64::NAN, f64::from_bits(0x7ff0_0000_0000_0001), f64::from_bits(0xfff4_0000_0000_0000)];
+        let nans32 = [
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xffe0_0001),
+            f32::from_bits(0x7fe0_0000),
+        ];
+        for nan in nans64 {
+            assert_eq!(encode(nan), FP8_NAN, "{dtype}: {:#018x}", nan.to_bits());
+        }
+        for nan in nans32 {
+            let code = match dtype {
+                DType::F8E4M3FN => <F8E4M3 as Element>::from_f32(nan).to_bits(),
+                _ => <F8E5M2 as Element>::from_f32(nan).to_bits(),
+            };
+            assert_eq!(code, FP8_NAN, "{dtype}: {:#010x}", nan.to_bits());
+        }
     }
 
     /// Whether `code` is a NaN of the 8-bit float `dtype`.

@@ -60,7 +60,7 @@ pub mod testing;
 pub use crate::builtin::{Builtin, BuiltinArg};
 pub use crate::context::{CallArg, EagerContext, ExecutionContext};
 pub use crate::device::{Device, DeviceKind, UnknownDevice};
-pub use crate::dtype::{DType, Element, F8E4M3, F8E5M2, UnknownDType};
+pub use crate::dtype::{DType, Element, F8E4M3, F8E5M2, FP8_NAN, UnknownDType};
 pub use crate::implementation::{
     Availability, ImplFunc, ImplSpec, KernelError, Probe, Support, SupportsFn, UniqueTensor,
 };

@@ -12,7 +12,7 @@ use ir_core::kernel::{Rows, host_scale, per_token_scales_shape, quant_support};
 use ir_core::op::quant::min_scale;
 use ir_core::storage::CpuBuffer;
 use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor, UniqueTensor};
+use ir_core::{DType, DeviceKind, FP8_NAN, ImplSpec, KernelError, Tensor, UniqueTensor};
 use rayon::prelude::*;
 
 use crate::element::{CpuElement, RowOut};
@@ -109,8 +109,7 @@ pub(crate) trait Fp8: Send + Sync {
     /// Largest finite value.
     const MAX: f32;
 
-    /// The code of `f`: NaN stays NaN (E4M3FN's one NaN per sign; E5M2 keeps the payload's top two
-    /// bits, as `float8` does), magnitudes clamp to the largest finite value (saturation,
+    /// The code of `f`: every NaN is the canonical NaN [`FP8_NAN`], magnitudes clamp to the largest finite value (saturation,
     /// infinities included; nearest-even rounding of a value at most the largest never exceeds
     /// it), then round to nearest-even:
     /// - in the normal range, on the f32 bits: add half an fp8 step less one (plus one when the
@@ -133,8 +132,7 @@ pub(crate) trait Fp8: Send + Sync {
         let subnormal = (a * to_units + 8_388_608.0).to_bits() - 0x4b00_0000;
         let min_normal = f32::from_bits((128 - Self::BIAS) << 23);
         let code = if a < min_normal { subnormal } else { normal };
-        let nan = if Self::M == 3 { 0x7f } else { 0x7e | ((bits >> 21) & 3) };
-        (sign | if f.is_nan() { nan } else { code }) as u8
+        if f.is_nan() { FP8_NAN } else { (sign | code) as u8 }
     }
 }
 
@@ -406,8 +404,14 @@ mod tests {
         for high in 0..=u16::MAX {
             for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
                 let f = f32::from_bits((u32::from(high) << 16) | low);
-                assert_eq!(E4M3::encode(f), F8E4M3::from_f32(f).to_bits(), "e4m3 {f:e} ({:#010x})", f.to_bits());
-                assert_eq!(E5M2::encode(f), F8E5M2::from_f32(f).to_bits(), "e5m2 {f:e} ({:#010x})", f.to_bits());
+                // `float8` keeps a NaN's sign and payload bits; every provider writes the one
+                // canonical NaN instead.
+                let (e4m3, e5m2) = match f.is_nan() {
+                    true => (ir_core::FP8_NAN, ir_core::FP8_NAN),
+                    false => (F8E4M3::from_f32(f).to_bits(), F8E5M2::from_f32(f).to_bits()),
+                };
+                assert_eq!(E4M3::encode(f), e4m3, "e4m3 {f:e} ({:#010x})", f.to_bits());
+                assert_eq!(E5M2::encode(f), e5m2, "e5m2 {f:e} ({:#010x})", f.to_bits());
             }
         }
     }
