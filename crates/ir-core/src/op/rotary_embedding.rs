@@ -102,7 +102,8 @@ pub fn cos_sin_cache(dtype: DType, max_position: usize, rotary_dim: usize, base:
 /// The geometry of a call, from validated argument metadata.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RotaryGeometry {
-    /// Tokens (the product of query's leading dimensions).
+    /// Tokens (the product of query's leading dimensions; the positions' count, also when the
+    /// query's last dimension is 0).
     pub tokens: usize,
     /// Query heads.
     pub heads: usize,
@@ -123,8 +124,9 @@ impl RotaryGeometry {
     pub fn of(args: &RotaryEmbeddingArgs<'_>) -> RotaryGeometry {
         let head_size = usize::try_from(args.head_size).unwrap_or(1).max(1);
         let width = args.query.layout.last_dim();
+        let leading = &args.query.shape()[..args.query.layout.rank().saturating_sub(1)];
         RotaryGeometry {
-            tokens: args.query.numel() / width.max(1),
+            tokens: leading.iter().product(),
             heads: width / head_size,
             kv_heads: args.key.map_or(0, |k| k.layout.last_dim() / head_size),
             head_size,
@@ -192,7 +194,12 @@ pub fn native(
                 }
             }
         }
-        Ok(crate::op::quant::to_device_of(Tensor::from_f64(dtype, t.shape(), &values)?, t)?)
+        // The declared layout: a copy of the activation's (its strides when dense, as an in-place
+        // provider's output on a clone has them; compact otherwise).
+        let rotated = Tensor::from_f64(dtype, t.shape(), &values)?;
+        let layout = t.layout().copy_layout();
+        let rotated = if layout.is_compact() { rotated } else { rotated.copy_into_layout(layout)? };
+        Ok(crate::op::quant::to_device_of(rotated, t)?)
     };
     Ok((rotate(query)?, key.map(rotate).transpose()?))
 }
