@@ -22,10 +22,70 @@ struct GateScalars {
 
 __device__ __forceinline__ compute_t silu(compute_t g) { return g / (LIT(1.0) + c_exp(-g)); }
 
+// gelu without cancellation in the negative tail, where `0.5·v·(1 + tanh z)` and
+// `0.5·v·(1 + erf(v/√2))` subtract numbers near 1 (the derivation is in the cpu provider's
+// `activation` module, which computes the same forms):
+// - tanh: v / (1 + e^w), w = -2z = v·(A + B·v²), as v·e^-w / (1 + e^-w) for v < 0 (no overflow);
+// - erf: 0.5·v·erfc(-v/√2), erfc(x) = t·e^(-x² + Q(t)), t = 1 / (1 + x/2) (Numerical Recipes'
+//   Chebyshev fit, fractional error below 1.2e-7), erfc(-x) = 2 - erfc(x).
+// In f32 each exponent is carried in two floats (fmaf gives a product's rounding error exactly, the
+// two-sum a sum's), so e^w is as accurate as expf; the products and sums whose errors are taken are
+// rounded on their own (`__fmul_rn`, `__fadd_rn`: NVRTC would otherwise contract them into fmas).
+// In f64 the plain forms are accurate enough.
+__device__ __forceinline__ float gelu_tanh(float v) {
+    if (v > 20.0f) return v;          // e^w below half an ulp of 1
+    if (v < -20.0f) return v * 0.0f;  // below the smallest subnormal; NaN for -inf
+    const float a_hi = -1.59576916694641113e+00f, a_lo = 4.53406805434042326e-08f;
+    const float b_hi = -7.13548138737678528e-02f, b_lo = -2.39883246599958966e-09f;
+    float v2 = __fmul_rn(v, v), v2_lo = fmaf(v, v, -v2);
+    float t = __fmul_rn(b_hi, v2);
+    float t_lo = __fadd_rn(fmaf(b_hi, v2, -t), fmaf(b_hi, v2_lo, __fmul_rn(b_lo, v2)));
+    float s = __fadd_rn(a_hi, t), bb = __fsub_rn(s, a_hi);
+    float s_err = __fadd_rn(__fsub_rn(a_hi, __fsub_rn(s, bb)), __fsub_rn(t, bb));
+    float s_lo = __fadd_rn(s_err, __fadd_rn(a_lo, t_lo));
+    float w = __fmul_rn(s, v), w_lo = fmaf(s_lo, v, fmaf(s, v, -w));
+    bool negative = v < 0.0f;
+    float u = negative ? -w : w, u_lo = negative ? -w_lo : w_lo;
+    float e = expf(u);
+    e = fmaf(e, u_lo, e);
+    return __fdiv_rn(negative ? __fmul_rn(v, e) : v, __fadd_rn(1.0f, e));
+}
+
+__device__ __forceinline__ double gelu_tanh(double v) {
+    const double k = 0.79788456080286535588;
+    return v / (1.0 + exp(-2.0 * k * (v + 0.044715 * v * v * v)));
+}
+
+__device__ __forceinline__ float gelu_erf(float v) {
+    if (v > 14.0f) return v;          // erfc(-v/√2) is 2 to within half an ulp
+    if (v < -14.0f) return v * 0.0f;  // below the smallest subnormal; NaN for -inf
+    float x = __fmul_rn(fabsf(v), 0.70710678118654752f);
+    float t = __fdiv_rn(1.0f, fmaf(x, 0.5f, 1.0f));
+    float q = 0.17087277f;
+    q = fmaf(q, t, -0.82215223f);
+    q = fmaf(q, t, 1.48851587f);
+    q = fmaf(q, t, -1.13520398f);
+    q = fmaf(q, t, 0.27886807f);
+    q = fmaf(q, t, -0.18628806f);
+    q = fmaf(q, t, 0.09678418f);
+    q = fmaf(q, t, 0.37409196f);
+    q = fmaf(q, t, 1.00002368f);
+    q = fmaf(q, t, -1.26551223f);
+    float v2 = __fmul_rn(v, v), v2_lo = fmaf(v, v, -v2);
+    float h = __fmul_rn(v2, -0.5f);
+    float a = __fadd_rn(h, q), bb = __fsub_rn(a, h);
+    float a_err = __fadd_rn(__fsub_rn(h, __fsub_rn(a, bb)), __fsub_rn(q, bb));
+    float a_lo = fmaf(v2_lo, -0.5f, a_err);
+    float e = expf(a);
+    float erfc_abs = __fmul_rn(t, fmaf(e, a_lo, e));
+    float erfc = v < 0.0f ? erfc_abs : __fsub_rn(2.0f, erfc_abs);
+    return __fmul_rn(__fmul_rn(0.5f, v), erfc);
+}
+
+__device__ __forceinline__ double gelu_erf(double v) { return 0.5 * v * erfc(-v * 0.70710678118654752440); }
+
 __device__ __forceinline__ compute_t gelu(compute_t g, int approximate) {
-    if (approximate == 0) return LIT(0.5) * g * (LIT(1.0) + c_erf(g * LIT(0.70710678118654752440)));
-    const compute_t k = LIT(0.79788456080286535588);
-    return LIT(0.5) * g * (LIT(1.0) + c_tanh(k * (g + LIT(0.044715) * g * g * g)));
+    return approximate == 0 ? gelu_erf(g) : gelu_tanh(g);
 }
 
 // Sums `value` over the block in a fixed tree order; every thread gets the total.

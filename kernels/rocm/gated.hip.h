@@ -33,11 +33,70 @@ __device__ __forceinline__ C silu(C g) {
     return g / (LIT(C, 1.0) + c_exp(-g));
 }
 
+// gelu without cancellation in the negative tail, where `0.5·v·(1 + tanh z)` and
+// `0.5·v·(1 + erf(v/√2))` subtract numbers near 1 (the derivation is in the cpu provider's
+// `activation` module, which computes the same forms):
+// - tanh: v / (1 + e^w), w = -2z = v·(A + B·v²), as v·e^-w / (1 + e^-w) for v < 0 (no overflow);
+// - erf: 0.5·v·erfc(-v/√2), erfc(x) = t·e^(-x² + Q(t)), t = 1 / (1 + x/2) (Numerical Recipes'
+//   Chebyshev fit, fractional error below 1.2e-7), erfc(-x) = 2 - erfc(x).
+// In f32 each exponent is carried in two floats (fmaf gives a product's rounding error exactly, the
+// two-sum a sum's), so e^w is as accurate as expf; contraction is off, so every other product and
+// sum rounds on its own as the two-float steps need. In f64 the plain forms are accurate enough.
+__device__ __forceinline__ float gelu_tanh(float v) {
+#pragma clang fp contract(off)
+    if (v > 20.0f) return v;          // e^w below half an ulp of 1
+    if (v < -20.0f) return v * 0.0f;  // below the smallest subnormal; NaN for -inf
+    const float a_hi = -1.59576916694641113e+00f, a_lo = 4.53406805434042326e-08f;
+    const float b_hi = -7.13548138737678528e-02f, b_lo = -2.39883246599958966e-09f;
+    float v2 = v * v, v2_lo = fmaf(v, v, -v2);
+    float t = b_hi * v2;
+    float t_lo = fmaf(b_hi, v2, -t) + fmaf(b_hi, v2_lo, b_lo * v2);
+    float s = a_hi + t, bb = s - a_hi;
+    float s_lo = ((a_hi - (s - bb)) + (t - bb)) + (a_lo + t_lo);
+    float w = s * v, w_lo = fmaf(s_lo, v, fmaf(s, v, -w));
+    bool negative = v < 0.0f;
+    float u = negative ? -w : w, u_lo = negative ? -w_lo : w_lo;
+    float e = expf(u);
+    e = fmaf(e, u_lo, e);
+    return (negative ? v * e : v) / (1.0f + e);
+}
+
+__device__ __forceinline__ double gelu_tanh(double v) {
+    const double k = 0.79788456080286535588;
+    return v / (1.0 + exp(-2.0 * k * (v + 0.044715 * v * v * v)));
+}
+
+__device__ __forceinline__ float gelu_erf(float v) {
+#pragma clang fp contract(off)
+    if (v > 14.0f) return v;          // erfc(-v/√2) is 2 to within half an ulp
+    if (v < -14.0f) return v * 0.0f;  // below the smallest subnormal; NaN for -inf
+    float x = fabsf(v) * 0.70710678118654752f;
+    float t = 1.0f / fmaf(x, 0.5f, 1.0f);
+    float q = 0.17087277f;
+    q = fmaf(q, t, -0.82215223f);
+    q = fmaf(q, t, 1.48851587f);
+    q = fmaf(q, t, -1.13520398f);
+    q = fmaf(q, t, 0.27886807f);
+    q = fmaf(q, t, -0.18628806f);
+    q = fmaf(q, t, 0.09678418f);
+    q = fmaf(q, t, 0.37409196f);
+    q = fmaf(q, t, 1.00002368f);
+    q = fmaf(q, t, -1.26551223f);
+    float v2 = v * v, v2_lo = fmaf(v, v, -v2);
+    float h = v2 * -0.5f;
+    float a = h + q, bb = a - h;
+    float a_lo = fmaf(v2_lo, -0.5f, (h - (a - bb)) + (q - bb));
+    float e = expf(a);
+    float erfc_abs = t * fmaf(e, a_lo, e);
+    float erfc = v < 0.0f ? erfc_abs : 2.0f - erfc_abs;
+    return (0.5f * v) * erfc;
+}
+
+__device__ __forceinline__ double gelu_erf(double v) { return 0.5 * v * erfc(-v * 0.70710678118654752440); }
+
 template <typename C>
 __device__ __forceinline__ C gelu(C g, int approximate) {
-    if (approximate == 0) return LIT(C, 0.5) * g * (LIT(C, 1.0) + c_erf(g * LIT(C, 0.70710678118654752440)));
-    const C k = LIT(C, 0.79788456080286535588);
-    return LIT(C, 0.5) * g * (LIT(C, 1.0) + c_tanh(k * (g + LIT(C, 0.044715) * g * g * g)));
+    return approximate == 0 ? gelu_erf(g) : gelu_tanh(g);
 }
 
 // Sums `value` over the block in a fixed tree order; every thread gets the total.

@@ -2,7 +2,8 @@
 //! activations, in f32.
 //!
 //! Each row: widen the gate and up halves into f32 scratch, let the op's [`GateRow`] turn the gate
-//! into the activation (in f32, with rten-vecmath's vectorized exp, erf and tanh), round it to the
+//! into the activation (in f32, vectorized: rten-vecmath's silu, and the gelu forms of
+//! [`crate::activation`], which keep their accuracy in the negative tail), round it to the
 //! element type, multiply by the up half and round once more on the store: the rounding points of
 //! the reference. Rows are split across threads as
 //! the norms are ([`BYTES_PER_TASK`](crate::BYTES_PER_TASK)); each row's result depends on that row
@@ -15,6 +16,7 @@ use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor};
 use rayon::prelude::*;
 use rten_simd::SimdUnaryOp;
 
+use crate::activation::{GeluErf, GeluTanh};
 use crate::element::CpuElement;
 use crate::rows::{rows_per_task, with_scratch};
 
@@ -35,12 +37,24 @@ pub trait GateRow: Sync {
     }
 }
 
-/// `out ← op(gate)` with rten-vecmath's vectorized `op`, `out` fully overwritten.
-fn map_into(op: impl SimdUnaryOp<f32>, gate: &[f32], out: &mut [f32]) {
+/// `out ← op(gate)` with a vectorized `op`, `out` fully overwritten.
+fn map_into(op: &impl SimdUnaryOp<f32>, gate: &[f32], out: &mut [f32]) {
     // SAFETY: `MaybeUninit<f32>` has f32's layout, and `map` writes only initialized values (every
     // element of `out`), so `out` stays initialized.
     let uninit = unsafe { &mut *(std::ptr::from_mut(out) as *mut [std::mem::MaybeUninit<f32>]) };
     op.map(gate, uninit);
+}
+
+/// `values ← op(values)` with a vectorized `op`, through a stack copy of each chunk (rten-simd's own
+/// in-place map reads through a shared view of the slice it writes, which Miri's Stacked Borrows
+/// rejects; a chunk of 256 values stays in L1).
+fn map_in_place(op: &impl SimdUnaryOp<f32>, values: &mut [f32]) {
+    let mut copy = [0f32; 256];
+    for chunk in values.chunks_mut(copy.len()) {
+        let source = &mut copy[..chunk.len()];
+        source.copy_from_slice(chunk);
+        map_into(op, source, chunk);
+    }
 }
 
 /// `silu(g) = g / (1 + e^-g)`.
@@ -49,11 +63,11 @@ pub struct Silu;
 
 impl GateRow for Silu {
     fn activate(&self, gate: &mut [f32], _: fn(&mut [f32])) {
-        rten_vecmath::Silu {}.map_mut(gate);
+        map_in_place(&rten_vecmath::Silu {}, gate);
     }
 
     fn activate_into(&self, gate: &[f32], out: &mut [f32], _: fn(&mut [f32])) {
-        map_into(rten_vecmath::Silu {}, gate, out);
+        map_into(&rten_vecmath::Silu {}, gate, out);
     }
 }
 
@@ -68,8 +82,8 @@ impl GateRow for Gelu {
 
     fn activate_into(&self, gate: &[f32], out: &mut [f32], _: fn(&mut [f32])) {
         match self.0 {
-            Approximate::None => map_into(rten_vecmath::Gelu {}, gate, out),
-            Approximate::Tanh => map_into(rten_vecmath::ApproxGelu {}, gate, out),
+            Approximate::None => map_into(&GeluErf, gate, out),
+            Approximate::Tanh => map_into(&GeluTanh, gate, out),
         }
     }
 }
@@ -202,11 +216,12 @@ fn lane_sum(values: &[f32], f: impl Fn(f64) -> f64) -> f64 {
     tail.iter().fold(lanes[0], |acc, &v| acc + f(f64::from(v)))
 }
 
-/// `gelu` over a row, in f32, vectorized (the SIMD width of the machine, chosen at run time).
+/// `gelu` over a row, in f32, vectorized (the SIMD width of the machine, chosen at run time), with
+/// the tail-accurate forms of [`crate::activation`].
 pub fn gelu_in_place(v: &mut [f32], approximate: Approximate) {
     match approximate {
-        Approximate::None => rten_vecmath::Gelu {}.map_mut(v),
-        Approximate::Tanh => rten_vecmath::ApproxGelu {}.map_mut(v),
+        Approximate::None => map_in_place(&GeluErf, v),
+        Approximate::Tanh => map_in_place(&GeluTanh, v),
     }
 }
 

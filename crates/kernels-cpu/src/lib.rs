@@ -32,6 +32,7 @@
 //! Target `kernels_cpu`: debug events for the thread split of large calls.
 
 #[cfg(target_arch = "x86_64")]
+mod activation;
 mod avx512;
 mod element;
 pub mod gated;

@@ -17,15 +17,19 @@ pub fn silu(v: f64) -> f64 {
     v / (1.0 + (-v).exp())
 }
 
-/// `gelu(v)` with the erf form (`approximate = "none"`), in f64.
+/// `gelu(v) = 0.5·v·(1 + erf(v/√2))` with the erf form (`approximate = "none"`), in f64, computed
+/// as `0.5·v·erfc(−v/√2)`: no `1 + erf` that cancels where gelu is tiny (the negative tail), so the
+/// result keeps its relative accuracy at every gate. `−∞` gives NaN (`−∞·0`), as the textbook form.
 pub fn gelu_erf(v: f64) -> f64 {
-    0.5 * v * (1.0 + libm::erf(v * std::f64::consts::FRAC_1_SQRT_2))
+    0.5 * v * libm::erfc(-v * std::f64::consts::FRAC_1_SQRT_2)
 }
 
-/// `gelu(v)` with the tanh form (`approximate = "tanh"`), in f64.
+/// `gelu(v) = 0.5·v·(1 + tanh z)`, `z = √(2/π)·(v + 0.044715·v³)`, with the tanh form
+/// (`approximate = "tanh"`), in f64, computed as `v / (1 + e^(−2z))` (the same function): no
+/// `1 + tanh z` that cancels in the negative tail. `−∞` gives NaN (`−∞/∞`), as the textbook form.
 pub fn gelu_tanh(v: f64) -> f64 {
     const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-    0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v)).tanh())
+    v / (1.0 + (-2.0 * SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v)).exp())
 }
 
 /// The meta function of every gated op: `x` has rank ≥ 1 and an even last dimension `2d`; the
@@ -101,6 +105,17 @@ mod tests {
         assert!((gelu_erf(1.0) - 0.841_344_746_068_542_9).abs() < 1e-15);
         assert!((gelu_tanh(1.0) - 0.841_191_990_608_276_8).abs() < 1e-15);
         assert!(gelu_erf(-10.0).abs() < 1e-20 && gelu_tanh(-10.0).abs() < 1e-20);
+        // The tail keeps its relative accuracy (no `1 + tanh` or `1 + erf` that cancels), checked
+        // against exact forms of the tail.
+        // gelu_erf(v) = v·Φ(v); for v = −8, Φ(−8) = 6.220960574271784e−16.
+        assert!((gelu_erf(-8.0) / (-8.0 * 6.220_960_574_271_784e-16) - 1.0).abs() < 1e-13);
+        // gelu_tanh(v) = v / (1 + e^(−2z)) exactly: for v = −5, z = −√(2/π)·(5 + 0.044715·125).
+        let z: f64 = -0.797_884_560_802_865_4 * (5.0 + 0.044_715 * 125.0);
+        assert!((gelu_tanh(-5.0) / (-5.0 * (2.0 * z).exp() / (1.0 + (2.0 * z).exp())) - 1.0).abs() < 1e-14);
+        assert_eq!(gelu_tanh(f64::INFINITY), f64::INFINITY);
+        assert_eq!(gelu_erf(f64::INFINITY), f64::INFINITY);
+        assert!(gelu_tanh(f64::NEG_INFINITY).is_nan() && gelu_erf(f64::NEG_INFINITY).is_nan());
+        assert!(gelu_tanh(f64::NAN).is_nan() && gelu_erf(f64::NAN).is_nan());
     }
 
     #[test]
