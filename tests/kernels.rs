@@ -573,6 +573,83 @@ fn every_op_of_every_provider_matches_native_on_generated_inputs() {
     }
 }
 
+/// `t` (`[T, W]`) in a column-major copy: the same values, strides `[1, T]` (a transposed view of a
+/// `[W, T]` buffer, dense but not compact).
+fn transposed(t: &Tensor) -> Tensor {
+    let [tokens, width] = t.shape() else { panic!("generated activations are [T, W], got {:?}", t.shape()) };
+    let buffer = t.transpose(0, 1).unwrap().contiguous().unwrap();
+    let view = buffer.transpose(0, 1).unwrap();
+    drop(buffer);
+    if *tokens > 1 && *width > 1 {
+        assert_eq!(view.layout().strides(), [1, *tokens], "column-major");
+    }
+    view
+}
+
+/// Every op through dispatch (the backend's provider first, then native) on transposed activations,
+/// functional and, for in-place ops, `maybe_inplace`: whichever provider takes them, the outputs have
+/// the metadata the op declares (dispatch checks it: a provider returning another layout is an
+/// error) and native's values. A provider that rejects the layout leaves it to native, as an
+/// engine's call would.
+#[test]
+fn every_op_gives_its_declared_metadata_and_natives_values_on_transposed_activations() {
+    for backend in backends() {
+        let ops = backend.registry.ops();
+        let _guards: Vec<_> = ops
+            .iter()
+            .map(|op| backend.registry.override_priority(op, &[backend.provider, "native"]).unwrap())
+            .collect();
+        for op in ops {
+            let def = backend.registry.op_def(op).expect("listed ops are defined");
+            let activations = def.activation_indices().unwrap();
+            for dtype in backend.element_dtypes() {
+                for (i, &(tokens, hidden)) in [(1usize, 64usize), (7, 128)].iter().enumerate() {
+                    let label = format!("{} {op} {dtype} T={tokens} H={hidden} transposed", backend.provider);
+                    let spec =
+                        InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: i as u64 };
+                    let host = (def.generate_inputs)(&spec).unwrap();
+                    let args: Vec<Value> = host
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| match v {
+                            Value::Tensor(t) if activations.contains(&i) => Value::Tensor(transposed(t)),
+                            other => other.clone(),
+                        })
+                        .collect();
+                    let expected = (def.native)(&args).unwrap_or_else(|e| panic!("{label}: native: {e}"));
+                    let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
+                    let declared = (def.meta)(&metas).unwrap();
+                    for (index, (e, d)) in expected.iter().zip(&declared).enumerate() {
+                        assert_eq!(e.meta(), d, "{label}: native's output {index} is what the op declares");
+                    }
+                    let device_args = |args: &[Value]| -> Vec<Value> {
+                        args.iter()
+                            .map(|v| match v {
+                                Value::Tensor(t) => Value::Tensor(backend.upload(t).unwrap()),
+                                other => other.clone(),
+                            })
+                            .collect()
+                    };
+                    let mut runs = vec![("functional", backend.registry.call(op, device_args(&args)))];
+                    if def.allow_inplace {
+                        runs.push(("maybe_inplace", backend.registry.call_maybe_inplace(op, device_args(&args))));
+                    }
+                    for (how, got) in runs {
+                        let got = got.unwrap_or_else(|e| panic!("{label} {how}: {e}"));
+                        for (index, ((got, expected), declared)) in got.iter().zip(&expected).zip(&declared).enumerate()
+                        {
+                            assert_eq!(got.layout(), &declared.layout, "{label} {how}: output {index}'s layout");
+                            let tol = tolerance(def, expected.dtype()).unwrap();
+                            allclose(&got.to_cpu().unwrap(), expected, tol.atol, tol.rtol)
+                                .unwrap_or_else(|e| panic!("{label} {how}: output {index}: {e}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Every f32 that decides an fp8 rounding: each code's value, the midpoints between neighbours and
 /// the f32 values either side of them, values beyond the largest finite, infinities, NaN, zeros and
 /// the f32 subnormals, with both signs.
@@ -612,6 +689,12 @@ fn fp8_deciding_values(dtype: DType) -> Vec<f64> {
     values
 }
 
+/// The codes of an fp8 tensor (on any device), in logical order.
+fn fp8_codes(t: &Tensor) -> Vec<u8> {
+    let host = t.to_cpu().unwrap().contiguous().unwrap();
+    host.cpu_buffer().unwrap().bytes().to_vec()
+}
+
 /// The quantization kernels round exactly as the reference on every provider: one f32 division
 /// (correctly rounded) and the saturating nearest-even conversion, checked on every value that
 /// decides a rounding, and per-token scales bit for bit.
@@ -642,14 +725,40 @@ fn fp8_quantization_is_bit_exact_on_every_provider() {
                     let s = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
                     let got = static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype).unwrap();
                     let expected = fixed::native(&x, &s, out_dtype).unwrap();
-                    let got = got.to_cpu().unwrap().to_f64_vec().unwrap();
-                    let expected = expected.to_f64_vec().unwrap();
-                    // The same value, sign of zero included; any NaN matches any NaN.
-                    let same = |(g, e): (&f64, &f64)| g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan());
-                    if let Some(i) = got.iter().zip(&expected).position(|pair| !same(pair)) {
+                    // The same code, sign of zero included, and every NaN the canonical one.
+                    let (got, expected) = (fp8_codes(&got), fp8_codes(&expected));
+                    if let Some(i) = got.iter().zip(&expected).position(|(g, e)| g != e) {
                         let v = values[i];
-                        panic!("{label} {x_dtype} scale {scale}: x = {v} gives {}, native {}", got[i], expected[i]);
+                        panic!(
+                            "{label} {x_dtype} scale {scale}: x = {v} gives {:#04x}, native {:#04x}",
+                            got[i], expected[i]
+                        );
                     }
+                    for (i, _) in values.iter().enumerate().filter(|(_, v)| v.is_nan()) {
+                        assert_eq!(got[i], ir_core::FP8_NAN, "{label} {x_dtype}: NaN is the canonical code");
+                    }
+                }
+            }
+            // NaNs of every sign and payload, as stored and as arithmetic makes them (0/0, and a
+            // scale that turns x into NaN: 0 / 0 and inf / inf), all the one canonical code.
+            let nans: Vec<f32> = [0x7fc0_0000u32, 0xffc0_0000, 0x7f80_0001, 0xffa0_0001, 0x7fe0_0000, 0xffff_ffff]
+                .into_iter()
+                .map(f32::from_bits)
+                .chain([0.0f32, f32::INFINITY, -f32::INFINITY, 1.0])
+                .collect();
+            let x = Tensor::from_vec(&[1, nans.len()], nans.clone()).unwrap();
+            for scale in [f64::NAN, 0.0, f64::INFINITY] {
+                let s = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
+                let got = fp8_codes(
+                    &static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype).unwrap(),
+                );
+                let expected = fp8_codes(&fixed::native(&x, &s, out_dtype).unwrap());
+                assert_eq!(got, expected, "{label} scale {scale}: the codes of {nans:?}");
+                let nan_codes = got.iter().zip(&expected).filter(|(_, e)| {
+                    **e & 0x7f == 0x7f || (out_dtype == DType::F8E5M2 && **e & 0x7c == 0x7c && **e & 3 != 0)
+                });
+                for (g, _) in nan_codes {
+                    assert_eq!(*g, ir_core::FP8_NAN, "{label} scale {scale}: every NaN is the canonical code");
                 }
             }
             for dtype in backend.element_dtypes() {
@@ -836,20 +945,140 @@ fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
     let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &["cpu"]).unwrap();
     let cache = cos_sin_cache(DType::F32, 8, 4, 10000.0).unwrap();
     let q = Tensor::randn(&TensorMeta::compact(DType::F32, &[3, 8]), 1).unwrap();
-    for bad in [8i64, -1] {
-        let positions = Tensor::from_vec(&[3], vec![0, bad, 2]).unwrap();
-        let err = rotary_embedding_maybe_inplace(
-            &backend.registry,
-            &positions,
-            q.deep_clone().unwrap(),
-            None,
-            &cache,
-            4,
-            4,
-            true,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains(&format!("position {bad} of token 1")) && err.contains("0..8"), "{err}");
+    // A query without elements (width 0) still has a position per token: checked as native does.
+    let empty = Tensor::zeros(DType::F32, &[3, 0]).unwrap();
+    for q in [q, empty] {
+        for bad in [8i64, -1] {
+            let positions = Tensor::from_vec(&[3], vec![0, bad, 2]).unwrap();
+            let native = ir_core::op::rotary_embedding::native(&positions, &q, None, &cache, 4, 4, true);
+            assert!(native.is_err(), "native refuses position {bad}");
+            let err = rotary_embedding_maybe_inplace(
+                &backend.registry,
+                &positions,
+                q.deep_clone().unwrap(),
+                None,
+                &cache,
+                4,
+                4,
+                true,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains(&format!("position {bad} of token 1")) && err.contains("0..8"), "{err}");
+        }
+    }
+}
+
+/// The layouts of the rotary bug report: an f32 transposed query `[4, 32]{1, 4}` and a bf16 query
+/// `[4, 2, 32]{32, 128, 1}` (its two leading dimensions swapped in memory), with keys of the same
+/// layouts, functional and `maybe_inplace`, on every provider: the outputs have the declared
+/// layout (the activation's own, copied) and native's bits.
+#[test]
+fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
+    use ir_core::op::rotary_embedding::{
+        ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding, rotary_embedding_maybe_inplace,
+    };
+    for backend in backends() {
+        let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &[backend.provider, "native"]).unwrap();
+        let up = |t: &Tensor| backend.upload(t).unwrap();
+        let cases: [(DType, &[usize], &[usize]); 2] =
+            [(DType::F32, &[32, 4], &[4, 32]), (DType::BF16, &[2, 4, 32], &[4, 2, 32])];
+        for (dtype, stored, shape) in cases {
+            // Stored in `stored` order, viewed with the first two dimensions swapped.
+            let view = |seed| {
+                let buffer = Tensor::randn(&TensorMeta::compact(dtype, stored), seed).unwrap();
+                let view = buffer.transpose(0, 1).unwrap();
+                assert_eq!(view.shape(), shape);
+                view
+            };
+            let (q, k) = (view(1), view(2));
+            let leading = &shape[..shape.len() - 1];
+            let count: usize = leading.iter().product();
+            let positions = Tensor::from_vec(leading, (0..count as i64).map(|p| (p * 3) % 7).collect()).unwrap();
+            let cache = cos_sin_cache(dtype, 7, 16, 10000.0).unwrap();
+            let label = format!("{} {dtype} {:?}{:?}", backend.provider, q.shape(), q.layout().strides());
+            let (eq, ek) = native(&positions, &q, Some(&k), &cache, 16, 16, true).unwrap();
+            let ek = ek.unwrap();
+            assert_eq!(eq.layout(), &q.layout().copy_layout(), "{label}: native keeps the layout");
+            let (fq, fk) =
+                rotary_embedding(&backend.registry, &up(&positions), &up(&q), Some(&up(&k)), &up(&cache), 16, 16, true)
+                    .unwrap_or_else(|e| panic!("{label} functional: {e}"));
+            let (mq, mk) = rotary_embedding_maybe_inplace(
+                &backend.registry,
+                &up(&positions),
+                up(&q),
+                Some(up(&k)),
+                &up(&cache),
+                16,
+                16,
+                true,
+            )
+            .unwrap_or_else(|e| panic!("{label} maybe_inplace: {e}"));
+            for (how, got, expected) in [
+                ("functional q", fq, &eq),
+                ("functional k", fk.unwrap(), &ek),
+                ("maybe_inplace q", mq, &eq),
+                ("maybe_inplace k", mk.unwrap(), &ek),
+            ] {
+                let got = got.to_cpu().unwrap();
+                assert_eq!(got.shape(), expected.shape(), "{label} {how}");
+                assert!(bit_eq(&got, expected), "{label} {how}: native's bits");
+            }
+        }
+    }
+}
+
+/// The gated activations over the whole range of the gate, with large `up`, on every provider:
+/// gates from −30 to 30 in steps of 0.01 (the tails where `1 + tanh` and `1 + erf` would cancel
+/// included) and the extremes (±1e10, the largest finite, infinities, NaN), each times `up` of 1 up to
+/// 1e30 (what the dtype holds), against native within the op's own tolerance, everywhere.
+#[test]
+fn gated_activations_hold_their_tolerance_over_the_whole_gate_range() {
+    use ir_core::op::gelu_and_mul::{Approximate, GELU_AND_MUL, gelu_and_mul};
+    use ir_core::op::silu_and_mul::{SILU_AND_MUL, silu_and_mul};
+    let mut gates: Vec<f64> = (-3000..=3000).map(|i| f64::from(i) / 100.0).collect();
+    gates.extend([1e10, -1e10, f64::from(f32::MAX), f64::from(f32::MIN), f64::INFINITY, f64::NEG_INFINITY, f64::NAN]);
+    for backend in backends() {
+        let _guards = [
+            backend.registry.override_priority(SILU_AND_MUL.name, &[backend.provider]).unwrap(),
+            backend.registry.override_priority(GELU_AND_MUL.name, &[backend.provider]).unwrap(),
+        ];
+        for dtype in backend.element_dtypes() {
+            let ups: Vec<f64> =
+                [1.0, -3.0, 1e2, 1e4, 1e8, 1e30].into_iter().filter(|&u| dtype.round(u).is_finite()).collect();
+            let d = gates.len();
+            let mut values = Vec::with_capacity(ups.len() * 2 * d);
+            for &up in &ups {
+                values.extend(&gates);
+                values.extend(std::iter::repeat_n(up, d));
+            }
+            let x = Tensor::from_f64(dtype, &[ups.len(), 2 * d], &values).unwrap();
+            let device_x = backend.upload(&x).unwrap();
+            let runs: [(&str, &OpDef, Tensor, Tensor); 3] = [
+                (
+                    "silu",
+                    &SILU_AND_MUL,
+                    silu_and_mul(&backend.registry, &device_x).unwrap(),
+                    ir_core::op::silu_and_mul::native(&x).unwrap(),
+                ),
+                (
+                    "gelu (erf)",
+                    &GELU_AND_MUL,
+                    gelu_and_mul(&backend.registry, &device_x, Approximate::None).unwrap(),
+                    ir_core::op::gelu_and_mul::native(&x, Approximate::None).unwrap(),
+                ),
+                (
+                    "gelu (tanh)",
+                    &GELU_AND_MUL,
+                    gelu_and_mul(&backend.registry, &device_x, Approximate::Tanh).unwrap(),
+                    ir_core::op::gelu_and_mul::native(&x, Approximate::Tanh).unwrap(),
+                ),
+            ];
+            for (what, def, got, expected) in runs {
+                let tol = tolerance(def, dtype).unwrap();
+                allclose(&got.to_cpu().unwrap(), &expected, tol.atol, tol.rtol)
+                    .unwrap_or_else(|e| panic!("{} {what} {dtype} (ups {ups:?}): {e}", backend.provider));
+            }
+        }
     }
 }
