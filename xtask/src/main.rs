@@ -87,13 +87,17 @@ fn ci() -> anyhow::Result<()> {
 fn vendor_job(vendor: &str) -> anyhow::Result<()> {
     match vendor {
         "cpu" => {
-            println!("cpu job: needs only the Rust toolchain (and nightly + cargo-fuzz for the fuzz step)");
+            println!(
+                "cpu job: needs only the Rust toolchain (and nightly with cargo-fuzz and the miri component for the \
+                 fuzz and Miri steps)"
+            );
             lint_core()?;
             check_features_core()?;
             package_lists()?;
             cargo(&["test", "--workspace", "--locked"], &[("VLLM_IR_REQUIRE", "")])?;
             examples()?;
-            fuzz(&["--seconds".to_owned(), "20".to_owned()])
+            fuzz(&["--seconds".to_owned(), "20".to_owned()])?;
+            miri()
         }
         "cuda" => {
             println!(
@@ -409,48 +413,49 @@ fn miri() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let runs: [&[&str]; 3] = [
-        &[
-            "--package",
-            "vllm-ir-core",
-            "--features",
-            "dlpack",
-            "--lib",
-            "--",
-            "storage::",
-            "tensor::",
-            "interop::",
-            "registry::",
-            "--skip",
-            "sizes_never_wrap_and_allocations_never_abort",
-            "--skip",
-            "a_freed_large_buffer_is_reused",
-        ],
-        &[
-            "--package",
-            "vllm-ir-core",
-            "--features",
-            "dlpack,candle,testing",
-            "--test",
-            "interop",
-            "--test",
-            "thread_exit",
-        ],
-        &["--package", "vllm-ir-kernels-cpu", "--lib", "--", "rows::", "element::", "gated::", "tests::rms_norm_into"],
+    // One invocation, so the dependencies (and `ir-core` with the features both crates need) are
+    // compiled once; the filters pick the tests of both crates' libraries and of the two `ir-core`
+    // test files (their names carry `candle`, `dlpack` or `thread_local`).
+    let args = [
+        "--package",
+        "vllm-ir-core",
+        "--package",
+        "vllm-ir-kernels-cpu",
+        "--features",
+        "vllm-ir-core/dlpack,vllm-ir-core/candle,vllm-ir-core/testing",
+        "--lib",
+        "--test",
+        "interop",
+        "--test",
+        "thread_exit",
+        "--",
+        "storage::",
+        "tensor::",
+        "interop::",
+        "registry::",
+        "candle",
+        "dlpack",
+        "thread_local",
+        "rows::",
+        "element::",
+        "gated::",
+        "tests::rms_norm_into",
+        "--skip",
+        "sizes_never_wrap_and_allocations_never_abort",
+        "--skip",
+        "a_freed_large_buffer_is_reused",
     ];
-    for run in runs {
-        let shown = run.join(" ");
-        println!("$ MIRIFLAGS=\"{MIRIFLAGS}\" cargo +nightly miri test --locked {shown}");
-        let status = Command::new("rustup")
-            .args(["run", "nightly", "cargo", "miri", "test", "--locked"])
-            .args(run)
-            .env("MIRIFLAGS", MIRIFLAGS)
-            .current_dir(project_root())
-            .status()
-            .context("running cargo miri")?;
-        if !status.success() {
-            bail!("`cargo +nightly miri test {shown}` failed ({status})");
-        }
+    let shown = args.join(" ");
+    println!("$ MIRIFLAGS=\"{MIRIFLAGS}\" cargo +nightly miri test --locked {shown}");
+    let status = Command::new("rustup")
+        .args(["run", "nightly", "cargo", "miri", "test", "--locked"])
+        .args(args)
+        .env("MIRIFLAGS", MIRIFLAGS)
+        .current_dir(project_root())
+        .status()
+        .context("running cargo miri")?;
+    if !status.success() {
+        bail!("`cargo +nightly miri test {shown}` failed ({status})");
     }
     Ok(())
 }

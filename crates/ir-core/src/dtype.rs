@@ -227,7 +227,10 @@ impl Element for bf16 {
 }
 
 /// The code every NaN converts to in both 8-bit float formats (sign clear, all other bits set):
-/// one canonical NaN per format, the same in every provider (see the [module docs](self)).
+/// one canonical NaN per format, the same in every provider. A NaN's sign and payload after
+/// arithmetic are unspecified (IEEE 754 leaves them to the hardware and the compiler), so keeping
+/// them would make a quantized NaN's bits depend on where it was computed; `0x7f` is also what
+/// NVIDIA's hardware conversion writes for a NaN.
 pub const FP8_NAN: u8 = 0x7f;
 
 impl Element for F8E4M3 {

@@ -2,8 +2,8 @@
 //! activations, in f32.
 //!
 //! Each row: widen the gate and up halves into f32 scratch, let the op's [`GateRow`] turn the gate
-//! into the activation (in f32, vectorized: rten-vecmath's silu, and the gelu forms of
-//! [`crate::activation`], which keep their accuracy in the negative tail), round it to the
+//! into the activation (in f32, vectorized: rten-vecmath's silu, and this crate's gelu forms, which
+//! keep their accuracy in the negative tail), round it to the
 //! element type, multiply by the up half and round once more on the store: the rounding points of
 //! the reference. Rows are split across threads as
 //! the norms are ([`BYTES_PER_TASK`](crate::BYTES_PER_TASK)); each row's result depends on that row
@@ -217,7 +217,8 @@ fn lane_sum(values: &[f32], f: impl Fn(f64) -> f64) -> f64 {
 }
 
 /// `gelu` over a row, in f32, vectorized (the SIMD width of the machine, chosen at run time), with
-/// the tail-accurate forms of [`crate::activation`].
+/// forms that keep their relative accuracy in the negative tail (no `1 + tanh` or `1 + erf` that
+/// cancels; see `docs/kernels.md`).
 pub fn gelu_in_place(v: &mut [f32], approximate: Approximate) {
     match approximate {
         Approximate::None => map_in_place(&GeluErf, v),
