@@ -153,3 +153,44 @@ fn new_argument_metadata_is_selected_again_and_a_priority_change_is_seen() {
     rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap();
     assert_eq!(registry.selection_record().selections("rms_norm", "cpu"), 2, "the guard's drop is seen too");
 }
+
+#[test]
+fn changes_in_another_registry_leave_the_selection_remembered() {
+    let registry = registry();
+    let meta = TensorMeta::compact(DType::F32, &[2, 256]);
+    let (mut x, mut r) = (Tensor::randn(&meta, 9).unwrap(), Tensor::randn(&meta, 10).unwrap());
+    let w = Tensor::randn(&TensorMeta::compact(DType::F32, &[256]), 11).unwrap();
+    (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap();
+    for step in 0..5 {
+        // Another registry (another engine, another test thread) defines ops and installs lists.
+        let other = self::registry();
+        let guard = other.override_priority("fused_add_rms_norm", &["native"]).unwrap();
+        let (count, outputs) =
+            allocations(|| fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap());
+        (x, r) = outputs;
+        assert_eq!(count, 0, "call {step} after another registry changed: {count} allocations");
+        drop((guard, other));
+    }
+    assert_eq!(registry.selection_record().selections("fused_add_rms_norm", "cpu"), 6);
+}
+
+#[test]
+fn a_priority_change_is_selected_again_and_then_remembered() {
+    let registry = registry();
+    let meta = TensorMeta::compact(DType::F32, &[2, 256]);
+    let (mut x, mut r) = (Tensor::randn(&meta, 12).unwrap(), Tensor::randn(&meta, 13).unwrap());
+    let w = Tensor::randn(&TensorMeta::compact(DType::F32, &[256]), 14).unwrap();
+    for step in 0..40 {
+        // Each change publishes a new installed list: the first call after it selects again.
+        let guard = registry.override_priority("fused_add_rms_norm", &["cpu", "native"]).unwrap();
+        (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap();
+        drop(guard);
+        (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap();
+        // The re-selection took the stale entry's slot and allocation: later calls are hits.
+        let (count, outputs) =
+            allocations(|| fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap());
+        (x, r) = outputs;
+        assert_eq!(count, 0, "step {step}: {count} allocations on a remembered call");
+    }
+    assert_eq!(registry.selection_record().selections("fused_add_rms_norm", "cpu"), 120);
+}

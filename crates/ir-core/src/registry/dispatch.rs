@@ -373,8 +373,8 @@ impl Registry {
     #[inline(always)]
     fn hold(&self, def: &'static OpDef, metas: &[ArgMeta<'_>]) -> Result<memo::Held, CallError> {
         // Read before the op table and the installed list (see `memo`).
-        let generation = memo::generation();
-        if let Some(held) = memo::take(self.id, def, generation, metas) {
+        let generation = self.generation.current();
+        if let Some(held) = memo::take(self.generation.registry(), def, generation, metas) {
             let remembered = held.entry();
             log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, metas);
             return Ok(held);
@@ -391,7 +391,7 @@ impl Registry {
                 (cached, installed)
             }
         };
-        let made = memo::Entry::new(self.id, def, generation, Arc::clone(entry), cached);
+        let made = memo::Entry::new(self.generation.registry(), def, generation, Arc::clone(entry), cached);
         Ok(memo::Held::made(made, installed))
     }
 

@@ -2,10 +2,11 @@
 //!
 //! A typed call on a remembered argument-metadata key would still read the op table, the op's
 //! installed list and a slot of its selection cache (three `arc_swap` loads, each a pair of atomic
-//! read-modify-writes). Each thread keeps its last few selections here instead, stamped with the
-//! process-wide [`generation`], which every change that can change a selection advances (an op
-//! table or an installed list published): an entry whose stamp is current is what selection would
-//! return now, so a hit costs one atomic load and the key comparison.
+//! read-modify-writes). Each thread keeps its last few selections here instead, stamped with their
+//! registry's [`Generation`], which every change in that registry that can change a selection
+//! advances (its op table or an installed list published): an entry whose stamp is current is what
+//! selection would return now, so a hit costs one atomic load and the key comparison. Changes in
+//! other registries leave the entry current.
 //!
 //! The stamp is read before the op table and the installed list, so an entry made while a change
 //! was being published carries the older stamp and is never used after the change completes.
@@ -13,7 +14,9 @@
 //! Entries are reference-counted on this thread (`Rc`): a hit lends the call its own handle to the
 //! entry, so nothing the call holds points into the memo itself. A nested call may evict the slot,
 //! and the thread's memo may be destroyed before a selection kept in another thread-local is
-//! dropped; the entry lives until its last handle goes. The memo holds no `unsafe`.
+//! dropped; the entry lives until its last handle goes. A selection made again after a change
+//! takes the slot of the stale one for the same op, in its allocation when no call holds it, so
+//! steady calls allocate nothing. The memo holds no `unsafe`.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -24,29 +27,42 @@ use crate::op::{ArgMeta, OpDef};
 use crate::registry::OpEntry;
 use crate::registry::selection::Cached;
 
-/// Advanced by every publication of an op table or an installed list, in any registry.
-static GENERATION: AtomicU64 = AtomicU64::new(0);
-
 /// Registries' identities in memo entries (an address could be reused by a later registry).
 static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(0);
 
 /// Entries per thread: a decode step's distinct (op, shape) calls.
 const SLOTS: usize = 16;
 
-/// The current generation (read before anything the selection depends on).
-#[inline]
-pub(crate) fn generation() -> u64 {
-    GENERATION.load(Ordering::Acquire)
+/// One registry's identity and the count of its publications, shared by the registry and its ops.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    registry: u64,
+    count: AtomicU64,
 }
 
-/// Marks every memo entry stale: called after an op table or an installed list is published.
-pub(crate) fn advance() {
-    GENERATION.fetch_add(1, Ordering::Release);
-}
+impl Generation {
+    /// A new registry's: an identity no other registry of the process has.
+    pub(crate) fn new() -> Generation {
+        Generation { registry: NEXT_REGISTRY.fetch_add(1, Ordering::Relaxed), count: AtomicU64::new(0) }
+    }
 
-/// A new registry's identity.
-pub(crate) fn registry_id() -> u64 {
-    NEXT_REGISTRY.fetch_add(1, Ordering::Relaxed)
+    /// The registry's identity.
+    #[inline]
+    pub(crate) fn registry(&self) -> u64 {
+        self.registry
+    }
+
+    /// The current generation (read before anything the selection depends on).
+    #[inline]
+    pub(crate) fn current(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Marks the registry's memo entries stale: called after its op table or an installed list is
+    /// published.
+    pub(crate) fn advance(&self) {
+        self.count.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// A remembered selection.
@@ -101,17 +117,37 @@ impl Entry {
     }
 }
 
-/// Remembers a selection made now, in a free slot or the oldest one's.
+/// Remembers a selection made now: in the slot of a stale entry for the same op of the same
+/// registry (in place when no call holds that entry), else in a free slot, else in the oldest one's.
 fn remember(entry: Entry) {
     let evicted = MEMO.try_with(|memo| {
         let mut slots = memo.slots.borrow_mut();
-        let index = slots.iter().position(Option::is_none).unwrap_or_else(|| memo.next.get());
-        memo.next.set((index + 1) % SLOTS);
-        slots[index].replace(Rc::new(entry))
+        let stale = slots.iter().position(|slot| {
+            slot.as_ref().is_some_and(|old| {
+                old.registry == entry.registry && std::ptr::eq(old.def, entry.def) && old.generation != entry.generation
+            })
+        });
+        let index = stale.or_else(|| slots.iter().position(Option::is_none)).unwrap_or_else(|| {
+            let oldest = memo.next.get();
+            memo.next.set((oldest + 1) % SLOTS);
+            oldest
+        });
+        match slots[index].as_mut().and_then(Rc::get_mut) {
+            Some(place) => Evicted::Entry(std::mem::replace(place, entry)),
+            None => Evicted::Shared(slots[index].replace(Rc::new(entry))),
+        }
     });
     // An evicted entry (and the memo's answer when the thread is ending) is dropped here, after the
     // borrow ended: dropping it may run anyone's code.
     drop(evicted);
+}
+
+/// What [`remember`] took out of a slot, dropped after the slots' borrow ends.
+enum Evicted {
+    /// A stale entry whose allocation the new one took over.
+    Entry(#[expect(dead_code, reason = "held only to be dropped late")] Entry),
+    /// The slot's previous handle, if any (calls may still hold the entry).
+    Shared(#[expect(dead_code, reason = "held only to be dropped late")] Option<Rc<Entry>>),
 }
 
 /// A selection held by one call.
@@ -160,9 +196,10 @@ mod tests {
 
     #[test]
     fn the_generation_only_advances() {
-        let before = generation();
-        advance();
-        assert!(generation() > before);
-        assert_ne!(registry_id(), registry_id(), "each registry its own identity");
+        let generation = Generation::new();
+        let before = generation.current();
+        generation.advance();
+        assert!(generation.current() > before);
+        assert_ne!(Generation::new().registry(), Generation::new().registry(), "each registry its own identity");
     }
 }

@@ -287,8 +287,9 @@ pub struct Registry {
     ops: ArcSwap<OpMap>,
     /// Serializes op definitions (readers never take it).
     defining: Mutex<()>,
-    /// This registry's identity in the typed call path's per-thread memo.
-    id: u64,
+    /// This registry's identity and publication count in the typed call path's per-thread memo
+    /// (shared with its ops, which advance it when they publish an installed list).
+    generation: Arc<memo::Generation>,
 }
 
 type OpMap = IndexMap<&'static str, Arc<OpEntry>, rustc_hash::FxBuildHasher>;
@@ -310,6 +311,8 @@ pub(crate) struct OpEntry {
     warned: Mutex<HashSet<&'static str>>,
     pub(crate) inplace_writes: AtomicU64,
     pub(crate) defensive_copies: AtomicU64,
+    /// The registry's publication count, advanced when this op publishes an installed list.
+    generation: Arc<memo::Generation>,
 }
 
 /// One registered implementation.
@@ -345,7 +348,11 @@ pub struct ProviderInfo {
 impl Registry {
     /// An empty registry.
     pub fn new() -> Registry {
-        Registry { ops: ArcSwap::from_pointee(OpMap::default()), defining: Mutex::new(()), id: memo::registry_id() }
+        Registry {
+            ops: ArcSwap::from_pointee(OpMap::default()),
+            defining: Mutex::new(()),
+            generation: Arc::new(memo::Generation::new()),
+        }
     }
 
     /// A registry defining the built-in ops (`rms_norm`, `fused_add_rms_norm`), each with `native` only.
@@ -421,10 +428,11 @@ impl Registry {
             warned: Mutex::new(HashSet::new()),
             inplace_writes: AtomicU64::new(0),
             defensive_copies: AtomicU64::new(0),
+            generation: Arc::clone(&self.generation),
         };
         ops.insert(def.name, Arc::new(entry));
         self.ops.store(Arc::new(ops));
-        memo::advance();
+        self.generation.advance();
         tracing::debug!(target: "ir_core::registry", op = def.name, "defined op");
         Ok(())
     }
@@ -619,7 +627,7 @@ impl OpEntry {
     /// cache). Called with the priority stack's lock held, so publications follow the stack's order.
     pub(crate) fn publish(&self, top: Option<priority::Resolved>) {
         self.installed.store(top.map(|list| Arc::new(selection::Installed::new(list))));
-        memo::advance();
+        self.generation.advance();
     }
 
     /// Emits `message` at warn level unless this op already warned with `kind`.
