@@ -790,6 +790,9 @@ pub(crate) fn cat_meta(a: &TensorMeta, b: &TensorMeta, dim: usize) -> Result<Ten
 
 fn copy_elements(src: &[u8], src_layout: &Layout, dst: &mut [u8], dst_layout: &Layout, size: usize) {
     let n = src_layout.numel();
+    if n == 0 {
+        return;
+    }
     let same_dense_order = src_layout.is_dense() && src_layout.strides() == dst_layout.strides();
     if same_dense_order {
         // Dense layouts with equal strides occupy `n` consecutive slots from their offsets.
@@ -798,8 +801,92 @@ fn copy_elements(src: &[u8], src_layout: &Layout, dst: &mut [u8], dst_layout: &L
         dst[to..to + n * size].copy_from_slice(&src[from..from + n * size]);
         return;
     }
-    for (from, to) in src_layout.storage_indices().zip(dst_layout.storage_indices()) {
-        dst[to * size..(to + 1) * size].copy_from_slice(&src[from * size..(from + 1) * size]);
+    let plan = CopyPlan::new(src_layout, dst_layout);
+    match (plan.run, size) {
+        // Runs of one element (a transposed view): fixed-size moves, not a `memcpy` call each.
+        (1, 2) => plan.for_each_run(|from, to| dst[to * 2..to * 2 + 2].copy_from_slice(&src[from * 2..from * 2 + 2])),
+        (1, 4) => plan.for_each_run(|from, to| dst[to * 4..to * 4 + 4].copy_from_slice(&src[from * 4..from * 4 + 4])),
+        (1, 8) => plan.for_each_run(|from, to| dst[to * 8..to * 8 + 8].copy_from_slice(&src[from * 8..from * 8 + 8])),
+        (run, _) => {
+            let bytes = run * size;
+            plan.for_each_run(|from, to| {
+                dst[to * size..to * size + bytes].copy_from_slice(&src[from * size..from * size + bytes]);
+            });
+        }
+    }
+}
+
+/// A strided copy as runs of elements consecutive in both layouts: the innermost dimensions whose
+/// elements are adjacent in both (a row of a column slice, say) form one run, copied by one
+/// `memcpy`-class move; the outer dimensions are walked with running offsets.
+struct CopyPlan {
+    /// Elements per run.
+    run: usize,
+    /// The outer dimensions' sizes and strides (source, destination), innermost last.
+    outer: Vec<(usize, usize, usize)>,
+    offsets: (usize, usize),
+}
+
+impl CopyPlan {
+    fn new(src: &Layout, dst: &Layout) -> CopyPlan {
+        let (shape, src_strides, dst_strides) = (src.shape(), src.strides(), dst.strides());
+        let mut run = 1;
+        let mut inner = shape.len();
+        // Dimensions of size one never move; the rest join the run while both layouts keep it
+        // consecutive.
+        while inner > 0 {
+            let dim = inner - 1;
+            if shape[dim] != 1 && (src_strides[dim] != run || dst_strides[dim] != run) {
+                break;
+            }
+            run *= shape[dim];
+            inner -= 1;
+        }
+        let outer = (0..inner)
+            .filter(|&dim| shape[dim] != 1)
+            .map(|dim| (shape[dim], src_strides[dim], dst_strides[dim]))
+            .collect();
+        CopyPlan { run, outer, offsets: (src.offset(), dst.offset()) }
+    }
+
+    /// Calls `copy(source, destination)` with the first element index of every run, in row-major
+    /// order.
+    #[inline]
+    fn for_each_run(&self, mut copy: impl FnMut(usize, usize)) {
+        let Some(&(inner_len, inner_src, inner_dst)) = self.outer.last() else {
+            copy(self.offsets.0, self.offsets.1);
+            return;
+        };
+        let rest = &self.outer[..self.outer.len() - 1];
+        let mut index = vec![0usize; rest.len()];
+        let (mut from, mut to) = self.offsets;
+        loop {
+            // The innermost outer dimension, as a tight loop.
+            let (mut a, mut b) = (from, to);
+            for _ in 0..inner_len {
+                copy(a, b);
+                a += inner_src;
+                b += inner_dst;
+            }
+            // Odometer over the remaining dimensions.
+            let mut dim = rest.len();
+            loop {
+                if dim == 0 {
+                    return;
+                }
+                dim -= 1;
+                let (len, src_stride, dst_stride) = rest[dim];
+                index[dim] += 1;
+                from += src_stride;
+                to += dst_stride;
+                if index[dim] < len {
+                    break;
+                }
+                from -= src_stride * len;
+                to -= dst_stride * len;
+                index[dim] = 0;
+            }
+        }
     }
 }
 
@@ -821,6 +908,34 @@ const _: () = {
 
 #[cfg(test)]
 mod tests {
+    /// Copies of views run as runs of consecutive elements (a column slice's rows, a transposed
+    /// view's single elements, size-one dimensions anywhere): every element lands where the view
+    /// reads it, for each element size, into a compact layout and into the view's own layout.
+    #[test]
+    fn strided_copies_keep_every_element() {
+        for dtype in [DType::I8, DType::BF16, DType::F32, DType::F64] {
+            let values: Vec<f64> = (0..2 * 3 * 20).map(f64::from).collect();
+            let base = Tensor::from_f64(dtype, &[2, 3, 1, 20], &values).unwrap();
+            let views = [
+                base.narrow(3, 4, 9).unwrap(),
+                base.narrow(3, 4, 9).unwrap().narrow(1, 1, 2).unwrap(),
+                base.transpose(1, 3).unwrap(),
+                base.transpose(0, 2).unwrap().narrow(3, 0, 1).unwrap(),
+                base.reshape(&[6, 20]).unwrap().narrow(1, 16, 4).unwrap().transpose(0, 1).unwrap(),
+                base.narrow(0, 1, 1).unwrap().narrow(3, 19, 1).unwrap(),
+                base.narrow(3, 0, 0).unwrap(),
+            ];
+            for view in views {
+                let expected = view.to_f64_vec().unwrap();
+                let label = format!("{dtype} {:?} {:?}+{}", view.shape(), view.layout().strides(), view.offset());
+                let compact = view.contiguous().unwrap();
+                assert!(compact.layout().is_compact(), "{label}");
+                assert_eq!(compact.to_f64_vec().unwrap(), expected, "{label}: compact");
+                assert_eq!(view.deep_clone_same_layout().unwrap().to_f64_vec().unwrap(), expected, "{label}: same");
+            }
+        }
+    }
+
     #[test]
     fn cat_joins_along_a_dimension_bit_for_bit() {
         let a = Tensor::from_f64(DType::BF16, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
