@@ -318,20 +318,16 @@ fn predicates_reject_what_only_native_supports() {
             .registry
             .select("rms_norm", &[ArgMeta::Tensor(&x), ArgMeta::Tensor(&w32), ArgMeta::F64(EPS)])
             .unwrap();
-        if takes_every_norm_argument(&backend) {
-            // Issue 14 item 4: no host round trip through native for these on a GPU provider.
+        // Every provider takes a Gemma-style f32 weight on bf16 activations (no silent native).
+        assert_eq!(with_f32_weight.provider, backend.provider, "{:?}", with_f32_weight.rejected);
+        if takes_variance_size(&backend) {
+            // No host round trip through native for `variance_size` on a GPU provider.
             assert_eq!(with_variance.provider, backend.provider, "{:?}", with_variance.rejected);
-            assert_eq!(with_f32_weight.provider, backend.provider, "{:?}", with_f32_weight.rejected);
         } else {
             assert_eq!(with_variance.provider, "native");
             assert!(with_variance.rejected[0].reason.contains("variance_size"), "{:?}", with_variance.rejected);
-            assert_eq!(with_f32_weight.provider, "native");
-            assert!(
-                with_f32_weight.rejected[0].reason.contains("f32")
-                    && with_f32_weight.rejected[0].reason.contains("bf16")
-            );
         }
-        // R108: answers do not depend on the number of tokens.
+        // Answers do not depend on the number of tokens.
         for tokens in [1, 7, 2048, 65536] {
             for hidden in [7, 8, 4096] {
                 let meta = TensorMeta { device: x.device, ..TensorMeta::compact(DType::F16, &[tokens, hidden]) };
@@ -346,9 +342,9 @@ fn predicates_reject_what_only_native_supports() {
     }
 }
 
-/// Whether the backend's norms take a weight of another dtype than x and `variance_size` (the
-/// GPU providers that compute them on the device; the cpu provider leaves them to native).
-fn takes_every_norm_argument(backend: &Backend) -> bool {
+/// Whether the backend's norms take `variance_size` (the GPU providers that compute it on the
+/// device; the cpu provider leaves it to native). Every provider takes a weight of another dtype.
+fn takes_variance_size(backend: &Backend) -> bool {
     matches!(backend.provider, "xpu" | "cuda" | "rocm")
 }
 
@@ -363,7 +359,7 @@ fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take
     for backend in backends() {
         // f64 x and weights, against each other dtype both ways, where the kernels compute in f64.
         let dtypes = backend.element_dtypes();
-        let takes = takes_every_norm_argument(&backend);
+        let takes_variance = takes_variance_size(&backend);
         let mut on_device = 0;
         for op in [&RMS_NORM, &FUSED_ADD_RMS_NORM] {
             let _guard = backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap();
@@ -387,8 +383,7 @@ fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take
                             }
                             metas.extend([ArgMeta::Tensor(w.meta()), ArgMeta::F64(EPS), variance_meta]);
                             let selection = backend.registry.select(op.name, &metas).unwrap();
-                            let plain = w_dtype == x_dtype && variance.is_none();
-                            if takes || plain {
+                            if takes_variance || variance.is_none() {
                                 assert_eq!(selection.provider, backend.provider, "{label}: {:?}", selection.rejected);
                                 on_device += 1;
                             } else {
@@ -421,9 +416,9 @@ fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take
                 }
             }
         }
-        // 2 ops x 3 shapes x n x dtypes x (n weight dtypes x 4 variances, or the 1 plain case each).
+        // 2 ops x 3 shapes x n x dtypes x n weight dtypes x (4 variances, or the whole row only).
         let n = dtypes.len();
-        let expected = if takes { 2 * 3 * n * n * 4 } else { 2 * 3 * n };
+        let expected = if takes_variance { 2 * 3 * n * n * 4 } else { 2 * 3 * n * n };
         assert_eq!(on_device, expected, "{}: calls that ran on the provider", backend.provider);
     }
 }

@@ -234,6 +234,10 @@ pub struct NormCapabilities {
 }
 
 impl NormCapabilities {
+    /// The common case (`Default::default()`, usable in constants): no weight of another dtype, no
+    /// `variance_size`, f32, f16 and bf16.
+    pub const DEFAULT: NormCapabilities =
+        NormCapabilities { mixed_weight_dtype: false, variance_size: false, dtypes: KernelDTypes::Reduced };
     /// Every argument form the reference computes, on f32, f16 and bf16 elements.
     pub const ALL: NormCapabilities =
         NormCapabilities { mixed_weight_dtype: true, variance_size: true, dtypes: KernelDTypes::Reduced };

@@ -42,7 +42,7 @@ mod rows;
 
 pub use crate::rows::BYTES_PER_TASK;
 
-use ir_core::kernel::{self, Rows, fused_add_rms_norm_support, reject_variance_size, rms_norm_support};
+use ir_core::kernel::{self, NormCapabilities, Rows, reject_variance_size};
 use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::op::rms_norm;
 use ir_core::op::{gelu_and_mul, silu_and_mul};
@@ -113,11 +113,17 @@ pub fn row_path() -> RowPath {
     })
 }
 
+/// What the cpu norms take beyond the common case: a weight of another dtype than x (a Gemma-style
+/// f32 weight on bf16 activations), as every GPU provider does.
+const NORMS: NormCapabilities = NormCapabilities { mixed_weight_dtype: true, ..NormCapabilities::DEFAULT };
+
 /// Registers the `cpu` implementations of every built-in op.
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let rms_spec = ImplSpec::new(PROVIDER).with_supports(|args| rms_norm_support(args, DeviceKind::Cpu));
+    let rms_spec =
+        ImplSpec::new(PROVIDER).with_supports(|args| kernel::rms_norm_support_with(args, DeviceKind::Cpu, NORMS));
     rms_norm::register(registry, rms_spec, rms_norm_cpu)?;
-    let fused_spec = ImplSpec::new(PROVIDER).with_supports(|args| fused_add_rms_norm_support(args, DeviceKind::Cpu));
+    let fused_spec = ImplSpec::new(PROVIDER)
+        .with_supports(|args| kernel::fused_add_rms_norm_support_with(args, DeviceKind::Cpu, NORMS));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cpu))?;
     silu_and_mul::register(registry, gated::spec(), |x| gated::run(x, gated::Silu))?;
     gelu_and_mul::register(registry, gated::spec(), |x, approximate| gated::run(x, gated::Gelu(approximate)))?;
@@ -197,13 +203,12 @@ pub fn rms_norm_cpu_into(
     Ok(())
 }
 
-/// A norm's weight for the rows: in x's dtype straight from its storage (the case every provider
-/// call is, by the predicate), or, for a direct call with another weight dtype, converted to f32
-/// once per call.
+/// A norm's weight for the rows: in x's dtype straight from its storage, or of another dtype (a
+/// Gemma-style f32 weight on bf16 activations) widened to f32 once per call.
 pub(crate) enum RowWeight<'a> {
     None,
     Same(&'a ir_core::storage::CpuBuffer, std::ops::Range<usize>),
-    F32(Vec<f32>),
+    Mixed { values: Vec<f32>, round: fn(&mut [f32]) },
 }
 
 impl<'a> RowWeight<'a> {
@@ -214,7 +219,15 @@ impl<'a> RowWeight<'a> {
                 let buffer = w.cpu_buffer().ok_or_else(|| not_on_cpu("weight"))?;
                 Ok(RowWeight::Same(buffer, w.offset()..w.offset() + w.numel()))
             }
-            Some(_) => Ok(RowWeight::F32(weight_f32(weight)?.expect("a weight was given"))),
+            Some(w) => {
+                let round: fn(&mut [f32]) = match w.dtype() {
+                    DType::F32 => <f32 as CpuElement>::round_in_place,
+                    DType::F16 => <half::f16 as CpuElement>::round_in_place,
+                    DType::BF16 => <half::bf16 as CpuElement>::round_in_place,
+                    other => return Err(unsupported_dtype(other)),
+                };
+                Ok(RowWeight::Mixed { values: weight_f32(weight)?.expect("a weight was given"), round })
+            }
         }
     }
 
@@ -223,7 +236,7 @@ impl<'a> RowWeight<'a> {
         match self {
             RowWeight::None => rows::Weight::None,
             RowWeight::Same(buffer, range) => rows::Weight::Same(&buffer.typed::<T>()[range.clone()]),
-            RowWeight::F32(w) => rows::Weight::F32(w),
+            RowWeight::Mixed { values, round } => rows::Weight::Mixed(rows::MixedWeight { values, round: *round }),
         }
     }
 }

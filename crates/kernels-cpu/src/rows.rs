@@ -119,20 +119,30 @@ pub(crate) fn last_level_cache_bytes() -> usize {
     })
 }
 
-/// A norm's weight as a row reads it: none, in x's element type, or converted to f32 (a direct
-/// call with a weight of another dtype; the explicit rows take only the first two).
+/// A norm's weight as a row reads it: none, in x's element type, or of another dtype (a
+/// Gemma-style f32 weight on bf16 activations), widened to f32 once per call with the rounding of
+/// its own dtype (the explicit rows take only the first two).
 #[derive(Clone, Copy)]
 pub(crate) enum Weight<'a, T> {
     None,
     Same(&'a [T]),
-    F32(&'a [f32]),
+    Mixed(MixedWeight<'a>),
+}
+
+/// A weight of another dtype than x: its values as f32 (exact: f32, f16 and bf16 widen without
+/// rounding) and the rounding to its dtype. The norm is applied in the weight's dtype, as native
+/// does: `z = round_w(round_w(y) · w)`, then stored in x's dtype.
+#[derive(Clone, Copy)]
+pub(crate) struct MixedWeight<'a> {
+    pub(crate) values: &'a [f32],
+    pub(crate) round: fn(&mut [f32]),
 }
 
 /// One `rms_norm` row: the explicit SIMD row when the CPU has one and the weight is in x's type,
 /// else the portable row (the same bits either way). `stream` asks for non-temporal output stores.
 pub(crate) fn rms_norm_row<T: CpuElement>(x: &[T], weight: Weight<'_, T>, eps: f32, out: &mut [T], stream: bool) {
     match (weight, T::simd_rms_norm_row()) {
-        (Weight::F32(w), _) => rms_norm_row_portable::<T, f32>(x, Some(w), eps, out),
+        (Weight::Mixed(w), _) => rms_norm_row_mixed(x, w, eps, out),
         (Weight::None, Some(row)) => row(x, None, eps, out, stream),
         (Weight::Same(w), Some(row)) => row(x, Some(w), eps, out, stream),
         (Weight::None, None) => rms_norm_row_portable::<T, T>(x, None, eps, out),
@@ -144,11 +154,71 @@ pub(crate) fn rms_norm_row<T: CpuElement>(x: &[T], weight: Weight<'_, T>, eps: f
 /// [`rms_norm_row`] is.
 pub(crate) fn fused_row<T: CpuElement>(x: RowOut<'_, T>, r: &mut [T], weight: Weight<'_, T>, eps: f32) {
     match (weight, T::simd_fused_row()) {
-        (Weight::F32(w), _) => fused_row_portable::<T, f32>(x, r, Some(w), eps),
+        (Weight::Mixed(w), _) => fused_row_mixed(x, r, w, eps),
         (Weight::None, Some(row)) => row(x, r, None, eps),
         (Weight::Same(w), Some(row)) => row(x, r, Some(w), eps),
         (Weight::None, None) => fused_row_portable::<T, T>(x, r, None, eps),
         (Weight::Same(w), None) => fused_row_portable::<T, T>(x, r, Some(w), eps),
+    }
+}
+
+/// Stores `y = s · rstd` weighted in the weight's dtype: `round_w(round_w(y) · w)`, then rounded to
+/// x's type. Products of two f16 or two bf16 values are exact in f32, and f32 products are rounded
+/// once, so each `round_w` is the single rounding native makes.
+#[inline(always)]
+fn store_normalized_mixed<T: CpuElement>(s: &[f32], rstd: f32, weight: &[f32], round: fn(&mut [f32]), out: &mut [T]) {
+    let mut y = [0f32; CHUNK];
+    let y = &mut y[..s.len()];
+    for (y, v) in y.iter_mut().zip(s) {
+        *y = v * rstd;
+    }
+    round(y);
+    for (y, w) in y.iter_mut().zip(weight) {
+        *y *= *w;
+    }
+    round(y);
+    T::store(y, out);
+}
+
+/// [`rms_norm_row_portable`] with a weight of another dtype ([`MixedWeight`]).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+fn rms_norm_row_mixed<T: CpuElement>(x: &[T], weight: MixedWeight<'_>, eps: f32, out: &mut [T]) {
+    let rstd = rstd(x, None, eps);
+    let mut a = [0f32; CHUNK];
+    for (start, out) in (0..x.len()).step_by(CHUNK).zip(out.chunks_mut(CHUNK)) {
+        let len = out.len();
+        let values = T::widen(&x[start..start + len], &mut a[..len]);
+        store_normalized_mixed(values, rstd, &weight.values[start..start + len], weight.round, out);
+    }
+}
+
+/// [`fused_row_portable`] with a weight of another dtype ([`MixedWeight`]).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+fn fused_row_mixed<T: CpuElement>(mut x: RowOut<'_, T>, r: &mut [T], weight: MixedWeight<'_>, eps: f32) {
+    let n = x.len();
+    assert_eq!(r.len(), n, "row lengths agree");
+    let (x, out) = x.pointers();
+    // SAFETY: `x` points to `n` readable values (`RowOut`); the slice ends before the norm is written.
+    let rstd = rstd(unsafe { std::slice::from_raw_parts(x, n) }, Some(r), eps);
+    let mut a = [0f32; CHUNK];
+    for (start, r) in (0..n).step_by(CHUNK).zip(r.chunks_mut(CHUNK)) {
+        let len = r.len();
+        let sum = &mut a[..len];
+        // SAFETY: as in `fused_row_portable`: this chunk of x is read before the same chunk of the
+        // norm, which may be the same memory, is written.
+        add_widened(unsafe { std::slice::from_raw_parts(x.add(start), len) }, r, sum);
+        T::store(sum, r);
+        // SAFETY: `start + len <= n` values of the written row, no other borrow of them alive.
+        let out = unsafe { std::slice::from_raw_parts_mut(out.add(start), len) };
+        store_normalized_mixed(sum, rstd, &weight.values[start..start + len], weight.round, out);
     }
 }
 
@@ -346,6 +416,34 @@ mod tests {
         check::<f32>(|v| v);
         check::<half::bf16>(half::bf16::from_f32);
         check::<half::f16>(half::f16::from_f32);
+    }
+
+    /// The mixed-weight fused row (its raw-pointer slices, on both pointer forms) agrees with the
+    /// mixed-weight norm of the sum, and rounds the weighted value in the weight's dtype: an f32
+    /// weight on bf16 rows keeps `y · w` unrounded until the bf16 store (small enough for Miri).
+    #[test]
+    fn the_mixed_weight_rows_round_in_the_weights_dtype() {
+        let n = CHUNK + 5;
+        let x: Vec<half::bf16> = (0..n).map(|i| half::bf16::from_f32((i as f32 * 0.37).sin() * 3.0)).collect();
+        let r: Vec<half::bf16> = (0..n).map(|i| half::bf16::from_f32((i as f32 * 0.11).cos())).collect();
+        let w: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 / 3.0 / n as f32).collect();
+        let weight = MixedWeight { values: &w, round: <f32 as CpuElement>::round_in_place };
+        let (mut r_separate, mut out) = (r.clone(), x.clone());
+        fused_row_mixed(RowOut::Separate { x: &x, out: &mut out }, &mut r_separate, weight, 1e-6);
+        let (mut r_in_place, mut in_place) = (r.clone(), x.clone());
+        fused_row_mixed(RowOut::InPlace(&mut in_place), &mut r_in_place, weight, 1e-6);
+        assert_eq!(out, in_place, "the norm, both pointer forms");
+        assert_eq!(r_separate, r_in_place, "the residual, both pointer forms");
+        // The sum as f32 (what the fused row normalizes), normalized by the plain row.
+        let sum: Vec<f32> = x.iter().zip(&r).map(|(a, b)| a.to_f32() + b.to_f32()).collect();
+        let mut normalized = vec![0f32; n];
+        rms_norm_row_mixed(&sum, weight, 1e-6, &mut normalized);
+        let expected: Vec<half::bf16> = normalized.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        assert_eq!(out, expected, "the fused row normalizes the f32 sum");
+        // y · w in f32, rounded once to bf16: not y rounded to bf16 first.
+        let rstd = rstd(&sum, None, 1e-6);
+        let once: Vec<half::bf16> = sum.iter().zip(&w).map(|(s, w)| half::bf16::from_f32((s * rstd) * w)).collect();
+        assert_eq!(out, once);
     }
 
     #[test]
