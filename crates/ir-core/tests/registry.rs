@@ -427,7 +427,10 @@ fn a_conditional_provider_alone_gets_native_appended_and_one_warning() {
         assert!(bit_eq(e, &even_expected), "even H runs the conditional provider");
         assert!(bit_eq(o, &odd_expected), "odd H falls back to native");
     }
-    assert_eq!(call_events.events().iter().filter(|e| e.level == Level::WARN).count(), 0);
+    // Five odd calls fell back to native: said once (one reason), counted five times.
+    assert_eq!(call_events.events().iter().filter(|e| e.level == Level::WARN).count(), 1);
+    assert_eq!(call_events.count(Level::WARN, "even: "), 1, "names the provider and its reason");
+    assert_eq!(registry.selection_record().op("rms_norm").unwrap().native_fallbacks, 5);
     // Installing the same kind of list again does not warn again (warn once per registry and op).
     let (again, again_events) = capture(|| registry.override_priority("rms_norm", &["even"]).unwrap());
     assert_eq!(again_events.count(Level::WARN, "no provider"), 0);

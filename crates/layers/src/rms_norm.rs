@@ -1,5 +1,7 @@
 //! The `RmsNorm` layer: `rms_norm`, or `fused_add_rms_norm` with a residual.
 
+use std::sync::OnceLock;
+
 use ir_core::storage::DeviceAllocator;
 use ir_core::{CallError, DType, ExecutionContext, Tensor, TensorError};
 
@@ -100,18 +102,32 @@ pub struct RmsNorm {
     hidden_size: usize,
     eps: f64,
     variance_size: Option<i64>,
-    weight: Option<Tensor>,
+    weight: Weight,
     name: String,
 }
 
-/// Builds an [`RmsNorm`]; defaults: eps 1e-6, no `var_hidden_size`, a weight, bf16.
+/// The layer's weight.
+#[derive(Clone, Debug)]
+enum Weight {
+    None,
+    /// Ones in the dtype of each call's activations (the builder's default until a weight is
+    /// loaded), made once per dtype.
+    OnesLikeInput(Box<[OnceLock<Tensor>; 3]>),
+    Given(Tensor),
+}
+
+/// The dtypes the default ones are kept in, one slot each.
+const ONES_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Builds an [`RmsNorm`]; defaults: eps 1e-6, the variance over the whole row, and a weight of
+/// ones in the activations' dtype (so every provider takes it; [`RmsNormBuilder::dtype`] fixes one).
 #[derive(Clone, Debug)]
 pub struct RmsNormBuilder {
     hidden_size: usize,
     eps: f64,
     var_hidden_size: Option<usize>,
     has_weight: bool,
-    dtype: DType,
+    dtype: Option<DType>,
     name: String,
 }
 
@@ -131,9 +147,11 @@ impl RmsNormBuilder {
         RmsNormBuilder { has_weight: false, ..self }
     }
 
-    /// The dtype of the weight.
+    /// The dtype of the weight (without it, the weight takes each call's activation dtype). A weight
+    /// of another dtype than the activations (a Gemma-style f32 weight on bf16 activations) is
+    /// applied in its own dtype.
     pub fn dtype(self, dtype: DType) -> RmsNormBuilder {
-        RmsNormBuilder { dtype, ..self }
+        RmsNormBuilder { dtype: Some(dtype), ..self }
     }
 
     /// The name the weight has when the layer is traced (`model.layers.0.input_layernorm`).
@@ -141,7 +159,8 @@ impl RmsNormBuilder {
         RmsNormBuilder { name: name.into(), ..self }
     }
 
-    /// Builds the layer; the weight starts as ones.
+    /// Builds the layer; the weight starts as ones (of the activations' dtype unless
+    /// [`RmsNormBuilder::dtype`] fixed one).
     pub fn build(self) -> Result<RmsNorm, LayerError> {
         let hidden_size = self.hidden_size;
         if hidden_size == 0 {
@@ -153,7 +172,11 @@ impl RmsNormBuilder {
             Some(v) if (1..hidden_size).contains(&v) => Some(v as i64),
             Some(v) => return Err(LayerError::VarHiddenSize { hidden_size, var_hidden_size: v }),
         };
-        let weight = self.has_weight.then(|| Tensor::ones(self.dtype, &[hidden_size])).transpose()?;
+        let weight = match (self.has_weight, self.dtype) {
+            (false, _) => Weight::None,
+            (true, None) => Weight::OnesLikeInput(Box::default()),
+            (true, Some(dtype)) => Weight::Given(Tensor::ones(dtype, &[hidden_size])?),
+        };
         Ok(RmsNorm { hidden_size, eps: self.eps, variance_size, weight, name: self.name })
     }
 }
@@ -166,7 +189,7 @@ impl RmsNorm {
             eps: 1e-6,
             var_hidden_size: None,
             has_weight: true,
-            dtype: DType::BF16,
+            dtype: None,
             name: "rms_norm.weight".to_owned(),
         }
     }
@@ -191,28 +214,47 @@ impl RmsNorm {
         self.variance_size
     }
 
-    /// The weight, if any.
+    /// The weight, if one was given or loaded (`None` for a layer without a weight and for the
+    /// default ones, which take each call's activation dtype).
     pub fn weight(&self) -> Option<&Tensor> {
-        self.weight.as_ref()
+        match &self.weight {
+            Weight::Given(weight) => Some(weight),
+            Weight::None | Weight::OnesLikeInput(_) => None,
+        }
     }
 
-    /// Replaces the weight; its shape must be `[hidden_size]`, its dtype may differ (an f32 weight
-    /// makes kernel predicates choose native).
+    /// Whether the layer has a weight (given, loaded or the default ones).
+    pub fn has_weight(&self) -> bool {
+        !matches!(self.weight, Weight::None)
+    }
+
+    /// Replaces the weight; its shape must be `[hidden_size]`. Its dtype may differ from the
+    /// activations' (a Gemma-style f32 weight on bf16 activations): the norm applies it in its own
+    /// dtype, on every provider.
     pub fn load_weight(&mut self, weight: Tensor) -> Result<(), LayerError> {
-        if self.weight.is_none() {
+        if matches!(self.weight, Weight::None) {
             return Err(LayerError::NoWeight);
         }
         if weight.shape() != [self.hidden_size] {
             return Err(LayerError::WeightShape { hidden_size: self.hidden_size, found: weight.shape().to_vec() });
         }
-        self.weight = Some(weight);
+        self.weight = Weight::Given(weight);
         Ok(())
     }
 
-    /// Moves the weight to the allocator's device.
+    /// Moves the weight to the allocator's device (the default ones: in each dtype they take).
     pub fn to_device(&mut self, allocator: &dyn DeviceAllocator) -> Result<(), LayerError> {
-        if let Some(weight) = &self.weight {
-            self.weight = Some(weight.to_device(allocator)?);
+        match &self.weight {
+            Weight::Given(weight) => self.weight = Weight::Given(weight.to_device(allocator)?),
+            Weight::OnesLikeInput(_) => {
+                let slots: [OnceLock<Tensor>; 3] = Default::default();
+                for (slot, dtype) in slots.iter().zip(ONES_DTYPES) {
+                    let ones = Tensor::ones(dtype, &[self.hidden_size])?.to_device(allocator)?;
+                    slot.set(ones).expect("a fresh slot");
+                }
+                self.weight = Weight::OnesLikeInput(Box::new(slots));
+            }
+            Weight::None => {}
         }
         Ok(())
     }
@@ -220,7 +262,7 @@ impl RmsNorm {
     /// `rms_norm(x, weight, eps, variance_size)`.
     pub fn forward<C: ExecutionContext>(&self, ctx: &C, x: &C::Tensor) -> Result<C::Tensor, LayerError> {
         self.check_input(ctx, "x", x)?;
-        let weight = self.weight_in(ctx)?;
+        let weight = self.weight_in(ctx, x)?;
         Ok(ctx.rms_norm(x, weight.as_ref(), self.eps, self.variance_size)?)
     }
 
@@ -249,7 +291,7 @@ impl RmsNorm {
         if x_shape != residual_shape {
             return Err(LayerError::ResidualShape { x: x_shape.to_vec(), residual: residual_shape.to_vec() });
         }
-        let weight = self.weight_in(ctx)?;
+        let weight = self.weight_in(ctx, &x)?;
         Ok(ctx.fused_add_rms_norm_maybe_inplace(x, residual, weight.as_ref(), self.eps, self.variance_size)?)
     }
 
@@ -265,7 +307,7 @@ impl RmsNorm {
         if x_shape != residual_shape {
             return Err(LayerError::ResidualShape { x: x_shape.to_vec(), residual: residual_shape.to_vec() });
         }
-        let weight = self.weight_in(ctx)?;
+        let weight = self.weight_in(ctx, x)?;
         Ok(ctx.fused_add_rms_norm(x, residual, weight.as_ref(), self.eps, self.variance_size)?)
     }
 
@@ -277,10 +319,27 @@ impl RmsNorm {
         Err(LayerError::InputShape { param, shape: shape.to_vec(), hidden_size: self.hidden_size })
     }
 
-    fn weight_in<C: ExecutionContext>(&self, ctx: &C) -> Result<Option<C::Tensor>, LayerError> {
+    /// The weight as the context's tensor, for activations like `x`.
+    fn weight_in<C: ExecutionContext>(&self, ctx: &C, x: &C::Tensor) -> Result<Option<C::Tensor>, LayerError> {
         match &self.weight {
-            Some(weight) => Ok(Some(ctx.parameter(&self.name, weight)?)),
-            None => Ok(None),
+            Weight::Given(weight) => Ok(Some(ctx.parameter(&self.name, weight)?)),
+            Weight::OnesLikeInput(ones) => {
+                let dtype = ctx.meta(x).dtype;
+                let Some(slot) = ONES_DTYPES.iter().position(|&d| d == dtype).map(|i| &ones[i]) else {
+                    // The op refuses these activations with its own error; ones of their dtype get there.
+                    return Ok(Some(ctx.parameter(&self.name, &Tensor::ones(dtype, &[self.hidden_size])?)?));
+                };
+                let weight = match slot.get() {
+                    Some(weight) => weight,
+                    None => {
+                        let weight = Tensor::ones(dtype, &[self.hidden_size])?;
+                        // A racing call made the same ones; either is the weight.
+                        slot.get_or_init(|| weight)
+                    }
+                };
+                Ok(Some(ctx.parameter(&self.name, weight)?))
+            }
+            Weight::None => Ok(None),
         }
     }
 }

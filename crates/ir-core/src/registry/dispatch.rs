@@ -141,6 +141,19 @@ pub enum CallError {
         /// Each provider tried before native, with its reason.
         rejected: String,
     },
+    /// Every provider listed before `native` rejected the call, and the registry is strict
+    /// ([`Registry::set_strict`]).
+    #[error(
+        "op `{op}`: the providers listed before native rejected the call {rejected}; native would run instead (correct, slow), which this strict registry refuses. Give \
+         the arguments a form a provider takes, register a provider that takes them, or list `native` first in the \
+         op's priorities to choose it knowingly"
+    )]
+    NativeFallback {
+        /// The op.
+        op: &'static str,
+        /// Each provider tried before native, with its reason.
+        rejected: String,
+    },
     /// A copy made by the call path failed.
     #[error(transparent)]
     Tensor(#[from] TensorError),
@@ -373,8 +386,8 @@ impl Registry {
     #[inline(always)]
     fn hold(&self, def: &'static OpDef, metas: &[ArgMeta<'_>]) -> Result<memo::Held, CallError> {
         // Read before the op table and the installed list (see `memo`).
-        let generation = self.generation.current();
-        if let Some(held) = memo::take(self.generation.registry(), def, generation, metas) {
+        let generation = self.shared.generation.current();
+        if let Some(held) = memo::take(self.shared.generation.registry(), def, generation, metas) {
             let remembered = held.entry();
             log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, metas);
             return Ok(held);
@@ -391,7 +404,7 @@ impl Registry {
                 (cached, installed)
             }
         };
-        let made = memo::Entry::new(self.generation.registry(), def, generation, Arc::clone(entry), cached);
+        let made = memo::Entry::new(self.shared.generation.registry(), def, generation, Arc::clone(entry), cached);
         Ok(memo::Held::made(made, installed))
     }
 
@@ -473,11 +486,35 @@ fn run_chosen(
 /// when native runs on device tensors.
 #[inline]
 fn record(entry: &OpEntry, choice: &Cached, on_device: bool) -> Result<(), CallError> {
+    if choice.chosen.provider == NATIVE && !choice.rejected.is_empty() {
+        native_fallback(entry, &choice.rejected)?;
+    }
     if on_device && choice.chosen.provider == NATIVE {
         native_on_device(entry, &choice.rejected)?;
     }
     choice.chosen.selections.fetch_add(1, Ordering::Relaxed);
     note_rejections(&choice.rejected);
+    Ok(())
+}
+
+/// Native chosen because every provider listed before it rejected the call: refused by a strict
+/// registry, else counted and said once per op and reason at WARN level.
+#[cold]
+fn native_fallback(entry: &OpEntry, rejected: &[(Arc<ImplEntry>, Arc<str>)]) -> Result<(), CallError> {
+    let op = entry.def.name;
+    let rejected = DisplayRejections(rejected).to_string();
+    if entry.strict() {
+        return Err(CallError::NativeFallback { op, rejected });
+    }
+    entry.native_fallbacks.fetch_add(1, Ordering::Relaxed);
+    entry.warn_once(&format!("native-fallback: {rejected}"), || {
+        format!(
+            "op {op}: the providers listed before native rejected the call {rejected}; native runs instead (correct, slow). Give the arguments a form a provider takes, \
+             register a provider that takes them, or list `native` first in the op's priorities to choose it \
+             knowingly; {env}=1 makes this an error",
+            env = crate::registry::STRICT_ENV
+        )
+    });
     Ok(())
 }
 

@@ -66,14 +66,45 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Native fallbacks
+//!
+//! A call whose arguments every provider listed before `native` rejects runs `native`: correct, and
+//! often one or two orders of magnitude slower. Such a fallback is counted per call
+//! ([`OpRecord::native_fallbacks`](crate::OpRecord)) and said once per op and reason at WARN level
+//! (target `ir_core::dispatch`), naming each provider's reason and the fixes. A strict registry
+//! ([`Registry::set_strict`], or `VLLM_IR_STRICT=1` when it is created) refuses the call instead
+//! with [`CallError::NativeFallback`]. A list whose first entry is `native` (a user's
+//! `rms_norm=native`) chooses it knowingly: nothing is rejected first, so nothing is said.
+//!
+//! ```
+//! use ir_core::op::silu_and_mul;
+//! use ir_core::{CallError, DType, ImplSpec, Registry, Support, Tensor};
+//!
+//! let registry = Registry::with_builtin_ops();
+//! let f32_only = ImplSpec::new("mine").with_supports(|args| match silu_and_mul::SiluAndMulArgs::from_meta(args) {
+//!     Some(view) if view.x.dtype == DType::F32 => Support::Yes,
+//!     _ => Support::No("f32 only".into()),
+//! });
+//! silu_and_mul::register(&registry, f32_only, silu_and_mul::native)?;
+//! let _guard = registry.override_priority("silu_and_mul", &["mine", "native"])?;
+//! let bf16 = Tensor::ones(DType::BF16, &[2, 8])?;
+//! silu_and_mul::silu_and_mul(&registry, &bf16)?; // native, counted and warned about
+//! assert_eq!(registry.selection_record().op("silu_and_mul").unwrap().native_fallbacks, 1);
+//! registry.set_strict(true);
+//! let err = silu_and_mul::silu_and_mul(&registry, &bf16).unwrap_err();
+//! assert!(matches!(err, CallError::NativeFallback { .. }), "{err}");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Locks
 //!
 //! Dispatch takes no lock: the op table and each op's installed priority list are immutable
 //! snapshots read through [`arc_swap`] and replaced whole when they change, and each installed list
-//! caches its selections by argument metadata (predicates are pure, R32), so a repeated call runs no
-//! predicate and no meta function and allocates nothing of its own. Each thread also remembers its
-//! last 16 selections, stamped with a process-wide generation that every published op table or
-//! installed list advances, so a repeated call reads neither snapshot; a remembered selection keeps
+//! caches its selections by argument metadata (predicates are pure: a provider's answer depends on
+//! the argument metadata only), so a repeated call runs no predicate and no meta function and
+//! allocates nothing of its own. Each thread also remembers its last 16 selections, stamped with
+//! their registry's generation, which every op table or installed list it publishes advances, so a
+//! repeated call reads neither snapshot; a remembered selection keeps
 //! its implementations alive until its slot is reused or the thread ends. The typed functional
 //! calls run an implementation registered through its op's typed `register` on the caller's
 //! borrowed arguments ([`Registry::call_typed`]).
@@ -99,7 +130,7 @@ mod selection;
 use std::collections::HashSet;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, Location};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -287,10 +318,24 @@ pub struct Registry {
     ops: ArcSwap<OpMap>,
     /// Serializes op definitions (readers never take it).
     defining: Mutex<()>,
-    /// This registry's identity and publication count in the typed call path's per-thread memo
-    /// (shared with its ops, which advance it when they publish an installed list).
-    generation: Arc<memo::Generation>,
+    /// What the registry's ops share: the memo generation and the strict flag.
+    shared: Arc<Shared>,
 }
+
+/// What a registry shares with its op entries.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// This registry's identity and publication count in the typed call path's per-thread memo
+    /// (its ops advance it when they publish an installed list).
+    pub(crate) generation: memo::Generation,
+    /// Whether a call that falls past the providers listed before `native` to `native` is an error
+    /// ([`Registry::set_strict`]).
+    strict: AtomicBool,
+}
+
+/// Makes every registry created afterwards strict when set to `1` (or `true`): a call that would
+/// fall back to `native` past a provider listed before it fails instead ([`Registry::set_strict`]).
+pub const STRICT_ENV: &str = "VLLM_IR_STRICT";
 
 type OpMap = IndexMap<&'static str, Arc<OpEntry>, rustc_hash::FxBuildHasher>;
 
@@ -308,11 +353,14 @@ pub(crate) struct OpEntry {
     /// Whether "priority not set" was logged.
     logged_no_priority: AtomicBool,
     /// Warnings already given (warn once per registry, op and kind).
-    warned: Mutex<HashSet<&'static str>>,
+    warned: Mutex<HashSet<Box<str>>>,
     pub(crate) inplace_writes: AtomicU64,
     pub(crate) defensive_copies: AtomicU64,
-    /// The registry's publication count, advanced when this op publishes an installed list.
-    generation: Arc<memo::Generation>,
+    /// Calls that fell past the providers listed before `native` to `native`.
+    pub(crate) native_fallbacks: AtomicU64,
+    /// The registry's memo generation (advanced when this op publishes an installed list) and
+    /// strict flag.
+    pub(crate) shared: Arc<Shared>,
 }
 
 /// One registered implementation.
@@ -351,8 +399,24 @@ impl Registry {
         Registry {
             ops: ArcSwap::from_pointee(OpMap::default()),
             defining: Mutex::new(()),
-            generation: Arc::new(memo::Generation::new()),
+            shared: Arc::new(Shared {
+                generation: memo::Generation::new(),
+                strict: AtomicBool::new(strict_from_env()),
+            }),
         }
+    }
+
+    /// Makes calls that would fall back to `native` past the providers listed before it fail with
+    /// [`CallError::NativeFallback`](crate::CallError::NativeFallback) (`true`), or run `native`
+    /// with a warning (`false`, the default unless [`STRICT_ENV`] was set when the registry was
+    /// created). Takes effect for the next call, remembered selections included.
+    pub fn set_strict(&self, strict: bool) {
+        self.shared.strict.store(strict, Ordering::Relaxed);
+    }
+
+    /// Whether native fallbacks are refused ([`Registry::set_strict`]).
+    pub fn is_strict(&self) -> bool {
+        self.shared.strict.load(Ordering::Relaxed)
     }
 
     /// A registry defining the built-in ops (`rms_norm`, `fused_add_rms_norm`), each with `native` only.
@@ -428,11 +492,12 @@ impl Registry {
             warned: Mutex::new(HashSet::new()),
             inplace_writes: AtomicU64::new(0),
             defensive_copies: AtomicU64::new(0),
-            generation: Arc::clone(&self.generation),
+            native_fallbacks: AtomicU64::new(0),
+            shared: Arc::clone(&self.shared),
         };
         ops.insert(def.name, Arc::new(entry));
         self.ops.store(Arc::new(ops));
-        self.generation.advance();
+        self.shared.generation.advance();
         tracing::debug!(target: "ir_core::registry", op = def.name, "defined op");
         Ok(())
     }
@@ -610,6 +675,20 @@ impl Registry {
     }
 }
 
+/// Whether [`STRICT_ENV`] asks for strict registries (`1` or `true`; anything else is logged and
+/// ignored, unset is not strict).
+fn strict_from_env() -> bool {
+    match std::env::var(STRICT_ENV) {
+        Ok(value) if value == "1" || value.eq_ignore_ascii_case("true") => true,
+        Ok(value) if value.is_empty() || value == "0" || value.eq_ignore_ascii_case("false") => false,
+        Ok(value) => {
+            tracing::warn!(target: "ir_core::registry", "{STRICT_ENV}={value:?} is neither 1 nor 0; not strict");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
 impl Default for Registry {
     fn default() -> Registry {
         Registry::new()
@@ -627,12 +706,20 @@ impl OpEntry {
     /// cache). Called with the priority stack's lock held, so publications follow the stack's order.
     pub(crate) fn publish(&self, top: Option<priority::Resolved>) {
         self.installed.store(top.map(|list| Arc::new(selection::Installed::new(list))));
-        self.generation.advance();
+        self.shared.generation.advance();
+    }
+
+    /// Whether the registry refuses native fallbacks ([`Registry::set_strict`]).
+    pub(crate) fn strict(&self) -> bool {
+        self.shared.strict.load(Ordering::Relaxed)
     }
 
     /// Emits `message` at warn level unless this op already warned with `kind`.
-    pub(crate) fn warn_once(&self, kind: &'static str, message: impl FnOnce() -> String) {
-        let first = lock(&self.warned).insert(kind);
+    pub(crate) fn warn_once(&self, kind: &str, message: impl FnOnce() -> String) {
+        let first = {
+            let mut warned = lock(&self.warned);
+            !warned.contains(kind) && warned.insert(kind.into())
+        };
         if first {
             tracing::warn!(target: "ir_core::priority", op = self.def.name, "{}", message());
         }

@@ -20,6 +20,8 @@ pub struct OpRecord {
     pub inplace_writes: u64,
     /// Activations copied before an in-place kernel ran (functional calls, shared donations).
     pub defensive_copies: u64,
+    /// Calls that ran `native` because every provider listed before it rejected them.
+    pub native_fallbacks: u64,
     /// Per provider, in registration order.
     pub providers: Vec<ProviderRecord>,
 }
@@ -45,6 +47,62 @@ impl SelectionRecord {
     pub fn selections(&self, op: &str, provider: &str) -> u64 {
         self.op(op).and_then(|r| r.providers.iter().find(|p| p.provider == provider)).map_or(0, |p| p.selections)
     }
+
+    /// What happened between `earlier` (a snapshot of the same registry) and this snapshot: every
+    /// count is the difference, each provider's last rejection this snapshot's. An engine takes a
+    /// snapshot before a step and attributes the step's selections, copies and fallbacks to it
+    /// without resetting the registry's counters, which other threads may be reading.
+    ///
+    /// ```
+    /// # use ir_core::{DType, Registry, Tensor};
+    /// let registry = Registry::with_builtin_ops();
+    /// let x = Tensor::ones(DType::F32, &[2, 8])?;
+    /// ir_core::op::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
+    /// let before = registry.selection_record();
+    /// ir_core::op::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
+    /// let step = registry.selection_record().since(&before);
+    /// assert_eq!(step.selections("rms_norm", "native"), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn since(&self, earlier: &SelectionRecord) -> SelectionRecord {
+        let ops = self
+            .ops
+            .iter()
+            .map(|now| {
+                let before = earlier.op(now.op);
+                let provider_before = |provider: &str| {
+                    before.and_then(|b| b.providers.iter().find(|p| p.provider == provider)).map_or(0, |p| p.selections)
+                };
+                OpRecord {
+                    op: now.op,
+                    inplace_writes: now.inplace_writes.saturating_sub(before.map_or(0, |b| b.inplace_writes)),
+                    defensive_copies: now.defensive_copies.saturating_sub(before.map_or(0, |b| b.defensive_copies)),
+                    native_fallbacks: now.native_fallbacks.saturating_sub(before.map_or(0, |b| b.native_fallbacks)),
+                    providers: now
+                        .providers
+                        .iter()
+                        .map(|p| ProviderRecord {
+                            provider: p.provider,
+                            selections: p.selections.saturating_sub(provider_before(p.provider)),
+                            last_rejection: p.last_rejection.clone(),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        SelectionRecord { ops }
+    }
+
+    /// Native fallbacks of every op, summed.
+    pub fn native_fallbacks(&self) -> u64 {
+        self.ops.iter().map(|op| op.native_fallbacks).sum()
+    }
+
+    /// Defensive copies of every op, summed.
+    pub fn defensive_copies(&self) -> u64 {
+        self.ops.iter().map(|op| op.defensive_copies).sum()
+    }
 }
 
 impl Registry {
@@ -57,6 +115,7 @@ impl Registry {
                 op: entry.def.name,
                 inplace_writes: entry.inplace_writes.load(Ordering::Relaxed),
                 defensive_copies: entry.defensive_copies.load(Ordering::Relaxed),
+                native_fallbacks: entry.native_fallbacks.load(Ordering::Relaxed),
                 providers: read(&entry.impls)
                     .iter()
                     .map(|imp| ProviderRecord {
@@ -76,6 +135,7 @@ impl Registry {
         for entry in entries {
             entry.inplace_writes.store(0, Ordering::Relaxed);
             entry.defensive_copies.store(0, Ordering::Relaxed);
+            entry.native_fallbacks.store(0, Ordering::Relaxed);
             for imp in read(&entry.impls).iter() {
                 imp.selections.store(0, Ordering::Relaxed);
                 *lock(&imp.last_rejection) = None;
