@@ -1,57 +1,65 @@
-//! An engine built on candle hands its tensors to vllm-ir's kernels and takes the results back,
-//! without copying on the CPU: a decoder step's residual add + RMSNorm, then the gated MLP
-//! activation, on candle tensors.
+//! An engine built on candle runs vllm-ir's ops on its own tensors, in place where the op writes
+//! its activations: a decoder step's residual add + RMSNorm, rotary on q and k as column slices of
+//! one qkv buffer, then the gated MLP activation. Prints what dispatch chose, the copies and the
+//! native fallbacks (0 and 0 on the cpu platform).
 //!
 //! `cargo run -p vllm-ir --features candle --example candle`
 
 #![allow(clippy::print_stdout)]
 
-use candle_core::{DType, Device, Tensor as CandleTensor};
-use vllm_ir::layers::{RmsNorm, SiluAndMul};
-use vllm_ir::{EagerContext, Tensor};
+use candle_core::{DType, Device, Tensor};
+use vllm_ir::interop::candle_ops;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (tokens, hidden, heads, kv_heads, head_size) = (16, 4096, 32, 8, 128);
+    let device = Device::Cpu;
     // The engine's own tensors (weights loaded by candle, activations from its previous layer).
-    let weight = CandleTensor::ones(4096, DType::BF16, &Device::Cpu)?;
-    let hidden = CandleTensor::randn(0f32, 1.0, (16, 4096), &Device::Cpu)?.to_dtype(DType::BF16)?;
-    let gate_up = CandleTensor::randn(0f32, 1.0, (16, 2 * 4096), &Device::Cpu)?.to_dtype(DType::BF16)?;
+    let weight = Tensor::ones(hidden, DType::BF16, &device)?;
+    let x = Tensor::randn(0f32, 1.0, (tokens, hidden), &device)?.to_dtype(DType::BF16)?;
+    let residual = Tensor::randn(0f32, 1.0, (tokens, hidden), &device)?.to_dtype(DType::BF16)?;
+    let qkv_width = (heads + 2 * kv_heads) * head_size;
+    let qkv = Tensor::randn(0f32, 1.0, (tokens, qkv_width), &device)?.to_dtype(DType::BF16)?;
+    let gate_up = Tensor::randn(0f32, 1.0, (tokens, 2 * hidden), &device)?.to_dtype(DType::BF16)?;
+    let positions = Tensor::arange(0u32, tokens as u32, &device)?;
+    let cache = vllm_ir::op::rotary_embedding::cos_sin_cache(vllm_ir::DType::BF16, 4096, head_size, 10000.0)?;
+    let cache = cache.into_candle()?;
 
     let registry = vllm_ir::registry()?;
-    let ctx = EagerContext::new(&registry);
-    let mut norm = RmsNorm::builder(4096).dtype(vllm_ir::DType::BF16).build()?;
-    // SAFETY: nothing writes these candle tensors in place while the views live.
-    let (w, x, h) = unsafe {
-        (
-            Tensor::from_candle_shared(&weight)?,
-            Tensor::from_candle_shared(&hidden)?,
-            Tensor::from_candle_shared(&gate_up)?,
-        )
-    };
-    norm.load_weight(w)?;
-    let normed: CandleTensor = norm.forward(&ctx, &x)?.into_candle()?;
-    let activated: CandleTensor = SiluAndMul.forward(&ctx, &h)?.into_candle()?;
+    let sum = (&x.to_dtype(DType::F32)? + &residual.to_dtype(DType::F32)?)?;
+    let before = registry.selection_record();
+    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6)?;
+    let (q, k) = (qkv.narrow(1, 0, heads * head_size)?, qkv.narrow(1, heads * head_size, kv_heads * head_size)?);
+    candle_ops::rotary_embedding(&registry, &positions, &q, Some(&k), &cache, head_size, head_size, true)?;
+    let activated = candle_ops::silu_and_mul(&registry, &gate_up)?;
+    let step = registry.selection_record().since(&before);
 
-    // The same computation in candle, to check the exchange kept every value.
-    let reference = candle_rms_norm(&hidden, &weight)?;
-    let max_diff = (normed.to_dtype(DType::F32)? - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
-    println!("rms_norm via {}: {:?}, max |diff| vs candle {max_diff}", provider(&registry), normed.dims());
-    println!("silu_and_mul: {:?}", activated.dims());
-    assert!(max_diff < 0.05, "the exchanged result differs from candle's by {max_diff}");
-    assert_eq!(activated.dims(), [16, 4096]);
+    for op in step.ops.iter().filter(|op| op.providers.iter().any(|p| p.selections > 0)) {
+        let used: Vec<_> = op
+            .providers
+            .iter()
+            .filter(|p| p.selections > 0)
+            .map(|p| format!("{} x{}", p.provider, p.selections))
+            .collect();
+        println!(
+            "{:<20} {:<12} in place {:>2}, copies {}, native fallbacks {}",
+            op.op,
+            used.join(", "),
+            op.inplace_writes,
+            op.defensive_copies,
+            op.native_fallbacks
+        );
+    }
+    // The same norm in candle, to check the in-place result (x now holds the norm of x + residual).
+    let reference = candle_rms_norm(&sum, &weight)?;
+    let max_diff = (x.to_dtype(DType::F32)? - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    println!("fused_add_rms_norm: max |diff| vs candle {max_diff}; silu_and_mul: {:?}", activated.dims());
+    assert!(max_diff < 0.05, "the in-place result differs from candle's by {max_diff}");
+    assert_eq!(activated.dims(), [tokens, hidden]);
+    assert_eq!((step.defensive_copies(), step.native_fallbacks()), (0, 0), "no copy and no fallback on the cpu");
     Ok(())
 }
 
-fn candle_rms_norm(x: &CandleTensor, w: &CandleTensor) -> candle_core::Result<CandleTensor> {
-    let x = x.to_dtype(DType::F32)?;
+fn candle_rms_norm(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
     let rms = (x.sqr()?.mean_keepdim(1)? + 1e-6)?.sqrt()?;
     x.broadcast_div(&rms)?.to_dtype(DType::BF16)?.broadcast_mul(w)?.to_dtype(DType::F32)
-}
-
-fn provider(registry: &vllm_ir::Registry) -> String {
-    let record = registry.selection_record();
-    let op = record.op("rms_norm");
-    let used = |op: &vllm_ir::OpRecord| {
-        op.providers.iter().filter(|p| p.selections > 0).map(|p| p.provider).collect::<Vec<_>>()
-    };
-    op.map(|op| used(op).join(",")).unwrap_or_default()
 }

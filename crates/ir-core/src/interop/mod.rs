@@ -20,6 +20,8 @@
 
 #[cfg(feature = "candle")]
 mod candle;
+#[cfg(feature = "candle")]
+pub mod candle_ops;
 #[cfg(feature = "dlpack")]
 mod dlpack;
 

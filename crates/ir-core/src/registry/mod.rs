@@ -407,7 +407,7 @@ impl Registry {
     }
 
     /// Makes calls that would fall back to `native` past the providers listed before it fail with
-    /// [`CallError::NativeFallback`](crate::CallError::NativeFallback) (`true`), or run `native`
+    /// [`CallError::NativeFallback`](crate::CallError) (`true`), or run `native`
     /// with a warning (`false`, the default unless [`STRICT_ENV`] was set when the registry was
     /// created). Takes effect for the next call, remembered selections included.
     pub fn set_strict(&self, strict: bool) {

@@ -129,6 +129,15 @@ impl Registry {
         SelectionRecord { ops }
     }
 
+    /// Counts a copy of an argument of `op` made outside dispatch (by an adapter that could not lend
+    /// it), so the record shows every copy a call cost.
+    #[cfg_attr(not(feature = "candle"), allow(dead_code))]
+    pub(crate) fn count_defensive_copy(&self, op: &str) {
+        if let Some(entry) = self.ops.load().get(op) {
+            entry.defensive_copies.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Clears the selection record.
     pub fn reset_selection_record(&self) {
         let entries: Vec<_> = self.ops.load().values().cloned().collect();

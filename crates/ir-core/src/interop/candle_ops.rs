@@ -1,0 +1,826 @@
+//! The ops on candle tensors (feature `candle`): each call runs this crate's dispatch (selection,
+//! priorities, the selection record) on candle's own CPU memory, under candle's storage locks, and
+//! writes in place where candle lets one storage be written.
+//!
+//! | function | writes in place | allocates |
+//! |---|---|---|
+//! | [`rms_norm`], [`silu_and_mul`], [`gelu_and_mul`], the quantizations, [`rms_norm_static_fp8_quant`], [`rms_norm_dynamic_per_token_quant`] | nothing | the outputs |
+//! | [`fused_add_rms_norm`] | `x` ← the norm, `residual` ← `x + residual` | nothing |
+//! | [`rotary_embedding`] | `query` and `key` | nothing |
+//! | [`fused_add_rms_norm_static_fp8_quant`] | `residual` ← `x + residual` | the fp8 output |
+//!
+//! A candle engine swaps each candle-nn call for one line:
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor};
+//! use ir_core::interop::candle_ops;
+//!
+//! let registry = ir_core::Registry::with_builtin_ops();
+//! let x = Tensor::randn(0f32, 1.0, (4, 64), &Device::Cpu)?;
+//! let residual = Tensor::randn(0f32, 1.0, (4, 64), &Device::Cpu)?;
+//! let weight = Tensor::ones(64, DType::F32, &Device::Cpu)?;
+//! // candle_nn::ops::rms_norm(&x, &weight, 1e-6)?, as a fresh tensor:
+//! let y = candle_ops::rms_norm(&registry, &x, Some(&weight), 1e-6)?;
+//! // The residual stream in place: residual += x, then x = rms_norm(residual) * weight.
+//! candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6)?;
+//! assert_eq!(x.dims(), y.dims());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # In place
+//!
+//! Candle's in-place custom ops (`InplaceOp1/2/3`) hand out one storage mutably, under its write
+//! lock. The in-place functions nest them: `fused_add_rms_norm` takes the residual's write lock,
+//! then x's (and the weight's read lock), so its kernel writes both where they are; `rotary_embedding`
+//! rotates the query, then the key, each under its own write lock, so a query and a key that are
+//! column slices of one `qkv` storage are rotated in place too (never two writable views of one
+//! storage at once). Like candle's own in-place ops, they write the storage every clone of the
+//! tensor shares. When dispatch runs a functional provider instead (native on a fallback, say), its
+//! result is copied into the candle memory, and the selection record counts the copy as a
+//! defensive copy of the op.
+//!
+//! A tensor that is written and one that is read may not share a storage (x and the weight, say):
+//! candle's lock would be taken twice. The read one is copied first (counted as a defensive copy
+//! of the op in the selection record), and two written ones sharing a storage (x and the residual)
+//! are computed functionally and copied back.
+//!
+//! # Soundness
+//!
+//! The views over candle memory live only inside one call, while candle's lock is held: each is
+//! owned by a lease whose last handle this module drops after the call. A provider that kept a
+//! handle to a view past the call (which would then point at memory candle may write or free) is a
+//! broken contract the process cannot survive soundly; the call aborts the process with a message
+//! naming the op.
+//!
+//! # Devices
+//!
+//! These functions run on candle CPU tensors; CUDA tensors are refused with an error naming the
+//! device (the `cuda` provider on candle's `CudaStorage` is not wired yet).
+
+use std::cell::RefCell;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use candle_core as candle;
+use candle_core::backend::BackendStorage;
+
+use super::InteropError;
+use crate::op::gelu_and_mul::Approximate;
+use crate::registry::{CallError, Registry};
+use crate::storage::{CpuBuffer, HostAccess, Storage};
+use crate::{DType, Layout, StorageId, Tensor, TensorError};
+
+const LIBRARY: &str = "candle";
+
+/// Why an op on candle tensors failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CandleOpError {
+    /// The op's call failed (a shape or dtype the op refuses, a kernel error, a strict registry's
+    /// refused fallback).
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The tensors could not be lent (a dtype or device without a counterpart).
+    #[error(transparent)]
+    Interop(#[from] InteropError),
+    /// Candle failed (converting positions, copying a read tensor).
+    #[error("candle: {0}")]
+    Candle(#[from] candle::Error),
+}
+
+impl From<TensorError> for CandleOpError {
+    fn from(error: TensorError) -> CandleOpError {
+        CandleOpError::Interop(InteropError::Tensor(error))
+    }
+}
+
+impl From<CandleOpError> for candle::Error {
+    fn from(error: CandleOpError) -> candle::Error {
+        match error {
+            CandleOpError::Candle(error) => error,
+            other => candle::Error::wrap(other),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, CandleOpError>;
+
+/// The views of one call: each buffer over candle memory owns a handle to the lease, and the
+/// lease checks, when it ends, that every view is gone.
+struct Lease {
+    op: &'static str,
+    token: Arc<()>,
+}
+
+impl Lease {
+    fn new(op: &'static str) -> Lease {
+        Lease { op, token: Arc::new(()) }
+    }
+
+    /// A tensor over `len_bytes` bytes at `ptr` with candle's `layout`.
+    ///
+    /// # Safety
+    ///
+    /// For as long as the lease lives, the memory is valid for reads (and, with
+    /// [`HostAccess::ReadWrite`], writes) and nothing else writes it (candle's lock on its
+    /// storage is held: a read lock for `ReadOnly`, the write lock for `ReadWrite`); with
+    /// `ReadWrite`, no other view of this lease covers the memory.
+    unsafe fn view(
+        &self,
+        (dtype, ptr, len_bytes): (DType, *mut u8, usize),
+        layout: &candle::Layout,
+        access: HostAccess,
+    ) -> Result<Tensor> {
+        let layout = Layout::new(layout.dims(), layout.stride(), layout.start_offset())
+            .map_err(|error| InteropError::UnsupportedLayout { library: LIBRARY, reason: error.to_string() })?;
+        let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
+        // SAFETY: the caller's contract, for the lease's lifetime; the views are dropped before the
+        // lease ends (checked in `Drop`).
+        let buffer = unsafe { CpuBuffer::from_external(ptr, len_bytes, access, Arc::clone(&self.token)) };
+        Ok(Tensor::from_storage(Storage::Cpu(buffer), dtype, layout)?)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.token) != 1 {
+            // A provider kept a tensor over candle memory past the call: it would read memory candle
+            // writes or frees from now on. Nothing sound is left to do.
+            eprintln!(
+                "vllm-ir: a provider of `{}` kept a tensor over candle memory after the call returned; aborting",
+                self.op
+            );
+            std::process::abort();
+        }
+    }
+}
+
+/// The dtype, first byte and byte length of a candle CPU storage, for reading.
+fn parts(storage: &candle::CpuStorage) -> Result<(DType, *mut u8, usize)> {
+    fn of<T>(values: &[T], dtype: DType) -> (DType, *mut u8, usize) {
+        (dtype, values.as_ptr().cast_mut().cast(), size_of_val(values))
+    }
+    Ok(match storage {
+        candle::CpuStorage::F32(values) => of(values, DType::F32),
+        candle::CpuStorage::F16(values) => of(values, DType::F16),
+        candle::CpuStorage::BF16(values) => of(values, DType::BF16),
+        candle::CpuStorage::F64(values) => of(values, DType::F64),
+        candle::CpuStorage::F8E4M3(values) => of(values, DType::F8E4M3FN),
+        candle::CpuStorage::I64(values) => of(values, DType::I64),
+        other => return Err(unsupported_dtype(other.dtype())),
+    })
+}
+
+/// As [`parts`], for writing (the pointer derived from a mutable borrow).
+fn parts_mut(storage: &mut candle::CpuStorage) -> Result<(DType, *mut u8, usize)> {
+    fn of<T>(values: &mut [T], dtype: DType) -> (DType, *mut u8, usize) {
+        (dtype, values.as_mut_ptr().cast(), size_of_val(values))
+    }
+    Ok(match storage {
+        candle::CpuStorage::F32(values) => of(values, DType::F32),
+        candle::CpuStorage::F16(values) => of(values, DType::F16),
+        candle::CpuStorage::BF16(values) => of(values, DType::BF16),
+        candle::CpuStorage::F64(values) => of(values, DType::F64),
+        candle::CpuStorage::F8E4M3(values) => of(values, DType::F8E4M3FN),
+        candle::CpuStorage::I64(values) => of(values, DType::I64),
+        other => return Err(unsupported_dtype(other.dtype())),
+    })
+}
+
+fn unsupported_dtype(dtype: candle::DType) -> CandleOpError {
+    CandleOpError::Interop(InteropError::UnsupportedDType { library: LIBRARY, dtype: format!("{dtype:?}") })
+}
+
+/// Refuses a tensor that is not in CPU memory.
+fn on_cpu(tensor: &candle::Tensor) -> Result<()> {
+    if tensor.device().is_cpu() {
+        return Ok(());
+    }
+    Err(CandleOpError::Interop(InteropError::UnsupportedDevice {
+        library: LIBRARY,
+        device: format!("{:?}", tensor.device().location()),
+        hint: "the candle ops run on candle CPU tensors; move it with `to_device(&candle_core::Device::Cpu)`",
+    }))
+}
+
+/// The identity of a tensor's storage (its lock's address), read under a read lock released at
+/// once: two tensors share a storage exactly when these are equal.
+fn storage_identity(tensor: &candle::Tensor) -> usize {
+    let (storage, _) = tensor.storage_and_layout();
+    std::ptr::from_ref::<candle::Storage>(&*storage) as usize
+}
+
+/// `tensor`, or a copy of it when it shares a storage with one of `written` (whose write lock
+/// will be held while `tensor` is read), counted as a defensive copy of `op`.
+fn apart_from(
+    registry: &Registry,
+    op: &str,
+    tensor: &candle::Tensor,
+    written: &[&candle::Tensor],
+) -> Result<candle::Tensor> {
+    let identity = storage_identity(tensor);
+    if written.iter().any(|w| storage_identity(w) == identity) {
+        registry.count_defensive_copy(op);
+        return Ok(tensor.copy()?);
+    }
+    Ok(tensor.clone())
+}
+
+/// Runs `f` on read-only views of `inputs` (read locks held throughout, taken in order) and
+/// converts its outputs to candle tensors (without a copy when the kernel's output owns its
+/// vector, as fresh outputs do).
+fn functional<const N: usize>(
+    op: &'static str,
+    inputs: [Option<&candle::Tensor>; N],
+    f: impl FnOnce(&[Option<Tensor>; N]) -> std::result::Result<Vec<Tensor>, CallError>,
+) -> Result<Vec<candle::Tensor>> {
+    for tensor in inputs.iter().flatten() {
+        on_cpu(tensor)?;
+    }
+    let guards: Vec<_> = inputs.iter().map(|t| t.map(candle::Tensor::storage_and_layout)).collect();
+    let outputs = {
+        let lease = Lease::new(op);
+        let mut views: [Option<Tensor>; N] = std::array::from_fn(|_| None);
+        for (view, guard) in views.iter_mut().zip(&guards) {
+            if let Some((storage, layout)) = guard {
+                let candle::Storage::Cpu(cpu) = &**storage else { unreachable!("checked on the CPU") };
+                // SAFETY: the read lock is held until `guards` is dropped, after the lease.
+                *view = Some(unsafe { lease.view(parts(cpu)?, layout, HostAccess::ReadOnly)? });
+            }
+        }
+        let outputs = f(&views);
+        drop(views);
+        outputs?
+    };
+    drop(guards);
+    outputs.into_iter().map(|t| Ok(t.into_candle()?)).collect()
+}
+
+/// `rms_norm(x, weight, epsilon)` as a fresh candle tensor (candle-nn's `ops::rms_norm`).
+pub fn rms_norm(
+    registry: &Registry,
+    x: &candle::Tensor,
+    weight: Option<&candle::Tensor>,
+    epsilon: f64,
+) -> Result<candle::Tensor> {
+    let mut out = functional("rms_norm", [Some(x), weight], |[x, w]| {
+        let x = x.as_ref().expect("given");
+        Ok(vec![crate::op::rms_norm::rms_norm(registry, x, w.as_ref(), epsilon, None)?])
+    })?;
+    Ok(out.remove(0))
+}
+
+/// `silu(gate) * up` of `x = [..., gate | up]` as a fresh candle tensor: the gate is the first half
+/// of the last dimension, as vLLM's merged `gate_up_proj` weight gives it.
+pub fn silu_and_mul(registry: &Registry, x: &candle::Tensor) -> Result<candle::Tensor> {
+    let mut out = functional("silu_and_mul", [Some(x)], |[x]| {
+        Ok(vec![crate::op::silu_and_mul::silu_and_mul(registry, x.as_ref().expect("given"))?])
+    })?;
+    Ok(out.remove(0))
+}
+
+/// `gelu(gate) * up` of `x = [..., gate | up]` as a fresh candle tensor.
+pub fn gelu_and_mul(registry: &Registry, x: &candle::Tensor, approximate: Approximate) -> Result<candle::Tensor> {
+    let mut out = functional("gelu_and_mul", [Some(x)], |[x]| {
+        Ok(vec![crate::op::gelu_and_mul::gelu_and_mul(registry, x.as_ref().expect("given"), approximate)?])
+    })?;
+    Ok(out.remove(0))
+}
+
+/// fp8 quantization with a static scale (`scale`: one f32): the codes as a candle tensor
+/// (`out_dtype` must have a candle counterpart: e4m3).
+pub fn static_scaled_fp8_quant(
+    registry: &Registry,
+    x: &candle::Tensor,
+    scale: &candle::Tensor,
+    out_dtype: DType,
+) -> Result<candle::Tensor> {
+    let mut out = functional("static_scaled_fp8_quant", [Some(x), Some(scale)], |[x, s]| {
+        let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
+        Ok(vec![crate::op::static_scaled_fp8_quant::static_scaled_fp8_quant(registry, x, s, out_dtype)?])
+    })?;
+    Ok(out.remove(0))
+}
+
+/// Dynamic per-token fp8 quantization: `(codes, scales [..., 1])`.
+pub fn dynamic_per_token_scaled_fp8_quant(
+    registry: &Registry,
+    x: &candle::Tensor,
+    scale_ub: Option<&candle::Tensor>,
+    out_dtype: DType,
+) -> Result<(candle::Tensor, candle::Tensor)> {
+    let out = functional("dynamic_per_token_scaled_fp8_quant", [Some(x), scale_ub], |[x, ub]| {
+        let x = x.as_ref().expect("given");
+        let (q, s) = crate::op::dynamic_per_token_scaled_fp8_quant::dynamic_per_token_scaled_fp8_quant(
+            registry,
+            x,
+            ub.as_ref(),
+            out_dtype,
+        )?;
+        Ok(vec![q, s])
+    })?;
+    let [q, s]: [candle::Tensor; 2] = out.try_into().expect("two outputs");
+    Ok((q, s))
+}
+
+/// `rms_norm` then static fp8 quantization, fused: the codes.
+pub fn rms_norm_static_fp8_quant(
+    registry: &Registry,
+    x: &candle::Tensor,
+    weight: Option<&candle::Tensor>,
+    epsilon: f64,
+    scale: &candle::Tensor,
+    out_dtype: DType,
+) -> Result<candle::Tensor> {
+    let mut out = functional("rms_norm_static_fp8_quant", [Some(x), weight, Some(scale)], |[x, w, s]| {
+        let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
+        Ok(vec![crate::op::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
+            registry,
+            x,
+            w.as_ref(),
+            epsilon,
+            s,
+            out_dtype,
+        )?])
+    })?;
+    Ok(out.remove(0))
+}
+
+/// `rms_norm` then dynamic per-token fp8 quantization, fused: `(codes, scales [..., 1])`.
+pub fn rms_norm_dynamic_per_token_quant(
+    registry: &Registry,
+    x: &candle::Tensor,
+    weight: Option<&candle::Tensor>,
+    epsilon: f64,
+    scale_ub: Option<&candle::Tensor>,
+    out_dtype: DType,
+) -> Result<(candle::Tensor, candle::Tensor)> {
+    let out = functional("rms_norm_dynamic_per_token_quant", [Some(x), weight, scale_ub], |[x, w, ub]| {
+        let x = x.as_ref().expect("given");
+        let (q, s) = crate::op::rms_norm_dynamic_per_token_quant::rms_norm_dynamic_per_token_quant(
+            registry,
+            x,
+            w.as_ref(),
+            epsilon,
+            ub.as_ref(),
+            out_dtype,
+        )?;
+        Ok(vec![q, s])
+    })?;
+    let [q, s]: [candle::Tensor; 2] = out.try_into().expect("two outputs");
+    Ok((q, s))
+}
+
+/// What an in-place op's kernel call reports back through candle's `InplaceOp` (whose error type
+/// is candle's): this module's error, kept typed.
+struct Outcome(RefCell<Option<CandleOpError>>);
+
+impl Outcome {
+    fn new() -> Outcome {
+        Outcome(RefCell::new(None))
+    }
+
+    /// Turns `result` into candle's result, keeping the error here.
+    fn keep(&self, result: Result<()>) -> candle::Result<()> {
+        result.map_err(|error| {
+            let message = candle::Error::msg(error.to_string());
+            *self.0.borrow_mut() = Some(error);
+            message
+        })
+    }
+
+    /// The result of the candle call that ran the op: the kept error first.
+    fn finish(self, result: candle::Result<()>) -> Result<()> {
+        match (self.0.into_inner(), result) {
+            (Some(error), _) => Err(error),
+            (None, result) => Ok(result?),
+        }
+    }
+}
+
+/// Leaves `result` where it is when a provider wrote it into the view `written` (same storage),
+/// else copies it into `target` (a functional provider's fresh output), counted as a defensive copy
+/// of the lease's op.
+fn land(
+    registry: &Registry,
+    lease: &Lease,
+    written: Option<StorageId>,
+    target: (DType, *mut u8, usize),
+    layout: &candle::Layout,
+    result: Tensor,
+) -> Result<()> {
+    if written == Some(result.storage_id()) {
+        return Ok(());
+    }
+    // SAFETY: the caller holds candle's write lock on the target's storage, and no other view of
+    // the lease covers it (`result` lies elsewhere, the views passed to the call are gone).
+    let mut view = unsafe { lease.view(target, layout, HostAccess::ReadWrite)? };
+    view.copy_from(&result)?;
+    registry.count_defensive_copy(lease.op);
+    Ok(())
+}
+
+/// `fused_add_rms_norm` in place on candle tensors: `residual ← x + residual`, then `x ←
+/// rms_norm(residual) · weight` (vLLM's in-place `fused_add_rms_norm`), both written where they are
+/// under candle's write locks.
+pub fn fused_add_rms_norm(
+    registry: &Registry,
+    x: &candle::Tensor,
+    residual: &candle::Tensor,
+    weight: Option<&candle::Tensor>,
+    epsilon: f64,
+) -> Result<()> {
+    on_cpu(x)?;
+    on_cpu(residual)?;
+    let weight = weight
+        .map(|w| on_cpu(w).and_then(|()| apart_from(registry, "fused_add_rms_norm", w, &[x, residual])))
+        .transpose()?;
+    let outcome = Outcome::new();
+    let op = FusedAddRmsNorm { registry, x, weight: weight.as_ref(), epsilon, outcome: &outcome };
+    let result = if storage_identity(x) == storage_identity(residual) {
+        // One storage: one write lock; computed functionally and written back.
+        residual.inplace_op1(&SharedFused(op))
+    } else {
+        residual.inplace_op1(&op)
+    };
+    outcome.finish(result)
+}
+
+struct FusedAddRmsNorm<'a> {
+    registry: &'a Registry,
+    x: &'a candle::Tensor,
+    weight: Option<&'a candle::Tensor>,
+    epsilon: f64,
+    outcome: &'a Outcome,
+}
+
+impl candle::InplaceOp1 for FusedAddRmsNorm<'_> {
+    fn name(&self) -> &'static str {
+        "vllm-ir-fused-add-rms-norm"
+    }
+
+    fn cpu_fwd(&self, residual: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
+        // The residual's write lock is held; now x's (and the weight's read lock).
+        let inner = FusedInner { outer: self, residual: RefCell::new(Some((residual, residual_layout))) };
+        let result = match self.weight {
+            Some(weight) => self.x.inplace_op2(weight, &inner),
+            None => self.x.inplace_op1(&inner),
+        };
+        // An error the inner op kept is in the outcome; candle's own errors pass through.
+        if self.outcome.0.borrow().is_some() {
+            return Err(candle::Error::msg("fused_add_rms_norm failed"));
+        }
+        result
+    }
+}
+
+/// The inner half of [`FusedAddRmsNorm`]: x's storage, with the residual's lent from the outer op.
+struct FusedInner<'a, 'b> {
+    outer: &'a FusedAddRmsNorm<'a>,
+    residual: RefCell<Option<(&'b mut candle::CpuStorage, &'b candle::Layout)>>,
+}
+
+impl FusedInner<'_, '_> {
+    fn run(&self, x: &mut candle::CpuStorage, x_layout: &candle::Layout, weight: Option<ReadPart<'_>>) -> Result<()> {
+        let outer = self.outer;
+        let (residual, residual_layout) = self.residual.borrow_mut().take().expect("run once");
+        let lease = Lease::new("fused_add_rms_norm");
+        let (x_parts, r_parts) = (parts_mut(x)?, parts_mut(residual)?);
+        // SAFETY: x's and the residual's write locks are held (distinct storages: checked before the
+        // outer op), the weight's read lock too; each view covers its own storage.
+        let (x_view, r_view, w_view) = unsafe {
+            (
+                lease.view(x_parts, x_layout, HostAccess::ReadWrite)?,
+                lease.view(r_parts, residual_layout, HostAccess::ReadWrite)?,
+                weight.map(|(cpu, layout)| lease.view(parts(cpu)?, layout, HostAccess::ReadOnly)).transpose()?,
+            )
+        };
+        let (x_id, r_id) = (Some(x_view.storage_id()), Some(r_view.storage_id()));
+        let (out, res) = crate::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(
+            outer.registry,
+            x_view,
+            r_view,
+            w_view.as_ref(),
+            outer.epsilon,
+            None,
+        )?;
+        drop(w_view);
+        // A provider that ran functionally returned fresh tensors: they are copied into place.
+        land(outer.registry, &lease, x_id, x_parts, x_layout, out)?;
+        land(outer.registry, &lease, r_id, r_parts, residual_layout, res)
+    }
+}
+
+type ReadPart<'a> = (&'a candle::CpuStorage, &'a candle::Layout);
+
+impl candle::InplaceOp1 for FusedInner<'_, '_> {
+    fn name(&self) -> &'static str {
+        "vllm-ir-fused-add-rms-norm-x"
+    }
+
+    fn cpu_fwd(&self, x: &mut candle::CpuStorage, layout: &candle::Layout) -> candle::Result<()> {
+        self.outer.outcome.keep(self.run(x, layout, None))
+    }
+}
+
+impl candle::InplaceOp2 for FusedInner<'_, '_> {
+    fn name(&self) -> &'static str {
+        "vllm-ir-fused-add-rms-norm-x"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &mut candle::CpuStorage,
+        x_layout: &candle::Layout,
+        weight: &candle::CpuStorage,
+        weight_layout: &candle::Layout,
+    ) -> candle::Result<()> {
+        self.outer.outcome.keep(self.run(x, x_layout, Some((weight, weight_layout))))
+    }
+}
+
+/// [`FusedAddRmsNorm`] when x and the residual share one storage: functional, then both results
+/// written back (never two writable views of one storage at once).
+struct SharedFused<'a>(FusedAddRmsNorm<'a>);
+
+impl candle::InplaceOp1 for SharedFused<'_> {
+    fn name(&self) -> &'static str {
+        "vllm-ir-fused-add-rms-norm-shared"
+    }
+
+    fn cpu_fwd(&self, storage: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
+        let op = &self.0;
+        let result = (|| {
+            let x_layout = op.x.layout();
+            let lease = Lease::new("fused_add_rms_norm");
+            let whole = parts_mut(storage)?;
+            let (out, res) = {
+                let weight = op.weight.map(candle::Tensor::storage_and_layout);
+                // SAFETY: the storage's write lock is held (both views only read it until they are
+                // dropped below); the weight's read lock is held while its view lives.
+                let (x_view, r_view, w_view) = unsafe {
+                    (
+                        lease.view(whole, x_layout, HostAccess::ReadOnly)?,
+                        lease.view(whole, residual_layout, HostAccess::ReadOnly)?,
+                        match &weight {
+                            Some((storage, layout)) => {
+                                let candle::Storage::Cpu(cpu) = &**storage else { unreachable!("checked on the CPU") };
+                                Some(lease.view(parts(cpu)?, layout, HostAccess::ReadOnly)?)
+                            }
+                            None => None,
+                        },
+                    )
+                };
+                let outputs = crate::op::fused_add_rms_norm::fused_add_rms_norm(
+                    op.registry,
+                    &x_view,
+                    &r_view,
+                    w_view.as_ref(),
+                    op.epsilon,
+                    None,
+                );
+                drop((x_view, r_view, w_view));
+                outputs?
+            };
+            // Fresh tensors (the views were read-only): both copied into place.
+            land(op.registry, &lease, None, whole, x_layout, out)?;
+            land(op.registry, &lease, None, whole, residual_layout, res)
+        })();
+        op.outcome.keep(result)
+    }
+}
+
+/// Rotary position embedding in place on candle tensors: `query` and `key` (when given) are
+/// rotated where they are, each under its own write lock, so column slices of one `qkv` storage
+/// are rotated without a copy. `positions` are i64 or u32 (candle's usual index type, converted to
+/// i64 first: one small copy); `cos_sin_cache` is `[max_position, rotary_dim]`, cos then sin.
+#[allow(clippy::too_many_arguments)]
+pub fn rotary_embedding(
+    registry: &Registry,
+    positions: &candle::Tensor,
+    query: &candle::Tensor,
+    key: Option<&candle::Tensor>,
+    cos_sin_cache: &candle::Tensor,
+    head_size: usize,
+    rotary_dim: usize,
+    is_neox_style: bool,
+) -> Result<()> {
+    for tensor in [Some(positions), Some(query), key, Some(cos_sin_cache)].into_iter().flatten() {
+        on_cpu(tensor)?;
+    }
+    let written: Vec<&candle::Tensor> = [Some(query), key].into_iter().flatten().collect();
+    let positions = match positions.dtype() {
+        candle::DType::U32 => positions.to_dtype(candle::DType::I64)?,
+        _ => apart_from(registry, "rotary_embedding", positions, &written)?,
+    };
+    let cache = apart_from(registry, "rotary_embedding", cos_sin_cache, &written)?;
+    let to_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+    for target in written {
+        let outcome = Outcome::new();
+        let op = Rotary {
+            registry,
+            head_size: to_i64(head_size),
+            rotary_dim: to_i64(rotary_dim),
+            is_neox_style,
+            outcome: &outcome,
+        };
+        let result = target.inplace_op3(&positions, &cache, &op);
+        outcome.finish(result)?;
+    }
+    Ok(())
+}
+
+struct Rotary<'a> {
+    registry: &'a Registry,
+    head_size: i64,
+    rotary_dim: i64,
+    is_neox_style: bool,
+    outcome: &'a Outcome,
+}
+
+impl candle::InplaceOp3 for Rotary<'_> {
+    fn name(&self) -> &'static str {
+        "vllm-ir-rotary-embedding"
+    }
+
+    fn cpu_fwd(
+        &self,
+        target: &mut candle::CpuStorage,
+        target_layout: &candle::Layout,
+        positions: &candle::CpuStorage,
+        positions_layout: &candle::Layout,
+        cache: &candle::CpuStorage,
+        cache_layout: &candle::Layout,
+    ) -> candle::Result<()> {
+        let result = (|| {
+            let lease = Lease::new("rotary_embedding");
+            let target_parts = parts_mut(target)?;
+            // SAFETY: the target's write lock and the read locks of the positions and the cache
+            // (other storages: copied apart before) are held; one writable view.
+            let (q, p, c) = unsafe {
+                (
+                    lease.view(target_parts, target_layout, HostAccess::ReadWrite)?,
+                    lease.view(parts(positions)?, positions_layout, HostAccess::ReadOnly)?,
+                    lease.view(parts(cache)?, cache_layout, HostAccess::ReadOnly)?,
+                )
+            };
+            let written = Some(q.storage_id());
+            let (rotated, _) = crate::op::rotary_embedding::maybe_inplace(
+                self.registry,
+                &p,
+                q,
+                None,
+                &c,
+                self.head_size,
+                self.rotary_dim,
+                self.is_neox_style,
+            )?;
+            drop((p, c));
+            land(self.registry, &lease, written, target_parts, target_layout, rotated)
+        })();
+        self.outcome.keep(result)
+    }
+}
+
+/// `fused_add_rms_norm` then static fp8 quantization, fused: `residual ← x + residual` in place,
+/// and the codes of the norm as a fresh candle tensor.
+pub fn fused_add_rms_norm_static_fp8_quant(
+    registry: &Registry,
+    x: &candle::Tensor,
+    residual: &candle::Tensor,
+    weight: Option<&candle::Tensor>,
+    epsilon: f64,
+    scale: &candle::Tensor,
+    out_dtype: DType,
+) -> Result<candle::Tensor> {
+    for tensor in [Some(x), Some(residual), weight, Some(scale)].into_iter().flatten() {
+        on_cpu(tensor)?;
+    }
+    const OP: &str = "fused_add_rms_norm_static_fp8_quant";
+    let x = apart_from(registry, OP, x, &[residual])?;
+    let weight = weight.map(|w| apart_from(registry, OP, w, &[residual])).transpose()?;
+    let scale = apart_from(registry, OP, scale, &[residual])?;
+    let outcome = Outcome::new();
+    let codes = RefCell::new(None);
+    let op = FusedQuant {
+        registry,
+        x: &x,
+        weight: weight.as_ref(),
+        scale: &scale,
+        epsilon,
+        out_dtype,
+        outcome: &outcome,
+        codes: &codes,
+    };
+    let result = residual.inplace_op1(&op);
+    outcome.finish(result)?;
+    let codes: Tensor = codes.into_inner().expect("set by a successful call");
+    Ok(codes.into_candle()?)
+}
+
+struct FusedQuant<'a> {
+    registry: &'a Registry,
+    x: &'a candle::Tensor,
+    weight: Option<&'a candle::Tensor>,
+    scale: &'a candle::Tensor,
+    epsilon: f64,
+    out_dtype: DType,
+    outcome: &'a Outcome,
+    codes: &'a RefCell<Option<Tensor>>,
+}
+
+impl candle::InplaceOp1 for FusedQuant<'_> {
+    fn name(&self) -> &'static str {
+        "vllm-ir-fused-add-rms-norm-static-fp8-quant"
+    }
+
+    fn cpu_fwd(&self, residual: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
+        let result = (|| {
+            let lease = Lease::new("fused_add_rms_norm_static_fp8_quant");
+            let r_parts = parts_mut(residual)?;
+            let reads: Vec<_> = [Some(self.x), self.weight, Some(self.scale)]
+                .iter()
+                .map(|t| t.map(candle::Tensor::storage_and_layout))
+                .collect();
+            let read_view = |index: usize| -> Result<Option<Tensor>> {
+                let Some((storage, layout)) = &reads[index] else { return Ok(None) };
+                let candle::Storage::Cpu(cpu) = &**storage else { unreachable!("checked on the CPU") };
+                // SAFETY: the read lock is held while `reads` lives, past every view.
+                Ok(Some(unsafe { lease.view(parts(cpu)?, layout, HostAccess::ReadOnly)? }))
+            };
+            let (x, w, s) = (read_view(0)?.expect("given"), read_view(1)?, read_view(2)?.expect("given"));
+            // SAFETY: the residual's write lock is held; its storage differs from the others'.
+            let r = unsafe { lease.view(r_parts, residual_layout, HostAccess::ReadWrite)? };
+            let written = Some(r.storage_id());
+            let (res, q) = crate::op::fused_add_rms_norm_static_fp8_quant::maybe_inplace(
+                self.registry,
+                &x,
+                r,
+                w.as_ref(),
+                self.epsilon,
+                &s,
+                self.out_dtype,
+            )?;
+            drop((x, w, s));
+            land(self.registry, &lease, written, r_parts, residual_layout, res)?;
+            *self.codes.borrow_mut() = Some(q);
+            drop(reads);
+            Ok(())
+        })();
+        self.outcome.keep(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ImplSpec;
+    use crate::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+    use crate::{KernelError, UniqueTensor, bit_eq};
+
+    /// An in-place provider: native's results written into the donated tensors.
+    fn in_place(
+        x: UniqueTensor,
+        r: UniqueTensor,
+        w: Option<&Tensor>,
+        eps: f64,
+        variance: Option<i64>,
+    ) -> std::result::Result<(Tensor, Tensor), KernelError> {
+        let (out, res) = fused_add_rms_norm::native(x.tensor(), r.tensor(), w, eps, variance)?;
+        let (mut x, mut r) = (x.into_tensor(), r.into_tensor());
+        x.copy_from(&out)?;
+        r.copy_from(&res)?;
+        Ok((x, r))
+    }
+
+    /// The views over candle memory through an in-place provider, a functional one, and one
+    /// storage shared by the written tensors (small enough for Miri, which CI runs on it).
+    #[test]
+    fn candle_memory_is_written_through_the_views() {
+        let registry = Registry::with_builtin_ops();
+        fused_add_rms_norm::register(&registry, ImplSpec::new("test"), FusedAddRmsNormImpl::inplace(in_place)).unwrap();
+        let _guard = registry.override_priority("fused_add_rms_norm", &["test"]).unwrap();
+        let device = candle::Device::Cpu;
+        let values = |seed: f32| (0..24).map(|i| (i as f32 * seed).sin()).collect::<Vec<f32>>();
+        let copy = |t: &candle::Tensor| Tensor::from_candle(t).unwrap();
+        for shared in [false, true] {
+            let (x, residual) = if shared {
+                let both = candle::Tensor::from_vec(values(0.7), (3, 8), &device).unwrap();
+                (both.narrow(1, 0, 4).unwrap(), both.narrow(1, 4, 4).unwrap())
+            } else {
+                (
+                    candle::Tensor::from_vec(values(0.7)[..12].to_vec(), (3, 4), &device).unwrap(),
+                    candle::Tensor::from_vec(values(0.3)[..12].to_vec(), (3, 4), &device).unwrap(),
+                )
+            };
+            let weight = candle::Tensor::from_vec(vec![1.0f32, 2.0, 0.5, -1.0], 4, &device).unwrap();
+            let (xo, ro, wo) = (copy(&x), copy(&residual), copy(&weight));
+            fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6).unwrap();
+            let (out, res) = fused_add_rms_norm::native(&xo, &ro, Some(&wo), 1e-6, None).unwrap();
+            assert!(bit_eq(&copy(&x), &out) && bit_eq(&copy(&residual), &res), "shared storage: {shared}");
+        }
+        let record = registry.selection_record();
+        assert_eq!(record.op("fused_add_rms_norm").unwrap().inplace_writes, 2, "the separate storages in place");
+        let y = rms_norm(&registry, &candle::Tensor::from_vec(values(0.5), (3, 8), &device).unwrap(), None, 1e-6);
+        assert_eq!(y.unwrap().dims(), [3, 8]);
+    }
+}

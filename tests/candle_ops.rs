@@ -1,0 +1,261 @@
+//! The ops on candle tensors: the cpu kernels write candle's own memory in place (0 defensive
+//! copies, 0 native fallbacks in the selection record), the results are those of the same ops on
+//! this crate's tensors, a query and a key that are column slices of one qkv storage are rotated in
+//! place, and a functional provider's result is copied into candle's memory.
+
+use candle_core::{DType as CDType, Device, IndexOp, Tensor as CTensor};
+use ir_core::interop::candle_ops;
+use ir_core::op::gelu_and_mul::Approximate;
+use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor, allclose, bit_eq};
+
+fn cpu_registry() -> Registry {
+    let registry = Registry::with_builtin_ops();
+    kernels_cpu::register(&registry).unwrap();
+    PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
+    registry
+}
+
+/// A copy of a candle tensor as this crate's tensor.
+fn ours(t: &CTensor) -> Tensor {
+    Tensor::from_candle(t).unwrap()
+}
+
+fn randn(shape: (usize, usize), dtype: CDType, seed: u64) -> CTensor {
+    let device = Device::Cpu;
+    // candle's randn has no seed: values from a fixed formula instead.
+    let n = shape.0 * shape.1;
+    let values: Vec<f32> =
+        (0..n).map(|i| (((i as u64 * 2654435761 + seed * 97) % 2001) as f32 / 500.0) - 2.0).collect();
+    CTensor::from_vec(values, shape, &device).unwrap().to_dtype(dtype).unwrap()
+}
+
+#[test]
+fn fused_add_rms_norm_writes_candle_memory_in_place() {
+    let registry = cpu_registry();
+    for dtype in [CDType::F32, CDType::BF16] {
+        let x = randn((6, 256), dtype, 1);
+        let residual = randn((6, 256), dtype, 2);
+        let weight = randn((1, 256), dtype, 3).reshape(256).unwrap();
+        let (x_before, r_before, w) = (ours(&x), ours(&residual), ours(&weight));
+        let clone = x.clone();
+        let before = registry.selection_record();
+        candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6).unwrap();
+        let step = registry.selection_record().since(&before);
+        let (expected_out, expected_res) =
+            ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &x_before, &r_before, Some(&w), 1e-6, None)
+                .unwrap();
+        assert!(bit_eq(&ours(&x), &expected_out), "{dtype:?}: x holds the norm");
+        assert!(bit_eq(&ours(&residual), &expected_res), "{dtype:?}: residual holds the sum");
+        assert!(bit_eq(&ours(&clone), &expected_out), "clones share candle's storage, as candle's in-place ops");
+        let op = step.op("fused_add_rms_norm").unwrap();
+        assert_eq!(
+            (op.inplace_writes, op.defensive_copies, op.native_fallbacks),
+            (2, 0, 0),
+            "{dtype:?}: x and residual"
+        );
+        assert_eq!(step.selections("fused_add_rms_norm", "cpu"), 1);
+    }
+}
+
+#[test]
+fn rotary_rotates_column_slices_of_one_qkv_storage_in_place() {
+    let registry = cpu_registry();
+    let (tokens, heads, kv_heads, head_size) = (5, 4, 2, 32);
+    let (q_width, kv_width) = (heads * head_size, kv_heads * head_size);
+    for dtype in [CDType::F32, CDType::BF16] {
+        let qkv = randn((tokens, q_width + 2 * kv_width), dtype, 4);
+        let q = qkv.narrow(1, 0, q_width).unwrap();
+        let k = qkv.narrow(1, q_width, kv_width).unwrap();
+        let v_before = ours(&qkv.narrow(1, q_width + kv_width, kv_width).unwrap());
+        let cache = ir_core::op::rotary_embedding::cos_sin_cache(ours(&q).dtype(), 64, head_size, 10000.0).unwrap();
+        let cache = cache.into_candle().unwrap();
+        let positions_u32 = CTensor::new(&[0u32, 3, 7, 63, 1], &Device::Cpu).unwrap();
+        let positions = Tensor::from_vec(&[tokens], vec![0i64, 3, 7, 63, 1]).unwrap();
+        let (q_before, k_before, c) = (ours(&q), ours(&k), ours(&cache));
+        let before = registry.selection_record();
+        candle_ops::rotary_embedding(&registry, &positions_u32, &q, Some(&k), &cache, head_size, head_size, true)
+            .unwrap();
+        let step = registry.selection_record().since(&before);
+        let (eq, ek) = ir_core::op::rotary_embedding::rotary_embedding(
+            &registry,
+            &positions,
+            &q_before,
+            Some(&k_before),
+            &c,
+            head_size as i64,
+            head_size as i64,
+            true,
+        )
+        .unwrap();
+        assert!(bit_eq(&ours(&q), &eq), "{dtype:?}: query rotated in qkv");
+        assert!(bit_eq(&ours(&k), &ek.unwrap()), "{dtype:?}: key rotated in qkv");
+        assert!(bit_eq(&ours(&qkv.narrow(1, q_width + kv_width, kv_width).unwrap()), &v_before), "v untouched");
+        let op = step.op("rotary_embedding").unwrap();
+        assert_eq!((op.defensive_copies, op.native_fallbacks), (0, 0), "{dtype:?}");
+        assert_eq!((op.inplace_writes, step.selections("rotary_embedding", "cpu")), (2, 2), "{dtype:?}");
+        assert_eq!(ours(&qkv.i((.., ..q_width)).unwrap()).shape(), [tokens, q_width]);
+    }
+}
+
+#[test]
+fn functional_ops_match_the_same_ops_on_our_tensors() {
+    let registry = cpu_registry();
+    let x = randn((4, 128), CDType::BF16, 5);
+    let w = randn((1, 128), CDType::BF16, 6).reshape(128).unwrap();
+    let gate_up = randn((4, 256), CDType::BF16, 7);
+    let (xo, wo, go) = (ours(&x), ours(&w), ours(&gate_up));
+    let y = candle_ops::rms_norm(&registry, &x, Some(&w), 1e-6).unwrap();
+    assert!(bit_eq(&ours(&y), &ir_core::op::rms_norm::rms_norm(&registry, &xo, Some(&wo), 1e-6, None).unwrap()));
+    let s = candle_ops::silu_and_mul(&registry, &gate_up).unwrap();
+    assert!(bit_eq(&ours(&s), &ir_core::op::silu_and_mul::silu_and_mul(&registry, &go).unwrap()));
+    let g = candle_ops::gelu_and_mul(&registry, &gate_up, Approximate::Tanh).unwrap();
+    let expected = ir_core::op::gelu_and_mul::gelu_and_mul(&registry, &go, Approximate::Tanh).unwrap();
+    assert!(bit_eq(&ours(&g), &expected));
+    let (q, scales) = candle_ops::dynamic_per_token_scaled_fp8_quant(&registry, &x, None, DType::F8E4M3FN).unwrap();
+    let (eq, es) = ir_core::op::dynamic_per_token_scaled_fp8_quant::dynamic_per_token_scaled_fp8_quant(
+        &registry,
+        &xo,
+        None,
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    assert!(bit_eq(&ours(&q), &eq) && bit_eq(&ours(&scales), &es), "dynamic fp8");
+    assert_eq!(q.dtype(), CDType::F8E4M3);
+    let scale = CTensor::new(&[0.05f32], &Device::Cpu).unwrap();
+    let (q, _) =
+        candle_ops::rms_norm_dynamic_per_token_quant(&registry, &x, Some(&w), 1e-6, None, DType::F8E4M3FN).unwrap();
+    let (eq, _) = ir_core::op::rms_norm_dynamic_per_token_quant::rms_norm_dynamic_per_token_quant(
+        &registry,
+        &xo,
+        Some(&wo),
+        1e-6,
+        None,
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    assert!(bit_eq(&ours(&q), &eq), "norm + dynamic fp8");
+    let q = candle_ops::rms_norm_static_fp8_quant(&registry, &x, Some(&w), 1e-6, &scale, DType::F8E4M3FN).unwrap();
+    let eq = ir_core::op::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
+        &registry,
+        &xo,
+        Some(&wo),
+        1e-6,
+        &ours(&scale),
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    assert!(bit_eq(&ours(&q), &eq), "norm + static fp8");
+    let q = candle_ops::static_scaled_fp8_quant(&registry, &x, &scale, DType::F8E4M3FN).unwrap();
+    let eq =
+        ir_core::op::static_scaled_fp8_quant::static_scaled_fp8_quant(&registry, &xo, &ours(&scale), DType::F8E4M3FN)
+            .unwrap();
+    assert!(bit_eq(&ours(&q), &eq), "static fp8");
+    // The residual of the fused norm + quantization is written in place.
+    let residual = randn((4, 128), CDType::BF16, 8);
+    let r_before = ours(&residual);
+    let q = candle_ops::fused_add_rms_norm_static_fp8_quant(
+        &registry,
+        &x,
+        &residual,
+        Some(&w),
+        1e-6,
+        &scale,
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    let (er, eq) = ir_core::op::fused_add_rms_norm_static_fp8_quant::fused_add_rms_norm_static_fp8_quant(
+        &registry,
+        &xo,
+        &r_before,
+        Some(&wo),
+        1e-6,
+        &ours(&scale),
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    assert!(bit_eq(&ours(&q), &eq) && bit_eq(&ours(&residual), &er), "fused norm + static fp8");
+    assert_eq!(registry.selection_record().native_fallbacks(), 0);
+}
+
+#[test]
+fn functional_providers_and_shared_storages_land_in_candle_memory() {
+    // Only native: the in-place call runs functionally and its results are copied into place.
+    let native_only = Registry::with_builtin_ops();
+    let x = randn((3, 64), CDType::F32, 9);
+    let residual = randn((3, 64), CDType::F32, 10);
+    let (xo, ro) = (ours(&x), ours(&residual));
+    candle_ops::fused_add_rms_norm(&native_only, &x, &residual, None, 1e-6).unwrap();
+    let (eo, er) = ir_core::op::fused_add_rms_norm::native(&xo, &ro, None, 1e-6, None).unwrap();
+    assert!(bit_eq(&ours(&x), &eo) && bit_eq(&ours(&residual), &er), "native's results landed");
+    let op = native_only.selection_record().op("fused_add_rms_norm").unwrap().clone();
+    assert_eq!((op.defensive_copies, op.native_fallbacks), (2, 0), "both results copied into place, counted");
+
+    // x, the residual and the weight as slices of one storage: computed functionally, written back.
+    let registry = cpu_registry();
+    let buffer = randn((3, 3 * 64), CDType::F32, 11);
+    let (x, residual) = (buffer.narrow(1, 0, 64).unwrap(), buffer.narrow(1, 64, 64).unwrap());
+    let weight = buffer.i((0, 128..192)).unwrap();
+    let (xo, ro, wo) = (ours(&x), ours(&residual), ours(&weight));
+    let before = registry.selection_record();
+    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6).unwrap();
+    let step = registry.selection_record().since(&before);
+    let (eo, er) =
+        ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &xo, &ro, Some(&wo), 1e-6, None).unwrap();
+    allclose(&ours(&x), &eo, 1e-6, 1e-6).unwrap();
+    assert!(bit_eq(&ours(&residual), &er), "the sum landed");
+    // The weight copied apart (1), the functional call's copies of the activations for the in-place
+    // kernel (2), both results copied into place (2): every copy counted.
+    assert_eq!(step.op("fused_add_rms_norm").unwrap().defensive_copies, 5);
+}
+
+#[test]
+fn bad_calls_are_errors_that_candle_code_propagates() {
+    let registry = cpu_registry();
+    let x = randn((2, 64), CDType::F32, 12);
+    let w = randn((1, 32), CDType::F32, 13).reshape(32).unwrap();
+    let err = candle_ops::rms_norm(&registry, &x, Some(&w), 1e-6).unwrap_err();
+    assert!(matches!(err, candle_ops::CandleOpError::Call(_)), "{err}");
+    assert!(err.to_string().contains("weight"), "{err}");
+    let u8s = CTensor::new(&[1u8, 2, 3, 4], &Device::Cpu).unwrap().reshape((2, 2)).unwrap();
+    let err = candle_ops::silu_and_mul(&registry, &u8s).unwrap_err();
+    assert!(err.to_string().contains("U8"), "{err}");
+    // In a function returning candle's result, `?` converts.
+    fn in_candle_code(registry: &Registry, x: &CTensor, w: &CTensor) -> candle_core::Result<CTensor> {
+        Ok(candle_ops::rms_norm(registry, x, Some(w), 1e-6)?)
+    }
+    assert!(in_candle_code(&registry, &x, &w).is_err());
+    let residual = randn((2, 32), CDType::F32, 14);
+    let before = ours(&residual);
+    let err = candle_ops::fused_add_rms_norm(&registry, &x, &residual, None, 1e-6).unwrap_err();
+    assert!(err.to_string().contains("x_residual"), "{err}");
+    assert!(bit_eq(&ours(&residual), &before), "unchanged after a refused call");
+}
+
+/// A provider that keeps a tensor over candle memory past the call would leave a view of memory
+/// candle writes or frees: the process aborts with a message naming the op (run in a child).
+#[test]
+fn a_provider_keeping_candle_memory_aborts_the_process() {
+    if std::env::var_os("VLLM_IR_TEST_KEEPER_CHILD").is_some() {
+        use std::sync::Mutex;
+        static KEPT: Mutex<Vec<Tensor>> = Mutex::new(Vec::new());
+        let registry = Registry::with_builtin_ops();
+        let keeper = ir_core::ImplSpec::new("keeper");
+        ir_core::op::silu_and_mul::register(&registry, keeper, |x| {
+            KEPT.lock().unwrap().push(x.clone());
+            ir_core::op::silu_and_mul::native(x)
+        })
+        .unwrap();
+        let _guard = registry.override_priority("silu_and_mul", &["keeper"]).unwrap();
+        let _ = candle_ops::silu_and_mul(&registry, &randn((2, 8), CDType::F32, 15));
+        unreachable!("the call aborts");
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_provider_keeping_candle_memory_aborts_the_process", "--nocapture"])
+        .env("VLLM_IR_TEST_KEEPER_CHILD", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the child must not survive");
+    assert!(stderr.contains("a provider of `silu_and_mul` kept a tensor over candle memory"), "{stderr}");
+    assert!(!stderr.contains("the call aborts"), "aborted inside the call: {stderr}");
+}
