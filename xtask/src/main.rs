@@ -154,8 +154,33 @@ fn examples() -> anyhow::Result<()> {
     for example in ["engine", "custom_kernel"] {
         cargo(&["run", "--package", "vllm-ir", "--example", example, "--locked"], &[])?;
     }
-    // Candle's tensors in and out without a copy (the feature pulls candle-core in).
-    cargo(&["run", "--package", "vllm-ir", "--features", "candle", "--example", "candle", "--locked"], &[])
+    // The ops on candle tensors (the feature pulls candle-core in), and the Llama-architecture model
+    // on them beside candle-nn's ops: a tiny random model of each variant, which fails on a
+    // defensive copy or a native fallback.
+    cargo(&["run", "--package", "vllm-ir", "--features", "candle", "--example", "candle", "--locked"], &[])?;
+    for variant in ["llama", "gemma"] {
+        cargo(
+            &[
+                "run",
+                "--package",
+                "vllm-ir",
+                "--features",
+                "candle",
+                "--example",
+                "llama",
+                "--locked",
+                "--",
+                "--variant",
+                variant,
+                "--dtype",
+                "bf16",
+                "--iters",
+                "1",
+            ],
+            &[],
+        )?;
+    }
+    Ok(())
 }
 
 fn lint() -> anyhow::Result<()> {

@@ -1,0 +1,173 @@
+//! A Llama-architecture model on candle with this project's ops, beside the same model on
+//! candle-nn's ops: prefill and decode, the providers each op ran on with their defensive copies
+//! and native fallbacks (0 and 0 on the cpu platform), the largest logit difference between the two
+//! op sets, and the forward times, interleaved in one run.
+//!
+//! ```text
+//! cargo run --release -p vllm-ir --features candle --example llama -- [--model DIR] [--variant llama|gemma]
+//!     [--dtype f32|bf16] [--prefill N] [--decode N] [--iters N]
+//! ```
+//!
+//! `--model` reads a Hugging Face checkpoint directory (`config.json` and `*.safetensors`); without
+//! it a tiny random model of `--variant` runs (no download).
+
+#![allow(clippy::print_stdout)]
+
+mod model;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use candle_core::{DType, Device, Tensor};
+use model::{Cache, Model, Ops};
+
+struct Args {
+    model: Option<std::path::PathBuf>,
+    variant: String,
+    dtype: DType,
+    prefill: usize,
+    decode: usize,
+    iters: usize,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let mut args =
+        Args { model: None, variant: "llama".to_owned(), dtype: DType::F32, prefill: 64, decode: 4, iters: 3 };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => args.model = Some(value()?.into()),
+            "--variant" => args.variant = value()?,
+            "--dtype" => {
+                args.dtype = match value()?.as_str() {
+                    "f32" => DType::F32,
+                    "bf16" => DType::BF16,
+                    other => bail!("--dtype {other}: f32 or bf16"),
+                }
+            }
+            "--prefill" => args.prefill = value()?.parse()?,
+            "--decode" => args.decode = value()?.parse()?,
+            "--iters" => args.iters = value()?.parse()?,
+            other => bail!("unknown argument `{other}` (see the example's documentation)"),
+        }
+    }
+    Ok(args)
+}
+
+fn load(args: &Args) -> anyhow::Result<Model> {
+    let Some(dir) = &args.model else {
+        let config = model::tiny_config(&args.variant);
+        let weights = model::random_weights(&config, args.dtype, 7)?;
+        return Model::new(config, &weights);
+    };
+    let text = std::fs::read_to_string(dir.join("config.json")).context("reading config.json")?;
+    let config: model::Config = serde_json::from_str(&text).context("parsing config.json")?;
+    let mut weights = HashMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            for (name, tensor) in candle_core::safetensors::load(&path, &Device::Cpu)? {
+                weights.insert(name, tensor.to_dtype(args.dtype)?);
+            }
+        }
+    }
+    Model::new(config, &weights)
+}
+
+/// Prefill then `decode` steps; the logits of every step, and the time of each phase.
+fn generate(
+    model: &Model,
+    ops: Ops<'_>,
+    prompt: &[u32],
+    decode: usize,
+) -> anyhow::Result<(Vec<Tensor>, [Duration; 2])> {
+    let mut cache = Cache::new(model);
+    let start = Instant::now();
+    let mut logits = vec![model.forward(ops, prompt, &mut cache)?];
+    let prefill = start.elapsed();
+    let start = Instant::now();
+    for _ in 0..decode {
+        let last = logits.last().expect("prefill ran");
+        let next = last.get(last.dim(0)? - 1)?.argmax(0)?.to_scalar::<u32>()?;
+        logits.push(model.forward(ops, &[next], &mut cache)?);
+    }
+    Ok((logits, [prefill, start.elapsed()]))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = args()?;
+    let model = load(&args)?;
+    let c = model.config();
+    println!(
+        "{} model: {} layers, hidden {}, {} heads ({} kv), head size {}, {:?}",
+        c.model_type,
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.num_attention_heads,
+        c.kv_heads(),
+        c.head_size(),
+        args.dtype
+    );
+    let registry = vllm_ir::registry()?;
+    let prompt: Vec<u32> = (0..args.prefill as u32).map(|i| (i * 31 + 7) % c.vocab_size as u32).collect();
+
+    // One run each, the record taken around ours.
+    let before = registry.selection_record();
+    let (ours, _) = generate(&model, Ops::Ours(&registry), &prompt, args.decode)?;
+    let step = registry.selection_record().since(&before);
+    let (reference, _) = generate(&model, Ops::CandleNn, &prompt, args.decode)?;
+    println!("{:<22} {:<16} {:>9} {:>7} {:>17}", "op", "providers", "in place", "copies", "native fallbacks");
+    for op in step.ops.iter().filter(|op| op.providers.iter().any(|p| p.selections > 0)) {
+        let used: Vec<_> = op
+            .providers
+            .iter()
+            .filter(|p| p.selections > 0)
+            .map(|p| format!("{} x{}", p.provider, p.selections))
+            .collect();
+        println!(
+            "{:<22} {:<16} {:>9} {:>7} {:>17}",
+            op.op,
+            used.join(", "),
+            op.inplace_writes,
+            op.defensive_copies,
+            op.native_fallbacks
+        );
+    }
+    let mut max_diff = 0f32;
+    let mut same_tokens = true;
+    for (a, b) in ours.iter().zip(&reference) {
+        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
+        max_diff = max_diff.max((&a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?);
+        same_tokens &= a.argmax(1)?.to_vec1::<u32>()? == b.argmax(1)?.to_vec1::<u32>()?;
+    }
+    println!("logits: max |ours - candle-nn| {max_diff:.3e}; greedy tokens identical: {same_tokens}");
+
+    // Interleaved timing.
+    let mut times = [[Duration::ZERO; 2]; 2];
+    for _ in 0..args.iters {
+        for (slot, ops) in [Ops::Ours(&registry), Ops::CandleNn].into_iter().enumerate() {
+            let (_, [prefill, decode]) = generate(&model, ops, &prompt, args.decode)?;
+            times[slot][0] += prefill;
+            times[slot][1] += decode;
+        }
+    }
+    let per = |d: Duration, n: usize| d.as_secs_f64() * 1e3 / n.max(1) as f64;
+    for (name, [prefill, decode]) in ["ours", "candle-nn"].into_iter().zip(times) {
+        println!(
+            "{name:<10} prefill {} tokens {:>9.3} ms, decode {:>8.3} ms/token",
+            args.prefill,
+            per(prefill, args.iters),
+            per(decode, args.iters * args.decode)
+        );
+    }
+    if step.defensive_copies() != 0 || step.native_fallbacks() != 0 {
+        bail!(
+            "{} defensive copies and {} native fallbacks (expected 0 and 0)",
+            step.defensive_copies(),
+            step.native_fallbacks()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,419 @@
+//! A Llama-architecture decoder (Llama with grouped-query attention, and Gemma's variant: the
+//! `(1 + w)` norm weight in f32, scaled embeddings, GELU-tanh) on candle: candle's matmuls,
+//! attention and KV cache, and either this project's ops on candle tensors ([`Ops::Ours`]) or
+//! candle-nn's ([`Ops::CandleNn`]) for the norms, rotary and the gated activation.
+//!
+//! Weights use Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...); q, k and v are
+//! merged into one `qkv` projection at load and gate and up into one `gate_up` projection (the
+//! `[gate | up]` layout the gated ops take), as vLLM does, so rotary runs in place on the q and k
+//! column slices of the qkv output.
+
+// Shared by the example and its test (`tests/llama.rs`), each of which uses its own part.
+#![allow(unreachable_pub, dead_code)]
+
+use std::collections::HashMap;
+
+use candle_core::{D, DType, Device, Module, Tensor};
+use candle_nn::{Embedding, Linear};
+use vllm_ir::Registry;
+use vllm_ir::interop::candle_ops;
+use vllm_ir::op::gelu_and_mul::Approximate;
+
+/// The fields of a Hugging Face `config.json` this model reads.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct Config {
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+    /// The residual stream's width.
+    pub hidden_size: usize,
+    /// The MLP's inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key and value heads (grouped-query attention); the query heads when absent.
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    /// Elements per head; `hidden_size / num_attention_heads` when absent.
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    /// The norms' epsilon.
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// Rotary base.
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    /// Positions the rotary cache covers.
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+    /// Whether the output projection is the embedding's transpose.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// `llama` or `gemma`.
+    #[serde(default = "default_model_type")]
+    pub model_type: String,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f64 {
+    10000.0
+}
+fn default_max_positions() -> usize {
+    4096
+}
+fn default_model_type() -> String {
+    "llama".to_owned()
+}
+
+impl Config {
+    /// Whether this is Gemma's variant.
+    pub fn is_gemma(&self) -> bool {
+        self.model_type.starts_with("gemma")
+    }
+
+    /// Key and value heads.
+    pub fn kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Elements per head.
+    pub fn head_size(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+}
+
+/// Which ops run the norms, rotary and the gated activation.
+#[derive(Clone, Copy)]
+pub enum Ops<'r> {
+    /// This project's, on candle tensors, through `registry`.
+    Ours(&'r Registry),
+    /// candle-nn's (`ops::rms_norm`, `rotary_emb::rope`, `silu` / `gelu`).
+    CandleNn,
+}
+
+struct Layer {
+    input_norm: Tensor,
+    post_attention_norm: Tensor,
+    qkv: Linear,
+    o: Linear,
+    gate_up: Linear,
+    down: Linear,
+}
+
+/// The model's weights, shared by both op sets.
+pub struct Model {
+    config: Config,
+    dtype: DType,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    /// `[max_position, head_size]`: cos, then sin (this project's rotary).
+    cos_sin: Tensor,
+    /// `[max_position, head_size / 2]` each (candle-nn's rope).
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// Each layer's keys and values so far, `[1, kv_heads, seen, head_size]`.
+pub struct Cache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl Cache {
+    /// An empty cache for `model`.
+    pub fn new(model: &Model) -> Cache {
+        Cache { layers: vec![None; model.layers.len()] }
+    }
+
+    /// Tokens already seen.
+    pub fn seen(&self) -> usize {
+        self.layers.first().and_then(Option::as_ref).map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+}
+
+/// A projection computing in f32 (candle's CPU matmul has no bf16; bf16 weights widen exactly).
+fn linear(weight: Tensor) -> candle_core::Result<Linear> {
+    Ok(Linear::new(weight.to_dtype(DType::F32)?, None))
+}
+
+/// `[gate; up]` stacked along the output dimension: one projection whose output is `[.., gate |
+/// up]`, the layout `silu_and_mul` and `gelu_and_mul` take.
+pub fn gate_up_weight(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
+    Tensor::cat(&[gate, up], 0)
+}
+
+impl Model {
+    /// The model from Hugging Face-named `weights` (all of one float dtype).
+    pub fn new(config: Config, weights: &HashMap<String, Tensor>) -> anyhow::Result<Model> {
+        let get = |name: &str| weights.get(name).cloned().ok_or_else(|| anyhow::anyhow!("missing weight `{name}`"));
+        let embed_weight = get("model.embed_tokens.weight")?;
+        let dtype = embed_weight.dtype();
+        // Gemma's norm multiplies by (1 + w) in f32: kept as an f32 weight on the activations.
+        let norm_weight = |name: &str| -> anyhow::Result<Tensor> {
+            let w = get(name)?;
+            Ok(if config.is_gemma() { (w.to_dtype(DType::F32)? + 1.0)? } else { w })
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let qkv = Tensor::cat(
+                &[
+                    get(&format!("{p}.self_attn.q_proj.weight"))?,
+                    get(&format!("{p}.self_attn.k_proj.weight"))?,
+                    get(&format!("{p}.self_attn.v_proj.weight"))?,
+                ],
+                0,
+            )?;
+            let gate_up =
+                gate_up_weight(&get(&format!("{p}.mlp.gate_proj.weight"))?, &get(&format!("{p}.mlp.up_proj.weight"))?)?;
+            layers.push(Layer {
+                input_norm: norm_weight(&format!("{p}.input_layernorm.weight"))?,
+                post_attention_norm: norm_weight(&format!("{p}.post_attention_layernorm.weight"))?,
+                qkv: linear(qkv)?,
+                o: linear(get(&format!("{p}.self_attn.o_proj.weight"))?)?,
+                gate_up: linear(gate_up)?,
+                down: linear(get(&format!("{p}.mlp.down_proj.weight"))?)?,
+            });
+        }
+        let lm_head = match weights.get("lm_head.weight") {
+            Some(w) if !config.tie_word_embeddings => w.clone(),
+            _ => embed_weight.clone(),
+        };
+        let head_size = config.head_size();
+        let cache = vllm_ir::op::rotary_embedding::cos_sin_cache(
+            vllm_ir::DType::F32,
+            config.max_position_embeddings,
+            head_size,
+            config.rope_theta,
+        )?
+        .into_candle()?;
+        let cos_sin = cache.to_dtype(dtype)?;
+        let (cos, sin) = (
+            cos_sin.narrow(1, 0, head_size / 2)?.contiguous()?,
+            cos_sin.narrow(1, head_size / 2, head_size / 2)?.contiguous()?,
+        );
+        Ok(Model {
+            embed: Embedding::new(embed_weight, config.hidden_size),
+            norm: norm_weight("model.norm.weight")?,
+            lm_head: linear(lm_head)?,
+            layers,
+            cos_sin,
+            cos,
+            sin,
+            dtype,
+            config,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The logits of every token of `tokens`, which follow the cache's tokens.
+    pub fn forward(&self, ops: Ops<'_>, tokens: &[u32], cache: &mut Cache) -> anyhow::Result<Tensor> {
+        let c = &self.config;
+        let device = Device::Cpu;
+        let start = cache.seen();
+        let t = tokens.len();
+        let positions = Tensor::arange(start as u32, (start + t) as u32, &device)?;
+        let mut h = self.embed.forward(&Tensor::new(tokens, &device)?)?;
+        if c.is_gemma() {
+            h = (h * (c.hidden_size as f64).sqrt())?;
+        }
+        let mut residual: Option<Tensor> = None;
+        for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            let normed = self.add_norm(ops, h, &mut residual, &layer.input_norm)?;
+            let attn = self.attention(ops, layer, &normed, &positions, kv)?;
+            let normed = self.add_norm(ops, attn, &mut residual, &layer.post_attention_norm)?;
+            h = self.mlp(ops, layer, &normed)?;
+        }
+        let normed = self.add_norm(ops, h, &mut residual, &self.norm)?;
+        self.project(&self.lm_head, &normed)
+    }
+
+    /// `x · wᵀ` in f32, back in the model's dtype.
+    fn project(&self, linear: &Linear, x: &Tensor) -> anyhow::Result<Tensor> {
+        Ok(linear.forward(&x.to_dtype(DType::F32)?)?.to_dtype(self.dtype)?)
+    }
+
+    /// `residual ← h + residual` (the first time: `residual ← h`), then the norm of it.
+    fn add_norm(&self, ops: Ops<'_>, h: Tensor, residual: &mut Option<Tensor>, w: &Tensor) -> anyhow::Result<Tensor> {
+        let eps = self.config.rms_norm_eps;
+        match (ops, residual.take()) {
+            (Ops::Ours(registry), None) => {
+                let normed = candle_ops::rms_norm(registry, &h, Some(w), eps)?;
+                *residual = Some(h);
+                Ok(normed)
+            }
+            (Ops::Ours(registry), Some(r)) => {
+                // In place: r holds the sum, h its norm.
+                candle_ops::fused_add_rms_norm(registry, &h, &r, Some(w), eps)?;
+                *residual = Some(r);
+                Ok(h)
+            }
+            (Ops::CandleNn, previous) => {
+                let sum = match previous {
+                    None => h,
+                    Some(r) => (h + r)?,
+                };
+                let normed = if w.dtype() == sum.dtype() {
+                    candle_nn::ops::rms_norm(&sum, w, eps as f32)?
+                } else {
+                    // Gemma: in f32, then back.
+                    candle_nn::ops::rms_norm(&sum.to_dtype(DType::F32)?, w, eps as f32)?.to_dtype(self.dtype)?
+                };
+                *residual = Some(sum);
+                Ok(normed)
+            }
+        }
+    }
+
+    fn attention(
+        &self,
+        ops: Ops<'_>,
+        layer: &Layer,
+        x: &Tensor,
+        positions: &Tensor,
+        kv: &mut Option<(Tensor, Tensor)>,
+    ) -> anyhow::Result<Tensor> {
+        let c = &self.config;
+        let (heads, kv_heads, d) = (c.num_attention_heads, c.kv_heads(), c.head_size());
+        let t = x.dim(0)?;
+        let qkv = self.project(&layer.qkv, x)?;
+        let q = qkv.narrow(1, 0, heads * d)?;
+        let k = qkv.narrow(1, heads * d, kv_heads * d)?;
+        let v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d)?;
+        let to_heads = |x: &Tensor, n: usize| x.reshape((1, t, n, d))?.transpose(1, 2)?.contiguous();
+        let (q, k) = match ops {
+            Ops::Ours(registry) => {
+                // In place on the column slices of qkv.
+                candle_ops::rotary_embedding(registry, positions, &q, Some(&k), &self.cos_sin, d, d, true)?;
+                (to_heads(&q, heads)?, to_heads(&k, kv_heads)?)
+            }
+            Ops::CandleNn => {
+                let start = positions.to_vec1::<u32>()?[0] as usize;
+                let (cos, sin) = (self.cos.narrow(0, start, t)?, self.sin.narrow(0, start, t)?);
+                (
+                    candle_nn::rotary_emb::rope(&to_heads(&q, heads)?, &cos, &sin)?,
+                    candle_nn::rotary_emb::rope(&to_heads(&k, kv_heads)?, &cos, &sin)?,
+                )
+            }
+        };
+        let v = to_heads(&v, kv_heads)?;
+        let (k, v) = match kv.take() {
+            None => (k, v),
+            Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+        };
+        *kv = Some((k.clone(), v.clone()));
+        let seen = k.dim(2)?;
+        // Grouped-query attention: each key/value head serves heads / kv_heads query heads.
+        let repeat = heads / kv_heads;
+        let expand = |x: &Tensor| -> candle_core::Result<Tensor> {
+            if repeat == 1 {
+                return Ok(x.clone());
+            }
+            x.unsqueeze(2)?.expand((1, kv_heads, repeat, seen, d))?.reshape((1, heads, seen, d))
+        };
+        let (k, v) = (expand(&k)?, expand(&v)?);
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = (q.to_dtype(DType::F32)?.matmul(&k.to_dtype(DType::F32)?.t()?)? * scale)?;
+        let scores = if t > 1 {
+            // Causal: token i of this step sees the cache and tokens up to itself.
+            let offset = seen - t;
+            let mask: Vec<f32> = (0..t)
+                .flat_map(|i| (0..seen).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
+                .collect();
+            scores.broadcast_add(&Tensor::from_vec(mask, (t, seen), &Device::Cpu)?)?
+        } else {
+            scores
+        };
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = probs.matmul(&v.to_dtype(DType::F32)?.contiguous()?)?.to_dtype(self.dtype)?;
+        let out = out.transpose(1, 2)?.reshape((t, heads * d))?;
+        self.project(&layer.o, &out)
+    }
+
+    fn mlp(&self, ops: Ops<'_>, layer: &Layer, x: &Tensor) -> anyhow::Result<Tensor> {
+        let gate_up = self.project(&layer.gate_up, x)?;
+        let gemma = self.config.is_gemma();
+        let activated = match ops {
+            Ops::Ours(registry) if gemma => candle_ops::gelu_and_mul(registry, &gate_up, Approximate::Tanh)?,
+            Ops::Ours(registry) => candle_ops::silu_and_mul(registry, &gate_up)?,
+            Ops::CandleNn => {
+                let i = gate_up.dim(D::Minus1)? / 2;
+                let (gate, up) = (gate_up.narrow(1, 0, i)?, gate_up.narrow(1, i, i)?);
+                let gate = if gemma { gate.gelu()? } else { candle_nn::ops::silu(&gate)? };
+                (gate * up)?
+            }
+        };
+        self.project(&layer.down, &activated)
+    }
+}
+
+/// Hugging Face-named random weights for `config` (a tiny model for tests and demos: no
+/// download), reproducible from `seed`.
+pub fn random_weights(config: &Config, dtype: DType, seed: u64) -> candle_core::Result<HashMap<String, Tensor>> {
+    let device = Device::Cpu;
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut tensor = |shape: &[usize], scale: f64| -> candle_core::Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                // Uniform in [-scale, scale).
+                ((((state >> 40) as f64) / (1u64 << 24) as f64) * 2.0 - 1.0) as f32 * scale as f32
+            })
+            .collect();
+        Tensor::from_vec(values, shape, &device)?.to_dtype(dtype)
+    };
+    let (h, i, d) = (config.hidden_size, config.intermediate_size, config.head_size());
+    let (heads, kv_heads) = (config.num_attention_heads, config.kv_heads());
+    let mut weights = HashMap::new();
+    let scale = 1.0 / (h as f64).sqrt();
+    weights.insert("model.embed_tokens.weight".to_owned(), tensor(&[config.vocab_size, h], 1.0)?);
+    for l in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        // Norm weights near 1 (Gemma's near 0: it adds the 1).
+        let norm_center = if config.is_gemma() { 0.0 } else { 1.0 };
+        for name in ["input_layernorm", "post_attention_layernorm"] {
+            weights.insert(format!("{p}.{name}.weight"), (tensor(&[h], 0.1)? + norm_center)?);
+        }
+        weights.insert(format!("{p}.self_attn.q_proj.weight"), tensor(&[heads * d, h], scale)?);
+        weights.insert(format!("{p}.self_attn.k_proj.weight"), tensor(&[kv_heads * d, h], scale)?);
+        weights.insert(format!("{p}.self_attn.v_proj.weight"), tensor(&[kv_heads * d, h], scale)?);
+        weights.insert(format!("{p}.self_attn.o_proj.weight"), tensor(&[h, heads * d], scale)?);
+        weights.insert(format!("{p}.mlp.gate_proj.weight"), tensor(&[i, h], scale)?);
+        weights.insert(format!("{p}.mlp.up_proj.weight"), tensor(&[i, h], scale)?);
+        weights.insert(format!("{p}.mlp.down_proj.weight"), tensor(&[h, i], 1.0 / (i as f64).sqrt())?);
+    }
+    let norm_center = if config.is_gemma() { 0.0 } else { 1.0 };
+    weights.insert("model.norm.weight".to_owned(), (tensor(&[h], 0.1)? + norm_center)?);
+    if !config.tie_word_embeddings {
+        weights.insert("lm_head.weight".to_owned(), tensor(&[config.vocab_size, h], scale)?);
+    }
+    Ok(weights)
+}
+
+/// A tiny configuration of the architecture (`llama` or `gemma`).
+pub fn tiny_config(model_type: &str) -> Config {
+    let gemma = model_type == "gemma";
+    Config {
+        vocab_size: 256,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: Some(2),
+        head_dim: Some(if gemma { 64 } else { 32 }),
+        rms_norm_eps: 1e-6,
+        rope_theta: 10000.0,
+        max_position_embeddings: 1024,
+        tie_word_embeddings: gemma,
+        model_type: model_type.to_owned(),
+    }
+}
