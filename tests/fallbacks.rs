@@ -136,6 +136,10 @@ fn a_fallback_is_counted_warned_once_per_reason_and_refused_when_strict() {
     let step = registry.selection_record().since(&before);
     assert_eq!(step.op("silu_and_mul").unwrap().native_fallbacks, 4, "every call counted");
     assert_eq!(step.selections("silu_and_mul", "native"), 4);
+    let table = step.to_string();
+    let row = table.lines().find(|l| l.starts_with("silu_and_mul")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("native x4") && row.trim_end().ends_with('4'), "the table's fallbacks column: {table}");
+    assert_eq!(table.lines().count(), 2, "only the ops that ran: {table}");
     let said = warnings.0.lock().unwrap().clone();
     let fallbacks: Vec<_> = said.iter().filter(|m| m.contains("native runs instead")).collect();
     assert_eq!(fallbacks.len(), 1, "one reason, said once: {said:?}");

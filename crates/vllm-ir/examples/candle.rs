@@ -33,22 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let activated = candle_ops::silu_and_mul(&registry, &gate_up)?;
     let step = registry.selection_record().since(&before);
 
-    for op in step.ops.iter().filter(|op| op.providers.iter().any(|p| p.selections > 0)) {
-        let used: Vec<_> = op
-            .providers
-            .iter()
-            .filter(|p| p.selections > 0)
-            .map(|p| format!("{} x{}", p.provider, p.selections))
-            .collect();
-        println!(
-            "{:<20} {:<12} in place {:>2}, copies {}, native fallbacks {}",
-            op.op,
-            used.join(", "),
-            op.inplace_writes,
-            op.defensive_copies,
-            op.native_fallbacks
-        );
-    }
+    print!("{step}");
     // The same norm in candle, to check the in-place result (x now holds the norm of x + residual).
     let reference = candle_rms_norm(&sum, &weight)?;
     let max_diff = (x.to_dtype(DType::F32)? - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;

@@ -105,6 +105,32 @@ impl SelectionRecord {
     }
 }
 
+/// A table of the ops that ran: per op, the providers chosen (with their counts), the in-place
+/// writes, the defensive copies and the native fallbacks.
+impl std::fmt::Display for SelectionRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{:<36} {:<20} {:>9} {:>7} {:>17}", "op", "providers", "in place", "copies", "native fallbacks")?;
+        for op in self.ops.iter().filter(|op| op.providers.iter().any(|p| p.selections > 0)) {
+            let used: Vec<String> = op
+                .providers
+                .iter()
+                .filter(|p| p.selections > 0)
+                .map(|p| format!("{} x{}", p.provider, p.selections))
+                .collect();
+            writeln!(
+                f,
+                "{:<36} {:<20} {:>9} {:>7} {:>17}",
+                op.op,
+                used.join(", "),
+                op.inplace_writes,
+                op.defensive_copies,
+                op.native_fallbacks
+            )?;
+        }
+        Ok(())
+    }
+}
+
 impl Registry {
     /// A snapshot of the selection record.
     pub fn selection_record(&self) -> SelectionRecord {

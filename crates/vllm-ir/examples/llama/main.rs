@@ -118,23 +118,7 @@ fn main() -> anyhow::Result<()> {
     let (ours, _) = generate(&model, Ops::Ours(&registry), &prompt, args.decode)?;
     let step = registry.selection_record().since(&before);
     let (reference, _) = generate(&model, Ops::CandleNn, &prompt, args.decode)?;
-    println!("{:<22} {:<16} {:>9} {:>7} {:>17}", "op", "providers", "in place", "copies", "native fallbacks");
-    for op in step.ops.iter().filter(|op| op.providers.iter().any(|p| p.selections > 0)) {
-        let used: Vec<_> = op
-            .providers
-            .iter()
-            .filter(|p| p.selections > 0)
-            .map(|p| format!("{} x{}", p.provider, p.selections))
-            .collect();
-        println!(
-            "{:<22} {:<16} {:>9} {:>7} {:>17}",
-            op.op,
-            used.join(", "),
-            op.inplace_writes,
-            op.defensive_copies,
-            op.native_fallbacks
-        );
-    }
+    print!("{step}");
     let mut max_diff = 0f32;
     let mut same_tokens = true;
     for (a, b) in ours.iter().zip(&reference) {
