@@ -70,4 +70,29 @@ fn a_checkpoint_config_reads_like_hugging_faces() {
     )
     .unwrap();
     assert_eq!((gemma.head_size(), gemma.is_gemma()), (256, true));
+    // Llama 3.1's rope scaling, read and used: the model runs on the stretched frequencies.
+    let mut config = model::tiny_config("llama");
+    config.rope_scaling = Some(
+        serde_json::from_str(
+            r#"{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}"#,
+        )
+        .unwrap(),
+    );
+    assert!(matches!(config.scaling().unwrap(), Some(vllm_ir::layers::RopeScaling::Llama3 { .. })));
+    let weights = model::random_weights(&config, DType::F32, 5).unwrap();
+    let scaled = Model::new(config, &weights).unwrap();
+    let plain = Model::new(model::tiny_config("llama"), &weights).unwrap();
+    let registry = vllm_ir::registry().unwrap();
+    let prompt: Vec<u32> = (0..80).map(|i| i % 256).collect();
+    let (a, b) = (run(&scaled, Ops::Ours(&registry), &prompt, 0), run(&plain, Ops::Ours(&registry), &prompt, 0));
+    let diff = (&a[0] - &b[0]).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!(diff > 0.0, "the scaled frequencies change the logits");
+    let reference = run(&scaled, Ops::CandleNn, &prompt, 0);
+    let diff = (&a[0] - &reference[0]).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!(diff < 1e-3, "candle-nn on the same scaled cache agrees: {diff}");
+    let mut bad = model::tiny_config("llama");
+    bad.rope_scaling = Some(serde_json::from_str(r#"{"type": "longrope", "factor": 2.0}"#).unwrap());
+    let err = Model::new(bad, &weights).err().unwrap();
+    assert!(err.to_string().contains("longrope"), "{err}");
 }

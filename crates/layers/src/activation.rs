@@ -1,11 +1,34 @@
 //! The gated activation layers of MLPs: the input is `[..., 2d]`, the gate then the up projection
 //! (one fused `gate_up_proj` matmul's output); the output is `act(gate) * up`, `[..., d]`.
+//!
+//! Checkpoints store `gate_proj` and `up_proj` apart (Hugging Face: `mlp.gate_proj.weight` and
+//! `mlp.up_proj.weight`, each `[d, hidden]`). Stack them once at load with [`gate_up_weight`] into
+//! one `[2d, hidden]` projection, gate rows first: its output is the `[..., gate | up]` these
+//! layers take, and one matmul replaces two.
 
 use ir_core::op::gelu_and_mul::{self, Approximate};
 use ir_core::op::{gelu_and_mul_sparse, silu_and_mul};
 use ir_core::{ExecutionContext, TensorMeta};
 
 use crate::LayerError;
+
+/// `gate_proj` and `up_proj` weights (`[d, hidden]` each) stacked into the `[2d, hidden]` weight of
+/// one projection whose output is `[..., gate | up]`, the input of the gated layers.
+///
+/// ```
+/// use ir_core::{DType, Tensor};
+/// let gate = Tensor::from_f64(DType::F32, &[1, 2], &[1.0, 2.0])?;
+/// let up = Tensor::from_f64(DType::F32, &[1, 2], &[3.0, 4.0])?;
+/// let gate_up = layers::gate_up_weight(&gate, &up)?;
+/// assert_eq!(gate_up.to_f64_vec()?, [1.0, 2.0, 3.0, 4.0]);
+/// # Ok::<(), layers::LayerError>(())
+/// ```
+pub fn gate_up_weight(gate: &ir_core::Tensor, up: &ir_core::Tensor) -> Result<ir_core::Tensor, LayerError> {
+    if gate.shape() != up.shape() || gate.layout().rank() != 2 {
+        return Err(LayerError::GateUpShapes { gate: gate.shape().to_vec(), up: up.shape().to_vec() });
+    }
+    Ok(gate.cat(up, 0)?)
+}
 
 /// `silu(x[..., :d]) * x[..., d:]`: the activation of Llama-style MLPs.
 ///
@@ -128,6 +151,23 @@ pub(crate) fn check_gated(layer: &'static str, x: &TensorMeta) -> Result<(), Lay
 mod tests {
     use super::*;
     use ir_core::{DType, EagerContext, Registry, Tensor, bit_eq};
+
+    #[test]
+    fn stacked_weights_project_to_gate_then_up() {
+        let gate = Tensor::randn(&TensorMeta::compact(DType::F32, &[3, 5]), 1).unwrap();
+        let up = Tensor::randn(&TensorMeta::compact(DType::F32, &[3, 5]), 2).unwrap();
+        let stacked = gate_up_weight(&gate, &up).unwrap();
+        assert_eq!(stacked.shape(), [6, 5]);
+        let values = stacked.to_f64_vec().unwrap();
+        assert_eq!(values[..15], gate.to_f64_vec().unwrap()[..], "gate rows first");
+        assert_eq!(values[15..], up.to_f64_vec().unwrap()[..], "then up");
+        let err = gate_up_weight(&gate, &Tensor::zeros(DType::F32, &[4, 5]).unwrap()).unwrap_err();
+        assert_eq!(err, LayerError::GateUpShapes { gate: vec![3, 5], up: vec![4, 5] });
+        assert!(
+            gate_up_weight(&Tensor::zeros(DType::F32, &[5]).unwrap(), &Tensor::zeros(DType::F32, &[5]).unwrap())
+                .is_err()
+        );
+    }
 
     #[test]
     fn layers_call_their_ops_and_check_the_input() {

@@ -29,10 +29,12 @@
 mod activation;
 mod quant;
 mod rms_norm;
+mod rope;
 mod rotary;
 pub mod toy;
 
-pub use crate::activation::{GeluAndMul, GeluAndMulSparse, SiluAndMul};
+pub use crate::activation::{GeluAndMul, GeluAndMulSparse, SiluAndMul, gate_up_weight};
 pub use crate::quant::{QuantFp8, QuantScale};
 pub use crate::rms_norm::{LayerError, RmsNorm, RmsNormBuilder};
+pub use crate::rope::{RopeScaling, RopeScalingError, inverse_frequencies, rope_cache};
 pub use crate::rotary::RotaryEmbedding;

@@ -82,6 +82,14 @@ pub enum LayerError {
         /// What is wrong.
         reason: String,
     },
+    /// `gate_proj` and `up_proj` weights that do not stack into one projection.
+    #[error("gate_proj {gate:?} and up_proj {up:?} weights must both be [d, hidden] of one shape")]
+    GateUpShapes {
+        /// The gate weight's shape.
+        gate: Vec<usize>,
+        /// The up weight's shape.
+        up: Vec<usize>,
+    },
     /// A toy decoder that cannot be built or run.
     #[error("ToyDecoder: {reason}")]
     ToyDecoder {

@@ -1,10 +1,11 @@
 //! Rotary position embedding of query and key, with the cos/sin cache built once per layer.
 
-use ir_core::op::rotary_embedding::{self, cos_sin_cache};
+use ir_core::op::rotary_embedding;
 use ir_core::storage::DeviceAllocator;
 use ir_core::{DType, ExecutionContext, Tensor};
 
 use crate::LayerError;
+use crate::rope::{RopeScaling, rope_cache};
 
 /// Rotary position embedding (`rotary_embedding`) of `[T, n_heads · head_size]` query and
 /// `[T, n_kv_heads · head_size]` key, NeoX or GPT-J style, over the first `rotary_dim` elements of
@@ -51,11 +52,27 @@ impl RotaryEmbedding {
         is_neox_style: bool,
         dtype: DType,
     ) -> Result<RotaryEmbedding, LayerError> {
+        RotaryEmbedding::with_scaling(name, head_size, rotary_dim, max_position, base, is_neox_style, dtype, None)
+    }
+
+    /// [`RotaryEmbedding::new`] with a checkpoint's frequency scaling (linear, dynamic NTK, Llama 3,
+    /// YaRN: [`RopeScaling`], read from a Hugging Face `rope_scaling` entry by
+    /// [`RopeScaling::from_hugging_face`]). The cache covers the scaled context
+    /// ([`RopeScaling::max_position`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_scaling(
+        name: impl Into<String>,
+        head_size: usize,
+        rotary_dim: usize,
+        max_position: usize,
+        base: f64,
+        is_neox_style: bool,
+        dtype: DType,
+        scaling: Option<RopeScaling>,
+    ) -> Result<RotaryEmbedding, LayerError> {
         let name = name.into();
         let error = |reason: String| LayerError::Rotary { name: name.clone(), reason };
-        if head_size == 0 || rotary_dim < 2 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_size {
-            return Err(error(format!("rotary_dim {rotary_dim} must be even and lie in 2..={head_size} (head_size)")));
-        }
+        check_geometry(head_size, rotary_dim).map_err(error)?;
         if max_position == 0 {
             return Err(error("max_position must be at least 1".to_owned()));
         }
@@ -65,7 +82,32 @@ impl RotaryEmbedding {
         if !dtype.is_compute() {
             return Err(error(format!("dtype {dtype} is not one of f32, f16, bf16, f64")));
         }
-        let cache = cos_sin_cache(dtype, max_position, rotary_dim, base)?;
+        let positions = scaling.as_ref().map_or(max_position, |s| s.max_position(max_position));
+        let cache = rope_cache(dtype, positions, rotary_dim, base, scaling.as_ref())?;
+        Ok(RotaryEmbedding { name, head_size, rotary_dim, is_neox_style, cache })
+    }
+
+    /// A rotary embedding over a cos/sin cache the engine already has (`[max_position,
+    /// rotary_dim]`, cos then sin per position; a checkpoint's own, or one another library built),
+    /// used as given.
+    pub fn from_cache(
+        name: impl Into<String>,
+        head_size: usize,
+        is_neox_style: bool,
+        cache: Tensor,
+    ) -> Result<RotaryEmbedding, LayerError> {
+        let name = name.into();
+        let error = |reason: String| LayerError::Rotary { name: name.clone(), reason };
+        let &[positions, rotary_dim] = cache.shape() else {
+            return Err(error(format!("the cache must be [max_position, rotary_dim], not {:?}", cache.shape())));
+        };
+        check_geometry(head_size, rotary_dim).map_err(error)?;
+        if positions == 0 {
+            return Err(error("the cache has no positions".to_owned()));
+        }
+        if !cache.dtype().is_compute() {
+            return Err(error(format!("cache dtype {} is not one of f32, f16, bf16, f64", cache.dtype())));
+        }
         Ok(RotaryEmbedding { name, head_size, rotary_dim, is_neox_style, cache })
     }
 
@@ -128,6 +170,14 @@ impl RotaryEmbedding {
     }
 }
 
+/// Heads of `head_size` rotating their first `rotary_dim` elements (even, in 2..=head_size).
+fn check_geometry(head_size: usize, rotary_dim: usize) -> Result<(), String> {
+    if head_size == 0 || rotary_dim < 2 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_size {
+        return Err(format!("rotary_dim {rotary_dim} must be even and lie in 2..={head_size} (head_size)"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,5 +204,32 @@ mod tests {
         assert!(err.to_string().contains("dtype i8"), "{err}");
         let err = RotaryEmbedding::new("r", 16, 16, 0, 10000.0, true, DType::F32).unwrap_err();
         assert!(err.to_string().contains("max_position"), "{err}");
+    }
+
+    #[test]
+    fn a_given_cache_is_used_as_given_and_scaling_stretches_the_cache() {
+        let registry = Registry::with_builtin_ops();
+        let ctx = EagerContext::new(&registry);
+        let cache = Tensor::randn(&TensorMeta::compact(DType::F32, &[8, 16]), 3).unwrap();
+        let rope = RotaryEmbedding::from_cache("given", 16, true, cache.clone()).unwrap();
+        assert!(bit_eq(rope.cos_sin_cache(), &cache) && rope.rotary_dim() == 16);
+        let positions = Tensor::from_vec(&[2], vec![7i64, 1]).unwrap();
+        let q = Tensor::randn(&TensorMeta::compact(DType::F32, &[2, 32]), 4).unwrap();
+        let (got, _) = rope.forward_functional(&ctx, &positions, &q, None).unwrap();
+        let (expected, _) = rotary_embedding::native(&positions, &q, None, &cache, 16, 16, true).unwrap();
+        assert!(bit_eq(&got, &expected));
+        for bad in [Tensor::zeros(DType::F32, &[8]).unwrap(), Tensor::zeros(DType::F32, &[8, 15]).unwrap()] {
+            assert!(RotaryEmbedding::from_cache("bad", 16, true, bad).is_err());
+        }
+        let yarn = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position: 32,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.1,
+        };
+        let stretched =
+            RotaryEmbedding::with_scaling("yarn", 16, 16, 32, 10000.0, true, DType::F32, Some(yarn)).unwrap();
+        assert_eq!(stretched.cos_sin_cache().shape(), [128, 16], "the cache covers the stretched context");
     }
 }

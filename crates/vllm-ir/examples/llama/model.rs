@@ -17,6 +17,7 @@ use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::{Embedding, Linear};
 use vllm_ir::Registry;
 use vllm_ir::interop::candle_ops;
+use vllm_ir::layers::{RopeScaling, rope_cache};
 use vllm_ir::op::gelu_and_mul::Approximate;
 
 /// The fields of a Hugging Face `config.json` this model reads.
@@ -53,6 +54,10 @@ pub struct Config {
     /// `llama` or `gemma`.
     #[serde(default = "default_model_type")]
     pub model_type: String,
+    /// The rotary frequencies' scaling (`rope_type` linear, dynamic, llama3 or yarn, and its
+    /// fields), if any.
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 fn default_eps() -> f64 {
@@ -82,6 +87,14 @@ impl Config {
     /// Elements per head.
     pub fn head_size(&self) -> usize {
         self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// The rotary scaling `rope_scaling` describes.
+    pub fn scaling(&self) -> anyhow::Result<Option<RopeScaling>> {
+        let Some(entry) = &self.rope_scaling else { return Ok(None) };
+        let kind = entry.get("rope_type").or_else(|| entry.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
+        let field = |name: &str| entry.get(name).and_then(serde_json::Value::as_f64);
+        Ok(RopeScaling::from_hugging_face(kind, field, self.max_position_embeddings)?)
     }
 }
 
@@ -184,13 +197,11 @@ impl Model {
             _ => embed_weight.clone(),
         };
         let head_size = config.head_size();
-        let cache = vllm_ir::op::rotary_embedding::cos_sin_cache(
-            vllm_ir::DType::F32,
-            config.max_position_embeddings,
-            head_size,
-            config.rope_theta,
-        )?
-        .into_candle()?;
+        let scaling = config.scaling()?;
+        let positions =
+            scaling.map_or(config.max_position_embeddings, |s| s.max_position(config.max_position_embeddings));
+        let cache = rope_cache(vllm_ir::DType::F32, positions, head_size, config.rope_theta, scaling.as_ref())?
+            .into_candle()?;
         let cos_sin = cache.to_dtype(dtype)?;
         let (cos, sin) = (
             cos_sin.narrow(1, 0, head_size / 2)?.contiguous()?,
@@ -415,5 +426,6 @@ pub fn tiny_config(model_type: &str) -> Config {
         max_position_embeddings: 1024,
         tie_word_embeddings: gemma,
         model_type: model_type.to_owned(),
+        rope_scaling: None,
     }
 }
