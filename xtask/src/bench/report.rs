@@ -405,6 +405,8 @@ pub(crate) fn write(
     out.push_str(&kernel_tables(results, "sweep/", &sweep_header));
     out.push_str(&fusion_table(results));
     out.push_str(&dispatch_table(results));
+    out.push_str(&decode_table(results));
+    out.push_str(&copies_table(results));
     out.push_str(&passes_table(results));
     out.push_str(&memory_table(results));
     out.push_str(&providers_section(results));
@@ -417,6 +419,79 @@ pub(crate) fn write(
          OpenCL GPU) device measures the kernel group there and writes `docs/benchmarks-gpu.md` with the date.\n"
     });
     Ok(out)
+}
+
+/// One decode token's whole op calls: ours through the registry on our tensors and on candle
+/// tensors (`candle_ops`), and candle-nn's equivalents, in one run.
+fn decode_table(results: &Results) -> String {
+    let mut out = String::from(
+        "## Decode: one token's op calls
+
+Whole calls as an engine makes them at one token (dispatch, views and \
+         output allocation included): `ours` through the registry on this project's tensors, `candle_ops` on \
+         candle tensors (in place where the op writes), and candle-nn's equivalent (`ops::rms_norm`, an add then \
+         `rms_norm`, `silu` times up, `rotary_emb::rope` on q and k), in the same run. Rotary: heads of 128, a \
+         quarter as many kv heads.\n\n| dtype | shape | op | ours | candle_ops | candle-nn | candle-nn / candle_ops |\n\
+         |---|---|---|---:|---:|---:|---:|\n",
+    );
+    let mut rows = 0;
+    for group in results.groups("decode/") {
+        let parts: Vec<&str> = group.split('/').collect();
+        let [_, dtype, shape] = parts.as_slice() else { continue };
+        for op in ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"] {
+            let time = |who: &str| results.get(&group, &format!("{op}/{who}")).map(|m| m.median_ns);
+            let Some(ours) = time("ours") else { continue };
+            let cell = |t: Option<f64>| t.map_or("—".to_owned(), fmt_time);
+            let ratio = match (time("candle_ops"), time("candle-nn")) {
+                (Some(a), Some(b)) => format!("{:.1}×", b / a),
+                _ => "—".to_owned(),
+            };
+            out.push_str(&format!(
+                "| {dtype} | {shape} | {op} | {} | {} | {} | {ratio} |\n",
+                fmt_time(ours),
+                cell(time("candle_ops")),
+                cell(time("candle-nn"))
+            ));
+            rows += 1;
+        }
+    }
+    if rows == 0 {
+        out.push_str("| (not measured) | | | | | | |\n");
+    }
+    out.push('\n');
+    out
+}
+
+/// Copies of column slices of a qkv buffer against compact copies of the same bytes.
+fn copies_table(results: &Results) -> String {
+    let mut out = String::from(
+        "## Strided copies\n\nA compact copy (`contiguous()`) of a column slice of a `qkv` buffer (rows of W \
+         elements, `stride` apart) against a compact copy of the same bytes, in the same run; target: at least 80% \
+         of the compact copy's bandwidth.\n\n| dtype | shape | slice of | compact | slice | share |\n\
+         |---|---|---|---:|---:|---:|\n",
+    );
+    let mut rows = 0;
+    for group in results.groups("copy/") {
+        let parts: Vec<&str> = group.split('/').collect();
+        let [_, dtype, shape] = parts.as_slice() else { continue };
+        let Some(compact) = results.get(&group, "compact") else { continue };
+        let slices = results.measurements.iter().filter(|((g, f), _)| *g == group && f.starts_with("column-slice-of-"));
+        for ((_, function), slice) in slices {
+            let stride = function.trim_start_matches("column-slice-of-");
+            out.push_str(&format!(
+                "| {dtype} | {shape} | {stride} | {} | {} | {:.0}% |\n",
+                fmt_time(compact.median_ns),
+                fmt_time(slice.median_ns),
+                100.0 * compact.median_ns / slice.median_ns
+            ));
+            rows += 1;
+        }
+    }
+    if rows == 0 {
+        out.push_str("| (not measured) | | | | | |\n");
+    }
+    out.push('\n');
+    out
 }
 
 /// The norm + quantization ops against their unfused pair on the cpu provider: time, and the bytes
