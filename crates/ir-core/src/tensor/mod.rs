@@ -1072,11 +1072,14 @@ mod tests {
     #[test]
     fn misaligned_host_memory_is_refused() {
         use crate::storage::HostAccess;
-        let bytes = vec![0u8; 17];
-        let ptr = std::ptr::NonNull::new(bytes.as_ptr().wrapping_add(1) as *mut u8).unwrap();
-        // A vector's allocation is at least 4-byte aligned, so one byte in is not.
+        // A vector of u32 is 4-byte aligned, so one byte in is not (a byte vector's allocation may
+        // have any alignment: Miri places them anywhere).
+        let words = vec![0u32; 5];
+        let ptr = std::ptr::NonNull::new(words.as_ptr().cast::<u8>().wrapping_add(1).cast_mut()).unwrap();
         assert!(!(ptr.as_ptr() as usize).is_multiple_of(4));
-        // SAFETY: 16 bytes from offset 1 lie inside `bytes`, which the buffer owns; read-only.
+        let bytes = words;
+        // SAFETY: 16 bytes from byte 1 lie inside the 20 bytes of `bytes`, which the buffer owns;
+        // read-only.
         let buffer = unsafe { CpuBuffer::from_external(ptr, 16, HostAccess::ReadOnly, bytes) };
         let made = Tensor::from_storage(Storage::Cpu(buffer), DType::F32, Layout::compact(&[4]));
         assert!(matches!(made, Err(TensorError::Misaligned { alignment: 4, .. })), "{made:?}");
