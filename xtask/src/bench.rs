@@ -56,7 +56,7 @@ pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
         if options.candle {
             args.extend(["--features", "candle"]);
         }
-        for bench in ["memory", "dispatch", "passes", "decoder", "copies", "decode_ops", "kernels"] {
+        for bench in ["memory", "dispatch", "passes", "decoder", "copies", "decode_ops", "model", "kernels"] {
             let mut run = args.clone();
             run.extend(["--bench", bench]);
             cargo(&run, &envs)?;
@@ -212,6 +212,21 @@ pub(crate) struct MemoryRow {
     pub(crate) bit_identical: bool,
 }
 
+/// One row of the model study (`model.json`): ours, then candle-nn's, per figure.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ModelRow {
+    pub(crate) variant: String,
+    pub(crate) dtype: String,
+    pub(crate) layers: usize,
+    pub(crate) hidden: usize,
+    pub(crate) prefill_tokens: usize,
+    pub(crate) prefill_ms: [f64; 2],
+    pub(crate) decode_ms: [f64; 2],
+    pub(crate) ours_share: f64,
+    pub(crate) copies: u64,
+    pub(crate) native_fallbacks: u64,
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct MemoryStudy {
     pub(crate) tokens: usize,
@@ -234,6 +249,8 @@ pub(crate) struct Results {
     pub(crate) rss: Option<rss::RssStudy>,
     /// The demo's host round trips on each GPU platform.
     pub(crate) device_demo: Vec<device_demo::DeviceDemo>,
+    /// The Llama example's model with ours and candle-nn's ops.
+    pub(crate) model: Vec<ModelRow>,
 }
 
 impl Results {
@@ -266,6 +283,9 @@ impl Results {
         }
         if let Some(text) = read_json("rss.json")? {
             results.rss = Some(serde_json::from_str(&text).context("parsing rss.json")?);
+        }
+        if let Some(text) = read_json("model.json")? {
+            results.model = serde_json::from_str(&text).context("parsing model.json")?;
         }
         if let Some(text) = read_json("device-demo.json")? {
             results.device_demo = serde_json::from_str(&text).context("parsing device-demo.json")?;

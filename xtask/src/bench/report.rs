@@ -405,6 +405,7 @@ pub(crate) fn write(
     out.push_str(&kernel_tables(results, "sweep/", &sweep_header));
     out.push_str(&fusion_table(results));
     out.push_str(&dispatch_table(results));
+    out.push_str(&model_table(results));
     out.push_str(&decode_table(results));
     out.push_str(&copies_table(results));
     out.push_str(&passes_table(results));
@@ -419,6 +420,40 @@ pub(crate) fn write(
          OpenCL GPU) device measures the kernel group there and writes `docs/benchmarks-gpu.md` with the date.\n"
     });
     Ok(out)
+}
+
+/// The Llama example's model with our ops and with candle-nn's.
+fn model_table(results: &Results) -> String {
+    let mut out = String::from(
+        "## Model\n\nThe Llama example's model (`crates/vllm-ir/examples/llama`) on a random checkpoint: candle's \
+         matmuls, attention and KV cache, with this project's norms, rotary and gated activation on candle tensors \
+         (`candle_ops`, in place where they write) or candle-nn's, interleaved in one run. Share: of the forward \
+         time with our ops, the time inside their calls.\n\n| model | dtype | layers × hidden | prefill (tokens) | \
+         prefill ours | prefill candle-nn | decode ours | decode candle-nn | share in our ops | copies | native \
+         fallbacks |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for row in &results.model {
+        out.push_str(&format!(
+            "| {} | {} | {} × {} | {} | {:.1} ms | {:.1} ms | {:.2} ms/token | {:.2} ms/token | {:.1}% | {} | {} |\n",
+            row.variant,
+            row.dtype,
+            row.layers,
+            row.hidden,
+            row.prefill_tokens,
+            row.prefill_ms[0],
+            row.prefill_ms[1],
+            row.decode_ms[0],
+            row.decode_ms[1],
+            100.0 * row.ours_share,
+            row.copies,
+            row.native_fallbacks
+        ));
+    }
+    if results.model.is_empty() {
+        out.push_str("| (not measured) | | | | | | | | | | |\n");
+    }
+    out.push('\n');
+    out
 }
 
 /// One decode token's whole op calls: ours through the registry on our tensors and on candle

@@ -98,6 +98,30 @@ impl Config {
     }
 }
 
+thread_local! {
+    /// Time spent inside this project's op calls on this thread since [`reset_op_time`].
+    static OP_TIME: std::cell::Cell<std::time::Duration> = const { std::cell::Cell::new(std::time::Duration::ZERO) };
+}
+
+/// Clears this thread's [`op_time`].
+pub fn reset_op_time() {
+    OP_TIME.with(|t| t.set(std::time::Duration::ZERO));
+}
+
+/// Time this thread spent inside this project's op calls (the [`Ops::Ours`] calls) since
+/// [`reset_op_time`].
+pub fn op_time() -> std::time::Duration {
+    OP_TIME.with(std::cell::Cell::get)
+}
+
+/// Runs one of our op calls, adding its time to [`op_time`].
+fn ours<T>(call: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    let result = call();
+    OP_TIME.with(|t| t.set(t.get() + start.elapsed()));
+    result
+}
+
 /// Which ops run the norms, rotary and the gated activation.
 #[derive(Clone, Copy)]
 pub enum Ops<'r> {
@@ -257,13 +281,13 @@ impl Model {
         let eps = self.config.rms_norm_eps;
         match (ops, residual.take()) {
             (Ops::Ours(registry), None) => {
-                let normed = candle_ops::rms_norm(registry, &h, Some(w), eps)?;
+                let normed = ours(|| candle_ops::rms_norm(registry, &h, Some(w), eps))?;
                 *residual = Some(h);
                 Ok(normed)
             }
             (Ops::Ours(registry), Some(r)) => {
                 // In place: r holds the sum, h its norm.
-                candle_ops::fused_add_rms_norm(registry, &h, &r, Some(w), eps)?;
+                ours(|| candle_ops::fused_add_rms_norm(registry, &h, &r, Some(w), eps))?;
                 *residual = Some(r);
                 Ok(h)
             }
@@ -303,7 +327,7 @@ impl Model {
         let (q, k) = match ops {
             Ops::Ours(registry) => {
                 // In place on the column slices of qkv.
-                candle_ops::rotary_embedding(registry, positions, &q, Some(&k), &self.cos_sin, d, d, true)?;
+                ours(|| candle_ops::rotary_embedding(registry, positions, &q, Some(&k), &self.cos_sin, d, d, true))?;
                 (to_heads(&q, heads)?, to_heads(&k, kv_heads)?)
             }
             Ops::CandleNn => {
@@ -353,8 +377,8 @@ impl Model {
         let gate_up = self.project(&layer.gate_up, x)?;
         let gemma = self.config.is_gemma();
         let activated = match ops {
-            Ops::Ours(registry) if gemma => candle_ops::gelu_and_mul(registry, &gate_up, Approximate::Tanh)?,
-            Ops::Ours(registry) => candle_ops::silu_and_mul(registry, &gate_up)?,
+            Ops::Ours(registry) if gemma => ours(|| candle_ops::gelu_and_mul(registry, &gate_up, Approximate::Tanh))?,
+            Ops::Ours(registry) => ours(|| candle_ops::silu_and_mul(registry, &gate_up))?,
             Ops::CandleNn => {
                 let i = gate_up.dim(D::Minus1)? / 2;
                 let (gate, up) = (gate_up.narrow(1, 0, i)?, gate_up.narrow(1, i, i)?);
