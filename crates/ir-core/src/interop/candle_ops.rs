@@ -140,6 +140,23 @@ impl Lease {
     }
 }
 
+/// A tensor's storage under its read lock, and its layout (candle's `storage_and_layout`).
+type ReadGuard<'a> = (std::sync::RwLockReadGuard<'a, candle::Storage>, &'a candle::Layout);
+
+impl Lease {
+    /// A read-only view of the tensor whose read lock `guard` holds.
+    ///
+    /// # Safety
+    ///
+    /// `guard` is held until the lease ends (every view is gone).
+    unsafe fn read_view(&self, (storage, layout): &ReadGuard<'_>) -> Result<Tensor> {
+        let candle::Storage::Cpu(cpu) = &**storage else { unreachable!("checked on the CPU") };
+        // SAFETY: the read lock is held while the view lives (the caller's contract); nothing
+        // writes the storage meanwhile.
+        unsafe { self.view(parts(cpu)?, layout, HostAccess::ReadOnly) }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         if Arc::strong_count(&self.token) != 1 {
@@ -209,16 +226,11 @@ fn storage_identity(tensor: &candle::Tensor) -> usize {
     std::ptr::from_ref::<candle::Storage>(&*storage) as usize
 }
 
-/// `tensor`, or a copy of it when it shares a storage with one of `written` (whose write lock
-/// will be held while `tensor` is read), counted as a defensive copy of `op`.
-fn apart_from(
-    registry: &Registry,
-    op: &str,
-    tensor: &candle::Tensor,
-    written: &[&candle::Tensor],
-) -> Result<candle::Tensor> {
-    let identity = storage_identity(tensor);
-    if written.iter().any(|w| storage_identity(w) == identity) {
+/// `tensor`, or a copy of it when it shares a storage with one of `written` (the identities of the
+/// storages whose write locks will be held while `tensor` is read), counted as a defensive copy
+/// of `op`.
+fn apart_from(registry: &Registry, op: &str, tensor: &candle::Tensor, written: &[usize]) -> Result<candle::Tensor> {
+    if written.contains(&storage_identity(tensor)) {
         registry.count_defensive_copy(op);
         return Ok(tensor.copy()?);
     }
@@ -241,10 +253,9 @@ fn functional<const N: usize>(
         let lease = Lease::new(op);
         let mut views: [Option<Tensor>; N] = std::array::from_fn(|_| None);
         for (view, guard) in views.iter_mut().zip(&guards) {
-            if let Some((storage, layout)) = guard {
-                let candle::Storage::Cpu(cpu) = &**storage else { unreachable!("checked on the CPU") };
+            if let Some(guard) = guard {
                 // SAFETY: the read lock is held until `guards` is dropped, after the lease.
-                *view = Some(unsafe { lease.view(parts(cpu)?, layout, HostAccess::ReadOnly)? });
+                *view = Some(unsafe { lease.read_view(guard)? });
             }
         }
         let outputs = f(&views);
@@ -431,12 +442,12 @@ pub fn fused_add_rms_norm(
 ) -> Result<()> {
     on_cpu(x)?;
     on_cpu(residual)?;
-    let weight = weight
-        .map(|w| on_cpu(w).and_then(|()| apart_from(registry, "fused_add_rms_norm", w, &[x, residual])))
-        .transpose()?;
+    let written = [storage_identity(x), storage_identity(residual)];
+    let weight =
+        weight.map(|w| on_cpu(w).and_then(|()| apart_from(registry, "fused_add_rms_norm", w, &written))).transpose()?;
     let outcome = Outcome::new();
     let op = FusedAddRmsNorm { registry, x, weight: weight.as_ref(), epsilon, outcome: &outcome };
-    let result = if storage_identity(x) == storage_identity(residual) {
+    let result = if written[0] == written[1] {
         // One storage: one write lock; computed functionally and written back.
         residual.inplace_op1(&SharedFused(op))
     } else {
@@ -561,13 +572,7 @@ impl candle::InplaceOp1 for SharedFused<'_> {
                     (
                         lease.view(whole, x_layout, HostAccess::ReadOnly)?,
                         lease.view(whole, residual_layout, HostAccess::ReadOnly)?,
-                        match &weight {
-                            Some((storage, layout)) => {
-                                let candle::Storage::Cpu(cpu) = &**storage else { unreachable!("checked on the CPU") };
-                                Some(lease.view(parts(cpu)?, layout, HostAccess::ReadOnly)?)
-                            }
-                            None => None,
-                        },
+                        weight.as_ref().map(|guard| lease.read_view(guard)).transpose()?,
                     )
                 };
                 let outputs = crate::op::fused_add_rms_norm::fused_add_rms_norm(
@@ -607,14 +612,15 @@ pub fn rotary_embedding(
     for tensor in [Some(positions), Some(query), key, Some(cos_sin_cache)].into_iter().flatten() {
         on_cpu(tensor)?;
     }
-    let written: Vec<&candle::Tensor> = [Some(query), key].into_iter().flatten().collect();
+    let targets: Vec<&candle::Tensor> = [Some(query), key].into_iter().flatten().collect();
+    let written: Vec<usize> = targets.iter().map(|t| storage_identity(t)).collect();
     let positions = match positions.dtype() {
         candle::DType::U32 => positions.to_dtype(candle::DType::I64)?,
         _ => apart_from(registry, "rotary_embedding", positions, &written)?,
     };
     let cache = apart_from(registry, "rotary_embedding", cos_sin_cache, &written)?;
     let to_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
-    for target in written {
+    for target in targets {
         let outcome = Outcome::new();
         let op = Rotary {
             registry,
@@ -696,9 +702,10 @@ pub fn fused_add_rms_norm_static_fp8_quant(
         on_cpu(tensor)?;
     }
     const OP: &str = "fused_add_rms_norm_static_fp8_quant";
-    let x = apart_from(registry, OP, x, &[residual])?;
-    let weight = weight.map(|w| apart_from(registry, OP, w, &[residual])).transpose()?;
-    let scale = apart_from(registry, OP, scale, &[residual])?;
+    let written = [storage_identity(residual)];
+    let x = apart_from(registry, OP, x, &written)?;
+    let weight = weight.map(|w| apart_from(registry, OP, w, &written)).transpose()?;
+    let scale = apart_from(registry, OP, scale, &written)?;
     let outcome = Outcome::new();
     let codes = RefCell::new(None);
     let op = FusedQuant {
@@ -741,12 +748,9 @@ impl candle::InplaceOp1 for FusedQuant<'_> {
                 .iter()
                 .map(|t| t.map(candle::Tensor::storage_and_layout))
                 .collect();
-            let read_view = |index: usize| -> Result<Option<Tensor>> {
-                let Some((storage, layout)) = &reads[index] else { return Ok(None) };
-                let candle::Storage::Cpu(cpu) = &**storage else { unreachable!("checked on the CPU") };
-                // SAFETY: the read lock is held while `reads` lives, past every view.
-                Ok(Some(unsafe { lease.view(parts(cpu)?, layout, HostAccess::ReadOnly)? }))
-            };
+            // SAFETY: the read locks are held while `reads` lives, past every view.
+            let read_view =
+                |index: usize| reads[index].as_ref().map(|guard| unsafe { lease.read_view(guard) }).transpose();
             let (x, w, s) = (read_view(0)?.expect("given"), read_view(1)?, read_view(2)?.expect("given"));
             // SAFETY: the residual's write lock is held; its storage differs from the others'.
             let r = unsafe { lease.view(r_parts, residual_layout, HostAccess::ReadWrite)? };

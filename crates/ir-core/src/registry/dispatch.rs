@@ -486,7 +486,8 @@ fn run_chosen(
 /// when native runs on device tensors.
 #[inline]
 fn record(entry: &OpEntry, choice: &Cached, on_device: bool) -> Result<(), CallError> {
-    if choice.chosen.provider == NATIVE && !choice.rejected.is_empty() {
+    // Rejections are rare on a platform's list: checked first, so the common call compares nothing.
+    if !choice.rejected.is_empty() && choice.chosen.provider == NATIVE {
         native_fallback(entry, &choice.rejected)?;
     }
     if on_device && choice.chosen.provider == NATIVE {
