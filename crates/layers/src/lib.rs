@@ -2,8 +2,12 @@
 //!
 //! The same layer code runs eagerly ([`ir_core::EagerContext`]) or is traced into a graph; it holds no
 //! kernel code and no dispatch logic. Layers: [`RmsNorm`], the gated activations ([`SiluAndMul`],
-//! [`GeluAndMul`], [`GeluAndMulSparse`]), fp8 quantization ([`QuantFp8`]) and [`RotaryEmbedding`];
-//! [`toy::ToyDecoder`] composes them into a Llama-shaped block for demos and benchmarks.
+//! [`GeluAndMul`], [`GeluAndMulSparse`]; [`gate_up_weight`] stacks a checkpoint's gate and up
+//! weights into the one projection they take), fp8 quantization ([`QuantFp8`]) and
+//! [`RotaryEmbedding`] (from a base, with a checkpoint's [`RopeScaling`]: linear, dynamic NTK,
+//! Llama 3 or YaRN, or over a given cos/sin cache); [`toy::ToyDecoder`] composes them into a
+//! Llama-shaped block for demos and benchmarks. `RmsNorm`'s default weight takes each call's
+//! activation dtype; a loaded weight of another dtype (Gemma's f32 `1 + w`) is applied in its own.
 //!
 //! ```
 //! use ir_core::{DType, EagerContext, Registry, Tensor};

@@ -246,7 +246,13 @@ pub fn rope_cache(
     scaling: Option<&RopeScaling>,
 ) -> Result<Tensor, TensorError> {
     let (frequencies, scale) = inverse_frequencies(rotary_dim, base, scaling);
-    let mut values = Vec::with_capacity(max_position * rotary_dim);
+    // The f64 values are built first: their count and bytes are checked, and the allocation may fail
+    // with an error rather than abort (a scaled context can be large).
+    let too_large = || TensorError::TooLarge { dtype, shape: vec![max_position, rotary_dim] };
+    let count = max_position.checked_mul(rotary_dim).ok_or_else(too_large)?;
+    let bytes = count.checked_mul(size_of::<f64>()).filter(|&b| b <= isize::MAX as usize).ok_or_else(too_large)?;
+    let mut values = Vec::new();
+    values.try_reserve_exact(count).map_err(|_| TensorError::from(ir_core::storage::OutOfMemory { bytes }))?;
     for position in 0..max_position {
         let angles: Vec<f64> = frequencies.iter().map(|f| position as f64 * f).collect();
         values.extend(angles.iter().map(|a| a.cos() * scale));
@@ -342,6 +348,15 @@ mod tests {
         assert!((scaled[1] - base.powf(-2.0 / 128.0)).abs() < 1e-15);
         assert_eq!(scaled[0], 1.0, "the first pair turns once per position whatever the base");
         assert_eq!(scaling.max_position(2048), 8192);
+    }
+
+    #[test]
+    fn a_cache_too_large_for_memory_is_an_error() {
+        let err = rope_cache(DType::F32, usize::MAX / 2, 128, 10000.0, None).unwrap_err();
+        assert!(matches!(err, TensorError::TooLarge { .. }), "{err}");
+        let huge = RopeScaling::Linear { factor: 1.0 };
+        let err = rope_cache(DType::F32, 1 << 50, 64, 10000.0, Some(&huge)).unwrap_err();
+        assert!(matches!(err, TensorError::OutOfMemory { .. } | TensorError::TooLarge { .. }), "{err}");
     }
 
     #[test]
