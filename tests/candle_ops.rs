@@ -174,6 +174,40 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
     )
     .unwrap();
     assert!(bit_eq(&ours(&q), &eq) && bit_eq(&ours(&residual), &er), "fused norm + static fp8");
+    // And of the per-token form, on a residual that is a column slice of a wider buffer.
+    let wide = randn((4, 3 * 128), CDType::BF16, 12);
+    let residual = wide.narrow(1, 128, 128).unwrap();
+    let untouched = |t: &CTensor| ours(&t.narrow(1, 0, 128).unwrap());
+    let (r_before, rest_before) = (ours(&residual), untouched(&wide));
+    let ub = CTensor::new(&[2.5f32], &Device::Cpu).unwrap();
+    let (q, scales) = candle_ops::fused_add_rms_norm_dynamic_per_token_quant(
+        &registry,
+        &x,
+        &residual,
+        Some(&w),
+        1e-6,
+        Some(&ub),
+        DType::F8E4M3FN,
+    )
+    .unwrap();
+    // Before the reference call below, whose functional form copies the residual.
+    let op = registry.selection_record().op("fused_add_rms_norm_dynamic_per_token_quant").unwrap().clone();
+    assert_eq!((op.inplace_writes, op.defensive_copies), (1, 0), "written in place, nothing copied");
+    let (er, eq, es) =
+        ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::fused_add_rms_norm_dynamic_per_token_quant(
+            &registry,
+            &xo,
+            &r_before,
+            Some(&wo),
+            1e-6,
+            Some(&ours(&ub)),
+            DType::F8E4M3FN,
+        )
+        .unwrap();
+    assert_eq!(scales.dims(), [4, 1]);
+    assert!(bit_eq(&ours(&q), &eq) && bit_eq(&ours(&scales), &es), "fused norm + per-token fp8");
+    assert!(bit_eq(&ours(&residual), &er), "the residual slice holds the sum");
+    assert!(bit_eq(&untouched(&wide), &rest_before), "the rest of the buffer is untouched");
     assert_eq!(registry.selection_record().native_fallbacks(), 0);
 }
 

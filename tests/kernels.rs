@@ -779,69 +779,80 @@ fn fp8_quantization_is_bit_exact_on_every_provider() {
     }
 }
 
-/// The fused add + norm + quantization writes the residual into a donated residual's storage and
-/// `q` into a fresh tensor, on every provider (a padded residual included: the sum goes into its own
-/// rows); called functionally, it leaves the residual as it was. Both give the same bits, the
-/// residual output bit-exact against native and `q` within one fp8 step.
+/// The fused add + norm + quantizations (static and per-token) write the residual into a donated
+/// residual's storage and `q` (and the scales) into fresh tensors, on every provider (a padded
+/// residual included: the sum goes into its own rows); called functionally, they leave the residual
+/// as it was. Both forms give the same bits, the residual output bit-exact against native, `q`
+/// within one fp8 step and the scales within the op's tolerance.
 #[test]
-fn the_fused_quantization_writes_the_residual_in_place_only_when_donated() {
-    use ir_core::op::fused_add_rms_norm_static_fp8_quant::{
-        FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT, fused_add_rms_norm_static_fp8_quant,
-        fused_add_rms_norm_static_fp8_quant_maybe_inplace, native,
-    };
-    let tol = tolerance(&FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT, DType::F8E4M3FN).unwrap();
+fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
+    use ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+    use ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
     for backend in backends() {
-        let op = FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name;
-        let _guard = backend.registry.override_priority(op, &[backend.provider]).unwrap();
-        let host = case(DType::BF16, 5, 96, 3);
-        let scale = Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap();
-        let up = |t: &Tensor| backend.upload(t).unwrap();
-        let (x, weight, scale_device) = (up(&host.x), up(&host.weight), up(&scale));
-        let (expected_residual, expected_q) =
-            native(&host.x, &host.residual, Some(&host.weight), EPS, &scale, DType::F8E4M3FN).unwrap();
-        for padded in [false, true] {
-            let label = format!("{} padded={padded}", backend.provider);
-            let residual_host = if padded { row_padded(&host.residual) } else { host.residual.deep_clone().unwrap() };
-            let kept = up(&residual_host);
-            let (residual_out, q) = fused_add_rms_norm_static_fp8_quant(
-                &backend.registry,
-                &x,
-                &kept,
-                Some(&weight),
-                EPS,
-                &scale_device,
-                DType::F8E4M3FN,
-            )
-            .unwrap();
-            assert!(
-                bit_eq(&kept.to_cpu().unwrap(), &residual_host),
-                "{label}: the functional call leaves the residual"
-            );
-            assert!(!shares_storage(&residual_out, &kept), "{label}");
+        for def in [&FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT, &FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT] {
+            let op = def.name;
+            let dynamic = def.n_outputs == 3;
+            let _guard = backend.registry.override_priority(op, &[backend.provider]).unwrap();
+            let host = case(DType::BF16, 5, 96, 3);
+            // The static scale, or the per-token form's absmax bound (loose enough to bind no row).
+            let scale = Tensor::from_f64(DType::F32, &[1], &[if dynamic { 100.0 } else { 0.01 }]).unwrap();
+            let up = |t: &Tensor| backend.upload(t).unwrap();
+            let args = |residual: Tensor| -> Vec<Value> {
+                vec![
+                    Value::Tensor(up(&host.x)),
+                    Value::Tensor(residual),
+                    Value::Tensor(up(&host.weight)),
+                    Value::F64(EPS),
+                    Value::Tensor(up(&scale)),
+                    Value::DType(DType::F8E4M3FN),
+                ]
+            };
+            let host_args = vec![
+                Value::Tensor(host.x.clone()),
+                Value::Tensor(host.residual.clone()),
+                Value::Tensor(host.weight.clone()),
+                Value::F64(EPS),
+                Value::Tensor(scale.clone()),
+                Value::DType(DType::F8E4M3FN),
+            ];
+            let expected = (def.native)(&host_args).unwrap();
+            for padded in [false, true] {
+                let label = format!("{} {op} padded={padded}", backend.provider);
+                let residual_host =
+                    if padded { row_padded(&host.residual) } else { host.residual.deep_clone().unwrap() };
+                let kept = up(&residual_host);
+                let functional = backend.registry.call(op, args(kept.clone())).unwrap();
+                assert_eq!(functional.len(), def.n_outputs, "{label}");
+                assert!(
+                    bit_eq(&kept.to_cpu().unwrap(), &residual_host),
+                    "{label}: the functional call leaves the residual"
+                );
+                assert!(!shares_storage(&functional[0], &kept), "{label}");
 
-            let donated = up(&residual_host);
-            let storage = donated.storage_id();
-            let (in_place, q2) = fused_add_rms_norm_static_fp8_quant_maybe_inplace(
-                &backend.registry,
-                &x,
-                donated,
-                Some(&weight),
-                EPS,
-                &scale_device,
-                DType::F8E4M3FN,
-            )
-            .unwrap();
-            assert_eq!(
-                in_place.storage_id(),
-                storage,
-                "{label}: the residual output is written into the donated residual"
-            );
-            assert_ne!(q2.storage_id(), storage, "{label}: q is fresh");
-            let (in_place, q2, residual_out, q) =
-                (in_place.to_cpu().unwrap(), q2.to_cpu().unwrap(), residual_out.to_cpu().unwrap(), q.to_cpu().unwrap());
-            assert!(bit_eq(&in_place, &residual_out) && bit_eq(&q2, &q), "{label}: both forms give the same bits");
-            assert!(bit_eq(&in_place.contiguous().unwrap(), &expected_residual), "{label}: residual_out is bit-exact");
-            allclose(&q2, &expected_q, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label}: {e}"));
+                let donated = up(&residual_host);
+                let storage = donated.storage_id();
+                let in_place = backend.registry.call_maybe_inplace(op, args(donated)).unwrap();
+                assert_eq!(
+                    in_place[0].storage_id(),
+                    storage,
+                    "{label}: the residual output is written into the donated residual"
+                );
+                for fresh in &in_place[1..] {
+                    assert_ne!(fresh.storage_id(), storage, "{label}: q and the scales are fresh");
+                }
+                for (index, (a, b)) in in_place.iter().zip(&functional).enumerate() {
+                    let (a, b) = (a.to_cpu().unwrap(), b.to_cpu().unwrap());
+                    assert!(bit_eq(&a, &b), "{label}: output {index}: both forms give the same bits");
+                    let a = a.contiguous().unwrap();
+                    if index == 0 {
+                        assert!(bit_eq(&a, &expected[0]), "{label}: residual_out is bit-exact");
+                    } else {
+                        let tol = tolerance(def, expected[index].dtype()).unwrap();
+                        allclose(&a, &expected[index], tol.atol, tol.rtol)
+                            .unwrap_or_else(|e| panic!("{label}: output {index}: {e}"));
+                    }
+                }
+            }
         }
     }
 }

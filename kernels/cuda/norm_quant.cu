@@ -1,5 +1,6 @@
 // RMS normalization followed by fp8 quantization in one kernel: the ops `rms_norm_static_fp8_quant`,
-// `rms_norm_dynamic_per_token_quant` and `fused_add_rms_norm_static_fp8_quant`. Compiled after
+// `rms_norm_dynamic_per_token_quant`, `fused_add_rms_norm_static_fp8_quant` and
+// `fused_add_rms_norm_dynamic_per_token_quant`. Compiled after
 // `element.cuh` and `quant.cu` (the conversion and the block maximum), per input dtype.
 //
 // One block of QUANT_BLOCK threads per row, every value in the compute type (element.cuh: f32, f64

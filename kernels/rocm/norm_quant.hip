@@ -1,6 +1,6 @@
 // RMS normalization followed by fp8 quantization in one kernel, `norm_quant_<dtype>` for f32, f16,
-// bf16 and f64 (computing in f64): the ops `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant` and
-// `fused_add_rms_norm_static_fp8_quant`. The passes and rounding points are those of the CUDA
+// bf16 and f64 (computing in f64): the ops `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant`,
+// `fused_add_rms_norm_static_fp8_quant` and `fused_add_rms_norm_dynamic_per_token_quant`. The passes and rounding points are those of the CUDA
 // kernel (`kernels/cuda/norm_quant.cu`): the sum of squares, the absmax of the normalized values
 // (dynamic), then the residual output and q. Every barrier is reached by the whole block. The
 // residual output may be the residual's own rows (in place: `residual_out` is `r`, with its stride).

@@ -1,6 +1,6 @@
 // RMS normalization followed by fp8 quantization in one kernel (OpenCL C 1.2): the ops
-// `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant` and
-// `fused_add_rms_norm_static_fp8_quant`. Built after `element.cl` and `quant.cl` (the conversion
+// `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant`, `fused_add_rms_norm_static_fp8_quant`
+// and `fused_add_rms_norm_dynamic_per_token_quant`. Built after `element.cl` and `quant.cl` (the conversion
 // and the group maximum), per input dtype.
 //
 // One work-group of QUANT_GROUP work-items per row. Pass 1 sums the squares of a = x (+ r) in f32;

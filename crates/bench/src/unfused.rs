@@ -14,16 +14,20 @@ use crate::BenchError;
 use crate::kernels::{Inputs, Timed};
 
 /// The ops with an unfused baseline.
-pub const UNFUSED_OPS: [&str; 3] =
-    ["rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant", "fused_add_rms_norm_static_fp8_quant"];
+pub const UNFUSED_OPS: [&str; 4] = [
+    "rms_norm_static_fp8_quant",
+    "rms_norm_dynamic_per_token_quant",
+    "fused_add_rms_norm_static_fp8_quant",
+    "fused_add_rms_norm_dynamic_per_token_quant",
+];
 
 /// Which pair runs.
 enum Pair {
     /// `rms_norm` into a preallocated output, then the static or per-token quantization.
     Norm { x: Tensor, weight: Option<Tensor>, out: Tensor, dynamic: bool },
     /// `fused_add_rms_norm` in place on copies of x and the residual (reset before each call,
-    /// outside the timed region), then the static quantization.
-    FusedAdd { x: Tensor, residual: Tensor, weight: Option<Tensor>, pristine: Box<(Tensor, Tensor)> },
+    /// outside the timed region), then the static or per-token quantization.
+    FusedAdd { x: Tensor, residual: Tensor, weight: Option<Tensor>, pristine: Box<(Tensor, Tensor)>, dynamic: bool },
 }
 
 /// The unfused pair on the cpu provider.
@@ -63,7 +67,7 @@ impl UnfusedBench {
                 let dynamic = inputs.case.op.name == "rms_norm_dynamic_per_token_quant";
                 (Pair::Norm { x, weight: tensor(v, 1), out, dynamic }, f64_at(2)?, tensor(v, 3), dtype_at(4)?)
             }
-            "fused_add_rms_norm_static_fp8_quant" => {
+            "fused_add_rms_norm_static_fp8_quant" | "fused_add_rms_norm_dynamic_per_token_quant" => {
                 let x = tensor(v, 0).ok_or_else(|| missing("x"))?;
                 let residual = tensor(v, 1).ok_or_else(|| missing("x_residual"))?;
                 let pristine = Box::new((x.deep_clone()?, residual.deep_clone()?));
@@ -72,6 +76,7 @@ impl UnfusedBench {
                     residual: residual.deep_clone()?,
                     weight: tensor(v, 2),
                     pristine,
+                    dynamic: inputs.case.op.name == "fused_add_rms_norm_dynamic_per_token_quant",
                 };
                 (pair, f64_at(3)?, tensor(v, 4), dtype_at(5)?)
             }
@@ -116,17 +121,17 @@ impl UnfusedBench {
                 rms_norm_cpu_into(x, weight.as_ref(), epsilon, None, out)?;
                 quantize(out, self.scale.as_ref(), *dynamic)
             }
-            Pair::FusedAdd { x, residual, weight, .. } => {
+            Pair::FusedAdd { x, residual, weight, dynamic, .. } => {
                 // The kernel takes unique ownership; the tensors come back as its outputs.
                 let x_owned = std::mem::replace(x, Tensor::zeros(x.dtype(), &[0])?);
                 let r_owned = std::mem::replace(residual, Tensor::zeros(x_owned.dtype(), &[0])?);
                 let unique = |t: Tensor| UniqueTensor::new(t).map_err(|_| missing("a uniquely owned activation"));
                 let (out, sum) =
                     fused_add_rms_norm_cpu(unique(x_owned)?, unique(r_owned)?, weight.as_ref(), epsilon, None)?;
-                let q = quantize(&out, self.scale.as_ref(), false)?;
+                let quantized = quantize(&out, self.scale.as_ref(), *dynamic)?;
                 *x = out;
                 *residual = sum.clone();
-                Ok(vec![sum, q.into_iter().next().ok_or_else(|| missing("q"))?])
+                Ok(std::iter::once(sum).chain(quantized).collect())
             }
         }
     }
@@ -155,7 +160,7 @@ mod tests {
     use crate::kernels::{Case, Provider, Shape};
 
     /// Each pair prepares (its result checked against native), runs, and is offered for exactly the
-    /// three norm + quantization ops; the fused-add pair restores its in-place inputs between calls.
+    /// four norm + quantization ops; the fused-add pair restores its in-place inputs between calls.
     #[test]
     fn every_pair_matches_native_and_runs_repeatedly() {
         let registry = ir_core::Registry::with_builtin_ops();

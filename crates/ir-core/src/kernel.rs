@@ -347,6 +347,28 @@ pub fn fused_add_rms_norm_static_fp8_quant_support_with(
     residual_support(args.x, args.x_residual)
 }
 
+/// The standard predicate of `fused_add_rms_norm_dynamic_per_token_quant` (as the static form's).
+pub fn fused_add_rms_norm_dynamic_per_token_quant_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
+    fused_add_rms_norm_dynamic_per_token_quant_support_with(args, device, KernelDTypes::Reduced)
+}
+
+/// [`fused_add_rms_norm_dynamic_per_token_quant_support`] for a provider computing on `dtypes`.
+pub fn fused_add_rms_norm_dynamic_per_token_quant_support_with(
+    args: &[ArgMeta<'_>],
+    device: DeviceKind,
+    dtypes: KernelDTypes,
+) -> Support {
+    use crate::op::fused_add_rms_norm_dynamic_per_token_quant::FusedAddRmsNormDynamicPerTokenQuantArgs as Args;
+    let Some(args) = Args::from_meta(args) else {
+        return no("arguments do not match fused_add_rms_norm_dynamic_per_token_quant");
+    };
+    let capabilities = NormCapabilities { dtypes, ..NormCapabilities::default() };
+    if let Support::No(reason) = common_support(args.x, args.weight, None, device, capabilities) {
+        return Support::No(reason);
+    }
+    residual_support(args.x, args.x_residual)
+}
+
 fn common_support(
     x: &TensorMeta,
     weight: Option<&TensorMeta>,
@@ -812,17 +834,18 @@ fn merged_dims(shape: &[usize], src: &[usize], dst: &[usize]) -> smallvec::Small
     dims
 }
 
-/// The five quantization ops a GPU provider implements with the quantization kernels.
-pub const QUANT_OPS: [&str; 5] = [
+/// The six quantization ops a GPU provider implements with the quantization kernels.
+pub const QUANT_OPS: [&str; 6] = [
     crate::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT.name,
     crate::op::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name,
     crate::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT.name,
     crate::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
     crate::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name,
+    crate::op::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
 ];
 
 /// The GPU quantization kernels, each `<kernel>_<dtype>`: the two quantizations, and `norm_quant`,
-/// which serves the three norm + quantization ops.
+/// which serves the four norm + quantization ops.
 pub const QUANT_KERNELS: [&str; 3] = [QUANT_OPS[0], QUANT_OPS[1], "norm_quant"];
 
 /// The quantization kernels' `format` argument: 0 for f8e4m3fn, 1 for f8e5m2.
@@ -843,9 +866,9 @@ pub fn per_token_scales_shape(shape: &[usize]) -> Vec<usize> {
     scales
 }
 
-/// One call of a GPU provider's norm + quantization kernel, which serves all three norm +
+/// One call of a GPU provider's norm + quantization kernel, which serves all four norm +
 /// quantization ops (`rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant`,
-/// `fused_add_rms_norm_static_fp8_quant`).
+/// `fused_add_rms_norm_static_fp8_quant`, `fused_add_rms_norm_dynamic_per_token_quant`).
 #[derive(Debug)]
 pub struct NormQuantCall<'a> {
     /// The input rows.
@@ -895,10 +918,10 @@ pub struct NormQuantOutputs {
     pub residual_out: Option<Tensor>,
 }
 
-/// Registers the three norm + quantization ops of a provider whose tensors live on `device`, all
+/// Registers the four norm + quantization ops of a provider whose tensors live on `device`, all
 /// served by `run`: `spec` makes each one's spec (the provider's name and probe), to which the op's
 /// standard predicate is added for the element dtypes `dtypes` says (asked at each selection, so a
-/// provider may answer from the device it finds at run time). The fused-add form is registered in
+/// provider may answer from the device it finds at run time). The fused-add forms are registered in
 /// place on the residual.
 pub fn register_norm_quant_ops(
     registry: &crate::Registry,
@@ -907,7 +930,10 @@ pub fn register_norm_quant_ops(
     spec: impl Fn() -> crate::ImplSpec,
     run: fn(NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError>,
 ) -> Result<(), crate::RegistryError> {
-    use crate::op::{fused_add_rms_norm_static_fp8_quant, rms_norm_dynamic_per_token_quant, rms_norm_static_fp8_quant};
+    use crate::op::{
+        fused_add_rms_norm_dynamic_per_token_quant, fused_add_rms_norm_static_fp8_quant,
+        rms_norm_dynamic_per_token_quant, rms_norm_static_fp8_quant,
+    };
     let with = |supports: fn(&[ArgMeta<'_>], DeviceKind, KernelDTypes) -> Support| {
         spec().with_supports(move |args| supports(args, device, dtypes()))
     };
@@ -949,6 +975,27 @@ pub fn register_norm_quant_ops(
         registry,
         with(fused_add_rms_norm_static_fp8_quant_support_with),
         fused,
+    )?;
+    let fused_dynamic = fused_add_rms_norm_dynamic_per_token_quant::Impl::inplace(
+        move |x, mut x_residual, weight, epsilon, scale_ub, out_dtype| {
+            let call = NormQuantCall {
+                x,
+                residual: Some(NormQuantResidual::InPlace(&mut x_residual)),
+                weight,
+                epsilon,
+                scale: scale_ub,
+                dynamic: true,
+                out_dtype,
+            };
+            let done = run(call)?;
+            let scales = done.scales.ok_or_else(|| missing_output("scales"))?;
+            Ok((x_residual.into_tensor(), done.q, scales))
+        },
+    );
+    fused_add_rms_norm_dynamic_per_token_quant::register(
+        registry,
+        with(fused_add_rms_norm_dynamic_per_token_quant_support_with),
+        fused_dynamic,
     )
 }
 

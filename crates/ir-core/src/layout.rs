@@ -242,6 +242,55 @@ impl Layout {
         }
     }
 
+    /// Whether no element of this layout and of `other` (two views of one storage) is at the same
+    /// storage index. A sufficient test, exact for the cases views of one buffer give: the two
+    /// index ranges do not overlap, or both layouts are rows of one stride `S` (the largest stride
+    /// of each, every other dimension inside one row) whose column ranges within a row do not
+    /// overlap (column slices of one `qkv` buffer, heads split or not). `false` means they may
+    /// overlap.
+    pub fn disjoint_from(&self, other: &Layout) -> bool {
+        if self.numel() == 0 || other.numel() == 0 {
+            return true;
+        }
+        let (a_end, b_end) = (self.storage_end(), other.storage_end());
+        if a_end <= other.offset || b_end <= self.offset {
+            return true;
+        }
+        // Each layout's own row stride, tried for both.
+        let rows = [self.row_columns(None), other.row_columns(None)].map(|r| r.map(|(row, _)| row));
+        rows.into_iter().flatten().any(|row| match (self.row_columns(Some(row)), other.row_columns(Some(row))) {
+            (Some((_, a)), Some((_, b))) => a.1 <= b.0 || b.1 <= a.0,
+            _ => false,
+        })
+    }
+
+    /// This layout as rows of stride `S` (its largest stride among dimensions of more than one
+    /// element, or `row` when given): `(S, columns)`, the half-open range of indices modulo `S` its
+    /// elements take, when that range fits inside one row and exactly one dimension has stride `S`.
+    /// A layout of one element (or whose dimensions all fit in a row) takes `row` as given.
+    fn row_columns(&self, row: Option<usize>) -> Option<(usize, (usize, usize))> {
+        let dims = || self.shape.iter().zip(&self.strides).filter(|(size, _)| **size > 1);
+        let row = match row {
+            Some(row) => row,
+            None => dims().map(|(_, &stride)| stride).max()?,
+        };
+        if row == 0 {
+            return None;
+        }
+        let mut outer = 0;
+        let mut inner_span = 0usize;
+        for (&size, &stride) in dims() {
+            if stride == row {
+                outer += 1;
+            } else {
+                inner_span = inner_span.checked_add((size - 1).checked_mul(stride)?)?;
+            }
+        }
+        let start = self.offset % row;
+        let end = start.checked_add(inner_span)?.checked_add(1)?;
+        (outer <= 1 && end <= row).then_some((row, (start, end)))
+    }
+
     /// The same shape and strides at another storage offset (`Overflow` when the span no longer fits).
     pub fn with_offset(&self, offset: usize) -> Result<Layout, LayoutError> {
         Layout::new(&self.shape, &self.strides, offset)
@@ -443,6 +492,49 @@ fn write_list(f: &mut fmt::Formatter<'_>, open: &str, items: &[usize], close: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Column slices of one `[T, 64]` qkv buffer, flat or with heads split, are told apart; views
+    /// that share an element never are.
+    #[test]
+    fn column_slices_of_one_buffer_are_disjoint_and_overlapping_views_are_not() {
+        let qkv = Layout::compact(&[4, 64]);
+        let q = qkv.slice(1, 0, 32).unwrap();
+        let k = qkv.slice(1, 32, 48).unwrap();
+        let v = qkv.slice(1, 48, 64).unwrap();
+        let q_heads = q.reshape(&[4, 2, 16]).unwrap();
+        let k_heads = k.reshape(&[4, 1, 16]).unwrap();
+        for (a, b) in [(&q, &k), (&k, &v), (&q, &v), (&q_heads, &k_heads), (&q_heads, &v)] {
+            assert!(a.disjoint_from(b) && b.disjoint_from(a), "{a:?} and {b:?}");
+        }
+        let row = qkv.slice(0, 1, 2).unwrap().slice(1, 40, 48).unwrap();
+        assert!(row.disjoint_from(&q), "one row of k's columns is apart from q");
+        let overlapping = qkv.slice(1, 24, 40).unwrap();
+        let transposed = Layout::compact(&[64, 4]).transpose(0, 1).unwrap();
+        for (a, b) in [(&q, &overlapping), (&k, &overlapping), (&qkv, &q), (&transposed, &q), (&q, &q)] {
+            assert!(!a.disjoint_from(b) && !b.disjoint_from(a), "{a:?} and {b:?}");
+        }
+        assert!(Layout::compact(&[0, 8]).disjoint_from(&qkv), "no elements");
+    }
+
+    proptest::proptest! {
+        /// Never wrong: layouts said to be disjoint share no storage index.
+        #[test]
+        fn disjoint_layouts_share_no_element(
+            a in proptest::collection::vec((1usize..4, 0usize..40), 1..4),
+            b in proptest::collection::vec((1usize..4, 0usize..40), 1..4),
+            offsets in (0usize..80, 0usize..80),
+        ) {
+            let layout = |dims: &[(usize, usize)], offset| {
+                let (shape, strides): (Vec<usize>, Vec<usize>) = dims.iter().copied().unzip();
+                Layout::new(&shape, &strides, offset).unwrap()
+            };
+            let (a, b) = (layout(&a, offsets.0), layout(&b, offsets.1));
+            if a.disjoint_from(&b) {
+                let elements: std::collections::HashSet<usize> = a.storage_indices().collect();
+                proptest::prop_assert!(b.storage_indices().all(|i| !elements.contains(&i)), "{:?} {:?}", a, b);
+            }
+        }
+    }
 
     #[test]
     fn a_clone_is_the_same_layout_inline_and_spilled() {

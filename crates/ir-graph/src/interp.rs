@@ -601,9 +601,24 @@ impl<'g> Run<'g> {
                 return Err(InterpError::AliasedKernelArgs { node, statement: self.statement(node) });
             }
         }
-        for &storage in &storages {
+        for (&written_value, &storage) in written.iter().zip(&storages) {
+            let region = self.get(written_value).layout();
             for value in self.holders(storage) {
-                let later = self.uses[value].iter().copied().find(|&user| self.positions[user] as usize > position);
+                // A view of other elements of the storage (a sibling column slice of one buffer)
+                // keeps its bytes.
+                if value != written_value && self.get(value).layout().disjoint_from(region) {
+                    continue;
+                }
+                // A later view of elements apart from the written ones reads none of them (its
+                // views cover a subset of its elements).
+                let view_apart = |user: NodeId| {
+                    let node = self.graph.node(user);
+                    node.kind.is_view() && node.results.iter().all(|&r| self.graph.meta(r).layout.disjoint_from(region))
+                };
+                let later = self.uses[value]
+                    .iter()
+                    .copied()
+                    .find(|&user| self.positions[user] as usize > position && !view_apart(user));
                 if let Some(later_user) = later {
                     return Err(InterpError::AliasHazard {
                         node,

@@ -707,6 +707,13 @@ impl Graph {
         }
     }
 
+    /// Gives `value` another type (a pass that changes what a value is, such as clone elimination
+    /// letting a kernel write a view in its own layout; the caller keeps the graph verifying).
+    pub fn set_meta(&mut self, value: ValueId, meta: TensorMeta) {
+        let meta = self.metas.intern(meta);
+        self.values[value].meta = meta;
+    }
+
     /// The node's data, mutably.
     pub fn node_mut(&mut self, node: NodeId) -> &mut NodeData {
         &mut self.nodes[node]

@@ -22,11 +22,30 @@
 //! # The rules of the `alias-aware` variant (the default)
 //!
 //! **Layout change** — a copy whose layout (strides or storage offset) differs from its input's is
-//! kept, since its users see another layout:
+//! kept, since its users see another layout (unless its kernel writes the original where it is,
+//! below):
 //!
 //! ```text
 //! %s = slice(%x, 1, 0, 3) : f32[4,3]{5,1}
 //! %c = contiguous(%s) : f32[4,3]          // kept: strides (5, 1) become (3, 1)
+//! ```
+//!
+//! **Written where it is** — the exception: a copy that changes the layout and whose one user is an
+//! in-place kernel writing it is removed when the kernel can write the original in its own layout
+//! (checked after every other copy is decided, and again until no more go). The kernel's provider
+//! must accept the original's layout; the written result takes that layout, so every reader of it
+//! must give the same results with it (a `reshape` into heads would not; the graph's output would
+//! change its type) and none may write it. The written copy's rules below hold too, judged element
+//! by element rather than per storage: a value of the original's storage is a hazard only if it
+//! shares an element with the original ([`ir_core::Layout::disjoint_from`]), and a view reads no
+//! element itself. So q and k, column slices of one `qkv` buffer rotated by two calls (lowering
+//! splits such a call), are both written in the buffer:
+//!
+//! ```text
+//! %q = slice(%qkv, 1, 0, 32) : bf16[4,32]{64,1}
+//! %k = slice(%qkv, 1, 32, 48) : bf16[4,16]{64,1}+32
+//! %0 = impl rotary_embedding[cpu] writes(1) (%pos, %k, none, %cache, 16, 16, true) : bf16[4,16]{64,1}+32
+//! %q2 = impl rotary_embedding[cpu] writes(1) (%pos, %q, none, %cache, 16, 16, true) : bf16[4,32]{64,1}
 //! ```
 //!
 //! **Read after write, copy written** (`OriginalUsedAfterWrite`) — a write to `C` after which `O`
@@ -128,7 +147,8 @@
 //! # Phases of the alias-aware variant
 //!
 //! Phase 1 takes, in graph order, the copies whose storage nobody writes; phase 2 takes the written
-//! copies, in graph order. Every decision reads the classes as earlier removals left them (merged
+//! copies, in graph order; phase 3 the copies that change the layout (written where they are, or
+//! kept), repeated until none goes. Every decision reads the classes as earlier removals left them (merged
 //! writes, reads and outputs), so each removal is judged on the graph it applies to, and the
 //! sequence is sound by induction. Writes are kept per class as sorted positions and reads as the
 //! last reading position, merged small into large: the pass is `O(n log n)` in the graph size.
@@ -536,6 +556,7 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let ops = OpTable::compute(graph, cx.registry);
     let mut classes = Classes::compute(graph, &ops, &positions, &edits);
     let mut written = Vec::new();
+    let mut layout_changes = Vec::new();
     let decide =
         |graph: &mut Graph, edits: &mut Edits, classes: &mut Classes, report: &mut CloneReport, node: NodeId| {
             let original = copy_input(graph, node).expect("candidates are copies");
@@ -569,11 +590,12 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
                 }
             }
         };
-    // Phase 1: copies whose storage nobody writes; layout changes are decided once, here.
+    // Phase 1: copies whose storage nobody writes; layout changes are decided once, here (a copy
+    // an in-place kernel writes in the original's layout waits for phase 2).
     for node in candidates(graph) {
         let original = copy_input(graph, node).expect("candidates are copies");
         if changes_layout(graph, node, original) {
-            keep(graph, node, KeepReason::LayoutChange, &mut report);
+            layout_changes.push(node);
             continue;
         }
         let copy = graph.node(node).results[0];
@@ -588,9 +610,239 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     for node in written {
         decide(graph, &mut edits, &mut classes, &mut report, node);
     }
+    // Phase 3: copies that change the layout, which only the view-write rule removes; repeated
+    // until none goes (a removal gives the original its copy's writer, which can make an earlier
+    // copy of the original a candidate), so a second run finds nothing more.
+    let mut pending: Vec<(NodeId, KeepReason)> =
+        layout_changes.into_iter().map(|node| (node, KeepReason::LayoutChange)).collect();
+    loop {
+        let before = pending.len();
+        pending.retain_mut(|(node, reason)| {
+            match decide_view_write(graph, cx, &ops, &positions, &mut edits, &mut classes, &mut report, *node) {
+                Ok(()) => false,
+                Err(why) => {
+                    *reason = why;
+                    true
+                }
+            }
+        });
+        if pending.len() == before {
+            break;
+        }
+    }
+    for (node, reason) in pending {
+        keep(graph, node, reason, &mut report);
+    }
     graph.remove_nodes(&edits.removed);
     report.kept.sort_by_key(|k| positions[k.node]);
     report
+}
+
+/// The in-place kernel call writing the copy `node` (its one live user, an `ImplCall` that
+/// writes it, once), with the index of the written result: the candidate of the view-write rule.
+fn view_writer(graph: &Graph, edits: &Edits, node: NodeId) -> Option<(NodeId, usize)> {
+    let copy = graph.node(node).results[0];
+    let mut users = edits.users(copy);
+    let writer = users.next()?;
+    if users.any(|other| other != writer) {
+        return None;
+    }
+    let NodeKind::ImplCall { writes, args, .. } = &graph.node(writer).kind else { return None };
+    let read_once = args.iter().filter(|arg| matches!(arg, ir_graph::Arg::Value(v) if *v == copy)).count() == 1;
+    let index = writes.iter().position(|&p| matches!(args.get(p), Some(ir_graph::Arg::Value(v)) if *v == copy))?;
+    read_once.then_some((writer, index))
+}
+
+/// The view-write rule: a copy that changes the layout, written by an in-place kernel whose
+/// provider takes the original's layout, is removed when the kernel can write the original where
+/// it is. Besides the rules every written copy obeys (one writer, not a non-donated input, graph
+/// outputs kept apart), it is judged element by element: no value of the original's storage that
+/// shares an element with the original is read at or after the write or written while the copy is
+/// read ([`ir_core::Layout::disjoint_from`]: q and k as column slices of one `qkv` buffer are
+/// apart), and the kernel's result takes the original's layout, which every reader of it must
+/// accept without changing its own results (and it may not be a graph output).
+#[allow(clippy::too_many_arguments)]
+fn decide_view_write(
+    graph: &mut Graph,
+    cx: &PassContext<'_>,
+    ops: &OpTable,
+    positions: &SecondaryMap<NodeId, u32>,
+    edits: &mut Edits,
+    classes: &mut Classes,
+    report: &mut CloneReport,
+    node: NodeId,
+) -> Result<(), KeepReason> {
+    let original = copy_input(graph, node).expect("candidates are copies");
+    let copy = graph.node(node).results[0];
+    let (writer, index) = view_writer(graph, edits, node).ok_or(KeepReason::LayoutChange)?;
+    let (copy_class, original_class) = (classes.find(copy), classes.find(original));
+    let reason = if 1 < classes.writes.len(copy_class) {
+        Some(KeepReason::MultipleWriters)
+    } else if copy_class == original_class {
+        Some(KeepReason::OriginalUsedAfterWrite)
+    } else if is_non_donated_input(graph, original_class) {
+        Some(KeepReason::NonDonatedInput)
+    } else if !retypes_cleanly(graph, cx, edits, writer, index, copy, original) {
+        Some(KeepReason::LayoutChange)
+    } else {
+        element_hazard(graph, ops, positions, edits, classes, node, writer, original)
+            .or_else(|| classes.graph_io_alias(graph, copy_class, original_class))
+    };
+    if let Some(reason) = reason {
+        return Err(reason);
+    }
+    let result = graph.node(writer).results[index];
+    edits.remove(graph, node, original, report);
+    graph.set_meta(result, graph.meta(original).clone());
+    classes.merge(copy_class, original_class);
+    tracing::debug!(target: "ir_passes::eliminate_clones", node = graph.display_node(writer), "written in place in the original's layout");
+    Ok(())
+}
+
+/// Whether the writer's provider takes `original` in the copy's place, its fresh results keep
+/// their metadata, and every reader of the written result gives the same results when that result
+/// has the original's layout (none is the graph's output, none writes it).
+fn retypes_cleanly(
+    graph: &Graph,
+    cx: &PassContext<'_>,
+    edits: &Edits,
+    writer: NodeId,
+    index: usize,
+    copy: ValueId,
+    original: ValueId,
+) -> bool {
+    let NodeKind::ImplCall { op, provider, writes, args } = &graph.node(writer).kind else { return false };
+    let (op, provider) = (graph.op_name(*op), graph.provider_name(*provider));
+    let metas: Vec<ir_core::op::ArgMeta<'_>> = args
+        .iter()
+        .map(|arg| match arg {
+            ir_graph::Arg::Value(v) if *v == copy => ir_core::op::ArgMeta::Tensor(graph.meta(original)),
+            other => graph.arg_meta(other),
+        })
+        .collect();
+    if !matches!(cx.registry.implementation_supports(op, provider, &metas), Some(ir_core::Support::Yes)) {
+        return false;
+    }
+    let Some(def) = cx.registry.op_def(op) else { return false };
+    let Ok(expected) = def.output_metas(metas) else { return false };
+    let results = &graph.node(writer).results;
+    let fresh_kept = results.iter().zip(&expected).skip(writes.len()).all(|(&r, want)| graph.meta(r) == want);
+    if !fresh_kept {
+        return false;
+    }
+    let result = results[index];
+    let retyped = graph.meta(original);
+    edits.users(result).all(|user| reader_unchanged(graph, cx, user, result, retyped))
+}
+
+/// Whether `user` gives the results it has when `value` has the metadata `retyped` (an op call or a
+/// built-in that neither writes `value` nor is the graph's output).
+fn reader_unchanged(
+    graph: &Graph,
+    cx: &PassContext<'_>,
+    user: NodeId,
+    value: ValueId,
+    retyped: &ir_core::TensorMeta,
+) -> bool {
+    let data = graph.node(user);
+    let expected: Vec<ir_core::TensorMeta> = match &data.kind {
+        NodeKind::IrCall { op, args, .. } | NodeKind::ImplCall { op, args, .. } => {
+            if let NodeKind::ImplCall { writes, .. } = &data.kind {
+                let writes_value =
+                    writes.iter().any(|&p| matches!(args.get(p), Some(ir_graph::Arg::Value(v)) if *v == value));
+                if writes_value || !writes.is_empty() && data.results.len() < writes.len() {
+                    return false;
+                }
+            }
+            let Some(def) = cx.registry.op_def(graph.op_name(*op)) else { return false };
+            let metas = args
+                .iter()
+                .map(|arg| match arg {
+                    ir_graph::Arg::Value(v) if *v == value => ir_core::op::ArgMeta::Tensor(retyped),
+                    other => graph.arg_meta(other),
+                })
+                .collect();
+            let Ok(mut expected) = def.output_metas(metas) else { return false };
+            // The results an in-place call writes keep their arguments' metadata.
+            if let NodeKind::ImplCall { writes, .. } = &data.kind {
+                for (slot, &position) in writes.iter().enumerate() {
+                    if let (Some(ir_graph::Arg::Value(v)), Some(want)) = (args.get(position), expected.get_mut(slot)) {
+                        *want = graph.meta(*v).clone();
+                    }
+                }
+            }
+            expected
+        }
+        NodeKind::Builtin { op, args } => {
+            if data.kind.builtin_subject(Effect::WriteFirst) == Some(value) {
+                return false;
+            }
+            let metas: smallvec::SmallVec<[&ir_core::TensorMeta; 2]> = args
+                .iter()
+                .filter_map(ir_core::builtin::BuiltinArg::value)
+                .map(|v| if *v == value { retyped } else { graph.meta(*v) })
+                .collect();
+            match (op.def().meta)(&metas, &ir_core::builtin::Scalars(args)) {
+                Ok(meta) => vec![meta],
+                Err(_) => return false,
+            }
+        }
+        NodeKind::Input { .. } | NodeKind::Output(_) => return false,
+    };
+    expected.len() == data.results.len() && data.results.iter().zip(&expected).all(|(&r, want)| graph.meta(r) == want)
+}
+
+/// The element-level read-after-write rules of the view-write rule: a value of the original's
+/// class sharing an element with the original that is read at or after the write (by the writer
+/// through another argument, or later), or written after the copy while the copy is still read.
+#[allow(clippy::too_many_arguments)]
+fn element_hazard(
+    graph: &Graph,
+    ops: &OpTable,
+    positions: &SecondaryMap<NodeId, u32>,
+    edits: &Edits,
+    classes: &mut Classes,
+    node: NodeId,
+    writer: NodeId,
+    original: ValueId,
+) -> Option<KeepReason> {
+    let region = &graph.meta(original).layout;
+    let original_class = classes.find(original);
+    let copy_class = classes.find(graph.node(node).results[0]);
+    let (p, w) = (positions[node], positions[writer]);
+    let copy_read_until = classes.last_read[copy_class];
+    for &later in graph.order() {
+        let q = positions[later];
+        if q <= p || edits.removed.contains(later) {
+            continue;
+        }
+        let mut overlaps =
+            |value: ValueId| classes.find(value) == original_class && !graph.meta(value).layout.disjoint_from(region);
+        // A view reads no element: what reads through it is checked where it happens.
+        if q >= w && !graph.node(later).kind.is_view() {
+            let mut read = None;
+            graph.node(later).kind.for_each_operand(|value| {
+                if read.is_none() && overlaps(value) {
+                    read = Some(value);
+                }
+            });
+            if read.is_some() {
+                return Some(if later == writer {
+                    KeepReason::AliasedWriterArgument
+                } else {
+                    KeepReason::OriginalUsedAfterWrite
+                });
+            }
+        }
+        if q < copy_read_until {
+            let mut written = false;
+            for_each_written_value(graph, ops, later, |value| written |= overlaps(value));
+            if written {
+                return Some(KeepReason::OriginalWrittenWhileCopyLive);
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -1,12 +1,13 @@
 //! Norm + quantization fusion: an fp8 quantization whose input is an RMS norm's output, and that
 //! output's only reader, becomes one norm + quantization call, so the normalized row is never
-//! written to memory. Three pairs have a fused op:
+//! written to memory. Every pair of a norm and a quantization has a fused op:
 //!
 //! | norm | quantization | fused op (results) |
 //! |---|---|---|
 //! | `rms_norm` | `static_scaled_fp8_quant` | `rms_norm_static_fp8_quant` (`q`) |
 //! | `rms_norm` | `dynamic_per_token_scaled_fp8_quant` | `rms_norm_dynamic_per_token_quant` (`q`, `scales`) |
 //! | `fused_add_rms_norm` | `static_scaled_fp8_quant` | `fused_add_rms_norm_static_fp8_quant` (`residual_out`, `q`) |
+//! | `fused_add_rms_norm` | `dynamic_per_token_scaled_fp8_quant` | `fused_add_rms_norm_dynamic_per_token_quant` (`residual_out`, `q`, `scales`) |
 //!
 //! ```text
 //! %o = rms_norm(%x, %w, 1e-6, none) : bf16[8,16]                 %q2 = rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn)
@@ -25,8 +26,6 @@
 //! ([`NormQuantSkip`]):
 //!
 //! - **The norm is functional** ([`NormQuantSkip::Donated`]).
-//! - **A fused op exists** ([`NormQuantSkip::NoFusedOp`]): `fused_add_rms_norm` followed by a
-//!   per-token quantization has none.
 //! - **No `variance_size`** ([`NormQuantSkip::VarianceSize`]): the fused ops normalize whole rows.
 //! - **The quantization is `o`'s only reader** ([`NormQuantSkip::OtherReaders`]): another reader,
 //!   the graph's output included, needs `o` in memory, so fusing would compute the norm twice.
@@ -108,8 +107,6 @@ use crate::{PassContext, PassError};
 pub enum NormQuantSkip {
     /// The norm is a `maybe_inplace` call (functionalize runs first in the standard pipeline).
     Donated,
-    /// No fused op exists for this norm and quantization.
-    NoFusedOp,
     /// The norm has a `variance_size`, which the fused ops do not take.
     VarianceSize,
     /// The normalized output has another reader (or is a graph output).
@@ -134,7 +131,6 @@ impl fmt::Display for NormQuantSkip {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NormQuantSkip::Donated => f.write_str("the norm is a maybe_inplace call"),
-            NormQuantSkip::NoFusedOp => f.write_str("no fused op exists for this norm and quantization"),
             NormQuantSkip::VarianceSize => f.write_str("the norm has a variance_size"),
             NormQuantSkip::OtherReaders => f.write_str("the normalized output has another reader"),
             NormQuantSkip::NoPlace => f.write_str(
@@ -180,7 +176,7 @@ struct Pattern {
 }
 
 /// The pairs with a fused op.
-const PATTERNS: [Pattern; 3] = [
+const PATTERNS: [Pattern; 4] = [
     Pattern { norm: "rms_norm", quant: "static_scaled_fp8_quant", fused: "rms_norm_static_fp8_quant" },
     Pattern {
         norm: "rms_norm",
@@ -191,6 +187,11 @@ const PATTERNS: [Pattern; 3] = [
         norm: "fused_add_rms_norm",
         quant: "static_scaled_fp8_quant",
         fused: "fused_add_rms_norm_static_fp8_quant",
+    },
+    Pattern {
+        norm: "fused_add_rms_norm",
+        quant: "dynamic_per_token_scaled_fp8_quant",
+        fused: "fused_add_rms_norm_dynamic_per_token_quant",
     },
 ];
 
@@ -281,7 +282,6 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
             continue;
         }
         let Some(pattern) = PATTERNS.iter().find(|p| p.norm == norm_name && p.quant == quant_name) else {
-            report.skipped.push(skip(NormQuantSkip::NoFusedOp));
             continue;
         };
         // The norms' last parameter is `variance_size`.

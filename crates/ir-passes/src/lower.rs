@@ -9,6 +9,12 @@
 //! positions; clone elimination later removes the clones nothing needs. The `ImplCall` keeps the
 //! node's results, so their names and uses stay. Choosing native gives `impl <op>[native]`.
 //!
+//! An in-place kernel writes one activation per storage, so a `rotary_embedding` call whose query
+//! and key are disjoint views of one storage (column slices of one `qkv` buffer) and whose provider
+//! is in place becomes two calls, the key rotated as the query of its own call (every head is
+//! rotated alike: the same bits), placed before the query's; clone elimination can then let each
+//! write its slice where it is ([`LowerReport::rotary_splits`] counts them).
+//!
 //! # What it does not do
 //!
 //! `maybe_inplace` calls (not functionalized) are not lowered: the pass warns once, listing them, and
@@ -39,8 +45,9 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{Rejection, TensorMeta};
-use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef};
+use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef, OpTable};
 
+use crate::analysis::StorageRoots;
 use crate::{PassContext, PassError};
 
 /// The selection recorded for one lowered node.
@@ -67,6 +74,8 @@ pub struct LowerReport {
     pub not_lowered: Vec<NodeId>,
     /// Clones inserted for inplace implementations.
     pub clones_inserted: usize,
+    /// Rotary calls split in two because their query and key are disjoint views of one storage.
+    pub rotary_splits: usize,
 }
 
 impl fmt::Display for LowerReport {
@@ -87,7 +96,7 @@ impl fmt::Display for LowerReport {
 /// Runs lowering, as the [module documentation](self) describes.
 pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, PassError> {
     let _span = tracing::info_span!("pass", name = "lower").entered();
-    let mut report = LowerReport::default();
+    let mut report = LowerReport { rotary_splits: split_rotary_on_one_storage(graph, cx)?, ..LowerReport::default() };
     let mut plan = Vec::new();
     // Selection depends only on the op and the argument metadata, which a model's layers repeat:
     // remember the last few (selection runs the same rules either way).
@@ -200,4 +209,63 @@ const SELECTION_MEMO: usize = 8;
 /// Argument metadata equal for selection ([`ArgMeta::same_as`]).
 fn same_metas(a: &[ArgMeta<'_>], b: &[ArgMeta<'_>]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_as(y))
+}
+
+/// Splits each functional `rotary_embedding` call whose query and key are disjoint views of one
+/// storage (column slices of one `qkv` buffer) and whose selected provider is in place into two
+/// calls, the key rotated as the query of a call of its own (rotary treats every head alike, so the
+/// results are the same bits). An in-place kernel writes one activation per storage, so after the
+/// split each call can write its slice where it is once clone elimination proves the slices apart.
+/// Returns the number of calls split.
+fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Result<usize, PassError> {
+    const ROTARY: &str = "rotary_embedding";
+    if !graph.op_table().any(|(_, name)| name == ROTARY) {
+        return Ok(0);
+    }
+    let ops = OpTable::compute(graph, cx.registry);
+    let roots = StorageRoots::compute(graph, &ops);
+    let mut splits = Vec::new();
+    for &node in graph.order() {
+        let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(node).kind else { continue };
+        if graph.op_name(*op) != ROTARY {
+            continue;
+        }
+        let (Some(Arg::Value(query)), Some(Arg::Value(key))) = (args.get(1), args.get(2)) else { continue };
+        let (q, k) = (&graph.meta(*query).layout, &graph.meta(*key).layout);
+        if roots.root(*query) != roots.root(*key) || !q.disjoint_from(k) {
+            continue;
+        }
+        let metas: Vec<ArgMeta<'_>> = args.iter().map(|a| graph.arg_meta(a)).collect();
+        let selection = cx
+            .registry
+            .select(ROTARY, &metas)
+            .map_err(|source| PassError::Selection { node: graph.display_node(node), source: Box::new(source) })?;
+        if selection.inplace {
+            splits.push(node);
+        }
+    }
+    if splits.is_empty() {
+        return Ok(0);
+    }
+    let uses = graph.use_lists();
+    let mut placements = Vec::with_capacity(splits.len());
+    for &node in &splits {
+        let NodeKind::IrCall { op, args, .. } = &mut graph.node_mut(node).kind else {
+            unreachable!("split nodes are rotary calls")
+        };
+        let op = *op;
+        let key = std::mem::replace(&mut args[2], Arg::None);
+        let mut key_args = args.clone();
+        key_args[1] = key;
+        let key_result = graph.node(node).results[1];
+        let key_meta = graph.meta(key_result).clone();
+        let kind = NodeKind::IrCall { op, overload: Overload::Default, args: key_args };
+        let (key_node, rotated) = graph.create_detached(kind, vec![key_meta]);
+        graph.node_mut(node).results.truncate(1);
+        graph.replace_uses_in(&uses[key_result], key_result, rotated[0]);
+        placements.push((node, key_node));
+    }
+    graph.insert_detached_before(&placements);
+    tracing::debug!(target: "ir_passes::lower", calls = splits.len(), "rotary calls on one storage split in two");
+    Ok(splits.len())
 }

@@ -154,6 +154,13 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         spec(kernel::fused_add_rms_norm_static_fp8_quant_support),
         ir_core::op::fused_add_rms_norm_static_fp8_quant::Impl::inplace(quant::fused_add_rms_norm_static_fp8_quant_cpu),
     )?;
+    ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::register(
+        registry,
+        spec(kernel::fused_add_rms_norm_dynamic_per_token_quant_support),
+        ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::Impl::inplace(
+            quant::fused_add_rms_norm_dynamic_per_token_quant_cpu,
+        ),
+    )?;
     rotary::register(registry)
 }
 

@@ -86,18 +86,43 @@ pub fn fused_add_rms_norm_static_fp8_quant_cpu(
     scale: &Tensor,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let r_meta = x_residual.tensor().meta().clone();
-    if r_meta.dtype != x.dtype() || r_meta.shape() != x.shape() {
-        return Err(KernelError::InvalidArguments {
-            reason: "x_residual must have x's shape and dtype for the in-place cpu kernel".to_owned(),
-        });
-    }
-    let r_rows = Rows::for_kernel(&r_meta)?;
+    let r_rows = residual_rows(x, &x_residual)?;
     let norm = Norm { weight, eps: epsilon as f32 };
     let scale = RowScale::Static(host_scale(scale, "scale")?);
     let Storage::Cpu(r_buffer) = x_residual.storage_mut()? else { return Err(crate::not_on_cpu("x_residual")) };
     let done = quantize(x, Some(norm), Some((r_buffer, r_rows)), scale, out_dtype)?;
     Ok((x_residual.into_tensor(), done.q))
+}
+
+/// `fused_add_rms_norm_dynamic_per_token_quant` on the cpu, in place on the residual: each row is
+/// added, its sum written back into `x_residual` (in the residual's layout), normalized, its absmax
+/// reduced and quantized in one pass. Returns `(residual_out, q, scales)`, `q` and `scales` fresh
+/// and compact.
+pub fn fused_add_rms_norm_dynamic_per_token_quant_cpu(
+    x: &Tensor,
+    mut x_residual: UniqueTensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    scale_ub: Option<&Tensor>,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor, Tensor), KernelError> {
+    let r_rows = residual_rows(x, &x_residual)?;
+    let norm = Norm { weight, eps: epsilon as f32 };
+    let scale = dynamic_scale(scale_ub, out_dtype)?;
+    let Storage::Cpu(r_buffer) = x_residual.storage_mut()? else { return Err(crate::not_on_cpu("x_residual")) };
+    let done = quantize(x, Some(norm), Some((r_buffer, r_rows)), scale, out_dtype)?;
+    Ok((x_residual.into_tensor(), done.q, done.scales))
+}
+
+/// The rows of an in-place residual, which must have x's shape and dtype.
+fn residual_rows(x: &Tensor, x_residual: &UniqueTensor) -> Result<Rows, KernelError> {
+    let r_meta = x_residual.tensor().meta();
+    if r_meta.dtype != x.dtype() || r_meta.shape() != x.shape() {
+        return Err(KernelError::InvalidArguments {
+            reason: "x_residual must have x's shape and dtype for the in-place cpu kernel".to_owned(),
+        });
+    }
+    Rows::for_kernel(r_meta)
 }
 
 /// An fp8 format's parameters and its branch-free conversion from f32.

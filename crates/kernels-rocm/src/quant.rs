@@ -26,7 +26,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
     register_fused(registry)
 }
 
-/// Registers the three norm + quantization ops.
+/// Registers the four norm + quantization ops.
 fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
     ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Rocm, || crate::KERNEL_DTYPES, spec, norm_quant)

@@ -192,7 +192,7 @@ pub fn norm_quant_program() -> String {
     format!("{ELEMENT}\n{QUANT}\n{NORM_QUANT}")
 }
 
-/// Registers the three norm + quantization ops.
+/// Registers the four norm + quantization ops.
 pub(crate) fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability).with_platform_detection(crate::is_gpu);
     ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Xpu, crate::kernel_dtypes, spec, norm_quant)

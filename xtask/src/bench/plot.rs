@@ -15,9 +15,10 @@ pub(crate) fn op_family(op: &str) -> &'static str {
         "rms_norm" | "fused_add_rms_norm" => "norms",
         "silu_and_mul" | "gelu_and_mul" | "gelu_and_mul_sparse" => "gated",
         "static_scaled_fp8_quant" | "dynamic_per_token_scaled_fp8_quant" => "quant",
-        "rms_norm_static_fp8_quant" | "rms_norm_dynamic_per_token_quant" | "fused_add_rms_norm_static_fp8_quant" => {
-            "norm-quant"
-        }
+        "rms_norm_static_fp8_quant"
+        | "rms_norm_dynamic_per_token_quant"
+        | "fused_add_rms_norm_static_fp8_quant"
+        | "fused_add_rms_norm_dynamic_per_token_quant" => "norm-quant",
         "rotary_embedding" => "rotary",
         _ => "other",
     }
@@ -190,7 +191,7 @@ mod tests {
     }
 
     /// The built-in ops, as the benchmarks name them.
-    fn ir_core_ops() -> [&'static str; 11] {
+    fn ir_core_ops() -> [&'static str; 12] {
         [
             "rms_norm",
             "fused_add_rms_norm",
@@ -202,6 +203,7 @@ mod tests {
             "rms_norm_static_fp8_quant",
             "fused_add_rms_norm_static_fp8_quant",
             "rms_norm_dynamic_per_token_quant",
+            "fused_add_rms_norm_dynamic_per_token_quant",
             "rotary_embedding",
         ]
     }

@@ -5,8 +5,12 @@ use super::{BenchOptions, Machine, Results, peak_for};
 const PROVIDER_COLUMNS: [&str; 8] = ["copy", "native", "cpu", "unfused", "candle", "xpu", "cuda", "rocm"];
 
 /// The norm + quantization ops, whose `unfused` baseline is the cpu norm then the cpu quantization.
-const FUSED_QUANT_OPS: [&str; 3] =
-    ["rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant", "fused_add_rms_norm_static_fp8_quant"];
+const FUSED_QUANT_OPS: [&str; 4] = [
+    "rms_norm_static_fp8_quant",
+    "rms_norm_dynamic_per_token_quant",
+    "fused_add_rms_norm_static_fp8_quant",
+    "fused_add_rms_norm_dynamic_per_token_quant",
+];
 
 /// A target's verdict.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,6 +8,7 @@
 //! | [`fused_add_rms_norm`] | `x` ← the norm, `residual` ← `x + residual` | nothing |
 //! | [`rotary_embedding`] | `query` and `key` | nothing |
 //! | [`fused_add_rms_norm_static_fp8_quant`] | `residual` ← `x + residual` | the fp8 output |
+//! | [`fused_add_rms_norm_dynamic_per_token_quant`] | `residual` ← `x + residual` | the fp8 output and the per-token scales |
 //!
 //! A candle engine swaps each candle-nn call for one line:
 //!
@@ -698,75 +699,136 @@ pub fn fused_add_rms_norm_static_fp8_quant(
     scale: &candle::Tensor,
     out_dtype: DType,
 ) -> Result<candle::Tensor> {
-    for tensor in [Some(x), Some(residual), weight, Some(scale)].into_iter().flatten() {
+    let (codes, _) = fused_quant(registry, x, residual, weight, epsilon, Some(scale), false, out_dtype)?;
+    Ok(codes)
+}
+
+/// `fused_add_rms_norm` then dynamic per-token fp8 quantization, fused (the residual form of
+/// vLLM's `rms_norm_dynamic_per_token_quant`): `residual ← x + residual` in place, and the codes
+/// of the norm and the per-token scales (`[..., 1]`, f32) as fresh candle tensors. `scale_ub`
+/// bounds each row's absmax.
+pub fn fused_add_rms_norm_dynamic_per_token_quant(
+    registry: &Registry,
+    x: &candle::Tensor,
+    residual: &candle::Tensor,
+    weight: Option<&candle::Tensor>,
+    epsilon: f64,
+    scale_ub: Option<&candle::Tensor>,
+    out_dtype: DType,
+) -> Result<(candle::Tensor, candle::Tensor)> {
+    let (codes, scales) = fused_quant(registry, x, residual, weight, epsilon, scale_ub, true, out_dtype)?;
+    Ok((codes, scales.expect("the per-token form returns scales")))
+}
+
+/// The fused add + norm + quantization in place on the residual: the static form (`scale` given)
+/// or the per-token one (`dynamic`, with an optional bound). Returns the codes, and the scales of
+/// the per-token form.
+#[allow(clippy::too_many_arguments)]
+fn fused_quant(
+    registry: &Registry,
+    x: &candle::Tensor,
+    residual: &candle::Tensor,
+    weight: Option<&candle::Tensor>,
+    epsilon: f64,
+    scale: Option<&candle::Tensor>,
+    dynamic: bool,
+    out_dtype: DType,
+) -> Result<(candle::Tensor, Option<candle::Tensor>)> {
+    for tensor in [Some(x), Some(residual), weight, scale].into_iter().flatten() {
         on_cpu(tensor)?;
     }
-    const OP: &str = "fused_add_rms_norm_static_fp8_quant";
+    let op = if dynamic { FUSED_DYNAMIC } else { FUSED_STATIC };
     let written = [storage_identity(residual)];
-    let x = apart_from(registry, OP, x, &written)?;
-    let weight = weight.map(|w| apart_from(registry, OP, w, &written)).transpose()?;
-    let scale = apart_from(registry, OP, scale, &written)?;
+    let x = apart_from(registry, op, x, &written)?;
+    let weight = weight.map(|w| apart_from(registry, op, w, &written)).transpose()?;
+    let scale = scale.map(|s| apart_from(registry, op, s, &written)).transpose()?;
     let outcome = Outcome::new();
-    let codes = RefCell::new(None);
-    let op = FusedQuant {
+    let outputs = RefCell::new(None);
+    let fused = FusedQuant {
         registry,
         x: &x,
         weight: weight.as_ref(),
-        scale: &scale,
+        scale: scale.as_ref(),
+        dynamic,
         epsilon,
         out_dtype,
         outcome: &outcome,
-        codes: &codes,
+        outputs: &outputs,
     };
-    let result = residual.inplace_op1(&op);
+    let result = residual.inplace_op1(&fused);
     outcome.finish(result)?;
-    let codes: Tensor = codes.into_inner().expect("set by a successful call");
-    Ok(codes.into_candle()?)
+    let (codes, scales): (Tensor, Option<Tensor>) = outputs.into_inner().expect("set by a successful call");
+    Ok((codes.into_candle()?, scales.map(Tensor::into_candle).transpose()?))
 }
+
+const FUSED_STATIC: &str = "fused_add_rms_norm_static_fp8_quant";
+const FUSED_DYNAMIC: &str = "fused_add_rms_norm_dynamic_per_token_quant";
 
 struct FusedQuant<'a> {
     registry: &'a Registry,
     x: &'a candle::Tensor,
     weight: Option<&'a candle::Tensor>,
-    scale: &'a candle::Tensor,
+    /// The static scale, or the per-token form's optional bound.
+    scale: Option<&'a candle::Tensor>,
+    dynamic: bool,
     epsilon: f64,
     out_dtype: DType,
     outcome: &'a Outcome,
-    codes: &'a RefCell<Option<Tensor>>,
+    /// The codes, and the per-token form's scales.
+    outputs: &'a RefCell<Option<(Tensor, Option<Tensor>)>>,
 }
 
 impl candle::InplaceOp1 for FusedQuant<'_> {
     fn name(&self) -> &'static str {
-        "vllm-ir-fused-add-rms-norm-static-fp8-quant"
+        if self.dynamic {
+            "vllm-ir-fused-add-rms-norm-dynamic-per-token-quant"
+        } else {
+            "vllm-ir-fused-add-rms-norm-static-fp8-quant"
+        }
     }
 
     fn cpu_fwd(&self, residual: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
         let result = (|| {
-            let lease = Lease::new("fused_add_rms_norm_static_fp8_quant");
+            let lease = Lease::new(if self.dynamic { FUSED_DYNAMIC } else { FUSED_STATIC });
             let r_parts = parts_mut(residual)?;
-            let reads: Vec<_> = [Some(self.x), self.weight, Some(self.scale)]
+            let reads: Vec<_> = [Some(self.x), self.weight, self.scale]
                 .iter()
                 .map(|t| t.map(candle::Tensor::storage_and_layout))
                 .collect();
             // SAFETY: the read locks are held while `reads` lives, past every view.
             let read_view =
                 |index: usize| reads[index].as_ref().map(|guard| unsafe { lease.read_view(guard) }).transpose();
-            let (x, w, s) = (read_view(0)?.expect("given"), read_view(1)?, read_view(2)?.expect("given"));
+            let (x, w, s) = (read_view(0)?.expect("given"), read_view(1)?, read_view(2)?);
             // SAFETY: the residual's write lock is held; its storage differs from the others'.
             let r = unsafe { lease.view(r_parts, residual_layout, HostAccess::ReadWrite)? };
             let written = Some(r.storage_id());
-            let (res, q) = crate::op::fused_add_rms_norm_static_fp8_quant::maybe_inplace(
-                self.registry,
-                &x,
-                r,
-                w.as_ref(),
-                self.epsilon,
-                &s,
-                self.out_dtype,
-            )?;
+            let (res, q, scales) = if self.dynamic {
+                let (res, q, scales) = crate::op::fused_add_rms_norm_dynamic_per_token_quant::maybe_inplace(
+                    self.registry,
+                    &x,
+                    r,
+                    w.as_ref(),
+                    self.epsilon,
+                    s.as_ref(),
+                    self.out_dtype,
+                )?;
+                (res, q, Some(scales))
+            } else {
+                let s = s.as_ref().ok_or_else(|| candle::Error::Msg(format!("{FUSED_STATIC}: no scale")))?;
+                let (res, q) = crate::op::fused_add_rms_norm_static_fp8_quant::maybe_inplace(
+                    self.registry,
+                    &x,
+                    r,
+                    w.as_ref(),
+                    self.epsilon,
+                    s,
+                    self.out_dtype,
+                )?;
+                (res, q, None)
+            };
             drop((x, w, s));
             land(self.registry, &lease, written, r_parts, residual_layout, res)?;
-            *self.codes.borrow_mut() = Some(q);
+            *self.outputs.borrow_mut() = Some((q, scales));
             drop(reads);
             Ok(())
         })();

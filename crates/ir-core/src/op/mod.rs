@@ -5,6 +5,7 @@
 pub mod declare;
 pub mod dynamic_per_token_scaled_fp8_quant;
 pub mod fused_add_rms_norm;
+pub mod fused_add_rms_norm_dynamic_per_token_quant;
 pub mod fused_add_rms_norm_static_fp8_quant;
 pub mod gated;
 pub mod gelu_and_mul;
@@ -232,6 +233,7 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT,
     &fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
     &rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
+    &fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
     &rotary_embedding::ROTARY_EMBEDDING,
 ];
 

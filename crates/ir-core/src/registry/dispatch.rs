@@ -321,6 +321,16 @@ impl Registry {
         })
     }
 
+    /// What `provider`'s `supports` predicate says of `op` called with `args` (`None` if the
+    /// provider is not registered for the op): for a pass that changes the arguments of a call
+    /// already lowered to the provider.
+    pub fn implementation_supports(&self, op: &str, provider: &str, args: &[ArgMeta<'_>]) -> Option<Support> {
+        let entry = self.entry(op).ok()?;
+        // The list's read lock is released before the predicate (user code) runs.
+        let found = read(&entry.impls).iter().find(|i| i.provider == provider).cloned()?;
+        Some(found.check_supports(args))
+    }
+
     /// Whether `provider`'s implementation of `op` is in place (`None` if not registered).
     pub fn is_inplace(&self, op: &str, provider: &str) -> Option<bool> {
         let entry = self.entry(op).ok()?;
