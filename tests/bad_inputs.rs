@@ -79,8 +79,16 @@ fn legal_edge_cases_give_correct_results() {
     for shape in [[0usize, 8], [4, 0]] {
         let x = Tensor::zeros(DType::BF16, &shape).unwrap();
         assert_eq!(rms_norm(&registry, &x, None, 1e-6, None).unwrap().shape(), &shape);
-        let (out, res) =
-            fused_add_rms_norm_maybe_inplace(&registry, x.clone(), x.deep_clone().unwrap(), None, 1e-6, None).unwrap();
+        let (out, res) = fused_add_rms_norm_maybe_inplace(
+            &registry,
+            x.clone(),
+            x.deep_clone().unwrap(),
+            None,
+            1e-6,
+            None,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         assert_eq!((out.shape(), res.shape()), (&shape[..], &shape[..]));
     }
     // A transposed input the kernels cannot take: native runs, with the right values.
@@ -102,8 +110,18 @@ fn legal_edge_cases_give_correct_results() {
     // x and residual of different dtypes: the in-place kernel refuses, native computes it.
     let x = Tensor::from_f64(DType::BF16, &[2, 8], &[0.5; 16]).unwrap();
     let r = Tensor::from_f64(DType::F32, &[2, 8], &[0.25; 16]).unwrap();
-    let (out, res) = fused_add_rms_norm_maybe_inplace(&registry, x.clone(), r.clone(), None, 1e-6, None).unwrap();
-    let (expected_out, expected_res) = fused_add_rms_norm::native(&x, &r, None, 1e-6, None).unwrap();
+    let (out, res) = fused_add_rms_norm_maybe_inplace(
+        &registry,
+        x.clone(),
+        r.clone(),
+        None,
+        1e-6,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
+    let (expected_out, expected_res) =
+        fused_add_rms_norm::native(&x, &r, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
     assert!(bit_eq(&out, &expected_out) && bit_eq(&res, &expected_res));
     // A padded, misaligned input (offset one element): the scalar path, same values.
     let storage = Tensor::zeros(DType::BF16, &[4 * 11 + 1]).unwrap();

@@ -39,11 +39,19 @@ fn fused_add_rms_norm_writes_candle_memory_in_place() {
         let (x_before, r_before, w) = (ours(&x), ours(&residual), ours(&weight));
         let clone = x.clone();
         let before = registry.selection_record();
-        candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6).unwrap();
+        candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, ir_core::op::Rounding::Exact)
+            .unwrap();
         let step = registry.selection_record().since(&before);
-        let (expected_out, expected_res) =
-            ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &x_before, &r_before, Some(&w), 1e-6, None)
-                .unwrap();
+        let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::fused_add_rms_norm(
+            &registry,
+            &x_before,
+            &r_before,
+            Some(&w),
+            1e-6,
+            None,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         assert!(bit_eq(&ours(&x), &expected_out), "{dtype:?}: x holds the norm");
         assert!(bit_eq(&ours(&residual), &expected_res), "{dtype:?}: residual holds the sum");
         assert!(bit_eq(&ours(&clone), &expected_out), "clones share candle's storage, as candle's in-place ops");
@@ -73,8 +81,18 @@ fn rotary_rotates_column_slices_of_one_qkv_storage_in_place() {
         let positions = Tensor::from_vec(&[tokens], vec![0i64, 3, 7, 63, 1]).unwrap();
         let (q_before, k_before, c) = (ours(&q), ours(&k), ours(&cache));
         let before = registry.selection_record();
-        candle_ops::rotary_embedding(&registry, &positions_u32, &q, Some(&k), &cache, head_size, head_size, true)
-            .unwrap();
+        candle_ops::rotary_embedding(
+            &registry,
+            &positions_u32,
+            &q,
+            Some(&k),
+            &cache,
+            head_size,
+            head_size,
+            true,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         let step = registry.selection_record().since(&before);
         let (eq, ek) = ir_core::op::rotary_embedding::rotary_embedding(
             &registry,
@@ -85,6 +103,7 @@ fn rotary_rotates_column_slices_of_one_qkv_storage_in_place() {
             head_size as i64,
             head_size as i64,
             true,
+            ir_core::op::Rounding::Exact,
         )
         .unwrap();
         assert!(bit_eq(&ours(&q), &eq), "{dtype:?}: query rotated in qkv");
@@ -218,8 +237,9 @@ fn functional_providers_and_shared_storages_land_in_candle_memory() {
     let x = randn((3, 64), CDType::F32, 9);
     let residual = randn((3, 64), CDType::F32, 10);
     let (xo, ro) = (ours(&x), ours(&residual));
-    candle_ops::fused_add_rms_norm(&native_only, &x, &residual, None, 1e-6).unwrap();
-    let (eo, er) = ir_core::op::fused_add_rms_norm::native(&xo, &ro, None, 1e-6, None).unwrap();
+    candle_ops::fused_add_rms_norm(&native_only, &x, &residual, None, 1e-6, ir_core::op::Rounding::Exact).unwrap();
+    let (eo, er) =
+        ir_core::op::fused_add_rms_norm::native(&xo, &ro, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
     assert!(bit_eq(&ours(&x), &eo) && bit_eq(&ours(&residual), &er), "native's results landed");
     let op = native_only.selection_record().op("fused_add_rms_norm").unwrap().clone();
     assert_eq!((op.defensive_copies, op.native_fallbacks), (2, 0), "both results copied into place, counted");
@@ -231,10 +251,19 @@ fn functional_providers_and_shared_storages_land_in_candle_memory() {
     let weight = buffer.i((0, 128..192)).unwrap();
     let (xo, ro, wo) = (ours(&x), ours(&residual), ours(&weight));
     let before = registry.selection_record();
-    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6).unwrap();
+    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, ir_core::op::Rounding::Exact)
+        .unwrap();
     let step = registry.selection_record().since(&before);
-    let (eo, er) =
-        ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &xo, &ro, Some(&wo), 1e-6, None).unwrap();
+    let (eo, er) = ir_core::op::fused_add_rms_norm::fused_add_rms_norm(
+        &registry,
+        &xo,
+        &ro,
+        Some(&wo),
+        1e-6,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     allclose(&ours(&x), &eo, 1e-6, 1e-6).unwrap();
     assert!(bit_eq(&ours(&residual), &er), "the sum landed");
     // The weight copied apart (1), the functional call's copies of the activations for the in-place
@@ -260,7 +289,8 @@ fn bad_calls_are_errors_that_candle_code_propagates() {
     assert!(in_candle_code(&registry, &x, &w).is_err());
     let residual = randn((2, 32), CDType::F32, 14);
     let before = ours(&residual);
-    let err = candle_ops::fused_add_rms_norm(&registry, &x, &residual, None, 1e-6).unwrap_err();
+    let err =
+        candle_ops::fused_add_rms_norm(&registry, &x, &residual, None, 1e-6, ir_core::op::Rounding::Exact).unwrap_err();
     assert!(err.to_string().contains("x_residual"), "{err}");
     assert!(bit_eq(&ours(&residual), &before), "unchanged after a refused call");
 }
@@ -292,4 +322,40 @@ fn a_provider_keeping_candle_memory_aborts_the_process() {
     assert!(!output.status.success(), "the child must not survive");
     assert!(stderr.contains("a provider of `silu_and_mul` kept a tensor over candle memory"), "{stderr}");
     assert!(!stderr.contains("the call aborts"), "aborted inside the call: {stderr}");
+}
+
+/// The rounding a caller asks for reaches the kernels: `Rounding::Dtype` on bf16 candle tensors
+/// gives the bits of the same op on this crate's tensors (the norm of the rounded sum, rounded
+/// rotary products), in place, and differs from the default on some elements.
+#[test]
+fn dtype_rounding_reaches_the_candle_ops() {
+    use ir_core::op::Rounding;
+    let registry = cpu_registry();
+    let (x, residual) = (randn((4, 128), CDType::BF16, 21), randn((4, 128), CDType::BF16, 22));
+    let weight = randn((1, 128), CDType::BF16, 23).reshape(128).unwrap();
+    let (xo, ro, wo) = (ours(&x), ours(&residual), ours(&weight));
+    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, Rounding::Dtype).unwrap();
+    let fused = |rounding| {
+        ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &xo, &ro, Some(&wo), 1e-6, None, rounding)
+            .unwrap()
+    };
+    let ((parity, sum), (exact, _)) = (fused(Rounding::Dtype), fused(Rounding::Exact));
+    assert!(bit_eq(&ours(&x), &parity) && bit_eq(&ours(&residual), &sum), "the fused norm");
+    assert!(!bit_eq(&parity, &exact), "the roundings differ on bf16");
+
+    let q = randn((4, 128), CDType::BF16, 24);
+    let cache = ir_core::op::rotary_embedding::cos_sin_cache(DType::BF16, 16, 64, 10000.0).unwrap();
+    let cache_candle = cache.clone().into_candle().unwrap();
+    let positions = CTensor::new(&[1i64, 5, 9, 15], &Device::Cpu).unwrap();
+    let q_before = ours(&q);
+    candle_ops::rotary_embedding(&registry, &positions, &q, None, &cache_candle, 64, 64, true, Rounding::Dtype)
+        .unwrap();
+    let p = ours(&positions);
+    let rotate = |rounding| {
+        let call = ir_core::op::rotary_embedding::rotary_embedding;
+        call(&registry, &p, &q_before, None, &cache, 64, 64, true, rounding).unwrap().0
+    };
+    assert!(bit_eq(&ours(&q), &rotate(Rounding::Dtype)), "rotary");
+    assert!(!bit_eq(&rotate(Rounding::Dtype), &rotate(Rounding::Exact)), "the roundings differ on bf16");
+    assert_eq!(registry.selection_record().native_fallbacks(), 0);
 }

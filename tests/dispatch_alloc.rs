@@ -70,11 +70,14 @@ fn in_place_calls_allocate_nothing_after_the_first() {
         let (mut x, mut r) = (Tensor::randn(&meta, 1).unwrap(), Tensor::randn(&meta, 2).unwrap());
         let w = Tensor::randn(&TensorMeta::compact(dtype, &[hidden]), 3).unwrap();
         // The first call selects (predicates, meta function) and remembers the selection.
-        (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap();
+        (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
+            .unwrap();
         let storages = (x.storage_id(), r.storage_id());
         for step in 0..10 {
-            let (count, outputs) =
-                allocations(|| fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap());
+            let (count, outputs) = allocations(|| {
+                fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
+                    .unwrap()
+            });
             (x, r) = outputs;
             assert_eq!(count, 0, "{dtype} {tokens}x{hidden}, call {step}: the donated call allocated {count} times");
             assert_eq!((x.storage_id(), r.storage_id()), storages, "written in place");
@@ -87,6 +90,7 @@ fn in_place_calls_allocate_nothing_after_the_first() {
                 Some(&w),
                 1e-6,
                 None,
+                ir_core::op::Rounding::Exact,
             )
             .unwrap()
         });
@@ -159,13 +163,16 @@ fn changes_in_another_registry_leave_the_selection_remembered() {
     let meta = TensorMeta::compact(DType::F32, &[2, 256]);
     let (mut x, mut r) = (Tensor::randn(&meta, 9).unwrap(), Tensor::randn(&meta, 10).unwrap());
     let w = Tensor::randn(&TensorMeta::compact(DType::F32, &[256]), 11).unwrap();
-    (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap();
+    (x, r) =
+        fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
     for step in 0..5 {
         // Another registry (another engine, another test thread) defines ops and installs lists.
         let other = self::registry();
         let guard = other.override_priority("fused_add_rms_norm", &["native"]).unwrap();
-        let (count, outputs) =
-            allocations(|| fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap());
+        let (count, outputs) = allocations(|| {
+            fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
+                .unwrap()
+        });
         (x, r) = outputs;
         assert_eq!(count, 0, "call {step} after another registry changed: {count} allocations");
         drop((guard, other));
@@ -182,12 +189,16 @@ fn a_priority_change_is_selected_again_and_then_remembered() {
     for step in 0..40 {
         // Each change publishes a new installed list: the first call after it selects again.
         let guard = registry.override_priority("fused_add_rms_norm", &["cpu", "native"]).unwrap();
-        (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap();
+        (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
+            .unwrap();
         drop(guard);
-        (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap();
+        (x, r) = fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
+            .unwrap();
         // The re-selection took the stale entry's slot and allocation: later calls are hits.
-        let (count, outputs) =
-            allocations(|| fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None).unwrap());
+        let (count, outputs) = allocations(|| {
+            fused_add_rms_norm_maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
+                .unwrap()
+        });
         (x, r) = outputs;
         assert_eq!(count, 0, "step {step}: {count} allocations on a remembered call");
     }

@@ -50,14 +50,25 @@ fn gemma_style_weights_run_on_the_cpu_provider_with_natives_bits() {
         let w = Tensor::randn(&TensorMeta::compact(w_dtype, &[hidden]), 3).unwrap();
         let before = registry.selection_record();
         // rms_norm of the sum itself (x + r computed once, exactly).
-        let sum = ir_core::op::fused_add_rms_norm::native(&x, &residual, None, 0.0, None).unwrap().1;
+        let sum = ir_core::op::fused_add_rms_norm::native(&x, &residual, None, 0.0, None, ir_core::op::Rounding::Exact)
+            .unwrap()
+            .1;
         let got = rms_norm(&registry, &sum, Some(&w), 0.0, None).unwrap();
         let expected = ir_core::op::rms_norm::native(&sum, Some(&w), 0.0, None).unwrap();
         assert!(bit_eq(&got, &expected), "rms_norm {label}");
-        let (out, res) =
-            ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &x, &residual, Some(&w), 0.0, None).unwrap();
+        let (out, res) = ir_core::op::fused_add_rms_norm::fused_add_rms_norm(
+            &registry,
+            &x,
+            &residual,
+            Some(&w),
+            0.0,
+            None,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         let (expected_out, expected_res) =
-            ir_core::op::fused_add_rms_norm::native(&x, &residual, Some(&w), 0.0, None).unwrap();
+            ir_core::op::fused_add_rms_norm::native(&x, &residual, Some(&w), 0.0, None, ir_core::op::Rounding::Exact)
+                .unwrap();
         assert!(bit_eq(&out, &expected_out) && bit_eq(&res, &expected_res), "fused {label}");
         // Random rows too, within the op's tolerance (the sum of squares may differ in its last bit).
         let x = Tensor::randn(&TensorMeta::compact(x_dtype, &[tokens, hidden]), 4).unwrap();

@@ -69,10 +69,25 @@ fn grid_over(dtype: DType, op: &'static OpDef, tokens: impl Fn(&Backend) -> &'st
                         let args =
                             [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(residual.meta()), w_meta, ArgMeta::F64(EPS)];
                         assert_selects(&backend, op, &args);
-                        let (out, res) = fused_add_rms_norm(&backend.registry, &x, &residual, w, EPS, None).unwrap();
-                        let (expected_out, expected_res) =
-                            ir_core::op::fused_add_rms_norm::native(&host.x, &host.residual, w_host, EPS, None)
-                                .unwrap();
+                        let (out, res) = fused_add_rms_norm(
+                            &backend.registry,
+                            &x,
+                            &residual,
+                            w,
+                            EPS,
+                            None,
+                            ir_core::op::Rounding::Exact,
+                        )
+                        .unwrap();
+                        let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::native(
+                            &host.x,
+                            &host.residual,
+                            w_host,
+                            EPS,
+                            None,
+                            ir_core::op::Rounding::Exact,
+                        )
+                        .unwrap();
                         assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual_out is bit-exact");
                         allclose(&out.to_cpu().unwrap(), &expected_out, tol.atol, tol.rtol)
                             .unwrap_or_else(|e| panic!("{label}: {e}"));
@@ -146,6 +161,7 @@ fn batch_invariance() {
                     Some(&upload(&host.weight)),
                     EPS,
                     None,
+                    ir_core::op::Rounding::Exact,
                 )
                 .unwrap();
                 let fused_batch = fused_batch.to_cpu().unwrap();
@@ -166,6 +182,7 @@ fn batch_invariance() {
                         Some(&upload(&host.weight)),
                         EPS,
                         None,
+                        ir_core::op::Rounding::Exact,
                     )
                     .unwrap();
                     assert!(
@@ -240,9 +257,18 @@ fn magnitudes_near_the_dtype_limits() {
                 assert!(expected.to_f64_vec().unwrap().iter().all(|v| v.is_finite()), "{label}: native is finite");
                 allclose(&got, &expected, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label} rms_norm: {e}"));
 
-                let (expected_out, expected_res) =
-                    ir_core::op::fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None).unwrap();
-                let (out, res) = fused_add_rms_norm(&backend.registry, &dx, &dr, Some(&dw), EPS, None).unwrap();
+                let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::native(
+                    &x,
+                    &residual,
+                    Some(&weight),
+                    EPS,
+                    None,
+                    ir_core::op::Rounding::Exact,
+                )
+                .unwrap();
+                let (out, res) =
+                    fused_add_rms_norm(&backend.registry, &dx, &dr, Some(&dw), EPS, None, ir_core::op::Rounding::Exact)
+                        .unwrap();
                 let tol = tolerance(&FUSED_ADD_RMS_NORM, dtype).unwrap();
                 assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual_out is bit-exact");
                 allclose(&out.to_cpu().unwrap(), &expected_out, tol.atol, tol.rtol)
@@ -396,15 +422,23 @@ fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take
                                 allclose(&got.to_cpu().unwrap(), &expected, tol.atol, tol.rtol)
                                     .unwrap_or_else(|e| panic!("{label}: {e}"));
                             } else {
-                                let (out, res) =
-                                    fused_add_rms_norm(&backend.registry, &x, &residual, Some(&w), EPS, variance)
-                                        .unwrap();
+                                let (out, res) = fused_add_rms_norm(
+                                    &backend.registry,
+                                    &x,
+                                    &residual,
+                                    Some(&w),
+                                    EPS,
+                                    variance,
+                                    ir_core::op::Rounding::Exact,
+                                )
+                                .unwrap();
                                 let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::native(
                                     &host.x,
                                     &host.residual,
                                     Some(&w_host),
                                     EPS,
                                     variance,
+                                    ir_core::op::Rounding::Exact,
                                 )
                                 .unwrap();
                                 assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual bit-exact");
@@ -452,10 +486,24 @@ fn the_weight_step_rounds_in_the_weights_dtype_bit_for_bit() {
                         let got = rms_norm(&backend.registry, &x, Some(&w), 0.0, Some(1)).unwrap();
                         (got, ir_core::op::rms_norm::native(&x_host, Some(&w_host), 0.0, Some(1)).unwrap())
                     } else {
-                        let (got, _) =
-                            fused_add_rms_norm(&backend.registry, &x, &residual, Some(&w), 0.0, Some(1)).unwrap();
-                        let native =
-                            ir_core::op::fused_add_rms_norm::native(&x_host, &r_host, Some(&w_host), 0.0, Some(1));
+                        let (got, _) = fused_add_rms_norm(
+                            &backend.registry,
+                            &x,
+                            &residual,
+                            Some(&w),
+                            0.0,
+                            Some(1),
+                            ir_core::op::Rounding::Exact,
+                        )
+                        .unwrap();
+                        let native = ir_core::op::fused_add_rms_norm::native(
+                            &x_host,
+                            &r_host,
+                            Some(&w_host),
+                            0.0,
+                            Some(1),
+                            ir_core::op::Rounding::Exact,
+                        );
                         (got, native.unwrap().0)
                     };
                     assert!(bit_eq(&got.to_cpu().unwrap(), &expected), "{label}: the weight step's rounding");
@@ -475,15 +523,32 @@ fn inplace_semantics_through_dispatch() {
         let weight = backend.upload(&host.weight).unwrap();
         let (x_before, r_before) =
             (x.to_cpu().unwrap().deep_clone().unwrap(), residual.to_cpu().unwrap().deep_clone().unwrap());
-        let (out, res) = fused_add_rms_norm(&backend.registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+        let (out, res) = fused_add_rms_norm(
+            &backend.registry,
+            &x,
+            &residual,
+            Some(&weight),
+            EPS,
+            None,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         assert!(
             bit_eq(&x.to_cpu().unwrap(), &x_before) && bit_eq(&residual.to_cpu().unwrap(), &r_before),
             "functional call leaves inputs"
         );
         assert!(!shares_storage(&out, &x) && !shares_storage(&res, &residual));
         let (x_id, r_id) = (x.storage_id(), residual.storage_id());
-        let (inplace_out, inplace_res) =
-            fused_add_rms_norm_maybe_inplace(&backend.registry, x, residual, Some(&weight), EPS, None).unwrap();
+        let (inplace_out, inplace_res) = fused_add_rms_norm_maybe_inplace(
+            &backend.registry,
+            x,
+            residual,
+            Some(&weight),
+            EPS,
+            None,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         assert_eq!(
             (inplace_out.storage_id(), inplace_res.storage_id()),
             (x_id, r_id),
@@ -494,6 +559,86 @@ fn inplace_semantics_through_dispatch() {
         assert!(bit_eq(&inplace_res.to_cpu().unwrap(), &res.to_cpu().unwrap()));
         let _ = Value::None;
     }
+}
+
+/// `fused_add_rms_norm` with `rounding = "dtype"` on 16-bit tensors: a provider that takes it gives
+/// the bits of its own `rms_norm` of the rounded sum, in place (a padded residual included), within
+/// tolerance of native; a provider whose kernel normalizes only the f32 sum says so in its
+/// predicate, and dispatch with native after it falls back, counted, to native's bits. f32 needs no
+/// rounding of its own anywhere.
+#[test]
+fn dtype_rounding_of_the_fused_norm_is_native_or_refused_by_name() {
+    use ir_core::op::Rounding;
+    use ir_core::op::fused_add_rms_norm::native;
+    for backend in backends() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let host = case(dtype, 6, 200, 4);
+            let (expected_out, expected_sum) =
+                native(&host.x, &host.residual, Some(&host.weight), EPS, None, Rounding::Dtype).unwrap();
+            let up = |t: &Tensor| backend.upload(t).unwrap();
+            let metas = [&host.x, &host.residual, &host.weight].map(|t| t.meta().clone());
+            let args = [
+                ArgMeta::Tensor(&metas[0]),
+                ArgMeta::Tensor(&metas[1]),
+                ArgMeta::Tensor(&metas[2]),
+                ArgMeta::F64(EPS),
+                ArgMeta::None,
+                ArgMeta::Str("dtype"),
+            ];
+            let metas_on_device: Vec<TensorMeta> =
+                [&host.x, &host.residual, &host.weight].iter().map(|t| up(t).meta().clone()).collect();
+            let device_args: Vec<ArgMeta<'_>> = args
+                .iter()
+                .enumerate()
+                .map(|(i, a)| if i < 3 { ArgMeta::Tensor(&metas_on_device[i]) } else { *a })
+                .collect();
+            let supports = backend
+                .registry
+                .implementation_supports("fused_add_rms_norm", backend.provider, &device_args)
+                .expect("registered");
+            let label = format!("{} {dtype}", backend.provider);
+            let takes_it = matches!(supports, Support::Yes);
+            if !takes_it {
+                assert_ne!(dtype, DType::F32, "{label}: f32 needs no rounding of its own");
+                let Support::No(reason) = supports else { unreachable!() };
+                assert!(reason.contains("rounding"), "{label}: the predicate names the rounding: {reason}");
+            }
+            let priority = [backend.provider, "native"];
+            let _guard = backend.registry.override_priority("fused_add_rms_norm", &priority).unwrap();
+            let _norm = backend.registry.override_priority("rms_norm", &[backend.provider]).unwrap();
+            // What a provider that takes it computes: its own norm of the rounded sum.
+            let composed = if takes_it {
+                let rounded = up(&host.x).add(&up(&host.residual)).unwrap();
+                rms_norm(&backend.registry, &rounded, Some(&up(&host.weight)), EPS, None).unwrap().to_cpu().unwrap()
+            } else {
+                expected_out.clone()
+            };
+            let tol = tolerance(&FUSED_ADD_RMS_NORM, dtype).unwrap();
+            let before = backend.registry.selection_record();
+            for padded in [false, true] {
+                let residual = if padded { row_padded(&host.residual) } else { host.residual.deep_clone().unwrap() };
+                let (out, sum) = fused_add_rms_norm_maybe_inplace(
+                    &backend.registry,
+                    up(&host.x),
+                    up(&residual),
+                    Some(&up(&host.weight)),
+                    EPS,
+                    None,
+                    Rounding::Dtype,
+                )
+                .unwrap();
+                let (out, sum) =
+                    (out.to_cpu().unwrap().contiguous().unwrap(), sum.to_cpu().unwrap().contiguous().unwrap());
+                assert!(bit_eq(&out, &composed), "{label} padded={padded}: the norm of the rounded sum");
+                allclose(&out, &expected_out, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert!(bit_eq(&sum, &expected_sum), "{label} padded={padded}: the residual output");
+            }
+            let record = backend.registry.selection_record().since(&before);
+            let fallbacks = record.op("fused_add_rms_norm").map_or(0, |op| op.native_fallbacks);
+            assert_eq!(fallbacks > 0, !takes_it, "{label}: a fallback exactly when the provider refuses");
+        }
+    }
+    let _ = Layout::compact(&[1]);
 }
 
 /// `t` (`[T, W]`) copied into the first W columns of a `[T, W + 3]` buffer and returned as that view:
@@ -892,7 +1037,17 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
                     format!("{} {dtype} neox={is_neox} rotary_dim={rotary_dim} key={with_key}", backend.provider);
                 let cache = cos_sin_cache(dtype, MAX_POSITION, rotary_dim, 10000.0).unwrap();
                 let key = with_key.then_some(&k);
-                let (eq, ek) = native(&positions, &q, key, &cache, HEAD as i64, rotary_dim as i64, is_neox).unwrap();
+                let (eq, ek) = native(
+                    &positions,
+                    &q,
+                    key,
+                    &cache,
+                    HEAD as i64,
+                    rotary_dim as i64,
+                    is_neox,
+                    ir_core::op::Rounding::Exact,
+                )
+                .unwrap();
                 assert_eq!(ek.is_some(), with_key, "{label}: a key output only with a key");
                 let (p_dev, c_dev) = (up(&positions), up(&cache));
                 // Functional: fresh outputs, arguments untouched.
@@ -906,6 +1061,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
                     HEAD as i64,
                     rotary_dim as i64,
                     is_neox,
+                    ir_core::op::Rounding::Exact,
                 )
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
                 assert!(bit_eq(&fq.to_cpu().unwrap(), &eq), "{label}: functional query");
@@ -928,6 +1084,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
                     HEAD as i64,
                     rotary_dim as i64,
                     is_neox,
+                    ir_core::op::Rounding::Exact,
                 )
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
                 assert_eq!(iq.storage_id(), q_storage, "{label}: query rotated in place");
@@ -956,7 +1113,16 @@ fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
     for q in [q, empty] {
         for bad in [8i64, -1] {
             let positions = Tensor::from_vec(&[3], vec![0, bad, 2]).unwrap();
-            let native = ir_core::op::rotary_embedding::native(&positions, &q, None, &cache, 4, 4, true);
+            let native = ir_core::op::rotary_embedding::native(
+                &positions,
+                &q,
+                None,
+                &cache,
+                4,
+                4,
+                true,
+                ir_core::op::Rounding::Exact,
+            );
             assert!(native.is_err(), "native refuses position {bad}");
             let err = rotary_embedding_maybe_inplace(
                 &backend.registry,
@@ -967,6 +1133,7 @@ fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
                 4,
                 4,
                 true,
+                ir_core::op::Rounding::Exact,
             )
             .unwrap_err()
             .to_string();
@@ -1003,12 +1170,22 @@ fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
             let positions = Tensor::from_vec(leading, (0..count as i64).map(|p| (p * 3) % 7).collect()).unwrap();
             let cache = cos_sin_cache(dtype, 7, 16, 10000.0).unwrap();
             let label = format!("{} {dtype} {:?}{:?}", backend.provider, q.shape(), q.layout().strides());
-            let (eq, ek) = native(&positions, &q, Some(&k), &cache, 16, 16, true).unwrap();
+            let (eq, ek) =
+                native(&positions, &q, Some(&k), &cache, 16, 16, true, ir_core::op::Rounding::Exact).unwrap();
             let ek = ek.unwrap();
             assert_eq!(eq.layout(), &q.layout().copy_layout(), "{label}: native keeps the layout");
-            let (fq, fk) =
-                rotary_embedding(&backend.registry, &up(&positions), &up(&q), Some(&up(&k)), &up(&cache), 16, 16, true)
-                    .unwrap_or_else(|e| panic!("{label} functional: {e}"));
+            let (fq, fk) = rotary_embedding(
+                &backend.registry,
+                &up(&positions),
+                &up(&q),
+                Some(&up(&k)),
+                &up(&cache),
+                16,
+                16,
+                true,
+                ir_core::op::Rounding::Exact,
+            )
+            .unwrap_or_else(|e| panic!("{label} functional: {e}"));
             let (mq, mk) = rotary_embedding_maybe_inplace(
                 &backend.registry,
                 &up(&positions),
@@ -1018,6 +1195,7 @@ fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
                 16,
                 16,
                 true,
+                ir_core::op::Rounding::Exact,
             )
             .unwrap_or_else(|e| panic!("{label} maybe_inplace: {e}"));
             for (how, got, expected) in [

@@ -26,7 +26,7 @@ fn ours_and_candle_nn_agree_with_no_copy_and_no_fallback() {
         for (dtype, tolerance) in [(DType::F32, 1e-4f32), (DType::BF16, 3e-2)] {
             let label = format!("{variant} {dtype:?}");
             let config = model::tiny_config(variant);
-            let model =
+            let mut model =
                 Model::new(config, &model::random_weights(&model::tiny_config(variant), dtype, 3).unwrap()).unwrap();
             let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 256).collect();
             let before = registry.selection_record();
@@ -53,6 +53,28 @@ fn ours_and_candle_nn_agree_with_no_copy_and_no_fallback() {
             assert_eq!(rotary.inplace_writes, 2 * layers * calls, "{label}: q and k in place");
             let activation = if variant == "gemma" { "gelu_and_mul" } else { "silu_and_mul" };
             assert_eq!(step.selections(activation, "cpu"), layers * calls, "{label}");
+
+            // PyTorch's rounding (the norm of the rounded sum, rounded rotary products): still in
+            // place with no copy or fallback, within tolerance, and other bits than the default's
+            // on bf16 (the same on f32).
+            model.set_rounding(vllm_ir::op::Rounding::Dtype);
+            let before = registry.selection_record();
+            let parity = run(&model, Ops::Ours(&registry), &prompt, 3);
+            let step = registry.selection_record().since(&before);
+            model.set_rounding(vllm_ir::op::Rounding::Exact);
+            assert_eq!((step.defensive_copies(), step.native_fallbacks()), (0, 0), "{label} dtype rounding");
+            let max_diff = |a: &Tensor, b: &Tensor| {
+                let (a, b) = (a.to_dtype(DType::F32).unwrap(), b.to_dtype(DType::F32).unwrap());
+                (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+            };
+            let from_default: f32 = parity.iter().zip(&ours).map(|(a, b)| max_diff(a, b)).fold(0.0, f32::max);
+            assert_eq!(from_default > 0.0, dtype == DType::BF16, "{label}: dtype rounding changes bf16 only");
+            for (i, (a, b)) in parity.iter().zip(&reference).enumerate() {
+                let scale =
+                    b.to_dtype(DType::F32).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                let diff = max_diff(a, b);
+                assert!(diff <= tolerance * scale.max(1.0), "{label} dtype rounding step {i}: max |diff| {diff}");
+            }
         }
     }
 }

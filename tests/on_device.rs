@@ -197,7 +197,9 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
         let tracer = Tracer::new(&backend.registry, "norm");
         let x_in = tracer.input("x", x_odd.meta().clone());
         let residual_in = tracer.input("residual", residual_odd.meta().clone());
-        let (out, sum) = tracer.fused_add_rms_norm_maybe_inplace(x_in, residual_in, None, 1e-6, None).unwrap();
+        let (out, sum) = tracer
+            .fused_add_rms_norm_maybe_inplace(x_in, residual_in, None, 1e-6, None, ir_core::op::Rounding::Exact)
+            .unwrap();
         let traced = tracer.finish(&[out, sum]);
         let mut graph = traced.graph;
         Pipeline::standard().run(&mut graph, &PassContext::new(&backend.registry), None, Snapshots::Skip).unwrap();
@@ -208,7 +210,14 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
         assert_eq!(host_round_trips(), before, "{label}: device tensors went through host memory");
         let ctx = EagerContext::new(&backend.registry);
         let (expected, expected_sum) = ctx
-            .fused_add_rms_norm(&backend.upload(&x).unwrap(), &backend.upload(&residual).unwrap(), None, 1e-6, None)
+            .fused_add_rms_norm(
+                &backend.upload(&x).unwrap(),
+                &backend.upload(&residual).unwrap(),
+                None,
+                1e-6,
+                None,
+                ir_core::op::Rounding::Exact,
+            )
             .unwrap();
         assert!(bit_eq(&run.outputs[0], &expected) && bit_eq(&run.outputs[1], &expected_sum), "{label}: same bits");
     });

@@ -76,9 +76,9 @@ fn input(inputs: &[(String, Tensor)], name: &str) -> Tensor {
 /// The eager reference: the same provider, functional calls.
 fn eager(registry: &Registry, inputs: &[(String, Tensor)], scale_between: bool) -> [Tensor; 4] {
     let (x, r1, r2, w) = (input(inputs, "x"), input(inputs, "r1"), input(inputs, "r2"), input(inputs, "w"));
-    let (o1, s1) = fused_add_rms_norm(registry, &x, &r1, Some(&w), 1e-6, None).unwrap();
+    let (o1, s1) = fused_add_rms_norm(registry, &x, &r1, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
     let t = if scale_between { o1.scale(2.0).unwrap() } else { o1.clone() };
-    let (o2, s2) = fused_add_rms_norm(registry, &t, &r2, Some(&w), 1e-6, None).unwrap();
+    let (o2, s2) = fused_add_rms_norm(registry, &t, &r2, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
     [o2, s1, s2, o1]
 }
 
@@ -203,7 +203,8 @@ fn the_same_value_as_both_activations() {
     let (registry, _guards) = registry();
     let x = input(&inputs(), "x");
     let (expected_out, expected_res) =
-        fused_add_rms_norm(&registry, &x, &x, Some(&input(&inputs(), "w")), 1e-6, None).unwrap();
+        fused_add_rms_norm(&registry, &x, &x, Some(&input(&inputs(), "w")), 1e-6, None, ir_core::op::Rounding::Exact)
+            .unwrap();
     let expected = expected_out.add(&expected_res).unwrap();
     let aware = compile_and_run(&text, CloneElimination::AliasAware);
     assert_eq!(aware.clones_left, 1, "{}", aware.text);

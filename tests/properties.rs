@@ -330,8 +330,14 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 let supported = {
                     let (xm, rm, wm) = (m(&graph, x), m(&graph, r), m(&graph, weight));
                     let weight_meta = if use_weight { ArgMeta::Tensor(&wm) } else { ArgMeta::None };
-                    let metas =
-                        [ArgMeta::Tensor(&xm), ArgMeta::Tensor(&rm), weight_meta, ArgMeta::F64(1e-6), ArgMeta::None];
+                    let metas = [
+                        ArgMeta::Tensor(&xm),
+                        ArgMeta::Tensor(&rm),
+                        weight_meta,
+                        ArgMeta::F64(1e-6),
+                        ArgMeta::None,
+                        ArgMeta::Str("exact"),
+                    ];
                     matches!(fused_add_rms_norm_support(&metas, ir_core::DeviceKind::Cpu), Support::Yes)
                 };
                 if !supported {

@@ -6,11 +6,14 @@
 // a sum, each rounded once in the compute type (f32; f64 for f64 elements: `c_mul`, `c_sub`,
 // `c_add` of element.cuh, the `__fmul_rn` family's one rounding each: NVRTC contracts plain
 // `x * c - y * s` into an fma, which rounds once instead of twice), then stored in the element
-// type. A token whose position lies outside the cache is left as it is (native and the cpu
-// provider report it as an error; a kernel cannot). Positions are i64, as vLLM passes them.
+// type. With `round_products` (the op's `rounding = "dtype"` on 16-bit elements) each product is
+// rounded to the element type before the difference and the sum (the cos and sin are element
+// values already), as PyTorch and vLLM's kernel round. A token whose position lies outside the
+// cache is left as it is (native and the cpu provider report it as an error; a kernel cannot).
+// Positions are i64, as vLLM passes them.
 
 __device__ __forceinline__ void rotate_pair_at(elem_t* __restrict__ row, int pair, int half_dim, int head_size,
-                                               int is_neox, const elem_t* __restrict__ cs) {
+                                               int is_neox, const elem_t* __restrict__ cs, int round_products) {
     int head = pair / half_dim;
     int i = pair - head * half_dim;
     int xi = is_neox ? i : 2 * i;
@@ -20,14 +23,22 @@ __device__ __forceinline__ void rotate_pair_at(elem_t* __restrict__ row, int pai
     compute_t y = to_c(h[yi]);
     compute_t c = to_c(cs[i]);
     compute_t s = to_c(cs[half_dim + i]);
-    h[xi] = from_c(c_sub(c_mul(x, c), c_mul(y, s)));
-    h[yi] = from_c(c_add(c_mul(y, c), c_mul(x, s)));
+    compute_t xc = c_mul(x, c), ys = c_mul(y, s), yc = c_mul(y, c), xs = c_mul(x, s);
+    if (round_products) {
+        xc = round_elem(xc);
+        ys = round_elem(ys);
+        yc = round_elem(yc);
+        xs = round_elem(xs);
+    }
+    h[xi] = from_c(c_sub(xc, ys));
+    h[yi] = from_c(c_add(yc, xs));
 }
 
 extern "C" __global__ void CONCAT(rotary_embedding, KERNEL_SUFFIX)(
     elem_t* __restrict__ q, long long q_row_stride, elem_t* __restrict__ k, long long k_row_stride, int has_key,
     const long long* __restrict__ positions, const elem_t* __restrict__ cache, long long cache_row_stride,
-    long long tokens, int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox) {
+    long long tokens, int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox,
+    int round_products) {
     long long token = blockIdx.x;
     if (token >= tokens) return;
     long long position = positions[token];
@@ -36,12 +47,12 @@ extern "C" __global__ void CONCAT(rotary_embedding, KERNEL_SUFFIX)(
     int half_dim = rotary_dim / 2;
     elem_t* q_row = q + token * q_row_stride;
     for (int pair = threadIdx.x; pair < heads * half_dim; pair += blockDim.x) {
-        rotate_pair_at(q_row, pair, half_dim, head_size, is_neox, cs);
+        rotate_pair_at(q_row, pair, half_dim, head_size, is_neox, cs, round_products);
     }
     if (has_key) {
         elem_t* k_row = k + token * k_row_stride;
         for (int pair = threadIdx.x; pair < kv_heads * half_dim; pair += blockDim.x) {
-            rotate_pair_at(k_row, pair, half_dim, head_size, is_neox, cs);
+            rotate_pair_at(k_row, pair, half_dim, head_size, is_neox, cs, round_products);
         }
     }
 }

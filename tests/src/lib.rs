@@ -15,9 +15,10 @@ pub fn inplace_fused_add_rms_norm(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
+    rounding: ir_core::op::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let (out, residual_out) =
-        fused_add_rms_norm::native(x.tensor(), residual.tensor(), weight, epsilon, variance_size)?;
+        fused_add_rms_norm::native(x.tensor(), residual.tensor(), weight, epsilon, variance_size, rounding)?;
     let (mut x, mut residual) = (x.into_tensor(), residual.into_tensor());
     x.copy_from(&out)?;
     residual.copy_from(&residual_out)?;

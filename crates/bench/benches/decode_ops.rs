@@ -39,6 +39,7 @@ fn decode_ops(c: &mut Criterion) {
                             Some(&w),
                             1e-6,
                             None,
+                            ir_core::op::Rounding::Exact,
                         )
                         .expect("ran"),
                     );
@@ -63,6 +64,7 @@ fn decode_ops(c: &mut Criterion) {
                         head_size as i64,
                         head_size as i64,
                         true,
+                        ir_core::op::Rounding::Exact,
                     )
                     .expect("ran");
                     qk = Some((q, k.expect("a key")));

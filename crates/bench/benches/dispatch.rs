@@ -70,9 +70,12 @@ fn dispatch(c: &mut Criterion) {
 
     // The same for `maybe_inplace` with an in-place provider whose kernel returns its donated
     // activations as they are.
-    let noop_inplace = |x: UniqueTensor, r: UniqueTensor, _w: Option<&ir_core::Tensor>, _eps: f64, _v: Option<i64>| {
-        Ok((x.into_tensor(), r.into_tensor()))
-    };
+    let noop_inplace = |x: UniqueTensor,
+                        r: UniqueTensor,
+                        _w: Option<&ir_core::Tensor>,
+                        _: f64,
+                        _: Option<i64>,
+                        _: ir_core::op::Rounding| { Ok((x.into_tensor(), r.into_tensor())) };
     let spec = ir_core::ImplSpec::new("noop")
         .with_supports(|args| ir_core::kernel::fused_add_rms_norm_support(args, ir_core::DeviceKind::Cpu));
     ir_core::op::fused_add_rms_norm::register(
@@ -108,6 +111,7 @@ fn bench_maybe_inplace(
         Option<&ir_core::Tensor>,
         f64,
         Option<i64>,
+        ir_core::op::Rounding,
     ) -> Result<(ir_core::Tensor, ir_core::Tensor), ir_core::KernelError>,
 ) {
     let case = Case { op: &FUSED_ADD_RMS_NORM, shape, dtype: ir_core::DType::BF16 };
@@ -116,15 +120,17 @@ fn bench_maybe_inplace(
     let fresh = || (inputs.tensor(0).deep_clone().unwrap(), inputs.tensor(1).deep_clone().unwrap());
     let (x, r) = fresh();
     let storages = (x.storage_id(), r.storage_id());
-    let (out, residual) = fused_add_rms_norm_maybe_inplace(registry, x, r, Some(weight), EPSILON, None).expect("call");
+    let (out, residual) =
+        fused_add_rms_norm_maybe_inplace(registry, x, r, Some(weight), EPSILON, None, ir_core::op::Rounding::Exact)
+            .expect("call");
     assert_eq!((out.storage_id(), residual.storage_id()), storages, "the registry's call ran in place");
     let mut group = c.benchmark_group(group);
     group.bench_function("direct", |b| {
         b.iter_batched(
             fresh,
             |(x, r)| {
-                kernel(UniqueTensor::new(x).unwrap(), UniqueTensor::new(r).unwrap(), Some(weight), EPSILON, None)
-                    .unwrap()
+                let (x, r) = (UniqueTensor::new(x).unwrap(), UniqueTensor::new(r).unwrap());
+                kernel(x, r, Some(weight), EPSILON, None, ir_core::op::Rounding::Exact).unwrap()
             },
             BatchSize::SmallInput,
         )
@@ -132,7 +138,18 @@ fn bench_maybe_inplace(
     group.bench_function("registry", |b| {
         b.iter_batched(
             fresh,
-            |(x, r)| fused_add_rms_norm_maybe_inplace(registry, x, r, Some(weight), EPSILON, None).unwrap(),
+            |(x, r)| {
+                fused_add_rms_norm_maybe_inplace(
+                    registry,
+                    x,
+                    r,
+                    Some(weight),
+                    EPSILON,
+                    None,
+                    ir_core::op::Rounding::Exact,
+                )
+                .unwrap()
+            },
             BatchSize::SmallInput,
         )
     });

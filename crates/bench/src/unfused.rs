@@ -126,8 +126,14 @@ impl UnfusedBench {
                 let x_owned = std::mem::replace(x, Tensor::zeros(x.dtype(), &[0])?);
                 let r_owned = std::mem::replace(residual, Tensor::zeros(x_owned.dtype(), &[0])?);
                 let unique = |t: Tensor| UniqueTensor::new(t).map_err(|_| missing("a uniquely owned activation"));
-                let (out, sum) =
-                    fused_add_rms_norm_cpu(unique(x_owned)?, unique(r_owned)?, weight.as_ref(), epsilon, None)?;
+                let (out, sum) = fused_add_rms_norm_cpu(
+                    unique(x_owned)?,
+                    unique(r_owned)?,
+                    weight.as_ref(),
+                    epsilon,
+                    None,
+                    ir_core::op::Rounding::Exact,
+                )?;
                 let quantized = quantize(&out, self.scale.as_ref(), *dynamic)?;
                 *x = out;
                 *residual = sum.clone();

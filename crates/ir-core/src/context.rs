@@ -117,8 +117,9 @@ pub trait ExecutionContext {
         weight: Option<&Self::Tensor>,
         epsilon: f64,
         variance_size: Option<i64>,
+        rounding: crate::op::Rounding,
     ) -> Result<(Self::Tensor, Self::Tensor), CallError> {
-        crate::op::fused_add_rms_norm::call(self, x, x_residual, weight, epsilon, variance_size)
+        crate::op::fused_add_rms_norm::call(self, x, x_residual, weight, epsilon, variance_size, rounding)
     }
 
     /// `fused_add_rms_norm`, `maybe_inplace`: `x` and `x_residual` are donated.
@@ -129,8 +130,9 @@ pub trait ExecutionContext {
         weight: Option<&Self::Tensor>,
         epsilon: f64,
         variance_size: Option<i64>,
+        rounding: crate::op::Rounding,
     ) -> Result<(Self::Tensor, Self::Tensor), CallError> {
-        crate::op::fused_add_rms_norm::call_maybe_inplace(self, x, x_residual, weight, epsilon, variance_size)
+        crate::op::fused_add_rms_norm::call_maybe_inplace(self, x, x_residual, weight, epsilon, variance_size, rounding)
     }
 
     /// Runs built-in `op` ([`crate::builtin`]) on `args`, of the kinds its table entry lists.

@@ -231,16 +231,27 @@ pub struct NormCapabilities {
     pub variance_size: bool,
     /// The dtypes of x and the weight.
     pub dtypes: KernelDTypes,
+    /// `fused_add_rms_norm`'s `rounding = "dtype"` on 16-bit tensors: the norm of the sum rounded
+    /// to x's dtype.
+    pub dtype_rounding: bool,
 }
 
 impl NormCapabilities {
     /// The common case (`Default::default()`, usable in constants): no weight of another dtype, no
     /// `variance_size`, f32, f16 and bf16.
-    pub const DEFAULT: NormCapabilities =
-        NormCapabilities { mixed_weight_dtype: false, variance_size: false, dtypes: KernelDTypes::Reduced };
+    pub const DEFAULT: NormCapabilities = NormCapabilities {
+        mixed_weight_dtype: false,
+        variance_size: false,
+        dtypes: KernelDTypes::Reduced,
+        dtype_rounding: false,
+    };
     /// Every argument form the reference computes, on f32, f16 and bf16 elements.
-    pub const ALL: NormCapabilities =
-        NormCapabilities { mixed_weight_dtype: true, variance_size: true, dtypes: KernelDTypes::Reduced };
+    pub const ALL: NormCapabilities = NormCapabilities {
+        mixed_weight_dtype: true,
+        variance_size: true,
+        dtypes: KernelDTypes::Reduced,
+        dtype_rounding: true,
+    };
 }
 
 /// The standard predicate for `rms_norm` on a provider whose tensors live on `device`.
@@ -270,6 +281,9 @@ pub fn fused_add_rms_norm_support_with(
     };
     if let Support::No(reason) = common_support(args.x, args.weight, args.variance_size, device, capabilities) {
         return Support::No(reason);
+    }
+    if args.rounding.rounds_intermediates(args.x.dtype) && !capabilities.dtype_rounding {
+        return no("rounding \"dtype\" (the norm of the sum rounded to x's dtype) is not implemented here");
     }
     residual_support(args.x, args.x_residual)
 }
@@ -539,6 +553,9 @@ pub struct RotaryCall<'a> {
     pub cos_sin_cache: &'a Tensor,
     /// Geometry and kernel integers.
     pub launch: RotaryLaunch,
+    /// Whether the cos and sin, each product and the sum are rounded to the query's dtype
+    /// (`rounding = "dtype"` on 16-bit tensors; [`crate::op::rotary_embedding::rotate_pair_rounded`]).
+    pub round_products: bool,
 }
 
 /// A provider's rotary kernel: the rotated query and key, written in their storage.
@@ -572,8 +589,10 @@ pub fn register_rotary_with(
                      cos_sin_cache: &Tensor,
                      head_size: i64,
                      rotary_dim: i64,
-                     is_neox_style: bool| {
+                     is_neox_style: bool,
+                     rounding: crate::op::Rounding| {
         let key_tensor = key.as_ref().map(UniqueTensor::tensor);
+        let round_products = rounding.rounds_intermediates(query.tensor().dtype());
         let (q, c) = (query.tensor(), cos_sin_cache);
         let launch = RotaryLaunch {
             geometry: RotaryGeometry::of_tensors(positions, q, key_tensor, c, head_size, rotary_dim, is_neox_style),
@@ -582,7 +601,7 @@ pub fn register_rotary_with(
             cache: Rows::for_kernel(c.meta())?.kernel_args()?,
             positions_offset: kernel_int(positions.offset(), "positions offset")?,
         };
-        kernel(RotaryCall { positions, query, key, cos_sin_cache, launch })
+        kernel(RotaryCall { positions, query, key, cos_sin_cache, launch, round_products })
     };
     rotary_embedding::register(registry, spec, rotary_embedding::Impl::inplace(call))
 }

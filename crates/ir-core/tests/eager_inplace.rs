@@ -21,10 +21,18 @@ fn maybe_inplace_with_a_functional_provider_gives_fresh_outputs() {
     let registry = Registry::with_builtin_ops();
     let (x, residual, weight) = inputs(8, 16);
     let (expected_out, expected_residual) =
-        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
     let (x_id, residual_id) = (x.storage_id(), residual.storage_id());
-    let (out, residual_out) =
-        fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap();
+    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(
+        &registry,
+        x,
+        residual,
+        Some(&weight),
+        EPS,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     assert!(bit_eq(&out, &expected_out));
     assert!(bit_eq(&residual_out, &expected_residual));
     assert_ne!(out.storage_id(), x_id);
@@ -38,14 +46,16 @@ fn the_functional_call_with_an_inplace_provider_never_writes_or_aliases_inputs()
     let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
     let (x, residual, weight) = inputs(8, 16);
     let (x_before, residual_before) = (x.deep_clone().unwrap(), residual.deep_clone().unwrap());
-    let (out, residual_out) = fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+    let (out, residual_out) =
+        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
     assert!(bit_eq(&x, &x_before) && bit_eq(&residual, &residual_before), "inputs unchanged");
     for output in [&out, &residual_out] {
         for input in [&x, &residual, &weight] {
             assert!(!shares_storage(output, input));
         }
     }
-    let (native_out, native_residual) = fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None).unwrap();
+    let (native_out, native_residual) =
+        fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
     assert!(bit_eq(&out, &native_out) && bit_eq(&residual_out, &native_residual));
     let record = registry.selection_record();
     assert_eq!(record.op("fused_add_rms_norm").unwrap().defensive_copies, 2);
@@ -58,11 +68,19 @@ fn maybe_inplace_writes_into_uniquely_owned_activations() {
     let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
     let (x, residual, weight) = inputs(8, 16);
     let (expected_out, expected_residual) =
-        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
     let (x_id, residual_id) = (x.storage_id(), residual.storage_id());
     let (x_offset, residual_offset) = (x.offset(), residual.offset());
-    let (out, residual_out) =
-        fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap();
+    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(
+        &registry,
+        x,
+        residual,
+        Some(&weight),
+        EPS,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     assert_eq!((out.storage_id(), out.offset()), (x_id, x_offset));
     assert_eq!((residual_out.storage_id(), residual_out.offset()), (residual_id, residual_offset));
     assert!(bit_eq(&out, &expected_out));
@@ -77,12 +95,14 @@ fn maybe_inplace_copies_an_activation_someone_can_still_read() {
     let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
     let (x, residual, weight) = inputs(8, 16);
     let (expected_out, expected_residual) =
-        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None).unwrap();
+        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
     let other_handle = x.clone();
     let view_of_residual = residual.slice(0, 2, 5).unwrap();
     let (handle_before, view_before) = (other_handle.deep_clone().unwrap(), view_of_residual.deep_clone().unwrap());
-    let (result, events) =
-        capture(|| fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap());
+    let (result, events) = capture(|| {
+        fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact)
+            .unwrap()
+    });
     let (out, residual_out) = result;
     assert!(bit_eq(&other_handle, &handle_before), "the other handle still reads the old values");
     assert!(bit_eq(&view_of_residual, &view_before), "the view still reads the old values");
@@ -105,9 +125,18 @@ fn the_same_tensor_donated_twice_is_never_corrupted() {
     register_inplace(&registry, "p");
     let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
     let (x, _, weight) = inputs(4, 16);
-    let (expected_out, expected_residual) = fused_add_rms_norm::native(&x, &x, Some(&weight), EPS, None).unwrap();
-    let (out, residual_out) =
-        fused_add_rms_norm_maybe_inplace(&registry, x.clone(), x, Some(&weight), EPS, None).unwrap();
+    let (expected_out, expected_residual) =
+        fused_add_rms_norm::native(&x, &x, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
+    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(
+        &registry,
+        x.clone(),
+        x,
+        Some(&weight),
+        EPS,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     assert!(bit_eq(&out, &expected_out) && bit_eq(&residual_out, &expected_residual));
     assert!(!shares_storage(&out, &residual_out));
 }
@@ -120,8 +149,18 @@ fn a_weight_viewing_a_donated_activation_forces_a_copy() {
     let (x, residual, _) = inputs(4, 16);
     let weight = x.slice(0, 0, 1).unwrap().reshape(&[16]).unwrap();
     let weight_before = weight.deep_clone().unwrap();
-    let (expected_out, _) = fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None).unwrap();
-    let (out, _) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap();
+    let (expected_out, _) =
+        fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
+    let (out, _) = fused_add_rms_norm_maybe_inplace(
+        &registry,
+        x,
+        residual,
+        Some(&weight),
+        EPS,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     assert!(bit_eq(&weight, &weight_before), "the weight was read, never overwritten");
     assert!(bit_eq(&out, &expected_out));
 }
@@ -135,9 +174,12 @@ fn padded_rows_keep_their_layout_when_written_in_place() {
     let x = storage.as_strided(Layout::new(&[4, 16], &[24, 1], 1).unwrap()).unwrap();
     drop(storage);
     let residual = sample(DType::BF16, 4, 16, 8);
-    let (functional_out, _) = fused_add_rms_norm(&registry, &x, &residual, None, EPS, None).unwrap();
+    let (functional_out, _) =
+        fused_add_rms_norm(&registry, &x, &residual, None, EPS, None, ir_core::op::Rounding::Exact).unwrap();
     assert_eq!(functional_out.strides(), &[16, 1], "a non-dense x gives a compact functional output");
-    let (out, _) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, EPS, None).unwrap();
+    let (out, _) =
+        fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, EPS, None, ir_core::op::Rounding::Exact)
+            .unwrap();
     assert_eq!((out.strides(), out.offset()), (&[24, 1][..], 1), "the in-place output carries x's layout");
     assert_eq!(out.to_f64_vec().unwrap(), functional_out.to_f64_vec().unwrap());
 }
@@ -154,9 +196,19 @@ fn priority_with_native_fallback_gives_the_providers_bits() {
         Some(&weight),
         EPS,
         None,
+        ir_core::op::Rounding::Exact,
     )
     .unwrap();
-    let dispatched = fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None).unwrap();
+    let dispatched = fused_add_rms_norm_maybe_inplace(
+        &registry,
+        x,
+        residual,
+        Some(&weight),
+        EPS,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     assert!(bit_eq(&dispatched.0, &direct.0) && bit_eq(&dispatched.1, &direct.1));
 }
 
@@ -169,7 +221,16 @@ fn validation_happens_before_any_write() {
     let wrong_residual = sample(DType::BF16, 8, 15, 4);
     let kept = x.clone();
     let before = x.deep_clone().unwrap();
-    let err = fused_add_rms_norm_maybe_inplace(&registry, x, wrong_residual, Some(&weight), EPS, None).unwrap_err();
+    let err = fused_add_rms_norm_maybe_inplace(
+        &registry,
+        x,
+        wrong_residual,
+        Some(&weight),
+        EPS,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         "fused_add_rms_norm: `x_residual` has shape [8, 15] but must equal the shape of x (`x` has shape [8, 16])"
@@ -188,7 +249,9 @@ fn an_inplace_provider_is_refused_when_outputs_cannot_live_in_the_activations() 
     for call in 0..2 {
         let (x, _, _) = inputs(2, 8);
         let residual = sample(DType::F32, 2, 8, 5);
-        let err = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, EPS, None).unwrap_err();
+        let err =
+            fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, EPS, None, ir_core::op::Rounding::Exact)
+                .unwrap_err();
         assert!(matches!(err, CallError::InplaceMetaMismatch { index: 1, .. }), "call {call}: {err}");
     }
 }
@@ -208,7 +271,7 @@ fn maybe_inplace_runs_typed_dynamic_and_functional_implementations_alike() {
         };
         let (x, residual) = (take(&mut args[0])?, take(&mut args[1])?);
         let weight = args[2].as_tensor();
-        let (out, residual) = common::inplace_fused(x, residual, weight, EPS, None)?;
+        let (out, residual) = common::inplace_fused(x, residual, weight, EPS, None, ir_core::op::Rounding::Exact)?;
         Ok(vec![out, residual])
     });
     registry.register_impl("fused_add_rms_norm", ir_core::ImplSpec::new("dynamic"), dynamic).unwrap();
@@ -219,12 +282,15 @@ fn maybe_inplace_runs_typed_dynamic_and_functional_implementations_alike() {
     )
     .unwrap();
     let (x, residual, weight) = inputs(4, 16);
-    let expected = fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None).unwrap();
+    let expected =
+        fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
     for (provider, in_place) in [("typed", true), ("dynamic", true), ("functional", false)] {
         let _first = registry.override_priority("fused_add_rms_norm", &[provider]).unwrap();
         let (dx, dr) = (x.deep_clone().unwrap(), residual.deep_clone().unwrap());
         let storages = (dx.storage_id(), dr.storage_id());
-        let (out, res) = fused_add_rms_norm_maybe_inplace(&registry, dx, dr, Some(&weight), EPS, None).unwrap();
+        let (out, res) =
+            fused_add_rms_norm_maybe_inplace(&registry, dx, dr, Some(&weight), EPS, None, ir_core::op::Rounding::Exact)
+                .unwrap();
         assert!(bit_eq(&out, &expected.0) && bit_eq(&res, &expected.1), "{provider}");
         assert_eq!((out.storage_id(), res.storage_id()) == storages, in_place, "{provider}: written in place");
     }

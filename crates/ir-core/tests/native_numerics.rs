@@ -40,7 +40,8 @@ fn properties_per_dtype_and_epsilon() {
             let ones = rms_norm::native(&x, Some(&Tensor::ones(dtype, &[256]).unwrap()), eps, None).unwrap();
             assert!(bit_eq(&ones, &unweighted), "{dtype}: a ones weight is the identity");
 
-            let (out, residual_out) = fused_add_rms_norm::native(&x, &r, Some(&w), eps, None).unwrap();
+            let (out, residual_out) =
+                fused_add_rms_norm::native(&x, &r, Some(&w), eps, None, ir_core::op::Rounding::Exact).unwrap();
             let sum = x.add(&r).unwrap();
             assert!(bit_eq(&residual_out, &sum), "{dtype}: residual_out is the once-rounded f32 sum");
             let renormed = rms_norm::native(&residual_out, Some(&w), eps, None).unwrap();
@@ -48,7 +49,8 @@ fn properties_per_dtype_and_epsilon() {
             allclose(&out, &renormed, fused_tol.atol, fused_tol.rtol).unwrap_or_else(|e| panic!("{dtype}: {e}"));
 
             let zeros = Tensor::zeros(dtype, &[16, 256]).unwrap();
-            let (with_zero, _) = fused_add_rms_norm::native(&x, &zeros, Some(&w), eps, None).unwrap();
+            let (with_zero, _) =
+                fused_add_rms_norm::native(&x, &zeros, Some(&w), eps, None, ir_core::op::Rounding::Exact).unwrap();
             allclose(&with_zero, &y, 0.0, 0.0).unwrap_or_else(|e| panic!("{dtype}: fused(x, 0) == rms_norm(x): {e}"));
         }
     }
@@ -168,7 +170,8 @@ fn special_values() {
 
         let empty = Tensor::zeros(dtype, &[0, 8]).unwrap();
         assert_eq!(rms_norm::native(&empty, None, 1e-6, None).unwrap().shape(), &[0, 8]);
-        let (out, residual_out) = fused_add_rms_norm::native(&empty, &empty, None, 1e-6, None).unwrap();
+        let (out, residual_out) =
+            fused_add_rms_norm::native(&empty, &empty, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
         assert_eq!((out.numel(), residual_out.numel()), (0, 0));
 
         let single = Tensor::from_f64(dtype, &[3, 1], &[2.0, -0.5, 4.0]).unwrap();
@@ -192,7 +195,8 @@ fn layouts_give_the_values_of_compact_inputs() {
     let compact = sample(DType::BF16, t, h, 21);
     let residual = sample(DType::BF16, t, h, 22);
     let expected = rms_norm::native(&compact, None, 1e-6, None).unwrap().to_f64_vec().unwrap();
-    let (expected_out, expected_res) = fused_add_rms_norm::native(&compact, &residual, None, 1e-6, None).unwrap();
+    let (expected_out, expected_res) =
+        fused_add_rms_norm::native(&compact, &residual, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
     for (row_stride, offset) in [(2 * h, 0), (h + 3, 0), (h, 1), (h + 3, 1)] {
         let mut storage = Tensor::zeros(DType::BF16, &[row_stride * t + offset]).unwrap();
         let view = storage.as_strided(Layout::new(&[t, h], &[row_stride, 1], offset).unwrap()).unwrap();
@@ -201,7 +205,8 @@ fn layouts_give_the_values_of_compact_inputs() {
         storage.copy_from(&compact).unwrap();
         let y = rms_norm::native(&storage, None, 1e-6, None).unwrap();
         assert_eq!(y.to_f64_vec().unwrap(), expected, "row stride {row_stride}, offset {offset}");
-        let (out, res) = fused_add_rms_norm::native(&storage, &residual, None, 1e-6, None).unwrap();
+        let (out, res) =
+            fused_add_rms_norm::native(&storage, &residual, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
         assert!(bit_eq(&out, &expected_out) && bit_eq(&res, &expected_res));
     }
     let three_d = compact.reshape(&[1, t, h]).unwrap();
@@ -232,6 +237,61 @@ fn dynamic_native_agrees_with_typed_native() {
             vec![Value::Tensor(x.clone()), Value::Tensor(r.clone()), Value::Tensor(w.clone()), Value::F64(1e-5)],
         )
         .unwrap();
-    let (out, res) = fused_add_rms_norm::native(&x, &r, Some(&w), 1e-5, None).unwrap();
+    let (out, res) = fused_add_rms_norm::native(&x, &r, Some(&w), 1e-5, None, ir_core::op::Rounding::Exact).unwrap();
     assert!(bit_eq(&dynamic[0], &out) && bit_eq(&dynamic[1], &res));
+}
+
+/// `dtype` rounding: the fused norm of bf16/f16 tensors is `rms_norm` of the sum rounded to the
+/// dtype (what PyTorch's `residual + x` then a norm computes), which differs from the exact form on
+/// some elements; for f32 the two roundings are the same bits.
+#[test]
+fn dtype_rounding_normalizes_the_rounded_sum() {
+    use ir_core::op::Rounding;
+    for dtype in DTYPES {
+        let (x, r, w) = generated(dtype, 16, 256, 1e-6);
+        let (out, sum) = fused_add_rms_norm::native(&x, &r, Some(&w), 1e-6, None, Rounding::Dtype).unwrap();
+        let rounded_sum = x.add(&r).unwrap();
+        assert!(bit_eq(&sum, &rounded_sum), "{dtype}: the residual output is the rounded sum");
+        let expected = rms_norm::native(&rounded_sum, Some(&w), 1e-6, None).unwrap();
+        assert!(bit_eq(&out, &expected), "{dtype}: the norm of the rounded sum");
+        let (exact, exact_sum) = fused_add_rms_norm::native(&x, &r, Some(&w), 1e-6, None, Rounding::Exact).unwrap();
+        assert!(bit_eq(&sum, &exact_sum), "{dtype}: the residual output does not depend on the rounding");
+        let differing =
+            out.to_f64_vec().unwrap().iter().zip(exact.to_f64_vec().unwrap()).filter(|(a, b)| *a != b).count();
+        if dtype == DType::F32 {
+            assert_eq!(differing, 0, "f32: the same bits");
+        } else {
+            assert!(differing > 0, "{dtype}: the rounded sum changes some elements");
+        }
+    }
+}
+
+/// `dtype` rounding of rotary: each product rounded to the dtype, the sum or difference computed in
+/// f32 and rounded (PyTorch's `q * cos + rotate_half(q) * sin` on bf16 tensors), by hand; f32 is
+/// unchanged.
+#[test]
+fn dtype_rounding_of_rotary_rounds_each_product() {
+    use ir_core::op::Rounding;
+    use ir_core::op::rotary_embedding::{cos_sin_cache, native};
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        let round = |v: f32| dtype.round(f64::from(v)) as f32;
+        let q = sample(dtype, 3, 16, 11);
+        let cache = cos_sin_cache(dtype, 8, 16, 10000.0).unwrap();
+        let positions = Tensor::from_vec(&[3], vec![1i64, 5, 7]).unwrap();
+        let (rotated, _) = native(&positions, &q, None, &cache, 16, 16, true, Rounding::Dtype).unwrap();
+        let (exact, _) = native(&positions, &q, None, &cache, 16, 16, true, Rounding::Exact).unwrap();
+        let (values, c) = (q.to_f64_vec().unwrap(), cache.to_f64_vec().unwrap());
+        let mut expected = values.clone();
+        for (token, &p) in [1usize, 5, 7].iter().enumerate() {
+            for i in 0..8 {
+                let (x, y) = (values[token * 16 + i] as f32, values[token * 16 + 8 + i] as f32);
+                let (cos, sin) = (c[p * 16 + i] as f32, c[p * 16 + 8 + i] as f32);
+                expected[token * 16 + i] = f64::from(round(round(x * cos) - round(y * sin)));
+                expected[token * 16 + 8 + i] = f64::from(round(round(y * cos) + round(x * sin)));
+            }
+        }
+        assert_eq!(rotated.to_f64_vec().unwrap(), expected, "{dtype}");
+        let differing = rotated.to_f64_vec().unwrap() != exact.to_f64_vec().unwrap();
+        assert_eq!(differing, dtype != DType::F32, "{dtype}: dtype rounding matters for 16-bit tensors only");
+    }
 }

@@ -824,14 +824,23 @@ fn typed_implementations_are_closures_that_may_capture_state() {
     let registry = Registry::with_builtin_ops();
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&calls);
-    let kernel = ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(move |x, r, w, eps, v| {
+    let kernel = ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(move |x, r, w, eps, v, rounding| {
         counted.fetch_add(1, Ordering::Relaxed);
-        common::inplace_fused(x, r, w, eps, v)
+        common::inplace_fused(x, r, w, eps, v, rounding)
     });
     ir_core::op::fused_add_rms_norm::register(&registry, spec("counted"), kernel).unwrap();
     registry.set_default("fused_add_rms_norm", &["counted"]).unwrap();
     let (x, r) = (sample(DType::F32, 2, 8, 7), sample(DType::F32, 2, 8, 8));
-    ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(&registry, x, r, None, 1e-6, None).unwrap();
+    ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(
+        &registry,
+        x,
+        r,
+        None,
+        1e-6,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 }
 

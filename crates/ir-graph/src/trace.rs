@@ -2,12 +2,13 @@
 //! the same model source produces eager results and graphs.
 //!
 //! ```
+//! use ir_core::op::Rounding;
 //! use ir_core::{CallError, DType, EagerContext, ExecutionContext, Registry, Tensor, bit_eq};
 //! use ir_graph::{InterpOptions, Tracer, interpret};
 //!
 //! // A model written once against the execution context.
 //! fn model<C: ExecutionContext>(ctx: &C, x: &C::Tensor, r: &C::Tensor) -> Result<C::Tensor, CallError> {
-//!     let (y, _residual) = ctx.fused_add_rms_norm(x, r, None, 1e-6, None)?;
+//!     let (y, _residual) = ctx.fused_add_rms_norm(x, r, None, 1e-6, None, Rounding::Exact)?;
 //!     ctx.rms_norm(&y, None, 1e-6, None)
 //! }
 //!
@@ -20,7 +21,7 @@
 //! let (tx, tr) = (tracer.input("x", x.meta().clone()), tracer.input("r", r.meta().clone()));
 //! let out = model(&tracer, &tx, &tr)?;
 //! let traced = tracer.finish(&[out]);
-//! assert!(traced.graph.to_string().contains("fused_add_rms_norm(%x, %r, none, 1e-6, none)"));
+//! assert!(traced.graph.to_string().contains(r#"fused_add_rms_norm(%x, %r, none, 1e-6, none, "exact")"#));
 //! let inputs = vec![("x".to_owned(), x), ("r".to_owned(), r)];
 //! let run = interpret(&traced.graph, &registry, inputs, InterpOptions::checked())?;
 //! assert!(bit_eq(&run.outputs[0], &eager));

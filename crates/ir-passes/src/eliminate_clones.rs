@@ -720,10 +720,12 @@ fn retypes_cleanly(
             other => graph.arg_meta(other),
         })
         .collect();
-    if !matches!(cx.registry.implementation_supports(op, provider, &metas), Some(ir_core::Support::Yes)) {
+    let Some(def) = cx.registry.op_def(op) else { return false };
+    // Bound: omitted trailing parameters take their defaults, as a predicate expects them.
+    let Ok(bound) = ir_core::op::bind_meta(def, metas.clone()) else { return false };
+    if !matches!(cx.registry.implementation_supports(op, provider, &bound), Some(ir_core::Support::Yes)) {
         return false;
     }
-    let Some(def) = cx.registry.op_def(op) else { return false };
     let Ok(expected) = def.output_metas(metas) else { return false };
     let results = &graph.node(writer).results;
     let fresh_kept = results.iter().zip(&expected).skip(writes.len()).all(|(&r, want)| graph.meta(r) == want);

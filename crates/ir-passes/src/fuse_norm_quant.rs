@@ -27,6 +27,8 @@
 //!
 //! - **The norm is functional** ([`NormQuantSkip::Donated`]).
 //! - **No `variance_size`** ([`NormQuantSkip::VarianceSize`]): the fused ops normalize whole rows.
+//! - **The default rounding** ([`NormQuantSkip::Rounding`]): a 16-bit `fused_add_rms_norm` with
+//!   `rounding = "dtype"` normalizes the rounded sum; the fused ops normalize the f32 sum.
 //! - **The quantization is `o`'s only reader** ([`NormQuantSkip::OtherReaders`]): another reader,
 //!   the graph's output included, needs `o` in memory, so fusing would compute the norm twice.
 //!   ```text
@@ -95,7 +97,7 @@
 use std::fmt;
 
 use cranelift_entity::{EntitySet, SecondaryMap};
-use ir_core::op::Overload;
+use ir_core::op::{Overload, Rounding, StrEnum};
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
@@ -109,6 +111,9 @@ pub enum NormQuantSkip {
     Donated,
     /// The norm has a `variance_size`, which the fused ops do not take.
     VarianceSize,
+    /// The norm rounds the residual sum to a 16-bit dtype (`rounding = "dtype"`); the fused ops
+    /// normalize the f32 sum.
+    Rounding,
     /// The normalized output has another reader (or is a graph output).
     OtherReaders,
     /// The residual output is read before the quantization, whose scale is defined after the norm.
@@ -132,6 +137,7 @@ impl fmt::Display for NormQuantSkip {
         match self {
             NormQuantSkip::Donated => f.write_str("the norm is a maybe_inplace call"),
             NormQuantSkip::VarianceSize => f.write_str("the norm has a variance_size"),
+            NormQuantSkip::Rounding => f.write_str("the norm rounds the sum to its 16-bit dtype (rounding \"dtype\")"),
             NormQuantSkip::OtherReaders => f.write_str("the normalized output has another reader"),
             NormQuantSkip::NoPlace => f.write_str(
                 "the residual output is read before the quantization, whose scale is defined after the norm",
@@ -284,11 +290,16 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
         let Some(pattern) = PATTERNS.iter().find(|p| p.norm == norm_name && p.quant == quant_name) else {
             continue;
         };
-        // The norms' last parameter is `variance_size`.
-        let variance_size = norm_args.len() == norm_op_params(cx, norm_name)?;
-        let has_variance = variance_size && !matches!(norm_args.last(), Some(Arg::None));
-        if has_variance {
+        // The norm's arguments before `variance_size` go to the fused op; `variance_size` and the
+        // fused norm's `rounding` (after it) must be their defaults, which the fused ops compute.
+        let variance_at = variance_size_index(cx, norm_name)?;
+        if !matches!(norm_args.get(variance_at), None | Some(Arg::None)) {
             report.skipped.push(skip(NormQuantSkip::VarianceSize));
+            continue;
+        }
+        let rounds_sum = matches!(norm_args.get(variance_at + 1), Some(Arg::Str(r)) if r == Rounding::Dtype.as_str());
+        if rounds_sum && Rounding::Dtype.rounds_intermediates(graph.meta(*normalized).dtype) {
+            report.skipped.push(skip(NormQuantSkip::Rounding));
             continue;
         }
         let quant_scalars = &quant_args[1..];
@@ -331,8 +342,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
             report.skipped.push(skip(NormQuantSkip::WriteBetween));
             continue;
         }
-        let kept = if variance_size { norm_args.len() - 1 } else { norm_args.len() };
-        let mut args: Vec<Arg> = norm_args[..kept].to_vec();
+        let mut args: Vec<Arg> = norm_args[..variance_at.min(norm_args.len())].to_vec();
         args.extend(quant_scalars.iter().cloned());
         let quant_results = &graph.node(quant).results;
         let norm_results = usize::from(pattern.norm == "fused_add_rms_norm");
@@ -403,10 +413,11 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
     Ok(report)
 }
 
-/// The number of parameters of the norm `name` (its last is `variance_size`).
-fn norm_op_params(cx: &PassContext<'_>, name: &str) -> Result<usize, PassError> {
+/// The position of the norm `name`'s `variance_size` parameter (the parameters before it are the
+/// fused ops' first ones).
+fn variance_size_index(cx: &PassContext<'_>, name: &str) -> Result<usize, PassError> {
     let def = cx.registry.op_def(name).ok_or_else(|| PassError::UnknownOp { op: name.to_owned() })?;
-    Ok(def.params.len())
+    Ok(def.params.iter().position(|p| p.name == "variance_size").unwrap_or(def.params.len()))
 }
 
 /// The per-token scales' shape for a reshape to `dims`: its leading dimensions, then 1.

@@ -13,6 +13,7 @@
 //! ([`ROW_PATH_ENV`]) forces the portable ones.
 //!
 //! ```
+//! use ir_core::op::Rounding;
 //! use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
 //! use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor};
 //!
@@ -22,7 +23,7 @@
 //! let x = Tensor::ones(DType::BF16, &[4, 64]).unwrap();
 //! let residual = Tensor::zeros(DType::BF16, &[4, 64]).unwrap();
 //! let x_storage = x.storage_id();
-//! let (out, _) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, 1e-6, None)?;
+//! let (out, _) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, 1e-6, None, Rounding::Exact)?;
 //! assert_eq!(out.storage_id(), x_storage, "written in place");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -115,7 +116,8 @@ pub fn row_path() -> RowPath {
 
 /// What the cpu norms take beyond the common case: a weight of another dtype than x (a Gemma-style
 /// f32 weight on bf16 activations), as every GPU provider does.
-const NORMS: NormCapabilities = NormCapabilities { mixed_weight_dtype: true, ..NormCapabilities::DEFAULT };
+const NORMS: NormCapabilities =
+    NormCapabilities { mixed_weight_dtype: true, dtype_rounding: true, ..NormCapabilities::DEFAULT };
 
 /// Registers the `cpu` implementations of every built-in op.
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
@@ -248,16 +250,19 @@ impl<'a> RowWeight<'a> {
     }
 }
 
-/// `fused_add_rms_norm` on the CPU, in place: `residual ← x + residual` (rounded), `x ← norm(sum)`.
+/// `fused_add_rms_norm` on the CPU, in place: `residual ← x + residual` (rounded), `x ← norm(sum)`
+/// (of the f32 sum, or with `dtype` rounding of the rounded one: the add, then the `rms_norm` row).
 pub fn fused_add_rms_norm_cpu(
     mut x: UniqueTensor,
     mut residual: UniqueTensor,
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
+    rounding: ir_core::op::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     reject_variance_size(variance_size)?;
     let dtype = x.tensor().dtype();
+    let round_sum = rounding.rounds_intermediates(dtype);
     if residual.tensor().dtype() != dtype || residual.tensor().shape() != x.tensor().shape() {
         return Err(KernelError::InvalidArguments {
             reason: "x_residual must have x's shape and dtype for the in-place cpu kernel".to_owned(),
@@ -272,9 +277,11 @@ pub fn fused_add_rms_norm_cpu(
         let Storage::Cpu(residual_buffer) = residual.storage_mut()? else { return Err(not_on_cpu("x_residual")) };
         let (r_buffer, r_rows) = (residual_buffer, residual_rows);
         match dtype {
-            DType::F32 => rows::fused::<f32>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps),
-            DType::F16 => rows::fused::<half::f16>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps),
-            DType::BF16 => rows::fused::<half::bf16>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps),
+            DType::F32 => rows::fused::<f32>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps, round_sum),
+            DType::F16 => rows::fused::<half::f16>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps, round_sum),
+            DType::BF16 => {
+                rows::fused::<half::bf16>(x_buffer, x_rows, r_buffer, r_rows, weight.typed(), eps, round_sum)
+            }
             other => return Err(unsupported_dtype(other)),
         }
     }

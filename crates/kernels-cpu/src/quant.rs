@@ -467,7 +467,15 @@ mod tests {
                     let (residual_out, q) =
                         fused_add_rms_norm_static_fp8_quant_cpu(&x, unique(&r), weight, 1e-6, &scale, out_dtype)
                             .unwrap();
-                    let (out, sum) = fused_add_rms_norm_cpu(unique(&x), unique(&r), weight, 1e-6, None).unwrap();
+                    let (out, sum) = fused_add_rms_norm_cpu(
+                        unique(&x),
+                        unique(&r),
+                        weight,
+                        1e-6,
+                        None,
+                        ir_core::op::Rounding::Exact,
+                    )
+                    .unwrap();
                     assert!(bit_eq(&residual_out, &sum), "{label}: residual_out");
                     let expected = static_scaled_fp8_quant_cpu(&out, &scale, out_dtype).unwrap();
                     assert!(bit_eq(&q, &expected), "{label}: fused q");

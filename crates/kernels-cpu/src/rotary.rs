@@ -7,7 +7,7 @@
 //! against the cache before anything is written.
 
 use ir_core::kernel::{RotaryCall, RotaryLaunch, Rows, register_rotary};
-use ir_core::op::rotary_embedding::{check_positions, rotate_pair};
+use ir_core::op::rotary_embedding::{check_positions, pair_indices, rotate_pair};
 use ir_core::storage::{CpuBuffer, Storage};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 use rayon::prelude::*;
@@ -22,7 +22,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 
 /// `rotary_embedding` on the cpu: rotates query and key (when given) in their storage and returns them.
 pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
-    let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch } = call;
+    let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch, round_products } = call;
     let tokens = launch.geometry.tokens;
     let stored = positions.cpu_buffer().ok_or_else(|| crate::not_on_cpu("positions"))?.typed::<i64>();
     let end = positions.offset().checked_add(tokens);
@@ -36,7 +36,7 @@ pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
     let cache_rows = launch.cache.rows()?;
     let cache = cos_sin_cache.cpu_buffer().ok_or_else(|| crate::not_on_cpu("cos_sin_cache"))?;
     let dtype = query.tensor().dtype();
-    let pass = Pass { positions, cache, cache_rows, launch: &launch };
+    let pass = Pass { positions, cache, cache_rows, launch: &launch, round_products };
     for (param, tensor, rows) in [("query", Some(&mut query), Some(launch.query)), ("key", key.as_mut(), launch.key)] {
         let Some(tensor) = tensor else { continue };
         let rows = rows
@@ -60,6 +60,8 @@ struct Pass<'a> {
     cache: &'a CpuBuffer,
     cache_rows: Rows,
     launch: &'a RotaryLaunch,
+    /// `dtype` rounding ([`RotaryCall::round_products`]).
+    round_products: bool,
 }
 
 impl Pass<'_> {
@@ -77,7 +79,7 @@ impl Pass<'_> {
         let per_task = rows_per_task(width, size_of::<T>());
         let task = |scratch: &mut [f32], (row, &position): (&mut [T], &i64)| {
             let cache_row = &cache[position as usize * cache_stride..][..rot];
-            rotate_row(&mut row[..width], cache_row, scratch, g.head_size, g.is_neox_style);
+            rotate_row(&mut row[..width], cache_row, scratch, g.head_size, g.is_neox_style, self.round_products);
         };
         if rows.n_rows <= per_task {
             // On the calling thread, in its reused scratch (handing one task to the thread pool
@@ -110,6 +112,7 @@ fn rotate_row<T: CpuElement>(
     scratch: &mut [f32],
     head_size: usize,
     is_neox_style: bool,
+    round_products: bool,
 ) {
     let (values, cs) = scratch.split_at_mut(row.len());
     let cs = &mut cs[..cache_row.len()];
@@ -118,10 +121,43 @@ fn rotate_row<T: CpuElement>(
     // An f32 row is rotated where it is; others through `values`.
     T::update_as_f32(row, values, |values| {
         for head in values.chunks_exact_mut(head_size) {
-            rotate_head(&mut head[..rotary_dim], cos, sin, is_neox_style);
+            if round_products {
+                rotate_head_rounded::<T>(&mut head[..rotary_dim], cos, sin, is_neox_style);
+            } else {
+                rotate_head(&mut head[..rotary_dim], cos, sin, is_neox_style);
+            }
         }
     });
 }
+
+/// [`rotate_head`] with `dtype` rounding, [`ROUNDED_CHUNK`] pairs at a
+/// time: the four products rounded to `T` as slices (the cos and sin are `T` values already, and
+/// storing the row rounds the sums), so the rounding vectorizes. The doc of `rotate_pair_rounded`
+/// in the reference: `ir_core::op::rotary_embedding::rotate_pair_rounded`.
+#[inline(always)]
+fn rotate_head_rounded<T: CpuElement>(rotated: &mut [f32], cos: &[f32], sin: &[f32], is_neox_style: bool) {
+    let half = rotated.len() / 2;
+    let mut products = [[0f32; ROUNDED_CHUNK]; 4];
+    for start in (0..half).step_by(ROUNDED_CHUNK) {
+        let len = ROUNDED_CHUNK.min(half - start);
+        let [xc, ys, yc, xs] = &mut products;
+        for k in 0..len {
+            let (xi, yi) = pair_indices(start + k, rotated.len(), is_neox_style);
+            let (x, y, c, s) = (rotated[xi], rotated[yi], cos[start + k], sin[start + k]);
+            (xc[k], ys[k], yc[k], xs[k]) = (x * c, y * s, y * c, x * s);
+        }
+        for p in [&mut xc[..len], &mut ys[..len], &mut yc[..len], &mut xs[..len]] {
+            T::round_in_place(p);
+        }
+        for k in 0..len {
+            let (xi, yi) = pair_indices(start + k, rotated.len(), is_neox_style);
+            (rotated[xi], rotated[yi]) = (xc[k] - ys[k], yc[k] + xs[k]);
+        }
+    }
+}
+
+/// Pairs per step of [`rotate_head_rounded`].
+const ROUNDED_CHUNK: usize = 64;
 
 /// Rotates one head's first `rotary_dim` elements (`rotated`) in f32: NeoX pairs are the two
 /// halves, GPT-J pairs neighbours. Written as zipped slices (no index arithmetic), so the loops

@@ -58,13 +58,22 @@ pub(crate) fn fused<T: CpuElement>(
     residual_rows: Rows,
     weight: Weight<'_, T>,
     eps: f32,
+    round_sum: bool,
 ) {
     let hidden = x_rows.hidden;
     let x_data = &mut x.typed_mut::<T>()[x_rows.offset..x_rows.offset + x_rows.span()];
     let residual_data =
         &mut residual.typed_mut::<T>()[residual_rows.offset..residual_rows.offset + residual_rows.span()];
     let task = |(x_chunk, r_chunk): (&mut [T], &mut [T])| {
-        fused_row(RowOut::InPlace(&mut x_chunk[..hidden]), &mut r_chunk[..hidden], weight, eps);
+        let (x, r) = (&mut x_chunk[..hidden], &mut r_chunk[..hidden]);
+        if round_sum {
+            // `dtype` rounding: the stored (rounded) sum, then the norm row of it: rms_norm of the
+            // residual output, bit for bit.
+            add_into(x, r);
+            rms_norm_row(r, weight, eps, x, false);
+        } else {
+            fused_row(RowOut::InPlace(x), r, weight, eps);
+        }
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
@@ -283,6 +292,16 @@ pub(crate) fn fused_row_portable<T: CpuElement, W: CpuElement>(
         let weight = weight.map(|weight| W::widen(&weight[start..start + len], &mut w[..len]));
         // SAFETY: `start + len <= n` values of the written row, no other borrow of them alive.
         T::store_normalized(sum, rstd, weight, unsafe { std::slice::from_raw_parts_mut(out.add(start), len) });
+    }
+}
+
+/// `r ← x + r`, each sum rounded to `T` (the fused op's residual output), [`CHUNK`] values at a time.
+fn add_into<T: CpuElement>(x: &[T], r: &mut [T]) {
+    let mut sum = [0f32; CHUNK];
+    for (x, r) in x.chunks(CHUNK).zip(r.chunks_mut(CHUNK)) {
+        let sum = &mut sum[..r.len()];
+        add_widened(x, r, sum);
+        T::store(sum, r);
     }
 }
 

@@ -24,6 +24,7 @@ fn the_env_var_forces_the_portable_rows_with_the_same_bits() {
                 Some(&w),
                 1e-6,
                 None,
+                ir_core::op::Rounding::Exact,
             )
             .unwrap();
             assert!(ir_core::bit_eq(&residual, &x), "{dtype} {hidden}: x + 0 = x");

@@ -55,7 +55,8 @@ pub const PROVIDER: &str = "cuda";
 pub const KERNEL_DTYPES: KernelDTypes = KernelDTypes::WithF64;
 
 /// The norms' capabilities: every argument form, on [`KERNEL_DTYPES`].
-const CAPABILITIES: NormCapabilities = NormCapabilities { dtypes: KERNEL_DTYPES, ..NormCapabilities::ALL };
+const CAPABILITIES: NormCapabilities =
+    NormCapabilities { dtypes: KERNEL_DTYPES, dtype_rounding: false, ..NormCapabilities::ALL };
 
 /// Alignment of device allocations (the driver returns at least 256-byte aligned memory).
 const ALLOCATION_ALIGNMENT: usize = 256;
@@ -120,7 +121,9 @@ pub fn fused_add_rms_norm_cuda(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
+    rounding: ir_core::op::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
+    refuse_dtype_rounding(rounding, x.tensor().dtype())?;
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
@@ -159,4 +162,15 @@ fn weight_arg(weight: Option<&Tensor>) -> Result<launch::WeightArg<'_>, KernelEr
         None => Ok(None),
         Some(w) => Ok(Some((device_buffer::<CudaBuffer>(w, "weight", "CUDA")?, w.offset(), w.dtype()))),
     }
+}
+
+/// The GPU fused kernel normalizes the f32 sum; its predicate refuses `dtype` rounding on 16-bit
+/// tensors (dispatch then falls back to native, with a warning), and a direct call is refused here.
+fn refuse_dtype_rounding(rounding: ir_core::op::Rounding, dtype: ir_core::DType) -> Result<(), KernelError> {
+    if rounding.rounds_intermediates(dtype) {
+        return Err(KernelError::InvalidArguments {
+            reason: "rounding \"dtype\" of fused_add_rms_norm is not implemented by this kernel".to_owned(),
+        });
+    }
+    Ok(())
 }

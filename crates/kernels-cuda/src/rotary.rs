@@ -33,7 +33,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 /// `rotary_embedding` on CUDA: rotates query and key (when given) in their storage; the launch is
 /// asynchronous, on the query's call stream.
 pub fn rotary_embedding_cuda(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
-    let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch } = call;
+    let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch, round_products } = call;
     let is_neox_style = launch.geometry.is_neox_style;
     let dtype = query.tensor().dtype();
     let size = dtype.size_in_bytes();
@@ -72,15 +72,17 @@ pub fn rotary_embedding_cuda(call: RotaryCall<'_>) -> Result<(Tensor, Option<Ten
         let c_ptr = c_address.offset(c.offset as usize * size);
         let has_key = i32::from(launch.key.is_some());
         let is_neox = i32::from(is_neox_style);
+        let round_products = i32::from(round_products);
         let n_tokens = q.n_rows;
         let mut builder = stream.launch_builder(&function);
         // rotary_embedding_<dtype>(elem_t* q, long long q_row_stride, elem_t* k, long long k_row_stride,
         //     int has_key, const long long* positions, const elem_t* cache, long long cache_row_stride,
         //     long long tokens, int heads, int kv_heads, int head_size, int rotary_dim, int max_position,
-        //     int is_neox)
+        //     int is_neox, int round_products)
         builder.arg(&q_ptr).arg(&q.row_stride).arg(&k_ptr).arg(&k_stride).arg(&has_key);
         builder.arg(&p_ptr).arg(&c_ptr).arg(&c.row_stride).arg(&n_tokens);
         builder.arg(&heads).arg(&kv_heads).arg(&head_size).arg(&rotary_dim).arg(&max_position).arg(&is_neox);
+        builder.arg(&round_products);
         // SAFETY: the arguments follow the kernel's prototype above, each integer converted without
         // loss (`Rows::kernel_args`, `RotaryLaunch::dims`). Query's and key's addresses cover every
         // element their rows reach (their layouts were checked against their storage; the meta

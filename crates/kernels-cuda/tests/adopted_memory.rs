@@ -56,11 +56,19 @@ fn kernels_run_on_adopted_slices_and_launch_on_their_stream() {
         Some(&weight),
         1e-6,
         None,
+        ir_core::op::Rounding::Exact,
     )
     .unwrap();
-    let (out, residual_out) =
-        fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(&registry, dx, dresidual, Some(&dweight), 1e-6, None)
-            .unwrap();
+    let (out, residual_out) = fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(
+        &registry,
+        dx,
+        dresidual,
+        Some(&dweight),
+        1e-6,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     let record = registry.selection_record();
     assert_eq!(record.op("fused_add_rms_norm").unwrap().inplace_writes, 2);
     assert!(bit_eq(&residual_out.to_cpu().unwrap(), &want_residual));

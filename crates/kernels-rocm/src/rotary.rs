@@ -38,7 +38,7 @@ mod launch {
     use crate::runtime::{HipBuffer, device};
 
     pub(super) fn rotary(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
-        let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch } = call;
+        let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch, round_products } = call;
         let is_neox_style = launch.geometry.is_neox_style;
         let dtype = query.tensor().dtype();
         let tokens = launch.geometry.tokens;
@@ -75,10 +75,12 @@ mod launch {
             let (mut q_stride, mut c_stride, mut n_tokens) = (q.row_stride, c.row_stride, q.n_rows);
             let mut has_key = i32::from(launch.key.is_some());
             let mut is_neox = i32::from(is_neox_style);
+            let mut round_products = i32::from(round_products);
             // rotary_embedding_<dtype>(q, long long q_row_stride, k, long long k_row_stride, int has_key,
             //     const long long* positions, cache, long long cache_row_stride, long long tokens,
-            //     int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox)
-            let mut params: [*mut c_void; 15] = [
+            //     int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox,
+            //     int round_products)
+            let mut params: [*mut c_void; 16] = [
                 &mut q_ptr as *mut _ as *mut c_void,
                 &mut q_stride as *mut _ as *mut c_void,
                 &mut k_ptr as *mut _ as *mut c_void,
@@ -94,6 +96,7 @@ mod launch {
                 &mut rotary_dim as *mut _ as *mut c_void,
                 &mut max_position as *mut _ as *mut c_void,
                 &mut is_neox as *mut _ as *mut c_void,
+                &mut round_products as *mut _ as *mut c_void,
             ];
             // SAFETY: the parameters point to locals of the kernel's declared types in prototype
             // order, each integer converted without loss (`Rows::kernel_args`, `RotaryLaunch::dims`).

@@ -27,7 +27,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 
 /// `rotary_embedding` on `xpu:0`: rotates query and key (when given) in their storage.
 pub fn rotary_embedding_xpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
-    let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch } = call;
+    let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch, round_products } = call;
     let is_neox_style = launch.geometry.is_neox_style;
     let dtype = query.tensor().dtype();
     let tokens = launch.geometry.tokens;
@@ -60,10 +60,11 @@ pub fn rotary_embedding_xpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
         let has_key = i32::from(launch.key.is_some());
         let n_tokens = q.n_rows;
         let is_neox = i32::from(is_neox_style);
+        let round_products = i32::from(round_products);
         // rotary_embedding_<dtype>(q, long q_row_stride, long q_offset, k, long k_row_stride,
         //     long k_offset, int has_key, positions, long positions_offset, cache,
         //     long cache_row_stride, long cache_offset, long tokens, int heads, int kv_heads,
-        //     int head_size, int rotary_dim, int max_position, int is_neox)
+        //     int head_size, int rotary_dim, int max_position, int is_neox, int round_products)
         // SAFETY: the arguments follow the kernel's prototype above, with the types it declares,
         // each integer converted without loss (`Rows::kernel_args`, `RotaryLaunch::dims`). Query's
         // and key's rows lie inside their buffers (their layouts were checked against their
@@ -93,6 +94,7 @@ pub fn rotary_embedding_xpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
                 .set_arg(&rotary_dim)
                 .set_arg(&max_position)
                 .set_arg(&is_neox)
+                .set_arg(&round_products)
                 .set_global_work_size(global)
                 .set_local_work_size(group)
                 .enqueue_nd_range(&queue)

@@ -111,10 +111,26 @@ fn an_execution_context_carries_the_engines_queue() {
     assert!(std::sync::Arc::ptr_eq(&queue_of(&dx), &engine_queue));
     allclose(&out.to_cpu().unwrap(), &rms_norm::native(&x, None, 1e-6, None).unwrap(), 1e-5, 1e-5).unwrap();
     // In place on the engine's queue, then a call without a queue reads the results in order.
-    let (normed, summed) =
-        ir_core::ExecutionContext::fused_add_rms_norm_maybe_inplace(&ctx, dx, dresidual, None, 1e-6, None).unwrap();
-    let (want_normed, want_summed) =
-        ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &x, &residual, None, 1e-6, None).unwrap();
+    let (normed, summed) = ir_core::ExecutionContext::fused_add_rms_norm_maybe_inplace(
+        &ctx,
+        dx,
+        dresidual,
+        None,
+        1e-6,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
+    let (want_normed, want_summed) = ir_core::op::fused_add_rms_norm::fused_add_rms_norm(
+        &registry,
+        &x,
+        &residual,
+        None,
+        1e-6,
+        None,
+        ir_core::op::Rounding::Exact,
+    )
+    .unwrap();
     let gated = ir_core::op::silu_and_mul::silu_and_mul(&registry, &normed).unwrap();
     let want_gated = ir_core::op::silu_and_mul::native(&want_normed).unwrap();
     allclose(&summed.to_cpu().unwrap(), &want_summed, 1e-6, 1e-6).unwrap();

@@ -42,3 +42,4 @@ pub use crate::quant::{QuantFp8, QuantScale};
 pub use crate::rms_norm::{LayerError, RmsNorm, RmsNormBuilder};
 pub use crate::rope::{RopeScaling, RopeScalingError, inverse_frequencies, rope_cache};
 pub use crate::rotary::RotaryEmbedding;
+pub use ir_core::op::Rounding;

@@ -2,6 +2,7 @@
 
 use std::sync::OnceLock;
 
+use ir_core::op::Rounding;
 use ir_core::storage::DeviceAllocator;
 use ir_core::{CallError, DType, ExecutionContext, Tensor, TensorError};
 
@@ -112,6 +113,7 @@ pub struct RmsNorm {
     variance_size: Option<i64>,
     weight: Weight,
     name: String,
+    rounding: Rounding,
 }
 
 /// The layer's weight.
@@ -137,6 +139,7 @@ pub struct RmsNormBuilder {
     has_weight: bool,
     dtype: Option<DType>,
     name: String,
+    rounding: Rounding,
 }
 
 impl RmsNormBuilder {
@@ -167,6 +170,13 @@ impl RmsNormBuilder {
         RmsNormBuilder { name: name.into(), ..self }
     }
 
+    /// Where the residual forms round the sum ([`Rounding`]): `Exact` (the default) normalizes the
+    /// f32 sum; `Dtype` the sum rounded to the activations' dtype, as PyTorch and vLLM's CUDA
+    /// kernel do, for checking bit parity with them.
+    pub fn rounding(self, rounding: Rounding) -> RmsNormBuilder {
+        RmsNormBuilder { rounding, ..self }
+    }
+
     /// Builds the layer; the weight starts as ones (of the activations' dtype unless
     /// [`RmsNormBuilder::dtype`] fixed one).
     pub fn build(self) -> Result<RmsNorm, LayerError> {
@@ -185,7 +195,7 @@ impl RmsNormBuilder {
             (true, None) => Weight::OnesLikeInput(Box::default()),
             (true, Some(dtype)) => Weight::Given(Tensor::ones(dtype, &[hidden_size])?),
         };
-        Ok(RmsNorm { hidden_size, eps: self.eps, variance_size, weight, name: self.name })
+        Ok(RmsNorm { hidden_size, eps: self.eps, variance_size, weight, name: self.name, rounding: self.rounding })
     }
 }
 
@@ -198,6 +208,7 @@ impl RmsNorm {
             var_hidden_size: None,
             has_weight: true,
             dtype: None,
+            rounding: Rounding::Exact,
             name: "rms_norm.weight".to_owned(),
         }
     }
@@ -300,7 +311,14 @@ impl RmsNorm {
             return Err(LayerError::ResidualShape { x: x_shape.to_vec(), residual: residual_shape.to_vec() });
         }
         let weight = self.weight_in(ctx, &x)?;
-        Ok(ctx.fused_add_rms_norm_maybe_inplace(x, residual, weight.as_ref(), self.eps, self.variance_size)?)
+        Ok(ctx.fused_add_rms_norm_maybe_inplace(
+            x,
+            residual,
+            weight.as_ref(),
+            self.eps,
+            self.variance_size,
+            self.rounding,
+        )?)
     }
 
     /// `fused_add_rms_norm`, functional: inputs are not donated.
@@ -316,7 +334,7 @@ impl RmsNorm {
             return Err(LayerError::ResidualShape { x: x_shape.to_vec(), residual: residual_shape.to_vec() });
         }
         let weight = self.weight_in(ctx, x)?;
-        Ok(ctx.fused_add_rms_norm(x, residual, weight.as_ref(), self.eps, self.variance_size)?)
+        Ok(ctx.fused_add_rms_norm(x, residual, weight.as_ref(), self.eps, self.variance_size, self.rounding)?)
     }
 
     fn check_input<C: ExecutionContext>(&self, ctx: &C, param: &'static str, t: &C::Tensor) -> Result<(), LayerError> {
@@ -426,6 +444,25 @@ mod tests {
         interpret(&traced.graph, &registry, inputs, InterpOptions::checked()).unwrap();
     }
 
+    /// The builder's rounding reaches the residual forms: `Dtype` normalizes the bf16 sum as native
+    /// does, which differs from the default's f32 sum on some elements.
+    #[test]
+    fn the_builder_rounding_reaches_the_fused_norm() {
+        let registry = Registry::with_builtin_ops();
+        let ctx = EagerContext::new(&registry);
+        let meta = ir_core::TensorMeta::compact(DType::BF16, &[4, 64]);
+        let (x, r) = (Tensor::randn(&meta, 1).unwrap(), Tensor::randn(&meta, 2).unwrap());
+        let exact = RmsNorm::builder(64).build().unwrap();
+        let parity = RmsNorm::builder(64).rounding(Rounding::Dtype).build().unwrap();
+        let (a, _) = exact.forward_residual_functional(&ctx, &x, &r).unwrap();
+        let (b, sum) = parity.forward_residual(&ctx, x.deep_clone().unwrap(), r.deep_clone().unwrap()).unwrap();
+        let ones = Tensor::ones(DType::BF16, &[64]).unwrap();
+        let (expected, _) = fused_add_rms_norm::native(&x, &r, Some(&ones), 1e-6, None, Rounding::Dtype).unwrap();
+        assert!(bit_eq(&b, &expected), "the norm of the rounded sum");
+        assert!(bit_eq(&sum, &x.add(&r).unwrap()), "the residual output");
+        assert!(!bit_eq(&a, &b), "the two roundings differ on bf16");
+    }
+
     #[test]
     fn builder_rules() {
         let norm = RmsNorm::builder(16).var_hidden_size(16).build().unwrap();
@@ -470,7 +507,8 @@ mod tests {
         let y = norm.forward(&ctx, &x).unwrap();
         assert!(bit_eq(&y, &rms_norm::native(&x, Some(&weight), 1e-6, Some(8)).unwrap()));
         let (expected_out, expected_residual) =
-            fused_add_rms_norm::native(&x, &residual, Some(&weight), 1e-6, Some(8)).unwrap();
+            fused_add_rms_norm::native(&x, &residual, Some(&weight), 1e-6, Some(8), ir_core::op::Rounding::Exact)
+                .unwrap();
         let functional = norm.forward_residual_functional(&ctx, &x, &residual).unwrap();
         assert!(bit_eq(&functional.0, &expected_out) && bit_eq(&functional.1, &expected_residual));
         let (out, new_residual) = norm.forward_residual(&ctx, x, residual).unwrap();

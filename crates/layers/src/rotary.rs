@@ -1,6 +1,6 @@
 //! Rotary position embedding of query and key, with the cos/sin cache built once per layer.
 
-use ir_core::op::rotary_embedding;
+use ir_core::op::{Rounding, rotary_embedding};
 use ir_core::storage::DeviceAllocator;
 use ir_core::{DType, ExecutionContext, Tensor};
 
@@ -37,6 +37,7 @@ pub struct RotaryEmbedding {
     rotary_dim: usize,
     is_neox_style: bool,
     cache: Tensor,
+    rounding: Rounding,
 }
 
 impl RotaryEmbedding {
@@ -84,7 +85,7 @@ impl RotaryEmbedding {
         }
         let positions = scaling.as_ref().map_or(max_position, |s| s.max_position(max_position));
         let cache = rope_cache(dtype, positions, rotary_dim, base, scaling.as_ref())?;
-        Ok(RotaryEmbedding { name, head_size, rotary_dim, is_neox_style, cache })
+        Ok(RotaryEmbedding { name, head_size, rotary_dim, is_neox_style, cache, rounding: Rounding::Exact })
     }
 
     /// A rotary embedding over a cos/sin cache the engine already has (`[max_position,
@@ -108,7 +109,14 @@ impl RotaryEmbedding {
         if !cache.dtype().is_compute() {
             return Err(error(format!("cache dtype {} is not one of f32, f16, bf16, f64", cache.dtype())));
         }
-        Ok(RotaryEmbedding { name, head_size, rotary_dim, is_neox_style, cache })
+        Ok(RotaryEmbedding { name, head_size, rotary_dim, is_neox_style, cache, rounding: Rounding::Exact })
+    }
+
+    /// The layer with another [`Rounding`]: `Exact` (the default) keeps the products in f32;
+    /// `Dtype` rounds them to the query's dtype, as PyTorch and vLLM's CUDA kernel do, for checking
+    /// bit parity with them.
+    pub fn with_rounding(self, rounding: Rounding) -> RotaryEmbedding {
+        RotaryEmbedding { rounding, ..self }
     }
 
     /// Elements per head.
@@ -153,6 +161,7 @@ impl RotaryEmbedding {
             head_size,
             rotary_dim,
             self.is_neox_style,
+            self.rounding,
         )?)
     }
 
@@ -166,7 +175,8 @@ impl RotaryEmbedding {
     ) -> Result<(C::Tensor, Option<C::Tensor>), LayerError> {
         let cache = ctx.parameter(&self.name, &self.cache)?;
         let (head_size, rotary_dim) = (self.head_size as i64, self.rotary_dim as i64);
-        Ok(rotary_embedding::call(ctx, positions, query, key, &cache, head_size, rotary_dim, self.is_neox_style)?)
+        let neox = self.is_neox_style;
+        Ok(rotary_embedding::call(ctx, positions, query, key, &cache, head_size, rotary_dim, neox, self.rounding)?)
     }
 }
 
@@ -183,6 +193,25 @@ mod tests {
     use super::*;
     use ir_core::{EagerContext, Registry, TensorMeta, bit_eq};
 
+    /// The layer's rounding reaches the op: `Dtype` gives native's rounded-products bits on bf16,
+    /// which differ from the default's.
+    #[test]
+    fn the_layer_passes_its_rounding_to_the_op() {
+        let registry = Registry::with_builtin_ops();
+        let ctx = EagerContext::new(&registry);
+        let rope = RotaryEmbedding::new("rope", 16, 16, 32, 10000.0, true, DType::BF16).unwrap();
+        let parity = rope.clone().with_rounding(Rounding::Dtype);
+        let positions = Tensor::from_vec(&[4], vec![3i64, 9, 31, 7]).unwrap();
+        let q = Tensor::randn(&TensorMeta::compact(DType::BF16, &[4, 32]), 5).unwrap();
+        let native = |rounding| {
+            rotary_embedding::native(&positions, &q, None, rope.cos_sin_cache(), 16, 16, true, rounding).unwrap().0
+        };
+        let (exact, _) = rope.forward_functional(&ctx, &positions, &q, None).unwrap();
+        let (rounded, _) = parity.forward_functional(&ctx, &positions, &q, None).unwrap();
+        assert!(bit_eq(&exact, &native(Rounding::Exact)) && bit_eq(&rounded, &native(Rounding::Dtype)));
+        assert!(!bit_eq(&exact, &rounded), "bf16 products rounded change some elements");
+    }
+
     #[test]
     fn both_forms_match_the_reference_and_bad_geometry_is_refused() {
         let registry = Registry::with_builtin_ops();
@@ -190,7 +219,17 @@ mod tests {
         let rope = RotaryEmbedding::new("rope", 16, 8, 32, 10000.0, false, DType::F32).unwrap();
         let positions = Tensor::from_vec(&[4], vec![3i64, 0, 31, 7]).unwrap();
         let q = Tensor::randn(&TensorMeta::compact(DType::F32, &[4, 32]), 5).unwrap();
-        let (eq, ek) = rotary_embedding::native(&positions, &q, None, rope.cos_sin_cache(), 16, 8, false).unwrap();
+        let (eq, ek) = rotary_embedding::native(
+            &positions,
+            &q,
+            None,
+            rope.cos_sin_cache(),
+            16,
+            8,
+            false,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         assert!(ek.is_none());
         let (fq, fk) = rope.forward_functional(&ctx, &positions, &q, None).unwrap();
         assert!(bit_eq(&fq, &eq) && fk.is_none());
@@ -216,7 +255,8 @@ mod tests {
         let positions = Tensor::from_vec(&[2], vec![7i64, 1]).unwrap();
         let q = Tensor::randn(&TensorMeta::compact(DType::F32, &[2, 32]), 4).unwrap();
         let (got, _) = rope.forward_functional(&ctx, &positions, &q, None).unwrap();
-        let (expected, _) = rotary_embedding::native(&positions, &q, None, &cache, 16, 16, true).unwrap();
+        let (expected, _) =
+            rotary_embedding::native(&positions, &q, None, &cache, 16, 16, true, ir_core::op::Rounding::Exact).unwrap();
         assert!(bit_eq(&got, &expected));
         for bad in [Tensor::zeros(DType::F32, &[8]).unwrap(), Tensor::zeros(DType::F32, &[8, 15]).unwrap()] {
             assert!(RotaryEmbedding::from_cache("bad", 16, true, bad).is_err());

@@ -27,9 +27,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let registry = vllm_ir::registry()?;
     let sum = (&x.to_dtype(DType::F32)? + &residual.to_dtype(DType::F32)?)?;
     let before = registry.selection_record();
-    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6)?;
+    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, vllm_ir::op::Rounding::Exact)?;
     let (q, k) = (qkv.narrow(1, 0, heads * head_size)?, qkv.narrow(1, heads * head_size, kv_heads * head_size)?);
-    candle_ops::rotary_embedding(&registry, &positions, &q, Some(&k), &cache, head_size, head_size, true)?;
+    candle_ops::rotary_embedding(
+        &registry,
+        &positions,
+        &q,
+        Some(&k),
+        &cache,
+        head_size,
+        head_size,
+        true,
+        vllm_ir::op::Rounding::Exact,
+    )?;
     let activated = candle_ops::silu_and_mul(&registry, &gate_up)?;
     let step = registry.selection_record().since(&before);
 

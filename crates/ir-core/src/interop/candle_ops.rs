@@ -15,6 +15,7 @@
 //! ```
 //! use candle_core::{DType, Device, Tensor};
 //! use ir_core::interop::candle_ops;
+//! use ir_core::op::Rounding;
 //!
 //! let registry = ir_core::Registry::with_builtin_ops();
 //! let x = Tensor::randn(0f32, 1.0, (4, 64), &Device::Cpu)?;
@@ -23,7 +24,7 @@
 //! // candle_nn::ops::rms_norm(&x, &weight, 1e-6)?, as a fresh tensor:
 //! let y = candle_ops::rms_norm(&registry, &x, Some(&weight), 1e-6)?;
 //! // The residual stream in place: residual += x, then x = rms_norm(residual) * weight.
-//! candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6)?;
+//! candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, Rounding::Exact)?;
 //! assert_eq!(x.dims(), y.dims());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -66,6 +67,7 @@ use candle_core as candle;
 use candle_core::backend::BackendStorage;
 
 use super::InteropError;
+use crate::op::Rounding;
 use crate::op::gelu_and_mul::Approximate;
 use crate::registry::{CallError, Registry};
 use crate::storage::{CpuBuffer, HostAccess, Storage};
@@ -440,6 +442,7 @@ pub fn fused_add_rms_norm(
     residual: &candle::Tensor,
     weight: Option<&candle::Tensor>,
     epsilon: f64,
+    rounding: Rounding,
 ) -> Result<()> {
     on_cpu(x)?;
     on_cpu(residual)?;
@@ -447,7 +450,7 @@ pub fn fused_add_rms_norm(
     let weight =
         weight.map(|w| on_cpu(w).and_then(|()| apart_from(registry, "fused_add_rms_norm", w, &written))).transpose()?;
     let outcome = Outcome::new();
-    let op = FusedAddRmsNorm { registry, x, weight: weight.as_ref(), epsilon, outcome: &outcome };
+    let op = FusedAddRmsNorm { registry, x, weight: weight.as_ref(), epsilon, rounding, outcome: &outcome };
     let result = if written[0] == written[1] {
         // One storage: one write lock; computed functionally and written back.
         residual.inplace_op1(&SharedFused(op))
@@ -462,6 +465,7 @@ struct FusedAddRmsNorm<'a> {
     x: &'a candle::Tensor,
     weight: Option<&'a candle::Tensor>,
     epsilon: f64,
+    rounding: Rounding,
     outcome: &'a Outcome,
 }
 
@@ -514,6 +518,7 @@ impl FusedInner<'_, '_> {
             w_view.as_ref(),
             outer.epsilon,
             None,
+            outer.rounding,
         )?;
         drop(w_view);
         // A provider that ran functionally returned fresh tensors: they are copied into place.
@@ -583,6 +588,7 @@ impl candle::InplaceOp1 for SharedFused<'_> {
                     w_view.as_ref(),
                     op.epsilon,
                     None,
+                    op.rounding,
                 );
                 drop((x_view, r_view, w_view));
                 outputs?
@@ -609,6 +615,7 @@ pub fn rotary_embedding(
     head_size: usize,
     rotary_dim: usize,
     is_neox_style: bool,
+    rounding: Rounding,
 ) -> Result<()> {
     for tensor in [Some(positions), Some(query), key, Some(cos_sin_cache)].into_iter().flatten() {
         on_cpu(tensor)?;
@@ -628,6 +635,7 @@ pub fn rotary_embedding(
             head_size: to_i64(head_size),
             rotary_dim: to_i64(rotary_dim),
             is_neox_style,
+            rounding,
             outcome: &outcome,
         };
         let result = target.inplace_op3(&positions, &cache, &op);
@@ -641,6 +649,7 @@ struct Rotary<'a> {
     head_size: i64,
     rotary_dim: i64,
     is_neox_style: bool,
+    rounding: Rounding,
     outcome: &'a Outcome,
 }
 
@@ -680,6 +689,7 @@ impl candle::InplaceOp3 for Rotary<'_> {
                 self.head_size,
                 self.rotary_dim,
                 self.is_neox_style,
+                self.rounding,
             )?;
             drop((p, c));
             land(self.registry, &lease, written, target_parts, target_layout, rotated)
@@ -850,8 +860,9 @@ mod tests {
         w: Option<&Tensor>,
         eps: f64,
         variance: Option<i64>,
+        rounding: Rounding,
     ) -> std::result::Result<(Tensor, Tensor), KernelError> {
-        let (out, res) = fused_add_rms_norm::native(x.tensor(), r.tensor(), w, eps, variance)?;
+        let (out, res) = fused_add_rms_norm::native(x.tensor(), r.tensor(), w, eps, variance, rounding)?;
         let (mut x, mut r) = (x.into_tensor(), r.into_tensor());
         x.copy_from(&out)?;
         r.copy_from(&res)?;
@@ -880,8 +891,9 @@ mod tests {
             };
             let weight = candle::Tensor::from_vec(vec![1.0f32, 2.0, 0.5, -1.0], 4, &device).unwrap();
             let (xo, ro, wo) = (copy(&x), copy(&residual), copy(&weight));
-            fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6).unwrap();
-            let (out, res) = fused_add_rms_norm::native(&xo, &ro, Some(&wo), 1e-6, None).unwrap();
+            fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, crate::op::Rounding::Exact).unwrap();
+            let (out, res) =
+                fused_add_rms_norm::native(&xo, &ro, Some(&wo), 1e-6, None, crate::op::Rounding::Exact).unwrap();
             assert!(bit_eq(&copy(&x), &out) && bit_eq(&copy(&residual), &res), "shared storage: {shared}");
         }
         let record = registry.selection_record();

@@ -1,10 +1,14 @@
-//! `fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size) -> (out, residual_out)`.
+//! `fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size = none, rounding = "exact") ->
+//! (out, residual_out)`.
 //!
-//! `residual_out = x + x_residual` and `out = rms_norm(residual_out)`, computed from the unrounded sum.
+//! `residual_out = x + x_residual` and `out = rms_norm(residual_out)`. With `rounding = "exact"`
+//! (the default) the norm is computed from the unrounded (f32) sum, closer to the exact value; with
+//! `"dtype"` from the sum rounded to x's dtype (the residual output's values), as PyTorch's
+//! `residual + x` followed by a norm and vLLM's CUDA kernel compute it ([`Rounding`]).
 //! `allow_inplace`; activations `[x, x_residual]`; `out` ↔ `x`, `residual_out` ↔ `x_residual`.
 
 use crate::op::norm_math::{NormParams, native_norm, norm_meta};
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Rounding, StrEnum, Value};
 use crate::{KernelError, Tensor, TensorError};
 
 crate::define_op! {
@@ -23,6 +27,8 @@ crate::define_op! {
             epsilon: f64,
             /// Number of leading elements of each row the variance is computed over.
             variance_size: Option<i64> = Literal::None,
+            /// Whether the norm reads the f32 sum or the sum rounded to x's dtype.
+            rounding: Rounding = Literal::Str("exact"),
         ),
         outputs: (Tensor, Tensor),
         inplace: true,
@@ -62,8 +68,9 @@ pub fn native(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
+    rounding: Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let (out, residual_out) = native_norm(x, Some(x_residual), weight, epsilon, variance_size)?;
+    let (out, residual_out) = native_norm(x, Some(x_residual), weight, epsilon, variance_size, rounding)?;
     Ok((out, residual_out.expect("a residual was given")))
 }
 
@@ -77,5 +84,15 @@ fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
     let x = rng.normal(spec.dtype, &shape, 0.0, 1.0)?;
     let residual = rng.normal(spec.dtype, &shape, 0.0, 1.0)?;
     let weight = rng.normal(spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
-    Ok(vec![Value::Tensor(x), Value::Tensor(residual), Value::Tensor(weight), Value::F64(spec.epsilon), Value::None])
+    // The default rounding (the GPU kernels take only that on 16-bit tensors; `dtype` rounding has
+    // tests of its own).
+    let rounding = Rounding::Exact;
+    Ok(vec![
+        Value::Tensor(x),
+        Value::Tensor(residual),
+        Value::Tensor(weight),
+        Value::F64(spec.epsilon),
+        Value::None,
+        Value::Str(rounding.as_str().to_owned()),
+    ])
 }

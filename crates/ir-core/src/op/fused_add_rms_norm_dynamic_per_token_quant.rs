@@ -79,7 +79,8 @@ pub fn native(
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor, Tensor), KernelError> {
-    let (normalized, residual_out) = native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None)?;
+    let (normalized, residual_out) =
+        native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, crate::op::Rounding::Exact)?;
     let residual_out = residual_out.expect("a residual was given");
     let ub = scale_ub.map(scale_value).transpose()?;
     let (q, scales) = quantize_host(&normalized, QuantScale::Dynamic(ub), out_dtype)?;

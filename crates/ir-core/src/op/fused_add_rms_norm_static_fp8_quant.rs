@@ -70,7 +70,8 @@ pub fn native(
     scale: &Tensor,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let (normalized, residual_out) = native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None)?;
+    let (normalized, residual_out) =
+        native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, crate::op::Rounding::Exact)?;
     let residual_out = residual_out.expect("a residual was given");
     let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype)?;
     Ok((to_device_of(residual_out, x)?, to_device_of(q, x)?))

@@ -221,6 +221,30 @@ impl MetaError {
     }
 }
 
+crate::str_enum! {
+    /// Where `fused_add_rms_norm` and `rotary_embedding` round their intermediate values (their last
+    /// parameter, `rounding = "exact"`).
+    pub enum Rounding {
+        /// The default: intermediates stay in the compute dtype (f32; f64 for f64 tensors) and only
+        /// the results round to the tensors' dtype, closer to the exact values: `fused_add_rms_norm`
+        /// normalizes the f32 sum, rotary keeps its products in f32.
+        Exact = "exact",
+        /// Rounded to the tensors' dtype where PyTorch's eager arithmetic and vLLM's CUDA kernels
+        /// round, for engines checking bit parity with Hugging Face transformers or vLLM:
+        /// `fused_add_rms_norm` normalizes the sum rounded to x's dtype (the residual output's
+        /// values), rotary rounds each product (and the cos and sin) to the query's dtype before
+        /// the sum or difference. The same as `exact` for f32 and f64 tensors.
+        Dtype = "dtype",
+    }
+}
+
+impl Rounding {
+    /// Whether this rounding rounds intermediates of `dtype` tensors (`dtype` on a 16-bit dtype).
+    pub fn rounds_intermediates(self, dtype: DType) -> bool {
+        self == Rounding::Dtype && !matches!(dtype, DType::F32 | DType::F64)
+    }
+}
+
 /// The ops every registry built by `Registry::with_builtin_ops` defines.
 pub const BUILTIN_OPS: &[&OpDef] = &[
     &rms_norm::RMS_NORM,

@@ -119,6 +119,7 @@ pub(crate) fn native_norm(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
+    rounding: crate::op::Rounding,
 ) -> Result<(Tensor, Option<Tensor>), TensorError> {
     let x_host = x.to_cpu()?;
     let residual_host = residual.map(Tensor::to_cpu).transpose()?;
@@ -130,6 +131,7 @@ pub(crate) fn native_norm(
     let hidden = x.layout().last_dim();
     let variance = variance_size.map_or(hidden, |v| v as usize);
     let eps_c = c.round(epsilon);
+    let round_sum = rounding.rounds_intermediates(x_dtype);
 
     let mut out = Tensor::zeros_with_layout(x_dtype, x.layout().copy_layout())?;
     let mut residual_out =
@@ -157,7 +159,8 @@ pub(crate) fn native_norm(
 
         let mut row = vec![0f64; hidden];
         for _ in 0..x.numel() / hidden {
-            // Steps 1 and R54: a_j = c(x_j), or s_j = c(c(x_j) + c(r_j)) for the fused op.
+            // Step 1: a_j = c(x_j), or s_j = c(c(x_j) + c(r_j)) for the fused op (then rounded to x's
+            // dtype with `dtype` rounding).
             for slot in row.iter_mut() {
                 let index = x_indices.next().expect("row-major iteration covers every element");
                 *slot = c.round(read_x(x_bytes, index));
@@ -167,6 +170,10 @@ pub(crate) fn native_norm(
                 for slot in row.iter_mut() {
                     let r = c.round(read_r(r_bytes, r_indices.next().expect("same shape as x")));
                     *slot = c.round(*slot + r);
+                    // `dtype` rounding: the norm reads the sum as stored (rounded to x's dtype).
+                    if round_sum {
+                        *slot = x_dtype.round(*slot);
+                    }
                     write(sink_bytes, sink_indices.next().expect("same shape as x"), *slot);
                 }
             }

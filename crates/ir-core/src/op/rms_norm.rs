@@ -45,7 +45,7 @@ pub fn native(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    Ok(native_norm(x, None, weight, epsilon, variance_size)?.0)
+    Ok(native_norm(x, None, weight, epsilon, variance_size, crate::op::Rounding::Exact)?.0)
 }
 
 fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {

@@ -63,7 +63,7 @@ pub fn native(
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None)?;
+    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, crate::op::Rounding::Exact)?;
     let ub = scale_ub.map(scale_value).transpose()?;
     let (q, scales) = quantize_host(&normalized, QuantScale::Dynamic(ub), out_dtype)?;
     let scales = scales.expect("a dynamic quantization has scales");

@@ -52,7 +52,7 @@ pub fn native(
     scale: &Tensor,
     out_dtype: DType,
 ) -> Result<Tensor, KernelError> {
-    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None)?;
+    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, crate::op::Rounding::Exact)?;
     let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype)?;
     Ok(to_device_of(q, x)?)
 }

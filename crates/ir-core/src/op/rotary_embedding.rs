@@ -1,5 +1,5 @@
 //! `rotary_embedding(positions, query, key = none, cos_sin_cache, head_size, rotary_dim,
-//! is_neox_style) -> (query, key?)`: rotary position embedding of query and key, in place when
+//! is_neox_style, rounding = "exact") -> (query, key?)`: rotary position embedding of query and key, in place when
 //! donated.
 //!
 //! Shapes: `query` is `[..., n_heads · head_size]`, `key` (optional) `[..., n_kv_heads · head_size]`
@@ -17,14 +17,17 @@
 //! (partial rotary). Rounding points ([`rotate_pair`]): each product, then the difference or sum,
 //! is one correctly rounded operation in the compute dtype (f32; f64 for f64 tensors), with no
 //! fused multiply-add, then the result is rounded to the dtype. For f16 and bf16 the products are
-//! exact, so only the sum and the final conversion round. (vLLM's kernel rounds each product to
-//! the storage dtype; ours keeps them in f32, which every provider can match bit for bit.)
+//! exact, so only the sum and the final conversion round. With `rounding = "dtype"` ([`Rounding`])
+//! the cos and sin and each product are rounded to the query's dtype first and the sum or
+//! difference of the rounded products is computed in f32 and rounded to the dtype, as PyTorch's
+//! `q * cos + rotate_half(q) * sin` and vLLM's CUDA kernel compute it on 16-bit tensors (the same
+//! as `"exact"` for f32 and f64).
 //!
 //! `allow_inplace` with activations `[query, key]`: `maybe_inplace` donates both, and an in-place
 //! kernel rotates them in their storage (their own layouts: q and k views of one qkv buffer stay
 //! views). With `key` absent the op has one output, the rotated query.
 
-use crate::op::{Activation, ArgMeta, InputSpec, MetaError, Value};
+use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Rounding, StrEnum, Value};
 use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
 
 crate::define_op! {
@@ -47,6 +50,8 @@ crate::define_op! {
             rotary_dim: i64,
             /// NeoX (halves) or GPT-J (interleaved) pairs.
             is_neox_style: bool,
+            /// Whether products stay in f32 or are rounded to the query's dtype.
+            rounding: Rounding = Literal::Str("exact"),
         ),
         outputs: (Tensor, Option<Tensor>),
         inplace: true,
@@ -71,6 +76,16 @@ pub fn rotate_pair(x: f32, y: f32, c: f32, s: f32) -> (f32, f32) {
     let (xc, ys) = (x * c, y * s);
     let (yc, xs) = (y * c, x * s);
     (xc - ys, yc + xs)
+}
+
+/// [`rotate_pair`] with `dtype` rounding: `round` (to the tensors' 16-bit dtype) applied to the cos
+/// and sin, to each product and to the f32 sum or difference of the rounded products.
+#[inline(always)]
+pub fn rotate_pair_rounded(x: f32, y: f32, c: f32, s: f32, round: impl Fn(f32) -> f32) -> (f32, f32) {
+    let (c, s) = (round(c), round(s));
+    let (xc, ys) = (round(x * c), round(y * s));
+    let (yc, xs) = (round(y * c), round(x * s));
+    (round(xc - ys), round(yc + xs))
 }
 
 /// [`rotate_pair`] in f64 (the compute dtype of f64 tensors).
@@ -154,11 +169,13 @@ impl RotaryGeometry {
             head_size,
             rotary_dim,
             is_neox_style,
+            rounding: Rounding::Exact,
         })
     }
 }
 
 /// The reference implementation (the semantics); device tensors go through host memory.
+#[allow(clippy::too_many_arguments)] // one argument per parameter of the op
 pub fn native(
     positions: &Tensor,
     query: &Tensor,
@@ -167,6 +184,7 @@ pub fn native(
     head_size: i64,
     rotary_dim: i64,
     is_neox_style: bool,
+    rounding: Rounding,
 ) -> Result<(Tensor, Option<Tensor>), KernelError> {
     let geometry =
         RotaryGeometry::of_tensors(positions, query, key, cos_sin_cache, head_size, rotary_dim, is_neox_style);
@@ -186,6 +204,10 @@ pub fn native(
                     let (c, s) = (cache_row[i], cache_row[half + i]);
                     let (x, y) = if dtype == DType::F64 {
                         rotate_pair_f64(head[xi], head[yi], c, s)
+                    } else if rounding.rounds_intermediates(dtype) {
+                        let round = |v: f32| dtype.round(f64::from(v)) as f32;
+                        let (x, y) = rotate_pair_rounded(head[xi] as f32, head[yi] as f32, c as f32, s as f32, round);
+                        (f64::from(x), f64::from(y))
                     } else {
                         let (x, y) = rotate_pair(head[xi] as f32, head[yi] as f32, c as f32, s as f32);
                         (f64::from(x), f64::from(y))
@@ -329,7 +351,8 @@ fn generated_heads(hidden: usize) -> (usize, usize) {
 /// `query, key ~ N(0, 1)` of `[T, H]` and `[T, kv]` (a quarter of the heads, at least one), positions
 /// spread over a cache of `2T + 7` rows built with base 10000. The seed picks the case, so the
 /// harness's seeds cover them: NeoX for even seeds (GPT-J for odd), full rotary when the seed is a
-/// multiple of 3 (else half the head), and no key when the seed is 2 more than a multiple of 3.
+/// multiple of 3 (else half the head), no key when the seed is 2 more than a multiple of 3, and
+/// `dtype` rounding when the seed is 1 or 2 more than a multiple of 4.
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
     let mut rng = crate::testing::InputRng::new(spec.seed);
     let (width, head_size) = generated_heads(spec.hidden_size);
@@ -353,6 +376,7 @@ fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
         Value::I64(head_size as i64),
         Value::I64(rotary_dim as i64),
         Value::Bool(is_neox_style),
+        Value::Str(if matches!(spec.seed % 4, 1 | 2) { Rounding::Dtype } else { Rounding::Exact }.as_str().to_owned()),
     ])
 }
 
@@ -371,17 +395,17 @@ mod tests {
         let positions = Tensor::from_vec(&[1], vec![1i64]).unwrap();
         let q = tensor(DType::F32, &[1, 4], &[1.0, 2.0, 3.0, 4.0]);
         // head_size 4, rotary_dim 2: only elements 0 and 1 rotate; 2 and 3 are kept.
-        let (out, key) = native(&positions, &q, None, &cache, 4, 2, true).unwrap();
+        let (out, key) = native(&positions, &q, None, &cache, 4, 2, true, crate::op::Rounding::Exact).unwrap();
         assert!(key.is_none());
         assert_eq!(out.to_f64_vec().unwrap(), [-2.0, 1.0, 3.0, 4.0]);
         let cache = tensor(DType::F32, &[2, 4], &[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
-        let (neox, _) = native(&positions, &q, None, &cache, 4, 4, true).unwrap();
+        let (neox, _) = native(&positions, &q, None, &cache, 4, 4, true, crate::op::Rounding::Exact).unwrap();
         assert_eq!(neox.to_f64_vec().unwrap(), [-3.0, -4.0, 1.0, 2.0], "pairs (0, 2) and (1, 3)");
-        let (gptj, _) = native(&positions, &q, None, &cache, 4, 4, false).unwrap();
+        let (gptj, _) = native(&positions, &q, None, &cache, 4, 4, false, crate::op::Rounding::Exact).unwrap();
         assert_eq!(gptj.to_f64_vec().unwrap(), [-2.0, 1.0, -4.0, 3.0], "pairs (0, 1) and (2, 3)");
         // Position 0 is the identity.
         let zero = Tensor::from_vec(&[1], vec![0i64]).unwrap();
-        let (same, _) = native(&zero, &q, Some(&q), &cache, 4, 4, false).unwrap();
+        let (same, _) = native(&zero, &q, Some(&q), &cache, 4, 4, false, crate::op::Rounding::Exact).unwrap();
         assert_eq!(same.to_f64_vec().unwrap(), q.to_f64_vec().unwrap());
     }
 
@@ -398,10 +422,10 @@ mod tests {
         let cache = cos_sin_cache(DType::F32, 4, 2, 10000.0).unwrap();
         let q = tensor(DType::F32, &[2, 2], &[1.0; 4]);
         let positions = Tensor::from_vec(&[2], vec![3i64, 4]).unwrap();
-        let err = native(&positions, &q, None, &cache, 2, 2, true).unwrap_err().to_string();
+        let err = native(&positions, &q, None, &cache, 2, 2, true, crate::op::Rounding::Exact).unwrap_err().to_string();
         assert!(err.contains("position 4 of token 1") && err.contains("0..4"), "{err}");
         let negative = Tensor::from_vec(&[2], vec![-1i64, 0]).unwrap();
-        assert!(native(&negative, &q, None, &cache, 2, 2, true).is_err());
+        assert!(native(&negative, &q, None, &cache, 2, 2, true, crate::op::Rounding::Exact).is_err());
     }
 
     #[test]
@@ -419,6 +443,7 @@ mod tests {
                     ArgMeta::I64(head),
                     ArgMeta::I64(rot),
                     ArgMeta::Bool(true),
+                    ArgMeta::Str("exact"),
                 ];
                 meta(&args)
             };

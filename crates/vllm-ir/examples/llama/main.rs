@@ -5,8 +5,11 @@
 //!
 //! ```text
 //! cargo run --release -p vllm-ir --features candle --example llama -- [--model DIR] [--variant llama|gemma]
-//!     [--dtype f32|bf16] [--prefill N] [--decode N] [--iters N]
+//!     [--dtype f32|bf16] [--prefill N] [--decode N] [--iters N] [--rounding exact|dtype]
 //! ```
+//!
+//! `--rounding dtype` makes this project's fused norm normalize the sum rounded to the dtype and
+//! rotary round its products, as PyTorch (and candle's own bf16 arithmetic) do, for parity checks.
 //!
 //! `--model` reads a Hugging Face checkpoint directory (`config.json` and `*.safetensors`); without
 //! it a tiny random model of `--variant` runs (no download).
@@ -29,11 +32,19 @@ struct Args {
     prefill: usize,
     decode: usize,
     iters: usize,
+    rounding: vllm_ir::op::Rounding,
 }
 
 fn args() -> anyhow::Result<Args> {
-    let mut args =
-        Args { model: None, variant: "llama".to_owned(), dtype: DType::F32, prefill: 64, decode: 4, iters: 3 };
+    let mut args = Args {
+        model: None,
+        variant: "llama".to_owned(),
+        dtype: DType::F32,
+        prefill: 64,
+        decode: 4,
+        iters: 3,
+        rounding: vllm_ir::op::Rounding::Exact,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -50,6 +61,12 @@ fn args() -> anyhow::Result<Args> {
             "--prefill" => args.prefill = value()?.parse()?,
             "--decode" => args.decode = value()?.parse()?,
             "--iters" => args.iters = value()?.parse()?,
+            "--rounding" => {
+                use vllm_ir::op::StrEnum;
+                let name = value()?;
+                args.rounding = vllm_ir::op::Rounding::from_str(&name)
+                    .with_context(|| format!("--rounding {name}: exact or dtype"))?;
+            }
             other => bail!("unknown argument `{other}` (see the example's documentation)"),
         }
     }
@@ -98,17 +115,19 @@ fn generate(
 
 fn main() -> anyhow::Result<()> {
     let args = args()?;
-    let model = load(&args)?;
+    let mut model = load(&args)?;
+    model.set_rounding(args.rounding);
     let c = model.config();
     println!(
-        "{} model: {} layers, hidden {}, {} heads ({} kv), head size {}, {:?}",
+        "{} model: {} layers, hidden {}, {} heads ({} kv), head size {}, {:?}, rounding {}",
         c.model_type,
         c.num_hidden_layers,
         c.hidden_size,
         c.num_attention_heads,
         c.kv_heads(),
         c.head_size(),
-        args.dtype
+        args.dtype,
+        vllm_ir::op::StrEnum::as_str(args.rounding)
     );
     let registry = vllm_ir::registry()?;
     let prompt: Vec<u32> = (0..args.prefill as u32).map(|i| (i * 31 + 7) % c.vocab_size as u32).collect();

@@ -18,6 +18,7 @@ use candle_nn::{Embedding, Linear};
 use vllm_ir::Registry;
 use vllm_ir::interop::candle_ops;
 use vllm_ir::layers::{RopeScaling, rope_cache};
+use vllm_ir::op::Rounding;
 use vllm_ir::op::gelu_and_mul::Approximate;
 
 /// The fields of a Hugging Face `config.json` this model reads.
@@ -153,6 +154,8 @@ pub struct Model {
     /// `[max_position, head_size / 2]` each (candle-nn's rope).
     cos: Tensor,
     sin: Tensor,
+    /// Where this project's fused norm and rotary round ([`Model::set_rounding`]).
+    rounding: Rounding,
 }
 
 /// Each layer's keys and values so far, `[1, kv_heads, seen, head_size]`.
@@ -241,7 +244,14 @@ impl Model {
             sin,
             dtype,
             config,
+            rounding: Rounding::Exact,
         })
+    }
+
+    /// Where this project's fused norm and rotary round: `Exact` (the default) or `Dtype`, as
+    /// PyTorch and vLLM's kernels round (for checking bit parity with them).
+    pub fn set_rounding(&mut self, rounding: Rounding) {
+        self.rounding = rounding;
     }
 
     /// The configuration.
@@ -287,7 +297,7 @@ impl Model {
             }
             (Ops::Ours(registry), Some(r)) => {
                 // In place: r holds the sum, h its norm.
-                ours(|| candle_ops::fused_add_rms_norm(registry, &h, &r, Some(w), eps))?;
+                ours(|| candle_ops::fused_add_rms_norm(registry, &h, &r, Some(w), eps, self.rounding))?;
                 *residual = Some(r);
                 Ok(h)
             }
@@ -327,7 +337,19 @@ impl Model {
         let (q, k) = match ops {
             Ops::Ours(registry) => {
                 // In place on the column slices of qkv.
-                ours(|| candle_ops::rotary_embedding(registry, positions, &q, Some(&k), &self.cos_sin, d, d, true))?;
+                ours(|| {
+                    candle_ops::rotary_embedding(
+                        registry,
+                        positions,
+                        &q,
+                        Some(&k),
+                        &self.cos_sin,
+                        d,
+                        d,
+                        true,
+                        self.rounding,
+                    )
+                })?;
                 (to_heads(&q, heads)?, to_heads(&k, kv_heads)?)
             }
             Ops::CandleNn => {
