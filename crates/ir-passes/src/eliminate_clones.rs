@@ -148,10 +148,13 @@
 //!
 //! Phase 1 takes, in graph order, the copies whose storage nobody writes; phase 2 takes the written
 //! copies, in graph order; phase 3 the copies that change the layout (written where they are, or
-//! kept), repeated until none goes. Every decision reads the classes as earlier removals left them (merged
-//! writes, reads and outputs), so each removal is judged on the graph it applies to, and the
-//! sequence is sound by induction. Writes are kept per class as sorted positions and reads as the
-//! last reading position, merged small into large: the pass is `O(n log n)` in the graph size.
+//! kept), repeated until none goes. Every decision reads the classes as earlier removals left them
+//! (merged writes, reads and outputs), so each removal is judged on the graph it applies to, and
+//! the sequence is sound by induction. Writes are kept per class as sorted positions and reads as
+//! the last reading position, merged small into large: phases 1 and 2 are `O(n log n)` in the graph
+//! size. Phase 3 judges element by element with a scan of the graph after the copy, `O(n)` for each
+//! layout-changing copy an in-place kernel writes (two per layer's rotary on qkv slices), and a
+//! round more only when a removal made another copy a candidate.
 //!
 //! # `unsafe` (vLLM's rules)
 //!
@@ -590,8 +593,7 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
                 }
             }
         };
-    // Phase 1: copies whose storage nobody writes; layout changes are decided once, here (a copy
-    // an in-place kernel writes in the original's layout waits for phase 2).
+    // Phase 1: copies whose storage nobody writes; copies that change the layout wait for phase 3.
     for node in candidates(graph) {
         let original = copy_input(graph, node).expect("candidates are copies");
         if changes_layout(graph, node, original) {

@@ -86,6 +86,9 @@ impl fmt::Display for LowerReport {
         }
         let summary: Vec<String> = counts.iter().map(|(k, n)| format!("{k}×{n}")).collect();
         write!(f, "lowered {} call(s): {}", self.selections.len(), summary.join(", "))?;
+        if self.rotary_splits > 0 {
+            write!(f, "; {} rotary call(s) on one storage split in two", self.rotary_splits)?;
+        }
         if !self.not_lowered.is_empty() {
             write!(f, "; {} maybe_inplace call(s) not lowered", self.not_lowered.len())?;
         }
