@@ -561,13 +561,11 @@ fn inplace_semantics_through_dispatch() {
     }
 }
 
-/// `fused_add_rms_norm` with `rounding = "dtype"` on 16-bit tensors: a provider that takes it gives
-/// the bits of its own `rms_norm` of the rounded sum, in place (a padded residual included), within
-/// tolerance of native; a provider whose kernel normalizes only the f32 sum says so in its
-/// predicate, and dispatch with native after it falls back, counted, to native's bits. f32 needs no
-/// rounding of its own anywhere.
+/// `fused_add_rms_norm` with `rounding = "dtype"` on 16-bit tensors: every provider takes it and
+/// gives the bits of its own `rms_norm` of the rounded sum, in place (a padded residual included),
+/// within tolerance of native, with no fallback.
 #[test]
-fn dtype_rounding_of_the_fused_norm_is_native_or_refused_by_name() {
+fn dtype_rounding_of_the_fused_norm_is_each_providers_norm_of_the_rounded_sum() {
     use ir_core::op::Rounding;
     use ir_core::op::fused_add_rms_norm::native;
     for backend in backends() {
@@ -598,21 +596,14 @@ fn dtype_rounding_of_the_fused_norm_is_native_or_refused_by_name() {
                 .expect("registered");
             let label = format!("{} {dtype}", backend.provider);
             let takes_it = matches!(supports, Support::Yes);
-            if !takes_it {
-                assert_ne!(dtype, DType::F32, "{label}: f32 needs no rounding of its own");
-                let Support::No(reason) = supports else { unreachable!() };
-                assert!(reason.contains("rounding"), "{label}: the predicate names the rounding: {reason}");
-            }
+            assert!(takes_it, "{label}: every provider takes dtype rounding: {supports:?}");
             let priority = [backend.provider, "native"];
             let _guard = backend.registry.override_priority("fused_add_rms_norm", &priority).unwrap();
             let _norm = backend.registry.override_priority("rms_norm", &[backend.provider]).unwrap();
             // What a provider that takes it computes: its own norm of the rounded sum.
-            let composed = if takes_it {
-                let rounded = up(&host.x).add(&up(&host.residual)).unwrap();
-                rms_norm(&backend.registry, &rounded, Some(&up(&host.weight)), EPS, None).unwrap().to_cpu().unwrap()
-            } else {
-                expected_out.clone()
-            };
+            let rounded = up(&host.x).add(&up(&host.residual)).unwrap();
+            let composed =
+                rms_norm(&backend.registry, &rounded, Some(&up(&host.weight)), EPS, None).unwrap().to_cpu().unwrap();
             let tol = tolerance(&FUSED_ADD_RMS_NORM, dtype).unwrap();
             let before = backend.registry.selection_record();
             for padded in [false, true] {
@@ -635,7 +626,7 @@ fn dtype_rounding_of_the_fused_norm_is_native_or_refused_by_name() {
             }
             let record = backend.registry.selection_record().since(&before);
             let fallbacks = record.op("fused_add_rms_norm").map_or(0, |op| op.native_fallbacks);
-            assert_eq!(fallbacks > 0, !takes_it, "{label}: a fallback exactly when the provider refuses");
+            assert_eq!(fallbacks, 0, "{label}: no fallback");
         }
     }
     let _ = Layout::compact(&[1]);

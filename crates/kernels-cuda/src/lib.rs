@@ -55,8 +55,7 @@ pub const PROVIDER: &str = "cuda";
 pub const KERNEL_DTYPES: KernelDTypes = KernelDTypes::WithF64;
 
 /// The norms' capabilities: every argument form, on [`KERNEL_DTYPES`].
-const CAPABILITIES: NormCapabilities =
-    NormCapabilities { dtypes: KERNEL_DTYPES, dtype_rounding: false, ..NormCapabilities::ALL };
+const CAPABILITIES: NormCapabilities = NormCapabilities { dtypes: KERNEL_DTYPES, ..NormCapabilities::ALL };
 
 /// Alignment of device allocations (the driver returns at least 256-byte aligned memory).
 const ALLOCATION_ALIGNMENT: usize = 256;
@@ -123,7 +122,6 @@ pub fn fused_add_rms_norm_cuda(
     variance_size: Option<i64>,
     rounding: ir_core::op::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    refuse_dtype_rounding(rounding, x.tensor().dtype())?;
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
@@ -145,6 +143,12 @@ pub fn fused_add_rms_norm_cuda(
         let residual_buffer = device_buffer_mut::<CudaBuffer>(&mut residual, "x_residual", "CUDA")?;
         let stream = x_buffer.call_stream()?;
         launch::launch_fused(&stream, &launch, x_buffer, residual_buffer, weight)?;
+        if rounding.rounds_intermediates(dtype) {
+            // `dtype` rounding: the residual now holds the rounded sum; x gets its norm (this
+            // provider's `rms_norm` of the rounded sum), a second launch on the same stream.
+            let norm = launch::Launch { rows: residual_rows, other_rows: x_rows, ..launch };
+            launch::launch_rms_norm(&stream, &norm, x_buffer, residual_buffer, weight)?;
+        }
     }
     Ok((x.into_tensor(), residual.into_tensor()))
 }
@@ -162,15 +166,4 @@ fn weight_arg(weight: Option<&Tensor>) -> Result<launch::WeightArg<'_>, KernelEr
         None => Ok(None),
         Some(w) => Ok(Some((device_buffer::<CudaBuffer>(w, "weight", "CUDA")?, w.offset(), w.dtype()))),
     }
-}
-
-/// The GPU fused kernel normalizes the f32 sum; its predicate refuses `dtype` rounding on 16-bit
-/// tensors (dispatch then falls back to native, with a warning), and a direct call is refused here.
-fn refuse_dtype_rounding(rounding: ir_core::op::Rounding, dtype: ir_core::DType) -> Result<(), KernelError> {
-    if rounding.rounds_intermediates(dtype) {
-        return Err(KernelError::InvalidArguments {
-            reason: "rounding \"dtype\" of fused_add_rms_norm is not implemented by this kernel".to_owned(),
-        });
-    }
-    Ok(())
 }

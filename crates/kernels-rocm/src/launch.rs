@@ -49,6 +49,7 @@ pub(crate) fn fused(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
+    round_sum: bool,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
@@ -74,6 +75,12 @@ pub(crate) fn fused(
             variance,
             [x_rows.row_stride, r_rows.row_stride],
         )?;
+        if round_sum {
+            // `dtype` rounding: the residual now holds the rounded sum; x gets its norm (this
+            // provider's `rms_norm` of the rounded sum), a second launch in stream order.
+            let strides = [r_rows.row_stride, x_rows.row_stride];
+            run(NormOp::RmsNorm, dtype, r_rows, vectorized, [x_ptr, r_ptr], weight_ptr, epsilon, variance, strides)?;
+        }
     }
     Ok((x.into_tensor(), residual.into_tensor()))
 }

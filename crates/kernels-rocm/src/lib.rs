@@ -49,8 +49,7 @@ pub const PROVIDER: &str = "rocm";
 pub const KERNEL_DTYPES: KernelDTypes = KernelDTypes::WithF64;
 
 /// The norms' capabilities: every argument form, on [`KERNEL_DTYPES`].
-const CAPABILITIES: NormCapabilities =
-    NormCapabilities { dtypes: KERNEL_DTYPES, dtype_rounding: false, ..NormCapabilities::ALL };
+const CAPABILITIES: NormCapabilities = NormCapabilities { dtypes: KERNEL_DTYPES, ..NormCapabilities::ALL };
 
 /// The kernel source, embedded for reference and for compilation checks.
 pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
@@ -111,12 +110,12 @@ pub fn fused_add_rms_norm_rocm(
     variance_size: Option<i64>,
     rounding: ir_core::op::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    refuse_dtype_rounding(rounding, x.tensor().dtype())?;
+    let round_sum = rounding.rounds_intermediates(x.tensor().dtype());
     #[cfg(feature = "rocm")]
-    return launch::fused(x, residual, weight, epsilon, variance_size);
+    return launch::fused(x, residual, weight, epsilon, variance_size, round_sum);
     #[cfg(not(feature = "rocm"))]
     {
-        let _ = (x, residual, weight, epsilon, variance_size);
+        let _ = (x, residual, weight, epsilon, variance_size, round_sum);
         Err(KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() })
     }
 }
@@ -128,15 +127,4 @@ mod launch;
 #[cfg(not(feature = "rocm"))]
 pub(crate) fn not_built() -> KernelError {
     KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() }
-}
-
-/// The GPU fused kernel normalizes the f32 sum; its predicate refuses `dtype` rounding on 16-bit
-/// tensors (dispatch then falls back to native, with a warning), and a direct call is refused here.
-fn refuse_dtype_rounding(rounding: ir_core::op::Rounding, dtype: ir_core::DType) -> Result<(), KernelError> {
-    if rounding.rounds_intermediates(dtype) {
-        return Err(KernelError::InvalidArguments {
-            reason: "rounding \"dtype\" of fused_add_rms_norm is not implemented by this kernel".to_owned(),
-        });
-    }
-    Ok(())
 }

@@ -84,7 +84,7 @@ pub fn kernel_dtypes() -> KernelDTypes {
 
 /// The norms' capabilities: every argument form, on [`kernel_dtypes`].
 fn capabilities() -> NormCapabilities {
-    NormCapabilities { dtypes: kernel_dtypes(), dtype_rounding: false, ..NormCapabilities::ALL }
+    NormCapabilities { dtypes: kernel_dtypes(), ..NormCapabilities::ALL }
 }
 
 /// `rms_norm` on `xpu:0`: a fresh output with the declared layout.
@@ -135,7 +135,6 @@ pub fn fused_add_rms_norm_xpu(
     variance_size: Option<i64>,
     rounding: ir_core::op::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    refuse_dtype_rounding(rounding, x.tensor().dtype())?;
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
@@ -152,7 +151,14 @@ pub fn fused_add_rms_norm_xpu(
         let x_buffer = device_buffer_mut::<XpuBuffer>(&mut x, "x", "xpu")?;
         let residual_buffer = device_buffer_mut::<XpuBuffer>(&mut residual, "x_residual", "xpu")?;
         let queue = x_buffer.call_queue()?;
+        let epsilon = args.epsilon;
         launch::launch(&queue, NormOp::FusedAddRmsNorm, args, x_buffer, residual_buffer, weight)?;
+        if rounding.rounds_intermediates(dtype) {
+            // `dtype` rounding: the residual now holds the rounded sum; x gets its norm (this
+            // provider's `rms_norm` of the rounded sum), a second launch on the same queue.
+            let args = launch::Args { dtype, epsilon, rows: residual_rows, other_rows: x_rows, variance };
+            launch::launch(&queue, NormOp::RmsNorm, args, x_buffer, residual_buffer, weight)?;
+        }
     }
     Ok((x.into_tensor(), residual.into_tensor()))
 }
@@ -163,15 +169,4 @@ fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&XpuBuffer, usize, DTyp
         None => Ok(None),
         Some(w) => Ok(Some((device_buffer::<XpuBuffer>(w, "weight", "xpu")?, w.offset(), w.dtype()))),
     }
-}
-
-/// The GPU fused kernel normalizes the f32 sum; its predicate refuses `dtype` rounding on 16-bit
-/// tensors (dispatch then falls back to native, with a warning), and a direct call is refused here.
-fn refuse_dtype_rounding(rounding: ir_core::op::Rounding, dtype: ir_core::DType) -> Result<(), KernelError> {
-    if rounding.rounds_intermediates(dtype) {
-        return Err(KernelError::InvalidArguments {
-            reason: "rounding \"dtype\" of fused_add_rms_norm is not implemented by this kernel".to_owned(),
-        });
-    }
-    Ok(())
 }
