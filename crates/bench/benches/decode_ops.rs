@@ -4,6 +4,7 @@
 //! only ours).
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use ir_core::op::Rounding;
 use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor, TensorMeta};
 
 fn registry() -> Registry {
@@ -39,7 +40,7 @@ fn decode_ops(c: &mut Criterion) {
                             Some(&w),
                             1e-6,
                             None,
-                            ir_core::op::Rounding::Exact,
+                            Rounding::Exact,
                         )
                         .expect("ran"),
                     );
@@ -64,7 +65,7 @@ fn decode_ops(c: &mut Criterion) {
                         head_size as i64,
                         head_size as i64,
                         true,
-                        ir_core::op::Rounding::Exact,
+                        Rounding::Exact,
                     )
                     .expect("ran");
                     qk = Some((q, k.expect("a key")));
@@ -98,7 +99,9 @@ fn candle_side(
     });
     group.bench_function("rms_norm/candle-nn", |b| b.iter(|| candle_nn::ops::rms_norm(&cx, &cw, 1e-6).expect("ran")));
     group.bench_function("fused_add_rms_norm/candle_ops", |b| {
-        b.iter(|| candle_ops::fused_add_rms_norm(registry, &cx, &residual, Some(&cw), 1e-6).expect("ran"))
+        b.iter(|| {
+            candle_ops::fused_add_rms_norm(registry, &cx, &residual, Some(&cw), 1e-6, Rounding::Exact).expect("ran")
+        })
     });
     group.bench_function("fused_add_rms_norm/candle-nn", |b| {
         b.iter(|| {
@@ -131,8 +134,18 @@ fn candle_rotary(
     let positions = candle_core::Tensor::new(&[1234u32], &candle_core::Device::Cpu).expect("positions");
     group.bench_function("rotary_embedding/candle_ops", |b| {
         b.iter(|| {
-            candle_ops::rotary_embedding(registry, &positions, &cq, Some(&ck), &cc, head_size, head_size, true)
-                .expect("ran")
+            candle_ops::rotary_embedding(
+                registry,
+                &positions,
+                &cq,
+                Some(&ck),
+                &cc,
+                head_size,
+                head_size,
+                true,
+                Rounding::Exact,
+            )
+            .expect("ran")
         })
     });
     let half = head_size / 2;
