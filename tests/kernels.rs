@@ -629,7 +629,6 @@ fn dtype_rounding_of_the_fused_norm_is_each_providers_norm_of_the_rounded_sum() 
             assert_eq!(fallbacks, 0, "{label}: no fallback");
         }
     }
-    let _ = Layout::compact(&[1]);
 }
 
 /// `t` (`[T, W]`) copied into the first W columns of a `[T, W + 3]` buffer and returned as that view:

@@ -288,6 +288,22 @@ pub fn fused_add_rms_norm_support_with(
     residual_support(args.x, args.x_residual)
 }
 
+/// The fused add + norm + quantization predicates: the norm's without `variance_size`, then the
+/// residual's.
+fn fused_quant_support(
+    x: &TensorMeta,
+    x_residual: &TensorMeta,
+    weight: Option<&TensorMeta>,
+    device: DeviceKind,
+    dtypes: KernelDTypes,
+) -> Support {
+    let capabilities = NormCapabilities { dtypes, ..NormCapabilities::default() };
+    if let Support::No(reason) = common_support(x, weight, None, device, capabilities) {
+        return Support::No(reason);
+    }
+    residual_support(x, x_residual)
+}
+
 /// The residual's part of the fused predicates: x's dtype, shape and device, rows of one stride.
 fn residual_support(x: &TensorMeta, r: &TensorMeta) -> Support {
     if r.dtype != x.dtype {
@@ -354,11 +370,7 @@ pub fn fused_add_rms_norm_static_fp8_quant_support_with(
     else {
         return no("arguments do not match fused_add_rms_norm_static_fp8_quant");
     };
-    let capabilities = NormCapabilities { dtypes, ..NormCapabilities::default() };
-    if let Support::No(reason) = common_support(args.x, args.weight, None, device, capabilities) {
-        return Support::No(reason);
-    }
-    residual_support(args.x, args.x_residual)
+    fused_quant_support(args.x, args.x_residual, args.weight, device, dtypes)
 }
 
 /// The standard predicate of `fused_add_rms_norm_dynamic_per_token_quant` (as the static form's).
@@ -376,11 +388,7 @@ pub fn fused_add_rms_norm_dynamic_per_token_quant_support_with(
     let Some(args) = Args::from_meta(args) else {
         return no("arguments do not match fused_add_rms_norm_dynamic_per_token_quant");
     };
-    let capabilities = NormCapabilities { dtypes, ..NormCapabilities::default() };
-    if let Support::No(reason) = common_support(args.x, args.weight, None, device, capabilities) {
-        return Support::No(reason);
-    }
-    residual_support(args.x, args.x_residual)
+    fused_quant_support(args.x, args.x_residual, args.weight, device, dtypes)
 }
 
 fn common_support(

@@ -754,7 +754,7 @@ fn reader_unchanged(
             if let NodeKind::ImplCall { writes, .. } = &data.kind {
                 let writes_value =
                     writes.iter().any(|&p| matches!(args.get(p), Some(ir_graph::Arg::Value(v)) if *v == value));
-                if writes_value || !writes.is_empty() && data.results.len() < writes.len() {
+                if writes_value {
                     return false;
                 }
             }
@@ -815,9 +815,10 @@ fn element_hazard(
     let copy_class = classes.find(graph.node(node).results[0]);
     let (p, w) = (positions[node], positions[writer]);
     let copy_read_until = classes.last_read[copy_class];
-    for &later in graph.order() {
+    // Positions are indices into the order (removed copies stay in it until the pass ends).
+    for &later in &graph.order()[p as usize + 1..] {
         let q = positions[later];
-        if q <= p || edits.removed.contains(later) {
+        if edits.removed.contains(later) {
             continue;
         }
         let mut overlaps =

@@ -287,6 +287,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
             report.skipped.push(skip(NormQuantSkip::Donated));
             continue;
         }
+        // Every norm and quantization pair has a fused op.
         let Some(pattern) = PATTERNS.iter().find(|p| p.norm == norm_name && p.quant == quant_name) else {
             continue;
         };

@@ -141,16 +141,16 @@ fn rotate_head_rounded<T: CpuElement>(rotated: &mut [f32], cos: &[f32], sin: &[f
     for start in (0..half).step_by(ROUNDED_CHUNK) {
         let len = ROUNDED_CHUNK.min(half - start);
         let [xc, ys, yc, xs] = &mut products;
-        for k in 0..len {
-            let (xi, yi) = pair_indices(start + k, rotated.len(), is_neox_style);
+        let width = rotated.len();
+        let pairs = || (start..start + len).map(move |i| pair_indices(i, width, is_neox_style));
+        for (k, (xi, yi)) in pairs().enumerate() {
             let (x, y, c, s) = (rotated[xi], rotated[yi], cos[start + k], sin[start + k]);
             (xc[k], ys[k], yc[k], xs[k]) = (x * c, y * s, y * c, x * s);
         }
         for p in [&mut xc[..len], &mut ys[..len], &mut yc[..len], &mut xs[..len]] {
             T::round_in_place(p);
         }
-        for k in 0..len {
-            let (xi, yi) = pair_indices(start + k, rotated.len(), is_neox_style);
+        for (k, (xi, yi)) in pairs().enumerate() {
             (rotated[xi], rotated[yi]) = (xc[k] - ys[k], yc[k] + xs[k]);
         }
     }
