@@ -1,8 +1,11 @@
 //! The Llama example's model, on a tiny random checkpoint of each variant (no download): this
 //! project's ops on candle tensors against candle-nn's on the same weights (logits within the
 //! dtype's tolerance, the same greedy tokens), with 0 defensive copies and 0 native fallbacks on the
-//! cpu platform in prefill and decode, and the in-place ops writing in place.
+//! cpu platform in prefill and decode, and the in-place ops writing in place; and the model traced
+//! with candle's matmuls and attention as engine ops, compiled, bit for bit like eager.
 
+#[path = "../crates/vllm-ir/examples/llama/compiled.rs"]
+mod compiled;
 #[path = "../crates/vllm-ir/examples/llama/model.rs"]
 mod model;
 
@@ -10,13 +13,105 @@ use candle_core::{DType, Tensor};
 use model::{Cache, Model, Ops};
 
 fn run(model: &Model, ops: Ops<'_>, prompt: &[u32], decode: usize) -> Vec<Tensor> {
+    run_with(model, prompt, decode, |tokens, cache| model.forward(ops, tokens, cache))
+}
+
+/// Prefill `prompt`, then `decode` steps of fixed tokens, through `forward`.
+fn run_with(
+    model: &Model,
+    prompt: &[u32],
+    decode: usize,
+    mut forward: impl FnMut(&[u32], &mut Cache) -> anyhow::Result<Tensor>,
+) -> Vec<Tensor> {
     let mut cache = Cache::new(model);
-    let mut logits = vec![model.forward(ops, prompt, &mut cache).unwrap()];
+    let mut logits = vec![forward(prompt, &mut cache).unwrap()];
     for step in 0..decode {
         let next = (prompt.len() + step * 13) as u32 % model.config().vocab_size as u32;
-        logits.push(model.forward(ops, &[next], &mut cache).unwrap());
+        logits.push(forward(&[next], &mut cache).unwrap());
     }
     logits
+}
+
+/// Every element's bits, in f32 (exact for bf16).
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+#[test]
+fn the_compiled_model_with_engine_ops_runs_bit_for_bit_like_eager_with_no_copy() {
+    for variant in ["llama", "gemma"] {
+        for dtype in [DType::F32, DType::BF16] {
+            let label = format!("{variant} {dtype:?}");
+            let config = model::tiny_config(variant);
+            let model = Model::new(config.clone(), &model::random_weights(&config, dtype, 11).unwrap()).unwrap();
+            let prompt: Vec<u32> = (0..24).map(|i| (i * 29 + 5) % 256).collect();
+            let mut compiled = compiled::Compiled::new(&model).unwrap();
+            let eager = run_with(&model, &prompt, 3, |tokens, cache| compiled.forward_eager(tokens, cache));
+            let graph = run_with(&model, &prompt, 3, |tokens, cache| compiled.forward(tokens, cache));
+            for (step, (a, b)) in graph.iter().zip(&eager).enumerate() {
+                assert_eq!(bits(a), bits(b), "{label} step {step}: compiled and eager bits");
+            }
+            // The eager context and candle-native ops run the same kernels on the same values.
+            let registry = vllm_ir::registry().unwrap();
+            let ours = run(&model, Ops::Ours(&registry), &prompt, 3);
+            for (step, (a, b)) in graph.iter().zip(&ours).enumerate() {
+                assert_eq!(bits(a), bits(b), "{label} step {step}: compiled and candle-native bits");
+            }
+
+            let stats = compiled.stats();
+            assert_eq!(stats.graphs, 2, "{label}: one prefill graph and one decode graph for every step");
+            assert!(stats.copies_inserted > 0, "{label}: lowering copies the in-place kernels' inputs");
+            assert_eq!((stats.copies_left, stats.copies_run), (0, 0), "{label}: no copy survives or runs");
+            let calls =
+                |op: &str, provider: &str| stats.providers.get(&(op.to_owned(), provider)).copied().unwrap_or(0);
+            let (layers, steps) = (config.num_hidden_layers, 4);
+            assert_eq!(calls("llama_linear", "engine"), (4 * layers + 1) * steps, "{label}");
+            assert_eq!(calls("llama_attention", "engine"), layers * steps, "{label}");
+            assert_eq!(calls("rotary_embedding", "cpu"), 2 * layers * steps, "{label}: q and k split on one storage");
+            assert!(
+                stats.providers.keys().all(|(_, provider)| *provider != "native"),
+                "{label}: {:?}",
+                stats.providers
+            );
+            let text = compiled.graph(1).unwrap().to_string();
+            assert!(text.contains("impl llama_attention[engine] (") && text.contains("%layers.0.qkv: f32["), "{text}");
+        }
+    }
+}
+
+#[test]
+fn engine_weights_cross_into_the_graph_and_back_without_a_copy() {
+    let config = model::tiny_config("llama");
+    let model = Model::new(config.clone(), &model::random_weights(&config, DType::F32, 2).unwrap()).unwrap();
+    let weights = compiled::Weights::of(&model).unwrap();
+    let (name, qkv) = &weights.layers[0][1];
+    assert_eq!(name, "layers.0.qkv");
+    assert_eq!(qkv.to_candle().unwrap().id(), model.layers[0].qkv.weight().id(), "the candle weight itself");
+}
+
+#[test]
+fn attention_outside_its_engine_is_a_clear_error() {
+    let config = model::tiny_config("llama");
+    let model = Model::new(config.clone(), &model::random_weights(&config, DType::F32, 2).unwrap()).unwrap();
+    let compiled = compiled::Compiled::new(&model).unwrap();
+    let q = vllm_ir::Tensor::zeros(vllm_ir::DType::F32, &[1, 128]).unwrap();
+    let k = vllm_ir::Tensor::zeros(vllm_ir::DType::F32, &[1, 64]).unwrap();
+    // No forward in flight: the provider has no cache to attend over.
+    let err = compiled::attention::llama_attention(compiled.registry(), &q, &k, &k, 0).unwrap_err().to_string();
+    assert!(err.contains("no KV cache is installed"), "{err}");
+    // Without the engine's provider, native says where the op runs.
+    let registry = vllm_ir::registry().unwrap();
+    registry.define_op(&compiled::attention::LLAMA_ATTENTION).unwrap();
+    let err = compiled::attention::llama_attention(&registry, &q, &k, &k, 0).unwrap_err().to_string();
+    assert!(err.contains("only its `engine` provider runs it"), "{err}");
 }
 
 #[test]

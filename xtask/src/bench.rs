@@ -212,7 +212,8 @@ pub(crate) struct MemoryRow {
     pub(crate) bit_identical: bool,
 }
 
-/// One row of the model study (`model.json`): ours, then candle-nn's, per figure.
+/// One row of the model study (`model.json`): ours, candle-nn's, then the compiled graph's, per
+/// figure.
 #[derive(Debug, Deserialize)]
 pub(crate) struct ModelRow {
     pub(crate) variant: String,
@@ -220,11 +221,12 @@ pub(crate) struct ModelRow {
     pub(crate) layers: usize,
     pub(crate) hidden: usize,
     pub(crate) prefill_tokens: usize,
-    pub(crate) prefill_ms: [f64; 2],
-    pub(crate) decode_ms: [f64; 2],
+    pub(crate) prefill_ms: [f64; 3],
+    pub(crate) decode_ms: [f64; 3],
     pub(crate) ours_share: f64,
     pub(crate) copies: u64,
     pub(crate) native_fallbacks: u64,
+    pub(crate) compiled_copies: usize,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,12 +1,15 @@
 //! The model study (timed here, interleaved): the Llama example's model, a random checkpoint of
 //! each variant (Llama with grouped-query attention, Gemma), with this project's ops on candle
 //! tensors and with candle-nn's, prefill of 512 tokens and decode; the share of the forward time
-//! spent in this project's ops, and the copies and native fallbacks. Writes `model.json` for
+//! spent in this project's ops, and the copies and native fallbacks; and the same model traced and
+//! compiled (candle's matmuls and attention as engine ops in the graph). Writes `model.json` for
 //! `cargo xtask bench`.
 
 // A benchmark reports on standard output.
 #![allow(clippy::print_stdout)]
 
+#[path = "../../vllm-ir/examples/llama/compiled.rs"]
+mod compiled;
 #[path = "../../vllm-ir/examples/llama/model.rs"]
 mod model;
 
@@ -23,12 +26,16 @@ struct Row {
     layers: usize,
     hidden: usize,
     prefill_tokens: usize,
-    prefill_ms: [f64; 2],
-    decode_ms: [f64; 2],
+    /// Ours, candle-nn's, compiled.
+    prefill_ms: [f64; 3],
+    /// Ours, candle-nn's, compiled.
+    decode_ms: [f64; 3],
     /// Of ours' forward time, the share inside this project's op calls.
     ours_share: f64,
     copies: u64,
     native_fallbacks: u64,
+    /// Copies the compiled graphs run (clones left by the passes and the interpreter's).
+    compiled_copies: usize,
 }
 
 fn config(variant: &str) -> model::Config {
@@ -40,16 +47,22 @@ fn config(variant: &str) -> model::Config {
     config
 }
 
-/// Prefill, then `decode` steps: the time of each phase and the time inside our ops.
-fn run(model: &Model, ops: Ops<'_>, prompt: &[u32], decode: usize) -> [Duration; 3] {
+/// Prefill, then `decode` steps through `forward`: the time of each phase and the time inside our
+/// ops.
+fn run(
+    model: &Model,
+    prompt: &[u32],
+    decode: usize,
+    mut forward: impl FnMut(&[u32], &mut Cache) -> anyhow::Result<candle_core::Tensor>,
+) -> [Duration; 3] {
     model::reset_op_time();
     let mut cache = Cache::new(model);
     let start = Instant::now();
-    model.forward(ops, prompt, &mut cache).expect("prefill");
+    forward(prompt, &mut cache).expect("prefill");
     let prefill = start.elapsed();
     let start = Instant::now();
     for step in 0..decode {
-        model.forward(ops, &[(step * 7 % 4096) as u32], &mut cache).expect("decode");
+        forward(&[(step * 7 % 4096) as u32], &mut cache).expect("decode");
     }
     [prefill, start.elapsed(), model::op_time()]
 }
@@ -70,14 +83,23 @@ fn main() {
             let weights = model::random_weights(&config, dtype, 11).expect("weights");
             let model = Model::new(config, &weights).expect("the model");
             let prompt: Vec<u32> = (0..prefill_tokens as u32).map(|i| (i * 31 + 7) % 4096).collect();
+            let ours = |tokens: &[u32], cache: &mut Cache| model.forward(Ops::Ours(&registry), tokens, cache);
+            let nn = |tokens: &[u32], cache: &mut Cache| model.forward(Ops::CandleNn, tokens, cache);
+            let mut compiled = compiled::Compiled::new(&model).expect("the compiled model");
             let before = registry.selection_record();
-            run(&model, Ops::Ours(&registry), &prompt, 1);
+            run(&model, &prompt, 1, ours);
             let step = registry.selection_record().since(&before);
-            let mut totals = [[Duration::ZERO; 3]; 2];
+            // Traces and compiles the prefill and decode graphs before timing.
+            run(&model, &prompt, 1, |tokens, cache| compiled.forward(tokens, cache));
+            let mut totals = [[Duration::ZERO; 3]; 3];
             for _ in 0..iters {
-                for (slot, ops) in [Ops::Ours(&registry), Ops::CandleNn].into_iter().enumerate() {
-                    let times = run(&model, ops, &prompt, decode);
-                    for (total, time) in totals[slot].iter_mut().zip(times) {
+                let runs = [
+                    run(&model, &prompt, decode, ours),
+                    run(&model, &prompt, decode, nn),
+                    run(&model, &prompt, decode, |tokens, cache| compiled.forward(tokens, cache)),
+                ];
+                for (slot, times) in totals.iter_mut().zip(runs) {
+                    for (total, time) in slot.iter_mut().zip(times) {
                         *total += time;
                     }
                 }
@@ -89,20 +111,23 @@ fn main() {
                 layers,
                 hidden,
                 prefill_tokens,
-                prefill_ms: [ms(totals[0][0], iters), ms(totals[1][0], iters)],
-                decode_ms: [ms(totals[0][1], iters * decode), ms(totals[1][1], iters * decode)],
+                prefill_ms: [0, 1, 2].map(|slot| ms(totals[slot][0], iters)),
+                decode_ms: [0, 1, 2].map(|slot| ms(totals[slot][1], iters * decode)),
                 ours_share: totals[0][2].as_secs_f64() / (totals[0][0] + totals[0][1]).as_secs_f64(),
                 copies: step.defensive_copies(),
                 native_fallbacks: step.native_fallbacks(),
+                compiled_copies: compiled.stats().copies_run,
             };
             println!(
-                "{variant} {}: prefill {:.2} vs {:.2} ms, decode {:.3} vs {:.3} ms/token, ours {:.1}% of the forward, \
-                 copies {}, fallbacks {}",
+                "{variant} {}: prefill {:.2} vs {:.2} (compiled {:.2}) ms, decode {:.3} vs {:.3} (compiled {:.3}) \
+                 ms/token, ours {:.1}% of the forward, copies {}, fallbacks {}",
                 row.dtype,
                 row.prefill_ms[0],
                 row.prefill_ms[1],
+                row.prefill_ms[2],
                 row.decode_ms[0],
                 row.decode_ms[1],
+                row.decode_ms[2],
                 100.0 * row.ours_share,
                 row.copies,
                 row.native_fallbacks

@@ -116,6 +116,15 @@ pub enum KernelError {
         /// Compiler log.
         log: String,
     },
+    /// An engine's own implementation failed (its library's error, as text): an op whose kernel
+    /// belongs to the engine (a matmul, attention) reports here.
+    #[error("{library}: {message}")]
+    Engine {
+        /// The library or engine that failed (`candle`, ...).
+        library: String,
+        /// Its message.
+        message: String,
+    },
 }
 
 /// A tensor whose storage was uniquely owned when the dispatcher handed it to an in-place kernel.

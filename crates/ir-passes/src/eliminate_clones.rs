@@ -147,14 +147,15 @@
 //! # Phases of the alias-aware variant
 //!
 //! Phase 1 takes, in graph order, the copies whose storage nobody writes; phase 2 takes the written
-//! copies, in graph order; phase 3 the copies that change the layout (written where they are, or
-//! kept), repeated until none goes. Every decision reads the classes as earlier removals left them
+//! copies, in graph order; phase 3 the copies that change the layout and the written copies phase 2
+//! kept only because their original's storage is read after the write (written where they are when
+//! no element they share is, or kept), repeated until none goes. Every decision reads the classes as earlier removals left them
 //! (merged writes, reads and outputs), so each removal is judged on the graph it applies to, and
 //! the sequence is sound by induction. Writes are kept per class as sorted positions and reads as
 //! the last reading position, merged small into large: phases 1 and 2 are `O(n log n)` in the graph
 //! size. Phase 3 judges element by element with a scan of the graph after the copy, `O(n)` for each
-//! layout-changing copy an in-place kernel writes (two per layer's rotary on qkv slices), and a
-//! round more only when a removal made another copy a candidate.
+//! copy it judges (two per layer's rotary on qkv slices), and a round more only when a removal made
+//! another copy a candidate.
 //!
 //! # `unsafe` (vLLM's rules)
 //!
@@ -560,6 +561,7 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
     let mut classes = Classes::compute(graph, &ops, &positions, &edits);
     let mut written = Vec::new();
     let mut layout_changes = Vec::new();
+    // Removes the copy and returns `None`, or returns why it stays (the caller keeps it or defers it).
     let decide =
         |graph: &mut Graph, edits: &mut Edits, classes: &mut Classes, report: &mut CloneReport, node: NodeId| {
             let original = copy_input(graph, node).expect("candidates are copies");
@@ -585,13 +587,11 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
             } else {
                 classes.graph_io_alias(graph, copy_class, original_class)
             };
-            match reason {
-                Some(reason) => keep(graph, node, reason, report),
-                None => {
-                    edits.remove(graph, node, original, report);
-                    classes.merge(copy_class, original_class);
-                }
+            if reason.is_none() {
+                edits.remove(graph, node, original, report);
+                classes.merge(copy_class, original_class);
             }
+            reason
         };
     // Phase 1: copies whose storage nobody writes; copies that change the layout wait for phase 3.
     for node in candidates(graph) {
@@ -603,25 +603,37 @@ fn alias_aware(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
         let copy = graph.node(node).results[0];
         let copy_class = classes.find(copy);
         if classes.writes.len(copy_class) == 0 {
-            decide(graph, &mut edits, &mut classes, &mut report, node);
+            if let Some(reason) = decide(graph, &mut edits, &mut classes, &mut report, node) {
+                keep(graph, node, reason, &mut report);
+            }
         } else {
             written.push(node);
         }
     }
-    // Phase 2: written copies in graph order; classes and uses reflect every earlier removal.
-    for node in written {
-        decide(graph, &mut edits, &mut classes, &mut report, node);
-    }
-    // Phase 3: copies that change the layout, which only the view-write rule removes; repeated
-    // until none goes (a removal gives the original its copy's writer, which can make an earlier
-    // copy of the original a candidate), so a second run finds nothing more.
+    // Phase 2: written copies in graph order; classes and uses reflect every earlier removal. A
+    // copy kept only because its original's storage is read after the write waits for phase 3,
+    // which looks at the elements read (the query slice of a one-token qkv is compact, so its
+    // copy keeps the layout, and the key and value slices after it are other elements).
     let mut pending: Vec<(NodeId, KeepReason)> =
         layout_changes.into_iter().map(|node| (node, KeepReason::LayoutChange)).collect();
+    for node in written {
+        match decide(graph, &mut edits, &mut classes, &mut report, node) {
+            None => {}
+            Some(KeepReason::OriginalUsedAfterWrite) => pending.push((node, KeepReason::OriginalUsedAfterWrite)),
+            Some(reason) => keep(graph, node, reason, &mut report),
+        }
+    }
+    // Phase 3: copies that change the layout and the deferred ones, which only the view-write rule
+    // removes; repeated until none goes (a removal gives the original its copy's writer, which can
+    // make an earlier copy of the original a candidate), so a second run finds nothing more.
     loop {
         let before = pending.len();
         pending.retain_mut(|(node, reason)| {
             match decide_view_write(graph, cx, &ops, &positions, &mut edits, &mut classes, &mut report, *node) {
                 Ok(()) => false,
+                // A copy keeping the layout was deferred for its storage-level reason, which stays
+                // the reason when the rule does not apply.
+                Err(KeepReason::LayoutChange) if *reason != KeepReason::LayoutChange => true,
                 Err(why) => {
                     *reason = why;
                     true

@@ -431,14 +431,18 @@ fn model_table(results: &Results) -> String {
     let mut out = String::from(
         "## Model\n\nThe Llama example's model (`crates/vllm-ir/examples/llama`) on a random checkpoint: candle's \
          matmuls, attention and KV cache, with this project's norms, rotary and gated activation on candle tensors \
-         (`candle_ops`, in place where they write) or candle-nn's, interleaved in one run. Share: of the forward \
-         time with our ops, the time inside their calls.\n\n| model | dtype | layers × hidden | prefill (tokens) | \
-         prefill ours | prefill candle-nn | decode ours | decode candle-nn | share in our ops | copies | native \
-         fallbacks |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+         (`candle_ops`, in place where they write) or candle-nn's, interleaved in one run; and the same model \
+         traced and compiled, candle's matmuls and attention as engine ops in the graph (`compiled`, run by the \
+         interpreter; the activations crossing into and out of candle are copied). Share: of the forward time with \
+         our ops, the time inside their calls. Copies: defensive copies of our ops, then the copies the compiled \
+         graphs ran.\n\n| model | dtype | layers × hidden | prefill (tokens) | prefill ours | prefill candle-nn | \
+         prefill compiled | decode ours | decode candle-nn | decode compiled | share in our ops | copies | native \
+         fallbacks |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for row in &results.model {
         out.push_str(&format!(
-            "| {} | {} | {} × {} | {} | {:.1} ms | {:.1} ms | {:.2} ms/token | {:.2} ms/token | {:.1}% | {} | {} |\n",
+            "| {} | {} | {} × {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2} ms/token | {:.2} ms/token | {:.2} \
+             ms/token | {:.1}% | {} / {} | {} |\n",
             row.variant,
             row.dtype,
             row.layers,
@@ -446,15 +450,18 @@ fn model_table(results: &Results) -> String {
             row.prefill_tokens,
             row.prefill_ms[0],
             row.prefill_ms[1],
+            row.prefill_ms[2],
             row.decode_ms[0],
             row.decode_ms[1],
+            row.decode_ms[2],
             100.0 * row.ours_share,
             row.copies,
+            row.compiled_copies,
             row.native_fallbacks
         ));
     }
     if results.model.is_empty() {
-        out.push_str("| (not measured) | | | | | | | | | | |\n");
+        out.push_str("| (not measured) | | | | | | | | | | | | |\n");
     }
     out.push('\n');
     out

@@ -105,6 +105,34 @@ impl Tensor {
         Ok(copy?)
     }
 
+    /// The tensor as a candle CPU tensor, keeping this handle. Without a copy when the tensor is a
+    /// [`Tensor::from_candle_shared`] view with the candle tensor's own layout (a weight an engine
+    /// handed to a traced graph as a parameter, say): that candle tensor. A compact copy otherwise,
+    /// as [`Tensor::into_candle`] of a shared handle.
+    ///
+    /// ```
+    /// use ir_core::Tensor;
+    /// let weight = candle_core::Tensor::new(&[[1.0f32, 2.0], [3.0, 4.0]], &candle_core::Device::Cpu)?;
+    /// // SAFETY: nothing writes `weight` in place while `w` lives.
+    /// let w = unsafe { Tensor::from_candle_shared(&weight)? };
+    /// assert_eq!(w.to_candle()?.id(), weight.id(), "the candle tensor itself");
+    /// assert_ne!(w.transpose(0, 1)?.to_candle()?.id(), weight.id(), "another layout: a copy");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn to_candle(&self) -> Result<candle::Tensor, InteropError> {
+        if let Some(source) = self.cpu_buffer().and_then(|buffer| buffer.owner().downcast_ref::<candle::Tensor>()) {
+            let layout = source.layout();
+            if layout.dims() == self.shape()
+                && layout.stride() == self.strides()
+                && layout.start_offset() == self.offset()
+                && source.device().is_cpu()
+            {
+                return Ok(source.clone());
+            }
+        }
+        self.clone().into_candle()
+    }
+
     /// The tensor as a candle CPU tensor. Without a copy when this handle owns its storage alone
     /// and the tensor is compact (row-major from some offset): the storage's vector moves into
     /// candle, which views the tensor's elements of it. A copy otherwise (a shared storage, a

@@ -1,7 +1,10 @@
 //! A Llama-architecture model on candle with this project's ops, beside the same model on
 //! candle-nn's ops: prefill and decode, the providers each op ran on with their defensive copies
 //! and native fallbacks (0 and 0 on the cpu platform), the largest logit difference between the two
-//! op sets, and the forward times, interleaved in one run.
+//! op sets, and the forward times, interleaved in one run. Then the same model traced and compiled
+//! with candle's matmuls and attention as engine ops in the graph (`compiled.rs`): the copies the
+//! passes inserted and left, the provider of every node, and whether its logits are the eager
+//! run's bit for bit (the example fails otherwise), timed beside the other two.
 //!
 //! ```text
 //! cargo run --release -p vllm-ir --features candle --example llama -- [--model DIR] [--variant llama|gemma]
@@ -16,6 +19,7 @@
 
 #![allow(clippy::print_stdout)]
 
+mod compiled;
 mod model;
 
 use std::collections::HashMap;
@@ -93,24 +97,41 @@ fn load(args: &Args) -> anyhow::Result<Model> {
     Model::new(config, &weights)
 }
 
-/// Prefill then `decode` steps; the logits of every step, and the time of each phase.
+/// Prefill then `decode` steps through `forward`; the logits of every step, and the time of each
+/// phase.
 fn generate(
     model: &Model,
-    ops: Ops<'_>,
     prompt: &[u32],
     decode: usize,
+    mut forward: impl FnMut(&[u32], &mut Cache) -> anyhow::Result<Tensor>,
 ) -> anyhow::Result<(Vec<Tensor>, [Duration; 2])> {
     let mut cache = Cache::new(model);
     let start = Instant::now();
-    let mut logits = vec![model.forward(ops, prompt, &mut cache)?];
+    let mut logits = vec![forward(prompt, &mut cache)?];
     let prefill = start.elapsed();
     let start = Instant::now();
     for _ in 0..decode {
         let last = logits.last().expect("prefill ran");
         let next = last.get(last.dim(0)? - 1)?.argmax(0)?.to_scalar::<u32>()?;
-        logits.push(model.forward(ops, &[next], &mut cache)?);
+        logits.push(forward(&[next], &mut cache)?);
     }
     Ok((logits, [prefill, start.elapsed()]))
+}
+
+/// The largest `|a - b|` over every step's logits, and whether every step's bits are equal.
+fn compare(a: &[Tensor], b: &[Tensor]) -> anyhow::Result<(f32, bool)> {
+    let (mut max_diff, mut identical) = (0f32, true);
+    for (a, b) in a.iter().zip(b) {
+        let (a, b) = (
+            a.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+            b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+        );
+        for (x, y) in a.iter().zip(&b) {
+            max_diff = max_diff.max((x - y).abs());
+            identical &= x.to_bits() == y.to_bits();
+        }
+    }
+    Ok((max_diff, identical))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -133,31 +154,53 @@ fn main() -> anyhow::Result<()> {
     let prompt: Vec<u32> = (0..args.prefill as u32).map(|i| (i * 31 + 7) % c.vocab_size as u32).collect();
 
     // One run each, the record taken around ours.
+    let ours_forward = |tokens: &[u32], cache: &mut Cache| model.forward(Ops::Ours(&registry), tokens, cache);
+    let nn_forward = |tokens: &[u32], cache: &mut Cache| model.forward(Ops::CandleNn, tokens, cache);
     let before = registry.selection_record();
-    let (ours, _) = generate(&model, Ops::Ours(&registry), &prompt, args.decode)?;
+    let (ours, _) = generate(&model, &prompt, args.decode, ours_forward)?;
     let step = registry.selection_record().since(&before);
-    let (reference, _) = generate(&model, Ops::CandleNn, &prompt, args.decode)?;
+    let (reference, _) = generate(&model, &prompt, args.decode, nn_forward)?;
     print!("{step}");
-    let mut max_diff = 0f32;
     let mut same_tokens = true;
     for (a, b) in ours.iter().zip(&reference) {
-        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
-        max_diff = max_diff.max((&a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?);
         same_tokens &= a.argmax(1)?.to_vec1::<u32>()? == b.argmax(1)?.to_vec1::<u32>()?;
     }
+    let (max_diff, _) = compare(&ours, &reference)?;
     println!("logits: max |ours - candle-nn| {max_diff:.3e}; greedy tokens identical: {same_tokens}");
 
+    // The same model traced and compiled, candle's matmuls and attention as engine ops.
+    let mut compiled = compiled::Compiled::new(&model)?;
+    let (eager, _) = generate(&model, &prompt, args.decode, |tokens, cache| compiled.forward_eager(tokens, cache))?;
+    let (graph, _) = generate(&model, &prompt, args.decode, |tokens, cache| compiled.forward(tokens, cache))?;
+    let stats = compiled.stats().clone();
+    let (_, bit_exact) = compare(&graph, &eager)?;
+    let (from_ours, _) = compare(&graph, &ours)?;
+    println!(
+        "compiled: {} graph(s); copies: {} inserted by lowering, {} left after clone elimination, {} made in runs",
+        stats.graphs, stats.copies_inserted, stats.copies_left, stats.copies_run
+    );
+    let mut providers: Vec<_> = stats.providers.iter().collect();
+    providers.sort();
+    for ((op, provider), calls) in providers {
+        println!("  {op}: {provider} x{calls}");
+    }
+    println!("compiled logits bit-identical to eager: {bit_exact}; max |compiled - ours on candle| {from_ours:.3e}");
+
     // Interleaved timing.
-    let mut times = [[Duration::ZERO; 2]; 2];
+    let mut times = [[Duration::ZERO; 2]; 3];
     for _ in 0..args.iters {
-        for (slot, ops) in [Ops::Ours(&registry), Ops::CandleNn].into_iter().enumerate() {
-            let (_, [prefill, decode]) = generate(&model, ops, &prompt, args.decode)?;
-            times[slot][0] += prefill;
-            times[slot][1] += decode;
+        let runs = [
+            generate(&model, &prompt, args.decode, ours_forward)?.1,
+            generate(&model, &prompt, args.decode, nn_forward)?.1,
+            generate(&model, &prompt, args.decode, |tokens, cache| compiled.forward(tokens, cache))?.1,
+        ];
+        for (slot, [prefill, decode]) in times.iter_mut().zip(runs) {
+            slot[0] += prefill;
+            slot[1] += decode;
         }
     }
     let per = |d: Duration, n: usize| d.as_secs_f64() * 1e3 / n.max(1) as f64;
-    for (name, [prefill, decode]) in ["ours", "candle-nn"].into_iter().zip(times) {
+    for (name, [prefill, decode]) in ["ours", "candle-nn", "compiled"].into_iter().zip(times) {
         println!(
             "{name:<10} prefill {} tokens {:>9.3} ms, decode {:>8.3} ms/token",
             args.prefill,
@@ -171,6 +214,9 @@ fn main() -> anyhow::Result<()> {
             step.defensive_copies(),
             step.native_fallbacks()
         );
+    }
+    if !bit_exact {
+        bail!("the compiled graph's logits differ from the eager run's");
     }
     Ok(())
 }

@@ -132,35 +132,36 @@ pub enum Ops<'r> {
     CandleNn,
 }
 
-struct Layer {
-    input_norm: Tensor,
-    post_attention_norm: Tensor,
-    qkv: Linear,
-    o: Linear,
-    gate_up: Linear,
-    down: Linear,
+pub(crate) struct Layer {
+    pub(crate) input_norm: Tensor,
+    pub(crate) post_attention_norm: Tensor,
+    pub(crate) qkv: Linear,
+    pub(crate) o: Linear,
+    pub(crate) gate_up: Linear,
+    pub(crate) down: Linear,
 }
 
 /// The model's weights, shared by both op sets.
 pub struct Model {
-    config: Config,
-    dtype: DType,
-    embed: Embedding,
-    layers: Vec<Layer>,
-    norm: Tensor,
-    lm_head: Linear,
+    pub(crate) config: Config,
+    pub(crate) dtype: DType,
+    pub(crate) embed: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Tensor,
+    pub(crate) lm_head: Linear,
     /// `[max_position, head_size]`: cos, then sin (this project's rotary).
-    cos_sin: Tensor,
+    pub(crate) cos_sin: Tensor,
     /// `[max_position, head_size / 2]` each (candle-nn's rope).
-    cos: Tensor,
-    sin: Tensor,
+    pub(crate) cos: Tensor,
+    pub(crate) sin: Tensor,
     /// Where this project's fused norm and rotary round ([`Model::set_rounding`]).
-    rounding: Rounding,
+    pub(crate) rounding: Rounding,
 }
 
 /// Each layer's keys and values so far, `[1, kv_heads, seen, head_size]`.
+#[derive(Default)]
 pub struct Cache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    pub(crate) layers: Vec<Option<(Tensor, Tensor)>>,
 }
 
 impl Cache {
@@ -261,15 +262,11 @@ impl Model {
 
     /// The logits of every token of `tokens`, which follow the cache's tokens.
     pub fn forward(&self, ops: Ops<'_>, tokens: &[u32], cache: &mut Cache) -> anyhow::Result<Tensor> {
-        let c = &self.config;
         let device = Device::Cpu;
         let start = cache.seen();
         let t = tokens.len();
         let positions = Tensor::arange(start as u32, (start + t) as u32, &device)?;
-        let mut h = self.embed.forward(&Tensor::new(tokens, &device)?)?;
-        if c.is_gemma() {
-            h = (h * (c.hidden_size as f64).sqrt())?;
-        }
+        let mut h = self.embed_tokens(tokens)?;
         let mut residual: Option<Tensor> = None;
         for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
             let normed = self.add_norm(ops, h, &mut residual, &layer.input_norm)?;
@@ -279,6 +276,12 @@ impl Model {
         }
         let normed = self.add_norm(ops, h, &mut residual, &self.norm)?;
         self.project(&self.lm_head, &normed)
+    }
+
+    /// The tokens' embeddings, `[T, hidden]` (Gemma's scaled by `sqrt(hidden)`).
+    pub fn embed_tokens(&self, tokens: &[u32]) -> candle_core::Result<Tensor> {
+        let h = self.embed.forward(&Tensor::new(tokens, &Device::Cpu)?)?;
+        if self.config.is_gemma() { h * (self.config.hidden_size as f64).sqrt() } else { Ok(h) }
     }
 
     /// `x · wᵀ` in f32, back in the model's dtype.
@@ -362,36 +365,7 @@ impl Model {
             }
         };
         let v = to_heads(&v, kv_heads)?;
-        let (k, v) = match kv.take() {
-            None => (k, v),
-            Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
-        };
-        *kv = Some((k.clone(), v.clone()));
-        let seen = k.dim(2)?;
-        // Grouped-query attention: each key/value head serves heads / kv_heads query heads.
-        let repeat = heads / kv_heads;
-        let expand = |x: &Tensor| -> candle_core::Result<Tensor> {
-            if repeat == 1 {
-                return Ok(x.clone());
-            }
-            x.unsqueeze(2)?.expand((1, kv_heads, repeat, seen, d))?.reshape((1, heads, seen, d))
-        };
-        let (k, v) = (expand(&k)?, expand(&v)?);
-        let scale = 1.0 / (d as f64).sqrt();
-        let scores = (q.to_dtype(DType::F32)?.matmul(&k.to_dtype(DType::F32)?.t()?)? * scale)?;
-        let scores = if t > 1 {
-            // Causal: token i of this step sees the cache and tokens up to itself.
-            let offset = seen - t;
-            let mask: Vec<f32> = (0..t)
-                .flat_map(|i| (0..seen).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
-                .collect();
-            scores.broadcast_add(&Tensor::from_vec(mask, (t, seen), &Device::Cpu)?)?
-        } else {
-            scores
-        };
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs.matmul(&v.to_dtype(DType::F32)?.contiguous()?)?.to_dtype(self.dtype)?;
-        let out = out.transpose(1, 2)?.reshape((t, heads * d))?;
+        let out = attend(c, self.dtype, &q, &k, &v, kv)?;
         self.project(&layer.o, &out)
     }
 
@@ -410,6 +384,51 @@ impl Model {
         };
         self.project(&layer.down, &activated)
     }
+}
+
+/// Causal grouped-query attention of this step's rotated queries, keys and values (`[1, heads,
+/// t, d]`, `[1, kv_heads, t, d]` twice) over the cache's keys and values and themselves, which join
+/// the cache; `[t, heads * d]` in `dtype`. Candle's, shared by every path of the example.
+pub fn attend(
+    c: &Config,
+    dtype: DType,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv: &mut Option<(Tensor, Tensor)>,
+) -> candle_core::Result<Tensor> {
+    let (heads, kv_heads, d) = (c.num_attention_heads, c.kv_heads(), c.head_size());
+    let t = q.dim(2)?;
+    let (k, v) = match kv.take() {
+        None => (k.clone(), v.clone()),
+        Some((pk, pv)) => (Tensor::cat(&[&pk, k], 2)?, Tensor::cat(&[&pv, v], 2)?),
+    };
+    *kv = Some((k.clone(), v.clone()));
+    let seen = k.dim(2)?;
+    // Grouped-query attention: each key/value head serves heads / kv_heads query heads.
+    let repeat = heads / kv_heads;
+    let expand = |x: &Tensor| -> candle_core::Result<Tensor> {
+        if repeat == 1 {
+            return Ok(x.clone());
+        }
+        x.unsqueeze(2)?.expand((1, kv_heads, repeat, seen, d))?.reshape((1, heads, seen, d))
+    };
+    let (k, v) = (expand(&k)?, expand(&v)?);
+    let scale = 1.0 / (d as f64).sqrt();
+    let scores = (q.to_dtype(DType::F32)?.matmul(&k.to_dtype(DType::F32)?.t()?)? * scale)?;
+    let scores = if t > 1 {
+        // Causal: token i of this step sees the cache and tokens up to itself.
+        let offset = seen - t;
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| (0..seen).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
+            .collect();
+        scores.broadcast_add(&Tensor::from_vec(mask, (t, seen), &Device::Cpu)?)?
+    } else {
+        scores
+    };
+    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+    let out = probs.matmul(&v.to_dtype(DType::F32)?.contiguous()?)?.to_dtype(dtype)?;
+    out.transpose(1, 2)?.reshape((t, heads * d))
 }
 
 /// Hugging Face-named random weights for `config` (a tiny model for tests and demos: no
