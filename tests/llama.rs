@@ -32,6 +32,9 @@ fn run_with(
     logits
 }
 
+/// A forward step of the model: tokens and the cache, to logits.
+type Forward<'a> = dyn FnMut(&[u32], &mut Cache) -> anyhow::Result<Tensor> + 'a;
+
 /// Every element's bits, in f32 (exact for bf16).
 fn bits(t: &Tensor) -> Vec<u32> {
     t.to_dtype(DType::F32)
@@ -212,4 +215,51 @@ fn a_checkpoint_config_reads_like_hugging_faces() {
     bad.rope_scaling = Some(serde_json::from_str(r#"{"type": "longrope", "factor": 2.0}"#).unwrap());
     let err = Model::new(bad, &weights).err().unwrap();
     assert!(err.to_string().contains("longrope"), "{err}");
+}
+
+/// The logits of Hugging Face transformers' `LlamaForCausalLM` and `GemmaForCausalLM` on the tiny
+/// random checkpoints, checked in by `crates/vllm-ir/examples/llama/reference/generate.py` (which
+/// makes the same weights): the example's model, prefill then decode, with this project's ops on
+/// candle tensors and compiled, gives them within f32 noise and the same greedy tokens.
+#[test]
+fn the_tiny_models_match_transformers_reference_logits() {
+    let registry = vllm_ir::registry().unwrap();
+    for variant in ["llama", "gemma"] {
+        let path = format!("{}/../crates/vllm-ir/examples/llama/reference/{variant}.json", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let reference: serde_json::Value = serde_json::from_str(&text).unwrap();
+        // The script's configuration is the example's: a change to one side shows here.
+        let config = model::tiny_config(variant);
+        let theirs: model::Config = serde_json::from_value(reference["config"].clone()).unwrap();
+        assert_eq!(format!("{theirs:?}"), format!("{config:?}"), "{variant}: the script's tiny_config");
+        let seed = reference["seed"].as_u64().unwrap();
+        let tokens: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
+        let expected: Vec<Vec<f32>> = serde_json::from_value(reference["logits"].clone()).unwrap();
+        let model = Model::new(config.clone(), &model::random_weights(&config, DType::F32, seed).unwrap()).unwrap();
+
+        let (prompt, rest) = tokens.split_at(16);
+        let mut compiled = compiled::Compiled::new(&model).unwrap();
+        let paths: [(&str, Box<Forward<'_>>); 2] = [
+            ("ours", Box::new(|t: &[u32], c: &mut Cache| model.forward(Ops::Ours(&registry), t, c))),
+            ("compiled", Box::new(|t: &[u32], c: &mut Cache| compiled.forward(t, c))),
+        ];
+        for (name, mut forward) in paths {
+            let mut cache = Cache::new(&model);
+            let mut rows: Vec<Vec<f32>> = forward(prompt, &mut cache).unwrap().to_vec2().unwrap();
+            for &token in rest {
+                rows.extend(forward(&[token], &mut cache).unwrap().to_vec2::<f32>().unwrap());
+            }
+            assert_eq!(rows.len(), expected.len(), "{variant} {name}");
+            let scale = expected.iter().flatten().fold(1f32, |m, v| m.max(v.abs()));
+            for (position, (ours, theirs)) in rows.iter().zip(&expected).enumerate() {
+                let diff = ours.iter().zip(theirs).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(
+                    diff <= 4e-6 * scale,
+                    "{variant} {name} position {position}: max |diff| {diff} (logits up to {scale})"
+                );
+                let argmax = |row: &[f32]| row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+                assert_eq!(argmax(ours), argmax(theirs), "{variant} {name} position {position}: greedy token");
+            }
+        }
+    }
 }
