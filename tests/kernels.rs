@@ -1,5 +1,5 @@
 //! The kernel correctness harness: every provider this machine can run, both ops, against native
-//! (R115–R118, R120), plus in-place semantics through dispatch.
+//!, plus in-place semantics through dispatch.
 
 use ir_core::kernel::KernelDTypes;
 use ir_core::op::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm, fused_add_rms_norm_maybe_inplace};
@@ -222,7 +222,7 @@ fn special_values() {
     }
 }
 
-/// Magnitudes near each dtype's limits (R116): wherever native's result is finite, every provider
+/// Magnitudes near each dtype's limits: wherever native's result is finite, every provider
 /// matches it within the op's tolerance. With |x| near 1e18 and H = 4096 the f32 sum of squares
 /// overflows although the mean square fits.
 #[test]

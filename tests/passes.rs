@@ -1,4 +1,4 @@
-//! The passes end to end on the models of the spec's table (R128–R131), with the in-place `cpu`
+//! The passes end to end on the models of the spec's table, with the in-place `cpu`
 //! provider forced, in both clone elimination variants.
 
 use ir_core::op::InputSpec;
@@ -351,14 +351,15 @@ fn a_shared_donated_input_with_padded_rows_is_copied_with_its_layout() {
     let kept = x.clone();
     let run = interpret(&graph, &registry, vec![("x".into(), x), ("r".into(), r)], InterpOptions::checked()).unwrap();
     // One copy of the shared donated input, then the call runs functionally (its output layout would
-    // differ from x's padded one, R48), copying both activations for the in-place cpu kernel.
+    // differ from x's padded one: an in-place write keeps the argument's layout), copying both
+    // activations for the in-place cpu kernel.
     assert_eq!(run.stats.defensive_copies, 3);
     assert!(bit_eq(&kept, &x_before), "the caller's handle still reads the old values");
     assert!(bit_eq(&run.outputs[2], &x_before.transpose(0, 1).unwrap().scale(2.0).unwrap()));
 }
 
 /// A `supports` predicate is user code: a panic in it during lowering is a rejection carrying the
-/// message, and the pipeline goes on with the next provider (R34's "never a panic").
+/// message, and the pipeline goes on with the next provider: never a panic of the pass.
 #[test]
 fn a_panicking_predicate_during_the_pipeline_is_a_rejection() {
     let registry = Registry::with_builtin_ops();

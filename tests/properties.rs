@@ -1,4 +1,4 @@
-//! Property tests of the passes on random decoder-like graphs (R83, R140): the pipeline's output
+//! Property tests of the passes on random decoder-like graphs: the pipeline's output
 //! verifies, interprets to the same bits as the input graph without tripping a safety check, leaves
 //! non-donated inputs unmodified, round-trips through text, and clone elimination is idempotent.
 //! `PROPTEST_CASES` raises the number of graphs (default 256 per property); `PROPTEST_RNG_SEED`
@@ -110,7 +110,8 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
     // of later steps (no op but the quantizations takes 8-bit values; the other steps take [T, H]).
     let mut quantized: Vec<ValueId> = Vec::new();
     let pick = |pool: &[ValueId], i: u8| pool[i as usize % pool.len()];
-    // Storage roots as R81 defines them, and which roots the caller did not donate.
+    // Storage roots (the value whose storage a view or in-place result shares), and which roots the
+    // caller did not donate.
     let mut roots: std::collections::HashMap<ValueId, ValueId> = std::collections::HashMap::new();
     let root = |roots: &std::collections::HashMap<ValueId, ValueId>, v: ValueId| roots.get(&v).copied().unwrap_or(v);
     let protected: Vec<ValueId> = graph.inputs().iter().filter(|i| !i.3).map(|i| i.1).collect();
@@ -283,7 +284,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 if writable.is_empty() {
                     continue;
                 }
-                // Every other copy_ goes through a view when there is one (R140: writes through views).
+                // Every other copy_ goes through a view when there is one (writes through views).
                 let views: Vec<ValueId> =
                     writable.iter().copied().filter(|&v| graph.node(graph.value(v).def).kind.is_view()).collect();
                 let dst = if a % 2 == 1 && !views.is_empty() { pick(&views, a / 2) } else { pick(&writable, a) };
@@ -644,7 +645,7 @@ proptest! {
                 prop_assert!(bit_eq(handle, before), "non-donated input %{} was modified", name);
             }
         }
-        // R141: the pipeline never makes an output share storage with a non-donated input or with
+        // The pipeline never makes an output share storage with a non-donated input or with
         // another output, unless the input graph itself returned them aliased.
         let compiled_handles: Vec<(String, Tensor)> =
             kept.iter().filter(|k| !k.3).map(|k| (k.0.clone(), k.1.clone())).collect();
@@ -749,8 +750,8 @@ fn output_aliasing(outputs: &[Tensor], inputs: &[(String, Tensor)]) -> Vec<Strin
     pairs
 }
 
-/// The generator is not vacuous about what R140 asks: it emits `copy_`, explicit in-place `impl`
-/// calls, writes through views and graphs whose outputs alias each other or an input.
+/// The generator is not vacuous about what the rules need covered: it emits `copy_`, explicit
+/// in-place `impl` calls, writes through views and graphs whose outputs alias each other or an input.
 #[test]
 fn the_generator_emits_explicit_writes_views_and_aliased_outputs() {
     use proptest::strategy::ValueTree;

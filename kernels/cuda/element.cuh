@@ -4,8 +4,8 @@
 //
 // Define required: DTYPE  0 = f32, 1 = f16, 2 = bf16, 6 = f64.
 //
-// compute_t is the compute dtype c: float, and double for f64 elements (which exist for references,
-// R9). to_c widens an element to it, from_c rounds back to the element type (nearest-even, once),
+// compute_t is the compute dtype c: float, and double for f64 elements (which exist for references).
+// to_c widens an element to it, from_c rounds back to the element type (nearest-even, once),
 // round_elem does both. The c_* functions are each one correctly rounded operation in the compute
 // type, overloaded for float and double (the float ones are the intrinsics the f32 kernels always
 // used, so their bits do not change): NVRTC would contract a plain `a * b + c` into an fma. LIT(x)

@@ -1,6 +1,6 @@
 // The element types of the `rocm` kernels, their compute types and the conversions between them:
 // `Elem<0>` f32, `Elem<1>` f16, `Elem<2>` bf16 (as unsigned short bits), all computing in f32, and
-// `Elem<6>` f64 (a reference dtype, R9), computing in f64. `load` widens to the compute type `C`;
+// `Elem<6>` f64 (a reference dtype), computing in f64. `load` widens to the compute type `C`;
 // `store` rounds to the element type once, from a float or from a double (which narrows to f16 or
 // bf16 through f32 rounded to odd). The c_* functions are the math of the kernels, overloaded for
 // float (the f-suffixed functions the f32 kernels always used, so their bits do not change) and

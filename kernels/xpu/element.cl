@@ -122,7 +122,7 @@ inline compute_t round_to_elem(compute_t v) {
 #endif
 
 // The weight's type, which may differ from the element type (a Gemma-style f32 weight on bf16
-// activations): the weight step computes in it (R86 step 5), the store rounds to the element type.
+// activations): the norm's weight step computes in it, the store rounds to the element type.
 // With f64 on either side the step computes in double: y and the product round to the weight's type
 // directly from it (a double narrows to f16 or bf16 through f32 rounded to odd), and WSTORE rounds
 // the double result to the element type directly.

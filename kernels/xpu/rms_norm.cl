@@ -11,7 +11,7 @@
 //
 // Built after `element.cl` (the element type and its conversions), which the crate prepends.
 //
-// Numerics follow the spec (R86): f32 squares and sums, the fused sum as one f32 addition, the norm
+// Numerics as docs/kernels.md states them: f32 squares and sums, the fused sum as one f32 addition, the norm
 // from the unrounded sum (recomputed from x and residual by the work-item that owns those elements,
 // before it overwrites them), the weight step rounding y to the element type first. No fast-math
 // options and no native_rsqrt. Offsets and row strides are in elements and 64-bit. The mean square

@@ -34,7 +34,7 @@ pub fn register_inplace_provider(registry: &Registry, provider: &'static str) ->
     )
 }
 
-/// How much of the numeric grid a backend runs (R120).
+/// How much of the numeric grid a backend runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grid {
     /// Every token count.
@@ -116,7 +116,7 @@ pub fn backends() -> Vec<Backend> {
             let registry = Registry::with_builtin_ops();
             kernels_xpu::register(&registry).expect("the xpu provider registers once");
             let allocator = kernels_xpu::allocator().expect("an available provider has a device");
-            // A CPU OpenCL device (PoCL) is slow: it runs the subset of the grid (R120).
+            // A CPU OpenCL device (PoCL) is slow: it runs the subset of the grid.
             let grid = if kernels_xpu::is_gpu() { Grid::Full } else { Grid::Subset };
             backends.push(Backend {
                 provider: kernels_xpu::PROVIDER,

@@ -397,7 +397,7 @@ fn command_output(program: &str, args: &[&str]) -> Option<String> {
     output.status.success().then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-/// Nominal peak bandwidths (R95), by a substring of the device name, in GB/s.
+/// Nominal peak bandwidths, by a substring of the device name, in GB/s.
 pub(crate) const PEAKS: [(&str, f64); 6] =
     [("H200", 4800.0), ("H100", 3350.0), ("A100", 2039.0), ("B200", 8000.0), ("MI300X", 5300.0), ("Max 1550", 3276.8)];
 

@@ -5,7 +5,7 @@
 //!   the CI matrix (its toolchain required);
 //! - `lint`: fmt check, clippy and rustdoc with warnings denied;
 //! - `test`: the workspace tests (the README's test command);
-//! - `check-features`: each feature of the spec's R3 table compiles on its own;
+//! - `check-features`: each platform's features compile on their own (the CLI with none, `cuda`, `xpu`, `rocm`; the bench with `candle`);
 //! - `ci` also checks that each kernel crate's package ships its kernel source, and runs the `vllm-ir`
 //!   crate's examples;
 //! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL

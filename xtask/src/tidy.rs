@@ -1,11 +1,13 @@
-//! Tidy rules, run as tests: module docs, no `dbg!`, no trailing whitespace, no tabs in Rust files.
+//! Tidy rules, run as tests: module docs, no `dbg!`, no trailing whitespace, no tabs in Rust files,
+//! and no citation of a requirement number (`R12`) from a specification the repository does not hold.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::project_root;
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Text files under `dir` with one of `extensions` (skipping `target` and hidden entries).
+fn text_files(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let path = entry.path();
@@ -14,18 +16,67 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
             continue;
         }
         if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            text_files(&path, extensions, out);
+        } else if path.extension().is_some_and(|e| extensions.iter().any(|x| e == *x)) {
             out.push(path);
         }
     }
+}
+
+/// The requirement-number citations in `line`: `R` and one to three digits, standing alone.
+fn requirement_citations(line: &str) -> Vec<String> {
+    let bytes = line.as_bytes();
+    let mut found = Vec::new();
+    for (i, &b) in bytes.iter().enumerate() {
+        if b != b'R' || (i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_')) {
+            continue;
+        }
+        let digits = bytes[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+        let end = i + 1 + digits;
+        let standalone = bytes.get(end).is_none_or(|c| !(c.is_ascii_alphanumeric() || *c == b'_'));
+        if (1..=3).contains(&digits) && standalone {
+            found.push(line[i..end].to_owned());
+        }
+    }
+    found
+}
+
+#[test]
+fn requirement_citations_are_recognized() {
+    assert_eq!(requirement_citations("the rule (R32) and R95's bytes, R141;"), ["R32", "R95", "R141"]);
+    assert!(requirement_citations("RISC-V, R1234, XR12, R_1, sm_80, BR2x").is_empty());
+}
+
+#[test]
+fn no_requirement_number_is_cited() {
+    // The specification the requirement numbers come from is not part of the repository: a comment
+    // or document states the rule itself.
+    let root = project_root();
+    let mut files = Vec::new();
+    for dir in ["crates", "xtask", "tests", "kernels", "docs", "fuzz", "examples"] {
+        text_files(&root.join(dir), &["rs", "md", "cu", "cuh", "hip", "h", "cl", "ir", "py", "toml"], &mut files);
+    }
+    files.push(root.join("README.md"));
+    // This file spells citations to test the rule.
+    files.retain(|path| !path.ends_with("xtask/src/tidy.rs"));
+    assert!(files.len() > 100, "found the sources");
+    let mut problems = Vec::new();
+    for path in files {
+        let text = fs::read_to_string(&path).unwrap_or_default();
+        for (index, line) in text.lines().enumerate() {
+            for citation in requirement_citations(line) {
+                problems.push(format!("{}:{}: cites {citation}", path.display(), index + 1));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "say the rule instead of its number:\n{}", problems.join("\n"));
 }
 
 fn all_rust_files() -> Vec<PathBuf> {
     let root = project_root();
     let mut files = Vec::new();
     for dir in ["crates", "xtask", "tests"] {
-        rust_files(&root.join(dir), &mut files);
+        text_files(&root.join(dir), &["rs"], &mut files);
     }
     assert!(files.len() > 10, "found the sources");
     files

@@ -1,4 +1,4 @@
-//! Eager dispatch overhead (R40): `rms_norm` through the registry (metadata, meta function,
+//! Eager dispatch overhead: `rms_norm` through the registry (metadata, meta function,
 //! predicates, selection, record) against the selected kernel called directly, at decode sizes with
 //! the CPU platform's two-entry list `[cpu, native]`; and selection alone.
 

@@ -1,4 +1,4 @@
-//! Kernel throughput (R95–R97), generic over the registry: every op it defines × every provider
+//! Kernel throughput, generic over the registry: every op it defines × every provider
 //! registered for the op, beside a copy of the op's activation bytes (and candle for the norms, with
 //! feature `candle`), on the same data in the same run. A new op or provider is benchmarked by being
 //! defined and registered.
@@ -78,8 +78,8 @@ fn kernels(c: &mut Criterion) {
         }
         for provider in providers {
             let wanted = if provider.is_device() { device_case } else { host_case };
-            // The reference is slow: quick runs and the sweep time it only at decode sizes (R90
-            // compares with it at 1×4096).
+            // The reference is slow: quick runs and the sweep time it only at decode sizes (the
+            // cpu target compares with it at 1×4096).
             let skip_native = provider.name() == "native" && !case.shape.is_decode() && (quick || sweep);
             let status = statuses.get_mut(provider.name()).expect("every provider has a status");
             if !wanted || skip_native || !status.available {

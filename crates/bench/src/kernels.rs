@@ -4,7 +4,7 @@
 //! registry's validating entry point checked against native (so a wrong kernel is never timed, and a
 //! provider whose predicate rejects the case is reported as rejected), then [`Timed::time`] calls the
 //! implementation directly through `iter_custom`, so uploads and the restoring of in-place inputs
-//! stay outside the timed region (R96).
+//! stay outside the timed region.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -58,7 +58,7 @@ impl Shape {
         Shape { tokens, hidden }
     }
 
-    /// Whether this is a decode shape (T ≤ 64: launch-bound on GPUs, R97).
+    /// Whether this is a decode shape (T ≤ 64: launch-bound on GPUs).
     pub fn is_decode(self) -> bool {
         self.tokens <= 64
     }
@@ -70,14 +70,14 @@ impl fmt::Display for Shape {
     }
 }
 
-/// The decode shapes of R96, and 256×4096 (a large decode batch, which the performance issue adds).
+/// The decode shapes (1×4096, 8×4096, 64×8192), and 256×4096 (a large decode batch).
 pub const DECODE_SHAPES: [Shape; 4] =
     [Shape::new(1, 4096), Shape::new(16, 4096), Shape::new(64, 8192), Shape::new(256, 4096)];
-/// The prefill shapes of R96.
+/// The prefill shapes.
 pub const PREFILL_SHAPES: [Shape; 2] = [Shape::new(4096, 4096), Shape::new(2048, 8192)];
-/// The shape GPUs add (R96).
+/// The shape GPUs add.
 pub const GPU_SHAPE: Shape = Shape::new(16384, 8192);
-/// The dtypes of R96.
+/// The dtypes.
 pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// One benchmark case.
@@ -124,14 +124,14 @@ impl fmt::Display for Case {
 }
 
 /// Bytes a call must move: every tensor argument read once and every output written once. For the
-/// norms this is R95 (`rms_norm` 2·T·H·s + H·s_w, `fused_add_rms_norm` 4·T·H·s + H·s_w); for a
+/// norms this is `rms_norm` 2·T·H·s + H·s_w, `fused_add_rms_norm` 4·T·H·s + H·s_w; for a
 /// gated activation on `[T, 2H]`, 3·T·H·s.
 pub fn bytes_moved(args: &[Value], outputs: &[Tensor]) -> u64 {
     let bytes = |t: &Tensor| (t.numel() * t.dtype().size_in_bytes()) as u64;
     args.iter().filter_map(Value::as_tensor).map(bytes).sum::<u64>() + outputs.iter().map(bytes).sum::<u64>()
 }
 
-/// The CPU cases: every op × shape × dtype of R96, or (quick) 1×4096 and 4096×4096 in f32 and bf16,
+/// The CPU cases: every op × shape × dtype, or (quick) 1×4096 and 4096×4096 in f32 and bf16,
 /// the shapes and dtypes the targets name.
 pub fn cpu_cases(ops: &[&'static OpDef], quick: bool) -> Vec<Case> {
     let (shapes, dtypes): (Vec<Shape>, Vec<DType>) = if quick {
@@ -610,7 +610,7 @@ mod tests {
 
     #[test]
     fn bytes_moved_follows_r95_and_counts_every_tensor() {
-        // R95: rms_norm 2·T·H·s + H·s_w, the fused op 4·T·H·s + H·s_w.
+        // rms_norm moves 2·T·H·s + H·s_w, the fused op 4·T·H·s + H·s_w.
         let (t, h, s) = (3u64, 200u64, 2u64);
         assert_eq!(small(&RMS_NORM, DType::BF16).bytes_moved(), 2 * t * h * s + h * s);
         assert_eq!(small(&FUSED_ADD_RMS_NORM, DType::BF16).bytes_moved(), 4 * t * h * s + h * s);
@@ -624,7 +624,7 @@ mod tests {
         let ops = ops(&registry);
         assert!(ops.len() >= 4, "every built-in op is benchmarked");
         let full = cpu_cases(&ops, false);
-        // Four decode shapes (R96's three and 256×4096) and two prefill shapes, three dtypes.
+        // Four decode shapes (1×4096, 8×4096, 64×8192 and 256×4096) and two prefill shapes, three dtypes.
         assert_eq!(full.len(), ops.len() * 6 * 3);
         let quick = cpu_cases(&ops, true);
         assert!(quick.iter().all(|c| full.contains(c)));

@@ -1,11 +1,11 @@
-//! `vllm-ir-bench`: the performance suite of vllm-ir-rs (spec R40, R90, R95–R97).
+//! `vllm-ir-bench`: the performance suite of vllm-ir-rs.
 //!
 //! The criterion benchmarks under `benches/` measure four things, each beside a baseline measured in
 //! the same run, because machines are noisy and only ratios travel between them:
 //!
-//! - `kernels`: every op the registry defines × every available provider at the shapes and dtypes
-//!   of R96, from each op's input generator, as throughput from the bytes each call moves
-//!   ([`kernels::bytes_moved`], R95 for the norms), beside a plain copy of the activation bytes and
+//! - `kernels`: every op the registry defines × every available provider at the decode and prefill
+//!   shapes in f32, f16 and bf16, from each op's input generator, as throughput from the bytes each
+//!   call moves ([`kernels::bytes_moved`]), beside a plain copy of the activation bytes and
 //!   (feature `candle`, norms only) candle-nn's CPU `rms_norm` on the same data, and (norm +
 //!   quantization ops) the unfused pair on the cpu provider ([`unfused`]);
 //! - `dispatch`: `rms_norm` through the registry against the selected kernel called directly, and

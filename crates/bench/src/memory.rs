@@ -1,5 +1,5 @@
 //! The memory study: the demo's decoder traced, interpreted without passes and after the standard
-//! pipeline, with the interpreter's statistics (R70). Deterministic, so it is computed, not timed.
+//! pipeline, with the interpreter's statistics. Deterministic, so it is computed, not timed.
 
 use ir_core::DType;
 use ir_core::Registry;

@@ -162,7 +162,7 @@ pub fn gpu_threads_per_row(hidden: usize) -> u32 {
 }
 
 /// The element dtypes a provider's kernels compute on. Every kernel takes f32, f16 and bf16; f64
-/// exists for references (R9), and a GPU provider whose kernels also compute in it keeps an f64
+/// exists for references, and a GPU provider whose kernels also compute in it keeps an f64
 /// reference on its device tensors on the device instead of sending it through host memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelDTypes {

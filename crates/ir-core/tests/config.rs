@@ -1,4 +1,4 @@
-//! Platform priority configuration: parsing, merging, applying, detection (R41–R45, R110).
+//! Platform priority configuration: parsing, merging, applying, detection.
 
 mod common;
 

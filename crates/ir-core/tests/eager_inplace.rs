@@ -1,4 +1,4 @@
-//! The functional call and `maybe_inplace` with in-place and functional providers (R111–R113, R46–R49).
+//! The functional call and `maybe_inplace` with in-place and functional providers.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Properties and exact values of the native norms (R114, R115's native part, R117, R118).
+//! Properties and exact values of the native norms.
 
 mod common;
 

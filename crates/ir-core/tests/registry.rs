@@ -1,4 +1,4 @@
-//! Op definitions, implementation registration, priority resolution, guards and dispatch (R103–R109).
+//! Op definitions, implementation registration, priority resolution, guards and dispatch.
 
 mod common;
 
@@ -358,7 +358,7 @@ fn the_probe_runs_at_most_once() {
     assert_eq!(CALLS.load(Ordering::SeqCst), 1);
 }
 
-// --- resolution rules (R38) ---
+// --- resolution rules ---
 
 fn even_only(args: &[ArgMeta<'_>]) -> Support {
     let args = RmsNormArgs::from_meta(args).expect("bound rms_norm arguments");
@@ -512,7 +512,8 @@ fn overrides_in_code_put_their_entries_first_and_keep_the_list_below() {
 
 #[test]
 fn predicates_do_not_depend_on_the_number_of_tokens() {
-    // R108 for the providers of this crate's tests; kernel crates run the same check on theirs.
+    // Every provider registers under a unique, well-formed name: checked for the providers of this
+    // crate's tests; kernel crates run the same check on theirs.
     for tokens in [1, 7, 2048, 65536] {
         for hidden in [7, 8, 4096] {
             let shapes = [vec![tokens, hidden], vec![2, tokens, hidden]];

@@ -119,7 +119,7 @@ pub enum InterpError {
         source: TensorError,
     },
 
-    // --- safety checks (R69) ---
+    // --- safety checks ---
     /// A write into a graph input that is not donated.
     #[error("`{statement}` writes into `%{input}`, a graph input not marked donated")]
     WriteToNonDonatedInput {
@@ -242,7 +242,7 @@ impl<'g> Run<'g> {
                 });
             }
             let tensor = if donated && !tensor.is_uniquely_owned() {
-                // The caller kept a handle: copy before anything can write into it (R68).
+                // The caller kept a handle: copy before anything can write into it.
                 tracing::debug!(target: "ir_graph::interp", input = name, "donated input is shared; copying it");
                 self.stats.defensive_copies += 1;
                 let copy = tensor.deep_clone_same_layout().map_err(|source| InterpError::Tensor {
@@ -390,7 +390,7 @@ impl<'g> Run<'g> {
         self.stats.providers.push((node, op.to_owned(), selection.provider));
         // The given activations (an absent optional one has no output), in output order.
         let activations = crate::given_activations(&self.registry.activations(op).unwrap_or_default(), args);
-        // R48: write in place only when the result would have the declared layout.
+        // Write in place only when the result would have the declared layout.
         let layouts_match =
             activations.iter().zip(&selection.outputs).all(|(&position, declared)| match &args[position] {
                 Arg::Value(v) => self.graph.meta(*v) == declared,
@@ -398,7 +398,7 @@ impl<'g> Run<'g> {
             });
         let in_place = overload == Overload::MaybeInplace && layouts_match;
         // Every argument gets a handle; a donated activation at its last use (and not an output)
-        // then loses the environment's handle, so the call may own it uniquely (R68).
+        // then loses the environment's handle, so the call may own it uniquely.
         let mut values: Vec<Value> = args
             .iter()
             .map(|arg| match arg {
@@ -412,7 +412,7 @@ impl<'g> Run<'g> {
                 // The same value passed twice: its handle was already released for the first slot.
                 let Some(held) = self.env[*v].as_ref() else { continue };
                 // A graph input the caller did not donate is never written: keeping the
-                // environment's handle makes the call copy it (R47).
+                // environment's handle makes the call copy it.
                 let non_donated_input = self.inputs.get(&held.storage_id()).is_some_and(|(_, donated)| !donated);
                 if self.last_position(*v) as usize == position && !self.kept.contains(v) && !non_donated_input {
                     self.unbind(*v);

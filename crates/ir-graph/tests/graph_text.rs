@@ -1,5 +1,4 @@
-//! The graph IR's text format: round trips, parse errors with positions, verifier diagnostics
-//! (R63–R66, R121–R123).
+//! The graph IR's text format: round trips, parse errors with positions, verifier diagnostics.
 
 use ir_core::{DType, Registry, TensorMeta};
 use ir_graph::{Graph, parse, verify};

@@ -149,8 +149,9 @@
 //! Phase 1 takes, in graph order, the copies whose storage nobody writes; phase 2 takes the written
 //! copies, in graph order; phase 3 the copies that change the layout and the written copies phase 2
 //! kept only because their original's storage is read after the write (written where they are when
-//! no element they share is, or kept), repeated until none goes. Every decision reads the classes as earlier removals left them
-//! (merged writes, reads and outputs), so each removal is judged on the graph it applies to, and
+//! no element they share is, or kept), repeated until none goes. Every decision reads the classes
+//! as earlier removals left them (merged writes, reads and outputs), so each removal is judged on
+//! the graph it applies to, and
 //! the sequence is sound by induction. Writes are kept per class as sorted positions and reads as
 //! the last reading position, merged small into large: phases 1 and 2 are `O(n log n)` in the graph
 //! size. Phase 3 judges element by element with a scan of the graph after the copy, `O(n)` for each
@@ -360,7 +361,8 @@ fn unsafe_variant(graph: &mut Graph, cx: &PassContext<'_>) -> CloneReport {
             }
             _ => Some(KeepReason::MultipleWriters),
         };
-        // R80's rule 4 on storage classes, so writes through views count. It applies to written
+        // The snapshot rule (a copy read after its original is written stays) on storage classes, so
+        // writes through views count. It applies to written
         // copies too: a copy kept as a snapshot becomes a written copy once the clone lowering put
         // after it is removed, and without the rule a second run would remove it (not idempotent).
         let p = positions[node];

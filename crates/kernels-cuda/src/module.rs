@@ -80,7 +80,8 @@ impl KernelVariant {
 }
 
 /// The longest row a kernel with `threads_per_row` threads per row keeps whole in registers: the
-/// largest hidden size that launches with it (R92's buckets), and 32768 for the last, open-ended one.
+/// largest hidden size that launches with it (the hidden-size buckets), and 32768 for the last,
+/// open-ended one.
 pub fn largest_cached_row(threads_per_row: u32) -> u32 {
     match threads_per_row {
         ..=8 => 64,

@@ -1,7 +1,7 @@
 //! NVRTC: errors keep the compiler's log, the provider says why it is unavailable, and the gated,
 //! quantization and rotary kernels compile to PTX for sm_80 and sm_90 for every dtype with the
 //! properties their numerics need; no GPU needed. Every norm variant is compiled (and assembled) by
-//! `tests/ptxas.rs`, which compiles all of this crate's programs once (R91).
+//! `tests/ptxas.rs`, which compiles all of this crate's programs once.
 
 use kernels_cuda::{all_variants, compile_ptx, nvrtc_availability};
 

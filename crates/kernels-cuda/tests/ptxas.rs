@@ -1,5 +1,5 @@
 //! Every CUDA kernel of this crate (every norm variant, the other op families in every dtype, the
-//! strided copy and conversion) compiles to PTX with NVRTC for sm_80 and sm_90 (R91) and assembles
+//! strided copy and conversion) compiles to PTX with NVRTC for sm_80 and sm_90 and assembles
 //! to SASS with `ptxas` with no register spill and no stack frame (local memory), and the resource report (registers per
 //! thread, shared memory) of each is printed. No GPU needed: NVRTC makes the PTX and `ptxas` (the
 //! `nvidia-cuda-nvcc-cu12` wheel ships it) assembles it; `PTXAS` names the binary, else `ptxas` on
@@ -178,7 +178,7 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
         ir_core::testing::skip("nvrtc", &reason);
         return;
     }
-    // Every program compiles with NVRTC for both architectures (R91), ptxas or not.
+    // Every program compiles with NVRTC for both architectures, ptxas or not.
     let compiled = ARCHS.map(|(arch, sm)| (sm, programs(arch)));
     let ptxas = match ptxas() {
         Ok(binary) => binary,

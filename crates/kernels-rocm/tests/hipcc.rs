@@ -1,4 +1,4 @@
-//! Every HIP kernel variant compiles with hipcc for gfx90a (R93); no GPU needed.
+//! Every HIP kernel variant compiles with hipcc for gfx90a; no GPU needed.
 
 use std::process::Command;
 

@@ -133,7 +133,7 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
         }
     }
     targets.push(ratio_target(
-        "`cpu` on one row of 4096 (R90): ≥ 3× native",
+        "`cpu` on one row of 4096: ≥ 3× native",
         &native_ratios,
         3.0,
         false,
@@ -371,7 +371,7 @@ pub(crate) fn write(
     out.push_str(
         "Every figure is a criterion median. The kernel group runs every op the registry defines on every \
          provider registered for it, from the op's own input generator. Kernel throughput is the bytes a \
-         call must move (every tensor argument read once, every output written once: R95's `rms_norm` \
+         call must move (every tensor argument read once, every output written once: `rms_norm` \
          2·T·H·s + H·s_w and fused 4·T·H·s + H·s_w; a gated activation on [T, 2H] 3·T·H·s) divided by the \
          median time, in GB/s (10⁹ B/s); the copy baseline copies the op's activation buffers with the same \
          thread split, in the same run, so ratios hold on any machine. Each provider is checked against \
@@ -1018,7 +1018,7 @@ pub(crate) fn gpu(results: &Results, machine: &Machine) -> anyhow::Result<String
         machine.date, machine.commit
     );
     out.push_str(&machine_section(machine));
-    out.push_str("GB/s = R95 bytes / median time; the fused op runs in place on the same buffers call after call; timing ends with a synchronizing download. Decode shapes are launch-bound (R97: ≤ 8 µs per call without graph capture).\n\n");
+    out.push_str("GB/s = bytes a call must move / median time; the fused op runs in place on the same buffers call after call; timing ends with a synchronizing download. Decode shapes are launch-bound (≤ 8 µs per call without graph capture).\n\n");
     out.push_str(
         "| provider | op | dtype | shape | median | GB/s | % of nominal peak |\n|---|---|---|---|---:|---:|---:|\n",
     );

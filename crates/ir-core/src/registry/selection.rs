@@ -3,7 +3,7 @@
 //! Dispatch reads an op's installed list without a lock: the list is an immutable snapshot swapped
 //! whole ([`arc_swap`]) whenever priorities change (install, guard drop, registration, replacement).
 //! Each snapshot carries a small cache of the selections made on it, keyed by the call's complete
-//! argument metadata: predicates are pure functions of that metadata (R32) and meta functions are
+//! argument metadata: predicates are pure functions of that metadata and meta functions are
 //! plain functions of it, so the same metadata always selects the same provider with the same output
 //! metadata. A new snapshot starts with an empty cache, so a priority change is seen by the next call.
 
