@@ -536,6 +536,30 @@ fn copies_table(results: &Results) -> String {
     if rows == 0 {
         out.push_str("| (not measured) | | | | | |\n");
     }
+    out.push_str(
+        "\nRotary embedding in place on candle tensors (`candle_ops`, the `cpu` provider) on q and k as column \
+         slices of one `qkv` buffer (v after them) against the same call on compact q and k; target: the slices \
+         within 1.3× of compact.\n\n| dtype | tokens × q + k | compact | qkv slices | slices / compact |\n\
+         |---|---|---:|---:|---:|\n",
+    );
+    let mut rotary_rows = 0;
+    for group in results.groups("rotary/") {
+        let parts: Vec<&str> = group.split('/').collect();
+        let [_, dtype, shape] = parts.as_slice() else { continue };
+        let (Some(compact), Some(slices)) = (results.get(&group, "compact"), results.get(&group, "qkv-slices")) else {
+            continue;
+        };
+        out.push_str(&format!(
+            "| {dtype} | {shape} | {} | {} | {:.2}× |\n",
+            fmt_time(compact.median_ns),
+            fmt_time(slices.median_ns),
+            slices.median_ns / compact.median_ns
+        ));
+        rotary_rows += 1;
+    }
+    if rotary_rows == 0 {
+        out.push_str("| (not measured) | | | | |\n");
+    }
     out.push('\n');
     out
 }
