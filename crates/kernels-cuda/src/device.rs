@@ -291,6 +291,16 @@ impl CudaBuffer {
         &self.stream
     }
 
+    /// The alignment of the buffer's first byte, up to 256: the driver's for memory allocated here,
+    /// the address's own for adopted memory (an engine may hand over any address). A kernel takes
+    /// its 16-byte path only where this and the tensor's offset allow it.
+    pub(crate) fn base_alignment(&self) -> usize {
+        match &self.memory {
+            Memory::Owned(_) => ALLOCATION_ALIGNMENT,
+            Memory::External { ptr, .. } => address_alignment(*ptr),
+        }
+    }
+
     /// The stream a call whose first activation is this buffer launches on: the caller's, when
     /// the call came through an [`EagerContext::with_stream`](ir_core::EagerContext::with_stream)
     /// given an `Arc<CudaStream>`, else this memory's.
@@ -326,6 +336,18 @@ impl CudaBuffer {
             }
             Memory::External { ptr, .. } => DeviceAddress { ptr: *ptr, _guard: None },
         }
+    }
+}
+
+/// Alignment of device allocations (the driver returns at least 256-byte aligned memory).
+pub(crate) const ALLOCATION_ALIGNMENT: usize = 256;
+
+/// The largest power of two up to [`ALLOCATION_ALIGNMENT`] dividing `address`.
+pub(crate) fn address_alignment(address: CUdeviceptr) -> usize {
+    if address == 0 {
+        ALLOCATION_ALIGNMENT
+    } else {
+        (1usize << address.trailing_zeros().min(8)).min(ALLOCATION_ALIGNMENT)
     }
 }
 

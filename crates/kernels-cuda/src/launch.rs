@@ -236,4 +236,22 @@ mod tests {
         assert!(vector_ok(&rows(4096, 4100, 4), DType::F32, 256));
         assert!(!vector_ok(&rows(4096, 4096, 0), DType::F64, 256), "f64 rows launch with scalar accesses");
     }
+
+    /// Memory an engine adopts may start at any address: the 16-byte path follows the real one
+    /// (a misaligned 16-byte load is a sticky error that poisons the engine's CUDA context).
+    #[test]
+    fn the_vector_path_follows_the_real_address_of_adopted_memory() {
+        use crate::device::address_alignment;
+        let rows = Rows { n_rows: 4, hidden: 4096, row_stride: 4096, offset: 0 };
+        assert_eq!(address_alignment(0x7f00_1234_5602), 2);
+        assert!(!vector_ok(&rows, DType::BF16, address_alignment(0x7f00_1234_5602)), "2 bytes past alignment");
+        assert!(!vector_ok(&rows, DType::F32, address_alignment(0x7f00_1234_5608)), "8-byte aligned only");
+        assert!(vector_ok(&rows, DType::BF16, address_alignment(0x7f00_1234_5610)), "16-byte aligned");
+        assert_eq!(address_alignment(0x7f00_1234_5600), 256, "capped at the driver's alignment");
+        assert_eq!(address_alignment(0), 256);
+        // A misaligned base made good by the offset is not taken: the check is on the base and the
+        // offset separately, and a base below 16 bytes of alignment never vectorizes.
+        let shifted = Rows { offset: 1, ..rows };
+        assert!(!vector_ok(&shifted, DType::BF16, address_alignment(0x7f00_1234_560e)));
+    }
 }

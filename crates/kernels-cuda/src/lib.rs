@@ -57,9 +57,6 @@ pub const KERNEL_DTYPES: KernelDTypes = KernelDTypes::WithF64;
 /// The norms' capabilities: every argument form, on [`KERNEL_DTYPES`].
 const CAPABILITIES: NormCapabilities = NormCapabilities { dtypes: KERNEL_DTYPES, ..NormCapabilities::ALL };
 
-/// Alignment of device allocations (the driver returns at least 256-byte aligned memory).
-const ALLOCATION_ALIGNMENT: usize = 256;
-
 /// Registers the `cuda` implementations of every built-in op (also when no GPU exists: then unavailable).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let rms_spec = ImplSpec::new(PROVIDER)
@@ -97,9 +94,9 @@ pub fn rms_norm_cuda(
         .map_err(ir_core::TensorError::from)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
-        let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
-            && launch::vector_ok(&out_rows, dtype, ALLOCATION_ALIGNMENT)
-            && weight.is_none_or(|(_, offset, w_dtype)| weight_vector_ok(offset, x_rows.hidden, dtype, w_dtype));
+        let vectorized = launch::vector_ok(&x_rows, dtype, x_buffer.base_alignment())
+            && launch::vector_ok(&out_rows, dtype, out.base_alignment())
+            && weight_vector_ok(weight, x_rows.hidden, dtype);
         let launch = launch::Launch {
             dtype,
             rows: x_rows,
@@ -128,9 +125,11 @@ pub fn fused_add_rms_norm_cuda(
     let variance = norm_variance(variance_size, x_rows.hidden)?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = weight_arg(weight)?;
-        let vectorized = launch::vector_ok(&x_rows, dtype, ALLOCATION_ALIGNMENT)
-            && launch::vector_ok(&residual_rows, dtype, ALLOCATION_ALIGNMENT)
-            && weight.is_none_or(|(_, offset, w_dtype)| weight_vector_ok(offset, x_rows.hidden, dtype, w_dtype));
+        let x_buffer = device_buffer_mut::<CudaBuffer>(&mut x, "x", "CUDA")?;
+        let residual_buffer = device_buffer_mut::<CudaBuffer>(&mut residual, "x_residual", "CUDA")?;
+        let vectorized = launch::vector_ok(&x_rows, dtype, x_buffer.base_alignment())
+            && launch::vector_ok(&residual_rows, dtype, residual_buffer.base_alignment())
+            && weight_vector_ok(weight, x_rows.hidden, dtype);
         let launch = launch::Launch {
             dtype,
             rows: x_rows,
@@ -139,8 +138,6 @@ pub fn fused_add_rms_norm_cuda(
             vectorized,
             variance,
         };
-        let x_buffer = device_buffer_mut::<CudaBuffer>(&mut x, "x", "CUDA")?;
-        let residual_buffer = device_buffer_mut::<CudaBuffer>(&mut residual, "x_residual", "CUDA")?;
         let stream = x_buffer.call_stream()?;
         launch::launch_fused(&stream, &launch, x_buffer, residual_buffer, weight)?;
         if rounding.rounds_intermediates(dtype) {
@@ -153,11 +150,13 @@ pub fn fused_add_rms_norm_cuda(
     Ok((x.into_tensor(), residual.into_tensor()))
 }
 
-/// Whether the weight allows the 16-byte path: a weight of another dtype than x is read with scalar
-/// loads in either path, so only a weight of x's dtype must be aligned.
-fn weight_vector_ok(offset: usize, hidden: usize, dtype: ir_core::DType, weight_dtype: ir_core::DType) -> bool {
-    let rows = Rows { n_rows: 1, hidden, row_stride: hidden, offset };
-    weight_dtype != dtype || launch::vector_ok(&rows, dtype, ALLOCATION_ALIGNMENT)
+/// Whether the weight allows the 16-byte path: none, or a weight of another dtype than x (read with
+/// scalar loads in either path), or one of x's dtype whose real address is 16-byte aligned.
+fn weight_vector_ok(weight: launch::WeightArg<'_>, hidden: usize, dtype: ir_core::DType) -> bool {
+    weight.is_none_or(|(buffer, offset, weight_dtype)| {
+        let rows = Rows { n_rows: 1, hidden, row_stride: hidden, offset };
+        weight_dtype != dtype || launch::vector_ok(&rows, dtype, buffer.base_alignment())
+    })
 }
 
 /// The weight's buffer, storage offset and dtype (which may differ from x's).
