@@ -388,11 +388,9 @@ impl<'m> Compiled<'m> {
     /// compiled graph's reference).
     pub fn forward_eager(&self, tokens: &[u32], cache: &mut Cache) -> anyhow::Result<CandleTensor> {
         let (h, positions) = self.inputs(tokens, cache)?;
-        self.install(cache);
         let ctx = EagerContext::new(&self.registry);
-        let logits = decoder(&ctx, self.model, &self.weights, h, &positions);
-        self.uninstall(cache);
-        Ok(logits?.into_candle()?)
+        let logits = self.with_cache(cache, || decoder(&ctx, self.model, &self.weights, h, &positions))?;
+        Ok(logits.into_candle()?)
     }
 
     /// The logits of `tokens` after the cache's tokens, through the compiled graph for their count
@@ -406,10 +404,8 @@ impl<'m> Compiled<'m> {
         let program = &self.programs[&tokens.len()];
         let mut inputs = vec![("h".to_owned(), h), ("positions".to_owned(), positions)];
         inputs.extend(program.parameters.iter().cloned());
-        self.install(cache);
-        let run = interpret(&program.graph, &self.registry, inputs, InterpOptions::checked());
-        self.uninstall(cache);
-        let run = run?;
+        let run =
+            self.with_cache(cache, || interpret(&program.graph, &self.registry, inputs, InterpOptions::checked()))?;
         self.account(&run.stats);
         let logits = run.outputs.into_iter().next().expect("the graph has one output");
         Ok(logits.into_candle()?)
@@ -451,16 +447,15 @@ impl<'m> Compiled<'m> {
         }
     }
 
-    /// Moves `cache` into the attention provider's slot for one run.
-    fn install(&self, cache: &mut Cache) {
-        *self.state.cache.lock().unwrap_or_else(PoisonError::into_inner) = Some(std::mem::take(cache));
-    }
-
-    /// Takes the cache back from the attention provider's slot.
-    fn uninstall(&self, cache: &mut Cache) {
-        if let Some(taken) = self.state.cache.lock().unwrap_or_else(PoisonError::into_inner).take() {
+    /// Runs `run` with `cache` in the attention provider's slot, and takes it back after.
+    fn with_cache<T>(&self, cache: &mut Cache, run: impl FnOnce() -> T) -> T {
+        let slot = || self.state.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        *slot() = Some(std::mem::take(cache));
+        let result = run();
+        if let Some(taken) = slot().take() {
             *cache = taken;
         }
+        result
     }
 }
 
