@@ -102,7 +102,8 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
         "cuda" => {
             println!(
                 "cuda job: install NVRTC and the CUDA headers: pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 \
-                 nvidia-cuda-nvcc-cu12, put the nvrtc wheel's lib directory on LD_LIBRARY_PATH and the nvcc wheel's bin (ptxas) on PATH; on a GPU runner \
+                 nvidia-cuda-nvcc-cu12, put the nvrtc wheel's lib directory on LD_LIBRARY_PATH and the nvcc wheel's bin (ptxas) on PATH, and \
+                 nvcc for candle's CUDA build on PATH too (.ci/cuda-toolkit installs it and prints its root); on a GPU runner \
                  the driver's libcuda runs the device tests too"
             );
             if !library_loadable("libnvrtc.so.12") {
@@ -359,18 +360,46 @@ fn remove_entries_starting_with(dir: &Path, prefix: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// `cargo check` of `examples/candle-cuda`, a crate outside the workspace that builds the `cuda`
-/// provider (its defaults off) beside cudarc configured as candle-core 0.9's `cuda` feature does.
-/// cudarc's `cuda-version-from-build-system` asks `nvcc` unless `CUDARC_CUDA_VERSION` says; CI
-/// machines have no nvcc, so it says 12.8, the version this crate's default binds.
+/// Clippy (`-D warnings`, every target) of `examples/candle-cuda`, a crate outside the workspace
+/// that runs the ops on candle CUDA tensors: candle-core with its `cuda` feature (candle's kernels
+/// compiled by nvcc, cudarc configured by candle) beside the `cuda` provider built with its `candle`
+/// feature, so the bridge is checked against candle's real `CudaStorage`. Needs nvcc on PATH (CUDA
+/// 12 or 13; `.ci/run` installs NVIDIA's CUDA 13.0 wheels); without it prints `skipped: <reason>`,
+/// or fails when `VLLM_IR_REQUIRE` lists `nvcc`. cudarc's `cuda-version-from-build-system` reads
+/// `CUDARC_CUDA_VERSION`, set to 12.8, the API this crate's default binds.
 fn candle_cuda() -> anyhow::Result<()> {
+    let nvcc = Command::new("nvcc").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !nvcc {
+        let reason = "candle's CUDA build needs nvcc on PATH (pip install --target DIR nvidia-cuda-nvcc==13.0.88 \
+                      nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85, \
+                      then PATH=DIR/nvidia/cu13/bin:$PATH, as .ci/run does)";
+        let required = env::var("VLLM_IR_REQUIRE").unwrap_or_default();
+        if required.split(',').any(|b| b.trim() == "nvcc") {
+            bail!("`nvcc` is required (VLLM_IR_REQUIRE={required}): {reason}");
+        }
+        println!("skipped: ops on candle CUDA tensors: {reason}");
+        return Ok(());
+    }
     let root = project_root();
     let manifest = root.join("examples").join("candle-cuda").join("Cargo.toml");
     let target = root.join("target").join("candle-cuda");
     let (manifest, target) = (manifest.to_string_lossy(), target.to_string_lossy());
+    // candle's build asks nvidia-smi for the compute capability unless told; 8.0 when nothing says.
+    let compute_cap = env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "80".to_owned());
     cargo(
-        &["check", "--manifest-path", &manifest, "--target-dir", &target, "--locked"],
-        &[("CUDARC_CUDA_VERSION", "12080")],
+        &[
+            "clippy",
+            "--manifest-path",
+            &manifest,
+            "--target-dir",
+            &target,
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[("CUDARC_CUDA_VERSION", "12080"), ("CUDA_COMPUTE_CAP", &compute_cap)],
     )
 }
 

@@ -286,6 +286,34 @@ impl CudaBuffer {
         ir_core::Tensor::from_storage(ir_core::storage::Storage::Device(Box::new(self)), dtype, layout)
     }
 
+    /// Gives the memory up, to be owned and freed in stream order on `stream` by whoever takes the
+    /// address (an engine's slice): `stream` first waits for the work queued on this buffer's
+    /// stream. Memory this buffer does not own is copied into a fresh allocation on `stream`.
+    #[cfg(feature = "candle")]
+    pub(crate) fn into_device_ptr(self, stream: &Arc<CudaStream>) -> Result<CUdeviceptr, DeviceError> {
+        let error = |operation: &'static str, e: DriverError| self.device.device_error(operation, e);
+        if stream.cu_stream() != self.stream.cu_stream() {
+            stream.join(&self.stream).map_err(|e| error("hand over", e))?;
+        }
+        match self.memory {
+            // `leak` also waits, on the slice's stream, for the uses cudarc recorded.
+            Memory::Owned(slice) => Ok(slice.leak()),
+            Memory::External { ptr, .. } => {
+                let fresh = self.device.allocate_on(stream, self.len_bytes)?;
+                let Memory::Owned(slice) = fresh.memory else { unreachable!("allocated here") };
+                let (dst, guard) = slice.device_ptr(stream);
+                drop(guard);
+                stream.context().bind_to_thread().map_err(|e| error("hand over", e))?;
+                // SAFETY: both addresses are valid for `len_bytes` in the stream's context (this
+                // buffer's contract, and a fresh allocation of that size); the copy is queued on
+                // `stream`, after the work it waits for above, before anything later uses `dst`.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, ptr, self.len_bytes, stream.cu_stream()) }
+                    .map_err(|e| error("hand over", e))?;
+                Ok(slice.leak())
+            }
+        }
+    }
+
     /// The stream kernels on this memory launch on (unless the call's context gives another).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

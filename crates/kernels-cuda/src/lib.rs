@@ -17,10 +17,18 @@
 //! # Ok::<(), ir_core::RegistryError>(())
 //! ```
 //!
+//! # candle
+//!
+//! With feature `candle` (and the defaults off, beside candle-core's `cuda` feature), module
+//! `candle` lends candle's CUDA storages to `ir_core::interop::candle_ops`, so its functions run
+//! this provider on candle CUDA tensors, on candle's stream; [`register`] installs it.
+//!
 //! # Logging
 //!
 //! Target `kernels_cuda`: devices found (info), compilation and loading of each variant (debug).
 
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod copy;
 mod device;
 pub mod gated;
@@ -69,7 +77,10 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cuda))?;
     gated::register(registry)?;
     quant::register(registry)?;
-    rotary::register(registry)
+    rotary::register(registry)?;
+    #[cfg(feature = "candle")]
+    candle::install();
+    Ok(())
 }
 
 /// `rms_norm` on a CUDA device: a fresh output with the declared layout; the launch is asynchronous.

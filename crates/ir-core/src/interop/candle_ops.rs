@@ -56,8 +56,14 @@
 //!
 //! # Devices
 //!
-//! These functions run on candle CPU tensors; CUDA tensors are refused with an error naming the
-//! device (the `cuda` provider on candle's `CudaStorage` is not wired yet).
+//! On candle CPU tensors the views are this crate's host buffers over candle's vectors. On candle
+//! CUDA tensors they are device buffers over candle's `CudaStorage`, lent by a [`CudaBridge`]:
+//! `vllm-ir-kernels-cuda` built with its `candle` feature installs one when it registers the
+//! `cuda` provider. Its kernels then run on the stream of candle's device, ordered with candle's
+//! own work, and fresh outputs are allocated on that stream and handed to candle without a copy.
+//! The same table holds: in place where it says so, one allocation per output otherwise. CUDA
+//! tensors without an installed bridge, and Metal tensors, are refused with an error naming the
+//! device; so are the tensors of one call on different devices.
 
 use std::cell::RefCell;
 use std::ptr::NonNull;
@@ -67,10 +73,11 @@ use candle_core as candle;
 use candle_core::backend::BackendStorage;
 
 use super::InteropError;
+use crate::Device;
 use crate::op::Rounding;
 use crate::op::gelu_and_mul::Approximate;
 use crate::registry::{CallError, Registry};
-use crate::storage::{CpuBuffer, HostAccess, Storage};
+use crate::storage::{CpuBuffer, DeviceBuffer, HostAccess, Storage};
 use crate::{DType, Layout, StorageId, Tensor, TensorError};
 
 const LIBRARY: &str = "candle";
@@ -107,6 +114,94 @@ impl From<CandleOpError> for candle::Error {
 
 type Result<T> = std::result::Result<T, CandleOpError>;
 
+/// Lends candle's CUDA storages to this crate's dispatch, and hands fresh device outputs back to
+/// candle. Implemented by the crate that owns CUDA device buffers (`vllm-ir-kernels-cuda`, feature
+/// `candle`), which installs it with [`install_cuda_bridge`]; this crate cannot name CUDA memory.
+pub trait CudaBridge: Send + Sync + 'static {
+    /// A tensor with `layout` over the memory of `storage`, on the stream of candle's device; the
+    /// tensor's buffer keeps `keep` (a handle of the call's lease) until it is dropped.
+    ///
+    /// # Safety
+    ///
+    /// While any handle of `keep` lives, the memory of `storage` stays allocated, nothing but the
+    /// returned tensor writes it, and (for a storage lent for reading) nothing writes it at all:
+    /// the caller holds candle's lock on the storage (the write lock for a written one).
+    unsafe fn view(
+        &self,
+        storage: &candle::CudaStorage,
+        layout: Layout,
+        keep: Arc<()>,
+    ) -> std::result::Result<Tensor, InteropError>;
+
+    /// A candle storage owning `buffer`, the memory of a fresh compact output of `numel` elements of
+    /// `dtype`, on the device of `like` (a storage of the same call): without a copy when the
+    /// buffer owns its memory.
+    fn adopt_output(
+        &self,
+        buffer: Box<dyn DeviceBuffer>,
+        dtype: DType,
+        numel: usize,
+        like: &candle::CudaStorage,
+    ) -> std::result::Result<candle::CudaStorage, InteropError>;
+}
+
+static CUDA_BRIDGE: std::sync::OnceLock<Box<dyn CudaBridge>> = std::sync::OnceLock::new();
+
+/// Installs the bridge that lends candle's CUDA storages (once per process: a second bridge is
+/// ignored, and `false` says so).
+pub fn install_cuda_bridge(bridge: Box<dyn CudaBridge>) -> bool {
+    CUDA_BRIDGE.set(bridge).is_ok()
+}
+
+/// Whether a bridge for candle's CUDA storages is installed.
+pub fn cuda_bridge_installed() -> bool {
+    CUDA_BRIDGE.get().is_some()
+}
+
+fn cuda_bridge() -> Result<&'static dyn CudaBridge> {
+    CUDA_BRIDGE.get().map(|bridge| &**bridge).ok_or_else(|| {
+        CandleOpError::Interop(InteropError::UnsupportedDevice {
+            library: LIBRARY,
+            device: "cuda".to_owned(),
+            hint: "no bridge for candle's CUDA storage is installed: build vllm-ir-kernels-cuda with its `candle` \
+                   feature and register the `cuda` provider (`kernels_cuda::register`)",
+        })
+    })
+}
+
+/// The memory of one candle storage a call views: host bytes, or a CUDA storage lent through the
+/// [`CudaBridge`].
+#[derive(Clone, Copy)]
+enum Memory<'s> {
+    /// The dtype, first byte and byte length of a CPU storage.
+    Host(DType, *mut u8, usize),
+    /// A CUDA storage.
+    Cuda(&'s candle::CudaStorage),
+}
+
+impl<'s> Memory<'s> {
+    /// A CPU storage, for reading.
+    fn host(storage: &'s candle::CpuStorage) -> Result<Memory<'s>> {
+        let (dtype, ptr, len) = parts(storage)?;
+        Ok(Memory::Host(dtype, ptr, len))
+    }
+
+    /// A CPU storage, for writing (the pointer derived from the mutable borrow).
+    fn host_mut(storage: &'s mut candle::CpuStorage) -> Result<Memory<'s>> {
+        let (dtype, ptr, len) = parts_mut(storage)?;
+        Ok(Memory::Host(dtype, ptr, len))
+    }
+
+    /// Any storage this module views, for reading.
+    fn of(storage: &'s candle::Storage) -> Result<Memory<'s>> {
+        match storage {
+            candle::Storage::Cpu(cpu) => Memory::host(cpu),
+            candle::Storage::Cuda(cuda) => Ok(Memory::Cuda(cuda)),
+            candle::Storage::Metal(_) => Err(unsupported_device("metal")),
+        }
+    }
+}
+
 /// The views of one call: each buffer over candle memory owns a handle to the lease, and the
 /// lease checks, when it ends, that every view is gone.
 struct Lease {
@@ -119,7 +214,7 @@ impl Lease {
         Lease { op, token: Arc::new(()) }
     }
 
-    /// A tensor over `len_bytes` bytes at `ptr` with candle's `layout`.
+    /// A tensor over `memory` with candle's `layout`.
     ///
     /// # Safety
     ///
@@ -127,19 +222,21 @@ impl Lease {
     /// [`HostAccess::ReadWrite`], writes) and nothing else writes it (candle's lock on its
     /// storage is held: a read lock for `ReadOnly`, the write lock for `ReadWrite`); with
     /// `ReadWrite`, no other view of this lease covers the memory.
-    unsafe fn view(
-        &self,
-        (dtype, ptr, len_bytes): (DType, *mut u8, usize),
-        layout: &candle::Layout,
-        access: HostAccess,
-    ) -> Result<Tensor> {
+    unsafe fn view(&self, memory: Memory<'_>, layout: &candle::Layout, access: HostAccess) -> Result<Tensor> {
         let layout = Layout::new(layout.dims(), layout.stride(), layout.start_offset())
             .map_err(|error| InteropError::UnsupportedLayout { library: LIBRARY, reason: error.to_string() })?;
-        let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
-        // SAFETY: the caller's contract, for the lease's lifetime; the views are dropped before the
-        // lease ends (checked in `Drop`).
-        let buffer = unsafe { CpuBuffer::from_external(ptr, len_bytes, access, Arc::clone(&self.token)) };
-        Ok(Tensor::from_storage(Storage::Cpu(buffer), dtype, layout)?)
+        match memory {
+            Memory::Host(dtype, ptr, len_bytes) => {
+                let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
+                // SAFETY: the caller's contract, for the lease's lifetime; the views are dropped
+                // before the lease ends (checked in `Drop`).
+                let buffer = unsafe { CpuBuffer::from_external(ptr, len_bytes, access, Arc::clone(&self.token)) };
+                Ok(Tensor::from_storage(Storage::Cpu(buffer), dtype, layout)?)
+            }
+            // SAFETY: the caller's contract, which is the bridge's: candle's lock is held while the
+            // lease (every handle of its token) lives.
+            Memory::Cuda(storage) => Ok(unsafe { cuda_bridge()?.view(storage, layout, Arc::clone(&self.token))? }),
+        }
     }
 }
 
@@ -153,10 +250,9 @@ impl Lease {
     ///
     /// `guard` is held until the lease ends (every view is gone).
     unsafe fn read_view(&self, (storage, layout): &ReadGuard<'_>) -> Result<Tensor> {
-        let candle::Storage::Cpu(cpu) = &**storage else { unreachable!("checked on the CPU") };
         // SAFETY: the read lock is held while the view lives (the caller's contract); nothing
         // writes the storage meanwhile.
-        unsafe { self.view(parts(cpu)?, layout, HostAccess::ReadOnly) }
+        unsafe { self.view(Memory::of(storage)?, layout, HostAccess::ReadOnly) }
     }
 }
 
@@ -210,16 +306,87 @@ fn unsupported_dtype(dtype: candle::DType) -> CandleOpError {
     CandleOpError::Interop(InteropError::UnsupportedDType { library: LIBRARY, dtype: format!("{dtype:?}") })
 }
 
-/// Refuses a tensor that is not in CPU memory.
-fn on_cpu(tensor: &candle::Tensor) -> Result<()> {
-    if tensor.device().is_cpu() {
-        return Ok(());
-    }
-    Err(CandleOpError::Interop(InteropError::UnsupportedDevice {
+fn unsupported_device(device: &str) -> CandleOpError {
+    CandleOpError::Interop(InteropError::UnsupportedDevice {
         library: LIBRARY,
-        device: format!("{:?}", tensor.device().location()),
-        hint: "the candle ops run on candle CPU tensors; move it with `to_device(&candle_core::Device::Cpu)`",
-    }))
+        device: device.to_owned(),
+        hint: "the candle ops run on candle CPU tensors, and on CUDA tensors once the `cuda` provider's bridge is \
+               installed",
+    })
+}
+
+/// Refuses tensors this module cannot view (Metal; CUDA without a bridge) and the tensors of one
+/// call on different devices.
+fn lendable(tensors: &[Option<&candle::Tensor>]) -> Result<()> {
+    let mut tensors = tensors.iter().flatten();
+    let Some(first) = tensors.next() else { return Ok(()) };
+    match first.device() {
+        candle::Device::Cpu => {}
+        candle::Device::Cuda(_) => {
+            cuda_bridge()?;
+        }
+        candle::Device::Metal(_) => return Err(unsupported_device("metal")),
+    }
+    for tensor in tensors {
+        if !tensor.device().same_device(first.device()) {
+            return Err(CandleOpError::Interop(InteropError::UnsupportedDevice {
+                library: LIBRARY,
+                device: format!("{:?} and {:?}", first.device().location(), tensor.device().location()),
+                hint: "the tensors of one call must be on one device",
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// A fresh output as a candle tensor on `anchor`'s device: a CPU output through
+/// [`Tensor::into_candle`], a device output through the [`CudaBridge`] (both without a copy when the
+/// output owns its memory alone, as fresh outputs do).
+fn output_to_candle(output: Tensor, anchor: &candle::Tensor) -> Result<candle::Tensor> {
+    if output.device() == Device::Cpu && anchor.device().is_cpu() {
+        return Ok(output.into_candle()?);
+    }
+    let adopt = Adopt(RefCell::new(Some(output)));
+    Ok(anchor.apply_op1_no_bwd(&adopt)?)
+}
+
+/// Candle has no public constructor from a `CudaStorage`; a custom op on a tensor of the same
+/// device returns one. This one returns the output it holds, whatever its input.
+struct Adopt(RefCell<Option<Tensor>>);
+
+impl candle::CustomOp1 for Adopt {
+    fn name(&self) -> &'static str {
+        "vllm-ir-output"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle::CpuStorage,
+        _: &candle::Layout,
+    ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
+        candle::bail!("vllm-ir: a device output cannot become a CPU tensor")
+    }
+
+    fn cuda_fwd(
+        &self,
+        like: &candle::CudaStorage,
+        _: &candle::Layout,
+    ) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
+        let output = self.0.borrow_mut().take().ok_or_else(|| candle::Error::msg("vllm-ir: output taken twice"))?;
+        let (dtype, shape) = (output.dtype(), output.shape().to_vec());
+        let fresh = output.layout().is_compact_at_zero() && output.is_uniquely_owned();
+        let output = if fresh { output } else { output.contiguous().map_err(candle::Error::wrap)? };
+        let numel = output.numel();
+        let buffer = match output.into_unique_storage() {
+            Ok((Storage::Device(buffer), _)) => buffer,
+            _ => candle::bail!("vllm-ir: a CUDA call returned an output that is not in device memory"),
+        };
+        let storage = cuda_bridge()
+            .map_err(candle::Error::wrap)?
+            .adopt_output(buffer, dtype, numel, like)
+            .map_err(candle::Error::wrap)?;
+        Ok((storage, candle::Shape::from(shape)))
+    }
 }
 
 /// The identity of a tensor's storage (its lock's address), read under a read lock released at
@@ -248,9 +415,8 @@ fn functional<const N: usize>(
     inputs: [Option<&candle::Tensor>; N],
     f: impl FnOnce(&[Option<Tensor>; N]) -> std::result::Result<Vec<Tensor>, CallError>,
 ) -> Result<Vec<candle::Tensor>> {
-    for tensor in inputs.iter().flatten() {
-        on_cpu(tensor)?;
-    }
+    lendable(&inputs)?;
+    let anchor = inputs.iter().flatten().next().copied();
     let guards: Vec<_> = inputs.iter().map(|t| t.map(candle::Tensor::storage_and_layout)).collect();
     let outputs = {
         let lease = Lease::new(op);
@@ -266,7 +432,8 @@ fn functional<const N: usize>(
         outputs?
     };
     drop(guards);
-    outputs.into_iter().map(|t| Ok(t.into_candle()?)).collect()
+    let anchor = anchor.expect("every op reads a tensor");
+    outputs.into_iter().map(|t| output_to_candle(t, anchor)).collect()
 }
 
 /// `rms_norm(x, weight, epsilon)` as a fresh candle tensor (candle-nn's `ops::rms_norm`).
@@ -394,7 +561,7 @@ impl Outcome {
     }
 
     /// Turns `result` into candle's result, keeping the error here.
-    fn keep(&self, result: Result<()>) -> candle::Result<()> {
+    fn keep<T>(&self, result: Result<T>) -> candle::Result<T> {
         result.map_err(|error| {
             let message = candle::Error::msg(error.to_string());
             *self.0.borrow_mut() = Some(error);
@@ -418,7 +585,7 @@ fn land(
     registry: &Registry,
     lease: &Lease,
     written: Option<StorageId>,
-    target: (DType, *mut u8, usize),
+    target: Memory<'_>,
     layout: &candle::Layout,
     result: Tensor,
 ) -> Result<()> {
@@ -444,11 +611,9 @@ pub fn fused_add_rms_norm(
     epsilon: f64,
     rounding: Rounding,
 ) -> Result<()> {
-    on_cpu(x)?;
-    on_cpu(residual)?;
+    lendable(&[Some(x), Some(residual), weight])?;
     let written = [storage_identity(x), storage_identity(residual)];
-    let weight =
-        weight.map(|w| on_cpu(w).and_then(|()| apart_from(registry, "fused_add_rms_norm", w, &written))).transpose()?;
+    let weight = weight.map(|w| apart_from(registry, "fused_add_rms_norm", w, &written)).transpose()?;
     let outcome = Outcome::new();
     let op = FusedAddRmsNorm { registry, x, weight: weight.as_ref(), epsilon, rounding, outcome: &outcome };
     let result = if written[0] == written[1] {
@@ -469,14 +634,10 @@ struct FusedAddRmsNorm<'a> {
     outcome: &'a Outcome,
 }
 
-impl candle::InplaceOp1 for FusedAddRmsNorm<'_> {
-    fn name(&self) -> &'static str {
-        "vllm-ir-fused-add-rms-norm"
-    }
-
-    fn cpu_fwd(&self, residual: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        // The residual's write lock is held; now x's (and the weight's read lock).
-        let inner = FusedInner { outer: self, residual: RefCell::new(Some((residual, residual_layout))) };
+impl FusedAddRmsNorm<'_> {
+    /// Under the residual's write lock: takes x's (and the weight's read lock), then runs.
+    fn run(&self, residual: Memory<'_>, residual_layout: &candle::Layout) -> candle::Result<()> {
+        let inner = FusedInner { outer: self, residual: std::cell::Cell::new(Some((residual, residual_layout))) };
         let result = match self.weight {
             Some(weight) => self.x.inplace_op2(weight, &inner),
             None => self.x.inplace_op1(&inner),
@@ -489,25 +650,42 @@ impl candle::InplaceOp1 for FusedAddRmsNorm<'_> {
     }
 }
 
+impl candle::InplaceOp1 for FusedAddRmsNorm<'_> {
+    fn name(&self) -> &'static str {
+        "vllm-ir-fused-add-rms-norm"
+    }
+
+    fn cpu_fwd(&self, residual: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
+        let residual = self.outcome.keep(Memory::host_mut(residual))?;
+        self.run(residual, residual_layout)
+    }
+
+    fn cuda_fwd(&self, residual: &mut candle::CudaStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
+        self.run(Memory::Cuda(residual), residual_layout)
+    }
+}
+
 /// The inner half of [`FusedAddRmsNorm`]: x's storage, with the residual's lent from the outer op.
 struct FusedInner<'a, 'b> {
     outer: &'a FusedAddRmsNorm<'a>,
-    residual: RefCell<Option<(&'b mut candle::CpuStorage, &'b candle::Layout)>>,
+    residual: std::cell::Cell<Option<(Memory<'b>, &'b candle::Layout)>>,
 }
 
+/// A storage read by an in-place op, and its layout.
+type ReadPart<'a> = (Memory<'a>, &'a candle::Layout);
+
 impl FusedInner<'_, '_> {
-    fn run(&self, x: &mut candle::CpuStorage, x_layout: &candle::Layout, weight: Option<ReadPart<'_>>) -> Result<()> {
+    fn run(&self, x: Memory<'_>, x_layout: &candle::Layout, weight: Option<ReadPart<'_>>) -> Result<()> {
         let outer = self.outer;
-        let (residual, residual_layout) = self.residual.borrow_mut().take().expect("run once");
+        let (residual, residual_layout) = self.residual.take().expect("run once");
         let lease = Lease::new("fused_add_rms_norm");
-        let (x_parts, r_parts) = (parts_mut(x)?, parts_mut(residual)?);
         // SAFETY: x's and the residual's write locks are held (distinct storages: checked before the
         // outer op), the weight's read lock too; each view covers its own storage.
         let (x_view, r_view, w_view) = unsafe {
             (
-                lease.view(x_parts, x_layout, HostAccess::ReadWrite)?,
-                lease.view(r_parts, residual_layout, HostAccess::ReadWrite)?,
-                weight.map(|(cpu, layout)| lease.view(parts(cpu)?, layout, HostAccess::ReadOnly)).transpose()?,
+                lease.view(x, x_layout, HostAccess::ReadWrite)?,
+                lease.view(residual, residual_layout, HostAccess::ReadWrite)?,
+                weight.map(|(memory, layout)| lease.view(memory, layout, HostAccess::ReadOnly)).transpose()?,
             )
         };
         let (x_id, r_id) = (Some(x_view.storage_id()), Some(r_view.storage_id()));
@@ -522,12 +700,10 @@ impl FusedInner<'_, '_> {
         )?;
         drop(w_view);
         // A provider that ran functionally returned fresh tensors: they are copied into place.
-        land(outer.registry, &lease, x_id, x_parts, x_layout, out)?;
-        land(outer.registry, &lease, r_id, r_parts, residual_layout, res)
+        land(outer.registry, &lease, x_id, x, x_layout, out)?;
+        land(outer.registry, &lease, r_id, residual, residual_layout, res)
     }
 }
-
-type ReadPart<'a> = (&'a candle::CpuStorage, &'a candle::Layout);
 
 impl candle::InplaceOp1 for FusedInner<'_, '_> {
     fn name(&self) -> &'static str {
@@ -535,7 +711,11 @@ impl candle::InplaceOp1 for FusedInner<'_, '_> {
     }
 
     fn cpu_fwd(&self, x: &mut candle::CpuStorage, layout: &candle::Layout) -> candle::Result<()> {
-        self.outer.outcome.keep(self.run(x, layout, None))
+        self.outer.outcome.keep(Memory::host_mut(x).and_then(|x| self.run(x, layout, None)))
+    }
+
+    fn cuda_fwd(&self, x: &mut candle::CudaStorage, layout: &candle::Layout) -> candle::Result<()> {
+        self.outer.outcome.keep(self.run(Memory::Cuda(x), layout, None))
     }
 }
 
@@ -551,7 +731,18 @@ impl candle::InplaceOp2 for FusedInner<'_, '_> {
         weight: &candle::CpuStorage,
         weight_layout: &candle::Layout,
     ) -> candle::Result<()> {
-        self.outer.outcome.keep(self.run(x, x_layout, Some((weight, weight_layout))))
+        let result = (|| self.run(Memory::host_mut(x)?, x_layout, Some((Memory::host(weight)?, weight_layout))))();
+        self.outer.outcome.keep(result)
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &mut candle::CudaStorage,
+        x_layout: &candle::Layout,
+        weight: &candle::CudaStorage,
+        weight_layout: &candle::Layout,
+    ) -> candle::Result<()> {
+        self.outer.outcome.keep(self.run(Memory::Cuda(x), x_layout, Some((Memory::Cuda(weight), weight_layout))))
     }
 }
 
@@ -559,45 +750,51 @@ impl candle::InplaceOp2 for FusedInner<'_, '_> {
 /// written back (never two writable views of one storage at once).
 struct SharedFused<'a>(FusedAddRmsNorm<'a>);
 
+impl SharedFused<'_> {
+    fn run(&self, whole: Memory<'_>, residual_layout: &candle::Layout) -> Result<()> {
+        let op = &self.0;
+        let x_layout = op.x.layout();
+        let lease = Lease::new("fused_add_rms_norm");
+        let (out, res) = {
+            let weight = op.weight.map(candle::Tensor::storage_and_layout);
+            // SAFETY: the storage's write lock is held (both views only read it until they are
+            // dropped below); the weight's read lock is held while its view lives.
+            let (x_view, r_view, w_view) = unsafe {
+                (
+                    lease.view(whole, x_layout, HostAccess::ReadOnly)?,
+                    lease.view(whole, residual_layout, HostAccess::ReadOnly)?,
+                    weight.as_ref().map(|guard| lease.read_view(guard)).transpose()?,
+                )
+            };
+            let outputs = crate::op::fused_add_rms_norm::fused_add_rms_norm(
+                op.registry,
+                &x_view,
+                &r_view,
+                w_view.as_ref(),
+                op.epsilon,
+                None,
+                op.rounding,
+            );
+            drop((x_view, r_view, w_view));
+            outputs?
+        };
+        // Fresh tensors (the views were read-only): both copied into place.
+        land(op.registry, &lease, None, whole, x_layout, out)?;
+        land(op.registry, &lease, None, whole, residual_layout, res)
+    }
+}
+
 impl candle::InplaceOp1 for SharedFused<'_> {
     fn name(&self) -> &'static str {
         "vllm-ir-fused-add-rms-norm-shared"
     }
 
     fn cpu_fwd(&self, storage: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        let op = &self.0;
-        let result = (|| {
-            let x_layout = op.x.layout();
-            let lease = Lease::new("fused_add_rms_norm");
-            let whole = parts_mut(storage)?;
-            let (out, res) = {
-                let weight = op.weight.map(candle::Tensor::storage_and_layout);
-                // SAFETY: the storage's write lock is held (both views only read it until they are
-                // dropped below); the weight's read lock is held while its view lives.
-                let (x_view, r_view, w_view) = unsafe {
-                    (
-                        lease.view(whole, x_layout, HostAccess::ReadOnly)?,
-                        lease.view(whole, residual_layout, HostAccess::ReadOnly)?,
-                        weight.as_ref().map(|guard| lease.read_view(guard)).transpose()?,
-                    )
-                };
-                let outputs = crate::op::fused_add_rms_norm::fused_add_rms_norm(
-                    op.registry,
-                    &x_view,
-                    &r_view,
-                    w_view.as_ref(),
-                    op.epsilon,
-                    None,
-                    op.rounding,
-                );
-                drop((x_view, r_view, w_view));
-                outputs?
-            };
-            // Fresh tensors (the views were read-only): both copied into place.
-            land(op.registry, &lease, None, whole, x_layout, out)?;
-            land(op.registry, &lease, None, whole, residual_layout, res)
-        })();
-        op.outcome.keep(result)
+        self.0.outcome.keep(Memory::host_mut(storage).and_then(|whole| self.run(whole, residual_layout)))
+    }
+
+    fn cuda_fwd(&self, storage: &mut candle::CudaStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
+        self.0.outcome.keep(self.run(Memory::Cuda(storage), residual_layout))
     }
 }
 
@@ -617,9 +814,7 @@ pub fn rotary_embedding(
     is_neox_style: bool,
     rounding: Rounding,
 ) -> Result<()> {
-    for tensor in [Some(positions), Some(query), key, Some(cos_sin_cache)].into_iter().flatten() {
-        on_cpu(tensor)?;
-    }
+    lendable(&[Some(query), key, Some(positions), Some(cos_sin_cache)])?;
     let targets: Vec<&candle::Tensor> = [Some(query), key].into_iter().flatten().collect();
     let written: Vec<usize> = targets.iter().map(|t| storage_identity(t)).collect();
     let positions = match positions.dtype() {
@@ -653,6 +848,41 @@ struct Rotary<'a> {
     outcome: &'a Outcome,
 }
 
+impl Rotary<'_> {
+    fn run(
+        &self,
+        target: Memory<'_>,
+        target_layout: &candle::Layout,
+        (positions, positions_layout): ReadPart<'_>,
+        (cache, cache_layout): ReadPart<'_>,
+    ) -> Result<()> {
+        let lease = Lease::new("rotary_embedding");
+        // SAFETY: the target's write lock and the read locks of the positions and the cache
+        // (other storages: copied apart before) are held; one writable view.
+        let (q, p, c) = unsafe {
+            (
+                lease.view(target, target_layout, HostAccess::ReadWrite)?,
+                lease.view(positions, positions_layout, HostAccess::ReadOnly)?,
+                lease.view(cache, cache_layout, HostAccess::ReadOnly)?,
+            )
+        };
+        let written = Some(q.storage_id());
+        let (rotated, _) = crate::op::rotary_embedding::maybe_inplace(
+            self.registry,
+            &p,
+            q,
+            None,
+            &c,
+            self.head_size,
+            self.rotary_dim,
+            self.is_neox_style,
+            self.rounding,
+        )?;
+        drop((p, c));
+        land(self.registry, &lease, written, target, target_layout, rotated)
+    }
+}
+
 impl candle::InplaceOp3 for Rotary<'_> {
     fn name(&self) -> &'static str {
         "vllm-ir-rotary-embedding"
@@ -668,33 +898,24 @@ impl candle::InplaceOp3 for Rotary<'_> {
         cache_layout: &candle::Layout,
     ) -> candle::Result<()> {
         let result = (|| {
-            let lease = Lease::new("rotary_embedding");
-            let target_parts = parts_mut(target)?;
-            // SAFETY: the target's write lock and the read locks of the positions and the cache
-            // (other storages: copied apart before) are held; one writable view.
-            let (q, p, c) = unsafe {
-                (
-                    lease.view(target_parts, target_layout, HostAccess::ReadWrite)?,
-                    lease.view(parts(positions)?, positions_layout, HostAccess::ReadOnly)?,
-                    lease.view(parts(cache)?, cache_layout, HostAccess::ReadOnly)?,
-                )
-            };
-            let written = Some(q.storage_id());
-            let (rotated, _) = crate::op::rotary_embedding::maybe_inplace(
-                self.registry,
-                &p,
-                q,
-                None,
-                &c,
-                self.head_size,
-                self.rotary_dim,
-                self.is_neox_style,
-                self.rounding,
-            )?;
-            drop((p, c));
-            land(self.registry, &lease, written, target_parts, target_layout, rotated)
+            let (positions, cache) =
+                ((Memory::host(positions)?, positions_layout), (Memory::host(cache)?, cache_layout));
+            self.run(Memory::host_mut(target)?, target_layout, positions, cache)
         })();
         self.outcome.keep(result)
+    }
+
+    fn cuda_fwd(
+        &self,
+        target: &mut candle::CudaStorage,
+        target_layout: &candle::Layout,
+        positions: &candle::CudaStorage,
+        positions_layout: &candle::Layout,
+        cache: &candle::CudaStorage,
+        cache_layout: &candle::Layout,
+    ) -> candle::Result<()> {
+        let (positions, cache) = ((Memory::Cuda(positions), positions_layout), (Memory::Cuda(cache), cache_layout));
+        self.outcome.keep(self.run(Memory::Cuda(target), target_layout, positions, cache))
     }
 }
 
@@ -744,9 +965,7 @@ fn fused_quant(
     dynamic: bool,
     out_dtype: DType,
 ) -> Result<(candle::Tensor, Option<candle::Tensor>)> {
-    for tensor in [Some(x), Some(residual), weight, scale].into_iter().flatten() {
-        on_cpu(tensor)?;
-    }
+    lendable(&[Some(residual), Some(x), weight, scale])?;
     let op = if dynamic { FUSED_DYNAMIC } else { FUSED_STATIC };
     let written = [storage_identity(residual)];
     let x = apart_from(registry, op, x, &written)?;
@@ -768,7 +987,8 @@ fn fused_quant(
     let result = residual.inplace_op1(&fused);
     outcome.finish(result)?;
     let (codes, scales): (Tensor, Option<Tensor>) = outputs.into_inner().expect("set by a successful call");
-    Ok((codes.into_candle()?, scales.map(Tensor::into_candle).transpose()?))
+    let scales = scales.map(|scales| output_to_candle(scales, residual)).transpose()?;
+    Ok((output_to_candle(codes, residual)?, scales))
 }
 
 const FUSED_STATIC: &str = "fused_add_rms_norm_static_fp8_quant";
@@ -798,51 +1018,54 @@ impl candle::InplaceOp1 for FusedQuant<'_> {
     }
 
     fn cpu_fwd(&self, residual: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        let result = (|| {
-            let lease = Lease::new(if self.dynamic { FUSED_DYNAMIC } else { FUSED_STATIC });
-            let r_parts = parts_mut(residual)?;
-            let reads: Vec<_> = [Some(self.x), self.weight, self.scale]
-                .iter()
-                .map(|t| t.map(candle::Tensor::storage_and_layout))
-                .collect();
-            // SAFETY: the read locks are held while `reads` lives, past every view.
-            let read_view =
-                |index: usize| reads[index].as_ref().map(|guard| unsafe { lease.read_view(guard) }).transpose();
-            let (x, w, s) = (read_view(0)?.expect("given"), read_view(1)?, read_view(2)?);
-            // SAFETY: the residual's write lock is held; its storage differs from the others'.
-            let r = unsafe { lease.view(r_parts, residual_layout, HostAccess::ReadWrite)? };
-            let written = Some(r.storage_id());
-            let (res, q, scales) = if self.dynamic {
-                let (res, q, scales) = crate::op::fused_add_rms_norm_dynamic_per_token_quant::maybe_inplace(
-                    self.registry,
-                    &x,
-                    r,
-                    w.as_ref(),
-                    self.epsilon,
-                    s.as_ref(),
-                    self.out_dtype,
-                )?;
-                (res, q, Some(scales))
-            } else {
-                let s = s.as_ref().ok_or_else(|| candle::Error::Msg(format!("{FUSED_STATIC}: no scale")))?;
-                let (res, q) = crate::op::fused_add_rms_norm_static_fp8_quant::maybe_inplace(
-                    self.registry,
-                    &x,
-                    r,
-                    w.as_ref(),
-                    self.epsilon,
-                    s,
-                    self.out_dtype,
-                )?;
-                (res, q, None)
-            };
-            drop((x, w, s));
-            land(self.registry, &lease, written, r_parts, residual_layout, res)?;
-            *self.outputs.borrow_mut() = Some((q, scales));
-            drop(reads);
-            Ok(())
-        })();
-        self.outcome.keep(result)
+        self.outcome.keep(Memory::host_mut(residual).and_then(|residual| self.run(residual, residual_layout)))
+    }
+
+    fn cuda_fwd(&self, residual: &mut candle::CudaStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
+        self.outcome.keep(self.run(Memory::Cuda(residual), residual_layout))
+    }
+}
+
+impl FusedQuant<'_> {
+    fn run(&self, residual: Memory<'_>, residual_layout: &candle::Layout) -> Result<()> {
+        let lease = Lease::new(if self.dynamic { FUSED_DYNAMIC } else { FUSED_STATIC });
+        let reads: Vec<_> =
+            [Some(self.x), self.weight, self.scale].iter().map(|t| t.map(candle::Tensor::storage_and_layout)).collect();
+        // SAFETY: the read locks are held while `reads` lives, past every view.
+        let read_view = |index: usize| reads[index].as_ref().map(|guard| unsafe { lease.read_view(guard) }).transpose();
+        let (x, w, s) = (read_view(0)?.expect("given"), read_view(1)?, read_view(2)?);
+        // SAFETY: the residual's write lock is held; its storage differs from the others'.
+        let r = unsafe { lease.view(residual, residual_layout, HostAccess::ReadWrite)? };
+        let written = Some(r.storage_id());
+        let (res, q, scales) = if self.dynamic {
+            let (res, q, scales) = crate::op::fused_add_rms_norm_dynamic_per_token_quant::maybe_inplace(
+                self.registry,
+                &x,
+                r,
+                w.as_ref(),
+                self.epsilon,
+                s.as_ref(),
+                self.out_dtype,
+            )?;
+            (res, q, Some(scales))
+        } else {
+            let s = s.as_ref().ok_or_else(|| candle::Error::Msg(format!("{FUSED_STATIC}: no scale")))?;
+            let (res, q) = crate::op::fused_add_rms_norm_static_fp8_quant::maybe_inplace(
+                self.registry,
+                &x,
+                r,
+                w.as_ref(),
+                self.epsilon,
+                s,
+                self.out_dtype,
+            )?;
+            (res, q, None)
+        };
+        drop((x, w, s));
+        land(self.registry, &lease, written, residual, residual_layout, res)?;
+        *self.outputs.borrow_mut() = Some((q, scales));
+        drop(reads);
+        Ok(())
     }
 }
 
