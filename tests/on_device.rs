@@ -1,4 +1,4 @@
-//! Work on device tensors stays on the device (issue 14 item 4), on every device backend this machine
+//! Work on device tensors stays on the device, on every device backend this machine
 //! runs. The toy decoder (`layers::toy`, the demo's model), eager (donated and functional) and
 //! compiled by the standard pipeline, with its parameters and activations on the device: the norms,
 //! the fused quantizations, the rotary embedding, the activation, and the stand-ins' `contiguous`,

@@ -78,14 +78,25 @@ pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
     let sweeps = plot::kernel_sweeps(&results, &plots)?;
     plot::passes(&results, &plots.join("pass-time.svg"))?;
     let mut machine = Machine::describe(&results)?;
-    // The date and commit of the run measured: written by a run, read back by `--report-only`.
+    // The date, commit and kind (quick or full) of the run measured: written by a run, read back
+    // by `--report-only`, so the page names the run its figures come from.
     let stamp = out.join("run-stamp.txt");
+    let mut options = options;
     if options.report_only {
         let text = std::fs::read_to_string(&stamp).with_context(|| format!("reading {}", stamp.display()))?;
-        let (date, commit) = text.split_once('\n').context("run-stamp.txt holds the date, then the commit")?;
-        (machine.date, machine.commit) = (date.to_owned(), commit.trim_end().to_owned());
+        let mut lines = text.lines();
+        let (Some(date), Some(commit)) = (lines.next(), lines.next()) else {
+            bail!("{} holds the date, the commit and the kind of run", stamp.display());
+        };
+        (machine.date, machine.commit) = (date.to_owned(), commit.to_owned());
+        match lines.next() {
+            Some("quick") => options.quick = true,
+            Some("full") => options.quick = false,
+            _ => {}
+        }
     } else {
-        std::fs::write(&stamp, format!("{}\n{}\n", machine.date, machine.commit))?;
+        let kind = if options.quick { "quick" } else { "full" };
+        std::fs::write(&stamp, format!("{}\n{}\n{kind}\n", machine.date, machine.commit))?;
     }
     let report = report::write(&results, &machine, options, &sweeps)?;
     let path = docs.join("benchmarks.md");

@@ -41,6 +41,29 @@ fn requirement_citations(line: &str) -> Vec<String> {
     found
 }
 
+/// The issue numbers `line` cites (`issue 14`, `Issue 3`): the project's history, which belongs
+/// in commit messages.
+fn issue_citations(line: &str) -> Vec<String> {
+    let lower = line.to_ascii_lowercase();
+    let mut found = Vec::new();
+    for (i, _) in lower.match_indices("issue ") {
+        if lower[..i].bytes().next_back().is_some_and(|b| b.is_ascii_alphanumeric()) {
+            continue;
+        }
+        let digits = lower[i + 6..].bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 {
+            found.push(line[i..i + 6 + digits].to_owned());
+        }
+    }
+    found
+}
+
+#[test]
+fn issue_citations_are_recognized() {
+    assert_eq!(issue_citations("fixed (issue 14 item 4), see Issue 3"), ["issue 14", "Issue 3"]);
+    assert!(issue_citations("an issue with 14 bytes, tissue 5").is_empty());
+}
+
 #[test]
 fn requirement_citations_are_recognized() {
     assert_eq!(requirement_citations("the rule (R32) and R95's bytes, R141;"), ["R32", "R95", "R141"]);
@@ -64,12 +87,16 @@ fn no_requirement_number_is_cited() {
     for path in files {
         let text = fs::read_to_string(&path).unwrap_or_default();
         for (index, line) in text.lines().enumerate() {
-            for citation in requirement_citations(line) {
+            for citation in requirement_citations(line).into_iter().chain(issue_citations(line)) {
                 problems.push(format!("{}:{}: cites {citation}", path.display(), index + 1));
             }
         }
     }
-    assert!(problems.is_empty(), "say the rule instead of its number:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "say the rule instead of its number (and leave history to commit messages):\n{}",
+        problems.join("\n")
+    );
 }
 
 fn all_rust_files() -> Vec<PathBuf> {

@@ -103,7 +103,7 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     );
     assert!(quant_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{quant_scratch:#?}");
     // The norm kernels keep their cached chunks in registers (constant indices): no scratch in any
-    // variant (issue 14: each used 144 or 272 bytes per lane while its cache had a runtime index).
+    // variant (a runtime index into the cache puts it in scratch: 144 or 272 bytes per lane).
     let norm_scratch: Vec<&str> =
         report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/rms_norm.hip:")).collect();
     assert_eq!(norm_scratch.len(), kernels_rocm::all_variants().len(), "one report per norm kernel:\n{report}");

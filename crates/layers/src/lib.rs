@@ -31,6 +31,7 @@
 //! `layers` emits no events of its own; the ops it calls log on `ir_core::dispatch`.
 
 mod activation;
+mod error;
 mod quant;
 mod rms_norm;
 mod rope;
@@ -38,8 +39,9 @@ mod rotary;
 pub mod toy;
 
 pub use crate::activation::{GeluAndMul, GeluAndMulSparse, SiluAndMul, gate_up_weight};
+pub use crate::error::LayerError;
 pub use crate::quant::{QuantFp8, QuantScale};
-pub use crate::rms_norm::{LayerError, RmsNorm, RmsNormBuilder};
+pub use crate::rms_norm::{RmsNorm, RmsNormBuilder};
 pub use crate::rope::{RopeScaling, RopeScalingError, inverse_frequencies, rope_cache};
 pub use crate::rotary::RotaryEmbedding;
 pub use ir_core::op::Rounding;

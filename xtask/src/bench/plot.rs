@@ -1,5 +1,5 @@
 //! The plots beside `docs/benchmarks.md`, as SVG (plotters, no font files needed): one bandwidth
-//! plot per op family and the pass time per node.
+//! plot per op and the pass time per node.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,28 +9,14 @@ use plotters::prelude::*;
 
 use super::Results;
 
-/// The family an op's bandwidth plot belongs to (one plot per family).
-pub(crate) fn op_family(op: &str) -> &'static str {
-    match op {
-        "rms_norm" | "fused_add_rms_norm" => "norms",
-        "silu_and_mul" | "gelu_and_mul" | "gelu_and_mul_sparse" => "gated",
-        "static_scaled_fp8_quant" | "dynamic_per_token_scaled_fp8_quant" => "quant",
-        "rms_norm_static_fp8_quant"
-        | "rms_norm_dynamic_per_token_quant"
-        | "fused_add_rms_norm_static_fp8_quant"
-        | "fused_add_rms_norm_dynamic_per_token_quant" => "norm-quant",
-        "rotary_embedding" => "rotary",
-        _ => "other",
-    }
-}
-
-/// One plot per op family of the `sweep/` groups: each provider's bandwidth as a share of the
-/// same-run copy of the same bytes (the copy is the 100% ceiling line), against the hidden size,
-/// every measured hidden size labelled, the legend beside the plot. Returns `(family, file name)`
-/// of each plot written into `dir` (`kernel-bandwidth-<family>.svg`).
+/// One plot per op of the `sweep/` groups (the ops the results hold, so a new op gets its plot
+/// without being named here): each provider's bandwidth as a share of the same-run copy of the
+/// same bytes (the copy is the 100% ceiling line), against the hidden size, every measured hidden
+/// size labelled, the legend beside the plot. Returns `(op, file name)` of each plot written into
+/// `dir` (`kernel-bandwidth-<op>.svg`).
 pub(crate) fn kernel_sweeps(results: &Results, dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
     type Series = BTreeMap<String, Vec<(f64, f64)>>;
-    let mut families: BTreeMap<&'static str, (Series, Vec<f64>)> = BTreeMap::new();
+    let mut ops: BTreeMap<String, (Series, Vec<f64>)> = BTreeMap::new();
     for group in results.groups("sweep/") {
         // sweep/<op>/<dtype>/<T>x<H>
         let parts: Vec<&str> = group.split('/').collect();
@@ -40,7 +26,7 @@ pub(crate) fn kernel_sweeps(results: &Results, dir: &Path) -> anyhow::Result<Vec
         else {
             continue;
         };
-        let (series, sizes) = families.entry(op_family(op)).or_default();
+        let (series, sizes) = ops.entry((*op).to_owned()).or_default();
         if !sizes.contains(&hidden) {
             sizes.push(hidden);
         }
@@ -49,20 +35,20 @@ pub(crate) fn kernel_sweeps(results: &Results, dir: &Path) -> anyhow::Result<Vec
                 continue;
             }
             let Some(gbps) = m.gb_per_s() else { continue };
-            series.entry(format!("{op} {provider}")).or_default().push((hidden, 100.0 * gbps / copy));
+            series.entry(provider.clone()).or_default().push((hidden, 100.0 * gbps / copy));
         }
     }
     let mut written = Vec::new();
-    for (family, (series, mut sizes)) in families {
+    for (op, (series, mut sizes)) in ops {
         sizes.sort_by(f64::total_cmp);
         let mut series: Vec<(String, Vec<(f64, f64)>)> = series.into_iter().collect();
         for (_, points) in &mut series {
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
-        let file = format!("kernel-bandwidth-{family}.svg");
-        let title = format!("{family}: bandwidth as a share of the same-run copy (bf16, 16M elements per activation)");
+        let file = format!("kernel-bandwidth-{op}.svg");
+        let title = format!("{op}: bandwidth as a share of the same-run copy (bf16, 16M elements per activation)");
         share_chart(&dir.join(&file), &title, &sizes, &series)?;
-        written.push((family.to_owned(), file));
+        written.push((op, file));
     }
     Ok(written)
 }
@@ -177,34 +163,4 @@ fn line_chart(
         .draw()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     root.present().map_err(|e| anyhow::anyhow!("{e:?}")).with_context(|| format!("writing {}", path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_built_in_op_has_a_plot_family() {
-        for op in ir_core_ops() {
-            assert_ne!(op_family(op), "other", "{op} has no family");
-        }
-    }
-
-    /// The built-in ops, as the benchmarks name them.
-    fn ir_core_ops() -> [&'static str; 12] {
-        [
-            "rms_norm",
-            "fused_add_rms_norm",
-            "silu_and_mul",
-            "gelu_and_mul",
-            "gelu_and_mul_sparse",
-            "static_scaled_fp8_quant",
-            "dynamic_per_token_scaled_fp8_quant",
-            "rms_norm_static_fp8_quant",
-            "fused_add_rms_norm_static_fp8_quant",
-            "rms_norm_dynamic_per_token_quant",
-            "fused_add_rms_norm_dynamic_per_token_quant",
-            "rotary_embedding",
-        ]
-    }
 }

@@ -400,11 +400,11 @@ pub(crate) fn write(
     out.push_str(&kernel_tables(results, "kernels/", "## Kernels\n\n"));
     let mut sweep_header = String::from(
         "## Bandwidth vs hidden size\n\nbf16, T·H = 16M elements per activation (32 MB, like 4096×4096), so every \
-         shape streams from memory. One plot per op family: each provider's bandwidth as a share of the same-run \
+         shape streams from memory. One plot per op: each provider's bandwidth as a share of the same-run \
          copy of the same bytes (the black line at 100%), every measured hidden size on the axis.\n\n",
     );
-    for (family, file) in sweep_plots {
-        sweep_header.push_str(&format!("![{family}: share of the copy vs hidden size](benchmarks/{file})\n\n"));
+    for (op, file) in sweep_plots {
+        sweep_header.push_str(&format!("![{op}: share of the copy vs hidden size](benchmarks/{file})\n\n"));
     }
     out.push_str(&kernel_tables(results, "sweep/", &sweep_header));
     out.push_str(&fusion_table(results));
