@@ -831,13 +831,10 @@ fn the_generator_gives_pairs_whose_operands_the_pair_computes() {
         let mut fused = graph.clone();
         let report = ir_passes::fuse_add_rms_norm(&mut fused, &cx).unwrap();
         add_norm +=
-            report.skipped.iter().filter(|(_, r)| matches!(r, ir_passes::SkipReason::OperandNotReady { .. })).count();
+            report.skipped.iter().filter(|(_, r)| matches!(r, ir_passes::FusionSkip::OperandNotReady { .. })).count();
         let report = ir_passes::fuse_norm_quant(&mut fused, &cx).unwrap();
-        norm_quant += report
-            .skipped
-            .iter()
-            .filter(|(_, r)| matches!(r, ir_passes::NormQuantSkip::OperandNotReady { .. }))
-            .count();
+        norm_quant +=
+            report.skipped.iter().filter(|(_, r)| matches!(r, ir_passes::FusionSkip::OperandNotReady { .. })).count();
         let mut compiled = graph.clone();
         Pipeline::standard()
             .run(&mut compiled, &cx, None, Snapshots::Skip)

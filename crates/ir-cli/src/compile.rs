@@ -12,8 +12,8 @@ use ir_passes::{CloneElimination, PassContext, Pipeline, PipelineError, Pipeline
 /// Pass selection flags.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct PassArgs {
-    /// Comma-separated passes (functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm, fuse-add-rms-norm-exact, fuse-norm-quant); default: the
-    /// standard pipeline.
+    /// Comma-separated pass names (`vllm-ir info` lists them; an unknown name is an error naming the
+    /// known ones); default: the standard pipeline.
     #[arg(long, value_name = "LIST")]
     pub(crate) passes: Option<String>,
     /// Clone elimination variant.

@@ -188,8 +188,7 @@ fn compiled_runs(
         for pass in &report.runs {
             match &pass.report {
                 PassReport::Functionalize(f) => println!("  {f}"),
-                PassReport::FuseAddRmsNorm(f) => println!("  {f}"),
-                PassReport::FuseNormQuant(f) => println!("  {f}"),
+                PassReport::Fusion(f) => println!("  {f}"),
                 PassReport::Lower(l) => println!("  {l}"),
                 _ => {}
             }

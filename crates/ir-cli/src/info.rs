@@ -50,5 +50,10 @@ pub(crate) fn run(args: &CommonArgs) -> anyhow::Result<()> {
         let priority = &resolved.ops[op];
         println!("  priority: [{}] -> resolved [{}]", priority.merged.join(", "), priority.resolved.join(", "));
     }
+    println!();
+    println!("passes (--passes; the standard pipeline: {}):", ir_passes::Pipeline::standard());
+    for def in &ir_passes::PASSES {
+        println!("  {:<24} {}", def.name, def.summary);
+    }
     Ok(())
 }

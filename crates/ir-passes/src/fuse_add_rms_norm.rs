@@ -14,7 +14,7 @@
 //! Every functional `rms_norm` whose input is the result of an `add` is a candidate. It is fused
 //! when all of these hold, and otherwise reported with the first that fails:
 //!
-//! - **A place for the fused call** ([`SkipReason::SumReadBeforeNorm`]): it takes the norm's place
+//! - **A place for the fused call** ([`FusionSkip::SumReadBeforeNorm`]): it takes the norm's place
 //!   when nothing reads the sum before the norm, else the add's place when the norm's other operands
 //!   (its weight) are defined before the add; otherwise the pair stays.
 //!   ```text
@@ -23,7 +23,7 @@
 //!   %t = scale(%s, 2.0) : f32[2,8]          // and the sum is read before the norm: kept as is
 //!   %o = rms_norm(%s, %w2, 1e-6, none) : f32[2,8]
 //!   ```
-//! - **Nothing is written between them** ([`SkipReason::WriteBetween`]): the add moves to the
+//! - **Nothing is written between them** ([`FusionSkip::WriteBetween { first: "add", second: "norm" }`]): the add moves to the
 //!   norm's place (or the norm to the add's), so a write in between (`copy_`, an in-place `impl`
 //!   call) could change what it reads.
 //!   ```text
@@ -31,9 +31,9 @@
 //!   %c = copy_(%x, %y) : f32[2,8]           // writes %x, which the add reads: kept as is
 //!   %o = rms_norm(%s, none, 1e-6, none) : f32[2,8]
 //!   ```
-//! - **One norm per add** ([`SkipReason::AddAlreadyFused`]): when two norms read one sum, the first
+//! - **One norm per add** ([`FusionSkip::AddAlreadyFused`]): when two norms read one sum, the first
 //!   fuses and the second reads the fused call's residual result, so the sum is computed once.
-//! - **Every operand is there where the fused call stands** ([`SkipReason::OperandNotReady`]): the
+//! - **Every operand is there where the fused call stands** ([`FusionSkip::OperandNotReady`]): the
 //!   call reads no value the pair computes or that depends on it, and none defined after its place,
 //!   counting a value another fusion replaces as defined where that fusion's call stands (checked
 //!   once every pair is decided, dropping pairs until all that remain fit).
@@ -41,7 +41,7 @@
 //!   %s = add(%x, %r) : f32[8]
 //!   %o = rms_norm(%s, %s, 1e-6, none) : f32[8]  // the weight is the sum: kept as is
 //!   ```
-//! - **The fused op gives the same metadata** ([`SkipReason::Metadata`]): its two results must have
+//! - **The fused op gives the same metadata** ([`FusionSkip::Metadata`]): its two results must have
 //!   the dtype, device and layout of the norm's output and of the sum (the add of two strided
 //!   views, for instance, gives a compact sum, and so does the fused residual output; mixed dtypes
 //!   do not fuse).
@@ -55,7 +55,7 @@
 //! dtype. The standard pipeline, which promises bit-identical results, therefore runs
 //! `fuse-add-rms-norm-exact` ([`fuse_add_rms_norm_exact`]), which fuses the f32 and f64 pairs whose
 //! norm runs on the provider the fused op would run on, and reports the others
-//! ([`SkipReason::Rounding`], [`SkipReason::Provider`]: another provider may sum the squares in
+//! ([`FusionSkip::UnroundedSum`], [`FusionSkip::Provider`]: another provider may sum the squares in
 //! another order); select `fuse-add-rms-norm` by name to fuse every pair
 //! (`vllm-ir opt --passes functionalize,fuse-add-rms-norm,…`), within the ops' tolerance.
 //!
@@ -77,90 +77,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::fmt;
-
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_core::op::Overload;
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
 use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
-use crate::{PassContext, PassError};
-
-/// Why a candidate pair was left unfused.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SkipReason {
-    /// Another node reads the sum between the add and the norm, and the norm's weight is defined
-    /// after the add: the fused call fits neither place.
-    SumReadBeforeNorm,
-    /// A node between the add and the norm writes a value.
-    WriteBetween,
-    /// The fused op's results would not have the unfused values' metadata (or it rejects them).
-    Metadata(String),
-    /// The add is already fused with an earlier norm (whose residual result this norm reads).
-    AddAlreadyFused,
-    /// An operand of the fused call would not be there where the call stands: the pair computes it
-    /// (the norm's weight is the sum), or it is defined after the call's place.
-    OperandNotReady {
-        /// The operand, printed (`%s`).
-        operand: String,
-    },
-    /// `fuse-add-rms-norm-exact` (the standard pipeline's form) fuses f32 and f64 pairs only: in a
-    /// 16-bit dtype the fused op normalizes the unrounded sum, the pair the rounded one.
-    Rounding(ir_core::DType),
-    /// `fuse-add-rms-norm-exact` fuses only when the installed priorities pick the same provider
-    /// for the fused op as for the norm (another provider may sum the squares in another order).
-    Provider {
-        /// The norm's provider.
-        norm: String,
-        /// The fused op's provider.
-        fused: String,
-    },
-}
-
-impl fmt::Display for SkipReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SkipReason::SumReadBeforeNorm => {
-                f.write_str("the sum is read between the add and the norm, whose weight is defined after the add")
-            }
-            SkipReason::WriteBetween => f.write_str("a node between the add and the norm writes a value"),
-            SkipReason::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
-            SkipReason::AddAlreadyFused => f.write_str("the add is already fused with an earlier norm"),
-            SkipReason::OperandNotReady { operand } => write!(
-                f,
-                "operand `{operand}` of the fused call is computed by the pair or defined after the call's place"
-            ),
-            SkipReason::Provider { norm, fused } => write!(
-                f,
-                "the norm runs on `{norm}` but the fused op would run on `{fused}` (select `fuse-add-rms-norm` to fuse it)"
-            ),
-            SkipReason::Rounding(dtype) => write!(
-                f,
-                "in {dtype} the fused op normalizes the unrounded sum (last-bit differences; select `fuse-add-rms-norm` to fuse it)"
-            ),
-        }
-    }
-}
-
-/// What the fusion did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FuseReport {
-    /// The fused calls, printed.
-    pub fused: Vec<String>,
-    /// The candidates left alone: the norm's statement, printed, and why.
-    pub skipped: Vec<(String, SkipReason)>,
-}
-
-impl fmt::Display for FuseReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "fused {} add + rms_norm pair(s)", self.fused.len())?;
-        for (statement, reason) in &self.skipped {
-            write!(f, "; kept `{statement}`: {reason}")?;
-        }
-        Ok(())
-    }
-}
+use crate::{FusionReport, FusionSkip, PassContext, PassError};
 
 /// One fusion decided on the unmodified graph.
 struct Fusion {
@@ -191,20 +114,20 @@ impl DecidedFusion for Fusion {
 ///
 /// Linear: one pass decides every fusion on the unmodified graph (positions, use lists and a prefix
 /// count of writing nodes answer each rule in constant time per use), one more rewrites the uses.
-pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FuseReport, PassError> {
+pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-add-rms-norm").entered();
     fuse(graph, cx, false)
 }
 
 /// `fuse-add-rms-norm-exact`, the standard pipeline's form: fuses only the pairs whose results stay
-/// bit-identical (f32 and f64 sums) and reports the others ([`SkipReason::Rounding`]).
-pub fn fuse_add_rms_norm_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FuseReport, PassError> {
+/// bit-identical (f32 and f64 sums) and reports the others ([`FusionSkip::UnroundedSum`]).
+pub fn fuse_add_rms_norm_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-add-rms-norm-exact").entered();
     fuse(graph, cx, true)
 }
 
-fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseReport, PassError> {
-    let mut report = FuseReport::default();
+fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionReport, PassError> {
+    let mut report = FusionReport::new("add + rms_norm");
     let fused_def = cx
         .registry
         .op_def("fused_add_rms_norm")
@@ -226,12 +149,12 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseRepo
         let (add_at, norm_at) = (positions[add] as usize, positions[norm] as usize);
         let statement = graph.display_node(norm);
         if fused_adds.contains(add) {
-            report.skipped.push((statement, SkipReason::AddAlreadyFused));
+            report.skipped.push((statement, FusionSkip::AddAlreadyFused));
             continue;
         }
         let dtype = graph.meta(*sum).dtype;
         if exact && !matches!(dtype, ir_core::DType::F32 | ir_core::DType::F64) {
-            report.skipped.push((statement, SkipReason::Rounding(dtype)));
+            report.skipped.push((statement, FusionSkip::UnroundedSum(dtype)));
             continue;
         }
         let read_before_norm = uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at);
@@ -243,11 +166,11 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseRepo
         }) {
             add
         } else {
-            report.skipped.push((statement, SkipReason::SumReadBeforeNorm));
+            report.skipped.push((statement, FusionSkip::SumReadBeforeNorm));
             continue;
         };
         if writes_before[norm_at] - writes_before[add_at + 1] > 0 {
-            report.skipped.push((statement, SkipReason::WriteBetween));
+            report.skipped.push((statement, FusionSkip::WriteBetween { first: "add", second: "norm" }));
             continue;
         }
         let mut fused_args = vec![Arg::Value(x), Arg::Value(r)];
@@ -255,7 +178,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseRepo
         let output = graph.node(norm).results[0];
         let expected = [graph.meta(output), graph.meta(*sum)];
         if let Err(why) = same_metadata(graph, fused_def, &fused_args, expected) {
-            report.skipped.push((statement, SkipReason::Metadata(why)));
+            report.skipped.push((statement, FusionSkip::Metadata(why)));
             continue;
         }
         if exact && let Some(reason) = provider_change(graph, cx, args, &fused_args) {
@@ -267,7 +190,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FuseRepo
     }
     let (fusions, dropped) = split_misplaced(graph, &positions, fusions);
     for (fusion, operand) in dropped {
-        report.skipped.push((fusion.statement, SkipReason::OperandNotReady { operand }));
+        report.skipped.push((fusion.statement, FusionSkip::OperandNotReady { operand }));
     }
 
     let fused_op = graph.op_ref("fused_add_rms_norm");
@@ -314,15 +237,15 @@ fn candidate(graph: &Graph, norm: NodeId) -> Option<(&[Arg], &ValueId, NodeId, &
 /// Whether the fused op, bound to `args`, gives exactly `expected` (its output, then the sum).
 /// Why the exact form keeps a pair: the providers the installed priorities pick for the norm and
 /// for the fused op differ (or one cannot be selected); `None` when they are the same.
-fn provider_change(graph: &Graph, cx: &PassContext<'_>, norm_args: &[Arg], fused_args: &[Arg]) -> Option<SkipReason> {
+fn provider_change(graph: &Graph, cx: &PassContext<'_>, norm_args: &[Arg], fused_args: &[Arg]) -> Option<FusionSkip> {
     let select = |op: &str, args: &[Arg]| {
         let metas: Vec<_> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
         cx.registry.select(op, &metas).map(|s| s.provider.to_owned()).map_err(|e| e.to_string())
     };
     match (select("rms_norm", norm_args), select("fused_add_rms_norm", fused_args)) {
         (Ok(norm), Ok(fused)) if norm == fused => None,
-        (Ok(norm), Ok(fused)) => Some(SkipReason::Provider { norm, fused }),
-        (Err(why), _) | (_, Err(why)) => Some(SkipReason::Metadata(why)),
+        (Ok(norm), Ok(fused)) => Some(FusionSkip::Provider { norm, fused }),
+        (Err(why), _) | (_, Err(why)) => Some(FusionSkip::Metadata(why)),
     }
 }
 

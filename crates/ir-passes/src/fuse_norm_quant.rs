@@ -23,25 +23,25 @@
 //!
 //! Every functional quantization whose input is a norm's normalized output is a candidate. It is
 //! fused when all of these hold, and otherwise reported with the first that fails
-//! ([`NormQuantSkip`]):
+//! ([`FusionSkip`]):
 //!
-//! - **The norm is functional** ([`NormQuantSkip::Donated`]).
-//! - **No `variance_size`** ([`NormQuantSkip::VarianceSize`]): the fused ops normalize whole rows.
-//! - **The default rounding** ([`NormQuantSkip::Rounding`]): a 16-bit `fused_add_rms_norm` with
+//! - **The norm is functional** ([`FusionSkip::Donated`]).
+//! - **No `variance_size`** ([`FusionSkip::VarianceSize`]): the fused ops normalize whole rows.
+//! - **The default rounding** ([`FusionSkip::RoundedSum`]): a 16-bit `fused_add_rms_norm` with
 //!   `rounding = "dtype"` normalizes the rounded sum; the fused ops normalize the f32 sum.
-//! - **The quantization is `o`'s only reader** ([`NormQuantSkip::OtherReaders`]): another reader,
+//! - **The quantization is `o`'s only reader** ([`FusionSkip::OtherReaders`]): another reader,
 //!   the graph's output included, needs `o` in memory, so fusing would compute the norm twice.
 //!   ```text
 //!   %o = rms_norm(%x, none, 1e-6, none) : f32[2,8]
 //!   %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[2,8]
 //!   output(%q, %o)                          // o is an output: kept as is
 //!   ```
-//! - **A place for the fused call** ([`NormQuantSkip::NoPlace`]): it takes the quantization's place
+//! - **A place for the fused call** ([`FusionSkip::NoPlace`]): it takes the quantization's place
 //!   when nothing reads the norm's residual output before it, else the norm's place when the
 //!   quantization's scale is defined before the norm; otherwise the pair stays.
-//! - **Nothing is written between them** ([`NormQuantSkip::WriteBetween`]): one of the two calls
+//! - **Nothing is written between them** ([`FusionSkip::WriteBetween { first: "norm", second: "quantization" }`]): one of the two calls
 //!   moves to the other's place, so a write in between could change what it reads.
-//! - **Every operand is there where the fused call stands** ([`NormQuantSkip::OperandNotReady`]):
+//! - **Every operand is there where the fused call stands** ([`FusionSkip::OperandNotReady`]):
 //!   the call reads no value the pair computes or that depends on it, and none defined after its
 //!   place, counting a value another fusion replaces as defined where that fusion's call stands
 //!   (checked once every pair is decided, dropping pairs until all that remain fit).
@@ -49,7 +49,7 @@
 //!   %o, %res = fused_add_rms_norm(%x, %r, none, 1e-6, none) : f32[1], f32[1]
 //!   %q = static_scaled_fp8_quant(%o, %res, f8e4m3fn) : f8e4m3fn[1]  // the scale is the residual: kept
 //!   ```
-//! - **The fused op gives the same metadata** ([`NormQuantSkip::Metadata`]): its results must have
+//! - **The fused op gives the same metadata** ([`FusionSkip::Metadata`]): its results must have
 //!   the dtype, device and layout of the values they replace (a norm of a strided view returns a
 //!   compact output either way; the fused op's predicate-free meta function is the judge).
 //!
@@ -59,7 +59,7 @@
 //! does not block fusion: the fused op quantizes the unreshaped rows and the reshape moves after
 //! it, onto `q` (and onto the per-token scales, `[..., 1]`). Static quantization is elementwise, so
 //! any reshape commutes with it; a per-token quantization's rows are the last dimension, so the
-//! reshape must keep it ([`NormQuantSkip::ReshapeChangesRows`]).
+//! reshape must keep it ([`FusionSkip::ReshapeChangesRows`]).
 //!
 //! ```text
 //! %o = rms_norm(%x, %w, 1e-6, none) : bf16[4,64]                %0 = rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn)
@@ -94,85 +94,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::fmt;
-
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_core::op::{Overload, Rounding, StrEnum};
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
 use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
-use crate::{PassContext, PassError};
-
-/// Why a candidate pair was left unfused.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NormQuantSkip {
-    /// The norm is a `maybe_inplace` call (functionalize runs first in the standard pipeline).
-    Donated,
-    /// The norm has a `variance_size`, which the fused ops do not take.
-    VarianceSize,
-    /// The norm rounds the residual sum to a 16-bit dtype (`rounding = "dtype"`); the fused ops
-    /// normalize the f32 sum.
-    Rounding,
-    /// The normalized output has another reader (or is a graph output).
-    OtherReaders,
-    /// The residual output is read before the quantization, whose scale is defined after the norm.
-    NoPlace,
-    /// A node between the norm and the quantization writes a value.
-    WriteBetween,
-    /// The fused op's results would not have the replaced values' metadata (or it rejects them).
-    Metadata(String),
-    /// A reshape between a norm and a per-token quantization changes the last dimension (the rows).
-    ReshapeChangesRows,
-    /// An operand of the fused call would not be there where the call stands: the pair computes it
-    /// (the scale is the norm's residual output), or it is defined after the call's place.
-    OperandNotReady {
-        /// The operand, printed (`%res`).
-        operand: String,
-    },
-}
-
-impl fmt::Display for NormQuantSkip {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NormQuantSkip::Donated => f.write_str("the norm is a maybe_inplace call"),
-            NormQuantSkip::VarianceSize => f.write_str("the norm has a variance_size"),
-            NormQuantSkip::Rounding => f.write_str("the norm rounds the sum to its 16-bit dtype (rounding \"dtype\")"),
-            NormQuantSkip::OtherReaders => f.write_str("the normalized output has another reader"),
-            NormQuantSkip::NoPlace => f.write_str(
-                "the residual output is read before the quantization, whose scale is defined after the norm",
-            ),
-            NormQuantSkip::WriteBetween => f.write_str("a node between the norm and the quantization writes a value"),
-            NormQuantSkip::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
-            NormQuantSkip::ReshapeChangesRows => {
-                f.write_str("a reshape between the norm and the per-token quantization changes the rows")
-            }
-            NormQuantSkip::OperandNotReady { operand } => write!(
-                f,
-                "operand `{operand}` of the fused call is computed by the pair or defined after the call's place"
-            ),
-        }
-    }
-}
-
-/// What the fusion did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NormQuantReport {
-    /// The fused calls, printed.
-    pub fused: Vec<String>,
-    /// The candidates left alone: the quantization's statement, printed, and why.
-    pub skipped: Vec<(String, NormQuantSkip)>,
-}
-
-impl fmt::Display for NormQuantReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "fused {} norm + quantization pair(s)", self.fused.len())?;
-        for (statement, reason) in &self.skipped {
-            write!(f, "; kept `{statement}`: {reason}")?;
-        }
-        Ok(())
-    }
-}
+use crate::{FusionReport, FusionSkip, PassContext, PassError};
 
 /// A norm, a quantization and their fused op.
 struct Pattern {
@@ -241,9 +169,9 @@ impl DecidedFusion for Fusion {
 ///
 /// Linear: one pass decides every fusion on the unmodified graph (positions, use lists and a prefix
 /// count of writing nodes answer each rule in constant time per use), one more rewrites the uses.
-pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQuantReport, PassError> {
+pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-norm-quant").entered();
-    let mut report = NormQuantReport::default();
+    let mut report = FusionReport::new("norm + quantization");
     // The analyses below read the whole graph: a graph that calls no quantization skips them.
     if !graph.op_table().any(|(_, name)| QUANTS.contains(&name)) {
         return Ok(report);
@@ -284,7 +212,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
         let statement = graph.display_node(quant);
         let skip = |reason| (statement.clone(), reason);
         if *overload != Overload::Default {
-            report.skipped.push(skip(NormQuantSkip::Donated));
+            report.skipped.push(skip(FusionSkip::Donated));
             continue;
         }
         // Every norm and quantization pair has a fused op.
@@ -295,12 +223,12 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
         // fused norm's `rounding` (after it) must be their defaults, which the fused ops compute.
         let variance_at = variance_size_index(cx, norm_name)?;
         if !matches!(norm_args.get(variance_at), None | Some(Arg::None)) {
-            report.skipped.push(skip(NormQuantSkip::VarianceSize));
+            report.skipped.push(skip(FusionSkip::VarianceSize));
             continue;
         }
         let rounds_sum = matches!(norm_args.get(variance_at + 1), Some(Arg::Str(r)) if r == Rounding::Dtype.as_str());
         if rounds_sum && Rounding::Dtype.rounds_intermediates(graph.meta(*normalized).dtype) {
-            report.skipped.push(skip(NormQuantSkip::Rounding));
+            report.skipped.push(skip(FusionSkip::RoundedSum));
             continue;
         }
         let quant_scalars = &quant_args[1..];
@@ -314,14 +242,14 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
             None => uses[*normalized].iter().any(|&user| user != quant),
         };
         if other_readers || read_by_scalars {
-            report.skipped.push(skip(NormQuantSkip::OtherReaders));
+            report.skipped.push(skip(FusionSkip::OtherReaders));
             continue;
         }
         let per_token = quant_name == "dynamic_per_token_scaled_fp8_quant";
         let rows_change =
             reshape.as_ref().is_some_and(|(_, dims)| dims.last() != graph.meta(*normalized).shape().last());
         if per_token && rows_change {
-            report.skipped.push(skip(NormQuantSkip::ReshapeChangesRows));
+            report.skipped.push(skip(FusionSkip::ReshapeChangesRows));
             continue;
         }
         let (norm_at, quant_at) = (positions[norm] as usize, positions[quant] as usize);
@@ -336,11 +264,11 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
         }) {
             norm
         } else {
-            report.skipped.push(skip(NormQuantSkip::NoPlace));
+            report.skipped.push(skip(FusionSkip::NoPlace));
             continue;
         };
         if writes_before[quant_at] - writes_before[norm_at + 1] > 0 {
-            report.skipped.push(skip(NormQuantSkip::WriteBetween));
+            report.skipped.push(skip(FusionSkip::WriteBetween { first: "norm", second: "quantization" }));
             continue;
         }
         let mut args: Vec<Arg> = norm_args[..variance_at.min(norm_args.len())].to_vec();
@@ -352,7 +280,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
         let metas = match fused_metadata(graph, cx, pattern.fused, &args, &replaced, norm_results, &reshape) {
             Ok(metas) => metas,
             Err(why) => {
-                report.skipped.push(skip(NormQuantSkip::Metadata(why)));
+                report.skipped.push(skip(FusionSkip::Metadata(why)));
                 continue;
             }
         };
@@ -371,7 +299,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<NormQu
     }
     let (fusions, dropped) = split_misplaced(graph, &positions, fusions);
     for (fusion, operand) in dropped {
-        report.skipped.push((fusion.statement, NormQuantSkip::OperandNotReady { operand }));
+        report.skipped.push((fusion.statement, FusionSkip::OperandNotReady { operand }));
     }
     if fusions.is_empty() {
         return Ok(report);

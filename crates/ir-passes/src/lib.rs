@@ -50,6 +50,7 @@ pub mod eliminate_clones;
 pub mod functionalize;
 pub mod fuse_add_rms_norm;
 pub mod fuse_norm_quant;
+mod fusion;
 pub mod lower;
 pub mod pipeline;
 
@@ -61,10 +62,13 @@ pub use crate::analysis::{StorageRoots, written_values};
 pub use crate::dce::{DceReport, dce};
 pub use crate::eliminate_clones::{CloneReport, KeepReason, KeptCopy, eliminate_clones};
 pub use crate::functionalize::{FunctionalizeReport, functionalize};
-pub use crate::fuse_add_rms_norm::{FuseReport, SkipReason, fuse_add_rms_norm, fuse_add_rms_norm_exact};
-pub use crate::fuse_norm_quant::{NormQuantReport, NormQuantSkip, fuse_norm_quant};
+pub use crate::fuse_add_rms_norm::{fuse_add_rms_norm, fuse_add_rms_norm_exact};
+pub use crate::fuse_norm_quant::fuse_norm_quant;
+pub use crate::fusion::{FusionReport, FusionSkip};
 pub use crate::lower::{LowerReport, Lowered, lower};
-pub use crate::pipeline::{PassName, PassReport, PassRun, Pipeline, PipelineError, PipelineReport, Snapshots};
+pub use crate::pipeline::{
+    PASSES, PassDef, PassName, PassReport, PassRun, Pipeline, PipelineError, PipelineReport, Snapshots, known_passes,
+};
 pub use ir_graph::OpTable;
 
 /// Which clone elimination to run.
@@ -143,9 +147,7 @@ pub enum PassError {
         source: Box<CallError>,
     },
     /// A pass name that does not exist.
-    #[error(
-        "unknown pass `{name}` (known: functionalize, dce, lower, eliminate-clones, fuse-add-rms-norm, fuse-add-rms-norm-exact, fuse-norm-quant)"
-    )]
+    #[error("unknown pass `{name}` (known: {})", crate::pipeline::known_passes())]
     UnknownPass {
         /// The name.
         name: String,

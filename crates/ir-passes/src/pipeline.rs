@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ir_graph::{Graph, VerifyError, verify};
 
 use crate::{
-    CloneReport, DceReport, FunctionalizeReport, FuseReport, LowerReport, NormQuantReport, PassContext, PassError, dce,
+    CloneReport, DceReport, FunctionalizeReport, FusionReport, LowerReport, PassContext, PassError, dce,
     eliminate_clones, functionalize, fuse_add_rms_norm, fuse_add_rms_norm_exact, fuse_norm_quant, lower,
 };
 
@@ -32,18 +32,86 @@ pub enum PassName {
     FuseNormQuant,
 }
 
+/// One pass of the table: its name, what it does, and how the pipeline runs it.
+#[derive(Clone, Copy)]
+pub struct PassDef {
+    /// The pass.
+    pub pass: PassName,
+    /// The name used on the command line, in `--passes`, in dumps and in reports.
+    pub name: &'static str,
+    /// One line on what it does.
+    pub summary: &'static str,
+    run: fn(&mut Graph, &PassContext<'_>) -> Result<PassReport, PassError>,
+}
+
+impl fmt::Debug for PassDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PassDef").field("name", &self.name).finish()
+    }
+}
+
+/// Every pass the pipeline can run: the one place a pass is named (parsing `--passes`, the
+/// unknown-pass error, dump file names and running all read it).
+pub const PASSES: [PassDef; 7] = [
+    PassDef {
+        pass: PassName::Functionalize,
+        name: "functionalize",
+        summary: "maybe_inplace calls become functional ones where the donated values are dead",
+        run: |graph, cx| functionalize(graph, cx).map(PassReport::Functionalize),
+    },
+    PassDef {
+        pass: PassName::Dce,
+        name: "dce",
+        summary: "removes nodes whose results nothing reads and that write nothing",
+        run: |graph, cx| dce(graph, cx).map(PassReport::Dce),
+    },
+    PassDef {
+        pass: PassName::Lower,
+        name: "lower",
+        summary: "each op call becomes its chosen provider, with a copy before each in-place kernel's activations",
+        run: |graph, cx| lower(graph, cx).map(PassReport::Lower),
+    },
+    PassDef {
+        pass: PassName::EliminateClones,
+        name: "eliminate-clones",
+        summary: "removes the copies nothing needs",
+        run: |graph, cx| eliminate_clones(graph, cx).map(PassReport::EliminateClones),
+    },
+    PassDef {
+        pass: PassName::FuseAddRmsNorm,
+        name: "fuse-add-rms-norm",
+        summary: "an add feeding rms_norm becomes fused_add_rms_norm",
+        run: |graph, cx| fuse_add_rms_norm(graph, cx).map(PassReport::Fusion),
+    },
+    PassDef {
+        pass: PassName::FuseAddRmsNormExact,
+        name: "fuse-add-rms-norm-exact",
+        summary: "fuse-add-rms-norm where results keep their bits (f32 and f64, the same provider)",
+        run: |graph, cx| fuse_add_rms_norm_exact(graph, cx).map(PassReport::Fusion),
+    },
+    PassDef {
+        pass: PassName::FuseNormQuant,
+        name: "fuse-norm-quant",
+        summary: "a norm feeding an fp8 quantization becomes the fused norm + quantization op",
+        run: |graph, cx| fuse_norm_quant(graph, cx).map(PassReport::Fusion),
+    },
+];
+
+/// The names of every pass, comma-separated (for errors and help).
+pub fn known_passes() -> String {
+    PASSES.iter().map(|def| def.name).collect::<Vec<_>>().join(", ")
+}
+
 impl PassName {
+    /// The pass's entry in [`PASSES`].
+    pub fn def(self) -> &'static PassDef {
+        // The table lists the variants in declaration order (checked by a test).
+        &PASSES[self as usize]
+    }
+
     /// The name used on the command line and in dumps.
     pub fn as_str(self) -> &'static str {
-        match self {
-            PassName::Functionalize => "functionalize",
-            PassName::Dce => "dce",
-            PassName::Lower => "lower",
-            PassName::EliminateClones => "eliminate-clones",
-            PassName::FuseAddRmsNorm => "fuse-add-rms-norm",
-            PassName::FuseAddRmsNormExact => "fuse-add-rms-norm-exact",
-            PassName::FuseNormQuant => "fuse-norm-quant",
-        }
+        self.def().name
     }
 }
 
@@ -57,16 +125,12 @@ impl FromStr for PassName {
     type Err = PassError;
 
     fn from_str(s: &str) -> Result<PassName, PassError> {
-        match s.trim() {
-            "functionalize" => Ok(PassName::Functionalize),
-            "dce" => Ok(PassName::Dce),
-            "lower" => Ok(PassName::Lower),
-            "eliminate-clones" => Ok(PassName::EliminateClones),
-            "fuse-add-rms-norm" => Ok(PassName::FuseAddRmsNorm),
-            "fuse-add-rms-norm-exact" => Ok(PassName::FuseAddRmsNormExact),
-            "fuse-norm-quant" => Ok(PassName::FuseNormQuant),
-            other => Err(PassError::UnknownPass { name: other.to_owned() }),
-        }
+        let name = s.trim();
+        PASSES
+            .iter()
+            .find(|def| def.name == name)
+            .map(|def| def.pass)
+            .ok_or_else(|| PassError::UnknownPass { name: name.to_owned() })
     }
 }
 
@@ -81,10 +145,8 @@ pub enum PassReport {
     Lower(LowerReport),
     /// From `eliminate-clones`.
     EliminateClones(CloneReport),
-    /// From `fuse-add-rms-norm`.
-    FuseAddRmsNorm(FuseReport),
-    /// From `fuse-norm-quant`.
-    FuseNormQuant(NormQuantReport),
+    /// From a fusion pass (`fuse-add-rms-norm`, `fuse-add-rms-norm-exact`, `fuse-norm-quant`).
+    Fusion(FusionReport),
 }
 
 impl fmt::Display for PassReport {
@@ -94,8 +156,7 @@ impl fmt::Display for PassReport {
             PassReport::Dce(r) => r.fmt(f),
             PassReport::Lower(r) => r.fmt(f),
             PassReport::EliminateClones(r) => r.fmt(f),
-            PassReport::FuseAddRmsNorm(r) => r.fmt(f),
-            PassReport::FuseNormQuant(r) => r.fmt(f),
+            PassReport::Fusion(r) => r.fmt(f),
         }
     }
 }
@@ -228,15 +289,7 @@ impl Pipeline {
             .map_err(|e| PipelineError::Verify { pass: "input".to_owned(), source: Box::new(e) })?;
         for (i, &pass) in self.passes.iter().enumerate() {
             let started = Instant::now();
-            let result = match pass {
-                PassName::Functionalize => functionalize(graph, cx).map(PassReport::Functionalize),
-                PassName::Dce => dce(graph, cx).map(PassReport::Dce),
-                PassName::Lower => lower(graph, cx).map(PassReport::Lower),
-                PassName::EliminateClones => eliminate_clones(graph, cx).map(PassReport::EliminateClones),
-                PassName::FuseAddRmsNorm => fuse_add_rms_norm(graph, cx).map(PassReport::FuseAddRmsNorm),
-                PassName::FuseAddRmsNormExact => fuse_add_rms_norm_exact(graph, cx).map(PassReport::FuseAddRmsNorm),
-                PassName::FuseNormQuant => fuse_norm_quant(graph, cx).map(PassReport::FuseNormQuant),
-            };
+            let result = (pass.def().run)(graph, cx);
             let duration = started.elapsed();
             let file = format!("{:02}-{pass}.ir", i + 1);
             let pass_report = match result {
@@ -272,6 +325,19 @@ impl Pipeline {
     }
 }
 
+impl fmt::Display for Pipeline {
+    /// The pass names, comma-separated (what [`Pipeline::from_names`] reads back).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, pass) in self.passes.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(pass.as_str())?;
+        }
+        Ok(())
+    }
+}
+
 fn write_dump(dir: &Path, file: &str, text: &str) -> Result<(), PipelineError> {
     let path = dir.join(file);
     std::fs::write(&path, text).map_err(|e| dump_error(&path, e))
@@ -279,4 +345,35 @@ fn write_dump(dir: &Path, file: &str, text: &str) -> Result<(), PipelineError> {
 
 fn dump_error(path: &Path, error: std::io::Error) -> PipelineError {
     PipelineError::Dump { path: path.to_path_buf(), message: error.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_pass_has_one_entry_whose_name_parses_back() {
+        let all = [
+            PassName::Functionalize,
+            PassName::Dce,
+            PassName::Lower,
+            PassName::EliminateClones,
+            PassName::FuseAddRmsNorm,
+            PassName::FuseAddRmsNormExact,
+            PassName::FuseNormQuant,
+        ];
+        assert_eq!(all.len(), PASSES.len());
+        for (index, def) in PASSES.iter().enumerate() {
+            assert_eq!(def.pass as usize, index, "{} is out of declaration order", def.name);
+        }
+        for pass in all {
+            assert_eq!(PASSES.iter().filter(|def| def.pass == pass).count(), 1, "{pass:?}");
+            assert_eq!(pass.def().pass, pass);
+            assert_eq!(pass.as_str().parse::<PassName>().unwrap(), pass);
+        }
+        let standard = Pipeline::standard();
+        assert_eq!(Pipeline::from_names(&standard.to_string()).unwrap(), standard);
+        let error = "fuse-everything".parse::<PassName>().unwrap_err().to_string();
+        assert!(error.contains("fuse-everything") && error.contains(&known_passes()), "{error}");
+    }
 }

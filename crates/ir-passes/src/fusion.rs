@@ -1,0 +1,123 @@
+//! What a fusion pass reports: the calls it fused and, for each candidate it left, why
+//! ([`FusionReport`], [`FusionSkip`]); one type for every fusion pass.
+
+use std::fmt;
+
+/// What a fusion pass did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusionReport {
+    /// The pattern the pass fuses (`add + rms_norm`, `norm + quantization`).
+    pub pattern: &'static str,
+    /// The fused calls, printed.
+    pub fused: Vec<String>,
+    /// The candidates left alone: the statement the pass started from, printed, and why.
+    pub skipped: Vec<(String, FusionSkip)>,
+}
+
+impl FusionReport {
+    /// An empty report of a pass fusing `pattern`.
+    pub fn new(pattern: &'static str) -> FusionReport {
+        FusionReport { pattern, fused: Vec::new(), skipped: Vec::new() }
+    }
+}
+
+impl fmt::Display for FusionReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fused {} {} pair(s)", self.fused.len(), self.pattern)?;
+        for (statement, reason) in &self.skipped {
+            write!(f, "; kept `{statement}`: {reason}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a candidate pair was left unfused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FusionSkip {
+    /// A node between the pair's two calls writes a value.
+    WriteBetween {
+        /// The first call of the pair (`add`, `norm`).
+        first: &'static str,
+        /// The second (`norm`, `quantization`).
+        second: &'static str,
+    },
+    /// The fused op's results would not have the replaced values' metadata (or it rejects them).
+    Metadata(String),
+    /// An operand of the fused call would not be there where the call stands: the pair computes it
+    /// (the norm's weight is the sum, the scale is the norm's residual output), or it is defined
+    /// after the call's place.
+    OperandNotReady {
+        /// The operand, printed (`%s`).
+        operand: String,
+    },
+    /// Add + norm: another node reads the sum between the add and the norm, and the norm's weight
+    /// is defined after the add, so the fused call fits neither place.
+    SumReadBeforeNorm,
+    /// Add + norm: the add is already fused with an earlier norm (whose residual result this norm
+    /// reads).
+    AddAlreadyFused,
+    /// Add + norm, exact form (the standard pipeline's): f32 and f64 pairs only; in a 16-bit dtype
+    /// the fused op normalizes the unrounded sum, the pair the rounded one.
+    UnroundedSum(ir_core::DType),
+    /// Add + norm, exact form: the installed priorities pick another provider for the fused op than
+    /// for the norm (it may sum the squares in another order).
+    Provider {
+        /// The norm's provider.
+        norm: String,
+        /// The fused op's provider.
+        fused: String,
+    },
+    /// Norm + quantization: the norm is a `maybe_inplace` call (functionalize runs first in the
+    /// standard pipeline).
+    Donated,
+    /// Norm + quantization: the norm has a `variance_size`, which the fused ops do not take.
+    VarianceSize,
+    /// Norm + quantization: the norm rounds the residual sum to a 16-bit dtype (`rounding =
+    /// "dtype"`); the fused ops normalize the f32 sum.
+    RoundedSum,
+    /// Norm + quantization: the normalized output has another reader (or is a graph output).
+    OtherReaders,
+    /// Norm + quantization: the residual output is read before the quantization, whose scale is
+    /// defined after the norm.
+    NoPlace,
+    /// Norm + quantization: a reshape between a norm and a per-token quantization changes the last
+    /// dimension (the rows).
+    ReshapeChangesRows,
+}
+
+impl fmt::Display for FusionSkip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FusionSkip::WriteBetween { first, second } => {
+                write!(f, "a node between the {first} and the {second} writes a value")
+            }
+            FusionSkip::Metadata(why) => write!(f, "the fused op's results differ: {why}"),
+            FusionSkip::OperandNotReady { operand } => write!(
+                f,
+                "operand `{operand}` of the fused call is computed by the pair or defined after the call's place"
+            ),
+            FusionSkip::SumReadBeforeNorm => {
+                f.write_str("the sum is read between the add and the norm, whose weight is defined after the add")
+            }
+            FusionSkip::AddAlreadyFused => f.write_str("the add is already fused with an earlier norm"),
+            FusionSkip::UnroundedSum(dtype) => write!(
+                f,
+                "in {dtype} the fused op normalizes the unrounded sum (last-bit differences; select `fuse-add-rms-norm` to fuse it)"
+            ),
+            FusionSkip::Provider { norm, fused } => write!(
+                f,
+                "the norm runs on `{norm}` but the fused op would run on `{fused}` (select `fuse-add-rms-norm` to fuse it)"
+            ),
+            FusionSkip::Donated => f.write_str("the norm is a maybe_inplace call"),
+            FusionSkip::VarianceSize => f.write_str("the norm has a variance_size"),
+            FusionSkip::RoundedSum => f.write_str("the norm rounds the sum to its 16-bit dtype (rounding \"dtype\")"),
+            FusionSkip::OtherReaders => f.write_str("the normalized output has another reader"),
+            FusionSkip::NoPlace => f.write_str(
+                "the residual output is read before the quantization, whose scale is defined after the norm",
+            ),
+            FusionSkip::ReshapeChangesRows => {
+                f.write_str("a reshape between the norm and the per-token quantization changes the rows")
+            }
+        }
+    }
+}
