@@ -97,7 +97,7 @@ pub(crate) fn compile(
             };
             let diagnostic = &source.diagnostics[first];
             let (line, column) = diagnostic.location.expect("found with a location");
-            let mut message = diagnostic.message.clone();
+            let mut message = diagnostic.problem.to_string();
             if !diagnostic.statement.is_empty() {
                 message.push_str(&format!(" (in `{}`)", diagnostic.statement));
             }

@@ -51,5 +51,5 @@ pub use crate::op_table::OpTable;
 pub use crate::parse::{ParseError, parse};
 pub use crate::print::format_float;
 pub use crate::trace::{Traced, TracedGraph, Tracer};
-pub use crate::verify::{Diagnostic, VerifyError, verify};
+pub use crate::verify::{Diagnostic, Problem, VerifyError, verify};
 pub use ir_core::builtin::{Builtin, BuiltinDef, BuiltinParam, Effect};

@@ -25,7 +25,133 @@ pub struct Diagnostic {
     /// Line and column in the source text, when parsed.
     pub location: Option<(u32, u32)>,
     /// What is wrong.
-    pub message: String,
+    pub problem: Problem,
+}
+
+/// What is wrong with a graph, one diagnostic's worth: values named as printed (`%x`), types as
+/// printed (`f32[2,8]`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// The graph has no `output` node.
+    #[error("the graph has no output node")]
+    NoOutput,
+    /// The one `output` node is not the last node.
+    #[error("the output node must be the last node")]
+    OutputNotLast,
+    /// A second (or later) `output` node.
+    #[error("a graph has exactly one output node")]
+    ExtraOutput,
+    /// A value read before the node that defines it.
+    #[error("{value} is used before it is defined")]
+    UsedBeforeDefined {
+        /// The value.
+        value: String,
+    },
+    /// Two graph inputs of one name.
+    #[error("duplicate input name `%{name}`")]
+    DuplicateInput {
+        /// The name, without `%`.
+        name: String,
+    },
+    /// A value whose storage would exceed `isize::MAX` bytes.
+    #[error("{value} of type {meta} is too large: its bytes exceed isize::MAX")]
+    TooLarge {
+        /// The value.
+        value: String,
+        /// Its type.
+        meta: String,
+    },
+    /// An op the registry does not define.
+    #[error("unknown op `{op}` (known: {known})")]
+    UnknownOp {
+        /// The op.
+        op: String,
+        /// The registry's ops, comma-separated.
+        known: String,
+    },
+    /// A `maybe_inplace` call of an op that has no such form.
+    #[error("op `{op}` does not allow inplace, so it has no maybe_inplace form")]
+    NoInplaceForm {
+        /// The op.
+        op: String,
+    },
+    /// A provider not registered for the op.
+    #[error("provider `{provider}` is not registered for `{op}` (known: {known})")]
+    UnknownProvider {
+        /// The op.
+        op: String,
+        /// The provider.
+        provider: String,
+        /// The op's providers, comma-separated.
+        known: String,
+    },
+    /// A functional provider's call that says it writes arguments.
+    #[error("provider `{provider}` of `{op}` is not inplace, so it writes nothing")]
+    FunctionalWrites {
+        /// The op.
+        op: String,
+        /// The provider.
+        provider: String,
+    },
+    /// An in-place provider's call whose written arguments are not the given activations.
+    #[error("inplace provider `{provider}` of `{op}` writes {expected:?}, not {found:?}")]
+    WrongWrites {
+        /// The op.
+        op: String,
+        /// The provider.
+        provider: String,
+        /// The argument positions it writes: the given activations.
+        expected: Vec<usize>,
+        /// The positions the call names.
+        found: Vec<usize>,
+    },
+    /// A written argument that is not a value.
+    #[error("written argument {position} is not a value")]
+    WrittenNotValue {
+        /// Its position.
+        position: usize,
+    },
+    /// A call's arguments the op (or the built-in) refuses: its own message.
+    #[error("{0}")]
+    Arguments(String),
+    /// A call with another number of results than the op gives.
+    #[error("expected {expected} results, found {found}")]
+    ResultCount {
+        /// The op's.
+        expected: usize,
+        /// The node's.
+        found: usize,
+    },
+    /// A result whose type is not the op's.
+    #[error("result {index} has type {found} but the op produces {expected}")]
+    ResultType {
+        /// Its position.
+        index: usize,
+        /// The node's type.
+        found: String,
+        /// The op's.
+        expected: String,
+    },
+    /// An in-place result whose type is not that of the argument it is written into.
+    #[error("result {index} has type {found} but writes into {value} of type {written}")]
+    WrittenType {
+        /// Its position.
+        index: usize,
+        /// Its type.
+        found: String,
+        /// The written argument.
+        value: String,
+        /// That argument's type.
+        written: String,
+    },
+    /// A built-in's result whose type is not the built-in's.
+    #[error("result type {found} should be {expected}")]
+    BuiltinResultType {
+        /// The node's type.
+        found: String,
+        /// The built-in's.
+        expected: String,
+    },
 }
 
 impl fmt::Display for Diagnostic {
@@ -33,7 +159,7 @@ impl fmt::Display for Diagnostic {
         if let Some((line, column)) = self.location {
             write!(f, "{line}:{column}: ")?;
         }
-        write!(f, "{}", self.message)?;
+        write!(f, "{}", self.problem)?;
         if !self.statement.is_empty() {
             write!(f, " (in `{}`)", self.statement)?;
         }
@@ -64,7 +190,7 @@ impl VerifyError {
 /// Linear in the graph and allocation-free per node in the common case: registry lookups and meta
 /// functions are memoized per run (a model's layers repeat the same calls on the same metadata).
 pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
-    let mut problems: Vec<(Option<NodeId>, String)> = Vec::new();
+    let mut problems: Vec<(Option<NodeId>, Problem)> = Vec::new();
     let mut defined: EntitySet<ValueId> = EntitySet::with_capacity(graph.values.len());
     // Sized for the leading inputs (where inputs are) at once: growing a set of a large graph's
     // parameter names rehashes it several times per run.
@@ -89,35 +215,32 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
         }
         data.kind.for_each_operand(|value| {
             if !defined.contains(value) {
-                problems.push((Some(node), format!("{} is used before it is defined", graph.display_value(value))));
+                problems
+                    .push((Some(node), Problem::UsedBeforeDefined { value: graph.display_value(value).to_string() }));
             }
         });
         if let NodeKind::Input { name, .. } = &data.kind
             && !input_names.insert(name.as_str())
         {
-            problems.push((Some(node), format!("duplicate input name `%{name}`")));
+            problems.push((Some(node), Problem::DuplicateInput { name: name.clone() }));
         }
-        if let Err(message) = check_node(graph, &mut lookups, node) {
-            problems.push((Some(node), message));
+        if let Err(problem) = check_node(graph, &mut lookups, node) {
+            problems.push((Some(node), problem));
         }
         for &result in &data.results {
             if too_large[graph.values[result].meta] {
                 let meta = graph.meta(result);
-                problems.push((
-                    Some(node),
-                    format!("{} of type {meta} is too large: its bytes exceed isize::MAX", graph.display_value(result)),
-                ));
+                let (value, meta) = (graph.display_value(result).to_string(), meta.to_string());
+                problems.push((Some(node), Problem::TooLarge { value, meta }));
             }
             defined.insert(result);
         }
     }
-    let output_problems: Vec<(Option<NodeId>, String)> = match outputs.as_slice() {
-        [] => vec![(None, "the graph has no output node".to_owned())],
+    let output_problems: Vec<(Option<NodeId>, Problem)> = match outputs.as_slice() {
+        [] => vec![(None, Problem::NoOutput)],
         [single] if order.last() == Some(single) => Vec::new(),
-        [single] => vec![(Some(*single), "the output node must be the last node".to_owned())],
-        [_, rest @ ..] => {
-            rest.iter().map(|&extra| (Some(extra), "a graph has exactly one output node".to_owned())).collect()
-        }
+        [single] => vec![(Some(*single), Problem::OutputNotLast)],
+        [_, rest @ ..] => rest.iter().map(|&extra| (Some(extra), Problem::ExtraOutput)).collect(),
     };
     problems.splice(0..0, output_problems);
     if problems.is_empty() {
@@ -126,12 +249,12 @@ pub fn verify(graph: &Graph, registry: &Registry) -> Result<(), VerifyError> {
     let positions = graph.positions();
     let diagnostics: Vec<Diagnostic> = problems
         .into_iter()
-        .map(|(node, message)| Diagnostic {
+        .map(|(node, problem)| Diagnostic {
             node,
             statement: node.map(|n| graph.display_node(n)).unwrap_or_default(),
             position: node.map(|n| positions[n] as usize),
             location: node.and_then(|n| graph.node(n).location.get()),
-            message,
+            problem,
         })
         .collect();
     let annotated = annotate(graph, &diagnostics, &positions);
@@ -202,10 +325,10 @@ impl Expected {
 }
 
 /// A remembered meta-function call: op, argument keys, outputs or the error.
-type MetaMemo<'g> = (OpRef, Vec<ArgKey<'g>>, Result<Expected, String>);
+type MetaMemo<'g> = (OpRef, Vec<ArgKey<'g>>, Result<Expected, Problem>);
 
 /// A remembered built-in: op, its values' interned metadata and its scalars, the one output or the error.
-type BuiltinMemo<'g> = (Builtin, Vec<MetaRef>, &'g [BuiltinArg], Result<Expected, String>);
+type BuiltinMemo<'g> = (Builtin, Vec<MetaRef>, &'g [BuiltinArg], Result<Expected, Problem>);
 
 /// Distinct calls remembered per run.
 const META_MEMO: usize = 8;
@@ -257,8 +380,9 @@ impl<'r, 'g> Lookups<'r, 'g> {
     }
 
     /// Binds an op call's arguments and runs its meta function (memoized on equal metadata).
-    fn op_outputs(&mut self, graph: &'g Graph, op: OpRef, args: &'g [Arg]) -> Result<&Expected, String> {
-        let def = self.ops.def(op).ok_or_else(|| format!("unknown op `{}`", graph.op_name(op)))?;
+    fn op_outputs(&mut self, graph: &'g Graph, op: OpRef, args: &'g [Arg]) -> Result<&Expected, Problem> {
+        let registry = self.registry;
+        let def = self.ops.def(op).ok_or_else(|| unknown_op(registry, graph.op_name(op)))?;
         let known = self.metas.iter().position(|(o, keys, _)| {
             *o == op && keys.len() == args.len() && keys.iter().zip(args).all(|(key, arg)| key.matches(graph, arg))
         });
@@ -266,8 +390,10 @@ impl<'r, 'g> Lookups<'r, 'g> {
             Some(slot) => slot,
             None => {
                 let metas: Vec<ArgMeta<'g>> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
-                let outputs =
-                    def.output_metas(metas).map(|metas| Expected::new(graph, metas)).map_err(|e| e.to_string());
+                let outputs = def
+                    .output_metas(metas)
+                    .map(|metas| Expected::new(graph, metas))
+                    .map_err(|e| Problem::Arguments(e.to_string()));
                 let keys = args.iter().map(|arg| ArgKey::of(graph, arg)).collect();
                 remember(&mut self.metas, &mut self.next_slot, (op, keys, outputs))
             }
@@ -276,7 +402,7 @@ impl<'r, 'g> Lookups<'r, 'g> {
     }
 
     /// Checks a built-in's arguments and computes its output (memoized like [`Lookups::op_outputs`]).
-    fn builtin_output(&mut self, graph: &'g Graph, op: Builtin, args: &'g [BuiltinArg]) -> Result<&Expected, String> {
+    fn builtin_output(&mut self, graph: &'g Graph, op: Builtin, args: &'g [BuiltinArg]) -> Result<&Expected, Problem> {
         let value_metas = || args.iter().filter_map(BuiltinArg::value).map(|v| graph.values[*v].meta);
         let known = self.builtins.iter().position(|(o, metas, scalars, _)| {
             *o == op && same_scalars(scalars, args) && metas.iter().copied().eq(value_metas())
@@ -289,7 +415,8 @@ impl<'r, 'g> Lookups<'r, 'g> {
                         args.iter().filter_map(BuiltinArg::value).map(|v| graph.meta(*v)).collect();
                     (op.def().meta)(&metas, &ir_core::builtin::Scalars(args)).map_err(|e| e.to_string())
                 });
-                let entry = (op, value_metas().collect(), args, output.map(|meta| Expected::new(graph, vec![meta])));
+                let output = output.map(|meta| Expected::new(graph, vec![meta])).map_err(Problem::Arguments);
+                let entry = (op, value_metas().collect(), args, output);
                 remember(&mut self.builtins, &mut self.next_builtin_slot, entry)
             }
         };
@@ -323,14 +450,14 @@ fn annotate(graph: &Graph, diagnostics: &[Diagnostic], positions: &SecondaryMap<
                 (None, Some(_)) => false,
             };
             if belongs && (line_number > 0 || diagnostic.node.is_none_or(|d| positions[d] != u32::MAX)) {
-                out.push_str(&format!("  ; error: {}\n", diagnostic.message));
+                out.push_str(&format!("  ; error: {}\n", diagnostic.problem));
             }
         }
     }
     out
 }
 
-fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId) -> Result<(), String> {
+fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId) -> Result<(), Problem> {
     let data = graph.node(node);
     let meta = |v: ValueId| graph.meta(v);
     let results = &data.results;
@@ -338,12 +465,9 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
         NodeKind::Input { .. } | NodeKind::Output(_) => Ok(()),
         NodeKind::IrCall { op: op_ref, overload, args } => {
             let op = graph.op_name(*op_ref);
-            let def = lookups
-                .ops
-                .def(*op_ref)
-                .ok_or_else(|| format!("unknown op `{op}` (known: {})", lookups.registry.ops().join(", ")))?;
+            let def = lookups.ops.def(*op_ref).ok_or_else(|| unknown_op(lookups.registry, op))?;
             if *overload == Overload::MaybeInplace && !def.allow_inplace {
-                return Err(format!("op `{op}` does not allow inplace, so it has no maybe_inplace form"));
+                return Err(Problem::NoInplaceForm { op: op.to_owned() });
             }
             let expected = lookups.op_outputs(graph, *op_ref, args)?;
             check_results(graph, results, expected)
@@ -351,47 +475,46 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
         NodeKind::ImplCall { op: op_ref, provider: provider_ref, writes, args } => {
             let (op, provider) = (graph.op_name(*op_ref), graph.provider_name(*provider_ref));
             let registry = lookups.registry;
-            lookups
-                .ops
-                .def(*op_ref)
-                .ok_or_else(|| format!("unknown op `{op}` (known: {})", registry.ops().join(", ")))?;
+            lookups.ops.def(*op_ref).ok_or_else(|| unknown_op(registry, op))?;
             let inplace = lookups.provider_inplace(graph, *op_ref, *provider_ref).ok_or_else(|| {
                 let known: Vec<&str> = registry.providers(op).iter().map(|p| p.name).collect();
-                format!("provider `{provider}` is not registered for `{op}` (known: {})", known.join(", "))
+                Problem::UnknownProvider { op: op.to_owned(), provider: provider.to_owned(), known: known.join(", ") }
             })?;
             if !inplace {
                 let expected = lookups.op_outputs(graph, *op_ref, args)?;
                 if !writes.is_empty() {
-                    return Err(format!("provider `{provider}` of `{op}` is not inplace, so it writes nothing"));
+                    return Err(Problem::FunctionalWrites { op: op.to_owned(), provider: provider.to_owned() });
                 }
                 return check_results(graph, results, expected);
             }
             // The given activations, in order (an absent optional activation is not written).
             let activations = crate::given_activations(lookups.ops.activations(*op_ref), args);
             if *writes != activations {
-                return Err(format!("inplace provider `{provider}` of `{op}` writes {activations:?}, not {writes:?}"));
+                let (op, provider) = (op.to_owned(), provider.to_owned());
+                return Err(Problem::WrongWrites { op, provider, expected: activations, found: writes.clone() });
             }
             let expected = lookups.op_outputs(graph, *op_ref, args)?;
             // Result i is written into argument writes[i]; results after the written ones are fresh.
             if results.len() != expected.len() {
-                return Err(format!("expected {} results, found {}", expected.len(), results.len()));
+                return Err(Problem::ResultCount { expected: expected.len(), found: results.len() });
             }
-            for (i, want) in expected.metas.iter().enumerate().skip(writes.len()) {
-                if !expected.matches(graph, i, results[i]) {
-                    return Err(format!("result {i} has type {} but the op gives {want}", meta(results[i])));
+            for (index, want) in expected.metas.iter().enumerate().skip(writes.len()) {
+                if !expected.matches(graph, index, results[index]) {
+                    let (found, expected) = (meta(results[index]).to_string(), want.to_string());
+                    return Err(Problem::ResultType { index, found, expected });
                 }
             }
-            for (i, &position) in writes.iter().enumerate() {
+            for (index, &position) in writes.iter().enumerate() {
                 let Some(Arg::Value(written)) = args.get(position) else {
-                    return Err(format!("written argument {position} is not a value"));
+                    return Err(Problem::WrittenNotValue { position });
                 };
-                if graph.values[results[i]].meta != graph.values[*written].meta {
-                    return Err(format!(
-                        "result {i} has type {} but writes into {} of type {}",
-                        meta(results[i]),
-                        graph.display_value(*written),
-                        meta(*written)
-                    ));
+                if graph.values[results[index]].meta != graph.values[*written].meta {
+                    return Err(Problem::WrittenType {
+                        index,
+                        found: meta(results[index]).to_string(),
+                        value: graph.display_value(*written).to_string(),
+                        written: meta(*written).to_string(),
+                    });
                 }
             }
             Ok(())
@@ -400,22 +523,29 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
             let expected = lookups.builtin_output(graph, *op, args)?;
             match results.as_slice() {
                 [only] if expected.matches(graph, 0, *only) => Ok(()),
-                [only] => Err(format!("result type {} should be {}", meta(*only), expected.metas[0])),
-                _ => Err(format!("expected one result, found {}", results.len())),
+                [only] => Err(Problem::BuiltinResultType {
+                    found: meta(*only).to_string(),
+                    expected: expected.metas[0].to_string(),
+                }),
+                _ => Err(Problem::ResultCount { expected: 1, found: results.len() }),
             }
         }
     }
 }
 
-fn check_results(graph: &Graph, results: &[ValueId], expected: &Expected) -> Result<(), String> {
+fn check_results(graph: &Graph, results: &[ValueId], expected: &Expected) -> Result<(), Problem> {
     if results.len() != expected.len() {
-        return Err(format!("expected {} results, found {}", expected.len(), results.len()));
+        return Err(Problem::ResultCount { expected: expected.len(), found: results.len() });
     }
-    for (i, &found) in results.iter().enumerate() {
-        if !expected.matches(graph, i, found) {
-            let (found, expected) = (graph.meta(found), &expected.metas[i]);
-            return Err(format!("result {i} has type {found} but the op produces {expected}"));
+    for (index, &found) in results.iter().enumerate() {
+        if !expected.matches(graph, index, found) {
+            let (found, expected) = (graph.meta(found).to_string(), expected.metas[index].to_string());
+            return Err(Problem::ResultType { index, found, expected });
         }
     }
     Ok(())
+}
+
+fn unknown_op(registry: &Registry, op: &str) -> Problem {
+    Problem::UnknownOp { op: op.to_owned(), known: registry.ops().join(", ") }
 }

@@ -1,7 +1,7 @@
 //! The graph IR's text format: round trips, parse errors with positions, verifier diagnostics.
 
 use ir_core::{DType, Registry, TensorMeta};
-use ir_graph::{Graph, parse, verify};
+use ir_graph::{Graph, Problem, parse, verify};
 
 const STEP: &str = "\
 graph step(%x: bf16[8,16], %res: bf16[8,16], %w: bf16[16]) {
@@ -147,7 +147,10 @@ fn an_integer_for_a_float_parameter_is_a_verifier_diagnostic_with_its_location()
     assert_eq!(err.diagnostics.len(), 1);
     let d = &err.diagnostics[0];
     assert_eq!(d.location, Some((2, 3)));
-    assert!(d.message.contains("parameter `epsilon` expects float, found an integer"), "{d}");
+    assert!(
+        matches!(&d.problem, Problem::Arguments(m) if m.contains("parameter `epsilon` expects float, found an integer")),
+        "{d}"
+    );
 }
 
 #[test]
@@ -166,11 +169,13 @@ graph g(%x: f32[2,8], %r: f32[2,8]) {
     let err = verify(&graph, &Registry::with_builtin_ops()).unwrap_err();
     let lines: Vec<u32> = err.diagnostics.iter().map(|d| d.location.unwrap().0).collect();
     assert_eq!(lines, vec![2, 3, 4, 5, 6], "{err}");
-    assert!(err.diagnostics[0].message.contains("no maybe_inplace form"));
-    assert!(err.diagnostics[1].message.contains("unknown op `layer_norm`"));
-    assert!(err.diagnostics[2].message.contains("should be f32[2,8]"));
-    assert!(err.diagnostics[3].message.contains("provider `cuda` is not registered"));
-    assert!(err.diagnostics[4].message.contains("should be f32[2,8]"));
+    let problems: Vec<&Problem> = err.diagnostics.iter().map(|d| &d.problem).collect();
+    assert!(matches!(problems[0], Problem::NoInplaceForm { op } if op == "rms_norm"), "{err}");
+    assert!(matches!(problems[1], Problem::UnknownOp { op, .. } if op == "layer_norm"), "{err}");
+    assert!(matches!(problems[2], Problem::BuiltinResultType { expected, .. } if expected == "f32[2,8]"), "{err}");
+    assert!(matches!(problems[3], Problem::UnknownProvider { provider, .. } if provider == "cuda"), "{err}");
+    assert!(problems[3].to_string().contains("provider `cuda` is not registered"));
+    assert!(problems[4].to_string().contains("should be f32[2,8]"));
     let rendered = err.to_string();
     assert!(rendered.contains("  %1 = layer_norm(%x) : f32[2,8]\n  ; error: unknown op `layer_norm`"), "{rendered}");
 }
@@ -193,9 +198,14 @@ graph g(%x: f32[2,8], %w: f32[8], %v: f32[4]) {
     let err = verify(&graph, &Registry::with_builtin_ops()).unwrap_err();
     let lines: Vec<u32> = err.diagnostics.iter().map(|d| d.location.unwrap().0).collect();
     assert_eq!(lines, vec![4, 5, 6], "{err}");
-    assert!(err.diagnostics[0].message.contains("result 0 has type bf16[2,8] but the op produces f32[2,8]"), "{err}");
-    assert!(err.diagnostics[1].message.contains("weight"), "{err}");
-    assert_eq!(err.diagnostics[1].message, err.diagnostics[2].message, "the remembered error is the same");
+    assert_eq!(
+        err.diagnostics[0].problem,
+        Problem::ResultType { index: 0, found: "bf16[2,8]".to_owned(), expected: "f32[2,8]".to_owned() },
+        "{err}"
+    );
+    assert_eq!(err.diagnostics[0].problem.to_string(), "result 0 has type bf16[2,8] but the op produces f32[2,8]");
+    assert!(err.diagnostics[1].problem.to_string().contains("weight"), "{err}");
+    assert_eq!(err.diagnostics[1].problem, err.diagnostics[2].problem, "the remembered error is the same");
 }
 
 #[test]
@@ -204,7 +214,7 @@ fn structural_checks() {
     let mut graph = Graph::new("g");
     let x = graph.add_input("x", TensorMeta::compact(DType::F32, &[2]));
     let err = verify(&graph, &registry).unwrap_err();
-    assert!(err.diagnostics[0].message.contains("no output node"));
+    assert!(err.diagnostics[0].problem.to_string().contains("no output node"));
     graph.set_output(vec![x]);
     verify(&graph, &registry).unwrap();
     let (clone, _) = graph.push(ir_graph::NodeKind::clone_of(x), vec![TensorMeta::compact(DType::F32, &[2])]);
@@ -213,7 +223,7 @@ fn structural_checks() {
     graph.set_output(vec![y]);
     graph.remove_node(clone);
     let err = verify(&graph, &registry).unwrap_err();
-    assert!(err.diagnostics[0].message.contains("used before it is defined"), "{err}");
+    assert!(err.diagnostics[0].problem.to_string().contains("used before it is defined"), "{err}");
 }
 
 mod never_panics {
