@@ -103,7 +103,7 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
             println!(
                 "cuda job: install NVRTC and the CUDA headers: pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 \
                  nvidia-cuda-nvcc-cu12, put the nvrtc wheel's lib directory on LD_LIBRARY_PATH and the nvcc wheel's bin (ptxas) on PATH, and \
-                 nvcc for candle's CUDA build on PATH too (.ci/cuda-toolkit installs it and prints its root); on a GPU runner \
+                 nvcc for candle's CUDA build (.ci/cuda-toolkit installs it and prints its root: set VLLM_IR_CUDA_TOOLKIT to it); on a GPU runner \
                  the driver's libcuda runs the device tests too"
             );
             if !library_loadable("libnvrtc.so.12") {
@@ -363,16 +363,23 @@ fn remove_entries_starting_with(dir: &Path, prefix: &str) -> anyhow::Result<()> 
 /// Clippy (`-D warnings`, every target) of `examples/candle-cuda`, a crate outside the workspace
 /// that runs the ops on candle CUDA tensors: candle-core with its `cuda` feature (candle's kernels
 /// compiled by nvcc, cudarc configured by candle) beside the `cuda` provider built with its `candle`
-/// feature, so the bridge is checked against candle's real `CudaStorage`. Needs nvcc on PATH (CUDA
-/// 12 or 13; `.ci/run` installs NVIDIA's CUDA 13.0 wheels); without it prints `skipped: <reason>`,
-/// or fails when `VLLM_IR_REQUIRE` lists `nvcc`. cudarc's `cuda-version-from-build-system` reads
+/// feature, so the bridge is checked against candle's real `CudaStorage`. Needs nvcc (CUDA 12 or
+/// 13): the toolkit root in `VLLM_IR_CUDA_TOOLKIT` (`.ci/run` installs NVIDIA's CUDA 13.0 wheels and
+/// sets it) or nvcc on PATH; without it prints `skipped: <reason>`, or fails when
+/// `VLLM_IR_REQUIRE` lists `nvcc`. cudarc's `cuda-version-from-build-system` reads
 /// `CUDARC_CUDA_VERSION`, set to 12.8, the API this crate's default binds.
 fn candle_cuda() -> anyhow::Result<()> {
-    let nvcc = Command::new("nvcc").arg("--version").output().is_ok_and(|o| o.status.success());
+    // The toolkit named by VLLM_IR_CUDA_TOOLKIT (what `.ci/cuda-toolkit` prints) goes on PATH for
+    // this build alone: hipcc turns to the NVIDIA platform when it finds nvcc on PATH.
+    let toolkit = env::var("VLLM_IR_CUDA_TOOLKIT").ok().filter(|root| !root.is_empty());
+    let path = match &toolkit {
+        Some(root) => format!("{root}/bin:{}", env::var("PATH").unwrap_or_default()),
+        None => env::var("PATH").unwrap_or_default(),
+    };
+    let nvcc = Command::new("nvcc").arg("--version").env("PATH", &path).output().is_ok_and(|o| o.status.success());
     if !nvcc {
-        let reason = "candle's CUDA build needs nvcc on PATH (pip install --target DIR nvidia-cuda-nvcc==13.0.88 \
-                      nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85, \
-                      then PATH=DIR/nvidia/cu13/bin:$PATH, as .ci/run does)";
+        let reason = "candle's CUDA build needs nvcc: set VLLM_IR_CUDA_TOOLKIT to the root `.ci/cuda-toolkit` prints \
+                      (it installs CUDA 13.0's nvcc from NVIDIA's pip wheels), or put nvcc on PATH";
         let required = env::var("VLLM_IR_REQUIRE").unwrap_or_default();
         if required.split(',').any(|b| b.trim() == "nvcc") {
             bail!("`nvcc` is required (VLLM_IR_REQUIRE={required}): {reason}");
@@ -386,6 +393,10 @@ fn candle_cuda() -> anyhow::Result<()> {
     let (manifest, target) = (manifest.to_string_lossy(), target.to_string_lossy());
     // candle's build asks nvidia-smi for the compute capability unless told; 8.0 when nothing says.
     let compute_cap = env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "80".to_owned());
+    let mut envs = vec![("CUDARC_CUDA_VERSION", "12080"), ("CUDA_COMPUTE_CAP", compute_cap.as_str())];
+    if let Some(root) = &toolkit {
+        envs.extend([("PATH", path.as_str()), ("CUDA_ROOT", root.as_str())]);
+    }
     cargo(
         &[
             "clippy",
@@ -399,7 +410,7 @@ fn candle_cuda() -> anyhow::Result<()> {
             "-D",
             "warnings",
         ],
-        &[("CUDARC_CUDA_VERSION", "12080"), ("CUDA_COMPUTE_CAP", &compute_cap)],
+        &envs,
     )
 }
 
