@@ -226,8 +226,8 @@ fn kinds_meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaErro
 
 fn kinds_native(args: &[Value]) -> Result<Outputs, KernelError> {
     let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
-    let (shape, dtype) =
-        kinds_shape_and_dtype(&metas).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
+    // A refusal of the meta function becomes `KernelError::Meta`.
+    let (shape, dtype) = kinds_shape_and_dtype(&metas)?;
     let x = args[0].as_tensor().expect("bound");
     let sign = if metas[3].bool() == Some(true) { -1.0 } else { 1.0 };
     let factor = metas[2].f64().unwrap_or(1.0) * sign;

@@ -92,11 +92,45 @@ pub enum KernelError {
     /// A tensor operation inside the kernel failed.
     #[error(transparent)]
     Tensor(#[from] TensorError),
-    /// Arguments the kernel cannot handle (its predicate should have rejected them).
+    /// Arguments the kernel cannot handle (its predicate should have rejected them), in a case
+    /// none of the variants below names.
     #[error("invalid arguments: {reason}")]
     InvalidArguments {
         /// Why.
         reason: String,
+    },
+    /// More rows, tokens or elements than one launch's grid holds.
+    #[error("invalid arguments: {count} {what} exceed the grid limit")]
+    GridLimit {
+        /// What the grid counts (`rows`, `tokens`, `elements`).
+        what: &'static str,
+        /// How many there are.
+        count: usize,
+    },
+    /// An argument that is not in the memory the kernel runs on.
+    #[error("invalid arguments: `{param}` is not in {memory} memory")]
+    WrongMemory {
+        /// The parameter.
+        param: String,
+        /// The memory the kernel needs (`host`, `CUDA`, ...).
+        memory: &'static str,
+    },
+    /// A dtype the provider's kernels do not compute in.
+    #[error("invalid arguments: the {backend} kernels do not compute in {dtype}")]
+    UnsupportedDType {
+        /// The provider (`cpu`, `cuda`, ...).
+        backend: &'static str,
+        /// The dtype.
+        dtype: crate::DType,
+    },
+    /// Arguments the op's meta function refuses (a native reference checks them first).
+    #[error("invalid arguments: {0}")]
+    Meta(Box<crate::op::MetaError>),
+    /// An output dtype of a quantization that is not an fp8 dtype.
+    #[error("invalid arguments: out_dtype {dtype} is not an fp8 dtype")]
+    NotFp8 {
+        /// The dtype asked for.
+        dtype: crate::DType,
     },
     /// The driver reported an error.
     #[error("{backend} driver error: {message}")]
@@ -125,6 +159,12 @@ pub enum KernelError {
         /// Its message.
         message: String,
     },
+}
+
+impl From<crate::op::MetaError> for KernelError {
+    fn from(error: crate::op::MetaError) -> KernelError {
+        KernelError::Meta(Box::new(error))
+    }
 }
 
 /// A tensor whose storage was uniquely owned when the dispatcher handed it to an in-place kernel.

@@ -880,7 +880,7 @@ pub fn fp8_format_code(dtype: DType) -> Result<i32, KernelError> {
     match dtype {
         DType::F8E4M3FN => Ok(0),
         DType::F8E5M2 => Ok(1),
-        other => Err(KernelError::InvalidArguments { reason: format!("out_dtype {other} is not an fp8 dtype") }),
+        other => Err(KernelError::NotFp8 { dtype: other }),
     }
 }
 
@@ -1044,9 +1044,8 @@ pub fn floor_scales(x: &Tensor, out_dtype: DType) -> Result<Tensor, crate::Tenso
 /// kernel reading a scale the caller kept on the host is not supported: the meta function puts
 /// scales on x's device).
 pub fn host_scale(scale: &Tensor, param: &str) -> Result<f32, KernelError> {
-    let buffer = scale
-        .cpu_buffer()
-        .ok_or_else(|| KernelError::InvalidArguments { reason: format!("`{param}` is not in host memory") })?;
+    let buffer =
+        scale.cpu_buffer().ok_or_else(|| KernelError::WrongMemory { param: param.to_owned(), memory: "host" })?;
     buffer.typed::<f32>().get(scale.offset()).copied().ok_or_else(|| KernelError::InvalidArguments {
         reason: format!("`{param}` holds no f32 element at offset {}", scale.offset()),
     })
@@ -1203,7 +1202,7 @@ fn no(reason: &'static str) -> Support {
 
 /// A device provider's own buffer type behind `t`, or an error naming the parameter: "`x` is not in
 /// CUDA memory" (`memory` names the provider's memory).
-pub fn device_buffer<'t, B: 'static>(t: &'t Tensor, param: &str, memory: &str) -> Result<&'t B, KernelError> {
+pub fn device_buffer<'t, B: 'static>(t: &'t Tensor, param: &str, memory: &'static str) -> Result<&'t B, KernelError> {
     match t.storage() {
         Storage::Device(buffer) => buffer.as_any().downcast_ref::<B>(),
         Storage::Cpu(_) => None,
@@ -1215,7 +1214,7 @@ pub fn device_buffer<'t, B: 'static>(t: &'t Tensor, param: &str, memory: &str) -
 pub fn device_buffer_mut<'t, B: 'static>(
     t: &'t mut UniqueTensor,
     param: &str,
-    memory: &str,
+    memory: &'static str,
 ) -> Result<&'t mut B, KernelError> {
     match t.storage_mut()? {
         Storage::Device(buffer) => buffer.as_any_mut().downcast_mut::<B>().ok_or_else(|| not_in_memory(param, memory)),
@@ -1223,8 +1222,8 @@ pub fn device_buffer_mut<'t, B: 'static>(
     }
 }
 
-fn not_in_memory(param: &str, memory: &str) -> KernelError {
-    KernelError::InvalidArguments { reason: format!("`{param}` is not in {memory} memory") }
+fn not_in_memory(param: &str, memory: &'static str) -> KernelError {
+    KernelError::WrongMemory { param: param.to_owned(), memory }
 }
 
 /// A caller's stream handle, type-erased: what [`EagerContext::with_stream`](crate::EagerContext::with_stream)
@@ -1409,10 +1408,7 @@ mod tests {
     fn a_host_tensor_is_not_a_device_buffer_and_the_error_names_the_parameter() {
         let t = Tensor::zeros(DType::F32, &[2, 4]).unwrap();
         let err = device_buffer::<u8>(&t, "x", "CUDA").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            KernelError::InvalidArguments { reason: "`x` is not in CUDA memory".into() }.to_string()
-        );
+        assert_eq!(err.to_string(), KernelError::WrongMemory { param: "x".to_owned(), memory: "CUDA" }.to_string());
         let mut unique = UniqueTensor::new(t).unwrap();
         assert!(
             device_buffer_mut::<u8>(&mut unique, "x_residual", "xpu")

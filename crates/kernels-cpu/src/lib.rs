@@ -304,11 +304,11 @@ pub(crate) fn weight_f32(weight: Option<&Tensor>) -> Result<Option<Vec<f32>>, Ke
 }
 
 pub(crate) fn not_on_cpu(param: &str) -> KernelError {
-    KernelError::InvalidArguments { reason: format!("`{param}` is not on the cpu") }
+    KernelError::WrongMemory { param: param.to_owned(), memory: "host" }
 }
 
 pub(crate) fn unsupported_dtype(dtype: DType) -> KernelError {
-    KernelError::InvalidArguments { reason: format!("dtype {dtype} is not supported by the cpu kernels") }
+    KernelError::UnsupportedDType { backend: "cpu", dtype }
 }
 
 #[cfg(test)]
@@ -324,6 +324,18 @@ mod tests {
         let mut out = Tensor::zeros(DType::BF16, &[3, 96]).unwrap();
         rms_norm_cpu_into(&x, Some(&weight), 1e-6, None, &mut out).unwrap();
         assert!(ir_core::bit_eq(&out, &expected));
+    }
+
+    #[test]
+    fn refusals_name_their_case() {
+        let x = Tensor::zeros(DType::F64, &[2, 8]).unwrap();
+        let error = rms_norm_cpu(&x, None, 1e-6, None).unwrap_err();
+        assert!(matches!(error, KernelError::UnsupportedDType { backend: "cpu", dtype: DType::F64 }), "{error}");
+        assert_eq!(error.to_string(), "invalid arguments: the cpu kernels do not compute in f64");
+        let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
+        let scale = Tensor::from_f32(DType::F32, &[1], &[0.5]).unwrap();
+        let error = crate::quant::static_scaled_fp8_quant_cpu(&x, &scale, DType::BF16).unwrap_err();
+        assert!(matches!(error, KernelError::NotFp8 { dtype: DType::BF16 }), "{error}");
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl Fp8 for E5M2 {
 }
 
 fn not_fp8(dtype: DType) -> KernelError {
-    KernelError::InvalidArguments { reason: format!("out_dtype {dtype} is not an fp8 dtype") }
+    KernelError::NotFp8 { dtype }
 }
 
 fn dynamic_scale(scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<RowScale, KernelError> {

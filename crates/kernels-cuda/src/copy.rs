@@ -40,7 +40,7 @@ pub const ELEMENT_SIZES: [usize; 4] = [1, 2, 4, 8];
 /// The launch of one thread per element of a piece of `n` elements, in blocks of [`COPY_BLOCK`].
 fn launch_config(n: i64) -> Result<LaunchConfig, KernelError> {
     let blocks = u32::try_from((n as u64).div_ceil(u64::from(COPY_BLOCK)))
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })?;
+        .map_err(|_| KernelError::GridLimit { what: "elements", count: n as usize })?;
     Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (COPY_BLOCK, 1, 1), shared_mem_bytes: 0 })
 }
 

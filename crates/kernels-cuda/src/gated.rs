@@ -89,9 +89,10 @@ fn launch(
     scalars: GatedScalars,
 ) -> Result<(), KernelError> {
     let function = x.device.gated_function(op, dtype)?;
-    let grid = u32::try_from(rows.n_rows).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| {
-        KernelError::InvalidArguments { reason: format!("{} rows exceed the grid limit", rows.n_rows) }
-    })?;
+    let grid = u32::try_from(rows.n_rows)
+        .ok()
+        .filter(|&g| g <= i32::MAX as u32)
+        .ok_or_else(|| KernelError::GridLimit { what: "rows", count: rows.n_rows })?;
     let size = dtype.size_in_bytes();
     let n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
     let d: i32 = kernel_int(rows.hidden / 2, "output width")?;

@@ -40,7 +40,7 @@ pub fn rms_norm_launch(n_rows: usize, hidden: usize) -> Result<Geometry, KernelE
     let grid = u32::try_from(grid)
         .ok()
         .filter(|&g| g <= i32::MAX as u32)
-        .ok_or_else(|| KernelError::InvalidArguments { reason: format!("{n_rows} rows exceed the grid limit") })?;
+        .ok_or_else(|| KernelError::GridLimit { what: "rows", count: n_rows })?;
     Ok(Geometry { threads_per_row, block_size, rows_per_block, grid })
 }
 

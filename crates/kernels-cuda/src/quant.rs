@@ -90,9 +90,10 @@ impl<'a> Launch<'a> {
     }
 
     fn config(&self) -> Result<LaunchConfig, KernelError> {
-        let grid = u32::try_from(self.rows.n_rows).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| {
-            KernelError::InvalidArguments { reason: format!("{} rows exceed the grid limit", self.rows.n_rows) }
-        })?;
+        let grid = u32::try_from(self.rows.n_rows)
+            .ok()
+            .filter(|&g| g <= i32::MAX as u32)
+            .ok_or_else(|| KernelError::GridLimit { what: "rows", count: self.rows.n_rows })?;
         Ok(LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (QUANT_BLOCK, 1, 1), shared_mem_bytes: 0 })
     }
 

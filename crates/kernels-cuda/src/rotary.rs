@@ -39,9 +39,10 @@ pub fn rotary_embedding_cuda(call: RotaryCall<'_>) -> Result<(Tensor, Option<Ten
     let size = dtype.size_in_bytes();
     let tokens = launch.geometry.tokens;
     if tokens > 0 {
-        let grid = u32::try_from(tokens).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| {
-            KernelError::InvalidArguments { reason: format!("{tokens} tokens exceed the grid limit") }
-        })?;
+        let grid = u32::try_from(tokens)
+            .ok()
+            .filter(|&g| g <= i32::MAX as u32)
+            .ok_or_else(|| KernelError::GridLimit { what: "tokens", count: tokens })?;
         let config =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (launch.threads_per_token(), 1, 1), shared_mem_bytes: 0 };
         let [heads, kv_heads, head_size, rotary_dim, max_position] = launch.dims()?;

@@ -74,9 +74,8 @@ mod launch {
             let device = device().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
             let mut x_ptr = element_ptr(device_buffer::<HipBuffer>(x, "x", "HIP")?.pointer, rows.offset, dtype);
             let mut out_ptr = out.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate").pointer;
-            let blocks = u32::try_from(rows.n_rows).map_err(|_| KernelError::InvalidArguments {
-                reason: format!("{} rows exceed the grid limit", rows.n_rows),
-            })?;
+            let blocks =
+                u32::try_from(rows.n_rows).map_err(|_| KernelError::GridLimit { what: "rows", count: rows.n_rows })?;
             let mut n_rows: i64 = kernel_int(rows.n_rows, "rows")?;
             let mut d: i32 = kernel_int(d, "output width")?;
             let mut x_stride: i64 = kernel_int(rows.row_stride, "x row stride")?;

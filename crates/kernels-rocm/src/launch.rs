@@ -108,7 +108,7 @@ fn run(
     };
     let rows_per_block = (variant.block_size() / variant.threads_per_row) as usize;
     let blocks = u32::try_from(rows.n_rows.div_ceil(rows_per_block))
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid limit", rows.n_rows) })?;
+        .map_err(|_| KernelError::GridLimit { what: "rows", count: rows.n_rows })?;
     let (mut first, mut second) = (buffers[0], buffers[1]);
     let mut weight = weight.map_or(std::ptr::null_mut(), |(pointer, _)| pointer);
     let mut epsilon = ComputeScalar::new(dtype, epsilon);

@@ -124,9 +124,8 @@ mod launch {
             let device = device().map_err(driver)?;
             let mut x_ptr = element_ptr(device_buffer::<HipBuffer>(x, "x", "HIP")?.pointer, rows.offset, dtype);
             let mut q_ptr = q.as_any_mut().downcast_mut::<HipBuffer>().expect("allocated by this crate").pointer;
-            let blocks = u32::try_from(rows.n_rows).map_err(|_| KernelError::InvalidArguments {
-                reason: format!("{} rows exceed the grid limit", rows.n_rows),
-            })?;
+            let blocks =
+                u32::try_from(rows.n_rows).map_err(|_| KernelError::GridLimit { what: "rows", count: rows.n_rows })?;
             let RowArgs { mut n_rows, mut hidden, row_stride: mut x_stride, .. } = rows.kernel_args()?;
             let scale_ptr = |t: &Tensor, param: &str| -> Result<*mut c_void, KernelError> {
                 Ok(element_ptr(device_buffer::<HipBuffer>(t, param, "HIP")?.pointer, t.offset(), DType::F32))
@@ -245,9 +244,8 @@ mod launch {
             let mut eps = ComputeScalar::new(dtype, epsilon);
             let [mut has_residual, mut has_weight, mut is_dynamic, mut has_scale] =
                 [has_residual, weight.is_some(), dynamic, scale.is_some()].map(i32::from);
-            let blocks = u32::try_from(rows.n_rows).map_err(|_| KernelError::InvalidArguments {
-                reason: format!("{} rows exceed the grid limit", rows.n_rows),
-            })?;
+            let blocks =
+                u32::try_from(rows.n_rows).map_err(|_| KernelError::GridLimit { what: "rows", count: rows.n_rows })?;
             // norm_quant_<dtype>(q, scales, residual_out, x, r, w, long long n_rows, int hidden,
             //     long long x_row_stride, long long r_row_stride, long long out_row_stride, Compute<DTYPE> eps,
             //     const float* scale, int has_residual, int has_weight, int dynamic, int has_scale,

@@ -44,9 +44,7 @@ mod launch {
         let tokens = launch.geometry.tokens;
         if tokens > 0 {
             let device = device().map_err(|message| KernelError::Driver { backend: "rocm", message })?;
-            let blocks = u32::try_from(tokens).map_err(|_| KernelError::InvalidArguments {
-                reason: format!("{tokens} tokens exceed the grid limit"),
-            })?;
+            let blocks = u32::try_from(tokens).map_err(|_| KernelError::GridLimit { what: "tokens", count: tokens })?;
             let [mut heads, mut kv_heads, mut head_size, mut rotary_dim, mut max_position] = launch.dims()?;
             let (q, c) = (launch.query, launch.cache);
             let mut q_ptr = element_ptr(

@@ -269,8 +269,7 @@ use ir_core::kernel::ConvertFactor;
 
 /// Blocks of 256 threads for one thread per element of a piece of `n` elements.
 fn blocks_for(n: i64) -> Result<u32, KernelError> {
-    u32::try_from((n as u64).div_ceil(256))
-        .map_err(|_| KernelError::InvalidArguments { reason: format!("{n} elements exceed the grid") })
+    u32::try_from((n as u64).div_ceil(256)).map_err(|_| KernelError::GridLimit { what: "elements", count: n as usize })
 }
 
 impl HipBuffer {

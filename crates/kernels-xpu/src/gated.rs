@@ -76,7 +76,7 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
         let global = rows
             .n_rows
             .checked_mul(GATED_GROUP)
-            .ok_or_else(|| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid", rows.n_rows) })?;
+            .ok_or_else(|| KernelError::GridLimit { what: "rows", count: rows.n_rows })?;
         let [f0, f1] = scalars.floats.map(|v| ComputeScalar::new(dtype, v));
         // <op>_<dtype>(out, x, long n_rows, int d, long x_row_stride, long x_offset, compute_t f0,
         //              compute_t f1, int i0, int i1)

@@ -108,7 +108,7 @@ fn dtype_code(dtype: DType) -> Result<u8, KernelError> {
         DType::F16 => Ok(1),
         DType::BF16 => Ok(2),
         DType::F64 => Ok(6),
-        other => Err(KernelError::InvalidArguments { reason: format!("the xpu kernels do not compute in {other}") }),
+        other => Err(KernelError::UnsupportedDType { backend: "xpu", dtype: other }),
     }
 }
 

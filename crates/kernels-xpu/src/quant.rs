@@ -63,7 +63,7 @@ impl<'a> Launch<'a> {
         let global = rows
             .n_rows
             .checked_mul(QUANT_GROUP)
-            .ok_or_else(|| KernelError::InvalidArguments { reason: format!("{} rows exceed the grid", rows.n_rows) })?;
+            .ok_or_else(|| KernelError::GridLimit { what: "rows", count: rows.n_rows })?;
         Ok(Launch { rows, x: x_buffer, queue, q, global })
     }
 

@@ -33,9 +33,8 @@ pub fn rotary_embedding_xpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
     let tokens = launch.geometry.tokens;
     if tokens > 0 {
         let group = launch.threads_per_token() as usize;
-        let global = tokens
-            .checked_mul(group)
-            .ok_or_else(|| KernelError::InvalidArguments { reason: format!("{tokens} tokens exceed the grid") })?;
+        let global =
+            tokens.checked_mul(group).ok_or_else(|| KernelError::GridLimit { what: "tokens", count: tokens })?;
         let [heads, kv_heads, head_size, rotary_dim, max_position] = launch.dims()?;
         let positions_buffer = device_buffer::<XpuBuffer>(positions, "positions", "xpu")?;
         let cache_buffer = device_buffer::<XpuBuffer>(cos_sin_cache, "cos_sin_cache", "xpu")?;

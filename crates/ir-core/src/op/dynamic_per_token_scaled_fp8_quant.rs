@@ -42,7 +42,7 @@ const OP: &str = "dynamic_per_token_scaled_fp8_quant";
 pub fn native(x: &Tensor, scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<(Tensor, Tensor), KernelError> {
     let ub_meta = scale_ub.map_or(ArgMeta::None, |t| ArgMeta::Tensor(t.meta()));
     let args = [ArgMeta::Tensor(x.meta()), ub_meta, ArgMeta::DType(out_dtype)];
-    meta(&args).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
+    meta(&args)?;
     let ub = scale_ub.map(scale_value).transpose()?;
     let (q, scales) = quantize_host(x, QuantScale::Dynamic(ub), out_dtype)?;
     let scales = scales.expect("a dynamic quantization has scales");

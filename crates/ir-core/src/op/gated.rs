@@ -71,7 +71,7 @@ pub(crate) fn native_gated(
     mut gate_row: impl FnMut(&mut [f64], DType),
 ) -> Result<Tensor, KernelError> {
     let dtype = x.dtype();
-    let meta = gated_meta(op, Some(x.meta())).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
+    let meta = gated_meta(op, Some(x.meta()))?;
     let values = x.to_f64_vec()?;
     let width = *x.shape().last().unwrap_or(&0);
     let d = width / 2;

@@ -40,7 +40,7 @@ const OP: &str = "static_scaled_fp8_quant";
 /// The reference implementation (the semantics).
 pub fn native(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
     let args = [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(scale.meta()), ArgMeta::DType(out_dtype)];
-    meta(&args).map_err(|e| KernelError::InvalidArguments { reason: e.to_string() })?;
+    meta(&args)?;
     let (q, _) = quantize_host(x, QuantScale::Static(scale_value(scale)?), out_dtype)?;
     Ok(to_device_of(q, x)?)
 }
