@@ -84,11 +84,39 @@ fn demo_rejects_bad_sizes() {
     assert!(stderr.contains("--hidden 12: ToyDecoder: hidden size 12 must be a multiple of 8"), "{stderr}");
 }
 
-fn golden_input(relative: &str) -> std::path::PathBuf {
+/// A test's temporary file or folder (`vllm-ir-cli-<pid>-<name>` in the temporary directory),
+/// removed when the test ends, whether it passes or fails.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        Scratch(std::env::temp_dir().join(format!("vllm-ir-cli-{}-{name}", std::process::id())))
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.0.is_dir() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        } else {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+fn golden_input(relative: &str) -> Scratch {
     let text = std::fs::read_to_string(format!("{}/../../tests/ir/{relative}", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let input = text.split("// expect:").next().unwrap();
-    let path = std::env::temp_dir().join(format!("vllm-ir-cli-{}-{}", std::process::id(), relative.replace('/', "-")));
-    std::fs::write(&path, input).unwrap();
+    let path = Scratch::new(&relative.replace('/', "-"));
+    std::fs::write(&*path, input).unwrap();
     path
 }
 
@@ -105,7 +133,7 @@ fn opt_prints_the_optimized_graph_and_reports() {
     assert!(stderr.contains(" ms)"), "{stderr}");
     let (ok, stdout, _) = vllm_ir(&["opt", path.to_str().unwrap(), "--dot"], &[]);
     assert!(ok && stdout.starts_with("digraph"), "{stdout}");
-    let dump = std::env::temp_dir().join(format!("vllm-ir-dump-{}", std::process::id()));
+    let dump = Scratch::new("dump");
     let (ok, _, stderr) = vllm_ir(&["opt", path.to_str().unwrap(), "--dump-dir", dump.to_str().unwrap()], &[]);
     assert!(ok, "{stderr}");
     let index = std::fs::read_to_string(dump.join("index.md")).unwrap();
@@ -137,7 +165,7 @@ fn vllm_ir_stdin(args: &[&str], stdin: &str) -> (bool, String, String) {
 
 #[test]
 fn opt_follows_mlir_opt_conventions() {
-    let text = std::fs::read_to_string(golden_input("pipeline/model-a.ir")).unwrap();
+    let text = std::fs::read_to_string(&*golden_input("pipeline/model-a.ir")).unwrap();
     // `-` reads stdin; with --print-after-all the dumps go to stderr and stdout is exactly the result.
     let (ok, stdout, stderr) = vllm_ir_stdin(&["opt", "-", "--print-after-all"], &text);
     assert!(ok, "{stderr}");
@@ -148,11 +176,11 @@ fn opt_follows_mlir_opt_conventions() {
     assert_eq!(stdout, plain, "the same result with and without dumps");
     assert_eq!(reparsed.to_string(), plain);
     // --dot works with --print-after-all; -o writes the result to a file.
-    let out = std::env::temp_dir().join(format!("vllm-ir-o-{}.dot", std::process::id()));
+    let out = Scratch::new("out.dot");
     let (ok, stdout, stderr) =
         vllm_ir_stdin(&["opt", "-", "--print-after-all", "--dot", "-o", out.to_str().unwrap()], &text);
     assert!(ok && stdout.is_empty(), "{stdout}{stderr}");
-    assert!(std::fs::read_to_string(&out).unwrap().starts_with("digraph"));
+    assert!(std::fs::read_to_string(&*out).unwrap().starts_with("digraph"));
     assert!(stderr.contains("// after eliminate-clones\n"), "{stderr}");
     // Errors on stdin name it.
     let (ok, _, stderr) = vllm_ir_stdin(&["opt", "-"], "graph g(%x: f32[2]) {\n  output(%y)\n}\n");
@@ -162,12 +190,12 @@ fn opt_follows_mlir_opt_conventions() {
 #[test]
 fn run_compares_before_and_after() {
     let path = golden_input("pipeline/model-c.ir");
-    let out = std::env::temp_dir().join(format!("vllm-ir-out-{}.safetensors", std::process::id()));
+    let out = Scratch::new("out.safetensors");
     let (ok, stdout, stderr) =
         vllm_ir(&["run", path.to_str().unwrap(), "--seed", "3", "--save-outputs", out.to_str().unwrap()], &[]);
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("outputs bit-identical: yes"), "{stdout}");
-    assert!(std::fs::metadata(&out).unwrap().len() > 4 * 128 * 2);
+    assert!(std::fs::metadata(&*out).unwrap().len() > 4 * 128 * 2);
     let unsafe_qkv = golden_input("eliminate-clones/qkv-view-read-after-write.unsafe.ir");
     let (ok, _, stderr) = vllm_ir(
         &["run", unsafe_qkv.to_str().unwrap(), "--passes", "eliminate-clones", "--clone-elimination", "unsafe"],
@@ -179,8 +207,8 @@ fn run_compares_before_and_after() {
 
 #[test]
 fn malformed_files_are_one_line_errors() {
-    let path = std::env::temp_dir().join(format!("vllm-ir-bad-{}.ir", std::process::id()));
-    std::fs::write(&path, "graph g(%x: f32[2]) {\n  %y = scale(%x 2.0) : f32[2]\n}\n").unwrap();
+    let path = Scratch::new("bad.ir");
+    std::fs::write(&*path, "graph g(%x: f32[2]) {\n  %y = scale(%x 2.0) : f32[2]\n}\n").unwrap();
     let (ok, _, stderr) = vllm_ir(&["opt", path.to_str().unwrap()], &[]);
     assert!(!ok);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -218,8 +246,8 @@ fn every_catalogue_file_is_a_one_line_error_for_opt_and_run() {
 
 #[test]
 fn run_on_an_input_too_large_for_memory_prints_one_line_and_fails() {
-    let dir = std::env::temp_dir().join(format!("vllm-ir-cli-oom-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("oom");
+    std::fs::create_dir_all(&*dir).unwrap();
     let path = dir.join("huge.ir");
     // 2^58 f32 elements: 2^60 bytes, below isize::MAX (so the verifier accepts it) but beyond any
     // address space, so the allocation fails on every machine.
@@ -227,7 +255,6 @@ fn run_on_an_input_too_large_for_memory_prints_one_line_and_fails() {
         "graph g(%x: f32[288230376151711744]) {\n  %y = scale(%x, 2.0) : f32[288230376151711744]\n  output(%y)\n}\n";
     std::fs::write(&path, text).unwrap();
     let (ok, stdout, stderr) = vllm_ir(&["run", path.to_str().unwrap()], &[]);
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(!ok, "{stdout}");
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");

@@ -79,6 +79,8 @@
 
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_core::op::Overload;
+use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
@@ -130,8 +132,8 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
     let mut report = FusionReport::new("add + rms_norm");
     let fused_def = cx
         .registry
-        .op_def("fused_add_rms_norm")
-        .ok_or_else(|| PassError::UnknownOp { op: "fused_add_rms_norm".to_owned() })?;
+        .op_def(FUSED_ADD_RMS_NORM.name)
+        .ok_or_else(|| PassError::UnknownOp { op: FUSED_ADD_RMS_NORM.name.to_owned() })?;
     // The analyses below read the whole graph: a graph without a candidate pair (most) skips them.
     if !graph.order().iter().any(|&norm| candidate(graph, norm).is_some()) {
         return Ok(report);
@@ -193,7 +195,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
         report.skipped.push((fusion.statement, FusionSkip::OperandNotReady { operand }));
     }
 
-    let fused_op = graph.op_ref("fused_add_rms_norm");
+    let fused_op = graph.op_ref(FUSED_ADD_RMS_NORM.name);
     let mut replacement: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::new();
     let mut placements = Vec::with_capacity(fusions.len());
     let mut removed = EntitySet::new();
@@ -225,7 +227,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
 /// node and the add's arguments.
 fn candidate(graph: &Graph, norm: NodeId) -> Option<(&[Arg], &ValueId, NodeId, &[ir_graph::BuiltinArg])> {
     let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(norm).kind else { return None };
-    if graph.op_name(*op) != "rms_norm" {
+    if graph.op_name(*op) != RMS_NORM.name {
         return None;
     }
     let Some(Arg::Value(sum)) = args.first() else { return None };
@@ -242,7 +244,7 @@ fn provider_change(graph: &Graph, cx: &PassContext<'_>, norm_args: &[Arg], fused
         let metas: Vec<_> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
         cx.registry.select(op, &metas).map(|s| s.provider.to_owned()).map_err(|e| e.to_string())
     };
-    match (select("rms_norm", norm_args), select("fused_add_rms_norm", fused_args)) {
+    match (select(RMS_NORM.name, norm_args), select(FUSED_ADD_RMS_NORM.name, fused_args)) {
         (Ok(norm), Ok(fused)) if norm == fused => None,
         (Ok(norm), Ok(fused)) => Some(FusionSkip::Provider { norm, fused }),
         (Err(why), _) | (_, Err(why)) => Some(FusionSkip::Metadata(why)),

@@ -95,42 +95,49 @@
 //! ```
 
 use cranelift_entity::{EntitySet, SecondaryMap};
-use ir_core::op::{Overload, Rounding, StrEnum};
+use ir_core::op::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
+use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+use ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
+use ir_core::op::rms_norm::RMS_NORM;
+use ir_core::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+use ir_core::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT;
+use ir_core::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
+use ir_core::op::{OpDef, Overload, Rounding, StrEnum};
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
 
 use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};
 
-/// A norm, a quantization and their fused op.
+/// A norm, a quantization and their fused op, by their definitions.
 struct Pattern {
-    norm: &'static str,
-    quant: &'static str,
-    fused: &'static str,
+    norm: &'static OpDef,
+    quant: &'static OpDef,
+    fused: &'static OpDef,
 }
 
 /// The pairs with a fused op.
-const PATTERNS: [Pattern; 4] = [
-    Pattern { norm: "rms_norm", quant: "static_scaled_fp8_quant", fused: "rms_norm_static_fp8_quant" },
+static PATTERNS: [Pattern; 4] = [
+    Pattern { norm: &RMS_NORM, quant: &STATIC_SCALED_FP8_QUANT, fused: &RMS_NORM_STATIC_FP8_QUANT },
+    Pattern { norm: &RMS_NORM, quant: &DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT, fused: &RMS_NORM_DYNAMIC_PER_TOKEN_QUANT },
+    Pattern { norm: &FUSED_ADD_RMS_NORM, quant: &STATIC_SCALED_FP8_QUANT, fused: &FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT },
     Pattern {
-        norm: "rms_norm",
-        quant: "dynamic_per_token_scaled_fp8_quant",
-        fused: "rms_norm_dynamic_per_token_quant",
-    },
-    Pattern {
-        norm: "fused_add_rms_norm",
-        quant: "static_scaled_fp8_quant",
-        fused: "fused_add_rms_norm_static_fp8_quant",
-    },
-    Pattern {
-        norm: "fused_add_rms_norm",
-        quant: "dynamic_per_token_scaled_fp8_quant",
-        fused: "fused_add_rms_norm_dynamic_per_token_quant",
+        norm: &FUSED_ADD_RMS_NORM,
+        quant: &DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT,
+        fused: &FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
     },
 ];
 
-const NORMS: [&str; 2] = ["rms_norm", "fused_add_rms_norm"];
-const QUANTS: [&str; 2] = ["static_scaled_fp8_quant", "dynamic_per_token_scaled_fp8_quant"];
+/// Whether `name` is the name of a quantization some pattern fuses.
+fn is_quant(name: &str) -> bool {
+    PATTERNS.iter().any(|p| p.quant.name == name)
+}
+
+/// Whether `name` is the name of a norm some pattern fuses.
+fn is_norm(name: &str) -> bool {
+    PATTERNS.iter().any(|p| p.norm.name == name)
+}
 
 /// One fusion decided on the unmodified graph.
 struct Fusion {
@@ -173,7 +180,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
     let _span = tracing::info_span!("pass", name = "fuse-norm-quant").entered();
     let mut report = FusionReport::new("norm + quantization");
     // The analyses below read the whole graph: a graph that calls no quantization skips them.
-    if !graph.op_table().any(|(_, name)| QUANTS.contains(&name)) {
+    if !graph.op_table().any(|(_, name)| is_quant(name)) {
         return Ok(report);
     }
     let ops = OpTable::compute(graph, cx.registry);
@@ -187,7 +194,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
             continue;
         };
         let quant_name = graph.op_name(*op);
-        if !QUANTS.contains(&quant_name) {
+        if !is_quant(quant_name) {
             continue;
         }
         let Some(&Arg::Value(quant_input)) = quant_args.first() else { continue };
@@ -206,7 +213,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
         let NodeKind::IrCall { op: norm_op, overload, args: norm_args } = &graph.node(norm).kind else { continue };
         let norm_name = graph.op_name(*norm_op);
         let is_normalized_output = graph.node(norm).results.first() == Some(normalized);
-        if !NORMS.contains(&norm_name) || !is_normalized_output {
+        if !is_norm(norm_name) || !is_normalized_output {
             continue;
         }
         let statement = graph.display_node(quant);
@@ -216,7 +223,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
             continue;
         }
         // Every norm and quantization pair has a fused op.
-        let Some(pattern) = PATTERNS.iter().find(|p| p.norm == norm_name && p.quant == quant_name) else {
+        let Some(pattern) = PATTERNS.iter().find(|p| p.norm.name == norm_name && p.quant.name == quant_name) else {
             continue;
         };
         // The norm's arguments before `variance_size` go to the fused op; `variance_size` and the
@@ -245,7 +252,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
             report.skipped.push(skip(FusionSkip::OtherReaders));
             continue;
         }
-        let per_token = quant_name == "dynamic_per_token_scaled_fp8_quant";
+        let per_token = quant_name == DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name;
         let rows_change =
             reshape.as_ref().is_some_and(|(_, dims)| dims.last() != graph.meta(*normalized).shape().last());
         if per_token && rows_change {
@@ -274,10 +281,10 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
         let mut args: Vec<Arg> = norm_args[..variance_at.min(norm_args.len())].to_vec();
         args.extend(quant_scalars.iter().cloned());
         let quant_results = &graph.node(quant).results;
-        let norm_results = usize::from(pattern.norm == "fused_add_rms_norm");
+        let norm_results = usize::from(std::ptr::eq(pattern.norm, &FUSED_ADD_RMS_NORM));
         let replaced: Vec<ValueId> =
             graph.node(norm).results[1..=norm_results].iter().chain(quant_results).copied().collect();
-        let metas = match fused_metadata(graph, cx, pattern.fused, &args, &replaced, norm_results, &reshape) {
+        let metas = match fused_metadata(graph, cx, pattern.fused.name, &args, &replaced, norm_results, &reshape) {
             Ok(metas) => metas,
             Err(why) => {
                 report.skipped.push(skip(FusionSkip::Metadata(why)));
@@ -290,7 +297,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
             reshape,
             metas,
             anchor,
-            fused: pattern.fused,
+            fused: pattern.fused.name,
             args,
             replaced,
             norm_results,

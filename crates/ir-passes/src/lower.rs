@@ -43,6 +43,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
+use ir_core::op::rotary_embedding::ROTARY_EMBEDDING;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{Rejection, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef, OpTable};
@@ -221,8 +222,8 @@ fn same_metas(a: &[ArgMeta<'_>], b: &[ArgMeta<'_>]) -> bool {
 /// split each call can write its slice where it is once clone elimination proves the slices apart.
 /// Returns the number of calls split.
 fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Result<usize, PassError> {
-    const ROTARY: &str = "rotary_embedding";
-    if !graph.op_table().any(|(_, name)| name == ROTARY) {
+    let rotary = ROTARY_EMBEDDING.name;
+    if !graph.op_table().any(|(_, name)| name == rotary) {
         return Ok(0);
     }
     let ops = OpTable::compute(graph, cx.registry);
@@ -230,7 +231,7 @@ fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
     let mut splits = Vec::new();
     for &node in graph.order() {
         let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(node).kind else { continue };
-        if graph.op_name(*op) != ROTARY {
+        if graph.op_name(*op) != rotary {
             continue;
         }
         let (Some(Arg::Value(query)), Some(Arg::Value(key))) = (args.get(1), args.get(2)) else { continue };
@@ -241,7 +242,7 @@ fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
         let metas: Vec<ArgMeta<'_>> = args.iter().map(|a| graph.arg_meta(a)).collect();
         let selection = cx
             .registry
-            .select(ROTARY, &metas)
+            .select(rotary, &metas)
             .map_err(|source| PassError::Selection { node: graph.display_node(node), source: Box::new(source) })?;
         if selection.inplace {
             splits.push(node);
