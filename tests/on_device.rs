@@ -11,7 +11,7 @@
 use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use ir_core::op::{BUILTIN_OPS, InputSpec, Value};
 use ir_core::storage::host_round_trips;
-use ir_core::{DType, EagerContext, ExecutionContext, Registry, Tensor, TensorMeta, allclose, bit_eq};
+use ir_core::{DType, EagerContext, Registry, Tensor, TensorMeta, allclose, bit_eq};
 use ir_graph::{InterpOptions, Tracer, interpret};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use layers::toy::{ToyDecoder, ToyDecoderConfig};
@@ -197,9 +197,10 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
         let tracer = Tracer::new(&backend.registry, "norm");
         let x_in = tracer.input("x", x_odd.meta().clone());
         let residual_in = tracer.input("residual", residual_odd.meta().clone());
-        let (out, sum) = tracer
-            .fused_add_rms_norm_maybe_inplace(x_in, residual_in, None, 1e-6, None, ir_core::op::Rounding::Exact)
-            .unwrap();
+        let exact = ir_core::op::Rounding::Exact;
+        let (out, sum) =
+            ir_core::op::fused_add_rms_norm::call_maybe_inplace(&tracer, x_in, residual_in, None, 1e-6, None, exact)
+                .unwrap();
         let traced = tracer.finish(&[out, sum]);
         let mut graph = traced.graph;
         Pipeline::standard().run(&mut graph, &PassContext::new(&backend.registry), None, Snapshots::Skip).unwrap();
@@ -209,16 +210,16 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
         let run = interpret(&graph, &backend.registry, inputs, InterpOptions::checked()).unwrap();
         assert_eq!(host_round_trips(), before, "{label}: device tensors went through host memory");
         let ctx = EagerContext::new(&backend.registry);
-        let (expected, expected_sum) = ctx
-            .fused_add_rms_norm(
-                &backend.upload(&x).unwrap(),
-                &backend.upload(&residual).unwrap(),
-                None,
-                1e-6,
-                None,
-                ir_core::op::Rounding::Exact,
-            )
-            .unwrap();
+        let (expected, expected_sum) = ir_core::op::fused_add_rms_norm::call(
+            &ctx,
+            &backend.upload(&x).unwrap(),
+            &backend.upload(&residual).unwrap(),
+            None,
+            1e-6,
+            None,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         assert!(bit_eq(&run.outputs[0], &expected) && bit_eq(&run.outputs[1], &expected_sum), "{label}: same bits");
     });
 }

@@ -98,43 +98,6 @@ pub trait ExecutionContext {
         args: Vec<CallArg<Self::Tensor>>,
     ) -> Result<Vec<Self::Tensor>, CallError>;
 
-    /// `rms_norm`, functional (sugar for the declaration's [`rms_norm::call`](crate::op::rms_norm::call)).
-    fn rms_norm(
-        &self,
-        x: &Self::Tensor,
-        weight: Option<&Self::Tensor>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-    ) -> Result<Self::Tensor, CallError> {
-        crate::op::rms_norm::call(self, x, weight, epsilon, variance_size)
-    }
-
-    /// `fused_add_rms_norm`, functional.
-    fn fused_add_rms_norm(
-        &self,
-        x: &Self::Tensor,
-        x_residual: &Self::Tensor,
-        weight: Option<&Self::Tensor>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-        rounding: crate::op::Rounding,
-    ) -> Result<(Self::Tensor, Self::Tensor), CallError> {
-        crate::op::fused_add_rms_norm::call(self, x, x_residual, weight, epsilon, variance_size, rounding)
-    }
-
-    /// `fused_add_rms_norm`, `maybe_inplace`: `x` and `x_residual` are donated.
-    fn fused_add_rms_norm_maybe_inplace(
-        &self,
-        x: Self::Tensor,
-        x_residual: Self::Tensor,
-        weight: Option<&Self::Tensor>,
-        epsilon: f64,
-        variance_size: Option<i64>,
-        rounding: crate::op::Rounding,
-    ) -> Result<(Self::Tensor, Self::Tensor), CallError> {
-        crate::op::fused_add_rms_norm::call_maybe_inplace(self, x, x_residual, weight, epsilon, variance_size, rounding)
-    }
-
     /// Runs built-in `op` ([`crate::builtin`]) on `args`, of the kinds its table entry lists.
     fn builtin(&self, op: Builtin, args: Vec<BuiltinArg<Self::Tensor>>) -> Result<Self::Tensor, CallError>;
 

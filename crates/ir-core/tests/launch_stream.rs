@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use ir_core::op::rms_norm;
-use ir_core::{DType, EagerContext, ExecutionContext, ImplSpec, Registry, Tensor};
+use ir_core::{DType, EagerContext, ImplSpec, Registry, Tensor};
 
 #[derive(Clone, Debug, PartialEq)]
 struct EngineStream(u32);
@@ -22,8 +22,8 @@ fn the_contexts_stream_reaches_the_provider_during_the_call() {
     let x = Tensor::ones(DType::F32, &[2, 8]).unwrap();
 
     let ctx = EagerContext::new(&registry).with_stream(EngineStream(3));
-    ctx.rms_norm(&x, None, 1e-6, None).unwrap();
-    EagerContext::new(&registry).rms_norm(&x, None, 1e-6, None).unwrap();
+    rms_norm::call(&ctx, &x, None, 1e-6, None).unwrap();
+    rms_norm::call(&EagerContext::new(&registry), &x, None, 1e-6, None).unwrap();
     rms_norm::rms_norm(&registry, &x, None, 1e-6, None).unwrap();
     assert_eq!(*seen.lock().unwrap(), [Some(EngineStream(3)), None, None]);
     assert_eq!(ir_core::kernel::launch_stream::<EngineStream>(), None, "nothing left behind");

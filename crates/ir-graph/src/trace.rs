@@ -2,14 +2,14 @@
 //! the same model source produces eager results and graphs.
 //!
 //! ```
-//! use ir_core::op::Rounding;
+//! use ir_core::op::{Rounding, fused_add_rms_norm, rms_norm};
 //! use ir_core::{CallError, DType, EagerContext, ExecutionContext, Registry, Tensor, bit_eq};
 //! use ir_graph::{InterpOptions, Tracer, interpret};
 //!
 //! // A model written once against the execution context.
 //! fn model<C: ExecutionContext>(ctx: &C, x: &C::Tensor, r: &C::Tensor) -> Result<C::Tensor, CallError> {
-//!     let (y, _residual) = ctx.fused_add_rms_norm(x, r, None, 1e-6, None, Rounding::Exact)?;
-//!     ctx.rms_norm(&y, None, 1e-6, None)
+//!     let (y, _residual) = fused_add_rms_norm::call(ctx, x, r, None, 1e-6, None, Rounding::Exact)?;
+//!     rms_norm::call(ctx, &y, None, 1e-6, None)
 //! }
 //!
 //! let registry = Registry::with_builtin_ops();

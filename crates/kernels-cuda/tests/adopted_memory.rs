@@ -110,7 +110,7 @@ fn an_execution_context_carries_the_engines_stream() {
     // Memory allocated by this crate (on its own stream); the call's context names another.
     let dx = x.to_device(&allocator).unwrap();
     let ctx = ir_core::EagerContext::new(&registry).with_stream(Arc::clone(&engine_stream));
-    let out = ir_core::ExecutionContext::rms_norm(&ctx, &dx, None, 1e-6, None).unwrap();
+    let out = ir_core::op::rms_norm::call(&ctx, &dx, None, 1e-6, None).unwrap();
     let Storage::Device(buffer) = out.storage() else { panic!("a device output") };
     let buffer = buffer.as_any().downcast_ref::<CudaBuffer>().unwrap();
     assert!(Arc::ptr_eq(buffer.stream(), &engine_stream), "launched and allocated on the context's stream");

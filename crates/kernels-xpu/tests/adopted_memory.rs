@@ -106,12 +106,12 @@ fn an_execution_context_carries_the_engines_queue() {
         buffer.as_any().downcast_ref::<XpuBuffer>().unwrap().queue()
     };
     // A functional call: the output belongs to the engine's queue; the input moved there too.
-    let out = ir_core::ExecutionContext::rms_norm(&ctx, &dx, None, 1e-6, None).unwrap();
+    let out = ir_core::op::rms_norm::call(&ctx, &dx, None, 1e-6, None).unwrap();
     assert!(std::sync::Arc::ptr_eq(&queue_of(&out), &engine_queue));
     assert!(std::sync::Arc::ptr_eq(&queue_of(&dx), &engine_queue));
     allclose(&out.to_cpu().unwrap(), &rms_norm::native(&x, None, 1e-6, None).unwrap(), 1e-5, 1e-5).unwrap();
     // In place on the engine's queue, then a call without a queue reads the results in order.
-    let (normed, summed) = ir_core::ExecutionContext::fused_add_rms_norm_maybe_inplace(
+    let (normed, summed) = ir_core::op::fused_add_rms_norm::call_maybe_inplace(
         &ctx,
         dx,
         dresidual,
@@ -142,6 +142,6 @@ fn an_execution_context_carries_the_engines_queue() {
     let foreign = std::sync::Arc::new(opencl3::command_queue::CommandQueue::create_default(&other, 0).unwrap());
     let wrong = ir_core::EagerContext::new(&registry).with_stream(foreign);
     let x2 = host(2, 64, 5).to_device(&allocator).unwrap();
-    let error = ir_core::ExecutionContext::rms_norm(&wrong, &x2, None, 1e-6, None).unwrap_err();
+    let error = ir_core::op::rms_norm::call(&wrong, &x2, None, 1e-6, None).unwrap_err();
     assert!(error.to_string().contains("another OpenCL context"), "{error}");
 }

@@ -185,7 +185,7 @@ impl RmsNorm {
     pub fn forward<C: ExecutionContext>(&self, ctx: &C, x: &C::Tensor) -> Result<C::Tensor, LayerError> {
         self.check_input(ctx, "x", x)?;
         let weight = self.weight_in(ctx, x)?;
-        Ok(ctx.rms_norm(x, weight.as_ref(), self.eps, self.variance_size)?)
+        Ok(ir_core::op::rms_norm::call(ctx, x, weight.as_ref(), self.eps, self.variance_size)?)
     }
 
     /// `fused_add_rms_norm` `maybe_inplace`: takes `x` and `residual` by value (they are donated) and
@@ -208,19 +208,16 @@ impl RmsNorm {
         x: C::Tensor,
         residual: C::Tensor,
     ) -> Result<(C::Tensor, C::Tensor), LayerError> {
-        self.check_input(ctx, "x", &x)?;
-        let (x_shape, residual_shape) = (ctx.meta(&x).shape(), ctx.meta(&residual).shape());
-        if x_shape != residual_shape {
-            return Err(LayerError::ResidualShape { x: x_shape.to_vec(), residual: residual_shape.to_vec() });
-        }
-        let weight = self.weight_in(ctx, &x)?;
-        Ok(ctx.fused_add_rms_norm_maybe_inplace(
+        let weight = self.residual_weight(ctx, &x, &residual)?;
+        let (eps, variance_size, rounding) = (self.eps, self.variance_size, self.rounding);
+        Ok(ir_core::op::fused_add_rms_norm::call_maybe_inplace(
+            ctx,
             x,
             residual,
             weight.as_ref(),
-            self.eps,
-            self.variance_size,
-            self.rounding,
+            eps,
+            variance_size,
+            rounding,
         )?)
     }
 
@@ -231,13 +228,24 @@ impl RmsNorm {
         x: &C::Tensor,
         residual: &C::Tensor,
     ) -> Result<(C::Tensor, C::Tensor), LayerError> {
+        let weight = self.residual_weight(ctx, x, residual)?;
+        let (eps, variance_size, rounding) = (self.eps, self.variance_size, self.rounding);
+        Ok(ir_core::op::fused_add_rms_norm::call(ctx, x, residual, weight.as_ref(), eps, variance_size, rounding)?)
+    }
+
+    /// Checks x and the residual of a residual call and gives the weight on x's device.
+    fn residual_weight<C: ExecutionContext>(
+        &self,
+        ctx: &C,
+        x: &C::Tensor,
+        residual: &C::Tensor,
+    ) -> Result<Option<C::Tensor>, LayerError> {
         self.check_input(ctx, "x", x)?;
         let (x_shape, residual_shape) = (ctx.meta(x).shape(), ctx.meta(residual).shape());
         if x_shape != residual_shape {
             return Err(LayerError::ResidualShape { x: x_shape.to_vec(), residual: residual_shape.to_vec() });
         }
-        let weight = self.weight_in(ctx, x)?;
-        Ok(ctx.fused_add_rms_norm(x, residual, weight.as_ref(), self.eps, self.variance_size, self.rounding)?)
+        self.weight_in(ctx, x)
     }
 
     fn check_input<C: ExecutionContext>(&self, ctx: &C, param: &'static str, t: &C::Tensor) -> Result<(), LayerError> {

@@ -31,7 +31,9 @@ use candle_core::{DType, Module, Tensor as CandleTensor};
 use candle_nn::Linear;
 use vllm_ir::graph::{Builtin, Graph, InterpOptions, InterpStats, NodeKind, Tracer, interpret};
 use vllm_ir::op::gelu_and_mul::{self, Approximate};
-use vllm_ir::op::{ArgMeta, InputSpec, MetaError, OutputMetas, Value, rotary_embedding, silu_and_mul};
+use vllm_ir::op::{
+    ArgMeta, InputSpec, MetaError, OutputMetas, Value, fused_add_rms_norm, rms_norm, rotary_embedding, silu_and_mul,
+};
 use vllm_ir::passes::{PassContext, PassReport, Pipeline, Snapshots};
 use vllm_ir::{CallError, EagerContext, ExecutionContext, ImplSpec, KernelError, Registry, Tensor, TensorMeta};
 
@@ -276,12 +278,12 @@ pub fn decoder<C: ExecutionContext>(
     let add_norm = |h: C::Tensor, residual: &mut Option<C::Tensor>, w: &C::Tensor| -> Result<C::Tensor, CallError> {
         match residual.take() {
             None => {
-                let normed = ctx.rms_norm(&h, Some(w), eps, None)?;
+                let normed = rms_norm::call(ctx, &h, Some(w), eps, None)?;
                 *residual = Some(h);
                 Ok(normed)
             }
             Some(r) => {
-                let (normed, sum) = ctx.fused_add_rms_norm_maybe_inplace(h, r, Some(w), eps, None, rounding)?;
+                let (normed, sum) = fused_add_rms_norm::call_maybe_inplace(ctx, h, r, Some(w), eps, None, rounding)?;
                 *residual = Some(sum);
                 Ok(normed)
             }
