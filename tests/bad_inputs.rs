@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ir_core::op::fused_add_rms_norm::{self, fused_add_rms_norm_maybe_inplace};
+use ir_core::op::fused_add_rms_norm;
 use ir_core::op::rms_norm::{self, rms_norm};
 use ir_core::platform::{ConfigSources, UserPriorities};
 use ir_core::{Availability, CallError, DType, Layout, PriorityConfig, Registry, Tensor, allclose, bit_eq};
@@ -79,7 +79,7 @@ fn legal_edge_cases_give_correct_results() {
     for shape in [[0usize, 8], [4, 0]] {
         let x = Tensor::zeros(DType::BF16, &shape).unwrap();
         assert_eq!(rms_norm(&registry, &x, None, 1e-6, None).unwrap().shape(), &shape);
-        let (out, res) = fused_add_rms_norm_maybe_inplace(
+        let (out, res) = fused_add_rms_norm::maybe_inplace(
             &registry,
             x.clone(),
             x.deep_clone().unwrap(),
@@ -110,7 +110,7 @@ fn legal_edge_cases_give_correct_results() {
     // x and residual of different dtypes: the in-place kernel refuses, native computes it.
     let x = Tensor::from_f64(DType::BF16, &[2, 8], &[0.5; 16]).unwrap();
     let r = Tensor::from_f64(DType::F32, &[2, 8], &[0.25; 16]).unwrap();
-    let (out, res) = fused_add_rms_norm_maybe_inplace(
+    let (out, res) = fused_add_rms_norm::maybe_inplace(
         &registry,
         x.clone(),
         r.clone(),

@@ -2,7 +2,7 @@
 //!, plus in-place semantics through dispatch.
 
 use ir_core::kernel::KernelDTypes;
-use ir_core::op::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm, fused_add_rms_norm_maybe_inplace};
+use ir_core::op::fused_add_rms_norm::{self, FUSED_ADD_RMS_NORM, fused_add_rms_norm};
 use ir_core::op::rms_norm::{RMS_NORM, rms_norm};
 use ir_core::op::{ArgMeta, InputSpec, OpDef, Value, tolerance};
 use ir_core::{DType, Layout, Support, Tensor, TensorMeta, allclose, bit_eq, shares_storage};
@@ -539,7 +539,7 @@ fn inplace_semantics_through_dispatch() {
         );
         assert!(!shares_storage(&out, &x) && !shares_storage(&res, &residual));
         let (x_id, r_id) = (x.storage_id(), residual.storage_id());
-        let (inplace_out, inplace_res) = fused_add_rms_norm_maybe_inplace(
+        let (inplace_out, inplace_res) = fused_add_rms_norm::maybe_inplace(
             &backend.registry,
             x,
             residual,
@@ -608,7 +608,7 @@ fn dtype_rounding_of_the_fused_norm_is_each_providers_norm_of_the_rounded_sum() 
             let before = backend.registry.selection_record();
             for padded in [false, true] {
                 let residual = if padded { row_padded(&host.residual) } else { host.residual.deep_clone().unwrap() };
-                let (out, sum) = fused_add_rms_norm_maybe_inplace(
+                let (out, sum) = fused_add_rms_norm::maybe_inplace(
                     &backend.registry,
                     up(&host.x),
                     up(&residual),
@@ -999,9 +999,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
 /// arguments as they were.
 #[test]
 fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
-    use ir_core::op::rotary_embedding::{
-        ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding, rotary_embedding_maybe_inplace,
-    };
+    use ir_core::op::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding};
     const HEAD: usize = 64;
     const TOKENS: usize = 9;
     const MAX_POSITION: usize = 40;
@@ -1065,7 +1063,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
                 let (q_dev, k_dev) = (up(&q), key.map(up));
                 let q_storage = q_dev.storage_id();
                 let k_storage = k_dev.as_ref().map(Tensor::storage_id);
-                let (iq, ik) = rotary_embedding_maybe_inplace(
+                let (iq, ik) = rotary_embedding::maybe_inplace(
                     &backend.registry,
                     &p_dev,
                     q_dev,
@@ -1093,7 +1091,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
 /// anything is written.
 #[test]
 fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
-    use ir_core::op::rotary_embedding::{ROTARY_EMBEDDING, cos_sin_cache, rotary_embedding_maybe_inplace};
+    use ir_core::op::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache};
     let backend = backends().into_iter().next().expect("the cpu backend");
     let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &["cpu"]).unwrap();
     let cache = cos_sin_cache(DType::F32, 8, 4, 10000.0).unwrap();
@@ -1114,7 +1112,7 @@ fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
                 ir_core::op::Rounding::Exact,
             );
             assert!(native.is_err(), "native refuses position {bad}");
-            let err = rotary_embedding_maybe_inplace(
+            let err = rotary_embedding::maybe_inplace(
                 &backend.registry,
                 &positions,
                 q.deep_clone().unwrap(),
@@ -1138,9 +1136,7 @@ fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
 /// layout (the activation's own, copied) and native's bits.
 #[test]
 fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
-    use ir_core::op::rotary_embedding::{
-        ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding, rotary_embedding_maybe_inplace,
-    };
+    use ir_core::op::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding};
     for backend in backends() {
         let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &[backend.provider, "native"]).unwrap();
         let up = |t: &Tensor| backend.upload(t).unwrap();
@@ -1176,7 +1172,7 @@ fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
                 ir_core::op::Rounding::Exact,
             )
             .unwrap_or_else(|e| panic!("{label} functional: {e}"));
-            let (mq, mk) = rotary_embedding_maybe_inplace(
+            let (mq, mk) = rotary_embedding::maybe_inplace(
                 &backend.registry,
                 &up(&positions),
                 up(&q),

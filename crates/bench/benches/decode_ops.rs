@@ -33,7 +33,7 @@ fn decode_ops(c: &mut Criterion) {
                 b.iter(|| {
                     let (x, r) = state.take().expect("held");
                     state = Some(
-                        ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(
+                        ir_core::op::fused_add_rms_norm::maybe_inplace(
                             &registry,
                             x,
                             r,

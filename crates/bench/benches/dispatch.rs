@@ -9,8 +9,8 @@ mod common;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use ir_core::op::ArgMeta;
+use ir_core::op::fused_add_rms_norm;
 use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
 use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::op::rms_norm::rms_norm;
 use ir_core::{Platform, PriorityConfig, Registry, UniqueTensor};
@@ -121,7 +121,7 @@ fn bench_maybe_inplace(
     let (x, r) = fresh();
     let storages = (x.storage_id(), r.storage_id());
     let (out, residual) =
-        fused_add_rms_norm_maybe_inplace(registry, x, r, Some(weight), EPSILON, None, ir_core::op::Rounding::Exact)
+        fused_add_rms_norm::maybe_inplace(registry, x, r, Some(weight), EPSILON, None, ir_core::op::Rounding::Exact)
             .expect("call");
     assert_eq!((out.storage_id(), residual.storage_id()), storages, "the registry's call ran in place");
     let mut group = c.benchmark_group(group);
@@ -139,7 +139,7 @@ fn bench_maybe_inplace(
         b.iter_batched(
             fresh,
             |(x, r)| {
-                fused_add_rms_norm_maybe_inplace(
+                fused_add_rms_norm::maybe_inplace(
                     registry,
                     x,
                     r,

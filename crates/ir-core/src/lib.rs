@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use ir_core::op::Rounding;
-//! use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
+//! use ir_core::op::fused_add_rms_norm;
 //! use ir_core::op::rms_norm::rms_norm;
 //! use ir_core::{DType, Registry, Tensor};
 //!
@@ -30,7 +30,7 @@
 //! // `maybe_inplace` takes the activations by value: the caller donates them.
 //! let residual = Tensor::zeros(DType::BF16, &[2, 4]).unwrap();
 //! let (out, new_residual) =
-//!     fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), 1e-6, None, Rounding::Exact)?;
+//!     fused_add_rms_norm::maybe_inplace(&registry, x, residual, Some(&weight), 1e-6, None, Rounding::Exact)?;
 //! assert!(ir_core::bit_eq(&out, &y));
 //! assert_eq!(new_residual.shape(), &[2, 4]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{capture, register_inplace, sample};
-use ir_core::op::fused_add_rms_norm::{self, fused_add_rms_norm, fused_add_rms_norm_maybe_inplace};
+use ir_core::op::fused_add_rms_norm::{self, fused_add_rms_norm};
 use ir_core::{CallError, DType, Layout, Registry, Tensor, bit_eq, shares_storage};
 use tracing::Level;
 
@@ -23,7 +23,7 @@ fn maybe_inplace_with_a_functional_provider_gives_fresh_outputs() {
     let (expected_out, expected_residual) =
         fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
     let (x_id, residual_id) = (x.storage_id(), residual.storage_id());
-    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(
+    let (out, residual_out) = fused_add_rms_norm::maybe_inplace(
         &registry,
         x,
         residual,
@@ -71,7 +71,7 @@ fn maybe_inplace_writes_into_uniquely_owned_activations() {
         fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
     let (x_id, residual_id) = (x.storage_id(), residual.storage_id());
     let (x_offset, residual_offset) = (x.offset(), residual.offset());
-    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(
+    let (out, residual_out) = fused_add_rms_norm::maybe_inplace(
         &registry,
         x,
         residual,
@@ -100,8 +100,16 @@ fn maybe_inplace_copies_an_activation_someone_can_still_read() {
     let view_of_residual = residual.slice(0, 2, 5).unwrap();
     let (handle_before, view_before) = (other_handle.deep_clone().unwrap(), view_of_residual.deep_clone().unwrap());
     let (result, events) = capture(|| {
-        fused_add_rms_norm_maybe_inplace(&registry, x, residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact)
-            .unwrap()
+        fused_add_rms_norm::maybe_inplace(
+            &registry,
+            x,
+            residual,
+            Some(&weight),
+            EPS,
+            None,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap()
     });
     let (out, residual_out) = result;
     assert!(bit_eq(&other_handle, &handle_before), "the other handle still reads the old values");
@@ -127,7 +135,7 @@ fn the_same_tensor_donated_twice_is_never_corrupted() {
     let (x, _, weight) = inputs(4, 16);
     let (expected_out, expected_residual) =
         fused_add_rms_norm::native(&x, &x, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
-    let (out, residual_out) = fused_add_rms_norm_maybe_inplace(
+    let (out, residual_out) = fused_add_rms_norm::maybe_inplace(
         &registry,
         x.clone(),
         x,
@@ -151,7 +159,7 @@ fn a_weight_viewing_a_donated_activation_forces_a_copy() {
     let weight_before = weight.deep_clone().unwrap();
     let (expected_out, _) =
         fused_add_rms_norm::native(&x, &residual, Some(&weight), EPS, None, ir_core::op::Rounding::Exact).unwrap();
-    let (out, _) = fused_add_rms_norm_maybe_inplace(
+    let (out, _) = fused_add_rms_norm::maybe_inplace(
         &registry,
         x,
         residual,
@@ -178,7 +186,7 @@ fn padded_rows_keep_their_layout_when_written_in_place() {
         fused_add_rms_norm(&registry, &x, &residual, None, EPS, None, ir_core::op::Rounding::Exact).unwrap();
     assert_eq!(functional_out.strides(), &[16, 1], "a non-dense x gives a compact functional output");
     let (out, _) =
-        fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, EPS, None, ir_core::op::Rounding::Exact)
+        fused_add_rms_norm::maybe_inplace(&registry, x, residual, None, EPS, None, ir_core::op::Rounding::Exact)
             .unwrap();
     assert_eq!((out.strides(), out.offset()), (&[24, 1][..], 1), "the in-place output carries x's layout");
     assert_eq!(out.to_f64_vec().unwrap(), functional_out.to_f64_vec().unwrap());
@@ -199,7 +207,7 @@ fn priority_with_native_fallback_gives_the_providers_bits() {
         ir_core::op::Rounding::Exact,
     )
     .unwrap();
-    let dispatched = fused_add_rms_norm_maybe_inplace(
+    let dispatched = fused_add_rms_norm::maybe_inplace(
         &registry,
         x,
         residual,
@@ -221,7 +229,7 @@ fn validation_happens_before_any_write() {
     let wrong_residual = sample(DType::BF16, 8, 15, 4);
     let kept = x.clone();
     let before = x.deep_clone().unwrap();
-    let err = fused_add_rms_norm_maybe_inplace(
+    let err = fused_add_rms_norm::maybe_inplace(
         &registry,
         x,
         wrong_residual,
@@ -250,7 +258,7 @@ fn an_inplace_provider_is_refused_when_outputs_cannot_live_in_the_activations() 
         let (x, _, _) = inputs(2, 8);
         let residual = sample(DType::F32, 2, 8, 5);
         let err =
-            fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, EPS, None, ir_core::op::Rounding::Exact)
+            fused_add_rms_norm::maybe_inplace(&registry, x, residual, None, EPS, None, ir_core::op::Rounding::Exact)
                 .unwrap_err();
         assert!(matches!(err, CallError::InplaceMetaMismatch { index: 1, .. }), "call {call}: {err}");
     }
@@ -288,9 +296,16 @@ fn maybe_inplace_runs_typed_dynamic_and_functional_implementations_alike() {
         let _first = registry.override_priority("fused_add_rms_norm", &[provider]).unwrap();
         let (dx, dr) = (x.deep_clone().unwrap(), residual.deep_clone().unwrap());
         let storages = (dx.storage_id(), dr.storage_id());
-        let (out, res) =
-            fused_add_rms_norm_maybe_inplace(&registry, dx, dr, Some(&weight), EPS, None, ir_core::op::Rounding::Exact)
-                .unwrap();
+        let (out, res) = fused_add_rms_norm::maybe_inplace(
+            &registry,
+            dx,
+            dr,
+            Some(&weight),
+            EPS,
+            None,
+            ir_core::op::Rounding::Exact,
+        )
+        .unwrap();
         assert!(bit_eq(&out, &expected.0) && bit_eq(&res, &expected.1), "{provider}");
         assert_eq!((out.storage_id(), res.storage_id()) == storages, in_place, "{provider}: written in place");
     }

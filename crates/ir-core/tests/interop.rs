@@ -5,7 +5,7 @@ mod common;
 
 use candle_core as candle;
 use ir_core::half::bf16;
-use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
+use ir_core::op::fused_add_rms_norm;
 use ir_core::op::rms_norm::rms_norm;
 use ir_core::storage::Storage;
 use ir_core::{DType, InteropError, Registry, Tensor, TensorError};
@@ -46,7 +46,7 @@ fn candle_tensors_are_viewed_without_a_copy_and_never_written() {
     let before = c.to_vec2::<f32>().unwrap();
     let residual = Tensor::ones(DType::F32, &[2, 3]).unwrap();
     let residual_address = first_element(&residual);
-    let (normed, residual) = fused_add_rms_norm_maybe_inplace(
+    let (normed, residual) = fused_add_rms_norm::maybe_inplace(
         &registry,
         t.clone(),
         residual,

@@ -832,16 +832,8 @@ fn typed_implementations_are_closures_that_may_capture_state() {
     ir_core::op::fused_add_rms_norm::register(&registry, spec("counted"), kernel).unwrap();
     registry.set_default("fused_add_rms_norm", &["counted"]).unwrap();
     let (x, r) = (sample(DType::F32, 2, 8, 7), sample(DType::F32, 2, 8, 8));
-    ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(
-        &registry,
-        x,
-        r,
-        None,
-        1e-6,
-        None,
-        ir_core::op::Rounding::Exact,
-    )
-    .unwrap();
+    ir_core::op::fused_add_rms_norm::maybe_inplace(&registry, x, r, None, 1e-6, None, ir_core::op::Rounding::Exact)
+        .unwrap();
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 }
 

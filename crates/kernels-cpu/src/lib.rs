@@ -14,7 +14,7 @@
 //!
 //! ```
 //! use ir_core::op::Rounding;
-//! use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
+//! use ir_core::op::fused_add_rms_norm;
 //! use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor};
 //!
 //! let registry = Registry::with_builtin_ops();
@@ -23,7 +23,7 @@
 //! let x = Tensor::ones(DType::BF16, &[4, 64]).unwrap();
 //! let residual = Tensor::zeros(DType::BF16, &[4, 64]).unwrap();
 //! let x_storage = x.storage_id();
-//! let (out, _) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, 1e-6, None, Rounding::Exact)?;
+//! let (out, _) = fused_add_rms_norm::maybe_inplace(&registry, x, residual, None, 1e-6, None, Rounding::Exact)?;
 //! assert_eq!(out.storage_id(), x_storage, "written in place");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -59,7 +59,7 @@ fn kernels_run_on_adopted_slices_and_launch_on_their_stream() {
         ir_core::op::Rounding::Exact,
     )
     .unwrap();
-    let (out, residual_out) = fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(
+    let (out, residual_out) = fused_add_rms_norm::maybe_inplace(
         &registry,
         dx,
         dresidual,

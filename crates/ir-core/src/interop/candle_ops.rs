@@ -689,7 +689,7 @@ impl FusedInner<'_, '_> {
             )
         };
         let (x_id, r_id) = (Some(x_view.storage_id()), Some(r_view.storage_id()));
-        let (out, res) = crate::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace(
+        let (out, res) = crate::op::fused_add_rms_norm::maybe_inplace(
             outer.registry,
             x_view,
             r_view,

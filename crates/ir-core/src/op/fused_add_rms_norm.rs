@@ -6,6 +6,35 @@
 //! `"dtype"` from the sum rounded to x's dtype (the residual output's values), as PyTorch's
 //! `residual + x` followed by a norm and vLLM's CUDA kernel compute it ([`Rounding`]).
 //! `allow_inplace`; activations `[x, x_residual]`; `out` ↔ `x`, `residual_out` ↔ `x_residual`.
+//!
+//! [`maybe_inplace`] takes x and the residual by value (donated), so an in-place kernel may write
+//! the outputs into their storage when nothing else refers to it; a donated tensor cannot be used
+//! again:
+//!
+//! ```compile_fail
+//! # use ir_core::{DType, Registry, Tensor};
+//! # use ir_core::op::{Rounding, fused_add_rms_norm};
+//! let registry = Registry::with_builtin_ops();
+//! let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
+//! let residual = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
+//! let (out, new_residual) =
+//!     fused_add_rms_norm::maybe_inplace(&registry, x, residual, None, 1e-6, None, Rounding::Exact).unwrap();
+//! // `x` was donated: using it again does not compile.
+//! println!("{:?}", x.shape());
+//! ```
+//!
+//! Without that last line it compiles and runs:
+//!
+//! ```
+//! # use ir_core::{DType, Registry, Tensor};
+//! # use ir_core::op::{Rounding, fused_add_rms_norm};
+//! let registry = Registry::with_builtin_ops();
+//! let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
+//! let residual = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
+//! let (out, new_residual) =
+//!     fused_add_rms_norm::maybe_inplace(&registry, x, residual, None, 1e-6, None, Rounding::Exact).unwrap();
+//! assert_eq!((out.shape(), new_residual.shape()), (&[2, 8][..], &[2, 8][..]));
+//! ```
 
 use crate::op::norm_math::{NormParams, native_norm, norm_meta};
 use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Rounding, StrEnum, Value};
@@ -45,21 +74,6 @@ const PARAMS: NormParams =
 
 /// The typed implementation of either kind (the declaration's [`Impl`]).
 pub type FusedAddRmsNormImpl = Impl;
-
-/// The `maybe_inplace` call: `x` and `x_residual` are donated (moved in), so an in-place kernel may
-/// write the outputs into their storage when nothing else refers to it (the declaration's [`maybe_inplace`]).
-///
-/// ```compile_fail
-/// # use ir_core::{DType, Registry, Tensor};
-/// # use ir_core::op::fused_add_rms_norm::fused_add_rms_norm_maybe_inplace;
-/// let registry = Registry::with_builtin_ops();
-/// let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
-/// let residual = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
-/// let (out, new_residual) = fused_add_rms_norm_maybe_inplace(&registry, x, residual, None, 1e-6, None).unwrap();
-/// // `x` was donated: using it again does not compile.
-/// println!("{:?}", x.shape());
-/// ```
-pub use self::maybe_inplace as fused_add_rms_norm_maybe_inplace;
 
 /// The reference implementation (the semantics).
 pub fn native(

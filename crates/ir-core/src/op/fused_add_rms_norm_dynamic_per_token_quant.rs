@@ -56,10 +56,6 @@ crate::define_op! {
     }
 }
 
-/// The `maybe_inplace` call: `x_residual` is donated (moved in), so an in-place kernel may write
-/// `residual_out` into its storage (the declaration's [`maybe_inplace`]).
-pub use self::maybe_inplace as fused_add_rms_norm_dynamic_per_token_quant_maybe_inplace;
-
 const NORM: NormParams = NormParams {
     op: "fused_add_rms_norm_dynamic_per_token_quant",
     x: 0,

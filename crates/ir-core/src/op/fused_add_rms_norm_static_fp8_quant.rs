@@ -47,10 +47,6 @@ crate::define_op! {
     }
 }
 
-/// The `maybe_inplace` call: `x_residual` is donated (moved in), so an in-place kernel may write
-/// `residual_out` into its storage (the declaration's [`maybe_inplace`]).
-pub use self::maybe_inplace as fused_add_rms_norm_static_fp8_quant_maybe_inplace;
-
 const NORM: NormParams = NormParams {
     op: "fused_add_rms_norm_static_fp8_quant",
     x: 0,

@@ -63,10 +63,6 @@ crate::define_op! {
     }
 }
 
-/// The `maybe_inplace` call: query and key are donated (moved in), so an in-place kernel may rotate
-/// them in their storage (the declaration's [`maybe_inplace`]).
-pub use self::maybe_inplace as rotary_embedding_maybe_inplace;
-
 const OP: &str = "rotary_embedding";
 
 /// One rotated pair in f32: `(x·c − y·s, y·c + x·s)`, each product and the sum or difference
