@@ -344,7 +344,7 @@ impl Registry {
     /// ([`ImplFunc::with_typed`](crate::ImplFunc::with_typed)), runs it through `call` on the
     /// borrowed arguments (no argument values are built) and checks its outputs; otherwise (an
     /// in-place implementation, native, one registered dynamically) builds the bound arguments with
-    /// `values` and runs the selection as [`Registry::call_declared`] does.
+    /// `values` and runs the selection as the calls `define_op!` generates do.
     pub fn call_typed<F: ?Sized + 'static, O: OpOutputs, A: AsMut<[Value]>>(
         &self,
         def: &'static OpDef,
@@ -416,22 +416,6 @@ impl Registry {
         };
         let made = memo::Entry::new(self.shared.generation.registry(), def, generation, Arc::clone(entry), cached);
         Ok(memo::Held::made(made, installed))
-    }
-
-    /// The path of the calls [`define_op!`](crate::define_op) generates: `args` holds exactly `def`'s
-    /// parameters, in order, of their kinds (built from the declaration, so nothing is left to bind).
-    /// Other callers use [`Registry::call_def`], which binds and checks the arguments first. The
-    /// arguments live in the caller's array (the in-place activations are taken out of it), neither
-    /// they nor the outputs allocate, and a repeated call (same argument metadata) reuses the
-    /// installed list's cached selection.
-    pub fn call_declared(
-        &self,
-        def: &'static OpDef,
-        overload: Overload,
-        args: &mut [Value],
-    ) -> Result<Outputs, CallError> {
-        debug_assert_eq!(args.len(), def.params.len(), "declared calls pass every parameter");
-        self.call_op(def, args, overload)
     }
 
     /// Calls the op `def` (the definition registered under its name) with positional arguments,
