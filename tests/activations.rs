@@ -2,16 +2,16 @@
 //! on the cpu provider, traced, printed and parsed back, compiled by the standard pipeline and
 //! interpreted to the eager bits.
 
-use ir_core::op::gelu_and_mul::Approximate;
 use ir_core::{
     CallError, DType, EagerContext, ExecutionContext, Platform, PriorityConfig, Registry, Tensor, TensorMeta, bit_eq,
 };
 use ir_graph::{InterpOptions, Tracer, interpret, parse};
+use ir_ops::gelu_and_mul::Approximate;
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use layers::{GeluAndMul, GeluAndMulSparse, LayerError, SiluAndMul};
 
 fn registry() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
     registry
@@ -66,9 +66,9 @@ fn odd_widths_are_refused_by_the_layer_and_by_the_op() {
     let x = Tensor::zeros(DType::F32, &[2, 7]).unwrap();
     let err = GeluAndMul::default().forward(&ctx, &x).unwrap_err();
     assert!(matches!(err, LayerError::GatedInput { layer: "GeluAndMul", .. }), "{err}");
-    let err = ir_core::op::silu_and_mul::silu_and_mul(&registry, &x).unwrap_err();
+    let err = ir_ops::silu_and_mul::silu_and_mul(&registry, &x).unwrap_err();
     assert!(matches!(err, CallError::Meta(_)) && err.to_string().contains("even last dimension"), "{err}");
-    let err = ir_core::op::gelu_and_mul_sparse::gelu_and_mul_sparse(
+    let err = ir_ops::gelu_and_mul_sparse::gelu_and_mul_sparse(
         &registry,
         &Tensor::zeros(DType::F32, &[2, 8]).unwrap(),
         f64::NAN,

@@ -3,15 +3,15 @@
 
 use std::path::Path;
 
-use ir_core::op::fused_add_rms_norm;
-use ir_core::op::rms_norm::{self, rms_norm};
 use ir_core::platform::{ConfigSources, UserPriorities};
 use ir_core::{Availability, CallError, DType, Layout, PriorityConfig, Registry, Tensor, allclose, bit_eq};
 use ir_graph::{InterpError, InterpOptions, interpret, parse, verify};
+use ir_ops::fused_add_rms_norm;
+use ir_ops::rms_norm::{self, rms_norm};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 
 fn registry() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     kernels_cuda::register(&registry).unwrap();
     registry.set_default("rms_norm", &["cpu", "native"]).unwrap();
@@ -86,7 +86,7 @@ fn legal_edge_cases_give_correct_results() {
             None,
             1e-6,
             None,
-            ir_core::op::Rounding::Exact,
+            ir_ops::Rounding::Exact,
         )
         .unwrap();
         assert_eq!((out.shape(), res.shape()), (&shape[..], &shape[..]));
@@ -110,18 +110,11 @@ fn legal_edge_cases_give_correct_results() {
     // x and residual of different dtypes: the in-place kernel refuses, native computes it.
     let x = Tensor::from_f64(DType::BF16, &[2, 8], &[0.5; 16]).unwrap();
     let r = Tensor::from_f64(DType::F32, &[2, 8], &[0.25; 16]).unwrap();
-    let (out, res) = fused_add_rms_norm::maybe_inplace(
-        &registry,
-        x.clone(),
-        r.clone(),
-        None,
-        1e-6,
-        None,
-        ir_core::op::Rounding::Exact,
-    )
-    .unwrap();
+    let (out, res) =
+        fused_add_rms_norm::maybe_inplace(&registry, x.clone(), r.clone(), None, 1e-6, None, ir_ops::Rounding::Exact)
+            .unwrap();
     let (expected_out, expected_res) =
-        fused_add_rms_norm::native(&x, &r, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
+        fused_add_rms_norm::native(&x, &r, None, 1e-6, None, ir_ops::Rounding::Exact).unwrap();
     assert!(bit_eq(&out, &expected_out) && bit_eq(&res, &expected_res));
     // A padded, misaligned input (offset one element): the scalar path, same values.
     let storage = Tensor::zeros(DType::BF16, &[4 * 11 + 1]).unwrap();

@@ -4,12 +4,12 @@
 //! place, and a functional provider's result is copied into candle's memory.
 
 use candle_core::{DType as CDType, Device, IndexOp, Tensor as CTensor};
-use ir_core::interop::candle_ops;
-use ir_core::op::gelu_and_mul::Approximate;
 use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor, allclose, bit_eq};
+use ir_ops::candle_ops;
+use ir_ops::gelu_and_mul::Approximate;
 
 fn cpu_registry() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
     registry
@@ -39,17 +39,16 @@ fn fused_add_rms_norm_writes_candle_memory_in_place() {
         let (x_before, r_before, w) = (ours(&x), ours(&residual), ours(&weight));
         let clone = x.clone();
         let before = registry.selection_record();
-        candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, ir_core::op::Rounding::Exact)
-            .unwrap();
+        candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, ir_ops::Rounding::Exact).unwrap();
         let step = registry.selection_record().since(&before);
-        let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::fused_add_rms_norm(
+        let (expected_out, expected_res) = ir_ops::fused_add_rms_norm::fused_add_rms_norm(
             &registry,
             &x_before,
             &r_before,
             Some(&w),
             1e-6,
             None,
-            ir_core::op::Rounding::Exact,
+            ir_ops::Rounding::Exact,
         )
         .unwrap();
         assert!(bit_eq(&ours(&x), &expected_out), "{dtype:?}: x holds the norm");
@@ -75,7 +74,7 @@ fn rotary_rotates_column_slices_of_one_qkv_storage_in_place() {
         let q = qkv.narrow(1, 0, q_width).unwrap();
         let k = qkv.narrow(1, q_width, kv_width).unwrap();
         let v_before = ours(&qkv.narrow(1, q_width + kv_width, kv_width).unwrap());
-        let cache = ir_core::op::rotary_embedding::cos_sin_cache(ours(&q).dtype(), 64, head_size, 10000.0).unwrap();
+        let cache = ir_ops::rotary_embedding::cos_sin_cache(ours(&q).dtype(), 64, head_size, 10000.0).unwrap();
         let cache = cache.into_candle().unwrap();
         let positions_u32 = CTensor::new(&[0u32, 3, 7, 63, 1], &Device::Cpu).unwrap();
         let positions = Tensor::from_vec(&[tokens], vec![0i64, 3, 7, 63, 1]).unwrap();
@@ -90,11 +89,11 @@ fn rotary_rotates_column_slices_of_one_qkv_storage_in_place() {
             head_size,
             head_size,
             true,
-            ir_core::op::Rounding::Exact,
+            ir_ops::Rounding::Exact,
         )
         .unwrap();
         let step = registry.selection_record().since(&before);
-        let (eq, ek) = ir_core::op::rotary_embedding::rotary_embedding(
+        let (eq, ek) = ir_ops::rotary_embedding::rotary_embedding(
             &registry,
             &positions,
             &q_before,
@@ -103,7 +102,7 @@ fn rotary_rotates_column_slices_of_one_qkv_storage_in_place() {
             head_size as i64,
             head_size as i64,
             true,
-            ir_core::op::Rounding::Exact,
+            ir_ops::Rounding::Exact,
         )
         .unwrap();
         assert!(bit_eq(&ours(&q), &eq), "{dtype:?}: query rotated in qkv");
@@ -124,14 +123,14 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
     let gate_up = randn((4, 256), CDType::BF16, 7);
     let (xo, wo, go) = (ours(&x), ours(&w), ours(&gate_up));
     let y = candle_ops::rms_norm(&registry, &x, Some(&w), 1e-6).unwrap();
-    assert!(bit_eq(&ours(&y), &ir_core::op::rms_norm::rms_norm(&registry, &xo, Some(&wo), 1e-6, None).unwrap()));
+    assert!(bit_eq(&ours(&y), &ir_ops::rms_norm::rms_norm(&registry, &xo, Some(&wo), 1e-6, None).unwrap()));
     let s = candle_ops::silu_and_mul(&registry, &gate_up).unwrap();
-    assert!(bit_eq(&ours(&s), &ir_core::op::silu_and_mul::silu_and_mul(&registry, &go).unwrap()));
+    assert!(bit_eq(&ours(&s), &ir_ops::silu_and_mul::silu_and_mul(&registry, &go).unwrap()));
     let g = candle_ops::gelu_and_mul(&registry, &gate_up, Approximate::Tanh).unwrap();
-    let expected = ir_core::op::gelu_and_mul::gelu_and_mul(&registry, &go, Approximate::Tanh).unwrap();
+    let expected = ir_ops::gelu_and_mul::gelu_and_mul(&registry, &go, Approximate::Tanh).unwrap();
     assert!(bit_eq(&ours(&g), &expected));
     let (q, scales) = candle_ops::dynamic_per_token_scaled_fp8_quant(&registry, &x, None, DType::F8E4M3FN).unwrap();
-    let (eq, es) = ir_core::op::dynamic_per_token_scaled_fp8_quant::dynamic_per_token_scaled_fp8_quant(
+    let (eq, es) = ir_ops::dynamic_per_token_scaled_fp8_quant::dynamic_per_token_scaled_fp8_quant(
         &registry,
         &xo,
         None,
@@ -143,7 +142,7 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
     let scale = CTensor::new(&[0.05f32], &Device::Cpu).unwrap();
     let (q, _) =
         candle_ops::rms_norm_dynamic_per_token_quant(&registry, &x, Some(&w), 1e-6, None, DType::F8E4M3FN).unwrap();
-    let (eq, _) = ir_core::op::rms_norm_dynamic_per_token_quant::rms_norm_dynamic_per_token_quant(
+    let (eq, _) = ir_ops::rms_norm_dynamic_per_token_quant::rms_norm_dynamic_per_token_quant(
         &registry,
         &xo,
         Some(&wo),
@@ -154,7 +153,7 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
     .unwrap();
     assert!(bit_eq(&ours(&q), &eq), "norm + dynamic fp8");
     let q = candle_ops::rms_norm_static_fp8_quant(&registry, &x, Some(&w), 1e-6, &scale, DType::F8E4M3FN).unwrap();
-    let eq = ir_core::op::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
+    let eq = ir_ops::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
         &registry,
         &xo,
         Some(&wo),
@@ -165,9 +164,8 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
     .unwrap();
     assert!(bit_eq(&ours(&q), &eq), "norm + static fp8");
     let q = candle_ops::static_scaled_fp8_quant(&registry, &x, &scale, DType::F8E4M3FN).unwrap();
-    let eq =
-        ir_core::op::static_scaled_fp8_quant::static_scaled_fp8_quant(&registry, &xo, &ours(&scale), DType::F8E4M3FN)
-            .unwrap();
+    let eq = ir_ops::static_scaled_fp8_quant::static_scaled_fp8_quant(&registry, &xo, &ours(&scale), DType::F8E4M3FN)
+        .unwrap();
     assert!(bit_eq(&ours(&q), &eq), "static fp8");
     // The residual of the fused norm + quantization is written in place.
     let residual = randn((4, 128), CDType::BF16, 8);
@@ -182,7 +180,7 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
         DType::F8E4M3FN,
     )
     .unwrap();
-    let (er, eq) = ir_core::op::fused_add_rms_norm_static_fp8_quant::fused_add_rms_norm_static_fp8_quant(
+    let (er, eq) = ir_ops::fused_add_rms_norm_static_fp8_quant::fused_add_rms_norm_static_fp8_quant(
         &registry,
         &xo,
         &r_before,
@@ -212,17 +210,16 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
     // Before the reference call below, whose functional form copies the residual.
     let op = registry.selection_record().op("fused_add_rms_norm_dynamic_per_token_quant").unwrap().clone();
     assert_eq!((op.inplace_writes, op.defensive_copies), (1, 0), "written in place, nothing copied");
-    let (er, eq, es) =
-        ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::fused_add_rms_norm_dynamic_per_token_quant(
-            &registry,
-            &xo,
-            &r_before,
-            Some(&wo),
-            1e-6,
-            Some(&ours(&ub)),
-            DType::F8E4M3FN,
-        )
-        .unwrap();
+    let (er, eq, es) = ir_ops::fused_add_rms_norm_dynamic_per_token_quant::fused_add_rms_norm_dynamic_per_token_quant(
+        &registry,
+        &xo,
+        &r_before,
+        Some(&wo),
+        1e-6,
+        Some(&ours(&ub)),
+        DType::F8E4M3FN,
+    )
+    .unwrap();
     assert_eq!(scales.dims(), [4, 1]);
     assert!(bit_eq(&ours(&q), &eq) && bit_eq(&ours(&scales), &es), "fused norm + per-token fp8");
     assert!(bit_eq(&ours(&residual), &er), "the residual slice holds the sum");
@@ -233,13 +230,12 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
 #[test]
 fn functional_providers_and_shared_storages_land_in_candle_memory() {
     // Only native: the in-place call runs functionally and its results are copied into place.
-    let native_only = Registry::with_builtin_ops();
+    let native_only = ir_ops::registry();
     let x = randn((3, 64), CDType::F32, 9);
     let residual = randn((3, 64), CDType::F32, 10);
     let (xo, ro) = (ours(&x), ours(&residual));
-    candle_ops::fused_add_rms_norm(&native_only, &x, &residual, None, 1e-6, ir_core::op::Rounding::Exact).unwrap();
-    let (eo, er) =
-        ir_core::op::fused_add_rms_norm::native(&xo, &ro, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
+    candle_ops::fused_add_rms_norm(&native_only, &x, &residual, None, 1e-6, ir_ops::Rounding::Exact).unwrap();
+    let (eo, er) = ir_ops::fused_add_rms_norm::native(&xo, &ro, None, 1e-6, None, ir_ops::Rounding::Exact).unwrap();
     assert!(bit_eq(&ours(&x), &eo) && bit_eq(&ours(&residual), &er), "native's results landed");
     let op = native_only.selection_record().op("fused_add_rms_norm").unwrap().clone();
     assert_eq!((op.defensive_copies, op.native_fallbacks), (2, 0), "both results copied into place, counted");
@@ -251,17 +247,16 @@ fn functional_providers_and_shared_storages_land_in_candle_memory() {
     let weight = buffer.i((0, 128..192)).unwrap();
     let (xo, ro, wo) = (ours(&x), ours(&residual), ours(&weight));
     let before = registry.selection_record();
-    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, ir_core::op::Rounding::Exact)
-        .unwrap();
+    candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, ir_ops::Rounding::Exact).unwrap();
     let step = registry.selection_record().since(&before);
-    let (eo, er) = ir_core::op::fused_add_rms_norm::fused_add_rms_norm(
+    let (eo, er) = ir_ops::fused_add_rms_norm::fused_add_rms_norm(
         &registry,
         &xo,
         &ro,
         Some(&wo),
         1e-6,
         None,
-        ir_core::op::Rounding::Exact,
+        ir_ops::Rounding::Exact,
     )
     .unwrap();
     allclose(&ours(&x), &eo, 1e-6, 1e-6).unwrap();
@@ -290,7 +285,7 @@ fn bad_calls_are_errors_that_candle_code_propagates() {
     let residual = randn((2, 32), CDType::F32, 14);
     let before = ours(&residual);
     let err =
-        candle_ops::fused_add_rms_norm(&registry, &x, &residual, None, 1e-6, ir_core::op::Rounding::Exact).unwrap_err();
+        candle_ops::fused_add_rms_norm(&registry, &x, &residual, None, 1e-6, ir_ops::Rounding::Exact).unwrap_err();
     assert!(err.to_string().contains("x_residual"), "{err}");
     assert!(bit_eq(&ours(&residual), &before), "unchanged after a refused call");
 }
@@ -302,11 +297,11 @@ fn a_provider_keeping_candle_memory_aborts_the_process() {
     if std::env::var_os("VLLM_IR_TEST_KEEPER_CHILD").is_some() {
         use std::sync::Mutex;
         static KEPT: Mutex<Vec<Tensor>> = Mutex::new(Vec::new());
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let keeper = ir_core::ImplSpec::new("keeper");
-        ir_core::op::silu_and_mul::register(&registry, keeper, |x| {
+        ir_ops::silu_and_mul::register(&registry, keeper, |x| {
             KEPT.lock().unwrap().push(x.clone());
-            ir_core::op::silu_and_mul::native(x)
+            ir_ops::silu_and_mul::native(x)
         })
         .unwrap();
         let _guard = registry.override_priority("silu_and_mul", &["keeper"]).unwrap();
@@ -329,22 +324,21 @@ fn a_provider_keeping_candle_memory_aborts_the_process() {
 /// rotary products), in place, and differs from the default on some elements.
 #[test]
 fn dtype_rounding_reaches_the_candle_ops() {
-    use ir_core::op::Rounding;
+    use ir_ops::Rounding;
     let registry = cpu_registry();
     let (x, residual) = (randn((4, 128), CDType::BF16, 21), randn((4, 128), CDType::BF16, 22));
     let weight = randn((1, 128), CDType::BF16, 23).reshape(128).unwrap();
     let (xo, ro, wo) = (ours(&x), ours(&residual), ours(&weight));
     candle_ops::fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, Rounding::Dtype).unwrap();
     let fused = |rounding| {
-        ir_core::op::fused_add_rms_norm::fused_add_rms_norm(&registry, &xo, &ro, Some(&wo), 1e-6, None, rounding)
-            .unwrap()
+        ir_ops::fused_add_rms_norm::fused_add_rms_norm(&registry, &xo, &ro, Some(&wo), 1e-6, None, rounding).unwrap()
     };
     let ((parity, sum), (exact, _)) = (fused(Rounding::Dtype), fused(Rounding::Exact));
     assert!(bit_eq(&ours(&x), &parity) && bit_eq(&ours(&residual), &sum), "the fused norm");
     assert!(!bit_eq(&parity, &exact), "the roundings differ on bf16");
 
     let q = randn((4, 128), CDType::BF16, 24);
-    let cache = ir_core::op::rotary_embedding::cos_sin_cache(DType::BF16, 16, 64, 10000.0).unwrap();
+    let cache = ir_ops::rotary_embedding::cos_sin_cache(DType::BF16, 16, 64, 10000.0).unwrap();
     let cache_candle = cache.clone().into_candle().unwrap();
     let positions = CTensor::new(&[1i64, 5, 9, 15], &Device::Cpu).unwrap();
     let q_before = ours(&q);
@@ -352,7 +346,7 @@ fn dtype_rounding_reaches_the_candle_ops() {
         .unwrap();
     let p = ours(&positions);
     let rotate = |rounding| {
-        let call = ir_core::op::rotary_embedding::rotary_embedding;
+        let call = ir_ops::rotary_embedding::rotary_embedding;
         call(&registry, &p, &q_before, None, &cache, 64, 64, true, rounding).unwrap().0
     };
     assert!(bit_eq(&ours(&q), &rotate(Rounding::Dtype)), "rotary");

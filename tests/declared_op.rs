@@ -112,7 +112,7 @@ fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
 /// The engine's registry: the op, a functional `counted` provider for every mode, and an in-place
 /// `tanh_only` provider whose predicate reads the typed view; both closures count their calls.
 fn registry(functional_calls: Arc<AtomicUsize>, inplace_calls: Arc<AtomicUsize>) -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     registry.define_op(&SOFT_CAP).unwrap();
     soft_cap::register(
         &registry,

@@ -2,9 +2,9 @@
 //! in-place provider: donated activations are reused, results equal the functional path.
 
 use ir_core::op::InputSpec;
-use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use ir_core::platform::{PlatformChoice, UserPriorities};
-use ir_core::{DType, EagerContext, ExecutionContext, Platform, PriorityConfig, Registry, Tensor, bit_eq};
+use ir_core::{DType, EagerContext, ExecutionContext, Platform, PriorityConfig, Tensor, bit_eq};
+use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use layers::RmsNorm;
 use vllm_ir_tests::register_inplace_provider;
 
@@ -16,7 +16,7 @@ fn decoder_inputs(tokens: usize, hidden: usize) -> (Tensor, Tensor) {
 
 #[test]
 fn donated_decoder_steps_reuse_buffers_and_match_the_functional_path() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_inplace_provider(&registry, "engine").unwrap();
     let config = PriorityConfig {
         platform: PlatformChoice::Pinned(Platform::Cpu),

@@ -6,10 +6,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use ir_core::op::fused_add_rms_norm;
-use ir_core::op::rms_norm::rms_norm;
-use ir_core::op::silu_and_mul::silu_and_mul;
 use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor, TensorMeta, UniqueTensor};
+use ir_ops::fused_add_rms_norm;
+use ir_ops::rms_norm::rms_norm;
+use ir_ops::silu_and_mul::silu_and_mul;
 
 /// Counts the allocations of the current thread (other test threads do not disturb the count).
 struct Counting;
@@ -56,7 +56,7 @@ fn allocations<R>(f: impl FnOnce() -> R) -> (u64, R) {
 }
 
 fn registry() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
     registry
@@ -70,12 +70,12 @@ fn in_place_calls_allocate_nothing_after_the_first() {
         let (mut x, mut r) = (Tensor::randn(&meta, 1).unwrap(), Tensor::randn(&meta, 2).unwrap());
         let w = Tensor::randn(&TensorMeta::compact(dtype, &[hidden]), 3).unwrap();
         // The first call selects (predicates, meta function) and remembers the selection.
-        (x, r) = fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
-            .unwrap();
+        (x, r) =
+            fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_ops::Rounding::Exact).unwrap();
         let storages = (x.storage_id(), r.storage_id());
         for step in 0..10 {
             let (count, outputs) = allocations(|| {
-                fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
+                fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_ops::Rounding::Exact)
                     .unwrap()
             });
             (x, r) = outputs;
@@ -90,7 +90,7 @@ fn in_place_calls_allocate_nothing_after_the_first() {
                 Some(&w),
                 1e-6,
                 None,
-                ir_core::op::Rounding::Exact,
+                ir_ops::Rounding::Exact,
             )
             .unwrap()
         });
@@ -163,15 +163,13 @@ fn changes_in_another_registry_leave_the_selection_remembered() {
     let meta = TensorMeta::compact(DType::F32, &[2, 256]);
     let (mut x, mut r) = (Tensor::randn(&meta, 9).unwrap(), Tensor::randn(&meta, 10).unwrap());
     let w = Tensor::randn(&TensorMeta::compact(DType::F32, &[256]), 11).unwrap();
-    (x, r) =
-        fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
+    (x, r) = fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_ops::Rounding::Exact).unwrap();
     for step in 0..5 {
         // Another registry (another engine, another test thread) defines ops and installs lists.
         let other = self::registry();
         let guard = other.override_priority("fused_add_rms_norm", &["native"]).unwrap();
         let (count, outputs) = allocations(|| {
-            fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
-                .unwrap()
+            fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_ops::Rounding::Exact).unwrap()
         });
         (x, r) = outputs;
         assert_eq!(count, 0, "call {step} after another registry changed: {count} allocations");
@@ -189,15 +187,14 @@ fn a_priority_change_is_selected_again_and_then_remembered() {
     for step in 0..40 {
         // Each change publishes a new installed list: the first call after it selects again.
         let guard = registry.override_priority("fused_add_rms_norm", &["cpu", "native"]).unwrap();
-        (x, r) = fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
-            .unwrap();
+        (x, r) =
+            fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_ops::Rounding::Exact).unwrap();
         drop(guard);
-        (x, r) = fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
-            .unwrap();
+        (x, r) =
+            fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_ops::Rounding::Exact).unwrap();
         // The re-selection took the stale entry's slot and allocation: later calls are hits.
         let (count, outputs) = allocations(|| {
-            fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact)
-                .unwrap()
+            fused_add_rms_norm::maybe_inplace(&registry, x, r, Some(&w), 1e-6, None, ir_ops::Rounding::Exact).unwrap()
         });
         (x, r) = outputs;
         assert_eq!(count, 0, "step {step}: {count} allocations on a remembered call");

@@ -5,13 +5,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use ir_core::op::rms_norm::rms_norm;
-use ir_core::op::silu_and_mul::silu_and_mul;
 use ir_core::{CallError, DType, EagerContext, Platform, PriorityConfig, Registry, Tensor, TensorMeta, bit_eq};
+use ir_ops::rms_norm::rms_norm;
+use ir_ops::silu_and_mul::silu_and_mul;
 use layers::RmsNorm;
 
 fn cpu_registry() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
     registry
@@ -50,30 +50,28 @@ fn gemma_style_weights_run_on_the_cpu_provider_with_natives_bits() {
         let w = Tensor::randn(&TensorMeta::compact(w_dtype, &[hidden]), 3).unwrap();
         let before = registry.selection_record();
         // rms_norm of the sum itself (x + r computed once, exactly).
-        let sum = ir_core::op::fused_add_rms_norm::native(&x, &residual, None, 0.0, None, ir_core::op::Rounding::Exact)
-            .unwrap()
-            .1;
+        let sum =
+            ir_ops::fused_add_rms_norm::native(&x, &residual, None, 0.0, None, ir_ops::Rounding::Exact).unwrap().1;
         let got = rms_norm(&registry, &sum, Some(&w), 0.0, None).unwrap();
-        let expected = ir_core::op::rms_norm::native(&sum, Some(&w), 0.0, None).unwrap();
+        let expected = ir_ops::rms_norm::native(&sum, Some(&w), 0.0, None).unwrap();
         assert!(bit_eq(&got, &expected), "rms_norm {label}");
-        let (out, res) = ir_core::op::fused_add_rms_norm::fused_add_rms_norm(
+        let (out, res) = ir_ops::fused_add_rms_norm::fused_add_rms_norm(
             &registry,
             &x,
             &residual,
             Some(&w),
             0.0,
             None,
-            ir_core::op::Rounding::Exact,
+            ir_ops::Rounding::Exact,
         )
         .unwrap();
         let (expected_out, expected_res) =
-            ir_core::op::fused_add_rms_norm::native(&x, &residual, Some(&w), 0.0, None, ir_core::op::Rounding::Exact)
-                .unwrap();
+            ir_ops::fused_add_rms_norm::native(&x, &residual, Some(&w), 0.0, None, ir_ops::Rounding::Exact).unwrap();
         assert!(bit_eq(&out, &expected_out) && bit_eq(&res, &expected_res), "fused {label}");
         // Random rows too, within the op's tolerance (the sum of squares may differ in its last bit).
         let x = Tensor::randn(&TensorMeta::compact(x_dtype, &[tokens, hidden]), 4).unwrap();
         let got = rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap();
-        let expected = ir_core::op::rms_norm::native(&x, Some(&w), 1e-6, None).unwrap();
+        let expected = ir_ops::rms_norm::native(&x, Some(&w), 1e-6, None).unwrap();
         ir_core::allclose(&got, &expected, 2e-2, 2e-2).unwrap_or_else(|e| panic!("{label}: {e}"));
         let step = registry.selection_record().since(&before);
         assert_eq!(step.selections("rms_norm", "cpu"), 2, "{label}");

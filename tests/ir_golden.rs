@@ -68,7 +68,7 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn registry(priority: Option<&str>) -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     if let Some(text) = priority {
         let user = ir_core::platform::UserPriorities::parse(text).unwrap();

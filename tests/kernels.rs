@@ -1,11 +1,11 @@
 //! The kernel correctness harness: every provider this machine can run, both ops, against native
 //!, plus in-place semantics through dispatch.
 
-use ir_core::kernel::KernelDTypes;
-use ir_core::op::fused_add_rms_norm::{self, FUSED_ADD_RMS_NORM, fused_add_rms_norm};
-use ir_core::op::rms_norm::{RMS_NORM, rms_norm};
 use ir_core::op::{ArgMeta, InputSpec, OpDef, Value, tolerance};
 use ir_core::{DType, Layout, Support, Tensor, TensorMeta, allclose, bit_eq, shares_storage};
+use ir_ops::fused_add_rms_norm::{self, FUSED_ADD_RMS_NORM, fused_add_rms_norm};
+use ir_ops::rms_norm::{RMS_NORM, rms_norm};
+use kernel_support::KernelDTypes;
 use vllm_ir_tests::{Backend, Grid, backends};
 
 const TOKENS: [usize; 6] = [1, 7, 17, 83, 257, 2048];
@@ -63,29 +63,22 @@ fn grid_over(dtype: DType, op: &'static OpDef, tokens: impl Fn(&Backend) -> &'st
                     if op.name == RMS_NORM.name {
                         assert_selects(&backend, op, &[ArgMeta::Tensor(x.meta()), w_meta, ArgMeta::F64(EPS)]);
                         let got = rms_norm(&backend.registry, &x, w, EPS, None).unwrap().to_cpu().unwrap();
-                        let expected = ir_core::op::rms_norm::native(&host.x, w_host, EPS, None).unwrap();
+                        let expected = ir_ops::rms_norm::native(&host.x, w_host, EPS, None).unwrap();
                         allclose(&got, &expected, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label}: {e}"));
                     } else {
                         let args =
                             [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(residual.meta()), w_meta, ArgMeta::F64(EPS)];
                         assert_selects(&backend, op, &args);
-                        let (out, res) = fused_add_rms_norm(
-                            &backend.registry,
-                            &x,
-                            &residual,
-                            w,
-                            EPS,
-                            None,
-                            ir_core::op::Rounding::Exact,
-                        )
-                        .unwrap();
-                        let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::native(
+                        let (out, res) =
+                            fused_add_rms_norm(&backend.registry, &x, &residual, w, EPS, None, ir_ops::Rounding::Exact)
+                                .unwrap();
+                        let (expected_out, expected_res) = ir_ops::fused_add_rms_norm::native(
                             &host.x,
                             &host.residual,
                             w_host,
                             EPS,
                             None,
-                            ir_core::op::Rounding::Exact,
+                            ir_ops::Rounding::Exact,
                         )
                         .unwrap();
                         assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual_out is bit-exact");
@@ -161,7 +154,7 @@ fn batch_invariance() {
                     Some(&upload(&host.weight)),
                     EPS,
                     None,
-                    ir_core::op::Rounding::Exact,
+                    ir_ops::Rounding::Exact,
                 )
                 .unwrap();
                 let fused_batch = fused_batch.to_cpu().unwrap();
@@ -182,7 +175,7 @@ fn batch_invariance() {
                         Some(&upload(&host.weight)),
                         EPS,
                         None,
-                        ir_core::op::Rounding::Exact,
+                        ir_ops::Rounding::Exact,
                     )
                     .unwrap();
                     assert!(
@@ -251,23 +244,23 @@ fn magnitudes_near_the_dtype_limits() {
                 let (dx, dr, dw) =
                     (backend.upload(&x).unwrap(), backend.upload(&residual).unwrap(), backend.upload(&weight).unwrap());
 
-                let expected = ir_core::op::rms_norm::native(&x, Some(&weight), EPS, None).unwrap();
+                let expected = ir_ops::rms_norm::native(&x, Some(&weight), EPS, None).unwrap();
                 let got = rms_norm(&backend.registry, &dx, Some(&dw), EPS, None).unwrap().to_cpu().unwrap();
                 let tol = tolerance(&RMS_NORM, dtype).unwrap();
                 assert!(expected.to_f64_vec().unwrap().iter().all(|v| v.is_finite()), "{label}: native is finite");
                 allclose(&got, &expected, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label} rms_norm: {e}"));
 
-                let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::native(
+                let (expected_out, expected_res) = ir_ops::fused_add_rms_norm::native(
                     &x,
                     &residual,
                     Some(&weight),
                     EPS,
                     None,
-                    ir_core::op::Rounding::Exact,
+                    ir_ops::Rounding::Exact,
                 )
                 .unwrap();
                 let (out, res) =
-                    fused_add_rms_norm(&backend.registry, &dx, &dr, Some(&dw), EPS, None, ir_core::op::Rounding::Exact)
+                    fused_add_rms_norm(&backend.registry, &dx, &dr, Some(&dw), EPS, None, ir_ops::Rounding::Exact)
                         .unwrap();
                 let tol = tolerance(&FUSED_ADD_RMS_NORM, dtype).unwrap();
                 assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual_out is bit-exact");
@@ -417,8 +410,7 @@ fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take
                             }
                             if op.name == RMS_NORM.name {
                                 let got = rms_norm(&backend.registry, &x, Some(&w), EPS, variance).unwrap();
-                                let expected =
-                                    ir_core::op::rms_norm::native(&host.x, Some(&w_host), EPS, variance).unwrap();
+                                let expected = ir_ops::rms_norm::native(&host.x, Some(&w_host), EPS, variance).unwrap();
                                 allclose(&got.to_cpu().unwrap(), &expected, tol.atol, tol.rtol)
                                     .unwrap_or_else(|e| panic!("{label}: {e}"));
                             } else {
@@ -429,16 +421,16 @@ fn mixed_weight_dtypes_and_variance_size_match_native_on_the_providers_that_take
                                     Some(&w),
                                     EPS,
                                     variance,
-                                    ir_core::op::Rounding::Exact,
+                                    ir_ops::Rounding::Exact,
                                 )
                                 .unwrap();
-                                let (expected_out, expected_res) = ir_core::op::fused_add_rms_norm::native(
+                                let (expected_out, expected_res) = ir_ops::fused_add_rms_norm::native(
                                     &host.x,
                                     &host.residual,
                                     Some(&w_host),
                                     EPS,
                                     variance,
-                                    ir_core::op::Rounding::Exact,
+                                    ir_ops::Rounding::Exact,
                                 )
                                 .unwrap();
                                 assert!(bit_eq(&res.to_cpu().unwrap(), &expected_res), "{label}: residual bit-exact");
@@ -484,7 +476,7 @@ fn the_weight_step_rounds_in_the_weights_dtype_bit_for_bit() {
                     let label = format!("{} {} x={x_dtype} w={w_dtype}", backend.provider, op.name);
                     let (got, expected) = if op.name == RMS_NORM.name {
                         let got = rms_norm(&backend.registry, &x, Some(&w), 0.0, Some(1)).unwrap();
-                        (got, ir_core::op::rms_norm::native(&x_host, Some(&w_host), 0.0, Some(1)).unwrap())
+                        (got, ir_ops::rms_norm::native(&x_host, Some(&w_host), 0.0, Some(1)).unwrap())
                     } else {
                         let (got, _) = fused_add_rms_norm(
                             &backend.registry,
@@ -493,16 +485,16 @@ fn the_weight_step_rounds_in_the_weights_dtype_bit_for_bit() {
                             Some(&w),
                             0.0,
                             Some(1),
-                            ir_core::op::Rounding::Exact,
+                            ir_ops::Rounding::Exact,
                         )
                         .unwrap();
-                        let native = ir_core::op::fused_add_rms_norm::native(
+                        let native = ir_ops::fused_add_rms_norm::native(
                             &x_host,
                             &r_host,
                             Some(&w_host),
                             0.0,
                             Some(1),
-                            ir_core::op::Rounding::Exact,
+                            ir_ops::Rounding::Exact,
                         );
                         (got, native.unwrap().0)
                     };
@@ -523,16 +515,9 @@ fn inplace_semantics_through_dispatch() {
         let weight = backend.upload(&host.weight).unwrap();
         let (x_before, r_before) =
             (x.to_cpu().unwrap().deep_clone().unwrap(), residual.to_cpu().unwrap().deep_clone().unwrap());
-        let (out, res) = fused_add_rms_norm(
-            &backend.registry,
-            &x,
-            &residual,
-            Some(&weight),
-            EPS,
-            None,
-            ir_core::op::Rounding::Exact,
-        )
-        .unwrap();
+        let (out, res) =
+            fused_add_rms_norm(&backend.registry, &x, &residual, Some(&weight), EPS, None, ir_ops::Rounding::Exact)
+                .unwrap();
         assert!(
             bit_eq(&x.to_cpu().unwrap(), &x_before) && bit_eq(&residual.to_cpu().unwrap(), &r_before),
             "functional call leaves inputs"
@@ -546,7 +531,7 @@ fn inplace_semantics_through_dispatch() {
             Some(&weight),
             EPS,
             None,
-            ir_core::op::Rounding::Exact,
+            ir_ops::Rounding::Exact,
         )
         .unwrap();
         assert_eq!(
@@ -566,8 +551,8 @@ fn inplace_semantics_through_dispatch() {
 /// within tolerance of native, with no fallback.
 #[test]
 fn dtype_rounding_of_the_fused_norm_is_each_providers_norm_of_the_rounded_sum() {
-    use ir_core::op::Rounding;
-    use ir_core::op::fused_add_rms_norm::native;
+    use ir_ops::Rounding;
+    use ir_ops::fused_add_rms_norm::native;
     for backend in backends() {
         for dtype in [DType::BF16, DType::F16, DType::F32] {
             let host = case(dtype, 6, 200, 4);
@@ -830,8 +815,8 @@ fn fp8_codes(t: &Tensor) -> Vec<u8> {
 /// decides a rounding, and per-token scales bit for bit.
 #[test]
 fn fp8_quantization_is_bit_exact_on_every_provider() {
-    use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self as dynamic, dynamic_per_token_scaled_fp8_quant};
-    use ir_core::op::static_scaled_fp8_quant::{self as fixed, static_scaled_fp8_quant};
+    use ir_ops::dynamic_per_token_scaled_fp8_quant::{self as dynamic, dynamic_per_token_scaled_fp8_quant};
+    use ir_ops::static_scaled_fp8_quant::{self as fixed, static_scaled_fp8_quant};
     for backend in backends() {
         let _guards = [
             backend.registry.override_priority("static_scaled_fp8_quant", &[backend.provider]).unwrap(),
@@ -921,8 +906,8 @@ fn fp8_quantization_is_bit_exact_on_every_provider() {
 /// within one fp8 step and the scales within the op's tolerance.
 #[test]
 fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
-    use ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
-    use ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
+    use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+    use ir_ops::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
     for backend in backends() {
         for def in [&FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT, &FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT] {
             let op = def.name;
@@ -999,7 +984,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
 /// arguments as they were.
 #[test]
 fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
-    use ir_core::op::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding};
+    use ir_ops::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding};
     const HEAD: usize = 64;
     const TOKENS: usize = 9;
     const MAX_POSITION: usize = 40;
@@ -1033,7 +1018,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
                     HEAD as i64,
                     rotary_dim as i64,
                     is_neox,
-                    ir_core::op::Rounding::Exact,
+                    ir_ops::Rounding::Exact,
                 )
                 .unwrap();
                 assert_eq!(ek.is_some(), with_key, "{label}: a key output only with a key");
@@ -1049,7 +1034,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
                     HEAD as i64,
                     rotary_dim as i64,
                     is_neox,
-                    ir_core::op::Rounding::Exact,
+                    ir_ops::Rounding::Exact,
                 )
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
                 assert!(bit_eq(&fq.to_cpu().unwrap(), &eq), "{label}: functional query");
@@ -1072,7 +1057,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
                     HEAD as i64,
                     rotary_dim as i64,
                     is_neox,
-                    ir_core::op::Rounding::Exact,
+                    ir_ops::Rounding::Exact,
                 )
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
                 assert_eq!(iq.storage_id(), q_storage, "{label}: query rotated in place");
@@ -1091,7 +1076,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
 /// anything is written.
 #[test]
 fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
-    use ir_core::op::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache};
+    use ir_ops::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache};
     let backend = backends().into_iter().next().expect("the cpu backend");
     let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &["cpu"]).unwrap();
     let cache = cos_sin_cache(DType::F32, 8, 4, 10000.0).unwrap();
@@ -1101,16 +1086,8 @@ fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
     for q in [q, empty] {
         for bad in [8i64, -1] {
             let positions = Tensor::from_vec(&[3], vec![0, bad, 2]).unwrap();
-            let native = ir_core::op::rotary_embedding::native(
-                &positions,
-                &q,
-                None,
-                &cache,
-                4,
-                4,
-                true,
-                ir_core::op::Rounding::Exact,
-            );
+            let native =
+                ir_ops::rotary_embedding::native(&positions, &q, None, &cache, 4, 4, true, ir_ops::Rounding::Exact);
             assert!(native.is_err(), "native refuses position {bad}");
             let err = rotary_embedding::maybe_inplace(
                 &backend.registry,
@@ -1121,7 +1098,7 @@ fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
                 4,
                 4,
                 true,
-                ir_core::op::Rounding::Exact,
+                ir_ops::Rounding::Exact,
             )
             .unwrap_err()
             .to_string();
@@ -1136,7 +1113,7 @@ fn rotary_positions_outside_the_cache_are_refused_on_the_cpu() {
 /// layout (the activation's own, copied) and native's bits.
 #[test]
 fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
-    use ir_core::op::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding};
+    use ir_ops::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding};
     for backend in backends() {
         let _guard = backend.registry.override_priority(ROTARY_EMBEDDING.name, &[backend.provider, "native"]).unwrap();
         let up = |t: &Tensor| backend.upload(t).unwrap();
@@ -1156,8 +1133,7 @@ fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
             let positions = Tensor::from_vec(leading, (0..count as i64).map(|p| (p * 3) % 7).collect()).unwrap();
             let cache = cos_sin_cache(dtype, 7, 16, 10000.0).unwrap();
             let label = format!("{} {dtype} {:?}{:?}", backend.provider, q.shape(), q.layout().strides());
-            let (eq, ek) =
-                native(&positions, &q, Some(&k), &cache, 16, 16, true, ir_core::op::Rounding::Exact).unwrap();
+            let (eq, ek) = native(&positions, &q, Some(&k), &cache, 16, 16, true, ir_ops::Rounding::Exact).unwrap();
             let ek = ek.unwrap();
             assert_eq!(eq.layout(), &q.layout().copy_layout(), "{label}: native keeps the layout");
             let (fq, fk) = rotary_embedding(
@@ -1169,7 +1145,7 @@ fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
                 16,
                 16,
                 true,
-                ir_core::op::Rounding::Exact,
+                ir_ops::Rounding::Exact,
             )
             .unwrap_or_else(|e| panic!("{label} functional: {e}"));
             let (mq, mk) = rotary_embedding::maybe_inplace(
@@ -1181,7 +1157,7 @@ fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
                 16,
                 16,
                 true,
-                ir_core::op::Rounding::Exact,
+                ir_ops::Rounding::Exact,
             )
             .unwrap_or_else(|e| panic!("{label} maybe_inplace: {e}"));
             for (how, got, expected) in [
@@ -1204,8 +1180,8 @@ fn rotary_on_transposed_and_permuted_activations_keeps_their_layout() {
 /// 1e30 (what the dtype holds), against native within the op's own tolerance, everywhere.
 #[test]
 fn gated_activations_hold_their_tolerance_over_the_whole_gate_range() {
-    use ir_core::op::gelu_and_mul::{Approximate, GELU_AND_MUL, gelu_and_mul};
-    use ir_core::op::silu_and_mul::{SILU_AND_MUL, silu_and_mul};
+    use ir_ops::gelu_and_mul::{Approximate, GELU_AND_MUL, gelu_and_mul};
+    use ir_ops::silu_and_mul::{SILU_AND_MUL, silu_and_mul};
     let mut gates: Vec<f64> = (-3000..=3000).map(|i| f64::from(i) / 100.0).collect();
     gates.extend([1e10, -1e10, f64::from(f32::MAX), f64::from(f32::MIN), f64::INFINITY, f64::NEG_INFINITY, f64::NAN]);
     for backend in backends() {
@@ -1229,19 +1205,19 @@ fn gated_activations_hold_their_tolerance_over_the_whole_gate_range() {
                     "silu",
                     &SILU_AND_MUL,
                     silu_and_mul(&backend.registry, &device_x).unwrap(),
-                    ir_core::op::silu_and_mul::native(&x).unwrap(),
+                    ir_ops::silu_and_mul::native(&x).unwrap(),
                 ),
                 (
                     "gelu (erf)",
                     &GELU_AND_MUL,
                     gelu_and_mul(&backend.registry, &device_x, Approximate::None).unwrap(),
-                    ir_core::op::gelu_and_mul::native(&x, Approximate::None).unwrap(),
+                    ir_ops::gelu_and_mul::native(&x, Approximate::None).unwrap(),
                 ),
                 (
                     "gelu (tanh)",
                     &GELU_AND_MUL,
                     gelu_and_mul(&backend.registry, &device_x, Approximate::Tanh).unwrap(),
-                    ir_core::op::gelu_and_mul::native(&x, Approximate::Tanh).unwrap(),
+                    ir_ops::gelu_and_mul::native(&x, Approximate::Tanh).unwrap(),
                 ),
             ];
             for (what, def, got, expected) in runs {

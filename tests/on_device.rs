@@ -8,11 +8,12 @@
 //! the call is. Its own test binary: the round-trip counter is process-wide, and no test here may
 //! make a round trip.
 
-use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-use ir_core::op::{BUILTIN_OPS, InputSpec, Value};
+use ir_core::op::{InputSpec, Value};
 use ir_core::storage::host_round_trips;
 use ir_core::{DType, EagerContext, Registry, Tensor, TensorMeta, allclose, bit_eq};
 use ir_graph::{InterpOptions, Tracer, interpret};
+use ir_ops::BUILTIN_OPS;
+use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use layers::toy::{ToyDecoder, ToyDecoderConfig};
 use vllm_ir_tests::{Backend, backends, on_each_device};
@@ -120,7 +121,7 @@ fn arguments_the_kernels_reject_by_layout_run_on_compact_copies_on_the_device() 
         let label = backend.provider;
         // f64 too where the provider's kernels compute in it (an f64 reference on device tensors).
         let mut dtypes = vec![DType::F32, DType::BF16];
-        if backend.dtypes == ir_core::kernel::KernelDTypes::WithF64 {
+        if backend.dtypes == kernel_support::KernelDTypes::WithF64 {
             dtypes.push(DType::F64);
         }
         for def in BUILTIN_OPS {
@@ -197,9 +198,9 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
         let tracer = Tracer::new(&backend.registry, "norm");
         let x_in = tracer.input("x", x_odd.meta().clone());
         let residual_in = tracer.input("residual", residual_odd.meta().clone());
-        let exact = ir_core::op::Rounding::Exact;
+        let exact = ir_ops::Rounding::Exact;
         let (out, sum) =
-            ir_core::op::fused_add_rms_norm::call_maybe_inplace(&tracer, x_in, residual_in, None, 1e-6, None, exact)
+            ir_ops::fused_add_rms_norm::call_maybe_inplace(&tracer, x_in, residual_in, None, 1e-6, None, exact)
                 .unwrap();
         let traced = tracer.finish(&[out, sum]);
         let mut graph = traced.graph;
@@ -210,14 +211,14 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
         let run = interpret(&graph, &backend.registry, inputs, InterpOptions::checked()).unwrap();
         assert_eq!(host_round_trips(), before, "{label}: device tensors went through host memory");
         let ctx = EagerContext::new(&backend.registry);
-        let (expected, expected_sum) = ir_core::op::fused_add_rms_norm::call(
+        let (expected, expected_sum) = ir_ops::fused_add_rms_norm::call(
             &ctx,
             &backend.upload(&x).unwrap(),
             &backend.upload(&residual).unwrap(),
             None,
             1e-6,
             None,
-            ir_core::op::Rounding::Exact,
+            ir_ops::Rounding::Exact,
         )
         .unwrap();
         assert!(bit_eq(&run.outputs[0], &expected) && bit_eq(&run.outputs[1], &expected_sum), "{label}: same bits");

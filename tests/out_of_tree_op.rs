@@ -67,7 +67,7 @@ fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
 /// The engine's registry: the built-in ops, the new op, and an in-place `plugin` provider whose
 /// closure counts its calls.
 fn registry(calls: Arc<AtomicUsize>) -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     registry.define_op(&SHIFTED_SQUARE).unwrap();
     let kernel = ImplFunc::inplace(move |args| {
         calls.fetch_add(1, Ordering::Relaxed);
@@ -163,7 +163,7 @@ fn an_out_of_tree_op_is_validated_like_a_built_in() {
     assert!(err.to_string().contains("takes 2 arguments but 3 were given"), "{err}");
 
     // An op the registry does not define cannot be traced or called.
-    let bare = Registry::with_builtin_ops();
+    let bare = ir_ops::registry();
     let tracer = Tracer::new(&bare, "unknown");
     let input = tracer.input("x", TensorMeta::compact(DType::F32, &[2, 4]));
     let err = tracer.call(&SHIFTED_SQUARE, Overload::Default, vec![CallArg::Tensor(input)]).unwrap_err();
@@ -251,7 +251,7 @@ fn every_kind<T>(x: T) -> Vec<CallArg<T>> {
 
 #[test]
 fn every_parameter_kind_traces_prints_parses_and_runs() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     registry.define_op(&KINDS_PROBE).unwrap();
     let x = Tensor::randn(&TensorMeta::compact(DType::BF16, &[4, 8]), 3).unwrap();
     let eager_ctx = EagerContext::new(&registry);
@@ -313,13 +313,13 @@ fn definitions_with_unspellable_choices_or_misfit_defaults_are_refused() {
         ],
         ..KINDS_PROBE
     };
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let err = registry.define_op(&BAD_CHOICE).unwrap_err().to_string();
     assert!(err.contains(r#"allows "a\"b""#), "{err}");
     let err = registry.define_op(&BAD_DEFAULT).unwrap_err().to_string();
     assert_eq!(err, r#"op `bad_default`: the default of parameter `mode` is not a Literal["exact", "fast"]"#);
     let err = registry.define_op(&BAD_KIND).unwrap_err().to_string();
     assert_eq!(err, "op `bad_kind`: the default of parameter `dims` is not a list[int]");
-    let builtins: Vec<&str> = ir_core::op::BUILTIN_OPS.iter().map(|d| d.name).collect();
+    let builtins: Vec<&str> = ir_ops::BUILTIN_OPS.iter().map(|d| d.name).collect();
     assert_eq!(registry.ops(), builtins, "nothing was defined");
 }

@@ -2,9 +2,9 @@
 //! provider forced, in both clone elimination variants.
 
 use ir_core::op::InputSpec;
-use ir_core::op::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm};
 use ir_core::{DType, PriorityGuard, Registry, Tensor, bit_eq};
 use ir_graph::{Builtin, InterpError, InterpOptions, Interpretation, NodeKind, interpret, parse};
+use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, fused_add_rms_norm};
 use ir_passes::{CloneElimination, PassContext, PassError, Pipeline, PipelineError, Snapshots};
 
 const HEADER: &str = "graph m(%x: bf16[8,16], %r1: bf16[8,16], %r2: bf16[8,16], %w: bf16[16]) {\n";
@@ -52,7 +52,7 @@ fn model_d() -> String {
 }
 
 fn registry() -> (Registry, [PriorityGuard; 2]) {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     let guards = [
         registry.override_priority("fused_add_rms_norm", &["cpu", "native"]).unwrap(),
@@ -76,9 +76,9 @@ fn input(inputs: &[(String, Tensor)], name: &str) -> Tensor {
 /// The eager reference: the same provider, functional calls.
 fn eager(registry: &Registry, inputs: &[(String, Tensor)], scale_between: bool) -> [Tensor; 4] {
     let (x, r1, r2, w) = (input(inputs, "x"), input(inputs, "r1"), input(inputs, "r2"), input(inputs, "w"));
-    let (o1, s1) = fused_add_rms_norm(registry, &x, &r1, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
+    let (o1, s1) = fused_add_rms_norm(registry, &x, &r1, Some(&w), 1e-6, None, ir_ops::Rounding::Exact).unwrap();
     let t = if scale_between { o1.scale(2.0).unwrap() } else { o1.clone() };
-    let (o2, s2) = fused_add_rms_norm(registry, &t, &r2, Some(&w), 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
+    let (o2, s2) = fused_add_rms_norm(registry, &t, &r2, Some(&w), 1e-6, None, ir_ops::Rounding::Exact).unwrap();
     [o2, s1, s2, o1]
 }
 
@@ -203,7 +203,7 @@ fn the_same_value_as_both_activations() {
     let (registry, _guards) = registry();
     let x = input(&inputs(), "x");
     let (expected_out, expected_res) =
-        fused_add_rms_norm(&registry, &x, &x, Some(&input(&inputs(), "w")), 1e-6, None, ir_core::op::Rounding::Exact)
+        fused_add_rms_norm(&registry, &x, &x, Some(&input(&inputs(), "w")), 1e-6, None, ir_ops::Rounding::Exact)
             .unwrap();
     let expected = expected_out.add(&expected_res).unwrap();
     let aware = compile_and_run(&text, CloneElimination::AliasAware);
@@ -308,7 +308,7 @@ fn the_interpreter_counts_copies_and_bytes() {
 
 #[test]
 fn a_lowered_graph_ignores_later_priority_changes() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     let mut graph = parse(&model_b()).unwrap();
     {
@@ -362,13 +362,12 @@ fn a_shared_donated_input_with_padded_rows_is_copied_with_its_layout() {
 /// message, and the pipeline goes on with the next provider: never a panic of the pass.
 #[test]
 fn a_panicking_predicate_during_the_pipeline_is_a_rejection() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     let spec = ir_core::ImplSpec::new("flaky")
         .with_supports(|_: &[ir_core::op::ArgMeta<'_>]| -> ir_core::Support { panic!("flaky predicate failed") });
-    let functional =
-        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::functional(ir_core::op::fused_add_rms_norm::native);
-    ir_core::op::fused_add_rms_norm::register(&registry, spec, functional).unwrap();
+    let functional = ir_ops::fused_add_rms_norm::FusedAddRmsNormImpl::functional(ir_ops::fused_add_rms_norm::native);
+    ir_ops::fused_add_rms_norm::register(&registry, spec, functional).unwrap();
     let _guard = registry.override_priority("fused_add_rms_norm", &["flaky", "cpu", "native"]).unwrap();
     let mut graph = parse(&model_b()).unwrap();
     let report = Pipeline::standard().run(&mut graph, &PassContext::new(&registry), None, Snapshots::Skip).unwrap();

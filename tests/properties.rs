@@ -5,11 +5,11 @@
 //! fixes the seed (CI does).
 
 use ir_core::Support;
-use ir_core::kernel::fused_add_rms_norm_support;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{DType, Layout, PriorityGuard, Registry, Tensor, TensorMeta, bit_eq};
 use ir_graph::{Arg, Builtin, BuiltinArg, Effect, Graph, InterpOptions, NodeKind, ValueId, interpret, parse};
 use ir_passes::{CloneElimination, PassContext, Pipeline, Snapshots, eliminate_clones};
+use kernel_support::fused_add_rms_norm_support;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -557,7 +557,7 @@ fn cases() -> u32 {
 }
 
 fn registry() -> (Registry, Vec<PriorityGuard>) {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     let ops = [
         "fused_add_rms_norm",
@@ -577,7 +577,7 @@ fn registry() -> (Registry, Vec<PriorityGuard>) {
 /// The cpu provider registered (explicit `impl …[cpu]` calls need it) but every op dispatched to
 /// `native`: the fused and the unfused forms run the same provider.
 fn native_registry() -> (Registry, [PriorityGuard; 2]) {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     let guards = [
         registry.override_priority("fused_add_rms_norm", &["native"]).unwrap(),
@@ -706,7 +706,7 @@ proptest! {
         prop_assert_eq!(report.fused.len(), 1);
         let run = interpret(&fused, &registry, inputs(&fused, seed), InterpOptions::checked()).unwrap();
         prop_assert!(bit_eq(&run.outputs[1], &reference.outputs[1]), "the sum is bit for bit");
-        let t = ir_core::op::tolerance(&ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM, run.outputs[0].dtype()).unwrap();
+        let t = ir_core::op::tolerance(&ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM, run.outputs[0].dtype()).unwrap();
         let close = ir_core::allclose(&run.outputs[0], &reference.outputs[0], t.atol, t.rtol);
         prop_assert!(close.is_ok(), "{:?}\n{}", close, text);
         if dtype == "f32" {
@@ -991,7 +991,7 @@ fn illegal_graphs() -> impl Strategy<Value = (Graph, String, String, String)> {
         let call = *calls.get(pick as usize % calls.len().max(1))?;
         let NodeKind::IrCall { op, args, .. } = &graph.node(call).kind else { return None };
         // One of the call's given activations (an absent optional one is `none`).
-        let def = ir_core::op::BUILTIN_OPS.iter().find(|d| d.name == graph.op_name(*op))?;
+        let def = ir_ops::BUILTIN_OPS.iter().find(|d| d.name == graph.op_name(*op))?;
         let given: Vec<ValueId> = (def.activation_indices().ok()?.into_iter())
             .filter_map(|i| match args.get(i) {
                 Some(Arg::Value(v)) => Some(*v),

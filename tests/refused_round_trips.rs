@@ -3,10 +3,10 @@
 //! again, the same calls run through the host and are counted. Its own test binary: the refusal
 //! and the counter are process-wide.
 
-use ir_core::kernel::KernelDTypes;
-use ir_core::op::rms_norm;
 use ir_core::storage::{HOST_ROUND_TRIP_REFUSED, host_round_trips, refuse_host_round_trips};
 use ir_core::{CallError, DType, Tensor, TensorError};
+use ir_ops::rms_norm;
+use kernel_support::KernelDTypes;
 use vllm_ir_tests::on_each_device;
 
 #[test]

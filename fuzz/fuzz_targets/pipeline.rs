@@ -20,7 +20,7 @@ const MAX_ELEMENTS: usize = 1 << 14;
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         kernels_cpu::register(&registry).expect("a fresh registry");
         registry.set_default("rms_norm", &["cpu", "native"]).expect("registered");
         registry.set_default("fused_add_rms_norm", &["cpu", "native"]).expect("registered");

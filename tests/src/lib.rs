@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use ir_core::kernel::KernelDTypes;
-use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_core::storage::DeviceAllocator;
 use ir_core::{DType, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
+use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use kernel_support::KernelDTypes;
 
 /// Computes native's values and writes them into the donated buffers.
 pub fn inplace_fused_add_rms_norm(
@@ -15,7 +15,7 @@ pub fn inplace_fused_add_rms_norm(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
-    rounding: ir_core::op::Rounding,
+    rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let (out, residual_out) =
         fused_add_rms_norm::native(x.tensor(), residual.tensor(), weight, epsilon, variance_size, rounding)?;
@@ -83,7 +83,7 @@ impl Backend {
 /// Every kernel backend this machine can run. Backends that cannot run here print `skipped: <reason>`
 /// (a failure instead when `VLLM_IR_REQUIRE` names them).
 pub fn backends() -> Vec<Backend> {
-    let cpu = Registry::with_builtin_ops();
+    let cpu = ir_ops::registry();
     kernels_cpu::register(&cpu).expect("the cpu provider registers once");
     let mut backends = vec![Backend {
         provider: kernels_cpu::PROVIDER,
@@ -95,7 +95,7 @@ pub fn backends() -> Vec<Backend> {
 
     match kernels_cuda::availability() {
         ir_core::Availability::Available => {
-            let registry = Registry::with_builtin_ops();
+            let registry = ir_ops::registry();
             kernels_cuda::register(&registry).expect("the cuda provider registers once");
             let allocator = kernels_cuda::allocator(0).expect("an available provider has device 0");
             backends.push(Backend {
@@ -113,7 +113,7 @@ pub fn backends() -> Vec<Backend> {
 
     match kernels_xpu::availability() {
         ir_core::Availability::Available => {
-            let registry = Registry::with_builtin_ops();
+            let registry = ir_ops::registry();
             kernels_xpu::register(&registry).expect("the xpu provider registers once");
             let allocator = kernels_xpu::allocator().expect("an available provider has a device");
             // A CPU OpenCL device (PoCL) is slow: it runs the subset of the grid.

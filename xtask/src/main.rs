@@ -243,6 +243,10 @@ fn check_features_core() -> anyhow::Result<()> {
             "--package",
             "vllm-ir-core",
             "--package",
+            "vllm-ir-ops",
+            "--package",
+            "vllm-ir-kernel-support",
+            "--package",
             "vllm-ir-kernels-cpu",
             "--package",
             "vllm-ir-layers",
@@ -284,8 +288,10 @@ fn check_features_rocm() -> anyhow::Result<()> {
 /// --dry-run` packages and builds them all as crates.io would.
 fn package_lists() -> anyhow::Result<()> {
     let licenses = ["LICENSE-APACHE", "LICENSE-MIT"];
-    let crates: [(&str, &[&str]); 10] = [
+    let crates: [(&str, &[&str]); 12] = [
         ("vllm-ir-core", &[]),
+        ("vllm-ir-ops", &[]),
+        ("vllm-ir-kernel-support", &[]),
         ("vllm-ir-graph", &[]),
         ("vllm-ir-passes", &[]),
         ("vllm-ir-kernels-cpu", &[]),
@@ -459,10 +465,11 @@ fn fuzz(args: &[String]) -> anyhow::Result<()> {
 /// The tests that reach the workspace's `unsafe` code, run under Miri (nightly with the `miri`
 /// component); prints `skipped: <reason>` when either is missing. What runs and what does not:
 /// - `ir-core`: the storage (host buffers, the pool, external memory), tensors over them, the candle
-///   and DLPack interop, and the registry (its per-thread selection memo, a selection that outlives
+///   and DLPack conversions, and the registry (its per-thread selection memo, a selection that outlives
 ///   its thread's dispatch state); left out, two tests Miri cannot run as written: one asks for 2^60
 ///   bytes (Miri aborts where the allocator returns an error) and one fills a 1 MiB pool buffer
 ///   three times (minutes under Miri; the pool's code is the small buffers' code);
+/// - `ir-ops`: the ops on candle tensors (views of candle's storage under its locks);
 /// - `kernels-cpu`: the rows' raw-pointer slices (in place and into another row), the element
 ///   conversions and the gated activations' scratch; its AVX-512 code cannot run under Miri (no
 ///   AVX-512), and its tests say `skipped:` there;
@@ -479,16 +486,19 @@ fn miri() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    // One invocation, so the dependencies (and `ir-core` with the features both crates need) are
-    // compiled once; the filters pick the tests of both crates' libraries and of the two `ir-core`
-    // test files (their names carry `candle`, `dlpack` or `thread_local`).
+    // One invocation, so the dependencies (and `ir-core` with the features the crates need) are
+    // compiled once; the filters pick the tests of the three crates' libraries (`ir-ops` holds the
+    // candle custom ops) and of the two `ir-core` test files (their names carry `candle`, `dlpack`
+    // or `thread_local`).
     let args = [
         "--package",
         "vllm-ir-core",
         "--package",
+        "vllm-ir-ops",
+        "--package",
         "vllm-ir-kernels-cpu",
         "--features",
-        "vllm-ir-core/dlpack,vllm-ir-core/candle,vllm-ir-core/testing",
+        "vllm-ir-core/dlpack,vllm-ir-core/candle,vllm-ir-core/testing,vllm-ir-ops/candle",
         "--lib",
         "--test",
         "interop",

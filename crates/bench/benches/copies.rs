@@ -6,9 +6,9 @@
 
 use candle_core::{DType as CandleDType, Device, Tensor as CandleTensor};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ir_core::interop::candle_ops;
-use ir_core::op::Rounding;
 use ir_core::{DType, Tensor, TensorMeta};
+use ir_ops::Rounding;
+use ir_ops::candle_ops;
 
 fn copies(c: &mut Criterion) {
     for dtype in [DType::F32, DType::BF16] {
@@ -37,7 +37,7 @@ fn rotary_on_slices(c: &mut Criterion) {
     let device = Device::Cpu;
     let positions = CandleTensor::arange(0u32, tokens as u32, &device).expect("positions");
     for dtype in [CandleDType::F32, CandleDType::BF16] {
-        let cache = ir_core::op::rotary_embedding::cos_sin_cache(DType::F32, 4096, head_size, 10000.0)
+        let cache = ir_ops::rotary_embedding::cos_sin_cache(DType::F32, 4096, head_size, 10000.0)
             .expect("the cache")
             .into_candle()
             .expect("the cache on candle")

@@ -4,11 +4,11 @@
 //! only ours).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ir_core::op::Rounding;
 use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor, TensorMeta};
+use ir_ops::Rounding;
 
 fn registry() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("registering the cpu provider");
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("the cpu priorities");
     registry
@@ -23,17 +23,17 @@ fn decode_ops(c: &mut Criterion) {
             let gate_up = Tensor::randn(&TensorMeta::compact(dtype, &[1, 2 * hidden]), 3).expect("gate_up");
             let mut group = c.benchmark_group(format!("decode/{dtype}/1x{hidden}"));
             group.bench_function("rms_norm/ours", |b| {
-                b.iter(|| ir_core::op::rms_norm::rms_norm(&registry, &x, Some(&w), 1e-6, None).expect("ran"))
+                b.iter(|| ir_ops::rms_norm::rms_norm(&registry, &x, Some(&w), 1e-6, None).expect("ran"))
             });
             group.bench_function("silu_and_mul/ours", |b| {
-                b.iter(|| ir_core::op::silu_and_mul::silu_and_mul(&registry, &gate_up).expect("ran"))
+                b.iter(|| ir_ops::silu_and_mul::silu_and_mul(&registry, &gate_up).expect("ran"))
             });
             let mut state = Some((x.deep_clone().expect("x"), x.deep_clone().expect("r")));
             group.bench_function("fused_add_rms_norm/ours", |b| {
                 b.iter(|| {
                     let (x, r) = state.take().expect("held");
                     state = Some(
-                        ir_core::op::fused_add_rms_norm::maybe_inplace(
+                        ir_ops::fused_add_rms_norm::maybe_inplace(
                             &registry,
                             x,
                             r,
@@ -48,7 +48,7 @@ fn decode_ops(c: &mut Criterion) {
             });
             // Rotary at the hidden size's head layout (heads of 128, a quarter as many kv heads).
             let (heads, head_size) = (hidden / 128, 128);
-            let cache = ir_core::op::rotary_embedding::cos_sin_cache(dtype, 4096, head_size, 10000.0).expect("cache");
+            let cache = ir_ops::rotary_embedding::cos_sin_cache(dtype, 4096, head_size, 10000.0).expect("cache");
             let positions = Tensor::from_vec(&[1], vec![1234i64]).expect("positions");
             let q = Tensor::randn(&TensorMeta::compact(dtype, &[1, hidden]), 4).expect("q");
             let k = Tensor::randn(&TensorMeta::compact(dtype, &[1, hidden / 4]), 5).expect("k");
@@ -56,7 +56,7 @@ fn decode_ops(c: &mut Criterion) {
             group.bench_function("rotary_embedding/ours", |b| {
                 b.iter(|| {
                     let (q, k) = qk.take().expect("held");
-                    let (q, k) = ir_core::op::rotary_embedding::maybe_inplace(
+                    let (q, k) = ir_ops::rotary_embedding::maybe_inplace(
                         &registry,
                         &positions,
                         q,
@@ -89,7 +89,7 @@ fn candle_side(
     w: &Tensor,
     gate_up: &Tensor,
 ) {
-    use ir_core::interop::candle_ops;
+    use ir_ops::candle_ops;
     let to_candle = |t: &Tensor| t.deep_clone().expect("copied").into_candle().expect("candle");
     let (cx, cw, cg) = (to_candle(x), to_candle(w), to_candle(gate_up));
     let residual = cx.copy().expect("residual");
@@ -128,7 +128,7 @@ fn candle_rotary(
     heads: usize,
     head_size: usize,
 ) {
-    use ir_core::interop::candle_ops;
+    use ir_ops::candle_ops;
     let to_candle = |t: &Tensor| t.deep_clone().expect("copied").into_candle().expect("candle");
     let (cq, ck, cc) = (to_candle(q), to_candle(k), to_candle(cache));
     let positions = candle_core::Tensor::new(&[1234u32], &candle_core::Device::Cpu).expect("positions");

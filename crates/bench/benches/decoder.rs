@@ -7,7 +7,7 @@
 mod common;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use ir_core::{DType, EagerContext, Platform, PriorityConfig, Registry, Tensor, TensorMeta, bit_eq};
+use ir_core::{DType, EagerContext, Platform, PriorityConfig, Tensor, TensorMeta, bit_eq};
 use ir_graph::{InterpOptions, Tracer, interpret};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use layers::toy::{ToyDecoder, ToyDecoderConfig};
@@ -27,7 +27,7 @@ fn inputs() -> (Tensor, Tensor, Tensor) {
 }
 
 fn decoder(c: &mut Criterion) {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("registering the cpu provider");
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("the cpu platform's priorities");
     let (tokens, hidden) = SHAPE;

@@ -9,16 +9,16 @@ mod common;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use ir_core::op::ArgMeta;
-use ir_core::op::fused_add_rms_norm;
-use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-use ir_core::op::rms_norm::RMS_NORM;
-use ir_core::op::rms_norm::rms_norm;
 use ir_core::{Platform, PriorityConfig, Registry, UniqueTensor};
+use ir_ops::fused_add_rms_norm;
+use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use ir_ops::rms_norm::RMS_NORM;
+use ir_ops::rms_norm::rms_norm;
 use vllm_ir_bench::kernels::{Case, EPSILON, Inputs, Shape};
 use vllm_ir_bench::output;
 
 fn registry() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("registering the cpu provider");
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("the cpu platform's priorities");
     assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["cpu", "native"]), "a two-entry list");
@@ -58,8 +58,8 @@ fn dispatch(c: &mut Criterion) {
         move |_x: &ir_core::Tensor, _w: Option<&ir_core::Tensor>, _eps: f64, _v: Option<i64>| Ok(prepared.clone())
     };
     let spec = ir_core::ImplSpec::new("noop")
-        .with_supports(|args| ir_core::kernel::rms_norm_support(args, ir_core::DeviceKind::Cpu));
-    ir_core::op::rms_norm::register(&overhead_registry, spec, noop.clone()).expect("registering noop");
+        .with_supports(|args| kernel_support::rms_norm_support(args, ir_core::DeviceKind::Cpu));
+    ir_ops::rms_norm::register(&overhead_registry, spec, noop.clone()).expect("registering noop");
     let _noop_first = overhead_registry.override_priority("rms_norm", &["noop"]).expect("noop first");
     let through = rms_norm(&overhead_registry, x, w, EPSILON, None).expect("registry call");
     assert!(ir_core::shares_storage(&through, &prepared), "the registry chose the noop kernel");
@@ -75,13 +75,13 @@ fn dispatch(c: &mut Criterion) {
                         _w: Option<&ir_core::Tensor>,
                         _: f64,
                         _: Option<i64>,
-                        _: ir_core::op::Rounding| { Ok((x.into_tensor(), r.into_tensor())) };
+                        _: ir_ops::Rounding| { Ok((x.into_tensor(), r.into_tensor())) };
     let spec = ir_core::ImplSpec::new("noop")
-        .with_supports(|args| ir_core::kernel::fused_add_rms_norm_support(args, ir_core::DeviceKind::Cpu));
-    ir_core::op::fused_add_rms_norm::register(
+        .with_supports(|args| kernel_support::fused_add_rms_norm_support(args, ir_core::DeviceKind::Cpu));
+    ir_ops::fused_add_rms_norm::register(
         &overhead_registry,
         spec,
-        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(noop_inplace),
+        ir_ops::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(noop_inplace),
     )
     .expect("registering noop");
     let _noop_fused_first = overhead_registry.override_priority("fused_add_rms_norm", &["noop"]).expect("noop first");
@@ -111,7 +111,7 @@ fn bench_maybe_inplace(
         Option<&ir_core::Tensor>,
         f64,
         Option<i64>,
-        ir_core::op::Rounding,
+        ir_ops::Rounding,
     ) -> Result<(ir_core::Tensor, ir_core::Tensor), ir_core::KernelError>,
 ) {
     let case = Case { op: &FUSED_ADD_RMS_NORM, shape, dtype: ir_core::DType::BF16 };
@@ -121,7 +121,7 @@ fn bench_maybe_inplace(
     let (x, r) = fresh();
     let storages = (x.storage_id(), r.storage_id());
     let (out, residual) =
-        fused_add_rms_norm::maybe_inplace(registry, x, r, Some(weight), EPSILON, None, ir_core::op::Rounding::Exact)
+        fused_add_rms_norm::maybe_inplace(registry, x, r, Some(weight), EPSILON, None, ir_ops::Rounding::Exact)
             .expect("call");
     assert_eq!((out.storage_id(), residual.storage_id()), storages, "the registry's call ran in place");
     let mut group = c.benchmark_group(group);
@@ -130,7 +130,7 @@ fn bench_maybe_inplace(
             fresh,
             |(x, r)| {
                 let (x, r) = (UniqueTensor::new(x).unwrap(), UniqueTensor::new(r).unwrap());
-                kernel(x, r, Some(weight), EPSILON, None, ir_core::op::Rounding::Exact).unwrap()
+                kernel(x, r, Some(weight), EPSILON, None, ir_ops::Rounding::Exact).unwrap()
             },
             BatchSize::SmallInput,
         )
@@ -139,16 +139,8 @@ fn bench_maybe_inplace(
         b.iter_batched(
             fresh,
             |(x, r)| {
-                fused_add_rms_norm::maybe_inplace(
-                    registry,
-                    x,
-                    r,
-                    Some(weight),
-                    EPSILON,
-                    None,
-                    ir_core::op::Rounding::Exact,
-                )
-                .unwrap()
+                fused_add_rms_norm::maybe_inplace(registry, x, r, Some(weight), EPSILON, None, ir_ops::Rounding::Exact)
+                    .unwrap()
             },
             BatchSize::SmallInput,
         )

@@ -4,7 +4,7 @@
 // A benchmark reports on standard output.
 #![allow(clippy::print_stdout)]
 
-use ir_core::{Platform, PriorityConfig, Registry};
+use ir_core::{Platform, PriorityConfig};
 use vllm_ir_bench::memory::{LAYERS, SHAPE, study};
 use vllm_ir_bench::output;
 
@@ -12,7 +12,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("registering the cpu provider");
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("the cpu platform's priorities");
     let (tokens, hidden) = SHAPE;

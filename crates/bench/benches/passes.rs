@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use ir_core::{DType, Tensor, TensorMeta};
-use ir_core::{Platform, PriorityConfig, Registry};
+use ir_core::{Platform, PriorityConfig};
 use ir_graph::{InterpOptions, interpret};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use serde::Serialize;
@@ -29,7 +29,7 @@ struct PassBreakdown {
 }
 
 fn passes(c: &mut Criterion) {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("registering the cpu provider");
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("the cpu platform's priorities");
     let cx = PassContext::new(&registry);

@@ -8,12 +8,12 @@
 
 use std::io::Write;
 
-use ir_core::{Platform, PriorityConfig, Registry};
+use ir_core::{Platform, PriorityConfig};
 use vllm_ir_bench::decoder::decoder_graph;
 
 fn main() -> std::io::Result<()> {
     let nodes: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("registering the cpu provider");
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("priorities");
     let traced = decoder_graph(&registry, nodes).expect("generating the graph");

@@ -6,13 +6,13 @@
 
 use std::time::Instant;
 
-use ir_core::{Platform, PriorityConfig, Registry};
+use ir_core::{Platform, PriorityConfig};
 use ir_passes::{PassContext, Pipeline, Snapshots};
 use vllm_ir_bench::decoder::decoder_graph;
 
 fn main() {
     let nodes: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("registering the cpu provider");
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).expect("priorities");
     let started = Instant::now();

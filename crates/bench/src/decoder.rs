@@ -105,7 +105,7 @@ mod tests {
     use ir_graph::{InterpOptions, interpret};
 
     fn registry() -> Registry {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         kernels_cpu::register(&registry).unwrap();
         ir_core::PriorityConfig::platform_default(ir_core::Platform::Cpu).apply(&registry).unwrap();
         registry

@@ -30,7 +30,7 @@ pub const PARALLEL_THRESHOLD_BYTES: usize = kernels_cpu::BYTES_PER_TASK;
 /// The registry the benchmark measures: the built-in ops with every kernel provider of this build
 /// registered (those that cannot run here say why).
 pub fn registry() -> Result<Registry, BenchError> {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry)?;
     kernels_cuda::register(&registry)?;
     kernels_rocm::register(&registry)?;
@@ -600,9 +600,9 @@ fn candle_bench(_inputs: &Inputs) -> Result<Box<dyn Timed>, BenchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-    use ir_core::op::rms_norm::RMS_NORM;
-    use ir_core::op::silu_and_mul::SILU_AND_MUL;
+    use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+    use ir_ops::rms_norm::RMS_NORM;
+    use ir_ops::silu_and_mul::SILU_AND_MUL;
 
     fn small(op: &'static OpDef, dtype: DType) -> Inputs {
         Inputs::generate(Case { op, shape: Shape::new(3, 200), dtype }, 5).unwrap()
@@ -687,7 +687,7 @@ mod tests {
     #[test]
     fn a_wrong_kernel_is_caught_before_timing_and_a_rejection_is_named() {
         let registry = registry().unwrap();
-        ir_core::op::rms_norm::register(&registry, ir_core::ImplSpec::new("wrong"), |x, _, _, _| Ok(x.deep_clone()?))
+        ir_ops::rms_norm::register(&registry, ir_core::ImplSpec::new("wrong"), |x, _, _, _| Ok(x.deep_clone()?))
             .unwrap();
         let inputs = small(&RMS_NORM, DType::F32);
         let err = Provider::Registered("wrong").prepare(&registry, &inputs).err().expect("mismatch");

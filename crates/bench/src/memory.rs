@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn the_compiled_decoder_allocates_only_the_norm_and_scale_outputs() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         kernels_cpu::register(&registry).unwrap();
         ir_core::PriorityConfig::platform_default(ir_core::Platform::Cpu).apply(&registry).unwrap();
         let study = study(&registry, &[1, 4], 4, 64).unwrap();

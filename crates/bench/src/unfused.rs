@@ -132,7 +132,7 @@ impl UnfusedBench {
                     weight.as_ref(),
                     epsilon,
                     None,
-                    ir_core::op::Rounding::Exact,
+                    ir_ops::Rounding::Exact,
                 )?;
                 let quantized = quantize(&out, self.scale.as_ref(), *dynamic)?;
                 *x = out;
@@ -169,9 +169,9 @@ mod tests {
     /// four norm + quantization ops; the fused-add pair restores its in-place inputs between calls.
     #[test]
     fn every_pair_matches_native_and_runs_repeatedly() {
-        let registry = ir_core::Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         kernels_cpu::register(&registry).unwrap();
-        for def in ir_core::op::BUILTIN_OPS {
+        for def in ir_ops::BUILTIN_OPS {
             let offered = Provider::for_op(&registry, def).contains(&Provider::Unfused);
             assert_eq!(offered, UNFUSED_OPS.contains(&def.name), "{}", def.name);
         }

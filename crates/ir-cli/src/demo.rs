@@ -246,7 +246,7 @@ fn activations(args: &DemoArgs, placement: &Placement) -> anyhow::Result<(Tensor
         epsilon: 1e-6,
         seed: args.seed,
     };
-    let inputs = (ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM.generate_inputs)(&spec)?;
+    let inputs = (ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM.generate_inputs)(&spec)?;
     let x = inputs[0].as_tensor().expect("generated x").deep_clone()?;
     let residual = inputs[1].as_tensor().expect("generated residual").deep_clone()?;
     let positions = Tensor::from_vec(&[args.tokens], (0..args.tokens as i64).collect())?;

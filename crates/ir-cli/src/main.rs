@@ -136,7 +136,7 @@ fn device_allocator(platform: Platform) -> anyhow::Result<Option<Arc<dyn DeviceA
 
 /// A registry with the built-in ops and every provider this build includes.
 fn build_registry() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("a fresh registry has no cpu provider yet");
     #[cfg(feature = "cuda")]
     kernels_cuda::register(&registry).expect("a fresh registry has no cuda provider yet");

@@ -148,7 +148,7 @@ fn value<T: Clone>(t: &T) -> BuiltinArg<T> {
 /// The `N` outputs of a call of `op`, as an array (a contract violation if the count differs).
 pub fn outputs<T, const N: usize>(op: &'static OpDef, outputs: Vec<T>) -> Result<[T; N], CallError> {
     let found = outputs.len();
-    outputs.try_into().map_err(|_| crate::op::output_count(op.name, found, N))
+    outputs.try_into().map_err(|_| crate::op::declare::output_count(op.name, found, N))
 }
 
 /// Runs models on real tensors, dispatching through a registry.
@@ -157,7 +157,7 @@ pub struct EagerContext<'r> {
     /// The registry whose installed priorities choose the kernels.
     pub registry: &'r Registry,
     /// The stream (queue) device kernels of this context's calls launch on, if the caller gave one.
-    stream: Option<crate::kernel::LaunchStream>,
+    stream: Option<crate::stream::LaunchStream>,
 }
 
 impl std::fmt::Debug for EagerContext<'_> {
@@ -178,7 +178,7 @@ impl<'r> EagerContext<'r> {
     /// The same context whose calls launch device kernels on `stream`: the engine's own stream
     /// handle, of the type the kernel crate documents (`Arc<cudarc::driver::CudaStream>` for
     /// `cuda`). Providers that take no stream, or another type, ignore it; see
-    /// [`kernel::launch_stream`](crate::kernel::launch_stream).
+    /// [`stream::launch_stream`](crate::stream::launch_stream).
     pub fn with_stream<S: std::any::Any + Send + Sync>(mut self, stream: S) -> EagerContext<'r> {
         self.stream = Some(std::sync::Arc::new(stream));
         self
@@ -203,7 +203,7 @@ impl ExecutionContext for EagerContext<'_> {
         args: Vec<CallArg<Tensor>>,
     ) -> Result<Vec<Tensor>, CallError> {
         let values = args.into_iter().map(|arg| arg.into_value(Value::Tensor)).collect();
-        crate::kernel::with_launch_stream(self.stream.as_ref(), || self.registry.call_def(op, overload, values))
+        crate::stream::with_launch_stream(self.stream.as_ref(), || self.registry.call_def(op, overload, values))
     }
 
     /// Runs the table's computation; `copy_` writes into its first argument, which must be uniquely

@@ -1,38 +1,51 @@
-//! `ir-core`: the tensor model, op definitions, the registry of implementations, priorities and
-//! dispatch, and the native reference ops of vllm-ir-rs.
+//! `ir-core`: the mechanism of vllm-ir-rs, the API boundary an engine and a kernel crate program
+//! against: the tensor model, how an op is declared ([`define_op!`], [`op::OpDef`], parameter
+//! kinds), the registry of implementations, priorities and dispatch, execution contexts, the
+//! built-in tensor operations and platforms. It declares no op of its own: the built-in ops
+//! (`rms_norm`, `fused_add_rms_norm`, the gated activations, the fp8 quantizations, rotary) live in
+//! `vllm-ir-ops`, what kernel crates share (standard predicates, row geometry, family launch
+//! plumbing) in `vllm-ir-kernel-support`.
 //!
-//! An op (`rms_norm`, `fused_add_rms_norm`, `silu_and_mul`, `gelu_and_mul`, `gelu_and_mul_sparse`,
-//! or one of an engine's own) is declared once ([`define_op!`]) with its semantics, a plain Rust
-//! reference registered as provider `native`. Kernel crates register more implementations, each
-//! with an availability probe, a metadata-only `supports` predicate and an in-place flag. A per-op
-//! priority list, installed from a per-platform [`PriorityConfig`], picks the implementation for
-//! each call.
+//! An op is declared once with its semantics, a plain Rust reference registered as provider
+//! `native`. Kernel crates register more implementations, each with an availability probe, a
+//! metadata-only `supports` predicate and an in-place flag. A per-op priority list, installed from
+//! a per-platform [`PriorityConfig`], picks the implementation for each call.
 //!
-//! Modules for models and engines: [`op`] (declarations and typed calls), [`context`] (the
+//! Modules for models and engines: [`op`] (how ops are declared and called), [`context`] (the
 //! execution-context trait models are written against), [`builtin`] (the built-in tensor
-//! operations), [`platform`]; the registry and tensor types at the root. Modules for kernel crates:
-//! [`kernel`] (standard predicates, row geometry, device buffers) and [`storage`]. [`testing`] holds
-//! test helpers; feature `testing` adds `Tensor::randn` and the ops' input generators (without it
-//! the generators say so), so engines do not depend on the random-number crates.
+//! operations), [`platform`], [`interop`] (candle and DLPack tensors); the registry and tensor types
+//! at the root. Modules for kernel crates: [`storage`] (host and device buffers) and [`stream`] (the
+//! caller's launch stream). [`testing`] holds test helpers; feature `testing` adds `Tensor::randn`
+//! and the input generators (without it the generators say so), so engines do not depend on the
+//! random-number crates.
 //!
 //! ```
-//! use ir_core::op::Rounding;
-//! use ir_core::op::fused_add_rms_norm;
-//! use ir_core::op::rms_norm::rms_norm;
-//! use ir_core::{DType, Registry, Tensor};
+//! use ir_core::op::{Activation, InputSpec, MetaError, Value, smallvec};
+//! use ir_core::{DType, KernelError, Registry, Tensor};
 //!
-//! let registry = Registry::with_builtin_ops();
-//! let x = Tensor::from_f32(DType::BF16, &[2, 4], &[1.0, 2.0, 3.0, 4.0, -1.0, 0.5, 0.25, 2.0])?;
-//! let weight = Tensor::ones(DType::BF16, &[4]).unwrap();
-//! let y = rms_norm(&registry, &x, Some(&weight), 1e-6, None)?;
-//! assert_eq!(y.shape(), &[2, 4]);
+//! ir_core::define_op! {
+//!     /// `negate(x) -> out`.
+//!     op negate {
+//!         def: NEGATE,
+//!         args: NegateArgs,
+//!         params: (x: Activation),
+//!         outputs: Tensor,
+//!         inplace: false,
+//!         native: |x: &Tensor| -> Result<Tensor, KernelError> { Ok(x.scale(-1.0)?) },
+//!         meta: |args| Ok(smallvec![args[0].tensor().ok_or(MetaError::Kind { op: "negate", param: "x" })?.clone()]),
+//!         generate: |spec: &InputSpec| Ok(vec![Value::Tensor(Tensor::ones(spec.dtype, &[2, 4])?)]),
+//!         tolerances: &[],
+//!         description: "negation",
+//!     }
+//! }
 //!
-//! // `maybe_inplace` takes the activations by value: the caller donates them.
-//! let residual = Tensor::zeros(DType::BF16, &[2, 4]).unwrap();
-//! let (out, new_residual) =
-//!     fused_add_rms_norm::maybe_inplace(&registry, x, residual, Some(&weight), 1e-6, None, Rounding::Exact)?;
-//! assert!(ir_core::bit_eq(&out, &y));
-//! assert_eq!(new_residual.shape(), &[2, 4]);
+//! let registry = Registry::new();
+//! registry.define_op(&NEGATE)?;
+//! let x = Tensor::from_f32(DType::BF16, &[2, 2], &[1.0, -2.0, 0.5, 0.0])?;
+//! let y = negate(&registry, &x)?;
+//! assert_eq!(y.to_f64_vec()?, vec![-1.0, 2.0, -0.5, 0.0]);
+//! // Only `native` is registered: the registry records the choice.
+//! assert_eq!(registry.selection_record().selections("negate", "native"), 1);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -49,15 +62,22 @@ mod device;
 mod dtype;
 mod implementation;
 pub mod interop;
-pub mod kernel;
 pub mod layout;
 mod meta;
 pub mod op;
 pub mod platform;
 pub mod registry;
 pub mod storage;
+pub mod stream;
 mod tensor;
 pub mod testing;
+
+/// What [`define_op!`] and [`str_enum!`] expand to: the parameter markers' and outputs' traits and
+/// the compile-time helpers. Not an API: generated code names these, callers never need to.
+#[doc(hidden)]
+pub mod __macro_support {
+    pub use crate::op::declare::{OpOutputs, OpParam, TensorRefs, count_donated, donated_names, output_count};
+}
 
 pub use crate::builtin::{Builtin, BuiltinArg};
 pub use crate::context::{CallArg, EagerContext, ExecutionContext};

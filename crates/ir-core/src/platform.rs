@@ -9,7 +9,7 @@
 //! use ir_core::platform::{Platform, PlatformChoice, UserPriorities};
 //! use ir_core::{PriorityConfig, Registry};
 //!
-//! let registry = Registry::with_builtin_ops(); // kernel crates would register their providers here
+//! let registry = ir_ops::registry(); // kernel crates would register their providers here
 //! let config = PriorityConfig {
 //!     platform: PlatformChoice::Pinned(Platform::Cpu),
 //!     user: UserPriorities::parse("rms_norm=native")?,
@@ -29,6 +29,7 @@ use std::str::FromStr;
 use indexmap::IndexMap;
 
 use crate::op::is_valid_name;
+pub use crate::registry::merge;
 use crate::registry::{NATIVE, PriorityError, PriorityGuard, Registry};
 
 /// The environment variable holding user overrides.
@@ -298,18 +299,6 @@ pub struct ConfigGuard {
     /// What was installed.
     pub config: ResolvedConfig,
     _guards: Vec<PriorityGuard>,
-}
-
-/// User entries first, in order, then the platform entries not already present; duplicates collapse
-/// to their first occurrence. Idempotent.
-pub fn merge(user: &[impl AsRef<str>], platform: &[impl AsRef<str>]) -> Vec<String> {
-    let mut merged: Vec<String> = Vec::new();
-    for name in user.iter().map(AsRef::as_ref).chain(platform.iter().map(AsRef::as_ref)) {
-        if !merged.iter().any(|m| m == name) {
-            merged.push(name.to_owned());
-        }
-    }
-    merged
 }
 
 impl PriorityConfig {

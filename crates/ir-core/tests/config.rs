@@ -51,7 +51,7 @@ fn merge_rules() {
 }
 
 fn registry_with_platform_providers() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     for name in ["cuda", "cpu"] {
         register_scaled_rms_norm(&registry, ImplSpec::new(name), 2.0);
         register_inplace(&registry, name);
@@ -135,7 +135,7 @@ fn unknown_ops_and_providers_are_errors_naming_them() {
 
 #[test]
 fn every_op_has_a_default_on_every_platform() {
-    let bare = Registry::with_builtin_ops();
+    let bare = ir_ops::registry();
     let full = registry_with_platform_providers();
     for platform in Platform::ALL {
         for registry in [&bare, &full] {
@@ -173,7 +173,7 @@ fn the_cli_flag_replaces_the_environment_value() {
 
 #[test]
 fn detection_never_panics_and_falls_back_to_cpu() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     assert_eq!(Platform::detect(&registry), Platform::Cpu);
     register_scaled_rms_norm(&registry, ImplSpec::new("cuda").with_probe(|| panic!("libcuda.so not found")), 2.0);
     register_scaled_rms_norm(
@@ -182,10 +182,10 @@ fn detection_never_panics_and_falls_back_to_cpu() {
         2.0,
     );
     assert_eq!(Platform::detect(&registry), Platform::Cpu);
-    let with_xpu = Registry::with_builtin_ops();
+    let with_xpu = ir_ops::registry();
     register_scaled_rms_norm(&with_xpu, ImplSpec::new("xpu"), 2.0);
     assert_eq!(Platform::detect(&with_xpu), Platform::Xpu);
-    let cpu_opencl = Registry::with_builtin_ops();
+    let cpu_opencl = ir_ops::registry();
     register_scaled_rms_norm(&cpu_opencl, ImplSpec::new("xpu").with_platform_detection(|| false), 2.0);
     assert_eq!(Platform::detect(&cpu_opencl), Platform::Cpu, "an OpenCL CPU device never makes the platform xpu");
     assert_eq!(cpu_opencl.available_providers("rms_norm"), vec!["native", "xpu"]);
@@ -194,7 +194,7 @@ fn detection_never_panics_and_falls_back_to_cpu() {
 /// A registry with `cpu` (taking even hidden sizes only, as a kernel provider with a predicate) and
 /// nothing else but native.
 fn registry_with_even_cpu() -> Registry {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let even = ImplSpec::new("cpu").with_supports(|args| {
         let hidden = args[0].tensor().expect("x").layout.last_dim();
         if hidden.is_multiple_of(2) { ir_core::Support::Yes } else { ir_core::Support::No("odd hidden size".into()) }

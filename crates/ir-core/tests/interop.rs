@@ -5,10 +5,10 @@ mod common;
 
 use candle_core as candle;
 use ir_core::half::bf16;
-use ir_core::op::fused_add_rms_norm;
-use ir_core::op::rms_norm::rms_norm;
 use ir_core::storage::Storage;
-use ir_core::{DType, InteropError, Registry, Tensor, TensorError};
+use ir_core::{DType, InteropError, Tensor, TensorError};
+use ir_ops::fused_add_rms_norm;
+use ir_ops::rms_norm::rms_norm;
 
 /// The address of a candle CPU tensor's first element.
 fn candle_first_element(tensor: &candle::Tensor) -> usize {
@@ -40,22 +40,15 @@ fn candle_tensors_are_viewed_without_a_copy_and_never_written() {
     assert!(!t.is_uniquely_owned(), "memory lent by candle is read-only");
     // An in-place kernel given it as a donated activation gets a copy; candle's memory keeps its
     // values, while the writable residual is written in place.
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     common::register_inplace(&registry, "p");
     let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
     let before = c.to_vec2::<f32>().unwrap();
     let residual = Tensor::ones(DType::F32, &[2, 3]).unwrap();
     let residual_address = first_element(&residual);
-    let (normed, residual) = fused_add_rms_norm::maybe_inplace(
-        &registry,
-        t.clone(),
-        residual,
-        None,
-        1e-6,
-        None,
-        ir_core::op::Rounding::Exact,
-    )
-    .unwrap();
+    let (normed, residual) =
+        fused_add_rms_norm::maybe_inplace(&registry, t.clone(), residual, None, 1e-6, None, ir_ops::Rounding::Exact)
+            .unwrap();
     assert_ne!(first_element(&normed), first_element(&t));
     assert_eq!(first_element(&residual), residual_address);
     assert_eq!(c.to_vec2::<f32>().unwrap(), before);
@@ -75,7 +68,7 @@ fn candle_tensors_are_viewed_without_a_copy_and_never_written() {
 
 #[test]
 fn kernel_outputs_move_into_candle_without_a_copy() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let x = Tensor::from_vec(&[2, 4], (0..8).map(|i| bf16::from_f32(i as f32 - 3.0)).collect()).unwrap();
     let w = Tensor::ones(DType::BF16, &[4]).unwrap();
     let out = rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap();

@@ -4,10 +4,10 @@ mod common;
 
 use common::sample;
 use half::{bf16, f16};
-use ir_core::op::fused_add_rms_norm;
-use ir_core::op::rms_norm;
 use ir_core::op::{InputSpec, MetaError, Value, tolerance};
 use ir_core::{DType, Layout, Tensor, TensorMeta, allclose, bit_eq};
+use ir_ops::fused_add_rms_norm;
+use ir_ops::rms_norm;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -41,7 +41,7 @@ fn properties_per_dtype_and_epsilon() {
             assert!(bit_eq(&ones, &unweighted), "{dtype}: a ones weight is the identity");
 
             let (out, residual_out) =
-                fused_add_rms_norm::native(&x, &r, Some(&w), eps, None, ir_core::op::Rounding::Exact).unwrap();
+                fused_add_rms_norm::native(&x, &r, Some(&w), eps, None, ir_ops::Rounding::Exact).unwrap();
             let sum = x.add(&r).unwrap();
             assert!(bit_eq(&residual_out, &sum), "{dtype}: residual_out is the once-rounded f32 sum");
             let renormed = rms_norm::native(&residual_out, Some(&w), eps, None).unwrap();
@@ -50,7 +50,7 @@ fn properties_per_dtype_and_epsilon() {
 
             let zeros = Tensor::zeros(dtype, &[16, 256]).unwrap();
             let (with_zero, _) =
-                fused_add_rms_norm::native(&x, &zeros, Some(&w), eps, None, ir_core::op::Rounding::Exact).unwrap();
+                fused_add_rms_norm::native(&x, &zeros, Some(&w), eps, None, ir_ops::Rounding::Exact).unwrap();
             allclose(&with_zero, &y, 0.0, 0.0).unwrap_or_else(|e| panic!("{dtype}: fused(x, 0) == rms_norm(x): {e}"));
         }
     }
@@ -134,14 +134,14 @@ fn variance_size_out_of_range_is_an_error() {
     }
     for bad_eps in [-1.0, f64::NAN, f64::INFINITY] {
         let args = [ir_core::op::ArgMeta::Tensor(&x), ir_core::op::ArgMeta::None, ir_core::op::ArgMeta::F64(bad_eps)];
-        let err = ir_core::Registry::with_builtin_ops().select("rms_norm", &args).unwrap_err();
+        let err = ir_ops::registry().select("rms_norm", &args).unwrap_err();
         assert!(err.to_string().contains("`epsilon`"), "{err}");
     }
 }
 
 #[test]
 fn meta_errors_name_both_shapes() {
-    let registry = ir_core::Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
     let w = Tensor::zeros(DType::F32, &[7]).unwrap();
     let err = rms_norm::rms_norm(&registry, &x, Some(&w), 1e-6, None).unwrap_err();
@@ -171,7 +171,7 @@ fn special_values() {
         let empty = Tensor::zeros(dtype, &[0, 8]).unwrap();
         assert_eq!(rms_norm::native(&empty, None, 1e-6, None).unwrap().shape(), &[0, 8]);
         let (out, residual_out) =
-            fused_add_rms_norm::native(&empty, &empty, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
+            fused_add_rms_norm::native(&empty, &empty, None, 1e-6, None, ir_ops::Rounding::Exact).unwrap();
         assert_eq!((out.numel(), residual_out.numel()), (0, 0));
 
         let single = Tensor::from_f64(dtype, &[3, 1], &[2.0, -0.5, 4.0]).unwrap();
@@ -196,7 +196,7 @@ fn layouts_give_the_values_of_compact_inputs() {
     let residual = sample(DType::BF16, t, h, 22);
     let expected = rms_norm::native(&compact, None, 1e-6, None).unwrap().to_f64_vec().unwrap();
     let (expected_out, expected_res) =
-        fused_add_rms_norm::native(&compact, &residual, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
+        fused_add_rms_norm::native(&compact, &residual, None, 1e-6, None, ir_ops::Rounding::Exact).unwrap();
     for (row_stride, offset) in [(2 * h, 0), (h + 3, 0), (h, 1), (h + 3, 1)] {
         let mut storage = Tensor::zeros(DType::BF16, &[row_stride * t + offset]).unwrap();
         let view = storage.as_strided(Layout::new(&[t, h], &[row_stride, 1], offset).unwrap()).unwrap();
@@ -206,7 +206,7 @@ fn layouts_give_the_values_of_compact_inputs() {
         let y = rms_norm::native(&storage, None, 1e-6, None).unwrap();
         assert_eq!(y.to_f64_vec().unwrap(), expected, "row stride {row_stride}, offset {offset}");
         let (out, res) =
-            fused_add_rms_norm::native(&storage, &residual, None, 1e-6, None, ir_core::op::Rounding::Exact).unwrap();
+            fused_add_rms_norm::native(&storage, &residual, None, 1e-6, None, ir_ops::Rounding::Exact).unwrap();
         assert!(bit_eq(&out, &expected_out) && bit_eq(&res, &expected_res));
     }
     let three_d = compact.reshape(&[1, t, h]).unwrap();
@@ -230,14 +230,14 @@ fn layouts_give_the_values_of_compact_inputs() {
 #[test]
 fn dynamic_native_agrees_with_typed_native() {
     let (x, r, w) = generated(DType::F16, 4, 32, 1e-5);
-    let registry = ir_core::Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let dynamic = registry
         .call(
             "fused_add_rms_norm",
             vec![Value::Tensor(x.clone()), Value::Tensor(r.clone()), Value::Tensor(w.clone()), Value::F64(1e-5)],
         )
         .unwrap();
-    let (out, res) = fused_add_rms_norm::native(&x, &r, Some(&w), 1e-5, None, ir_core::op::Rounding::Exact).unwrap();
+    let (out, res) = fused_add_rms_norm::native(&x, &r, Some(&w), 1e-5, None, ir_ops::Rounding::Exact).unwrap();
     assert!(bit_eq(&dynamic[0], &out) && bit_eq(&dynamic[1], &res));
 }
 
@@ -246,7 +246,7 @@ fn dynamic_native_agrees_with_typed_native() {
 /// some elements; for f32 the two roundings are the same bits.
 #[test]
 fn dtype_rounding_normalizes_the_rounded_sum() {
-    use ir_core::op::Rounding;
+    use ir_ops::Rounding;
     for dtype in DTYPES {
         let (x, r, w) = generated(dtype, 16, 256, 1e-6);
         let (out, sum) = fused_add_rms_norm::native(&x, &r, Some(&w), 1e-6, None, Rounding::Dtype).unwrap();
@@ -271,8 +271,8 @@ fn dtype_rounding_normalizes_the_rounded_sum() {
 /// unchanged.
 #[test]
 fn dtype_rounding_of_rotary_rounds_each_product() {
-    use ir_core::op::Rounding;
-    use ir_core::op::rotary_embedding::{cos_sin_cache, native};
+    use ir_ops::Rounding;
+    use ir_ops::rotary_embedding::{cos_sin_cache, native};
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         let round = |v: f32| dtype.round(f64::from(v)) as f32;
         let q = sample(dtype, 3, 16, 11);

@@ -5,12 +5,12 @@ mod common;
 use std::borrow::Cow;
 
 use common::{capture, register_inplace, register_scaled_rms_norm, sample};
-use ir_core::op::rms_norm::{self, RmsNormArgs, rms_norm};
 use ir_core::op::{Activations, ArgMeta, InputSpec, MetaError, OpDef, ParamDef, ParamKind, Value};
 use ir_core::{
     Availability, CallError, DType, ImplFunc, ImplSpec, KernelError, NameKind, PriorityError, Registry, RegistryError,
     Support, Tensor, TensorError, TensorMeta, bit_eq,
 };
+use ir_ops::rms_norm::{self, RmsNormArgs, rms_norm};
 use tracing::Level;
 
 // --- throwaway ops defined at run time ---
@@ -84,7 +84,7 @@ static NO_OUTPUTS: OpDef = op("no_outputs", &[X], 0, Activations::Default, false
 #[test]
 fn op_names_are_checked() {
     let line = line!() + 1;
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     registry.define_op(&GOOD_A1).unwrap();
     for (def, expected) in [
         (&BAD_CAMEL, "invalid op name `RmsNorm`"),
@@ -102,7 +102,7 @@ fn op_names_are_checked() {
     // `with_builtin_ops` is `#[track_caller]`: the location is the caller's line.
     assert_eq!((first.file(), first.line()), (file!(), line), "first definition at {first}");
     assert!(err.to_string().contains("first defined at"), "{err}");
-    let builtins: Vec<&str> = ir_core::op::BUILTIN_OPS.iter().map(|d| d.name).collect();
+    let builtins: Vec<&str> = ir_ops::BUILTIN_OPS.iter().map(|d| d.name).collect();
     assert_eq!(registry.ops(), [builtins, vec!["_a1"]].concat());
     // The duplicate did not replace the original.
     assert!(std::ptr::eq(registry.op_def("rms_norm").unwrap(), &rms_norm::RMS_NORM));
@@ -120,7 +120,7 @@ fn duplicate_op_names_the_location_of_a_user_definition() {
 
 #[test]
 fn activations() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     assert_eq!(registry.activations("rms_norm"), Some(vec![0]));
     assert_eq!(registry.activations("fused_add_rms_norm"), Some(vec![0, 1]));
     registry.define_op(&EXPLICIT).unwrap();
@@ -150,7 +150,7 @@ fn spec(name: &'static str) -> ImplSpec {
 
 #[test]
 fn implementation_registration_failures_leave_nothing_behind() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("alpha"), 2.0);
     let before = registry.providers("rms_norm");
 
@@ -186,14 +186,14 @@ fn implementation_registration_failures_leave_nothing_behind() {
 
 #[test]
 fn registering_twice_in_one_registry_fails_but_registries_are_independent() {
-    let a = Registry::with_builtin_ops();
-    let b = Registry::with_builtin_ops();
+    let a = ir_ops::registry();
+    let b = ir_ops::registry();
     register_inplace(&a, "p");
     register_inplace(&b, "p");
-    let again = ir_core::op::fused_add_rms_norm::register(
+    let again = ir_ops::fused_add_rms_norm::register(
         &a,
         spec("p"),
-        ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(common::inplace_fused),
+        ir_ops::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(common::inplace_fused),
     );
     assert!(matches!(again, Err(RegistryError::DuplicateProvider { .. })));
 }
@@ -202,7 +202,7 @@ fn registering_twice_in_one_registry_fails_but_registries_are_independent() {
 
 #[test]
 fn without_priorities_native_runs_and_is_logged_once() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let x = sample(DType::BF16, 4, 16, 2);
     let w = sample(DType::BF16, 1, 16, 3).reshape(&[16]).unwrap();
     let expected = rms_norm::native(&x, Some(&w), 1e-6, None).unwrap();
@@ -224,7 +224,7 @@ fn without_priorities_native_runs_and_is_logged_once() {
 
 #[test]
 fn nested_guards_restore_in_order() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("a"), 2.0);
     register_scaled_rms_norm(&registry, spec("b"), 4.0);
     {
@@ -241,7 +241,7 @@ fn nested_guards_restore_in_order() {
 
 #[test]
 fn guards_dropped_out_of_order_remove_their_own_layer() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("a"), 2.0);
     register_scaled_rms_norm(&registry, spec("b"), 4.0);
     registry.set_default("rms_norm", &["native"]).unwrap();
@@ -258,7 +258,7 @@ fn guards_dropped_out_of_order_remove_their_own_layer() {
 
 #[test]
 fn guards_restore_after_a_panic() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("a"), 2.0);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _guard = registry.override_priority("rms_norm", &["a"]).unwrap();
@@ -279,7 +279,7 @@ fn guards_restore_on_early_return() {
         let _second = registry.override_priority("rms_norm", &["missing"])?;
         unreachable!("the second override fails");
     }
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("a"), 2.0);
     assert!(early(&registry).is_err());
     assert_eq!(registry.installed_priority("rms_norm"), None);
@@ -289,7 +289,7 @@ fn guards_restore_on_early_return() {
 
 #[test]
 fn order_decides_through_typed_and_dynamic_entry_points() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("a"), 2.0);
     register_scaled_rms_norm(&registry, spec("b"), 4.0);
     let x = sample(DType::F32, 3, 8, 4);
@@ -312,7 +312,7 @@ fn order_decides_through_typed_and_dynamic_entry_points() {
 
 #[test]
 fn unavailable_providers_are_skipped_with_the_reason_logged() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(
         &registry,
         spec("gone").with_probe(|| Availability::Unavailable("libgone.so not found".into())),
@@ -330,7 +330,7 @@ fn unavailable_providers_are_skipped_with_the_reason_logged() {
 
 #[test]
 fn a_panicking_probe_is_unavailable() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("crashy").with_probe(|| panic!("libcuda missing")), 2.0);
     let info = registry.providers("rms_norm").into_iter().find(|p| p.name == "crashy").unwrap();
     let Availability::Unavailable(reason) = info.availability else { panic!("expected unavailable") };
@@ -342,7 +342,7 @@ fn a_panicking_probe_is_unavailable() {
 fn the_probe_runs_at_most_once() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(
         &registry,
         spec("counted").with_probe(|| {
@@ -371,7 +371,7 @@ fn even_only(args: &[ArgMeta<'_>]) -> Support {
 
 #[test]
 fn resolution_examples() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
     register_scaled_rms_norm(&registry, spec("a"), 2.0);
     register_scaled_rms_norm(&registry, spec("cpu"), 3.0);
@@ -392,7 +392,7 @@ fn resolution_examples() {
 
 #[test]
 fn empty_list_resolves_to_native_with_the_warning() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let (guard, events) = capture(|| registry.override_priority("rms_norm", &[] as &[&str]).unwrap());
     assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["native"]));
     assert_eq!(events.count(Level::WARN, "no provider in the priority list supports all arguments"), 1);
@@ -401,7 +401,7 @@ fn empty_list_resolves_to_native_with_the_warning() {
 
 #[test]
 fn a_conditional_provider_alone_gets_native_appended_and_one_warning() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
     let (guard, install_events) = capture(|| registry.override_priority("rms_norm", &["even"]).unwrap());
     assert_eq!(registry.installed_priority("rms_norm"), Some(vec!["even", "native"]));
@@ -440,7 +440,7 @@ fn a_conditional_provider_alone_gets_native_appended_and_one_warning() {
 
 #[test]
 fn unknown_providers_are_an_error_and_install_nothing() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("a"), 2.0);
     let err = registry.override_priority("rms_norm", &["a", "bogus", "nope"]).unwrap_err();
     assert_eq!(
@@ -461,7 +461,7 @@ fn unknown_providers_are_an_error_and_install_nothing() {
 
 #[test]
 fn a_provider_registered_after_installation_joins_after_the_pinned_names() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
     registry.set_default("rms_norm", &["even", "native"]).unwrap();
     let guard = registry.override_priority("rms_norm", &["native"]).unwrap();
@@ -479,7 +479,7 @@ fn a_provider_registered_after_installation_joins_after_the_pinned_names() {
 
     // A guard's own names and those pinned below it stay in front; a name the user did not end with
     // native leaves room before the platform's native (here a default list without pinned names).
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
     register_scaled_rms_norm(&registry, spec("mine").with_supports(even_only), 5.0);
     ir_core::PriorityConfig::platform_default(ir_core::Platform::Cpu).apply(&registry).unwrap();
@@ -494,7 +494,7 @@ fn a_provider_registered_after_installation_joins_after_the_pinned_names() {
 
 #[test]
 fn overrides_in_code_put_their_entries_first_and_keep_the_list_below() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
     register_scaled_rms_norm(&registry, spec("mine").with_supports(even_only), 5.0);
     registry.set_default("rms_norm", &["even", "native"]).unwrap();
@@ -536,7 +536,7 @@ fn registries_in_many_threads_do_not_interfere() {
             let x = &x;
             let native = &native;
             scope.spawn(move || {
-                let registry = Registry::with_builtin_ops();
+                let registry = ir_ops::registry();
                 register_scaled_rms_norm(&registry, spec("p"), factor);
                 let _guard = registry.override_priority("rms_norm", &["p"]).unwrap();
                 for _ in 0..50 {
@@ -550,7 +550,7 @@ fn registries_in_many_threads_do_not_interfere() {
 
 #[test]
 fn one_registry_shared_by_threads_with_guards_on_different_ops() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("p"), 2.0);
     register_inplace(&registry, "q");
     std::thread::scope(|scope| {
@@ -571,7 +571,7 @@ fn one_registry_shared_by_threads_with_guards_on_different_ops() {
 
 #[test]
 fn the_selection_record_and_debug_event_name_chosen_and_rejected_providers() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
     let _guard = registry.override_priority("rms_norm", &["even", "native"]).unwrap();
     let odd = sample(DType::F32, 2, 7, 1);
@@ -599,7 +599,7 @@ fn the_selection_record_and_debug_event_name_chosen_and_rejected_providers() {
 
 #[test]
 fn selection_on_metadata_follows_the_same_rules() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("even").with_supports(even_only), 2.0);
     let _guard = registry.override_priority("rms_norm", &["even"]).unwrap();
     let odd = TensorMeta::compact(DType::BF16, &[4, 9]);
@@ -613,7 +613,7 @@ fn selection_on_metadata_follows_the_same_rules() {
 
 #[test]
 fn bind_fills_defaults_and_checks_kinds() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let x = sample(DType::F32, 2, 4, 0);
     let ok = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]);
     assert!(ok.is_ok());
@@ -634,7 +634,7 @@ fn bind_fills_defaults_and_checks_kinds() {
 
 #[test]
 fn generators_are_deterministic_and_tolerances_exist() {
-    for def in ir_core::op::BUILTIN_OPS {
+    for def in ir_ops::BUILTIN_OPS {
         for dtype in DType::COMPUTE {
             let spec = InputSpec { num_tokens: 3, hidden_size: 8, dtype, epsilon: 1e-6, seed: 42 };
             let a = (def.generate_inputs)(&spec).unwrap();
@@ -667,7 +667,7 @@ fn generators_are_deterministic_and_tolerances_exist() {
 
 /// A registry that predicates can capture.
 fn leaked_registry() -> &'static Registry {
-    Box::leak(Box::new(Registry::with_builtin_ops()))
+    Box::leak(Box::new(ir_ops::registry()))
 }
 
 /// Runs `f` on another thread; a deadlock fails the test after `seconds` instead of hanging it.
@@ -737,7 +737,7 @@ fn panicking_predicate(_: &[ArgMeta<'_>]) -> Support {
 
 #[test]
 fn a_panicking_predicate_is_a_rejection_with_the_panic_message() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("flaky").with_supports(panicking_predicate), 2.0);
     registry.set_default("rms_norm", &["flaky"]).unwrap();
     let selection = rms_norm_meta_select(&registry).unwrap();
@@ -770,7 +770,7 @@ fn scaled_native(factor: f64) -> ImplFunc {
 
 #[test]
 fn a_provider_name_made_at_run_time_registers_dispatches_and_cannot_be_registered_twice() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let plugin = format!("plugin_{}", 3);
     registry.register_impl("rms_norm", ImplSpec::new(plugin.clone()), scaled_native(2.0)).unwrap();
     registry.set_default("rms_norm", &[plugin.as_str()]).unwrap();
@@ -789,7 +789,7 @@ fn a_provider_name_made_at_run_time_registers_dispatches_and_cannot_be_registere
 
 #[test]
 fn replacing_an_implementation_keeps_its_place_in_every_installed_list() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     registry.register_impl("rms_norm", spec("mine"), scaled_native(2.0)).unwrap();
     registry.set_default("rms_norm", &["mine"]).unwrap();
     let guard = registry.override_priority("rms_norm", &["mine", "native"]).unwrap();
@@ -822,18 +822,17 @@ fn typed_implementations_are_closures_that_may_capture_state() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&calls);
-    let kernel = ir_core::op::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(move |x, r, w, eps, v, rounding| {
+    let kernel = ir_ops::fused_add_rms_norm::FusedAddRmsNormImpl::inplace(move |x, r, w, eps, v, rounding| {
         counted.fetch_add(1, Ordering::Relaxed);
         common::inplace_fused(x, r, w, eps, v, rounding)
     });
-    ir_core::op::fused_add_rms_norm::register(&registry, spec("counted"), kernel).unwrap();
+    ir_ops::fused_add_rms_norm::register(&registry, spec("counted"), kernel).unwrap();
     registry.set_default("fused_add_rms_norm", &["counted"]).unwrap();
     let (x, r) = (sample(DType::F32, 2, 8, 7), sample(DType::F32, 2, 8, 8));
-    ir_core::op::fused_add_rms_norm::maybe_inplace(&registry, x, r, None, 1e-6, None, ir_core::op::Rounding::Exact)
-        .unwrap();
+    ir_ops::fused_add_rms_norm::maybe_inplace(&registry, x, r, None, 1e-6, None, ir_ops::Rounding::Exact).unwrap();
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 }
 
@@ -846,7 +845,7 @@ fn scaled(x: &Tensor, factor: f64) -> Tensor {
 
 #[test]
 fn a_remembered_selection_never_outlives_a_priority_change() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("p"), 2.0);
     register_scaled_rms_norm(&registry, spec("q"), 3.0);
     registry.set_default("rms_norm", &["p", "native"]).unwrap();
@@ -878,7 +877,7 @@ fn a_remembered_selection_never_outlives_a_priority_change() {
 
 #[test]
 fn two_registries_on_one_thread_keep_their_own_selections() {
-    let (first, second) = (Registry::with_builtin_ops(), Registry::with_builtin_ops());
+    let (first, second) = (ir_ops::registry(), ir_ops::registry());
     register_scaled_rms_norm(&first, spec("p"), 2.0);
     register_scaled_rms_norm(&second, spec("p"), 3.0);
     first.set_default("rms_norm", &["p"]).unwrap();
@@ -894,7 +893,7 @@ fn two_registries_on_one_thread_keep_their_own_selections() {
 
 #[test]
 fn a_kernel_may_dispatch_on_its_own_thread_while_its_selection_runs() {
-    let registry = std::sync::Arc::new(Registry::with_builtin_ops());
+    let registry = std::sync::Arc::new(ir_ops::registry());
     register_scaled_rms_norm(&registry, spec("inner"), 2.0);
     let weak = std::sync::Arc::downgrade(&registry);
     // `outer` runs `rms_norm` again (through `inner`) from inside its kernel, on rows of another width.
@@ -919,7 +918,7 @@ fn a_kernel_may_dispatch_on_its_own_thread_while_its_selection_runs() {
 
 #[test]
 fn typed_and_dynamically_registered_functions_give_one_result_and_one_record() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_scaled_rms_norm(&registry, spec("typed"), 2.0);
     registry.register_impl("rms_norm", spec("dynamic"), scaled_native(2.0)).unwrap();
     let x = sample(DType::F32, 4, 8, 4);
@@ -967,8 +966,7 @@ fn kernels_may_call_the_registry_again_deeper_than_the_memo_holds() {
         }
         rms_norm::native(x, w, eps, v)
     };
-    let spec =
-        spec("recursive").with_supports(|args| ir_core::kernel::rms_norm_support(args, ir_core::DeviceKind::Cpu));
+    let spec = spec("recursive").with_supports(|args| kernel_support::rms_norm_support(args, ir_core::DeviceKind::Cpu));
     rms_norm::register(registry, spec, recursive).unwrap();
     registry.set_default("rms_norm", &["recursive", "native"]).unwrap();
     let x = sample(DType::F32, 2, 8, 1);

@@ -7,13 +7,13 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use ir_core::op::ArgMeta;
-use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use ir_core::{DType, Registry, Selected, Tensor};
+use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         registry.set_default("fused_add_rms_norm", &["native"]).expect("native is registered");
         registry
     })

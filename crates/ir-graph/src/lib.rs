@@ -21,7 +21,7 @@
 //!        output(%y)
 //!      }",
 //! )?;
-//! let registry = Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! verify(&graph, &registry)?;
 //! let x = Tensor::from_f32(DType::F32, &[2, 4], &[1.0, 2.0, 3.0, 4.0, -1.0, 0.5, 0.25, 2.0])?;
 //! let run = interpret(&graph, &registry, vec![("x".to_owned(), x)], InterpOptions::checked())?;

@@ -2,7 +2,7 @@
 //! the same model source produces eager results and graphs.
 //!
 //! ```
-//! use ir_core::op::{Rounding, fused_add_rms_norm, rms_norm};
+//! use ir_ops::{Rounding, fused_add_rms_norm, rms_norm};
 //! use ir_core::{CallError, DType, EagerContext, ExecutionContext, Registry, Tensor, bit_eq};
 //! use ir_graph::{InterpOptions, Tracer, interpret};
 //!
@@ -12,7 +12,7 @@
 //!     rms_norm::call(ctx, &y, None, 1e-6, None)
 //! }
 //!
-//! let registry = Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let x = Tensor::from_f32(DType::F32, &[2, 4], &[1.0, 2.0, 3.0, 4.0, -1.0, 0.5, 0.25, 2.0])?;
 //! let r = Tensor::ones(DType::F32, &[2, 4])?;
 //! let eager = model(&EagerContext::new(&registry), &x, &r)?;

@@ -1,6 +1,6 @@
 //! The graph IR's text format: round trips, parse errors with positions, verifier diagnostics.
 
-use ir_core::{DType, Registry, TensorMeta};
+use ir_core::{DType, TensorMeta};
 use ir_graph::{Graph, Problem, parse, verify};
 
 const STEP: &str = "\
@@ -54,7 +54,7 @@ fn canonical_text_round_trips() {
 
 #[test]
 fn parsed_graphs_verify() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     for text in [STEP, LOWERED, CORPUS] {
         let graph = parse(text).unwrap();
         verify(&graph, &registry).unwrap_or_else(|e| panic!("{e}"));
@@ -143,7 +143,7 @@ fn columns_count_characters_and_the_first_error_in_the_text_is_reported() {
 fn an_integer_for_a_float_parameter_is_a_verifier_diagnostic_with_its_location() {
     let text = "graph g(%x: f32[2,8]) {\n  %y = rms_norm(%x, none, 1, none) : f32[2,8]\n  output(%y)\n}\n";
     let graph = parse(text).unwrap();
-    let err = verify(&graph, &Registry::with_builtin_ops()).unwrap_err();
+    let err = verify(&graph, &ir_ops::registry()).unwrap_err();
     assert_eq!(err.diagnostics.len(), 1);
     let d = &err.diagnostics[0];
     assert_eq!(d.location, Some((2, 3)));
@@ -166,7 +166,7 @@ graph g(%x: f32[2,8], %r: f32[2,8]) {
 }
 ";
     let graph = parse(text).unwrap();
-    let err = verify(&graph, &Registry::with_builtin_ops()).unwrap_err();
+    let err = verify(&graph, &ir_ops::registry()).unwrap_err();
     let lines: Vec<u32> = err.diagnostics.iter().map(|d| d.location.unwrap().0).collect();
     assert_eq!(lines, vec![2, 3, 4, 5, 6], "{err}");
     let problems: Vec<&Problem> = err.diagnostics.iter().map(|d| &d.problem).collect();
@@ -195,7 +195,7 @@ graph g(%x: f32[2,8], %w: f32[8], %v: f32[4]) {
 }
 ";
     let graph = parse(text).unwrap();
-    let err = verify(&graph, &Registry::with_builtin_ops()).unwrap_err();
+    let err = verify(&graph, &ir_ops::registry()).unwrap_err();
     let lines: Vec<u32> = err.diagnostics.iter().map(|d| d.location.unwrap().0).collect();
     assert_eq!(lines, vec![4, 5, 6], "{err}");
     assert_eq!(
@@ -210,7 +210,7 @@ graph g(%x: f32[2,8], %w: f32[8], %v: f32[4]) {
 
 #[test]
 fn structural_checks() {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     let mut graph = Graph::new("g");
     let x = graph.add_input("x", TensorMeta::compact(DType::F32, &[2]));
     let err = verify(&graph, &registry).unwrap_err();
@@ -245,7 +245,7 @@ mod never_panics {
             let cut = cut % chars.len();
             let mutated: String = chars[..cut].iter().chain(insert.chars().collect::<Vec<_>>().iter()).chain(chars[cut..].iter().skip(1)).collect();
             if let Ok(graph) = parse(&mutated) {
-                let _ = verify(&graph, &Registry::with_builtin_ops());
+                let _ = verify(&graph, &ir_ops::registry());
                 let reparsed = parse(&graph.to_string()).expect("printed graphs parse");
                 prop_assert!(reparsed.structurally_eq(&graph));
             }
@@ -259,7 +259,7 @@ fn the_verifier_rejects_values_past_isize_max_bytes() {
     let mut graph = Graph::new("g");
     let x = graph.add_input("x", TensorMeta::compact(DType::F32, &[1 << 62]));
     graph.set_output(vec![x]);
-    let err = verify(&graph, &Registry::with_builtin_ops()).unwrap_err().to_string();
+    let err = verify(&graph, &ir_ops::registry()).unwrap_err().to_string();
     assert!(err.contains("%x of type f32[4611686018427387904] is too large: its bytes exceed isize::MAX"), "{err}");
 }
 
@@ -295,7 +295,7 @@ graph g(%x: f32[4,8]) {
 }
 ";
     let graph = parse(text).unwrap();
-    let error = verify(&graph, &Registry::with_builtin_ops()).unwrap_err();
+    let error = verify(&graph, &ir_ops::registry()).unwrap_err();
     let lines: Vec<u32> = error.diagnostics.iter().filter_map(|d| d.location).map(|(line, _)| line).collect();
     // %2 is an offset of 4, so its layout is `+4`: a mismatch; %3 claims a compact layout; %4 is out of range.
     assert_eq!(lines, vec![4, 5, 6], "{}", error.summary());

@@ -12,7 +12,7 @@
 //!        output(%x)
 //!      }",
 //! )?;
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let report = dce(&mut graph, &PassContext::new(&registry))?;
 //! assert_eq!(report.removed.len(), 2);
 //! assert_eq!(graph.to_string(), "graph g(%x: f32[4]) {\n  output(%x)\n}\n");

@@ -188,7 +188,7 @@
 //!        output(%1)
 //!      }",
 //! )?;
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let cx = PassContext::new(&registry).with_clone_elimination(CloneElimination::AliasAware);
 //! let report = eliminate_clones(&mut graph, &cx)?;
 //! assert_eq!(report.removed.len(), 1);

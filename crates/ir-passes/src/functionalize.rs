@@ -30,7 +30,7 @@
 //!        output(%0, %1)
 //!      }",
 //! )?;
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let report = functionalize(&mut graph, &PassContext::new(&registry))?;
 //! assert_eq!(report.donated, vec!["x", "r"]);
 //! assert_eq!(graph.to_string(), "\

@@ -70,7 +70,7 @@
 //!        output(%o, %s)
 //!      }",
 //! )?;
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let report = fuse_add_rms_norm(&mut graph, &PassContext::new(&registry))?;
 //! assert_eq!(report.fused.len(), 1);
 //! assert!(graph.to_string().contains("= fused_add_rms_norm(%x, %r, %w, 1e-6, none) : f32[2,8], f32[2,8]"));
@@ -79,10 +79,10 @@
 
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_core::op::Overload;
-use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-use ir_core::op::rms_norm::RMS_NORM;
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
+use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use ir_ops::rms_norm::RMS_NORM;
 
 use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};

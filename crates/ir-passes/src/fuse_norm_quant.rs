@@ -87,7 +87,7 @@
 //!        output(%q)
 //!      }",
 //! )?;
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let report = fuse_norm_quant(&mut graph, &PassContext::new(&registry))?;
 //! assert_eq!(report.fused.len(), 1);
 //! assert!(graph.to_string().contains("= rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn) : f8e4m3fn[2,8]"));
@@ -95,17 +95,18 @@
 //! ```
 
 use cranelift_entity::{EntitySet, SecondaryMap};
-use ir_core::op::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
-use ir_core::op::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-use ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
-use ir_core::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
-use ir_core::op::rms_norm::RMS_NORM;
-use ir_core::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
-use ir_core::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT;
-use ir_core::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
-use ir_core::op::{OpDef, Overload, Rounding, StrEnum};
+use ir_core::op::{OpDef, Overload, StrEnum};
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
+use ir_ops::Rounding;
+use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
+use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+use ir_ops::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
+use ir_ops::rms_norm::RMS_NORM;
+use ir_ops::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+use ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT;
+use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 
 use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};

@@ -25,7 +25,7 @@
 //! use ir_graph::parse;
 //! use ir_passes::{PassContext, Pipeline, Snapshots};
 //!
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let mut graph = parse(
 //!     "graph g(%x: bf16[8,16], %r: bf16[8,16], %w: bf16[16]) {
 //!        %0, %1 = fused_add_rms_norm.maybe_inplace(%x, %r, %w, 1e-6, none) : bf16[8,16], bf16[8,16]

@@ -31,7 +31,7 @@
 //!        output(%0)
 //!      }",
 //! )?;
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let report = lower(&mut graph, &PassContext::new(&registry))?;
 //! assert_eq!(report.to_string(), "lowered 1 call(s): rms_norm=native×1");
 //! assert!(graph.to_string().contains("%0 = impl rms_norm[native] (%x, none, 1e-6, none) : f32[2,8]"));
@@ -43,10 +43,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
-use ir_core::op::rotary_embedding::ROTARY_EMBEDDING;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{Rejection, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef, OpTable};
+use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
 
 use crate::analysis::StorageRoots;
 use crate::{PassContext, PassError};

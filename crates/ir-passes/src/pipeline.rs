@@ -224,7 +224,7 @@ pub enum Snapshots {
 /// ```
 /// use ir_passes::{PassContext, Pipeline, Snapshots};
 ///
-/// let registry = ir_core::Registry::with_builtin_ops();
+/// let registry = ir_ops::registry();
 /// let mut graph = ir_graph::parse(
 ///     "graph g(%x: f32[2,8]) {
 ///        %c = clone(%x) : f32[2,8]

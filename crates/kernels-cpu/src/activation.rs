@@ -180,14 +180,14 @@ mod tests {
 
     #[test]
     fn the_tanh_form_keeps_its_relative_accuracy_in_the_tail() {
-        let (error, gate) = worst(GeluTanh, ir_core::op::gated::gelu_tanh);
+        let (error, gate) = worst(GeluTanh, ir_ops::gated::gelu_tanh);
         eprintln!("gelu (tanh form): largest relative error {error:e}, at gate {gate}");
         assert!(error < 4e-7, "relative error {error:e} at gate {gate}");
     }
 
     #[test]
     fn the_erf_form_keeps_its_relative_accuracy_in_the_tail() {
-        let (error, gate) = worst(GeluErf, ir_core::op::gated::gelu_erf);
+        let (error, gate) = worst(GeluErf, ir_ops::gated::gelu_erf);
         eprintln!("gelu (erf form): largest relative error {error:e}, at gate {gate}");
         assert!(error < 4e-7, "relative error {error:e} at gate {gate}");
     }

@@ -9,10 +9,10 @@
 //! the norms are ([`BYTES_PER_TASK`](crate::BYTES_PER_TASK)); each row's result depends on that row
 //! only.
 
-use ir_core::kernel::{GatedGeometry, Rows, gated_support};
-use ir_core::op::gelu_and_mul::Approximate;
 use ir_core::storage::CpuBuffer;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Tensor};
+use ir_ops::gelu_and_mul::Approximate;
+use kernel_support::{GatedGeometry, Rows, gated_support};
 use rayon::prelude::*;
 use rten_simd::SimdUnaryOp;
 

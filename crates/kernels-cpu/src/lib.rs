@@ -13,11 +13,11 @@
 //! ([`ROW_PATH_ENV`]) forces the portable ones.
 //!
 //! ```
-//! use ir_core::op::Rounding;
-//! use ir_core::op::fused_add_rms_norm;
+//! use ir_ops::Rounding;
+//! use ir_ops::fused_add_rms_norm;
 //! use ir_core::{DType, Platform, PriorityConfig, Registry, Tensor};
 //!
-//! let registry = Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! kernels_cpu::register(&registry)?;
 //! PriorityConfig::platform_default(Platform::Cpu).apply(&registry)?;
 //! let x = Tensor::ones(DType::BF16, &[4, 64]).unwrap();
@@ -43,12 +43,12 @@ mod rows;
 
 pub use crate::rows::BYTES_PER_TASK;
 
-use ir_core::kernel::{self, NormCapabilities, Rows, reject_variance_size};
-use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::rms_norm;
-use ir_core::op::{gelu_and_mul, silu_and_mul};
 use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_ops::rms_norm;
+use ir_ops::{gelu_and_mul, silu_and_mul};
+use kernel_support::{NormCapabilities, Rows, reject_variance_size};
 
 use crate::element::CpuElement;
 
@@ -121,19 +121,19 @@ const NORMS: NormCapabilities =
 
 /// Registers the `cpu` implementations of every built-in op.
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let rms_spec =
-        ImplSpec::new(PROVIDER).with_supports(|args| kernel::rms_norm_support_with(args, DeviceKind::Cpu, NORMS));
+    let rms_spec = ImplSpec::new(PROVIDER)
+        .with_supports(|args| kernel_support::rms_norm_support_with(args, DeviceKind::Cpu, NORMS));
     rms_norm::register(registry, rms_spec, rms_norm_cpu)?;
     let fused_spec = ImplSpec::new(PROVIDER)
-        .with_supports(|args| kernel::fused_add_rms_norm_support_with(args, DeviceKind::Cpu, NORMS));
+        .with_supports(|args| kernel_support::fused_add_rms_norm_support_with(args, DeviceKind::Cpu, NORMS));
     fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_cpu))?;
     silu_and_mul::register(registry, gated::spec(), |x| gated::run(x, gated::Silu))?;
     gelu_and_mul::register(registry, gated::spec(), |x, approximate| gated::run(x, gated::Gelu(approximate)))?;
-    ir_core::op::gelu_and_mul_sparse::register(registry, gated::spec(), |x, m, a| {
+    ir_ops::gelu_and_mul_sparse::register(registry, gated::spec(), |x, m, a| {
         gated::run(x, gated::SparseGelu { std_multiplier: m, approximate: a })
     })?;
-    ir_core::op::static_scaled_fp8_quant::register(registry, quant::spec(), quant::static_scaled_fp8_quant_cpu)?;
-    ir_core::op::dynamic_per_token_scaled_fp8_quant::register(
+    ir_ops::static_scaled_fp8_quant::register(registry, quant::spec(), quant::static_scaled_fp8_quant_cpu)?;
+    ir_ops::dynamic_per_token_scaled_fp8_quant::register(
         registry,
         quant::spec(),
         quant::dynamic_per_token_scaled_fp8_quant_cpu,
@@ -141,25 +141,25 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     let spec = |supports: fn(&[ir_core::op::ArgMeta<'_>], DeviceKind) -> ir_core::Support| {
         ImplSpec::new(PROVIDER).with_supports(move |args| supports(args, DeviceKind::Cpu))
     };
-    ir_core::op::rms_norm_static_fp8_quant::register(
+    ir_ops::rms_norm_static_fp8_quant::register(
         registry,
-        spec(kernel::rms_norm_static_fp8_quant_support),
+        spec(kernel_support::rms_norm_static_fp8_quant_support),
         quant::rms_norm_static_fp8_quant_cpu,
     )?;
-    ir_core::op::rms_norm_dynamic_per_token_quant::register(
+    ir_ops::rms_norm_dynamic_per_token_quant::register(
         registry,
-        spec(kernel::rms_norm_dynamic_per_token_quant_support),
+        spec(kernel_support::rms_norm_dynamic_per_token_quant_support),
         quant::rms_norm_dynamic_per_token_quant_cpu,
     )?;
-    ir_core::op::fused_add_rms_norm_static_fp8_quant::register(
+    ir_ops::fused_add_rms_norm_static_fp8_quant::register(
         registry,
-        spec(kernel::fused_add_rms_norm_static_fp8_quant_support),
-        ir_core::op::fused_add_rms_norm_static_fp8_quant::Impl::inplace(quant::fused_add_rms_norm_static_fp8_quant_cpu),
+        spec(kernel_support::fused_add_rms_norm_static_fp8_quant_support),
+        ir_ops::fused_add_rms_norm_static_fp8_quant::Impl::inplace(quant::fused_add_rms_norm_static_fp8_quant_cpu),
     )?;
-    ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::register(
+    ir_ops::fused_add_rms_norm_dynamic_per_token_quant::register(
         registry,
-        spec(kernel::fused_add_rms_norm_dynamic_per_token_quant_support),
-        ir_core::op::fused_add_rms_norm_dynamic_per_token_quant::Impl::inplace(
+        spec(kernel_support::fused_add_rms_norm_dynamic_per_token_quant_support),
+        ir_ops::fused_add_rms_norm_dynamic_per_token_quant::Impl::inplace(
             quant::fused_add_rms_norm_dynamic_per_token_quant_cpu,
         ),
     )?;
@@ -258,7 +258,7 @@ pub fn fused_add_rms_norm_cpu(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
-    rounding: ir_core::op::Rounding,
+    rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     reject_variance_size(variance_size)?;
     let dtype = x.tensor().dtype();

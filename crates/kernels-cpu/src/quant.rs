@@ -5,14 +5,14 @@
 //! converted to fp8 with `Fp8::encode`, a branch-free form of the saturating nearest-even
 //! conversion that vectorizes (the `float8` crate's conversion, which native uses, goes through
 //! f64 one branchy element at a time: 3.4 ns an element on the development machine, against 0.3 ns); its tests compare the two on every
-//! f32 that decides a rounding. The rounding points are those of [`ir_core::op::quant`], so results
+//! f32 that decides a rounding. The rounding points are those of [`ir_ops::quant`], so results
 //! are bit-identical to native. Rows are split across threads as the norms are.
 
-use ir_core::kernel::{Rows, host_scale, per_token_scales_shape, quant_support};
-use ir_core::op::quant::min_scale;
 use ir_core::storage::CpuBuffer;
 use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, FP8_NAN, ImplSpec, KernelError, Tensor, UniqueTensor};
+use ir_ops::quant::min_scale;
+use kernel_support::{Rows, host_scale, per_token_scales_shape, quant_support};
 use rayon::prelude::*;
 
 use crate::element::{CpuElement, RowOut};
@@ -399,9 +399,9 @@ fn quantize_row<T: CpuElement, Q: Fp8>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir_core::op::dynamic_per_token_scaled_fp8_quant as dynamic;
-    use ir_core::op::static_scaled_fp8_quant as fixed;
     use ir_core::{TensorMeta, bit_eq};
+    use ir_ops::dynamic_per_token_scaled_fp8_quant as dynamic;
+    use ir_ops::static_scaled_fp8_quant as fixed;
 
     #[test]
     fn both_formats_match_native_bit_for_bit_on_padded_rows() {
@@ -467,15 +467,9 @@ mod tests {
                     let (residual_out, q) =
                         fused_add_rms_norm_static_fp8_quant_cpu(&x, unique(&r), weight, 1e-6, &scale, out_dtype)
                             .unwrap();
-                    let (out, sum) = fused_add_rms_norm_cpu(
-                        unique(&x),
-                        unique(&r),
-                        weight,
-                        1e-6,
-                        None,
-                        ir_core::op::Rounding::Exact,
-                    )
-                    .unwrap();
+                    let (out, sum) =
+                        fused_add_rms_norm_cpu(unique(&x), unique(&r), weight, 1e-6, None, ir_ops::Rounding::Exact)
+                            .unwrap();
                     assert!(bit_eq(&residual_out, &sum), "{label}: residual_out");
                     let expected = static_scaled_fp8_quant_cpu(&out, &scale, out_dtype).unwrap();
                     assert!(bit_eq(&q, &expected), "{label}: fused q");

@@ -6,10 +6,10 @@
 //! buffer's rows). Tokens are split across threads as the norms' rows are. Positions are checked
 //! against the cache before anything is written.
 
-use ir_core::kernel::{RotaryCall, RotaryLaunch, Rows, register_rotary};
-use ir_core::op::rotary_embedding::{check_positions, pair_indices, rotate_pair};
 use ir_core::storage::{CpuBuffer, Storage};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use ir_ops::rotary_embedding::{check_positions, pair_indices, rotate_pair};
+use kernel_support::{RotaryCall, RotaryLaunch, Rows, register_rotary};
 use rayon::prelude::*;
 
 use crate::element::CpuElement;
@@ -133,7 +133,7 @@ fn rotate_row<T: CpuElement>(
 /// [`rotate_head`] with `dtype` rounding, [`ROUNDED_CHUNK`] pairs at a
 /// time: the four products rounded to `T` as slices (the cos and sin are `T` values already, and
 /// storing the row rounds the sums), so the rounding vectorizes. The doc of `rotate_pair_rounded`
-/// in the reference: `ir_core::op::rotary_embedding::rotate_pair_rounded`.
+/// in the reference: `ir_ops::rotary_embedding::rotate_pair_rounded`.
 #[inline(always)]
 fn rotate_head_rounded<T: CpuElement>(rotated: &mut [f32], cos: &[f32], sin: &[f32], is_neox_style: bool) {
     let half = rotated.len() / 2;
@@ -179,7 +179,7 @@ fn rotate_head(rotated: &mut [f32], cos: &[f32], sin: &[f32], is_neox_style: boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir_core::op::rotary_embedding::pair_indices;
+    use ir_ops::rotary_embedding::pair_indices;
 
     #[test]
     fn the_sliced_rotation_pairs_the_elements_the_reference_pairs() {

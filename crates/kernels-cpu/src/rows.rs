@@ -5,8 +5,8 @@
 //! residual output is bit-identical to native; the norm is computed from the unrounded sum; the
 //! weight step rounds y to the element type, multiplies by the f32 weight and rounds once.
 
-use ir_core::kernel::Rows;
 use ir_core::storage::CpuBuffer;
+use kernel_support::Rows;
 use rayon::prelude::*;
 
 use crate::element::{CpuElement, RowOut};

@@ -24,12 +24,12 @@ fn the_env_var_forces_the_portable_rows_with_the_same_bits() {
                 Some(&w),
                 1e-6,
                 None,
-                ir_core::op::Rounding::Exact,
+                ir_ops::Rounding::Exact,
             )
             .unwrap();
             assert!(ir_core::bit_eq(&residual, &x), "{dtype} {hidden}: x + 0 = x");
             assert!(ir_core::bit_eq(&fused, &out), "{dtype} {hidden}: fused(x, 0) = rms_norm(x)");
-            let native = ir_core::op::rms_norm::native(&x, Some(&w), 1e-6, None).unwrap();
+            let native = ir_ops::rms_norm::native(&x, Some(&w), 1e-6, None).unwrap();
             ir_core::allclose(&out, &native, 2e-2, 2e-2).unwrap_or_else(|e| panic!("{dtype} {hidden}: {e}"));
         }
     }

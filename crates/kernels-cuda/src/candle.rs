@@ -1,5 +1,5 @@
 //! candle's CUDA tensors through the `cuda` provider (feature `candle`): the bridge
-//! [`ir_core::interop::candle_ops`] asks for when its functions get candle CUDA tensors.
+//! [`ir_ops::candle_ops`] asks for when its functions get candle CUDA tensors.
 //!
 //! A view of a candle `CudaStorage` is a [`CudaBuffer`] over its memory, adopted without a copy,
 //! whose kernels launch on the stream of the slice candle keeps (its device's stream): they are
@@ -17,9 +17,9 @@ use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ir_core::interop::InteropError;
-use ir_core::interop::candle_ops::{CudaBridge, install_cuda_bridge};
 use ir_core::storage::DeviceBuffer;
 use ir_core::{DType, Layout, Tensor};
+use ir_ops::candle_ops::{CudaBridge, install_cuda_bridge};
 
 use crate::device::CudaBuffer;
 
@@ -29,7 +29,7 @@ const LIBRARY: &str = "candle";
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CandleBridge;
 
-/// Installs [`CandleBridge`] for [`ir_core::interop::candle_ops`]; `false` when a bridge was
+/// Installs [`CandleBridge`] for [`ir_ops::candle_ops`]; `false` when a bridge was
 /// installed before (this one, by an earlier call).
 pub fn install() -> bool {
     install_cuda_bridge(Box::new(CandleBridge))

@@ -7,8 +7,8 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ir_core::kernel::{ConvertFactor, CopyDims};
 use ir_core::{KernelError, Layout, TensorMeta};
+use kernel_support::{ConvertFactor, CopyDims};
 
 use crate::device::{CudaBuffer, driver_error};
 use crate::module::compile;
@@ -16,7 +16,7 @@ use crate::module::compile;
 /// The strided copy kernels' source.
 pub const STRIDED_COPY: &str = include_str!("../kernels/strided_copy.cu");
 
-pub use ir_core::kernel::COPY_MAX_RANK;
+pub use kernel_support::COPY_MAX_RANK;
 
 /// Threads per block of the copy.
 const COPY_BLOCK: u32 = 256;
@@ -24,7 +24,7 @@ const COPY_BLOCK: u32 = 256;
 /// The strided conversion kernels' source.
 pub const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cu");
 
-pub use ir_core::kernel::{BINARY_KERNELS, CONVERT_KERNELS};
+pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
 
 /// Compiles the strided conversion program (every kernel of [`CONVERT_KERNELS`]) to PTX for `arch`.
 /// The program holds the strided copies too: it is compiled after their source, whose indexing it

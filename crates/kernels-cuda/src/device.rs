@@ -13,7 +13,7 @@ use ir_core::{Availability, DType, Device, KernelError};
 use ir_core::{Layout, TensorMeta};
 
 use crate::module::{KernelVariant, arch_for, compile_ptx, nvrtc_availability};
-use ir_core::kernel::GatedKernel;
+use kernel_support::GatedKernel;
 
 /// One CUDA device: its context, the stream every operation of this crate uses, and compiled kernels.
 pub struct CudaDeviceState {
@@ -333,7 +333,7 @@ impl CudaBuffer {
     /// the call came through an [`EagerContext::with_stream`](ir_core::EagerContext::with_stream)
     /// given an `Arc<CudaStream>`, else this memory's.
     pub(crate) fn call_stream(&self) -> Result<Arc<CudaStream>, KernelError> {
-        match ir_core::kernel::launch_stream::<Arc<CudaStream>>() {
+        match ir_core::stream::launch_stream::<Arc<CudaStream>>() {
             Some(stream) => {
                 self.device
                     .check_stream(&stream)

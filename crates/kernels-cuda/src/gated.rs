@@ -9,15 +9,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ir_core::kernel::{
+use ir_core::op::Value;
+use ir_core::storage::Storage;
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
+use ir_ops::gelu_and_mul::GELU_AND_MUL;
+use ir_ops::silu_and_mul::SILU_AND_MUL;
+use kernel_support::{
     ComputeScalar, GatedCall, GatedGeometry, GatedKernel, GatedScalars, Rows, device_buffer, gated_support_with,
     kernel_int,
 };
-use ir_core::op::Value;
-use ir_core::op::gelu_and_mul::GELU_AND_MUL;
-use ir_core::op::silu_and_mul::SILU_AND_MUL;
-use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 
 use crate::device::{CudaBuffer, driver_error};
 use crate::launch::arg_compute;
@@ -34,7 +34,7 @@ pub const GATED_OPS: &[GatedKernel] = &[
     GatedKernel { def: &SILU_AND_MUL, source: include_str!("../kernels/silu_and_mul.cu") },
     GatedKernel { def: &GELU_AND_MUL, source: include_str!("../kernels/gelu_and_mul.cu") },
     GatedKernel {
-        def: &ir_core::op::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
+        def: &ir_ops::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
         source: include_str!("../kernels/gelu_and_mul_sparse.cu"),
     },
 ];

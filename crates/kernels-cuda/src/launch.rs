@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg};
-use ir_core::kernel::{ComputeScalar, Rows, gpu_threads_per_row, kernel_int};
 use ir_core::{DType, KernelError};
+use kernel_support::{ComputeScalar, Rows, gpu_threads_per_row, kernel_int};
 
 use crate::device::{CudaBuffer, CudaDeviceState, driver_error};
 use crate::module::{KernelVariant, NormOp};
@@ -73,7 +73,7 @@ pub(crate) struct Launch {
     pub(crate) other_rows: Rows,
     pub(crate) epsilon: ComputeScalar,
     pub(crate) vectorized: bool,
-    /// Elements of each row the mean square runs over, from `kernel::norm_variance` (in 1..=H).
+    /// Elements of each row the mean square runs over, from `kernel_support::norm_variance` (in 1..=H).
     pub(crate) variance: usize,
 }
 

@@ -9,7 +9,7 @@
 //! same whatever the batch.
 //!
 //! ```
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! kernels_cuda::register(&registry)?;
 //! let cuda = registry.providers("rms_norm").into_iter().find(|p| p.name == "cuda").unwrap();
 //! // Available on a machine with an NVIDIA driver and a GPU; otherwise the reason says what is missing.
@@ -20,7 +20,7 @@
 //! # candle
 //!
 //! With feature `candle` (and the defaults off, beside candle-core's `cuda` feature), module
-//! `candle` lends candle's CUDA storages to `ir_core::interop::candle_ops`, so its functions run
+//! `candle` lends candle's CUDA storages to `ir_ops::candle_ops`, so its functions run
 //! this provider on candle CUDA tensors, on candle's stream; [`register`] installs it.
 //!
 //! # Logging
@@ -37,14 +37,14 @@ mod module;
 pub mod quant;
 pub mod rotary;
 
-use ir_core::kernel::{
+use ir_core::storage::Storage;
+use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_ops::rms_norm;
+use kernel_support::{
     ComputeScalar, KernelDTypes, NormCapabilities, Rows, device_buffer, device_buffer_mut,
     fused_add_rms_norm_support_with, norm_variance, rms_norm_support_with,
 };
-use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::rms_norm;
-use ir_core::storage::Storage;
-use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
 pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch};
@@ -128,7 +128,7 @@ pub fn fused_add_rms_norm_cuda(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
-    rounding: ir_core::op::Rounding,
+    rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;

@@ -7,8 +7,8 @@
 use std::fmt;
 
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
-pub use ir_core::kernel::NormOp;
 use ir_core::{Availability, DType, KernelError};
+pub use kernel_support::NormOp;
 
 use crate::launch::{BLOCK_SIZES, THREADS_PER_ROW};
 

@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ir_core::kernel::{
+use ir_core::storage::Storage;
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Layout, Registry, RegistryError, Tensor, TensorError};
+use ir_ops::dynamic_per_token_scaled_fp8_quant::{self, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT};
+use ir_ops::static_scaled_fp8_quant::{self, STATIC_SCALED_FP8_QUANT};
+use kernel_support::{
     ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut,
     floor_scales, fp8_format_code, per_token_scales_shape, quant_support_with,
 };
-use ir_core::op::dynamic_per_token_scaled_fp8_quant::{self, DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT};
-use ir_core::op::static_scaled_fp8_quant::{self, STATIC_SCALED_FP8_QUANT};
-use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Layout, Registry, RegistryError, Tensor, TensorError};
 
 use crate::device::{CudaBuffer, driver_error};
 use crate::launch::arg_compute;
@@ -32,7 +32,7 @@ pub const FP8: &str = include_str!("../kernels/fp8.cuh");
 pub const QUANT_BLOCK: u32 = 256;
 
 /// The ops of this module, and its kernels (`<kernel>_<dtype>`).
-pub use ir_core::kernel::{QUANT_KERNELS as KERNELS, QUANT_OPS};
+pub use kernel_support::{QUANT_KERNELS as KERNELS, QUANT_OPS};
 
 /// The norm + quantization kernel's source (after the element prelude and `quant.cu`).
 pub const NORM_QUANT: &str = include_str!("../kernels/norm_quant.cu");
@@ -59,7 +59,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 /// Registers the four norm + quantization ops.
 fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
-    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Cuda, || crate::KERNEL_DTYPES, spec, norm_quant)
+    kernel_support::register_norm_quant_ops(registry, DeviceKind::Cuda, || crate::KERNEL_DTYPES, spec, norm_quant)
 }
 
 /// x's rows, buffer and call stream, and the fresh q buffer on that stream.

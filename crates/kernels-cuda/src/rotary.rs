@@ -5,9 +5,9 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ir_core::kernel::{RotaryCall, device_buffer, device_buffer_mut, register_rotary_with};
-use ir_core::op::rotary_embedding::ROTARY_EMBEDDING;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
+use kernel_support::{RotaryCall, device_buffer, device_buffer_mut, register_rotary_with};
 
 use crate::device::{CudaBuffer, driver_error};
 use crate::module::{ELEMENT, compile, dtype_define};

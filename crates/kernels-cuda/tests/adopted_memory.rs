@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use ir_core::op::{fused_add_rms_norm, rms_norm};
 use ir_core::storage::Storage;
 use ir_core::{Availability, DType, Registry, Tensor, bit_eq};
+use ir_ops::{fused_add_rms_norm, rms_norm};
 use kernels_cuda::CudaBuffer;
 
 /// An engine's registry: only `cuda` (then native) for both norms.
@@ -14,7 +14,7 @@ fn registry() -> Option<Registry> {
         ir_core::testing::skip("cuda", &format!("adopted cuda memory: {reason}"));
         return None;
     }
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cuda::register(&registry).unwrap();
     Some(registry)
 }
@@ -56,7 +56,7 @@ fn kernels_run_on_adopted_slices_and_launch_on_their_stream() {
         Some(&weight),
         1e-6,
         None,
-        ir_core::op::Rounding::Exact,
+        ir_ops::Rounding::Exact,
     )
     .unwrap();
     let (out, residual_out) = fused_add_rms_norm::maybe_inplace(
@@ -66,7 +66,7 @@ fn kernels_run_on_adopted_slices_and_launch_on_their_stream() {
         Some(&dweight),
         1e-6,
         None,
-        ir_core::op::Rounding::Exact,
+        ir_ops::Rounding::Exact,
     )
     .unwrap();
     let record = registry.selection_record();
@@ -110,7 +110,7 @@ fn an_execution_context_carries_the_engines_stream() {
     // Memory allocated by this crate (on its own stream); the call's context names another.
     let dx = x.to_device(&allocator).unwrap();
     let ctx = ir_core::EagerContext::new(&registry).with_stream(Arc::clone(&engine_stream));
-    let out = ir_core::op::rms_norm::call(&ctx, &dx, None, 1e-6, None).unwrap();
+    let out = ir_ops::rms_norm::call(&ctx, &dx, None, 1e-6, None).unwrap();
     let Storage::Device(buffer) = out.storage() else { panic!("a device output") };
     let buffer = buffer.as_any().downcast_ref::<CudaBuffer>().unwrap();
     assert!(Arc::ptr_eq(buffer.stream(), &engine_stream), "launched and allocated on the context's stream");

@@ -29,7 +29,7 @@ fn compile_errors_keep_the_log() {
 
 #[test]
 fn the_provider_reports_why_it_is_unavailable() {
-    let registry = ir_core::Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cuda::register(&registry).unwrap();
     let cuda = registry.providers("rms_norm").into_iter().find(|p| p.name == "cuda").unwrap();
     match cuda.availability {
@@ -48,7 +48,7 @@ fn every_gated_op_compiles_to_ptx_for_every_dtype() {
         ir_core::testing::skip("nvrtc", &reason);
         return;
     }
-    let registry = ir_core::Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cuda::register(&registry).unwrap();
     for op in kernels_cuda::gated::GATED_OPS {
         assert!(registry.providers(op.def.name).iter().any(|p| p.name == "cuda"), "{} is registered", op.def.name);
@@ -69,7 +69,7 @@ fn the_quantization_kernels_compile_to_ptx_for_every_dtype() {
         ir_core::testing::skip("nvrtc", &reason);
         return;
     }
-    let registry = ir_core::Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cuda::register(&registry).unwrap();
     for op in kernels_cuda::quant::QUANT_OPS {
         assert!(registry.providers(op).iter().any(|p| p.name == "cuda"), "{op} is registered");
@@ -94,7 +94,7 @@ fn the_rotary_kernel_compiles_to_ptx_without_fused_multiply_adds() {
         ir_core::testing::skip("nvrtc", &reason);
         return;
     }
-    let registry = ir_core::Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_cuda::register(&registry).unwrap();
     assert!(registry.providers("rotary_embedding").iter().any(|p| p.name == "cuda"), "rotary_embedding is registered");
     assert_eq!(registry.is_inplace("rotary_embedding", "cuda"), Some(true), "it rotates in place");

@@ -9,7 +9,7 @@ fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
         ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
         return;
     }
-    assert_eq!(ir_core::testing::check_device_copies(&kernels_cuda::allocator(0).unwrap()), 96);
+    assert_eq!(kernel_support::testing::check_device_copies(&kernels_cuda::allocator(0).unwrap()), 96);
 }
 
 #[test]
@@ -18,7 +18,7 @@ fn copies_between_dtypes_and_scales_convert_on_the_device() {
         ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
         return;
     }
-    let conversions = ir_core::testing::check_device_conversions(&kernels_cuda::allocator(0).unwrap());
+    let conversions = kernel_support::testing::check_device_conversions(&kernels_cuda::allocator(0).unwrap());
     assert!(conversions > 100, "{conversions} conversions checked");
 }
 
@@ -28,5 +28,5 @@ fn add_and_mul_compute_on_the_device() {
         ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
         return;
     }
-    assert_eq!(ir_core::testing::check_device_binaries(&kernels_cuda::allocator(0).unwrap()), 48);
+    assert_eq!(kernel_support::testing::check_device_binaries(&kernels_cuda::allocator(0).unwrap()), 48);
 }

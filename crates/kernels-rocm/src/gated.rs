@@ -2,13 +2,13 @@
 //!
 //! Each op is one kernel source `kernels/<op>.hip` (compiled into the code object with every other
 //! source by `build.rs`) and one line of [`GATED_OPS`]. The op's scalar parameters reach the kernel
-//! through [`GatedScalars`](ir_core::kernel::GatedScalars).
+//! through [`GatedScalars`](kernel_support::GatedScalars).
 
-use ir_core::kernel::{GatedKernel, gated_support_with};
 use ir_core::op::Value;
-use ir_core::op::gelu_and_mul::GELU_AND_MUL;
-use ir_core::op::silu_and_mul::SILU_AND_MUL;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
+use ir_ops::gelu_and_mul::GELU_AND_MUL;
+use ir_ops::silu_and_mul::SILU_AND_MUL;
+use kernel_support::{GatedKernel, gated_support_with};
 
 /// The shared row kernel of the gated ops.
 pub const GATED: &str = include_str!("../kernels/gated.hip.h");
@@ -21,7 +21,7 @@ pub const GATED_OPS: &[GatedKernel] = &[
     GatedKernel { def: &SILU_AND_MUL, source: include_str!("../kernels/silu_and_mul.hip") },
     GatedKernel { def: &GELU_AND_MUL, source: include_str!("../kernels/gelu_and_mul.hip") },
     GatedKernel {
-        def: &ir_core::op::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
+        def: &ir_ops::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
         source: include_str!("../kernels/gelu_and_mul_sparse.hip"),
     },
 ];
@@ -51,12 +51,12 @@ pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
 mod launch {
     use std::ffi::c_void;
 
-    use ir_core::kernel::{ComputeScalar, GatedCall, GatedGeometry, device_buffer, kernel_int};
     use ir_core::op::Value;
     use ir_core::storage::{DeviceAllocator, Storage};
     use ir_core::{KernelError, Tensor, TensorError};
+    use kernel_support::{ComputeScalar, GatedCall, GatedGeometry, device_buffer, kernel_int};
 
-    use ir_core::kernel::GatedKernel;
+    use kernel_support::GatedKernel;
 
     use super::GATED_BLOCK;
     use crate::launch::{compute_param, element_ptr};

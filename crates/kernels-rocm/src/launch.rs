@@ -2,9 +2,9 @@
 
 use std::ffi::c_void;
 
-use ir_core::kernel::{ComputeScalar, Rows, device_buffer, device_buffer_mut, kernel_int, norm_variance};
 use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
+use kernel_support::{ComputeScalar, Rows, device_buffer, device_buffer_mut, kernel_int, norm_variance};
 
 use crate::runtime::{HipBuffer, allocator, device};
 use crate::variant::{KernelVariant, NormOp};

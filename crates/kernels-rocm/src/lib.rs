@@ -8,7 +8,7 @@
 //! unavailable ("built without feature `rocm`"). Reductions use the wave size of the device.
 //!
 //! ```
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! kernels_rocm::register(&registry)?;
 //! let rocm = registry.providers("rms_norm").into_iter().find(|p| p.name == "rocm").unwrap();
 //! println!("{:?}", rocm.availability);
@@ -20,7 +20,7 @@
 //! Target `kernels_rocm`: the device and its code object (info).
 
 pub mod gated;
-pub use ir_core::kernel::{BINARY_KERNELS, CONVERT_KERNELS};
+pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
 pub mod quant;
 pub mod rotary;
 #[cfg(feature = "rocm")]
@@ -28,10 +28,10 @@ pub mod rotary;
 mod runtime;
 mod variant;
 
-use ir_core::kernel::{KernelDTypes, NormCapabilities, fused_add_rms_norm_support_with, rms_norm_support_with};
-use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::rms_norm;
 use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_ops::rms_norm;
+use kernel_support::{KernelDTypes, NormCapabilities, fused_add_rms_norm_support_with, rms_norm_support_with};
 
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
@@ -108,7 +108,7 @@ pub fn fused_add_rms_norm_rocm(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
-    rounding: ir_core::op::Rounding,
+    rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let round_sum = rounding.rounds_intermediates(x.tensor().dtype());
     #[cfg(feature = "rocm")]

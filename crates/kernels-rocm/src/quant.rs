@@ -4,15 +4,15 @@
 //! `build.rs`), `<op>_<dtype>` per input dtype; the fp8 format is a kernel argument and the scales
 //! stay on the device.
 
-use ir_core::kernel::{NormQuantCall, NormQuantOutputs, fp8_format_code, quant_support_with};
-use ir_core::op::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
+use ir_ops::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
+use kernel_support::{NormQuantCall, NormQuantOutputs, fp8_format_code, quant_support_with};
 
 /// Threads per block (`QUANT_BLOCK` in `quant.hip`): one block per row.
 pub const QUANT_BLOCK: u32 = 256;
 
 /// The ops of this module, and its kernels (`<kernel>_<dtype>`).
-pub use ir_core::kernel::{QUANT_KERNELS as KERNELS, QUANT_OPS};
+pub use kernel_support::{QUANT_KERNELS as KERNELS, QUANT_OPS};
 
 /// Registers both quantization ops.
 pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
@@ -29,7 +29,7 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 /// Registers the four norm + quantization ops.
 fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
-    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Rocm, || crate::KERNEL_DTYPES, spec, norm_quant)
+    kernel_support::register_norm_quant_ops(registry, DeviceKind::Rocm, || crate::KERNEL_DTYPES, spec, norm_quant)
 }
 
 /// Runs the norm + quantization kernel: fresh compact outputs.
@@ -77,15 +77,15 @@ pub fn dynamic_per_token_scaled_fp8_quant_rocm(
 mod launch {
     use std::ffi::c_void;
 
-    use ir_core::kernel::{
+    use ir_core::storage::{DeviceAllocator, Storage};
+    use ir_core::{DType, KernelError, Layout, Tensor, TensorError};
+    use kernel_support::{
         ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer,
         device_buffer_mut,
     };
-    use ir_core::storage::{DeviceAllocator, Storage};
-    use ir_core::{DType, KernelError, Layout, Tensor, TensorError};
 
-    use ir_core::op::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
-    use ir_core::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
+    use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
+    use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 
     use super::QUANT_BLOCK;
     use crate::launch::{compute_param, element_ptr};
@@ -111,14 +111,14 @@ mod launch {
         let dtype = x.dtype();
         let allocator = allocator().map_err(driver)?;
         let mut q = allocator.allocate(x.numel() * out_dtype.size_in_bytes()).map_err(TensorError::from)?;
-        let scales_shape = ir_core::kernel::per_token_scales_shape(x.shape());
+        let scales_shape = kernel_support::per_token_scales_shape(x.shape());
         let dynamic = matches!(scale, Scale::Dynamic(_));
         let mut scales =
             if dynamic { Some(allocator.allocate(rows.n_rows * 4).map_err(TensorError::from)?) } else { None };
         if rows.n_rows > 0 && rows.hidden == 0 && dynamic {
             // No element to reduce: every scale is the floor.
             let q = Tensor::from_storage(Storage::Device(q), out_dtype, Layout::compact(x.shape()))?;
-            return Ok((q, Some(ir_core::kernel::floor_scales(x, out_dtype)?)));
+            return Ok((q, Some(kernel_support::floor_scales(x, out_dtype)?)));
         }
         if rows.n_rows > 0 && rows.hidden > 0 {
             let device = device().map_err(driver)?;
@@ -206,7 +206,7 @@ mod launch {
         };
         let mut scales =
             if dynamic { Some(allocator.allocate(rows.n_rows * 4).map_err(TensorError::from)?) } else { None };
-        let scales_shape = ir_core::kernel::per_token_scales_shape(x.shape());
+        let scales_shape = kernel_support::per_token_scales_shape(x.shape());
         if rows.n_rows > 0 && rows.hidden > 0 {
             let device = device().map_err(driver)?;
             let pointer = |t: &Tensor, param: &str, offset: usize, dtype: DType| -> Result<*mut c_void, KernelError> {
@@ -286,7 +286,7 @@ mod launch {
             .map(|r| Tensor::from_storage(Storage::Device(r), dtype, Layout::compact(x.shape())))
             .transpose()?;
         let scales = match scales {
-            Some(_) if rows.hidden == 0 && rows.n_rows > 0 => Some(ir_core::kernel::floor_scales(x, out_dtype)?),
+            Some(_) if rows.hidden == 0 && rows.n_rows > 0 => Some(kernel_support::floor_scales(x, out_dtype)?),
             Some(s) => Some(Tensor::from_storage(Storage::Device(s), DType::F32, Layout::compact(&scales_shape))?),
             None => None,
         };

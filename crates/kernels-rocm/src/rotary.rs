@@ -3,8 +3,8 @@
 //! token. The positions stay on the device; a token whose position lies outside the cache is left
 //! unrotated (the kernel cannot report it).
 
-use ir_core::kernel::{RotaryCall, register_rotary_with};
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
+use kernel_support::{RotaryCall, register_rotary_with};
 
 /// The kernel of this module (`rotary_embedding_<dtype>`).
 pub const KERNEL: &str = "rotary_embedding";
@@ -30,8 +30,8 @@ pub fn rotary_embedding_rocm(call: RotaryCall<'_>) -> Result<(Tensor, Option<Ten
 mod launch {
     use std::ffi::c_void;
 
-    use ir_core::kernel::{RotaryCall, device_buffer, device_buffer_mut};
     use ir_core::{DType, KernelError, Tensor, UniqueTensor};
+    use kernel_support::{RotaryCall, device_buffer, device_buffer_mut};
 
     use super::KERNEL;
     use crate::launch::element_ptr;

@@ -131,7 +131,7 @@ impl HipDevice {
         params: &mut [*mut c_void],
     ) -> Result<(), KernelError> {
         let function = self.function(symbol)?;
-        let stream = ir_core::kernel::launch_stream::<HipStream>().map_or(ptr::null_mut(), |stream| stream.0);
+        let stream = ir_core::stream::launch_stream::<HipStream>().map_or(ptr::null_mut(), |stream| stream.0);
         // SAFETY: the caller guarantees the parameters; the stream is the caller's (a live stream
         // of this device, `HipStream`'s contract) or the null stream; copies synchronize the
         // device first, so they see every launch on either.
@@ -265,7 +265,7 @@ impl Drop for HipBuffer {
     }
 }
 
-use ir_core::kernel::ConvertFactor;
+use kernel_support::ConvertFactor;
 
 /// Blocks of 256 threads for one thread per element of a piece of `n` elements.
 fn blocks_for(n: i64) -> Result<u32, KernelError> {
@@ -315,9 +315,8 @@ impl HipBuffer {
             return Ok(());
         }
         let src_size = src.dtype.size_in_bytes();
-        for piece in ir_core::kernel::CopyDims::pieces(src, to_layout)? {
-            let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
-                piece;
+        for piece in kernel_support::CopyDims::pieces(src, to_layout)? {
+            let kernel_support::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } = piece;
             let [src_offset, dst_offset, _] = piece.element_offsets()?;
             let mut src_ptr = self.pointer.wrapping_byte_add(src_offset * src_size);
             let mut dst_ptr = to.pointer.wrapping_byte_add(dst_offset * to_size);
@@ -374,9 +373,8 @@ impl HipBuffer {
         }
         // a's strides as the source's, b's as the destination's: the kernel walks both.
         let size = a.dtype.size_in_bytes();
-        for piece in ir_core::kernel::CopyDims::pieces(a, &b.layout)? {
-            let ir_core::kernel::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } =
-                piece;
+        for piece in kernel_support::CopyDims::pieces(a, &b.layout)? {
+            let kernel_support::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } = piece;
             let [a_offset, b_offset, first] = piece.element_offsets()?;
             let mut a_ptr = self.pointer.wrapping_byte_add(a_offset * size);
             let mut b_ptr = other.pointer.wrapping_byte_add(b_offset * size);

@@ -1,7 +1,7 @@
 //! Kernel variants and their symbol names in the code object.
 
 use ir_core::DType;
-pub use ir_core::kernel::NormOp;
+pub use kernel_support::NormOp;
 
 /// One kernel of the code object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,7 +86,7 @@ pub fn all_variants() -> Vec<KernelVariant> {
 /// kernels exist at few widths only) the nearer of [`MIXED_WEIGHT_THREADS_PER_ROW`], or
 /// [`F64_MIXED_THREADS_PER_ROW`] when either side is f64.
 pub fn launch_threads_per_row(hidden: usize, dtype: DType, weight: Option<DType>) -> u32 {
-    let threads = ir_core::kernel::gpu_threads_per_row(hidden);
+    let threads = kernel_support::gpu_threads_per_row(hidden);
     let Some(weight) = weight.filter(|&w| w != dtype) else { return threads };
     if dtype == DType::F64 || weight == DType::F64 {
         return F64_MIXED_THREADS_PER_ROW;
@@ -127,7 +127,7 @@ mod tests {
                     assert!(variants.contains(&variant), "H {hidden}: {}", variant.symbol());
                 }
             }
-            assert_eq!(launch_threads_per_row(hidden, DType::BF16, None), ir_core::kernel::gpu_threads_per_row(hidden));
+            assert_eq!(launch_threads_per_row(hidden, DType::BF16, None), kernel_support::gpu_threads_per_row(hidden));
         }
         let f64_weight = KernelVariant { weight: Some(DType::F64), ..v };
         assert_eq!(f64_weight.symbol(), "fused_add_rms_norm_bf16_wf64_v8_t32");

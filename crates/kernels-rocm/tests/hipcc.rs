@@ -173,7 +173,7 @@ fn the_rotary_kernel_has_no_fused_multiply_add() {
 
 #[test]
 fn without_the_feature_or_a_device_the_provider_says_why() {
-    let registry = ir_core::Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_rocm::register(&registry).unwrap();
     let rocm = registry.providers("rms_norm").into_iter().find(|p| p.name == "rocm").unwrap();
     if let ir_core::Availability::Unavailable(reason) = rocm.availability {

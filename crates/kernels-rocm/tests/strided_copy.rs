@@ -6,7 +6,7 @@
 #[test]
 fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
     match kernels_rocm::allocator() {
-        Ok(allocator) => assert_eq!(ir_core::testing::check_device_copies(allocator.as_ref()), 96),
+        Ok(allocator) => assert_eq!(kernel_support::testing::check_device_copies(allocator.as_ref()), 96),
         Err(reason) => ir_core::testing::skip("rocm", &format!("rocm device: {reason}")),
     }
 }
@@ -15,7 +15,7 @@ fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
 fn copies_between_dtypes_and_scales_convert_on_the_device() {
     match kernels_rocm::allocator() {
         Ok(allocator) => {
-            let conversions = ir_core::testing::check_device_conversions(allocator.as_ref());
+            let conversions = kernel_support::testing::check_device_conversions(allocator.as_ref());
             assert!(conversions > 100, "{conversions} conversions checked");
         }
         Err(reason) => ir_core::testing::skip("rocm", &format!("rocm device: {reason}")),
@@ -25,7 +25,7 @@ fn copies_between_dtypes_and_scales_convert_on_the_device() {
 #[test]
 fn add_and_mul_compute_on_the_device() {
     match kernels_rocm::allocator() {
-        Ok(allocator) => assert_eq!(ir_core::testing::check_device_binaries(allocator.as_ref()), 48),
+        Ok(allocator) => assert_eq!(kernel_support::testing::check_device_binaries(allocator.as_ref()), 48),
         Err(reason) => ir_core::testing::skip("rocm", &format!("rocm device: {reason}")),
     }
 }

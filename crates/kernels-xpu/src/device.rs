@@ -18,7 +18,7 @@ use opencl3::program::Program;
 use opencl3::types::CL_BLOCKING;
 
 use crate::module::{KernelVariant, SOURCE, base_options};
-use ir_core::kernel::{ConvertFactor, GatedKernel, converts_through_f64};
+use kernel_support::{ConvertFactor, GatedKernel, converts_through_f64};
 
 /// Environment variable allowing a CPU OpenCL device (PoCL), for tests on machines without a GPU.
 pub const ALLOW_CPU_ENV: &str = "VLLM_IR_XPU_ALLOW_CPU";
@@ -113,7 +113,7 @@ fn convert_code(dtype: DType) -> u8 {
     }
 }
 
-pub use ir_core::kernel::COPY_MAX_RANK;
+pub use kernel_support::COPY_MAX_RANK;
 
 /// `CL_DEVICE_SUB_GROUP_SIZES_INTEL` (extension `cl_intel_required_subgroup_size`): the sub-group
 /// sizes the device supports, an array of `size_t`.
@@ -488,7 +488,7 @@ impl XpuBuffer {
     /// The queue a call whose first activation is this buffer launches on: the caller's, when the
     /// call came through an execution context given an `Arc<CommandQueue>`, else this buffer's.
     pub(crate) fn call_queue(&self) -> Result<Arc<CommandQueue>, KernelError> {
-        match ir_core::kernel::launch_stream::<Arc<CommandQueue>>() {
+        match ir_core::stream::launch_stream::<Arc<CommandQueue>>() {
             Some(queue) => {
                 self.device.check_queue(&queue)?;
                 Ok(queue)
@@ -549,7 +549,7 @@ impl XpuBuffer {
         if n == 0 {
             return Ok(());
         }
-        let pieces = ir_core::kernel::CopyDims::pieces(src, dst_layout)?;
+        let pieces = kernel_support::CopyDims::pieces(src, dst_layout)?;
         let queue = self.queue();
         dst.use_on(&queue)?;
         let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -611,7 +611,7 @@ impl XpuBuffer {
             return Ok(true);
         }
         // a's strides as the source's, b's as the destination's: the kernel walks both.
-        let pieces = ir_core::kernel::CopyDims::pieces(a, &b.layout)?;
+        let pieces = kernel_support::CopyDims::pieces(a, &b.layout)?;
         let queue = self.queue();
         other.use_on(&queue)?;
         dst.use_on(&queue)?;
@@ -693,7 +693,7 @@ impl DeviceBuffer for XpuBuffer {
     }
 
     /// On the device (the strided copy kernel, one launch per
-    /// [`CopyDims::pieces`](ir_core::kernel::CopyDims::pieces), so any rank) when `dst` is memory of
+    /// [`CopyDims::pieces`](kernel_support::CopyDims::pieces), so any rank) when `dst` is memory of
     /// the same device; through the host otherwise.
     fn copy_strided(
         &self,

@@ -2,16 +2,16 @@
 //!
 //! Each op is one kernel source `kernels/<op>.cl` and one line of [`GATED_OPS`]; the program is the
 //! element prelude, `kernels/gated.cl` (the shared row kernel) and the op's source, built per dtype
-//! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`](ir_core::kernel::GatedScalars).
+//! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`](kernel_support::GatedScalars).
 
-use ir_core::kernel::{
-    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, device_buffer, gated_support_with, kernel_int,
-};
 use ir_core::op::Value;
-use ir_core::op::gelu_and_mul::GELU_AND_MUL;
-use ir_core::op::silu_and_mul::SILU_AND_MUL;
 use ir_core::storage::Storage;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
+use ir_ops::gelu_and_mul::GELU_AND_MUL;
+use ir_ops::silu_and_mul::SILU_AND_MUL;
+use kernel_support::{
+    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, device_buffer, gated_support_with, kernel_int,
+};
 use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::ClMem;
 
@@ -30,7 +30,7 @@ pub const GATED_OPS: &[GatedKernel] = &[
     GatedKernel { def: &SILU_AND_MUL, source: include_str!("../kernels/silu_and_mul.cl") },
     GatedKernel { def: &GELU_AND_MUL, source: include_str!("../kernels/gelu_and_mul.cl") },
     GatedKernel {
-        def: &ir_core::op::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
+        def: &ir_ops::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
         source: include_str!("../kernels/gelu_and_mul_sparse.cl"),
     },
 ];

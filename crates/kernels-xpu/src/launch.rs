@@ -1,7 +1,7 @@
 //! Setting a kernel's arguments and enqueueing it.
 
-use ir_core::kernel::{ComputeScalar, Rows, kernel_int};
 use ir_core::{DType, KernelError};
+use kernel_support::{ComputeScalar, Rows, kernel_int};
 use opencl3::kernel::ExecuteKernel;
 use std::sync::Arc;
 
@@ -38,7 +38,7 @@ pub(crate) struct Args {
     pub(crate) rows: Rows,
     /// Rows of the output (`rms_norm`) or of the residual (`fused_add_rms_norm`).
     pub(crate) other_rows: Rows,
-    /// Elements of each row the mean square runs over, from `kernel::norm_variance` (in 1..=H).
+    /// Elements of each row the mean square runs over, from `kernel_support::norm_variance` (in 1..=H).
     pub(crate) variance: usize,
 }
 

@@ -8,7 +8,7 @@
 //! platform Xpu. Kernels (`kernels/rms_norm.cl`, embedded) are built at first use per variant.
 //!
 //! ```
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! kernels_xpu::register(&registry)?;
 //! let xpu = registry.providers("rms_norm").into_iter().find(|p| p.name == "xpu").unwrap();
 //! println!("{:?}", xpu.availability);
@@ -26,14 +26,14 @@ mod module;
 pub mod quant;
 pub mod rotary;
 
-use ir_core::kernel::{
+use ir_core::storage::Storage;
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
+use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_ops::rms_norm;
+use kernel_support::{
     ComputeScalar, KernelDTypes, NormCapabilities, Rows, device_buffer, device_buffer_mut,
     fused_add_rms_norm_support_with, norm_variance, rms_norm_support_with,
 };
-use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::rms_norm;
-use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
 
 pub use crate::device::{
     ALLOW_CPU_ENV, COPY_MAX_RANK, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu,
@@ -133,7 +133,7 @@ pub fn fused_add_rms_norm_xpu(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
-    rounding: ir_core::op::Rounding,
+    rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let dtype = x.tensor().dtype();
     let x_rows = Rows::for_kernel(x.tensor().meta())?;

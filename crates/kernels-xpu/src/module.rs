@@ -2,9 +2,9 @@
 
 use std::fmt;
 
-use ir_core::kernel::KernelDTypes;
-pub use ir_core::kernel::NormOp;
 use ir_core::{DType, KernelError};
+use kernel_support::KernelDTypes;
+pub use kernel_support::NormOp;
 
 /// The element-type prelude every kernel source is built after.
 pub const ELEMENT: &str = include_str!("../kernels/element.cl");

@@ -5,14 +5,14 @@
 
 use std::sync::Arc;
 
-use ir_core::kernel::{
+use ir_core::storage::Storage;
+use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Layout, Registry, RegistryError, Tensor, TensorError};
+use ir_ops::dynamic_per_token_scaled_fp8_quant;
+use ir_ops::static_scaled_fp8_quant;
+use kernel_support::{
     ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, RowArgs, Rows, device_buffer, device_buffer_mut,
     floor_scales, fp8_format_code, kernel_int, per_token_scales_shape, quant_support_with,
 };
-use ir_core::op::dynamic_per_token_scaled_fp8_quant;
-use ir_core::op::static_scaled_fp8_quant;
-use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Layout, Registry, RegistryError, Tensor, TensorError};
 use opencl3::command_queue::CommandQueue;
 use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::ClMem;
@@ -195,7 +195,7 @@ pub fn norm_quant_program() -> String {
 /// Registers the four norm + quantization ops.
 pub(crate) fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
     let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability).with_platform_detection(crate::is_gpu);
-    ir_core::kernel::register_norm_quant_ops(registry, DeviceKind::Xpu, crate::kernel_dtypes, spec, norm_quant)
+    kernel_support::register_norm_quant_ops(registry, DeviceKind::Xpu, crate::kernel_dtypes, spec, norm_quant)
 }
 
 /// Runs the norm + quantization kernel: fresh compact outputs, and the residual output fresh or

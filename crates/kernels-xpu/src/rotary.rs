@@ -2,9 +2,9 @@
 //! prelude, one program per dtype, one work-group per token. The positions stay on the device; a
 //! token whose position lies outside the cache is left unrotated (the kernel cannot report it).
 
-use ir_core::kernel::{RotaryCall, device_buffer, device_buffer_mut, register_rotary_with};
-use ir_core::op::rotary_embedding::ROTARY_EMBEDDING;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
+use kernel_support::{RotaryCall, device_buffer, device_buffer_mut, register_rotary_with};
 use opencl3::kernel::ExecuteKernel;
 use opencl3::memory::ClMem;
 

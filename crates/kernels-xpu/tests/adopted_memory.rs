@@ -3,8 +3,8 @@
 
 use std::ptr;
 
-use ir_core::op::rms_norm;
-use ir_core::{Availability, DType, Registry, Tensor, allclose, bit_eq};
+use ir_core::{Availability, DType, Tensor, allclose, bit_eq};
+use ir_ops::rms_norm;
 use kernels_xpu::XpuBuffer;
 use opencl3::memory::{Buffer, CL_MEM_READ_WRITE, ClMem};
 use opencl3::types::CL_BLOCKING;
@@ -39,7 +39,7 @@ fn kernels_run_on_adopted_opencl_memory() {
     if !xpu_runs("adopted OpenCL memory") {
         return;
     }
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_xpu::register(&registry).unwrap();
     let _guard = registry.override_priority("rms_norm", &["xpu"]).unwrap();
     let x = host(4, 256, 1);
@@ -88,7 +88,7 @@ fn an_execution_context_carries_the_engines_queue() {
     if !xpu_runs("engine queue") {
         return;
     }
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_xpu::register(&registry).unwrap();
     let _norm = registry.override_priority("rms_norm", &["xpu"]).unwrap();
     let _fused = registry.override_priority("fused_add_rms_norm", &["xpu"]).unwrap();
@@ -106,33 +106,26 @@ fn an_execution_context_carries_the_engines_queue() {
         buffer.as_any().downcast_ref::<XpuBuffer>().unwrap().queue()
     };
     // A functional call: the output belongs to the engine's queue; the input moved there too.
-    let out = ir_core::op::rms_norm::call(&ctx, &dx, None, 1e-6, None).unwrap();
+    let out = ir_ops::rms_norm::call(&ctx, &dx, None, 1e-6, None).unwrap();
     assert!(std::sync::Arc::ptr_eq(&queue_of(&out), &engine_queue));
     assert!(std::sync::Arc::ptr_eq(&queue_of(&dx), &engine_queue));
     allclose(&out.to_cpu().unwrap(), &rms_norm::native(&x, None, 1e-6, None).unwrap(), 1e-5, 1e-5).unwrap();
     // In place on the engine's queue, then a call without a queue reads the results in order.
-    let (normed, summed) = ir_core::op::fused_add_rms_norm::call_maybe_inplace(
-        &ctx,
-        dx,
-        dresidual,
-        None,
-        1e-6,
-        None,
-        ir_core::op::Rounding::Exact,
-    )
-    .unwrap();
-    let (want_normed, want_summed) = ir_core::op::fused_add_rms_norm::fused_add_rms_norm(
+    let (normed, summed) =
+        ir_ops::fused_add_rms_norm::call_maybe_inplace(&ctx, dx, dresidual, None, 1e-6, None, ir_ops::Rounding::Exact)
+            .unwrap();
+    let (want_normed, want_summed) = ir_ops::fused_add_rms_norm::fused_add_rms_norm(
         &registry,
         &x,
         &residual,
         None,
         1e-6,
         None,
-        ir_core::op::Rounding::Exact,
+        ir_ops::Rounding::Exact,
     )
     .unwrap();
-    let gated = ir_core::op::silu_and_mul::silu_and_mul(&registry, &normed).unwrap();
-    let want_gated = ir_core::op::silu_and_mul::native(&want_normed).unwrap();
+    let gated = ir_ops::silu_and_mul::silu_and_mul(&registry, &normed).unwrap();
+    let want_gated = ir_ops::silu_and_mul::native(&want_normed).unwrap();
     allclose(&summed.to_cpu().unwrap(), &want_summed, 1e-6, 1e-6).unwrap();
     allclose(&gated.to_cpu().unwrap(), &want_gated, 1e-4, 1e-4).unwrap();
     // A queue of another context is refused by name.
@@ -142,6 +135,6 @@ fn an_execution_context_carries_the_engines_queue() {
     let foreign = std::sync::Arc::new(opencl3::command_queue::CommandQueue::create_default(&other, 0).unwrap());
     let wrong = ir_core::EagerContext::new(&registry).with_stream(foreign);
     let x2 = host(2, 64, 5).to_device(&allocator).unwrap();
-    let error = ir_core::op::rms_norm::call(&wrong, &x2, None, 1e-6, None).unwrap_err();
+    let error = ir_ops::rms_norm::call(&wrong, &x2, None, 1e-6, None).unwrap_err();
     assert!(error.to_string().contains("another OpenCL context"), "{error}");
 }

@@ -24,7 +24,7 @@ fn every_variant_builds() {
 
 #[test]
 fn the_provider_reports_availability() {
-    let registry = ir_core::Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     kernels_xpu::register(&registry).unwrap();
     let xpu = registry.providers("fused_add_rms_norm").into_iter().find(|p| p.name == "xpu").unwrap();
     assert!(xpu.inplace);

@@ -20,7 +20,7 @@ fn add_and_mul_compute_on_the_device() {
         DType::ALL.into_iter().filter(|d| !matches!(d, DType::F64 | DType::I64)).collect()
     };
     let (launches, round_trips) = (device.device_copies(), ir_core::storage::host_round_trips());
-    let operations = ir_core::testing::check_device_binaries_of(&allocator, &dtypes);
+    let operations = kernel_support::testing::check_device_binaries_of(&allocator, &dtypes);
     // Three pairs of operands, add and mul, per dtype.
     assert_eq!(operations, 6 * dtypes.len() as u64);
     assert_eq!(device.device_copies() - launches, operations, "one kernel each");

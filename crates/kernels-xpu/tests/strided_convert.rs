@@ -23,7 +23,7 @@ fn copies_between_dtypes_and_scales_convert_on_the_device() {
     };
     let allocator = kernels_xpu::allocator().expect("an available device has an allocator");
     let (copies, round_trips) = (device.device_copies(), ir_core::storage::host_round_trips());
-    let conversions = ir_core::testing::check_device_conversions_of(&allocator, &dtypes(device));
+    let conversions = kernel_support::testing::check_device_conversions_of(&allocator, &dtypes(device));
     assert!(conversions > 100, "{conversions} conversions checked");
     // The transposed views the checker makes of its results are not copies; each conversion is one
     // kernel, and none went through the host.

@@ -26,7 +26,7 @@ fn distinct(dtype: DType, shape: &[usize]) -> Tensor {
 fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
     let Some((device, allocator)) = xpu() else { return };
     let before = device.device_copies();
-    let copies = ir_core::testing::check_device_copies(&allocator);
+    let copies = kernel_support::testing::check_device_copies(&allocator);
     // Every dtype, six views each (one of rank 10), clone and contiguous: all on the device.
     assert_eq!(copies, 2 * 6 * ir_core::DType::ALL.len() as u64);
     // (At least: the counter is the process's, and the other test copies too; no copy went through

@@ -6,9 +6,9 @@
 //! one `[2d, hidden]` projection, gate rows first: its output is the `[..., gate | up]` these
 //! layers take, and one matmul replaces two.
 
-use ir_core::op::gelu_and_mul::{self, Approximate};
-use ir_core::op::{gelu_and_mul_sparse, silu_and_mul};
 use ir_core::{ExecutionContext, TensorMeta};
+use ir_ops::gelu_and_mul::{self, Approximate};
+use ir_ops::{gelu_and_mul_sparse, silu_and_mul};
 
 use crate::LayerError;
 
@@ -36,7 +36,7 @@ pub fn gate_up_weight(gate: &ir_core::Tensor, up: &ir_core::Tensor) -> Result<ir
 /// use ir_core::{DType, EagerContext, Registry, Tensor};
 /// use layers::SiluAndMul;
 ///
-/// let registry = Registry::with_builtin_ops();
+/// let registry = ir_ops::registry();
 /// let x = Tensor::from_f64(DType::F32, &[1, 4], &[1.0, -1.0, 2.0, 3.0])?;
 /// let out = SiluAndMul.forward(&EagerContext::new(&registry), &x)?;
 /// assert_eq!(out.shape(), &[1, 2]);
@@ -91,7 +91,7 @@ impl Default for GeluAndMul {
 /// f32-rounded sparsity, as upstream computes it) is the multiplier.
 ///
 /// ```
-/// use ir_core::op::gelu_and_mul::Approximate;
+/// use ir_ops::gelu_and_mul::Approximate;
 /// use layers::GeluAndMulSparse;
 ///
 /// let layer = GeluAndMulSparse::new(0.95, Approximate::Tanh)?;
@@ -150,7 +150,7 @@ pub(crate) fn check_gated(layer: &'static str, x: &TensorMeta) -> Result<(), Lay
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir_core::{DType, EagerContext, Registry, Tensor, bit_eq};
+    use ir_core::{DType, EagerContext, Tensor, bit_eq};
 
     #[test]
     fn stacked_weights_project_to_gate_then_up() {
@@ -171,7 +171,7 @@ mod tests {
 
     #[test]
     fn layers_call_their_ops_and_check_the_input() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let ctx = EagerContext::new(&registry);
         let x = Tensor::randn(&TensorMeta::compact(DType::BF16, &[3, 16]), 4).unwrap();
         let silu = SiluAndMul.forward(&ctx, &x).unwrap();

@@ -13,7 +13,7 @@
 //! use ir_core::{DType, EagerContext, Registry, Tensor};
 //! use layers::RmsNorm;
 //!
-//! let registry = Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let ctx = EagerContext::new(&registry);
 //! let norm = RmsNorm::builder(8).dtype(DType::BF16).build()?;
 //! let x = Tensor::ones(DType::BF16, &[2, 8]).unwrap();
@@ -44,4 +44,4 @@ pub use crate::quant::{QuantFp8, QuantScale};
 pub use crate::rms_norm::{RmsNorm, RmsNormBuilder};
 pub use crate::rope::{RopeScaling, RopeScalingError, inverse_frequencies, rope_cache};
 pub use crate::rotary::RotaryEmbedding;
-pub use ir_core::op::Rounding;
+pub use ir_ops::Rounding;

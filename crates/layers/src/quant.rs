@@ -1,9 +1,9 @@
 //! fp8 quantization of activations, as the input of an fp8 GEMM: a per-tensor (static) scale, or one
 //! scale per token computed from the row (dynamic).
 
-use ir_core::op::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
 use ir_core::storage::DeviceAllocator;
 use ir_core::{DType, ExecutionContext, Tensor};
+use ir_ops::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
 
 use crate::LayerError;
 
@@ -27,7 +27,7 @@ pub enum QuantScale {
 /// use ir_core::{DType, EagerContext, Registry, Tensor};
 /// use layers::{QuantFp8, QuantScale};
 ///
-/// let registry = Registry::with_builtin_ops();
+/// let registry = ir_ops::registry();
 /// let ctx = EagerContext::new(&registry);
 /// let scale = Tensor::from_f64(DType::F32, &[1], &[0.5])?;
 /// let quant = QuantFp8::new("layers.0.input_scale", QuantScale::Static(scale), DType::F8E4M3FN)?;
@@ -101,11 +101,11 @@ impl QuantFp8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir_core::{EagerContext, Registry, TensorMeta, bit_eq};
+    use ir_core::{EagerContext, TensorMeta, bit_eq};
 
     #[test]
     fn both_modes_call_their_op_and_bad_scales_are_refused() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let ctx = EagerContext::new(&registry);
         let x = Tensor::randn(&TensorMeta::compact(DType::BF16, &[3, 16]), 2).unwrap();
         let ub = Tensor::from_f64(DType::F32, &[1], &[1.5]).unwrap();

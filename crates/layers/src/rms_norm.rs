@@ -2,9 +2,9 @@
 
 use std::sync::OnceLock;
 
-use ir_core::op::Rounding;
 use ir_core::storage::DeviceAllocator;
 use ir_core::{DType, ExecutionContext, Tensor};
+use ir_ops::Rounding;
 
 use crate::LayerError;
 
@@ -185,7 +185,7 @@ impl RmsNorm {
     pub fn forward<C: ExecutionContext>(&self, ctx: &C, x: &C::Tensor) -> Result<C::Tensor, LayerError> {
         self.check_input(ctx, "x", x)?;
         let weight = self.weight_in(ctx, x)?;
-        Ok(ir_core::op::rms_norm::call(ctx, x, weight.as_ref(), self.eps, self.variance_size)?)
+        Ok(ir_ops::rms_norm::call(ctx, x, weight.as_ref(), self.eps, self.variance_size)?)
     }
 
     /// `fused_add_rms_norm` `maybe_inplace`: takes `x` and `residual` by value (they are donated) and
@@ -193,7 +193,7 @@ impl RmsNorm {
     ///
     /// ```compile_fail
     /// # use ir_core::{DType, EagerContext, Registry, Tensor};
-    /// # let registry = Registry::with_builtin_ops();
+    /// # let registry = ir_ops::registry();
     /// # let ctx = EagerContext::new(&registry);
     /// let norm = layers::RmsNorm::new(8, DType::BF16).unwrap();
     /// let x = Tensor::ones(DType::BF16, &[2, 8]).unwrap();
@@ -210,7 +210,7 @@ impl RmsNorm {
     ) -> Result<(C::Tensor, C::Tensor), LayerError> {
         let weight = self.residual_weight(ctx, &x, &residual)?;
         let (eps, variance_size, rounding) = (self.eps, self.variance_size, self.rounding);
-        Ok(ir_core::op::fused_add_rms_norm::call_maybe_inplace(
+        Ok(ir_ops::fused_add_rms_norm::call_maybe_inplace(
             ctx,
             x,
             residual,
@@ -230,7 +230,7 @@ impl RmsNorm {
     ) -> Result<(C::Tensor, C::Tensor), LayerError> {
         let weight = self.residual_weight(ctx, x, residual)?;
         let (eps, variance_size, rounding) = (self.eps, self.variance_size, self.rounding);
-        Ok(ir_core::op::fused_add_rms_norm::call(ctx, x, residual, weight.as_ref(), eps, variance_size, rounding)?)
+        Ok(ir_ops::fused_add_rms_norm::call(ctx, x, residual, weight.as_ref(), eps, variance_size, rounding)?)
     }
 
     /// Checks x and the residual of a residual call and gives the weight on x's device.
@@ -283,9 +283,9 @@ impl RmsNorm {
 
 #[cfg(test)]
 mod tests {
-    use ir_core::op::fused_add_rms_norm;
-    use ir_core::op::rms_norm;
-    use ir_core::{EagerContext, Registry, bit_eq};
+    use ir_core::{EagerContext, bit_eq};
+    use ir_ops::fused_add_rms_norm;
+    use ir_ops::rms_norm;
 
     use super::*;
 
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn traced_weights_are_identified_by_tensor_not_by_name() {
         use ir_graph::{InterpOptions, Tracer, interpret, parse};
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let mut first = RmsNorm::new(8, DType::BF16).unwrap();
         let mut second = RmsNorm::new(8, DType::BF16).unwrap();
         first.load_weight(Tensor::full(DType::BF16, &[8], 0.5).unwrap()).unwrap();
@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn every_traced_name_parses_back() {
         use ir_graph::{InterpOptions, Tracer, interpret, parse};
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let tracer = Tracer::new(&registry, "names");
         let x = sample(2, 8, 2);
         let input = tracer.input("x y", x.meta().clone());
@@ -359,7 +359,7 @@ mod tests {
     /// does, which differs from the default's f32 sum on some elements.
     #[test]
     fn the_builder_rounding_reaches_the_fused_norm() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let ctx = EagerContext::new(&registry);
         let meta = ir_core::TensorMeta::compact(DType::BF16, &[4, 64]);
         let (x, r) = (Tensor::randn(&meta, 1).unwrap(), Tensor::randn(&meta, 2).unwrap());
@@ -408,7 +408,7 @@ mod tests {
 
     #[test]
     fn forward_matches_the_ops() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let ctx = EagerContext::new(&registry);
         let mut norm = RmsNorm::builder(16).var_hidden_size(8).build().unwrap();
         let weight = sample(1, 16, 3).reshape(&[16]).unwrap();
@@ -418,8 +418,7 @@ mod tests {
         let y = norm.forward(&ctx, &x).unwrap();
         assert!(bit_eq(&y, &rms_norm::native(&x, Some(&weight), 1e-6, Some(8)).unwrap()));
         let (expected_out, expected_residual) =
-            fused_add_rms_norm::native(&x, &residual, Some(&weight), 1e-6, Some(8), ir_core::op::Rounding::Exact)
-                .unwrap();
+            fused_add_rms_norm::native(&x, &residual, Some(&weight), 1e-6, Some(8), ir_ops::Rounding::Exact).unwrap();
         let functional = norm.forward_residual_functional(&ctx, &x, &residual).unwrap();
         assert!(bit_eq(&functional.0, &expected_out) && bit_eq(&functional.1, &expected_residual));
         let (out, new_residual) = norm.forward_residual(&ctx, x, residual).unwrap();
@@ -431,7 +430,7 @@ mod tests {
 
     #[test]
     fn shape_errors_name_both_shapes_before_any_write() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let ctx = EagerContext::new(&registry);
         let norm = RmsNorm::new(16, DType::BF16).unwrap();
         let err = norm.forward(&ctx, &sample(4, 15, 0)).unwrap_err();

@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn without_scaling_the_cache_is_the_ops_own() {
         let ours = rope_cache(DType::F32, 32, 16, 10000.0, None).unwrap();
-        let op = ir_core::op::rotary_embedding::cos_sin_cache(DType::F32, 32, 16, 10000.0).unwrap();
+        let op = ir_ops::rotary_embedding::cos_sin_cache(DType::F32, 32, 16, 10000.0).unwrap();
         assert!(ir_core::bit_eq(&ours, &op));
     }
 

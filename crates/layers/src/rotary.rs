@@ -1,8 +1,8 @@
 //! Rotary position embedding of query and key, with the cos/sin cache built once per layer.
 
-use ir_core::op::{Rounding, rotary_embedding};
 use ir_core::storage::DeviceAllocator;
 use ir_core::{DType, ExecutionContext, Tensor};
+use ir_ops::{Rounding, rotary_embedding};
 
 use crate::LayerError;
 use crate::rope::{RopeScaling, rope_cache};
@@ -17,7 +17,7 @@ use crate::rope::{RopeScaling, rope_cache};
 /// use ir_core::{DType, EagerContext, Registry, Tensor, TensorMeta};
 /// use layers::RotaryEmbedding;
 ///
-/// let registry = Registry::with_builtin_ops();
+/// let registry = ir_ops::registry();
 /// let ctx = EagerContext::new(&registry);
 /// let rope = RotaryEmbedding::new("rope", 64, 64, 2048, 10000.0, true, DType::BF16)?;
 /// let positions = Tensor::from_vec(&[3], vec![0i64, 1, 2])?;
@@ -191,13 +191,13 @@ fn check_geometry(head_size: usize, rotary_dim: usize) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir_core::{EagerContext, Registry, TensorMeta, bit_eq};
+    use ir_core::{EagerContext, TensorMeta, bit_eq};
 
     /// The layer's rounding reaches the op: `Dtype` gives native's rounded-products bits on bf16,
     /// which differ from the default's.
     #[test]
     fn the_layer_passes_its_rounding_to_the_op() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let ctx = EagerContext::new(&registry);
         let rope = RotaryEmbedding::new("rope", 16, 16, 32, 10000.0, true, DType::BF16).unwrap();
         let parity = rope.clone().with_rounding(Rounding::Dtype);
@@ -214,22 +214,14 @@ mod tests {
 
     #[test]
     fn both_forms_match_the_reference_and_bad_geometry_is_refused() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let ctx = EagerContext::new(&registry);
         let rope = RotaryEmbedding::new("rope", 16, 8, 32, 10000.0, false, DType::F32).unwrap();
         let positions = Tensor::from_vec(&[4], vec![3i64, 0, 31, 7]).unwrap();
         let q = Tensor::randn(&TensorMeta::compact(DType::F32, &[4, 32]), 5).unwrap();
-        let (eq, ek) = rotary_embedding::native(
-            &positions,
-            &q,
-            None,
-            rope.cos_sin_cache(),
-            16,
-            8,
-            false,
-            ir_core::op::Rounding::Exact,
-        )
-        .unwrap();
+        let (eq, ek) =
+            rotary_embedding::native(&positions, &q, None, rope.cos_sin_cache(), 16, 8, false, ir_ops::Rounding::Exact)
+                .unwrap();
         assert!(ek.is_none());
         let (fq, fk) = rope.forward_functional(&ctx, &positions, &q, None).unwrap();
         assert!(bit_eq(&fq, &eq) && fk.is_none());
@@ -247,7 +239,7 @@ mod tests {
 
     #[test]
     fn a_given_cache_is_used_as_given_and_scaling_stretches_the_cache() {
-        let registry = Registry::with_builtin_ops();
+        let registry = ir_ops::registry();
         let ctx = EagerContext::new(&registry);
         let cache = Tensor::randn(&TensorMeta::compact(DType::F32, &[8, 16]), 3).unwrap();
         let rope = RotaryEmbedding::from_cache("given", 16, true, cache.clone()).unwrap();
@@ -256,7 +248,7 @@ mod tests {
         let q = Tensor::randn(&TensorMeta::compact(DType::F32, &[2, 32]), 4).unwrap();
         let (got, _) = rope.forward_functional(&ctx, &positions, &q, None).unwrap();
         let (expected, _) =
-            rotary_embedding::native(&positions, &q, None, &cache, 16, 16, true, ir_core::op::Rounding::Exact).unwrap();
+            rotary_embedding::native(&positions, &q, None, &cache, 16, 16, true, ir_ops::Rounding::Exact).unwrap();
         assert!(bit_eq(&got, &expected));
         for bad in [Tensor::zeros(DType::F32, &[8]).unwrap(), Tensor::zeros(DType::F32, &[8, 15]).unwrap()] {
             assert!(RotaryEmbedding::from_cache("bad", 16, true, bad).is_err());

@@ -79,7 +79,7 @@ struct ToyLayer {
 /// use ir_core::{DType, EagerContext, Registry, Tensor, TensorMeta, bit_eq};
 /// use layers::toy::{ToyDecoder, ToyDecoderConfig};
 ///
-/// let registry = Registry::with_builtin_ops();
+/// let registry = ir_ops::registry();
 /// let ctx = EagerContext::new(&registry);
 /// let config = ToyDecoderConfig { layers: 2, hidden: 64, max_position: 16, dtype: DType::BF16, seed: 0 };
 /// let model = ToyDecoder::new(config)?;

@@ -30,6 +30,23 @@
 //! the pool off), code calls [`storage::set_host_pool_capacity`].
 
 pub use ir_core::*;
+
+/// The ops: how one is declared (`ir-core`'s [`OpDef`](ir_core::op::OpDef), parameter kinds,
+/// argument values) and the built-in ops themselves (`ir-ops`: one module per op, with its typed
+/// calls, its semantics and [`Rounding`](ir_ops::Rounding)), in one place.
+pub mod op {
+    pub use ir_core::op::*;
+    pub use ir_ops::*;
+}
+
+/// Exchanging tensors with other libraries (`ir-core`'s candle and DLPack conversions) and, with
+/// feature `candle`, the ops on candle tensors (`candle_ops`).
+pub mod interop {
+    pub use ir_core::interop::*;
+    #[cfg(feature = "candle")]
+    pub use ir_ops::candle_ops;
+}
+
 /// The graph IR: graphs, the text format, the verifier, the interpreter and the tracer.
 pub use ir_graph as graph;
 /// The passes: functionalization, lowering, clone elimination, DCE and the pipeline.
@@ -85,7 +102,7 @@ fn host_pool_bytes(value: &str) -> Result<usize, SetupError> {
 
 /// [`registry()`] with a configuration from code; reads no environment variable.
 pub fn registry_with(config: PriorityConfig) -> Result<Registry, SetupError> {
-    let registry = Registry::with_builtin_ops();
+    let registry = ir_ops::registry();
     register_providers(&registry)?;
     config.apply(&registry)?;
     Ok(registry)

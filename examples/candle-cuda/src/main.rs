@@ -10,9 +10,9 @@ use std::error::Error;
 
 use candle_core::{DType, Device, Tensor};
 use ir_core::Registry;
-use ir_core::interop::candle_ops;
-use ir_core::op::Rounding;
-use ir_core::op::gelu_and_mul::Approximate;
+use ir_ops::candle_ops;
+use ir_ops::Rounding;
+use ir_ops::gelu_and_mul::Approximate;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -23,7 +23,7 @@ fn main() -> Result<()> {
     }
     let gpu = Device::new_cuda(0)?;
     // On the GPU: the `cuda` provider only (a fallback to `native` would be counted and refused).
-    let cuda = Registry::with_builtin_ops();
+    let cuda = ir_ops::registry();
     kernels_cuda::register(&cuda)?;
     // Every built-in op, each of which `check` calls.
     let ops = cuda.ops();
@@ -31,7 +31,7 @@ fn main() -> Result<()> {
         cuda.set_default(op, &["cuda"])?;
     }
     // On the CPU: the reference semantics.
-    let reference = Registry::with_builtin_ops();
+    let reference = ir_ops::registry();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         let before = cuda.selection_record();
         check(&cuda, &reference, &gpu, dtype)?;
@@ -127,7 +127,7 @@ fn check(cuda: &Registry, reference: &Registry, gpu: &Device, dtype: DType) -> R
     let gqkv = on_gpu(&qkv)?;
     let cqkv = qkv.copy()?;
     let positions = Tensor::arange(0u32, tokens as u32, &cpu)?;
-    let cache = ir_core::op::rotary_embedding::cos_sin_cache(ir_core::DType::F32, 64, head_size, 10000.0)?
+    let cache = ir_ops::rotary_embedding::cos_sin_cache(ir_core::DType::F32, 64, head_size, 10000.0)?
         .into_candle()?
         .to_dtype(dtype)?;
     let slices = |t: &Tensor| -> Result<(Tensor, Tensor)> {

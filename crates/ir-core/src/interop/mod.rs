@@ -20,8 +20,6 @@
 
 #[cfg(feature = "candle")]
 mod candle;
-#[cfg(feature = "candle")]
-pub mod candle_ops;
 #[cfg(feature = "dlpack")]
 mod dlpack;
 

@@ -1,24 +1,5 @@
-//! One declaration per op: [`define_op!`](crate::define_op) turns a parameter list written with Rust
-//! types into the [`OpDef`](crate::op::OpDef) and everything typed around it.
-//!
-//! Each parameter's Rust type is a *marker* implementing [`OpParam`], which says the parameter's
-//! [`ParamKind`] and how its value looks to callers, implementations and predicates:
-//!
-//! | marker | kind | caller / implementation | predicate | `maybe_inplace` caller | in-place implementation |
-//! |---|---|---|---|---|---|
-//! | [`Activation`] | `Tensor`, donated | `&Tensor` | `&TensorMeta` | `Tensor` (moved in) | [`UniqueTensor`] |
-//! | `Option<Activation>` | `Optional[Tensor]`, donated when given | `Option<&Tensor>` | `Option<&TensorMeta>` | `Option<Tensor>` | `Option<UniqueTensor>` |
-//! | `Tensor` | `Tensor` | `&Tensor` | `&TensorMeta` | `&Tensor` | `&Tensor` |
-//! | `Option<Tensor>` | `Optional[Tensor]` | `Option<&Tensor>` | `Option<&TensorMeta>` | same | same |
-//! | `f64`, `i64`, `bool`, `DType` | scalar | by value | by value | by value | by value |
-//! | `Option<f64>`, … | optional scalar | `Option<_>` | `Option<_>` | same | same |
-//! | `Vec<i64>`, `Option<Vec<i64>>` | integer list | `&[i64]`, `Option<&[i64]>` | same | same | same |
-//! | a [`str_enum!`](crate::str_enum) type | `Literal["a", "b"]` | the enum | the enum | the enum | the enum |
-//!
-//! The activations are the `Activation` and `Option<Activation>` parameters, in order; an op with
-//! `inplace: true` has a `maybe_inplace` form whose outputs are written into them. An absent
-//! optional activation has no output: the outputs are the given activations', in order, then the
-//! fresh ones (`rotary_embedding` returns `(query, Option<key>)`, typed `(Tensor, Option<Tensor>)`).
+//! `define_op!` and `str_enum!`, with the parameter markers and output shapes they expand to (the
+//! table of markers is in the `op` module's documentation).
 
 use crate::op::{ArgMeta, ParamKind, Value};
 use crate::{CallArg, DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
@@ -722,7 +703,7 @@ pub fn mismatched(op: &str) -> KernelError {
 ///     Ok(x.scale(-1.0)?)
 /// }
 ///
-/// let registry = ir_core::Registry::with_builtin_ops();
+/// let registry = ir_core::Registry::new();
 /// registry.define_op(&NEGATE)?;
 /// let x = Tensor::ones(ir_core::DType::F32, &[2, 4])?;
 /// let out = negate(&registry, &x)?;
@@ -751,14 +732,14 @@ macro_rules! define_op {
             name: stringify!($name),
             params: &[$($crate::op::ParamDef {
                 name: stringify!($param),
-                kind: <$ty as $crate::op::OpParam>::KIND,
+                kind: <$ty as $crate::__macro_support::OpParam>::KIND,
                 default: $crate::define_op!(@default $($default)?),
             }),+],
-            n_outputs: <$out as $crate::op::OpOutputs>::N,
+            n_outputs: <$out as $crate::__macro_support::OpOutputs>::N,
             activations: $crate::op::Activations::Explicit({
                 const NAMES: [&str; [$(stringify!($param)),+].len()] = [$(stringify!($param)),+];
-                const DONATED: [bool; NAMES.len()] = [$(<$ty as $crate::op::OpParam>::DONATED),+];
-                const LIST: [&str; $crate::op::count_donated(DONATED)] = $crate::op::donated_names(NAMES, DONATED);
+                const DONATED: [bool; NAMES.len()] = [$(<$ty as $crate::__macro_support::OpParam>::DONATED),+];
+                const LIST: [&str; $crate::__macro_support::count_donated(DONATED)] = $crate::__macro_support::donated_names(NAMES, DONATED);
                 &LIST
             }),
             allow_inplace: $inplace,
@@ -767,10 +748,10 @@ macro_rules! define_op {
                     args: &[$crate::op::Value],
                 ) -> ::std::result::Result<$crate::op::Outputs, $crate::KernelError> {
                     let mut index = 0..;
-                    $(let $param = args.get(index.next().expect("unbounded")).and_then(<$ty as $crate::op::OpParam>::arg)
+                    $(let $param = args.get(index.next().expect("unbounded")).and_then(<$ty as $crate::__macro_support::OpParam>::arg)
                         .ok_or_else(|| $crate::op::mismatched(stringify!($name)))?;)+
                     let outputs: $out = ($native)($($param),+)?;
-                    Ok(<$out as $crate::op::OpOutputs>::into_handles(outputs))
+                    Ok(<$out as $crate::__macro_support::OpOutputs>::into_handles(outputs))
                 }
                 native_dynamic
             },
@@ -784,14 +765,14 @@ macro_rules! define_op {
         #[derive(Clone, Copy, Debug)]
         pub struct $args<'a> {
             $($(#[$pattr])* #[doc = concat!("`", stringify!($param), "`.")]
-            pub $param: <$ty as $crate::op::OpParam>::Meta<'a>,)+
+            pub $param: <$ty as $crate::__macro_support::OpParam>::Meta<'a>,)+
         }
 
         impl<'a> $args<'a> {
             /// Reads a bound argument list; `None` when its length or kinds do not match.
             pub fn from_meta(args: &[$crate::op::ArgMeta<'a>]) -> ::std::option::Option<$args<'a>> {
                 let mut args = args.iter();
-                let view = $args { $($param: <$ty as $crate::op::OpParam>::meta(args.next()?)?,)+ };
+                let view = $args { $($param: <$ty as $crate::__macro_support::OpParam>::meta(args.next()?)?,)+ };
                 args.next().is_none().then_some(view)
             }
         }
@@ -804,13 +785,13 @@ macro_rules! define_op {
 
     // The typed signature of a functional implementation of the op, as a trait object.
     (@typed_fn ($($param:ident : $ty:ty),+) [$out:ty]) => {
-        dyn for<'a> Fn($(<$ty as $crate::op::OpParam>::Arg<'a>),+) -> ::std::result::Result<$out, $crate::KernelError>
+        dyn for<'a> Fn($(<$ty as $crate::__macro_support::OpParam>::Arg<'a>),+) -> ::std::result::Result<$out, $crate::KernelError>
             + Send + Sync
     };
 
     // The typed signature of an in-place implementation of the op, as a trait object.
     (@typed_inplace_fn ($($param:ident : $ty:ty),+) [$out:ty]) => {
-        dyn for<'a> Fn($(<$ty as $crate::op::OpParam>::InplaceArg<'a>),+) -> ::std::result::Result<$out, $crate::KernelError>
+        dyn for<'a> Fn($(<$ty as $crate::__macro_support::OpParam>::InplaceArg<'a>),+) -> ::std::result::Result<$out, $crate::KernelError>
             + Send + Sync
     };
 
@@ -823,25 +804,25 @@ macro_rules! define_op {
         #[allow(clippy::too_many_arguments)]
         pub fn maybe_inplace(
             registry: &$crate::Registry,
-            $($param: <$ty as $crate::op::OpParam>::Given<'_>),+
+            $($param: <$ty as $crate::__macro_support::OpParam>::Given<'_>),+
         ) -> ::std::result::Result<$out, $crate::CallError> {
             $(#[allow(unused_mut)] let mut $param = $param;)+
-            let selected = registry.select_declared(&$def, &[$(<$ty as $crate::op::OpParam>::given_meta(&$param)),+])?;
+            let selected = registry.select_declared(&$def, &[$(<$ty as $crate::__macro_support::OpParam>::given_meta(&$param)),+])?;
             let outputs = if let Some(func) =
                 selected.typed_inplace::<$crate::define_op!(@typed_inplace_fn ($($param : $ty),+) [$out])>()
             {
                 // Every activation checked before any is copied, then prepared in order.
                 let mut index = 0;
-                $(if let Some(activation) = <$ty as $crate::op::OpParam>::given_activation(&mut $param) {
+                $(if let Some(activation) = <$ty as $crate::__macro_support::OpParam>::given_activation(&mut $param) {
                     selected.check_activation(index, activation)?;
                     index += 1;
                 })+
                 let _ = index;
-                $(if let Some(activation) = <$ty as $crate::op::OpParam>::given_activation(&mut $param) {
+                $(if let Some(activation) = <$ty as $crate::__macro_support::OpParam>::given_activation(&mut $param) {
                     selected.prepare_activation(activation)?;
                 })+
                 let ran: ::std::result::Result<$out, $crate::KernelError> = 'run: {
-                    $(let $param = match <$ty as $crate::op::OpParam>::given_inplace($param) {
+                    $(let $param = match <$ty as $crate::__macro_support::OpParam>::given_inplace($param) {
                         Ok(arg) => arg,
                         Err(e) => break 'run Err(e.into()),
                     };)+
@@ -851,10 +832,10 @@ macro_rules! define_op {
             } else if let Some(func) =
                 selected.typed_functional::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out])>()
             {
-                selected.finish(func($(<$ty as $crate::op::OpParam>::given_arg(&$param)),+))?
+                selected.finish(func($(<$ty as $crate::__macro_support::OpParam>::given_arg(&$param)),+))?
             } else {
-                let mut args = [$(<$ty as $crate::op::OpParam>::given_value($param)),+];
-                <$out as $crate::op::OpOutputs>::from_outputs(selected.run_bound(&mut args)?)
+                let mut args = [$(<$ty as $crate::__macro_support::OpParam>::given_value($param)),+];
+                <$out as $crate::__macro_support::OpOutputs>::from_outputs(selected.run_bound(&mut args)?)
                     .expect("the registry checks the number of outputs")
             };
             Ok(outputs)
@@ -869,14 +850,14 @@ macro_rules! define_op {
         #[allow(clippy::too_many_arguments)]
         pub fn $name(
             registry: &$crate::Registry,
-            $($param: <$ty as $crate::op::OpParam>::Arg<'_>),+
+            $($param: <$ty as $crate::__macro_support::OpParam>::Arg<'_>),+
         ) -> ::std::result::Result<$out, $crate::CallError> {
-            let metas = [$(<$ty as $crate::op::OpParam>::arg_meta($param)),+];
+            let metas = [$(<$ty as $crate::__macro_support::OpParam>::arg_meta($param)),+];
             registry.call_typed::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out]), $out, _>(
                 &$def,
                 &metas,
                 |func| func($($param),+),
-                || [$(<$ty as $crate::op::OpParam>::value($param)),+],
+                || [$(<$ty as $crate::__macro_support::OpParam>::value($param)),+],
             )
         }
     };
@@ -887,16 +868,16 @@ macro_rules! define_op {
         #[allow(clippy::too_many_arguments)]
         pub fn $ctx_fname<'a, C: $crate::ExecutionContext + ?Sized>(
             ctx: &C,
-            $($param: <$ty as $crate::op::OpParam>::$ctx_given<'a, C::Tensor>),+
-        ) -> ::std::result::Result<<$out as $crate::op::OpOutputs>::Of<C::Tensor>, $crate::CallError>
+            $($param: <$ty as $crate::__macro_support::OpParam>::$ctx_given<'a, C::Tensor>),+
+        ) -> ::std::result::Result<<$out as $crate::__macro_support::OpOutputs>::Of<C::Tensor>, $crate::CallError>
         where
             C::Tensor: 'a,
         {
-            let args = vec![$(<$ty as $crate::op::OpParam>::$to_call_arg::<C::Tensor>($param)),+];
+            let args = vec![$(<$ty as $crate::__macro_support::OpParam>::$to_call_arg::<C::Tensor>($param)),+];
             let outputs = ctx.call(&$def, $crate::op::Overload::$overload, args)?;
             let found = outputs.len();
-            <$out as $crate::op::OpOutputs>::from_handles($crate::op::Handles::from_vec(outputs))
-                .ok_or_else(|| $crate::op::output_count($def.name, found, <$out as $crate::op::OpOutputs>::N))
+            <$out as $crate::__macro_support::OpOutputs>::from_handles($crate::op::Handles::from_vec(outputs))
+                .ok_or_else(|| $crate::__macro_support::output_count($def.name, found, <$out as $crate::__macro_support::OpOutputs>::N))
         }
     };
 
@@ -909,7 +890,7 @@ macro_rules! define_op {
         pub fn register(
             registry: &$crate::Registry,
             spec: $crate::ImplSpec,
-            func: impl Fn($(<$ty as $crate::op::OpParam>::Arg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
+            func: impl Fn($(<$ty as $crate::__macro_support::OpParam>::Arg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
                 + Send + Sync + 'static,
         ) -> ::std::result::Result<(), $crate::RegistryError> {
             registry.register_impl($def.name, spec, $crate::define_op!(@functional $name func ($($param : $ty),+) $out))
@@ -933,7 +914,7 @@ macro_rules! define_op {
         impl Impl {
             /// A functional implementation from a function or closure.
             pub fn functional(
-                func: impl Fn($(<$ty as $crate::op::OpParam>::Arg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
+                func: impl Fn($(<$ty as $crate::__macro_support::OpParam>::Arg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
                     + Send + Sync + 'static,
             ) -> Impl {
                 Impl::Functional($crate::define_op!(@functional $name func ($($param : $ty),+) $out))
@@ -941,7 +922,7 @@ macro_rules! define_op {
 
             /// An in-place implementation from a function or closure.
             pub fn inplace(
-                func: impl Fn($(<$ty as $crate::op::OpParam>::InplaceArg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
+                func: impl Fn($(<$ty as $crate::__macro_support::OpParam>::InplaceArg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
                     + Send + Sync + 'static,
             ) -> Impl {
                 // One function behind both paths: the bound-argument adapter and the typed call.
@@ -950,13 +931,13 @@ macro_rules! define_op {
                 let func = ::std::sync::Arc::clone(&typed);
                 Impl::Inplace($crate::ImplFunc::inplace(move |args: &mut [$crate::op::Value]| {
                     let mut index = 0..;
-                    $(let $param = <$ty as $crate::op::OpParam>::take(args, index.next().expect("unbounded"))?;)+
+                    $(let $param = <$ty as $crate::__macro_support::OpParam>::take(args, index.next().expect("unbounded"))?;)+
                     let mut index = 0..;
                     $(let $param = args.get(index.next().expect("unbounded"))
-                        .and_then(|value| <$ty as $crate::op::OpParam>::inplace_arg($param, value))
+                        .and_then(|value| <$ty as $crate::__macro_support::OpParam>::inplace_arg($param, value))
                         .ok_or_else(|| $crate::op::mismatched(stringify!($name)))?;)+
                     let outputs: $out = func($($param),+)?;
-                    Ok(<$out as $crate::op::OpOutputs>::into_handles(outputs))
+                    Ok(<$out as $crate::__macro_support::OpOutputs>::into_handles(outputs))
                 }).with_typed(::std::sync::Arc::new(typed)))
             }
         }
@@ -980,9 +961,9 @@ macro_rules! define_op {
         let func = ::std::sync::Arc::clone(&typed);
         $crate::ImplFunc::functional(move |args: &[$crate::op::Value]| {
             let mut index = 0..;
-            $(let $param = args.get(index.next().expect("unbounded")).and_then(<$ty as $crate::op::OpParam>::arg)
+            $(let $param = args.get(index.next().expect("unbounded")).and_then(<$ty as $crate::__macro_support::OpParam>::arg)
                 .ok_or_else(|| $crate::op::mismatched(stringify!($name)))?;)+
-            Ok(<$out as $crate::op::OpOutputs>::into_handles(func($($param),+)?))
+            Ok(<$out as $crate::__macro_support::OpOutputs>::into_handles(func($($param),+)?))
         })
         .with_typed(::std::sync::Arc::new(typed))
     }};

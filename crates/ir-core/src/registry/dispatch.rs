@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
+use crate::op::declare::OpOutputs;
 use crate::op::{
-    ArgMeta, BindError, INLINE_ARGS, INLINE_OUTPUTS, MetaError, OpDef, OpOutputs, Outputs, Overload, Value, bind,
-    bind_meta,
+    ArgMeta, BindError, INLINE_ARGS, INLINE_OUTPUTS, MetaError, OpDef, Outputs, Overload, Value, bind, bind_meta,
 };
 use crate::registry::selection::Cached;
 use crate::registry::{ImplEntry, NATIVE, OpEntry, OpMap, Registry, lock, memo, read};

@@ -1,7 +1,6 @@
 //! The registry: op definitions, their implementations, installed priorities and dispatch.
 //!
 //! Registries are independent and `Send + Sync`; tests build their own and run in parallel threads.
-//! A lazily created process-wide [`Registry::global`] exists for convenience.
 //!
 //! # Registering a provider, installing priorities, dispatching
 //!
@@ -14,10 +13,10 @@
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //!
-//! use ir_core::op::silu_and_mul::{self, SiluAndMulArgs};
+//! use ir_ops::silu_and_mul::{self, SiluAndMulArgs};
 //! use ir_core::{DType, ImplSpec, Registry, Support, Tensor};
 //!
-//! let registry = Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! // State: a call counter. The predicate sees metadata only: this provider takes f32.
 //! let calls = Arc::new(AtomicU64::new(0));
 //! let counter = Arc::clone(&calls);
@@ -57,9 +56,9 @@
 //! (`[cpu, native]`) the new provider takes what `cpu` rejects before `native` does.
 //!
 //! ```
-//! # use ir_core::op::rms_norm;
+//! # use ir_ops::rms_norm;
 //! # use ir_core::{ImplSpec, Registry};
-//! let registry = Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let _pinned = registry.override_priority("rms_norm", &["native"])?;
 //! rms_norm::register(&registry, ImplSpec::new("late"), |x, w, eps, v| rms_norm::native(x, w, eps, v))?;
 //! assert_eq!(registry.installed_priority("rms_norm").unwrap(), ["native"]);
@@ -77,10 +76,10 @@
 //! `rms_norm=native`) chooses it knowingly: nothing is rejected first, so nothing is said.
 //!
 //! ```
-//! use ir_core::op::silu_and_mul;
+//! use ir_ops::silu_and_mul;
 //! use ir_core::{CallError, DType, ImplSpec, Registry, Support, Tensor};
 //!
-//! let registry = Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let f32_only = ImplSpec::new("mine").with_supports(|args| match silu_and_mul::SiluAndMulArgs::from_meta(args) {
 //!     Some(view) if view.x.dtype == DType::F32 => Support::Yes,
 //!     _ => Support::No("f32 only".into()),
@@ -137,9 +136,9 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use indexmap::IndexMap;
 
 use crate::implementation::{ErasedImpl, ImplFunc};
-use crate::op::{BUILTIN_OPS, OpDef, ParamKind, is_reserved, is_valid_name};
+use crate::op::{OpDef, ParamKind, is_reserved, is_valid_name};
 pub use crate::registry::dispatch::{CallError, Rejection, Selected, Selection};
-pub use crate::registry::priority::{PriorityError, PriorityGuard};
+pub use crate::registry::priority::{PriorityError, PriorityGuard, merge};
 pub use crate::registry::record::{OpRecord, ProviderRecord, SelectionRecord};
 use crate::{Availability, ImplSpec, SupportsFn};
 
@@ -417,22 +416,6 @@ impl Registry {
     /// Whether native fallbacks are refused ([`Registry::set_strict`]).
     pub fn is_strict(&self) -> bool {
         self.shared.strict.load(Ordering::Relaxed)
-    }
-
-    /// A registry defining the built-in ops (`rms_norm`, `fused_add_rms_norm`), each with `native` only.
-    #[track_caller]
-    pub fn with_builtin_ops() -> Registry {
-        let registry = Registry::new();
-        for def in BUILTIN_OPS {
-            registry.define_op(def).expect("built-in op definitions are valid and distinct");
-        }
-        registry
-    }
-
-    /// The process-wide registry with the built-in ops, created on first use.
-    pub fn global() -> &'static Registry {
-        static GLOBAL: OnceLock<Registry> = OnceLock::new();
-        GLOBAL.get_or_init(Registry::with_builtin_ops)
     }
 
     /// Defines an op; registers its `native` implementation.

@@ -55,11 +55,11 @@ impl SelectionRecord {
     ///
     /// ```
     /// # use ir_core::{DType, Registry, Tensor};
-    /// let registry = Registry::with_builtin_ops();
+    /// let registry = ir_ops::registry();
     /// let x = Tensor::ones(DType::F32, &[2, 8])?;
-    /// ir_core::op::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
+    /// ir_ops::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
     /// let before = registry.selection_record();
-    /// ir_core::op::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
+    /// ir_ops::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
     /// let step = registry.selection_record().since(&before);
     /// assert_eq!(step.selections("rms_norm", "native"), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -157,8 +157,7 @@ impl Registry {
 
     /// Counts a copy of an argument of `op` made outside dispatch (by an adapter that could not lend
     /// it), so the record shows every copy a call cost.
-    #[cfg_attr(not(feature = "candle"), allow(dead_code))]
-    pub(crate) fn count_defensive_copy(&self, op: &str) {
+    pub fn count_defensive_copy(&self, op: &str) {
         if let Some(entry) = self.ops.load().get(op) {
             entry.defensive_copies.fetch_add(1, Ordering::Relaxed);
         }

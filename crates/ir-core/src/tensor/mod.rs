@@ -479,7 +479,7 @@ impl Tensor {
 
     /// The storage and metadata when this handle owns the storage alone (and may write it); the
     /// tensor back otherwise.
-    pub(crate) fn into_unique_storage(self) -> Result<(Storage, TensorMeta), Tensor> {
+    pub fn into_unique_storage(self) -> Result<(Storage, TensorMeta), Tensor> {
         if !self.is_uniquely_owned() {
             return Err(self);
         }
@@ -575,7 +575,7 @@ impl Tensor {
     }
 
     /// A copy in fresh storage (on this tensor's device) with `layout`, which must fit its shape.
-    pub(crate) fn copy_into_layout(&self, layout: Layout) -> Result<Tensor, TensorError> {
+    pub fn copy_into_layout(&self, layout: Layout) -> Result<Tensor, TensorError> {
         let size = self.dtype().size_in_bytes();
         let bytes = storage_bytes(&TensorMeta { layout: layout.clone(), ..self.meta.clone() })?;
         let storage = match &self.storage.storage {
@@ -736,8 +736,23 @@ impl fmt::Debug for Tensor {
     }
 }
 
+impl DType {
+    /// A reader of this dtype's elements in host bytes: `read(bytes, index)` is element `index`
+    /// (counted in elements, unaligned allowed), widened to `f64`. Reference ops read mixed dtypes
+    /// through it without a generic parameter per dtype.
+    pub fn element_reader(self) -> fn(&[u8], usize) -> f64 {
+        element_reader(self)
+    }
+
+    /// A writer of this dtype's elements in host bytes: `write(bytes, index, value)` rounds `value`
+    /// to this dtype and stores it as element `index`.
+    pub fn element_writer(self) -> fn(&mut [u8], usize, f64) {
+        element_writer(self)
+    }
+}
+
 /// Reads element `index` (in elements) of a host buffer holding `dtype`, widened to `f64`.
-pub(crate) fn element_reader(dtype: DType) -> fn(&[u8], usize) -> f64 {
+fn element_reader(dtype: DType) -> fn(&[u8], usize) -> f64 {
     fn read<T: Element>(bytes: &[u8], index: usize) -> f64 {
         let size = size_of::<T>();
         bytemuck::pod_read_unaligned::<T>(&bytes[index * size..(index + 1) * size]).to_f64()
@@ -746,7 +761,7 @@ pub(crate) fn element_reader(dtype: DType) -> fn(&[u8], usize) -> f64 {
 }
 
 /// Rounds a value to `dtype` and writes it at element `index` of a host buffer.
-pub(crate) fn element_writer(dtype: DType) -> fn(&mut [u8], usize, f64) {
+fn element_writer(dtype: DType) -> fn(&mut [u8], usize, f64) {
     fn write<T: Element>(bytes: &mut [u8], index: usize, value: f64) {
         let size = size_of::<T>();
         bytes[index * size..(index + 1) * size].copy_from_slice(bytemuck::bytes_of(&<T as Element>::from_f64(value)));

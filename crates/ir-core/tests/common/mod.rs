@@ -4,9 +4,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use ir_core::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_core::op::rms_norm;
 use ir_core::{ImplSpec, KernelError, Registry, Tensor, UniqueTensor};
+use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+use ir_ops::rms_norm;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
@@ -115,7 +115,7 @@ pub fn inplace_fused(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
-    rounding: ir_core::op::Rounding,
+    rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let (out, residual_out) =
         fused_add_rms_norm::native(x.tensor(), residual.tensor(), weight, epsilon, variance_size, rounding)?;

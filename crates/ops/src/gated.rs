@@ -9,8 +9,8 @@
 //! dtype once (`out_j = round_d(a_j · u_j)`). Ops with a per-row step before the activation (the
 //! sparse gate's cutoff) give it a row and get back the activation's inputs.
 
-use crate::op::{ArgMeta, InputSpec, MetaError, Value};
-use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+use ir_core::op::{ArgMeta, InputSpec, MetaError, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta};
 
 /// `silu(v) = v / (1 + e^-v)`, in f64.
 pub fn silu(v: f64) -> f64 {
@@ -58,7 +58,7 @@ pub(crate) fn gated_meta(op: &'static str, x: Option<&TensorMeta>) -> Result<Ten
 /// The argument list of a gated op's input generator: `x ~ N(0, 1)` of shape `[T, 2H]` (so the
 /// output is `[T, H]`), followed by `rest`.
 pub(crate) fn gated_inputs(spec: &InputSpec, rest: impl IntoIterator<Item = Value>) -> Result<Vec<Value>, TensorError> {
-    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let mut rng = ir_core::testing::InputRng::new(spec.seed);
     let x = rng.normal(spec.dtype, &[spec.num_tokens, 2 * spec.hidden_size], 0.0, 1.0)?;
     Ok(std::iter::once(Value::Tensor(x)).chain(rest).collect())
 }
@@ -88,15 +88,15 @@ pub(crate) fn native_gated(
 }
 
 /// The one-output meta function of a gated op whose other arguments need no check.
-pub(crate) fn gated_meta_only_x(op: &'static str, args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
-    Ok(crate::op::smallvec![gated_meta(op, args.first().and_then(ArgMeta::tensor))?])
+pub(crate) fn gated_meta_only_x(op: &'static str, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    Ok(ir_core::op::smallvec![gated_meta(op, args.first().and_then(ArgMeta::tensor))?])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::op::gelu_and_mul::{self, Approximate};
-    use crate::op::silu_and_mul;
+    use crate::gelu_and_mul::{self, Approximate};
+    use crate::silu_and_mul;
 
     #[test]
     fn activations_match_their_closed_forms() {

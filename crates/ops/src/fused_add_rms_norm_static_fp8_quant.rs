@@ -11,14 +11,14 @@
 //! comes first among the outputs, unlike vLLM's `(out, residual)`: an in-place op's first outputs
 //! are its activations', one per activation in order, and the rest are fresh.
 
-use crate::op::norm_math::{NormParams, native_norm};
-use crate::op::quant::{
+use crate::norm_math::{NormParams, native_norm};
+use crate::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
 };
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{DType, KernelError, Tensor, TensorError};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `fused_add_rms_norm_static_fp8_quant`.
     op fused_add_rms_norm_static_fp8_quant {
         def: FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
@@ -42,7 +42,7 @@ crate::define_op! {
         native: native,
         meta: meta,
         generate: generate,
-        tolerances: &[(DType::F16, crate::op::Tolerance { atol: 1e-2, rtol: 2e-3 })],
+        tolerances: &[(DType::F16, ir_core::op::Tolerance { atol: 1e-2, rtol: 2e-3 })],
         description: "residual add, RMS normalization and fp8 quantization with a per-tensor scale; returns (residual_out, q)",
     }
 }
@@ -67,13 +67,13 @@ pub fn native(
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let (normalized, residual_out) =
-        native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, crate::op::Rounding::Exact)?;
+        native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, crate::Rounding::Exact)?;
     let residual_out = residual_out.expect("a residual was given");
     let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype)?;
     Ok((to_device_of(residual_out, x)?, to_device_of(q, x)?))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     norm_quant_meta(&NORM, &QUANT, args)
 }
 

@@ -23,9 +23,9 @@
 //! becomes `±M`); NaN stays NaN; an infinite element makes its row's dynamic scale infinite, so
 //! that element is NaN and the rest of the row zero.
 
-use crate::op::norm_math::{NormParams, norm_meta};
-use crate::op::{ArgMeta, MetaError};
-use crate::{DType, Device, Tensor, TensorError, TensorMeta};
+use crate::norm_math::{NormParams, norm_meta};
+use ir_core::op::{ArgMeta, MetaError};
+use ir_core::{DType, Device, Tensor, TensorError, TensorMeta};
 
 /// The fp8 output dtype, or the error naming the parameter.
 pub(crate) fn fp8_dtype(op: &'static str, args: &[ArgMeta<'_>], index: usize) -> Result<DType, MetaError> {
@@ -74,7 +74,7 @@ pub(crate) fn quantized_meta(x: &TensorMeta, dtype: DType) -> TensorMeta {
 
 /// The per-token scales' metadata: x's shape with the last dimension 1, compact f32 on x's device.
 pub(crate) fn scales_meta(x: &TensorMeta) -> TensorMeta {
-    let shape = crate::kernel::per_token_scales_shape(x.shape());
+    let shape = per_token_scales_shape(x.shape());
     TensorMeta { device: x.device, ..TensorMeta::compact(DType::F32, &shape) }
 }
 
@@ -102,7 +102,7 @@ pub(crate) fn norm_quant_meta(
     norm: &NormParams,
     quant: &QuantParams,
     args: &[ArgMeta<'_>],
-) -> Result<crate::op::OutputMetas, MetaError> {
+) -> Result<ir_core::op::OutputMetas, MetaError> {
     let op = norm.op;
     let mut norm_outputs = norm_meta(norm, args)?;
     let x = args.get(norm.x).and_then(ArgMeta::tensor).ok_or(MetaError::Kind { op, param: "x" })?;
@@ -113,7 +113,7 @@ pub(crate) fn norm_quant_meta(
         _ => return Err(MetaError::Kind { op, param: scale_param }),
     }
     let dtype = fp8_dtype(op, args, quant.out_dtype)?;
-    let mut outputs: crate::op::OutputMetas = norm_outputs.drain(1..).collect();
+    let mut outputs: ir_core::op::OutputMetas = norm_outputs.drain(1..).collect();
     outputs.push(quantized_meta(x, dtype));
     if quant.dynamic {
         outputs.push(scales_meta(x));
@@ -132,7 +132,7 @@ pub(crate) fn quantize_host(
     let compute = x.dtype().compute_dtype();
     let hidden = x.layout().last_dim();
     let values: Vec<f64> = x.to_f64_vec()?.into_iter().map(|v| compute.round(v)).collect();
-    let scales_shape = crate::kernel::per_token_scales_shape(x.shape());
+    let scales_shape = per_token_scales_shape(x.shape());
     let n_rows: usize = scales_shape.iter().product();
     let mut q = Vec::with_capacity(values.len());
     let mut scales = Vec::with_capacity(n_rows);
@@ -166,12 +166,12 @@ pub(crate) enum QuantScale {
 /// (same distribution) when `with_residual`, `weight ~ N(1, 0.1)`, epsilon, then `scale` (the
 /// quantization's scale or bound, an f32 tensor of one element) and the output dtype `f8e4m3fn`.
 pub(crate) fn norm_quant_inputs(
-    spec: &crate::op::InputSpec,
+    spec: &ir_core::op::InputSpec,
     with_residual: bool,
     scale: f64,
-) -> Result<Vec<crate::op::Value>, TensorError> {
-    use crate::op::Value;
-    let mut rng = crate::testing::InputRng::new(spec.seed);
+) -> Result<Vec<ir_core::op::Value>, TensorError> {
+    use ir_core::op::Value;
+    let mut rng = ir_core::testing::InputRng::new(spec.seed);
     let shape = [spec.num_tokens, spec.hidden_size];
     let mut values = vec![Value::Tensor(rng.normal(spec.dtype, &shape, 0.0, 1.0)?)];
     if with_residual {
@@ -216,6 +216,15 @@ pub(crate) fn scale_value(scale: &Tensor) -> Result<f64, TensorError> {
 /// Moves a host result to x's device.
 pub(crate) fn to_device_of(t: Tensor, x: &Tensor) -> Result<Tensor, TensorError> {
     if x.device() == Device::Cpu { Ok(t) } else { t.to_device_of(x) }
+}
+
+/// The shape of per-token scales for x of shape `shape`: the last dimension becomes 1.
+pub fn per_token_scales_shape(shape: &[usize]) -> Vec<usize> {
+    let mut scales = shape.to_vec();
+    if let Some(last) = scales.last_mut() {
+        *last = 1;
+    }
+    scales
 }
 
 #[cfg(test)]

@@ -3,17 +3,17 @@
 //!
 //! The semantics are the composition: `q = static_scaled_fp8_quant(rms_norm(x, weight, epsilon),
 //! scale, out_dtype)`, the norm's output rounded to x's dtype before it is divided by the scale
-//! (see [`rms_norm`](crate::op::rms_norm) and [`quant`](crate::op::quant)); a kernel keeps the
+//! (see [`rms_norm`](crate::rms_norm) and [`quant`](crate::quant)); a kernel keeps the
 //! normalized row in registers instead of writing it. Not in place; activations `[x]`.
 
-use crate::op::norm_math::{NormParams, native_norm};
-use crate::op::quant::{
+use crate::norm_math::{NormParams, native_norm};
+use crate::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
 };
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{DType, KernelError, Tensor, TensorError};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `rms_norm_static_fp8_quant`.
     op rms_norm_static_fp8_quant {
         def: RMS_NORM_STATIC_FP8_QUANT,
@@ -52,12 +52,12 @@ pub fn native(
     scale: &Tensor,
     out_dtype: DType,
 ) -> Result<Tensor, KernelError> {
-    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, crate::op::Rounding::Exact)?;
+    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, crate::Rounding::Exact)?;
     let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype)?;
     Ok(to_device_of(q, x)?)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     norm_quant_meta(&NORM, &QUANT, args)
 }
 

@@ -3,16 +3,16 @@
 //!
 //! `x` is `[..., H]` in f32, f16, bf16 or f64; `scale` an f32 tensor of one element on x's device;
 //! `q` a fresh compact tensor of x's shape in `out_dtype` (`f8e4m3fn` or `f8e5m2`) with
-//! `q_j = sat(c(x_j / scale))`: see [`quant`](crate::op::quant) for the rounding points. Not in
+//! `q_j = sat(c(x_j / scale))`: see [`quant`](crate::quant) for the rounding points. Not in
 //! place (the output dtype differs); activations `[x]`.
 
-use crate::op::quant::{
+use crate::quant::{
     QuantScale, check_scale, check_x, fp8_dtype, quantize_host, quantized_meta, scale_value, to_device_of,
 };
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{DType, KernelError, Tensor, TensorError};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `static_scaled_fp8_quant`.
     op static_scaled_fp8_quant {
         def: STATIC_SCALED_FP8_QUANT,
@@ -45,19 +45,19 @@ pub fn native(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, Ke
     Ok(to_device_of(q, x)?)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let kind = |param| MetaError::Kind { op: OP, param };
     let x = args.first().and_then(ArgMeta::tensor).ok_or(kind("x"))?;
     check_x(OP, x)?;
     let scale = args.get(1).and_then(ArgMeta::tensor).ok_or(kind("scale"))?;
     check_scale(OP, "scale", scale, x)?;
     let dtype = fp8_dtype(OP, args, 2)?;
-    Ok(crate::op::smallvec![quantized_meta(x, dtype)])
+    Ok(ir_core::op::smallvec![quantized_meta(x, dtype)])
 }
 
 /// `x ~ N(0, 1)` of `[T, H]` and the scale `3 / 448`: elements beyond 3σ saturate.
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let mut rng = ir_core::testing::InputRng::new(spec.seed);
     let x = rng.normal(spec.dtype, &[spec.num_tokens, spec.hidden_size], 0.0, 1.0)?;
     let scale = Tensor::from_f64(DType::F32, &[1], &[3.0 / 448.0])?;
     Ok(vec![Value::Tensor(x), Value::Tensor(scale), Value::DType(DType::F8E4M3FN)])

@@ -12,9 +12,9 @@
 //! again:
 //!
 //! ```compile_fail
-//! # use ir_core::{DType, Registry, Tensor};
-//! # use ir_core::op::{Rounding, fused_add_rms_norm};
-//! let registry = Registry::with_builtin_ops();
+//! # use ir_core::{DType, Tensor};
+//! # use ir_ops::{Rounding, fused_add_rms_norm};
+//! let registry = ir_ops::registry();
 //! let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
 //! let residual = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
 //! let (out, new_residual) =
@@ -26,9 +26,9 @@
 //! Without that last line it compiles and runs:
 //!
 //! ```
-//! # use ir_core::{DType, Registry, Tensor};
-//! # use ir_core::op::{Rounding, fused_add_rms_norm};
-//! let registry = Registry::with_builtin_ops();
+//! # use ir_core::{DType, Tensor};
+//! # use ir_ops::{Rounding, fused_add_rms_norm};
+//! let registry = ir_ops::registry();
 //! let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
 //! let residual = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
 //! let (out, new_residual) =
@@ -36,11 +36,12 @@
 //! assert_eq!((out.shape(), new_residual.shape()), (&[2, 8][..], &[2, 8][..]));
 //! ```
 
-use crate::op::norm_math::{NormParams, native_norm, norm_meta};
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Rounding, StrEnum, Value};
-use crate::{KernelError, Tensor, TensorError};
+use crate::Rounding;
+use crate::norm_math::{NormParams, native_norm, norm_meta};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Value};
+use ir_core::{KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `fused_add_rms_norm`.
     op fused_add_rms_norm {
         def: FUSED_ADD_RMS_NORM,
@@ -64,7 +65,7 @@ crate::define_op! {
         native: native,
         meta: meta,
         generate: generate,
-        tolerances: &[(crate::DType::F16, crate::op::Tolerance { atol: 1e-2, rtol: 2e-3 })],
+        tolerances: &[(ir_core::DType::F16, ir_core::op::Tolerance { atol: 1e-2, rtol: 2e-3 })],
         description: "residual add followed by RMS normalization; returns (out, residual_out)",
     }
 }
@@ -88,12 +89,12 @@ pub fn native(
     Ok((out, residual_out.expect("a residual was given")))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     norm_meta(&PARAMS, args)
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let mut rng = ir_core::testing::InputRng::new(spec.seed);
     let shape = [spec.num_tokens, spec.hidden_size];
     let x = rng.normal(spec.dtype, &shape, 0.0, 1.0)?;
     let residual = rng.normal(spec.dtype, &shape, 0.0, 1.0)?;

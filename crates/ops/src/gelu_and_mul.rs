@@ -6,11 +6,11 @@
 //! `a_j = round_d(gelu(g_j))` (gelu in f64), then `out_j = round_d(a_j · u_j)`. Not in place;
 //! activations `[x]`.
 
-use crate::op::gated::{gated_inputs, gated_meta_only_x, gelu_erf, gelu_tanh, native_gated};
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Value};
-use crate::{KernelError, Tensor, TensorError};
+use crate::gated::{gated_inputs, gated_meta_only_x, gelu_erf, gelu_tanh, native_gated};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Value};
+use ir_core::{KernelError, Tensor, TensorError};
 
-crate::str_enum! {
+ir_core::str_enum! {
     /// Which formula `gelu` uses.
     pub enum Approximate {
         /// The exact erf form.
@@ -35,7 +35,7 @@ impl Approximate {
     }
 }
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `gelu_and_mul`.
     op gelu_and_mul {
         def: GELU_AND_MUL,
@@ -63,7 +63,7 @@ pub fn native(x: &Tensor, approximate: Approximate) -> Result<Tensor, KernelErro
     })
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     gated_meta_only_x("gelu_and_mul", args)
 }
 

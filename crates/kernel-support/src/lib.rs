@@ -1,18 +1,23 @@
-//! Plumbing for kernel crates, kept apart from the user-facing API: the standard kernel predicates
-//! (for the norms and the gated activations), shared by the `cpu`, `cuda`, `rocm` and `xpu` providers,
-//! the row geometry kernels derive from the same metadata, the gated family's scalar packing and
-//! table entries, and access to a device provider's own buffers behind a tensor.
+//! `kernel-support`: what the kernel crates of vllm-ir-rs (`cpu`, `cuda`, `rocm`, `xpu`) share,
+//! kept apart from the engine-facing API of `ir-core` and the op declarations of `ir-ops`: the
+//! standard kernel predicates (for the norms, the gated activations, the quantizations and rotary),
+//! the row geometry kernels derive from the same metadata, the families' launch plumbing (the gated
+//! family's scalar packing and table entries, the norm + quantization and rotary registration
+//! helpers, the strided-copy pieces and kernel tables) and access to a device provider's own
+//! buffers behind a tensor.
 //!
 //! Nothing here depends on the number of rows, so a provider's answer is the same for 1 or 65536
-//! tokens.
+//! tokens. An engine never needs this crate; a kernel crate needs it, `ir-core` and `ir-ops`.
+
+pub mod testing;
 
 use std::borrow::Cow;
 
-use crate::op::ArgMeta;
-use crate::op::fused_add_rms_norm::FusedAddRmsNormArgs;
-use crate::op::rms_norm::RmsNormArgs;
-use crate::storage::Storage;
-use crate::{DType, DeviceKind, KernelError, Support, Tensor, TensorMeta, UniqueTensor};
+use ir_core::op::ArgMeta;
+use ir_core::storage::Storage;
+use ir_core::{DType, DeviceKind, KernelError, Support, Tensor, TensorMeta, UniqueTensor};
+use ir_ops::fused_add_rms_norm::FusedAddRmsNormArgs;
+use ir_ops::rms_norm::RmsNormArgs;
 
 /// Which of the two norm kernels a GPU variant is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -330,7 +335,7 @@ pub fn rms_norm_static_fp8_quant_support_with(
     device: DeviceKind,
     dtypes: KernelDTypes,
 ) -> Support {
-    let Some(args) = crate::op::rms_norm_static_fp8_quant::RmsNormStaticFp8QuantArgs::from_meta(args) else {
+    let Some(args) = ir_ops::rms_norm_static_fp8_quant::RmsNormStaticFp8QuantArgs::from_meta(args) else {
         return no("arguments do not match rms_norm_static_fp8_quant");
     };
     common_support(args.x, args.weight, None, device, NormCapabilities { dtypes, ..NormCapabilities::default() })
@@ -347,8 +352,7 @@ pub fn rms_norm_dynamic_per_token_quant_support_with(
     device: DeviceKind,
     dtypes: KernelDTypes,
 ) -> Support {
-    let Some(args) = crate::op::rms_norm_dynamic_per_token_quant::RmsNormDynamicPerTokenQuantArgs::from_meta(args)
-    else {
+    let Some(args) = ir_ops::rms_norm_dynamic_per_token_quant::RmsNormDynamicPerTokenQuantArgs::from_meta(args) else {
         return no("arguments do not match rms_norm_dynamic_per_token_quant");
     };
     common_support(args.x, args.weight, None, device, NormCapabilities { dtypes, ..NormCapabilities::default() })
@@ -366,7 +370,7 @@ pub fn fused_add_rms_norm_static_fp8_quant_support_with(
     device: DeviceKind,
     dtypes: KernelDTypes,
 ) -> Support {
-    let Some(args) = crate::op::fused_add_rms_norm_static_fp8_quant::FusedAddRmsNormStaticFp8QuantArgs::from_meta(args)
+    let Some(args) = ir_ops::fused_add_rms_norm_static_fp8_quant::FusedAddRmsNormStaticFp8QuantArgs::from_meta(args)
     else {
         return no("arguments do not match fused_add_rms_norm_static_fp8_quant");
     };
@@ -384,7 +388,7 @@ pub fn fused_add_rms_norm_dynamic_per_token_quant_support_with(
     device: DeviceKind,
     dtypes: KernelDTypes,
 ) -> Support {
-    use crate::op::fused_add_rms_norm_dynamic_per_token_quant::FusedAddRmsNormDynamicPerTokenQuantArgs as Args;
+    use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FusedAddRmsNormDynamicPerTokenQuantArgs as Args;
     let Some(args) = Args::from_meta(args) else {
         return no("arguments do not match fused_add_rms_norm_dynamic_per_token_quant");
     };
@@ -485,7 +489,7 @@ pub fn rotary_support(args: &[ArgMeta<'_>], device: DeviceKind) -> Support {
 
 /// [`rotary_support`] for a provider computing on `dtypes`.
 pub fn rotary_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes: KernelDTypes) -> Support {
-    let Some(args) = crate::op::rotary_embedding::RotaryEmbeddingArgs::from_meta(args) else {
+    let Some(args) = ir_ops::rotary_embedding::RotaryEmbeddingArgs::from_meta(args) else {
         return no("arguments do not match rotary_embedding");
     };
     let query = args.query;
@@ -513,7 +517,7 @@ pub fn rotary_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes: Ker
 #[derive(Clone, Copy, Debug)]
 pub struct RotaryLaunch {
     /// The call's geometry.
-    pub geometry: crate::op::rotary_embedding::RotaryGeometry,
+    pub geometry: ir_ops::rotary_embedding::RotaryGeometry,
     /// Query rows.
     pub query: RowArgs,
     /// Key rows (`None` without a key).
@@ -562,7 +566,7 @@ pub struct RotaryCall<'a> {
     /// Geometry and kernel integers.
     pub launch: RotaryLaunch,
     /// Whether the cos and sin, each product and the sum are rounded to the query's dtype
-    /// (`rounding = "dtype"` on 16-bit tensors; [`crate::op::rotary_embedding::rotate_pair_rounded`]).
+    /// (`rounding = "dtype"` on 16-bit tensors; [`ir_ops::rotary_embedding::rotate_pair_rounded`]).
     pub round_products: bool,
 }
 
@@ -572,24 +576,24 @@ pub type RotaryKernel = fn(RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), K
 /// Registers a provider's in-place `rotary_embedding` kernel on `device`, with the standard
 /// predicate ([`rotary_support`]); `kernel` returns the rotated query and key.
 pub fn register_rotary(
-    registry: &crate::Registry,
+    registry: &ir_core::Registry,
     device: DeviceKind,
-    spec: crate::ImplSpec,
+    spec: ir_core::ImplSpec,
     kernel: RotaryKernel,
-) -> Result<(), crate::RegistryError> {
+) -> Result<(), ir_core::RegistryError> {
     register_rotary_with(registry, device, || KernelDTypes::Reduced, spec, kernel)
 }
 
 /// [`register_rotary`] for a provider whose kernel computes on the dtypes `dtypes` says (asked at
 /// each selection).
 pub fn register_rotary_with(
-    registry: &crate::Registry,
+    registry: &ir_core::Registry,
     device: DeviceKind,
     dtypes: fn() -> KernelDTypes,
-    spec: crate::ImplSpec,
+    spec: ir_core::ImplSpec,
     kernel: RotaryKernel,
-) -> Result<(), crate::RegistryError> {
-    use crate::op::rotary_embedding::{self, RotaryGeometry};
+) -> Result<(), ir_core::RegistryError> {
+    use ir_ops::rotary_embedding::{self, RotaryGeometry};
     let spec = spec.with_supports(move |args| rotary_support_with(args, device, dtypes()));
     let call = move |positions: &Tensor,
                      query: UniqueTensor,
@@ -598,7 +602,7 @@ pub fn register_rotary_with(
                      head_size: i64,
                      rotary_dim: i64,
                      is_neox_style: bool,
-                     rounding: crate::op::Rounding| {
+                     rounding: ir_ops::Rounding| {
         let key_tensor = key.as_ref().map(UniqueTensor::tensor);
         let round_products = rounding.rounds_intermediates(query.tensor().dtype());
         let (q, c) = (query.tensor(), cos_sin_cache);
@@ -619,9 +623,9 @@ pub const COPY_MAX_RANK: usize = 8;
 
 /// The `add` and `mul` kernels of the GPU backends (`binary_strided`): (dtype, operation, kernel
 /// name), the same names in the CUDA and ROCm sources. Every dtype.
-pub const BINARY_KERNELS: [(DType, crate::storage::BinaryOp, &str); 16] = {
-    use crate::storage::BinaryOp::{Add, Mul};
+pub const BINARY_KERNELS: [(DType, ir_core::storage::BinaryOp, &str); 16] = {
     use DType::{BF16, F8E4M3FN, F8E5M2, F16, F32, F64, I8, I64};
+    use ir_core::storage::BinaryOp::{Add, Mul};
     [
         (F32, Add, "strided_add_f32"),
         (F16, Add, "strided_add_f16"),
@@ -784,7 +788,7 @@ impl CopyDims {
     /// both layouts step through as one are merged, so only a copy still past the kernel's rank
     /// after that takes more than one launch (one per index of its outer dimensions). Errors name
     /// what does not fit: different shapes, a value past a kernel integer.
-    pub fn pieces(src: &TensorMeta, dst_layout: &crate::Layout) -> Result<CopyPieces, KernelError> {
+    pub fn pieces(src: &TensorMeta, dst_layout: &ir_core::Layout) -> Result<CopyPieces, KernelError> {
         if dst_layout.shape() != src.shape() {
             return Err(KernelError::InvalidArguments {
                 reason: format!("no device-side copy of {src} into {dst_layout}"),
@@ -863,12 +867,12 @@ fn merged_dims(shape: &[usize], src: &[usize], dst: &[usize]) -> smallvec::Small
 
 /// The six quantization ops a GPU provider implements with the quantization kernels.
 pub const QUANT_OPS: [&str; 6] = [
-    crate::op::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT.name,
-    crate::op::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name,
-    crate::op::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT.name,
-    crate::op::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
-    crate::op::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name,
-    crate::op::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
+    ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT.name,
+    ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name,
+    ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT.name,
+    ir_ops::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
+    ir_ops::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT.name,
+    ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT.name,
 ];
 
 /// The GPU quantization kernels, each `<kernel>_<dtype>`: the two quantizations, and `norm_quant`,
@@ -884,14 +888,7 @@ pub fn fp8_format_code(dtype: DType) -> Result<i32, KernelError> {
     }
 }
 
-/// The shape of per-token scales for x of shape `shape`: the last dimension becomes 1.
-pub fn per_token_scales_shape(shape: &[usize]) -> Vec<usize> {
-    let mut scales = shape.to_vec();
-    if let Some(last) = scales.last_mut() {
-        *last = 1;
-    }
-    scales
-}
+pub use ir_ops::quant::per_token_scales_shape;
 
 /// One call of a GPU provider's norm + quantization kernel, which serves all four norm +
 /// quantization ops (`rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant`,
@@ -951,13 +948,13 @@ pub struct NormQuantOutputs {
 /// provider may answer from the device it finds at run time). The fused-add forms are registered in
 /// place on the residual.
 pub fn register_norm_quant_ops(
-    registry: &crate::Registry,
+    registry: &ir_core::Registry,
     device: DeviceKind,
     dtypes: fn() -> KernelDTypes,
-    spec: impl Fn() -> crate::ImplSpec,
+    spec: impl Fn() -> ir_core::ImplSpec,
     run: fn(NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError>,
-) -> Result<(), crate::RegistryError> {
-    use crate::op::{
+) -> Result<(), ir_core::RegistryError> {
+    use ir_ops::{
         fused_add_rms_norm_dynamic_per_token_quant, fused_add_rms_norm_static_fp8_quant,
         rms_norm_dynamic_per_token_quant, rms_norm_static_fp8_quant,
     };
@@ -1032,10 +1029,10 @@ fn missing_output(name: &str) -> KernelError {
 
 /// The per-token scales of rows without elements: every scale is the floor `1 / (M · 512)`, as
 /// the reference computes it, on x's device (kernels launch nothing for such rows).
-pub fn floor_scales(x: &Tensor, out_dtype: DType) -> Result<Tensor, crate::TensorError> {
+pub fn floor_scales(x: &Tensor, out_dtype: DType) -> Result<Tensor, ir_core::TensorError> {
     let shape = per_token_scales_shape(x.shape());
     let rows: usize = shape.iter().product();
-    let floor = f64::from(crate::op::quant::min_scale(out_dtype));
+    let floor = f64::from(ir_ops::quant::min_scale(out_dtype));
     let host = Tensor::from_f64(DType::F32, &shape, &vec![floor; rows])?;
     if x.device().is_cpu() { Ok(host) } else { host.to_device_of(x) }
 }
@@ -1060,7 +1057,7 @@ pub struct GatedGeometry {
     /// Elements of each output row.
     pub d: usize,
     /// The output's layout: compact, x's shape with the last dimension halved.
-    pub out_layout: crate::Layout,
+    pub out_layout: ir_core::Layout,
 }
 
 impl GatedGeometry {
@@ -1099,8 +1096,9 @@ pub struct GatedCall<'a> {
 
 impl<'a> GatedCall<'a> {
     /// Reads the bound arguments of `def`, an op whose first parameter is x.
-    pub fn new(def: &crate::op::OpDef, args: &'a [crate::op::Value]) -> Result<GatedCall<'a>, KernelError> {
-        let x = args.first().and_then(crate::op::Value::as_tensor).ok_or_else(|| crate::op::mismatched(def.name))?;
+    pub fn new(def: &ir_core::op::OpDef, args: &'a [ir_core::op::Value]) -> Result<GatedCall<'a>, KernelError> {
+        let x =
+            args.first().and_then(ir_core::op::Value::as_tensor).ok_or_else(|| ir_core::op::mismatched(def.name))?;
         Ok(GatedCall { x, scalars: GatedScalars::pack(def, args)?, geometry: GatedGeometry::of(x.meta())? })
     }
 }
@@ -1110,7 +1108,7 @@ impl<'a> GatedCall<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct GatedKernel {
     /// The op.
-    pub def: &'static crate::op::OpDef,
+    pub def: &'static ir_core::op::OpDef,
     /// The op's kernel source.
     pub source: &'static str,
 }
@@ -1126,12 +1124,12 @@ impl GatedKernel {
     /// bound arguments.
     pub fn register_all(
         table: &'static [GatedKernel],
-        registry: &crate::Registry,
-        spec: impl Fn() -> crate::ImplSpec,
-        run: fn(&GatedKernel, &[crate::op::Value]) -> Result<Tensor, KernelError>,
-    ) -> Result<(), crate::RegistryError> {
+        registry: &ir_core::Registry,
+        spec: impl Fn() -> ir_core::ImplSpec,
+        run: fn(&GatedKernel, &[ir_core::op::Value]) -> Result<Tensor, KernelError>,
+    ) -> Result<(), ir_core::RegistryError> {
         for kernel in table {
-            let func = crate::ImplFunc::functional(move |args| Ok(vec![run(kernel, args)?]));
+            let func = ir_core::ImplFunc::functional(move |args| Ok(vec![run(kernel, args)?]));
             registry.register_impl(kernel.def.name, spec(), func)?;
         }
         Ok(())
@@ -1155,8 +1153,8 @@ pub const GATED_SLOTS: usize = 2;
 
 impl GatedScalars {
     /// Packs `args[1..]` (bound arguments of `def`, an op whose first parameter is x).
-    pub fn pack(def: &crate::op::OpDef, args: &[crate::op::Value]) -> Result<GatedScalars, KernelError> {
-        use crate::op::{ParamKind, Value};
+    pub fn pack(def: &ir_core::op::OpDef, args: &[ir_core::op::Value]) -> Result<GatedScalars, KernelError> {
+        use ir_core::op::{ParamKind, Value};
         let mut packed = GatedScalars::default();
         let (mut floats, mut ints) = (0, 0);
         let too_many = || KernelError::InvalidArguments {
@@ -1226,60 +1224,10 @@ fn not_in_memory(param: &str, memory: &'static str) -> KernelError {
     KernelError::WrongMemory { param: param.to_owned(), memory }
 }
 
-/// A caller's stream handle, type-erased: what [`EagerContext::with_stream`](crate::EagerContext::with_stream)
-/// carries.
-pub type LaunchStream = std::sync::Arc<dyn std::any::Any + Send + Sync>;
-
-thread_local! {
-    static LAUNCH_STREAM: std::cell::RefCell<Option<LaunchStream>> = const { std::cell::RefCell::new(None) };
-}
-
-/// The stream the current call's caller asked device kernels to launch on, when it is an `S`
-/// (a kernel crate asks for its own stream type, e.g. `Arc<CudaStream>`). Set for the duration of
-/// each call made through an [`EagerContext`](crate::EagerContext) that carries a stream.
-pub fn launch_stream<S: std::any::Any + Clone>() -> Option<S> {
-    LAUNCH_STREAM.with(|current| current.borrow().as_ref().and_then(|stream| stream.downcast_ref::<S>().cloned()))
-}
-
-/// Runs `f` with `stream` as the launch stream of this thread, restoring the previous one after
-/// (also when `f` unwinds).
-pub(crate) fn with_launch_stream<R>(stream: Option<&LaunchStream>, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<LaunchStream>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0.take();
-            LAUNCH_STREAM.with(|current| *current.borrow_mut() = previous);
-        }
-    }
-    let Some(stream) = stream else { return f() };
-    let previous = LAUNCH_STREAM.with(|current| current.borrow_mut().replace(std::sync::Arc::clone(stream)));
-    let _restore = Restore(previous);
-    f()
-}
-
-#[cfg(test)]
-mod launch_stream_tests {
-    use super::*;
-
-    #[test]
-    fn the_launch_stream_is_scoped_to_the_call_and_typed() {
-        assert_eq!(launch_stream::<u32>(), None);
-        let stream: LaunchStream = std::sync::Arc::new(7u32);
-        let seen = with_launch_stream(Some(&stream), || (launch_stream::<u32>(), launch_stream::<String>()));
-        assert_eq!(seen, (Some(7), None), "another type is not this provider's stream");
-        assert_eq!(launch_stream::<u32>(), None, "restored after the call");
-        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            with_launch_stream(Some(&stream), || panic!("a kernel panicked"))
-        }));
-        assert!(unwound.is_err());
-        assert_eq!(launch_stream::<u32>(), None, "restored after an unwind");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Device, Layout};
+    use ir_core::{Device, Layout};
 
     fn meta(dtype: DType, shape: &[usize], strides: &[usize], offset: usize) -> TensorMeta {
         TensorMeta { dtype, device: Device::Cpu, layout: Layout::new(shape, strides, offset).unwrap() }

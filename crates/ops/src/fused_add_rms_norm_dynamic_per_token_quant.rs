@@ -6,7 +6,7 @@
 //! The semantics are the composition: `(out, residual_out) = fused_add_rms_norm(x, x_residual,
 //! weight, epsilon)` and `(q, scales) = dynamic_per_token_scaled_fp8_quant(out, scale_ub,
 //! out_dtype)`; the normalized row is never written. Each row's scale comes from the absmax of its
-//! normalized values rounded to x's dtype (see [`quant`](crate::op::quant)).
+//! normalized values rounded to x's dtype (see [`quant`](crate::quant)).
 //!
 //! `allow_inplace` with activations `[x_residual]`: the `maybe_inplace` form donates the residual,
 //! and an in-place kernel writes `residual_out` into its storage; `q` and `scales` are always
@@ -17,14 +17,14 @@
 //! normalized value (maybe the row's absmax) one step of x's dtype away from the reference's, so
 //! the scales are compared within 2^-7 relative.
 
-use crate::op::norm_math::{NormParams, native_norm};
-use crate::op::quant::{
+use crate::norm_math::{NormParams, native_norm};
+use crate::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
 };
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Tolerance, Value};
-use crate::{DType, KernelError, Tensor, TensorError};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Tolerance, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `fused_add_rms_norm_dynamic_per_token_quant`.
     op fused_add_rms_norm_dynamic_per_token_quant {
         def: FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
@@ -76,7 +76,7 @@ pub fn native(
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor, Tensor), KernelError> {
     let (normalized, residual_out) =
-        native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, crate::op::Rounding::Exact)?;
+        native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, crate::Rounding::Exact)?;
     let residual_out = residual_out.expect("a residual was given");
     let ub = scale_ub.map(scale_value).transpose()?;
     let (q, scales) = quantize_host(&normalized, QuantScale::Dynamic(ub), out_dtype)?;
@@ -84,7 +84,7 @@ pub fn native(
     Ok((to_device_of(residual_out, x)?, to_device_of(q, x)?, to_device_of(scales, x)?))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     norm_quant_meta(&NORM, &QUANT, args)
 }
 

@@ -15,12 +15,12 @@
 //! ulps of a cutoff in [1, 2) times an up value of 4.5 (`|u|` of generated inputs stays below it):
 //! bf16 atol 8e-2, f16 atol 1e-2. Not in place; activations `[x]`.
 
-use crate::op::gated::{gated_inputs, gated_meta, native_gated};
-use crate::op::gelu_and_mul::Approximate;
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Tolerance, Value};
-use crate::{DType, KernelError, Tensor, TensorError};
+use crate::gated::{gated_inputs, gated_meta, native_gated};
+use crate::gelu_and_mul::Approximate;
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Tolerance, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `gelu_and_mul_sparse`.
     op gelu_and_mul_sparse {
         def: GELU_AND_MUL_SPARSE,
@@ -65,14 +65,14 @@ pub fn native(x: &Tensor, std_multiplier: f64, approximate: Approximate) -> Resu
     })
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let op = "gelu_and_mul_sparse";
     let args = GeluAndMulSparseArgs::from_meta(args).ok_or(MetaError::Kind { op, param: "x" })?;
     if !args.std_multiplier.is_finite() {
         let value = format!("{:?}", args.std_multiplier);
         return Err(MetaError::Scalar { op, param: "std_multiplier", value, reason: "must be finite".to_owned() });
     }
-    Ok(crate::op::smallvec![gated_meta(op, Some(args.x))?])
+    Ok(ir_core::op::smallvec![gated_meta(op, Some(args.x))?])
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
@@ -83,8 +83,8 @@ fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::TensorMeta;
-    use crate::op::gated::gelu_erf;
+    use crate::gated::gelu_erf;
+    use ir_core::TensorMeta;
 
     #[test]
     fn only_the_gate_above_the_cutoff_passes() {

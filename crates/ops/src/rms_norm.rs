@@ -2,11 +2,11 @@
 //!
 //! Not `allow_inplace`; activations `[x]`. The math is in `native` below.
 
-use crate::op::norm_math::{NormParams, native_norm, norm_meta};
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{KernelError, Tensor, TensorError};
+use crate::norm_math::{NormParams, native_norm, norm_meta};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use ir_core::{KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `rms_norm`.
     op rms_norm {
         def: RMS_NORM,
@@ -26,7 +26,7 @@ crate::define_op! {
         native: native,
         meta: meta,
         generate: generate,
-        tolerances: &[(crate::DType::F16, crate::op::Tolerance { atol: 1e-2, rtol: 2e-3 })],
+        tolerances: &[(ir_core::DType::F16, ir_core::op::Tolerance { atol: 1e-2, rtol: 2e-3 })],
         description: "RMS normalization over the last dimension, optionally scaled by a weight",
     }
 }
@@ -45,15 +45,15 @@ pub fn native(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    Ok(native_norm(x, None, weight, epsilon, variance_size, crate::op::Rounding::Exact)?.0)
+    Ok(native_norm(x, None, weight, epsilon, variance_size, crate::Rounding::Exact)?.0)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     norm_meta(&PARAMS, args)
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let mut rng = ir_core::testing::InputRng::new(spec.seed);
     let x = rng.normal(spec.dtype, &[spec.num_tokens, spec.hidden_size], 0.0, 1.0)?;
     let weight = rng.normal(spec.dtype, &[spec.hidden_size], 1.0, 0.1)?;
     Ok(vec![Value::Tensor(x), Value::Tensor(weight), Value::F64(spec.epsilon), Value::None])

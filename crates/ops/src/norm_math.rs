@@ -5,9 +5,8 @@
 //! one rounding to f32 gives the correctly rounded f32 result (f64 has more than 2·24 + 2 bits), so
 //! this is exactly f32 arithmetic.
 
-use crate::op::{ArgMeta, MetaError};
-use crate::tensor::{element_reader, element_writer};
-use crate::{Tensor, TensorError, TensorMeta};
+use ir_core::op::{ArgMeta, MetaError};
+use ir_core::{Tensor, TensorError, TensorMeta};
 
 /// Positions of the arguments in an op's bound argument list.
 pub(crate) struct NormParams {
@@ -21,7 +20,7 @@ pub(crate) struct NormParams {
 }
 
 /// The meta function of both norms.
-pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let op = p.op;
     let kind = |param| MetaError::Kind { op, param };
     let x = args.get(p.x).and_then(ArgMeta::tensor).ok_or(kind("x"))?;
@@ -56,8 +55,8 @@ pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<crate::o
         }
         _ => return Err(kind("weight")),
     }
-    let mut outputs: crate::op::OutputMetas =
-        crate::op::smallvec![TensorMeta { dtype: x.dtype, device: x.device, layout: x.layout.copy_layout() }];
+    let mut outputs: ir_core::op::OutputMetas =
+        ir_core::op::smallvec![TensorMeta { dtype: x.dtype, device: x.device, layout: x.layout.copy_layout() }];
     if let Some(index) = p.residual {
         let r = args.get(index).and_then(ArgMeta::tensor).ok_or(kind("x_residual"))?;
         MetaError::require_compute_dtype(op, "x_residual", r)?;
@@ -119,7 +118,7 @@ pub(crate) fn native_norm(
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
-    rounding: crate::op::Rounding,
+    rounding: crate::Rounding,
 ) -> Result<(Tensor, Option<Tensor>), TensorError> {
     let x_host = x.to_cpu()?;
     let residual_host = residual.map(Tensor::to_cpu).transpose()?;
@@ -138,14 +137,14 @@ pub(crate) fn native_norm(
         residual_host.as_ref().map(|r| Tensor::zeros_with_layout(x_dtype, r.layout().copy_layout())).transpose()?;
 
     if x.numel() > 0 {
-        let read_x = element_reader(x_dtype);
+        let read_x = x_dtype.element_reader();
         let x_bytes = x_host.cpu_buffer().expect("host copy").bytes();
         let mut x_indices = x_host.layout().storage_indices();
         let mut residual_source = residual_host.as_ref().map(|r| {
             let bytes = r.cpu_buffer().expect("host copy").bytes();
-            (element_reader(r.dtype()), bytes, r.layout().storage_indices())
+            (r.dtype().element_reader(), bytes, r.layout().storage_indices())
         });
-        let write = element_writer(x_dtype);
+        let write = x_dtype.element_writer();
         let out_layout = out.layout().clone();
         let mut out_indices = out_layout.storage_indices();
         let out_bytes = out.cpu_buffer_mut()?.expect("fresh host tensor").bytes_mut();

@@ -1,4 +1,4 @@
-//! The ops on candle tensors (feature `candle`): each call runs this crate's dispatch (selection,
+//! The ops on candle tensors (feature `candle`): each call runs the registry's dispatch (selection,
 //! priorities, the selection record) on candle's own CPU memory, under candle's storage locks, and
 //! writes in place where candle lets one storage be written.
 //!
@@ -14,10 +14,10 @@
 //!
 //! ```
 //! use candle_core::{DType, Device, Tensor};
-//! use ir_core::interop::candle_ops;
-//! use ir_core::op::Rounding;
+//! use ir_ops::Rounding;
+//! use ir_ops::candle_ops;
 //!
-//! let registry = ir_core::Registry::with_builtin_ops();
+//! let registry = ir_ops::registry();
 //! let x = Tensor::randn(0f32, 1.0, (4, 64), &Device::Cpu)?;
 //! let residual = Tensor::randn(0f32, 1.0, (4, 64), &Device::Cpu)?;
 //! let weight = Tensor::ones(64, DType::F32, &Device::Cpu)?;
@@ -56,7 +56,7 @@
 //!
 //! # Devices
 //!
-//! On candle CPU tensors the views are this crate's host buffers over candle's vectors. On candle
+//! On candle CPU tensors the views are `ir-core`'s host buffers over candle's vectors. On candle
 //! CUDA tensors they are device buffers over candle's `CudaStorage`, lent by a [`CudaBridge`]:
 //! `vllm-ir-kernels-cuda` built with its `candle` feature installs one when it registers the
 //! `cuda` provider. Its kernels then run on the stream of candle's device, ordered with candle's
@@ -72,13 +72,13 @@ use std::sync::Arc;
 use candle_core as candle;
 use candle_core::backend::BackendStorage;
 
-use super::InteropError;
-use crate::Device;
-use crate::op::Rounding;
-use crate::op::gelu_and_mul::Approximate;
-use crate::registry::{CallError, Registry};
-use crate::storage::{CpuBuffer, DeviceBuffer, HostAccess, Storage};
-use crate::{DType, Layout, StorageId, Tensor, TensorError};
+use crate::Rounding;
+use crate::gelu_and_mul::Approximate;
+use ir_core::Device;
+use ir_core::InteropError;
+use ir_core::registry::{CallError, Registry};
+use ir_core::storage::{CpuBuffer, DeviceBuffer, HostAccess, Storage};
+use ir_core::{DType, Layout, StorageId, Tensor, TensorError};
 
 const LIBRARY: &str = "candle";
 
@@ -445,7 +445,7 @@ pub fn rms_norm(
 ) -> Result<candle::Tensor> {
     let mut out = functional("rms_norm", [Some(x), weight], |[x, w]| {
         let x = x.as_ref().expect("given");
-        Ok(vec![crate::op::rms_norm::rms_norm(registry, x, w.as_ref(), epsilon, None)?])
+        Ok(vec![crate::rms_norm::rms_norm(registry, x, w.as_ref(), epsilon, None)?])
     })?;
     Ok(out.remove(0))
 }
@@ -454,7 +454,7 @@ pub fn rms_norm(
 /// of the last dimension, as vLLM's merged `gate_up_proj` weight gives it.
 pub fn silu_and_mul(registry: &Registry, x: &candle::Tensor) -> Result<candle::Tensor> {
     let mut out = functional("silu_and_mul", [Some(x)], |[x]| {
-        Ok(vec![crate::op::silu_and_mul::silu_and_mul(registry, x.as_ref().expect("given"))?])
+        Ok(vec![crate::silu_and_mul::silu_and_mul(registry, x.as_ref().expect("given"))?])
     })?;
     Ok(out.remove(0))
 }
@@ -462,7 +462,7 @@ pub fn silu_and_mul(registry: &Registry, x: &candle::Tensor) -> Result<candle::T
 /// `gelu(gate) * up` of `x = [..., gate | up]` as a fresh candle tensor.
 pub fn gelu_and_mul(registry: &Registry, x: &candle::Tensor, approximate: Approximate) -> Result<candle::Tensor> {
     let mut out = functional("gelu_and_mul", [Some(x)], |[x]| {
-        Ok(vec![crate::op::gelu_and_mul::gelu_and_mul(registry, x.as_ref().expect("given"), approximate)?])
+        Ok(vec![crate::gelu_and_mul::gelu_and_mul(registry, x.as_ref().expect("given"), approximate)?])
     })?;
     Ok(out.remove(0))
 }
@@ -477,7 +477,7 @@ pub fn static_scaled_fp8_quant(
 ) -> Result<candle::Tensor> {
     let mut out = functional("static_scaled_fp8_quant", [Some(x), Some(scale)], |[x, s]| {
         let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
-        Ok(vec![crate::op::static_scaled_fp8_quant::static_scaled_fp8_quant(registry, x, s, out_dtype)?])
+        Ok(vec![crate::static_scaled_fp8_quant::static_scaled_fp8_quant(registry, x, s, out_dtype)?])
     })?;
     Ok(out.remove(0))
 }
@@ -491,7 +491,7 @@ pub fn dynamic_per_token_scaled_fp8_quant(
 ) -> Result<(candle::Tensor, candle::Tensor)> {
     let out = functional("dynamic_per_token_scaled_fp8_quant", [Some(x), scale_ub], |[x, ub]| {
         let x = x.as_ref().expect("given");
-        let (q, s) = crate::op::dynamic_per_token_scaled_fp8_quant::dynamic_per_token_scaled_fp8_quant(
+        let (q, s) = crate::dynamic_per_token_scaled_fp8_quant::dynamic_per_token_scaled_fp8_quant(
             registry,
             x,
             ub.as_ref(),
@@ -514,7 +514,7 @@ pub fn rms_norm_static_fp8_quant(
 ) -> Result<candle::Tensor> {
     let mut out = functional("rms_norm_static_fp8_quant", [Some(x), weight, Some(scale)], |[x, w, s]| {
         let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
-        Ok(vec![crate::op::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
+        Ok(vec![crate::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
             registry,
             x,
             w.as_ref(),
@@ -537,7 +537,7 @@ pub fn rms_norm_dynamic_per_token_quant(
 ) -> Result<(candle::Tensor, candle::Tensor)> {
     let out = functional("rms_norm_dynamic_per_token_quant", [Some(x), weight, scale_ub], |[x, w, ub]| {
         let x = x.as_ref().expect("given");
-        let (q, s) = crate::op::rms_norm_dynamic_per_token_quant::rms_norm_dynamic_per_token_quant(
+        let (q, s) = crate::rms_norm_dynamic_per_token_quant::rms_norm_dynamic_per_token_quant(
             registry,
             x,
             w.as_ref(),
@@ -689,7 +689,7 @@ impl FusedInner<'_, '_> {
             )
         };
         let (x_id, r_id) = (Some(x_view.storage_id()), Some(r_view.storage_id()));
-        let (out, res) = crate::op::fused_add_rms_norm::maybe_inplace(
+        let (out, res) = crate::fused_add_rms_norm::maybe_inplace(
             outer.registry,
             x_view,
             r_view,
@@ -766,7 +766,7 @@ impl SharedFused<'_> {
                     weight.as_ref().map(|guard| lease.read_view(guard)).transpose()?,
                 )
             };
-            let outputs = crate::op::fused_add_rms_norm::fused_add_rms_norm(
+            let outputs = crate::fused_add_rms_norm::fused_add_rms_norm(
                 op.registry,
                 &x_view,
                 &r_view,
@@ -867,7 +867,7 @@ impl Rotary<'_> {
             )
         };
         let written = Some(q.storage_id());
-        let (rotated, _) = crate::op::rotary_embedding::maybe_inplace(
+        let (rotated, _) = crate::rotary_embedding::maybe_inplace(
             self.registry,
             &p,
             q,
@@ -1038,7 +1038,7 @@ impl FusedQuant<'_> {
         let r = unsafe { lease.view(residual, residual_layout, HostAccess::ReadWrite)? };
         let written = Some(r.storage_id());
         let (res, q, scales) = if self.dynamic {
-            let (res, q, scales) = crate::op::fused_add_rms_norm_dynamic_per_token_quant::maybe_inplace(
+            let (res, q, scales) = crate::fused_add_rms_norm_dynamic_per_token_quant::maybe_inplace(
                 self.registry,
                 &x,
                 r,
@@ -1050,7 +1050,7 @@ impl FusedQuant<'_> {
             (res, q, Some(scales))
         } else {
             let s = s.as_ref().ok_or_else(|| candle::Error::Msg(format!("{FUSED_STATIC}: no scale")))?;
-            let (res, q) = crate::op::fused_add_rms_norm_static_fp8_quant::maybe_inplace(
+            let (res, q) = crate::fused_add_rms_norm_static_fp8_quant::maybe_inplace(
                 self.registry,
                 &x,
                 r,
@@ -1072,9 +1072,9 @@ impl FusedQuant<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ImplSpec;
-    use crate::op::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-    use crate::{KernelError, UniqueTensor, bit_eq};
+    use crate::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
+    use ir_core::ImplSpec;
+    use ir_core::{KernelError, UniqueTensor, bit_eq};
 
     /// An in-place provider: native's results written into the donated tensors.
     fn in_place(
@@ -1096,7 +1096,7 @@ mod tests {
     /// storage shared by the written tensors (small enough for Miri, which CI runs on it).
     #[test]
     fn candle_memory_is_written_through_the_views() {
-        let registry = Registry::with_builtin_ops();
+        let registry = crate::registry();
         fused_add_rms_norm::register(&registry, ImplSpec::new("test"), FusedAddRmsNormImpl::inplace(in_place)).unwrap();
         let _guard = registry.override_priority("fused_add_rms_norm", &["test"]).unwrap();
         let device = candle::Device::Cpu;
@@ -1114,9 +1114,9 @@ mod tests {
             };
             let weight = candle::Tensor::from_vec(vec![1.0f32, 2.0, 0.5, -1.0], 4, &device).unwrap();
             let (xo, ro, wo) = (copy(&x), copy(&residual), copy(&weight));
-            fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, crate::op::Rounding::Exact).unwrap();
+            fused_add_rms_norm(&registry, &x, &residual, Some(&weight), 1e-6, crate::Rounding::Exact).unwrap();
             let (out, res) =
-                fused_add_rms_norm::native(&xo, &ro, Some(&wo), 1e-6, None, crate::op::Rounding::Exact).unwrap();
+                fused_add_rms_norm::native(&xo, &ro, Some(&wo), 1e-6, None, crate::Rounding::Exact).unwrap();
             assert!(bit_eq(&copy(&x), &out) && bit_eq(&copy(&residual), &res), "shared storage: {shared}");
         }
         let record = registry.selection_record();

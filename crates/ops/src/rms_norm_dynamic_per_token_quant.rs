@@ -4,21 +4,21 @@
 //!
 //! The semantics are the composition: `(q, scales) = dynamic_per_token_scaled_fp8_quant(
 //! rms_norm(x, weight, epsilon), scale_ub, out_dtype)`: each row's scale comes from the absmax of
-//! its normalized values rounded to x's dtype (see [`quant`](crate::op::quant)). Not in place;
+//! its normalized values rounded to x's dtype (see [`quant`](crate::quant)). Not in place;
 //! activations `[x]`.
 //!
 //! Tolerance: a kernel's f32 sum of squares may round a normalized value one step of x's dtype away
 //! from the reference's, and that value may be the row's absmax, so the scales (f32) are compared
 //! within 2^-7 relative, one bf16 step.
 
-use crate::op::norm_math::{NormParams, native_norm};
-use crate::op::quant::{
+use crate::norm_math::{NormParams, native_norm};
+use crate::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
 };
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Tolerance, Value};
-use crate::{DType, KernelError, Tensor, TensorError};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Tolerance, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `rms_norm_dynamic_per_token_quant`.
     op rms_norm_dynamic_per_token_quant {
         def: RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
@@ -63,14 +63,14 @@ pub fn native(
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, crate::op::Rounding::Exact)?;
+    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, crate::Rounding::Exact)?;
     let ub = scale_ub.map(scale_value).transpose()?;
     let (q, scales) = quantize_host(&normalized, QuantScale::Dynamic(ub), out_dtype)?;
     let scales = scales.expect("a dynamic quantization has scales");
     Ok((to_device_of(q, x)?, to_device_of(scales, x)?))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     norm_quant_meta(&NORM, &QUANT, args)
 }
 

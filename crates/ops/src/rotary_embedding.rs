@@ -27,10 +27,11 @@
 //! kernel rotates them in their storage (their own layouts: q and k views of one qkv buffer stay
 //! views). With `key` absent the op has one output, the rotated query.
 
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Rounding, StrEnum, Value};
-use crate::{DType, KernelError, Tensor, TensorError, TensorMeta};
+use crate::Rounding;
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `rotary_embedding`.
     op rotary_embedding {
         def: ROTARY_EMBEDDING,
@@ -217,7 +218,7 @@ pub fn native(
         let rotated = Tensor::from_f64(dtype, t.shape(), &values)?;
         let layout = t.layout().copy_layout();
         let rotated = if layout.is_compact() { rotated } else { rotated.copy_into_layout(layout)? };
-        Ok(crate::op::quant::to_device_of(rotated, t)?)
+        Ok(crate::quant::to_device_of(rotated, t)?)
     };
     Ok((rotate(query)?, key.map(rotate).transpose()?))
 }
@@ -243,7 +244,7 @@ pub fn check_positions(positions: &[i64], max_position: usize) -> Result<(), Ker
     }
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let kind = |param| MetaError::Kind { op: OP, param };
     let args = RotaryEmbeddingArgs::from_meta(args).ok_or(kind("query"))?;
     let query = args.query;
@@ -316,7 +317,7 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
         return Err(MetaError::DType { op: OP, param: "cos_sin_cache", dtype: cache.dtype, expected: "query's dtype" });
     }
     same_device("cos_sin_cache", cache)?;
-    let mut outputs: crate::op::OutputMetas = crate::op::smallvec![TensorMeta {
+    let mut outputs: ir_core::op::OutputMetas = ir_core::op::smallvec![TensorMeta {
         dtype: query.dtype,
         device: query.device,
         layout: query.layout.copy_layout()
@@ -350,7 +351,7 @@ fn generated_heads(hidden: usize) -> (usize, usize) {
 /// multiple of 3 (else half the head), no key when the seed is 2 more than a multiple of 3, and
 /// `dtype` rounding when the seed is 1 or 2 more than a multiple of 4.
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let mut rng = ir_core::testing::InputRng::new(spec.seed);
     let (width, head_size) = generated_heads(spec.hidden_size);
     let heads = width / head_size;
     let kv_heads = (heads / 4).max(1);
@@ -391,17 +392,17 @@ mod tests {
         let positions = Tensor::from_vec(&[1], vec![1i64]).unwrap();
         let q = tensor(DType::F32, &[1, 4], &[1.0, 2.0, 3.0, 4.0]);
         // head_size 4, rotary_dim 2: only elements 0 and 1 rotate; 2 and 3 are kept.
-        let (out, key) = native(&positions, &q, None, &cache, 4, 2, true, crate::op::Rounding::Exact).unwrap();
+        let (out, key) = native(&positions, &q, None, &cache, 4, 2, true, crate::Rounding::Exact).unwrap();
         assert!(key.is_none());
         assert_eq!(out.to_f64_vec().unwrap(), [-2.0, 1.0, 3.0, 4.0]);
         let cache = tensor(DType::F32, &[2, 4], &[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
-        let (neox, _) = native(&positions, &q, None, &cache, 4, 4, true, crate::op::Rounding::Exact).unwrap();
+        let (neox, _) = native(&positions, &q, None, &cache, 4, 4, true, crate::Rounding::Exact).unwrap();
         assert_eq!(neox.to_f64_vec().unwrap(), [-3.0, -4.0, 1.0, 2.0], "pairs (0, 2) and (1, 3)");
-        let (gptj, _) = native(&positions, &q, None, &cache, 4, 4, false, crate::op::Rounding::Exact).unwrap();
+        let (gptj, _) = native(&positions, &q, None, &cache, 4, 4, false, crate::Rounding::Exact).unwrap();
         assert_eq!(gptj.to_f64_vec().unwrap(), [-2.0, 1.0, -4.0, 3.0], "pairs (0, 1) and (2, 3)");
         // Position 0 is the identity.
         let zero = Tensor::from_vec(&[1], vec![0i64]).unwrap();
-        let (same, _) = native(&zero, &q, Some(&q), &cache, 4, 4, false, crate::op::Rounding::Exact).unwrap();
+        let (same, _) = native(&zero, &q, Some(&q), &cache, 4, 4, false, crate::Rounding::Exact).unwrap();
         assert_eq!(same.to_f64_vec().unwrap(), q.to_f64_vec().unwrap());
     }
 
@@ -418,10 +419,10 @@ mod tests {
         let cache = cos_sin_cache(DType::F32, 4, 2, 10000.0).unwrap();
         let q = tensor(DType::F32, &[2, 2], &[1.0; 4]);
         let positions = Tensor::from_vec(&[2], vec![3i64, 4]).unwrap();
-        let err = native(&positions, &q, None, &cache, 2, 2, true, crate::op::Rounding::Exact).unwrap_err().to_string();
+        let err = native(&positions, &q, None, &cache, 2, 2, true, crate::Rounding::Exact).unwrap_err().to_string();
         assert!(err.contains("position 4 of token 1") && err.contains("0..4"), "{err}");
         let negative = Tensor::from_vec(&[2], vec![-1i64, 0]).unwrap();
-        assert!(native(&negative, &q, None, &cache, 2, 2, true, crate::op::Rounding::Exact).is_err());
+        assert!(native(&negative, &q, None, &cache, 2, 2, true, crate::Rounding::Exact).is_err());
     }
 
     #[test]
@@ -445,7 +446,7 @@ mod tests {
             };
         assert_eq!(call(&pos, &q, Some(&k), &cache, 4, 4).unwrap().len(), 2);
         assert_eq!(call(&pos, &q, None, &cache, 4, 4).unwrap().len(), 1, "no key, one output");
-        let param = |r: Result<crate::op::OutputMetas, MetaError>| match r.unwrap_err() {
+        let param = |r: Result<ir_core::op::OutputMetas, MetaError>| match r.unwrap_err() {
             MetaError::Scalar { param, .. }
             | MetaError::Shape { param, .. }
             | MetaError::DType { param, .. }

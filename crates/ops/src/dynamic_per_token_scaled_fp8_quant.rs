@@ -5,15 +5,15 @@
 //! on x's device bounding each row's absmax; `q` a fresh compact tensor of x's shape in `out_dtype`
 //! (`f8e4m3fn` or `f8e5m2`); `scales` a fresh compact f32 tensor `[..., 1]` holding each row's
 //! `s = max(c(min(absmax, scale_ub) / M), c(1 / (M · 512)))`, and `q_j = sat(c(x_j / s))`: see
-//! [`quant`](crate::op::quant). Not in place; activations `[x]`.
+//! [`quant`](crate::quant). Not in place; activations `[x]`.
 
-use crate::op::quant::{
+use crate::quant::{
     QuantScale, check_scale, check_x, fp8_dtype, quantize_host, quantized_meta, scale_value, scales_meta, to_device_of,
 };
-use crate::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
-use crate::{DType, KernelError, Tensor, TensorError};
+use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
+use ir_core::{DType, KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `dynamic_per_token_scaled_fp8_quant`.
     op dynamic_per_token_scaled_fp8_quant {
         def: DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT,
@@ -49,7 +49,7 @@ pub fn native(x: &Tensor, scale_ub: Option<&Tensor>, out_dtype: DType) -> Result
     Ok((to_device_of(q, x)?, to_device_of(scales, x)?))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let kind = |param| MetaError::Kind { op: OP, param };
     let x = args.first().and_then(ArgMeta::tensor).ok_or(kind("x"))?;
     check_x(OP, x)?;
@@ -59,13 +59,13 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
         _ => return Err(kind("scale_ub")),
     }
     let dtype = fp8_dtype(OP, args, 2)?;
-    Ok(crate::op::smallvec![quantized_meta(x, dtype), scales_meta(x)])
+    Ok(ir_core::op::smallvec![quantized_meta(x, dtype), scales_meta(x)])
 }
 
 /// `x ~ N(0, 1)` of `[T, H]` and the absmax bound 3: wide rows are clamped, and their elements beyond
 /// 3 saturate.
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
-    let mut rng = crate::testing::InputRng::new(spec.seed);
+    let mut rng = ir_core::testing::InputRng::new(spec.seed);
     let x = rng.normal(spec.dtype, &[spec.num_tokens, spec.hidden_size], 0.0, 1.0)?;
     let scale_ub = Tensor::from_f64(DType::F32, &[1], &[3.0])?;
     Ok(vec![Value::Tensor(x), Value::Tensor(scale_ub), Value::DType(DType::F8E4M3FN)])

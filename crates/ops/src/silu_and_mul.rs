@@ -2,14 +2,14 @@
 //! (the gated MLP of every Llama-style model).
 //!
 //! Per element, with `d` the dtype of x: `a_j = round_d(silu(g_j))` (silu in f64), then
-//! `out_j = round_d(a_j · u_j)`; see [`gated`](crate::op::gated) for why these are the rounding
+//! `out_j = round_d(a_j · u_j)`; see [`gated`](crate::gated) for why these are the rounding
 //! points. Not in place (the output is half the input); activations `[x]`.
 
-use crate::op::gated::{gated_inputs, gated_meta_only_x, native_gated, silu};
-use crate::op::{Activation, ArgMeta, InputSpec, MetaError, Value};
-use crate::{KernelError, Tensor, TensorError};
+use crate::gated::{gated_inputs, gated_meta_only_x, native_gated, silu};
+use ir_core::op::{Activation, ArgMeta, InputSpec, MetaError, Value};
+use ir_core::{KernelError, Tensor, TensorError};
 
-crate::define_op! {
+ir_core::define_op! {
     /// The definition of `silu_and_mul`.
     op silu_and_mul {
         def: SILU_AND_MUL,
@@ -33,7 +33,7 @@ pub fn native(x: &Tensor) -> Result<Tensor, KernelError> {
     native_gated("silu_and_mul", x, |gate, dtype| gate.iter_mut().for_each(|g| *g = dtype.round(silu(*g))))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<crate::op::OutputMetas, MetaError> {
+fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     gated_meta_only_x("silu_and_mul", args)
 }
 
