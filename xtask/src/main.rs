@@ -2,12 +2,13 @@
 //!
 //! Subcommands:
 //! - `ci [--vendor cpu|cuda|rocm|xpu]`: everything below that this machine can run, or one vendor's job of
-//!   the CI matrix (its toolchain required);
+//!   the CI matrix (its toolchain required); it ends with the time each step took;
 //! - `lint`: fmt check, clippy and rustdoc with warnings denied;
-//! - `test`: the workspace tests (the README's test command);
+//! - `test`: the workspace tests (the README's test command), then the GPU compile sweeps it lists
+//!   as ignored;
+//! - `examples`: the `vllm-ir` crate's examples, as the test build made them;
 //! - `check-features`: each platform's features compile on their own (the CLI with none, `cuda`, `xpu`, `rocm`; the bench with `candle`);
-//! - `ci` also checks that each kernel crate's package ships its kernel source, and runs the `vllm-ir`
-//!   crate's examples;
+//! - `ci` also checks that each kernel crate's package ships its kernel source;
 //! - `kernels`: every CUDA variant compiled by NVRTC, every HIP variant by hipcc, the OpenCL
 //!   kernels built and run on the OpenCL device (PoCL in CI);
 //! - `fuzz [--seconds N]`: runs the cargo-fuzz targets (parser; parse → verify → pipeline) on nightly;
@@ -31,7 +32,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | check-features | kernels | package | \
+const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | examples | check-features | kernels | package | \
                      candle-cuda | fuzz [--seconds N] | miri | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
                      gpu-bench [--quick] | kernel-resources>";
 
@@ -53,6 +54,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         },
         "lint" => lint(),
         "test" => test(),
+        "examples" => examples(),
         "check-features" => check_features(),
         "kernels" => kernels(),
         "bless" => bless(),
@@ -69,16 +71,42 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
 }
 
 fn ci() -> anyhow::Result<()> {
-    lint()?;
-    check_features()?;
-    package_lists()?;
-    candle_cuda()?;
-    test()?;
-    examples()?;
-    fuzz(&["--seconds".to_owned(), "20".to_owned()])?;
-    miri()?;
+    let mut steps = StepTimes::default();
+    steps.run("lint", lint)?;
+    steps.run("check-features", check_features)?;
+    steps.run("package", package_lists)?;
+    steps.run("candle-cuda", candle_cuda)?;
+    steps.run("test", test)?;
+    steps.run("examples", examples)?;
+    steps.run("fuzz", || fuzz(&["--seconds".to_owned(), "20".to_owned()]))?;
+    steps.run("miri", miri)?;
     println!("xtask ci: all steps passed");
+    steps.print();
     Ok(())
+}
+
+/// How long each step of `cargo xtask ci` took, printed at the end so a slow step shows.
+#[derive(Default)]
+struct StepTimes(Vec<(&'static str, std::time::Duration)>);
+
+impl StepTimes {
+    fn run(&mut self, step: &'static str, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+        let start = std::time::Instant::now();
+        let result = f();
+        self.0.push((step, start.elapsed()));
+        if result.is_err() {
+            self.print();
+        }
+        result
+    }
+
+    fn print(&self) {
+        let total: std::time::Duration = self.0.iter().map(|(_, d)| *d).sum();
+        println!("xtask ci: step times (total {:.0} s)", total.as_secs_f64());
+        for (step, duration) in &self.0 {
+            println!("  {step:<16} {:>6.0} s", duration.as_secs_f64());
+        }
+    }
 }
 
 /// One GPU vendor's CI job (or the CPU's), as the matrix in `.github/workflows/ci.yml` runs them:
@@ -116,7 +144,7 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
             )?;
             cargo(&["check", "--package", "vllm-ir", "--features", "cuda", "--all-targets", "--locked"], &[])?;
             candle_cuda()?;
-            cargo(&["test", "--package", "vllm-ir-kernels-cuda", "--locked"], &require)?;
+            cargo(&["test", "--package", "vllm-ir-kernels-cuda", "--locked", "--", "--include-ignored"], &require)?;
             cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
         }
         "rocm" => {
@@ -127,7 +155,19 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
             let require = [("VLLM_IR_REQUIRE", "hip")];
             lint_rocm()?;
             check_features_rocm()?;
-            cargo(&["test", "--package", "vllm-ir-kernels-rocm", "--features", "rocm", "--locked"], &require)?;
+            cargo(
+                &[
+                    "test",
+                    "--package",
+                    "vllm-ir-kernels-rocm",
+                    "--features",
+                    "rocm",
+                    "--locked",
+                    "--",
+                    "--include-ignored",
+                ],
+                &require,
+            )?;
             cargo(&["test", "--package", "vllm-ir-tests", "--test", "kernels", "--locked"], &require)
         }
         "xpu" => {
@@ -150,39 +190,69 @@ fn vendor_job(vendor: &str) -> anyhow::Result<()> {
     }
 }
 
-/// The engine-facing examples run as written (each asserts what it shows).
+/// The engine-facing examples run as written (each asserts what it shows). `cargo test --workspace`
+/// builds every example with the workspace's features, so they run as that build made them: a
+/// `cargo run` of one package would compile the crates again with its own feature set.
 fn examples() -> anyhow::Result<()> {
-    for example in ["engine", "custom_kernel"] {
-        cargo(&["run", "--package", "vllm-ir", "--example", example, "--locked"], &[])?;
-    }
+    let built = built_examples()?;
+    let run = |name: &str, args: &[&str]| -> anyhow::Result<()> {
+        let binary = built.get(name).with_context(|| {
+            format!(
+                "`cargo test --workspace` built no example `{name}` (built: {:?})",
+                built.keys().collect::<Vec<_>>()
+            )
+        })?;
+        println!("$ {} {}", binary.display(), args.join(" "));
+        let start = std::time::Instant::now();
+        let status = Command::new(binary)
+            .args(args)
+            .current_dir(project_root())
+            .status()
+            .with_context(|| format!("running example `{name}`"))?;
+        println!("  ({:.0} s: example {name})", start.elapsed().as_secs_f64());
+        if !status.success() {
+            bail!("example `{name}` failed ({status})");
+        }
+        Ok(())
+    };
+    run("engine", &[])?;
+    run("custom_kernel", &[])?;
     // The ops on candle tensors (the feature pulls candle-core in), and the Llama-architecture model
     // on them beside candle-nn's ops: a tiny random model of each variant, which fails on a
     // defensive copy or a native fallback, or when its compiled graph (candle's matmuls and
     // attention as engine ops) does not give the eager run's logits bit for bit.
-    cargo(&["run", "--package", "vllm-ir", "--features", "candle", "--example", "candle", "--locked"], &[])?;
+    run("candle", &[])?;
     for variant in ["llama", "gemma"] {
-        cargo(
-            &[
-                "run",
-                "--package",
-                "vllm-ir",
-                "--features",
-                "candle",
-                "--example",
-                "llama",
-                "--locked",
-                "--",
-                "--variant",
-                variant,
-                "--dtype",
-                "bf16",
-                "--iters",
-                "1",
-            ],
-            &[],
-        )?;
+        run("llama", &["--variant", variant, "--dtype", "bf16", "--iters", "1"])?;
     }
     Ok(())
+}
+
+/// The example binaries of the README's test build, by name: what `cargo test --workspace --no-run`
+/// reports (building whatever is not built yet).
+fn built_examples() -> anyhow::Result<std::collections::BTreeMap<String, PathBuf>> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let args = ["test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"];
+    println!("$ cargo {}", args.join(" "));
+    let output = Command::new(&cargo)
+        .args(args)
+        .current_dir(project_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running `cargo test --no-run`")?;
+    if !output.status.success() {
+        bail!("`cargo {}` failed ({})", args.join(" "), output.status);
+    }
+    let mut built = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let is_example = message["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "example"));
+        if let (true, Some(executable)) = (is_example, message["executable"].as_str()) {
+            let name = message["target"]["name"].as_str().unwrap_or_default().to_owned();
+            built.insert(name, PathBuf::from(executable));
+        }
+    }
+    Ok(built)
 }
 
 fn lint() -> anyhow::Result<()> {
@@ -219,9 +289,13 @@ fn lint_rocm() -> anyhow::Result<()> {
     cargo(&args, &[])
 }
 
-/// The README's test command (`cargo test --workspace`); the kernel tests are part of it.
+/// The README's test command (`cargo test --workspace`), then the GPU compile sweeps it leaves out
+/// (ignored tests: every CUDA kernel through NVRTC and ptxas, every HIP source through hipcc), in the
+/// same build.
 fn test() -> anyhow::Result<()> {
-    cargo(&["test", "--workspace", "--locked"], &[])
+    cargo(&["test", "--workspace", "--locked"], &[])?;
+    // Over the workspace's build (not one package's own feature set), so nothing is compiled again.
+    cargo(&["test", "--workspace", "--locked", "--test", "ptxas", "--test", "hipcc", "--", "--ignored"], &[])
 }
 
 fn check_features() -> anyhow::Result<()> {
@@ -558,7 +632,18 @@ fn bless() -> anyhow::Result<()> {
 fn kernels() -> anyhow::Result<()> {
     if library_loadable("libnvrtc.so.12") {
         cargo(
-            &["test", "--package", "vllm-ir-kernels-cuda", "--test", "nvrtc", "--locked"],
+            &[
+                "test",
+                "--package",
+                "vllm-ir-kernels-cuda",
+                "--test",
+                "nvrtc",
+                "--test",
+                "ptxas",
+                "--locked",
+                "--",
+                "--include-ignored",
+            ],
             &[("VLLM_IR_REQUIRE", "nvrtc")],
         )?;
     } else {
@@ -569,7 +654,7 @@ fn kernels() -> anyhow::Result<()> {
     }
     if hip_installed() {
         cargo(
-            &["test", "--package", "vllm-ir-kernels-rocm", "--test", "hipcc", "--locked"],
+            &["test", "--package", "vllm-ir-kernels-rocm", "--test", "hipcc", "--locked", "--", "--include-ignored"],
             &[("VLLM_IR_REQUIRE", "hip")],
         )?;
     } else {
@@ -657,12 +742,14 @@ pub(crate) fn cargo(args: &[&str], envs: &[(&str, &str)]) -> anyhow::Result<()> 
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let shown_env: Vec<String> = envs.iter().map(|(k, v)| format!("{k}={v} ")).collect();
     println!("$ {}cargo {}", shown_env.concat(), args.join(" "));
+    let start = std::time::Instant::now();
     let status = Command::new(&cargo)
         .args(args)
         .envs(envs.iter().copied())
         .current_dir(project_root())
         .status()
         .with_context(|| format!("running `cargo {}`", args.join(" ")))?;
+    println!("  ({:.0} s: cargo {})", start.elapsed().as_secs_f64(), args.join(" "));
     if !status.success() {
         bail!("`cargo {}` failed ({status})", args.join(" "));
     }

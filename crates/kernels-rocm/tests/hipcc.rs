@@ -1,4 +1,6 @@
-//! Every HIP kernel variant compiles with hipcc for gfx90a; no GPU needed.
+//! Every HIP kernel variant compiles with hipcc for gfx90a; no GPU needed. The two sweeps take
+//! minutes, so `cargo test` lists them as ignored and `cargo xtask ci` runs them (`cargo test --test
+//! hipcc -- --ignored`).
 
 use std::process::Command;
 
@@ -20,8 +22,12 @@ fn compile(hipcc: &str, dir: &std::path::Path, file: &str) -> Vec<u8> {
 const DTYPES: [ir_core::DType; 4] =
     [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16, ir_core::DType::F64];
 
+/// Every gated op's source compiles on its own (`build.rs` compiles them all as one unit, which
+/// [`all_sources_compile_as_one_unit_and_no_kernel_uses_scratch`] checks with every norm variant)
+/// and defines its kernel for every dtype.
 #[test]
-fn hipcc_compiles_every_variant() {
+#[ignore = "GPU compile sweep (about a minute on 2 cores), run by `cargo xtask ci` and `cargo xtask kernels`"]
+fn every_gated_source_compiles_on_its_own() {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
     let probe = Command::new(&hipcc).arg("--version").output();
     if !probe.as_ref().is_ok_and(|o| o.status.success()) {
@@ -30,13 +36,6 @@ fn hipcc_compiles_every_variant() {
     }
     let dir = std::env::temp_dir().join(format!("kernels-rocm-hipcc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let norms = compile(&hipcc, &dir, "rms_norm.hip");
-    let text = String::from_utf8_lossy(&norms);
-    for variant in kernels_rocm::all_variants() {
-        assert!(text.contains(&variant.symbol()), "the code object lacks `{}`", variant.symbol());
-    }
-    // Every gated op's source compiles on its own (build.rs compiles them all as one unit) and
-    // defines its kernel for every dtype.
     let gated: Vec<_> = kernels_rocm::gated::GATED_OPS.to_vec();
     std::thread::scope(|scope| {
         for op in &gated {
@@ -55,9 +54,11 @@ fn hipcc_compiles_every_variant() {
 }
 
 /// Every kernel source together, as `build.rs` compiles them (one translation unit, so a name
-/// defined twice fails here and not only as a build-script warning), and no kernel (norms,
+/// defined twice fails here and not only as a build-script warning), defining every norm variant,
+/// and no kernel (norms,
 /// quantizations, rotary, copies) uses scratch memory (hipcc's resource report for each kernel).
 #[test]
+#[ignore = "GPU compile sweep (about a minute on 2 cores), run by `cargo xtask ci` and `cargo xtask kernels`"]
 fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
     if !Command::new(&hipcc).arg("--version").output().is_ok_and(|o| o.status.success()) {
@@ -86,6 +87,9 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     let report = String::from_utf8_lossy(&done.stderr).into_owned();
     assert!(done.status.success(), "hipcc failed on the unit of every source:\n{report}");
     let text = String::from_utf8_lossy(&std::fs::read(&output).unwrap()).into_owned();
+    for variant in kernels_rocm::all_variants() {
+        assert!(text.contains(&variant.symbol()), "the code object lacks `{}`", variant.symbol());
+    }
     for kernel in kernels_rocm::quant::KERNELS {
         for dtype in DTYPES {
             assert!(text.contains(&format!("{kernel}_{dtype}")), "the code object lacks `{kernel}_{dtype}`");
