@@ -59,8 +59,8 @@ mod launch {
     use kernel_support::GatedKernel;
 
     use super::GATED_BLOCK;
+    use crate::device::{HipBuffer, allocator, device};
     use crate::launch::{compute_param, element_ptr};
-    use crate::runtime::{HipBuffer, allocator, device};
 
     pub(super) fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
         let GatedCall { x, scalars, geometry } = GatedCall::new(op.def, args)?;

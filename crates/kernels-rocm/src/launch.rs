@@ -6,8 +6,8 @@ use ir_core::storage::{DeviceAllocator, Storage};
 use ir_core::{DType, KernelError, Tensor, TensorError, TensorMeta, UniqueTensor};
 use kernel_support::{ComputeScalar, Rows, device_buffer, device_buffer_mut, kernel_int, norm_variance};
 
-use crate::runtime::{HipBuffer, allocator, device};
-use crate::variant::{KernelVariant, NormOp};
+use crate::device::{HipBuffer, allocator, device};
+use crate::module::{KernelVariant, NormOp};
 
 pub(crate) fn rms_norm(
     x: &Tensor,
@@ -104,7 +104,7 @@ fn run(
         dtype,
         weight: weight_dtype,
         vectorized,
-        threads_per_row: crate::variant::launch_threads_per_row(rows.hidden, dtype, weight_dtype),
+        threads_per_row: crate::module::launch_threads_per_row(rows.hidden, dtype, weight_dtype),
     };
     let rows_per_block = (variant.block_size() / variant.threads_per_row) as usize;
     let blocks = u32::try_from(rows.n_rows.div_ceil(rows_per_block))
@@ -153,7 +153,7 @@ pub(crate) fn element_ptr(base: *mut c_void, offset: usize, dtype: DType) -> *mu
 /// Whether 16-byte accesses are safe: x's rows, the output's and a weight of x's dtype (a weight of
 /// another dtype is read with scalar loads in either path).
 fn vector_ok(tensors: &[(Rows, *mut c_void)], weight: Option<(*mut c_void, DType)>, dtype: DType) -> bool {
-    if !crate::variant::vectorizes(dtype) {
+    if !crate::module::vectorizes(dtype) {
         return false;
     }
     let width = 16 / dtype.size_in_bytes();

@@ -21,12 +21,12 @@
 
 pub mod gated;
 pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
-pub mod quant;
-pub mod rotary;
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
-mod runtime;
-mod variant;
+mod device;
+mod module;
+pub mod quant;
+pub mod rotary;
 
 use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
@@ -35,8 +35,8 @@ use kernel_support::{KernelDTypes, NormCapabilities, fused_add_rms_norm_support_
 
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
-pub use crate::runtime::{HipBuffer, HipStream, RocmAllocator};
-pub use crate::variant::{
+pub use crate::device::{HipBuffer, HipStream, RocmAllocator};
+pub use crate::module::{
     F64_MIXED_THREADS_PER_ROW, KernelVariant, MIXED_WEIGHT_THREADS_PER_ROW, NormOp, THREADS_PER_ROW, all_variants,
     launch_threads_per_row, vectorizes,
 };
@@ -72,7 +72,7 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
 /// Whether the provider can run here, and why not.
 pub fn availability() -> Availability {
     #[cfg(feature = "rocm")]
-    return runtime::availability();
+    return device::availability();
     #[cfg(not(feature = "rocm"))]
     Availability::Unavailable("built without feature `rocm`".to_owned())
 }
@@ -80,7 +80,7 @@ pub fn availability() -> Availability {
 /// An allocator for `rocm:0` (with feature `rocm` and a device).
 pub fn allocator() -> Result<Box<dyn ir_core::storage::DeviceAllocator>, String> {
     #[cfg(feature = "rocm")]
-    return runtime::allocator().map(|a| Box::new(a) as Box<dyn ir_core::storage::DeviceAllocator>);
+    return device::allocator().map(|a| Box::new(a) as Box<dyn ir_core::storage::DeviceAllocator>);
     #[cfg(not(feature = "rocm"))]
     Err("built without feature `rocm`".to_owned())
 }

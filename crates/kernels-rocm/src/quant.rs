@@ -88,8 +88,8 @@ mod launch {
     use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 
     use super::QUANT_BLOCK;
+    use crate::device::{HipBuffer, allocator, device};
     use crate::launch::{compute_param, element_ptr};
-    use crate::runtime::{HipBuffer, allocator, device};
 
     pub(super) enum Scale<'a> {
         Static(&'a Tensor),

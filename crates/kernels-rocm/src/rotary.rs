@@ -34,8 +34,8 @@ mod launch {
     use kernel_support::{RotaryCall, device_buffer, device_buffer_mut};
 
     use super::KERNEL;
+    use crate::device::{HipBuffer, device};
     use crate::launch::element_ptr;
-    use crate::runtime::{HipBuffer, device};
 
     pub(super) fn rotary(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
         let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch, round_products } = call;
