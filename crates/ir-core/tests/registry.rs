@@ -99,7 +99,7 @@ fn op_names_are_checked() {
     let err = registry.define_op(&DUPLICATE_RMS_NORM).unwrap_err();
     let RegistryError::DuplicateOp { name, first } = &err else { panic!("expected DuplicateOp, got {err}") };
     assert_eq!(name, "rms_norm");
-    // `with_builtin_ops` is `#[track_caller]`: the location is the caller's line.
+    // `ir_ops::registry` is `#[track_caller]`: the location is the caller's line.
     assert_eq!((first.file(), first.line()), (file!(), line), "first definition at {first}");
     assert!(err.to_string().contains("first defined at"), "{err}");
     let builtins: Vec<&str> = ir_ops::BUILTIN_OPS.iter().map(|d| d.name).collect();
