@@ -72,7 +72,17 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
 
 fn ci() -> anyhow::Result<()> {
     let mut steps = StepTimes::default();
-    steps.run("lint", lint)?;
+    // The HIP code objects take one hipcc process minutes on one core; compiled into the build
+    // script's cache beside the first cargo steps, the rocm builds and the hipcc sweep then find them.
+    let hip = hip_installed().then(prewarm_hip_cache);
+    steps.run("lint", || {
+        lint_core()?;
+        if let Some(hip) = hip {
+            hip.join().map_err(|_| anyhow::anyhow!("the hipcc thread panicked"))??;
+            lint_rocm()?;
+        }
+        Ok(())
+    })?;
     steps.run("check-features", check_features)?;
     steps.run("package", package_lists)?;
     steps.run("candle-cuda", candle_cuda)?;
@@ -253,6 +263,57 @@ fn built_examples() -> anyhow::Result<std::collections::BTreeMap<String, PathBuf
         }
     }
     Ok(built)
+}
+
+/// Compiles the code objects a `rocm` build embeds into its build script's cache
+/// (`crates/kernels-rocm/hipcc_cache.rs`, the same key), on a thread of its own.
+fn prewarm_hip_cache() -> std::thread::JoinHandle<anyhow::Result<()>> {
+    std::thread::spawn(|| {
+        let start = std::time::Instant::now();
+        let kernels = project_root().join("crates/kernels-rocm/kernels");
+        let sources = hipcc_cache::all_sources(&kernels);
+        let hipcc = env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
+        let cache = hip_cache_dir();
+        let work = env::temp_dir().join(format!("vllm-ir-hipcc-{}", std::process::id()));
+        std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+        let archs = env::var("VLLM_IR_HIP_ARCHS").unwrap_or_else(|_| "gfx90a".to_owned());
+        for arch in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            let flags = hipcc_cache::embed_flags(arch);
+            let output = work.join(format!("kernels-{arch}.hsaco"));
+            let compile = hipcc_cache::Compile {
+                hipcc: &hipcc,
+                flags: &flags,
+                kernels: &kernels,
+                sources: &sources,
+                work_dir: &work,
+                output: &output,
+                cache: &cache,
+            };
+            // A failure is the build script's to report (it skips a target hipcc rejects).
+            let outcome = match compile.run() {
+                Ok(compiled) if compiled.cached => "already cached",
+                Ok(_) => "compiled",
+                Err(_) => "not compiled (the build script reports why)",
+            };
+            println!(
+                "  ({:.0} s: hipcc code objects for {arch}, {outcome}, beside the lint)",
+                start.elapsed().as_secs_f64()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&work);
+        Ok(())
+    })
+}
+
+/// The kernels-rocm build script's cache of code objects: `VLLM_IR_KERNEL_CACHE`, else
+/// `kernel-cache` in the target directory.
+fn hip_cache_dir() -> PathBuf {
+    match env::var_os("VLLM_IR_KERNEL_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| project_root().join("target"), PathBuf::from)
+            .join("kernel-cache"),
+    }
 }
 
 fn lint() -> anyhow::Result<()> {
@@ -515,23 +576,55 @@ fn fuzz(args: &[String]) -> anyhow::Result<()> {
         println!("skipped: cargo-fuzz is not installed (cargo +nightly install cargo-fuzz)");
         return Ok(());
     }
-    for target in FUZZ_TARGETS {
-        let scratch = env::temp_dir().join(format!("vllm-ir-fuzz-{target}-{}", std::process::id()));
-        std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
-        let seeds = project_root().join("fuzz/corpus").join(target);
-        println!("$ cargo +nightly fuzz run {target} -- -max_total_time={seconds}");
-        let status = Command::new("rustup")
-            .args(["run", "nightly", "cargo", "fuzz", "run", target])
-            .arg(&scratch)
-            .arg(&seeds)
-            .args(["--", &format!("-max_total_time={seconds}"), "-max_len=4096"])
-            .current_dir(project_root())
-            .status()
-            .context("running cargo fuzz")?;
+    // One build of every target, then the targets side by side (each libFuzzer process runs on one
+    // core); each one's output goes to a log under `fuzz/`, whose tail is printed.
+    let cargo_fuzz = |args: &[&str]| {
+        let mut command = Command::new("rustup");
+        command.args(["run", "nightly", "cargo", "fuzz"]).args(args).current_dir(project_root());
+        command
+    };
+    println!("$ cargo +nightly fuzz build");
+    let status = cargo_fuzz(&["build"]).status().context("running cargo fuzz build")?;
+    if !status.success() {
+        bail!("`cargo fuzz build` failed ({status})");
+    }
+    let runs: Vec<_> = FUZZ_TARGETS
+        .iter()
+        .map(|target| {
+            let scratch = env::temp_dir().join(format!("vllm-ir-fuzz-{target}-{}", std::process::id()));
+            std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+            let seeds = project_root().join("fuzz/corpus").join(target);
+            let log = project_root().join("fuzz").join(format!("{target}.log"));
+            let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+            println!("$ cargo +nightly fuzz run {target} -- -max_total_time={seconds} (output: {})", log.display());
+            let child = cargo_fuzz(&["run", target])
+                .arg(&scratch)
+                .arg(&seeds)
+                .args(["--", &format!("-max_total_time={seconds}"), "-max_len=4096"])
+                .stdout(file.try_clone()?)
+                .stderr(file)
+                .spawn()
+                .context("running cargo fuzz")?;
+            Ok((*target, scratch, log, child))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut failed = Vec::new();
+    for (target, scratch, log, mut child) in runs {
+        let status = child.wait().context("waiting for cargo fuzz")?;
         let _ = std::fs::remove_dir_all(&scratch);
-        if !status.success() {
-            bail!("fuzz target `{target}` failed ({status}); the crashing input is under fuzz/artifacts/{target}");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let shown = if status.success() { 3 } else { 60 };
+        println!("fuzz target `{target}` ({status}), the end of {}:", log.display());
+        for line in &lines[lines.len().saturating_sub(shown)..] {
+            println!("  {line}");
         }
+        if !status.success() {
+            failed.push(target);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("fuzz targets {failed:?} failed; the crashing inputs are under fuzz/artifacts/<target>");
     }
     Ok(())
 }
@@ -761,6 +854,8 @@ pub(crate) fn project_root() -> PathBuf {
 }
 
 mod bench;
+#[path = "../../crates/kernels-rocm/hipcc_cache.rs"]
+mod hipcc_cache;
 mod resources;
 #[cfg(test)]
 mod tidy;

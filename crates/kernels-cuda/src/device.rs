@@ -6,13 +6,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, SyncOnDrop,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    SyncOnDrop,
 };
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
 use ir_core::{Availability, DType, Device, KernelError};
 use ir_core::{Layout, TensorMeta};
 
-use crate::module::{KernelVariant, arch_for, compile_ptx, nvrtc_availability};
+use crate::module::{KernelVariant, NormProgram, arch_for, compile_ptx, nvrtc_availability};
 use kernel_support::GatedKernel;
 
 /// One CUDA device: its context, the stream every operation of this crate uses, and compiled kernels.
@@ -21,7 +22,7 @@ pub struct CudaDeviceState {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     pub(crate) arch: Option<&'static str>,
-    functions: Mutex<HashMap<KernelVariant, CudaFunction>>,
+    norms: Mutex<NormKernels>,
     op_functions: Mutex<HashMap<(&'static str, DType), CudaFunction>>,
 }
 
@@ -29,6 +30,14 @@ impl std::fmt::Debug for CudaDeviceState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDeviceState").field("ordinal", &self.ordinal).field("arch", &self.arch).finish()
     }
+}
+
+/// The norm kernels loaded on one device: each program's module (compiled once, for both norm
+/// ops) and the functions taken from them.
+#[derive(Default)]
+struct NormKernels {
+    modules: HashMap<NormProgram, Arc<CudaModule>>,
+    functions: HashMap<KernelVariant, CudaFunction>,
 }
 
 static DEVICES: OnceLock<Result<Vec<Arc<CudaDeviceState>>, String>> = OnceLock::new();
@@ -83,7 +92,7 @@ fn init_devices() -> Result<Vec<Arc<CudaDeviceState>>, String> {
                 context,
                 stream,
                 arch,
-                functions: Mutex::new(HashMap::new()),
+                norms: Mutex::new(NormKernels::default()),
                 op_functions: Mutex::new(HashMap::new()),
             }))
         })
@@ -113,17 +122,25 @@ impl CudaDeviceState {
         format!("{name} (cuda:{}, {arch})", self.ordinal)
     }
 
-    /// The kernel for `variant`, compiled and loaded at first use.
+    /// The kernel for `variant`, loaded at first use from its program's module, which is compiled
+    /// once for both norm ops.
     pub(crate) fn function(&self, variant: &KernelVariant) -> Result<CudaFunction, KernelError> {
-        let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(function) = functions.get(variant) {
+        let mut norms = self.norms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(function) = norms.functions.get(variant) {
             return Ok(function.clone());
         }
-        let ptx = compile_ptx(variant, self.arch)?;
-        let module = self.context.load_module(ptx).map_err(driver_error)?;
+        let program = variant.program;
+        let module = match norms.modules.get(&program) {
+            Some(module) => Arc::clone(module),
+            None => {
+                let module = self.context.load_module(compile_ptx(&program, self.arch)?).map_err(driver_error)?;
+                norms.modules.insert(program, Arc::clone(&module));
+                module
+            }
+        };
         let function = module.load_function(&variant.kernel_name()).map_err(driver_error)?;
         tracing::debug!(target: "kernels_cuda", %variant, ordinal = self.ordinal, "loaded kernel");
-        functions.insert(*variant, function.clone());
+        norms.functions.insert(*variant, function.clone());
         Ok(function)
     }
 

@@ -7,7 +7,7 @@ use ir_core::{DType, KernelError};
 use kernel_support::{ComputeScalar, Rows, gpu_threads_per_row, kernel_int};
 
 use crate::device::{CudaBuffer, CudaDeviceState, driver_error};
-use crate::module::{KernelVariant, NormOp};
+use crate::module::{NormOp, NormProgram};
 
 /// Threads per row the kernels are compiled for.
 pub const THREADS_PER_ROW: [u32; 6] = [8, 16, 32, 64, 128, 256];
@@ -97,15 +97,14 @@ fn prepare(
 ) -> Result<Prepared, KernelError> {
     let rows = launch.rows;
     let geometry = rms_norm_launch(rows.n_rows, rows.hidden)?;
-    let variant = KernelVariant {
-        op,
+    let program = NormProgram {
         dtype: launch.dtype,
         weight,
         vectorized: launch.vectorized,
         threads_per_row: geometry.threads_per_row,
     };
     Ok(Prepared {
-        function: device.function(&variant)?,
+        function: device.function(&program.kernel(op))?,
         config: LaunchConfig {
             grid_dim: (geometry.grid, 1, 1),
             block_dim: (geometry.block_size, 1, 1),

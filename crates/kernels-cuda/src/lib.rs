@@ -49,8 +49,8 @@ use kernel_support::{
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
 pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch};
 pub use crate::module::{
-    ELEMENT, KernelVariant, NARROW, NormOp, SOURCE, all_variants, arch_for, compile_ptx, largest_cached_row,
-    nvrtc_availability, vectorizes,
+    ELEMENT, KernelVariant, NARROW, NormOp, NormProgram, SOURCE, all_programs, arch_for, compile_ptx,
+    largest_cached_row, nvrtc_availability, vectorizes,
 };
 /// The cudarc this crate is built with, so an engine names the same slice and stream types.
 pub use cudarc;

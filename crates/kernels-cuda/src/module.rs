@@ -1,8 +1,9 @@
-//! Kernel variants, their NVRTC compilation and the per-device module cache.
+//! Norm programs and kernel variants, and their NVRTC compilation.
 //!
-//! A variant is one set of defines for `kernels/rms_norm.cu`: dtype, weight present, fused,
-//! vector width and threads per row (which also fixes the block size). Modules are compiled at first
-//! use and cached per device (one cache per device, so per compute capability too).
+//! A program is one set of defines for `kernels/rms_norm.cu`: dtype, weight, vector width and
+//! threads per row (which also fixes the block size); its PTX holds the kernels of both norm ops. A
+//! variant is one op's kernel in a program. Programs are compiled at first use and their modules
+//! cached per device (so per compute capability too), shared by both ops.
 
 use std::fmt;
 
@@ -28,11 +29,11 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/rms_norm.cu")
 );
 
-/// One compiled form of the kernel source.
+/// One NVRTC program of the norm source: a set of defines (dtype, weight, vector width, threads per
+/// row). Its PTX holds both norm kernels, `rms_norm_<dtype>` and `fused_add_rms_norm_<dtype>`, so
+/// one compile serves both ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct KernelVariant {
-    /// The kernel.
-    pub op: NormOp,
+pub struct NormProgram {
     /// Element type (f32, f16, bf16 or f64).
     pub dtype: DType,
     /// The weight's dtype when a weight is applied (it may differ from `dtype`; one of the same).
@@ -43,20 +44,19 @@ pub struct KernelVariant {
     pub threads_per_row: u32,
 }
 
-impl KernelVariant {
-    /// The block size this variant is compiled for.
+impl NormProgram {
+    /// The block size this program is compiled for.
     pub fn block_size(&self) -> u32 {
         crate::launch::block_size(self.threads_per_row)
     }
 
-    /// The kernel's symbol: `<op>_<dtype>`.
-    pub fn kernel_name(&self) -> String {
-        let op = self.op.name();
-        format!("{op}_{}", self.dtype)
+    /// The kernel of `op` in this program.
+    pub fn kernel(&self, op: NormOp) -> KernelVariant {
+        KernelVariant { op, program: *self }
     }
 
     /// The 16-byte chunks of a row each thread keeps in registers between the two passes: enough
-    /// for the whole row up to the largest hidden size of this variant's threads-per-row bucket
+    /// for the whole row up to the largest hidden size of this program's threads-per-row bucket
     /// ([`largest_cached_row`]); the chunks of longer rows beyond these are read again. f64, a
     /// reference dtype, gets the f32 kernels' chunk count and so the same registers: half its row.
     pub fn cache_chunks(&self) -> u32 {
@@ -64,7 +64,7 @@ impl KernelVariant {
         largest_cached_row(self.threads_per_row).div_ceil(16 / size * self.threads_per_row)
     }
 
-    /// The NVRTC `-D` options selecting this variant.
+    /// The NVRTC `-D` options selecting this program.
     pub fn defines(&self) -> Result<Vec<String>, KernelError> {
         let chunk = 16 / self.dtype.size_in_bytes();
         Ok(vec![
@@ -76,6 +76,36 @@ impl KernelVariant {
             format!("-DTHREADS_PER_ROW={}", self.threads_per_row),
             format!("-DBLOCK_SIZE={}", self.block_size()),
         ])
+    }
+}
+
+impl fmt::Display for NormProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rms_norm.cu[dtype={}, weight={}, vec={}, threads_per_row={}]",
+            self.dtype,
+            self.weight.map_or_else(|| "none".to_owned(), |w| w.to_string()),
+            self.vectorized,
+            self.threads_per_row
+        )
+    }
+}
+
+/// One launchable norm kernel: an op's kernel in one [`NormProgram`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelVariant {
+    /// The kernel.
+    pub op: NormOp,
+    /// The program holding it (the same for both ops).
+    pub program: NormProgram,
+}
+
+impl KernelVariant {
+    /// The kernel's symbol: `<op>_<dtype>`.
+    pub fn kernel_name(&self) -> String {
+        let op = self.op.name();
+        format!("{op}_{}", self.program.dtype)
     }
 }
 
@@ -95,43 +125,34 @@ pub fn largest_cached_row(threads_per_row: u32) -> u32 {
 
 impl fmt::Display for KernelVariant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}[weight={}, vec={}, threads_per_row={}]",
-            self.kernel_name(),
-            self.weight.map_or_else(|| "none".to_owned(), |w| w.to_string()),
-            self.vectorized,
-            self.threads_per_row
-        )
+        write!(f, "{} in {}", self.kernel_name(), self.program)
     }
 }
 
-/// Every variant the provider can launch: without a weight and with one of each dtype (a weight of
-/// another dtype than x at two row widths only: it differs from the same-dtype form only in the
-/// weight step's loads and roundings). f64 rows launch with scalar accesses only
+/// Every program the provider can launch a norm kernel from: without a weight and with one of each
+/// dtype (a weight of another dtype than x at two row widths only: it differs from the same-dtype
+/// form only in the weight step's loads and roundings). f64 rows launch with scalar accesses only
 /// ([`vectorizes`]), and an f64 weight or f64 x with another weight at one row width.
-pub fn all_variants() -> Vec<KernelVariant> {
+pub fn all_programs() -> Vec<NormProgram> {
     const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
-    let mut variants = Vec::new();
-    for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
-        for dtype in DTYPES {
-            for weight in std::iter::once(None).chain(DTYPES.map(Some)) {
-                for vectorized in [false, true] {
-                    for threads_per_row in THREADS_PER_ROW {
-                        let mixed = weight.is_some_and(|w| w != dtype);
-                        let with_f64 = dtype == DType::F64 || weight == Some(DType::F64);
-                        let widths: &[u32] = if with_f64 { &[32] } else { &[32, 256] };
-                        if (mixed && !widths.contains(&threads_per_row)) || (vectorized && !vectorizes(dtype)) {
-                            continue;
-                        }
-                        variants.push(KernelVariant { op, dtype, weight, vectorized, threads_per_row });
+    let mut programs = Vec::new();
+    for dtype in DTYPES {
+        for weight in std::iter::once(None).chain(DTYPES.map(Some)) {
+            for vectorized in [false, true] {
+                for threads_per_row in THREADS_PER_ROW {
+                    let mixed = weight.is_some_and(|w| w != dtype);
+                    let with_f64 = dtype == DType::F64 || weight == Some(DType::F64);
+                    let widths: &[u32] = if with_f64 { &[32] } else { &[32, 256] };
+                    if (mixed && !widths.contains(&threads_per_row)) || (vectorized && !vectorizes(dtype)) {
+                        continue;
                     }
+                    programs.push(NormProgram { dtype, weight, vectorized, threads_per_row });
                 }
             }
         }
     }
     debug_assert!(BLOCK_SIZES.len() == 2);
-    variants
+    programs
 }
 
 /// Whether rows of `dtype` may launch with 16-byte vector accesses (when aligned): not f64, a
@@ -164,10 +185,10 @@ pub(crate) fn library_present(names: &[&str]) -> bool {
     })
 }
 
-/// Compiles one variant to PTX for `arch` (`compute_80`, `compute_90`, …; `None` for NVRTC's default).
-pub fn compile_ptx(variant: &KernelVariant, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    tracing::debug!(target: "kernels_cuda", %variant, ?arch, "compiling with NVRTC");
-    compile(SOURCE, "rms_norm.cu", variant.to_string(), variant.defines()?, arch)
+/// Compiles one norm program to PTX for `arch` (`compute_80`, `compute_90`, …; `None` for NVRTC's default).
+pub fn compile_ptx(program: &NormProgram, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    tracing::debug!(target: "kernels_cuda", %program, ?arch, "compiling with NVRTC");
+    compile(SOURCE, "rms_norm.cu", program.to_string(), program.defines()?, arch)
 }
 
 /// Compiles `source` with NVRTC; errors keep the kernel's name, the options and the log.
@@ -229,39 +250,41 @@ mod tests {
     use crate::launch::rms_norm_launch;
 
     #[test]
-    fn the_variants_cover_every_dtype_weight_and_width() {
-        let variants = all_variants();
-        // ops x dtypes x (no weight, or one of x's dtype) x vector paths x row widths, and the
-        // weights of the two other dtypes at two row widths; f64 (scalar accesses only): no weight
-        // or an f64 one at every width, and at one width x f64 with each other weight and each
-        // other x with an f64 weight (both vector paths).
-        let reduced = 2 * 3 * 2 * 2 * 6 + 2 * 3 * 2 * 2 * 2;
-        assert_eq!(variants.len(), reduced + 2 * 2 * 6 + 2 * 3 + 2 * 3 * 2);
-        assert!(variants.iter().filter(|v| v.dtype == DType::F64).all(|v| !v.vectorized));
-        assert!(variants.iter().any(|v| v.weight == Some(DType::F32) && v.dtype == DType::BF16));
-        assert!(variants.iter().any(|v| v.weight == Some(DType::F64) && v.dtype == DType::BF16 && v.vectorized));
+    fn the_programs_cover_every_dtype_weight_and_width() {
+        let programs = all_programs();
+        // dtypes x (no weight, or one of x's dtype) x vector paths x row widths, and the weights of
+        // the two other dtypes at two row widths; f64 (scalar accesses only): no weight or an f64
+        // one at every width, and at one width x f64 with each other weight and each other x with an
+        // f64 weight (both vector paths). Each program holds both ops' kernels.
+        let reduced = 3 * 2 * 2 * 6 + 3 * 2 * 2 * 2;
+        assert_eq!(programs.len(), reduced + 2 * 6 + 3 + 3 * 2);
+        let unique: std::collections::HashSet<_> = programs.iter().map(|p| p.defines().unwrap()).collect();
+        assert_eq!(unique.len(), programs.len(), "no two programs compile the same defines");
+        assert!(programs.iter().filter(|p| p.dtype == DType::F64).all(|p| !p.vectorized));
+        assert!(programs.iter().any(|p| p.weight == Some(DType::F32) && p.dtype == DType::BF16));
+        assert!(programs.iter().any(|p| p.weight == Some(DType::F64) && p.dtype == DType::BF16 && p.vectorized));
     }
 
-    /// Every hidden size a variant launches with, up to its bucket's largest (32768 for the last),
+    /// Every hidden size a program launches with, up to its bucket's largest (32768 for the last),
     /// fits in its threads' register cache; the bounded buckets' largest row launches with it.
     #[test]
-    fn each_variant_caches_every_row_of_its_bucket() {
-        for variant in all_variants() {
-            let chunk = 16 / variant.dtype.size_in_bytes() as u32;
-            let cached = variant.cache_chunks() * chunk * variant.threads_per_row;
-            let bucket = largest_cached_row(variant.threads_per_row);
+    fn each_program_caches_every_row_of_its_bucket() {
+        for program in all_programs() {
+            let chunk = 16 / program.dtype.size_in_bytes() as u32;
+            let cached = program.cache_chunks() * chunk * program.threads_per_row;
+            let bucket = largest_cached_row(program.threads_per_row);
             // f64 keeps the f32 kernels' registers: half the row.
-            let largest = if variant.dtype == DType::F64 { bucket / 2 } else { bucket };
-            assert!(cached >= largest, "{variant}: {cached} elements cached, rows up to {largest}");
+            let largest = if program.dtype == DType::F64 { bucket / 2 } else { bucket };
+            assert!(cached >= largest, "{program}: {cached} elements cached, rows up to {largest}");
             assert!(
-                cached < largest + chunk * variant.threads_per_row,
-                "{variant}: one chunk a thread at most to spare"
+                cached < largest + chunk * program.threads_per_row,
+                "{program}: one chunk a thread at most to spare"
             );
-            if variant.threads_per_row < 256 {
+            if program.threads_per_row < 256 {
                 let launched = rms_norm_launch(1, bucket as usize).unwrap().threads_per_row;
-                assert_eq!(launched, variant.threads_per_row, "H {bucket} launches with this variant's width");
+                assert_eq!(launched, program.threads_per_row, "H {bucket} launches with this program's width");
                 let next = rms_norm_launch(1, bucket as usize + 1).unwrap().threads_per_row;
-                assert!(next > variant.threads_per_row, "H {} takes a wider bucket", bucket + 1);
+                assert!(next > program.threads_per_row, "H {} takes a wider bucket", bucket + 1);
             }
         }
     }

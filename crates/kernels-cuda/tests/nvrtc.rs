@@ -1,9 +1,9 @@
 //! NVRTC: errors keep the compiler's log, the provider says why it is unavailable, and the gated,
 //! quantization and rotary kernels compile to PTX for sm_80 and sm_90 for every dtype with the
-//! properties their numerics need; no GPU needed. Every norm variant is compiled (and assembled) by
+//! properties their numerics need; no GPU needed. Every norm program is compiled (and assembled) by
 //! `tests/ptxas.rs`, which compiles all of this crate's programs once.
 
-use kernels_cuda::{all_variants, compile_ptx, nvrtc_availability};
+use kernels_cuda::{all_programs, compile_ptx, nvrtc_availability};
 
 /// The element dtypes every kernel family is compiled for.
 const DTYPES: [ir_core::DType; 4] =
@@ -15,14 +15,14 @@ fn compile_errors_keep_the_log() {
         ir_core::testing::skip("nvrtc", &reason);
         return;
     }
-    let mut variant = all_variants()[0];
-    variant.threads_per_row = 8;
+    let mut program = all_programs()[0];
+    program.threads_per_row = 8;
     // Compile a broken source through the same error path by asking for an unknown architecture.
-    let err = compile_ptx(&variant, Some("compute_1")).unwrap_err();
+    let err = compile_ptx(&program, Some("compute_1")).unwrap_err();
     let ir_core::KernelError::Compile { kernel, options, log } = &err else {
         panic!("expected a compile error, got {err}")
     };
-    assert!(kernel.starts_with("rms_norm_f32"), "{kernel}");
+    assert!(kernel.starts_with("rms_norm.cu[dtype=f32"), "{kernel}");
     assert!(options.iter().any(|o| o.contains("compute_1")), "{options:?}");
     assert!(!log.is_empty() || err.to_string().contains("compute_1"), "{err}");
 }

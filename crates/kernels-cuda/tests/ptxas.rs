@@ -1,4 +1,4 @@
-//! Every CUDA kernel of this crate (every norm variant, the other op families in every dtype, the
+//! Every CUDA kernel of this crate (both norm kernels of every norm program, the other op families in every dtype, the
 //! strided copy and conversion) compiles to PTX with NVRTC for sm_80 and sm_90 and assembles
 //! to SASS with `ptxas` with no register spill and no stack frame (local memory), and the resource report (registers per
 //! thread, shared memory) of each is printed. No GPU needed: NVRTC makes the PTX and `ptxas` (the
@@ -11,7 +11,7 @@ use std::io::Write as _;
 use std::process::Command;
 
 use ir_core::DType;
-use kernels_cuda::{all_variants, compile_ptx, nvrtc_availability};
+use kernels_cuda::{NormOp, all_programs, compile_ptx, nvrtc_availability};
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
 const ARCHS: [(&str, &str); 2] = [("compute_80", "sm_80"), ("compute_90", "sm_90")];
@@ -73,15 +73,17 @@ type Job = Box<dyn Fn() -> (String, String) + Send + Sync>;
 /// (NVRTC compiles independent programs concurrently).
 fn programs(arch: &'static str) -> Vec<(String, String)> {
     let mut jobs: Vec<Job> = Vec::new();
-    for variant in all_variants() {
+    for program in all_programs() {
         jobs.push(Box::new(move || {
-            let ptx = compile_ptx(&variant, Some(arch)).unwrap_or_else(|e| panic!("{variant} for {arch}: {e}"));
+            let ptx = compile_ptx(&program, Some(arch)).unwrap_or_else(|e| panic!("{program} for {arch}: {e}"));
             let text = ptx.to_src();
-            let entry = format!(".entry {}(", variant.kernel_name());
-            assert!(text.contains(&entry), "{variant}: PTX lacks `{entry}`");
+            for op in [NormOp::RmsNorm, NormOp::FusedAddRmsNorm] {
+                let entry = format!(".entry {}(", program.kernel(op).kernel_name());
+                assert!(text.contains(&entry), "{program}: PTX lacks `{entry}`");
+            }
             let target = format!(".target sm_{}", &arch["compute_".len()..]);
-            assert!(text.contains(&target), "{variant}: PTX lacks `{target}`");
-            (format!("{variant}"), text)
+            assert!(text.contains(&target), "{program}: PTX lacks `{target}`");
+            (format!("{program}"), text)
         }))
     }
     for dtype in DTYPES {
@@ -182,7 +184,16 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
         return;
     }
     // Every program compiles with NVRTC for both architectures, ptxas or not.
+    let start = std::time::Instant::now();
     let compiled = ARCHS.map(|(arch, sm)| (sm, programs(arch)));
+    let programs_per_arch = compiled[0].1.len();
+    // On stderr itself, which libtest does not capture (`eprintln!` it does).
+    let _ = writeln!(
+        std::io::stderr(),
+        "ptxas: NVRTC compiled {programs_per_arch} programs per architecture in {:.0?}",
+        start.elapsed()
+    );
+    let start = std::time::Instant::now();
     let ptxas = match ptxas() {
         Ok(binary) => binary,
         Err(reason) => {
@@ -221,6 +232,7 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = writeln!(std::io::stderr(), "ptxas: assembled them in {:.0?}", start.elapsed());
     // The resource table, on stderr (which libtest does not capture): per architecture and kernel
     // symbol, the registers per thread over its variants and the most shared memory.
     let mut summary: std::collections::BTreeMap<(&str, &str), (u32, u32, u32, usize)> = Default::default();

@@ -1,21 +1,52 @@
 //! Every HIP kernel variant compiles with hipcc for gfx90a; no GPU needed. The two sweeps take
 //! minutes, so `cargo test` lists them as ignored and `cargo xtask ci` runs them (`cargo test --test
-//! hipcc -- --ignored`).
+//! hipcc -- --ignored`). Compiles go through the build script's cache (`hipcc_cache.rs`): the unit
+//! of every source is the very compile a `rocm` build of this checkout embeds, so after one the
+//! sweep reads its report instead of compiling again.
 
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Compiles one kernel source to a gfx90a code object and returns its bytes.
-fn compile(hipcc: &str, dir: &std::path::Path, file: &str) -> Vec<u8> {
-    let output = dir.join(format!("{file}.hsaco"));
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels").join(file);
-    let done = Command::new(hipcc)
-        .args(["--genco", "--offload-arch=gfx90a", "-O3", "-o"])
-        .arg(&output)
-        .arg(&source)
-        .output()
-        .expect("hipcc runs");
-    assert!(done.status.success(), "hipcc failed on {file}:\n{}", String::from_utf8_lossy(&done.stderr));
-    std::fs::read(&output).expect("hipcc wrote the code object")
+#[path = "../hipcc_cache.rs"]
+mod hipcc_cache;
+
+/// The kernel sources.
+fn kernels() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels")
+}
+
+/// The build script's cache: `VLLM_IR_KERNEL_CACHE`, else `kernel-cache` in the target directory.
+fn cache_dir() -> PathBuf {
+    match std::env::var_os("VLLM_IR_KERNEL_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_TARGET_TMPDIR")).parent().expect("the target directory").join("kernel-cache"),
+    }
+}
+
+/// Compiles `sources` as one unit with `flags` into `dir` (or takes the cached compile) and returns
+/// the code object's bytes and hipcc's report.
+fn compile(hipcc: &str, dir: &Path, name: &str, sources: &[PathBuf], flags: &[String]) -> (Vec<u8>, String) {
+    let output = dir.join(format!("{name}.hsaco"));
+    let compile = hipcc_cache::Compile {
+        hipcc,
+        flags,
+        kernels: &kernels(),
+        sources,
+        work_dir: dir,
+        output: &output,
+        cache: &cache_dir(),
+    };
+    let compiled = match compile.run() {
+        Ok(compiled) => compiled,
+        Err(hipcc_cache::CompileFailure::Rejected(log)) => panic!("hipcc failed on {name}:\n{log}"),
+        Err(hipcc_cache::CompileFailure::NotRunnable(error)) => panic!("hipcc does not run: {error}"),
+    };
+    if compiled.cached {
+        // On stderr itself, which libtest does not capture.
+        let _ = writeln!(std::io::stderr(), "hipcc: {name}: the cached compile of these sources and flags");
+    }
+    (std::fs::read(&output).expect("hipcc wrote the code object"), compiled.report)
 }
 
 /// The element dtypes every kernel family is compiled for.
@@ -41,7 +72,9 @@ fn every_gated_source_compiles_on_its_own() {
         for op in &gated {
             let (hipcc, dir) = (&hipcc, &dir);
             scope.spawn(move || {
-                let object = compile(hipcc, dir, &format!("{}.hip", op.def.name));
+                let source = kernels().join(format!("{}.hip", op.def.name));
+                let flags = ["--genco", "--offload-arch=gfx90a", "-O3"].map(str::to_owned);
+                let (object, _) = compile(hipcc, dir, op.def.name, &[source], &flags);
                 let text = String::from_utf8_lossy(&object);
                 for dtype in DTYPES {
                     let symbol = op.kernel_name(dtype);
@@ -67,26 +100,9 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     }
     let dir = std::env::temp_dir().join(format!("kernels-rocm-unit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let kernels = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
-    let mut sources: Vec<_> = std::fs::read_dir(&kernels)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|e| e == "hip"))
-        .collect();
-    sources.sort();
-    let unit = dir.join("all_kernels.hip");
-    let includes: String = sources.iter().map(|path| format!("#include {:?}\n", path.display().to_string())).collect();
-    std::fs::write(&unit, includes).unwrap();
-    let output = dir.join("all.hsaco");
-    let done = Command::new(&hipcc)
-        .args(["--genco", "--offload-arch=gfx90a", "-O3", "-Rpass-analysis=kernel-resource-usage", "-o"])
-        .arg(&output)
-        .arg(&unit)
-        .output()
-        .expect("hipcc runs");
-    let report = String::from_utf8_lossy(&done.stderr).into_owned();
-    assert!(done.status.success(), "hipcc failed on the unit of every source:\n{report}");
-    let text = String::from_utf8_lossy(&std::fs::read(&output).unwrap()).into_owned();
+    let sources = hipcc_cache::all_sources(&kernels());
+    let (object, report) = compile(&hipcc, &dir, "all_kernels", &sources, &hipcc_cache::embed_flags("gfx90a"));
+    let text = String::from_utf8_lossy(&object).into_owned();
     for variant in kernels_rocm::all_variants() {
         assert!(text.contains(&variant.symbol()), "the code object lacks `{}`", variant.symbol());
     }
