@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use ir_core::op::Overload;
 use ir_core::platform::{ConfigSources, UserPriorities};
 use ir_core::{Availability, CallError, DType, Layout, PriorityConfig, Registry, Tensor, allclose, bit_eq};
 use ir_graph::{InterpError, InterpOptions, interpret, parse, verify};
@@ -64,9 +65,9 @@ fn eager_calls_name_the_culprit() {
         let err = rms_norm(&registry, &x, None, eps, None).unwrap_err();
         assert!(matches!(err, CallError::Meta(_)) && err.to_string().contains("epsilon"), "{err}");
     }
-    let err = registry.call("rms_norm", vec![]).unwrap_err();
+    let err = registry.call("rms_norm", Overload::Default, vec![]).unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm`: missing argument for parameter `x`");
-    let err = registry.call("layer_norm", vec![]).unwrap_err();
+    let err = registry.call("layer_norm", Overload::Default, vec![]).unwrap_err();
     let known = registry.ops().join(", ");
     assert!(known.starts_with("rms_norm, fused_add_rms_norm"), "{known}");
     assert_eq!(err.to_string(), format!("unknown op `layer_norm` (known: {known})"));

@@ -1,7 +1,7 @@
 //! The kernel correctness harness: every provider this machine can run, both ops, against native
 //!, plus in-place semantics through dispatch.
 
-use ir_core::op::{ArgMeta, InputSpec, OpDef, Value, tolerance};
+use ir_core::op::{ArgMeta, InputSpec, OpDef, Overload, Value, tolerance};
 use ir_core::{DType, Layout, Support, Tensor, TensorMeta, allclose, bit_eq, shares_storage};
 use ir_ops::fused_add_rms_norm::{self, FUSED_ADD_RMS_NORM, fused_add_rms_norm};
 use ir_ops::rms_norm::{RMS_NORM, rms_norm};
@@ -745,9 +745,13 @@ fn every_op_gives_its_declared_metadata_and_natives_values_on_transposed_activat
                             })
                             .collect()
                     };
-                    let mut runs = vec![("functional", backend.registry.call(op, device_args(&args)))];
+                    let mut runs =
+                        vec![("functional", backend.registry.call(op, Overload::Default, device_args(&args)))];
                     if def.allow_inplace {
-                        runs.push(("maybe_inplace", backend.registry.call_maybe_inplace(op, device_args(&args))));
+                        runs.push((
+                            "maybe_inplace",
+                            backend.registry.call(op, Overload::MaybeInplace, device_args(&args)),
+                        ));
                     }
                     for (how, got) in runs {
                         let got = got.unwrap_or_else(|e| panic!("{label} {how}: {e}"));
@@ -941,7 +945,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
                 let residual_host =
                     if padded { row_padded(&host.residual) } else { host.residual.deep_clone().unwrap() };
                 let kept = up(&residual_host);
-                let functional = backend.registry.call(op, args(kept.clone())).unwrap();
+                let functional = backend.registry.call(op, Overload::Default, args(kept.clone())).unwrap();
                 assert_eq!(functional.len(), def.n_outputs, "{label}");
                 assert!(
                     bit_eq(&kept.to_cpu().unwrap(), &residual_host),
@@ -951,7 +955,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
 
                 let donated = up(&residual_host);
                 let storage = donated.storage_id();
-                let in_place = backend.registry.call_maybe_inplace(op, args(donated)).unwrap();
+                let in_place = backend.registry.call(op, Overload::MaybeInplace, args(donated)).unwrap();
                 assert_eq!(
                     in_place[0].storage_id(),
                     storage,

@@ -203,7 +203,7 @@ impl ExecutionContext for EagerContext<'_> {
         args: Vec<CallArg<Tensor>>,
     ) -> Result<Vec<Tensor>, CallError> {
         let values = args.into_iter().map(|arg| arg.into_value(Value::Tensor)).collect();
-        crate::stream::with_launch_stream(self.stream.as_ref(), || self.registry.call_def(op, overload, values))
+        crate::stream::with_launch_stream(self.stream.as_ref(), || self.registry.call(op, overload, values))
     }
 
     /// Runs the table's computation; `copy_` writes into its first argument, which must be uniquely

@@ -91,7 +91,7 @@ pub use crate::layout::{Layout, LayoutError};
 pub use crate::meta::{MAX_TENSOR_BYTES, TensorMeta};
 pub use crate::platform::{ConfigError, Platform, PriorityConfig};
 pub use crate::registry::{
-    CallError, NATIVE, NameKind, OpRecord, PriorityError, PriorityGuard, ProviderInfo, ProviderRecord,
+    CallError, NATIVE, NameKind, OpRecord, OpRef, PriorityError, PriorityGuard, ProviderInfo, ProviderRecord,
     RESERVED_PROVIDERS, Registry, RegistryError, Rejection, Selected, Selection, SelectionRecord,
 };
 pub use crate::tensor::{AllcloseError, StorageId, Tensor, TensorError, allclose, bit_eq, shares_storage};

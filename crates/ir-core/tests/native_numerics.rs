@@ -4,7 +4,7 @@ mod common;
 
 use common::sample;
 use half::{bf16, f16};
-use ir_core::op::{InputSpec, MetaError, Value, tolerance};
+use ir_core::op::{InputSpec, MetaError, Overload, Value, tolerance};
 use ir_core::{DType, Layout, Tensor, TensorMeta, allclose, bit_eq};
 use ir_ops::fused_add_rms_norm;
 use ir_ops::rms_norm;
@@ -234,6 +234,7 @@ fn dynamic_native_agrees_with_typed_native() {
     let dynamic = registry
         .call(
             "fused_add_rms_norm",
+            Overload::Default,
             vec![Value::Tensor(x.clone()), Value::Tensor(r.clone()), Value::Tensor(w.clone()), Value::F64(1e-5)],
         )
         .unwrap();

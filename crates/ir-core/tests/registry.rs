@@ -5,7 +5,7 @@ mod common;
 use std::borrow::Cow;
 
 use common::{capture, register_inplace, register_scaled_rms_norm, sample};
-use ir_core::op::{Activations, ArgMeta, InputSpec, MetaError, OpDef, ParamDef, ParamKind, Value};
+use ir_core::op::{Activations, ArgMeta, InputSpec, MetaError, OpDef, Overload, ParamDef, ParamKind, Value};
 use ir_core::{
     Availability, CallError, DType, ImplFunc, ImplSpec, KernelError, NameKind, PriorityError, Registry, RegistryError,
     Support, Tensor, TensorError, TensorMeta, bit_eq,
@@ -296,7 +296,10 @@ fn order_decides_through_typed_and_dynamic_entry_points() {
     let native = rms_norm::native(&x, None, 1e-6, None).unwrap();
     let scaled = |f: f64| native.scale(f).unwrap();
     let dynamic = |registry: &Registry| {
-        registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]).unwrap().remove(0)
+        registry
+            .call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)])
+            .unwrap()
+            .remove(0)
     };
 
     let _outer = registry.override_priority("rms_norm", &["b", "a"]).unwrap();
@@ -615,20 +618,28 @@ fn selection_on_metadata_follows_the_same_rules() {
 fn bind_fills_defaults_and_checks_kinds() {
     let registry = ir_ops::registry();
     let x = sample(DType::F32, 2, 4, 0);
-    let ok = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]);
+    let ok =
+        registry.call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]);
     assert!(ok.is_ok());
-    let err = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None]).unwrap_err();
+    let err = registry.call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None]).unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm`: missing argument for parameter `epsilon`");
-    let err = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::I64(1)]).unwrap_err();
+    let err = registry
+        .call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::I64(1)])
+        .unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm`: parameter `epsilon` expects float, found an integer");
     let err = registry
-        .call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6), Value::None, Value::None])
+        .call(
+            "rms_norm",
+            Overload::Default,
+            vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6), Value::None, Value::None],
+        )
         .unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm` takes 4 arguments but 5 were given");
-    let err = registry.call("layer_norm", vec![]).unwrap_err();
+    let err = registry.call("layer_norm", Overload::Default, vec![]).unwrap_err();
     assert!(matches!(err, CallError::UnknownOp { .. }));
-    let err =
-        registry.call_maybe_inplace("rms_norm", vec![Value::Tensor(x), Value::None, Value::F64(1e-6)]).unwrap_err();
+    let err = registry
+        .call("rms_norm", Overload::MaybeInplace, vec![Value::Tensor(x), Value::None, Value::F64(1e-6)])
+        .unwrap_err();
     assert_eq!(err, CallError::NotInplaceOp { op: "rms_norm" });
 }
 
@@ -929,7 +940,9 @@ fn typed_and_dynamically_registered_functions_give_one_result_and_one_record() {
             assert!(bit_eq(&out, &scaled(&x, 2.0)), "{provider}");
         }
         // The dynamic form of the same call selects the same provider.
-        let out = registry.call("rms_norm", vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]).unwrap();
+        let out = registry
+            .call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)])
+            .unwrap();
         assert!(bit_eq(&out[0], &scaled(&x, 2.0)), "{provider}, dynamic call");
         assert_eq!(registry.selection_record().selections("rms_norm", provider), 3, "{provider}");
     }

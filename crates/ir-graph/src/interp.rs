@@ -428,8 +428,7 @@ impl<'g> Run<'g> {
             }
         }
         let values = std::mem::take(&mut values);
-        let result =
-            if in_place { self.registry.call_maybe_inplace(op, values) } else { self.registry.call(op, values) };
+        let result = self.registry.call(op, if in_place { Overload::MaybeInplace } else { Overload::Default }, values);
         result.map_err(|e| self.call_error(node, e))
     }
 

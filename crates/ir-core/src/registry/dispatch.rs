@@ -193,19 +193,45 @@ pub struct Selection {
     pub compacted: Vec<usize>,
 }
 
-impl Registry {
-    /// The functional call, dynamic form: binds `args` (filling defaults), validates, dispatches.
-    pub fn call(&self, op: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
-        let entry = self.call_entry(op)?;
-        let mut args = bind(entry.def, args)?;
-        Ok(self.run(&entry, &mut args, Overload::Default)?.into_vec())
-    }
+/// Names the op of a dynamic [`Registry::call`]: its definition (what code holds), or its name
+/// (what a graph's text or a configuration holds).
+#[derive(Clone, Copy, Debug)]
+pub enum OpRef<'a> {
+    /// The definition; it must be the one registered under its name.
+    Def(&'static OpDef),
+    /// The name the op is registered under.
+    Name(&'a str),
+}
 
-    /// The `maybe_inplace` call, dynamic form: the activations in `args` are donated.
-    pub fn call_maybe_inplace(&self, op: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
-        let entry = self.call_entry(op)?;
-        let mut args = bind(entry.def, args)?;
-        Ok(self.run(&entry, &mut args, Overload::MaybeInplace)?.into_vec())
+impl From<&'static OpDef> for OpRef<'_> {
+    fn from(def: &'static OpDef) -> Self {
+        OpRef::Def(def)
+    }
+}
+
+impl<'a> From<&'a str> for OpRef<'a> {
+    fn from(name: &'a str) -> Self {
+        OpRef::Name(name)
+    }
+}
+
+impl Registry {
+    /// The dynamic call: binds the positional `args` (filling trailing defaults), validates them,
+    /// selects a provider and runs it; with [`Overload::MaybeInplace`] the activations in `args` are
+    /// donated. The functions [`define_op!`](crate::define_op) generates are the typed form of this
+    /// call: the same rules, selection cache and records.
+    pub fn call<'a>(
+        &self,
+        op: impl Into<OpRef<'a>>,
+        overload: Overload,
+        args: Vec<Value>,
+    ) -> Result<Vec<Tensor>, CallError> {
+        let def = match op.into() {
+            OpRef::Def(def) => def,
+            OpRef::Name(name) => self.call_entry(name)?.def,
+        };
+        let mut args = bind(def, args)?;
+        Ok(self.call_op(def, &mut args, overload)?.into_vec())
     }
 
     /// Validates argument metadata and selects a provider with the installed priorities, without
@@ -418,34 +444,8 @@ impl Registry {
         Ok(memo::Held::made(made, installed))
     }
 
-    /// Calls the op `def` (the definition registered under its name) with positional arguments,
-    /// filling trailing defaults: the path execution contexts and out-of-tree ops use. With
-    /// `MaybeInplace`, the activations in `args` are donated.
-    pub fn call_def(
-        &self,
-        def: &'static OpDef,
-        overload: Overload,
-        args: Vec<Value>,
-    ) -> Result<Vec<Tensor>, CallError> {
-        let mut args = bind(def, args)?;
-        Ok(self.call_op(def, &mut args, overload)?.into_vec())
-    }
-
     fn call_entry(&self, op: &str) -> Result<Arc<OpEntry>, CallError> {
         self.entry(op).map_err(|known| CallError::UnknownOp { op: op.to_owned(), known })
-    }
-
-    /// Selects, prepares the activations and runs the kernel. `args` is bound; the in-place
-    /// activations are taken out of it by the kernel.
-    fn run(&self, entry: &OpEntry, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
-        if overload == Overload::MaybeInplace && !entry.def.allow_inplace {
-            return Err(CallError::NotInplaceOp { op: entry.def.name });
-        }
-        let (choice, on_device) = {
-            let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
-            (choose(entry, &metas)?, on_device(&metas))
-        };
-        run_chosen(entry, &choice, args, overload, on_device)
     }
 }
 

@@ -65,6 +65,30 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Calling an op
+//!
+//! Code calls an op through the typed functions its [`define_op!`](crate::define_op) declaration
+//! generates (`rms_norm::rms_norm(&registry, …)`, `rms_norm::call(ctx, …)`). Code that holds an op
+//! only as data (a graph's node, a configuration) uses the one dynamic call, [`Registry::call`]: the
+//! op by definition or by name ([`OpRef`]), the [`Overload`](crate::op::Overload) (functional, or
+//! `maybe_inplace`, which donates the activations) and the positional arguments. Both take the same
+//! path: the same validation, selection cache and records. [`Registry::call_implementation`] runs
+//! one named provider instead of selecting one (a lowered graph's `impl` node, the kernel harness).
+//!
+//! ```
+//! use ir_core::op::{Overload, Value};
+//! use ir_core::{DType, Tensor};
+//!
+//! let registry = ir_ops::registry();
+//! let x = Tensor::ones(DType::F32, &[2, 8])?;
+//! let by_name = registry.call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)])?;
+//! let def = &ir_ops::rms_norm::RMS_NORM;
+//! // `variance_size`, a trailing parameter with a default, may be left out.
+//! let by_def = registry.call(def, Overload::Default, vec![Value::Tensor(x), Value::None, Value::F64(1e-6)])?;
+//! assert!(ir_core::bit_eq(&by_name[0], &by_def[0]));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Native fallbacks
 //!
 //! A call whose arguments every provider listed before `native` rejects runs `native`: correct, and
@@ -137,7 +161,7 @@ use indexmap::IndexMap;
 
 use crate::implementation::{ErasedImpl, ImplFunc};
 use crate::op::{OpDef, ParamKind, is_reserved, is_valid_name};
-pub use crate::registry::dispatch::{CallError, Rejection, Selected, Selection};
+pub use crate::registry::dispatch::{CallError, OpRef, Rejection, Selected, Selection};
 pub use crate::registry::priority::{PriorityError, PriorityGuard, merge};
 pub use crate::registry::record::{OpRecord, ProviderRecord, SelectionRecord};
 use crate::{Availability, ImplSpec, SupportsFn};
