@@ -84,15 +84,70 @@ fn ci() -> anyhow::Result<()> {
         Ok(())
     })?;
     steps.run("check-features", check_features)?;
+    // Two pairs of steps run side by side, each filling the cores the other leaves idle (the package
+    // verification builds crate after crate, Miri's tests run on one core, a fuzz target runs on
+    // one core); neither of a pair shares a target directory with the other.
+    let candle = Background::spawn("candle-cuda", &["candle-cuda"])?;
     steps.run("package", package_lists)?;
-    steps.run("candle-cuda", candle_cuda)?;
+    steps.run("candle-cuda", || candle.finish())?;
     steps.run("test", test)?;
     steps.run("examples", examples)?;
-    steps.run("fuzz", || fuzz(&["--seconds".to_owned(), "20".to_owned()]))?;
+    let fuzz = Background::spawn("fuzz", &["fuzz", "--seconds", "20"])?;
     steps.run("miri", miri)?;
+    steps.run("fuzz", || fuzz.finish())?;
     println!("xtask ci: all steps passed");
     steps.print();
     Ok(())
+}
+
+/// A step of `cargo xtask ci` run as its own `cargo xtask` process beside the steps that follow,
+/// its output in `target/xtask-<step>.log`, printed when it is waited for.
+struct Background {
+    step: &'static str,
+    log: PathBuf,
+    /// Taken by [`Background::finish`]; a step never waited for (an earlier one failed) is killed.
+    child: Option<std::process::Child>,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Background {
+    fn spawn(step: &'static str, args: &[&str]) -> anyhow::Result<Self> {
+        let dir = project_root().join("target");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let log = dir.join(format!("xtask-{step}.log"));
+        let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let xtask = env::current_exe().context("finding the xtask binary")?;
+        println!("$ cargo xtask {} (beside the next steps; output: {})", args.join(" "), log.display());
+        let child = Command::new(xtask)
+            .args(args)
+            .current_dir(project_root())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting `cargo xtask {}`", args.join(" ")))?;
+        Ok(Background { step, log, child: Some(child) })
+    }
+
+    /// Waits for the step, prints its output and fails when it failed.
+    fn finish(mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else { bail!("step `{}` was already waited for", self.step) };
+        let status = child.wait().with_context(|| format!("waiting for {}", self.step))?;
+        println!("--- output of `{}`, run beside the steps above ({status}):", self.step);
+        print!("{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        println!("--- end of `{}`", self.step);
+        if !status.success() {
+            bail!("step `{}` failed ({status})", self.step);
+        }
+        Ok(())
+    }
 }
 
 /// How long each step of `cargo xtask ci` took, printed at the end so a slow step shows.
@@ -112,7 +167,11 @@ impl StepTimes {
 
     fn print(&self) {
         let total: std::time::Duration = self.0.iter().map(|(_, d)| *d).sum();
-        println!("xtask ci: step times (total {:.0} s)", total.as_secs_f64());
+        println!(
+            "xtask ci: step times (total {:.0} s; candle-cuda and fuzz run beside package and miri: their time is \
+             what was left to wait for)",
+            total.as_secs_f64()
+        );
         for (step, duration) in &self.0 {
             println!("  {step:<16} {:>6.0} s", duration.as_secs_f64());
         }
