@@ -99,6 +99,37 @@ pub enum KernelError {
         /// Why.
         reason: String,
     },
+    /// An integer argument (a size, stride, offset or count) outside what the kernel takes.
+    #[error("invalid arguments: {what} {value} is outside {min}..={max}")]
+    OutOfRange {
+        /// What the integer is (`row stride`, `variance_size`, ...).
+        what: &'static str,
+        /// Its value (saturated to the `i64` range).
+        value: i64,
+        /// The least the kernel takes.
+        min: i64,
+        /// The most the kernel takes (saturated to `i64::MAX`).
+        max: i64,
+    },
+    /// An operand whose shape or dtype differs from the tensor it must match (an output buffer, an
+    /// in-place operand).
+    #[error("invalid arguments: {0}")]
+    OperandMismatch(Box<OperandMismatch>),
+    /// A parameter only the op's native reference implements (a defensive check behind the
+    /// provider's predicate).
+    #[error("invalid arguments: `{param}` is only supported by native")]
+    NativeOnly {
+        /// The parameter (`variance_size`).
+        param: &'static str,
+    },
+    /// An element size the backend's copy kernels do not move.
+    #[error("invalid arguments: the {backend} copy kernels move no {bytes}-byte elements")]
+    ElementSize {
+        /// The provider (`cuda`, `xpu`, ...).
+        backend: &'static str,
+        /// The element size in bytes.
+        bytes: usize,
+    },
     /// More rows, tokens or elements than one launch's grid holds.
     #[error("invalid arguments: {count} {what} exceed the grid limit")]
     GridLimit {
@@ -159,6 +190,37 @@ pub enum KernelError {
         /// Its message.
         message: String,
     },
+}
+
+/// An operand of a kernel that does not match the tensor it must ([`KernelError::OperandMismatch`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{operand}` is {got}, but `{reference}` is {expected}")]
+pub struct OperandMismatch {
+    /// The operand (`out`, `x_residual`, `destination`).
+    pub operand: &'static str,
+    /// Its metadata (or layout), printed.
+    pub got: String,
+    /// The tensor it must match (`x`, `source`).
+    pub reference: &'static str,
+    /// That tensor's metadata, printed.
+    pub expected: String,
+}
+
+impl OperandMismatch {
+    /// The error for `operand` (printed as `got`) not matching `reference` (printed as `expected`).
+    pub fn error(
+        operand: &'static str,
+        got: impl fmt::Display,
+        reference: &'static str,
+        expected: impl fmt::Display,
+    ) -> KernelError {
+        KernelError::OperandMismatch(Box::new(OperandMismatch {
+            operand,
+            got: got.to_string(),
+            reference,
+            expected: expected.to_string(),
+        }))
+    }
 }
 
 impl From<crate::op::MetaError> for KernelError {

@@ -84,7 +84,7 @@ pub use crate::context::{CallArg, EagerContext, ExecutionContext};
 pub use crate::device::{Device, DeviceKind, UnknownDevice};
 pub use crate::dtype::{DType, Element, F8E4M3, F8E5M2, FP8_NAN, UnknownDType};
 pub use crate::implementation::{
-    Availability, ImplFunc, ImplSpec, KernelError, Probe, Support, SupportsFn, UniqueTensor,
+    Availability, ImplFunc, ImplSpec, KernelError, OperandMismatch, Probe, Support, SupportsFn, UniqueTensor,
 };
 pub use crate::interop::InteropError;
 pub use crate::layout::{Layout, LayoutError};

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 
 use ir_core::op::ArgMeta;
 use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, KernelError, Support, Tensor, TensorMeta, UniqueTensor};
+use ir_core::{DType, DeviceKind, KernelError, OperandMismatch, Support, Tensor, TensorMeta, UniqueTensor};
 use ir_ops::fused_add_rms_norm::FusedAddRmsNormArgs;
 use ir_ops::rms_norm::RmsNormArgs;
 
@@ -119,10 +119,8 @@ impl RowArgs {
     /// The rows these parameters were made from ([`Rows::kernel_args`]), for a host kernel handed a
     /// launch, so it need not derive them from the layout again; an error names a negative field.
     pub fn rows(&self) -> Result<Rows, KernelError> {
-        let back = |value: i64, what: &str| {
-            usize::try_from(value)
-                .map_err(|_| KernelError::InvalidArguments { reason: format!("negative {what} {value}") })
-        };
+        let back =
+            |value: i64, what: &'static str| usize::try_from(value).map_err(|_| out_of_range(what, value, 0, i64::MAX));
         Ok(Rows {
             n_rows: back(self.n_rows, "rows")?,
             hidden: back(self.hidden.into(), "hidden size")?,
@@ -136,9 +134,7 @@ impl RowArgs {
 pub fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelError> {
     match variance_size {
         None => Ok(()),
-        Some(_) => {
-            Err(KernelError::InvalidArguments { reason: "variance_size is only supported by native".to_owned() })
-        }
+        Some(_) => Err(KernelError::NativeOnly { param: "variance_size" }),
     }
 }
 
@@ -147,9 +143,10 @@ pub fn reject_variance_size(variance_size: Option<i64>) -> Result<(), KernelErro
 pub fn norm_variance(variance_size: Option<i64>, hidden: usize) -> Result<usize, KernelError> {
     match variance_size {
         None => Ok(hidden),
-        Some(v) => usize::try_from(v).ok().filter(|&v| (1..=hidden).contains(&v)).ok_or_else(|| {
-            KernelError::InvalidArguments { reason: format!("variance_size {v} is outside 1..={hidden}") }
-        }),
+        Some(v) => usize::try_from(v)
+            .ok()
+            .filter(|&v| (1..=hidden).contains(&v))
+            .ok_or_else(|| out_of_range("variance_size", v, 1, hidden)),
     }
 }
 
@@ -790,9 +787,7 @@ impl CopyDims {
     /// what does not fit: different shapes, a value past a kernel integer.
     pub fn pieces(src: &TensorMeta, dst_layout: &ir_core::Layout) -> Result<CopyPieces, KernelError> {
         if dst_layout.shape() != src.shape() {
-            return Err(KernelError::InvalidArguments {
-                reason: format!("no device-side copy of {src} into {dst_layout}"),
-            });
+            return Err(OperandMismatch::error("destination", dst_layout, "source", src));
         }
         if src.numel() == 0 {
             return Ok(CopyPieces::new());
@@ -836,10 +831,7 @@ impl CopyDims {
     /// backends that offset pointers rather than pass the offsets. Errors name a negative one (the
     /// fields are public; [`CopyDims::pieces`] never makes one).
     pub fn element_offsets(&self) -> Result<[usize; 3], KernelError> {
-        let offset = |value: i64| {
-            usize::try_from(value)
-                .map_err(|_| KernelError::InvalidArguments { reason: format!("offset {value} is negative") })
-        };
+        let offset = |value: i64| usize::try_from(value).map_err(|_| out_of_range("copy offset", value, 0, i64::MAX));
         Ok([offset(self.src_offset)?, offset(self.dst_offset)?, offset(self.first)?])
     }
 }
@@ -1188,10 +1180,43 @@ impl GatedScalars {
 /// rows, strides and offsets are 64-bit), or names the one that does not fit. GPU predicates reject
 /// a hidden size past `i32::MAX`; every element index fits `i64` because no tensor exceeds
 /// `isize::MAX` bytes. This check keeps a launch from truncating either silently.
-pub fn kernel_int<T: TryFrom<usize>>(value: usize, what: &'static str) -> Result<T, KernelError> {
-    T::try_from(value).map_err(|_| KernelError::InvalidArguments {
-        reason: format!("{what} {value} does not fit the kernel's {}-bit parameter", size_of::<T>() * 8),
-    })
+pub fn kernel_int<T: TryFrom<usize> + Bounded>(value: usize, what: &'static str) -> Result<T, KernelError> {
+    T::try_from(value).map_err(|_| out_of_range(what, value, T::MIN_I128, T::MAX_I128))
+}
+
+/// The bounds of a kernel's integer parameter type, for [`kernel_int`]'s error.
+pub trait Bounded {
+    /// The least value.
+    const MIN_I128: i128;
+    /// The greatest value.
+    const MAX_I128: i128;
+}
+
+macro_rules! bounded {
+    ($($t:ty),+) => {$(
+        impl Bounded for $t {
+            const MIN_I128: i128 = <$t>::MIN as i128;
+            const MAX_I128: i128 = <$t>::MAX as i128;
+        }
+    )+};
+}
+bounded!(i32, u32, i64, u64, usize);
+
+/// [`KernelError::OutOfRange`] for `value` of `what` outside `min..=max` (each saturated to the
+/// `i64` range).
+pub fn out_of_range(
+    what: &'static str,
+    value: impl TryInto<i128>,
+    min: impl TryInto<i128>,
+    max: impl TryInto<i128>,
+) -> KernelError {
+    let saturate = |v: Option<i128>, missing: i128| v.unwrap_or(missing).clamp(i64::MIN.into(), i64::MAX.into()) as i64;
+    KernelError::OutOfRange {
+        what,
+        value: saturate(value.try_into().ok(), i128::MAX),
+        min: saturate(min.try_into().ok(), i128::MIN),
+        max: saturate(max.try_into().ok(), i128::MAX),
+    }
 }
 
 fn no(reason: &'static str) -> Support {
@@ -1247,7 +1272,21 @@ mod tests {
         }
         let negative = RowArgs { n_rows: 2, hidden: 8, row_stride: -8, offset: 0 };
         let err = negative.rows().unwrap_err();
-        assert!(err.to_string().contains("negative row stride -8"), "{err}");
+        assert_eq!(err, KernelError::OutOfRange { what: "row stride", value: -8, min: 0, max: i64::MAX });
+        assert!(err.to_string().contains("row stride -8 is outside 0..="), "{err}");
+    }
+
+    #[test]
+    fn integers_past_a_kernel_parameter_and_native_only_parameters_are_typed_errors() {
+        let err = kernel_int::<i32>(1 << 31, "hidden size").unwrap_err();
+        let expected =
+            KernelError::OutOfRange { what: "hidden size", value: 1 << 31, min: i32::MIN.into(), max: i32::MAX.into() };
+        assert_eq!(err, expected);
+        assert_eq!(kernel_int::<i32>(7, "hidden size"), Ok(7));
+        let err = norm_variance(Some(9), 8).unwrap_err();
+        assert_eq!(err, KernelError::OutOfRange { what: "variance_size", value: 9, min: 1, max: 8 });
+        assert_eq!(norm_variance(Some(8), 8), Ok(8));
+        assert_eq!(reject_variance_size(Some(4)), Err(KernelError::NativeOnly { param: "variance_size" }));
     }
 
     #[test]
@@ -1408,7 +1447,7 @@ mod tests {
         );
         // Different shapes are refused.
         let err = CopyDims::pieces(&rows, &Layout::compact(&[3, 4])).unwrap_err();
-        assert!(err.to_string().contains("no device-side copy"), "{err}");
+        assert!(matches!(&err, KernelError::OperandMismatch(m) if m.operand == "destination"), "{err}");
     }
 
     #[test]

@@ -44,7 +44,9 @@ mod rows;
 pub use crate::rows::BYTES_PER_TASK;
 
 use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
+use ir_core::{
+    DType, DeviceKind, ImplSpec, KernelError, OperandMismatch, Registry, RegistryError, Tensor, UniqueTensor,
+};
 use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_ops::rms_norm;
 use ir_ops::{gelu_and_mul, silu_and_mul};
@@ -190,9 +192,7 @@ pub fn rms_norm_cpu_into(
 ) -> Result<(), KernelError> {
     reject_variance_size(variance_size)?;
     if out.dtype() != x.dtype() || out.shape() != x.shape() {
-        return Err(KernelError::InvalidArguments {
-            reason: format!("`out` is {}, but x is {}", out.meta(), x.meta()),
-        });
+        return Err(OperandMismatch::error("out", out.meta(), "x", x.meta()));
     }
     let x_rows = Rows::for_kernel(x.meta())?;
     let out_rows = Rows::for_kernel(out.meta())?;
@@ -264,9 +264,7 @@ pub fn fused_add_rms_norm_cpu(
     let dtype = x.tensor().dtype();
     let round_sum = rounding.rounds_intermediates(dtype);
     if residual.tensor().dtype() != dtype || residual.tensor().shape() != x.tensor().shape() {
-        return Err(KernelError::InvalidArguments {
-            reason: "x_residual must have x's shape and dtype for the in-place cpu kernel".to_owned(),
-        });
+        return Err(OperandMismatch::error("x_residual", residual.tensor().meta(), "x", x.tensor().meta()));
     }
     let x_rows = Rows::for_kernel(x.tensor().meta())?;
     let residual_rows = Rows::for_kernel(residual.tensor().meta())?;

@@ -10,7 +10,7 @@
 
 use ir_core::storage::CpuBuffer;
 use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, FP8_NAN, ImplSpec, KernelError, Tensor, UniqueTensor};
+use ir_core::{DType, DeviceKind, FP8_NAN, ImplSpec, KernelError, OperandMismatch, Tensor, UniqueTensor};
 use ir_ops::quant::min_scale;
 use kernel_support::{Rows, host_scale, per_token_scales_shape, quant_support};
 use rayon::prelude::*;
@@ -118,9 +118,7 @@ pub fn fused_add_rms_norm_dynamic_per_token_quant_cpu(
 fn residual_rows(x: &Tensor, x_residual: &UniqueTensor) -> Result<Rows, KernelError> {
     let r_meta = x_residual.tensor().meta();
     if r_meta.dtype != x.dtype() || r_meta.shape() != x.shape() {
-        return Err(KernelError::InvalidArguments {
-            reason: "x_residual must have x's shape and dtype for the in-place cpu kernel".to_owned(),
-        });
+        return Err(OperandMismatch::error("x_residual", r_meta, "x", x.meta()));
     }
     Rows::for_kernel(r_meta)
 }

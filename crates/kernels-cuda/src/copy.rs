@@ -62,7 +62,7 @@ pub(crate) fn copy_on_device(
     }
     let size = src.dtype.size_in_bytes();
     if !ELEMENT_SIZES.contains(&size) {
-        return Err(KernelError::InvalidArguments { reason: format!("no device-side copy of {size}-byte elements") });
+        return Err(KernelError::ElementSize { backend: "cuda", bytes: size });
     }
     let pieces = CopyDims::pieces(src, to_layout)?;
     let device = std::sync::Arc::clone(&from.device);

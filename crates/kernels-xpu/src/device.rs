@@ -217,11 +217,7 @@ impl XpuDevice {
             2 => "ushort",
             4 => "uint",
             8 => "ulong",
-            other => {
-                return Err(KernelError::InvalidArguments {
-                    reason: format!("no strided copy of {other}-byte elements"),
-                });
-            }
+            other => return Err(KernelError::ElementSize { backend: "xpu", bytes: other }),
         };
         let mut kernels = self.copy_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(kernel) = kernels.get(&element_size) {

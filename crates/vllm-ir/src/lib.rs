@@ -35,6 +35,11 @@ pub use ir_core::*;
 /// argument values) and the built-in ops themselves (`ir-ops`: one module per op, with its typed
 /// calls, its semantics and [`Rounding`](ir_ops::Rounding)), in one place.
 pub mod op {
+    /// `ir_ops::registry()` (the ops with `native` only) would otherwise be reachable here as
+    /// `op::registry`, a name an engine would read as the facade's [`registry()`](crate::registry);
+    /// the name means the facade's function here too.
+    #[doc(hidden)]
+    pub use crate::registry;
     pub use ir_core::op::*;
     pub use ir_ops::*;
 }
@@ -125,6 +130,14 @@ pub fn register_providers(registry: &Registry) -> Result<(), RegistryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn op_registry_is_the_facade_registry() {
+        // `ir_ops::registry()` has native only; through the facade the name gives the providers.
+        let via_op: fn() -> Result<Registry, SetupError> = op::registry;
+        let registry = via_op().unwrap();
+        assert!(registry.providers("rms_norm").iter().any(|p| p.name == "cpu"), "the cpu provider is registered");
+    }
 
     #[test]
     fn one_call_installs_the_fast_provider_first() {

@@ -741,32 +741,23 @@ impl DType {
     /// (counted in elements, unaligned allowed), widened to `f64`. Reference ops read mixed dtypes
     /// through it without a generic parameter per dtype.
     pub fn element_reader(self) -> fn(&[u8], usize) -> f64 {
-        element_reader(self)
+        fn read<T: Element>(bytes: &[u8], index: usize) -> f64 {
+            let size = size_of::<T>();
+            bytemuck::pod_read_unaligned::<T>(&bytes[index * size..(index + 1) * size]).to_f64()
+        }
+        with_element_type!(self, T => read::<T>)
     }
 
     /// A writer of this dtype's elements in host bytes: `write(bytes, index, value)` rounds `value`
     /// to this dtype and stores it as element `index`.
     pub fn element_writer(self) -> fn(&mut [u8], usize, f64) {
-        element_writer(self)
+        fn write<T: Element>(bytes: &mut [u8], index: usize, value: f64) {
+            let size = size_of::<T>();
+            let value = <T as Element>::from_f64(value);
+            bytes[index * size..(index + 1) * size].copy_from_slice(bytemuck::bytes_of(&value));
+        }
+        with_element_type!(self, T => write::<T>)
     }
-}
-
-/// Reads element `index` (in elements) of a host buffer holding `dtype`, widened to `f64`.
-fn element_reader(dtype: DType) -> fn(&[u8], usize) -> f64 {
-    fn read<T: Element>(bytes: &[u8], index: usize) -> f64 {
-        let size = size_of::<T>();
-        bytemuck::pod_read_unaligned::<T>(&bytes[index * size..(index + 1) * size]).to_f64()
-    }
-    with_element_type!(dtype, T => read::<T>)
-}
-
-/// Rounds a value to `dtype` and writes it at element `index` of a host buffer.
-fn element_writer(dtype: DType) -> fn(&mut [u8], usize, f64) {
-    fn write<T: Element>(bytes: &mut [u8], index: usize, value: f64) {
-        let size = size_of::<T>();
-        bytes[index * size..(index + 1) * size].copy_from_slice(bytemuck::bytes_of(&<T as Element>::from_f64(value)));
-    }
-    with_element_type!(dtype, T => write::<T>)
 }
 
 /// The bytes `meta` reaches, or `TooLarge` past `isize::MAX`.
