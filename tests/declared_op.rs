@@ -159,6 +159,8 @@ fn the_declaration_gives_the_definition_and_typed_calls() {
         r#"soft_cap(x: Tensor, cap: float, mode: Literal["tanh", "clamp"], bias: Optional[Tensor]) -> 1 output"#
     );
     assert_eq!(SOFT_CAP.activation_indices().unwrap(), [0]);
+    // Each parameter's position, by name.
+    assert_eq!([SoftCapArgs::x, SoftCapArgs::cap, SoftCapArgs::mode, SoftCapArgs::bias], [0, 1, 2, 3]);
     assert!(SOFT_CAP.allow_inplace);
     assert_eq!(CapMode::ALLOWED, ["tanh", "clamp"]);
 

@@ -81,8 +81,19 @@ use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_core::op::Overload;
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
-use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
-use ir_ops::rms_norm::RMS_NORM;
+use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
+use ir_ops::rms_norm::{RMS_NORM, RmsNormArgs};
+
+// The fused call's arguments are the sum's two operands, then the norm's arguments after `x`, in
+// the norm's order.
+const _: () = assert!(
+    RmsNormArgs::x == 0
+        && FusedAddRmsNormArgs::x == 0
+        && FusedAddRmsNormArgs::x_residual == 1
+        && FusedAddRmsNormArgs::weight == RmsNormArgs::weight + 1
+        && FusedAddRmsNormArgs::epsilon == RmsNormArgs::epsilon + 1
+        && FusedAddRmsNormArgs::variance_size == RmsNormArgs::variance_size + 1
+);
 
 use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};
@@ -162,7 +173,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
         let read_before_norm = uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at);
         let anchor = if !read_before_norm {
             norm
-        } else if args[1..].iter().all(|arg| match arg {
+        } else if args[RmsNormArgs::weight..].iter().all(|arg| match arg {
             Arg::Value(v) => (positions[graph.value(*v).def] as usize) < add_at,
             _ => true,
         }) {
@@ -176,7 +187,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
             continue;
         }
         let mut fused_args = vec![Arg::Value(x), Arg::Value(r)];
-        fused_args.extend(args[1..].iter().cloned());
+        fused_args.extend(args[RmsNormArgs::weight..].iter().cloned());
         let output = graph.node(norm).results[0];
         let expected = [graph.meta(output), graph.meta(*sum)];
         if let Err(why) = same_metadata(graph, fused_def, &fused_args, expected) {

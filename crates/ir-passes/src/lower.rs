@@ -46,7 +46,7 @@ use indexmap::IndexMap;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{Rejection, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef, OpTable};
-use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
+use ir_ops::rotary_embedding::{ROTARY_EMBEDDING, RotaryEmbeddingArgs};
 
 use crate::analysis::StorageRoots;
 use crate::{PassContext, PassError};
@@ -234,7 +234,8 @@ fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
         if graph.op_name(*op) != rotary {
             continue;
         }
-        let (Some(Arg::Value(query)), Some(Arg::Value(key))) = (args.get(1), args.get(2)) else { continue };
+        let (query, key) = (RotaryEmbeddingArgs::query, RotaryEmbeddingArgs::key);
+        let (Some(Arg::Value(query)), Some(Arg::Value(key))) = (args.get(query), args.get(key)) else { continue };
         let (q, k) = (&graph.meta(*query).layout, &graph.meta(*key).layout);
         if roots.root(*query) != roots.root(*key) || !q.disjoint_from(k) {
             continue;
@@ -258,9 +259,10 @@ fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
             unreachable!("split nodes are rotary calls")
         };
         let op = *op;
-        let key = std::mem::replace(&mut args[2], Arg::None);
+        // The query's call keeps no key; the key's call rotates the key as its query.
+        let key = std::mem::replace(&mut args[RotaryEmbeddingArgs::key], Arg::None);
         let mut key_args = args.clone();
-        key_args[1] = key;
+        key_args[RotaryEmbeddingArgs::query] = key;
         let key_result = graph.node(node).results[1];
         let key_meta = graph.meta(key_result).clone();
         let kind = NodeKind::IrCall { op, overload: Overload::Default, args: key_args };

@@ -70,8 +70,14 @@ ir_core::define_op! {
     }
 }
 
-const PARAMS: NormParams =
-    NormParams { op: "fused_add_rms_norm", x: 0, residual: Some(1), weight: 2, epsilon: 3, variance_size: Some(4) };
+const PARAMS: NormParams = NormParams {
+    op: "fused_add_rms_norm",
+    x: FusedAddRmsNormArgs::x,
+    residual: Some(FusedAddRmsNormArgs::x_residual),
+    weight: FusedAddRmsNormArgs::weight,
+    epsilon: FusedAddRmsNormArgs::epsilon,
+    variance_size: Some(FusedAddRmsNormArgs::variance_size),
+};
 
 /// The typed implementation of either kind (the declaration's [`Impl`]).
 pub type FusedAddRmsNormImpl = Impl;

@@ -31,8 +31,14 @@ ir_core::define_op! {
     }
 }
 
-const PARAMS: NormParams =
-    NormParams { op: "rms_norm", x: 0, residual: None, weight: 1, epsilon: 2, variance_size: Some(3) };
+const PARAMS: NormParams = NormParams {
+    op: "rms_norm",
+    x: RmsNormArgs::x,
+    residual: None,
+    weight: RmsNormArgs::weight,
+    epsilon: RmsNormArgs::epsilon,
+    variance_size: Some(RmsNormArgs::variance_size),
+};
 
 /// The typed implementation signature as a function pointer: `(x, weight, epsilon, variance_size) ->
 /// out` (never in place). [`register`] takes any closure of this shape.

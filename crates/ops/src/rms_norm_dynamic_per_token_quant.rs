@@ -47,10 +47,10 @@ ir_core::define_op! {
 
 const NORM: NormParams = NormParams {
     op: "rms_norm_dynamic_per_token_quant",
-    x: 0,
+    x: RmsNormDynamicPerTokenQuantArgs::x,
     residual: None,
-    weight: 1,
-    epsilon: 2,
+    weight: RmsNormDynamicPerTokenQuantArgs::weight,
+    epsilon: RmsNormDynamicPerTokenQuantArgs::epsilon,
     variance_size: None,
 };
 const QUANT: QuantParams = QuantParams { scale: 3, dynamic: true, out_dtype: 4 };

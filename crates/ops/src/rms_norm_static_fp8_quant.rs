@@ -40,8 +40,14 @@ ir_core::define_op! {
     }
 }
 
-const NORM: NormParams =
-    NormParams { op: "rms_norm_static_fp8_quant", x: 0, residual: None, weight: 1, epsilon: 2, variance_size: None };
+const NORM: NormParams = NormParams {
+    op: "rms_norm_static_fp8_quant",
+    x: RmsNormStaticFp8QuantArgs::x,
+    residual: None,
+    weight: RmsNormStaticFp8QuantArgs::weight,
+    epsilon: RmsNormStaticFp8QuantArgs::epsilon,
+    variance_size: None,
+};
 const QUANT: QuantParams = QuantParams { scale: 3, dynamic: false, out_dtype: 4 };
 
 /// The reference implementation: the composition of the two ops' references.

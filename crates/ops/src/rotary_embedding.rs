@@ -381,6 +381,26 @@ fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_view_names_each_parameter_position() {
+        let names =
+            ["positions", "query", "key", "cos_sin_cache", "head_size", "rotary_dim", "is_neox_style", "rounding"];
+        let consts = [
+            RotaryEmbeddingArgs::positions,
+            RotaryEmbeddingArgs::query,
+            RotaryEmbeddingArgs::key,
+            RotaryEmbeddingArgs::cos_sin_cache,
+            RotaryEmbeddingArgs::head_size,
+            RotaryEmbeddingArgs::rotary_dim,
+            RotaryEmbeddingArgs::is_neox_style,
+            RotaryEmbeddingArgs::rounding,
+        ];
+        assert_eq!(ROTARY_EMBEDDING.params.len(), names.len());
+        for (name, position) in names.into_iter().zip(consts) {
+            assert_eq!(ROTARY_EMBEDDING.param_index(name), Some(position), "{name}");
+        }
+    }
+
     fn tensor(dtype: DType, shape: &[usize], values: &[f64]) -> Tensor {
         Tensor::from_f64(dtype, shape, values).unwrap()
     }

@@ -777,6 +777,7 @@ macro_rules! define_op {
             }
         }
 
+        $crate::define_op!(@positions $name $args [] $($param)+);
         $crate::define_op!(@functional_call $name $def ($($param : $ty),+) [$out]);
         $crate::define_op!(@ctx_call $name $def Default call CtxArg call_arg ($($param : $ty),+) [$out]
             "functional: inputs never change and outputs never alias them");
@@ -840,6 +841,21 @@ macro_rules! define_op {
             };
             Ok(outputs)
         }
+    };
+
+    // Each parameter's position in the argument list, as an associated constant of the view named
+    // after the parameter (`RmsNormArgs::weight`), so passes index graph arguments by name.
+    (@positions $name:ident $args:ident [$($done:ident)*]) => {};
+    (@positions $name:ident $args:ident [$($done:ident)*] $next:ident $($rest:ident)*) => {
+        impl $args<'_> {
+            #[doc = concat!("The position of `", stringify!($next), "` in `", stringify!($name), "`'s argument list.")]
+            #[allow(non_upper_case_globals)]
+            pub const $next: usize = 0 $(+ $crate::define_op!(@one $done))*;
+        }
+        $crate::define_op!(@positions $name $args [$($done)* $next] $($rest)*);
+    };
+    (@one $done:ident) => {
+        1
     };
 
     (@functional_call $name:ident $def:ident ($($param:ident : $ty:ty),+) [$out:ty]) => {
