@@ -31,23 +31,11 @@ fn main() {
     if wanted {
         let kernels =
             PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("kernels");
-        let sources = hipcc_cache::all_sources(&kernels);
         let hipcc = env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
-        let archs = env::var("VLLM_IR_HIP_ARCHS").unwrap_or_else(|_| "gfx90a".to_owned());
         let cache = cache_dir(&out_dir);
-        for arch in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        for arch in hipcc_cache::embed_archs() {
             let output = out_dir.join(format!("kernels-{arch}.hsaco"));
-            let flags = hipcc_cache::embed_flags(arch);
-            let compile = hipcc_cache::Compile {
-                hipcc: &hipcc,
-                flags: &flags,
-                kernels: &kernels,
-                sources: &sources,
-                work_dir: &out_dir,
-                output: &output,
-                cache: &cache,
-            };
-            match compile.run() {
+            match hipcc_cache::embed(&hipcc, &kernels, &arch, &out_dir, &output, &cache) {
                 Ok(_) => writeln!(embedded, "    ({arch:?}, include_bytes!({:?})),", output.display().to_string())
                     .expect("writing to a String"),
                 Err(hipcc_cache::CompileFailure::Rejected(log)) => println!(

@@ -125,6 +125,27 @@ pub(crate) fn all_sources(kernels: &Path) -> Vec<PathBuf> {
     sources
 }
 
+/// The targets a `rocm` build embeds code objects for: `VLLM_IR_HIP_ARCHS` (comma-separated),
+/// else `gfx90a`.
+pub(crate) fn embed_archs() -> Vec<String> {
+    let archs = std::env::var("VLLM_IR_HIP_ARCHS").unwrap_or_else(|_| "gfx90a".to_owned());
+    archs.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect()
+}
+
+/// The compile a `rocm` build embeds for `arch` (every source of `kernels` as one unit, with
+/// [`embed_flags`]), from the cache when it holds it.
+pub(crate) fn embed(
+    hipcc: &str,
+    kernels: &Path,
+    arch: &str,
+    work_dir: &Path,
+    output: &Path,
+    cache: &Path,
+) -> Result<Compiled, CompileFailure> {
+    let (sources, flags) = (all_sources(kernels), embed_flags(arch));
+    Compile { hipcc, flags: &flags, kernels, sources: &sources, work_dir, output, cache }.run()
+}
+
 /// The flags of the build script's compile for `arch`; with the resource remarks, so the compile
 /// checks read the report of the very compile the crate embeds.
 pub(crate) fn embed_flags(arch: &str) -> Vec<String> {

@@ -330,26 +330,14 @@ fn prewarm_hip_cache() -> std::thread::JoinHandle<anyhow::Result<()>> {
     std::thread::spawn(|| {
         let start = std::time::Instant::now();
         let kernels = project_root().join("crates/kernels-rocm/kernels");
-        let sources = hipcc_cache::all_sources(&kernels);
         let hipcc = env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
         let cache = hip_cache_dir();
         let work = env::temp_dir().join(format!("vllm-ir-hipcc-{}", std::process::id()));
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-        let archs = env::var("VLLM_IR_HIP_ARCHS").unwrap_or_else(|_| "gfx90a".to_owned());
-        for arch in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-            let flags = hipcc_cache::embed_flags(arch);
+        for arch in hipcc_cache::embed_archs() {
             let output = work.join(format!("kernels-{arch}.hsaco"));
-            let compile = hipcc_cache::Compile {
-                hipcc: &hipcc,
-                flags: &flags,
-                kernels: &kernels,
-                sources: &sources,
-                work_dir: &work,
-                output: &output,
-                cache: &cache,
-            };
             // A failure is the build script's to report (it skips a target hipcc rejects).
-            let outcome = match compile.run() {
+            let outcome = match hipcc_cache::embed(&hipcc, &kernels, &arch, &work, &output, &cache) {
                 Ok(compiled) if compiled.cached => "already cached",
                 Ok(_) => "compiled",
                 Err(_) => "not compiled (the build script reports why)",

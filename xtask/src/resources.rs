@@ -104,18 +104,7 @@ pub(crate) fn cuda_occupancy(sm: &str, registers: u32, shared_bytes: u32, block:
 fn hipcc_report(dir: &std::path::Path) -> anyhow::Result<String> {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
     let kernels = project_root().join("crates/kernels-rocm/kernels");
-    let sources = hipcc_cache::all_sources(&kernels);
-    let flags = hipcc_cache::embed_flags("gfx90a");
-    let compile = hipcc_cache::Compile {
-        hipcc: &hipcc,
-        flags: &flags,
-        kernels: &kernels,
-        sources: &sources,
-        work_dir: dir,
-        output: &dir.join("all.hsaco"),
-        cache: &crate::hip_cache_dir(),
-    };
-    match compile.run() {
+    match hipcc_cache::embed(&hipcc, &kernels, "gfx90a", dir, &dir.join("all.hsaco"), &crate::hip_cache_dir()) {
         Ok(compiled) => Ok(compiled.report),
         Err(hipcc_cache::CompileFailure::Rejected(report)) => bail!("hipcc failed:\n{report}"),
         Err(hipcc_cache::CompileFailure::NotRunnable(error)) => {
