@@ -6,7 +6,8 @@
 //   compute_t <op>_prepare(compute_t mean, compute_t std, compute_t f0, compute_t f1, int i0, int i1);
 //   compute_t <op>_activate(compute_t g, compute_t prepared, compute_t f0, compute_t f1, int i0, int i1);
 // and instantiates `GATED_KERNEL(<op>, <row stats: 0 or 1>, <op>_prepare, <op>_activate)`, which
-// defines kernel `<op>_<dtype>(out, x, n_rows, d, x_row_stride, x_offset, f0, f1, i0, i1)`: the op's
+// defines kernel `<op>_<dtype>(out, out_offset, x, x_offset, n_rows, d, x_row_stride, out_row_stride,
+// f0, f1, i0, i1)` (each buffer followed by its element offset): the op's
 // float parameters in f0, f1 and its string-choice, integer and boolean parameters in i0, i1, in
 // declaration order. One work-group of GATED_GROUP work-items per row. With row statistics, `prepare`
 // receives the mean and the biased standard deviation (from that mean) of the gate, reduced in a
@@ -112,12 +113,12 @@ inline void gated_stats(__global const elem_t* gate, int d, __local compute_t* s
 
 #define GATED_KERNEL(name, row_stats, prepare, activate)                                                      \
     __kernel __attribute__((reqd_work_group_size(GATED_GROUP, 1, 1))) void NAME(name)(                        \
-        __global elem_t* out, __global const elem_t* x, long n_rows, int d, long x_row_stride, long x_offset,   \
-        compute_t f0, compute_t f1, int i0, int i1) {                                                                  \
-        __local compute_t scratch[GATED_GROUP];                                                                    \
+        __global elem_t* out, long out_offset, __global const elem_t* x, long x_offset, long n_rows, int d,     \
+        long x_row_stride, long out_row_stride, compute_t f0, compute_t f1, int i0, int i1) {                  \
+        __local compute_t scratch[GATED_GROUP];                                                                \
         long row = get_group_id(0);                                                                            \
         __global const elem_t* gate = x + x_offset + row * x_row_stride;                                       \
-        __global elem_t* out_row = out + row * (long)d;                                                        \
+        __global elem_t* out_row = out + out_offset + row * out_row_stride;                                    \
         compute_t prepared = 0.0f;                                                                                 \
         if (row_stats) {                                                                                       \
             compute_t mean, std;                                                                               \

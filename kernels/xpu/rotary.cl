@@ -35,10 +35,10 @@ inline void rotate_pair_at(__global elem_t* row, int pair, int half_dim, int hea
     STORE(h, yi, yc + xs);
 }
 
-__kernel void NAME(rotary_embedding)(__global elem_t* q, long q_row_stride, long q_offset,
-                                     __global elem_t* k, long k_row_stride, long k_offset, int has_key,
+__kernel void NAME(rotary_embedding)(__global elem_t* q, long q_offset, long q_row_stride,
+                                     __global elem_t* k, long k_offset, long k_row_stride, int has_key,
                                      __global const long* positions, long positions_offset,
-                                     __global const elem_t* cache, long cache_row_stride, long cache_offset,
+                                     __global const elem_t* cache, long cache_offset, long cache_row_stride,
                                      long tokens, int heads, int kv_heads, int head_size, int rotary_dim,
                                      int max_position, int is_neox, int round_products) {
     long token = get_group_id(0);

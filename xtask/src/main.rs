@@ -701,8 +701,8 @@ fn miri() -> anyhow::Result<()> {
         return Ok(());
     }
     // One invocation, so the dependencies (and `ir-core` with the features the crates need) are
-    // compiled once; the filters pick the tests of the three crates' libraries (`ir-ops` holds the
-    // candle custom ops) and of the two `ir-core` test files (their names carry `candle`, `dlpack`
+    // compiled once; the filters pick the tests of the four crates' libraries (`ir-ops` holds the
+    // candle custom ops, `kernel-support` the GPU family host code, run over a recording runtime) and of the two `ir-core` test files (their names carry `candle`, `dlpack`
     // or `thread_local`).
     let args = [
         "--package",
@@ -711,6 +711,8 @@ fn miri() -> anyhow::Result<()> {
         "vllm-ir-ops",
         "--package",
         "vllm-ir-kernels-cpu",
+        "--package",
+        "vllm-ir-kernel-support",
         "--features",
         "vllm-ir-core/dlpack,vllm-ir-core/candle,vllm-ir-core/testing,vllm-ir-ops/candle",
         "--lib",
@@ -729,6 +731,7 @@ fn miri() -> anyhow::Result<()> {
         "rows::",
         "element::",
         "gated::",
+        "gpu::",
         "tests::rms_norm_into",
         "--skip",
         "sizes_never_wrap_and_allocations_never_abort",

@@ -9,6 +9,7 @@
 //! Nothing here depends on the number of rows, so a provider's answer is the same for 1 or 65536
 //! tokens. An engine never needs this crate; a kernel crate needs it, `ir-core` and `ir-ops`.
 
+pub mod gpu;
 pub mod testing;
 
 use std::borrow::Cow;
@@ -526,6 +527,27 @@ pub struct RotaryLaunch {
 }
 
 impl RotaryLaunch {
+    /// The launch of a call on these tensors (the meta function has checked them).
+    pub fn of(
+        positions: &Tensor,
+        query: &Tensor,
+        key: Option<&Tensor>,
+        cos_sin_cache: &Tensor,
+        head_size: i64,
+        rotary_dim: i64,
+        is_neox_style: bool,
+    ) -> Result<RotaryLaunch, KernelError> {
+        use ir_ops::rotary_embedding::RotaryGeometry;
+        let (q, c) = (query, cos_sin_cache);
+        Ok(RotaryLaunch {
+            geometry: RotaryGeometry::of_tensors(positions, q, key, c, head_size, rotary_dim, is_neox_style),
+            query: Rows::for_kernel(q.meta())?.kernel_args()?,
+            key: key.map(|k| Rows::for_kernel(k.meta())?.kernel_args()).transpose()?,
+            cache: Rows::for_kernel(c.meta())?.kernel_args()?,
+            positions_offset: kernel_int(positions.offset(), "positions offset")?,
+        })
+    }
+
     /// Work-items per token (each rotates pairs `i`, `i + threads`, … of every head): the pairs of
     /// the larger of query and key, rounded up to a multiple of 32 and capped at 256.
     pub fn threads_per_token(&self) -> u32 {
@@ -590,7 +612,7 @@ pub fn register_rotary_with(
     spec: ir_core::ImplSpec,
     kernel: RotaryKernel,
 ) -> Result<(), ir_core::RegistryError> {
-    use ir_ops::rotary_embedding::{self, RotaryGeometry};
+    use ir_ops::rotary_embedding;
     let spec = spec.with_supports(move |args| rotary_support_with(args, device, dtypes()));
     let call = move |positions: &Tensor,
                      query: UniqueTensor,
@@ -602,14 +624,15 @@ pub fn register_rotary_with(
                      rounding: ir_ops::Rounding| {
         let key_tensor = key.as_ref().map(UniqueTensor::tensor);
         let round_products = rounding.rounds_intermediates(query.tensor().dtype());
-        let (q, c) = (query.tensor(), cos_sin_cache);
-        let launch = RotaryLaunch {
-            geometry: RotaryGeometry::of_tensors(positions, q, key_tensor, c, head_size, rotary_dim, is_neox_style),
-            query: Rows::for_kernel(q.meta())?.kernel_args()?,
-            key: key_tensor.map(|k| Rows::for_kernel(k.meta())?.kernel_args()).transpose()?,
-            cache: Rows::for_kernel(c.meta())?.kernel_args()?,
-            positions_offset: kernel_int(positions.offset(), "positions offset")?,
-        };
+        let launch = RotaryLaunch::of(
+            positions,
+            query.tensor(),
+            key_tensor,
+            cos_sin_cache,
+            head_size,
+            rotary_dim,
+            is_neox_style,
+        )?;
         kernel(RotaryCall { positions, query, key, cos_sin_cache, launch, round_products })
     };
     rotary_embedding::register(registry, spec, rotary_embedding::Impl::inplace(call))

@@ -103,7 +103,7 @@ impl HipDevice {
         Ok(function)
     }
 
-    fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<HipBuffer, DeviceError> {
+    pub(crate) fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<HipBuffer, DeviceError> {
         let mut pointer: *mut c_void = ptr::null_mut();
         let size = len_bytes.max(1);
         // SAFETY: a valid out-pointer; the size is non-zero.

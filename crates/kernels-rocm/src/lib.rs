@@ -27,6 +27,8 @@ mod device;
 mod module;
 pub mod quant;
 pub mod rotary;
+#[cfg(feature = "rocm")]
+mod runtime;
 
 use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};

@@ -25,6 +25,7 @@ mod launch;
 mod module;
 pub mod quant;
 pub mod rotary;
+pub mod runtime;
 
 use ir_core::storage::Storage;
 use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};

@@ -1,0 +1,572 @@
+//! The GPU backend skeleton: what a runtime (CUDA, HIP, OpenCL) gives the host code of a kernel
+//! family, and that host code, written once over it.
+//!
+//! A backend implements [`GpuRuntime`]: its buffer type, the queue a call launches on (a CUDA or
+//! HIP stream, an OpenCL command queue), fresh output allocation, kernel lookup by [`KernelKey`]
+//! and one launch taking a [`Grid`] and typed [`KernelArgs`]. A family's host code (here: the
+//! gated activations and `rotary_embedding`) reads the call, allocates, fills the arguments in the
+//! kernel's prototype order and launches; it never names a backend.
+//!
+//! # One prototype for every backend
+//!
+//! A buffer argument is an element address on CUDA and HIP (the buffer's base plus its offset)
+//! and two parameters on OpenCL, which cannot offset a `cl_mem` on the host: the buffer, then a
+//! `long` element offset. So an OpenCL kernel declares each buffer parameter followed by its
+//! offset, and otherwise the same parameters as its CUDA and HIP versions; the rest (integers and
+//! compute-type floats) is passed as it is.
+
+use ir_core::op::Value;
+use ir_core::storage::{DeviceBuffer, Storage};
+use ir_core::{DType, KernelError, Tensor, UniqueTensor};
+use smallvec::SmallVec;
+
+use crate::{
+    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, RotaryCall, device_buffer, device_buffer_mut, kernel_int,
+};
+
+/// Which kernel a launch runs: a backend maps it to its compiled function (compiling or loading it
+/// at first use).
+#[derive(Clone, Copy, Debug)]
+pub enum KernelKey<'a> {
+    /// A gated activation of the backend's gated table, for an element dtype.
+    Gated {
+        /// The op and its kernel source.
+        op: &'a GatedKernel,
+        /// The element dtype.
+        dtype: DType,
+    },
+    /// `rotary_embedding` for an element dtype.
+    Rotary {
+        /// The element dtype.
+        dtype: DType,
+    },
+}
+
+impl KernelKey<'_> {
+    /// The kernel's symbol: `<op>_<dtype>`.
+    pub fn symbol(&self) -> String {
+        match self {
+            KernelKey::Gated { op, dtype } => op.kernel_name(*dtype),
+            KernelKey::Rotary { dtype } => format!("rotary_embedding_{dtype}"),
+        }
+    }
+}
+
+/// The launch shape: `groups` blocks (work-groups) of `group_size` threads (work-items), one
+/// dimension; `what` names what one group handles, for the error when a backend cannot launch so
+/// many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grid {
+    /// Blocks (work-groups).
+    pub groups: usize,
+    /// Threads (work-items) per block.
+    pub group_size: u32,
+    /// What a group handles ("rows", "tokens").
+    pub what: &'static str,
+}
+
+impl Grid {
+    fn limit(&self) -> KernelError {
+        KernelError::GridLimit { what: self.what, count: self.groups }
+    }
+
+    /// The block count of a CUDA launch: at most 2³¹ - 1 (`gridDim.x`).
+    pub fn cuda_blocks(&self) -> Result<u32, KernelError> {
+        u32::try_from(self.groups).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| self.limit())
+    }
+
+    /// The block count of a HIP launch: HIP counts the grid in work-items, which must fit 32 bits,
+    /// so blocks · block size is at most 2³² - 1.
+    pub fn hip_blocks(&self) -> Result<u32, KernelError> {
+        let fits = (self.groups as u128) * u128::from(self.group_size) <= u128::from(u32::MAX);
+        u32::try_from(self.groups).ok().filter(|_| fits).ok_or_else(|| self.limit())
+    }
+
+    /// The global work size of an OpenCL launch: groups · group size work-items.
+    pub fn global_work_size(&self) -> Result<usize, KernelError> {
+        self.groups.checked_mul(self.group_size as usize).ok_or_else(|| self.limit())
+    }
+}
+
+/// A kernel's scalar argument, of the exact type its prototype declares.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    /// `int`.
+    I32(i32),
+    /// `long long` (CUDA, HIP), `long` (OpenCL).
+    I64(i64),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+}
+
+/// A kernel argument.
+#[derive(Debug)]
+pub enum KernelArg<'a, B> {
+    /// A buffer the kernel reads, from element `offset` on (elements of `element_size` bytes).
+    Read {
+        /// The memory.
+        buffer: &'a B,
+        /// The first element the kernel addresses.
+        offset: usize,
+        /// Bytes per element.
+        element_size: usize,
+    },
+    /// A buffer the kernel writes (and may read), from element `offset` on.
+    Write {
+        /// The memory, held uniquely for the launch.
+        buffer: &'a mut B,
+        /// The first element the kernel addresses.
+        offset: usize,
+        /// Bytes per element.
+        element_size: usize,
+    },
+    /// A buffer parameter the kernel is told (by another argument) never to touch: a null address.
+    Null,
+    /// A scalar.
+    Scalar(Scalar),
+}
+
+/// The arguments of one launch, in the kernel's prototype order (see the module doc for how a
+/// backend passes buffers).
+#[derive(Debug)]
+pub struct KernelArgs<'a, B> {
+    args: SmallVec<[KernelArg<'a, B>; 20]>,
+}
+
+impl<B> Default for KernelArgs<'_, B> {
+    fn default() -> Self {
+        KernelArgs { args: SmallVec::new() }
+    }
+}
+
+impl<'a, B> KernelArgs<'a, B> {
+    /// No arguments yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A buffer read from element `offset` on, elements of `dtype`.
+    pub fn read(&mut self, buffer: &'a B, offset: usize, dtype: DType) -> &mut Self {
+        self.args.push(KernelArg::Read { buffer, offset, element_size: dtype.size_in_bytes() });
+        self
+    }
+
+    /// A buffer written from element `offset` on, elements of `dtype`.
+    pub fn write(&mut self, buffer: &'a mut B, offset: usize, dtype: DType) -> &mut Self {
+        self.args.push(KernelArg::Write { buffer, offset, element_size: dtype.size_in_bytes() });
+        self
+    }
+
+    /// A buffer parameter the kernel never touches.
+    pub fn null(&mut self) -> &mut Self {
+        self.args.push(KernelArg::Null);
+        self
+    }
+
+    /// An `int`.
+    pub fn int(&mut self, value: i32) -> &mut Self {
+        self.args.push(KernelArg::Scalar(Scalar::I32(value)));
+        self
+    }
+
+    /// A `long long` (`long` in OpenCL C).
+    pub fn long(&mut self, value: i64) -> &mut Self {
+        self.args.push(KernelArg::Scalar(Scalar::I64(value)));
+        self
+    }
+
+    /// A `compute_t` of the program `value` was made for ([`ComputeScalar::new`]).
+    pub fn compute(&mut self, value: ComputeScalar) -> &mut Self {
+        self.args.push(KernelArg::Scalar(match value {
+            ComputeScalar::F32(v) => Scalar::F32(v),
+            ComputeScalar::F64(v) => Scalar::F64(v),
+        }));
+        self
+    }
+
+    /// How many arguments (a buffer counts once).
+    pub fn len(&self) -> usize {
+        self.args.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.args.is_empty()
+    }
+}
+
+impl<'a, B> IntoIterator for KernelArgs<'a, B> {
+    type Item = KernelArg<'a, B>;
+    type IntoIter = smallvec::IntoIter<[KernelArg<'a, B>; 20]>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.args.into_iter()
+    }
+}
+
+/// A GPU runtime: what the family host code needs of CUDA, HIP or OpenCL.
+pub trait GpuRuntime {
+    /// The backend's name in driver errors (`"cuda"`, `"rocm"`, `"xpu"`).
+    const BACKEND: &'static str;
+    /// Its memory in "`x` is not in … memory" errors (`"CUDA"`, `"HIP"`, `"xpu"`).
+    const MEMORY: &'static str;
+    /// Threads (work-items) per block of the gated kernels: one block per row.
+    const GATED_GROUP: u32;
+
+    /// The backend's device memory behind a tensor.
+    type Buffer: DeviceBuffer;
+    /// What a call's kernels and outputs are ordered on.
+    type Queue;
+    /// A compiled, loaded kernel.
+    type Kernel;
+
+    /// The queue a call whose first activation lives in `first` launches on: the caller's, when
+    /// the call came through a context given one, else the buffer's own.
+    fn queue(first: &Self::Buffer) -> Result<Self::Queue, KernelError>;
+
+    /// Memory for `len_bytes` on `like`'s device, ordered on `queue`, for a fresh output: the
+    /// kernel that fills it writes every element the output's layout reaches.
+    fn allocate(like: &Self::Buffer, queue: &Self::Queue, len_bytes: usize) -> Result<Self::Buffer, KernelError>;
+
+    /// The kernel `key` names, on `like`'s device (compiled or loaded at first use, then cached).
+    fn kernel(like: &Self::Buffer, key: KernelKey<'_>) -> Result<Self::Kernel, KernelError>;
+
+    /// Launches `kernel` on `queue`: `grid.groups` groups of `grid.group_size`, with `args`.
+    ///
+    /// # Safety
+    ///
+    /// `args` follow the kernel's prototype (count, order, types; each buffer passed as the
+    /// module doc says); every element the kernel reads or writes through a buffer argument lies
+    /// inside that buffer; a buffer the kernel writes is passed as [`KernelArg::Write`] (held
+    /// uniquely), and a [`KernelArg::Null`] parameter is never dereferenced.
+    unsafe fn launch(
+        queue: &Self::Queue,
+        kernel: &Self::Kernel,
+        grid: Grid,
+        args: KernelArgs<'_, Self::Buffer>,
+    ) -> Result<(), KernelError>;
+}
+
+/// Runs the gated op `op` on the bound `args` (x first) on runtime `R`: a fresh compact
+/// `[..., d]` output, one group of [`GpuRuntime::GATED_GROUP`] per row. The kernel is
+/// `<op>_<dtype>(out, x, long long n_rows, int d, long long x_row_stride, long long out_row_stride,
+/// compute_t f0, compute_t f1, int i0, int i1)`.
+pub fn run_gated<R: GpuRuntime>(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
+    let GatedCall { x, scalars, geometry } = GatedCall::new(op.def, args)?;
+    let empty = geometry.is_empty();
+    let GatedGeometry { rows, d, out_layout } = geometry;
+    let dtype = x.dtype();
+    let x_buffer = device_buffer::<R::Buffer>(x, "x", R::MEMORY)?;
+    let queue = R::queue(x_buffer)?;
+    let mut out = R::allocate(x_buffer, &queue, out_layout.storage_end() * dtype.size_in_bytes())?;
+    if !empty {
+        let kernel = R::kernel(x_buffer, KernelKey::Gated { op, dtype })?;
+        let [f0, f1] = scalars.floats.map(|v| ComputeScalar::new(dtype, v));
+        let d: i32 = kernel_int(d, "output width")?;
+        let mut launch = KernelArgs::new();
+        launch
+            .write(&mut out, 0, dtype)
+            .read(x_buffer, rows.offset, dtype)
+            .long(kernel_int(rows.n_rows, "rows")?)
+            .int(d)
+            .long(kernel_int(rows.row_stride, "x row stride")?)
+            .long(i64::from(d))
+            .compute(f0)
+            .compute(f1)
+            .int(scalars.ints[0])
+            .int(scalars.ints[1]);
+        let grid = Grid { groups: rows.n_rows, group_size: R::GATED_GROUP, what: "rows" };
+        // SAFETY: the arguments follow the prototype above, each integer converted without loss by
+        // `kernel_int`. x's rows lie inside its buffer (its layout was checked against its storage
+        // when the tensor was built, and the rows come from that layout); `out` was allocated for
+        // the compact output layout, n_rows · d elements, which the kernel writes densely, and is
+        // held only here.
+        unsafe { R::launch(&queue, &kernel, grid, launch) }?;
+    }
+    Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
+}
+
+/// `rotary_embedding` on runtime `R`: rotates query and key (when given) in their storage, one
+/// group per token. The positions stay on the device (a call never waits for the host); a token
+/// whose position lies outside the cache is left unrotated (the kernel cannot report it). The
+/// kernel is `rotary_embedding_<dtype>(q, long long q_row_stride, k, long long k_row_stride, int
+/// has_key, const long long* positions, const elem_t* cache, long long cache_row_stride, long long
+/// tokens, int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox,
+/// int round_products)`.
+pub fn run_rotary<R: GpuRuntime>(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
+    let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch, round_products } = call;
+    let dtype = query.tensor().dtype();
+    let tokens = launch.geometry.tokens;
+    if tokens > 0 {
+        let [heads, kv_heads, head_size, rotary_dim, max_position] = launch.dims()?;
+        let positions_buffer = device_buffer::<R::Buffer>(positions, "positions", R::MEMORY)?;
+        let cache_buffer = device_buffer::<R::Buffer>(cos_sin_cache, "cos_sin_cache", R::MEMORY)?;
+        let q_buffer = device_buffer_mut::<R::Buffer>(&mut query, "query", R::MEMORY)?;
+        let queue = R::queue(q_buffer)?;
+        let kernel = R::kernel(q_buffer, KernelKey::Rotary { dtype })?;
+        let k_buffer = match key.as_mut() {
+            Some(key) => Some(device_buffer_mut::<R::Buffer>(key, "key", R::MEMORY)?),
+            None => None,
+        };
+        let (q, c) = (launch.query, launch.cache);
+        let mut args = KernelArgs::new();
+        args.write(q_buffer, offset(q.offset)?, dtype).long(q.row_stride);
+        match (k_buffer, launch.key) {
+            (Some(buffer), Some(k)) => args.write(buffer, offset(k.offset)?, dtype).long(k.row_stride),
+            // Without a key the kernel never touches `k` (`has_key` is 0): null.
+            _ => args.null().long(0),
+        };
+        args.int(i32::from(launch.key.is_some()))
+            .read(positions_buffer, offset(launch.positions_offset)?, DType::I64)
+            .read(cache_buffer, offset(c.offset)?, dtype)
+            .long(c.row_stride)
+            .long(q.n_rows)
+            .int(heads)
+            .int(kv_heads)
+            .int(head_size)
+            .int(rotary_dim)
+            .int(max_position)
+            .int(i32::from(launch.geometry.is_neox_style))
+            .int(i32::from(round_products));
+        let grid = Grid { groups: tokens, group_size: launch.threads_per_token(), what: "tokens" };
+        // SAFETY: the arguments follow the prototype above, each integer converted without loss
+        // (`Rows::kernel_args`, `RotaryLaunch::dims`). Query's and key's rows lie inside their
+        // buffers (their layouts were checked against their storage; the meta function checked
+        // that heads · head_size is each row's width), and both are uniquely owned (the call's
+        // activations); `tokens` positions lie from their offset (compact, the predicate); a cache
+        // row is read only for a position below `max_position`, the cache's row count. A null key
+        // is never dereferenced: `has_key` is 0.
+        unsafe { R::launch(&queue, &kernel, grid, args) }?;
+    }
+    Ok((query.into_tensor(), key.map(UniqueTensor::into_tensor)))
+}
+
+/// A storage offset a kernel integer carried back to an element index.
+fn offset(value: i64) -> Result<usize, KernelError> {
+    usize::try_from(value).map_err(|_| crate::out_of_range("storage offset", value, 0, isize::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RotaryLaunch;
+
+    #[test]
+    fn grids_past_each_backend_limit_are_errors_naming_what_they_count() {
+        let grid = |groups: usize, group_size: u32| Grid { groups, group_size, what: "rows" };
+        assert_eq!(grid(i32::MAX as usize, 256).cuda_blocks().unwrap(), i32::MAX as u32);
+        assert!(matches!(
+            grid(i32::MAX as usize + 1, 256).cuda_blocks(),
+            Err(KernelError::GridLimit { what: "rows", count }) if count == i32::MAX as usize + 1
+        ));
+        // HIP: 2^24 rows of 256 work-items is 2^32 work-items, one past the limit.
+        assert_eq!(grid((1 << 24) - 1, 256).hip_blocks().unwrap(), (1 << 24) - 1);
+        assert!(matches!(grid(1 << 24, 256).hip_blocks(), Err(KernelError::GridLimit { what: "rows", .. })));
+        assert!(grid(1 << 32, 1).hip_blocks().is_err());
+        assert_eq!(grid(1 << 24, 256).global_work_size().unwrap(), 1 << 32);
+        assert!(grid(usize::MAX, 2).global_work_size().is_err());
+    }
+
+    #[test]
+    fn arguments_keep_prototype_order_and_types() {
+        let (a, mut b) = (1u8, 2u8);
+        let mut args = KernelArgs::new();
+        args.read(&a, 3, DType::BF16)
+            .write(&mut b, 4, DType::F32)
+            .null()
+            .int(5)
+            .long(6)
+            .compute(ComputeScalar::new(DType::F64, 0.5))
+            .compute(ComputeScalar::new(DType::BF16, 0.5));
+        assert_eq!(args.len(), 7);
+        let kinds: Vec<String> = args
+            .into_iter()
+            .map(|arg| match arg {
+                KernelArg::Read { buffer, offset, element_size } => format!("read {buffer} {offset} {element_size}"),
+                KernelArg::Write { buffer, offset, element_size } => format!("write {buffer} {offset} {element_size}"),
+                KernelArg::Null => "null".to_owned(),
+                KernelArg::Scalar(s) => format!("{s:?}"),
+            })
+            .collect();
+        assert_eq!(kinds, ["read 1 3 2", "write 2 4 4", "null", "I32(5)", "I64(6)", "F64(0.5)", "F32(0.5)"]);
+    }
+
+    /// Host memory standing in for a device's: lets the family host code run without a device.
+    #[derive(Debug)]
+    struct HostBuffer(Vec<u8>);
+
+    impl DeviceBuffer for HostBuffer {
+        fn device(&self) -> ir_core::Device {
+            ir_core::Device::Cuda(0)
+        }
+        fn len_bytes(&self) -> usize {
+            self.0.len()
+        }
+        fn download(&self, dst: &mut [u8]) -> Result<(), ir_core::storage::DeviceError> {
+            dst.copy_from_slice(&self.0);
+            Ok(())
+        }
+        fn upload(&mut self, src: &[u8]) -> Result<(), ir_core::storage::DeviceError> {
+            self.0[..src.len()].copy_from_slice(src);
+            Ok(())
+        }
+        fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, ir_core::storage::DeviceError> {
+            Ok(Box::new(HostBuffer(vec![0; len_bytes])))
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
+    }
+
+    /// What one launch was given.
+    #[derive(Debug, PartialEq)]
+    struct Launched {
+        symbol: String,
+        grid: Grid,
+        args: Vec<String>,
+    }
+
+    thread_local! {
+        static LAUNCHES: std::cell::RefCell<Vec<Launched>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// A runtime that records each launch instead of running it.
+    struct Recorder;
+
+    impl GpuRuntime for Recorder {
+        const BACKEND: &'static str = "recorder";
+        const MEMORY: &'static str = "host-standing-in";
+        const GATED_GROUP: u32 = 64;
+        type Buffer = HostBuffer;
+        type Queue = ();
+        type Kernel = String;
+
+        fn queue(_first: &HostBuffer) -> Result<(), KernelError> {
+            Ok(())
+        }
+        fn allocate(_like: &HostBuffer, _queue: &(), len_bytes: usize) -> Result<HostBuffer, KernelError> {
+            Ok(HostBuffer(vec![0; len_bytes]))
+        }
+        fn kernel(_like: &HostBuffer, key: KernelKey<'_>) -> Result<String, KernelError> {
+            Ok(key.symbol())
+        }
+        unsafe fn launch(
+            _queue: &(),
+            kernel: &String,
+            grid: Grid,
+            args: KernelArgs<'_, HostBuffer>,
+        ) -> Result<(), KernelError> {
+            let args = args
+                .into_iter()
+                .map(|arg| match arg {
+                    KernelArg::Read { buffer, offset, element_size } => {
+                        format!("read {} bytes @{offset}x{element_size}", buffer.0.len())
+                    }
+                    KernelArg::Write { buffer, offset, element_size } => {
+                        format!("write {} bytes @{offset}x{element_size}", buffer.0.len())
+                    }
+                    KernelArg::Null => "null".to_owned(),
+                    KernelArg::Scalar(s) => format!("{s:?}"),
+                })
+                .collect();
+            LAUNCHES.with(|l| l.borrow_mut().push(Launched { symbol: kernel.clone(), grid, args }));
+            Ok(())
+        }
+    }
+
+    fn on_host(dtype: DType, shape: &[usize], strides: &[usize], offset: usize, len: usize) -> Tensor {
+        let layout = ir_core::Layout::new(shape, strides, offset).unwrap();
+        let buffer = HostBuffer(vec![0; len * dtype.size_in_bytes()]);
+        Tensor::from_storage(Storage::Device(Box::new(buffer)), dtype, layout).unwrap()
+    }
+
+    fn take_launches() -> Vec<Launched> {
+        LAUNCHES.with(|l| std::mem::take(&mut *l.borrow_mut()))
+    }
+
+    #[test]
+    fn gated_host_code_passes_the_prototype_for_a_strided_x() {
+        // Three rows of 2d = 8 elements, 10 apart, from element 2 of a 40-element buffer.
+        let x = on_host(DType::BF16, &[3, 8], &[10, 1], 2, 40);
+        let op = GatedKernel { def: &ir_ops::gelu_and_mul::GELU_AND_MUL, source: "" };
+        let out = run_gated::<Recorder>(&op, &[Value::Tensor(x), Value::Str("tanh".to_owned())]).unwrap();
+        assert_eq!(out.shape(), [3, 4]);
+        assert!(out.layout().is_compact_at_zero());
+        let launches = take_launches();
+        assert_eq!(
+            launches,
+            [Launched {
+                symbol: "gelu_and_mul_bf16".to_owned(),
+                grid: Grid { groups: 3, group_size: 64, what: "rows" },
+                args: [
+                    "write 24 bytes @0x2",
+                    "read 80 bytes @2x2",
+                    "I64(3)",
+                    "I32(4)",
+                    "I64(10)",
+                    "I64(4)",
+                    "F32(0.0)",
+                    "F32(0.0)",
+                    "I32(1)",
+                    "I32(0)",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
+            }]
+        );
+        // Nothing to compute: an output, no launch.
+        let empty = on_host(DType::F32, &[0, 8], &[8, 1], 0, 0);
+        let op = GatedKernel { def: &ir_ops::silu_and_mul::SILU_AND_MUL, source: "" };
+        assert_eq!(run_gated::<Recorder>(&op, &[Value::Tensor(empty)]).unwrap().shape(), [0, 4]);
+        assert!(take_launches().is_empty());
+    }
+
+    #[test]
+    fn rotary_host_code_passes_offsets_and_a_null_key() {
+        let positions = on_host(DType::I64, &[2], &[1], 1, 3);
+        // Two tokens of 2 heads × 4, rows 12 apart from element 4; a cache of 16 rows of 4.
+        let query = on_host(DType::F16, &[2, 8], &[12, 1], 4, 28);
+        let cache = on_host(DType::F16, &[16, 4], &[4, 1], 0, 64);
+        let launch = RotaryLaunch::of(&positions, &query, None, &cache, 4, 4, true).unwrap();
+        let query = UniqueTensor::new(query).unwrap();
+        let call =
+            RotaryCall { positions: &positions, query, key: None, cos_sin_cache: &cache, launch, round_products: true };
+        let (q, k) = run_rotary::<Recorder>(call).unwrap();
+        assert_eq!((q.offset(), k.is_none()), (4, true));
+        let launches = take_launches();
+        assert_eq!(launches.len(), 1);
+        assert_eq!(launches[0].symbol, "rotary_embedding_f16");
+        assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 32, what: "tokens" });
+        let expected = [
+            "write 56 bytes @4x2",
+            "I64(12)",
+            "null",
+            "I64(0)",
+            "I32(0)",
+            "read 24 bytes @1x8",
+            "read 128 bytes @0x2",
+            "I64(4)",
+            "I64(2)",
+            "I32(2)",
+            "I32(0)", // no key heads
+            "I32(4)",
+            "I32(4)",
+            "I32(16)",
+            "I32(1)",
+            "I32(1)",
+        ];
+        assert_eq!(launches[0].args, expected.map(str::to_owned));
+    }
+
+    #[test]
+    fn kernel_symbols_are_op_then_dtype() {
+        assert_eq!(KernelKey::Rotary { dtype: DType::BF16 }.symbol(), "rotary_embedding_bf16");
+        let op = GatedKernel { def: &ir_ops::silu_and_mul::SILU_AND_MUL, source: "" };
+        assert_eq!(KernelKey::Gated { op: &op, dtype: DType::F16 }.symbol(), "silu_and_mul_f16");
+    }
+}

@@ -1,0 +1,102 @@
+//! The CUDA runtime behind the shared family host code ([`kernel_support::gpu`]): streams, stream
+//! ordered allocation, NVRTC-compiled functions and cudarc launches.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use ir_core::KernelError;
+use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
+use kernel_support::gpu::{GpuRuntime, Grid, KernelArg, KernelArgs, KernelKey, Scalar};
+use smallvec::SmallVec;
+
+use crate::device::{CudaBuffer, DeviceAddress, driver_error};
+
+/// CUDA through cudarc.
+#[derive(Debug)]
+pub struct Cuda;
+
+/// One launch argument's value, kept where cudarc's builder can point at it.
+enum Value {
+    Pointer(CUdeviceptr),
+    Scalar(Scalar),
+}
+
+impl GpuRuntime for Cuda {
+    const BACKEND: &'static str = "cuda";
+    const MEMORY: &'static str = "CUDA";
+    const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
+
+    type Buffer = CudaBuffer;
+    type Queue = Arc<CudaStream>;
+    type Kernel = CudaFunction;
+
+    fn queue(first: &CudaBuffer) -> Result<Arc<CudaStream>, KernelError> {
+        first.call_stream()
+    }
+
+    fn allocate(like: &CudaBuffer, queue: &Arc<CudaStream>, len_bytes: usize) -> Result<CudaBuffer, KernelError> {
+        Ok(like.device.allocate_on(queue, len_bytes).map_err(ir_core::TensorError::from)?)
+    }
+
+    fn kernel(like: &CudaBuffer, key: KernelKey<'_>) -> Result<CudaFunction, KernelError> {
+        let device = &like.device;
+        match key {
+            KernelKey::Gated { op, dtype } => device.gated_function(op, dtype),
+            KernelKey::Rotary { dtype } => device.op_function(ROTARY_EMBEDDING.name, dtype, &key.symbol(), || {
+                crate::rotary::compile_ptx(dtype, device.arch)
+            }),
+        }
+    }
+
+    unsafe fn launch(
+        queue: &Arc<CudaStream>,
+        kernel: &CudaFunction,
+        grid: Grid,
+        args: KernelArgs<'_, CudaBuffer>,
+    ) -> Result<(), KernelError> {
+        let config = LaunchConfig {
+            grid_dim: (grid.cuda_blocks()?, 1, 1),
+            block_dim: (grid.group_size, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // The address guards record each use on the stream for cudarc's ordering when they drop,
+        // after the launch.
+        let mut guards: SmallVec<[DeviceAddress<'_>; 6]> = SmallVec::new();
+        let mut values: SmallVec<[Value; 20]> = SmallVec::new();
+        for arg in args {
+            values.push(match arg {
+                KernelArg::Read { buffer, offset, element_size } => {
+                    let address = buffer.read_address(queue);
+                    let pointer = address.offset(offset * element_size);
+                    guards.push(address);
+                    Value::Pointer(pointer)
+                }
+                KernelArg::Write { buffer, offset, element_size } => {
+                    let address = buffer.write_address(queue);
+                    let pointer = address.offset(offset * element_size);
+                    guards.push(address);
+                    Value::Pointer(pointer)
+                }
+                KernelArg::Null => Value::Pointer(0),
+                KernelArg::Scalar(scalar) => Value::Scalar(scalar),
+            });
+        }
+        let mut builder = queue.launch_builder(kernel);
+        for value in &values {
+            match value {
+                Value::Pointer(pointer) => builder.arg(pointer),
+                Value::Scalar(Scalar::I32(v)) => builder.arg(v),
+                Value::Scalar(Scalar::I64(v)) => builder.arg(v),
+                Value::Scalar(Scalar::F32(v)) => builder.arg(v),
+                Value::Scalar(Scalar::F64(v)) => builder.arg(v),
+            };
+        }
+        // SAFETY: the caller's contract (`GpuRuntime::launch`): the values follow the kernel's
+        // prototype, a buffer as its element address, and the buffers cover what the kernel
+        // touches. The launch is on `queue`, where the guards record the buffers' uses.
+        unsafe { builder.launch(config) }.map_err(driver_error)?;
+        drop(guards);
+        Ok(())
+    }
+}

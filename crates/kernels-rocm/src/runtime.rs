@@ -1,0 +1,87 @@
+//! The HIP runtime behind the shared family host code ([`kernel_support::gpu`]): the embedded code
+//! object's kernels launched with `hipModuleLaunchKernel` (feature `rocm`).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use ir_core::KernelError;
+use kernel_support::gpu::{GpuRuntime, Grid, KernelArg, KernelArgs, KernelKey, Scalar};
+use smallvec::SmallVec;
+
+use crate::device::{HipBuffer, HipDevice, device};
+
+/// HIP through hip-sys (the `rocm` provider).
+#[derive(Debug)]
+pub(crate) struct Hip;
+
+/// One launch argument's value, where the parameter array points.
+enum Value {
+    Pointer(*mut c_void),
+    Scalar(Scalar),
+}
+
+fn driver(message: String) -> KernelError {
+    KernelError::Driver { backend: Hip::BACKEND, message }
+}
+
+impl GpuRuntime for Hip {
+    const BACKEND: &'static str = "rocm";
+    const MEMORY: &'static str = "HIP";
+    const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
+
+    type Buffer = HipBuffer;
+    /// The device: its launches take the caller's stream when the call's context gives one
+    /// ([`HipStream`](crate::HipStream)), else the null stream.
+    type Queue = Arc<HipDevice>;
+    /// The kernel's symbol in the embedded code object.
+    type Kernel = String;
+
+    fn queue(_first: &HipBuffer) -> Result<Arc<HipDevice>, KernelError> {
+        device().map(Arc::clone).map_err(driver)
+    }
+
+    fn allocate(_like: &HipBuffer, queue: &Arc<HipDevice>, len_bytes: usize) -> Result<HipBuffer, KernelError> {
+        Ok(queue.allocate(len_bytes).map_err(ir_core::TensorError::from)?)
+    }
+
+    fn kernel(_like: &HipBuffer, key: KernelKey<'_>) -> Result<String, KernelError> {
+        Ok(key.symbol())
+    }
+
+    unsafe fn launch(
+        queue: &Arc<HipDevice>,
+        kernel: &String,
+        grid: Grid,
+        args: KernelArgs<'_, HipBuffer>,
+    ) -> Result<(), KernelError> {
+        let blocks = grid.hip_blocks()?;
+        let mut values: SmallVec<[Value; 20]> = args
+            .into_iter()
+            .map(|arg| match arg {
+                KernelArg::Read { buffer, offset, element_size } => {
+                    Value::Pointer(buffer.pointer.wrapping_byte_add(offset * element_size))
+                }
+                KernelArg::Write { buffer, offset, element_size } => {
+                    Value::Pointer(buffer.pointer.wrapping_byte_add(offset * element_size))
+                }
+                KernelArg::Null => Value::Pointer(std::ptr::null_mut()),
+                KernelArg::Scalar(scalar) => Value::Scalar(scalar),
+            })
+            .collect();
+        // `values` is not moved or grown from here on, so these pointers stay valid for the launch.
+        let mut params: SmallVec<[*mut c_void; 20]> = values
+            .iter_mut()
+            .map(|value| match value {
+                Value::Pointer(pointer) => pointer as *mut *mut c_void as *mut c_void,
+                Value::Scalar(Scalar::I32(v)) => v as *mut i32 as *mut c_void,
+                Value::Scalar(Scalar::I64(v)) => v as *mut i64 as *mut c_void,
+                Value::Scalar(Scalar::F32(v)) => v as *mut f32 as *mut c_void,
+                Value::Scalar(Scalar::F64(v)) => v as *mut f64 as *mut c_void,
+            })
+            .collect();
+        // SAFETY: the caller's contract (`GpuRuntime::launch`): the parameters point to values of
+        // the kernel's declared types in prototype order, a buffer as its element address, and the
+        // buffers cover what the kernel touches.
+        unsafe { queue.launch(kernel, blocks, grid.group_size, &mut params) }
+    }
+}

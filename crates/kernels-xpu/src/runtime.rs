@@ -1,0 +1,94 @@
+//! The OpenCL runtime behind the shared family host code ([`kernel_support::gpu`]): command
+//! queues, buffers, programs built at first use and `clEnqueueNDRangeKernel`.
+
+use std::sync::{Arc, Mutex};
+
+use ir_core::KernelError;
+use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
+use kernel_support::gpu::{GpuRuntime, Grid, KernelArg, KernelArgs, KernelKey, Scalar};
+use kernel_support::kernel_int;
+use opencl3::command_queue::CommandQueue;
+use opencl3::kernel::{ExecuteKernel, Kernel};
+use opencl3::memory::ClMem;
+use opencl3::types::cl_mem;
+
+use crate::device::{XpuBuffer, cl_error};
+
+/// OpenCL through opencl3 (the `xpu` provider).
+#[derive(Debug)]
+pub struct OpenCl;
+
+impl GpuRuntime for OpenCl {
+    const BACKEND: &'static str = "xpu";
+    const MEMORY: &'static str = "xpu";
+    const GATED_GROUP: u32 = crate::gated::GATED_GROUP as u32;
+
+    type Buffer = XpuBuffer;
+    type Queue = Arc<CommandQueue>;
+    type Kernel = Arc<Mutex<Kernel>>;
+
+    fn queue(first: &XpuBuffer) -> Result<Arc<CommandQueue>, KernelError> {
+        first.call_queue()
+    }
+
+    fn allocate(like: &XpuBuffer, queue: &Arc<CommandQueue>, len_bytes: usize) -> Result<XpuBuffer, KernelError> {
+        Ok(like.device.allocate_on(queue, len_bytes).map_err(ir_core::TensorError::from)?)
+    }
+
+    fn kernel(like: &XpuBuffer, key: KernelKey<'_>) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+        match key {
+            KernelKey::Gated { op, dtype } => like.device.gated_kernel(op, dtype),
+            KernelKey::Rotary { dtype } => {
+                like.device.op_kernel(ROTARY_EMBEDDING.name, dtype, &key.symbol(), crate::rotary::program)
+            }
+        }
+    }
+
+    unsafe fn launch(
+        queue: &Arc<CommandQueue>,
+        kernel: &Arc<Mutex<Kernel>>,
+        grid: Grid,
+        args: KernelArgs<'_, XpuBuffer>,
+    ) -> Result<(), KernelError> {
+        let global = grid.global_work_size()?;
+        // Arguments are set on the kernel object itself: its lock keeps another launch from
+        // setting them between these calls and the enqueue.
+        let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut execute = ExecuteKernel::new(&kernel);
+        for arg in args {
+            let (memory, offset) = match arg {
+                KernelArg::Read { buffer, offset, .. } => (Some(buffer), offset),
+                KernelArg::Write { buffer, offset, .. } => (Some(&*buffer), offset),
+                KernelArg::Null => (None, 0),
+                KernelArg::Scalar(scalar) => {
+                    // SAFETY: the caller's contract: the parameter has this scalar's type.
+                    unsafe {
+                        match scalar {
+                            Scalar::I32(v) => execute.set_arg(&v),
+                            Scalar::I64(v) => execute.set_arg(&v),
+                            Scalar::F32(v) => execute.set_arg(&v),
+                            Scalar::F64(v) => execute.set_arg(&v),
+                        }
+                    };
+                    continue;
+                }
+            };
+            // The kernel's work on `queue` follows the buffer's earlier work on its own queue.
+            if let Some(buffer) = memory {
+                buffer.use_on(queue)?;
+            }
+            let mem: cl_mem = memory.map_or(std::ptr::null_mut(), |buffer| buffer.buffer.get());
+            let offset: i64 = kernel_int(offset, "storage offset")?;
+            // SAFETY: the caller's contract: a global buffer parameter (a null one, which OpenCL
+            // passes as a null pointer, is never dereferenced) followed by its `long` element offset.
+            unsafe { execute.set_arg(&mem).set_arg(&offset) };
+        }
+        // SAFETY: every argument is set as the caller's contract says; the buffers cover what the
+        // kernel touches; the work-group size is the one the kernel requires.
+        unsafe {
+            execute.set_global_work_size(global).set_local_work_size(grid.group_size as usize).enqueue_nd_range(queue)
+        }
+        .map_err(cl_error)?;
+        Ok(())
+    }
+}
