@@ -27,18 +27,18 @@ inline compute_t quant_group_sum(compute_t value, __local compute_t* scratch) {
 }
 
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm_quant)(
-    __global uchar* q, __global float* scales, __global elem_t* residual_out, __global const elem_t* x,
-    __global const elem_t* r, __global const elem_t* w, long n_rows, int hidden, long x_row_stride, long x_offset,
-    long r_row_stride, long r_offset, long out_row_stride, long out_offset, long w_offset, compute_t eps,
-    __global const float* scale, long scale_offset,
-    int has_residual, int has_weight, int dynamic, int has_scale, int format) {
+    __global uchar* q, long q_offset, __global float* scales, long scales_offset, __global elem_t* residual_out,
+    long out_offset, __global const elem_t* x, long x_offset, __global const elem_t* r, long r_offset,
+    __global const elem_t* w, long w_offset, long n_rows, int hidden, long x_row_stride, long r_row_stride,
+    long out_row_stride, compute_t eps, __global const float* scale, long scale_offset, int has_residual,
+    int has_weight, int dynamic, int has_scale, int format) {
     __local compute_t scratch[QUANT_GROUP];
     long row = get_group_id(0);
     int lid = get_local_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
     __global const elem_t* r_row = r + r_offset + row * r_row_stride;
     __global const elem_t* w_row = w + w_offset;
-    __global uchar* q_row = q + row * (long)hidden;
+    __global uchar* q_row = q + q_offset + row * (long)hidden;
     __global elem_t* out_row = residual_out + out_offset + row * out_row_stride;
 
     compute_t squares = 0.0f;
@@ -67,7 +67,7 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
         if (has_scale) absmax = fmin(absmax, (compute_t)scale[scale_offset]);
         compute_t max_finite = fp8_max(format);
         s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
-        if (lid == 0) scales[row] = s;
+        if (lid == 0) scales[scales_offset + row] = s;
     } else {
         s = scale[scale_offset];
     }

@@ -33,28 +33,29 @@ inline compute_t quant_group_max(compute_t value, __local compute_t* scratch) {
 }
 
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(static_scaled_fp8_quant)(
-    __global uchar* q, __global const elem_t* x, long n_rows, int hidden, long x_row_stride, long x_offset,
-    __global const float* scale, long scale_offset, int format) {
+    __global uchar* q, long q_offset, __global const elem_t* x, long x_offset, long n_rows, int hidden,
+    long x_row_stride, __global const float* scale, long scale_offset, int format) {
     long row = get_group_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
-    __global uchar* q_row = q + row * (long)hidden;
+    __global uchar* q_row = q + q_offset + row * (long)hidden;
     compute_t s = scale[scale_offset];
     for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) q_row[j] = to_fp8(LOAD(x_row, j) / s, format);
 }
 
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(dynamic_per_token_scaled_fp8_quant)(
-    __global uchar* q, __global float* scales, __global const elem_t* x, long n_rows, int hidden,
-    long x_row_stride, long x_offset, __global const float* scale_ub, long ub_offset, int has_ub, int format) {
+    __global uchar* q, long q_offset, __global float* scales, long scales_offset, __global const elem_t* x,
+    long x_offset, long n_rows, int hidden, long x_row_stride, __global const float* scale_ub, long ub_offset,
+    int has_ub, int format) {
     __local compute_t scratch[QUANT_GROUP];
     long row = get_group_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
-    __global uchar* q_row = q + row * (long)hidden;
+    __global uchar* q_row = q + q_offset + row * (long)hidden;
     compute_t absmax = 0.0f;
     for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) absmax = fmax(absmax, fabs(LOAD(x_row, j)));
     absmax = quant_group_max(absmax, scratch);
     if (has_ub) absmax = fmin(absmax, (compute_t)scale_ub[ub_offset]);
     compute_t max_finite = fp8_max(format);
     compute_t s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
-    if (get_local_id(0) == 0) scales[row] = s;
+    if (get_local_id(0) == 0) scales[scales_offset + row] = s;
     for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) q_row[j] = to_fp8(LOAD(x_row, j) / s, format);
 }

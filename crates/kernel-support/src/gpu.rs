@@ -4,8 +4,9 @@
 //! A backend implements [`GpuRuntime`]: its buffer type, the queue a call launches on (a CUDA or
 //! HIP stream, an OpenCL command queue), fresh output allocation, kernel lookup by [`KernelKey`]
 //! and one launch taking a [`Grid`] and typed [`KernelArgs`]. A family's host code (here: the
-//! gated activations and `rotary_embedding`) reads the call, allocates, fills the arguments in the
-//! kernel's prototype order and launches; it never names a backend.
+//! gated activations, `rotary_embedding`, the fp8 quantizations and the norm + quantizations)
+//! reads the call, allocates, fills the arguments in the kernel's prototype order and launches;
+//! it never names a backend.
 //!
 //! # One prototype for every backend
 //!
@@ -17,11 +18,15 @@
 
 use ir_core::op::Value;
 use ir_core::storage::{DeviceBuffer, Storage};
-use ir_core::{DType, KernelError, Tensor, UniqueTensor};
+use ir_core::{DType, KernelError, Layout, Tensor, UniqueTensor};
+use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
+use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 use smallvec::SmallVec;
 
 use crate::{
-    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, RotaryCall, device_buffer, device_buffer_mut, kernel_int,
+    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, NormQuantCall, NormQuantOutputs, NormQuantResidual,
+    QUANT_KERNELS, RotaryCall, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales, fp8_format_code,
+    kernel_int, per_token_scales_shape,
 };
 
 /// Which kernel a launch runs: a backend maps it to its compiled function (compiling or loading it
@@ -40,6 +45,13 @@ pub enum KernelKey<'a> {
         /// The element dtype.
         dtype: DType,
     },
+    /// One of the quantization kernels ([`QUANT_KERNELS`]) for an input dtype.
+    Quant {
+        /// The kernel: `static_scaled_fp8_quant`, `dynamic_per_token_scaled_fp8_quant` or `norm_quant`.
+        kernel: &'static str,
+        /// The input dtype.
+        dtype: DType,
+    },
 }
 
 impl KernelKey<'_> {
@@ -48,6 +60,7 @@ impl KernelKey<'_> {
         match self {
             KernelKey::Gated { op, dtype } => op.kernel_name(*dtype),
             KernelKey::Rotary { dtype } => format!("rotary_embedding_{dtype}"),
+            KernelKey::Quant { kernel, dtype } => format!("{kernel}_{dtype}"),
         }
     }
 }
@@ -101,9 +114,9 @@ pub enum Scalar {
     F64(f64),
 }
 
-/// A kernel argument.
+/// A buffer argument.
 #[derive(Debug)]
-pub enum KernelArg<'a, B> {
+pub enum BufferArg<'a, B> {
     /// A buffer the kernel reads, from element `offset` on (elements of `element_size` bytes).
     Read {
         /// The memory.
@@ -124,6 +137,20 @@ pub enum KernelArg<'a, B> {
     },
     /// A buffer parameter the kernel is told (by another argument) never to touch: a null address.
     Null,
+}
+
+/// A kernel argument.
+#[derive(Debug)]
+pub enum KernelArg<'a, B> {
+    /// A buffer, read, written or null.
+    Buffer(BufferArg<'a, B>),
+    /// The buffer argument at position `of` (counting arguments, not parameters) passed again, at
+    /// the same element: for a kernel that writes through one parameter what it reads through
+    /// another (an output in place of an input).
+    Alias {
+        /// The position of a [`KernelArg::Buffer`] argument.
+        of: usize,
+    },
     /// A scalar.
     Scalar(Scalar),
 }
@@ -149,19 +176,25 @@ impl<'a, B> KernelArgs<'a, B> {
 
     /// A buffer read from element `offset` on, elements of `dtype`.
     pub fn read(&mut self, buffer: &'a B, offset: usize, dtype: DType) -> &mut Self {
-        self.args.push(KernelArg::Read { buffer, offset, element_size: dtype.size_in_bytes() });
+        self.args.push(KernelArg::Buffer(BufferArg::Read { buffer, offset, element_size: dtype.size_in_bytes() }));
         self
     }
 
     /// A buffer written from element `offset` on, elements of `dtype`.
     pub fn write(&mut self, buffer: &'a mut B, offset: usize, dtype: DType) -> &mut Self {
-        self.args.push(KernelArg::Write { buffer, offset, element_size: dtype.size_in_bytes() });
+        self.args.push(KernelArg::Buffer(BufferArg::Write { buffer, offset, element_size: dtype.size_in_bytes() }));
         self
     }
 
     /// A buffer parameter the kernel never touches.
     pub fn null(&mut self) -> &mut Self {
-        self.args.push(KernelArg::Null);
+        self.args.push(KernelArg::Buffer(BufferArg::Null));
+        self
+    }
+
+    /// The buffer argument at position `of` again (see [`KernelArg::Alias`]).
+    pub fn alias(&mut self, of: usize) -> &mut Self {
+        self.args.push(KernelArg::Alias { of });
         self
     }
 
@@ -197,12 +230,46 @@ impl<'a, B> KernelArgs<'a, B> {
     }
 }
 
-impl<'a, B> IntoIterator for KernelArgs<'a, B> {
-    type Item = KernelArg<'a, B>;
-    type IntoIter = smallvec::IntoIter<[KernelArg<'a, B>; 20]>;
+/// A launch argument in a backend's terms: a buffer as the backend passes it (`P`), or a scalar.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolved<P> {
+    /// A buffer parameter.
+    Buffer(P),
+    /// A scalar parameter.
+    Scalar(Scalar),
+}
 
-    fn into_iter(self) -> Self::IntoIter {
-        self.args.into_iter()
+impl<'a, B> KernelArgs<'a, B> {
+    /// The arguments in order with every buffer turned into the backend's parameter by `buffer`
+    /// (called once per buffer argument, in order) and every [`KernelArg::Alias`] given the
+    /// parameter of the argument it names.
+    pub fn resolve<P: Clone>(
+        self,
+        mut buffer: impl FnMut(BufferArg<'a, B>) -> Result<P, KernelError>,
+    ) -> Result<SmallVec<[Resolved<P>; 20]>, KernelError> {
+        let mut resolved: SmallVec<[Resolved<P>; 20]> = SmallVec::with_capacity(self.args.len());
+        let mut aliases: SmallVec<[(usize, usize); 2]> = SmallVec::new();
+        for (position, arg) in self.args.into_iter().enumerate() {
+            resolved.push(match arg {
+                KernelArg::Buffer(arg) => Resolved::Buffer(buffer(arg)?),
+                KernelArg::Alias { of } => {
+                    aliases.push((position, of));
+                    // Replaced below, once every argument it may name is resolved.
+                    Resolved::Scalar(Scalar::I32(0))
+                }
+                KernelArg::Scalar(scalar) => Resolved::Scalar(scalar),
+            });
+        }
+        for (position, of) in aliases {
+            // An alias of an alias (or of itself) finds a placeholder scalar: refused too.
+            let Some(Resolved::Buffer(parameter)) = resolved.get(of) else {
+                return Err(KernelError::InvalidArguments {
+                    reason: format!("kernel argument {position} aliases argument {of}, which is not a buffer"),
+                });
+            };
+            resolved[position] = Resolved::Buffer(parameter.clone());
+        }
+        Ok(resolved)
     }
 }
 
@@ -214,6 +281,8 @@ pub trait GpuRuntime {
     const MEMORY: &'static str;
     /// Threads (work-items) per block of the gated kernels: one block per row.
     const GATED_GROUP: u32;
+    /// Threads (work-items) per block of the quantization kernels: one block per row.
+    const QUANT_GROUP: u32;
 
     /// The backend's device memory behind a tensor.
     type Buffer: DeviceBuffer;
@@ -239,8 +308,9 @@ pub trait GpuRuntime {
     ///
     /// `args` follow the kernel's prototype (count, order, types; each buffer passed as the
     /// module doc says); every element the kernel reads or writes through a buffer argument lies
-    /// inside that buffer; a buffer the kernel writes is passed as [`KernelArg::Write`] (held
-    /// uniquely), and a [`KernelArg::Null`] parameter is never dereferenced.
+    /// inside that buffer; a buffer the kernel writes is passed as [`BufferArg::Write`] (held
+    /// uniquely) or as an alias of one, a [`KernelArg::Alias`] names an earlier or later buffer
+    /// argument, and a [`BufferArg::Null`] parameter is never dereferenced.
     unsafe fn launch(
         queue: &Self::Queue,
         kernel: &Self::Kernel,
@@ -343,6 +413,197 @@ pub fn run_rotary<R: GpuRuntime>(call: RotaryCall<'_>) -> Result<(Tensor, Option
     Ok((query.into_tensor(), key.map(UniqueTensor::into_tensor)))
 }
 
+/// What every quantization launch starts from: x's rows and buffer, the call's queue and the fresh
+/// compact q (x's shape in `out_dtype`).
+struct QuantStart<'a, R: GpuRuntime> {
+    rows: Rows,
+    x: &'a R::Buffer,
+    queue: R::Queue,
+    q: R::Buffer,
+}
+
+impl<'a, R: GpuRuntime> QuantStart<'a, R> {
+    fn new(x: &'a Tensor, out_dtype: DType) -> Result<Self, KernelError> {
+        let rows = Rows::for_kernel(x.meta())?;
+        let x_buffer = device_buffer::<R::Buffer>(x, "x", R::MEMORY)?;
+        let queue = R::queue(x_buffer)?;
+        let q = R::allocate(x_buffer, &queue, x.numel() * out_dtype.size_in_bytes())?;
+        Ok(QuantStart { rows, x: x_buffer, queue, q })
+    }
+}
+
+/// A fresh compact device tensor over `buffer`.
+fn compact<B: DeviceBuffer>(buffer: B, dtype: DType, shape: &[usize]) -> Result<Tensor, KernelError> {
+    Ok(Tensor::from_storage(Storage::Device(Box::new(buffer)), dtype, Layout::compact(shape))?)
+}
+
+fn quant_grid<R: GpuRuntime>(rows: &Rows) -> Grid {
+    Grid { groups: rows.n_rows, group_size: R::QUANT_GROUP, what: "rows" }
+}
+
+/// `static_scaled_fp8_quant` on runtime `R`: a fresh compact output in `out_dtype`, one group of
+/// [`GpuRuntime::QUANT_GROUP`] per row; the scale stays on the device, where the kernel reads it.
+/// The kernel is `static_scaled_fp8_quant_<dtype>(unsigned char* q, const elem_t* x, long long
+/// n_rows, int hidden, long long x_row_stride, const float* scale, int format)`.
+pub fn run_static_quant<R: GpuRuntime>(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
+    let format = fp8_format_code(out_dtype)?;
+    let QuantStart::<R> { rows, x: x_buffer, queue, mut q } = QuantStart::new(x, out_dtype)?;
+    if rows.n_rows > 0 && rows.hidden > 0 {
+        let scale_buffer = device_buffer::<R::Buffer>(scale, "scale", R::MEMORY)?;
+        let kernel = STATIC_SCALED_FP8_QUANT.name;
+        let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel, dtype: x.dtype() })?;
+        let RowArgs { n_rows, hidden, row_stride, .. } = rows.kernel_args()?;
+        let mut args = KernelArgs::new();
+        args.write(&mut q, 0, out_dtype)
+            .read(x_buffer, rows.offset, x.dtype())
+            .long(n_rows)
+            .int(hidden)
+            .long(row_stride)
+            .read(scale_buffer, scale.offset(), DType::F32)
+            .int(format);
+        // SAFETY: the arguments follow the prototype above, each integer converted without loss by
+        // `Rows::kernel_args`. x's rows lie inside its buffer (its layout was checked against its
+        // storage, and the rows come from that layout); the scale is one f32 element at its
+        // offset; `q` holds n_rows · hidden bytes, written densely, and is held only here.
+        unsafe { R::launch(&queue, &kernel, quant_grid::<R>(&rows), args) }?;
+    }
+    compact(q, out_dtype, x.shape())
+}
+
+/// `dynamic_per_token_scaled_fp8_quant` on runtime `R`: fresh compact `(q, scales)`, one group per
+/// row. The kernel is `dynamic_per_token_scaled_fp8_quant_<dtype>(unsigned char* q, float* scales,
+/// const elem_t* x, long long n_rows, int hidden, long long x_row_stride, const float* scale_ub,
+/// int has_ub, int format)`.
+pub fn run_dynamic_quant<R: GpuRuntime>(
+    x: &Tensor,
+    scale_ub: Option<&Tensor>,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let format = fp8_format_code(out_dtype)?;
+    let QuantStart::<R> { rows, x: x_buffer, queue, mut q } = QuantStart::new(x, out_dtype)?;
+    if rows.hidden == 0 && rows.n_rows > 0 {
+        // No element to reduce: every scale is the floor.
+        return Ok((compact(q, out_dtype, x.shape())?, floor_scales(x, out_dtype)?));
+    }
+    let mut scales = R::allocate(x_buffer, &queue, rows.n_rows * DType::F32.size_in_bytes())?;
+    if rows.n_rows > 0 {
+        let ub_buffer = scale_ub.map(|t| device_buffer::<R::Buffer>(t, "scale_ub", R::MEMORY)).transpose()?;
+        let kernel = DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name;
+        let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel, dtype: x.dtype() })?;
+        let RowArgs { n_rows, hidden, row_stride, .. } = rows.kernel_args()?;
+        let mut args = KernelArgs::new();
+        args.write(&mut q, 0, out_dtype)
+            .write(&mut scales, 0, DType::F32)
+            .read(x_buffer, rows.offset, x.dtype())
+            .long(n_rows)
+            .int(hidden)
+            .long(row_stride);
+        match (ub_buffer, scale_ub) {
+            (Some(buffer), Some(ub)) => args.read(buffer, ub.offset(), DType::F32),
+            _ => args.null(),
+        };
+        args.int(i32::from(scale_ub.is_some())).int(format);
+        // SAFETY: as in `run_static_quant`; `scales` holds n_rows f32 values, one written per row,
+        // and `scale_ub` is read only when `has_ub` is 1.
+        unsafe { R::launch(&queue, &kernel, quant_grid::<R>(&rows), args) }?;
+    }
+    let scales = compact(scales, DType::F32, &per_token_scales_shape(x.shape()))?;
+    Ok((compact(q, out_dtype, x.shape())?, scales))
+}
+
+/// The four norm + quantization ops on runtime `R`: fresh compact outputs, one group per row. The
+/// kernel is `norm_quant_<dtype>(unsigned char* q, float* scales, elem_t* residual_out, const
+/// elem_t* x, const elem_t* r, const elem_t* w, long long n_rows, int hidden, long long
+/// x_row_stride, long long r_row_stride, long long out_row_stride, compute_t eps, const float*
+/// scale, int has_residual, int has_weight, int dynamic, int has_scale, int format)`.
+pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
+    let NormQuantCall { x, mut residual, weight, epsilon, scale, dynamic, out_dtype } = call;
+    let format = fp8_format_code(out_dtype)?;
+    let dtype = x.dtype();
+    let QuantStart::<R> { rows, x: x_buffer, queue, mut q } = QuantStart::new(x, out_dtype)?;
+    let mut residual_out = match &residual {
+        Some(NormQuantResidual::Read(_)) => Some(R::allocate(x_buffer, &queue, x.numel() * dtype.size_in_bytes())?),
+        _ => None,
+    };
+    let mut scales = if dynamic { Some(R::allocate(x_buffer, &queue, rows.n_rows * 4)?) } else { None };
+    if rows.n_rows > 0 && rows.hidden > 0 {
+        let residual_rows = residual.as_ref().map(|r| Rows::for_kernel(r.tensor().meta())).transpose()?;
+        let weight_buffer = weight.map(|w| device_buffer::<R::Buffer>(w, "weight", R::MEMORY)).transpose()?;
+        let scale_param = if dynamic { "scale_ub" } else { "scale" };
+        let scale_buffer = scale.map(|s| device_buffer::<R::Buffer>(s, scale_param, R::MEMORY)).transpose()?;
+        let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype })?;
+        let RowArgs { n_rows, hidden, row_stride: x_stride, .. } = rows.kernel_args()?;
+        let r_stride = residual_rows.map(|r| r.kernel_args()).transpose()?.map_or(0, |r| r.row_stride);
+        let flags = [residual.is_some(), weight.is_some(), dynamic, scale.is_some()].map(i32::from);
+        let mut args = KernelArgs::new();
+        args.write(&mut q, 0, out_dtype);
+        match scales.as_mut() {
+            Some(scales) => args.write(scales, 0, DType::F32),
+            None => args.null(),
+        };
+        // A fresh residual output is compact; in place, the sum goes into the residual's own rows
+        // (argument 4, `r`).
+        let out_stride = match (residual_out.as_mut(), residual.is_some()) {
+            (Some(out), _) => {
+                args.write(out, 0, dtype);
+                i64::from(hidden)
+            }
+            (None, true) => {
+                args.alias(4);
+                r_stride
+            }
+            (None, false) => {
+                args.null();
+                0
+            }
+        };
+        args.read(x_buffer, rows.offset, dtype);
+        match (&mut residual, residual_rows) {
+            (Some(NormQuantResidual::Read(r)), Some(r_rows)) => {
+                args.read(device_buffer::<R::Buffer>(r, "x_residual", R::MEMORY)?, r_rows.offset, dtype)
+            }
+            (Some(NormQuantResidual::InPlace(r)), Some(r_rows)) => {
+                args.write(device_buffer_mut::<R::Buffer>(r, "x_residual", R::MEMORY)?, r_rows.offset, dtype)
+            }
+            _ => args.null(),
+        };
+        match (weight_buffer, weight) {
+            (Some(buffer), Some(w)) => args.read(buffer, w.offset(), dtype),
+            _ => args.null(),
+        };
+        args.long(n_rows).int(hidden).long(x_stride).long(r_stride).long(out_stride);
+        args.compute(ComputeScalar::new(dtype, epsilon));
+        match (scale_buffer, scale) {
+            (Some(buffer), Some(s)) => args.read(buffer, s.offset(), DType::F32),
+            _ => args.null(),
+        };
+        for flag in flags {
+            args.int(flag);
+        }
+        args.int(format);
+        // SAFETY: the arguments follow the prototype above, each integer converted without loss by
+        // `Rows::kernel_args`. x's and the residual's rows lie inside their buffers (their layouts
+        // were checked against their storage); the weight holds `hidden` unit-stride elements of
+        // x's dtype from its offset (the predicate); the scale is one f32 element. `q` holds
+        // n_rows · hidden elements written densely, `scales` n_rows; the residual output is a fresh
+        // compact buffer of n_rows · hidden elements or, in place, the residual's own rows
+        // (uniquely owned: the call's activation, passed as written; each element read before the
+        // same thread writes it, only in the last pass). A null buffer is never dereferenced: its
+        // flag is 0.
+        unsafe { R::launch(&queue, &kernel, quant_grid::<R>(&rows), args) }?;
+    }
+    let residual_out = residual_out.map(|r| compact(r, dtype, x.shape())).transpose()?;
+    let scales = match scales {
+        Some(_) if rows.hidden == 0 && rows.n_rows > 0 => Some(floor_scales(x, out_dtype)?),
+        Some(s) => Some(compact(s, DType::F32, &per_token_scales_shape(x.shape()))?),
+        None => None,
+    };
+    Ok(NormQuantOutputs { q: compact(q, out_dtype, x.shape())?, scales, residual_out })
+}
+
+/// The norm + quantization kernel's name ([`QUANT_KERNELS`]' last).
+pub const NORM_QUANT_KERNEL: &str = QUANT_KERNELS[2];
+
 /// A storage offset a kernel integer carried back to an element index.
 fn offset(value: i64) -> Result<usize, KernelError> {
     usize::try_from(value).map_err(|_| crate::out_of_range("storage offset", value, 0, isize::MAX))
@@ -369,28 +630,66 @@ mod tests {
         assert!(grid(usize::MAX, 2).global_work_size().is_err());
     }
 
+    /// Describes each argument as a backend would pass it.
+    fn describe(args: KernelArgs<'_, u8>) -> Result<Vec<String>, KernelError> {
+        let resolved = args.resolve(|arg| {
+            Ok(match arg {
+                BufferArg::Read { buffer, offset, element_size } => format!("read {buffer} {offset} {element_size}"),
+                BufferArg::Write { buffer, offset, element_size } => format!("write {buffer} {offset} {element_size}"),
+                BufferArg::Null => "null".to_owned(),
+            })
+        })?;
+        Ok(resolved
+            .into_iter()
+            .map(|r| match r {
+                Resolved::Buffer(b) => b,
+                Resolved::Scalar(s) => format!("{s:?}"),
+            })
+            .collect())
+    }
+
     #[test]
     fn arguments_keep_prototype_order_and_types() {
         let (a, mut b) = (1u8, 2u8);
         let mut args = KernelArgs::new();
-        args.read(&a, 3, DType::BF16)
+        args.alias(1)
+            .read(&a, 3, DType::BF16)
             .write(&mut b, 4, DType::F32)
             .null()
             .int(5)
             .long(6)
             .compute(ComputeScalar::new(DType::F64, 0.5))
-            .compute(ComputeScalar::new(DType::BF16, 0.5));
-        assert_eq!(args.len(), 7);
-        let kinds: Vec<String> = args
-            .into_iter()
-            .map(|arg| match arg {
-                KernelArg::Read { buffer, offset, element_size } => format!("read {buffer} {offset} {element_size}"),
-                KernelArg::Write { buffer, offset, element_size } => format!("write {buffer} {offset} {element_size}"),
-                KernelArg::Null => "null".to_owned(),
-                KernelArg::Scalar(s) => format!("{s:?}"),
-            })
-            .collect();
-        assert_eq!(kinds, ["read 1 3 2", "write 2 4 4", "null", "I32(5)", "I64(6)", "F64(0.5)", "F32(0.5)"]);
+            .compute(ComputeScalar::new(DType::BF16, 0.5))
+            .alias(2);
+        assert_eq!(args.len(), 9);
+        assert_eq!(
+            describe(args).unwrap(),
+            [
+                "read 1 3 2",
+                "read 1 3 2",
+                "write 2 4 4",
+                "null",
+                "I32(5)",
+                "I64(6)",
+                "F64(0.5)",
+                "F32(0.5)",
+                "write 2 4 4"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_alias_must_name_a_buffer() {
+        for (position, of) in [(1, 0), (1, 1), (1, 7), (2, 1)] {
+            let mut args = KernelArgs::<u8>::new();
+            args.int(0);
+            for _ in 1..position {
+                args.alias(1);
+            }
+            args.alias(of);
+            let error = describe(args).unwrap_err().to_string();
+            assert!(error.contains("not a buffer"), "alias at {position} of {of}: {error}");
+        }
     }
 
     /// Host memory standing in for a device's: lets the family host code run without a device.
@@ -442,6 +741,7 @@ mod tests {
         const BACKEND: &'static str = "recorder";
         const MEMORY: &'static str = "host-standing-in";
         const GATED_GROUP: u32 = 64;
+        const QUANT_GROUP: u32 = 32;
         type Buffer = HostBuffer;
         type Queue = ();
         type Kernel = String;
@@ -462,16 +762,21 @@ mod tests {
             args: KernelArgs<'_, HostBuffer>,
         ) -> Result<(), KernelError> {
             let args = args
+                .resolve(|arg| {
+                    Ok(match arg {
+                        BufferArg::Read { buffer, offset, element_size } => {
+                            format!("read {} bytes @{offset}x{element_size}", buffer.0.len())
+                        }
+                        BufferArg::Write { buffer, offset, element_size } => {
+                            format!("write {} bytes @{offset}x{element_size}", buffer.0.len())
+                        }
+                        BufferArg::Null => "null".to_owned(),
+                    })
+                })?
                 .into_iter()
-                .map(|arg| match arg {
-                    KernelArg::Read { buffer, offset, element_size } => {
-                        format!("read {} bytes @{offset}x{element_size}", buffer.0.len())
-                    }
-                    KernelArg::Write { buffer, offset, element_size } => {
-                        format!("write {} bytes @{offset}x{element_size}", buffer.0.len())
-                    }
-                    KernelArg::Null => "null".to_owned(),
-                    KernelArg::Scalar(s) => format!("{s:?}"),
+                .map(|r| match r {
+                    Resolved::Buffer(b) => b,
+                    Resolved::Scalar(s) => format!("{s:?}"),
                 })
                 .collect();
             LAUNCHES.with(|l| l.borrow_mut().push(Launched { symbol: kernel.clone(), grid, args }));
@@ -561,6 +866,60 @@ mod tests {
             "I32(1)",
         ];
         assert_eq!(launches[0].args, expected.map(str::to_owned));
+    }
+
+    #[test]
+    fn norm_quant_in_place_writes_the_sum_through_the_residual_itself() {
+        // Two rows of 8, x compact, the residual padded to rows of 12; a static scale at offset 1.
+        let x = on_host(DType::F16, &[2, 8], &[8, 1], 0, 16);
+        let residual = on_host(DType::F16, &[2, 8], &[12, 1], 0, 20);
+        let weight = on_host(DType::F16, &[8], &[1], 0, 8);
+        let scale = on_host(DType::F32, &[1], &[1], 1, 2);
+        let mut residual = UniqueTensor::new(residual).unwrap();
+        let call = NormQuantCall {
+            x: &x,
+            residual: Some(NormQuantResidual::InPlace(&mut residual)),
+            weight: Some(&weight),
+            epsilon: 1e-6,
+            scale: Some(&scale),
+            dynamic: false,
+            out_dtype: DType::F8E4M3FN,
+        };
+        let outputs = run_norm_quant::<Recorder>(call).unwrap();
+        assert!(outputs.residual_out.is_none() && outputs.scales.is_none());
+        let launches = take_launches();
+        assert_eq!(launches.len(), 1);
+        assert_eq!(launches[0].symbol, "norm_quant_f16");
+        assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 32, what: "rows" });
+        let expected = [
+            "write 16 bytes @0x1", // q
+            "null",                // no scales
+            "write 40 bytes @0x2", // the residual output: the residual's own rows
+            "read 32 bytes @0x2",  // x
+            "write 40 bytes @0x2", // the residual
+            "read 16 bytes @0x2",  // the weight
+            "I64(2)",
+            "I32(8)",
+            "I64(8)",
+            "I64(12)",
+            "I64(12)", // the output's rows are the residual's
+            "F32(1e-6)",
+            "read 8 bytes @1x4", // the scale
+            "I32(1)",
+            "I32(1)",
+            "I32(0)",
+            "I32(1)",
+            "I32(0)", // e4m3
+        ];
+        assert_eq!(launches[0].args, expected.map(str::to_owned));
+    }
+
+    #[test]
+    fn dynamic_quant_of_empty_rows_gives_floor_scales_without_a_launch() {
+        let x = on_host(DType::BF16, &[3, 0], &[0, 1], 0, 0);
+        let (q, scales) = run_dynamic_quant::<Recorder>(&x, None, DType::F8E5M2).unwrap();
+        assert_eq!((q.shape(), scales.shape()), (&[3, 0][..], &[3, 1][..]));
+        assert!(take_launches().is_empty());
     }
 
     #[test]

@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use ir_core::KernelError;
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
-use kernel_support::gpu::{GpuRuntime, Grid, KernelArg, KernelArgs, KernelKey, Scalar};
+use kernel_support::gpu::{BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, Resolved, Scalar};
 use smallvec::SmallVec;
 
 use crate::device::{CudaBuffer, DeviceAddress, driver_error};
@@ -16,16 +15,11 @@ use crate::device::{CudaBuffer, DeviceAddress, driver_error};
 #[derive(Debug)]
 pub struct Cuda;
 
-/// One launch argument's value, kept where cudarc's builder can point at it.
-enum Value {
-    Pointer(CUdeviceptr),
-    Scalar(Scalar),
-}
-
 impl GpuRuntime for Cuda {
     const BACKEND: &'static str = "cuda";
     const MEMORY: &'static str = "CUDA";
     const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
+    const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
 
     type Buffer = CudaBuffer;
     type Queue = Arc<CudaStream>;
@@ -46,6 +40,9 @@ impl GpuRuntime for Cuda {
             KernelKey::Rotary { dtype } => device.op_function(ROTARY_EMBEDDING.name, dtype, &key.symbol(), || {
                 crate::rotary::compile_ptx(dtype, device.arch)
             }),
+            KernelKey::Quant { kernel, dtype } => {
+                device.op_function(kernel, dtype, &key.symbol(), || crate::quant::compile_ptx(dtype, device.arch))
+            }
         }
     }
 
@@ -63,33 +60,31 @@ impl GpuRuntime for Cuda {
         // The address guards record each use on the stream for cudarc's ordering when they drop,
         // after the launch.
         let mut guards: SmallVec<[DeviceAddress<'_>; 6]> = SmallVec::new();
-        let mut values: SmallVec<[Value; 20]> = SmallVec::new();
-        for arg in args {
-            values.push(match arg {
-                KernelArg::Read { buffer, offset, element_size } => {
+        let values = args.resolve(|arg| {
+            Ok(match arg {
+                BufferArg::Read { buffer, offset, element_size } => {
                     let address = buffer.read_address(queue);
                     let pointer = address.offset(offset * element_size);
                     guards.push(address);
-                    Value::Pointer(pointer)
+                    pointer
                 }
-                KernelArg::Write { buffer, offset, element_size } => {
+                BufferArg::Write { buffer, offset, element_size } => {
                     let address = buffer.write_address(queue);
                     let pointer = address.offset(offset * element_size);
                     guards.push(address);
-                    Value::Pointer(pointer)
+                    pointer
                 }
-                KernelArg::Null => Value::Pointer(0),
-                KernelArg::Scalar(scalar) => Value::Scalar(scalar),
-            });
-        }
+                BufferArg::Null => 0,
+            })
+        })?;
         let mut builder = queue.launch_builder(kernel);
         for value in &values {
             match value {
-                Value::Pointer(pointer) => builder.arg(pointer),
-                Value::Scalar(Scalar::I32(v)) => builder.arg(v),
-                Value::Scalar(Scalar::I64(v)) => builder.arg(v),
-                Value::Scalar(Scalar::F32(v)) => builder.arg(v),
-                Value::Scalar(Scalar::F64(v)) => builder.arg(v),
+                Resolved::Buffer(pointer) => builder.arg(pointer),
+                Resolved::Scalar(Scalar::I32(v)) => builder.arg(v),
+                Resolved::Scalar(Scalar::I64(v)) => builder.arg(v),
+                Resolved::Scalar(Scalar::F32(v)) => builder.arg(v),
+                Resolved::Scalar(Scalar::F64(v)) => builder.arg(v),
             };
         }
         // SAFETY: the caller's contract (`GpuRuntime::launch`): the values follow the kernel's

@@ -38,11 +38,5 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 
 /// Runs `op` on the bound `args` (x first): a fresh compact `[..., d]` output.
 pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
-    #[cfg(feature = "rocm")]
-    return kernel_support::gpu::run_gated::<crate::runtime::Hip>(op, args);
-    #[cfg(not(feature = "rocm"))]
-    {
-        let _ = (op, args);
-        Err(crate::not_built())
-    }
+    with_hip!(kernel_support::gpu::run_gated::<crate::runtime::Hip>(op, args), op, args)
 }

@@ -19,6 +19,20 @@
 //!
 //! Target `kernels_rocm`: the device and its code object (info).
 
+/// `$call` through HIP (feature `rocm`); without the feature, the error that says the crate was
+/// built without it (`$arg`s are the call's arguments, unused then).
+macro_rules! with_hip {
+    ($call:expr, $($arg:expr),+) => {{
+        #[cfg(feature = "rocm")]
+        return $call;
+        #[cfg(not(feature = "rocm"))]
+        {
+            let _ = ($($arg),+);
+            Err(crate::not_built())
+        }
+    }};
+}
+
 pub mod gated;
 pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
 #[cfg(feature = "rocm")]
@@ -94,13 +108,7 @@ pub fn rms_norm_rocm(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    #[cfg(feature = "rocm")]
-    return launch::rms_norm(x, weight, epsilon, variance_size);
-    #[cfg(not(feature = "rocm"))]
-    {
-        let _ = (x, weight, epsilon, variance_size);
-        Err(KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() })
-    }
+    with_hip!(launch::rms_norm(x, weight, epsilon, variance_size), x, weight, epsilon, variance_size)
 }
 
 /// `fused_add_rms_norm` on `rocm:0`, in place.
@@ -113,13 +121,15 @@ pub fn fused_add_rms_norm_rocm(
     rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let round_sum = rounding.rounds_intermediates(x.tensor().dtype());
-    #[cfg(feature = "rocm")]
-    return launch::fused(x, residual, weight, epsilon, variance_size, round_sum);
-    #[cfg(not(feature = "rocm"))]
-    {
-        let _ = (x, residual, weight, epsilon, variance_size, round_sum);
-        Err(KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() })
-    }
+    with_hip!(
+        launch::fused(x, residual, weight, epsilon, variance_size, round_sum),
+        x,
+        residual,
+        weight,
+        epsilon,
+        variance_size,
+        round_sum
+    )
 }
 
 #[cfg(feature = "rocm")]

@@ -17,11 +17,5 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 
 /// `rotary_embedding` on `rocm:0`: rotates query and key (when given) in their storage.
 pub fn rotary_embedding_rocm(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
-    #[cfg(feature = "rocm")]
-    return kernel_support::gpu::run_rotary::<crate::runtime::Hip>(call);
-    #[cfg(not(feature = "rocm"))]
-    {
-        let _ = call;
-        Err(crate::not_built())
-    }
+    with_hip!(kernel_support::gpu::run_rotary::<crate::runtime::Hip>(call), call)
 }

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use ir_core::KernelError;
-use kernel_support::gpu::{GpuRuntime, Grid, KernelArg, KernelArgs, KernelKey, Scalar};
+use kernel_support::gpu::{BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, Resolved, Scalar};
 use smallvec::SmallVec;
 
 use crate::device::{HipBuffer, HipDevice, device};
@@ -13,12 +13,6 @@ use crate::device::{HipBuffer, HipDevice, device};
 /// HIP through hip-sys (the `rocm` provider).
 #[derive(Debug)]
 pub(crate) struct Hip;
-
-/// One launch argument's value, where the parameter array points.
-enum Value {
-    Pointer(*mut c_void),
-    Scalar(Scalar),
-}
 
 fn driver(message: String) -> KernelError {
     KernelError::Driver { backend: Hip::BACKEND, message }
@@ -28,6 +22,7 @@ impl GpuRuntime for Hip {
     const BACKEND: &'static str = "rocm";
     const MEMORY: &'static str = "HIP";
     const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
+    const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
 
     type Buffer = HipBuffer;
     /// The device: its launches take the caller's stream when the call's context gives one
@@ -55,28 +50,26 @@ impl GpuRuntime for Hip {
         args: KernelArgs<'_, HipBuffer>,
     ) -> Result<(), KernelError> {
         let blocks = grid.hip_blocks()?;
-        let mut values: SmallVec<[Value; 20]> = args
-            .into_iter()
-            .map(|arg| match arg {
-                KernelArg::Read { buffer, offset, element_size } => {
-                    Value::Pointer(buffer.pointer.wrapping_byte_add(offset * element_size))
+        let mut values = args.resolve(|arg| {
+            Ok(match arg {
+                BufferArg::Read { buffer, offset, element_size } => {
+                    buffer.pointer.wrapping_byte_add(offset * element_size)
                 }
-                KernelArg::Write { buffer, offset, element_size } => {
-                    Value::Pointer(buffer.pointer.wrapping_byte_add(offset * element_size))
+                BufferArg::Write { buffer, offset, element_size } => {
+                    buffer.pointer.wrapping_byte_add(offset * element_size)
                 }
-                KernelArg::Null => Value::Pointer(std::ptr::null_mut()),
-                KernelArg::Scalar(scalar) => Value::Scalar(scalar),
+                BufferArg::Null => std::ptr::null_mut(),
             })
-            .collect();
+        })?;
         // `values` is not moved or grown from here on, so these pointers stay valid for the launch.
         let mut params: SmallVec<[*mut c_void; 20]> = values
             .iter_mut()
             .map(|value| match value {
-                Value::Pointer(pointer) => pointer as *mut *mut c_void as *mut c_void,
-                Value::Scalar(Scalar::I32(v)) => v as *mut i32 as *mut c_void,
-                Value::Scalar(Scalar::I64(v)) => v as *mut i64 as *mut c_void,
-                Value::Scalar(Scalar::F32(v)) => v as *mut f32 as *mut c_void,
-                Value::Scalar(Scalar::F64(v)) => v as *mut f64 as *mut c_void,
+                Resolved::Buffer(pointer) => pointer as *mut *mut c_void as *mut c_void,
+                Resolved::Scalar(Scalar::I32(v)) => v as *mut i32 as *mut c_void,
+                Resolved::Scalar(Scalar::I64(v)) => v as *mut i64 as *mut c_void,
+                Resolved::Scalar(Scalar::F32(v)) => v as *mut f32 as *mut c_void,
+                Resolved::Scalar(Scalar::F64(v)) => v as *mut f64 as *mut c_void,
             })
             .collect();
         // SAFETY: the caller's contract (`GpuRuntime::launch`): the parameters point to values of

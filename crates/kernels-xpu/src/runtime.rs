@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use ir_core::KernelError;
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
-use kernel_support::gpu::{GpuRuntime, Grid, KernelArg, KernelArgs, KernelKey, Scalar};
+use kernel_support::gpu::{BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NORM_QUANT_KERNEL, Resolved, Scalar};
 use kernel_support::kernel_int;
 use opencl3::command_queue::CommandQueue;
 use opencl3::kernel::{ExecuteKernel, Kernel};
@@ -22,6 +22,7 @@ impl GpuRuntime for OpenCl {
     const BACKEND: &'static str = "xpu";
     const MEMORY: &'static str = "xpu";
     const GATED_GROUP: u32 = crate::gated::GATED_GROUP as u32;
+    const QUANT_GROUP: u32 = crate::quant::QUANT_GROUP as u32;
 
     type Buffer = XpuBuffer;
     type Queue = Arc<CommandQueue>;
@@ -41,6 +42,12 @@ impl GpuRuntime for OpenCl {
             KernelKey::Rotary { dtype } => {
                 like.device.op_kernel(ROTARY_EMBEDDING.name, dtype, &key.symbol(), crate::rotary::program)
             }
+            KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype } => {
+                like.device.op_kernel(NORM_QUANT_KERNEL, dtype, &key.symbol(), crate::quant::norm_quant_program)
+            }
+            KernelKey::Quant { kernel, dtype } => {
+                like.device.op_kernel(kernel, dtype, &key.symbol(), crate::quant::program)
+            }
         }
     }
 
@@ -51,37 +58,36 @@ impl GpuRuntime for OpenCl {
         args: KernelArgs<'_, XpuBuffer>,
     ) -> Result<(), KernelError> {
         let global = grid.global_work_size()?;
+        let params = args.resolve(|arg| {
+            let (buffer, offset) = match arg {
+                BufferArg::Read { buffer, offset, .. } => (Some(buffer), offset),
+                BufferArg::Write { buffer, offset, .. } => (Some(&*buffer), offset),
+                BufferArg::Null => (None, 0),
+            };
+            // The kernel's work on `queue` follows the buffer's earlier work on its own queue.
+            if let Some(buffer) = buffer {
+                buffer.use_on(queue)?;
+            }
+            let mem: cl_mem = buffer.map_or(std::ptr::null_mut(), |buffer| buffer.buffer.get());
+            Ok((mem, kernel_int::<i64>(offset, "storage offset")?))
+        })?;
         // Arguments are set on the kernel object itself: its lock keeps another launch from
         // setting them between these calls and the enqueue.
         let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut execute = ExecuteKernel::new(&kernel);
-        for arg in args {
-            let (memory, offset) = match arg {
-                KernelArg::Read { buffer, offset, .. } => (Some(buffer), offset),
-                KernelArg::Write { buffer, offset, .. } => (Some(&*buffer), offset),
-                KernelArg::Null => (None, 0),
-                KernelArg::Scalar(scalar) => {
-                    // SAFETY: the caller's contract: the parameter has this scalar's type.
-                    unsafe {
-                        match scalar {
-                            Scalar::I32(v) => execute.set_arg(&v),
-                            Scalar::I64(v) => execute.set_arg(&v),
-                            Scalar::F32(v) => execute.set_arg(&v),
-                            Scalar::F64(v) => execute.set_arg(&v),
-                        }
-                    };
-                    continue;
+        for param in &params {
+            // SAFETY: the caller's contract: each parameter has this type; a buffer parameter (a
+            // null one, which OpenCL passes as a null pointer, is never dereferenced) is followed
+            // by its `long` element offset.
+            unsafe {
+                match param {
+                    Resolved::Buffer((mem, offset)) => execute.set_arg(mem).set_arg(offset),
+                    Resolved::Scalar(Scalar::I32(v)) => execute.set_arg(v),
+                    Resolved::Scalar(Scalar::I64(v)) => execute.set_arg(v),
+                    Resolved::Scalar(Scalar::F32(v)) => execute.set_arg(v),
+                    Resolved::Scalar(Scalar::F64(v)) => execute.set_arg(v),
                 }
             };
-            // The kernel's work on `queue` follows the buffer's earlier work on its own queue.
-            if let Some(buffer) = memory {
-                buffer.use_on(queue)?;
-            }
-            let mem: cl_mem = memory.map_or(std::ptr::null_mut(), |buffer| buffer.buffer.get());
-            let offset: i64 = kernel_int(offset, "storage offset")?;
-            // SAFETY: the caller's contract: a global buffer parameter (a null one, which OpenCL
-            // passes as a null pointer, is never dereferenced) followed by its `long` element offset.
-            unsafe { execute.set_arg(&mem).set_arg(&offset) };
         }
         // SAFETY: every argument is set as the caller's contract says; the buffers cover what the
         // kernel touches; the work-group size is the one the kernel requires.
