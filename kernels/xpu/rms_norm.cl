@@ -91,9 +91,9 @@ inline wcompute_t weighted(compute_t y, __global const welem_t* weight, long j) 
 }
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
-void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global const welem_t* weight, compute_t epsilon,
-                    long n_rows, int hidden, int variance, long x_row_stride, long out_row_stride, long x_offset,
-                    long out_offset, long weight_offset) {
+void NAME(rms_norm)(__global elem_t* out, long out_offset, __global const elem_t* x, long x_offset,
+                    __global const welem_t* weight, long weight_offset, compute_t epsilon, long n_rows, int hidden,
+                    int variance, long x_row_stride, long out_row_stride) {
     __local compute_t scratch[GROUP_SIZE];
     long row = (long)get_group_id(0) * ROWS_PER_GROUP + get_local_id(0) / THREADS_PER_ROW;
     int lane = get_local_id(0) % THREADS_PER_ROW;
@@ -135,9 +135,9 @@ void NAME(rms_norm)(__global elem_t* out, __global const elem_t* x, __global con
 }
 
 __kernel __attribute__((reqd_work_group_size(GROUP_SIZE, 1, 1)))
-void NAME(fused_add_rms_norm)(__global elem_t* x, __global elem_t* residual, __global const welem_t* weight,
-                              compute_t epsilon, long n_rows, int hidden, int variance, long x_row_stride,
-                              long residual_row_stride, long x_offset, long residual_offset, long weight_offset) {
+void NAME(fused_add_rms_norm)(__global elem_t* x, long x_offset, __global elem_t* residual, long residual_offset,
+                              __global const welem_t* weight, long weight_offset, compute_t epsilon, long n_rows,
+                              int hidden, int variance, long x_row_stride, long residual_row_stride) {
     __local compute_t scratch[GROUP_SIZE];
     long row = (long)get_group_id(0) * ROWS_PER_GROUP + get_local_id(0) / THREADS_PER_ROW;
     int lane = get_local_id(0) % THREADS_PER_ROW;

@@ -4,7 +4,8 @@
 //! A backend implements [`GpuRuntime`]: its buffer type, the queue a call launches on (a CUDA or
 //! HIP stream, an OpenCL command queue), fresh output allocation, kernel lookup by [`KernelKey`]
 //! and one launch taking a [`Grid`] and typed [`KernelArgs`]. A family's host code (here: the
-//! gated activations, `rotary_embedding`, the fp8 quantizations and the norm + quantizations)
+//! norms, the gated activations, `rotary_embedding`, the fp8 quantizations and the norm +
+//! quantizations)
 //! reads the call, allocates, fills the arguments in the kernel's prototype order and launches;
 //! it never names a backend.
 //!
@@ -18,15 +19,15 @@
 
 use ir_core::op::Value;
 use ir_core::storage::{DeviceBuffer, Storage};
-use ir_core::{DType, KernelError, Layout, Tensor, UniqueTensor};
+use ir_core::{DType, KernelError, Layout, Tensor, TensorMeta, UniqueTensor};
 use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
 use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 use smallvec::SmallVec;
 
 use crate::{
-    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, NormQuantCall, NormQuantOutputs, NormQuantResidual,
+    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, NormOp, NormQuantCall, NormQuantOutputs, NormQuantResidual,
     QUANT_KERNELS, RotaryCall, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales, fp8_format_code,
-    kernel_int, per_token_scales_shape,
+    kernel_int, norm_variance, per_token_scales_shape,
 };
 
 /// Which kernel a launch runs: a backend maps it to its compiled function (compiling or loading it
@@ -198,6 +199,12 @@ impl<'a, B> KernelArgs<'a, B> {
         self
     }
 
+    /// A buffer argument made elsewhere.
+    pub fn buffer(&mut self, arg: BufferArg<'a, B>) -> &mut Self {
+        self.args.push(KernelArg::Buffer(arg));
+        self
+    }
+
     /// An `int`.
     pub fn int(&mut self, value: i32) -> &mut Self {
         self.args.push(KernelArg::Scalar(Scalar::I32(value)));
@@ -301,6 +308,15 @@ pub trait GpuRuntime {
 
     /// The kernel `key` names, on `like`'s device (compiled or loaded at first use, then cached).
     fn kernel(like: &Self::Buffer, key: KernelKey<'_>) -> Result<Self::Kernel, KernelError>;
+
+    /// The norm kernel for `key` on `like`'s device and the shape it launches with (the backend's
+    /// threads per row for the hidden size, and its block size).
+    fn norm_kernel(like: &Self::Buffer, key: &NormKey) -> Result<(Self::Kernel, NormShape), KernelError>;
+
+    /// The alignment of `buffer`'s first byte (a power of two, at most 256), from which the norms
+    /// decide whether 16-byte accesses are safe; 0 for a backend whose norm kernels take no
+    /// 16-byte path chosen on the host.
+    fn base_alignment(buffer: &Self::Buffer) -> usize;
 
     /// Launches `kernel` on `queue`: `grid.groups` groups of `grid.group_size`, with `args`.
     ///
@@ -411,6 +427,210 @@ pub fn run_rotary<R: GpuRuntime>(call: RotaryCall<'_>) -> Result<(Tensor, Option
         unsafe { R::launch(&queue, &kernel, grid, args) }?;
     }
     Ok((query.into_tensor(), key.map(UniqueTensor::into_tensor)))
+}
+
+/// What selects a norm kernel: the op, x's dtype, the weight's (none, x's or another), whether
+/// 16-byte accesses are safe, and the hidden size (a backend's row width follows from it alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NormKey {
+    /// `rms_norm` or `fused_add_rms_norm`.
+    pub op: NormOp,
+    /// x's dtype.
+    pub dtype: DType,
+    /// The weight's dtype, when a weight is applied.
+    pub weight: Option<DType>,
+    /// Whether x, the output or residual, and a weight of x's dtype allow 16-byte accesses.
+    pub vectorized: bool,
+    /// Elements per row.
+    pub hidden: usize,
+}
+
+/// How a norm kernel launches: threads per block, each block handling `rows_per_group` rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NormShape {
+    /// Threads (work-items) per block.
+    pub group_size: u32,
+    /// Rows one block handles.
+    pub rows_per_group: u32,
+}
+
+/// Whether rows of `dtype` may launch with 16-byte vector accesses (when aligned): not f64, a
+/// reference dtype, whose rows launch with scalar accesses (fewer variants to compile).
+pub fn norm_vectorizes(dtype: DType) -> bool {
+    dtype != DType::F64
+}
+
+/// Whether 16-byte accesses are safe for rows of `dtype` in a buffer whose first byte has
+/// `base_alignment`: an aligned start, and a row stride and hidden size that are multiples of the
+/// vector width. A base below 16 bytes of alignment never vectorizes, whatever the offset. Decided
+/// on the host; both paths give the same bits.
+pub fn vector_ok(rows: &Rows, dtype: DType, base_alignment: usize) -> bool {
+    let size = dtype.size_in_bytes();
+    let width = 16 / size;
+    norm_vectorizes(dtype)
+        && base_alignment.is_multiple_of(16)
+        && base_alignment > 0
+        && (rows.offset * size).is_multiple_of(16)
+        && rows.hidden.is_multiple_of(width)
+        && (rows.n_rows <= 1 || rows.row_stride.is_multiple_of(width))
+}
+
+/// The alignment of a device address, as [`GpuRuntime::base_alignment`] reports it: the largest
+/// power of two up to 256 dividing it (256 for 0).
+pub fn address_alignment(address: u64) -> usize {
+    if address == 0 { 256 } else { 1usize << address.trailing_zeros().min(8) }
+}
+
+/// A norm launch's weight: its buffer, storage offset (elements) and dtype (which may differ from
+/// x's).
+type NormWeight<'w, B> = Option<(&'w B, usize, DType)>;
+
+/// What both norm ops' launches share.
+struct NormLaunch<'w, B> {
+    dtype: DType,
+    epsilon: ComputeScalar,
+    /// Elements of each row the mean square runs over (in 1..=H).
+    variance: usize,
+    weight: NormWeight<'w, B>,
+}
+
+impl<'w, B: DeviceBuffer> NormLaunch<'w, B> {
+    fn new<R: GpuRuntime<Buffer = B>>(
+        dtype: DType,
+        weight: Option<&'w Tensor>,
+        epsilon: f64,
+        variance: usize,
+    ) -> Result<Self, KernelError> {
+        let weight = match weight {
+            Some(w) => Some((device_buffer::<B>(w, "weight", R::MEMORY)?, w.offset(), w.dtype())),
+            None => None,
+        };
+        Ok(NormLaunch { dtype, epsilon: ComputeScalar::new(dtype, epsilon), variance, weight })
+    }
+
+    /// Whether the weight allows the 16-byte path: none, one of another dtype than x (read with
+    /// scalar loads in either path), or one of x's dtype at an aligned address.
+    fn weight_vector_ok<R: GpuRuntime<Buffer = B>>(&self, hidden: usize) -> bool {
+        self.weight.is_none_or(|(buffer, offset, weight_dtype)| {
+            let rows = Rows { n_rows: 1, hidden, row_stride: hidden, offset };
+            weight_dtype != self.dtype || vector_ok(&rows, self.dtype, R::base_alignment(buffer))
+        })
+    }
+
+    fn key(&self, op: NormOp, hidden: usize, vectorized: bool) -> NormKey {
+        NormKey { op, dtype: self.dtype, weight: self.weight.map(|(_, _, dtype)| dtype), vectorized, hidden }
+    }
+
+    /// Launches a norm kernel over `rows` (the rows it normalizes): `first` and `second` are its two
+    /// row buffers (`rms_norm`: the output, then x; `fused_add_rms_norm`: x, then the residual) and
+    /// `strides` the two row strides in prototype order (`rms_norm`: x's, then the output's).
+    fn launch<R: GpuRuntime<Buffer = B>>(
+        &self,
+        queue: &R::Queue,
+        (kernel, shape): (R::Kernel, NormShape),
+        rows: &Rows,
+        first: BufferArg<'_, B>,
+        second: BufferArg<'_, B>,
+        strides: [usize; 2],
+    ) -> Result<(), KernelError> {
+        let mut args = KernelArgs::new();
+        args.buffer(first).buffer(second);
+        match self.weight {
+            Some((buffer, offset, dtype)) => args.read(buffer, offset, dtype),
+            None => args.null(),
+        };
+        args.compute(self.epsilon)
+            .long(kernel_int(rows.n_rows, "rows")?)
+            .int(kernel_int(rows.hidden, "hidden size")?)
+            .int(kernel_int(self.variance, "variance_size")?)
+            .long(kernel_int(strides[0], "row stride")?)
+            .long(kernel_int(strides[1], "row stride")?);
+        let groups = rows.n_rows.div_ceil(shape.rows_per_group as usize);
+        let grid = Grid { groups, group_size: shape.group_size, what: "rows" };
+        // SAFETY: the arguments follow the norm prototypes (`run_rms_norm`,
+        // `run_fused_add_rms_norm`), each integer converted without loss by `kernel_int`. Every
+        // buffer covers the rows it is given for: each tensor's layout was checked against its
+        // storage (checked arithmetic) when it was built and the rows come from that layout; the
+        // weight holds `hidden` unit-stride elements from its offset (the predicate). The buffers
+        // the kernel writes are passed as written (a fresh output, or the call's uniquely owned
+        // activations), and without a weight the null one is never read (the kernel is the
+        // no-weight variant).
+        unsafe { R::launch(queue, &kernel, grid, args) }
+    }
+}
+
+/// `rms_norm` on runtime `R`: a fresh output with x's layout made compact-in-order
+/// ([`Layout::copy_layout`]). The kernel is `rms_norm_<variant>(elem_t* out, const elem_t* x,
+/// const welem_t* weight, compute_t epsilon, long long n_rows, int hidden, int variance, long long
+/// x_row_stride, long long out_row_stride)`, its variant chosen by [`GpuRuntime::norm_kernel`].
+pub fn run_rms_norm<R: GpuRuntime>(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+) -> Result<Tensor, KernelError> {
+    let dtype = x.dtype();
+    let x_rows = Rows::for_kernel(x.meta())?;
+    let variance = norm_variance(variance_size, x_rows.hidden)?;
+    let x_buffer = device_buffer::<R::Buffer>(x, "x", R::MEMORY)?;
+    let out_layout = x.layout().copy_layout();
+    let out_rows = Rows::for_kernel(&TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
+    let queue = R::queue(x_buffer)?;
+    let mut out = R::allocate(x_buffer, &queue, out_layout.storage_end() * dtype.size_in_bytes())?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let norm = NormLaunch::new::<R>(dtype, weight, epsilon, variance)?;
+        let vectorized = vector_ok(&x_rows, dtype, R::base_alignment(x_buffer))
+            && vector_ok(&out_rows, dtype, R::base_alignment(&out))
+            && norm.weight_vector_ok::<R>(x_rows.hidden);
+        let kernel = R::norm_kernel(x_buffer, &norm.key(NormOp::RmsNorm, x_rows.hidden, vectorized))?;
+        let size = dtype.size_in_bytes();
+        let out_arg = BufferArg::Write { buffer: &mut out, offset: out_rows.offset, element_size: size };
+        let x_arg = BufferArg::Read { buffer: x_buffer, offset: x_rows.offset, element_size: size };
+        let strides = [x_rows.row_stride, out_rows.row_stride];
+        norm.launch::<R>(&queue, kernel, &x_rows, out_arg, x_arg, strides)?;
+    }
+    Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
+}
+
+/// `fused_add_rms_norm` on runtime `R`, in place: `residual ← x + residual`, `x ← norm(sum)`. The
+/// kernel is `fused_add_rms_norm_<variant>(elem_t* x, elem_t* residual, const welem_t* weight,
+/// compute_t epsilon, long long n_rows, int hidden, int variance, long long x_row_stride, long long
+/// residual_row_stride)`. With `dtype` rounding (`round_sum`) the residual holds the rounded sum
+/// after the first launch and a second launch, in order on the same queue, writes its `rms_norm`
+/// into x: this provider's norm of the rounded sum.
+pub fn run_fused_add_rms_norm<R: GpuRuntime>(
+    mut x: UniqueTensor,
+    mut residual: UniqueTensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+    round_sum: bool,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let dtype = x.tensor().dtype();
+    let x_rows = Rows::for_kernel(x.tensor().meta())?;
+    let r_rows = Rows::for_kernel(residual.tensor().meta())?;
+    let variance = norm_variance(variance_size, x_rows.hidden)?;
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let norm = NormLaunch::new::<R>(dtype, weight, epsilon, variance)?;
+        let x_buffer = device_buffer_mut::<R::Buffer>(&mut x, "x", R::MEMORY)?;
+        let r_buffer = device_buffer_mut::<R::Buffer>(&mut residual, "x_residual", R::MEMORY)?;
+        let vectorized = vector_ok(&x_rows, dtype, R::base_alignment(x_buffer))
+            && vector_ok(&r_rows, dtype, R::base_alignment(r_buffer))
+            && norm.weight_vector_ok::<R>(x_rows.hidden);
+        let queue = R::queue(x_buffer)?;
+        let size = dtype.size_in_bytes();
+        let kernel = R::norm_kernel(x_buffer, &norm.key(NormOp::FusedAddRmsNorm, x_rows.hidden, vectorized))?;
+        let x_arg = BufferArg::Write { buffer: &mut *x_buffer, offset: x_rows.offset, element_size: size };
+        let r_arg = BufferArg::Write { buffer: &mut *r_buffer, offset: r_rows.offset, element_size: size };
+        norm.launch::<R>(&queue, kernel, &x_rows, x_arg, r_arg, [x_rows.row_stride, r_rows.row_stride])?;
+        if round_sum {
+            let kernel = R::norm_kernel(x_buffer, &norm.key(NormOp::RmsNorm, r_rows.hidden, vectorized))?;
+            let out_arg = BufferArg::Write { buffer: x_buffer, offset: x_rows.offset, element_size: size };
+            let sum_arg = BufferArg::Read { buffer: &*r_buffer, offset: r_rows.offset, element_size: size };
+            norm.launch::<R>(&queue, kernel, &r_rows, out_arg, sum_arg, [r_rows.row_stride, x_rows.row_stride])?;
+        }
+    }
+    Ok((x.into_tensor(), residual.into_tensor()))
 }
 
 /// What every quantization launch starts from: x's rows and buffer, the call's queue and the fresh
@@ -694,7 +914,7 @@ mod tests {
 
     /// Host memory standing in for a device's: lets the family host code run without a device.
     #[derive(Debug)]
-    struct HostBuffer(Vec<u8>);
+    struct HostBuffer(Vec<u8>, usize);
 
     impl DeviceBuffer for HostBuffer {
         fn device(&self) -> ir_core::Device {
@@ -712,7 +932,7 @@ mod tests {
             Ok(())
         }
         fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, ir_core::storage::DeviceError> {
-            Ok(Box::new(HostBuffer(vec![0; len_bytes])))
+            Ok(Box::new(HostBuffer(vec![0; len_bytes], 256)))
         }
         fn as_any(&self) -> &dyn std::any::Any {
             self
@@ -750,10 +970,18 @@ mod tests {
             Ok(())
         }
         fn allocate(_like: &HostBuffer, _queue: &(), len_bytes: usize) -> Result<HostBuffer, KernelError> {
-            Ok(HostBuffer(vec![0; len_bytes]))
+            Ok(HostBuffer(vec![0; len_bytes], 256))
         }
         fn kernel(_like: &HostBuffer, key: KernelKey<'_>) -> Result<String, KernelError> {
             Ok(key.symbol())
+        }
+        fn norm_kernel(_like: &HostBuffer, key: &NormKey) -> Result<(String, NormShape), KernelError> {
+            let NormKey { op, dtype, weight, vectorized, hidden } = key;
+            let symbol = format!("{}_{dtype}_w{weight:?}_v{vectorized}_h{hidden}", op.name());
+            Ok((symbol, NormShape { group_size: 128, rows_per_group: 4 }))
+        }
+        fn base_alignment(buffer: &HostBuffer) -> usize {
+            buffer.1
         }
         unsafe fn launch(
             _queue: &(),
@@ -785,8 +1013,20 @@ mod tests {
     }
 
     fn on_host(dtype: DType, shape: &[usize], strides: &[usize], offset: usize, len: usize) -> Tensor {
+        on_host_at(256, dtype, shape, strides, offset, len)
+    }
+
+    /// A tensor over memory whose first byte has `alignment`.
+    fn on_host_at(
+        alignment: usize,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        len: usize,
+    ) -> Tensor {
         let layout = ir_core::Layout::new(shape, strides, offset).unwrap();
-        let buffer = HostBuffer(vec![0; len * dtype.size_in_bytes()]);
+        let buffer = HostBuffer(vec![0; len * dtype.size_in_bytes()], alignment);
         Tensor::from_storage(Storage::Device(Box::new(buffer)), dtype, layout).unwrap()
     }
 
@@ -920,6 +1160,82 @@ mod tests {
         let (q, scales) = run_dynamic_quant::<Recorder>(&x, None, DType::F8E5M2).unwrap();
         assert_eq!((q.shape(), scales.shape()), (&[3, 0][..], &[3, 1][..]));
         assert!(take_launches().is_empty());
+    }
+
+    #[test]
+    fn rms_norm_takes_the_vector_path_only_where_every_address_allows_it() {
+        let weight = on_host(DType::BF16, &[64], &[1], 0, 64);
+        for (alignment, offset, stride, vectorized) in
+            [(256, 0, 64, true), (256, 8, 72, true), (256, 2, 64, false), (8, 0, 64, false), (256, 0, 66, false)]
+        {
+            let x = on_host_at(alignment, DType::BF16, &[5, 64], &[stride, 1], offset, offset + 5 * stride);
+            let out = run_rms_norm::<Recorder>(&x, Some(&weight), 1e-6, None).unwrap();
+            assert_eq!(out.shape(), [5, 64]);
+            let launches = take_launches();
+            assert_eq!(launches.len(), 1);
+            let label = format!("alignment {alignment}, offset {offset}, stride {stride}");
+            assert_eq!(launches[0].symbol, format!("rms_norm_bf16_wSome(BF16)_v{vectorized}_h64"), "{label}");
+            assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 128, what: "rows" }, "{label}");
+            let expected = [
+                "write 640 bytes @0x2".to_owned(),
+                format!("read {} bytes @{offset}x2", (offset + 5 * stride) * 2),
+                "read 128 bytes @0x2".to_owned(),
+                "F32(1e-6)".to_owned(),
+                "I64(5)".to_owned(),
+                "I32(64)".to_owned(),
+                "I32(64)".to_owned(),
+                format!("I64({stride})"),
+                "I64(64)".to_owned(),
+            ];
+            assert_eq!(launches[0].args, expected, "{label}");
+        }
+        // A weight of another dtype is read with scalar loads either way; one of x's dtype must be
+        // aligned too.
+        let x = on_host(DType::BF16, &[5, 64], &[64, 1], 0, 320);
+        let misaligned = on_host_at(2, DType::BF16, &[64], &[1], 0, 64);
+        run_rms_norm::<Recorder>(&x, Some(&misaligned), 1e-6, None).unwrap();
+        let f32_weight = on_host_at(4, DType::F32, &[64], &[1], 0, 64);
+        run_rms_norm::<Recorder>(&x, Some(&f32_weight), 1e-6, Some(32)).unwrap();
+        let launches = take_launches();
+        assert!(launches[0].symbol.ends_with("_vfalse_h64"), "{}", launches[0].symbol);
+        assert_eq!(launches[1].symbol, "rms_norm_bf16_wSome(F32)_vtrue_h64");
+        assert_eq!(launches[1].args[6], "I32(32)", "variance_size");
+    }
+
+    #[test]
+    fn fused_add_rms_norm_with_dtype_rounding_normalizes_the_stored_sum_in_a_second_launch() {
+        let x = UniqueTensor::new(on_host(DType::F16, &[3, 16], &[16, 1], 0, 48)).unwrap();
+        let residual = UniqueTensor::new(on_host(DType::F16, &[3, 16], &[24, 1], 8, 80)).unwrap();
+        let (x, residual) = run_fused_add_rms_norm::<Recorder>(x, residual, None, 1e-5, None, true).unwrap();
+        assert_eq!((x.offset(), residual.offset()), (0, 8));
+        let launches = take_launches();
+        let symbols: Vec<&str> = launches.iter().map(|l| l.symbol.as_str()).collect();
+        assert_eq!(symbols, ["fused_add_rms_norm_f16_wNone_vtrue_h16", "rms_norm_f16_wNone_vtrue_h16"]);
+        let buffers = |l: &Launched| (l.args[..3].to_vec(), l.args[7..].to_vec());
+        let fused = ["write 96 bytes @0x2", "write 160 bytes @8x2", "null"].map(str::to_owned).to_vec();
+        assert_eq!(buffers(&launches[0]), (fused, vec!["I64(16)".to_owned(), "I64(24)".to_owned()]));
+        // The norm of the sum: into x, from the residual, strides in (x, out) order.
+        let norm = ["write 96 bytes @0x2", "read 160 bytes @8x2", "null"].map(str::to_owned).to_vec();
+        assert_eq!(buffers(&launches[1]), (norm, vec!["I64(24)".to_owned(), "I64(16)".to_owned()]));
+    }
+
+    #[test]
+    fn address_alignment_is_the_largest_power_of_two_up_to_256() {
+        assert_eq!(address_alignment(0x7f00_1234_5602), 2);
+        assert_eq!(address_alignment(0x7f00_1234_5610), 16);
+        assert_eq!(address_alignment(0x7f00_1234_5600), 256);
+        assert_eq!(address_alignment(0), 256);
+        let rows = Rows { n_rows: 4, hidden: 4096, row_stride: 4096, offset: 0 };
+        assert!(!vector_ok(&rows, DType::BF16, address_alignment(0x7f00_1234_5602)), "2 bytes past alignment");
+        assert!(!vector_ok(&rows, DType::F32, address_alignment(0x7f00_1234_5608)), "8-byte aligned only");
+        assert!(vector_ok(&rows, DType::BF16, address_alignment(0x7f00_1234_5610)));
+        assert!(!vector_ok(&rows, DType::F64, 256), "f64 rows launch with scalar accesses");
+        assert!(!vector_ok(&rows, DType::F32, 0), "a backend without a host-chosen vector path");
+        // A misaligned base made good by the offset is not taken.
+        assert!(!vector_ok(&Rows { offset: 1, ..rows }, DType::BF16, address_alignment(0x7f00_1234_560e)));
+        assert!(!vector_ok(&Rows { hidden: 4095, ..rows }, DType::BF16, 256), "H not a multiple of 8");
+        assert!(!vector_ok(&Rows { row_stride: 4099, ..rows }, DType::BF16, 256), "row stride");
+        assert!(vector_ok(&Rows { row_stride: 4100, offset: 4, ..rows }, DType::F32, 256));
     }
 
     #[test]

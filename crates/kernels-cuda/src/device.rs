@@ -342,7 +342,7 @@ impl CudaBuffer {
     pub(crate) fn base_alignment(&self) -> usize {
         match &self.memory {
             Memory::Owned(_) => ALLOCATION_ALIGNMENT,
-            Memory::External { ptr, .. } => address_alignment(*ptr),
+            Memory::External { ptr, .. } => kernel_support::gpu::address_alignment(*ptr),
         }
     }
 
@@ -386,15 +386,6 @@ impl CudaBuffer {
 
 /// Alignment of device allocations (the driver returns at least 256-byte aligned memory).
 pub(crate) const ALLOCATION_ALIGNMENT: usize = 256;
-
-/// The largest power of two up to [`ALLOCATION_ALIGNMENT`] dividing `address`.
-pub(crate) fn address_alignment(address: CUdeviceptr) -> usize {
-    if address == 0 {
-        ALLOCATION_ALIGNMENT
-    } else {
-        (1usize << address.trailing_zeros().min(8)).min(ALLOCATION_ALIGNMENT)
-    }
-}
 
 /// The device whose primary context runs `stream`.
 fn device_of_stream(stream: &CudaStream) -> Result<Arc<CudaDeviceState>, DeviceError> {

@@ -38,14 +38,12 @@ pub mod quant;
 pub mod rotary;
 pub mod runtime;
 
-use ir_core::storage::Storage;
 use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_ops::rms_norm;
-use kernel_support::{
-    ComputeScalar, KernelDTypes, NormCapabilities, Rows, device_buffer, device_buffer_mut,
-    fused_add_rms_norm_support_with, norm_variance, rms_norm_support_with,
-};
+use kernel_support::{KernelDTypes, NormCapabilities, fused_add_rms_norm_support_with, rms_norm_support_with};
+
+use crate::runtime::Cuda;
 
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
 pub use crate::launch::{BLOCK_SIZES, Geometry, THREADS_PER_ROW, rms_norm_launch};
@@ -91,90 +89,18 @@ pub fn rms_norm_cuda(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    let dtype = x.dtype();
-    let x_rows = Rows::for_kernel(x.meta())?;
-    let variance = norm_variance(variance_size, x_rows.hidden)?;
-    let x_buffer = device_buffer::<CudaBuffer>(x, "x", "CUDA")?;
-    let out_layout = x.layout().copy_layout();
-    let out_meta = ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() };
-    let out_rows = Rows::for_kernel(&out_meta)?;
-    // Outputs live on the call's stream, in stream order with the kernel that writes them.
-    let stream = x_buffer.call_stream()?;
-    let mut out = x_buffer
-        .device
-        .allocate_on(&stream, out_layout.storage_end() * dtype.size_in_bytes())
-        .map_err(ir_core::TensorError::from)?;
-    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
-        let weight = weight_arg(weight)?;
-        let vectorized = launch::vector_ok(&x_rows, dtype, x_buffer.base_alignment())
-            && launch::vector_ok(&out_rows, dtype, out.base_alignment())
-            && weight_vector_ok(weight, x_rows.hidden, dtype);
-        let launch = launch::Launch {
-            dtype,
-            rows: x_rows,
-            other_rows: out_rows,
-            epsilon: ComputeScalar::new(dtype, epsilon),
-            vectorized,
-            variance,
-        };
-        launch::launch_rms_norm(&stream, &launch, &mut out, x_buffer, weight)?;
-    }
-    Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
+    kernel_support::gpu::run_rms_norm::<Cuda>(x, weight, epsilon, variance_size)
 }
 
 /// `fused_add_rms_norm` on a CUDA device, in place: `residual ← x + residual`, `x ← norm(sum)`.
 pub fn fused_add_rms_norm_cuda(
-    mut x: UniqueTensor,
-    mut residual: UniqueTensor,
+    x: UniqueTensor,
+    residual: UniqueTensor,
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
     rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let dtype = x.tensor().dtype();
-    let x_rows = Rows::for_kernel(x.tensor().meta())?;
-    let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
-    let variance = norm_variance(variance_size, x_rows.hidden)?;
-    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
-        let weight = weight_arg(weight)?;
-        let x_buffer = device_buffer_mut::<CudaBuffer>(&mut x, "x", "CUDA")?;
-        let residual_buffer = device_buffer_mut::<CudaBuffer>(&mut residual, "x_residual", "CUDA")?;
-        let vectorized = launch::vector_ok(&x_rows, dtype, x_buffer.base_alignment())
-            && launch::vector_ok(&residual_rows, dtype, residual_buffer.base_alignment())
-            && weight_vector_ok(weight, x_rows.hidden, dtype);
-        let launch = launch::Launch {
-            dtype,
-            rows: x_rows,
-            other_rows: residual_rows,
-            epsilon: ComputeScalar::new(dtype, epsilon),
-            vectorized,
-            variance,
-        };
-        let stream = x_buffer.call_stream()?;
-        launch::launch_fused(&stream, &launch, x_buffer, residual_buffer, weight)?;
-        if rounding.rounds_intermediates(dtype) {
-            // `dtype` rounding: the residual now holds the rounded sum; x gets its norm (this
-            // provider's `rms_norm` of the rounded sum), a second launch on the same stream.
-            let norm = launch::Launch { rows: residual_rows, other_rows: x_rows, ..launch };
-            launch::launch_rms_norm(&stream, &norm, x_buffer, residual_buffer, weight)?;
-        }
-    }
-    Ok((x.into_tensor(), residual.into_tensor()))
-}
-
-/// Whether the weight allows the 16-byte path: none, or a weight of another dtype than x (read with
-/// scalar loads in either path), or one of x's dtype whose real address is 16-byte aligned.
-fn weight_vector_ok(weight: launch::WeightArg<'_>, hidden: usize, dtype: ir_core::DType) -> bool {
-    weight.is_none_or(|(buffer, offset, weight_dtype)| {
-        let rows = Rows { n_rows: 1, hidden, row_stride: hidden, offset };
-        weight_dtype != dtype || launch::vector_ok(&rows, dtype, buffer.base_alignment())
-    })
-}
-
-/// The weight's buffer, storage offset and dtype (which may differ from x's).
-fn weight_arg(weight: Option<&Tensor>) -> Result<launch::WeightArg<'_>, KernelError> {
-    match weight {
-        None => Ok(None),
-        Some(w) => Ok(Some((device_buffer::<CudaBuffer>(w, "weight", "CUDA")?, w.offset(), w.dtype()))),
-    }
+    let round_sum = rounding.rounds_intermediates(x.tensor().dtype());
+    kernel_support::gpu::run_fused_add_rms_norm::<Cuda>(x, residual, weight, epsilon, variance_size, round_sum)
 }

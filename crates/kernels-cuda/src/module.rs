@@ -155,11 +155,7 @@ pub fn all_programs() -> Vec<NormProgram> {
     programs
 }
 
-/// Whether rows of `dtype` may launch with 16-byte vector accesses (when aligned): not f64, a
-/// reference dtype, whose rows always launch with scalar accesses (fewer variants to compile).
-pub fn vectorizes(dtype: DType) -> bool {
-    dtype != DType::F64
-}
+pub use kernel_support::gpu::norm_vectorizes as vectorizes;
 
 /// Whether NVRTC can be loaded (probing never panics).
 pub fn nvrtc_availability() -> Availability {

@@ -6,10 +6,12 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use ir_core::KernelError;
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
-use kernel_support::gpu::{BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, Resolved, Scalar};
+use kernel_support::gpu::{BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar};
+use kernel_support::gpu_threads_per_row;
 use smallvec::SmallVec;
 
 use crate::device::{CudaBuffer, DeviceAddress, driver_error};
+use crate::module::NormProgram;
 
 /// CUDA through cudarc.
 #[derive(Debug)]
@@ -44,6 +46,18 @@ impl GpuRuntime for Cuda {
                 device.op_function(kernel, dtype, &key.symbol(), || crate::quant::compile_ptx(dtype, device.arch))
             }
         }
+    }
+
+    fn norm_kernel(like: &CudaBuffer, key: &NormKey) -> Result<(CudaFunction, NormShape), KernelError> {
+        let threads_per_row = gpu_threads_per_row(key.hidden);
+        let program = NormProgram { dtype: key.dtype, weight: key.weight, vectorized: key.vectorized, threads_per_row };
+        let group_size = program.block_size();
+        let shape = NormShape { group_size, rows_per_group: group_size / threads_per_row };
+        Ok((like.device.function(&program.kernel(key.op))?, shape))
+    }
+
+    fn base_alignment(buffer: &CudaBuffer) -> usize {
+        buffer.base_alignment()
     }
 
     unsafe fn launch(

@@ -108,7 +108,13 @@ pub fn rms_norm_rocm(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    with_hip!(launch::rms_norm(x, weight, epsilon, variance_size), x, weight, epsilon, variance_size)
+    with_hip!(
+        kernel_support::gpu::run_rms_norm::<runtime::Hip>(x, weight, epsilon, variance_size),
+        x,
+        weight,
+        epsilon,
+        variance_size
+    )
 }
 
 /// `fused_add_rms_norm` on `rocm:0`, in place.
@@ -122,7 +128,14 @@ pub fn fused_add_rms_norm_rocm(
 ) -> Result<(Tensor, Tensor), KernelError> {
     let round_sum = rounding.rounds_intermediates(x.tensor().dtype());
     with_hip!(
-        launch::fused(x, residual, weight, epsilon, variance_size, round_sum),
+        kernel_support::gpu::run_fused_add_rms_norm::<runtime::Hip>(
+            x,
+            residual,
+            weight,
+            epsilon,
+            variance_size,
+            round_sum
+        ),
         x,
         residual,
         weight,
@@ -131,9 +144,6 @@ pub fn fused_add_rms_norm_rocm(
         round_sum
     )
 }
-
-#[cfg(feature = "rocm")]
-mod launch;
 
 /// The error of a kernel call in a build without feature `rocm`.
 #[cfg(not(feature = "rocm"))]

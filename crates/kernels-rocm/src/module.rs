@@ -48,11 +48,7 @@ pub const MIXED_WEIGHT_THREADS_PER_ROW: [u32; 2] = [32, 256];
 /// weight of another dtype, or an f64 weight on other elements): one width.
 pub const F64_MIXED_THREADS_PER_ROW: u32 = 32;
 
-/// Whether rows of `dtype` may launch with 16-byte vector accesses (when aligned): not f64, whose
-/// kernels take scalar accesses only.
-pub fn vectorizes(dtype: DType) -> bool {
-    dtype != DType::F64
-}
+pub use kernel_support::gpu::norm_vectorizes as vectorizes;
 
 /// Every kernel the code object must contain: without a weight and with one of x's dtype at every
 /// row width, and with a weight of each other dtype at [`MIXED_WEIGHT_THREADS_PER_ROW`] (at

@@ -5,10 +5,13 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use ir_core::KernelError;
-use kernel_support::gpu::{BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, Resolved, Scalar};
+use kernel_support::gpu::{
+    BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, address_alignment,
+};
 use smallvec::SmallVec;
 
 use crate::device::{HipBuffer, HipDevice, device};
+use crate::module::{KernelVariant, launch_threads_per_row};
 
 /// HIP through hip-sys (the `rocm` provider).
 #[derive(Debug)]
@@ -41,6 +44,23 @@ impl GpuRuntime for Hip {
 
     fn kernel(_like: &HipBuffer, key: KernelKey<'_>) -> Result<String, KernelError> {
         Ok(key.symbol())
+    }
+
+    fn norm_kernel(_like: &HipBuffer, key: &NormKey) -> Result<(String, NormShape), KernelError> {
+        let threads_per_row = launch_threads_per_row(key.hidden, key.dtype, key.weight);
+        let variant = KernelVariant {
+            op: key.op,
+            dtype: key.dtype,
+            weight: key.weight,
+            vectorized: key.vectorized,
+            threads_per_row,
+        };
+        let group_size = variant.block_size();
+        Ok((variant.symbol(), NormShape { group_size, rows_per_group: group_size / threads_per_row }))
+    }
+
+    fn base_alignment(buffer: &HipBuffer) -> usize {
+        address_alignment(buffer.pointer as u64)
     }
 
     unsafe fn launch(

@@ -21,20 +21,17 @@
 
 mod device;
 pub mod gated;
-mod launch;
 mod module;
 pub mod quant;
 pub mod rotary;
 pub mod runtime;
 
-use ir_core::storage::Storage;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, TensorError, UniqueTensor};
+use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
 use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_ops::rms_norm;
-use kernel_support::{
-    ComputeScalar, KernelDTypes, NormCapabilities, Rows, device_buffer, device_buffer_mut,
-    fused_add_rms_norm_support_with, norm_variance, rms_norm_support_with,
-};
+use kernel_support::{KernelDTypes, NormCapabilities, fused_add_rms_norm_support_with, rms_norm_support_with};
+
+use crate::runtime::OpenCl;
 
 pub use crate::device::{
     ALLOW_CPU_ENV, COPY_MAX_RANK, XpuAllocator, XpuBuffer, XpuDevice, allocator, availability, device, is_gpu,
@@ -95,79 +92,18 @@ pub fn rms_norm_xpu(
     epsilon: f64,
     variance_size: Option<i64>,
 ) -> Result<Tensor, KernelError> {
-    let dtype = x.dtype();
-    let x_rows = Rows::for_kernel(x.meta())?;
-    let variance = norm_variance(variance_size, x_rows.hidden)?;
-    let x_buffer = device_buffer::<XpuBuffer>(x, "x", "xpu")?;
-    let out_layout = x.layout().copy_layout();
-    let out_rows = Rows::for_kernel(&ir_core::TensorMeta { layout: out_layout.clone(), ..x.meta().clone() })?;
-    // The output belongs to the call's queue, where the kernel writes it.
-    let queue = x_buffer.call_queue()?;
-    let out = x_buffer
-        .device
-        .allocate_on(&queue, out_layout.storage_end() * dtype.size_in_bytes())
-        .map_err(TensorError::from)?;
-    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
-        let weight = weight_arg(weight)?;
-        launch::launch(
-            &queue,
-            NormOp::RmsNorm,
-            launch::Args {
-                dtype,
-                epsilon: ComputeScalar::new(dtype, epsilon),
-                rows: x_rows,
-                other_rows: out_rows,
-                variance,
-            },
-            &out,
-            x_buffer,
-            weight,
-        )?;
-    }
-    Ok(Tensor::from_storage(Storage::Device(Box::new(out)), dtype, out_layout)?)
+    kernel_support::gpu::run_rms_norm::<OpenCl>(x, weight, epsilon, variance_size)
 }
 
 /// `fused_add_rms_norm` on `xpu:0`, in place: `residual ← x + residual`, `x ← norm(sum)`.
 pub fn fused_add_rms_norm_xpu(
-    mut x: UniqueTensor,
-    mut residual: UniqueTensor,
+    x: UniqueTensor,
+    residual: UniqueTensor,
     weight: Option<&Tensor>,
     epsilon: f64,
     variance_size: Option<i64>,
     rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let dtype = x.tensor().dtype();
-    let x_rows = Rows::for_kernel(x.tensor().meta())?;
-    let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
-    let variance = norm_variance(variance_size, x_rows.hidden)?;
-    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
-        let weight = weight_arg(weight)?;
-        let args = launch::Args {
-            dtype,
-            epsilon: ComputeScalar::new(dtype, epsilon),
-            rows: x_rows,
-            other_rows: residual_rows,
-            variance,
-        };
-        let x_buffer = device_buffer_mut::<XpuBuffer>(&mut x, "x", "xpu")?;
-        let residual_buffer = device_buffer_mut::<XpuBuffer>(&mut residual, "x_residual", "xpu")?;
-        let queue = x_buffer.call_queue()?;
-        let epsilon = args.epsilon;
-        launch::launch(&queue, NormOp::FusedAddRmsNorm, args, x_buffer, residual_buffer, weight)?;
-        if rounding.rounds_intermediates(dtype) {
-            // `dtype` rounding: the residual now holds the rounded sum; x gets its norm (this
-            // provider's `rms_norm` of the rounded sum), a second launch on the same queue.
-            let args = launch::Args { dtype, epsilon, rows: residual_rows, other_rows: x_rows, variance };
-            launch::launch(&queue, NormOp::RmsNorm, args, x_buffer, residual_buffer, weight)?;
-        }
-    }
-    Ok((x.into_tensor(), residual.into_tensor()))
-}
-
-/// The weight's buffer, storage offset and dtype (which may differ from x's).
-fn weight_arg(weight: Option<&Tensor>) -> Result<Option<(&XpuBuffer, usize, DType)>, KernelError> {
-    match weight {
-        None => Ok(None),
-        Some(w) => Ok(Some((device_buffer::<XpuBuffer>(w, "weight", "xpu")?, w.offset(), w.dtype()))),
-    }
+    let round_sum = rounding.rounds_intermediates(x.tensor().dtype());
+    kernel_support::gpu::run_fused_add_rms_norm::<OpenCl>(x, residual, weight, epsilon, variance_size, round_sum)
 }

@@ -5,14 +5,18 @@ use std::sync::{Arc, Mutex};
 
 use ir_core::KernelError;
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
-use kernel_support::gpu::{BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NORM_QUANT_KERNEL, Resolved, Scalar};
+use kernel_support::gpu::{
+    BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NORM_QUANT_KERNEL, NormKey, NormShape, Resolved, Scalar,
+};
 use kernel_support::kernel_int;
 use opencl3::command_queue::CommandQueue;
 use opencl3::kernel::{ExecuteKernel, Kernel};
 use opencl3::memory::ClMem;
 use opencl3::types::cl_mem;
 
+use crate::FORCE_TREE_ENV;
 use crate::device::{XpuBuffer, cl_error};
+use crate::module::{KernelVariant, group_size, threads_per_row, use_subgroups};
 
 /// OpenCL through opencl3 (the `xpu` provider).
 #[derive(Debug)]
@@ -49,6 +53,26 @@ impl GpuRuntime for OpenCl {
                 like.device.op_kernel(kernel, dtype, &key.symbol(), crate::quant::program)
             }
         }
+    }
+
+    fn norm_kernel(like: &XpuBuffer, key: &NormKey) -> Result<(Arc<Mutex<Kernel>>, NormShape), KernelError> {
+        let device = &like.device;
+        let threads_per_row = threads_per_row(key.hidden, device.max_work_group_size());
+        let force_tree = std::env::var(FORCE_TREE_ENV).is_ok_and(|v| v == "1");
+        let variant = KernelVariant {
+            op: key.op,
+            dtype: key.dtype,
+            weight: key.weight,
+            threads_per_row,
+            subgroups: use_subgroups(device.extensions(), device.max_sub_group_size(), threads_per_row, force_tree),
+        };
+        let shape = NormShape { group_size: group_size(threads_per_row), rows_per_group: variant.rows_per_group() };
+        Ok((device.kernel(&variant)?, shape))
+    }
+
+    /// 0: the OpenCL norms choose their accesses themselves (no host-chosen 16-byte path).
+    fn base_alignment(_buffer: &XpuBuffer) -> usize {
+        0
     }
 
     unsafe fn launch(
