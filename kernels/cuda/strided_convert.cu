@@ -107,12 +107,12 @@ __device__ __forceinline__ double round_c_i64(double v) { return (double)__doubl
 // C is the source's compute type: `factor` is passed in it (for i64, the f32 factor widened).
 #define STRIDED_CONVERT(SRC, S, C, DST, D)                                                                    \
     extern "C" __global__ void strided_convert_##SRC##_##DST(const S* __restrict__ src, D* __restrict__ dst,  \
-                                                            long long n, Dims8 shape, Dims8 src_strides,      \
+                                                            long long n, int rank, Dims8 shape, Dims8 src_strides, \
                                                             Dims8 dst_strides, C factor, int scaled) {        \
         long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                       \
         if (i >= n) return;                                                                                   \
         long long s, d;                                                                                       \
-        strided_offsets(i, shape, src_strides, dst_strides, s, d);                                            \
+        strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);                                      \
         C v = load_##SRC(src, s);                                                                             \
         if (scaled) v = round_c_##SRC(mul_rn(v, factor));                                                    \
         store_##DST(dst, d, v);                                                                               \
@@ -143,12 +143,12 @@ TO_EVERY_TARGET(i64, long long, double)
 // i64 the f64 result rounded to f32 (its compute dtype).
 #define STRIDED_BINARY(OP, NAME, T, C)                                                                        \
     extern "C" __global__ void strided_##OP##_##NAME(const T* __restrict__ a, const T* __restrict__ b,        \
-                                                    T* __restrict__ dst, long long n, Dims8 shape,           \
+                                                    T* __restrict__ dst, long long n, int rank, Dims8 shape, \
                                                     Dims8 a_strides, Dims8 b_strides) {                      \
         long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                       \
         if (i >= n) return;                                                                                   \
         long long s, t;                                                                                       \
-        strided_offsets(i, shape, a_strides, b_strides, s, t);                                                \
+        strided_offsets(i, rank, shape, a_strides, b_strides, s, t);                                          \
         C x = load_##NAME(a, s);                                                                              \
         C y = load_##NAME(b, t);                                                                              \
         store_##NAME(dst, i, round_c_##NAME(OP##_rn(x, y)));                                                  \

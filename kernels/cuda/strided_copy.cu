@@ -10,13 +10,16 @@ struct Dims8 {
 };
 
 // The storage offsets of element i (row-major) in the source and the destination layouts.
-__device__ __forceinline__ void strided_offsets(long long i, const Dims8& shape, const Dims8& src_strides,
+// Only the first `rank` dimensions divide (those past it are padding); the unrolled loop keeps
+// constant indices either way.
+__device__ __forceinline__ void strided_offsets(long long i, int rank, const Dims8& shape, const Dims8& src_strides,
                                                 const Dims8& dst_strides, long long& s, long long& d) {
     long long rest = i;
     s = 0;
     d = 0;
 #pragma unroll
     for (int k = 7; k >= 0; --k) {
+        if (k >= rank) continue;
         long long extent = shape.v[k];
         long long index = rest % extent;
         rest /= extent;
@@ -26,19 +29,19 @@ __device__ __forceinline__ void strided_offsets(long long i, const Dims8& shape,
 }
 
 template <typename T>
-__device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, Dims8 shape,
-                                             Dims8 src_strides, Dims8 dst_strides) {
+__device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, int rank,
+                                             Dims8 shape, Dims8 src_strides, Dims8 dst_strides) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     long long s, d;
-    strided_offsets(i, shape, src_strides, dst_strides, s, d);
+    strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);
     dst[d] = src[s];
 }
 
 #define STRIDED_COPY(bytes, T)                                                                                   \
-    extern "C" __global__ void strided_copy_##bytes(const T* src, T* dst, long long n, Dims8 shape,              \
+    extern "C" __global__ void strided_copy_##bytes(const T* src, T* dst, long long n, int rank, Dims8 shape,    \
                                                     Dims8 src_strides, Dims8 dst_strides) {                      \
-        strided_copy<T>(src, dst, n, shape, src_strides, dst_strides);                                           \
+        strided_copy<T>(src, dst, n, rank, shape, src_strides, dst_strides);                                     \
     }
 
 STRIDED_COPY(1, unsigned char)

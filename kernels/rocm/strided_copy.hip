@@ -24,13 +24,16 @@ struct Dims8 {
 };
 
 // The storage offsets of element i (row-major) in the source and the destination layouts.
-__device__ __forceinline__ void strided_offsets(long long i, const Dims8& shape, const Dims8& src_strides,
+// Only the first `rank` dimensions divide (those past it are padding); the unrolled loop keeps
+// constant indices either way.
+__device__ __forceinline__ void strided_offsets(long long i, int rank, const Dims8& shape, const Dims8& src_strides,
                                                 const Dims8& dst_strides, long long& s, long long& d) {
     long long rest = i;
     s = 0;
     d = 0;
 #pragma unroll
     for (int k = 7; k >= 0; --k) {
+        if (k >= rank) continue;
         long long extent = shape.v[k];
         long long index = rest % extent;
         rest /= extent;
@@ -40,19 +43,20 @@ __device__ __forceinline__ void strided_offsets(long long i, const Dims8& shape,
 }
 
 template <typename T>
-__device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, Dims8 shape,
-                                             Dims8 src_strides, Dims8 dst_strides) {
+__device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, int rank,
+                                             Dims8 shape, Dims8 src_strides, Dims8 dst_strides) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     long long s, d;
-    strided_offsets(i, shape, src_strides, dst_strides, s, d);
+    strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);
     dst[d] = src[s];
 }
 
 #define STRIDED_COPY(bytes, T)                                                                                   \
     extern "C" __global__ void __launch_bounds__(COPY_BLOCK)                                                     \
-        strided_copy_##bytes(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides, Dims8 dst_strides) { \
-        strided_copy<T>(src, dst, n, shape, src_strides, dst_strides);                                           \
+        strided_copy_##bytes(const T* src, T* dst, long long n, int rank, Dims8 shape, Dims8 src_strides,          \
+                             Dims8 dst_strides) {                                                                \
+        strided_copy<T>(src, dst, n, rank, shape, src_strides, dst_strides);                                     \
     }
 
 STRIDED_COPY(1, unsigned char)
@@ -138,12 +142,13 @@ __device__ __forceinline__ double round_c_i64(double v) { return (double)(float)
 // product a lone operation (contraction off regardless).
 #define STRIDED_CONVERT(SRC, S, C, DST, D)                                                                      \
     extern "C" __global__ void __launch_bounds__(COPY_BLOCK)                                                    \
-        strided_convert_##SRC##_##DST(const S* __restrict__ src, D* __restrict__ dst, long long n, Dims8 shape, \
+        strided_convert_##SRC##_##DST(const S* __restrict__ src, D* __restrict__ dst, long long n, int rank,    \
+                                      Dims8 shape,                                                              \
                                       Dims8 src_strides, Dims8 dst_strides, C factor, int scaled) {             \
         _Pragma("clang fp contract(off)") long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;       \
         if (i >= n) return;                                                                                     \
         long long s, d;                                                                                         \
-        strided_offsets(i, shape, src_strides, dst_strides, s, d);                                              \
+        strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);                                        \
         C v = convert_load_##SRC(src, s);                                                                       \
         if (scaled) v = round_c_##SRC(v * factor);                                                              \
         convert_store_##DST(dst, d, v);                                                                         \
@@ -175,11 +180,11 @@ TO_EVERY_TARGET(i64, long long, double)
 #define STRIDED_BINARY(OP, EXPR, NAME, T, C)                                                                    \
     extern "C" __global__ void __launch_bounds__(COPY_BLOCK)                                                    \
         strided_##OP##_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ dst, long long n, \
-                              Dims8 shape, Dims8 a_strides, Dims8 b_strides) {                                  \
+                              int rank, Dims8 shape, Dims8 a_strides, Dims8 b_strides) {                        \
         _Pragma("clang fp contract(off)") long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;       \
         if (i >= n) return;                                                                                     \
         long long s, t;                                                                                         \
-        strided_offsets(i, shape, a_strides, b_strides, s, t);                                                  \
+        strided_offsets(i, rank, shape, a_strides, b_strides, s, t);                                            \
         C x = convert_load_##NAME(a, s);                                                                        \
         C y = convert_load_##NAME(b, t);                                                                        \
         convert_store_##NAME(dst, i, round_c_##NAME(EXPR));                                                     \

@@ -18,16 +18,16 @@
 //! compute-type floats) is passed as it is.
 
 use ir_core::op::Value;
-use ir_core::storage::{DeviceBuffer, Storage};
+use ir_core::storage::{BinaryOp, DeviceBuffer, DeviceError, Storage, copy_strided_through_host};
 use ir_core::{DType, KernelError, Layout, Tensor, TensorMeta, UniqueTensor};
 use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
 use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 use smallvec::SmallVec;
 
 use crate::{
-    ComputeScalar, GatedCall, GatedGeometry, GatedKernel, NormOp, NormQuantCall, NormQuantOutputs, NormQuantResidual,
-    QUANT_KERNELS, RotaryCall, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales, fp8_format_code,
-    kernel_int, norm_variance, per_token_scales_shape,
+    BINARY_KERNELS, CONVERT_KERNELS, ComputeScalar, ConvertFactor, CopyDims, GatedCall, GatedGeometry, GatedKernel,
+    NormOp, NormQuantCall, NormQuantOutputs, NormQuantResidual, QUANT_KERNELS, RotaryCall, RowArgs, Rows,
+    device_buffer, device_buffer_mut, floor_scales, fp8_format_code, kernel_int, norm_variance, per_token_scales_shape,
 };
 
 /// Which kernel a launch runs: a backend maps it to its compiled function (compiling or loading it
@@ -113,6 +113,8 @@ pub enum Scalar {
     F32(f32),
     /// `double`.
     F64(f64),
+    /// Eight `long long`s by value: `Dims8` (CUDA, HIP), `long8` (OpenCL).
+    I64x8([i64; 8]),
 }
 
 /// A buffer argument.
@@ -217,6 +219,18 @@ impl<'a, B> KernelArgs<'a, B> {
         self
     }
 
+    /// A scalar of the type it holds.
+    pub fn scalar(&mut self, value: Scalar) -> &mut Self {
+        self.args.push(KernelArg::Scalar(value));
+        self
+    }
+
+    /// Eight `long long`s by value (a strided kernel's shape or strides).
+    pub fn dims(&mut self, value: [i64; 8]) -> &mut Self {
+        self.args.push(KernelArg::Scalar(Scalar::I64x8(value)));
+        self
+    }
+
     /// A `compute_t` of the program `value` was made for ([`ComputeScalar::new`]).
     pub fn compute(&mut self, value: ComputeScalar) -> &mut Self {
         self.args.push(KernelArg::Scalar(match value {
@@ -290,6 +304,9 @@ pub trait GpuRuntime {
     const GATED_GROUP: u32;
     /// Threads (work-items) per block of the quantization kernels: one block per row.
     const QUANT_GROUP: u32;
+    /// Threads (work-items) per block of the strided copies, conversions and `add`/`mul`: one per
+    /// element.
+    const COPY_GROUP: u32;
 
     /// The backend's device memory behind a tensor.
     type Buffer: DeviceBuffer;
@@ -312,6 +329,24 @@ pub trait GpuRuntime {
     /// The norm kernel for `key` on `like`'s device and the shape it launches with (the backend's
     /// threads per row for the hidden size, and its block size).
     fn norm_kernel(like: &Self::Buffer, key: &NormKey) -> Result<(Self::Kernel, NormShape), KernelError>;
+
+    /// The strided kernel `key` names on `like`'s device, or `None` where the backend has none for
+    /// it there (a conversion through f64 on a device without f64; the caller then computes on
+    /// the host).
+    fn strided_kernel(like: &Self::Buffer, key: StridedKey) -> Result<Option<Self::Kernel>, KernelError>;
+
+    /// The queue of `buffer`'s own work, where copies out of it are ordered.
+    fn buffer_queue(buffer: &Self::Buffer) -> Self::Queue;
+
+    /// Whether two buffers are memory of the same device (a device-side copy between them is
+    /// possible).
+    fn same_device(a: &Self::Buffer, b: &Self::Buffer) -> bool;
+
+    /// Called once for each copy, conversion or `add`/`mul` done on the device (a backend may count
+    /// them for its tests); nothing by default.
+    fn note_device_copy(like: &Self::Buffer) {
+        let _ = like;
+    }
 
     /// The alignment of `buffer`'s first byte (a power of two, at most 256), from which the norms
     /// decide whether 16-byte accesses are safe; 0 for a backend whose norm kernels take no
@@ -631,6 +666,200 @@ pub fn run_fused_add_rms_norm<R: GpuRuntime>(
         }
     }
     Ok((x.into_tensor(), residual.into_tensor()))
+}
+
+/// Which strided kernel a copy, conversion or `add`/`mul` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StridedKey {
+    /// `strided_copy_<bytes>` for elements of this dtype (moved as unsigned integers of its size).
+    Copy {
+        /// The elements' dtype.
+        dtype: DType,
+    },
+    /// `strided_convert_<src>_<dst>` (one of [`CONVERT_KERNELS`]).
+    Convert {
+        /// The source dtype.
+        src: DType,
+        /// The destination dtype.
+        dst: DType,
+    },
+    /// `strided_<op>_<dtype>` (one of [`BINARY_KERNELS`]).
+    Binary {
+        /// The operands' dtype.
+        dtype: DType,
+        /// `add` or `mul`.
+        op: BinaryOp,
+    },
+}
+
+impl StridedKey {
+    /// The kernel's symbol in the CUDA and HIP programs: `strided_copy_<bytes>`, the
+    /// [`CONVERT_KERNELS`] or [`BINARY_KERNELS`] entry; `None` for a pair or dtype no kernel takes.
+    pub fn symbol(&self) -> Option<&'static str> {
+        match *self {
+            StridedKey::Copy { dtype } => {
+                COPY_SYMBOLS.iter().find(|(bytes, _)| *bytes == dtype.size_in_bytes()).map(|(_, name)| *name)
+            }
+            StridedKey::Convert { src, dst } => {
+                CONVERT_KERNELS.iter().find(|(s, d, _)| *s == src && *d == dst).map(|(_, _, name)| *name)
+            }
+            StridedKey::Binary { dtype, op } => {
+                BINARY_KERNELS.iter().find(|(d, o, _)| *d == dtype && *o == op).map(|(_, _, name)| *name)
+            }
+        }
+    }
+}
+
+/// The strided copy kernels by element size.
+const COPY_SYMBOLS: [(usize, &str); 4] =
+    [(1, "strided_copy_1"), (2, "strided_copy_2"), (4, "strided_copy_4"), (8, "strided_copy_8")];
+
+/// A [`DeviceError`] of `buffer`'s device for `operation`.
+fn device_error(buffer: &impl DeviceBuffer, operation: &'static str, error: KernelError) -> DeviceError {
+    DeviceError { device: buffer.device(), operation, message: error.to_string() }
+}
+
+/// [`DeviceBuffer::copy_strided`] of a backend: on the device when `dst` is memory of `from`'s
+/// device (one launch per [`CopyDims::pieces`], so any rank), through the host otherwise. The
+/// kernel is `strided_copy_<bytes>(const T* src, T* dst, long long n, int rank, Dims8 shape, Dims8
+/// src_strides, Dims8 dst_strides)`.
+pub fn copy_strided<R: GpuRuntime>(
+    from: &R::Buffer,
+    src: &TensorMeta,
+    dst: &mut dyn DeviceBuffer,
+    dst_layout: &Layout,
+) -> Result<(), DeviceError> {
+    match dst.as_any_mut().downcast_mut::<R::Buffer>().filter(|to| R::same_device(from, to)) {
+        Some(to) => {
+            let key = StridedKey::Copy { dtype: src.dtype };
+            let done = strided::<R>(from, src, to, dst_layout, src.dtype, key, None)
+                .map_err(|e| device_error(from, "copy", e))?;
+            if done {
+                return Ok(());
+            }
+            copy_strided_through_host(from, src, to, dst_layout)
+        }
+        None => copy_strided_through_host(from, src, dst, dst_layout),
+    }
+}
+
+/// [`DeviceBuffer::convert_strided`] of a backend: on the device when `dst` is memory of `from`'s
+/// device and the backend converts the pair there; `false` (nothing written) otherwise. The kernel
+/// is `strided_convert_<src>_<dst>(const S* src, D* dst, long long n, int rank, Dims8 shape, Dims8
+/// src_strides, Dims8 dst_strides, C factor, int scaled)`, C the source's compute type
+/// ([`ConvertFactor`]).
+pub fn convert_strided<R: GpuRuntime>(
+    from: &R::Buffer,
+    src: &TensorMeta,
+    dst: &mut dyn DeviceBuffer,
+    dst_meta: &TensorMeta,
+    factor: Option<f64>,
+) -> Result<bool, DeviceError> {
+    let Some(to) = dst.as_any_mut().downcast_mut::<R::Buffer>().filter(|to| R::same_device(from, to)) else {
+        return Ok(false);
+    };
+    let key = StridedKey::Convert { src: src.dtype, dst: dst_meta.dtype };
+    let scale = (ConvertFactor::for_source(src.dtype, factor), i32::from(factor.is_some()));
+    strided::<R>(from, src, to, &dst_meta.layout, dst_meta.dtype, key, Some(scale))
+        .map_err(|e| device_error(from, "convert", e))
+}
+
+/// [`DeviceBuffer::binary_strided`] of a backend: on the device when `other` and `dst` are memory
+/// of `from`'s device and `dst` is compact; `false` (nothing written) otherwise. The kernel is
+/// `strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, int rank, Dims8 shape, Dims8
+/// a_strides, Dims8 b_strides)`, writing element i of the row-major order at `dst[i]`.
+pub fn binary_strided<R: GpuRuntime>(
+    from: &R::Buffer,
+    a: &TensorMeta,
+    other: &dyn DeviceBuffer,
+    b: &TensorMeta,
+    op: BinaryOp,
+    dst: &mut dyn DeviceBuffer,
+    dst_meta: &TensorMeta,
+) -> Result<bool, DeviceError> {
+    let Some(other) = other.as_any().downcast_ref::<R::Buffer>().filter(|o| R::same_device(from, o)) else {
+        return Ok(false);
+    };
+    let Some(to) = dst.as_any_mut().downcast_mut::<R::Buffer>().filter(|to| R::same_device(from, to)) else {
+        return Ok(false);
+    };
+    if !dst_meta.layout.is_compact_at_zero() {
+        return Ok(false);
+    }
+    let mut run = || -> Result<bool, KernelError> {
+        let Some(kernel) = R::strided_kernel(from, StridedKey::Binary { dtype: a.dtype, op })? else {
+            return Ok(false);
+        };
+        if a.numel() == 0 {
+            return Ok(true);
+        }
+        let queue = R::buffer_queue(from);
+        // a's strides as the source's, b's as the destination's: the kernel walks both.
+        for piece in CopyDims::pieces(a, &b.layout)? {
+            let [a_offset, b_offset, first] = piece.element_offsets()?;
+            let mut args = KernelArgs::new();
+            args.read(from, a_offset, a.dtype).read(other, b_offset, a.dtype).write(to, first, a.dtype);
+            args.long(piece.n).int(piece.rank).dims(piece.shape).dims(piece.src_strides).dims(piece.dst_strides);
+            // SAFETY: the arguments follow the prototype above, each integer converted without loss
+            // (`CopyDims::pieces`); the kernel is the one for this dtype and operation. Every element
+            // the piece describes is one `a` and `b` describe, in `from` and `other` (their layouts
+            // were checked against their storages); `to` (borrowed mutably, so distinct from both)
+            // holds the compact elements, of which the piece writes those from `first` on.
+            unsafe { R::launch(&queue, &kernel, copy_grid::<R>(piece.n)?, args) }?;
+        }
+        R::note_device_copy(from);
+        Ok(true)
+    };
+    run().map_err(|e| device_error(from, op.name(), e))
+}
+
+/// The launch of one thread per element of a piece of `n` elements.
+fn copy_grid<R: GpuRuntime>(n: i64) -> Result<Grid, KernelError> {
+    let n = usize::try_from(n).map_err(|_| crate::out_of_range("elements", n, 0, isize::MAX))?;
+    Ok(Grid { groups: n.div_ceil(R::COPY_GROUP as usize), group_size: R::COPY_GROUP, what: "elements" })
+}
+
+/// Runs the strided copy or conversion `key` (`scale` given for a conversion) over the elements
+/// `src` describes in `from`, into `to` with `to_layout` (elements of `to_dtype`), ordered on
+/// `from`'s queue; `false` when the backend has no kernel for `key`.
+fn strided<R: GpuRuntime>(
+    from: &R::Buffer,
+    src: &TensorMeta,
+    to: &mut R::Buffer,
+    to_layout: &Layout,
+    to_dtype: DType,
+    key: StridedKey,
+    scale: Option<(ConvertFactor, i32)>,
+) -> Result<bool, KernelError> {
+    let Some(kernel) = R::strided_kernel(from, key)? else {
+        return Ok(false);
+    };
+    if src.numel() == 0 {
+        return Ok(true);
+    }
+    let queue = R::buffer_queue(from);
+    for piece in CopyDims::pieces(src, to_layout)? {
+        let [src_offset, dst_offset, _] = piece.element_offsets()?;
+        let mut args = KernelArgs::new();
+        args.read(from, src_offset, src.dtype).write(&mut *to, dst_offset, to_dtype);
+        args.long(piece.n).int(piece.rank).dims(piece.shape).dims(piece.src_strides).dims(piece.dst_strides);
+        if let Some((factor, scaled)) = scale {
+            let factor = match factor {
+                ConvertFactor::F32(v) => Scalar::F32(v),
+                ConvertFactor::F64(v) => Scalar::F64(v),
+            };
+            args.scalar(factor).int(scaled);
+        }
+        // SAFETY: the arguments follow the copy or conversion prototype (the conversion's factor and
+        // flag only for it, which `scale` is given for, the factor in the source's compute type),
+        // each integer converted without loss (`CopyDims::pieces`). Every element the piece
+        // describes is one `src` describes, in `from` (its layout was checked against the
+        // storage), or one of `to_layout`, in `to` (allocated for it by the caller; borrowed
+        // mutably, so distinct from `from`).
+        unsafe { R::launch(&queue, &kernel, copy_grid::<R>(piece.n)?, args) }?;
+    }
+    R::note_device_copy(from);
+    Ok(true)
 }
 
 /// What every quantization launch starts from: x's rows and buffer, the call's queue and the fresh
@@ -962,6 +1191,7 @@ mod tests {
         const MEMORY: &'static str = "host-standing-in";
         const GATED_GROUP: u32 = 64;
         const QUANT_GROUP: u32 = 32;
+        const COPY_GROUP: u32 = 16;
         type Buffer = HostBuffer;
         type Queue = ();
         type Kernel = String;
@@ -982,6 +1212,15 @@ mod tests {
         }
         fn base_alignment(buffer: &HostBuffer) -> usize {
             buffer.1
+        }
+        fn strided_kernel(_like: &HostBuffer, key: StridedKey) -> Result<Option<String>, KernelError> {
+            // No f64 conversions here, as on an OpenCL device without f64.
+            let through_f64 = matches!(key, StridedKey::Convert { src: DType::F64, .. });
+            Ok(key.symbol().filter(|_| !through_f64).map(str::to_owned))
+        }
+        fn buffer_queue(_buffer: &HostBuffer) {}
+        fn same_device(_a: &HostBuffer, _b: &HostBuffer) -> bool {
+            true
         }
         unsafe fn launch(
             _queue: &(),
@@ -1236,6 +1475,73 @@ mod tests {
         assert!(!vector_ok(&Rows { hidden: 4095, ..rows }, DType::BF16, 256), "H not a multiple of 8");
         assert!(!vector_ok(&Rows { row_stride: 4099, ..rows }, DType::BF16, 256), "row stride");
         assert!(vector_ok(&Rows { row_stride: 4100, offset: 4, ..rows }, DType::F32, 256));
+    }
+
+    fn storage_of(t: &mut Tensor) -> &mut dyn DeviceBuffer {
+        match t.storage_mut().unwrap() {
+            Storage::Device(buffer) => buffer.as_mut(),
+            Storage::Cpu(_) => unreachable!("made on the recording runtime"),
+        }
+    }
+
+    fn buffer_of(t: &Tensor) -> &HostBuffer {
+        device_buffer::<HostBuffer>(t, "t", "host").unwrap()
+    }
+
+    #[test]
+    fn strided_copies_conversions_and_binaries_pass_rank_dims_and_offsets() {
+        // A transposed [4, 6] f16 view from element 2: no dimension merges, rank 2.
+        let src = on_host(DType::F16, &[4, 6], &[1, 4], 2, 26);
+        let mut dst = on_host(DType::F16, &[4, 6], &[6, 1], 0, 24);
+        let pad = |v: &[i64], fill: i64| std::array::from_fn::<i64, 8, _>(|k| v.get(k).copied().unwrap_or(fill));
+        let dims = format!(
+            "I64(24) I32(2) {:?} {:?} {:?}",
+            Scalar::I64x8(pad(&[4, 6], 1)),
+            Scalar::I64x8(pad(&[1, 4], 0)),
+            Scalar::I64x8(pad(&[6, 1], 0))
+        );
+        let dst_layout = dst.layout().clone();
+        copy_strided::<Recorder>(buffer_of(&src), src.meta(), storage_of(&mut dst), &dst_layout).unwrap();
+        let meta = dst.meta().clone();
+        let converted =
+            convert_strided::<Recorder>(buffer_of(&src), src.meta(), storage_of(&mut dst), &meta, Some(0.5)).unwrap();
+        assert!(converted);
+        let b = on_host(DType::F16, &[4, 6], &[6, 1], 0, 24);
+        let op = BinaryOp::Mul;
+        let added = binary_strided::<Recorder>(
+            buffer_of(&src),
+            src.meta(),
+            buffer_of(&b),
+            b.meta(),
+            op,
+            storage_of(&mut dst),
+            &meta,
+        )
+        .unwrap();
+        assert!(added);
+        let launches = take_launches();
+        let symbols: Vec<&str> = launches.iter().map(|l| l.symbol.as_str()).collect();
+        assert_eq!(symbols, ["strided_copy_2", "strided_convert_f16_f16", "strided_mul_f16"]);
+        for launch in &launches {
+            assert_eq!(launch.grid, Grid { groups: 2, group_size: 16, what: "elements" }, "{}", launch.symbol);
+        }
+        let args = |l: &Launched, buffers: usize| (l.args[..buffers].join(" "), l.args[buffers..buffers + 5].join(" "));
+        assert_eq!(args(&launches[0], 2), ("read 52 bytes @2x2 write 48 bytes @0x2".to_owned(), dims.clone()));
+        assert_eq!(&launches[1].args[7..], ["F32(0.5)", "I32(1)"]);
+        assert_eq!(
+            args(&launches[2], 3),
+            ("read 52 bytes @2x2 read 48 bytes @0x2 write 48 bytes @0x2".to_owned(), dims.clone())
+        );
+        // No kernel for the pair: nothing launched, the caller converts on the host.
+        let wide = on_host(DType::F64, &[4, 6], &[6, 1], 0, 24);
+        let none = convert_strided::<Recorder>(buffer_of(&wide), wide.meta(), storage_of(&mut dst), &meta, None);
+        assert!(!none.unwrap());
+        // Nothing to copy: no launch.
+        let empty = on_host(DType::F16, &[0, 6], &[6, 1], 0, 0);
+        let mut empty_dst = on_host(DType::F16, &[0, 6], &[6, 1], 0, 0);
+        let layout = empty_dst.layout().clone();
+        copy_strided::<Recorder>(buffer_of(&empty), empty.meta(), storage_of(&mut empty_dst), &layout).unwrap();
+        assert!(take_launches().is_empty());
     }
 
     #[test]

@@ -9,11 +9,12 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
     SyncOnDrop,
 };
-use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, KernelError};
 use ir_core::{Layout, TensorMeta};
 
 use crate::module::{KernelVariant, NormProgram, arch_for, compile_ptx, nvrtc_availability};
+use crate::runtime::Cuda;
 use kernel_support::GatedKernel;
 
 /// One CUDA device: its context, the stream every operation of this crate uses, and compiled kernels.
@@ -471,21 +472,11 @@ impl DeviceBuffer for CudaBuffer {
         dst: &mut dyn DeviceBuffer,
         dst_layout: &Layout,
     ) -> Result<(), DeviceError> {
-        if let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>()
-            && Arc::ptr_eq(&target.device, &self.device)
-        {
-            return crate::copy::copy_on_device(self, src, target, dst_layout).map_err(|e| DeviceError {
-                device: Device::Cuda(self.device.ordinal as u32),
-                operation: "copy",
-                message: e.to_string(),
-            });
-        }
-        copy_strided_through_host(self, src, dst, dst_layout)
+        kernel_support::gpu::copy_strided::<Cuda>(self, src, dst, dst_layout)
     }
 
     /// On the device (`kernels/strided_convert.cu`) when `dst` is memory of the same device and the
-    /// pair of dtypes one of
-    /// [`CONVERT_KERNELS`](crate::copy::CONVERT_KERNELS).
+    /// pair of dtypes one of [`CONVERT_KERNELS`](crate::copy::CONVERT_KERNELS).
     fn convert_strided(
         &self,
         src: &TensorMeta,
@@ -493,17 +484,7 @@ impl DeviceBuffer for CudaBuffer {
         dst_meta: &TensorMeta,
         factor: Option<f64>,
     ) -> Result<bool, DeviceError> {
-        let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>() else {
-            return Ok(false);
-        };
-        if !Arc::ptr_eq(&target.device, &self.device) {
-            return Ok(false);
-        }
-        crate::copy::convert_on_device(self, src, target, dst_meta, factor).map_err(|e| DeviceError {
-            device: Device::Cuda(self.device.ordinal as u32),
-            operation: "convert",
-            message: e.to_string(),
-        })
+        kernel_support::gpu::convert_strided::<Cuda>(self, src, dst, dst_meta, factor)
     }
 
     /// On the device (`strided_<op>_<dtype>` in `kernels/strided_convert.cu`) when `other` and `dst`
@@ -517,21 +498,7 @@ impl DeviceBuffer for CudaBuffer {
         dst: &mut dyn DeviceBuffer,
         dst_meta: &TensorMeta,
     ) -> Result<bool, DeviceError> {
-        let Some(other) = other.as_any().downcast_ref::<CudaBuffer>() else {
-            return Ok(false);
-        };
-        let Some(target) = dst.as_any_mut().downcast_mut::<CudaBuffer>() else {
-            return Ok(false);
-        };
-        let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
-        if !same_device || !dst_meta.layout.is_compact_at_zero() {
-            return Ok(false);
-        }
-        crate::copy::binary_on_device(self, a, other, b, op, target).map_err(|e| DeviceError {
-            device: Device::Cuda(self.device.ordinal as u32),
-            operation: op.name(),
-            message: e.to_string(),
-        })
+        kernel_support::gpu::binary_strided::<Cuda>(self, a, other, b, op, dst, dst_meta)
     }
 
     fn as_any(&self) -> &dyn Any {

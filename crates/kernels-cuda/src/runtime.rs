@@ -6,7 +6,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use ir_core::KernelError;
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
-use kernel_support::gpu::{BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar};
+use kernel_support::gpu::{
+    BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
+};
 use kernel_support::gpu_threads_per_row;
 use smallvec::SmallVec;
 
@@ -22,6 +24,7 @@ impl GpuRuntime for Cuda {
     const MEMORY: &'static str = "CUDA";
     const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
     const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
+    const COPY_GROUP: u32 = crate::copy::COPY_BLOCK;
 
     type Buffer = CudaBuffer;
     type Queue = Arc<CudaStream>;
@@ -54,6 +57,29 @@ impl GpuRuntime for Cuda {
         let group_size = program.block_size();
         let shape = NormShape { group_size, rows_per_group: group_size / threads_per_row };
         Ok((like.device.function(&program.kernel(key.op))?, shape))
+    }
+
+    fn strided_kernel(like: &CudaBuffer, key: StridedKey) -> Result<Option<CudaFunction>, KernelError> {
+        let (device, arch) = (&like.device, like.device.arch);
+        let Some(symbol) = key.symbol() else { return Ok(None) };
+        let function = match key {
+            StridedKey::Copy { dtype } => {
+                device.op_function("strided_copy", dtype, symbol, || crate::copy::compile_ptx(arch))?
+            }
+            // Cached per kernel name (each pair or operation its own entry).
+            StridedKey::Convert { src: dtype, .. } | StridedKey::Binary { dtype, .. } => {
+                device.op_function(symbol, dtype, symbol, || crate::copy::compile_convert_ptx(arch))?
+            }
+        };
+        Ok(Some(function))
+    }
+
+    fn buffer_queue(buffer: &CudaBuffer) -> Arc<CudaStream> {
+        Arc::clone(buffer.stream())
+    }
+
+    fn same_device(a: &CudaBuffer, b: &CudaBuffer) -> bool {
+        Arc::ptr_eq(&a.device, &b.device)
     }
 
     fn base_alignment(buffer: &CudaBuffer) -> usize {
@@ -99,6 +125,7 @@ impl GpuRuntime for Cuda {
                 Resolved::Scalar(Scalar::I64(v)) => builder.arg(v),
                 Resolved::Scalar(Scalar::F32(v)) => builder.arg(v),
                 Resolved::Scalar(Scalar::F64(v)) => builder.arg(v),
+                Resolved::Scalar(Scalar::I64x8(v)) => builder.arg(v),
             };
         }
         // SAFETY: the caller's contract (`GpuRuntime::launch`): the values follow the kernel's

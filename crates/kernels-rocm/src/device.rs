@@ -11,11 +11,13 @@ use hip_sys::hiprt::{
     hipGetDeviceCount, hipGetErrorString, hipMalloc, hipMemcpyDtoH, hipMemcpyHtoD, hipMemsetD8, hipModule_t,
     hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice,
 };
-use ir_core::storage::{BinaryOp, DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
+use ir_core::storage::{BinaryOp, DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, Device, KernelError};
 use ir_core::{Layout, TensorMeta};
 
 include!(concat!(env!("OUT_DIR"), "/code_objects.rs"));
+
+use crate::runtime::Hip;
 
 /// One HIP device with the loaded code object and its kernels.
 pub(crate) struct HipDevice {
@@ -200,7 +202,7 @@ impl DeviceAllocator for RocmAllocator {
 pub struct HipBuffer {
     pub(crate) pointer: *mut c_void,
     len_bytes: usize,
-    device: Arc<HipDevice>,
+    pub(crate) device: Arc<HipDevice>,
     owner: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
@@ -265,143 +267,6 @@ impl Drop for HipBuffer {
     }
 }
 
-use kernel_support::ConvertFactor;
-
-/// Blocks of 256 threads for one thread per element of a piece of `n` elements.
-fn blocks_for(n: i64) -> Result<u32, KernelError> {
-    u32::try_from((n as u64).div_ceil(256)).map_err(|_| KernelError::GridLimit { what: "elements", count: n as usize })
-}
-
-impl HipBuffer {
-    /// Copies the elements `src` describes in this buffer into `to` with `to_layout`, on the device.
-    fn copy_on_device(&self, src: &TensorMeta, to: &HipBuffer, to_layout: &Layout) -> Result<(), KernelError> {
-        let symbol = format!("strided_copy_{}", src.dtype.size_in_bytes());
-        self.launch_strided(&symbol, src, to, to_layout, src.dtype.size_in_bytes(), None)
-    }
-
-    /// Converts the elements `src` describes in this buffer into `to` as `to_meta` describes them, on
-    /// the device (see [`DeviceBuffer::convert_strided`]); `false` when no kernel converts this pair.
-    fn convert_on_device(
-        &self,
-        src: &TensorMeta,
-        to: &HipBuffer,
-        to_meta: &TensorMeta,
-        factor: Option<f64>,
-    ) -> Result<bool, KernelError> {
-        let Some(&(_, _, name)) =
-            crate::CONVERT_KERNELS.iter().find(|(s, d, _)| *s == src.dtype && *d == to_meta.dtype)
-        else {
-            return Ok(false);
-        };
-        let scale = (ConvertFactor::for_source(src.dtype, factor), i32::from(factor.is_some()));
-        self.launch_strided(name, src, to, &to_meta.layout, to_meta.dtype.size_in_bytes(), Some(scale))?;
-        Ok(true)
-    }
-
-    /// Launches the strided copy (`scale` `None`) or conversion kernel `symbol` (`Some((factor,
-    /// scaled))`) over the elements `src` describes, into `to` with `to_layout` (elements of
-    /// `to_size` bytes).
-    fn launch_strided(
-        &self,
-        symbol: &str,
-        src: &TensorMeta,
-        to: &HipBuffer,
-        to_layout: &Layout,
-        to_size: usize,
-        scale: Option<(ConvertFactor, i32)>,
-    ) -> Result<(), KernelError> {
-        let n = src.numel();
-        if n == 0 {
-            return Ok(());
-        }
-        let src_size = src.dtype.size_in_bytes();
-        for piece in kernel_support::CopyDims::pieces(src, to_layout)? {
-            let kernel_support::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } = piece;
-            let [src_offset, dst_offset, _] = piece.element_offsets()?;
-            let mut src_ptr = self.pointer.wrapping_byte_add(src_offset * src_size);
-            let mut dst_ptr = to.pointer.wrapping_byte_add(dst_offset * to_size);
-            let (mut factor, mut scaled) = scale.unwrap_or((ConvertFactor::F32(1.0), 0));
-            let factor_param = match &mut factor {
-                ConvertFactor::F32(f) => f as *mut f32 as *mut c_void,
-                ConvertFactor::F64(f) => f as *mut f64 as *mut c_void,
-            };
-            // strided_copy_<bytes>(const T* src, T* dst, long long n, Dims8 shape, Dims8 src_strides,
-            //                      Dims8 dst_strides), Dims8 being eight long longs by value;
-            // strided_convert_<src>_<dst>(the same, C factor, int scaled), C double for f64 and i64
-            // sources (ConvertFactor::F64), float for the others.
-            let mut params: [*mut c_void; 8] = [
-                &mut src_ptr as *mut _ as *mut c_void,
-                &mut dst_ptr as *mut _ as *mut c_void,
-                &mut n_elements as *mut _ as *mut c_void,
-                &mut shape as *mut _ as *mut c_void,
-                &mut src_strides as *mut _ as *mut c_void,
-                &mut dst_strides as *mut _ as *mut c_void,
-                factor_param,
-                &mut scaled as *mut _ as *mut c_void,
-            ];
-            let count = if scale.is_some() { 8 } else { 6 };
-            // SAFETY: the first `count` parameters point to locals of the kernel's declared types in
-            // prototype order (each [i64; 8] laid out as `Dims8`; the conversion's two more only for
-            // it, which `scale` is given for, the factor in the kernel's compute type), every integer
-            // converted without loss. Every element the piece describes is one `src` describes, in
-            // this buffer (its layout was checked against the storage), or one of `to_layout`, in
-            // `to` (allocated for it by the caller, distinct from this one).
-            unsafe { self.device.launch(symbol, blocks_for(piece.n)?, 256, &mut params[..count]) }?;
-        }
-        Ok(())
-    }
-}
-
-impl HipBuffer {
-    /// `add`/`mul` (`op`) of the elements `a` describes in this buffer and `b` describes in `other`
-    /// into the compact `to`, on the device (see [`DeviceBuffer::binary_strided`]); `false` when no
-    /// kernel computes this dtype.
-    fn binary_on_device(
-        &self,
-        a: &TensorMeta,
-        other: &HipBuffer,
-        b: &TensorMeta,
-        op: BinaryOp,
-        to: &HipBuffer,
-    ) -> Result<bool, KernelError> {
-        let Some(&(_, _, name)) = crate::BINARY_KERNELS.iter().find(|(d, o, _)| *d == a.dtype && *o == op) else {
-            return Ok(false);
-        };
-        let n = a.numel();
-        if n == 0 {
-            return Ok(true);
-        }
-        // a's strides as the source's, b's as the destination's: the kernel walks both.
-        let size = a.dtype.size_in_bytes();
-        for piece in kernel_support::CopyDims::pieces(a, &b.layout)? {
-            let kernel_support::CopyDims { mut shape, mut src_strides, mut dst_strides, n: mut n_elements, .. } = piece;
-            let [a_offset, b_offset, first] = piece.element_offsets()?;
-            let mut a_ptr = self.pointer.wrapping_byte_add(a_offset * size);
-            let mut b_ptr = other.pointer.wrapping_byte_add(b_offset * size);
-            let mut dst_ptr = to.pointer.wrapping_byte_add(first * size);
-            // strided_<op>_<dtype>(const T* a, const T* b, T* dst, long long n, Dims8 shape,
-            //                      Dims8 a_strides, Dims8 b_strides)
-            let mut params: [*mut c_void; 7] = [
-                &mut a_ptr as *mut _ as *mut c_void,
-                &mut b_ptr as *mut _ as *mut c_void,
-                &mut dst_ptr as *mut _ as *mut c_void,
-                &mut n_elements as *mut _ as *mut c_void,
-                &mut shape as *mut _ as *mut c_void,
-                &mut src_strides as *mut _ as *mut c_void,
-                &mut dst_strides as *mut _ as *mut c_void,
-            ];
-            // SAFETY: the parameters point to locals of the kernel's declared types in prototype
-            // order (each [i64; 8] laid out as `Dims8`), every integer converted without loss; the
-            // kernel is the one for this dtype and operation. Every element the piece describes is
-            // one `a` and `b` describe, in this buffer and `other` (their layouts were checked
-            // against their storages); `to`, distinct from both, holds the `n` compact elements, of
-            // which the piece writes those from `first` on.
-            unsafe { self.device.launch(name, blocks_for(piece.n)?, 256, &mut params) }?;
-        }
-        Ok(true)
-    }
-}
-
 impl DeviceBuffer for HipBuffer {
     fn device(&self) -> Device {
         Device::Rocm(self.device.ordinal as u32)
@@ -450,12 +315,7 @@ impl DeviceBuffer for HipBuffer {
         dst: &mut dyn DeviceBuffer,
         dst_layout: &Layout,
     ) -> Result<(), DeviceError> {
-        if let Some(target) = dst.as_any().downcast_ref::<HipBuffer>()
-            && Arc::ptr_eq(&target.device, &self.device)
-        {
-            return self.copy_on_device(src, target, dst_layout).map_err(|e| self.device.error("copy", e.to_string()));
-        }
-        copy_strided_through_host(self, src, dst, dst_layout)
+        kernel_support::gpu::copy_strided::<Hip>(self, src, dst, dst_layout)
     }
 
     /// On the device (`strided_<op>_<dtype>` in `kernels/strided_copy.hip`) when `other` and `dst`
@@ -469,21 +329,11 @@ impl DeviceBuffer for HipBuffer {
         dst: &mut dyn DeviceBuffer,
         dst_meta: &TensorMeta,
     ) -> Result<bool, DeviceError> {
-        let (Some(other), Some(target)) =
-            (other.as_any().downcast_ref::<HipBuffer>(), dst.as_any().downcast_ref::<HipBuffer>())
-        else {
-            return Ok(false);
-        };
-        let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
-        if !same_device || !dst_meta.layout.is_compact_at_zero() {
-            return Ok(false);
-        }
-        self.binary_on_device(a, other, b, op, target).map_err(|e| self.device.error(op.name(), e.to_string()))
+        kernel_support::gpu::binary_strided::<Hip>(self, a, other, b, op, dst, dst_meta)
     }
 
     /// On the device (`strided_convert_*` in `kernels/strided_copy.hip`) when `dst` is memory of this
-    /// device and the pair of dtypes one of
-    /// [`CONVERT_KERNELS`](crate::CONVERT_KERNELS).
+    /// device and the pair of dtypes one of [`CONVERT_KERNELS`](crate::CONVERT_KERNELS).
     fn convert_strided(
         &self,
         src: &TensorMeta,
@@ -491,13 +341,7 @@ impl DeviceBuffer for HipBuffer {
         dst_meta: &TensorMeta,
         factor: Option<f64>,
     ) -> Result<bool, DeviceError> {
-        let Some(target) = dst.as_any().downcast_ref::<HipBuffer>() else {
-            return Ok(false);
-        };
-        if !Arc::ptr_eq(&target.device, &self.device) {
-            return Ok(false);
-        }
-        self.convert_on_device(src, target, dst_meta, factor).map_err(|e| self.device.error("convert", e.to_string()))
+        kernel_support::gpu::convert_strided::<Hip>(self, src, dst, dst_meta, factor)
     }
 
     fn as_any(&self) -> &dyn Any {

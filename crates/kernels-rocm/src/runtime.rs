@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use ir_core::KernelError;
 use kernel_support::gpu::{
-    BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, address_alignment,
+    BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
+    address_alignment,
 };
 use smallvec::SmallVec;
 
@@ -26,6 +27,8 @@ impl GpuRuntime for Hip {
     const MEMORY: &'static str = "HIP";
     const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
     const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
+    /// `COPY_BLOCK` in `strided_copy.hip`.
+    const COPY_GROUP: u32 = 256;
 
     type Buffer = HipBuffer;
     /// The device: its launches take the caller's stream when the call's context gives one
@@ -59,6 +62,18 @@ impl GpuRuntime for Hip {
         Ok((variant.symbol(), NormShape { group_size, rows_per_group: group_size / threads_per_row }))
     }
 
+    fn strided_kernel(_like: &HipBuffer, key: StridedKey) -> Result<Option<String>, KernelError> {
+        Ok(key.symbol().map(str::to_owned))
+    }
+
+    fn buffer_queue(buffer: &HipBuffer) -> Arc<HipDevice> {
+        Arc::clone(&buffer.device)
+    }
+
+    fn same_device(a: &HipBuffer, b: &HipBuffer) -> bool {
+        Arc::ptr_eq(&a.device, &b.device)
+    }
+
     fn base_alignment(buffer: &HipBuffer) -> usize {
         address_alignment(buffer.pointer as u64)
     }
@@ -90,6 +105,7 @@ impl GpuRuntime for Hip {
                 Resolved::Scalar(Scalar::I64(v)) => v as *mut i64 as *mut c_void,
                 Resolved::Scalar(Scalar::F32(v)) => v as *mut f32 as *mut c_void,
                 Resolved::Scalar(Scalar::F64(v)) => v as *mut f64 as *mut c_void,
+                Resolved::Scalar(Scalar::I64x8(v)) => v as *mut [i64; 8] as *mut c_void,
             })
             .collect();
         // SAFETY: the caller's contract (`GpuRuntime::launch`): the parameters point to values of

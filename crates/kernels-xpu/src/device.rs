@@ -6,19 +6,20 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ir_core::storage::{BinaryOp, DeviceAllocator, DeviceBuffer, DeviceError, copy_strided_through_host};
+use ir_core::storage::{BinaryOp, DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, KernelError};
 use ir_core::{Layout, TensorMeta};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::{CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU, Device as ClDevice};
-use opencl3::kernel::{ExecuteKernel, Kernel};
+use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, CL_MEM_READ_WRITE};
 use opencl3::program::Program;
 use opencl3::types::CL_BLOCKING;
 
 use crate::module::{KernelVariant, SOURCE, base_options};
-use kernel_support::{ConvertFactor, GatedKernel, converts_through_f64};
+use crate::runtime::OpenCl;
+use kernel_support::{GatedKernel, converts_through_f64};
 
 /// Environment variable allowing a CPU OpenCL device (PoCL), for tests on machines without a GPU.
 pub const ALLOW_CPU_ENV: &str = "VLLM_IR_XPU_ALLOW_CPU";
@@ -210,8 +211,13 @@ impl XpuDevice {
         self.device_copies.load(Ordering::Relaxed)
     }
 
+    /// Counts one strided copy, conversion or `add`/`mul` done on the device.
+    pub(crate) fn note_device_copy(&self) {
+        self.device_copies.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The strided copy kernel for elements of `element_size` bytes, built at first use.
-    fn copy_kernel(&self, element_size: usize) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+    pub(crate) fn copy_kernel(&self, element_size: usize) -> Result<Arc<Mutex<Kernel>>, KernelError> {
         let element = match element_size {
             1 => "uchar",
             2 => "ushort",
@@ -232,7 +238,7 @@ impl XpuDevice {
     /// The strided conversion kernel from `src` to `dst` elements, built at first use; `None` for a
     /// pair that needs f64 arithmetic ([`converts_through_f64`]) on a device without
     /// `cl_khr_fp64`.
-    fn convert_kernel(&self, src: DType, dst: DType) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
+    pub(crate) fn convert_kernel(&self, src: DType, dst: DType) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
         if converts_through_f64(src, dst) && !self.has_fp64() {
             return Ok(None);
         }
@@ -249,7 +255,7 @@ impl XpuDevice {
 
     /// The `add`/`mul` kernel of `dtype`, built at first use; `None` for f64 or i64 on a device
     /// without `cl_khr_fp64`.
-    fn binary_kernel(&self, dtype: DType, op: BinaryOp) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
+    pub(crate) fn binary_kernel(&self, dtype: DType, op: BinaryOp) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
         if converts_through_f64(dtype, dtype) && !self.has_fp64() {
             return Ok(None);
         }
@@ -504,147 +510,6 @@ impl XpuBuffer {
     }
 }
 
-impl XpuBuffer {
-    /// Copies the elements `src` describes in this buffer into `dst` with `dst_layout`, on the device,
-    /// queued on this buffer's queue (`dst` first waits for its own).
-    fn copy_on_device(&self, src: &TensorMeta, dst: &XpuBuffer, dst_layout: &Layout) -> Result<(), KernelError> {
-        let kernel = self.device.copy_kernel(src.dtype.size_in_bytes())?;
-        self.launch_strided(&kernel, src, dst, dst_layout, None)
-    }
-
-    /// Converts the elements `src` describes in this buffer into `dst` as `dst_meta` describes
-    /// them, on the device (see [`DeviceBuffer::convert_strided`]); `false` when the kernel does
-    /// not convert this pair of dtypes.
-    fn convert_on_device(
-        &self,
-        src: &TensorMeta,
-        dst: &XpuBuffer,
-        dst_meta: &TensorMeta,
-        factor: Option<f64>,
-    ) -> Result<bool, KernelError> {
-        let Some(kernel) = self.device.convert_kernel(src.dtype, dst_meta.dtype)? else {
-            return Ok(false);
-        };
-        let scale = (ConvertFactor::for_source(src.dtype, factor), i32::from(factor.is_some()));
-        self.launch_strided(&kernel, src, dst, &dst_meta.layout, Some(scale))?;
-        Ok(true)
-    }
-
-    /// Launches the strided copy (`scale` `None`) or conversion kernel (`Some((factor, scaled))`) over
-    /// the elements `src` describes, into `dst` with `dst_layout`, queued on this buffer's queue
-    /// (`dst` first waits for its own).
-    fn launch_strided(
-        &self,
-        kernel: &Mutex<Kernel>,
-        src: &TensorMeta,
-        dst: &XpuBuffer,
-        dst_layout: &Layout,
-        scale: Option<(ConvertFactor, i32)>,
-    ) -> Result<(), KernelError> {
-        let n = src.numel();
-        if n == 0 {
-            return Ok(());
-        }
-        let pieces = kernel_support::CopyDims::pieces(src, dst_layout)?;
-        let queue = self.queue();
-        dst.use_on(&queue)?;
-        let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (src_mem, dst_mem) = (self.cl_mem(), dst.cl_mem());
-        for piece in &pieces {
-            // strided_copy(src, long src_offset, dst, long dst_offset, long n, int rank, long8 shape,
-            //              long8 src_strides, long8 dst_strides)
-            // strided_convert(the same, compute_t factor, int scaled), compute_t double for f64 and
-            //                i64 sources (ConvertFactor::F64), float for the others
-            // SAFETY: the arguments follow the kernel's prototype above (the conversion kernel's two
-            // more only for it, which `scale` is given for), each `long8` passed as eight i64 (64
-            // bytes, its size), every integer converted without loss. Every element the piece
-            // describes is one `src` describes, inside this buffer (its layout was checked against
-            // the storage), or one `dst_layout` describes, inside `dst` (allocated for it by the
-            // caller); the two buffers are distinct (`dst` is borrowed mutably by the caller).
-            unsafe {
-                let mut launch = ExecuteKernel::new(&kernel);
-                launch
-                    .set_arg(&src_mem)
-                    .set_arg(&piece.src_offset)
-                    .set_arg(&dst_mem)
-                    .set_arg(&piece.dst_offset)
-                    .set_arg(&piece.n)
-                    .set_arg(&piece.rank)
-                    .set_arg(&piece.shape)
-                    .set_arg(&piece.src_strides)
-                    .set_arg(&piece.dst_strides);
-                match scale {
-                    Some((ConvertFactor::F32(factor), scaled)) => launch.set_arg(&factor).set_arg(&scaled),
-                    Some((ConvertFactor::F64(factor), scaled)) => launch.set_arg(&factor).set_arg(&scaled),
-                    None => &mut launch,
-                };
-                launch.set_global_work_size(piece.n as usize).enqueue_nd_range(&queue)
-            }
-            .map_err(cl_error)?;
-        }
-        self.device.device_copies.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-impl XpuBuffer {
-    /// `add`/`mul` of the elements `a` describes in this buffer and `b` describes in `other` into the
-    /// compact `dst`, on the device (see [`DeviceBuffer::binary_strided`]); `false` when the kernel
-    /// does not compute this dtype.
-    fn binary_on_device(
-        &self,
-        a: &TensorMeta,
-        other: &XpuBuffer,
-        b: &TensorMeta,
-        op: BinaryOp,
-        dst: &XpuBuffer,
-    ) -> Result<bool, KernelError> {
-        let Some(kernel) = self.device.binary_kernel(a.dtype, op)? else {
-            return Ok(false);
-        };
-        let n = a.numel();
-        if n == 0 {
-            return Ok(true);
-        }
-        // a's strides as the source's, b's as the destination's: the kernel walks both.
-        let pieces = kernel_support::CopyDims::pieces(a, &b.layout)?;
-        let queue = self.queue();
-        other.use_on(&queue)?;
-        dst.use_on(&queue)?;
-        let kernel = kernel.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (a_mem, b_mem, dst_mem) = (self.cl_mem(), other.cl_mem(), dst.cl_mem());
-        for piece in &pieces {
-            // strided_binary(a, long a_offset, b, long b_offset, dst, long first, long n, int rank,
-            //                long8 shape, long8 a_strides, long8 b_strides)
-            // SAFETY: the arguments follow the kernel's prototype above, each `long8` passed as eight
-            // i64 (64 bytes, its size), every integer converted without loss; the kernel was built
-            // for this dtype. Every element the piece describes is one `a` and `b` describe, inside
-            // this buffer and `other` (their layouts were checked against their storages), and
-            // `dst`, distinct from both (borrowed mutably by the caller), holds the `n` compact
-            // elements of which the piece writes `first..first + piece.n`.
-            unsafe {
-                ExecuteKernel::new(&kernel)
-                    .set_arg(&a_mem)
-                    .set_arg(&piece.src_offset)
-                    .set_arg(&b_mem)
-                    .set_arg(&piece.dst_offset)
-                    .set_arg(&dst_mem)
-                    .set_arg(&piece.first)
-                    .set_arg(&piece.n)
-                    .set_arg(&piece.rank)
-                    .set_arg(&piece.shape)
-                    .set_arg(&piece.src_strides)
-                    .set_arg(&piece.dst_strides)
-                    .set_global_work_size(piece.n as usize)
-                    .enqueue_nd_range(&queue)
-            }
-            .map_err(cl_error)?;
-        }
-        self.device.device_copies.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
-    }
-}
-
 impl std::fmt::Debug for XpuBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "XpuBuffer({} bytes on {})", self.len_bytes, self.device.name)
@@ -697,14 +562,7 @@ impl DeviceBuffer for XpuBuffer {
         dst: &mut dyn DeviceBuffer,
         dst_layout: &Layout,
     ) -> Result<(), DeviceError> {
-        if let Some(target) = dst.as_any().downcast_ref::<XpuBuffer>()
-            && Arc::ptr_eq(&target.device, &self.device)
-        {
-            return self
-                .copy_on_device(src, target, dst_layout)
-                .map_err(|e| self.device.device_error("copy", e.to_string()));
-        }
-        copy_strided_through_host(self, src, dst, dst_layout)
+        kernel_support::gpu::copy_strided::<OpenCl>(self, src, dst, dst_layout)
     }
 
     /// On the device (the strided conversion kernel) when `dst` is memory of the same device, for
@@ -717,14 +575,7 @@ impl DeviceBuffer for XpuBuffer {
         dst_meta: &TensorMeta,
         factor: Option<f64>,
     ) -> Result<bool, DeviceError> {
-        let Some(target) = dst.as_any().downcast_ref::<XpuBuffer>() else {
-            return Ok(false);
-        };
-        if !Arc::ptr_eq(&target.device, &self.device) {
-            return Ok(false);
-        }
-        self.convert_on_device(src, target, dst_meta, factor)
-            .map_err(|e| self.device.device_error("convert", e.to_string()))
+        kernel_support::gpu::convert_strided::<OpenCl>(self, src, dst, dst_meta, factor)
     }
 
     /// On the device (the `add`/`mul` kernel) when `other` and `dst` are memory of the same device
@@ -738,16 +589,7 @@ impl DeviceBuffer for XpuBuffer {
         dst: &mut dyn DeviceBuffer,
         dst_meta: &TensorMeta,
     ) -> Result<bool, DeviceError> {
-        let (Some(other), Some(target)) =
-            (other.as_any().downcast_ref::<XpuBuffer>(), dst.as_any().downcast_ref::<XpuBuffer>())
-        else {
-            return Ok(false);
-        };
-        let same_device = Arc::ptr_eq(&other.device, &self.device) && Arc::ptr_eq(&target.device, &self.device);
-        if !same_device || !dst_meta.layout.is_compact_at_zero() {
-            return Ok(false);
-        }
-        self.binary_on_device(a, other, b, op, target).map_err(|e| self.device.device_error(op.name(), e.to_string()))
+        kernel_support::gpu::binary_strided::<OpenCl>(self, a, other, b, op, dst, dst_meta)
     }
 
     fn as_any(&self) -> &dyn Any {

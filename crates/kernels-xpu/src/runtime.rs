@@ -7,6 +7,7 @@ use ir_core::KernelError;
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
 use kernel_support::gpu::{
     BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NORM_QUANT_KERNEL, NormKey, NormShape, Resolved, Scalar,
+    StridedKey,
 };
 use kernel_support::kernel_int;
 use opencl3::command_queue::CommandQueue;
@@ -27,6 +28,7 @@ impl GpuRuntime for OpenCl {
     const MEMORY: &'static str = "xpu";
     const GATED_GROUP: u32 = crate::gated::GATED_GROUP as u32;
     const QUANT_GROUP: u32 = crate::quant::QUANT_GROUP as u32;
+    const COPY_GROUP: u32 = 128;
 
     type Buffer = XpuBuffer;
     type Queue = Arc<CommandQueue>;
@@ -70,6 +72,26 @@ impl GpuRuntime for OpenCl {
         Ok((device.kernel(&variant)?, shape))
     }
 
+    fn strided_kernel(like: &XpuBuffer, key: StridedKey) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
+        match key {
+            StridedKey::Copy { dtype } => like.device.copy_kernel(dtype.size_in_bytes()).map(Some),
+            StridedKey::Convert { src, dst } => like.device.convert_kernel(src, dst),
+            StridedKey::Binary { dtype, op } => like.device.binary_kernel(dtype, op),
+        }
+    }
+
+    fn buffer_queue(buffer: &XpuBuffer) -> Arc<CommandQueue> {
+        buffer.queue()
+    }
+
+    fn same_device(a: &XpuBuffer, b: &XpuBuffer) -> bool {
+        Arc::ptr_eq(&a.device, &b.device)
+    }
+
+    fn note_device_copy(like: &XpuBuffer) {
+        like.device.note_device_copy();
+    }
+
     /// 0: the OpenCL norms choose their accesses themselves (no host-chosen 16-byte path).
     fn base_alignment(_buffer: &XpuBuffer) -> usize {
         0
@@ -110,6 +132,7 @@ impl GpuRuntime for OpenCl {
                     Resolved::Scalar(Scalar::I64(v)) => execute.set_arg(v),
                     Resolved::Scalar(Scalar::F32(v)) => execute.set_arg(v),
                     Resolved::Scalar(Scalar::F64(v)) => execute.set_arg(v),
+                    Resolved::Scalar(Scalar::I64x8(v)) => execute.set_arg(v),
                 }
             };
         }
