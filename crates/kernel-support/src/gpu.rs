@@ -19,15 +19,20 @@
 
 use ir_core::op::Value;
 use ir_core::storage::{BinaryOp, DeviceBuffer, DeviceError, Storage, copy_strided_through_host};
-use ir_core::{DType, KernelError, Layout, Tensor, TensorMeta, UniqueTensor};
+use ir_core::{
+    DType, DeviceKind, ImplSpec, KernelError, Layout, Registry, RegistryError, Tensor, TensorMeta, UniqueTensor,
+};
 use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
+use ir_ops::fused_add_rms_norm::FusedAddRmsNormImpl;
 use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 use smallvec::SmallVec;
 
 use crate::{
     BINARY_KERNELS, CONVERT_KERNELS, ComputeScalar, ConvertFactor, CopyDims, GatedCall, GatedGeometry, GatedKernel,
-    NormOp, NormQuantCall, NormQuantOutputs, NormQuantResidual, QUANT_KERNELS, RotaryCall, RowArgs, Rows,
-    device_buffer, device_buffer_mut, floor_scales, fp8_format_code, kernel_int, norm_variance, per_token_scales_shape,
+    KernelDTypes, NormCapabilities, NormOp, NormQuantCall, NormQuantOutputs, NormQuantResidual, QUANT_KERNELS,
+    RotaryCall, RowArgs, Rows, device_buffer, device_buffer_mut, floor_scales, fp8_format_code,
+    fused_add_rms_norm_support_with, gated_support_with, kernel_int, norm_variance, per_token_scales_shape,
+    quant_support_with, register_norm_quant_ops, register_rotary_with, rms_norm_support_with,
 };
 
 /// Which kernel a launch runs: a backend maps it to its compiled function (compiling or loading it
@@ -295,7 +300,7 @@ impl<'a, B> KernelArgs<'a, B> {
 }
 
 /// A GPU runtime: what the family host code needs of CUDA, HIP or OpenCL.
-pub trait GpuRuntime {
+pub trait GpuRuntime: 'static {
     /// The backend's name in driver errors (`"cuda"`, `"rocm"`, `"xpu"`).
     const BACKEND: &'static str;
     /// Its memory in "`x` is not in … memory" errors (`"CUDA"`, `"HIP"`, `"xpu"`).
@@ -368,6 +373,54 @@ pub trait GpuRuntime {
         grid: Grid,
         args: KernelArgs<'_, Self::Buffer>,
     ) -> Result<(), KernelError>;
+}
+
+/// What a GPU backend registers its provider with.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuBackend {
+    /// The device kind its predicates ask for.
+    pub device: DeviceKind,
+    /// The element dtypes its kernels compute on, asked at each selection (a device may add f64).
+    pub dtypes: fn() -> KernelDTypes,
+    /// The provider's spec without a predicate: its name, availability probe and platform
+    /// detection (each op's standard predicate is added here).
+    pub spec: fn() -> ImplSpec,
+    /// Its gated ops: an op is a kernel source and a line of this table.
+    pub gated: &'static [GatedKernel],
+}
+
+/// Registers runtime `R`'s implementations of every built-in op: the norms (every argument form:
+/// a weight of another dtype, `variance_size`; `fused_add_rms_norm` in place), the gated
+/// activations, the fp8 quantizations, the norm + quantizations (the fused-add forms in place) and
+/// `rotary_embedding` (in place), each with the standard predicate on the backend's device and
+/// dtypes.
+pub fn register<R: GpuRuntime>(registry: &Registry, backend: GpuBackend) -> Result<(), RegistryError> {
+    let GpuBackend { device, dtypes, spec, gated } = backend;
+    let capabilities = move || NormCapabilities { dtypes: dtypes(), ..NormCapabilities::ALL };
+    let rms_spec = spec().with_supports(move |args| rms_norm_support_with(args, device, capabilities()));
+    ir_ops::rms_norm::register(registry, rms_spec, run_rms_norm::<R>)?;
+    let fused_spec = spec().with_supports(move |args| fused_add_rms_norm_support_with(args, device, capabilities()));
+    ir_ops::fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm::<R>))?;
+    let gated_spec = move || spec().with_supports(move |args| gated_support_with(args, device, dtypes()));
+    GatedKernel::register_all(gated, registry, gated_spec, run_gated::<R>)?;
+    let quant_spec = move || spec().with_supports(move |args| quant_support_with(args, device, dtypes()));
+    ir_ops::static_scaled_fp8_quant::register(registry, quant_spec(), run_static_quant::<R>)?;
+    ir_ops::dynamic_per_token_scaled_fp8_quant::register(registry, quant_spec(), run_dynamic_quant::<R>)?;
+    register_norm_quant_ops(registry, device, dtypes, spec, run_norm_quant::<R>)?;
+    register_rotary_with(registry, device, dtypes, spec(), run_rotary::<R>)
+}
+
+/// [`run_fused_add_rms_norm`] with the op's `rounding` argument.
+fn fused_add_rms_norm<R: GpuRuntime>(
+    x: UniqueTensor,
+    residual: UniqueTensor,
+    weight: Option<&Tensor>,
+    epsilon: f64,
+    variance_size: Option<i64>,
+    rounding: ir_ops::Rounding,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let round_sum = rounding.rounds_intermediates(x.tensor().dtype());
+    run_fused_add_rms_norm::<R>(x, residual, weight, epsilon, variance_size, round_sum)
 }
 
 /// Runs the gated op `op` on the bound `args` (x first) on runtime `R`: a fresh compact
@@ -811,6 +864,52 @@ pub fn binary_strided<R: GpuRuntime>(
         Ok(true)
     };
     run().map_err(|e| device_error(from, op.name(), e))
+}
+
+/// The strided operations of a backend's `impl DeviceBuffer` over runtime `$runtime`
+/// ([`copy_strided`], [`convert_strided`], [`binary_strided`]), written inside the impl block:
+/// `kernel_support::strided_on_device!(Cuda);`.
+#[macro_export]
+macro_rules! strided_on_device {
+    ($runtime:ty) => {
+        /// On the device (the strided copy kernel, one launch per
+        /// [`CopyDims::pieces`](kernel_support::CopyDims::pieces), so any rank) when `dst` is
+        /// memory of the same device; through the host otherwise.
+        fn copy_strided(
+            &self,
+            src: &::ir_core::TensorMeta,
+            dst: &mut dyn ::ir_core::storage::DeviceBuffer,
+            dst_layout: &::ir_core::Layout,
+        ) -> ::std::result::Result<(), ::ir_core::storage::DeviceError> {
+            $crate::gpu::copy_strided::<$runtime>(self, src, dst, dst_layout)
+        }
+
+        /// On the device (the strided conversion kernel of the pair) when `dst` is memory of the
+        /// same device and the backend converts the pair there.
+        fn convert_strided(
+            &self,
+            src: &::ir_core::TensorMeta,
+            dst: &mut dyn ::ir_core::storage::DeviceBuffer,
+            dst_meta: &::ir_core::TensorMeta,
+            factor: ::std::option::Option<f64>,
+        ) -> ::std::result::Result<bool, ::ir_core::storage::DeviceError> {
+            $crate::gpu::convert_strided::<$runtime>(self, src, dst, dst_meta, factor)
+        }
+
+        /// On the device (`strided_<op>_<dtype>`) when `other` and `dst` are memory of the same
+        /// device and the backend computes the dtype there.
+        fn binary_strided(
+            &self,
+            a: &::ir_core::TensorMeta,
+            other: &dyn ::ir_core::storage::DeviceBuffer,
+            b: &::ir_core::TensorMeta,
+            op: ::ir_core::storage::BinaryOp,
+            dst: &mut dyn ::ir_core::storage::DeviceBuffer,
+            dst_meta: &::ir_core::TensorMeta,
+        ) -> ::std::result::Result<bool, ::ir_core::storage::DeviceError> {
+            $crate::gpu::binary_strided::<$runtime>(self, a, other, b, op, dst, dst_meta)
+        }
+    };
 }
 
 /// The launch of one thread per element of a piece of `n` elements.

@@ -11,7 +11,6 @@ use cudarc::driver::{
 };
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, KernelError};
-use ir_core::{Layout, TensorMeta};
 
 use crate::module::{KernelVariant, NormProgram, arch_for, compile_ptx, nvrtc_availability};
 use crate::runtime::Cuda;
@@ -464,42 +463,7 @@ impl DeviceBuffer for CudaBuffer {
         Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes)?))
     }
 
-    /// On the device (`kernels/strided_copy.cu`, any rank) when `dst` is memory of the same device;
-    /// through the host otherwise.
-    fn copy_strided(
-        &self,
-        src: &TensorMeta,
-        dst: &mut dyn DeviceBuffer,
-        dst_layout: &Layout,
-    ) -> Result<(), DeviceError> {
-        kernel_support::gpu::copy_strided::<Cuda>(self, src, dst, dst_layout)
-    }
-
-    /// On the device (`kernels/strided_convert.cu`) when `dst` is memory of the same device and the
-    /// pair of dtypes one of [`CONVERT_KERNELS`](crate::copy::CONVERT_KERNELS).
-    fn convert_strided(
-        &self,
-        src: &TensorMeta,
-        dst: &mut dyn DeviceBuffer,
-        dst_meta: &TensorMeta,
-        factor: Option<f64>,
-    ) -> Result<bool, DeviceError> {
-        kernel_support::gpu::convert_strided::<Cuda>(self, src, dst, dst_meta, factor)
-    }
-
-    /// On the device (`strided_<op>_<dtype>` in `kernels/strided_convert.cu`) when `other` and `dst`
-    /// are memory of the same device (every dtype).
-    fn binary_strided(
-        &self,
-        a: &TensorMeta,
-        other: &dyn DeviceBuffer,
-        b: &TensorMeta,
-        op: ir_core::storage::BinaryOp,
-        dst: &mut dyn DeviceBuffer,
-        dst_meta: &TensorMeta,
-    ) -> Result<bool, DeviceError> {
-        kernel_support::gpu::binary_strided::<Cuda>(self, a, other, b, op, dst, dst_meta)
-    }
+    kernel_support::strided_on_device!(Cuda);
 
     fn as_any(&self) -> &dyn Any {
         self

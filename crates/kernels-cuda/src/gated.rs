@@ -7,14 +7,12 @@
 //! [`kernel_support::gpu::run_gated`].
 
 use cudarc::nvrtc::Ptx;
-use ir_core::op::Value;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
+use ir_core::{DType, KernelError};
 use ir_ops::gelu_and_mul::GELU_AND_MUL;
 use ir_ops::silu_and_mul::SILU_AND_MUL;
-use kernel_support::{GatedKernel, gated_support_with};
+use kernel_support::GatedKernel;
 
 use crate::module::{ELEMENT, compile, dtype_define};
-use crate::runtime::Cuda;
 
 /// The shared row kernel of the gated ops.
 pub const GATED: &str = include_str!("../kernels/gated.cuh");
@@ -41,20 +39,4 @@ pub fn program(op: &GatedKernel) -> String {
 pub fn compile_ptx(op: &GatedKernel, dtype: DType, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
     let file = format!("{}.cu", op.def.name);
     compile(&program(op), &file, op.kernel_name(dtype), vec![dtype_define(dtype)?], arch)
-}
-
-/// Registers every op of [`GATED_OPS`].
-pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let spec = || {
-        ImplSpec::new(crate::PROVIDER)
-            .with_probe(crate::availability)
-            .with_supports(|args| gated_support_with(args, DeviceKind::Cuda, crate::KERNEL_DTYPES))
-    };
-    GatedKernel::register_all(GATED_OPS, registry, spec, run)
-}
-
-/// Runs `op` on the bound `args` (x first): a fresh compact `[..., d]` output; the launch is
-/// asynchronous, on the call's stream.
-pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
-    kernel_support::gpu::run_gated::<Cuda>(op, args)
 }

@@ -11,7 +11,7 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use ir_core::{Availability, DType, KernelError};
 pub use kernel_support::NormOp;
 
-use crate::launch::{BLOCK_SIZES, THREADS_PER_ROW};
+use kernel_support::gpu_threads_per_row;
 
 /// The narrowing of a double through f32 rounded to odd (`kernels/narrow.cuh`), which the element
 /// prelude and the strided conversions use.
@@ -28,6 +28,42 @@ pub const SOURCE: &str = concat!(
     "\n",
     include_str!("../kernels/rms_norm.cu")
 );
+
+/// Threads per row the kernels are compiled for.
+pub const THREADS_PER_ROW: [u32; 6] = [8, 16, 32, 64, 128, 256];
+/// Block sizes: 128 threads, 256 above H = 16384.
+pub const BLOCK_SIZES: [u32; 2] = [128, 256];
+
+/// The launch shape of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Threads cooperating on one row.
+    pub threads_per_row: u32,
+    /// Threads per block.
+    pub block_size: u32,
+    /// Rows one block handles.
+    pub rows_per_block: u32,
+    /// Blocks in the grid.
+    pub grid: u32,
+}
+
+/// Threads per block: 128, or 256 above 128 threads per row.
+pub(crate) fn block_size(threads_per_row: u32) -> u32 {
+    if threads_per_row > 128 { 256 } else { 128 }
+}
+
+/// The geometry for `n_rows` rows of `hidden` elements; nothing but the grid depends on `n_rows`.
+pub fn rms_norm_launch(n_rows: usize, hidden: usize) -> Result<Geometry, KernelError> {
+    let threads_per_row = gpu_threads_per_row(hidden);
+    let block_size = block_size(threads_per_row);
+    let rows_per_block = block_size / threads_per_row;
+    let grid = n_rows.div_ceil(rows_per_block as usize);
+    let grid = u32::try_from(grid)
+        .ok()
+        .filter(|&g| g <= i32::MAX as u32)
+        .ok_or_else(|| KernelError::GridLimit { what: "rows", count: n_rows })?;
+    Ok(Geometry { threads_per_row, block_size, rows_per_block, grid })
+}
 
 /// One NVRTC program of the norm source: a set of defines (dtype, weight, vector width, threads per
 /// row). Its PTX holds both norm kernels, `rms_norm_<dtype>` and `fused_add_rms_norm_<dtype>`, so
@@ -47,7 +83,7 @@ pub struct NormProgram {
 impl NormProgram {
     /// The block size this program is compiled for.
     pub fn block_size(&self) -> u32 {
-        crate::launch::block_size(self.threads_per_row)
+        block_size(self.threads_per_row)
     }
 
     /// The kernel of `op` in this program.
@@ -243,7 +279,6 @@ pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::rms_norm_launch;
 
     #[test]
     fn the_programs_cover_every_dtype_weight_and_width() {
@@ -283,5 +318,32 @@ mod tests {
                 assert!(next > program.threads_per_row, "H {} takes a wider bucket", bucket + 1);
             }
         }
+    }
+
+    #[test]
+    fn geometry_depends_on_hidden_only() {
+        let cases = [
+            (8, 8, 128, 16),
+            (64, 8, 128, 16),
+            (65, 16, 128, 8),
+            (1024, 32, 128, 4),
+            (3072, 32, 128, 4),
+            (4096, 64, 128, 2),
+            (8192, 128, 128, 1),
+            (16384, 128, 128, 1),
+            (16385, 256, 256, 1),
+        ];
+        for (hidden, threads_per_row, block_size, rows_per_block) in cases {
+            for n_rows in [1, 7, 2048, 262145] {
+                let g = rms_norm_launch(n_rows, hidden).unwrap();
+                assert_eq!(
+                    (g.threads_per_row, g.block_size, g.rows_per_block),
+                    (threads_per_row, block_size, rows_per_block),
+                    "H {hidden}"
+                );
+                assert_eq!(g.grid as usize, n_rows.div_ceil(rows_per_block as usize));
+            }
+        }
+        assert!(rms_norm_launch(1024, 1024).unwrap().rows_per_block > 1, "several rows per block when H <= 1024");
     }
 }

@@ -6,13 +6,9 @@
 //! [`kernel_support::gpu`].
 
 use cudarc::nvrtc::Ptx;
-use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
-use ir_ops::dynamic_per_token_scaled_fp8_quant;
-use ir_ops::static_scaled_fp8_quant;
-use kernel_support::{NormQuantCall, NormQuantOutputs, quant_support_with};
+use ir_core::{DType, KernelError};
 
 use crate::module::{ELEMENT, compile, dtype_define};
-use crate::runtime::Cuda;
 
 /// The quantization kernels' source (after the element prelude).
 pub const QUANT: &str = include_str!("../kernels/quant.cu");
@@ -35,41 +31,4 @@ pub const NORM_QUANT: &str = include_str!("../kernels/norm_quant.cu");
 pub fn compile_ptx(dtype: DType, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
     let source = format!("{ELEMENT}\n{FP8}\n{QUANT}\n{NORM_QUANT}");
     compile(&source, "quant.cu", format!("quant_{dtype}"), vec![dtype_define(dtype)?], arch)
-}
-
-/// Registers both quantization ops.
-pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let spec = || {
-        ImplSpec::new(crate::PROVIDER)
-            .with_probe(crate::availability)
-            .with_supports(|args| quant_support_with(args, DeviceKind::Cuda, crate::KERNEL_DTYPES))
-    };
-    static_scaled_fp8_quant::register(registry, spec(), static_scaled_fp8_quant_cuda)?;
-    dynamic_per_token_scaled_fp8_quant::register(registry, spec(), dynamic_per_token_scaled_fp8_quant_cuda)?;
-    register_fused(registry)
-}
-
-/// Registers the four norm + quantization ops.
-fn register_fused(registry: &Registry) -> Result<(), RegistryError> {
-    let spec = || ImplSpec::new(crate::PROVIDER).with_probe(crate::availability);
-    kernel_support::register_norm_quant_ops(registry, DeviceKind::Cuda, || crate::KERNEL_DTYPES, spec, norm_quant)
-}
-
-/// `static_scaled_fp8_quant` on CUDA: a fresh compact output in `out_dtype`; the launch is asynchronous.
-pub fn static_scaled_fp8_quant_cuda(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
-    kernel_support::gpu::run_static_quant::<Cuda>(x, scale, out_dtype)
-}
-
-/// `dynamic_per_token_scaled_fp8_quant` on CUDA: fresh compact `(q, scales)`; the launch is asynchronous.
-pub fn dynamic_per_token_scaled_fp8_quant_cuda(
-    x: &Tensor,
-    scale_ub: Option<&Tensor>,
-    out_dtype: DType,
-) -> Result<(Tensor, Tensor), KernelError> {
-    kernel_support::gpu::run_dynamic_quant::<Cuda>(x, scale_ub, out_dtype)
-}
-
-/// Runs the norm + quantization kernel: fresh compact outputs; the launch is asynchronous.
-fn norm_quant(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
-    kernel_support::gpu::run_norm_quant::<Cuda>(call)
 }

@@ -11,9 +11,8 @@ use hip_sys::hiprt::{
     hipGetDeviceCount, hipGetErrorString, hipMalloc, hipMemcpyDtoH, hipMemcpyHtoD, hipMemsetD8, hipModule_t,
     hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice,
 };
-use ir_core::storage::{BinaryOp, DeviceAllocator, DeviceBuffer, DeviceError};
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, Device, KernelError};
-use ir_core::{Layout, TensorMeta};
 
 include!(concat!(env!("OUT_DIR"), "/code_objects.rs"));
 
@@ -307,42 +306,7 @@ impl DeviceBuffer for HipBuffer {
         Ok(Box::new(self.device.allocate(len_bytes)?))
     }
 
-    /// On the device (`kernels/strided_copy.hip`, any rank) when `dst` is memory of this device;
-    /// through the host otherwise.
-    fn copy_strided(
-        &self,
-        src: &TensorMeta,
-        dst: &mut dyn DeviceBuffer,
-        dst_layout: &Layout,
-    ) -> Result<(), DeviceError> {
-        kernel_support::gpu::copy_strided::<Hip>(self, src, dst, dst_layout)
-    }
-
-    /// On the device (`strided_<op>_<dtype>` in `kernels/strided_copy.hip`) when `other` and `dst`
-    /// are memory of this device (every dtype).
-    fn binary_strided(
-        &self,
-        a: &TensorMeta,
-        other: &dyn DeviceBuffer,
-        b: &TensorMeta,
-        op: BinaryOp,
-        dst: &mut dyn DeviceBuffer,
-        dst_meta: &TensorMeta,
-    ) -> Result<bool, DeviceError> {
-        kernel_support::gpu::binary_strided::<Hip>(self, a, other, b, op, dst, dst_meta)
-    }
-
-    /// On the device (`strided_convert_*` in `kernels/strided_copy.hip`) when `dst` is memory of this
-    /// device and the pair of dtypes one of [`CONVERT_KERNELS`](crate::CONVERT_KERNELS).
-    fn convert_strided(
-        &self,
-        src: &TensorMeta,
-        dst: &mut dyn DeviceBuffer,
-        dst_meta: &TensorMeta,
-        factor: Option<f64>,
-    ) -> Result<bool, DeviceError> {
-        kernel_support::gpu::convert_strided::<Hip>(self, src, dst, dst_meta, factor)
-    }
+    kernel_support::strided_on_device!(Hip);
 
     fn as_any(&self) -> &dyn Any {
         self

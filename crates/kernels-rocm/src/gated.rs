@@ -4,11 +4,9 @@
 //! source by `build.rs`) and one line of [`GATED_OPS`]. The op's scalar parameters reach the kernel
 //! through [`GatedScalars`](kernel_support::GatedScalars).
 
-use ir_core::op::Value;
-use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 use ir_ops::gelu_and_mul::GELU_AND_MUL;
 use ir_ops::silu_and_mul::SILU_AND_MUL;
-use kernel_support::{GatedKernel, gated_support_with};
+use kernel_support::GatedKernel;
 
 /// The shared row kernel of the gated ops.
 pub const GATED: &str = include_str!("../kernels/gated.hip.h");
@@ -25,18 +23,3 @@ pub const GATED_OPS: &[GatedKernel] = &[
         source: include_str!("../kernels/gelu_and_mul_sparse.hip"),
     },
 ];
-
-/// Registers every op of [`GATED_OPS`].
-pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let spec = || {
-        ImplSpec::new(crate::PROVIDER)
-            .with_probe(crate::availability)
-            .with_supports(|args| gated_support_with(args, DeviceKind::Rocm, crate::KERNEL_DTYPES))
-    };
-    GatedKernel::register_all(GATED_OPS, registry, spec, run)
-}
-
-/// Runs `op` on the bound `args` (x first): a fresh compact `[..., d]` output.
-pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
-    with_hip!(kernel_support::gpu::run_gated::<crate::runtime::Hip>(op, args), op, args)
-}

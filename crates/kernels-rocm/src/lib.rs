@@ -19,20 +19,6 @@
 //!
 //! Target `kernels_rocm`: the device and its code object (info).
 
-/// `$call` through HIP (feature `rocm`); without the feature, the error that says the crate was
-/// built without it (`$arg`s are the call's arguments, unused then).
-macro_rules! with_hip {
-    ($call:expr, $($arg:expr),+) => {{
-        #[cfg(feature = "rocm")]
-        return $call;
-        #[cfg(not(feature = "rocm"))]
-        {
-            let _ = ($($arg),+);
-            Err(crate::not_built())
-        }
-    }};
-}
-
 pub mod gated;
 pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
 #[cfg(feature = "rocm")]
@@ -41,13 +27,11 @@ mod device;
 mod module;
 pub mod quant;
 pub mod rotary;
-#[cfg(feature = "rocm")]
 mod runtime;
 
-use ir_core::{Availability, DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor, UniqueTensor};
-use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
-use ir_ops::rms_norm;
-use kernel_support::{KernelDTypes, NormCapabilities, fused_add_rms_norm_support_with, rms_norm_support_with};
+use ir_core::{Availability, DeviceKind, ImplSpec, Registry, RegistryError};
+use kernel_support::KernelDTypes;
+use kernel_support::gpu::GpuBackend;
 
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
@@ -64,25 +48,18 @@ pub const PROVIDER: &str = "rocm";
 /// f64; an f64 reference on device tensors then stays on the device).
 pub const KERNEL_DTYPES: KernelDTypes = KernelDTypes::WithF64;
 
-/// The norms' capabilities: every argument form, on [`KERNEL_DTYPES`].
-const CAPABILITIES: NormCapabilities = NormCapabilities { dtypes: KERNEL_DTYPES, ..NormCapabilities::ALL };
-
 /// The kernel source, embedded for reference and for compilation checks.
 pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
 
 /// Registers the `rocm` implementations of every built-in op (unavailable without feature `rocm` or a device).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let rms_spec = ImplSpec::new(PROVIDER)
-        .with_probe(availability)
-        .with_supports(|args| rms_norm_support_with(args, DeviceKind::Rocm, CAPABILITIES));
-    rms_norm::register(registry, rms_spec, rms_norm_rocm)?;
-    let fused_spec = ImplSpec::new(PROVIDER)
-        .with_probe(availability)
-        .with_supports(|args| fused_add_rms_norm_support_with(args, DeviceKind::Rocm, CAPABILITIES));
-    fused_add_rms_norm::register(registry, fused_spec, FusedAddRmsNormImpl::inplace(fused_add_rms_norm_rocm))?;
-    gated::register(registry)?;
-    quant::register(registry)?;
-    rotary::register(registry)
+    let backend = GpuBackend {
+        device: DeviceKind::Rocm,
+        dtypes: || KERNEL_DTYPES,
+        spec: || ImplSpec::new(PROVIDER).with_probe(availability),
+        gated: gated::GATED_OPS,
+    };
+    kernel_support::gpu::register::<runtime::Hip>(registry, backend)
 }
 
 /// Whether the provider can run here, and why not.
@@ -101,52 +78,8 @@ pub fn allocator() -> Result<Box<dyn ir_core::storage::DeviceAllocator>, String>
     Err("built without feature `rocm`".to_owned())
 }
 
-/// `rms_norm` on `rocm:0`.
-pub fn rms_norm_rocm(
-    x: &Tensor,
-    weight: Option<&Tensor>,
-    epsilon: f64,
-    variance_size: Option<i64>,
-) -> Result<Tensor, KernelError> {
-    with_hip!(
-        kernel_support::gpu::run_rms_norm::<runtime::Hip>(x, weight, epsilon, variance_size),
-        x,
-        weight,
-        epsilon,
-        variance_size
-    )
-}
-
-/// `fused_add_rms_norm` on `rocm:0`, in place.
-pub fn fused_add_rms_norm_rocm(
-    x: UniqueTensor,
-    residual: UniqueTensor,
-    weight: Option<&Tensor>,
-    epsilon: f64,
-    variance_size: Option<i64>,
-    rounding: ir_ops::Rounding,
-) -> Result<(Tensor, Tensor), KernelError> {
-    let round_sum = rounding.rounds_intermediates(x.tensor().dtype());
-    with_hip!(
-        kernel_support::gpu::run_fused_add_rms_norm::<runtime::Hip>(
-            x,
-            residual,
-            weight,
-            epsilon,
-            variance_size,
-            round_sum
-        ),
-        x,
-        residual,
-        weight,
-        epsilon,
-        variance_size,
-        round_sum
-    )
-}
-
 /// The error of a kernel call in a build without feature `rocm`.
 #[cfg(not(feature = "rocm"))]
-pub(crate) fn not_built() -> KernelError {
-    KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() }
+pub(crate) fn not_built() -> ir_core::KernelError {
+    ir_core::KernelError::Driver { backend: "rocm", message: "built without feature `rocm`".to_owned() }
 }

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ir_core::storage::{BinaryOp, DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, KernelError};
-use ir_core::{Layout, TensorMeta};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::{CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU, Device as ClDevice};
@@ -553,44 +552,7 @@ impl DeviceBuffer for XpuBuffer {
         Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes)?))
     }
 
-    /// On the device (the strided copy kernel, one launch per
-    /// [`CopyDims::pieces`](kernel_support::CopyDims::pieces), so any rank) when `dst` is memory of
-    /// the same device; through the host otherwise.
-    fn copy_strided(
-        &self,
-        src: &TensorMeta,
-        dst: &mut dyn DeviceBuffer,
-        dst_layout: &Layout,
-    ) -> Result<(), DeviceError> {
-        kernel_support::gpu::copy_strided::<OpenCl>(self, src, dst, dst_layout)
-    }
-
-    /// On the device (the strided conversion kernel) when `dst` is memory of the same device, for
-    /// every pair of dtypes (those through f64, [`converts_through_f64`], where the device has
-    /// `cl_khr_fp64`).
-    fn convert_strided(
-        &self,
-        src: &TensorMeta,
-        dst: &mut dyn DeviceBuffer,
-        dst_meta: &TensorMeta,
-        factor: Option<f64>,
-    ) -> Result<bool, DeviceError> {
-        kernel_support::gpu::convert_strided::<OpenCl>(self, src, dst, dst_meta, factor)
-    }
-
-    /// On the device (the `add`/`mul` kernel) when `other` and `dst` are memory of the same device
-    /// (every dtype; f64 and i64 where the device has `cl_khr_fp64`).
-    fn binary_strided(
-        &self,
-        a: &TensorMeta,
-        other: &dyn DeviceBuffer,
-        b: &TensorMeta,
-        op: BinaryOp,
-        dst: &mut dyn DeviceBuffer,
-        dst_meta: &TensorMeta,
-    ) -> Result<bool, DeviceError> {
-        kernel_support::gpu::binary_strided::<OpenCl>(self, a, other, b, op, dst, dst_meta)
-    }
+    kernel_support::strided_on_device!(OpenCl);
 
     fn as_any(&self) -> &dyn Any {
         self

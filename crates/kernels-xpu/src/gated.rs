@@ -4,14 +4,11 @@
 //! element prelude, `kernels/gated.cl` (the shared row kernel) and the op's source, built per dtype
 //! at first use. The op's scalar parameters reach the kernel through [`GatedScalars`](kernel_support::GatedScalars).
 
-use ir_core::op::Value;
-use ir_core::{DeviceKind, ImplSpec, KernelError, Registry, RegistryError, Tensor};
 use ir_ops::gelu_and_mul::GELU_AND_MUL;
 use ir_ops::silu_and_mul::SILU_AND_MUL;
-use kernel_support::{GatedKernel, gated_support_with};
+use kernel_support::GatedKernel;
 
 use crate::module::ELEMENT;
-use crate::runtime::OpenCl;
 
 /// The shared row kernel of the gated ops.
 pub const GATED: &str = include_str!("../kernels/gated.cl");
@@ -32,20 +29,4 @@ pub const GATED_OPS: &[GatedKernel] = &[
 /// The program source of a gated op: the element prelude, the row kernel, the op.
 pub fn program(op: &GatedKernel) -> String {
     format!("{ELEMENT}\n{GATED}\n{}", op.source)
-}
-
-/// Registers every op of [`GATED_OPS`].
-pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let spec = || {
-        ImplSpec::new(crate::PROVIDER)
-            .with_probe(crate::availability)
-            .with_platform_detection(crate::is_gpu)
-            .with_supports(|args| gated_support_with(args, DeviceKind::Xpu, crate::kernel_dtypes()))
-    };
-    GatedKernel::register_all(GATED_OPS, registry, spec, run)
-}
-
-/// Runs `op` on the bound `args` (x first): a fresh compact `[..., d]` output.
-pub fn run(op: &GatedKernel, args: &[Value]) -> Result<Tensor, KernelError> {
-    kernel_support::gpu::run_gated::<OpenCl>(op, args)
 }
