@@ -111,6 +111,24 @@ pub fn backends() -> Vec<Backend> {
         }
     }
 
+    match kernels_rocm::availability() {
+        ir_core::Availability::Available => {
+            let registry = ir_ops::registry();
+            kernels_rocm::register(&registry).expect("the rocm provider registers once");
+            let allocator = kernels_rocm::allocator().expect("an available provider has device 0");
+            backends.push(Backend {
+                provider: kernels_rocm::PROVIDER,
+                registry,
+                allocator: Some(Arc::from(allocator)),
+                grid: Grid::Full,
+                dtypes: kernels_rocm::KERNEL_DTYPES,
+            });
+        }
+        ir_core::Availability::Unavailable(reason) => {
+            ir_core::testing::skip("rocm", &format!("rocm kernels: {reason}"))
+        }
+    }
+
     match kernels_xpu::availability() {
         ir_core::Availability::Available => {
             let registry = ir_ops::registry();
