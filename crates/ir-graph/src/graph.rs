@@ -5,7 +5,7 @@ use std::fmt;
 
 use cranelift_entity::{EntitySet, PrimaryMap, SecondaryMap, entity_impl};
 use ir_core::TensorMeta;
-use ir_core::op::{ArgMeta, Overload};
+use ir_core::op::{ArgMeta, OpDef, Overload};
 
 use crate::{Builtin, Effect, print};
 
@@ -696,6 +696,40 @@ impl Graph {
         &self.nodes[node]
     }
 
+    /// The overload and arguments of `node` when it is an IR call of the op `def` (matched by
+    /// definition: passes name the ops they rewrite by their definitions, never by strings).
+    pub fn ir_call_of(&self, node: NodeId, def: &OpDef) -> Option<(Overload, &[Arg])> {
+        match &self.nodes[node].kind {
+            NodeKind::IrCall { op, overload, args } if self.op_name(*op) == def.name => Some((*overload, args)),
+            _ => None,
+        }
+    }
+
+    /// The arguments of `node` when it is a functional IR call of `def` ([`Overload::Default`]).
+    pub fn functional_call_of(&self, node: NodeId, def: &OpDef) -> Option<&[Arg]> {
+        self.ir_call_of(node, def).and_then(|(overload, args)| (overload == Overload::Default).then_some(args))
+    }
+
+    /// The arguments of `node` when it is the built-in `op`.
+    pub fn builtin_of(&self, node: NodeId, op: Builtin) -> Option<&[BuiltinArg]> {
+        match &self.nodes[node].kind {
+            NodeKind::Builtin { op: found, args } if *found == op => Some(args),
+            _ => None,
+        }
+    }
+
+    /// The node defining `value` when it is the built-in `op`, with its arguments.
+    pub fn builtin_defining(&self, value: ValueId, op: Builtin) -> Option<(NodeId, &[BuiltinArg])> {
+        let node = self.values[value].def;
+        self.builtin_of(node, op).map(|args| (node, args))
+    }
+
+    /// Whether the graph's op table holds `def` (a pass that rewrites calls of it skips a graph
+    /// without any).
+    pub fn mentions_op(&self, def: &OpDef) -> bool {
+        self.op_table().any(|(_, name)| name == def.name)
+    }
+
     /// A value's data.
     pub fn value(&self, value: ValueId) -> &ValueData {
         &self.values[value]
@@ -823,5 +857,47 @@ impl Graph {
 impl fmt::Display for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         print::write_graph(f, self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ir_ops::gelu_and_mul::GELU_AND_MUL;
+    use ir_ops::rms_norm::{RMS_NORM, RmsNormArgs};
+
+    use super::*;
+
+    #[test]
+    fn typed_matches_find_calls_and_builtins_by_definition() {
+        let graph = crate::parse(
+            "graph g(%a: f32[2,8], %b: f32[2,8], %w: f32[8]) {
+               %s = add(%a, %b) : f32[2,8]
+               %n = rms_norm(%s, %w, 1e-6, none) : f32[2,8]
+               %m = rms_norm.maybe_inplace(%n, %w, 1e-6, none) : f32[2,8]
+               output(%m)
+             }",
+        )
+        .unwrap();
+        let calls: Vec<NodeId> = graph
+            .order()
+            .iter()
+            .copied()
+            .filter(|&n| {
+                matches!(graph.node(n).kind, NodeKind::Builtin { op: Builtin::Add, .. } | NodeKind::IrCall { .. })
+            })
+            .collect();
+        let [add, norm, donated] = calls.as_slice() else { panic!("three calls: {calls:?}") };
+        let args = graph.functional_call_of(*norm, &RMS_NORM).expect("a functional rms_norm");
+        let Arg::Value(sum) = &args[RmsNormArgs::x] else { panic!("x is a value") };
+        let (defining, add_args) = graph.builtin_defining(*sum, Builtin::Add).expect("the sum comes from add");
+        assert_eq!((defining, add_args.len()), (*add, 2));
+        assert!(graph.builtin_defining(*sum, Builtin::Mul).is_none());
+        assert!(graph.builtin_of(*norm, Builtin::Add).is_none());
+        // Another op, or the donating overload, is not a functional call of the definition.
+        assert!(graph.ir_call_of(*norm, &GELU_AND_MUL).is_none());
+        assert!(graph.functional_call_of(*donated, &RMS_NORM).is_none());
+        let (overload, _) = graph.ir_call_of(*donated, &RMS_NORM).unwrap();
+        assert_eq!(overload, Overload::MaybeInplace);
+        assert!(graph.mentions_op(&RMS_NORM) && !graph.mentions_op(&GELU_AND_MUL));
     }
 }

@@ -237,13 +237,9 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
 /// A functional `rms_norm` whose input is the result of an `add`: its arguments, the sum, the add
 /// node and the add's arguments.
 fn candidate(graph: &Graph, norm: NodeId) -> Option<(&[Arg], &ValueId, NodeId, &[ir_graph::BuiltinArg])> {
-    let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(norm).kind else { return None };
-    if graph.op_name(*op) != RMS_NORM.name {
-        return None;
-    }
-    let Some(Arg::Value(sum)) = args.first() else { return None };
-    let add = graph.value(*sum).def;
-    let NodeKind::Builtin { op: Builtin::Add, args: add_args } = &graph.node(add).kind else { return None };
+    let args = graph.functional_call_of(norm, &RMS_NORM)?;
+    let Some(Arg::Value(sum)) = args.get(RmsNormArgs::x) else { return None };
+    let (add, add_args) = graph.builtin_defining(*sum, Builtin::Add)?;
     Some((args, sum, add, add_args))
 }
 

@@ -100,10 +100,10 @@ use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
 use ir_ops::Rounding;
 use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
-use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
 use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
 use ir_ops::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
-use ir_ops::rms_norm::RMS_NORM;
+use ir_ops::rms_norm::{RMS_NORM, RmsNormArgs};
 use ir_ops::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
 use ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT;
 use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
@@ -118,6 +118,19 @@ struct Pattern {
     fused: &'static OpDef,
 }
 
+/// The quantizations some pattern fuses.
+const QUANTS: [&OpDef; 2] = [&STATIC_SCALED_FP8_QUANT, &DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT];
+
+/// The position of a fusable norm's `variance_size`: the parameters before it are the fused ops'
+/// first ones.
+fn variance_size_index(norm: &OpDef) -> usize {
+    if std::ptr::eq(norm, &FUSED_ADD_RMS_NORM) {
+        FusedAddRmsNormArgs::variance_size
+    } else {
+        RmsNormArgs::variance_size
+    }
+}
+
 /// The pairs with a fused op.
 static PATTERNS: [Pattern; 4] = [
     Pattern { norm: &RMS_NORM, quant: &STATIC_SCALED_FP8_QUANT, fused: &RMS_NORM_STATIC_FP8_QUANT },
@@ -129,16 +142,6 @@ static PATTERNS: [Pattern; 4] = [
         fused: &FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
     },
 ];
-
-/// Whether `name` is the name of a quantization some pattern fuses.
-fn is_quant(name: &str) -> bool {
-    PATTERNS.iter().any(|p| p.quant.name == name)
-}
-
-/// Whether `name` is the name of a norm some pattern fuses.
-fn is_norm(name: &str) -> bool {
-    PATTERNS.iter().any(|p| p.norm.name == name)
-}
 
 /// One fusion decided on the unmodified graph.
 struct Fusion {
@@ -181,7 +184,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
     let _span = tracing::info_span!("pass", name = "fuse-norm-quant").entered();
     let mut report = FusionReport::new("norm + quantization");
     // The analyses below read the whole graph: a graph that calls no quantization skips them.
-    if !graph.op_table().any(|(_, name)| is_quant(name)) {
+    if !QUANTS.iter().any(|quant| graph.mentions_op(quant)) {
         return Ok(report);
     }
     let ops = OpTable::compute(graph, cx.registry);
@@ -191,45 +194,41 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
 
     let mut fusions = Vec::new();
     for &quant in graph.order() {
-        let NodeKind::IrCall { op, overload: Overload::Default, args: quant_args } = &graph.node(quant).kind else {
+        let Some((quant_def, quant_args)) =
+            QUANTS.iter().find_map(|&def| graph.functional_call_of(quant, def).map(|args| (def, args)))
+        else {
             continue;
         };
-        let quant_name = graph.op_name(*op);
-        if !is_quant(quant_name) {
-            continue;
-        }
+        // Both quantizations take x first.
         let Some(&Arg::Value(quant_input)) = quant_args.first() else { continue };
         // A reshape between the norm and the quantization moves after the fused call.
-        let (normalized, reshape) = match &graph.node(graph.value(quant_input).def).kind {
-            NodeKind::Builtin { op: Builtin::Reshape, args: reshape_args } => match reshape_args.as_slice() {
-                [BuiltinArg::Value(source), BuiltinArg::Shape(dims)] => {
-                    (*source, Some((graph.value(quant_input).def, dims.clone())))
-                }
-                _ => continue,
-            },
-            _ => (quant_input, None),
+        let (normalized, reshape) = match graph.builtin_defining(quant_input, Builtin::Reshape) {
+            Some((node, [BuiltinArg::Value(source), BuiltinArg::Shape(dims)])) => (*source, Some((node, dims.clone()))),
+            Some(_) => continue,
+            None => (quant_input, None),
         };
         let normalized = &normalized;
         let norm = graph.value(*normalized).def;
-        let NodeKind::IrCall { op: norm_op, overload, args: norm_args } = &graph.node(norm).kind else { continue };
-        let norm_name = graph.op_name(*norm_op);
-        let is_normalized_output = graph.node(norm).results.first() == Some(normalized);
-        if !is_norm(norm_name) || !is_normalized_output {
+        // Every norm and quantization pair has a fused op.
+        let Some((pattern, (overload, norm_args))) = PATTERNS
+            .iter()
+            .filter(|p| std::ptr::eq(p.quant, quant_def))
+            .find_map(|p| graph.ir_call_of(norm, p.norm).map(|call| (p, call)))
+        else {
+            continue;
+        };
+        if graph.node(norm).results.first() != Some(normalized) {
             continue;
         }
         let statement = graph.display_node(quant);
         let skip = |reason| (statement.clone(), reason);
-        if *overload != Overload::Default {
+        if overload != Overload::Default {
             report.skipped.push(skip(FusionSkip::Donated));
             continue;
         }
-        // Every norm and quantization pair has a fused op.
-        let Some(pattern) = PATTERNS.iter().find(|p| p.norm.name == norm_name && p.quant.name == quant_name) else {
-            continue;
-        };
         // The norm's arguments before `variance_size` go to the fused op; `variance_size` and the
         // fused norm's `rounding` (after it) must be their defaults, which the fused ops compute.
-        let variance_at = variance_size_index(cx, norm_name)?;
+        let variance_at = variance_size_index(pattern.norm);
         if !matches!(norm_args.get(variance_at), None | Some(Arg::None)) {
             report.skipped.push(skip(FusionSkip::VarianceSize));
             continue;
@@ -253,7 +252,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
             report.skipped.push(skip(FusionSkip::OtherReaders));
             continue;
         }
-        let per_token = quant_name == DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name;
+        let per_token = std::ptr::eq(quant_def, &DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT);
         let rows_change =
             reshape.as_ref().is_some_and(|(_, dims)| dims.last() != graph.meta(*normalized).shape().last());
         if per_token && rows_change {
@@ -348,13 +347,6 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
     report.fused = created.iter().map(|&node| graph.display_node(node)).collect();
     tracing::debug!(target: "ir_passes::fuse_norm_quant", %report, "fused");
     Ok(report)
-}
-
-/// The position of the norm `name`'s `variance_size` parameter (the parameters before it are the
-/// fused ops' first ones).
-fn variance_size_index(cx: &PassContext<'_>, name: &str) -> Result<usize, PassError> {
-    let def = cx.registry.op_def(name).ok_or_else(|| PassError::UnknownOp { op: name.to_owned() })?;
-    Ok(def.params.iter().position(|p| p.name == "variance_size").unwrap_or(def.params.len()))
 }
 
 /// The per-token scales' shape for a reshape to `dims`: its leading dimensions, then 1.

@@ -222,18 +222,14 @@ fn same_metas(a: &[ArgMeta<'_>], b: &[ArgMeta<'_>]) -> bool {
 /// split each call can write its slice where it is once clone elimination proves the slices apart.
 /// Returns the number of calls split.
 fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Result<usize, PassError> {
-    let rotary = ROTARY_EMBEDDING.name;
-    if !graph.op_table().any(|(_, name)| name == rotary) {
+    if !graph.mentions_op(&ROTARY_EMBEDDING) {
         return Ok(0);
     }
     let ops = OpTable::compute(graph, cx.registry);
     let roots = StorageRoots::compute(graph, &ops);
     let mut splits = Vec::new();
     for &node in graph.order() {
-        let NodeKind::IrCall { op, overload: Overload::Default, args } = &graph.node(node).kind else { continue };
-        if graph.op_name(*op) != rotary {
-            continue;
-        }
+        let Some(args) = graph.functional_call_of(node, &ROTARY_EMBEDDING) else { continue };
         let (query, key) = (RotaryEmbeddingArgs::query, RotaryEmbeddingArgs::key);
         let (Some(Arg::Value(query)), Some(Arg::Value(key))) = (args.get(query), args.get(key)) else { continue };
         let (q, k) = (&graph.meta(*query).layout, &graph.meta(*key).layout);
@@ -243,7 +239,7 @@ fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
         let metas: Vec<ArgMeta<'_>> = args.iter().map(|a| graph.arg_meta(a)).collect();
         let selection = cx
             .registry
-            .select(rotary, &metas)
+            .select(ROTARY_EMBEDDING.name, &metas)
             .map_err(|source| PassError::Selection { node: graph.display_node(node), source: Box::new(source) })?;
         if selection.inplace {
             splits.push(node);
