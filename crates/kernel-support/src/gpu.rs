@@ -35,6 +35,16 @@ use crate::{
     quant_support_with, register_norm_quant_ops, register_rotary_with, rms_norm_support_with,
 };
 
+/// What a backend's fresh device memory holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// Zeros: what [`DeviceAllocator::allocate`](ir_core::storage::DeviceAllocator::allocate)
+    /// promises a caller that may read before writing.
+    Zeros,
+    /// Whatever the allocation holds: for a kernel's output, which the kernel writes whole.
+    Unspecified,
+}
+
 /// Which kernel a launch runs: a backend maps it to its compiled function (compiling or loading it
 /// at first use).
 #[derive(Clone, Copy, Debug)]
@@ -324,8 +334,10 @@ pub trait GpuRuntime: 'static {
     /// the call came through a context given one, else the buffer's own.
     fn queue(first: &Self::Buffer) -> Result<Self::Queue, KernelError>;
 
-    /// Memory for `len_bytes` on `like`'s device, ordered on `queue`, for a fresh output: the
-    /// kernel that fills it writes every element the output's layout reaches.
+    /// Memory for `len_bytes` on `like`'s device, ordered on `queue`, for a fresh output, with
+    /// contents left unspecified ([`Fill::Unspecified`]: no memset, which would add a write of the
+    /// whole output to every call): the kernel that fills it writes every element the output's
+    /// layout reaches before anything reads it (in queue order).
     fn allocate(like: &Self::Buffer, queue: &Self::Queue, len_bytes: usize) -> Result<Self::Buffer, KernelError>;
 
     /// The kernel `key` names, on `like`'s device (compiled or loaded at first use, then cached).

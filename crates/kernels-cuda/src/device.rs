@@ -15,6 +15,7 @@ use ir_core::{Availability, DType, Device, KernelError};
 use crate::module::{KernelVariant, NormProgram, arch_for, compile_ptx, nvrtc_availability};
 use crate::runtime::Cuda;
 use kernel_support::GatedKernel;
+use kernel_support::gpu::Fill;
 
 /// One CUDA device: its context, the stream every operation of this crate uses, and compiled kernels.
 pub struct CudaDeviceState {
@@ -170,17 +171,27 @@ impl CudaDeviceState {
     }
 
     fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<CudaBuffer, DeviceError> {
-        self.allocate_on(&self.stream, len_bytes)
+        self.allocate_on(&self.stream, len_bytes, Fill::Zeros)
     }
 
-    /// A zeroed buffer allocated in stream order on `stream`, which its kernels then use.
+    /// A buffer allocated in stream order on `stream`, which its kernels then use: zeroed, or (for
+    /// a kernel's output, which the kernel writes whole) left as the driver gives it.
     pub(crate) fn allocate_on(
         self: &Arc<Self>,
         stream: &Arc<CudaStream>,
         len_bytes: usize,
+        fill: Fill,
     ) -> Result<CudaBuffer, DeviceError> {
         // Zero-byte allocations are not allowed by the driver; keep one byte and report the real size.
-        let slice = stream.alloc_zeros::<u8>(len_bytes.max(1)).map_err(|e| self.device_error("allocate", e))?;
+        let len = len_bytes.max(1);
+        let slice = match fill {
+            Fill::Zeros => stream.alloc_zeros::<u8>(len),
+            // SAFETY: device memory of `u8`, for which every bit pattern is a value; its contents
+            // are unspecified until written, and every caller asking for it writes the elements it
+            // hands out before they are read, in order on `stream` (`GpuRuntime::allocate`).
+            Fill::Unspecified => unsafe { stream.alloc::<u8>(len) },
+        }
+        .map_err(|e| self.device_error("allocate", e))?;
         Ok(CudaBuffer { memory: Memory::Owned(slice), len_bytes, device: Arc::clone(self), stream: Arc::clone(stream) })
     }
 
@@ -316,7 +327,8 @@ impl CudaBuffer {
             // `leak` also waits, on the slice's stream, for the uses cudarc recorded.
             Memory::Owned(slice) => Ok(slice.leak()),
             Memory::External { ptr, .. } => {
-                let fresh = self.device.allocate_on(stream, self.len_bytes)?;
+                // Overwritten whole by the copy below.
+                let fresh = self.device.allocate_on(stream, self.len_bytes, Fill::Unspecified)?;
                 let Memory::Owned(slice) = fresh.memory else { unreachable!("allocated here") };
                 let (dst, guard) = slice.device_ptr(stream);
                 drop(guard);
@@ -460,7 +472,7 @@ impl DeviceBuffer for CudaBuffer {
     }
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes)?))
+        Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes, Fill::Zeros)?))
     }
 
     kernel_support::strided_on_device!(Cuda);

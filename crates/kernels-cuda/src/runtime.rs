@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use ir_core::KernelError;
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
 use kernel_support::gpu::{
-    BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
+    BufferArg, Fill, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
 };
 use kernel_support::gpu_threads_per_row;
 use smallvec::SmallVec;
@@ -35,7 +35,7 @@ impl GpuRuntime for Cuda {
     }
 
     fn allocate(like: &CudaBuffer, queue: &Arc<CudaStream>, len_bytes: usize) -> Result<CudaBuffer, KernelError> {
-        Ok(like.device.allocate_on(queue, len_bytes).map_err(ir_core::TensorError::from)?)
+        Ok(like.device.allocate_on(queue, len_bytes, Fill::Unspecified).map_err(ir_core::TensorError::from)?)
     }
 
     fn kernel(like: &CudaBuffer, key: KernelKey<'_>) -> Result<CudaFunction, KernelError> {

@@ -13,6 +13,7 @@ use hip_sys::hiprt::{
 };
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, Device, KernelError};
+use kernel_support::gpu::Fill;
 
 include!(concat!(env!("OUT_DIR"), "/code_objects.rs"));
 
@@ -104,13 +105,17 @@ impl HipDevice {
         Ok(function)
     }
 
-    pub(crate) fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<HipBuffer, DeviceError> {
+    /// A buffer of `len_bytes`: zeroed, or (for a kernel's output, which the kernel writes whole)
+    /// left as `hipMalloc` gives it.
+    pub(crate) fn allocate(self: &Arc<Self>, len_bytes: usize, fill: Fill) -> Result<HipBuffer, DeviceError> {
         let mut pointer: *mut c_void = ptr::null_mut();
         let size = len_bytes.max(1);
         // SAFETY: a valid out-pointer; the size is non-zero.
         check(unsafe { hipMalloc(&mut pointer, size) }).map_err(|e| self.error("allocate", e))?;
-        // SAFETY: `pointer` was just allocated with `size` bytes.
-        check(unsafe { hipMemsetD8(pointer, 0, size) }).map_err(|e| self.error("allocate", e))?;
+        if fill == Fill::Zeros {
+            // SAFETY: `pointer` was just allocated with `size` bytes.
+            check(unsafe { hipMemsetD8(pointer, 0, size) }).map_err(|e| self.error("allocate", e))?;
+        }
         Ok(HipBuffer { pointer, len_bytes, device: Arc::clone(self), owner: None })
     }
 
@@ -192,7 +197,7 @@ impl DeviceAllocator for RocmAllocator {
     }
 
     fn allocate(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(self.device.allocate(len_bytes)?))
+        Ok(Box::new(self.device.allocate(len_bytes, Fill::Zeros)?))
     }
 }
 
@@ -303,7 +308,7 @@ impl DeviceBuffer for HipBuffer {
     }
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(self.device.allocate(len_bytes)?))
+        Ok(Box::new(self.device.allocate(len_bytes, Fill::Zeros)?))
     }
 
     kernel_support::strided_on_device!(Hip);

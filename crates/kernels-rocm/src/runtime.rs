@@ -16,7 +16,7 @@ mod hip {
 
     use ir_core::KernelError;
     use kernel_support::gpu::{
-        BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
+        BufferArg, Fill, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
         address_alignment,
     };
     use smallvec::SmallVec;
@@ -52,7 +52,7 @@ mod hip {
         }
 
         fn allocate(_like: &HipBuffer, queue: &Arc<HipDevice>, len_bytes: usize) -> Result<HipBuffer, KernelError> {
-            Ok(queue.allocate(len_bytes).map_err(ir_core::TensorError::from)?)
+            Ok(queue.allocate(len_bytes, Fill::Unspecified).map_err(ir_core::TensorError::from)?)
         }
 
         fn kernel(_like: &HipBuffer, key: KernelKey<'_>) -> Result<String, KernelError> {

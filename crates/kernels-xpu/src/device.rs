@@ -18,6 +18,7 @@ use opencl3::types::CL_BLOCKING;
 
 use crate::module::{KernelVariant, SOURCE, base_options};
 use crate::runtime::OpenCl;
+use kernel_support::gpu::Fill;
 use kernel_support::{GatedKernel, converts_through_f64};
 
 /// Environment variable allowing a CPU OpenCL device (PoCL), for tests on machines without a GPU.
@@ -354,23 +355,35 @@ impl XpuDevice {
     }
 
     fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<XpuBuffer, DeviceError> {
-        self.allocate_on(&self.queue, len_bytes)
+        self.allocate_on(&self.queue, len_bytes, Fill::Zeros)
     }
 
-    /// A zeroed buffer whose zeros are written on `queue`, which it then belongs to.
+    /// A buffer belonging to `queue`: zeroed there, or (for a kernel's output, which the kernel
+    /// writes whole) left as OpenCL gives it.
     pub(crate) fn allocate_on(
         self: &Arc<Self>,
         queue: &Arc<CommandQueue>,
         len_bytes: usize,
+        fill: Fill,
     ) -> Result<XpuBuffer, DeviceError> {
-        // SAFETY: no host pointer is passed, so OpenCL allocates and owns the memory.
+        // SAFETY: no host pointer is passed, so OpenCL allocates and owns the memory (its contents
+        // unspecified until written).
         let mut buffer =
             unsafe { Buffer::<u8>::create(&self.context, CL_MEM_READ_WRITE, len_bytes.max(1), ptr::null_mut()) }
                 .map_err(|e| self.device_error("allocate", e.to_string()))?;
-        let zeros = vec![0u8; len_bytes.max(1)];
-        // SAFETY: a blocking write of exactly the buffer's size from a live host slice.
-        unsafe { queue.enqueue_write_buffer(&mut buffer, CL_BLOCKING, 0, &zeros, &[]) }
-            .map_err(|e| self.device_error("allocate", e.to_string()))?;
+        // Debug builds fill a kernel's output with 0xff bytes (NaN in every float dtype) instead of
+        // leaving it: an element a kernel failed to write then fails the tests' comparisons.
+        let pattern = match fill {
+            Fill::Zeros => Some(0u8),
+            Fill::Unspecified if cfg!(debug_assertions) => Some(0xff),
+            Fill::Unspecified => None,
+        };
+        if let Some(byte) = pattern {
+            let bytes = vec![byte; len_bytes.max(1)];
+            // SAFETY: a blocking write of exactly the buffer's size from a live host slice.
+            unsafe { queue.enqueue_write_buffer(&mut buffer, CL_BLOCKING, 0, &bytes, &[]) }
+                .map_err(|e| self.device_error("allocate", e.to_string()))?;
+        }
         Ok(XpuBuffer { buffer, len_bytes, device: Arc::clone(self), queue: Mutex::new(Arc::clone(queue)) })
     }
 
@@ -549,7 +562,7 @@ impl DeviceBuffer for XpuBuffer {
     }
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes)?))
+        Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes, Fill::Zeros)?))
     }
 
     kernel_support::strided_on_device!(OpenCl);

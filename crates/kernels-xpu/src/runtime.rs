@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use ir_core::KernelError;
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
 use kernel_support::gpu::{
-    BufferArg, GpuRuntime, Grid, KernelArgs, KernelKey, NORM_QUANT_KERNEL, NormKey, NormShape, Resolved, Scalar,
+    BufferArg, Fill, GpuRuntime, Grid, KernelArgs, KernelKey, NORM_QUANT_KERNEL, NormKey, NormShape, Resolved, Scalar,
     StridedKey,
 };
 use kernel_support::kernel_int;
@@ -39,7 +39,7 @@ impl GpuRuntime for OpenCl {
     }
 
     fn allocate(like: &XpuBuffer, queue: &Arc<CommandQueue>, len_bytes: usize) -> Result<XpuBuffer, KernelError> {
-        Ok(like.device.allocate_on(queue, len_bytes).map_err(ir_core::TensorError::from)?)
+        Ok(like.device.allocate_on(queue, len_bytes, Fill::Unspecified).map_err(ir_core::TensorError::from)?)
     }
 
     fn kernel(like: &XpuBuffer, key: KernelKey<'_>) -> Result<Arc<Mutex<Kernel>>, KernelError> {
