@@ -352,6 +352,23 @@ pub trait GpuRuntime: 'static {
     /// the host).
     fn strided_kernel(like: &Self::Buffer, key: StridedKey) -> Result<Option<Self::Kernel>, KernelError>;
 
+    /// Copies `bytes` bytes from byte `from_offset` of `from` to byte `to_offset` of `to`, in order
+    /// on `queue`, without a kernel (`cuMemcpyDtoDAsync`, `hipMemcpyDtoDAsync`,
+    /// `clEnqueueCopyBuffer`): a copy whose source and destination are one compact range each,
+    /// such as `clone` of a compact tensor.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges lie inside their buffers.
+    unsafe fn copy_bytes(
+        queue: &Self::Queue,
+        from: &Self::Buffer,
+        from_offset: usize,
+        to: &mut Self::Buffer,
+        to_offset: usize,
+        bytes: usize,
+    ) -> Result<(), KernelError>;
+
     /// The queue of `buffer`'s own work, where copies out of it are ordered.
     fn buffer_queue(buffer: &Self::Buffer) -> Self::Queue;
 
@@ -949,7 +966,18 @@ fn strided<R: GpuRuntime>(
         return Ok(true);
     }
     let queue = R::buffer_queue(from);
-    for piece in CopyDims::pieces(src, to_layout)? {
+    let pieces = CopyDims::pieces(src, to_layout)?;
+    if let (StridedKey::Copy { .. }, [piece]) = (key, pieces.as_slice())
+        && let Some([src_offset, dst_offset, bytes]) = piece.compact_bytes(src.dtype.size_in_bytes())?
+    {
+        // SAFETY: the piece's elements are one compact range of `src` in `from` (its layout was
+        // checked against the storage) and one of `to_layout` in `to` (allocated for it by the
+        // caller); `CopyDims::compact_bytes` gives their byte offsets and length.
+        unsafe { R::copy_bytes(&queue, from, src_offset, to, dst_offset, bytes) }?;
+        R::note_device_copy(from);
+        return Ok(true);
+    }
+    for piece in pieces {
         let [src_offset, dst_offset, _] = piece.element_offsets()?;
         let mut args = KernelArgs::new();
         args.read(from, src_offset, src.dtype).write(&mut *to, dst_offset, to_dtype);
@@ -1329,6 +1357,20 @@ mod tests {
             let through_f64 = matches!(key, StridedKey::Convert { src: DType::F64, .. });
             Ok(key.symbol().filter(|_| !through_f64).map(str::to_owned))
         }
+        unsafe fn copy_bytes(
+            _queue: &(),
+            from: &HostBuffer,
+            from_offset: usize,
+            to: &mut HostBuffer,
+            to_offset: usize,
+            bytes: usize,
+        ) -> Result<(), KernelError> {
+            to.0[to_offset..to_offset + bytes].copy_from_slice(&from.0[from_offset..from_offset + bytes]);
+            let args = vec![format!("{} bytes @{from_offset} -> @{to_offset}: {bytes}", from.0.len())];
+            let grid = Grid { groups: 0, group_size: 0, what: "bytes" };
+            LAUNCHES.with(|l| l.borrow_mut().push(Launched { symbol: "copy_bytes".to_owned(), grid, args }));
+            Ok(())
+        }
         fn buffer_queue(_buffer: &HostBuffer) {}
         fn same_device(_a: &HostBuffer, _b: &HostBuffer) -> bool {
             true
@@ -1653,6 +1695,33 @@ mod tests {
         let layout = empty_dst.layout().clone();
         copy_strided::<Recorder>(buffer_of(&empty), empty.meta(), storage_of(&mut empty_dst), &layout).unwrap();
         assert!(take_launches().is_empty());
+    }
+
+    #[test]
+    fn a_copy_of_one_compact_range_into_another_is_a_memcpy() {
+        // A compact [4, 6] f16 view from element 2, into a compact destination: 48 bytes.
+        let mut src = on_host(DType::F16, &[4, 6], &[6, 1], 2, 26);
+        if let Storage::Device(buffer) = src.storage_mut().unwrap() {
+            buffer.upload(&(0..52).collect::<Vec<u8>>()).unwrap();
+        }
+        let mut dst = on_host(DType::F16, &[4, 6], &[6, 1], 0, 24);
+        let layout = dst.layout().clone();
+        copy_strided::<Recorder>(buffer_of(&src), src.meta(), storage_of(&mut dst), &layout).unwrap();
+        let launches = take_launches();
+        assert_eq!(launches.len(), 1);
+        assert_eq!(
+            (launches[0].symbol.as_str(), launches[0].args[0].as_str()),
+            ("copy_bytes", "52 bytes @4 -> @0: 48")
+        );
+        assert_eq!(buffer_of(&dst).0, (4..52).collect::<Vec<u8>>(), "the bytes moved");
+        // Into row-padded rows, or converting: kernels, not a memcpy.
+        let mut padded = on_host(DType::F16, &[4, 6], &[8, 1], 0, 32);
+        let layout = padded.layout().clone();
+        copy_strided::<Recorder>(buffer_of(&src), src.meta(), storage_of(&mut padded), &layout).unwrap();
+        let meta = dst.meta().clone();
+        convert_strided::<Recorder>(buffer_of(&src), src.meta(), storage_of(&mut dst), &meta, None).unwrap();
+        let symbols: Vec<String> = take_launches().into_iter().map(|l| l.symbol).collect();
+        assert_eq!(symbols, ["strided_copy_2", "strided_convert_f16_f16"]);
     }
 
     #[test]

@@ -850,6 +850,19 @@ impl CopyDims {
             .collect()
     }
 
+    /// When both sides of this piece are one compact range (one dimension, unit strides: a copy a
+    /// memcpy does), the source and destination byte offsets and the byte count for elements of
+    /// `element_size` bytes.
+    pub fn compact_bytes(&self, element_size: usize) -> Result<Option<[usize; 3]>, KernelError> {
+        let compact = self.rank == 1 && self.src_strides[0] == 1 && self.dst_strides[0] == 1;
+        if !compact {
+            return Ok(None);
+        }
+        let [src, dst, _] = self.element_offsets()?;
+        let n = usize::try_from(self.n).map_err(|_| out_of_range("elements", self.n, 0, isize::MAX))?;
+        Ok(Some([src * element_size, dst * element_size, n * element_size]))
+    }
+
     /// The source offset, the destination offset and `first`, in elements, as host integers: for
     /// backends that offset pointers rather than pass the offsets. Errors name a negative one (the
     /// fields are public; [`CopyDims::pieces`] never makes one).

@@ -74,6 +74,30 @@ impl GpuRuntime for Cuda {
         Ok(Some(function))
     }
 
+    unsafe fn copy_bytes(
+        queue: &Arc<CudaStream>,
+        from: &CudaBuffer,
+        from_offset: usize,
+        to: &mut CudaBuffer,
+        to_offset: usize,
+        bytes: usize,
+    ) -> Result<(), KernelError> {
+        let (src, dst) = (from.read_address(queue), to.write_address(queue));
+        queue.context().bind_to_thread().map_err(driver_error)?;
+        // SAFETY: both ranges lie inside their buffers (the caller's contract), valid device memory
+        // of the stream's context; `to` is borrowed mutably, so the ranges do not overlap. The
+        // address guards record both uses on the stream for cudarc's ordering.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                dst.offset(to_offset),
+                src.offset(from_offset),
+                bytes,
+                queue.cu_stream(),
+            )
+        }
+        .map_err(driver_error)
+    }
+
     fn buffer_queue(buffer: &CudaBuffer) -> Arc<CudaStream> {
         Arc::clone(buffer.stream())
     }

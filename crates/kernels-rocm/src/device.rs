@@ -160,6 +160,26 @@ impl HipDevice {
     }
 }
 
+impl HipDevice {
+    /// Copies `bytes` bytes from `src` to `dst` on the launches' stream (the caller's, when the
+    /// call's context gives one, else the null stream), without a kernel.
+    ///
+    /// # Safety
+    ///
+    /// `src` and `dst` are device memory of this device valid for `bytes` bytes, not overlapping.
+    pub(crate) unsafe fn copy_device(
+        &self,
+        dst: *mut c_void,
+        src: *mut c_void,
+        bytes: usize,
+    ) -> Result<(), KernelError> {
+        let stream = ir_core::stream::launch_stream::<HipStream>().map_or(ptr::null_mut(), |stream| stream.0);
+        // SAFETY: the caller's contract; the stream is the caller's (a live stream of this device,
+        // `HipStream`'s contract) or the null stream, the one the kernels use.
+        check(unsafe { hip_sys::hiprt::hipMemcpyDtoDAsync(dst, src, bytes, stream) }).map_err(driver)
+    }
+}
+
 /// An engine's HIP stream, for [`EagerContext::with_stream`](ir_core::EagerContext::with_stream):
 /// the calls made through that context launch their kernels on it instead of the default stream.
 #[derive(Clone, Copy, Debug)]

@@ -76,6 +76,25 @@ mod hip {
             Ok(key.symbol().map(str::to_owned))
         }
 
+        unsafe fn copy_bytes(
+            queue: &Arc<HipDevice>,
+            from: &HipBuffer,
+            from_offset: usize,
+            to: &mut HipBuffer,
+            to_offset: usize,
+            bytes: usize,
+        ) -> Result<(), KernelError> {
+            // SAFETY: both ranges lie inside their buffers (the caller's contract); `to` is borrowed
+            // mutably, so they do not overlap.
+            unsafe {
+                queue.copy_device(
+                    to.pointer.wrapping_byte_add(to_offset),
+                    from.pointer.wrapping_byte_add(from_offset),
+                    bytes,
+                )
+            }
+        }
+
         fn buffer_queue(buffer: &HipBuffer) -> Arc<HipDevice> {
             Arc::clone(&buffer.device)
         }
@@ -192,6 +211,17 @@ mod unbuilt {
         fn strided_kernel(like: &NoHipMemory, _key: StridedKey) -> Result<Option<()>, KernelError> {
             match *like {}
         }
+        unsafe fn copy_bytes(
+            _queue: &(),
+            from: &NoHipMemory,
+            _from_offset: usize,
+            _to: &mut NoHipMemory,
+            _to_offset: usize,
+            _bytes: usize,
+        ) -> Result<(), KernelError> {
+            match *from {}
+        }
+
         fn buffer_queue(buffer: &NoHipMemory) {
             match *buffer {}
         }

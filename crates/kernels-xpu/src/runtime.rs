@@ -80,6 +80,23 @@ impl GpuRuntime for OpenCl {
         }
     }
 
+    unsafe fn copy_bytes(
+        queue: &Arc<CommandQueue>,
+        from: &XpuBuffer,
+        from_offset: usize,
+        to: &mut XpuBuffer,
+        to_offset: usize,
+        bytes: usize,
+    ) -> Result<(), KernelError> {
+        from.use_on(queue)?;
+        to.use_on(queue)?;
+        // SAFETY: both ranges lie inside their buffers (the caller's contract); `to` is borrowed
+        // mutably, so they are distinct buffers.
+        unsafe { queue.enqueue_copy_buffer(&from.buffer, &mut to.buffer, from_offset, to_offset, bytes, &[]) }
+            .map_err(cl_error)?;
+        Ok(())
+    }
+
     fn buffer_queue(buffer: &XpuBuffer) -> Arc<CommandQueue> {
         buffer.queue()
     }
