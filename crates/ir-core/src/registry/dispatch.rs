@@ -371,6 +371,10 @@ impl Registry {
     /// borrowed arguments (no argument values are built) and checks its outputs; otherwise (an
     /// in-place implementation, native, one registered dynamically) builds the bound arguments with
     /// `values` and runs the selection as the calls `define_op!` generates do.
+    ///
+    /// Support for `define_op!`'s generated functions, hidden from the documentation: code calls
+    /// the generated typed functions or [`Registry::call`].
+    #[doc(hidden)]
     pub fn call_typed<F: ?Sized + 'static, O: OpOutputs, A: AsMut<[Value]>>(
         &self,
         def: &'static OpDef,
@@ -387,6 +391,9 @@ impl Registry {
     /// arguments, every parameter in order) with the same rules, cache, memo and records as every
     /// call, and holds the selection while the call runs ([`Selected`]). The calls
     /// [`define_op!`](crate::define_op) generates use it; the selection is recorded as run.
+    ///
+    /// Support for `define_op!`'s generated functions, hidden from the documentation.
+    #[doc(hidden)]
     #[inline]
     pub fn select_declared(&self, def: &'static OpDef, metas: &[ArgMeta<'_>]) -> Result<Selected<'_>, CallError> {
         if !def.allow_inplace {
@@ -672,6 +679,9 @@ fn compacting(args: &[ArgMeta<'_>], candidates: &[Arc<ImplEntry>]) -> Option<(us
 /// any other copied, as `maybe_inplace` promises), runs the chosen implementation's typed function
 /// on its arguments, or, for an implementation without one, the bound arguments, and checks the
 /// outputs. Dropping it gives the selection back to this thread's memo.
+///
+/// Support for `define_op!`'s generated functions, hidden from the documentation.
+#[doc(hidden)]
 pub struct Selected<'r> {
     /// The selection (given back to the memo on drop).
     held: memo::Held,
