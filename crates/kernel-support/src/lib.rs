@@ -164,6 +164,32 @@ pub fn gpu_threads_per_row(hidden: usize) -> u32 {
     }
 }
 
+/// The code the GPU element preludes (`element.cuh`, `element.hip.h`, `element.cl`) know a
+/// compute dtype by (`DTYPE`, `WDTYPE`): f32 0, f16 1, bf16 2, f64 6 (the numbering of
+/// [`element_code`], which the strided conversions use for every dtype); an error naming `backend`
+/// for a dtype the kernels do not compute on.
+pub fn compute_dtype_code(dtype: DType, backend: &'static str) -> Result<u8, KernelError> {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64 => Ok(element_code(dtype)),
+        other => Err(KernelError::UnsupportedDType { backend, dtype: other }),
+    }
+}
+
+/// The code the GPU kernel sources know an element dtype by: f32 0, f16 1, bf16 2, f8e4m3fn 3,
+/// f8e5m2 4, i8 5, f64 6, i64 7.
+pub fn element_code(dtype: DType) -> u8 {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::F8E4M3FN => 3,
+        DType::F8E5M2 => 4,
+        DType::I8 => 5,
+        DType::F64 => 6,
+        DType::I64 => 7,
+    }
+}
+
 /// The element dtypes a provider's kernels compute on. Every kernel takes f32, f16 and bf16; f64
 /// exists for references, and a GPU provider whose kernels also compute in it keeps an f64
 /// reference on its device tensors on the device instead of sending it through host memory.
@@ -1298,6 +1324,16 @@ mod tests {
         let w = w.map_or(ArgMeta::None, ArgMeta::Tensor);
         let v = variance.map_or(ArgMeta::None, ArgMeta::I64);
         rms_norm_support(&[ArgMeta::Tensor(x), w, ArgMeta::F64(1e-6), v], DeviceKind::Cpu)
+    }
+
+    #[test]
+    fn dtype_codes_match_the_kernel_preludes() {
+        let codes: Vec<u8> = [DType::F32, DType::F16, DType::BF16, DType::F64].map(element_code).to_vec();
+        assert_eq!(codes, [0, 1, 2, 6]);
+        assert_eq!(compute_dtype_code(DType::BF16, "cuda").unwrap(), 2);
+        let error = compute_dtype_code(DType::F8E4M3FN, "xpu").unwrap_err();
+        assert!(matches!(error, KernelError::UnsupportedDType { backend: "xpu", dtype: DType::F8E4M3FN }));
+        assert_eq!(element_code(DType::I64), 7);
     }
 
     #[test]

@@ -249,15 +249,9 @@ pub(crate) fn dtype_define(dtype: DType) -> Result<String, KernelError> {
     Ok(format!("-DDTYPE={}", dtype_code(dtype)?))
 }
 
-/// The code `element.cuh` knows a dtype by (`DTYPE`, `WDTYPE`).
+/// The code the element prelude knows a dtype by (`DTYPE`, `WDTYPE`).
 fn dtype_code(dtype: DType) -> Result<u8, KernelError> {
-    match dtype {
-        DType::F32 => Ok(0),
-        DType::F16 => Ok(1),
-        DType::BF16 => Ok(2),
-        DType::F64 => Ok(6),
-        other => Err(KernelError::UnsupportedDType { backend: "cuda", dtype: other }),
-    }
+    kernel_support::compute_dtype_code(dtype, "cuda")
 }
 
 /// The NVRTC architecture for a compute capability.

@@ -100,20 +100,6 @@ const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cl");
 /// strided copy's indexing.
 const STRIDED_BINARY: &str = include_str!("../kernels/strided_binary.cl");
 
-/// The code `strided_convert.cl` knows a dtype by (`SDTYPE`, `DDTYPE`).
-fn convert_code(dtype: DType) -> u8 {
-    match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        DType::F8E4M3FN => 3,
-        DType::F8E5M2 => 4,
-        DType::I8 => 5,
-        DType::F64 => 6,
-        DType::I64 => 7,
-    }
-}
-
 pub use kernel_support::COPY_MAX_RANK;
 
 /// `CL_DEVICE_SUB_GROUP_SIZES_INTEL` (extension `cl_intel_required_subgroup_size`): the sub-group
@@ -246,7 +232,11 @@ impl XpuDevice {
         if let Some(kernel) = kernels.get(&(src, dst)) {
             return Ok(Some(Arc::clone(kernel)));
         }
-        let options = format!("-cl-std=CL1.2 -DSDTYPE={} -DDDTYPE={}", convert_code(src), convert_code(dst));
+        let options = format!(
+            "-cl-std=CL1.2 -DSDTYPE={} -DDDTYPE={}",
+            kernel_support::element_code(src),
+            kernel_support::element_code(dst)
+        );
         let source = format!("{}\n{STRIDED_COPY}\n{STRIDED_CONVERT}", crate::module::ELEMENT);
         let kernel = self.build(&source, &options, "strided_convert", format!("strided_convert[{src} -> {dst}]"))?;
         kernels.insert((src, dst), Arc::clone(&kernel));
@@ -267,7 +257,7 @@ impl XpuDevice {
             BinaryOp::Add => 0,
             BinaryOp::Mul => 1,
         };
-        let code = convert_code(dtype);
+        let code = kernel_support::element_code(dtype);
         let options = format!("-cl-std=CL1.2 -DSDTYPE={code} -DDDTYPE={code} -DOP={op_code}");
         let source = format!("{}\n{STRIDED_COPY}\n{STRIDED_CONVERT}\n{STRIDED_BINARY}", crate::module::ELEMENT);
         let kernel =

@@ -101,15 +101,9 @@ pub(crate) fn base_options(dtype: DType) -> Result<String, KernelError> {
     Ok(format!("-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt -DDTYPE={}", dtype_code(dtype)?))
 }
 
-/// The code `element.cl` knows a dtype by (`DTYPE`, `WDTYPE`).
+/// The code the element prelude knows a dtype by (`DTYPE`, `WDTYPE`).
 fn dtype_code(dtype: DType) -> Result<u8, KernelError> {
-    match dtype {
-        DType::F32 => Ok(0),
-        DType::F16 => Ok(1),
-        DType::BF16 => Ok(2),
-        DType::F64 => Ok(6),
-        other => Err(KernelError::UnsupportedDType { backend: "xpu", dtype: other }),
-    }
+    kernel_support::compute_dtype_code(dtype, "xpu")
 }
 
 impl fmt::Display for KernelVariant {
