@@ -139,7 +139,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     Overload::Default
                 };
                 let weight_arg =
-                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Value(weight) } else { Arg::None };
+                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Tensor(weight) } else { Arg::None };
                 let out_meta = TensorMeta { layout: m(&graph, x).layout.copy_layout(), ..m(&graph, x) };
                 let res_meta = TensorMeta {
                     layout: m(&graph, r).layout.copy_layout(),
@@ -149,7 +149,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 let kind = NodeKind::IrCall {
                     op: graph.op_ref("fused_add_rms_norm"),
                     overload,
-                    args: vec![Arg::Value(x), Arg::Value(r), weight_arg, Arg::F64(1e-6), Arg::None],
+                    args: vec![Arg::Tensor(x), Arg::Tensor(r), weight_arg, Arg::F64(1e-6), Arg::None],
                 };
                 let (_, results) = graph.push(kind, vec![out_meta, res_meta]);
                 if overload == Overload::MaybeInplace {
@@ -165,12 +165,12 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     _ => *pool.last().expect("the add's sum was just made"),
                 };
                 let weight_arg =
-                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Value(weight) } else { Arg::None };
+                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Tensor(weight) } else { Arg::None };
                 let out = TensorMeta { layout: m(&graph, x).layout.copy_layout(), ..m(&graph, x) };
                 let kind = NodeKind::IrCall {
                     op: graph.op_ref("rms_norm"),
                     overload: Overload::Default,
-                    args: vec![Arg::Value(x), weight_arg, Arg::F64(1e-6), Arg::None],
+                    args: vec![Arg::Tensor(x), weight_arg, Arg::F64(1e-6), Arg::None],
                 };
                 pool.extend(graph.push(kind, vec![out]).1);
             }
@@ -327,7 +327,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 }
                 let r = pick(&partners, b);
                 let use_weight = w && graph.meta(x).dtype == dtype;
-                let weight_arg = if use_weight { Arg::Value(weight) } else { Arg::None };
+                let weight_arg = if use_weight { Arg::Tensor(weight) } else { Arg::None };
                 let supported = {
                     let (xm, rm, wm) = (m(&graph, x), m(&graph, r), m(&graph, weight));
                     let weight_meta = if use_weight { ArgMeta::Tensor(&wm) } else { ArgMeta::None };
@@ -348,7 +348,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     op: graph.op_ref("fused_add_rms_norm"),
                     provider: graph.provider_ref("cpu"),
                     writes: vec![0, 1],
-                    args: vec![Arg::Value(x), Arg::Value(r), weight_arg, Arg::F64(1e-6), Arg::None],
+                    args: vec![Arg::Tensor(x), Arg::Tensor(r), weight_arg, Arg::F64(1e-6), Arg::None],
                 };
                 let (_, results) = graph.push(kind, vec![m(&graph, x), m(&graph, r)]);
                 // Nothing defined before the write that shares a written storage is read again.
@@ -361,13 +361,13 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
             Step::NormQuant(a, b, k, w) => {
                 let x = pick(&pool, a);
                 let weight_arg =
-                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Value(weight) } else { Arg::None };
+                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Tensor(weight) } else { Arg::None };
                 let normalized_meta = TensorMeta { layout: m(&graph, x).layout.copy_layout(), ..m(&graph, x) };
                 let normalized = if k % 4 < 2 {
                     let kind = NodeKind::IrCall {
                         op: graph.op_ref("rms_norm"),
                         overload: Overload::Default,
-                        args: vec![Arg::Value(x), weight_arg, Arg::F64(1e-6), Arg::None],
+                        args: vec![Arg::Tensor(x), weight_arg, Arg::F64(1e-6), Arg::None],
                     };
                     graph.push(kind, vec![normalized_meta]).1[0]
                 } else {
@@ -382,7 +382,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     let kind = NodeKind::IrCall {
                         op: graph.op_ref("fused_add_rms_norm"),
                         overload: Overload::Default,
-                        args: vec![Arg::Value(x), Arg::Value(r), weight_arg, Arg::F64(1e-6), Arg::None],
+                        args: vec![Arg::Tensor(x), Arg::Tensor(r), weight_arg, Arg::F64(1e-6), Arg::None],
                     };
                     let results = graph.push(kind, vec![normalized_meta, res_meta]).1;
                     pool.push(results[1]);
@@ -403,13 +403,13 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 let shape = graph.meta(normalized).shape().to_vec();
                 let q_meta = TensorMeta::compact(DType::F8E4M3FN, &shape);
                 let (op, args, metas) = if k % 2 == 0 {
-                    let args = vec![Arg::Value(normalized), Arg::Value(scale), Arg::DType(DType::F8E4M3FN)];
+                    let args = vec![Arg::Tensor(normalized), Arg::Tensor(scale), Arg::DType(DType::F8E4M3FN)];
                     ("static_scaled_fp8_quant", args, vec![q_meta])
                 } else {
                     let mut scales_shape = shape.clone();
                     *scales_shape.last_mut().expect("rank 2 or 3") = 1;
-                    let ub = if w { Arg::Value(scale) } else { Arg::None };
-                    let args = vec![Arg::Value(normalized), ub, Arg::DType(DType::F8E4M3FN)];
+                    let ub = if w { Arg::Tensor(scale) } else { Arg::None };
+                    let args = vec![Arg::Tensor(normalized), ub, Arg::DType(DType::F8E4M3FN)];
                     (
                         "dynamic_per_token_scaled_fp8_quant",
                         args,
@@ -470,7 +470,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     let kind = NodeKind::IrCall {
                         op: graph.op_ref("rms_norm"),
                         overload: Overload::Default,
-                        args: vec![Arg::Value(sum), Arg::Value(sum), Arg::F64(1e-6), Arg::None],
+                        args: vec![Arg::Tensor(sum), Arg::Tensor(sum), Arg::F64(1e-6), Arg::None],
                     };
                     quantized.extend(graph.push(kind, vec![TensorMeta::compact(dtype, &[H])]).1);
                 } else {
@@ -484,7 +484,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     let kind = NodeKind::IrCall {
                         op: graph.op_ref("fused_add_rms_norm"),
                         overload: Overload::Default,
-                        args: vec![Arg::Value(scale), Arg::Value(r), Arg::None, Arg::F64(1e-6), Arg::None],
+                        args: vec![Arg::Tensor(scale), Arg::Tensor(r), Arg::None, Arg::F64(1e-6), Arg::None],
                     };
                     let results = graph.push(kind, vec![one.clone(), one.clone()]).1;
                     if read_first {
@@ -494,7 +494,7 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     let kind = NodeKind::IrCall {
                         op: graph.op_ref("static_scaled_fp8_quant"),
                         overload: Overload::Default,
-                        args: vec![Arg::Value(results[0]), Arg::Value(results[1]), Arg::DType(DType::F8E4M3FN)],
+                        args: vec![Arg::Tensor(results[0]), Arg::Tensor(results[1]), Arg::DType(DType::F8E4M3FN)],
                     };
                     quantized.extend(graph.push(kind, vec![TensorMeta::compact(DType::F8E4M3FN, &[1])]).1);
                 }
@@ -520,10 +520,10 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     op: graph.op_ref("rotary_embedding"),
                     overload,
                     args: vec![
-                        Arg::Value(positions),
-                        Arg::Value(q),
-                        key.map_or(Arg::None, Arg::Value),
-                        Arg::Value(caches[&(q_dtype, rotary_dim)]),
+                        Arg::Tensor(positions),
+                        Arg::Tensor(q),
+                        key.map_or(Arg::None, Arg::Tensor),
+                        Arg::Tensor(caches[&(q_dtype, rotary_dim)]),
                         Arg::I64(8),
                         Arg::I64(rotary_dim as i64),
                         Arg::Bool(k % 8 < 4),
@@ -772,7 +772,7 @@ fn the_generator_emits_explicit_writes_views_and_aliased_outputs() {
                 }
                 NodeKind::ImplCall { writes, args, .. } if !writes.is_empty() => {
                     impl_writes += 1;
-                    let through_view = writes.iter().any(|&p| matches!(args[p], Arg::Value(v) if is_view(v)));
+                    let through_view = writes.iter().any(|&p| matches!(args[p], Arg::Tensor(v) if is_view(v)));
                     view_writes += usize::from(through_view);
                 }
                 _ => {}
@@ -994,7 +994,7 @@ fn illegal_graphs() -> impl Strategy<Value = (Graph, String, String, String)> {
         let def = ir_ops::BUILTIN_OPS.iter().find(|d| d.name == graph.op_name(*op))?;
         let given: Vec<ValueId> = (def.activation_indices().ok()?.into_iter())
             .filter_map(|i| match args.get(i) {
-                Some(Arg::Value(v)) => Some(*v),
+                Some(Arg::Tensor(v)) => Some(*v),
                 _ => None,
             })
             .collect();

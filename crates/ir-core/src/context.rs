@@ -4,74 +4,14 @@
 //! nodes instead of running kernels) implements the same trait.
 
 use crate::builtin::{Builtin, BuiltinArg, Eval, Scalars, check_args};
-use crate::op::{ArgMeta, OpDef, Overload, Value};
+use crate::op::{OpDef, Overload};
 use crate::{CallError, Registry, Tensor, TensorMeta};
 
 /// One argument of [`ExecutionContext::call`]: a tensor handle of the context, or a constant.
 ///
 /// Tensor handles are owned: a `maybe_inplace` call donates its activations by moving them in, and a
 /// functional call gets a handle copy (cheap: `Tensor` and traced handles are reference counted).
-#[derive(Clone, Debug)]
-pub enum CallArg<T> {
-    /// A tensor handle.
-    Tensor(T),
-    /// `none`.
-    None,
-    /// A float.
-    F64(f64),
-    /// An integer.
-    I64(i64),
-    /// A boolean.
-    Bool(bool),
-    /// A string.
-    Str(String),
-    /// A dtype.
-    DType(crate::DType),
-    /// A list of integers.
-    Ints(Vec<i64>),
-}
-
-impl<T: Clone> CallArg<T> {
-    /// A handle copy of `t`, or `none`.
-    pub fn opt_tensor(t: Option<&T>) -> CallArg<T> {
-        t.map_or(CallArg::None, |t| CallArg::Tensor(t.clone()))
-    }
-}
-
-impl<T> CallArg<T> {
-    /// An integer, or `none`.
-    pub fn opt_i64(v: Option<i64>) -> CallArg<T> {
-        v.map_or(CallArg::None, CallArg::I64)
-    }
-
-    /// The dynamic argument, with `tensor` turning a handle into a [`Value`].
-    pub fn into_value(self, tensor: impl FnOnce(T) -> Value) -> Value {
-        match self {
-            CallArg::Tensor(t) => tensor(t),
-            CallArg::None => Value::None,
-            CallArg::F64(v) => Value::F64(v),
-            CallArg::I64(v) => Value::I64(v),
-            CallArg::Bool(v) => Value::Bool(v),
-            CallArg::Str(v) => Value::Str(v),
-            CallArg::DType(v) => Value::DType(v),
-            CallArg::Ints(v) => Value::Ints(v),
-        }
-    }
-
-    /// What a meta function sees of the argument, with `meta` giving a handle's metadata.
-    pub fn meta<'a>(&'a self, meta: impl FnOnce(&'a T) -> &'a TensorMeta) -> ArgMeta<'a> {
-        match self {
-            CallArg::Tensor(t) => ArgMeta::Tensor(meta(t)),
-            CallArg::None => ArgMeta::None,
-            CallArg::F64(v) => ArgMeta::F64(*v),
-            CallArg::I64(v) => ArgMeta::I64(*v),
-            CallArg::Bool(v) => ArgMeta::Bool(*v),
-            CallArg::Str(v) => ArgMeta::Str(v),
-            CallArg::DType(v) => ArgMeta::DType(*v),
-            CallArg::Ints(v) => ArgMeta::Ints(v),
-        }
-    }
-}
+pub type CallArg<T> = crate::op::Arg<T>;
 
 /// What models need from the place they run in.
 ///
@@ -202,8 +142,8 @@ impl ExecutionContext for EagerContext<'_> {
         overload: Overload,
         args: Vec<CallArg<Tensor>>,
     ) -> Result<Vec<Tensor>, CallError> {
-        let values = args.into_iter().map(|arg| arg.into_value(Value::Tensor)).collect();
-        crate::stream::with_launch_stream(self.stream.as_ref(), || self.registry.call(op, overload, values))
+        // An eager context's arguments are the dynamic values themselves.
+        crate::stream::with_launch_stream(self.stream.as_ref(), || self.registry.call(op, overload, args))
     }
 
     /// Runs the table's computation; `copy_` writes into its first argument, which must be uniquely

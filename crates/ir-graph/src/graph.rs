@@ -35,63 +35,15 @@ entity_impl!(OpRef, "op");
 pub struct ProviderRef(u32);
 entity_impl!(ProviderRef, "provider");
 
-/// An argument of an op or implementation call: a value or a constant.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Arg {
-    /// A graph value.
-    Value(ValueId),
-    /// `none`.
-    None,
-    /// A float constant.
-    F64(f64),
-    /// An integer constant.
-    I64(i64),
-    /// A boolean constant.
-    Bool(bool),
-    /// An integer list (`[8, 16]`).
-    Ints(Vec<i64>),
-    /// A string (`"tanh"`).
-    Str(String),
-    /// A dtype (`bf16`).
-    DType(ir_core::DType),
-}
+/// An argument of an op or implementation call: a graph value ([`Arg::Tensor`]) or a constant;
+/// the graph's form of the one argument type ([`ir_core::op::Arg`]).
+pub type Arg = ir_core::op::Arg<ValueId>;
 
 /// The positions among `activations` whose argument in `args` is a value, in order: the given
 /// activations of a call (an absent optional activation, `none`, has no output and is not written).
 /// Output i of an in-place call belongs to the i-th of them.
 pub fn given_activations(activations: &[usize], args: &[Arg]) -> Vec<usize> {
-    activations.iter().copied().filter(|&p| matches!(args.get(p), Some(Arg::Value(_)))).collect()
-}
-
-impl Arg {
-    /// The constant as a dynamic argument (`None` for a value, which the caller looks up).
-    pub fn constant(&self) -> Option<ir_core::op::Value> {
-        use ir_core::op::Value;
-        Some(match self {
-            Arg::Value(_) => return None,
-            Arg::None => Value::None,
-            Arg::F64(v) => Value::F64(*v),
-            Arg::I64(v) => Value::I64(*v),
-            Arg::Bool(v) => Value::Bool(*v),
-            Arg::Ints(v) => Value::Ints(v.clone()),
-            Arg::Str(v) => Value::Str(v.clone()),
-            Arg::DType(v) => Value::DType(*v),
-        })
-    }
-
-    /// The constant's metadata form (`None` for a value, which the caller looks up).
-    pub fn constant_meta(&self) -> Option<ArgMeta<'_>> {
-        Some(match self {
-            Arg::Value(_) => return None,
-            Arg::None => ArgMeta::None,
-            Arg::F64(v) => ArgMeta::F64(*v),
-            Arg::I64(v) => ArgMeta::I64(*v),
-            Arg::Bool(v) => ArgMeta::Bool(*v),
-            Arg::Ints(v) => ArgMeta::Ints(v),
-            Arg::Str(v) => ArgMeta::Str(v),
-            Arg::DType(v) => ArgMeta::DType(*v),
-        })
-    }
+    activations.iter().copied().filter(|&p| matches!(args.get(p), Some(Arg::Tensor(_)))).collect()
 }
 
 /// What a node does.
@@ -317,7 +269,7 @@ impl NodeKind {
             NodeKind::Input { .. } => {}
             NodeKind::IrCall { args, .. } | NodeKind::ImplCall { args, .. } => {
                 for arg in args {
-                    if let Arg::Value(v) = arg {
+                    if let Arg::Tensor(v) = arg {
                         f(*v);
                     }
                 }
@@ -338,7 +290,7 @@ impl NodeKind {
             NodeKind::Input { .. } => {}
             NodeKind::IrCall { args, .. } | NodeKind::ImplCall { args, .. } => {
                 for arg in args {
-                    if let Arg::Value(v) = arg {
+                    if let Arg::Tensor(v) = arg {
                         swap(v);
                     }
                 }
@@ -747,10 +699,7 @@ impl Graph {
 
     /// What a predicate or meta function sees of an argument.
     pub fn arg_meta<'a>(&'a self, arg: &'a Arg) -> ArgMeta<'a> {
-        match arg {
-            Arg::Value(v) => ArgMeta::Tensor(self.meta(*v)),
-            constant => constant.constant_meta().expect("constants have a metadata form"),
-        }
+        arg.meta_with(|v| self.meta(*v))
     }
 
     /// The output node, if any (the last one if a malformed graph has several; it is normally last).
@@ -888,7 +837,7 @@ mod tests {
             .collect();
         let [add, norm, donated] = calls.as_slice() else { panic!("three calls: {calls:?}") };
         let args = graph.functional_call_of(*norm, &RMS_NORM).expect("a functional rms_norm");
-        let Arg::Value(sum) = &args[RmsNormArgs::x] else { panic!("x is a value") };
+        let Arg::Tensor(sum) = &args[RmsNormArgs::x] else { panic!("x is a value") };
         let (defining, add_args) = graph.builtin_defining(*sum, Builtin::Add).expect("the sum comes from add");
         assert_eq!((defining, add_args.len()), (*add, 2));
         assert!(graph.builtin_defining(*sum, Builtin::Mul).is_none());

@@ -393,7 +393,7 @@ impl<'g> Run<'g> {
         // Write in place only when the result would have the declared layout.
         let layouts_match =
             activations.iter().zip(&selection.outputs).all(|(&position, declared)| match &args[position] {
-                Arg::Value(v) => self.graph.meta(*v) == declared,
+                Arg::Tensor(v) => self.graph.meta(*v) == declared,
                 _ => false,
             });
         let in_place = overload == Overload::MaybeInplace && layouts_match;
@@ -402,13 +402,13 @@ impl<'g> Run<'g> {
         let mut values: Vec<Value> = args
             .iter()
             .map(|arg| match arg {
-                Arg::Value(v) => Value::Tensor(self.get(*v).clone()),
+                Arg::Tensor(v) => Value::Tensor(self.get(*v).clone()),
                 constant => Self::constant(constant),
             })
             .collect();
         if in_place {
             for &index in &activations {
-                let Some(Arg::Value(v)) = args.get(index) else { continue };
+                let Some(Arg::Tensor(v)) = args.get(index) else { continue };
                 // The same value passed twice: its handle was already released for the first slot.
                 let Some(held) = self.env[*v].as_ref() else { continue };
                 // A graph input the caller did not donate is never written: keeping the
@@ -446,7 +446,7 @@ impl<'g> Run<'g> {
         self.stats.providers.push((node, op.to_owned(), provider_name));
         if writes.is_empty() {
             let values = args.iter().map(|arg| match arg {
-                Arg::Value(v) => Value::Tensor(self.get(*v).clone()),
+                Arg::Tensor(v) => Value::Tensor(self.get(*v).clone()),
                 constant => Self::constant(constant),
             });
             let values: Vec<Value> = values.collect();
@@ -455,7 +455,7 @@ impl<'g> Run<'g> {
         let written: Vec<ValueId> = writes
             .iter()
             .filter_map(|&p| match args.get(p) {
-                Some(Arg::Value(v)) => Some(*v),
+                Some(Arg::Tensor(v)) => Some(*v),
                 _ => None,
             })
             .collect();
@@ -501,7 +501,7 @@ impl<'g> Run<'g> {
         for (index, arg) in args.iter().enumerate() {
             if values[index].is_none() {
                 values[index] = Some(match arg {
-                    Arg::Value(v) => match &self.env[*v] {
+                    Arg::Tensor(v) => match &self.env[*v] {
                         Some(t) => Value::Tensor(t.clone()),
                         // Read and written by the same call (only with the checks off): read a copy
                         // of what is written.
@@ -589,7 +589,7 @@ impl<'g> Run<'g> {
         let argument_storages: Vec<(ValueId, StorageId)> = args
             .iter()
             .filter_map(|a| match a {
-                Arg::Value(v) => Some((*v, self.get(*v).storage_id())),
+                Arg::Tensor(v) => Some((*v, self.get(*v).storage_id())),
                 _ => None,
             })
             .collect();

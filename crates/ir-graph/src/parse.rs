@@ -462,7 +462,7 @@ impl<'a> Parser<'a> {
         loop {
             let token = *self.peek();
             let arg = match token.tok {
-                Tok::Value(_) => Arg::Value(self.use_value()?),
+                Tok::Value(_) => Arg::Tensor(self.use_value()?),
                 Tok::Ident(word) => {
                     self.next();
                     match word {
@@ -591,7 +591,7 @@ fn builtin(op: Builtin, args: Vec<(Arg, Token<'_>)>, at: &Token<'_>) -> Result<N
     let mut converted_args = Vec::with_capacity(args.len());
     for ((arg, token), param) in args.into_iter().zip(params) {
         let converted = match (arg, param) {
-            (Arg::Value(v), BuiltinParam::Value) => Some(BuiltinArg::Value(v)),
+            (Arg::Tensor(v), BuiltinParam::Value) => Some(BuiltinArg::Value(v)),
             (Arg::I64(v), BuiltinParam::Index) => usize::try_from(v).ok().map(BuiltinArg::Index),
             (Arg::Ints(dims), BuiltinParam::Shape) => {
                 dims.iter().map(|&d| usize::try_from(d).ok()).collect::<Option<Vec<_>>>().map(BuiltinArg::Shape)

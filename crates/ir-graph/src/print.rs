@@ -99,7 +99,7 @@ fn write_args(out: &mut impl Write, graph: &Graph, args: &[Arg]) -> fmt::Result 
             out.write_str(", ")?;
         }
         match arg {
-            Arg::Value(value) => write!(out, "%{}", graph.value_name(*value))?,
+            Arg::Tensor(value) => write!(out, "%{}", graph.value_name(*value))?,
             Arg::None => out.write_str("none")?,
             Arg::F64(v) => out.write_str(&format_float(*v))?,
             Arg::I64(v) => write!(out, "{v}")?,

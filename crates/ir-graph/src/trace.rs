@@ -178,7 +178,7 @@ impl ExecutionContext for Tracer<'_> {
         if overload == Overload::MaybeInplace && !op.allow_inplace {
             return Err(CallError::NotInplaceOp { op: op.name });
         }
-        let metas: Vec<ArgMeta<'_>> = args.iter().map(|arg| arg.meta(|t| &t.meta)).collect();
+        let metas: Vec<ArgMeta<'_>> = args.iter().map(|arg| arg.meta_with(|t| &t.meta)).collect();
         // Binding fills the omitted trailing parameters, so the graph spells every argument.
         let bound = bind_meta(op, metas)?;
         if !self.registry.op_def(op.name).is_some_and(|registered| std::ptr::eq(registered, op)) {
@@ -191,16 +191,10 @@ impl ExecutionContext for Tracer<'_> {
         let graph_args = bound
             .iter()
             .enumerate()
-            .map(|(index, meta)| match (args.get(index), meta) {
-                (Some(CallArg::Tensor(t)), _) => Arg::Value(t.value),
-                (_, ArgMeta::Tensor(_)) => unreachable!("defaults are constants"),
-                (_, ArgMeta::None) => Arg::None,
-                (_, ArgMeta::F64(v)) => Arg::F64(*v),
-                (_, ArgMeta::I64(v)) => Arg::I64(*v),
-                (_, ArgMeta::Bool(v)) => Arg::Bool(*v),
-                (_, ArgMeta::Str(v)) => Arg::Str((*v).to_owned()),
-                (_, ArgMeta::DType(v)) => Arg::DType(*v),
-                (_, ArgMeta::Ints(v)) => Arg::Ints(v.to_vec()),
+            .map(|(index, meta)| match args.get(index) {
+                Some(CallArg::Tensor(t)) => Arg::Tensor(t.value),
+                // A constant argument, or a default (defaults are constants).
+                _ => meta.map(|_| unreachable!("tensors are the caller's"), str::to_owned, <[i64]>::to_vec),
             })
             .collect();
         let mut graph = self.graph.borrow_mut();

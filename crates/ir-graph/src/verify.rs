@@ -278,26 +278,14 @@ struct Lookups<'r, 'g> {
 }
 
 /// What a memo compares an argument by: a value by its interned metadata, a constant as a meta
-/// function sees it ([`ArgMeta::same_as`]: floats by bits).
-enum ArgKey<'g> {
-    Value(MetaRef),
-    Constant(ArgMeta<'g>),
-}
+/// function sees it ([`Arg::same_as`]: floats by bits).
+type ArgKey<'g> = ir_core::op::Arg<MetaRef, &'g str, &'g [i64]>;
 
-impl ArgKey<'_> {
-    fn of<'g>(graph: &'g Graph, arg: &'g Arg) -> ArgKey<'g> {
-        match arg {
-            Arg::Value(v) => ArgKey::Value(graph.values[*v].meta),
-            constant => ArgKey::Constant(graph.arg_meta(constant)),
-        }
-    }
-
-    fn matches(&self, graph: &Graph, arg: &Arg) -> bool {
-        match (self, arg) {
-            (ArgKey::Value(meta), Arg::Value(v)) => *meta == graph.values[*v].meta,
-            (ArgKey::Constant(_), Arg::Value(_)) | (ArgKey::Value(_), _) => false,
-            (ArgKey::Constant(remembered), constant) => remembered.same_as(&graph.arg_meta(constant)),
-        }
+/// The key of `arg`.
+fn arg_key<'g>(graph: &'g Graph, arg: &'g Arg) -> ArgKey<'g> {
+    match arg {
+        Arg::Tensor(v) => ArgKey::Tensor(graph.values[*v].meta),
+        constant => graph.arg_meta(constant).map_tensor(|_| unreachable!("a constant")),
     }
 }
 
@@ -384,7 +372,9 @@ impl<'r, 'g> Lookups<'r, 'g> {
         let registry = self.registry;
         let def = self.ops.def(op).ok_or_else(|| unknown_op(registry, graph.op_name(op)))?;
         let known = self.metas.iter().position(|(o, keys, _)| {
-            *o == op && keys.len() == args.len() && keys.iter().zip(args).all(|(key, arg)| key.matches(graph, arg))
+            *o == op
+                && keys.len() == args.len()
+                && keys.iter().zip(args).all(|(key, arg)| key.same_as(&arg_key(graph, arg)))
         });
         let slot = match known {
             Some(slot) => slot,
@@ -394,7 +384,7 @@ impl<'r, 'g> Lookups<'r, 'g> {
                     .output_metas(metas)
                     .map(|metas| Expected::new(graph, metas))
                     .map_err(|e| Problem::Arguments(e.to_string()));
-                let keys = args.iter().map(|arg| ArgKey::of(graph, arg)).collect();
+                let keys = args.iter().map(|arg| arg_key(graph, arg)).collect();
                 remember(&mut self.metas, &mut self.next_slot, (op, keys, outputs))
             }
         };
@@ -505,7 +495,7 @@ fn check_node<'g>(graph: &'g Graph, lookups: &mut Lookups<'_, 'g>, node: NodeId)
                 }
             }
             for (index, &position) in writes.iter().enumerate() {
-                let Some(Arg::Value(written)) = args.get(position) else {
+                let Some(Arg::Tensor(written)) = args.get(position) else {
                     return Err(Problem::WrittenNotValue { position });
                 };
                 if graph.values[results[index]].meta != graph.values[*written].meta {

@@ -17,7 +17,7 @@ pub fn written_values(graph: &Graph, ops: &OpTable, node: NodeId) -> Vec<ValueId
 pub(crate) fn for_each_written_value(graph: &Graph, ops: &OpTable, node: NodeId, mut f: impl FnMut(ValueId)) {
     let values_at = |positions: &[usize], args: &[Arg], f: &mut dyn FnMut(ValueId)| {
         for &p in positions {
-            if let Some(Arg::Value(v)) = args.get(p) {
+            if let Some(Arg::Tensor(v)) = args.get(p) {
                 f(*v);
             }
         }
@@ -157,7 +157,7 @@ pub(crate) fn split_misplaced<F: DecidedFusion>(
                 continue;
             }
             *misplaced = site.args.iter().find_map(|arg| match arg {
-                Arg::Value(value) if !operand_ready(graph, positions, &moved, site, *value) => Some(*value),
+                Arg::Tensor(value) if !operand_ready(graph, positions, &moved, site, *value) => Some(*value),
                 _ => None,
             });
             dropped_now |= misplaced.is_some();

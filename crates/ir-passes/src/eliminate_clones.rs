@@ -664,8 +664,8 @@ fn view_writer(graph: &Graph, edits: &Edits, node: NodeId) -> Option<(NodeId, us
         return None;
     }
     let NodeKind::ImplCall { writes, args, .. } = &graph.node(writer).kind else { return None };
-    let read_once = args.iter().filter(|arg| matches!(arg, ir_graph::Arg::Value(v) if *v == copy)).count() == 1;
-    let index = writes.iter().position(|&p| matches!(args.get(p), Some(ir_graph::Arg::Value(v)) if *v == copy))?;
+    let read_once = args.iter().filter(|arg| matches!(arg, ir_graph::Arg::Tensor(v) if *v == copy)).count() == 1;
+    let index = writes.iter().position(|&p| matches!(args.get(p), Some(ir_graph::Arg::Tensor(v)) if *v == copy))?;
     read_once.then_some((writer, index))
 }
 
@@ -732,7 +732,7 @@ fn retypes_cleanly(
     let metas: Vec<ir_core::op::ArgMeta<'_>> = args
         .iter()
         .map(|arg| match arg {
-            ir_graph::Arg::Value(v) if *v == copy => ir_core::op::ArgMeta::Tensor(graph.meta(original)),
+            ir_graph::Arg::Tensor(v) if *v == copy => ir_core::op::ArgMeta::Tensor(graph.meta(original)),
             other => graph.arg_meta(other),
         })
         .collect();
@@ -767,7 +767,7 @@ fn reader_unchanged(
         NodeKind::IrCall { op, args, .. } | NodeKind::ImplCall { op, args, .. } => {
             if let NodeKind::ImplCall { writes, .. } = &data.kind {
                 let writes_value =
-                    writes.iter().any(|&p| matches!(args.get(p), Some(ir_graph::Arg::Value(v)) if *v == value));
+                    writes.iter().any(|&p| matches!(args.get(p), Some(ir_graph::Arg::Tensor(v)) if *v == value));
                 if writes_value {
                     return false;
                 }
@@ -776,7 +776,7 @@ fn reader_unchanged(
             let metas = args
                 .iter()
                 .map(|arg| match arg {
-                    ir_graph::Arg::Value(v) if *v == value => ir_core::op::ArgMeta::Tensor(retyped),
+                    ir_graph::Arg::Tensor(v) if *v == value => ir_core::op::ArgMeta::Tensor(retyped),
                     other => graph.arg_meta(other),
                 })
                 .collect();
@@ -784,7 +784,7 @@ fn reader_unchanged(
             // The results an in-place call writes keep their arguments' metadata.
             if let NodeKind::ImplCall { writes, .. } = &data.kind {
                 for (slot, &position) in writes.iter().enumerate() {
-                    if let (Some(ir_graph::Arg::Value(v)), Some(want)) = (args.get(position), expected.get_mut(slot)) {
+                    if let (Some(ir_graph::Arg::Tensor(v)), Some(want)) = (args.get(position), expected.get_mut(slot)) {
                         *want = graph.meta(*v).clone();
                     }
                 }

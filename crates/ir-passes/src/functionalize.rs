@@ -93,7 +93,7 @@ pub fn functionalize(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Function
         let op = graph.op_name(*op);
         let activations = cx.registry.activations(op).ok_or_else(|| PassError::UnknownOp { op: op.to_owned() })?;
         for &position in &activations {
-            let Some(Arg::Value(value)) = args.get(position) else { continue };
+            let Some(Arg::Tensor(value)) = args.get(position) else { continue };
             for &user in &uses[*value] {
                 if positions[user] > positions[node] {
                     violations.push(Violation {

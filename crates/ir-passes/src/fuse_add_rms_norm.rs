@@ -174,7 +174,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
         let anchor = if !read_before_norm {
             norm
         } else if args[RmsNormArgs::weight..].iter().all(|arg| match arg {
-            Arg::Value(v) => (positions[graph.value(*v).def] as usize) < add_at,
+            Arg::Tensor(v) => (positions[graph.value(*v).def] as usize) < add_at,
             _ => true,
         }) {
             add
@@ -186,7 +186,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
             report.skipped.push((statement, FusionSkip::WriteBetween { first: "add", second: "norm" }));
             continue;
         }
-        let mut fused_args = vec![Arg::Value(x), Arg::Value(r)];
+        let mut fused_args = vec![Arg::Tensor(x), Arg::Tensor(r)];
         fused_args.extend(args[RmsNormArgs::weight..].iter().cloned());
         let output = graph.node(norm).results[0];
         let expected = [graph.meta(output), graph.meta(*sum)];
@@ -238,7 +238,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
 /// node and the add's arguments.
 fn candidate(graph: &Graph, norm: NodeId) -> Option<(&[Arg], &ValueId, NodeId, &[ir_graph::BuiltinArg])> {
     let args = graph.functional_call_of(norm, &RMS_NORM)?;
-    let Some(Arg::Value(sum)) = args.get(RmsNormArgs::x) else { return None };
+    let Some(Arg::Tensor(sum)) = args.get(RmsNormArgs::x) else { return None };
     let (add, add_args) = graph.builtin_defining(*sum, Builtin::Add)?;
     Some((args, sum, add, add_args))
 }

@@ -200,7 +200,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
             continue;
         };
         // Both quantizations take x first.
-        let Some(&Arg::Value(quant_input)) = quant_args.first() else { continue };
+        let Some(&Arg::Tensor(quant_input)) = quant_args.first() else { continue };
         // A reshape between the norm and the quantization moves after the fused call.
         let (normalized, reshape) = match graph.builtin_defining(quant_input, Builtin::Reshape) {
             Some((node, [BuiltinArg::Value(source), BuiltinArg::Shape(dims)])) => (*source, Some((node, dims.clone()))),
@@ -240,7 +240,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
         }
         let quant_scalars = &quant_args[1..];
         let read_by_scalars =
-            quant_scalars.iter().any(|a| matches!(a, Arg::Value(v) if v == normalized || *v == quant_input));
+            quant_scalars.iter().any(|a| matches!(a, Arg::Tensor(v) if v == normalized || *v == quant_input));
         let other_readers = match &reshape {
             Some((reshape_node, _)) => {
                 uses[*normalized].iter().any(|&user| user != *reshape_node)
@@ -266,7 +266,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
         let anchor = if !residual_read_first {
             quant
         } else if quant_scalars.iter().all(|arg| match arg {
-            Arg::Value(v) => (positions[graph.value(*v).def] as usize) < norm_at,
+            Arg::Tensor(v) => (positions[graph.value(*v).def] as usize) < norm_at,
             _ => true,
         }) {
             norm

@@ -170,12 +170,12 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
         };
         let activations = &chosen.activations;
         for &position in activations {
-            let Some(Arg::Value(value)) = args.get(position) else { continue };
+            let Some(Arg::Tensor(value)) = args.get(position) else { continue };
             let meta = graph.meta(*value);
             let clone_meta = TensorMeta { layout: meta.layout.copy_layout(), ..meta.clone() };
             let (clone_node, clone) = graph.create_detached(NodeKind::clone_of(*value), vec![clone_meta]);
             placements.push((node, clone_node));
-            args[position] = Arg::Value(clone[0]);
+            args[position] = Arg::Tensor(clone[0]);
             report.clones_inserted += 1;
         }
         let provider = graph.provider_ref(chosen.provider);
@@ -231,7 +231,7 @@ fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
     for &node in graph.order() {
         let Some(args) = graph.functional_call_of(node, &ROTARY_EMBEDDING) else { continue };
         let (query, key) = (RotaryEmbeddingArgs::query, RotaryEmbeddingArgs::key);
-        let (Some(Arg::Value(query)), Some(Arg::Value(key))) = (args.get(query), args.get(key)) else { continue };
+        let (Some(Arg::Tensor(query)), Some(Arg::Tensor(key))) = (args.get(query), args.get(key)) else { continue };
         let (q, k) = (&graph.meta(*query).layout, &graph.meta(*key).layout);
         if roots.root(*query) != roots.root(*key) || !q.disjoint_from(k) {
             continue;

@@ -57,16 +57,7 @@ pub trait OpParam {
 
 /// A non-tensor value as a context call argument.
 fn scalar_call_arg<T>(value: Value) -> CallArg<T> {
-    match value {
-        Value::Tensor(_) => unreachable!("scalar markers make no tensors"),
-        Value::None => CallArg::None,
-        Value::F64(v) => CallArg::F64(v),
-        Value::I64(v) => CallArg::I64(v),
-        Value::Bool(v) => CallArg::Bool(v),
-        Value::Str(v) => CallArg::Str(v),
-        Value::DType(v) => CallArg::DType(v),
-        Value::Ints(v) => CallArg::Ints(v),
-    }
+    value.map_tensor(|_| unreachable!("scalar markers make no tensors"))
 }
 
 /// Marker of a donated tensor parameter (an activation): `maybe_inplace` callers move it in and

@@ -32,7 +32,7 @@ use std::fmt;
 
 pub use crate::op::declare::{Activation, Handles, StrEnum, mismatched};
 pub(crate) use crate::op::value::default_fits;
-pub use crate::op::value::{ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
+pub use crate::op::value::{Arg, ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
 use crate::{DType, Device, KernelError, Tensor, TensorError, TensorMeta};
 
 /// How many arguments' metadata dispatch holds without a heap allocation (typed calls keep the

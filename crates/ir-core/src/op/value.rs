@@ -59,24 +59,9 @@ impl fmt::Display for ParamKind {
     }
 }
 
-/// A constant default of a parameter.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Literal {
-    /// `none`.
-    None,
-    /// A float.
-    F64(f64),
-    /// An integer.
-    I64(i64),
-    /// A boolean.
-    Bool(bool),
-    /// A string (one of the parameter's allowed values).
-    Str(&'static str),
-    /// A dtype.
-    DType(DType),
-    /// A list of integers.
-    Ints(&'static [i64]),
-}
+/// A constant default of a parameter: an argument that cannot be a tensor, its string and list
+/// in static memory.
+pub type Literal = Arg<std::convert::Infallible, &'static str, &'static [i64]>;
 
 /// One parameter of an op.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -89,11 +74,16 @@ pub struct ParamDef {
     pub default: Option<Literal>,
 }
 
-/// One dynamic argument.
-#[derive(Clone, Debug)]
-pub enum Value {
+/// One argument of an op, at every level that handles one: `T` is how a tensor is given (a
+/// [`Tensor`] in an eager call, its [`TensorMeta`] for predicates and meta functions, a graph value,
+/// an execution context's handle), `S` and `L` how a string and an integer list are held (owned or
+/// borrowed). Every level's argument is this one type ([`Value`], [`ArgMeta`],
+/// [`CallArg`](crate::CallArg), the graph's `Arg`), so converting between them is one
+/// [`map_tensor`](Arg::map_tensor) or [`meta_with`](Arg::meta_with), not a match per pair.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg<T, S = String, L = Vec<i64>> {
     /// A tensor.
-    Tensor(Tensor),
+    Tensor(T),
     /// `none`.
     None,
     /// A float.
@@ -103,32 +93,120 @@ pub enum Value {
     /// A boolean.
     Bool(bool),
     /// A string.
-    Str(String),
+    Str(S),
     /// A dtype.
     DType(DType),
     /// A list of integers.
-    Ints(Vec<i64>),
+    Ints(L),
 }
 
+/// One dynamic argument of an eager call.
+pub type Value = Arg<Tensor>;
+
 /// The metadata mirror of a [`Value`]: what `supports` predicates and meta functions see.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ArgMeta<'a> {
-    /// A tensor's metadata.
-    Tensor(&'a TensorMeta),
-    /// `none`.
-    None,
-    /// A float.
-    F64(f64),
-    /// An integer.
-    I64(i64),
-    /// A boolean.
-    Bool(bool),
-    /// A string.
-    Str(&'a str),
-    /// A dtype.
-    DType(DType),
-    /// A list of integers.
-    Ints(&'a [i64]),
+pub type ArgMeta<'a> = Arg<&'a TensorMeta, &'a str, &'a [i64]>;
+
+impl<T, S, L> Arg<T, S, L> {
+    /// The same argument held another way: its tensor, string or list (whichever it is) turned by
+    /// `tensor`, `string` or `ints`.
+    pub fn map<U, S2, L2>(
+        self,
+        tensor: impl FnOnce(T) -> U,
+        string: impl FnOnce(S) -> S2,
+        ints: impl FnOnce(L) -> L2,
+    ) -> Arg<U, S2, L2> {
+        match self {
+            Arg::Tensor(t) => Arg::Tensor(tensor(t)),
+            Arg::None => Arg::None,
+            Arg::F64(v) => Arg::F64(v),
+            Arg::I64(v) => Arg::I64(v),
+            Arg::Bool(v) => Arg::Bool(v),
+            Arg::Str(v) => Arg::Str(string(v)),
+            Arg::DType(v) => Arg::DType(v),
+            Arg::Ints(v) => Arg::Ints(ints(v)),
+        }
+    }
+
+    /// The same argument with its tensor (if it is one) turned into `f(tensor)`.
+    pub fn map_tensor<U>(self, f: impl FnOnce(T) -> U) -> Arg<U, S, L> {
+        self.map(f, |s| s, |l| l)
+    }
+
+    /// The tensor, if this is one.
+    pub fn as_tensor(&self) -> Option<&T> {
+        match self {
+            Arg::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// An integer, or `none`.
+    pub fn opt_i64(v: Option<i64>) -> Arg<T, S, L> {
+        v.map_or(Arg::None, Arg::I64)
+    }
+}
+
+impl<T: Clone, S, L> Arg<T, S, L> {
+    /// A copy of the tensor `t` (a handle copy for reference-counted tensors), or `none`.
+    pub fn opt_tensor(t: Option<&T>) -> Arg<T, S, L> {
+        t.map_or(Arg::None, |t| Arg::Tensor(t.clone()))
+    }
+}
+
+impl<T, S: AsRef<str>, L: AsRef<[i64]>> Arg<T, S, L> {
+    /// What a meta function sees of the argument, with `meta` giving a tensor's metadata.
+    pub fn meta_with<'a>(&'a self, meta: impl FnOnce(&'a T) -> &'a TensorMeta) -> ArgMeta<'a> {
+        match self {
+            Arg::Tensor(t) => Arg::Tensor(meta(t)),
+            Arg::None => Arg::None,
+            Arg::F64(v) => Arg::F64(*v),
+            Arg::I64(v) => Arg::I64(*v),
+            Arg::Bool(v) => Arg::Bool(*v),
+            Arg::Str(v) => Arg::Str(v.as_ref()),
+            Arg::DType(v) => Arg::DType(*v),
+            Arg::Ints(v) => Arg::Ints(v.as_ref()),
+        }
+    }
+
+    /// The constant's metadata form; `None` for a tensor, which the caller looks up.
+    pub fn constant_meta(&self) -> Option<ArgMeta<'_>> {
+        match self {
+            Arg::Tensor(_) => None,
+            constant => Some(constant.meta_with(|_| unreachable!("not a tensor"))),
+        }
+    }
+
+    /// The constant as a dynamic argument; `None` for a tensor, which the caller looks up.
+    pub fn constant(&self) -> Option<Value> {
+        let constant = self.constant_meta()?;
+        Some(constant.map(|_| unreachable!("not a tensor"), str::to_owned, <[i64]>::to_vec))
+    }
+}
+
+impl<T: PartialEq, S: AsRef<str>, L: AsRef<[i64]>> Arg<T, S, L> {
+    /// Whether a meta function and a predicate see the same argument (floats compared by bits, so
+    /// a NaN argument equals itself): what makes a remembered selection or meta result reusable.
+    pub fn same_as<S2: AsRef<str>, L2: AsRef<[i64]>>(&self, other: &Arg<T, S2, L2>) -> bool {
+        match (self, other) {
+            (Arg::Tensor(a), Arg::Tensor(b)) => a == b,
+            (Arg::F64(a), Arg::F64(b)) => a.to_bits() == b.to_bits(),
+            (Arg::I64(a), Arg::I64(b)) => a == b,
+            (Arg::Bool(a), Arg::Bool(b)) => a == b,
+            (Arg::Str(a), Arg::Str(b)) => a.as_ref() == b.as_ref(),
+            (Arg::DType(a), Arg::DType(b)) => a == b,
+            (Arg::Ints(a), Arg::Ints(b)) => a.as_ref() == b.as_ref(),
+            (Arg::None, Arg::None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl<T> Arg<T> {
+    /// The dynamic argument, with `tensor` turning a tensor into a [`Value`]'s (strings and lists
+    /// are owned on both sides, so nothing is copied).
+    pub fn into_value(self, tensor: impl FnOnce(T) -> Tensor) -> Value {
+        self.map_tensor(tensor)
+    }
 }
 
 /// An argument list that does not fit an op's parameters.
@@ -181,54 +259,13 @@ pub enum BindError {
 impl Value {
     /// The metadata mirror.
     pub fn meta(&self) -> ArgMeta<'_> {
-        match self {
-            Value::Tensor(t) => ArgMeta::Tensor(t.meta()),
-            Value::None => ArgMeta::None,
-            Value::F64(v) => ArgMeta::F64(*v),
-            Value::I64(v) => ArgMeta::I64(*v),
-            Value::Bool(v) => ArgMeta::Bool(*v),
-            Value::Str(v) => ArgMeta::Str(v),
-            Value::DType(v) => ArgMeta::DType(*v),
-            Value::Ints(v) => ArgMeta::Ints(v),
-        }
-    }
-
-    /// The tensor, if this is one.
-    pub fn as_tensor(&self) -> Option<&Tensor> {
-        match self {
-            Value::Tensor(t) => Some(t),
-            _ => None,
-        }
-    }
-
-    /// An optional tensor from `Some(t)` or `None`.
-    pub fn opt_tensor(t: Option<&Tensor>) -> Value {
-        match t {
-            Some(t) => Value::Tensor(t.clone()),
-            None => Value::None,
-        }
-    }
-
-    /// An optional integer from `Some(v)` or `None`.
-    pub fn opt_i64(v: Option<i64>) -> Value {
-        match v {
-            Some(v) => Value::I64(v),
-            None => Value::None,
-        }
+        self.meta_with(Tensor::meta)
     }
 }
 
 impl From<Literal> for Value {
     fn from(literal: Literal) -> Value {
-        match literal {
-            Literal::None => Value::None,
-            Literal::F64(v) => Value::F64(v),
-            Literal::I64(v) => Value::I64(v),
-            Literal::Bool(v) => Value::Bool(v),
-            Literal::Str(v) => Value::Str(v.to_owned()),
-            Literal::DType(v) => Value::DType(v),
-            Literal::Ints(v) => Value::Ints(v.to_vec()),
-        }
+        literal.map_tensor(|never| match never {}).constant().expect("a literal is a constant")
     }
 }
 
@@ -236,34 +273,19 @@ impl Literal {
     /// The metadata form of a default.
     pub fn meta(self) -> ArgMeta<'static> {
         match self {
-            Literal::None => ArgMeta::None,
-            Literal::F64(v) => ArgMeta::F64(v),
-            Literal::I64(v) => ArgMeta::I64(v),
-            Literal::Bool(v) => ArgMeta::Bool(v),
-            Literal::Str(v) => ArgMeta::Str(v),
-            Literal::DType(v) => ArgMeta::DType(v),
-            Literal::Ints(v) => ArgMeta::Ints(v),
+            Arg::Tensor(never) => match never {},
+            Arg::None => Arg::None,
+            Arg::F64(v) => Arg::F64(v),
+            Arg::I64(v) => Arg::I64(v),
+            Arg::Bool(v) => Arg::Bool(v),
+            Arg::Str(v) => Arg::Str(v),
+            Arg::DType(v) => Arg::DType(v),
+            Arg::Ints(v) => Arg::Ints(v),
         }
     }
 }
 
 impl<'a> ArgMeta<'a> {
-    /// Whether a meta function and a predicate see the same argument (floats compared by bits, so
-    /// a NaN argument equals itself): what makes a remembered selection or meta result reusable.
-    pub fn same_as(&self, other: &ArgMeta<'_>) -> bool {
-        match (self, other) {
-            (ArgMeta::Tensor(a), ArgMeta::Tensor(b)) => a == b,
-            (ArgMeta::F64(a), ArgMeta::F64(b)) => a.to_bits() == b.to_bits(),
-            (ArgMeta::I64(a), ArgMeta::I64(b)) => a == b,
-            (ArgMeta::Bool(a), ArgMeta::Bool(b)) => a == b,
-            (ArgMeta::Str(a), ArgMeta::Str(b)) => a == b,
-            (ArgMeta::DType(a), ArgMeta::DType(b)) => a == b,
-            (ArgMeta::Ints(a), ArgMeta::Ints(b)) => a == b,
-            (ArgMeta::None, ArgMeta::None) => true,
-            _ => false,
-        }
-    }
-
     /// The tensor metadata, if this is a tensor.
     pub fn tensor(&self) -> Option<&'a TensorMeta> {
         match self {

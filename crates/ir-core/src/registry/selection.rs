@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use arc_swap::ArcSwapOption;
 use smallvec::SmallVec;
 
-use crate::op::{ArgMeta, OutputMetas};
+use crate::TensorMeta;
+use crate::op::{Arg, ArgMeta, OutputMetas};
 use crate::registry::ImplEntry;
 use crate::registry::priority::Resolved;
-use crate::{DType, TensorMeta};
 
 /// How many distinct argument-metadata keys one installed list remembers (a decoder's norms see one
 /// or two per step: the batch's shape, the same in every layer).
@@ -52,47 +52,19 @@ pub(crate) struct Cached {
     pub(crate) compacted: SmallVec<[usize; 2]>,
 }
 
-/// An owned argument metadata, compared against a call's [`ArgMeta`].
-enum KeyArg {
-    Tensor(TensorMeta),
-    None,
-    /// The float's bits: `-0.0` and each NaN are their own keys.
-    F64(u64),
-    I64(i64),
-    Bool(bool),
-    Str(Box<str>),
-    DType(DType),
-    Ints(Box<[i64]>),
+/// An owned argument metadata, compared against a call's [`ArgMeta`] as a meta function sees it
+/// (floats by bits: `-0.0` and each NaN are their own keys).
+type KeyArg = Arg<TensorMeta, Box<str>, Box<[i64]>>;
+
+/// The key of one argument.
+fn key_of(arg: &ArgMeta<'_>) -> KeyArg {
+    arg.map(TensorMeta::clone, Box::from, Box::from)
 }
 
-impl KeyArg {
-    fn of(arg: &ArgMeta<'_>) -> KeyArg {
-        match *arg {
-            ArgMeta::Tensor(meta) => KeyArg::Tensor(meta.clone()),
-            ArgMeta::None => KeyArg::None,
-            ArgMeta::F64(value) => KeyArg::F64(value.to_bits()),
-            ArgMeta::I64(value) => KeyArg::I64(value),
-            ArgMeta::Bool(value) => KeyArg::Bool(value),
-            ArgMeta::Str(value) => KeyArg::Str(value.into()),
-            ArgMeta::DType(value) => KeyArg::DType(value),
-            ArgMeta::Ints(values) => KeyArg::Ints(values.into()),
-        }
-    }
-
-    #[inline]
-    fn matches(&self, arg: &ArgMeta<'_>) -> bool {
-        match (self, *arg) {
-            (KeyArg::Tensor(key), ArgMeta::Tensor(meta)) => key == meta,
-            (KeyArg::None, ArgMeta::None) => true,
-            (KeyArg::F64(key), ArgMeta::F64(value)) => *key == value.to_bits(),
-            (KeyArg::I64(key), ArgMeta::I64(value)) => *key == value,
-            (KeyArg::Bool(key), ArgMeta::Bool(value)) => *key == value,
-            (KeyArg::Str(key), ArgMeta::Str(value)) => **key == *value,
-            (KeyArg::DType(key), ArgMeta::DType(value)) => *key == value,
-            (KeyArg::Ints(key), ArgMeta::Ints(values)) => **key == *values,
-            _ => false,
-        }
-    }
+/// Whether a remembered key is this argument.
+#[inline]
+fn key_matches(key: &KeyArg, arg: &ArgMeta<'_>) -> bool {
+    key.meta_with(|meta| meta).same_as(arg)
 }
 
 impl Cached {
@@ -106,7 +78,7 @@ impl Cached {
         rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]>,
     ) -> Cached {
         let activations_fit = activations_fit(args, activations, &outputs);
-        let key = args.iter().map(KeyArg::of).collect();
+        let key = args.iter().map(key_of).collect();
         Cached { key, chosen, outputs, rejected, from_priority_list: true, activations_fit, compacted: SmallVec::new() }
     }
 
@@ -136,7 +108,7 @@ impl Cached {
 
     #[inline]
     pub(crate) fn matches(&self, args: &[ArgMeta<'_>]) -> bool {
-        self.key.len() == args.len() && self.key.iter().zip(args).all(|(key, arg)| key.matches(arg))
+        self.key.len() == args.len() && self.key.iter().zip(args).all(|(key, arg)| key_matches(key, arg))
     }
 }
 
