@@ -109,6 +109,7 @@ pub type ArgMeta<'a> = Arg<&'a TensorMeta, &'a str, &'a [i64]>;
 impl<T, S, L> Arg<T, S, L> {
     /// The same argument held another way: its tensor, string or list (whichever it is) turned by
     /// `tensor`, `string` or `ints`.
+    #[inline]
     pub fn map<U, S2, L2>(
         self,
         tensor: impl FnOnce(T) -> U,
@@ -128,6 +129,7 @@ impl<T, S, L> Arg<T, S, L> {
     }
 
     /// The same argument with its tensor (if it is one) turned into `f(tensor)`.
+    #[inline]
     pub fn map_tensor<U>(self, f: impl FnOnce(T) -> U) -> Arg<U, S, L> {
         self.map(f, |s| s, |l| l)
     }
@@ -155,6 +157,7 @@ impl<T: Clone, S, L> Arg<T, S, L> {
 
 impl<T, S: AsRef<str>, L: AsRef<[i64]>> Arg<T, S, L> {
     /// What a meta function sees of the argument, with `meta` giving a tensor's metadata.
+    #[inline]
     pub fn meta_with<'a>(&'a self, meta: impl FnOnce(&'a T) -> &'a TensorMeta) -> ArgMeta<'a> {
         match self {
             Arg::Tensor(t) => Arg::Tensor(meta(t)),
@@ -186,6 +189,7 @@ impl<T, S: AsRef<str>, L: AsRef<[i64]>> Arg<T, S, L> {
 impl<T: PartialEq, S: AsRef<str>, L: AsRef<[i64]>> Arg<T, S, L> {
     /// Whether a meta function and a predicate see the same argument (floats compared by bits, so
     /// a NaN argument equals itself): what makes a remembered selection or meta result reusable.
+    #[inline]
     pub fn same_as<S2: AsRef<str>, L2: AsRef<[i64]>>(&self, other: &Arg<T, S2, L2>) -> bool {
         match (self, other) {
             (Arg::Tensor(a), Arg::Tensor(b)) => a == b,
@@ -258,6 +262,7 @@ pub enum BindError {
 
 impl Value {
     /// The metadata mirror.
+    #[inline]
     pub fn meta(&self) -> ArgMeta<'_> {
         self.meta_with(Tensor::meta)
     }

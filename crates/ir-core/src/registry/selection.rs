@@ -61,10 +61,21 @@ fn key_of(arg: &ArgMeta<'_>) -> KeyArg {
     arg.map(TensorMeta::clone, Box::from, Box::from)
 }
 
-/// Whether a remembered key is this argument.
+/// Whether a remembered key is this argument ([`Arg::same_as`], compared in place: this runs for
+/// every argument of every call that misses the thread's memo).
 #[inline]
 fn key_matches(key: &KeyArg, arg: &ArgMeta<'_>) -> bool {
-    key.meta_with(|meta| meta).same_as(arg)
+    match (key, arg) {
+        (Arg::Tensor(key), Arg::Tensor(meta)) => key == *meta,
+        (Arg::F64(key), Arg::F64(value)) => key.to_bits() == value.to_bits(),
+        (Arg::I64(key), Arg::I64(value)) => key == value,
+        (Arg::Bool(key), Arg::Bool(value)) => key == value,
+        (Arg::Str(key), Arg::Str(value)) => **key == **value,
+        (Arg::DType(key), Arg::DType(value)) => key == value,
+        (Arg::Ints(key), Arg::Ints(value)) => **key == **value,
+        (Arg::None, Arg::None) => true,
+        _ => false,
+    }
 }
 
 impl Cached {
