@@ -2,12 +2,13 @@
 //! family, and that host code, written once over it.
 //!
 //! A backend implements [`GpuRuntime`]: its buffer type, the queue a call launches on (a CUDA or
-//! HIP stream, an OpenCL command queue), fresh output allocation, kernel lookup by [`KernelKey`]
-//! and one launch taking a [`Grid`] and typed [`KernelArgs`]. A family's host code (here: the
-//! norms, the gated activations, `rotary_embedding`, the fp8 quantizations and the norm +
-//! quantizations)
-//! reads the call, allocates, fills the arguments in the kernel's prototype order and launches;
-//! it never names a backend.
+//! HIP stream, an OpenCL command queue), fresh output allocation, kernel lookup by [`KernelKey`],
+//! [`NormKey`] and [`StridedKey`], a device memcpy, and one launch taking a [`Grid`] and typed
+//! [`KernelArgs`]. A family's host code (the norms, the gated activations, `rotary_embedding`, the
+//! fp8 quantizations, the norm + quantizations, and the strided copies, conversions and
+//! `add`/`mul` behind `DeviceBuffer`) reads the call, allocates, fills the arguments in the
+//! kernel's prototype order and launches; it never names a backend. [`register`] registers a
+//! backend's provider for every built-in op.
 //!
 //! # One prototype for every backend
 //!
