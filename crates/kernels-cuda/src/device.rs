@@ -147,16 +147,22 @@ impl CudaDeviceState {
 
     /// The kernel of a gated op for `dtype`, compiled and loaded at first use.
     pub(crate) fn gated_function(&self, op: &GatedKernel, dtype: DType) -> Result<CudaFunction, KernelError> {
-        self.op_function(op.def.name, dtype, &op.kernel_name(dtype), || crate::gated::compile_ptx(op, dtype, self.arch))
+        self.op_function(
+            op.def.name,
+            dtype,
+            || op.kernel_name(dtype),
+            || crate::gated::compile_ptx(op, dtype, self.arch),
+        )
     }
 
-    /// The function `name` of op `op` for `dtype`, from the PTX `compile` makes, compiled and loaded
-    /// at first use and cached per (op, dtype).
+    /// The function `name()` of op `op` for `dtype`, from the PTX `compile` makes, compiled and
+    /// loaded at first use and cached per (op, dtype); a launch that finds it cached builds neither
+    /// the name nor the program.
     pub(crate) fn op_function(
         &self,
         op: &'static str,
         dtype: DType,
-        name: &str,
+        name: impl FnOnce() -> String,
         compile: impl FnOnce() -> Result<cudarc::nvrtc::Ptx, KernelError>,
     ) -> Result<CudaFunction, KernelError> {
         let mut functions = self.op_functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -165,7 +171,7 @@ impl CudaDeviceState {
         }
         tracing::debug!(target: "kernels_cuda", op, %dtype, arch = ?self.arch, "compiling with NVRTC");
         let module = self.context.load_module(compile()?).map_err(driver_error)?;
-        let function = module.load_function(name).map_err(driver_error)?;
+        let function = module.load_function(&name()).map_err(driver_error)?;
         functions.insert((op, dtype), function.clone());
         Ok(function)
     }

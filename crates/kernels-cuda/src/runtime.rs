@@ -20,7 +20,6 @@ use crate::module::NormProgram;
 pub struct Cuda;
 
 impl GpuRuntime for Cuda {
-    const BACKEND: &'static str = "cuda";
     const MEMORY: &'static str = "CUDA";
     const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
     const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
@@ -42,11 +41,14 @@ impl GpuRuntime for Cuda {
         let device = &like.device;
         match key {
             KernelKey::Gated { op, dtype } => device.gated_function(op, dtype),
-            KernelKey::Rotary { dtype } => device.op_function(ROTARY_EMBEDDING.name, dtype, &key.symbol(), || {
-                crate::rotary::compile_ptx(dtype, device.arch)
-            }),
+            KernelKey::Rotary { dtype } => device.op_function(
+                ROTARY_EMBEDDING.name,
+                dtype,
+                || key.symbol(),
+                || crate::rotary::compile_ptx(dtype, device.arch),
+            ),
             KernelKey::Quant { kernel, dtype } => {
-                device.op_function(kernel, dtype, &key.symbol(), || crate::quant::compile_ptx(dtype, device.arch))
+                device.op_function(kernel, dtype, || key.symbol(), || crate::quant::compile_ptx(dtype, device.arch))
             }
         }
     }
@@ -64,11 +66,11 @@ impl GpuRuntime for Cuda {
         let Some(symbol) = key.symbol() else { return Ok(None) };
         let function = match key {
             StridedKey::Copy { dtype } => {
-                device.op_function("strided_copy", dtype, symbol, || crate::copy::compile_ptx(arch))?
+                device.op_function("strided_copy", dtype, || symbol.to_owned(), || crate::copy::compile_ptx(arch))?
             }
             // Cached per kernel name (each pair or operation its own entry).
             StridedKey::Convert { src: dtype, .. } | StridedKey::Binary { dtype, .. } => {
-                device.op_function(symbol, dtype, symbol, || crate::copy::compile_convert_ptx(arch))?
+                device.op_function(symbol, dtype, || symbol.to_owned(), || crate::copy::compile_convert_ptx(arch))?
             }
         };
         Ok(Some(function))

@@ -29,11 +29,10 @@ mod hip {
     pub(crate) struct Hip;
 
     fn driver(message: String) -> KernelError {
-        KernelError::Driver { backend: Hip::BACKEND, message }
+        KernelError::Driver { backend: "rocm", message }
     }
 
     impl GpuRuntime for Hip {
-        const BACKEND: &'static str = "rocm";
         const MEMORY: &'static str = "HIP";
         const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
         const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
@@ -186,7 +185,6 @@ mod unbuilt {
     }
 
     impl GpuRuntime for Hip {
-        const BACKEND: &'static str = "rocm";
         const MEMORY: &'static str = "HIP";
         const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
         const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;

@@ -310,16 +310,17 @@ impl XpuDevice {
 
     /// The kernel of a gated op for `dtype`, built at first use (locked like [`XpuDevice::kernel`]).
     pub fn gated_kernel(&self, op: &GatedKernel, dtype: DType) -> Result<Arc<Mutex<Kernel>>, KernelError> {
-        self.op_kernel(op.def.name, dtype, &op.kernel_name(dtype), || crate::gated::program(op))
+        self.op_kernel(op.def.name, dtype, || op.kernel_name(dtype), || crate::gated::program(op))
     }
 
-    /// The kernel `name` of op `op` for `dtype`, from the program `program` makes, built with the
-    /// dtype's base options at first use and cached per (op, dtype) (locked like [`XpuDevice::kernel`]).
+    /// The kernel `name()` of op `op` for `dtype`, from the program `program` makes, built with the
+    /// dtype's base options at first use and cached per (op, dtype) (locked like
+    /// [`XpuDevice::kernel`]); a launch that finds it cached builds neither the name nor the program.
     pub(crate) fn op_kernel(
         &self,
         op: &'static str,
         dtype: DType,
-        name: &str,
+        name: impl FnOnce() -> String,
         program: impl FnOnce() -> String,
     ) -> Result<Arc<Mutex<Kernel>>, KernelError> {
         let mut kernels = self.op_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -327,7 +328,8 @@ impl XpuDevice {
             return Ok(Arc::clone(kernel));
         }
         tracing::debug!(target: "kernels_xpu", op, %dtype, "building OpenCL program");
-        let kernel = self.build(&program(), &base_options(dtype)?, name, name.to_owned())?;
+        let name = name();
+        let kernel = self.build(&program(), &base_options(dtype)?, &name, name.clone())?;
         kernels.insert((op, dtype), Arc::clone(&kernel));
         Ok(kernel)
     }

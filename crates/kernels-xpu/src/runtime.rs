@@ -24,7 +24,6 @@ use crate::module::{KernelVariant, group_size, threads_per_row, use_subgroups};
 pub struct OpenCl;
 
 impl GpuRuntime for OpenCl {
-    const BACKEND: &'static str = "xpu";
     const MEMORY: &'static str = "xpu";
     const GATED_GROUP: u32 = crate::gated::GATED_GROUP as u32;
     const QUANT_GROUP: u32 = crate::quant::QUANT_GROUP as u32;
@@ -46,13 +45,13 @@ impl GpuRuntime for OpenCl {
         match key {
             KernelKey::Gated { op, dtype } => like.device.gated_kernel(op, dtype),
             KernelKey::Rotary { dtype } => {
-                like.device.op_kernel(ROTARY_EMBEDDING.name, dtype, &key.symbol(), crate::rotary::program)
+                like.device.op_kernel(ROTARY_EMBEDDING.name, dtype, || key.symbol(), crate::rotary::program)
             }
             KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype } => {
-                like.device.op_kernel(NORM_QUANT_KERNEL, dtype, &key.symbol(), crate::quant::norm_quant_program)
+                like.device.op_kernel(NORM_QUANT_KERNEL, dtype, || key.symbol(), crate::quant::norm_quant_program)
             }
             KernelKey::Quant { kernel, dtype } => {
-                like.device.op_kernel(kernel, dtype, &key.symbol(), crate::quant::program)
+                like.device.op_kernel(kernel, dtype, || key.symbol(), crate::quant::program)
             }
         }
     }
@@ -60,7 +59,7 @@ impl GpuRuntime for OpenCl {
     fn norm_kernel(like: &XpuBuffer, key: &NormKey) -> Result<(Arc<Mutex<Kernel>>, NormShape), KernelError> {
         let device = &like.device;
         let threads_per_row = threads_per_row(key.hidden, device.max_work_group_size());
-        let force_tree = std::env::var(FORCE_TREE_ENV).is_ok_and(|v| v == "1");
+        let force_tree = force_tree();
         let variant = KernelVariant {
             op: key.op,
             dtype: key.dtype,
@@ -161,4 +160,11 @@ impl GpuRuntime for OpenCl {
         .map_err(cl_error)?;
         Ok(())
     }
+}
+
+/// Whether `VLLM_IR_XPU_FORCE_TREE=1` asks for the local-memory tree reduction: read once, not at
+/// every norm launch.
+fn force_tree() -> bool {
+    static FORCE_TREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCE_TREE.get_or_init(|| std::env::var(FORCE_TREE_ENV).is_ok_and(|v| v == "1"))
 }

@@ -320,9 +320,7 @@ impl<'a, B> KernelArgs<'a, B> {
 
 /// A GPU runtime: what the family host code needs of CUDA, HIP or OpenCL.
 pub trait GpuRuntime: 'static {
-    /// The backend's name in driver errors (`"cuda"`, `"rocm"`, `"xpu"`).
-    const BACKEND: &'static str;
-    /// Its memory in "`x` is not in … memory" errors (`"CUDA"`, `"HIP"`, `"xpu"`).
+    /// The backend's memory in "`x` is not in … memory" errors (`"CUDA"`, `"HIP"`, `"xpu"`).
     const MEMORY: &'static str;
     /// Threads (work-items) per block of the gated kernels: one block per row.
     const GATED_GROUP: u32;

@@ -124,7 +124,6 @@ thread_local! {
 struct Recorder;
 
 impl GpuRuntime for Recorder {
-    const BACKEND: &'static str = "recorder";
     const MEMORY: &'static str = "host-standing-in";
     const GATED_GROUP: u32 = 64;
     const QUANT_GROUP: u32 = 32;
