@@ -679,7 +679,7 @@ fn fuzz(args: &[String]) -> anyhow::Result<()> {
 /// The tests that reach the workspace's `unsafe` code, run under Miri (nightly with the `miri`
 /// component); prints `skipped: <reason>` when either is missing. What runs and what does not:
 /// - `ir-core`: the storage (host buffers, the pool, external memory), tensors over them, the candle
-///   and DLPack conversions, and the registry (its per-thread selection memo, a selection that outlives
+///   and DLPack conversions, and the registry (its per-thread selection cache, a selection that outlives
 ///   its thread's dispatch state); left out, two tests Miri cannot run as written: one asks for 2^60
 ///   bytes (Miri aborts where the allocator returns an error) and one fills a 1 MiB pool buffer
 ///   three times (minutes under Miri; the pool's code is the small buffers' code);

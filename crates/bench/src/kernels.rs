@@ -513,7 +513,7 @@ impl ImplBench {
         // The given activations (an absent optional one has no output to carry to the next call).
         let activations: Vec<usize> = if func.is_inplace() {
             let given = |i: &usize| matches!(inputs.values.get(*i), Some(Value::Tensor(_)));
-            op.activation_indices()?.into_iter().filter(given).collect()
+            op.activation_indices().map_err(ir_core::RegistryError::from)?.into_iter().filter(given).collect()
         } else {
             Vec::new()
         };

@@ -134,7 +134,8 @@ fn device_allocator(platform: Platform) -> anyhow::Result<Option<Arc<dyn DeviceA
     }
 }
 
-/// A registry with the built-in ops and every provider this build includes.
+/// A registry with the built-in ops and every provider this build includes, frozen: the commands
+/// install priorities on it and never register anything later.
 fn build_registry() -> Registry {
     let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("a fresh registry has no cpu provider yet");
@@ -143,5 +144,6 @@ fn build_registry() -> Registry {
     #[cfg(feature = "xpu")]
     kernels_xpu::register(&registry).expect("a fresh registry has no xpu provider yet");
     kernels_rocm::register(&registry).expect("a fresh registry has no rocm provider yet");
+    registry.freeze();
     registry
 }

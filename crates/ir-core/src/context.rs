@@ -88,7 +88,16 @@ fn value<T: Clone>(t: &T) -> BuiltinArg<T> {
 /// The `N` outputs of a call of `op`, as an array (a contract violation if the count differs).
 pub fn outputs<T, const N: usize>(op: &'static OpDef, outputs: Vec<T>) -> Result<[T; N], CallError> {
     let found = outputs.len();
-    outputs.try_into().map_err(|_| crate::op::declare::output_count(op.name, found, N))
+    outputs.try_into().map_err(|_| output_count(op.name, found, N))
+}
+
+/// The error of a context call that returned another number of outputs than declared.
+pub fn output_count(op: &'static str, found: usize, expected: usize) -> CallError {
+    CallError::ContractViolation {
+        op,
+        provider: "context",
+        problem: format!("returned {found} outputs, expected {expected}"),
+    }
 }
 
 /// Runs models on real tensors, dispatching through a registry.

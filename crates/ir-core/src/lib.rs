@@ -58,6 +58,7 @@
 
 pub mod builtin;
 pub mod context;
+mod define;
 mod device;
 mod dtype;
 mod implementation;
@@ -76,24 +77,26 @@ pub mod testing;
 /// the compile-time helpers. Not an API: generated code names these, callers never need to.
 #[doc(hidden)]
 pub mod __macro_support {
-    pub use crate::op::declare::{OpOutputs, OpParam, TensorRefs, count_donated, donated_names, output_count};
+    pub use crate::context::output_count;
+    pub use crate::op::declare::{OpOutputs, OpParam, TensorRefs, count_donated, donated_names};
 }
 
 pub use crate::builtin::{Builtin, BuiltinArg};
 pub use crate::context::{CallArg, EagerContext, ExecutionContext};
 pub use crate::device::{Device, DeviceKind, UnknownDevice};
 pub use crate::dtype::{DType, Element, F8E4M3, F8E5M2, FP8_NAN, UnknownDType};
-pub use crate::implementation::{
-    Availability, ImplFunc, ImplSpec, KernelError, OperandMismatch, Probe, Support, SupportsFn, UniqueTensor,
-};
+pub use crate::implementation::{Availability, ImplFunc, ImplSpec, Probe, Support, SupportsFn};
 pub use crate::interop::InteropError;
 pub use crate::layout::{Layout, LayoutError};
 pub use crate::meta::{MAX_TENSOR_BYTES, TensorMeta};
+pub use crate::op::{KernelError, OperandMismatch};
 pub use crate::platform::{ConfigError, Platform, PriorityConfig};
 pub use crate::registry::{
     CallError, NATIVE, NameKind, OpRecord, OpRef, PriorityError, PriorityGuard, ProviderInfo, ProviderRecord,
     RESERVED_PROVIDERS, Registry, RegistryError, Rejection, Selected, Selection, SelectionRecord,
 };
-pub use crate::tensor::{AllcloseError, StorageId, Tensor, TensorError, allclose, bit_eq, shares_storage};
+pub use crate::tensor::{
+    AllcloseError, StorageId, Tensor, TensorError, UniqueTensor, allclose, bit_eq, shares_storage,
+};
 /// The `half` crate, whose `f16` and `bf16` are this crate's 16-bit element types.
 pub use half;

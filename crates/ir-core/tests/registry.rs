@@ -5,7 +5,9 @@ mod common;
 use std::borrow::Cow;
 
 use common::{capture, register_inplace, register_scaled_rms_norm, sample};
-use ir_core::op::{Activations, ArgMeta, InputSpec, MetaError, OpDef, Overload, ParamDef, ParamKind, Value};
+use ir_core::op::{
+    ActivationError, Activations, ArgMeta, InputSpec, MetaError, OpDef, Overload, ParamDef, ParamKind, Value,
+};
 use ir_core::{
     Availability, CallError, DType, ImplFunc, ImplSpec, KernelError, NameKind, PriorityError, Registry, RegistryError,
     Support, Tensor, TensorError, TensorMeta, bit_eq,
@@ -126,12 +128,12 @@ fn activations() {
     registry.define_op(&EXPLICIT).unwrap();
     assert_eq!(registry.activations("explicit_act"), Some(vec![1, 0]));
     let err = registry.define_op(&UNKNOWN_ACT).unwrap_err();
-    assert_eq!(err, RegistryError::UnknownActivation { op: "unknown_act".into(), name: "z".into() });
+    assert_eq!(err, RegistryError::Activation(ActivationError::Unknown { op: "unknown_act".into(), name: "z".into() }));
     // An optional tensor may be an activation (donated when given, like rotary_embedding's key).
     registry.define_op(&OPTIONAL_ACT).unwrap();
     assert_eq!(registry.activations("optional_act"), Some(vec![2]));
     let err = registry.define_op(&SCALAR_ACT).unwrap_err();
-    assert!(matches!(err, RegistryError::ActivationNotTensor { kind: ParamKind::F64, .. }), "{err}");
+    assert!(matches!(err, RegistryError::Activation(ActivationError::NotTensor { kind: ParamKind::F64, .. })), "{err}");
     let err = registry.define_op(&BAD_ARITY).unwrap_err();
     assert_eq!(err, RegistryError::InplaceArity { op: "bad_arity".into(), outputs: 1, activations: 2 });
     let err = registry.define_op(&NO_ACT_INPLACE).unwrap_err();
@@ -847,7 +849,7 @@ fn typed_implementations_are_closures_that_may_capture_state() {
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 }
 
-// --- the typed call path and each thread's memo of selections ---
+// --- the typed call path and each thread's remembered selections ---
 
 /// The result of `factor · native` for `x`.
 fn scaled(x: &Tensor, factor: f64) -> Tensor {
@@ -956,12 +958,125 @@ fn typed_and_dynamically_registered_functions_give_one_result_and_one_record() {
     assert!(matches!(err, CallError::Kernel { op: "rms_norm", provider: "failing", .. }), "{err}");
 }
 
-// --- the per-thread memo lends its entries in place ---
+// --- the selection cache and freezing ---
+
+/// A `spec(name)` whose predicate accepts everything and counts its runs.
+fn counted(name: &'static str) -> (ImplSpec, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&runs);
+    let spec = spec(name).with_supports(move |_| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Support::Yes
+    });
+    (spec, runs)
+}
 
 #[test]
-fn kernels_may_call_the_registry_again_deeper_than_the_memo_holds() {
-    // More levels than the memo's 16 slots, each on its own shape: every nested selection is made
-    // and remembered while the outer ones are lent out, so the memo evicts; a lent entry replaced
+fn each_selection_is_made_once_per_thread_and_metadata_whatever_the_call_form() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let registry = ir_ops::registry();
+    let (spec, runs) = counted("p");
+    register_scaled_rms_norm(&registry, spec, 2.0);
+    registry.set_default("rms_norm", &["p", "native"]).unwrap();
+    let x = sample(DType::F32, 2, 8, 1);
+    let values = || vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)];
+    let metas = [ArgMeta::Tensor(x.meta()), ArgMeta::None, ArgMeta::F64(1e-6), ArgMeta::None];
+    for _ in 0..3 {
+        assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)));
+        assert!(bit_eq(&registry.call("rms_norm", Overload::Default, values()).unwrap()[0], &scaled(&x, 2.0)));
+        assert_eq!(registry.select("rms_norm", &metas).unwrap().provider, "p");
+    }
+    assert_eq!(runs.load(Relaxed), 1, "typed, dynamic and lowering calls share one remembered selection");
+    // A lowered graph's call of the named provider is remembered under its own key.
+    for _ in 0..3 {
+        let out = registry.call_implementation("rms_norm", "p", values()).unwrap();
+        assert!(bit_eq(&out[0], &scaled(&x, 2.0)));
+    }
+    assert_eq!(runs.load(Relaxed), 2, "the named provider's predicate ran once for three calls");
+    // Other metadata is a new selection; so is every call after a priority change.
+    let wider = sample(DType::F32, 2, 16, 2);
+    rms_norm(&registry, &wider, None, 1e-6, None).unwrap();
+    assert_eq!(runs.load(Relaxed), 3);
+    {
+        let _native = registry.override_priority("rms_norm", &["native"]).unwrap();
+        assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 1.0)), "the override");
+    }
+    rms_norm(&registry, &x, None, 1e-6, None).unwrap();
+    assert_eq!(runs.load(Relaxed), 4, "the list installed again is selected on afresh");
+    // Another thread keeps its own selections.
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for _ in 0..2 {
+                assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)));
+            }
+        });
+    });
+    assert_eq!(runs.load(Relaxed), 5);
+    // An unknown provider is an error at every call, never remembered.
+    for _ in 0..2 {
+        let err = registry.call_implementation("rms_norm", "missing", values()).unwrap_err();
+        assert!(matches!(&err, CallError::UnknownProvider { provider, .. } if provider == "missing"), "{err}");
+    }
+}
+
+#[test]
+fn native_chosen_for_want_of_priorities_is_remembered_until_a_list_is_installed() {
+    let registry = ir_ops::registry();
+    register_scaled_rms_norm(&registry, spec("p"), 2.0);
+    let x = sample(DType::F32, 2, 8, 3);
+    for _ in 0..3 {
+        assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 1.0)), "native");
+    }
+    registry.set_default("rms_norm", &["p"]).unwrap();
+    assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)), "the installed list");
+    let record = registry.selection_record();
+    assert_eq!((record.selections("rms_norm", "native"), record.selections("rms_norm", "p")), (3, 1));
+}
+
+#[test]
+fn a_frozen_registry_refuses_new_ops_and_providers_and_still_takes_priorities() {
+    let registry = ir_ops::registry();
+    register_scaled_rms_norm(&registry, spec("p"), 2.0);
+    registry.set_default("rms_norm", &["p", "native"]).unwrap();
+    let x = sample(DType::F32, 2, 8, 4);
+    assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)));
+    assert!(!registry.is_frozen());
+    registry.freeze();
+    registry.freeze();
+    assert!(registry.is_frozen());
+
+    let refused = |result: Result<(), RegistryError>, change: &str| match result {
+        Err(RegistryError::Frozen { change: said }) => {
+            assert!(said.contains(change), "{said}");
+            let message = RegistryError::Frozen { change: said }.to_string();
+            assert!(message.contains("frozen") && message.contains("Registry::freeze"), "{message}");
+        }
+        other => panic!("expected a frozen-registry error naming {change}, got {other:?}"),
+    };
+    refused(registry.register_impl("rms_norm", spec("late"), scaled_native(3.0)), "provider `late` of op `rms_norm`");
+    refused(registry.replace_impl("rms_norm", spec("p"), scaled_native(3.0)), "replacing provider `p`");
+    refused(registry.define_op(&rms_norm::RMS_NORM), "defining op `rms_norm`");
+    assert_eq!(registry.providers("rms_norm").len(), 2, "nothing was added");
+
+    // Calls, priorities and the record work as before.
+    assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)));
+    {
+        let _native = registry.override_priority("rms_norm", &["native"]).unwrap();
+        assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 1.0)));
+    }
+    assert_eq!(registry.ops(), ir_ops::registry().ops(), "the frozen table lists every op");
+    let record = registry.selection_record();
+    assert_eq!((record.selections("rms_norm", "p"), record.selections("rms_norm", "native")), (2, 1));
+    registry.reset_selection_record();
+    assert_eq!(registry.selection_record().selections("rms_norm", "p"), 0);
+}
+
+// --- the selection cache lends its entries in place ---
+
+#[test]
+fn kernels_may_call_the_registry_again_deeper_than_the_cache_holds() {
+    // More levels than the cache's 8 ways per set, each on its own shape: every nested selection is
+    // made and remembered while the outer ones are lent out, so the cache evicts; a lent entry replaced
     // under its call would give that call another shape's output metadata, a contract violation.
     const DEPTH: usize = 20;
     thread_local! {

@@ -794,8 +794,8 @@ fn dispatch_table(results: &Results) -> String {
     let mut out = String::from(
         "## Eager dispatch overhead\n\nThe typed entry point through the registry against calling the selected \
          kernel directly, bf16, with the CPU platform's two-entry list `[cpu, native]`. A call whose argument \
-         metadata this thread saw before takes the provider and output metadata from its memo (one atomic \
-         load of the generation that any priority change advances, and the key comparison; no snapshot \
+         metadata this thread saw before takes the provider and output metadata from its selection cache (one atomic \
+         load of the generation that any change a selection could see advances, and the key comparison; no snapshot \
          load, predicate or meta function); the functional calls run a typed implementation on the caller's \
          borrowed arguments, and `maybe_inplace` an in-place one on the donated tensors, their outputs \
          checked where they are; the steady-state path allocates nothing beyond the kernel's own output \

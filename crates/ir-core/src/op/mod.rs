@@ -26,14 +26,16 @@
 //! fresh ones (`rotary_embedding` returns `(query, Option<key>)`, typed `(Tensor, Option<Tensor>)`).
 
 pub(crate) mod declare;
+mod error;
 mod value;
 
 use std::fmt;
 
 pub use crate::op::declare::{Activation, Handles, StrEnum, mismatched};
+pub use crate::op::error::{KernelError, OperandMismatch};
 pub(crate) use crate::op::value::default_fits;
 pub use crate::op::value::{Arg, ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
-use crate::{DType, Device, KernelError, Tensor, TensorError, TensorMeta};
+use crate::{DType, Device, Tensor, TensorError, TensorMeta};
 
 /// How many arguments' metadata dispatch holds without a heap allocation (typed calls keep the
 /// arguments themselves in an array of their own): every built-in op's parameter count fits.
@@ -134,6 +136,40 @@ pub struct InputSpec {
     pub epsilon: f64,
     /// PRNG seed; equal specs give bit-identical inputs.
     pub seed: u64,
+}
+
+/// Arguments that do not fit an op ([`OpDef::output_metas`]): its parameters, or its meta function.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ArgsError {
+    /// Arguments that do not fit the parameters.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// Arguments the meta function rejects.
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+}
+
+/// An explicit activation list that does not fit the op's parameters ([`OpDef::activation_indices`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ActivationError {
+    /// An activation that is not a parameter.
+    #[error("op `{op}`: activation `{name}` is not a parameter")]
+    Unknown {
+        /// The op.
+        op: String,
+        /// The activation.
+        name: String,
+    },
+    /// An activation that is not a tensor parameter (optional or not).
+    #[error("op `{op}`: activation `{name}` must be a Tensor or Optional[Tensor] parameter, not {kind}")]
+    NotTensor {
+        /// The op.
+        op: String,
+        /// The activation.
+        name: String,
+        /// Its kind.
+        kind: ParamKind,
+    },
 }
 
 /// Arguments a meta function rejects. Each names the parameter and what it was compared with.
@@ -269,13 +305,13 @@ pub fn is_valid_name(name: &str) -> bool {
 impl OpDef {
     /// The metadata of the outputs for these argument metadata: binds them (filling defaulted
     /// parameters) and runs the meta function. The verifier and the passes ask this of graph calls.
-    pub fn output_metas(&'static self, args: Vec<ArgMeta<'_>>) -> Result<Vec<TensorMeta>, crate::CallError> {
+    pub fn output_metas(&'static self, args: Vec<ArgMeta<'_>>) -> Result<Vec<TensorMeta>, ArgsError> {
         let bound = bind_meta(self, args)?;
         Ok((self.meta)(&bound)?.into_vec())
     }
 
     /// Parameter indices of the activations, or why the definition is invalid.
-    pub fn activation_indices(&self) -> Result<Vec<usize>, crate::RegistryError> {
+    pub fn activation_indices(&self) -> Result<Vec<usize>, ActivationError> {
         match self.activations {
             Activations::Default => Ok(self
                 .params
@@ -287,13 +323,13 @@ impl OpDef {
             Activations::Explicit(names) => names
                 .iter()
                 .map(|name| {
-                    let index = self.param_index(name).ok_or_else(|| crate::RegistryError::UnknownActivation {
+                    let index = self.param_index(name).ok_or_else(|| ActivationError::Unknown {
                         op: self.name.to_owned(),
                         name: (*name).to_owned(),
                     })?;
                     let kind = self.params[index].kind;
                     if !matches!(kind, ParamKind::Tensor | ParamKind::OptTensor) {
-                        return Err(crate::RegistryError::ActivationNotTensor {
+                        return Err(ActivationError::NotTensor {
                             op: self.name.to_owned(),
                             name: (*name).to_owned(),
                             kind,

@@ -15,8 +15,8 @@ use crate::op::declare::OpOutputs;
 use crate::op::{
     ArgMeta, BindError, INLINE_ARGS, INLINE_OUTPUTS, MetaError, OpDef, Outputs, Overload, Value, bind, bind_meta,
 };
-use crate::registry::selection::Cached;
-use crate::registry::{ImplEntry, NATIVE, OpEntry, OpMap, Registry, lock, memo, read};
+use crate::registry::cache::{self, Choice};
+use crate::registry::{ImplEntry, NATIVE, OpEntry, OpMap, Registry, lock, read};
 use crate::{KernelError, Support, Tensor, TensorError, TensorMeta};
 
 /// Errors of calls and dispatch. Validation happens before any write: an error leaves every
@@ -236,11 +236,12 @@ impl Registry {
 
     /// Validates argument metadata and selects a provider with the installed priorities, without
     /// running anything (lowering uses this; eager calls follow the same rules and share the
-    /// installed list's selection cache).
+    /// selection cache).
     pub fn select(&self, op: &str, args: &[ArgMeta<'_>]) -> Result<Selection, CallError> {
-        let entry = self.call_entry(op)?;
-        let args = bind_meta(entry.def, args.to_vec())?;
-        let choice = choose(&entry, &args)?;
+        let def = self.call_entry(op)?.def;
+        let args = bind_meta(def, args.to_vec())?;
+        let held = self.hold(def, None, &args)?;
+        let choice = &held.entry().choice;
         Ok(Selection {
             provider: choice.chosen.provider,
             inplace: choice.chosen.inplace,
@@ -262,52 +263,20 @@ impl Registry {
     /// arguments, and fails if the provider is unavailable or its predicate rejects them. An in-place
     /// implementation writes into the activations given, which must be uniquely owned.
     pub fn call_implementation(&self, op: &str, provider: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
-        let entry = self.call_entry(op)?;
-        let mut args = bind(entry.def, args)?;
-        let def = entry.def;
-        // One read of the implementation list, dropped at the end of the statement, before any user
-        // code (probe, predicate, kernel) runs: see the lock order in the module documentation.
-        let found = read(&entry.impls).iter().find(|i| i.provider == provider).cloned();
-        let Some(implementation) = found else {
-            return Err(CallError::UnknownProvider {
-                op: def.name,
-                provider: provider.to_owned(),
-                known: read(&entry.impls).iter().map(|i| i.provider.to_owned()).collect(),
-            });
-        };
-        if let crate::Availability::Unavailable(reason) = implementation.availability() {
-            return Err(CallError::ProviderUnavailable {
-                op: def.name,
-                provider: provider.to_owned(),
-                reason: reason.clone(),
-            });
-        }
-        let (outputs_meta, compacted) = {
+        let def = self.call_entry(op)?.def;
+        let mut args = bind(def, args)?;
+        let (held, on_device) = {
             let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
-            let outputs_meta = (def.meta)(&metas)?;
-            // A graph lowered to this provider on compact copies of some arguments (see
-            // `Selection::compacted`) runs it the same way.
-            let compacted = match implementation.check_supports(&metas) {
-                Support::Yes => SmallVec::new(),
-                Support::No(reason) => match compacting(&metas, std::slice::from_ref(&implementation)) {
-                    Some((_, positions)) => positions,
-                    None => {
-                        return Err(CallError::Unsupported {
-                            op: def.name,
-                            provider: provider.to_owned(),
-                            reason: reason.into_owned(),
-                        });
-                    }
-                },
-            };
-            if implementation.provider == NATIVE && on_device(&metas) {
-                native_on_device(&entry, &[])?;
-            }
-            (outputs_meta, compacted)
+            (self.hold(def, Some(provider), &metas)?, on_device(&metas))
         };
+        let (entry, choice) = (&held.entry().entry, &held.entry().choice);
+        let implementation = &choice.chosen;
+        if on_device && implementation.provider == NATIVE {
+            native_on_device(entry, choice)?;
+        }
         let mut written = PerOutput::new();
         if implementation.inplace {
-            for position in given_activations(&entry, &args) {
+            for position in given_activations(entry, &args) {
                 let tensor = args[position].as_tensor().expect("given activations are tensors");
                 if !tensor.is_uniquely_owned() {
                     return Err(CallError::Tensor(tensor.write_refusal()));
@@ -315,8 +284,8 @@ impl Registry {
                 written.push(tensor.storage_id());
             }
         }
-        let outputs = run_compacted(&entry, &implementation, &mut args, &compacted, &outputs_meta)?;
-        check_outputs(def, &implementation, &outputs_meta, &outputs, &written)?;
+        let outputs = run_compacted(entry, implementation, &mut args, &choice.compacted, &choice.outputs)?;
+        check_outputs(def, implementation, &choice.outputs, &outputs, &written)?;
         Ok(outputs.into_vec())
     }
 
@@ -383,12 +352,12 @@ impl Registry {
         values: impl FnOnce() -> A,
     ) -> Result<O, CallError> {
         debug_assert_eq!(metas.len(), def.params.len(), "declared calls pass every parameter");
-        let held = self.hold(def, metas)?;
-        run_typed(&held.entry().entry, &held.entry().cached, metas, call, values)
+        let held = self.hold(def, None, metas)?;
+        run_typed(&held.entry().entry, &held.entry().choice, metas, call, values)
     }
 
     /// Selects for a typed `maybe_inplace` call of `def` on `metas` (the metadata of the caller's
-    /// arguments, every parameter in order) with the same rules, cache, memo and records as every
+    /// arguments, every parameter in order) with the same rules, cache and records as every
     /// call, and holds the selection while the call runs ([`Selected`]). The calls
     /// [`define_op!`](crate::define_op) generates use it; the selection is recorded as run.
     ///
@@ -399,8 +368,8 @@ impl Registry {
         if !def.allow_inplace {
             return Err(CallError::NotInplaceOp { op: def.name });
         }
-        let held = self.hold(def, metas)?;
-        record(&held.entry().entry, &held.entry().cached, on_device(metas))?;
+        let held = self.hold(def, None, metas)?;
+        record(&held.entry().entry, &held.entry().choice, on_device(metas))?;
         Ok(Selected {
             held,
             written: RefCell::new(PerOutput::new()),
@@ -417,38 +386,40 @@ impl Registry {
         }
         let (held, on_device) = {
             let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
-            (self.hold(def, &metas)?, on_device(&metas))
+            (self.hold(def, None, &metas)?, on_device(&metas))
         };
-        run_chosen(&held.entry().entry, &held.entry().cached, args, overload, on_device)
+        run_chosen(&held.entry().entry, &held.entry().choice, args, overload, on_device)
     }
 
-    /// The selection for a declared call of `def` on `metas`, held while the call runs: this
-    /// thread's remembered one when current (logged as a cache hit is), else one made now from the op
-    /// table and the installed list, which the memo keeps afterwards when it comes from an installed
-    /// list ([`memo::Held`]).
+    /// The selection for a call of `def` on `metas` (by the installed priorities, or of the named
+    /// `provider`), held while the call runs: this thread's remembered one when current (logged as a
+    /// selection is), else one made now from the op table, which the cache keeps when the call is
+    /// done ([`cache::Held`]).
     #[inline(always)]
-    fn hold(&self, def: &'static OpDef, metas: &[ArgMeta<'_>]) -> Result<memo::Held, CallError> {
-        // Read before the op table and the installed list (see `memo`).
-        let generation = self.shared.generation.current();
-        if let Some(held) = memo::take(self.shared.generation.registry(), def, generation, metas) {
-            let remembered = held.entry();
-            log_choice(def.name, &remembered.cached.chosen, &remembered.cached.rejected, metas);
+    fn hold(
+        &self,
+        def: &'static OpDef,
+        provider: Option<&str>,
+        metas: &[ArgMeta<'_>],
+    ) -> Result<cache::Held, CallError> {
+        // Read before the op table and the installed list (see `cache`).
+        let key = cache::Key {
+            registry: self.shared.generation.registry(),
+            def,
+            provider,
+            generation: self.shared.generation.current(),
+        };
+        if let Some(held) = cache::take(key, metas) {
+            let choice = &held.entry().choice;
+            log_choice(def.name, &choice.chosen, &choice.rejected, metas);
             return Ok(held);
         }
-        let ops = self.ops.load();
-        let entry = declared_entry(&ops, def)?;
-        let (cached, installed) = match choose(entry, metas)? {
-            Choice::Remembered(guard) => {
-                (Arc::clone(guard.as_ref().expect("only matching entries are returned")), true)
-            }
-            Choice::Made(cached) => {
-                // Native chosen for want of an installed list is never remembered.
-                let installed = cached.from_priority_list;
-                (cached, installed)
-            }
+        let entry = self.with_ops(|ops| declared_entry(ops, def).map(Arc::clone))?;
+        let choice = match provider {
+            None => choose(&entry, metas)?,
+            Some(provider) => named(&entry, provider, metas)?,
         };
-        let made = memo::Entry::new(self.shared.generation.registry(), def, generation, Arc::clone(entry), cached);
-        Ok(memo::Held::made(made, installed))
+        Ok(cache::Held::made(cache::Entry::new(key, entry, choice)))
     }
 
     fn call_entry(&self, op: &str) -> Result<Arc<OpEntry>, CallError> {
@@ -474,7 +445,7 @@ fn on_device(metas: &[ArgMeta<'_>]) -> bool {
 /// kernel and checks its outputs.
 fn run_chosen(
     entry: &OpEntry,
-    choice: &Cached,
+    choice: &Choice,
     args: &mut [Value],
     overload: Overload,
     on_device: bool,
@@ -483,32 +454,35 @@ fn run_chosen(
     execute(entry, choice, args, overload)
 }
 
-/// Records a selection that runs: the provider's count, the rejections' reasons, and the warning
-/// when native runs on device tensors.
+/// Records a selection that runs: the provider's count, and the warning when native runs past
+/// rejections or on device tensors. (The rejections' reasons were noted when the selection was made.)
 #[inline]
-fn record(entry: &OpEntry, choice: &Cached, on_device: bool) -> Result<(), CallError> {
+fn record(entry: &OpEntry, choice: &Choice, on_device: bool) -> Result<(), CallError> {
     // Rejections are rare on a platform's list: checked first, so the common call compares nothing.
     if !choice.rejected.is_empty() && choice.chosen.provider == NATIVE {
-        native_fallback(entry, &choice.rejected)?;
+        native_fallback(entry, choice)?;
     }
     if on_device && choice.chosen.provider == NATIVE {
-        native_on_device(entry, &choice.rejected)?;
+        native_on_device(entry, choice)?;
     }
     choice.chosen.selections.fetch_add(1, Ordering::Relaxed);
-    note_rejections(&choice.rejected);
     Ok(())
 }
 
 /// Native chosen because every provider listed before it rejected the call: refused by a strict
-/// registry, else counted and said once per op and reason at WARN level.
+/// registry, else counted and said once per op and reason at WARN level (a selection this thread
+/// already said it of skips the op's lock).
 #[cold]
-fn native_fallback(entry: &OpEntry, rejected: &[(Arc<ImplEntry>, Arc<str>)]) -> Result<(), CallError> {
+fn native_fallback(entry: &OpEntry, choice: &Choice) -> Result<(), CallError> {
     let op = entry.def.name;
-    let rejected = DisplayRejections(rejected).to_string();
     if entry.strict() {
-        return Err(CallError::NativeFallback { op, rejected });
+        return Err(CallError::NativeFallback { op, rejected: DisplayRejections(&choice.rejected).to_string() });
     }
     entry.native_fallbacks.fetch_add(1, Ordering::Relaxed);
+    if choice.said.fallback.replace(true) {
+        return Ok(());
+    }
+    let rejected = DisplayRejections(&choice.rejected).to_string();
     entry.warn_once(&format!("native-fallback: {rejected}"), || {
         format!(
             "op {op}: the providers listed before native rejected the call {rejected}; native runs instead (correct, slow). Give the arguments a form a provider takes, \
@@ -522,21 +496,23 @@ fn native_fallback(entry: &OpEntry, rejected: &[(Arc<ImplEntry>, Arc<str>)]) -> 
 
 /// Native chosen for device tensors: counted as a host round trip and said once per op, or refused.
 #[cold]
-fn native_on_device(entry: &OpEntry, rejected: &[(Arc<ImplEntry>, Arc<str>)]) -> Result<(), CallError> {
+fn native_on_device(entry: &OpEntry, choice: &Choice) -> Result<(), CallError> {
     if crate::storage::host_round_trips_refused() {
         return Err(CallError::HostRoundTripRefused {
             op: entry.def.name,
-            rejected: DisplayRejections(rejected).to_string(),
+            rejected: DisplayRejections(&choice.rejected).to_string(),
         });
     }
     crate::storage::count_host_round_trip(entry.def.name);
-    warn_host_round_trip(entry);
+    if !choice.said.round_trip.replace(true) {
+        warn_host_round_trip(entry);
+    }
     Ok(())
 }
 
 /// Prepares the activations of an in-place implementation, runs the kernel on bound arguments and
 /// checks its outputs.
-fn execute(entry: &OpEntry, choice: &Cached, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
+fn execute(entry: &OpEntry, choice: &Choice, args: &mut [Value], overload: Overload) -> Result<Outputs, CallError> {
     let def = entry.def;
     let chosen = &choice.chosen;
     let mut written = PerOutput::new();
@@ -678,13 +654,13 @@ fn compacting(args: &[ArgMeta<'_>], candidates: &[Arc<ImplEntry>]) -> Option<(us
 /// and prepares its donated activations through it (a uniquely owned activation is written in place,
 /// any other copied, as `maybe_inplace` promises), runs the chosen implementation's typed function
 /// on its arguments, or, for an implementation without one, the bound arguments, and checks the
-/// outputs. Dropping it gives the selection back to this thread's memo.
+/// outputs. Dropping it gives a selection made for the call to this thread's cache.
 ///
 /// Support for `define_op!`'s generated functions, hidden from the documentation.
 #[doc(hidden)]
 pub struct Selected<'r> {
-    /// The selection (given back to the memo on drop).
-    held: memo::Held,
+    /// The selection (a new one goes into the cache on drop).
+    held: cache::Held,
     /// The storages of the prepared activations, in order.
     written: RefCell<PerOutput<crate::tensor::StorageId>>,
     /// Activations kept for writing in place, counted into the op's record once, on drop.
@@ -693,13 +669,13 @@ pub struct Selected<'r> {
 }
 
 impl Selected<'_> {
-    fn remembered(&self) -> &memo::Entry {
+    fn remembered(&self) -> &cache::Entry {
         self.held.entry()
     }
 
     /// The chosen in-place implementation's typed function `Arc<F>`, if it is in place and has one.
     pub fn typed_inplace<F: ?Sized + 'static>(&self) -> Option<&Arc<F>> {
-        let cached = &self.remembered().cached;
+        let cached = &self.remembered().choice;
         let chosen = &cached.chosen;
         // A compacting selection runs through the bound arguments (`run_compacted`).
         chosen
@@ -711,14 +687,14 @@ impl Selected<'_> {
 
     /// The chosen functional implementation's typed function `Arc<F>`, if it is functional and has one.
     pub fn typed_functional<F: ?Sized + 'static>(&self) -> Option<&Arc<F>> {
-        typed_impl::<F>(&self.remembered().cached)
+        typed_impl::<F>(&self.remembered().choice)
     }
 
     /// Checks donated activation `index` (the index-th given) against the output the in-place
     /// implementation writes into it: call for every activation before preparing any.
     #[inline]
     pub fn check_activation(&self, index: usize, activation: &Tensor) -> Result<(), CallError> {
-        let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
+        let (entry, cached) = (&self.remembered().entry, &self.remembered().choice);
         // The selection's key is these arguments' metadata, so its answer is this call's.
         if cached.activations_fit {
             return Ok(());
@@ -763,20 +739,20 @@ impl Selected<'_> {
     /// Checks the outputs against the declared metadata and the written storages.
     #[inline]
     fn check(&self, outputs: &[&Tensor]) -> Result<(), CallError> {
-        let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
+        let (entry, cached) = (&self.remembered().entry, &self.remembered().choice);
         check_outputs(entry.def, &cached.chosen, &cached.outputs, outputs, &self.written.borrow())
     }
 
     /// A failure of the chosen implementation, named.
     fn kernel_error(&self, source: KernelError) -> CallError {
-        let (entry, cached) = (&self.remembered().entry, &self.remembered().cached);
+        let (entry, cached) = (&self.remembered().entry, &self.remembered().choice);
         CallError::Kernel { op: entry.def.name, provider: cached.chosen.provider, source }
     }
 
     /// Runs an implementation without a typed function of the call's types on the bound arguments.
     pub fn run_bound(&self, args: &mut [Value]) -> Result<Outputs, CallError> {
         let remembered = self.remembered();
-        execute(&remembered.entry, &remembered.cached, args, Overload::MaybeInplace)
+        execute(&remembered.entry, &remembered.choice, args, Overload::MaybeInplace)
     }
 }
 
@@ -791,7 +767,7 @@ impl Drop for Selected<'_> {
 }
 
 /// The chosen implementation's typed function of type `F`, when it is functional and has one.
-fn typed_impl<F: ?Sized + 'static>(cached: &Cached) -> Option<&Arc<F>> {
+fn typed_impl<F: ?Sized + 'static>(cached: &Choice) -> Option<&Arc<F>> {
     let chosen = &cached.chosen;
     // A compacting selection runs through the bound arguments (`run_compacted`).
     chosen
@@ -805,7 +781,7 @@ fn typed_impl<F: ?Sized + 'static>(cached: &Cached) -> Option<&Arc<F>> {
 /// without one, the bound arguments `values` builds.
 fn run_typed<F: ?Sized + 'static, O: OpOutputs, A: AsMut<[Value]>>(
     entry: &OpEntry,
-    cached: &Cached,
+    cached: &Choice,
     metas: &[ArgMeta<'_>],
     call: impl FnOnce(&F) -> Result<O, KernelError>,
     values: impl FnOnce() -> A,
@@ -854,34 +830,17 @@ fn defensive_copy(entry: &OpEntry, overload: Overload, index: usize, tensor: &Te
     Ok(tensor.deep_clone()?)
 }
 
-/// A selection: remembered by the installed list (read through its guard, no reference count), or
-/// made now.
-enum Choice {
-    Remembered(arc_swap::Guard<Option<Arc<Cached>>>),
-    Made(Arc<Cached>),
-}
-
-impl std::ops::Deref for Choice {
-    type Target = Cached;
-
-    fn deref(&self) -> &Cached {
-        match self {
-            Choice::Remembered(guard) => guard.as_ref().expect("only matching entries are returned"),
-            Choice::Made(cached) => cached,
-        }
-    }
-}
-
 /// Chooses the first installed provider whose predicate accepts the arguments (native when nothing
-/// is installed) and runs the meta function, or finds both in the installed list's cache.
+/// is installed) and runs the meta function. Notes each rejected provider's reason in the record.
 fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
     let op = entry.def.name;
     // The installed list is a snapshot: predicates (user code) run with no registry lock held and
     // may themselves edit priorities, which publishes a new snapshot for the next call.
-    let installed = entry.installed.load();
-    let Some(installed) = installed.as_ref() else {
+    let installed = entry.installed.load_full();
+    let Some(installed) = installed else {
+        let impls = read(&entry.impls).clone();
         if !entry.logged_no_priority.swap(true, Ordering::Relaxed) {
-            let others = read(&entry.impls).len() - 1;
+            let others = impls.len() - 1;
             tracing::warn!(
                 target: "ir_core::dispatch",
                 op,
@@ -891,18 +850,13 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
             );
         }
         let outputs = (entry.def.meta)(args)?;
-        let native = Arc::clone(&read(&entry.impls)[0]);
+        let native = Arc::clone(&impls[0]);
         log_choice(op, &native, &[], args);
-        return Ok(Choice::Made(Arc::new(Cached::unkeyed(args, &entry.activations, native, outputs))));
+        return Ok(Choice::new(args, &entry.activations, native, outputs, SmallVec::new(), false));
     };
-    if let Some(remembered) = installed.cached(args) {
-        let choice = Choice::Remembered(remembered);
-        log_choice(op, &choice.chosen, &choice.rejected, args);
-        return Ok(choice);
-    }
     let outputs = (entry.def.meta)(args)?;
     let mut rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]> = SmallVec::new();
-    for candidate in installed.list.iter() {
+    for candidate in installed.iter() {
         match candidate.check_supports(args) {
             Support::Yes => {
                 // Rather than native on device tensors (a host round trip), a provider before it
@@ -915,20 +869,50 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
                     let chosen = Arc::clone(&rejected[index].0);
                     rejected.truncate(index);
                     log_choice(op, &chosen, &rejected, args);
-                    let cached = Cached::new(args, &entry.activations, chosen, outputs, rejected).compacting(positions);
-                    let cached = Arc::new(cached);
-                    installed.remember(Arc::clone(&cached));
-                    return Ok(Choice::Made(cached));
+                    note_rejections(&rejected);
+                    let choice = Choice::new(args, &entry.activations, chosen, outputs, rejected, true);
+                    return Ok(choice.compacting(positions));
                 }
                 log_choice(op, candidate, &rejected, args);
-                let cached = Arc::new(Cached::new(args, &entry.activations, Arc::clone(candidate), outputs, rejected));
-                installed.remember(Arc::clone(&cached));
-                return Ok(Choice::Made(cached));
+                note_rejections(&rejected);
+                return Ok(Choice::new(args, &entry.activations, Arc::clone(candidate), outputs, rejected, true));
             }
             Support::No(reason) => rejected.push((Arc::clone(candidate), Arc::<str>::from(reason.as_ref()))),
         }
     }
     Err(CallError::DispatchExhausted { op })
+}
+
+/// The selection of the named `provider` (a lowered graph's `impl` node): it must be registered,
+/// available and take the arguments, or take compact copies of the device tensors among them whose
+/// layouts it rejects (as a graph lowered to it on such copies runs it).
+fn named(entry: &OpEntry, provider: &str, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
+    let op = entry.def.name;
+    // One read of the implementation list, dropped at the end of the statement, before any user
+    // code (probe, predicate) runs: see the lock order in the module documentation.
+    let found = read(&entry.impls).iter().find(|i| i.provider == provider).cloned();
+    let Some(implementation) = found else {
+        return Err(CallError::UnknownProvider {
+            op,
+            provider: provider.to_owned(),
+            known: read(&entry.impls).iter().map(|i| i.provider.to_owned()).collect(),
+        });
+    };
+    if let crate::Availability::Unavailable(reason) = implementation.availability() {
+        return Err(CallError::ProviderUnavailable { op, provider: provider.to_owned(), reason: reason.clone() });
+    }
+    let outputs = (entry.def.meta)(args)?;
+    let compacted = match implementation.check_supports(args) {
+        Support::Yes => SmallVec::new(),
+        Support::No(reason) => match compacting(args, std::slice::from_ref(&implementation)) {
+            Some((_, positions)) => positions,
+            None => {
+                return Err(CallError::Unsupported { op, provider: provider.to_owned(), reason: reason.into_owned() });
+            }
+        },
+    };
+    log_choice(op, &implementation, &[], args);
+    Ok(Choice::new(args, &entry.activations, implementation, outputs, SmallVec::new(), false).compacting(compacted))
 }
 
 fn log_choice(op: &'static str, chosen: &ImplEntry, rejected: &[(Arc<ImplEntry>, Arc<str>)], args: &[ArgMeta<'_>]) {

@@ -119,18 +119,28 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! # Locks
+//! # The selection cache, freezing and locks
 //!
-//! Dispatch takes no lock: the op table and each op's installed priority list are immutable
-//! snapshots read through [`arc_swap`] and replaced whole when they change, and each installed list
-//! caches its selections by argument metadata (predicates are pure: a provider's answer depends on
-//! the argument metadata only), so a repeated call runs no predicate and no meta function and
-//! allocates nothing of its own. Each thread also remembers its last 16 selections, stamped with
-//! their registry's generation, which every op table or installed list it publishes advances, so a
-//! repeated call reads neither snapshot; a remembered selection keeps
-//! its implementations alive until its slot is reused or the thread ends. The typed functional
-//! calls run an implementation registered through its op's typed `register` on the caller's
-//! borrowed arguments ([`Registry::call_typed`]).
+//! Selection is a pure function of the registry's state and the call's argument metadata
+//! (predicates see metadata only; meta functions are plain functions of it), so each thread
+//! remembers its selections in one cache, keyed by the registry, the op, the provider a call names
+//! (none for the installed priorities), the registry's generation and the complete argument
+//! metadata. Every change a selection could see (an op defined, a provider replaced, an installed
+//! list published) advances the generation, so a remembered selection is what selection would
+//! return now. A repeated call (typed, dynamic, [`Registry::select`] in lowering, or a lowered
+//! graph's [`Registry::call_implementation`]) runs no predicate and no meta function, reads
+//! no shared table, takes no lock and allocates nothing of its own: one atomic load of the
+//! generation and the key comparison. Each thread keeps up to 64 selections, 8 per set of ops; a
+//! remembered selection keeps its implementations alive until its slot is reused or the thread
+//! ends. The typed functional calls run an implementation registered through its op's typed
+//! `register` on the caller's borrowed arguments.
+//!
+//! A registry is built (ops defined, providers registered), then frozen ([`Registry::freeze`]):
+//! later definitions, registrations and replacements are refused, and a call that misses the cache
+//! reads the frozen op table as plain data. Before freezing, the op table and each op's installed
+//! priority list are immutable snapshots read through [`arc_swap`] and replaced whole when they
+//! change; installed lists stay swappable after freezing (priorities choose among the registered
+//! providers).
 //!
 //! User code (availability probes, `supports` predicates, meta functions, kernels) never runs while
 //! a registry lock is held, so a predicate may call back into the registry (select, override a
@@ -138,17 +148,16 @@
 //! carries the panic message, as a panicking probe makes its provider unavailable.
 //!
 //! The writers' locks nest in this order and are released in reverse: `Registry::defining` (op
-//! definitions), an op's priority stack (`OpEntry::priority`, held while a new list is published),
+//! definitions, registrations, replacements, freezing), an op's priority stack (`OpEntry::priority`, held while a new list is published),
 //! its implementation list (`OpEntry::impls`), and last the leaf locks (`OpEntry::warned`,
 //! `ImplEntry::last_rejection`), which are never held while another is taken. No guard is held across
 //! a call of user code, and no read guard is taken twice in one statement (a waiting writer would
 //! block the second read).
 
+mod cache;
 mod dispatch;
-mod memo;
 mod priority;
 mod record;
-mod selection;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -258,24 +267,9 @@ pub enum RegistryError {
         /// The op.
         op: String,
     },
-    /// An explicit activation that is not a parameter.
-    #[error("op `{op}`: activation `{name}` is not a parameter")]
-    UnknownActivation {
-        /// The op.
-        op: String,
-        /// The activation.
-        name: String,
-    },
-    /// An explicit activation that is not a tensor parameter (optional or not).
-    #[error("op `{op}`: activation `{name}` must be a Tensor or Optional[Tensor] parameter, not {kind}")]
-    ActivationNotTensor {
-        /// The op.
-        op: String,
-        /// The activation.
-        name: String,
-        /// Its kind.
-        kind: ParamKind,
-    },
+    /// An explicit activation list that does not fit the parameters.
+    #[error(transparent)]
+    Activation(#[from] crate::op::ActivationError),
     /// `allow_inplace` without activations, or with more activations than outputs (each activation
     /// receives the output of its index).
     #[error(
@@ -323,6 +317,15 @@ pub enum RegistryError {
         /// The provider.
         provider: String,
     },
+    /// A definition, registration or replacement after [`Registry::freeze`].
+    #[error(
+        "the registry is frozen: {change} is refused (define every op and register every provider before \
+         `Registry::freeze`)"
+    )]
+    Frozen {
+        /// The change refused (`registering provider `mine` of op `rms_norm``).
+        change: String,
+    },
     /// An in-place implementation of an op without `allow_inplace`.
     #[error("provider `{provider}` registers an inplace implementation of `{op}`, which does not allow inplace")]
     InplaceNotAllowed {
@@ -339,18 +342,21 @@ pub struct Registry {
     /// Keyed by op name with a fast non-cryptographic hash (names are ours, not adversarial). Read
     /// by every call without a lock; defining an op publishes a new map.
     ops: ArcSwap<OpMap>,
-    /// Serializes op definitions (readers never take it).
+    /// Serializes op definitions, registrations and freezing (readers never take it).
     defining: Mutex<()>,
-    /// What the registry's ops share: the memo generation and the strict flag.
+    /// The op table once the registry is frozen ([`Registry::freeze`]): read without an atomic
+    /// read-modify-write, as nothing changes it any more.
+    frozen: OnceLock<Arc<OpMap>>,
+    /// What the registry's ops share: the selection cache's generation and the strict flag.
     shared: Arc<Shared>,
 }
 
 /// What a registry shares with its op entries.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// This registry's identity and publication count in the typed call path's per-thread memo
-    /// (its ops advance it when they publish an installed list).
-    pub(crate) generation: memo::Generation,
+    /// This registry's identity and count of changes in the threads' selection caches (advanced
+    /// when an op is defined and when an op publishes an installed list).
+    pub(crate) generation: cache::Generation,
     /// Whether a call that falls past the providers listed before `native` to `native` is an error
     /// ([`Registry::set_strict`]).
     strict: AtomicBool,
@@ -370,9 +376,8 @@ pub(crate) struct OpEntry {
     /// Implementations in registration order, native first.
     impls: RwLock<Vec<Arc<ImplEntry>>>,
     priority: Mutex<priority::PriorityStack>,
-    /// The top of the priority stack with its selection cache, read by every dispatch without a
-    /// lock; `None` when nothing is installed. Replaced whole on every change ([`OpEntry::publish`]).
-    installed: ArcSwapOption<selection::Installed>,
+    /// The top of the priority stack, read by a selection without a lock; `None` when nothing is installed. Replaced whole on every change ([`OpEntry::publish`]).
+    installed: ArcSwapOption<priority::Resolved>,
     /// Whether "priority not set" was logged.
     logged_no_priority: AtomicBool,
     /// Warnings already given (warn once per registry, op and kind).
@@ -381,7 +386,7 @@ pub(crate) struct OpEntry {
     pub(crate) defensive_copies: AtomicU64,
     /// Calls that fell past the providers listed before `native` to `native`.
     pub(crate) native_fallbacks: AtomicU64,
-    /// The registry's memo generation (advanced when this op publishes an installed list) and
+    /// The registry's selection-cache generation (advanced when this op publishes an installed list) and
     /// strict flag.
     pub(crate) shared: Arc<Shared>,
 }
@@ -422,8 +427,9 @@ impl Registry {
         Registry {
             ops: ArcSwap::from_pointee(OpMap::default()),
             defining: Mutex::new(()),
+            frozen: OnceLock::new(),
             shared: Arc::new(Shared {
-                generation: memo::Generation::new(),
+                generation: cache::Generation::new(),
                 strict: AtomicBool::new(strict_from_env()),
             }),
         }
@@ -483,7 +489,7 @@ impl Registry {
             selections: AtomicU64::new(0),
             last_rejection: Mutex::new(None),
         });
-        let _defining = lock(&self.defining);
+        let _defining = self.unfrozen(|| format!("defining op `{}`", def.name))?;
         let mut ops = OpMap::clone(&self.ops.load());
         if let Some(existing) = ops.get(def.name) {
             return Err(RegistryError::DuplicateOp { name: def.name.to_owned(), first: existing.defined_at });
@@ -518,6 +524,7 @@ impl Registry {
         let location = Location::caller();
         let (entry, implementation) = self.checked_impl(op, spec, func, location)?;
         let (provider, func_inplace) = (implementation.provider, implementation.inplace);
+        let defining = self.unfrozen(|| format!("registering provider `{provider}` of op `{op}`"))?;
         let mut impls = write(&entry.impls);
         if let Some(first) = impls.iter().find(|i| i.provider == provider) {
             return Err(RegistryError::DuplicateProvider {
@@ -528,6 +535,7 @@ impl Registry {
         }
         impls.push(implementation);
         drop(impls);
+        drop(defining);
         tracing::debug!(target: "ir_core::registry", op, provider, inplace = func_inplace, "registered implementation");
         if entry.installed.load().is_some() {
             // The probe is user code: evaluate it before the lock, so resolving below reads a cached answer.
@@ -563,6 +571,7 @@ impl Registry {
         for other in read(&entry.impls).clone().iter() {
             other.availability();
         }
+        let defining = self.unfrozen(|| format!("replacing provider `{provider}` of op `{op}`"))?;
         let mut stack = lock(&entry.priority);
         let mut impls = write(&entry.impls);
         let Some(slot) = impls.iter_mut().find(|i| i.provider == provider) else {
@@ -572,6 +581,7 @@ impl Registry {
         drop(impls);
         stack.resolve_again(&entry);
         entry.publish(stack.top());
+        drop((stack, defining));
         tracing::debug!(target: "ir_core::registry", op, provider, "replaced implementation");
         Ok(())
     }
@@ -613,17 +623,17 @@ impl Registry {
 
     /// Names of the defined ops, in definition order.
     pub fn ops(&self) -> Vec<&'static str> {
-        self.ops.load().keys().copied().collect()
+        self.with_ops(|ops| ops.keys().copied().collect())
     }
 
     /// The definition of `op`.
     pub fn op_def(&self, op: &str) -> Option<&'static OpDef> {
-        self.ops.load().get(op).map(|entry| entry.def)
+        self.with_ops(|ops| ops.get(op).map(|entry| entry.def))
     }
 
     /// Parameter indices of `op`'s activations.
     pub fn activations(&self, op: &str) -> Option<Vec<usize>> {
-        self.ops.load().get(op).map(|entry| entry.activations.clone())
+        self.with_ops(|ops| ops.get(op).map(|entry| entry.activations.clone()))
     }
 
     /// The providers of `op` in registration order (native first), with availability.
@@ -674,11 +684,60 @@ impl Registry {
     }
 
     pub(crate) fn entry(&self, op: &str) -> Result<Arc<OpEntry>, Vec<String>> {
-        let ops = self.ops.load();
-        match ops.get(op) {
+        self.with_ops(|ops| match ops.get(op) {
             Some(entry) => Ok(Arc::clone(entry)),
             None => Err(ops.keys().map(|k| (*k).to_owned()).collect()),
+        })
+    }
+
+    /// Runs `f` on the op table: the frozen one, or the current snapshot.
+    #[inline]
+    pub(crate) fn with_ops<R>(&self, f: impl FnOnce(&OpMap) -> R) -> R {
+        match self.frozen.get() {
+            Some(ops) => f(ops),
+            None => f(&self.ops.load()),
         }
+    }
+
+    // --- freezing ---
+
+    /// Freezes the registry: its ops and their providers are final from now on. Defining an op,
+    /// registering a provider or replacing one afterwards fails with [`RegistryError::Frozen`];
+    /// priorities may still be installed and overridden (they choose among the registered
+    /// providers), and the selection record still counts. An engine freezes its registry once it has
+    /// registered its own providers, before serving: a late registration is then an error at the
+    /// place that made it rather than a change of the kernels running under its model. Freezing
+    /// twice is harmless.
+    ///
+    /// ```
+    /// use ir_core::{ImplSpec, RegistryError};
+    /// let registry = ir_ops::registry();
+    /// registry.freeze();
+    /// let late = ir_ops::silu_and_mul::register(&registry, ImplSpec::new("late"), ir_ops::silu_and_mul::native);
+    /// assert!(matches!(late, Err(RegistryError::Frozen { .. })));
+    /// let _guard = registry.override_priority("silu_and_mul", &["native"])?; // still allowed
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn freeze(&self) {
+        let _defining = lock(&self.defining);
+        if self.frozen.set(self.ops.load_full()).is_ok() {
+            tracing::debug!(target: "ir_core::registry", ops = self.ops.load().len(), "froze the registry");
+        }
+    }
+
+    /// Whether the registry is frozen ([`Registry::freeze`]).
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.get().is_some()
+    }
+
+    /// The definitions lock, unless the registry is frozen: then the change `describe` names is
+    /// refused.
+    fn unfrozen(&self, describe: impl FnOnce() -> String) -> Result<MutexGuard<'_, ()>, RegistryError> {
+        let defining = lock(&self.defining);
+        if self.is_frozen() {
+            return Err(RegistryError::Frozen { change: describe() });
+        }
+        Ok(defining)
     }
 }
 
@@ -712,7 +771,7 @@ impl OpEntry {
     /// Publishes the top of the priority stack as the list dispatch reads (with an empty selection
     /// cache). Called with the priority stack's lock held, so publications follow the stack's order.
     pub(crate) fn publish(&self, top: Option<priority::Resolved>) {
-        self.installed.store(top.map(|list| Arc::new(selection::Installed::new(list))));
+        self.installed.store(top.map(Arc::new));
         self.shared.generation.advance();
     }
 

@@ -192,7 +192,7 @@ impl Registry {
     pub fn installed_priority(&self, op: &str) -> Option<Vec<&'static str>> {
         let entry = self.entry(op).ok()?;
         let installed = entry.installed.load_full()?;
-        Some(installed.list.iter().map(|i| i.provider).collect())
+        Some(installed.iter().map(|i| i.provider).collect())
     }
 
     /// Resolves a list without installing it (what `set_default` would install).

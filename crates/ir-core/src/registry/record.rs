@@ -134,7 +134,7 @@ impl std::fmt::Display for SelectionRecord {
 impl Registry {
     /// A snapshot of the selection record.
     pub fn selection_record(&self) -> SelectionRecord {
-        let entries: Vec<_> = self.ops.load().values().cloned().collect();
+        let entries: Vec<_> = self.with_ops(|ops| ops.values().cloned().collect());
         let ops = entries
             .iter()
             .map(|entry| OpRecord {
@@ -158,14 +158,14 @@ impl Registry {
     /// Counts a copy of an argument of `op` made outside dispatch (by an adapter that could not lend
     /// it), so the record shows every copy a call cost.
     pub fn count_defensive_copy(&self, op: &str) {
-        if let Some(entry) = self.ops.load().get(op) {
+        if let Some(entry) = self.with_ops(|ops| ops.get(op).cloned()) {
             entry.defensive_copies.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Clears the selection record.
     pub fn reset_selection_record(&self) {
-        let entries: Vec<_> = self.ops.load().values().cloned().collect();
+        let entries: Vec<_> = self.with_ops(|ops| ops.values().cloned().collect());
         for entry in entries {
             entry.inplace_writes.store(0, Ordering::Relaxed);
             entry.defensive_copies.store(0, Ordering::Relaxed);

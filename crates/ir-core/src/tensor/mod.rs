@@ -6,6 +6,7 @@
 
 mod compare;
 mod elementwise;
+mod unique;
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use half::{bf16, f16};
 
 use crate::storage::{CpuBuffer, DeviceAllocator, DeviceError, Storage};
 pub use crate::tensor::compare::{AllcloseError, allclose, bit_eq};
+pub use crate::tensor::unique::UniqueTensor;
 use crate::{DType, Device, Element, Layout, LayoutError, TensorMeta};
 
 /// Runs `$body` with `$T` bound to the Rust element type of `$dtype`.

@@ -151,6 +151,8 @@ fn main() -> anyhow::Result<()> {
         vllm_ir::op::StrEnum::as_str(args.rounding)
     );
     let registry = vllm_ir::registry()?;
+    // Built: every op and provider the model uses is registered; nothing registers later.
+    registry.freeze();
     let prompt: Vec<u32> = (0..args.prefill as u32).map(|i| (i * 31 + 7) % c.vocab_size as u32).collect();
 
     // One run each, the record taken around ours.
