@@ -3,7 +3,8 @@
 //! interpreted to the eager bits.
 
 use ir_core::{
-    CallError, DType, EagerContext, ExecutionContext, Platform, PriorityConfig, Registry, Tensor, TensorMeta, bit_eq,
+    CallError, DType, EagerContext, ExecutionContext, ExecutionContextExt, Platform, PriorityConfig, Registry, Tensor,
+    TensorMeta, bit_eq,
 };
 use ir_graph::{InterpOptions, Tracer, interpret, parse};
 use ir_ops::gelu_and_mul::Approximate;

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ir_core::op::{ArgMeta, InputSpec, Literal, MetaError, StrEnum, Value};
 use ir_core::{
-    CallError, DType, EagerContext, ExecutionContext, ImplSpec, KernelError, Registry, Support, Tensor, TensorError,
-    TensorMeta, UniqueTensor, bit_eq,
+    CallError, DType, EagerContext, ExecutionContext, ExecutionContextExt, ImplSpec, KernelError, Registry, Support,
+    Tensor, TensorError, TensorMeta, UniqueTensor, bit_eq,
 };
 use ir_graph::{InterpOptions, Tracer, interpret, parse};
 use ir_passes::{PassContext, Pipeline, Snapshots};

@@ -10,8 +10,8 @@ use ir_core::op::{
     Activations, ArgMeta, InputSpec, Literal, MetaError, OpDef, Outputs, Overload, ParamDef, ParamKind, Value, smallvec,
 };
 use ir_core::{
-    CallArg, CallError, DType, EagerContext, ExecutionContext, ImplFunc, ImplSpec, KernelError, Registry, Tensor,
-    TensorError, TensorMeta, bit_eq,
+    CallArg, CallError, DType, EagerContext, ExecutionContext, ExecutionContextExt, ImplFunc, ImplSpec, KernelError,
+    Registry, Tensor, TensorError, TensorMeta, bit_eq,
 };
 use ir_graph::{InterpOptions, Tracer, interpret, parse};
 use ir_passes::{PassContext, Pipeline, Snapshots};

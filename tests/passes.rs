@@ -238,7 +238,7 @@ fn donation_is_recorded_by_name_and_the_pipeline_is_stable() {
 
 #[test]
 fn tracing_a_decoder_records_one_call_per_op_and_interprets_like_eager() {
-    use ir_core::{EagerContext, ExecutionContext, TensorMeta};
+    use ir_core::{EagerContext, ExecutionContext, ExecutionContextExt, TensorMeta};
     use ir_graph::Tracer;
     use layers::RmsNorm;
 

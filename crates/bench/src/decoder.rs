@@ -2,7 +2,7 @@
 //! `scale` (a stand-in for attention and the MLP) and `forward_residual` (a fused add + norm), the
 //! shape of a transformer's norm traffic. One generic forward serves eager runs and the tracer.
 
-use ir_core::{DType, ExecutionContext, Registry, Tensor, TensorMeta};
+use ir_core::{DType, ExecutionContext, ExecutionContextExt, Registry, Tensor, TensorMeta};
 use ir_graph::{TracedGraph, Tracer};
 use layers::RmsNorm;
 

@@ -17,7 +17,8 @@ pub type CallArg<T> = crate::op::Arg<T>;
 ///
 /// Every op goes through one generic [`call`](ExecutionContext::call), so an op defined in any crate
 /// (and registered with the context's registry) runs eagerly and is traced with no per-op code in
-/// the contexts; the typed methods for the built-in ops are sugar over it.
+/// the contexts, and every built-in through [`builtin`](ExecutionContext::builtin); the typed
+/// built-in calls (`ctx.add(a, b)`, `ctx.slice(..)`) are [`ExecutionContextExt`]'s.
 pub trait ExecutionContext {
     /// The tensor handle type (a real tensor, or a traced value).
     type Tensor: Clone + std::fmt::Debug;
@@ -40,7 +41,12 @@ pub trait ExecutionContext {
 
     /// Runs built-in `op` ([`crate::builtin`]) on `args`, of the kinds its table entry lists.
     fn builtin(&self, op: Builtin, args: Vec<BuiltinArg<Self::Tensor>>) -> Result<Self::Tensor, CallError>;
+}
 
+/// Typed calls of the built-ins on every execution context: sugar over
+/// [`ExecutionContext::builtin`], implemented once for all contexts (a context cannot give one of
+/// them another meaning).
+pub trait ExecutionContextExt: ExecutionContext {
     /// A view of `start..end` along `dim`.
     fn slice(&self, t: &Self::Tensor, dim: usize, start: usize, end: usize) -> Result<Self::Tensor, CallError> {
         let args = vec![value(t), BuiltinArg::Index(dim), BuiltinArg::Index(start), BuiltinArg::Index(end)];
@@ -79,6 +85,8 @@ pub trait ExecutionContext {
         self.builtin(Builtin::Cat, vec![value(a), value(b), BuiltinArg::Index(dim)])
     }
 }
+
+impl<C: ExecutionContext + ?Sized> ExecutionContextExt for C {}
 
 /// A handle copy of `t` as a built-in argument.
 fn value<T: Clone>(t: &T) -> BuiltinArg<T> {

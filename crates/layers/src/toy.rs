@@ -6,7 +6,7 @@
 //! to any other run of the same providers, eager or compiled.
 
 use ir_core::storage::DeviceAllocator;
-use ir_core::{Builtin, BuiltinArg, DType, ExecutionContext, Tensor};
+use ir_core::{Builtin, BuiltinArg, DType, ExecutionContext, ExecutionContextExt, Tensor};
 
 use crate::{LayerError, QuantFp8, QuantScale, RmsNorm, RotaryEmbedding, SiluAndMul};
 

@@ -11,7 +11,7 @@ use vllm_ir::graph::{InterpOptions, Tracer, interpret};
 use vllm_ir::layers::{GeluAndMul, RmsNorm, SiluAndMul};
 use vllm_ir::op::gelu_and_mul::Approximate;
 use vllm_ir::passes::{PassContext, Pipeline, Snapshots};
-use vllm_ir::{DType, EagerContext, ExecutionContext, Tensor, bit_eq, half::bf16};
+use vllm_ir::{DType, EagerContext, ExecutionContext, ExecutionContextExt, Tensor, bit_eq, half::bf16};
 
 const HIDDEN: usize = 64;
 

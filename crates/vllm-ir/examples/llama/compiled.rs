@@ -35,7 +35,9 @@ use vllm_ir::op::{
     ArgMeta, InputSpec, MetaError, OutputMetas, Value, fused_add_rms_norm, rms_norm, rotary_embedding, silu_and_mul,
 };
 use vllm_ir::passes::{PassContext, PassReport, Pipeline, Snapshots};
-use vllm_ir::{CallError, EagerContext, ExecutionContext, ImplSpec, KernelError, Registry, Tensor, TensorMeta};
+use vllm_ir::{
+    CallError, EagerContext, ExecutionContext, ExecutionContextExt, ImplSpec, KernelError, Registry, Tensor, TensorMeta,
+};
 
 use crate::model::{Cache, Config, Model, attend};
 
