@@ -5,16 +5,26 @@
 //   HAS_WEIGHT       0 or 1
 //   WDTYPE           the weight's type, coded like DTYPE (element.cuh; default DTYPE)
 //   VEC              1 (scalar loads) or CHUNK (one 16-byte load per chunk); decided on the host from
-//                    alignment, so both paths must give identical bits
+//                    alignment and H (a multiple of CHUNK: every chunk of a row is whole), so both
+//                    paths must give identical bits
 //   THREADS_PER_ROW  8, 16, 32, 64, 128 or 256
 //   BLOCK_SIZE       128 or 256
 //   CACHE_CHUNKS     chunks of a row each thread keeps in registers between the passes (the host
 //                    sizes it to hold the whole row up to the largest H of the threads-per-row bucket;
 //                    f64, a reference dtype, keeps the f32 kernels' register budget: half the row)
 //
-// Registers: each thread keeps its CACHE_CHUNKS chunks of the row between the two passes, so a row
-// up to the bucket's largest H is read once and written once: rms_norm keeps x as stored (packed),
-// the fused op the unrounded sums. Chunks beyond (longer rows only) are read again.
+// Registers: each thread keeps its cached chunks of the row between the two passes, so a row up to
+// the bucket's largest H is read once and written once; chunks beyond (longer rows only) are read
+// again. rms_norm keeps x as stored (packed), CACHE_CHUNKS chunks. The fused op keeps
+// FUSED_CACHE_CHUNKS (fused_slot): on the vector path x and the residual as stored, recomputing the
+// unrounded sum in the second pass (the same bits): as many chunks as CACHE_CHUNKS for 16-bit
+// elements, whose two packed chunks take the registers of one chunk of f32 sums, half for f32; on
+// the scalar path the unrounded sums, CACHE_CHUNKS of them.
+//
+// Loads in flight: a thread issues the loads of all its cached chunks (and the fused op's residual
+// chunks) before it converts any, so one row costs one memory round trip, not one per chunk. On the
+// vector path every chunk is whole and loads without a bounds test; the only test between chunks
+// is whether the chunk exists, which the compiler turns into predicated loads.
 //
 // Numerics, in the compute type c (element.cuh: f32, and f64 for f64 elements): squares accumulate
 // in c; the fused sum is one addition in c; the norm is computed from
@@ -46,18 +56,17 @@ struct alignas(16) chunk_t {
 };
 
 // Reads chunk `c` of a row (elements c*CHUNK .. c*CHUNK+CHUNK-1, those below `hidden`) into c.
+// On the vector path (VEC == CHUNK) the host guarantees H % CHUNK == 0, so the chunk is whole.
 __device__ __forceinline__ void load_chunk(const elem_t* row, long long c, int hidden, compute_t* out) {
     long long first = c * CHUNK;
 #if VEC == CHUNK
-    if (first + CHUNK <= hidden) {
-        chunk_t packed = *reinterpret_cast<const chunk_t*>(row + first);
+    chunk_t packed = *reinterpret_cast<const chunk_t*>(row + first);
 #pragma unroll
-        for (int i = 0; i < CHUNK; ++i) out[i] = to_c(packed.v[i]);
-        return;
-    }
-#endif
+    for (int i = 0; i < CHUNK; ++i) out[i] = to_c(packed.v[i]);
+#else
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? to_c(row[first + i]) : 0.0f;
+#endif
 }
 
 // Reads chunk `c` of a row as stored (elements at or beyond `hidden` read as zero), for the
@@ -65,13 +74,11 @@ __device__ __forceinline__ void load_chunk(const elem_t* row, long long c, int h
 __device__ __forceinline__ void load_packed(const elem_t* row, long long c, int hidden, chunk_t& out) {
     long long first = c * CHUNK;
 #if VEC == CHUNK
-    if (first + CHUNK <= hidden) {
-        out = *reinterpret_cast<const chunk_t*>(row + first);
-        return;
-    }
-#endif
+    out = *reinterpret_cast<const chunk_t*>(row + first);
+#else
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) out.v[i] = (first + i < hidden) ? row[first + i] : from_c(0.0f);
+#endif
 }
 
 __device__ __forceinline__ void unpack(const chunk_t& packed, compute_t* out) {
@@ -79,19 +86,61 @@ __device__ __forceinline__ void unpack(const chunk_t& packed, compute_t* out) {
     for (int i = 0; i < CHUNK; ++i) out[i] = to_c(packed.v[i]);
 }
 
+// What the fused op keeps of one cached chunk. On the vector path, x and the residual as stored
+// (two 16-byte loads in flight, their unrounded sum recomputed when needed): packed 16-bit elements
+// take half the registers of their sums, so two packed chunks cost what one chunk of sums did, and
+// f32 chunks cost as much packed as summed, so half as many are cached. On the scalar path (whose
+// loads are per element anyway), the unrounded sums, as many chunks as rms_norm caches.
+#if VEC == CHUNK
+struct fused_slot {
+    chunk_t x, r;
+};
+constexpr int FUSED_CACHE_CHUNKS = sizeof(elem_t) < sizeof(compute_t) ? CACHE_CHUNKS : (CACHE_CHUNKS + 1) / 2;
+
+// Issues the chunk's loads (the caller converts nothing before every slot's loads are issued).
+__device__ __forceinline__ void load_slot(fused_slot& slot, const elem_t* x_row, const elem_t* r_row, long long c,
+                                          int hidden) {
+    load_packed(x_row, c, hidden, slot.x);
+    load_packed(r_row, c, hidden, slot.r);
+}
+
+// The chunk's unrounded sum x + residual, in c.
+__device__ __forceinline__ void slot_sum(const fused_slot& slot, compute_t* out) {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) out[i] = to_c(slot.x.v[i]) + to_c(slot.r.v[i]);
+}
+#else
+struct fused_slot {
+    compute_t s[CHUNK];
+};
+constexpr int FUSED_CACHE_CHUNKS = CACHE_CHUNKS;
+
+__device__ __forceinline__ void load_slot(fused_slot& slot, const elem_t* x_row, const elem_t* r_row, long long c,
+                                          int hidden) {
+    compute_t r[CHUNK];
+    load_chunk(x_row, c, hidden, slot.s);
+    load_chunk(r_row, c, hidden, r);
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) slot.s[i] += r[i];
+}
+
+__device__ __forceinline__ void slot_sum(const fused_slot& slot, compute_t* out) {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) out[i] = slot.s[i];
+}
+#endif
+
 // Writes chunk `c` of a row (the elements below `hidden`) as stored.
 __device__ __forceinline__ void store_packed(elem_t* row, long long c, int hidden, const chunk_t& packed) {
     long long first = c * CHUNK;
 #if VEC == CHUNK
-    if (first + CHUNK <= hidden) {
-        *reinterpret_cast<chunk_t*>(row + first) = packed;
-        return;
-    }
-#endif
+    *reinterpret_cast<chunk_t*>(row + first) = packed;
+#else
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) {
         if (first + i < hidden) row[first + i] = packed.v[i];
     }
+#endif
 }
 
 // Writes chunk `c` of a row from the compute type, rounded to the element type.
@@ -192,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(rms_norm, KERNEL
     long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
     int lane = threadIdx.x % THREADS_PER_ROW;
     bool active = row < n_rows;
-    long long n_chunks = (hidden + CHUNK - 1) / CHUNK;
+    long long n_chunks = ((long long)hidden + CHUNK - 1) / CHUNK;
     const elem_t* x_row = x + (active ? row : 0) * x_row_stride;
     elem_t* out_row = out + (active ? row : 0) * out_row_stride;
 
@@ -200,12 +249,17 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(rms_norm, KERNEL
     chunk_t cache[CACHE_CHUNKS];
     compute_t sum_sq = 0.0f;
     if (active) {
+        // Every cached chunk's load is issued before the first is used.
+#pragma unroll
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long long c = lane + (long long)k * THREADS_PER_ROW;
+            if (c < n_chunks) load_packed(x_row, c, hidden, cache[k]);
+        }
 #pragma unroll
         for (int k = 0; k < CACHE_CHUNKS; ++k) {
             long long c = lane + (long long)k * THREADS_PER_ROW;
             if (c < n_chunks) {
                 compute_t s[CHUNK];
-                load_packed(x_row, c, hidden, cache[k]);
                 unpack(cache[k], s);
                 add_squares(sum_sq, s, c, variance);
             }
@@ -247,26 +301,31 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_no
     long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
     int lane = threadIdx.x % THREADS_PER_ROW;
     bool active = row < n_rows;
-    long long n_chunks = (hidden + CHUNK - 1) / CHUNK;
+    long long n_chunks = ((long long)hidden + CHUNK - 1) / CHUNK;
     elem_t* x_row = x + (active ? row : 0) * x_row_stride;
     elem_t* r_row = residual + (active ? row : 0) * residual_row_stride;
 
-    compute_t cache[CACHE_CHUNKS][CHUNK];
+    // The cached chunks (fused_slot: x and residual as stored on the vector path, their sums on the
+    // scalar one).
+    fused_slot cache[FUSED_CACHE_CHUNKS];
     compute_t sum_sq = 0.0f;
     if (active) {
+        // Every cached chunk's loads (x and residual) are issued before the first is used.
 #pragma unroll
-        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+        for (int k = 0; k < FUSED_CACHE_CHUNKS; ++k) {
+            long long c = lane + (long long)k * THREADS_PER_ROW;
+            if (c < n_chunks) load_slot(cache[k], x_row, r_row, c, hidden);
+        }
+#pragma unroll
+        for (int k = 0; k < FUSED_CACHE_CHUNKS; ++k) {
             long long c = lane + (long long)k * THREADS_PER_ROW;
             if (c < n_chunks) {
-                compute_t r[CHUNK];
-                load_chunk(x_row, c, hidden, cache[k]);
-                load_chunk(r_row, c, hidden, r);
-#pragma unroll
-                for (int i = 0; i < CHUNK; ++i) cache[k][i] += r[i];
-                add_squares(sum_sq, cache[k], c, variance);
+                compute_t s[CHUNK];
+                slot_sum(cache[k], s);
+                add_squares(sum_sq, s, c, variance);
             }
         }
-        for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
+        for (long long c = lane + (long long)FUSED_CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
             compute_t s[CHUNK], r[CHUNK];
             load_chunk(x_row, c, hidden, s);
             load_chunk(r_row, c, hidden, r);
@@ -284,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_no
     compute_t rstd = c_div(compute_t(1), c_sqrt(mean_square + epsilon));
     // Chunks beyond the cache are recomputed from x and residual before this thread overwrites them;
     // every chunk belongs to one thread, so no other thread reads what is written here.
-    for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
+    for (long long c = lane + (long long)FUSED_CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
         compute_t s[CHUNK], r[CHUNK];
         load_chunk(x_row, c, hidden, s);
         load_chunk(r_row, c, hidden, r);
@@ -294,11 +353,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_no
         finish_chunk(x_row, weight, c, hidden, s, rstd);
     }
 #pragma unroll
-    for (int k = 0; k < CACHE_CHUNKS; ++k) {
+    for (int k = 0; k < FUSED_CACHE_CHUNKS; ++k) {
         long long c = lane + (long long)k * THREADS_PER_ROW;
         if (c < n_chunks) {
-            store_chunk(r_row, c, hidden, cache[k]);
-            finish_chunk(x_row, weight, c, hidden, cache[k], rstd);
+            compute_t s[CHUNK];
+            slot_sum(cache[k], s);
+            store_chunk(r_row, c, hidden, s);
+            finish_chunk(x_row, weight, c, hidden, s, rstd);
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::{cargo, hipcc_cache, project_root};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct CudaKernel {
     pub(crate) sm: String,
+    pub(crate) program: String,
     pub(crate) kernel: String,
     pub(crate) registers: u32,
     pub(crate) shared_bytes: u32,
@@ -36,6 +37,8 @@ pub(crate) fn run() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let table = dir.join("ptxas.tsv");
     let table_path = table.display().to_string();
+    let loads_table = dir.join("sass-loads.tsv");
+    let loads_path = loads_table.display().to_string();
     cargo(
         &[
             "test",
@@ -48,15 +51,21 @@ pub(crate) fn run() -> anyhow::Result<()> {
             "--ignored",
             "every_kernel",
         ],
-        &[("VLLM_IR_PTXAS_TABLE", table_path.as_str()), ("VLLM_IR_REQUIRE", "nvrtc,ptxas")],
+        &[
+            ("VLLM_IR_PTXAS_TABLE", table_path.as_str()),
+            ("VLLM_IR_SASS_LOADS_TABLE", loads_path.as_str()),
+            ("VLLM_IR_REQUIRE", "nvrtc,ptxas,nvdisasm"),
+        ],
     )?;
     let text = std::fs::read_to_string(&table).with_context(|| format!("reading {}", table.display()))?;
     let cuda = parse_ptxas_table(&text)?;
+    let text = std::fs::read_to_string(&loads_table).with_context(|| format!("reading {}", loads_table.display()))?;
+    let loads = parse_loads_table(&text)?;
     let rocm = parse_hipcc_remarks(&hipcc_report(&dir)?);
     if rocm.is_empty() {
         bail!("hipcc reported no kernel");
     }
-    let report = render(&cuda, &rocm);
+    let report = render(&cuda, &loads, &rocm);
     let path = project_root().join("docs/kernel-resources.md");
     std::fs::write(&path, report).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {} ({} CUDA kernels, {} ROCm kernels)", path.display(), cuda.len(), rocm.len());
@@ -69,17 +78,124 @@ pub(crate) fn parse_ptxas_table(text: &str) -> anyhow::Result<Vec<CudaKernel>> {
         .filter(|line| !line.is_empty())
         .map(|line| {
             let fields: Vec<&str> = line.split('\t').collect();
-            let [sm, _program, kernel, registers, shared] = fields.as_slice() else {
+            let [sm, program, kernel, registers, shared] = fields.as_slice() else {
                 bail!("a ptxas table row has {} fields, not 5: {line:?}", fields.len());
             };
             Ok(CudaKernel {
                 sm: (*sm).to_owned(),
+                program: (*program).to_owned(),
                 kernel: (*kernel).to_owned(),
                 registers: registers.parse().with_context(|| format!("registers in {line:?}"))?,
                 shared_bytes: shared.parse().with_context(|| format!("shared bytes in {line:?}"))?,
             })
         })
         .collect()
+}
+
+/// One vectorized norm kernel's loads in flight, as the `ptxas` test read them from its SASS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SassLoads {
+    pub(crate) sm: String,
+    pub(crate) program: String,
+    pub(crate) kernel: String,
+    pub(crate) threads_per_row: u32,
+    /// The threads of the blocks it launches in.
+    pub(crate) block: u32,
+    /// The largest H launched with its threads per row (what its cache holds).
+    pub(crate) up_to_hidden: u32,
+    /// 16-byte loads a thread issues before it first reads one.
+    pub(crate) loads: u32,
+}
+
+/// Reads the `ptxas` test's loads rows: architecture, program, kernel, threads per row, block size,
+/// largest H, loads.
+pub(crate) fn parse_loads_table(text: &str) -> anyhow::Result<Vec<SassLoads>> {
+    text.lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [sm, program, kernel, threads_per_row, block, up_to_hidden, loads] = fields.as_slice() else {
+                bail!("a loads table row has {} fields, not 7: {line:?}", fields.len());
+            };
+            let number = |field: &str, what: &str| -> anyhow::Result<u32> {
+                field.parse().with_context(|| format!("{what} in {line:?}"))
+            };
+            Ok(SassLoads {
+                sm: (*sm).to_owned(),
+                program: (*program).to_owned(),
+                kernel: (*kernel).to_owned(),
+                threads_per_row: number(threads_per_row, "threads per row")?,
+                block: number(block, "block size")?,
+                up_to_hidden: number(up_to_hidden, "largest H")?,
+                loads: number(loads, "loads")?,
+            })
+        })
+        .collect()
+}
+
+/// H200: its SMs, its DRAM bandwidth (bytes/s), and the loaded DRAM latency Little's law assumes.
+const H200_SMS: f64 = 132.0;
+const H200_BANDWIDTH: f64 = 4.8e12;
+const ASSUMED_LATENCY_S: f64 = 700e-9;
+
+/// The share of H200's peak bandwidth that `bytes_per_sm` in flight on every SM sustain, by
+/// Little's law at [`ASSUMED_LATENCY_S`], capped at 1.
+pub(crate) fn predicted_share_of_h200(bytes_per_sm: f64) -> f64 {
+    (bytes_per_sm * H200_SMS / ASSUMED_LATENCY_S / H200_BANDWIDTH).min(1.0)
+}
+
+/// A program label's `key=value` (`dtype=bf16`).
+fn label_field<'a>(program: &'a str, key: &str) -> Option<&'a str> {
+    let at = program.find(&format!("{key}="))? + key.len() + 1;
+    program[at..].split([',', ']']).next()
+}
+
+/// The loads-in-flight section: sm_90 vectorized norms with the weight in x's dtype.
+fn render_loads(cuda: &[CudaKernel], loads: &[SassLoads]) -> String {
+    let needed_kib = H200_BANDWIDTH * ASSUMED_LATENCY_S / H200_SMS / 1024.0;
+    let mut out = format!(
+        "\n## Loads in flight (CUDA norms, 16-byte path)\n\nRead from the SASS (`nvdisasm`) of every vectorized norm \
+         kernel: the 16-byte loads a thread issues before the first instruction that reads one of them (the row \
+         chunks it keeps in registers: x, and the residual for the fused op; the `ptxas` test fails when fewer are \
+         in flight than it caches). Per sm_90 kernel with the weight in x's dtype, at the largest H of each \
+         threads-per-row bucket: registers, resident threads per SM at the launch block (128 threads, 256 past 128 \
+         threads per row), bytes in flight per thread and per SM, and the predicted share of H200 peak (4.8 TB/s, \
+         132 SMs) by Little's law, bytes in flight per SM × 132 / latency, with a loaded DRAM latency of \
+         {latency:.0} ns assumed (so {needed_kib:.1} KiB in flight per SM reach the peak), capped at 100%. A row \
+         shorter than its bucket's largest puts fewer chunks per thread in flight: `fused_add_rms_norm` bf16 at \
+         H = 8192 (128 threads per row) issues 8 chunks of x and 8 of the residual.\n\n| kernel | threads per \
+         row | up to H | registers | threads per SM | loads per thread | bytes in flight per SM | predicted % of \
+         H200 peak |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        latency = ASSUMED_LATENCY_S * 1e9,
+    );
+    let registers: BTreeMap<(&str, &str, &str), (u32, u32)> = cuda
+        .iter()
+        .map(|k| ((k.sm.as_str(), k.program.as_str(), k.kernel.as_str()), (k.registers, k.shared_bytes)))
+        .collect();
+    let mut rows: Vec<&SassLoads> = loads
+        .iter()
+        .filter(|l| l.sm == "sm_90" && label_field(&l.program, "weight") == label_field(&l.program, "dtype"))
+        .collect();
+    rows.sort_by(|a, b| (a.kernel.as_str(), a.threads_per_row).cmp(&(b.kernel.as_str(), b.threads_per_row)));
+    for row in rows {
+        let Some(&(regs, shared)) = registers.get(&(row.sm.as_str(), row.program.as_str(), row.kernel.as_str())) else {
+            continue;
+        };
+        let threads = (cuda_occupancy(&row.sm, regs, shared, row.block) * 64.0 * 32.0).round();
+        let per_thread = f64::from(row.loads) * 16.0;
+        let per_sm = per_thread * threads;
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {regs} | {threads:.0} | {} | {:.0} KiB | {:.0}% |",
+            row.kernel,
+            row.threads_per_row,
+            row.up_to_hidden,
+            row.loads,
+            per_sm / 1024.0,
+            predicted_share_of_h200(per_sm) * 100.0
+        );
+    }
+    out
 }
 
 /// The share of an SM's 64 warp slots that `block`-thread blocks of a kernel fill on sm_80 and sm_90:
@@ -145,7 +261,7 @@ fn family(kernel: &str) -> &str {
     }
 }
 
-fn render(cuda: &[CudaKernel], rocm: &[RocmKernel]) -> String {
+fn render(cuda: &[CudaKernel], loads: &[SassLoads], rocm: &[RocmKernel]) -> String {
     let mut out = String::from(
         "# GPU kernel resources\n\nGenerated by `cargo xtask kernel-resources` (no GPU needed). CI checks the same \
          compilations: no CUDA kernel spills or uses a stack frame (`tests/ptxas.rs`), no ROCm kernel uses scratch \
@@ -173,6 +289,7 @@ fn render(cuda: &[CudaKernel], rocm: &[RocmKernel]) -> String {
             at(256)
         );
     }
+    out.push_str(&render_loads(cuda, loads));
     out.push_str(
         "\n## ROCm (hipcc for gfx90a, resource remarks)\n\nPer kernel family (the norm variants grouped by op and \
          dtype): VGPRs and SGPRs per lane, scratch bytes per lane, LDS bytes per block, and the occupancy hipcc \
@@ -232,7 +349,13 @@ mod tests {
         assert_eq!(rows.len(), 2);
         assert_eq!(
             rows[1],
-            CudaKernel { sm: "sm_90".into(), kernel: "quant_f32".into(), registers: 30, shared_bytes: 1024 }
+            CudaKernel {
+                sm: "sm_90".into(),
+                program: "q".into(),
+                kernel: "quant_f32".into(),
+                registers: 30,
+                shared_bytes: 1024
+            }
         );
         assert!(parse_ptxas_table("sm_80\tonly\tthree\n").is_err());
         let remarks = "a.hip:1:1: remark: Function Name: rms_norm_bf16_w1_v8_t32 [-Rpass-analysis=kernel-resource-usage]\n\
@@ -256,5 +379,34 @@ mod tests {
         assert_eq!(family("rms_norm_bf16_w1_v8_t32"), "rms_norm_bf16");
         assert_eq!(family("fused_add_rms_norm_f16_wf32_v1_t256"), "fused_add_rms_norm_f16");
         assert_eq!(family("silu_and_mul_bf16"), "silu_and_mul_bf16");
+    }
+
+    #[test]
+    fn loads_in_flight_predict_a_share_of_peak() {
+        let program = "rms_norm.cu[dtype=bf16, weight=bf16, vec=true, threads_per_row=128]";
+        let loads =
+            parse_loads_table(&format!("sm_90\t{program}\tfused_add_rms_norm_bf16\t128\t128\t16384\t32\n")).unwrap();
+        assert_eq!((loads[0].block, loads[0].up_to_hidden, loads[0].loads), (128, 16384, 32));
+        assert!(parse_loads_table("sm_90\tp\tk\t128\t32\n").is_err());
+        assert_eq!((label_field(program, "dtype"), label_field(program, "weight")), (Some("bf16"), Some("bf16")));
+        // Little's law: 4.8 TB/s × 700 ns over 132 SMs is about 24.9 KiB per SM.
+        assert!((predicted_share_of_h200(25_454.0) - 1.0).abs() < 1e-3);
+        assert!((predicted_share_of_h200(4096.0) - 0.161).abs() < 1e-3, "one load of 256 threads");
+        assert_eq!(predicted_share_of_h200(1e9), 1.0);
+        // The section names the column the report promises, and the kernel's row: 255 registers at
+        // 128-thread blocks leave 256 threads, 32 loads of 16 bytes each: 128 KiB per SM.
+        let cuda = [CudaKernel {
+            sm: "sm_90".into(),
+            program: program.into(),
+            kernel: "fused_add_rms_norm_bf16".into(),
+            registers: 255,
+            shared_bytes: 32,
+        }];
+        let section = render_loads(&cuda, &loads);
+        assert!(section.contains("predicted % of H200 peak"), "{section}");
+        assert!(
+            section.contains("| `fused_add_rms_norm_bf16` | 128 | 16384 | 255 | 256 | 32 | 128 KiB | 100% |"),
+            "{section}"
+        );
     }
 }

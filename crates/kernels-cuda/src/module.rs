@@ -100,6 +100,18 @@ impl NormProgram {
         largest_cached_row(self.threads_per_row).div_ceil(16 / size * self.threads_per_row)
     }
 
+    /// Chunks the fused op keeps in registers (`FUSED_CACHE_CHUNKS` in `rms_norm.cu`): on the
+    /// vector path x and the residual as stored, as many as [`NormProgram::cache_chunks`] for 16-bit
+    /// elements (two packed chunks take the registers of one chunk of f32 sums) and half for f32; on
+    /// the scalar path their sums, as many as `cache_chunks`.
+    pub fn fused_cache_chunks(&self) -> u32 {
+        if !self.vectorized || self.dtype.size_in_bytes() < 4 {
+            self.cache_chunks()
+        } else {
+            self.cache_chunks().div_ceil(2)
+        }
+    }
+
     /// The NVRTC `-D` options selecting this program.
     pub fn defines(&self) -> Result<Vec<String>, KernelError> {
         let chunk = 16 / self.dtype.size_in_bytes();

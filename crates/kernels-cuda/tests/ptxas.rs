@@ -3,7 +3,13 @@
 //! to SASS with `ptxas` with no register spill and no stack frame (local memory), and the resource report (registers per
 //! thread, shared memory) of each is printed. No GPU needed: NVRTC makes the PTX and `ptxas` (the
 //! `nvidia-cuda-nvcc-cu12` wheel ships it) assembles it; `PTXAS` names the binary, else `ptxas` on
-//! `PATH`. Without it the test says so (`VLLM_IR_REQUIRE=ptxas` makes that a failure). The sweep
+//! `PATH`. Without it the test says so (`VLLM_IR_REQUIRE=ptxas` makes that a failure).
+//!
+//! The machine code of every vectorized norm kernel is read back with `nvdisasm` (the
+//! `nvidia-cuda-nvdisasm` wheel; `NVDISASM` names the binary): a thread issues the 16-byte loads of
+//! all the row chunks it keeps in registers (x, and the residual for the fused op) before the first
+//! instruction that reads one of them, so its row costs one memory round trip. Without `nvdisasm`
+//! the test says so (`VLLM_IR_REQUIRE=nvdisasm` makes that a failure). The sweep
 //! takes minutes, so `cargo test` lists it as ignored and `cargo xtask ci` runs it (`cargo test
 //! --test ptxas -- --ignored`).
 
@@ -134,18 +140,156 @@ fn programs(arch: &'static str) -> Vec<(String, String)> {
     compiled.into_iter().map(|(_, program)| program).collect()
 }
 
-/// Assembles `ptx` for `sm` with `-v` and returns the report (ptxas writes it on stderr).
+/// The cubin `assemble` writes for a program.
+fn cubin_path(dir: &std::path::Path, label: &str, sm: &str) -> std::path::PathBuf {
+    dir.join(format!("{}-{sm}.cubin", label.replace(|c: char| !c.is_ascii_alphanumeric(), "_")))
+}
+
+/// Assembles `ptx` for `sm` with `-v` into its cubin ([`cubin_path`]) and returns the report (ptxas
+/// writes it on stderr).
 fn assemble(ptxas: &str, dir: &std::path::Path, label: &str, sm: &str, ptx: &str) -> String {
     let file = dir.join(format!("{}-{sm}.ptx", label.replace(|c: char| !c.is_ascii_alphanumeric(), "_")));
     std::fs::write(&file, ptx).unwrap();
     let out = Command::new(ptxas)
-        .args([&format!("-arch={sm}"), "-v", "-o", "/dev/null"])
+        .args([&format!("-arch={sm}"), "-v", "-o"])
+        .arg(cubin_path(dir, label, sm))
         .arg(&file)
         .output()
         .expect("ptxas runs");
     let report = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "ptxas failed on {label} for {sm}:\n{report}");
     report
+}
+
+/// The nvdisasm binary, or why there is none.
+fn nvdisasm() -> Result<String, String> {
+    let binary = std::env::var("NVDISASM").unwrap_or_else(|_| "nvdisasm".to_owned());
+    match Command::new(&binary).arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(binary),
+        _ => Err(format!(
+            "`{binary}` not found (pip install nvidia-cuda-nvdisasm and put its bin on PATH, or set NVDISASM)"
+        )),
+    }
+}
+
+/// The SASS of every function in a cubin, by function name: one instruction per line, without
+/// addresses and encodings.
+fn disassemble(nvdisasm: &str, cubin: &std::path::Path) -> std::collections::BTreeMap<String, Vec<String>> {
+    let out = Command::new(nvdisasm).arg("-c").arg(cubin).output().expect("nvdisasm runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "nvdisasm failed on {}: {}", cubin.display(), String::from_utf8_lossy(&out.stderr));
+    sass_functions(&text)
+}
+
+/// Splits nvdisasm's listing into functions (`.text.<name>:` sections) of instructions.
+fn sass_functions(listing: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut functions = std::collections::BTreeMap::new();
+    let mut current: Option<(String, Vec<String>)> = None;
+    for line in listing.lines() {
+        let trimmed = line.trim();
+        if let Some(name) = trimmed.strip_prefix(".text.").and_then(|rest| rest.strip_suffix(':')) {
+            if let Some((name, code)) = current.take() {
+                functions.insert(name, code);
+            }
+            current = Some((name.to_owned(), Vec::new()));
+            continue;
+        }
+        let Some((_, code)) = current.as_mut() else { continue };
+        // `/*0150*/  @P0 LDG.E.128 <register>, desc[UR6][<register pair>] ;`
+        let Some(rest) = trimmed.strip_prefix("/*").and_then(|r| r.split_once("*/")).map(|(_, r)| r.trim()) else {
+            continue;
+        };
+        let instruction = rest.split(';').next().unwrap_or_default().trim();
+        if !instruction.is_empty() {
+            code.push(instruction.to_owned());
+        }
+    }
+    if let Some((name, code)) = current {
+        functions.insert(name, code);
+    }
+    functions
+}
+
+/// The registers an operand names: `R` and a number one, with `.64` two (a pair); `RZ` none.
+fn operand_registers(operand: &str) -> Vec<u32> {
+    let mut registers = Vec::new();
+    let bytes = operand.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        if bytes[i] == b'R' && starts_word {
+            let digits = bytes[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+            if digits > 0 {
+                let number: u32 = operand[i + 1..i + 1 + digits].parse().expect("digits");
+                let pair = operand[i + 1 + digits..].starts_with(".64");
+                registers.push(number);
+                if pair {
+                    registers.push(number + 1);
+                }
+                i += 1 + digits;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    registers
+}
+
+/// The opcode (with its modifiers) and the operands of an instruction, without its predicate.
+fn opcode_and_operands(instruction: &str) -> (&str, Vec<&str>) {
+    let instruction = match instruction.strip_prefix('@') {
+        Some(rest) => rest.split_once(' ').map_or("", |(_, rest)| rest.trim_start()),
+        None => instruction,
+    };
+    let (opcode, operands) = instruction.split_once(' ').unwrap_or((instruction, ""));
+    (opcode, operands.split(',').map(str::trim).filter(|o| !o.is_empty()).collect())
+}
+
+/// How a thread's first pass issues its global loads: how many it issues before the first
+/// instruction that reads a register one of them wrote (the loads in flight before the first wait),
+/// and whether a shuffle (the row reduction, the end of the first pass) comes after them.
+#[derive(Debug, PartialEq, Eq)]
+struct FirstPass {
+    /// Global loads issued before the first use of a loaded register.
+    loads_before_first_use: usize,
+    /// The first instruction that uses a loaded register, if any does before the reduction.
+    first_use: Option<String>,
+}
+
+/// Reads the first pass of a kernel's SASS: the instructions before its first shuffle.
+fn first_pass(code: &[String]) -> FirstPass {
+    let mut pending: Vec<u32> = Vec::new();
+    let mut loads = 0;
+    for instruction in code {
+        let (opcode, operands) = opcode_and_operands(instruction);
+        if opcode.starts_with("SHFL") || opcode.starts_with("BAR") {
+            break;
+        }
+        // The first operand is written, except by a store (its address and data are both read).
+        let sources = if opcode.starts_with("ST") { &operands[..] } else { &operands[operands.len().min(1)..] };
+        if sources.iter().flat_map(|o| operand_registers(o)).any(|r| pending.contains(&r)) {
+            return FirstPass { loads_before_first_use: loads, first_use: Some(instruction.clone()) };
+        }
+        if opcode.starts_with("LDG") {
+            let width = if opcode.contains(".128") {
+                4
+            } else if opcode.contains(".64") {
+                2
+            } else {
+                1
+            };
+            if let Some(&first) = operand_registers(operands.first().copied().unwrap_or_default()).first() {
+                pending.extend(first..first + width);
+            }
+            loads += 1;
+        } else if let Some(destination) = operands.first() {
+            // A register written by anything else no longer holds a load's value.
+            for r in operand_registers(destination) {
+                pending.retain(|&p| p != r);
+            }
+        }
+    }
+    FirstPass { loads_before_first_use: loads, first_use: None }
 }
 
 #[test]
@@ -174,6 +318,41 @@ fn the_report_parser_reads_registers_spills_and_shared_memory() {
             Resources { kernel: "other".into(), registers: 18, ..Resources::default() },
         ]
     );
+}
+
+#[test]
+fn the_first_pass_reader_counts_loads_before_their_first_use() {
+    // Registers are written `%n` here and spelled as SASS spells them by `sass` (the repository's
+    // citation lint reads an `R` and a number as a requirement citation).
+    let sass = |text: &str| text.replace('%', "R");
+    let listing = sass(
+        "\t.text.k:\n\
+        /*0000*/                   MOV %1, c[0x0][0x28] ;\n\
+        /*0010*/                   LDG.E.128 %4, desc[UR4][%2.64] ;\n\
+        /*0020*/               @P0 LDG.E.128 %8, desc[UR4][%2.64+0x200] ;\n\
+        /*0030*/                   IADD3 %2, %2, 0x10, RZ ;\n\
+        /*0040*/                   LDG.E.64 %12, desc[UR4][%2.64] ;\n\
+        /*0050*/                   PRMT %16, %4, 0x7632, %16 ;\n\
+        /*0060*/                   LDG.E %20, desc[UR4][%2.64+0x8] ;\n\
+        /*0070*/                   SHFL.BFLY PT, %3, %2, 0x1, 0x1f ;\n\
+        .text.other:\n\
+        /*0000*/                   LDG.E.128 %4, desc[UR4][%2.64] ;\n\
+        /*0010*/                   MOV %5, RZ ;\n\
+        /*0020*/                   IMAD %6, %5, %5, RZ ;\n\
+        /*0030*/                   SHFL.BFLY PT, %6, %4, 0x1, 0x1f ;\n",
+    );
+    let functions = sass_functions(&listing);
+    assert_eq!(functions.len(), 2);
+    assert_eq!(functions["k"][1], sass("LDG.E.128 %4, desc[UR4][%2.64]"));
+    let pass = first_pass(&functions["k"]);
+    assert_eq!(pass.loads_before_first_use, 3, "{pass:?}");
+    assert_eq!(pass.first_use, Some(sass("PRMT %16, %4, 0x7632, %16")));
+    // The load's second register overwritten before it is read is no use of the load; the shuffle
+    // reads the first (the end of the pass).
+    assert_eq!(first_pass(&functions["other"]), FirstPass { loads_before_first_use: 1, first_use: None });
+    assert_eq!(operand_registers(&sass("desc[UR4][%2.64+0x10]")), [2, 3]);
+    assert_eq!(operand_registers(&sass("-%14.H0_H0")), [14]);
+    assert!(operand_registers("RZ").is_empty() && operand_registers("UR4").is_empty());
 }
 
 #[test]
@@ -231,8 +410,9 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     let _ = writeln!(std::io::stderr(), "ptxas: assembled them in {:.0?}", start.elapsed());
+    check_loads_in_flight(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
     // The resource table, on stderr (which libtest does not capture): per architecture and kernel
     // symbol, the registers per thread over its variants and the most shared memory.
     let mut summary: std::collections::BTreeMap<(&str, &str), (u32, u32, u32, usize)> = Default::default();
@@ -261,6 +441,90 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
         std::fs::write(&path, rows).unwrap_or_else(|e| panic!("writing {path}: {e}"));
     }
 }
+
+/// Every vectorized norm program's kernels, for both architectures: a thread issues the 16-byte
+/// loads of every chunk it caches before it reads one (x: `cache_chunks`; the fused op x and the
+/// residual, `fused_cache_chunks` of each). Prints the loads in flight per thread of each.
+fn check_loads_in_flight(dir: &std::path::Path) {
+    let nvdisasm = match nvdisasm() {
+        Ok(binary) => binary,
+        Err(reason) => {
+            ir_core::testing::skip("nvdisasm", &format!("{reason}: the loads in flight were not read from the SASS"));
+            return;
+        }
+    };
+    let start = std::time::Instant::now();
+    let jobs: Vec<(&str, kernels_cuda::NormProgram)> = ARCHS
+        .iter()
+        .flat_map(|&(_, sm)| all_programs().into_iter().filter(|p| p.vectorized).map(move |p| (sm, p)))
+        .collect();
+    // Each program's kernels: (the printed row, the table row), disassembled on every core.
+    let check = |sm: &str, program: &kernels_cuda::NormProgram| -> Vec<(String, String)> {
+        let label = program.to_string();
+        let functions = disassemble(&nvdisasm, &cubin_path(dir, &label, sm));
+        let mut found = Vec::new();
+        for (op, cached) in
+            [(NormOp::RmsNorm, program.cache_chunks()), (NormOp::FusedAddRmsNorm, 2 * program.fused_cache_chunks())]
+        {
+            let kernel = program.kernel(op).kernel_name();
+            let code = functions.get(&kernel).unwrap_or_else(|| panic!("{label} for {sm}: no SASS for {kernel}"));
+            let pass = first_pass(code);
+            let loads = code.iter().filter(|i| opcode_and_operands(i).0.starts_with("LDG.E.128")).count();
+            assert!(
+                pass.loads_before_first_use >= cached as usize,
+                "{label} for {sm}: {kernel} issues {} loads before it first reads one ({:?}); it caches {cached} \
+                 chunks, whose loads must all be in flight first",
+                pass.loads_before_first_use,
+                pass.first_use
+            );
+            found.push((
+                format!(
+                    "  {sm} {kernel} ({label}): {} loads in flight before the first use, {cached} cached chunks, {loads} 16-byte loads in all",
+                    pass.loads_before_first_use
+                ),
+                format!(
+                    "{sm}\t{label}\t{kernel}\t{}\t{}\t{}\t{}\n",
+                    program.threads_per_row,
+                    program.block_size(),
+                    kernels_cuda::largest_cached_row(program.threads_per_row),
+                    pass.loads_before_first_use
+                ),
+            ));
+        }
+        found
+    };
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let found: Vec<(String, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .chunks(jobs.len().div_ceil(threads).max(1))
+            .map(|chunk| {
+                let check = &check;
+                scope.spawn(move || chunk.iter().flat_map(|(sm, program)| check(sm, program)).collect::<Vec<_>>())
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("a disassembling thread")).collect()
+    });
+    let (rows, table): (Vec<String>, String) = found.into_iter().unzip();
+    // `cargo xtask kernel-resources` asks for every row (architecture, program, kernel, threads per
+    // row, block size, the largest H of the bucket, 16-byte loads in flight per thread) to predict
+    // each kernel's share of peak bandwidth.
+    if let Ok(path) = std::env::var(LOADS_ENV) {
+        std::fs::write(&path, &table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(
+        err,
+        "nvdisasm: read {} vectorized norm kernels in {:.0?}; loads in flight per thread:",
+        rows.len(),
+        start.elapsed()
+    );
+    for row in rows {
+        let _ = writeln!(err, "{row}");
+    }
+}
+
+/// Where to write the loads-in-flight table (tab-separated), when set.
+const LOADS_ENV: &str = "VLLM_IR_SASS_LOADS_TABLE";
 
 /// Where to write the resource table (tab-separated), when set.
 const TABLE_ENV: &str = "VLLM_IR_PTXAS_TABLE";
