@@ -182,7 +182,7 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     long long row = (long long)blockIdx.x * (BLOCK / TPR) + threadIdx.x / TPR;
     int lane = threadIdx.x % TPR;
     bool active = row < n_rows;
-    long long n_chunks = (hidden + CHUNK - 1) / CHUNK;
+    long long n_chunks = ((long long)hidden + CHUNK - 1) / CHUNK;
     typename E::T* a_row = first + (active ? row : 0) * first_stride;
     typename E::T* b_row = second + (active ? row : 0) * second_stride;
     const typename E::T* x_row = FUSED ? a_row : b_row;

@@ -1246,6 +1246,15 @@ pub fn kernel_int<T: TryFrom<usize> + Bounded>(value: usize, what: &'static str)
     T::try_from(value).map_err(|_| out_of_range(what, value, T::MIN_I128, T::MAX_I128))
 }
 
+/// An extent a GPU kernel walks with a 32-bit index in steps of `step` threads (`for (int j =
+/// tid; j < n; j += step)`, the gated and quantization rows): it must fit `int` with room for the
+/// last step, so the index never passes `i32::MAX` (which would wrap it negative and loop or write
+/// out of bounds); else an error naming `what`.
+pub fn stepped_extent(value: usize, what: &'static str, step: u32) -> Result<i32, KernelError> {
+    let max = i32::MAX - i32::try_from(step).unwrap_or(i32::MAX);
+    i32::try_from(value).ok().filter(|&v| v <= max).ok_or_else(|| out_of_range(what, value, 0, max))
+}
+
 /// The bounds of a kernel's integer parameter type, for [`kernel_int`]'s error.
 pub trait Bounded {
     /// The least value.
@@ -1355,6 +1364,15 @@ mod tests {
             KernelError::OutOfRange { what: "hidden size", value: 1 << 31, min: i32::MIN.into(), max: i32::MAX.into() };
         assert_eq!(err, expected);
         assert_eq!(kernel_int::<i32>(7, "hidden size"), Ok(7));
+        // A block-stride loop's index must not pass i32::MAX on its last step.
+        let most = i32::MAX as usize - 256;
+        assert_eq!(stepped_extent(most, "output width", 256), Ok(i32::MAX - 256));
+        let err = stepped_extent(most + 1, "output width", 256).unwrap_err();
+        assert_eq!(
+            err,
+            KernelError::OutOfRange { what: "output width", value: most as i64 + 1, min: 0, max: most as i64 }
+        );
+        assert!(stepped_extent(1 << 31, "hidden size", 128).is_err());
         let err = norm_variance(Some(9), 8).unwrap_err();
         assert_eq!(err, KernelError::OutOfRange { what: "variance_size", value: 9, min: 1, max: 8 });
         assert_eq!(norm_variance(Some(8), 8), Ok(8));

@@ -5,7 +5,7 @@ use ir_core::storage::Storage;
 use ir_core::{KernelError, Tensor};
 
 use super::{GpuRuntime, Grid, KernelArgs, KernelKey};
-use crate::{ComputeScalar, GatedCall, GatedGeometry, GatedKernel, device_buffer, kernel_int};
+use crate::{ComputeScalar, GatedCall, GatedGeometry, GatedKernel, device_buffer, kernel_int, stepped_extent};
 
 /// Runs the gated op `op` on the bound `args` (x first) on runtime `R`: a fresh compact
 /// `[..., d]` output, one group of [`GpuRuntime::GATED_GROUP`] per row. The kernel is
@@ -22,7 +22,7 @@ pub fn run_gated<R: GpuRuntime>(op: &GatedKernel, args: &[Value]) -> Result<Tens
     if !empty {
         let kernel = R::kernel(x_buffer, KernelKey::Gated { op, dtype })?;
         let [f0, f1] = scalars.floats.map(|v| ComputeScalar::new(dtype, v));
-        let d: i32 = kernel_int(d, "output width")?;
+        let d = stepped_extent(d, "output width", R::GATED_GROUP)?;
         let mut launch = KernelArgs::new();
         launch
             .write(&mut out, 0, dtype)
@@ -37,8 +37,9 @@ pub fn run_gated<R: GpuRuntime>(op: &GatedKernel, args: &[Value]) -> Result<Tens
             .int(scalars.ints[1]);
         let grid = Grid { groups: rows.n_rows, group_size: R::GATED_GROUP, what: "rows" };
         // SAFETY: the arguments follow the prototype above, each integer converted without loss by
-        // `kernel_int`. x's rows lie inside its buffer (its layout was checked against its storage
-        // when the tensor was built, and the rows come from that layout); `out` was allocated for
+        // `kernel_int` (the width with room for the kernel's last block step, `stepped_extent`).
+        // x's rows lie inside its buffer (its layout was checked against its storage when the
+        // tensor was built, and the rows come from that layout); `out` was allocated for
         // the compact output layout, n_rows · d elements, which the kernel writes densely, and is
         // held only here.
         unsafe { R::launch(&queue, &kernel, grid, launch) }?;

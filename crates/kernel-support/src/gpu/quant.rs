@@ -8,7 +8,7 @@ use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 use super::{GpuRuntime, Grid, KernelArgs, KernelKey};
 use crate::{
     ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, QUANT_KERNELS, RowArgs, Rows, device_buffer,
-    device_buffer_mut, floor_scales, fp8_format_code, per_token_scales_shape,
+    device_buffer_mut, floor_scales, fp8_format_code, per_token_scales_shape, stepped_extent,
 };
 
 /// What every quantization launch starts from: x's rows and buffer, the call's queue and the fresh
@@ -51,6 +51,8 @@ pub fn run_static_quant<R: GpuRuntime>(x: &Tensor, scale: &Tensor, out_dtype: DT
         let kernel = STATIC_SCALED_FP8_QUANT.name;
         let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel, dtype: x.dtype() })?;
         let RowArgs { n_rows, hidden, row_stride, .. } = rows.kernel_args()?;
+        // The kernel walks the row in block steps with a 32-bit index.
+        stepped_extent(rows.hidden, "hidden size", R::QUANT_GROUP)?;
         let mut args = KernelArgs::new();
         args.write(&mut q, 0, out_dtype)
             .read(x_buffer, rows.offset, x.dtype())
@@ -89,6 +91,8 @@ pub fn run_dynamic_quant<R: GpuRuntime>(
         let kernel = DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name;
         let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel, dtype: x.dtype() })?;
         let RowArgs { n_rows, hidden, row_stride, .. } = rows.kernel_args()?;
+        // The kernel walks the row in block steps with a 32-bit index.
+        stepped_extent(rows.hidden, "hidden size", R::QUANT_GROUP)?;
         let mut args = KernelArgs::new();
         args.write(&mut q, 0, out_dtype)
             .write(&mut scales, 0, DType::F32)
@@ -131,6 +135,8 @@ pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuan
         let scale_buffer = scale.map(|s| device_buffer::<R::Buffer>(s, scale_param, R::MEMORY)).transpose()?;
         let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype })?;
         let RowArgs { n_rows, hidden, row_stride: x_stride, .. } = rows.kernel_args()?;
+        // The kernel walks the row in block steps with a 32-bit index.
+        stepped_extent(rows.hidden, "hidden size", R::QUANT_GROUP)?;
         let r_stride = residual_rows.map(|r| r.kernel_args()).transpose()?.map_or(0, |r| r.row_stride);
         let flags = [residual.is_some(), weight.is_some(), dynamic, scale.is_some()].map(i32::from);
         let mut args = KernelArgs::new();
