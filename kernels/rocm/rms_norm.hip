@@ -27,21 +27,27 @@ __host__ __device__ constexpr int cache_chunks(int chunk, int tpr) {
     return (largest_cached_row(tpr) + chunk * tpr - 1) / (chunk * tpr);
 }
 
+// One 16-byte chunk of a row as stored.
+template <int DTYPE> struct alignas(16) Packed {
+    typename Elem<DTYPE>::T v[Elem<DTYPE>::CHUNK];
+};
+
+// Reads chunk `c` of a row into the compute type. On the 16-byte path (VEC == CHUNK) the host
+// guarantees H % CHUNK == 0, so the chunk is whole and loads without a bounds test.
 template <int DTYPE, int VEC>
 __device__ __forceinline__ void load_chunk(const typename Elem<DTYPE>::T* row, long long c, int hidden,
                                            Compute<DTYPE>* out) {
     typedef Elem<DTYPE> E;
     constexpr int CHUNK = E::CHUNK;
     long long first = c * CHUNK;
-    if (VEC == CHUNK && first + CHUNK <= hidden) {
-        struct alignas(16) Packed { typename E::T v[CHUNK]; };
-        Packed packed = *reinterpret_cast<const Packed*>(row + first);
+    if constexpr (VEC == CHUNK) {
+        Packed<DTYPE> packed = *reinterpret_cast<const Packed<DTYPE>*>(row + first);
 #pragma unroll
         for (int i = 0; i < CHUNK; ++i) out[i] = E::load(packed.v[i]);
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? E::load(row[first + i]) : 0.0f;
+        for (int i = 0; i < CHUNK; ++i) out[i] = (first + i < hidden) ? E::load(row[first + i]) : 0.0f;
+    }
 }
 
 // Writes chunk `c` of a row (the elements below `hidden`) from `values`, already in the element type.
@@ -51,17 +57,16 @@ __device__ __forceinline__ void store_elems(typename Elem<DTYPE>::T* row, long l
     typedef Elem<DTYPE> E;
     constexpr int CHUNK = E::CHUNK;
     long long first = c * CHUNK;
-    if (VEC == CHUNK && first + CHUNK <= hidden) {
-        struct alignas(16) Packed { typename E::T v[CHUNK]; };
-        Packed packed;
+    if constexpr (VEC == CHUNK) {
+        Packed<DTYPE> packed;
 #pragma unroll
         for (int i = 0; i < CHUNK; ++i) packed.v[i] = values[i];
-        *reinterpret_cast<Packed*>(row + first) = packed;
-        return;
-    }
+        *reinterpret_cast<Packed<DTYPE>*>(row + first) = packed;
+    } else {
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) {
-        if (first + i < hidden) row[first + i] = values[i];
+        for (int i = 0; i < CHUNK; ++i) {
+            if (first + i < hidden) row[first + i] = values[i];
+        }
     }
 }
 
@@ -162,6 +167,65 @@ __device__ __forceinline__ void load_sum(const typename Elem<DTYPE>::T* x_row, c
     }
 }
 
+// What a thread keeps of one cached chunk between the passes. On the 16-byte path, x (and the fused
+// op's residual) as stored: all of a thread's loads are issued before any is converted, and packed
+// 16-bit chunks take half the registers of their values. On the scalar path (loads per element
+// anyway), the values in the compute type (the fused op's unrounded sums).
+// A chunk as stored, held as four 32-bit words: held as 16-bit elements, the compiler splits the
+// chunk into halves right after its load, which makes the thread wait for the load there.
+struct alignas(16) Words {
+    unsigned int w[4];
+};
+
+// Element `i` of a chunk held as words (little-endian: element 0 is the low half of word 0).
+template <int DTYPE>
+__device__ __forceinline__ typename Elem<DTYPE>::T word_element(const Words& words, int i) {
+    if constexpr (sizeof(typename Elem<DTYPE>::T) == 2) {
+        return (typename Elem<DTYPE>::T)(words.w[i / 2] >> (16 * (i % 2)));
+    } else {
+        return __uint_as_float(words.w[i]);  // f32: f64 rows never take the 16-byte path
+    }
+}
+
+template <int DTYPE, bool PACKED, bool FUSED> struct Slot;
+template <int DTYPE, bool FUSED> struct Slot<DTYPE, true, FUSED> {
+    Words x, r;
+};
+template <int DTYPE, bool FUSED> struct Slot<DTYPE, false, FUSED> {
+    Compute<DTYPE> s[Elem<DTYPE>::CHUNK];
+};
+
+// Fills the slot of chunk `c`: on the 16-byte path its loads only.
+template <int DTYPE, int VEC, bool FUSED>
+__device__ __forceinline__ void load_slot(Slot<DTYPE, VEC == Elem<DTYPE>::CHUNK, FUSED>& slot,
+                                          const typename Elem<DTYPE>::T* x_row, const typename Elem<DTYPE>::T* r_row,
+                                          long long c, int hidden) {
+    if constexpr (VEC == Elem<DTYPE>::CHUNK) {
+        long long first = c * Elem<DTYPE>::CHUNK;
+        slot.x = *reinterpret_cast<const Words*>(x_row + first);
+        if constexpr (FUSED) slot.r = *reinterpret_cast<const Words*>(r_row + first);
+    } else {
+        load_sum<DTYPE, VEC, FUSED>(x_row, r_row, c, hidden, slot.s);
+    }
+}
+
+// The slot's values in the compute type (the fused op's unrounded sum x + residual: the same bits as
+// load_sum gives).
+template <int DTYPE, int VEC, bool FUSED>
+__device__ __forceinline__ void slot_values(const Slot<DTYPE, VEC == Elem<DTYPE>::CHUNK, FUSED>& slot,
+                                            Compute<DTYPE>* s) {
+    typedef Elem<DTYPE> E;
+#pragma unroll
+    for (int i = 0; i < E::CHUNK; ++i) {
+        if constexpr (VEC == E::CHUNK) {
+            s[i] = E::load(word_element<DTYPE>(slot.x, i));
+            if constexpr (FUSED) s[i] += E::load(word_element<DTYPE>(slot.r, i));
+        } else {
+            s[i] = slot.s[i];
+        }
+    }
+}
+
 // Adds the squares of chunk `c`'s elements among the first `variance` of the row to `sum`, in element
 // order (the others add an exact 0, so with variance = H the sum is the plain one).
 template <int CHUNK, typename V>
@@ -191,16 +255,35 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     // bucket's largest H; longer rows read the rest again): the loops over them are unrolled, so
     // every index into `cache` is a constant (a runtime index would put the array in scratch memory).
     // f64, a reference dtype, keeps the f32 kernels' chunk count and so their registers: half its row.
-    constexpr int CACHE_CHUNKS = cache_chunks(DTYPE == 6 ? 4 : CHUNK, TPR);
-    C cache[CACHE_CHUNKS][CHUNK];
+    // The fused op on the 16-byte path keeps x and the residual as stored: for f32 that is twice the
+    // registers of their sums, so it keeps half as many chunks.
+    constexpr bool PACKED = VEC == CHUNK;
+    constexpr int ROW_CHUNKS = cache_chunks(DTYPE == 6 ? 4 : CHUNK, TPR);
+    constexpr int CACHE_CHUNKS =
+        PACKED && FUSED && sizeof(typename E::T) >= sizeof(C) ? (ROW_CHUNKS + 1) / 2 : ROW_CHUNKS;
+    Slot<DTYPE, PACKED, FUSED> cache[CACHE_CHUNKS];
     C sum_sq = 0.0f;
-    if (active) {
+    if (active && n_chunks > 0) {
+        // Every cached chunk's loads are issued before the first is used. On the 16-byte path every
+        // slot loads, with no branch between the loads (a slot past the row's end loads the row's
+        // last chunk, which it never uses): with a test per chunk the compiler merges each load with
+        // its use and waits for the load there.
+#pragma unroll
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long long c = lane + (long long)k * TPR;
+            if constexpr (PACKED) {
+                load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c < n_chunks ? c : n_chunks - 1, hidden);
+            } else if (c < n_chunks) {
+                load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c, hidden);
+            }
+        }
 #pragma unroll
         for (int k = 0; k < CACHE_CHUNKS; ++k) {
             long long c = lane + (long long)k * TPR;
             if (c < n_chunks) {
-                load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, cache[k]);
-                add_squares<CHUNK>(sum_sq, cache[k], c, variance);
+                C s[CHUNK];
+                slot_values<DTYPE, VEC, FUSED>(cache[k], s);
+                add_squares<CHUNK>(sum_sq, s, c, variance);
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
@@ -223,8 +306,10 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     for (int k = 0; k < CACHE_CHUNKS; ++k) {
         long long c = lane + (long long)k * TPR;
         if (c < n_chunks) {
-            if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, cache[k]);
-            finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, cache[k], rstd);
+            C s[CHUNK];
+            slot_values<DTYPE, VEC, FUSED>(cache[k], s);
+            if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
+            finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
         }
     }
     for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {

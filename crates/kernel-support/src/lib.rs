@@ -164,6 +164,20 @@ pub fn gpu_threads_per_row(hidden: usize) -> u32 {
     }
 }
 
+/// The longest row a kernel with `threads_per_row` threads per row keeps whole in registers: the
+/// largest hidden size that launches with it (the hidden-size buckets), and 32768 for the last,
+/// open-ended one.
+pub fn largest_cached_row(threads_per_row: u32) -> u32 {
+    match threads_per_row {
+        ..=8 => 64,
+        16 => 128,
+        32 => 3072,
+        64 => 6144,
+        128 => 16384,
+        _ => 32768,
+    }
+}
+
 /// The code the GPU element preludes (`element.cuh`, `element.hip.h`, `element.cl`) know a
 /// compute dtype by (`DTYPE`, `WDTYPE`): f32 0, f16 1, bf16 2, f64 6 (the numbering of
 /// [`element_code`], which the strided conversions use for every dtype); an error naming `backend`

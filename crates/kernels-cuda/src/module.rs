@@ -12,6 +12,7 @@ use ir_core::{Availability, DType, KernelError};
 pub use kernel_support::NormOp;
 
 use kernel_support::gpu_threads_per_row;
+pub use kernel_support::largest_cached_row;
 
 /// The narrowing of a double through f32 rounded to odd (`kernels/narrow.cuh`), which the element
 /// prelude and the strided conversions use.
@@ -154,20 +155,6 @@ impl KernelVariant {
     pub fn kernel_name(&self) -> String {
         let op = self.op.name();
         format!("{op}_{}", self.program.dtype)
-    }
-}
-
-/// The longest row a kernel with `threads_per_row` threads per row keeps whole in registers: the
-/// largest hidden size that launches with it (the hidden-size buckets), and 32768 for the last,
-/// open-ended one.
-pub fn largest_cached_row(threads_per_row: u32) -> u32 {
-    match threads_per_row {
-        ..=8 => 64,
-        16 => 128,
-        32 => 3072,
-        64 => 6144,
-        128 => 16384,
-        _ => 32768,
     }
 }
 

@@ -152,7 +152,170 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     for name in names {
         assert!(text.contains(name), "the code object lacks `{name}`");
     }
+    check_loads_in_flight(&dir, &object);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The llvm-objdump that disassembles gfx90a (`LLVM_OBJDUMP`, else the first of the usual names
+/// whose targets include amdgcn; hipcc's LLVM installs one), or why there is none.
+fn llvm_objdump() -> Result<String, String> {
+    let names = std::env::var("LLVM_OBJDUMP").map(|name| vec![name]).unwrap_or_else(|_| {
+        ["llvm-objdump", "llvm-objdump-15", "llvm-objdump-16", "llvm-objdump-17"].map(String::from).to_vec()
+    });
+    names
+        .into_iter()
+        .find(|name| {
+            Command::new(name)
+                .arg("--version")
+                .output()
+                .is_ok_and(|out| out.status.success() && String::from_utf8_lossy(&out.stdout).contains("amdgcn"))
+        })
+        .ok_or_else(|| "no llvm-objdump with the amdgcn target (install hipcc's LLVM, or set LLVM_OBJDUMP)".to_owned())
+}
+
+/// The code object for `target` (a triple ending, `gfx90a`) inside a clang offload bundle: the
+/// magic `__CLANG_OFFLOAD_BUNDLE__`, the number of entries, then per entry its offset and size in
+/// the file and its target triple (little-endian 64-bit numbers).
+fn unbundle<'a>(bundle: &'a [u8], target: &str) -> Option<&'a [u8]> {
+    const MAGIC: &[u8] = b"__CLANG_OFFLOAD_BUNDLE__";
+    let number = |at: usize| -> Option<usize> {
+        let bytes: [u8; 8] = bundle.get(at..at + 8)?.try_into().ok()?;
+        usize::try_from(u64::from_le_bytes(bytes)).ok()
+    };
+    if !bundle.starts_with(MAGIC) {
+        return None;
+    }
+    let mut at = MAGIC.len() + 8;
+    for _ in 0..number(MAGIC.len())? {
+        let (offset, size, length) = (number(at)?, number(at + 8)?, number(at + 16)?);
+        let triple = bundle.get(at + 24..at + 24 + length)?;
+        at += 24 + length;
+        if triple.ends_with(target.as_bytes()) {
+            return bundle.get(offset..offset.checked_add(size)?);
+        }
+    }
+    None
+}
+
+/// How many 16-byte global loads a function's ISA issues before its first wait on vector memory
+/// (`s_waitcnt` with a `vmcnt`): the loads a thread has in flight before it first waits.
+fn loads_before_first_wait(isa: &[&str]) -> usize {
+    isa.iter()
+        .map(|line| line.trim())
+        .take_while(|line| !(line.starts_with("s_waitcnt") && line.contains("vmcnt")))
+        .filter(|line| line.starts_with("global_load_dwordx4"))
+        .count()
+}
+
+/// The instructions of every function in llvm-objdump's listing (`<name>:` starts one, a blank
+/// line ends it).
+fn isa_functions(listing: &str) -> std::collections::HashMap<&str, Vec<&str>> {
+    let mut functions = std::collections::HashMap::new();
+    let mut current: Option<(&str, Vec<&str>)> = None;
+    for line in listing.lines() {
+        if let Some(name) = line.split_once(" <").and_then(|(_, rest)| rest.strip_suffix(">:")) {
+            if let Some((name, code)) = current.take() {
+                functions.insert(name, code);
+            }
+            current = Some((name, Vec::new()));
+        } else if line.trim().is_empty() {
+            if let Some((name, code)) = current.take() {
+                functions.insert(name, code);
+            }
+        } else if let Some((_, code)) = current.as_mut() {
+            code.push(line);
+        }
+    }
+    if let Some((name, code)) = current {
+        functions.insert(name, code);
+    }
+    functions
+}
+
+/// The chunks of a row a norm variant caches (`cache_chunks` and the fused op's slots in
+/// `rms_norm.hip`): the whole row up to its bucket's largest H; the fused op on the 16-byte path
+/// keeps x and the residual, half as many chunks for f32.
+fn cached_loads(variant: &kernels_rocm::KernelVariant) -> usize {
+    let tpr = variant.threads_per_row as usize;
+    let largest = kernel_support::largest_cached_row(variant.threads_per_row) as usize;
+    let chunk = 16 / variant.dtype.size_in_bytes();
+    let row = largest.div_ceil(chunk * tpr);
+    match variant.op {
+        kernels_rocm::NormOp::RmsNorm => row,
+        kernels_rocm::NormOp::FusedAddRmsNorm if variant.dtype.size_in_bytes() >= 4 => 2 * row.div_ceil(2),
+        kernels_rocm::NormOp::FusedAddRmsNorm => 2 * row,
+    }
+}
+
+/// Every vectorized norm kernel issues the 16-byte loads of all the chunks it caches (x, and the
+/// residual for the fused op) before its first wait on vector memory, read from the gfx90a ISA of
+/// the code object the crate embeds.
+fn check_loads_in_flight(dir: &Path, object: &[u8]) {
+    let objdump = match llvm_objdump() {
+        Ok(binary) => binary,
+        Err(reason) => {
+            ir_core::testing::skip("hip", &format!("{reason}: the loads in flight were not read from the ISA"));
+            return;
+        }
+    };
+    let elf = unbundle(object, "gfx90a").expect("the code object bundles a gfx90a object");
+    let path = dir.join("all_kernels-gfx90a.elf");
+    std::fs::write(&path, elf).unwrap();
+    let out = Command::new(&objdump).args(["-d", "--mcpu=gfx90a"]).arg(&path).output().expect("llvm-objdump runs");
+    assert!(out.status.success(), "llvm-objdump failed: {}", String::from_utf8_lossy(&out.stderr));
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let functions = isa_functions(&listing);
+    let mut checked = 0;
+    for variant in kernels_rocm::all_variants().into_iter().filter(|v| v.vectorized) {
+        let symbol = variant.symbol();
+        let isa = functions.get(symbol.as_str()).unwrap_or_else(|| panic!("no ISA for {symbol}"));
+        let (loads, cached) = (loads_before_first_wait(isa), cached_loads(&variant));
+        assert!(
+            loads >= cached,
+            "{symbol} issues {loads} 16-byte loads before its first wait on vector memory; it caches {cached} chunks, \
+             whose loads must all be in flight first"
+        );
+        checked += 1;
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "hipcc: every one of {checked} vectorized norm kernels has all its cached chunks' loads in flight before its first wait"
+    );
+}
+
+#[test]
+fn the_isa_readers_find_functions_loads_and_bundled_objects() {
+    let listing = "\nall.elf:\tfile format elf64-amdgpu\n\n0000000000001000 <k>:\n\
+        \ts_load_dwordx2 s[0:1], s[4:5], 0x0\n\
+        \tglobal_load_dwordx4 v[2:5], v[2:3], off\n\
+        \tglobal_load_dwordx4 v[6:9], v[2:3], off offset:16\n\
+        \ts_waitcnt lgkmcnt(0)\n\
+        \tglobal_load_dwordx4 v[10:13], v[2:3], off offset:32\n\
+        \ts_waitcnt vmcnt(2)\n\
+        \tglobal_load_dwordx4 v[14:17], v[2:3], off offset:48\n\n\
+        0000000000002000 <other>:\n\ts_endpgm\n";
+    let functions = isa_functions(listing);
+    assert_eq!(functions.len(), 2);
+    assert_eq!(loads_before_first_wait(&functions["k"]), 3, "a wait on scalar memory does not count");
+    assert_eq!(loads_before_first_wait(&functions["other"]), 0);
+    // A bundle of a host entry and a gfx90a entry.
+    let mut bundle = b"__CLANG_OFFLOAD_BUNDLE__".to_vec();
+    let entries: [(&[u8], &[u8]); 2] =
+        [(b"host-x86_64-unknown-linux", b""), (b"hipv4-amdgcn-amd-amdhsa--gfx90a", b"ELF")];
+    bundle.extend(2u64.to_le_bytes());
+    let header: usize = bundle.len() + entries.iter().map(|(t, _)| 24 + t.len()).sum::<usize>();
+    let mut offset = header;
+    for (triple, body) in entries {
+        bundle.extend((offset as u64).to_le_bytes());
+        bundle.extend((body.len() as u64).to_le_bytes());
+        bundle.extend((triple.len() as u64).to_le_bytes());
+        bundle.extend(triple);
+        offset += body.len();
+    }
+    bundle.extend(b"ELF");
+    assert_eq!(unbundle(&bundle, "gfx90a"), Some(&b"ELF"[..]));
+    assert_eq!(unbundle(&bundle, "gfx942"), None);
+    assert_eq!(unbundle(b"not a bundle", "gfx90a"), None);
 }
 
 /// The rotary kernel rounds each product on its own, as the reference does: its gfx90a ISA has no
