@@ -178,6 +178,23 @@ pub fn largest_cached_row(threads_per_row: u32) -> u32 {
     }
 }
 
+/// The 16-byte chunks of a row each CUDA/ROCm norm thread keeps in registers (`CACHE_CHUNKS` in
+/// the kernels): the whole row up to [`largest_cached_row`]; f64, a reference dtype, gets the f32
+/// kernels' chunk count and so their registers: half its row.
+pub fn norm_cache_chunks(dtype: DType, threads_per_row: u32) -> u32 {
+    let size = if dtype == DType::F64 { 4 } else { dtype.size_in_bytes() as u32 };
+    largest_cached_row(threads_per_row).div_ceil(16 / size * threads_per_row)
+}
+
+/// The chunks the fused norm keeps (`FUSED_CACHE_CHUNKS` in the kernels): on the 16-byte path x
+/// and the residual as stored, as many as [`norm_cache_chunks`] for 16-bit elements (two packed
+/// chunks take the registers of one chunk of f32 sums) and half for f32; on the scalar path their
+/// sums, as many as `norm_cache_chunks`.
+pub fn norm_fused_cache_chunks(dtype: DType, threads_per_row: u32, vectorized: bool) -> u32 {
+    let chunks = norm_cache_chunks(dtype, threads_per_row);
+    if !vectorized || dtype.size_in_bytes() < 4 { chunks } else { chunks.div_ceil(2) }
+}
+
 /// The code the GPU element preludes (`element.cuh`, `element.hip.h`, `element.cl`) know a
 /// compute dtype by (`DTYPE`, `WDTYPE`): f32 0, f16 1, bf16 2, f64 6 (the numbering of
 /// [`element_code`], which the strided conversions use for every dtype); an error naming `backend`

@@ -97,20 +97,13 @@ impl NormProgram {
     /// ([`largest_cached_row`]); the chunks of longer rows beyond these are read again. f64, a
     /// reference dtype, gets the f32 kernels' chunk count and so the same registers: half its row.
     pub fn cache_chunks(&self) -> u32 {
-        let size = if self.dtype == DType::F64 { 4 } else { self.dtype.size_in_bytes() as u32 };
-        largest_cached_row(self.threads_per_row).div_ceil(16 / size * self.threads_per_row)
+        kernel_support::norm_cache_chunks(self.dtype, self.threads_per_row)
     }
 
-    /// Chunks the fused op keeps in registers (`FUSED_CACHE_CHUNKS` in `rms_norm.cu`): on the
-    /// vector path x and the residual as stored, as many as [`NormProgram::cache_chunks`] for 16-bit
-    /// elements (two packed chunks take the registers of one chunk of f32 sums) and half for f32; on
-    /// the scalar path their sums, as many as `cache_chunks`.
+    /// Chunks the fused op keeps in registers (`FUSED_CACHE_CHUNKS` in `rms_norm.cu`;
+    /// [`kernel_support::norm_fused_cache_chunks`]).
     pub fn fused_cache_chunks(&self) -> u32 {
-        if !self.vectorized || self.dtype.size_in_bytes() < 4 {
-            self.cache_chunks()
-        } else {
-            self.cache_chunks().div_ceil(2)
-        }
+        kernel_support::norm_fused_cache_chunks(self.dtype, self.threads_per_row, self.vectorized)
     }
 
     /// The NVRTC `-D` options selecting this program.

@@ -232,19 +232,17 @@ fn isa_functions(listing: &str) -> std::collections::HashMap<&str, Vec<&str>> {
     functions
 }
 
-/// The chunks of a row a norm variant caches (`cache_chunks` and the fused op's slots in
-/// `rms_norm.hip`): the whole row up to its bucket's largest H; the fused op on the 16-byte path
-/// keeps x and the residual, half as many chunks for f32.
+/// The 16-byte loads a norm variant caches (`rms_norm.hip` follows kernel-support's rules): x's
+/// chunks, and for the fused op x's and the residual's.
 fn cached_loads(variant: &kernels_rocm::KernelVariant) -> usize {
-    let tpr = variant.threads_per_row as usize;
-    let largest = kernel_support::largest_cached_row(variant.threads_per_row) as usize;
-    let chunk = 16 / variant.dtype.size_in_bytes();
-    let row = largest.div_ceil(chunk * tpr);
-    match variant.op {
-        kernels_rocm::NormOp::RmsNorm => row,
-        kernels_rocm::NormOp::FusedAddRmsNorm if variant.dtype.size_in_bytes() >= 4 => 2 * row.div_ceil(2),
-        kernels_rocm::NormOp::FusedAddRmsNorm => 2 * row,
-    }
+    let (dtype, threads) = (variant.dtype, variant.threads_per_row);
+    let loads = match variant.op {
+        kernels_rocm::NormOp::RmsNorm => kernel_support::norm_cache_chunks(dtype, threads),
+        kernels_rocm::NormOp::FusedAddRmsNorm => {
+            2 * kernel_support::norm_fused_cache_chunks(dtype, threads, variant.vectorized)
+        }
+    };
+    loads as usize
 }
 
 /// Every vectorized norm kernel issues the 16-byte loads of all the chunks it caches (x, and the

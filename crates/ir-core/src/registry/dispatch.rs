@@ -228,7 +228,7 @@ impl Registry {
     ) -> Result<Vec<Tensor>, CallError> {
         let def = match op.into() {
             OpRef::Def(def) => def,
-            OpRef::Name(name) => self.call_entry(name)?.def,
+            OpRef::Name(name) => self.call_def(name)?,
         };
         let mut args = bind(def, args)?;
         Ok(self.call_op(def, &mut args, overload)?.into_vec())
@@ -238,7 +238,7 @@ impl Registry {
     /// running anything (lowering uses this; eager calls follow the same rules and share the
     /// selection cache).
     pub fn select(&self, op: &str, args: &[ArgMeta<'_>]) -> Result<Selection, CallError> {
-        let def = self.call_entry(op)?.def;
+        let def = self.call_def(op)?;
         let args = bind_meta(def, args.to_vec())?;
         let held = self.hold(def, None, &args)?;
         let choice = &held.entry().choice;
@@ -263,7 +263,7 @@ impl Registry {
     /// arguments, and fails if the provider is unavailable or its predicate rejects them. An in-place
     /// implementation writes into the activations given, which must be uniquely owned.
     pub fn call_implementation(&self, op: &str, provider: &str, args: Vec<Value>) -> Result<Vec<Tensor>, CallError> {
-        let def = self.call_entry(op)?.def;
+        let def = self.call_def(op)?;
         let mut args = bind(def, args)?;
         let (held, on_device) = {
             let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
@@ -420,6 +420,16 @@ impl Registry {
             Some(provider) => named(&entry, provider, metas)?,
         };
         Ok(cache::Held::made(cache::Entry::new(key, entry, choice)))
+    }
+
+    /// The definition of the op named `op`, read from the op table without taking a reference.
+    fn call_def(&self, op: &str) -> Result<&'static OpDef, CallError> {
+        self.with_ops(|ops| match ops.get(op) {
+            Some(entry) => Ok(entry.def),
+            None => {
+                Err(CallError::UnknownOp { op: op.to_owned(), known: ops.keys().map(|k| (*k).to_owned()).collect() })
+            }
+        })
     }
 
     fn call_entry(&self, op: &str) -> Result<Arc<OpEntry>, CallError> {
