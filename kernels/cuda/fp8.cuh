@@ -1,6 +1,9 @@
-// The software f32 -> fp8 conversion of the `cuda` kernels (sm_80 has no fp8 `cvt`), with the bits
-// of the hardware's `cvt.rn.satfinite`: compiled before the quantization kernels (`quant.cu`,
-// `norm_quant.cu`) and the strided conversions (`strided_convert.cu`). No headers (NVRTC).
+// The f32 -> fp8 conversions of the `cuda` kernels, compiled before the quantization kernels
+// (`quant.cu`, `norm_quant.cu`) and the strided conversions (`strided_convert.cu`). No headers
+// (NVRTC). `fp8_e4m3` and `fp8_e5m2` are what the kernels call: on sm_89 and later the hardware's
+// `cvt.rn.satfinite` (one instruction, where the software form is about fifty), elsewhere
+// `fp8_from_f32`, the software form with its bits. Both give NaN as the canonical 0x7f (the
+// hardware keeps an e5m2 NaN's sign and top payload bit, so the hardware path tests for NaN first).
 
 // f32 -> fp8 with `m_bits` mantissa bits and exponent bias `bias`: NaN becomes the canonical NaN 0x7f,
 // magnitudes clamp to `max_finite` (saturation, infinities included), then round to nearest-even
@@ -29,3 +32,30 @@ __device__ __forceinline__ unsigned char fp8_from_f32(float f, int m_bits, int b
     return (unsigned char)(sign | code);
 }
 
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define FP8_HARDWARE 1
+#else
+#define FP8_HARDWARE 0
+#endif
+
+// f32 -> e5m2 (E5M2) or e4m3. `cvt.rn.satfinite.<format>x2.f32 d, a, b` converts b into d's low
+// byte and a into its high one.
+template <bool E5M2>
+__device__ __forceinline__ unsigned char fp8_convert(float f) {
+#if FP8_HARDWARE
+    if (isnan(f)) return (unsigned char)0x7fu;
+    unsigned short packed;
+    if (E5M2) {
+        asm("{ cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2; }" : "=h"(packed) : "f"(0.0f), "f"(f));
+    } else {
+        asm("{ cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2; }" : "=h"(packed) : "f"(0.0f), "f"(f));
+    }
+    return (unsigned char)packed;
+#else
+    return E5M2 ? fp8_from_f32(f, 2, 15, 57344.0f) : fp8_from_f32(f, 3, 7, 448.0f);
+#endif
+}
+
+__device__ __forceinline__ unsigned char fp8_e4m3(float f) { return fp8_convert<false>(f); }
+__device__ __forceinline__ unsigned char fp8_e5m2(float f) { return fp8_convert<true>(f); }

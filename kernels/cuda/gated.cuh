@@ -6,14 +6,24 @@
 //   static constexpr bool ROW_STATS;            // whether `prepare` needs the gate's mean and std
 //   __device__ static compute_t prepare(compute_t mean, compute_t std, const GateScalars& s);
 //   __device__ static compute_t activate(compute_t g, compute_t prepared, const GateScalars& s);
-// and instantiates `GATED_KERNEL(<op name>, <struct>)`, which defines `extern "C"` kernel
-// `<op name>_<dtype>(out, x, n_rows, d, x_row_stride, out_row_stride, f0, f1, i0, i1)`: the op's float
-// parameters in f0, f1 and its string-choice, integer and boolean parameters in i0, i1, in
-// declaration order. One block of GATED_BLOCK threads per row. The row statistics are the mean and
-// the biased standard deviation (from that mean) of the gate, reduced in a fixed order. Every value
-// is in the compute type (element.cuh: f32; f64 for f64 elements).
+// and instantiates `GATED_KERNEL(<op name>, <struct>)`, which defines the `extern "C"` kernels
+// `<op name>_<dtype>` (scalar accesses, any alignment) and, except for f64, `<op name>_<dtype>_vec`
+// (16-byte loads and stores: the host picks it when x's rows, their up halves and the output rows
+// start 16-byte aligned, so d % CHUNK == 0), both `(out, x, n_rows, d, x_row_stride,
+// out_row_stride, f0, f1, i0, i1)`: the op's float parameters in f0, f1 and its string-choice,
+// integer and boolean parameters in i0, i1, in declaration order.
+//
+// One block per row, of a power of two of threads the host picks from d alone (one 16-byte chunk
+// per thread, 64 up to GATED_MAX_BLOCK). Thread t owns chunks t, t + block, ... of CHUNK elements
+// in both kernels, so the row statistics (the mean and the biased standard deviation of the gate
+// from that mean, reduced in a fixed order) and so every output have the same bits whichever kernel
+// runs. Each step, a thread issues the gate and up loads of GATED_UNROLL chunks before it converts
+// any of them. Every value is in the compute type (element.cuh: f32; f64 for f64 elements).
 
-#define GATED_BLOCK 256
+// The largest block (the host picks a power of two from 64 up to it from d alone) and the chunks a
+// thread loads per step.
+#define GATED_MAX_BLOCK 1024
+#define GATED_UNROLL 2
 
 struct GateScalars {
     compute_t f0, f1;
@@ -88,11 +98,12 @@ __device__ __forceinline__ compute_t gelu(compute_t g, int approximate) {
     return approximate == 0 ? gelu_erf(g) : gelu_tanh(g);
 }
 
-// Sums `value` over the block in a fixed tree order; every thread gets the total.
+// Sums `value` over the block (blockDim.x threads, a power of two) in a fixed tree order; every
+// thread gets the total.
 __device__ __forceinline__ compute_t gated_block_sum(compute_t value, compute_t* scratch) {
     scratch[threadIdx.x] = value;
     __syncthreads();
-    for (int width = GATED_BLOCK / 2; width > 0; width >>= 1) {
+    for (int width = blockDim.x / 2; width > 0; width >>= 1) {
         if (threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
         __syncthreads();
     }
@@ -101,7 +112,60 @@ __device__ __forceinline__ compute_t gated_block_sum(compute_t value, compute_t*
     return total;
 }
 
-template <typename Op>
+struct alignas(16) gchunk_t {
+    elem_t v[CHUNK];
+};
+
+// Reads chunk `c` of a row (elements c*CHUNK .. c*CHUNK+CHUNK-1; those at or past `d` read as zero)
+// as stored: one 16-byte load when VEC (the host guarantees d % CHUNK == 0, so every chunk is whole).
+template <bool VEC>
+__device__ __forceinline__ void gated_load(const elem_t* row, int c, int d, gchunk_t& out) {
+    int first = c * CHUNK;
+    if (VEC) {
+        out = *reinterpret_cast<const gchunk_t*>(row + first);
+    } else {
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) out.v[i] = first + i < d ? row[first + i] : from_c(0.0f);
+    }
+}
+
+// Writes chunk `c` of an output row (the elements below `d`).
+template <bool VEC>
+__device__ __forceinline__ void gated_store(elem_t* row, int c, int d, const gchunk_t& value) {
+    int first = c * CHUNK;
+    if (VEC) {
+        *reinterpret_cast<gchunk_t*>(row + first) = value;
+    } else {
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) {
+            if (first + i < d) row[first + i] = value.v[i];
+        }
+    }
+}
+
+// Calls `f` on every gate value of a row this thread owns (chunks t, t + step, ...), in order,
+// the loads of GATED_UNROLL chunks issued before any is read.
+template <bool VEC, typename F>
+__device__ __forceinline__ void for_each_gate_value(const elem_t* gate, int n, int d, int step, F f) {
+    for (int c0 = threadIdx.x; c0 < n; c0 += GATED_UNROLL * step) {
+        gchunk_t g[GATED_UNROLL];
+#pragma unroll
+        for (int k = 0; k < GATED_UNROLL; ++k) {
+            int c = c0 + k * step;
+            if (c < n) gated_load<VEC>(gate, c, d, g[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < GATED_UNROLL; ++k) {
+            int c = c0 + k * step;
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) {
+                if (c < n && (VEC || c * CHUNK + i < d)) f(to_c(g[k].v[i]));
+            }
+        }
+    }
+}
+
+template <typename Op, bool VEC>
 __device__ __forceinline__ void gated_row(elem_t* __restrict__ out, const elem_t* __restrict__ x, long long n_rows,
                                           int d, long long x_row_stride, long long out_row_stride,
                                           GateScalars s) {
@@ -110,30 +174,68 @@ __device__ __forceinline__ void gated_row(elem_t* __restrict__ out, const elem_t
     const elem_t* gate = x + row * x_row_stride;
     const elem_t* up = gate + d;
     elem_t* out_row = out + row * out_row_stride;
+    const int n = d / CHUNK + (d % CHUNK != 0);
+    const int step = blockDim.x;
     compute_t prepared = 0.0f;
     if (Op::ROW_STATS) {
-        __shared__ compute_t scratch[GATED_BLOCK];
+        __shared__ compute_t scratch[GATED_MAX_BLOCK];
         compute_t sum = 0.0f;
-        for (int j = threadIdx.x; j < d; j += GATED_BLOCK) sum += to_c(gate[j]);
+        for_each_gate_value<VEC>(gate, n, d, step, [&](compute_t v) { sum += v; });
         compute_t mean = gated_block_sum(sum, scratch) / (compute_t)d;
         compute_t squares = 0.0f;
-        for (int j = threadIdx.x; j < d; j += GATED_BLOCK) {
-            compute_t t = to_c(gate[j]) - mean;
+        for_each_gate_value<VEC>(gate, n, d, step, [&](compute_t v) {
+            compute_t t = v - mean;
             squares += t * t;
-        }
+        });
         compute_t std = c_sqrt(gated_block_sum(squares, scratch) / (compute_t)d);
         prepared = Op::prepare(mean, std, s);
     }
-    for (int j = threadIdx.x; j < d; j += GATED_BLOCK) {
-        compute_t a = round_elem(Op::activate(to_c(gate[j]), prepared, s));
-        out_row[j] = from_c(a * to_c(up[j]));
+    // Each step issues the gate and up loads of GATED_UNROLL chunks before it converts any.
+    for (int c0 = threadIdx.x; c0 < n; c0 += GATED_UNROLL * step) {
+        gchunk_t g[GATED_UNROLL], u[GATED_UNROLL];
+#pragma unroll
+        for (int k = 0; k < GATED_UNROLL; ++k) {
+            int c = c0 + k * step;
+            if (c < n) {
+                gated_load<VEC>(gate, c, d, g[k]);
+                gated_load<VEC>(up, c, d, u[k]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < GATED_UNROLL; ++k) {
+            int c = c0 + k * step;
+            if (c < n) {
+                gchunk_t o;
+#pragma unroll
+                for (int i = 0; i < CHUNK; ++i) {
+                    compute_t a = round_elem(Op::activate(to_c(g[k].v[i]), prepared, s));
+                    o.v[i] = from_c(a * to_c(u[k].v[i]));
+                }
+                gated_store<VEC>(out_row, c, d, o);
+            }
+        }
     }
 }
 
+// f64, a reference dtype, has no 16-byte kernel.
+#if DTYPE == 6
+#define GATED_VEC_KERNEL(name, Op)
+#else
+#define GATED_VEC_KERNEL(name, Op)                                                                              \
+    extern "C" __global__ void __launch_bounds__(GATED_MAX_BLOCK)                                              \
+        CONCAT(CONCAT(name, KERNEL_SUFFIX), vec)(elem_t* __restrict__ out, const elem_t* __restrict__ x,       \
+                                                 long long n_rows, int d, long long x_row_stride,              \
+                                                 long long out_row_stride, compute_t f0, compute_t f1, int i0,  \
+                                                 int i1) {                                                      \
+        gated_row<Op, true>(out, x, n_rows, d, x_row_stride, out_row_stride, GateScalars{f0, f1, i0, i1});      \
+    }
+#endif
+
 #define GATED_KERNEL(name, Op)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GATED_BLOCK)                                                  \
+    extern "C" __global__ void __launch_bounds__(GATED_MAX_BLOCK)                                              \
         CONCAT(name, KERNEL_SUFFIX)(elem_t* __restrict__ out, const elem_t* __restrict__ x, long long n_rows,  \
                                     int d, long long x_row_stride, long long out_row_stride, compute_t f0, compute_t f1, \
                                     int i0, int i1) {                                                           \
-        gated_row<Op>(out, x, n_rows, d, x_row_stride, out_row_stride, GateScalars{f0, f1, i0, i1});            \
-    }
+        gated_row<Op, false>(out, x, n_rows, d, x_row_stride, out_row_stride, GateScalars{f0, f1, i0, i1});     \
+    }                                                                                                           \
+    GATED_VEC_KERNEL(name, Op)

@@ -6,13 +6,13 @@
 // nearest-even conversion; the dynamic kernel's s = max(min(absmax, ub) / M,
 // 1 / (M * 512)), absmax reduced with fmax (NaN skipped); a dynamic scale is stored as f32. `format` 0 = f8e4m3fn (M = 448),
 // 1 = f8e5m2 (M = 57344). One block of QUANT_BLOCK threads per row; q is compact rows of `hidden`
-// bytes. The conversion is done in software on every architecture (sm_80 has no fp8 `cvt`), with
-// the same bits as the hardware's `cvt.rn.satfinite`.
+// bytes. The conversion is the hardware's `cvt.rn.satfinite` on sm_89 and later, and software
+// with the same bits before (fp8.cuh).
 
 #define QUANT_BLOCK 256
 
 __device__ __forceinline__ unsigned char to_fp8(compute_t v, int format) {
-    return format == 0 ? fp8_from_f32(narrow_f32(v), 3, 7, 448.0f) : fp8_from_f32(narrow_f32(v), 2, 15, 57344.0f);
+    return format == 0 ? fp8_e4m3(narrow_f32(v)) : fp8_e5m2(narrow_f32(v));
 }
 
 // The maximum of `value` over the block in a fixed tree order (fmax: NaN skipped); every thread gets it.

@@ -59,11 +59,11 @@ __device__ __forceinline__ void store_bf16(unsigned short* p, long long i, float
 __device__ __forceinline__ void store_f32(float* p, long long i, double v) { p[i] = __double2float_rn(v); }
 __device__ __forceinline__ void store_f16(unsigned short* p, long long i, double v) { store_f16(p, i, f32_round_to_odd(v)); }
 __device__ __forceinline__ void store_bf16(unsigned short* p, long long i, double v) { store_bf16(p, i, f32_round_to_odd(v)); }
-__device__ __forceinline__ void store_f8e4m3fn(unsigned char* p, long long i, float v) { p[i] = fp8_from_f32(v, 3, 7, 448.0f); }
+__device__ __forceinline__ void store_f8e4m3fn(unsigned char* p, long long i, float v) { p[i] = fp8_e4m3(v); }
 __device__ __forceinline__ void store_f8e4m3fn(unsigned char* p, long long i, double v) {
     store_f8e4m3fn(p, i, f32_round_to_odd(v));
 }
-__device__ __forceinline__ void store_f8e5m2(unsigned char* p, long long i, float v) { p[i] = fp8_from_f32(v, 2, 15, 57344.0f); }
+__device__ __forceinline__ void store_f8e5m2(unsigned char* p, long long i, float v) { p[i] = fp8_e5m2(v); }
 __device__ __forceinline__ void store_f8e5m2(unsigned char* p, long long i, double v) {
     store_f8e5m2(p, i, f32_round_to_odd(v));
 }

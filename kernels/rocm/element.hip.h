@@ -106,3 +106,34 @@ __device__ __forceinline__ V round_elem(V v) {
 
 // A decimal constant in the compute type `V` (the float one as a float literal).
 #define LIT(V, x) ((V)(sizeof(V) == 4 ? x##f : x))
+
+// A 16-byte chunk as stored, held as four 32-bit words: held as 16-bit elements, the compiler splits
+// the chunk into halves right after its load, which makes the thread wait for the load there.
+struct alignas(16) Words {
+    unsigned int w[4];
+};
+
+// Element `i` of a chunk held as words (little-endian: element 0 is the low half of word 0). Only
+// f32, f16 and bf16 chunks are held so (f64 rows never take a 16-byte path).
+template <int DTYPE>
+__device__ __forceinline__ typename Elem<DTYPE>::T word_element(const Words& words, int i) {
+    if constexpr (sizeof(typename Elem<DTYPE>::T) == 2) {
+        return (typename Elem<DTYPE>::T)(words.w[i / 2] >> (16 * (i % 2)));
+    } else {
+        return __uint_as_float(words.w[i]);
+    }
+}
+
+// A chunk of elements as words (the inverse of word_element).
+template <int DTYPE>
+__device__ __forceinline__ Words to_words(const typename Elem<DTYPE>::T* v) {
+    Words words;
+    if constexpr (sizeof(typename Elem<DTYPE>::T) == 2) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) words.w[i] = (unsigned int)v[2 * i] | ((unsigned int)v[2 * i + 1] << 16);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) words.w[i] = __float_as_uint(v[i]);
+    }
+    return words;
+}

@@ -9,18 +9,29 @@
 //                                                                 const GateScalars<Compute<DTYPE>>& s);
 // (templated on the element type, for ops that round to it: `round_elem<DTYPE>` of element.hip.h)
 // and instantiates `GATED_KERNELS(<op name>, <struct>)`, which defines the `extern "C"` kernels
-// `<op name>_<dtype>(out, x, n_rows, d, x_row_stride, out_row_stride, f0, f1, i0, i1)` for f32, f16,
-// bf16 and f64: the op's float parameters in f0, f1 (in the compute type) and its string-choice,
-// integer and boolean parameters in i0, i1, in declaration order. One block of GATED_BLOCK threads
-// per row. The row statistics are the mean and the biased standard deviation (from that mean) of
-// the gate, reduced in a fixed order. Every value is in the compute type (f32; f64 for f64
-// elements). The numerics are those of the CUDA kernels.
+// `<op name>_<dtype>` for f32, f16, bf16 and f64 (scalar accesses, any alignment) and
+// `<op name>_<dtype>_vec` for f32, f16 and bf16 (16-byte loads and stores: the host picks it when
+// x's rows, their up halves and the output rows start 16-byte aligned, so d % CHUNK == 0), all
+// `(out, x, n_rows, d, x_row_stride, out_row_stride, f0, f1, i0, i1)`: the op's float parameters in
+// f0, f1 (in the compute type) and its string-choice, integer and boolean parameters in i0, i1, in
+// declaration order.
+//
+// One block per row, of a power of two of threads the host picks from d alone (one 16-byte chunk
+// per thread, 64 up to the largest block). Thread t owns chunks t, t + block, ... of CHUNK
+// elements in both kernels, so the row statistics (the mean and the biased standard deviation of the
+// gate from that mean, reduced in a fixed order) and so every output have the same bits whichever
+// kernel runs. Each step, a thread issues the gate and up loads of GATED_UNROLL chunks before it
+// converts any of them. Every value is in the compute type (f32; f64 for f64 elements). The
+// numerics are those of the CUDA kernels.
 
 #pragma once
 
 #include "element.hip.h"
 
-#define GATED_BLOCK 256
+// The largest block (the host picks a power of two from 64 up to it from d alone) and the chunks a
+// thread loads per step.
+#define GATED_MAX_BLOCK 1024
+#define GATED_UNROLL 2
 
 template <typename C>
 struct GateScalars {
@@ -99,12 +110,13 @@ __device__ __forceinline__ C gelu(C g, int approximate) {
     return approximate == 0 ? gelu_erf(g) : gelu_tanh(g);
 }
 
-// Sums `value` over the block in a fixed tree order; every thread gets the total.
+// Sums `value` over the block (blockDim.x threads, a power of two) in a fixed tree order; every
+// thread gets the total.
 template <typename C>
 __device__ __forceinline__ C gated_block_sum(C value, C* scratch) {
     scratch[threadIdx.x] = value;
     __syncthreads();
-    for (int width = GATED_BLOCK / 2; width > 0; width >>= 1) {
+    for (int width = blockDim.x / 2; width > 0; width >>= 1) {
         if (threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
         __syncthreads();
     }
@@ -113,49 +125,138 @@ __device__ __forceinline__ C gated_block_sum(C value, C* scratch) {
     return total;
 }
 
-template <int DTYPE, typename Op>
+// Chunk `c` of a row (elements c*CHUNK .. c*CHUNK+CHUNK-1) as stored. The 16-byte kind (VEC) is
+// one load of `Words` (the host guarantees d % CHUNK == 0: every chunk is whole); the scalar kind
+// reads the elements below `d` one by one and zero past it.
+template <int DTYPE, bool VEC> struct GatedChunk;
+
+template <int DTYPE> struct GatedChunk<DTYPE, true> {
+    typedef typename Elem<DTYPE>::T T;
+    Words words;
+    __device__ __forceinline__ void load(const T* row, int c, int) {
+        words = *reinterpret_cast<const Words*>(row + c * Elem<DTYPE>::CHUNK);
+    }
+    __device__ __forceinline__ T get(int i) const { return word_element<DTYPE>(words, i); }
+    __device__ static void store(T* row, int c, int, const T* v) {
+        *reinterpret_cast<Words*>(row + c * Elem<DTYPE>::CHUNK) = to_words<DTYPE>(v);
+    }
+};
+
+template <int DTYPE> struct GatedChunk<DTYPE, false> {
+    typedef typename Elem<DTYPE>::T T;
+    T v[Elem<DTYPE>::CHUNK];
+    __device__ __forceinline__ void load(const T* row, int c, int d) {
+        int first = c * Elem<DTYPE>::CHUNK;
+#pragma unroll
+        for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) v[i] = first + i < d ? row[first + i] : Elem<DTYPE>::store(0.0f);
+    }
+    __device__ __forceinline__ T get(int i) const { return v[i]; }
+    __device__ static void store(T* row, int c, int d, const T* values) {
+        int first = c * Elem<DTYPE>::CHUNK;
+#pragma unroll
+        for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) {
+            if (first + i < d) row[first + i] = values[i];
+        }
+    }
+};
+
+// Calls `f` on every gate value of a row this thread owns (chunks t, t + step, ...), in order,
+// the loads of GATED_UNROLL chunks issued before any is read.
+template <int DTYPE, bool VEC, typename F>
+__device__ __forceinline__ void for_each_gate_value(const typename Elem<DTYPE>::T* gate, int n, int d, int step, F f) {
+    typedef Elem<DTYPE> E;
+    constexpr int CHUNK = E::CHUNK;
+    for (int c0 = threadIdx.x; c0 < n; c0 += GATED_UNROLL * step) {
+        GatedChunk<DTYPE, VEC> g[GATED_UNROLL];
+#pragma unroll
+        for (int k = 0; k < GATED_UNROLL; ++k) {
+            int c = c0 + k * step;
+            if (c < n) g[k].load(gate, c, d);
+        }
+#pragma unroll
+        for (int k = 0; k < GATED_UNROLL; ++k) {
+            int c = c0 + k * step;
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) {
+                if (c < n && (VEC || c * CHUNK + i < d)) f(E::load(g[k].get(i)));
+            }
+        }
+    }
+}
+
+template <int DTYPE, typename Op, bool VEC>
 __device__ __forceinline__ void gated_row(typename Elem<DTYPE>::T* __restrict__ out,
                                           const typename Elem<DTYPE>::T* __restrict__ x, long long n_rows, int d,
                                           long long x_row_stride, long long out_row_stride,
                                           GateScalars<Compute<DTYPE>> s) {
     typedef Elem<DTYPE> E;
     typedef Compute<DTYPE> C;
-    long long row = blockIdx.x;
-    if (row >= n_rows) return;
-    const typename E::T* gate = x + row * x_row_stride;
-    const typename E::T* up = gate + d;
-    typename E::T* out_row = out + row * out_row_stride;
-    C prepared = 0.0f;
-    if (Op::ROW_STATS) {
-        __shared__ C scratch[GATED_BLOCK];
-        C sum = 0.0f;
-        for (int j = threadIdx.x; j < d; j += GATED_BLOCK) sum += E::load(gate[j]);
+    typedef GatedChunk<DTYPE, VEC> Chunk;
+    constexpr int CHUNK = E::CHUNK;
+    // Grid-stride: the host caps the grid at HIP's 2^32 work-items.
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const typename E::T* gate = x + row * x_row_stride;
+        const typename E::T* up = gate + d;
+        typename E::T* out_row = out + row * out_row_stride;
+        const int n = d / CHUNK + (d % CHUNK != 0);
+        const int step = blockDim.x;
+        C prepared = 0.0f;
+        if (Op::ROW_STATS) {
+            __shared__ C scratch[GATED_MAX_BLOCK];
+            C sum = 0.0f;
+        for_each_gate_value<DTYPE, VEC>(gate, n, d, step, [&](C v) { sum += v; });
         C mean = gated_block_sum(sum, scratch) / (C)d;
         C squares = 0.0f;
-        for (int j = threadIdx.x; j < d; j += GATED_BLOCK) {
-            C t = E::load(gate[j]) - mean;
+        for_each_gate_value<DTYPE, VEC>(gate, n, d, step, [&](C v) {
+            C t = v - mean;
             squares += t * t;
-        }
+        });
         C std = c_sqrt(gated_block_sum(squares, scratch) / (C)d);
         prepared = Op::template prepare<DTYPE>(mean, std, s);
-    }
-    for (int j = threadIdx.x; j < d; j += GATED_BLOCK) {
-        C a = round_elem<DTYPE>(Op::template activate<DTYPE>(E::load(gate[j]), prepared, s));
-        out_row[j] = E::store(a * E::load(up[j]));
+        }
+        // Each step issues the gate and up loads of GATED_UNROLL chunks before it converts any.
+        for (int c0 = threadIdx.x; c0 < n; c0 += GATED_UNROLL * step) {
+            Chunk g[GATED_UNROLL], u[GATED_UNROLL];
+#pragma unroll
+            for (int k = 0; k < GATED_UNROLL; ++k) {
+                int c = c0 + k * step;
+                if (c < n) {
+                    g[k].load(gate, c, d);
+                    u[k].load(up, c, d);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < GATED_UNROLL; ++k) {
+                int c = c0 + k * step;
+                if (c < n) {
+                    typename E::T o[CHUNK];
+#pragma unroll
+                    for (int i = 0; i < CHUNK; ++i) {
+                        C a = round_elem<DTYPE>(Op::template activate<DTYPE>(E::load(g[k].get(i)), prepared, s));
+                        o[i] = E::store(a * E::load(u[k].get(i)));
+                    }
+                    Chunk::store(out_row, c, d, o);
+                }
+            }
+        }
     }
 }
 
-#define GATED_KERNEL_DTYPE(name, Op, DTYPE, SUFFIX)                                                            \
-    extern "C" __global__ void __launch_bounds__(GATED_BLOCK)                                                  \
+#define GATED_KERNEL_DTYPE(name, Op, DTYPE, SUFFIX, VEC)                                                       \
+    extern "C" __global__ void __launch_bounds__(GATED_MAX_BLOCK)                                  \
         name##_##SUFFIX(Elem<DTYPE>::T* __restrict__ out, const Elem<DTYPE>::T* __restrict__ x,               \
                         long long n_rows, int d, long long x_row_stride, long long out_row_stride,             \
                         Compute<DTYPE> f0, Compute<DTYPE> f1, int i0, int i1) {                                \
-        gated_row<DTYPE, Op>(out, x, n_rows, d, x_row_stride, out_row_stride,                                  \
-                             GateScalars<Compute<DTYPE>>{f0, f1, i0, i1});                                     \
+        gated_row<DTYPE, Op, VEC>(out, x, n_rows, d, x_row_stride, out_row_stride,                             \
+                                  GateScalars<Compute<DTYPE>>{f0, f1, i0, i1});                                \
     }
 
-#define GATED_KERNELS(name, Op)               \
-    GATED_KERNEL_DTYPE(name, Op, 0, f32)      \
-    GATED_KERNEL_DTYPE(name, Op, 1, f16)      \
-    GATED_KERNEL_DTYPE(name, Op, 2, bf16)     \
-    GATED_KERNEL_DTYPE(name, Op, 6, f64)
+// f64, a reference dtype, has no 16-byte kernel.
+#define GATED_KERNELS(name, Op)                          \
+    GATED_KERNEL_DTYPE(name, Op, 0, f32, false)          \
+    GATED_KERNEL_DTYPE(name, Op, 0, f32_vec, true)       \
+    GATED_KERNEL_DTYPE(name, Op, 1, f16, false)          \
+    GATED_KERNEL_DTYPE(name, Op, 1, f16_vec, true)       \
+    GATED_KERNEL_DTYPE(name, Op, 2, bf16, false)         \
+    GATED_KERNEL_DTYPE(name, Op, 2, bf16_vec, true)      \
+    GATED_KERNEL_DTYPE(name, Op, 6, f64, false)

@@ -18,51 +18,52 @@ __device__ void norm_quant_row(unsigned char* q, float* scales, typename Elem<DT
     typedef Elem<DTYPE> E;
     typedef Compute<DTYPE> C;
     __shared__ C scratch[QUANT_BLOCK];
-    long long row = blockIdx.x;
-    if (row >= n_rows) return;
-    const typename E::T* x_row = x + row * x_row_stride;
-    const typename E::T* r_row = r + row * r_row_stride;
-    unsigned char* q_row = q + row * (long long)hidden;
-    typename E::T* out_row = residual_out + row * out_row_stride;
+    // Grid-stride: the host caps the grid at HIP's 2^32 work-items.
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const typename E::T* x_row = x + row * x_row_stride;
+        const typename E::T* r_row = r + row * r_row_stride;
+        unsigned char* q_row = q + row * (long long)hidden;
+        typename E::T* out_row = residual_out + row * out_row_stride;
 
-    C squares = 0.0f;
-    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
-        C a = E::load(x_row[j]);
-        if (has_residual) a += E::load(r_row[j]);
-        squares += a * a;
-    }
-    C rstd = C(1) / c_sqrt(quant_block_sum(squares, scratch) / (C)hidden + eps);
-
-    C absmax = 0.0f;
-    if (dynamic) {
+        C squares = 0.0f;
         for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
             C a = E::load(x_row[j]);
             if (has_residual) a += E::load(r_row[j]);
+            squares += a * a;
+        }
+        C rstd = C(1) / c_sqrt(quant_block_sum(squares, scratch) / (C)hidden + eps);
+
+        C absmax = 0.0f;
+        if (dynamic) {
+            for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
+                C a = E::load(x_row[j]);
+                if (has_residual) a += E::load(r_row[j]);
+                C z = round_elem<DTYPE>(a * rstd);
+                if (has_weight) z = round_elem<DTYPE>(z * E::load(w[j]));
+                absmax = c_fmax(absmax, c_fabs(z));
+            }
+        }
+        absmax = quant_block_max(absmax, scratch);
+        C s;
+        if (dynamic) {
+            if (has_scale) absmax = c_fmin(absmax, (C)*scale);
+            C max_finite = format == 0 ? 448.0f : 57344.0f;
+            s = c_fmax(absmax / max_finite, C(1) / (max_finite * 512));
+            if (threadIdx.x == 0) scales[row] = s;
+        } else {
+            s = *scale;
+        }
+
+        for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
+            C a = E::load(x_row[j]);
+            if (has_residual) {
+                a += E::load(r_row[j]);
+                out_row[j] = E::store(a);
+            }
             C z = round_elem<DTYPE>(a * rstd);
             if (has_weight) z = round_elem<DTYPE>(z * E::load(w[j]));
-            absmax = c_fmax(absmax, c_fabs(z));
+            q_row[j] = to_fp8(z / s, format);
         }
-    }
-    absmax = quant_block_max(absmax, scratch);
-    C s;
-    if (dynamic) {
-        if (has_scale) absmax = c_fmin(absmax, (C)*scale);
-        C max_finite = format == 0 ? 448.0f : 57344.0f;
-        s = c_fmax(absmax / max_finite, C(1) / (max_finite * 512));
-        if (threadIdx.x == 0) scales[row] = s;
-    } else {
-        s = *scale;
-    }
-
-    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) {
-        C a = E::load(x_row[j]);
-        if (has_residual) {
-            a += E::load(r_row[j]);
-            out_row[j] = E::store(a);
-        }
-        C z = round_elem<DTYPE>(a * rstd);
-        if (has_weight) z = round_elem<DTYPE>(z * E::load(w[j]));
-        q_row[j] = to_fp8(z / s, format);
     }
 }
 

@@ -10,12 +10,13 @@
 template <int DTYPE>
 __device__ void static_quant_row(unsigned char* q, const typename Elem<DTYPE>::T* x, long long n_rows, int hidden,
                                  long long x_row_stride, const float* scale, int format) {
-    long long row = blockIdx.x;
-    if (row >= n_rows) return;
-    const typename Elem<DTYPE>::T* x_row = x + row * x_row_stride;
-    unsigned char* q_row = q + row * (long long)hidden;
-    Compute<DTYPE> s = *scale;
-    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) q_row[j] = to_fp8(Elem<DTYPE>::load(x_row[j]) / s, format);
+    // Grid-stride: the host caps the grid at HIP's 2^32 work-items.
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const typename Elem<DTYPE>::T* x_row = x + row * x_row_stride;
+        unsigned char* q_row = q + row * (long long)hidden;
+        Compute<DTYPE> s = *scale;
+        for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) q_row[j] = to_fp8(Elem<DTYPE>::load(x_row[j]) / s, format);
+    }
 }
 
 template <int DTYPE>
@@ -23,18 +24,19 @@ __device__ void dynamic_quant_row(unsigned char* q, float* scales, const typenam
                                   int hidden, long long x_row_stride, const float* scale_ub, int has_ub, int format) {
     typedef Compute<DTYPE> C;
     __shared__ C scratch[QUANT_BLOCK];
-    long long row = blockIdx.x;
-    if (row >= n_rows) return;
-    const typename Elem<DTYPE>::T* x_row = x + row * x_row_stride;
-    unsigned char* q_row = q + row * (long long)hidden;
-    C absmax = 0.0f;
-    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) absmax = c_fmax(absmax, c_fabs(Elem<DTYPE>::load(x_row[j])));
-    absmax = quant_block_max(absmax, scratch);
-    if (has_ub) absmax = c_fmin(absmax, (C)*scale_ub);
-    C max_finite = format == 0 ? 448.0f : 57344.0f;
-    C s = c_fmax(absmax / max_finite, C(1) / (max_finite * 512));
-    if (threadIdx.x == 0) scales[row] = s;
-    for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) q_row[j] = to_fp8(Elem<DTYPE>::load(x_row[j]) / s, format);
+    // Grid-stride: the host caps the grid at HIP's 2^32 work-items.
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const typename Elem<DTYPE>::T* x_row = x + row * x_row_stride;
+        unsigned char* q_row = q + row * (long long)hidden;
+        C absmax = 0.0f;
+        for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) absmax = c_fmax(absmax, c_fabs(Elem<DTYPE>::load(x_row[j])));
+        absmax = quant_block_max(absmax, scratch);
+        if (has_ub) absmax = c_fmin(absmax, (C)*scale_ub);
+        C max_finite = format == 0 ? 448.0f : 57344.0f;
+        C s = c_fmax(absmax / max_finite, C(1) / (max_finite * 512));
+        if (threadIdx.x == 0) scales[row] = s;
+        for (int j = threadIdx.x; j < hidden; j += QUANT_BLOCK) q_row[j] = to_fp8(Elem<DTYPE>::load(x_row[j]) / s, format);
+    }
 }
 
 #define QUANT_KERNELS_DTYPE(DTYPE, suffix)                                                                         \

@@ -171,22 +171,7 @@ __device__ __forceinline__ void load_sum(const typename Elem<DTYPE>::T* x_row, c
 // op's residual) as stored: all of a thread's loads are issued before any is converted, and packed
 // 16-bit chunks take half the registers of their values. On the scalar path (loads per element
 // anyway), the values in the compute type (the fused op's unrounded sums).
-// A chunk as stored, held as four 32-bit words: held as 16-bit elements, the compiler splits the
-// chunk into halves right after its load, which makes the thread wait for the load there.
-struct alignas(16) Words {
-    unsigned int w[4];
-};
-
-// Element `i` of a chunk held as words (little-endian: element 0 is the low half of word 0).
-template <int DTYPE>
-__device__ __forceinline__ typename Elem<DTYPE>::T word_element(const Words& words, int i) {
-    if constexpr (sizeof(typename Elem<DTYPE>::T) == 2) {
-        return (typename Elem<DTYPE>::T)(words.w[i / 2] >> (16 * (i % 2)));
-    } else {
-        return __uint_as_float(words.w[i]);  // f32: f64 rows never take the 16-byte path
-    }
-}
-
+// (A chunk as stored is held as `Words`, element.hip.h.)
 template <int DTYPE, bool PACKED, bool FUSED> struct Slot;
 template <int DTYPE, bool FUSED> struct Slot<DTYPE, true, FUSED> {
     Words x, r;
@@ -243,80 +228,84 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     typedef Elem<DTYPE> E;
     typedef Compute<DTYPE> C;
     constexpr int CHUNK = E::CHUNK;
-    long long row = (long long)blockIdx.x * (BLOCK / TPR) + threadIdx.x / TPR;
-    int lane = threadIdx.x % TPR;
-    bool active = row < n_rows;
-    long long n_chunks = ((long long)hidden + CHUNK - 1) / CHUNK;
-    typename E::T* a_row = first + (active ? row : 0) * first_stride;
-    typename E::T* b_row = second + (active ? row : 0) * second_stride;
-    const typename E::T* x_row = FUSED ? a_row : b_row;
+    // Grid-stride over groups of BLOCK / TPR rows: the host caps the grid at HIP's 2^32 work-items.
+    // The loop's bound is the same for the whole block, so every barrier is reached by all of it.
+    for (long long group = blockIdx.x; group * (BLOCK / TPR) < n_rows; group += gridDim.x) {
+        long long row = group * (BLOCK / TPR) + threadIdx.x / TPR;
+        int lane = threadIdx.x % TPR;
+        bool active = row < n_rows;
+        long long n_chunks = ((long long)hidden + CHUNK - 1) / CHUNK;
+        typename E::T* a_row = first + (active ? row : 0) * first_stride;
+        typename E::T* b_row = second + (active ? row : 0) * second_stride;
+        const typename E::T* x_row = FUSED ? a_row : b_row;
 
-    // Each thread's chunks stay in registers between the two passes (the whole row up to the
-    // bucket's largest H; longer rows read the rest again): the loops over them are unrolled, so
-    // every index into `cache` is a constant (a runtime index would put the array in scratch memory).
-    // f64, a reference dtype, keeps the f32 kernels' chunk count and so their registers: half its row.
-    // The fused op on the 16-byte path keeps x and the residual as stored: for f32 that is twice the
-    // registers of their sums, so it keeps half as many chunks.
-    constexpr bool PACKED = VEC == CHUNK;
-    constexpr int ROW_CHUNKS = cache_chunks(DTYPE == 6 ? 4 : CHUNK, TPR);
-    constexpr int CACHE_CHUNKS =
-        PACKED && FUSED && sizeof(typename E::T) >= sizeof(C) ? (ROW_CHUNKS + 1) / 2 : ROW_CHUNKS;
-    Slot<DTYPE, PACKED, FUSED> cache[CACHE_CHUNKS];
-    C sum_sq = 0.0f;
-    if (active && n_chunks > 0) {
-        // Every cached chunk's loads are issued before the first is used. On the 16-byte path every
-        // slot loads, with no branch between the loads (a slot past the row's end loads the row's
-        // last chunk, which it never uses): with a test per chunk the compiler merges each load with
-        // its use and waits for the load there.
+        // Each thread's chunks stay in registers between the two passes (the whole row up to the
+        // bucket's largest H; longer rows read the rest again): the loops over them are unrolled, so
+        // every index into `cache` is a constant (a runtime index would put the array in scratch memory).
+        // f64, a reference dtype, keeps the f32 kernels' chunk count and so their registers: half its row.
+        // The fused op on the 16-byte path keeps x and the residual as stored: for f32 that is twice the
+        // registers of their sums, so it keeps half as many chunks.
+        constexpr bool PACKED = VEC == CHUNK;
+        constexpr int ROW_CHUNKS = cache_chunks(DTYPE == 6 ? 4 : CHUNK, TPR);
+        constexpr int CACHE_CHUNKS =
+            PACKED && FUSED && sizeof(typename E::T) >= sizeof(C) ? (ROW_CHUNKS + 1) / 2 : ROW_CHUNKS;
+        Slot<DTYPE, PACKED, FUSED> cache[CACHE_CHUNKS];
+        C sum_sq = 0.0f;
+        if (active && n_chunks > 0) {
+            // Every cached chunk's loads are issued before the first is used. On the 16-byte path every
+            // slot loads, with no branch between the loads (a slot past the row's end loads the row's
+            // last chunk, which it never uses): with a test per chunk the compiler merges each load with
+            // its use and waits for the load there.
 #pragma unroll
-        for (int k = 0; k < CACHE_CHUNKS; ++k) {
-            long long c = lane + (long long)k * TPR;
-            if constexpr (PACKED) {
-                load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c < n_chunks ? c : n_chunks - 1, hidden);
-            } else if (c < n_chunks) {
-                load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c, hidden);
+            for (int k = 0; k < CACHE_CHUNKS; ++k) {
+                long long c = lane + (long long)k * TPR;
+                if constexpr (PACKED) {
+                    load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c < n_chunks ? c : n_chunks - 1, hidden);
+                } else if (c < n_chunks) {
+                    load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c, hidden);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < CACHE_CHUNKS; ++k) {
+                long long c = lane + (long long)k * TPR;
+                if (c < n_chunks) {
+                    C s[CHUNK];
+                    slot_values<DTYPE, VEC, FUSED>(cache[k], s);
+                    add_squares<CHUNK>(sum_sq, s, c, variance);
+                }
+            }
+            for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
+                C s[CHUNK];
+                load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
+                add_squares<CHUNK>(sum_sq, s, c, variance);
             }
         }
+        C total = row_sum<TPR, BLOCK>(sum_sq);
+        C mean_square = active && isinf(total) ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, variance)
+                                               : total / (C)variance;
+        // The fused rescue reads the whole row: no thread of the block writes before every one has read.
+        if (FUSED) __syncthreads();
+        if (!active) continue;
+        C rstd = C(1) / c_sqrt(mean_square + epsilon);
+        typename E::T* out_row = a_row;
+        // Each chunk belongs to one thread, which recomputes an uncached chunk from x and the residual
+        // before it overwrites them.
 #pragma unroll
         for (int k = 0; k < CACHE_CHUNKS; ++k) {
             long long c = lane + (long long)k * TPR;
             if (c < n_chunks) {
                 C s[CHUNK];
                 slot_values<DTYPE, VEC, FUSED>(cache[k], s);
-                add_squares<CHUNK>(sum_sq, s, c, variance);
+                if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
+                finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
             C s[CHUNK];
             load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
-            add_squares<CHUNK>(sum_sq, s, c, variance);
-        }
-    }
-    C total = row_sum<TPR, BLOCK>(sum_sq);
-    C mean_square = active && isinf(total) ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, variance)
-                                           : total / (C)variance;
-    // The fused rescue reads the whole row: no thread of the block writes before every one has read.
-    if (FUSED) __syncthreads();
-    if (!active) return;
-    C rstd = C(1) / c_sqrt(mean_square + epsilon);
-    typename E::T* out_row = a_row;
-    // Each chunk belongs to one thread, which recomputes an uncached chunk from x and the residual
-    // before it overwrites them.
-#pragma unroll
-    for (int k = 0; k < CACHE_CHUNKS; ++k) {
-        long long c = lane + (long long)k * TPR;
-        if (c < n_chunks) {
-            C s[CHUNK];
-            slot_values<DTYPE, VEC, FUSED>(cache[k], s);
             if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
             finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
         }
-    }
-    for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
-        C s[CHUNK];
-        load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
-        if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
-        finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
     }
 }
 

@@ -43,20 +43,21 @@ __device__ void rotary_token(typename Elem<DTYPE>::T* q, long long q_row_stride,
                              const typename Elem<DTYPE>::T* cache, long long cache_row_stride, long long tokens,
                              int heads, int kv_heads, int head_size, int rotary_dim, int max_position, int is_neox,
                              int round_products) {
-    long long token = blockIdx.x;
-    if (token >= tokens) return;
-    long long position = positions[token];
-    if (position < 0 || position >= max_position) return;
-    const typename Elem<DTYPE>::T* cs = cache + position * cache_row_stride;
-    int half_dim = rotary_dim / 2;
-    typename Elem<DTYPE>::T* q_row = q + token * q_row_stride;
-    for (int pair = threadIdx.x; pair < heads * half_dim; pair += blockDim.x) {
-        rotate_pair_at<DTYPE>(q_row, pair, half_dim, head_size, is_neox, cs, round_products);
-    }
-    if (has_key) {
-        typename Elem<DTYPE>::T* k_row = k + token * k_row_stride;
-        for (int pair = threadIdx.x; pair < kv_heads * half_dim; pair += blockDim.x) {
-            rotate_pair_at<DTYPE>(k_row, pair, half_dim, head_size, is_neox, cs, round_products);
+    // Grid-stride: the host caps the grid at HIP's 2^32 work-items.
+    for (long long token = blockIdx.x; token < tokens; token += gridDim.x) {
+        long long position = positions[token];
+        if (position < 0 || position >= max_position) continue;
+        const typename Elem<DTYPE>::T* cs = cache + position * cache_row_stride;
+        int half_dim = rotary_dim / 2;
+        typename Elem<DTYPE>::T* q_row = q + token * q_row_stride;
+        for (int pair = threadIdx.x; pair < heads * half_dim; pair += blockDim.x) {
+            rotate_pair_at<DTYPE>(q_row, pair, half_dim, head_size, is_neox, cs, round_products);
+        }
+        if (has_key) {
+            typename Elem<DTYPE>::T* k_row = k + token * k_row_stride;
+            for (int pair = threadIdx.x; pair < kv_heads * half_dim; pair += blockDim.x) {
+                rotate_pair_at<DTYPE>(k_row, pair, half_dim, head_size, is_neox, cs, round_products);
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 // Strided copy on the device (`clone` and `contiguous` of rocm tensors), as the CUDA kernel does it
-// (`kernels/cuda/strided_copy.cu`): one thread per element in row-major order, each element moved as
+// (`kernels/cuda/strided_copy.cu`): one thread per element in row-major order (a grid-stride loop:
+// the host caps the grid at HIP's 2^32 work-items, so a thread may take several), each element moved as
 // an unsigned integer of its size (every dtype bit for bit), shape and strides padded to eight
 // dimensions (extent 1, stride 0) so the loop unrolls with constant indices (no scratch); the
 // storage offsets are applied to the pointers by the host.
@@ -45,11 +46,11 @@ __device__ __forceinline__ void strided_offsets(long long i, int rank, const Dim
 template <typename T>
 __device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, int rank,
                                              Dims8 shape, Dims8 src_strides, Dims8 dst_strides) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    long long s, d;
-    strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);
-    dst[d] = src[s];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        long long s, d;
+        strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);
+        dst[d] = src[s];
+    }
 }
 
 #define STRIDED_COPY(bytes, T)                                                                                   \
@@ -145,13 +146,14 @@ __device__ __forceinline__ double round_c_i64(double v) { return (double)(float)
         strided_convert_##SRC##_##DST(const S* __restrict__ src, D* __restrict__ dst, long long n, int rank,    \
                                       Dims8 shape,                                                              \
                                       Dims8 src_strides, Dims8 dst_strides, C factor, int scaled) {             \
-        _Pragma("clang fp contract(off)") long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;       \
-        if (i >= n) return;                                                                                     \
-        long long s, d;                                                                                         \
-        strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);                                        \
-        C v = convert_load_##SRC(src, s);                                                                       \
-        if (scaled) v = round_c_##SRC(v * factor);                                                              \
-        convert_store_##DST(dst, d, v);                                                                         \
+        _Pragma("clang fp contract(off)") for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  \
+                                               i < n; i += (long long)gridDim.x * blockDim.x) {                 \
+            long long s, d;                                                                                     \
+            strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);                                    \
+            C v = convert_load_##SRC(src, s);                                                                   \
+            if (scaled) v = round_c_##SRC(v * factor);                                                          \
+            convert_store_##DST(dst, d, v);                                                                     \
+        }                                                                                                       \
     }
 
 #define TO_EVERY_TARGET(SRC, S, C)                       \
@@ -181,13 +183,14 @@ TO_EVERY_TARGET(i64, long long, double)
     extern "C" __global__ void __launch_bounds__(COPY_BLOCK)                                                    \
         strided_##OP##_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ dst, long long n, \
                               int rank, Dims8 shape, Dims8 a_strides, Dims8 b_strides) {                        \
-        _Pragma("clang fp contract(off)") long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;       \
-        if (i >= n) return;                                                                                     \
-        long long s, t;                                                                                         \
-        strided_offsets(i, rank, shape, a_strides, b_strides, s, t);                                            \
-        C x = convert_load_##NAME(a, s);                                                                        \
-        C y = convert_load_##NAME(b, t);                                                                        \
-        convert_store_##NAME(dst, i, round_c_##NAME(EXPR));                                                     \
+        _Pragma("clang fp contract(off)") for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  \
+                                               i < n; i += (long long)gridDim.x * blockDim.x) {                 \
+            long long s, t;                                                                                     \
+            strided_offsets(i, rank, shape, a_strides, b_strides, s, t);                                        \
+            C x = convert_load_##NAME(a, s);                                                                    \
+            C y = convert_load_##NAME(b, t);                                                                    \
+            convert_store_##NAME(dst, i, round_c_##NAME(EXPR));                                                 \
+        }                                                                                                       \
     }
 
 #define ADD_AND_MUL(NAME, T, C)                  \

@@ -174,7 +174,9 @@ fn render_loads(cuda: &[CudaKernel], loads: &[SassLoads]) -> String {
         .collect();
     let mut rows: Vec<&SassLoads> = loads
         .iter()
-        .filter(|l| l.sm == "sm_90" && label_field(&l.program, "weight") == label_field(&l.program, "dtype"))
+        .filter(|l| {
+            l.sm == "sm_90" && !is_gated(l) && label_field(&l.program, "weight") == label_field(&l.program, "dtype")
+        })
         .collect();
     rows.sort_by(|a, b| (a.kernel.as_str(), a.threads_per_row).cmp(&(b.kernel.as_str(), b.threads_per_row)));
     for row in rows {
@@ -190,6 +192,47 @@ fn render_loads(cuda: &[CudaKernel], loads: &[SassLoads]) -> String {
             row.kernel,
             row.threads_per_row,
             row.up_to_hidden,
+            row.loads,
+            per_sm / 1024.0,
+            predicted_share_of_h200(per_sm) * 100.0
+        );
+    }
+    out.push_str(&render_gated_loads(&registers, loads));
+    out
+}
+
+/// Whether a loads row is a 16-byte gated kernel's (the norms' kernels have no `_vec` suffix).
+fn is_gated(row: &SassLoads) -> bool {
+    row.kernel.ends_with("_vec")
+}
+
+/// The gated kernels' loads-in-flight rows: per sm_90 16-byte kernel and row width d, the block the
+/// host launches (`threads_per_row` in the row) and the loads a thread has in flight at that d.
+fn render_gated_loads(registers: &BTreeMap<(&str, &str, &str), (u32, u32)>, loads: &[SassLoads]) -> String {
+    let mut out = String::from(
+        "\n## Loads in flight (CUDA gated activations, 16-byte path)\n\nRead from the SASS of every 16-byte gated \
+         kernel (`<op>_<dtype>_vec`): a step issues the loads of two chunks of the gate and two of up before it \
+         reads one (the sparse op's statistics pass: two of the gate; the `ptxas` test fails otherwise). One block \
+         per row of a power of two of threads, one 16-byte chunk each (64 to 1024); a row of at most one chunk per \
+         thread fills one slot of the two. Per sm_90 kernel and row width d: the block, registers, resident threads \
+         per SM, 16-byte loads in flight per thread at that d, bytes in flight per SM and the predicted share of \
+         H200 peak by the same Little's law as above.\n\n| kernel | d | block | registers | threads per SM | loads \
+         per thread | bytes in flight per SM | predicted % of H200 peak |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut rows: Vec<&SassLoads> = loads.iter().filter(|l| l.sm == "sm_90" && is_gated(l)).collect();
+    rows.sort_by(|a, b| (a.kernel.as_str(), a.up_to_hidden).cmp(&(b.kernel.as_str(), b.up_to_hidden)));
+    for row in rows {
+        let Some(&(regs, shared)) = registers.get(&(row.sm.as_str(), row.program.as_str(), row.kernel.as_str())) else {
+            continue;
+        };
+        let threads = (cuda_occupancy(&row.sm, regs, shared, row.block) * 64.0 * 32.0).round();
+        let per_sm = f64::from(row.loads) * 16.0 * threads;
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {regs} | {threads:.0} | {} | {:.0} KiB | {:.0}% |",
+            row.kernel,
+            row.up_to_hidden,
+            row.block,
             row.loads,
             per_sm / 1024.0,
             predicted_share_of_h200(per_sm) * 100.0
@@ -408,5 +451,20 @@ mod tests {
             section.contains("| `fused_add_rms_norm_bf16` | 128 | 16384 | 255 | 256 | 32 | 128 KiB | 100% |"),
             "{section}"
         );
+        // A gated row: 40 registers round up to 1280 per warp, so one 1024-thread block fits; two
+        // loads of 16 bytes per thread are 32 KiB per SM. It stays out of the norms' table.
+        let gated =
+            parse_loads_table("sm_90\tsilu_and_mul_bf16\tsilu_and_mul_bf16_vec\t1024\t1024\t8192\t2\n").unwrap();
+        let cuda = [CudaKernel {
+            sm: "sm_90".into(),
+            program: "silu_and_mul_bf16".into(),
+            kernel: "silu_and_mul_bf16_vec".into(),
+            registers: 40,
+            shared_bytes: 0,
+        }];
+        let section = render_loads(&cuda, &gated);
+        let (norms, gated) = section.split_once("gated activations").unwrap();
+        assert!(!norms.contains("silu_and_mul"), "{norms}");
+        assert!(gated.contains("| `silu_and_mul_bf16_vec` | 8192 | 1024 | 40 | 1024 | 2 | 32 KiB | 100% |"), "{gated}");
     }
 }

@@ -164,6 +164,25 @@ pub fn gpu_threads_per_row(hidden: usize) -> u32 {
     }
 }
 
+/// The elements of one 16-byte chunk of `dtype` (f64: 2), the unit a CUDA/ROCm thread of the
+/// norms and gated ops owns.
+pub fn gpu_chunk(dtype: DType) -> usize {
+    16 / dtype.size_in_bytes().clamp(1, 16)
+}
+
+/// The largest block of the CUDA and ROCm gated kernels (`GATED_MAX_BLOCK`, their launch bound).
+pub const GATED_MAX_BLOCK: u32 = 1024;
+
+/// Threads per block of a CUDA or ROCm gated row of width `d`, from d and the dtype alone (the
+/// row statistics' reduction order follows the block, so both kernels of a width must agree): one
+/// 16-byte chunk per thread, rounded up to a power of two, from 64 (a wavefront) up to
+/// [`GATED_MAX_BLOCK`].
+pub fn gated_block(d: usize, dtype: DType) -> u32 {
+    let chunks = d.div_ceil(gpu_chunk(dtype)).max(1);
+    let threads = chunks.checked_next_power_of_two().unwrap_or(usize::MAX);
+    u32::try_from(threads).map_or(GATED_MAX_BLOCK, |threads| threads.clamp(64, GATED_MAX_BLOCK))
+}
+
 /// The longest row a kernel with `threads_per_row` threads per row keeps whole in registers: the
 /// largest hidden size that launches with it (the hidden-size buckets), and 32768 for the last,
 /// open-ended one.
@@ -1355,6 +1374,27 @@ fn not_in_memory(param: &str, memory: &'static str) -> KernelError {
 mod tests {
     use super::*;
     use ir_core::{Device, Layout};
+
+    #[test]
+    fn gated_blocks_are_a_chunk_per_thread_in_powers_of_two() {
+        // 16-byte chunks: 8 bf16, 4 f32, 2 f64.
+        assert_eq!([DType::BF16, DType::F16, DType::F32, DType::F64].map(gpu_chunk), [8, 8, 4, 2]);
+        // At least a wavefront, even for one chunk.
+        assert_eq!(gated_block(1, DType::BF16), 64);
+        assert_eq!(gated_block(512, DType::BF16), 64);
+        assert_eq!(gated_block(520, DType::BF16), 128);
+        assert_eq!(gated_block(4096, DType::BF16), 512);
+        assert_eq!(gated_block(4096, DType::F32), 1024);
+        assert_eq!(gated_block(14336, DType::BF16), 1024);
+        assert_eq!(gated_block(usize::MAX, DType::BF16), 1024);
+        assert_eq!(gated_block(4096, DType::F64), 1024);
+        for d in 1..5000 {
+            for dtype in [DType::BF16, DType::F32, DType::F64] {
+                let block = gated_block(d, dtype);
+                assert!(block.is_power_of_two() && (64..=GATED_MAX_BLOCK).contains(&block), "{d} {dtype}");
+            }
+        }
+    }
 
     fn meta(dtype: DType, shape: &[usize], strides: &[usize], offset: usize) -> TensorMeta {
         TensorMeta { dtype, device: Device::Cpu, layout: Layout::new(shape, strides, offset).unwrap() }

@@ -14,7 +14,6 @@ use ir_core::{Availability, DType, Device, KernelError};
 
 use crate::module::{KernelVariant, NormProgram, arch_for, compile_ptx, nvrtc_availability};
 use crate::runtime::Cuda;
-use kernel_support::GatedKernel;
 use kernel_support::gpu::Fill;
 
 /// One CUDA device: its context, the stream every operation of this crate uses, and compiled kernels.
@@ -24,7 +23,7 @@ pub struct CudaDeviceState {
     stream: Arc<CudaStream>,
     pub(crate) arch: Option<&'static str>,
     norms: Mutex<NormKernels>,
-    op_functions: Mutex<HashMap<(&'static str, DType), CudaFunction>>,
+    op_kernels: Mutex<OpKernels>,
 }
 
 impl std::fmt::Debug for CudaDeviceState {
@@ -39,6 +38,30 @@ impl std::fmt::Debug for CudaDeviceState {
 struct NormKernels {
     modules: HashMap<NormProgram, Arc<CudaModule>>,
     functions: HashMap<KernelVariant, CudaFunction>,
+}
+
+/// An NVRTC program of the other op families: its source (`"quant"`, an op's name for a gated op)
+/// and, for a program compiled per dtype, the dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ProgramKey {
+    pub(crate) source: &'static str,
+    pub(crate) dtype: Option<DType>,
+}
+
+/// A function of such a program: the kernel's base name and whether it is the 16-byte variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct FunctionKey {
+    pub(crate) program: ProgramKey,
+    pub(crate) kernel: &'static str,
+    pub(crate) vectorized: bool,
+}
+
+/// The other families' kernels loaded on one device: each program's module (compiled once for
+/// every kernel it holds) and the functions taken from them.
+#[derive(Default)]
+struct OpKernels {
+    modules: HashMap<ProgramKey, Arc<CudaModule>>,
+    functions: HashMap<FunctionKey, CudaFunction>,
 }
 
 static DEVICES: OnceLock<Result<Vec<Arc<CudaDeviceState>>, String>> = OnceLock::new();
@@ -94,7 +117,7 @@ fn init_devices() -> Result<Vec<Arc<CudaDeviceState>>, String> {
                 stream,
                 arch,
                 norms: Mutex::new(NormKernels::default()),
-                op_functions: Mutex::new(HashMap::new()),
+                op_kernels: Mutex::new(OpKernels::default()),
             }))
         })
         .collect()
@@ -145,34 +168,32 @@ impl CudaDeviceState {
         Ok(function)
     }
 
-    /// The kernel of a gated op for `dtype`, compiled and loaded at first use.
-    pub(crate) fn gated_function(&self, op: &GatedKernel, dtype: DType) -> Result<CudaFunction, KernelError> {
-        self.op_function(
-            op.def.name,
-            dtype,
-            || op.kernel_name(dtype),
-            || crate::gated::compile_ptx(op, dtype, self.arch),
-        )
-    }
-
-    /// The function `name()` of op `op` for `dtype`, from the PTX `compile` makes, compiled and
-    /// loaded at first use and cached per (op, dtype); a launch that finds it cached builds neither
-    /// the name nor the program.
+    /// The function `key` names, whose symbol is `name()`, from its program's module, which
+    /// `compile` makes at the program's first use; both are cached, so a launch that finds the
+    /// function builds neither the name nor the program, and a program holding several kernels
+    /// is compiled once for all of them.
     pub(crate) fn op_function(
         &self,
-        op: &'static str,
-        dtype: DType,
+        key: FunctionKey,
         name: impl FnOnce() -> String,
         compile: impl FnOnce() -> Result<cudarc::nvrtc::Ptx, KernelError>,
     ) -> Result<CudaFunction, KernelError> {
-        let mut functions = self.op_functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(function) = functions.get(&(op, dtype)) {
+        let mut kernels = self.op_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(function) = kernels.functions.get(&key) {
             return Ok(function.clone());
         }
-        tracing::debug!(target: "kernels_cuda", op, %dtype, arch = ?self.arch, "compiling with NVRTC");
-        let module = self.context.load_module(compile()?).map_err(driver_error)?;
+        let module = match kernels.modules.get(&key.program) {
+            Some(module) => Arc::clone(module),
+            None => {
+                let ProgramKey { source, dtype } = key.program;
+                tracing::debug!(target: "kernels_cuda", source, ?dtype, arch = ?self.arch, "compiling with NVRTC");
+                let module = self.context.load_module(compile()?).map_err(driver_error)?;
+                kernels.modules.insert(key.program, Arc::clone(&module));
+                module
+            }
+        };
         let function = module.load_function(&name()).map_err(driver_error)?;
-        functions.insert((op, dtype), function.clone());
+        kernels.functions.insert(key, function.clone());
         Ok(function)
     }
 

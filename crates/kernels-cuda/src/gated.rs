@@ -2,7 +2,9 @@
 //!
 //! Each op is one kernel source `kernels/<op>.cu` and one line of [`GATED_OPS`]; NVRTC compiles the
 //! element prelude, `kernels/gated.cuh` (the shared row kernel) and the op's source per dtype, at
-//! first use, and the module is cached per device. The op's scalar parameters reach the kernel
+//! first use, and the module is cached per device. The program holds the op's two kernels: scalar
+//! accesses, and 16-byte loads and stores for aligned rows (`<op>_<dtype>_vec`), with one block
+//! per row of [`gated_block`](kernel_support::gated_block) threads. The op's scalar parameters reach the kernel
 //! through [`GatedScalars`](kernel_support::GatedScalars); the host code is
 //! [`kernel_support::gpu::run_gated`].
 
@@ -16,9 +18,6 @@ use crate::module::{ELEMENT, compile, dtype_define};
 
 /// The shared row kernel of the gated ops.
 pub const GATED: &str = include_str!("../kernels/gated.cuh");
-
-/// Threads per block of the gated kernels (`GATED_BLOCK` in `gated.cuh`): one block per row.
-pub const GATED_BLOCK: u32 = 256;
 
 /// Every gated op this provider implements: adding one is a kernel source and a line here.
 pub const GATED_OPS: &[GatedKernel] = &[

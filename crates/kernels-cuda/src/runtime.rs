@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use ir_core::KernelError;
+use ir_core::{DType, KernelError};
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
 use kernel_support::gpu::{
     BufferArg, Fill, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
@@ -12,7 +12,7 @@ use kernel_support::gpu::{
 use kernel_support::gpu_threads_per_row;
 use smallvec::SmallVec;
 
-use crate::device::{CudaBuffer, DeviceAddress, driver_error};
+use crate::device::{CudaBuffer, DeviceAddress, FunctionKey, ProgramKey, driver_error};
 use crate::module::NormProgram;
 
 /// CUDA through cudarc.
@@ -21,7 +21,6 @@ pub struct Cuda;
 
 impl GpuRuntime for Cuda {
     const MEMORY: &'static str = "CUDA";
-    const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
     const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
     const COPY_GROUP: u32 = crate::copy::COPY_BLOCK;
 
@@ -40,17 +39,27 @@ impl GpuRuntime for Cuda {
     fn kernel(like: &CudaBuffer, key: KernelKey<'_>) -> Result<CudaFunction, KernelError> {
         let device = &like.device;
         match key {
-            KernelKey::Gated { op, dtype } => device.gated_function(op, dtype),
-            KernelKey::Rotary { dtype } => device.op_function(
-                ROTARY_EMBEDDING.name,
-                dtype,
-                || key.symbol(),
-                || crate::rotary::compile_ptx(dtype, device.arch),
-            ),
+            KernelKey::Gated { op, dtype, vectorized } => {
+                let program = ProgramKey { source: op.def.name, dtype: Some(dtype) };
+                let function = FunctionKey { program, kernel: op.def.name, vectorized };
+                device.op_function(function, || key.symbol(), || crate::gated::compile_ptx(op, dtype, device.arch))
+            }
+            KernelKey::Rotary { dtype } => {
+                let program = ProgramKey { source: "rotary", dtype: Some(dtype) };
+                let function = FunctionKey { program, kernel: ROTARY_EMBEDDING.name, vectorized: false };
+                device.op_function(function, || key.symbol(), || crate::rotary::compile_ptx(dtype, device.arch))
+            }
+            // One program per dtype holds every quantization kernel.
             KernelKey::Quant { kernel, dtype } => {
-                device.op_function(kernel, dtype, || key.symbol(), || crate::quant::compile_ptx(dtype, device.arch))
+                let program = ProgramKey { source: "quant", dtype: Some(dtype) };
+                let function = FunctionKey { program, kernel, vectorized: false };
+                device.op_function(function, || key.symbol(), || crate::quant::compile_ptx(dtype, device.arch))
             }
         }
+    }
+
+    fn gated_group(d: usize, dtype: DType) -> u32 {
+        kernel_support::gated_block(d, dtype)
     }
 
     fn norm_kernel(like: &CudaBuffer, key: &NormKey) -> Result<(CudaFunction, NormShape), KernelError> {
@@ -64,15 +73,15 @@ impl GpuRuntime for Cuda {
     fn strided_kernel(like: &CudaBuffer, key: StridedKey) -> Result<Option<CudaFunction>, KernelError> {
         let (device, arch) = (&like.device, like.device.arch);
         let Some(symbol) = key.symbol() else { return Ok(None) };
-        let function = match key {
-            StridedKey::Copy { dtype } => {
-                device.op_function("strided_copy", dtype, || symbol.to_owned(), || crate::copy::compile_ptx(arch))?
-            }
-            // Cached per kernel name (each pair or operation its own entry).
-            StridedKey::Convert { src: dtype, .. } | StridedKey::Binary { dtype, .. } => {
-                device.op_function(symbol, dtype, || symbol.to_owned(), || crate::copy::compile_convert_ptx(arch))?
+        // One program holds every copy, another every conversion and `add`/`mul`.
+        let (source, compile): (_, fn(_) -> _) = match key {
+            StridedKey::Copy { .. } => ("strided_copy", crate::copy::compile_ptx),
+            StridedKey::Convert { .. } | StridedKey::Binary { .. } => {
+                ("strided_convert", crate::copy::compile_convert_ptx)
             }
         };
+        let function = FunctionKey { program: ProgramKey { source, dtype: None }, kernel: symbol, vectorized: false };
+        let function = device.op_function(function, || symbol.to_owned(), || compile(arch))?;
         Ok(Some(function))
     }
 

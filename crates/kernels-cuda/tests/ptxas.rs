@@ -412,6 +412,8 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
     }
     let _ = writeln!(std::io::stderr(), "ptxas: assembled them in {:.0?}", start.elapsed());
     check_loads_in_flight(&dir);
+    check_gated_loads_in_flight(&dir);
+    check_fp8_conversions(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     // The resource table, on stderr (which libtest does not capture): per architecture and kernel
     // symbol, the registers per thread over its variants and the most shared memory.
@@ -521,6 +523,79 @@ fn check_loads_in_flight(dir: &std::path::Path) {
     for row in rows {
         let _ = writeln!(err, "{row}");
     }
+}
+
+/// Every 16-byte gated kernel, for both architectures: a thread issues the loads of
+/// `GATED_UNROLL` chunks before it reads one: of the gate and of up (4 loads), or, for a kernel
+/// that first reduces the gate's statistics (it has a barrier), of the gate (2 loads).
+fn check_gated_loads_in_flight(dir: &std::path::Path) {
+    let Ok(nvdisasm) = nvdisasm() else { return };
+    const GATED_UNROLL: usize = 2;
+    const GATED_TABLE_WIDTHS: [usize; 3] = [2048, 8192, 14336];
+    let (mut rows, mut table) = (Vec::new(), String::new());
+    for (_, sm) in ARCHS {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for op in kernels_cuda::gated::GATED_OPS {
+                let label = op.kernel_name(dtype);
+                let functions = disassemble(&nvdisasm, &cubin_path(dir, &label, sm));
+                let kernel = format!("{label}_vec");
+                let code = functions.get(&kernel).unwrap_or_else(|| panic!("{label} for {sm}: no SASS for {kernel}"));
+                let reduces = code.iter().any(|i| opcode_and_operands(i).0.starts_with("BAR"));
+                let wanted = if reduces { GATED_UNROLL } else { 2 * GATED_UNROLL };
+                let pass = first_pass(code);
+                assert!(
+                    pass.loads_before_first_use >= wanted,
+                    "{sm} {kernel} issues {} loads before it first reads one ({:?}); a step loads {wanted} chunks, \
+                     whose loads must all be in flight first",
+                    pass.loads_before_first_use,
+                    pass.first_use
+                );
+                let stores = code.iter().filter(|i| opcode_and_operands(i).0.starts_with("STG.E.128")).count();
+                assert!(stores > 0, "{sm} {kernel} has no 16-byte store");
+                rows.push(format!(
+                    "  {sm} {kernel}: {} loads in flight before the first use",
+                    pass.loads_before_first_use
+                ));
+                // At a few widths: the block the host launches and the loads a thread has in flight
+                // there (a row of fewer chunks than two per thread fills one slot).
+                for d in GATED_TABLE_WIDTHS {
+                    let block = kernel_support::gated_block(d, dtype) as usize;
+                    let chunks = d.div_ceil(kernel_support::gpu_chunk(dtype)).div_ceil(block).min(GATED_UNROLL);
+                    let loads = (if reduces { chunks } else { 2 * chunks }).min(pass.loads_before_first_use);
+                    table.push_str(&format!("{sm}\t{label}\t{kernel}\t{block}\t{block}\t{d}\t{loads}\n"));
+                }
+            }
+        }
+    }
+    // Appended to the norms' rows (`cargo xtask kernel-resources`): the block stands in the threads
+    // per row column, the width in the largest H column.
+    if let Ok(path) = std::env::var(LOADS_ENV) {
+        let mut file = std::fs::OpenOptions::new().append(true).create(true).open(&path).unwrap();
+        file.write_all(table.as_bytes()).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "nvdisasm: read {} 16-byte gated kernels; loads in flight per thread:", rows.len());
+    for row in rows {
+        let _ = writeln!(err, "{row}");
+    }
+}
+
+/// The quantization programs (every input dtype) and the strided conversions convert to fp8 with the
+/// hardware's `F2FP.SATFINITE` on sm_90 (both formats), and in software on sm_80, which has none.
+fn check_fp8_conversions(dir: &std::path::Path) {
+    let Ok(nvdisasm) = nvdisasm() else { return };
+    let labels = DTYPES.iter().map(|dtype| format!("quant_{dtype}")).chain(["strided_convert".to_owned()]);
+    for label in labels {
+        for (_, sm) in ARCHS {
+            let functions = disassemble(&nvdisasm, &cubin_path(dir, &label, sm));
+            let code: Vec<&String> = functions.values().flatten().collect();
+            for format in ["E4M3", "E5M2"] {
+                let converts = code.iter().any(|i| i.contains(&format!("F2FP.SATFINITE.{format}.F32")));
+                assert_eq!(converts, sm == "sm_90", "{label} for {sm}: the hardware {format} conversion");
+            }
+        }
+    }
+    let _ = writeln!(std::io::stderr(), "nvdisasm: the fp8 conversions are the hardware's on sm_90, software on sm_80");
 }
 
 /// Where to write the loads-in-flight table (tab-separated), when set.

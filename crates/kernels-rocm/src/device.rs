@@ -7,9 +7,9 @@ use std::ptr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hip_sys::hiprt::{
-    hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceSynchronize, hipError_t, hipFree, hipFunction_t,
-    hipGetDeviceCount, hipGetErrorString, hipMalloc, hipMemcpyDtoH, hipMemcpyHtoD, hipMemsetD8, hipModule_t,
-    hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice,
+    hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceSynchronize, hipError_t, hipFreeAsync, hipFunction_t,
+    hipGetDeviceCount, hipGetErrorString, hipMallocAsync, hipMemcpyDtoH, hipMemcpyHtoD, hipMemsetD8Async, hipModule_t,
+    hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice, hipStream_t,
 };
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, Device, KernelError};
@@ -105,18 +105,23 @@ impl HipDevice {
         Ok(function)
     }
 
-    /// A buffer of `len_bytes`: zeroed, or (for a kernel's output, which the kernel writes whole)
-    /// left as `hipMalloc` gives it.
+    /// A buffer of `len_bytes`, allocated in order on the launches' stream (the caller's, when the
+    /// call's context gives one, else the null stream) and freed in order on it when dropped:
+    /// zeroed there, or (for a kernel's output, which the kernel writes whole) left as the
+    /// allocator gives it.
     pub(crate) fn allocate(self: &Arc<Self>, len_bytes: usize, fill: Fill) -> Result<HipBuffer, DeviceError> {
+        let stream = launch_stream();
         let mut pointer: *mut c_void = ptr::null_mut();
         let size = len_bytes.max(1);
-        // SAFETY: a valid out-pointer; the size is non-zero.
-        check(unsafe { hipMalloc(&mut pointer, size) }).map_err(|e| self.error("allocate", e))?;
+        // SAFETY: a valid out-pointer; the size is non-zero; the stream is the caller's (a live
+        // stream of this device, `HipStream`'s contract) or the null stream.
+        check(unsafe { hipMallocAsync(&mut pointer, size, stream) }).map_err(|e| self.error("allocate", e))?;
+        let buffer = HipBuffer { pointer, len_bytes, device: Arc::clone(self), owner: None, stream };
         if fill == Fill::Zeros {
-            // SAFETY: `pointer` was just allocated with `size` bytes.
-            check(unsafe { hipMemsetD8(pointer, 0, size) }).map_err(|e| self.error("allocate", e))?;
+            // SAFETY: `pointer` was just allocated with `size` bytes, in order on `stream`.
+            check(unsafe { hipMemsetD8Async(pointer, 0, size, stream) }).map_err(|e| self.error("allocate", e))?;
         }
-        Ok(HipBuffer { pointer, len_bytes, device: Arc::clone(self), owner: None })
+        Ok(buffer)
     }
 
     fn error(&self, operation: &'static str, message: String) -> DeviceError {
@@ -137,7 +142,7 @@ impl HipDevice {
         params: &mut [*mut c_void],
     ) -> Result<(), KernelError> {
         let function = self.function(symbol)?;
-        let stream = ir_core::stream::launch_stream::<HipStream>().map_or(ptr::null_mut(), |stream| stream.0);
+        let stream = launch_stream();
         // SAFETY: the caller guarantees the parameters; the stream is the caller's (a live stream
         // of this device, `HipStream`'s contract) or the null stream; copies synchronize the
         // device first, so they see every launch on either.
@@ -173,15 +178,25 @@ impl HipDevice {
         src: *mut c_void,
         bytes: usize,
     ) -> Result<(), KernelError> {
-        let stream = ir_core::stream::launch_stream::<HipStream>().map_or(ptr::null_mut(), |stream| stream.0);
+        let stream = launch_stream();
         // SAFETY: the caller's contract; the stream is the caller's (a live stream of this device,
         // `HipStream`'s contract) or the null stream, the one the kernels use.
         check(unsafe { hip_sys::hiprt::hipMemcpyDtoDAsync(dst, src, bytes, stream) }).map_err(driver)
     }
 }
 
+/// The stream this call's launches, copies and allocations are ordered on: the caller's, when the
+/// call's context gives one ([`HipStream`]), else the null stream.
+fn launch_stream() -> hipStream_t {
+    ir_core::stream::launch_stream::<HipStream>().map_or(ptr::null_mut(), |stream| stream.0)
+}
+
 /// An engine's HIP stream, for [`EagerContext::with_stream`](ir_core::EagerContext::with_stream):
-/// the calls made through that context launch their kernels on it instead of the default stream.
+/// the calls made through that context launch their kernels on it instead of the default stream,
+/// and allocate their outputs on it (`hipMallocAsync`); an output is freed in order on the stream
+/// it was allocated on (`hipFreeAsync`), so work the engine queues on another stream that uses it
+/// must be ordered before that stream's later work (an event), as with any stream-ordered
+/// allocator.
 #[derive(Clone, Copy, Debug)]
 pub struct HipStream(hip_sys::hiprt::hipStream_t);
 
@@ -221,13 +236,16 @@ impl DeviceAllocator for RocmAllocator {
     }
 }
 
-/// HIP memory of one tensor storage: allocated here (freed on drop), or an engine's (kept alive
-/// by its owner value, never freed here).
+/// HIP memory of one tensor storage: allocated here in stream order (freed in order on the same
+/// stream when dropped, with no wait), or an engine's (kept alive by its owner value, never freed
+/// here).
 pub struct HipBuffer {
     pub(crate) pointer: *mut c_void,
     len_bytes: usize,
     pub(crate) device: Arc<HipDevice>,
     owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// The stream the memory was allocated on, where it is freed (the null stream for adopted memory).
+    stream: hipStream_t,
 }
 
 impl HipBuffer {
@@ -254,7 +272,7 @@ impl HipBuffer {
             operation: "adopt",
             message: reason,
         })?);
-        Ok(HipBuffer { pointer, len_bytes, device, owner: Some(Box::new(owner)) })
+        Ok(HipBuffer { pointer, len_bytes, device, owner: Some(Box::new(owner)), stream: ptr::null_mut() })
     }
 
     /// A tensor over the buffer (the layout must fit).
@@ -280,13 +298,16 @@ impl std::fmt::Debug for HipBuffer {
 
 impl Drop for HipBuffer {
     fn drop(&mut self) {
-        // SAFETY: pending kernels finish first; memory allocated here came from hipMalloc and is
-        // freed once, adopted memory is left to its owner (dropped after this).
-        unsafe {
-            let _ = hipDeviceSynchronize();
-            if self.owner.is_none() {
-                let _ = hipFree(self.pointer);
-            }
+        if self.owner.is_none() {
+            // SAFETY: memory allocated here came from `hipMallocAsync` on `self.stream` and is freed
+            // once, in order on that stream: after every kernel and copy queued there (where this
+            // crate queues every use of it, unless the engine ordered another stream's use before).
+            let _ = unsafe { hipFreeAsync(self.pointer, self.stream) };
+        } else {
+            // Adopted memory: its owner (dropped right after this) may free it at once, so every
+            // kernel queued on it, on whichever stream, finishes first.
+            // SAFETY: no preconditions.
+            let _ = unsafe { hipDeviceSynchronize() };
         }
     }
 }

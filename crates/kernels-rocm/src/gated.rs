@@ -2,7 +2,9 @@
 //!
 //! Each op is one kernel source `kernels/<op>.hip` (compiled into the code object with every other
 //! source by `build.rs`) and one line of [`GATED_OPS`]. The op's scalar parameters reach the kernel
-//! through [`GatedScalars`](kernel_support::GatedScalars).
+//! through [`GatedScalars`](kernel_support::GatedScalars). Each op has a scalar kernel and, except
+//! for f64, a 16-byte one for aligned rows (`<op>_<dtype>_vec`), launched with one block per row of
+//! [`gated_block`](kernel_support::gated_block) threads.
 
 use ir_ops::gelu_and_mul::GELU_AND_MUL;
 use ir_ops::silu_and_mul::SILU_AND_MUL;
@@ -10,9 +12,6 @@ use kernel_support::GatedKernel;
 
 /// The shared row kernel of the gated ops.
 pub const GATED: &str = include_str!("../kernels/gated.hip.h");
-
-/// Threads per block of the gated kernels (`GATED_BLOCK` in `gated.hip.h`): one block per row.
-pub const GATED_BLOCK: u32 = 256;
 
 /// Every gated op this provider implements: adding one is a kernel source and a line here.
 pub const GATED_OPS: &[GatedKernel] = &[

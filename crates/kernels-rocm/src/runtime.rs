@@ -34,7 +34,6 @@ mod hip {
 
     impl GpuRuntime for Hip {
         const MEMORY: &'static str = "HIP";
-        const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
         const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
         /// `COPY_BLOCK` in `strided_copy.hip`.
         const COPY_GROUP: u32 = 256;
@@ -45,6 +44,10 @@ mod hip {
         type Queue = Arc<HipDevice>;
         /// The kernel's symbol in the embedded code object.
         type Kernel = String;
+
+        fn gated_group(d: usize, dtype: ir_core::DType) -> u32 {
+            kernel_support::gated_block(d, dtype)
+        }
 
         fn queue(_first: &HipBuffer) -> Result<Arc<HipDevice>, KernelError> {
             device().map(Arc::clone).map_err(driver)
@@ -186,7 +189,6 @@ mod unbuilt {
 
     impl GpuRuntime for Hip {
         const MEMORY: &'static str = "HIP";
-        const GATED_GROUP: u32 = crate::gated::GATED_BLOCK;
         const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
         const COPY_GROUP: u32 = 256;
 
@@ -194,6 +196,9 @@ mod unbuilt {
         type Queue = ();
         type Kernel = ();
 
+        fn gated_group(d: usize, dtype: ir_core::DType) -> u32 {
+            kernel_support::gated_block(d, dtype)
+        }
         fn queue(first: &NoHipMemory) -> Result<(), KernelError> {
             match *first {}
         }

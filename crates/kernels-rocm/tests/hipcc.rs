@@ -198,13 +198,51 @@ fn unbundle<'a>(bundle: &'a [u8], target: &str) -> Option<&'a [u8]> {
 }
 
 /// How many 16-byte global loads a function's ISA issues before its first wait on vector memory
-/// (`s_waitcnt` with a `vmcnt`): the loads a thread has in flight before it first waits.
+/// (an `s_waitcnt vmcnt(n)` with more than n vector memory operations outstanding; one with no
+/// more outstanding waits for nothing): the loads a thread has in flight before it first waits.
+/// The instructions are walked in the order they run when every lane is active and no early exit
+/// is taken: an unconditional `s_branch` is followed (the compiler places a loop's body before its
+/// header), a conditional branch falls through.
 fn loads_before_first_wait(isa: &[&str]) -> usize {
-    isa.iter()
-        .map(|line| line.trim())
-        .take_while(|line| !(line.starts_with("s_waitcnt") && line.contains("vmcnt")))
-        .filter(|line| line.starts_with("global_load_dwordx4"))
-        .count()
+    // Each line's address is in llvm-objdump's comment (`// 0000000138E8: BF820038`), a branch's
+    // target after it as an offset from the function's start (`<name+0x1cc>`).
+    let address = |line: &str| {
+        let (_, comment) = line.split_once("//")?;
+        u64::from_str_radix(comment.trim().split(':').next()?, 16).ok()
+    };
+    let start = isa.iter().find_map(|line| address(line));
+    let target = |line: &str| {
+        let offset = line.rsplit_once("+0x")?.1.strip_suffix('>')?;
+        Some(start? + u64::from_str_radix(offset, 16).ok()?)
+    };
+    // The `n` of an `s_waitcnt` that waits on vector memory.
+    let vmcnt = |instruction: &str| {
+        let (_, rest) = instruction.strip_prefix("s_waitcnt")?.split_once("vmcnt(")?;
+        rest.split(')').next()?.parse::<usize>().ok()
+    };
+    let (mut at, mut loads, mut outstanding) = (0, 0, 0);
+    // A path longer than the function twice over is in a loop without loads or waits.
+    for _ in 0..2 * isa.len() {
+        let Some(line) = isa.get(at) else { break };
+        let instruction = line.trim();
+        if vmcnt(instruction).is_some_and(|n| outstanding > n) || instruction.starts_with("s_endpgm") {
+            break;
+        }
+        if ["global_", "buffer_", "flat_"].iter().any(|p| instruction.starts_with(p)) {
+            outstanding += 1;
+        }
+        if instruction.starts_with("global_load_dwordx4") {
+            loads += 1;
+        }
+        at = match (instruction.starts_with("s_branch "), target(instruction)) {
+            (true, Some(to)) => match isa.iter().position(|l| address(l) == Some(to)) {
+                Some(position) => position,
+                None => break,
+            },
+            _ => at + 1,
+        };
+    }
+    loads
 }
 
 /// The instructions of every function in llvm-objdump's listing (`<name>:` starts one, a blank
@@ -279,6 +317,34 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
         std::io::stderr(),
         "hipcc: every one of {checked} vectorized norm kernels has all its cached chunks' loads in flight before its first wait"
     );
+    // The 16-byte gated kernels: a step's loads of GATED_UNROLL chunks, of the gate and of up (4),
+    // or, for a kernel that first reduces the gate's statistics (it has a barrier), of the gate (2).
+    const GATED_UNROLL: usize = 2;
+    let mut gated = Vec::new();
+    for op in kernels_rocm::gated::GATED_OPS {
+        for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+            let symbol = format!("{}_vec", op.kernel_name(dtype));
+            let isa = functions.get(symbol.as_str()).unwrap_or_else(|| panic!("no ISA for {symbol}"));
+            let reduces = isa.iter().any(|line| line.trim().starts_with("s_barrier"));
+            let wanted = if reduces { GATED_UNROLL } else { 2 * GATED_UNROLL };
+            let loads = loads_before_first_wait(isa);
+            assert!(
+                loads >= wanted,
+                "{symbol} issues {loads} 16-byte loads before its first wait on vector memory; a step loads {wanted} \
+                 chunks, whose loads must all be in flight first"
+            );
+            assert!(
+                isa.iter().any(|line| line.trim().starts_with("global_store_dwordx4")),
+                "{symbol}: no 16-byte store"
+            );
+            gated.push(format!("{symbol}: {loads}"));
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "hipcc: 16-byte gated kernels, loads in flight before the first wait: {}",
+        gated.join(", ")
+    );
 }
 
 #[test]
@@ -296,6 +362,24 @@ fn the_isa_readers_find_functions_loads_and_bundled_objects() {
     assert_eq!(functions.len(), 2);
     assert_eq!(loads_before_first_wait(&functions["k"]), 3, "a wait on scalar memory does not count");
     assert_eq!(loads_before_first_wait(&functions["other"]), 0);
+    // A wait with no more vector memory operations outstanding than it allows waits for nothing.
+    let idle = "0000000000004000 <idle>:\n\ts_waitcnt vmcnt(0)\n\tglobal_load_dwordx4 v[2:5], v[2:3], off\n\
+        \tglobal_load_dword v6, v[2:3], off\n\ts_waitcnt vmcnt(2)\n\
+        \tglobal_load_dwordx4 v[8:11], v[2:3], off\n\ts_waitcnt vmcnt(1)\n";
+    assert_eq!(loads_before_first_wait(&isa_functions(idle)["idle"]), 2);
+    // A loop whose body the compiler placed before its header: the branch into the header is
+    // followed, the conditional skip falls through, and the jump back to the body reaches the wait.
+    let rotated = "0000000000003000 <loop>:\n\
+        \ts_branch 3                  // 000000003000: BF820003 <loop+0x10>\n\
+        \ts_waitcnt vmcnt(0)          // 000000003004: BF8C0F70\n\
+        \tv_add_f32_e32 v1, v1, v2    // 000000003008: 02020501\n\
+        \ts_endpgm                    // 00000000300C: BF810000\n\
+        \tglobal_load_dwordx4 v[2:5], v[2:3], off // 000000003010: DC5C8000 027F0002\n\
+        \ts_cbranch_execz 65533       // 000000003018: BF88FFFD <loop+0x8>\n\
+        \tglobal_load_dwordx4 v[6:9], v[2:3], off // 00000000301C: DC5C8000 067F0002\n\
+        \ts_branch 65529              // 000000003024: BF82FFF9 <loop+0x4>\n";
+    let functions = isa_functions(rotated);
+    assert_eq!(loads_before_first_wait(&functions["loop"]), 2);
     // A bundle of a host entry and a gfx90a entry.
     let mut bundle = b"__CLANG_OFFLOAD_BUNDLE__".to_vec();
     let entries: [(&[u8], &[u8]); 2] =

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use ir_core::KernelError;
+use ir_core::{DType, KernelError};
 use ir_ops::rotary_embedding::ROTARY_EMBEDDING;
 use kernel_support::gpu::{
     BufferArg, Fill, GpuRuntime, Grid, KernelArgs, KernelKey, NORM_QUANT_KERNEL, NormKey, NormShape, Resolved, Scalar,
@@ -25,13 +25,16 @@ pub struct OpenCl;
 
 impl GpuRuntime for OpenCl {
     const MEMORY: &'static str = "xpu";
-    const GATED_GROUP: u32 = crate::gated::GATED_GROUP as u32;
     const QUANT_GROUP: u32 = crate::quant::QUANT_GROUP as u32;
     const COPY_GROUP: u32 = 128;
 
     type Buffer = XpuBuffer;
     type Queue = Arc<CommandQueue>;
     type Kernel = Arc<Mutex<Kernel>>;
+
+    fn gated_group(_d: usize, _dtype: DType) -> u32 {
+        crate::gated::GATED_GROUP as u32
+    }
 
     fn queue(first: &XpuBuffer) -> Result<Arc<CommandQueue>, KernelError> {
         first.call_queue()
@@ -43,7 +46,11 @@ impl GpuRuntime for OpenCl {
 
     fn kernel(like: &XpuBuffer, key: KernelKey<'_>) -> Result<Arc<Mutex<Kernel>>, KernelError> {
         match key {
-            KernelKey::Gated { op, dtype } => like.device.gated_kernel(op, dtype),
+            KernelKey::Gated { op, dtype, vectorized: false } => like.device.gated_kernel(op, dtype),
+            // Never asked: `base_alignment` is 0 here, so no call takes a 16-byte path.
+            KernelKey::Gated { vectorized: true, .. } => Err(KernelError::InvalidArguments {
+                reason: format!("the xpu provider has no 16-byte gated kernel `{}`", key.symbol()),
+            }),
             KernelKey::Rotary { dtype } => {
                 like.device.op_kernel(ROTARY_EMBEDDING.name, dtype, || key.symbol(), crate::rotary::program)
             }

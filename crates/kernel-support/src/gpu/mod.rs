@@ -31,7 +31,7 @@ use ir_core::{DType, DeviceKind, ImplSpec, KernelError, Registry, RegistryError,
 use ir_ops::fused_add_rms_norm::FusedAddRmsNormImpl;
 use smallvec::SmallVec;
 
-pub use gated::run_gated;
+pub use gated::{gated_vectorizes, run_gated};
 pub use norm::{
     NormKey, NormShape, address_alignment, norm_vectorizes, run_fused_add_rms_norm, run_rms_norm, vector_ok,
 };
@@ -64,6 +64,8 @@ pub enum KernelKey<'a> {
         op: &'a GatedKernel,
         /// The element dtype.
         dtype: DType,
+        /// The 16-byte kernel (`<op>_<dtype>_vec`), for aligned rows.
+        vectorized: bool,
     },
     /// `rotary_embedding` for an element dtype.
     Rotary {
@@ -80,10 +82,11 @@ pub enum KernelKey<'a> {
 }
 
 impl KernelKey<'_> {
-    /// The kernel's symbol: `<op>_<dtype>`.
+    /// The kernel's symbol: `<op>_<dtype>`, and `<op>_<dtype>_vec` for a 16-byte gated kernel.
     pub fn symbol(&self) -> String {
         match self {
-            KernelKey::Gated { op, dtype } => op.kernel_name(*dtype),
+            KernelKey::Gated { op, dtype, vectorized: false } => op.kernel_name(*dtype),
+            KernelKey::Gated { op, dtype, vectorized: true } => format!("{}_vec", op.kernel_name(*dtype)),
             KernelKey::Rotary { dtype } => format!("rotary_embedding_{dtype}"),
             KernelKey::Quant { kernel, dtype } => format!("{kernel}_{dtype}"),
         }
@@ -113,11 +116,17 @@ impl Grid {
         u32::try_from(self.groups).ok().filter(|&g| g <= i32::MAX as u32).ok_or_else(|| self.limit())
     }
 
-    /// The block count of a HIP launch: HIP counts the grid in work-items, which must fit 32 bits,
-    /// so blocks · block size is at most 2³² - 1.
+    /// The block count of a HIP launch. HIP counts the grid in work-items, which must fit 32 bits,
+    /// and `gridDim.x` is at most 2³¹ − 1, so a larger grid is capped at the most blocks of
+    /// `group_size` that fit both: every HIP kernel walks its groups (rows, tokens, elements) with a
+    /// grid-stride loop, so the capped grid covers all of them, each block taking several in turn.
+    /// An error only for an empty block.
     pub fn hip_blocks(&self) -> Result<u32, KernelError> {
-        let fits = (self.groups as u128) * u128::from(self.group_size) <= u128::from(u32::MAX);
-        u32::try_from(self.groups).ok().filter(|_| fits).ok_or_else(|| self.limit())
+        if self.group_size == 0 {
+            return Err(self.limit());
+        }
+        let cap = (u32::MAX / self.group_size).min(i32::MAX as u32);
+        Ok(u32::try_from(self.groups).map_or(cap, |groups| groups.min(cap)))
     }
 
     /// The global work size of an OpenCL launch: groups · group size work-items.
@@ -322,13 +331,15 @@ impl<'a, B> KernelArgs<'a, B> {
 pub trait GpuRuntime: 'static {
     /// The backend's memory in "`x` is not in … memory" errors (`"CUDA"`, `"HIP"`, `"xpu"`).
     const MEMORY: &'static str;
-    /// Threads (work-items) per block of the gated kernels: one block per row.
-    const GATED_GROUP: u32;
     /// Threads (work-items) per block of the quantization kernels: one block per row.
     const QUANT_GROUP: u32;
     /// Threads (work-items) per block of the strided copies, conversions and `add`/`mul`: one per
     /// element.
     const COPY_GROUP: u32;
+
+    /// Threads (work-items) per block of the gated kernels, one block per row of `d` outputs of
+    /// `dtype`.
+    fn gated_group(d: usize, dtype: DType) -> u32;
 
     /// The backend's device memory behind a tensor.
     type Buffer: DeviceBuffer;
@@ -390,8 +401,8 @@ pub trait GpuRuntime: 'static {
     }
 
     /// The alignment of `buffer`'s first byte (a power of two, at most 256), from which the norms
-    /// decide whether 16-byte accesses are safe; 0 for a backend whose norm kernels take no
-    /// 16-byte path chosen on the host.
+    /// and the gated ops decide whether 16-byte accesses are safe; 0 for a backend whose kernels
+    /// take no 16-byte path chosen on the host.
     fn base_alignment(buffer: &Self::Buffer) -> usize;
 
     /// Launches `kernel` on `queue`: `grid.groups` groups of `grid.group_size`, with `args`.

@@ -11,19 +11,55 @@ use crate::{
 };
 
 #[test]
-fn grids_past_each_backend_limit_are_errors_naming_what_they_count() {
+fn grids_past_each_backend_limit_are_errors_naming_what_they_count_or_capped_on_hip() {
     let grid = |groups: usize, group_size: u32| Grid { groups, group_size, what: "rows" };
     assert_eq!(grid(i32::MAX as usize, 256).cuda_blocks().unwrap(), i32::MAX as u32);
     assert!(matches!(
         grid(i32::MAX as usize + 1, 256).cuda_blocks(),
         Err(KernelError::GridLimit { what: "rows", count }) if count == i32::MAX as usize + 1
     ));
-    // HIP: 2^24 rows of 256 work-items is 2^32 work-items, one past the limit.
+    // HIP: 2^24 rows of 256 work-items is 2^32 work-items, one past the limit: capped, and the
+    // kernels' grid-stride loops cover the rest.
     assert_eq!(grid((1 << 24) - 1, 256).hip_blocks().unwrap(), (1 << 24) - 1);
-    assert!(matches!(grid(1 << 24, 256).hip_blocks(), Err(KernelError::GridLimit { what: "rows", .. })));
-    assert!(grid(1 << 32, 1).hip_blocks().is_err());
+    assert_eq!(grid(1 << 24, 256).hip_blocks().unwrap(), (1 << 24) - 1);
+    assert_eq!(grid(1 << 32, 1).hip_blocks().unwrap(), i32::MAX as u32);
+    assert!(matches!(grid(5, 0).hip_blocks(), Err(KernelError::GridLimit { what: "rows", .. })));
     assert_eq!(grid(1 << 24, 256).global_work_size().unwrap(), 1 << 32);
     assert!(grid(usize::MAX, 2).global_work_size().is_err());
+}
+
+/// The groups a HIP kernel's grid-stride loop (`for (g = blockIdx.x; g < groups; g += gridDim.x)`)
+/// visits in each block of a launch of `blocks` blocks: every group once, by exactly one block.
+fn grid_stride_visits(groups: u64, blocks: u64) -> Vec<u64> {
+    let mut visits = vec![0; groups as usize];
+    for block in 0..blocks {
+        let mut g = block;
+        while g < groups {
+            visits[g as usize] += 1;
+            g += blocks;
+        }
+    }
+    visits
+}
+
+#[test]
+fn capped_hip_grids_cover_every_group_with_their_grid_stride_loops() {
+    // Past 2^32 work-items: a strided copy of 5 Gi elements in blocks of 256 (one element per
+    // work-item), 20 Mi gated rows of 256 threads and 8 Gi rows of a 1-thread group.
+    for (groups, group_size) in [(5usize << 30 >> 8, 256u32), (20 << 20, 256), (8 << 30, 1), (1 << 40, 1024)] {
+        let grid = Grid { groups, group_size, what: "elements" };
+        let blocks = u64::from(grid.hip_blocks().unwrap());
+        assert!(blocks * u64::from(group_size) <= u64::from(u32::MAX), "{groups} × {group_size}: {blocks} blocks");
+        assert!(blocks <= i32::MAX as u64 && blocks <= groups as u64);
+        // Each block takes ⌈groups / blocks⌉ or one fewer: the last block's share is bounded.
+        let per_block = (groups as u64).div_ceil(blocks);
+        assert!(per_block * blocks >= groups as u64 && (per_block - 1) * blocks < groups as u64);
+    }
+    // The loop itself, at sizes a test can walk: each group exactly once, whatever the cap.
+    for (groups, blocks) in [(1000, 7), (1000, 1000), (1000, 1), (3, 8)] {
+        let blocks = blocks.min(groups);
+        assert!(grid_stride_visits(groups, blocks).iter().all(|&v| v == 1), "{groups} groups, {blocks} blocks");
+    }
 }
 
 /// Describes each argument as a backend would pass it.
@@ -125,13 +161,15 @@ struct Recorder;
 
 impl GpuRuntime for Recorder {
     const MEMORY: &'static str = "host-standing-in";
-    const GATED_GROUP: u32 = 64;
     const QUANT_GROUP: u32 = 32;
     const COPY_GROUP: u32 = 16;
     type Buffer = HostBuffer;
     type Queue = ();
     type Kernel = String;
 
+    fn gated_group(d: usize, dtype: DType) -> u32 {
+        crate::gated_block(d, dtype)
+    }
     fn queue(_first: &HostBuffer) -> Result<(), KernelError> {
         Ok(())
     }
@@ -251,6 +289,41 @@ fn gated_host_code_passes_the_prototype_for_a_strided_x() {
     let op = GatedKernel { def: &ir_ops::silu_and_mul::SILU_AND_MUL, source: "" };
     assert_eq!(run_gated::<Recorder>(&op, &[Value::Tensor(empty)]).unwrap().shape(), [0, 4]);
     assert!(take_launches().is_empty());
+}
+
+#[test]
+fn gated_rows_take_the_16_byte_kernel_only_where_every_access_is_aligned() {
+    let op = GatedKernel { def: &ir_ops::silu_and_mul::SILU_AND_MUL, source: "" };
+    let launch = |x: Tensor| {
+        run_gated::<Recorder>(&op, &[Value::Tensor(x)]).unwrap();
+        let launches = take_launches();
+        assert_eq!(launches.len(), 1);
+        (launches[0].symbol.clone(), launches[0].grid.group_size)
+    };
+    // bf16 rows of d = 1024: 128 chunks, one per thread.
+    let aligned = on_host(DType::BF16, &[3, 2048], &[2048, 1], 0, 3 * 2048);
+    assert_eq!(launch(aligned), ("silu_and_mul_bf16_vec".to_owned(), 128));
+    // Rows starting 16 bytes in: still aligned.
+    let shifted = on_host(DType::BF16, &[3, 2048], &[2056, 1], 8, 3 * 2056 + 8);
+    assert_eq!(launch(shifted), ("silu_and_mul_bf16_vec".to_owned(), 128));
+    // A start 2 bytes off 16, or a row stride that is not a multiple of 8 elements: scalar, the
+    // same block (the width alone picks it, so both kernels give the same bits).
+    let offset = on_host(DType::BF16, &[3, 2048], &[2048, 1], 1, 3 * 2048 + 1);
+    assert_eq!(launch(offset), ("silu_and_mul_bf16".to_owned(), 128));
+    let stride = on_host(DType::BF16, &[3, 2048], &[2052, 1], 0, 3 * 2052);
+    assert_eq!(launch(stride), ("silu_and_mul_bf16".to_owned(), 128));
+    // Adopted memory at an address 2 bytes past a 16-byte boundary never takes the 16-byte path,
+    // whatever the offset.
+    let adopted = on_host_at(2, DType::BF16, &[3, 2048], &[2048, 1], 0, 3 * 2048);
+    assert_eq!(launch(adopted), ("silu_and_mul_bf16".to_owned(), 128));
+    // d not a multiple of the chunk (each row's up half starts unaligned): scalar.
+    let odd = on_host(DType::F32, &[2, 2 * 1030], &[2 * 1030, 1], 0, 4 * 1030);
+    assert_eq!(launch(odd), ("silu_and_mul_f32".to_owned(), 512));
+    // Llama's d = 14336 in bf16: 1792 chunks, the largest block; f64 rows stay scalar.
+    let wide = on_host(DType::BF16, &[1, 2 * 14336], &[2 * 14336, 1], 0, 2 * 14336);
+    assert_eq!(launch(wide), ("silu_and_mul_bf16_vec".to_owned(), 1024));
+    let reference = on_host(DType::F64, &[1, 2 * 4096], &[2 * 4096, 1], 0, 2 * 4096);
+    assert_eq!(launch(reference), ("silu_and_mul_f64".to_owned(), 1024));
 }
 
 #[test]
@@ -515,5 +588,7 @@ fn a_copy_of_one_compact_range_into_another_is_a_memcpy() {
 fn kernel_symbols_are_op_then_dtype() {
     assert_eq!(KernelKey::Rotary { dtype: DType::BF16 }.symbol(), "rotary_embedding_bf16");
     let op = GatedKernel { def: &ir_ops::silu_and_mul::SILU_AND_MUL, source: "" };
-    assert_eq!(KernelKey::Gated { op: &op, dtype: DType::F16 }.symbol(), "silu_and_mul_f16");
+    assert_eq!(KernelKey::Gated { op: &op, dtype: DType::F16, vectorized: false }.symbol(), "silu_and_mul_f16");
+    let vectorized = KernelKey::Gated { op: &op, dtype: DType::BF16, vectorized: true };
+    assert_eq!(vectorized.symbol(), "silu_and_mul_bf16_vec");
 }
