@@ -149,3 +149,35 @@ __device__ __forceinline__ elem_t store_wc(wcompute_t v) { return v; }
 
 #define CONCAT_(a, b) a##_##b
 #define CONCAT(a, b) CONCAT_(a, b)
+
+// Chunk `c` of a row of `n` elements (elements c*CHUNK .. c*CHUNK+CHUNK-1) as stored, for the
+// kernels whose threads own whole chunks (the gated ops, the quantizations). With WHOLE, one 16-byte
+// load or store (the host picks it when n % CHUNK == 0: every chunk is whole); without, the elements
+// below n one by one, those past it read as zero.
+struct alignas(16) row_chunk_t {
+    elem_t v[CHUNK];
+};
+
+template <bool WHOLE>
+__device__ __forceinline__ void load_row_chunk(const elem_t* row, int c, int n, row_chunk_t& out) {
+    int first = c * CHUNK;
+    if (WHOLE) {
+        out = *reinterpret_cast<const row_chunk_t*>(row + first);
+    } else {
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) out.v[i] = first + i < n ? row[first + i] : from_c(0.0f);
+    }
+}
+
+template <bool WHOLE>
+__device__ __forceinline__ void store_row_chunk(elem_t* row, int c, int n, const row_chunk_t& value) {
+    int first = c * CHUNK;
+    if (WHOLE) {
+        *reinterpret_cast<row_chunk_t*>(row + first) = value;
+    } else {
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) {
+            if (first + i < n) row[first + i] = value.v[i];
+        }
+    }
+}

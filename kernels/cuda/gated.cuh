@@ -112,47 +112,16 @@ __device__ __forceinline__ compute_t gated_block_sum(compute_t value, compute_t*
     return total;
 }
 
-struct alignas(16) gchunk_t {
-    elem_t v[CHUNK];
-};
-
-// Reads chunk `c` of a row (elements c*CHUNK .. c*CHUNK+CHUNK-1; those at or past `d` read as zero)
-// as stored: one 16-byte load when VEC (the host guarantees d % CHUNK == 0, so every chunk is whole).
-template <bool VEC>
-__device__ __forceinline__ void gated_load(const elem_t* row, int c, int d, gchunk_t& out) {
-    int first = c * CHUNK;
-    if (VEC) {
-        out = *reinterpret_cast<const gchunk_t*>(row + first);
-    } else {
-#pragma unroll
-        for (int i = 0; i < CHUNK; ++i) out.v[i] = first + i < d ? row[first + i] : from_c(0.0f);
-    }
-}
-
-// Writes chunk `c` of an output row (the elements below `d`).
-template <bool VEC>
-__device__ __forceinline__ void gated_store(elem_t* row, int c, int d, const gchunk_t& value) {
-    int first = c * CHUNK;
-    if (VEC) {
-        *reinterpret_cast<gchunk_t*>(row + first) = value;
-    } else {
-#pragma unroll
-        for (int i = 0; i < CHUNK; ++i) {
-            if (first + i < d) row[first + i] = value.v[i];
-        }
-    }
-}
-
 // Calls `f` on every gate value of a row this thread owns (chunks t, t + step, ...), in order,
 // the loads of GATED_UNROLL chunks issued before any is read.
 template <bool VEC, typename F>
 __device__ __forceinline__ void for_each_gate_value(const elem_t* gate, int n, int d, int step, F f) {
     for (int c0 = threadIdx.x; c0 < n; c0 += GATED_UNROLL * step) {
-        gchunk_t g[GATED_UNROLL];
+        row_chunk_t g[GATED_UNROLL];
 #pragma unroll
         for (int k = 0; k < GATED_UNROLL; ++k) {
             int c = c0 + k * step;
-            if (c < n) gated_load<VEC>(gate, c, d, g[k]);
+            if (c < n) load_row_chunk<VEC>(gate, c, d, g[k]);
         }
 #pragma unroll
         for (int k = 0; k < GATED_UNROLL; ++k) {
@@ -192,26 +161,26 @@ __device__ __forceinline__ void gated_row(elem_t* __restrict__ out, const elem_t
     }
     // Each step issues the gate and up loads of GATED_UNROLL chunks before it converts any.
     for (int c0 = threadIdx.x; c0 < n; c0 += GATED_UNROLL * step) {
-        gchunk_t g[GATED_UNROLL], u[GATED_UNROLL];
+        row_chunk_t g[GATED_UNROLL], u[GATED_UNROLL];
 #pragma unroll
         for (int k = 0; k < GATED_UNROLL; ++k) {
             int c = c0 + k * step;
             if (c < n) {
-                gated_load<VEC>(gate, c, d, g[k]);
-                gated_load<VEC>(up, c, d, u[k]);
+                load_row_chunk<VEC>(gate, c, d, g[k]);
+                load_row_chunk<VEC>(up, c, d, u[k]);
             }
         }
 #pragma unroll
         for (int k = 0; k < GATED_UNROLL; ++k) {
             int c = c0 + k * step;
             if (c < n) {
-                gchunk_t o;
+                row_chunk_t o;
 #pragma unroll
                 for (int i = 0; i < CHUNK; ++i) {
                     compute_t a = round_elem(Op::activate(to_c(g[k].v[i]), prepared, s));
                     o.v[i] = from_c(a * to_c(u[k].v[i]));
                 }
-                gated_store<VEC>(out_row, c, d, o);
+                store_row_chunk<VEC>(out_row, c, d, o);
             }
         }
     }

@@ -137,3 +137,39 @@ __device__ __forceinline__ Words to_words(const typename Elem<DTYPE>::T* v) {
     }
     return words;
 }
+
+// Chunk `c` of a row of `d` elements (elements c*CHUNK .. c*CHUNK+CHUNK-1) as stored, for the
+// kernels whose threads own whole chunks (the gated ops, the quantizations). The 16-byte kind (VEC)
+// is one load or store of `Words` (the host guarantees d % CHUNK == 0: every chunk is whole); the
+// scalar kind reads the elements below `d` one by one and zero past them, and writes those below d.
+template <int DTYPE, bool VEC> struct RowChunk;
+
+template <int DTYPE> struct RowChunk<DTYPE, true> {
+    typedef typename Elem<DTYPE>::T T;
+    Words words;
+    __device__ __forceinline__ void load(const T* row, int c, int) {
+        words = *reinterpret_cast<const Words*>(row + c * Elem<DTYPE>::CHUNK);
+    }
+    __device__ __forceinline__ T get(int i) const { return word_element<DTYPE>(words, i); }
+    __device__ static void store(T* row, int c, int, const T* v) {
+        *reinterpret_cast<Words*>(row + c * Elem<DTYPE>::CHUNK) = to_words<DTYPE>(v);
+    }
+};
+
+template <int DTYPE> struct RowChunk<DTYPE, false> {
+    typedef typename Elem<DTYPE>::T T;
+    T v[Elem<DTYPE>::CHUNK];
+    __device__ __forceinline__ void load(const T* row, int c, int d) {
+        int first = c * Elem<DTYPE>::CHUNK;
+#pragma unroll
+        for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) v[i] = first + i < d ? row[first + i] : Elem<DTYPE>::store(0.0f);
+    }
+    __device__ __forceinline__ T get(int i) const { return v[i]; }
+    __device__ static void store(T* row, int c, int d, const T* values) {
+        int first = c * Elem<DTYPE>::CHUNK;
+#pragma unroll
+        for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) {
+            if (first + i < d) row[first + i] = values[i];
+        }
+    }
+};

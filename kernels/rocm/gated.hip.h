@@ -125,41 +125,6 @@ __device__ __forceinline__ C gated_block_sum(C value, C* scratch) {
     return total;
 }
 
-// Chunk `c` of a row (elements c*CHUNK .. c*CHUNK+CHUNK-1) as stored. The 16-byte kind (VEC) is
-// one load of `Words` (the host guarantees d % CHUNK == 0: every chunk is whole); the scalar kind
-// reads the elements below `d` one by one and zero past it.
-template <int DTYPE, bool VEC> struct GatedChunk;
-
-template <int DTYPE> struct GatedChunk<DTYPE, true> {
-    typedef typename Elem<DTYPE>::T T;
-    Words words;
-    __device__ __forceinline__ void load(const T* row, int c, int) {
-        words = *reinterpret_cast<const Words*>(row + c * Elem<DTYPE>::CHUNK);
-    }
-    __device__ __forceinline__ T get(int i) const { return word_element<DTYPE>(words, i); }
-    __device__ static void store(T* row, int c, int, const T* v) {
-        *reinterpret_cast<Words*>(row + c * Elem<DTYPE>::CHUNK) = to_words<DTYPE>(v);
-    }
-};
-
-template <int DTYPE> struct GatedChunk<DTYPE, false> {
-    typedef typename Elem<DTYPE>::T T;
-    T v[Elem<DTYPE>::CHUNK];
-    __device__ __forceinline__ void load(const T* row, int c, int d) {
-        int first = c * Elem<DTYPE>::CHUNK;
-#pragma unroll
-        for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) v[i] = first + i < d ? row[first + i] : Elem<DTYPE>::store(0.0f);
-    }
-    __device__ __forceinline__ T get(int i) const { return v[i]; }
-    __device__ static void store(T* row, int c, int d, const T* values) {
-        int first = c * Elem<DTYPE>::CHUNK;
-#pragma unroll
-        for (int i = 0; i < Elem<DTYPE>::CHUNK; ++i) {
-            if (first + i < d) row[first + i] = values[i];
-        }
-    }
-};
-
 // Calls `f` on every gate value of a row this thread owns (chunks t, t + step, ...), in order,
 // the loads of GATED_UNROLL chunks issued before any is read.
 template <int DTYPE, bool VEC, typename F>
@@ -167,7 +132,7 @@ __device__ __forceinline__ void for_each_gate_value(const typename Elem<DTYPE>::
     typedef Elem<DTYPE> E;
     constexpr int CHUNK = E::CHUNK;
     for (int c0 = threadIdx.x; c0 < n; c0 += GATED_UNROLL * step) {
-        GatedChunk<DTYPE, VEC> g[GATED_UNROLL];
+        RowChunk<DTYPE, VEC> g[GATED_UNROLL];
 #pragma unroll
         for (int k = 0; k < GATED_UNROLL; ++k) {
             int c = c0 + k * step;
@@ -191,7 +156,7 @@ __device__ __forceinline__ void gated_row(typename Elem<DTYPE>::T* __restrict__ 
                                           GateScalars<Compute<DTYPE>> s) {
     typedef Elem<DTYPE> E;
     typedef Compute<DTYPE> C;
-    typedef GatedChunk<DTYPE, VEC> Chunk;
+    typedef RowChunk<DTYPE, VEC> Chunk;
     constexpr int CHUNK = E::CHUNK;
     // Grid-stride: the host caps the grid at HIP's 2^32 work-items.
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {

@@ -6,6 +6,40 @@
 #include "element.hip.h"
 
 #define QUANT_BLOCK 256
+#define QUANT_UNROLL 2
+#define QUANT_CACHE 4
+
+// The chunks of a row of `hidden` elements of DTYPE.
+template <int DTYPE>
+__device__ __forceinline__ int quant_chunks(int hidden) {
+    return hidden / Elem<DTYPE>::CHUNK + (hidden % Elem<DTYPE>::CHUNK != 0);
+}
+
+// A chunk's fp8 codes, four to a 32-bit word (code i in byte i % 4 of word i / 4: bytes of a struct
+// written one by one would put it in scratch), stored as one access on the 16-byte path.
+template <int CHUNK>
+struct alignas(CHUNK >= 4 ? CHUNK : 4) Codes {
+    unsigned int w[(CHUNK + 3) / 4];
+    __device__ __forceinline__ void set(int i, unsigned char code) {
+        unsigned int shifted = (unsigned int)code << (8 * (i % 4));
+        w[i / 4] = i % 4 == 0 ? shifted : w[i / 4] | shifted;
+    }
+};
+
+// Writes chunk `c`'s codes into a row of `hidden` codes (those below `hidden`): one store when VEC
+// (4 or 8 bytes, aligned: the row starts a whole chunk of codes).
+template <bool VEC, int CHUNK>
+__device__ __forceinline__ void store_codes(unsigned char* row, int c, int hidden, const Codes<CHUNK>& codes) {
+    int first = c * CHUNK;
+    if (VEC) {
+        *reinterpret_cast<Codes<CHUNK>*>(row + first) = codes;
+    } else {
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) {
+            if (first + i < hidden) row[first + i] = (unsigned char)(codes.w[i / 4] >> (8 * (i % 4)));
+        }
+    }
+}
 
 __device__ __forceinline__ unsigned char fp8_from_f32(float f, int m_bits, int bias, float max_finite) {
     unsigned int bits = __float_as_uint(f);

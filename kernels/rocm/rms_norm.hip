@@ -228,84 +228,83 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     typedef Elem<DTYPE> E;
     typedef Compute<DTYPE> C;
     constexpr int CHUNK = E::CHUNK;
-    // Grid-stride over groups of BLOCK / TPR rows: the host caps the grid at HIP's 2^32 work-items.
-    // The loop's bound is the same for the whole block, so every barrier is reached by all of it.
-    for (long long group = blockIdx.x; group * (BLOCK / TPR) < n_rows; group += gridDim.x) {
-        long long row = group * (BLOCK / TPR) + threadIdx.x / TPR;
-        int lane = threadIdx.x % TPR;
-        bool active = row < n_rows;
-        long long n_chunks = ((long long)hidden + CHUNK - 1) / CHUNK;
-        typename E::T* a_row = first + (active ? row : 0) * first_stride;
-        typename E::T* b_row = second + (active ? row : 0) * second_stride;
-        const typename E::T* x_row = FUSED ? a_row : b_row;
+    // One group of rows per block, no grid-stride loop: in a loop the largest variants took 256
+    // VGPRs instead of 182 (one wave per SIMD). The host refuses a grid past HIP's 2^32 work-items
+    // (n_rows × threads per row) instead of capping it.
+    long long row = (long long)blockIdx.x * (BLOCK / TPR) + threadIdx.x / TPR;
+    int lane = threadIdx.x % TPR;
+    bool active = row < n_rows;
+    long long n_chunks = ((long long)hidden + CHUNK - 1) / CHUNK;
+    typename E::T* a_row = first + (active ? row : 0) * first_stride;
+    typename E::T* b_row = second + (active ? row : 0) * second_stride;
+    const typename E::T* x_row = FUSED ? a_row : b_row;
 
-        // Each thread's chunks stay in registers between the two passes (the whole row up to the
-        // bucket's largest H; longer rows read the rest again): the loops over them are unrolled, so
-        // every index into `cache` is a constant (a runtime index would put the array in scratch memory).
-        // f64, a reference dtype, keeps the f32 kernels' chunk count and so their registers: half its row.
-        // The fused op on the 16-byte path keeps x and the residual as stored: for f32 that is twice the
-        // registers of their sums, so it keeps half as many chunks.
-        constexpr bool PACKED = VEC == CHUNK;
-        constexpr int ROW_CHUNKS = cache_chunks(DTYPE == 6 ? 4 : CHUNK, TPR);
-        constexpr int CACHE_CHUNKS =
-            PACKED && FUSED && sizeof(typename E::T) >= sizeof(C) ? (ROW_CHUNKS + 1) / 2 : ROW_CHUNKS;
-        Slot<DTYPE, PACKED, FUSED> cache[CACHE_CHUNKS];
-        C sum_sq = 0.0f;
-        if (active && n_chunks > 0) {
-            // Every cached chunk's loads are issued before the first is used. On the 16-byte path every
-            // slot loads, with no branch between the loads (a slot past the row's end loads the row's
-            // last chunk, which it never uses): with a test per chunk the compiler merges each load with
-            // its use and waits for the load there.
+    // Each thread's chunks stay in registers between the two passes (the whole row up to the
+    // bucket's largest H; longer rows read the rest again): the loops over them are unrolled, so
+    // every index into `cache` is a constant (a runtime index would put the array in scratch memory).
+    // f64, a reference dtype, keeps the f32 kernels' chunk count and so their registers: half its row.
+    // The fused op on the 16-byte path keeps x and the residual as stored: for f32 that is twice the
+    // registers of their sums, so it keeps half as many chunks.
+    constexpr bool PACKED = VEC == CHUNK;
+    constexpr int ROW_CHUNKS = cache_chunks(DTYPE == 6 ? 4 : CHUNK, TPR);
+    constexpr int CACHE_CHUNKS =
+        PACKED && FUSED && sizeof(typename E::T) >= sizeof(C) ? (ROW_CHUNKS + 1) / 2 : ROW_CHUNKS;
+    Slot<DTYPE, PACKED, FUSED> cache[CACHE_CHUNKS];
+    C sum_sq = 0.0f;
+    if (active && n_chunks > 0) {
+        // Every cached chunk's loads are issued before the first is used. On the 16-byte path every
+        // slot loads, with no branch between the loads (a slot past the row's end loads the row's
+        // last chunk, which it never uses): with a test per chunk the compiler merges each load with
+        // its use and waits for the load there.
 #pragma unroll
-            for (int k = 0; k < CACHE_CHUNKS; ++k) {
-                long long c = lane + (long long)k * TPR;
-                if constexpr (PACKED) {
-                    load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c < n_chunks ? c : n_chunks - 1, hidden);
-                } else if (c < n_chunks) {
-                    load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c, hidden);
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < CACHE_CHUNKS; ++k) {
-                long long c = lane + (long long)k * TPR;
-                if (c < n_chunks) {
-                    C s[CHUNK];
-                    slot_values<DTYPE, VEC, FUSED>(cache[k], s);
-                    add_squares<CHUNK>(sum_sq, s, c, variance);
-                }
-            }
-            for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
-                C s[CHUNK];
-                load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
-                add_squares<CHUNK>(sum_sq, s, c, variance);
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long long c = lane + (long long)k * TPR;
+            if constexpr (PACKED) {
+                load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c < n_chunks ? c : n_chunks - 1, hidden);
+            } else if (c < n_chunks) {
+                load_slot<DTYPE, VEC, FUSED>(cache[k], x_row, b_row, c, hidden);
             }
         }
-        C total = row_sum<TPR, BLOCK>(sum_sq);
-        C mean_square = active && isinf(total) ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, variance)
-                                               : total / (C)variance;
-        // The fused rescue reads the whole row: no thread of the block writes before every one has read.
-        if (FUSED) __syncthreads();
-        if (!active) continue;
-        C rstd = C(1) / c_sqrt(mean_square + epsilon);
-        typename E::T* out_row = a_row;
-        // Each chunk belongs to one thread, which recomputes an uncached chunk from x and the residual
-        // before it overwrites them.
 #pragma unroll
         for (int k = 0; k < CACHE_CHUNKS; ++k) {
             long long c = lane + (long long)k * TPR;
             if (c < n_chunks) {
                 C s[CHUNK];
                 slot_values<DTYPE, VEC, FUSED>(cache[k], s);
-                if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
-                finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
+                add_squares<CHUNK>(sum_sq, s, c, variance);
             }
         }
         for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
             C s[CHUNK];
             load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
+            add_squares<CHUNK>(sum_sq, s, c, variance);
+        }
+    }
+    C total = row_sum<TPR, BLOCK>(sum_sq);
+    C mean_square = active && isinf(total) ? rescaled_mean_square<DTYPE>(x_row, FUSED ? b_row : nullptr, variance)
+                                           : total / (C)variance;
+    // The fused rescue reads the whole row: no thread of the block writes before every one has read.
+    if (FUSED) __syncthreads();
+    if (!active) return;
+    C rstd = C(1) / c_sqrt(mean_square + epsilon);
+    typename E::T* out_row = a_row;
+    // Each chunk belongs to one thread, which recomputes an uncached chunk from x and the residual
+    // before it overwrites them.
+#pragma unroll
+    for (int k = 0; k < CACHE_CHUNKS; ++k) {
+        long long c = lane + (long long)k * TPR;
+        if (c < n_chunks) {
+            C s[CHUNK];
+            slot_values<DTYPE, VEC, FUSED>(cache[k], s);
             if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
             finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
         }
+    }
+    for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {
+        C s[CHUNK];
+        load_sum<DTYPE, VEC, FUSED>(x_row, b_row, c, hidden, s);
+        if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
+        finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
     }
 }
 
@@ -339,10 +338,9 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 128) \
     DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 256)
 
-// A weight of another type than the elements: at two row widths (32 and 256 threads per row).
-#define DEFINE_MIXED(DTYPE, NAME, WD, W, VEC)    \
-    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 32)  \
-    DEFINE_KERNELS(DTYPE, NAME, WD, W, VEC, 256)
+// A weight of another type than the elements (Gemma's f32 weight on bf16 rows): at every row
+// width, as the weight of x's type.
+#define DEFINE_MIXED(DTYPE, NAME, WD, W, VEC) DEFINE_TPR(DTYPE, NAME, WD, W, VEC)
 
 #define DEFINE_DTYPE(DTYPE, NAME, CHUNK)     \
     DEFINE_TPR(DTYPE, NAME, -1, 0, 1)        \

@@ -65,7 +65,16 @@ pub(crate) fn run() -> anyhow::Result<()> {
     if rocm.is_empty() {
         bail!("hipcc reported no kernel");
     }
-    let report = render(&cuda, &loads, &rocm);
+    let isa_table = dir.join("isa-loads.tsv");
+    let isa_path = isa_table.display().to_string();
+    cargo(
+        &["test", "--locked", "--package", "vllm-ir-kernels-rocm", "--test", "hipcc", "--", "--ignored", "all_sources"],
+        &[("VLLM_IR_ISA_LOADS_TABLE", isa_path.as_str()), ("VLLM_IR_REQUIRE", "hip")],
+    )?;
+    let text = std::fs::read_to_string(&isa_table).with_context(|| format!("reading {}", isa_table.display()))?;
+    let isa_loads = parse_isa_loads(&text)?;
+    let mut report = render(&cuda, &loads, &rocm);
+    report.push_str(&render_rocm_loads(&rocm, &isa_loads));
     let path = project_root().join("docs/kernel-resources.md");
     std::fs::write(&path, report).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {} ({} CUDA kernels, {} ROCm kernels)", path.display(), cuda.len(), rocm.len());
@@ -175,7 +184,9 @@ fn render_loads(cuda: &[CudaKernel], loads: &[SassLoads]) -> String {
     let mut rows: Vec<&SassLoads> = loads
         .iter()
         .filter(|l| {
-            l.sm == "sm_90" && !is_gated(l) && label_field(&l.program, "weight") == label_field(&l.program, "dtype")
+            l.sm == "sm_90"
+                && !is_chunk_kernel(l)
+                && label_field(&l.program, "weight") == label_field(&l.program, "dtype")
         })
         .collect();
     rows.sort_by(|a, b| (a.kernel.as_str(), a.threads_per_row).cmp(&(b.kernel.as_str(), b.threads_per_row)));
@@ -197,29 +208,35 @@ fn render_loads(cuda: &[CudaKernel], loads: &[SassLoads]) -> String {
             predicted_share_of_h200(per_sm) * 100.0
         );
     }
-    out.push_str(&render_gated_loads(&registers, loads));
+    out.push_str(&render_chunk_kernel_loads(&registers, loads));
     out
 }
 
-/// Whether a loads row is a 16-byte gated kernel's (the norms' kernels have no `_vec` suffix).
-fn is_gated(row: &SassLoads) -> bool {
+/// Whether a loads row is a 16-byte gated or quantization kernel's (the norms' kernels have no
+/// `_vec` suffix).
+fn is_chunk_kernel(row: &SassLoads) -> bool {
     row.kernel.ends_with("_vec")
 }
 
-/// The gated kernels' loads-in-flight rows: per sm_90 16-byte kernel and row width d, the block the
-/// host launches (`threads_per_row` in the row) and the loads a thread has in flight at that d.
-fn render_gated_loads(registers: &BTreeMap<(&str, &str, &str), (u32, u32)>, loads: &[SassLoads]) -> String {
+/// The gated and quantization kernels' loads-in-flight rows: per sm_90 16-byte kernel and row
+/// width, the block the host launches (`threads_per_row` in the row) and the loads a thread has in
+/// flight at that width.
+fn render_chunk_kernel_loads(registers: &BTreeMap<(&str, &str, &str), (u32, u32)>, loads: &[SassLoads]) -> String {
     let mut out = String::from(
-        "\n## Loads in flight (CUDA gated activations, 16-byte path)\n\nRead from the SASS of every 16-byte gated \
-         kernel (`<op>_<dtype>_vec`): a step issues the loads of two chunks of the gate and two of up before it \
-         reads one (the sparse op's statistics pass: two of the gate; the `ptxas` test fails otherwise). One block \
-         per row of a power of two of threads, one 16-byte chunk each (64 to 1024); a row of at most one chunk per \
-         thread fills one slot of the two. Per sm_90 kernel and row width d: the block, registers, resident threads \
-         per SM, 16-byte loads in flight per thread at that d, bytes in flight per SM and the predicted share of \
-         H200 peak by the same Little's law as above.\n\n| kernel | d | block | registers | threads per SM | loads \
-         per thread | bytes in flight per SM | predicted % of H200 peak |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\n## Loads in flight (CUDA gated activations and quantizations, 16-byte path)\n\nRead from the SASS of \
+         every 16-byte gated and quantization kernel (`<kernel>_<dtype>_vec`); the `ptxas` test fails when fewer \
+         loads than these are in flight before the first use of one. Gated: one block per row of a power of two of \
+         threads, one 16-byte chunk each (64 to 1024); a step loads two chunks of the gate and two of up (the \
+         sparse op's statistics pass: two of the gate), and a row of at most one chunk per thread fills one slot \
+         of the two. Quantizations: 256 threads per row; the static kernel loads two chunks per step, the dynamic \
+         one keeps four chunks of x in registers, the norm + quantization four of x and four of the residual (a \
+         row up to 8192 16-bit or 4096 f32 elements is read once). Per sm_90 kernel and row width: the block, \
+         registers, resident threads per SM, 16-byte loads in flight per thread at that width, bytes in flight per \
+         SM and the predicted share of H200 peak by the same Little's law as above.\n\n| kernel | row width | \
+         block | registers | threads per SM | loads per thread | bytes in flight per SM | predicted % of H200 peak \
+         |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    let mut rows: Vec<&SassLoads> = loads.iter().filter(|l| l.sm == "sm_90" && is_gated(l)).collect();
+    let mut rows: Vec<&SassLoads> = loads.iter().filter(|l| l.sm == "sm_90" && is_chunk_kernel(l)).collect();
     rows.sort_by(|a, b| (a.kernel.as_str(), a.up_to_hidden).cmp(&(b.kernel.as_str(), b.up_to_hidden)));
     for row in rows {
         let Some(&(regs, shared)) = registers.get(&(row.sm.as_str(), row.program.as_str(), row.kernel.as_str())) else {
@@ -236,6 +253,94 @@ fn render_gated_loads(registers: &BTreeMap<(&str, &str, &str), (u32, u32)>, load
             row.loads,
             per_sm / 1024.0,
             predicted_share_of_h200(per_sm) * 100.0
+        );
+    }
+    out
+}
+
+/// One ROCm kernel's loads in flight, read from the gfx90a ISA by the `hipcc` test.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct IsaLoads {
+    pub(crate) kernel: String,
+    /// Threads per row (norms) or per block (gated, quantizations).
+    pub(crate) threads: u32,
+    /// The row width the count holds for.
+    pub(crate) width: u32,
+    /// 16-byte loads a thread issues before its first wait on vector memory.
+    pub(crate) loads: u32,
+}
+
+/// Reads the `hipcc` test's rows: kernel, threads, width, loads.
+pub(crate) fn parse_isa_loads(text: &str) -> anyhow::Result<Vec<IsaLoads>> {
+    text.lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [kernel, threads, width, loads] = fields.as_slice() else {
+                bail!("an ISA loads row has {} fields, not 4: {line:?}", fields.len());
+            };
+            let number = |field: &str, what: &str| -> anyhow::Result<u32> {
+                field.parse().with_context(|| format!("{what} in {line:?}"))
+            };
+            Ok(IsaLoads {
+                kernel: (*kernel).to_owned(),
+                threads: number(threads, "threads")?,
+                width: number(width, "width")?,
+                loads: number(loads, "loads")?,
+            })
+        })
+        .collect()
+}
+
+/// MI300X: its CUs, its HBM bandwidth (bytes/s), and the loaded memory latency Little's law
+/// assumes for it.
+const MI300X_CUS: f64 = 304.0;
+const MI300X_BANDWIDTH: f64 = 5.3e12;
+const MI300X_ASSUMED_LATENCY_S: f64 = 1e-6;
+
+/// The share of MI300X's peak bandwidth that `bytes_per_cu` in flight on every CU sustain, by
+/// Little's law at [`MI300X_ASSUMED_LATENCY_S`], capped at 1.
+pub(crate) fn predicted_share_of_mi300x(bytes_per_cu: f64) -> f64 {
+    (bytes_per_cu * MI300X_CUS / MI300X_ASSUMED_LATENCY_S / MI300X_BANDWIDTH).min(1.0)
+}
+
+/// The ROCm loads-in-flight section: every 16-byte kernel the `hipcc` test reads (norms with the
+/// weight in x's dtype), with hipcc's occupancy, and the predicted share of MI300X's peak.
+fn render_rocm_loads(rocm: &[RocmKernel], loads: &[IsaLoads]) -> String {
+    let needed_kib = MI300X_BANDWIDTH * MI300X_ASSUMED_LATENCY_S / MI300X_CUS / 1024.0;
+    let mut out = format!(
+        "\n## Loads in flight (ROCm, 16-byte path)\n\nRead from the gfx90a ISA (`llvm-objdump`) of every 16-byte \
+         norm (weight in x's dtype), gated and quantization kernel: the 16-byte loads a thread issues before its \
+         first wait on vector memory (the `hipcc` test fails when fewer are in flight than the kernel caches or \
+         loads per step), at the row width the count holds for (the norms: the largest H of the threads-per-row \
+         bucket; gated: d = 16384 at 1024 threads; quantizations: H = 8192 for 16-bit, 4096 for f32). Waves per \
+         SIMD are hipcc's occupancy; bytes in flight per CU = waves × 4 SIMDs × 64 lanes × loads × 16 B. The \
+         predicted share of MI300X peak (5.3 TB/s, 304 CUs) is Little's law with a loaded memory latency of \
+         {latency:.0} ns assumed (so {needed_kib:.1} KiB in flight per CU reach the peak), capped at 100%. The ISA \
+         is gfx90a's (MI200), which the installed hipcc compiles; MI300X (gfx942) has the same CU and register \
+         file, so the prediction carries over as an estimate.\n\n| kernel | threads | width | VGPRs | \
+         waves/SIMD | loads per thread | bytes in flight per CU | predicted % of MI300X peak \
+         |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        latency = MI300X_ASSUMED_LATENCY_S * 1e9,
+    );
+    let remarks: BTreeMap<&str, &RocmKernel> = rocm.iter().map(|k| (k.kernel.as_str(), k)).collect();
+    let mut rows: Vec<&IsaLoads> =
+        loads.iter().filter(|l| !l.kernel.contains("rms_norm") || l.kernel.contains("_w1_")).collect();
+    rows.sort_by(|a, b| a.kernel.cmp(&b.kernel));
+    for row in rows {
+        let Some(kernel) = remarks.get(row.kernel.as_str()) else { continue };
+        let per_cu = f64::from(kernel.occupancy) * 4.0 * 64.0 * f64::from(row.loads) * 16.0;
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} | {} | {} | {:.0} KiB | {:.0}% |",
+            row.kernel,
+            row.threads,
+            row.width,
+            kernel.vgprs,
+            kernel.occupancy,
+            row.loads,
+            per_cu / 1024.0,
+            predicted_share_of_mi300x(per_cu) * 100.0
         );
     }
     out
@@ -425,6 +530,33 @@ mod tests {
     }
 
     #[test]
+    fn rocm_loads_predict_a_share_of_mi300x_peak() {
+        let loads =
+            parse_isa_loads("silu_and_mul_bf16_vec\t1024\t16384\t4\nrms_norm_bf16_w0_v8_t32\t32\t3072\t12\n").unwrap();
+        assert_eq!(
+            loads[0],
+            IsaLoads { kernel: "silu_and_mul_bf16_vec".into(), threads: 1024, width: 16384, loads: 4 }
+        );
+        assert!(parse_isa_loads("k\t1\t2\n").is_err());
+        // 5.3 TB/s × 1 µs over 304 CUs is about 17 KiB per CU.
+        assert!((predicted_share_of_mi300x(17_434.0) - 1.0).abs() < 1e-3);
+        assert!((predicted_share_of_mi300x(4096.0) - 0.235).abs() < 1e-3);
+        let rocm = [
+            RocmKernel { kernel: "silu_and_mul_bf16_vec".into(), vgprs: 40, occupancy: 8, ..RocmKernel::default() },
+            RocmKernel { kernel: "rms_norm_bf16_w0_v8_t32".into(), vgprs: 90, occupancy: 5, ..RocmKernel::default() },
+        ];
+        let section = render_rocm_loads(&rocm, &loads);
+        assert!(section.contains("predicted % of MI300X peak"), "{section}");
+        // 8 waves × 4 SIMDs × 64 lanes × 4 loads × 16 B = 128 KiB per CU; the norm without a
+        // weight is not listed (only the weight in x's dtype).
+        assert!(
+            section.contains("| `silu_and_mul_bf16_vec` | 1024 | 16384 | 40 | 8 | 4 | 128 KiB | 100% |"),
+            "{section}"
+        );
+        assert!(!section.contains("rms_norm_bf16_w0"), "{section}");
+    }
+
+    #[test]
     fn loads_in_flight_predict_a_share_of_peak() {
         let program = "rms_norm.cu[dtype=bf16, weight=bf16, vec=true, threads_per_row=128]";
         let loads =
@@ -463,7 +595,7 @@ mod tests {
             shared_bytes: 0,
         }];
         let section = render_loads(&cuda, &gated);
-        let (norms, gated) = section.split_once("gated activations").unwrap();
+        let (norms, gated) = section.split_once("gated activations and quantizations").unwrap();
         assert!(!norms.contains("silu_and_mul"), "{norms}");
         assert!(gated.contains("| `silu_and_mul_bf16_vec` | 8192 | 1024 | 40 | 1024 | 2 | 32 KiB | 100% |"), "{gated}");
     }

@@ -50,9 +50,9 @@ impl GpuRuntime for Cuda {
                 device.op_function(function, || key.symbol(), || crate::rotary::compile_ptx(dtype, device.arch))
             }
             // One program per dtype holds every quantization kernel.
-            KernelKey::Quant { kernel, dtype } => {
+            KernelKey::Quant { kernel, dtype, vectorized } => {
                 let program = ProgramKey { source: "quant", dtype: Some(dtype) };
-                let function = FunctionKey { program, kernel, vectorized: false };
+                let function = FunctionKey { program, kernel, vectorized };
                 device.op_function(function, || key.symbol(), || crate::quant::compile_ptx(dtype, device.arch))
             }
         }

@@ -252,6 +252,8 @@ fn opcode_and_operands(instruction: &str) -> (&str, Vec<&str>) {
 struct FirstPass {
     /// Global loads issued before the first use of a loaded register.
     loads_before_first_use: usize,
+    /// Of those, the 16-byte ones.
+    wide_loads: usize,
     /// The first instruction that uses a loaded register, if any does before the reduction.
     first_use: Option<String>,
 }
@@ -259,7 +261,7 @@ struct FirstPass {
 /// Reads the first pass of a kernel's SASS: the instructions before its first shuffle.
 fn first_pass(code: &[String]) -> FirstPass {
     let mut pending: Vec<u32> = Vec::new();
-    let mut loads = 0;
+    let (mut loads, mut wide) = (0, 0);
     for instruction in code {
         let (opcode, operands) = opcode_and_operands(instruction);
         if opcode.starts_with("SHFL") || opcode.starts_with("BAR") {
@@ -268,7 +270,8 @@ fn first_pass(code: &[String]) -> FirstPass {
         // The first operand is written, except by a store (its address and data are both read).
         let sources = if opcode.starts_with("ST") { &operands[..] } else { &operands[operands.len().min(1)..] };
         if sources.iter().flat_map(|o| operand_registers(o)).any(|r| pending.contains(&r)) {
-            return FirstPass { loads_before_first_use: loads, first_use: Some(instruction.clone()) };
+            let first_use = Some(instruction.clone());
+            return FirstPass { loads_before_first_use: loads, wide_loads: wide, first_use };
         }
         if opcode.starts_with("LDG") {
             let width = if opcode.contains(".128") {
@@ -282,6 +285,7 @@ fn first_pass(code: &[String]) -> FirstPass {
                 pending.extend(first..first + width);
             }
             loads += 1;
+            wide += usize::from(width == 4);
         } else if let Some(destination) = operands.first() {
             // A register written by anything else no longer holds a load's value.
             for r in operand_registers(destination) {
@@ -289,7 +293,7 @@ fn first_pass(code: &[String]) -> FirstPass {
             }
         }
     }
-    FirstPass { loads_before_first_use: loads, first_use: None }
+    FirstPass { loads_before_first_use: loads, wide_loads: wide, first_use: None }
 }
 
 #[test]
@@ -345,11 +349,14 @@ fn the_first_pass_reader_counts_loads_before_their_first_use() {
     assert_eq!(functions.len(), 2);
     assert_eq!(functions["k"][1], sass("LDG.E.128 %4, desc[UR4][%2.64]"));
     let pass = first_pass(&functions["k"]);
-    assert_eq!(pass.loads_before_first_use, 3, "{pass:?}");
+    assert_eq!((pass.loads_before_first_use, pass.wide_loads), (3, 2), "{pass:?}");
     assert_eq!(pass.first_use, Some(sass("PRMT %16, %4, 0x7632, %16")));
     // The load's second register overwritten before it is read is no use of the load; the shuffle
     // reads the first (the end of the pass).
-    assert_eq!(first_pass(&functions["other"]), FirstPass { loads_before_first_use: 1, first_use: None });
+    assert_eq!(
+        first_pass(&functions["other"]),
+        FirstPass { loads_before_first_use: 1, wide_loads: 1, first_use: None }
+    );
     assert_eq!(operand_registers(&sass("desc[UR4][%2.64+0x10]")), [2, 3]);
     assert_eq!(operand_registers(&sass("-%14.H0_H0")), [14]);
     assert!(operand_registers("RZ").is_empty() && operand_registers("UR4").is_empty());
@@ -414,6 +421,7 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
     check_loads_in_flight(&dir);
     check_gated_loads_in_flight(&dir);
     check_fp8_conversions(&dir);
+    check_quant_loads_in_flight(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     // The resource table, on stderr (which libtest does not capture): per architecture and kernel
     // symbol, the registers per thread over its variants and the most shared memory.
@@ -575,6 +583,55 @@ fn check_gated_loads_in_flight(dir: &std::path::Path) {
     }
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "nvdisasm: read {} 16-byte gated kernels; loads in flight per thread:", rows.len());
+    for row in rows {
+        let _ = writeln!(err, "{row}");
+    }
+}
+
+/// Every 16-byte quantization kernel, for both architectures: a thread issues the 16-byte loads of
+/// the chunks it starts with before it reads one: `QUANT_UNROLL` (2) chunks of x per step for the
+/// static kernel, the `QUANT_CACHE` (4) it keeps for the dynamic one, and those of x and the
+/// residual (8) for the norm + quantization. Appends rows at a few hidden sizes to the loads table.
+fn check_quant_loads_in_flight(dir: &std::path::Path) {
+    let Ok(nvdisasm) = nvdisasm() else { return };
+    const QUANT_BLOCK: usize = 256;
+    const HIDDEN: [usize; 3] = [4096, 8192, 16384];
+    let kernels =
+        [("static_scaled_fp8_quant", 2, 1), ("dynamic_per_token_scaled_fp8_quant", 4, 1), ("norm_quant", 4, 2)];
+    let (mut rows, mut table) = (Vec::new(), String::new());
+    for (_, sm) in ARCHS {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let label = format!("quant_{dtype}");
+            let functions = disassemble(&nvdisasm, &cubin_path(dir, &label, sm));
+            for (name, chunks, rows_read) in kernels {
+                let kernel = format!("{name}_{dtype}_vec");
+                let code = functions.get(&kernel).unwrap_or_else(|| panic!("{label} for {sm}: no SASS for {kernel}"));
+                let pass = first_pass(code);
+                let wanted = chunks * rows_read;
+                assert!(
+                    pass.wide_loads >= wanted,
+                    "{sm} {kernel} issues {} 16-byte loads before it first reads one ({:?}); it starts with {wanted} \
+                     chunks, whose loads must all be in flight first",
+                    pass.wide_loads,
+                    pass.first_use
+                );
+                rows.push(format!("  {sm} {kernel}: {} 16-byte loads in flight before the first use", pass.wide_loads));
+                for hidden in HIDDEN {
+                    let per_thread = hidden.div_ceil(kernel_support::gpu_chunk(dtype)).div_ceil(QUANT_BLOCK);
+                    let loads = (per_thread.min(chunks) * rows_read).min(pass.wide_loads);
+                    table.push_str(&format!(
+                        "{sm}\t{label}\t{kernel}\t{QUANT_BLOCK}\t{QUANT_BLOCK}\t{hidden}\t{loads}\n"
+                    ));
+                }
+            }
+        }
+    }
+    if let Ok(path) = std::env::var(LOADS_ENV) {
+        let mut file = std::fs::OpenOptions::new().append(true).create(true).open(&path).unwrap();
+        file.write_all(table.as_bytes()).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "nvdisasm: read {} 16-byte quantization kernels; loads in flight per thread:", rows.len());
     for row in rows {
         let _ = writeln!(err, "{row}");
     }

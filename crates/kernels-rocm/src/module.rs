@@ -41,8 +41,10 @@ impl KernelVariant {
     }
 }
 
-/// Threads per row the code object holds kernels with a weight of another dtype than x for.
-pub const MIXED_WEIGHT_THREADS_PER_ROW: [u32; 2] = [32, 256];
+/// Threads per row the code object holds kernels with a weight of another dtype than x for: every
+/// width, so such a row (Gemma's f32 weight on bf16 activations) launches at the width of its own
+/// hidden size and keeps its cached chunks in registers.
+pub const MIXED_WEIGHT_THREADS_PER_ROW: [u32; 6] = THREADS_PER_ROW;
 
 /// Threads per row of the kernels mixing f64 (a reference dtype) with another dtype (x f64 and a
 /// weight of another dtype, or an f64 weight on other elements): one width.
@@ -78,16 +80,15 @@ pub fn all_variants() -> Vec<KernelVariant> {
     variants
 }
 
-/// The row width a launch uses: the hidden size's, or for a weight of another dtype than x (whose
-/// kernels exist at few widths only) the nearer of [`MIXED_WEIGHT_THREADS_PER_ROW`], or
-/// [`F64_MIXED_THREADS_PER_ROW`] when either side is f64.
+/// The row width a launch uses: the hidden size's ([`MIXED_WEIGHT_THREADS_PER_ROW`] holds every
+/// width for a weight of another dtype), or [`F64_MIXED_THREADS_PER_ROW`] when x or a weight of
+/// another dtype is f64 (a reference dtype, whose mixed kernels exist at one width).
 pub fn launch_threads_per_row(hidden: usize, dtype: DType, weight: Option<DType>) -> u32 {
     let threads = kernel_support::gpu_threads_per_row(hidden);
-    let Some(weight) = weight.filter(|&w| w != dtype) else { return threads };
-    if dtype == DType::F64 || weight == DType::F64 {
-        return F64_MIXED_THREADS_PER_ROW;
+    match weight.filter(|&w| w != dtype) {
+        Some(weight) if dtype == DType::F64 || weight == DType::F64 => F64_MIXED_THREADS_PER_ROW,
+        _ => threads,
     }
-    if threads <= 64 { 32 } else { 256 }
 }
 
 #[cfg(test)]
@@ -107,10 +108,11 @@ mod tests {
         let mixed = KernelVariant { weight: Some(DType::F32), ..v };
         assert_eq!(mixed.symbol(), "fused_add_rms_norm_bf16_wf32_v8_t32");
         assert_eq!(KernelVariant { weight: None, ..v }.symbol(), "fused_add_rms_norm_bf16_w0_v8_t32");
-        // f32/f16/bf16 as before; f64 with scalar accesses: no weight or an f64 one at every width,
+        // f32/f16/bf16 with no weight or one of x's dtype, and with each other weight, at every width
+        // and both access widths; f64 with scalar accesses: no weight or an f64 one at every width,
         // and at one width x f64 with each other weight and each other x with an f64 weight (both
         // access widths).
-        assert_eq!(all_variants().len(), 144 + 2 * 3 * 2 * 2 * 2 + 2 * 2 * 6 + 2 * 3 + 2 * 3 * 2);
+        assert_eq!(all_variants().len(), 144 + 2 * 3 * 2 * 2 * 6 + 2 * 2 * 6 + 2 * 3 + 2 * 3 * 2);
         // Every launch finds its kernel: mixed weights use the widths the code object has.
         let variants = all_variants();
         let dtypes = [DType::F32, DType::F16, DType::BF16, DType::F64];
@@ -124,6 +126,9 @@ mod tests {
                 }
             }
             assert_eq!(launch_threads_per_row(hidden, DType::BF16, None), kernel_support::gpu_threads_per_row(hidden));
+            // Gemma's f32 weight on bf16 rows: the hidden size's own width (its chunks cached).
+            let gemma = launch_threads_per_row(hidden, DType::BF16, Some(DType::F32));
+            assert_eq!(gemma, kernel_support::gpu_threads_per_row(hidden));
         }
         let f64_weight = KernelVariant { weight: Some(DType::F64), ..v };
         assert_eq!(f64_weight.symbol(), "fused_add_rms_norm_bf16_wf64_v8_t32");

@@ -110,15 +110,19 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
         for dtype in DTYPES {
             assert!(text.contains(&format!("{kernel}_{dtype}")), "the code object lacks `{kernel}_{dtype}`");
         }
+        for dtype in &DTYPES[..3] {
+            assert!(text.contains(&format!("{kernel}_{dtype}_vec")), "the code object lacks `{kernel}_{dtype}_vec`");
+        }
     }
     // Each report line names the source line of the kernel it describes.
     let quant_scratch: Vec<&str> = report
         .lines()
         .filter(|l| l.contains("ScratchSize") && (l.contains("/quant.hip:") || l.contains("/norm_quant.hip:")))
         .collect();
+    // Every quantization kernel in every dtype, and its 16-byte form in all but f64.
     assert_eq!(
         quant_scratch.len(),
-        DTYPES.len() * kernels_rocm::quant::KERNELS.len(),
+        (2 * DTYPES.len() - 1) * kernels_rocm::quant::KERNELS.len(),
         "one report per kernel:\n{report}"
     );
     assert!(quant_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{quant_scratch:#?}");
@@ -302,6 +306,10 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
     let listing = String::from_utf8_lossy(&out.stdout);
     let functions = isa_functions(&listing);
     let mut checked = 0;
+    // `cargo xtask kernel-resources` asks for every checked kernel's loads in flight per thread
+    // (symbol, threads per row or block, the row width the count holds for, loads) to predict its
+    // share of MI300X's bandwidth.
+    let mut table = String::new();
     for variant in kernels_rocm::all_variants().into_iter().filter(|v| v.vectorized) {
         let symbol = variant.symbol();
         let isa = functions.get(symbol.as_str()).unwrap_or_else(|| panic!("no ISA for {symbol}"));
@@ -312,6 +320,8 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
              whose loads must all be in flight first"
         );
         checked += 1;
+        let up_to = kernel_support::largest_cached_row(variant.threads_per_row);
+        table.push_str(&format!("{symbol}\t{}\t{up_to}\t{loads}\n", variant.threads_per_row));
     }
     let _ = writeln!(
         std::io::stderr(),
@@ -338,6 +348,8 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
                 "{symbol}: no 16-byte store"
             );
             gated.push(format!("{symbol}: {loads}"));
+            // The loads of a full step: two chunks per thread at the largest block, d = 16384.
+            table.push_str(&format!("{symbol}\t{}\t16384\t{loads}\n", kernel_support::GATED_MAX_BLOCK));
         }
     }
     let _ = writeln!(
@@ -345,6 +357,35 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
         "hipcc: 16-byte gated kernels, loads in flight before the first wait: {}",
         gated.join(", ")
     );
+    // The 16-byte quantizations: the static kernel's step of QUANT_UNROLL (2) chunks, the dynamic
+    // kernel's QUANT_CACHE (4) cached chunks, and the norm + quantization's of x and the residual (8).
+    let mut quant = Vec::new();
+    for (kernel, wanted) in
+        [("static_scaled_fp8_quant", 2), ("dynamic_per_token_scaled_fp8_quant", 4), ("norm_quant", 8)]
+    {
+        for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {
+            let symbol = format!("{kernel}_{dtype}_vec");
+            let isa = functions.get(symbol.as_str()).unwrap_or_else(|| panic!("no ISA for {symbol}"));
+            let loads = loads_before_first_wait(isa);
+            assert!(
+                loads >= wanted,
+                "{symbol} issues {loads} 16-byte loads before its first wait on vector memory; it starts with \
+                 {wanted} chunks, whose loads must all be in flight first"
+            );
+            quant.push(format!("{symbol}: {loads}"));
+            // All the cached chunks: 4 per thread of 256 at H = 8192 (16-bit) or 4096 (f32).
+            let up_to = 256 * 4 * kernel_support::gpu_chunk(dtype);
+            table.push_str(&format!("{symbol}\t256\t{up_to}\t{loads}\n"));
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "hipcc: 16-byte quantization kernels, loads in flight before the first wait: {}",
+        quant.join(", ")
+    );
+    if let Ok(path) = std::env::var("VLLM_IR_ISA_LOADS_TABLE") {
+        std::fs::write(&path, &table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
 }
 
 #[test]

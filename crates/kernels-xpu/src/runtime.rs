@@ -48,16 +48,18 @@ impl GpuRuntime for OpenCl {
         match key {
             KernelKey::Gated { op, dtype, vectorized: false } => like.device.gated_kernel(op, dtype),
             // Never asked: `base_alignment` is 0 here, so no call takes a 16-byte path.
-            KernelKey::Gated { vectorized: true, .. } => Err(KernelError::InvalidArguments {
-                reason: format!("the xpu provider has no 16-byte gated kernel `{}`", key.symbol()),
-            }),
+            KernelKey::Gated { vectorized: true, .. } | KernelKey::Quant { vectorized: true, .. } => {
+                Err(KernelError::InvalidArguments {
+                    reason: format!("the xpu provider has no 16-byte kernel `{}`", key.symbol()),
+                })
+            }
             KernelKey::Rotary { dtype } => {
                 like.device.op_kernel(ROTARY_EMBEDDING.name, dtype, || key.symbol(), crate::rotary::program)
             }
-            KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype } => {
+            KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype, vectorized: false } => {
                 like.device.op_kernel(NORM_QUANT_KERNEL, dtype, || key.symbol(), crate::quant::norm_quant_program)
             }
-            KernelKey::Quant { kernel, dtype } => {
+            KernelKey::Quant { kernel, dtype, vectorized: false } => {
                 like.device.op_kernel(kernel, dtype, || key.symbol(), crate::quant::program)
             }
         }

@@ -40,7 +40,7 @@ pub fn run_gated<R: GpuRuntime>(op: &GatedKernel, args: &[Value]) -> Result<Tens
             .compute(f1)
             .int(scalars.ints[0])
             .int(scalars.ints[1]);
-        let grid = Grid { groups: rows.n_rows, group_size, what: "rows" };
+        let grid = Grid { groups: rows.n_rows, group_size, what: "rows", grid_stride: true };
         // SAFETY: the arguments follow the prototype above, each integer converted without loss by
         // `kernel_int` (the width with room for the kernel's last chunk, `stepped_extent`).
         // x's rows lie inside its buffer (its layout was checked against its storage when the

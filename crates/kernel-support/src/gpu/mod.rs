@@ -78,17 +78,20 @@ pub enum KernelKey<'a> {
         kernel: &'static str,
         /// The input dtype.
         dtype: DType,
+        /// The 16-byte kernel (`<kernel>_<dtype>_vec`), for aligned rows.
+        vectorized: bool,
     },
 }
 
 impl KernelKey<'_> {
-    /// The kernel's symbol: `<op>_<dtype>`, and `<op>_<dtype>_vec` for a 16-byte gated kernel.
+    /// The kernel's symbol: `<op>_<dtype>`, and `<op>_<dtype>_vec` for a 16-byte kernel.
     pub fn symbol(&self) -> String {
         match self {
             KernelKey::Gated { op, dtype, vectorized: false } => op.kernel_name(*dtype),
             KernelKey::Gated { op, dtype, vectorized: true } => format!("{}_vec", op.kernel_name(*dtype)),
             KernelKey::Rotary { dtype } => format!("rotary_embedding_{dtype}"),
-            KernelKey::Quant { kernel, dtype } => format!("{kernel}_{dtype}"),
+            KernelKey::Quant { kernel, dtype, vectorized: false } => format!("{kernel}_{dtype}"),
+            KernelKey::Quant { kernel, dtype, vectorized: true } => format!("{kernel}_{dtype}_vec"),
         }
     }
 }
@@ -104,6 +107,9 @@ pub struct Grid {
     pub group_size: u32,
     /// What a group handles ("rows", "tokens").
     pub what: &'static str,
+    /// Whether the kernel walks its groups with a grid-stride loop, so a backend may launch fewer
+    /// blocks than `groups` (HIP caps its grid so; every HIP kernel but the norms has the loop).
+    pub grid_stride: bool,
 }
 
 impl Grid {
@@ -117,16 +123,20 @@ impl Grid {
     }
 
     /// The block count of a HIP launch. HIP counts the grid in work-items, which must fit 32 bits,
-    /// and `gridDim.x` is at most 2³¹ − 1, so a larger grid is capped at the most blocks of
-    /// `group_size` that fit both: every HIP kernel walks its groups (rows, tokens, elements) with a
-    /// grid-stride loop, so the capped grid covers all of them, each block taking several in turn.
-    /// An error only for an empty block.
+    /// and `gridDim.x` is at most 2³¹ − 1. A larger grid of a kernel with a grid-stride loop
+    /// ([`Grid::grid_stride`]) is capped at the most blocks of `group_size` that fit both, which
+    /// then cover every group, each block taking several in turn; for any other kernel it is an
+    /// error (as is an empty block).
     pub fn hip_blocks(&self) -> Result<u32, KernelError> {
         if self.group_size == 0 {
             return Err(self.limit());
         }
         let cap = (u32::MAX / self.group_size).min(i32::MAX as u32);
-        Ok(u32::try_from(self.groups).map_or(cap, |groups| groups.min(cap)))
+        match u32::try_from(self.groups) {
+            Ok(groups) if groups <= cap => Ok(groups),
+            _ if self.grid_stride => Ok(cap),
+            _ => Err(self.limit()),
+        }
     }
 
     /// The global work size of an OpenCL launch: groups · group size work-items.

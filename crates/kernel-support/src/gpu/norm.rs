@@ -123,7 +123,8 @@ impl<'w, B: DeviceBuffer> NormLaunch<'w, B> {
             .long(kernel_int(strides[0], "row stride")?)
             .long(kernel_int(strides[1], "row stride")?);
         let groups = rows.n_rows.div_ceil(shape.rows_per_group as usize);
-        let grid = Grid { groups, group_size: shape.group_size, what: "rows" };
+        // One group of rows per block: no grid-stride loop in the norm kernels.
+        let grid = Grid { groups, group_size: shape.group_size, what: "rows", grid_stride: false };
         // SAFETY: the arguments follow the norm prototypes (`run_rms_norm`,
         // `run_fused_add_rms_norm`), each integer converted without loss by `kernel_int`. Every
         // buffer covers the rows it is given for: each tensor's layout was checked against its

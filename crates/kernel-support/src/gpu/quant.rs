@@ -5,7 +5,7 @@ use ir_core::{DType, KernelError, Layout, Tensor};
 use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
 use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 
-use super::{GpuRuntime, Grid, KernelArgs, KernelKey};
+use super::{GpuRuntime, Grid, KernelArgs, KernelKey, vector_ok};
 use crate::{
     ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, QUANT_KERNELS, RowArgs, Rows, device_buffer,
     device_buffer_mut, floor_scales, fp8_format_code, per_token_scales_shape, stepped_extent,
@@ -18,6 +18,8 @@ struct QuantStart<'a, R: GpuRuntime> {
     x: &'a R::Buffer,
     queue: R::Queue,
     q: R::Buffer,
+    /// Whether x's rows and q allow the 16-byte kernel.
+    vectorized: bool,
 }
 
 impl<'a, R: GpuRuntime> QuantStart<'a, R> {
@@ -26,7 +28,13 @@ impl<'a, R: GpuRuntime> QuantStart<'a, R> {
         let x_buffer = device_buffer::<R::Buffer>(x, "x", R::MEMORY)?;
         let queue = R::queue(x_buffer)?;
         let q = R::allocate(x_buffer, &queue, x.numel() * out_dtype.size_in_bytes())?;
-        Ok(QuantStart { rows, x: x_buffer, queue, q })
+        // q's rows are `hidden` one-byte codes from its first byte: with x's rows allowing 16-byte
+        // loads (hidden a multiple of the vector width), each starts a whole chunk of codes.
+        let q_alignment = R::base_alignment(&q);
+        let vectorized = vector_ok(&rows, x.dtype(), R::base_alignment(x_buffer))
+            && q_alignment > 0
+            && q_alignment.is_multiple_of(16);
+        Ok(QuantStart { rows, x: x_buffer, queue, q, vectorized })
     }
 }
 
@@ -36,20 +44,22 @@ fn compact<B: DeviceBuffer>(buffer: B, dtype: DType, shape: &[usize]) -> Result<
 }
 
 fn quant_grid<R: GpuRuntime>(rows: &Rows) -> Grid {
-    Grid { groups: rows.n_rows, group_size: R::QUANT_GROUP, what: "rows" }
+    Grid { groups: rows.n_rows, group_size: R::QUANT_GROUP, what: "rows", grid_stride: true }
 }
 
 /// `static_scaled_fp8_quant` on runtime `R`: a fresh compact output in `out_dtype`, one group of
 /// [`GpuRuntime::QUANT_GROUP`] per row; the scale stays on the device, where the kernel reads it.
 /// The kernel is `static_scaled_fp8_quant_<dtype>(unsigned char* q, const elem_t* x, long long
-/// n_rows, int hidden, long long x_row_stride, const float* scale, int format)`.
+/// n_rows, int hidden, long long x_row_stride, const float* scale, int format)`, or its 16-byte
+/// form `<kernel>_<dtype>_vec` (same prototype) when x's rows and q allow it (every quantization
+/// kernel has one, except for f64).
 pub fn run_static_quant<R: GpuRuntime>(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
     let format = fp8_format_code(out_dtype)?;
-    let QuantStart::<R> { rows, x: x_buffer, queue, mut q } = QuantStart::new(x, out_dtype)?;
+    let QuantStart::<R> { rows, x: x_buffer, queue, mut q, vectorized } = QuantStart::new(x, out_dtype)?;
     if rows.n_rows > 0 && rows.hidden > 0 {
         let scale_buffer = device_buffer::<R::Buffer>(scale, "scale", R::MEMORY)?;
         let kernel = STATIC_SCALED_FP8_QUANT.name;
-        let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel, dtype: x.dtype() })?;
+        let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel, dtype: x.dtype(), vectorized })?;
         let RowArgs { n_rows, hidden, row_stride, .. } = rows.kernel_args()?;
         // The kernel walks the row in block steps with a 32-bit index.
         stepped_extent(rows.hidden, "hidden size", R::QUANT_GROUP)?;
@@ -73,14 +83,14 @@ pub fn run_static_quant<R: GpuRuntime>(x: &Tensor, scale: &Tensor, out_dtype: DT
 /// `dynamic_per_token_scaled_fp8_quant` on runtime `R`: fresh compact `(q, scales)`, one group per
 /// row. The kernel is `dynamic_per_token_scaled_fp8_quant_<dtype>(unsigned char* q, float* scales,
 /// const elem_t* x, long long n_rows, int hidden, long long x_row_stride, const float* scale_ub,
-/// int has_ub, int format)`.
+/// int has_ub, int format)`, or its 16-byte form.
 pub fn run_dynamic_quant<R: GpuRuntime>(
     x: &Tensor,
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let format = fp8_format_code(out_dtype)?;
-    let QuantStart::<R> { rows, x: x_buffer, queue, mut q } = QuantStart::new(x, out_dtype)?;
+    let QuantStart::<R> { rows, x: x_buffer, queue, mut q, vectorized } = QuantStart::new(x, out_dtype)?;
     if rows.hidden == 0 && rows.n_rows > 0 {
         // No element to reduce: every scale is the floor.
         return Ok((compact(q, out_dtype, x.shape())?, floor_scales(x, out_dtype)?));
@@ -89,7 +99,7 @@ pub fn run_dynamic_quant<R: GpuRuntime>(
     if rows.n_rows > 0 {
         let ub_buffer = scale_ub.map(|t| device_buffer::<R::Buffer>(t, "scale_ub", R::MEMORY)).transpose()?;
         let kernel = DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT.name;
-        let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel, dtype: x.dtype() })?;
+        let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel, dtype: x.dtype(), vectorized })?;
         let RowArgs { n_rows, hidden, row_stride, .. } = rows.kernel_args()?;
         // The kernel walks the row in block steps with a 32-bit index.
         stepped_extent(rows.hidden, "hidden size", R::QUANT_GROUP)?;
@@ -117,12 +127,13 @@ pub fn run_dynamic_quant<R: GpuRuntime>(
 /// kernel is `norm_quant_<dtype>(unsigned char* q, float* scales, elem_t* residual_out, const
 /// elem_t* x, const elem_t* r, const elem_t* w, long long n_rows, int hidden, long long
 /// x_row_stride, long long r_row_stride, long long out_row_stride, compute_t eps, const float*
-/// scale, int has_residual, int has_weight, int dynamic, int has_scale, int format)`.
+/// scale, int has_residual, int has_weight, int dynamic, int has_scale, int format)`, or its 16-byte
+/// form when x's, the residual's and the residual output's rows, the weight and q all allow it.
 pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
     let NormQuantCall { x, mut residual, weight, epsilon, scale, dynamic, out_dtype } = call;
     let format = fp8_format_code(out_dtype)?;
     let dtype = x.dtype();
-    let QuantStart::<R> { rows, x: x_buffer, queue, mut q } = QuantStart::new(x, out_dtype)?;
+    let QuantStart::<R> { rows, x: x_buffer, queue, mut q, vectorized } = QuantStart::new(x, out_dtype)?;
     let mut residual_out = match &residual {
         Some(NormQuantResidual::Read(_)) => Some(R::allocate(x_buffer, &queue, x.numel() * dtype.size_in_bytes())?),
         _ => None,
@@ -133,7 +144,22 @@ pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuan
         let weight_buffer = weight.map(|w| device_buffer::<R::Buffer>(w, "weight", R::MEMORY)).transpose()?;
         let scale_param = if dynamic { "scale_ub" } else { "scale" };
         let scale_buffer = scale.map(|s| device_buffer::<R::Buffer>(s, scale_param, R::MEMORY)).transpose()?;
-        let kernel = R::kernel(x_buffer, KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype })?;
+        // The 16-byte kernel also loads the residual's rows and the weight, and stores the residual
+        // output's rows (in place: the residual's), each of which must start aligned.
+        let vectorized = vectorized
+            && residual.as_ref().zip(residual_rows).is_none_or(|(r, r_rows)| {
+                device_buffer::<R::Buffer>(r.tensor(), "x_residual", R::MEMORY)
+                    .is_ok_and(|buffer| vector_ok(&r_rows, dtype, R::base_alignment(buffer)))
+            })
+            && residual_out
+                .as_ref()
+                .is_none_or(|out| R::base_alignment(out).is_multiple_of(16) && R::base_alignment(out) > 0)
+            && weight.zip(weight_buffer).is_none_or(|(w, buffer)| {
+                let w_rows = Rows { n_rows: 1, hidden: rows.hidden, row_stride: rows.hidden, offset: w.offset() };
+                vector_ok(&w_rows, dtype, R::base_alignment(buffer))
+            });
+        let key = KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype, vectorized };
+        let kernel = R::kernel(x_buffer, key)?;
         let RowArgs { n_rows, hidden, row_stride: x_stride, .. } = rows.kernel_args()?;
         // The kernel walks the row in block steps with a 32-bit index.
         stepped_extent(rows.hidden, "hidden size", R::QUANT_GROUP)?;

@@ -47,7 +47,7 @@ pub fn run_rotary<R: GpuRuntime>(call: RotaryCall<'_>) -> Result<(Tensor, Option
             .int(max_position)
             .int(i32::from(launch.geometry.is_neox_style))
             .int(i32::from(round_products));
-        let grid = Grid { groups: tokens, group_size: launch.threads_per_token(), what: "tokens" };
+        let grid = Grid { groups: tokens, group_size: launch.threads_per_token(), what: "tokens", grid_stride: true };
         // SAFETY: the arguments follow the prototype above, each integer converted without loss
         // (`Rows::kernel_args`, `RotaryLaunch::dims`). Query's and key's rows lie inside their
         // buffers (their layouts were checked against their storage; the meta function checked

@@ -200,7 +200,12 @@ macro_rules! strided_on_device {
 /// The launch of one thread per element of a piece of `n` elements.
 fn copy_grid<R: GpuRuntime>(n: i64) -> Result<Grid, KernelError> {
     let n = usize::try_from(n).map_err(|_| crate::out_of_range("elements", n, 0, isize::MAX))?;
-    Ok(Grid { groups: n.div_ceil(R::COPY_GROUP as usize), group_size: R::COPY_GROUP, what: "elements" })
+    Ok(Grid {
+        groups: n.div_ceil(R::COPY_GROUP as usize),
+        group_size: R::COPY_GROUP,
+        what: "elements",
+        grid_stride: true,
+    })
 }
 
 /// Runs the strided copy or conversion `key` (`scale` given for a conversion) over the elements

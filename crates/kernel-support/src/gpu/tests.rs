@@ -12,7 +12,7 @@ use crate::{
 
 #[test]
 fn grids_past_each_backend_limit_are_errors_naming_what_they_count_or_capped_on_hip() {
-    let grid = |groups: usize, group_size: u32| Grid { groups, group_size, what: "rows" };
+    let grid = |groups: usize, group_size: u32| Grid { groups, group_size, what: "rows", grid_stride: true };
     assert_eq!(grid(i32::MAX as usize, 256).cuda_blocks().unwrap(), i32::MAX as u32);
     assert!(matches!(
         grid(i32::MAX as usize + 1, 256).cuda_blocks(),
@@ -24,6 +24,10 @@ fn grids_past_each_backend_limit_are_errors_naming_what_they_count_or_capped_on_
     assert_eq!(grid(1 << 24, 256).hip_blocks().unwrap(), (1 << 24) - 1);
     assert_eq!(grid(1 << 32, 1).hip_blocks().unwrap(), i32::MAX as u32);
     assert!(matches!(grid(5, 0).hip_blocks(), Err(KernelError::GridLimit { what: "rows", .. })));
+    // A kernel without the loop (the norms) is refused past the limit instead.
+    let norm = Grid { grid_stride: false, ..grid(1 << 24, 256) };
+    assert!(matches!(norm.hip_blocks(), Err(KernelError::GridLimit { what: "rows", .. })));
+    assert_eq!(Grid { grid_stride: false, ..grid((1 << 24) - 1, 256) }.hip_blocks().unwrap(), (1 << 24) - 1);
     assert_eq!(grid(1 << 24, 256).global_work_size().unwrap(), 1 << 32);
     assert!(grid(usize::MAX, 2).global_work_size().is_err());
 }
@@ -47,7 +51,7 @@ fn capped_hip_grids_cover_every_group_with_their_grid_stride_loops() {
     // Past 2^32 work-items: a strided copy of 5 Gi elements in blocks of 256 (one element per
     // work-item), 20 Mi gated rows of 256 threads and 8 Gi rows of a 1-thread group.
     for (groups, group_size) in [(5usize << 30 >> 8, 256u32), (20 << 20, 256), (8 << 30, 1), (1 << 40, 1024)] {
-        let grid = Grid { groups, group_size, what: "elements" };
+        let grid = Grid { groups, group_size, what: "elements", grid_stride: true };
         let blocks = u64::from(grid.hip_blocks().unwrap());
         assert!(blocks * u64::from(group_size) <= u64::from(u32::MAX), "{groups} × {group_size}: {blocks} blocks");
         assert!(blocks <= i32::MAX as u64 && blocks <= groups as u64);
@@ -202,7 +206,7 @@ impl GpuRuntime for Recorder {
     ) -> Result<(), KernelError> {
         to.0[to_offset..to_offset + bytes].copy_from_slice(&from.0[from_offset..from_offset + bytes]);
         let args = vec![format!("{} bytes @{from_offset} -> @{to_offset}: {bytes}", from.0.len())];
-        let grid = Grid { groups: 0, group_size: 0, what: "bytes" };
+        let grid = Grid { groups: 0, group_size: 0, what: "bytes", grid_stride: false };
         LAUNCHES.with(|l| l.borrow_mut().push(Launched { symbol: "copy_bytes".to_owned(), grid, args }));
         Ok(())
     }
@@ -267,7 +271,7 @@ fn gated_host_code_passes_the_prototype_for_a_strided_x() {
         launches,
         [Launched {
             symbol: "gelu_and_mul_bf16".to_owned(),
-            grid: Grid { groups: 3, group_size: 64, what: "rows" },
+            grid: Grid { groups: 3, group_size: 64, what: "rows", grid_stride: true },
             args: [
                 "write 24 bytes @0x2",
                 "read 80 bytes @2x2",
@@ -341,7 +345,7 @@ fn rotary_host_code_passes_offsets_and_a_null_key() {
     let launches = take_launches();
     assert_eq!(launches.len(), 1);
     assert_eq!(launches[0].symbol, "rotary_embedding_f16");
-    assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 32, what: "tokens" });
+    assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 32, what: "tokens", grid_stride: true });
     let expected = [
         "write 56 bytes @4x2",
         "I64(12)",
@@ -385,7 +389,7 @@ fn norm_quant_in_place_writes_the_sum_through_the_residual_itself() {
     let launches = take_launches();
     assert_eq!(launches.len(), 1);
     assert_eq!(launches[0].symbol, "norm_quant_f16");
-    assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 32, what: "rows" });
+    assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 32, what: "rows", grid_stride: true });
     let expected = [
         "write 16 bytes @0x1", // q
         "null",                // no scales
@@ -410,6 +414,61 @@ fn norm_quant_in_place_writes_the_sum_through_the_residual_itself() {
 }
 
 #[test]
+fn quantizations_take_the_16_byte_kernels_only_where_every_row_allows_it() {
+    let symbol = || {
+        let launches = take_launches();
+        assert_eq!(launches.len(), 1);
+        launches[0].symbol.clone()
+    };
+    let scale = on_host(DType::F32, &[1], &[1], 0, 1);
+    let static_quant = |x: Tensor| {
+        run_static_quant::<Recorder>(&x, &scale, DType::F8E4M3FN).unwrap();
+        symbol()
+    };
+    assert_eq!(static_quant(on_host(DType::BF16, &[4, 64], &[64, 1], 0, 256)), "static_scaled_fp8_quant_bf16_vec");
+    // Rows 2 bytes off 16, memory at an address 2 bytes off, a width that is not a whole chunk.
+    assert_eq!(static_quant(on_host(DType::BF16, &[4, 64], &[64, 1], 1, 257)), "static_scaled_fp8_quant_bf16");
+    assert_eq!(static_quant(on_host_at(2, DType::BF16, &[4, 64], &[64, 1], 0, 256)), "static_scaled_fp8_quant_bf16");
+    assert_eq!(static_quant(on_host(DType::BF16, &[4, 60], &[60, 1], 0, 240)), "static_scaled_fp8_quant_bf16");
+    run_dynamic_quant::<Recorder>(&on_host(DType::F32, &[3, 32], &[32, 1], 0, 96), None, DType::F8E5M2).unwrap();
+    assert_eq!(symbol(), "dynamic_per_token_scaled_fp8_quant_f32_vec");
+    run_dynamic_quant::<Recorder>(&on_host(DType::F64, &[3, 32], &[32, 1], 0, 96), None, DType::F8E5M2).unwrap();
+    assert_eq!(symbol(), "dynamic_per_token_scaled_fp8_quant_f64", "f64 has no 16-byte kernel");
+
+    // The norm + quantization also needs the residual's rows and the weight aligned.
+    let x = on_host(DType::BF16, &[2, 64], &[64, 1], 0, 128);
+    let norm_quant = |residual: Tensor, weight: &Tensor, in_place: bool| {
+        let (mut unique, read);
+        let residual = if in_place {
+            unique = UniqueTensor::new(residual).unwrap();
+            NormQuantResidual::InPlace(&mut unique)
+        } else {
+            read = residual;
+            NormQuantResidual::Read(&read)
+        };
+        let call = NormQuantCall {
+            x: &x,
+            residual: Some(residual),
+            weight: Some(weight),
+            epsilon: 1e-6,
+            scale: None,
+            dynamic: true,
+            out_dtype: DType::F8E4M3FN,
+        };
+        run_norm_quant::<Recorder>(call).unwrap();
+        symbol()
+    };
+    let residual = || on_host(DType::BF16, &[2, 64], &[72, 1], 8, 152);
+    let weight = on_host(DType::BF16, &[64], &[1], 0, 64);
+    assert_eq!(norm_quant(residual(), &weight, false), "norm_quant_bf16_vec");
+    assert_eq!(norm_quant(residual(), &weight, true), "norm_quant_bf16_vec");
+    let odd_weight = on_host(DType::BF16, &[64], &[1], 3, 67);
+    assert_eq!(norm_quant(residual(), &odd_weight, false), "norm_quant_bf16");
+    let odd_residual = on_host(DType::BF16, &[2, 64], &[68, 1], 0, 132);
+    assert_eq!(norm_quant(odd_residual, &weight, true), "norm_quant_bf16");
+}
+
+#[test]
 fn dynamic_quant_of_empty_rows_gives_floor_scales_without_a_launch() {
     let x = on_host(DType::BF16, &[3, 0], &[0, 1], 0, 0);
     let (q, scales) = run_dynamic_quant::<Recorder>(&x, None, DType::F8E5M2).unwrap();
@@ -430,7 +489,7 @@ fn rms_norm_takes_the_vector_path_only_where_every_address_allows_it() {
         assert_eq!(launches.len(), 1);
         let label = format!("alignment {alignment}, offset {offset}, stride {stride}");
         assert_eq!(launches[0].symbol, format!("rms_norm_bf16_wSome(BF16)_v{vectorized}_h64"), "{label}");
-        assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 128, what: "rows" }, "{label}");
+        assert_eq!(launches[0].grid, Grid { groups: 2, group_size: 128, what: "rows", grid_stride: false }, "{label}");
         let expected = [
             "write 640 bytes @0x2".to_owned(),
             format!("read {} bytes @{offset}x2", (offset + 5 * stride) * 2),
@@ -539,7 +598,12 @@ fn strided_copies_conversions_and_binaries_pass_rank_dims_and_offsets() {
     let symbols: Vec<&str> = launches.iter().map(|l| l.symbol.as_str()).collect();
     assert_eq!(symbols, ["strided_copy_2", "strided_convert_f16_f16", "strided_mul_f16"]);
     for launch in &launches {
-        assert_eq!(launch.grid, Grid { groups: 2, group_size: 16, what: "elements" }, "{}", launch.symbol);
+        assert_eq!(
+            launch.grid,
+            Grid { groups: 2, group_size: 16, what: "elements", grid_stride: true },
+            "{}",
+            launch.symbol
+        );
     }
     let args = |l: &Launched, buffers: usize| (l.args[..buffers].join(" "), l.args[buffers..buffers + 5].join(" "));
     assert_eq!(args(&launches[0], 2), ("read 52 bytes @2x2 write 48 bytes @0x2".to_owned(), dims.clone()));
