@@ -112,7 +112,8 @@ __device__ __forceinline__ double round_c_i64(double v) { return (double)__doubl
         long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                       \
         if (i >= n) return;                                                                                   \
         long long s, d;                                                                                       \
-        strided_offsets(i, rank, shape, src_strides, dst_strides, s, d);                                      \
+        bool narrow = fits_31_bits(n, rank, shape, src_strides, dst_strides);                                  \
+        strided_offsets(narrow, i, rank, shape, src_strides, dst_strides, s, d);                              \
         C v = load_##SRC(src, s);                                                                             \
         if (scaled) v = round_c_##SRC(mul_rn(v, factor));                                                    \
         store_##DST(dst, d, v);                                                                               \
@@ -148,7 +149,8 @@ TO_EVERY_TARGET(i64, long long, double)
         long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                       \
         if (i >= n) return;                                                                                   \
         long long s, t;                                                                                       \
-        strided_offsets(i, rank, shape, a_strides, b_strides, s, t);                                          \
+        bool narrow = fits_31_bits(n, rank, shape, a_strides, b_strides);                                      \
+        strided_offsets(narrow, i, rank, shape, a_strides, b_strides, s, t);                                  \
         C x = load_##NAME(a, s);                                                                              \
         C y = load_##NAME(b, t);                                                                              \
         store_##NAME(dst, i, round_c_##NAME(OP##_rn(x, y)));                                                  \

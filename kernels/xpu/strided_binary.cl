@@ -16,7 +16,7 @@ __kernel void strided_binary(__global const src_t* a, long a_offset, __global co
     if (i >= n) return;
     long s = a_offset;
     long t = b_offset;
-    strided_offsets(i, rank, shape, a_strides, b_strides, &s, &t);
+    strided_offsets(fits_31_bits(n, rank, shape, a_strides, b_strides), i, rank, shape, a_strides, b_strides, &s, &t);
 #if OP == 0
     compute_t v = load_src(a, s) + load_src(b, t);
 #else

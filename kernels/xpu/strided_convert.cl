@@ -117,7 +117,8 @@ __kernel void strided_convert(__global const src_t* src, long src_offset, __glob
     if (i >= n) return;
     long s = src_offset;
     long d = dst_offset;
-    strided_offsets(i, rank, shape, src_strides, dst_strides, &s, &d);
+    strided_offsets(fits_31_bits(n, rank, shape, src_strides, dst_strides), i, rank, shape, src_strides, dst_strides, &s,
+                    &d);
     compute_t v = load_src(src, s);
     if (scaled) {
         v = v * factor;

@@ -12,11 +12,12 @@ use hip_sys::hiprt::{
     hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice, hipStream_t,
 };
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
-use ir_core::{Availability, Device, KernelError};
+use ir_core::{Availability, DType, Device, KernelError};
 use kernel_support::gpu::Fill;
 
 include!(concat!(env!("OUT_DIR"), "/code_objects.rs"));
 
+use crate::module::KernelVariant;
 use crate::runtime::Hip;
 
 /// One HIP device with the loaded code object and its kernels.
@@ -25,8 +26,22 @@ pub(crate) struct HipDevice {
     wave_size: i32,
     target: &'static str,
     module: hipModule_t,
-    functions: Mutex<HashMap<String, usize>>,
+    functions: Mutex<HashMap<KernelId, usize>>,
 }
+
+/// A kernel of the code object: a norm variant, or another family's kernel by its base name, its
+/// input dtype (none for the strided kernels, whose names say all) and its 16-byte form. Launches
+/// find the function by it, without building the symbol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum KernelId {
+    Norm(KernelVariant),
+    Op { kernel: &'static str, dtype: Option<DType>, vectorized: bool },
+}
+
+/// A function of the loaded code object (the module lives as long as the device, which is never
+/// unloaded).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HipFunction(usize);
 
 // SAFETY: the module handle is only used through HIP calls, which are thread-safe; the function
 // cache is behind a mutex and stores function handles as integers.
@@ -92,17 +107,19 @@ fn init() -> Result<Arc<HipDevice>, String> {
 }
 
 impl HipDevice {
-    fn function(&self, symbol: &str) -> Result<hipFunction_t, KernelError> {
+    /// The function `id` names, whose symbol is `symbol()`: looked up in the module at first use,
+    /// then cached, so a launch builds no symbol.
+    pub(crate) fn function(&self, id: KernelId, symbol: impl FnOnce() -> String) -> Result<HipFunction, KernelError> {
         let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(&handle) = functions.get(symbol) {
-            return Ok(handle as hipFunction_t);
+        if let Some(&handle) = functions.get(&id) {
+            return Ok(HipFunction(handle));
         }
-        let name = CString::new(symbol).expect("symbols have no NUL");
+        let name = CString::new(symbol()).expect("symbols have no NUL");
         let mut function: hipFunction_t = ptr::null_mut();
         // SAFETY: the module is loaded and `name` is a NUL-terminated symbol name.
         check(unsafe { hipModuleGetFunction(&mut function, self.module, name.as_ptr()) }).map_err(driver)?;
-        functions.insert(symbol.to_owned(), function as usize);
-        Ok(function)
+        functions.insert(id, function as usize);
+        Ok(HipFunction(function as usize))
     }
 
     /// A buffer of `len_bytes`, allocated in order on the launches' stream (the caller's, when the
@@ -128,7 +145,8 @@ impl HipDevice {
         DeviceError { device: Device::Rocm(self.ordinal as u32), operation, message }
     }
 
-    /// Launches kernel `symbol` with `blocks` blocks of `block_size` threads and the given kernel parameters (pointers to each argument, in prototype order).
+    /// Launches `function` with `blocks` blocks of `block_size` threads and the given kernel
+    /// parameters (pointers to each argument, in prototype order).
     ///
     /// # Safety
     ///
@@ -136,12 +154,12 @@ impl HipDevice {
     /// buffer they reference must cover the elements the kernel touches.
     pub(crate) unsafe fn launch(
         &self,
-        symbol: &str,
+        function: HipFunction,
         blocks: u32,
         block_size: u32,
         params: &mut [*mut c_void],
     ) -> Result<(), KernelError> {
-        let function = self.function(symbol)?;
+        let function = function.0 as hipFunction_t;
         let stream = launch_stream();
         // SAFETY: the caller guarantees the parameters; the stream is the caller's (a live stream
         // of this device, `HipStream`'s contract) or the null stream; copies synchronize the

@@ -21,7 +21,7 @@ mod hip {
     };
     use smallvec::SmallVec;
 
-    use crate::device::{HipBuffer, HipDevice, device};
+    use crate::device::{HipBuffer, HipDevice, HipFunction, KernelId, device};
     use crate::module::{KernelVariant, launch_threads_per_row};
 
     /// HIP through hip-sys (the `rocm` provider).
@@ -42,8 +42,8 @@ mod hip {
         /// The device: its launches take the caller's stream when the call's context gives one
         /// ([`HipStream`](crate::HipStream)), else the null stream.
         type Queue = Arc<HipDevice>;
-        /// The kernel's symbol in the embedded code object.
-        type Kernel = String;
+        /// A function of the embedded code object.
+        type Kernel = HipFunction;
 
         fn gated_group(d: usize, dtype: ir_core::DType) -> u32 {
             kernel_support::gated_block(d, dtype)
@@ -57,11 +57,22 @@ mod hip {
             Ok(queue.allocate(len_bytes, Fill::Unspecified).map_err(ir_core::TensorError::from)?)
         }
 
-        fn kernel(_like: &HipBuffer, key: KernelKey<'_>) -> Result<String, KernelError> {
-            Ok(key.symbol())
+        fn kernel(like: &HipBuffer, key: KernelKey<'_>) -> Result<HipFunction, KernelError> {
+            let id = match key {
+                KernelKey::Gated { op, dtype, vectorized } => {
+                    KernelId::Op { kernel: op.def.name, dtype: Some(dtype), vectorized }
+                }
+                KernelKey::Rotary { dtype } => {
+                    KernelId::Op { kernel: crate::rotary::KERNEL, dtype: Some(dtype), vectorized: false }
+                }
+                KernelKey::Quant { kernel, dtype, vectorized } => {
+                    KernelId::Op { kernel, dtype: Some(dtype), vectorized }
+                }
+            };
+            like.device.function(id, || key.symbol())
         }
 
-        fn norm_kernel(_like: &HipBuffer, key: &NormKey) -> Result<(String, NormShape), KernelError> {
+        fn norm_kernel(like: &HipBuffer, key: &NormKey) -> Result<(HipFunction, NormShape), KernelError> {
             let threads_per_row = launch_threads_per_row(key.hidden, key.dtype, key.weight);
             let variant = KernelVariant {
                 op: key.op,
@@ -71,11 +82,14 @@ mod hip {
                 threads_per_row,
             };
             let group_size = variant.block_size();
-            Ok((variant.symbol(), NormShape { group_size, rows_per_group: group_size / threads_per_row }))
+            let function = like.device.function(KernelId::Norm(variant), || variant.symbol())?;
+            Ok((function, NormShape { group_size, rows_per_group: group_size / threads_per_row }))
         }
 
-        fn strided_kernel(_like: &HipBuffer, key: StridedKey) -> Result<Option<String>, KernelError> {
-            Ok(key.symbol().map(str::to_owned))
+        fn strided_kernel(like: &HipBuffer, key: StridedKey) -> Result<Option<HipFunction>, KernelError> {
+            let Some(symbol) = key.symbol() else { return Ok(None) };
+            let id = KernelId::Op { kernel: symbol, dtype: None, vectorized: false };
+            like.device.function(id, || symbol.to_owned()).map(Some)
         }
 
         unsafe fn copy_bytes(
@@ -111,7 +125,7 @@ mod hip {
 
         unsafe fn launch(
             queue: &Arc<HipDevice>,
-            kernel: &String,
+            kernel: &HipFunction,
             grid: Grid,
             args: KernelArgs<'_, HipBuffer>,
         ) -> Result<(), KernelError> {
@@ -142,7 +156,7 @@ mod hip {
             // SAFETY: the caller's contract (`GpuRuntime::launch`): the parameters point to values of
             // the kernel's declared types in prototype order, a buffer as its element address, and the
             // buffers cover what the kernel touches.
-            unsafe { queue.launch(kernel, blocks, grid.group_size, &mut params) }
+            unsafe { queue.launch(*kernel, blocks, grid.group_size, &mut params) }
         }
     }
 }
