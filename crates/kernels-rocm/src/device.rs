@@ -228,7 +228,9 @@ impl HipStream {
     ///
     /// # Safety
     ///
-    /// `stream` is a live stream of `rocm:0` for as long as any context carrying it is used.
+    /// `stream` is a live stream of `rocm:0` for as long as any context carrying it is used and
+    /// any buffer allocated on it (the output of a call made through such a context) is alive:
+    /// those buffers are freed in order on it when they drop.
     pub unsafe fn from_raw(stream: hip_sys::hiprt::hipStream_t) -> HipStream {
         HipStream(stream)
     }
