@@ -22,8 +22,8 @@ pub struct CudaDeviceState {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     pub(crate) arch: Option<&'static str>,
-    norms: Mutex<NormKernels>,
-    op_kernels: Mutex<OpKernels>,
+    norms: Mutex<KernelCache<NormProgram, KernelVariant>>,
+    op_kernels: Mutex<KernelCache<ProgramKey, FunctionKey>>,
 }
 
 impl std::fmt::Debug for CudaDeviceState {
@@ -32,12 +32,45 @@ impl std::fmt::Debug for CudaDeviceState {
     }
 }
 
-/// The norm kernels loaded on one device: each program's module (compiled once, for both norm
-/// ops) and the functions taken from them.
-#[derive(Default)]
-struct NormKernels {
-    modules: HashMap<NormProgram, Arc<CudaModule>>,
-    functions: HashMap<KernelVariant, CudaFunction>,
+/// Kernels loaded on one device: each program's module (compiled once for every kernel it holds)
+/// and the functions taken from them, by program key `P` and function key `F`.
+struct KernelCache<P, F> {
+    modules: HashMap<P, Arc<CudaModule>>,
+    functions: HashMap<F, CudaFunction>,
+}
+
+impl<P, F> Default for KernelCache<P, F> {
+    fn default() -> Self {
+        KernelCache { modules: HashMap::new(), functions: HashMap::new() }
+    }
+}
+
+impl<P: Copy + Eq + std::hash::Hash, F: Copy + Eq + std::hash::Hash> KernelCache<P, F> {
+    /// The function `key` names, whose symbol is `name()`, from `program`'s module, which
+    /// `compile` makes at the program's first use: a lookup that finds the function builds
+    /// neither the name nor the program.
+    fn function(
+        &mut self,
+        context: &Arc<CudaContext>,
+        (program, key): (P, F),
+        name: impl FnOnce() -> String,
+        compile: impl FnOnce() -> Result<cudarc::nvrtc::Ptx, KernelError>,
+    ) -> Result<CudaFunction, KernelError> {
+        if let Some(function) = self.functions.get(&key) {
+            return Ok(function.clone());
+        }
+        let module = match self.modules.get(&program) {
+            Some(module) => Arc::clone(module),
+            None => {
+                let module = context.load_module(compile()?).map_err(driver_error)?;
+                self.modules.insert(program, Arc::clone(&module));
+                module
+            }
+        };
+        let function = module.load_function(&name()).map_err(driver_error)?;
+        self.functions.insert(key, function.clone());
+        Ok(function)
+    }
 }
 
 /// An NVRTC program of the other op families: its source (`"quant"`, an op's name for a gated op)
@@ -54,14 +87,6 @@ pub(crate) struct FunctionKey {
     pub(crate) program: ProgramKey,
     pub(crate) kernel: &'static str,
     pub(crate) vectorized: bool,
-}
-
-/// The other families' kernels loaded on one device: each program's module (compiled once for
-/// every kernel it holds) and the functions taken from them.
-#[derive(Default)]
-struct OpKernels {
-    modules: HashMap<ProgramKey, Arc<CudaModule>>,
-    functions: HashMap<FunctionKey, CudaFunction>,
 }
 
 static DEVICES: OnceLock<Result<Vec<Arc<CudaDeviceState>>, String>> = OnceLock::new();
@@ -116,8 +141,8 @@ fn init_devices() -> Result<Vec<Arc<CudaDeviceState>>, String> {
                 context,
                 stream,
                 arch,
-                norms: Mutex::new(NormKernels::default()),
-                op_kernels: Mutex::new(OpKernels::default()),
+                norms: Mutex::new(KernelCache::default()),
+                op_kernels: Mutex::new(KernelCache::default()),
             }))
         })
         .collect()
@@ -150,22 +175,16 @@ impl CudaDeviceState {
     /// once for both norm ops.
     pub(crate) fn function(&self, variant: &KernelVariant) -> Result<CudaFunction, KernelError> {
         let mut norms = self.norms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(function) = norms.functions.get(variant) {
-            return Ok(function.clone());
-        }
         let program = variant.program;
-        let module = match norms.modules.get(&program) {
-            Some(module) => Arc::clone(module),
-            None => {
-                let module = self.context.load_module(compile_ptx(&program, self.arch)?).map_err(driver_error)?;
-                norms.modules.insert(program, Arc::clone(&module));
-                module
-            }
-        };
-        let function = module.load_function(&variant.kernel_name()).map_err(driver_error)?;
-        tracing::debug!(target: "kernels_cuda", %variant, ordinal = self.ordinal, "loaded kernel");
-        norms.functions.insert(*variant, function.clone());
-        Ok(function)
+        norms.function(
+            &self.context,
+            (program, *variant),
+            || variant.kernel_name(),
+            || {
+                tracing::debug!(target: "kernels_cuda", %program, ordinal = self.ordinal, "compiling with NVRTC");
+                compile_ptx(&program, self.arch)
+            },
+        )
     }
 
     /// The function `key` names, whose symbol is `name()`, from its program's module, which
@@ -179,22 +198,11 @@ impl CudaDeviceState {
         compile: impl FnOnce() -> Result<cudarc::nvrtc::Ptx, KernelError>,
     ) -> Result<CudaFunction, KernelError> {
         let mut kernels = self.op_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(function) = kernels.functions.get(&key) {
-            return Ok(function.clone());
-        }
-        let module = match kernels.modules.get(&key.program) {
-            Some(module) => Arc::clone(module),
-            None => {
-                let ProgramKey { source, dtype } = key.program;
-                tracing::debug!(target: "kernels_cuda", source, ?dtype, arch = ?self.arch, "compiling with NVRTC");
-                let module = self.context.load_module(compile()?).map_err(driver_error)?;
-                kernels.modules.insert(key.program, Arc::clone(&module));
-                module
-            }
-        };
-        let function = module.load_function(&name()).map_err(driver_error)?;
-        kernels.functions.insert(key, function.clone());
-        Ok(function)
+        kernels.function(&self.context, (key.program, key), name, || {
+            let ProgramKey { source, dtype } = key.program;
+            tracing::debug!(target: "kernels_cuda", source, ?dtype, arch = ?self.arch, "compiling with NVRTC");
+            compile()
+        })
     }
 
     fn allocate(self: &Arc<Self>, len_bytes: usize) -> Result<CudaBuffer, DeviceError> {

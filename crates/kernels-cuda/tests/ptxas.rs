@@ -575,17 +575,7 @@ fn check_gated_loads_in_flight(dir: &std::path::Path) {
             }
         }
     }
-    // Appended to the norms' rows (`cargo xtask kernel-resources`): the block stands in the threads
-    // per row column, the width in the largest H column.
-    if let Ok(path) = std::env::var(LOADS_ENV) {
-        let mut file = std::fs::OpenOptions::new().append(true).create(true).open(&path).unwrap();
-        file.write_all(table.as_bytes()).unwrap_or_else(|e| panic!("writing {path}: {e}"));
-    }
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "nvdisasm: read {} 16-byte gated kernels; loads in flight per thread:", rows.len());
-    for row in rows {
-        let _ = writeln!(err, "{row}");
-    }
+    report_chunk_loads("gated", &rows, &table);
 }
 
 /// Every 16-byte quantization kernel, for both architectures: a thread issues the 16-byte loads of
@@ -626,12 +616,19 @@ fn check_quant_loads_in_flight(dir: &std::path::Path) {
             }
         }
     }
+    report_chunk_loads("quantization", &rows, &table);
+}
+
+/// Appends a family's loads-table rows to the norms' (`cargo xtask kernel-resources`; the block
+/// stands in the threads-per-row column, the row width in the largest-H one) and prints its
+/// per-kernel lines.
+fn report_chunk_loads(family: &str, rows: &[String], table: &str) {
     if let Ok(path) = std::env::var(LOADS_ENV) {
         let mut file = std::fs::OpenOptions::new().append(true).create(true).open(&path).unwrap();
         file.write_all(table.as_bytes()).unwrap_or_else(|e| panic!("writing {path}: {e}"));
     }
     let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "nvdisasm: read {} 16-byte quantization kernels; loads in flight per thread:", rows.len());
+    let _ = writeln!(err, "nvdisasm: read {} 16-byte {family} kernels; loads in flight per thread:", rows.len());
     for row in rows {
         let _ = writeln!(err, "{row}");
     }

@@ -26,7 +26,7 @@ pub(crate) struct HipDevice {
     wave_size: i32,
     target: &'static str,
     module: hipModule_t,
-    functions: Mutex<HashMap<KernelId, usize>>,
+    functions: Mutex<HashMap<KernelId, HipFunction>>,
 }
 
 /// A kernel of the code object: a norm variant, or another family's kernel by its base name, its
@@ -111,15 +111,16 @@ impl HipDevice {
     /// then cached, so a launch builds no symbol.
     pub(crate) fn function(&self, id: KernelId, symbol: impl FnOnce() -> String) -> Result<HipFunction, KernelError> {
         let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(&handle) = functions.get(&id) {
-            return Ok(HipFunction(handle));
+        if let Some(&function) = functions.get(&id) {
+            return Ok(function);
         }
         let name = CString::new(symbol()).expect("symbols have no NUL");
         let mut function: hipFunction_t = ptr::null_mut();
         // SAFETY: the module is loaded and `name` is a NUL-terminated symbol name.
         check(unsafe { hipModuleGetFunction(&mut function, self.module, name.as_ptr()) }).map_err(driver)?;
-        functions.insert(id, function as usize);
-        Ok(HipFunction(function as usize))
+        let function = HipFunction(function as usize);
+        functions.insert(id, function);
+        Ok(function)
     }
 
     /// A buffer of `len_bytes`, allocated in order on the launches' stream (the caller's, when the

@@ -33,7 +33,8 @@ use smallvec::SmallVec;
 
 pub use gated::{gated_vectorizes, run_gated};
 pub use norm::{
-    NormKey, NormShape, address_alignment, norm_vectorizes, run_fused_add_rms_norm, run_rms_norm, vector_ok,
+    NormKey, NormShape, address_alignment, base_aligned, norm_vectorizes, run_fused_add_rms_norm, run_rms_norm,
+    vector_ok,
 };
 pub use quant::{NORM_QUANT_KERNEL, run_dynamic_quant, run_norm_quant, run_static_quant};
 pub use rotary::run_rotary;

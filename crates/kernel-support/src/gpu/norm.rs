@@ -43,13 +43,18 @@ pub fn norm_vectorizes(dtype: DType) -> bool {
 /// on the host; both paths give the same bits.
 pub fn vector_ok(rows: &Rows, dtype: DType, base_alignment: usize) -> bool {
     let size = dtype.size_in_bytes();
-    let width = 16 / size;
+    let width = crate::gpu_chunk(dtype);
     norm_vectorizes(dtype)
-        && base_alignment.is_multiple_of(16)
-        && base_alignment > 0
+        && base_aligned(base_alignment)
         && (rows.offset * size).is_multiple_of(16)
         && rows.hidden.is_multiple_of(width)
         && (rows.n_rows <= 1 || rows.row_stride.is_multiple_of(width))
+}
+
+/// Whether a buffer whose first byte has `base_alignment` ([`GpuRuntime::base_alignment`]; 0 for a
+/// backend without 16-byte paths) starts 16-byte aligned.
+pub fn base_aligned(base_alignment: usize) -> bool {
+    base_alignment > 0 && base_alignment.is_multiple_of(16)
 }
 
 /// The alignment of a device address, as [`GpuRuntime::base_alignment`] reports it: the largest

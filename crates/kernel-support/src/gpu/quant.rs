@@ -5,7 +5,7 @@ use ir_core::{DType, KernelError, Layout, Tensor};
 use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
 use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 
-use super::{GpuRuntime, Grid, KernelArgs, KernelKey, vector_ok};
+use super::{GpuRuntime, Grid, KernelArgs, KernelKey, base_aligned, vector_ok};
 use crate::{
     ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, QUANT_KERNELS, RowArgs, Rows, device_buffer,
     device_buffer_mut, floor_scales, fp8_format_code, per_token_scales_shape, stepped_extent,
@@ -30,10 +30,8 @@ impl<'a, R: GpuRuntime> QuantStart<'a, R> {
         let q = R::allocate(x_buffer, &queue, x.numel() * out_dtype.size_in_bytes())?;
         // q's rows are `hidden` one-byte codes from its first byte: with x's rows allowing 16-byte
         // loads (hidden a multiple of the vector width), each starts a whole chunk of codes.
-        let q_alignment = R::base_alignment(&q);
-        let vectorized = vector_ok(&rows, x.dtype(), R::base_alignment(x_buffer))
-            && q_alignment > 0
-            && q_alignment.is_multiple_of(16);
+        let vectorized =
+            vector_ok(&rows, x.dtype(), R::base_alignment(x_buffer)) && base_aligned(R::base_alignment(&q));
         Ok(QuantStart { rows, x: x_buffer, queue, q, vectorized })
     }
 }
@@ -151,9 +149,7 @@ pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuan
                 device_buffer::<R::Buffer>(r.tensor(), "x_residual", R::MEMORY)
                     .is_ok_and(|buffer| vector_ok(&r_rows, dtype, R::base_alignment(buffer)))
             })
-            && residual_out
-                .as_ref()
-                .is_none_or(|out| R::base_alignment(out).is_multiple_of(16) && R::base_alignment(out) > 0)
+            && residual_out.as_ref().is_none_or(|out| base_aligned(R::base_alignment(out)))
             && weight.zip(weight_buffer).is_none_or(|(w, buffer)| {
                 let w_rows = Rows { n_rows: 1, hidden: rows.hidden, row_stride: rows.hidden, offset: w.offset() };
                 vector_ok(&w_rows, dtype, R::base_alignment(buffer))
