@@ -19,6 +19,8 @@ mod hipcc_cache;
 
 fn main() {
     println!("cargo::rerun-if-changed=kernels");
+    // The sources CUDA and HIP share, behind a link cargo's scan of `kernels` may not follow.
+    println!("cargo::rerun-if-changed=kernels/gpu");
     println!("cargo::rerun-if-changed=hipcc_cache.rs");
     println!("cargo::rerun-if-env-changed=VLLM_IR_HIP_ARCHS");
     println!("cargo::rerun-if-env-changed=HIPCC");

@@ -1,8 +1,9 @@
-//! hipcc compiles, cached by a hash of everything their output depends on: every file of `kernels/`
-//! (sources and headers, by name and content), the names of the sources compiled as one unit, the
-//! flags, hipcc's path and its version. The build script (which embeds the code objects) and
-//! `tests/hipcc.rs` (which reads the same compile's resource report) share it, so the `check`,
-//! `clippy` and `test` builds of one checkout and its compile checks run hipcc once per unit.
+//! hipcc compiles, cached by a hash of everything their output depends on: every file under
+//! `kernels/` (sources and headers, the shared `kernels/gpu` ones included, by path and content),
+//! the names of the sources compiled as one unit, the flags, hipcc's path and its version. The build
+//! script (which embeds the code objects) and `tests/hipcc.rs` (which reads the same compile's
+//! resource report) share it, so the `check`, `clippy` and `test` builds of one checkout and its
+//! compile checks run hipcc once per unit.
 //!
 //! The cache holds `<key>.hsaco` (the code object) and `<key>.report` (what hipcc wrote on stderr:
 //! the resource remarks when the flags ask for them). Entries are written through a temporary name,
@@ -23,7 +24,7 @@ pub(crate) struct Compile<'a> {
     pub(crate) hipcc: &'a str,
     /// The flags besides `-o` and the input (`--genco`, the target, the optimization level, remarks).
     pub(crate) flags: &'a [String],
-    /// The `kernels/` directory: every file in it is part of the key.
+    /// The `kernels/` directory: every file under it is part of the key.
     pub(crate) kernels: &'a Path,
     /// The sources, compiled as one unit.
     pub(crate) sources: &'a [PathBuf],
@@ -85,18 +86,30 @@ impl Compile<'_> {
 
     fn key(&self, version: &[u8]) -> u64 {
         use std::hash::{Hash, Hasher};
-        let mut files: Vec<PathBuf> = fs::read_dir(self.kernels)
-            .map(|entries| entries.filter_map(|entry| entry.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
+        let mut files = Vec::new();
+        files_under(self.kernels, &mut files);
         files.sort();
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         for file in &files {
-            file.file_name().hash(&mut hasher);
+            file.strip_prefix(self.kernels).unwrap_or(file).hash(&mut hasher);
             fs::read(file).unwrap_or_default().hash(&mut hasher);
         }
         let names: Vec<_> = self.sources.iter().map(|s| s.file_name()).collect();
         (names, self.flags, self.hipcc, version).hash(&mut hasher);
         hasher.finish()
+    }
+}
+
+/// Every file under `dir`, through its subdirectories (`gpu/`, the sources CUDA and HIP share, is a
+/// link to a directory: followed).
+fn files_under(dir: &Path, files: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for path in entries.filter_map(|entry| entry.ok().map(|e| e.path())) {
+        if path.is_dir() {
+            files_under(&path, files);
+        } else {
+            files.push(path);
+        }
     }
 }
 

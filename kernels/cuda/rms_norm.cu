@@ -38,7 +38,7 @@
 // it, the product rounded to it; in f64 when x or the weight is f64) and the store rounds to the
 // element type.
 //
-// Compiled after `narrow.cuh` and `element.cuh` (the element type and its conversions), which the
+// Compiled after `port.cuh` and `element.cuh` (the element type and its conversions), which the
 // crate prepends.
 
 #if VEC != 1 && VEC != CHUNK

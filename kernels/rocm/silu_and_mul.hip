@@ -1,17 +1,6 @@
-// silu_and_mul: out = silu(gate) * up (see gated.hip.h).
+// silu_and_mul on `rocm`: the op's source CUDA and HIP share (`kernels/gpu/silu_and_mul.h`), after the gated row
+// kernel (`kernels/gpu/gated.h`).
 
-#include "gated.hip.h"
-
-struct SiluAndMul {
-    static constexpr bool ROW_STATS = false;
-    template <int DTYPE>
-    __device__ static Compute<DTYPE> prepare(Compute<DTYPE>, Compute<DTYPE>, const GateScalars<Compute<DTYPE>>&) {
-        return 0.0f;
-    }
-    template <int DTYPE>
-    __device__ static Compute<DTYPE> activate(Compute<DTYPE> g, Compute<DTYPE>, const GateScalars<Compute<DTYPE>>&) {
-        return silu(g);
-    }
-};
-
-GATED_KERNELS(silu_and_mul, SiluAndMul)
+#include "element.hip.h"
+#include "gpu/gated.h"
+#include "gpu/silu_and_mul.h"

@@ -16,7 +16,7 @@
 #include <hip/hip_runtime.h>
 
 #include "element.hip.h"
-#include "quant.hip.h"
+#include "gpu/fp8.h"
 
 #define COPY_BLOCK 256
 

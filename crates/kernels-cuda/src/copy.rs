@@ -27,9 +27,9 @@ pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
 
 /// Compiles the strided conversion program (every kernel of [`CONVERT_KERNELS`]) to PTX for `arch`.
 /// The program holds the strided copies too: it is compiled after their source, whose indexing it
-/// uses, and the software fp8 conversion.
+/// uses, the portability header and the fp8 conversion.
 pub fn compile_convert_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    let source = format!("{STRIDED_COPY}\n{}\n{}\n{STRIDED_CONVERT}", crate::module::NARROW, crate::quant::FP8);
+    let source = format!("{STRIDED_COPY}\n{}\n{}\n{STRIDED_CONVERT}", crate::module::PORT, crate::quant::FP8);
     compile(&source, "strided_convert.cu", "strided_convert".to_owned(), Vec::new(), arch)
 }
 

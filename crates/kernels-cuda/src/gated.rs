@@ -1,8 +1,8 @@
 //! The gated activations (`silu_and_mul`, `gelu_and_mul`, …) on CUDA.
 //!
-//! Each op is one kernel source `kernels/<op>.cu` and one line of [`GATED_OPS`]; NVRTC compiles the
-//! element prelude, `kernels/gated.cuh` (the shared row kernel) and the op's source per dtype, at
-//! first use, and the module is cached per device. The program holds the op's two kernels: scalar
+//! Each op is one kernel source `kernels/gpu/<op>.h` (shared with HIP) and one line of
+//! [`GATED_OPS`]; NVRTC compiles the shared element prelude, `kernels/gpu/gated.h` (the row kernel
+//! CUDA and HIP share) and the op's source per dtype, at first use, and the module is cached per device. The program holds the op's two kernels: scalar
 //! accesses, and 16-byte loads and stores for aligned rows (`<op>_<dtype>_vec`), with one block
 //! per row of [`gated_block`](kernel_support::gated_block) threads. The op's scalar parameters reach the kernel
 //! through [`GatedScalars`](kernel_support::GatedScalars); the host code is
@@ -14,24 +14,24 @@ use ir_ops::gelu_and_mul::GELU_AND_MUL;
 use ir_ops::silu_and_mul::SILU_AND_MUL;
 use kernel_support::GatedKernel;
 
-use crate::module::{ELEMENT, compile, dtype_define};
+use crate::module::{GPU_ELEMENT, compile, dtype_define};
 
 /// The shared row kernel of the gated ops.
-pub const GATED: &str = include_str!("../kernels/gated.cuh");
+pub const GATED: &str = include_str!("../kernels/gpu/gated.h");
 
 /// Every gated op this provider implements: adding one is a kernel source and a line here.
 pub const GATED_OPS: &[GatedKernel] = &[
-    GatedKernel { def: &SILU_AND_MUL, source: include_str!("../kernels/silu_and_mul.cu") },
-    GatedKernel { def: &GELU_AND_MUL, source: include_str!("../kernels/gelu_and_mul.cu") },
+    GatedKernel { def: &SILU_AND_MUL, source: include_str!("../kernels/gpu/silu_and_mul.h") },
+    GatedKernel { def: &GELU_AND_MUL, source: include_str!("../kernels/gpu/gelu_and_mul.h") },
     GatedKernel {
         def: &ir_ops::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
-        source: include_str!("../kernels/gelu_and_mul_sparse.cu"),
+        source: include_str!("../kernels/gpu/gelu_and_mul_sparse.h"),
     },
 ];
 
-/// The source NVRTC compiles for a gated op: the element prelude, the row kernel, the op.
+/// The source NVRTC compiles for a gated op: the shared element prelude, the row kernel, the op.
 pub fn program(op: &GatedKernel) -> String {
-    format!("{ELEMENT}\n{GATED}\n{}", op.source)
+    format!("{GPU_ELEMENT}\n{GATED}\n{}", op.source)
 }
 
 /// Compiles a gated op's kernel for `dtype` to PTX for `arch`.

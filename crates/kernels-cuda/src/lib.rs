@@ -45,8 +45,8 @@ use crate::runtime::Cuda;
 
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
 pub use crate::module::{
-    BLOCK_SIZES, ELEMENT, Geometry, KernelVariant, NARROW, NormOp, NormProgram, SOURCE, THREADS_PER_ROW, all_programs,
-    arch_for, compile_ptx, largest_cached_row, nvrtc_availability, rms_norm_launch, vectorizes,
+    BLOCK_SIZES, ELEMENT, GPU_ELEMENT, Geometry, KernelVariant, NormOp, NormProgram, PORT, SOURCE, THREADS_PER_ROW,
+    all_programs, arch_for, compile_ptx, largest_cached_row, nvrtc_availability, rms_norm_launch, vectorizes,
 };
 /// The cudarc this crate is built with, so an engine names the same slice and stream types.
 pub use cudarc;

@@ -14,16 +14,38 @@ pub use kernel_support::NormOp;
 use kernel_support::gpu_threads_per_row;
 pub use kernel_support::largest_cached_row;
 
-/// The narrowing of a double through f32 rounded to odd (`kernels/narrow.cuh`), which the element
-/// prelude and the strided conversions use.
-pub const NARROW: &str = include_str!("../kernels/narrow.cuh");
+/// The CUDA portability header (`kernels/port.cuh`): what NVRTC spells differently from hipcc (the
+/// f16 and bf16 conversions, f32 rounded to odd, the correctly rounded operations, the fp8
+/// hardware, the dtypes a program instantiates) under the names the kernels CUDA and HIP share
+/// (`kernels/gpu`) use, then the operations both dialects spell the same (`kernels/gpu/compute.h`).
+/// Every kernel source is compiled after it.
+pub const PORT: &str = concat!(include_str!("../kernels/port.cuh"), "\n", include_str!("../kernels/gpu/compute.h"));
 
-/// The element-type prelude every kernel source is compiled after (`narrow.cuh`, then `element.cuh`).
-pub const ELEMENT: &str = concat!(include_str!("../kernels/narrow.cuh"), "\n", include_str!("../kernels/element.cuh"));
+/// The element layer of the kernels CUDA and HIP share (`kernels/gpu/elem.h`: `Elem<DT>`,
+/// `RowChunk`), after the portability header: the prelude of the gated ops and the quantizations.
+pub const GPU_ELEMENT: &str = concat!(
+    include_str!("../kernels/port.cuh"),
+    "\n",
+    include_str!("../kernels/gpu/compute.h"),
+    "\n",
+    include_str!("../kernels/gpu/elem.h")
+);
+
+/// The element-type prelude of the CUDA-only kernels, the norms and the rotary embedding (the
+/// portability header, then `element.cuh`, one dtype per program).
+pub const ELEMENT: &str = concat!(
+    include_str!("../kernels/port.cuh"),
+    "\n",
+    include_str!("../kernels/gpu/compute.h"),
+    "\n",
+    include_str!("../kernels/element.cuh")
+);
 
 /// The norm kernels' source as NVRTC compiles it (the element prelude, then `kernels/rms_norm.cu`).
 pub const SOURCE: &str = concat!(
-    include_str!("../kernels/narrow.cuh"),
+    include_str!("../kernels/port.cuh"),
+    "\n",
+    include_str!("../kernels/gpu/compute.h"),
     "\n",
     include_str!("../kernels/element.cuh"),
     "\n",

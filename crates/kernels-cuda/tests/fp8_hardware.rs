@@ -1,5 +1,5 @@
 //! The fp8 conversion the quantization and conversion kernels call (`fp8_e4m3`, `fp8_e5m2` in
-//! `kernels/fp8.cuh`) is the hardware's `cvt.rn.satfinite` on sm_89 and later and software before.
+//! `kernels/gpu/fp8.h`) is the hardware's `cvt.rn.satfinite` on sm_89 and later and software before.
 //! NVRTC compiles each form where it belongs (checked without a GPU); on a device of compute
 //! capability 8.9 or later, a kernel converts every one of the 2³² f32 bit patterns both ways and
 //! counts the codes that differ, which must be none (elsewhere the test says it was skipped).
@@ -23,7 +23,7 @@ extern "C" __global__ void fp8_compare(unsigned long long* mismatches, unsigned 
 "#;
 
 fn ptx(arch: &'static str) -> String {
-    let source = format!("{}\n{COMPARE}", kernels_cuda::quant::FP8);
+    let source = format!("{}\n{}\n{COMPARE}", kernels_cuda::PORT, kernels_cuda::quant::FP8);
     let options = CompileOptions { arch: Some(arch), ..Default::default() };
     compile_ptx_with_opts(source, options).unwrap_or_else(|e| panic!("compiling for {arch}: {e:?}")).to_src()
 }

@@ -117,7 +117,7 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     // Each report line names the source line of the kernel it describes.
     let quant_scratch: Vec<&str> = report
         .lines()
-        .filter(|l| l.contains("ScratchSize") && (l.contains("/quant.hip:") || l.contains("/norm_quant.hip:")))
+        .filter(|l| l.contains("ScratchSize") && (l.contains("/quant.h:") || l.contains("/norm_quant.h:")))
         .collect();
     // Every quantization kernel in every dtype, and its 16-byte form in all but f64.
     assert_eq!(

@@ -1,0 +1,83 @@
+// The HIP side of the portability layer the CUDA and HIP kernels share (`kernels/gpu`): what hipcc
+// spells differently from NVRTC, under the names the shared sources use. The CUDA side is
+// `kernels/cuda/port.cuh`, with the same names.
+//
+// - f16 and bf16 bit conversions: f16 through `_Float16`, bf16 with bit operations (a NaN stays a
+//   quiet NaN, everything else rounds to nearest-even), and `f32_round_to_odd`, through which a
+//   double narrows to a format of at most 22 significand bits with one rounding.
+// - `c_add`, `c_sub`, `c_mul`, `c_div`, `c_sqrt`: each one correctly rounded operation in the
+//   compute type, overloaded for float and double. hipcc contracts `a * b + c` into an fma, so these
+//   are functions compiled with contraction off. The operations both compilers spell the same are in
+//   `kernels/gpu/compute.h`, included at the end.
+// - `gpu_isnan`, and `GPU_FP8_HARDWARE` 0: fp8 is converted in software (`kernels/gpu/fp8.h`).
+// - `GPU_ROWS(row, n_rows)`, the rows a block computes: a grid-stride loop, since the host caps a
+//   grid at HIP's 2^32 work-items.
+// - `GPU_KERNEL_DTYPES(M, ...)`: one code object holds every dtype, so it expands `M(dtype code,
+//   kernel suffix, vector form, ...)` for f32, f16, bf16 and f64 and the 16-byte forms of the first
+//   three (f64, a reference dtype, has none).
+
+#pragma once
+
+#include <hip/hip_runtime.h>
+
+// f32 rounded to odd (truncated, the last bit set when anything was lost): rounding it to nearest
+// even in a format of at most 22 significand bits equals rounding the double directly.
+__device__ __forceinline__ float f32_round_to_odd(double value) {
+    float nearest = (float)value;
+    if ((double)nearest == value || __builtin_isinf(nearest) || __builtin_isnan(value)) return nearest;
+    unsigned int bits = __float_as_uint(nearest);
+    // Sign-magnitude: decrementing the bits of a non-zero float moves it one step toward zero.
+    unsigned int truncated = fabs((double)nearest) > fabs(value) ? bits - 1u : bits;
+    return __uint_as_float(truncated | 1u);
+}
+
+__device__ __forceinline__ float f16_bits_to_f32(unsigned short v) {
+    _Float16 h;
+    __builtin_memcpy(&h, &v, 2);
+    return (float)h;
+}
+__device__ __forceinline__ unsigned short f32_to_f16_bits(float f) {
+    _Float16 h = (_Float16)f;  // nearest-even
+    unsigned short v;
+    __builtin_memcpy(&v, &h, 2);
+    return v;
+}
+__device__ __forceinline__ float bf16_bits_to_f32(unsigned short v) { return __uint_as_float(((unsigned int)v) << 16); }
+__device__ __forceinline__ unsigned short f32_to_bf16_bits(float f) {
+    unsigned int bits = __float_as_uint(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((bits >> 16) | 0x0040u);
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+#define GPU_ROUNDED_BINARY(name, op)                                                  \
+    __device__ __forceinline__ float name(float a, float b) {                         \
+        _Pragma("clang fp contract(off)") return a op b;                              \
+    }                                                                                 \
+    __device__ __forceinline__ double name(double a, double b) {                      \
+        _Pragma("clang fp contract(off)") return a op b;                              \
+    }
+GPU_ROUNDED_BINARY(c_add, +)
+GPU_ROUNDED_BINARY(c_sub, -)
+GPU_ROUNDED_BINARY(c_mul, *)
+GPU_ROUNDED_BINARY(c_div, /)
+#undef GPU_ROUNDED_BINARY
+
+__device__ __forceinline__ float c_sqrt(float a) { return sqrtf(a); }
+__device__ __forceinline__ double c_sqrt(double a) { return sqrt(a); }
+
+__device__ __forceinline__ bool gpu_isnan(float v) { return __builtin_isnan(v); }
+
+#define GPU_FP8_HARDWARE 0
+
+#define GPU_ROWS(row, n_rows) for (long long row = blockIdx.x; row < (n_rows); row += gridDim.x)
+
+#define GPU_KERNEL_DTYPES(M, ...)      \
+    M(0, f32, false, __VA_ARGS__)      \
+    M(0, f32_vec, true, __VA_ARGS__)   \
+    M(1, f16, false, __VA_ARGS__)      \
+    M(1, f16_vec, true, __VA_ARGS__)   \
+    M(2, bf16, false, __VA_ARGS__)     \
+    M(2, bf16_vec, true, __VA_ARGS__)  \
+    M(6, f64, false, __VA_ARGS__)
+
+#include "gpu/compute.h"
