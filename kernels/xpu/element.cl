@@ -7,6 +7,8 @@
 //                         6 = f64 (needs cl_khr_fp64; the kernels then compute in f64).
 //                 compute_t is the compute dtype c: double for f64 elements, float otherwise; LIT(x)
 //                 writes a decimal constant in it (x##f for float, so the f32 kernels keep their bits).
+//                 CHUNK elements (16 bytes) make a chunk, which `load_chunk` reads with one vector
+//                 load (vloadn needs only the element's alignment) into compute values.
 // Define optional: WDTYPE the norm weight's type, coded like DTYPE (default: DTYPE): welem_t,
 //                         LOAD_W, wcompute_t (double when x or the weight is f64), round_to_w and
 //                         WSTORE, which stores a weight step's result into the element type.
@@ -115,6 +117,43 @@ inline compute_t round_to_elem(compute_t v) {
 #else
     return v;
 #endif
+}
+
+// A chunk: elements c*CHUNK .. c*CHUNK+CHUNK-1 of a row, 16 bytes (4 f32, 8 f16 or bf16, 2 f64),
+// which the kernels read with one vector load (VLOAD_CHUNK: vloadn and vload_halfn need only the
+// element's alignment, so every row, offset and stride takes it) and keep as CHUNK compute values.
+#if DTYPE == 0
+#define CHUNK 4
+#define VLOAD_CHUNK(c, p) vload4((c), (p))
+#define VSTORE_COMPUTE(v, p) vstore4((v), 0, (p))
+#elif DTYPE == 1
+#define CHUNK 8
+#define VLOAD_CHUNK(c, p) vload_half8((c), (p))
+#define VSTORE_COMPUTE(v, p) vstore8((v), 0, (p))
+#elif DTYPE == 2
+#define CHUNK 8
+#define VLOAD_CHUNK(c, p) as_float8(convert_uint8(vload8((c), (p))) << 16)
+#define VSTORE_COMPUTE(v, p) vstore8((v), 0, (p))
+#else
+#define CHUNK 2
+#define VLOAD_CHUNK(c, p) vload2((c), (p))
+#define VSTORE_COMPUTE(v, p) vstore2((v), 0, (p))
+#endif
+
+// The chunks of a row of n elements.
+#define CHUNKS(n) (((long)(n) + CHUNK - 1) / CHUNK)
+
+// Chunk c of a row of n elements as compute values in `out`: one vector load when the chunk is
+// whole, else (a row's last chunk) the elements below n one by one and zero past them.
+inline void load_chunk(__global const elem_t* p, long c, long n, compute_t* out) {
+    if ((c + 1) * CHUNK <= n) {
+        VSTORE_COMPUTE(VLOAD_CHUNK(c, p), out);
+    } else {
+        for (int i = 0; i < CHUNK; ++i) {
+            long j = c * CHUNK + i;
+            out[i] = j < n ? LOAD(p, j) : 0.0f;
+        }
+    }
 }
 
 #ifndef WDTYPE

@@ -9,7 +9,8 @@
 // defines kernel `<op>_<dtype>(out, out_offset, x, x_offset, n_rows, d, x_row_stride, out_row_stride,
 // f0, f1, i0, i1)` (each buffer followed by its element offset): the op's
 // float parameters in f0, f1 and its string-choice, integer and boolean parameters in i0, i1, in
-// declaration order. One work-group of GATED_GROUP work-items per row. With row statistics, `prepare`
+// declaration order. One work-group of GATED_GROUP work-items per row, each owning whole 16-byte
+// chunks of the row (`load_chunk`, element.cl). With row statistics, `prepare`
 // receives the mean and the biased standard deviation (from that mean) of the gate, reduced in a
 // fixed order. Every value is in the compute dtype (f32; f64 for f64 elements). No fast-math options.
 
@@ -99,18 +100,29 @@ inline compute_t gated_group_sum(compute_t value, __local compute_t* scratch) {
 // The mean and biased standard deviation of the d gate elements of a row, in the compute dtype.
 inline void gated_stats(__global const elem_t* gate, int d, __local compute_t* scratch, compute_t* mean_out,
                         compute_t* std_out) {
+    const long n = CHUNKS(d);
     compute_t sum = 0.0f;
-    for (long j = get_local_id(0); j < d; j += GATED_GROUP) sum += LOAD(gate, j);
+    for (long c = get_local_id(0); c < n; c += GATED_GROUP) {
+        compute_t g[CHUNK];
+        load_chunk(gate, c, d, g);
+        for (int i = 0; i < CHUNK; ++i) sum += g[i];  // past d: zero
+    }
     compute_t mean = gated_group_sum(sum, scratch) / (compute_t)d;
     compute_t squares = 0.0f;
-    for (long j = get_local_id(0); j < d; j += GATED_GROUP) {
-        compute_t t = LOAD(gate, j) - mean;
-        squares += t * t;
+    for (long c = get_local_id(0); c < n; c += GATED_GROUP) {
+        compute_t g[CHUNK];
+        load_chunk(gate, c, d, g);
+        for (int i = 0; i < CHUNK; ++i) {
+            compute_t t = g[i] - mean;
+            if (c * CHUNK + i < d) squares += t * t;
+        }
     }
     *mean_out = mean;
     *std_out = sqrt(gated_group_sum(squares, scratch) / (compute_t)d);
 }
 
+// Each work-item owns chunks lid, lid + GATED_GROUP, ... of the gate and of up (element.cl: 16 bytes,
+// one vector load each), both loaded before either is used.
 #define GATED_KERNEL(name, row_stats, prepare, activate)                                                      \
     __kernel __attribute__((reqd_work_group_size(GATED_GROUP, 1, 1))) void NAME(name)(                        \
         __global elem_t* out, long out_offset, __global const elem_t* x, long x_offset, long n_rows, int d,     \
@@ -119,14 +131,20 @@ inline void gated_stats(__global const elem_t* gate, int d, __local compute_t* s
         long row = get_group_id(0);                                                                            \
         __global const elem_t* gate = x + x_offset + row * x_row_stride;                                       \
         __global elem_t* out_row = out + out_offset + row * out_row_stride;                                    \
-        compute_t prepared = 0.0f;                                                                                 \
+        compute_t prepared = 0.0f;                                                                             \
         if (row_stats) {                                                                                       \
             compute_t mean, std;                                                                               \
             gated_stats(gate, d, scratch, &mean, &std);                                                        \
             prepared = prepare(mean, std, f0, f1, i0, i1);                                                     \
         }                                                                                                      \
-        for (long j = get_local_id(0); j < d; j += GATED_GROUP) {                                              \
-            compute_t a = round_to_elem(activate(LOAD(gate, j), prepared, f0, f1, i0, i1));                        \
-            STORE(out_row, j, a * LOAD(gate, d + j));                                                          \
+        for (long c = get_local_id(0); c < CHUNKS(d); c += GATED_GROUP) {                                      \
+            compute_t g[CHUNK], u[CHUNK];                                                                      \
+            load_chunk(gate, c, d, g);                                                                         \
+            load_chunk(gate + d, c, d, u);                                                                     \
+            for (int i = 0; i < CHUNK; ++i) {                                                                  \
+                long j = c * CHUNK + i;                                                                        \
+                compute_t a = round_to_elem(activate(g[i], prepared, f0, f1, i0, i1));                         \
+                if (j < d) STORE(out_row, j, a * u[i]);                                                        \
+            }                                                                                                  \
         }                                                                                                      \
     }

@@ -3,7 +3,8 @@
 // and `fused_add_rms_norm_dynamic_per_token_quant`. Built after `element.cl` and `quant.cl` (the conversion
 // and the group maximum), per input dtype.
 //
-// One work-group of QUANT_GROUP work-items per row. Pass 1 sums the squares of a = x (+ r) in f32;
+// One work-group of QUANT_GROUP work-items per row, each owning whole 16-byte chunks of it
+// (`load_chunk`, element.cl: one vector load each of x, the residual and the weight). Pass 1 sums the squares of a = x (+ r) in f32;
 // rstd = 1 / sqrt(sum / hidden + eps). Pass 2 (dynamic only) reduces the absmax of the normalized
 // values z. The last pass recomputes z, writes the residual output (the rounded sum) and
 // q = fp8(z / s). z = round(round(a * rstd) * w), rounded to the element type at each step: the
@@ -26,6 +27,27 @@ inline compute_t quant_group_sum(compute_t value, __local compute_t* scratch) {
     return total;
 }
 
+// Chunk c's values a = x (+ r), in the compute type (zero past `hidden`).
+inline void row_values(__global const elem_t* x_row, __global const elem_t* r_row, long c, int hidden,
+                       int has_residual, compute_t* a) {
+    load_chunk(x_row, c, hidden, a);
+    if (has_residual) {
+        compute_t b[CHUNK];
+        load_chunk(r_row, c, hidden, b);
+        for (int i = 0; i < CHUNK; ++i) a[i] += b[i];
+    }
+}
+
+// The normalized values z of chunk c's values a (in place), weighted by chunk c of w when given.
+inline void normalize(compute_t* a, compute_t rstd, __global const elem_t* w_row, long c, int hidden, int has_weight) {
+    compute_t wc[CHUNK];
+    if (has_weight) load_chunk(w_row, c, hidden, wc);
+    for (int i = 0; i < CHUNK; ++i) {
+        a[i] = round_to_elem(a[i] * rstd);
+        if (has_weight) a[i] = round_to_elem(a[i] * wc[i]);
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm_quant)(
     __global uchar* q, long q_offset, __global float* scales, long scales_offset, __global elem_t* residual_out,
     long out_offset, __global const elem_t* x, long x_offset, __global const elem_t* r, long r_offset,
@@ -41,11 +63,12 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
     __global uchar* q_row = q + q_offset + row * (long)hidden;
     __global elem_t* out_row = residual_out + out_offset + row * out_row_stride;
 
+    const long n = CHUNKS(hidden);
     compute_t squares = 0.0f;
-    for (long j = lid; j < hidden; j += QUANT_GROUP) {
-        compute_t a = LOAD(x_row, j);
-        if (has_residual) a += LOAD(r_row, j);
-        squares += a * a;
+    for (long c = lid; c < n; c += QUANT_GROUP) {
+        compute_t a[CHUNK];
+        row_values(x_row, r_row, c, hidden, has_residual, a);
+        for (int i = 0; i < CHUNK; ++i) squares += a[i] * a[i];  // past hidden: zero
     }
     compute_t rstd = 1.0f / sqrt(quant_group_sum(squares, scratch) / (compute_t)hidden + eps);
 
@@ -53,12 +76,11 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
     // unconditionally.
     compute_t absmax = 0.0f;
     if (dynamic) {
-        for (long j = lid; j < hidden; j += QUANT_GROUP) {
-            compute_t a = LOAD(x_row, j);
-            if (has_residual) a += LOAD(r_row, j);
-            compute_t z = round_to_elem(a * rstd);
-            if (has_weight) z = round_to_elem(z * LOAD(w_row, j));
-            absmax = fmax(absmax, fabs(z));
+        for (long c = lid; c < n; c += QUANT_GROUP) {
+            compute_t a[CHUNK];
+            row_values(x_row, r_row, c, hidden, has_residual, a);
+            normalize(a, rstd, w_row, c, hidden, has_weight);
+            for (int i = 0; i < CHUNK; ++i) absmax = fmax(absmax, fabs(a[i]));  // past hidden: zero
         }
     }
     absmax = quant_group_max(absmax, scratch);
@@ -72,14 +94,16 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
         s = scale[scale_offset];
     }
 
-    for (long j = lid; j < hidden; j += QUANT_GROUP) {
-        compute_t a = LOAD(x_row, j);
-        if (has_residual) {
-            a += LOAD(r_row, j);
-            STORE(out_row, j, a);
+    for (long c = lid; c < n; c += QUANT_GROUP) {
+        compute_t a[CHUNK];
+        row_values(x_row, r_row, c, hidden, has_residual, a);
+        for (int i = 0; i < CHUNK; ++i) {
+            if (has_residual && c * CHUNK + i < hidden) STORE(out_row, c * CHUNK + i, a[i]);
         }
-        compute_t z = round_to_elem(a * rstd);
-        if (has_weight) z = round_to_elem(z * LOAD(w_row, j));
-        q_row[j] = to_fp8(z / s, format);
+        normalize(a, rstd, w_row, c, hidden, has_weight);
+        for (int i = 0; i < CHUNK; ++i) {
+            long j = c * CHUNK + i;
+            if (j < hidden) q_row[j] = to_fp8(a[i] / s, format);
+        }
     }
 }

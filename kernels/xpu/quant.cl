@@ -5,7 +5,8 @@
 // -cl-fp32-correctly-rounded-divide-sqrt) and a saturating nearest-even conversion (`fp8_from_f32`, in `element.cl`); the dynamic
 // kernel's s = max(min(absmax, ub) / M, 1 / (M * 512)), absmax reduced with fmax (NaN skipped).
 // `format` 0 = f8e4m3fn (M = 448), 1 = f8e5m2 (M = 57344). One work-group of QUANT_GROUP
-// work-items per row; q is compact rows of `hidden` bytes.
+// work-items per row, each owning whole 16-byte chunks of it (`load_chunk`, element.cl: one vector
+// load each); q is compact rows of `hidden` bytes.
 
 #define QUANT_GROUP 128
 
@@ -32,6 +33,17 @@ inline compute_t quant_group_max(compute_t value, __local compute_t* scratch) {
     return total;
 }
 
+// Writes the codes of chunk c of a row of x divided by s (those below `hidden`).
+inline void quant_chunk(__global const elem_t* x_row, __global uchar* q_row, long c, int hidden, compute_t s,
+                        int format) {
+    compute_t a[CHUNK];
+    load_chunk(x_row, c, hidden, a);
+    for (int i = 0; i < CHUNK; ++i) {
+        long j = c * CHUNK + i;
+        if (j < hidden) q_row[j] = to_fp8(a[i] / s, format);
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(static_scaled_fp8_quant)(
     __global uchar* q, long q_offset, __global const elem_t* x, long x_offset, long n_rows, int hidden,
     long x_row_stride, __global const float* scale, long scale_offset, int format) {
@@ -39,7 +51,7 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(stat
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
     __global uchar* q_row = q + q_offset + row * (long)hidden;
     compute_t s = scale[scale_offset];
-    for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) q_row[j] = to_fp8(LOAD(x_row, j) / s, format);
+    for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) quant_chunk(x_row, q_row, c, hidden, s, format);
 }
 
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(dynamic_per_token_scaled_fp8_quant)(
@@ -51,11 +63,15 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(dyna
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
     __global uchar* q_row = q + q_offset + row * (long)hidden;
     compute_t absmax = 0.0f;
-    for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) absmax = fmax(absmax, fabs(LOAD(x_row, j)));
+    for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) {
+        compute_t a[CHUNK];
+        load_chunk(x_row, c, hidden, a);  // past hidden: zero, which changes no maximum
+        for (int i = 0; i < CHUNK; ++i) absmax = fmax(absmax, fabs(a[i]));
+    }
     absmax = quant_group_max(absmax, scratch);
     if (has_ub) absmax = fmin(absmax, (compute_t)scale_ub[ub_offset]);
     compute_t max_finite = fp8_max(format);
     compute_t s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
     if (get_local_id(0) == 0) scales[scales_offset + row] = s;
-    for (long j = get_local_id(0); j < hidden; j += QUANT_GROUP) q_row[j] = to_fp8(LOAD(x_row, j) / s, format);
+    for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) quant_chunk(x_row, q_row, c, hidden, s, format);
 }

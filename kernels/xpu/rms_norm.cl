@@ -31,7 +31,10 @@
 // Elements of a row each work-item keeps in registers between the two passes. The host gives a row
 // enough work-items (within the device's work-group limit) for the whole row to fit, up to
 // H = 32 × 1024 = 32768: each element is read once and written once. Longer rows read the rest twice.
+// A work-item owns whole chunks (element.cl: 16 bytes, read with one vector load): chunks lane,
+// lane + THREADS_PER_ROW, ..., the first CACHE_CHUNKS of them cached.
 #define CACHE 32
+#define CACHE_CHUNKS (CACHE / CHUNK)
 
 // Sums `value` over the THREADS_PER_ROW work-items of this row; all work-items of the group call it.
 inline compute_t row_sum(compute_t value, __local compute_t* scratch) {
@@ -102,21 +105,33 @@ void NAME(rms_norm)(__global elem_t* out, long out_offset, __global const elem_t
     __global elem_t* out_row = out + out_offset + (active ? row : 0) * out_row_stride;
     __global const welem_t* w = weight + weight_offset;
 
-    // The first CACHE elements of each work-item stay in private registers between the passes
-    // (unrolled loops, constant indices); the rest is read again. Sums run in element order.
+    // The first CACHE_CHUNKS chunks of each work-item stay in private registers between the passes
+    // (unrolled loops, constant indices), their loads all issued before any sum; the rest is read
+    // again. Sums run in the work-item's element order.
+    const long n_chunks = CHUNKS(hidden);
     compute_t cache[CACHE];
     compute_t sum_sq = 0.0f;
     if (active) {
 #pragma unroll
-        for (int k = 0; k < CACHE; ++k) {
-            long j = lane + (long)k * THREADS_PER_ROW;
-            compute_t a = j < hidden ? LOAD(x_row, j) : 0.0f;
-            cache[k] = a;
-            if (j < variance) sum_sq += a * a;
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long c = lane + (long)k * THREADS_PER_ROW;
+            load_chunk(x_row, c < n_chunks ? c : n_chunks, hidden, cache + k * CHUNK);
         }
-        for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < variance; j += THREADS_PER_ROW) {
-            compute_t a = LOAD(x_row, j);
-            sum_sq += a * a;
+#pragma unroll
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long first = (lane + (long)k * THREADS_PER_ROW) * CHUNK;
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) {
+                compute_t a = cache[k * CHUNK + i];
+                if (first + i < variance) sum_sq += a * a;
+            }
+        }
+        for (long c = lane + (long)CACHE_CHUNKS * THREADS_PER_ROW; c * CHUNK < variance; c += THREADS_PER_ROW) {
+            compute_t a[CHUNK];
+            load_chunk(x_row, c, hidden, a);
+            for (int i = 0; i < CHUNK; ++i) {
+                if (c * CHUNK + i < variance) sum_sq += a[i] * a[i];
+            }
         }
     }
     compute_t total = row_sum(sum_sq, scratch);
@@ -124,13 +139,21 @@ void NAME(rms_norm)(__global elem_t* out, long out_offset, __global const elem_t
     compute_t mean_square = isinf(total) ? rescaled_mean_square(x_row, 0, variance) : total / (compute_t)variance;
     compute_t rstd = 1.0f / sqrt(mean_square + epsilon);
 #pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        long j = lane + (long)k * THREADS_PER_ROW;
-        if (j < hidden) WSTORE(out_row, j, weighted(cache[k] * rstd, w, j));
+    for (int k = 0; k < CACHE_CHUNKS; ++k) {
+        long first = (lane + (long)k * THREADS_PER_ROW) * CHUNK;
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) {
+            long j = first + i;
+            if (j < hidden) WSTORE(out_row, j, weighted(cache[k * CHUNK + i] * rstd, w, j));
+        }
     }
-    for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < hidden; j += THREADS_PER_ROW) {
-        compute_t y = LOAD(x_row, j) * rstd;
-        WSTORE(out_row, j, weighted(y, w, j));
+    for (long c = lane + (long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
+        compute_t a[CHUNK];
+        load_chunk(x_row, c, hidden, a);
+        for (int i = 0; i < CHUNK; ++i) {
+            long j = c * CHUNK + i;
+            if (j < hidden) WSTORE(out_row, j, weighted(a[i] * rstd, w, j));
+        }
     }
 }
 
@@ -146,19 +169,37 @@ void NAME(fused_add_rms_norm)(__global elem_t* x, long x_offset, __global elem_t
     __global elem_t* r_row = residual + residual_offset + (active ? row : 0) * residual_row_stride;
     __global const welem_t* w = weight + weight_offset;
 
+    const long n_chunks = CHUNKS(hidden);
     compute_t cache[CACHE];
     compute_t sum_sq = 0.0f;
     if (active) {
+        // x and the residual of every cached chunk loaded before any sum; cache holds s = x + r.
+        compute_t residual_cache[CACHE];
 #pragma unroll
-        for (int k = 0; k < CACHE; ++k) {
-            long j = lane + (long)k * THREADS_PER_ROW;
-            compute_t s = j < hidden ? LOAD(x_row, j) + LOAD(r_row, j) : 0.0f;
-            cache[k] = s;
-            if (j < variance) sum_sq += s * s;
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long c = lane + (long)k * THREADS_PER_ROW;
+            c = c < n_chunks ? c : n_chunks;
+            load_chunk(x_row, c, hidden, cache + k * CHUNK);
+            load_chunk(r_row, c, hidden, residual_cache + k * CHUNK);
         }
-        for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < variance; j += THREADS_PER_ROW) {
-            compute_t s = LOAD(x_row, j) + LOAD(r_row, j);
-            sum_sq += s * s;
+#pragma unroll
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long first = (lane + (long)k * THREADS_PER_ROW) * CHUNK;
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) {
+                compute_t s = cache[k * CHUNK + i] + residual_cache[k * CHUNK + i];
+                cache[k * CHUNK + i] = s;
+                if (first + i < variance) sum_sq += s * s;
+            }
+        }
+        for (long c = lane + (long)CACHE_CHUNKS * THREADS_PER_ROW; c * CHUNK < variance; c += THREADS_PER_ROW) {
+            compute_t a[CHUNK], b[CHUNK];
+            load_chunk(x_row, c, hidden, a);
+            load_chunk(r_row, c, hidden, b);
+            for (int i = 0; i < CHUNK; ++i) {
+                compute_t s = a[i] + b[i];
+                if (c * CHUNK + i < variance) sum_sq += s * s;
+            }
         }
     }
     compute_t total = row_sum(sum_sq, scratch);
@@ -171,16 +212,28 @@ void NAME(fused_add_rms_norm)(__global elem_t* x, long x_offset, __global elem_t
     // Each element is owned by one work-item, which writes it from its cache, or recomputes the
     // unrounded sum from x and the residual before overwriting them.
 #pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        long j = lane + (long)k * THREADS_PER_ROW;
-        if (j < hidden) {
-            STORE(r_row, j, cache[k]);
-            WSTORE(x_row, j, weighted(cache[k] * rstd, w, j));
+    for (int k = 0; k < CACHE_CHUNKS; ++k) {
+        long first = (lane + (long)k * THREADS_PER_ROW) * CHUNK;
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) {
+            long j = first + i;
+            if (j < hidden) {
+                STORE(r_row, j, cache[k * CHUNK + i]);
+                WSTORE(x_row, j, weighted(cache[k * CHUNK + i] * rstd, w, j));
+            }
         }
     }
-    for (long j = lane + (long)CACHE * THREADS_PER_ROW; j < hidden; j += THREADS_PER_ROW) {
-        compute_t s = LOAD(x_row, j) + LOAD(r_row, j);
-        STORE(r_row, j, s);
-        WSTORE(x_row, j, weighted(s * rstd, w, j));
+    for (long c = lane + (long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
+        compute_t a[CHUNK], b[CHUNK];
+        load_chunk(x_row, c, hidden, a);
+        load_chunk(r_row, c, hidden, b);
+        for (int i = 0; i < CHUNK; ++i) {
+            long j = c * CHUNK + i;
+            if (j < hidden) {
+                compute_t s = a[i] + b[i];
+                STORE(r_row, j, s);
+                WSTORE(x_row, j, weighted(s * rstd, w, j));
+            }
+        }
     }
 }
