@@ -1,7 +1,7 @@
 // Strided copy on the device: the elements a source layout describes, into a destination layout of
 // the same shape (what `clone` and `contiguous` of a cuda tensor do), one thread per element in
 // row-major order. Dtype-agnostic: `strided_copy_<bytes>` moves each element as an unsigned integer
-// of its size, so every dtype copies bit for bit. Shape and strides are padded to eight dimensions
+// of its size, so every dtype copies bit for bit, and `strided_copy_16` moves 16-byte units. Shape and strides are padded to eight dimensions
 // (extent 1, stride 0 past the rank), so the loop is fully unrolled with constant indices (no local
 // memory); the storage offsets are applied to the pointers by the host. No headers (NVRTC).
 
@@ -77,3 +77,10 @@ STRIDED_COPY(1, unsigned char)
 STRIDED_COPY(2, unsigned short)
 STRIDED_COPY(4, unsigned int)
 STRIDED_COPY(8, unsigned long long)
+
+// The wide copy: 16-byte units of rows contiguous on both sides (`CopyDims::widened` on the host),
+// one 16-byte load and store each (the host checks both buffers start 16-byte aligned).
+struct alignas(16) Unit16 {
+    unsigned int w[4];
+};
+STRIDED_COPY(16, Unit16)

@@ -93,6 +93,9 @@ STRIDED_COPY(1, unsigned char)
 STRIDED_COPY(2, unsigned short)
 STRIDED_COPY(4, unsigned int)
 STRIDED_COPY(8, unsigned long long)
+// The wide copy: 16-byte units of rows contiguous on both sides (`CopyDims::widened` on the host),
+// one 16-byte load and store each.
+STRIDED_COPY(16, Words)
 
 // Source loads by dtype name: the compute dtypes through `Elem`, the fp8 formats decoded here.
 __device__ __forceinline__ float convert_load_f32(const float* p, long long i) { return Elem<0>::load(p[i]); }

@@ -1,7 +1,8 @@
 // Strided copy on the device: the elements a source layout describes, into a destination layout of
 // the same shape (what `clone` and `contiguous` of an xpu tensor do), one work-item per element in
 // row-major order. Dtype-agnostic: ELEM is the unsigned integer type of the element size (uchar,
-// ushort, uint, ulong), so every dtype copies bit for bit. Up to 8 dimensions (shape and strides
+// ushort, uint, ulong), so every dtype copies bit for bit, or uint4 for the wide copy's 16-byte units
+// (rows contiguous on both sides: `CopyDims::widened` on the host). Up to 8 dimensions (shape and strides
 // padded with 1 and 0); offsets and strides in elements. Without ELEM only the indexing is defined
 // (`strided_convert.cl` is built after it).
 

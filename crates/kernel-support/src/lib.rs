@@ -846,6 +846,9 @@ pub fn converts_through_f64(src: DType, dst: DType) -> bool {
     matches!(src, DType::F64 | DType::I64) || dst == DType::F64
 }
 
+/// Bytes a thread of the wide strided copy (`strided_copy_16`) moves: one 16-byte load and store.
+pub const WIDE_COPY_BYTES: usize = 16;
+
 /// One launch of a strided copy as the copy kernels take it: shape and strides padded to
 /// [`COPY_MAX_RANK`] dimensions (extent 1, stride 0), the element count, and the storage offsets,
 /// each converted to a kernel integer. [`CopyDims::pieces`] cuts a copy of any rank into these.
@@ -937,6 +940,39 @@ impl CopyDims {
         let [src, dst, _] = self.element_offsets()?;
         let n = usize::try_from(self.n).map_err(|_| out_of_range("elements", self.n, 0, isize::MAX))?;
         Ok(Some([src * element_size, dst * element_size, n * element_size]))
+    }
+
+    /// This piece as a copy of 16-byte units ([`WIDE_COPY_BYTES`]), each a thread's one 16-byte
+    /// load and store (`strided_copy_16`), for elements of `element_size` bytes: when its innermost
+    /// dimension is contiguous on both sides and a whole number of units long, and every other
+    /// stride and both offsets are whole units (in bytes). Extents, strides, offsets and counts are
+    /// then in units; `None` otherwise (and for elements of 16 bytes or more). The caller checks
+    /// that both buffers start 16-byte aligned.
+    pub fn widened(&self, element_size: usize) -> Option<CopyDims> {
+        if element_size == 0 || element_size >= WIDE_COPY_BYTES || !WIDE_COPY_BYTES.is_multiple_of(element_size) {
+            return None;
+        }
+        let per_unit = i64::try_from(WIDE_COPY_BYTES / element_size).ok()?;
+        let inner = usize::try_from(self.rank).ok()?.checked_sub(1)?;
+        let whole = |elements: i64| elements % per_unit == 0;
+        let contiguous = self.src_strides[inner] == 1 && self.dst_strides[inner] == 1 && whole(self.shape[inner]);
+        let outer_whole = (0..inner).all(|k| whole(self.src_strides[k]) && whole(self.dst_strides[k]));
+        if !(contiguous && outer_whole && whole(self.src_offset) && whole(self.dst_offset)) {
+            return None;
+        }
+        let mut wide = *self;
+        wide.shape[inner] /= per_unit;
+        wide.src_strides[inner] = 1;
+        wide.dst_strides[inner] = 1;
+        for k in 0..inner {
+            wide.src_strides[k] /= per_unit;
+            wide.dst_strides[k] /= per_unit;
+        }
+        wide.n /= per_unit;
+        wide.src_offset /= per_unit;
+        wide.dst_offset /= per_unit;
+        wide.first /= per_unit;
+        Some(wide)
     }
 
     /// The source offset, the destination offset and `first`, in elements, as host integers: for

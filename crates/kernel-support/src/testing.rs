@@ -2,9 +2,10 @@
 //! operations, bit for bit against the host.
 
 /// Checks a device's `clone` and `contiguous` (its `DeviceBuffer::copy_strided`) bit for bit in every
-/// dtype, on views that are transposed, sliced (an offset), both, of rank 3, and of rank 10 with
-/// no two dimensions mergeable (past the kernels' [`COPY_MAX_RANK`](crate::COPY_MAX_RANK),
-/// so a device cuts it into pieces), against the same views on the host; panics naming the dtype
+/// dtype, on views that are transposed, sliced (an offset), both, of rank 3, of rank 10 with no two
+/// dimensions mergeable (past the kernels' [`COPY_MAX_RANK`](crate::COPY_MAX_RANK), so a device
+/// cuts it into pieces), and two whose rows are whole 16-byte units at 16-byte offsets (the wide
+/// copy, [`CopyDims::widened`](crate::CopyDims::widened)), against the same views on the host; panics naming the dtype
 /// and layout that differ, or saying that a copy went through the host. Returns the number of copies
 /// made (clone and contiguous of each view). For the kernel crates' tests.
 pub fn check_device_copies(allocator: &dyn ir_core::storage::DeviceAllocator) -> u64 {
@@ -19,6 +20,9 @@ pub fn check_device_copies(allocator: &dyn ir_core::storage::DeviceAllocator) ->
             Tensor::from_f64(dtype, shape, &values).expect("a small tensor")
         };
         let host = distinct(&[7, 12]);
+        // Rows of 16 elements (16 to 128 bytes) from column 16 of 32: a copy of whole 16-byte units,
+        // which a device with the wide copy moves 16 bytes a thread.
+        let wide = distinct(&[6, 32]);
         // Ten dimensions, the first and last of extent 3 and 2 swapped and the middle ones of
         // extent 2 reversed pairwise: no neighbours step as one.
         let deep = distinct(&[3, 2, 2, 2, 2, 2, 2, 2, 2, 2]);
@@ -31,6 +35,14 @@ pub fn check_device_copies(allocator: &dyn ir_core::storage::DeviceAllocator) ->
             (&host, host.slice(0, 1, 6).and_then(|t| t.transpose(0, 1)).expect("in range")),
             (&host, host.reshape(&[2, 3, 14]).and_then(|t| t.transpose(0, 2)).expect("84 elements")),
             (&deep, deep_view),
+            (&wide, wide.slice(1, 16, 32).expect("in range")),
+            (
+                &wide,
+                wide.reshape(&[3, 2, 32])
+                    .and_then(|t| t.slice(2, 16, 32))
+                    .and_then(|t| t.transpose(0, 1))
+                    .expect("192 elements"),
+            ),
         ];
         for (base, view) in views {
             let label = format!("{dtype} {}", view.layout());

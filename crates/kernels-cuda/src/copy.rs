@@ -34,7 +34,7 @@ pub fn compile_convert_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelErro
 }
 
 /// The element sizes the program has a kernel for (`strided_copy_<bytes>`).
-pub const ELEMENT_SIZES: [usize; 4] = [1, 2, 4, 8];
+pub const ELEMENT_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// Compiles the strided copy program (all four element sizes) to PTX for `arch`.
 pub fn compile_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {

@@ -114,6 +114,12 @@ fn programs(arch: &'static str) -> Vec<(String, String)> {
             let entry = format!(".entry strided_copy_{size}(");
             assert!(copy.to_src().contains(&entry), "the strided copy PTX lacks `{entry}`");
         }
+        // The wide copy moves each 16-byte unit with one vector load and one vector store.
+        let text = copy.to_src();
+        let wide = text.split(".entry strided_copy_16(").nth(1).and_then(|rest| rest.split(".entry").next());
+        let wide = wide.expect("the wide copy's PTX");
+        let (loads, stores) = (wide.matches("ld.global.nc.v4.u32").count(), wide.matches("st.global.v4.u32").count());
+        assert_eq!((loads, stores), (1, 1), "strided_copy_16 for {arch}: 16-byte loads and stores");
         ("strided_copy".to_owned(), copy.to_src())
     }));
     jobs.push(Box::new(move || {

@@ -9,7 +9,7 @@ fn clone_and_contiguous_copy_on_the_device_bit_for_bit() {
         ir_core::testing::skip("cuda", &format!("cuda kernels: {reason}"));
         return;
     }
-    assert_eq!(kernel_support::testing::check_device_copies(&kernels_cuda::allocator(0).unwrap()), 96);
+    assert_eq!(kernel_support::testing::check_device_copies(&kernels_cuda::allocator(0).unwrap()), 128);
 }
 
 #[test]

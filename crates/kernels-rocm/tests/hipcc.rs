@@ -140,15 +140,16 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
         let symbol = format!("{}_{dtype}", kernels_rocm::rotary::KERNEL);
         assert!(text.contains(&symbol), "the code object lacks `{symbol}`");
     }
-    // The strided copy (`clone`/`contiguous` on the device): one kernel per element size, the
+    // The strided copy (`clone`/`contiguous` on the device): one kernel per element size and the
+    // wide copy of 16-byte units, the
     // strided conversion (`copy_` between dtypes, `scale`): one per pair of dtypes, and `add`/`mul`:
     // one per dtype; no scratch.
     let copy_scratch: Vec<&str> =
         report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/strided_copy.hip:")).collect();
-    let expected = 4 + kernels_rocm::CONVERT_KERNELS.len() + kernels_rocm::BINARY_KERNELS.len();
+    let expected = 5 + kernels_rocm::CONVERT_KERNELS.len() + kernels_rocm::BINARY_KERNELS.len();
     assert_eq!(copy_scratch.len(), expected, "one report per strided copy and conversion kernel:\n{report}");
     assert!(copy_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{copy_scratch:#?}");
-    for size in [1, 2, 4, 8] {
+    for size in [1, 2, 4, 8, 16] {
         assert!(text.contains(&format!("strided_copy_{size}")), "the code object lacks `strided_copy_{size}`");
     }
     let names =
@@ -383,6 +384,11 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
         "hipcc: 16-byte quantization kernels, loads in flight before the first wait: {}",
         quant.join(", ")
     );
+    // The wide strided copy moves each 16-byte unit with one 16-byte load and one 16-byte store.
+    let wide = functions.get("strided_copy_16").expect("no ISA for strided_copy_16");
+    for instruction in ["global_load_dwordx4", "global_store_dwordx4"] {
+        assert!(wide.iter().any(|line| line.trim().starts_with(instruction)), "strided_copy_16: no {instruction}");
+    }
     if let Ok(path) = std::env::var("VLLM_IR_ISA_LOADS_TABLE") {
         std::fs::write(&path, &table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
     }

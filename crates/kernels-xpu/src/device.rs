@@ -32,6 +32,8 @@ pub struct XpuDevice {
     max_sub_group_size: Option<u32>,
     /// The most work-items a work-group may have.
     max_work_group_size: usize,
+    /// The alignment of every buffer's first byte (`CL_DEVICE_MEM_BASE_ADDR_ALIGN`, in bytes).
+    base_alignment: usize,
     context: Context,
     queue: Arc<CommandQueue>,
     kernels: KernelCache<KernelVariant>,
@@ -149,6 +151,8 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
     let max_sub_group_size = max_sub_group_size(&cl_device, &extensions);
     // OpenCL guarantees at least 1; the norm kernels' smallest work-group is 128 work-items.
     let max_work_group_size = cl_device.max_work_group_size().unwrap_or(128);
+    // In bits; unknown counts as none, so no call takes a path that needs it.
+    let base_alignment = cl_device.mem_base_addr_align().map_or(0, |bits| bits as usize / 8);
     let context = Context::from_device(&cl_device).map_err(|e| format!("creating an OpenCL context on {name}: {e}"))?;
     #[allow(deprecated)]
     let queue = CommandQueue::create_default(&context, 0).map_err(|e| format!("creating a queue on {name}: {e}"))?;
@@ -158,6 +162,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         extensions,
         max_sub_group_size,
         max_work_group_size,
+        base_alignment,
         context,
         queue: Arc::new(queue),
         kernels: Mutex::new(HashMap::new()),
@@ -186,6 +191,12 @@ impl XpuDevice {
         self.max_sub_group_size
     }
 
+    /// The alignment of the first byte of every buffer on the device (OpenCL's
+    /// `CL_DEVICE_MEM_BASE_ADDR_ALIGN`, which `clCreateBuffer` memory, an engine's included, keeps).
+    pub fn base_alignment(&self) -> usize {
+        self.base_alignment
+    }
+
     /// The most work-items a work-group may have on this device.
     pub fn max_work_group_size(&self) -> usize {
         self.max_work_group_size
@@ -209,6 +220,7 @@ impl XpuDevice {
             2 => "ushort",
             4 => "uint",
             8 => "ulong",
+            kernel_support::WIDE_COPY_BYTES => "uint4",
             other => return Err(KernelError::ElementSize { backend: "xpu", bytes: other }),
         };
         let mut kernels = self.copy_kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -45,21 +45,23 @@ impl GpuRuntime for OpenCl {
     }
 
     fn kernel(like: &XpuBuffer, key: KernelKey<'_>) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+        // One kernel for both forms: OpenCL's vector loads need only the element's alignment, so
+        // the kernels read 16-byte chunks wherever the rows start, and the host's 16-byte choice
+        // names the same (scalar-named) kernel.
+        let key = match key {
+            KernelKey::Gated { op, dtype, .. } => KernelKey::Gated { op, dtype, vectorized: false },
+            KernelKey::Quant { kernel, dtype, .. } => KernelKey::Quant { kernel, dtype, vectorized: false },
+            other => other,
+        };
         match key {
-            KernelKey::Gated { op, dtype, vectorized: false } => like.device.gated_kernel(op, dtype),
-            // Never asked: `base_alignment` is 0 here, so no call takes a 16-byte path.
-            KernelKey::Gated { vectorized: true, .. } | KernelKey::Quant { vectorized: true, .. } => {
-                Err(KernelError::InvalidArguments {
-                    reason: format!("the xpu provider has no 16-byte kernel `{}`", key.symbol()),
-                })
-            }
+            KernelKey::Gated { op, dtype, .. } => like.device.gated_kernel(op, dtype),
             KernelKey::Rotary { dtype } => {
                 like.device.op_kernel(ROTARY_EMBEDDING.name, dtype, || key.symbol(), crate::rotary::program)
             }
-            KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype, vectorized: false } => {
+            KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype, .. } => {
                 like.device.op_kernel(NORM_QUANT_KERNEL, dtype, || key.symbol(), crate::quant::norm_quant_program)
             }
-            KernelKey::Quant { kernel, dtype, vectorized: false } => {
+            KernelKey::Quant { kernel, dtype, .. } => {
                 like.device.op_kernel(kernel, dtype, || key.symbol(), crate::quant::program)
             }
         }
@@ -82,7 +84,7 @@ impl GpuRuntime for OpenCl {
 
     fn strided_kernel(like: &XpuBuffer, key: StridedKey) -> Result<Option<Arc<Mutex<Kernel>>>, KernelError> {
         match key {
-            StridedKey::Copy { dtype } => like.device.copy_kernel(dtype.size_in_bytes()).map(Some),
+            StridedKey::Copy { element_size } => like.device.copy_kernel(element_size).map(Some),
             StridedKey::Convert { src, dst } => like.device.convert_kernel(src, dst),
             StridedKey::Binary { dtype, op } => like.device.binary_kernel(dtype, op),
         }
@@ -117,9 +119,11 @@ impl GpuRuntime for OpenCl {
         like.device.note_device_copy();
     }
 
-    /// 0: the OpenCL norms choose their accesses themselves (no host-chosen 16-byte path).
-    fn base_alignment(_buffer: &XpuBuffer) -> usize {
-        0
+    /// The device's buffer base alignment (every OpenCL buffer starts there), which the wide
+    /// strided copy needs; the norm, gated and quantization kernels read 16-byte chunks at any
+    /// alignment and have one form.
+    fn base_alignment(buffer: &XpuBuffer) -> usize {
+        buffer.device.base_alignment()
     }
 
     unsafe fn launch(

@@ -233,6 +233,19 @@ impl<'a, B> KernelArgs<'a, B> {
         self
     }
 
+    /// A buffer read from element `offset` on, elements of `element_size` bytes (for kernels whose
+    /// elements are no dtype: the 16-byte units of the wide strided copy).
+    pub fn read_sized(&mut self, buffer: &'a B, offset: usize, element_size: usize) -> &mut Self {
+        self.args.push(KernelArg::Buffer(BufferArg::Read { buffer, offset, element_size }));
+        self
+    }
+
+    /// A buffer written from element `offset` on, elements of `element_size` bytes.
+    pub fn write_sized(&mut self, buffer: &'a mut B, offset: usize, element_size: usize) -> &mut Self {
+        self.args.push(KernelArg::Buffer(BufferArg::Write { buffer, offset, element_size }));
+        self
+    }
+
     /// A buffer parameter the kernel never touches.
     pub fn null(&mut self) -> &mut Self {
         self.args.push(KernelArg::Buffer(BufferArg::Null));
@@ -411,9 +424,9 @@ pub trait GpuRuntime: 'static {
         let _ = like;
     }
 
-    /// The alignment of `buffer`'s first byte (a power of two, at most 256), from which the norms
-    /// and the gated ops decide whether 16-byte accesses are safe; 0 for a backend whose kernels
-    /// take no 16-byte path chosen on the host.
+    /// The alignment of `buffer`'s first byte (a power of two; 256 stands for 256 or more), from
+    /// which the norms, the gated ops, the quantizations and the wide strided copy decide whether
+    /// 16-byte accesses are safe; 0 when it is unknown, so no call takes a 16-byte path.
     fn base_alignment(buffer: &Self::Buffer) -> usize;
 
     /// Launches `kernel` on `queue`: `grid.groups` groups of `grid.group_size`, with `args`.

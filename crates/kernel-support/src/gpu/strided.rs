@@ -3,16 +3,18 @@
 use ir_core::storage::{BinaryOp, DeviceBuffer, DeviceError, copy_strided_through_host};
 use ir_core::{DType, KernelError, Layout, TensorMeta};
 
-use super::{GpuRuntime, Grid, KernelArgs, Scalar};
-use crate::{BINARY_KERNELS, CONVERT_KERNELS, ConvertFactor, CopyDims};
+use super::{GpuRuntime, Grid, KernelArgs, Scalar, base_aligned};
+use crate::{BINARY_KERNELS, CONVERT_KERNELS, ConvertFactor, CopyDims, WIDE_COPY_BYTES};
 
 /// Which strided kernel a copy, conversion or `add`/`mul` runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StridedKey {
-    /// `strided_copy_<bytes>` for elements of this dtype (moved as unsigned integers of its size).
+    /// `strided_copy_<bytes>` for elements of this many bytes (moved as unsigned integers of the
+    /// size, so any dtype), or of [`WIDE_COPY_BYTES`] for the 16-byte units of a copy whose rows
+    /// allow it ([`CopyDims::widened`]).
     Copy {
-        /// The elements' dtype.
-        dtype: DType,
+        /// Bytes per element: 1, 2, 4, 8, or 16.
+        element_size: usize,
     },
     /// `strided_convert_<src>_<dst>` (one of [`CONVERT_KERNELS`]).
     Convert {
@@ -35,8 +37,8 @@ impl StridedKey {
     /// [`CONVERT_KERNELS`] or [`BINARY_KERNELS`] entry; `None` for a pair or dtype no kernel takes.
     pub fn symbol(&self) -> Option<&'static str> {
         match *self {
-            StridedKey::Copy { dtype } => {
-                COPY_SYMBOLS.iter().find(|(bytes, _)| *bytes == dtype.size_in_bytes()).map(|(_, name)| *name)
+            StridedKey::Copy { element_size } => {
+                COPY_SYMBOLS.iter().find(|(bytes, _)| *bytes == element_size).map(|(_, name)| *name)
             }
             StridedKey::Convert { src, dst } => {
                 CONVERT_KERNELS.iter().find(|(s, d, _)| *s == src && *d == dst).map(|(_, _, name)| *name)
@@ -49,8 +51,13 @@ impl StridedKey {
 }
 
 /// The strided copy kernels by element size.
-const COPY_SYMBOLS: [(usize, &str); 4] =
-    [(1, "strided_copy_1"), (2, "strided_copy_2"), (4, "strided_copy_4"), (8, "strided_copy_8")];
+const COPY_SYMBOLS: [(usize, &str); 5] = [
+    (1, "strided_copy_1"),
+    (2, "strided_copy_2"),
+    (4, "strided_copy_4"),
+    (8, "strided_copy_8"),
+    (WIDE_COPY_BYTES, "strided_copy_16"),
+];
 
 /// A [`DeviceError`] of `buffer`'s device for `operation`.
 fn device_error(buffer: &impl DeviceBuffer, operation: &'static str, error: KernelError) -> DeviceError {
@@ -69,7 +76,7 @@ pub fn copy_strided<R: GpuRuntime>(
 ) -> Result<(), DeviceError> {
     match dst.as_any_mut().downcast_mut::<R::Buffer>().filter(|to| R::same_device(from, to)) {
         Some(to) => {
-            let key = StridedKey::Copy { dtype: src.dtype };
+            let key = StridedKey::Copy { element_size: src.dtype.size_in_bytes() };
             let done = strided::<R>(from, src, to, dst_layout, src.dtype, key, None)
                 .map_err(|e| device_error(from, "copy", e))?;
             if done {
@@ -238,7 +245,34 @@ fn strided<R: GpuRuntime>(
         R::note_device_copy(from);
         return Ok(true);
     }
+    let element_size = src.dtype.size_in_bytes();
+    // The 16-byte copy, looked up at the first piece that can take it.
+    let mut wide_kernel = None;
     for piece in pieces {
+        if let StridedKey::Copy { .. } = key
+            && base_aligned(R::base_alignment(from))
+            && base_aligned(R::base_alignment(to))
+            && let Some(wide) = piece.widened(element_size)
+        {
+            if wide_kernel.is_none() {
+                wide_kernel = R::strided_kernel(from, StridedKey::Copy { element_size: WIDE_COPY_BYTES })?;
+            }
+            if let Some(wide_kernel) = &wide_kernel {
+                let [src_offset, dst_offset, _] = wide.element_offsets()?;
+                let mut args = KernelArgs::new();
+                args.read_sized(from, src_offset, WIDE_COPY_BYTES).write_sized(&mut *to, dst_offset, WIDE_COPY_BYTES);
+                args.long(wide.n).int(wide.rank).dims(wide.shape).dims(wide.src_strides).dims(wide.dst_strides);
+                // SAFETY: the copy prototype, each integer converted without loss
+                // (`CopyDims::pieces`, and `widened` divides them). The 16-byte units are the bytes
+                // of the piece's elements (`widened`: whole units, every stride and offset a
+                // multiple of one), so every unit lies in `src`'s elements in `from` or in
+                // `to_layout`'s in `to` (allocated for it by the caller; borrowed mutably, so
+                // distinct from `from`), and both buffers start 16-byte aligned (`base_aligned`),
+                // so every unit is.
+                unsafe { R::launch(&queue, wide_kernel, copy_grid::<R>(wide.n)?, args) }?;
+                continue;
+            }
+        }
         let [src_offset, dst_offset, _] = piece.element_offsets()?;
         let mut args = KernelArgs::new();
         args.read(from, src_offset, src.dtype).write(&mut *to, dst_offset, to_dtype);

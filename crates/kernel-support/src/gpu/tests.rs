@@ -649,6 +649,47 @@ fn a_copy_of_one_compact_range_into_another_is_a_memcpy() {
 }
 
 #[test]
+fn copies_of_rows_contiguous_on_both_sides_move_16_byte_units() {
+    // Rows 8 bf16 wide (16 bytes) of a [3, 16] buffer, from element 8, into compact rows: the
+    // units are one per row, the source stride 2 units, and the offsets are in units too.
+    let src = on_host(DType::BF16, &[3, 8], &[16, 1], 8, 48);
+    let mut dst = on_host(DType::BF16, &[3, 8], &[8, 1], 0, 24);
+    let layout = dst.layout().clone();
+    copy_strided::<Recorder>(buffer_of(&src), src.meta(), storage_of(&mut dst), &layout).unwrap();
+    let launches = take_launches();
+    assert_eq!(launches.len(), 1);
+    let pad = |v: &[i64], fill: i64| std::array::from_fn::<i64, 8, _>(|k| v.get(k).copied().unwrap_or(fill));
+    let expected = [
+        "read 96 bytes @1x16".to_owned(),
+        "write 48 bytes @0x16".to_owned(),
+        "I64(3)".to_owned(),
+        "I32(2)".to_owned(),
+        format!("{:?}", Scalar::I64x8(pad(&[3, 1], 1))),
+        format!("{:?}", Scalar::I64x8(pad(&[2, 1], 0))),
+        format!("{:?}", Scalar::I64x8(pad(&[1, 1], 0))),
+    ];
+    assert_eq!((launches[0].symbol.as_str(), launches[0].args.as_slice()), ("strided_copy_16", &expected[..]));
+    assert_eq!(launches[0].grid, Grid { groups: 1, group_size: 16, what: "elements", grid_stride: true });
+
+    // Each of these keeps the element copy: a row that is not whole units, an offset or a stride
+    // off a unit, a transposed side, memory whose first byte is only 8-byte aligned.
+    let cases = [
+        (on_host(DType::BF16, &[3, 6], &[16, 1], 8, 48), vec![6, 1]),
+        (on_host(DType::BF16, &[3, 8], &[16, 1], 2, 48), vec![8, 1]),
+        (on_host(DType::BF16, &[3, 8], &[12, 1], 0, 48), vec![8, 1]),
+        (on_host(DType::BF16, &[3, 8], &[1, 3], 0, 48), vec![8, 1]),
+        (on_host_at(8, DType::BF16, &[3, 8], &[16, 1], 8, 48), vec![8, 1]),
+    ];
+    for (src, dst_strides) in cases {
+        let mut dst = on_host(DType::BF16, src.shape(), &dst_strides, 0, 24);
+        let layout = dst.layout().clone();
+        copy_strided::<Recorder>(buffer_of(&src), src.meta(), storage_of(&mut dst), &layout).unwrap();
+        let symbols: Vec<String> = take_launches().into_iter().map(|l| l.symbol).collect();
+        assert_eq!(symbols, ["strided_copy_2"], "{:?}", src.layout());
+    }
+}
+
+#[test]
 fn kernel_symbols_are_op_then_dtype() {
     assert_eq!(KernelKey::Rotary { dtype: DType::BF16 }.symbol(), "rotary_embedding_bf16");
     let op = GatedKernel { def: &ir_ops::silu_and_mul::SILU_AND_MUL, source: "" };
