@@ -18,12 +18,13 @@
 // in i0, i1, in declaration order.
 //
 // Each row is computed by one block (`GPU_ROWS`: a grid-stride loop on HIP, whose grids are capped
-// at 2^32 work-items; CUDA's grid has a block per row), whose size the host picks from d alone (`kernel_support::gated_block`: a power of two, one chunk
-// per thread, 64 up to GATED_MAX_BLOCK). Thread t owns chunks t, t + block, ... of CHUNK elements in
-// both kernels, so the row statistics (the mean and the biased standard deviation of the gate from
-// that mean, reduced in a fixed order) and so every output have the same bits whichever kernel
-// runs. Each step, a thread issues the gate and up loads of `gated_unroll` chunks before it converts
-// any of them. Every value is in the compute type (f32; f64 for f64 elements).
+// at 2^32 work-items; CUDA's grid has a block per row), whose size the host picks from d alone
+// (`kernel_support::gated_block`: a power of two, one chunk per thread, 64 up to GATED_MAX_BLOCK).
+// Thread t owns chunks t, t + block, ... of CHUNK elements in both kernels, so the row statistics
+// (the mean and the biased standard deviation of the gate from that mean, reduced in a fixed order)
+// and so every output have the same bits whichever kernel runs. Each step, a thread issues the gate
+// and up loads of `gated_unroll` chunks before it converts any of them. Every value is in the
+// compute type (f32; f64 for f64 elements).
 
 #ifndef VLLM_IR_GPU_GATED_H
 #define VLLM_IR_GPU_GATED_H
@@ -133,27 +134,50 @@ __device__ __forceinline__ C gated_block_sum(C value, C* scratch) {
     return total;
 }
 
-// Calls `f` on every gate value of a row this thread owns (chunks t, t + step, ...), in order,
-// the loads of a step's chunks issued before any is read.
-template <int DT, bool VEC, typename F>
-__device__ __forceinline__ void for_each_gate_value(const typename Elem<DT>::T* gate, int n, int d, int step, F f) {
-    typedef Elem<DT> E;
-    constexpr int UNROLL = gated_unroll<VEC>();
-    for (int c0 = threadIdx.x; c0 < n; c0 += UNROLL * step) {
-        RowChunk<DT, VEC> g[UNROLL];
+// One step of a thread's chunks of a row: chunks c0, c0 + step, ..., `gated_unroll` of them (those
+// below n), of the gate and, with UP, of up (which starts d elements after the gate), their loads
+// all issued before any is read.
+template <int DT, bool VEC>
+struct GatedStep {
+    static constexpr int UNROLL = gated_unroll<VEC>();
+    RowChunk<DT, VEC> g[UNROLL], u[UNROLL];
+
+    template <bool UP>
+    __device__ __forceinline__ void load(const typename Elem<DT>::T* gate, int c0, int n, int d, int step) {
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
             int c = c0 + k * step;
-            if (c < n) g[k].load(gate, c, d);
-        }
-#pragma unroll
-        for (int k = 0; k < UNROLL; ++k) {
-            int c = c0 + k * step;
-#pragma unroll
-            for (int i = 0; i < E::CHUNK; ++i) {
-                if (c < n && (VEC || c * E::CHUNK + i < d)) f(E::load(g[k].get(i)));
+            if (c < n) {
+                g[k].load(gate, c, d);
+                if (UP) u[k].load(gate + d, c, d);
             }
         }
+    }
+
+    // Calls `f` on the step's gate values, in order.
+    template <typename F>
+    __device__ __forceinline__ void gate_values(int c0, int n, int d, int step, F f) const {
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            int c = c0 + k * step;
+#pragma unroll
+            for (int i = 0; i < Elem<DT>::CHUNK; ++i) {
+                if (c < n && (VEC || c * Elem<DT>::CHUNK + i < d)) f(Elem<DT>::load(g[k].get(i)));
+            }
+        }
+    }
+};
+
+// Calls `f` on the gate values of a row this thread owns from chunk `first` on (first, first +
+// step, ...), in order, a step's loads issued before any is read.
+template <int DT, bool VEC, typename F>
+__device__ __forceinline__ void for_each_gate_value(const typename Elem<DT>::T* gate, int first, int n, int d,
+                                                    int step, F f) {
+    constexpr int UNROLL = gated_unroll<VEC>();
+    for (int c0 = first; c0 < n; c0 += UNROLL * step) {
+        GatedStep<DT, VEC> chunks;
+        chunks.template load<false>(gate, c0, n, d, step);
+        chunks.gate_values(c0, n, d, step, f);
     }
 }
 
@@ -164,59 +188,73 @@ __device__ __forceinline__ void gated_rows(typename Elem<DT>::T* __restrict__ ou
                                            GateScalars<Compute<DT>> s) {
     typedef Elem<DT> E;
     typedef Compute<DT> C;
-    typedef RowChunk<DT, VEC> Chunk;
+    typedef GatedStep<DT, VEC> Step;
     constexpr int CHUNK = E::CHUNK;
-    constexpr int UNROLL = gated_unroll<VEC>();
     const int n = d / CHUNK + (d % CHUNK != 0);
     const int step = blockDim.x;
+    const int second = threadIdx.x + Step::UNROLL * step;
     GPU_ROWS(row, n_rows) {
         const typename E::T* gate = x + row * x_row_stride;
-        const typename E::T* up = gate + d;
         typename E::T* out_row = out + row * out_row_stride;
-        C prepared = 0.0f;
-        if (Op::ROW_STATS) {
-            __shared__ C scratch[GATED_MAX_BLOCK];
-            C sum = 0.0f;
-            for_each_gate_value<DT, VEC>(gate, n, d, step, [&](C v) { sum += v; });
-            C mean = gated_block_sum(sum, scratch) / (C)d;
-            C squares = 0.0f;
-            for_each_gate_value<DT, VEC>(gate, n, d, step, [&](C v) {
-                C t = v - mean;
-                squares += t * t;
-            });
-            C std = c_sqrt(gated_block_sum(squares, scratch) / (C)d);
-            prepared = Op::template prepare<DT>(mean, std, s);
-        }
-        // Each step issues the gate and up loads of UNROLL chunks before it converts any.
-        for (int c0 = threadIdx.x; c0 < n; c0 += UNROLL * step) {
-            Chunk g[UNROLL], u[UNROLL];
+        // The row's output from a loaded step.
+        auto finish = [&](const Step& chunks, int c0, C prepared) {
 #pragma unroll
-            for (int k = 0; k < UNROLL; ++k) {
-                int c = c0 + k * step;
-                if (c < n) {
-                    g[k].load(gate, c, d);
-                    u[k].load(up, c, d);
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < UNROLL; ++k) {
+            for (int k = 0; k < Step::UNROLL; ++k) {
                 int c = c0 + k * step;
                 if (c < n) {
                     typename E::T o[CHUNK];
 #pragma unroll
                     for (int i = 0; i < CHUNK; ++i) {
-                        C a = round_elem<DT>(Op::template activate<DT>(E::load(g[k].get(i)), prepared, s));
-                        o[i] = E::store(a * E::load(u[k].get(i)));
+                        C a = round_elem<DT>(Op::template activate<DT>(E::load(chunks.g[k].get(i)), prepared, s));
+                        o[i] = E::store(a * E::load(chunks.u[k].get(i)));
                     }
-                    Chunk::store(out_row, c, d, o);
+                    RowChunk<DT, VEC>::store(out_row, c, d, o);
                 }
+            }
+        };
+        if constexpr (Op::ROW_STATS) {
+            // The first step's gate and up, loaded before anything reads one and kept through the
+            // statistics: a row of at most one step per thread (every row whose block the host
+            // sizes to it, up to the largest block) is read once, not the gate three times.
+            Step first;
+            first.template load<true>(gate, threadIdx.x, n, d, step);
+            __shared__ C scratch[GATED_MAX_BLOCK];
+            C sum = 0.0f;
+            auto add = [&](C v) { sum += v; };
+            first.gate_values(threadIdx.x, n, d, step, add);
+            for_each_gate_value<DT, VEC>(gate, second, n, d, step, add);
+            C mean = gated_block_sum(sum, scratch) / (C)d;
+            C squares = 0.0f;
+            auto add_square = [&](C v) {
+                C t = v - mean;
+                squares += t * t;
+            };
+            first.gate_values(threadIdx.x, n, d, step, add_square);
+            for_each_gate_value<DT, VEC>(gate, second, n, d, step, add_square);
+            C std = c_sqrt(gated_block_sum(squares, scratch) / (C)d);
+            C prepared = Op::template prepare<DT>(mean, std, s);
+            finish(first, threadIdx.x, prepared);
+            for (int c0 = second; c0 < n; c0 += Step::UNROLL * step) {
+                Step chunks;
+                chunks.template load<true>(gate, c0, n, d, step);
+                finish(chunks, c0, prepared);
+            }
+        } else {
+            // Each step issues the gate and up loads of its chunks before it converts any.
+            for (int c0 = threadIdx.x; c0 < n; c0 += Step::UNROLL * step) {
+                Step chunks;
+                chunks.template load<true>(gate, c0, n, d, step);
+                finish(chunks, c0, C(0));
             }
         }
     }
 }
 
+// Launch bounds: the largest block, and at least one block per SM (CUDA; HIP reads it as one wave
+// per SIMD): given the block size alone, ptxas aimed at two blocks of 1024 per SM, 32 registers a
+// thread, and spilled the sparse op's f32 and f64 kernels.
 #define GATED_KERNEL(DT, SUFFIX, VEC, name, Op)                                                                \
-    extern "C" __global__ void __launch_bounds__(GATED_MAX_BLOCK)                                              \
+    extern "C" __global__ void __launch_bounds__(GATED_MAX_BLOCK, 1)                                           \
         name##_##SUFFIX(Elem<DT>::T* __restrict__ out, const Elem<DT>::T* __restrict__ x, long long n_rows,    \
                         int d, long long x_row_stride, long long out_row_stride, Compute<DT> f0,               \
                         Compute<DT> f1, int i0, int i1) {                                                      \

@@ -10,15 +10,15 @@
 // (M = 448), 1 = f8e5m2 (M = 57344). q is compact rows of `hidden` bytes.
 //
 // Each row is computed by one block of QUANT_BLOCK threads (`GPU_ROWS`: a grid-stride loop on HIP,
-// whose grids are capped at 2^32 work-items; CUDA's grid has a block per row). Each kernel has a scalar form (any alignment) and, except for f64,
-// a `_vec` form with the same prototype: 16-byte loads of x (and of the norm's residual and weight)
-// and CHUNK-byte stores of q, which the host picks when every row involved starts 16-byte aligned
-// and hidden % CHUNK == 0. Thread t owns chunks t, t + QUANT_BLOCK, ... of CHUNK elements in both
-// forms, so both give the same bits. Loads in flight: the static kernel issues QUANT_UNROLL chunks
-// per step before converting any; the dynamic kernel (and the norm + quantization) keeps a thread's
-// first `quant_cache<DT>` chunks in registers, all their loads issued first, so a row up to
-// QUANT_BLOCK * CHUNK * 4 elements (8192 f16/bf16, 4096 f32) is read once; the chunks past them are
-// read again for the last pass.
+// whose grids are capped at 2^32 work-items; CUDA's grid has a block per row). Each kernel has a
+// scalar form (any alignment) and, except for f64, a `_vec` form with the same prototype: 16-byte
+// loads of x (and of the norm's residual and weight) and CHUNK-byte stores of q, which the host
+// picks when every row involved starts 16-byte aligned and hidden % CHUNK == 0. Thread t owns
+// chunks t, t + QUANT_BLOCK, ... of CHUNK elements in both forms, so both give the same bits. Loads
+// in flight: the static kernel issues QUANT_UNROLL chunks per step before converting any; the
+// dynamic kernel (and the norm + quantization) keeps a thread's first `quant_cache<DT>` chunks in
+// registers, all their loads issued first, so a row up to QUANT_BLOCK * CHUNK * 4 elements (8192
+// f16/bf16, 4096 f32) is read once; the chunks past them are read again for the last pass.
 
 #ifndef VLLM_IR_GPU_QUANT_H
 #define VLLM_IR_GPU_QUANT_H

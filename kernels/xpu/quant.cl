@@ -51,7 +51,9 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(stat
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
     __global uchar* q_row = q + q_offset + row * (long)hidden;
     compute_t s = scale[scale_offset];
-    for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) quant_chunk(x_row, q_row, c, hidden, s, format);
+    for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) {
+        quant_chunk(x_row, q_row, c, hidden, s, format);
+    }
 }
 
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(dynamic_per_token_scaled_fp8_quant)(
@@ -73,5 +75,7 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(dyna
     compute_t max_finite = fp8_max(format);
     compute_t s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
     if (get_local_id(0) == 0) scales[scales_offset + row] = s;
-    for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) quant_chunk(x_row, q_row, c, hidden, s, format);
+    for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) {
+        quant_chunk(x_row, q_row, c, hidden, s, format);
+    }
 }

@@ -227,8 +227,8 @@ fn render_chunk_kernel_loads(registers: &BTreeMap<(&str, &str, &str), (u32, u32)
          every 16-byte gated and quantization kernel (`<kernel>_<dtype>_vec`); the `ptxas` test fails when fewer \
          loads than these are in flight before the first use of one. Gated: one block per row of a power of two of \
          threads, one 16-byte chunk each (64 to 1024); a step loads two chunks of the gate and two of up (the \
-         sparse op's statistics pass: two of the gate), and a row of at most one chunk per thread fills one slot \
-         of the two. Quantizations: 256 threads per row; the static kernel loads two chunks per step, the dynamic \
+         first step before anything, the sparse op's statistics included, so a row of up to two chunks per thread \
+         is read once), and a row of at most one chunk per thread fills one slot of the two. Quantizations: 256 threads per row; the static kernel loads two chunks per step, the dynamic \
          one keeps four chunks of x in registers, the norm + quantization four of x and four of the residual (a \
          row up to 8192 16-bit or 4096 f32 elements is read once). Per sm_90 kernel and row width: the block, \
          registers, resident threads per SM, 16-byte loads in flight per thread at that width, bytes in flight per \
