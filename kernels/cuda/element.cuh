@@ -1,5 +1,4 @@
-// The element type of the `cuda` norms and rotary embedding (the kernels CUDA does not share with
-// HIP), its compute type and the conversions between them, one dtype per program: prepended by the
+// The element type of the `cuda` norms (the kernels CUDA does not share with HIP), its compute type and the conversions between them, one dtype per program: prepended by the
 // crate (after the portability header `port.cuh`, whose conversions and `c_*` operations it
 // uses) to those kernel sources before NVRTC compiles them (NVRTC is given no
 // include path). The kernels CUDA and HIP share use `kernels/gpu/elem.h` instead.

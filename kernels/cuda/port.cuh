@@ -17,7 +17,8 @@
 //   ptxas spilled the dynamic quantization (48 bytes) and the norm + quantization.
 // - `GPU_KERNEL_DTYPES(M, ...)`: a CUDA program is compiled per dtype (define DTYPE: 0 = f32,
 //   1 = f16, 2 = bf16, 6 = f64), so it expands `M(dtype code, kernel suffix, vector form, ...)` for
-//   DTYPE alone: its scalar kernel and, except for f64 (a reference dtype), its 16-byte one.
+//   DTYPE alone: its scalar kernel and, except for f64 (a reference dtype), its 16-byte one;
+//   `GPU_KERNEL_SCALAR_DTYPES` the scalar one only (a family without a 16-byte form).
 
 // f32 rounded to odd (truncated, the last bit set when anything was lost): rounding it to nearest
 // even in a format of at most 22 significand bits equals rounding the double directly.
@@ -85,14 +86,19 @@ __device__ __forceinline__ unsigned char fp8_hardware(float f) {
 #define GPU_ROWS(row, n_rows) if (long long row = blockIdx.x; row < (n_rows))
 
 #if !defined(DTYPE)
+#define GPU_KERNEL_SCALAR_DTYPES(M, ...)
 #define GPU_KERNEL_DTYPES(M, ...)
 #elif DTYPE == 0
+#define GPU_KERNEL_SCALAR_DTYPES(M, ...) M(0, f32, false, __VA_ARGS__)
 #define GPU_KERNEL_DTYPES(M, ...) M(0, f32, false, __VA_ARGS__) M(0, f32_vec, true, __VA_ARGS__)
 #elif DTYPE == 1
+#define GPU_KERNEL_SCALAR_DTYPES(M, ...) M(1, f16, false, __VA_ARGS__)
 #define GPU_KERNEL_DTYPES(M, ...) M(1, f16, false, __VA_ARGS__) M(1, f16_vec, true, __VA_ARGS__)
 #elif DTYPE == 2
+#define GPU_KERNEL_SCALAR_DTYPES(M, ...) M(2, bf16, false, __VA_ARGS__)
 #define GPU_KERNEL_DTYPES(M, ...) M(2, bf16, false, __VA_ARGS__) M(2, bf16_vec, true, __VA_ARGS__)
 #elif DTYPE == 6
+#define GPU_KERNEL_SCALAR_DTYPES(M, ...) M(6, f64, false, __VA_ARGS__)
 #define GPU_KERNEL_DTYPES(M, ...) M(6, f64, false, __VA_ARGS__)
 #else
 #error "DTYPE must be 0 (f32), 1 (f16), 2 (bf16) or 6 (f64)"

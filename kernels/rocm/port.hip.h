@@ -14,7 +14,8 @@
 //   grid at HIP's 2^32 work-items.
 // - `GPU_KERNEL_DTYPES(M, ...)`: one code object holds every dtype, so it expands `M(dtype code,
 //   kernel suffix, vector form, ...)` for f32, f16, bf16 and f64 and the 16-byte forms of the first
-//   three (f64, a reference dtype, has none).
+//   three (f64, a reference dtype, has none); `GPU_KERNEL_SCALAR_DTYPES` the four scalar ones only
+//   (a family without a 16-byte form).
 
 #pragma once
 
@@ -70,6 +71,12 @@ __device__ __forceinline__ bool gpu_isnan(float v) { return __builtin_isnan(v); 
 #define GPU_FP8_HARDWARE 0
 
 #define GPU_ROWS(row, n_rows) for (long long row = blockIdx.x; row < (n_rows); row += gridDim.x)
+
+#define GPU_KERNEL_SCALAR_DTYPES(M, ...) \
+    M(0, f32, false, __VA_ARGS__)        \
+    M(1, f16, false, __VA_ARGS__)        \
+    M(2, bf16, false, __VA_ARGS__)       \
+    M(6, f64, false, __VA_ARGS__)
 
 #define GPU_KERNEL_DTYPES(M, ...)      \
     M(0, f32, false, __VA_ARGS__)      \

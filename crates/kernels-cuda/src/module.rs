@@ -22,7 +22,8 @@ pub use kernel_support::largest_cached_row;
 pub const PORT: &str = concat!(include_str!("../kernels/port.cuh"), "\n", include_str!("../kernels/gpu/compute.h"));
 
 /// The element layer of the kernels CUDA and HIP share (`kernels/gpu/elem.h`: `Elem<DT>`,
-/// `RowChunk`), after the portability header: the prelude of the gated ops and the quantizations.
+/// `RowChunk`), after the portability header: the prelude of the gated ops, the quantizations and
+/// the rotary embedding.
 pub const GPU_ELEMENT: &str = concat!(
     include_str!("../kernels/port.cuh"),
     "\n",
@@ -31,8 +32,8 @@ pub const GPU_ELEMENT: &str = concat!(
     include_str!("../kernels/gpu/elem.h")
 );
 
-/// The element-type prelude of the CUDA-only kernels, the norms and the rotary embedding (the
-/// portability header, then `element.cuh`, one dtype per program).
+/// The element-type prelude of the norms, the kernels CUDA does not share with HIP (the portability
+/// header, then `element.cuh`, one dtype per program).
 pub const ELEMENT: &str = concat!(
     include_str!("../kernels/port.cuh"),
     "\n",

@@ -1,21 +1,22 @@
-//! `rotary_embedding` on CUDA, in place on query and key: `kernels/rotary.cu` after the element
-//! prelude, one NVRTC program per dtype, one block per token. The positions stay on the device (a
+//! `rotary_embedding` on CUDA, in place on query and key: the kernel CUDA and HIP share
+//! (`kernels/gpu/rotary.h`) after the shared element prelude, one NVRTC program per dtype, one
+//! block per token. The positions stay on the device (a
 //! call never waits for the host); a token whose position lies outside the cache is left
 //! unrotated (the kernel cannot report it).
 
 use cudarc::nvrtc::Ptx;
 use ir_core::{DType, KernelError};
 
-use crate::module::{ELEMENT, compile, dtype_define};
+use crate::module::{GPU_ELEMENT, compile, dtype_define};
 
-/// The rotary kernel's source (after the element prelude).
-pub const ROTARY: &str = include_str!("../kernels/rotary.cu");
+/// The rotary kernel's source (after the shared element prelude).
+pub const ROTARY: &str = include_str!("../kernels/gpu/rotary.h");
 
 /// The kernel of this module (`rotary_embedding_<dtype>`).
 pub const KERNEL: &str = "rotary_embedding";
 
 /// Compiles the rotary program for `dtype` to PTX for `arch`.
 pub fn compile_ptx(dtype: DType, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    let source = format!("{ELEMENT}\n{ROTARY}");
+    let source = format!("{GPU_ELEMENT}\n{ROTARY}");
     compile(&source, "rotary.cu", format!("rotary_{dtype}"), vec![dtype_define(dtype)?], arch)
 }

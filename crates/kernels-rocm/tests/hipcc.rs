@@ -133,7 +133,7 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     assert_eq!(norm_scratch.len(), kernels_rocm::all_variants().len(), "one report per norm kernel:\n{report}");
     assert!(norm_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{norm_scratch:#?}");
     let rotary_scratch: Vec<&str> =
-        report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/rotary.hip:")).collect();
+        report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/rotary.h:")).collect();
     assert_eq!(rotary_scratch.len(), DTYPES.len(), "one report per rotary kernel:\n{report}");
     assert!(rotary_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{rotary_scratch:#?}");
     for dtype in DTYPES {
