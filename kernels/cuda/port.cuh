@@ -14,7 +14,8 @@
 //   `fp8_hardware<E5M2>` is `cvt.rn.satfinite` (`kernels/gpu/fp8.h` picks it).
 // - `GPU_ROWS(row, n_rows)`, the rows a block computes: CUDA launches one block per row (up to
 //   2^31 - 1), so a block takes its own row, `if (row < n_rows)`. Written as a loop over rows,
-//   ptxas spilled the dynamic quantization (48 bytes) and the norm + quantization.
+//   ptxas spilled the dynamic quantization (48 bytes) and the norm + quantization. Likewise
+//   `GPU_ELEMENTS(i, n)`, the element a thread of the strided kernels takes (one per thread).
 // - `GPU_KERNEL_DTYPES(M, ...)`: a CUDA program is compiled per dtype (define DTYPE: 0 = f32,
 //   1 = f16, 2 = bf16, 6 = f64), so it expands `M(dtype code, kernel suffix, vector form, ...)` for
 //   DTYPE alone: its scalar kernel and, except for f64 (a reference dtype), its 16-byte one;
@@ -84,6 +85,7 @@ __device__ __forceinline__ unsigned char fp8_hardware(float f) {
 #endif
 
 #define GPU_ROWS(row, n_rows) if (long long row = blockIdx.x; row < (n_rows))
+#define GPU_ELEMENTS(i, n) if (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n))
 
 #if !defined(DTYPE)
 #define GPU_KERNEL_SCALAR_DTYPES(M, ...)

@@ -11,7 +11,8 @@
 //   `kernels/gpu/compute.h`, included at the end.
 // - `gpu_isnan`, and `GPU_FP8_HARDWARE` 0: fp8 is converted in software (`kernels/gpu/fp8.h`).
 // - `GPU_ROWS(row, n_rows)`, the rows a block computes: a grid-stride loop, since the host caps a
-//   grid at HIP's 2^32 work-items.
+//   grid at HIP's 2^32 work-items; likewise `GPU_ELEMENTS(i, n)`, the elements a thread of the
+//   strided kernels takes.
 // - `GPU_KERNEL_DTYPES(M, ...)`: one code object holds every dtype, so it expands `M(dtype code,
 //   kernel suffix, vector form, ...)` for f32, f16, bf16 and f64 and the 16-byte forms of the first
 //   three (f64, a reference dtype, has none); `GPU_KERNEL_SCALAR_DTYPES` the four scalar ones only
@@ -71,6 +72,8 @@ __device__ __forceinline__ bool gpu_isnan(float v) { return __builtin_isnan(v); 
 #define GPU_FP8_HARDWARE 0
 
 #define GPU_ROWS(row, n_rows) for (long long row = blockIdx.x; row < (n_rows); row += gridDim.x)
+#define GPU_ELEMENTS(i, n) \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
 #define GPU_KERNEL_SCALAR_DTYPES(M, ...) \
     M(0, f32, false, __VA_ARGS__)        \

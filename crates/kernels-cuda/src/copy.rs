@@ -1,35 +1,37 @@
-//! `clone`, `contiguous` and `cat` of cuda tensors on the device: `kernels/strided_copy.cu`, one
-//! thread per element, each element moved as an unsigned integer of its size (every dtype bit for
-//! bit), up to [`COPY_MAX_RANK`] dimensions a launch (a copy past that takes one launch per
-//! [`CopyDims::pieces`](kernel_support::CopyDims::pieces)); into another device's memory, through the host. `copy_` between dtypes
-//! and `scale`: `kernels/strided_convert.cu`, one kernel per pair of [`CONVERT_KERNELS`] (every
-//! pair of dtypes); `add` and `mul` there too, one kernel per dtype ([`BINARY_KERNELS`]). The host
-//! code is the shared one of [`kernel_support::gpu`] (`copy_strided`, `convert_strided`,
-//! `binary_strided`).
+//! `clone`, `contiguous` and `cat` of cuda tensors on the device: `kernels/gpu/strided_copy.h`
+//! (shared with HIP), one thread per element, each element moved as an unsigned integer of its
+//! size (every dtype bit for bit), or 16-byte units for rows contiguous on both sides, up to
+//! [`COPY_MAX_RANK`] dimensions a launch (a copy past that takes one launch per
+//! [`CopyDims::pieces`](kernel_support::CopyDims::pieces)); into another device's memory, through
+//! the host. `copy_` between dtypes and `scale`: `kernels/gpu/strided_convert.h`, one kernel per
+//! pair of [`CONVERT_KERNELS`] (every pair of dtypes); `add` and `mul` there too, one kernel per
+//! dtype ([`BINARY_KERNELS`]). The host code is the shared one of [`kernel_support::gpu`]
+//! (`copy_strided`, `convert_strided`, `binary_strided`).
 
 use cudarc::nvrtc::Ptx;
 use ir_core::KernelError;
 
 use crate::module::compile;
 
-/// The strided copy kernels' source.
-pub const STRIDED_COPY: &str = include_str!("../kernels/strided_copy.cu");
+/// The strided copy kernels' source (after the portability header).
+pub const STRIDED_COPY: &str = include_str!("../kernels/gpu/strided_copy.h");
 
 pub use kernel_support::COPY_MAX_RANK;
 
 /// Threads per block of the copies, conversions and `add`/`mul`: one thread per element.
 pub const COPY_BLOCK: u32 = 256;
 
-/// The strided conversion kernels' source.
-pub const STRIDED_CONVERT: &str = include_str!("../kernels/strided_convert.cu");
+/// The strided conversion and `add`/`mul` kernels' source (after the portability header, the fp8
+/// conversion and [`STRIDED_COPY`]).
+pub const STRIDED_CONVERT: &str = include_str!("../kernels/gpu/strided_convert.h");
 
 pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
 
 /// Compiles the strided conversion program (every kernel of [`CONVERT_KERNELS`]) to PTX for `arch`.
-/// The program holds the strided copies too: it is compiled after their source, whose indexing it
-/// uses, the portability header and the fp8 conversion.
+/// The program holds the strided copies too: it is compiled after the portability header, the fp8
+/// conversion and their source, whose indexing it uses.
 pub fn compile_convert_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    let source = format!("{STRIDED_COPY}\n{}\n{}\n{STRIDED_CONVERT}", crate::module::PORT, crate::quant::FP8);
+    let source = format!("{}\n{}\n{STRIDED_COPY}\n{STRIDED_CONVERT}", crate::module::PORT, crate::quant::FP8);
     compile(&source, "strided_convert.cu", "strided_convert".to_owned(), Vec::new(), arch)
 }
 
@@ -38,5 +40,6 @@ pub const ELEMENT_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// Compiles the strided copy program (all four element sizes) to PTX for `arch`.
 pub fn compile_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    compile(STRIDED_COPY, "strided_copy.cu", "strided_copy".to_owned(), Vec::new(), arch)
+    let source = format!("{}\n{STRIDED_COPY}", crate::module::PORT);
+    compile(&source, "strided_copy.cu", "strided_copy".to_owned(), Vec::new(), arch)
 }

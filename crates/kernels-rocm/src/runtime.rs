@@ -35,7 +35,7 @@ mod hip {
     impl GpuRuntime for Hip {
         const MEMORY: &'static str = "HIP";
         const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
-        /// `COPY_BLOCK` in `strided_copy.hip`.
+        /// `COPY_BLOCK` in `kernels/gpu/strided_copy.h`.
         const COPY_GROUP: u32 = 256;
 
         type Buffer = HipBuffer;

@@ -144,8 +144,10 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     // wide copy of 16-byte units, the
     // strided conversion (`copy_` between dtypes, `scale`): one per pair of dtypes, and `add`/`mul`:
     // one per dtype; no scratch.
-    let copy_scratch: Vec<&str> =
-        report.lines().filter(|l| l.contains("ScratchSize") && l.contains("/strided_copy.hip:")).collect();
+    let copy_scratch: Vec<&str> = report
+        .lines()
+        .filter(|l| l.contains("ScratchSize") && (l.contains("/strided_copy.h:") || l.contains("/strided_convert.h:")))
+        .collect();
     let expected = 5 + kernels_rocm::CONVERT_KERNELS.len() + kernels_rocm::BINARY_KERNELS.len();
     assert_eq!(copy_scratch.len(), expected, "one report per strided copy and conversion kernel:\n{report}");
     assert!(copy_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{copy_scratch:#?}");

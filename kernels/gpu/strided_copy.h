@@ -1,9 +1,18 @@
-// Strided copy on the device: the elements a source layout describes, into a destination layout of
-// the same shape (what `clone` and `contiguous` of a cuda tensor do), one thread per element in
-// row-major order. Dtype-agnostic: `strided_copy_<bytes>` moves each element as an unsigned integer
-// of its size, so every dtype copies bit for bit, and `strided_copy_16` moves 16-byte units. Shape and strides are padded to eight dimensions
-// (extent 1, stride 0 past the rank), so the loop is fully unrolled with constant indices (no local
-// memory); the storage offsets are applied to the pointers by the host. No headers (NVRTC).
+// Strided copy on the device, shared by CUDA and HIP: the elements a source layout describes, into
+// a destination layout of the same shape (what `clone` and `contiguous` of a device tensor do), one
+// thread per element in row-major order (`GPU_ELEMENTS`: a grid-stride loop on HIP, whose grids the
+// host caps at 2^32 work-items). Dtype-agnostic: `strided_copy_<bytes>` moves each element as an
+// unsigned integer of its size, so every dtype copies bit for bit, and `strided_copy_16` moves the
+// 16-byte units of rows contiguous on both sides (`CopyDims::widened` on the host, which checks both
+// buffers start 16-byte aligned). Shape and strides are padded to eight dimensions (extent 1,
+// stride 0 past the rank), so the loop is fully unrolled with constant indices (no local memory or
+// scratch); the storage offsets are applied to the pointers by the host. Compiled after the
+// portability header; the strided conversions (`strided_convert.h`) use its indexing.
+
+#ifndef VLLM_IR_GPU_STRIDED_COPY_H
+#define VLLM_IR_GPU_STRIDED_COPY_H
+
+#define COPY_BLOCK 256
 
 struct Dims8 {
     long long v[8];
@@ -59,17 +68,23 @@ __device__ __forceinline__ void strided_offsets(bool narrow, long long i, int ra
 template <typename T>
 __device__ __forceinline__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, int rank,
                                              Dims8 shape, Dims8 src_strides, Dims8 dst_strides) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    long long s, d;
-    strided_offsets(fits_31_bits(n, rank, shape, src_strides, dst_strides), i, rank, shape, src_strides, dst_strides, s,
-                    d);
-    dst[d] = src[s];
+    const bool narrow = fits_31_bits(n, rank, shape, src_strides, dst_strides);
+    GPU_ELEMENTS(i, n) {
+        long long s, d;
+        strided_offsets(narrow, i, rank, shape, src_strides, dst_strides, s, d);
+        dst[d] = src[s];
+    }
 }
 
+// A 16-byte unit of the wide copy: one 16-byte load and one 16-byte store.
+struct alignas(16) Unit16 {
+    unsigned int w[4];
+};
+
 #define STRIDED_COPY(bytes, T)                                                                                   \
-    extern "C" __global__ void strided_copy_##bytes(const T* src, T* dst, long long n, int rank, Dims8 shape,    \
-                                                    Dims8 src_strides, Dims8 dst_strides) {                      \
+    extern "C" __global__ void __launch_bounds__(COPY_BLOCK)                                                     \
+        strided_copy_##bytes(const T* __restrict__ src, T* __restrict__ dst, long long n, int rank, Dims8 shape,  \
+                             Dims8 src_strides, Dims8 dst_strides) {                                             \
         strided_copy<T>(src, dst, n, rank, shape, src_strides, dst_strides);                                     \
     }
 
@@ -77,10 +92,6 @@ STRIDED_COPY(1, unsigned char)
 STRIDED_COPY(2, unsigned short)
 STRIDED_COPY(4, unsigned int)
 STRIDED_COPY(8, unsigned long long)
-
-// The wide copy: 16-byte units of rows contiguous on both sides (`CopyDims::widened` on the host),
-// one 16-byte load and store each (the host checks both buffers start 16-byte aligned).
-struct alignas(16) Unit16 {
-    unsigned int w[4];
-};
 STRIDED_COPY(16, Unit16)
+
+#endif  // VLLM_IR_GPU_STRIDED_COPY_H
