@@ -3,9 +3,9 @@
 // `kernels/rocm/port.hip.h`, with the same names. Compiled before every other kernel source; no
 // headers (NVRTC is given no include path).
 //
-// - f16 and bf16 bit conversions: f16 with PTX `cvt`, bf16 with bit operations (a NaN stays a quiet
-//   NaN, everything else rounds to nearest-even), and `f32_round_to_odd`, through which a double
-//   narrows to a format of at most 22 significand bits with one rounding.
+// - f16 bit conversions with PTX `cvt`, and `f32_round_to_odd`, through which a double narrows to a
+//   format of at most 22 significand bits with one rounding (bf16's bit operations are the same in
+//   both dialects: `kernels/gpu/compute.h`).
 // - `c_add`, `c_sub`, `c_mul`, `c_div`, `c_sqrt`: each one correctly rounded operation in the
 //   compute type, overloaded for float and double (the float ones are the intrinsics: NVRTC would
 //   contract a plain `a * b + c` into an fma). The operations both compilers spell the same are in
@@ -42,15 +42,6 @@ __device__ __forceinline__ unsigned short f32_to_f16_bits(float f) {
     asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(v) : "f"(f));
     return v;
 }
-__device__ __forceinline__ float bf16_bits_to_f32(unsigned short v) { return __uint_as_float(((unsigned int)v) << 16); }
-__device__ __forceinline__ unsigned short f32_to_bf16_bits(float f) {
-    unsigned int bits = __float_as_uint(f);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        return (unsigned short)((bits >> 16) | 0x0040u);  // NaN stays a (quiet) NaN
-    }
-    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // nearest-even
-}
-
 
 __device__ __forceinline__ float c_add(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ double c_add(double a, double b) { return __dadd_rn(a, b); }

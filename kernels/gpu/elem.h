@@ -1,6 +1,6 @@
 // The element types of the kernels CUDA and HIP share (`kernels/gpu`), their compute types and the
 // chunks a thread loads. The same text compiles under NVRTC and hipcc: everything that differs
-// between the two (the f16 and bf16 bit conversions, the correctly rounded operations `c_*`, the
+// between the two (the f16 bit conversions, the correctly rounded operations `c_*`, the
 // fp8 hardware, which dtypes a program instantiates) comes from the backend's portability header
 // (`kernels/cuda/port.cuh`, `kernels/rocm/port.hip.h`), compiled first. NVRTC is given no include
 // path, so no shared header includes another: each backend puts them in order (the CUDA crate
@@ -136,5 +136,35 @@ template <int DT> struct RowChunk<DT, false> {
         }
     }
 };
+
+// Reduces `value` over the block (BLOCK threads, or blockDim.x when BLOCK is 0; a power of two)
+// with `combine`, in a fixed tree order; every thread gets the result. `scratch` holds a value per
+// thread. A kernel of a fixed block size passes it: with the bound a runtime value, ptxas spilled
+// norm + quant's 16-byte kernel.
+template <int BLOCK, typename C, typename F>
+__device__ __forceinline__ C block_reduce(C value, C* scratch, F combine) {
+    const int threads = BLOCK > 0 ? BLOCK : (int)blockDim.x;
+    scratch[threadIdx.x] = value;
+    __syncthreads();
+    for (int width = threads / 2; width > 0; width >>= 1) {
+        if ((int)threadIdx.x < width) {
+            scratch[threadIdx.x] = combine(scratch[threadIdx.x], scratch[threadIdx.x + width]);
+        }
+        __syncthreads();
+    }
+    C total = scratch[0];
+    __syncthreads();
+    return total;
+}
+
+// The block's sum, and its maximum (fmax: NaN skipped), by block_reduce.
+template <int BLOCK = 0, typename C>
+__device__ __forceinline__ C block_sum(C value, C* scratch) {
+    return block_reduce<BLOCK>(value, scratch, [](C a, C b) { return a + b; });
+}
+template <int BLOCK = 0, typename C>
+__device__ __forceinline__ C block_max(C value, C* scratch) {
+    return block_reduce<BLOCK>(value, scratch, [](C a, C b) { return c_fmax(a, b); });
+}
 
 #endif  // VLLM_IR_GPU_ELEM_H

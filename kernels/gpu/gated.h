@@ -119,21 +119,6 @@ __device__ __forceinline__ C gelu(C g, int approximate) {
     return approximate == 0 ? gelu_erf(g) : gelu_tanh(g);
 }
 
-// Sums `value` over the block (blockDim.x threads, a power of two) in a fixed tree order; every
-// thread gets the total.
-template <typename C>
-__device__ __forceinline__ C gated_block_sum(C value, C* scratch) {
-    scratch[threadIdx.x] = value;
-    __syncthreads();
-    for (int width = blockDim.x / 2; width > 0; width >>= 1) {
-        if ((int)threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
-        __syncthreads();
-    }
-    C total = scratch[0];
-    __syncthreads();
-    return total;
-}
-
 // One step of a thread's chunks of a row: chunks c0, c0 + step, ..., `gated_unroll` of them (those
 // below n), of the gate and, with UP, of up (which starts d elements after the gate), their loads
 // all issued before any is read.
@@ -223,7 +208,7 @@ __device__ __forceinline__ void gated_rows(typename Elem<DT>::T* __restrict__ ou
             auto add = [&](C v) { sum += v; };
             first.gate_values(threadIdx.x, n, d, step, add);
             for_each_gate_value<DT, VEC>(gate, second, n, d, step, add);
-            C mean = gated_block_sum(sum, scratch) / (C)d;
+            C mean = block_sum(sum, scratch) / (C)d;
             C squares = 0.0f;
             auto add_square = [&](C v) {
                 C t = v - mean;
@@ -231,7 +216,7 @@ __device__ __forceinline__ void gated_rows(typename Elem<DT>::T* __restrict__ ou
             };
             first.gate_values(threadIdx.x, n, d, step, add_square);
             for_each_gate_value<DT, VEC>(gate, second, n, d, step, add_square);
-            C std = c_sqrt(gated_block_sum(squares, scratch) / (C)d);
+            C std = c_sqrt(block_sum(squares, scratch) / (C)d);
             C prepared = Op::template prepare<DT>(mean, std, s);
             finish(first, threadIdx.x, prepared);
             for (int c0 = second; c0 < n; c0 += Step::UNROLL * step) {

@@ -2,7 +2,7 @@
 // `norm_quant_<dtype>` and, except for f64, its 16-byte form `norm_quant_<dtype>_vec`, for the ops
 // `rms_norm_static_fp8_quant`, `rms_norm_dynamic_per_token_quant`,
 // `fused_add_rms_norm_static_fp8_quant` and `fused_add_rms_norm_dynamic_per_token_quant`. Compiled
-// after `quant.h` (the conversion, the chunk codes and stores, the block reductions).
+// after `quant.h` (the conversion, the chunk codes and stores).
 //
 // One block of QUANT_BLOCK threads per row (`GPU_ROWS`), every value in the
 // compute type (f32, f64 for f64 elements), each thread owning chunks t, t + QUANT_BLOCK, ...; the
@@ -141,7 +141,7 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
             row_values(xc, rc, has_residual, a);
             add_squares<DT>(a, squares);
         }
-        C mean_square = c_div(quant_block_sum(squares, scratch), (C)hidden);
+        C mean_square = c_div(block_sum<QUANT_BLOCK>(squares, scratch), (C)hidden);
         C rstd = c_div(C(1), c_sqrt(c_add(mean_square, eps)));
 
         C s;
@@ -175,7 +175,7 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
                 for (int c = first_uncached; c < n; c += QUANT_BLOCK) uncached_absmax(c);
             }
             // The branch is the same for the whole block, so every thread reaches the barriers.
-            absmax = quant_block_max(absmax, scratch);
+            absmax = block_max<QUANT_BLOCK>(absmax, scratch);
             if (has_scale) absmax = c_fmin(absmax, (C)*scale);
             C max_finite = format == 0 ? 448.0f : 57344.0f;
             s = c_fmax(c_div(absmax, max_finite), c_div(C(1), max_finite * 512));

@@ -1,6 +1,6 @@
 // fp8 quantization, shared by CUDA and HIP: `static_scaled_fp8_quant_<dtype>` and
-// `dynamic_per_token_scaled_fp8_quant_<dtype>`, and the chunk codes, stores and block reductions
-// the norm + quantization (`norm_quant.h`) uses too. Compiled after the portability header,
+// `dynamic_per_token_scaled_fp8_quant_<dtype>`, and the chunk codes and stores the norm +
+// quantization (`norm_quant.h`) uses too. Compiled after the portability header,
 // `elem.h` and `fp8.h`; instantiated for the dtypes the backend's `GPU_KERNEL_DTYPES` lists.
 //
 // q[row, j] = fp8(x[row, j] / s) with one IEEE division in the compute type (f32, f64 for f64
@@ -74,34 +74,6 @@ __device__ __forceinline__ unsigned char to_fp8(C v, int format) {
     return format == 0 ? fp8_e4m3(f) : fp8_e5m2(f);
 }
 
-// The maximum of `value` over the block in a fixed tree order (fmax: NaN skipped); every thread gets it.
-template <typename C>
-__device__ __forceinline__ C quant_block_max(C value, C* scratch) {
-    scratch[threadIdx.x] = value;
-    __syncthreads();
-    for (int width = QUANT_BLOCK / 2; width > 0; width >>= 1) {
-        if ((int)threadIdx.x < width) scratch[threadIdx.x] = c_fmax(scratch[threadIdx.x], scratch[threadIdx.x + width]);
-        __syncthreads();
-    }
-    C total = scratch[0];
-    __syncthreads();
-    return total;
-}
-
-// The sum of `value` over the block in a fixed tree order; every thread gets it.
-template <typename C>
-__device__ __forceinline__ C quant_block_sum(C value, C* scratch) {
-    scratch[threadIdx.x] = value;
-    __syncthreads();
-    for (int width = QUANT_BLOCK / 2; width > 0; width >>= 1) {
-        if ((int)threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
-        __syncthreads();
-    }
-    C total = scratch[0];
-    __syncthreads();
-    return total;
-}
-
 // The codes of a chunk's values divided by s.
 template <int DT, bool VEC>
 __device__ __forceinline__ Codes<Elem<DT>::CHUNK> quant_chunk(const RowChunk<DT, VEC>& value, Compute<DT> s,
@@ -170,7 +142,7 @@ __device__ __forceinline__ void dynamic_quant_rows(unsigned char* __restrict__ q
 #pragma unroll
             for (int i = 0; i < E::CHUNK; ++i) absmax = c_fmax(absmax, c_fabs(E::load(v.get(i))));
         }
-        absmax = quant_block_max(absmax, scratch);
+        absmax = block_max<QUANT_BLOCK>(absmax, scratch);
         if (has_ub) absmax = c_fmin(absmax, (C)*scale_ub);
         C max_finite = format == 0 ? 448.0f : 57344.0f;
         C s = c_fmax(c_div(absmax, max_finite), c_div(C(1), max_finite * 512));

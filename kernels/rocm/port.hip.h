@@ -2,9 +2,9 @@
 // spells differently from NVRTC, under the names the shared sources use. The CUDA side is
 // `kernels/cuda/port.cuh`, with the same names.
 //
-// - f16 and bf16 bit conversions: f16 through `_Float16`, bf16 with bit operations (a NaN stays a
-//   quiet NaN, everything else rounds to nearest-even), and `f32_round_to_odd`, through which a
-//   double narrows to a format of at most 22 significand bits with one rounding.
+// - f16 bit conversions through `_Float16`, and `f32_round_to_odd`, through which a double narrows
+//   to a format of at most 22 significand bits with one rounding (bf16's bit operations are the
+//   same in both dialects: `kernels/gpu/compute.h`).
 // - `c_add`, `c_sub`, `c_mul`, `c_div`, `c_sqrt`: each one correctly rounded operation in the
 //   compute type, overloaded for float and double. hipcc contracts `a * b + c` into an fma, so these
 //   are functions compiled with contraction off. The operations both compilers spell the same are in
@@ -43,12 +43,6 @@ __device__ __forceinline__ unsigned short f32_to_f16_bits(float f) {
     unsigned short v;
     __builtin_memcpy(&v, &h, 2);
     return v;
-}
-__device__ __forceinline__ float bf16_bits_to_f32(unsigned short v) { return __uint_as_float(((unsigned int)v) << 16); }
-__device__ __forceinline__ unsigned short f32_to_bf16_bits(float f) {
-    unsigned int bits = __float_as_uint(f);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((bits >> 16) | 0x0040u);
-    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 #define GPU_ROUNDED_BINARY(name, op)                                                  \

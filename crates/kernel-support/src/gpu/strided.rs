@@ -246,18 +246,21 @@ fn strided<R: GpuRuntime>(
         return Ok(true);
     }
     let element_size = src.dtype.size_in_bytes();
-    // The 16-byte copy, looked up at the first piece that can take it.
-    let mut wide_kernel = None;
+    // A copy between buffers that both start 16-byte aligned may move 16-byte units; the kernel is
+    // looked up (once) at the first piece that can.
+    let may_widen = matches!(key, StridedKey::Copy { .. })
+        && base_aligned(R::base_alignment(from))
+        && base_aligned(R::base_alignment(to));
+    let mut wide_kernel: Option<Option<R::Kernel>> = None;
     for piece in pieces {
-        if let StridedKey::Copy { .. } = key
-            && base_aligned(R::base_alignment(from))
-            && base_aligned(R::base_alignment(to))
-            && let Some(wide) = piece.widened(element_size)
-        {
-            if wide_kernel.is_none() {
-                wide_kernel = R::strided_kernel(from, StridedKey::Copy { element_size: WIDE_COPY_BYTES })?;
-            }
-            if let Some(wide_kernel) = &wide_kernel {
+        if may_widen && let Some(wide) = piece.widened(element_size) {
+            let wide_kernel = match &wide_kernel {
+                Some(kernel) => kernel,
+                None => {
+                    wide_kernel.insert(R::strided_kernel(from, StridedKey::Copy { element_size: WIDE_COPY_BYTES })?)
+                }
+            };
+            if let Some(wide_kernel) = wide_kernel {
                 let [src_offset, dst_offset, _] = wide.element_offsets()?;
                 let mut args = KernelArgs::new();
                 args.read_sized(from, src_offset, WIDE_COPY_BYTES).write_sized(&mut *to, dst_offset, WIDE_COPY_BYTES);
