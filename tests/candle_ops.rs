@@ -353,3 +353,177 @@ fn dtype_rounding_reaches_the_candle_ops() {
     assert!(!bit_eq(&rotate(Rounding::Dtype), &rotate(Rounding::Exact)), "the roundings differ on bf16");
     assert_eq!(registry.selection_record().native_fallbacks(), 0);
 }
+
+/// A key that shares any element with the query (the query itself, a clone, an identical view, a
+/// view overlapping whole heads or half a head) is refused before anything is written: rotating it
+/// would rotate the shared elements twice.
+#[test]
+fn rotary_refuses_a_key_that_overlaps_the_query() {
+    let registry = cpu_registry();
+    let (tokens, head_size) = (5, 32);
+    let q_width = 4 * head_size;
+    let qkv = randn((tokens, q_width + 2 * head_size), CDType::F32, 31);
+    let q = qkv.narrow(1, 0, q_width).unwrap();
+    let cache = ir_ops::rotary_embedding::cos_sin_cache(DType::F32, 16, head_size, 10000.0).unwrap();
+    let cache = cache.into_candle().unwrap();
+    let positions = CTensor::new(&[1i64, 2, 3, 4, 5], &Device::Cpu).unwrap();
+    let before = ours(&qkv);
+    let keys = [
+        ("the query", q.clone()),
+        ("an identical view", qkv.narrow(1, 0, q_width).unwrap()),
+        ("whole heads", qkv.narrow(1, q_width - head_size, 2 * head_size).unwrap()),
+        ("half a head", qkv.narrow(1, q_width - head_size / 2, head_size).unwrap()),
+    ];
+    for (case, key) in keys {
+        let err = rotate_with_key(&registry, &positions, &q, &key, &cache, head_size).unwrap_err();
+        assert!(matches!(err, candle_ops::CandleOpError::Overlap { .. }), "{case}: {err}");
+        assert!(err.to_string().contains("`query` and `key`"), "{case}: {err}");
+        assert!(bit_eq(&ours(&qkv), &before), "{case}: nothing written");
+    }
+}
+
+/// NeoX rotary of whole heads of `q` and `key` on candle tensors.
+fn rotate_with_key(
+    registry: &Registry,
+    positions: &CTensor,
+    q: &CTensor,
+    key: &CTensor,
+    cache: &CTensor,
+    head_size: usize,
+) -> Result<(), candle_ops::CandleOpError> {
+    let rounding = ir_ops::Rounding::Exact;
+    candle_ops::rotary_embedding(registry, positions, q, Some(key), cache, head_size, head_size, true, rounding)
+}
+
+/// A key the op refuses (a width `head_size` does not divide, another dtype) is refused before the
+/// query is rotated.
+#[test]
+fn rotary_checks_the_key_before_rotating_the_query() {
+    let registry = cpu_registry();
+    let head_size = 32;
+    let q = randn((3, 2 * head_size), CDType::F32, 32);
+    let cache = ir_ops::rotary_embedding::cos_sin_cache(DType::F32, 8, head_size, 10000.0).unwrap();
+    let cache = cache.into_candle().unwrap();
+    let positions = CTensor::new(&[0u32, 1, 7], &Device::Cpu).unwrap();
+    let q_before = ours(&q);
+    let keys = [
+        ("a width head_size does not divide", randn((3, head_size + 8), CDType::F32, 33)),
+        ("another dtype", randn((3, head_size), CDType::BF16, 34)),
+        ("other leading dimensions", randn((2, head_size), CDType::F32, 35)),
+    ];
+    for (case, key) in keys {
+        let err = rotate_with_key(&registry, &positions, &q, &key, &cache, head_size).unwrap_err();
+        assert!(err.to_string().contains("key") || err.to_string().contains("head_size"), "{case}: {err}");
+        assert!(bit_eq(&ours(&q), &q_before), "{case}: the query is unchanged");
+    }
+}
+
+/// A written tensor made by `broadcast_as` (one memory row seen as many) is refused, nothing
+/// written: every row would write the same memory, the last one winning.
+#[test]
+fn in_place_writes_through_broadcast_views_are_refused() {
+    use candle_ops::CandleOpError;
+    let registry = cpu_registry();
+    let row = randn((1, 64), CDType::F32, 36);
+    let broadcast = row.broadcast_as((4, 64)).unwrap();
+    let other = randn((4, 64), CDType::F32, 37);
+    let row_before = ours(&row);
+    let refused = |result: Result<(), CandleOpError>, param: &str| {
+        let err = result.unwrap_err();
+        match &err {
+            CandleOpError::OverlappingWrite { param: named, .. } => assert_eq!(*named, param, "{err}"),
+            other => panic!("expected a refused broadcast write of `{param}`: {other}"),
+        }
+        assert!(err.to_string().contains("one address"), "{err}");
+        assert!(bit_eq(&ours(&row), &row_before), "{param}: nothing written");
+    };
+    let rounding = ir_ops::Rounding::Exact;
+    refused(candle_ops::fused_add_rms_norm(&registry, &other, &broadcast, None, 1e-6, rounding), "residual");
+    refused(candle_ops::fused_add_rms_norm(&registry, &broadcast, &other, None, 1e-6, rounding), "x");
+    let cache = ir_ops::rotary_embedding::cos_sin_cache(DType::F32, 8, 64, 10000.0).unwrap().into_candle().unwrap();
+    let positions = CTensor::new(&[0i64, 1, 2, 3], &Device::Cpu).unwrap();
+    let rotary = candle_ops::rotary_embedding(&registry, &positions, &broadcast, None, &cache, 64, 64, true, rounding);
+    refused(rotary, "query");
+    let fused_quant = candle_ops::fused_add_rms_norm_dynamic_per_token_quant(
+        &registry,
+        &other,
+        &broadcast,
+        None,
+        1e-6,
+        None,
+        DType::F8E4M3FN,
+    );
+    refused(fused_quant.map(|_| ()), "residual");
+}
+
+/// Two threads calling ops on the same two tensors in different roles (one writes `b` and `a`,
+/// the other reads `a` then `b`; rotary with the query and the cache swapped) finish: every call
+/// takes its locks in one global order.
+#[test]
+fn calls_with_swapped_roles_do_not_deadlock() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    const CALLS: usize = 4000;
+    let registry = std::sync::Arc::new(cpu_registry());
+    let a = randn((1, 64), CDType::F32, 38);
+    let b = randn((1, 64), CDType::F32, 39);
+    let b_row = b.reshape(64).unwrap();
+    let (done, finished) = mpsc::channel();
+    let spawn = |work: Box<dyn Fn() + Send>| {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            work();
+            done.send(()).unwrap();
+        })
+    };
+    let norms = {
+        let (registry, a, b) = (registry.clone(), a.clone(), b.clone());
+        Box::new(move || {
+            for _ in 0..CALLS {
+                candle_ops::fused_add_rms_norm(&registry, &a, &b, None, 1e-6, ir_ops::Rounding::Exact).unwrap();
+            }
+        })
+    };
+    let reads = {
+        let (registry, a, b_row) = (registry.clone(), a.clone(), b_row.clone());
+        Box::new(move || {
+            for _ in 0..CALLS {
+                candle_ops::rms_norm(&registry, &a, Some(&b_row), 1e-6).unwrap();
+            }
+        })
+    };
+    let rotary = |query: CTensor, cache: CTensor| {
+        let registry = registry.clone();
+        Box::new(move || {
+            let positions = CTensor::new(&[0i64, 1, 2, 3], &Device::Cpu).unwrap();
+            for _ in 0..CALLS {
+                let rounding = ir_ops::Rounding::Exact;
+                candle_ops::rotary_embedding(&registry, &positions, &query, None, &cache, 8, 8, true, rounding)
+                    .unwrap();
+            }
+        })
+    };
+    let (p, c) = (randn((4, 8), CDType::F32, 40), randn((4, 8), CDType::F32, 41));
+    let threads = [spawn(norms), spawn(reads), spawn(rotary(p.clone(), c.clone())), spawn(rotary(c, p))];
+    for _ in &threads {
+        finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("two calls on the same tensors in different roles deadlocked");
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}
+
+/// `gelu_and_mul_sparse` runs on candle tensors too, with the bits of the same op on this crate's
+/// tensors.
+#[test]
+fn gelu_and_mul_sparse_runs_on_candle_tensors() {
+    let registry = cpu_registry();
+    let x = randn((3, 128), CDType::BF16, 42);
+    let out = candle_ops::gelu_and_mul_sparse(&registry, &x, 1.6448536, Approximate::Tanh).unwrap();
+    let expected =
+        ir_ops::gelu_and_mul_sparse::gelu_and_mul_sparse(&registry, &ours(&x), 1.6448536, Approximate::Tanh).unwrap();
+    assert!(bit_eq(&ours(&out), &expected));
+    assert_eq!(out.dims(), [3, 64]);
+}

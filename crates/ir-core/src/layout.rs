@@ -39,7 +39,7 @@ pub enum LayoutError {
         size: usize,
     },
     /// A reshape to a different number of elements.
-    #[error("cannot reshape shape {shape:?} ({} elements) to {target:?} ({} elements)", numel(shape), numel(target))]
+    #[error("cannot reshape shape {shape:?} ({}) to {target:?} ({})", element_count(shape), element_count(target))]
     NumelMismatch {
         /// The source shape.
         shape: Vec<usize>,
@@ -106,6 +106,14 @@ impl Clone for Layout {
     /// element; a layout is cloned with every tensor handle, so on every dispatched call).
     fn clone(&self) -> Layout {
         Layout { shape: Dims::from_slice(&self.shape), strides: Dims::from_slice(&self.strides), offset: self.offset }
+    }
+}
+
+/// A shape's element count as an error names it: `N elements`, or that the count overflows.
+fn element_count(shape: &[usize]) -> String {
+    match shape.iter().try_fold(1usize, |acc, &size| acc.checked_mul(size)) {
+        Some(count) => format!("{count} elements"),
+        None => "an element count that overflows usize".to_owned(),
     }
 }
 
@@ -215,6 +223,38 @@ impl Layout {
         if self.numel() == 0 || self.is_compact() {
             return true;
         }
+        let mut expected = 1usize;
+        for (stride, size) in self.dims_by_stride() {
+            if stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
+
+    /// Whether two elements of this layout may sit at one storage index, so that writing through it
+    /// would lose all but one of them: a dimension of stride 0 over several elements (a broadcast
+    /// view), or strides that interleave. A sufficient test: with the dimensions of more than one
+    /// element sorted by stride, each stride must pass the span of the smaller ones, which proves
+    /// every element its own index; `true` means that proof failed.
+    pub fn may_overlap_itself(&self) -> bool {
+        if self.numel() == 0 || self.is_compact() {
+            return false;
+        }
+        // The largest index offset the smaller dimensions reach (it fits: the layout's span does).
+        let mut span = 0usize;
+        for (stride, size) in self.dims_by_stride() {
+            if stride <= span {
+                return true;
+            }
+            span += (size - 1) * stride;
+        }
+        false
+    }
+
+    /// The `(stride, size)` of each dimension of more than one element, by increasing stride.
+    fn dims_by_stride(&self) -> SmallVec<[(usize, usize); 4]> {
         let mut dims: SmallVec<[(usize, usize); 4]> = self
             .shape
             .iter()
@@ -223,14 +263,7 @@ impl Layout {
             .map(|(&size, &stride)| (stride, size))
             .collect();
         dims.sort_unstable();
-        let mut expected = 1usize;
-        for (stride, size) in dims {
-            if stride != expected {
-                return false;
-            }
-            expected *= size;
-        }
-        true
+        dims
     }
 
     /// The layout a copy of this layout gets: the same strides at offset 0 when dense, else compact.
@@ -532,6 +565,50 @@ mod tests {
             if a.disjoint_from(&b) {
                 let elements: std::collections::HashSet<usize> = a.storage_indices().collect();
                 proptest::prop_assert!(b.storage_indices().all(|i| !elements.contains(&i)), "{:?} {:?}", a, b);
+            }
+        }
+    }
+
+    /// A reshape to a shape whose element count overflows says so instead of a wrapped count.
+    #[test]
+    fn an_overflowing_element_count_is_named() {
+        let target = [2305843009213693953usize, 8];
+        let error = LayoutError::NumelMismatch { shape: vec![2, 4], target: target.to_vec() };
+        assert_eq!(
+            error.to_string(),
+            "cannot reshape shape [2, 4] (8 elements) to [2305843009213693953, 8] (an element count that overflows usize)"
+        );
+    }
+
+    /// Broadcast views and interleaved strides may overlap themselves; compact layouts, slices,
+    /// transposes and padded rows may not.
+    #[test]
+    fn broadcast_views_overlap_themselves_and_slices_do_not() {
+        let broadcast = Layout::new(&[4, 8], &[0, 1], 0).unwrap();
+        let interleaved = Layout::new(&[3, 4], &[2, 1], 0).unwrap();
+        for layout in [&broadcast, &interleaved] {
+            assert!(layout.may_overlap_itself(), "{layout:?}");
+        }
+        let padded = Layout::new(&[4, 8], &[24, 1], 3).unwrap();
+        let transposed = Layout::compact(&[8, 4]).transpose(0, 1).unwrap();
+        let one_row = Layout::new(&[1, 8], &[0, 1], 0).unwrap();
+        for layout in [&Layout::compact(&[4, 8]), &padded, &transposed, &one_row, &Layout::compact(&[0, 8])] {
+            assert!(!layout.may_overlap_itself(), "{layout:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Never wrong: a layout said not to overlap itself gives every element its own index.
+        #[test]
+        fn layouts_that_do_not_overlap_themselves_have_distinct_indices(
+            dims in proptest::collection::vec((1usize..4, 0usize..12), 1..4),
+        ) {
+            let (shape, strides): (Vec<usize>, Vec<usize>) = dims.iter().copied().unzip();
+            let layout = Layout::new(&shape, &strides, 0).unwrap();
+            if !layout.may_overlap_itself() {
+                let indices: Vec<usize> = layout.storage_indices().collect();
+                let distinct: std::collections::HashSet<&usize> = indices.iter().collect();
+                proptest::prop_assert_eq!(distinct.len(), indices.len(), "{:?}", layout);
             }
         }
     }

@@ -263,3 +263,52 @@ fn maybe_inplace_runs_typed_dynamic_and_functional_implementations_alike() {
     }
     assert_eq!(record.op("fused_add_rms_norm").unwrap().inplace_writes, 4, "two activations, twice");
 }
+
+/// A donated activation whose layout maps several elements to one address (a broadcast view nothing
+/// else refers to) is refused before anything is written, on the typed and the bound-argument paths;
+/// the functional call copies it and runs.
+#[test]
+fn a_broadcast_activation_is_never_written_in_place() {
+    let registry = ir_ops::registry();
+    register_inplace(&registry, "p");
+    let _guard = registry.override_priority("fused_add_rms_norm", &["p"]).unwrap();
+    let (_, residual, weight) = inputs(4, 16);
+    let broadcast = || {
+        let row = sample(DType::BF16, 1, 16, 7);
+        let layout = Layout::new(&[4, 16], &[0, 1], 0).unwrap();
+        let view = row.as_strided(layout).unwrap();
+        drop(row);
+        view
+    };
+    let before = broadcast().to_f64_vec().unwrap();
+    let err = fused_add_rms_norm::maybe_inplace(
+        &registry,
+        broadcast(),
+        residual.deep_clone().unwrap(),
+        Some(&weight),
+        EPS,
+        None,
+        ir_ops::Rounding::Exact,
+    )
+    .unwrap_err();
+    assert!(matches!(err, CallError::OverlappingActivation { op: "fused_add_rms_norm", index: 0, .. }), "{err}");
+    assert!(err.to_string().contains("one address"), "{err}");
+    let args = vec![
+        ir_core::op::Value::Tensor(residual.deep_clone().unwrap()),
+        ir_core::op::Value::Tensor(broadcast()),
+        ir_core::op::Value::Tensor(weight.clone()),
+        ir_core::op::Value::F64(EPS),
+        ir_core::op::Value::None,
+        ir_core::op::Value::Str("exact".to_owned()),
+    ];
+    let err = registry.call("fused_add_rms_norm", ir_core::op::Overload::MaybeInplace, args).unwrap_err();
+    assert!(matches!(err, CallError::OverlappingActivation { index: 1, .. }), "{err}");
+    // The functional call copies the activations first, so the broadcast is only read.
+    let x = broadcast();
+    let (out, _) =
+        fused_add_rms_norm(&registry, &x, &residual, Some(&weight), EPS, None, ir_ops::Rounding::Exact).unwrap();
+    assert_eq!(x.to_f64_vec().unwrap(), before, "the broadcast row is unchanged");
+    assert_eq!(out.layout(), &Layout::compact(&[4, 16]));
+    let unique = ir_core::UniqueTensor::new(broadcast());
+    assert!(unique.is_err(), "no unique handle over a broadcast layout");
+}

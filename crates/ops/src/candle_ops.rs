@@ -31,20 +31,27 @@
 //!
 //! # In place
 //!
-//! Candle's in-place custom ops (`InplaceOp1/2/3`) hand out one storage mutably, under its write
-//! lock. The in-place functions nest them: `fused_add_rms_norm` takes the residual's write lock,
-//! then x's (and the weight's read lock), so its kernel writes both where they are; `rotary_embedding`
-//! rotates the query, then the key, each under its own write lock, so a query and a key that are
-//! column slices of one `qkv` storage are rotated in place too (never two writable views of one
-//! storage at once). Like candle's own in-place ops, they write the storage every clone of the
-//! tensor shares. When dispatch runs a functional provider instead (native on a fallback, say), its
-//! result is copied into the candle memory, and the selection record counts the copy as a
-//! defensive copy of the op.
+//! Candle's in-place custom ops (`InplaceOp1`) hand out one storage mutably, under its write lock.
+//! A call takes the lock of every storage it touches, the write lock of those it writes and the
+//! read lock of the others, each once and all in one global order (by the storage's address,
+//! whatever the tensors' roles), so two calls on the same tensors in different roles never
+//! deadlock; then the kernel writes candle's memory where it is. Like candle's own in-place ops,
+//! the in-place functions write the storage every clone of the tensor shares. When dispatch runs a
+//! functional provider instead (native on a fallback, say), its result is copied into the candle
+//! memory, and the selection record counts the copy as a defensive copy of the op.
 //!
-//! A tensor that is written and one that is read may not share a storage (x and the weight, say):
-//! candle's lock would be taken twice. The read one is copied first (counted as a defensive copy
-//! of the op in the selection record), and two written ones sharing a storage (x and the residual)
-//! are computed functionally and copied back.
+//! Every argument is checked before the first byte is written, and these calls are refused with
+//! an error, nothing written:
+//! - a written tensor whose layout maps several elements to one address (a `broadcast_as` view):
+//!   an in-place write would keep one value per address;
+//! - two written tensors that share an element (a key that is the query, a clone of it or a view
+//!   overlapping it): the shared elements would be written twice.
+//!
+//! A tensor that is read and one that is written may share a storage (x and the weight, say): the
+//! read one is copied first (counted as a defensive copy of the op). Two written tensors in one
+//! storage without a shared element (x and the residual as column slices of one buffer) are
+//! computed functionally and copied back, except a query and a key (column slices of one `qkv`
+//! buffer), which are rotated in place one after the other.
 //!
 //! # Soundness
 //!
@@ -76,9 +83,12 @@ use crate::Rounding;
 use crate::gelu_and_mul::Approximate;
 use ir_core::Device;
 use ir_core::InteropError;
+use ir_core::op::ArgMeta;
+use ir_core::op::StrEnum;
 use ir_core::registry::{CallError, Registry};
 use ir_core::storage::{CpuBuffer, DeviceBuffer, HostAccess, Storage};
-use ir_core::{DType, Layout, StorageId, Tensor, TensorError};
+use ir_core::{DType, Layout, StorageId, Tensor, TensorError, TensorMeta};
+use smallvec::SmallVec;
 
 const LIBRARY: &str = "candle";
 
@@ -95,6 +105,36 @@ pub enum CandleOpError {
     /// Candle failed (converting positions, copying a read tensor).
     #[error("candle: {0}")]
     Candle(#[from] candle::Error),
+    /// A tensor the call writes shares elements with another tensor it writes (a key that is the
+    /// query, a clone of it, or a view overlapping it): writing one would change the other.
+    #[error(
+        "{op}: `{written}` and `{other}` share elements of one candle storage, so writing one in place would \
+         change the other; pass tensors that do not overlap (a copy of one)"
+    )]
+    Overlap {
+        /// The op.
+        op: &'static str,
+        /// The written tensor.
+        written: &'static str,
+        /// The tensor it overlaps.
+        other: &'static str,
+    },
+    /// A tensor the call writes maps several elements to one address (a `broadcast_as` or `expand`
+    /// view): an in-place write would keep one value per address.
+    #[error(
+        "{op}: `{param}` (shape {shape:?}, strides {strides:?}) maps several elements to one address (a broadcast \
+         view?), so an in-place write would keep only one value per address; pass a contiguous copy"
+    )]
+    OverlappingWrite {
+        /// The op.
+        op: &'static str,
+        /// The written tensor.
+        param: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its strides (elements).
+        strides: Vec<usize>,
+    },
 }
 
 impl From<TensorError> for CandleOpError {
@@ -223,8 +263,7 @@ impl Lease {
     /// storage is held: a read lock for `ReadOnly`, the write lock for `ReadWrite`); with
     /// `ReadWrite`, no other view of this lease covers the memory.
     unsafe fn view(&self, memory: Memory<'_>, layout: &candle::Layout, access: HostAccess) -> Result<Tensor> {
-        let layout = Layout::new(layout.dims(), layout.stride(), layout.start_offset())
-            .map_err(|error| InteropError::UnsupportedLayout { library: LIBRARY, reason: error.to_string() })?;
+        let layout = our_layout(layout)?;
         match memory {
             Memory::Host(dtype, ptr, len_bytes) => {
                 let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
@@ -237,22 +276,6 @@ impl Lease {
             // lease (every handle of its token) lives.
             Memory::Cuda(storage) => Ok(unsafe { cuda_bridge()?.view(storage, layout, Arc::clone(&self.token))? }),
         }
-    }
-}
-
-/// A tensor's storage under its read lock, and its layout (candle's `storage_and_layout`).
-type ReadGuard<'a> = (std::sync::RwLockReadGuard<'a, candle::Storage>, &'a candle::Layout);
-
-impl Lease {
-    /// A read-only view of the tensor whose read lock `guard` holds.
-    ///
-    /// # Safety
-    ///
-    /// `guard` is held until the lease ends (every view is gone).
-    unsafe fn read_view(&self, (storage, layout): &ReadGuard<'_>) -> Result<Tensor> {
-        // SAFETY: the read lock is held while the view lives (the caller's contract); nothing
-        // writes the storage meanwhile.
-        unsafe { self.view(Memory::of(storage)?, layout, HostAccess::ReadOnly) }
     }
 }
 
@@ -317,8 +340,8 @@ fn unsupported_device(device: &str) -> CandleOpError {
 
 /// Refuses tensors this module cannot view (Metal; CUDA without a bridge) and the tensors of one
 /// call on different devices.
-fn lendable(tensors: &[Option<&candle::Tensor>]) -> Result<()> {
-    let mut tensors = tensors.iter().flatten();
+fn lendable<'t>(tensors: impl IntoIterator<Item = &'t candle::Tensor>) -> Result<()> {
+    let mut tensors = tensors.into_iter();
     let Some(first) = tensors.next() else { return Ok(()) };
     match first.device() {
         candle::Device::Cpu => {}
@@ -390,49 +413,278 @@ impl candle::CustomOp1 for Adopt {
 }
 
 /// The identity of a tensor's storage (its lock's address), read under a read lock released at
-/// once: two tensors share a storage exactly when these are equal.
+/// once: two tensors share a storage exactly when these are equal, and calls take their locks in
+/// the order of these addresses.
 fn storage_identity(tensor: &candle::Tensor) -> usize {
     let (storage, _) = tensor.storage_and_layout();
     std::ptr::from_ref::<candle::Storage>(&*storage) as usize
 }
 
-/// `tensor`, or a copy of it when it shares a storage with one of `written` (the identities of the
-/// storages whose write locks will be held while `tensor` is read), counted as a defensive copy
-/// of `op`.
-fn apart_from(registry: &Registry, op: &str, tensor: &candle::Tensor, written: &[usize]) -> Result<candle::Tensor> {
-    if written.contains(&storage_identity(tensor)) {
-        registry.count_defensive_copy(op);
-        return Ok(tensor.copy()?);
-    }
-    Ok(tensor.clone())
+/// This crate's layout of a candle layout.
+fn our_layout(layout: &candle::Layout) -> Result<Layout> {
+    Layout::new(layout.dims(), layout.stride(), layout.start_offset()).map_err(|error| {
+        CandleOpError::Interop(InteropError::UnsupportedLayout { library: LIBRARY, reason: error.to_string() })
+    })
 }
 
-/// Runs `f` on read-only views of `inputs` (read locks held throughout, taken in order) and
-/// converts its outputs to candle tensors (without a copy when the kernel's output owns its
-/// vector, as fresh outputs do).
+/// The metadata a view of `tensor` has (dtype, device, layout), read without a lock.
+fn meta_of(tensor: &candle::Tensor) -> Result<TensorMeta> {
+    let dtype = match tensor.dtype() {
+        candle::DType::F32 => DType::F32,
+        candle::DType::F16 => DType::F16,
+        candle::DType::BF16 => DType::BF16,
+        candle::DType::F64 => DType::F64,
+        candle::DType::F8E4M3 => DType::F8E4M3FN,
+        candle::DType::I64 => DType::I64,
+        other => return Err(unsupported_dtype(other)),
+    };
+    let device = match tensor.device().location() {
+        candle::DeviceLocation::Cpu => Device::Cpu,
+        candle::DeviceLocation::Cuda { gpu_id } => Device::Cuda(u32::try_from(gpu_id).unwrap_or(u32::MAX)),
+        candle::DeviceLocation::Metal { .. } => return Err(unsupported_device("metal")),
+    };
+    Ok(TensorMeta { dtype, device, layout: our_layout(tensor.layout())? })
+}
+
+/// How a call uses one of its candle tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Only read.
+    Read,
+    /// Written in place.
+    Written,
+}
+
+/// One candle tensor of a call: the function's name for it, the tensor, and how the call uses it.
+struct Part {
+    name: &'static str,
+    tensor: candle::Tensor,
+    role: Role,
+}
+
+/// The tensors of one call, checked before anything is locked or written, and their storages in
+/// lock order.
+///
+/// # Locks
+///
+/// Every call takes the lock of each storage it touches once (the write lock of a storage it writes,
+/// else the read lock), all before it runs and in one global order: by the storage's address. Two
+/// calls on the same tensors in different roles (one writes `a` and reads `b`, the other reads `a`,
+/// then `b`) therefore never wait on each other in a cycle.
+struct Call<'r> {
+    registry: &'r Registry,
+    parts: SmallVec<[Part; 4]>,
+    /// For each part, the index of its storage in `storages`.
+    storage_of: SmallVec<[usize; 4]>,
+    /// The distinct storages in lock order: their identity, a tensor on each, and whether the call
+    /// writes it.
+    storages: SmallVec<[(usize, candle::Tensor, Role); 4]>,
+}
+
+impl<'r> Call<'r> {
+    /// Checks the tensors of a call of `op` (absent optional ones are `None`) before anything is
+    /// locked or written: one device this module can view, no written tensor whose layout maps two
+    /// elements to one address, no written tensor overlapping another written one. A read tensor on
+    /// a storage the call writes is copied apart first (counted as a defensive copy of `op`).
+    fn new<const N: usize>(
+        registry: &'r Registry,
+        op: &'static str,
+        parts: [Option<(&'static str, &candle::Tensor, Role)>; N],
+    ) -> Result<Call<'r>> {
+        let mut parts: SmallVec<[Part; 4]> = parts
+            .into_iter()
+            .flatten()
+            .map(|(name, tensor, role)| Part { name, tensor: tensor.clone(), role })
+            .collect();
+        lendable(parts.iter().map(|part| &part.tensor))?;
+        let mut identities: SmallVec<[usize; 4]> = parts.iter().map(|part| storage_identity(&part.tensor)).collect();
+        for (index, part) in parts.iter().enumerate().filter(|(_, part)| part.role == Role::Written) {
+            let layout = our_layout(part.tensor.layout())?;
+            if layout.may_overlap_itself() {
+                return Err(CandleOpError::OverlappingWrite {
+                    op,
+                    param: part.name,
+                    shape: part.tensor.dims().to_vec(),
+                    strides: part.tensor.stride().to_vec(),
+                });
+            }
+            for (other_index, other) in parts.iter().enumerate() {
+                let apart = other_index == index
+                    || identities[other_index] != identities[index]
+                    || other.role == Role::Read
+                    || layout.disjoint_from(&our_layout(other.tensor.layout())?);
+                if !apart {
+                    return Err(CandleOpError::Overlap { op, written: part.name, other: other.name });
+                }
+            }
+        }
+        let written: SmallVec<[usize; 4]> =
+            parts.iter().zip(&identities).filter(|(part, _)| part.role == Role::Written).map(|(_, &id)| id).collect();
+        for (part, identity) in parts.iter_mut().zip(identities.iter_mut()) {
+            if part.role == Role::Read && written.contains(identity) {
+                registry.count_defensive_copy(op);
+                part.tensor = part.tensor.copy()?;
+                *identity = storage_identity(&part.tensor);
+            }
+        }
+        let mut order: SmallVec<[usize; 4]> = (0..parts.len()).collect();
+        order.sort_by_key(|&index| identities[index]);
+        let mut storages: SmallVec<[(usize, candle::Tensor, Role); 4]> = SmallVec::new();
+        let mut storage_of: SmallVec<[usize; 4]> = smallvec::smallvec![0; parts.len()];
+        for index in order {
+            let part = &parts[index];
+            match storages.last_mut() {
+                Some((identity, _, role)) if *identity == identities[index] => {
+                    if part.role == Role::Written {
+                        *role = Role::Written;
+                    }
+                }
+                _ => storages.push((identities[index], part.tensor.clone(), part.role)),
+            }
+            storage_of[index] = storages.len() - 1;
+        }
+        Ok(Call { registry, parts, storage_of, storages })
+    }
+
+    /// The part named `name`.
+    fn part(&self, name: &str) -> Option<usize> {
+        self.parts.iter().position(|part| part.name == name)
+    }
+
+    /// Whether the written parts `a` and `b` lie in one storage.
+    fn same_storage(&self, a: usize, b: usize) -> bool {
+        self.storage_of[a] == self.storage_of[b]
+    }
+
+    /// Takes every storage's lock in the order of [`Call`]'s "Locks", then runs `body` with each
+    /// part's memory (in the order of the parts).
+    fn locked<R>(&self, body: impl FnOnce(&[Memory<'_>]) -> Result<R>) -> Result<R> {
+        let mut body = Some(body);
+        let mut result = None;
+        let storage_of = &self.storage_of;
+        acquire(&self.storages, &[], &mut |memories: &[Memory<'_>]| {
+            let parts: SmallVec<[Memory<'_>; 4]> = storage_of.iter().map(|&storage| memories[storage]).collect();
+            result = Some((body.take().expect("the locks are taken once"))(&parts)?);
+            Ok(())
+        })?;
+        Ok(result.expect("set once the locks were taken"))
+    }
+
+    /// A view of part `index` over its locked `memory`.
+    ///
+    /// # Safety
+    ///
+    /// `memory` is the part's memory from [`Call::locked`], used inside its body; with
+    /// [`HostAccess::ReadWrite`] the part is written and no other view of `lease` covers it.
+    unsafe fn view(&self, lease: &Lease, index: usize, memory: Memory<'_>, access: HostAccess) -> Result<Tensor> {
+        // SAFETY: the lock of the part's storage is held (a write lock for a written part, whose
+        // storage no read part shares: copied apart in `Call::new`); the caller's contract.
+        unsafe { lease.view(memory, self.parts[index].tensor.layout(), access) }
+    }
+
+    /// Copies `result` into written part `index` unless a provider wrote it there (the view whose
+    /// storage is `written`), counted as a defensive copy.
+    fn land(
+        &self,
+        lease: &Lease,
+        index: usize,
+        memory: Memory<'_>,
+        written: Option<StorageId>,
+        result: Tensor,
+    ) -> Result<()> {
+        land(self.registry, lease, written, memory, self.parts[index].tensor.layout(), result)
+    }
+}
+
+/// The body of a call under its locks.
+type Body<'b> = dyn FnMut(&[Memory<'_>]) -> Result<()> + 'b;
+
+/// Takes the lock of each of `storages` in order (holding those of `held` already), then runs
+/// `body` with the memory of every storage.
+fn acquire(storages: &[(usize, candle::Tensor, Role)], held: &[Memory<'_>], body: &mut Body<'_>) -> Result<()> {
+    let Some(((_, tensor, role), rest)) = storages.split_first() else { return body(held) };
+    match role {
+        Role::Read => {
+            let (guard, _) = tensor.storage_and_layout();
+            let mut now: SmallVec<[Memory<'_>; 4]> = held.iter().copied().collect();
+            now.push(Memory::of(&guard)?);
+            acquire(rest, &now, body)
+        }
+        Role::Written => {
+            let step = Acquire { rest, held, body: RefCell::new(body), outcome: RefCell::new(None) };
+            let result = tensor.inplace_op1(&step);
+            match step.outcome.into_inner() {
+                Some(outcome) => outcome,
+                // Candle refused before handing the storage over.
+                None => Ok(result?),
+            }
+        }
+    }
+}
+
+/// One write lock of [`acquire`]: candle's `InplaceOp1` hands the storage over under its write lock,
+/// and the rest of the locks are taken inside.
+struct Acquire<'a, 'm, 'b> {
+    rest: &'a [(usize, candle::Tensor, Role)],
+    held: &'a [Memory<'m>],
+    body: RefCell<&'a mut Body<'b>>,
+    /// The call's result (candle's error type cannot carry it).
+    outcome: RefCell<Option<Result<()>>>,
+}
+
+impl Acquire<'_, '_, '_> {
+    fn then(&self, memory: Result<Memory<'_>>) -> candle::Result<()> {
+        let outcome = memory.and_then(|memory| {
+            let mut now: SmallVec<[Memory<'_>; 4]> = self.held.iter().copied().collect();
+            now.push(memory);
+            acquire(self.rest, &now, &mut **self.body.borrow_mut())
+        });
+        let failed = outcome.is_err();
+        *self.outcome.borrow_mut() = Some(outcome);
+        if failed { Err(candle::Error::msg("vllm-ir: the call failed")) } else { Ok(()) }
+    }
+}
+
+impl candle::InplaceOp1 for Acquire<'_, '_, '_> {
+    fn name(&self) -> &'static str {
+        "vllm-ir-call"
+    }
+
+    fn cpu_fwd(&self, storage: &mut candle::CpuStorage, _: &candle::Layout) -> candle::Result<()> {
+        self.then(Memory::host_mut(storage))
+    }
+
+    fn cuda_fwd(&self, storage: &mut candle::CudaStorage, _: &candle::Layout) -> candle::Result<()> {
+        self.then(Ok(Memory::Cuda(storage)))
+    }
+}
+
+/// Runs a functional op on read-only views of its candle tensors (named `names`, in the op's
+/// order; absent optional ones `None`) and converts its outputs to candle tensors (without a copy
+/// when the kernel's output owns its vector, as fresh outputs do).
 fn functional<const N: usize>(
+    registry: &Registry,
     op: &'static str,
-    inputs: [Option<&candle::Tensor>; N],
+    inputs: [Option<(&'static str, &candle::Tensor)>; N],
     f: impl FnOnce(&[Option<Tensor>; N]) -> std::result::Result<Vec<Tensor>, CallError>,
 ) -> Result<Vec<candle::Tensor>> {
-    lendable(&inputs)?;
-    let anchor = inputs.iter().flatten().next().copied();
-    let guards: Vec<_> = inputs.iter().map(|t| t.map(candle::Tensor::storage_and_layout)).collect();
-    let outputs = {
+    let call = Call::new(registry, op, inputs.map(|input| input.map(|(name, tensor)| (name, tensor, Role::Read))))?;
+    let outputs = call.locked(|memories| {
         let lease = Lease::new(op);
         let mut views: [Option<Tensor>; N] = std::array::from_fn(|_| None);
-        for (view, guard) in views.iter_mut().zip(&guards) {
-            if let Some(guard) = guard {
-                // SAFETY: the read lock is held until `guards` is dropped, after the lease.
-                *view = Some(unsafe { lease.read_view(guard)? });
+        let mut next = 0;
+        for (view, input) in views.iter_mut().zip(&inputs) {
+            if input.is_some() {
+                // SAFETY: read-only views of locked parts, dropped before the lease.
+                *view = Some(unsafe { call.view(&lease, next, memories[next], HostAccess::ReadOnly)? });
+                next += 1;
             }
         }
         let outputs = f(&views);
         drop(views);
-        outputs?
-    };
-    drop(guards);
-    let anchor = anchor.expect("every op reads a tensor");
+        Ok(outputs?)
+    })?;
+    let anchor = &call.parts[0].tensor;
     outputs.into_iter().map(|t| output_to_candle(t, anchor)).collect()
 }
 
@@ -443,7 +695,8 @@ pub fn rms_norm(
     weight: Option<&candle::Tensor>,
     epsilon: f64,
 ) -> Result<candle::Tensor> {
-    let mut out = functional("rms_norm", [Some(x), weight], |[x, w]| {
+    let inputs = [Some(("x", x)), weight.map(|w| ("weight", w))];
+    let mut out = functional(registry, "rms_norm", inputs, |[x, w]| {
         let x = x.as_ref().expect("given");
         Ok(vec![crate::rms_norm::rms_norm(registry, x, w.as_ref(), epsilon, None)?])
     })?;
@@ -453,7 +706,7 @@ pub fn rms_norm(
 /// `silu(gate) * up` of `x = [..., gate | up]` as a fresh candle tensor: the gate is the first half
 /// of the last dimension, as vLLM's merged `gate_up_proj` weight gives it.
 pub fn silu_and_mul(registry: &Registry, x: &candle::Tensor) -> Result<candle::Tensor> {
-    let mut out = functional("silu_and_mul", [Some(x)], |[x]| {
+    let mut out = functional(registry, "silu_and_mul", [Some(("x", x))], |[x]| {
         Ok(vec![crate::silu_and_mul::silu_and_mul(registry, x.as_ref().expect("given"))?])
     })?;
     Ok(out.remove(0))
@@ -461,8 +714,24 @@ pub fn silu_and_mul(registry: &Registry, x: &candle::Tensor) -> Result<candle::T
 
 /// `gelu(gate) * up` of `x = [..., gate | up]` as a fresh candle tensor.
 pub fn gelu_and_mul(registry: &Registry, x: &candle::Tensor, approximate: Approximate) -> Result<candle::Tensor> {
-    let mut out = functional("gelu_and_mul", [Some(x)], |[x]| {
+    let mut out = functional(registry, "gelu_and_mul", [Some(("x", x))], |[x]| {
         Ok(vec![crate::gelu_and_mul::gelu_and_mul(registry, x.as_ref().expect("given"), approximate)?])
+    })?;
+    Ok(out.remove(0))
+}
+
+/// `gelu(sparse(gate)) * up` of `x = [..., gate | up]` as a fresh candle tensor: the gate's values
+/// below `mean + std_multiplier · std` of its row are cut to zero first (Gemma 3n's activation
+/// sparsity).
+pub fn gelu_and_mul_sparse(
+    registry: &Registry,
+    x: &candle::Tensor,
+    std_multiplier: f64,
+    approximate: Approximate,
+) -> Result<candle::Tensor> {
+    let mut out = functional(registry, "gelu_and_mul_sparse", [Some(("x", x))], |[x]| {
+        let x = x.as_ref().expect("given");
+        Ok(vec![crate::gelu_and_mul_sparse::gelu_and_mul_sparse(registry, x, std_multiplier, approximate)?])
     })?;
     Ok(out.remove(0))
 }
@@ -475,7 +744,8 @@ pub fn static_scaled_fp8_quant(
     scale: &candle::Tensor,
     out_dtype: DType,
 ) -> Result<candle::Tensor> {
-    let mut out = functional("static_scaled_fp8_quant", [Some(x), Some(scale)], |[x, s]| {
+    let inputs = [Some(("x", x)), Some(("scale", scale))];
+    let mut out = functional(registry, "static_scaled_fp8_quant", inputs, |[x, s]| {
         let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
         Ok(vec![crate::static_scaled_fp8_quant::static_scaled_fp8_quant(registry, x, s, out_dtype)?])
     })?;
@@ -489,7 +759,8 @@ pub fn dynamic_per_token_scaled_fp8_quant(
     scale_ub: Option<&candle::Tensor>,
     out_dtype: DType,
 ) -> Result<(candle::Tensor, candle::Tensor)> {
-    let out = functional("dynamic_per_token_scaled_fp8_quant", [Some(x), scale_ub], |[x, ub]| {
+    let inputs = [Some(("x", x)), scale_ub.map(|s| ("scale_ub", s))];
+    let out = functional(registry, "dynamic_per_token_scaled_fp8_quant", inputs, |[x, ub]| {
         let x = x.as_ref().expect("given");
         let (q, s) = crate::dynamic_per_token_scaled_fp8_quant::dynamic_per_token_scaled_fp8_quant(
             registry,
@@ -512,7 +783,8 @@ pub fn rms_norm_static_fp8_quant(
     scale: &candle::Tensor,
     out_dtype: DType,
 ) -> Result<candle::Tensor> {
-    let mut out = functional("rms_norm_static_fp8_quant", [Some(x), weight, Some(scale)], |[x, w, s]| {
+    let inputs = [Some(("x", x)), weight.map(|w| ("weight", w)), Some(("scale", scale))];
+    let mut out = functional(registry, "rms_norm_static_fp8_quant", inputs, |[x, w, s]| {
         let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
         Ok(vec![crate::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
             registry,
@@ -535,7 +807,8 @@ pub fn rms_norm_dynamic_per_token_quant(
     scale_ub: Option<&candle::Tensor>,
     out_dtype: DType,
 ) -> Result<(candle::Tensor, candle::Tensor)> {
-    let out = functional("rms_norm_dynamic_per_token_quant", [Some(x), weight, scale_ub], |[x, w, ub]| {
+    let inputs = [Some(("x", x)), weight.map(|w| ("weight", w)), scale_ub.map(|s| ("scale_ub", s))];
+    let out = functional(registry, "rms_norm_dynamic_per_token_quant", inputs, |[x, w, ub]| {
         let x = x.as_ref().expect("given");
         let (q, s) = crate::rms_norm_dynamic_per_token_quant::rms_norm_dynamic_per_token_quant(
             registry,
@@ -549,33 +822,6 @@ pub fn rms_norm_dynamic_per_token_quant(
     })?;
     let [q, s]: [candle::Tensor; 2] = out.try_into().expect("two outputs");
     Ok((q, s))
-}
-
-/// What an in-place op's kernel call reports back through candle's `InplaceOp` (whose error type
-/// is candle's): this module's error, kept typed.
-struct Outcome(RefCell<Option<CandleOpError>>);
-
-impl Outcome {
-    fn new() -> Outcome {
-        Outcome(RefCell::new(None))
-    }
-
-    /// Turns `result` into candle's result, keeping the error here.
-    fn keep<T>(&self, result: Result<T>) -> candle::Result<T> {
-        result.map_err(|error| {
-            let message = candle::Error::msg(error.to_string());
-            *self.0.borrow_mut() = Some(error);
-            message
-        })
-    }
-
-    /// The result of the candle call that ran the op: the kept error first.
-    fn finish(self, result: candle::Result<()>) -> Result<()> {
-        match (self.0.into_inner(), result) {
-            (Some(error), _) => Err(error),
-            (None, result) => Ok(result?),
-        }
-    }
 }
 
 /// Leaves `result` where it is when a provider wrote it into the view `written` (same storage),
@@ -611,197 +857,53 @@ pub fn fused_add_rms_norm(
     epsilon: f64,
     rounding: Rounding,
 ) -> Result<()> {
-    lendable(&[Some(x), Some(residual), weight])?;
-    let written = [storage_identity(x), storage_identity(residual)];
-    let weight = weight.map(|w| apart_from(registry, "fused_add_rms_norm", w, &written)).transpose()?;
-    let outcome = Outcome::new();
-    let op = FusedAddRmsNorm { registry, x, weight: weight.as_ref(), epsilon, rounding, outcome: &outcome };
-    let result = if written[0] == written[1] {
-        // One storage: one write lock; computed functionally and written back.
-        residual.inplace_op1(&SharedFused(op))
-    } else {
-        residual.inplace_op1(&op)
-    };
-    outcome.finish(result)
-}
-
-struct FusedAddRmsNorm<'a> {
-    registry: &'a Registry,
-    x: &'a candle::Tensor,
-    weight: Option<&'a candle::Tensor>,
-    epsilon: f64,
-    rounding: Rounding,
-    outcome: &'a Outcome,
-}
-
-impl FusedAddRmsNorm<'_> {
-    /// Under the residual's write lock: takes x's (and the weight's read lock), then runs.
-    fn run(&self, residual: Memory<'_>, residual_layout: &candle::Layout) -> candle::Result<()> {
-        let inner = FusedInner { outer: self, residual: std::cell::Cell::new(Some((residual, residual_layout))) };
-        let result = match self.weight {
-            Some(weight) => self.x.inplace_op2(weight, &inner),
-            None => self.x.inplace_op1(&inner),
-        };
-        // An error the inner op kept is in the outcome; candle's own errors pass through.
-        if self.outcome.0.borrow().is_some() {
-            return Err(candle::Error::msg("fused_add_rms_norm failed"));
-        }
-        result
-    }
-}
-
-impl candle::InplaceOp1 for FusedAddRmsNorm<'_> {
-    fn name(&self) -> &'static str {
-        "vllm-ir-fused-add-rms-norm"
-    }
-
-    fn cpu_fwd(&self, residual: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        let residual = self.outcome.keep(Memory::host_mut(residual))?;
-        self.run(residual, residual_layout)
-    }
-
-    fn cuda_fwd(&self, residual: &mut candle::CudaStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        self.run(Memory::Cuda(residual), residual_layout)
-    }
-}
-
-/// The inner half of [`FusedAddRmsNorm`]: x's storage, with the residual's lent from the outer op.
-struct FusedInner<'a, 'b> {
-    outer: &'a FusedAddRmsNorm<'a>,
-    residual: std::cell::Cell<Option<(Memory<'b>, &'b candle::Layout)>>,
-}
-
-/// A storage read by an in-place op, and its layout.
-type ReadPart<'a> = (Memory<'a>, &'a candle::Layout);
-
-impl FusedInner<'_, '_> {
-    fn run(&self, x: Memory<'_>, x_layout: &candle::Layout, weight: Option<ReadPart<'_>>) -> Result<()> {
-        let outer = self.outer;
-        let (residual, residual_layout) = self.residual.take().expect("run once");
-        let lease = Lease::new("fused_add_rms_norm");
-        // SAFETY: x's and the residual's write locks are held (distinct storages: checked before the
-        // outer op), the weight's read lock too; each view covers its own storage.
+    const OP: &str = "fused_add_rms_norm";
+    let parts = [
+        Some(("x", x, Role::Written)),
+        Some(("residual", residual, Role::Written)),
+        weight.map(|w| ("weight", w, Role::Read)),
+    ];
+    let call = Call::new(registry, OP, parts)?;
+    // Disjoint parts of one storage (checked in `Call::new`) are computed functionally and landed
+    // one at a time: never two writable views of one storage at once.
+    let shared = call.same_storage(0, 1);
+    call.locked(|memories| {
+        let lease = Lease::new(OP);
+        let access = if shared { HostAccess::ReadOnly } else { HostAccess::ReadWrite };
+        // SAFETY: views of locked parts; x and the residual are written, each in its own storage
+        // when writable, and only read through these views when they share one.
         let (x_view, r_view, w_view) = unsafe {
             (
-                lease.view(x, x_layout, HostAccess::ReadWrite)?,
-                lease.view(residual, residual_layout, HostAccess::ReadWrite)?,
-                weight.map(|(memory, layout)| lease.view(memory, layout, HostAccess::ReadOnly)).transpose()?,
+                call.view(&lease, 0, memories[0], access)?,
+                call.view(&lease, 1, memories[1], access)?,
+                weight.map(|_| call.view(&lease, 2, memories[2], HostAccess::ReadOnly)).transpose()?,
             )
         };
-        let (x_id, r_id) = (Some(x_view.storage_id()), Some(r_view.storage_id()));
-        let (out, res) = crate::fused_add_rms_norm::maybe_inplace(
-            outer.registry,
-            x_view,
-            r_view,
-            w_view.as_ref(),
-            outer.epsilon,
-            None,
-            outer.rounding,
-        )?;
-        drop(w_view);
-        // A provider that ran functionally returned fresh tensors: they are copied into place.
-        land(outer.registry, &lease, x_id, x, x_layout, out)?;
-        land(outer.registry, &lease, r_id, residual, residual_layout, res)
-    }
-}
-
-impl candle::InplaceOp1 for FusedInner<'_, '_> {
-    fn name(&self) -> &'static str {
-        "vllm-ir-fused-add-rms-norm-x"
-    }
-
-    fn cpu_fwd(&self, x: &mut candle::CpuStorage, layout: &candle::Layout) -> candle::Result<()> {
-        self.outer.outcome.keep(Memory::host_mut(x).and_then(|x| self.run(x, layout, None)))
-    }
-
-    fn cuda_fwd(&self, x: &mut candle::CudaStorage, layout: &candle::Layout) -> candle::Result<()> {
-        self.outer.outcome.keep(self.run(Memory::Cuda(x), layout, None))
-    }
-}
-
-impl candle::InplaceOp2 for FusedInner<'_, '_> {
-    fn name(&self) -> &'static str {
-        "vllm-ir-fused-add-rms-norm-x"
-    }
-
-    fn cpu_fwd(
-        &self,
-        x: &mut candle::CpuStorage,
-        x_layout: &candle::Layout,
-        weight: &candle::CpuStorage,
-        weight_layout: &candle::Layout,
-    ) -> candle::Result<()> {
-        let result = (|| self.run(Memory::host_mut(x)?, x_layout, Some((Memory::host(weight)?, weight_layout))))();
-        self.outer.outcome.keep(result)
-    }
-
-    fn cuda_fwd(
-        &self,
-        x: &mut candle::CudaStorage,
-        x_layout: &candle::Layout,
-        weight: &candle::CudaStorage,
-        weight_layout: &candle::Layout,
-    ) -> candle::Result<()> {
-        self.outer.outcome.keep(self.run(Memory::Cuda(x), x_layout, Some((Memory::Cuda(weight), weight_layout))))
-    }
-}
-
-/// [`FusedAddRmsNorm`] when x and the residual share one storage: functional, then both results
-/// written back (never two writable views of one storage at once).
-struct SharedFused<'a>(FusedAddRmsNorm<'a>);
-
-impl SharedFused<'_> {
-    fn run(&self, whole: Memory<'_>, residual_layout: &candle::Layout) -> Result<()> {
-        let op = &self.0;
-        let x_layout = op.x.layout();
-        let lease = Lease::new("fused_add_rms_norm");
-        let (out, res) = {
-            let weight = op.weight.map(candle::Tensor::storage_and_layout);
-            // SAFETY: the storage's write lock is held (both views only read it until they are
-            // dropped below); the weight's read lock is held while its view lives.
-            let (x_view, r_view, w_view) = unsafe {
-                (
-                    lease.view(whole, x_layout, HostAccess::ReadOnly)?,
-                    lease.view(whole, residual_layout, HostAccess::ReadOnly)?,
-                    weight.as_ref().map(|guard| lease.read_view(guard)).transpose()?,
-                )
-            };
-            let outputs = crate::fused_add_rms_norm::fused_add_rms_norm(
-                op.registry,
-                &x_view,
-                &r_view,
-                w_view.as_ref(),
-                op.epsilon,
-                None,
-                op.rounding,
-            );
-            drop((x_view, r_view, w_view));
-            outputs?
+        let (out, res, written) = if shared {
+            let call = crate::fused_add_rms_norm::fused_add_rms_norm;
+            let (out, res) = call(registry, &x_view, &r_view, w_view.as_ref(), epsilon, None, rounding)?;
+            (out, res, (None, None))
+        } else {
+            let written = (Some(x_view.storage_id()), Some(r_view.storage_id()));
+            let call = crate::fused_add_rms_norm::maybe_inplace;
+            let (out, res) = call(registry, x_view, r_view, w_view.as_ref(), epsilon, None, rounding)?;
+            (out, res, written)
         };
-        // Fresh tensors (the views were read-only): both copied into place.
-        land(op.registry, &lease, None, whole, x_layout, out)?;
-        land(op.registry, &lease, None, whole, residual_layout, res)
-    }
-}
-
-impl candle::InplaceOp1 for SharedFused<'_> {
-    fn name(&self) -> &'static str {
-        "vllm-ir-fused-add-rms-norm-shared"
-    }
-
-    fn cpu_fwd(&self, storage: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        self.0.outcome.keep(Memory::host_mut(storage).and_then(|whole| self.run(whole, residual_layout)))
-    }
-
-    fn cuda_fwd(&self, storage: &mut candle::CudaStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        self.0.outcome.keep(self.run(Memory::Cuda(storage), residual_layout))
-    }
+        drop(w_view);
+        call.land(&lease, 0, memories[0], written.0, out)?;
+        call.land(&lease, 1, memories[1], written.1, res)
+    })
 }
 
 /// Rotary position embedding in place on candle tensors: `query` and `key` (when given) are
-/// rotated where they are, each under its own write lock, so column slices of one `qkv` storage
+/// rotated where they are, under their storages' write locks, so column slices of one `qkv` storage
 /// are rotated without a copy. `positions` are i64 or u32 (candle's usual index type, converted to
 /// i64 first: one small copy); `cos_sin_cache` is `[max_position, rotary_dim]`, cos then sin.
+///
+/// Every argument is checked before anything is written. A key that overlaps the query (the query
+/// itself, a clone or a view sharing any element) is refused: rotating it would rotate the shared
+/// elements twice. A query and a key in one storage (disjoint column slices) are rotated one after
+/// the other under the one write lock; in separate storages, in one dispatch.
 #[allow(clippy::too_many_arguments)]
 pub fn rotary_embedding(
     registry: &Registry,
@@ -814,109 +916,76 @@ pub fn rotary_embedding(
     is_neox_style: bool,
     rounding: Rounding,
 ) -> Result<()> {
-    lendable(&[Some(query), key, Some(positions), Some(cos_sin_cache)])?;
-    let targets: Vec<&candle::Tensor> = [Some(query), key].into_iter().flatten().collect();
-    let written: Vec<usize> = targets.iter().map(|t| storage_identity(t)).collect();
+    const OP: &str = "rotary_embedding";
     let positions = match positions.dtype() {
         candle::DType::U32 => positions.to_dtype(candle::DType::I64)?,
-        _ => apart_from(registry, "rotary_embedding", positions, &written)?,
+        _ => positions.clone(),
     };
-    let cache = apart_from(registry, "rotary_embedding", cos_sin_cache, &written)?;
+    let parts = [
+        Some(("query", query, Role::Written)),
+        key.map(|k| ("key", k, Role::Written)),
+        Some(("positions", &positions, Role::Read)),
+        Some(("cos_sin_cache", cos_sin_cache, Role::Read)),
+    ];
+    let call = Call::new(registry, OP, parts)?;
+    let (key_index, positions_index, cache_index) = match key {
+        Some(_) => (Some(1), 2, 3),
+        None => (None, 1, 2),
+    };
     let to_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
-    for target in targets {
-        let outcome = Outcome::new();
-        let op = Rotary {
-            registry,
-            head_size: to_i64(head_size),
-            rotary_dim: to_i64(rotary_dim),
-            is_neox_style,
-            rounding,
-            outcome: &outcome,
-        };
-        let result = target.inplace_op3(&positions, &cache, &op);
-        outcome.finish(result)?;
-    }
-    Ok(())
-}
-
-struct Rotary<'a> {
-    registry: &'a Registry,
-    head_size: i64,
-    rotary_dim: i64,
-    is_neox_style: bool,
-    rounding: Rounding,
-    outcome: &'a Outcome,
-}
-
-impl Rotary<'_> {
-    fn run(
-        &self,
-        target: Memory<'_>,
-        target_layout: &candle::Layout,
-        (positions, positions_layout): ReadPart<'_>,
-        (cache, cache_layout): ReadPart<'_>,
-    ) -> Result<()> {
-        let lease = Lease::new("rotary_embedding");
-        // SAFETY: the target's write lock and the read locks of the positions and the cache
-        // (other storages: copied apart before) are held; one writable view.
-        let (q, p, c) = unsafe {
+    let (head_size, rotary_dim) = (to_i64(head_size), to_i64(rotary_dim));
+    // The op's own checks of every argument, before the first write (the call may take two
+    // dispatches).
+    let metas = call.parts.iter().map(|part| meta_of(&part.tensor)).collect::<Result<SmallVec<[TensorMeta; 4]>>>()?;
+    let tensor = |index: Option<usize>| index.map_or(ArgMeta::None, |index| ArgMeta::Tensor(&metas[index]));
+    let args = [
+        tensor(Some(positions_index)),
+        tensor(Some(0)),
+        tensor(key_index),
+        tensor(Some(cache_index)),
+        ArgMeta::I64(head_size),
+        ArgMeta::I64(rotary_dim),
+        ArgMeta::Bool(is_neox_style),
+        ArgMeta::Str(rounding.as_str()),
+    ];
+    (crate::rotary_embedding::ROTARY_EMBEDDING.meta)(&args).map_err(CallError::from)?;
+    let split = key_index.is_some_and(|key| call.same_storage(0, key));
+    call.locked(|memories| {
+        let lease = Lease::new(OP);
+        // SAFETY (every view below): views of locked parts; the query and the key are written, and
+        // when they share a storage only one of them is viewed at a time.
+        let (p, c) = unsafe {
             (
-                lease.view(target, target_layout, HostAccess::ReadWrite)?,
-                lease.view(positions, positions_layout, HostAccess::ReadOnly)?,
-                lease.view(cache, cache_layout, HostAccess::ReadOnly)?,
+                call.view(&lease, positions_index, memories[positions_index], HostAccess::ReadOnly)?,
+                call.view(&lease, cache_index, memories[cache_index], HostAccess::ReadOnly)?,
             )
         };
-        let written = Some(q.storage_id());
-        let (rotated, _) = crate::rotary_embedding::maybe_inplace(
-            self.registry,
-            &p,
-            q,
-            None,
-            &c,
-            self.head_size,
-            self.rotary_dim,
-            self.is_neox_style,
-            self.rounding,
-        )?;
+        let rotate = crate::rotary_embedding::maybe_inplace;
+        if split {
+            for target in [Some(0), key_index].into_iter().flatten() {
+                // SAFETY: above; the other target's view is gone.
+                let q = unsafe { call.view(&lease, target, memories[target], HostAccess::ReadWrite)? };
+                let written = Some(q.storage_id());
+                let (rotated, _) = rotate(registry, &p, q, None, &c, head_size, rotary_dim, is_neox_style, rounding)?;
+                call.land(&lease, target, memories[target], written, rotated)?;
+            }
+            return Ok(());
+        }
+        // SAFETY: above; separate storages.
+        let (q, k) = unsafe {
+            let q = call.view(&lease, 0, memories[0], HostAccess::ReadWrite)?;
+            let k = key_index.map(|k| call.view(&lease, k, memories[k], HostAccess::ReadWrite)).transpose()?;
+            (q, k)
+        };
+        let written = (Some(q.storage_id()), k.as_ref().map(Tensor::storage_id));
+        let (rq, rk) = rotate(registry, &p, q, k, &c, head_size, rotary_dim, is_neox_style, rounding)?;
         drop((p, c));
-        land(self.registry, &lease, written, target, target_layout, rotated)
-    }
-}
-
-impl candle::InplaceOp3 for Rotary<'_> {
-    fn name(&self) -> &'static str {
-        "vllm-ir-rotary-embedding"
-    }
-
-    fn cpu_fwd(
-        &self,
-        target: &mut candle::CpuStorage,
-        target_layout: &candle::Layout,
-        positions: &candle::CpuStorage,
-        positions_layout: &candle::Layout,
-        cache: &candle::CpuStorage,
-        cache_layout: &candle::Layout,
-    ) -> candle::Result<()> {
-        let result = (|| {
-            let (positions, cache) =
-                ((Memory::host(positions)?, positions_layout), (Memory::host(cache)?, cache_layout));
-            self.run(Memory::host_mut(target)?, target_layout, positions, cache)
-        })();
-        self.outcome.keep(result)
-    }
-
-    fn cuda_fwd(
-        &self,
-        target: &mut candle::CudaStorage,
-        target_layout: &candle::Layout,
-        positions: &candle::CudaStorage,
-        positions_layout: &candle::Layout,
-        cache: &candle::CudaStorage,
-        cache_layout: &candle::Layout,
-    ) -> candle::Result<()> {
-        let (positions, cache) = ((Memory::Cuda(positions), positions_layout), (Memory::Cuda(cache), cache_layout));
-        self.outcome.keep(self.run(Memory::Cuda(target), target_layout, positions, cache))
-    }
+        call.land(&lease, 0, memories[0], written.0, rq)?;
+        match (key_index, rk) {
+            (Some(k), Some(rk)) => call.land(&lease, k, memories[k], written.1, rk),
+            _ => Ok(()),
+        }
+    })
 }
 
 /// `fused_add_rms_norm` then static fp8 quantization, fused: `residual ← x + residual` in place,
@@ -965,109 +1034,49 @@ fn fused_quant(
     dynamic: bool,
     out_dtype: DType,
 ) -> Result<(candle::Tensor, Option<candle::Tensor>)> {
-    lendable(&[Some(residual), Some(x), weight, scale])?;
-    let op = if dynamic { FUSED_DYNAMIC } else { FUSED_STATIC };
-    let written = [storage_identity(residual)];
-    let x = apart_from(registry, op, x, &written)?;
-    let weight = weight.map(|w| apart_from(registry, op, w, &written)).transpose()?;
-    let scale = scale.map(|s| apart_from(registry, op, s, &written)).transpose()?;
-    let outcome = Outcome::new();
-    let outputs = RefCell::new(None);
-    let fused = FusedQuant {
-        registry,
-        x: &x,
-        weight: weight.as_ref(),
-        scale: scale.as_ref(),
-        dynamic,
-        epsilon,
-        out_dtype,
-        outcome: &outcome,
-        outputs: &outputs,
-    };
-    let result = residual.inplace_op1(&fused);
-    outcome.finish(result)?;
-    let (codes, scales): (Tensor, Option<Tensor>) = outputs.into_inner().expect("set by a successful call");
+    let (op, scale_name) = if dynamic { (FUSED_DYNAMIC, "scale_ub") } else { (FUSED_STATIC, "scale") };
+    let parts = [
+        Some(("residual", residual, Role::Written)),
+        Some(("x", x, Role::Read)),
+        weight.map(|w| ("weight", w, Role::Read)),
+        scale.map(|s| (scale_name, s, Role::Read)),
+    ];
+    let call = Call::new(registry, op, parts)?;
+    let (weight_index, scale_index) = (call.part("weight"), call.part(scale_name));
+    let (codes, scales) = call.locked(|memories| {
+        let lease = Lease::new(op);
+        // SAFETY: views of locked parts: the residual written (its storage is no read part's), the
+        // others read.
+        let (r, x, w, s) = unsafe {
+            let read = |index: usize| call.view(&lease, index, memories[index], HostAccess::ReadOnly);
+            (
+                call.view(&lease, 0, memories[0], HostAccess::ReadWrite)?,
+                read(1)?,
+                weight_index.map(read).transpose()?,
+                scale_index.map(read).transpose()?,
+            )
+        };
+        let written = Some(r.storage_id());
+        let (res, q, scales) = if dynamic {
+            let call = crate::fused_add_rms_norm_dynamic_per_token_quant::maybe_inplace;
+            let (res, q, scales) = call(registry, &x, r, w.as_ref(), epsilon, s.as_ref(), out_dtype)?;
+            (res, q, Some(scales))
+        } else {
+            let s = s.as_ref().ok_or_else(|| candle::Error::Msg(format!("{FUSED_STATIC}: no scale")))?;
+            let call = crate::fused_add_rms_norm_static_fp8_quant::maybe_inplace;
+            let (res, q) = call(registry, &x, r, w.as_ref(), epsilon, s, out_dtype)?;
+            (res, q, None)
+        };
+        drop((x, w, s));
+        call.land(&lease, 0, memories[0], written, res)?;
+        Ok((q, scales))
+    })?;
     let scales = scales.map(|scales| output_to_candle(scales, residual)).transpose()?;
     Ok((output_to_candle(codes, residual)?, scales))
 }
 
 const FUSED_STATIC: &str = "fused_add_rms_norm_static_fp8_quant";
 const FUSED_DYNAMIC: &str = "fused_add_rms_norm_dynamic_per_token_quant";
-
-struct FusedQuant<'a> {
-    registry: &'a Registry,
-    x: &'a candle::Tensor,
-    weight: Option<&'a candle::Tensor>,
-    /// The static scale, or the per-token form's optional bound.
-    scale: Option<&'a candle::Tensor>,
-    dynamic: bool,
-    epsilon: f64,
-    out_dtype: DType,
-    outcome: &'a Outcome,
-    /// The codes, and the per-token form's scales.
-    outputs: &'a RefCell<Option<(Tensor, Option<Tensor>)>>,
-}
-
-impl candle::InplaceOp1 for FusedQuant<'_> {
-    fn name(&self) -> &'static str {
-        if self.dynamic {
-            "vllm-ir-fused-add-rms-norm-dynamic-per-token-quant"
-        } else {
-            "vllm-ir-fused-add-rms-norm-static-fp8-quant"
-        }
-    }
-
-    fn cpu_fwd(&self, residual: &mut candle::CpuStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        self.outcome.keep(Memory::host_mut(residual).and_then(|residual| self.run(residual, residual_layout)))
-    }
-
-    fn cuda_fwd(&self, residual: &mut candle::CudaStorage, residual_layout: &candle::Layout) -> candle::Result<()> {
-        self.outcome.keep(self.run(Memory::Cuda(residual), residual_layout))
-    }
-}
-
-impl FusedQuant<'_> {
-    fn run(&self, residual: Memory<'_>, residual_layout: &candle::Layout) -> Result<()> {
-        let lease = Lease::new(if self.dynamic { FUSED_DYNAMIC } else { FUSED_STATIC });
-        let reads: Vec<_> =
-            [Some(self.x), self.weight, self.scale].iter().map(|t| t.map(candle::Tensor::storage_and_layout)).collect();
-        // SAFETY: the read locks are held while `reads` lives, past every view.
-        let read_view = |index: usize| reads[index].as_ref().map(|guard| unsafe { lease.read_view(guard) }).transpose();
-        let (x, w, s) = (read_view(0)?.expect("given"), read_view(1)?, read_view(2)?);
-        // SAFETY: the residual's write lock is held; its storage differs from the others'.
-        let r = unsafe { lease.view(residual, residual_layout, HostAccess::ReadWrite)? };
-        let written = Some(r.storage_id());
-        let (res, q, scales) = if self.dynamic {
-            let (res, q, scales) = crate::fused_add_rms_norm_dynamic_per_token_quant::maybe_inplace(
-                self.registry,
-                &x,
-                r,
-                w.as_ref(),
-                self.epsilon,
-                s.as_ref(),
-                self.out_dtype,
-            )?;
-            (res, q, Some(scales))
-        } else {
-            let s = s.as_ref().ok_or_else(|| candle::Error::Msg(format!("{FUSED_STATIC}: no scale")))?;
-            let (res, q) = crate::fused_add_rms_norm_static_fp8_quant::maybe_inplace(
-                self.registry,
-                &x,
-                r,
-                w.as_ref(),
-                self.epsilon,
-                s,
-                self.out_dtype,
-            )?;
-            (res, q, None)
-        };
-        drop((x, w, s));
-        land(self.registry, &lease, written, residual, residual_layout, res)?;
-        *self.outputs.borrow_mut() = Some((q, scales));
-        drop(reads);
-        Ok(())
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -1123,5 +1132,54 @@ mod tests {
         assert_eq!(record.op("fused_add_rms_norm").unwrap().inplace_writes, 2, "the separate storages in place");
         let y = rms_norm(&registry, &candle::Tensor::from_vec(values(0.5), (3, 8), &device).unwrap(), None, 1e-6);
         assert_eq!(y.unwrap().dims(), [3, 8]);
+    }
+
+    /// Rotary through an in-place provider: a query and a key in separate storages (one dispatch,
+    /// two writable views), and as column slices of one storage (one writable view at a time);
+    /// small enough for Miri.
+    #[test]
+    fn rotary_writes_candle_memory_through_one_view_per_storage_at_a_time() {
+        use crate::rotary_embedding::{self as rotary, Impl};
+        let registry = crate::registry();
+        let in_place = Impl::inplace(|p, q: UniqueTensor, k: Option<UniqueTensor>, c, h, r, neox, rounding| {
+            let (rq, rk) =
+                rotary::native(p, q.tensor(), k.as_ref().map(UniqueTensor::tensor), c, h, r, neox, rounding)?;
+            let mut q = q.into_tensor();
+            q.copy_from(&rq)?;
+            let k = match (k, rk) {
+                (Some(k), Some(rk)) => {
+                    let mut k = k.into_tensor();
+                    k.copy_from(&rk)?;
+                    Some(k)
+                }
+                _ => None,
+            };
+            Ok((q, k))
+        });
+        rotary::register(&registry, ImplSpec::new("test"), in_place).unwrap();
+        let _guard = registry.override_priority("rotary_embedding", &["test"]).unwrap();
+        let device = candle::Device::Cpu;
+        let values = |n: usize, seed: f32| (0..n).map(|i| (i as f32 * seed).sin()).collect::<Vec<f32>>();
+        let cache = rotary::cos_sin_cache(DType::F32, 4, 4, 100.0).unwrap();
+        let positions = candle::Tensor::from_vec(vec![1i64, 3], 2, &device).unwrap();
+        let ours_positions = Tensor::from_vec(&[2], vec![1i64, 3]).unwrap();
+        let candle_cache = cache.clone().into_candle().unwrap();
+        let copy = |t: &candle::Tensor| Tensor::from_candle(t).unwrap();
+        let separate = (
+            candle::Tensor::from_vec(values(8, 0.7), (2, 4), &device).unwrap(),
+            candle::Tensor::from_vec(values(8, 0.3), (2, 4), &device).unwrap(),
+        );
+        let qkv = candle::Tensor::from_vec(values(16, 0.5), (2, 8), &device).unwrap();
+        let shared = (qkv.narrow(1, 0, 4).unwrap(), qkv.narrow(1, 4, 4).unwrap());
+        for (q, k) in [separate, shared] {
+            let (qo, ko) = (copy(&q), copy(&k));
+            rotary_embedding(&registry, &positions, &q, Some(&k), &candle_cache, 4, 4, true, Rounding::Exact).unwrap();
+            let (eq, ek) =
+                rotary::native(&ours_positions, &qo, Some(&ko), &cache, 4, 4, true, Rounding::Exact).unwrap();
+            assert!(bit_eq(&copy(&q), &eq) && bit_eq(&copy(&k), &ek.unwrap()));
+        }
+        let record = registry.selection_record();
+        let op = record.op("rotary_embedding").unwrap();
+        assert_eq!((op.inplace_writes, op.defensive_copies), (4, 0), "every view written in place");
     }
 }

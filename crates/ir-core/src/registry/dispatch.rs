@@ -109,6 +109,20 @@ pub enum CallError {
         /// The activation's metadata.
         activation: Box<TensorMeta>,
     },
+    /// A donated activation an in-place implementation would write maps several elements to one
+    /// address (a broadcast view): a caller error.
+    #[error(
+        "op `{op}`: donated activation {index} ({activation}) maps several elements to one address (a broadcast \
+         view?), so an in-place write would keep only one value per address; donate a contiguous copy"
+    )]
+    OverlappingActivation {
+        /// The op.
+        op: &'static str,
+        /// Activation index.
+        index: usize,
+        /// The activation's metadata.
+        activation: Box<TensorMeta>,
+    },
     /// An implementation returned outputs other than declared.
     #[error("provider `{provider}` of `{op}` broke its contract: {problem}")]
     ContractViolation {
@@ -242,6 +256,12 @@ impl Registry {
         let args = bind_meta(def, args.to_vec())?;
         let held = self.hold(def, None, &args)?;
         let choice = &held.entry().choice;
+        if choice.chosen.provider == NATIVE && !choice.rejected.is_empty() && self.is_strict() {
+            return Err(CallError::NativeFallback {
+                op: def.name,
+                rejected: DisplayRejections(&choice.rejected).to_string(),
+            });
+        }
         Ok(Selection {
             provider: choice.chosen.provider,
             inplace: choice.chosen.inplace,
@@ -492,7 +512,13 @@ fn native_fallback(entry: &OpEntry, choice: &Choice) -> Result<(), CallError> {
     if choice.said.fallback.replace(true) {
         return Ok(());
     }
-    let rejected = DisplayRejections(&choice.rejected).to_string();
+    warn_native_fallback(entry, &DisplayRejections(&choice.rejected).to_string());
+    Ok(())
+}
+
+/// Says once per op and reason at WARN level that native runs past the providers listed before it.
+pub(crate) fn warn_native_fallback(entry: &OpEntry, rejected: &str) {
+    let op = entry.def.name;
     entry.warn_once(&format!("native-fallback: {rejected}"), || {
         format!(
             "op {op}: the providers listed before native rejected the call {rejected}; native runs instead (correct, slow). Give the arguments a form a provider takes, \
@@ -501,7 +527,6 @@ fn native_fallback(entry: &OpEntry, choice: &Choice) -> Result<(), CallError> {
             env = crate::registry::STRICT_ENV
         )
     });
-    Ok(())
 }
 
 /// Native chosen for device tensors: counted as a host round trip and said once per op, or refused.
@@ -548,6 +573,7 @@ fn execute(entry: &OpEntry, choice: &Choice, args: &mut [Value], overload: Overl
         for (index, &position) in given.iter().enumerate() {
             let Value::Tensor(tensor) = &mut args[position] else { unreachable!("given activations are tensors") };
             if overload == Overload::MaybeInplace && tensor.is_uniquely_owned() {
+                overlapping_activation(def, index, tensor)?;
                 written_in_place += 1;
             } else {
                 *tensor = defensive_copy(entry, overload, index, tensor)?;
@@ -654,9 +680,9 @@ fn compacting(args: &[ArgMeta<'_>], candidates: &[Arc<ImplEntry>]) -> Option<(us
             None => *arg,
         })
         .collect();
-    let index = candidates
-        .iter()
-        .position(|candidate| candidate.provider != NATIVE && candidate.check_supports(&adapted) == Support::Yes)?;
+    let index = candidates.iter().position(|candidate| {
+        candidate.provider != NATIVE && candidate.is_available() && candidate.check_supports(&adapted) == Support::Yes
+    })?;
     Some((index, positions))
 }
 
@@ -705,6 +731,9 @@ impl Selected<'_> {
     #[inline]
     pub fn check_activation(&self, index: usize, activation: &Tensor) -> Result<(), CallError> {
         let (entry, cached) = (&self.remembered().entry, &self.remembered().choice);
+        if activation.is_uniquely_owned() {
+            overlapping_activation(entry.def, index, activation)?;
+        }
         // The selection's key is these arguments' metadata, so its answer is this call's.
         if cached.activations_fit {
             return Ok(());
@@ -809,6 +838,20 @@ fn run_typed<F: ?Sized + 'static, O: OpOutputs, A: AsMut<[Value]>>(
     Ok(outputs)
 }
 
+/// Refuses activation `index`, about to be written in place, when its layout maps several elements
+/// to one address.
+#[inline]
+fn overlapping_activation(def: &OpDef, index: usize, activation: &Tensor) -> Result<(), CallError> {
+    if activation.layout().may_overlap_itself() {
+        return Err(CallError::OverlappingActivation {
+            op: def.name,
+            index,
+            activation: Box::new(activation.meta().clone()),
+        });
+    }
+    Ok(())
+}
+
 /// Native chosen for device tensors: said once per op.
 fn warn_host_round_trip(entry: &OpEntry) {
     entry.warn_once("native-host-round-trip", || {
@@ -867,6 +910,12 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
     let outputs = (entry.def.meta)(args)?;
     let mut rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]> = SmallVec::new();
     for candidate in installed.iter() {
+        // An unavailable provider listed here is skipped as a rejection: falling past it to
+        // native is a fallback like any other.
+        if let crate::Availability::Unavailable(reason) = candidate.availability() {
+            rejected.push((Arc::clone(candidate), Arc::<str>::from(format!("unavailable: {reason}"))));
+            continue;
+        }
         match candidate.check_supports(args) {
             Support::Yes => {
                 // Rather than native on device tensors (a host round trip), a provider before it

@@ -95,6 +95,16 @@ pub enum TensorError {
         /// How many handles refer to the storage.
         handles: usize,
     },
+    /// A write through a layout that maps several elements to one storage index (a broadcast view):
+    /// all but one of the values written there would be lost.
+    #[error(
+        "cannot write into {meta}: its layout maps several elements to one address (a broadcast view?), so all but \
+         one value written there would be lost; write a contiguous copy instead"
+    )]
+    OverlappingLayout {
+        /// The tensor written.
+        meta: Box<TensorMeta>,
+    },
 
     /// A write into memory another library lent read-only (a candle tensor, a read-only DLPack
     /// tensor, or host memory given as [`HostAccess::ReadOnly`](crate::storage::HostAccess::ReadOnly)).

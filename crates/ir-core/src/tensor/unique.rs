@@ -11,22 +11,28 @@ use crate::{Tensor, TensorError};
 pub struct UniqueTensor(Tensor);
 
 impl UniqueTensor {
-    /// Wraps `tensor` if its storage is uniquely owned; gives it back otherwise.
+    /// Wraps `tensor` if its storage is uniquely owned and its layout gives every element its own
+    /// address ([`Layout::may_overlap_itself`](crate::Layout::may_overlap_itself)); gives it back
+    /// otherwise.
     #[inline]
     pub fn new(tensor: Tensor) -> Result<UniqueTensor, Tensor> {
-        if tensor.is_uniquely_owned() {
+        if tensor.is_uniquely_owned() && !tensor.layout().may_overlap_itself() {
             return Ok(UniqueTensor(tensor));
         }
         Err(tensor)
     }
 
-    /// Wraps `tensor` if its storage is uniquely owned; says why it may not be written otherwise.
+    /// Wraps `tensor` if its storage is uniquely owned and its layout gives every element its own
+    /// address; says why it may not be written otherwise.
     #[inline]
     pub(crate) fn writable(tensor: Tensor) -> Result<UniqueTensor, TensorError> {
-        if tensor.is_uniquely_owned() {
-            return Ok(UniqueTensor(tensor));
+        if !tensor.is_uniquely_owned() {
+            return Err(tensor.write_refusal());
         }
-        Err(tensor.write_refusal())
+        if tensor.layout().may_overlap_itself() {
+            return Err(TensorError::OverlappingLayout { meta: Box::new(tensor.meta().clone()) });
+        }
+        Ok(UniqueTensor(tensor))
     }
 
     /// The tensor, for reading metadata and data.
