@@ -192,3 +192,107 @@ fn strict_registries_from_the_environment() {
     assert!(output.status.success(), "child failed:\n{text}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(text.contains("1 passed"), "the child ran the test:\n{text}");
 }
+
+/// A call that falls to `native` because every provider listed before it is unavailable here (no
+/// device) is a fallback too: counted and said, and refused by a strict registry.
+#[test]
+fn falling_past_unavailable_providers_is_a_fallback() {
+    let registry = ir_ops::registry();
+    let absent = ir_core::ImplSpec::new("absent_gpu")
+        .with_probe(|| ir_core::Availability::Unavailable("no device in this test".to_owned()));
+    ir_ops::silu_and_mul::register(&registry, absent, ir_ops::silu_and_mul::native).unwrap();
+    registry.set_default("silu_and_mul", &["absent_gpu", "native"]).unwrap();
+    assert_eq!(registry.installed_priority("silu_and_mul").unwrap(), ["native"], "the reachable providers");
+    let x = Tensor::ones(DType::F32, &[2, 16]).unwrap();
+    silu_and_mul(&registry, &x).unwrap();
+    silu_and_mul(&registry, &x).unwrap();
+    let record = registry.selection_record();
+    assert_eq!(record.op("silu_and_mul").unwrap().native_fallbacks, 2, "counted:\n{record}");
+    registry.set_strict(true);
+    let err = silu_and_mul(&registry, &x).unwrap_err();
+    assert!(matches!(err, CallError::NativeFallback { op: "silu_and_mul", .. }), "{err}");
+    assert!(err.to_string().contains("absent_gpu: unavailable: no device in this test"), "{err}");
+    // Native chosen knowingly is no fallback.
+    let _native = registry.override_priority("silu_and_mul", &["native"]).unwrap();
+    silu_and_mul(&registry, &x).unwrap();
+}
+
+/// Lowering a call to `native` past the providers listed before it is a fallback: counted and said
+/// by a lenient registry, refused by a strict one (the pass fails naming the node and the reason).
+#[test]
+fn lowering_to_a_fallback_is_a_fallback() {
+    let text = "graph g(%x: f64[2,16]) {
+        %0 = silu_and_mul(%x) : f64[2,8]
+        output(%0)
+    }";
+    let registry = cpu_registry();
+    let mut graph = ir_graph::parse(text).unwrap();
+    let report = ir_passes::Pipeline::standard()
+        .run(&mut graph, &ir_passes::PassContext::new(&registry), None, ir_passes::Snapshots::Skip)
+        .unwrap();
+    assert!(graph.to_string().contains("impl silu_and_mul[native]"), "{report:?}\n{graph}");
+    assert_eq!(registry.selection_record().op("silu_and_mul").unwrap().native_fallbacks, 1, "counted once");
+
+    registry.set_strict(true);
+    let mut graph = ir_graph::parse(text).unwrap();
+    let err = ir_passes::Pipeline::standard()
+        .run(&mut graph, &ir_passes::PassContext::new(&registry), None, ir_passes::Snapshots::Skip)
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("silu_and_mul") && message.contains("cpu:"), "{message}");
+    assert!(message.contains("strict"), "{message}");
+    // What the cpu provider takes still lowers under strict.
+    let mut graph = ir_graph::parse(&text.replace("f64", "f32")).unwrap();
+    ir_passes::Pipeline::standard()
+        .run(&mut graph, &ir_passes::PassContext::new(&registry), None, ir_passes::Snapshots::Skip)
+        .unwrap();
+    assert!(graph.to_string().contains("impl silu_and_mul[cpu]"), "{graph}");
+}
+
+/// `VLLM_IR_STRICT` takes the usual boolean spellings and refuses anything else with an error naming
+/// the variable (checked in child processes, so other tests' registries never see it).
+#[test]
+fn strict_takes_boolean_spellings_and_refuses_the_rest() {
+    if let Some(expected) = std::env::var_os("VLLM_IR_TEST_STRICT_SPELLING") {
+        let parsed = ir_core::registry::strict_from_env();
+        let shown = match &parsed {
+            Ok(strict) => format!("ok {strict}"),
+            Err(error) => format!("error {error}"),
+        };
+        assert!(shown.starts_with(expected.to_str().unwrap()), "{shown}");
+        if let Err(error) = parsed {
+            assert!(error.to_string().contains("VLLM_IR_STRICT"), "{error}");
+            assert!(cpu_registry().is_strict(), "a registry made anyway is strict");
+            assert!(vllm_ir_registry_refuses(), "the facade refuses the value");
+        }
+        return;
+    }
+    let cases = [
+        ("1", "ok true"),
+        ("true", "ok true"),
+        ("YES", "ok true"),
+        ("on", "ok true"),
+        (" 1", "ok true"),
+        ("0", "ok false"),
+        ("off", "ok false"),
+        ("", "ok false"),
+        ("2", "error"),
+        ("maybe", "error"),
+    ];
+    for (value, expected) in cases {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "strict_takes_boolean_spellings_and_refuses_the_rest", "--nocapture"])
+            .env("VLLM_IR_TEST_STRICT_SPELLING", expected)
+            .env("VLLM_IR_STRICT", value)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success() && text.contains("1 passed"), "{value:?}:\n{text}\n{stderr}");
+    }
+}
+
+fn vllm_ir_registry_refuses() -> bool {
+    vllm_ir::registry_with(PriorityConfig::platform_default(Platform::Cpu))
+        .is_err_and(|error| error.to_string().contains("VLLM_IR_STRICT"))
+}

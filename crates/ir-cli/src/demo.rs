@@ -82,7 +82,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         bail!("--layers, --tokens and --hidden must be at least 1");
     }
     ir_core::storage::refuse_host_round_trips(args.no_host_round_trips);
-    let registry = build_registry();
+    let registry = build_registry()?;
     let config = args.common.config()?;
     let resolved = config.apply(&registry).context("applying priorities")?;
     let placement = Placement { allocator: device_allocator(resolved.platform)? };
@@ -90,7 +90,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     if let Some(allocator) = &placement.allocator {
         model.to_device(allocator.as_ref()).context("moving the model's parameters to the device")?;
     }
-    println!(
+    outln!(
         "demo: {} decoder layers, {} tokens x hidden {} ({} query and {} key/value heads of {}), bf16, platform {}, tensors on {}",
         args.layers,
         args.tokens,
@@ -102,7 +102,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         placement.device()
     );
     for (op, priority) in &resolved.ops {
-        println!("  priority {op}: [{}]", priority.resolved.join(", "));
+        outln!("  priority {op}: [{}]", priority.resolved.join(", "));
     }
 
     let donated = run_once(&registry, &model, args, &placement, true)?;
@@ -113,11 +113,11 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let identical =
         bit_eq(&donated.outputs.0, &functional.outputs.0) && bit_eq(&donated.outputs.1, &functional.outputs.1);
     let checksum: f64 = donated.outputs.0.to_f64_vec()?.iter().sum();
-    println!("output checksum: {checksum:.6}");
+    outln!("output checksum: {checksum:.6}");
     if !identical {
         bail!("the donated and functional runs differ; they must be bit-identical");
     }
-    println!("eager bit-identical: yes");
+    outln!("eager bit-identical: yes");
 
     let compiled = compiled_runs(&registry, &model, args, &placement)?;
     let compiled_identical = compiled.iter().all(|(run, _)| {
@@ -127,18 +127,18 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         bail!("the compiled runs differ from the eager run; they must be bit-identical");
     }
     let (donating, functional_graph) = (&compiled[0].0.stats, &compiled[1].0.stats);
-    println!(
+    outln!(
         "compiled vs functional graph: {:.2} MiB vs {:.2} MiB allocated, peak live {:.2} MiB vs {:.2} MiB",
         donating.bytes_allocated as f64 / (1 << 20) as f64,
         functional_graph.bytes_allocated as f64 / (1 << 20) as f64,
         donating.peak_live_bytes as f64 / (1 << 20) as f64,
         functional_graph.peak_live_bytes as f64 / (1 << 20) as f64
     );
-    println!("compiled bit-identical to eager: yes");
-    println!("bit-identical: yes");
+    outln!("compiled bit-identical to eager: yes");
+    outln!("bit-identical: yes");
     let round_trips = [&donated, &functional].iter().map(|r| r.host_round_trips).sum::<u64>()
         + compiled.iter().map(|(_, trips)| trips).sum::<u64>();
-    println!("host round trips: {round_trips}");
+    outln!("host round trips: {round_trips}");
     Ok(())
 }
 
@@ -184,21 +184,21 @@ fn compiled_runs(
             .context("interpreting the compiled decoder")?;
         let elapsed = start.elapsed();
         let round_trips = host_round_trips() - trips_before;
-        println!("{label}:");
+        outln!("{label}:");
         for pass in &report.runs {
             match &pass.report {
-                PassReport::Functionalize(f) => println!("  {f}"),
-                PassReport::Fusion(f) => println!("  {f}"),
-                PassReport::Lower(l) => println!("  {l}"),
+                PassReport::Functionalize(f) => outln!("  {f}"),
+                PassReport::Fusion(f) => outln!("  {f}"),
+                PassReport::Lower(l) => outln!("  {l}"),
                 _ => {}
             }
         }
-        println!(
+        outln!(
             "  copies: {lowered_clones} inserted by lowering, {} left after clone elimination",
             count_copies(&graph)
         );
         let stats = &run.stats;
-        println!(
+        outln!(
             "  bytes allocated {} ({:.2} MiB), peak live {:.2} MiB, clones executed {}, defensive copies {}",
             stats.bytes_allocated,
             stats.bytes_allocated as f64 / (1 << 20) as f64,
@@ -206,10 +206,10 @@ fn compiled_runs(
             stats.clones_executed,
             stats.defensive_copies
         );
-        println!("  host round trips: {round_trips}");
-        println!("  time: {:.3} ms", elapsed.as_secs_f64() * 1e3);
+        outln!("  host round trips: {round_trips}");
+        outln!("  time: {:.3} ms", elapsed.as_secs_f64() * 1e3);
         if args.print_ir {
-            println!("{graph}");
+            outln!("{graph}");
         }
         runs.push((run, round_trips));
     }
@@ -277,7 +277,7 @@ fn run_once(
 }
 
 fn report(label: &str, run: &RunReport) {
-    println!("{label}:");
+    outln!("{label}:");
     for op in &run.record.ops {
         let chosen: Vec<String> = op
             .providers
@@ -288,7 +288,7 @@ fn report(label: &str, run: &RunReport) {
         if chosen.is_empty() {
             continue;
         }
-        println!(
+        outln!(
             "  {}: {}; activations written in place {}, copied {}",
             op.op,
             chosen.join(", "),
@@ -296,7 +296,7 @@ fn report(label: &str, run: &RunReport) {
             op.defensive_copies
         );
     }
-    println!("  bytes allocated: {} ({:.2} MiB)", run.bytes_allocated, run.bytes_allocated as f64 / (1 << 20) as f64);
-    println!("  host round trips: {}", run.host_round_trips);
-    println!("  time: {:.3} ms", run.elapsed.as_secs_f64() * 1e3);
+    outln!("  bytes allocated: {} ({:.2} MiB)", run.bytes_allocated, run.bytes_allocated as f64 / (1 << 20) as f64);
+    outln!("  host round trips: {}", run.host_round_trips);
+    outln!("  time: {:.3} ms", run.elapsed.as_secs_f64() * 1e3);
 }

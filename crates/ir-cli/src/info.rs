@@ -6,16 +6,16 @@ use ir_core::{Availability, Platform};
 use crate::{CommonArgs, build_registry};
 
 pub(crate) fn run(args: &CommonArgs) -> anyhow::Result<()> {
-    let registry = build_registry();
+    let registry = build_registry()?;
     let config = args.config()?;
     let resolved = config.resolve(&registry).context("resolving priorities")?;
     let how = match config.platform {
         ir_core::platform::PlatformChoice::Detect => "detected",
         ir_core::platform::PlatformChoice::Pinned(_) => "pinned",
     };
-    println!("platform: {} ({how})", resolved.platform);
-    println!("devices:");
-    println!("  cpu: host memory, always available");
+    outln!("platform: {} ({how})", resolved.platform);
+    outln!("devices:");
+    outln!("  cpu: host memory, always available");
     for platform in [Platform::Cuda, Platform::Rocm, Platform::Xpu] {
         let provider = platform.provider();
         let status = registry
@@ -28,16 +28,16 @@ pub(crate) fn run(args: &CommonArgs) -> anyhow::Result<()> {
                 Availability::Unavailable(reason) => format!("unavailable: {reason}"),
             })
             .unwrap_or_else(|| "no provider registered in this build".to_owned());
-        println!("  {platform}: {status}");
+        outln!("  {platform}: {status}");
     }
     if !config.user.source.is_empty() {
-        println!("user priorities: {}", config.user.source);
+        outln!("user priorities: {}", config.user.source);
     }
     for op in registry.ops() {
         let def = registry.op_def(op).expect("listed ops are defined");
-        println!();
-        println!("op {def}");
-        println!("  {}", def.description);
+        outln!();
+        outln!("op {def}");
+        outln!("  {}", def.description);
         for provider in registry.providers(op) {
             let availability = match provider.availability {
                 Availability::Available => "available".to_owned(),
@@ -45,15 +45,15 @@ pub(crate) fn run(args: &CommonArgs) -> anyhow::Result<()> {
             };
             let kind = if provider.inplace { "inplace" } else { "functional" };
             let predicate = if provider.has_predicate { ", has supports predicate" } else { "" };
-            println!("  provider {:<10} {availability}, {kind}{predicate}", provider.name);
+            outln!("  provider {:<10} {availability}, {kind}{predicate}", provider.name);
         }
         let priority = &resolved.ops[op];
-        println!("  priority: [{}] -> resolved [{}]", priority.merged.join(", "), priority.resolved.join(", "));
+        outln!("  priority: [{}] -> resolved [{}]", priority.merged.join(", "), priority.resolved.join(", "));
     }
-    println!();
-    println!("passes (--passes; the standard pipeline: {}):", ir_passes::Pipeline::standard());
+    outln!();
+    outln!("passes (--passes; the standard pipeline: {}):", ir_passes::Pipeline::standard());
     for def in &ir_passes::PASSES {
-        println!("  {:<24} {}", def.name, def.summary);
+        outln!("  {:<24} {}", def.name, def.summary);
     }
     Ok(())
 }

@@ -7,6 +7,17 @@
 
 #![allow(clippy::print_stdout)]
 
+/// `println!` that ends the process quietly when standard output is closed (`vllm-ir info | head`:
+/// the reader has what it wanted), and with one line on any other write error.
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod compile;
 mod demo;
 mod info;
@@ -91,6 +102,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes to standard output; a closed pipe ends the process with success, any other error with one
+/// line and failure (never a panic).
+fn write_stdout(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(error) = std::io::stdout().lock().write_fmt(text) {
+        exit_on_stdout_error(&error);
+    }
+}
+
+/// Ends the process after a failed write to standard output: quietly when the reader closed the pipe.
+fn exit_on_stdout_error(error: &std::io::Error) -> ! {
+    if error.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: writing standard output: {error}");
+    std::process::exit(1);
+}
+
 /// The error and its causes on one line; verifier errors give their diagnostics, not the graph.
 fn one_line(error: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
@@ -136,7 +165,8 @@ fn device_allocator(platform: Platform) -> anyhow::Result<Option<Arc<dyn DeviceA
 
 /// A registry with the built-in ops and every provider this build includes, frozen: the commands
 /// install priorities on it and never register anything later.
-fn build_registry() -> Registry {
+fn build_registry() -> anyhow::Result<Registry> {
+    ir_core::registry::strict_from_env()?;
     let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("a fresh registry has no cpu provider yet");
     #[cfg(feature = "cuda")]
@@ -145,5 +175,5 @@ fn build_registry() -> Registry {
     kernels_xpu::register(&registry).expect("a fresh registry has no xpu provider yet");
     kernels_rocm::register(&registry).expect("a fresh registry has no rocm provider yet");
     registry.freeze();
-    registry
+    Ok(registry)
 }

@@ -42,7 +42,7 @@ pub(crate) struct OptArgs {
 }
 
 pub(crate) fn run(args: &OptArgs) -> anyhow::Result<()> {
-    let registry = build_registry();
+    let registry = build_registry()?;
     args.common.config()?.apply(&registry).context("applying priorities")?;
     let mut graph = read_graph(&args.file)?;
     let snapshots = if args.print_after_all { Snapshots::Keep } else { Snapshots::Skip };
@@ -67,7 +67,12 @@ pub(crate) fn run(args: &OptArgs) -> anyhow::Result<()> {
             let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
             write_result(&graph, args.dot, BufWriter::new(file)).with_context(|| format!("writing {}", path.display()))
         }
-        None => write_result(&graph, args.dot, BufWriter::new(std::io::stdout().lock())).context("writing the result"),
+        None => {
+            if let Err(error) = write_result(&graph, args.dot, BufWriter::new(std::io::stdout().lock())) {
+                crate::exit_on_stdout_error(&error);
+            }
+            Ok(())
+        }
     }
 }
 

@@ -34,7 +34,7 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let registry = build_registry();
+    let registry = build_registry()?;
     args.common.config()?.apply(&registry).context("applying priorities")?;
     let original = read_graph(&args.file)?;
     let mut optimized = original.clone();
@@ -60,25 +60,28 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     report_run("after passes", &after);
     if let Some(path) = &args.save_outputs {
         save_outputs(path, &after.outputs)?;
-        println!("outputs saved to {}", path.display());
+        outln!("outputs saved to {}", path.display());
     }
     compare(&before, &after)
 }
 
 fn report_run(label: &str, run: &Interpretation) {
-    println!("{label}:");
+    outln!("{label}:");
     for (i, out) in run.outputs.iter().enumerate() {
         let values = out.to_f64_vec().unwrap_or_default();
         let checksum: f64 = values.iter().sum();
         let mean_abs = values.iter().map(|v| v.abs()).sum::<f64>() / values.len().max(1) as f64;
-        println!("  out{i}: {} checksum {checksum:.6} mean|x| {mean_abs:.6}", out.meta());
+        outln!("  out{i}: {} checksum {checksum:.6} mean|x| {mean_abs:.6}", out.meta());
     }
     let selections: Vec<String> = run.stats.providers.iter().map(|(_, op, p)| format!("{op}={p}")).collect();
-    println!("  providers: [{}]", selections.join(", "));
+    outln!("  providers: [{}]", selections.join(", "));
     let stats = &run.stats;
-    println!(
+    outln!(
         "  bytes allocated {}, peak live bytes {}, clones executed {}, defensive copies {}",
-        stats.bytes_allocated, stats.peak_live_bytes, stats.clones_executed, stats.defensive_copies
+        stats.bytes_allocated,
+        stats.peak_live_bytes,
+        stats.clones_executed,
+        stats.defensive_copies
     );
 }
 
@@ -86,17 +89,17 @@ fn compare(before: &Interpretation, after: &Interpretation) -> anyhow::Result<()
     let identical = before.outputs.len() == after.outputs.len()
         && before.outputs.iter().zip(&after.outputs).all(|(a, b)| bit_eq(a, b));
     if identical {
-        println!("outputs bit-identical: yes");
+        outln!("outputs bit-identical: yes");
         return Ok(());
     }
-    println!("outputs bit-identical: no");
+    outln!("outputs bit-identical: no");
     for (i, (a, b)) in before.outputs.iter().zip(&after.outputs).enumerate() {
         let tolerance = ir_core::op::global_tolerance(a.dtype());
         if let Err(e) = allclose(b, a, tolerance.atol, tolerance.rtol) {
             bail!("out{i} differs beyond the {} tolerance: {e}", a.dtype());
         }
     }
-    println!("outputs within tolerance: yes");
+    outln!("outputs within tolerance: yes");
     Ok(())
 }
 

@@ -261,3 +261,47 @@ fn run_on_an_input_too_large_for_memory_prints_one_line_and_fails() {
     assert!(errors[0].contains("out of memory: cannot allocate"), "{stderr}");
     assert!(!stderr.contains("panicked") && !stderr.contains("memory allocation of"), "{stderr}");
 }
+
+/// Every subcommand ends quietly when its reader closes standard output (`vllm-ir info | head`):
+/// the pipe is closed before the first write, so every write fails.
+#[test]
+fn a_closed_standard_output_ends_every_subcommand_quietly() {
+    let model = golden_input("pipeline/model-a.ir");
+    let model = model.to_str().unwrap();
+    let runs: [&[&str]; 4] =
+        [&["info"], &["demo", "--layers", "1", "--tokens", "2", "--hidden", "64"], &["opt", model], &["run", model]];
+    for args in runs {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-ir"))
+            .args(args)
+            .env_remove("VLLM_IR_PRIORITY")
+            .env_remove("VLLM_IR_PLATFORM")
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(output.status.success(), "{args:?}: {:?} {stderr}", output.status);
+    }
+}
+
+/// `VLLM_IR_STRICT` takes the usual boolean spellings; anything else fails naming the variable.
+/// With it set, a platform whose providers are all unavailable here falls back on every op, which
+/// a strict run refuses.
+#[test]
+fn strict_values_are_checked_and_unavailable_platforms_fail_strict_runs() {
+    let (ok, _, stderr) = vllm_ir(&["info"], &[("VLLM_IR_STRICT", "yes")]);
+    assert!(ok, "{stderr}");
+    let (ok, _, stderr) = vllm_ir(&["info"], &[("VLLM_IR_STRICT", "2")]);
+    assert!(!ok && stderr.contains("VLLM_IR_STRICT=\"2\""), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    let model = golden_input("pipeline/model-a.ir");
+    let (ok, _, stderr) = vllm_ir(&["run", model.to_str().unwrap(), "--platform", "rocm"], &[("VLLM_IR_STRICT", "1")]);
+    assert!(!ok, "every op falls back to native without a rocm device: {stderr}");
+    assert!(stderr.contains("rocm: unavailable") && stderr.contains("strict"), "{stderr}");
+    let (ok, _, stderr) = vllm_ir(&["run", model.to_str().unwrap(), "--platform", "rocm"], &[]);
+    assert!(ok, "lenient: native runs, said once: {stderr}");
+}

@@ -84,6 +84,19 @@ fn lex_error(line: u32, column: u32, expected: &str, found: String) -> ParseErro
     ParseError { line, column, expected: expected.to_owned(), found }
 }
 
+/// A character as an error names it: a visible one quoted, a byte-order mark by name, any other
+/// invisible one (control, space, zero-width) by its code point.
+fn describe_char(c: char) -> String {
+    let invisible = c.is_control()
+        || c.is_whitespace()
+        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{00ad}');
+    match c {
+        '\u{feff}' => "a byte-order mark (U+FEFF; save the file without one)".to_owned(),
+        c if invisible => format!("the invisible character U+{:04X}", u32::from(c)),
+        c => format!("'{c}'"),
+    }
+}
+
 impl<'a> Lexer<'a> {
     /// The character at byte `i`, if any.
     fn char_at(&self, i: usize) -> Option<char> {
@@ -137,7 +150,7 @@ impl<'a> Lexer<'a> {
             self.i += 1;
             self.skip_while(|b| word(b) || b == b'.');
             if self.i == start + 1 {
-                let found = self.char_at(self.i).map_or("end of input".to_owned(), |c| format!("'{c}'"));
+                let found = self.char_at(self.i).map_or("end of input".to_owned(), describe_char);
                 return Err(lex_error(line, column + 1, "a value name after '%'", found));
             }
             Tok::Value(&self.text[start + 1..self.i])
@@ -192,7 +205,7 @@ impl<'a> Lexer<'a> {
             self.i += 1;
             Tok::Punct(char::from(c))
         } else {
-            let found = self.char_at(start).map_or_else(|| format!("'{}'", char::from(c)), |c| format!("'{c}'"));
+            let found = self.char_at(start).map_or_else(|| format!("'{}'", char::from(c)), describe_char);
             return Err(lex_error(line, column, "a token", found));
         };
         self.column += self.text[start..self.i].chars().count() as u32;

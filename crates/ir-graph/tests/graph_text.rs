@@ -125,6 +125,15 @@ fn columns_count_characters_and_the_first_error_in_the_text_is_reported() {
     assert_eq!(error(text), "2:33: expected a defined value, found undefined value '%q'");
     // A character no token starts with, at its own column.
     assert_eq!(error("graph g(%x: f32[2]) {\n  %y = scale(%x, ✓) : f32[2]\n}"), "2:18: expected a token, found '✓'");
+    // Invisible characters are named, never printed as they are.
+    assert_eq!(
+        error("\u{feff}graph g(%x: f32[2]) {\n  output(%x)\n}"),
+        "1:1: expected a token, found a byte-order mark (U+FEFF; save the file without one)"
+    );
+    assert_eq!(
+        error("graph g(%x: f32[2]) {\n  %y = scale(%x,\u{200b} 2.0) : f32[2]\n}"),
+        "2:17: expected a token, found the invisible character U+200B"
+    );
     assert_eq!(
         error("graph g(%x: f32[2]) {\n  %y = scale(%, 2.0)\n}"),
         "2:15: expected a value name after '%', found ','"

@@ -7,7 +7,10 @@
 //! `ImplCall` with the same arguments. For an inplace choice, a `clone` of each activation is inserted
 //! right before the call and the `ImplCall` receives the clones, with `writes` = the activation
 //! positions; clone elimination later removes the clones nothing needs. The `ImplCall` keeps the
-//! node's results, so their names and uses stay. Choosing native gives `impl <op>[native]`.
+//! node's results, so their names and uses stay. Choosing native gives `impl <op>[native]`; when
+//! the providers listed before native rejected the call or are unavailable here, that is a native
+//! fallback, as in eager dispatch: counted in the selection record and said once, or refused by a
+//! strict registry (the pass fails, naming the node and each provider's reason).
 //!
 //! An in-place kernel writes one activation per storage, so a `rotary_embedding` call whose query
 //! and key are disjoint views of one storage (column slices of one `qkv` buffer) and whose provider
@@ -44,7 +47,7 @@ use std::sync::Arc;
 
 use indexmap::IndexMap;
 use ir_core::op::{ArgMeta, Overload};
-use ir_core::{Rejection, TensorMeta};
+use ir_core::{NATIVE, Rejection, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef, OpTable};
 use ir_ops::rotary_embedding::{ROTARY_EMBEDDING, RotaryEmbeddingArgs};
 
@@ -147,7 +150,17 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
                 }
             }
         };
-        plan.push((node, *op_ref, Rc::clone(&memo[slot].2)));
+        let chosen = &memo[slot].2;
+        // Lowering to native past the providers listed before it is a fallback, as an eager call's
+        // is: counted and said once (a strict registry refused it in `select`).
+        if chosen.provider == NATIVE && !chosen.rejected.is_empty() {
+            let rejected: Vec<String> =
+                chosen.rejected.iter().map(|r| format!("{}: {}", r.provider, r.reason)).collect();
+            cx.registry
+                .count_native_fallback(op, &format!("[{}]", rejected.join(", ")))
+                .map_err(|source| PassError::Selection { node: graph.display_node(node), source: Box::new(source) })?;
+        }
+        plan.push((node, *op_ref, Rc::clone(chosen)));
     }
     if !report.not_lowered.is_empty() {
         let listed: Vec<String> = report.not_lowered.iter().map(|&n| graph.display_node(n)).collect();

@@ -105,8 +105,11 @@ fn host_pool_bytes(value: &str) -> Result<usize, SetupError> {
     Ok(mib.saturating_mul(1 << 20))
 }
 
-/// [`registry()`] with a configuration from code; reads no environment variable.
+/// [`registry()`] with a configuration from code; reads no environment variable but
+/// `VLLM_IR_STRICT` (every registry does), whose value must be a boolean.
 pub fn registry_with(config: PriorityConfig) -> Result<Registry, SetupError> {
+    // The registry reads `VLLM_IR_STRICT` when it is created: a value it does not take is an error.
+    ir_core::registry::strict_from_env()?;
     let registry = ir_ops::registry();
     register_providers(&registry)?;
     config.apply(&registry)?;

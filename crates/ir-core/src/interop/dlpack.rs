@@ -62,11 +62,12 @@ fn non_negative(values: &[i64], what: &str) -> Result<Vec<usize>, InteropError> 
 
 /// The first byte of a DLPack tensor's elements: `data + byte_offset`, checked so that the
 /// `len_bytes` from it are an address range memory can have. An empty tensor (no bytes) may have
-/// any pointer, null included; it gets a dangling one.
+/// any pointer, null or unaligned included; it gets a dangling one aligned for every dtype (8
+/// bytes), which nothing reads.
 fn checked_start(data: *const u8, byte_offset: u64, len_bytes: usize) -> Result<NonNull<u8>, InteropError> {
     let address = data as usize;
     if len_bytes == 0 {
-        return Ok(NonNull::dangling());
+        return Ok(NonNull::<u64>::dangling().cast());
     }
     if data.is_null() {
         return Err(InteropError::BadAddress { library: LIBRARY, problem: AddressProblem::NullData { len_bytes } });
@@ -243,9 +244,17 @@ mod tests {
             bad_address(unsafe { Tensor::from_dlpack(descriptor(DType::I8, &[4], data, isize::MAX as u64 - 2)) });
         assert!(matches!(past_isize, AddressProblem::PastAddressSpace { .. }), "{past_isize}");
 
-        // An empty tensor may have any pointer, null included.
-        let empty = unsafe { Tensor::from_dlpack(descriptor(DType::I8, &[0], std::ptr::null_mut(), 0)) }.unwrap();
-        assert_eq!(empty.shape(), [0]);
+        // An empty tensor of any dtype may have any pointer, null or unaligned included, and it
+        // goes back out.
+        for dtype in [DType::I8, DType::F32, DType::BF16, DType::F16, DType::F64, DType::I64, DType::F8E4M3FN] {
+            for pointer in [std::ptr::null_mut(), std::ptr::without_provenance_mut::<std::ffi::c_void>(3), data] {
+                let empty = unsafe { Tensor::from_dlpack(descriptor(dtype, &[0, 4], pointer, 0)) }
+                    .unwrap_or_else(|error| panic!("{dtype} at {pointer:?}: {error}"));
+                assert_eq!((empty.dtype(), empty.shape()), (dtype, &[0usize, 4][..]));
+                let back = unsafe { Tensor::from_dlpack(empty.to_dlpack().unwrap()) }.unwrap();
+                assert_eq!((back.dtype(), back.numel()), (dtype, 0));
+            }
+        }
         let ok = unsafe { Tensor::from_dlpack(descriptor(DType::F32, &[2], data, 8)) }.unwrap();
         assert_eq!(ok.to_vec::<f32>().unwrap(), [3.0, 4.0]);
     }

@@ -204,6 +204,16 @@ impl fmt::Display for NameKind {
 /// Errors of op definition and implementation registration. A failed registration leaves nothing behind.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {
+    // --- environment ---
+    /// An environment variable the registry reads holds a value it does not take.
+    #[error("{var}={value:?} is not a boolean: use 1, true, yes or on (or 0, false, no, off, or leave it unset)")]
+    InvalidEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+
     // --- names ---
     /// A name that does not match `^[a-z_][a-z_0-9]*$`.
     #[error("invalid {kind} name `{name}`: names match ^[a-z_][a-z_0-9]*$")]
@@ -362,8 +372,11 @@ pub(crate) struct Shared {
     strict: AtomicBool,
 }
 
-/// Makes every registry created afterwards strict when set to `1` (or `true`): a call that would
-/// fall back to `native` past a provider listed before it fails instead ([`Registry::set_strict`]).
+/// Makes every registry created afterwards strict when set to `1`, `true`, `yes` or `on` (any
+/// case; `0`, `false`, `no`, `off` or empty leave it lenient): a call that would fall back to
+/// `native` past a provider listed before it (one that rejected the call, or is unavailable here)
+/// fails instead ([`Registry::set_strict`]). Any other value is an error ([`strict_from_env`]); a
+/// registry created while it is set makes itself strict.
 pub const STRICT_ENV: &str = "VLLM_IR_STRICT";
 
 type OpMap = IndexMap<&'static str, Arc<OpEntry>, rustc_hash::FxBuildHasher>;
@@ -430,7 +443,10 @@ impl Registry {
             frozen: OnceLock::new(),
             shared: Arc::new(Shared {
                 generation: cache::Generation::new(),
-                strict: AtomicBool::new(strict_from_env()),
+                strict: AtomicBool::new(strict_from_env().unwrap_or_else(|error| {
+                    tracing::error!(target: "ir_core::registry", "{error}; the registry is strict");
+                    true
+                })),
             }),
         }
     }
@@ -741,17 +757,19 @@ impl Registry {
     }
 }
 
-/// Whether [`STRICT_ENV`] asks for strict registries (`1` or `true`; anything else is logged and
-/// ignored, unset is not strict).
-fn strict_from_env() -> bool {
-    match std::env::var(STRICT_ENV) {
-        Ok(value) if value == "1" || value.eq_ignore_ascii_case("true") => true,
-        Ok(value) if value.is_empty() || value == "0" || value.eq_ignore_ascii_case("false") => false,
-        Ok(value) => {
-            tracing::warn!(target: "ir_core::registry", "{STRICT_ENV}={value:?} is neither 1 nor 0; not strict");
-            false
-        }
-        Err(_) => false,
+/// Whether [`STRICT_ENV`] asks for strict registries: `1`, `true`, `yes`, `on` (any case, spaces
+/// around ignored) ask for them; unset, empty, `0`, `false`, `no` and `off` do not; anything else is
+/// [`RegistryError::InvalidEnv`]. Entry points that may fail (the `vllm-ir` crate's `registry()`,
+/// the command line) call it first; [`Registry::new`], which cannot fail, logs the error and makes
+/// the registry strict.
+pub fn strict_from_env() -> Result<bool, RegistryError> {
+    let Some(value) = std::env::var_os(STRICT_ENV) else { return Ok(false) };
+    let invalid = || RegistryError::InvalidEnv { var: STRICT_ENV, value: value.to_string_lossy().into_owned() };
+    let text = value.to_str().ok_or_else(invalid)?.trim();
+    match text.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(invalid()),
     }
 }
 
@@ -793,6 +811,11 @@ impl OpEntry {
 }
 
 impl ImplEntry {
+    /// Whether the probe says the provider can run here.
+    pub(crate) fn is_available(&self) -> bool {
+        matches!(self.availability(), Availability::Available)
+    }
+
     /// The probe's answer, evaluated once; a panic inside the probe is reported as unavailable.
     pub(crate) fn availability(&self) -> &Availability {
         self.availability.get_or_init(|| {

@@ -192,13 +192,13 @@ impl Registry {
     pub fn installed_priority(&self, op: &str) -> Option<Vec<&'static str>> {
         let entry = self.entry(op).ok()?;
         let installed = entry.installed.load_full()?;
-        Some(installed.iter().map(|i| i.provider).collect())
+        Some(installed.iter().filter(|i| i.is_available()).map(|i| i.provider).collect())
     }
 
     /// Resolves a list without installing it (what `set_default` would install).
     pub fn resolve_priority(&self, op: &str, names: &[impl AsRef<str>]) -> Result<Vec<&'static str>, PriorityError> {
         let entry = self.priority_entry(op)?;
-        Ok(resolve(&entry, names)?.iter().map(|i| i.provider).collect())
+        Ok(resolve(&entry, names)?.iter().filter(|i| i.is_available()).map(|i| i.provider).collect())
     }
 
     pub(crate) fn priority_entry(&self, op: &str) -> Result<Arc<OpEntry>, PriorityError> {
@@ -234,7 +234,10 @@ fn resolve(entry: &OpEntry, names: &[impl AsRef<str>]) -> Result<Resolved, Prior
     for (position, name) in names.iter().map(AsRef::as_ref).enumerate() {
         let candidate = find(name).expect("unknown names were rejected above");
         if let Availability::Unavailable(reason) = candidate.availability() {
-            tracing::debug!(target: "ir_core::priority", op, provider = name, reason = reason.as_str(), "skipping unavailable provider");
+            // Kept: dispatch skips it as a rejection, so a call that falls past it to native is a
+            // fallback (counted, said, refused by a strict registry).
+            tracing::debug!(target: "ir_core::priority", op, provider = name, reason = reason.as_str(), "skipping unavailable provider (a call that falls past it to native is a fallback)");
+            resolved.push(Arc::clone(candidate));
             continue;
         }
         resolved.push(Arc::clone(candidate));

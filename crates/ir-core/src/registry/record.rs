@@ -163,6 +163,20 @@ impl Registry {
         }
     }
 
+    /// Counts a selection of `native` past the providers listed before it (`rejected`: each with
+    /// its reason) made outside eager dispatch (a graph lowered to `native`), and says so once per
+    /// op and reason at WARN level; a strict registry refuses it with
+    /// [`CallError::NativeFallback`](crate::CallError::NativeFallback) instead.
+    pub fn count_native_fallback(&self, op: &str, rejected: &str) -> Result<(), crate::CallError> {
+        let Some(entry) = self.with_ops(|ops| ops.get(op).cloned()) else { return Ok(()) };
+        if self.is_strict() {
+            return Err(crate::CallError::NativeFallback { op: entry.def.name, rejected: rejected.to_owned() });
+        }
+        entry.native_fallbacks.fetch_add(1, Ordering::Relaxed);
+        crate::registry::dispatch::warn_native_fallback(&entry, rejected);
+        Ok(())
+    }
+
     /// Clears the selection record.
     pub fn reset_selection_record(&self) {
         let entries: Vec<_> = self.with_ops(|ops| ops.values().cloned().collect());
