@@ -79,6 +79,9 @@ pub enum LayerError {
         /// What is wrong.
         reason: String,
     },
+    /// A rotary frequency scaling with a value out of its range (a caller error).
+    #[error(transparent)]
+    RopeScaling(#[from] crate::RopeScalingError),
     /// `gate_proj` and `up_proj` weights that do not stack into one projection.
     #[error("gate_proj {gate:?} and up_proj {up:?} weights must both be [d, hidden] of one shape")]
     GateUpShapes {

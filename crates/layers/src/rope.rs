@@ -5,6 +5,8 @@
 
 use ir_core::{DType, Tensor, TensorError};
 
+use crate::LayerError;
+
 /// How a checkpoint stretches its rotary frequencies past the context it was trained on (Hugging
 /// Face's `rope_scaling`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,7 +40,7 @@ pub enum RopeScaling {
     },
     /// YaRN: the frequencies interpolated (divided by `factor`) below the correction range and
     /// extrapolated (kept) above it, ramped linearly between, and cos and sin scaled by
-    /// `attention_factor` (by default `0.1 · ln(factor) + 1`) (`"yarn"`).
+    /// `attention_factor` ([`RopeScaling::yarn_attention_factor`] by default) (`"yarn"`).
     Yarn {
         /// The stretch.
         factor: f64,
@@ -50,6 +52,9 @@ pub enum RopeScaling {
         beta_slow: f64,
         /// The scale of cos and sin.
         attention_factor: f64,
+        /// Whether the correction range is rounded out to whole pairs (`truncate`: true by default;
+        /// gpt-oss sets false).
+        truncate: bool,
     },
 }
 
@@ -80,12 +85,15 @@ pub enum RopeScalingError {
 }
 
 impl RopeScaling {
-    /// The scaling a Hugging Face `rope_scaling` entry describes: `rope_type` (or the older
-    /// `type`) and its numeric fields, read through `field` (`factor`, `low_freq_factor`,
-    /// `high_freq_factor`, `original_max_position_embeddings`, `beta_fast`, `beta_slow`,
-    /// `attention_factor`, `mscale`). `default_original_max_position` is the configuration's
-    /// `max_position_embeddings`, used where the entry has no original length. `None` for
-    /// `default` (no scaling).
+    /// The scaling a Hugging Face `rope_scaling` entry describes, read as transformers reads it:
+    /// `rope_type` (or the older `type`) and its fields, read through `field` (`factor`,
+    /// `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`, `beta_fast`,
+    /// `beta_slow`, `attention_factor`, `mscale`, `mscale_all_dim`, and `truncate`, a boolean read
+    /// as 1 or 0). `max_position_embeddings` is the configuration's, the original context where the
+    /// entry gives none (and, for YaRN without a `factor`, the stretched one: `factor` is then their
+    /// ratio). As in transformers, a YaRN `beta_fast`, `beta_slow`, `mscale` or `mscale_all_dim` of 0
+    /// counts as absent. `None` for `default` (no scaling). Every value is checked
+    /// ([`RopeScaling::validate`]): an error names the field.
     ///
     /// ```
     /// use layers::RopeScaling;
@@ -99,7 +107,7 @@ impl RopeScaling {
     pub fn from_hugging_face(
         rope_type: &str,
         field: impl Fn(&str) -> Option<f64>,
-        default_original_max_position: usize,
+        max_position_embeddings: usize,
     ) -> Result<Option<RopeScaling>, RopeScalingError> {
         let kind: &'static str = match rope_type {
             "default" => return Ok(None),
@@ -110,53 +118,108 @@ impl RopeScaling {
             other => return Err(RopeScalingError::UnknownType(other.to_owned())),
         };
         let need = |name: &'static str| field(name).ok_or(RopeScalingError::Missing { kind, field: name });
-        let factor = need("factor")?;
-        if !(factor.is_finite() && factor >= 1.0) {
-            return Err(RopeScalingError::Invalid {
-                field: "factor",
-                value: factor,
-                reason: "must be finite and >= 1",
-            });
-        }
-        let original = field("original_max_position_embeddings").map_or(Ok(default_original_max_position), |v| {
-            if v.is_finite() && v >= 1.0 && v.fract() == 0.0 {
+        let original = field("original_max_position_embeddings").map_or(Ok(max_position_embeddings), |v| {
+            if v.is_finite() && v >= 1.0 && v.fract() == 0.0 && v <= usize::MAX as f64 {
                 Ok(v as usize)
             } else {
-                Err(RopeScalingError::Invalid {
-                    field: "original_max_position_embeddings",
-                    value: v,
-                    reason: "must be a positive whole number",
-                })
+                Err(invalid("original_max_position_embeddings", v, "must be a positive whole number"))
             }
         })?;
-        Ok(Some(match kind {
-            "linear" => RopeScaling::Linear { factor },
-            "dynamic" => RopeScaling::DynamicNtk { factor, original_max_position: original },
-            "llama3" => {
-                let (low, high) = (need("low_freq_factor")?, need("high_freq_factor")?);
-                if !(low > 0.0 && high > low) {
-                    return Err(RopeScalingError::Invalid {
-                        field: "high_freq_factor",
-                        value: high,
-                        reason: "must exceed low_freq_factor, which must be positive",
-                    });
+        // A YaRN field of 0 is absent, as transformers' `or` reads it.
+        let set = |name: &'static str| field(name).filter(|&v| v != 0.0);
+        let scaling = match kind {
+            "linear" => RopeScaling::Linear { factor: need("factor")? },
+            "dynamic" => RopeScaling::DynamicNtk { factor: need("factor")?, original_max_position: original },
+            "llama3" => RopeScaling::Llama3 {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                original_max_position: original,
+            },
+            _ => {
+                let factor = field("factor").unwrap_or(max_position_embeddings as f64 / original as f64);
+                for name in ["mscale", "mscale_all_dim"] {
+                    if let Some(v) = field(name).filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                        return Err(invalid(name, v, "must be finite and not negative"));
+                    }
                 }
-                RopeScaling::Llama3 {
+                let attention_factor = field("attention_factor").unwrap_or_else(|| {
+                    RopeScaling::yarn_attention_factor(factor, set("mscale"), set("mscale_all_dim"))
+                });
+                let truncate = match field("truncate") {
+                    None => true,
+                    Some(v) if v == 0.0 || v == 1.0 => v == 1.0,
+                    Some(v) => return Err(invalid("truncate", v, "must be a boolean (true or false)")),
+                };
+                RopeScaling::Yarn {
                     factor,
-                    low_freq_factor: low,
-                    high_freq_factor: high,
                     original_max_position: original,
+                    beta_fast: set("beta_fast").unwrap_or(32.0),
+                    beta_slow: set("beta_slow").unwrap_or(1.0),
+                    attention_factor,
+                    truncate,
                 }
             }
-            _ => RopeScaling::Yarn {
-                factor,
-                original_max_position: original,
-                beta_fast: field("beta_fast").unwrap_or(32.0),
-                beta_slow: field("beta_slow").unwrap_or(1.0),
-                attention_factor: field("attention_factor")
-                    .unwrap_or_else(|| field("mscale").unwrap_or(1.0) * yarn_mscale(factor)),
-            },
-        }))
+        };
+        scaling.validate()?;
+        Ok(Some(scaling))
+    }
+
+    /// YaRN's default attention factor, as transformers computes it: with `m(s) = 0.1 · s ·
+    /// ln(factor) + 1` (1 when `factor <= 1`), `m(mscale) / m(mscale_all_dim)` when both are given
+    /// (DeepSeek's), else `m(1)` (a lone `mscale` is not used).
+    pub fn yarn_attention_factor(factor: f64, mscale: Option<f64>, mscale_all_dim: Option<f64>) -> f64 {
+        let m = |scale: f64| if factor <= 1.0 { 1.0 } else { 0.1 * scale * factor.ln() + 1.0 };
+        match (mscale, mscale_all_dim) {
+            (Some(mscale), Some(all)) => m(mscale) / m(all),
+            _ => m(1.0),
+        }
+    }
+
+    /// Checks every value: a `factor` finite and at least 1, an original context of at least one
+    /// position, Llama 3's frequency factors positive and in order, YaRN's `beta_fast` and
+    /// `beta_slow` finite, positive and in order and its attention factor finite and positive. An
+    /// error names the field. [`inverse_frequencies`] and [`rope_cache`] call it, so a scaling built
+    /// in code is checked too.
+    pub fn validate(&self) -> Result<(), RopeScalingError> {
+        let factor = match *self {
+            RopeScaling::Linear { factor }
+            | RopeScaling::DynamicNtk { factor, .. }
+            | RopeScaling::Llama3 { factor, .. }
+            | RopeScaling::Yarn { factor, .. } => factor,
+        };
+        if !(factor.is_finite() && factor >= 1.0) {
+            return Err(invalid("factor", factor, "must be finite and at least 1"));
+        }
+        match *self {
+            RopeScaling::Linear { .. } => Ok(()),
+            RopeScaling::DynamicNtk { original_max_position, .. } => positive_context(original_max_position),
+            RopeScaling::Llama3 { low_freq_factor, high_freq_factor, original_max_position, .. } => {
+                if !(low_freq_factor.is_finite() && low_freq_factor > 0.0) {
+                    return Err(invalid("low_freq_factor", low_freq_factor, "must be finite and positive"));
+                }
+                if !(high_freq_factor.is_finite() && high_freq_factor > low_freq_factor) {
+                    return Err(invalid(
+                        "high_freq_factor",
+                        high_freq_factor,
+                        "must be finite and exceed low_freq_factor",
+                    ));
+                }
+                positive_context(original_max_position)
+            }
+            RopeScaling::Yarn { beta_fast, beta_slow, attention_factor, original_max_position, .. } => {
+                if !(beta_slow.is_finite() && beta_slow > 0.0) {
+                    return Err(invalid("beta_slow", beta_slow, "must be finite and positive"));
+                }
+                if !(beta_fast.is_finite() && beta_fast >= beta_slow) {
+                    return Err(invalid("beta_fast", beta_fast, "must be finite and at least beta_slow"));
+                }
+                if !(attention_factor.is_finite() && attention_factor > 0.0) {
+                    return Err(invalid("attention_factor", attention_factor, "must be finite and positive"));
+                }
+                positive_context(original_max_position)
+            }
+        }
     }
 
     /// Positions the scaled cache covers, given the unscaled model's: the stretched context for
@@ -172,18 +235,33 @@ impl RopeScaling {
     }
 }
 
-/// YaRN's default attention scale: `0.1 · ln(factor) + 1` (1 at factor 1).
-fn yarn_mscale(factor: f64) -> f64 {
-    if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 }
+/// A value out of its range.
+fn invalid(field: &'static str, value: f64, reason: &'static str) -> RopeScalingError {
+    RopeScalingError::Invalid { field, value, reason }
 }
 
-/// The inverse frequencies `θ_i` of `rotary_dim / 2` pairs, with `scaling` applied, and the scale
-/// of cos and sin.
-pub fn inverse_frequencies(rotary_dim: usize, base: f64, scaling: Option<&RopeScaling>) -> (Vec<f64>, f64) {
+/// An original context of at least one position.
+fn positive_context(original_max_position: usize) -> Result<(), RopeScalingError> {
+    if original_max_position == 0 {
+        return Err(invalid("original_max_position_embeddings", 0.0, "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// The inverse frequencies `θ_i` of `rotary_dim / 2` pairs, with `scaling` applied (checked first:
+/// [`RopeScaling::validate`]), and the scale of cos and sin.
+pub fn inverse_frequencies(
+    rotary_dim: usize,
+    base: f64,
+    scaling: Option<&RopeScaling>,
+) -> Result<(Vec<f64>, f64), RopeScalingError> {
     let half = rotary_dim / 2;
     let d = rotary_dim as f64;
     let plain = |base: f64| -> Vec<f64> { (0..half).map(|i| base.powf(-2.0 * i as f64 / d)).collect() };
-    match scaling.copied() {
+    if let Some(scaling) = scaling {
+        scaling.validate()?;
+    }
+    Ok(match scaling.copied() {
         None => (plain(base), 1.0),
         Some(RopeScaling::Linear { factor }) => (plain(base).into_iter().map(|f| f / factor).collect(), 1.0),
         Some(RopeScaling::DynamicNtk { factor, .. }) => {
@@ -210,13 +288,16 @@ pub fn inverse_frequencies(rotary_dim: usize, base: f64, scaling: Option<&RopeSc
                 .collect();
             (scaled, 1.0)
         }
-        Some(RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, attention_factor }) => {
+        Some(RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, attention_factor, truncate }) => {
             // The pair index whose frequency makes `rotations` turns over the original context.
             let correction = |rotations: f64| {
                 d * (original_max_position as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
             };
-            let low = correction(beta_fast).floor().max(0.0);
-            let mut high = correction(beta_slow).ceil().min(d - 1.0);
+            let (low, high) = match truncate {
+                true => (correction(beta_fast).floor(), correction(beta_slow).ceil()),
+                false => (correction(beta_fast), correction(beta_slow)),
+            };
+            let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
             if high == low {
                 high += 0.001;
             }
@@ -232,20 +313,21 @@ pub fn inverse_frequencies(rotary_dim: usize, base: f64, scaling: Option<&RopeSc
                 .collect();
             (scaled, attention_factor)
         }
-    }
+    })
 }
 
 /// The cos/sin cache for positions `0..max_position` (of the scaled model: see
 /// [`RopeScaling::max_position`]), `[max_position, rotary_dim]`, cos then sin per position, each
-/// scaled by the scaling's attention factor, computed in f64 and rounded once to `dtype`.
+/// scaled by the scaling's attention factor, computed in f64 and rounded once to `dtype`; a
+/// scaling with a value out of its range is refused ([`RopeScaling::validate`]).
 pub fn rope_cache(
     dtype: DType,
     max_position: usize,
     rotary_dim: usize,
     base: f64,
     scaling: Option<&RopeScaling>,
-) -> Result<Tensor, TensorError> {
-    let (frequencies, scale) = inverse_frequencies(rotary_dim, base, scaling);
+) -> Result<Tensor, LayerError> {
+    let (frequencies, scale) = inverse_frequencies(rotary_dim, base, scaling)?;
     // The f64 values are built first: their count and bytes are checked, and the allocation may fail
     // with an error rather than abort (a scaled context can be large).
     let too_large = || TensorError::TooLarge { dtype, shape: vec![max_position, rotary_dim] };
@@ -258,7 +340,7 @@ pub fn rope_cache(
         values.extend(angles.iter().map(|a| a.cos() * scale));
         values.extend(angles.iter().map(|a| a.sin() * scale));
     }
-    Tensor::from_f64(dtype, &[max_position, rotary_dim], &values)
+    Ok(Tensor::from_f64(dtype, &[max_position, rotary_dim], &values)?)
 }
 
 #[cfg(test)]
@@ -296,8 +378,8 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_position: 8192,
         };
-        let (scaled, scale) = inverse_frequencies(128, 500000.0, Some(&scaling));
-        let (plain, _) = inverse_frequencies(128, 500000.0, None);
+        let (scaled, scale) = inverse_frequencies(128, 500000.0, Some(&scaling)).unwrap();
+        let (plain, _) = inverse_frequencies(128, 500000.0, None).unwrap();
         assert_eq!(scale, 1.0);
         let mut kept = 0;
         let mut stretched = 0;
@@ -323,10 +405,11 @@ mod tests {
             original_max_position: 4096,
             beta_fast: 32.0,
             beta_slow: 1.0,
-            attention_factor: yarn_mscale(4.0),
+            attention_factor: RopeScaling::yarn_attention_factor(4.0, None, None),
+            truncate: true,
         };
-        let (scaled, scale) = inverse_frequencies(64, 10000.0, Some(&scaling));
-        let (plain, _) = inverse_frequencies(64, 10000.0, None);
+        let (scaled, scale) = inverse_frequencies(64, 10000.0, Some(&scaling)).unwrap();
+        let (plain, _) = inverse_frequencies(64, 10000.0, None).unwrap();
         assert_eq!(scaled[0], plain[0], "the fastest pair is kept");
         assert!((scaled[31] - plain[31] / 4.0).abs() < 1e-15, "the slowest pair is interpolated");
         assert!((scale - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-15);
@@ -342,7 +425,7 @@ mod tests {
     #[test]
     fn dynamic_ntk_raises_the_base_for_the_stretched_context() {
         let scaling = RopeScaling::DynamicNtk { factor: 4.0, original_max_position: 2048 };
-        let (scaled, _) = inverse_frequencies(128, 10000.0, Some(&scaling));
+        let (scaled, _) = inverse_frequencies(128, 10000.0, Some(&scaling)).unwrap();
         // factor · L / original − (factor − 1) at L = 4 · 2048: 16 − 3.
         let base = 10000.0 * 13f64.powf(128.0 / 126.0);
         assert!((scaled[1] - base.powf(-2.0 / 128.0)).abs() < 1e-15);
@@ -353,10 +436,13 @@ mod tests {
     #[test]
     fn a_cache_too_large_for_memory_is_an_error() {
         let err = rope_cache(DType::F32, usize::MAX / 2, 128, 10000.0, None).unwrap_err();
-        assert!(matches!(err, TensorError::TooLarge { .. }), "{err}");
+        assert!(matches!(err, LayerError::Tensor(TensorError::TooLarge { .. })), "{err}");
         let huge = RopeScaling::Linear { factor: 1.0 };
         let err = rope_cache(DType::F32, 1 << 50, 64, 10000.0, Some(&huge)).unwrap_err();
-        assert!(matches!(err, TensorError::OutOfMemory { .. } | TensorError::TooLarge { .. }), "{err}");
+        let too_large = |e: &LayerError| {
+            matches!(e, LayerError::Tensor(TensorError::OutOfMemory { .. } | TensorError::TooLarge { .. }))
+        };
+        assert!(too_large(&err), "{err}");
     }
 
     #[test]
@@ -371,12 +457,87 @@ mod tests {
         );
         let yarn = RopeScaling::from_hugging_face("yarn", entry(&[("factor", 4.0)]), 32768).unwrap().unwrap();
         assert!(matches!(yarn, RopeScaling::Yarn { original_max_position: 32768, beta_fast, attention_factor, .. }
-                if beta_fast == 32.0 && (attention_factor - yarn_mscale(4.0)).abs() < 1e-15));
+                if beta_fast == 32.0 && (attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-15));
         let err = RopeScaling::from_hugging_face("su", entry(&[("factor", 2.0)]), 4096).unwrap_err();
         assert_eq!(err.to_string(), "rope_scaling type `su` is not one of linear, dynamic, llama3, yarn (or default)");
         let err = RopeScaling::from_hugging_face("llama3", entry(&[("factor", 8.0)]), 4096).unwrap_err();
         assert_eq!(err, RopeScalingError::Missing { kind: "llama3", field: "low_freq_factor" });
         let err = RopeScaling::from_hugging_face("linear", entry(&[("factor", 0.5)]), 4096).unwrap_err();
         assert!(err.to_string().contains("factor"), "{err}");
+    }
+
+    /// Every value that would build an all-NaN or all-zero cache (or frequencies from a reversed
+    /// range) is refused with the field named, from code and from a `rope_scaling` entry alike.
+    #[test]
+    fn values_out_of_range_are_refused_naming_the_field() {
+        let yarn = |factor: f64, beta_fast: f64, beta_slow: f64, attention_factor: f64| RopeScaling::Yarn {
+            factor,
+            original_max_position: 4096,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate: true,
+        };
+        let llama3 = |low_freq_factor: f64, high_freq_factor: f64| RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position: 8192,
+        };
+        let cases = [
+            (RopeScaling::Linear { factor: 0.0 }, "factor"),
+            (RopeScaling::Linear { factor: -2.0 }, "factor"),
+            (RopeScaling::Linear { factor: f64::NAN }, "factor"),
+            (RopeScaling::DynamicNtk { factor: f64::INFINITY, original_max_position: 2048 }, "factor"),
+            (RopeScaling::DynamicNtk { factor: 2.0, original_max_position: 0 }, "original_max_position_embeddings"),
+            (llama3(0.0, 4.0), "low_freq_factor"),
+            (llama3(4.0, 1.0), "high_freq_factor"),
+            (llama3(1.0, f64::NAN), "high_freq_factor"),
+            (yarn(4.0, 0.0, 1.0, 1.1), "beta_fast"),
+            (yarn(4.0, 1.0, 32.0, 1.1), "beta_fast"),
+            (yarn(4.0, 32.0, 0.0, 1.1), "beta_slow"),
+            (yarn(4.0, 32.0, 1.0, 0.0), "attention_factor"),
+            (yarn(4.0, 32.0, 1.0, f64::NAN), "attention_factor"),
+            (yarn(f64::NAN, 32.0, 1.0, 1.1), "factor"),
+        ];
+        for (scaling, field) in cases {
+            let err = scaling.validate().unwrap_err();
+            assert!(
+                matches!(err, RopeScalingError::Invalid { field: named, .. } if named == field),
+                "{scaling:?}: {err}"
+            );
+            assert!(inverse_frequencies(64, 10000.0, Some(&scaling)).is_err(), "{scaling:?}");
+            let err = rope_cache(DType::F32, 8, 64, 10000.0, Some(&scaling)).unwrap_err();
+            assert!(matches!(err, LayerError::RopeScaling(_)), "{err}");
+        }
+        let entry = |pairs: &'static [(&'static str, f64)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
+        };
+        let refused = [
+            ("yarn", &[("factor", f64::NAN)][..], "factor"),
+            ("yarn", &[("factor", 4.0), ("attention_factor", 0.0)][..], "attention_factor"),
+            ("yarn", &[("factor", 4.0), ("mscale", f64::NAN)][..], "mscale"),
+            ("yarn", &[("factor", 4.0), ("mscale_all_dim", -1.0)][..], "mscale_all_dim"),
+            ("yarn", &[("factor", 4.0), ("beta_fast", 1.0), ("beta_slow", 2.0)][..], "beta_fast"),
+            ("yarn", &[("factor", 4.0), ("truncate", 0.5)][..], "truncate"),
+            ("linear", &[("factor", f64::INFINITY)][..], "factor"),
+            ("dynamic", &[("factor", 0.0)][..], "factor"),
+            ("llama3", &[("factor", 8.0), ("low_freq_factor", 4.0), ("high_freq_factor", 1.0)][..], "high_freq_factor"),
+        ];
+        for (kind, pairs, field) in refused {
+            let err = RopeScaling::from_hugging_face(kind, entry(pairs), 4096).unwrap_err();
+            assert!(
+                matches!(err, RopeScalingError::Invalid { field: named, .. } if named == field),
+                "{pairs:?}: {err}"
+            );
+        }
+        // As transformers reads them: a YaRN beta or mscale of 0 is absent, and a YaRN without a
+        // factor stretches to the configuration's context.
+        let zero_betas = entry(&[("factor", 4.0), ("beta_fast", 0.0), ("beta_slow", 0.0), ("mscale", 0.0)]);
+        let yarn = RopeScaling::from_hugging_face("yarn", zero_betas, 4096).unwrap().unwrap();
+        assert!(matches!(yarn, RopeScaling::Yarn { beta_fast: 32.0, beta_slow: 1.0, .. }), "{yarn:?}");
+        let no_factor = entry(&[("original_max_position_embeddings", 4096.0)]);
+        let yarn = RopeScaling::from_hugging_face("yarn", no_factor, 16384).unwrap().unwrap();
+        assert!(matches!(yarn, RopeScaling::Yarn { factor: 4.0, .. }), "{yarn:?}");
     }
 }

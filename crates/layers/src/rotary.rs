@@ -259,6 +259,7 @@ mod tests {
             beta_fast: 32.0,
             beta_slow: 1.0,
             attention_factor: 1.1,
+            truncate: true,
         };
         let stretched =
             RotaryEmbedding::with_scaling("yarn", 16, 16, 32, 10000.0, true, DType::F32, Some(yarn)).unwrap();

@@ -94,7 +94,11 @@ impl Config {
     pub fn scaling(&self) -> anyhow::Result<Option<RopeScaling>> {
         let Some(entry) = &self.rope_scaling else { return Ok(None) };
         let kind = entry.get("rope_type").or_else(|| entry.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
-        let field = |name: &str| entry.get(name).and_then(serde_json::Value::as_f64);
+        // Booleans (YaRN's `truncate`) are read as 1 or 0.
+        let field = |name: &str| {
+            let value = entry.get(name)?;
+            value.as_f64().or_else(|| value.as_bool().map(|b| f64::from(u8::from(b))))
+        };
         Ok(RopeScaling::from_hugging_face(kind, field, self.max_position_embeddings)?)
     }
 }
