@@ -140,27 +140,29 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         quant::spec(),
         quant::dynamic_per_token_scaled_fp8_quant_cpu,
     )?;
-    let spec = |supports: fn(&[ir_core::op::ArgMeta<'_>], DeviceKind) -> ir_core::Support| {
-        ImplSpec::new(PROVIDER).with_supports(move |args| supports(args, DeviceKind::Cpu))
+    // The norm + quantizations take every weight the norms take (their rows apply a weight of
+    // another dtype as the norms do).
+    let spec = |supports: fn(&[ir_core::op::ArgMeta<'_>], DeviceKind, NormCapabilities) -> ir_core::Support| {
+        ImplSpec::new(PROVIDER).with_supports(move |args| supports(args, DeviceKind::Cpu, NORMS))
     };
     ir_ops::rms_norm_static_fp8_quant::register(
         registry,
-        spec(kernel_support::rms_norm_static_fp8_quant_support),
+        spec(kernel_support::rms_norm_static_fp8_quant_support_with),
         quant::rms_norm_static_fp8_quant_cpu,
     )?;
     ir_ops::rms_norm_dynamic_per_token_quant::register(
         registry,
-        spec(kernel_support::rms_norm_dynamic_per_token_quant_support),
+        spec(kernel_support::rms_norm_dynamic_per_token_quant_support_with),
         quant::rms_norm_dynamic_per_token_quant_cpu,
     )?;
     ir_ops::fused_add_rms_norm_static_fp8_quant::register(
         registry,
-        spec(kernel_support::fused_add_rms_norm_static_fp8_quant_support),
+        spec(kernel_support::fused_add_rms_norm_static_fp8_quant_support_with),
         ir_ops::fused_add_rms_norm_static_fp8_quant::Impl::inplace(quant::fused_add_rms_norm_static_fp8_quant_cpu),
     )?;
     ir_ops::fused_add_rms_norm_dynamic_per_token_quant::register(
         registry,
-        spec(kernel_support::fused_add_rms_norm_dynamic_per_token_quant_support),
+        spec(kernel_support::fused_add_rms_norm_dynamic_per_token_quant_support_with),
         ir_ops::fused_add_rms_norm_dynamic_per_token_quant::Impl::inplace(
             quant::fused_add_rms_norm_dynamic_per_token_quant_cpu,
         ),
