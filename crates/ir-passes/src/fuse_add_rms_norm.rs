@@ -48,16 +48,17 @@
 //!
 //! # Rounding
 //!
-//! `fused_add_rms_norm` normalizes the sum before rounding it to the dtype, where the unfused pair
-//! normalizes the rounded sum. For f32 and f64 the two agree bit for bit (the sum is computed in
-//! the dtype itself); for f16 and bf16 the fused result may differ in the last bit of some
-//! elements, within the ops' tolerance. The residual output (the sum) is bit-identical for every
-//! dtype. The standard pipeline, which promises bit-identical results, therefore runs
-//! `fuse-add-rms-norm-exact` ([`fuse_add_rms_norm_exact`]), which fuses the f32 and f64 pairs whose
-//! norm runs on the provider the fused op would run on, and reports the others
-//! ([`FusionSkip::UnroundedSum`], [`FusionSkip::Provider`]: another provider may sum the squares in
-//! another order); select `fuse-add-rms-norm` by name to fuse every pair
-//! (`vllm-ir opt --passes functionalize,fuse-add-rms-norm,…`), within the ops' tolerance.
+//! `fused_add_rms_norm` normalizes the sum before rounding it to the dtype by default (`rounding =
+//! "exact"`), where the unfused pair normalizes the rounded sum. For f32 and f64 the two agree bit
+//! for bit (the sum is computed in the dtype itself); for f16 and bf16 the fused result may differ
+//! in the last bit of some elements, within the ops' tolerance, and `rounding = "dtype"` makes the
+//! fused op normalize the rounded sum, as the pair does. The residual output (the sum) is
+//! bit-identical for every dtype. The standard pipeline, which promises bit-identical results,
+//! therefore runs `fuse-add-rms-norm-exact` ([`fuse_add_rms_norm_exact`]), which fuses every pair
+//! whose norm runs on the provider the fused op would run on, the f16 and bf16 ones with `rounding
+//! = "dtype"`, and reports the others ([`FusionSkip::Provider`]: another provider may sum the
+//! squares in another order); `fuse-add-rms-norm` by name fuses every pair with the default
+//! rounding (`vllm-ir opt --passes functionalize,fuse-add-rms-norm,…`), within the ops' tolerance.
 //!
 //! ```
 //! use ir_graph::parse;
@@ -78,7 +79,7 @@
 //! ```
 
 use cranelift_entity::{EntitySet, SecondaryMap};
-use ir_core::op::Overload;
+use ir_core::op::{Overload, StrEnum};
 use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
 use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
@@ -132,8 +133,9 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusi
     fuse(graph, cx, false)
 }
 
-/// `fuse-add-rms-norm-exact`, the standard pipeline's form: fuses only the pairs whose results stay
-/// bit-identical (f32 and f64 sums) and reports the others ([`FusionSkip::UnroundedSum`]).
+/// `fuse-add-rms-norm-exact`, the standard pipeline's form: fuses the pairs whose results stay
+/// bit-identical (every dtype: f16 and bf16 pairs with `rounding = "dtype"`, the norm of the
+/// rounded sum) when the norm and the fused op run on one provider, and reports the others.
 pub fn fuse_add_rms_norm_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-add-rms-norm-exact").entered();
     fuse(graph, cx, true)
@@ -166,10 +168,6 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
             continue;
         }
         let dtype = graph.meta(*sum).dtype;
-        if exact && !matches!(dtype, ir_core::DType::F32 | ir_core::DType::F64) {
-            report.skipped.push((statement, FusionSkip::UnroundedSum(dtype)));
-            continue;
-        }
         let read_before_norm = uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at);
         let anchor = if !read_before_norm {
             norm
@@ -188,6 +186,13 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
         }
         let mut fused_args = vec![Arg::Tensor(x), Arg::Tensor(r)];
         fused_args.extend(args[RmsNormArgs::weight..].iter().cloned());
+        // The exact form normalizes the sum rounded to the dtype, as the pair does (the same for
+        // f32 and f64, whose sum is computed in the dtype itself).
+        if exact && !matches!(dtype, ir_core::DType::F32 | ir_core::DType::F64) {
+            fused_args.truncate(FusedAddRmsNormArgs::rounding);
+            fused_args.resize(FusedAddRmsNormArgs::rounding, Arg::None);
+            fused_args.push(Arg::Str(ir_ops::Rounding::Dtype.as_str().to_owned()));
+        }
         let output = graph.node(norm).results[0];
         let expected = [graph.meta(output), graph.meta(*sum)];
         if let Err(why) = same_metadata(graph, fused_def, &fused_args, expected) {

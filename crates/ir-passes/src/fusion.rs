@@ -56,8 +56,9 @@ pub enum FusionSkip {
     /// Add + norm: the add is already fused with an earlier norm (whose residual result this norm
     /// reads).
     AddAlreadyFused,
-    /// Add + norm, exact form (the standard pipeline's): f32 and f64 pairs only; in a 16-bit dtype
-    /// the fused op normalizes the unrounded sum, the pair the rounded one.
+    /// Add + norm, exact form: a 16-bit pair the fused op would normalize differently. No longer
+    /// given: the exact form fuses such pairs with `rounding = "dtype"`.
+    #[deprecated(note = "fuse-add-rms-norm-exact fuses 16-bit pairs with rounding \"dtype\"; nothing reports this")]
     UnroundedSum(ir_core::DType),
     /// Add + norm, exact form: the installed priorities pick another provider for the fused op than
     /// for the norm (it may sum the squares in another order).
@@ -100,6 +101,7 @@ impl fmt::Display for FusionSkip {
                 f.write_str("the sum is read between the add and the norm, whose weight is defined after the add")
             }
             FusionSkip::AddAlreadyFused => f.write_str("the add is already fused with an earlier norm"),
+            #[allow(deprecated)]
             FusionSkip::UnroundedSum(dtype) => write!(
                 f,
                 "in {dtype} the fused op normalizes the unrounded sum (last-bit differences; select `fuse-add-rms-norm` to fuse it)"
