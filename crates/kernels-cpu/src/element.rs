@@ -87,6 +87,17 @@ pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
         Self::store(src, dst);
     }
 
+    /// Whether [`CpuElement::round_product`] rounds to this type (a few inlined bit operations that
+    /// vectorize); otherwise it is the identity and callers round slices ([`CpuElement::round_in_place`]).
+    const ROUNDS_PRODUCTS: bool = false;
+
+    /// `v`, the f32 product of two values of this type, rounded to this type and widened back,
+    /// inline, when [`CpuElement::ROUNDS_PRODUCTS`] (nearest-even; NaN stays NaN).
+    #[inline(always)]
+    fn round_product(v: f32) -> f32 {
+        v
+    }
+
     /// An explicit SIMD `rms_norm` row for this type with a weight of this type, when the CPU has
     /// one and the portable rows are not forced ([`crate::row_path`]).
     #[inline(always)]
@@ -180,6 +191,8 @@ impl CpuElement for f32 {
     #[inline(always)]
     fn round_in_place(_: &mut [f32]) {}
 
+    const ROUNDS_PRODUCTS: bool = true;
+
     #[inline(always)]
     fn store_normalized(s: &[f32], rstd: f32, weight: Option<&[f32]>, out: &mut [f32]) {
         match weight {
@@ -220,6 +233,17 @@ impl CpuElement for bf16 {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = bf16::from_bits(bf16_bits(*s));
         }
+    }
+
+    const ROUNDS_PRODUCTS: bool = true;
+
+    #[inline(always)]
+    fn round_product(v: f32) -> f32 {
+        // Nearest-even in the 32-bit lanes (no narrowing, so the loops vectorize). A NaN product of
+        // two bf16 values (a NaN operand, quieted, or inf · 0) has no bit below the 16 kept, so the
+        // rounding add leaves it NaN: no separate NaN case, unlike `bf16_bits`.
+        let bits = v.to_bits();
+        f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
     }
 
     #[inline(always)]

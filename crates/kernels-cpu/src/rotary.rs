@@ -130,12 +130,32 @@ fn rotate_row<T: CpuElement>(
     });
 }
 
-/// [`rotate_head`] with `dtype` rounding, [`ROUNDED_CHUNK`] pairs at a
-/// time: the four products rounded to `T` as slices (the cos and sin are `T` values already, and
-/// storing the row rounds the sums), so the rounding vectorizes. The doc of `rotate_pair_rounded`
-/// in the reference: `ir_ops::rotary_embedding::rotate_pair_rounded`.
+/// [`rotate_head`] with `dtype` rounding: each of the four products rounded to `T` (the cos and sin
+/// are `T` values already, and storing the row rounds the sums), as the reference's
+/// `ir_ops::rotary_embedding::rotate_pair_rounded` does. For a type that rounds a product inline
+/// (bf16: [`CpuElement::ROUNDS_PRODUCTS`]) it is [`rotate_head`]'s zipped loops with the rounding inside,
+/// so it vectorizes as they do; others round the products as slices, [`ROUNDED_CHUNK`] pairs at a
+/// time.
 #[inline(always)]
 fn rotate_head_rounded<T: CpuElement>(rotated: &mut [f32], cos: &[f32], sin: &[f32], is_neox_style: bool) {
+    if T::ROUNDS_PRODUCTS {
+        let rotate = |x: f32, y: f32, c: f32, s: f32| {
+            let (xc, ys) = (T::round_product(x * c), T::round_product(y * s));
+            let (yc, xs) = (T::round_product(y * c), T::round_product(x * s));
+            (xc - ys, yc + xs)
+        };
+        if is_neox_style {
+            let (xs, ys) = rotated.split_at_mut(rotated.len() / 2);
+            for (((x, y), &c), &s) in xs.iter_mut().zip(ys.iter_mut()).zip(cos).zip(sin) {
+                (*x, *y) = rotate(*x, *y, c, s);
+            }
+        } else {
+            for ((pair, &c), &s) in rotated.chunks_exact_mut(2).zip(cos).zip(sin) {
+                (pair[0], pair[1]) = rotate(pair[0], pair[1], c, s);
+            }
+        }
+        return;
+    }
     let half = rotated.len() / 2;
     let mut products = [[0f32; ROUNDED_CHUNK]; 4];
     for start in (0..half).step_by(ROUNDED_CHUNK) {
@@ -180,6 +200,38 @@ fn rotate_head(rotated: &mut [f32], cos: &[f32], sin: &[f32], is_neox_style: boo
 mod tests {
     use super::*;
     use ir_ops::rotary_embedding::pair_indices;
+
+    /// The rounded rotation, inline (bf16) and by slices (f16), gives the reference's bits for both
+    /// pair layouts, heads longer than one slice step included.
+    #[test]
+    fn the_rounded_rotation_gives_the_references_bits() {
+        use ir_ops::rotary_embedding::rotate_pair_rounded;
+        fn check<T: CpuElement>(round: fn(f32) -> f32) {
+            let pairs = 80;
+            let wave = |i: usize, k: f32| round(((i as f32 * k).sin() * 3.7).tan().clamp(-50.0, 50.0));
+            // Special values among them: products that overflow, are NaN (inf · 0, a NaN operand),
+            // infinite or subnormal.
+            let special = [f32::INFINITY, 0.0, f32::NAN, -3.0e38, 1.0e-38, -f32::INFINITY, 2.5e38, -0.0];
+            let at = |i: usize, k: f32| if i % 11 == 3 { round(special[(i / 11) % special.len()]) } else { wave(i, k) };
+            let cos: Vec<f32> = (0..pairs).map(|i| at(i, 0.37)).collect();
+            let sin: Vec<f32> = (0..pairs).map(|i| at(i + 5, 0.91)).collect();
+            for neox in [true, false] {
+                let head: Vec<f32> = (0..2 * pairs).map(|i| at(i + 1, 1.3)).collect();
+                let mut fast = head.clone();
+                rotate_head_rounded::<T>(&mut fast, &cos, &sin, neox);
+                for i in 0..pairs {
+                    let (xi, yi) = pair_indices(i, 2 * pairs, neox);
+                    let (x, y) = rotate_pair_rounded(head[xi], head[yi], cos[i], sin[i], round);
+                    // The row's store rounds the sums, as the reference's last rounding does.
+                    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+                    let (fx, fy) = (round(fast[xi]), round(fast[yi]));
+                    assert!(same(fx, x) && same(fy, y), "neox={neox} pair {i}: ({fx}, {fy}) against ({x}, {y})");
+                }
+            }
+        }
+        check::<half::bf16>(|v| half::bf16::from_f32(v).to_f32());
+        check::<half::f16>(|v| half::f16::from_f32(v).to_f32());
+    }
 
     #[test]
     fn the_sliced_rotation_pairs_the_elements_the_reference_pairs() {
