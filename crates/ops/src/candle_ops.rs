@@ -4,7 +4,7 @@
 //!
 //! | function | writes in place | allocates |
 //! |---|---|---|
-//! | [`rms_norm`], [`silu_and_mul`], [`gelu_and_mul`], the quantizations, [`rms_norm_static_fp8_quant`], [`rms_norm_dynamic_per_token_quant`] | nothing | the outputs |
+//! | [`rms_norm`], [`silu_and_mul`], [`gelu_and_mul`], [`gelu_and_mul_sparse`], the quantizations, [`rms_norm_static_fp8_quant`], [`rms_norm_dynamic_per_token_quant`] | nothing | the outputs |
 //! | [`fused_add_rms_norm`] | `x` ← the norm, `residual` ← `x + residual` | nothing |
 //! | [`rotary_embedding`] | `query` and `key` | nothing |
 //! | [`fused_add_rms_norm_static_fp8_quant`] | `residual` ← `x + residual` | the fp8 output |
