@@ -56,7 +56,8 @@ pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
         if options.candle {
             args.extend(["--features", "candle"]);
         }
-        for bench in ["memory", "dispatch", "passes", "decoder", "copies", "decode_ops", "rounding", "model", "kernels"] {
+        for bench in ["memory", "dispatch", "passes", "decoder", "copies", "decode_ops", "rounding", "model", "kernels"]
+        {
             let mut run = args.clone();
             run.extend(["--bench", bench]);
             cargo(&run, &envs)?;
