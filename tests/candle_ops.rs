@@ -527,3 +527,18 @@ fn gelu_and_mul_sparse_runs_on_candle_tensors() {
     assert!(bit_eq(&ours(&out), &expected));
     assert_eq!(out.dims(), [3, 64]);
 }
+
+/// Written tensors that interleave in one storage without sharing an element (x in the even
+/// columns of a buffer, the residual in the odd ones) are a valid call: computed, not refused.
+#[test]
+fn interleaved_written_tensors_that_share_no_element_are_computed() {
+    let registry = cpu_registry();
+    let buffer = randn((4, 2 * 64), CDType::F32, 43).reshape((4, 64, 2)).unwrap();
+    let x = buffer.narrow(2, 0, 1).unwrap().squeeze(2).unwrap();
+    let residual = buffer.narrow(2, 1, 1).unwrap().squeeze(2).unwrap();
+    assert_eq!((x.stride(), residual.stride()), (&[128, 2][..], &[128, 2][..]));
+    let (xo, ro) = (ours(&x), ours(&residual));
+    candle_ops::fused_add_rms_norm(&registry, &x, &residual, None, 1e-6, ir_ops::Rounding::Exact).unwrap();
+    let (eo, er) = ir_ops::fused_add_rms_norm::native(&xo, &ro, None, 1e-6, None, ir_ops::Rounding::Exact).unwrap();
+    assert!(bit_eq(&ours(&x), &eo) && bit_eq(&ours(&residual), &er));
+}

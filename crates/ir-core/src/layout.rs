@@ -233,24 +233,58 @@ impl Layout {
         true
     }
 
-    /// Whether two elements of this layout may sit at one storage index, so that writing through it
-    /// would lose all but one of them: a dimension of stride 0 over several elements (a broadcast
-    /// view), or strides that interleave. A sufficient test: with the dimensions of more than one
-    /// element sorted by stride, each stride must pass the span of the smaller ones, which proves
-    /// every element its own index; `true` means that proof failed.
-    pub fn may_overlap_itself(&self) -> bool {
+    /// Whether two elements of this layout sit at one storage index, so that writing through it
+    /// would lose all but one of them (a broadcast view: a dimension of stride 0 over several
+    /// elements; or strides that interleave onto each other). Exact. Compact layouts, and layouts
+    /// whose dimensions sorted by stride each step past the span of the smaller ones, answer at
+    /// once; other interleaved strides (rare) are answered by listing the indices. Should memory
+    /// for that list be refused, the answer is `true`: the caller refuses rather than guess.
+    pub fn overlaps_itself(&self) -> bool {
         if self.numel() == 0 || self.is_compact() {
             return false;
         }
+        let dims = self.dims_by_stride();
+        if dims.first().is_some_and(|&(stride, _)| stride == 0) {
+            return true;
+        }
         // The largest index offset the smaller dimensions reach (it fits: the layout's span does).
         let mut span = 0usize;
-        for (stride, size) in self.dims_by_stride() {
-            if stride <= span {
-                return true;
-            }
+        let proven_apart = dims.iter().all(|&(stride, size)| {
+            let apart = stride > span;
             span += (size - 1) * stride;
+            apart
+        });
+        if proven_apart {
+            return false;
         }
-        false
+        match self.sorted_indices() {
+            Some(indices) => indices.windows(2).any(|pair| pair[0] == pair[1]),
+            None => true,
+        }
+    }
+
+    /// Whether this layout and `other` (two views of one storage) have an element at a common
+    /// storage index. Exact: [`Layout::disjoint_from`] answers the usual views at once, the rest by
+    /// listing the smaller layout's indices (`true` should memory for that list be refused).
+    pub fn shares_element_with(&self, other: &Layout) -> bool {
+        if self.disjoint_from(other) {
+            return false;
+        }
+        let (small, large) = if self.numel() <= other.numel() { (self, other) } else { (other, self) };
+        match small.sorted_indices() {
+            Some(indices) => large.storage_indices().any(|index| indices.binary_search(&index).is_ok()),
+            None => true,
+        }
+    }
+
+    /// Every storage index of this layout, sorted (duplicates kept); `None` when the allocator
+    /// refuses the list.
+    fn sorted_indices(&self) -> Option<Vec<usize>> {
+        let mut indices = Vec::new();
+        indices.try_reserve_exact(self.numel()).ok()?;
+        indices.extend(self.storage_indices());
+        indices.sort_unstable();
+        Some(indices)
     }
 
     /// The `(stride, size)` of each dimension of more than one element, by increasing stride.
@@ -580,36 +614,52 @@ mod tests {
         );
     }
 
-    /// Broadcast views and interleaved strides may overlap themselves; compact layouts, slices,
-    /// transposes and padded rows may not.
+    /// Broadcast views and strides that interleave onto each other overlap themselves; compact
+    /// layouts, slices, transposes, padded rows and strides that interleave without meeting do not.
     #[test]
     fn broadcast_views_overlap_themselves_and_slices_do_not() {
         let broadcast = Layout::new(&[4, 8], &[0, 1], 0).unwrap();
         let interleaved = Layout::new(&[3, 4], &[2, 1], 0).unwrap();
         for layout in [&broadcast, &interleaved] {
-            assert!(layout.may_overlap_itself(), "{layout:?}");
+            assert!(layout.overlaps_itself(), "{layout:?}");
         }
         let padded = Layout::new(&[4, 8], &[24, 1], 3).unwrap();
         let transposed = Layout::compact(&[8, 4]).transpose(0, 1).unwrap();
         let one_row = Layout::new(&[1, 8], &[0, 1], 0).unwrap();
-        for layout in [&Layout::compact(&[4, 8]), &padded, &transposed, &one_row, &Layout::compact(&[0, 8])] {
-            assert!(!layout.may_overlap_itself(), "{layout:?}");
+        // Indices {0, 2, 4} + {0, 3}: interleaved, yet every element has its own.
+        let interleaved_apart = Layout::new(&[3, 2], &[2, 3], 0).unwrap();
+        for layout in
+            [&Layout::compact(&[4, 8]), &padded, &transposed, &one_row, &Layout::compact(&[0, 8]), &interleaved_apart]
+        {
+            assert!(!layout.overlaps_itself(), "{layout:?}");
         }
+        // Even and odd columns of one buffer share no element; a column shared by two views does.
+        let even = Layout::new(&[4, 4], &[8, 2], 0).unwrap();
+        let odd = Layout::new(&[4, 4], &[8, 2], 1).unwrap();
+        assert!(!even.shares_element_with(&odd) && !odd.shares_element_with(&even));
+        let shifted = Layout::new(&[4, 4], &[8, 2], 2).unwrap();
+        assert!(even.shares_element_with(&shifted));
     }
 
     proptest::proptest! {
-        /// Never wrong: a layout said not to overlap itself gives every element its own index.
+        /// Exact: a layout overlaps itself exactly when two of its elements share an index, and
+        /// two layouts share an element exactly when their index sets meet.
         #[test]
-        fn layouts_that_do_not_overlap_themselves_have_distinct_indices(
-            dims in proptest::collection::vec((1usize..4, 0usize..12), 1..4),
+        fn overlap_answers_are_exact(
+            a in proptest::collection::vec((1usize..4, 0usize..12), 1..4),
+            b in proptest::collection::vec((1usize..4, 0usize..12), 1..4),
+            offsets in (0usize..20, 0usize..20),
         ) {
-            let (shape, strides): (Vec<usize>, Vec<usize>) = dims.iter().copied().unzip();
-            let layout = Layout::new(&shape, &strides, 0).unwrap();
-            if !layout.may_overlap_itself() {
-                let indices: Vec<usize> = layout.storage_indices().collect();
-                let distinct: std::collections::HashSet<&usize> = indices.iter().collect();
-                proptest::prop_assert_eq!(distinct.len(), indices.len(), "{:?}", layout);
-            }
+            let layout = |dims: &[(usize, usize)], offset| {
+                let (shape, strides): (Vec<usize>, Vec<usize>) = dims.iter().copied().unzip();
+                Layout::new(&shape, &strides, offset).unwrap()
+            };
+            let (a, b) = (layout(&a, offsets.0), layout(&b, offsets.1));
+            let indices: Vec<usize> = a.storage_indices().collect();
+            let distinct: std::collections::HashSet<usize> = indices.iter().copied().collect();
+            proptest::prop_assert_eq!(a.overlaps_itself(), distinct.len() != indices.len(), "{:?}", a);
+            let meet = b.storage_indices().any(|i| distinct.contains(&i));
+            proptest::prop_assert_eq!(a.shares_element_with(&b), meet, "{:?} {:?}", a, b);
         }
     }
 

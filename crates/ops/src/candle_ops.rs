@@ -500,7 +500,7 @@ impl<'r> Call<'r> {
         let mut identities: SmallVec<[usize; 4]> = parts.iter().map(|part| storage_identity(&part.tensor)).collect();
         for (index, part) in parts.iter().enumerate().filter(|(_, part)| part.role == Role::Written) {
             let layout = our_layout(part.tensor.layout())?;
-            if layout.may_overlap_itself() {
+            if layout.overlaps_itself() {
                 return Err(CandleOpError::OverlappingWrite {
                     op,
                     param: part.name,
@@ -512,7 +512,7 @@ impl<'r> Call<'r> {
                 let apart = other_index == index
                     || identities[other_index] != identities[index]
                     || other.role == Role::Read
-                    || layout.disjoint_from(&our_layout(other.tensor.layout())?);
+                    || !layout.shares_element_with(&our_layout(other.tensor.layout())?);
                 if !apart {
                     return Err(CandleOpError::Overlap { op, written: part.name, other: other.name });
                 }

@@ -842,7 +842,7 @@ fn run_typed<F: ?Sized + 'static, O: OpOutputs, A: AsMut<[Value]>>(
 /// to one address.
 #[inline]
 fn overlapping_activation(def: &OpDef, index: usize, activation: &Tensor) -> Result<(), CallError> {
-    if activation.layout().may_overlap_itself() {
+    if activation.layout().overlaps_itself() {
         return Err(CallError::OverlappingActivation {
             op: def.name,
             index,

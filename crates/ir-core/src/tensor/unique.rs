@@ -12,11 +12,11 @@ pub struct UniqueTensor(Tensor);
 
 impl UniqueTensor {
     /// Wraps `tensor` if its storage is uniquely owned and its layout gives every element its own
-    /// address ([`Layout::may_overlap_itself`](crate::Layout::may_overlap_itself)); gives it back
+    /// address ([`Layout::overlaps_itself`](crate::Layout::overlaps_itself)); gives it back
     /// otherwise.
     #[inline]
     pub fn new(tensor: Tensor) -> Result<UniqueTensor, Tensor> {
-        if tensor.is_uniquely_owned() && !tensor.layout().may_overlap_itself() {
+        if tensor.is_uniquely_owned() && !tensor.layout().overlaps_itself() {
             return Ok(UniqueTensor(tensor));
         }
         Err(tensor)
@@ -29,7 +29,7 @@ impl UniqueTensor {
         if !tensor.is_uniquely_owned() {
             return Err(tensor.write_refusal());
         }
-        if tensor.layout().may_overlap_itself() {
+        if tensor.layout().overlaps_itself() {
             return Err(TensorError::OverlappingLayout { meta: Box::new(tensor.meta().clone()) });
         }
         Ok(UniqueTensor(tensor))
