@@ -416,6 +416,14 @@ fn rotary_checks_the_key_before_rotating_the_query() {
         assert!(err.to_string().contains("key") || err.to_string().contains("head_size"), "{case}: {err}");
         assert!(bit_eq(&ours(&q), &q_before), "{case}: the query is unchanged");
     }
+    // A query and a key in one storage take two dispatches, the query's first: the key is still
+    // checked before anything is written.
+    let qkv = randn((3, 2 * head_size + head_size + 8), CDType::F32, 44);
+    let (q, key) = (qkv.narrow(1, 0, 2 * head_size).unwrap(), qkv.narrow(1, 2 * head_size, head_size + 8).unwrap());
+    let before = ours(&qkv);
+    let err = rotate_with_key(&registry, &positions, &q, &key, &cache, head_size).unwrap_err();
+    assert!(err.to_string().contains("head_size"), "{err}");
+    assert!(bit_eq(&ours(&qkv), &before), "one storage: nothing written");
 }
 
 /// A written tensor made by `broadcast_as` (one memory row seen as many) is refused, nothing

@@ -189,7 +189,6 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
         // The exact form normalizes the sum rounded to the dtype, as the pair does (the same for
         // f32 and f64, whose sum is computed in the dtype itself).
         if exact && !matches!(dtype, ir_core::DType::F32 | ir_core::DType::F64) {
-            fused_args.truncate(FusedAddRmsNormArgs::rounding);
             fused_args.resize(FusedAddRmsNormArgs::rounding, Arg::None);
             fused_args.push(Arg::Str(ir_ops::Rounding::Dtype.as_str().to_owned()));
         }

@@ -154,10 +154,8 @@ pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, Pas
         // Lowering to native past the providers listed before it is a fallback, as an eager call's
         // is: counted and said once (a strict registry refused it in `select`).
         if chosen.provider == NATIVE && !chosen.rejected.is_empty() {
-            let rejected: Vec<String> =
-                chosen.rejected.iter().map(|r| format!("{}: {}", r.provider, r.reason)).collect();
             cx.registry
-                .count_native_fallback(op, &format!("[{}]", rejected.join(", ")))
+                .count_native_fallback(op, &chosen.rejected)
                 .map_err(|source| PassError::Selection { node: graph.display_node(node), source: Box::new(source) })?;
         }
         plan.push((node, *op_ref, Rc::clone(chosen)));

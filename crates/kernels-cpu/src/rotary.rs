@@ -124,7 +124,7 @@ fn rotate_row<T: CpuElement>(
             if round_products {
                 rotate_head_rounded::<T>(&mut head[..rotary_dim], cos, sin, is_neox_style);
             } else {
-                rotate_head(&mut head[..rotary_dim], cos, sin, is_neox_style);
+                rotate_head(&mut head[..rotary_dim], cos, sin, is_neox_style, rotate_pair);
             }
         }
     });
@@ -144,17 +144,7 @@ fn rotate_head_rounded<T: CpuElement>(rotated: &mut [f32], cos: &[f32], sin: &[f
             let (yc, xs) = (T::round_product(y * c), T::round_product(x * s));
             (xc - ys, yc + xs)
         };
-        if is_neox_style {
-            let (xs, ys) = rotated.split_at_mut(rotated.len() / 2);
-            for (((x, y), &c), &s) in xs.iter_mut().zip(ys.iter_mut()).zip(cos).zip(sin) {
-                (*x, *y) = rotate(*x, *y, c, s);
-            }
-        } else {
-            for ((pair, &c), &s) in rotated.chunks_exact_mut(2).zip(cos).zip(sin) {
-                (pair[0], pair[1]) = rotate(pair[0], pair[1], c, s);
-            }
-        }
-        return;
+        return rotate_head(rotated, cos, sin, is_neox_style, rotate);
     }
     let half = rotated.len() / 2;
     let mut products = [[0f32; ROUNDED_CHUNK]; 4];
@@ -181,17 +171,24 @@ const ROUNDED_CHUNK: usize = 64;
 
 /// Rotates one head's first `rotary_dim` elements (`rotated`) in f32: NeoX pairs are the two
 /// halves, GPT-J pairs neighbours. Written as zipped slices (no index arithmetic), so the loops
-/// vectorize; each pair is [`rotate_pair`], as the reference computes it.
+/// vectorize; each pair is `rotate(x, y, cos, sin)` ([`rotate_pair`], as the reference computes
+/// it, or its inline `dtype` rounding).
 #[inline(always)]
-fn rotate_head(rotated: &mut [f32], cos: &[f32], sin: &[f32], is_neox_style: bool) {
+fn rotate_head(
+    rotated: &mut [f32],
+    cos: &[f32],
+    sin: &[f32],
+    is_neox_style: bool,
+    rotate: impl Fn(f32, f32, f32, f32) -> (f32, f32),
+) {
     if is_neox_style {
         let (xs, ys) = rotated.split_at_mut(rotated.len() / 2);
         for (((x, y), &c), &s) in xs.iter_mut().zip(ys.iter_mut()).zip(cos).zip(sin) {
-            (*x, *y) = rotate_pair(*x, *y, c, s);
+            (*x, *y) = rotate(*x, *y, c, s);
         }
     } else {
         for ((pair, &c), &s) in rotated.chunks_exact_mut(2).zip(cos).zip(sin) {
-            (pair[0], pair[1]) = rotate_pair(pair[0], pair[1], c, s);
+            (pair[0], pair[1]) = rotate(pair[0], pair[1], c, s);
         }
     }
 }
@@ -240,7 +237,7 @@ mod tests {
         for neox in [true, false] {
             let head: Vec<f32> = (0..8).map(|i| i as f32 * 1.25 - 3.0).collect();
             let mut fast = head.clone();
-            rotate_head(&mut fast, &cos, &sin, neox);
+            rotate_head(&mut fast, &cos, &sin, neox, rotate_pair);
             let mut indexed = head.clone();
             for i in 0..4 {
                 let (xi, yi) = pair_indices(i, 8, neox);

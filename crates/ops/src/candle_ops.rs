@@ -934,22 +934,25 @@ pub fn rotary_embedding(
     };
     let to_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
     let (head_size, rotary_dim) = (to_i64(head_size), to_i64(rotary_dim));
-    // The op's own checks of every argument, before the first write (the call may take two
-    // dispatches).
-    let metas = call.parts.iter().map(|part| meta_of(&part.tensor)).collect::<Result<SmallVec<[TensorMeta; 4]>>>()?;
-    let tensor = |index: Option<usize>| index.map_or(ArgMeta::None, |index| ArgMeta::Tensor(&metas[index]));
-    let args = [
-        tensor(Some(positions_index)),
-        tensor(Some(0)),
-        tensor(key_index),
-        tensor(Some(cache_index)),
-        ArgMeta::I64(head_size),
-        ArgMeta::I64(rotary_dim),
-        ArgMeta::Bool(is_neox_style),
-        ArgMeta::Str(rounding.as_str()),
-    ];
-    (crate::rotary_embedding::ROTARY_EMBEDDING.meta)(&args).map_err(CallError::from)?;
     let split = key_index.is_some_and(|key| call.same_storage(0, key));
+    if split {
+        // Two dispatches, the query's first: the op's own checks of every argument run before
+        // it, so nothing is written when the key is refused. (One dispatch checks them itself.)
+        let metas =
+            call.parts.iter().map(|part| meta_of(&part.tensor)).collect::<Result<SmallVec<[TensorMeta; 4]>>>()?;
+        let tensor = |index: Option<usize>| index.map_or(ArgMeta::None, |index| ArgMeta::Tensor(&metas[index]));
+        let args = [
+            tensor(Some(positions_index)),
+            tensor(Some(0)),
+            tensor(key_index),
+            tensor(Some(cache_index)),
+            ArgMeta::I64(head_size),
+            ArgMeta::I64(rotary_dim),
+            ArgMeta::Bool(is_neox_style),
+            ArgMeta::Str(rounding.as_str()),
+        ];
+        (crate::rotary_embedding::ROTARY_EMBEDDING.meta)(&args).map_err(CallError::from)?;
+    }
     call.locked(|memories| {
         let lease = Lease::new(OP);
         // SAFETY (every view below): views of locked parts; the query and the key are written, and

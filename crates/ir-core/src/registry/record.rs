@@ -167,13 +167,15 @@ impl Registry {
     /// its reason) made outside eager dispatch (a graph lowered to `native`), and says so once per
     /// op and reason at WARN level; a strict registry refuses it with
     /// [`CallError::NativeFallback`](crate::CallError::NativeFallback) instead.
-    pub fn count_native_fallback(&self, op: &str, rejected: &str) -> Result<(), crate::CallError> {
+    pub fn count_native_fallback(&self, op: &str, rejected: &[crate::Rejection]) -> Result<(), crate::CallError> {
         let Some(entry) = self.with_ops(|ops| ops.get(op).cloned()) else { return Ok(()) };
+        let listed: Vec<String> = rejected.iter().map(|r| format!("{}: {}", r.provider, r.reason)).collect();
+        let rejected = format!("[{}]", listed.join(", "));
         if self.is_strict() {
-            return Err(crate::CallError::NativeFallback { op: entry.def.name, rejected: rejected.to_owned() });
+            return Err(crate::CallError::NativeFallback { op: entry.def.name, rejected });
         }
         entry.native_fallbacks.fetch_add(1, Ordering::Relaxed);
-        crate::registry::dispatch::warn_native_fallback(&entry, rejected);
+        crate::registry::dispatch::warn_native_fallback(&entry, &rejected);
         Ok(())
     }
 
