@@ -315,6 +315,13 @@ pub struct NormCapabilities {
     pub dtype_rounding: bool,
 }
 
+impl From<KernelDTypes> for NormCapabilities {
+    /// The common case on `dtypes`.
+    fn from(dtypes: KernelDTypes) -> NormCapabilities {
+        NormCapabilities { dtypes, ..NormCapabilities::DEFAULT }
+    }
+}
+
 impl NormCapabilities {
     /// The common case (`Default::default()`, usable in constants): no weight of another dtype, no
     /// `variance_size`, f32, f16 and bf16.
@@ -403,12 +410,14 @@ pub fn rms_norm_static_fp8_quant_support(args: &[ArgMeta<'_>], device: DeviceKin
 }
 
 /// [`rms_norm_static_fp8_quant_support`] for a provider whose norm takes `capabilities` (its dtypes, and a
-/// weight of another dtype than x; `variance_size` is no parameter of the op).
+/// weight of another dtype than x; `variance_size` is no parameter of the op), or computes on the
+/// element dtypes a [`KernelDTypes`] names (the common case otherwise).
 pub fn rms_norm_static_fp8_quant_support_with(
     args: &[ArgMeta<'_>],
     device: DeviceKind,
-    capabilities: NormCapabilities,
+    capabilities: impl Into<NormCapabilities>,
 ) -> Support {
+    let capabilities = capabilities.into();
     let Some(args) = ir_ops::rms_norm_static_fp8_quant::RmsNormStaticFp8QuantArgs::from_meta(args) else {
         return no("arguments do not match rms_norm_static_fp8_quant");
     };
@@ -421,12 +430,14 @@ pub fn rms_norm_dynamic_per_token_quant_support(args: &[ArgMeta<'_>], device: De
 }
 
 /// [`rms_norm_dynamic_per_token_quant_support`] for a provider whose norm takes `capabilities` (its dtypes, and a
-/// weight of another dtype than x; `variance_size` is no parameter of the op).
+/// weight of another dtype than x; `variance_size` is no parameter of the op), or computes on the
+/// element dtypes a [`KernelDTypes`] names (the common case otherwise).
 pub fn rms_norm_dynamic_per_token_quant_support_with(
     args: &[ArgMeta<'_>],
     device: DeviceKind,
-    capabilities: NormCapabilities,
+    capabilities: impl Into<NormCapabilities>,
 ) -> Support {
+    let capabilities = capabilities.into();
     let Some(args) = ir_ops::rms_norm_dynamic_per_token_quant::RmsNormDynamicPerTokenQuantArgs::from_meta(args) else {
         return no("arguments do not match rms_norm_dynamic_per_token_quant");
     };
@@ -440,12 +451,14 @@ pub fn fused_add_rms_norm_static_fp8_quant_support(args: &[ArgMeta<'_>], device:
 }
 
 /// [`fused_add_rms_norm_static_fp8_quant_support`] for a provider whose norm takes `capabilities` (its dtypes, and a
-/// weight of another dtype than x; `variance_size` is no parameter of the op).
+/// weight of another dtype than x; `variance_size` is no parameter of the op), or computes on the
+/// element dtypes a [`KernelDTypes`] names (the common case otherwise).
 pub fn fused_add_rms_norm_static_fp8_quant_support_with(
     args: &[ArgMeta<'_>],
     device: DeviceKind,
-    capabilities: NormCapabilities,
+    capabilities: impl Into<NormCapabilities>,
 ) -> Support {
+    let capabilities = capabilities.into();
     let Some(args) = ir_ops::fused_add_rms_norm_static_fp8_quant::FusedAddRmsNormStaticFp8QuantArgs::from_meta(args)
     else {
         return no("arguments do not match fused_add_rms_norm_static_fp8_quant");
@@ -459,12 +472,14 @@ pub fn fused_add_rms_norm_dynamic_per_token_quant_support(args: &[ArgMeta<'_>], 
 }
 
 /// [`fused_add_rms_norm_dynamic_per_token_quant_support`] for a provider whose norm takes `capabilities` (its dtypes, and a
-/// weight of another dtype than x; `variance_size` is no parameter of the op).
+/// weight of another dtype than x; `variance_size` is no parameter of the op), or computes on the
+/// element dtypes a [`KernelDTypes`] names (the common case otherwise).
 pub fn fused_add_rms_norm_dynamic_per_token_quant_support_with(
     args: &[ArgMeta<'_>],
     device: DeviceKind,
-    capabilities: NormCapabilities,
+    capabilities: impl Into<NormCapabilities>,
 ) -> Support {
+    let capabilities = capabilities.into();
     use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FusedAddRmsNormDynamicPerTokenQuantArgs as Args;
     let Some(args) = Args::from_meta(args) else {
         return no("arguments do not match fused_add_rms_norm_dynamic_per_token_quant");
@@ -1104,9 +1119,7 @@ pub fn register_norm_quant_ops(
     // FIXME: the GPU norm + quant kernels read the weight in x's dtype; a Gemma-style weight of
     // another dtype falls back to native until they take one (as the plain norms do).
     let with = |supports: fn(&[ArgMeta<'_>], DeviceKind, NormCapabilities) -> Support| {
-        spec().with_supports(move |args| {
-            supports(args, device, NormCapabilities { dtypes: dtypes(), ..NormCapabilities::DEFAULT })
-        })
+        spec().with_supports(move |args| supports(args, device, dtypes().into()))
     };
     rms_norm_static_fp8_quant::register(
         registry,
@@ -1491,6 +1504,29 @@ mod tests {
         assert_eq!(err, KernelError::OutOfRange { what: "variance_size", value: 9, min: 1, max: 8 });
         assert_eq!(norm_variance(Some(8), 8), Ok(8));
         assert_eq!(reject_variance_size(Some(4)), Err(KernelError::NativeOnly { param: "variance_size" }));
+    }
+
+    /// The norm + quantization predicates take the element dtypes (the common case: a weight of
+    /// x's dtype) or a provider's norm capabilities (a weight of another dtype too).
+    #[test]
+    fn norm_quant_predicates_take_dtypes_or_capabilities() {
+        let x = meta(DType::BF16, &[4, 8], &[8, 1], 0);
+        let w32 = meta(DType::F32, &[8], &[1], 0);
+        let scale = meta(DType::F32, &[1], &[1], 0);
+        let args = [
+            ArgMeta::Tensor(&x),
+            ArgMeta::Tensor(&w32),
+            ArgMeta::F64(1e-6),
+            ArgMeta::Tensor(&scale),
+            ArgMeta::DType(DType::F8E4M3FN),
+        ];
+        let Support::No(reason) = rms_norm_static_fp8_quant_support_with(&args, DeviceKind::Cpu, KernelDTypes::Reduced)
+        else {
+            panic!("a weight of another dtype needs the capability")
+        };
+        assert_eq!(reason, "weight dtype f32 differs from x dtype bf16");
+        let mixed = NormCapabilities { mixed_weight_dtype: true, ..NormCapabilities::DEFAULT };
+        assert_eq!(rms_norm_static_fp8_quant_support_with(&args, DeviceKind::Cpu, mixed), Support::Yes);
     }
 
     #[test]
