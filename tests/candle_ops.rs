@@ -140,8 +140,13 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
     assert!(bit_eq(&ours(&q), &eq) && bit_eq(&ours(&scales), &es), "dynamic fp8");
     assert_eq!(q.dtype(), CDType::F8E4M3);
     let scale = CTensor::new(&[0.05f32], &Device::Cpu).unwrap();
+    let exact = ir_ops::Rounding::Exact;
+    // The static and fused forms run with vLLM's rounding points (a static scale's reciprocal, the
+    // rounded sum): the parameter reaches the kernel.
+    let parity = ir_ops::Rounding::Dtype;
     let (q, _) =
-        candle_ops::rms_norm_dynamic_per_token_quant(&registry, &x, Some(&w), 1e-6, None, DType::F8E4M3FN).unwrap();
+        candle_ops::rms_norm_dynamic_per_token_quant(&registry, &x, Some(&w), 1e-6, None, DType::F8E4M3FN, exact)
+            .unwrap();
     let (eq, _) = ir_ops::rms_norm_dynamic_per_token_quant::rms_norm_dynamic_per_token_quant(
         &registry,
         &xo,
@@ -149,10 +154,12 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
         1e-6,
         None,
         DType::F8E4M3FN,
+        exact,
     )
     .unwrap();
     assert!(bit_eq(&ours(&q), &eq), "norm + dynamic fp8");
-    let q = candle_ops::rms_norm_static_fp8_quant(&registry, &x, Some(&w), 1e-6, &scale, DType::F8E4M3FN).unwrap();
+    let q =
+        candle_ops::rms_norm_static_fp8_quant(&registry, &x, Some(&w), 1e-6, &scale, DType::F8E4M3FN, parity).unwrap();
     let eq = ir_ops::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
         &registry,
         &xo,
@@ -160,13 +167,16 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
         1e-6,
         &ours(&scale),
         DType::F8E4M3FN,
+        parity,
     )
     .unwrap();
     assert!(bit_eq(&ours(&q), &eq), "norm + static fp8");
-    let q = candle_ops::static_scaled_fp8_quant(&registry, &x, &scale, DType::F8E4M3FN).unwrap();
-    let eq = ir_ops::static_scaled_fp8_quant::static_scaled_fp8_quant(&registry, &xo, &ours(&scale), DType::F8E4M3FN)
-        .unwrap();
-    assert!(bit_eq(&ours(&q), &eq), "static fp8");
+    for rounding in [exact, parity] {
+        let q = candle_ops::static_scaled_fp8_quant(&registry, &x, &scale, DType::F8E4M3FN, rounding).unwrap();
+        let static_quant = ir_ops::static_scaled_fp8_quant::static_scaled_fp8_quant;
+        let eq = static_quant(&registry, &xo, &ours(&scale), DType::F8E4M3FN, rounding).unwrap();
+        assert!(bit_eq(&ours(&q), &eq), "static fp8, {rounding:?}");
+    }
     // The residual of the fused norm + quantization is written in place.
     let residual = randn((4, 128), CDType::BF16, 8);
     let r_before = ours(&residual);
@@ -178,6 +188,7 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
         1e-6,
         &scale,
         DType::F8E4M3FN,
+        parity,
     )
     .unwrap();
     let (er, eq) = ir_ops::fused_add_rms_norm_static_fp8_quant::fused_add_rms_norm_static_fp8_quant(
@@ -188,6 +199,7 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
         1e-6,
         &ours(&scale),
         DType::F8E4M3FN,
+        parity,
     )
     .unwrap();
     assert!(bit_eq(&ours(&q), &eq) && bit_eq(&ours(&residual), &er), "fused norm + static fp8");
@@ -205,6 +217,7 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
         1e-6,
         Some(&ub),
         DType::F8E4M3FN,
+        parity,
     )
     .unwrap();
     // Before the reference call below, whose functional form copies the residual.
@@ -218,6 +231,7 @@ fn functional_ops_match_the_same_ops_on_our_tensors() {
         1e-6,
         Some(&ours(&ub)),
         DType::F8E4M3FN,
+        parity,
     )
     .unwrap();
     assert_eq!(scales.dims(), [4, 1]);
@@ -460,6 +474,7 @@ fn in_place_writes_through_broadcast_views_are_refused() {
         1e-6,
         None,
         DType::F8E4M3FN,
+        rounding,
     );
     refused(fused_quant.map(|_| ()), "residual");
 }

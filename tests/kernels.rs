@@ -13,6 +13,8 @@ const SUBSET_TOKENS: [usize; 3] = [1, 7, 257];
 const HIDDEN: [usize; 18] =
     [8, 64, 128, 768, 769, 770, 771, 772, 773, 774, 775, 776, 1000, 4096, 5120, 7168, 8192, 8199];
 const EPS: f64 = 1e-6;
+/// Both roundings of the ops that take one.
+const ROUNDINGS: [ir_ops::Rounding; 2] = [ir_ops::Rounding::Exact, ir_ops::Rounding::Dtype];
 
 struct Case {
     x: Tensor,
@@ -838,18 +840,39 @@ fn fp8_quantization_is_bit_exact_on_every_provider() {
                 let nudged = values.iter().flat_map(|&v| [v, v * (1.0 + hair), v * (1.0 - hair)]);
                 inputs.push((DType::F64, nudged.collect()));
             }
-            for (x_dtype, values) in &inputs {
-                let x = Tensor::from_f64(*x_dtype, &[1, values.len()], values).unwrap();
-                for scale in [1.0, 0.5, 3.0 / 448.0] {
+            for (x_dtype, deciding) in &inputs {
+                // Both roundings: one division, or vLLM's product with the rounded reciprocal. Each
+                // scale sees the deciding quotients too: each value times the scale, and its f32
+                // neighbours, where the two roundings part.
+                for (scale, rounding) in
+                    [1.0, 0.5, 3.0 / 448.0, 0.3].into_iter().flat_map(|s| ROUNDINGS.map(|r| (s, r)))
+                {
+                    let scaled = deciding.iter().map(|v| v * f64::from(scale as f32)).flat_map(|v| {
+                        let f = v as f32;
+                        [v, f64::from(f.next_down()), f64::from(f.next_up())]
+                    });
+                    let values: Vec<f64> = deciding.iter().copied().chain(scaled).collect();
+                    let x = Tensor::from_f64(*x_dtype, &[1, values.len()], &values).unwrap();
+                    if scale == 0.3 && *x_dtype == DType::F32 && rounding == ir_ops::Rounding::Dtype {
+                        let s = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
+                        let exact = fixed::native(&x, &s, out_dtype, ir_ops::Rounding::Exact).unwrap();
+                        let parity = fixed::native(&x, &s, out_dtype, rounding).unwrap();
+                        assert_ne!(
+                            fp8_codes(&exact),
+                            fp8_codes(&parity),
+                            "{label}: the inputs tell the roundings apart"
+                        );
+                    }
                     let s = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
-                    let got = static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype).unwrap();
-                    let expected = fixed::native(&x, &s, out_dtype).unwrap();
+                    let got = static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype, rounding)
+                        .unwrap();
+                    let expected = fixed::native(&x, &s, out_dtype, rounding).unwrap();
                     // The same code, sign of zero included, and every NaN the canonical one.
                     let (got, expected) = (fp8_codes(&got), fp8_codes(&expected));
                     if let Some(i) = got.iter().zip(&expected).position(|(g, e)| g != e) {
                         let v = values[i];
                         panic!(
-                            "{label} {x_dtype} scale {scale}: x = {v} gives {:#04x}, native {:#04x}",
+                            "{label} {x_dtype} scale {scale} {rounding:?}: x = {v} gives {:#04x}, native {:#04x}",
                             got[i], expected[i]
                         );
                     }
@@ -866,13 +889,14 @@ fn fp8_quantization_is_bit_exact_on_every_provider() {
                 .chain([0.0f32, f32::INFINITY, -f32::INFINITY, 1.0])
                 .collect();
             let x = Tensor::from_vec(&[1, nans.len()], nans.clone()).unwrap();
-            for scale in [f64::NAN, 0.0, f64::INFINITY] {
+            for (scale, rounding) in [f64::NAN, 0.0, f64::INFINITY].into_iter().flat_map(|s| ROUNDINGS.map(|r| (s, r)))
+            {
                 let s = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
                 let got = fp8_codes(
-                    &static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype).unwrap(),
+                    &static_scaled_fp8_quant(&backend.registry, &upload(&x), &upload(&s), out_dtype, rounding).unwrap(),
                 );
-                let expected = fp8_codes(&fixed::native(&x, &s, out_dtype).unwrap());
-                assert_eq!(got, expected, "{label} scale {scale}: the codes of {nans:?}");
+                let expected = fp8_codes(&fixed::native(&x, &s, out_dtype, rounding).unwrap());
+                assert_eq!(got, expected, "{label} scale {scale} {rounding:?}: the codes of {nans:?}");
                 let nan_codes = got.iter().zip(&expected).filter(|(_, e)| {
                     **e & 0x7f == 0x7f || (out_dtype == DType::F8E5M2 && **e & 0x7c == 0x7c && **e & 3 != 0)
                 });
@@ -929,6 +953,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
                     Value::F64(EPS),
                     Value::Tensor(up(&scale)),
                     Value::DType(DType::F8E4M3FN),
+                    Value::Str("exact".to_owned()),
                 ]
             };
             let host_args = vec![
@@ -938,6 +963,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
                 Value::F64(EPS),
                 Value::Tensor(scale.clone()),
                 Value::DType(DType::F8E4M3FN),
+                Value::Str("exact".to_owned()),
             ];
             let expected = (def.native)(&host_args).unwrap();
             for padded in [false, true] {
@@ -1271,6 +1297,7 @@ fn norm_quantizations_take_every_weight_dtype_the_norms_take() {
                             Value::F64(EPS),
                             Value::Tensor(up(&scale)),
                             Value::DType(DType::F8E4M3FN),
+                            Value::Str("exact".to_owned()),
                         ]);
                         args
                     };
@@ -1300,4 +1327,140 @@ fn norm_quantizations_take_every_weight_dtype_the_norms_take() {
             }
         }
     }
+}
+
+/// `rounding = "dtype"` on the norm + quantizations is the unfused pair with `"dtype"` (the norm of
+/// the sum rounded to x's dtype, a static scale's reciprocal), on every provider, no fallback: on
+/// the cpu provider bit for bit, elsewhere the residual output bit-exact and the codes and scales
+/// within the op's tolerance (a GPU's sum of squares runs in another order). Native's fused op is
+/// the native pair bit for bit, and on bf16 the two roundings give different codes.
+#[test]
+fn norm_quantizations_with_dtype_rounding_are_the_dtype_pair() {
+    use ir_core::op::StrEnum;
+    use ir_ops::Rounding;
+    use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+    use ir_ops::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
+    use ir_ops::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+    use ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT;
+    let defs = [
+        &RMS_NORM_STATIC_FP8_QUANT,
+        &RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
+        &FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
+        &FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
+    ];
+    for backend in backends() {
+        for def in defs {
+            let op = def.name;
+            let fused = op.starts_with("fused_add");
+            let dynamic = op.contains("dynamic");
+            let _guard = backend.registry.override_priority(op, &[backend.provider]).unwrap();
+            // A static scale that saturates the tails; a bound loose enough to bind no row.
+            let scale = Tensor::from_f64(DType::F32, &[1], &[if dynamic { 100.0 } else { 0.011 }]).unwrap();
+            for x_dtype in backend.element_dtypes() {
+                // 16 rows of 4096: enough elements near a tie for the roundings to part.
+                let host = case(x_dtype, 16, 4096, 13);
+                let args = |up: &dyn Fn(&Tensor) -> Tensor, rounding: Rounding| -> Vec<Value> {
+                    let mut args = vec![Value::Tensor(up(&host.x))];
+                    if fused {
+                        args.push(Value::Tensor(up(&host.residual)));
+                    }
+                    args.extend([
+                        Value::Tensor(up(&host.weight)),
+                        Value::F64(EPS),
+                        Value::Tensor(up(&scale)),
+                        Value::DType(DType::F8E4M3FN),
+                        Value::Str(rounding.as_str().to_owned()),
+                    ]);
+                    args
+                };
+                let label = format!("{} {op} {x_dtype}", backend.provider);
+                let expected = (def.native)(&args(&|t| t.clone(), Rounding::Dtype)).unwrap();
+
+                // The pair, natively, with `dtype` rounding.
+                let pair = dtype_pair(&ir_ops::registry(), &host, &scale, fused, dynamic);
+                let q_index = usize::from(fused);
+                for (index, (a, b)) in expected.iter().zip(&pair).enumerate() {
+                    assert!(bit_eq(a, b), "{label}: native output {index} is the native pair's");
+                }
+                let exact_codes = fp8_codes(&(def.native)(&args(&|t| t.clone(), Rounding::Exact)).unwrap()[q_index]);
+                let dtype_codes = fp8_codes(&expected[q_index]);
+                let mismatches = |a: &[u8], b: &[u8]| a.iter().zip(b).filter(|(a, b)| a != b).count();
+                let differ = mismatches(&exact_codes, &dtype_codes);
+                if x_dtype == DType::BF16 && fused {
+                    eprintln!("{label}: {differ} of {} codes differ between the roundings", exact_codes.len());
+                    assert!(differ > 0, "{label}: the roundings part on bf16");
+                }
+
+                let up = |t: &Tensor| backend.upload(t).unwrap();
+                let got = backend.registry.call(op, Overload::Default, args(&up, Rounding::Dtype));
+                let got: Vec<Tensor> = got
+                    .unwrap_or_else(|e| panic!("{label}: {e}"))
+                    .iter()
+                    .map(|t| t.to_cpu().unwrap().contiguous().unwrap())
+                    .collect();
+                for (index, (a, b)) in got.iter().zip(&expected).enumerate() {
+                    if fused && index == 0 {
+                        assert!(bit_eq(a, b), "{label}: residual_out is bit-exact");
+                        continue;
+                    }
+                    let tol = tolerance(def, b.dtype()).unwrap();
+                    allclose(a, b, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label}: output {index}: {e}"));
+                }
+                // One fp8 step is within the tolerance, so a kernel that ignored the rounding would
+                // pass the comparison above: where the roundings part, its codes must be closer to
+                // `dtype`'s than to `exact`'s.
+                if differ > 0 {
+                    let got_codes = fp8_codes(&got[q_index]);
+                    let (to_dtype, to_exact) =
+                        (mismatches(&got_codes, &dtype_codes), mismatches(&got_codes, &exact_codes));
+                    assert!(
+                        to_dtype < to_exact,
+                        "{label}: {to_dtype} codes differ from dtype's, {to_exact} from exact's"
+                    );
+                }
+                // The provider's own pair with `dtype` rounding gives the fused op's bits on the
+                // cpu provider (its fused rows are its unfused rows composed).
+                if backend.provider == kernels_cpu::PROVIDER {
+                    let registry = &backend.registry;
+                    let pair_ops = [
+                        "rms_norm",
+                        "fused_add_rms_norm",
+                        "static_scaled_fp8_quant",
+                        "dynamic_per_token_scaled_fp8_quant",
+                    ];
+                    let _guards = pair_ops.map(|name| registry.override_priority(name, &[backend.provider]).unwrap());
+                    let pair = dtype_pair(registry, &host, &scale, fused, dynamic);
+                    for (index, (a, b)) in got.iter().zip(&pair).enumerate() {
+                        assert!(bit_eq(a, b), "{label}: output {index} is the cpu pair's, bit for bit");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The unfused pair of a norm + quantization with `dtype` rounding on `registry`'s providers:
+/// `fused_add_rms_norm` (with `residual`) or `rms_norm`, then the static quantization by `scale` or
+/// the per-token one. Returns the fused op's outputs: the residual output, then q and the scales.
+fn dtype_pair(registry: &ir_core::Registry, host: &Case, scale: &Tensor, fused: bool, dynamic: bool) -> Vec<Tensor> {
+    use ir_ops::Rounding;
+    use ir_ops::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
+    let weight = Some(&host.weight);
+    let (normalized, residual_out) = if fused {
+        let (out, sum) =
+            fused_add_rms_norm(registry, &host.x, &host.residual, weight, EPS, None, Rounding::Dtype).unwrap();
+        (out, Some(sum))
+    } else {
+        (rms_norm(registry, &host.x, weight, EPS, None).unwrap(), None)
+    };
+    let mut pair: Vec<Tensor> = residual_out.into_iter().collect();
+    if dynamic {
+        let quant = dynamic_per_token_scaled_fp8_quant::dynamic_per_token_scaled_fp8_quant;
+        let (q, s) = quant(registry, &normalized, None, DType::F8E4M3FN).unwrap();
+        pair.extend([q, s]);
+    } else {
+        let quant = static_scaled_fp8_quant::static_scaled_fp8_quant;
+        pair.push(quant(registry, &normalized, scale, DType::F8E4M3FN, Rounding::Dtype).unwrap());
+    }
+    pair.iter().map(|t| t.to_cpu().unwrap().contiguous().unwrap()).collect()
 }

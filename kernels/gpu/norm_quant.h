@@ -13,7 +13,9 @@
 // squares of a = x (+ r) (in the thread's chunk order, then the block's tree); rstd = 1 / sqrt(sum /
 // hidden + eps) (IEEE division and square root). Pass 2 (dynamic only: a static scale needs no
 // reduction) reduces the absmax of the normalized values z. The last pass recomputes z, writes the
-// residual output (the rounded sum) and q = fp8(z / s). z = round(round(a * rstd) * w), rounded to
+// residual output (the rounded sum) and q = fp8(z / s), or fp8(z * c(1 / s)) with `invert` (a
+// static scale under `rounding = "dtype"`). With `round_sum` (`rounding = "dtype"` on 16-bit
+// elements) every pass reads the sum rounded to the element type, the residual output's values. z = round(round(a * rstd) * w), rounded to
 // the element type at each step: the rounding points of the composition `quant(rms_norm(x))`. Each
 // residual element is read and written by the same thread, the write after every read of it, so
 // the residual output may be the residual's own rows (in place: `residual_out` is `r`, with its
@@ -22,7 +24,8 @@
 #ifndef VLLM_IR_GPU_NORM_QUANT_H
 #define VLLM_IR_GPU_NORM_QUANT_H
 
-// Chunk values a = x (+ r), in the compute type.
+// Chunk values a = x (+ r), in the compute type; the sum rounded to the element type with
+// `has_residual == 2` (`round_sum`).
 template <int DT, bool VEC>
 __device__ __forceinline__ void row_values(const RowChunk<DT, VEC>& xc, const RowChunk<DT, VEC>& rc, int has_residual,
                                            Compute<DT>* a) {
@@ -30,6 +33,7 @@ __device__ __forceinline__ void row_values(const RowChunk<DT, VEC>& xc, const Ro
     for (int i = 0; i < Elem<DT>::CHUNK; ++i) {
         a[i] = Elem<DT>::load(xc.get(i));
         if (has_residual) a[i] = c_add(a[i], Elem<DT>::load(rc.get(i)));
+        if (has_residual == 2) a[i] = round_elem<DT>(a[i]);
     }
 }
 
@@ -71,7 +75,7 @@ __device__ __forceinline__ void fold_absmax(const Compute<DT>* a, Compute<DT>& a
 // The last pass on one chunk: the residual output (when there is a residual) and q.
 template <int DT, bool VEC>
 __device__ __forceinline__ void finish_chunk(const RowChunk<DT, VEC>& xc, const RowChunk<DT, VEC>& rc, int c,
-                                             Compute<DT> rstd, Compute<DT> s, const typename Elem<DT>::T* w,
+                                             Compute<DT> rstd, QuantScale<Compute<DT>> s, const typename Elem<DT>::T* w,
                                              typename Elem<DT>::T* out_row, unsigned char* q_row, int hidden,
                                              int has_residual, int has_weight, int format) {
     typedef Elem<DT> E;
@@ -86,7 +90,7 @@ __device__ __forceinline__ void finish_chunk(const RowChunk<DT, VEC>& xc, const 
     normalize<DT, VEC>(a, rstd, w, c, hidden, has_weight);
     Codes<E::CHUNK> codes;
 #pragma unroll
-    for (int i = 0; i < E::CHUNK; ++i) codes.set(i, to_fp8(c_div(a[i], s), format));
+    for (int i = 0; i < E::CHUNK; ++i) codes.set(i, to_fp8(s.apply(a[i]), format));
     store_codes<VEC>(q_row, c, hidden, codes);
 }
 
@@ -98,8 +102,10 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
                                                 int hidden, long long x_row_stride, long long r_row_stride,
                                                 long long out_row_stride, Compute<DT> eps,
                                                 const float* __restrict__ scale, int has_residual, int has_weight,
-                                                int dynamic, int has_scale, int format) {
+                                                int dynamic, int has_scale, int format, int round_sum, int invert) {
     typedef Elem<DT> E;
+    // 2 marks a residual whose sum is rounded (row_values).
+    has_residual = has_residual ? 1 + (round_sum != 0) : 0;
     typedef Compute<DT> C;
     typedef RowChunk<DT, VEC> Chunk;
     constexpr int CACHE = quant_cache<DT>();
@@ -183,19 +189,20 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
         } else {
             s = *scale;
         }
+        const QuantScale<C> by = dynamic ? QuantScale<C>::divide(s) : QuantScale<C>::of_static(scale, s, invert);
 
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             int c = threadIdx.x + k * QUANT_BLOCK;
             if (c < n) {
-                finish_chunk<DT, VEC>(xs[k], rs[k], c, rstd, s, w, out_row, q_row, hidden, has_residual, has_weight,
+                finish_chunk<DT, VEC>(xs[k], rs[k], c, rstd, by, w, out_row, q_row, hidden, has_residual, has_weight,
                                       format);
             }
         }
         for (int c = first_uncached; c < n; c += QUANT_BLOCK) {
             Chunk xc, rc;
             load_pair<DT, VEC>(x_row, r_row, c, hidden, has_residual, xc, rc);
-            finish_chunk<DT, VEC>(xc, rc, c, rstd, s, w, out_row, q_row, hidden, has_residual, has_weight, format);
+            finish_chunk<DT, VEC>(xc, rc, c, rstd, by, w, out_row, q_row, hidden, has_residual, has_weight, format);
         }
     }
 }
@@ -206,10 +213,10 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
         const Elem<DT>::T* r, const Elem<DT>::T* __restrict__ w, long long n_rows, int hidden,                     \
         long long x_row_stride, long long r_row_stride, long long out_row_stride, Compute<DT> eps,                 \
         const float* __restrict__ scale, int has_residual, int has_weight, int dynamic, int has_scale,             \
-        int format) {                                                                                              \
+        int format, int round_sum, int invert) {                                                                   \
         norm_quant_rows<DT, VEC>(q, scales, residual_out, x, r, w, n_rows, hidden, x_row_stride, r_row_stride,     \
                                  out_row_stride, eps, scale, has_residual, has_weight, dynamic, has_scale,         \
-                                 format);                                                                          \
+                                 format, round_sum, invert);                                                       \
     }
 
 GPU_KERNEL_DTYPES(NORM_QUANT_KERNEL, unused)

@@ -74,13 +74,45 @@ __device__ __forceinline__ unsigned char to_fp8(C v, int format) {
     return format == 0 ? fp8_e4m3(f) : fp8_e5m2(f);
 }
 
-// The codes of a chunk's values divided by s.
+// A row's scale as a quantization applies it: divided by (the default), or multiplied by its
+// reciprocal c(1 / s) (`rounding = "dtype"` of a static scale: vLLM's rounding points).
+template <typename C>
+struct QuantScale {
+    C s;
+    C inverse;
+    int invert;
+
+    // Divides by `s`.
+    __device__ __forceinline__ static QuantScale divide(C s) {
+        QuantScale q;
+        q.s = s;
+        q.inverse = C(0);
+        q.invert = 0;
+        return q;
+    }
+
+    // The static scale at `scale` (its value `s`), inverted when `invert`. Called after a kernel
+    // issued its first loads: the reciprocal reads the scale again through a volatile pointer, so
+    // the compiler cannot hoist the division, and the wait on the scale, before those loads.
+    __device__ __forceinline__ static QuantScale of_static(const float* scale, C s, int invert) {
+        QuantScale q = divide(s);
+        if (invert) {
+            q.inverse = c_div(C(1), (C)*(const volatile float*)scale);
+            q.invert = 1;
+        }
+        return q;
+    }
+
+    __device__ __forceinline__ C apply(C v) const { return invert ? c_mul(v, inverse) : c_div(v, s); }
+};
+
+// The codes of a chunk's values scaled by s.
 template <int DT, bool VEC>
-__device__ __forceinline__ Codes<Elem<DT>::CHUNK> quant_chunk(const RowChunk<DT, VEC>& value, Compute<DT> s,
-                                                             int format) {
+__device__ __forceinline__ Codes<Elem<DT>::CHUNK> quant_chunk(const RowChunk<DT, VEC>& value,
+                                                             QuantScale<Compute<DT>> s, int format) {
     Codes<Elem<DT>::CHUNK> codes;
 #pragma unroll
-    for (int i = 0; i < Elem<DT>::CHUNK; ++i) codes.set(i, to_fp8(c_div(Elem<DT>::load(value.get(i)), s), format));
+    for (int i = 0; i < Elem<DT>::CHUNK; ++i) codes.set(i, to_fp8(s.apply(Elem<DT>::load(value.get(i))), format));
     return codes;
 }
 
@@ -88,7 +120,7 @@ template <int DT, bool VEC>
 __device__ __forceinline__ void static_quant_rows(unsigned char* __restrict__ q,
                                                   const typename Elem<DT>::T* __restrict__ x, long long n_rows,
                                                   int hidden, long long x_row_stride,
-                                                  const float* __restrict__ scale, int format) {
+                                                  const float* __restrict__ scale, int format, int invert) {
     const int n = quant_chunks<DT>(hidden);
     const Compute<DT> s = *scale;
     GPU_ROWS(row, n_rows) {
@@ -101,10 +133,11 @@ __device__ __forceinline__ void static_quant_rows(unsigned char* __restrict__ q,
                 int c = c0 + k * QUANT_BLOCK;
                 if (c < n) v[k].load(x_row, c, hidden);
             }
+            const QuantScale<Compute<DT>> by = QuantScale<Compute<DT>>::of_static(scale, s, invert);
 #pragma unroll
             for (int k = 0; k < QUANT_UNROLL; ++k) {
                 int c = c0 + k * QUANT_BLOCK;
-                if (c < n) store_codes<VEC>(q_row, c, hidden, quant_chunk(v[k], s, format));
+                if (c < n) store_codes<VEC>(q_row, c, hidden, quant_chunk(v[k], by, format));
             }
         }
     }
@@ -147,15 +180,16 @@ __device__ __forceinline__ void dynamic_quant_rows(unsigned char* __restrict__ q
         C max_finite = format == 0 ? 448.0f : 57344.0f;
         C s = c_fmax(c_div(absmax, max_finite), c_div(C(1), max_finite * 512));
         if (threadIdx.x == 0) scales[row] = s;
+        const QuantScale<C> by = QuantScale<C>::divide(s);
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             int c = threadIdx.x + k * QUANT_BLOCK;
-            if (c < n) store_codes<VEC>(q_row, c, hidden, quant_chunk(cache[k], s, format));
+            if (c < n) store_codes<VEC>(q_row, c, hidden, quant_chunk(cache[k], by, format));
         }
         for (int c = first_uncached; c < n; c += QUANT_BLOCK) {
             RowChunk<DT, VEC> v;
             v.load(x_row, c, hidden);
-            store_codes<VEC>(q_row, c, hidden, quant_chunk(v, s, format));
+            store_codes<VEC>(q_row, c, hidden, quant_chunk(v, by, format));
         }
     }
 }
@@ -163,8 +197,8 @@ __device__ __forceinline__ void dynamic_quant_rows(unsigned char* __restrict__ q
 #define QUANT_KERNELS(DT, SUFFIX, VEC, unused)                                                                     \
     extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) static_scaled_fp8_quant_##SUFFIX(                     \
         unsigned char* __restrict__ q, const Elem<DT>::T* __restrict__ x, long long n_rows, int hidden,            \
-        long long x_row_stride, const float* __restrict__ scale, int format) {                                     \
-        static_quant_rows<DT, VEC>(q, x, n_rows, hidden, x_row_stride, scale, format);                             \
+        long long x_row_stride, const float* __restrict__ scale, int format, int invert) {                         \
+        static_quant_rows<DT, VEC>(q, x, n_rows, hidden, x_row_stride, scale, format, invert);                     \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) dynamic_per_token_scaled_fp8_quant_##SUFFIX(          \
         unsigned char* __restrict__ q, float* __restrict__ scales, const Elem<DT>::T* __restrict__ x,              \

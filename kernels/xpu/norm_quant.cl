@@ -7,7 +7,9 @@
 // (`load_chunk`, element.cl: one vector load each of x, the residual and the weight). Pass 1 sums the squares of a = x (+ r) in f32;
 // rstd = 1 / sqrt(sum / hidden + eps). Pass 2 (dynamic only) reduces the absmax of the normalized
 // values z. The last pass recomputes z, writes the residual output (the rounded sum) and
-// q = fp8(z / s). z = round(round(a * rstd) * w), rounded to the element type at each step: the
+// q = fp8(z / s) (fp8(z * c(1 / s)) with `invert`, a static scale under `rounding = "dtype"`).
+// With `round_sum` (`rounding = "dtype"` on 16-bit elements) every pass reads the sum rounded to
+// the element type, the residual output's values. z = round(round(a * rstd) * w), rounded to the element type at each step: the
 // rounding points of the composition `quant(rms_norm(x))`, where the norm's output is stored in
 // x's dtype. The residual is read in every pass and written only in the last, each element by the
 // work-item that read it, so the residual output may be the residual's own rows (in place: then
@@ -27,7 +29,8 @@ inline compute_t quant_group_sum(compute_t value, __local compute_t* scratch) {
     return total;
 }
 
-// Chunk c's values a = x (+ r), in the compute type (zero past `hidden`).
+// Chunk c's values a = x (+ r), in the compute type (zero past `hidden`); the sum rounded to the
+// element type with `has_residual == 2` (`round_sum`).
 inline void row_values(__global const elem_t* x_row, __global const elem_t* r_row, long c, int hidden,
                        int has_residual, compute_t* a) {
     load_chunk(x_row, c, hidden, a);
@@ -35,6 +38,9 @@ inline void row_values(__global const elem_t* x_row, __global const elem_t* r_ro
         compute_t b[CHUNK];
         load_chunk(r_row, c, hidden, b);
         for (int i = 0; i < CHUNK; ++i) a[i] += b[i];
+        if (has_residual == 2) {
+            for (int i = 0; i < CHUNK; ++i) a[i] = round_to_elem(a[i]);
+        }
     }
 }
 
@@ -53,8 +59,9 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
     long out_offset, __global const elem_t* x, long x_offset, __global const elem_t* r, long r_offset,
     __global const elem_t* w, long w_offset, long n_rows, int hidden, long x_row_stride, long r_row_stride,
     long out_row_stride, compute_t eps, __global const float* scale, long scale_offset, int has_residual,
-    int has_weight, int dynamic, int has_scale, int format) {
+    int has_weight, int dynamic, int has_scale, int format, int round_sum, int invert) {
     __local compute_t scratch[QUANT_GROUP];
+    has_residual = has_residual ? 1 + (round_sum != 0) : 0;
     long row = get_group_id(0);
     int lid = get_local_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
@@ -93,6 +100,8 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
     } else {
         s = scale[scale_offset];
     }
+    int by_inverse = !dynamic && invert;
+    compute_t inverse = (compute_t)1.0f / s;
 
     for (long c = lid; c < n; c += QUANT_GROUP) {
         compute_t a[CHUNK];
@@ -103,7 +112,7 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
         normalize(a, rstd, w_row, c, hidden, has_weight);
         for (int i = 0; i < CHUNK; ++i) {
             long j = c * CHUNK + i;
-            if (j < hidden) q_row[j] = to_fp8(a[i] / s, format);
+            if (j < hidden) q_row[j] = to_fp8(quant_scaled(a[i], s, inverse, by_inverse), format);
         }
     }
 }

@@ -2,7 +2,8 @@
 // `dynamic_per_token_scaled_fp8_quant`. Built after `element.cl`, per input dtype.
 //
 // q[row, j] = fp8(x[row, j] / s) with one f32 division (the program is built with
-// -cl-fp32-correctly-rounded-divide-sqrt) and a saturating nearest-even conversion (`fp8_from_f32`, in `element.cl`); the dynamic
+// -cl-fp32-correctly-rounded-divide-sqrt), or with `invert` (a static scale under `rounding =
+// "dtype"`, vLLM's rounding points) fp8(x[row, j] * c(1 / s)) and a saturating nearest-even conversion (`fp8_from_f32`, in `element.cl`); the dynamic
 // kernel's s = max(min(absmax, ub) / M, 1 / (M * 512)), absmax reduced with fmax (NaN skipped).
 // `format` 0 = f8e4m3fn (M = 448), 1 = f8e5m2 (M = 57344). One work-group of QUANT_GROUP
 // work-items per row, each owning whole 16-byte chunks of it (`load_chunk`, element.cl: one vector
@@ -33,26 +34,33 @@ inline compute_t quant_group_max(compute_t value, __local compute_t* scratch) {
     return total;
 }
 
-// Writes the codes of chunk c of a row of x divided by s (those below `hidden`).
+// A value scaled for quantization: divided by s, or multiplied by `inverse` (c(1 / s)) when
+// `invert`.
+inline compute_t quant_scaled(compute_t v, compute_t s, compute_t inverse, int invert) {
+    return invert ? v * inverse : v / s;
+}
+
+// Writes the codes of chunk c of a row of x scaled by s (those below `hidden`).
 inline void quant_chunk(__global const elem_t* x_row, __global uchar* q_row, long c, int hidden, compute_t s,
-                        int format) {
+                        compute_t inverse, int invert, int format) {
     compute_t a[CHUNK];
     load_chunk(x_row, c, hidden, a);
     for (int i = 0; i < CHUNK; ++i) {
         long j = c * CHUNK + i;
-        if (j < hidden) q_row[j] = to_fp8(a[i] / s, format);
+        if (j < hidden) q_row[j] = to_fp8(quant_scaled(a[i], s, inverse, invert), format);
     }
 }
 
 __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(static_scaled_fp8_quant)(
     __global uchar* q, long q_offset, __global const elem_t* x, long x_offset, long n_rows, int hidden,
-    long x_row_stride, __global const float* scale, long scale_offset, int format) {
+    long x_row_stride, __global const float* scale, long scale_offset, int format, int invert) {
     long row = get_group_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
     __global uchar* q_row = q + q_offset + row * (long)hidden;
     compute_t s = scale[scale_offset];
+    compute_t inverse = (compute_t)1.0f / s;
     for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) {
-        quant_chunk(x_row, q_row, c, hidden, s, format);
+        quant_chunk(x_row, q_row, c, hidden, s, inverse, invert, format);
     }
 }
 
@@ -76,6 +84,6 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(dyna
     compute_t s = fmax(absmax / max_finite, 1.0f / (max_finite * 512.0f));
     if (get_local_id(0) == 0) scales[scales_offset + row] = s;
     for (long c = get_local_id(0); c < CHUNKS(hidden); c += QUANT_GROUP) {
-        quant_chunk(x_row, q_row, c, hidden, s, format);
+        quant_chunk(x_row, q_row, c, hidden, s, s, 0, format);
     }
 }

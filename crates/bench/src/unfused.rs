@@ -37,6 +37,8 @@ pub struct UnfusedBench {
     /// The static scale or the per-token bound.
     scale: Option<Tensor>,
     out_dtype: ir_core::DType,
+    /// The fused op's `rounding`, which both calls of the pair take.
+    rounding: ir_ops::Rounding,
     bytes: u64,
 }
 
@@ -60,12 +62,19 @@ impl UnfusedBench {
             Some(Value::DType(d)) => Ok(*d),
             _ => Err(missing("out_dtype")),
         };
-        let (pair, epsilon, scale, out_dtype) = match inputs.case.op.name {
+        let rounding_at = |i: usize| match v.get(i) {
+            Some(Value::Str(r)) => {
+                <ir_ops::Rounding as ir_core::op::StrEnum>::from_str(r).ok_or_else(|| missing("rounding"))
+            }
+            _ => Err(missing("rounding")),
+        };
+        let (pair, epsilon, scale, out_dtype, rounding) = match inputs.case.op.name {
             "rms_norm_static_fp8_quant" | "rms_norm_dynamic_per_token_quant" => {
                 let x = tensor(v, 0).ok_or_else(|| missing("x"))?.deep_clone()?;
                 let out = Tensor::zeros(x.dtype(), x.shape())?;
                 let dynamic = inputs.case.op.name == "rms_norm_dynamic_per_token_quant";
-                (Pair::Norm { x, weight: tensor(v, 1), out, dynamic }, f64_at(2)?, tensor(v, 3), dtype_at(4)?)
+                let pair = Pair::Norm { x, weight: tensor(v, 1), out, dynamic };
+                (pair, f64_at(2)?, tensor(v, 3), dtype_at(4)?, rounding_at(5)?)
             }
             "fused_add_rms_norm_static_fp8_quant" | "fused_add_rms_norm_dynamic_per_token_quant" => {
                 let x = tensor(v, 0).ok_or_else(|| missing("x"))?;
@@ -78,11 +87,11 @@ impl UnfusedBench {
                     pristine,
                     dynamic: inputs.case.op.name == "fused_add_rms_norm_dynamic_per_token_quant",
                 };
-                (pair, f64_at(3)?, tensor(v, 4), dtype_at(5)?)
+                (pair, f64_at(3)?, tensor(v, 4), dtype_at(5)?, rounding_at(6)?)
             }
             other => return Err(missing(&format!("pair for {other}"))),
         };
-        let mut bench = UnfusedBench { pair, epsilon, scale, out_dtype, bytes: inputs.bytes_moved() };
+        let mut bench = UnfusedBench { pair, epsilon, scale, out_dtype, rounding, bytes: inputs.bytes_moved() };
         {
             let outputs = bench.call()?;
             inputs.check("unfused", &outputs)?;
@@ -107,14 +116,19 @@ impl UnfusedBench {
 
     /// One call of the pair; returns the fused op's outputs.
     fn call(&mut self) -> Result<Vec<Tensor>, BenchError> {
-        let (epsilon, out_dtype) = (self.epsilon, self.out_dtype);
+        let (epsilon, out_dtype, rounding) = (self.epsilon, self.out_dtype, self.rounding);
         let quantize =
             |normalized: &Tensor, scale: Option<&Tensor>, dynamic: bool| -> Result<Vec<Tensor>, BenchError> {
                 if dynamic {
                     let (q, scales) = dynamic_per_token_scaled_fp8_quant_cpu(normalized, scale, out_dtype)?;
                     return Ok(vec![q, scales]);
                 }
-                Ok(vec![static_scaled_fp8_quant_cpu(normalized, scale.ok_or_else(|| missing("scale"))?, out_dtype)?])
+                Ok(vec![static_scaled_fp8_quant_cpu(
+                    normalized,
+                    scale.ok_or_else(|| missing("scale"))?,
+                    out_dtype,
+                    rounding,
+                )?])
             };
         match &mut self.pair {
             Pair::Norm { x, weight, out, dynamic } => {
@@ -132,7 +146,7 @@ impl UnfusedBench {
                     weight.as_ref(),
                     epsilon,
                     None,
-                    ir_ops::Rounding::Exact,
+                    rounding,
                 )?;
                 let quantized = quantize(&out, self.scale.as_ref(), *dynamic)?;
                 *x = out;
@@ -178,10 +192,14 @@ mod tests {
         for name in UNFUSED_OPS {
             let op = registry.op_def(name).unwrap();
             for dtype in [ir_core::DType::BF16, ir_core::DType::F32] {
-                let inputs = Inputs::generate(Case { op, shape: Shape::new(300, 256), dtype }, 7).unwrap();
-                let mut bench = UnfusedBench::new(&inputs).unwrap_or_else(|e| panic!("{name} {dtype}: {e}"));
-                bench.time(3).unwrap();
-                assert!(UnfusedBench::pair_bytes(&inputs) > bench.bytes_per_call());
+                // Seeds 7 and 8: both roundings.
+                for seed in [7, 8] {
+                    let inputs = Inputs::generate(Case { op, shape: Shape::new(300, 256), dtype }, seed).unwrap();
+                    let mut bench =
+                        UnfusedBench::new(&inputs).unwrap_or_else(|e| panic!("{name} {dtype} seed {seed}: {e}"));
+                    bench.time(3).unwrap();
+                    assert!(UnfusedBench::pair_bytes(&inputs) > bench.bytes_per_call());
+                }
             }
         }
     }

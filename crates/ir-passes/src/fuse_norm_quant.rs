@@ -27,8 +27,10 @@
 //!
 //! - **The norm is functional** ([`FusionSkip::Donated`]).
 //! - **No `variance_size`** ([`FusionSkip::VarianceSize`]): the fused ops normalize whole rows.
-//! - **The default rounding** ([`FusionSkip::RoundedSum`]): a 16-bit `fused_add_rms_norm` with
-//!   `rounding = "dtype"` normalizes the rounded sum; the fused ops normalize the f32 sum.
+//! - **One rounding** ([`FusionSkip::RoundingDiffers`]): the fused op takes one `rounding` for the
+//!   norm's sum and the static scale. A 16-bit `fused_add_rms_norm` and a static quantization
+//!   with different `rounding`s stay apart; otherwise the fused op takes the rounding that matters
+//!   (the static quantization's, or the norm's), so `rounding = "dtype"` pairs fuse with `"dtype"`.
 //! - **The quantization is `o`'s only reader** ([`FusionSkip::OtherReaders`]): another reader,
 //!   the graph's output included, needs `o` in memory, so fusing would compute the norm twice.
 //!   ```text
@@ -226,19 +228,31 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
             report.skipped.push(skip(FusionSkip::Donated));
             continue;
         }
-        // The norm's arguments before `variance_size` go to the fused op; `variance_size` and the
-        // fused norm's `rounding` (after it) must be their defaults, which the fused ops compute.
+        // The norm's arguments before `variance_size` go to the fused op; `variance_size` must be
+        // absent, which the fused ops compute.
         let variance_at = variance_size_index(pattern.norm);
         if !matches!(norm_args.get(variance_at), None | Some(Arg::None)) {
             report.skipped.push(skip(FusionSkip::VarianceSize));
             continue;
         }
-        let rounds_sum = matches!(norm_args.get(variance_at + 1), Some(Arg::Str(r)) if r == Rounding::Dtype.as_str());
-        if rounds_sum && Rounding::Dtype.rounds_intermediates(graph.meta(*normalized).dtype) {
-            report.skipped.push(skip(FusionSkip::RoundedSum));
-            continue;
-        }
-        let quant_scalars = &quant_args[1..];
+        // The fused norm's `rounding` (after `variance_size`) matters on a 16-bit sum; a static
+        // quantization's (its last parameter) always does. The fused op takes one for both.
+        let is_static = std::ptr::eq(quant_def, &STATIC_SCALED_FP8_QUANT);
+        let norm_rounding = rounding_arg(norm_args.get(variance_at + 1));
+        let quant_rounding = is_static.then(|| rounding_arg(quant_args.get(STATIC_ROUNDING)));
+        let sum_matters = std::ptr::eq(pattern.norm, &FUSED_ADD_RMS_NORM)
+            && Rounding::Dtype.rounds_intermediates(graph.meta(*normalized).dtype);
+        let rounding = match quant_rounding {
+            Some(quant) if sum_matters && quant != norm_rounding => {
+                let (norm, quantization) = (norm_rounding.as_str(), quant.as_str());
+                report.skipped.push(skip(FusionSkip::RoundingDiffers { norm, quantization }));
+                continue;
+            }
+            Some(quant) => quant,
+            None => norm_rounding,
+        };
+        // The quantization's arguments after x and before its `rounding`.
+        let quant_scalars = &quant_args[1..quant_args.len().min(QUANT_OUT_DTYPE + 1)];
         let read_by_scalars =
             quant_scalars.iter().any(|a| matches!(a, Arg::Tensor(v) if v == normalized || *v == quant_input));
         let other_readers = match &reshape {
@@ -280,6 +294,17 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
         }
         let mut args: Vec<Arg> = norm_args[..variance_at.min(norm_args.len())].to_vec();
         args.extend(quant_scalars.iter().cloned());
+        if rounding != Rounding::Exact {
+            // The fused op's `rounding` is its last parameter: the defaults before it are spelled.
+            let fused_def = pattern.fused;
+            while args.len() + 1 < fused_def.params.len() {
+                match fused_def.params[args.len()].default.and_then(literal_arg) {
+                    Some(arg) => args.push(arg),
+                    None => break,
+                }
+            }
+            args.push(Arg::Str(rounding.as_str().to_owned()));
+        }
         let quant_results = &graph.node(quant).results;
         let norm_results = usize::from(std::ptr::eq(pattern.norm, &FUSED_ADD_RMS_NORM));
         let replaced: Vec<ValueId> =
@@ -347,6 +372,33 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
     report.fused = created.iter().map(|&node| graph.display_node(node)).collect();
     tracing::debug!(target: "ir_passes::fuse_norm_quant", %report, "fused");
     Ok(report)
+}
+
+/// Where both quantizations keep `out_dtype`, the last argument the fused ops take from them.
+const QUANT_OUT_DTYPE: usize = 2;
+/// Where `static_scaled_fp8_quant` keeps its `rounding`.
+const STATIC_ROUNDING: usize = 3;
+
+/// A `rounding` argument (absent: the default).
+fn rounding_arg(arg: Option<&Arg>) -> Rounding {
+    match arg {
+        Some(Arg::Str(text)) if text == Rounding::Dtype.as_str() => Rounding::Dtype,
+        _ => Rounding::Exact,
+    }
+}
+
+/// A parameter's default as a graph argument (the constants a fused call spells before its
+/// `rounding`).
+fn literal_arg(literal: ir_core::op::Literal) -> Option<Arg> {
+    match literal {
+        ir_core::op::Arg::None => Some(Arg::None),
+        ir_core::op::Arg::DType(dtype) => Some(Arg::DType(dtype)),
+        ir_core::op::Arg::Str(text) => Some(Arg::Str(text.to_owned())),
+        ir_core::op::Arg::F64(v) => Some(Arg::F64(v)),
+        ir_core::op::Arg::I64(v) => Some(Arg::I64(v)),
+        ir_core::op::Arg::Bool(v) => Some(Arg::Bool(v)),
+        _ => None,
+    }
 }
 
 /// The per-token scales' shape for a reshape to `dims`: its leading dimensions, then 1.

@@ -74,8 +74,17 @@ pub enum FusionSkip {
     /// Norm + quantization: the norm has a `variance_size`, which the fused ops do not take.
     VarianceSize,
     /// Norm + quantization: the norm rounds the residual sum to a 16-bit dtype (`rounding =
-    /// "dtype"`); the fused ops normalize the f32 sum.
+    /// "dtype"`). No longer given: the fused ops take the same `rounding`.
+    #[deprecated(note = "the norm + quantization ops take `rounding`; nothing reports this")]
     RoundedSum,
+    /// Norm + quantization: the norm's `rounding` and the static quantization's differ where both
+    /// matter (a 16-bit fused-add norm), and the fused op takes one for both.
+    RoundingDiffers {
+        /// The norm's rounding.
+        norm: &'static str,
+        /// The quantization's rounding.
+        quantization: &'static str,
+    },
     /// Norm + quantization: the normalized output has another reader (or is a graph output).
     OtherReaders,
     /// Norm + quantization: the residual output is read before the quantization, whose scale is
@@ -112,7 +121,12 @@ impl fmt::Display for FusionSkip {
             ),
             FusionSkip::Donated => f.write_str("the norm is a maybe_inplace call"),
             FusionSkip::VarianceSize => f.write_str("the norm has a variance_size"),
+            #[allow(deprecated)]
             FusionSkip::RoundedSum => f.write_str("the norm rounds the sum to its 16-bit dtype (rounding \"dtype\")"),
+            FusionSkip::RoundingDiffers { norm, quantization } => write!(
+                f,
+                "the norm's rounding \"{norm}\" and the quantization's \"{quantization}\" differ (the fused op takes one)"
+            ),
             FusionSkip::OtherReaders => f.write_str("the normalized output has another reader"),
             FusionSkip::NoPlace => f.write_str(
                 "the residual output is read before the quantization, whose scale is defined after the norm",

@@ -310,8 +310,8 @@ pub struct NormCapabilities {
     pub variance_size: bool,
     /// The dtypes of x and the weight.
     pub dtypes: KernelDTypes,
-    /// `fused_add_rms_norm`'s `rounding = "dtype"` on 16-bit tensors: the norm of the sum rounded
-    /// to x's dtype.
+    /// `rounding = "dtype"` of `fused_add_rms_norm` and the fused-add norm + quantization ops on
+    /// 16-bit tensors: the norm of the sum rounded to x's dtype.
     pub dtype_rounding: bool,
 }
 
@@ -374,17 +374,21 @@ pub fn fused_add_rms_norm_support_with(
     residual_support(args.x, args.x_residual)
 }
 
-/// The fused add + norm + quantization predicates: the norm's without `variance_size`, then the
-/// residual's.
+/// The fused add + norm + quantization predicates: the norm's without `variance_size`, the
+/// rounding's, then the residual's.
 fn fused_quant_support(
     x: &TensorMeta,
     x_residual: &TensorMeta,
     weight: Option<&TensorMeta>,
+    rounding: ir_ops::Rounding,
     device: DeviceKind,
     capabilities: NormCapabilities,
 ) -> Support {
     if let Support::No(reason) = common_support(x, weight, None, device, capabilities) {
         return Support::No(reason);
+    }
+    if rounding.rounds_intermediates(x.dtype) && !capabilities.dtype_rounding {
+        return no("rounding \"dtype\" (the norm of the sum rounded to x's dtype) is not implemented here");
     }
     residual_support(x, x_residual)
 }
@@ -463,7 +467,7 @@ pub fn fused_add_rms_norm_static_fp8_quant_support_with(
     else {
         return no("arguments do not match fused_add_rms_norm_static_fp8_quant");
     };
-    fused_quant_support(args.x, args.x_residual, args.weight, device, capabilities)
+    fused_quant_support(args.x, args.x_residual, args.weight, args.rounding, device, capabilities)
 }
 
 /// The standard predicate of `fused_add_rms_norm_dynamic_per_token_quant` (as the static form's).
@@ -484,7 +488,7 @@ pub fn fused_add_rms_norm_dynamic_per_token_quant_support_with(
     let Some(args) = Args::from_meta(args) else {
         return no("arguments do not match fused_add_rms_norm_dynamic_per_token_quant");
     };
-    fused_quant_support(args.x, args.x_residual, args.weight, device, capabilities)
+    fused_quant_support(args.x, args.x_residual, args.weight, args.rounding, device, capabilities)
 }
 
 fn common_support(
@@ -1067,6 +1071,9 @@ pub struct NormQuantCall<'a> {
     pub dynamic: bool,
     /// The fp8 output dtype.
     pub out_dtype: DType,
+    /// The op's `rounding`: the norm of the rounded sum (fused-add forms, 16-bit x) and a static
+    /// scale's reciprocal under `"dtype"`.
+    pub rounding: ir_ops::Rounding,
 }
 
 /// The residual of a fused-add norm + quantization call.
@@ -1118,30 +1125,48 @@ pub fn register_norm_quant_ops(
     };
     // FIXME: the GPU norm + quant kernels read the weight in x's dtype; a Gemma-style weight of
     // another dtype falls back to native until they take one (as the plain norms do).
+    let capabilities = move || NormCapabilities { dtypes: dtypes(), dtype_rounding: true, ..NormCapabilities::DEFAULT };
     let with = |supports: fn(&[ArgMeta<'_>], DeviceKind, NormCapabilities) -> Support| {
-        spec().with_supports(move |args| supports(args, device, dtypes().into()))
+        spec().with_supports(move |args| supports(args, device, capabilities()))
     };
     rms_norm_static_fp8_quant::register(
         registry,
         with(rms_norm_static_fp8_quant_support_with),
-        move |x, weight, epsilon, scale, out_dtype| {
-            let call =
-                NormQuantCall { x, residual: None, weight, epsilon, scale: Some(scale), dynamic: false, out_dtype };
+        move |x, weight, epsilon, scale, out_dtype, rounding| {
+            let call = NormQuantCall {
+                x,
+                residual: None,
+                weight,
+                epsilon,
+                scale: Some(scale),
+                dynamic: false,
+                out_dtype,
+                rounding,
+            };
             Ok(run(call)?.q)
         },
     )?;
     rms_norm_dynamic_per_token_quant::register(
         registry,
         with(rms_norm_dynamic_per_token_quant_support_with),
-        move |x, weight, epsilon, scale_ub, out_dtype| {
-            let call = NormQuantCall { x, residual: None, weight, epsilon, scale: scale_ub, dynamic: true, out_dtype };
+        move |x, weight, epsilon, scale_ub, out_dtype, rounding| {
+            let call = NormQuantCall {
+                x,
+                residual: None,
+                weight,
+                epsilon,
+                scale: scale_ub,
+                dynamic: true,
+                out_dtype,
+                rounding,
+            };
             let done = run(call)?;
             let scales = done.scales.ok_or_else(|| missing_output("scales"))?;
             Ok((done.q, scales))
         },
     )?;
     let fused = fused_add_rms_norm_static_fp8_quant::Impl::inplace(
-        move |x, mut x_residual, weight, epsilon, scale, out_dtype| {
+        move |x, mut x_residual, weight, epsilon, scale, out_dtype, rounding| {
             let call = NormQuantCall {
                 x,
                 residual: Some(NormQuantResidual::InPlace(&mut x_residual)),
@@ -1150,6 +1175,7 @@ pub fn register_norm_quant_ops(
                 scale: Some(scale),
                 dynamic: false,
                 out_dtype,
+                rounding,
             };
             let done = run(call)?;
             Ok((x_residual.into_tensor(), done.q))
@@ -1161,7 +1187,7 @@ pub fn register_norm_quant_ops(
         fused,
     )?;
     let fused_dynamic = fused_add_rms_norm_dynamic_per_token_quant::Impl::inplace(
-        move |x, mut x_residual, weight, epsilon, scale_ub, out_dtype| {
+        move |x, mut x_residual, weight, epsilon, scale_ub, out_dtype, rounding| {
             let call = NormQuantCall {
                 x,
                 residual: Some(NormQuantResidual::InPlace(&mut x_residual)),
@@ -1170,6 +1196,7 @@ pub fn register_norm_quant_ops(
                 scale: scale_ub,
                 dynamic: true,
                 out_dtype,
+                rounding,
             };
             let done = run(call)?;
             let scales = done.scales.ok_or_else(|| missing_output("scales"))?;
@@ -1519,6 +1546,7 @@ mod tests {
             ArgMeta::F64(1e-6),
             ArgMeta::Tensor(&scale),
             ArgMeta::DType(DType::F8E4M3FN),
+            ArgMeta::Str("exact"),
         ];
         let Support::No(reason) = rms_norm_static_fp8_quant_support_with(&args, DeviceKind::Cpu, KernelDTypes::Reduced)
         else {
@@ -1527,6 +1555,29 @@ mod tests {
         assert_eq!(reason, "weight dtype f32 differs from x dtype bf16");
         let mixed = NormCapabilities { mixed_weight_dtype: true, ..NormCapabilities::DEFAULT };
         assert_eq!(rms_norm_static_fp8_quant_support_with(&args, DeviceKind::Cpu, mixed), Support::Yes);
+
+        // The fused-add form's `dtype` rounding of a bf16 sum needs its capability.
+        let w = meta(DType::BF16, &[8], &[1], 0);
+        let fused = |rounding: &'static str| {
+            [
+                ArgMeta::Tensor(&x),
+                ArgMeta::Tensor(&x),
+                ArgMeta::Tensor(&w),
+                ArgMeta::F64(1e-6),
+                ArgMeta::Tensor(&scale),
+                ArgMeta::DType(DType::F8E4M3FN),
+                ArgMeta::Str(rounding),
+            ]
+        };
+        let plain = NormCapabilities::DEFAULT;
+        let rounding = NormCapabilities { dtype_rounding: true, ..NormCapabilities::DEFAULT };
+        let support = fused_add_rms_norm_static_fp8_quant_support_with;
+        assert_eq!(support(&fused("exact"), DeviceKind::Cpu, plain), Support::Yes);
+        let Support::No(reason) = support(&fused("dtype"), DeviceKind::Cpu, plain) else {
+            panic!("`dtype` rounding of a bf16 sum needs the capability")
+        };
+        assert!(reason.contains("rounding \"dtype\""), "{reason}");
+        assert_eq!(support(&fused("dtype"), DeviceKind::Cpu, rounding), Support::Yes);
     }
 
     #[test]

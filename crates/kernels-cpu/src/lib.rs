@@ -334,7 +334,8 @@ mod tests {
         assert_eq!(error.to_string(), "invalid arguments: the cpu kernels do not compute in f64");
         let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
         let scale = Tensor::from_f32(DType::F32, &[1], &[0.5]).unwrap();
-        let error = crate::quant::static_scaled_fp8_quant_cpu(&x, &scale, DType::BF16).unwrap_err();
+        let error =
+            crate::quant::static_scaled_fp8_quant_cpu(&x, &scale, DType::BF16, ir_ops::Rounding::Exact).unwrap_err();
         assert!(matches!(error, KernelError::NotFp8 { dtype: DType::BF16 }), "{error}");
     }
 

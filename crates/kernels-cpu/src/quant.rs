@@ -16,7 +16,8 @@ use kernel_support::{Rows, host_scale, per_token_scales_shape, quant_support};
 use rayon::prelude::*;
 
 use crate::element::{CpuElement, RowOut};
-use crate::rows::{Weight, fused_row, rms_norm_row, rows_per_task, with_scratch};
+use crate::rows::{Weight, add_into, fused_row, rms_norm_row, rows_per_task, with_scratch};
+use ir_ops::Rounding;
 
 /// The `supports` predicate and spec of the quantization ops on the cpu.
 pub(crate) fn spec() -> ImplSpec {
@@ -26,16 +27,26 @@ pub(crate) fn spec() -> ImplSpec {
 /// How a row's scale is found.
 #[derive(Clone, Copy, Debug)]
 enum RowScale {
-    /// The same scale for every row.
-    Static(f32),
+    /// The same scale for every row, divided by, or multiplied by its f32 reciprocal when `invert`
+    /// (`rounding = "dtype"`).
+    Static { s: f32, invert: bool },
     /// From the row's absmax, bounded by `ub`, floored at `floor`, divided by the format's maximum.
     Dynamic { ub: Option<f32>, max: f32, floor: f32 },
 }
 
 /// `static_scaled_fp8_quant` on the cpu: a fresh compact output in `out_dtype`.
-pub fn static_scaled_fp8_quant_cpu(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
-    let scale = host_scale(scale, "scale")?;
-    Ok(quantize(x, None, None, RowScale::Static(scale), out_dtype)?.q)
+pub fn static_scaled_fp8_quant_cpu(
+    x: &Tensor,
+    scale: &Tensor,
+    out_dtype: DType,
+    rounding: Rounding,
+) -> Result<Tensor, KernelError> {
+    Ok(quantize(x, None, None, static_scale(scale, rounding)?, out_dtype)?.q)
+}
+
+/// A static scale applied as `rounding` says.
+fn static_scale(scale: &Tensor, rounding: Rounding) -> Result<RowScale, KernelError> {
+    Ok(RowScale::Static { s: host_scale(scale, "scale")?, invert: rounding.inverts_scale() })
 }
 
 /// `dynamic_per_token_scaled_fp8_quant` on the cpu: fresh compact `(q, scales)`.
@@ -56,9 +67,10 @@ pub fn rms_norm_static_fp8_quant_cpu(
     epsilon: f64,
     scale: &Tensor,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<Tensor, KernelError> {
-    let norm = Norm { weight, eps: epsilon as f32 };
-    Ok(quantize(x, Some(norm), None, RowScale::Static(host_scale(scale, "scale")?), out_dtype)?.q)
+    let norm = Norm { weight, eps: epsilon as f32, round_sum: false };
+    Ok(quantize(x, Some(norm), None, static_scale(scale, rounding)?, out_dtype)?.q)
 }
 
 /// `rms_norm_dynamic_per_token_quant` on the cpu: fresh compact `(q, scales)`.
@@ -68,8 +80,10 @@ pub fn rms_norm_dynamic_per_token_quant_cpu(
     epsilon: f64,
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
+    _rounding: Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let norm = Norm { weight, eps: epsilon as f32 };
+    // `rounding` changes nothing without a residual and with per-token scales.
+    let norm = Norm { weight, eps: epsilon as f32, round_sum: false };
     let done = quantize(x, Some(norm), None, dynamic_scale(scale_ub, out_dtype)?, out_dtype)?;
     Ok((done.q, done.scales))
 }
@@ -85,10 +99,11 @@ pub fn fused_add_rms_norm_static_fp8_quant_cpu(
     epsilon: f64,
     scale: &Tensor,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     let r_rows = residual_rows(x, &x_residual)?;
-    let norm = Norm { weight, eps: epsilon as f32 };
-    let scale = RowScale::Static(host_scale(scale, "scale")?);
+    let norm = Norm { weight, eps: epsilon as f32, round_sum: rounding.rounds_intermediates(x.dtype()) };
+    let scale = static_scale(scale, rounding)?;
     let Storage::Cpu(r_buffer) = x_residual.storage_mut()? else { return Err(crate::not_on_cpu("x_residual")) };
     let done = quantize(x, Some(norm), Some((r_buffer, r_rows)), scale, out_dtype)?;
     Ok((x_residual.into_tensor(), done.q))
@@ -105,9 +120,10 @@ pub fn fused_add_rms_norm_dynamic_per_token_quant_cpu(
     epsilon: f64,
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<(Tensor, Tensor, Tensor), KernelError> {
     let r_rows = residual_rows(x, &x_residual)?;
-    let norm = Norm { weight, eps: epsilon as f32 };
+    let norm = Norm { weight, eps: epsilon as f32, round_sum: rounding.rounds_intermediates(x.dtype()) };
     let scale = dynamic_scale(scale_ub, out_dtype)?;
     let Storage::Cpu(r_buffer) = x_residual.storage_mut()? else { return Err(crate::not_on_cpu("x_residual")) };
     let done = quantize(x, Some(norm), Some((r_buffer, r_rows)), scale, out_dtype)?;
@@ -187,10 +203,12 @@ fn dynamic_scale(scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<RowScale
     Ok(RowScale::Dynamic { ub, max, floor: min_scale(out_dtype) })
 }
 
-/// The norm in front of a fused quantization: the weight and epsilon.
+/// The norm in front of a fused quantization: the weight, epsilon, and whether the norm reads the
+/// sum rounded to x's dtype (`rounding = "dtype"` with a residual, 16-bit x).
 struct Norm<'a> {
     weight: Option<&'a Tensor>,
     eps: f32,
+    round_sum: bool,
 }
 
 /// What [`quantize`] produces: `q` and the per-row scales (a static call's scale per row).
@@ -219,6 +237,7 @@ fn quantize(
             rows,
             weight: &weight,
             eps: norm.as_ref().map(|n| n.eps),
+            round_sum: norm.as_ref().is_some_and(|n| n.round_sum),
             scale,
         };
         let outputs = RowOutputs {
@@ -247,6 +266,7 @@ struct RowInputs<'a> {
     rows: Rows,
     weight: &'a crate::RowWeight<'a>,
     eps: Option<f32>,
+    round_sum: bool,
     scale: RowScale,
 }
 
@@ -281,7 +301,7 @@ impl<T: CpuElement> OwnedScratch<T> {
 }
 
 fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>) {
-    let RowInputs { x, rows, weight, eps, scale } = inputs;
+    let RowInputs { x, rows, weight, eps, round_sum, scale } = inputs;
     let weight = weight.typed::<T>();
     let hidden = rows.hidden;
     let scales = &mut outputs.scales.typed_mut::<f32>()[..rows.n_rows];
@@ -298,7 +318,7 @@ fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>
         let x_row = &x_data[index * rows.row_stride..][..hidden];
         let row = match (eps, r) {
             (None, _) => Row::Plain(x_row),
-            (Some(eps), Some(r)) => Row::Fused { x: x_row, r: &mut r[..hidden], weight, eps },
+            (Some(eps), Some(r)) => Row::Fused { x: x_row, r: &mut r[..hidden], weight, eps, round_sum },
             (Some(eps), None) => Row::Norm { x: x_row, weight, eps },
         };
         *s = quantize_row::<T, Q>(row, scratch, scale, q_row);
@@ -341,14 +361,15 @@ enum Row<'a, T> {
     Plain(&'a [T]),
     /// `rms_norm(x)`.
     Norm { x: &'a [T], weight: Weight<'a, T>, eps: f32 },
-    /// `fused_add_rms_norm(x, r)`, writing the sum back into `r`.
-    Fused { x: &'a [T], r: &'a mut [T], weight: Weight<'a, T>, eps: f32 },
+    /// `fused_add_rms_norm(x, r)`, writing the sum back into `r`; the norm of the rounded sum when
+    /// `round_sum`.
+    Fused { x: &'a [T], r: &'a mut [T], weight: Weight<'a, T>, eps: f32, round_sum: bool },
 }
 
 /// The scale of one row of f32 values.
 fn row_scale(row: &[f32], scale: RowScale) -> f32 {
     match scale {
-        RowScale::Static(s) => s,
+        RowScale::Static { s, .. } => s,
         RowScale::Dynamic { ub, max, floor } => {
             let mut absmax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
             if let Some(ub) = ub {
@@ -381,15 +402,30 @@ fn quantize_row<T: CpuElement, Q: Fp8>(
             rms_norm_row(x, weight, eps, normalized, false);
             T::load(normalized, a);
         }
-        Row::Fused { x, r, weight, eps } => {
+        Row::Fused { x, r, weight, eps, round_sum: false } => {
             // The cpu fused row with its norm into `normalized` (x is read only): r ← x + r.
             fused_row(RowOut::Separate { x, out: normalized }, r, weight, eps);
             T::load(normalized, a);
         }
+        Row::Fused { x, r, weight, eps, round_sum: true } => {
+            // `dtype` rounding: the stored sum, then the norm row of it (the cpu fused_add_rms_norm
+            // with `dtype`, bit for bit).
+            add_into(x, r);
+            rms_norm_row(r, weight, eps, normalized, false);
+            T::load(normalized, a);
+        }
     }
     let s = row_scale(a, scale);
-    for (q, v) in q.iter_mut().zip(a.iter()) {
-        *q = Q::encode(v / s);
+    if let RowScale::Static { invert: true, .. } = scale {
+        // vLLM's static kernels: one f32 reciprocal, then a product per element.
+        let inverse = 1.0 / s;
+        for (q, v) in q.iter_mut().zip(a.iter()) {
+            *q = Q::encode(v * inverse);
+        }
+    } else {
+        for (q, v) in q.iter_mut().zip(a.iter()) {
+            *q = Q::encode(v / s);
+        }
     }
     s
 }
@@ -408,8 +444,11 @@ mod tests {
         let scale = Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap();
         let ub = Tensor::from_f64(DType::F32, &[], &[1.5]).unwrap();
         for out_dtype in DType::FP8 {
-            let got = static_scaled_fp8_quant_cpu(&x, &scale, out_dtype).unwrap();
-            assert!(bit_eq(&got, &fixed::native(&x, &scale, out_dtype).unwrap()), "{out_dtype} static");
+            for rounding in [Rounding::Exact, Rounding::Dtype] {
+                let got = static_scaled_fp8_quant_cpu(&x, &scale, out_dtype, rounding).unwrap();
+                let expected = fixed::native(&x, &scale, out_dtype, rounding).unwrap();
+                assert!(bit_eq(&got, &expected), "{out_dtype} static {rounding:?}");
+            }
             for ub in [None, Some(&ub)] {
                 let (q, s) = dynamic_per_token_scaled_fp8_quant_cpu(&x, ub, out_dtype).unwrap();
                 let (eq, es) = dynamic::native(&x, ub, out_dtype).unwrap();
@@ -440,7 +479,8 @@ mod tests {
     }
 
     /// The fused ops equal the cpu norm followed by the cpu quantization, bit for bit, on padded
-    /// rows, with and without a weight, on one thread and split across threads.
+    /// rows, with and without a weight, on one thread and split across threads, with either
+    /// rounding (the same rounding given to both calls of the pair).
     #[test]
     fn the_fused_ops_are_the_cpu_composition() {
         use crate::{fused_add_rms_norm_cpu, rms_norm_cpu};
@@ -451,26 +491,40 @@ mod tests {
             let w = Tensor::randn(&TensorMeta::compact(DType::BF16, &[hidden]), 6).unwrap();
             let scale = Tensor::from_f64(DType::F32, &[1], &[0.02]).unwrap();
             let ub = Tensor::from_f64(DType::F32, &[1], &[2.0]).unwrap();
-            for weight in [None, Some(&w)] {
+            let cases = [None, Some(&w)].into_iter().flat_map(|w| [Rounding::Exact, Rounding::Dtype].map(|r| (w, r)));
+            for (weight, rounding) in cases {
                 for out_dtype in DType::FP8 {
-                    let label = format!("T={tokens} weight={} {out_dtype}", weight.is_some());
+                    let label = format!("T={tokens} weight={} {out_dtype} {rounding:?}", weight.is_some());
                     let normalized = rms_norm_cpu(&x, weight, 1e-6, None).unwrap();
-                    let q = rms_norm_static_fp8_quant_cpu(&x, weight, 1e-6, &scale, out_dtype).unwrap();
-                    let expected = static_scaled_fp8_quant_cpu(&normalized, &scale, out_dtype).unwrap();
+                    let q = rms_norm_static_fp8_quant_cpu(&x, weight, 1e-6, &scale, out_dtype, rounding).unwrap();
+                    let expected = static_scaled_fp8_quant_cpu(&normalized, &scale, out_dtype, rounding).unwrap();
                     assert!(bit_eq(&q, &expected), "{label}: static");
-                    let (q, s) = rms_norm_dynamic_per_token_quant_cpu(&x, weight, 1e-6, Some(&ub), out_dtype).unwrap();
+                    let (q, s) =
+                        rms_norm_dynamic_per_token_quant_cpu(&x, weight, 1e-6, Some(&ub), out_dtype, rounding).unwrap();
                     let (eq, es) = dynamic_per_token_scaled_fp8_quant_cpu(&normalized, Some(&ub), out_dtype).unwrap();
                     assert!(bit_eq(&q, &eq) && bit_eq(&s, &es), "{label}: dynamic");
                     let unique = |t: &Tensor| UniqueTensor::new(t.contiguous().unwrap()).unwrap();
-                    let (residual_out, q) =
-                        fused_add_rms_norm_static_fp8_quant_cpu(&x, unique(&r), weight, 1e-6, &scale, out_dtype)
-                            .unwrap();
+                    let (residual_out, q) = fused_add_rms_norm_static_fp8_quant_cpu(
+                        &x,
+                        unique(&r),
+                        weight,
+                        1e-6,
+                        &scale,
+                        out_dtype,
+                        rounding,
+                    )
+                    .unwrap();
                     let (out, sum) =
-                        fused_add_rms_norm_cpu(unique(&x), unique(&r), weight, 1e-6, None, ir_ops::Rounding::Exact)
-                            .unwrap();
+                        fused_add_rms_norm_cpu(unique(&x), unique(&r), weight, 1e-6, None, rounding).unwrap();
                     assert!(bit_eq(&residual_out, &sum), "{label}: residual_out");
-                    let expected = static_scaled_fp8_quant_cpu(&out, &scale, out_dtype).unwrap();
+                    let expected = static_scaled_fp8_quant_cpu(&out, &scale, out_dtype, rounding).unwrap();
                     assert!(bit_eq(&q, &expected), "{label}: fused q");
+                    let dynamic = fused_add_rms_norm_dynamic_per_token_quant_cpu;
+                    let (residual_out, q, s) =
+                        dynamic(&x, unique(&r), weight, 1e-6, Some(&ub), out_dtype, rounding).unwrap();
+                    let (eq, es) = dynamic_per_token_scaled_fp8_quant_cpu(&out, Some(&ub), out_dtype).unwrap();
+                    assert!(bit_eq(&residual_out, &sum), "{label}: dynamic residual_out");
+                    assert!(bit_eq(&q, &eq) && bit_eq(&s, &es), "{label}: fused dynamic");
                 }
             }
         }

@@ -296,7 +296,7 @@ pub(crate) fn fused_row_portable<T: CpuElement, W: CpuElement>(
 }
 
 /// `r ← x + r`, each sum rounded to `T` (the fused op's residual output), [`CHUNK`] values at a time.
-fn add_into<T: CpuElement>(x: &[T], r: &mut [T]) {
+pub(crate) fn add_into<T: CpuElement>(x: &[T], r: &mut [T]) {
     let mut sum = [0f32; CHUNK];
     for (x, r) in x.chunks(CHUNK).zip(r.chunks_mut(CHUNK)) {
         let sum = &mut sum[..r.len()];

@@ -3,7 +3,7 @@
 
 use ir_core::storage::DeviceAllocator;
 use ir_core::{DType, ExecutionContext, Tensor};
-use ir_ops::{dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
+use ir_ops::{Rounding, dynamic_per_token_scaled_fp8_quant, static_scaled_fp8_quant};
 
 use crate::LayerError;
 
@@ -42,6 +42,7 @@ pub struct QuantFp8 {
     name: String,
     scale: QuantScale,
     out_dtype: DType,
+    rounding: Rounding,
 }
 
 impl QuantFp8 {
@@ -70,7 +71,19 @@ impl QuantFp8 {
         if let Some(s) = given.filter(|s| s.dtype() != DType::F32 || s.numel() != 1) {
             return Err(error(format!("the scale must be an f32 tensor of one element, got {}", s.meta())));
         }
-        Ok(QuantFp8 { name, scale, out_dtype })
+        Ok(QuantFp8 { name, scale, out_dtype, rounding: Rounding::Exact })
+    }
+
+    /// The layer with a static scale's `rounding` ([`Rounding`]): `Exact` (the default) divides by
+    /// the scale, `Dtype` multiplies by its reciprocal as vLLM's static kernels do (bit parity with
+    /// vLLM). Per-token scales are divided by under both.
+    pub fn with_rounding(self, rounding: Rounding) -> QuantFp8 {
+        QuantFp8 { rounding, ..self }
+    }
+
+    /// The static scale's rounding ([`QuantFp8::with_rounding`]).
+    pub fn rounding(&self) -> Rounding {
+        self.rounding
     }
 
     /// The output dtype.
@@ -87,7 +100,7 @@ impl QuantFp8 {
         match &self.scale {
             QuantScale::Static(scale) => {
                 let scale = ctx.parameter(&self.name, scale)?;
-                Ok((static_scaled_fp8_quant::call(ctx, x, &scale, self.out_dtype)?, None))
+                Ok((static_scaled_fp8_quant::call(ctx, x, &scale, self.out_dtype, self.rounding)?, None))
             }
             QuantScale::PerToken { scale_ub } => {
                 let bound = scale_ub.as_ref().map(|ub| ctx.parameter(&self.name, ub)).transpose()?;
@@ -118,5 +131,29 @@ mod tests {
         assert!(err.to_string().contains("QuantFp8 `q`: the scale must be an f32 tensor of one element"), "{err}");
         let err = QuantFp8::new("q", QuantScale::PerToken { scale_ub: None }, DType::BF16).unwrap_err();
         assert!(err.to_string().contains("not f8e4m3fn or f8e5m2"), "{err}");
+    }
+
+    #[test]
+    fn the_static_rounding_reaches_the_op() {
+        let registry = ir_ops::registry();
+        let ctx = EagerContext::new(&registry);
+        // Values whose quotient by the scale lies within an f32 step of a tie of the e4m3 grid
+        // (8.5 between 8 and 9, ...), where the two roundings can differ.
+        let near_ties: Vec<f64> = (8..16)
+            .flat_map(|tie| {
+                let v = ((f64::from(tie) + 0.5) * f64::from(0.3f32)) as f32;
+                [v.next_down(), v, v.next_up()].map(f64::from)
+            })
+            .collect();
+        let x = Tensor::from_f64(DType::F32, &[1, near_ties.len()], &near_ties).unwrap();
+        let scale = Tensor::from_f64(DType::F32, &[1], &[0.3]).unwrap();
+        let exact = QuantFp8::new("s", QuantScale::Static(scale.clone()), DType::F8E4M3FN).unwrap();
+        let parity = exact.clone().with_rounding(Rounding::Dtype);
+        assert_eq!(parity.rounding(), Rounding::Dtype);
+        let (a, _) = exact.forward(&ctx, &x).unwrap();
+        let (b, _) = parity.forward(&ctx, &x).unwrap();
+        let expected = static_scaled_fp8_quant::native(&x, &scale, DType::F8E4M3FN, Rounding::Dtype).unwrap();
+        assert!(bit_eq(&b, &expected), "the layer's rounding is the op's");
+        assert!(!bit_eq(&a, &b), "dividing and multiplying by the reciprocal differ near a tie");
     }
 }

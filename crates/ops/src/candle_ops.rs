@@ -737,17 +737,18 @@ pub fn gelu_and_mul_sparse(
 }
 
 /// fp8 quantization with a static scale (`scale`: one f32): the codes as a candle tensor
-/// (`out_dtype` must have a candle counterpart: e4m3).
+/// (`out_dtype` must have a candle counterpart: e4m3). `rounding` as the op's.
 pub fn static_scaled_fp8_quant(
     registry: &Registry,
     x: &candle::Tensor,
     scale: &candle::Tensor,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<candle::Tensor> {
     let inputs = [Some(("x", x)), Some(("scale", scale))];
     let mut out = functional(registry, "static_scaled_fp8_quant", inputs, |[x, s]| {
         let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
-        Ok(vec![crate::static_scaled_fp8_quant::static_scaled_fp8_quant(registry, x, s, out_dtype)?])
+        Ok(vec![crate::static_scaled_fp8_quant::static_scaled_fp8_quant(registry, x, s, out_dtype, rounding)?])
     })?;
     Ok(out.remove(0))
 }
@@ -774,7 +775,7 @@ pub fn dynamic_per_token_scaled_fp8_quant(
     Ok((q, s))
 }
 
-/// `rms_norm` then static fp8 quantization, fused: the codes.
+/// `rms_norm` then static fp8 quantization, fused: the codes. `rounding` as the op's.
 pub fn rms_norm_static_fp8_quant(
     registry: &Registry,
     x: &candle::Tensor,
@@ -782,6 +783,7 @@ pub fn rms_norm_static_fp8_quant(
     epsilon: f64,
     scale: &candle::Tensor,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<candle::Tensor> {
     let inputs = [Some(("x", x)), weight.map(|w| ("weight", w)), Some(("scale", scale))];
     let mut out = functional(registry, "rms_norm_static_fp8_quant", inputs, |[x, w, s]| {
@@ -793,12 +795,14 @@ pub fn rms_norm_static_fp8_quant(
             epsilon,
             s,
             out_dtype,
+            rounding,
         )?])
     })?;
     Ok(out.remove(0))
 }
 
 /// `rms_norm` then dynamic per-token fp8 quantization, fused: `(codes, scales [..., 1])`.
+/// `rounding` as the op's.
 pub fn rms_norm_dynamic_per_token_quant(
     registry: &Registry,
     x: &candle::Tensor,
@@ -806,6 +810,7 @@ pub fn rms_norm_dynamic_per_token_quant(
     epsilon: f64,
     scale_ub: Option<&candle::Tensor>,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<(candle::Tensor, candle::Tensor)> {
     let inputs = [Some(("x", x)), weight.map(|w| ("weight", w)), scale_ub.map(|s| ("scale_ub", s))];
     let out = functional(registry, "rms_norm_dynamic_per_token_quant", inputs, |[x, w, ub]| {
@@ -817,6 +822,7 @@ pub fn rms_norm_dynamic_per_token_quant(
             epsilon,
             ub.as_ref(),
             out_dtype,
+            rounding,
         )?;
         Ok(vec![q, s])
     })?;
@@ -993,6 +999,7 @@ pub fn rotary_embedding(
 
 /// `fused_add_rms_norm` then static fp8 quantization, fused: `residual ← x + residual` in place,
 /// and the codes of the norm as a fresh candle tensor.
+#[allow(clippy::too_many_arguments)] // one argument per parameter of the op
 pub fn fused_add_rms_norm_static_fp8_quant(
     registry: &Registry,
     x: &candle::Tensor,
@@ -1001,8 +1008,10 @@ pub fn fused_add_rms_norm_static_fp8_quant(
     epsilon: f64,
     scale: &candle::Tensor,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<candle::Tensor> {
-    let (codes, _) = fused_quant(registry, x, residual, weight, epsilon, Some(scale), false, out_dtype)?;
+    let quant = FusedQuant { scale: Some(scale), dynamic: false, out_dtype, rounding };
+    let (codes, _) = fused_quant(registry, x, residual, weight, epsilon, quant)?;
     Ok(codes)
 }
 
@@ -1010,6 +1019,7 @@ pub fn fused_add_rms_norm_static_fp8_quant(
 /// vLLM's `rms_norm_dynamic_per_token_quant`): `residual ← x + residual` in place, and the codes
 /// of the norm and the per-token scales (`[..., 1]`, f32) as fresh candle tensors. `scale_ub`
 /// bounds each row's absmax.
+#[allow(clippy::too_many_arguments)] // one argument per parameter of the op
 pub fn fused_add_rms_norm_dynamic_per_token_quant(
     registry: &Registry,
     x: &candle::Tensor,
@@ -1018,25 +1028,35 @@ pub fn fused_add_rms_norm_dynamic_per_token_quant(
     epsilon: f64,
     scale_ub: Option<&candle::Tensor>,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<(candle::Tensor, candle::Tensor)> {
-    let (codes, scales) = fused_quant(registry, x, residual, weight, epsilon, scale_ub, true, out_dtype)?;
+    let quant = FusedQuant { scale: scale_ub, dynamic: true, out_dtype, rounding };
+    let (codes, scales) = fused_quant(registry, x, residual, weight, epsilon, quant)?;
     Ok((codes, scales.expect("the per-token form returns scales")))
+}
+
+/// The quantization of a fused add + norm + quantization call.
+struct FusedQuant<'a> {
+    /// The static scale, or the per-token form's optional bound.
+    scale: Option<&'a candle::Tensor>,
+    /// Whether scales are computed per token.
+    dynamic: bool,
+    out_dtype: DType,
+    rounding: Rounding,
 }
 
 /// The fused add + norm + quantization in place on the residual: the static form (`scale` given)
 /// or the per-token one (`dynamic`, with an optional bound). Returns the codes, and the scales of
 /// the per-token form.
-#[allow(clippy::too_many_arguments)]
 fn fused_quant(
     registry: &Registry,
     x: &candle::Tensor,
     residual: &candle::Tensor,
     weight: Option<&candle::Tensor>,
     epsilon: f64,
-    scale: Option<&candle::Tensor>,
-    dynamic: bool,
-    out_dtype: DType,
+    quant: FusedQuant<'_>,
 ) -> Result<(candle::Tensor, Option<candle::Tensor>)> {
+    let FusedQuant { scale, dynamic, out_dtype, rounding } = quant;
     let (op, scale_name) = if dynamic { (FUSED_DYNAMIC, "scale_ub") } else { (FUSED_STATIC, "scale") };
     let parts = [
         Some(("residual", residual, Role::Written)),
@@ -1062,12 +1082,12 @@ fn fused_quant(
         let written = Some(r.storage_id());
         let (res, q, scales) = if dynamic {
             let call = crate::fused_add_rms_norm_dynamic_per_token_quant::maybe_inplace;
-            let (res, q, scales) = call(registry, &x, r, w.as_ref(), epsilon, s.as_ref(), out_dtype)?;
+            let (res, q, scales) = call(registry, &x, r, w.as_ref(), epsilon, s.as_ref(), out_dtype, rounding)?;
             (res, q, Some(scales))
         } else {
             let s = s.as_ref().ok_or_else(|| candle::Error::Msg(format!("{FUSED_STATIC}: no scale")))?;
             let call = crate::fused_add_rms_norm_static_fp8_quant::maybe_inplace;
-            let (res, q) = call(registry, &x, r, w.as_ref(), epsilon, s, out_dtype)?;
+            let (res, q) = call(registry, &x, r, w.as_ref(), epsilon, s, out_dtype, rounding)?;
             (res, q, None)
         };
         drop((x, w, s));

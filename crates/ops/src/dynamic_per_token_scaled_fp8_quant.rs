@@ -44,7 +44,7 @@ pub fn native(x: &Tensor, scale_ub: Option<&Tensor>, out_dtype: DType) -> Result
     let args = [ArgMeta::Tensor(x.meta()), ub_meta, ArgMeta::DType(out_dtype)];
     meta(&args)?;
     let ub = scale_ub.map(scale_value).transpose()?;
-    let (q, scales) = quantize_host(x, QuantScale::Dynamic(ub), out_dtype)?;
+    let (q, scales) = quantize_host(x, QuantScale::Dynamic(ub), out_dtype, crate::Rounding::Exact)?;
     let scales = scales.expect("a dynamic quantization has scales");
     Ok((to_device_of(q, x)?, to_device_of(scales, x)?))
 }

@@ -1,11 +1,12 @@
 //! `fused_add_rms_norm_dynamic_per_token_quant(x, x_residual, weight, epsilon, scale_ub = none,
-//! out_dtype = f8e4m3fn) -> (residual_out, q, scales)`: `fused_add_rms_norm` followed by
+//! out_dtype = f8e4m3fn, rounding = "exact") -> (residual_out, q, scales)`: `fused_add_rms_norm` followed by
 //! `dynamic_per_token_scaled_fp8_quant` of its normalized output, in one pass over each row: the
 //! residual form of vLLM's `rms_norm_dynamic_per_token_quant`.
 //!
 //! The semantics are the composition: `(out, residual_out) = fused_add_rms_norm(x, x_residual,
-//! weight, epsilon)` and `(q, scales) = dynamic_per_token_scaled_fp8_quant(out, scale_ub,
-//! out_dtype)`; the normalized row is never written. Each row's scale comes from the absmax of its
+//! weight, epsilon, rounding = rounding)` and `(q, scales) = dynamic_per_token_scaled_fp8_quant(out,
+//! scale_ub, out_dtype)`: with `rounding = "dtype"` the norm reads the sum rounded to x's dtype, as
+//! `fused_add_rms_norm` with `"dtype"` and PyTorch's `residual + x` do; the normalized row is never written. Each row's scale comes from the absmax of its
 //! normalized values rounded to x's dtype (see [`quant`](crate::quant)).
 //!
 //! `allow_inplace` with activations `[x_residual]`: the `maybe_inplace` form donates the residual,
@@ -17,6 +18,7 @@
 //! normalized value (maybe the row's absmax) one step of x's dtype away from the reference's, so
 //! the scales are compared within 2^-7 relative.
 
+use crate::Rounding;
 use crate::norm_math::{NormParams, native_norm};
 use crate::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
@@ -42,6 +44,9 @@ ir_core::define_op! {
             scale_ub: Option<Tensor> = Literal::None,
             /// The fp8 format of the output.
             out_dtype: DType = Literal::DType(DType::F8E4M3FN),
+            /// Where intermediates round ([`Rounding`]): the sum the norm reads (fused-add forms,
+            /// 16-bit x) and a static scale's reciprocal.
+            rounding: Rounding = Literal::Str("exact"),
         ),
         outputs: (Tensor, Tensor, Tensor),
         inplace: true,
@@ -64,7 +69,7 @@ const NORM: NormParams = NormParams {
     epsilon: 3,
     variance_size: None,
 };
-const QUANT: QuantParams = QuantParams { scale: 4, dynamic: true, out_dtype: 5 };
+const QUANT: QuantParams = QuantParams { rounding: 6, scale: 4, dynamic: true, out_dtype: 5 };
 
 /// The reference implementation: the composition of the two ops' references.
 pub fn native(
@@ -74,12 +79,12 @@ pub fn native(
     epsilon: f64,
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<(Tensor, Tensor, Tensor), KernelError> {
-    let (normalized, residual_out) =
-        native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, crate::Rounding::Exact)?;
+    let (normalized, residual_out) = native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, rounding)?;
     let residual_out = residual_out.expect("a residual was given");
     let ub = scale_ub.map(scale_value).transpose()?;
-    let (q, scales) = quantize_host(&normalized, QuantScale::Dynamic(ub), out_dtype)?;
+    let (q, scales) = quantize_host(&normalized, QuantScale::Dynamic(ub), out_dtype, rounding)?;
     let scales = scales.expect("a dynamic quantization has scales");
     Ok((to_device_of(residual_out, x)?, to_device_of(q, x)?, to_device_of(scales, x)?))
 }

@@ -1,16 +1,19 @@
-//! `fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, out_dtype = f8e4m3fn)
-//! -> (residual_out, q)`: `fused_add_rms_norm` followed by `static_scaled_fp8_quant` of its
+//! `fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, out_dtype = f8e4m3fn,
+//! rounding = "exact") -> (residual_out, q)`: `fused_add_rms_norm` followed by `static_scaled_fp8_quant` of its
 //! normalized output, in one pass over each row.
 //!
 //! The semantics are the composition: `(out, residual_out) = fused_add_rms_norm(x, x_residual,
-//! weight, epsilon)` and `q = static_scaled_fp8_quant(out, scale, out_dtype)`; the normalized row
-//! is never written. Activations `[x_residual]`.
+//! weight, epsilon, rounding = rounding)` and `q = static_scaled_fp8_quant(out, scale, out_dtype,
+//! rounding)`; the normalized row is never written. With `rounding = "dtype"` the norm reads the
+//! sum rounded to x's dtype and the quantization multiplies by the scale's reciprocal: vLLM's
+//! fused kernel, bit for bit, and the unfused pair with `"dtype"`. Activations `[x_residual]`.
 //!
 //! `allow_inplace` with activations `[x_residual]`: the `maybe_inplace` form donates the residual,
 //! and an in-place kernel writes `residual_out` into its storage; `q` is always fresh. The residual
 //! comes first among the outputs, unlike vLLM's `(out, residual)`: an in-place op's first outputs
 //! are its activations', one per activation in order, and the rest are fresh.
 
+use crate::Rounding;
 use crate::norm_math::{NormParams, native_norm};
 use crate::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
@@ -36,6 +39,9 @@ ir_core::define_op! {
             scale: Tensor,
             /// The fp8 format of the output.
             out_dtype: DType = Literal::DType(DType::F8E4M3FN),
+            /// Where intermediates round ([`Rounding`]): the sum the norm reads (fused-add forms,
+            /// 16-bit x) and a static scale's reciprocal.
+            rounding: Rounding = Literal::Str("exact"),
         ),
         outputs: (Tensor, Tensor),
         inplace: true,
@@ -55,7 +61,7 @@ const NORM: NormParams = NormParams {
     epsilon: 3,
     variance_size: None,
 };
-const QUANT: QuantParams = QuantParams { scale: 4, dynamic: false, out_dtype: 5 };
+const QUANT: QuantParams = QuantParams { rounding: 6, scale: 4, dynamic: false, out_dtype: 5 };
 
 /// The reference implementation: the composition of the two ops' references.
 pub fn native(
@@ -65,11 +71,11 @@ pub fn native(
     epsilon: f64,
     scale: &Tensor,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let (normalized, residual_out) =
-        native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, crate::Rounding::Exact)?;
+    let (normalized, residual_out) = native_norm(&x.to_cpu()?, Some(x_residual), weight, epsilon, None, rounding)?;
     let residual_out = residual_out.expect("a residual was given");
-    let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype)?;
+    let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype, rounding)?;
     Ok((to_device_of(residual_out, x)?, to_device_of(q, x)?))
 }
 

@@ -51,18 +51,21 @@ use ir_core::op::OpDef;
 use ir_core::{DType, Registry};
 
 ir_core::str_enum! {
-    /// Where `fused_add_rms_norm` and `rotary_embedding` round their intermediate values (their last
-    /// parameter, `rounding = "exact"`).
+    /// Where the norms, the quantizations and `rotary_embedding` round their intermediate values
+    /// (their last parameter, `rounding = "exact"`).
     pub enum Rounding {
         /// The default: intermediates stay in the compute dtype (f32; f64 for f64 tensors) and only
         /// the results round to the tensors' dtype, closer to the exact values: `fused_add_rms_norm`
-        /// normalizes the f32 sum, rotary keeps its products in f32.
+        /// and the fused-add norm + quantization ops normalize the f32 sum, rotary keeps its
+        /// products in f32, a static quantization divides by its scale.
         Exact = "exact",
-        /// Rounded to the tensors' dtype where PyTorch's eager arithmetic and vLLM's CUDA kernels
-        /// round, for engines checking bit parity with Hugging Face transformers or vLLM:
-        /// `fused_add_rms_norm` normalizes the sum rounded to x's dtype (the residual output's
-        /// values), rotary rounds each product (and the cos and sin) to the query's dtype before
-        /// the sum or difference. The same as `exact` for f32 and f64 tensors.
+        /// Rounded where PyTorch's eager arithmetic and vLLM's CUDA kernels round, for engines
+        /// checking bit parity with Hugging Face transformers or vLLM: `fused_add_rms_norm` and the
+        /// fused-add norm + quantization ops normalize the sum rounded to x's dtype (the residual
+        /// output's values), rotary rounds each product (and the cos and sin) to the query's dtype
+        /// before the sum or difference. These are the same as `exact` for f32 and f64 tensors. A
+        /// static quantization (plain or after a norm) multiplies by the scale's reciprocal,
+        /// rounded to the compute dtype, as vLLM's static kernels do, for every dtype.
         Dtype = "dtype",
     }
 }
@@ -71,6 +74,12 @@ impl Rounding {
     /// Whether this rounding rounds intermediates of `dtype` tensors (`dtype` on a 16-bit dtype).
     pub fn rounds_intermediates(self, dtype: DType) -> bool {
         self == Rounding::Dtype && !matches!(dtype, DType::F32 | DType::F64)
+    }
+
+    /// Whether a static quantization multiplies by the scale's reciprocal (`dtype`, on every
+    /// dtype) instead of dividing by the scale.
+    pub fn inverts_scale(self) -> bool {
+        self == Rounding::Dtype
     }
 }
 

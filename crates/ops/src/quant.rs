@@ -17,14 +17,21 @@
 //! s = max(c(a / M), c(1 / (M · 512)))  // the floor keeps all-zero rows finite
 //! ```
 //!
-//! These are the rounding points of vLLM's CUDA kernels except one: the static kernel there
-//! multiplies by a reciprocal of the scale, which rounds twice; the reference divides, so a kernel
-//! here divides too and matches it bit for bit. Overflow saturates (an element beyond `M · s`
+//! These are the rounding points of vLLM's CUDA kernels except one by default: vLLM's static
+//! kernels multiply by the scale's reciprocal, which rounds twice; with `rounding = "exact"` (the
+//! default) a static quantization divides once, closer to the exact quotient. With `rounding =
+//! "dtype"` (vLLM parity) it multiplies as vLLM does:
+//!
+//! ```text
+//! q_j = sat_d(c(x_j · c(1 / s)))     // static scale, rounding "dtype"
+//! ```
+//!
+//! Dynamic per-token scales are divided by under both roundings, as vLLM's fp8 kernels do. Overflow saturates (an element beyond `M · s`
 //! becomes `±M`); NaN stays NaN; an infinite element makes its row's dynamic scale infinite, so
 //! that element is NaN and the rest of the row zero.
 
 use crate::norm_math::{NormParams, norm_meta};
-use ir_core::op::{ArgMeta, MetaError};
+use ir_core::op::{ArgMeta, MetaError, StrEnum};
 use ir_core::{DType, Device, Tensor, TensorError, TensorMeta};
 
 /// The fp8 output dtype, or the error naming the parameter.
@@ -88,6 +95,8 @@ pub(crate) fn check_x(op: &'static str, x: &TensorMeta) -> Result<(), MetaError>
 
 /// Where a norm + quantization op keeps its quantization arguments.
 pub(crate) struct QuantParams {
+    /// The `rounding` parameter.
+    pub(crate) rounding: usize,
     /// The static scale or the dynamic bound.
     pub(crate) scale: usize,
     /// Whether the op quantizes per token (then `scale` is the optional `scale_ub`).
@@ -113,6 +122,9 @@ pub(crate) fn norm_quant_meta(
         _ => return Err(MetaError::Kind { op, param: scale_param }),
     }
     let dtype = fp8_dtype(op, args, quant.out_dtype)?;
+    if !matches!(args.get(quant.rounding), Some(ArgMeta::Str(_))) {
+        return Err(MetaError::Kind { op, param: "rounding" });
+    }
     let mut outputs: ir_core::op::OutputMetas = norm_outputs.drain(1..).collect();
     outputs.push(quantized_meta(x, dtype));
     if quant.dynamic {
@@ -123,11 +135,13 @@ pub(crate) fn norm_quant_meta(
 
 /// Quantizes a host tensor (the norm's output) with a static scale or per-token dynamic scales:
 /// the reference step shared by every quantization op. Returns `(q, scales)`, the scales for a
-/// dynamic call only.
+/// dynamic call only. A static scale is inverted first under `rounding = "dtype"` (see the module
+/// doc).
 pub(crate) fn quantize_host(
     x: &Tensor,
     scale: QuantScale,
     dtype: DType,
+    rounding: crate::Rounding,
 ) -> Result<(Tensor, Option<Tensor>), TensorError> {
     let compute = x.dtype().compute_dtype();
     let hidden = x.layout().last_dim();
@@ -142,7 +156,13 @@ pub(crate) fn quantize_host(
             QuantScale::Static(s) => compute.round(s),
             QuantScale::Dynamic(ub) => dynamic_scale(row, ub.map(|v| compute.round(v)), dtype, compute),
         };
-        q.extend(row.iter().map(|&v| quantize(v, s, dtype, compute)));
+        match scale {
+            QuantScale::Static(_) if rounding.inverts_scale() => {
+                let inverse = reciprocal(s, compute);
+                q.extend(row.iter().map(|&v| quantize_by_reciprocal(v, inverse, dtype, compute)));
+            }
+            _ => q.extend(row.iter().map(|&v| quantize(v, s, dtype, compute))),
+        }
         scales.push(s);
     }
     let q = Tensor::from_f64(dtype, x.shape(), &q)?;
@@ -164,7 +184,8 @@ pub(crate) enum QuantScale {
 
 /// The input generator of the norm + quantization ops: `x ~ N(0, 1)` of `[T, H]`, the residual
 /// (same distribution) when `with_residual`, `weight ~ N(1, 0.1)`, epsilon, then `scale` (the
-/// quantization's scale or bound, an f32 tensor of one element) and the output dtype `f8e4m3fn`.
+/// quantization's scale or bound, an f32 tensor of one element), the output dtype `f8e4m3fn` and
+/// the rounding (both, by seed).
 pub(crate) fn norm_quant_inputs(
     spec: &ir_core::op::InputSpec,
     with_residual: bool,
@@ -181,7 +202,13 @@ pub(crate) fn norm_quant_inputs(
     values.push(Value::F64(spec.epsilon));
     values.push(Value::Tensor(Tensor::from_f64(DType::F32, &[1], &[scale])?));
     values.push(Value::DType(DType::F8E4M3FN));
+    values.push(Value::Str(generated_rounding(spec.seed).as_str().to_owned()));
     Ok(values)
+}
+
+/// The rounding generated inputs take: both, by seed.
+pub(crate) fn generated_rounding(seed: u64) -> crate::Rounding {
+    if seed.is_multiple_of(2) { crate::Rounding::Exact } else { crate::Rounding::Dtype }
 }
 
 /// The smallest dynamic scale for `dtype`: `c(1 / (M · 512))`.
@@ -206,6 +233,16 @@ pub fn dynamic_scale(row: &[f64], scale_ub: Option<f64>, dtype: DType, compute: 
 /// `q = sat_d(c(value / scale))` for one element already in `c`.
 pub fn quantize(value: f64, scale: f64, dtype: DType, compute: DType) -> f64 {
     dtype.round(compute.round(value / scale))
+}
+
+/// `c(1 / scale)`: the reciprocal a static quantization multiplies by under `rounding = "dtype"`.
+pub fn reciprocal(scale: f64, compute: DType) -> f64 {
+    compute.round(1.0 / scale)
+}
+
+/// `q = sat_d(c(value · inverse))` for one element already in `c`, `inverse` from [`reciprocal`].
+pub fn quantize_by_reciprocal(value: f64, inverse: f64, dtype: DType, compute: DType) -> f64 {
+    dtype.round(compute.round(value * inverse))
 }
 
 /// The values of a one-element scale tensor on any device, as f64.
@@ -254,5 +291,23 @@ mod tests {
         // 17 / 1 lies halfway between 16 and 18: ties to even (16).
         assert_eq!(quantize(17.0, 1.0, d, c), 16.0);
         assert_eq!(quantize(100000.0, 1.0, DType::F8E5M2, c), 57344.0);
+    }
+
+    #[test]
+    fn the_reciprocal_form_rounds_twice() {
+        let (c, d) = (DType::F32, DType::F8E4M3FN);
+        // Values whose quotient by 0.3 lies within an f32 step of a tie of the fp8 grid (17 lies
+        // halfway between 16 and 18, ...): `x · c(1/s)` rounds on the other side of some.
+        let s = c.round(0.3);
+        let inverse = reciprocal(s, c);
+        let near_ties = (8..400).flat_map(|tie| {
+            let v = (f64::from(tie) + 0.5) * s;
+            let v = v as f32;
+            [v.next_down(), v, v.next_up()].map(f64::from)
+        });
+        let differing = near_ties.filter(|&v| quantize(v, s, d, c) != quantize_by_reciprocal(v, inverse, d, c)).count();
+        assert!(differing > 0, "some value near a tie quantizes differently through the reciprocal");
+        assert_eq!(quantize_by_reciprocal(1000.0, 1.0, d, c), 448.0, "saturates");
+        assert!(quantize_by_reciprocal(f64::NAN, 1.0, d, c).is_nan());
     }
 }

@@ -1,16 +1,18 @@
-//! `rms_norm_dynamic_per_token_quant(x, weight, epsilon, scale_ub = none, out_dtype = f8e4m3fn) ->
-//! (q, scales)`: `rms_norm` followed by `dynamic_per_token_scaled_fp8_quant` of its output, in one
+//! `rms_norm_dynamic_per_token_quant(x, weight, epsilon, scale_ub = none, out_dtype = f8e4m3fn,
+//! rounding = "exact") -> (q, scales)`: `rms_norm` followed by `dynamic_per_token_scaled_fp8_quant` of its output, in one
 //! pass over each row.
 //!
 //! The semantics are the composition: `(q, scales) = dynamic_per_token_scaled_fp8_quant(
 //! rms_norm(x, weight, epsilon), scale_ub, out_dtype)`: each row's scale comes from the absmax of
 //! its normalized values rounded to x's dtype (see [`quant`](crate::quant)). Not in place;
-//! activations `[x]`.
+//! activations `[x]`. `rounding` changes nothing here (no sum to round, per-token scales are
+//! divided by under both): it is there so every norm + quantization op takes the same arguments.
 //!
 //! Tolerance: a kernel's f32 sum of squares may round a normalized value one step of x's dtype away
 //! from the reference's, and that value may be the row's absmax, so the scales (f32) are compared
 //! within 2^-7 relative, one bf16 step.
 
+use crate::Rounding;
 use crate::norm_math::{NormParams, native_norm};
 use crate::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
@@ -34,6 +36,9 @@ ir_core::define_op! {
             scale_ub: Option<Tensor> = Literal::None,
             /// The fp8 format of the output.
             out_dtype: DType = Literal::DType(DType::F8E4M3FN),
+            /// Where intermediates round ([`Rounding`]): the sum the norm reads (fused-add forms,
+            /// 16-bit x) and a static scale's reciprocal.
+            rounding: Rounding = Literal::Str("exact"),
         ),
         outputs: (Tensor, Tensor),
         inplace: false,
@@ -53,7 +58,7 @@ const NORM: NormParams = NormParams {
     epsilon: RmsNormDynamicPerTokenQuantArgs::epsilon,
     variance_size: None,
 };
-const QUANT: QuantParams = QuantParams { scale: 3, dynamic: true, out_dtype: 4 };
+const QUANT: QuantParams = QuantParams { rounding: 5, scale: 3, dynamic: true, out_dtype: 4 };
 
 /// The reference implementation: the composition of the two ops' references.
 pub fn native(
@@ -62,10 +67,11 @@ pub fn native(
     epsilon: f64,
     scale_ub: Option<&Tensor>,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
-    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, crate::Rounding::Exact)?;
+    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, rounding)?;
     let ub = scale_ub.map(scale_value).transpose()?;
-    let (q, scales) = quantize_host(&normalized, QuantScale::Dynamic(ub), out_dtype)?;
+    let (q, scales) = quantize_host(&normalized, QuantScale::Dynamic(ub), out_dtype, rounding)?;
     let scales = scales.expect("a dynamic quantization has scales");
     Ok((to_device_of(q, x)?, to_device_of(scales, x)?))
 }

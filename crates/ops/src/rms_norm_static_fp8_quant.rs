@@ -1,11 +1,13 @@
-//! `rms_norm_static_fp8_quant(x, weight, epsilon, scale, out_dtype = f8e4m3fn) -> q`: `rms_norm`
-//! followed by `static_scaled_fp8_quant` of its output, in one pass over each row.
+//! `rms_norm_static_fp8_quant(x, weight, epsilon, scale, out_dtype = f8e4m3fn, rounding = "exact")
+//! -> q`: `rms_norm` followed by `static_scaled_fp8_quant` of its output, in one pass over each row.
 //!
 //! The semantics are the composition: `q = static_scaled_fp8_quant(rms_norm(x, weight, epsilon),
-//! scale, out_dtype)`, the norm's output rounded to x's dtype before it is divided by the scale
+//! scale, out_dtype, rounding)` (with `"dtype"` the quantization multiplies by the scale's
+//! reciprocal, as vLLM's fused kernel does), the norm's output rounded to x's dtype before it is divided by the scale
 //! (see [`rms_norm`](crate::rms_norm) and [`quant`](crate::quant)); a kernel keeps the
 //! normalized row in registers instead of writing it. Not in place; activations `[x]`.
 
+use crate::Rounding;
 use crate::norm_math::{NormParams, native_norm};
 use crate::quant::{
     QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
@@ -29,6 +31,9 @@ ir_core::define_op! {
             scale: Tensor,
             /// The fp8 format of the output.
             out_dtype: DType = Literal::DType(DType::F8E4M3FN),
+            /// Where intermediates round ([`Rounding`]): the sum the norm reads (fused-add forms,
+            /// 16-bit x) and a static scale's reciprocal.
+            rounding: Rounding = Literal::Str("exact"),
         ),
         outputs: Tensor,
         inplace: false,
@@ -48,7 +53,7 @@ const NORM: NormParams = NormParams {
     epsilon: RmsNormStaticFp8QuantArgs::epsilon,
     variance_size: None,
 };
-const QUANT: QuantParams = QuantParams { scale: 3, dynamic: false, out_dtype: 4 };
+const QUANT: QuantParams = QuantParams { rounding: 5, scale: 3, dynamic: false, out_dtype: 4 };
 
 /// The reference implementation: the composition of the two ops' references.
 pub fn native(
@@ -57,9 +62,10 @@ pub fn native(
     epsilon: f64,
     scale: &Tensor,
     out_dtype: DType,
+    rounding: Rounding,
 ) -> Result<Tensor, KernelError> {
-    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, crate::Rounding::Exact)?;
-    let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype)?;
+    let (normalized, _) = native_norm(&x.to_cpu()?, None, weight, epsilon, None, rounding)?;
+    let (q, _) = quantize_host(&normalized, QuantScale::Static(scale_value(scale)?), out_dtype, rounding)?;
     Ok(to_device_of(q, x)?)
 }
 

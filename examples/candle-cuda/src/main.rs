@@ -10,8 +10,8 @@ use std::error::Error;
 
 use candle_core::{DType, Device, Tensor};
 use ir_core::Registry;
-use ir_ops::candle_ops;
 use ir_ops::Rounding;
+use ir_ops::candle_ops;
 use ir_ops::gelu_and_mul::Approximate;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -149,41 +149,52 @@ fn check(cuda: &Registry, reference: &Registry, gpu: &Device, dtype: DType) -> R
     )?;
     expect_close("rotary_embedding", dtype, &gqkv, &cqkv)?;
 
-    // The quantizations (fp8 e4m3 codes; per-token scales in f32).
+    // The quantizations (fp8 e4m3 codes; per-token scales in f32), the static and fused ones with
+    // vLLM's rounding points (`Rounding::Dtype`).
+    let parity = Rounding::Dtype;
     let scale = Tensor::new(&[0.05f32], &cpu)?;
     let gscale = on_gpu(&scale)?;
-    let codes = candle_ops::static_scaled_fp8_quant(cuda, &on_gpu(&x)?, &gscale, e4m3)?;
+    let codes = candle_ops::static_scaled_fp8_quant(cuda, &on_gpu(&x)?, &gscale, e4m3, parity)?;
     expect_codes(
         "static_scaled_fp8_quant",
         &codes,
-        &candle_ops::static_scaled_fp8_quant(reference, &x, &scale, e4m3)?,
+        &candle_ops::static_scaled_fp8_quant(reference, &x, &scale, e4m3, parity)?,
     )?;
     let (codes, scales) = candle_ops::dynamic_per_token_scaled_fp8_quant(cuda, &on_gpu(&x)?, None, e4m3)?;
     let (rcodes, rscales) = candle_ops::dynamic_per_token_scaled_fp8_quant(reference, &x, None, e4m3)?;
     expect_codes("dynamic_per_token_scaled_fp8_quant", &codes, &rcodes)?;
     expect_scales("dynamic_per_token_scaled_fp8_quant scales", &scales, &rscales)?;
-    let codes = candle_ops::rms_norm_static_fp8_quant(cuda, &on_gpu(&x)?, Some(&gw), 1e-6, &gscale, e4m3)?;
-    let rcodes = candle_ops::rms_norm_static_fp8_quant(reference, &x, Some(&weight), 1e-6, &scale, e4m3)?;
+    let codes = candle_ops::rms_norm_static_fp8_quant(cuda, &on_gpu(&x)?, Some(&gw), 1e-6, &gscale, e4m3, parity)?;
+    let rcodes = candle_ops::rms_norm_static_fp8_quant(reference, &x, Some(&weight), 1e-6, &scale, e4m3, parity)?;
     expect_codes("rms_norm_static_fp8_quant", &codes, &rcodes)?;
     let (codes, scales) =
-        candle_ops::rms_norm_dynamic_per_token_quant(cuda, &on_gpu(&x)?, Some(&gw), 1e-6, None, e4m3)?;
+        candle_ops::rms_norm_dynamic_per_token_quant(cuda, &on_gpu(&x)?, Some(&gw), 1e-6, None, e4m3, parity)?;
     let (rcodes, rscales) =
-        candle_ops::rms_norm_dynamic_per_token_quant(reference, &x, Some(&weight), 1e-6, None, e4m3)?;
+        candle_ops::rms_norm_dynamic_per_token_quant(reference, &x, Some(&weight), 1e-6, None, e4m3, parity)?;
     expect_codes("rms_norm_dynamic_per_token_quant", &codes, &rcodes)?;
     expect_scales("rms_norm_dynamic_per_token_quant scales", &scales, &rscales)?;
 
     // The fused add + norm + quantizations: the residual in place, the codes fresh.
     let (gx, gr, cr) = (on_gpu(&x)?, on_gpu(&residual)?, residual.copy()?);
-    let codes = candle_ops::fused_add_rms_norm_static_fp8_quant(cuda, &gx, &gr, Some(&gw), 1e-6, &gscale, e4m3)?;
+    let codes =
+        candle_ops::fused_add_rms_norm_static_fp8_quant(cuda, &gx, &gr, Some(&gw), 1e-6, &gscale, e4m3, parity)?;
     let rcodes =
-        candle_ops::fused_add_rms_norm_static_fp8_quant(reference, &x, &cr, Some(&weight), 1e-6, &scale, e4m3)?;
+        candle_ops::fused_add_rms_norm_static_fp8_quant(reference, &x, &cr, Some(&weight), 1e-6, &scale, e4m3, parity)?;
     expect_codes("fused_add_rms_norm_static_fp8_quant", &codes, &rcodes)?;
     expect_close("fused_add_rms_norm_static_fp8_quant residual", dtype, &gr, &cr)?;
     let (gr, cr) = (on_gpu(&residual)?, residual.copy()?);
     let (codes, scales) =
-        candle_ops::fused_add_rms_norm_dynamic_per_token_quant(cuda, &gx, &gr, Some(&gw), 1e-6, None, e4m3)?;
-    let (rcodes, rscales) =
-        candle_ops::fused_add_rms_norm_dynamic_per_token_quant(reference, &x, &cr, Some(&weight), 1e-6, None, e4m3)?;
+        candle_ops::fused_add_rms_norm_dynamic_per_token_quant(cuda, &gx, &gr, Some(&gw), 1e-6, None, e4m3, parity)?;
+    let (rcodes, rscales) = candle_ops::fused_add_rms_norm_dynamic_per_token_quant(
+        reference,
+        &x,
+        &cr,
+        Some(&weight),
+        1e-6,
+        None,
+        e4m3,
+        parity,
+    )?;
     expect_codes("fused_add_rms_norm_dynamic_per_token_quant", &codes, &rcodes)?;
     expect_scales("fused_add_rms_norm_dynamic_per_token_quant scales", &scales, &rscales)?;
     expect_close("fused_add_rms_norm_dynamic_per_token_quant residual", dtype, &gr, &cr)?;

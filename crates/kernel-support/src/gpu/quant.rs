@@ -48,10 +48,16 @@ fn quant_grid<R: GpuRuntime>(rows: &Rows) -> Grid {
 /// `static_scaled_fp8_quant` on runtime `R`: a fresh compact output in `out_dtype`, one group of
 /// [`GpuRuntime::QUANT_GROUP`] per row; the scale stays on the device, where the kernel reads it.
 /// The kernel is `static_scaled_fp8_quant_<dtype>(unsigned char* q, const elem_t* x, long long
-/// n_rows, int hidden, long long x_row_stride, const float* scale, int format)`, or its 16-byte
-/// form `<kernel>_<dtype>_vec` (same prototype) when x's rows and q allow it (every quantization
-/// kernel has one, except for f64).
-pub fn run_static_quant<R: GpuRuntime>(x: &Tensor, scale: &Tensor, out_dtype: DType) -> Result<Tensor, KernelError> {
+/// n_rows, int hidden, long long x_row_stride, const float* scale, int format, int invert)`, or its
+/// 16-byte form `<kernel>_<dtype>_vec` (same prototype) when x's rows and q allow it (every
+/// quantization kernel has one, except for f64). `invert` is 1 under `rounding = "dtype"`: the
+/// kernel multiplies by the scale's reciprocal.
+pub fn run_static_quant<R: GpuRuntime>(
+    x: &Tensor,
+    scale: &Tensor,
+    out_dtype: DType,
+    rounding: ir_ops::Rounding,
+) -> Result<Tensor, KernelError> {
     let format = fp8_format_code(out_dtype)?;
     let QuantStart::<R> { rows, x: x_buffer, queue, mut q, vectorized } = QuantStart::new(x, out_dtype)?;
     if rows.n_rows > 0 && rows.hidden > 0 {
@@ -68,7 +74,8 @@ pub fn run_static_quant<R: GpuRuntime>(x: &Tensor, scale: &Tensor, out_dtype: DT
             .int(hidden)
             .long(row_stride)
             .read(scale_buffer, scale.offset(), DType::F32)
-            .int(format);
+            .int(format)
+            .int(i32::from(rounding.inverts_scale()));
         // SAFETY: the arguments follow the prototype above, each integer converted without loss by
         // `Rows::kernel_args`. x's rows lie inside its buffer (its layout was checked against its
         // storage, and the rows come from that layout); the scale is one f32 element at its
@@ -125,10 +132,14 @@ pub fn run_dynamic_quant<R: GpuRuntime>(
 /// kernel is `norm_quant_<dtype>(unsigned char* q, float* scales, elem_t* residual_out, const
 /// elem_t* x, const elem_t* r, const elem_t* w, long long n_rows, int hidden, long long
 /// x_row_stride, long long r_row_stride, long long out_row_stride, compute_t eps, const float*
-/// scale, int has_residual, int has_weight, int dynamic, int has_scale, int format)`, or its 16-byte
-/// form when x's, the residual's and the residual output's rows, the weight and q all allow it.
+/// scale, int has_residual, int has_weight, int dynamic, int has_scale, int format, int round_sum, int
+/// invert)`, or its 16-byte form when x's, the residual's and the residual output's rows, the weight
+/// and q all allow it. `round_sum` and `invert` are the call's `rounding = "dtype"`: the norm of
+/// the sum rounded to x's dtype (16-bit x with a residual), a static scale's reciprocal.
 pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
-    let NormQuantCall { x, mut residual, weight, epsilon, scale, dynamic, out_dtype } = call;
+    let NormQuantCall { x, mut residual, weight, epsilon, scale, dynamic, out_dtype, rounding } = call;
+    let round_sum = residual.is_some() && rounding.rounds_intermediates(x.dtype());
+    let invert = !dynamic && rounding.inverts_scale();
     let format = fp8_format_code(out_dtype)?;
     let dtype = x.dtype();
     let QuantStart::<R> { rows, x: x_buffer, queue, mut q, vectorized } = QuantStart::new(x, out_dtype)?;
@@ -206,7 +217,7 @@ pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuan
         for flag in flags {
             args.int(flag);
         }
-        args.int(format);
+        args.int(format).int(i32::from(round_sum)).int(i32::from(invert));
         // SAFETY: the arguments follow the prototype above, each integer converted without loss by
         // `Rows::kernel_args`. x's and the residual's rows lie inside their buffers (their layouts
         // were checked against their storage); the weight holds `hidden` unit-stride elements of

@@ -383,6 +383,7 @@ fn norm_quant_in_place_writes_the_sum_through_the_residual_itself() {
         scale: Some(&scale),
         dynamic: false,
         out_dtype: DType::F8E4M3FN,
+        rounding: ir_ops::Rounding::Dtype,
     };
     let outputs = run_norm_quant::<Recorder>(call).unwrap();
     assert!(outputs.residual_out.is_none() && outputs.scales.is_none());
@@ -409,6 +410,8 @@ fn norm_quant_in_place_writes_the_sum_through_the_residual_itself() {
         "I32(0)",
         "I32(1)",
         "I32(0)", // e4m3
+        "I32(1)", // `dtype` rounding of an f16 sum: the norm reads it rounded
+        "I32(1)", // and the static scale's reciprocal multiplies
     ];
     assert_eq!(launches[0].args, expected.map(str::to_owned));
 }
@@ -422,7 +425,7 @@ fn quantizations_take_the_16_byte_kernels_only_where_every_row_allows_it() {
     };
     let scale = on_host(DType::F32, &[1], &[1], 0, 1);
     let static_quant = |x: Tensor| {
-        run_static_quant::<Recorder>(&x, &scale, DType::F8E4M3FN).unwrap();
+        run_static_quant::<Recorder>(&x, &scale, DType::F8E4M3FN, ir_ops::Rounding::Exact).unwrap();
         symbol()
     };
     assert_eq!(static_quant(on_host(DType::BF16, &[4, 64], &[64, 1], 0, 256)), "static_scaled_fp8_quant_bf16_vec");
@@ -454,6 +457,7 @@ fn quantizations_take_the_16_byte_kernels_only_where_every_row_allows_it() {
             scale: None,
             dynamic: true,
             out_dtype: DType::F8E4M3FN,
+            rounding: ir_ops::Rounding::Dtype,
         };
         run_norm_quant::<Recorder>(call).unwrap();
         symbol()
