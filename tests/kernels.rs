@@ -1260,7 +1260,7 @@ fn gated_activations_hold_their_tolerance_over_the_whole_gate_range() {
 }
 
 /// Every norm + quantization takes every weight dtype the plain norms take (a Gemma-style f32
-/// weight on bf16 activations included) on the cpu provider, with native's results: the residual
+/// weight on bf16 activations included) on every provider, with native's results: the residual
 /// output bit-exact, the codes and scales within the op's tolerance.
 #[test]
 fn norm_quantizations_take_every_weight_dtype_the_norms_take() {
@@ -1304,13 +1304,6 @@ fn norm_quantizations_take_every_weight_dtype_the_norms_take() {
                     let device_args = args(&|t| backend.upload(t).unwrap());
                     let metas: Vec<ArgMeta<'_>> = device_args.iter().map(Value::meta).collect();
                     let selection = backend.registry.select(op, &metas).unwrap();
-                    let gpu_mixed = backend.provider != kernels_cpu::PROVIDER && w_dtype != x_dtype;
-                    if gpu_mixed {
-                        // FIXME: the GPU norm + quant kernels read the weight in x's dtype; they
-                        // should take a weight of another dtype as the plain norms do.
-                        assert_eq!(selection.provider, "native", "{label}");
-                        continue;
-                    }
                     assert_eq!(selection.provider, backend.provider, "{label}: {:?}", selection.rejected);
                     let got = backend.registry.call(op, Overload::Default, device_args).unwrap();
                     let expected = (def.native)(&args(&|t| t.clone())).unwrap();

@@ -19,7 +19,7 @@
 // the element type at each step: the rounding points of the composition `quant(rms_norm(x))`. Each
 // residual element is read and written by the same thread, the write after every read of it, so
 // the residual output may be the residual's own rows (in place: `residual_out` is `r`, with its
-// stride).
+// stride). A weight of another type than x is read element by element (`norm_quant_w<weight>_<dtype>`).
 
 #ifndef VLLM_IR_GPU_NORM_QUANT_H
 #define VLLM_IR_GPU_NORM_QUANT_H
@@ -46,15 +46,34 @@ __device__ __forceinline__ void load_pair(const typename Elem<DT>::T* x_row, con
 }
 
 // The normalized values z of a chunk's values a (in place), weighted by chunk `c` of w when given.
-template <int DT, bool VEC>
-__device__ __forceinline__ void normalize(Compute<DT>* a, Compute<DT> rstd, const typename Elem<DT>::T* w, int c,
+// A weight of x's type (WT == DT) is read as a chunk like x; one of another type element by element
+// (scalar loads: its chunks are another size), the weight step in its type as the reference's step
+// 5 does: z = round_x(round_w(round_w(y) * w)), computed in double when either type is f64.
+template <int DT, int WT, bool VEC>
+__device__ __forceinline__ void normalize(Compute<DT>* a, Compute<DT> rstd, const typename Elem<WT>::T* w, int c,
                                           int hidden, int has_weight) {
-    RowChunk<DT, VEC> wc;
-    if (has_weight) wc.load(w, c, hidden);
+    if constexpr (WT == DT) {
+        RowChunk<DT, VEC> wc;
+        if (has_weight) wc.load(w, c, hidden);
 #pragma unroll
-    for (int i = 0; i < Elem<DT>::CHUNK; ++i) {
-        a[i] = round_elem<DT>(c_mul(a[i], rstd));
-        if (has_weight) a[i] = round_elem<DT>(c_mul(a[i], Elem<DT>::load(wc.get(i))));
+        for (int i = 0; i < Elem<DT>::CHUNK; ++i) {
+            a[i] = round_elem<DT>(c_mul(a[i], rstd));
+            if (has_weight) a[i] = round_elem<DT>(c_mul(a[i], Elem<DT>::load(wc.get(i))));
+        }
+    } else {
+        typedef typename MixedCompute<DT, WT>::T M;
+        const int first = c * Elem<DT>::CHUNK;
+#pragma unroll
+        for (int i = 0; i < Elem<DT>::CHUNK; ++i) {
+            Compute<DT> y = c_mul(a[i], rstd);
+            if (has_weight) {
+                M wv = first + i < hidden ? (M)Elem<WT>::load(w[first + i]) : M(0);
+                M z = round_elem<WT>(c_mul(round_elem<WT>((M)y), wv));
+                a[i] = (Compute<DT>)round_elem<DT>(z);
+            } else {
+                a[i] = round_elem<DT>(y);
+            }
+        }
     }
 }
 
@@ -73,9 +92,9 @@ __device__ __forceinline__ void fold_absmax(const Compute<DT>* a, Compute<DT>& a
 }
 
 // The last pass on one chunk: the residual output (when there is a residual) and q.
-template <int DT, bool VEC>
+template <int DT, int WT, bool VEC>
 __device__ __forceinline__ void finish_chunk(const RowChunk<DT, VEC>& xc, const RowChunk<DT, VEC>& rc, int c,
-                                             Compute<DT> rstd, QuantScale<Compute<DT>> s, const typename Elem<DT>::T* w,
+                                             Compute<DT> rstd, QuantScale<Compute<DT>> s, const typename Elem<WT>::T* w,
                                              typename Elem<DT>::T* out_row, unsigned char* q_row, int hidden,
                                              int has_residual, int has_weight, int format) {
     typedef Elem<DT> E;
@@ -87,18 +106,18 @@ __device__ __forceinline__ void finish_chunk(const RowChunk<DT, VEC>& xc, const 
         for (int i = 0; i < E::CHUNK; ++i) sum[i] = E::store(a[i]);
         RowChunk<DT, VEC>::store(out_row, c, hidden, sum);
     }
-    normalize<DT, VEC>(a, rstd, w, c, hidden, has_weight);
+    normalize<DT, WT, VEC>(a, rstd, w, c, hidden, has_weight);
     Codes<E::CHUNK> codes;
 #pragma unroll
     for (int i = 0; i < E::CHUNK; ++i) codes.set(i, to_fp8(s.apply(a[i]), format));
     store_codes<VEC>(q_row, c, hidden, codes);
 }
 
-template <int DT, bool VEC>
+template <int DT, int WT, bool VEC>
 __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, float* __restrict__ scales,
                                                 typename Elem<DT>::T* residual_out, const typename Elem<DT>::T* x,
                                                 const typename Elem<DT>::T* r,
-                                                const typename Elem<DT>::T* __restrict__ w, long long n_rows,
+                                                const typename Elem<WT>::T* __restrict__ w, long long n_rows,
                                                 int hidden, long long x_row_stride, long long r_row_stride,
                                                 long long out_row_stride, Compute<DT> eps,
                                                 const float* __restrict__ scale, int has_residual, int has_weight,
@@ -160,7 +179,7 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
                 if (c < n) {
                     C a[E::CHUNK];
                     row_values(xs[k], rs[k], has_residual, a);
-                    normalize<DT, VEC>(a, rstd, w, c, hidden, has_weight);
+                    normalize<DT, WT, VEC>(a, rstd, w, c, hidden, has_weight);
                     fold_absmax<DT>(a, absmax);
                 }
             }
@@ -169,7 +188,7 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
                 load_pair<DT, VEC>(x_row, r_row, c, hidden, has_residual, xc, rc);
                 C a[E::CHUNK];
                 row_values(xc, rc, has_residual, a);
-                normalize<DT, VEC>(a, rstd, w, c, hidden, has_weight);
+                normalize<DT, WT, VEC>(a, rstd, w, c, hidden, has_weight);
                 fold_absmax<DT>(a, absmax);
             };
             if constexpr (DT == 6) {
@@ -195,14 +214,14 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
         for (int k = 0; k < CACHE; ++k) {
             int c = threadIdx.x + k * QUANT_BLOCK;
             if (c < n) {
-                finish_chunk<DT, VEC>(xs[k], rs[k], c, rstd, by, w, out_row, q_row, hidden, has_residual, has_weight,
+                finish_chunk<DT, WT, VEC>(xs[k], rs[k], c, rstd, by, w, out_row, q_row, hidden, has_residual, has_weight,
                                       format);
             }
         }
         for (int c = first_uncached; c < n; c += QUANT_BLOCK) {
             Chunk xc, rc;
             load_pair<DT, VEC>(x_row, r_row, c, hidden, has_residual, xc, rc);
-            finish_chunk<DT, VEC>(xc, rc, c, rstd, by, w, out_row, q_row, hidden, has_residual, has_weight, format);
+            finish_chunk<DT, WT, VEC>(xc, rc, c, rstd, by, w, out_row, q_row, hidden, has_residual, has_weight, format);
         }
     }
 }
@@ -214,11 +233,36 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
         long long x_row_stride, long long r_row_stride, long long out_row_stride, Compute<DT> eps,                 \
         const float* __restrict__ scale, int has_residual, int has_weight, int dynamic, int has_scale,             \
         int format, int round_sum, int invert) {                                                                   \
-        norm_quant_rows<DT, VEC>(q, scales, residual_out, x, r, w, n_rows, hidden, x_row_stride, r_row_stride,     \
-                                 out_row_stride, eps, scale, has_residual, has_weight, dynamic, has_scale,         \
-                                 format, round_sum, invert);                                                       \
+        norm_quant_rows<DT, DT, VEC>(q, scales, residual_out, x, r, w, n_rows, hidden, x_row_stride, r_row_stride, \
+                                     out_row_stride, eps, scale, has_residual, has_weight, dynamic, has_scale,     \
+                                     format, round_sum, invert);                                                   \
     }
 
 GPU_KERNEL_DTYPES(NORM_QUANT_KERNEL, unused)
+
+// `norm_quant_w<weight>_<dtype>`: the same with a weight of another type WT (a Gemma-style f32 weight
+// on bf16 rows). The instance whose weight type is x's own is empty: the host launches
+// `norm_quant_<dtype>` for that.
+#define NORM_QUANT_MIXED_KERNEL(DT, SUFFIX, VEC, WT, WNAME)                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_BLOCK) norm_quant_w##WNAME##_##SUFFIX(                       \
+        unsigned char* __restrict__ q, float* __restrict__ scales, Elem<DT>::T* residual_out, const Elem<DT>::T* x, \
+        const Elem<DT>::T* r, const Elem<WT>::T* __restrict__ w, long long n_rows, int hidden,                     \
+        long long x_row_stride, long long r_row_stride, long long out_row_stride, Compute<DT> eps,                 \
+        const float* __restrict__ scale, int has_residual, int has_weight, int dynamic, int has_scale,             \
+        int format, int round_sum, int invert) {                                                                   \
+        if constexpr (WT != DT) {                                                                                  \
+            norm_quant_rows<DT, WT, VEC>(q, scales, residual_out, x, r, w, n_rows, hidden, x_row_stride,           \
+                                         r_row_stride, out_row_stride, eps, scale, has_residual, has_weight,       \
+                                         dynamic, has_scale, format, round_sum, invert);                           \
+        }                                                                                                          \
+    }
+
+#define NORM_QUANT_MIXED_KERNELS(DT, SUFFIX, VEC, unused)  \
+    NORM_QUANT_MIXED_KERNEL(DT, SUFFIX, VEC, 0, f32)       \
+    NORM_QUANT_MIXED_KERNEL(DT, SUFFIX, VEC, 1, f16)       \
+    NORM_QUANT_MIXED_KERNEL(DT, SUFFIX, VEC, 2, bf16)      \
+    NORM_QUANT_MIXED_KERNEL(DT, SUFFIX, VEC, 6, f64)
+
+GPU_KERNEL_DTYPES(NORM_QUANT_MIXED_KERNELS, unused)
 
 #endif  // VLLM_IR_GPU_NORM_QUANT_H

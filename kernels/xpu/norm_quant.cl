@@ -13,7 +13,9 @@
 // rounding points of the composition `quant(rms_norm(x))`, where the norm's output is stored in
 // x's dtype. The residual is read in every pass and written only in the last, each element by the
 // work-item that read it, so the residual output may be the residual's own rows (in place: then
-// `residual_out` is `r` and the output strides are the residual's).
+// `residual_out` is `r` and the output strides are the residual's). A program built with a weight
+// type WDTYPE other than DTYPE holds `norm_quant_w<weight>_<dtype>`, which reads the weight element
+// by element.
 
 // Sums `value` over the work-group in a fixed tree order; every work-item gets the total.
 inline compute_t quant_group_sum(compute_t value, __local compute_t* scratch) {
@@ -44,8 +46,10 @@ inline void row_values(__global const elem_t* x_row, __global const elem_t* r_ro
     }
 }
 
+#if WDTYPE == DTYPE
 // The normalized values z of chunk c's values a (in place), weighted by chunk c of w when given.
-inline void normalize(compute_t* a, compute_t rstd, __global const elem_t* w_row, long c, int hidden, int has_weight) {
+inline void normalize(compute_t* a, compute_t rstd, __global const welem_t* w_row, long c, int hidden,
+                      int has_weight) {
     compute_t wc[CHUNK];
     if (has_weight) load_chunk(w_row, c, hidden, wc);
     for (int i = 0; i < CHUNK; ++i) {
@@ -53,11 +57,49 @@ inline void normalize(compute_t* a, compute_t rstd, __global const elem_t* w_row
         if (has_weight) a[i] = round_to_elem(a[i] * wc[i]);
     }
 }
+#define NORM_QUANT_NAME NAME(norm_quant)
+#else
+// A weight of another type (a program built with WDTYPE, element.cl), read element by element: the
+// weight step in its type, z = round_x(round_w(round_w(y) * w)), as the reference's step 5 (in
+// double when either type is f64; a double z rounds to x's type once).
+inline void normalize(compute_t* a, compute_t rstd, __global const welem_t* w_row, long c, int hidden,
+                      int has_weight) {
+    for (int i = 0; i < CHUNK; ++i) {
+        long j = c * CHUNK + i;
+        compute_t y = a[i] * rstd;
+        if (has_weight) {
+            wcompute_t wv = j < hidden ? (wcompute_t)LOAD_W(w_row, j) : (wcompute_t)0;
+            wcompute_t z = round_to_w(round_to_w(y) * wv);
+#if DTYPE == 6
+            a[i] = z;
+#elif DTYPE == 0
+            a[i] = (float)z;
+#else
+            a[i] = round_to_elem(W_NARROW(z));
+#endif
+        } else {
+            a[i] = round_to_elem(y);
+        }
+    }
+}
+#if WDTYPE == 0
+#define NORM_QUANT_W norm_quant_wf32
+#elif WDTYPE == 1
+#define NORM_QUANT_W norm_quant_wf16
+#elif WDTYPE == 2
+#define NORM_QUANT_W norm_quant_wbf16
+#else
+#define NORM_QUANT_W norm_quant_wf64
+#endif
+// `norm_quant_w<weight>_<dtype>` (NAME pastes after its argument is expanded through this one).
+#define NORM_QUANT_NAME_OF(op) NAME(op)
+#define NORM_QUANT_NAME NORM_QUANT_NAME_OF(NORM_QUANT_W)
+#endif
 
-__kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm_quant)(
+__kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NORM_QUANT_NAME(
     __global uchar* q, long q_offset, __global float* scales, long scales_offset, __global elem_t* residual_out,
     long out_offset, __global const elem_t* x, long x_offset, __global const elem_t* r, long r_offset,
-    __global const elem_t* w, long w_offset, long n_rows, int hidden, long x_row_stride, long r_row_stride,
+    __global const welem_t* w, long w_offset, long n_rows, int hidden, long x_row_stride, long r_row_stride,
     long out_row_stride, compute_t eps, __global const float* scale, long scale_offset, int has_residual,
     int has_weight, int dynamic, int has_scale, int format, int round_sum, int invert) {
     __local compute_t scratch[QUANT_GROUP];
@@ -66,7 +108,7 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NAME(norm
     int lid = get_local_id(0);
     __global const elem_t* x_row = x + x_offset + row * x_row_stride;
     __global const elem_t* r_row = r + r_offset + row * r_row_stride;
-    __global const elem_t* w_row = w + w_offset;
+    __global const welem_t* w_row = w + w_offset;
     __global uchar* q_row = q + q_offset + row * (long)hidden;
     __global elem_t* out_row = residual_out + out_offset + row * out_row_stride;
 

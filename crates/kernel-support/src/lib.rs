@@ -1041,6 +1041,25 @@ pub const QUANT_OPS: [&str; 6] = [
 /// which serves the four norm + quantization ops.
 pub const QUANT_KERNELS: [&str; 3] = [QUANT_OPS[0], QUANT_OPS[1], "norm_quant"];
 
+/// The norm + quantization kernels for a weight of another dtype than x, by the weight's dtype:
+/// `norm_quant_w<weight>`, each `<kernel>_<dtype>` (and `_vec`) as the others, in the same programs.
+pub const NORM_QUANT_MIXED_KERNELS: [(DType, &str); 4] = [
+    (DType::F32, "norm_quant_wf32"),
+    (DType::F16, "norm_quant_wf16"),
+    (DType::BF16, "norm_quant_wbf16"),
+    (DType::F64, "norm_quant_wf64"),
+];
+
+/// The norm + quantization kernel for x of `dtype` and a weight of `weight`: `norm_quant`
+/// ([`QUANT_KERNELS`]' last) for none or one of x's dtype, else the [`NORM_QUANT_MIXED_KERNELS`]
+/// entry of the weight's dtype (`None` for a dtype no kernel takes).
+pub fn norm_quant_kernel(dtype: DType, weight: Option<DType>) -> Option<&'static str> {
+    match weight {
+        Some(w) if w != dtype => NORM_QUANT_MIXED_KERNELS.iter().find(|(d, _)| *d == w).map(|(_, name)| *name),
+        _ => Some(QUANT_KERNELS[2]),
+    }
+}
+
 /// The quantization kernels' `format` argument: 0 for f8e4m3fn, 1 for f8e5m2.
 pub fn fp8_format_code(dtype: DType) -> Result<i32, KernelError> {
     match dtype {
@@ -1123,9 +1142,13 @@ pub fn register_norm_quant_ops(
         fused_add_rms_norm_dynamic_per_token_quant, fused_add_rms_norm_static_fp8_quant,
         rms_norm_dynamic_per_token_quant, rms_norm_static_fp8_quant,
     };
-    // FIXME: the GPU norm + quant kernels read the weight in x's dtype; a Gemma-style weight of
-    // another dtype falls back to native until they take one (as the plain norms do).
-    let capabilities = move || NormCapabilities { dtypes: dtypes(), dtype_rounding: true, ..NormCapabilities::DEFAULT };
+    // A weight of another dtype than x (Gemma's f32 weight on bf16 rows) has its own kernels.
+    let capabilities = move || NormCapabilities {
+        dtypes: dtypes(),
+        dtype_rounding: true,
+        mixed_weight_dtype: true,
+        ..NormCapabilities::DEFAULT
+    };
     let with = |supports: fn(&[ArgMeta<'_>], DeviceKind, NormCapabilities) -> Support| {
         spec().with_supports(move |args| supports(args, device, capabilities()))
     };

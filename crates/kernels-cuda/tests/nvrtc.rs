@@ -79,7 +79,8 @@ fn the_quantization_kernels_compile_to_ptx_for_every_dtype() {
             let ptx = kernels_cuda::quant::compile_ptx(dtype, Some(arch))
                 .unwrap_or_else(|e| panic!("quant {dtype} {arch}: {e}"))
                 .to_src();
-            for kernel in kernels_cuda::quant::KERNELS {
+            let mixed = kernel_support::NORM_QUANT_MIXED_KERNELS.map(|(_, kernel)| kernel);
+            for kernel in kernels_cuda::quant::KERNELS.into_iter().chain(mixed) {
                 let entry = format!(".entry {kernel}_{dtype}(");
                 assert!(ptx.contains(&entry), "quant {dtype} {arch}: PTX lacks `{entry}`");
             }

@@ -106,7 +106,8 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
     for variant in kernels_rocm::all_variants() {
         assert!(text.contains(&variant.symbol()), "the code object lacks `{}`", variant.symbol());
     }
-    for kernel in kernels_rocm::quant::KERNELS {
+    let mixed = kernel_support::NORM_QUANT_MIXED_KERNELS.map(|(_, kernel)| kernel);
+    for kernel in kernels_rocm::quant::KERNELS.into_iter().chain(mixed) {
         for dtype in DTYPES {
             assert!(text.contains(&format!("{kernel}_{dtype}")), "the code object lacks `{kernel}_{dtype}`");
         }
@@ -119,10 +120,11 @@ fn all_sources_compile_as_one_unit_and_no_kernel_uses_scratch() {
         .lines()
         .filter(|l| l.contains("ScratchSize") && (l.contains("/quant.h:") || l.contains("/norm_quant.h:")))
         .collect();
-    // Every quantization kernel in every dtype, and its 16-byte form in all but f64.
+    // Every quantization kernel (those for a weight of another dtype included) in every dtype, and
+    // its 16-byte form in all but f64.
     assert_eq!(
         quant_scratch.len(),
-        (2 * DTYPES.len() - 1) * kernels_rocm::quant::KERNELS.len(),
+        (2 * DTYPES.len() - 1) * (kernels_rocm::quant::KERNELS.len() + mixed.len()),
         "one report per kernel:\n{report}"
     );
     assert!(quant_scratch.iter().all(|l| l.contains("ScratchSize [bytes/lane]: 0")), "{quant_scratch:#?}");

@@ -24,3 +24,10 @@ pub const NORM_QUANT: &str = include_str!("../kernels/norm_quant.cl");
 pub fn norm_quant_program() -> String {
     format!("{ELEMENT}\n{QUANT}\n{NORM_QUANT}")
 }
+
+/// The program source of the norm + quantization kernel for a weight of `weight`'s dtype, another
+/// than x's (`norm_quant_w<weight>_<dtype>`): `norm_quant.cl` with the element prelude's `WDTYPE`.
+pub fn mixed_norm_quant_program(weight: ir_core::DType) -> Result<String, ir_core::KernelError> {
+    let code = kernel_support::compute_dtype_code(weight, "xpu")?;
+    Ok(format!("#define WDTYPE {code}\n{}", norm_quant_program()))
+}

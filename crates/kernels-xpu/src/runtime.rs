@@ -58,6 +58,11 @@ impl GpuRuntime for OpenCl {
             KernelKey::Rotary { dtype } => {
                 like.device.op_kernel(ROTARY_EMBEDDING.name, dtype, || key.symbol(), crate::rotary::program)
             }
+            KernelKey::Quant { kernel, dtype, .. } if mixed_weight(kernel).is_some() => {
+                let weight = mixed_weight(kernel).expect("matched above");
+                let source = crate::quant::mixed_norm_quant_program(weight)?;
+                like.device.op_kernel(kernel, dtype, || key.symbol(), || source)
+            }
             KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype, .. } => {
                 like.device.op_kernel(NORM_QUANT_KERNEL, dtype, || key.symbol(), crate::quant::norm_quant_program)
             }
@@ -180,4 +185,10 @@ impl GpuRuntime for OpenCl {
 fn force_tree() -> bool {
     static FORCE_TREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FORCE_TREE.get_or_init(|| std::env::var(FORCE_TREE_ENV).is_ok_and(|v| v == "1"))
+}
+
+/// The weight dtype of a norm + quantization kernel for a weight of another dtype than x
+/// ([`kernel_support::NORM_QUANT_MIXED_KERNELS`]), or `None` for any other kernel.
+fn mixed_weight(kernel: &str) -> Option<DType> {
+    kernel_support::NORM_QUANT_MIXED_KERNELS.iter().find(|(_, name)| *name == kernel).map(|(dtype, _)| *dtype)
 }

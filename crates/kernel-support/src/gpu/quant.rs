@@ -8,7 +8,7 @@ use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 use super::{GpuRuntime, Grid, KernelArgs, KernelKey, base_aligned, vector_ok};
 use crate::{
     ComputeScalar, NormQuantCall, NormQuantOutputs, NormQuantResidual, QUANT_KERNELS, RowArgs, Rows, device_buffer,
-    device_buffer_mut, floor_scales, fp8_format_code, per_token_scales_shape, stepped_extent,
+    device_buffer_mut, floor_scales, fp8_format_code, norm_quant_kernel, per_token_scales_shape, stepped_extent,
 };
 
 /// What every quantization launch starts from: x's rows and buffer, the call's queue and the fresh
@@ -134,7 +134,8 @@ pub fn run_dynamic_quant<R: GpuRuntime>(
 /// x_row_stride, long long r_row_stride, long long out_row_stride, compute_t eps, const float*
 /// scale, int has_residual, int has_weight, int dynamic, int has_scale, int format, int round_sum, int
 /// invert)`, or its 16-byte form when x's, the residual's and the residual output's rows, the weight
-/// and q all allow it. `round_sum` and `invert` are the call's `rounding = "dtype"`: the norm of
+/// and q all allow it; with a weight of another dtype, `norm_quant_w<weight>_<dtype>` (the same
+/// prototype, `w` of the weight's type, read element by element). `round_sum` and `invert` are the call's `rounding = "dtype"`: the norm of
 /// the sum rounded to x's dtype (16-bit x with a residual), a static scale's reciprocal.
 pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuantOutputs, KernelError> {
     let NormQuantCall { x, mut residual, weight, epsilon, scale, dynamic, out_dtype, rounding } = call;
@@ -162,10 +163,15 @@ pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuan
             })
             && residual_out.as_ref().is_none_or(|out| base_aligned(R::base_alignment(out)))
             && weight.zip(weight_buffer).is_none_or(|(w, buffer)| {
+                // A weight of another dtype is read element by element.
                 let w_rows = Rows { n_rows: 1, hidden: rows.hidden, row_stride: rows.hidden, offset: w.offset() };
-                vector_ok(&w_rows, dtype, R::base_alignment(buffer))
+                w.dtype() != dtype || vector_ok(&w_rows, dtype, R::base_alignment(buffer))
             });
-        let key = KernelKey::Quant { kernel: NORM_QUANT_KERNEL, dtype, vectorized };
+        let weight_dtype = weight.map(Tensor::dtype);
+        let kernel = norm_quant_kernel(dtype, weight_dtype).ok_or_else(|| KernelError::InvalidArguments {
+            reason: format!("no norm + quantization kernel takes a {} weight", weight_dtype.unwrap_or(dtype)),
+        })?;
+        let key = KernelKey::Quant { kernel, dtype, vectorized };
         let kernel = R::kernel(x_buffer, key)?;
         let RowArgs { n_rows, hidden, row_stride: x_stride, .. } = rows.kernel_args()?;
         // The kernel walks the row in block steps with a 32-bit index.
@@ -205,7 +211,7 @@ pub fn run_norm_quant<R: GpuRuntime>(call: NormQuantCall<'_>) -> Result<NormQuan
             _ => args.null(),
         };
         match (weight_buffer, weight) {
-            (Some(buffer), Some(w)) => args.read(buffer, w.offset(), dtype),
+            (Some(buffer), Some(w)) => args.read(buffer, w.offset(), w.dtype()),
             _ => args.null(),
         };
         args.long(n_rows).int(hidden).long(x_stride).long(r_stride).long(out_stride);

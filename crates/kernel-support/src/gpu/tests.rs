@@ -470,6 +470,25 @@ fn quantizations_take_the_16_byte_kernels_only_where_every_row_allows_it() {
     assert_eq!(norm_quant(residual(), &odd_weight, false), "norm_quant_bf16");
     let odd_residual = on_host(DType::BF16, &[2, 64], &[68, 1], 0, 132);
     assert_eq!(norm_quant(odd_residual, &weight, true), "norm_quant_bf16");
+    // A weight of another dtype has its own kernel, read element by element: its alignment does not
+    // matter, and it is passed as its own dtype (64 f32 values from element 3).
+    let f32_weight = on_host_at(4, DType::F32, &[64], &[1], 3, 67);
+    assert_eq!(norm_quant(residual(), &f32_weight, true), "norm_quant_wf32_bf16_vec");
+    let x = on_host(DType::BF16, &[2, 64], &[64, 1], 0, 128);
+    let call = NormQuantCall {
+        x: &x,
+        residual: None,
+        weight: Some(&f32_weight),
+        epsilon: 1e-6,
+        scale: None,
+        dynamic: true,
+        out_dtype: DType::F8E4M3FN,
+        rounding: ir_ops::Rounding::Exact,
+    };
+    run_norm_quant::<Recorder>(call).unwrap();
+    let launches = take_launches();
+    assert_eq!(launches[0].symbol, "norm_quant_wf32_bf16_vec");
+    assert_eq!(launches[0].args[5], "read 268 bytes @3x4", "the weight as f32 from its offset");
 }
 
 #[test]
