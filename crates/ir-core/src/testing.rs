@@ -4,7 +4,7 @@
 use std::io::Write;
 
 /// Says that a test cannot run here and why, on stderr (which libtest does not capture), unless the
-/// backend is listed in `VLLM_IR_REQUIRE` (comma list of `xpu`, `nvrtc`, `hip`, `ptxas`), in which case the
+/// backend is listed in `VLLM_IR_REQUIRE` (comma list of `xpu`, `nvrtc`, `hip`, `ptxas`, `cxx`, …), in which case the
 /// skip is a failure.
 ///
 /// Returns normally so the caller can `return` right after it.

@@ -4,11 +4,14 @@
 //! the row geometry kernels derive from the same metadata, the families' launch plumbing (the gated
 //! family's scalar packing and table entries, the norm + quantization and rotary registration
 //! helpers, the strided-copy pieces and kernel tables) and access to a device provider's own
-//! buffers behind a tensor.
+//! buffers behind a tensor. With feature `emu`, module `emu` executes the CUDA/HIP kernel source
+//! on the CPU (for tests).
 //!
 //! Nothing here depends on the number of rows, so a provider's answer is the same for 1 or 65536
 //! tokens. An engine never needs this crate; a kernel crate needs it, `ir-core` and `ir-ops`.
 
+#[cfg(feature = "emu")]
+pub mod emu;
 pub mod gpu;
 pub mod testing;
 
