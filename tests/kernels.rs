@@ -366,7 +366,7 @@ fn predicates_reject_what_only_native_supports() {
 /// Whether the backend's norms take `variance_size` (the GPU providers that compute it on the
 /// device; the cpu provider leaves it to native). Every provider takes a weight of another dtype.
 fn takes_variance_size(backend: &Backend) -> bool {
-    matches!(backend.provider, "xpu" | "cuda" | "rocm")
+    matches!(backend.provider, "xpu" | "cuda" | "rocm" | "emu_cuda")
 }
 
 /// The coarser of two compute dtypes (bf16, then f16, then f32, then f64): the output of a weighted

@@ -21,6 +21,7 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 // Shared memory: one copy per OS thread, which runs one block at a time (all of its fibers).

@@ -280,7 +280,9 @@ static bool emu_run_block(EmuBlock* b) {
 
 // Runs blocks [first_block, end_block) of a grid of `grid` blocks of `block` threads, warps of
 // `warp` lanes. 0 on success; else 1 and the message in `error`.
-extern "C" int emu_run(void (*call)(const EmuArg*), const EmuArg* args, unsigned int grid, unsigned int first_block,
+#define EMU_EXPORT __attribute__((visibility("default")))
+
+extern "C" EMU_EXPORT int emu_run(void (*call)(const EmuArg*), const EmuArg* args, unsigned int grid, unsigned int first_block,
                        unsigned int end_block, unsigned int block, unsigned int warp, char* error, size_t error_len) {
     if (block == 0 || warp == 0 || warp > 64 || (warp & (warp - 1)) != 0) {
         snprintf(error, error_len, "cannot run blocks of %u threads in warps of %u", block, warp);
@@ -389,7 +391,7 @@ template <class... A> void emu_invoke(void (*kernel)(A...), const EmuArg* args) 
 }
 
 #define EMU_KERNEL(name)                                                                      \
-    extern "C" int emu_check_##name(const EmuArg* args, int n, char* error, size_t len) {     \
+    extern "C" EMU_EXPORT int emu_check_##name(const EmuArg* args, int n, char* error, size_t len) {     \
         return emu_check(name, args, n, error, len);                                           \
     }                                                                                         \
-    extern "C" void emu_call_##name(const EmuArg* args) { emu_invoke(name, args); }
+    extern "C" EMU_EXPORT void emu_call_##name(const EmuArg* args) { emu_invoke(name, args); }

@@ -111,6 +111,23 @@ pub fn backends() -> Vec<Backend> {
         }
     }
 
+    match kernels_cuda::emu::availability() {
+        ir_core::Availability::Available => {
+            let registry = ir_ops::registry();
+            kernels_cuda::emu::register(&registry).expect("the emulated cuda provider registers once");
+            backends.push(Backend {
+                provider: kernels_cuda::emu::PROVIDER,
+                registry,
+                allocator: Some(Arc::new(kernels_cuda::emu::allocator())),
+                grid: Grid::Subset,
+                dtypes: kernels_cuda::KERNEL_DTYPES,
+            });
+        }
+        ir_core::Availability::Unavailable(reason) => {
+            ir_core::testing::skip("cxx", &format!("emulated cuda kernels: {reason}"))
+        }
+    }
+
     match kernels_rocm::availability() {
         ir_core::Availability::Available => {
             let registry = ir_ops::registry();
@@ -157,10 +174,21 @@ pub fn on_each_device(what: &str, mut test: impl FnMut(&Backend)) {
         if backend.allocator.is_none() {
             continue;
         }
-        let platform =
-            ir_core::Platform::ALL.into_iter().find(|p| p.provider() == backend.provider).expect("a device platform");
-        let _priorities = ir_core::PriorityConfig::platform_default(platform).apply_scoped(&backend.registry).unwrap();
-        test(&backend);
+        match ir_core::Platform::ALL.into_iter().find(|p| p.provider() == backend.provider) {
+            Some(platform) => {
+                let config = ir_core::PriorityConfig::platform_default(platform);
+                let _priorities = config.apply_scoped(&backend.registry).unwrap();
+                test(&backend);
+            }
+            // An emulated device has no platform of its own: its provider, then native, for every op.
+            None => {
+                let _priorities: Vec<_> = ir_ops::BUILTIN_OPS
+                    .iter()
+                    .map(|op| backend.registry.override_priority(op.name, &[backend.provider, "native"]).unwrap())
+                    .collect();
+                test(&backend);
+            }
+        }
         ran += 1;
     }
     if ran == 0 {

@@ -31,8 +31,12 @@ pub const PORT: &str = include_str!("../kernels/cpu/port.h");
 /// The C++ compiler the build found (`cc` crate), empty when it found none.
 const BUILD_CXX: &str = env!("VLLM_IR_EMU_CXX");
 
-/// The flags every program is compiled with: contraction off, so each `c_*` operation rounds once.
-const FLAGS: [&str; 7] = ["-std=c++20", "-O2", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-w", "-xc++"];
+/// The flags every program is compiled with: contraction off, so each `c_*` operation rounds once;
+/// hidden visibility, so no symbol of one program binds to another's (a `__shared__` array is a
+/// static local of an inline function, which would otherwise be one process-wide unique symbol:
+/// the first program loaded would lend its size to every later program's).
+const FLAGS: [&str; 8] =
+    ["-std=c++20", "-O1", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-fvisibility=hidden", "-w", "-xc++"];
 
 /// What went wrong in the emulator.
 #[derive(Debug, thiserror::Error)]
@@ -240,9 +244,17 @@ fn kernel_names(preprocessed: &str) -> Vec<String> {
     names
 }
 
+/// Extra compiler flags (`VLLM_IR_EMU_CXXFLAGS`, split at whitespace): `-fsanitize=address` with
+/// the sanitizer's runtime preloaded finds a kernel's out-of-bounds access, `-O0 -g` lets a
+/// debugger step through one.
+fn extra_flags() -> Vec<String> {
+    std::env::var("VLLM_IR_EMU_CXXFLAGS").unwrap_or_default().split_whitespace().map(str::to_owned).collect()
+}
+
 fn run_compiler(cxx: &str, args: &[&str], program: &Path) -> Result<Vec<u8>, EmuError> {
     let output = Command::new(cxx)
         .args(FLAGS)
+        .args(extra_flags())
         .args(args)
         .output()
         .map_err(|source| EmuError::Io { path: PathBuf::from(cxx), source })?;
@@ -281,7 +293,8 @@ impl EmuProgram {
         text.push('\n');
         text.push_str(source);
         text.push('\n');
-        let hash = fnv1a(&[cxx.as_bytes(), FLAGS.join(" ").as_bytes(), text.as_bytes()]);
+        let flags = format!("{} {}", FLAGS.join(" "), extra_flags().join(" "));
+        let hash = fnv1a(&[cxx.as_bytes(), flags.as_bytes(), text.as_bytes()]);
         let loaded = LOADED.get_or_init(Default::default);
         // Held while building, so two threads never build one program at once.
         let mut loaded = loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -292,9 +305,14 @@ impl EmuProgram {
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let library = dir.join(format!("{hash:016x}.so"));
         let names_path = dir.join(format!("{hash:016x}.kernels"));
+        // Another process may build the same program: one builds it while the others wait.
+        let lock_path = dir.join(format!("{hash:016x}.lock"));
+        let lock = std::fs::File::create(&lock_path).map_err(io(&lock_path))?;
+        lock.lock().map_err(io(&lock_path))?;
         if !library.exists() || !names_path.exists() {
             let unique = format!("{hash:016x}.{}", std::process::id());
-            let source_path = dir.join(format!("{unique}.cpp"));
+            // Kept: the library's debug information and a sanitizer's reports point into it.
+            let source_path = dir.join(format!("{hash:016x}.cpp"));
             std::fs::write(&source_path, &text).map_err(io(&source_path))?;
             let source_arg = source_path.to_string_lossy().into_owned();
             let preprocessed = run_compiler(&cxx, &["-E", "-P", &source_arg], &source_path)?;
@@ -308,10 +326,9 @@ impl EmuProgram {
             run_compiler(&cxx, &["-shared", "-o", &scratch_arg, &source_arg], &source_path)?;
             let scratch_names = dir.join(format!("{unique}.kernels"));
             std::fs::write(&scratch_names, names.join("\n")).map_err(io(&scratch_names))?;
-            // Renamed into place, so a concurrent run never loads half a file.
+            // Renamed into place, so a run that skips the lock never loads half a file.
             std::fs::rename(&scratch, &library).map_err(io(&library))?;
             std::fs::rename(&scratch_names, &names_path).map_err(io(&names_path))?;
-            let _ = std::fs::remove_file(&source_path);
         }
         let names = std::fs::read_to_string(&names_path).map_err(io(&names_path))?;
         let program = Arc::new(Self::load(&library, names.lines().filter(|l| !l.is_empty()))?);

@@ -11,7 +11,7 @@
 use cudarc::nvrtc::Ptx;
 use ir_core::KernelError;
 
-use crate::module::compile;
+use crate::module::{Program, compile_program};
 
 /// The strided copy kernels' source (after the portability header).
 pub const STRIDED_COPY: &str = include_str!("../kernels/gpu/strided_copy.h");
@@ -31,8 +31,13 @@ pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
 /// The program holds the strided copies too: it is compiled after the portability header, the fp8
 /// conversion and their source, whose indexing it uses.
 pub fn compile_convert_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    compile_program(&convert_program(), arch)
+}
+
+/// The strided conversion program.
+pub fn convert_program() -> Program {
     let source = format!("{}\n{}\n{STRIDED_COPY}\n{STRIDED_CONVERT}", crate::module::PORT, crate::quant::FP8);
-    compile(&source, "strided_convert.cu", "strided_convert".to_owned(), Vec::new(), arch)
+    Program { source, file: "strided_convert.cu".to_owned(), name: "strided_convert".to_owned(), defines: Vec::new() }
 }
 
 /// The element sizes the program has a kernel for (`strided_copy_<bytes>`).
@@ -40,6 +45,11 @@ pub const ELEMENT_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// Compiles the strided copy program (all four element sizes) to PTX for `arch`.
 pub fn compile_ptx(arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    compile_program(&copy_program(), arch)
+}
+
+/// The strided copy program.
+pub fn copy_program() -> Program {
     let source = format!("{}\n{STRIDED_COPY}", crate::module::PORT);
-    compile(&source, "strided_copy.cu", "strided_copy".to_owned(), Vec::new(), arch)
+    Program { source, file: "strided_copy.cu".to_owned(), name: "strided_copy".to_owned(), defines: Vec::new() }
 }

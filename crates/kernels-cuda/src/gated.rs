@@ -14,7 +14,7 @@ use ir_ops::gelu_and_mul::GELU_AND_MUL;
 use ir_ops::silu_and_mul::SILU_AND_MUL;
 use kernel_support::GatedKernel;
 
-use crate::module::{GPU_ELEMENT, compile, dtype_define};
+use crate::module::{GPU_ELEMENT, Program, compile_program, dtype_define};
 
 /// The shared row kernel of the gated ops.
 pub const GATED: &str = include_str!("../kernels/gpu/gated.h");
@@ -36,6 +36,15 @@ pub fn program(op: &GatedKernel) -> String {
 
 /// Compiles a gated op's kernel for `dtype` to PTX for `arch`.
 pub fn compile_ptx(op: &GatedKernel, dtype: DType, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    let file = format!("{}.cu", op.def.name);
-    compile(&program(op), &file, op.kernel_name(dtype), vec![dtype_define(dtype)?], arch)
+    compile_program(&dtype_program(op, dtype)?, arch)
+}
+
+/// A gated op's program for `dtype`.
+pub fn dtype_program(op: &GatedKernel, dtype: DType) -> Result<Program, KernelError> {
+    Ok(Program {
+        source: program(op),
+        file: format!("{}.cu", op.def.name),
+        name: op.kernel_name(dtype),
+        defines: vec![dtype_define(dtype)?],
+    })
 }

@@ -31,6 +31,8 @@
 pub mod candle;
 pub mod copy;
 mod device;
+#[cfg(feature = "emu")]
+pub mod emu;
 pub mod gated;
 mod module;
 pub mod quant;
@@ -45,8 +47,9 @@ use crate::runtime::Cuda;
 
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
 pub use crate::module::{
-    BLOCK_SIZES, ELEMENT, GPU_ELEMENT, Geometry, KernelVariant, NormOp, NormProgram, PORT, SOURCE, THREADS_PER_ROW,
-    all_programs, arch_for, compile_ptx, largest_cached_row, nvrtc_availability, rms_norm_launch, vectorizes,
+    BLOCK_SIZES, ELEMENT, GPU_ELEMENT, Geometry, KernelVariant, NormOp, NormProgram, PORT, PORT_HEADER, Program,
+    SOURCE, THREADS_PER_ROW, all_programs, arch_for, compile_program, compile_ptx, largest_cached_row, norm_program,
+    nvrtc_availability, rms_norm_launch, vectorizes,
 };
 /// The cudarc this crate is built with, so an engine names the same slice and stream types.
 pub use cudarc;

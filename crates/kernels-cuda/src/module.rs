@@ -235,7 +235,40 @@ pub(crate) fn library_present(names: &[&str]) -> bool {
 /// Compiles one norm program to PTX for `arch` (`compute_80`, `compute_90`, …; `None` for NVRTC's default).
 pub fn compile_ptx(program: &NormProgram, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
     tracing::debug!(target: "kernels_cuda", %program, ?arch, "compiling with NVRTC");
-    compile(SOURCE, "rms_norm.cu", program.to_string(), program.defines()?, arch)
+    compile_program(&norm_program(program)?, arch)
+}
+
+/// One NVRTC program: its source (which starts with the portability header, [`PORT_HEADER`]),
+/// the file name and the name errors give it, and its `-D` options. What NVRTC compiles and what
+/// the emulated runtime (feature `emu`) builds for the CPU are the same programs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Program {
+    /// The source, from the portability header on.
+    pub source: String,
+    /// The file name NVRTC is told (`quant.cu`).
+    pub file: String,
+    /// What a compile error names (a kernel or a program).
+    pub name: String,
+    /// The `-DNAME=VALUE` options.
+    pub defines: Vec<String>,
+}
+
+/// The portability header every program starts with (`kernels/port.cuh`).
+pub const PORT_HEADER: &str = include_str!("../kernels/port.cuh");
+
+/// The norm source with a norm program's defines.
+pub fn norm_program(program: &NormProgram) -> Result<Program, KernelError> {
+    Ok(Program {
+        source: SOURCE.to_owned(),
+        file: "rms_norm.cu".to_owned(),
+        name: program.to_string(),
+        defines: program.defines()?,
+    })
+}
+
+/// Compiles a program with NVRTC for `arch`.
+pub fn compile_program(program: &Program, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    compile(&program.source, &program.file, program.name.clone(), program.defines.clone(), arch)
 }
 
 /// Compiles `source` with NVRTC; errors keep the kernel's name, the options and the log.

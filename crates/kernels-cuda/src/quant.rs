@@ -10,7 +10,7 @@
 use cudarc::nvrtc::Ptx;
 use ir_core::{DType, KernelError};
 
-use crate::module::{GPU_ELEMENT, compile, dtype_define};
+use crate::module::{GPU_ELEMENT, Program, compile_program, dtype_define};
 
 /// The quantization kernels' source (after the shared element prelude and [`FP8`]).
 pub const QUANT: &str = include_str!("../kernels/gpu/quant.h");
@@ -32,6 +32,16 @@ pub const NORM_QUANT: &str = include_str!("../kernels/gpu/norm_quant.h");
 /// Compiles the quantization program (both quantization kernels and the norm + quantization
 /// kernel) for input `dtype` to PTX for `arch`.
 pub fn compile_ptx(dtype: DType, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    compile_program(&program(dtype)?, arch)
+}
+
+/// The quantization program for input `dtype`.
+pub fn program(dtype: DType) -> Result<Program, KernelError> {
     let source = format!("{GPU_ELEMENT}\n{FP8}\n{QUANT}\n{NORM_QUANT}");
-    compile(&source, "quant.cu", format!("quant_{dtype}"), vec![dtype_define(dtype)?], arch)
+    Ok(Program {
+        source,
+        file: "quant.cu".to_owned(),
+        name: format!("quant_{dtype}"),
+        defines: vec![dtype_define(dtype)?],
+    })
 }

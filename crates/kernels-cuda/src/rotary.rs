@@ -7,7 +7,7 @@
 use cudarc::nvrtc::Ptx;
 use ir_core::{DType, KernelError};
 
-use crate::module::{GPU_ELEMENT, compile, dtype_define};
+use crate::module::{GPU_ELEMENT, Program, compile_program, dtype_define};
 
 /// The rotary kernel's source (after the shared element prelude).
 pub const ROTARY: &str = include_str!("../kernels/gpu/rotary.h");
@@ -17,6 +17,16 @@ pub const KERNEL: &str = "rotary_embedding";
 
 /// Compiles the rotary program for `dtype` to PTX for `arch`.
 pub fn compile_ptx(dtype: DType, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
+    compile_program(&program(dtype)?, arch)
+}
+
+/// The rotary program for `dtype`.
+pub fn program(dtype: DType) -> Result<Program, KernelError> {
     let source = format!("{GPU_ELEMENT}\n{ROTARY}");
-    compile(&source, "rotary.cu", format!("rotary_{dtype}"), vec![dtype_define(dtype)?], arch)
+    Ok(Program {
+        source,
+        file: "rotary.cu".to_owned(),
+        name: format!("rotary_{dtype}"),
+        defines: vec![dtype_define(dtype)?],
+    })
 }

@@ -1,0 +1,318 @@
+//! The emulated CUDA provider (feature `emu`): this crate's host code and NVRTC programs, run on
+//! the CPU by [`kernel_support::emu`], for tests on machines without a GPU.
+//!
+//! [`EmuCuda`] implements [`GpuRuntime`] as [`Cuda`](crate::runtime::Cuda) does (the same family
+//! host code, kernel keys, norm programs, block sizes and grid limits), but each program is built
+//! for the CPU: the source NVRTC gets ([`Program`]) with the CPU portability header in place of
+//! `port.cuh`, the same `-D` defines, warps of 32 lanes. Device memory is host memory aligned to
+//! 256 bytes, as `cuMemAlloc`'s is. A fresh kernel output is filled with `0xff` bytes (a NaN in
+//! every float dtype) rather than left as whatever memory held, so an element a kernel fails to
+//! write shows.
+//!
+//! The provider is `emu_cuda`, on `cuda:0` tensors made by [`allocator`]; register it in a registry
+//! of its own ([`register`]), since its tensors are no real CUDA memory.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
+use ir_core::{Availability, DType, Device, DeviceKind, ImplSpec, KernelError, Registry, RegistryError};
+use kernel_support::emu::{Dialect, EmuArg, EmuError, EmuGrid, EmuProgram};
+use kernel_support::gpu::{
+    BufferArg, GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
+};
+use kernel_support::gpu_threads_per_row;
+
+use crate::module::{NormProgram, PORT_HEADER, Program, norm_program};
+
+/// The provider name.
+pub const PROVIDER: &str = "emu_cuda";
+
+/// Lanes per warp.
+const WARP: u32 = 32;
+
+/// The alignment of every buffer's first byte, as `cuMemAlloc` gives.
+const ALIGN: usize = 256;
+
+#[repr(C, align(256))]
+#[derive(Clone, Copy)]
+struct Block([u8; ALIGN]);
+
+/// Emulated device memory: host memory whose first byte is 256-byte aligned.
+pub struct EmuBuffer {
+    blocks: Vec<Block>,
+    len_bytes: usize,
+}
+
+impl std::fmt::Debug for EmuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmuBuffer").field("len_bytes", &self.len_bytes).finish()
+    }
+}
+
+impl EmuBuffer {
+    fn filled(len_bytes: usize, byte: u8) -> EmuBuffer {
+        EmuBuffer { blocks: vec![Block([byte; ALIGN]); len_bytes.div_ceil(ALIGN)], len_bytes }
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `blocks` holds at least `len_bytes` initialized bytes (plain byte arrays).
+        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len_bytes) }
+    }
+
+    /// The bytes, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, borrowed uniquely.
+        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), self.len_bytes) }
+    }
+
+    fn address(&self, byte_offset: usize) -> *const u8 {
+        self.blocks.as_ptr().cast::<u8>().wrapping_add(byte_offset)
+    }
+
+    fn address_mut(&mut self, byte_offset: usize) -> *mut u8 {
+        self.blocks.as_mut_ptr().cast::<u8>().wrapping_add(byte_offset)
+    }
+}
+
+impl DeviceBuffer for EmuBuffer {
+    fn device(&self) -> Device {
+        Device::Cuda(0)
+    }
+
+    fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+
+    fn download(&self, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let n = dst.len().min(self.len_bytes);
+        dst[..n].copy_from_slice(&self.bytes()[..n]);
+        Ok(())
+    }
+
+    fn upload(&mut self, src: &[u8]) -> Result<(), DeviceError> {
+        let n = src.len().min(self.len_bytes);
+        self.bytes_mut()[..n].copy_from_slice(&src[..n]);
+        Ok(())
+    }
+
+    fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(EmuBuffer::filled(len_bytes, 0)))
+    }
+
+    kernel_support::strided_on_device!(EmuCuda);
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Allocates zeroed emulated memory (`cuda:0`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EmuAllocator;
+
+impl DeviceAllocator for EmuAllocator {
+    fn device(&self) -> Device {
+        Device::Cuda(0)
+    }
+
+    fn allocate(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(EmuBuffer::filled(len_bytes, 0)))
+    }
+}
+
+/// The allocator of the emulated device's tensors.
+pub fn allocator() -> EmuAllocator {
+    EmuAllocator
+}
+
+/// Whether the emulator can build programs here (a C++ compiler).
+pub fn availability() -> Availability {
+    match kernel_support::emu::available() {
+        Ok(()) => Availability::Available,
+        Err(e) => Availability::Unavailable(e.to_string()),
+    }
+}
+
+/// Registers the `emu_cuda` provider for every built-in op, as [`crate::register`] does `cuda`.
+pub fn register(registry: &Registry) -> Result<(), RegistryError> {
+    let backend = GpuBackend {
+        device: DeviceKind::Cuda,
+        dtypes: || crate::KERNEL_DTYPES,
+        spec: || ImplSpec::new(PROVIDER).with_probe(availability),
+        gated: crate::gated::GATED_OPS,
+    };
+    kernel_support::gpu::register::<EmuCuda>(registry, backend)
+}
+
+/// A kernel of a built program.
+#[derive(Clone, Debug)]
+pub struct EmuKernel {
+    program: Arc<EmuProgram>,
+    symbol: String,
+}
+
+fn emu_error(error: EmuError) -> KernelError {
+    KernelError::Driver { backend: PROVIDER, message: error.to_string() }
+}
+
+/// Builds `program` for the CPU (once per process), as NVRTC gets it but for the portability
+/// header, and takes its kernel `symbol`.
+fn kernel_of(program: Program, symbol: String) -> Result<EmuKernel, KernelError> {
+    type Key = (String, String, Vec<String>);
+    static BUILT: OnceLock<Mutex<HashMap<Key, Arc<EmuProgram>>>> = OnceLock::new();
+    let key = (program.file.clone(), program.name.clone(), program.defines.clone());
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let emu = match built.get(&key) {
+        Some(emu) => Arc::clone(emu),
+        None => {
+            let source = program.source.strip_prefix(PORT_HEADER).ok_or_else(|| KernelError::InvalidArguments {
+                reason: format!("program {} does not start with the portability header", program.name),
+            })?;
+            let defines: Vec<(&str, String)> = program
+                .defines
+                .iter()
+                .map(|d| {
+                    let d = d.strip_prefix("-D").unwrap_or(d);
+                    d.split_once('=').map_or((d, "1".to_owned()), |(n, v)| (n, v.to_owned()))
+                })
+                .collect();
+            let emu = EmuProgram::build(Dialect::Cuda, &defines, source).map_err(|error| match error {
+                EmuError::Compile { compiler, stderr, .. } => KernelError::Compile {
+                    kernel: program.name.clone(),
+                    options: std::iter::once(compiler).chain(program.defines.iter().cloned()).collect(),
+                    log: stderr,
+                },
+                other => emu_error(other),
+            })?;
+            built.insert(key, Arc::clone(&emu));
+            emu
+        }
+    };
+    Ok(EmuKernel { program: emu, symbol })
+}
+
+/// CUDA emulated on the CPU.
+#[derive(Debug)]
+pub struct EmuCuda;
+
+impl GpuRuntime for EmuCuda {
+    const MEMORY: &'static str = "emulated CUDA";
+    const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;
+    const COPY_GROUP: u32 = crate::copy::COPY_BLOCK;
+
+    type Buffer = EmuBuffer;
+    type Queue = ();
+    type Kernel = EmuKernel;
+
+    fn gated_group(d: usize, dtype: DType) -> u32 {
+        kernel_support::gated_block(d, dtype)
+    }
+
+    fn queue(_first: &EmuBuffer) -> Result<(), KernelError> {
+        Ok(())
+    }
+
+    fn allocate(_like: &EmuBuffer, _queue: &(), len_bytes: usize) -> Result<EmuBuffer, KernelError> {
+        Ok(EmuBuffer::filled(len_bytes, 0xff))
+    }
+
+    fn kernel(_like: &EmuBuffer, key: KernelKey<'_>) -> Result<EmuKernel, KernelError> {
+        let program = match key {
+            KernelKey::Gated { op, dtype, .. } => crate::gated::dtype_program(op, dtype)?,
+            KernelKey::Rotary { dtype } => crate::rotary::program(dtype)?,
+            KernelKey::Quant { dtype, .. } => crate::quant::program(dtype)?,
+        };
+        kernel_of(program, key.symbol())
+    }
+
+    fn norm_kernel(_like: &EmuBuffer, key: &NormKey) -> Result<(EmuKernel, NormShape), KernelError> {
+        let threads_per_row = gpu_threads_per_row(key.hidden);
+        let program = NormProgram { dtype: key.dtype, weight: key.weight, vectorized: key.vectorized, threads_per_row };
+        let group_size = program.block_size();
+        let shape = NormShape { group_size, rows_per_group: group_size / threads_per_row };
+        let kernel = kernel_of(norm_program(&program)?, program.kernel(key.op).kernel_name())?;
+        Ok((kernel, shape))
+    }
+
+    fn strided_kernel(_like: &EmuBuffer, key: StridedKey) -> Result<Option<EmuKernel>, KernelError> {
+        let Some(symbol) = key.symbol() else { return Ok(None) };
+        let program = match key {
+            StridedKey::Copy { .. } => crate::copy::copy_program(),
+            StridedKey::Convert { .. } | StridedKey::Binary { .. } => crate::copy::convert_program(),
+        };
+        kernel_of(program, symbol.to_owned()).map(Some)
+    }
+
+    unsafe fn copy_bytes(
+        _queue: &(),
+        from: &EmuBuffer,
+        from_offset: usize,
+        to: &mut EmuBuffer,
+        to_offset: usize,
+        bytes: usize,
+    ) -> Result<(), KernelError> {
+        let range = |offset: usize, len: usize| {
+            offset.checked_add(bytes).filter(|&end| end <= len).map(|end| offset..end).ok_or_else(|| {
+                KernelError::InvalidArguments {
+                    reason: format!("a copy of {bytes} bytes from {offset} leaves its buffer"),
+                }
+            })
+        };
+        let (src, dst) = (range(from_offset, from.len_bytes)?, range(to_offset, to.len_bytes)?);
+        to.bytes_mut()[dst].copy_from_slice(&from.bytes()[src]);
+        Ok(())
+    }
+
+    fn buffer_queue(_buffer: &EmuBuffer) {}
+
+    fn same_device(_a: &EmuBuffer, _b: &EmuBuffer) -> bool {
+        true
+    }
+
+    fn base_alignment(_buffer: &EmuBuffer) -> usize {
+        ALIGN
+    }
+
+    unsafe fn launch(
+        _queue: &(),
+        kernel: &EmuKernel,
+        grid: Grid,
+        args: KernelArgs<'_, EmuBuffer>,
+    ) -> Result<(), KernelError> {
+        let blocks = grid.cuda_blocks()?;
+        let values = args.resolve(|arg| {
+            Ok(match arg {
+                BufferArg::Read { buffer, offset, element_size } => {
+                    EmuArg::buffer(buffer.address(offset * element_size), element_size)
+                }
+                BufferArg::Write { buffer, offset, element_size } => {
+                    EmuArg::buffer(buffer.address_mut(offset * element_size), element_size)
+                }
+                BufferArg::Null => EmuArg::null(),
+            })
+        })?;
+        let args: Vec<EmuArg> = values
+            .into_iter()
+            .map(|value| match value {
+                Resolved::Buffer(arg) => arg,
+                Resolved::Scalar(Scalar::I32(v)) => EmuArg::i32(v),
+                Resolved::Scalar(Scalar::I64(v)) => EmuArg::i64(v),
+                Resolved::Scalar(Scalar::F32(v)) => EmuArg::f32(v),
+                Resolved::Scalar(Scalar::F64(v)) => EmuArg::f64(v),
+                Resolved::Scalar(Scalar::I64x8(v)) => EmuArg::i64x8(v),
+            })
+            .collect();
+        let shape = EmuGrid { blocks, threads: grid.group_size, warp: WARP };
+        // SAFETY: the caller's contract (`GpuRuntime::launch`): the arguments follow the kernel's
+        // prototype (which the emulator checks again) and every access lies in its buffer; the
+        // buffers written are held uniquely for the call, which returns after the last block.
+        unsafe { kernel.program.launch(&kernel.symbol, shape, &args) }.map_err(emu_error)
+    }
+}
