@@ -162,17 +162,69 @@ fn emu_error(error: EmuError) -> KernelError {
     KernelError::Driver { backend: PROVIDER, message: error.to_string() }
 }
 
-/// Builds `program` for the CPU (once per process), as NVRTC gets it but for the portability
-/// header, and takes its kernel `symbol`.
+/// A planted bug: in every program whose source holds `find`, its first occurrence replaced by
+/// `replace` (see [`plant`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SourceEdit {
+    /// The text to replace.
+    pub find: &'static str,
+    /// What replaces it.
+    pub replace: &'static str,
+}
+
+/// The edit programs are built with now, and how many programs it changed.
+static EDIT: Mutex<(Option<SourceEdit>, usize)> = Mutex::new((None, 0));
+
+/// While held, every program this provider builds has `edit` applied: for the tests that prove the
+/// kernel harness catches a bug planted in the kernel source. The edit applies process-wide (so
+/// such tests live in a test binary of their own), and one edit is planted at a time (a second
+/// `plant` waits for the first guard to drop).
+pub fn plant(edit: SourceEdit) -> PlantedEdit {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    *EDIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (Some(edit), 0);
+    PlantedEdit { _serial: serial }
+}
+
+/// An edit planted by [`plant`], removed on drop.
+#[derive(Debug)]
+pub struct PlantedEdit {
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl PlantedEdit {
+    /// How many kernel lookups since it was planted found its text in their program (0: no kernel
+    /// that ran was built from a program holding it).
+    pub fn programs_changed(&self) -> usize {
+        EDIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).1
+    }
+}
+
+impl Drop for PlantedEdit {
+    fn drop(&mut self) {
+        *EDIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (None, 0);
+    }
+}
+
+/// Builds `program` for the CPU (once per process and planted edit), as NVRTC gets it but for the
+/// portability header, and takes its kernel `symbol`.
 fn kernel_of(program: Program, symbol: String) -> Result<EmuKernel, KernelError> {
-    type Key = (String, String, Vec<String>);
+    type Key = (String, String, Vec<String>, Option<SourceEdit>);
     static BUILT: OnceLock<Mutex<HashMap<Key, Arc<EmuProgram>>>> = OnceLock::new();
-    let key = (program.file.clone(), program.name.clone(), program.defines.clone());
+    let edit = {
+        let mut planted = EDIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let edit = planted.0.filter(|e| program.source.contains(e.find));
+        planted.1 += usize::from(edit.is_some());
+        edit
+    };
+    let key = (program.file.clone(), program.name.clone(), program.defines.clone(), edit);
     let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let emu = match built.get(&key) {
         Some(emu) => Arc::clone(emu),
         None => {
-            let source = program.source.strip_prefix(PORT_HEADER).ok_or_else(|| KernelError::InvalidArguments {
+            let edited = edit.map(|e| program.source.replacen(e.find, e.replace, 1));
+            let source = edited.as_deref().unwrap_or(&program.source);
+            let source = source.strip_prefix(PORT_HEADER).ok_or_else(|| KernelError::InvalidArguments {
                 reason: format!("program {} does not start with the portability header", program.name),
             })?;
             let defines: Vec<(&str, String)> = program
