@@ -1457,3 +1457,84 @@ fn dtype_pair(registry: &ir_core::Registry, host: &Case, scale: &Tensor, fused: 
     }
     pair.iter().map(|t| t.to_cpu().unwrap().contiguous().unwrap()).collect()
 }
+
+/// The bytes of a tensor's whole storage, wherever it lives.
+fn storage_bytes(t: &Tensor) -> Vec<u8> {
+    match t.storage() {
+        ir_core::storage::Storage::Cpu(buffer) => buffer.bytes().to_vec(),
+        ir_core::storage::Storage::Device(buffer) => {
+            let mut bytes = vec![0u8; buffer.len_bytes()];
+            buffer.download(&mut bytes).unwrap();
+            bytes
+        }
+    }
+}
+
+/// An in-place kernel writes its outputs' elements and nothing else: x and the residual as views
+/// with an offset and padded rows into storages whose other elements hold a sentinel, donated to
+/// `fused_add_rms_norm`; afterwards every element outside the two layouts keeps its bits, and the
+/// values inside are native's (within tolerance), on every provider.
+#[test]
+fn in_place_writes_leave_every_element_outside_the_layout_alone() {
+    const OFFSET: usize = 3;
+    const PAD: usize = 5;
+    for backend in backends() {
+        let _guard = backend.registry.override_priority("fused_add_rms_norm", &[backend.provider]).unwrap();
+        for dtype in backend.element_dtypes() {
+            for (tokens, hidden) in [(5, 300), (3, 4096), (2, 8199)] {
+                let label = format!("{} {dtype} T={tokens} H={hidden}", backend.provider);
+                let host = case(dtype, tokens, hidden, 21);
+                let stride = hidden + PAD;
+                let len = OFFSET + tokens * stride + PAD;
+                let layout = Layout::new(&[tokens, hidden], &[stride, 1], OFFSET).unwrap();
+                // Each view's values written into a storage of sentinels, uploaded whole, then viewed
+                // again on the device and donated (the whole-storage handle dropped first).
+                let padded_on_device = |values: &Tensor, sentinel: f64| {
+                    let mut all = vec![sentinel; len];
+                    for (index, value) in layout.storage_indices().zip(values.to_f64_vec().unwrap()) {
+                        all[index] = value;
+                    }
+                    let device = backend.upload(&Tensor::from_f64(dtype, &[len], &all).unwrap()).unwrap();
+                    let before = storage_bytes(&device);
+                    (device.as_strided(layout.clone()).unwrap(), before)
+                };
+                let (x, x_before) = padded_on_device(&host.x, 2.5);
+                let (residual, r_before) = padded_on_device(&host.residual, -1.5);
+                let weight = backend.upload(&host.weight).unwrap();
+                let (out, residual_out) = fused_add_rms_norm::maybe_inplace(
+                    &backend.registry,
+                    x,
+                    residual,
+                    Some(&weight),
+                    EPS,
+                    None,
+                    ir_ops::Rounding::Exact,
+                )
+                .unwrap();
+                let inside: std::collections::HashSet<usize> = layout.storage_indices().collect();
+                let size = dtype.size_in_bytes();
+                for (name, result, before) in [("x", &out, &x_before), ("residual", &residual_out, &r_before)] {
+                    let after = storage_bytes(result);
+                    assert_eq!(after.len(), before.len(), "{label}: {name} written in place");
+                    let changed = (0..len)
+                        .filter(|i| !inside.contains(i) && after[i * size..][..size] != before[i * size..][..size])
+                        .count();
+                    assert_eq!(changed, 0, "{label}: {name}: elements outside the layout changed");
+                }
+                let (expected_out, expected_res) = ir_ops::fused_add_rms_norm::native(
+                    &host.x,
+                    &host.residual,
+                    Some(&host.weight),
+                    EPS,
+                    None,
+                    ir_ops::Rounding::Exact,
+                )
+                .unwrap();
+                let tol = tolerance(&FUSED_ADD_RMS_NORM, dtype).unwrap();
+                allclose(&out.to_cpu().unwrap(), &expected_out, tol.atol, tol.rtol)
+                    .unwrap_or_else(|e| panic!("{label}: out: {e}"));
+                assert!(bit_eq(&residual_out.to_cpu().unwrap(), &expected_res), "{label}: residual");
+            }
+        }
+    }
+}
