@@ -366,7 +366,7 @@ fn predicates_reject_what_only_native_supports() {
 /// Whether the backend's norms take `variance_size` (the GPU providers that compute it on the
 /// device; the cpu provider leaves it to native). Every provider takes a weight of another dtype.
 fn takes_variance_size(backend: &Backend) -> bool {
-    matches!(backend.provider, "xpu" | "cuda" | "rocm" | "emu_cuda")
+    matches!(backend.provider, "xpu" | "cuda" | "rocm" | "emu_cuda" | "emu_hip" | "emu_hip_wave32")
 }
 
 /// The coarser of two compute dtypes (bf16, then f16, then f32, then f64): the output of a weighted
@@ -654,21 +654,10 @@ fn every_op_of_every_provider_matches_native_on_generated_inputs() {
                         InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: i as u64 };
                     let host = (def.generate_inputs)(&spec).unwrap();
                     let expected = (def.native)(&host).unwrap_or_else(|e| panic!("{label}: native: {e}"));
-                    let activations = def.activation_indices().unwrap();
                     // Compact activations, then activations whose rows are 3 elements apart more than
                     // their length (a slice of a wider buffer): the same values in another layout.
                     for padded in [false, true] {
-                        let args: Vec<Value> = host
-                            .iter()
-                            .enumerate()
-                            .map(|(i, v)| match v {
-                                Value::Tensor(t) if padded && activations.contains(&i) => {
-                                    Value::Tensor(backend.upload(&row_padded(t)).unwrap())
-                                }
-                                Value::Tensor(t) => Value::Tensor(backend.upload(t).unwrap()),
-                                other => other.clone(),
-                            })
-                            .collect();
+                        let args = uploaded(&backend, def, &host, padded);
                         let got = backend
                             .registry
                             .call_implementation(op, backend.provider, args)
@@ -1536,5 +1525,161 @@ fn in_place_writes_leave_every_element_outside_the_layout_alone() {
                 assert!(bit_eq(&residual_out.to_cpu().unwrap(), &expected_res), "{label}: residual");
             }
         }
+    }
+}
+
+/// The emulated providers (the kernel source run on the CPU), which log the kernels they launch.
+fn emulated_backends() -> Vec<Backend> {
+    backends().into_iter().filter(|b| b.provider.starts_with("emu_")).collect()
+}
+
+/// Whether an emulated launch ran a 16-byte kernel: `<kernel>_vec` (the gated ops and the
+/// quantizations), a HIP norm of vector width 4 or 8 (`_v4_`, `_v8_`), a CUDA norm program built
+/// with `VEC=4` or `VEC=8`.
+fn is_16_byte(launch: &kernel_support::emu::EmuLaunch) -> bool {
+    let k = &launch.kernel;
+    k.ends_with("_vec")
+        || k.contains("_v4_")
+        || k.contains("_v8_")
+        || launch.defines.split(' ').any(|d| d == "VEC=4" || d == "VEC=8")
+}
+
+/// The generated `host` arguments on `backend`'s device, the op's activations compact or (`padded`)
+/// in rows 3 elements apart more than their length.
+fn uploaded(backend: &Backend, def: &OpDef, host: &[Value], padded: bool) -> Vec<Value> {
+    let activations = def.activation_indices().unwrap();
+    host.iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::Tensor(t) if padded && activations.contains(&i) => {
+                Value::Tensor(backend.upload(&row_padded(t)).unwrap())
+            }
+            Value::Tensor(t) => Value::Tensor(backend.upload(t).unwrap()),
+            other => other.clone(),
+        })
+        .collect()
+}
+
+/// `op` on `backend` with the generated `host` arguments, its activations compact or with padded
+/// rows: the outputs on the host, and the kernels the call launched.
+fn run_logged(
+    backend: &Backend,
+    def: &OpDef,
+    host: &[Value],
+    padded: bool,
+) -> (Vec<Tensor>, Vec<kernel_support::emu::EmuLaunch>) {
+    let args = uploaded(backend, def, host, padded);
+    kernel_support::emu::take_launches();
+    let got = backend
+        .registry
+        .call_implementation(def.name, backend.provider, args)
+        .unwrap_or_else(|e| panic!("{} {} padded={padded}: {e}", backend.provider, def.name));
+    let launches = kernel_support::emu::take_launches();
+    (got.iter().map(|t| t.to_cpu().unwrap()).collect(), launches)
+}
+
+/// The ops without a 16-byte kernel (one thread per rotated pair).
+const SCALAR_ONLY: [&str; 1] = ["rotary_embedding"];
+
+/// Every op, on every emulated provider: rows the host gives its 16-byte kernel (compact, of a
+/// multiple of 16 bytes) and the same values in rows 3 elements apart (which only a scalar kernel
+/// takes) give the same bits, and the launches show that each kernel ran.
+#[test]
+fn the_16_byte_and_scalar_kernels_give_the_same_bits() {
+    let emulated = emulated_backends();
+    if emulated.is_empty() {
+        return ir_core::testing::skip("cxx", "no emulated GPU: the 16-byte and scalar kernels not compared");
+    }
+    for backend in emulated {
+        for op in backend.registry.ops() {
+            let def = backend.registry.op_def(op).unwrap();
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                for (seed, (tokens, hidden)) in [(3usize, 768usize), (5, 4096)].into_iter().enumerate() {
+                    let label = format!("{} {op} {dtype} T={tokens} H={hidden}", backend.provider);
+                    let spec =
+                        InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: seed as u64 };
+                    let host = (def.generate_inputs)(&spec).unwrap();
+                    let (wide, wide_launches) = run_logged(&backend, def, &host, false);
+                    let (scalar, scalar_launches) = run_logged(&backend, def, &host, true);
+                    let has_16_byte = !SCALAR_ONLY.contains(&op);
+                    assert_eq!(
+                        wide_launches.iter().any(is_16_byte),
+                        has_16_byte,
+                        "{label}: compact rows launched {wide_launches:?}"
+                    );
+                    assert!(!scalar_launches.is_empty(), "{label}: padded rows launched nothing");
+                    assert!(
+                        !scalar_launches.iter().any(is_16_byte),
+                        "{label}: padded rows launched {scalar_launches:?}"
+                    );
+                    for (index, (a, b)) in wide.iter().zip(&scalar).enumerate() {
+                        assert!(bit_eq(a, b), "{label}: output {index} differs between the 16-byte and scalar kernels");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The same source in CUDA's dialect (one block per row, warps of 32) and HIP's (grid-stride rows,
+/// its own norm kernels) on a GPU with waves of 32: every op gives the same bits on both, every
+/// dtype, compact and padded rows.
+#[test]
+fn cuda_and_hip_in_waves_of_32_give_the_same_bits() {
+    let emulated = emulated_backends();
+    let (Some(cuda), Some(hip)) =
+        (emulated.iter().find(|b| b.provider == "emu_cuda"), emulated.iter().find(|b| b.provider == "emu_hip_wave32"))
+    else {
+        return ir_core::testing::skip("cxx", "no emulated GPU: CUDA and HIP not compared");
+    };
+    let mut compared = 0;
+    for op in cuda.registry.ops() {
+        let def = cuda.registry.op_def(op).unwrap();
+        for dtype in cuda.element_dtypes() {
+            for (seed, (tokens, hidden)) in [(1usize, 64usize), (7, 769), (4, 4096)].into_iter().enumerate() {
+                let spec =
+                    InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: seed as u64 };
+                let host = (def.generate_inputs)(&spec).unwrap();
+                for padded in [false, true] {
+                    let label = format!("{op} {dtype} T={tokens} H={hidden} padded={padded}");
+                    let (on_cuda, _) = run_logged(cuda, def, &host, padded);
+                    let (on_hip, _) = run_logged(hip, def, &host, padded);
+                    for (index, (a, b)) in on_cuda.iter().zip(&on_hip).enumerate() {
+                        assert!(bit_eq(a, b), "{label}: output {index} differs between CUDA and HIP in waves of 32");
+                    }
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(compared, cuda.registry.ops().len() * 4 * 3 * 2);
+}
+
+/// The tensor-level device operations that write their whole output (a compact copy, `cat`,
+/// `scale`, `add`, `mul`, an upload next to a tensor) allocate it without zeroing it first: on the
+/// emulated CUDA device, which fills such memory with `0xff` bytes (NaN), no zeroed allocation is
+/// made and every value is right.
+#[test]
+fn device_copies_allocate_their_outputs_without_zeroing() {
+    if let ir_core::Availability::Unavailable(reason) = kernels_cuda::emu::availability() {
+        return ir_core::testing::skip("cxx", &format!("emulated cuda: {reason}"));
+    }
+    let backend = backends().into_iter().find(|b| b.provider == kernels_cuda::emu::PROVIDER).unwrap();
+    let host = Tensor::from_f64(DType::F32, &[4, 6], &(0..24).map(f64::from).collect::<Vec<_>>()).unwrap();
+    let device = backend.upload(&host).unwrap();
+    let transposed = device.transpose(0, 1).unwrap();
+    let before = kernels_cuda::emu::zeroed_allocations();
+    let results = [
+        ("contiguous", transposed.contiguous().unwrap(), host.transpose(0, 1).unwrap().contiguous().unwrap()),
+        ("cat", device.cat(&device, 0).unwrap(), host.cat(&host, 0).unwrap()),
+        ("scale", transposed.scale(0.5).unwrap(), host.transpose(0, 1).unwrap().scale(0.5).unwrap()),
+        ("add", device.add(&device).unwrap(), host.add(&host).unwrap()),
+        ("mul", device.mul(&device).unwrap(), host.mul(&host).unwrap()),
+        ("to_device_of", host.to_device_of(&device).unwrap(), host.clone()),
+    ];
+    assert_eq!(kernels_cuda::emu::zeroed_allocations(), before, "no zeroed allocation");
+    for (what, got, expected) in results {
+        assert!(matches!(got.storage(), ir_core::storage::Storage::Device(_)), "{what} stays on the device");
+        assert!(bit_eq(&got.to_cpu().unwrap(), &expected), "{what}: {:?}", got.to_f64_vec());
     }
 }

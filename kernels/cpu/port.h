@@ -18,6 +18,7 @@
 #include <math.h>
 #include <string.h>
 
+#define __host__
 #define __device__
 #define __global__
 #define __forceinline__ inline

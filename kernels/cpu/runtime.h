@@ -1,5 +1,5 @@
 // The emulated GPU runtime: runs a kernel of the CUDA/HIP source on the CPU, one block at a time per
-// OS thread, the threads of a block as cooperative fibers (ucontext) that switch only at
+// OS thread, the threads of a block as cooperative fibers (a stack each) that switch only at
 // `__syncthreads` and at the warp shuffles. Compiled into every emulated program, before the CPU
 // portability header (`kernels/cpu/port.h`) and the kernel source; the program ends with one
 // `EMU_KERNEL(name)` per kernel, which exports the launcher the host calls.
@@ -39,10 +39,77 @@ struct EmuDim3 {
     unsigned int x, y, z;
 };
 
+// A fiber's saved execution context, and the switch between two. On x86-64 a switch saves the
+// callee-saved registers (and the SSE and x87 control words) on the running stack and swaps stack
+// pointers: a few nanoseconds. Elsewhere `ucontext` (glibc's `swapcontext` also saves and restores
+// the signal mask: a system call per switch, several times slower on kernels with many barriers).
+#if defined(__x86_64__)
+struct EmuContext {
+    void* sp;
+};
+extern "C" void emu_switch_x86_64(void** save, void* load);
+asm(R"(
+    .pushsection .text
+    .globl emu_switch_x86_64
+    .hidden emu_switch_x86_64
+    .type emu_switch_x86_64, @function
+emu_switch_x86_64:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch_x86_64, .-emu_switch_x86_64
+    .popsection
+)");
+static inline void emu_switch(EmuContext* from, EmuContext* to) { emu_switch_x86_64(&from->sp, to->sp); }
+// Prepares `c` to run `entry` on the stack [stack, stack + size) at its first switch: the frame
+// `emu_switch_x86_64` pops (control words, six registers, the return address `entry`), placed so
+// that `entry` starts as a called function does (the stack 8 bytes past a multiple of 16).
+static inline void emu_start(EmuContext* c, char* stack, size_t size, void (*entry)()) {
+    unsigned long long top = ((unsigned long long)(stack + size)) & ~15ull;
+    unsigned long long* frame = (unsigned long long*)(top - 8) - 8;
+    unsigned int control[2];
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(control[0]), "=m"(control[1]));
+    memcpy(&frame[0], control, 8);
+    for (int i = 1; i <= 6; ++i) frame[i] = 0;
+    frame[7] = (unsigned long long)entry;
+    c->sp = frame;
+}
+#else
+struct EmuContext {
+    ucontext_t uc;
+};
+static inline void emu_switch(EmuContext* from, EmuContext* to) { swapcontext(&from->uc, &to->uc); }
+static inline void emu_start(EmuContext* c, char* stack, size_t size, void (*entry)()) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+#endif
+
 enum EmuState { EMU_READY, EMU_BARRIER, EMU_SHUFFLE, EMU_DONE };
 
 struct EmuThread {
-    ucontext_t context;
+    EmuContext context;
     unsigned int index;
     EmuState state;
     // The shuffle this lane waits at: its value (bytes), their size, the xor mask, the width and the
@@ -53,7 +120,7 @@ struct EmuThread {
 };
 
 struct EmuBlock {
-    ucontext_t scheduler;
+    EmuContext scheduler;
     EmuThread* threads;
     unsigned int n_threads;
     EmuDim3 block_idx, block_dim, grid_dim;
@@ -68,12 +135,46 @@ struct EmuBlock {
 static thread_local EmuBlock* emu_block;
 static thread_local EmuThread* emu_thread;
 
+// Records why the block failed; the first reason stands.
 static void emu_fail(const char* format, ...) {
+    if (emu_block->failed) return;
     va_list list;
     va_start(list, format);
     vsnprintf(emu_block->error, emu_block->error_len, format, list);
     va_end(list);
     emu_block->failed = true;
+}
+
+// A misaligned access: every program is compiled with `-fsanitize=alignment`, whose check calls
+// this handler (the layout of its data is the one GCC and Clang share) on a load or store through a
+// pointer not aligned to its type, as a 16-byte vector load from an address not a multiple of 16.
+// A GPU faults there (and x86 would forgive it, or fault on an aligned SSE load): the launch fails
+// naming the thread and the type, and the thread stops before the access.
+struct EmuSourceLocation {
+    const char* file;
+    unsigned int line, column;
+};
+struct EmuTypeDescriptor {
+    unsigned short kind, info;
+    char name[1];
+};
+struct EmuTypeMismatch {
+    EmuSourceLocation location;
+    const EmuTypeDescriptor* type;
+    unsigned char log_alignment;
+    unsigned char check_kind;
+};
+extern "C" void __ubsan_handle_type_mismatch_v1(EmuTypeMismatch* data, unsigned long pointer) {
+    if (!emu_block || !emu_thread) return;
+    unsigned long alignment = 1ul << data->log_alignment;
+    if (pointer % alignment == 0) return;
+    emu_fail("block %u, thread %u: misaligned access: %s needs %lu-byte alignment, at address %#lx (line %u of the "
+             "program)",
+             emu_block->block_idx.x, emu_thread ? emu_thread->index : 0u, data->type ? data->type->name : "a value",
+             alignment, pointer, data->location.line);
+    // Back to the scheduler, which sees the failure and never resumes this fiber.
+    emu_thread->state = EMU_DONE;
+    emu_switch(&emu_thread->context, &emu_block->scheduler);
 }
 
 // The built-ins. `threadIdx` is the running fiber's; the block's are shared by its fibers.
@@ -86,7 +187,7 @@ inline EmuDim3 emu_thread_idx() { return EmuDim3{emu_thread->index, 0, 0}; }
 
 static void emu_wait(EmuState state) {
     emu_thread->state = state;
-    swapcontext(&emu_thread->context, &emu_block->scheduler);
+    emu_switch(&emu_thread->context, &emu_block->scheduler);
 }
 
 inline void __syncthreads() { emu_wait(EMU_BARRIER); }
@@ -121,7 +222,9 @@ inline T __shfl_xor(T value, int lane_mask, int width = warpSize) {
 static void emu_fiber_main() {
     emu_block->call(emu_block->args);
     emu_thread->state = EMU_DONE;
-    // Returning resumes the scheduler (`uc_link`).
+    // Back to the scheduler, which never resumes a returned fiber.
+    emu_switch(&emu_thread->context, &emu_block->scheduler);
+    abort();
 }
 
 // Exchanges the values of a warp whose lanes all wait at a shuffle; false (after `emu_fail`) when
@@ -246,11 +349,18 @@ struct EmuStacks {
         return base;
     }
 };
-static thread_local EmuStacks emu_stacks;
-static thread_local EmuThread* emu_threads_cache = nullptr;
-static thread_local unsigned int emu_threads_count = 0;
+// What a worker thread of the host keeps from launch to launch, whichever program it runs: the
+// fibers' stacks and thread records. The host holds one pointer per worker and passes it to every
+// `emu_run`; the first program to run there allocates it. (Kept per program instead, every program
+// would map its own stacks in every worker: thousands of mappings with guard pages.) Every program
+// of a process is built from this one runtime, so they agree on its layout.
+struct EmuWorker {
+    EmuStacks stacks;
+    EmuThread* threads = nullptr;
+    unsigned int threads_count = 0;
+};
 
-static bool emu_run_block(EmuBlock* b) {
+static bool emu_run_block(EmuBlock* b, EmuStacks& emu_stacks) {
     char* stacks = emu_stacks.get(b->n_threads);
     if (!stacks) {
         emu_fail("cannot map %u fiber stacks", b->n_threads);
@@ -261,17 +371,13 @@ static bool emu_run_block(EmuBlock* b) {
         EmuThread& t = b->threads[i];
         t.index = i;
         t.state = EMU_READY;
-        getcontext(&t.context);
-        t.context.uc_stack.ss_sp = stacks + i * emu_stacks.stride + page;
-        t.context.uc_stack.ss_size = EMU_STACK;
-        t.context.uc_link = &b->scheduler;
-        makecontext(&t.context, emu_fiber_main, 0);
+        emu_start(&t.context, stacks + i * emu_stacks.stride + page, EMU_STACK, emu_fiber_main);
     }
     for (;;) {
         for (unsigned int i = 0; i < b->n_threads; ++i) {
             if (b->threads[i].state != EMU_READY) continue;
             emu_thread = &b->threads[i];
-            swapcontext(&b->scheduler, &b->threads[i].context);
+            emu_switch(&b->scheduler, &b->threads[i].context);
             if (b->failed) return false;
         }
         if (!emu_release()) return !b->failed;
@@ -279,22 +385,26 @@ static bool emu_run_block(EmuBlock* b) {
 }
 
 // Runs blocks [first_block, end_block) of a grid of `grid` blocks of `block` threads, warps of
-// `warp` lanes. 0 on success; else 1 and the message in `error`.
+// `warp` lanes, on the calling worker, whose state `*worker` holds (allocated here when null). 0 on
+// success; else 1 and the message in `error`.
 #define EMU_EXPORT __attribute__((visibility("default")))
 
-extern "C" EMU_EXPORT int emu_run(void (*call)(const EmuArg*), const EmuArg* args, unsigned int grid, unsigned int first_block,
-                       unsigned int end_block, unsigned int block, unsigned int warp, char* error, size_t error_len) {
+extern "C" EMU_EXPORT int emu_run(void (*call)(const EmuArg*), const EmuArg* args, unsigned int grid,
+                                  unsigned int first_block, unsigned int end_block, unsigned int block,
+                                  unsigned int warp, void** worker, char* error, size_t error_len) {
     if (block == 0 || warp == 0 || warp > 64 || (warp & (warp - 1)) != 0) {
         snprintf(error, error_len, "cannot run blocks of %u threads in warps of %u", block, warp);
         return 1;
     }
-    if (emu_threads_count < block) {
-        delete[] emu_threads_cache;
-        emu_threads_cache = new EmuThread[block];
-        emu_threads_count = block;
+    if (!*worker) *worker = new EmuWorker();
+    EmuWorker* w = (EmuWorker*)*worker;
+    if (w->threads_count < block) {
+        delete[] w->threads;
+        w->threads = new EmuThread[block];
+        w->threads_count = block;
     }
     EmuBlock b;
-    b.threads = emu_threads_cache;
+    b.threads = w->threads;
     b.n_threads = block;
     b.block_dim = EmuDim3{block, 1, 1};
     b.grid_dim = EmuDim3{grid, 1, 1};
@@ -308,7 +418,7 @@ extern "C" EMU_EXPORT int emu_run(void (*call)(const EmuArg*), const EmuArg* arg
     emu_block = &b;
     for (unsigned int id = first_block; id < end_block; ++id) {
         b.block_idx = EmuDim3{id, 0, 0};
-        if (!emu_run_block(&b)) break;
+        if (!emu_run_block(&b, w->stacks)) break;
     }
     emu_block = outer;
     return b.failed ? 1 : 0;

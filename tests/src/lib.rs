@@ -128,6 +128,32 @@ pub fn backends() -> Vec<Backend> {
         }
     }
 
+    match kernels_rocm::emu::availability() {
+        ir_core::Availability::Available => {
+            let wave64 = ir_ops::registry();
+            kernels_rocm::emu::register(&wave64).expect("the emulated hip provider registers once");
+            backends.push(Backend {
+                provider: kernels_rocm::emu::PROVIDER,
+                registry: wave64,
+                allocator: Some(Arc::new(kernels_rocm::emu::allocator())),
+                grid: Grid::Subset,
+                dtypes: kernels_rocm::KERNEL_DTYPES,
+            });
+            let wave32 = ir_ops::registry();
+            kernels_rocm::emu::register_wave32(&wave32).expect("the emulated hip provider registers once");
+            backends.push(Backend {
+                provider: kernels_rocm::emu::PROVIDER_WAVE32,
+                registry: wave32,
+                allocator: Some(Arc::new(kernels_rocm::emu::allocator_wave32())),
+                grid: Grid::Subset,
+                dtypes: kernels_rocm::KERNEL_DTYPES,
+            });
+        }
+        ir_core::Availability::Unavailable(reason) => {
+            ir_core::testing::skip("cxx", &format!("emulated hip kernels: {reason}"))
+        }
+    }
+
     match kernels_rocm::availability() {
         ir_core::Availability::Available => {
             let registry = ir_ops::registry();

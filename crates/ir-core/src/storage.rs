@@ -114,8 +114,15 @@ pub trait DeviceBuffer: Send + Sync + fmt::Debug + Any {
     fn download(&self, dst: &mut [u8]) -> Result<(), DeviceError>;
     /// Copies host bytes into the start of the buffer.
     fn upload(&mut self, src: &[u8]) -> Result<(), DeviceError>;
-    /// Allocates another buffer on the same device.
+    /// Allocates another buffer on the same device, zeroed.
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError>;
+    /// Allocates another buffer on the same device whose bytes are unspecified until written: for
+    /// an output whose every byte is written before anything reads it (a compact copy, `cat`,
+    /// `scale`, `add`, `mul`, an upload), so no fill pass runs first. The default zeroes
+    /// ([`allocate_like`](DeviceBuffer::allocate_like)); backends override it.
+    fn allocate_for_overwrite(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        self.allocate_like(len_bytes)
+    }
     /// Copies the elements `src` describes in this buffer into `dst` with `dst_layout` (same shape and dtype).
     ///
     /// The default goes through host memory; backends override it with a device-side copy.

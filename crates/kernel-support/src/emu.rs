@@ -14,14 +14,15 @@
 //! compiles each program once.
 //!
 //! What it needs: a C++20 compiler with `_Float16` (g++ 12 or clang 15 and later) and glibc's
-//! `ucontext`, on x86-64 or aarch64 Linux. Miri cannot run it (foreign code).
+//! `ucontext`, on x86-64 (fibers switched by a few instructions of assembly) or another Linux
+//! target (switched by `swapcontext`). Miri cannot run it (foreign code).
 
 use std::collections::HashMap;
-use std::ffi::{CString, c_char, c_int, c_uint};
+use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 
 /// The fiber runtime compiled into every emulated program.
 pub const RUNTIME: &str = include_str!("../kernels/cpu/runtime.h");
@@ -34,9 +35,24 @@ const BUILD_CXX: &str = env!("VLLM_IR_EMU_CXX");
 /// The flags every program is compiled with: contraction off, so each `c_*` operation rounds once;
 /// hidden visibility, so no symbol of one program binds to another's (a `__shared__` array is a
 /// static local of an inline function, which would otherwise be one process-wide unique symbol:
-/// the first program loaded would lend its size to every later program's).
-const FLAGS: [&str; 8] =
-    ["-std=c++20", "-O1", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-fvisibility=hidden", "-w", "-xc++"];
+/// the first program loaded would lend its size to every later program's); the alignment check,
+/// whose handler the runtime defines (a misaligned access fails the launch, as it faults on a GPU;
+/// no sanitizer runtime is linked).
+const FLAGS: [&str; 9] = [
+    "-std=c++20",
+    "-O1",
+    "-fPIC",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-fvisibility=hidden",
+    "-fsanitize=alignment",
+    "-w",
+    "-xc++",
+];
+
+/// The flags a program's object is linked with into a shared library (without the sanitizer
+/// flag, so no sanitizer runtime is linked: the runtime defines the one handler the check calls).
+const LINK_FLAGS: [&str; 2] = ["-shared", "-fPIC"];
 
 /// What went wrong in the emulator.
 #[derive(Debug, thiserror::Error)]
@@ -172,14 +188,46 @@ pub struct EmuGrid {
 
 type CheckFn = unsafe extern "C" fn(*const EmuArg, c_int, *mut c_char, usize) -> c_int;
 type CallFn = unsafe extern "C" fn(*const EmuArg);
-type RunFn =
-    unsafe extern "C" fn(CallFn, *const EmuArg, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_char, usize) -> c_int;
+type RunFn = unsafe extern "C" fn(
+    CallFn,
+    *const EmuArg,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut *mut c_void,
+    *mut c_char,
+    usize,
+) -> c_int;
+
+/// One kernel a thread launched ([`take_launches`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmuLaunch {
+    /// The kernel.
+    pub kernel: String,
+    /// Its program's defines (`NAME=VALUE`, space-separated; empty for a program without).
+    pub defines: String,
+}
+
+thread_local! {
+    /// The kernels this thread launched since it last took them.
+    static LAUNCHES: std::cell::RefCell<Vec<EmuLaunch>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The kernels the calling thread launched (found in a program, whatever came of the launch) since
+/// it last called this, oldest first: what a test asks to learn which variant the host code chose.
+pub fn take_launches() -> Vec<EmuLaunch> {
+    LAUNCHES.take()
+}
 
 /// A compiled, loaded program and its kernels.
 pub struct EmuProgram {
     kernels: HashMap<String, (CheckFn, CallFn)>,
     run: RunFn,
     path: PathBuf,
+    /// The defines it was built with (`NAME=VALUE`, space-separated).
+    defines: String,
     // Keeps the code the function pointers point into loaded.
     _library: libloading::Library,
 }
@@ -205,6 +253,17 @@ fn compiler() -> Result<String, EmuError> {
 pub fn available() -> Result<(), EmuError> {
     let cxx = compiler()?;
     Command::new(&cxx).arg("--version").output().map(drop).map_err(|source| EmuError::Io { path: cxx.into(), source })
+}
+
+/// Whether the compiler's alignment check covers a 16-byte chunk loaded as a whole (GCC's does;
+/// Clang 15's instruments scalar accesses only, so a misaligned chunk load reaches the CPU, which
+/// faults on it and ends the process).
+pub fn checks_chunk_alignment() -> bool {
+    let Ok(cxx) = compiler() else { return false };
+    Command::new(&cxx).arg("--version").output().is_ok_and(|o| {
+        let version = String::from_utf8_lossy(&o.stdout);
+        o.status.success() && !version.contains("clang")
+    })
 }
 
 fn cache_dir() -> PathBuf {
@@ -235,7 +294,9 @@ fn kernel_names(preprocessed: &str) -> Vec<String> {
         let Some(after) = after.strip_prefix("void") else { continue };
         let after = after.trim_start();
         let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-        if !name.is_empty() && !name.starts_with("emu_") && after[name.len()..].trim_start().starts_with('(') {
+        // `emu_*` are the runtime's, `__*` reserved names (the alignment check's handler).
+        let runtime = name.starts_with("emu_") || name.starts_with("__");
+        if !name.is_empty() && !runtime && after[name.len()..].trim_start().starts_with('(') {
             names.push(name);
         }
     }
@@ -251,9 +312,9 @@ fn extra_flags() -> Vec<String> {
     std::env::var("VLLM_IR_EMU_CXXFLAGS").unwrap_or_default().split_whitespace().map(str::to_owned).collect()
 }
 
-fn run_compiler(cxx: &str, args: &[&str], program: &Path) -> Result<Vec<u8>, EmuError> {
+fn run_compiler(cxx: &str, flags: &[&str], args: &[&str], program: &Path) -> Result<Vec<u8>, EmuError> {
     let output = Command::new(cxx)
-        .args(FLAGS)
+        .args(flags)
         .args(extra_flags())
         .args(args)
         .output()
@@ -293,7 +354,7 @@ impl EmuProgram {
         text.push('\n');
         text.push_str(source);
         text.push('\n');
-        let flags = format!("{} {}", FLAGS.join(" "), extra_flags().join(" "));
+        let flags = format!("{} {} {}", FLAGS.join(" "), LINK_FLAGS.join(" "), extra_flags().join(" "));
         let hash = fnv1a(&[cxx.as_bytes(), flags.as_bytes(), text.as_bytes()]);
         let loaded = LOADED.get_or_init(Default::default);
         // Held while building, so two threads never build one program at once.
@@ -315,15 +376,20 @@ impl EmuProgram {
             let source_path = dir.join(format!("{hash:016x}.cpp"));
             std::fs::write(&source_path, &text).map_err(io(&source_path))?;
             let source_arg = source_path.to_string_lossy().into_owned();
-            let preprocessed = run_compiler(&cxx, &["-E", "-P", &source_arg], &source_path)?;
+            let preprocessed = run_compiler(&cxx, &FLAGS, &["-E", "-P", &source_arg], &source_path)?;
             let names = kernel_names(&String::from_utf8_lossy(&preprocessed));
             for name in &names {
                 let _ = writeln!(text, "EMU_KERNEL({name})");
             }
             std::fs::write(&source_path, &text).map_err(io(&source_path))?;
+            let object = dir.join(format!("{unique}.o"));
+            let object_arg = object.to_string_lossy().into_owned();
+            run_compiler(&cxx, &FLAGS, &["-c", "-o", &object_arg, &source_arg], &source_path)?;
             let scratch = dir.join(format!("{unique}.so"));
             let scratch_arg = scratch.to_string_lossy().into_owned();
-            run_compiler(&cxx, &["-shared", "-o", &scratch_arg, &source_arg], &source_path)?;
+            let linked = run_compiler(&cxx, &LINK_FLAGS, &["-o", &scratch_arg, &object_arg], &source_path);
+            let _ = std::fs::remove_file(&object);
+            linked?;
             let scratch_names = dir.join(format!("{unique}.kernels"));
             std::fs::write(&scratch_names, names.join("\n")).map_err(io(&scratch_names))?;
             // Renamed into place, so a run that skips the lock never loads half a file.
@@ -331,7 +397,9 @@ impl EmuProgram {
             std::fs::rename(&scratch_names, &names_path).map_err(io(&names_path))?;
         }
         let names = std::fs::read_to_string(&names_path).map_err(io(&names_path))?;
-        let program = Arc::new(Self::load(&library, names.lines().filter(|l| !l.is_empty()))?);
+        let mut program = Self::load(&library, names.lines().filter(|l| !l.is_empty()))?;
+        program.defines = defines.iter().map(|(name, value)| format!("{name}={value}")).collect::<Vec<_>>().join(" ");
+        let program = Arc::new(program);
         tracing::debug!(path = %library.display(), kernels = program.kernels.len(), "emulated program loaded");
         loaded.insert(hash, program.clone());
         Ok(program)
@@ -354,7 +422,7 @@ impl EmuProgram {
             let call = *unsafe { library.get::<CallFn>(call.as_bytes_with_nul()) }.map_err(load)?;
             kernels.insert(name.to_owned(), (check, call));
         }
-        Ok(EmuProgram { kernels, run, path: path.to_owned(), _library: library })
+        Ok(EmuProgram { kernels, run, path: path.to_owned(), defines: String::new(), _library: library })
     }
 
     /// The program's kernels, sorted.
@@ -376,6 +444,8 @@ impl EmuProgram {
             .kernels
             .get(kernel)
             .ok_or_else(|| EmuError::NoKernel { kernel: kernel.to_owned(), available: self.kernels().join(", ") })?;
+        LAUNCHES
+            .with_borrow_mut(|log| log.push(EmuLaunch { kernel: kernel.to_owned(), defines: self.defines.clone() }));
         let n_args = c_int::try_from(args.len()).unwrap_or(c_int::MAX);
         let mut message = [0 as c_char; 512];
         // SAFETY: `check` reads `args.len()` arguments and writes at most `message.len()` bytes.
@@ -385,40 +455,56 @@ impl EmuProgram {
         if grid.blocks == 0 {
             return Ok(());
         }
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(grid.blocks as usize).max(1);
+        let pool = pool();
+        if pool.is_empty() {
+            let message = "the emulated GPU could not start a worker thread".to_owned();
+            return Err(EmuError::Launch { kernel: kernel.to_owned(), message });
+        }
+        let workers = pool.len().min(grid.blocks as usize);
         let per = grid.blocks.div_ceil(workers as u32);
         let run = self.run;
-        let failures: Vec<String> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers as u32)
-                .map(|w| {
-                    let first = w * per;
-                    let end = (first + per).min(grid.blocks);
-                    // The address crosses to the worker as an integer; the caller keeps the
-                    // arguments alive for the scope.
-                    let args_at = args.as_ptr() as usize;
-                    scope.spawn(move || {
-                        let mut message = [0 as c_char; 512];
-                        // SAFETY: the caller's contract covers the kernel's accesses; `emu_run`
-                        // writes at most `message.len()` bytes of message.
-                        let rc = unsafe {
-                            run(
-                                call,
-                                args_at as *const EmuArg,
-                                grid.blocks,
-                                first,
-                                end,
-                                grid.threads,
-                                grid.warp,
-                                message.as_mut_ptr(),
-                                message.len(),
-                            )
-                        };
-                        (rc != 0).then(|| text_of(&message))
-                    })
-                })
-                .collect();
-            handles.into_iter().filter_map(|h| h.join().unwrap_or_else(|_| Some("a worker panicked".into()))).collect()
-        });
+        let (done, results) = mpsc::channel::<Option<String>>();
+        let mut failures = Vec::new();
+        for (w, worker) in pool.iter().take(workers).enumerate() {
+            let first = w as u32 * per;
+            let end = (first + per).min(grid.blocks);
+            // The address crosses to the worker as an integer: the arguments outlive the job, as
+            // this call returns only once every job it sent has dropped its sender.
+            let args_at = args.as_ptr() as usize;
+            let done = done.clone();
+            let job: Job = Box::new(move || {
+                let mut message = [0 as c_char; 512];
+                let mut state = WORKER_STATE.get();
+                // SAFETY: the caller's contract covers the kernel's accesses; `emu_run` writes at
+                // most `message.len()` bytes of message, and `state` is this worker's (null, or
+                // what an earlier `emu_run` on this thread allocated).
+                let rc = unsafe {
+                    run(
+                        call,
+                        args_at as *const EmuArg,
+                        grid.blocks,
+                        first,
+                        end,
+                        grid.threads,
+                        grid.warp,
+                        &mut state,
+                        message.as_mut_ptr(),
+                        message.len(),
+                    )
+                };
+                WORKER_STATE.set(state);
+                let _ = done.send((rc != 0).then(|| text_of(&message)));
+            });
+            if worker.send(job).is_err() {
+                failures.push(format!("emulator worker {w} is gone"));
+            }
+        }
+        drop(done);
+        // Every result, or the channel's end once every job is dropped (a job that panicked
+        // included): no job runs past this loop.
+        while let Ok(result) = results.recv() {
+            failures.extend(result);
+        }
         match failures.into_iter().next() {
             Some(message) => Err(EmuError::Launch { kernel: kernel.to_owned(), message }),
             None => Ok(()),
@@ -426,10 +512,49 @@ impl EmuProgram {
     }
 }
 
+thread_local! {
+    /// A pool worker's state in the runtime (`EmuWorker` in `runtime.h`: its fibers' stacks and
+    /// thread records), shared by every program the worker runs; allocated by the first launch on
+    /// the worker and kept while it lives (as long as the process).
+    static WORKER_STATE: std::cell::Cell<*mut c_void> = const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
+/// A range of one launch's blocks, run by a worker of the pool.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The workers that run blocks: one per core, started at the first launch and kept, so each keeps
+/// its fibers' stacks and thread records ([`WORKER_STATE`]) from launch to launch and from program
+/// to program, instead of mapping them again on a fresh thread. A core the pool could not start a worker for
+/// goes unused.
+fn pool() -> &'static [mpsc::Sender<Job>] {
+    static POOL: OnceLock<Vec<mpsc::Sender<Job>>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let workers: Vec<mpsc::Sender<Job>> = (0..cores)
+            .filter_map(|i| {
+                let (sender, jobs) = mpsc::channel::<Job>();
+                let spawned = std::thread::Builder::new().name(format!("emu-gpu-{i}")).spawn(move || {
+                    for job in jobs {
+                        job();
+                    }
+                });
+                spawned.ok().map(|_| sender)
+            })
+            .collect();
+        if workers.is_empty() {
+            tracing::warn!("the emulated GPU could not start a worker thread");
+        }
+        workers
+    })
+}
+
 fn text_of(message: &[c_char]) -> String {
     let bytes: Vec<u8> = message.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+mod memory;
+pub use memory::{ALIGN, EmuMemory, launch};
 
 #[cfg(test)]
 mod tests;

@@ -510,6 +510,10 @@ impl DeviceBuffer for CudaBuffer {
         Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes, Fill::Zeros)?))
     }
 
+    fn allocate_for_overwrite(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes, Fill::Unspecified)?))
+    }
+
     kernel_support::strided_on_device!(Cuda);
 
     fn as_any(&self) -> &dyn Any {

@@ -18,10 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, DeviceKind, ImplSpec, KernelError, Registry, RegistryError};
-use kernel_support::emu::{Dialect, EmuArg, EmuError, EmuGrid, EmuProgram};
-use kernel_support::gpu::{
-    BufferArg, GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, Resolved, Scalar, StridedKey,
-};
+use kernel_support::emu::{self, Dialect, EmuError, EmuGrid, EmuMemory, EmuProgram};
+use kernel_support::gpu::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, StridedKey};
 use kernel_support::gpu_threads_per_row;
 
 use crate::module::{NormProgram, PORT_HEADER, Program, norm_program};
@@ -32,48 +30,25 @@ pub const PROVIDER: &str = "emu_cuda";
 /// Lanes per warp.
 const WARP: u32 = 32;
 
-/// The alignment of every buffer's first byte, as `cuMemAlloc` gives.
-const ALIGN: usize = 256;
-
-#[repr(C, align(256))]
-#[derive(Clone, Copy)]
-struct Block([u8; ALIGN]);
-
 /// Emulated device memory: host memory whose first byte is 256-byte aligned.
+#[derive(Debug)]
 pub struct EmuBuffer {
-    blocks: Vec<Block>,
-    len_bytes: usize,
-}
-
-impl std::fmt::Debug for EmuBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmuBuffer").field("len_bytes", &self.len_bytes).finish()
-    }
+    memory: EmuMemory,
 }
 
 impl EmuBuffer {
     fn filled(len_bytes: usize, byte: u8) -> EmuBuffer {
-        EmuBuffer { blocks: vec![Block([byte; ALIGN]); len_bytes.div_ceil(ALIGN)], len_bytes }
+        EmuBuffer { memory: EmuMemory::filled(len_bytes, byte) }
     }
 
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `blocks` holds at least `len_bytes` initialized bytes (plain byte arrays).
-        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len_bytes) }
+        self.memory.bytes()
     }
 
     /// The bytes, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `bytes`, borrowed uniquely.
-        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), self.len_bytes) }
-    }
-
-    fn address(&self, byte_offset: usize) -> *const u8 {
-        self.blocks.as_ptr().cast::<u8>().wrapping_add(byte_offset)
-    }
-
-    fn address_mut(&mut self, byte_offset: usize) -> *mut u8 {
-        self.blocks.as_mut_ptr().cast::<u8>().wrapping_add(byte_offset)
+        self.memory.bytes_mut()
     }
 }
 
@@ -83,23 +58,29 @@ impl DeviceBuffer for EmuBuffer {
     }
 
     fn len_bytes(&self) -> usize {
-        self.len_bytes
+        self.memory.len_bytes()
     }
 
     fn download(&self, dst: &mut [u8]) -> Result<(), DeviceError> {
-        let n = dst.len().min(self.len_bytes);
+        let n = dst.len().min(self.memory.len_bytes());
         dst[..n].copy_from_slice(&self.bytes()[..n]);
         Ok(())
     }
 
     fn upload(&mut self, src: &[u8]) -> Result<(), DeviceError> {
-        let n = src.len().min(self.len_bytes);
+        let n = src.len().min(self.memory.len_bytes());
         self.bytes_mut()[..n].copy_from_slice(&src[..n]);
         Ok(())
     }
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        ZEROED.set(ZEROED.get() + 1);
         Ok(Box::new(EmuBuffer::filled(len_bytes, 0)))
+    }
+
+    /// Filled with `0xff` bytes (a NaN in every float dtype), so a byte left unwritten shows.
+    fn allocate_for_overwrite(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(EmuBuffer::filled(len_bytes, 0xff)))
     }
 
     kernel_support::strided_on_device!(EmuCuda);
@@ -111,6 +92,18 @@ impl DeviceBuffer for EmuBuffer {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+thread_local! {
+    /// Buffers this thread allocated zeroed through a buffer ([`DeviceBuffer::allocate_like`]).
+    static ZEROED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many buffers the calling thread has allocated zeroed through another buffer
+/// ([`DeviceBuffer::allocate_like`], which a real device pays a fill pass for), so a test can
+/// show that an operation writing its whole output allocates it unspecified instead.
+pub fn zeroed_allocations() -> usize {
+    ZEROED.get()
 }
 
 /// Allocates zeroed emulated memory (`cuda:0`).
@@ -310,16 +303,7 @@ impl GpuRuntime for EmuCuda {
         to_offset: usize,
         bytes: usize,
     ) -> Result<(), KernelError> {
-        let range = |offset: usize, len: usize| {
-            offset.checked_add(bytes).filter(|&end| end <= len).map(|end| offset..end).ok_or_else(|| {
-                KernelError::InvalidArguments {
-                    reason: format!("a copy of {bytes} bytes from {offset} leaves its buffer"),
-                }
-            })
-        };
-        let (src, dst) = (range(from_offset, from.len_bytes)?, range(to_offset, to.len_bytes)?);
-        to.bytes_mut()[dst].copy_from_slice(&from.bytes()[src]);
-        Ok(())
+        to.memory.copy_from(to_offset, &from.memory, from_offset, bytes)
     }
 
     fn buffer_queue(_buffer: &EmuBuffer) {}
@@ -329,7 +313,7 @@ impl GpuRuntime for EmuCuda {
     }
 
     fn base_alignment(_buffer: &EmuBuffer) -> usize {
-        ALIGN
+        emu::ALIGN
     }
 
     unsafe fn launch(
@@ -338,33 +322,8 @@ impl GpuRuntime for EmuCuda {
         grid: Grid,
         args: KernelArgs<'_, EmuBuffer>,
     ) -> Result<(), KernelError> {
-        let blocks = grid.cuda_blocks()?;
-        let values = args.resolve(|arg| {
-            Ok(match arg {
-                BufferArg::Read { buffer, offset, element_size } => {
-                    EmuArg::buffer(buffer.address(offset * element_size), element_size)
-                }
-                BufferArg::Write { buffer, offset, element_size } => {
-                    EmuArg::buffer(buffer.address_mut(offset * element_size), element_size)
-                }
-                BufferArg::Null => EmuArg::null(),
-            })
-        })?;
-        let args: Vec<EmuArg> = values
-            .into_iter()
-            .map(|value| match value {
-                Resolved::Buffer(arg) => arg,
-                Resolved::Scalar(Scalar::I32(v)) => EmuArg::i32(v),
-                Resolved::Scalar(Scalar::I64(v)) => EmuArg::i64(v),
-                Resolved::Scalar(Scalar::F32(v)) => EmuArg::f32(v),
-                Resolved::Scalar(Scalar::F64(v)) => EmuArg::f64(v),
-                Resolved::Scalar(Scalar::I64x8(v)) => EmuArg::i64x8(v),
-            })
-            .collect();
-        let shape = EmuGrid { blocks, threads: grid.group_size, warp: WARP };
-        // SAFETY: the caller's contract (`GpuRuntime::launch`): the arguments follow the kernel's
-        // prototype (which the emulator checks again) and every access lies in its buffer; the
-        // buffers written are held uniquely for the call, which returns after the last block.
-        unsafe { kernel.program.launch(&kernel.symbol, shape, &args) }.map_err(emu_error)
+        let shape = EmuGrid { blocks: grid.cuda_blocks()?, threads: grid.group_size, warp: WARP };
+        // SAFETY: the caller's contract (`GpuRuntime::launch`).
+        unsafe { emu::launch(PROVIDER, &kernel.program, &kernel.symbol, shape, args, |b| &b.memory, |b| &mut b.memory) }
     }
 }

@@ -373,6 +373,10 @@ impl DeviceBuffer for HipBuffer {
         Ok(Box::new(self.device.allocate(len_bytes, Fill::Zeros)?))
     }
 
+    fn allocate_for_overwrite(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(self.device.allocate(len_bytes, Fill::Unspecified)?))
+    }
+
     kernel_support::strided_on_device!(Hip);
 
     fn as_any(&self) -> &dyn Any {

@@ -15,6 +15,12 @@
 //! # Ok::<(), ir_core::RegistryError>(())
 //! ```
 //!
+//! # Emulation
+//!
+//! With feature `emu`, module `emu` runs this crate's host code and code object on the CPU (the
+//! providers `emu_hip`, waves of 64, and `emu_hip_wave32`, waves of 32), for tests on machines
+//! without an AMD GPU.
+//!
 //! # Logging
 //!
 //! Target `kernels_rocm`: the device and its code object (info).
@@ -24,6 +30,8 @@ pub use kernel_support::{BINARY_KERNELS, CONVERT_KERNELS};
 #[cfg(feature = "rocm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rocm")))]
 mod device;
+#[cfg(feature = "emu")]
+pub mod emu;
 mod module;
 pub mod quant;
 pub mod rotary;

@@ -52,6 +52,16 @@ pub const F64_MIXED_THREADS_PER_ROW: u32 = 32;
 
 pub use kernel_support::gpu::norm_vectorizes as vectorizes;
 
+/// The kernel a norm launch takes and its block shape: the variant of the key at the row width
+/// [`launch_threads_per_row`] gives, in blocks of [`KernelVariant::block_size`].
+pub(crate) fn norm_launch(key: &kernel_support::gpu::NormKey) -> (KernelVariant, kernel_support::gpu::NormShape) {
+    let threads_per_row = launch_threads_per_row(key.hidden, key.dtype, key.weight);
+    let variant =
+        KernelVariant { op: key.op, dtype: key.dtype, weight: key.weight, vectorized: key.vectorized, threads_per_row };
+    let group_size = variant.block_size();
+    (variant, kernel_support::gpu::NormShape { group_size, rows_per_group: group_size / threads_per_row })
+}
+
 /// Every kernel the code object must contain: without a weight and with one of x's dtype at every
 /// row width, and with a weight of each other dtype at [`MIXED_WEIGHT_THREADS_PER_ROW`] (at
 /// [`F64_MIXED_THREADS_PER_ROW`] when either side is f64); f64 rows with scalar accesses only.

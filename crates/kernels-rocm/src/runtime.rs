@@ -22,7 +22,7 @@ mod hip {
     use smallvec::SmallVec;
 
     use crate::device::{HipBuffer, HipDevice, HipFunction, KernelId, device};
-    use crate::module::{KernelVariant, launch_threads_per_row};
+    use crate::module::norm_launch;
 
     /// HIP through hip-sys (the `rocm` provider).
     #[derive(Debug)]
@@ -73,17 +73,9 @@ mod hip {
         }
 
         fn norm_kernel(like: &HipBuffer, key: &NormKey) -> Result<(HipFunction, NormShape), KernelError> {
-            let threads_per_row = launch_threads_per_row(key.hidden, key.dtype, key.weight);
-            let variant = KernelVariant {
-                op: key.op,
-                dtype: key.dtype,
-                weight: key.weight,
-                vectorized: key.vectorized,
-                threads_per_row,
-            };
-            let group_size = variant.block_size();
+            let (variant, shape) = norm_launch(key);
             let function = like.device.function(KernelId::Norm(variant), || variant.symbol())?;
-            Ok((function, NormShape { group_size, rows_per_group: group_size / threads_per_row }))
+            Ok((function, shape))
         }
 
         fn strided_kernel(like: &HipBuffer, key: StridedKey) -> Result<Option<HipFunction>, KernelError> {

@@ -569,6 +569,10 @@ impl DeviceBuffer for XpuBuffer {
         Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes, Fill::Zeros)?))
     }
 
+    fn allocate_for_overwrite(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes, Fill::Unspecified)?))
+    }
+
     kernel_support::strided_on_device!(OpenCl);
 
     fn as_any(&self) -> &dyn Any {

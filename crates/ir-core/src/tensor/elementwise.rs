@@ -27,7 +27,7 @@ impl Tensor {
     pub fn scale(&self, factor: f64) -> Result<Tensor, TensorError> {
         if let Storage::Device(src) = &self.storage.storage {
             let meta = self.meta.compact_like();
-            let mut dst = src.allocate_like(storage_bytes(&meta)?)?;
+            let mut dst = src.allocate_for_overwrite(storage_bytes(&meta)?)?;
             if src.convert_strided(&self.meta, dst.as_mut(), &meta, Some(factor))? {
                 return Tensor::from_storage(Storage::Device(dst), meta.dtype, meta.layout);
             }
@@ -55,7 +55,7 @@ impl Tensor {
         }
         if let (Storage::Device(a), Storage::Device(b)) = (&self.storage.storage, &other.storage.storage) {
             let meta = self.meta.compact_like();
-            let mut dst = a.allocate_like(storage_bytes(&meta)?)?;
+            let mut dst = a.allocate_for_overwrite(storage_bytes(&meta)?)?;
             if a.binary_strided(&self.meta, b.as_ref(), &other.meta, op, dst.as_mut(), &meta)? {
                 return Tensor::from_storage(Storage::Device(dst), meta.dtype, meta.layout);
             }

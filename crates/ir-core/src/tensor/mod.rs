@@ -603,7 +603,12 @@ impl Tensor {
                 Storage::Cpu(dst)
             }
             Storage::Device(src) => {
-                let mut dst = src.allocate_like(bytes)?;
+                // As on the host: a compact copy writes every byte, another layout may leave gaps.
+                let mut dst = if layout.offset() == 0 && layout.is_dense() {
+                    src.allocate_for_overwrite(bytes)?
+                } else {
+                    src.allocate_like(bytes)?
+                };
                 src.copy_strided(&self.meta, dst.as_mut(), &layout)?;
                 Storage::Device(dst)
             }
@@ -622,7 +627,8 @@ impl Tensor {
         if let Storage::Device(first) = &self.storage.storage {
             // Each part copied into its slice of the result by the backend (on the device where it
             // has a strided copy).
-            let mut dst = first.allocate_like(storage_bytes(&meta)?)?;
+            // The parts cover the compact result: every byte is written.
+            let mut dst = first.allocate_for_overwrite(storage_bytes(&meta)?)?;
             for (src, layout) in &parts {
                 let Storage::Device(from) = &src.storage.storage else { unreachable!("one device (cat_meta)") };
                 from.copy_strided(src.meta(), dst.as_mut(), layout)?;
@@ -734,7 +740,7 @@ impl Tensor {
             Storage::Device(like_buffer) => {
                 let host = self.to_cpu()?.deep_clone()?;
                 let buffer = host.cpu_buffer().expect("deep_clone of a CPU tensor is on the CPU");
-                let mut device_buffer = like_buffer.allocate_like(buffer.len_bytes())?;
+                let mut device_buffer = like_buffer.allocate_for_overwrite(buffer.len_bytes())?;
                 device_buffer.upload(buffer.bytes())?;
                 Tensor::from_storage(Storage::Device(device_buffer), self.dtype(), host.meta.layout.clone())
             }

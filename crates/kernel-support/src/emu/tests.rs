@@ -174,6 +174,23 @@ fn from_bf16(v: u16) -> f32 {
     f32::from_bits(u32::from(v) << 16)
 }
 
+/// The arguments of a gated bf16 kernel: `rows` compact rows of `2d` elements of x, of `d` of out,
+/// no scalar parameters.
+fn gated_args(out: *mut u16, x: *const u16, rows: usize, d: usize) -> [EmuArg; 10] {
+    [
+        EmuArg::buffer(out.cast(), 2),
+        EmuArg::buffer(x.cast(), 2),
+        EmuArg::i64(rows as i64),
+        EmuArg::i32(d as i32),
+        EmuArg::i64(2 * d as i64),
+        EmuArg::i64(d as i64),
+        EmuArg::f32(0.0),
+        EmuArg::f32(0.0),
+        EmuArg::i32(0),
+        EmuArg::i32(0),
+    ]
+}
+
 #[test]
 fn the_shared_gated_source_runs_as_nvrtc_gets_it() {
     if !compiler_at_hand() {
@@ -196,18 +213,7 @@ fn the_shared_gated_source_runs_as_nvrtc_gets_it() {
         .collect();
     for kernel in ["silu_and_mul_bf16", "silu_and_mul_bf16_vec"] {
         let mut out = vec![0u16; rows * d];
-        let args = [
-            EmuArg::buffer(out.as_mut_ptr().cast(), 2),
-            EmuArg::buffer(x.as_ptr().cast(), 2),
-            EmuArg::i64(rows as i64),
-            EmuArg::i32(d as i32),
-            EmuArg::i64(2 * d as i64),
-            EmuArg::i64(d as i64),
-            EmuArg::f32(0.0),
-            EmuArg::f32(0.0),
-            EmuArg::i32(0),
-            EmuArg::i32(0),
-        ];
+        let args = gated_args(out.as_mut_ptr(), x.as_ptr(), rows, d);
         // SAFETY: rows of 2d elements in x, of d in out (d a multiple of the chunk: both kernels).
         unsafe { program.launch(kernel, EmuGrid { blocks: rows as u32, threads: 128, warp: 32 }, &args) }
             .unwrap_or_else(|e| panic!("{e}"));
@@ -286,4 +292,43 @@ fn the_shared_source_builds_as_hipcc_gets_it_and_its_grid_stride_rows_run_in_wav
         runs.push((q, scales));
     }
     assert!(runs[0] == runs[1], "waves of 64 and of 32 give the same bits");
+}
+
+#[test]
+fn a_misaligned_16_byte_access_fails_the_launch_as_it_faults_on_a_gpu() {
+    if !compiler_at_hand() {
+        return;
+    }
+    if !checks_chunk_alignment() {
+        return ir_core::testing::skip(
+            "gcc",
+            "the C++ compiler's alignment check misses 16-byte chunk loads (not GCC)",
+        );
+    }
+    let program =
+        EmuProgram::build(Dialect::Cuda, &[("DTYPE", "2".to_owned())], GATED_BF16).unwrap_or_else(|e| panic!("{e}"));
+    let (rows, d) = (3usize, 64usize);
+    // One element more than the rows need, so the rows can start one element (2 bytes) in.
+    let x: Vec<u16> = (0..rows * 2 * d + 8).map(|i| bf16((i % 7) as f32)).collect();
+    let shifted = x[1..].as_ptr();
+    assert_ne!(shifted as usize % 16, 0);
+    for kernel in ["silu_and_mul_bf16", "silu_and_mul_bf16_vec"] {
+        let mut out = vec![0u16; rows * d];
+        let args = gated_args(out.as_mut_ptr(), shifted, rows, d);
+        // SAFETY: rows of 2d elements from `shifted`, inside x; rows of d in out.
+        let result = unsafe { program.launch(kernel, EmuGrid { blocks: rows as u32, threads: 64, warp: 32 }, &args) };
+        if kernel.ends_with("_vec") {
+            let err = result.expect_err("a 16-byte load from an address 2 bytes past a multiple of 16");
+            let message = err.to_string();
+            assert!(
+                matches!(err, EmuError::Launch { .. })
+                    && message.contains("misaligned access")
+                    && message.contains("16-byte alignment"),
+                "{message}"
+            );
+        } else {
+            // Element accesses need 2-byte alignment only: the scalar kernel takes the same rows.
+            result.unwrap_or_else(|e| panic!("{kernel}: {e}"));
+        }
+    }
 }
