@@ -7,9 +7,9 @@ use std::ptr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hip_sys::hiprt::{
-    hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceSynchronize, hipError_t, hipFreeAsync, hipFunction_t,
-    hipGetDeviceCount, hipGetErrorString, hipMallocAsync, hipMemcpyDtoH, hipMemcpyHtoD, hipMemsetD8Async, hipModule_t,
-    hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice, hipStream_t,
+    hipDeviceAttribute_t, hipDeviceGetAttribute, hipError_t, hipFreeAsync, hipFunction_t, hipGetDeviceCount,
+    hipGetErrorString, hipMallocAsync, hipMemcpyDtoHAsync, hipMemcpyHtoDAsync, hipMemsetD8Async, hipModule_t,
+    hipModuleGetFunction, hipModuleLaunchKernel, hipModuleLoadData, hipSetDevice, hipStream_t, hipStreamSynchronize,
 };
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, KernelError};
@@ -265,7 +265,9 @@ pub struct HipBuffer {
     len_bytes: usize,
     pub(crate) device: Arc<HipDevice>,
     owner: Option<Box<dyn std::any::Any + Send + Sync>>,
-    /// The stream the memory was allocated on, where it is freed (the null stream for adopted memory).
+    /// The stream the memory is ordered on: where it was allocated and is freed, or the one an
+    /// engine adopted it on (the null stream by default). Uploads, downloads and an adopted
+    /// buffer's drop wait for this stream only, never for the whole device.
     stream: hipStream_t,
 }
 
@@ -274,7 +276,9 @@ impl HipBuffer {
     /// `owner` is dropped with the buffer (an engine's allocation handle, or `()` when the engine
     /// frees the memory itself later); this crate never frees the memory.
     ///
-    /// Kernels and copies of this crate run on the default (null) stream.
+    /// The memory is ordered on the default (null) stream: its uploads and downloads, and its
+    /// drop, wait for that stream ([`from_raw_parts_on`](HipBuffer::from_raw_parts_on) names
+    /// another).
     ///
     /// # Safety
     ///
@@ -288,12 +292,43 @@ impl HipBuffer {
         len_bytes: usize,
         owner: impl std::any::Any + Send + Sync,
     ) -> Result<HipBuffer, DeviceError> {
+        // SAFETY: the caller's contract, with the null stream.
+        unsafe { Self::adopt(pointer, len_bytes, ptr::null_mut(), owner) }
+    }
+
+    /// [`from_raw_parts`](HipBuffer::from_raw_parts), the memory ordered on the engine's `stream`:
+    /// uploads and downloads are queued on it and wait for it alone, and the drop waits for it
+    /// before `owner` goes.
+    ///
+    /// # Safety
+    ///
+    /// As [`from_raw_parts`](HipBuffer::from_raw_parts), with `stream` for the default stream, and
+    /// `stream` live while the buffer is.
+    pub unsafe fn from_raw_parts_on(
+        pointer: *mut c_void,
+        len_bytes: usize,
+        stream: &HipStream,
+        owner: impl std::any::Any + Send + Sync,
+    ) -> Result<HipBuffer, DeviceError> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::adopt(pointer, len_bytes, stream.0, owner) }
+    }
+
+    /// # Safety
+    ///
+    /// As [`from_raw_parts_on`](HipBuffer::from_raw_parts_on).
+    unsafe fn adopt(
+        pointer: *mut c_void,
+        len_bytes: usize,
+        stream: hipStream_t,
+        owner: impl std::any::Any + Send + Sync,
+    ) -> Result<HipBuffer, DeviceError> {
         let device = Arc::clone(device().map_err(|reason| DeviceError {
             device: Device::Rocm(0),
             operation: "adopt",
             message: reason,
         })?);
-        Ok(HipBuffer { pointer, len_bytes, device, owner: Some(Box::new(owner)), stream: ptr::null_mut() })
+        Ok(HipBuffer { pointer, len_bytes, device, owner: Some(Box::new(owner)), stream })
     }
 
     /// A tensor over the buffer (the layout must fit).
@@ -325,10 +360,11 @@ impl Drop for HipBuffer {
             // crate queues every use of it, unless the engine ordered another stream's use before).
             let _ = unsafe { hipFreeAsync(self.pointer, self.stream) };
         } else {
-            // Adopted memory: its owner (dropped right after this) may free it at once, so every
-            // kernel queued on it, on whichever stream, finishes first.
-            // SAFETY: no preconditions.
-            let _ = unsafe { hipDeviceSynchronize() };
+            // Adopted memory: its owner (dropped right after this) may free it at once, so the
+            // work queued on its stream (where the adoption's contract orders every use) finishes
+            // first; other streams and the rest of the device go on.
+            // SAFETY: the stream is the null stream or the engine's, live while the buffer is.
+            let _ = unsafe { hipStreamSynchronize(self.stream) };
         }
     }
 }
@@ -347,13 +383,14 @@ impl DeviceBuffer for HipBuffer {
         if n == 0 {
             return Ok(());
         }
-        // Kernels may have run on an engine's stream, which the default stream does not wait for.
-        // SAFETY: no preconditions.
-        check(unsafe { hipDeviceSynchronize() }).map_err(|e| self.device.error("download", e))?;
-        // SAFETY: `dst` has at least `n` bytes and the device buffer holds `len_bytes >= n`; every
-        // earlier kernel has finished (above).
-        check(unsafe { hipMemcpyDtoH(dst.as_mut_ptr() as *mut c_void, self.pointer, n) })
-            .map_err(|e| self.device.error("download", e))
+        // Queued on the buffer's stream, after the kernels that wrote it (ordered there), then
+        // waited for: that stream only, not the device.
+        // SAFETY: `dst` has at least `n` bytes and the device buffer holds `len_bytes >= n`; `dst`
+        // outlives the copy, which the synchronization completes; the stream is live.
+        check(unsafe { hipMemcpyDtoHAsync(dst.as_mut_ptr() as *mut c_void, self.pointer, n, self.stream) })
+            .map_err(|e| self.device.error("download", e))?;
+        // SAFETY: as above.
+        check(unsafe { hipStreamSynchronize(self.stream) }).map_err(|e| self.device.error("download", e))
     }
 
     fn upload(&mut self, src: &[u8]) -> Result<(), DeviceError> {
@@ -361,12 +398,13 @@ impl DeviceBuffer for HipBuffer {
         if n == 0 {
             return Ok(());
         }
-        // Kernels on an engine's stream may still read the memory.
-        // SAFETY: no preconditions.
-        check(unsafe { hipDeviceSynchronize() }).map_err(|e| self.device.error("upload", e))?;
-        // SAFETY: `src` has at least `n` bytes, which fit the device buffer; HIP only reads them.
-        check(unsafe { hipMemcpyHtoD(self.pointer, src.as_ptr() as *mut c_void, n) })
-            .map_err(|e| self.device.error("upload", e))
+        // Queued on the buffer's stream, after the kernels still reading it there.
+        // SAFETY: `src` has at least `n` bytes, which fit the device buffer; HIP only reads them,
+        // before the synchronization below returns; the stream is live.
+        check(unsafe { hipMemcpyHtoDAsync(self.pointer, src.as_ptr() as *mut c_void, n, self.stream) })
+            .map_err(|e| self.device.error("upload", e))?;
+        // SAFETY: as above.
+        check(unsafe { hipStreamSynchronize(self.stream) }).map_err(|e| self.device.error("upload", e))
     }
 
     fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
