@@ -21,6 +21,10 @@
 //!   on unless `--no-candle`), then `docs/benchmarks.md` and its plots;
 //! - `gpu-bench [--quick]`: the kernel benchmark on the GPU providers only, printed and written to
 //!   `docs/benchmarks-gpu.md` with % of the device's nominal peak bandwidth;
+//! - `gpu-check [--dry-run]`: the first run on a GPU machine, as one command (at most 8 minutes on
+//!   one H200): the kernel harness and the hardware-fp8 test with the device required, the candle
+//!   CUDA example, the GPU benchmark; one report, `target/gpu-check/report.md`. `--dry-run` says
+//!   what it would run and what the machine lacks;
 //! - `kernel-resources`: registers, shared memory and occupancy of every CUDA kernel (NVRTC +
 //!   `ptxas`) and every ROCm kernel (hipcc's remarks), written to `docs/kernel-resources.md`; no GPU.
 
@@ -34,7 +38,7 @@ use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | examples | check-features | kernels | package | \
                      candle-cuda | fuzz [--seconds N] | miri | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
-                     gpu-bench [--quick] | kernel-resources>";
+                     gpu-bench [--quick] | gpu-check [--dry-run] | kernel-resources>";
 
 fn main() {
     if let Err(error) = run(env::args().skip(1).collect()) {
@@ -66,6 +70,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "bench" => bench::bench(bench::BenchOptions::parse(&args[1..])?),
         "gpu-bench" => bench::gpu_bench(&args[1..]),
         "kernel-resources" => resources::run(),
+        "gpu-check" => gpu_check::run(&args[1..]),
         other => bail!("unknown subcommand `{other}`\n{USAGE}"),
     }
 }
@@ -92,6 +97,8 @@ fn ci() -> anyhow::Result<()> {
     steps.run("candle-cuda", || candle.finish())?;
     steps.run("test", test)?;
     steps.run("examples", examples)?;
+    // No GPU here: what the first GPU run would do, and what this machine lacks for it.
+    steps.run("gpu-check --dry-run", || gpu_check::run(&["--dry-run".to_owned()]))?;
     let fuzz = Background::spawn("fuzz", &["fuzz", "--seconds", "20"])?;
     steps.run("miri", miri)?;
     steps.run("fuzz", || fuzz.finish())?;
@@ -904,6 +911,7 @@ pub(crate) fn project_root() -> PathBuf {
 }
 
 mod bench;
+mod gpu_check;
 #[path = "../../crates/kernels-rocm/hipcc_cache.rs"]
 mod hipcc_cache;
 mod resources;
