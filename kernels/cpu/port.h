@@ -84,6 +84,9 @@ __device__ __forceinline__ double c_sqrt(double a) { return sqrt(a); }
 
 __device__ __forceinline__ bool gpu_isnan(float v) { return isnan(v); }
 
+// A 16-byte load in program order (`port.cuh`): on the CPU, the load itself (alignment-checked).
+template <class T> __device__ __forceinline__ T gpu_load_in_order(const T* p) { return *p; }
+
 #define GPU_FP8_HARDWARE 0
 
 #if defined(VLLM_IR_EMU_HIP)

@@ -75,6 +75,22 @@ __device__ __forceinline__ unsigned char fp8_hardware(float f) {
 #define GPU_FP8_HARDWARE 0
 #endif
 
+// A 16-byte global load kept in program order with the stores around it: a plain `ld.global`,
+// where the compiler would pick the non-coherent `ld.global.nc` for read-only data, which ptxas is
+// free to sink below stores (to save registers) and so leaves waiting on the store before it.
+template <class T> __device__ __forceinline__ T gpu_load_in_order(const T* p) {
+    static_assert(sizeof(T) == 16, "a 16-byte chunk");
+    union {
+        T value;
+        unsigned int words[4];
+    } out;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(out.words[0]), "=r"(out.words[1]), "=r"(out.words[2]), "=r"(out.words[3])
+                 : "l"(p)
+                 : "memory");
+    return out.value;
+}
+
 #define GPU_ROWS(row, n_rows) if (long long row = blockIdx.x; row < (n_rows))
 #define GPU_ELEMENTS(i, n) if (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n))
 

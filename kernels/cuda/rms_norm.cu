@@ -233,6 +233,65 @@ __device__ __forceinline__ void finish_chunk(elem_t* out_row, const welem_t* wei
 #endif
 }
 
+// The second pass issues the weight loads of up to WEIGHT_AHEAD cached chunks before the first
+// store of those chunks, so the weight costs one memory round trip per group of chunks, not one per
+// chunk (a store between two loads would otherwise keep each load waiting for the one before).
+// Bounded, so the weight chunks add at most WEIGHT_AHEAD chunks of registers to the row's cache.
+#define WEIGHT_AHEAD 8
+
+// The 16-byte weight loads are `gpu_load_in_order` (`port.cuh`): a read-only load the compiler may
+// otherwise sink below the stores before its use, one chunk at a time again.
+// A weight chunk as stored: one 16-byte chunk for a weight of the element type, else CHUNK
+// elements of the weight's type (read with scalar loads).
+#if WDTYPE == DTYPE
+typedef chunk_t wchunk_t;
+#else
+struct wchunk_t {
+    welem_t v[CHUNK];
+};
+#endif
+
+// Reads the weight of chunk `c` as stored (elements at or beyond `hidden` read as zero).
+__device__ __forceinline__ void load_weight_packed(const welem_t* weight, long long c, int hidden, wchunk_t& out) {
+#if WDTYPE == DTYPE && VEC == CHUNK
+    out = gpu_load_in_order(reinterpret_cast<const chunk_t*>(weight + c * CHUNK));
+#elif WDTYPE == DTYPE
+    load_packed(weight, c, hidden, out);
+#else
+    long long first = c * CHUNK;
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) out.v[i] = (first + i < hidden) ? weight[first + i] : (welem_t)0;
+#endif
+}
+
+// finish_chunk with the chunk's weight already loaded: the same bits.
+__device__ __forceinline__ void finish_loaded(elem_t* out_row, const wchunk_t& w, long long c, int hidden,
+                                              compute_t* s, compute_t rstd) {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) s[i] *= rstd;
+#if HAS_WEIGHT
+    chunk_t packed;
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) packed.v[i] = store_wc(round_w(round_w(s[i]) * w_to_wc(w.v[i])));
+    store_packed(out_row, c, hidden, packed);
+#else
+    store_chunk(out_row, c, hidden, s);
+#endif
+}
+
+// Issues the weight loads of cached chunks first .. first + WEIGHT_AHEAD - 1 (those below `cached`
+// and in the row).
+__device__ __forceinline__ void load_weight_group(const welem_t* weight, int lane, int first, int cached,
+                                                  long long n_chunks, int hidden, wchunk_t* w) {
+#if HAS_WEIGHT
+#pragma unroll
+    for (int j = 0; j < WEIGHT_AHEAD; ++j) {
+        long long c = lane + (long long)(first + j) * THREADS_PER_ROW;
+        if (first + j < cached && c < n_chunks) load_weight_packed(weight, c, hidden, w[j]);
+    }
+#endif
+}
+
 // out[row] = rms_norm(x[row]) * weight. Output rows are `out_row_stride` elements apart.
 extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(rms_norm, KERNEL_SUFFIX)(elem_t* __restrict__ out, const elem_t* __restrict__ x,
                                                           const welem_t* __restrict__ weight, compute_t epsilon,
@@ -274,13 +333,19 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(rms_norm, KERNEL
     if (!active) return;
     compute_t mean_square = isinf(total) ? rescaled_mean_square(x_row, nullptr, variance) : total / (compute_t)variance;
     compute_t rstd = c_div(compute_t(1), c_sqrt(mean_square + epsilon));
+    // The cached chunks, WEIGHT_AHEAD at a time: the group's weight loads, then its stores.
 #pragma unroll
-    for (int k = 0; k < CACHE_CHUNKS; ++k) {
-        long long c = lane + (long long)k * THREADS_PER_ROW;
-        if (c < n_chunks) {
-            compute_t s[CHUNK];
-            unpack(cache[k], s);
-            finish_chunk(out_row, weight, c, hidden, s, rstd);
+    for (int g = 0; g < CACHE_CHUNKS; g += WEIGHT_AHEAD) {
+        wchunk_t w[WEIGHT_AHEAD];
+        load_weight_group(weight, lane, g, CACHE_CHUNKS, n_chunks, hidden, w);
+#pragma unroll
+        for (int j = 0; j < WEIGHT_AHEAD && g + j < CACHE_CHUNKS; ++j) {
+            long long c = lane + (long long)(g + j) * THREADS_PER_ROW;
+            if (c < n_chunks) {
+                compute_t s[CHUNK];
+                unpack(cache[g + j], s);
+                finish_loaded(out_row, w[j], c, hidden, s, rstd);
+            }
         }
     }
     for (long long c = lane + (long long)CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
@@ -341,6 +406,22 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_no
     __syncthreads();
     if (!active) return;
     compute_t rstd = c_div(compute_t(1), c_sqrt(mean_square + epsilon));
+    // The cached chunks, WEIGHT_AHEAD at a time: the group's weight loads, then its stores.
+#pragma unroll
+    for (int g = 0; g < FUSED_CACHE_CHUNKS; g += WEIGHT_AHEAD) {
+        wchunk_t w[WEIGHT_AHEAD];
+        load_weight_group(weight, lane, g, FUSED_CACHE_CHUNKS, n_chunks, hidden, w);
+#pragma unroll
+        for (int j = 0; j < WEIGHT_AHEAD && g + j < FUSED_CACHE_CHUNKS; ++j) {
+            long long c = lane + (long long)(g + j) * THREADS_PER_ROW;
+            if (c < n_chunks) {
+                compute_t s[CHUNK];
+                slot_sum(cache[g + j], s);
+                store_chunk(r_row, c, hidden, s);
+                finish_loaded(x_row, w[j], c, hidden, s, rstd);
+            }
+        }
+    }
     // Chunks beyond the cache are recomputed from x and residual before this thread overwrites them;
     // every chunk belongs to one thread, so no other thread reads what is written here.
     for (long long c = lane + (long long)FUSED_CACHE_CHUNKS * THREADS_PER_ROW; c < n_chunks; c += THREADS_PER_ROW) {
@@ -351,15 +432,5 @@ extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) CONCAT(fused_add_rms_no
         for (int i = 0; i < CHUNK; ++i) s[i] += r[i];
         store_chunk(r_row, c, hidden, s);
         finish_chunk(x_row, weight, c, hidden, s, rstd);
-    }
-#pragma unroll
-    for (int k = 0; k < FUSED_CACHE_CHUNKS; ++k) {
-        long long c = lane + (long long)k * THREADS_PER_ROW;
-        if (c < n_chunks) {
-            compute_t s[CHUNK];
-            slot_sum(cache[k], s);
-            store_chunk(r_row, c, hidden, s);
-            finish_chunk(x_row, weight, c, hidden, s, rstd);
-        }
     }
 }

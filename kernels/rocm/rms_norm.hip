@@ -131,6 +131,46 @@ __device__ __forceinline__ void finish_chunk(typename Elem<DTYPE>::T* out_row, c
     }
 }
 
+// The second pass issues the weight loads of up to WEIGHT_AHEAD cached chunks before the first
+// store of those chunks, so the weight costs one memory round trip per group of chunks, not one per
+// chunk (on gfx9 each `s_waitcnt vmcnt(0)` before a weight's use also waits on the stores before
+// it). Bounded, so the weight adds at most WEIGHT_AHEAD chunks of registers to the row's cache.
+#define WEIGHT_AHEAD 8
+
+// A weight chunk of x's type as stored: one 16-byte chunk.
+template <int DTYPE, int WDTYPE> struct alignas(16) WeightChunk {
+    typename Weight<WDTYPE>::T v[Elem<DTYPE>::CHUNK];
+};
+
+// Reads the weight of chunk `c` (of x's type, on the 16-byte path: one 16-byte load).
+template <int DTYPE, int WDTYPE, int VEC>
+__device__ __forceinline__ void load_weight(WeightChunk<DTYPE, WDTYPE>& out, const typename Weight<WDTYPE>::T* weight,
+                                            long long c, int hidden) {
+    static_assert(WDTYPE == DTYPE && VEC == Elem<DTYPE>::CHUNK, "the 16-byte weight path");
+    out = *reinterpret_cast<const WeightChunk<DTYPE, WDTYPE>*>(weight + c * Elem<DTYPE>::CHUNK);
+}
+
+// finish_chunk with the chunk's weight already loaded: the same bits.
+template <int DTYPE, int WDTYPE, int VEC>
+__device__ __forceinline__ void finish_loaded(typename Elem<DTYPE>::T* out_row, const WeightChunk<DTYPE, WDTYPE>& wc,
+                                              long long c, int hidden, Compute<DTYPE>* s, Compute<DTYPE> rstd) {
+    typedef Elem<DTYPE> E;
+#pragma unroll
+    for (int i = 0; i < E::CHUNK; ++i) s[i] *= rstd;
+    if constexpr (WDTYPE >= 0) {
+        typedef typename MixedCompute<DTYPE, WDTYPE>::T WC;
+        typename E::T values[E::CHUNK];
+#pragma unroll
+        for (int i = 0; i < E::CHUNK; ++i) {
+            WC w = (WC)Elem<WDTYPE>::load(wc.v[i]);
+            values[i] = E::store(round_elem<WDTYPE>(round_elem<WDTYPE>((WC)s[i]) * w));
+        }
+        store_elems<DTYPE, VEC>(out_row, c, hidden, values);
+    } else {
+        store_chunk<DTYPE, VEC>(out_row, c, hidden, s);
+    }
+}
+
 // The mean square of the first `count` elements of a row when their f32 sum of squares overflowed
 // (|x| above about 1.8e19 / sqrt(count)) although the mean may fit: the elements scaled by their
 // largest magnitude, summed serially by the calling thread (no barrier, so any subset of threads may
@@ -290,14 +330,44 @@ __device__ __forceinline__ void norm_impl(typename Elem<DTYPE>::T* first, typena
     typename E::T* out_row = a_row;
     // Each chunk belongs to one thread, which recomputes an uncached chunk from x and the residual
     // before it overwrites them.
+    if constexpr (WDTYPE == DTYPE && PACKED) {
+        // The cached chunks, WEIGHT_AHEAD at a time: the group's 16-byte weight loads, then its
+        // stores. The loads have no branch between them (a chunk past the row's end loads the
+        // row's last chunk, unused), as in the first pass.
 #pragma unroll
-    for (int k = 0; k < CACHE_CHUNKS; ++k) {
-        long long c = lane + (long long)k * TPR;
-        if (c < n_chunks) {
-            C s[CHUNK];
-            slot_values<DTYPE, VEC, FUSED>(cache[k], s);
-            if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
-            finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
+        for (int g = 0; g < CACHE_CHUNKS; g += WEIGHT_AHEAD) {
+            WeightChunk<DTYPE, WDTYPE> w[WEIGHT_AHEAD];
+            if (n_chunks > 0) {
+#pragma unroll
+                for (int j = 0; j < WEIGHT_AHEAD && g + j < CACHE_CHUNKS; ++j) {
+                    long long c = lane + (long long)(g + j) * TPR;
+                    load_weight<DTYPE, WDTYPE, VEC>(w[j], weight, c < n_chunks ? c : n_chunks - 1, hidden);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < WEIGHT_AHEAD && g + j < CACHE_CHUNKS; ++j) {
+                long long c = lane + (long long)(g + j) * TPR;
+                if (c < n_chunks) {
+                    C s[CHUNK];
+                    slot_values<DTYPE, VEC, FUSED>(cache[g + j], s);
+                    if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
+                    finish_loaded<DTYPE, WDTYPE, VEC>(out_row, w[j], c, hidden, s, rstd);
+                }
+            }
+        }
+    } else {
+        // Scalar accesses (a weight of another dtype is read element by element): each chunk's
+        // weight at its use. Loaded ahead, the compiler hoists them into the first pass, where they
+        // hold up the first wait on the row's own loads.
+#pragma unroll
+        for (int k = 0; k < CACHE_CHUNKS; ++k) {
+            long long c = lane + (long long)k * TPR;
+            if (c < n_chunks) {
+                C s[CHUNK];
+                slot_values<DTYPE, VEC, FUSED>(cache[k], s);
+                if (FUSED) store_chunk<DTYPE, VEC>(b_row, c, hidden, s);
+                finish_chunk<DTYPE, WDTYPE, VEC>(out_row, weight, c, hidden, s, rstd);
+            }
         }
     }
     for (long long c = lane + (long long)CACHE_CHUNKS * TPR; c < n_chunks; c += TPR) {

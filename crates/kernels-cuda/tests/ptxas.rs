@@ -302,6 +302,44 @@ fn first_pass(code: &[String]) -> FirstPass {
     FirstPass { loads_before_first_use: loads, wide_loads: wide, first_use: None }
 }
 
+/// The weight loads of a norm's second pass (after its last shuffle or barrier, the end of the row
+/// reduction): how many global loads it issues before its first global store.
+fn second_pass_loads_before_first_store(code: &[String]) -> usize {
+    let start = code
+        .iter()
+        .rposition(|i| {
+            let opcode = opcode_and_operands(i).0;
+            opcode.starts_with("SHFL") || opcode.starts_with("BAR")
+        })
+        .map_or(0, |at| at + 1);
+    code[start..]
+        .iter()
+        .map(|i| opcode_and_operands(i).0)
+        .take_while(|opcode| !opcode.starts_with("STG"))
+        .filter(|opcode| opcode.starts_with("LDG"))
+        .count()
+}
+
+/// The weight loads the norms' second pass issues before its first store (`WEIGHT_AHEAD` in
+/// `kernels/cuda/rms_norm.cu`), at most.
+const WEIGHT_AHEAD: u32 = 8;
+
+#[test]
+fn the_second_pass_reader_counts_the_loads_before_the_first_store() {
+    let code: Vec<String> = [
+        "LDG.E.128 R4, [R2.64]",
+        "SHFL.BFLY PT, R9, R8, 0x1, 0x1f",
+        "LDG.E.128 R12, [R10.64]",
+        "LDG.E.128 R16, [R10.64+0x200]",
+        "FMUL R4, R4, R9",
+        "STG.E.128 [R20.64], R4",
+        "LDG.E.128 R24, [R10.64+0x400]",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    assert_eq!(second_pass_loads_before_first_store(&code), 2);
+}
+
 #[test]
 fn the_report_parser_reads_registers_spills_and_shared_memory() {
     let report = "ptxas info    : 0 bytes gmem\n\
@@ -493,9 +531,23 @@ fn check_loads_in_flight(dir: &std::path::Path) {
                 pass.loads_before_first_use,
                 pass.first_use
             );
+            // The second pass: the weight loads of a group of cached chunks before its first store.
+            let cached_chunks = match op {
+                NormOp::RmsNorm => program.cache_chunks(),
+                NormOp::FusedAddRmsNorm => program.fused_cache_chunks(),
+            };
+            let weight_loads = second_pass_loads_before_first_store(code);
+            if program.weight.is_some() {
+                let wanted = cached_chunks.min(WEIGHT_AHEAD) as usize;
+                assert!(
+                    weight_loads >= wanted,
+                    "{label} for {sm}: {kernel}'s second pass issues {weight_loads} loads before its first store; \
+                     the weight loads of its first {wanted} cached chunks must be in flight first"
+                );
+            }
             found.push((
                 format!(
-                    "  {sm} {kernel} ({label}): {} loads in flight before the first use, {cached} cached chunks, {loads} 16-byte loads in all",
+                    "  {sm} {kernel} ({label}): {} loads in flight before the first use, {cached} cached chunks, {loads} 16-byte loads in all, {weight_loads} weight loads before the first store",
                     pass.loads_before_first_use
                 ),
                 format!(

@@ -254,6 +254,38 @@ fn loads_before_first_wait(isa: &[&str]) -> usize {
     loads
 }
 
+/// The 16-byte global loads a norm's second pass issues before its first 16-byte global store, in
+/// listing order: the pass starts after the row reduction's last cross-lane step (a barrier or a
+/// lane permute). The weight loads of a group of cached chunks must all come before its stores.
+fn second_pass_loads_before_first_store(isa: &[&str]) -> usize {
+    let reduction = |i: &str| i.starts_with("s_barrier") || i.starts_with("ds_bpermute") || i.starts_with("ds_swizzle");
+    let start = isa.iter().rposition(|l| reduction(l.trim())).map_or(0, |at| at + 1);
+    isa[start..]
+        .iter()
+        .map(|l| l.trim())
+        .take_while(|i| !i.starts_with("global_store"))
+        .filter(|i| i.starts_with("global_load_dwordx4"))
+        .count()
+}
+
+/// The weight loads the norms' second pass issues before its first store (`WEIGHT_AHEAD` in
+/// `kernels/rocm/rms_norm.hip`), at most.
+const WEIGHT_AHEAD: usize = 8;
+
+#[test]
+fn the_second_pass_reader_counts_the_loads_before_the_first_store() {
+    let isa = [
+        "global_load_dwordx4 v[4:7], v[2:3], off",
+        "ds_bpermute_b32 v9, v8, v10",
+        "global_load_dwordx4 v[12:15], v[10:11], off",
+        "global_load_dwordx4 v[16:19], v[10:11], off offset:512",
+        "v_mul_f32_e32 v4, v4, v9",
+        "global_store_dwordx4 v[20:21], v[4:7], off",
+        "global_load_dwordx4 v[24:27], v[10:11], off offset:1024",
+    ];
+    assert_eq!(second_pass_loads_before_first_store(&isa), 2);
+}
+
 /// The instructions of every function in llvm-objdump's listing (`<name>:` starts one, a blank
 /// line ends it).
 fn isa_functions(listing: &str) -> std::collections::HashMap<&str, Vec<&str>> {
@@ -310,7 +342,7 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
     assert!(out.status.success(), "llvm-objdump failed: {}", String::from_utf8_lossy(&out.stderr));
     let listing = String::from_utf8_lossy(&out.stdout);
     let functions = isa_functions(&listing);
-    let mut checked = 0;
+    let (mut checked, mut weight_checked) = (0, 0);
     // `cargo xtask kernel-resources` asks for every checked kernel's loads in flight per thread
     // (symbol, threads per row or block, the row width the count holds for, loads) to predict its
     // share of MI300X's bandwidth.
@@ -324,13 +356,30 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
             "{symbol} issues {loads} 16-byte loads before its first wait on vector memory; it caches {cached} chunks, \
              whose loads must all be in flight first"
         );
+        // The second pass: a weight of x's dtype is loaded 16 bytes at a time, a group of cached
+        // chunks' weight before the group's first store.
+        let weight_loads = second_pass_loads_before_first_store(isa);
+        if variant.weight == Some(variant.dtype) {
+            let cached_chunks = match variant.op {
+                kernels_rocm::NormOp::RmsNorm => cached,
+                kernels_rocm::NormOp::FusedAddRmsNorm => cached / 2,
+            };
+            let wanted = cached_chunks.min(WEIGHT_AHEAD);
+            assert!(
+                weight_loads >= wanted,
+                "{symbol}'s second pass issues {weight_loads} 16-byte loads before its first store; the weight loads \
+                 of its first {wanted} cached chunks must be in flight first"
+            );
+            weight_checked += 1;
+        }
         checked += 1;
         let up_to = kernel_support::largest_cached_row(variant.threads_per_row);
         table.push_str(&format!("{symbol}\t{}\t{up_to}\t{loads}\n", variant.threads_per_row));
     }
     let _ = writeln!(
         std::io::stderr(),
-        "hipcc: every one of {checked} vectorized norm kernels has all its cached chunks' loads in flight before its first wait"
+        "hipcc: every one of {checked} vectorized norm kernels has all its cached chunks' loads in flight before its first wait, \
+         and each of the {weight_checked} with a weight of x's dtype its weight loads (a group of up to {WEIGHT_AHEAD}) before its first store"
     );
     // The 16-byte gated kernels: the first step's loads of GATED_UNROLL chunks, of the gate and of
     // up (4), issued before anything, the sparse op's statistics included.
