@@ -76,8 +76,8 @@ fn a_wrong_shuffle_tree_is_caught() {
     let (x, w) = (randn(DType::F32, &[3, 4096], 1), randn(DType::F32, &[4096], 2));
     let args = vec![Value::Tensor(x), Value::Tensor(w), Value::F64(1e-6), Value::None];
     let edit = SourceEdit {
-        find: "for (int offset = WARP / 2; offset > 0; offset >>= 1) {",
-        replace: "for (int offset = WARP / 4; offset > 0; offset >>= 1) {",
+        find: "for (int offset = warp / 2; offset > 0; offset >>= 1)",
+        replace: "for (int offset = warp / 4; offset > 0; offset >>= 1)",
     };
     assert_caught(&registry, &ir_ops::rms_norm::RMS_NORM, args, edit);
 }

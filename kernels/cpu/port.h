@@ -13,7 +13,8 @@
 //   is compiled with contraction off (`-ffp-contract=off`) and SSE arithmetic, so `a * b` is one
 //   IEEE multiplication.
 // - `gpu_isnan`, and `GPU_FP8_HARDWARE` 0: fp8 is converted in software (`kernels/gpu/fp8.h`).
-// - `GPU_ROWS`, `GPU_ELEMENTS` and `GPU_KERNEL_DTYPES` as the dialect emulated defines them.
+// - `gpu_shfl_xor`, `GPU_WARP`, `GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`, `GPU_ROWS`,
+//   `GPU_ELEMENTS` and `GPU_KERNEL_DTYPES` as the dialect emulated defines them.
 
 #include <math.h>
 #include <string.h>
@@ -91,6 +92,13 @@ template <class T> __device__ __forceinline__ T gpu_load_in_order(const T* p) { 
 
 #if defined(VLLM_IR_EMU_HIP)
 
+template <class T> __device__ __forceinline__ T gpu_shfl_xor(T value, int lane_mask) {
+    return __shfl_xor(value, lane_mask);
+}
+#define GPU_WARP warpSize
+#define GPU_NORM_CLAMPED_LOADS 1
+#define GPU_NORM_SCALAR_WEIGHT_AHEAD 0
+
 #define GPU_ROWS(row, n_rows) for (long long row = blockIdx.x; row < (n_rows); row += gridDim.x)
 #define GPU_ELEMENTS(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
@@ -111,6 +119,13 @@ template <class T> __device__ __forceinline__ T gpu_load_in_order(const T* p) { 
     M(6, f64, false, __VA_ARGS__)
 
 #else
+
+template <class T> __device__ __forceinline__ T gpu_shfl_xor(T value, int lane_mask) {
+    return __shfl_xor_sync(0xffffffffu, value, lane_mask);
+}
+#define GPU_WARP 32
+#define GPU_NORM_CLAMPED_LOADS 0
+#define GPU_NORM_SCALAR_WEIGHT_AHEAD 1
 
 #define GPU_ROWS(row, n_rows) if (long long row = blockIdx.x; row < (n_rows))
 #define GPU_ELEMENTS(i, n) if (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n))

@@ -12,6 +12,9 @@
 //   `kernels/gpu/compute.h`, compiled right after this header.
 // - `gpu_isnan`, and the fp8 hardware: on sm_89 and later `GPU_FP8_HARDWARE` is 1 and
 //   `fp8_hardware<E5M2>` is `cvt.rn.satfinite` (`kernels/gpu/fp8.h` picks it).
+// - `gpu_load_in_order`, a 16-byte load ptxas keeps in program order; `gpu_shfl_xor` and
+//   `GPU_WARP`, the warp's butterfly shuffle and width; how the norms keep loads in flight
+//   (`GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`).
 // - `GPU_ROWS(row, n_rows)`, the rows a block computes: CUDA launches one block per row (up to
 //   2^31 - 1), so a block takes its own row, `if (row < n_rows)`. Written as a loop over rows,
 //   ptxas spilled the dynamic quantization (48 bytes) and the norm + quantization. Likewise
@@ -90,6 +93,19 @@ template <class T> __device__ __forceinline__ T gpu_load_in_order(const T* p) {
                  : "memory");
     return out.value;
 }
+
+// A butterfly shuffle over the warp's 32 lanes, every lane taking part, and the warp's width.
+template <class T> __device__ __forceinline__ T gpu_shfl_xor(T value, int lane_mask) {
+    return __shfl_xor_sync(0xffffffffu, value, lane_mask);
+}
+#define GPU_WARP 32
+
+// How the norms (`kernels/gpu/rms_norm.h`) keep their loads in flight under ptxas: a load of a
+// chunk that may lie past the row's end is predicated on the chunk being in the row (ptxas issues
+// predicated loads together), and a weight of another type than x, read with scalar loads, is
+// loaded a group of chunks ahead of the group's stores like a 16-byte one.
+#define GPU_NORM_CLAMPED_LOADS 0
+#define GPU_NORM_SCALAR_WEIGHT_AHEAD 1
 
 #define GPU_ROWS(row, n_rows) if (long long row = blockIdx.x; row < (n_rows))
 #define GPU_ELEMENTS(i, n) if (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n))

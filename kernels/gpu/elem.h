@@ -102,10 +102,10 @@ __device__ __forceinline__ Words to_words(const typename Elem<DT>::T* v) {
 }
 
 // Chunk `c` of a row of `d` elements (elements c*CHUNK .. c*CHUNK+CHUNK-1) as stored, for the
-// kernels whose threads own whole chunks (the gated ops, the quantizations). The 16-byte kind (VEC)
+// kernels whose threads own whole chunks (the gated ops, the quantizations). The 16-byte kind (WIDE)
 // is one load or store of `Words` (the host guarantees d % CHUNK == 0: every chunk is whole); the
 // scalar kind reads the elements below `d` one by one and zero past them, and writes those below d.
-template <int DT, bool VEC> struct RowChunk;
+template <int DT, bool WIDE> struct RowChunk;
 
 template <int DT> struct RowChunk<DT, true> {
     typedef typename Elem<DT>::T T;

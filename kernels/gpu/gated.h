@@ -19,7 +19,9 @@
 //
 // Each row is computed by one block (`GPU_ROWS`: a grid-stride loop on HIP, whose grids are capped
 // at 2^32 work-items; CUDA's grid has a block per row), whose size the host picks from d alone
-// (`kernel_support::gated_block`: a power of two, one chunk per thread, 64 up to GATED_MAX_BLOCK).
+// (`kernel_support::gated_block`: a power of two, one step of `gated_unroll<true>()` chunks per
+// thread, 64 up to GATED_MAX_BLOCK, so a row up to 16384 16-bit elements is one step of each thread
+// and rows up to 8192 run blocks of at most 512 threads, two or more per SM).
 // Thread t owns chunks t, t + block, ... of CHUNK elements in both kernels, so the row statistics
 // (the mean and the biased standard deviation of the gate from that mean, reduced in a fixed order)
 // and so every output have the same bits whichever kernel runs. Each step, a thread issues the gate

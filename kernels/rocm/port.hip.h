@@ -10,6 +10,8 @@
 //   are functions compiled with contraction off. The operations both compilers spell the same are in
 //   `kernels/gpu/compute.h`, included at the end.
 // - `gpu_isnan`, and `GPU_FP8_HARDWARE` 0: fp8 is converted in software (`kernels/gpu/fp8.h`).
+// - `gpu_load_in_order`, `gpu_shfl_xor` and `GPU_WARP` (the wave's shuffle and width), and how the
+//   norms keep loads in flight (`GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`).
 // - `GPU_ROWS(row, n_rows)`, the rows a block computes: a grid-stride loop, since the host caps a
 //   grid at HIP's 2^32 work-items; likewise `GPU_ELEMENTS(i, n)`, the elements a thread of the
 //   strided kernels takes.
@@ -64,6 +66,25 @@ __device__ __forceinline__ double c_sqrt(double a) { return sqrt(a); }
 __device__ __forceinline__ bool gpu_isnan(float v) { return __builtin_isnan(v); }
 
 #define GPU_FP8_HARDWARE 0
+
+// A 16-byte load in program order (`port.cuh` needs one to keep ptxas from sinking a read-only load
+// below stores): hipcc keeps the plain load where it is written.
+template <class T> __device__ __forceinline__ T gpu_load_in_order(const T* p) { return *p; }
+
+// A butterfly shuffle over the wave's lanes (64 on CDNA, 32 on RDNA), and the wave's width.
+template <class T> __device__ __forceinline__ T gpu_shfl_xor(T value, int lane_mask) {
+    return __shfl_xor(value, lane_mask);
+}
+#define GPU_WARP warpSize
+
+// How the norms (`kernels/gpu/rms_norm.h`) keep their loads in flight under hipcc: the 16-byte loads
+// of the cached chunks and of a group's weight have no branch between them (a chunk past the row's
+// end loads the row's last chunk, unused): with a test per chunk the compiler merges each load with
+// its use and waits for the load there. A weight of another type than x (scalar loads) is loaded
+// at its use: loaded ahead, the compiler hoists those loads into the first pass, where they hold up
+// the first wait on the row's own loads.
+#define GPU_NORM_CLAMPED_LOADS 1
+#define GPU_NORM_SCALAR_WEIGHT_AHEAD 0
 
 #define GPU_ROWS(row, n_rows) for (long long row = blockIdx.x; row < (n_rows); row += gridDim.x)
 #define GPU_ELEMENTS(i, n) \

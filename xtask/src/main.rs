@@ -27,6 +27,7 @@
 //!   what it would run and what the machine lacks;
 //! - `kernel-resources`: registers, shared memory and occupancy of every CUDA kernel (NVRTC +
 //!   `ptxas`) and every ROCm kernel (hipcc's remarks), written to `docs/kernel-resources.md`; no GPU.
+//!   `--render-only` writes the report from the last run's tables (`target/kernel-resources`).
 
 #![allow(clippy::print_stdout)]
 
@@ -38,7 +39,7 @@ use anyhow::{Context, bail};
 
 const USAGE: &str = "usage: cargo xtask <ci [--vendor cpu|cuda|rocm|xpu] | lint | test | examples | check-features | kernels | package | \
                      candle-cuda | fuzz [--seconds N] | miri | bless | build --platform cpu|cuda|rocm|xpu | bench [--quick] [--no-candle] | \
-                     gpu-bench [--quick] | gpu-check [--dry-run] | kernel-resources>";
+                     gpu-bench [--quick] | gpu-check [--dry-run] | kernel-resources [--render-only]>";
 
 fn main() {
     if let Err(error) = run(env::args().skip(1).collect()) {
@@ -69,7 +70,7 @@ fn run(args: Vec<String>) -> anyhow::Result<()> {
         "build" => build(&args[1..]),
         "bench" => bench::bench(bench::BenchOptions::parse(&args[1..])?),
         "gpu-bench" => bench::gpu_bench(&args[1..]),
-        "kernel-resources" => resources::run(),
+        "kernel-resources" => resources::run(args[1..].iter().any(|a| a == "--render-only")),
         "gpu-check" => gpu_check::run(&args[1..]),
         other => bail!("unknown subcommand `{other}`\n{USAGE}"),
     }
@@ -484,8 +485,8 @@ fn package_lists() -> anyhow::Result<()> {
         ("vllm-ir-graph", &[]),
         ("vllm-ir-passes", &[]),
         ("vllm-ir-kernels-cpu", &[]),
-        ("vllm-ir-kernels-cuda", &["kernels/rms_norm.cu", "kernels/port.cuh", "kernels/gpu/gated.h"]),
-        ("vllm-ir-kernels-rocm", &["kernels/rms_norm.hip", "kernels/port.hip.h", "kernels/gpu/gated.h"]),
+        ("vllm-ir-kernels-cuda", &["kernels/rms_norm.cu", "kernels/port.cuh", "kernels/gpu/rms_norm.h"]),
+        ("vllm-ir-kernels-rocm", &["kernels/rms_norm.hip", "kernels/port.hip.h", "kernels/gpu/rms_norm.h"]),
         ("vllm-ir-kernels-xpu", &["kernels/rms_norm.cl", "kernels/gated.cl"]),
         ("vllm-ir-layers", &[]),
         ("vllm-ir-cli", &[]),

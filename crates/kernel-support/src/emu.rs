@@ -201,13 +201,13 @@ type RunFn = unsafe extern "C" fn(
     usize,
 ) -> c_int;
 
-/// One kernel a thread launched ([`take_launches`]).
+/// One kernel a thread launched ([`take_launches`]): shared names, so recording one costs no copy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EmuLaunch {
     /// The kernel.
-    pub kernel: String,
+    pub kernel: Arc<str>,
     /// Its program's defines (`NAME=VALUE`, space-separated; empty for a program without).
-    pub defines: String,
+    pub defines: Arc<str>,
 }
 
 thread_local! {
@@ -221,20 +221,38 @@ pub fn take_launches() -> Vec<EmuLaunch> {
     LAUNCHES.take()
 }
 
+/// The file every launch of the process is appended to when `VLLM_IR_EMU_LAUNCH_LOG` names one
+/// (a line `kernel<TAB>defines` each), so a run of the kernel harness can be counted per kernel
+/// family and program afterwards; `None` when unset or not writable (said once).
+fn launch_log() -> Option<&'static Mutex<std::fs::File>> {
+    static LOG: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let path = std::env::var_os("VLLM_IR_EMU_LAUNCH_LOG")?;
+        match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            Ok(file) => Some(Mutex::new(file)),
+            Err(error) => {
+                tracing::warn!(path = %Path::new(&path).display(), %error, "VLLM_IR_EMU_LAUNCH_LOG not writable");
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
 /// A compiled, loaded program and its kernels.
 pub struct EmuProgram {
-    kernels: HashMap<String, (CheckFn, CallFn)>,
+    kernels: HashMap<Arc<str>, (CheckFn, CallFn)>,
     run: RunFn,
     path: PathBuf,
     /// The defines it was built with (`NAME=VALUE`, space-separated).
-    defines: String,
+    defines: Arc<str>,
     // Keeps the code the function pointers point into loaded.
     _library: libloading::Library,
 }
 
 impl std::fmt::Debug for EmuProgram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut names: Vec<&String> = self.kernels.keys().collect();
+        let mut names: Vec<&str> = self.kernels.keys().map(|k| &**k).collect();
         names.sort();
         f.debug_struct("EmuProgram").field("path", &self.path).field("kernels", &names).finish()
     }
@@ -249,10 +267,23 @@ fn compiler() -> Result<String, EmuError> {
     }
 }
 
-/// Whether a C++ compiler is at hand (what the tests that run the emulator ask first).
+/// Whether a C++ compiler is at hand (what the tests that run the emulator ask first): asked of
+/// each compiler once per process.
 pub fn available() -> Result<(), EmuError> {
+    /// Why a compiler could not be run, as its error's kind and message (`None`: it ran).
+    type Failure = Option<(std::io::ErrorKind, String)>;
+    static ASKED: OnceLock<Mutex<HashMap<String, Failure>>> = OnceLock::new();
     let cxx = compiler()?;
-    Command::new(&cxx).arg("--version").output().map(drop).map_err(|source| EmuError::Io { path: cxx.into(), source })
+    let mut asked = ASKED.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let failure = asked
+        .entry(cxx.clone())
+        .or_insert_with(|| Command::new(&cxx).arg("--version").output().err().map(|e| (e.kind(), e.to_string())));
+    match failure {
+        None => Ok(()),
+        Some((kind, message)) => {
+            Err(EmuError::Io { path: cxx.into(), source: std::io::Error::new(*kind, message.clone()) })
+        }
+    }
 }
 
 /// Whether the compiler's alignment check covers a 16-byte chunk loaded as a whole (GCC's does;
@@ -398,7 +429,8 @@ impl EmuProgram {
         }
         let names = std::fs::read_to_string(&names_path).map_err(io(&names_path))?;
         let mut program = Self::load(&library, names.lines().filter(|l| !l.is_empty()))?;
-        program.defines = defines.iter().map(|(name, value)| format!("{name}={value}")).collect::<Vec<_>>().join(" ");
+        program.defines =
+            defines.iter().map(|(name, value)| format!("{name}={value}")).collect::<Vec<_>>().join(" ").into();
         let program = Arc::new(program);
         tracing::debug!(path = %library.display(), kernels = program.kernels.len(), "emulated program loaded");
         loaded.insert(hash, program.clone());
@@ -420,14 +452,14 @@ impl EmuProgram {
             let check = *unsafe { library.get::<CheckFn>(check.as_bytes_with_nul()) }.map_err(load)?;
             // SAFETY: as above.
             let call = *unsafe { library.get::<CallFn>(call.as_bytes_with_nul()) }.map_err(load)?;
-            kernels.insert(name.to_owned(), (check, call));
+            kernels.insert(Arc::from(name), (check, call));
         }
-        Ok(EmuProgram { kernels, run, path: path.to_owned(), defines: String::new(), _library: library })
+        Ok(EmuProgram { kernels, run, path: path.to_owned(), defines: Arc::from(""), _library: library })
     }
 
     /// The program's kernels, sorted.
     pub fn kernels(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.kernels.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = self.kernels.keys().map(|k| &**k).collect();
         names.sort_unstable();
         names
     }
@@ -440,12 +472,18 @@ impl EmuProgram {
     /// arguments, and no memory it writes may be read or written by anything else while it runs
     /// (as for a GPU launch).
     pub unsafe fn launch(&self, kernel: &str, grid: EmuGrid, args: &[EmuArg]) -> Result<(), EmuError> {
-        let &(check, call) = self
+        let (name, &(check, call)) = self
             .kernels
-            .get(kernel)
+            .get_key_value(kernel)
             .ok_or_else(|| EmuError::NoKernel { kernel: kernel.to_owned(), available: self.kernels().join(", ") })?;
-        LAUNCHES
-            .with_borrow_mut(|log| log.push(EmuLaunch { kernel: kernel.to_owned(), defines: self.defines.clone() }));
+        LAUNCHES.with_borrow_mut(|log| {
+            log.push(EmuLaunch { kernel: Arc::clone(name), defines: Arc::clone(&self.defines) });
+        });
+        if let Some(file) = launch_log() {
+            let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            // A lost line loses a count, not a result.
+            let _ = std::io::Write::write_all(&mut *file, format!("{name}\t{}\n", self.defines).as_bytes());
+        }
         let n_args = c_int::try_from(args.len()).unwrap_or(c_int::MAX);
         let mut message = [0 as c_char; 512];
         // SAFETY: `check` reads `args.len()` arguments and writes at most `message.len()` bytes.
@@ -553,7 +591,9 @@ fn text_of(message: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+mod buffer;
 mod memory;
+pub use buffer::{EmuBuffer, EmuDevice};
 pub use memory::{ALIGN, EmuMemory, launch};
 
 #[cfg(test)]

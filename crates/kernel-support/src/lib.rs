@@ -176,13 +176,20 @@ pub fn gpu_chunk(dtype: DType) -> usize {
 /// The largest block of the CUDA and ROCm gated kernels (`GATED_MAX_BLOCK`, their launch bound).
 pub const GATED_MAX_BLOCK: u32 = 1024;
 
+/// The 16-byte chunks of the gate (and of up) a thread of a CUDA or ROCm 16-byte gated kernel
+/// loads per step (`gated_unroll` in `kernels/gpu/gated.h`).
+pub const GATED_STEP_CHUNKS: usize = 2;
+
 /// Threads per block of a CUDA or ROCm gated row of width `d`, from d and the dtype alone (the
 /// row statistics' reduction order follows the block, so both kernels of a width must agree): one
-/// 16-byte chunk per thread, rounded up to a power of two, from 64 (a wavefront) up to
-/// [`GATED_MAX_BLOCK`].
+/// step of [`GATED_STEP_CHUNKS`] 16-byte chunks per thread, rounded up to a power of two, from 64
+/// (a wavefront) up to [`GATED_MAX_BLOCK`]. A row of up to 16384 16-bit elements is one step of
+/// each thread, all its loads in flight at once (the sparse op keeps it through its statistics),
+/// and a block of at most 512 threads up to 8192 elements, so two or more blocks share an SM and
+/// one block's reductions and barriers hide behind another's loads.
 pub fn gated_block(d: usize, dtype: DType) -> u32 {
-    let chunks = d.div_ceil(gpu_chunk(dtype)).max(1);
-    let threads = chunks.checked_next_power_of_two().unwrap_or(usize::MAX);
+    let steps = d.div_ceil(gpu_chunk(dtype)).div_ceil(GATED_STEP_CHUNKS).max(1);
+    let threads = steps.checked_next_power_of_two().unwrap_or(usize::MAX);
     u32::try_from(threads).map_or(GATED_MAX_BLOCK, |threads| threads.clamp(64, GATED_MAX_BLOCK))
 }
 
@@ -200,15 +207,15 @@ pub fn largest_cached_row(threads_per_row: u32) -> u32 {
     }
 }
 
-/// The 16-byte chunks of a row each CUDA/ROCm norm thread keeps in registers (`CACHE_CHUNKS` in
-/// the kernels): the whole row up to [`largest_cached_row`]; f64, a reference dtype, gets the f32
+/// The 16-byte chunks of a row each CUDA/ROCm norm thread keeps in registers (`ROW_CHUNKS` of
+/// `kernels/gpu/rms_norm.h`): the whole row up to [`largest_cached_row`]; f64, a reference dtype, gets the f32
 /// kernels' chunk count and so their registers: half its row.
 pub fn norm_cache_chunks(dtype: DType, threads_per_row: u32) -> u32 {
     let size = if dtype == DType::F64 { 4 } else { dtype.size_in_bytes() as u32 };
     largest_cached_row(threads_per_row).div_ceil(16 / size * threads_per_row)
 }
 
-/// The chunks the fused norm keeps (`FUSED_CACHE_CHUNKS` in the kernels): on the 16-byte path x
+/// The chunks the fused norm keeps (`norm_fused_cache_chunks` in `kernels/gpu/rms_norm.h`): on the 16-byte path x
 /// and the residual as stored, as many as [`norm_cache_chunks`] for 16-bit elements (two packed
 /// chunks take the registers of one chunk of f32 sums) and half for f32; on the scalar path their
 /// sums, as many as `norm_cache_chunks`.
@@ -217,7 +224,7 @@ pub fn norm_fused_cache_chunks(dtype: DType, threads_per_row: u32, vectorized: b
     if !vectorized || dtype.size_in_bytes() < 4 { chunks } else { chunks.div_ceil(2) }
 }
 
-/// The code the GPU element preludes (`element.cuh`, `element.hip.h`, `element.cl`) know a
+/// The code the GPU element preludes (`kernels/gpu/elem.h`, `element.cl`) know a
 /// compute dtype by (`DTYPE`, `WDTYPE`): f32 0, f16 1, bf16 2, f64 6 (the numbering of
 /// [`element_code`], which the strided conversions use for every dtype); an error naming `backend`
 /// for a dtype the kernels do not compute on.
@@ -1485,22 +1492,30 @@ mod tests {
     use ir_core::{Device, Layout};
 
     #[test]
-    fn gated_blocks_are_a_chunk_per_thread_in_powers_of_two() {
+    fn gated_blocks_are_a_step_per_thread_in_powers_of_two() {
         // 16-byte chunks: 8 bf16, 4 f32, 2 f64.
         assert_eq!([DType::BF16, DType::F16, DType::F32, DType::F64].map(gpu_chunk), [8, 8, 4, 2]);
         // At least a wavefront, even for one chunk.
         assert_eq!(gated_block(1, DType::BF16), 64);
-        assert_eq!(gated_block(512, DType::BF16), 64);
-        assert_eq!(gated_block(520, DType::BF16), 128);
-        assert_eq!(gated_block(4096, DType::BF16), 512);
-        assert_eq!(gated_block(4096, DType::F32), 1024);
+        assert_eq!(gated_block(1024, DType::BF16), 64);
+        assert_eq!(gated_block(1040, DType::BF16), 128);
+        assert_eq!(gated_block(4096, DType::BF16), 256);
+        assert_eq!(gated_block(8192, DType::BF16), 512);
+        assert_eq!(gated_block(4096, DType::F32), 512);
         assert_eq!(gated_block(14336, DType::BF16), 1024);
+        assert_eq!(gated_block(16384, DType::BF16), 1024);
         assert_eq!(gated_block(usize::MAX, DType::BF16), 1024);
         assert_eq!(gated_block(4096, DType::F64), 1024);
         for d in 1..5000 {
             for dtype in [DType::BF16, DType::F32, DType::F64] {
                 let block = gated_block(d, dtype);
                 assert!(block.is_power_of_two() && (64..=GATED_MAX_BLOCK).contains(&block), "{d} {dtype}");
+                // One step per thread whenever the largest block allows it.
+                let chunks = d.div_ceil(gpu_chunk(dtype));
+                if chunks <= GATED_STEP_CHUNKS * GATED_MAX_BLOCK as usize {
+                    assert!(chunks <= GATED_STEP_CHUNKS * block as usize, "{d} {dtype}: {block}");
+                    assert!(block == 64 || chunks > GATED_STEP_CHUNKS * block as usize / 2, "{d} {dtype}: {block}");
+                }
             }
         }
     }

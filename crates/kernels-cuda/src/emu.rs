@@ -12,13 +12,12 @@
 //! The provider is `emu_cuda`, on `cuda:0` tensors made by [`allocator`]; register it in a registry
 //! of its own ([`register`]), since its tensors are no real CUDA memory.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, DeviceKind, ImplSpec, KernelError, Registry, RegistryError};
-use kernel_support::emu::{self, Dialect, EmuError, EmuGrid, EmuMemory, EmuProgram};
+use kernel_support::emu::{self, Dialect, EmuDevice, EmuError, EmuGrid, EmuProgram};
 use kernel_support::gpu::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, StridedKey};
 use kernel_support::gpu_threads_per_row;
 
@@ -30,67 +29,14 @@ pub const PROVIDER: &str = "emu_cuda";
 /// Lanes per warp.
 const WARP: u32 = 32;
 
-/// Emulated device memory: host memory whose first byte is 256-byte aligned.
-#[derive(Debug)]
-pub struct EmuBuffer {
-    memory: EmuMemory,
-}
+/// Emulated device memory (`cuda:0`): host memory whose first byte is 256-byte aligned.
+pub type EmuBuffer = kernel_support::emu::EmuBuffer<EmuCuda>;
 
-impl EmuBuffer {
-    fn filled(len_bytes: usize, byte: u8) -> EmuBuffer {
-        EmuBuffer { memory: EmuMemory::filled(len_bytes, byte) }
-    }
+impl EmuDevice for EmuCuda {
+    const DEVICE: Device = Device::Cuda(0);
 
-    /// The bytes.
-    pub fn bytes(&self) -> &[u8] {
-        self.memory.bytes()
-    }
-
-    /// The bytes, writable.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        self.memory.bytes_mut()
-    }
-}
-
-impl DeviceBuffer for EmuBuffer {
-    fn device(&self) -> Device {
-        Device::Cuda(0)
-    }
-
-    fn len_bytes(&self) -> usize {
-        self.memory.len_bytes()
-    }
-
-    fn download(&self, dst: &mut [u8]) -> Result<(), DeviceError> {
-        let n = dst.len().min(self.memory.len_bytes());
-        dst[..n].copy_from_slice(&self.bytes()[..n]);
-        Ok(())
-    }
-
-    fn upload(&mut self, src: &[u8]) -> Result<(), DeviceError> {
-        let n = src.len().min(self.memory.len_bytes());
-        self.bytes_mut()[..n].copy_from_slice(&src[..n]);
-        Ok(())
-    }
-
-    fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+    fn zeroed_allocation() {
         ZEROED.set(ZEROED.get() + 1);
-        Ok(Box::new(EmuBuffer::filled(len_bytes, 0)))
-    }
-
-    /// Filled with `0xff` bytes (a NaN in every float dtype), so a byte left unwritten shows.
-    fn allocate_for_overwrite(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(EmuBuffer::filled(len_bytes, 0xff)))
-    }
-
-    kernel_support::strided_on_device!(EmuCuda);
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 
@@ -303,7 +249,7 @@ impl GpuRuntime for EmuCuda {
         to_offset: usize,
         bytes: usize,
     ) -> Result<(), KernelError> {
-        to.memory.copy_from(to_offset, &from.memory, from_offset, bytes)
+        to.memory_mut().copy_from(to_offset, from.memory(), from_offset, bytes)
     }
 
     fn buffer_queue(_buffer: &EmuBuffer) {}
@@ -324,6 +270,16 @@ impl GpuRuntime for EmuCuda {
     ) -> Result<(), KernelError> {
         let shape = EmuGrid { blocks: grid.cuda_blocks()?, threads: grid.group_size, warp: WARP };
         // SAFETY: the caller's contract (`GpuRuntime::launch`).
-        unsafe { emu::launch(PROVIDER, &kernel.program, &kernel.symbol, shape, args, |b| &b.memory, |b| &mut b.memory) }
+        unsafe {
+            emu::launch(
+                PROVIDER,
+                &kernel.program,
+                &kernel.symbol,
+                shape,
+                args,
+                EmuBuffer::memory,
+                EmuBuffer::memory_mut,
+            )
+        }
     }
 }

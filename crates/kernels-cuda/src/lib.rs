@@ -4,7 +4,8 @@
 //!
 //! cudarc loads `libcuda` and `libnvrtc` at run time, so this crate builds everywhere; on a machine
 //! without them the provider is registered and reports itself unavailable with the reason. The
-//! kernels (`kernels/rms_norm.cu`, embedded) are compiled by NVRTC at first use per variant and
+//! kernels (the source CUDA and HIP share, `kernels/gpu`, embedded; the norms instantiated per
+//! program by `kernels/cuda/rms_norm.cu`) are compiled by NVRTC at first use per variant and
 //! cached per device; launch geometry depends on the hidden size only, so each row's result is the
 //! same whatever the batch.
 //!
@@ -46,9 +47,11 @@ use kernel_support::gpu::GpuBackend;
 use crate::runtime::Cuda;
 
 pub use crate::device::{CudaAllocator, CudaBuffer, CudaDeviceState, allocator, availability, devices};
+#[allow(deprecated)]
+pub use crate::module::ELEMENT;
 pub use crate::module::{
-    BLOCK_SIZES, ELEMENT, GPU_ELEMENT, Geometry, KernelVariant, NormOp, NormProgram, PORT, PORT_HEADER, Program,
-    SOURCE, THREADS_PER_ROW, all_programs, arch_for, compile_program, compile_ptx, largest_cached_row, norm_program,
+    BLOCK_SIZES, GPU_ELEMENT, Geometry, KernelVariant, NormOp, NormProgram, PORT, PORT_HEADER, Program, SOURCE,
+    THREADS_PER_ROW, all_programs, arch_for, compile_program, compile_ptx, largest_cached_row, norm_program,
     nvrtc_availability, rms_norm_launch, vectorizes,
 };
 /// The cudarc this crate is built with, so an engine names the same slice and stream types.

@@ -1,6 +1,7 @@
 //! Norm programs and kernel variants, and their NVRTC compilation.
 //!
-//! A program is one set of defines for `kernels/rms_norm.cu`: dtype, weight, vector width and
+//! A program is one set of defines for the norm source (`kernels/gpu/rms_norm.h`, instantiated by
+//! `kernels/cuda/rms_norm.cu`): dtype, weight, vector width and
 //! threads per row (which also fixes the block size); its PTX holds the kernels of both norm ops. A
 //! variant is one op's kernel in a program. Programs are compiled at first use and their modules
 //! cached per device (so per compute capability too), shared by both ops.
@@ -32,23 +33,21 @@ pub const GPU_ELEMENT: &str = concat!(
     include_str!("../kernels/gpu/elem.h")
 );
 
-/// The element-type prelude of the norms, the kernels CUDA does not share with HIP (the portability
-/// header, then `element.cuh`, one dtype per program).
-pub const ELEMENT: &str = concat!(
-    include_str!("../kernels/port.cuh"),
-    "\n",
-    include_str!("../kernels/gpu/compute.h"),
-    "\n",
-    include_str!("../kernels/element.cuh")
-);
+/// The prelude the norms once had of their own; they are on the shared element layer now.
+#[deprecated(note = "the norms share the element layer: use `GPU_ELEMENT`")]
+pub const ELEMENT: &str = GPU_ELEMENT;
 
-/// The norm kernels' source as NVRTC compiles it (the element prelude, then `kernels/rms_norm.cu`).
+/// The norm kernels' source as NVRTC compiles it: the element layer CUDA and HIP share
+/// ([`GPU_ELEMENT`]), the shared row kernel (`kernels/gpu/rms_norm.h`) and its CUDA
+/// instantiation for one program's defines (`kernels/cuda/rms_norm.cu`).
 pub const SOURCE: &str = concat!(
     include_str!("../kernels/port.cuh"),
     "\n",
     include_str!("../kernels/gpu/compute.h"),
     "\n",
-    include_str!("../kernels/element.cuh"),
+    include_str!("../kernels/gpu/elem.h"),
+    "\n",
+    include_str!("../kernels/gpu/rms_norm.h"),
     "\n",
     include_str!("../kernels/rms_norm.cu")
 );
@@ -123,7 +122,7 @@ impl NormProgram {
         kernel_support::norm_cache_chunks(self.dtype, self.threads_per_row)
     }
 
-    /// Chunks the fused op keeps in registers (`FUSED_CACHE_CHUNKS` in `rms_norm.cu`;
+    /// Chunks the fused op keeps in registers (`norm_fused_cache_chunks` in `kernels/gpu/rms_norm.h`;
     /// [`kernel_support::norm_fused_cache_chunks`]).
     pub fn fused_cache_chunks(&self) -> u32 {
         kernel_support::norm_fused_cache_chunks(self.dtype, self.threads_per_row, self.vectorized)

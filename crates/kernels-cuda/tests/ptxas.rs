@@ -320,8 +320,8 @@ fn second_pass_loads_before_first_store(code: &[String]) -> usize {
         .count()
 }
 
-/// The weight loads the norms' second pass issues before its first store (`WEIGHT_AHEAD` in
-/// `kernels/cuda/rms_norm.cu`), at most.
+/// The weight loads the norms' second pass issues before its first store (`NORM_WEIGHT_AHEAD` in
+/// `kernels/gpu/rms_norm.h`), at most.
 const WEIGHT_AHEAD: u32 = 8;
 
 #[test]

@@ -14,12 +14,11 @@
 //! from its allocator ([`allocator`], [`allocator_wave32`]): they are `rocm:0` tensors, but no real
 //! HIP memory.
 
-use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
 use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, DeviceKind, ImplSpec, KernelError, Registry, RegistryError};
-use kernel_support::emu::{self, Dialect, EmuError, EmuGrid, EmuMemory, EmuProgram};
+use kernel_support::emu::{self, Dialect, EmuDevice, EmuError, EmuGrid, EmuProgram};
 use kernel_support::gpu::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, StridedKey};
 
 use crate::module::norm_launch;
@@ -49,7 +48,7 @@ pub const SOURCES: [(&str, &str); 7] = [
 
 /// The headers the sources include, by the name they include them by. `port.hip.h` is the CPU
 /// port's business (prepended by the emulator) but for its last line, the shared operations.
-const HEADERS: [(&str, &str); 14] = [
+const HEADERS: [(&str, &str); 15] = [
     ("element.hip.h", include_str!("../kernels/element.hip.h")),
     ("port.hip.h", "#include \"gpu/compute.h\"\n"),
     ("gpu/compute.h", include_str!("../kernels/gpu/compute.h")),
@@ -60,6 +59,7 @@ const HEADERS: [(&str, &str); 14] = [
     ("gpu/gelu_and_mul_sparse.h", include_str!("../kernels/gpu/gelu_and_mul_sparse.h")),
     ("gpu/norm_quant.h", include_str!("../kernels/gpu/norm_quant.h")),
     ("gpu/quant.h", include_str!("../kernels/gpu/quant.h")),
+    ("gpu/rms_norm.h", include_str!("../kernels/gpu/rms_norm.h")),
     ("gpu/rotary.h", include_str!("../kernels/gpu/rotary.h")),
     ("gpu/silu_and_mul.h", include_str!("../kernels/gpu/silu_and_mul.h")),
     ("gpu/strided_copy.h", include_str!("../kernels/gpu/strided_copy.h")),
@@ -115,63 +115,12 @@ fn code_object() -> Result<Arc<EmuProgram>, KernelError> {
     built.clone().map_err(|message| KernelError::Driver { backend: PROVIDER, message })
 }
 
-/// Emulated HIP memory of a GPU with waves of `WAVE` lanes: host memory whose first byte is
-/// 256-byte aligned.
-#[derive(Debug)]
-pub struct EmuHipBuffer<const WAVE: u32> {
-    memory: EmuMemory,
-}
+/// Emulated HIP memory (`rocm:0`) of a GPU with waves of `WAVE` lanes: host memory whose first
+/// byte is 256-byte aligned.
+pub type EmuHipBuffer<const WAVE: u32> = kernel_support::emu::EmuBuffer<EmuHip<WAVE>>;
 
-impl<const WAVE: u32> EmuHipBuffer<WAVE> {
-    fn filled(len_bytes: usize, byte: u8) -> Self {
-        EmuHipBuffer { memory: EmuMemory::filled(len_bytes, byte) }
-    }
-
-    /// The bytes.
-    pub fn bytes(&self) -> &[u8] {
-        self.memory.bytes()
-    }
-}
-
-impl<const WAVE: u32> DeviceBuffer for EmuHipBuffer<WAVE> {
-    fn device(&self) -> Device {
-        Device::Rocm(0)
-    }
-
-    fn len_bytes(&self) -> usize {
-        self.memory.len_bytes()
-    }
-
-    fn download(&self, dst: &mut [u8]) -> Result<(), DeviceError> {
-        let n = dst.len().min(self.memory.len_bytes());
-        dst[..n].copy_from_slice(&self.memory.bytes()[..n]);
-        Ok(())
-    }
-
-    fn upload(&mut self, src: &[u8]) -> Result<(), DeviceError> {
-        let n = src.len().min(self.memory.len_bytes());
-        self.memory.bytes_mut()[..n].copy_from_slice(&src[..n]);
-        Ok(())
-    }
-
-    fn allocate_like(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(Self::filled(len_bytes, 0)))
-    }
-
-    /// Filled with `0xff` bytes (a NaN in every float dtype), so a byte left unwritten shows.
-    fn allocate_for_overwrite(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(Self::filled(len_bytes, 0xff)))
-    }
-
-    kernel_support::strided_on_device!(EmuHip<WAVE>);
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
+impl<const WAVE: u32> EmuDevice for EmuHip<WAVE> {
+    const DEVICE: Device = Device::Rocm(0);
 }
 
 /// Allocates zeroed emulated memory (`rocm:0`) of a GPU with waves of `WAVE` lanes.
@@ -285,7 +234,7 @@ impl<const WAVE: u32> GpuRuntime for EmuHip<WAVE> {
         to_offset: usize,
         bytes: usize,
     ) -> Result<(), KernelError> {
-        to.memory.copy_from(to_offset, &from.memory, from_offset, bytes)
+        to.memory_mut().copy_from(to_offset, from.memory(), from_offset, bytes)
     }
 
     fn buffer_queue(_buffer: &Self::Buffer) {}
@@ -307,7 +256,15 @@ impl<const WAVE: u32> GpuRuntime for EmuHip<WAVE> {
         let shape = EmuGrid { blocks: grid.hip_blocks()?, threads: grid.group_size, warp: WAVE };
         // SAFETY: the caller's contract (`GpuRuntime::launch`).
         unsafe {
-            emu::launch(provider(WAVE), &kernel.program, &kernel.symbol, shape, args, |b| &b.memory, |b| &mut b.memory)
+            emu::launch(
+                provider(WAVE),
+                &kernel.program,
+                &kernel.symbol,
+                shape,
+                args,
+                EmuHipBuffer::memory,
+                EmuHipBuffer::memory_mut,
+            )
         }
     }
 }

@@ -56,7 +56,8 @@ pub const PROVIDER: &str = "rocm";
 /// f64; an f64 reference on device tensors then stays on the device).
 pub const KERNEL_DTYPES: KernelDTypes = KernelDTypes::WithF64;
 
-/// The kernel source, embedded for reference and for compilation checks.
+/// The norms' HIP source (every variant of the row kernel CUDA and HIP share,
+/// `kernels/gpu/rms_norm.h`, which it includes), embedded for reference and for compilation checks.
 pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
 
 /// Registers the `rocm` implementations of every built-in op (unavailable without feature `rocm` or a device).

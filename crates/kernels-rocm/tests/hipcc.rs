@@ -268,8 +268,8 @@ fn second_pass_loads_before_first_store(isa: &[&str]) -> usize {
         .count()
 }
 
-/// The weight loads the norms' second pass issues before its first store (`WEIGHT_AHEAD` in
-/// `kernels/rocm/rms_norm.hip`), at most.
+/// The weight loads the norms' second pass issues before its first store (`NORM_WEIGHT_AHEAD` in
+/// `kernels/gpu/rms_norm.h`), at most.
 const WEIGHT_AHEAD: usize = 8;
 
 #[test]
@@ -311,7 +311,7 @@ fn isa_functions(listing: &str) -> std::collections::HashMap<&str, Vec<&str>> {
     functions
 }
 
-/// The 16-byte loads a norm variant caches (`rms_norm.hip` follows kernel-support's rules): x's
+/// The 16-byte loads a norm variant caches (`kernels/gpu/rms_norm.h` follows kernel-support's rules): x's
 /// chunks, and for the fused op x's and the residual's.
 fn cached_loads(variant: &kernels_rocm::KernelVariant) -> usize {
     let (dtype, threads) = (variant.dtype, variant.threads_per_row);
