@@ -304,26 +304,27 @@ fn gated_rows_take_the_16_byte_kernel_only_where_every_access_is_aligned() {
         assert_eq!(launches.len(), 1);
         (launches[0].symbol.clone(), launches[0].grid.group_size)
     };
-    // bf16 rows of d = 1024: 128 chunks, one per thread.
+    // bf16 rows of d = 1024: 128 chunks, one step of two per thread.
     let aligned = on_host(DType::BF16, &[3, 2048], &[2048, 1], 0, 3 * 2048);
-    assert_eq!(launch(aligned), ("silu_and_mul_bf16_vec".to_owned(), 128));
+    assert_eq!(launch(aligned), ("silu_and_mul_bf16_vec".to_owned(), 64));
     // Rows starting 16 bytes in: still aligned.
     let shifted = on_host(DType::BF16, &[3, 2048], &[2056, 1], 8, 3 * 2056 + 8);
-    assert_eq!(launch(shifted), ("silu_and_mul_bf16_vec".to_owned(), 128));
+    assert_eq!(launch(shifted), ("silu_and_mul_bf16_vec".to_owned(), 64));
     // A start 2 bytes off 16, or a row stride that is not a multiple of 8 elements: scalar, the
     // same block (the width alone picks it, so both kernels give the same bits).
     let offset = on_host(DType::BF16, &[3, 2048], &[2048, 1], 1, 3 * 2048 + 1);
-    assert_eq!(launch(offset), ("silu_and_mul_bf16".to_owned(), 128));
+    assert_eq!(launch(offset), ("silu_and_mul_bf16".to_owned(), 64));
     let stride = on_host(DType::BF16, &[3, 2048], &[2052, 1], 0, 3 * 2052);
-    assert_eq!(launch(stride), ("silu_and_mul_bf16".to_owned(), 128));
+    assert_eq!(launch(stride), ("silu_and_mul_bf16".to_owned(), 64));
     // Adopted memory at an address 2 bytes past a 16-byte boundary never takes the 16-byte path,
     // whatever the offset.
     let adopted = on_host_at(2, DType::BF16, &[3, 2048], &[2048, 1], 0, 3 * 2048);
-    assert_eq!(launch(adopted), ("silu_and_mul_bf16".to_owned(), 128));
+    assert_eq!(launch(adopted), ("silu_and_mul_bf16".to_owned(), 64));
     // d not a multiple of the chunk (each row's up half starts unaligned): scalar.
     let odd = on_host(DType::F32, &[2, 2 * 1030], &[2 * 1030, 1], 0, 4 * 1030);
-    assert_eq!(launch(odd), ("silu_and_mul_f32".to_owned(), 512));
-    // Llama's d = 14336 in bf16: 1792 chunks, the largest block; f64 rows stay scalar.
+    assert_eq!(launch(odd), ("silu_and_mul_f32".to_owned(), 256));
+    // Llama's d = 14336 in bf16: 1792 chunks, the largest block; f64 rows stay scalar (d = 4096:
+    // 2048 chunks, the largest block).
     let wide = on_host(DType::BF16, &[1, 2 * 14336], &[2 * 14336, 1], 0, 2 * 14336);
     assert_eq!(launch(wide), ("silu_and_mul_bf16_vec".to_owned(), 1024));
     let reference = on_host(DType::F64, &[1, 2 * 4096], &[2 * 4096, 1], 0, 2 * 4096);
