@@ -98,6 +98,24 @@ pub(crate) trait CpuElement: bytemuck::Pod + Send + Sync {
         v
     }
 
+    /// `v`, an f32 result of arithmetic on values of this type (so a NaN has no payload below the
+    /// bits this type keeps), with the rounding to this type applied to its bits but not cut off,
+    /// when [`CpuElement::ROUNDS_PRODUCTS`]: [`CpuElement::update_as_f32_pre_rounded`] cuts it. The
+    /// identity otherwise.
+    #[inline(always)]
+    fn pre_round(v: f32) -> f32 {
+        v
+    }
+
+    /// [`CpuElement::update_as_f32`] for an `f` that leaves every value of the row
+    /// [`CpuElement::pre_round`]ed: the store keeps each value's top bits, the rounding already
+    /// done (the same bits as rounding the values `f` would leave without `pre_round`). For a type
+    /// that does not round products, [`CpuElement::update_as_f32`].
+    #[inline(always)]
+    fn update_as_f32_pre_rounded(row: &mut [Self], scratch: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        Self::update_as_f32(row, scratch, f);
+    }
+
     /// An explicit SIMD `rms_norm` row for this type with a weight of this type, when the CPU has
     /// one and the portable rows are not forced ([`crate::row_path`]).
     #[inline(always)]
@@ -244,6 +262,25 @@ impl CpuElement for bf16 {
         // rounding add leaves it NaN: no separate NaN case, unlike `bf16_bits`.
         let bits = v.to_bits();
         f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+    }
+
+    #[inline(always)]
+    fn pre_round(v: f32) -> f32 {
+        // `round_product`'s add without its cut. A NaN with nothing below the kept bits (every
+        // arithmetic result on bf16 values: quiet, its payload from an operand or the default
+        // one) stays the same NaN; a finite value past bf16's largest carries into infinity.
+        let bits = v.to_bits();
+        f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)))
+    }
+
+    #[inline(always)]
+    fn update_as_f32_pre_rounded(row: &mut [bf16], scratch: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        let values = &mut scratch[..row.len()];
+        Self::load(row, values);
+        f(values);
+        for (d, s) in row.iter_mut().zip(values.iter()) {
+            *d = bf16::from_bits((s.to_bits() >> 16) as u16);
+        }
     }
 
     #[inline(always)]

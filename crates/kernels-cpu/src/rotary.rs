@@ -118,6 +118,24 @@ fn rotate_row<T: CpuElement>(
     let cs = &mut cs[..cache_row.len()];
     let (cos, sin) = T::widen(cache_row, cs).split_at(cache_row.len() / 2);
     let rotary_dim = cache_row.len();
+    if round_products && T::ROUNDS_PRODUCTS && rotary_dim == head_size {
+        // Every element is rotated, so every value stored is arithmetic on the rounded products:
+        // the rotation rounds the sums too (`pre_round`) and the store only cuts them, instead of
+        // the store's rounding with its NaN case (with bf16 rounding in software, the store was
+        // the row's largest cost). Elements past `rotary_dim` would be stored as loaded, and keep
+        // the plain store.
+        let rotate = |x: f32, y: f32, c: f32, s: f32| {
+            let (xc, ys) = (T::round_product(x * c), T::round_product(y * s));
+            let (yc, xs) = (T::round_product(y * c), T::round_product(x * s));
+            (T::pre_round(xc - ys), T::pre_round(yc + xs))
+        };
+        T::update_as_f32_pre_rounded(row, values, |values| {
+            for head in values.chunks_exact_mut(head_size) {
+                rotate_head(head, cos, sin, is_neox_style, rotate);
+            }
+        });
+        return;
+    }
     // An f32 row is rotated where it is; others through `values`.
     T::update_as_f32(row, values, |values| {
         for head in values.chunks_exact_mut(head_size) {
@@ -228,6 +246,41 @@ mod tests {
         }
         check::<half::bf16>(|v| half::bf16::from_f32(v).to_f32());
         check::<half::f16>(|v| half::f16::from_f32(v).to_f32());
+    }
+
+    /// A bf16 row rotated whole with `dtype` rounding takes the pre-rounded store (the sums rounded
+    /// in the rotation, cut by the store): the same bits, NaN payloads included, as rotating with the
+    /// rounded products and storing with the plain store, for both pair layouts.
+    #[test]
+    fn the_pre_rounded_store_gives_the_plain_stores_bits() {
+        use half::bf16;
+        let (head_size, heads) = (32usize, 3usize);
+        let special = [f32::INFINITY, 0.0, f32::NAN, -3.0e38, 1.0e-38, -f32::INFINITY, 3.3e38, -0.0, 9.2e-41];
+        let value = |i: usize, k: f32| {
+            let v = if i % 7 == 2 { special[(i / 7) % special.len()] } else { ((i as f32 * k).sin() * 3.7).tan() };
+            bf16::from_f32(v)
+        };
+        // A signaling NaN with a payload, and a quiet one with another.
+        let mut row: Vec<bf16> = (0..heads * head_size).map(|i| value(i, 1.3)).collect();
+        row[5] = bf16::from_bits(0x7f81);
+        row[40] = bf16::from_bits(0xffc3);
+        let cache: Vec<bf16> = (0..head_size).map(|i| value(i + 3, 0.37)).collect();
+        let (cos, sin) = cache.split_at(head_size / 2);
+        let (cos, sin): (Vec<f32>, Vec<f32>) =
+            (cos.iter().map(|c| c.to_f32()).collect(), sin.iter().map(|s| s.to_f32()).collect());
+        for neox in [true, false] {
+            let mut fast = row.clone();
+            let mut scratch = vec![0f32; row.len() + head_size];
+            rotate_row(&mut fast, &cache, &mut scratch, head_size, neox, true);
+            let mut plain = row.clone();
+            bf16::update_as_f32(&mut plain, &mut scratch, |values| {
+                for head in values.chunks_exact_mut(head_size) {
+                    rotate_head_rounded::<bf16>(head, &cos, &sin, neox);
+                }
+            });
+            let bits = |r: &[bf16]| r.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&plain), "neox={neox}");
+        }
     }
 
     #[test]
