@@ -164,8 +164,8 @@ pub fn binary_strided<R: GpuRuntime>(
 #[macro_export]
 macro_rules! strided_on_device {
     ($runtime:ty) => {
-        /// On the device (the strided copy kernel, one launch per
-        /// [`CopyDims::pieces`](kernel_support::CopyDims::pieces), so any rank) when `dst` is
+        /// On the device (the strided copy kernel, one launch per piece of
+        /// `kernel_support::CopyDims::pieces`, so any rank) when `dst` is
         /// memory of the same device; through the host otherwise.
         fn copy_strided(
             &self,
