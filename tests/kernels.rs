@@ -996,6 +996,20 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
     }
 }
 
+/// Native's rotation of `q` (and `key`) with `exact` rounding, heads of `head` elements.
+fn exact_rotary(
+    positions: &Tensor,
+    q: &Tensor,
+    key: Option<&Tensor>,
+    cache: &Tensor,
+    head: usize,
+    rotary_dim: usize,
+    is_neox: bool,
+) -> (Tensor, Option<Tensor>) {
+    let exact = ir_ops::Rounding::Exact;
+    ir_ops::rotary_embedding::native(positions, q, key, cache, head as i64, rotary_dim as i64, is_neox, exact).unwrap()
+}
+
 /// `rotary_embedding` on every provider, bit for bit against native, rotating q and k in their own
 /// storage when donated: NeoX and GPT-J pairs, full and partial rotary, with and without a key, q
 /// and k as column slices of one `[T, (4 + 2 + 2) · 64]` qkv buffer (rows of the buffer's stride),
@@ -1003,7 +1017,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
 /// arguments as they were.
 #[test]
 fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
-    use ir_ops::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache, native, rotary_embedding};
+    use ir_ops::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache, rotary_embedding};
     const HEAD: usize = 64;
     const TOKENS: usize = 9;
     const MAX_POSITION: usize = 40;
@@ -1029,17 +1043,7 @@ fn rotary_embedding_is_bit_exact_and_in_place_on_every_provider() {
                     format!("{} {dtype} neox={is_neox} rotary_dim={rotary_dim} key={with_key}", backend.provider);
                 let cache = cos_sin_cache(dtype, MAX_POSITION, rotary_dim, 10000.0).unwrap();
                 let key = with_key.then_some(&k);
-                let (eq, ek) = native(
-                    &positions,
-                    &q,
-                    key,
-                    &cache,
-                    HEAD as i64,
-                    rotary_dim as i64,
-                    is_neox,
-                    ir_ops::Rounding::Exact,
-                )
-                .unwrap();
+                let (eq, ek) = exact_rotary(&positions, &q, key, &cache, HEAD, rotary_dim, is_neox);
                 assert_eq!(ek.is_some(), with_key, "{label}: a key output only with a key");
                 let (p_dev, c_dev) = (up(&positions), up(&cache));
                 // Functional: fresh outputs, arguments untouched.
@@ -1459,36 +1463,56 @@ fn storage_bytes(t: &Tensor) -> Vec<u8> {
     }
 }
 
+/// A view of `layout` holding `values`, in a device storage of `len` elements whose others hold
+/// `sentinel` (uploaded whole, then viewed on the device, the whole-storage handle dropped so the
+/// view can be donated), and the storage's bytes before any call.
+fn guarded_view(backend: &Backend, values: &Tensor, layout: &Layout, len: usize, sentinel: f64) -> (Tensor, Vec<u8>) {
+    let mut all = vec![sentinel; len];
+    for (index, value) in layout.storage_indices().zip(values.to_f64_vec().unwrap()) {
+        all[index] = value;
+    }
+    let device = backend.upload(&Tensor::from_f64(values.dtype(), &[len], &all).unwrap()).unwrap();
+    let before = storage_bytes(&device);
+    (device.as_strided(layout.clone()).unwrap(), before)
+}
+
+/// `result`'s storage is `before`'s, written in place, and every element outside `layout` kept its
+/// bits.
+fn assert_outside_unchanged(label: &str, result: &Tensor, before: &[u8], layout: &Layout) {
+    let after = storage_bytes(result);
+    assert_eq!(after.len(), before.len(), "{label}: written in place");
+    let size = result.dtype().size_in_bytes();
+    let inside: std::collections::HashSet<usize> = layout.storage_indices().collect();
+    let changed = (0..before.len() / size)
+        .filter(|i| !inside.contains(i) && after[i * size..][..size] != before[i * size..][..size])
+        .count();
+    assert_eq!(changed, 0, "{label}: elements outside the layout changed");
+}
+
+/// Rows of `hidden` elements, `tokens` of them, 3 elements into a storage and 5 apart: the layout
+/// and the storage's length (5 more past the last row).
+fn padded_rows(tokens: usize, hidden: usize) -> (Layout, usize) {
+    const OFFSET: usize = 3;
+    const PAD: usize = 5;
+    let stride = hidden + PAD;
+    (Layout::new(&[tokens, hidden], &[stride, 1], OFFSET).unwrap(), OFFSET + tokens * stride + PAD)
+}
+
 /// An in-place kernel writes its outputs' elements and nothing else: x and the residual as views
 /// with an offset and padded rows into storages whose other elements hold a sentinel, donated to
 /// `fused_add_rms_norm`; afterwards every element outside the two layouts keeps its bits, and the
 /// values inside are native's (within tolerance), on every provider.
 #[test]
 fn in_place_writes_leave_every_element_outside_the_layout_alone() {
-    const OFFSET: usize = 3;
-    const PAD: usize = 5;
     for backend in backends() {
         let _guard = backend.registry.override_priority("fused_add_rms_norm", &[backend.provider]).unwrap();
         for dtype in backend.element_dtypes() {
             for (tokens, hidden) in [(5, 300), (3, 4096), (2, 8199)] {
                 let label = format!("{} {dtype} T={tokens} H={hidden}", backend.provider);
                 let host = case(dtype, tokens, hidden, 21);
-                let stride = hidden + PAD;
-                let len = OFFSET + tokens * stride + PAD;
-                let layout = Layout::new(&[tokens, hidden], &[stride, 1], OFFSET).unwrap();
-                // Each view's values written into a storage of sentinels, uploaded whole, then viewed
-                // again on the device and donated (the whole-storage handle dropped first).
-                let padded_on_device = |values: &Tensor, sentinel: f64| {
-                    let mut all = vec![sentinel; len];
-                    for (index, value) in layout.storage_indices().zip(values.to_f64_vec().unwrap()) {
-                        all[index] = value;
-                    }
-                    let device = backend.upload(&Tensor::from_f64(dtype, &[len], &all).unwrap()).unwrap();
-                    let before = storage_bytes(&device);
-                    (device.as_strided(layout.clone()).unwrap(), before)
-                };
-                let (x, x_before) = padded_on_device(&host.x, 2.5);
-                let (residual, r_before) = padded_on_device(&host.residual, -1.5);
+                let (layout, len) = padded_rows(tokens, hidden);
+                let (x, x_before) = guarded_view(&backend, &host.x, &layout, len, 2.5);
+                let (residual, r_before) = guarded_view(&backend, &host.residual, &layout, len, -1.5);
                 let weight = backend.upload(&host.weight).unwrap();
                 let (out, residual_out) = fused_add_rms_norm::maybe_inplace(
                     &backend.registry,
@@ -1500,16 +1524,8 @@ fn in_place_writes_leave_every_element_outside_the_layout_alone() {
                     ir_ops::Rounding::Exact,
                 )
                 .unwrap();
-                let inside: std::collections::HashSet<usize> = layout.storage_indices().collect();
-                let size = dtype.size_in_bytes();
-                for (name, result, before) in [("x", &out, &x_before), ("residual", &residual_out, &r_before)] {
-                    let after = storage_bytes(result);
-                    assert_eq!(after.len(), before.len(), "{label}: {name} written in place");
-                    let changed = (0..len)
-                        .filter(|i| !inside.contains(i) && after[i * size..][..size] != before[i * size..][..size])
-                        .count();
-                    assert_eq!(changed, 0, "{label}: {name}: elements outside the layout changed");
-                }
+                assert_outside_unchanged(&format!("{label}: x"), &out, &x_before, &layout);
+                assert_outside_unchanged(&format!("{label}: residual"), &residual_out, &r_before, &layout);
                 let (expected_out, expected_res) = ir_ops::fused_add_rms_norm::native(
                     &host.x,
                     &host.residual,
@@ -1523,6 +1539,84 @@ fn in_place_writes_leave_every_element_outside_the_layout_alone() {
                 allclose(&out.to_cpu().unwrap(), &expected_out, tol.atol, tol.rtol)
                     .unwrap_or_else(|e| panic!("{label}: out: {e}"));
                 assert!(bit_eq(&residual_out.to_cpu().unwrap(), &expected_res), "{label}: residual");
+            }
+        }
+    }
+}
+
+/// The other in-place kernels write their outputs' elements and nothing else, as the norm does:
+/// `rotary_embedding` on a donated query and key (NeoX and GPT-J pairs, full and partial rotary,
+/// 16-byte-aligned and odd rows), and the fused norm + quantizations on a donated residual, each a
+/// view with an offset and padded rows into a storage of sentinels, on every provider; the values
+/// inside are native's.
+#[test]
+fn in_place_rotary_and_fused_quantizations_leave_every_element_outside_the_layout_alone() {
+    use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+    use ir_ops::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
+    use ir_ops::rotary_embedding::{self, ROTARY_EMBEDDING, cos_sin_cache};
+    const HEAD: usize = 64;
+    let positions: Vec<i64> = vec![0, 39, 17, 5, 23];
+    let tokens = positions.len();
+    for backend in backends() {
+        let up = |t: &Tensor| backend.upload(t).unwrap();
+        let positions = Tensor::from_vec(&[tokens], positions.clone()).unwrap();
+        let _rotary = backend.registry.override_priority(ROTARY_EMBEDDING.name, &[backend.provider]).unwrap();
+        for dtype in backend.element_dtypes() {
+            for (is_neox, rotary_dim, heads) in [(true, HEAD, 4), (false, HEAD / 2, 3)] {
+                let label = format!("{} {dtype} rotary neox={is_neox} rotary_dim={rotary_dim}", backend.provider);
+                let cache = cos_sin_cache(dtype, 40, rotary_dim, 10000.0).unwrap();
+                let q = Tensor::randn(&TensorMeta::compact(dtype, &[tokens, heads * HEAD]), 31).unwrap();
+                let k = Tensor::randn(&TensorMeta::compact(dtype, &[tokens, HEAD]), 32).unwrap();
+                let (q_layout, q_len) = padded_rows(tokens, heads * HEAD);
+                let (k_layout, k_len) = padded_rows(tokens, HEAD);
+                let (q_dev, q_before) = guarded_view(&backend, &q, &q_layout, q_len, 7.0);
+                let (k_dev, k_before) = guarded_view(&backend, &k, &k_layout, k_len, -7.0);
+                let (rq, rk) = rotary_embedding::maybe_inplace(
+                    &backend.registry,
+                    &up(&positions),
+                    q_dev,
+                    Some(k_dev),
+                    &up(&cache),
+                    HEAD as i64,
+                    rotary_dim as i64,
+                    is_neox,
+                    ir_ops::Rounding::Exact,
+                )
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+                let rk = rk.expect("a key output");
+                assert_outside_unchanged(&format!("{label}: query"), &rq, &q_before, &q_layout);
+                assert_outside_unchanged(&format!("{label}: key"), &rk, &k_before, &k_layout);
+                let (eq, ek) = exact_rotary(&positions, &q, Some(&k), &cache, HEAD, rotary_dim, is_neox);
+                assert!(bit_eq(&rq.to_cpu().unwrap(), &eq), "{label}: query");
+                assert!(bit_eq(&rk.to_cpu().unwrap(), &ek.expect("a key")), "{label}: key");
+            }
+            for def in [&FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT, &FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT] {
+                let _guard = backend.registry.override_priority(def.name, &[backend.provider]).unwrap();
+                let dynamic = def.n_outputs == 3;
+                for hidden in [96, 1000] {
+                    let label = format!("{} {dtype} {} H={hidden}", backend.provider, def.name);
+                    let host = case(dtype, tokens, hidden, 33);
+                    let scale = Tensor::from_f64(DType::F32, &[1], &[if dynamic { 100.0 } else { 0.01 }]).unwrap();
+                    let (layout, len) = padded_rows(tokens, hidden);
+                    let (residual, before) = guarded_view(&backend, &host.residual, &layout, len, 3.5);
+                    let args = |x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor| {
+                        vec![
+                            Value::Tensor(x),
+                            Value::Tensor(residual),
+                            Value::Tensor(weight),
+                            Value::F64(EPS),
+                            Value::Tensor(scale),
+                            Value::DType(DType::F8E4M3FN),
+                            Value::Str("exact".to_owned()),
+                        ]
+                    };
+                    let device_args = args(up(&host.x), residual, up(&host.weight), up(&scale));
+                    let outputs = backend.registry.call(def.name, Overload::MaybeInplace, device_args).unwrap();
+                    assert_outside_unchanged(&format!("{label}: residual"), &outputs[0], &before, &layout);
+                    let host_args = args(host.x.clone(), host.residual.clone(), host.weight.clone(), scale.clone());
+                    let expected = (def.native)(&host_args).unwrap();
+                    assert!(bit_eq(&outputs[0].to_cpu().unwrap(), &expected[0]), "{label}: residual_out");
+                }
             }
         }
     }
