@@ -286,6 +286,14 @@ pub fn available() -> Result<(), EmuError> {
     }
 }
 
+/// [`available`] as a provider's availability: what an emulated provider's probe answers.
+pub fn availability() -> ir_core::Availability {
+    match available() {
+        Ok(()) => ir_core::Availability::Available,
+        Err(e) => ir_core::Availability::Unavailable(e.to_string()),
+    }
+}
+
 /// Whether the compiler's alignment check covers a 16-byte chunk loaded as a whole (GCC's does;
 /// Clang 15's instruments scalar accesses only, so a misaligned chunk load reaches the CPU, which
 /// faults on it and ends the process).
@@ -593,7 +601,7 @@ fn text_of(message: &[c_char]) -> String {
 
 mod buffer;
 mod memory;
-pub use buffer::{EmuBuffer, EmuDevice};
+pub use buffer::{EmuAllocator, EmuBuffer, EmuDevice};
 pub use memory::{ALIGN, EmuMemory, launch};
 
 #[cfg(test)]

@@ -15,8 +15,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
-use ir_core::{Availability, DType, Device, DeviceKind, ImplSpec, KernelError, Registry, RegistryError};
+use ir_core::{DType, Device, DeviceKind, ImplSpec, KernelError, Registry, RegistryError};
 use kernel_support::emu::{self, Dialect, EmuDevice, EmuError, EmuGrid, EmuProgram};
 use kernel_support::gpu::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, StridedKey};
 use kernel_support::gpu_threads_per_row;
@@ -41,43 +40,27 @@ impl EmuDevice for EmuCuda {
 }
 
 thread_local! {
-    /// Buffers this thread allocated zeroed through a buffer ([`DeviceBuffer::allocate_like`]).
+    /// Buffers this thread allocated zeroed through a buffer ([`DeviceBuffer::allocate_like`](ir_core::storage::DeviceBuffer::allocate_like)).
     static ZEROED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// How many buffers the calling thread has allocated zeroed through another buffer
-/// ([`DeviceBuffer::allocate_like`], which a real device pays a fill pass for), so a test can
+/// ([`DeviceBuffer::allocate_like`](ir_core::storage::DeviceBuffer::allocate_like), which a real device pays a fill pass for), so a test can
 /// show that an operation writing its whole output allocates it unspecified instead.
 pub fn zeroed_allocations() -> usize {
     ZEROED.get()
 }
 
 /// Allocates zeroed emulated memory (`cuda:0`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct EmuAllocator;
-
-impl DeviceAllocator for EmuAllocator {
-    fn device(&self) -> Device {
-        Device::Cuda(0)
-    }
-
-    fn allocate(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(EmuBuffer::filled(len_bytes, 0)))
-    }
-}
+pub type EmuAllocator = kernel_support::emu::EmuAllocator<EmuCuda>;
 
 /// The allocator of the emulated device's tensors.
 pub fn allocator() -> EmuAllocator {
-    EmuAllocator
+    EmuAllocator::new()
 }
 
 /// Whether the emulator can build programs here (a C++ compiler).
-pub fn availability() -> Availability {
-    match kernel_support::emu::available() {
-        Ok(()) => Availability::Available,
-        Err(e) => Availability::Unavailable(e.to_string()),
-    }
-}
+pub use kernel_support::emu::availability;
 
 /// Registers the `emu_cuda` provider for every built-in op, as [`crate::register`] does `cuda`.
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {

@@ -598,7 +598,7 @@ fn check_loads_in_flight(dir: &std::path::Path) {
 /// statistics (which reduce over the block first) included.
 fn check_gated_loads_in_flight(dir: &std::path::Path) {
     let Ok(nvdisasm) = nvdisasm() else { return };
-    const GATED_UNROLL: usize = 2;
+    const GATED_UNROLL: usize = kernel_support::GATED_STEP_CHUNKS;
     const GATED_TABLE_WIDTHS: [usize; 3] = [2048, 8192, 14336];
     let (mut rows, mut table) = (Vec::new(), String::new());
     for (_, sm) in ARCHS {

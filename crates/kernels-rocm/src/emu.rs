@@ -16,8 +16,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
-use ir_core::{Availability, DType, Device, DeviceKind, ImplSpec, KernelError, Registry, RegistryError};
+use ir_core::{DType, Device, DeviceKind, ImplSpec, KernelError, Registry, RegistryError};
 use kernel_support::emu::{self, Dialect, EmuDevice, EmuError, EmuGrid, EmuProgram};
 use kernel_support::gpu::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey, NormKey, NormShape, StridedKey};
 
@@ -124,36 +123,20 @@ impl<const WAVE: u32> EmuDevice for EmuHip<WAVE> {
 }
 
 /// Allocates zeroed emulated memory (`rocm:0`) of a GPU with waves of `WAVE` lanes.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct EmuHipAllocator<const WAVE: u32>;
-
-impl<const WAVE: u32> DeviceAllocator for EmuHipAllocator<WAVE> {
-    fn device(&self) -> Device {
-        Device::Rocm(0)
-    }
-
-    fn allocate(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
-        Ok(Box::new(EmuHipBuffer::<WAVE>::filled(len_bytes, 0)))
-    }
-}
+pub type EmuHipAllocator<const WAVE: u32> = kernel_support::emu::EmuAllocator<EmuHip<WAVE>>;
 
 /// The allocator of the `emu_hip` tensors (waves of 64).
 pub fn allocator() -> EmuHipAllocator<64> {
-    EmuHipAllocator
+    EmuHipAllocator::new()
 }
 
 /// The allocator of the `emu_hip_wave32` tensors (waves of 32).
 pub fn allocator_wave32() -> EmuHipAllocator<32> {
-    EmuHipAllocator
+    EmuHipAllocator::new()
 }
 
 /// Whether the emulator can build the code object here (a C++ compiler).
-pub fn availability() -> Availability {
-    match kernel_support::emu::available() {
-        Ok(()) => Availability::Available,
-        Err(e) => Availability::Unavailable(e.to_string()),
-    }
-}
+pub use kernel_support::emu::availability;
 
 fn register_wave<const WAVE: u32>(registry: &Registry) -> Result<(), RegistryError> {
     let backend = GpuBackend {

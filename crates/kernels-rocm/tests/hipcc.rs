@@ -383,7 +383,7 @@ fn check_loads_in_flight(dir: &Path, object: &[u8]) {
     );
     // The 16-byte gated kernels: the first step's loads of GATED_UNROLL chunks, of the gate and of
     // up (4), issued before anything, the sparse op's statistics included.
-    const GATED_UNROLL: usize = 2;
+    const GATED_UNROLL: usize = kernel_support::GATED_STEP_CHUNKS;
     let mut gated = Vec::new();
     for op in kernels_rocm::gated::GATED_OPS {
         for dtype in [ir_core::DType::F32, ir_core::DType::F16, ir_core::DType::BF16] {

@@ -5,7 +5,7 @@ use std::any::Any;
 use std::marker::PhantomData;
 
 use ir_core::Device;
-use ir_core::storage::{DeviceBuffer, DeviceError};
+use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 
 use super::EmuMemory;
 use crate::gpu::GpuRuntime;
@@ -58,6 +58,46 @@ impl<R> EmuBuffer<R> {
     /// The memory, writable.
     pub fn memory_mut(&mut self) -> &mut EmuMemory {
         &mut self.memory
+    }
+}
+
+/// Allocates zeroed emulated memory of runtime `R` (its [`EmuDevice::DEVICE`]).
+pub struct EmuAllocator<R>(PhantomData<fn() -> R>);
+
+impl<R> EmuAllocator<R> {
+    /// The allocator.
+    pub const fn new() -> Self {
+        EmuAllocator(PhantomData)
+    }
+}
+
+impl<R> Default for EmuAllocator<R> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<R> Clone for EmuAllocator<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R> Copy for EmuAllocator<R> {}
+
+impl<R> std::fmt::Debug for EmuAllocator<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EmuAllocator")
+    }
+}
+
+impl<R: EmuDevice> DeviceAllocator for EmuAllocator<R> {
+    fn device(&self) -> Device {
+        R::DEVICE
+    }
+
+    fn allocate(&self, len_bytes: usize) -> Result<Box<dyn DeviceBuffer>, DeviceError> {
+        Ok(Box::new(EmuBuffer::<R>::filled(len_bytes, 0)))
     }
 }
 
