@@ -127,8 +127,23 @@ impl tracing::Subscriber for Warnings {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
+/// Runs in a child process of its own: `tracing` caches whether a call site is wanted once per
+/// process, from the thread that first reaches it, so a sibling test with no subscriber that reaches
+/// the warning first would leave this test's scoped subscriber blind.
 #[test]
 fn a_fallback_is_counted_warned_once_per_reason_and_refused_when_strict() {
+    if std::env::var_os("VLLM_IR_TEST_WARNINGS_CHILD").is_none() {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "a_fallback_is_counted_warned_once_per_reason_and_refused_when_strict", "--nocapture"])
+            .env("VLLM_IR_TEST_WARNINGS_CHILD", "1")
+            .env_remove("VLLM_IR_STRICT")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success() && text.contains("1 passed"), "the child failed:\n{text}\n{stderr}");
+        return;
+    }
     let registry = cpu_registry();
     // f64 activations: the cpu provider rejects them, native runs.
     let x = Tensor::randn(&TensorMeta::compact(DType::F64, &[2, 16]), 5).unwrap();
