@@ -130,7 +130,14 @@ fn golden_files() {
             failures.push(format!("{}: {message}", path.display()));
         }
     }
-    assert!(failures.is_empty(), "{} golden file(s) failed:\n\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} golden file(s) failed:\n\n{}\n\nIf the new output is intended, re-bless the expectations with \
+         `cargo xtask bless` (the same as `IR_BLESS=1 cargo test -p vllm-ir-tests --test ir_golden`) and review \
+         `git diff tests/ir`; an error, report or semantics failure is not blessed away.",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }
 
 fn run_case(path: &Path, bless: bool) -> Result<(), String> {

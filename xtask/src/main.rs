@@ -912,6 +912,8 @@ pub(crate) fn project_root() -> PathBuf {
 }
 
 mod bench;
+#[cfg(test)]
+mod docs;
 mod gpu_check;
 #[path = "../../crates/kernels-rocm/hipcc_cache.rs"]
 mod hipcc_cache;
