@@ -917,6 +917,8 @@ mod docs;
 mod gpu_check;
 #[path = "../../crates/kernels-rocm/hipcc_cache.rs"]
 mod hipcc_cache;
+#[cfg(test)]
+mod modules;
 mod resources;
 #[cfg(test)]
 mod tidy;

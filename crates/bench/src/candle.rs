@@ -7,7 +7,7 @@ use candle_core::{DType as CandleDType, Device, Tensor as CandleTensor};
 use ir_core::{DType, Tensor};
 
 use crate::BenchError;
-use crate::kernels::{EPSILON, Inputs, Timed, time_calls};
+use crate::cases::{EPSILON, Inputs, Timed, time_calls};
 
 pub(crate) struct CandleBench {
     fused: bool,

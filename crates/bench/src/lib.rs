@@ -19,6 +19,7 @@
 //! baseline, the graph generator, the memory study) are unit-tested by `cargo test --workspace`;
 //! candle is compiled only with the `candle` feature, which tests never turn on.
 
+pub mod cases;
 pub mod decoder;
 pub mod kernels;
 pub mod memory;

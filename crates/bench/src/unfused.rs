@@ -11,7 +11,7 @@ use kernels_cpu::quant::{dynamic_per_token_scaled_fp8_quant_cpu, static_scaled_f
 use kernels_cpu::{fused_add_rms_norm_cpu, rms_norm_cpu_into};
 
 use crate::BenchError;
-use crate::kernels::{Inputs, Timed};
+use crate::cases::{Inputs, Timed};
 
 /// The ops with an unfused baseline.
 pub const UNFUSED_OPS: [&str; 4] = [

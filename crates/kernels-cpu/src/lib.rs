@@ -40,6 +40,7 @@ pub mod gated;
 pub mod quant;
 pub mod rotary;
 mod rows;
+mod stored;
 
 pub use crate::rows::BYTES_PER_TASK;
 

@@ -13,7 +13,6 @@ use ir_core::storage::{DeviceAllocator, DeviceBuffer, DeviceError};
 use ir_core::{Availability, DType, Device, KernelError};
 
 use crate::module::{KernelVariant, NormProgram, arch_for, compile_ptx, nvrtc_availability};
-use crate::runtime::Cuda;
 use kernel_support::gpu::Fill;
 
 /// One CUDA device: its context, the stream every operation of this crate uses, and compiled kernels.
@@ -514,7 +513,7 @@ impl DeviceBuffer for CudaBuffer {
         Ok(Box::new(self.device.allocate_on(&self.stream, len_bytes, Fill::Unspecified)?))
     }
 
-    kernel_support::strided_on_device!(Cuda);
+    kernel_support::strided_on_device!();
 
     fn as_any(&self) -> &dyn Any {
         self

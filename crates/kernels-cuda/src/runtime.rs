@@ -19,6 +19,10 @@ use crate::module::NormProgram;
 #[derive(Debug)]
 pub struct Cuda;
 
+impl kernel_support::gpu::BufferRuntime for CudaBuffer {
+    type Runtime = Cuda;
+}
+
 impl GpuRuntime for Cuda {
     const MEMORY: &'static str = "CUDA";
     const QUANT_GROUP: u32 = crate::quant::QUANT_BLOCK;

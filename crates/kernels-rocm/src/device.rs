@@ -18,7 +18,6 @@ use kernel_support::gpu::Fill;
 include!(concat!(env!("OUT_DIR"), "/code_objects.rs"));
 
 use crate::module::KernelVariant;
-use crate::runtime::Hip;
 
 /// One HIP device with the loaded code object and its kernels.
 pub(crate) struct HipDevice {
@@ -369,6 +368,13 @@ impl Drop for HipBuffer {
     }
 }
 
+/// The runtime whose kernels a `HipBuffer` runs its strided operations with, implemented beside
+/// it in `runtime` (this crate's `kernel_support::gpu::BufferRuntime`, which the crate-private
+/// runtime cannot implement for the public buffer).
+pub(crate) trait StridedRuntime {
+    type Runtime: kernel_support::gpu::GpuRuntime<Buffer = Self>;
+}
+
 impl DeviceBuffer for HipBuffer {
     fn device(&self) -> Device {
         Device::Rocm(self.device.ordinal as u32)
@@ -415,7 +421,7 @@ impl DeviceBuffer for HipBuffer {
         Ok(Box::new(self.device.allocate(len_bytes, Fill::Unspecified)?))
     }
 
-    kernel_support::strided_on_device!(Hip);
+    kernel_support::strided_on_device!(<Self as StridedRuntime>::Runtime);
 
     fn as_any(&self) -> &dyn Any {
         self

@@ -53,7 +53,9 @@ pub const F64_MIXED_THREADS_PER_ROW: u32 = 32;
 pub use kernel_support::gpu::norm_vectorizes as vectorizes;
 
 /// The kernel a norm launch takes and its block shape: the variant of the key at the row width
-/// [`launch_threads_per_row`] gives, in blocks of [`KernelVariant::block_size`].
+/// [`launch_threads_per_row`] gives, in blocks of [`KernelVariant::block_size`]. Used by the
+/// runtimes that launch (the HIP one and the emulated one).
+#[cfg(any(feature = "rocm", feature = "emu"))]
 pub(crate) fn norm_launch(key: &kernel_support::gpu::NormKey) -> (KernelVariant, kernel_support::gpu::NormShape) {
     let threads_per_row = launch_threads_per_row(key.hidden, key.dtype, key.weight);
     let variant =

@@ -28,6 +28,10 @@ mod hip {
     #[derive(Debug)]
     pub(crate) struct Hip;
 
+    impl crate::device::StridedRuntime for HipBuffer {
+        type Runtime = Hip;
+    }
+
     fn driver(message: String) -> KernelError {
         KernelError::Driver { backend: "rocm", message }
     }

@@ -17,7 +17,6 @@ use opencl3::program::Program;
 use opencl3::types::CL_BLOCKING;
 
 use crate::module::{KernelVariant, SOURCE, base_options};
-use crate::runtime::OpenCl;
 use kernel_support::gpu::Fill;
 use kernel_support::{GatedKernel, converts_through_f64};
 
@@ -573,7 +572,7 @@ impl DeviceBuffer for XpuBuffer {
         Ok(Box::new(self.device.allocate_on(&self.queue(), len_bytes, Fill::Unspecified)?))
     }
 
-    kernel_support::strided_on_device!(OpenCl);
+    kernel_support::strided_on_device!();
 
     fn as_any(&self) -> &dyn Any {
         self

@@ -23,6 +23,10 @@ use crate::module::{KernelVariant, group_size, threads_per_row, use_subgroups};
 #[derive(Debug)]
 pub struct OpenCl;
 
+impl kernel_support::gpu::BufferRuntime for XpuBuffer {
+    type Runtime = OpenCl;
+}
+
 impl GpuRuntime for OpenCl {
     const MEMORY: &'static str = "xpu";
     const QUANT_GROUP: u32 = crate::quant::QUANT_GROUP as u32;

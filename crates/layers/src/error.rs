@@ -1,4 +1,5 @@
-//! `LayerError`: what building or running any layer of this crate can fail with.
+//! `LayerError`, what building or running any layer of this crate can fail with, and
+//! `RopeScalingError`, what reading or checking a rotary scaling can.
 
 use ir_core::{CallError, TensorError};
 
@@ -81,7 +82,7 @@ pub enum LayerError {
     },
     /// A rotary frequency scaling with a value out of its range (a caller error).
     #[error(transparent)]
-    RopeScaling(#[from] crate::RopeScalingError),
+    RopeScaling(#[from] RopeScalingError),
     /// `gate_proj` and `up_proj` weights that do not stack into one projection.
     #[error("gate_proj {gate:?} and up_proj {up:?} weights must both be [d, hidden] of one shape")]
     GateUpShapes {
@@ -102,4 +103,30 @@ pub enum LayerError {
     /// Moving the weight failed.
     #[error(transparent)]
     Tensor(#[from] TensorError),
+}
+
+/// A `rope_scaling` that cannot be used.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RopeScalingError {
+    /// An unknown `rope_type`.
+    #[error("rope_scaling type `{0}` is not one of linear, dynamic, llama3, yarn (or default)")]
+    UnknownType(String),
+    /// A field the type needs.
+    #[error("rope_scaling `{kind}` needs `{field}`")]
+    Missing {
+        /// The type.
+        kind: &'static str,
+        /// The field.
+        field: &'static str,
+    },
+    /// A value out of its range.
+    #[error("rope_scaling `{field}` = {value}: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: f64,
+        /// Why.
+        reason: &'static str,
+    },
 }

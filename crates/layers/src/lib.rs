@@ -39,9 +39,9 @@ mod rotary;
 pub mod toy;
 
 pub use crate::activation::{GeluAndMul, GeluAndMulSparse, SiluAndMul, gate_up_weight};
-pub use crate::error::LayerError;
+pub use crate::error::{LayerError, RopeScalingError};
 pub use crate::quant::{QuantFp8, QuantScale};
 pub use crate::rms_norm::{RmsNorm, RmsNormBuilder};
-pub use crate::rope::{RopeScaling, RopeScalingError, inverse_frequencies, rope_cache};
+pub use crate::rope::{RopeScaling, inverse_frequencies, rope_cache};
 pub use crate::rotary::RotaryEmbedding;
 pub use ir_ops::Rounding;

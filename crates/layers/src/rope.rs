@@ -5,7 +5,7 @@
 
 use ir_core::{DType, Tensor, TensorError};
 
-use crate::LayerError;
+use crate::error::{LayerError, RopeScalingError};
 
 /// How a checkpoint stretches its rotary frequencies past the context it was trained on (Hugging
 /// Face's `rope_scaling`).
@@ -55,32 +55,6 @@ pub enum RopeScaling {
         /// Whether the correction range is rounded out to whole pairs (`truncate`: true by default;
         /// gpt-oss sets false).
         truncate: bool,
-    },
-}
-
-/// A `rope_scaling` that cannot be used.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum RopeScalingError {
-    /// An unknown `rope_type`.
-    #[error("rope_scaling type `{0}` is not one of linear, dynamic, llama3, yarn (or default)")]
-    UnknownType(String),
-    /// A field the type needs.
-    #[error("rope_scaling `{kind}` needs `{field}`")]
-    Missing {
-        /// The type.
-        kind: &'static str,
-        /// The field.
-        field: &'static str,
-    },
-    /// A value out of its range.
-    #[error("rope_scaling `{field}` = {value}: {reason}")]
-    Invalid {
-        /// The field.
-        field: &'static str,
-        /// Its value.
-        value: f64,
-        /// Why.
-        reason: &'static str,
     },
 }
 

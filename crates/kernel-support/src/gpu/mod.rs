@@ -38,7 +38,7 @@ pub use norm::{
 };
 pub use quant::{NORM_QUANT_KERNEL, run_dynamic_quant, run_norm_quant, run_static_quant};
 pub use rotary::run_rotary;
-pub use strided::{StridedKey, binary_strided, convert_strided, copy_strided};
+pub use strided::{BufferRuntime, StridedKey, binary_strided, convert_strided, copy_strided};
 
 use crate::{
     ComputeScalar, GatedKernel, KernelDTypes, NormCapabilities, fused_add_rms_norm_support_with, gated_support_with,

@@ -158,11 +158,23 @@ pub fn binary_strided<R: GpuRuntime>(
     run().map_err(|e| device_error(from, op.name(), e))
 }
 
-/// The strided operations of a backend's `impl DeviceBuffer` over runtime `$runtime`
-/// ([`copy_strided`], [`convert_strided`], [`binary_strided`]), written inside the impl block:
+/// The runtime whose kernels a backend's buffer runs its strided operations with: implemented
+/// beside the runtime (`impl BufferRuntime for CudaBuffer { type Runtime = Cuda; }`), so the module
+/// that defines the buffer and its `impl DeviceBuffer` need not name the runtime, which names it.
+pub trait BufferRuntime {
+    /// The runtime whose buffer this is.
+    type Runtime: GpuRuntime<Buffer = Self>;
+}
+
+/// The strided operations of a backend's `impl DeviceBuffer` ([`copy_strided`],
+/// [`convert_strided`], [`binary_strided`]), written inside the impl block: over the buffer's
+/// [`BufferRuntime`] with `kernel_support::strided_on_device!();`, or over a named runtime with
 /// `kernel_support::strided_on_device!(Cuda);`.
 #[macro_export]
 macro_rules! strided_on_device {
+    () => {
+        $crate::strided_on_device!(<Self as $crate::gpu::BufferRuntime>::Runtime);
+    };
     ($runtime:ty) => {
         /// On the device (the strided copy kernel, one launch per piece of
         /// `kernel_support::CopyDims::pieces`, so any rank) when `dst` is
