@@ -21,23 +21,6 @@ pub(crate) struct BenchOptions {
     pub(crate) report_only: bool,
 }
 
-impl BenchOptions {
-    pub(crate) fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
-        let mut options = BenchOptions { quick: false, candle: true, report_only: false };
-        for arg in args {
-            match arg.as_str() {
-                "--quick" => options.quick = true,
-                "--no-candle" => options.candle = false,
-                "--report-only" => options.report_only = true,
-                other => {
-                    bail!("unknown option `{other}`\nusage: cargo xtask bench [--quick] [--no-candle] [--report-only]")
-                }
-            }
-        }
-        Ok(options)
-    }
-}
-
 fn results_dir() -> PathBuf {
     project_root().join("target/vllm-ir-bench")
 }
@@ -107,12 +90,7 @@ pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
 }
 
 /// Runs the kernel group on the GPU providers only and writes `docs/benchmarks-gpu.md`.
-pub(crate) fn gpu_bench(args: &[String]) -> anyhow::Result<()> {
-    let quick = match args {
-        [] => false,
-        [flag] if flag == "--quick" => true,
-        _ => bail!("usage: cargo xtask gpu-bench [--quick]"),
-    };
+pub(crate) fn gpu_bench(quick: bool) -> anyhow::Result<()> {
     let out = results_dir().join("gpu");
     let run_env = RunEnv::fresh(&out, quick)?;
     let mut envs = run_env.vars();
@@ -426,18 +404,6 @@ mod rss;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn options_parse_and_reject_unknown_flags() {
-        let parse = |args: &[&str]| BenchOptions::parse(&args.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-        assert_eq!(parse(&[]).unwrap(), BenchOptions { quick: false, candle: true, report_only: false });
-        assert_eq!(
-            parse(&["--quick", "--no-candle"]).unwrap(),
-            BenchOptions { quick: true, candle: false, report_only: false }
-        );
-        assert!(parse(&["--report-only"]).unwrap().report_only);
-        assert!(parse(&["--fast"]).unwrap_err().to_string().contains("unknown option `--fast`"));
-    }
 
     #[test]
     fn criterion_files_are_read_back() {

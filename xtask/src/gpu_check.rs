@@ -115,10 +115,10 @@ fn steps() -> Vec<Step> {
 /// What this machine lacks for the check (empty when it has everything).
 fn missing() -> Vec<String> {
     let mut missing = Vec::new();
-    if !crate::library_loadable("libcuda.so.1") && !crate::library_loadable("libcuda.so") {
+    if !crate::tools::library_loadable("libcuda.so.1") && !crate::tools::library_loadable("libcuda.so") {
         missing.push("the NVIDIA driver's libcuda (no GPU driver on the loader path)".to_owned());
     }
-    if !crate::library_loadable("libnvrtc.so.12") {
+    if !crate::tools::library_loadable("libnvrtc.so.12") {
         missing.push(
             "libnvrtc.so.12 (pip install nvidia-cuda-nvrtc-cu12 and put its lib directory on LD_LIBRARY_PATH)"
                 .to_owned(),
@@ -131,12 +131,7 @@ fn missing() -> Vec<String> {
     missing
 }
 
-pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
-    let dry_run = match args {
-        [] => false,
-        [flag] if flag == "--dry-run" => true,
-        _ => bail!("usage: cargo xtask gpu-check [--dry-run]"),
-    };
+pub(crate) fn run(dry_run: bool) -> anyhow::Result<()> {
     let steps = steps();
     let budget: Duration = steps.iter().map(|s| s.limit).sum();
     let missing = missing();

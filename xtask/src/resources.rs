@@ -671,7 +671,7 @@ pub(crate) fn cuda_occupancy(sm: &str, registers: u32, shared_bytes: u32, block:
 fn hipcc_report(dir: &std::path::Path) -> anyhow::Result<String> {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".to_owned());
     let kernels = project_root().join("crates/kernels-rocm/kernels");
-    match hipcc_cache::embed(&hipcc, &kernels, "gfx90a", dir, &dir.join("all.hsaco"), &crate::hip_cache_dir()) {
+    match hipcc_cache::embed(&hipcc, &kernels, "gfx90a", dir, &dir.join("all.hsaco"), &crate::tools::hip_cache_dir()) {
         Ok(compiled) => Ok(compiled.report),
         Err(hipcc_cache::CompileFailure::Rejected(report)) => bail!("hipcc failed:\n{report}"),
         Err(hipcc_cache::CompileFailure::NotRunnable(error)) => {
