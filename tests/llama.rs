@@ -111,8 +111,9 @@ fn attention_outside_its_engine_is_a_clear_error() {
     let err = compiled::attention::llama_attention(compiled.registry(), &q, &k, &k, 0).unwrap_err().to_string();
     assert!(err.contains("no KV cache is installed"), "{err}");
     // Without the engine's provider, native says where the op runs.
-    let registry = vllm_ir::registry().unwrap();
-    registry.define_op(&compiled::attention::LLAMA_ATTENTION).unwrap();
+    let builder = vllm_ir::RegistryBuilder::new().unwrap();
+    builder.registry().define_op(&compiled::attention::LLAMA_ATTENTION).unwrap();
+    let registry = builder.build().unwrap();
     let err = compiled::attention::llama_attention(&registry, &q, &k, &k, 0).unwrap_err().to_string();
     assert!(err.contains("only its `engine` provider runs it"), "{err}");
 }

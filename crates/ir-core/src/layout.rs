@@ -9,6 +9,7 @@ use std::fmt;
 
 /// Why a layout or view could not be built.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LayoutError {
     /// Shape and strides have different lengths.
     #[error("shape {shape:?} has rank {} but strides {strides:?} have rank {}", shape.len(), strides.len())]

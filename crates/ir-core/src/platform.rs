@@ -109,6 +109,7 @@ impl FromStr for Platform {
 
 /// Errors of priority configuration: syntax (with byte positions) and resolution.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     // --- syntax of the override string ---
     /// An entry without `=`.

@@ -67,6 +67,7 @@ pub struct Interpretation {
 
 /// Why a run failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InterpError {
     // --- inputs ---
     /// A graph input without a tensor.

@@ -31,6 +31,7 @@ pub struct Diagnostic {
 /// What is wrong with a graph, one diagnostic's worth: values named as printed (`%x`), types as
 /// printed (`f32[2,8]`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Problem {
     /// The graph has no `output` node.
     #[error("the graph has no output node")]

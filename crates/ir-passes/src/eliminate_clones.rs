@@ -208,6 +208,7 @@ use ir_graph::OpTable;
 
 /// Why a copy was kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeepReason {
     /// The copy changes strides or storage offset.
     LayoutChange,

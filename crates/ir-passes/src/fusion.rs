@@ -33,6 +33,7 @@ impl fmt::Display for FusionReport {
 
 /// Why a candidate pair was left unfused.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FusionSkip {
     /// A node between the pair's two calls writes a value.
     WriteBetween {

@@ -125,6 +125,7 @@ impl fmt::Display for Violation {
 
 /// Pass errors. On error a pass leaves the graph unchanged.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PassError {
     /// Donated values used after their donation; every violation is listed.
     #[error("{}", violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]

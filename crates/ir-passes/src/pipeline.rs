@@ -136,6 +136,7 @@ impl FromStr for PassName {
 
 /// One pass's report.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum PassReport {
     /// From `functionalize`.
     Functionalize(FunctionalizeReport),
@@ -183,6 +184,7 @@ pub struct PipelineReport {
 
 /// A pipeline failure: which pass, and why.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PipelineError {
     /// A pass returned an error (the graph is as before that pass).
     #[error("pass `{pass}` failed: {source}")]

@@ -56,6 +56,7 @@ const LINK_FLAGS: [&str; 2] = ["-shared", "-fPIC"];
 
 /// What went wrong in the emulator.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EmuError {
     /// No C++ compiler: none found at build time and `CXX` unset.
     #[error("the emulated GPU needs a C++20 compiler: none was found when this crate was built and CXX is unset")]

@@ -5,6 +5,7 @@ use ir_core::{CallError, TensorError};
 
 /// Errors of building or running a layer.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LayerError {
     /// `var_hidden_size` outside `1..=hidden_size`.
     #[error("var_hidden_size {var_hidden_size} must lie in 1..={hidden_size}")]
@@ -107,6 +108,7 @@ pub enum LayerError {
 
 /// A `rope_scaling` that cannot be used.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RopeScalingError {
     /// An unknown `rope_type`.
     #[error("rope_scaling type `{0}` is not one of linear, dynamic, llama3, yarn (or default)")]

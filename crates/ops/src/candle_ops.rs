@@ -94,6 +94,7 @@ const LIBRARY: &str = "candle";
 
 /// Why an op on candle tensors failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CandleOpError {
     /// The op's call failed (a shape or dtype the op refuses, a kernel error, a strict registry's
     /// refused fallback).

@@ -14,7 +14,8 @@ use vllm_ir::op::silu_and_mul::{self, SiluAndMulArgs};
 use vllm_ir::{DType, ImplSpec, KernelError, Support, Tensor, half::bf16};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let registry = vllm_ir::registry()?;
+    // The registry is frozen once built: the engine's provider is registered on the builder.
+    let builder = vllm_ir::RegistryBuilder::new()?;
 
     // The engine's kernel: f32 only (its predicate says so), counting its calls.
     let calls = Arc::new(AtomicU64::new(0));
@@ -23,10 +24,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(view) if view.x.dtype == DType::F32 => Support::Yes,
         _ => Support::No("the engine kernel handles f32 only".into()),
     });
-    silu_and_mul::register(&registry, spec, move |x| -> Result<Tensor, KernelError> {
+    silu_and_mul::register(builder.registry(), spec, move |x| -> Result<Tensor, KernelError> {
         counter.fetch_add(1, Ordering::Relaxed);
         silu_and_mul::native(x) // an engine would launch its own kernel here
     })?;
+    let registry = builder.build()?;
     // Your entries first, the platform's after: `[engine, cpu, native]`.
     let _guard = registry.override_priority("silu_and_mul", &["engine"])?;
     println!("silu_and_mul priority: {:?}", registry.installed_priority("silu_and_mul").unwrap_or_default());

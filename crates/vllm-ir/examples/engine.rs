@@ -56,9 +56,8 @@ fn model<C: ExecutionContext>(
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Frozen: every op and provider is registered; nothing registers later.
     let registry = vllm_ir::registry()?;
-    // Built: every op and provider this engine uses is registered; nothing registers later.
-    registry.freeze();
     let blocks: Vec<Block> = (0..2)
         .map(|_| -> Result<Block, vllm_ir::layers::LayerError> {
             Ok(Block {

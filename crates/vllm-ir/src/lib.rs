@@ -70,6 +70,7 @@ pub use kernels_xpu;
 
 /// Why a registry could not be set up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SetupError {
     /// A provider could not be registered.
     #[error(transparent)]
@@ -88,15 +89,14 @@ pub enum SetupError {
 /// The environment variable [`registry()`] reads for the host buffer pool's bound, in MiB.
 pub const HOST_POOL_ENV: &str = "VLLM_IR_HOST_POOL_MIB";
 
-/// A registry with every built-in op, every provider this build enables registered (those that
-/// cannot run here are registered and say why), and the priorities of `VLLM_IR_PLATFORM` (or the
-/// detected platform) with `VLLM_IR_PRIORITY`'s entries first, installed; `VLLM_IR_HOST_POOL_MIB`,
-/// when set, bounds the host buffer pool.
+/// A frozen registry with every built-in op, every provider this build enables registered (those
+/// that cannot run here are registered and say why), and the priorities of `VLLM_IR_PLATFORM` (or
+/// the detected platform) with `VLLM_IR_PRIORITY`'s entries first, installed;
+/// `VLLM_IR_HOST_POOL_MIB`, when set, bounds the host buffer pool. Frozen: no op or provider can be
+/// added (priorities can still be overridden); an engine that registers its own builds with
+/// [`RegistryBuilder`].
 pub fn registry() -> Result<Registry, SetupError> {
-    if let Ok(value) = std::env::var(HOST_POOL_ENV) {
-        storage::set_host_pool_capacity(host_pool_bytes(&value)?);
-    }
-    registry_with(PriorityConfig::from_env()?)
+    RegistryBuilder::new()?.build()
 }
 
 /// The host pool's bound in bytes from `VLLM_IR_HOST_POOL_MIB`'s value.
@@ -106,14 +106,73 @@ fn host_pool_bytes(value: &str) -> Result<usize, SetupError> {
 }
 
 /// [`registry()`] with a configuration from code; reads no environment variable but
-/// `VLLM_IR_STRICT` (every registry does), whose value must be a boolean.
+/// `VLLM_IR_STRICT` (every registry does), whose value must be a boolean. Frozen, as
+/// [`registry()`]'s.
 pub fn registry_with(config: PriorityConfig) -> Result<Registry, SetupError> {
-    // The registry reads `VLLM_IR_STRICT` when it is created: a value it does not take is an error.
-    ir_core::registry::strict_from_env()?;
-    let registry = ir_ops::registry();
-    register_providers(&registry)?;
-    config.apply(&registry)?;
-    Ok(registry)
+    RegistryBuilder::new()?.config(config).build()
+}
+
+/// Builds what [`registry()`] gives with an engine's own ops and providers added first: `new` defines
+/// every built-in op and registers every provider of this build; define and register yours on
+/// [`RegistryBuilder::registry`]; `build` installs the priorities (which may name your providers)
+/// and freezes.
+///
+/// ```
+/// use vllm_ir::ImplSpec;
+/// use vllm_ir::op::silu_and_mul;
+///
+/// let builder = vllm_ir::RegistryBuilder::new()?;
+/// silu_and_mul::register(builder.registry(), ImplSpec::new("engine"), silu_and_mul::native)?;
+/// let registry = builder.build()?;
+/// assert!(registry.is_frozen());
+/// let _engine_first = registry.override_priority("silu_and_mul", &["engine"])?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct RegistryBuilder {
+    registry: Registry,
+    config: Option<PriorityConfig>,
+}
+
+impl RegistryBuilder {
+    /// Every built-in op defined and every provider of this build registered; no priorities
+    /// installed yet, not frozen. Fails when `VLLM_IR_STRICT` holds a value that is no boolean.
+    pub fn new() -> Result<RegistryBuilder, SetupError> {
+        // The registry reads `VLLM_IR_STRICT` when it is created: a value it does not take is an error.
+        ir_core::registry::strict_from_env()?;
+        let registry = ir_ops::registry();
+        register_providers(&registry)?;
+        Ok(RegistryBuilder { registry, config: None })
+    }
+
+    /// The registry being built: define your ops and register your providers on it.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Priorities from code: `build` installs `config` and reads no environment variable but
+    /// `VLLM_IR_STRICT` (as [`registry_with`]). Without it, `build` reads the environment as
+    /// [`registry()`] does.
+    pub fn config(mut self, config: PriorityConfig) -> RegistryBuilder {
+        self.config = Some(config);
+        self
+    }
+
+    /// Installs the priorities and freezes the registry.
+    pub fn build(self) -> Result<Registry, SetupError> {
+        let config = match self.config {
+            Some(config) => config,
+            None => {
+                if let Ok(value) = std::env::var(HOST_POOL_ENV) {
+                    storage::set_host_pool_capacity(host_pool_bytes(&value)?);
+                }
+                PriorityConfig::from_env()?
+            }
+        };
+        config.apply(&self.registry)?;
+        self.registry.freeze();
+        Ok(self.registry)
+    }
 }
 
 /// Registers every provider this build enables into `registry`.
@@ -154,6 +213,32 @@ mod tests {
         assert_eq!(out.shape(), &[4, 64]);
         assert_eq!(registry.selection_record().selections("rms_norm", "cpu"), 1, "the cpu kernel ran");
         assert_eq!(registry.selection_record().selections("rms_norm", "native"), 0);
+    }
+
+    #[test]
+    fn the_facades_registries_come_out_frozen_and_the_builder_takes_an_engines_provider_first() {
+        let registry = registry_with(PriorityConfig::platform_default(Platform::Cpu)).unwrap();
+        assert!(registry.is_frozen());
+        let late = op::silu_and_mul::register(&registry, ImplSpec::new("late"), op::silu_and_mul::native);
+        assert!(matches!(late, Err(RegistryError::Frozen { .. })), "{late:?}");
+
+        let builder = RegistryBuilder::new().unwrap();
+        assert!(!builder.registry().is_frozen());
+        op::silu_and_mul::register(builder.registry(), ImplSpec::new("engine"), op::silu_and_mul::native).unwrap();
+        // The configuration may name the engine's provider: it is installed after registration (a
+        // provider without a predicate takes every call, so the list ends with it).
+        let config = PriorityConfig::from_sources(&platform::ConfigSources {
+            env_priority: Some("silu_and_mul=engine,cpu".to_owned()),
+            env_platform: Some("cpu".to_owned()),
+            ..Default::default()
+        })
+        .unwrap();
+        let registry = builder.config(config).build().unwrap();
+        assert!(registry.is_frozen());
+        let installed = registry.installed_priority("silu_and_mul").unwrap();
+        assert_eq!(installed.first(), Some(&"engine"), "{installed:?}");
+        op::silu_and_mul::silu_and_mul(&registry, &Tensor::ones(DType::F32, &[2, 8]).unwrap()).unwrap();
+        assert_eq!(registry.selection_record().selections("silu_and_mul", "engine"), 1);
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::TensorError;
 
 /// An exchange with another library that could not be made.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum InteropError {
     /// An element type one side has and the other lacks (candle's `u32`, this crate's `f8e5m2` in candle).
     #[error("dtype {dtype} has no counterpart between {library} and vllm-ir")]

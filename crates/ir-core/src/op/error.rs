@@ -7,6 +7,7 @@ use crate::TensorError;
 
 /// An error an implementation returns.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KernelError {
     /// A tensor operation inside the kernel failed.
     #[error(transparent)]

@@ -140,6 +140,7 @@ pub struct InputSpec {
 
 /// Arguments that do not fit an op ([`OpDef::output_metas`]): its parameters, or its meta function.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ArgsError {
     /// Arguments that do not fit the parameters.
     #[error(transparent)]
@@ -151,6 +152,7 @@ pub enum ArgsError {
 
 /// An explicit activation list that does not fit the op's parameters ([`OpDef::activation_indices`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ActivationError {
     /// An activation that is not a parameter.
     #[error("op `{op}`: activation `{name}` is not a parameter")]
@@ -174,6 +176,7 @@ pub enum ActivationError {
 
 /// Arguments a meta function rejects. Each names the parameter and what it was compared with.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MetaError {
     /// A tensor of the wrong rank.
     #[error("{op}: `{param}` must have {expected}, got shape {shape:?}")]

@@ -215,6 +215,7 @@ impl<T> Arg<T> {
 
 /// An argument list that does not fit an op's parameters.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BindError {
     /// More arguments than parameters.
     #[error("op `{op}` takes {expected} arguments but {found} were given")]

@@ -22,6 +22,7 @@ use crate::{KernelError, Support, Tensor, TensorError, TensorMeta};
 /// Errors of calls and dispatch. Validation happens before any write: an error leaves every
 /// caller-visible tensor untouched.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CallError {
     // --- the call itself ---
     /// The op is not defined in this registry.

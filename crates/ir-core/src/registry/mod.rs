@@ -203,6 +203,7 @@ impl fmt::Display for NameKind {
 
 /// Errors of op definition and implementation registration. A failed registration leaves nothing behind.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegistryError {
     // --- environment ---
     /// An environment variable the registry reads holds a value it does not take.

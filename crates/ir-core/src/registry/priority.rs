@@ -10,6 +10,7 @@ pub(crate) type Resolved = Arc<[Arc<ImplEntry>]>;
 
 /// A priority list that cannot be installed. Nothing is installed when this is returned.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PriorityError {
     /// The op is not defined.
     #[error("unknown op `{op}` (known: {})", known.join(", "))]

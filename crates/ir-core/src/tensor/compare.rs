@@ -23,6 +23,7 @@ fn logical_bytes(t: &Tensor) -> Result<Vec<u8>, TensorError> {
 
 /// Why [`allclose`] failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AllcloseError {
     /// The tensors cannot be compared element by element.
     #[error("cannot compare {actual_dtype}{actual:?} with {expected_dtype}{expected:?}: shapes differ")]

@@ -60,6 +60,7 @@ macro_rules! with_element_type {
 
 /// Errors of tensor construction, views, copies and comparisons.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TensorError {
     // --- layouts and views ---
     /// An invalid layout or view.

@@ -208,12 +208,14 @@ impl AttentionState {
 /// The registry of the platform's providers with the two engine ops defined and the engine's
 /// providers first; the attention provider reads `state`.
 pub fn engine_registry(state: &Arc<AttentionState>) -> anyhow::Result<Registry> {
-    let registry = vllm_ir::registry()?;
+    let builder = vllm_ir::RegistryBuilder::new()?;
+    let registry = builder.registry();
     registry.define_op(&linear::LLAMA_LINEAR)?;
     registry.define_op(&attention::LLAMA_ATTENTION)?;
-    linear::register(&registry, ImplSpec::new("engine"), linear)?;
+    linear::register(registry, ImplSpec::new("engine"), linear)?;
     let state = Arc::clone(state);
-    attention::register(&registry, ImplSpec::new("engine"), move |q, k, v, layer| state.attention(q, k, v, layer))?;
+    attention::register(registry, ImplSpec::new("engine"), move |q, k, v, layer| state.attention(q, k, v, layer))?;
+    let registry = builder.build()?;
     registry.set_default("llama_linear", &["engine"])?;
     registry.set_default("llama_attention", &["engine"])?;
     Ok(registry)

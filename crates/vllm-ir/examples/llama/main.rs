@@ -210,9 +210,8 @@ fn main() -> anyhow::Result<()> {
         args.dtype,
         vllm_ir::op::StrEnum::as_str(args.rounding)
     );
+    // Frozen: every op and provider is registered; nothing registers later.
     let registry = vllm_ir::registry()?;
-    // Built: every op and provider the model uses is registered; nothing registers later.
-    registry.freeze();
     let prompt: Vec<u32> = (0..args.prefill as u32).map(|i| (i * 31 + 7) % c.vocab_size as u32).collect();
 
     // One run each, the record taken around ours.
