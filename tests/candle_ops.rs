@@ -565,3 +565,72 @@ fn interleaved_written_tensors_that_share_no_element_are_computed() {
     let (eo, er) = ir_ops::fused_add_rms_norm::native(&xo, &ro, None, 1e-6, None, ir_ops::Rounding::Exact).unwrap();
     assert!(bit_eq(&ours(&x), &eo) && bit_eq(&ours(&residual), &er));
 }
+
+/// Every op the registry defines runs on candle tensors through the binding read from its
+/// definition (`candle_ops::call`), with no per-op code: on the op's own generated inputs, the
+/// written activations hold native's first outputs and the returned tensors its other outputs,
+/// within the op's tolerance, for the cpu provider and for native alone; an op defined by an
+/// engine (here a copy of `rms_norm`'s definition under another name) is callable the same way.
+#[test]
+fn every_registry_op_runs_on_candle_tensors_through_its_declaration() {
+    use ir_core::op::{Arg, InputSpec};
+    static ENGINE_NORM: std::sync::LazyLock<ir_core::op::OpDef> =
+        std::sync::LazyLock::new(|| ir_core::op::OpDef { name: "engine_norm", ..ir_ops::rms_norm::RMS_NORM });
+    let engine_norm: &'static ir_core::op::OpDef = &ENGINE_NORM;
+    let native_only = ir_ops::registry();
+    native_only.define_op(engine_norm).unwrap();
+    let cpu = cpu_registry();
+    cpu.define_op(engine_norm).unwrap();
+    for (label, registry) in [("cpu", &cpu), ("native", &native_only)] {
+        let ops = registry.ops();
+        assert!(ops.len() >= 13, "the built-in ops and the engine's: {ops:?}");
+        for name in ops {
+            let def = registry.op_def(name).unwrap();
+            for dtype in [DType::F32, DType::BF16] {
+                let spec = InputSpec { num_tokens: 3, hidden_size: 128, dtype, epsilon: 1e-6, seed: 7 };
+                let values = (def.generate_inputs)(&spec).unwrap();
+                let expected = (def.native)(&values).unwrap().into_vec();
+                let candle: Vec<Arg<CTensor>> =
+                    values.iter().map(|v| v.clone().map_tensor(|t| t.to_candle().unwrap())).collect();
+                let args: Vec<candle_ops::CandleArg<'_>> = candle.iter().map(Arg::borrowed).collect();
+                let before = registry.selection_record();
+                let fresh =
+                    candle_ops::call(registry, def, &args).unwrap_or_else(|e| panic!("{label} {name} {dtype}: {e}"));
+                let written: Vec<&CTensor> = if def.allow_inplace {
+                    let activations = def.activation_indices().unwrap();
+                    activations.iter().filter_map(|&i| args[i].as_tensor().copied()).collect()
+                } else {
+                    Vec::new()
+                };
+                let got: Vec<Tensor> = written.into_iter().map(ours).chain(fresh.iter().map(ours)).collect();
+                assert_eq!(got.len(), expected.len(), "{label} {name} {dtype}: outputs");
+                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                    let tolerance = ir_core::op::tolerance(def, e.dtype()).unwrap();
+                    allclose(g, e, tolerance.atol, tolerance.rtol)
+                        .unwrap_or_else(|err| panic!("{label} {name} {dtype}: output {i}: {err}"));
+                }
+                let step = registry.selection_record().since(&before);
+                let record = step.op(name).unwrap_or_else(|| panic!("{label} {name}: recorded"));
+                if label == "cpu" && name != "engine_norm" {
+                    // The cpu kernels take every op here, in place where the op writes.
+                    assert_eq!((record.defensive_copies, record.native_fallbacks), (0, 0), "{label} {name} {dtype}");
+                }
+            }
+        }
+        assert!(registry.ops().contains(&"engine_norm"));
+    }
+    // Bad calls are errors, and write nothing: a residual of another shape, too many arguments, an
+    // argument of the wrong kind.
+    let x = randn((4, 64), CDType::F32, 40);
+    let x_before = ours(&x);
+    let fused = &ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
+    let short = randn((4, 32), CDType::F32, 41);
+    let bad_shape = candle_ops::call(&cpu, fused, &[Arg::Tensor(&x), Arg::Tensor(&short), Arg::None, Arg::F64(1e-6)]);
+    assert!(bad_shape.unwrap_err().to_string().contains("shape"));
+    let too_many =
+        [Arg::Tensor(&x), Arg::Tensor(&x), Arg::None, Arg::F64(1e-6), Arg::None, Arg::Str("exact"), Arg::None];
+    assert!(candle_ops::call(&cpu, fused, &too_many).unwrap_err().to_string().contains("takes 6 arguments"));
+    let wrong_kind = candle_ops::call(&cpu, fused, &[Arg::Tensor(&x), Arg::F64(1.0), Arg::None, Arg::F64(1e-6)]);
+    assert!(wrong_kind.unwrap_err().to_string().contains("x_residual"));
+    assert!(bit_eq(&ours(&x), &x_before), "nothing written");
+}

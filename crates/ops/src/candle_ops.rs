@@ -10,6 +10,12 @@
 //! | [`fused_add_rms_norm_static_fp8_quant`] | `residual` ← `x + residual` | the fp8 output |
 //! | [`fused_add_rms_norm_dynamic_per_token_quant`] | `residual` ← `x + residual` | the fp8 output and the per-token scales |
 //!
+//! Every op a registry defines, built-in or an engine's own, also runs through [`call`], the binding
+//! read from the op's definition: its tensor parameters are read, except the activations of an op
+//! with a `maybe_inplace` form, which are written in place with its first outputs; the other
+//! outputs come back as fresh candle tensors. The functions in the table are that call with typed
+//! arguments.
+//!
 //! A candle engine swaps each candle-nn call for one line:
 //!
 //! ```
@@ -83,8 +89,8 @@ use crate::Rounding;
 use crate::gelu_and_mul::Approximate;
 use ir_core::Device;
 use ir_core::InteropError;
-use ir_core::op::ArgMeta;
 use ir_core::op::StrEnum;
+use ir_core::op::{Activations, Arg, ArgMeta, OpDef, Overload, ParamKind, Value};
 use ir_core::registry::{CallError, Registry};
 use ir_core::storage::{CpuBuffer, DeviceBuffer, HostAccess, Storage};
 use ir_core::{DType, Layout, StorageId, Tensor, TensorError, TensorMeta};
@@ -263,8 +269,8 @@ impl Lease {
     /// [`HostAccess::ReadWrite`], writes) and nothing else writes it (candle's lock on its
     /// storage is held: a read lock for `ReadOnly`, the write lock for `ReadWrite`); with
     /// `ReadWrite`, no other view of this lease covers the memory.
-    unsafe fn view(&self, memory: Memory<'_>, layout: &candle::Layout, access: HostAccess) -> Result<Tensor> {
-        let layout = our_layout(layout)?;
+    unsafe fn view(&self, memory: Memory<'_>, layout: &Layout, access: HostAccess) -> Result<Tensor> {
+        let layout = layout.clone();
         match memory {
             Memory::Host(dtype, ptr, len_bytes) => {
                 let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
@@ -460,6 +466,8 @@ enum Role {
 struct Part {
     name: &'static str,
     tensor: candle::Tensor,
+    /// The tensor's layout, as this crate's.
+    layout: Layout,
     role: Role,
 }
 
@@ -487,20 +495,22 @@ impl<'r> Call<'r> {
     /// locked or written: one device this module can view, no written tensor whose layout maps two
     /// elements to one address, no written tensor overlapping another written one. A read tensor on
     /// a storage the call writes is copied apart first (counted as a defensive copy of `op`).
-    fn new<const N: usize>(
+    fn new<'t>(
         registry: &'r Registry,
         op: &'static str,
-        parts: [Option<(&'static str, &candle::Tensor, Role)>; N],
+        parts: impl IntoIterator<Item = Option<(&'static str, &'t candle::Tensor, Role)>>,
     ) -> Result<Call<'r>> {
         let mut parts: SmallVec<[Part; 4]> = parts
             .into_iter()
             .flatten()
-            .map(|(name, tensor, role)| Part { name, tensor: tensor.clone(), role })
-            .collect();
+            .map(|(name, tensor, role)| {
+                Ok(Part { name, tensor: tensor.clone(), layout: our_layout(tensor.layout())?, role })
+            })
+            .collect::<Result<_>>()?;
         lendable(parts.iter().map(|part| &part.tensor))?;
         let mut identities: SmallVec<[usize; 4]> = parts.iter().map(|part| storage_identity(&part.tensor)).collect();
         for (index, part) in parts.iter().enumerate().filter(|(_, part)| part.role == Role::Written) {
-            let layout = our_layout(part.tensor.layout())?;
+            let layout = &part.layout;
             if layout.overlaps_itself() {
                 return Err(CandleOpError::OverlappingWrite {
                     op,
@@ -513,7 +523,7 @@ impl<'r> Call<'r> {
                 let apart = other_index == index
                     || identities[other_index] != identities[index]
                     || other.role == Role::Read
-                    || !layout.shares_element_with(&our_layout(other.tensor.layout())?);
+                    || !layout.shares_element_with(&other.layout);
                 if !apart {
                     return Err(CandleOpError::Overlap { op, written: part.name, other: other.name });
                 }
@@ -525,6 +535,7 @@ impl<'r> Call<'r> {
             if part.role == Role::Read && written.contains(identity) {
                 registry.count_defensive_copy(op);
                 part.tensor = part.tensor.copy()?;
+                part.layout = our_layout(part.tensor.layout())?;
                 *identity = storage_identity(&part.tensor);
             }
         }
@@ -580,7 +591,7 @@ impl<'r> Call<'r> {
     unsafe fn view(&self, lease: &Lease, index: usize, memory: Memory<'_>, access: HostAccess) -> Result<Tensor> {
         // SAFETY: the lock of the part's storage is held (a write lock for a written part, whose
         // storage no read part shares: copied apart in `Call::new`); the caller's contract.
-        unsafe { lease.view(memory, self.parts[index].tensor.layout(), access) }
+        unsafe { lease.view(memory, &self.parts[index].layout, access) }
     }
 
     /// Copies `result` into written part `index` unless a provider wrote it there (the view whose
@@ -593,7 +604,7 @@ impl<'r> Call<'r> {
         written: Option<StorageId>,
         result: Tensor,
     ) -> Result<()> {
-        land(self.registry, lease, written, memory, self.parts[index].tensor.layout(), result)
+        land(self.registry, lease, written, memory, &self.parts[index].layout, result)
     }
 }
 
@@ -660,33 +671,104 @@ impl candle::InplaceOp1 for Acquire<'_, '_, '_> {
     }
 }
 
-/// Runs a functional op on read-only views of its candle tensors (named `names`, in the op's
-/// order; absent optional ones `None`) and converts its outputs to candle tensors (without a copy
-/// when the kernel's output owns its vector, as fresh outputs do).
-fn functional<const N: usize>(
-    registry: &Registry,
-    op: &'static str,
-    inputs: [Option<(&'static str, &candle::Tensor)>; N],
-    f: impl FnOnce(&[Option<Tensor>; N]) -> std::result::Result<Vec<Tensor>, CallError>,
-) -> Result<Vec<candle::Tensor>> {
-    let call = Call::new(registry, op, inputs.map(|input| input.map(|(name, tensor)| (name, tensor, Role::Read))))?;
+/// One argument of [`call`]: a candle tensor, `none` or a constant, in the op's parameter order.
+pub type CandleArg<'t> = Arg<&'t candle::Tensor, &'t str, &'t [i64]>;
+
+/// Runs any op the registry defines on candle tensors: the binding every op has by construction,
+/// read from its definition. A tensor parameter is read, except the given activations of an op with
+/// a `maybe_inplace` form (`OpDef::allow_inplace`), which are written in place with the op's first
+/// outputs (output i into the i-th given activation), under candle's write locks; the other outputs
+/// are returned as fresh candle tensors, in order. Trailing parameters with a default may be left
+/// out.
+///
+/// Every argument is checked before a byte is written: the rules of this module's "In place" before
+/// a lock is taken, the kinds and the op's meta function by the dispatch, before its kernel runs. Written tensors in separate storages are donated to
+/// the call, so an in-place kernel writes candle's memory; written tensors in one storage are
+/// computed functionally and copied back (counted as defensive copies of the op).
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use ir_core::op::Arg;
+/// use ir_ops::candle_ops;
+///
+/// let registry = ir_ops::registry();
+/// let x = Tensor::randn(0f32, 1.0, (4, 64), &Device::Cpu)?;
+/// let gate_up = Tensor::randn(0f32, 1.0, (4, 128), &Device::Cpu)?;
+/// let out = candle_ops::call(&registry, &ir_ops::silu_and_mul::SILU_AND_MUL, &[Arg::Tensor(&gate_up)])?;
+/// assert_eq!(out[0].dims(), [4, 64]);
+/// // `rms_norm(x, weight = none, epsilon)`; `variance_size` keeps its default.
+/// let y = candle_ops::call(&registry, &ir_ops::rms_norm::RMS_NORM, &[Arg::Tensor(&x), Arg::None, Arg::F64(1e-6)])?;
+/// assert_eq!(y[0].dims(), x.dims());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn call(registry: &Registry, op: &'static OpDef, args: &[CandleArg<'_>]) -> Result<Vec<candle::Tensor>> {
+    // The kinds, the defaults and the op's meta function are checked by the dispatch below, before
+    // its kernel writes anything; the overlap rules by `Call::new`, before any lock is taken.
+    if args.len() > op.params.len() {
+        let error = ir_core::op::BindError::TooManyArgs { op: op.name, expected: op.params.len(), found: args.len() };
+        return Err(CallError::from(error).into());
+    }
+    let written = |index: usize| op.allow_inplace && is_activation(op, index);
+    let parts = args.iter().enumerate().map(|(index, arg)| {
+        let role = if written(index) { Role::Written } else { Role::Read };
+        arg.as_tensor().map(|tensor| (op.params[index].name, *tensor, role))
+    });
+    let call = Call::new(registry, op.name, parts)?;
+    // Part index of each tensor argument, and the written parts in order.
+    let mut part_of: SmallVec<[Option<usize>; 8]> = SmallVec::new();
+    let mut next = 0;
+    for arg in args {
+        part_of.push(arg.as_tensor().map(|_| {
+            next += 1;
+            next - 1
+        }));
+    }
+    let written_parts: SmallVec<[usize; 4]> =
+        (0..args.len()).filter(|&index| written(index)).filter_map(|index| part_of[index]).collect();
+    let shared =
+        written_parts.iter().enumerate().any(|(i, &a)| written_parts[i + 1..].iter().any(|&b| call.same_storage(a, b)));
     let outputs = call.locked(|memories| {
-        let lease = Lease::new(op);
-        let mut views: [Option<Tensor>; N] = std::array::from_fn(|_| None);
-        let mut next = 0;
-        for (view, input) in views.iter_mut().zip(&inputs) {
-            if input.is_some() {
-                // SAFETY: read-only views of locked parts, dropped before the lease.
-                *view = Some(unsafe { call.view(&lease, next, memories[next], HostAccess::ReadOnly)? });
-                next += 1;
-            }
+        let lease = Lease::new(op.name);
+        let mut values: Vec<Value> = Vec::with_capacity(args.len());
+        let mut donated: SmallVec<[Option<StorageId>; 4]> = SmallVec::new();
+        for (index, arg) in args.iter().enumerate() {
+            let value = match (*arg, part_of[index]) {
+                (Arg::Tensor(_), Some(part)) => {
+                    let write = written(index) && !shared;
+                    let access = if write { HostAccess::ReadWrite } else { HostAccess::ReadOnly };
+                    // SAFETY: views of locked parts, dropped before the lease: a written part is
+                    // viewed writably only when no other written part shares its storage (and no
+                    // read part does: copied apart in `Call::new`).
+                    let view = unsafe { call.view(&lease, part, memories[part], access)? };
+                    if written(index) {
+                        donated.push(write.then(|| view.storage_id()));
+                    }
+                    Value::Tensor(view)
+                }
+                (constant, _) => constant.map(|_| unreachable!("tensors have parts"), str::to_owned, <[i64]>::to_vec),
+            };
+            values.push(value);
         }
-        let outputs = f(&views);
-        drop(views);
-        Ok(outputs?)
+        let overload = if donated.iter().any(Option::is_some) { Overload::MaybeInplace } else { Overload::Default };
+        let mut outputs = registry.call(op, overload, values)?;
+        let fresh = outputs.split_off(written_parts.len().min(outputs.len()));
+        for ((&part, written), output) in written_parts.iter().zip(&donated).zip(outputs) {
+            call.land(&lease, part, memories[part], *written, output)?;
+        }
+        Ok(fresh)
     })?;
     let anchor = &call.parts[0].tensor;
     outputs.into_iter().map(|t| output_to_candle(t, anchor)).collect()
+}
+
+/// Whether parameter `index` of `op` is one of its activations (`OpDef::activation_indices`, without
+/// its list).
+fn is_activation(op: &OpDef, index: usize) -> bool {
+    let Some(param) = op.params.get(index) else { return false };
+    match op.activations {
+        Activations::Default => param.kind == ParamKind::Tensor && param.name.starts_with('x'),
+        Activations::Explicit(names) => names.contains(&param.name),
+    }
 }
 
 /// `rms_norm(x, weight, epsilon)` as a fresh candle tensor (candle-nn's `ops::rms_norm`).
@@ -839,7 +921,7 @@ fn land(
     lease: &Lease,
     written: Option<StorageId>,
     target: Memory<'_>,
-    layout: &candle::Layout,
+    layout: &Layout,
     result: Tensor,
 ) -> Result<()> {
     if written == Some(result.storage_id()) {
@@ -1034,6 +1116,35 @@ pub fn fused_add_rms_norm_dynamic_per_token_quant(
     let quant = FusedQuant { scale: scale_ub, dynamic: true, out_dtype, rounding };
     let (codes, scales) = fused_quant(registry, x, residual, weight, epsilon, quant)?;
     Ok((codes, scales.expect("the per-token form returns scales")))
+}
+
+/// Runs a functional op on read-only views of its candle tensors (named `names`, in the op's
+/// order; absent optional ones `None`) and converts its outputs to candle tensors (without a copy
+/// when the kernel's output owns its vector, as fresh outputs do).
+fn functional<const N: usize>(
+    registry: &Registry,
+    op: &'static str,
+    inputs: [Option<(&'static str, &candle::Tensor)>; N],
+    f: impl FnOnce(&[Option<Tensor>; N]) -> std::result::Result<Vec<Tensor>, CallError>,
+) -> Result<Vec<candle::Tensor>> {
+    let call = Call::new(registry, op, inputs.map(|input| input.map(|(name, tensor)| (name, tensor, Role::Read))))?;
+    let outputs = call.locked(|memories| {
+        let lease = Lease::new(op);
+        let mut views: [Option<Tensor>; N] = std::array::from_fn(|_| None);
+        let mut next = 0;
+        for (view, input) in views.iter_mut().zip(&inputs) {
+            if input.is_some() {
+                // SAFETY: read-only views of locked parts, dropped before the lease.
+                *view = Some(unsafe { call.view(&lease, next, memories[next], HostAccess::ReadOnly)? });
+                next += 1;
+            }
+        }
+        let outputs = f(&views);
+        drop(views);
+        Ok(outputs?)
+    })?;
+    let anchor = &call.parts[0].tensor;
+    outputs.into_iter().map(|t| output_to_candle(t, anchor)).collect()
 }
 
 /// The quantization of a fused add + norm + quantization call.

@@ -159,8 +159,14 @@ impl<T, S: AsRef<str>, L: AsRef<[i64]>> Arg<T, S, L> {
     /// What a meta function sees of the argument, with `meta` giving a tensor's metadata.
     #[inline]
     pub fn meta_with<'a>(&'a self, meta: impl FnOnce(&'a T) -> &'a TensorMeta) -> ArgMeta<'a> {
+        self.borrowed().map(meta, |s| s, |l| l)
+    }
+
+    /// The argument borrowed: its tensor, string and list by reference.
+    #[inline]
+    pub fn borrowed(&self) -> Arg<&T, &str, &[i64]> {
         match self {
-            Arg::Tensor(t) => Arg::Tensor(meta(t)),
+            Arg::Tensor(t) => Arg::Tensor(t),
             Arg::None => Arg::None,
             Arg::F64(v) => Arg::F64(*v),
             Arg::I64(v) => Arg::I64(*v),
