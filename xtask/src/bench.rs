@@ -39,10 +39,12 @@ pub(crate) fn bench(options: BenchOptions) -> anyhow::Result<()> {
         if options.candle {
             args.extend(["--features", "candle"]);
         }
-        for bench in ["memory", "dispatch", "passes", "decoder", "copies", "decode_ops", "rounding", "model", "kernels"]
-        {
+        let candle_only: &[&str] = if options.candle { &["candle_per_call"] } else { &[] };
+        let benches =
+            ["memory", "dispatch", "passes", "decoder", "copies", "decode_ops", "rounding", "model", "kernels"];
+        for bench in benches.iter().chain(candle_only) {
             let mut run = args.clone();
-            run.extend(["--bench", bench]);
+            run.extend(["--bench", *bench]);
             cargo(&run, &envs)?;
         }
         rss::measure(&out)?;

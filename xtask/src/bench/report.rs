@@ -278,6 +278,7 @@ pub(crate) fn targets(results: &Results) -> Vec<Target> {
     let cuda_device =
         results.providers.iter().find(|p| p.provider == "cuda" && p.available).and_then(|p| p.device.clone());
     let h200 = "H200: `cuda` fused op at 16384×8192 bf16 ≥ 85% of 4.8 TB/s".to_owned();
+    targets.push(candle_per_call_target(results));
     targets.push(match (cuda_device, gbps(results, "kernels/fused_add_rms_norm/bf16/16384x8192", "cuda")) {
         (Some(device), Some(gb)) if device.contains("H200") => Target {
             name: h200,
@@ -411,6 +412,7 @@ pub(crate) fn write(
     out.push_str(&dispatch_table(results));
     out.push_str(&model_table(results));
     out.push_str(&decode_table(results));
+    out.push_str(&candle_per_call_table(results));
     out.push_str(&copies_table(results));
     out.push_str(&passes_table(results));
     out.push_str(&memory_table(results));
@@ -506,6 +508,97 @@ Whole calls as an engine makes them at one token (dispatch, views and \
     }
     out.push('\n');
     out
+}
+
+/// The ops `candle per call` measures.
+const PER_CALL_OPS: [&str; 3] = ["rms_norm", "fused_add_rms_norm", "silu_and_mul"];
+
+/// One `candle per call` measurement: `candle_ops`, the direct kernel and candle-nn, in ns.
+struct PerCall {
+    dtype: String,
+    shape: String,
+    op: &'static str,
+    ours: f64,
+    direct: Option<f64>,
+    candle_nn: Option<f64>,
+}
+
+impl PerCall {
+    /// The cost target: no slower than candle-nn, and no slower than 1.2× the direct kernel + 100 ns.
+    fn met(&self) -> bool {
+        self.candle_nn.is_none_or(|nn| self.ours <= nn) && self.direct.is_none_or(|d| self.ours <= 1.2 * d + 100.0)
+    }
+}
+
+fn per_call(results: &Results) -> Vec<PerCall> {
+    let mut rows = Vec::new();
+    for group in results.groups("candle_per_call/") {
+        let parts: Vec<&str> = group.split('/').collect();
+        let [_, dtype, shape] = parts.as_slice() else { continue };
+        for op in PER_CALL_OPS {
+            let time = |who: &str| results.get(&group, &format!("{op}/{who}")).map(|m| m.median_ns);
+            let Some(ours) = time("candle_ops") else { continue };
+            rows.push(PerCall {
+                dtype: (*dtype).to_owned(),
+                shape: (*shape).to_owned(),
+                op,
+                ours,
+                direct: time("direct"),
+                candle_nn: time("candle-nn"),
+            });
+        }
+    }
+    rows
+}
+
+/// `candle per call`: `candle_ops` at one token beside the direct kernel and candle-nn.
+fn candle_per_call_table(results: &Results) -> String {
+    let mut out = String::from(
+        "## Candle per call
+
+One token's call through `candle_ops` on candle tensors (locks, views, dispatch and output \
+         included), the cpu kernel called directly on this project's tensors, and candle-nn's equivalent, in the \
+         same run, at every hidden size from 256 to 8192 (`benches/candle_per_call.rs`). Target: `candle_ops` \
+         ≤ candle-nn and ≤ 1.2× direct + 100 ns.\n\n| dtype | shape | op | candle_ops | direct | candle-nn | \
+         target |\n|---|---|---|---:|---:|---:|---|\n",
+    );
+    let rows = per_call(results);
+    for row in &rows {
+        let cell = |t: Option<f64>| t.map_or("—".to_owned(), fmt_time);
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            row.dtype,
+            row.shape,
+            row.op,
+            fmt_time(row.ours),
+            cell(row.direct),
+            cell(row.candle_nn),
+            if row.met() { "met" } else { "missed" }
+        ));
+    }
+    if rows.is_empty() {
+        out.push_str("| (not measured: needs `cargo xtask bench` with candle) | | | | | | |\n");
+    }
+    out.push('\n');
+    out
+}
+
+/// The `candle per call` target over every measured row.
+fn candle_per_call_target(results: &Results) -> Target {
+    let name =
+        "`candle_ops` at one token, hidden 256–8192, f32 and bf16: ≤ candle-nn and ≤ 1.2× the direct kernel + 100 ns";
+    let rows = per_call(results);
+    if rows.is_empty() {
+        return Target::not_measured(name, "built without `candle`");
+    }
+    let missed: Vec<String> =
+        rows.iter().filter(|row| !row.met()).map(|row| format!("{} {} {}", row.op, row.dtype, row.shape)).collect();
+    let measured = if missed.is_empty() {
+        format!("all {} calls", rows.len())
+    } else {
+        format!("{} of {} calls; missed: {}", rows.len() - missed.len(), rows.len(), missed.join(", "))
+    };
+    Target { name: name.to_owned(), measured, status: Status::from_bool(missed.is_empty()) }
 }
 
 /// Copies of column slices of a qkv buffer against compact copies of the same bytes.
@@ -1090,17 +1183,15 @@ mod tests {
         results.measurements.insert((group.to_owned(), provider.to_owned()), m);
     }
 
+    /// A timing of `function` in `group`.
+    fn timed(results: &mut Results, group: &str, function: &str, ns: f64) {
+        let m =
+            Measurement { group: group.to_owned(), function: function.to_owned(), median_ns: ns, per_iteration: None };
+        results.measurements.insert((group.to_owned(), function.to_owned()), m);
+    }
+
     #[test]
     fn every_no_op_overhead_decides_the_dispatch_target() {
-        let timed = |results: &mut Results, group: &str, function: &str, ns: f64| {
-            let m = Measurement {
-                group: group.to_owned(),
-                function: function.to_owned(),
-                median_ns: ns,
-                per_iteration: None,
-            };
-            results.measurements.insert((group.to_owned(), function.to_owned()), m);
-        };
         let dispatch = |results: &Results| {
             targets(results).into_iter().find(|t| t.name.starts_with("decode 1×4096: registry dispatch")).unwrap()
         };
@@ -1117,6 +1208,30 @@ mod tests {
             "{}",
             target.measured
         );
+    }
+
+    #[test]
+    fn candle_per_call_rows_meet_the_target_only_under_both_bounds() {
+        let target = |results: &Results| {
+            targets(results).into_iter().find(|t| t.name.starts_with("`candle_ops` at one token")).unwrap()
+        };
+        let mut results = Results::default();
+        assert!(matches!(target(&results).status, Status::NotMeasured(_)));
+        assert!(candle_per_call_table(&results).contains("not measured"));
+        let group = "candle_per_call/f32/1x256";
+        timed(&mut results, group, "rms_norm/candle_ops", 600.0);
+        timed(&mut results, group, "rms_norm/direct", 420.0);
+        timed(&mut results, group, "rms_norm/candle-nn", 700.0);
+        assert!(matches!(target(&results).status, Status::Met), "600 ≤ 700 and ≤ 1.2 × 420 + 100");
+        timed(&mut results, group, "silu_and_mul/candle_ops", 900.0);
+        timed(&mut results, group, "silu_and_mul/direct", 500.0);
+        timed(&mut results, group, "silu_and_mul/candle-nn", 1000.0);
+        let missed = target(&results);
+        assert!(matches!(missed.status, Status::Missed), "900 > 1.2 × 500 + 100");
+        assert!(missed.measured.contains("missed: silu_and_mul f32 1x256"), "{}", missed.measured);
+        let table = candle_per_call_table(&results);
+        assert!(table.contains("| f32 | 1x256 | rms_norm | 600 ns | 420 ns | 700 ns | met |"), "{table}");
+        assert!(table.contains("| silu_and_mul | 900 ns | 500 ns | 1.00 µs | missed |"), "{table}");
     }
 
     #[test]
