@@ -632,5 +632,7 @@ fn every_registry_op_runs_on_candle_tensors_through_its_declaration() {
     assert!(candle_ops::call(&cpu, fused, &too_many).unwrap_err().to_string().contains("takes 6 arguments"));
     let wrong_kind = candle_ops::call(&cpu, fused, &[Arg::Tensor(&x), Arg::F64(1.0), Arg::None, Arg::F64(1e-6)]);
     assert!(wrong_kind.unwrap_err().to_string().contains("x_residual"));
+    let no_tensor = candle_ops::call(&cpu, fused, &[]).unwrap_err().to_string();
+    assert!(no_tensor.contains("no candle tensor argument"), "{no_tensor}");
     assert!(bit_eq(&ours(&x), &x_before), "nothing written");
 }

@@ -90,7 +90,7 @@ use crate::gelu_and_mul::Approximate;
 use ir_core::Device;
 use ir_core::InteropError;
 use ir_core::op::StrEnum;
-use ir_core::op::{Activations, Arg, ArgMeta, OpDef, Overload, ParamKind, Value};
+use ir_core::op::{Arg, ArgMeta, OpDef, Overload, Value};
 use ir_core::registry::{CallError, Registry};
 use ir_core::storage::{CpuBuffer, DeviceBuffer, HostAccess, Storage};
 use ir_core::{DType, Layout, StorageId, Tensor, TensorError, TensorMeta};
@@ -708,13 +708,22 @@ pub fn call(registry: &Registry, op: &'static OpDef, args: &[CandleArg<'_>]) -> 
         let error = ir_core::op::BindError::TooManyArgs { op: op.name, expected: op.params.len(), found: args.len() };
         return Err(CallError::from(error).into());
     }
-    let written = |index: usize| op.allow_inplace && is_activation(op, index);
+    // The activations in the op's order: output i goes into the i-th given one. A registry defines
+    // only ops whose activations resolve; another op fails in the dispatch below.
+    let activations = if op.allow_inplace { op.activation_indices().unwrap_or_default() } else { Vec::new() };
+    let written = |index: usize| activations.contains(&index);
     let parts = args.iter().enumerate().map(|(index, arg)| {
         let role = if written(index) { Role::Written } else { Role::Read };
         arg.as_tensor().map(|tensor| (op.params[index].name, *tensor, role))
     });
     let call = Call::new(registry, op.name, parts)?;
-    // Part index of each tensor argument, and the written parts in order.
+    if call.parts.is_empty() {
+        // No candle tensor says where the outputs go.
+        return Err(
+            candle::Error::Msg(format!("{}: no candle tensor argument to place the outputs beside", op.name)).into()
+        );
+    }
+    // Part index of each tensor argument, and the written parts in the activations' order.
     let mut part_of: SmallVec<[Option<usize>; 8]> = SmallVec::new();
     let mut next = 0;
     for arg in args {
@@ -724,13 +733,14 @@ pub fn call(registry: &Registry, op: &'static OpDef, args: &[CandleArg<'_>]) -> 
         }));
     }
     let written_parts: SmallVec<[usize; 4]> =
-        (0..args.len()).filter(|&index| written(index)).filter_map(|index| part_of[index]).collect();
+        activations.iter().filter_map(|&index| part_of.get(index).copied().flatten()).collect();
     let shared =
         written_parts.iter().enumerate().any(|(i, &a)| written_parts[i + 1..].iter().any(|&b| call.same_storage(a, b)));
     let outputs = call.locked(|memories| {
         let lease = Lease::new(op.name);
         let mut values: Vec<Value> = Vec::with_capacity(args.len());
-        let mut donated: SmallVec<[Option<StorageId>; 4]> = SmallVec::new();
+        // Per part, the storage a writable view donates.
+        let mut donated: SmallVec<[Option<StorageId>; 4]> = smallvec::smallvec![None; call.parts.len()];
         for (index, arg) in args.iter().enumerate() {
             let value = match (*arg, part_of[index]) {
                 (Arg::Tensor(_), Some(part)) => {
@@ -740,9 +750,7 @@ pub fn call(registry: &Registry, op: &'static OpDef, args: &[CandleArg<'_>]) -> 
                     // viewed writably only when no other written part shares its storage (and no
                     // read part does: copied apart in `Call::new`).
                     let view = unsafe { call.view(&lease, part, memories[part], access)? };
-                    if written(index) {
-                        donated.push(write.then(|| view.storage_id()));
-                    }
+                    donated[part] = write.then(|| view.storage_id());
                     Value::Tensor(view)
                 }
                 (constant, _) => constant.map(|_| unreachable!("tensors have parts"), str::to_owned, <[i64]>::to_vec),
@@ -752,23 +760,13 @@ pub fn call(registry: &Registry, op: &'static OpDef, args: &[CandleArg<'_>]) -> 
         let overload = if donated.iter().any(Option::is_some) { Overload::MaybeInplace } else { Overload::Default };
         let mut outputs = registry.call(op, overload, values)?;
         let fresh = outputs.split_off(written_parts.len().min(outputs.len()));
-        for ((&part, written), output) in written_parts.iter().zip(&donated).zip(outputs) {
-            call.land(&lease, part, memories[part], *written, output)?;
+        for (&part, output) in written_parts.iter().zip(outputs) {
+            call.land(&lease, part, memories[part], donated[part], output)?;
         }
         Ok(fresh)
     })?;
     let anchor = &call.parts[0].tensor;
     outputs.into_iter().map(|t| output_to_candle(t, anchor)).collect()
-}
-
-/// Whether parameter `index` of `op` is one of its activations (`OpDef::activation_indices`, without
-/// its list).
-fn is_activation(op: &OpDef, index: usize) -> bool {
-    let Some(param) = op.params.get(index) else { return false };
-    match op.activations {
-        Activations::Default => param.kind == ParamKind::Tensor && param.name.starts_with('x'),
-        Activations::Explicit(names) => names.contains(&param.name),
-    }
 }
 
 /// `rms_norm(x, weight, epsilon)` as a fresh candle tensor (candle-nn's `ops::rms_norm`).
