@@ -1,6 +1,7 @@
 //! The bad-input catalogue: every erroneous input gets a typed error naming the culprit, and the
 //! legal edge cases give the correct result. IR text cases live in `tests/bad_inputs/*.ir`.
 
+use ir_core::Call;
 use std::path::Path;
 
 use ir_core::op::Overload;
@@ -65,9 +66,9 @@ fn eager_calls_name_the_culprit() {
         let err = rms_norm(&registry, &x, None, eps, None).unwrap_err();
         assert!(matches!(err, CallError::Meta(_)) && err.to_string().contains("epsilon"), "{err}");
     }
-    let err = registry.call("rms_norm", Overload::Default, vec![]).unwrap_err();
+    let err = registry.run(Call::new("rms_norm", Overload::Default, vec![])).unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm`: missing argument for parameter `x`");
-    let err = registry.call("layer_norm", Overload::Default, vec![]).unwrap_err();
+    let err = registry.run(Call::new("layer_norm", Overload::Default, vec![])).unwrap_err();
     let known = registry.ops().join(", ");
     assert!(known.starts_with("rms_norm, fused_add_rms_norm"), "{known}");
     assert_eq!(err.to_string(), format!("unknown op `layer_norm` (known: {known})"));

@@ -1,6 +1,7 @@
 //! The kernel correctness harness: every provider this machine can run, both ops, against native
 //!, plus in-place semantics through dispatch.
 
+use ir_core::Call;
 use ir_core::op::{ArgMeta, InputSpec, OpDef, Overload, Value, tolerance};
 use ir_core::{DType, Layout, Support, Tensor, TensorMeta, allclose, bit_eq, shares_storage};
 use ir_ops::fused_add_rms_norm::{self, FUSED_ADD_RMS_NORM, fused_add_rms_norm};
@@ -660,7 +661,7 @@ fn every_op_of_every_provider_matches_native_on_generated_inputs() {
                         let args = uploaded(&backend, def, &host, padded);
                         let got = backend
                             .registry
-                            .call_implementation(op, backend.provider, args)
+                            .run(Call::new(op, donating(def), args).provider(backend.provider))
                             .unwrap_or_else(|e| panic!("{label} padded={padded}: {e}"));
                         assert_eq!(got.len(), expected.len(), "{label}: output count");
                         for (index, (got, expected)) in got.iter().zip(&expected).enumerate() {
@@ -736,12 +737,14 @@ fn every_op_gives_its_declared_metadata_and_natives_values_on_transposed_activat
                             })
                             .collect()
                     };
-                    let mut runs =
-                        vec![("functional", backend.registry.call(op, Overload::Default, device_args(&args)))];
+                    let mut runs = vec![(
+                        "functional",
+                        backend.registry.run(Call::new(op, Overload::Default, device_args(&args))),
+                    )];
                     if def.allow_inplace {
                         runs.push((
                             "maybe_inplace",
-                            backend.registry.call(op, Overload::MaybeInplace, device_args(&args)),
+                            backend.registry.run(Call::new(op, Overload::MaybeInplace, device_args(&args))),
                         ));
                     }
                     for (how, got) in runs {
@@ -960,7 +963,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
                 let residual_host =
                     if padded { row_padded(&host.residual) } else { host.residual.deep_clone().unwrap() };
                 let kept = up(&residual_host);
-                let functional = backend.registry.call(op, Overload::Default, args(kept.clone())).unwrap();
+                let functional = backend.registry.run(Call::new(op, Overload::Default, args(kept.clone()))).unwrap();
                 assert_eq!(functional.len(), def.n_outputs, "{label}");
                 assert!(
                     bit_eq(&kept.to_cpu().unwrap(), &residual_host),
@@ -970,7 +973,7 @@ fn the_fused_quantizations_write_the_residual_in_place_only_when_donated() {
 
                 let donated = up(&residual_host);
                 let storage = donated.storage_id();
-                let in_place = backend.registry.call(op, Overload::MaybeInplace, args(donated)).unwrap();
+                let in_place = backend.registry.run(Call::new(op, Overload::MaybeInplace, args(donated))).unwrap();
                 assert_eq!(
                     in_place[0].storage_id(),
                     storage,
@@ -1298,7 +1301,7 @@ fn norm_quantizations_take_every_weight_dtype_the_norms_take() {
                     let metas: Vec<ArgMeta<'_>> = device_args.iter().map(Value::meta).collect();
                     let selection = backend.registry.select(op, &metas).unwrap();
                     assert_eq!(selection.provider, backend.provider, "{label}: {:?}", selection.rejected);
-                    let got = backend.registry.call(op, Overload::Default, device_args).unwrap();
+                    let got = backend.registry.run(Call::new(op, Overload::Default, device_args)).unwrap();
                     let expected = (def.native)(&args(&|t| t.clone())).unwrap();
                     for (index, (a, b)) in got.iter().zip(&expected).enumerate() {
                         let a = a.to_cpu().unwrap().contiguous().unwrap();
@@ -1378,7 +1381,7 @@ fn norm_quantizations_with_dtype_rounding_are_the_dtype_pair() {
                 }
 
                 let up = |t: &Tensor| backend.upload(t).unwrap();
-                let got = backend.registry.call(op, Overload::Default, args(&up, Rounding::Dtype));
+                let got = backend.registry.run(Call::new(op, Overload::Default, args(&up, Rounding::Dtype)));
                 let got: Vec<Tensor> = got
                     .unwrap_or_else(|e| panic!("{label}: {e}"))
                     .iter()
@@ -1611,7 +1614,8 @@ fn in_place_rotary_and_fused_quantizations_leave_every_element_outside_the_layou
                         ]
                     };
                     let device_args = args(up(&host.x), residual, up(&host.weight), up(&scale));
-                    let outputs = backend.registry.call(def.name, Overload::MaybeInplace, device_args).unwrap();
+                    let outputs =
+                        backend.registry.run(Call::new(def.name, Overload::MaybeInplace, device_args)).unwrap();
                     assert_outside_unchanged(&format!("{label}: residual"), &outputs[0], &before, &layout);
                     let host_args = args(host.x.clone(), host.residual.clone(), host.weight.clone(), scale.clone());
                     let expected = (def.native)(&host_args).unwrap();
@@ -1654,6 +1658,12 @@ fn uploaded(backend: &Backend, def: &OpDef, host: &[Value], padded: bool) -> Vec
         .collect()
 }
 
+/// The overload a call of one named provider takes: its activations donated where the op has an
+/// in-place form (what a lowered graph's `impl` node passes).
+fn donating(def: &OpDef) -> Overload {
+    if def.allow_inplace { Overload::MaybeInplace } else { Overload::Default }
+}
+
 /// `op` on `backend` with the generated `host` arguments, its activations compact or with padded
 /// rows: the outputs on the host, and the kernels the call launched.
 fn run_logged(
@@ -1666,7 +1676,7 @@ fn run_logged(
     kernel_support::emu::take_launches();
     let got = backend
         .registry
-        .call_implementation(def.name, backend.provider, args)
+        .run(Call::new(def.name, donating(def), args).provider(backend.provider))
         .unwrap_or_else(|e| panic!("{} {} padded={padded}: {e}", backend.provider, def.name));
     let launches = kernel_support::emu::take_launches();
     (got.iter().map(|t| t.to_cpu().unwrap()).collect(), launches)

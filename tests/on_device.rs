@@ -8,6 +8,7 @@
 //! the call is. Its own test binary: the round-trip counter is process-wide, and no test here may
 //! make a round trip.
 
+use ir_core::Call;
 use ir_core::op::{InputSpec, Overload, Value};
 use ir_core::storage::host_round_trips;
 use ir_core::{DType, EagerContext, Registry, Tensor, TensorMeta, allclose, bit_eq};
@@ -155,13 +156,14 @@ fn arguments_the_kernels_reject_by_layout_run_on_compact_copies_on_the_device() 
                 assert_eq!(selection.provider, label, "{case}: {:?}", selection.rejected);
                 assert!(!selection.compacted.is_empty(), "{case}: some argument is made compact");
                 let before = host_round_trips();
-                let expected = backend.registry.call(def.name, Overload::Default, compact(&inputs)).unwrap();
-                let got = backend.registry.call(def.name, Overload::Default, args).unwrap();
+                let expected = backend.registry.run(Call::new(def.name, Overload::Default, compact(&inputs))).unwrap();
+                let got = backend.registry.run(Call::new(def.name, Overload::Default, args)).unwrap();
                 let inputs_after = odd(&inputs);
                 let donated: Vec<_> =
                     inputs_after.iter().filter_map(Value::as_tensor).map(|t| t.storage_id()).collect();
                 let in_place = if def.allow_inplace {
-                    let outputs = backend.registry.call(def.name, Overload::MaybeInplace, inputs_after).unwrap();
+                    let outputs =
+                        backend.registry.run(Call::new(def.name, Overload::MaybeInplace, inputs_after)).unwrap();
                     for output in &outputs {
                         assert!(!output.device().is_cpu(), "{case}: on the device");
                     }

@@ -6,6 +6,7 @@
 //! The mutated source is planted process-wide (`kernels_cuda::emu::plant`), so these tests have a
 //! binary of their own.
 
+use ir_core::Call;
 use ir_core::op::{Overload, Value, tolerance};
 use ir_core::{DType, Registry, Tensor, TensorMeta, allclose, bit_eq};
 use kernels_cuda::emu::{SourceEdit, plant};
@@ -43,7 +44,7 @@ fn assert_caught(registry: &Registry, op: &'static ir_core::op::OpDef, args: Vec
         args.iter().map(|v| if let Value::Tensor(t) = v { Value::Tensor(upload(t)) } else { v.clone() }).collect()
     };
     let run = || -> Result<Vec<Tensor>, String> {
-        let outputs = registry.call(op.name, Overload::Default, device_args()).map_err(|e| e.to_string())?;
+        let outputs = registry.run(Call::new(op.name, Overload::Default, device_args())).map_err(|e| e.to_string())?;
         Ok(outputs.iter().map(|t| t.to_cpu().unwrap().contiguous().unwrap()).collect())
     };
     let good = run().unwrap_or_else(|e| panic!("{}: the source as it is fails: {e}", op.name));

@@ -175,6 +175,8 @@ mod miri;
 #[cfg(test)]
 mod modules;
 mod package;
+#[cfg(test)]
+mod paths;
 mod release;
 mod resources;
 mod test;

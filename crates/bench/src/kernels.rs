@@ -6,6 +6,8 @@
 //! implementation directly through `iter_custom`, so uploads and the restoring of in-place inputs
 //! stay outside the timed region.
 
+use ir_core::Call;
+use ir_core::op::Overload;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -280,12 +282,15 @@ impl ImplBench {
                 })
                 .collect()
         };
-        let first = registry.call_implementation(op.name, provider, upload(&inputs.values)?).map_err(|e| match e {
-            CallError::Unsupported { reason, .. } => {
-                BenchError::Rejected { provider: provider.to_owned(), case: inputs.case.to_string(), reason }
-            }
-            other => BenchError::Call(other),
-        })?;
+        let overload = if op.allow_inplace { Overload::MaybeInplace } else { Overload::Default };
+        let first = registry.run(Call::new(op.name, overload, upload(&inputs.values)?).provider(provider)).map_err(
+            |e| match e {
+                CallError::Unsupported { reason, .. } => {
+                    BenchError::Rejected { provider: provider.to_owned(), case: inputs.case.to_string(), reason }
+                }
+                other => BenchError::Call(other),
+            },
+        )?;
         inputs.check(provider, &first)?;
         let func = registry.implementation(op.name, provider)?;
         // The given activations (an absent optional one has no output to carry to the next call).

@@ -160,7 +160,7 @@ impl ExecutionContext for EagerContext<'_> {
         args: Vec<CallArg<Tensor>>,
     ) -> Result<Vec<Tensor>, CallError> {
         // An eager context's arguments are the dynamic values themselves.
-        crate::stream::with_launch_stream(self.stream.as_ref(), || self.registry.call(op, overload, args))
+        self.registry.run(crate::Call::new(op, overload, args).with_stream(self.stream.clone()))
     }
 
     /// Runs the table's computation; `copy_` writes into its first argument, which must be uniquely

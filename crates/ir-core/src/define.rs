@@ -139,7 +139,7 @@ macro_rules! define_op {
             $($param: <$ty as $crate::__macro_support::OpParam>::Given<'_>),+
         ) -> ::std::result::Result<$out, $crate::CallError> {
             $(#[allow(unused_mut)] let mut $param = $param;)+
-            let selected = registry.select_declared(&$def, &[$(<$ty as $crate::__macro_support::OpParam>::given_meta(&$param)),+])?;
+            let selected = registry.dispatch(&$def, $crate::op::Overload::MaybeInplace, &[$(<$ty as $crate::__macro_support::OpParam>::given_meta(&$param)),+])?;
             let outputs = if let Some(func) =
                 selected.typed_inplace::<$crate::define_op!(@typed_inplace_fn ($($param : $ty),+) [$out])>()
             {
@@ -200,12 +200,15 @@ macro_rules! define_op {
             $($param: <$ty as $crate::__macro_support::OpParam>::Arg<'_>),+
         ) -> ::std::result::Result<$out, $crate::CallError> {
             let metas = [$(<$ty as $crate::__macro_support::OpParam>::arg_meta($param)),+];
-            registry.call_typed::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out]), $out, _>(
-                &$def,
-                &metas,
-                |func| func($($param),+),
-                || [$(<$ty as $crate::__macro_support::OpParam>::value($param)),+],
-            )
+            let dispatch = registry.dispatch(&$def, $crate::op::Overload::Default, &metas)?;
+            match dispatch.typed_functional::<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out])>() {
+                Some(func) => dispatch.finish(func($($param),+)),
+                None => {
+                    let mut args = [$(<$ty as $crate::__macro_support::OpParam>::value($param)),+];
+                    Ok(<$out as $crate::__macro_support::OpOutputs>::from_outputs(dispatch.run_bound(&mut args)?)
+                        .expect("the registry checks the number of outputs"))
+                }
+            }
         }
     };
 
@@ -272,11 +275,9 @@ macro_rules! define_op {
                 func: impl Fn($(<$ty as $crate::__macro_support::OpParam>::InplaceArg<'_>),+) -> ::std::result::Result<$out, $crate::KernelError>
                     + Send + Sync + 'static,
             ) -> Impl {
-                // One function behind both paths: the bound-argument adapter and the typed call.
-                let typed: ::std::sync::Arc<$crate::define_op!(@typed_inplace_fn ($($param : $ty),+) [$out])> =
-                    ::std::sync::Arc::new(func);
-                let func = ::std::sync::Arc::clone(&typed);
-                Impl::Inplace($crate::ImplFunc::inplace(move |args: &mut [$crate::op::Value]| {
+                type Typed = $crate::define_op!(@typed_inplace_fn ($($param : $ty),+) [$out]);
+                // The function is stored once; the bound-argument path runs it through this adapter.
+                Impl::Inplace($crate::ImplFunc::typed::<Typed>(true, ::std::boxed::Box::new(func), |func, args| {
                     let mut index = 0..;
                     $(let $param = <$ty as $crate::__macro_support::OpParam>::take(args, index.next().expect("unbounded"))?;)+
                     let mut index = 0..;
@@ -285,7 +286,7 @@ macro_rules! define_op {
                         .ok_or_else(|| $crate::op::mismatched(stringify!($name)))?;)+
                     let outputs: $out = func($($param),+)?;
                     Ok(<$out as $crate::__macro_support::OpOutputs>::into_handles(outputs))
-                }).with_typed(::std::sync::Arc::new(typed)))
+                }))
             }
         }
 
@@ -302,16 +303,13 @@ macro_rules! define_op {
     };
 
     (@functional $name:ident $func:ident ($($param:ident : $ty:ty),+) $out:ty) => {{
-        // One function behind both paths: the bound-argument adapter and the typed call.
-        let typed: ::std::sync::Arc<$crate::define_op!(@typed_fn ($($param : $ty),+) [$out])> =
-            ::std::sync::Arc::new($func);
-        let func = ::std::sync::Arc::clone(&typed);
-        $crate::ImplFunc::functional(move |args: &[$crate::op::Value]| {
+        type Typed = $crate::define_op!(@typed_fn ($($param : $ty),+) [$out]);
+        // The function is stored once; the bound-argument path runs it through this adapter.
+        $crate::ImplFunc::typed::<Typed>(false, ::std::boxed::Box::new($func), |func, args| {
             let mut index = 0..;
             $(let $param = args.get(index.next().expect("unbounded")).and_then(<$ty as $crate::__macro_support::OpParam>::arg)
                 .ok_or_else(|| $crate::op::mismatched(stringify!($name)))?;)+
             Ok(<$out as $crate::__macro_support::OpOutputs>::into_handles(func($($param),+)?))
         })
-        .with_typed(::std::sync::Arc::new(typed))
     }};
 }

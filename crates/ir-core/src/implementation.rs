@@ -85,32 +85,52 @@ impl fmt::Debug for ImplSpec {
     }
 }
 
-/// The type-erased function the registry calls: bound arguments in (tensors an in-place
-/// implementation writes are taken out of the list), outputs out; neither list allocates.
-pub(crate) type ErasedImpl = Arc<dyn Fn(&mut [Value]) -> Result<Outputs, KernelError> + Send + Sync>;
+/// The function an implementation stores, once: a [`Stored`] of its typed function.
+pub(crate) type StoredFn = dyn std::any::Any + Send + Sync;
 
-/// An implementation function with its in-place flag.
+/// How the registry runs a stored function on bound arguments (tensors an in-place implementation
+/// writes are taken out of the list).
+pub(crate) type RunBound = fn(&StoredFn, &mut [Value]) -> Result<Outputs, KernelError>;
+
+/// A function over bound arguments, what the dynamic constructors store.
+type BoundFn = dyn Fn(&mut [Value]) -> Result<Outputs, KernelError> + Send + Sync;
+
+/// A typed function `F` and the plain function that runs it on bound arguments.
+struct Stored<F: ?Sized> {
+    run: fn(&F, &mut [Value]) -> Result<Outputs, KernelError>,
+    func: Box<F>,
+}
+
+/// Runs a [`Stored<F>`] on bound arguments: one instance per function type, so the erased path
+/// is a plain function pointer.
+fn run_stored<F: ?Sized + 'static>(stored: &StoredFn, args: &mut [Value]) -> Result<Outputs, KernelError> {
+    match stored.downcast_ref::<Stored<F>>() {
+        Some(stored) => (stored.run)(&stored.func, args),
+        None => Err(KernelError::InvalidArguments { reason: "an implementation holds another function type".into() }),
+    }
+}
+
+/// An implementation function with its in-place flag, stored once: the registry's typed calls run
+/// it on the caller's arguments as they are, the dynamic calls (bound arguments) through an adapter
+/// that is a plain function, not a second copy.
 ///
-/// Typed constructors live beside each op (`rms_norm::RmsNormImpl`); these dynamic ones serve ops
+/// Typed constructors live beside each op (its `register` and `Impl`); these dynamic ones serve ops
 /// defined at run time, whose argument lists the registry has bound before every call. A function
 /// may return its outputs as a `Vec<Tensor>` or as [`Outputs`] (inline, no allocation).
 #[derive(Clone)]
 pub struct ImplFunc {
     pub(crate) inplace: bool,
-    pub(crate) call: ErasedImpl,
-    pub(crate) typed: Option<TypedImpl>,
+    pub(crate) func: Arc<StoredFn>,
+    pub(crate) run_bound: RunBound,
 }
-
-/// The typed function behind a functional implementation (an `Arc` of the op's typed `dyn Fn`),
-/// which the typed call path runs on the caller's borrowed arguments.
-pub(crate) type TypedImpl = Arc<dyn std::any::Any + Send + Sync>;
 
 impl ImplFunc {
     /// A functional implementation over bound arguments; it must not write any argument.
     pub fn functional<O: Into<Outputs>>(
         f: impl Fn(&[Value]) -> Result<O, KernelError> + Send + Sync + 'static,
     ) -> ImplFunc {
-        ImplFunc { inplace: false, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)), typed: None }
+        let f: Box<BoundFn> = Box::new(move |args: &mut [Value]| f(args).map(Into::into));
+        ImplFunc::typed(false, f, |f, args| f(args))
     }
 
     /// An in-place implementation: it receives the bound arguments, every activation uniquely owned
@@ -119,18 +139,22 @@ impl ImplFunc {
     pub fn inplace<O: Into<Outputs>>(
         f: impl Fn(&mut [Value]) -> Result<O, KernelError> + Send + Sync + 'static,
     ) -> ImplFunc {
-        ImplFunc { inplace: true, call: Arc::new(move |args: &mut [Value]| f(args).map(Into::into)), typed: None }
+        let f: Box<BoundFn> = Box::new(move |args: &mut [Value]| f(args).map(Into::into));
+        ImplFunc::typed(true, f, |f, args| f(args))
     }
 
-    /// The same implementation with its typed function attached: `typed` holds an `Arc<F>` of the
-    /// op's typed signature `F` (a `dyn Fn` over the parameters' functional argument types, or their
-    /// in-place ones for an in-place implementation), the same function the dynamic one runs.
-    /// [`define_op!`](crate::define_op)'s `register` attaches it, so the op's typed calls run the
-    /// function on the caller's arguments as they are, without building argument values
-    /// ([`Registry::call_typed`](crate::Registry::call_typed),
-    /// [`Registry::select_declared`](crate::Registry::select_declared)).
-    pub fn with_typed(self, typed: Arc<dyn std::any::Any + Send + Sync>) -> ImplFunc {
-        ImplFunc { typed: Some(typed), ..self }
+    /// An implementation storing `func`, a typed function (for an op's typed calls, the op's typed
+    /// `dyn Fn`, over its functional or its in-place argument types), with `run`, the plain
+    /// function that runs it on bound arguments. [`define_op!`](crate::define_op)'s `register` and
+    /// `Impl` make these; the op's typed calls run the function on the caller's arguments as they
+    /// are.
+    #[doc(hidden)]
+    pub fn typed<F: ?Sized + Send + Sync + 'static>(
+        inplace: bool,
+        func: Box<F>,
+        run: fn(&F, &mut [Value]) -> Result<Outputs, KernelError>,
+    ) -> ImplFunc {
+        ImplFunc { inplace, func: Arc::new(Stored { run, func }), run_bound: run_stored::<F> }
     }
 
     /// Whether the implementation writes its outputs into its activations.
@@ -138,19 +162,32 @@ impl ImplFunc {
         self.inplace
     }
 
+    /// The stored function as the typed function `F` (an op's typed `dyn Fn`), when it is one.
+    #[inline]
+    pub(crate) fn typed_as<F: ?Sized + 'static>(&self) -> Option<&F> {
+        self.func.downcast_ref::<Stored<F>>().map(|stored| &*stored.func)
+    }
+
+    /// Runs the function on bound arguments.
+    #[inline]
+    pub(crate) fn run(&self, args: &mut [Value]) -> Result<Outputs, KernelError> {
+        (self.run_bound)(&*self.func, args)
+    }
+
     /// Runs the kernel on bound arguments without any of the registry's checks (arguments, the
-    /// predicate, the output contract): for tools and benchmarks that validated the same call once
-    /// through [`Registry::call_implementation`](crate::Registry::call_implementation). An in-place
-    /// implementation needs every activation uniquely owned.
+    /// predicate, the output contract): not a way to run an op, but the function a benchmark
+    /// measures against the registry's calls, after it validated the same call once through
+    /// [`Registry::run`](crate::Registry::run). An in-place implementation needs every activation
+    /// uniquely owned.
     pub fn invoke(&self, mut args: Vec<Value>) -> Result<Vec<Tensor>, KernelError> {
-        (self.call)(&mut args).map(Outputs::into_vec)
+        self.run(&mut args).map(Outputs::into_vec)
     }
 
     /// As [`ImplFunc::invoke`], on arguments the caller keeps, with no allocation of its own: a
     /// functional kernel leaves them as they are; an in-place one takes its activations out (their
     /// slots hold `none` afterwards).
     pub fn invoke_in(&self, args: &mut [Value]) -> Result<Outputs, KernelError> {
-        (self.call)(args)
+        self.run(args)
     }
 }
 

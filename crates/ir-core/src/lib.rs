@@ -92,8 +92,8 @@ pub use crate::meta::{MAX_TENSOR_BYTES, TensorMeta};
 pub use crate::op::{KernelError, OperandMismatch};
 pub use crate::platform::{ConfigError, Platform, PriorityConfig};
 pub use crate::registry::{
-    CallError, NATIVE, NameKind, OpRecord, OpRef, PriorityError, PriorityGuard, ProviderInfo, ProviderRecord,
-    RESERVED_PROVIDERS, Registry, RegistryError, Rejection, Selected, Selection, SelectionRecord,
+    Call, CallError, Dispatch, NATIVE, NameKind, OpRecord, OpRef, PriorityError, PriorityGuard, ProviderInfo,
+    ProviderRecord, RESERVED_PROVIDERS, Registry, RegistryError, Rejection, Selection, SelectionRecord,
 };
 pub use crate::tensor::{
     AllcloseError, StorageId, Tensor, TensorError, UniqueTensor, allclose, bit_eq, shares_storage,

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{capture, register_inplace, sample};
+use ir_core::Call;
 use ir_core::{CallError, DType, Layout, Tensor, bit_eq, shares_storage};
 use ir_ops::fused_add_rms_norm::{self, fused_add_rms_norm};
 use tracing::Level;
@@ -301,7 +302,7 @@ fn a_broadcast_activation_is_never_written_in_place() {
         ir_core::op::Value::None,
         ir_core::op::Value::Str("exact".to_owned()),
     ];
-    let err = registry.call("fused_add_rms_norm", ir_core::op::Overload::MaybeInplace, args).unwrap_err();
+    let err = registry.run(Call::new("fused_add_rms_norm", ir_core::op::Overload::MaybeInplace, args)).unwrap_err();
     assert!(matches!(err, CallError::OverlappingActivation { index: 1, .. }), "{err}");
     // The functional call copies the activations first, so the broadcast is only read.
     let x = broadcast();

@@ -232,11 +232,11 @@ fn dynamic_native_agrees_with_typed_native() {
     let (x, r, w) = generated(DType::F16, 4, 32, 1e-5);
     let registry = ir_ops::registry();
     let dynamic = registry
-        .call(
+        .run(ir_core::Call::new(
             "fused_add_rms_norm",
             Overload::Default,
             vec![Value::Tensor(x.clone()), Value::Tensor(r.clone()), Value::Tensor(w.clone()), Value::F64(1e-5)],
-        )
+        ))
         .unwrap();
     let (out, res) = fused_add_rms_norm::native(&x, &r, Some(&w), 1e-5, None, ir_ops::Rounding::Exact).unwrap();
     assert!(bit_eq(&dynamic[0], &out) && bit_eq(&dynamic[1], &res));

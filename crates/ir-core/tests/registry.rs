@@ -2,6 +2,7 @@
 
 mod common;
 
+use ir_core::Call;
 use std::borrow::Cow;
 
 use common::{capture, register_inplace, register_scaled_rms_norm, sample};
@@ -299,7 +300,11 @@ fn order_decides_through_typed_and_dynamic_entry_points() {
     let scaled = |f: f64| native.scale(f).unwrap();
     let dynamic = |registry: &Registry| {
         registry
-            .call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)])
+            .run(Call::new(
+                "rms_norm",
+                Overload::Default,
+                vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)],
+            ))
             .unwrap()
             .remove(0)
     };
@@ -620,27 +625,32 @@ fn selection_on_metadata_follows_the_same_rules() {
 fn bind_fills_defaults_and_checks_kinds() {
     let registry = ir_ops::registry();
     let x = sample(DType::F32, 2, 4, 0);
-    let ok =
-        registry.call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)]);
+    let ok = registry.run(Call::new(
+        "rms_norm",
+        Overload::Default,
+        vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)],
+    ));
     assert!(ok.is_ok());
-    let err = registry.call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None]).unwrap_err();
+    let err = registry
+        .run(Call::new("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None]))
+        .unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm`: missing argument for parameter `epsilon`");
     let err = registry
-        .call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::I64(1)])
+        .run(Call::new("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::I64(1)]))
         .unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm`: parameter `epsilon` expects float, found an integer");
     let err = registry
-        .call(
+        .run(Call::new(
             "rms_norm",
             Overload::Default,
             vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6), Value::None, Value::None],
-        )
+        ))
         .unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm` takes 4 arguments but 5 were given");
-    let err = registry.call("layer_norm", Overload::Default, vec![]).unwrap_err();
+    let err = registry.run(Call::new("layer_norm", Overload::Default, vec![])).unwrap_err();
     assert!(matches!(err, CallError::UnknownOp { .. }));
     let err = registry
-        .call("rms_norm", Overload::MaybeInplace, vec![Value::Tensor(x), Value::None, Value::F64(1e-6)])
+        .run(Call::new("rms_norm", Overload::MaybeInplace, vec![Value::Tensor(x), Value::None, Value::F64(1e-6)]))
         .unwrap_err();
     assert_eq!(err, CallError::NotInplaceOp { op: "rms_norm" });
 }
@@ -764,7 +774,7 @@ fn a_panicking_predicate_is_a_rejection_with_the_panic_message() {
     assert!(bit_eq(&out, &rms_norm::native(&x, None, 1e-6, None).unwrap()), "eager dispatch fell back to native");
 
     let args = vec![Value::Tensor(x), Value::None, Value::F64(1e-6), Value::None];
-    let err = registry.call_implementation("rms_norm", "flaky", args).unwrap_err();
+    let err = registry.run(Call::new("rms_norm", Overload::Default, args).provider("flaky")).unwrap_err();
     assert!(
         matches!(&err, CallError::Unsupported { reason, .. } if reason.contains("the flaky predicate failed")),
         "{err}"
@@ -943,7 +953,11 @@ fn typed_and_dynamically_registered_functions_give_one_result_and_one_record() {
         }
         // The dynamic form of the same call selects the same provider.
         let out = registry
-            .call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)])
+            .run(Call::new(
+                "rms_norm",
+                Overload::Default,
+                vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)],
+            ))
             .unwrap();
         assert!(bit_eq(&out[0], &scaled(&x, 2.0)), "{provider}, dynamic call");
         assert_eq!(registry.selection_record().selections("rms_norm", provider), 3, "{provider}");
@@ -983,13 +997,16 @@ fn each_selection_is_made_once_per_thread_and_metadata_whatever_the_call_form() 
     let metas = [ArgMeta::Tensor(x.meta()), ArgMeta::None, ArgMeta::F64(1e-6), ArgMeta::None];
     for _ in 0..3 {
         assert!(bit_eq(&rms_norm(&registry, &x, None, 1e-6, None).unwrap(), &scaled(&x, 2.0)));
-        assert!(bit_eq(&registry.call("rms_norm", Overload::Default, values()).unwrap()[0], &scaled(&x, 2.0)));
+        assert!(bit_eq(
+            &registry.run(Call::new("rms_norm", Overload::Default, values())).unwrap()[0],
+            &scaled(&x, 2.0)
+        ));
         assert_eq!(registry.select("rms_norm", &metas).unwrap().provider, "p");
     }
     assert_eq!(runs.load(Relaxed), 1, "typed, dynamic and lowering calls share one remembered selection");
     // A lowered graph's call of the named provider is remembered under its own key.
     for _ in 0..3 {
-        let out = registry.call_implementation("rms_norm", "p", values()).unwrap();
+        let out = registry.run(Call::new("rms_norm", Overload::Default, values()).provider("p")).unwrap();
         assert!(bit_eq(&out[0], &scaled(&x, 2.0)));
     }
     assert_eq!(runs.load(Relaxed), 2, "the named provider's predicate ran once for three calls");
@@ -1014,7 +1031,7 @@ fn each_selection_is_made_once_per_thread_and_metadata_whatever_the_call_form() 
     assert_eq!(runs.load(Relaxed), 5);
     // An unknown provider is an error at every call, never remembered.
     for _ in 0..2 {
-        let err = registry.call_implementation("rms_norm", "missing", values()).unwrap_err();
+        let err = registry.run(Call::new("rms_norm", Overload::Default, values()).provider("missing")).unwrap_err();
         assert!(matches!(&err, CallError::UnknownProvider { provider, .. } if provider == "missing"), "{err}");
     }
 }

@@ -1,13 +1,13 @@
-//! A selection held past the end of its thread's dispatch state: a `Selected` (public, from
-//! `Registry::select_declared`) kept in a thread-local that is destroyed after the registry's
+//! A selection held past the end of its thread's dispatch state: a `Dispatch` (public, from
+//! `Registry::dispatch`) kept in a thread-local that is destroyed after the registry's
 //! per-thread state must still be sound to use and to drop. Small enough to run under Miri, which
 //! CI does (`cargo xtask miri`).
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use ir_core::op::ArgMeta;
-use ir_core::{DType, Registry, Selected, Tensor};
+use ir_core::op::{ArgMeta, Overload};
+use ir_core::{DType, Dispatch, Registry, Tensor};
 use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 
 fn registry() -> &'static Registry {
@@ -22,7 +22,7 @@ fn registry() -> &'static Registry {
 thread_local! {
     /// Registered (first touched) before any dispatch on the thread, so it is destroyed after the
     /// dispatch state that the thread's calls set up.
-    static KEPT: RefCell<Option<(Selected<'static>, Tensor)>> = const { RefCell::new(None) };
+    static KEPT: RefCell<Option<(Dispatch<'static>, Tensor)>> = const { RefCell::new(None) };
 }
 
 #[test]
@@ -35,8 +35,8 @@ fn a_selection_kept_in_a_thread_local_outlives_the_threads_dispatch_state() {
         let metas =
             [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(r.meta()), ArgMeta::None, ArgMeta::F64(1e-6), ArgMeta::None];
         // The first selection is made and remembered; the second is lent from the thread's memory.
-        drop(registry.select_declared(&FUSED_ADD_RMS_NORM, &metas).unwrap());
-        let selected = registry.select_declared(&FUSED_ADD_RMS_NORM, &metas).unwrap();
+        drop(registry.dispatch(&FUSED_ADD_RMS_NORM, Overload::MaybeInplace, &metas).unwrap());
+        let selected = registry.dispatch(&FUSED_ADD_RMS_NORM, Overload::MaybeInplace, &metas).unwrap();
         let mut activation = x;
         selected.prepare_activation(&mut activation).unwrap();
         KEPT.with(|kept| *kept.borrow_mut() = Some((selected, activation)));

@@ -9,6 +9,7 @@
 //! The run is linear in the graph: an index from each live storage to the values bound to it finds
 //! a write's aliases without scanning the environment, and keeps the live bytes as a running sum.
 
+use ir_core::Call;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use cranelift_entity::SecondaryMap;
@@ -429,7 +430,8 @@ impl<'g> Run<'g> {
             }
         }
         let values = std::mem::take(&mut values);
-        let result = self.registry.call(op, if in_place { Overload::MaybeInplace } else { Overload::Default }, values);
+        let result =
+            self.registry.run(Call::new(op, if in_place { Overload::MaybeInplace } else { Overload::Default }, values));
         result.map_err(|e| self.call_error(node, e))
     }
 
@@ -451,7 +453,10 @@ impl<'g> Run<'g> {
                 constant => Self::constant(constant),
             });
             let values: Vec<Value> = values.collect();
-            return self.registry.call_implementation(op, provider, values).map_err(|e| self.call_error(node, e));
+            return self
+                .registry
+                .run(Call::new(op, Overload::Default, values).provider(provider))
+                .map_err(|e| self.call_error(node, e));
         }
         let written: Vec<ValueId> = writes
             .iter()
@@ -526,7 +531,10 @@ impl<'g> Run<'g> {
             }
         }
         let values: Vec<Value> = values.into_iter().map(|v| v.expect("every slot filled")).collect();
-        let outputs = self.registry.call_implementation(op, provider, values).map_err(|e| self.call_error(node, e))?;
+        let outputs = self
+            .registry
+            .run(Call::new(op, Overload::MaybeInplace, values).provider(provider))
+            .map_err(|e| self.call_error(node, e))?;
         for (alias, slot, layout) in aliases {
             let index = writes.iter().position(|&w| w == slot).expect("aliases belong to written slots");
             let rebound = outputs[index].as_strided(layout).map_err(|e| self.tensor_error(node, e))?;

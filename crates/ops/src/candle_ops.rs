@@ -758,7 +758,7 @@ pub fn call(registry: &Registry, op: &'static OpDef, args: &[CandleArg<'_>]) -> 
             values.push(value);
         }
         let overload = if donated.iter().any(Option::is_some) { Overload::MaybeInplace } else { Overload::Default };
-        let mut outputs = registry.call(op, overload, values)?;
+        let mut outputs = registry.run(ir_core::Call::new(op, overload, values))?;
         let fresh = outputs.split_off(written_parts.len().min(outputs.len()));
         for (&part, output) in written_parts.iter().zip(outputs) {
             call.land(&lease, part, memories[part], donated[part], output)?;

@@ -67,27 +67,43 @@
 //!
 //! # Calling an op
 //!
-//! Code calls an op through the typed functions its [`define_op!`](crate::define_op) declaration
-//! generates (`rms_norm::rms_norm(&registry, …)`, `rms_norm::call(ctx, …)`). Code that holds an op
-//! only as data (a graph's node, a configuration) uses the one dynamic call, [`Registry::call`]: the
-//! op by definition or by name ([`OpRef`]), the [`Overload`](crate::op::Overload) (functional, or
-//! `maybe_inplace`, which donates the activations) and the positional arguments. Both take the same
-//! path: the same validation, selection cache and records. [`Registry::call_implementation`] runs
-//! one named provider instead of selecting one (a lowered graph's `impl` node, the kernel harness).
+//! There are four ways to run an op, and all of them take one execution path (the `dispatch`
+//! module: the same validation, selection cache, records and output checks):
+//!
+//! 1. **The typed functions** an op's [`define_op!`](crate::define_op) declaration generates:
+//!    `rms_norm::rms_norm(&registry, …)` (functional) and `maybe_inplace(&registry, …)` (donating
+//!    the activations) on a registry, `rms_norm::call(ctx, …)` and `call_maybe_inplace(ctx, …)` on
+//!    an [`ExecutionContext`](crate::ExecutionContext) (model code that runs eagerly or is traced).
+//!    For code that knows the op it calls: typed arguments, the cheapest call.
+//! 2. **[`Registry::run`]** with a [`Call`]: the op by definition or by name ([`OpRef`]), the
+//!    [`Overload`](crate::op::Overload) (functional, or `maybe_inplace`, which donates the
+//!    activations), the positional arguments, and optionally a named provider (a lowered graph's
+//!    `impl` node) and a launch stream. For code that holds an op only as data (a graph's node, a
+//!    configuration, an engine's op table).
+//! 3. **A graph** (`vllm-ir-graph`'s `interpret`): a traced or parsed graph, usually after the
+//!    passes, whose calls run through [`Registry::run`].
+//! 4. **Candle tensors** (`vllm-ir-ops`' `candle_ops`): every op on `candle::Tensor`s, written in
+//!    place under candle's locks, through the typed path.
 //!
 //! ```
 //! use ir_core::op::{Overload, Value};
-//! use ir_core::{DType, Tensor};
+//! use ir_core::{Call, DType, Tensor};
 //!
 //! let registry = ir_ops::registry();
 //! let x = Tensor::ones(DType::F32, &[2, 8])?;
-//! let by_name = registry.call("rms_norm", Overload::Default, vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)])?;
+//! let args = || vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)];
+//! let by_name = registry.run(Call::new("rms_norm", Overload::Default, args()))?;
 //! let def = &ir_ops::rms_norm::RMS_NORM;
 //! // `variance_size`, a trailing parameter with a default, may be left out.
-//! let by_def = registry.call(def, Overload::Default, vec![Value::Tensor(x), Value::None, Value::F64(1e-6)])?;
+//! let by_def = registry.run(Call::new(def, Overload::Default, args()))?;
 //! assert!(ir_core::bit_eq(&by_name[0], &by_def[0]));
+//! let typed = ir_ops::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
+//! assert!(ir_core::bit_eq(&by_name[0], &typed));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! [`Registry::implementation`] hands out a registered function for a benchmark to time without
+//! the registry (none of its checks run): it is not a way to run an op.
 //!
 //! # Native fallbacks
 //!
@@ -128,7 +144,7 @@
 //! metadata. Every change a selection could see (an op defined, a provider replaced, an installed
 //! list published) advances the generation, so a remembered selection is what selection would
 //! return now. A repeated call (typed, dynamic, [`Registry::select`] in lowering, or a lowered
-//! graph's [`Registry::call_implementation`]) runs no predicate and no meta function, reads
+//! graph's `impl` node, [`Call::provider`](crate::Call::provider)) runs no predicate and no meta function, reads
 //! no shared table, takes no lock and allocates nothing of its own: one atomic load of the
 //! generation and the key comparison. Each thread keeps up to 64 selections, 8 per set of ops; a
 //! remembered selection keeps its implementations alive until its slot is reused or the thread
@@ -156,8 +172,10 @@
 
 mod cache;
 mod dispatch;
+mod error;
 mod priority;
 mod record;
+mod select;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -168,11 +186,13 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 use arc_swap::{ArcSwap, ArcSwapOption};
 use indexmap::IndexMap;
 
-use crate::implementation::{ErasedImpl, ImplFunc};
+use crate::implementation::ImplFunc;
 use crate::op::{OpDef, ParamKind, is_reserved, is_valid_name};
-pub use crate::registry::dispatch::{CallError, OpRef, Rejection, Selected, Selection};
+pub use crate::registry::dispatch::{Call, Dispatch};
+pub use crate::registry::error::CallError;
 pub use crate::registry::priority::{PriorityError, PriorityGuard, merge};
 pub use crate::registry::record::{OpRecord, ProviderRecord, SelectionRecord};
+pub use crate::registry::select::{OpRef, Rejection, Selection};
 use crate::{Availability, ImplSpec, SupportsFn};
 
 /// The provider name of every op's reference implementation.
@@ -414,10 +434,8 @@ pub(crate) struct ImplEntry {
     detects_platform: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
     pub(crate) supports: Option<SupportsFn>,
     pub(crate) inplace: bool,
-    pub(crate) call: ErasedImpl,
-    /// The typed function of a functional implementation registered through its op's typed
-    /// `register` ([`crate::ImplFunc::with_typed`]).
-    pub(crate) typed: Option<crate::implementation::TypedImpl>,
+    /// The function, stored once (typed, or over bound arguments).
+    pub(crate) func: ImplFunc,
     pub(crate) selections: AtomicU64,
     pub(crate) last_rejection: Mutex<Option<Arc<str>>>,
 }
@@ -501,8 +519,7 @@ impl Registry {
             detects_platform: None,
             supports: None,
             inplace: false,
-            call: Arc::new(move |args| native_fn(args)),
-            typed: None,
+            func: ImplFunc::typed(false, Box::new(native_fn), |native, args| native(args)),
             selections: AtomicU64::new(0),
             last_rejection: Mutex::new(None),
         });
@@ -628,8 +645,7 @@ impl Registry {
             detects_platform: spec.detects_platform,
             supports: spec.supports,
             inplace: func.inplace,
-            call: func.call,
-            typed: func.typed,
+            func,
             selections: AtomicU64::new(0),
             last_rejection: Mutex::new(None),
         });
