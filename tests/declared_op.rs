@@ -79,11 +79,11 @@ fn native(x: &Tensor, cap: f64, mode: CapMode, bias: Option<&Tensor>) -> Result<
     Ok(capped(x, cap, mode, bias)?)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let view = SoftCapArgs::from_meta(args).ok_or(MetaError::Kind { op: "soft_cap", param: "x" })?;
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let view = SoftCapArgs::from_meta(args).ok_or(MetaError::Kind { op: def.name, param: "x" })?;
     if view.cap.is_nan() || view.cap <= 0.0 {
         return Err(MetaError::Scalar {
-            op: "soft_cap",
+            op: def.name,
             param: "cap",
             value: view.cap.to_string(),
             reason: "must be positive".to_owned(),
@@ -93,7 +93,7 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
         && bias.shape() != [*view.x.shape().last().unwrap_or(&0)]
     {
         return Err(MetaError::Shape {
-            op: "soft_cap",
+            op: def.name,
             param: "bias",
             shape: bias.shape().to_vec(),
             expected: "must be [H]",

@@ -725,7 +725,7 @@ fn every_op_gives_its_declared_metadata_and_natives_values_on_transposed_activat
                         .collect();
                     let expected = (def.native)(&args).unwrap_or_else(|e| panic!("{label}: native: {e}"));
                     let metas: Vec<ArgMeta<'_>> = args.iter().map(Value::meta).collect();
-                    let declared = (def.meta)(&metas).unwrap();
+                    let declared = (def.meta)(def, &metas).unwrap();
                     for (index, (e, d)) in expected.iter().zip(&declared).enumerate() {
                         assert_eq!(e.meta(), d, "{label}: native's output {index} is what the op declares");
                     }

@@ -54,8 +54,8 @@ fn native(args: &[Value]) -> Result<Outputs, KernelError> {
     Ok(smallvec![shifted_square_values(x, shift)?])
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let x = args[0].tensor().ok_or(MetaError::Kind { op: "shifted_square", param: "x" })?;
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let x = args[0].tensor().ok_or(MetaError::Kind { op: def.name, param: "x" })?;
     Ok(ir_core::op::smallvec![TensorMeta { layout: x.layout.copy_layout(), ..x.clone() }])
 }
 
@@ -219,7 +219,7 @@ fn kinds_shape_and_dtype(args: &[ArgMeta<'_>]) -> Result<(Vec<usize>, DType), Me
     Ok((shape, dtype))
 }
 
-fn kinds_meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+fn kinds_meta(_: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let (shape, dtype) = kinds_shape_and_dtype(args)?;
     Ok(ir_core::op::smallvec![TensorMeta::compact(dtype, &shape)])
 }

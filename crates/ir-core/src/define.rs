@@ -23,7 +23,7 @@
 ///         outputs: Tensor,
 ///         inplace: false,
 ///         native: negate_native,
-///         meta: |args| Ok(ir_core::op::smallvec![args[0].tensor().unwrap().clone()]),
+///         meta: |_def, args| Ok(ir_core::op::smallvec![args[0].tensor().unwrap().clone()]),
 ///         generate: |_spec| Ok(vec![Value::Tensor(Tensor::ones(ir_core::DType::F32, &[2, 4])?)]),
 ///         tolerances: &[],
 ///         description: "negation",

@@ -32,7 +32,7 @@
 //!         outputs: Tensor,
 //!         inplace: false,
 //!         native: |x: &Tensor| -> Result<Tensor, KernelError> { Ok(x.scale(-1.0)?) },
-//!         meta: |args| Ok(smallvec![args[0].tensor().ok_or(MetaError::Kind { op: "negate", param: "x" })?.clone()]),
+//!         meta: |def, args| Ok(smallvec![args[0].tensor().ok_or(MetaError::Kind { op: def.name, param: "x" })?.clone()]),
 //!         generate: |spec: &InputSpec| Ok(vec![Value::Tensor(Tensor::ones(spec.dtype, &[2, 4])?)]),
 //!         tolerances: &[],
 //!         description: "negation",

@@ -128,7 +128,7 @@ fn variance_size_out_of_range_is_an_error() {
             ir_core::op::ArgMeta::F64(1e-6),
             ir_core::op::ArgMeta::I64(bad),
         ];
-        let err = (rms_norm::RMS_NORM.meta)(&args).unwrap_err();
+        let err = (rms_norm::RMS_NORM.meta)(&rms_norm::RMS_NORM, &args).unwrap_err();
         assert!(matches!(&err, MetaError::Scalar { param: "variance_size", .. }), "{err}");
         assert!(err.to_string().contains("must lie in 1..=8"), "{err}");
     }

@@ -23,8 +23,11 @@ fn identity_native(args: &[Value]) -> Result<ir_core::op::Outputs, KernelError> 
     Ok(ir_core::op::smallvec![x.deep_clone()?])
 }
 
-fn identity_meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let x = args[0].tensor().ok_or(MetaError::Kind { op: "test", param: "x" })?;
+fn identity_meta(
+    def: &'static ir_core::op::OpDef,
+    args: &[ArgMeta<'_>],
+) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let x = args[0].tensor().ok_or(MetaError::Kind { op: def.name, param: "x" })?;
     Ok(ir_core::op::smallvec![TensorMeta { layout: x.layout.copy_layout(), ..x.clone() }])
 }
 

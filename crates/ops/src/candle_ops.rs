@@ -1038,7 +1038,8 @@ pub fn rotary_embedding(
             ArgMeta::Bool(is_neox_style),
             ArgMeta::Str(rounding.as_str()),
         ];
-        (crate::rotary_embedding::ROTARY_EMBEDDING.meta)(&args).map_err(CallError::from)?;
+        (crate::rotary_embedding::ROTARY_EMBEDDING.meta)(&crate::rotary_embedding::ROTARY_EMBEDDING, &args)
+            .map_err(CallError::from)?;
     }
     call.locked(|memories| {
         let lease = Lease::new(OP);

@@ -36,29 +36,28 @@ ir_core::define_op! {
     }
 }
 
-const OP: &str = "dynamic_per_token_scaled_fp8_quant";
-
 /// The reference implementation (the semantics).
 pub fn native(x: &Tensor, scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<(Tensor, Tensor), KernelError> {
     let ub_meta = scale_ub.map_or(ArgMeta::None, |t| ArgMeta::Tensor(t.meta()));
     let args = [ArgMeta::Tensor(x.meta()), ub_meta, ArgMeta::DType(out_dtype)];
-    meta(&args)?;
+    meta(&DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT, &args)?;
     let ub = scale_ub.map(scale_value).transpose()?;
     let (q, scales) = quantize_host(x, QuantScale::Dynamic(ub), out_dtype, crate::Rounding::Exact)?;
     let scales = scales.expect("a dynamic quantization has scales");
     Ok((to_device_of(q, x)?, to_device_of(scales, x)?))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let kind = |param| MetaError::Kind { op: OP, param };
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let op = def.name;
+    let kind = |param| MetaError::Kind { op, param };
     let x = args.first().and_then(ArgMeta::tensor).ok_or(kind("x"))?;
-    check_x(OP, x)?;
+    check_x(op, x)?;
     match args.get(1) {
         Some(ArgMeta::None) => {}
-        Some(ArgMeta::Tensor(ub)) => check_scale(OP, "scale_ub", ub, x)?,
+        Some(ArgMeta::Tensor(ub)) => check_scale(op, "scale_ub", ub, x)?,
         _ => return Err(kind("scale_ub")),
     }
-    let dtype = fp8_dtype(OP, args, 2)?;
+    let dtype = fp8_dtype(op, args.get(DynamicPerTokenScaledFp8QuantArgs::out_dtype))?;
     Ok(ir_core::op::smallvec![quantized_meta(x, dtype), scales_meta(x)])
 }
 

@@ -37,7 +37,7 @@
 //! ```
 
 use crate::Rounding;
-use crate::norm_math::{NormParams, native_norm, norm_meta};
+use crate::norm_math::{native_norm, norm_meta};
 use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, StrEnum, Value};
 use ir_core::{KernelError, Tensor, TensorError};
 
@@ -70,15 +70,6 @@ ir_core::define_op! {
     }
 }
 
-const PARAMS: NormParams = NormParams {
-    op: "fused_add_rms_norm",
-    x: FusedAddRmsNormArgs::x,
-    residual: Some(FusedAddRmsNormArgs::x_residual),
-    weight: FusedAddRmsNormArgs::weight,
-    epsilon: FusedAddRmsNormArgs::epsilon,
-    variance_size: Some(FusedAddRmsNormArgs::variance_size),
-};
-
 /// The typed implementation of either kind (the declaration's [`Impl`]).
 pub type FusedAddRmsNormImpl = Impl;
 
@@ -95,8 +86,8 @@ pub fn native(
     Ok((out, residual_out.expect("a residual was given")))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    norm_meta(&PARAMS, args)
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    norm_meta(def, args)
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {

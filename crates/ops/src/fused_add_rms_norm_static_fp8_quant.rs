@@ -14,10 +14,8 @@
 //! are its activations', one per activation in order, and the rest are fresh.
 
 use crate::Rounding;
-use crate::norm_math::{NormParams, native_norm};
-use crate::quant::{
-    QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
-};
+use crate::norm_math::native_norm;
+use crate::quant::{QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of};
 use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
 use ir_core::{DType, KernelError, Tensor, TensorError};
 
@@ -53,16 +51,6 @@ ir_core::define_op! {
     }
 }
 
-const NORM: NormParams = NormParams {
-    op: "fused_add_rms_norm_static_fp8_quant",
-    x: 0,
-    residual: Some(1),
-    weight: 2,
-    epsilon: 3,
-    variance_size: None,
-};
-const QUANT: QuantParams = QuantParams { rounding: 6, scale: 4, dynamic: false, out_dtype: 5 };
-
 /// The reference implementation: the composition of the two ops' references.
 pub fn native(
     x: &Tensor,
@@ -79,8 +67,8 @@ pub fn native(
     Ok((to_device_of(residual_out, x)?, to_device_of(q, x)?))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    norm_quant_meta(&NORM, &QUANT, args)
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    norm_quant_meta(def, args)
 }
 
 /// `x, x_residual ~ N(0, 1)`, `weight ~ N(1, 0.1)`, scale `3 / 448`.

@@ -58,13 +58,13 @@ ir_core::define_op! {
 
 /// The reference implementation (the semantics).
 pub fn native(x: &Tensor, approximate: Approximate) -> Result<Tensor, KernelError> {
-    native_gated("gelu_and_mul", x, |gate, dtype| {
+    native_gated(GELU_AND_MUL.name, x, |gate, dtype| {
         gate.iter_mut().for_each(|g| *g = dtype.round(approximate.gelu(*g)));
     })
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    gated_meta_only_x("gelu_and_mul", args)
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    gated_meta_only_x(def.name, args)
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {

@@ -51,7 +51,7 @@ pub const STD_MULTIPLIER_95: f64 = 1.644_853_626_951_472_2;
 
 /// The reference implementation (the semantics).
 pub fn native(x: &Tensor, std_multiplier: f64, approximate: Approximate) -> Result<Tensor, KernelError> {
-    native_gated("gelu_and_mul_sparse", x, |gate, dtype| {
+    native_gated(GELU_AND_MUL_SPARSE.name, x, |gate, dtype| {
         let n = gate.len() as f64;
         let mean = gate.iter().sum::<f64>() / n;
         let std = (gate.iter().map(|g| (g - mean) * (g - mean)).sum::<f64>() / n).sqrt();
@@ -65,8 +65,8 @@ pub fn native(x: &Tensor, std_multiplier: f64, approximate: Approximate) -> Resu
     })
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let op = "gelu_and_mul_sparse";
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let op = def.name;
     let args = GeluAndMulSparseArgs::from_meta(args).ok_or(MetaError::Kind { op, param: "x" })?;
     if !args.std_multiplier.is_finite() {
         let value = format!("{:?}", args.std_multiplier);
@@ -126,7 +126,7 @@ mod tests {
         let x = TensorMeta::compact(DType::F32, &[2, 8]);
         for bad in [f64::NAN, f64::INFINITY] {
             let args = [ArgMeta::Tensor(&x), ArgMeta::F64(bad), ArgMeta::Str("none")];
-            let err = meta(&args).unwrap_err().to_string();
+            let err = meta(&GELU_AND_MUL_SPARSE, &args).unwrap_err().to_string();
             assert!(err.contains("`std_multiplier`") && err.contains("must be finite"), "{err}");
         }
     }

@@ -5,31 +5,23 @@
 //! one rounding to f32 gives the correctly rounded f32 result (f64 has more than 2·24 + 2 bits), so
 //! this is exactly f32 arithmetic.
 
-use ir_core::op::{ArgMeta, MetaError};
+use ir_core::op::{ArgMeta, MetaError, OpDef};
 use ir_core::{Tensor, TensorError, TensorMeta};
 
-/// Positions of the arguments in an op's bound argument list.
-pub(crate) struct NormParams {
-    pub(crate) op: &'static str,
-    pub(crate) x: usize,
-    pub(crate) residual: Option<usize>,
-    pub(crate) weight: usize,
-    pub(crate) epsilon: usize,
-    /// `None` for ops without the parameter (the norm + quantization ops).
-    pub(crate) variance_size: Option<usize>,
-}
-
-/// The meta function of both norms.
-pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let op = p.op;
+/// The meta function of both norms, and the norm's checks of the norm + quantization ops: reads
+/// the parameters by name from `def` (`x`, `weight`, `epsilon`, and `x_residual` and
+/// `variance_size` where the op has them).
+pub(crate) fn norm_meta(def: &'static OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let op = def.name;
     let kind = |param| MetaError::Kind { op, param };
-    let x = args.get(p.x).and_then(ArgMeta::tensor).ok_or(kind("x"))?;
+    let arg = |name: &str| def.param_index(name).and_then(|index| args.get(index));
+    let x = arg("x").and_then(ArgMeta::tensor).ok_or(kind("x"))?;
     if x.layout.rank() == 0 {
         return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });
     }
     MetaError::require_compute_dtype(op, "x", x)?;
     let hidden = x.layout.last_dim();
-    match args.get(p.weight) {
+    match arg("weight") {
         Some(ArgMeta::None) => {}
         Some(ArgMeta::Tensor(w)) => {
             MetaError::require_compute_dtype(op, "weight", w)?;
@@ -57,8 +49,8 @@ pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<ir_core:
     }
     let mut outputs: ir_core::op::OutputMetas =
         ir_core::op::smallvec![TensorMeta { dtype: x.dtype, device: x.device, layout: x.layout.copy_layout() }];
-    if let Some(index) = p.residual {
-        let r = args.get(index).and_then(ArgMeta::tensor).ok_or(kind("x_residual"))?;
+    if def.param_index("x_residual").is_some() {
+        let r = arg("x_residual").and_then(ArgMeta::tensor).ok_or(kind("x_residual"))?;
         MetaError::require_compute_dtype(op, "x_residual", r)?;
         if r.shape() != x.shape() {
             return Err(MetaError::Shape {
@@ -81,7 +73,7 @@ pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<ir_core:
         }
         outputs.push(TensorMeta { dtype: x.dtype, device: x.device, layout: r.layout.copy_layout() });
     }
-    let epsilon = args.get(p.epsilon).and_then(ArgMeta::f64).ok_or(kind("epsilon"))?;
+    let epsilon = arg("epsilon").and_then(ArgMeta::f64).ok_or(kind("epsilon"))?;
     let epsilon_ok = epsilon.is_finite() && epsilon >= 0.0;
     if !epsilon_ok {
         return Err(MetaError::Scalar {
@@ -91,7 +83,7 @@ pub(crate) fn norm_meta(p: &NormParams, args: &[ArgMeta<'_>]) -> Result<ir_core:
             reason: "must be finite and >= 0".to_owned(),
         });
     }
-    match p.variance_size.map(|index| args.get(index)) {
+    match def.param_index("variance_size").map(|index| args.get(index)) {
         None | Some(Some(ArgMeta::None)) => {}
         Some(Some(ArgMeta::I64(v))) => {
             let in_range = *v >= 1 && (*v as u64) <= hidden as u64;

@@ -30,13 +30,13 @@
 //! becomes `±M`); NaN stays NaN; an infinite element makes its row's dynamic scale infinite, so
 //! that element is NaN and the rest of the row zero.
 
-use crate::norm_math::{NormParams, norm_meta};
-use ir_core::op::{ArgMeta, MetaError, StrEnum};
+use crate::norm_math::norm_meta;
+use ir_core::op::{ArgMeta, MetaError, OpDef, StrEnum};
 use ir_core::{DType, Device, Tensor, TensorError, TensorMeta};
 
 /// The fp8 output dtype, or the error naming the parameter.
-pub(crate) fn fp8_dtype(op: &'static str, args: &[ArgMeta<'_>], index: usize) -> Result<DType, MetaError> {
-    let dtype = args.get(index).and_then(ArgMeta::dtype).ok_or(MetaError::Kind { op, param: "out_dtype" })?;
+pub(crate) fn fp8_dtype(op: &'static str, out_dtype: Option<&ArgMeta<'_>>) -> Result<DType, MetaError> {
+    let dtype = out_dtype.and_then(ArgMeta::dtype).ok_or(MetaError::Kind { op, param: "out_dtype" })?;
     if dtype.fp8_max().is_none() {
         return Err(MetaError::Scalar {
             op,
@@ -93,41 +93,32 @@ pub(crate) fn check_x(op: &'static str, x: &TensorMeta) -> Result<(), MetaError>
     MetaError::require_compute_dtype(op, "x", x)
 }
 
-/// Where a norm + quantization op keeps its quantization arguments.
-pub(crate) struct QuantParams {
-    /// The `rounding` parameter.
-    pub(crate) rounding: usize,
-    /// The static scale or the dynamic bound.
-    pub(crate) scale: usize,
-    /// Whether the op quantizes per token (then `scale` is the optional `scale_ub`).
-    pub(crate) dynamic: bool,
-    /// The output dtype.
-    pub(crate) out_dtype: usize,
-}
-
 /// The meta function of the norm + quantization ops: the norm's checks ([`norm_meta`]), then the
-/// quantization's. Outputs: the residual's (fused ops), then `q`, then the scales (dynamic ops).
+/// quantization's, reading the parameters by name from `def` (`scale`, or `scale_ub` for the
+/// per-token ops, `out_dtype`, `rounding`). Outputs: the residual's (fused ops), then `q`, then the
+/// scales (per-token ops).
 pub(crate) fn norm_quant_meta(
-    norm: &NormParams,
-    quant: &QuantParams,
+    def: &'static OpDef,
     args: &[ArgMeta<'_>],
 ) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let op = norm.op;
-    let mut norm_outputs = norm_meta(norm, args)?;
-    let x = args.get(norm.x).and_then(ArgMeta::tensor).ok_or(MetaError::Kind { op, param: "x" })?;
-    let scale_param = if quant.dynamic { "scale_ub" } else { "scale" };
-    match args.get(quant.scale) {
+    let op = def.name;
+    let arg = |name: &str| def.param_index(name).and_then(|index| args.get(index));
+    let mut norm_outputs = norm_meta(def, args)?;
+    let x = arg("x").and_then(ArgMeta::tensor).ok_or(MetaError::Kind { op, param: "x" })?;
+    let dynamic = def.param_index("scale_ub").is_some();
+    let scale_param = if dynamic { "scale_ub" } else { "scale" };
+    match arg(scale_param) {
         Some(ArgMeta::Tensor(scale)) => check_scale(op, scale_param, scale, x)?,
-        Some(ArgMeta::None) if quant.dynamic => {}
+        Some(ArgMeta::None) if dynamic => {}
         _ => return Err(MetaError::Kind { op, param: scale_param }),
     }
-    let dtype = fp8_dtype(op, args, quant.out_dtype)?;
-    if !matches!(args.get(quant.rounding), Some(ArgMeta::Str(_))) {
+    let dtype = fp8_dtype(op, arg("out_dtype"))?;
+    if !matches!(arg("rounding"), Some(ArgMeta::Str(_))) {
         return Err(MetaError::Kind { op, param: "rounding" });
     }
     let mut outputs: ir_core::op::OutputMetas = norm_outputs.drain(1..).collect();
     outputs.push(quantized_meta(x, dtype));
-    if quant.dynamic {
+    if dynamic {
         outputs.push(scales_meta(x));
     }
     Ok(outputs)

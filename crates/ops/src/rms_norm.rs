@@ -2,7 +2,7 @@
 //!
 //! Not `allow_inplace`; activations `[x]`. The math is in `native` below.
 
-use crate::norm_math::{NormParams, native_norm, norm_meta};
+use crate::norm_math::{native_norm, norm_meta};
 use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
 use ir_core::{KernelError, Tensor, TensorError};
 
@@ -31,15 +31,6 @@ ir_core::define_op! {
     }
 }
 
-const PARAMS: NormParams = NormParams {
-    op: "rms_norm",
-    x: RmsNormArgs::x,
-    residual: None,
-    weight: RmsNormArgs::weight,
-    epsilon: RmsNormArgs::epsilon,
-    variance_size: Some(RmsNormArgs::variance_size),
-};
-
 /// The typed implementation signature as a function pointer: `(x, weight, epsilon, variance_size) ->
 /// out` (never in place). [`register`] takes any closure of this shape.
 pub type RmsNormFn = fn(&Tensor, Option<&Tensor>, f64, Option<i64>) -> Result<Tensor, KernelError>;
@@ -54,8 +45,8 @@ pub fn native(
     Ok(native_norm(x, None, weight, epsilon, variance_size, crate::Rounding::Exact)?.0)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    norm_meta(&PARAMS, args)
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    norm_meta(def, args)
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {

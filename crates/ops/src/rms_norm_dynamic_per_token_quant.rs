@@ -13,10 +13,8 @@
 //! within 2^-7 relative, one bf16 step.
 
 use crate::Rounding;
-use crate::norm_math::{NormParams, native_norm};
-use crate::quant::{
-    QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
-};
+use crate::norm_math::native_norm;
+use crate::quant::{QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of};
 use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Tolerance, Value};
 use ir_core::{DType, KernelError, Tensor, TensorError};
 
@@ -50,16 +48,6 @@ ir_core::define_op! {
     }
 }
 
-const NORM: NormParams = NormParams {
-    op: "rms_norm_dynamic_per_token_quant",
-    x: RmsNormDynamicPerTokenQuantArgs::x,
-    residual: None,
-    weight: RmsNormDynamicPerTokenQuantArgs::weight,
-    epsilon: RmsNormDynamicPerTokenQuantArgs::epsilon,
-    variance_size: None,
-};
-const QUANT: QuantParams = QuantParams { rounding: 5, scale: 3, dynamic: true, out_dtype: 4 };
-
 /// The reference implementation: the composition of the two ops' references.
 pub fn native(
     x: &Tensor,
@@ -76,8 +64,8 @@ pub fn native(
     Ok((to_device_of(q, x)?, to_device_of(scales, x)?))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    norm_quant_meta(&NORM, &QUANT, args)
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    norm_quant_meta(def, args)
 }
 
 /// `x ~ N(0, 1)`, `weight ~ N(1, 0.1)`, absmax bound 3.

@@ -8,10 +8,8 @@
 //! normalized row in registers instead of writing it. Not in place; activations `[x]`.
 
 use crate::Rounding;
-use crate::norm_math::{NormParams, native_norm};
-use crate::quant::{
-    QuantParams, QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of,
-};
+use crate::norm_math::native_norm;
+use crate::quant::{QuantScale, norm_quant_inputs, norm_quant_meta, quantize_host, scale_value, to_device_of};
 use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Value};
 use ir_core::{DType, KernelError, Tensor, TensorError};
 
@@ -45,16 +43,6 @@ ir_core::define_op! {
     }
 }
 
-const NORM: NormParams = NormParams {
-    op: "rms_norm_static_fp8_quant",
-    x: RmsNormStaticFp8QuantArgs::x,
-    residual: None,
-    weight: RmsNormStaticFp8QuantArgs::weight,
-    epsilon: RmsNormStaticFp8QuantArgs::epsilon,
-    variance_size: None,
-};
-const QUANT: QuantParams = QuantParams { rounding: 5, scale: 3, dynamic: false, out_dtype: 4 };
-
 /// The reference implementation: the composition of the two ops' references.
 pub fn native(
     x: &Tensor,
@@ -69,8 +57,8 @@ pub fn native(
     Ok(to_device_of(q, x)?)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    norm_quant_meta(&NORM, &QUANT, args)
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    norm_quant_meta(def, args)
 }
 
 /// `x ~ N(0, 1)`, `weight ~ N(1, 0.1)`, scale `3 / 448` (outputs beyond about 3 saturate).

@@ -64,8 +64,6 @@ ir_core::define_op! {
     }
 }
 
-const OP: &str = "rotary_embedding";
-
 /// One rotated pair in f32: `(x·c − y·s, y·c + x·s)`, each product and the sum or difference
 /// rounded once (no fused multiply-add). Every f32/f16/bf16 provider computes exactly this.
 #[inline(always)]
@@ -244,16 +242,16 @@ pub fn check_positions(positions: &[i64], max_position: usize) -> Result<(), Ker
     }
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let kind = |param| MetaError::Kind { op: OP, param };
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let op = def.name;
+    let kind = |param| MetaError::Kind { op, param };
     let args = RotaryEmbeddingArgs::from_meta(args).ok_or(kind("query"))?;
     let query = args.query;
     if query.layout.rank() == 0 {
-        return Err(MetaError::Rank { op: OP, param: "query", expected: "rank >= 1", shape: vec![] });
+        return Err(MetaError::Rank { op, param: "query", expected: "rank >= 1", shape: vec![] });
     }
-    MetaError::require_compute_dtype(OP, "query", query)?;
-    let scalar =
-        |param, value: i64, reason: String| MetaError::Scalar { op: OP, param, value: value.to_string(), reason };
+    MetaError::require_compute_dtype(op, "query", query)?;
+    let scalar = |param, value: i64, reason: String| MetaError::Scalar { op, param, value: value.to_string(), reason };
     let head_size = usize::try_from(args.head_size)
         .ok()
         .filter(|&h| h >= 1)
@@ -276,18 +274,12 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     heads("query", query)?;
     let same_device = |param: &'static str, t: &TensorMeta| -> Result<(), MetaError> {
         if t.device != query.device {
-            return Err(MetaError::Device {
-                op: OP,
-                param,
-                device: t.device,
-                other: "query",
-                other_device: query.device,
-            });
+            return Err(MetaError::Device { op, param, device: t.device, other: "query", other_device: query.device });
         }
         Ok(())
     };
     let shape_error = |param: &'static str, t: &TensorMeta, expected: &'static str| MetaError::Shape {
-        op: OP,
+        op,
         param,
         shape: t.shape().to_vec(),
         expected,
@@ -296,7 +288,7 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     };
     let positions = args.positions;
     if positions.dtype != DType::I64 {
-        return Err(MetaError::DType { op: OP, param: "positions", dtype: positions.dtype, expected: "i64" });
+        return Err(MetaError::DType { op, param: "positions", dtype: positions.dtype, expected: "i64" });
     }
     if positions.shape() != leading {
         return Err(shape_error("positions", positions, "must equal the leading dimensions of query"));
@@ -305,7 +297,7 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let cache = args.cos_sin_cache;
     if cache.layout.rank() != 2 || cache.shape()[1] != rotary_dim {
         return Err(MetaError::Shape {
-            op: OP,
+            op,
             param: "cos_sin_cache",
             shape: cache.shape().to_vec(),
             expected: "must be [max_position, rotary_dim]",
@@ -314,7 +306,7 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
         });
     }
     if cache.dtype != query.dtype {
-        return Err(MetaError::DType { op: OP, param: "cos_sin_cache", dtype: cache.dtype, expected: "query's dtype" });
+        return Err(MetaError::DType { op, param: "cos_sin_cache", dtype: cache.dtype, expected: "query's dtype" });
     }
     same_device("cos_sin_cache", cache)?;
     let mut outputs: ir_core::op::OutputMetas = ir_core::op::smallvec![TensorMeta {
@@ -324,7 +316,7 @@ fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     }];
     if let Some(key) = args.key {
         if key.dtype != query.dtype {
-            return Err(MetaError::DType { op: OP, param: "key", dtype: key.dtype, expected: "query's dtype" });
+            return Err(MetaError::DType { op, param: "key", dtype: key.dtype, expected: "query's dtype" });
         }
         if key.layout.rank() != query.layout.rank() || &key.shape()[..leading.len()] != leading {
             return Err(shape_error("key", key, "must have query's leading dimensions"));
@@ -462,7 +454,7 @@ mod tests {
                     ArgMeta::Bool(true),
                     ArgMeta::Str("exact"),
                 ];
-                meta(&args)
+                meta(&ROTARY_EMBEDDING, &args)
             };
         assert_eq!(call(&pos, &q, Some(&k), &cache, 4, 4).unwrap().len(), 2);
         assert_eq!(call(&pos, &q, None, &cache, 4, 4).unwrap().len(), 1, "no key, one output");

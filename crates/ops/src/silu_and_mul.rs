@@ -30,11 +30,11 @@ ir_core::define_op! {
 
 /// The reference implementation (the semantics).
 pub fn native(x: &Tensor) -> Result<Tensor, KernelError> {
-    native_gated("silu_and_mul", x, |gate, dtype| gate.iter_mut().for_each(|g| *g = dtype.round(silu(*g))))
+    native_gated(SILU_AND_MUL.name, x, |gate, dtype| gate.iter_mut().for_each(|g| *g = dtype.round(silu(*g))))
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    gated_meta_only_x("silu_and_mul", args)
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    gated_meta_only_x(def.name, args)
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {

@@ -39,8 +39,6 @@ ir_core::define_op! {
     }
 }
 
-const OP: &str = "static_scaled_fp8_quant";
-
 /// The reference implementation (the semantics).
 pub fn native(x: &Tensor, scale: &Tensor, out_dtype: DType, rounding: Rounding) -> Result<Tensor, KernelError> {
     let args = [
@@ -49,18 +47,19 @@ pub fn native(x: &Tensor, scale: &Tensor, out_dtype: DType, rounding: Rounding) 
         ArgMeta::DType(out_dtype),
         ArgMeta::Str(rounding.as_str()),
     ];
-    meta(&args)?;
+    meta(&STATIC_SCALED_FP8_QUANT, &args)?;
     let (q, _) = quantize_host(x, QuantScale::Static(scale_value(scale)?), out_dtype, rounding)?;
     Ok(to_device_of(q, x)?)
 }
 
-fn meta(args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let kind = |param| MetaError::Kind { op: OP, param };
+fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let op = def.name;
+    let kind = |param| MetaError::Kind { op, param };
     let x = args.first().and_then(ArgMeta::tensor).ok_or(kind("x"))?;
-    check_x(OP, x)?;
+    check_x(op, x)?;
     let scale = args.get(1).and_then(ArgMeta::tensor).ok_or(kind("scale"))?;
-    check_scale(OP, "scale", scale, x)?;
-    let dtype = fp8_dtype(OP, args, 2)?;
+    check_scale(op, "scale", scale, x)?;
+    let dtype = fp8_dtype(op, args.get(StaticScaledFp8QuantArgs::out_dtype))?;
     if !matches!(args.get(3), Some(ArgMeta::Str(_))) {
         return Err(kind("rounding"));
     }

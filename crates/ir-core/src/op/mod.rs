@@ -53,8 +53,10 @@ pub use smallvec::smallvec;
 
 /// The reference implementation: plain Rust over bound, validated arguments.
 pub type NativeFn = fn(&[Value]) -> Result<Outputs, KernelError>;
-/// Computes output metadata from argument metadata and validates the arguments.
-pub type MetaFn = fn(&[ArgMeta<'_>]) -> Result<OutputMetas, MetaError>;
+/// Computes output metadata from argument metadata and validates the arguments. It receives the
+/// op's definition, so its errors name the op from it ([`OpDef::name`]) and a meta function shared
+/// by several ops finds their parameters by name ([`OpDef::param_index`]), with no per-op table.
+pub type MetaFn = fn(&'static OpDef, &[ArgMeta<'_>]) -> Result<OutputMetas, MetaError>;
 /// Produces a complete, deterministic argument list of CPU tensors for tests and benchmarks.
 pub type InputGenerator = fn(&InputSpec) -> Result<Vec<Value>, TensorError>;
 
@@ -310,7 +312,7 @@ impl OpDef {
     /// parameters) and runs the meta function. The verifier and the passes ask this of graph calls.
     pub fn output_metas(&'static self, args: Vec<ArgMeta<'_>>) -> Result<Vec<TensorMeta>, ArgsError> {
         let bound = bind_meta(self, args)?;
-        Ok((self.meta)(&bound)?.into_vec())
+        Ok((self.meta)(self, &bound)?.into_vec())
     }
 
     /// Parameter indices of the activations, or why the definition is invalid.

@@ -215,12 +215,12 @@ fn choose(entry: &OpEntry, args: &[ArgMeta<'_>]) -> Result<Choice, CallError> {
                  with the `vllm-ir` crate's `registry()`)"
             );
         }
-        let outputs = (entry.def.meta)(args)?;
+        let outputs = (entry.def.meta)(entry.def, args)?;
         let native = Arc::clone(&impls[0]);
         log_choice(op, &native, &[], args);
         return Ok(Choice::new(args, &entry.activations, native, outputs, SmallVec::new(), false));
     };
-    let outputs = (entry.def.meta)(args)?;
+    let outputs = (entry.def.meta)(entry.def, args)?;
     let mut rejected: SmallVec<[(Arc<ImplEntry>, Arc<str>); 2]> = SmallVec::new();
     for candidate in installed.iter() {
         // An unavailable provider listed here is skipped as a rejection: falling past it to
@@ -273,7 +273,7 @@ fn named(entry: &OpEntry, provider: &str, args: &[ArgMeta<'_>]) -> Result<Choice
     if let crate::Availability::Unavailable(reason) = implementation.availability() {
         return Err(CallError::ProviderUnavailable { op, provider: provider.to_owned(), reason: reason.clone() });
     }
-    let outputs = (entry.def.meta)(args)?;
+    let outputs = (entry.def.meta)(entry.def, args)?;
     let compacted = match implementation.check_supports(args) {
         Support::Yes => SmallVec::new(),
         Support::No(reason) => match compacting(args, std::slice::from_ref(&implementation)) {

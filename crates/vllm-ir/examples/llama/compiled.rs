@@ -116,16 +116,16 @@ fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor, KernelError> {
     Tensor::from_candle(&y).map_err(engine_error)
 }
 
-fn linear_meta(args: &[ArgMeta<'_>]) -> Result<OutputMetas, MetaError> {
-    const OP: &str = "llama_linear";
-    let view = linear::LinearArgs::from_meta(args).ok_or(MetaError::Kind { op: OP, param: "x" })?;
+fn linear_meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<OutputMetas, MetaError> {
+    let op = def.name;
+    let view = linear::LinearArgs::from_meta(args).ok_or(MetaError::Kind { op, param: "x" })?;
     let (x, w) = (view.x, view.weight);
     if x.shape().len() != 2 {
-        return Err(MetaError::Rank { op: OP, param: "x", expected: "rank 2", shape: x.shape().to_vec() });
+        return Err(MetaError::Rank { op, param: "x", expected: "rank 2", shape: x.shape().to_vec() });
     }
     if w.shape().len() != 2 || w.shape()[1] != x.shape()[1] {
         return Err(MetaError::Shape {
-            op: OP,
+            op,
             param: "weight",
             shape: w.shape().to_vec(),
             expected: "must be [N, K] for x of [T, K]",
@@ -134,7 +134,7 @@ fn linear_meta(args: &[ArgMeta<'_>]) -> Result<OutputMetas, MetaError> {
         });
     }
     if w.dtype != vllm_ir::DType::F32 {
-        return Err(MetaError::DType { op: OP, param: "weight", dtype: w.dtype, expected: "f32" });
+        return Err(MetaError::DType { op, param: "weight", dtype: w.dtype, expected: "f32" });
     }
     Ok(vllm_ir::op::smallvec![TensorMeta::compact(x.dtype, &[x.shape()[0], w.shape()[0]])])
 }
@@ -146,17 +146,17 @@ fn attention_outside_engine(_: &Tensor, _: &Tensor, _: &Tensor, _: i64) -> Resul
     })
 }
 
-fn attention_meta(args: &[ArgMeta<'_>]) -> Result<OutputMetas, MetaError> {
-    const OP: &str = "llama_attention";
-    let view = attention::AttentionArgs::from_meta(args).ok_or(MetaError::Kind { op: OP, param: "q" })?;
+fn attention_meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<OutputMetas, MetaError> {
+    let op = def.name;
+    let view = attention::AttentionArgs::from_meta(args).ok_or(MetaError::Kind { op, param: "q" })?;
     for (param, t) in [("q", view.q), ("k", view.k), ("v", view.v)] {
         if t.shape().len() != 2 {
-            return Err(MetaError::Rank { op: OP, param, expected: "rank 2", shape: t.shape().to_vec() });
+            return Err(MetaError::Rank { op, param, expected: "rank 2", shape: t.shape().to_vec() });
         }
     }
     if view.k.shape() != view.v.shape() || view.k.shape()[0] != view.q.shape()[0] {
         return Err(MetaError::Shape {
-            op: OP,
+            op,
             param: "k",
             shape: view.k.shape().to_vec(),
             expected: "must have q's tokens and v's shape",
