@@ -2,6 +2,7 @@
 //! exactly the heap allocations the selected kernel makes when called directly (none for an in-place
 //! kernel), counted by a global allocator. The first call with new argument metadata fills the
 //! installed list's selection cache and may allocate; every later call with the same metadata may not.
+//! A call through `candle_ops` adds only its views, their lease and candle's tensor of the output.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -200,4 +201,30 @@ fn a_priority_change_is_selected_again_and_then_remembered() {
         assert_eq!(count, 0, "step {step}: {count} allocations on a remembered call");
     }
     assert_eq!(registry.selection_record().selections("fused_add_rms_norm", "cpu"), 120);
+}
+
+#[test]
+fn a_candle_call_allocates_only_its_output_views_and_lease() {
+    let registry = registry();
+    let device = candle_core::Device::Cpu;
+    for dtype in [candle_core::DType::F32, candle_core::DType::BF16] {
+        let x = candle_core::Tensor::ones((1, 256), dtype, &device).unwrap();
+        let w = candle_core::Tensor::ones(256, dtype, &device).unwrap();
+        // The first call selects and remembers the selection.
+        ir_ops::candle_ops::rms_norm(&registry, &x, Some(&w), 1e-6).unwrap();
+        let ours = Tensor::from_candle(&x).unwrap().deep_clone().unwrap();
+        let weight = Tensor::from_candle(&w).unwrap().deep_clone().unwrap();
+        let (kernel, out) = allocations(|| kernels_cpu::rms_norm_cpu(&ours, Some(&weight), 1e-6, None).unwrap());
+        let (wrap, _) = allocations(|| out.into_candle().unwrap());
+        for step in 0..5 {
+            let (count, _) = allocations(|| ir_ops::candle_ops::rms_norm(&registry, &x, Some(&w), 1e-6).unwrap());
+            // The kernel's output and candle's tensor of it, one tensor per view (two), the views'
+            // lease (one) and the output's vector, which leaves the pool for candle (up to two);
+            // the selection, the locks and the checks allocate nothing.
+            assert!(
+                count <= kernel + wrap + 5,
+                "{dtype:?} call {step}: {count} allocations; kernel {kernel}, candle's tensor {wrap}"
+            );
+        }
+    }
 }

@@ -6,6 +6,7 @@
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::{Device, Layout, TensorMeta};
@@ -268,7 +269,23 @@ pub struct CpuBuffer {
     ptr: NonNull<u8>,
     len_bytes: usize,
     access: HostAccess,
-    owner: Box<dyn Any + Send + Sync>,
+    owner: Owner,
+}
+
+/// What keeps a host buffer's memory alive: owned by the buffer alone, or shared (a view's keep
+/// handle, held without an allocation of its own).
+enum Owner {
+    Boxed(Box<dyn Any + Send + Sync>),
+    Shared(Arc<dyn Any + Send + Sync>),
+}
+
+impl Owner {
+    fn get(&self) -> &(dyn Any + Send + Sync) {
+        match self {
+            Owner::Boxed(owner) => &**owner,
+            Owner::Shared(owner) => &**owner,
+        }
+    }
 }
 
 // SAFETY: the memory is plain bytes reachable from any thread; `owner` is `Send + Sync`, and the
@@ -586,7 +603,7 @@ impl CpuBuffer {
             ptr: start,
             len_bytes,
             access: HostAccess::ReadWrite,
-            owner: Box::new(PooledBlock { key, bytes: len_bytes, vec: Some(block) }),
+            owner: Owner::Boxed(Box::new(PooledBlock { key, bytes: len_bytes, vec: Some(block) })),
         })
     }
 
@@ -609,7 +626,7 @@ impl CpuBuffer {
         // Moving the vector into its owner does not move its heap allocation.
         let start = CpuBuffer::aligned_start(&mut vec);
         CPU_BYTES_ALLOCATED.fetch_add(len_bytes as u64, Ordering::Relaxed);
-        CpuBuffer { ptr: start, len_bytes, access: HostAccess::ReadWrite, owner: owner(vec) }
+        CpuBuffer { ptr: start, len_bytes, access: HostAccess::ReadWrite, owner: Owner::Boxed(owner(vec)) }
     }
 
     /// A buffer over a vector's elements, without a copy (writable; the start is wherever the
@@ -617,7 +634,7 @@ impl CpuBuffer {
     pub fn from_vec<T: crate::Element>(mut vec: Vec<T>) -> CpuBuffer {
         let len_bytes = size_of_val(vec.as_slice());
         let ptr = NonNull::new(vec.as_mut_ptr().cast::<u8>()).expect("a vector's pointer is never null");
-        CpuBuffer { ptr, len_bytes, access: HostAccess::ReadWrite, owner: Box::new(vec) }
+        CpuBuffer { ptr, len_bytes, access: HostAccess::ReadWrite, owner: Owner::Boxed(Box::new(vec)) }
     }
 
     /// A buffer over memory someone else owns, without a copy. `owner` is kept alive as long as
@@ -637,7 +654,23 @@ impl CpuBuffer {
         access: HostAccess,
         owner: impl Any + Send + Sync,
     ) -> CpuBuffer {
-        CpuBuffer { ptr, len_bytes, access, owner: Box::new(owner) }
+        CpuBuffer { ptr, len_bytes, access, owner: Owner::Boxed(Box::new(owner)) }
+    }
+
+    /// As [`CpuBuffer::from_external`], kept alive by a handle the caller shares (one more
+    /// reference, no allocation): for views made per call under a lock, whose owner counts them.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`CpuBuffer::from_external`], for as long as `owner` (this handle or any
+    /// clone of it) is alive.
+    pub unsafe fn from_external_shared(
+        ptr: NonNull<u8>,
+        len_bytes: usize,
+        access: HostAccess,
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> CpuBuffer {
+        CpuBuffer { ptr, len_bytes, access, owner: Owner::Shared(owner) }
     }
 
     /// Size in bytes.
@@ -658,26 +691,33 @@ impl CpuBuffer {
     /// What keeps the memory alive (the vector allocated here, a moved-in vector, a candle tensor,
     /// a DLPack tensor, or an engine's owner value).
     pub fn owner(&self) -> &(dyn Any + Send + Sync) {
-        &*self.owner
+        self.owner.get()
     }
 
     /// The vector behind the buffer, when it is a `Vec<T>` whose elements the buffer covers from
     /// its first (a buffer from [`CpuBuffer::from_vec`]); the buffer back otherwise.
     pub fn into_vec<T: crate::Element>(self) -> Result<Vec<T>, CpuBuffer> {
-        match self.owner.downcast_ref::<Vec<T>>() {
-            Some(vec)
-                if vec.as_ptr().cast::<u8>() == self.ptr.as_ptr() && size_of_val(vec.as_slice()) == self.len_bytes =>
+        let CpuBuffer { ptr, len_bytes, access, owner } = self;
+        match owner {
+            Owner::Boxed(owner)
+                if owner.downcast_ref::<Vec<T>>().is_some_and(|vec| {
+                    vec.as_ptr().cast::<u8>() == ptr.as_ptr() && size_of_val(vec.as_slice()) == len_bytes
+                }) =>
             {
-                Ok(*self.owner.downcast::<Vec<T>>().expect("checked above"))
+                Ok(*owner.downcast::<Vec<T>>().expect("checked above"))
             }
-            _ => Err(self),
+            owner => Err(CpuBuffer { ptr, len_bytes, access, owner }),
         }
     }
 
     /// The first byte and what keeps the memory alive, giving the buffer up.
     #[cfg(feature = "candle")]
-    pub(crate) fn into_owner(self) -> (NonNull<u8>, Box<dyn Any + Send + Sync>) {
-        (self.ptr, self.owner)
+    /// The buffer back when its owner is shared.
+    pub(crate) fn into_owner(self) -> Result<(NonNull<u8>, Box<dyn Any + Send + Sync>), CpuBuffer> {
+        match self.owner {
+            Owner::Boxed(owner) => Ok((self.ptr, owner)),
+            owner @ Owner::Shared(_) => Err(CpuBuffer { owner, ..self }),
+        }
     }
 
     /// The bytes.

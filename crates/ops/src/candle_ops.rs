@@ -90,7 +90,7 @@ use crate::gelu_and_mul::Approximate;
 use ir_core::Device;
 use ir_core::InteropError;
 use ir_core::op::StrEnum;
-use ir_core::op::{Arg, ArgMeta, OpDef, Overload, Value};
+use ir_core::op::{Arg, ArgMeta, OpDef, Outputs, Overload, Value};
 use ir_core::registry::{CallError, Registry};
 use ir_core::storage::{CpuBuffer, DeviceBuffer, HostAccess, Storage};
 use ir_core::{DType, Layout, StorageId, Tensor, TensorError, TensorMeta};
@@ -276,7 +276,9 @@ impl Lease {
                 let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
                 // SAFETY: the caller's contract, for the lease's lifetime; the views are dropped
                 // before the lease ends (checked in `Drop`).
-                let buffer = unsafe { CpuBuffer::from_external(ptr, len_bytes, access, Arc::clone(&self.token)) };
+                let buffer = unsafe {
+                    CpuBuffer::from_external_shared(ptr, len_bytes, access, Arc::clone(&self.token) as Arc<_>)
+                };
                 Ok(Tensor::from_storage(Storage::Cpu(buffer), dtype, layout)?)
             }
             // SAFETY: the caller's contract, which is the bridge's: candle's lock is held while the
@@ -495,18 +497,17 @@ impl<'r> Call<'r> {
     /// locked or written: one device this module can view, no written tensor whose layout maps two
     /// elements to one address, no written tensor overlapping another written one. A read tensor on
     /// a storage the call writes is copied apart first (counted as a defensive copy of `op`).
+    #[inline]
     fn new<'t>(
         registry: &'r Registry,
         op: &'static str,
-        parts: impl IntoIterator<Item = Option<(&'static str, &'t candle::Tensor, Role)>>,
+        parts_given: impl IntoIterator<Item = Option<(&'static str, &'t candle::Tensor, Role)>>,
     ) -> Result<Call<'r>> {
-        let mut parts: SmallVec<[Part; 4]> = parts
-            .into_iter()
-            .flatten()
-            .map(|(name, tensor, role)| {
-                Ok(Part { name, tensor: tensor.clone(), layout: our_layout(tensor.layout())?, role })
-            })
-            .collect::<Result<_>>()?;
+        // Pushed one by one: collecting through `Result` moves the inline parts twice more.
+        let mut parts: SmallVec<[Part; 4]> = SmallVec::new();
+        for (name, tensor, role) in parts_given.into_iter().flatten() {
+            parts.push(Part { name, tensor: tensor.clone(), layout: our_layout(tensor.layout())?, role });
+        }
         lendable(parts.iter().map(|part| &part.tensor))?;
         let mut identities: SmallVec<[usize; 4]> = parts.iter().map(|part| storage_identity(&part.tensor)).collect();
         for (index, part) in parts.iter().enumerate().filter(|(_, part)| part.role == Role::Written) {
@@ -779,7 +780,7 @@ pub fn rms_norm(
     let inputs = [Some(("x", x)), weight.map(|w| ("weight", w))];
     let mut out = functional(registry, "rms_norm", inputs, |[x, w]| {
         let x = x.as_ref().expect("given");
-        Ok(vec![crate::rms_norm::rms_norm(registry, x, w.as_ref(), epsilon, None)?])
+        Ok(smallvec::smallvec![crate::rms_norm::rms_norm(registry, x, w.as_ref(), epsilon, None)?])
     })?;
     Ok(out.remove(0))
 }
@@ -788,7 +789,7 @@ pub fn rms_norm(
 /// of the last dimension, as vLLM's merged `gate_up_proj` weight gives it.
 pub fn silu_and_mul(registry: &Registry, x: &candle::Tensor) -> Result<candle::Tensor> {
     let mut out = functional(registry, "silu_and_mul", [Some(("x", x))], |[x]| {
-        Ok(vec![crate::silu_and_mul::silu_and_mul(registry, x.as_ref().expect("given"))?])
+        Ok(smallvec::smallvec![crate::silu_and_mul::silu_and_mul(registry, x.as_ref().expect("given"))?])
     })?;
     Ok(out.remove(0))
 }
@@ -796,7 +797,7 @@ pub fn silu_and_mul(registry: &Registry, x: &candle::Tensor) -> Result<candle::T
 /// `gelu(gate) * up` of `x = [..., gate | up]` as a fresh candle tensor.
 pub fn gelu_and_mul(registry: &Registry, x: &candle::Tensor, approximate: Approximate) -> Result<candle::Tensor> {
     let mut out = functional(registry, "gelu_and_mul", [Some(("x", x))], |[x]| {
-        Ok(vec![crate::gelu_and_mul::gelu_and_mul(registry, x.as_ref().expect("given"), approximate)?])
+        Ok(smallvec::smallvec![crate::gelu_and_mul::gelu_and_mul(registry, x.as_ref().expect("given"), approximate)?])
     })?;
     Ok(out.remove(0))
 }
@@ -812,7 +813,12 @@ pub fn gelu_and_mul_sparse(
 ) -> Result<candle::Tensor> {
     let mut out = functional(registry, "gelu_and_mul_sparse", [Some(("x", x))], |[x]| {
         let x = x.as_ref().expect("given");
-        Ok(vec![crate::gelu_and_mul_sparse::gelu_and_mul_sparse(registry, x, std_multiplier, approximate)?])
+        Ok(smallvec::smallvec![crate::gelu_and_mul_sparse::gelu_and_mul_sparse(
+            registry,
+            x,
+            std_multiplier,
+            approximate
+        )?])
     })?;
     Ok(out.remove(0))
 }
@@ -829,7 +835,9 @@ pub fn static_scaled_fp8_quant(
     let inputs = [Some(("x", x)), Some(("scale", scale))];
     let mut out = functional(registry, "static_scaled_fp8_quant", inputs, |[x, s]| {
         let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
-        Ok(vec![crate::static_scaled_fp8_quant::static_scaled_fp8_quant(registry, x, s, out_dtype, rounding)?])
+        Ok(smallvec::smallvec![crate::static_scaled_fp8_quant::static_scaled_fp8_quant(
+            registry, x, s, out_dtype, rounding
+        )?])
     })?;
     Ok(out.remove(0))
 }
@@ -850,9 +858,9 @@ pub fn dynamic_per_token_scaled_fp8_quant(
             ub.as_ref(),
             out_dtype,
         )?;
-        Ok(vec![q, s])
+        Ok(smallvec::smallvec![q, s])
     })?;
-    let [q, s]: [candle::Tensor; 2] = out.try_into().expect("two outputs");
+    let [q, s]: [candle::Tensor; 2] = out.into_inner().expect("two outputs");
     Ok((q, s))
 }
 
@@ -869,7 +877,7 @@ pub fn rms_norm_static_fp8_quant(
     let inputs = [Some(("x", x)), weight.map(|w| ("weight", w)), Some(("scale", scale))];
     let mut out = functional(registry, "rms_norm_static_fp8_quant", inputs, |[x, w, s]| {
         let (x, s) = (x.as_ref().expect("given"), s.as_ref().expect("given"));
-        Ok(vec![crate::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
+        Ok(smallvec::smallvec![crate::rms_norm_static_fp8_quant::rms_norm_static_fp8_quant(
             registry,
             x,
             w.as_ref(),
@@ -905,9 +913,9 @@ pub fn rms_norm_dynamic_per_token_quant(
             out_dtype,
             rounding,
         )?;
-        Ok(vec![q, s])
+        Ok(smallvec::smallvec![q, s])
     })?;
-    let [q, s]: [candle::Tensor; 2] = out.try_into().expect("two outputs");
+    let [q, s]: [candle::Tensor; 2] = out.into_inner().expect("two outputs");
     Ok((q, s))
 }
 
@@ -1124,8 +1132,8 @@ fn functional<const N: usize>(
     registry: &Registry,
     op: &'static str,
     inputs: [Option<(&'static str, &candle::Tensor)>; N],
-    f: impl FnOnce(&[Option<Tensor>; N]) -> std::result::Result<Vec<Tensor>, CallError>,
-) -> Result<Vec<candle::Tensor>> {
+    f: impl FnOnce(&[Option<Tensor>; N]) -> std::result::Result<Outputs, CallError>,
+) -> Result<SmallVec<[candle::Tensor; 2]>> {
     let call = Call::new(registry, op, inputs.map(|input| input.map(|(name, tensor)| (name, tensor, Role::Read))))?;
     let outputs = call.locked(|memories| {
         let lease = Lease::new(op);

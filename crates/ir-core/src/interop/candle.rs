@@ -161,6 +161,12 @@ impl Tensor {
     }
 }
 
+/// Up to this many bytes, a fresh output's elements are moved to the front of its vector so that
+/// candle wraps the vector as it is (one tensor); a larger output becomes a narrowed view of the
+/// whole vector (three tensors, no copy). Measured on the CPU the benchmarks run on: at 1 KiB the
+/// move saves about 140 ns of the narrowed view's 300; they cost the same at 16 KiB.
+const MOVE_TO_FRONT_BYTES: usize = 8 * 1024;
+
 fn into_candle_typed<T: Element + candle::WithDType>(tensor: Tensor) -> Result<candle::Tensor, InteropError> {
     let shape = tensor.shape().to_vec();
     let tensor = if tensor.device() == Device::Cpu { tensor } else { tensor.to_cpu()? };
@@ -172,23 +178,38 @@ fn into_candle_typed<T: Element + candle::WithDType>(tensor: Tensor) -> Result<c
             if buffer.owner().is::<Vec<T>>()
                 || buffer.owner().downcast_ref::<PooledBlock>().is_some_and(PooledBlock::holds::<T>) =>
         {
-            let (ptr, owner) = buffer.into_owner();
+            let (ptr, owner) = match buffer.into_owner() {
+                Ok(owned) => owned,
+                // A shared owner (a view's): the memory is not the tensor's to give.
+                Err(buffer) => {
+                    return copy_into_candle::<T>(&Tensor::from_storage(
+                        Storage::Cpu(buffer),
+                        meta.dtype,
+                        meta.layout,
+                    )?);
+                }
+            };
             // A pooled buffer's vector leaves the pool: candle owns it from here.
-            let vec = match owner.downcast::<Vec<T>>() {
-                Ok(vec) => vec,
-                Err(owner) => Box::new(
-                    owner.downcast::<PooledBlock>().expect("checked above").take_vec::<T>().expect("checked above"),
-                ),
+            let mut vec: Vec<T> = match owner.downcast::<Vec<T>>() {
+                Ok(vec) => *vec,
+                Err(owner) => {
+                    owner.downcast::<PooledBlock>().expect("checked above").take_vec::<T>().expect("checked above")
+                }
             };
             // The buffer starts inside the vector (at its first 64-byte boundary, or at its start).
             let skipped = (ptr.as_ptr() as usize - vec.as_ptr() as usize) / size_of::<T>();
             let start = skipped + meta.layout.offset();
+            let numel = meta.layout.numel();
+            if numel * size_of::<T>() <= MOVE_TO_FRONT_BYTES {
+                // One candle tensor of exactly the elements: moving them to the front costs less
+                // than the two more tensors a narrowed view makes.
+                vec.copy_within(start..start + numel, 0);
+                vec.truncate(numel);
+                return candle::Tensor::from_vec(vec, shape, &candle::Device::Cpu).map_err(candle_error);
+            }
             let len = vec.len();
-            let whole = candle::Tensor::from_vec(*vec, len, &candle::Device::Cpu).map_err(candle_error)?;
-            whole
-                .narrow(0, start, meta.layout.numel())
-                .and_then(|elements| elements.reshape(shape))
-                .map_err(candle_error)
+            let whole = candle::Tensor::from_vec(vec, len, &candle::Device::Cpu).map_err(candle_error)?;
+            whole.narrow(0, start, numel).and_then(|elements| elements.reshape(shape)).map_err(candle_error)
         }
         // Memory someone else lent, or a vector of bytes: copied.
         Ok((storage, meta)) => copy_into_candle::<T>(&Tensor::from_storage(storage, meta.dtype, meta.layout)?),
