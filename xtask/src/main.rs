@@ -52,6 +52,9 @@ enum Task {
     Miri,
     /// Rewrites the expectations of the golden IR tests (`IR_BLESS=1`) and shows the diff.
     Bless,
+    /// Every published crate's public API against the last release `CHANGELOG.md` records: a
+    /// breaking change needs a breaking version bump.
+    Semver,
     /// The CLI in release with one platform's features, saying what the machine lacks.
     Build {
         /// The platform whose features to build with.
@@ -143,6 +146,7 @@ fn run(task: Task) -> anyhow::Result<()> {
         Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Miri => miri::run(),
         Task::Bless => bless::run(),
+        Task::Semver => semver::run(),
         Task::Build { platform } => release::run(platform),
         Task::Bench(args) => bench::bench(bench::BenchOptions {
             quick: args.quick,
@@ -179,6 +183,7 @@ mod package;
 mod paths;
 mod release;
 mod resources;
+mod semver;
 mod test;
 #[cfg(test)]
 mod tidy;

@@ -1,0 +1,400 @@
+//! `cargo xtask semver`: the public API of every published crate against its last release.
+//!
+//! The last release is the first `## [X.Y.Z]` section of `CHANGELOG.md`, whose line
+//! ``Release commit: `<hash>` `` names the commit it was made from (a git tag may not travel with
+//! the repository). Each published crate's API is read from rustdoc's JSON output (the pinned
+//! toolchain's, with `RUSTC_BOOTSTRAP=1`) at that commit and now: every public path (items, their
+//! re-exports, variants, fields, inherent methods, trait items and the traits a type implements)
+//! with its signature, ids replaced by the paths they name. A path gone or a signature changed is a
+//! breaking change, which needs a breaking version bump (`0.y` → `0.(y+1)`, `x.y` → `(x+1).0`).
+//! Until a release is recorded, it reads the API now and says that nothing is compared.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use crate::tools::project_root;
+
+/// A version: major, minor, patch.
+type Version = (u64, u64, u64);
+
+/// A release recorded in `CHANGELOG.md`.
+#[derive(Debug, PartialEq, Eq)]
+struct Release {
+    version: Version,
+    commit: String,
+}
+
+/// The last release `changelog` records, if any.
+fn last_release(changelog: &str) -> anyhow::Result<Option<Release>> {
+    let Some(section) = changelog.split("\n## [").skip(1).find(|s| !s.starts_with("Unreleased]")) else {
+        return Ok(None);
+    };
+    let version = section.split(']').next().unwrap_or_default();
+    let parsed = parse_version(version).with_context(|| format!("CHANGELOG.md: release `{version}`"))?;
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let commit = section
+        .lines()
+        .find_map(|line| line.strip_prefix("Release commit: `"))
+        .and_then(|rest| rest.split('`').next())
+        .filter(|hash| hash.len() >= 7 && hash.chars().all(|c| c.is_ascii_hexdigit()));
+    let Some(commit) = commit else {
+        bail!("CHANGELOG.md: release {version} has no line ``Release commit: `<hash>` ``");
+    };
+    Ok(Some(Release { version: parsed, commit: commit.to_owned() }))
+}
+
+fn parse_version(text: &str) -> anyhow::Result<Version> {
+    let parts: Vec<u64> = text.split('.').map(str::parse).collect::<Result<_, _>>()?;
+    match parts[..] {
+        [major, minor, patch] => Ok((major, minor, patch)),
+        _ => bail!("`{text}` is not major.minor.patch"),
+    }
+}
+
+/// Whether `now` is a breaking version bump over `then`.
+fn breaking_bump(then: Version, now: Version) -> bool {
+    if then.0 == 0 { now.0 > 0 || now.1 > then.1 } else { now.0 > then.0 }
+}
+
+/// A crate's public API: each public path and its signature.
+type Api = BTreeMap<String, String>;
+
+/// Reads the public API from a crate's rustdoc JSON.
+fn api(doc: &Value) -> anyhow::Result<Api> {
+    let index = doc["index"].as_object().context("rustdoc JSON without an index")?;
+    let paths = doc["paths"].as_object().context("rustdoc JSON without paths")?;
+    let root = doc["root"].to_string();
+    let reader = Reader { index, paths };
+    let mut api = Api::new();
+    let root_item = index.get(&root).context("rustdoc JSON without its root module")?;
+    let name = root_item["name"].as_str().unwrap_or("crate").to_owned();
+    reader.module(root_item, &name, &mut api, 0);
+    Ok(api)
+}
+
+struct Reader<'d> {
+    index: &'d serde_json::Map<String, Value>,
+    paths: &'d serde_json::Map<String, Value>,
+}
+
+impl Reader<'_> {
+    fn item(&self, id: &Value) -> Option<&Value> {
+        self.index.get(&id.to_string())
+    }
+
+    fn module(&self, module: &Value, prefix: &str, api: &mut Api, depth: usize) {
+        if depth > 16 {
+            return;
+        }
+        for child in module["inner"]["module"]["items"].as_array().into_iter().flatten() {
+            let Some(item) = self.item(child) else { continue };
+            if item["visibility"] != "public" {
+                continue;
+            }
+            if let Some(reexport) = item["inner"].get("use") {
+                let Some(target) = self.item(&reexport["id"]) else { continue };
+                if reexport["is_glob"] == true {
+                    self.module(target, prefix, api, depth + 1);
+                } else {
+                    let name = reexport["name"].as_str().unwrap_or_default();
+                    self.record(target, &format!("{prefix}::{name}"), api, depth + 1);
+                }
+                continue;
+            }
+            let name = item["name"].as_str().unwrap_or_default();
+            self.record(item, &format!("{prefix}::{name}"), api, depth + 1);
+        }
+    }
+
+    fn record(&self, item: &Value, path: &str, api: &mut Api, depth: usize) {
+        let inner = &item["inner"];
+        if inner.get("module").is_some() {
+            api.insert(path.to_owned(), "module".to_owned());
+            self.module(item, path, api, depth);
+            return;
+        }
+        api.insert(path.to_owned(), self.signature(inner));
+        for (kind, list) in [("enum", "variants"), ("trait", "items")] {
+            for id in inner[kind][list].as_array().into_iter().flatten() {
+                if let Some(member) = self.item(id) {
+                    let name = member["name"].as_str().unwrap_or_default();
+                    api.insert(format!("{path}::{name}"), self.signature(&member["inner"]));
+                }
+            }
+        }
+        for id in inner["struct"]["kind"]["plain"]["fields"].as_array().into_iter().flatten() {
+            if let Some(field) = self.item(id).filter(|f| f["visibility"] == "public") {
+                let name = field["name"].as_str().unwrap_or_default();
+                api.insert(format!("{path}.{name}"), self.signature(&field["inner"]));
+            }
+        }
+        let impls = ["struct", "enum", "union"].iter().find_map(|kind| inner[kind]["impls"].as_array());
+        for id in impls.into_iter().flatten() {
+            let Some(block) = self.item(id).map(|i| &i["inner"]["impl"]) else { continue };
+            if block["is_synthetic"] == true || !block["blanket_impl"].is_null() {
+                continue;
+            }
+            if block["trait"].is_null() {
+                for method in block["items"].as_array().into_iter().flatten().filter_map(|id| self.item(id)) {
+                    let hidden = method["attrs"].to_string().contains("doc(hidden)");
+                    if method["visibility"] == "public" && !hidden {
+                        let name = method["name"].as_str().unwrap_or_default();
+                        api.insert(format!("{path}::{name}"), self.signature(&method["inner"]));
+                    }
+                }
+            } else {
+                let mut trait_path = block["trait"].clone();
+                self.normalize(&mut trait_path);
+                let mut generics = block["generics"].clone();
+                self.normalize(&mut generics);
+                api.insert(format!("{path}: impl {trait_path}"), generics.to_string());
+            }
+        }
+    }
+
+    /// An item's signature: its JSON without documentation, positions and ids (a path an id
+    /// names is written as the path).
+    fn signature(&self, inner: &Value) -> String {
+        let mut inner = inner.clone();
+        for kind in ["struct", "enum", "union", "trait"] {
+            if let Some(object) = inner.get_mut(kind).and_then(Value::as_object_mut) {
+                object.remove("impls");
+                object.remove("items");
+                object.remove("variants");
+                object.remove("implementations");
+            }
+        }
+        self.normalize(&mut inner);
+        inner.to_string()
+    }
+
+    fn normalize(&self, value: &mut Value) {
+        match value {
+            Value::Object(object) => {
+                if let Some(id) = object.remove("id")
+                    && let Some(known) = self.paths.get(&id.to_string())
+                {
+                    let path: Vec<&str> =
+                        known["path"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                    object.insert("path".to_owned(), Value::String(path.join("::")));
+                }
+                for (_, member) in object.iter_mut() {
+                    self.normalize(member);
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.normalize(item)),
+            _ => {}
+        }
+    }
+}
+
+/// The breaking changes from `then` to `now`: paths gone, and signatures changed.
+fn breaking_changes(then: &Api, now: &Api) -> Vec<String> {
+    let mut changes = Vec::new();
+    for (path, signature) in then {
+        match now.get(path) {
+            None => changes.push(format!("removed: {path}")),
+            Some(current) if current != signature => changes.push(format!("changed: {path}")),
+            Some(_) => {}
+        }
+    }
+    changes
+}
+
+/// The published crates (`publish` not false) under `crates/`, with their versions.
+fn published_crates(root: &Path) -> anyhow::Result<Vec<(String, Version)>> {
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args(["metadata", "--no-deps", "--format-version", "1", "--offline"])
+        .current_dir(root)
+        .output()
+        .context("running `cargo metadata`")?;
+    let metadata: Value = serde_json::from_slice(&output.stdout).context("reading `cargo metadata`")?;
+    let mut crates = Vec::new();
+    for package in metadata["packages"].as_array().into_iter().flatten() {
+        let manifest = package["manifest_path"].as_str().unwrap_or_default();
+        let unpublished = package["publish"].as_array().is_some_and(Vec::is_empty);
+        let has_lib =
+            package["targets"].as_array().into_iter().flatten().any(|t| t["kind"].to_string().contains("\"lib\""));
+        if manifest.contains("/crates/") && !unpublished && has_lib {
+            let version = parse_version(package["version"].as_str().unwrap_or_default())?;
+            crates.push((package["name"].as_str().unwrap_or_default().to_owned(), version));
+        }
+    }
+    crates.sort();
+    Ok(crates)
+}
+
+/// The rustdoc JSON of `package`'s library in the workspace at `root`.
+fn rustdoc_json(root: &Path, package: &str, target: &Path) -> anyhow::Result<Value> {
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args(["rustdoc", "-q", "-p", package, "--lib", "--all-features", "--", "-Z", "unstable-options"])
+        .args(["--output-format", "json"])
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_DIR", target)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("running rustdoc on {package}"))?;
+    if !status.success() {
+        bail!("rustdoc's JSON output of {package} failed ({status})");
+    }
+    let file = target.join("doc").join(format!("{}.json", package.replace('-', "_")));
+    let file = if file.exists() { file } else { lib_json(target, package)? };
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// The JSON file of a package whose library name differs from the package's.
+fn lib_json(target: &Path, package: &str) -> anyhow::Result<PathBuf> {
+    let stem = package.strip_prefix("vllm-ir-").unwrap_or(package).replace('-', "_");
+    for candidate in [format!("ir_{stem}"), stem.clone(), format!("kernels_{stem}"), format!("vllm_ir_{stem}")] {
+        let file = target.join("doc").join(format!("{candidate}.json"));
+        if file.exists() {
+            return Ok(file);
+        }
+    }
+    bail!("no rustdoc JSON of {package} in {}", target.join("doc").display())
+}
+
+/// `cargo xtask semver`.
+pub(crate) fn run() -> anyhow::Result<()> {
+    let root = project_root();
+    let changelog = std::fs::read_to_string(root.join("CHANGELOG.md")).context("reading CHANGELOG.md")?;
+    let crates = published_crates(&root)?;
+    let Some(release) = last_release(&changelog)? else {
+        println!(
+            "semver: no release recorded in CHANGELOG.md yet, so nothing is compared; the first release records its \
+             commit (``Release commit: `<hash>` `` under its `## [X.Y.Z]` heading) and from then on every published \
+             crate's API ({} crates) is compared with it",
+            crates.len()
+        );
+        return Ok(());
+    };
+    let baseline = root.join("target").join("semver").join(&release.commit);
+    if !baseline.join("Cargo.toml").exists() {
+        let status = Command::new("git")
+            .args(["worktree", "add", "--detach", "--force"])
+            .arg(&baseline)
+            .arg(&release.commit)
+            .current_dir(&root)
+            .status()?;
+        if !status.success() {
+            bail!(
+                "the release commit {} is not in this clone (a shallow clone? `git fetch --unshallow`)",
+                release.commit
+            );
+        }
+    }
+    let mut failures = Vec::new();
+    for (package, version) in &crates {
+        let now = api(&rustdoc_json(&root, package, &root.join("target").join("semver-now"))?)?;
+        let then = match rustdoc_json(&baseline, package, &root.join("target").join("semver-then")) {
+            Ok(doc) => api(&doc)?,
+            Err(error) => {
+                println!("semver: {package}: not in release {:?} ({error:#}); new since", release.version);
+                continue;
+            }
+        };
+        let changes = breaking_changes(&then, &now);
+        println!(
+            "semver: {package} {version:?}: {} public paths, {} breaking changes since the release",
+            now.len(),
+            changes.len()
+        );
+        if !changes.is_empty() && !breaking_bump(release.version, *version) {
+            failures.push(format!("{package}:\n  {}", changes.join("\n  ")));
+        }
+    }
+    if !failures.is_empty() {
+        bail!(
+            "breaking changes without a breaking version bump over release {:?} (commit {}); bump the version, or \
+             deprecate instead of removing:\n{}",
+            release.version,
+            release.commit,
+            failures.join("\n")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_release_and_its_commit_are_read_from_the_changelog() {
+        let changelog = "# Changelog\n\n## [Unreleased]\n\n- a\n\n## [0.2.0] - 2026-12-20\n\nRelease commit: `0123abcd`\n\n## [0.1.0]\n";
+        let release = last_release(changelog).unwrap().unwrap();
+        assert_eq!(release, Release { version: (0, 2, 0), commit: "0123abcd".to_owned() });
+        assert_eq!(last_release("# Changelog\n\n## [Unreleased]\n\n- a\n").unwrap(), None);
+        let error = last_release("## [Unreleased]\n\n## [0.2.0]\n\nno commit\n").unwrap_err();
+        assert!(error.to_string().contains("Release commit"), "{error}");
+    }
+
+    #[test]
+    fn a_breaking_change_needs_a_breaking_bump() {
+        assert!(breaking_bump((0, 2, 0), (0, 3, 0)));
+        assert!(breaking_bump((0, 2, 0), (1, 0, 0)));
+        assert!(!breaking_bump((0, 2, 0), (0, 2, 1)));
+        assert!(breaking_bump((1, 2, 0), (2, 0, 0)));
+        assert!(!breaking_bump((1, 2, 0), (1, 3, 0)));
+    }
+
+    /// A crate `k` with a function, a struct with a public field and a method, a re-export of the
+    /// struct at the root and an implemented trait, as rustdoc's JSON writes it.
+    fn fixture(method_arg: &str, field: &str) -> Value {
+        serde_json::json!({
+            "root": 0,
+            "paths": {
+                "2": {"crate_id": 0, "path": ["k", "m", "S"], "kind": "struct"},
+                "9": {"crate_id": 1, "path": ["core", "clone", "Clone"], "kind": "trait"}
+            },
+            "index": {
+                "0": {"name": "k", "visibility": "public", "inner": {"module": {"items": [1, 5, 6]}}},
+                "1": {"name": "m", "visibility": "public", "inner": {"module": {"items": [2]}}},
+                "2": {"name": "S", "visibility": "public", "inner": {"struct": {
+                    "kind": {"plain": {"fields": [3], "has_stripped_fields": false}},
+                    "generics": {"params": []}, "impls": [7, 8]}}},
+                "3": {"name": field, "visibility": "public", "inner": {"struct_field": {"primitive": "u32"}}},
+                "4": {"name": "get", "visibility": "public", "attrs": [], "inner": {"function": {"sig": {
+                    "inputs": [["x", {"primitive": method_arg}]], "output": {"resolved_path": {"path": "S", "id": 2}}}}}},
+                "5": {"name": null, "visibility": "public", "inner": {"use": {"name": "S", "id": 2, "is_glob": false}}},
+                "6": {"name": "f", "visibility": "public", "inner": {"function": {"sig": {"inputs": []}}}},
+                "7": {"inner": {"impl": {"trait": null, "items": [4], "is_synthetic": false, "blanket_impl": null}}},
+                "8": {"inner": {"impl": {"trait": {"path": "Clone", "id": 9}, "items": [], "generics": {},
+                    "is_synthetic": false, "blanket_impl": null}}}
+            }
+        })
+    }
+
+    #[test]
+    fn the_public_paths_come_with_their_signatures() {
+        let read = api(&fixture("u32", "value")).unwrap();
+        let paths: Vec<&str> = read.keys().map(String::as_str).collect();
+        assert_eq!(
+            paths,
+            [
+                "k::S",
+                "k::S.value",
+                "k::S: impl {\"path\":\"core::clone::Clone\"}",
+                "k::S::get",
+                "k::f",
+                "k::m",
+                "k::m::S",
+                "k::m::S.value",
+                "k::m::S: impl {\"path\":\"core::clone::Clone\"}",
+                "k::m::S::get",
+            ]
+        );
+        assert!(read["k::S::get"].contains("\"path\":\"k::m::S\""), "an id is written as the path it names");
+        assert!(breaking_changes(&read, &read).is_empty());
+        let changed = api(&fixture("u64", "value")).unwrap();
+        assert_eq!(breaking_changes(&read, &changed), ["changed: k::S::get", "changed: k::m::S::get"]);
+        let renamed = api(&fixture("u32", "count")).unwrap();
+        assert_eq!(breaking_changes(&read, &renamed), ["removed: k::S.value", "removed: k::m::S.value"]);
+        assert!(breaking_changes(&renamed, &read).len() == 2, "a field gone either way");
+    }
+}
