@@ -25,6 +25,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
         Ok(())
     })?;
     steps.run("check-features", crate::features::run)?;
+    steps.run("semver", crate::semver::run)?;
     // Two pairs of steps run side by side, each filling the cores the other leaves idle (the package
     // verification builds crate after crate, Miri's tests run on one core, a fuzz target runs on
     // one core); neither of a pair shares a target directory with the other.
@@ -133,6 +134,7 @@ pub(crate) fn vendor_job(vendor: Vendor) -> anyhow::Result<()> {
             );
             crate::lint::lint_core()?;
             crate::features::check_features_core()?;
+            crate::semver::run()?;
             crate::package::run()?;
             cargo(&["test", "--workspace", "--locked"], &[("VLLM_IR_REQUIRE", "cxx")])?;
             crate::examples::run()?;

@@ -68,10 +68,13 @@ fn api(doc: &Value) -> anyhow::Result<Api> {
     let index = doc["index"].as_object().context("rustdoc JSON without an index")?;
     let paths = doc["paths"].as_object().context("rustdoc JSON without paths")?;
     let root = doc["root"].to_string();
-    let reader = Reader { index, paths };
-    let mut api = Api::new();
     let root_item = index.get(&root).context("rustdoc JSON without its root module")?;
     let name = root_item["name"].as_str().unwrap_or("crate").to_owned();
+    let mut reader = Reader { index, paths, public: BTreeMap::new() };
+    let mut public = BTreeMap::new();
+    reader.public_paths(root_item, &name, &mut public, 0);
+    reader.public = public;
+    let mut api = Api::new();
     reader.module(root_item, &name, &mut api, 0);
     Ok(api)
 }
@@ -79,9 +82,43 @@ fn api(doc: &Value) -> anyhow::Result<Api> {
 struct Reader<'d> {
     index: &'d serde_json::Map<String, Value>,
     paths: &'d serde_json::Map<String, Value>,
+    /// The shortest public path of each item of the crate, by id: how a signature names a type of
+    /// its own crate, so that moving a type between private modules changes no signature.
+    public: BTreeMap<String, String>,
 }
 
 impl Reader<'_> {
+    /// Fills `public` with the shortest public path of every item reached from `module`.
+    fn public_paths(&self, module: &Value, prefix: &str, public: &mut BTreeMap<String, String>, depth: usize) {
+        if depth > 16 {
+            return;
+        }
+        for child in module["inner"]["module"]["items"].as_array().into_iter().flatten() {
+            let Some(item) = self.item(child).filter(|item| item["visibility"] == "public") else { continue };
+            let (target, name) = match item["inner"].get("use") {
+                Some(reexport) if reexport["is_glob"] == true => {
+                    if let Some(target) = self.item(&reexport["id"]) {
+                        self.public_paths(target, prefix, public, depth + 1);
+                    }
+                    continue;
+                }
+                Some(reexport) => (reexport["id"].clone(), reexport["name"].as_str().unwrap_or_default().to_owned()),
+                None => (child.clone(), item["name"].as_str().unwrap_or_default().to_owned()),
+            };
+            let path = format!("{prefix}::{name}");
+            let key = target.to_string();
+            let shorter = public
+                .get(&key)
+                .is_none_or(|known| (path.matches("::").count(), &path) < (known.matches("::").count(), known));
+            if shorter {
+                public.insert(key, path.clone());
+            }
+            if let Some(target) = self.item(&target).filter(|t| t["inner"].get("module").is_some()) {
+                self.public_paths(target, &path, public, depth + 1);
+            }
+        }
+    }
+
     fn item(&self, id: &Value) -> Option<&Value> {
         self.index.get(&id.to_string())
     }
@@ -172,17 +209,43 @@ impl Reader<'_> {
         inner.to_string()
     }
 
+    /// A field listed by id (`null` for a stripped one), as its visibility, name and type.
+    fn field(&self, id: &Value) -> Value {
+        let Some(item) = self.item(id) else { return Value::String("stripped".to_owned()) };
+        let mut ty = item["inner"]["struct_field"].clone();
+        self.normalize(&mut ty);
+        Value::String(format!("{} {}: {ty}", item["visibility"], item["name"]))
+    }
+
     fn normalize(&self, value: &mut Value) {
         match value {
             Value::Object(object) => {
-                if let Some(id) = object.remove("id")
-                    && let Some(known) = self.paths.get(&id.to_string())
-                {
-                    let path: Vec<&str> =
-                        known["path"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-                    object.insert("path".to_owned(), Value::String(path.join("::")));
+                if let Some(id) = object.remove("id") {
+                    let key = id.to_string();
+                    if let Some(path) = self.public.get(&key) {
+                        object.insert("path".to_owned(), Value::String(path.clone()));
+                    } else if let Some(known) = self.paths.get(&key) {
+                        // Another crate's item: its crate and name (its definition's module path is
+                        // that crate's own business).
+                        let path: Vec<&str> =
+                            known["path"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                        let short = match path[..] {
+                            [first, .., last] => format!("{first}::{last}"),
+                            _ => path.join("::"),
+                        };
+                        object.insert("path".to_owned(), Value::String(short));
+                    }
                 }
-                for (_, member) in object.iter_mut() {
+                for (key, member) in object.iter_mut() {
+                    // A struct's or variant's fields are listed by id: each as its name and type.
+                    if (key == "fields" || key == "tuple")
+                        && let Value::Array(fields) = member
+                    {
+                        for field in fields.iter_mut() {
+                            *field = self.field(field);
+                        }
+                        continue;
+                    }
                     self.normalize(member);
                 }
             }
@@ -205,8 +268,21 @@ fn breaking_changes(then: &Api, now: &Api) -> Vec<String> {
     changes
 }
 
-/// The published crates (`publish` not false) under `crates/`, with their versions.
-fn published_crates(root: &Path) -> anyhow::Result<Vec<(String, Version)>> {
+/// The features whose API is compared where a crate has them: the exchanges and the test helpers.
+/// The GPU features need their vendors' toolchains (and some exclude each other), so their
+/// crates' APIs are read without them.
+const API_FEATURES: &[&str] = &["candle", "dlpack", "testing"];
+
+/// A published crate.
+struct Published {
+    name: String,
+    version: Version,
+    /// The features its API is read with, comma-separated.
+    features: String,
+}
+
+/// The published crates (`publish` not false) under `crates/`.
+fn published_crates(root: &Path) -> anyhow::Result<Vec<Published>> {
     let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
         .args(["metadata", "--no-deps", "--format-version", "1", "--offline"])
         .current_dir(root)
@@ -221,17 +297,38 @@ fn published_crates(root: &Path) -> anyhow::Result<Vec<(String, Version)>> {
             package["targets"].as_array().into_iter().flatten().any(|t| t["kind"].to_string().contains("\"lib\""));
         if manifest.contains("/crates/") && !unpublished && has_lib {
             let version = parse_version(package["version"].as_str().unwrap_or_default())?;
-            crates.push((package["name"].as_str().unwrap_or_default().to_owned(), version));
+            let features: Vec<String> = API_FEATURES
+                .iter()
+                .filter(|feature| package["features"].get(**feature).is_some())
+                .map(|feature| (*feature).to_owned())
+                .collect();
+            crates.push(Published {
+                name: package["name"].as_str().unwrap_or_default().to_owned(),
+                version,
+                features: features.join(","),
+            });
         }
     }
-    crates.sort();
+    crates.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(crates)
 }
 
 /// The rustdoc JSON of `package`'s library in the workspace at `root`.
-fn rustdoc_json(root: &Path, package: &str, target: &Path) -> anyhow::Result<Value> {
+fn rustdoc_json(root: &Path, package: &str, features: &str, target: &Path) -> anyhow::Result<Value> {
+    match rustdoc_json_with(root, package, features, target) {
+        // A feature that needs a vendor's toolchain (candle's CUDA build in `kernels-cuda`): the API
+        // without the features, said.
+        Err(error) if !features.is_empty() => {
+            println!("semver: {package} with features `{features}` failed ({error:#}); reading it without them");
+            rustdoc_json_with(root, package, "", target)
+        }
+        result => result,
+    }
+}
+
+fn rustdoc_json_with(root: &Path, package: &str, features: &str, target: &Path) -> anyhow::Result<Value> {
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args(["rustdoc", "-q", "-p", package, "--lib", "--all-features", "--", "-Z", "unstable-options"])
+        .args(["rustdoc", "-q", "-p", package, "--lib", "--features", features, "--", "-Z", "unstable-options"])
         .args(["--output-format", "json"])
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_TARGET_DIR", target)
@@ -289,9 +386,9 @@ pub(crate) fn run() -> anyhow::Result<()> {
         }
     }
     let mut failures = Vec::new();
-    for (package, version) in &crates {
-        let now = api(&rustdoc_json(&root, package, &root.join("target").join("semver-now"))?)?;
-        let then = match rustdoc_json(&baseline, package, &root.join("target").join("semver-then")) {
+    for Published { name: package, version, features } in &crates {
+        let now = api(&rustdoc_json(&root, package, features, &root.join("target").join("semver-now"))?)?;
+        let then = match rustdoc_json(&baseline, package, features, &root.join("target").join("semver-then")) {
             Ok(doc) => api(&doc)?,
             Err(error) => {
                 println!("semver: {package}: not in release {:?} ({error:#}); new since", release.version);
@@ -379,22 +476,23 @@ mod tests {
             [
                 "k::S",
                 "k::S.value",
-                "k::S: impl {\"path\":\"core::clone::Clone\"}",
+                "k::S: impl {\"path\":\"core::Clone\"}",
                 "k::S::get",
                 "k::f",
                 "k::m",
                 "k::m::S",
                 "k::m::S.value",
-                "k::m::S: impl {\"path\":\"core::clone::Clone\"}",
+                "k::m::S: impl {\"path\":\"core::Clone\"}",
                 "k::m::S::get",
             ]
         );
-        assert!(read["k::S::get"].contains("\"path\":\"k::m::S\""), "an id is written as the path it names");
+        assert!(read["k::S::get"].contains("\"path\":\"k::S\""), "an id is written as its shortest public path");
         assert!(breaking_changes(&read, &read).is_empty());
         let changed = api(&fixture("u64", "value")).unwrap();
         assert_eq!(breaking_changes(&read, &changed), ["changed: k::S::get", "changed: k::m::S::get"]);
         let renamed = api(&fixture("u32", "count")).unwrap();
-        assert_eq!(breaking_changes(&read, &renamed), ["removed: k::S.value", "removed: k::m::S.value"]);
-        assert!(breaking_changes(&renamed, &read).len() == 2, "a field gone either way");
+        let gone = ["changed: k::S", "removed: k::S.value", "changed: k::m::S", "removed: k::m::S.value"];
+        assert_eq!(breaking_changes(&read, &renamed), gone, "the struct's fields are part of its signature");
+        assert_eq!(breaking_changes(&renamed, &read).len(), 4, "a field gone either way");
     }
 }
