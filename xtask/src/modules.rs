@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::project_root;
 
 /// The code of a file without comments and without its unit tests.
-fn code(path: &Path) -> String {
+pub(crate) fn code(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
     text.lines().map(|line| line.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join("\n")

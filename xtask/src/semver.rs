@@ -10,7 +10,7 @@
 //! Until a release is recorded, it reads the API now and says that nothing is compared.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, bail};
@@ -276,6 +276,8 @@ const API_FEATURES: &[&str] = &["candle", "dlpack", "testing"];
 /// A published crate.
 struct Published {
     name: String,
+    /// Its library's name (the JSON file rustdoc writes).
+    lib: String,
     version: Version,
     /// The features its API is read with, comma-separated.
     features: String,
@@ -293,9 +295,9 @@ fn published_crates(root: &Path) -> anyhow::Result<Vec<Published>> {
     for package in metadata["packages"].as_array().into_iter().flatten() {
         let manifest = package["manifest_path"].as_str().unwrap_or_default();
         let unpublished = package["publish"].as_array().is_some_and(Vec::is_empty);
-        let has_lib =
-            package["targets"].as_array().into_iter().flatten().any(|t| t["kind"].to_string().contains("\"lib\""));
-        if manifest.contains("/crates/") && !unpublished && has_lib {
+        let lib =
+            package["targets"].as_array().into_iter().flatten().find(|t| t["kind"].to_string().contains("\"lib\""));
+        if let Some(lib) = lib.filter(|_| manifest.contains("/crates/") && !unpublished) {
             let version = parse_version(package["version"].as_str().unwrap_or_default())?;
             let features: Vec<String> = API_FEATURES
                 .iter()
@@ -304,6 +306,7 @@ fn published_crates(root: &Path) -> anyhow::Result<Vec<Published>> {
                 .collect();
             crates.push(Published {
                 name: package["name"].as_str().unwrap_or_default().to_owned(),
+                lib: lib["name"].as_str().unwrap_or_default().replace('-', "_"),
                 version,
                 features: features.join(","),
             });
@@ -314,19 +317,21 @@ fn published_crates(root: &Path) -> anyhow::Result<Vec<Published>> {
 }
 
 /// The rustdoc JSON of `package`'s library in the workspace at `root`.
-fn rustdoc_json(root: &Path, package: &str, features: &str, target: &Path) -> anyhow::Result<Value> {
-    match rustdoc_json_with(root, package, features, target) {
+fn rustdoc_json(root: &Path, krate: &Published, features: &str, target: &Path) -> anyhow::Result<Value> {
+    let package = krate.name.as_str();
+    match rustdoc_json_with(root, krate, features, target) {
         // A feature that needs a vendor's toolchain (candle's CUDA build in `kernels-cuda`): the API
         // without the features, said.
         Err(error) if !features.is_empty() => {
             println!("semver: {package} with features `{features}` failed ({error:#}); reading it without them");
-            rustdoc_json_with(root, package, "", target)
+            rustdoc_json_with(root, krate, "", target)
         }
         result => result,
     }
 }
 
-fn rustdoc_json_with(root: &Path, package: &str, features: &str, target: &Path) -> anyhow::Result<Value> {
+fn rustdoc_json_with(root: &Path, krate: &Published, features: &str, target: &Path) -> anyhow::Result<Value> {
+    let (package, lib) = (krate.name.as_str(), krate.lib.as_str());
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
         .args(["rustdoc", "-q", "-p", package, "--lib", "--features", features, "--", "-Z", "unstable-options"])
         .args(["--output-format", "json"])
@@ -338,22 +343,9 @@ fn rustdoc_json_with(root: &Path, package: &str, features: &str, target: &Path) 
     if !status.success() {
         bail!("rustdoc's JSON output of {package} failed ({status})");
     }
-    let file = target.join("doc").join(format!("{}.json", package.replace('-', "_")));
-    let file = if file.exists() { file } else { lib_json(target, package)? };
+    let file = target.join("doc").join(format!("{lib}.json"));
     let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
     Ok(serde_json::from_str(&text)?)
-}
-
-/// The JSON file of a package whose library name differs from the package's.
-fn lib_json(target: &Path, package: &str) -> anyhow::Result<PathBuf> {
-    let stem = package.strip_prefix("vllm-ir-").unwrap_or(package).replace('-', "_");
-    for candidate in [format!("ir_{stem}"), stem.clone(), format!("kernels_{stem}"), format!("vllm_ir_{stem}")] {
-        let file = target.join("doc").join(format!("{candidate}.json"));
-        if file.exists() {
-            return Ok(file);
-        }
-    }
-    bail!("no rustdoc JSON of {package} in {}", target.join("doc").display())
 }
 
 /// `cargo xtask semver`.
@@ -386,9 +378,10 @@ pub(crate) fn run() -> anyhow::Result<()> {
         }
     }
     let mut failures = Vec::new();
-    for Published { name: package, version, features } in &crates {
-        let now = api(&rustdoc_json(&root, package, features, &root.join("target").join("semver-now"))?)?;
-        let then = match rustdoc_json(&baseline, package, features, &root.join("target").join("semver-then")) {
+    for krate in &crates {
+        let Published { name: package, version, features, .. } = krate;
+        let now = api(&rustdoc_json(&root, krate, features, &root.join("target").join("semver-now"))?)?;
+        let then = match rustdoc_json(&baseline, krate, features, &root.join("target").join("semver-then")) {
             Ok(doc) => api(&doc)?,
             Err(error) => {
                 println!("semver: {package}: not in release {:?} ({error:#}); new since", release.version);

@@ -85,13 +85,6 @@ impl fmt::Debug for ImplSpec {
     }
 }
 
-/// The function an implementation stores, once: a [`Stored`] of its typed function.
-pub(crate) type StoredFn = dyn std::any::Any + Send + Sync;
-
-/// How the registry runs a stored function on bound arguments (tensors an in-place implementation
-/// writes are taken out of the list).
-pub(crate) type RunBound = fn(&StoredFn, &mut [Value]) -> Result<Outputs, KernelError>;
-
 /// A function over bound arguments, what the dynamic constructors store.
 type BoundFn = dyn Fn(&mut [Value]) -> Result<Outputs, KernelError> + Send + Sync;
 
@@ -101,12 +94,20 @@ struct Stored<F: ?Sized> {
     func: Box<F>,
 }
 
-/// Runs a [`Stored<F>`] on bound arguments: one instance per function type, so the erased path
-/// is a plain function pointer.
-fn run_stored<F: ?Sized + 'static>(stored: &StoredFn, args: &mut [Value]) -> Result<Outputs, KernelError> {
-    match stored.downcast_ref::<Stored<F>>() {
-        Some(stored) => (stored.run)(&stored.func, args),
-        None => Err(KernelError::InvalidArguments { reason: "an implementation holds another function type".into() }),
+/// What an implementation stores, its function's type erased: run on bound arguments (tensors an
+/// in-place implementation writes are taken out of the list), or read back as the typed function.
+pub(crate) trait StoredFn: Send + Sync {
+    fn run(&self, args: &mut [Value]) -> Result<Outputs, KernelError>;
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<F: ?Sized + Send + Sync + 'static> StoredFn for Stored<F> {
+    fn run(&self, args: &mut [Value]) -> Result<Outputs, KernelError> {
+        (self.run)(&self.func, args)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -120,8 +121,7 @@ fn run_stored<F: ?Sized + 'static>(stored: &StoredFn, args: &mut [Value]) -> Res
 #[derive(Clone)]
 pub struct ImplFunc {
     pub(crate) inplace: bool,
-    pub(crate) func: Arc<StoredFn>,
-    pub(crate) run_bound: RunBound,
+    pub(crate) func: Arc<dyn StoredFn>,
 }
 
 impl ImplFunc {
@@ -154,7 +154,7 @@ impl ImplFunc {
         func: Box<F>,
         run: fn(&F, &mut [Value]) -> Result<Outputs, KernelError>,
     ) -> ImplFunc {
-        ImplFunc { inplace, func: Arc::new(Stored { run, func }), run_bound: run_stored::<F> }
+        ImplFunc { inplace, func: Arc::new(Stored { run, func }) }
     }
 
     /// Whether the implementation writes its outputs into its activations.
@@ -165,13 +165,13 @@ impl ImplFunc {
     /// The stored function as the typed function `F` (an op's typed `dyn Fn`), when it is one.
     #[inline]
     pub(crate) fn typed_as<F: ?Sized + 'static>(&self) -> Option<&F> {
-        self.func.downcast_ref::<Stored<F>>().map(|stored| &*stored.func)
+        self.func.as_any().downcast_ref::<Stored<F>>().map(|stored| &*stored.func)
     }
 
     /// Runs the function on bound arguments.
     #[inline]
     pub(crate) fn run(&self, args: &mut [Value]) -> Result<Outputs, KernelError> {
-        (self.run_bound)(&*self.func, args)
+        self.func.run(args)
     }
 
     /// Runs the kernel on bound arguments without any of the registry's checks (arguments, the

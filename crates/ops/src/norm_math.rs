@@ -8,13 +8,19 @@
 use ir_core::op::{ArgMeta, MetaError, OpDef};
 use ir_core::{Tensor, TensorError, TensorMeta};
 
+/// The argument of `def`'s parameter `name` in a bound list (`None` when the op has no such
+/// parameter): how a meta function shared by several ops reads them.
+pub(crate) fn named<'a, 'm>(def: &OpDef, args: &'a [ArgMeta<'m>], name: &str) -> Option<&'a ArgMeta<'m>> {
+    def.param_index(name).and_then(|index| args.get(index))
+}
+
 /// The meta function of both norms, and the norm's checks of the norm + quantization ops: reads
 /// the parameters by name from `def` (`x`, `weight`, `epsilon`, and `x_residual` and
 /// `variance_size` where the op has them).
 pub(crate) fn norm_meta(def: &'static OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
     let op = def.name;
     let kind = |param| MetaError::Kind { op, param };
-    let arg = |name: &str| def.param_index(name).and_then(|index| args.get(index));
+    let arg = |name: &str| named(def, args, name);
     let x = arg("x").and_then(ArgMeta::tensor).ok_or(kind("x"))?;
     if x.layout.rank() == 0 {
         return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });

@@ -30,7 +30,7 @@
 //! becomes `±M`); NaN stays NaN; an infinite element makes its row's dynamic scale infinite, so
 //! that element is NaN and the rest of the row zero.
 
-use crate::norm_math::norm_meta;
+use crate::norm_math::{named, norm_meta};
 use ir_core::op::{ArgMeta, MetaError, OpDef, StrEnum};
 use ir_core::{DType, Device, Tensor, TensorError, TensorMeta};
 
@@ -102,7 +102,7 @@ pub(crate) fn norm_quant_meta(
     args: &[ArgMeta<'_>],
 ) -> Result<ir_core::op::OutputMetas, MetaError> {
     let op = def.name;
-    let arg = |name: &str| def.param_index(name).and_then(|index| args.get(index));
+    let arg = |name: &str| named(def, args, name);
     let mut norm_outputs = norm_meta(def, args)?;
     let x = arg("x").and_then(ArgMeta::tensor).ok_or(MetaError::Kind { op, param: "x" })?;
     let dynamic = def.param_index("scale_ub").is_some();
