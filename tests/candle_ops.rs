@@ -460,7 +460,7 @@ fn in_place_writes_through_broadcast_views_are_refused() {
         assert!(bit_eq(&ours(&row), &row_before), "{param}: nothing written");
     };
     let rounding = ir_ops::Rounding::Exact;
-    refused(candle_ops::fused_add_rms_norm(&registry, &other, &broadcast, None, 1e-6, rounding), "residual");
+    refused(candle_ops::fused_add_rms_norm(&registry, &other, &broadcast, None, 1e-6, rounding), "x_residual");
     refused(candle_ops::fused_add_rms_norm(&registry, &broadcast, &other, None, 1e-6, rounding), "x");
     let cache = ir_ops::rotary_embedding::cos_sin_cache(DType::F32, 8, 64, 10000.0).unwrap().into_candle().unwrap();
     let positions = CTensor::new(&[0i64, 1, 2, 3], &Device::Cpu).unwrap();
@@ -476,7 +476,7 @@ fn in_place_writes_through_broadcast_views_are_refused() {
         DType::F8E4M3FN,
         rounding,
     );
-    refused(fused_quant.map(|_| ()), "residual");
+    refused(fused_quant.map(|_| ()), "x_residual");
 }
 
 /// Two threads calling ops on the same two tensors in different roles (one writes `b` and `a`,
@@ -573,7 +573,9 @@ fn interleaved_written_tensors_that_share_no_element_are_computed() {
 /// engine (here a copy of `rms_norm`'s definition under another name) is callable the same way.
 #[test]
 fn every_registry_op_runs_on_candle_tensors_through_its_declaration() {
-    use ir_core::op::{Arg, InputSpec};
+    use candle_ops::Candle;
+    use ir_core::OpCaller;
+    use ir_core::op::{Arg, InputSpec, Overload};
     static ENGINE_NORM: std::sync::LazyLock<ir_core::op::OpDef> =
         std::sync::LazyLock::new(|| ir_core::op::OpDef { name: "engine_norm", ..ir_ops::rms_norm::RMS_NORM });
     let engine_norm: &'static ir_core::op::OpDef = &ENGINE_NORM;
@@ -593,6 +595,20 @@ fn every_registry_op_runs_on_candle_tensors_through_its_declaration() {
                 let candle: Vec<Arg<CTensor>> =
                     values.iter().map(|v| v.clone().map_tensor(|t| t.to_candle().unwrap())).collect();
                 let args: Vec<candle_ops::CandleArg<'_>> = candle.iter().map(Arg::borrowed).collect();
+                // The path of the generated functional calls (`op::call(&Candle(..), ..)`): every
+                // output fresh, no input written.
+                let inputs: Vec<Tensor> = candle.iter().filter_map(Arg::as_tensor).map(ours).collect();
+                let functional = Candle(registry)
+                    .call_op(def, Overload::Default, candle.iter().cloned().collect())
+                    .unwrap_or_else(|e| panic!("{label} {name} {dtype}: functional: {e}"));
+                assert_eq!(functional.len(), expected.len(), "{label} {name} {dtype}: functional outputs");
+                for (i, (g, e)) in functional.iter().zip(&expected).enumerate() {
+                    let tolerance = ir_core::op::tolerance(def, e.dtype()).unwrap();
+                    allclose(&ours(g), e, tolerance.atol, tolerance.rtol)
+                        .unwrap_or_else(|err| panic!("{label} {name} {dtype}: functional output {i}: {err}"));
+                }
+                let after: Vec<Tensor> = candle.iter().filter_map(Arg::as_tensor).map(ours).collect();
+                assert!(inputs.iter().zip(&after).all(|(a, b)| bit_eq(a, b)), "{label} {name} {dtype}: read only");
                 let before = registry.selection_record();
                 let fresh =
                     candle_ops::call(registry, def, &args).unwrap_or_else(|e| panic!("{label} {name} {dtype}: {e}"));

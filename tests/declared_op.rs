@@ -230,3 +230,41 @@ fn a_declared_op_traces_compiles_and_runs_like_a_built_in() {
     assert!(compiled_text.contains("impl soft_cap[counted]"), "clamp goes to the functional provider\n{compiled_text}");
     assert!(bit_eq(&run(&compiled).outputs[0], &eager), "the compiled graph runs like eager\n{compiled_text}");
 }
+
+/// The declaration alone puts the engine's op on candle tensors: its generated context calls run
+/// on `candle_ops::Candle`, the functional one reading its tensors, the donating one writing the
+/// given activation in place (the same candle tensor comes back), both through the registry's
+/// priorities and checks.
+#[test]
+fn a_declared_op_runs_on_candle_tensors_through_its_generated_calls() {
+    use ir_ops::candle_ops::{Candle, CandleOpError};
+    let (functional, inplace) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let registry = registry(Arc::clone(&functional), Arc::clone(&inplace));
+    let ops = Candle(&registry);
+    let x = Tensor::randn(&TensorMeta::compact(DType::F32, &[3, 8]), 9).unwrap().scale(30.0).unwrap();
+    let to_candle = |t: &Tensor| t.deep_clone().unwrap().into_candle().unwrap();
+    let ours = |t: &candle_core::Tensor| Tensor::from_candle(t).unwrap();
+    let (cx, bias) = (to_candle(&x), Tensor::randn(&TensorMeta::compact(DType::F32, &[8]), 10).unwrap());
+    let cbias = to_candle(&bias);
+
+    // Functional: a fresh tensor, the input untouched; the clamp goes to the functional provider.
+    let clamped = soft_cap::call(&ops, &cx, 10.0, CapMode::Clamp, Some(&cbias)).unwrap();
+    assert!(bit_eq(&ours(&clamped), &native(&x, 10.0, CapMode::Clamp, Some(&bias)).unwrap()));
+    assert!(bit_eq(&ours(&cx), &x), "the functional call never writes its input");
+    assert_eq!(functional.load(Ordering::Relaxed), 1);
+
+    // Donating: written in place by the in-place provider, and the same candle tensor returned.
+    let out = soft_cap::call_maybe_inplace(&ops, cx.clone(), 30.0, CapMode::Tanh, None).unwrap();
+    assert_eq!(out.id(), cx.id(), "the given activation comes back");
+    assert!(bit_eq(&ours(&cx), &native(&x, 30.0, CapMode::Tanh, None).unwrap()), "written in place");
+    assert_eq!(inplace.load(Ordering::Relaxed), 1);
+    let record = registry.selection_record();
+    assert_eq!(record.op("soft_cap").unwrap().inplace_writes, 1);
+
+    // The declaration's validation, before anything is written.
+    let before = ours(&cx);
+    let err = soft_cap::call_maybe_inplace(&ops, cx.clone(), -1.0, CapMode::Tanh, None).unwrap_err();
+    assert!(matches!(err, CandleOpError::Call(_)), "{err}");
+    assert!(err.to_string().contains("`cap` = -1 is invalid: must be positive"), "{err}");
+    assert!(bit_eq(&ours(&cx), &before), "nothing written");
+}

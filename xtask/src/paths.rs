@@ -155,8 +155,12 @@ fn every_way_to_run_an_op_is_documented() {
     let mut running = Vec::new();
     for (path, code) in files.iter().filter(|(path, _)| path.starts_with("crates/ir-core/src/registry/")) {
         let lines: Vec<&str> = code.lines().collect();
+        let mut in_registry = false;
         for (index, line) in lines.iter().enumerate() {
-            let Some(rest) = line.trim_start().strip_prefix("pub fn ") else { continue };
+            if line.starts_with("impl") {
+                in_registry = line.starts_with("impl Registry");
+            }
+            let Some(rest) = line.trim_start().strip_prefix("pub fn ").filter(|_| in_registry) else { continue };
             let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             let end = lines[index..].iter().position(|l| l.contains('{')).map_or(lines.len(), |p| index + p + 1);
             let signature = lines[index..end].join(" ");
@@ -168,7 +172,8 @@ fn every_way_to_run_an_op_is_documented() {
                 .clone()
                 .fold((false, false), |(d, h), l| (d || l.contains("#[deprecated"), h || l.contains("doc(hidden)")));
             let _ = attributes.next();
-            if signature.contains("Result<Vec<Tensor>") && !deprecated && !hidden {
+            let returns_outputs = ["Result<Vec<Tensor>", "Result<Outputs"].iter().any(|r| signature.contains(r));
+            if returns_outputs && !deprecated && !hidden {
                 running.push(format!("{path}: Registry::{name}"));
             }
         }

@@ -4,7 +4,7 @@
 //! nodes instead of running kernels) implements the same trait.
 
 use crate::builtin::{Builtin, BuiltinArg, Eval, Scalars, check_args};
-use crate::op::{OpDef, Overload};
+use crate::op::{Handles, OpDef, Overload};
 use crate::{CallError, Registry, Tensor, TensorMeta};
 
 /// One argument of [`ExecutionContext::call`]: a tensor handle of the context, or a constant.
@@ -12,6 +12,9 @@ use crate::{CallError, Registry, Tensor, TensorMeta};
 /// Tensor handles are owned: a `maybe_inplace` call donates its activations by moving them in, and a
 /// functional call gets a handle copy (cheap: `Tensor` and traced handles are reference counted).
 pub type CallArg<T> = crate::op::Arg<T>;
+
+/// The arguments of [`OpCaller::call_op`], inline up to [`INLINE_ARGS`](crate::op::INLINE_ARGS).
+pub type CallArgs<T> = smallvec::SmallVec<[CallArg<T>; crate::op::INLINE_ARGS]>;
 
 /// What models need from the place they run in.
 ///
@@ -41,6 +44,41 @@ pub trait ExecutionContext {
 
     /// Runs built-in `op` ([`crate::builtin`]) on `args`, of the kinds its table entry lists.
     fn builtin(&self, op: Builtin, args: Vec<BuiltinArg<Self::Tensor>>) -> Result<Self::Tensor, CallError>;
+}
+
+/// What the op calls `define_op!` generates run on: a tensor handle type and one generic call of an
+/// op. Every [`ExecutionContext`] is one (so `rms_norm::call(&ctx, ..)` runs eagerly and is
+/// traced); a tensor library's binding that is no execution context (no built-ins, no metadata of
+/// its own), such as `ir_ops::candle_ops::Candle`, is one too, and so gets every op's typed call
+/// on its tensors by construction.
+pub trait OpCaller {
+    /// The tensor handle type.
+    type Tensor: Clone;
+    /// The calls' error: a dispatch error converts into it.
+    type Error: From<CallError>;
+
+    /// Calls `op` with positional arguments (trailing defaults may be omitted), functional or
+    /// `maybe_inplace`, as [`ExecutionContext::call`] does.
+    fn call_op(
+        &self,
+        op: &'static OpDef,
+        overload: Overload,
+        args: CallArgs<Self::Tensor>,
+    ) -> Result<Handles<Self::Tensor>, Self::Error>;
+}
+
+impl<C: ExecutionContext + ?Sized> OpCaller for C {
+    type Tensor = C::Tensor;
+    type Error = CallError;
+
+    fn call_op(
+        &self,
+        op: &'static OpDef,
+        overload: Overload,
+        args: CallArgs<C::Tensor>,
+    ) -> Result<Handles<C::Tensor>, CallError> {
+        self.call(op, overload, args.into_vec()).map(Handles::from_vec)
+    }
 }
 
 /// Typed calls of the built-ins on every execution context: sugar over
@@ -160,7 +198,8 @@ impl ExecutionContext for EagerContext<'_> {
         args: Vec<CallArg<Tensor>>,
     ) -> Result<Vec<Tensor>, CallError> {
         // An eager context's arguments are the dynamic values themselves.
-        self.registry.run(crate::Call::new(op, overload, args).with_stream(self.stream.clone()))
+        let call = crate::Call::new(op, overload, args).with_stream(self.stream.clone());
+        Ok(self.registry.run(call)?.into_vec())
     }
 
     /// Runs the table's computation; `copy_` writes into its first argument, which must be uniquely

@@ -214,20 +214,21 @@ macro_rules! define_op {
 
     (@ctx_call $name:ident $def:ident $overload:ident $ctx_fname:ident $ctx_given:ident $to_call_arg:ident
         ($($param:ident : $ty:ty),+) [$out:ty] $what:literal) => {
-        #[doc = concat!("`", stringify!($name), "` through an execution context (eager, traced, or an engine's own), ", $what, ".")]
+        #[doc = concat!("`", stringify!($name), "` through an execution context (eager, traced, or an engine's own) or another [`OpCaller`](", stringify!($crate), "::OpCaller) (a tensor library's binding), ", $what, ".")]
         #[allow(clippy::too_many_arguments)]
-        pub fn $ctx_fname<'a, C: $crate::ExecutionContext + ?Sized>(
+        pub fn $ctx_fname<'a, C: $crate::OpCaller + ?Sized>(
             ctx: &C,
             $($param: <$ty as $crate::__macro_support::OpParam>::$ctx_given<'a, C::Tensor>),+
-        ) -> ::std::result::Result<<$out as $crate::__macro_support::OpOutputs>::Of<C::Tensor>, $crate::CallError>
+        ) -> ::std::result::Result<<$out as $crate::__macro_support::OpOutputs>::Of<C::Tensor>, C::Error>
         where
             C::Tensor: 'a,
         {
-            let args = vec![$(<$ty as $crate::__macro_support::OpParam>::$to_call_arg::<C::Tensor>($param)),+];
-            let outputs = ctx.call(&$def, $crate::op::Overload::$overload, args)?;
+            let args: $crate::context::CallArgs<C::Tensor> =
+                $crate::op::smallvec![$(<$ty as $crate::__macro_support::OpParam>::$to_call_arg::<C::Tensor>($param)),+];
+            let outputs = ctx.call_op(&$def, $crate::op::Overload::$overload, args)?;
             let found = outputs.len();
-            <$out as $crate::__macro_support::OpOutputs>::from_handles($crate::op::Handles::from_vec(outputs))
-                .ok_or_else(|| $crate::__macro_support::output_count($def.name, found, <$out as $crate::__macro_support::OpOutputs>::N))
+            <$out as $crate::__macro_support::OpOutputs>::from_handles(outputs)
+                .ok_or_else(|| $crate::__macro_support::output_count($def.name, found, <$out as $crate::__macro_support::OpOutputs>::N).into())
         }
     };
 

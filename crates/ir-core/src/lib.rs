@@ -82,7 +82,7 @@ pub mod __macro_support {
 }
 
 pub use crate::builtin::{Builtin, BuiltinArg};
-pub use crate::context::{CallArg, EagerContext, ExecutionContext, ExecutionContextExt};
+pub use crate::context::{CallArg, EagerContext, ExecutionContext, ExecutionContextExt, OpCaller};
 pub use crate::device::{Device, DeviceKind, UnknownDevice};
 pub use crate::dtype::{DType, Element, F8E4M3, F8E5M2, FP8_NAN, UnknownDType};
 pub use crate::implementation::{Availability, ImplFunc, ImplSpec, Probe, Support, SupportsFn};

@@ -16,7 +16,7 @@ use cranelift_entity::SecondaryMap;
 
 use crate::{Arg, Builtin, BuiltinArg, Effect, Graph, NodeId, NodeKind, ValueId, VerifyError, verify};
 use ir_core::builtin::{Eval, Scalars};
-use ir_core::op::{ArgMeta, Overload, Value};
+use ir_core::op::{ArgMeta, Outputs, Overload, Value};
 use ir_core::{CallError, Registry, StorageId, Tensor, TensorError, TensorMeta};
 
 /// Whether the interpreter checks writes for hazards.
@@ -432,7 +432,7 @@ impl<'g> Run<'g> {
         let values = std::mem::take(&mut values);
         let result =
             self.registry.run(Call::new(op, if in_place { Overload::MaybeInplace } else { Overload::Default }, values));
-        result.map_err(|e| self.call_error(node, e))
+        result.map(Outputs::into_vec).map_err(|e| self.call_error(node, e))
     }
 
     fn impl_call(
@@ -456,6 +456,7 @@ impl<'g> Run<'g> {
             return self
                 .registry
                 .run(Call::new(op, Overload::Default, values).provider(provider))
+                .map(Outputs::into_vec)
                 .map_err(|e| self.call_error(node, e));
         }
         let written: Vec<ValueId> = writes
@@ -540,7 +541,7 @@ impl<'g> Run<'g> {
             let rebound = outputs[index].as_strided(layout).map_err(|e| self.tensor_error(node, e))?;
             self.bind(alias, rebound);
         }
-        Ok(outputs)
+        Ok(outputs.into_vec())
     }
 
     /// Writes through `dst` with `write`, rebinding its aliases to the written storage.

@@ -33,18 +33,20 @@ use std::fmt;
 
 pub use crate::op::declare::{Activation, Handles, StrEnum, mismatched};
 pub use crate::op::error::{KernelError, OperandMismatch};
-pub(crate) use crate::op::value::default_fits;
 pub use crate::op::value::{Arg, ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
+pub(crate) use crate::op::value::{default_fits, fill_defaults};
 use crate::{DType, Device, Tensor, TensorError, TensorMeta};
 
-/// How many arguments' metadata dispatch holds without a heap allocation (typed calls keep the
-/// arguments themselves in an array of their own): every built-in op's parameter count fits.
+/// How many arguments (or their metadata) a call holds without a heap allocation (typed calls keep
+/// the arguments themselves in an array of their own): every built-in op's parameter count fits.
 pub const INLINE_ARGS: usize = 8;
 /// How many outputs (or output metadata) a call holds without a heap allocation: every built-in
 /// op's output count fits (an op with more outputs spills them to the heap).
 pub const INLINE_OUTPUTS: usize = 2;
 /// A call's outputs, inline up to [`INLINE_OUTPUTS`].
 pub type Outputs = smallvec::SmallVec<[Tensor; INLINE_OUTPUTS]>;
+/// A call's positional arguments, inline up to [`INLINE_ARGS`] (`.into()` from a `Vec`).
+pub type Values = smallvec::SmallVec<[Value; INLINE_ARGS]>;
 /// A meta function's output metadata, inline up to [`INLINE_OUTPUTS`] (build one with
 /// [`smallvec!`], or `.into()` from a `Vec`).
 pub type OutputMetas = smallvec::SmallVec<[TensorMeta; INLINE_OUTPUTS]>;

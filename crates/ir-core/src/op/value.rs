@@ -412,12 +412,22 @@ pub(crate) fn default_fits(op: &'static str, param: &ParamDef) -> bool {
 
 /// Checks arity and kinds against `op`'s parameters and fills omitted trailing parameters with defaults.
 pub fn bind(op: &OpDef, mut args: Vec<Value>) -> Result<Vec<Value>, BindError> {
-    check_args(op, args.iter().map(Value::meta))?;
-    for param in &op.params[args.len()..] {
-        let default = param.default.ok_or(BindError::MissingArg { op: op.name, param: param.name })?;
-        args.push(Value::from(default));
-    }
+    fill_defaults(op, &mut args)?;
     Ok(args)
+}
+
+/// [`bind`] on any argument list, in place.
+pub(crate) fn fill_defaults<V>(op: &OpDef, args: &mut V) -> Result<(), BindError>
+where
+    V: std::ops::Deref<Target = [Value]> + Extend<Value>,
+{
+    check_args(op, args.iter().map(Value::meta))?;
+    let missing = &op.params[args.len()..];
+    if let Some(param) = missing.iter().find(|param| param.default.is_none()) {
+        return Err(BindError::MissingArg { op: op.name, param: param.name });
+    }
+    args.extend(missing.iter().filter_map(|param| param.default.map(Value::from)));
+    Ok(())
 }
 
 /// The metadata form of [`bind`]: defaults are filled in as metadata.

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use crate::op::declare::OpOutputs;
-use crate::op::{ArgMeta, INLINE_OUTPUTS, OpDef, Outputs, Overload, Value, bind};
+use crate::op::{ArgMeta, INLINE_OUTPUTS, OpDef, Outputs, Overload, Value, Values};
 use crate::registry::cache::{self, Choice};
 use crate::registry::select::{ArgMetas, DisplayRejections, on_device};
 use crate::registry::{CallError, ImplEntry, NATIVE, OpEntry, OpRef, Registry, read};
@@ -41,7 +41,7 @@ type PerOutput<T> = SmallVec<[T; INLINE_OUTPUTS]>;
 pub struct Call<'a> {
     op: OpRef<'a>,
     overload: Overload,
-    args: Vec<Value>,
+    args: Values,
     provider: Option<&'a str>,
     stream: Option<LaunchStream>,
 }
@@ -50,8 +50,8 @@ impl<'a> Call<'a> {
     /// A call of `op` (its definition or its name) on the positional `args` (trailing parameters
     /// with defaults may be left out); with [`Overload::MaybeInplace`] the activations among `args`
     /// are donated.
-    pub fn new(op: impl Into<OpRef<'a>>, overload: Overload, args: Vec<Value>) -> Call<'a> {
-        Call { op: op.into(), overload, args, provider: None, stream: None }
+    pub fn new(op: impl Into<OpRef<'a>>, overload: Overload, args: impl Into<Values>) -> Call<'a> {
+        Call { op: op.into(), overload, args: args.into(), provider: None, stream: None }
     }
 
     /// Runs `provider`'s implementation instead of the one the installed priorities choose (a
@@ -88,20 +88,21 @@ impl Registry {
     /// Runs a call: binds its positional arguments (filling trailing defaults), validates them,
     /// selects a provider (or takes the named one) and runs it on the call's launch stream. The
     /// typed functions [`define_op!`](crate::define_op) generates are the typed form of this call:
-    /// the same rules, selection cache and records.
-    pub fn run(&self, call: Call<'_>) -> Result<Vec<Tensor>, CallError> {
-        let Call { op, overload, args, provider, stream } = call;
+    /// the same rules, selection cache and records. The outputs are inline up to
+    /// [`INLINE_OUTPUTS`] (`.into_vec()` makes a `Vec`).
+    pub fn run(&self, call: Call<'_>) -> Result<Outputs, CallError> {
+        let Call { op, overload, mut args, provider, stream } = call;
         let def = match op {
             OpRef::Def(def) => def,
             OpRef::Name(name) => self.call_def(name)?,
         };
-        let mut args = bind(def, args)?;
+        crate::op::fill_defaults(def, &mut args)?;
         crate::stream::with_launch_stream(stream.as_ref(), || {
             let dispatch = {
                 let metas: ArgMetas<'_> = args.iter().map(Value::meta).collect();
                 self.dispatch_with(def, provider, overload, &metas)?
             };
-            Ok(dispatch.run_bound(&mut args)?.into_vec())
+            dispatch.run_bound(&mut args)
         })
     }
 
@@ -113,7 +114,7 @@ impl Registry {
         overload: Overload,
         args: Vec<Value>,
     ) -> Result<Vec<Tensor>, CallError> {
-        self.run(Call::new(op, overload, args))
+        Ok(self.run(Call::new(op, overload, args))?.into_vec())
     }
 
     /// Calls one named implementation (a graph's `impl` node).
@@ -126,7 +127,7 @@ impl Registry {
             Some(true) => Overload::MaybeInplace,
             _ => Overload::Default,
         };
-        self.run(Call::new(op, overload, args).provider(provider))
+        Ok(self.run(Call::new(op, overload, args).provider(provider))?.into_vec())
     }
 
     /// `provider`'s implementation of `op` as registered, whose [`ImplFunc::invoke`](crate::ImplFunc::invoke)

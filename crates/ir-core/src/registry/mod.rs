@@ -73,8 +73,9 @@
 //! 1. **The typed functions** an op's [`define_op!`](crate::define_op) declaration generates:
 //!    `rms_norm::rms_norm(&registry, …)` (functional) and `maybe_inplace(&registry, …)` (donating
 //!    the activations) on a registry, `rms_norm::call(ctx, …)` and `call_maybe_inplace(ctx, …)` on
-//!    an [`ExecutionContext`](crate::ExecutionContext) (model code that runs eagerly or is traced).
-//!    For code that knows the op it calls: typed arguments, the cheapest call.
+//!    any [`OpCaller`](crate::OpCaller): an [`ExecutionContext`](crate::ExecutionContext) (model
+//!    code that runs eagerly or is traced) or a tensor library's binding (way 4). For code that
+//!    knows the op it calls: typed arguments, the cheapest call.
 //! 2. **[`Registry::run`]** with a [`Call`]: the op by definition or by name ([`OpRef`]), the
 //!    [`Overload`](crate::op::Overload) (functional, or `maybe_inplace`, which donates the
 //!    activations), the positional arguments, and optionally a named provider (a lowered graph's
@@ -82,8 +83,10 @@
 //!    configuration, an engine's op table).
 //! 3. **A graph** (`vllm-ir-graph`'s `interpret`): a traced or parsed graph, usually after the
 //!    passes, whose calls run through [`Registry::run`].
-//! 4. **Candle tensors** (`vllm-ir-ops`' `candle_ops`): every op on `candle::Tensor`s, written in
-//!    place under candle's locks, through the typed path.
+//! 4. **Candle tensors** (`vllm-ir-ops`' `candle_ops`): every op's generated context calls on
+//!    `candle::Tensor`s through `candle_ops::Candle(&registry)`, an [`OpCaller`](crate::OpCaller)
+//!    (and `candle_ops::call`, the op as data), written in place under candle's locks; their calls
+//!    run through [`Registry::run`].
 //!
 //! ```
 //! use ir_core::op::{Overload, Value};
