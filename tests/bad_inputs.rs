@@ -5,8 +5,8 @@ use ir_core::Call;
 use std::path::Path;
 
 use ir_core::op::Overload;
-use ir_core::platform::{ConfigSources, UserPriorities};
 use ir_core::{Availability, CallError, DType, Layout, PriorityConfig, Registry, Tensor, allclose, bit_eq};
+use ir_core::{ConfigSources, UserPriorities};
 use ir_graph::{InterpError, InterpOptions, interpret, parse, verify};
 use ir_ops::fused_add_rms_norm;
 use ir_ops::rms_norm::{self, rms_norm};
@@ -164,9 +164,7 @@ fn malformed_priority_configuration() {
     ];
     for (text, expected) in cases {
         let message = UserPriorities::parse(text)
-            .and_then(|user| {
-                PriorityConfig { platform: ir_core::platform::PlatformChoice::Detect, user }.apply(&registry)
-            })
+            .and_then(|user| PriorityConfig { platform: ir_core::PlatformChoice::Detect, user }.apply(&registry))
             .map(|_| ())
             .unwrap_err()
             .to_string();

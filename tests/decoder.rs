@@ -2,8 +2,8 @@
 //! in-place provider: donated activations are reused, results equal the functional path.
 
 use ir_core::op::InputSpec;
-use ir_core::platform::{PlatformChoice, UserPriorities};
 use ir_core::{DType, EagerContext, ExecutionContextExt, Platform, PriorityConfig, Tensor, bit_eq};
+use ir_core::{PlatformChoice, UserPriorities};
 use ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM;
 use layers::RmsNorm;
 use vllm_ir_tests::register_inplace_provider;

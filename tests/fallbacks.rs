@@ -269,7 +269,7 @@ fn lowering_to_a_fallback_is_a_fallback() {
 #[test]
 fn strict_takes_boolean_spellings_and_refuses_the_rest() {
     if let Some(expected) = std::env::var_os("VLLM_IR_TEST_STRICT_SPELLING") {
-        let parsed = ir_core::registry::strict_from_env();
+        let parsed = ir_core::strict_from_env();
         let shown = match &parsed {
             Ok(strict) => format!("ok {strict}"),
             Err(error) => format!("error {error}"),

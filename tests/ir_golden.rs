@@ -71,7 +71,7 @@ fn registry(priority: Option<&str>) -> Registry {
     let registry = ir_ops::registry();
     kernels_cpu::register(&registry).unwrap();
     if let Some(text) = priority {
-        let user = ir_core::platform::UserPriorities::parse(text).unwrap();
+        let user = ir_core::UserPriorities::parse(text).unwrap();
         for entry in &user.entries {
             registry.set_default(&entry.op, &entry.providers).unwrap();
         }

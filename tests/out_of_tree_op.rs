@@ -89,11 +89,11 @@ fn registry(calls: Arc<AtomicUsize>) -> Registry {
 /// the default shift, then a built-in.
 fn model<C: ExecutionContext>(ctx: &C, x: C::Tensor) -> Result<C::Tensor, CallError> {
     let scaled = ctx.scale(&x, 0.5)?;
-    let [squared] = ir_core::context::outputs::<_, 1>(
+    let [squared] = ir_core::outputs::<_, 1>(
         &SHIFTED_SQUARE,
         ctx.call(&SHIFTED_SQUARE, Overload::MaybeInplace, vec![CallArg::Tensor(scaled), CallArg::F64(0.25)])?,
     )?;
-    let [again] = ir_core::context::outputs::<_, 1>(
+    let [again] = ir_core::outputs::<_, 1>(
         &SHIFTED_SQUARE,
         ctx.call(&SHIFTED_SQUARE, Overload::Default, vec![CallArg::Tensor(squared.clone())])?,
     )?;

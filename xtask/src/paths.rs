@@ -1,4 +1,5 @@
-//! One execution path, and every way to run an op documented, run as tests.
+//! One execution path, every way to run an op documented, and one public path per item, run as
+//! tests.
 //!
 //! Read from the library sources (comments and unit tests left out): an implementation's function
 //! runs only in `ir-core`'s `registry/dispatch.rs`, through the `Dispatch` made there; the code
@@ -189,4 +190,89 @@ fn the_documented_list_reads_four_ways() {
     for (way, name) in ways.iter().zip(expected) {
         assert!(way.contains(name), "the way `{way}` names `{name}`");
     }
+}
+
+/// Whether the module `segments` (below the crate root at `src`) is public all the way down: each
+/// segment declared `pub mod` in its parent's file.
+fn public_module(src: &Path, segments: &[&str]) -> bool {
+    let parent_file = |parents: &[&str]| -> Option<PathBuf> {
+        if parents.is_empty() {
+            return Some(src.join("lib.rs"));
+        }
+        let folder = parents.iter().fold(src.to_path_buf(), |path, segment| path.join(segment));
+        [folder.with_extension("rs"), folder.join("mod.rs")].into_iter().find(|path| path.exists())
+    };
+    (0..segments.len()).all(|depth| {
+        let Some(file) = parent_file(&segments[..depth]) else { return false };
+        let declared = format!("pub mod {}", segments[depth]);
+        code(&file).lines().map(str::trim_start).any(|line| {
+            line.strip_prefix(&declared).is_some_and(|rest| rest.starts_with(';') || rest.starts_with(" {"))
+        })
+    })
+}
+
+/// The re-exports of a crate (sources under `src`) that give an item a second public path: a
+/// `pub use crate::m::…` in a public module (or the root) other than `m`, where `m` is public all
+/// the way down, so the item is reachable both where it is defined and where it is re-exported.
+fn second_paths(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut found = Vec::new();
+    for file in files {
+        let relative = file.strip_prefix(src).expect("under src").with_extension("");
+        let mut module: Vec<String> = relative.iter().map(|part| part.to_string_lossy().into_owned()).collect();
+        if module.last().is_some_and(|last| last == "mod" || last == "lib") {
+            module.pop();
+        }
+        let module: Vec<&str> = module.iter().map(String::as_str).collect();
+        if !module.is_empty() && !public_module(src, &module) {
+            continue;
+        }
+        for line in code(&file).lines().map(str::trim_start) {
+            let Some(path) = line.strip_prefix("pub use crate::") else { continue };
+            let segments: Vec<&str> = path.split("::").collect();
+            // The source module: every segment but the last (an item, a brace list or a glob).
+            let source = &segments[..segments.len().saturating_sub(1)];
+            if !source.is_empty() && source != module.as_slice() && public_module(src, source) {
+                found.push(format!("{}: {line}", file.display()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_public_item_has_one_path() {
+    // The facade re-exports whole crates by design; the benchmarks and the CLI publish no API.
+    let skipped = ["vllm-ir", "bench", "ir-cli"];
+    for krate in std::fs::read_dir(project_root().join("crates")).expect("crates/").flatten() {
+        let name = krate.file_name().to_string_lossy().into_owned();
+        if skipped.contains(&name.as_str()) {
+            continue;
+        }
+        let found = second_paths(&krate.path().join("src"));
+        assert!(
+            found.is_empty(),
+            "{name}: items with a second public path (re-export them from a private module, or drop the \
+             re-export):\n{}",
+            found.join("\n")
+        );
+    }
+}
+
+#[test]
+fn a_second_public_path_is_found() {
+    let src = std::env::temp_dir().join(format!("vllm-ir-one-path-{}", std::process::id()));
+    std::fs::create_dir_all(src.join("b")).expect("temporary crate");
+    let write = |path: &str, text: &str| std::fs::write(src.join(path), text).expect("written");
+    write("lib.rs", "pub mod a;\npub mod b;\nmod c;\npub use crate::a::Twice;\npub use crate::c::Once;\n");
+    write("a.rs", "pub struct Twice;\n");
+    write("c.rs", "pub struct Once;\n");
+    write("b/mod.rs", "mod inner;\npub use crate::b::inner::Hidden;\npub use crate::a::Twice as Again;\n");
+    write("b/inner.rs", "pub struct Hidden;\n");
+    let found = second_paths(&src);
+    std::fs::remove_dir_all(&src).expect("removed");
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(found[0].contains("b/mod.rs: pub use crate::a::Twice as Again"), "{found:#?}");
+    assert!(found[1].contains("lib.rs: pub use crate::a::Twice"), "{found:#?}");
 }

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use ir_core::builtin::Builtin;
 use ir_core::op::InputSpec;
 use ir_core::storage::{DeviceAllocator, cpu_bytes_allocated, host_round_trips};
-use ir_core::{Builtin, DType, EagerContext, Registry, SelectionRecord, Tensor, bit_eq};
+use ir_core::{DType, EagerContext, Registry, SelectionRecord, Tensor, bit_eq};
 use ir_graph::{InterpOptions, Interpretation, Tracer, interpret};
 use ir_passes::{PassContext, PassReport, Pipeline, Snapshots};
 use layers::toy::{ToyDecoder, ToyDecoderConfig};

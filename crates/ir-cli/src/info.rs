@@ -10,8 +10,8 @@ pub(crate) fn run(args: &CommonArgs) -> anyhow::Result<()> {
     let config = args.config()?;
     let resolved = config.resolve(&registry).context("resolving priorities")?;
     let how = match config.platform {
-        ir_core::platform::PlatformChoice::Detect => "detected",
-        ir_core::platform::PlatformChoice::Pinned(_) => "pinned",
+        ir_core::PlatformChoice::Detect => "detected",
+        ir_core::PlatformChoice::Pinned(_) => "pinned",
     };
     outln!("platform: {} ({how})", resolved.platform);
     outln!("devices:");

@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use ir_core::platform::{ConfigSources, PLATFORM_ENV, PRIORITY_ENV};
 use ir_core::storage::DeviceAllocator;
+use ir_core::{ConfigSources, PLATFORM_ENV, PRIORITY_ENV};
 use ir_core::{Platform, PriorityConfig, Registry};
 
 /// Inspect and run vllm-ir ops, providers and priorities.
@@ -166,7 +166,7 @@ fn device_allocator(platform: Platform) -> anyhow::Result<Option<Arc<dyn DeviceA
 /// A registry with the built-in ops and every provider this build includes, frozen: the commands
 /// install priorities on it and never register anything later.
 fn build_registry() -> anyhow::Result<Registry> {
-    ir_core::registry::strict_from_env()?;
+    ir_core::strict_from_env()?;
     let registry = ir_ops::registry();
     kernels_cpu::register(&registry).expect("a fresh registry has no cpu provider yet");
     #[cfg(feature = "cuda")]

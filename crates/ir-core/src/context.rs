@@ -1,7 +1,4 @@
-//! Execution contexts: the operations model code uses, so one model source runs eagerly or is traced.
-//!
-//! [`EagerContext`] runs on real [`Tensor`]s through a registry. A tracing context (recording graph
-//! nodes instead of running kernels) implements the same trait.
+//! Execution contexts ([`ExecutionContext`] documents them).
 
 use crate::builtin::{Builtin, BuiltinArg, Eval, Scalars, check_args};
 use crate::op::{Handles, OpDef, Overload};
@@ -17,6 +14,11 @@ pub type CallArg<T> = crate::op::Arg<T>;
 pub type CallArgs<T> = smallvec::SmallVec<[CallArg<T>; crate::op::INLINE_ARGS]>;
 
 /// What models need from the place they run in.
+///
+/// Execution contexts: the operations model code uses, so one model source runs eagerly or is traced.
+///
+/// [`EagerContext`] runs on real [`Tensor`]s through a registry. A tracing context (recording graph
+/// nodes instead of running kernels) implements the same trait.
 ///
 /// Every op goes through one generic [`call`](ExecutionContext::call), so an op defined in any crate
 /// (and registered with the context's registry) runs eagerly and is traced with no per-op code in

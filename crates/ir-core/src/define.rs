@@ -223,7 +223,7 @@ macro_rules! define_op {
         where
             C::Tensor: 'a,
         {
-            let args: $crate::context::CallArgs<C::Tensor> =
+            let args: $crate::CallArgs<C::Tensor> =
                 $crate::op::smallvec![$(<$ty as $crate::__macro_support::OpParam>::$to_call_arg::<C::Tensor>($param)),+];
             let outputs = ctx.call_op(&$def, $crate::op::Overload::$overload, args)?;
             let found = outputs.len();

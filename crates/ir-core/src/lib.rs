@@ -11,11 +11,13 @@
 //! metadata-only `supports` predicate and an in-place flag. A per-op priority list, installed from
 //! a per-platform [`PriorityConfig`], picks the implementation for each call.
 //!
-//! Modules for models and engines: [`op`] (how ops are declared and called), [`context`] (the
-//! execution-context trait models are written against), [`builtin`] (the built-in tensor
-//! operations), [`platform`], [`interop`] (candle and DLPack tensors); the registry and tensor types
-//! at the root. Modules for kernel crates: [`storage`] (host and device buffers) and [`stream`] (the
-//! caller's launch stream). [`testing`] holds test helpers; feature `testing` adds `Tensor::randn`
+//! Each public item has one path. At the root: the tensor types, the [`Registry`] and what running
+//! an op through it takes ([`Call`], the errors, the selection record), the execution contexts models
+//! are written against ([`ExecutionContext`], [`EagerContext`], [`OpCaller`]), platforms and
+//! priority configuration ([`Platform`], [`PriorityConfig`]) and layouts ([`Layout`]). Modules: [`op`]
+//! (how ops are declared and called), [`builtin`] (the built-in tensor operations), [`interop`]
+//! (candle and DLPack tensors); for kernel crates [`storage`] (host and device buffers) and
+//! [`stream`] (the caller's launch stream). [`testing`] holds test helpers; feature `testing` adds `Tensor::randn`
 //! and the input generators (without it the generators say so), so engines do not depend on the
 //! random-number crates.
 //!
@@ -57,17 +59,17 @@
 //! selection, naming the chosen provider and every rejected one with its reason).
 
 pub mod builtin;
-pub mod context;
+mod context;
 mod define;
 mod device;
 mod dtype;
 mod implementation;
 pub mod interop;
-pub mod layout;
+mod layout;
 mod meta;
 pub mod op;
-pub mod platform;
-pub mod registry;
+mod platform;
+mod registry;
 pub mod storage;
 pub mod stream;
 mod tensor;
@@ -81,19 +83,21 @@ pub mod __macro_support {
     pub use crate::op::declare::{OpOutputs, OpParam, TensorRefs, count_donated, donated_names};
 }
 
-pub use crate::builtin::{Builtin, BuiltinArg};
-pub use crate::context::{CallArg, EagerContext, ExecutionContext, ExecutionContextExt, OpCaller};
+pub use crate::context::{CallArg, CallArgs, EagerContext, ExecutionContext, ExecutionContextExt, OpCaller, outputs};
 pub use crate::device::{Device, DeviceKind, UnknownDevice};
 pub use crate::dtype::{DType, Element, F8E4M3, F8E5M2, FP8_NAN, UnknownDType};
 pub use crate::implementation::{Availability, ImplFunc, ImplSpec, Probe, Support, SupportsFn};
-pub use crate::interop::InteropError;
-pub use crate::layout::{Layout, LayoutError};
+pub use crate::layout::{Layout, LayoutError, compact_strides, numel};
 pub use crate::meta::{MAX_TENSOR_BYTES, TensorMeta};
-pub use crate::op::{KernelError, OperandMismatch};
-pub use crate::platform::{ConfigError, Platform, PriorityConfig};
+pub use crate::op::error::{KernelError, OperandMismatch};
+pub use crate::platform::{
+    ConfigError, ConfigGuard, ConfigSources, OpPriority, PLATFORM_ENV, PRIORITY_ENV, Platform, PlatformChoice,
+    PriorityConfig, ResolvedConfig, UserEntry, UserPriorities,
+};
 pub use crate::registry::{
     Call, CallError, Dispatch, NATIVE, NameKind, OpRecord, OpRef, PriorityError, PriorityGuard, ProviderInfo,
-    ProviderRecord, RESERVED_PROVIDERS, Registry, RegistryError, Rejection, Selection, SelectionRecord,
+    ProviderRecord, RESERVED_PROVIDERS, Registry, RegistryError, Rejection, STRICT_ENV, Selection, SelectionRecord,
+    merge_priorities, strict_from_env,
 };
 pub use crate::tensor::{
     AllcloseError, StorageId, Tensor, TensorError, UniqueTensor, allclose, bit_eq, shares_storage,

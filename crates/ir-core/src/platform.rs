@@ -1,27 +1,5 @@
-//! Platforms, their default priority lists, user overrides and how they merge.
-//!
-//! A [`PriorityConfig`] names a platform (pinned or detected) and the user's overrides, parsed from
-//! the syntax `rms_norm=cpu,native;fused_add_rms_norm=native`. Applying it merges, for every op, the
-//! user's entries first and then the platform's, resolves every list (collecting all errors),
-//! installs them, and logs the result once at info level on `ir_core::priority`.
-//!
-//! ```
-//! use ir_core::platform::{Platform, PlatformChoice, UserPriorities};
-//! use ir_core::{PriorityConfig, Registry};
-//!
-//! let registry = ir_ops::registry(); // kernel crates would register their providers here
-//! let config = PriorityConfig {
-//!     platform: PlatformChoice::Pinned(Platform::Cpu),
-//!     user: UserPriorities::parse("rms_norm=native")?,
-//! };
-//! let resolved = config.apply(&registry)?;
-//! assert_eq!(resolved.ops["rms_norm"].merged[0], "native"); // the user's entries first
-//! assert_eq!(registry.installed_priority("rms_norm").unwrap()[0], "native");
-//! // An unknown provider is an error naming it; nothing is installed then.
-//! let bad = PriorityConfig { platform: PlatformChoice::Pinned(Platform::Cpu), user: UserPriorities::parse("rms_norm=bogus")? };
-//! assert!(bad.apply(&registry).unwrap_err().to_string().contains("bogus"));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! Platforms, priority configuration and how user and platform lists merge ([`PriorityConfig`]
+//! documents them).
 
 use std::fmt;
 use std::str::FromStr;
@@ -29,7 +7,7 @@ use std::str::FromStr;
 use indexmap::IndexMap;
 
 use crate::op::is_valid_name;
-pub use crate::registry::merge;
+use crate::registry::merge_priorities;
 use crate::registry::{NATIVE, PriorityError, PriorityGuard, Registry};
 
 /// The environment variable holding user overrides.
@@ -254,6 +232,31 @@ pub enum PlatformChoice {
 }
 
 /// Where priorities come from: a platform and the user's overrides.
+///
+/// Platforms, their default priority lists, user overrides and how they merge.
+///
+/// A [`PriorityConfig`] names a platform (pinned or detected) and the user's overrides, parsed from
+/// the syntax `rms_norm=cpu,native;fused_add_rms_norm=native`. Applying it merges, for every op, the
+/// user's entries first and then the platform's, resolves every list (collecting all errors),
+/// installs them, and logs the result once at info level on `ir_core::priority`.
+///
+/// ```
+/// use ir_core::{Platform, PlatformChoice, UserPriorities};
+/// use ir_core::{PriorityConfig, Registry};
+///
+/// let registry = ir_ops::registry(); // kernel crates would register their providers here
+/// let config = PriorityConfig {
+///     platform: PlatformChoice::Pinned(Platform::Cpu),
+///     user: UserPriorities::parse("rms_norm=native")?,
+/// };
+/// let resolved = config.apply(&registry)?;
+/// assert_eq!(resolved.ops["rms_norm"].merged[0], "native"); // the user's entries first
+/// assert_eq!(registry.installed_priority("rms_norm").unwrap()[0], "native");
+/// // An unknown provider is an error naming it; nothing is installed then.
+/// let bad = PriorityConfig { platform: PlatformChoice::Pinned(Platform::Cpu), user: UserPriorities::parse("rms_norm=bogus")? };
+/// assert!(bad.apply(&registry).unwrap_err().to_string().contains("bogus"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PriorityConfig {
     /// The platform.
@@ -356,7 +359,7 @@ impl PriorityConfig {
         let mut errors = Vec::new();
         for op in known {
             let user: &[String] = self.user.get(op).unwrap_or(&[]);
-            let merged = merge(user, &platform.default_list(registry, op));
+            let merged = merge_priorities(user, &platform.default_list(registry, op));
             match registry.resolve_priority(op, &merged) {
                 Ok(resolved) => {
                     ops.insert(op, OpPriority { merged, resolved });
@@ -400,7 +403,7 @@ impl PriorityConfig {
     /// keeps their first occurrences, in order, in front of the platform's).
     fn pinned(&self, op: &str) -> usize {
         let user: &[String] = self.user.get(op).unwrap_or(&[]);
-        merge(user, &[] as &[&str]).len()
+        merge_priorities(user, &[] as &[&str]).len()
     }
 
     fn log_applied(&self, config: &ResolvedConfig) {

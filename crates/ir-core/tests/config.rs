@@ -3,8 +3,8 @@
 mod common;
 
 use common::{capture, register_inplace, register_scaled_rms_norm};
-use ir_core::platform::{ConfigSources, PlatformChoice, UserPriorities, merge};
 use ir_core::{Availability, ConfigError, ImplSpec, Platform, PriorityConfig, PriorityError, Registry};
+use ir_core::{ConfigSources, PlatformChoice, UserPriorities, merge_priorities};
 use tracing::Level;
 
 #[test]
@@ -42,12 +42,12 @@ fn each_syntax_error_has_its_position() {
 #[test]
 fn merge_rules() {
     let none: [&str; 0] = [];
-    assert_eq!(merge(&none, &["cuda", "native"]), vec!["cuda", "native"]);
-    assert_eq!(merge(&["native"], &["cuda", "native"]), vec!["native", "cuda"]);
-    assert_eq!(merge(&["b", "native"], &["a", "native"]), vec!["b", "native", "a"]);
-    assert_eq!(merge(&["a", "a", "b"], &["b", "c"]), vec!["a", "b", "c"]);
-    let once = merge(&["b", "native"], &["a", "native"]);
-    assert_eq!(merge(&once, &["a", "native"]), once, "merging is idempotent");
+    assert_eq!(merge_priorities(&none, &["cuda", "native"]), vec!["cuda", "native"]);
+    assert_eq!(merge_priorities(&["native"], &["cuda", "native"]), vec!["native", "cuda"]);
+    assert_eq!(merge_priorities(&["b", "native"], &["a", "native"]), vec!["b", "native", "a"]);
+    assert_eq!(merge_priorities(&["a", "a", "b"], &["b", "c"]), vec!["a", "b", "c"]);
+    let once = merge_priorities(&["b", "native"], &["a", "native"]);
+    assert_eq!(merge_priorities(&once, &["a", "native"]), once, "merging is idempotent");
 }
 
 fn registry_with_platform_providers() -> Registry {

@@ -5,8 +5,9 @@ mod common;
 
 use candle_core as candle;
 use ir_core::half::bf16;
+use ir_core::interop::InteropError;
 use ir_core::storage::Storage;
-use ir_core::{DType, InteropError, Tensor, TensorError};
+use ir_core::{DType, Tensor, TensorError};
 use ir_ops::fused_add_rms_norm;
 use ir_ops::rms_norm::rms_norm;
 

@@ -546,7 +546,7 @@ impl<'a> Parser<'a> {
             device =
                 spelled.parse().map_err(|_| self.error_at(&kind_token, "a device (cpu, cuda:N, rocm:N, xpu:N)"))?;
         }
-        let strides = strides.unwrap_or_else(|| ir_core::layout::compact_strides(&shape));
+        let strides = strides.unwrap_or_else(|| ir_core::compact_strides(&shape));
         let layout = Layout::new(&shape, &strides, offset).map_err(|e| ParseError {
             line: token.line,
             column: token.column,

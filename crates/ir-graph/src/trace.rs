@@ -39,8 +39,8 @@ use std::cell::RefCell;
 
 use crate::{Arg, Builtin, BuiltinArg, Graph, NodeKind, ValueId};
 use ir_core::builtin::{Scalars, check_args};
-use ir_core::context::{CallArg, ExecutionContext};
 use ir_core::op::{ArgMeta, OpDef, Overload, bind_meta};
+use ir_core::{CallArg, ExecutionContext};
 use ir_core::{CallError, Layout, Registry, StorageId, Tensor, TensorMeta};
 
 /// A traced value: another handle to the same SSA value when cloned.
@@ -204,17 +204,17 @@ impl ExecutionContext for Tracer<'_> {
     }
 
     /// Records a built-in node, with the result metadata from the built-in table.
-    fn builtin(&self, op: Builtin, args: Vec<ir_core::BuiltinArg<Traced>>) -> Result<Traced, CallError> {
+    fn builtin(&self, op: Builtin, args: Vec<ir_core::builtin::BuiltinArg<Traced>>) -> Result<Traced, CallError> {
         check_args(op, &args).map_err(|reason| CallError::BuiltinArgs { builtin: op.name(), reason })?;
         let metas: Vec<&TensorMeta> = args.iter().filter_map(|a| a.value()).map(|t| &t.meta).collect();
         let meta = (op.def().meta)(&metas, &Scalars(&args))?;
         let graph_args: Vec<BuiltinArg> = args
             .iter()
             .map(|arg| match arg {
-                ir_core::BuiltinArg::Value(t) => BuiltinArg::Value(t.value),
-                ir_core::BuiltinArg::Index(i) => BuiltinArg::Index(*i),
-                ir_core::BuiltinArg::Shape(dims) => BuiltinArg::Shape(dims.clone()),
-                ir_core::BuiltinArg::Float(f) => BuiltinArg::Float(*f),
+                ir_core::builtin::BuiltinArg::Value(t) => BuiltinArg::Value(t.value),
+                ir_core::builtin::BuiltinArg::Index(i) => BuiltinArg::Index(*i),
+                ir_core::builtin::BuiltinArg::Shape(dims) => BuiltinArg::Shape(dims.clone()),
+                ir_core::builtin::BuiltinArg::Float(f) => BuiltinArg::Float(*f),
             })
             .collect();
         let (_, values) = self.graph.borrow_mut().push(NodeKind::builtin(op, graph_args), vec![meta.clone()]);

@@ -1,23 +1,4 @@
-//! Dead-code elimination: removes, until nothing changes, nodes that write nothing and whose
-//! results nobody uses. Inputs, the output node and writing nodes always stay.
-//!
-//! ```
-//! use ir_graph::parse;
-//! use ir_passes::{PassContext, dce};
-//!
-//! let mut graph = parse(
-//!     "graph g(%x: f32[4]) {
-//!        %0 = scale(%x, 2.0) : f32[4]
-//!        %1 = clone(%0) : f32[4]
-//!        output(%x)
-//!      }",
-//! )?;
-//! let registry = ir_ops::registry();
-//! let report = dce(&mut graph, &PassContext::new(&registry))?;
-//! assert_eq!(report.removed.len(), 2);
-//! assert_eq!(graph.to_string(), "graph g(%x: f32[4]) {\n  output(%x)\n}\n");
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The `dce` pass ([`dce`] documents it).
 
 use std::fmt;
 
@@ -41,7 +22,28 @@ impl fmt::Display for DceReport {
     }
 }
 
-/// Runs dead-code elimination, as the [module documentation](self) describes.
+/// Dead-code elimination: removes, until nothing changes, nodes that write nothing and whose
+/// results nobody uses. Inputs, the output node and writing nodes always stay.
+///
+/// ```
+/// use ir_graph::parse;
+/// use ir_passes::{PassContext, dce};
+///
+/// let mut graph = parse(
+///     "graph g(%x: f32[4]) {
+///        %0 = scale(%x, 2.0) : f32[4]
+///        %1 = clone(%0) : f32[4]
+///        output(%x)
+///      }",
+/// )?;
+/// let registry = ir_ops::registry();
+/// let report = dce(&mut graph, &PassContext::new(&registry))?;
+/// assert_eq!(report.removed.len(), 2);
+/// assert_eq!(graph.to_string(), "graph g(%x: f32[4]) {\n  output(%x)\n}\n");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Runs dead-code elimination, as described above.
 ///
 /// A worklist over use counts makes it linear: removing a node can only make the definitions of its
 /// operands dead.

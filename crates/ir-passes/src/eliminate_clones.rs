@@ -1,200 +1,4 @@
-//! Clone elimination: removes `clone` and `contiguous` copies that nothing needs, in two variants.
-//!
-//! # The question
-//!
-//! Lowering puts a copy in front of every activation of an in-place kernel, so the kernel never
-//! writes a value someone can still read. Most of those copies are unnecessary: the original is dead
-//! after the call, or was donated by the caller. This pass removes a copy `c` of `o` (redirecting
-//! every use of `c` to `o`) unless one of the rules below keeps it.
-//!
-//! Removing `c` makes two storages one: from the copy's position on, whatever reads or writes `c`
-//! (or a view of it) reads or writes `o`'s storage instead. That is harmless exactly when the two
-//! storages would have held the same bytes wherever either is read, and when no caller can tell
-//! that they became one.
-//!
-//! # Notation
-//!
-//! `p` is the copy's position in the graph order. A *storage class* is a set of values sharing one
-//! storage: a value, its views, and the results of nodes writing it (their storage roots), merged as copies
-//! are removed. `C` is the copy's class and `O` the original's. A node *reads* a class when any of
-//! its operands belongs to it (a writer reads what it writes; the output node reads every output).
-//!
-//! # The rules of the `alias-aware` variant (the default)
-//!
-//! **Layout change** — a copy whose layout (strides or storage offset) differs from its input's is
-//! kept, since its users see another layout (unless its kernel writes the original where it is,
-//! below):
-//!
-//! ```text
-//! %s = slice(%x, 1, 0, 3) : f32[4,3]{5,1}
-//! %c = contiguous(%s) : f32[4,3]          // kept: strides (5, 1) become (3, 1)
-//! ```
-//!
-//! **Written where it is** — the exception: a copy that changes the layout and whose one user is an
-//! in-place kernel writing it is removed when the kernel can write the original in its own layout
-//! (checked after every other copy is decided, and again until no more go). The kernel's provider
-//! must accept the original's layout; the written result takes that layout, so every reader of it
-//! must give the same results with it (a `reshape` into heads would not; the graph's output would
-//! change its type) and none may write it. The written copy's rules below hold too, judged element
-//! by element rather than per storage: a value of the original's storage is a hazard only if it
-//! shares an element with the original ([`ir_core::Layout::disjoint_from`]), and a view reads no
-//! element itself. So q and k, column slices of one `qkv` buffer rotated by two calls (lowering
-//! splits such a call), are both written in the buffer:
-//!
-//! ```text
-//! %q = slice(%qkv, 1, 0, 32) : bf16[4,32]{64,1}
-//! %k = slice(%qkv, 1, 32, 48) : bf16[4,16]{64,1}+32
-//! %0 = impl rotary_embedding[cpu] writes(1) (%pos, %k, none, %cache, 16, 16, true) : bf16[4,16]{64,1}+32
-//! %q2 = impl rotary_embedding[cpu] writes(1) (%pos, %q, none, %cache, 16, 16, true) : bf16[4,32]{64,1}
-//! ```
-//!
-//! **Read after write, copy written** (`OriginalUsedAfterWrite`) — a write to `C` after which `O`
-//! is still read: merged, the reader would see the write.
-//!
-//! ```text
-//! %c = clone(%a) : bf16[8,16]
-//! %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
-//! output(%o, %a)                          // %a is read after %c is written: %c stays
-//! ```
-//!
-//! The same holds when the later reader is a view of `%a`, or a value of the same storage such as
-//! a sibling slice of one `qkv` buffer:
-//!
-//! ```text
-//! %q = reshape(slice(%qkv, 0, 0, 1), [8, 16])
-//! %c = clone(%q)                          // kept: %qkv (same storage) is read after the write
-//! %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
-//! output(%o, %qkv)
-//! ```
-//!
-//! **Writer reads both** (`AliasedWriterArgument`) — the node writing `C` also reads `O` through
-//! another argument: merged, the kernel's arguments would alias.
-//!
-//! ```text
-//! %c1 = clone(%x)                         // removed first: %x is dead after the kernel
-//! %c2 = clone(%x)                         // kept: merged, the kernel would get %x twice
-//! %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c1, %c2, ...)
-//! ```
-//!
-//! **Read after write, original written** (`OriginalWrittenWhileCopyLive`) — a write to `O` after
-//! the copy while `C` is still read: the copy is a snapshot.
-//!
-//! ```text
-//! %c = clone(%a) : f32[2,8]
-//! %o = copy_(%a, %z) : f32[2,8]           // writes %a's storage
-//! output(%c, %o)                          // %c is read after that: %c stays
-//! ```
-//!
-//! It applies when the write goes through a view, when it is an in-place kernel writing `%a` or an
-//! alias of it, and when the later reader of `%c` is a kernel rather than the output node:
-//!
-//! ```text
-//! %c = clone(%a) : f32[2,8]
-//! %v = slice(%a, 0, 1, 2) : f32[1,8]{8,1}+8
-//! %o = copy_(%v, %z)                      // writes row 1 of %a's storage
-//! %n = impl rms_norm[cpu] (%c, ...)       // reads the snapshot afterwards: %c stays
-//! ```
-//!
-//! A written copy whose original is written between the copy and the copy's writer is kept by the
-//! same rule (merged, the kernel would read the new bytes):
-//!
-//! ```text
-//! %c = clone(%a)
-//! %b = copy_(%a, %z)                      // %c is read below, by its writer
-//! %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
-//! ``` Any two writes after the copy, one to each class, trip one of the
-//! two read-after-write rules, since each writer reads what it writes.
-//!
-//! **Non-donated input** (`NonDonatedInput`) — a written copy of storage the caller did not donate
-//! is kept, so the caller's tensor is never modified:
-//!
-//! ```text
-//! graph g(%x: f32[4,5]) {                 // %x not donated
-//!   %c = clone(%x)                        // kept: merged, the kernel would write %x
-//!   %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
-//! ```
-//!
-//! **More than one writer** (`MultipleWriters`) — a copy whose storage is written by more than one
-//! node is kept (a conservative rule that keeps the analysis to one write per decision):
-//!
-//! ```text
-//! %c = clone(%a)                          // kept: two kernels write %c's storage
-//! %o1, %r1 = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, %p, ...)
-//! %o2, %r2 = impl fused_add_rms_norm[cpu] writes(0, 1) (%o1, %q, ...)
-//! ```
-//!
-//! **Graph outputs stay fresh** (`GraphIoAlias`) — a copy is kept when removing it would make
-//! a graph output share storage with a graph input not marked donated, or with another output.
-//! Callers may mutate outputs in place, so an output must not be a window onto an input they kept
-//! or onto another output. Aliasing a donated input is the point of in-place execution and stays
-//! allowed.
-//!
-//! ```text
-//! %c = clone(%x)                          // kept: output(%x) would alias the input
-//! output(%c)
-//! %c1 = clone(%y)                         // removed: %y is an intermediate returned once
-//! %c2 = clone(%y)                         // kept: output(%y, %y) would alias two outputs
-//! output(%c1, %c2)
-//! ```
-//!
-//! Otherwise the copy is removed; read-only copies are removed even of a non-donated input:
-//!
-//! ```text
-//! %c = clone(%x) : f32[4,5]               // removed; users of %c read %x
-//! %1 = scale(%c, 2.0)
-//! ```
-//!
-//! # Phases of the alias-aware variant
-//!
-//! Phase 1 takes, in graph order, the copies whose storage nobody writes; phase 2 takes the written
-//! copies, in graph order; phase 3 the copies that change the layout and the written copies phase 2
-//! kept only because their original's storage is read after the write (written where they are when
-//! no element they share is, or kept), repeated until none goes. Every decision reads the classes
-//! as earlier removals left them (merged writes, reads and outputs), so each removal is judged on
-//! the graph it applies to, and
-//! the sequence is sound by induction. Writes are kept per class as sorted positions and reads as
-//! the last reading position, merged small into large: phases 1 and 2 are `O(n log n)` in the graph
-//! size. Phase 3 judges element by element with a scan of the graph after the copy, `O(n)` for each
-//! copy it judges (two per layer's rotary on qkv slices), and a round more only when a removal made
-//! another copy a candidate.
-//!
-//! # `unsafe` (vLLM's rules)
-//!
-//! Candidates are taken in graph order with positions computed once, looking only at direct users
-//! of the copy and the original: a copy with more than one writer is kept; a written copy is kept
-//! if the original is used after the writer, or is a non-donated input. The snapshot rule and the
-//! graph-output rule hold as above, on storage classes; the snapshot rule applies to
-//! written copies as well, which keeps the variant idempotent (a snapshot kept in one run becomes a
-//! written copy once the clone lowering put after it is gone) and also keeps one of two copies of a
-//! value passed as both activations of a kernel. It ignores reads of the original through other
-//! views of the same storage after a write to the copy, so it can remove a copy whose removal
-//! changes results; the interpreter's safety checks catch those cases.
-//!
-//! # Invariants
-//!
-//! Before: the graph verifies. After: it verifies, every remaining copy has a reason in the report,
-//! and for every graph that does not trip the interpreter's safety checks the alias-aware variant
-//! gives bit-identical outputs and does not make it trip them. Both variants are idempotent;
-//! on error the graph is unchanged.
-//!
-//! ```
-//! use ir_graph::parse;
-//! use ir_passes::{CloneElimination, PassContext, eliminate_clones};
-//!
-//! let mut graph = parse(
-//!     "graph g(%x: f32[4,5]) {
-//!        %0 = clone(%x) : f32[4,5]
-//!        %1 = scale(%0, 2.0) : f32[4,5]
-//!        output(%1)
-//!      }",
-//! )?;
-//! let registry = ir_ops::registry();
-//! let cx = PassContext::new(&registry).with_clone_elimination(CloneElimination::AliasAware);
-//! let report = eliminate_clones(&mut graph, &cx)?;
-//! assert_eq!(report.removed.len(), 1);
-//! assert!(graph.to_string().contains("%1 = scale(%x, 2.0)"));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The `eliminate_clones` pass ([`eliminate_clones`] documents it).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -271,7 +75,205 @@ impl fmt::Display for CloneReport {
     }
 }
 
-/// Runs clone elimination with the context's variant, by the rules of the [module documentation](self).
+/// Clone elimination: removes `clone` and `contiguous` copies that nothing needs, in two variants.
+///
+/// # The question
+///
+/// Lowering puts a copy in front of every activation of an in-place kernel, so the kernel never
+/// writes a value someone can still read. Most of those copies are unnecessary: the original is dead
+/// after the call, or was donated by the caller. This pass removes a copy `c` of `o` (redirecting
+/// every use of `c` to `o`) unless one of the rules below keeps it.
+///
+/// Removing `c` makes two storages one: from the copy's position on, whatever reads or writes `c`
+/// (or a view of it) reads or writes `o`'s storage instead. That is harmless exactly when the two
+/// storages would have held the same bytes wherever either is read, and when no caller can tell
+/// that they became one.
+///
+/// # Notation
+///
+/// `p` is the copy's position in the graph order. A *storage class* is a set of values sharing one
+/// storage: a value, its views, and the results of nodes writing it (their storage roots), merged as copies
+/// are removed. `C` is the copy's class and `O` the original's. A node *reads* a class when any of
+/// its operands belongs to it (a writer reads what it writes; the output node reads every output).
+///
+/// # The rules of the `alias-aware` variant (the default)
+///
+/// **Layout change** — a copy whose layout (strides or storage offset) differs from its input's is
+/// kept, since its users see another layout (unless its kernel writes the original where it is,
+/// below):
+///
+/// ```text
+/// %s = slice(%x, 1, 0, 3) : f32[4,3]{5,1}
+/// %c = contiguous(%s) : f32[4,3]          // kept: strides (5, 1) become (3, 1)
+/// ```
+///
+/// **Written where it is** — the exception: a copy that changes the layout and whose one user is an
+/// in-place kernel writing it is removed when the kernel can write the original in its own layout
+/// (checked after every other copy is decided, and again until no more go). The kernel's provider
+/// must accept the original's layout; the written result takes that layout, so every reader of it
+/// must give the same results with it (a `reshape` into heads would not; the graph's output would
+/// change its type) and none may write it. The written copy's rules below hold too, judged element
+/// by element rather than per storage: a value of the original's storage is a hazard only if it
+/// shares an element with the original ([`ir_core::Layout::disjoint_from`]), and a view reads no
+/// element itself. So q and k, column slices of one `qkv` buffer rotated by two calls (lowering
+/// splits such a call), are both written in the buffer:
+///
+/// ```text
+/// %q = slice(%qkv, 1, 0, 32) : bf16[4,32]{64,1}
+/// %k = slice(%qkv, 1, 32, 48) : bf16[4,16]{64,1}+32
+/// %0 = impl rotary_embedding[cpu] writes(1) (%pos, %k, none, %cache, 16, 16, true) : bf16[4,16]{64,1}+32
+/// %q2 = impl rotary_embedding[cpu] writes(1) (%pos, %q, none, %cache, 16, 16, true) : bf16[4,32]{64,1}
+/// ```
+///
+/// **Read after write, copy written** (`OriginalUsedAfterWrite`) — a write to `C` after which `O`
+/// is still read: merged, the reader would see the write.
+///
+/// ```text
+/// %c = clone(%a) : bf16[8,16]
+/// %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
+/// output(%o, %a)                          // %a is read after %c is written: %c stays
+/// ```
+///
+/// The same holds when the later reader is a view of `%a`, or a value of the same storage such as
+/// a sibling slice of one `qkv` buffer:
+///
+/// ```text
+/// %q = reshape(slice(%qkv, 0, 0, 1), [8, 16])
+/// %c = clone(%q)                          // kept: %qkv (same storage) is read after the write
+/// %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
+/// output(%o, %qkv)
+/// ```
+///
+/// **Writer reads both** (`AliasedWriterArgument`) — the node writing `C` also reads `O` through
+/// another argument: merged, the kernel's arguments would alias.
+///
+/// ```text
+/// %c1 = clone(%x)                         // removed first: %x is dead after the kernel
+/// %c2 = clone(%x)                         // kept: merged, the kernel would get %x twice
+/// %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c1, %c2, ...)
+/// ```
+///
+/// **Read after write, original written** (`OriginalWrittenWhileCopyLive`) — a write to `O` after
+/// the copy while `C` is still read: the copy is a snapshot.
+///
+/// ```text
+/// %c = clone(%a) : f32[2,8]
+/// %o = copy_(%a, %z) : f32[2,8]           // writes %a's storage
+/// output(%c, %o)                          // %c is read after that: %c stays
+/// ```
+///
+/// It applies when the write goes through a view, when it is an in-place kernel writing `%a` or an
+/// alias of it, and when the later reader of `%c` is a kernel rather than the output node:
+///
+/// ```text
+/// %c = clone(%a) : f32[2,8]
+/// %v = slice(%a, 0, 1, 2) : f32[1,8]{8,1}+8
+/// %o = copy_(%v, %z)                      // writes row 1 of %a's storage
+/// %n = impl rms_norm[cpu] (%c, ...)       // reads the snapshot afterwards: %c stays
+/// ```
+///
+/// A written copy whose original is written between the copy and the copy's writer is kept by the
+/// same rule (merged, the kernel would read the new bytes):
+///
+/// ```text
+/// %c = clone(%a)
+/// %b = copy_(%a, %z)                      // %c is read below, by its writer
+/// %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
+/// ``` Any two writes after the copy, one to each class, trip one of the
+/// two read-after-write rules, since each writer reads what it writes.
+///
+/// **Non-donated input** (`NonDonatedInput`) — a written copy of storage the caller did not donate
+/// is kept, so the caller's tensor is never modified:
+///
+/// ```text
+/// graph g(%x: f32[4,5]) {                 // %x not donated
+///   %c = clone(%x)                        // kept: merged, the kernel would write %x
+///   %o, %r = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, ...)
+/// ```
+///
+/// **More than one writer** (`MultipleWriters`) — a copy whose storage is written by more than one
+/// node is kept (a conservative rule that keeps the analysis to one write per decision):
+///
+/// ```text
+/// %c = clone(%a)                          // kept: two kernels write %c's storage
+/// %o1, %r1 = impl fused_add_rms_norm[cpu] writes(0, 1) (%c, %p, ...)
+/// %o2, %r2 = impl fused_add_rms_norm[cpu] writes(0, 1) (%o1, %q, ...)
+/// ```
+///
+/// **Graph outputs stay fresh** (`GraphIoAlias`) — a copy is kept when removing it would make
+/// a graph output share storage with a graph input not marked donated, or with another output.
+/// Callers may mutate outputs in place, so an output must not be a window onto an input they kept
+/// or onto another output. Aliasing a donated input is the point of in-place execution and stays
+/// allowed.
+///
+/// ```text
+/// %c = clone(%x)                          // kept: output(%x) would alias the input
+/// output(%c)
+/// %c1 = clone(%y)                         // removed: %y is an intermediate returned once
+/// %c2 = clone(%y)                         // kept: output(%y, %y) would alias two outputs
+/// output(%c1, %c2)
+/// ```
+///
+/// Otherwise the copy is removed; read-only copies are removed even of a non-donated input:
+///
+/// ```text
+/// %c = clone(%x) : f32[4,5]               // removed; users of %c read %x
+/// %1 = scale(%c, 2.0)
+/// ```
+///
+/// # Phases of the alias-aware variant
+///
+/// Phase 1 takes, in graph order, the copies whose storage nobody writes; phase 2 takes the written
+/// copies, in graph order; phase 3 the copies that change the layout and the written copies phase 2
+/// kept only because their original's storage is read after the write (written where they are when
+/// no element they share is, or kept), repeated until none goes. Every decision reads the classes
+/// as earlier removals left them (merged writes, reads and outputs), so each removal is judged on
+/// the graph it applies to, and
+/// the sequence is sound by induction. Writes are kept per class as sorted positions and reads as
+/// the last reading position, merged small into large: phases 1 and 2 are `O(n log n)` in the graph
+/// size. Phase 3 judges element by element with a scan of the graph after the copy, `O(n)` for each
+/// copy it judges (two per layer's rotary on qkv slices), and a round more only when a removal made
+/// another copy a candidate.
+///
+/// # `unsafe` (vLLM's rules)
+///
+/// Candidates are taken in graph order with positions computed once, looking only at direct users
+/// of the copy and the original: a copy with more than one writer is kept; a written copy is kept
+/// if the original is used after the writer, or is a non-donated input. The snapshot rule and the
+/// graph-output rule hold as above, on storage classes; the snapshot rule applies to
+/// written copies as well, which keeps the variant idempotent (a snapshot kept in one run becomes a
+/// written copy once the clone lowering put after it is gone) and also keeps one of two copies of a
+/// value passed as both activations of a kernel. It ignores reads of the original through other
+/// views of the same storage after a write to the copy, so it can remove a copy whose removal
+/// changes results; the interpreter's safety checks catch those cases.
+///
+/// # Invariants
+///
+/// Before: the graph verifies. After: it verifies, every remaining copy has a reason in the report,
+/// and for every graph that does not trip the interpreter's safety checks the alias-aware variant
+/// gives bit-identical outputs and does not make it trip them. Both variants are idempotent;
+/// on error the graph is unchanged.
+///
+/// ```
+/// use ir_graph::parse;
+/// use ir_passes::{CloneElimination, PassContext, eliminate_clones};
+///
+/// let mut graph = parse(
+///     "graph g(%x: f32[4,5]) {
+///        %0 = clone(%x) : f32[4,5]
+///        %1 = scale(%0, 2.0) : f32[4,5]
+///        output(%1)
+///      }",
+/// )?;
+/// let registry = ir_ops::registry();
+/// let cx = PassContext::new(&registry).with_clone_elimination(CloneElimination::AliasAware);
+/// let report = eliminate_clones(&mut graph, &cx)?;
+/// assert_eq!(report.removed.len(), 1);
+/// assert!(graph.to_string().contains("%1 = scale(%x, 2.0)"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Runs clone elimination with the context's variant, by the rules above.
 pub fn eliminate_clones(graph: &mut Graph, cx: &PassContext<'_>) -> Result<CloneReport, PassError> {
     let _span = tracing::info_span!("pass", name = "eliminate-clones").entered();
     let report = match cx.clone_elimination {

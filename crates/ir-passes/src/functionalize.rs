@@ -1,46 +1,4 @@
-//! Inplace functionalization: turns `maybe_inplace` calls functional after proving that the donated
-//! values are dead, and records donated graph inputs.
-//!
-//! # What it does
-//!
-//! A `maybe_inplace` call donates its activations: the caller promises not to read them again, so a
-//! kernel may overwrite them. For each such call, in order, and each activation value `v`, every
-//! user of `v` positioned after the call (the output node included) is a violation. Users before the
-//! call and the call itself are fine, so one value passed as both activations is allowed. If `v` is
-//! a graph input, the input is marked `donated` (by name, visible in the text). The call is then
-//! retargeted to the functional overload; lowering later decides whether a kernel writes in place.
-//!
-//! # What it does not do
-//!
-//! Only direct users are checked (as vLLM does); donation through views is made safe by the
-//! alias-aware clone elimination. Nothing is reordered or removed.
-//!
-//! # Invariants
-//!
-//! After the pass no `maybe_inplace` call is left; on error the graph is unchanged and every
-//! violation is reported. The pass is idempotent.
-//!
-//! ```
-//! use ir_graph::parse;
-//! use ir_passes::{PassContext, functionalize};
-//!
-//! let mut graph = parse(
-//!     "graph g(%x: bf16[8,16], %r: bf16[8,16], %w: bf16[16]) {
-//!        %0, %1 = fused_add_rms_norm.maybe_inplace(%x, %r, %w, 1e-6, none) : bf16[8,16], bf16[8,16]
-//!        output(%0, %1)
-//!      }",
-//! )?;
-//! let registry = ir_ops::registry();
-//! let report = functionalize(&mut graph, &PassContext::new(&registry))?;
-//! assert_eq!(report.donated, vec!["x", "r"]);
-//! assert_eq!(graph.to_string(), "\
-//! graph g(%x: bf16[8,16] donated, %r: bf16[8,16] donated, %w: bf16[16]) {
-//!   %0, %1 = fused_add_rms_norm(%x, %r, %w, 1e-6, none) : bf16[8,16], bf16[8,16]
-//!   output(%0, %1)
-//! }
-//! ");
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The `functionalize` pass ([`functionalize`] documents it).
 
 use std::fmt;
 
@@ -80,7 +38,51 @@ impl fmt::Display for FunctionalizeReport {
     }
 }
 
-/// Runs inplace functionalization, as the [module documentation](self) describes.
+/// Inplace functionalization: turns `maybe_inplace` calls functional after proving that the donated
+/// values are dead, and records donated graph inputs.
+///
+/// # What it does
+///
+/// A `maybe_inplace` call donates its activations: the caller promises not to read them again, so a
+/// kernel may overwrite them. For each such call, in order, and each activation value `v`, every
+/// user of `v` positioned after the call (the output node included) is a violation. Users before the
+/// call and the call itself are fine, so one value passed as both activations is allowed. If `v` is
+/// a graph input, the input is marked `donated` (by name, visible in the text). The call is then
+/// retargeted to the functional overload; lowering later decides whether a kernel writes in place.
+///
+/// # What it does not do
+///
+/// Only direct users are checked (as vLLM does); donation through views is made safe by the
+/// alias-aware clone elimination. Nothing is reordered or removed.
+///
+/// # Invariants
+///
+/// After the pass no `maybe_inplace` call is left; on error the graph is unchanged and every
+/// violation is reported. The pass is idempotent.
+///
+/// ```
+/// use ir_graph::parse;
+/// use ir_passes::{PassContext, functionalize};
+///
+/// let mut graph = parse(
+///     "graph g(%x: bf16[8,16], %r: bf16[8,16], %w: bf16[16]) {
+///        %0, %1 = fused_add_rms_norm.maybe_inplace(%x, %r, %w, 1e-6, none) : bf16[8,16], bf16[8,16]
+///        output(%0, %1)
+///      }",
+/// )?;
+/// let registry = ir_ops::registry();
+/// let report = functionalize(&mut graph, &PassContext::new(&registry))?;
+/// assert_eq!(report.donated, vec!["x", "r"]);
+/// assert_eq!(graph.to_string(), "\
+/// graph g(%x: bf16[8,16] donated, %r: bf16[8,16] donated, %w: bf16[16]) {
+///   %0, %1 = fused_add_rms_norm(%x, %r, %w, 1e-6, none) : bf16[8,16], bf16[8,16]
+///   output(%0, %1)
+/// }
+/// ");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Runs inplace functionalization, as described above.
 pub fn functionalize(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FunctionalizeReport, PassError> {
     let _span = tracing::info_span!("pass", name = "functionalize").entered();
     let positions = graph.positions();

@@ -1,86 +1,9 @@
-//! Add + RMSNorm fusion: a residual add whose sum an `rms_norm` normalizes becomes one
-//! `fused_add_rms_norm` call, whose second result is the sum. Later readers of the sum read that
-//! result, so the residual stream stays available; lowering then picks the fused kernel, which
-//! writes both results into its activations in place where the donations allow.
-//!
-//! ```text
-//! %s = add(%x, %r) : bf16[8,16]                      %o, %s2 = fused_add_rms_norm(%x, %r, %w, 1e-6, none)
-//! %o = rms_norm(%s, %w, 1e-6, none) : bf16[8,16]  →          : bf16[8,16], bf16[8,16]
-//! output(%o, %s)                                     output(%o, %s2)
-//! ```
-//!
-//! # When a candidate is fused
-//!
-//! Every functional `rms_norm` whose input is the result of an `add` is a candidate. It is fused
-//! when all of these hold, and otherwise reported with the first that fails:
-//!
-//! - **A place for the fused call** ([`FusionSkip::SumReadBeforeNorm`]): it takes the norm's place
-//!   when nothing reads the sum before the norm, else the add's place when the norm's other operands
-//!   (its weight) are defined before the add; otherwise the pair stays.
-//!   ```text
-//!   %s = add(%x, %r) : f32[2,8]
-//!   %w2 = scale(%w, 2.0) : f32[8]           // the weight is made after the add,
-//!   %t = scale(%s, 2.0) : f32[2,8]          // and the sum is read before the norm: kept as is
-//!   %o = rms_norm(%s, %w2, 1e-6, none) : f32[2,8]
-//!   ```
-//! - **Nothing is written between them** ([`FusionSkip::WriteBetween { first: "add", second: "norm" }`]): the add moves to the
-//!   norm's place (or the norm to the add's), so a write in between (`copy_`, an in-place `impl`
-//!   call) could change what it reads.
-//!   ```text
-//!   %s = add(%x, %r) : f32[2,8]
-//!   %c = copy_(%x, %y) : f32[2,8]           // writes %x, which the add reads: kept as is
-//!   %o = rms_norm(%s, none, 1e-6, none) : f32[2,8]
-//!   ```
-//! - **One norm per add** ([`FusionSkip::AddAlreadyFused`]): when two norms read one sum, the first
-//!   fuses and the second reads the fused call's residual result, so the sum is computed once.
-//! - **Every operand is there where the fused call stands** ([`FusionSkip::OperandNotReady`]): the
-//!   call reads no value the pair computes or that depends on it, and none defined after its place,
-//!   counting a value another fusion replaces as defined where that fusion's call stands (checked
-//!   once every pair is decided, dropping pairs until all that remain fit).
-//!   ```text
-//!   %s = add(%x, %r) : f32[8]
-//!   %o = rms_norm(%s, %s, 1e-6, none) : f32[8]  // the weight is the sum: kept as is
-//!   ```
-//! - **The fused op gives the same metadata** ([`FusionSkip::Metadata`]): its two results must have
-//!   the dtype, device and layout of the norm's output and of the sum (the add of two strided
-//!   views, for instance, gives a compact sum, and so does the fused residual output; mixed dtypes
-//!   do not fuse).
-//!
-//! # Rounding
-//!
-//! `fused_add_rms_norm` normalizes the sum before rounding it to the dtype by default (`rounding =
-//! "exact"`), where the unfused pair normalizes the rounded sum. For f32 and f64 the two agree bit
-//! for bit (the sum is computed in the dtype itself); for f16 and bf16 the fused result may differ
-//! in the last bit of some elements, within the ops' tolerance, and `rounding = "dtype"` makes the
-//! fused op normalize the rounded sum, as the pair does. The residual output (the sum) is
-//! bit-identical for every dtype. The standard pipeline, which promises bit-identical results,
-//! therefore runs `fuse-add-rms-norm-exact` ([`fuse_add_rms_norm_exact`]), which fuses every pair
-//! whose norm runs on the provider the fused op would run on, the f16 and bf16 ones with `rounding
-//! = "dtype"`, and reports the others ([`FusionSkip::Provider`]: another provider may sum the
-//! squares in another order); `fuse-add-rms-norm` by name fuses every pair with the default
-//! rounding (`vllm-ir opt --passes functionalize,fuse-add-rms-norm,…`), within the ops' tolerance.
-//!
-//! ```
-//! use ir_graph::parse;
-//! use ir_passes::{PassContext, fuse_add_rms_norm};
-//!
-//! let mut graph = parse(
-//!     "graph g(%x: f32[2,8], %r: f32[2,8], %w: f32[8]) {
-//!        %s = add(%x, %r) : f32[2,8]
-//!        %o = rms_norm(%s, %w, 1e-6, none) : f32[2,8]
-//!        output(%o, %s)
-//!      }",
-//! )?;
-//! let registry = ir_ops::registry();
-//! let report = fuse_add_rms_norm(&mut graph, &PassContext::new(&registry))?;
-//! assert_eq!(report.fused.len(), 1);
-//! assert!(graph.to_string().contains("= fused_add_rms_norm(%x, %r, %w, 1e-6, none) : f32[2,8], f32[2,8]"));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The `fuse_add_rms_norm` pass ([`fuse_add_rms_norm`] documents it).
 
 use cranelift_entity::{EntitySet, SecondaryMap};
+use ir_core::TensorMeta;
+use ir_core::builtin::Builtin;
 use ir_core::op::{Overload, StrEnum};
-use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
 use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
 use ir_ops::rms_norm::{RMS_NORM, RmsNormArgs};
@@ -124,7 +47,87 @@ impl DecidedFusion for Fusion {
     }
 }
 
-/// Fuses every add + rms_norm pair the [module documentation](self) allows.
+/// Add + RMSNorm fusion: a residual add whose sum an `rms_norm` normalizes becomes one
+/// `fused_add_rms_norm` call, whose second result is the sum. Later readers of the sum read that
+/// result, so the residual stream stays available; lowering then picks the fused kernel, which
+/// writes both results into its activations in place where the donations allow.
+///
+/// ```text
+/// %s = add(%x, %r) : bf16[8,16]                      %o, %s2 = fused_add_rms_norm(%x, %r, %w, 1e-6, none)
+/// %o = rms_norm(%s, %w, 1e-6, none) : bf16[8,16]  →          : bf16[8,16], bf16[8,16]
+/// output(%o, %s)                                     output(%o, %s2)
+/// ```
+///
+/// # When a candidate is fused
+///
+/// Every functional `rms_norm` whose input is the result of an `add` is a candidate. It is fused
+/// when all of these hold, and otherwise reported with the first that fails:
+///
+/// - **A place for the fused call** ([`FusionSkip::SumReadBeforeNorm`]): it takes the norm's place
+///   when nothing reads the sum before the norm, else the add's place when the norm's other operands
+///   (its weight) are defined before the add; otherwise the pair stays.
+///   ```text
+///   %s = add(%x, %r) : f32[2,8]
+///   %w2 = scale(%w, 2.0) : f32[8]           // the weight is made after the add,
+///   %t = scale(%s, 2.0) : f32[2,8]          // and the sum is read before the norm: kept as is
+///   %o = rms_norm(%s, %w2, 1e-6, none) : f32[2,8]
+///   ```
+/// - **Nothing is written between them** ([`FusionSkip::WriteBetween { first: "add", second: "norm" }`]): the add moves to the
+///   norm's place (or the norm to the add's), so a write in between (`copy_`, an in-place `impl`
+///   call) could change what it reads.
+///   ```text
+///   %s = add(%x, %r) : f32[2,8]
+///   %c = copy_(%x, %y) : f32[2,8]           // writes %x, which the add reads: kept as is
+///   %o = rms_norm(%s, none, 1e-6, none) : f32[2,8]
+///   ```
+/// - **One norm per add** ([`FusionSkip::AddAlreadyFused`]): when two norms read one sum, the first
+///   fuses and the second reads the fused call's residual result, so the sum is computed once.
+/// - **Every operand is there where the fused call stands** ([`FusionSkip::OperandNotReady`]): the
+///   call reads no value the pair computes or that depends on it, and none defined after its place,
+///   counting a value another fusion replaces as defined where that fusion's call stands (checked
+///   once every pair is decided, dropping pairs until all that remain fit).
+///   ```text
+///   %s = add(%x, %r) : f32[8]
+///   %o = rms_norm(%s, %s, 1e-6, none) : f32[8]  // the weight is the sum: kept as is
+///   ```
+/// - **The fused op gives the same metadata** ([`FusionSkip::Metadata`]): its two results must have
+///   the dtype, device and layout of the norm's output and of the sum (the add of two strided
+///   views, for instance, gives a compact sum, and so does the fused residual output; mixed dtypes
+///   do not fuse).
+///
+/// # Rounding
+///
+/// `fused_add_rms_norm` normalizes the sum before rounding it to the dtype by default (`rounding =
+/// "exact"`), where the unfused pair normalizes the rounded sum. For f32 and f64 the two agree bit
+/// for bit (the sum is computed in the dtype itself); for f16 and bf16 the fused result may differ
+/// in the last bit of some elements, within the ops' tolerance, and `rounding = "dtype"` makes the
+/// fused op normalize the rounded sum, as the pair does. The residual output (the sum) is
+/// bit-identical for every dtype. The standard pipeline, which promises bit-identical results,
+/// therefore runs `fuse-add-rms-norm-exact` ([`fuse_add_rms_norm_exact`]), which fuses every pair
+/// whose norm runs on the provider the fused op would run on, the f16 and bf16 ones with `rounding
+/// = "dtype"`, and reports the others ([`FusionSkip::Provider`]: another provider may sum the
+/// squares in another order); `fuse-add-rms-norm` by name fuses every pair with the default
+/// rounding (`vllm-ir opt --passes functionalize,fuse-add-rms-norm,…`), within the ops' tolerance.
+///
+/// ```
+/// use ir_graph::parse;
+/// use ir_passes::{PassContext, fuse_add_rms_norm};
+///
+/// let mut graph = parse(
+///     "graph g(%x: f32[2,8], %r: f32[2,8], %w: f32[8]) {
+///        %s = add(%x, %r) : f32[2,8]
+///        %o = rms_norm(%s, %w, 1e-6, none) : f32[2,8]
+///        output(%o, %s)
+///      }",
+/// )?;
+/// let registry = ir_ops::registry();
+/// let report = fuse_add_rms_norm(&mut graph, &PassContext::new(&registry))?;
+/// assert_eq!(report.fused.len(), 1);
+/// assert!(graph.to_string().contains("= fused_add_rms_norm(%x, %r, %w, 1e-6, none) : f32[2,8], f32[2,8]"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Fuses every add + rms_norm pair the rules above allow.
 ///
 /// Linear: one pass decides every fusion on the unmodified graph (positions, use lists and a prefix
 /// count of writing nodes answer each rule in constant time per use), one more rewrites the uses.

@@ -1,104 +1,9 @@
-//! Norm + quantization fusion: an fp8 quantization whose input is an RMS norm's output, and that
-//! output's only reader, becomes one norm + quantization call, so the normalized row is never
-//! written to memory. Every pair of a norm and a quantization has a fused op:
-//!
-//! | norm | quantization | fused op (results) |
-//! |---|---|---|
-//! | `rms_norm` | `static_scaled_fp8_quant` | `rms_norm_static_fp8_quant` (`q`) |
-//! | `rms_norm` | `dynamic_per_token_scaled_fp8_quant` | `rms_norm_dynamic_per_token_quant` (`q`, `scales`) |
-//! | `fused_add_rms_norm` | `static_scaled_fp8_quant` | `fused_add_rms_norm_static_fp8_quant` (`residual_out`, `q`) |
-//! | `fused_add_rms_norm` | `dynamic_per_token_scaled_fp8_quant` | `fused_add_rms_norm_dynamic_per_token_quant` (`residual_out`, `q`, `scales`) |
-//!
-//! ```text
-//! %o = rms_norm(%x, %w, 1e-6, none) : bf16[8,16]                 %q2 = rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn)
-//! %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[8,16]  →      : f8e4m3fn[8,16]
-//! output(%q)                                                      output(%q2)
-//! ```
-//!
-//! Notation: `o` is the norm's normalized output, `q` the quantization's call. The pass matches
-//! functional calls only: it runs after `functionalize` in the standard pipeline (a `maybe_inplace`
-//! norm is reported and kept).
-//!
-//! # When a candidate is fused
-//!
-//! Every functional quantization whose input is a norm's normalized output is a candidate. It is
-//! fused when all of these hold, and otherwise reported with the first that fails
-//! ([`FusionSkip`]):
-//!
-//! - **The norm is functional** ([`FusionSkip::Donated`]).
-//! - **No `variance_size`** ([`FusionSkip::VarianceSize`]): the fused ops normalize whole rows.
-//! - **One rounding** ([`FusionSkip::RoundingDiffers`]): the fused op takes one `rounding` for the
-//!   norm's sum and the static scale. A 16-bit `fused_add_rms_norm` and a static quantization
-//!   with different `rounding`s stay apart; otherwise the fused op takes the rounding that matters
-//!   (the static quantization's, or the norm's), so `rounding = "dtype"` pairs fuse with `"dtype"`.
-//! - **The quantization is `o`'s only reader** ([`FusionSkip::OtherReaders`]): another reader,
-//!   the graph's output included, needs `o` in memory, so fusing would compute the norm twice.
-//!   ```text
-//!   %o = rms_norm(%x, none, 1e-6, none) : f32[2,8]
-//!   %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[2,8]
-//!   output(%q, %o)                          // o is an output: kept as is
-//!   ```
-//! - **A place for the fused call** ([`FusionSkip::NoPlace`]): it takes the quantization's place
-//!   when nothing reads the norm's residual output before it, else the norm's place when the
-//!   quantization's scale is defined before the norm; otherwise the pair stays.
-//! - **Nothing is written between them** ([`FusionSkip::WriteBetween { first: "norm", second: "quantization" }`]): one of the two calls
-//!   moves to the other's place, so a write in between could change what it reads.
-//! - **Every operand is there where the fused call stands** ([`FusionSkip::OperandNotReady`]):
-//!   the call reads no value the pair computes or that depends on it, and none defined after its
-//!   place, counting a value another fusion replaces as defined where that fusion's call stands
-//!   (checked once every pair is decided, dropping pairs until all that remain fit).
-//!   ```text
-//!   %o, %res = fused_add_rms_norm(%x, %r, none, 1e-6, none) : f32[1], f32[1]
-//!   %q = static_scaled_fp8_quant(%o, %res, f8e4m3fn) : f8e4m3fn[1]  // the scale is the residual: kept
-//!   ```
-//! - **The fused op gives the same metadata** ([`FusionSkip::Metadata`]): its results must have
-//!   the dtype, device and layout of the values they replace (a norm of a strided view returns a
-//!   compact output either way; the fused op's predicate-free meta function is the judge).
-//!
-//! # Reshapes between the two
-//!
-//! A `reshape` of the normalized output that only the quantization reads (splitting heads, say)
-//! does not block fusion: the fused op quantizes the unreshaped rows and the reshape moves after
-//! it, onto `q` (and onto the per-token scales, `[..., 1]`). Static quantization is elementwise, so
-//! any reshape commutes with it; a per-token quantization's rows are the last dimension, so the
-//! reshape must keep it ([`FusionSkip::ReshapeChangesRows`]).
-//!
-//! ```text
-//! %o = rms_norm(%x, %w, 1e-6, none) : bf16[4,64]                %0 = rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn)
-//! %v = reshape(%o, [4, 2, 32]) : bf16[4,2,32]              →         : f8e4m3fn[4,64]
-//! %q = static_scaled_fp8_quant(%v, %s, f8e4m3fn)                %1 = reshape(%0, [4, 2, 32]) : f8e4m3fn[4,2,32]
-//!        : f8e4m3fn[4,2,32]
-//! ```
-//!
-//! # Rounding
-//!
-//! Each fused op's semantics are the composition of the pair (the norm's output rounded to x's
-//! dtype, then quantized), so the pass changes no result of the reference; the cpu provider's fused
-//! kernels are its unfused kernels composed, bit for bit. A GPU provider's fused kernel sums the
-//! squares in another order than its norm kernel may, so on a GPU the fused result can differ from
-//! the unfused pair's by one step of the fp8 format (the ops' tolerance), as two providers may.
-//!
-//! ```
-//! use ir_graph::parse;
-//! use ir_passes::{PassContext, fuse_norm_quant};
-//!
-//! let mut graph = parse(
-//!     "graph g(%x: f32[2,8], %w: f32[8], %s: f32[1]) {
-//!        %o = rms_norm(%x, %w, 1e-6, none) : f32[2,8]
-//!        %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[2,8]
-//!        output(%q)
-//!      }",
-//! )?;
-//! let registry = ir_ops::registry();
-//! let report = fuse_norm_quant(&mut graph, &PassContext::new(&registry))?;
-//! assert_eq!(report.fused.len(), 1);
-//! assert!(graph.to_string().contains("= rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn) : f8e4m3fn[2,8]"));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The `fuse_norm_quant` pass ([`fuse_norm_quant`] documents it).
 
 use cranelift_entity::{EntitySet, SecondaryMap};
+use ir_core::TensorMeta;
+use ir_core::builtin::Builtin;
 use ir_core::op::{OpDef, Overload, StrEnum};
-use ir_core::{Builtin, TensorMeta};
 use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
 use ir_ops::Rounding;
 use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
@@ -178,7 +83,105 @@ impl DecidedFusion for Fusion {
     }
 }
 
-/// Fuses every norm + quantization pair the [module documentation](self) allows.
+/// Norm + quantization fusion: an fp8 quantization whose input is an RMS norm's output, and that
+/// output's only reader, becomes one norm + quantization call, so the normalized row is never
+/// written to memory. Every pair of a norm and a quantization has a fused op:
+///
+/// | norm | quantization | fused op (results) |
+/// |---|---|---|
+/// | `rms_norm` | `static_scaled_fp8_quant` | `rms_norm_static_fp8_quant` (`q`) |
+/// | `rms_norm` | `dynamic_per_token_scaled_fp8_quant` | `rms_norm_dynamic_per_token_quant` (`q`, `scales`) |
+/// | `fused_add_rms_norm` | `static_scaled_fp8_quant` | `fused_add_rms_norm_static_fp8_quant` (`residual_out`, `q`) |
+/// | `fused_add_rms_norm` | `dynamic_per_token_scaled_fp8_quant` | `fused_add_rms_norm_dynamic_per_token_quant` (`residual_out`, `q`, `scales`) |
+///
+/// ```text
+/// %o = rms_norm(%x, %w, 1e-6, none) : bf16[8,16]                 %q2 = rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn)
+/// %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[8,16]  →      : f8e4m3fn[8,16]
+/// output(%q)                                                      output(%q2)
+/// ```
+///
+/// Notation: `o` is the norm's normalized output, `q` the quantization's call. The pass matches
+/// functional calls only: it runs after `functionalize` in the standard pipeline (a `maybe_inplace`
+/// norm is reported and kept).
+///
+/// # When a candidate is fused
+///
+/// Every functional quantization whose input is a norm's normalized output is a candidate. It is
+/// fused when all of these hold, and otherwise reported with the first that fails
+/// ([`FusionSkip`]):
+///
+/// - **The norm is functional** ([`FusionSkip::Donated`]).
+/// - **No `variance_size`** ([`FusionSkip::VarianceSize`]): the fused ops normalize whole rows.
+/// - **One rounding** ([`FusionSkip::RoundingDiffers`]): the fused op takes one `rounding` for the
+///   norm's sum and the static scale. A 16-bit `fused_add_rms_norm` and a static quantization
+///   with different `rounding`s stay apart; otherwise the fused op takes the rounding that matters
+///   (the static quantization's, or the norm's), so `rounding = "dtype"` pairs fuse with `"dtype"`.
+/// - **The quantization is `o`'s only reader** ([`FusionSkip::OtherReaders`]): another reader,
+///   the graph's output included, needs `o` in memory, so fusing would compute the norm twice.
+///   ```text
+///   %o = rms_norm(%x, none, 1e-6, none) : f32[2,8]
+///   %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[2,8]
+///   output(%q, %o)                          // o is an output: kept as is
+///   ```
+/// - **A place for the fused call** ([`FusionSkip::NoPlace`]): it takes the quantization's place
+///   when nothing reads the norm's residual output before it, else the norm's place when the
+///   quantization's scale is defined before the norm; otherwise the pair stays.
+/// - **Nothing is written between them** ([`FusionSkip::WriteBetween { first: "norm", second: "quantization" }`]): one of the two calls
+///   moves to the other's place, so a write in between could change what it reads.
+/// - **Every operand is there where the fused call stands** ([`FusionSkip::OperandNotReady`]):
+///   the call reads no value the pair computes or that depends on it, and none defined after its
+///   place, counting a value another fusion replaces as defined where that fusion's call stands
+///   (checked once every pair is decided, dropping pairs until all that remain fit).
+///   ```text
+///   %o, %res = fused_add_rms_norm(%x, %r, none, 1e-6, none) : f32[1], f32[1]
+///   %q = static_scaled_fp8_quant(%o, %res, f8e4m3fn) : f8e4m3fn[1]  // the scale is the residual: kept
+///   ```
+/// - **The fused op gives the same metadata** ([`FusionSkip::Metadata`]): its results must have
+///   the dtype, device and layout of the values they replace (a norm of a strided view returns a
+///   compact output either way; the fused op's predicate-free meta function is the judge).
+///
+/// # Reshapes between the two
+///
+/// A `reshape` of the normalized output that only the quantization reads (splitting heads, say)
+/// does not block fusion: the fused op quantizes the unreshaped rows and the reshape moves after
+/// it, onto `q` (and onto the per-token scales, `[..., 1]`). Static quantization is elementwise, so
+/// any reshape commutes with it; a per-token quantization's rows are the last dimension, so the
+/// reshape must keep it ([`FusionSkip::ReshapeChangesRows`]).
+///
+/// ```text
+/// %o = rms_norm(%x, %w, 1e-6, none) : bf16[4,64]                %0 = rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn)
+/// %v = reshape(%o, [4, 2, 32]) : bf16[4,2,32]              →         : f8e4m3fn[4,64]
+/// %q = static_scaled_fp8_quant(%v, %s, f8e4m3fn)                %1 = reshape(%0, [4, 2, 32]) : f8e4m3fn[4,2,32]
+///        : f8e4m3fn[4,2,32]
+/// ```
+///
+/// # Rounding
+///
+/// Each fused op's semantics are the composition of the pair (the norm's output rounded to x's
+/// dtype, then quantized), so the pass changes no result of the reference; the cpu provider's fused
+/// kernels are its unfused kernels composed, bit for bit. A GPU provider's fused kernel sums the
+/// squares in another order than its norm kernel may, so on a GPU the fused result can differ from
+/// the unfused pair's by one step of the fp8 format (the ops' tolerance), as two providers may.
+///
+/// ```
+/// use ir_graph::parse;
+/// use ir_passes::{PassContext, fuse_norm_quant};
+///
+/// let mut graph = parse(
+///     "graph g(%x: f32[2,8], %w: f32[8], %s: f32[1]) {
+///        %o = rms_norm(%x, %w, 1e-6, none) : f32[2,8]
+///        %q = static_scaled_fp8_quant(%o, %s, f8e4m3fn) : f8e4m3fn[2,8]
+///        output(%q)
+///      }",
+/// )?;
+/// let registry = ir_ops::registry();
+/// let report = fuse_norm_quant(&mut graph, &PassContext::new(&registry))?;
+/// assert_eq!(report.fused.len(), 1);
+/// assert!(graph.to_string().contains("= rms_norm_static_fp8_quant(%x, %w, 1e-6, %s, f8e4m3fn) : f8e4m3fn[2,8]"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Fuses every norm + quantization pair the rules above allow.
 ///
 /// Linear: one pass decides every fusion on the unmodified graph (positions, use lists and a prefix
 /// count of writing nodes answer each rule in constant time per use), one more rewrites the uses.

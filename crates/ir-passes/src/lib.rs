@@ -3,18 +3,18 @@
 //! Each pass is a function of the same name; its module holds its essay (the rules, with IR
 //! examples).
 //!
-//! - [`functionalize`](mod@functionalize): `maybe_inplace` calls become functional after the donated values are proven
+//! - [`functionalize`](fn@functionalize): `maybe_inplace` calls become functional after the donated values are proven
 //!   dead; donated graph inputs are marked.
-//! - [`lower`](mod@lower): each op call becomes the implementation the installed priorities select; in-place
+//! - [`lower`](fn@lower): each op call becomes the implementation the installed priorities select; in-place
 //!   implementations get copies of their activations.
-//! - [`eliminate_clones`](mod@eliminate_clones): copies nothing needs are removed, with vLLM's rules (`unsafe`) or with
+//! - [`eliminate_clones`](fn@eliminate_clones): copies nothing needs are removed, with vLLM's rules (`unsafe`) or with
 //!   storage roots (`alias-aware`, the default).
-//! - [`dce`](mod@dce): dead nodes are removed.
-//! - [`fuse_add_rms_norm`](mod@fuse_add_rms_norm): an `add` whose sum an `rms_norm` normalizes
+//! - [`dce`](fn@dce): dead nodes are removed.
+//! - [`fuse_add_rms_norm`](fn@fuse_add_rms_norm): an `add` whose sum an `rms_norm` normalizes
 //!   becomes one `fused_add_rms_norm`; the standard pipeline runs its exact form
 //!   (`fuse-add-rms-norm-exact`: f32 and f64 pairs, whose results stay bit-identical), and
 //!   `fuse-add-rms-norm` by name fuses 16-bit pairs too (last-bit differences, within tolerance).
-//! - [`fuse_norm_quant`](mod@fuse_norm_quant): an fp8 quantization of an RMS norm's output becomes one
+//! - [`fuse_norm_quant`](fn@fuse_norm_quant): an fp8 quantization of an RMS norm's output becomes one
 //!   norm + quantization op (in the standard pipeline, right after functionalize: the fused ops'
 //!   semantics are the pair's).
 //!
@@ -45,14 +45,14 @@
 //! `ir_passes::pipeline`; lowering warns about `maybe_inplace` calls it leaves.
 
 mod analysis;
-pub mod dce;
-pub mod eliminate_clones;
-pub mod functionalize;
-pub mod fuse_add_rms_norm;
-pub mod fuse_norm_quant;
+mod dce;
+mod eliminate_clones;
+mod functionalize;
+mod fuse_add_rms_norm;
+mod fuse_norm_quant;
 mod fusion;
-pub mod lower;
-pub mod pipeline;
+mod lower;
+mod pipeline;
 
 use std::fmt;
 

@@ -1,45 +1,4 @@
-//! Lowering: replaces each functional op call by the implementation the installed priorities select.
-//!
-//! # What it does
-//!
-//! For each functional `IrCall`, selection runs on the graph's metadata with the registry's
-//! installed priorities (the same rules as eager dispatch). A non-inplace choice becomes an
-//! `ImplCall` with the same arguments. For an inplace choice, a `clone` of each activation is inserted
-//! right before the call and the `ImplCall` receives the clones, with `writes` = the activation
-//! positions; clone elimination later removes the clones nothing needs. The `ImplCall` keeps the
-//! node's results, so their names and uses stay. Choosing native gives `impl <op>[native]`; when
-//! the providers listed before native rejected the call or are unavailable here, that is a native
-//! fallback, as in eager dispatch: counted in the selection record and said once, or refused by a
-//! strict registry (the pass fails, naming the node and each provider's reason).
-//!
-//! An in-place kernel writes one activation per storage, so a `rotary_embedding` call whose query
-//! and key are disjoint views of one storage (column slices of one `qkv` buffer) and whose provider
-//! is in place becomes two calls, the key rotated as the query of its own call (every head is
-//! rotated alike: the same bits), placed before the query's; clone elimination can then let each
-//! write its slice where it is ([`LowerReport::rotary_splits`] counts them).
-//!
-//! # What it does not do
-//!
-//! `maybe_inplace` calls (not functionalized) are not lowered: the pass warns once, listing them, and
-//! the interpreter still runs them through dispatch. A lowered graph does not change when priorities
-//! change later.
-//!
-//! ```
-//! use ir_graph::parse;
-//! use ir_passes::{PassContext, lower};
-//!
-//! let mut graph = parse(
-//!     "graph g(%x: f32[2,8]) {
-//!        %0 = rms_norm(%x, none, 1e-6, none) : f32[2,8]
-//!        output(%0)
-//!      }",
-//! )?;
-//! let registry = ir_ops::registry();
-//! let report = lower(&mut graph, &PassContext::new(&registry))?;
-//! assert_eq!(report.to_string(), "lowered 1 call(s): rms_norm=native×1");
-//! assert!(graph.to_string().contains("%0 = impl rms_norm[native] (%x, none, 1e-6, none) : f32[2,8]"));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The `lower` pass ([`lower`] documents it).
 
 use std::fmt;
 use std::rc::Rc;
@@ -100,7 +59,50 @@ impl fmt::Display for LowerReport {
     }
 }
 
-/// Runs lowering, as the [module documentation](self) describes.
+/// Lowering: replaces each functional op call by the implementation the installed priorities select.
+///
+/// # What it does
+///
+/// For each functional `IrCall`, selection runs on the graph's metadata with the registry's
+/// installed priorities (the same rules as eager dispatch). A non-inplace choice becomes an
+/// `ImplCall` with the same arguments. For an inplace choice, a `clone` of each activation is inserted
+/// right before the call and the `ImplCall` receives the clones, with `writes` = the activation
+/// positions; clone elimination later removes the clones nothing needs. The `ImplCall` keeps the
+/// node's results, so their names and uses stay. Choosing native gives `impl <op>[native]`; when
+/// the providers listed before native rejected the call or are unavailable here, that is a native
+/// fallback, as in eager dispatch: counted in the selection record and said once, or refused by a
+/// strict registry (the pass fails, naming the node and each provider's reason).
+///
+/// An in-place kernel writes one activation per storage, so a `rotary_embedding` call whose query
+/// and key are disjoint views of one storage (column slices of one `qkv` buffer) and whose provider
+/// is in place becomes two calls, the key rotated as the query of its own call (every head is
+/// rotated alike: the same bits), placed before the query's; clone elimination can then let each
+/// write its slice where it is ([`LowerReport::rotary_splits`] counts them).
+///
+/// # What it does not do
+///
+/// `maybe_inplace` calls (not functionalized) are not lowered: the pass warns once, listing them, and
+/// the interpreter still runs them through dispatch. A lowered graph does not change when priorities
+/// change later.
+///
+/// ```
+/// use ir_graph::parse;
+/// use ir_passes::{PassContext, lower};
+///
+/// let mut graph = parse(
+///     "graph g(%x: f32[2,8]) {
+///        %0 = rms_norm(%x, none, 1e-6, none) : f32[2,8]
+///        output(%0)
+///      }",
+/// )?;
+/// let registry = ir_ops::registry();
+/// let report = lower(&mut graph, &PassContext::new(&registry))?;
+/// assert_eq!(report.to_string(), "lowered 1 call(s): rms_norm=native×1");
+/// assert!(graph.to_string().contains("%0 = impl rms_norm[native] (%x, none, 1e-6, none) : f32[2,8]"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Runs lowering, as described above.
 pub fn lower(graph: &mut Graph, cx: &PassContext<'_>) -> Result<LowerReport, PassError> {
     let _span = tracing::info_span!("pass", name = "lower").entered();
     let mut report = LowerReport { rotary_splits: split_rotary_on_one_storage(graph, cx)?, ..LowerReport::default() };

@@ -5,8 +5,9 @@
 //! copies (dequantization into a fresh buffer, `cat` of column slices), so a run is bit-identical
 //! to any other run of the same providers, eager or compiled.
 
+use ir_core::builtin::{Builtin, BuiltinArg};
 use ir_core::storage::DeviceAllocator;
-use ir_core::{Builtin, BuiltinArg, DType, ExecutionContext, ExecutionContextExt, Tensor};
+use ir_core::{DType, ExecutionContext, ExecutionContextExt, Tensor};
 
 use crate::{LayerError, QuantFp8, QuantScale, RmsNorm, RotaryEmbedding, SiluAndMul};
 

@@ -87,13 +87,13 @@ use candle_core::backend::BackendStorage;
 
 use crate::Rounding;
 use crate::gelu_and_mul::Approximate;
+use ir_core::CallArgs;
 use ir_core::Device;
-use ir_core::InteropError;
-use ir_core::context::CallArgs;
+use ir_core::interop::InteropError;
 use ir_core::op::StrEnum;
 use ir_core::op::{Arg, ArgMeta, Handles, OpDef, Outputs, Overload, Value, Values};
-use ir_core::registry::{CallError, Registry};
 use ir_core::storage::{CpuBuffer, DeviceBuffer, HostAccess, Storage};
+use ir_core::{CallError, Registry};
 use ir_core::{DType, Layout, StorageId, Tensor, TensorError, TensorMeta};
 use smallvec::SmallVec;
 
@@ -981,7 +981,7 @@ pub fn rotary_embedding(
     is_neox_style: bool,
     rounding: Rounding,
 ) -> Result<()> {
-    const OP: &str = "rotary_embedding";
+    let op = crate::rotary_embedding::ROTARY_EMBEDDING.name;
     let positions = match positions.dtype() {
         candle::DType::U32 => positions.to_dtype(candle::DType::I64)?,
         _ => positions.clone(),
@@ -992,7 +992,7 @@ pub fn rotary_embedding(
         Some(("positions", &positions, Role::Read)),
         Some(("cos_sin_cache", cos_sin_cache, Role::Read)),
     ];
-    let call = Call::new(registry, OP, parts)?;
+    let call = Call::new(registry, op, parts)?;
     let (key_index, positions_index, cache_index) = match key {
         Some(_) => (Some(1), 2, 3),
         None => (None, 1, 2),
@@ -1020,7 +1020,7 @@ pub fn rotary_embedding(
             .map_err(CallError::from)?;
     }
     call.locked(|memories| {
-        let lease = Lease::new(OP);
+        let lease = Lease::new(op);
         // SAFETY (every view below): views of locked parts; the query and the key are written, and
         // when they share a storage only one of them is viewed at a time.
         let (p, c) = unsafe {

@@ -139,7 +139,7 @@ impl RegistryBuilder {
     /// installed yet, not frozen. Fails when `VLLM_IR_STRICT` holds a value that is no boolean.
     pub fn new() -> Result<RegistryBuilder, SetupError> {
         // The registry reads `VLLM_IR_STRICT` when it is created: a value it does not take is an error.
-        ir_core::registry::strict_from_env()?;
+        ir_core::strict_from_env()?;
         let registry = ir_ops::registry();
         register_providers(&registry)?;
         Ok(RegistryBuilder { registry, config: None })
@@ -227,7 +227,7 @@ mod tests {
         op::silu_and_mul::register(builder.registry(), ImplSpec::new("engine"), op::silu_and_mul::native).unwrap();
         // The configuration may name the engine's provider: it is installed after registration (a
         // provider without a predicate takes every call, so the list ends with it).
-        let config = PriorityConfig::from_sources(&platform::ConfigSources {
+        let config = PriorityConfig::from_sources(&ConfigSources {
             env_priority: Some("silu_and_mul=engine,cpu".to_owned()),
             env_platform: Some("cpu".to_owned()),
             ..Default::default()
@@ -254,7 +254,7 @@ mod tests {
 
     #[test]
     fn a_bad_configuration_is_an_error_naming_it() {
-        let config = PriorityConfig::from_sources(&platform::ConfigSources {
+        let config = PriorityConfig::from_sources(&ConfigSources {
             env_priority: Some("rms_norm=warp_drive".to_owned()),
             env_platform: Some("cpu".to_owned()),
             cli_priority: None,

@@ -26,13 +26,13 @@
 //! fresh ones (`rotary_embedding` returns `(query, Option<key>)`, typed `(Tensor, Option<Tensor>)`).
 
 pub(crate) mod declare;
-mod error;
+pub(crate) mod error;
 mod value;
 
 use std::fmt;
 
 pub use crate::op::declare::{Activation, Handles, StrEnum, mismatched};
-pub use crate::op::error::{KernelError, OperandMismatch};
+pub(crate) use crate::op::error::KernelError;
 pub use crate::op::value::{Arg, ArgMeta, BindError, Literal, ParamDef, ParamKind, Value, bind, bind_meta};
 pub(crate) use crate::op::value::{default_fits, fill_defaults};
 use crate::{DType, Device, Tensor, TensorError, TensorMeta};
@@ -269,13 +269,13 @@ impl MetaError {
     }
 }
 
-/// Keywords of the text format; with the built-ins' names ([`crate::Builtin`]), the words that cannot
+/// Keywords of the text format; with the built-ins' names ([`crate::builtin::Builtin`]), the words that cannot
 /// name an op or a provider.
 pub const KEYWORDS: &[&str] = &["impl", "output", "graph", "none", "true", "false"];
 
 /// Whether `name` is reserved: a keyword of the text format or a built-in's name.
 pub fn is_reserved(name: &str) -> bool {
-    KEYWORDS.contains(&name) || crate::Builtin::from_name(name).is_some()
+    KEYWORDS.contains(&name) || crate::builtin::Builtin::from_name(name).is_some()
 }
 
 /// The global tolerance table, used when an op has no override.

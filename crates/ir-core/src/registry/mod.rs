@@ -1,177 +1,5 @@
-//! The registry: op definitions, their implementations, installed priorities and dispatch.
-//!
-//! Registries are independent and `Send + Sync`; tests build their own and run in parallel threads.
-//!
-//! # Registering a provider, installing priorities, dispatching
-//!
-//! A provider is a closure (it may hold state) plus an [`ImplSpec`]: its name, an
-//! optional availability probe and an optional `supports` predicate over argument metadata. The
-//! installed priority list of an op picks, per call, the first available provider whose predicate
-//! accepts the arguments; every rejection is recorded with its reason.
-//!
-//! ```
-//! use std::sync::Arc;
-//! use std::sync::atomic::{AtomicU64, Ordering};
-//!
-//! use ir_ops::silu_and_mul::{self, SiluAndMulArgs};
-//! use ir_core::{DType, ImplSpec, Registry, Support, Tensor};
-//!
-//! let registry = ir_ops::registry();
-//! // State: a call counter. The predicate sees metadata only: this provider takes f32.
-//! let calls = Arc::new(AtomicU64::new(0));
-//! let counter = Arc::clone(&calls);
-//! let spec = ImplSpec::new("mine").with_supports(|args| match SiluAndMulArgs::from_meta(args) {
-//!     Some(view) if view.x.dtype == DType::F32 => Support::Yes,
-//!     _ => Support::No("f32 only".into()),
-//! });
-//! silu_and_mul::register(&registry, spec, move |x| {
-//!     counter.fetch_add(1, Ordering::Relaxed);
-//!     silu_and_mul::native(x)
-//! })?;
-//! // Priorities: `mine` first, the list installed before (here none: `native`) after it.
-//! let _guard = registry.override_priority("silu_and_mul", &["mine"])?;
-//! assert_eq!(registry.installed_priority("silu_and_mul").unwrap(), ["mine", "native"]);
-//!
-//! silu_and_mul::silu_and_mul(&registry, &Tensor::ones(DType::F32, &[2, 8])?)?;
-//! silu_and_mul::silu_and_mul(&registry, &Tensor::ones(DType::BF16, &[2, 8])?)?; // rejected: native
-//! assert_eq!(calls.load(Ordering::Relaxed), 1);
-//! let record = registry.selection_record();
-//! assert_eq!(record.selections("silu_and_mul", "native"), 1);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
-//! Engines install every op's list at once from a per-platform
-//! [`PriorityConfig`](crate::PriorityConfig) (see [`platform`](crate::platform)).
-//!
-//! # Providers registered after priorities are installed
-//!
-//! A list keeps which of its names a user wrote: every name given to [`Registry::set_default`] or
-//! [`Registry::override_priority`], the entries of `VLLM_IR_PRIORITY` (or a
-//! [`PriorityConfig`](crate::PriorityConfig)'s user overrides), and the names a guard's list
-//! inherits pinned from the list below it; the platform's defaults that the configuration appends
-//! are not pinned. A provider registered later joins each installed list right after its last
-//! pinned name, before the platform's `native` that follows (at the end when none does). It never
-//! goes in front of a name a user wrote, so a user list ending in `native` (`rms_norm=native`:
-//! "`native` first disables the rest") stays what it was, and on a platform's own list
-//! (`[cpu, native]`) the new provider takes what `cpu` rejects before `native` does.
-//!
-//! ```
-//! # use ir_ops::rms_norm;
-//! # use ir_core::{ImplSpec, Registry};
-//! let registry = ir_ops::registry();
-//! let _pinned = registry.override_priority("rms_norm", &["native"])?;
-//! rms_norm::register(&registry, ImplSpec::new("late"), |x, w, eps, v| rms_norm::native(x, w, eps, v))?;
-//! assert_eq!(registry.installed_priority("rms_norm").unwrap(), ["native"]);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
-//! # Calling an op
-//!
-//! There are four ways to run an op, and all of them take one execution path (the `dispatch`
-//! module: the same validation, selection cache, records and output checks):
-//!
-//! 1. **The typed functions** an op's [`define_op!`](crate::define_op) declaration generates:
-//!    `rms_norm::rms_norm(&registry, …)` (functional) and `maybe_inplace(&registry, …)` (donating
-//!    the activations) on a registry, `rms_norm::call(ctx, …)` and `call_maybe_inplace(ctx, …)` on
-//!    any [`OpCaller`](crate::OpCaller): an [`ExecutionContext`](crate::ExecutionContext) (model
-//!    code that runs eagerly or is traced) or a tensor library's binding (way 4). For code that
-//!    knows the op it calls: typed arguments, the cheapest call.
-//! 2. **[`Registry::run`]** with a [`Call`]: the op by definition or by name ([`OpRef`]), the
-//!    [`Overload`](crate::op::Overload) (functional, or `maybe_inplace`, which donates the
-//!    activations), the positional arguments, and optionally a named provider (a lowered graph's
-//!    `impl` node) and a launch stream. For code that holds an op only as data (a graph's node, a
-//!    configuration, an engine's op table).
-//! 3. **A graph** (`vllm-ir-graph`'s `interpret`): a traced or parsed graph, usually after the
-//!    passes, whose calls run through [`Registry::run`].
-//! 4. **Candle tensors** (`vllm-ir-ops`' `candle_ops`): every op's generated context calls on
-//!    `candle::Tensor`s through `candle_ops::Candle(&registry)`, an [`OpCaller`](crate::OpCaller)
-//!    (and `candle_ops::call`, the op as data), written in place under candle's locks; their calls
-//!    run through [`Registry::run`].
-//!
-//! ```
-//! use ir_core::op::{Overload, Value};
-//! use ir_core::{Call, DType, Tensor};
-//!
-//! let registry = ir_ops::registry();
-//! let x = Tensor::ones(DType::F32, &[2, 8])?;
-//! let args = || vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)];
-//! let by_name = registry.run(Call::new("rms_norm", Overload::Default, args()))?;
-//! let def = &ir_ops::rms_norm::RMS_NORM;
-//! // `variance_size`, a trailing parameter with a default, may be left out.
-//! let by_def = registry.run(Call::new(def, Overload::Default, args()))?;
-//! assert!(ir_core::bit_eq(&by_name[0], &by_def[0]));
-//! let typed = ir_ops::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
-//! assert!(ir_core::bit_eq(&by_name[0], &typed));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
-//! [`Registry::implementation`] hands out a registered function for a benchmark to time without
-//! the registry (none of its checks run): it is not a way to run an op.
-//!
-//! # Native fallbacks
-//!
-//! A call whose arguments every provider listed before `native` rejects runs `native`: correct, and
-//! often one or two orders of magnitude slower. Such a fallback is counted per call
-//! ([`OpRecord::native_fallbacks`](crate::OpRecord)) and said once per op and reason at WARN level
-//! (target `ir_core::dispatch`), naming each provider's reason and the fixes. A strict registry
-//! ([`Registry::set_strict`], or `VLLM_IR_STRICT=1` when it is created) refuses the call instead
-//! with [`CallError::NativeFallback`]. A list whose first entry is `native` (a user's
-//! `rms_norm=native`) chooses it knowingly: nothing is rejected first, so nothing is said.
-//!
-//! ```
-//! use ir_ops::silu_and_mul;
-//! use ir_core::{CallError, DType, ImplSpec, Registry, Support, Tensor};
-//!
-//! let registry = ir_ops::registry();
-//! let f32_only = ImplSpec::new("mine").with_supports(|args| match silu_and_mul::SiluAndMulArgs::from_meta(args) {
-//!     Some(view) if view.x.dtype == DType::F32 => Support::Yes,
-//!     _ => Support::No("f32 only".into()),
-//! });
-//! silu_and_mul::register(&registry, f32_only, silu_and_mul::native)?;
-//! let _guard = registry.override_priority("silu_and_mul", &["mine", "native"])?;
-//! let bf16 = Tensor::ones(DType::BF16, &[2, 8])?;
-//! silu_and_mul::silu_and_mul(&registry, &bf16)?; // native, counted and warned about
-//! assert_eq!(registry.selection_record().op("silu_and_mul").unwrap().native_fallbacks, 1);
-//! registry.set_strict(true);
-//! let err = silu_and_mul::silu_and_mul(&registry, &bf16).unwrap_err();
-//! assert!(matches!(err, CallError::NativeFallback { .. }), "{err}");
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
-//! # The selection cache, freezing and locks
-//!
-//! Selection is a pure function of the registry's state and the call's argument metadata
-//! (predicates see metadata only; meta functions are plain functions of it), so each thread
-//! remembers its selections in one cache, keyed by the registry, the op, the provider a call names
-//! (none for the installed priorities), the registry's generation and the complete argument
-//! metadata. Every change a selection could see (an op defined, a provider replaced, an installed
-//! list published) advances the generation, so a remembered selection is what selection would
-//! return now. A repeated call (typed, dynamic, [`Registry::select`] in lowering, or a lowered
-//! graph's `impl` node, [`Call::provider`](crate::Call::provider)) runs no predicate and no meta function, reads
-//! no shared table, takes no lock and allocates nothing of its own: one atomic load of the
-//! generation and the key comparison. Each thread keeps up to 64 selections, 8 per set of ops; a
-//! remembered selection keeps its implementations alive until its slot is reused or the thread
-//! ends. The typed functional calls run an implementation registered through its op's typed
-//! `register` on the caller's borrowed arguments.
-//!
-//! A registry is built (ops defined, providers registered), then frozen ([`Registry::freeze`]):
-//! later definitions, registrations and replacements are refused, and a call that misses the cache
-//! reads the frozen op table as plain data. Before freezing, the op table and each op's installed
-//! priority list are immutable snapshots read through [`arc_swap`] and replaced whole when they
-//! change; installed lists stay swappable after freezing (priorities choose among the registered
-//! providers).
-//!
-//! User code (availability probes, `supports` predicates, meta functions, kernels) never runs while
-//! a registry lock is held, so a predicate may call back into the registry (select, override a
-//! priority) without deadlock. A panic in a predicate is caught and becomes a rejection whose reason
-//! carries the panic message, as a panicking probe makes its provider unavailable.
-//!
-//! The writers' locks nest in this order and are released in reverse: `Registry::defining` (op
-//! definitions, registrations, replacements, freezing), an op's priority stack (`OpEntry::priority`, held while a new list is published),
-//! its implementation list (`OpEntry::impls`), and last the leaf locks (`OpEntry::warned`,
-//! `ImplEntry::last_rejection`), which are never held while another is taken. No guard is held across
-//! a call of user code, and no read guard is taken twice in one statement (a waiting writer would
-//! block the second read).
+//! The registry: op definitions, their implementations, installed priorities and dispatch
+//! ([`Registry`] documents them).
 
 mod cache;
 mod dispatch;
@@ -193,7 +21,7 @@ use crate::implementation::ImplFunc;
 use crate::op::{OpDef, ParamKind, is_reserved, is_valid_name};
 pub use crate::registry::dispatch::{Call, Dispatch};
 pub use crate::registry::error::CallError;
-pub use crate::registry::priority::{PriorityError, PriorityGuard, merge};
+pub use crate::registry::priority::{PriorityError, PriorityGuard, merge_priorities};
 pub use crate::registry::record::{OpRecord, ProviderRecord, SelectionRecord};
 pub use crate::registry::select::{OpRef, Rejection, Selection};
 use crate::{Availability, ImplSpec, SupportsFn};
@@ -370,8 +198,180 @@ pub enum RegistryError {
     },
 }
 
-/// The op registry. The [module documentation](crate::registry) describes registration, resolution,
-/// dispatch and the lock order.
+/// The registry: op definitions, their implementations, installed priorities and dispatch.
+///
+/// Registries are independent and `Send + Sync`; tests build their own and run in parallel threads.
+///
+/// # Registering a provider, installing priorities, dispatching
+///
+/// A provider is a closure (it may hold state) plus an [`ImplSpec`]: its name, an
+/// optional availability probe and an optional `supports` predicate over argument metadata. The
+/// installed priority list of an op picks, per call, the first available provider whose predicate
+/// accepts the arguments; every rejection is recorded with its reason.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+///
+/// use ir_ops::silu_and_mul::{self, SiluAndMulArgs};
+/// use ir_core::{DType, ImplSpec, Registry, Support, Tensor};
+///
+/// let registry = ir_ops::registry();
+/// // State: a call counter. The predicate sees metadata only: this provider takes f32.
+/// let calls = Arc::new(AtomicU64::new(0));
+/// let counter = Arc::clone(&calls);
+/// let spec = ImplSpec::new("mine").with_supports(|args| match SiluAndMulArgs::from_meta(args) {
+///     Some(view) if view.x.dtype == DType::F32 => Support::Yes,
+///     _ => Support::No("f32 only".into()),
+/// });
+/// silu_and_mul::register(&registry, spec, move |x| {
+///     counter.fetch_add(1, Ordering::Relaxed);
+///     silu_and_mul::native(x)
+/// })?;
+/// // Priorities: `mine` first, the list installed before (here none: `native`) after it.
+/// let _guard = registry.override_priority("silu_and_mul", &["mine"])?;
+/// assert_eq!(registry.installed_priority("silu_and_mul").unwrap(), ["mine", "native"]);
+///
+/// silu_and_mul::silu_and_mul(&registry, &Tensor::ones(DType::F32, &[2, 8])?)?;
+/// silu_and_mul::silu_and_mul(&registry, &Tensor::ones(DType::BF16, &[2, 8])?)?; // rejected: native
+/// assert_eq!(calls.load(Ordering::Relaxed), 1);
+/// let record = registry.selection_record();
+/// assert_eq!(record.selections("silu_and_mul", "native"), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Engines install every op's list at once from a per-platform
+/// [`PriorityConfig`](crate::PriorityConfig).
+///
+/// # Providers registered after priorities are installed
+///
+/// A list keeps which of its names a user wrote: every name given to [`Registry::set_default`] or
+/// [`Registry::override_priority`], the entries of `VLLM_IR_PRIORITY` (or a
+/// [`PriorityConfig`](crate::PriorityConfig)'s user overrides), and the names a guard's list
+/// inherits pinned from the list below it; the platform's defaults that the configuration appends
+/// are not pinned. A provider registered later joins each installed list right after its last
+/// pinned name, before the platform's `native` that follows (at the end when none does). It never
+/// goes in front of a name a user wrote, so a user list ending in `native` (`rms_norm=native`:
+/// "`native` first disables the rest") stays what it was, and on a platform's own list
+/// (`[cpu, native]`) the new provider takes what `cpu` rejects before `native` does.
+///
+/// ```
+/// # use ir_ops::rms_norm;
+/// # use ir_core::{ImplSpec, Registry};
+/// let registry = ir_ops::registry();
+/// let _pinned = registry.override_priority("rms_norm", &["native"])?;
+/// rms_norm::register(&registry, ImplSpec::new("late"), |x, w, eps, v| rms_norm::native(x, w, eps, v))?;
+/// assert_eq!(registry.installed_priority("rms_norm").unwrap(), ["native"]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Calling an op
+///
+/// There are four ways to run an op, and all of them take one execution path (the `dispatch`
+/// module: the same validation, selection cache, records and output checks):
+///
+/// 1. **The typed functions** an op's [`define_op!`](crate::define_op) declaration generates:
+///    `rms_norm::rms_norm(&registry, …)` (functional) and `maybe_inplace(&registry, …)` (donating
+///    the activations) on a registry, `rms_norm::call(ctx, …)` and `call_maybe_inplace(ctx, …)` on
+///    any [`OpCaller`](crate::OpCaller): an [`ExecutionContext`](crate::ExecutionContext) (model
+///    code that runs eagerly or is traced) or a tensor library's binding (way 4). For code that
+///    knows the op it calls: typed arguments, the cheapest call.
+/// 2. **[`Registry::run`]** with a [`Call`]: the op by definition or by name ([`OpRef`]), the
+///    [`Overload`](crate::op::Overload) (functional, or `maybe_inplace`, which donates the
+///    activations), the positional arguments, and optionally a named provider (a lowered graph's
+///    `impl` node) and a launch stream. For code that holds an op only as data (a graph's node, a
+///    configuration, an engine's op table).
+/// 3. **A graph** (`vllm-ir-graph`'s `interpret`): a traced or parsed graph, usually after the
+///    passes, whose calls run through [`Registry::run`].
+/// 4. **Candle tensors** (`vllm-ir-ops`' `candle_ops`): every op's generated context calls on
+///    `candle::Tensor`s through `candle_ops::Candle(&registry)`, an [`OpCaller`](crate::OpCaller)
+///    (and `candle_ops::call`, the op as data), written in place under candle's locks; their calls
+///    run through [`Registry::run`].
+///
+/// ```
+/// use ir_core::op::{Overload, Value};
+/// use ir_core::{Call, DType, Tensor};
+///
+/// let registry = ir_ops::registry();
+/// let x = Tensor::ones(DType::F32, &[2, 8])?;
+/// let args = || vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)];
+/// let by_name = registry.run(Call::new("rms_norm", Overload::Default, args()))?;
+/// let def = &ir_ops::rms_norm::RMS_NORM;
+/// // `variance_size`, a trailing parameter with a default, may be left out.
+/// let by_def = registry.run(Call::new(def, Overload::Default, args()))?;
+/// assert!(ir_core::bit_eq(&by_name[0], &by_def[0]));
+/// let typed = ir_ops::rms_norm::rms_norm(&registry, &x, None, 1e-6, None)?;
+/// assert!(ir_core::bit_eq(&by_name[0], &typed));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// [`Registry::implementation`] hands out a registered function for a benchmark to time without
+/// the registry (none of its checks run): it is not a way to run an op.
+///
+/// # Native fallbacks
+///
+/// A call whose arguments every provider listed before `native` rejects runs `native`: correct, and
+/// often one or two orders of magnitude slower. Such a fallback is counted per call
+/// ([`OpRecord::native_fallbacks`](crate::OpRecord)) and said once per op and reason at WARN level
+/// (target `ir_core::dispatch`), naming each provider's reason and the fixes. A strict registry
+/// ([`Registry::set_strict`], or `VLLM_IR_STRICT=1` when it is created) refuses the call instead
+/// with [`CallError::NativeFallback`]. A list whose first entry is `native` (a user's
+/// `rms_norm=native`) chooses it knowingly: nothing is rejected first, so nothing is said.
+///
+/// ```
+/// use ir_ops::silu_and_mul;
+/// use ir_core::{CallError, DType, ImplSpec, Registry, Support, Tensor};
+///
+/// let registry = ir_ops::registry();
+/// let f32_only = ImplSpec::new("mine").with_supports(|args| match silu_and_mul::SiluAndMulArgs::from_meta(args) {
+///     Some(view) if view.x.dtype == DType::F32 => Support::Yes,
+///     _ => Support::No("f32 only".into()),
+/// });
+/// silu_and_mul::register(&registry, f32_only, silu_and_mul::native)?;
+/// let _guard = registry.override_priority("silu_and_mul", &["mine", "native"])?;
+/// let bf16 = Tensor::ones(DType::BF16, &[2, 8])?;
+/// silu_and_mul::silu_and_mul(&registry, &bf16)?; // native, counted and warned about
+/// assert_eq!(registry.selection_record().op("silu_and_mul").unwrap().native_fallbacks, 1);
+/// registry.set_strict(true);
+/// let err = silu_and_mul::silu_and_mul(&registry, &bf16).unwrap_err();
+/// assert!(matches!(err, CallError::NativeFallback { .. }), "{err}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # The selection cache, freezing and locks
+///
+/// Selection is a pure function of the registry's state and the call's argument metadata
+/// (predicates see metadata only; meta functions are plain functions of it), so each thread
+/// remembers its selections in one cache, keyed by the registry, the op, the provider a call names
+/// (none for the installed priorities), the registry's generation and the complete argument
+/// metadata. Every change a selection could see (an op defined, a provider replaced, an installed
+/// list published) advances the generation, so a remembered selection is what selection would
+/// return now. A repeated call (typed, dynamic, [`Registry::select`] in lowering, or a lowered
+/// graph's `impl` node, [`Call::provider`](crate::Call::provider)) runs no predicate and no meta function, reads
+/// no shared table, takes no lock and allocates nothing of its own: one atomic load of the
+/// generation and the key comparison. Each thread keeps up to 64 selections, 8 per set of ops; a
+/// remembered selection keeps its implementations alive until its slot is reused or the thread
+/// ends. The typed functional calls run an implementation registered through its op's typed
+/// `register` on the caller's borrowed arguments.
+///
+/// A registry is built (ops defined, providers registered), then frozen ([`Registry::freeze`]):
+/// later definitions, registrations and replacements are refused, and a call that misses the cache
+/// reads the frozen op table as plain data. Before freezing, the op table and each op's installed
+/// priority list are immutable snapshots read through [`arc_swap`] and replaced whole when they
+/// change; installed lists stay swappable after freezing (priorities choose among the registered
+/// providers).
+///
+/// User code (availability probes, `supports` predicates, meta functions, kernels) never runs while
+/// a registry lock is held, so a predicate may call back into the registry (select, override a
+/// priority) without deadlock. A panic in a predicate is caught and becomes a rejection whose reason
+/// carries the panic message, as a panicking probe makes its provider unavailable.
+///
+/// The writers' locks nest in this order and are released in reverse: `Registry::defining` (op
+/// definitions, registrations, replacements, freezing), an op's priority stack (`OpEntry::priority`, held while a new list is published),
+/// its implementation list (`OpEntry::impls`), and last the leaf locks (`OpEntry::warned`,
+/// `ImplEntry::last_rejection`), which are never held while another is taken. No guard is held across
+/// a call of user code, and no read guard is taken twice in one statement (a waiting writer would
+/// block the second read).
 pub struct Registry {
     /// Keyed by op name with a fast non-cryptographic hash (names are ours, not adversarial). Read
     /// by every call without a lock; defining an op publishes a new map.

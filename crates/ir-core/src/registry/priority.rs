@@ -180,7 +180,7 @@ impl Registry {
     ) -> Result<PriorityGuard, PriorityError> {
         let entry = self.priority_entry(op)?;
         let (below, below_pinned) = lock(&entry.priority).top_names();
-        let merged = merge(names, &below);
+        let merged = merge_priorities(names, &below);
         // The pinned prefix ends at the last name a user listed, here or below.
         let user_names = names[..pinned.min(names.len())].iter().map(AsRef::as_ref);
         let user_names: Vec<&str> = user_names.chain(below[..below_pinned].iter().map(String::as_str)).collect();
@@ -279,7 +279,7 @@ pub(crate) fn display_list(list: Option<&[Arc<ImplEntry>]>) -> String {
 
 /// User entries first, in order, then the platform entries not already present; duplicates collapse
 /// to their first occurrence. Idempotent.
-pub fn merge(user: &[impl AsRef<str>], platform: &[impl AsRef<str>]) -> Vec<String> {
+pub fn merge_priorities(user: &[impl AsRef<str>], platform: &[impl AsRef<str>]) -> Vec<String> {
     let mut merged: Vec<String> = Vec::new();
     for name in user.iter().map(AsRef::as_ref).chain(platform.iter().map(AsRef::as_ref)) {
         if !merged.iter().any(|m| m == name) {
