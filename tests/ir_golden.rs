@@ -245,3 +245,16 @@ fn statement_at_line(graph: &Graph, line: usize) -> Option<String> {
         .find(|&&n| graph.node(n).location.get().is_some_and(|(l, _)| l as usize == line))
         .map(|&n| graph.display_node(n))
 }
+
+/// `docs/design/row-programs.md` prints `rms_norm`'s row program (with a weight) as the program
+/// prints itself: the page cannot show a text format the code no longer has.
+#[test]
+fn the_row_program_text_in_the_docs_is_the_programs() {
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/design/row-programs.md");
+    let docs = fs::read_to_string(&docs).unwrap();
+    let text = ir_ops::row_program::builtin::rms_norm(true, false).to_string();
+    assert!(
+        docs.contains(&format!("```text\n{text}```")),
+        "docs/design/row-programs.md should show this text of rms_norm's program:\n{text}"
+    );
+}

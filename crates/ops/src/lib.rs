@@ -11,6 +11,10 @@
 //! | the four norm + quantization fusions | [`rms_norm_static_fp8_quant`], [`rms_norm_dynamic_per_token_quant`], [`fused_add_rms_norm_static_fp8_quant`], [`fused_add_rms_norm_dynamic_per_token_quant`] |
 //! | `rotary_embedding` | [`rotary_embedding`] |
 //!
+//! [`row_program`] describes a memory-bound computation over rows once, as data, with a reference
+//! interpreter that defines its semantics; [`row_program::builtin`] expresses the norms, the gated
+//! activations and the quantizations above as row programs with their natives' bits.
+//!
 //! The mechanism they are declared with (the registry, dispatch, the tensor model) is `ir-core`'s;
 //! kernel crates, layers and passes name an op by its definition here (`rms_norm::RMS_NORM`,
 //! `rms_norm::call`), never by a string. [`registry`] builds a registry defining all of them, each
@@ -44,6 +48,7 @@ pub mod rms_norm;
 pub mod rms_norm_dynamic_per_token_quant;
 pub mod rms_norm_static_fp8_quant;
 pub mod rotary_embedding;
+pub mod row_program;
 pub mod silu_and_mul;
 pub mod static_scaled_fp8_quant;
 

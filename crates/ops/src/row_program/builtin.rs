@@ -1,0 +1,553 @@
+//! The built-in row ops as row programs: each function returns the program of one op in one
+//! configuration (its optional tensors present or not, its `rounding`, its output dtype), with the
+//! op's parameters as inputs in the op's order (absent optional ones left out) and the op's
+//! outputs in the op's order. Run by the reference interpreter, each gives its op's native
+//! reference's bits (tested below on every compute dtype, strided inputs and non-finite values).
+//!
+//! Not here: `rotary_embedding`, whose element pairs (`j` with `j + d/2`, or `2i` with `2i + 1`)
+//! and per-row cache rows are not yet steps of a row program.
+
+use ir_core::DType;
+
+use super::{BinaryOp, Builder, InputId, OutDType, Precision, ProgramError, ReduceOp, RowProgram, UnaryOp, ValueId};
+use crate::Rounding;
+use crate::gelu_and_mul::Approximate;
+
+/// The steps of `rms_norm` on `a` (the row's values in the compute dtype): the mean square over
+/// the first `variance_size` elements (all without it), accumulated wide and divided once; `rstd =
+/// 1 / sqrt(ms + eps)` rounded at every step; `y = a · rstd`; with a weight, `y` rounded to its
+/// dtype, times the weight, rounded again. Returns the value stored as the norm's output.
+fn norm_steps(
+    b: &mut Builder,
+    a: ValueId,
+    weight: Option<InputId>,
+    epsilon: InputId,
+    variance: Option<InputId>,
+) -> ValueId {
+    let count = variance.map(|v| b.param(v, Precision::Wide));
+    let sum = b.reduce(ReduceOp::SumSquares, a, count, Precision::Wide);
+    let n = match count {
+        Some(count) => count,
+        None => b.width(),
+    };
+    let mean_square = b.binary(BinaryOp::Div, sum, n, Precision::Compute);
+    let eps = b.param(epsilon, Precision::Compute);
+    let shifted = b.binary(BinaryOp::Add, mean_square, eps, Precision::Compute);
+    let root = b.unary(UnaryOp::Sqrt, shifted, Precision::Compute);
+    let rstd = b.unary(UnaryOp::Recip, root, Precision::Compute);
+    let y = b.binary(BinaryOp::Mul, a, rstd, Precision::Compute);
+    match weight {
+        Some(w) => {
+            let y = b.round(y, Precision::Like(w));
+            let wv = b.load_weight(w);
+            b.binary(BinaryOp::Mul, y, wv, Precision::Like(w))
+        }
+        None => y,
+    }
+}
+
+/// `residual ← x + residual` (in place), rounded to x's dtype under `rounding = "dtype"`; returns
+/// the sum the norm reads.
+fn add_residual(b: &mut Builder, x: InputId, residual: InputId, rounding: Rounding) -> ValueId {
+    let (a, r) = (b.load(x, 0), b.load(residual, 0));
+    let sum = b.binary(BinaryOp::Add, a, r, Precision::Compute);
+    let sum = match rounding {
+        Rounding::Dtype => b.round(sum, Precision::Like(x)),
+        Rounding::Exact => sum,
+    };
+    b.store("residual_out", sum, OutDType::Like(residual), Some(residual));
+    sum
+}
+
+/// The largest finite value of an fp8 `dtype`, or the error naming the program.
+fn fp8_max(program: &str, dtype: DType) -> Result<f64, ProgramError> {
+    dtype.fp8_max().ok_or_else(|| ProgramError::Invalid {
+        program: program.to_owned(),
+        what: "out_dtype".to_owned(),
+        reason: format!("{dtype} is not f8e4m3fn or f8e5m2"),
+    })
+}
+
+/// A static quantization of `v` (in the compute dtype) by scale tensor `scale`: divided, or
+/// multiplied by the rounded reciprocal under `rounding = "dtype"`; the store rounds to fp8.
+fn static_quant_steps(b: &mut Builder, v: ValueId, scale: InputId, rounding: Rounding) -> ValueId {
+    let s = b.param(scale, Precision::Compute);
+    match rounding {
+        Rounding::Dtype => {
+            let inverse = b.unary(UnaryOp::Recip, s, Precision::Compute);
+            b.binary(BinaryOp::Mul, v, inverse, Precision::Compute)
+        }
+        Rounding::Exact => b.binary(BinaryOp::Div, v, s, Precision::Compute),
+    }
+}
+
+/// A dynamic per-token quantization of `v`: the row's scale `max(c(min(max|v|, ub) / M), c(1 / (M ·
+/// 512)))` and `v / scale`. Returns `(quotient, scale)`.
+fn dynamic_quant_steps(b: &mut Builder, v: ValueId, scale_ub: Option<InputId>, max: f64) -> (ValueId, ValueId) {
+    let mut absmax = b.reduce(ReduceOp::MaxAbs, v, None, Precision::Wide);
+    if let Some(ub) = scale_ub {
+        let bound = b.param(ub, Precision::Compute);
+        absmax = b.binary(BinaryOp::Min, absmax, bound, Precision::Wide);
+    }
+    let floor = b.constant(1.0 / (max * 512.0));
+    let floor = b.round(floor, Precision::Compute);
+    let m = b.constant(max);
+    let scale = b.binary(BinaryOp::Div, absmax, m, Precision::Compute);
+    let scale = b.binary(BinaryOp::Max, scale, floor, Precision::Wide);
+    let quotient = b.binary(BinaryOp::Div, v, scale, Precision::Compute);
+    (quotient, scale)
+}
+
+fn build(b: Builder) -> RowProgram {
+    b.build().expect("the built-in programs are well formed (tested)")
+}
+
+/// `rms_norm(x, weight?, epsilon, variance_size?)`.
+pub fn rms_norm(weight: bool, variance_size: bool) -> RowProgram {
+    let mut b = RowProgram::builder("rms_norm");
+    let x = b.activation("x", 1);
+    let w = weight.then(|| b.weight("weight"));
+    let eps = b.scalar("epsilon");
+    let variance = variance_size.then(|| b.scalar("variance_size"));
+    let a = b.load(x, 0);
+    let out = norm_steps(&mut b, a, w, eps, variance);
+    b.store("out", out, OutDType::Like(x), None);
+    build(b)
+}
+
+/// `fused_add_rms_norm(x, x_residual, weight?, epsilon, variance_size?)` with `rounding`: `x ←
+/// rms_norm(x + residual)` and `residual ← x + residual`, both in place.
+pub fn fused_add_rms_norm(weight: bool, variance_size: bool, rounding: Rounding) -> RowProgram {
+    let mut b = RowProgram::builder("fused_add_rms_norm");
+    let x = b.activation("x", 1);
+    let residual = b.activation("x_residual", 1);
+    let w = weight.then(|| b.weight("weight"));
+    let eps = b.scalar("epsilon");
+    let variance = variance_size.then(|| b.scalar("variance_size"));
+    let sum = add_residual(&mut b, x, residual, rounding);
+    let out = norm_steps(&mut b, sum, w, eps, variance);
+    b.store("out", out, OutDType::Like(x), Some(x));
+    // The op's outputs are (out, residual_out).
+    b.program.outputs.rotate_right(1);
+    build(b)
+}
+
+/// `silu(g) = g / (1 + e^-g)` in `f64`.
+fn silu_steps(b: &mut Builder, g: ValueId) -> ValueId {
+    let negated = b.unary(UnaryOp::Neg, g, Precision::Wide);
+    let exp = b.unary(UnaryOp::Exp, negated, Precision::Wide);
+    let one = b.constant(1.0);
+    let denominator = b.binary(BinaryOp::Add, one, exp, Precision::Wide);
+    b.binary(BinaryOp::Div, g, denominator, Precision::Wide)
+}
+
+/// gelu of `g` in `f64`, in the forms of [`crate::gated::gelu_erf`] and
+/// [`crate::gated::gelu_tanh`].
+fn gelu_steps(b: &mut Builder, g: ValueId, approximate: Approximate) -> ValueId {
+    match approximate {
+        Approximate::None => {
+            // 0.5·g·erfc(−g/√2)
+            let half = b.constant(0.5);
+            let half_g = b.binary(BinaryOp::Mul, half, g, Precision::Wide);
+            let negated = b.unary(UnaryOp::Neg, g, Precision::Wide);
+            let k = b.constant(std::f64::consts::FRAC_1_SQRT_2);
+            let t = b.binary(BinaryOp::Mul, negated, k, Precision::Wide);
+            let erfc = b.unary(UnaryOp::Erfc, t, Precision::Wide);
+            b.binary(BinaryOp::Mul, half_g, erfc, Precision::Wide)
+        }
+        Approximate::Tanh => {
+            // g / (1 + e^(−2·√(2/π)·(g + 0.044715·g³)))
+            const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+            let c = b.constant(0.044_715);
+            let cube = b.binary(BinaryOp::Mul, c, g, Precision::Wide);
+            let cube = b.binary(BinaryOp::Mul, cube, g, Precision::Wide);
+            let cube = b.binary(BinaryOp::Mul, cube, g, Precision::Wide);
+            let inner = b.binary(BinaryOp::Add, g, cube, Precision::Wide);
+            let k = b.constant(-2.0 * SQRT_2_OVER_PI);
+            let z = b.binary(BinaryOp::Mul, k, inner, Precision::Wide);
+            let exp = b.unary(UnaryOp::Exp, z, Precision::Wide);
+            let one = b.constant(1.0);
+            let denominator = b.binary(BinaryOp::Add, one, exp, Precision::Wide);
+            b.binary(BinaryOp::Div, g, denominator, Precision::Wide)
+        }
+    }
+}
+
+/// A gated op: `out = round_d(round_d(act(gate)) · up)`, gate and up the two blocks of `x`.
+fn gated(name: &str, activation: impl FnOnce(&mut Builder, InputId, ValueId) -> ValueId) -> RowProgram {
+    let mut b = RowProgram::builder(name);
+    let x = b.activation("x", 2);
+    let (gate, up) = (b.load(x, 0), b.load(x, 1));
+    let act = activation(&mut b, x, gate);
+    let act = b.round(act, Precision::Like(x));
+    let out = b.binary(BinaryOp::Mul, act, up, Precision::Like(x));
+    b.store("out", out, OutDType::Like(x), None);
+    build(b)
+}
+
+/// `silu_and_mul(x)`.
+pub fn silu_and_mul() -> RowProgram {
+    gated("silu_and_mul", |b, _, g| silu_steps(b, g))
+}
+
+/// `gelu_and_mul(x, approximate)`.
+pub fn gelu_and_mul(approximate: Approximate) -> RowProgram {
+    gated("gelu_and_mul", |b, _, g| gelu_steps(b, g, approximate))
+}
+
+/// `gelu_and_mul_sparse(x, std_multiplier, approximate)`: the gate above `mean + std ·
+/// std_multiplier` of its row (biased std, both reduced wide and rounded to x's dtype), through
+/// relu and gelu, times the up half.
+pub fn gelu_and_mul_sparse(approximate: Approximate) -> RowProgram {
+    let mut b = RowProgram::builder("gelu_and_mul_sparse");
+    let x = b.activation("x", 2);
+    let multiplier = b.scalar("std_multiplier");
+    let (gate, up) = (b.load(x, 0), b.load(x, 1));
+    let d = Precision::Like(x);
+    let n = b.width();
+    let sum = b.reduce(ReduceOp::Sum, gate, None, Precision::Wide);
+    let mean = b.binary(BinaryOp::Div, sum, n, Precision::Wide);
+    let deviation = b.binary(BinaryOp::Sub, gate, mean, Precision::Wide);
+    let squares = b.reduce(ReduceOp::SumSquares, deviation, None, Precision::Wide);
+    let variance = b.binary(BinaryOp::Div, squares, n, Precision::Wide);
+    let std = b.unary(UnaryOp::Sqrt, variance, d);
+    let m = b.param(multiplier, Precision::Wide);
+    let shift = b.binary(BinaryOp::Mul, std, m, d);
+    let mean = b.round(mean, d);
+    let cutoff = b.binary(BinaryOp::Add, mean, shift, d);
+    let shifted = b.binary(BinaryOp::Sub, gate, cutoff, d);
+    let relu = b.unary(UnaryOp::Relu, shifted, Precision::Wide);
+    let act = gelu_steps(&mut b, relu, approximate);
+    let act = b.round(act, d);
+    let out = b.binary(BinaryOp::Mul, act, up, d);
+    b.store("out", out, OutDType::Like(x), None);
+    build(b)
+}
+
+/// `static_scaled_fp8_quant(x, scale, out_dtype, rounding)`.
+pub fn static_scaled_fp8_quant(out_dtype: DType, rounding: Rounding) -> Result<RowProgram, ProgramError> {
+    let name = "static_scaled_fp8_quant";
+    fp8_max(name, out_dtype)?;
+    let mut b = RowProgram::builder(name);
+    let x = b.activation("x", 1);
+    let scale = b.scalar_tensor("scale");
+    let v = b.load(x, 0);
+    let q = static_quant_steps(&mut b, v, scale, rounding);
+    b.store("out", q, OutDType::Fixed(out_dtype), None);
+    Ok(build(b))
+}
+
+/// `dynamic_per_token_scaled_fp8_quant(x, scale_ub?, out_dtype)`: the codes and the per-token scales.
+pub fn dynamic_per_token_scaled_fp8_quant(out_dtype: DType, scale_ub: bool) -> Result<RowProgram, ProgramError> {
+    let name = "dynamic_per_token_scaled_fp8_quant";
+    let max = fp8_max(name, out_dtype)?;
+    let mut b = RowProgram::builder(name);
+    let x = b.activation("x", 1);
+    let ub = scale_ub.then(|| b.scalar_tensor("scale_ub"));
+    let v = b.load(x, 0);
+    let (q, scale) = dynamic_quant_steps(&mut b, v, ub, max);
+    b.store("out", q, OutDType::Fixed(out_dtype), None);
+    b.store("scales", scale, OutDType::Fixed(DType::F32), None);
+    Ok(build(b))
+}
+
+/// The norm (plain or after the residual add) rounded to x's dtype, as the quantization reads it.
+fn norm_for_quant(b: &mut Builder, fused: Option<Rounding>, weight: bool) -> (InputId, ValueId) {
+    let x = b.activation("x", 1);
+    let residual = fused.map(|_| b.activation("x_residual", 1));
+    let w = weight.then(|| b.weight("weight"));
+    let eps = b.scalar("epsilon");
+    let a = match (residual, fused) {
+        (Some(residual), Some(rounding)) => add_residual(b, x, residual, rounding),
+        _ => b.load(x, 0),
+    };
+    let out = norm_steps(b, a, w, eps, None);
+    (x, b.round(out, Precision::Like(x)))
+}
+
+/// `rms_norm_static_fp8_quant(x, weight?, epsilon, scale, out_dtype, rounding)`, or with `fused`
+/// `fused_add_rms_norm_static_fp8_quant(x, x_residual, weight?, ...)` (outputs: the residual, then
+/// the codes).
+pub fn norm_static_fp8_quant(
+    fused: bool,
+    weight: bool,
+    out_dtype: DType,
+    rounding: Rounding,
+) -> Result<RowProgram, ProgramError> {
+    let name = if fused { "fused_add_rms_norm_static_fp8_quant" } else { "rms_norm_static_fp8_quant" };
+    fp8_max(name, out_dtype)?;
+    let mut b = RowProgram::builder(name);
+    let (_, normalized) = norm_for_quant(&mut b, fused.then_some(rounding), weight);
+    let scale = b.scalar_tensor("scale");
+    let q = static_quant_steps(&mut b, normalized, scale, rounding);
+    b.store("out", q, OutDType::Fixed(out_dtype), None);
+    Ok(build(b))
+}
+
+/// `rms_norm_dynamic_per_token_quant(x, weight?, epsilon, scale_ub?, out_dtype, rounding)`, or
+/// with `fused` `fused_add_rms_norm_dynamic_per_token_quant(x, x_residual, ...)` (outputs: the
+/// residual when fused, the codes, the scales).
+pub fn norm_dynamic_per_token_quant(
+    fused: bool,
+    weight: bool,
+    scale_ub: bool,
+    out_dtype: DType,
+    rounding: Rounding,
+) -> Result<RowProgram, ProgramError> {
+    let name = if fused { "fused_add_rms_norm_dynamic_per_token_quant" } else { "rms_norm_dynamic_per_token_quant" };
+    let max = fp8_max(name, out_dtype)?;
+    let mut b = RowProgram::builder(name);
+    let (_, normalized) = norm_for_quant(&mut b, fused.then_some(rounding), weight);
+    let ub = scale_ub.then(|| b.scalar_tensor("scale_ub"));
+    let (q, scale) = dynamic_quant_steps(&mut b, normalized, ub, max);
+    b.store("out", q, OutDType::Fixed(out_dtype), None);
+    b.store("scales", scale, OutDType::Fixed(DType::F32), None);
+    Ok(build(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::RowArg;
+    use super::*;
+    use ir_core::Tensor;
+    use ir_core::testing::InputRng;
+
+    const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+    const ROUNDINGS: [Rounding; 2] = [Rounding::Exact, Rounding::Dtype];
+    const FP8: [DType; 2] = [DType::F8E4M3FN, DType::F8E5M2];
+
+    /// Equal dtype, shape and bits (any NaN equals any NaN).
+    fn assert_same(ours: &Tensor, native: &Tensor, what: &str) {
+        assert_eq!((ours.dtype(), ours.shape()), (native.dtype(), native.shape()), "{what}");
+        let (a, b) = (ours.to_f64_vec().unwrap(), native.to_f64_vec().unwrap());
+        for (index, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{what}: element {index}: {x} != {y}");
+        }
+    }
+
+    /// Activations of `[rows, width]` in `dtype`: N(0, scale) with awkward rows (zeros, a NaN, an
+    /// infinity, values beyond the fp8 range); with `strided`, a column slice of a wider buffer.
+    fn activation(rng: &mut InputRng, dtype: DType, rows: usize, width: usize, scale: f64, strided: bool) -> Tensor {
+        let wide = if strided { width + 3 } else { width };
+        let t = rng.normal(dtype, &[rows, wide], 0.0, scale).unwrap();
+        let mut values = t.to_f64_vec().unwrap();
+        values[..wide].iter_mut().for_each(|v| *v = 0.0);
+        if rows > 2 && wide >= 3 {
+            values[wide + 1] = f64::NAN;
+            values[2 * wide + 2] = f64::INFINITY;
+        }
+        if rows > 3 && wide >= 2 {
+            values[3 * wide] = 1e4;
+            values[3 * wide + 1] = -7e4;
+        }
+        let t = Tensor::from_f64(dtype, &[rows, wide], &values).unwrap();
+        if strided { t.narrow(1, 1, width).unwrap() } else { t }
+    }
+
+    fn weight(rng: &mut InputRng, dtype: DType, width: usize) -> Tensor {
+        rng.normal(dtype, &[width], 1.0, 0.1).unwrap()
+    }
+
+    fn scalar_tensor(value: f64) -> Tensor {
+        Tensor::from_f64(DType::F32, &[1], &[value]).unwrap()
+    }
+
+    #[test]
+    fn the_norm_programs_give_the_native_bits() {
+        let mut rng = InputRng::new(7);
+        for dtype in DTYPES {
+            for strided in [false, true] {
+                let (rows, width) = (5, 24);
+                let x = activation(&mut rng, dtype, rows, width, 1.0, strided);
+                let r = activation(&mut rng, dtype, rows, width, 1.0, !strided);
+                let w = weight(&mut rng, dtype, width);
+                for (with_weight, variance) in [(false, None), (true, None), (true, Some(10))] {
+                    let what = format!("rms_norm {dtype} strided {strided} weight {with_weight} variance {variance:?}");
+                    let wref = with_weight.then_some(&w);
+                    let native = crate::rms_norm::native(&x, wref, 1e-5, variance).unwrap();
+                    let program = rms_norm(with_weight, variance.is_some());
+                    let mut args = vec![RowArg::Tensor(&x)];
+                    args.extend(wref.map(RowArg::Tensor));
+                    args.push(RowArg::Scalar(1e-5));
+                    args.extend(variance.map(|v| RowArg::Scalar(v as f64)));
+                    assert_same(&program.run(&args).unwrap()[0], &native, &what);
+
+                    for rounding in ROUNDINGS {
+                        let what = format!("fused_add_{what} {rounding:?}");
+                        let (out, residual) =
+                            crate::fused_add_rms_norm::native(&x, &r, wref, 1e-5, variance, rounding).unwrap();
+                        let program = fused_add_rms_norm(with_weight, variance.is_some(), rounding);
+                        let mut args = vec![RowArg::Tensor(&x), RowArg::Tensor(&r)];
+                        args.extend(wref.map(RowArg::Tensor));
+                        args.push(RowArg::Scalar(1e-5));
+                        args.extend(variance.map(|v| RowArg::Scalar(v as f64)));
+                        let ours = program.run(&args).unwrap();
+                        assert_same(&ours[0], &out, &format!("{what}: out"));
+                        assert_same(&ours[1], &residual, &format!("{what}: residual"));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_gated_programs_give_the_native_bits() {
+        let mut rng = InputRng::new(11);
+        for dtype in DTYPES {
+            for strided in [false, true] {
+                let x = activation(&mut rng, dtype, 5, 32, 3.0, strided);
+                let what = format!("{dtype} strided {strided}");
+                let native = crate::silu_and_mul::native(&x).unwrap();
+                assert_same(&silu_and_mul().run(&[RowArg::Tensor(&x)]).unwrap()[0], &native, &format!("silu {what}"));
+                for approximate in [Approximate::None, Approximate::Tanh] {
+                    let native = crate::gelu_and_mul::native(&x, approximate).unwrap();
+                    let ours = gelu_and_mul(approximate).run(&[RowArg::Tensor(&x)]).unwrap();
+                    assert_same(&ours[0], &native, &format!("gelu {approximate:?} {what}"));
+                    for multiplier in [0.0, 1.6448536269514722] {
+                        let native = crate::gelu_and_mul_sparse::native(&x, multiplier, approximate).unwrap();
+                        let args = [RowArg::Tensor(&x), RowArg::Scalar(multiplier)];
+                        let ours = gelu_and_mul_sparse(approximate).run(&args).unwrap();
+                        assert_same(&ours[0], &native, &format!("gelu sparse {approximate:?} {multiplier} {what}"));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_quantization_programs_give_the_native_bits() {
+        let mut rng = InputRng::new(13);
+        for dtype in DTYPES {
+            for strided in [false, true] {
+                let x = activation(&mut rng, dtype, 5, 16, 100.0, strided);
+                let scale = scalar_tensor(0.37);
+                for out_dtype in FP8 {
+                    let what = format!("{dtype} strided {strided} {out_dtype}");
+                    for rounding in ROUNDINGS {
+                        let native = crate::static_scaled_fp8_quant::native(&x, &scale, out_dtype, rounding).unwrap();
+                        let program = static_scaled_fp8_quant(out_dtype, rounding).unwrap();
+                        let ours = program.run(&[RowArg::Tensor(&x), RowArg::Tensor(&scale)]).unwrap();
+                        assert_same(&ours[0], &native, &format!("static {rounding:?} {what}"));
+                    }
+                    for ub in [None, Some(scalar_tensor(50.0))] {
+                        let (q, scales) =
+                            crate::dynamic_per_token_scaled_fp8_quant::native(&x, ub.as_ref(), out_dtype).unwrap();
+                        let program = dynamic_per_token_scaled_fp8_quant(out_dtype, ub.is_some()).unwrap();
+                        let mut args = vec![RowArg::Tensor(&x)];
+                        args.extend(ub.as_ref().map(RowArg::Tensor));
+                        let ours = program.run(&args).unwrap();
+                        assert_same(&ours[0], &q, &format!("dynamic ub {ub:?} {what}: q"));
+                        assert_same(&ours[1], &scales, &format!("dynamic ub {ub:?} {what}: scales"));
+                    }
+                }
+            }
+        }
+        let refused = static_scaled_fp8_quant(DType::BF16, Rounding::Exact).unwrap_err().to_string();
+        assert!(refused.contains("bf16 is not f8e4m3fn or f8e5m2"), "{refused}");
+    }
+
+    #[test]
+    fn the_norm_quantization_programs_give_the_native_bits() {
+        let mut rng = InputRng::new(17);
+        for dtype in DTYPES {
+            let x = activation(&mut rng, dtype, 5, 16, 1.0, false);
+            let r = activation(&mut rng, dtype, 5, 16, 1.0, true);
+            let w = weight(&mut rng, dtype, 16);
+            let scale = scalar_tensor(0.01);
+            let ub = scalar_tensor(2.0);
+            for (with_weight, rounding, out_dtype) in [
+                (true, Rounding::Exact, DType::F8E4M3FN),
+                (false, Rounding::Dtype, DType::F8E5M2),
+                (true, Rounding::Dtype, DType::F8E4M3FN),
+            ] {
+                let what = format!("{dtype} weight {with_weight} {rounding:?} {out_dtype}");
+                let wref = with_weight.then_some(&w);
+                let head = |fused: bool| {
+                    let mut args = vec![RowArg::Tensor(&x)];
+                    if fused {
+                        args.push(RowArg::Tensor(&r));
+                    }
+                    args.extend(wref.map(RowArg::Tensor));
+                    args.push(RowArg::Scalar(1e-6));
+                    args
+                };
+                let q = crate::rms_norm_static_fp8_quant::native(&x, wref, 1e-6, &scale, out_dtype, rounding).unwrap();
+                let mut args = head(false);
+                args.push(RowArg::Tensor(&scale));
+                let ours = norm_static_fp8_quant(false, with_weight, out_dtype, rounding).unwrap().run(&args).unwrap();
+                assert_same(&ours[0], &q, &format!("rms_norm_static {what}"));
+
+                let (residual, q) =
+                    crate::fused_add_rms_norm_static_fp8_quant::native(&x, &r, wref, 1e-6, &scale, out_dtype, rounding)
+                        .unwrap();
+                let mut args = head(true);
+                args.push(RowArg::Tensor(&scale));
+                let ours = norm_static_fp8_quant(true, with_weight, out_dtype, rounding).unwrap().run(&args).unwrap();
+                assert_same(&ours[0], &residual, &format!("fused_add_static {what}: residual"));
+                assert_same(&ours[1], &q, &format!("fused_add_static {what}: q"));
+
+                for bound in [None, Some(&ub)] {
+                    let (q, scales) =
+                        crate::rms_norm_dynamic_per_token_quant::native(&x, wref, 1e-6, bound, out_dtype, rounding)
+                            .unwrap();
+                    let mut args = head(false);
+                    args.extend(bound.map(RowArg::Tensor));
+                    let program =
+                        norm_dynamic_per_token_quant(false, with_weight, bound.is_some(), out_dtype, rounding);
+                    let ours = program.unwrap().run(&args).unwrap();
+                    assert_same(&ours[0], &q, &format!("rms_norm_dynamic {what} {bound:?}: q"));
+                    assert_same(&ours[1], &scales, &format!("rms_norm_dynamic {what} {bound:?}: scales"));
+
+                    let (residual, q, scales) = crate::fused_add_rms_norm_dynamic_per_token_quant::native(
+                        &x, &r, wref, 1e-6, bound, out_dtype, rounding,
+                    )
+                    .unwrap();
+                    let mut args = head(true);
+                    args.extend(bound.map(RowArg::Tensor));
+                    let program = norm_dynamic_per_token_quant(true, with_weight, bound.is_some(), out_dtype, rounding);
+                    let ours = program.unwrap().run(&args).unwrap();
+                    assert_same(&ours[0], &residual, &format!("fused_add_dynamic {what} {bound:?}: residual"));
+                    assert_same(&ours[1], &q, &format!("fused_add_dynamic {what} {bound:?}: q"));
+                    assert_same(&ours[2], &scales, &format!("fused_add_dynamic {what} {bound:?}: scales"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn in_place_outputs_make_the_fused_adds_in_place() {
+        assert!(fused_add_rms_norm(true, false, Rounding::Exact).is_inplace());
+        assert!(!rms_norm(true, false).is_inplace());
+        assert!(!silu_and_mul().is_inplace());
+        let fused = norm_dynamic_per_token_quant(true, true, false, DType::F8E4M3FN, Rounding::Exact).unwrap();
+        assert!(fused.is_inplace());
+        assert_eq!(fused.reductions(), 2, "the sum of squares and the absmax");
+        let names: Vec<&str> = fused.outputs().iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["residual_out", "out", "scales"]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// For any row count, width, dtype and inputs, the norm and gated programs give the natives'
+        /// bits.
+        #[test]
+        fn any_rows_give_the_native_bits(
+            seed in 0u64..1_000_000,
+            rows in 1usize..6,
+            width in 1usize..40,
+            dtype in proptest::sample::select(DTYPES.to_vec()),
+            strided: bool,
+            epsilon in proptest::sample::select(vec![1e-6, 1e-5, 0.5]),
+        ) {
+            let mut rng = InputRng::new(seed);
+            let x = activation(&mut rng, dtype, rows, width, 2.0, strided);
+            let w = weight(&mut rng, dtype, width);
+            let native = crate::rms_norm::native(&x, Some(&w), epsilon, None).unwrap();
+            let ours = rms_norm(true, false).run(&[RowArg::Tensor(&x), RowArg::Tensor(&w), RowArg::Scalar(epsilon)]).unwrap();
+            assert_same(&ours[0], &native, "rms_norm");
+            let gated = activation(&mut rng, dtype, rows, 2 * width, 2.0, strided);
+            let native = crate::silu_and_mul::native(&gated).unwrap();
+            assert_same(&silu_and_mul().run(&[RowArg::Tensor(&gated)]).unwrap()[0], &native, "silu_and_mul");
+        }
+    }
+}

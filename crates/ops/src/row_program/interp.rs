@@ -1,0 +1,387 @@
+//! The reference interpreter: a program's semantics, row by row in `f64`, rounding where its steps
+//! say (see the module documentation of [`crate::row_program`]).
+
+use ir_core::{DType, Tensor};
+
+use super::{BinaryOp, Extent, InputKind, Op, OutDType, Precision, ReduceOp, RowProgram, RunError, UnaryOp, ValueId};
+
+/// One argument of a program's call, in input order.
+#[derive(Clone, Copy, Debug)]
+pub enum RowArg<'a> {
+    /// An activation, a weight or a scalar tensor (any layout, any device: read through host memory).
+    Tensor(&'a Tensor),
+    /// A scalar input's value.
+    Scalar(f64),
+}
+
+/// An input's values, read once.
+enum Read {
+    /// All elements in logical order, and the tensor's dtype.
+    Values(Vec<f64>, DType),
+    /// A scalar's (or a scalar tensor's) value, and the tensor's dtype if it is one.
+    Scalar(f64, Option<DType>),
+}
+
+/// A step's value in the current row.
+#[derive(Clone, Debug)]
+enum Val {
+    Element(Vec<f64>),
+    Row(f64),
+}
+
+impl RowProgram {
+    /// Runs the program on `args` with its reference semantics and returns its outputs as fresh
+    /// compact CPU tensors, in order (an in-place output is returned like a fresh one: the reference
+    /// writes nothing). Every activation has the first one's rows (every dimension but the last) and
+    /// `blocks · W` columns, with `W` from the first; a weight has shape `[W]`; a scalar tensor one
+    /// element. Errors name the input and the rule.
+    pub fn run(&self, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, RunError> {
+        if args.len() != self.inputs.len() {
+            return Err(RunError::Arity { program: self.name.clone(), expected: self.inputs.len(), found: args.len() });
+        }
+        let refuse = |input: usize, reason: String| RunError::Argument {
+            program: self.name.clone(),
+            param: self.inputs[input].name.clone(),
+            reason,
+        };
+        // The row geometry, from the first activation.
+        let (first, blocks) = self
+            .inputs
+            .iter()
+            .enumerate()
+            .find_map(|(index, input)| match input.kind {
+                InputKind::Activation { blocks } => Some((index, blocks)),
+                _ => None,
+            })
+            .expect("a built program has an activation");
+        let RowArg::Tensor(lead) = args[first] else { return Err(refuse(first, "must be a tensor".to_owned())) };
+        let Some((&last, rows_shape)) = lead.shape().split_last() else {
+            return Err(refuse(first, "must have rank >= 1".to_owned()));
+        };
+        if blocks == 0 || !last.is_multiple_of(blocks) {
+            return Err(refuse(first, format!("last dimension {last} is not {blocks} blocks of one width")));
+        }
+        let width = last / blocks;
+        let n_rows: usize = rows_shape.iter().product();
+        let compute = lead.dtype().compute_dtype();
+
+        let mut read = Vec::with_capacity(args.len());
+        for (index, (input, arg)) in self.inputs.iter().zip(args).enumerate() {
+            let value = match (&input.kind, *arg) {
+                (InputKind::Scalar, RowArg::Scalar(value)) => Read::Scalar(value, None),
+                (InputKind::Scalar, RowArg::Tensor(_)) => return Err(refuse(index, "must be a scalar".to_owned())),
+                (_, RowArg::Scalar(_)) => return Err(refuse(index, "must be a tensor".to_owned())),
+                (kind, RowArg::Tensor(tensor)) => {
+                    let dtype = tensor.dtype();
+                    if !dtype.is_compute() {
+                        return Err(refuse(
+                            index,
+                            format!("has dtype {dtype}, not a compute dtype (f32, f16, bf16, f64)"),
+                        ));
+                    }
+                    match kind {
+                        InputKind::Activation { blocks } => {
+                            let expected: Vec<usize> = rows_shape.iter().copied().chain([blocks * width]).collect();
+                            if tensor.shape() != expected.as_slice() {
+                                return Err(refuse(
+                                    index,
+                                    format!(
+                                        "has shape {:?}, expected {expected:?} (the rows of `{}`)",
+                                        tensor.shape(),
+                                        self.inputs[first].name
+                                    ),
+                                ));
+                            }
+                            Read::Values(tensor.to_f64_vec()?, dtype)
+                        }
+                        InputKind::Weight => {
+                            if tensor.shape() != [width] {
+                                return Err(refuse(
+                                    index,
+                                    format!("has shape {:?}, expected [{width}]", tensor.shape()),
+                                ));
+                            }
+                            Read::Values(tensor.to_f64_vec()?, dtype)
+                        }
+                        InputKind::ScalarTensor => {
+                            if tensor.numel() != 1 {
+                                return Err(refuse(
+                                    index,
+                                    format!("has shape {:?}, expected one element", tensor.shape()),
+                                ));
+                            }
+                            Read::Scalar(tensor.to_f64_vec()?[0], Some(dtype))
+                        }
+                        InputKind::Scalar => unreachable!("matched above"),
+                    }
+                }
+            };
+            read.push(value);
+        }
+        let dtype_of = |input: usize| match &read[input] {
+            Read::Values(_, dtype) | Read::Scalar(_, Some(dtype)) => *dtype,
+            Read::Scalar(_, None) => unreachable!("a built program rounds like tensors only"),
+        };
+        let round = |precision: Precision, value: f64| match precision {
+            Precision::Wide => value,
+            Precision::Compute => compute.round(value),
+            Precision::Like(input) => dtype_of(input).round(value),
+            Precision::Dtype(dtype) => dtype.round(value),
+        };
+
+        let mut stored: Vec<Vec<f64>> = self
+            .outputs
+            .iter()
+            .map(|output| {
+                let per_row = match self.steps[output.value.0 as usize].extent {
+                    Extent::Element => width,
+                    Extent::Row => 1,
+                };
+                Vec::with_capacity(n_rows * per_row)
+            })
+            .collect();
+        let mut vals: Vec<Val> = Vec::with_capacity(self.steps.len());
+        for row in 0..n_rows {
+            vals.clear();
+            for (index, step) in self.steps.iter().enumerate() {
+                let value = match step.op {
+                    Op::Load { input, block } => {
+                        let Read::Values(values, _) = &read[input] else {
+                            unreachable!("activations are read as values")
+                        };
+                        let Some(InputKind::Activation { blocks }) = self.inputs.get(input).map(|i| &i.kind) else {
+                            unreachable!("a built program loads activations")
+                        };
+                        let start = row * blocks * width + block * width;
+                        Val::Element(values[start..start + width].iter().map(|&v| round(step.precision, v)).collect())
+                    }
+                    Op::Weight { input } => {
+                        let Read::Values(values, _) = &read[input] else { unreachable!("weights are read as values") };
+                        Val::Element(values.iter().map(|&v| round(step.precision, v)).collect())
+                    }
+                    Op::Param { input } => {
+                        let Read::Scalar(value, _) = read[input] else { unreachable!("params are read as scalars") };
+                        Val::Row(round(step.precision, value))
+                    }
+                    Op::Const(value) => Val::Row(round(step.precision, value)),
+                    Op::Width => Val::Row(round(step.precision, width as f64)),
+                    Op::Unary(op, x) => map(&vals[x.0 as usize], |v| round(step.precision, unary(op, v))),
+                    Op::Binary(op, a, b) => {
+                        zip(&vals[a.0 as usize], &vals[b.0 as usize], |a, b| round(step.precision, binary(op, a, b)))
+                    }
+                    Op::Reduce { op, x, count } => {
+                        let Val::Element(elements) = &vals[x.0 as usize] else {
+                            unreachable!("a built program reduces elements")
+                        };
+                        let n = match count {
+                            None => width,
+                            Some(count) => {
+                                let Val::Row(c) = vals[count.0 as usize] else { unreachable!("counts are row values") };
+                                if !(c >= 1.0 && c <= width as f64 && c.fract() == 0.0) {
+                                    return Err(RunError::Count {
+                                        program: self.name.clone(),
+                                        step: ValueId(index as u32),
+                                        count: c,
+                                        width,
+                                    });
+                                }
+                                c as usize
+                            }
+                        };
+                        Val::Row(round(step.precision, reduce(op, &elements[..n])))
+                    }
+                };
+                vals.push(value);
+            }
+            for (output, sink) in self.outputs.iter().zip(&mut stored) {
+                match &vals[output.value.0 as usize] {
+                    Val::Element(values) => sink.extend_from_slice(values),
+                    Val::Row(value) => sink.push(*value),
+                }
+            }
+        }
+
+        self.outputs
+            .iter()
+            .zip(stored)
+            .map(|(output, values)| {
+                let dtype = match output.dtype {
+                    OutDType::Like(input) => dtype_of(input),
+                    OutDType::Fixed(dtype) => dtype,
+                };
+                let last = match self.steps[output.value.0 as usize].extent {
+                    Extent::Element => width,
+                    Extent::Row => 1,
+                };
+                let shape: Vec<usize> = rows_shape.iter().copied().chain([last]).collect();
+                let values: Vec<f64> = values.into_iter().map(|v| dtype.round(v)).collect();
+                Ok(Tensor::from_f64(dtype, &shape, &values)?)
+            })
+            .collect()
+    }
+}
+
+fn unary(op: UnaryOp, v: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -v,
+        UnaryOp::Abs => v.abs(),
+        UnaryOp::Exp => v.exp(),
+        UnaryOp::Tanh => v.tanh(),
+        UnaryOp::Erf => libm::erf(v),
+        UnaryOp::Erfc => libm::erfc(v),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        UnaryOp::Sqrt => v.sqrt(),
+        UnaryOp::Recip => 1.0 / v,
+        UnaryOp::Round => v,
+        UnaryOp::Relu => {
+            if v < 0.0 {
+                0.0
+            } else {
+                v
+            }
+        }
+    }
+}
+
+fn binary(op: BinaryOp, a: f64, b: f64) -> f64 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Min => a.min(b),
+        BinaryOp::Max => a.max(b),
+    }
+}
+
+/// Folds in column order, as the native references do (`Iterator::sum` for the sums).
+fn reduce(op: ReduceOp, values: &[f64]) -> f64 {
+    match op {
+        ReduceOp::Sum => values.iter().sum(),
+        ReduceOp::SumSquares => values.iter().map(|v| v * v).sum(),
+        ReduceOp::MaxAbs => values.iter().fold(0.0f64, |max, v| max.max(v.abs())),
+    }
+}
+
+fn map(x: &Val, f: impl Fn(f64) -> f64) -> Val {
+    match x {
+        Val::Element(values) => Val::Element(values.iter().map(|&v| f(v)).collect()),
+        Val::Row(v) => Val::Row(f(*v)),
+    }
+}
+
+fn zip(a: &Val, b: &Val, f: impl Fn(f64, f64) -> f64) -> Val {
+    match (a, b) {
+        (Val::Row(a), Val::Row(b)) => Val::Row(f(*a, *b)),
+        (Val::Element(a), Val::Row(b)) => Val::Element(a.iter().map(|&a| f(a, *b)).collect()),
+        (Val::Row(a), Val::Element(b)) => Val::Element(b.iter().map(|&b| f(*a, b)).collect()),
+        (Val::Element(a), Val::Element(b)) => Val::Element(a.iter().zip(b).map(|(&a, &b)| f(a, b)).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Builder, OutDType};
+    use super::*;
+
+    fn program(build: impl FnOnce(&mut Builder)) -> RowProgram {
+        let mut b = RowProgram::builder("p");
+        build(&mut b);
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn each_step_rounds_where_it_says() {
+        // 1 + 2^-30 is an f64 value but not an f32 one: kept wide, rounded to 1 in compute.
+        let tiny = (-30f64).exp2();
+        let p = program(|b| {
+            let x = b.activation("x", 1);
+            let v = b.load(x, 0);
+            let c = b.constant(tiny);
+            let wide = b.binary(BinaryOp::Add, v, c, Precision::Wide);
+            let compute = b.binary(BinaryOp::Add, v, c, Precision::Compute);
+            let back = b.binary(BinaryOp::Sub, wide, v, Precision::Wide);
+            let lost = b.binary(BinaryOp::Sub, compute, v, Precision::Wide);
+            b.store("back", back, OutDType::Fixed(DType::F64), None);
+            b.store("lost", lost, OutDType::Fixed(DType::F64), None);
+        });
+        let x = Tensor::from_f64(DType::F32, &[1, 1], &[1.0]).unwrap();
+        let out = p.run(&[RowArg::Tensor(&x)]).unwrap();
+        assert_eq!(out[0].to_f64_vec().unwrap(), [tiny]);
+        assert_eq!(out[1].to_f64_vec().unwrap(), [0.0]);
+    }
+
+    #[test]
+    fn row_values_broadcast_and_reductions_honour_their_count() {
+        let p = program(|b| {
+            let x = b.activation("x", 1);
+            let n = b.scalar("n");
+            let v = b.load(x, 0);
+            let count = b.param(n, Precision::Wide);
+            let s = b.reduce(ReduceOp::Sum, v, Some(count), Precision::Wide);
+            let y = b.binary(BinaryOp::Sub, v, s, Precision::Compute);
+            let m = b.reduce(ReduceOp::MaxAbs, v, None, Precision::Wide);
+            b.store("y", y, OutDType::Like(x), None);
+            b.store("m", m, OutDType::Fixed(DType::F32), None);
+        });
+        let x = Tensor::from_f64(DType::F32, &[2, 3], &[1.0, 2.0, 4.0, -8.0, f64::NAN, 1.0]).unwrap();
+        let out = p.run(&[RowArg::Tensor(&x), RowArg::Scalar(2.0)]).unwrap();
+        let y = out[0].to_f64_vec().unwrap();
+        assert_eq!(&y[..3], [-2.0, -1.0, 1.0]);
+        assert!(y[3..].iter().all(|v| v.is_nan()), "the row's sum over its first 2 is NaN");
+        assert_eq!(out[1].shape(), [2, 1]);
+        assert_eq!(out[1].to_f64_vec().unwrap(), [4.0, 8.0], "max |x| ignores NaN");
+        let error = p.run(&[RowArg::Tensor(&x), RowArg::Scalar(4.0)]).unwrap_err().to_string();
+        assert!(error.contains("reduction count 4 is not an integer in 1..=3"), "{error}");
+    }
+
+    #[test]
+    fn blocks_split_the_last_dimension() {
+        let p = program(|b| {
+            let x = b.activation("x", 2);
+            let (g, u) = (b.load(x, 0), b.load(x, 1));
+            let y = b.binary(BinaryOp::Mul, g, u, Precision::Like(x));
+            b.store("y", y, OutDType::Like(x), None);
+        });
+        let x = Tensor::from_f64(DType::BF16, &[1, 4], &[2.0, 3.0, 5.0, 7.0]).unwrap();
+        let out = p.run(&[RowArg::Tensor(&x)]).unwrap();
+        assert_eq!(out[0].shape(), [1, 2]);
+        assert_eq!(out[0].dtype(), DType::BF16);
+        assert_eq!(out[0].to_f64_vec().unwrap(), [10.0, 21.0]);
+    }
+
+    #[test]
+    fn arguments_that_do_not_fit_are_refused_naming_the_input() {
+        let p = program(|b| {
+            let x = b.activation("x", 2);
+            let r = b.activation("r", 1);
+            let w = b.weight("w");
+            let s = b.scalar_tensor("s");
+            let (g, v, wv, sv) = (b.load(x, 0), b.load(r, 0), b.load_weight(w), b.param(s, Precision::Wide));
+            let y = b.binary(BinaryOp::Mul, g, v, Precision::Wide);
+            let y = b.binary(BinaryOp::Mul, y, wv, Precision::Wide);
+            let y = b.binary(BinaryOp::Mul, y, sv, Precision::Like(x));
+            b.store("y", y, OutDType::Like(x), None);
+        });
+        let t = |shape: &[usize]| Tensor::zeros(DType::F32, shape).unwrap();
+        let (x, r, w, s) = (t(&[3, 8]), t(&[3, 4]), t(&[4]), t(&[1]));
+        let ok = [RowArg::Tensor(&x), RowArg::Tensor(&r), RowArg::Tensor(&w), RowArg::Tensor(&s)];
+        assert_eq!(p.run(&ok).unwrap()[0].shape(), [3, 4]);
+        let fails = |args: &[RowArg<'_>], needle: &str| {
+            let error = p.run(args).unwrap_err().to_string();
+            assert!(error.contains(needle), "{error}");
+        };
+        fails(&ok[..3], "takes 4 arguments, 3 given");
+        let bad_r = t(&[2, 4]);
+        fails(&[ok[0], RowArg::Tensor(&bad_r), ok[2], ok[3]], "argument `r`: has shape [2, 4], expected [3, 4]");
+        let bad_w = t(&[8]);
+        fails(&[ok[0], ok[1], RowArg::Tensor(&bad_w), ok[3]], "argument `w`: has shape [8], expected [4]");
+        let bad_s = t(&[2]);
+        fails(&[ok[0], ok[1], ok[2], RowArg::Tensor(&bad_s)], "argument `s`: has shape [2], expected one element");
+        fails(&[ok[0], ok[1], ok[2], RowArg::Scalar(1.0)], "argument `s`: must be a tensor");
+        let odd = t(&[3, 7]);
+        fails(&[RowArg::Tensor(&odd), ok[1], ok[2], ok[3]], "last dimension 7 is not 2 blocks");
+        let ints = Tensor::zeros(DType::I64, &[3, 8]).unwrap();
+        fails(&[RowArg::Tensor(&ints), ok[1], ok[2], ok[3]], "not a compute dtype");
+    }
+}
