@@ -38,7 +38,7 @@ pub trait GateRow: Sync {
 }
 
 /// `out ← op(gate)` with a vectorized `op`, `out` fully overwritten.
-fn map_into(op: &impl SimdUnaryOp<f32>, gate: &[f32], out: &mut [f32]) {
+pub(crate) fn map_into(op: &impl SimdUnaryOp<f32>, gate: &[f32], out: &mut [f32]) {
     // SAFETY: `MaybeUninit<f32>` has f32's layout, and `map` writes only initialized values (every
     // element of `out`), so `out` stays initialized.
     let uninit = unsafe { &mut *(std::ptr::from_mut(out) as *mut [std::mem::MaybeUninit<f32>]) };

@@ -12,6 +12,9 @@
 //! for AVX-512, AVX2, NEON and the baseline) everywhere else; `VLLM_IR_CPU_ROWS=portable`
 //! ([`ROW_PATH_ENV`]) forces the portable ones.
 //!
+//! [`program::run_row_program`] runs any row program ([`ir_ops::row_program`]) on the cpu, stepping
+//! through it a chunk of each row at a time: the executor for fused computations described as data.
+//!
 //! ```
 //! use ir_ops::Rounding;
 //! use ir_ops::fused_add_rms_norm;
@@ -37,6 +40,7 @@ mod activation;
 mod avx512;
 mod element;
 pub mod gated;
+pub mod program;
 pub mod quant;
 pub mod rotary;
 mod rows;

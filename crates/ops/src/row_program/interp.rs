@@ -3,7 +3,7 @@
 
 use ir_core::{DType, Tensor};
 
-use super::{BinaryOp, Extent, InputKind, Op, OutDType, Precision, ReduceOp, RowProgram, RunError, UnaryOp, ValueId};
+use super::{Extent, InputKind, Op, OutDType, Precision, ReduceOp, RowProgram, RunError, ValueId};
 
 /// One argument of a program's call, in input order.
 #[derive(Clone, Copy, Debug)]
@@ -16,10 +16,10 @@ pub enum RowArg<'a> {
 
 /// An input's values, read once.
 enum Read {
-    /// All elements in logical order, and the tensor's dtype.
-    Values(Vec<f64>, DType),
-    /// A scalar's (or a scalar tensor's) value, and the tensor's dtype if it is one.
-    Scalar(f64, Option<DType>),
+    /// All elements in logical order.
+    Values(Vec<f64>),
+    /// A scalar's (or a scalar tensor's) value.
+    Scalar(f64),
 }
 
 /// A step's value in the current row.
@@ -29,13 +29,58 @@ enum Val {
     Row(f64),
 }
 
+/// A call's arguments checked against a program ([`RowProgram::bind`]): the row geometry and each
+/// input's dtype, what every executor of the program needs before it reads a value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// The row width `W` (one block).
+    pub width: usize,
+    /// The number of rows.
+    pub rows: usize,
+    /// The activations' shape but the last dimension.
+    pub rows_shape: Vec<usize>,
+    /// The compute dtype: f32, or f64 when the first activation is f64.
+    pub compute: DType,
+    /// Each input's dtype (`None` for a scalar).
+    pub dtypes: Vec<Option<DType>>,
+}
+
+impl Binding {
+    /// The dtype a precision rounds to (`None` for [`Precision::Wide`]).
+    pub fn precision_dtype(&self, precision: Precision) -> Option<DType> {
+        match precision {
+            Precision::Wide => None,
+            Precision::Compute => Some(self.compute),
+            Precision::Like(input) => self.dtypes.get(input).copied().flatten(),
+            Precision::Dtype(dtype) => Some(dtype),
+        }
+    }
+
+    /// An output's dtype.
+    pub fn output_dtype(&self, dtype: OutDType) -> DType {
+        match dtype {
+            OutDType::Like(input) => self.dtypes.get(input).copied().flatten().unwrap_or(self.compute),
+            OutDType::Fixed(dtype) => dtype,
+        }
+    }
+
+    /// The shape of an output of `extent`: the rows with last dimension `W` (element values) or 1
+    /// (row values).
+    pub fn output_shape(&self, extent: Extent) -> Vec<usize> {
+        let last = match extent {
+            Extent::Element => self.width,
+            Extent::Row => 1,
+        };
+        self.rows_shape.iter().copied().chain([last]).collect()
+    }
+}
+
 impl RowProgram {
-    /// Runs the program on `args` with its reference semantics and returns its outputs as fresh
-    /// compact CPU tensors, in order (an in-place output is returned like a fresh one: the reference
-    /// writes nothing). Every activation has the first one's rows (every dimension but the last) and
-    /// `blocks · W` columns, with `W` from the first; a weight has shape `[W]`; a scalar tensor one
-    /// element. Errors name the input and the rule.
-    pub fn run(&self, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, RunError> {
+    /// Checks `args` against the program and returns the call's geometry: every activation has the
+    /// first one's rows (every dimension but the last) and `blocks · W` columns, with `W` from the
+    /// first; a weight has shape `[W]`; a scalar tensor one element; every tensor a compute dtype.
+    /// Errors name the input and the rule.
+    pub fn bind(&self, args: &[RowArg<'_>]) -> Result<Binding, RunError> {
         if args.len() != self.inputs.len() {
             return Err(RunError::Arity { program: self.name.clone(), expected: self.inputs.len(), found: args.len() });
         }
@@ -62,13 +107,10 @@ impl RowProgram {
             return Err(refuse(first, format!("last dimension {last} is not {blocks} blocks of one width")));
         }
         let width = last / blocks;
-        let n_rows: usize = rows_shape.iter().product();
-        let compute = lead.dtype().compute_dtype();
-
-        let mut read = Vec::with_capacity(args.len());
+        let mut dtypes = Vec::with_capacity(args.len());
         for (index, (input, arg)) in self.inputs.iter().zip(args).enumerate() {
-            let value = match (&input.kind, *arg) {
-                (InputKind::Scalar, RowArg::Scalar(value)) => Read::Scalar(value, None),
+            let dtype = match (&input.kind, *arg) {
+                (InputKind::Scalar, RowArg::Scalar(_)) => None,
                 (InputKind::Scalar, RowArg::Tensor(_)) => return Err(refuse(index, "must be a scalar".to_owned())),
                 (_, RowArg::Scalar(_)) => return Err(refuse(index, "must be a tensor".to_owned())),
                 (kind, RowArg::Tensor(tensor)) => {
@@ -79,54 +121,50 @@ impl RowProgram {
                             format!("has dtype {dtype}, not a compute dtype (f32, f16, bf16, f64)"),
                         ));
                     }
-                    match kind {
+                    let (fits, expected) = match kind {
                         InputKind::Activation { blocks } => {
                             let expected: Vec<usize> = rows_shape.iter().copied().chain([blocks * width]).collect();
-                            if tensor.shape() != expected.as_slice() {
-                                return Err(refuse(
-                                    index,
-                                    format!(
-                                        "has shape {:?}, expected {expected:?} (the rows of `{}`)",
-                                        tensor.shape(),
-                                        self.inputs[first].name
-                                    ),
-                                ));
-                            }
-                            Read::Values(tensor.to_f64_vec()?, dtype)
+                            let fits = tensor.shape() == expected.as_slice();
+                            (fits, format!("{expected:?} (the rows of `{}`)", self.inputs[first].name))
                         }
-                        InputKind::Weight => {
-                            if tensor.shape() != [width] {
-                                return Err(refuse(
-                                    index,
-                                    format!("has shape {:?}, expected [{width}]", tensor.shape()),
-                                ));
-                            }
-                            Read::Values(tensor.to_f64_vec()?, dtype)
-                        }
-                        InputKind::ScalarTensor => {
-                            if tensor.numel() != 1 {
-                                return Err(refuse(
-                                    index,
-                                    format!("has shape {:?}, expected one element", tensor.shape()),
-                                ));
-                            }
-                            Read::Scalar(tensor.to_f64_vec()?[0], Some(dtype))
-                        }
+                        InputKind::Weight => (tensor.shape() == [width], format!("[{width}]")),
+                        InputKind::ScalarTensor => (tensor.numel() == 1, "one element".to_owned()),
                         InputKind::Scalar => unreachable!("matched above"),
+                    };
+                    if !fits {
+                        return Err(refuse(index, format!("has shape {:?}, expected {expected}", tensor.shape())));
                     }
+                    Some(dtype)
                 }
             };
-            read.push(value);
+            dtypes.push(dtype);
         }
-        let dtype_of = |input: usize| match &read[input] {
-            Read::Values(_, dtype) | Read::Scalar(_, Some(dtype)) => *dtype,
-            Read::Scalar(_, None) => unreachable!("a built program rounds like tensors only"),
-        };
-        let round = |precision: Precision, value: f64| match precision {
-            Precision::Wide => value,
-            Precision::Compute => compute.round(value),
-            Precision::Like(input) => dtype_of(input).round(value),
-            Precision::Dtype(dtype) => dtype.round(value),
+        Ok(Binding {
+            width,
+            rows: rows_shape.iter().product(),
+            rows_shape: rows_shape.to_vec(),
+            compute: lead.dtype().compute_dtype(),
+            dtypes,
+        })
+    }
+
+    /// Runs the program on `args` with its reference semantics and returns its outputs as fresh
+    /// compact CPU tensors, in order (an in-place output is returned like a fresh one: the reference
+    /// writes nothing). The arguments are checked by [`RowProgram::bind`].
+    pub fn run(&self, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, RunError> {
+        let binding = self.bind(args)?;
+        let (width, n_rows) = (binding.width, binding.rows);
+        let mut read = Vec::with_capacity(args.len());
+        for (input, arg) in self.inputs.iter().zip(args) {
+            read.push(match (&input.kind, *arg) {
+                (_, RowArg::Scalar(value)) => Read::Scalar(value),
+                (InputKind::ScalarTensor, RowArg::Tensor(tensor)) => Read::Scalar(tensor.to_f64_vec()?[0]),
+                (_, RowArg::Tensor(tensor)) => Read::Values(tensor.to_f64_vec()?),
+            });
+        }
+        let round = |precision: Precision, value: f64| match binding.precision_dtype(precision) {
+            None => value,
+            Some(dtype) => dtype.round(value),
         };
 
         let mut stored: Vec<Vec<f64>> = self
@@ -146,9 +184,7 @@ impl RowProgram {
             for (index, step) in self.steps.iter().enumerate() {
                 let value = match step.op {
                     Op::Load { input, block } => {
-                        let Read::Values(values, _) = &read[input] else {
-                            unreachable!("activations are read as values")
-                        };
+                        let Read::Values(values) = &read[input] else { unreachable!("activations are read as values") };
                         let Some(InputKind::Activation { blocks }) = self.inputs.get(input).map(|i| &i.kind) else {
                             unreachable!("a built program loads activations")
                         };
@@ -156,18 +192,18 @@ impl RowProgram {
                         Val::Element(values[start..start + width].iter().map(|&v| round(step.precision, v)).collect())
                     }
                     Op::Weight { input } => {
-                        let Read::Values(values, _) = &read[input] else { unreachable!("weights are read as values") };
+                        let Read::Values(values) = &read[input] else { unreachable!("weights are read as values") };
                         Val::Element(values.iter().map(|&v| round(step.precision, v)).collect())
                     }
                     Op::Param { input } => {
-                        let Read::Scalar(value, _) = read[input] else { unreachable!("params are read as scalars") };
+                        let Read::Scalar(value) = read[input] else { unreachable!("params are read as scalars") };
                         Val::Row(round(step.precision, value))
                     }
                     Op::Const(value) => Val::Row(round(step.precision, value)),
                     Op::Width => Val::Row(round(step.precision, width as f64)),
-                    Op::Unary(op, x) => map(&vals[x.0 as usize], |v| round(step.precision, unary(op, v))),
+                    Op::Unary(op, x) => map(&vals[x.0 as usize], |v| round(step.precision, op.eval(v))),
                     Op::Binary(op, a, b) => {
-                        zip(&vals[a.0 as usize], &vals[b.0 as usize], |a, b| round(step.precision, binary(op, a, b)))
+                        zip(&vals[a.0 as usize], &vals[b.0 as usize], |a, b| round(step.precision, op.eval(a, b)))
                     }
                     Op::Reduce { op, x, count } => {
                         let Val::Element(elements) = &vals[x.0 as usize] else {
@@ -205,52 +241,12 @@ impl RowProgram {
             .iter()
             .zip(stored)
             .map(|(output, values)| {
-                let dtype = match output.dtype {
-                    OutDType::Like(input) => dtype_of(input),
-                    OutDType::Fixed(dtype) => dtype,
-                };
-                let last = match self.steps[output.value.0 as usize].extent {
-                    Extent::Element => width,
-                    Extent::Row => 1,
-                };
-                let shape: Vec<usize> = rows_shape.iter().copied().chain([last]).collect();
+                let dtype = binding.output_dtype(output.dtype);
+                let shape = binding.output_shape(self.steps[output.value.0 as usize].extent);
                 let values: Vec<f64> = values.into_iter().map(|v| dtype.round(v)).collect();
                 Ok(Tensor::from_f64(dtype, &shape, &values)?)
             })
             .collect()
-    }
-}
-
-fn unary(op: UnaryOp, v: f64) -> f64 {
-    match op {
-        UnaryOp::Neg => -v,
-        UnaryOp::Abs => v.abs(),
-        UnaryOp::Exp => v.exp(),
-        UnaryOp::Tanh => v.tanh(),
-        UnaryOp::Erf => libm::erf(v),
-        UnaryOp::Erfc => libm::erfc(v),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
-        UnaryOp::Sqrt => v.sqrt(),
-        UnaryOp::Recip => 1.0 / v,
-        UnaryOp::Round => v,
-        UnaryOp::Relu => {
-            if v < 0.0 {
-                0.0
-            } else {
-                v
-            }
-        }
-    }
-}
-
-fn binary(op: BinaryOp, a: f64, b: f64) -> f64 {
-    match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Min => a.min(b),
-        BinaryOp::Max => a.max(b),
     }
 }
 
@@ -281,7 +277,7 @@ fn zip(a: &Val, b: &Val, f: impl Fn(f64, f64) -> f64) -> Val {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Builder, OutDType};
+    use super::super::{BinaryOp, Builder, OutDType};
     use super::*;
 
     fn program(build: impl FnOnce(&mut Builder)) -> RowProgram {

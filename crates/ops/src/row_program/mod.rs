@@ -67,7 +67,7 @@ use std::fmt;
 
 use ir_core::DType;
 
-pub use interp::RowArg;
+pub use interp::{Binding, RowArg};
 
 /// A step's value: the index of the step that defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -155,6 +155,31 @@ pub enum UnaryOp {
     Round,
 }
 
+impl UnaryOp {
+    /// The function in `f64`: the reference semantics every executor follows.
+    pub fn eval(self, v: f64) -> f64 {
+        match self {
+            UnaryOp::Neg => -v,
+            UnaryOp::Abs => v.abs(),
+            UnaryOp::Exp => v.exp(),
+            UnaryOp::Tanh => v.tanh(),
+            UnaryOp::Erf => libm::erf(v),
+            UnaryOp::Erfc => libm::erfc(v),
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+            UnaryOp::Sqrt => v.sqrt(),
+            UnaryOp::Recip => 1.0 / v,
+            UnaryOp::Relu => {
+                if v < 0.0 {
+                    0.0
+                } else {
+                    v
+                }
+            }
+            UnaryOp::Round => v,
+        }
+    }
+}
+
 /// An elementwise function of two values (a row value broadcasts over the row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
@@ -170,6 +195,20 @@ pub enum BinaryOp {
     Min,
     /// The larger; a NaN operand gives the other (IEEE `maxNum`, `f64::max`).
     Max,
+}
+
+impl BinaryOp {
+    /// The function in `f64`: the reference semantics every executor follows.
+    pub fn eval(self, a: f64, b: f64) -> f64 {
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::Min => a.min(b),
+            BinaryOp::Max => a.max(b),
+        }
+    }
 }
 
 /// A row reduction: its result is a row value.

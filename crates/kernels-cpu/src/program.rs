@@ -1,0 +1,587 @@
+//! Row programs on the cpu: a block-vectorized interpreter, which runs any program (a built-in
+//! op's, or one a pass makes at run time) with no code generated for it.
+//!
+//! A row runs in passes: a program with `k` row reductions that depend on each other in a chain
+//! needs `k + 1`. Each pass walks the row 256 elements at a time (`CHUNK`) and runs, for each chunk,
+//! only the element steps the pass needs (the operands of the reductions it accumulates; in the last
+//! pass, of the outputs), each step one loop over the chunk's f32 values that the compiler
+//! vectorizes; earlier passes' element steps are computed again from the loads (a row is read once
+//! per pass, from the L1 cache for decode and prefill rows). Row values (parameters, reductions and
+//! what is computed from them) are `f64`, rounded as the program says, so the row arithmetic is the
+//! reference's. Rows are split across threads as the norms' rows are.
+//!
+//! Element values are f32 (the compute type of f32, f16 and bf16 activations): a `compute` step is
+//! then exactly the reference's, and a `wide` element step (a transcendental function the
+//! reference composes in `f64`) is computed in f32, within the op's tolerance of the reference.
+//! Sums reduce in the order every cpu norm shares: 32 lanes over the row's full 32-element groups,
+//! a fixed tree, then the tail; a row whose f32 sum is not finite is run again with its sums
+//! accumulated in `f64` in column order (the reference's order), as the norms do when their f32 sum
+//! of squares overflows. So a norm program gives the cpu norm kernels' bits. `max_abs` does not
+//! depend on the order. f64 activations are refused: their programs run on the reference
+//! interpreter ([`RowProgram::run`]).
+
+use ir_core::storage::CpuBuffer;
+use ir_core::{DType, KernelError, Tensor};
+use ir_ops::row_program::{
+    BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, UnaryOp, ValueId,
+};
+use kernel_support::Rows;
+use rayon::prelude::*;
+
+use crate::element::CpuElement;
+use crate::quant::{E4M3, E5M2, Fp8};
+use crate::rows::{LANES, rows_per_task};
+use ir_core::{F8E4M3, F8E5M2};
+
+/// Elements computed at a time per step (a multiple of [`LANES`], so every chunk but a row's last
+/// holds whole 32-element groups).
+const CHUNK: usize = 256;
+
+/// Runs `program` on `args` (as [`RowProgram::run`] takes them) on the cpu and returns its
+/// outputs as fresh compact tensors, in order (an in-place output too: nothing is written in
+/// place). Fails naming the argument when the arguments do not fit the program
+/// ([`RowProgram::bind`]), a tensor is not in host memory, an activation is f64, or a reduction's
+/// count is not an integer in `1..=W`.
+pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError> {
+    let binding = program.bind(args).map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+    if binding.compute != DType::F32 {
+        return Err(KernelError::InvalidArguments {
+            reason: format!(
+                "row program `{}`: the cpu computes in f32; a program on f64 activations runs on the reference interpreter",
+                program.name()
+            ),
+        });
+    }
+    let plan = Plan::of(program);
+    // Each tensor input as rows over its buffer (a compact copy when its last dimension is strided).
+    let mut copies: Vec<Option<Tensor>> = Vec::with_capacity(args.len());
+    for (input, arg) in program.inputs().iter().zip(args) {
+        copies.push(match arg {
+            RowArg::Tensor(tensor) if tensor.cpu_buffer().is_none() => return Err(crate::not_on_cpu(&input.name)),
+            RowArg::Tensor(tensor) if Rows::of(tensor.meta()).is_err() => Some(tensor.contiguous()?),
+            _ => None,
+        });
+    }
+    let mut sources = Vec::with_capacity(args.len());
+    for ((input, arg), copy) in program.inputs().iter().zip(args).zip(&copies) {
+        sources.push(match (arg, copy) {
+            (RowArg::Scalar(value), _) => Source::Scalar(*value),
+            (RowArg::Tensor(tensor), copy) => {
+                let tensor = copy.as_ref().unwrap_or(tensor);
+                let buffer = tensor.cpu_buffer().ok_or_else(|| crate::not_on_cpu(&input.name))?;
+                match input.kind {
+                    InputKind::ScalarTensor => Source::Scalar(tensor.to_f64_vec()?[0]),
+                    _ => Source::Rows(buffer, Rows::for_kernel(tensor.meta())?, tensor.dtype()),
+                }
+            }
+        });
+    }
+    let mut outputs = Vec::with_capacity(program.outputs().len());
+    for output in program.outputs() {
+        let extent = program.steps()[output.value.0 as usize].extent;
+        // Every element is written: no zero fill.
+        let layout = ir_core::Layout::compact(&binding.output_shape(extent));
+        outputs.push(Tensor::empty_with_layout(binding.output_dtype(output.dtype), layout)?);
+    }
+    let run = Run { program, plan: &plan, binding: &binding, sources: &sources };
+    let per_task = rows_per_task(binding.width, size_of::<f32>());
+    // Each output's bytes, split into the tasks' disjoint row ranges (one piece per task and
+    // output, empty where the output has no bytes).
+    let n_tasks = binding.rows.div_ceil(per_task).max(1);
+    let mut tasks: Vec<Vec<&mut [u8]>> = (0..n_tasks).map(|_| Vec::with_capacity(outputs.len())).collect();
+    for (output, tensor) in program.outputs().iter().zip(&mut outputs) {
+        let per_row = match program.steps()[output.value.0 as usize].extent {
+            Extent::Element => binding.width,
+            Extent::Row => 1,
+        } * tensor.dtype().size_in_bytes();
+        let mut rest = tensor.cpu_buffer_mut()?.expect("a fresh host tensor").bytes_mut();
+        for (task, pieces) in tasks.iter_mut().enumerate() {
+            let rows = per_task.min(binding.rows.saturating_sub(task * per_task));
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(rows * per_row);
+            pieces.push(piece);
+            rest = tail;
+        }
+    }
+    let task_rows = |task: usize| task * per_task..((task + 1) * per_task).min(binding.rows);
+    if tasks.len() <= 1 {
+        let mut sinks = tasks.pop().unwrap_or_default();
+        run_rows(&run, 0..binding.rows, &mut sinks)?;
+    } else {
+        tasks
+            .into_par_iter()
+            .enumerate()
+            .try_for_each(|(task, mut sinks)| run_rows(&run, task_rows(task), &mut sinks))?;
+    }
+    Ok(outputs)
+}
+
+/// [`Run::rows`], compiled for AVX-512, AVX2 and NEON besides the baseline and chosen at run time
+/// (every step loop is inlined into it, so each is vectorized for the CPU it runs on); the same bits
+/// on every path (Rust never contracts a multiply and an add by itself).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
+fn run_rows(run: &Run<'_>, rows: std::ops::Range<usize>, sinks: &mut [&mut [u8]]) -> Result<(), KernelError> {
+    run.rows(rows, sinks)
+}
+
+/// An input's memory: rows over a host buffer, or a scalar's value.
+enum Source<'a> {
+    Rows(&'a CpuBuffer, Rows, DType),
+    Scalar(f64),
+}
+
+/// Which steps run in which pass, computed once per call.
+struct Plan {
+    /// Per step: the pass after which its value exists (element steps: the pass they run in; a
+    /// reduction: one past its operand's).
+    phase: Vec<usize>,
+    /// Per pass: the element steps it runs, in order.
+    elements: Vec<Vec<usize>>,
+    /// Per pass: the reductions it accumulates.
+    reductions: Vec<Vec<usize>>,
+}
+
+impl Plan {
+    fn of(program: &RowProgram) -> Plan {
+        let steps = program.steps();
+        let mut phase = vec![0usize; steps.len()];
+        // The pass a reduction accumulates in: once its operand and its count exist.
+        let mut accumulates = vec![0usize; steps.len()];
+        for (index, step) in steps.iter().enumerate() {
+            let of = |v: ValueId| phase[v.0 as usize];
+            phase[index] = match step.op {
+                Op::Unary(_, x) => of(x),
+                Op::Binary(_, a, b) => of(a).max(of(b)),
+                Op::Reduce { x, count, .. } => {
+                    accumulates[index] = of(x).max(count.map_or(0, of));
+                    accumulates[index] + 1
+                }
+                _ => 0,
+            };
+        }
+        let element_outputs: Vec<usize> = program
+            .outputs()
+            .iter()
+            .map(|o| o.value.0 as usize)
+            .filter(|&v| steps[v].extent == Extent::Element)
+            .collect();
+        let is_reduction = |index: usize| matches!(steps[index].op, Op::Reduce { .. });
+        let last = element_outputs
+            .iter()
+            .map(|&v| phase[v])
+            .chain((0..steps.len()).filter(|&s| is_reduction(s)).map(|s| accumulates[s]))
+            .max()
+            .unwrap_or(0);
+        let mut elements = vec![Vec::new(); last + 1];
+        let mut reductions = vec![Vec::new(); last + 1];
+        for pass in 0..=last {
+            let mut needed = vec![false; steps.len()];
+            let mut roots: Vec<usize> = Vec::new();
+            for (index, step) in steps.iter().enumerate() {
+                if let Op::Reduce { x, .. } = step.op
+                    && accumulates[index] == pass
+                {
+                    reductions[pass].push(index);
+                    roots.push(x.0 as usize);
+                }
+            }
+            if pass == last {
+                roots.extend(&element_outputs);
+            }
+            while let Some(step) = roots.pop() {
+                if needed[step] || steps[step].extent != Extent::Element {
+                    continue;
+                }
+                needed[step] = true;
+                match steps[step].op {
+                    Op::Unary(_, x) => roots.push(x.0 as usize),
+                    Op::Binary(_, a, b) => roots.extend([a.0 as usize, b.0 as usize]),
+                    _ => {}
+                }
+            }
+            elements[pass] = (0..steps.len()).filter(|&s| needed[s]).collect();
+        }
+        Plan { phase, elements, reductions }
+    }
+}
+
+/// One call's shared state, read by every task.
+struct Run<'a> {
+    program: &'a RowProgram,
+    plan: &'a Plan,
+    binding: &'a Binding,
+    sources: &'a [Source<'a>],
+}
+
+/// A reduction's running state in one row.
+#[derive(Clone, Copy)]
+struct Accumulator {
+    /// The first `n` elements count.
+    n: usize,
+    lanes: [f32; LANES],
+    /// The tree's result and the tail after it, once the tail began (f32 sums), or the running
+    /// max.
+    acc: Option<f32>,
+    /// The sum in `f64`, in column order (a row run again with exact sums).
+    exact: f64,
+}
+
+impl Run<'_> {
+    /// Runs rows `rows`, writing output `i`'s values for them into `sinks[i]` (the rows' bytes).
+    #[inline(always)]
+    fn rows(&self, rows: std::ops::Range<usize>, sinks: &mut [&mut [u8]]) -> Result<(), KernelError> {
+        let steps = self.program.steps().len();
+        let mut values = vec![0f64; steps];
+        // Every chunk value a step reads was written by the step before in the same chunk.
+        crate::rows::with_scratch(steps * CHUNK, |chunks: &mut [f32]| {
+            for (local, row) in rows.enumerate() {
+                if !self.row(row, false, chunks, &mut values, sinks, local)? {
+                    self.row(row, true, chunks, &mut values, sinks, local)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs one row; returns `false` (having written nothing) when an f32 sum is not finite and
+    /// `exact` is off: the row is then run again with exact sums.
+    #[inline(always)]
+    fn row(
+        &self,
+        row: usize,
+        exact: bool,
+        chunks: &mut [f32],
+        values: &mut [f64],
+        sinks: &mut [&mut [u8]],
+        local: usize,
+    ) -> Result<bool, KernelError> {
+        let (program, plan, width) = (self.program, self.plan, self.binding.width);
+        let steps = program.steps();
+        let passes = plan.elements.len();
+        let mut computed = vec![false; steps.len()];
+        for pass in 0..passes {
+            self.row_values(pass, values, &mut computed);
+            let mut accumulators: Vec<(usize, Accumulator)> = Vec::with_capacity(plan.reductions[pass].len());
+            for &index in &plan.reductions[pass] {
+                let Op::Reduce { count, .. } = steps[index].op else { unreachable!("reductions are listed") };
+                let n = match count {
+                    None => width,
+                    Some(count) => {
+                        let c = values[count.0 as usize];
+                        if !(c >= 1.0 && c <= width as f64 && c.fract() == 0.0) {
+                            return Err(KernelError::InvalidArguments {
+                                reason: format!(
+                                    "row program `{}`, %{index}: reduction count {c} is not an integer in 1..={width}",
+                                    program.name()
+                                ),
+                            });
+                        }
+                        c as usize
+                    }
+                };
+                accumulators.push((index, Accumulator { n, lanes: [0.0; LANES], acc: None, exact: 0.0 }));
+            }
+            let last = pass + 1 == passes;
+            for start in (0..width).step_by(CHUNK) {
+                let len = CHUNK.min(width - start);
+                for &index in &plan.elements[pass] {
+                    self.element_step(index, row, start, len, chunks, values);
+                }
+                for (index, accumulator) in &mut accumulators {
+                    let Op::Reduce { op, x, .. } = steps[*index].op else { unreachable!("reductions are listed") };
+                    let x = &chunks[x.0 as usize * CHUNK..][..len];
+                    accumulate(op, accumulator, start, x, exact);
+                }
+                if last {
+                    self.store_elements(start, len, chunks, sinks, local);
+                }
+            }
+            for (index, accumulator) in accumulators {
+                let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
+                let value = finish(op, accumulator, exact);
+                if !exact && !value.is_finite() && op != ReduceOp::MaxAbs {
+                    return Ok(false);
+                }
+                values[index] = self.round(steps[index].precision, value);
+                computed[index] = true;
+            }
+        }
+        self.row_values(passes, values, &mut computed);
+        for (output, sink) in program.outputs().iter().zip(sinks.iter_mut()) {
+            if steps[output.value.0 as usize].extent == Extent::Row {
+                let dtype = self.binding.output_dtype(output.dtype);
+                let value = dtype.round(values[output.value.0 as usize]);
+                dtype.element_writer()(sink, local, value);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Computes the row steps whose operands exist before pass `pass` (reductions are finished by
+    /// their pass).
+    #[inline(always)]
+    fn row_values(&self, pass: usize, values: &mut [f64], computed: &mut [bool]) {
+        for (index, step) in self.program.steps().iter().enumerate() {
+            if computed[index] || step.extent != Extent::Row || self.plan.phase[index] > pass {
+                continue;
+            }
+            let value = match step.op {
+                Op::Param { input } => match self.sources[input] {
+                    Source::Scalar(value) => value,
+                    Source::Rows(..) => unreachable!("a param reads a scalar"),
+                },
+                Op::Const(value) => value,
+                Op::Width => self.binding.width as f64,
+                Op::Unary(op, x) => op.eval(values[x.0 as usize]),
+                Op::Binary(op, a, b) => op.eval(values[a.0 as usize], values[b.0 as usize]),
+                Op::Reduce { .. } => continue,
+                Op::Load { .. } | Op::Weight { .. } => unreachable!("loads are element steps"),
+            };
+            values[index] = self.round(step.precision, value);
+            computed[index] = true;
+        }
+    }
+
+    fn round(&self, precision: Precision, value: f64) -> f64 {
+        self.binding.precision_dtype(precision).map_or(value, |dtype| dtype.round(value))
+    }
+
+    /// Computes element step `index` over `len` elements from column `start` of `row`.
+    #[inline(always)]
+    fn element_step(&self, index: usize, row: usize, start: usize, len: usize, chunks: &mut [f32], values: &[f64]) {
+        let step = self.program.steps()[index];
+        let (before, rest) = chunks.split_at_mut(index * CHUNK);
+        let out = &mut rest[..len];
+        let operand = |v: ValueId| match self.program.steps()[v.0 as usize].extent {
+            Extent::Element => Operand::Chunk(&before[v.0 as usize * CHUNK..][..len]),
+            Extent::Row => Operand::Value(values[v.0 as usize] as f32),
+        };
+        match step.op {
+            Op::Load { input, block } => {
+                let Source::Rows(buffer, rows, dtype) = &self.sources[input] else { unreachable!("loads read rows") };
+                load(*dtype, buffer, rows.offset + row * rows.row_stride + block * self.binding.width + start, out);
+            }
+            Op::Weight { input } => {
+                let Source::Rows(buffer, rows, dtype) = &self.sources[input] else { unreachable!("weights are rows") };
+                load(*dtype, buffer, rows.offset + start, out);
+            }
+            Op::Unary(op, x) => {
+                let Operand::Chunk(x) = operand(x) else { unreachable!("an element step's operand is elements") };
+                unary_chunk(op, x, out);
+            }
+            Op::Binary(op, a, b) => binary_chunk(op, operand(a), operand(b), out),
+            Op::Param { .. } | Op::Const(_) | Op::Width | Op::Reduce { .. } => {
+                unreachable!("row steps are not element steps")
+            }
+        }
+        if let Some(dtype) = self.binding.precision_dtype(step.precision) {
+            round_chunk(dtype, out);
+        }
+    }
+
+    /// Stores the element outputs' chunk `start..start + len` of the current row.
+    #[inline(always)]
+    fn store_elements(&self, start: usize, len: usize, chunks: &[f32], sinks: &mut [&mut [u8]], local: usize) {
+        let steps = self.program.steps();
+        for (output, sink) in self.program.outputs().iter().zip(sinks.iter_mut()) {
+            let value = output.value.0 as usize;
+            if steps[value].extent != Extent::Element {
+                continue;
+            }
+            let dtype = self.binding.output_dtype(output.dtype);
+            let size = dtype.size_in_bytes();
+            let first = local * self.binding.width + start;
+            let bytes = &mut sink[first * size..(first + len) * size];
+            store(dtype, &chunks[value * CHUNK..][..len], bytes);
+        }
+    }
+}
+
+/// An element step's operand: a chunk of element values, or a row value (broadcast).
+#[derive(Clone, Copy)]
+enum Operand<'a> {
+    Chunk(&'a [f32]),
+    Value(f32),
+}
+
+/// Widens `out.len()` elements of `dtype` from element `start` of `buffer`.
+#[inline(always)]
+fn load(dtype: DType, buffer: &CpuBuffer, start: usize, out: &mut [f32]) {
+    fn typed<T: CpuElement>(buffer: &CpuBuffer, start: usize, out: &mut [f32]) {
+        T::load(&buffer.typed::<T>()[start..start + out.len()], out);
+    }
+    match dtype {
+        DType::F32 => out.copy_from_slice(&buffer.typed::<f32>()[start..start + out.len()]),
+        DType::F16 => typed::<half::f16>(buffer, start, out),
+        DType::BF16 => typed::<half::bf16>(buffer, start, out),
+        // f64 activations are refused; an f64 weight or scalar tensor on f32 rows rounds here.
+        other => {
+            let read = other.element_reader();
+            let bytes = buffer.bytes();
+            for (index, value) in out.iter_mut().enumerate() {
+                *value = read(bytes, start + index) as f32;
+            }
+        }
+    }
+}
+
+/// Rounds `values` to `dtype` (f32 and f64 hold them already).
+#[inline(always)]
+fn round_chunk(dtype: DType, values: &mut [f32]) {
+    match dtype {
+        DType::F32 | DType::F64 => {}
+        DType::F16 => <half::f16 as CpuElement>::round_in_place(values),
+        DType::BF16 => <half::bf16 as CpuElement>::round_in_place(values),
+        DType::F8E4M3FN => values.iter_mut().for_each(|v| *v = F8E4M3::from_bits(E4M3::encode(*v)).to_f32()),
+        DType::F8E5M2 => values.iter_mut().for_each(|v| *v = F8E5M2::from_bits(E5M2::encode(*v)).to_f32()),
+        other => values.iter_mut().for_each(|v| *v = other.round(f64::from(*v)) as f32),
+    }
+}
+
+/// Stores `values` as `dtype` elements into `bytes` (rounding to it).
+#[inline(always)]
+fn store(dtype: DType, values: &[f32], bytes: &mut [u8]) {
+    fn typed<T: CpuElement>(values: &[f32], bytes: &mut [u8]) {
+        T::store(values, bytemuck::cast_slice_mut(bytes));
+    }
+    match dtype {
+        DType::F32 => bytemuck::cast_slice_mut::<u8, f32>(bytes).copy_from_slice(values),
+        DType::F16 => typed::<half::f16>(values, bytes),
+        DType::BF16 => typed::<half::bf16>(values, bytes),
+        DType::F8E4M3FN => bytes.iter_mut().zip(values).for_each(|(b, &v)| *b = E4M3::encode(v)),
+        DType::F8E5M2 => bytes.iter_mut().zip(values).for_each(|(b, &v)| *b = E5M2::encode(v)),
+        other => {
+            let write = other.element_writer();
+            for (index, &value) in values.iter().enumerate() {
+                write(bytes, index, other.round(f64::from(value)));
+            }
+        }
+    }
+}
+
+/// `out[i] = op(x[i])` in f32, one loop per operation.
+#[inline(always)]
+fn unary_chunk(op: UnaryOp, x: &[f32], out: &mut [f32]) {
+    fn map(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = f(v);
+        }
+    }
+    match op {
+        UnaryOp::Neg => map(x, out, |v| -v),
+        UnaryOp::Abs => map(x, out, f32::abs),
+        UnaryOp::Exp => crate::gated::map_into(&rten_vecmath::Exp {}, x, out),
+        UnaryOp::Tanh => crate::gated::map_into(&rten_vecmath::Tanh {}, x, out),
+        UnaryOp::Erf => map(x, out, libm::erff),
+        UnaryOp::Erfc => map(x, out, libm::erfcf),
+        UnaryOp::Sigmoid => crate::gated::map_into(&rten_vecmath::Sigmoid {}, x, out),
+        UnaryOp::Sqrt => map(x, out, f32::sqrt),
+        UnaryOp::Recip => map(x, out, |v| 1.0 / v),
+        UnaryOp::Relu => map(x, out, |v| if v < 0.0 { 0.0 } else { v }),
+        UnaryOp::Round => out.copy_from_slice(x),
+    }
+}
+
+/// `out[i] = op(a[i], b[i])` in f32 (a row value broadcast), one loop per operation and operand
+/// form.
+#[inline(always)]
+fn binary_chunk(op: BinaryOp, a: Operand<'_>, b: Operand<'_>, out: &mut [f32]) {
+    #[inline(always)]
+    fn zip(a: Operand<'_>, b: Operand<'_>, out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+        match (a, b) {
+            (Operand::Chunk(a), Operand::Chunk(b)) => {
+                for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                    *o = f(x, y);
+                }
+            }
+            (Operand::Chunk(a), Operand::Value(y)) => {
+                for (o, &x) in out.iter_mut().zip(a) {
+                    *o = f(x, y);
+                }
+            }
+            (Operand::Value(x), Operand::Chunk(b)) => {
+                for (o, &y) in out.iter_mut().zip(b) {
+                    *o = f(x, y);
+                }
+            }
+            (Operand::Value(x), Operand::Value(y)) => out.fill(f(x, y)),
+        }
+    }
+    match op {
+        BinaryOp::Add => zip(a, b, out, |x, y| x + y),
+        BinaryOp::Sub => zip(a, b, out, |x, y| x - y),
+        BinaryOp::Mul => zip(a, b, out, |x, y| x * y),
+        BinaryOp::Div => zip(a, b, out, |x, y| x / y),
+        BinaryOp::Min => zip(a, b, out, f32::min),
+        BinaryOp::Max => zip(a, b, out, f32::max),
+    }
+}
+
+/// Adds the chunk of elements `start..start + x.len()` to a reduction.
+#[inline(always)]
+fn accumulate(op: ReduceOp, accumulator: &mut Accumulator, start: usize, x: &[f32], exact: bool) {
+    let n = accumulator.n;
+    if start >= n {
+        return;
+    }
+    let x = &x[..x.len().min(n - start)];
+    match (op, exact) {
+        (ReduceOp::MaxAbs, _) => {
+            let max = x.iter().fold(accumulator.acc.unwrap_or(0.0), |m, v| m.max(v.abs()));
+            accumulator.acc = Some(max);
+        }
+        (ReduceOp::Sum, true) => accumulator.exact = x.iter().fold(accumulator.exact, |s, &v| s + f64::from(v)),
+        (ReduceOp::SumSquares, true) => {
+            accumulator.exact = x.iter().fold(accumulator.exact, |s, &v| s + f64::from(v) * f64::from(v));
+        }
+        (ReduceOp::Sum, false) => lanes(accumulator, start, x, |v| v),
+        (ReduceOp::SumSquares, false) => lanes(accumulator, start, x, |v| v * v),
+    }
+}
+
+/// The f32 sum: 32 lanes over the full 32-element groups in order, then the tree and the tail.
+#[inline(always)]
+fn lanes(accumulator: &mut Accumulator, start: usize, x: &[f32], term: impl Fn(f32) -> f32) {
+    // `start` is a multiple of CHUNK, so this chunk's part below `full` is whole groups.
+    let full = accumulator.n - accumulator.n % LANES;
+    let grouped = full.saturating_sub(start).min(x.len());
+    let (groups, _) = x[..grouped].as_chunks::<LANES>();
+    let mut lanes = accumulator.lanes;
+    for group in groups {
+        for i in 0..LANES {
+            lanes[i] += term(group[i]);
+        }
+    }
+    accumulator.lanes = lanes;
+    for &v in &x[grouped..] {
+        let acc = accumulator.acc.get_or_insert_with(|| tree(accumulator.lanes));
+        *acc += term(v);
+    }
+}
+
+/// The lanes summed by the fixed tree every cpu norm uses.
+#[inline(always)]
+fn tree(mut lanes: [f32; LANES]) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0]
+}
+
+fn finish(op: ReduceOp, accumulator: Accumulator, exact: bool) -> f64 {
+    match op {
+        ReduceOp::MaxAbs => f64::from(accumulator.acc.unwrap_or(0.0)),
+        _ if exact => accumulator.exact,
+        _ => f64::from(accumulator.acc.unwrap_or_else(|| tree(accumulator.lanes))),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,260 @@
+//! The executor against the cpu provider's hand-written kernels (the same bits where the program
+//! fixes the order: every norm and quantization) and the reference interpreter (within the op's
+//! tolerance where the cpu computes a wide step in f32: the gated activations).
+
+use ir_core::op::StrEnum;
+use ir_core::op::{OpDef, Overload, Value};
+use ir_core::testing::InputRng;
+use ir_core::{Call, DType, Tensor};
+use ir_ops::Rounding;
+use ir_ops::gelu_and_mul::Approximate;
+use ir_ops::row_program::{BinaryOp, OutDType, Precision, ReduceOp, RowArg, RowProgram, builtin};
+
+use super::run_row_program;
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+fn registry() -> ir_core::Registry {
+    let registry = ir_ops::registry();
+    crate::register(&registry).unwrap();
+    registry
+}
+
+/// The cpu provider's outputs of `op` on `args`.
+fn cpu(registry: &ir_core::Registry, op: &'static OpDef, args: Vec<Value>) -> Vec<Tensor> {
+    registry.run(Call::new(op, Overload::Default, args).provider(crate::PROVIDER)).unwrap().into_vec()
+}
+
+fn assert_bits(ours: &Tensor, theirs: &Tensor, what: &str) {
+    assert_eq!((ours.dtype(), ours.shape()), (theirs.dtype(), theirs.shape()), "{what}");
+    let (a, b) = (ours.to_f64_vec().unwrap(), theirs.to_f64_vec().unwrap());
+    for (index, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{what}: element {index}: {x} != {y}");
+    }
+}
+
+/// `[rows, width]` of N(0, scale) with a zero row, a NaN, an infinity and (f32) a row whose f32 sum
+/// of squares overflows; with `strided`, a column slice of a wider buffer.
+fn activation(rng: &mut InputRng, dtype: DType, rows: usize, width: usize, scale: f64, strided: bool) -> Tensor {
+    let wide = if strided { width + 5 } else { width };
+    let mut values = rng.normal(dtype, &[rows, wide], 0.0, scale).unwrap().to_f64_vec().unwrap();
+    values[..wide].iter_mut().for_each(|v| *v = 0.0);
+    values[wide + 2] = f64::NAN;
+    values[2 * wide + 3] = f64::INFINITY;
+    if dtype == DType::F32 {
+        values[3 * wide..4 * wide].iter_mut().for_each(|v| *v = 1e19);
+    }
+    let t = Tensor::from_f64(dtype, &[rows, wide], &values).unwrap();
+    if strided { t.narrow(1, 2, width).unwrap() } else { t }
+}
+
+#[test]
+fn norm_programs_give_the_cpu_norms_bits() {
+    let registry = registry();
+    let mut rng = InputRng::new(3);
+    for dtype in DTYPES {
+        // 300 rows of 2 · 40 + 17 values: whole chunks, a partial one, groups and a tail; with 1024
+        // columns, rows split across tasks.
+        for (rows, width) in [(6, 97), (300, 1024)] {
+            let x = activation(&mut rng, dtype, rows, width, 1.0, rows < 100);
+            let r = activation(&mut rng, dtype, rows, width, 1.0, false);
+            let w = rng.normal(dtype, &[width], 1.0, 0.1).unwrap();
+            let what = format!("{dtype} {rows}x{width}");
+            let theirs = cpu(
+                &registry,
+                &ir_ops::rms_norm::RMS_NORM,
+                vec![Value::Tensor(x.clone()), Value::Tensor(w.clone()), Value::F64(1e-6)],
+            );
+            let ours = run_row_program(
+                &builtin::rms_norm(true, false),
+                &[RowArg::Tensor(&x), RowArg::Tensor(&w), RowArg::Scalar(1e-6)],
+            )
+            .unwrap();
+            assert_bits(&ours[0], &theirs[0], &format!("rms_norm {what}"));
+            let ours =
+                run_row_program(&builtin::rms_norm(false, false), &[RowArg::Tensor(&x), RowArg::Scalar(1e-6)]).unwrap();
+            let theirs = cpu(
+                &registry,
+                &ir_ops::rms_norm::RMS_NORM,
+                vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)],
+            );
+            assert_bits(&ours[0], &theirs[0], &format!("rms_norm without weight {what}"));
+            for rounding in [Rounding::Exact, Rounding::Dtype] {
+                let args = vec![
+                    Value::Tensor(x.deep_clone().unwrap()),
+                    Value::Tensor(r.deep_clone().unwrap()),
+                    Value::Tensor(w.clone()),
+                    Value::F64(1e-6),
+                    Value::None,
+                    Value::Str(rounding.as_str().to_owned()),
+                ];
+                let theirs = cpu(&registry, &ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM, args);
+                let program = builtin::fused_add_rms_norm(true, false, rounding);
+                let ours = run_row_program(
+                    &program,
+                    &[RowArg::Tensor(&x), RowArg::Tensor(&r), RowArg::Tensor(&w), RowArg::Scalar(1e-6)],
+                )
+                .unwrap();
+                assert_bits(&ours[0], &theirs[0], &format!("fused_add_rms_norm {rounding:?} {what}: out"));
+                assert_bits(&ours[1], &theirs[1], &format!("fused_add_rms_norm {rounding:?} {what}: residual"));
+            }
+        }
+    }
+}
+
+#[test]
+fn quantization_programs_give_the_reference_bits() {
+    // No sum and only f32 arithmetic: the executor's order is the reference's.
+    let mut rng = InputRng::new(5);
+    for dtype in DTYPES {
+        let x = activation(&mut rng, dtype, 7, 150, 100.0, true);
+        let scale = Tensor::from_f64(DType::F32, &[1], &[0.37]).unwrap();
+        let bound = Tensor::from_f64(DType::F32, &[1], &[50.0]).unwrap();
+        for out_dtype in [DType::F8E4M3FN, DType::F8E5M2] {
+            for rounding in [Rounding::Exact, Rounding::Dtype] {
+                let program = builtin::static_scaled_fp8_quant(out_dtype, rounding).unwrap();
+                let args = [RowArg::Tensor(&x), RowArg::Tensor(&scale)];
+                assert_bits(&run_row_program(&program, &args).unwrap()[0], &program.run(&args).unwrap()[0], "static");
+            }
+            for ub in [None, Some(&bound)] {
+                let program = builtin::dynamic_per_token_scaled_fp8_quant(out_dtype, ub.is_some()).unwrap();
+                let mut args = vec![RowArg::Tensor(&x)];
+                args.extend(ub.map(RowArg::Tensor));
+                let (ours, reference) = (run_row_program(&program, &args).unwrap(), program.run(&args).unwrap());
+                assert_bits(&ours[0], &reference[0], &format!("dynamic {dtype} {out_dtype} {ub:?}: q"));
+                assert_bits(&ours[1], &reference[1], &format!("dynamic {dtype} {out_dtype} {ub:?}: scales"));
+            }
+        }
+    }
+}
+
+#[test]
+fn norm_quantization_programs_give_the_cpu_kernels_bits() {
+    let registry = registry();
+    let mut rng = InputRng::new(9);
+    for dtype in DTYPES {
+        let x = activation(&mut rng, dtype, 6, 160, 1.0, false);
+        let r = activation(&mut rng, dtype, 6, 160, 1.0, true);
+        let w = rng.normal(dtype, &[160], 1.0, 0.1).unwrap();
+        let scale = Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap();
+        for rounding in [Rounding::Exact, Rounding::Dtype] {
+            let what = format!("{dtype} {rounding:?}");
+            let fp8 = Value::DType(DType::F8E4M3FN);
+            let rounding_value = Value::Str(rounding.as_str().to_owned());
+            let head = |fused: bool| {
+                let mut args: Vec<Value> = vec![Value::Tensor(x.deep_clone().unwrap())];
+                if fused {
+                    args.push(Value::Tensor(r.deep_clone().unwrap()));
+                }
+                args.extend([Value::Tensor(w.clone()), Value::F64(1e-6)]);
+                args
+            };
+            let mut args = head(false);
+            args.extend([Value::Tensor(scale.clone()), fp8.clone(), rounding_value.clone()]);
+            let theirs = cpu(&registry, &ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT, args);
+            let program = builtin::norm_static_fp8_quant(false, true, DType::F8E4M3FN, rounding).unwrap();
+            let ours = run_row_program(
+                &program,
+                &[RowArg::Tensor(&x), RowArg::Tensor(&w), RowArg::Scalar(1e-6), RowArg::Tensor(&scale)],
+            )
+            .unwrap();
+            assert_bits(&ours[0], &theirs[0], &format!("rms_norm_static {what}"));
+
+            let mut args = head(true);
+            args.extend([Value::None, fp8.clone(), rounding_value.clone()]);
+            let op = &ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+            let theirs = cpu(&registry, op, args);
+            let program = builtin::norm_dynamic_per_token_quant(true, true, false, DType::F8E4M3FN, rounding).unwrap();
+            let ours = run_row_program(
+                &program,
+                &[RowArg::Tensor(&x), RowArg::Tensor(&r), RowArg::Tensor(&w), RowArg::Scalar(1e-6)],
+            )
+            .unwrap();
+            for (index, name) in ["residual", "q", "scales"].into_iter().enumerate() {
+                assert_bits(&ours[index], &theirs[index], &format!("fused_add_dynamic {what}: {name}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn gated_programs_are_within_the_ops_tolerance_of_the_reference() {
+    let mut rng = InputRng::new(15);
+    for dtype in DTYPES {
+        let x = rng.normal(dtype, &[5, 2 * 200], 0.0, 2.0).unwrap();
+        let cases: Vec<(&'static OpDef, RowProgram, Vec<RowArg<'_>>)> = vec![
+            (&ir_ops::silu_and_mul::SILU_AND_MUL, builtin::silu_and_mul(), vec![RowArg::Tensor(&x)]),
+            (&ir_ops::gelu_and_mul::GELU_AND_MUL, builtin::gelu_and_mul(Approximate::None), vec![RowArg::Tensor(&x)]),
+            (&ir_ops::gelu_and_mul::GELU_AND_MUL, builtin::gelu_and_mul(Approximate::Tanh), vec![RowArg::Tensor(&x)]),
+            (
+                &ir_ops::gelu_and_mul_sparse::GELU_AND_MUL_SPARSE,
+                builtin::gelu_and_mul_sparse(Approximate::Tanh),
+                vec![RowArg::Tensor(&x), RowArg::Scalar(0.5)],
+            ),
+        ];
+        for (op, program, args) in cases {
+            let tolerance = ir_core::op::tolerance(op, dtype).unwrap();
+            let (ours, reference) = (run_row_program(&program, &args).unwrap(), program.run(&args).unwrap());
+            ir_core::allclose(&ours[0], &reference[0], tolerance.atol, tolerance.rtol)
+                .unwrap_or_else(|error| panic!("{} {dtype}: {error}", program.name()));
+        }
+    }
+}
+
+#[test]
+fn reductions_over_a_counted_prefix_and_row_outputs_follow_the_reference() {
+    // rms_norm over the first V columns: the sums in the cpu's order, so within f32 rounding.
+    let mut rng = InputRng::new(21);
+    let x = rng.normal(DType::F32, &[4, 300], 0.0, 1.0).unwrap();
+    let program = builtin::rms_norm(false, true);
+    for variance in [1.0, 31.0, 32.0, 33.0, 129.0, 300.0] {
+        let args = [RowArg::Tensor(&x), RowArg::Scalar(1e-6), RowArg::Scalar(variance)];
+        ir_core::allclose(&run_row_program(&program, &args).unwrap()[0], &program.run(&args).unwrap()[0], 1e-6, 1e-5)
+            .unwrap_or_else(|error| panic!("variance {variance}: {error}"));
+    }
+    let error = run_row_program(&program, &[RowArg::Tensor(&x), RowArg::Scalar(1e-6), RowArg::Scalar(301.0)])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("reduction count 301 is not an integer in 1..=300"), "{error}");
+}
+
+#[test]
+fn a_program_whose_reduction_needs_a_later_count_runs_in_order() {
+    // The count itself comes from a reduction: the second sum waits for it (three passes).
+    let mut b = RowProgram::builder("counted");
+    let x = b.activation("x", 1);
+    let v = b.load(x, 0);
+    let max = b.reduce(ReduceOp::MaxAbs, v, None, Precision::Wide);
+    let sum = b.reduce(ReduceOp::Sum, v, Some(max), Precision::Wide);
+    let y = b.binary(BinaryOp::Sub, v, sum, Precision::Compute);
+    b.store("y", y, OutDType::Like(x), None);
+    b.store("sum", sum, OutDType::Fixed(DType::F32), None);
+    let program = b.build().unwrap();
+    let x = Tensor::from_f64(DType::F32, &[2, 4], &[1.0, 2.0, 3.0, 0.5, 4.0, 1.0, 1.0, 1.0]).unwrap();
+    let ours = run_row_program(&program, &[RowArg::Tensor(&x)]).unwrap();
+    assert_eq!(ours[1].to_f64_vec().unwrap(), [6.0, 7.0]);
+    assert_eq!(ours[0].to_f64_vec().unwrap(), [-5.0, -4.0, -3.0, -5.5, -3.0, -6.0, -6.0, -6.0]);
+}
+
+#[test]
+fn what_the_cpu_cannot_run_is_refused_with_the_reason() {
+    let x = Tensor::zeros(DType::F64, &[2, 8]).unwrap();
+    let error = run_row_program(&builtin::silu_and_mul(), &[RowArg::Tensor(&x)]).unwrap_err().to_string();
+    assert!(error.contains("reference interpreter"), "{error}");
+    let x = Tensor::zeros(DType::F32, &[2, 7]).unwrap();
+    let error = run_row_program(&builtin::silu_and_mul(), &[RowArg::Tensor(&x)]).unwrap_err().to_string();
+    assert!(error.contains("argument `x`: last dimension 7 is not 2 blocks"), "{error}");
+}
+
+#[test]
+fn empty_rows_and_zero_rows_give_empty_outputs() {
+    let program = builtin::dynamic_per_token_scaled_fp8_quant(DType::F8E4M3FN, false).unwrap();
+    let x = Tensor::zeros(DType::F32, &[0, 16]).unwrap();
+    let out = run_row_program(&program, &[RowArg::Tensor(&x)]).unwrap();
+    assert_eq!((out[0].shape(), out[1].shape()), (&[0, 16][..], &[0, 1][..]));
+    let x = Tensor::zeros(DType::F32, &[3, 0]).unwrap();
+    let (ours, reference) =
+        (run_row_program(&program, &[RowArg::Tensor(&x)]).unwrap(), program.run(&[RowArg::Tensor(&x)]).unwrap());
+    assert_eq!(ours[1].to_f64_vec().unwrap(), reference[1].to_f64_vec().unwrap(), "the scales of empty rows");
+    assert_eq!(ours[0].shape(), [3, 0]);
+}
