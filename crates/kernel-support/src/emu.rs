@@ -606,4 +606,4 @@ pub use buffer::{EmuAllocator, EmuBuffer, EmuDevice};
 pub use memory::{ALIGN, EmuMemory, launch};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

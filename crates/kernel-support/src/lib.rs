@@ -5,7 +5,8 @@
 //! family's scalar packing and table entries, the norm + quantization and rotary registration
 //! helpers, the strided-copy pieces and kernel tables) and access to a device provider's own
 //! buffers behind a tensor. With feature `emu`, module `emu` executes the CUDA/HIP kernel source
-//! on the CPU (for tests).
+//! on the CPU (for tests). Module `program` generates CUDA/HIP source from a row program
+//! (`ir_ops::row_program`) and, with `emu`, runs it on the emulated GPU.
 //!
 //! Every item is at the crate root; the modules behind it hold one concern each (`support`,
 //! `rows`, `geometry`, `gated`, `quant`, `rotary`, `copy`, `args`).
@@ -22,6 +23,7 @@ mod args;
 mod copy;
 mod gated;
 mod geometry;
+pub mod program;
 mod quant;
 mod rotary;
 mod rows;

@@ -23,7 +23,7 @@
 use ir_core::storage::CpuBuffer;
 use ir_core::{DType, KernelError, Tensor};
 use ir_ops::row_program::{
-    BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, UnaryOp, ValueId,
+    BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, Schedule, UnaryOp, ValueId,
 };
 use kernel_support::Rows;
 use rayon::prelude::*;
@@ -52,7 +52,7 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
             ),
         });
     }
-    let plan = Plan::of(program);
+    let plan = program.schedule();
     // Each tensor input as rows over its buffer (a compact copy when its last dimension is strided).
     let mut copies: Vec<Option<Tensor>> = Vec::with_capacity(args.len());
     for (input, arg) in program.inputs().iter().zip(args) {
@@ -83,7 +83,8 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
         let layout = ir_core::Layout::compact(&binding.output_shape(extent));
         outputs.push(Tensor::empty_with_layout(binding.output_dtype(output.dtype), layout)?);
     }
-    let run = Run { program, plan: &plan, binding: &binding, sources: &sources };
+    let exact = program.exact_in_f32(&binding);
+    let run = Run { program, plan: &plan, exact, binding: &binding, sources: &sources };
     let per_task = rows_per_task(binding.width, size_of::<f32>());
     // Each output's bytes, split into the tasks' disjoint row ranges (one piece per task and
     // output, empty where the output has no bytes).
@@ -133,85 +134,12 @@ enum Source<'a> {
     Scalar(f64),
 }
 
-/// Which steps run in which pass, computed once per call.
-struct Plan {
-    /// Per step: the pass after which its value exists (element steps: the pass they run in; a
-    /// reduction: one past its operand's).
-    phase: Vec<usize>,
-    /// Per pass: the element steps it runs, in order.
-    elements: Vec<Vec<usize>>,
-    /// Per pass: the reductions it accumulates.
-    reductions: Vec<Vec<usize>>,
-}
-
-impl Plan {
-    fn of(program: &RowProgram) -> Plan {
-        let steps = program.steps();
-        let mut phase = vec![0usize; steps.len()];
-        // The pass a reduction accumulates in: once its operand and its count exist.
-        let mut accumulates = vec![0usize; steps.len()];
-        for (index, step) in steps.iter().enumerate() {
-            let of = |v: ValueId| phase[v.0 as usize];
-            phase[index] = match step.op {
-                Op::Unary(_, x) => of(x),
-                Op::Binary(_, a, b) => of(a).max(of(b)),
-                Op::Reduce { x, count, .. } => {
-                    accumulates[index] = of(x).max(count.map_or(0, of));
-                    accumulates[index] + 1
-                }
-                _ => 0,
-            };
-        }
-        let element_outputs: Vec<usize> = program
-            .outputs()
-            .iter()
-            .map(|o| o.value.0 as usize)
-            .filter(|&v| steps[v].extent == Extent::Element)
-            .collect();
-        let is_reduction = |index: usize| matches!(steps[index].op, Op::Reduce { .. });
-        let last = element_outputs
-            .iter()
-            .map(|&v| phase[v])
-            .chain((0..steps.len()).filter(|&s| is_reduction(s)).map(|s| accumulates[s]))
-            .max()
-            .unwrap_or(0);
-        let mut elements = vec![Vec::new(); last + 1];
-        let mut reductions = vec![Vec::new(); last + 1];
-        for pass in 0..=last {
-            let mut needed = vec![false; steps.len()];
-            let mut roots: Vec<usize> = Vec::new();
-            for (index, step) in steps.iter().enumerate() {
-                if let Op::Reduce { x, .. } = step.op
-                    && accumulates[index] == pass
-                {
-                    reductions[pass].push(index);
-                    roots.push(x.0 as usize);
-                }
-            }
-            if pass == last {
-                roots.extend(&element_outputs);
-            }
-            while let Some(step) = roots.pop() {
-                if needed[step] || steps[step].extent != Extent::Element {
-                    continue;
-                }
-                needed[step] = true;
-                match steps[step].op {
-                    Op::Unary(_, x) => roots.push(x.0 as usize),
-                    Op::Binary(_, a, b) => roots.extend([a.0 as usize, b.0 as usize]),
-                    _ => {}
-                }
-            }
-            elements[pass] = (0..steps.len()).filter(|&s| needed[s]).collect();
-        }
-        Plan { phase, elements, reductions }
-    }
-}
-
 /// One call's shared state, read by every task.
 struct Run<'a> {
     program: &'a RowProgram,
-    plan: &'a Plan,
+    plan: &'a Schedule,
+    /// Per step: exact in f32 ([`RowProgram::exact_in_f32`]).
+    exact: Vec<bool>,
     binding: &'a Binding,
     sources: &'a [Source<'a>],
 }
@@ -368,6 +296,26 @@ impl Run<'_> {
                 let Source::Rows(buffer, rows, dtype) = &self.sources[input] else { unreachable!("weights are rows") };
                 load(*dtype, buffer, rows.offset + start, out);
             }
+            Op::Unary(_, _) | Op::Binary(..)
+                if !self.exact[index] && narrower_than_f32(self.binding.precision_dtype(step.precision)) =>
+            {
+                // Rounded to a type narrower than f32: the operation in f64, rounded once, as the
+                // reference (an f32 result rounded again could land on the other side of a tie).
+                let dtype = self.binding.precision_dtype(step.precision).expect("narrower than f32");
+                let wide = |v: ValueId, i: usize| match self.program.steps()[v.0 as usize].extent {
+                    Extent::Element => f64::from(before[v.0 as usize * CHUNK + i]),
+                    Extent::Row => values[v.0 as usize],
+                };
+                for (i, o) in out.iter_mut().enumerate() {
+                    let exact = match step.op {
+                        Op::Unary(op, x) => op.eval(wide(x, i)),
+                        Op::Binary(op, a, b) => op.eval(wide(a, i), wide(b, i)),
+                        _ => unreachable!("matched above"),
+                    };
+                    *o = dtype.round(exact) as f32;
+                }
+                return;
+            }
             Op::Unary(op, x) => {
                 let Operand::Chunk(x) = operand(x) else { unreachable!("an element step's operand is elements") };
                 unary_chunk(op, x, out);
@@ -398,6 +346,11 @@ impl Run<'_> {
             store(dtype, &chunks[value * CHUNK..][..len], bytes);
         }
     }
+}
+
+/// Whether values rounded to `dtype` keep fewer bits than f32 (f16, bf16, fp8).
+fn narrower_than_f32(dtype: Option<DType>) -> bool {
+    matches!(dtype, Some(DType::F16 | DType::BF16 | DType::F8E4M3FN | DType::F8E5M2))
 }
 
 /// An element step's operand: a chunk of element values, or a row value (broadcast).
@@ -515,8 +468,13 @@ fn binary_chunk(op: BinaryOp, a: Operand<'_>, b: Operand<'_>, out: &mut [f32]) {
         BinaryOp::Sub => zip(a, b, out, |x, y| x - y),
         BinaryOp::Mul => zip(a, b, out, |x, y| x * y),
         BinaryOp::Div => zip(a, b, out, |x, y| x / y),
-        BinaryOp::Min => zip(a, b, out, f32::min),
-        BinaryOp::Max => zip(a, b, out, f32::max),
+        // `minimumNumber` and `maximumNumber` (`ir_ops::row_program::minimum_number`), branch-free.
+        BinaryOp::Min => {
+            zip(a, b, out, |x, y| if x < y || (x == y && x.is_sign_negative()) || y.is_nan() { x } else { y })
+        }
+        BinaryOp::Max => {
+            zip(a, b, out, |x, y| if x > y || (x == y && y.is_sign_negative()) || y.is_nan() { x } else { y })
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use super::*;
 
 /// Whether the emulator can run here; says why not otherwise (a failure when `VLLM_IR_REQUIRE`
 /// names `cxx`).
-fn compiler_at_hand() -> bool {
+pub(crate) fn compiler_at_hand() -> bool {
     match available() {
         Ok(()) => true,
         Err(e) => {

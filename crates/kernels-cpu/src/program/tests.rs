@@ -2,10 +2,9 @@
 //! fixes the order: every norm and quantization) and the reference interpreter (within the op's
 //! tolerance where the cpu computes a wide step in f32: the gated activations).
 
-use ir_core::op::StrEnum;
-use ir_core::op::{OpDef, Overload, Value};
+use ir_core::op::OpDef;
 use ir_core::testing::InputRng;
-use ir_core::{Call, DType, Tensor};
+use ir_core::{DType, Tensor, UniqueTensor};
 use ir_ops::Rounding;
 use ir_ops::gelu_and_mul::Approximate;
 use ir_ops::row_program::{BinaryOp, OutDType, Precision, ReduceOp, RowArg, RowProgram, builtin};
@@ -14,15 +13,8 @@ use super::run_row_program;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-fn registry() -> ir_core::Registry {
-    let registry = ir_ops::registry();
-    crate::register(&registry).unwrap();
-    registry
-}
-
-/// The cpu provider's outputs of `op` on `args`.
-fn cpu(registry: &ir_core::Registry, op: &'static OpDef, args: Vec<Value>) -> Vec<Tensor> {
-    registry.run(Call::new(op, Overload::Default, args).provider(crate::PROVIDER)).unwrap().into_vec()
+fn unique(t: &Tensor) -> UniqueTensor {
+    UniqueTensor::new(t.deep_clone().unwrap()).unwrap_or_else(|_| panic!("a fresh copy is uniquely owned"))
 }
 
 fn assert_bits(ours: &Tensor, theirs: &Tensor, what: &str) {
@@ -50,7 +42,6 @@ fn activation(rng: &mut InputRng, dtype: DType, rows: usize, width: usize, scale
 
 #[test]
 fn norm_programs_give_the_cpu_norms_bits() {
-    let registry = registry();
     let mut rng = InputRng::new(3);
     for dtype in DTYPES {
         // 300 rows of 2 · 40 + 17 values: whole chunks, a partial one, groups and a tail; with 1024
@@ -60,11 +51,7 @@ fn norm_programs_give_the_cpu_norms_bits() {
             let r = activation(&mut rng, dtype, rows, width, 1.0, false);
             let w = rng.normal(dtype, &[width], 1.0, 0.1).unwrap();
             let what = format!("{dtype} {rows}x{width}");
-            let theirs = cpu(
-                &registry,
-                &ir_ops::rms_norm::RMS_NORM,
-                vec![Value::Tensor(x.clone()), Value::Tensor(w.clone()), Value::F64(1e-6)],
-            );
+            let theirs = [crate::rms_norm_cpu(&x, Some(&w), 1e-6, None).unwrap()];
             let ours = run_row_program(
                 &builtin::rms_norm(true, false),
                 &[RowArg::Tensor(&x), RowArg::Tensor(&w), RowArg::Scalar(1e-6)],
@@ -73,22 +60,12 @@ fn norm_programs_give_the_cpu_norms_bits() {
             assert_bits(&ours[0], &theirs[0], &format!("rms_norm {what}"));
             let ours =
                 run_row_program(&builtin::rms_norm(false, false), &[RowArg::Tensor(&x), RowArg::Scalar(1e-6)]).unwrap();
-            let theirs = cpu(
-                &registry,
-                &ir_ops::rms_norm::RMS_NORM,
-                vec![Value::Tensor(x.clone()), Value::None, Value::F64(1e-6)],
-            );
+            let theirs = [crate::rms_norm_cpu(&x, None, 1e-6, None).unwrap()];
             assert_bits(&ours[0], &theirs[0], &format!("rms_norm without weight {what}"));
             for rounding in [Rounding::Exact, Rounding::Dtype] {
-                let args = vec![
-                    Value::Tensor(x.deep_clone().unwrap()),
-                    Value::Tensor(r.deep_clone().unwrap()),
-                    Value::Tensor(w.clone()),
-                    Value::F64(1e-6),
-                    Value::None,
-                    Value::Str(rounding.as_str().to_owned()),
-                ];
-                let theirs = cpu(&registry, &ir_ops::fused_add_rms_norm::FUSED_ADD_RMS_NORM, args);
+                let (out, residual) =
+                    crate::fused_add_rms_norm_cpu(unique(&x), unique(&r), Some(&w), 1e-6, None, rounding).unwrap();
+                let theirs = [out, residual];
                 let program = builtin::fused_add_rms_norm(true, false, rounding);
                 let ours = run_row_program(
                     &program,
@@ -130,7 +107,6 @@ fn quantization_programs_give_the_reference_bits() {
 
 #[test]
 fn norm_quantization_programs_give_the_cpu_kernels_bits() {
-    let registry = registry();
     let mut rng = InputRng::new(9);
     for dtype in DTYPES {
         let x = activation(&mut rng, dtype, 6, 160, 1.0, false);
@@ -139,19 +115,9 @@ fn norm_quantization_programs_give_the_cpu_kernels_bits() {
         let scale = Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap();
         for rounding in [Rounding::Exact, Rounding::Dtype] {
             let what = format!("{dtype} {rounding:?}");
-            let fp8 = Value::DType(DType::F8E4M3FN);
-            let rounding_value = Value::Str(rounding.as_str().to_owned());
-            let head = |fused: bool| {
-                let mut args: Vec<Value> = vec![Value::Tensor(x.deep_clone().unwrap())];
-                if fused {
-                    args.push(Value::Tensor(r.deep_clone().unwrap()));
-                }
-                args.extend([Value::Tensor(w.clone()), Value::F64(1e-6)]);
-                args
-            };
-            let mut args = head(false);
-            args.extend([Value::Tensor(scale.clone()), fp8.clone(), rounding_value.clone()]);
-            let theirs = cpu(&registry, &ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT, args);
+            let fp8 = DType::F8E4M3FN;
+            let theirs =
+                [crate::quant::rms_norm_static_fp8_quant_cpu(&x, Some(&w), 1e-6, &scale, fp8, rounding).unwrap()];
             let program = builtin::norm_static_fp8_quant(false, true, DType::F8E4M3FN, rounding).unwrap();
             let ours = run_row_program(
                 &program,
@@ -160,10 +126,17 @@ fn norm_quantization_programs_give_the_cpu_kernels_bits() {
             .unwrap();
             assert_bits(&ours[0], &theirs[0], &format!("rms_norm_static {what}"));
 
-            let mut args = head(true);
-            args.extend([Value::None, fp8.clone(), rounding_value.clone()]);
-            let op = &ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
-            let theirs = cpu(&registry, op, args);
+            let (residual, q, scales) = crate::quant::fused_add_rms_norm_dynamic_per_token_quant_cpu(
+                &x,
+                unique(&r),
+                Some(&w),
+                1e-6,
+                None,
+                fp8,
+                rounding,
+            )
+            .unwrap();
+            let theirs = [residual, q, scales];
             let program = builtin::norm_dynamic_per_token_quant(true, true, false, DType::F8E4M3FN, rounding).unwrap();
             let ours = run_row_program(
                 &program,
@@ -257,4 +230,37 @@ fn empty_rows_and_zero_rows_give_empty_outputs() {
         (run_row_program(&program, &[RowArg::Tensor(&x)]).unwrap(), program.run(&[RowArg::Tensor(&x)]).unwrap());
     assert_eq!(ours[1].to_f64_vec().unwrap(), reference[1].to_f64_vec().unwrap(), "the scales of empty rows");
     assert_eq!(ours[0].shape(), [3, 0]);
+}
+
+#[test]
+fn exact_elementwise_steps_give_the_reference_bits() {
+    // Compute and dtype roundings of +, ×, ÷, √, |x|, −x, relu, min and max (signed zeros
+    // included: −0 below +0): one f32 operation each, the reference's bits.
+    use ir_ops::row_program::UnaryOp;
+    let mut b = RowProgram::builder("exact");
+    let xi = b.activation("x", 2);
+    let si = b.scalar("s");
+    let (g, u) = (b.load(xi, 0), b.load(xi, 1));
+    let s = b.param(si, Precision::Compute);
+    let t = b.binary(BinaryOp::Mul, g, s, Precision::Like(xi));
+    let t = b.binary(BinaryOp::Add, t, u, Precision::Compute);
+    let t = b.binary(BinaryOp::Div, t, s, Precision::Like(xi));
+    let a = b.unary(UnaryOp::Abs, t, Precision::Compute);
+    let r = b.unary(UnaryOp::Sqrt, a, Precision::Like(xi));
+    let m = b.binary(BinaryOp::Max, r, g, Precision::Compute);
+    let n = b.unary(UnaryOp::Neg, m, Precision::Compute);
+    let y = b.unary(UnaryOp::Relu, n, Precision::Compute);
+    let z = b.binary(BinaryOp::Min, y, u, Precision::Like(xi));
+    b.store("t", t, OutDType::Fixed(DType::F32), None);
+    b.store("z", z, OutDType::Like(xi), None);
+    let program = b.build().unwrap();
+    let mut rng = InputRng::new(33);
+    for dtype in DTYPES {
+        let x = activation(&mut rng, dtype, 5, 2 * 150, 3.0, false);
+        let args = [RowArg::Tensor(&x), RowArg::Scalar(0.3)];
+        let (ours, reference) = (run_row_program(&program, &args).unwrap(), program.run(&args).unwrap());
+        for (index, (a, b)) in ours.iter().zip(&reference).enumerate() {
+            assert_bits(a, b, &format!("{dtype} output {index}"));
+        }
+    }
 }

@@ -62,12 +62,14 @@
 
 pub mod builtin;
 mod interp;
+mod schedule;
 
 use std::fmt;
 
 use ir_core::DType;
 
 pub use interp::{Binding, RowArg};
+pub use schedule::Schedule;
 
 /// A step's value: the index of the step that defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -191,9 +193,11 @@ pub enum BinaryOp {
     Mul,
     /// `a / b`.
     Div,
-    /// The smaller; a NaN operand gives the other (IEEE `minNum`, `f64::min`).
+    /// The smaller, `-0` below `+0`; a NaN operand gives the other (IEEE 754-2019
+    /// `minimumNumber`).
     Min,
-    /// The larger; a NaN operand gives the other (IEEE `maxNum`, `f64::max`).
+    /// The larger, `+0` above `-0`; a NaN operand gives the other (IEEE 754-2019
+    /// `maximumNumber`).
     Max,
 }
 
@@ -205,10 +209,21 @@ impl BinaryOp {
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
-            BinaryOp::Min => a.min(b),
-            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => minimum_number(a, b),
+            BinaryOp::Max => maximum_number(a, b),
         }
     }
+}
+
+/// IEEE 754-2019 `minimumNumber`: the smaller, `-0` below `+0`, NaN only when both are. (`f64::min`
+/// leaves the sign of a zero result unspecified; every executor spells this rule out.)
+pub fn minimum_number(a: f64, b: f64) -> f64 {
+    if a < b || (a == b && a.is_sign_negative()) || b.is_nan() { a } else { b }
+}
+
+/// IEEE 754-2019 `maximumNumber`: the larger, `+0` above `-0`, NaN only when both are.
+pub fn maximum_number(a: f64, b: f64) -> f64 {
+    if a > b || (a == b && b.is_sign_negative()) || b.is_nan() { a } else { b }
 }
 
 /// A row reduction: its result is a row value.
