@@ -36,6 +36,7 @@ mod device;
 pub mod emu;
 pub mod gated;
 mod module;
+pub mod program;
 pub mod quant;
 pub mod rotary;
 pub mod runtime;

@@ -114,3 +114,32 @@ fn the_rotary_kernel_compiles_to_ptx_without_fused_multiply_adds() {
         }
     }
 }
+
+#[test]
+fn every_built_in_row_program_compiles_to_ptx() {
+    if let ir_core::Availability::Unavailable(reason) = nvrtc_availability() {
+        ir_core::testing::skip("nvrtc", &reason);
+        return;
+    }
+    use ir_ops::row_program::{Binding, InputKind, builtin};
+    // Every program in bf16 for sm_90; f32 and f16 for sm_80.
+    for (dtype, arch) in
+        [(ir_core::DType::BF16, "compute_90"), (ir_core::DType::F32, "compute_80"), (ir_core::DType::F16, "compute_80")]
+    {
+        for program in builtin::all() {
+            let dtypes = program
+                .inputs()
+                .iter()
+                .map(|input| match input.kind {
+                    InputKind::Scalar => None,
+                    InputKind::ScalarTensor => Some(ir_core::DType::F32),
+                    _ => Some(dtype),
+                })
+                .collect();
+            let binding = Binding { width: 4096, rows: 1, rows_shape: vec![1], compute: ir_core::DType::F32, dtypes };
+            let ptx = kernels_cuda::program::compile_ptx(&program, &binding, Some(arch))
+                .unwrap_or_else(|e| panic!("{} {dtype} {arch}: {e}", program.name()));
+            assert!(ptx.to_src().contains(".entry row_program("), "{} {dtype}: PTX lacks the kernel", program.name());
+        }
+    }
+}

@@ -5,8 +5,7 @@
 use ir_core::op::OpDef;
 use ir_core::{DType, Tensor};
 use ir_ops::Rounding;
-use ir_ops::gelu_and_mul::Approximate;
-use ir_ops::row_program::{BinaryOp, OutDType, Precision, ReduceOp, RowArg, RowProgram, builtin};
+use ir_ops::row_program::{BinaryOp, InputKind, OutDType, Precision, ReduceOp, RowArg, RowProgram, builtin};
 
 use super::{gpu_source, run_emulated};
 use crate::emu::Dialect;
@@ -45,40 +44,57 @@ fn check(program: &RowProgram, args: &[RowArg<'_>], dialect: Dialect, dtype: DTy
     }
 }
 
+/// An argument of a sample call: a tensor or a scalar.
+enum Sample {
+    Tensor(Tensor),
+    Scalar(f64),
+}
+
+impl Sample {
+    fn arg(&self) -> RowArg<'_> {
+        match self {
+            Sample::Tensor(t) => RowArg::Tensor(t),
+            Sample::Scalar(v) => RowArg::Scalar(*v),
+        }
+    }
+}
+
+/// A call of any built-in program on `rows` rows of `width` in `dtype`: activations (the first a
+/// column slice), a weight of 1.25, an epsilon of 1e-6, a variance size of half the row, a std
+/// multiplier of 1, a scale of 0.01 and a bound of 2.
+fn sample(program: &RowProgram, dtype: DType, rows: usize, width: usize) -> Vec<Sample> {
+    program
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(index, input)| match (&input.kind, input.name.as_str()) {
+            (InputKind::Activation { blocks }, _) => {
+                Sample::Tensor(activation(dtype, rows, blocks * width, 2.0, index as u64, index == 0))
+            }
+            (InputKind::Weight, _) => Sample::Tensor(Tensor::from_f64(dtype, &[width], &vec![1.25; width]).unwrap()),
+            (InputKind::ScalarTensor, "scale_ub") => {
+                Sample::Tensor(Tensor::from_f64(DType::F32, &[1], &[2.0]).unwrap())
+            }
+            (InputKind::ScalarTensor, _) => Sample::Tensor(Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap()),
+            (InputKind::Scalar, "epsilon") => Sample::Scalar(1e-6),
+            (InputKind::Scalar, "variance_size") => Sample::Scalar((width / 2) as f64),
+            (InputKind::Scalar, "std_multiplier") => Sample::Scalar(1.0),
+            (InputKind::Scalar, other) => panic!("no sample for scalar `{other}`"),
+        })
+        .collect()
+}
+
 #[test]
 fn every_built_in_program_runs_as_generated_gpu_source() {
     if !compiler_at_hand() {
         return;
     }
-    let (rows, width) = (5, 300);
-    for (dtype, dialect) in [(DType::BF16, Dialect::Cuda), (DType::F32, Dialect::Hip)] {
-        let x = activation(dtype, rows, width, 1.0, 1, true);
-        let r = activation(dtype, rows, width, 1.0, 2, false);
-        let gate_up = activation(dtype, rows, 2 * width, 2.0, 3, false);
-        let w = Tensor::from_f64(dtype, &[width], &vec![1.25; width]).unwrap();
-        let scale = Tensor::from_f64(DType::F32, &[1], &[0.01]).unwrap();
-        let (tx, tr, tw, ts) = (RowArg::Tensor(&x), RowArg::Tensor(&r), RowArg::Tensor(&w), RowArg::Tensor(&scale));
-        let eps = RowArg::Scalar(1e-6);
-        let fp8 = DType::F8E4M3FN;
-        let cases: Vec<(RowProgram, Vec<RowArg<'_>>)> = vec![
-            (builtin::rms_norm(true, false), vec![tx, tw, eps]),
-            (builtin::rms_norm(false, true), vec![tx, eps, RowArg::Scalar(100.0)]),
-            (builtin::fused_add_rms_norm(true, false, Rounding::Exact), vec![tx, tr, tw, eps]),
-            (builtin::fused_add_rms_norm(true, false, Rounding::Dtype), vec![tx, tr, tw, eps]),
-            (builtin::silu_and_mul(), vec![RowArg::Tensor(&gate_up)]),
-            (builtin::gelu_and_mul(Approximate::None), vec![RowArg::Tensor(&gate_up)]),
-            (builtin::gelu_and_mul(Approximate::Tanh), vec![RowArg::Tensor(&gate_up)]),
-            (builtin::gelu_and_mul_sparse(Approximate::None), vec![RowArg::Tensor(&gate_up), RowArg::Scalar(1.0)]),
-            (builtin::static_scaled_fp8_quant(fp8, Rounding::Dtype).unwrap(), vec![tx, ts]),
-            (builtin::dynamic_per_token_scaled_fp8_quant(fp8, true).unwrap(), vec![tx, ts]),
-            (builtin::norm_static_fp8_quant(true, true, fp8, Rounding::Exact).unwrap(), vec![tx, tr, tw, eps, ts]),
-            (
-                builtin::norm_dynamic_per_token_quant(false, true, false, fp8, Rounding::Exact).unwrap(),
-                vec![tx, tw, eps],
-            ),
-        ];
-        for (program, args) in &cases {
-            check(program, args, dialect, dtype);
+    // Every program in bf16 as NVRTC gets it; in f32 and f16 as hipcc does.
+    for (dtype, dialect) in [(DType::BF16, Dialect::Cuda), (DType::F32, Dialect::Hip), (DType::F16, Dialect::Hip)] {
+        for program in builtin::all() {
+            let samples = sample(&program, dtype, 5, 300);
+            let args: Vec<RowArg<'_>> = samples.iter().map(Sample::arg).collect();
+            check(&program, &args, dialect, dtype);
         }
     }
 }

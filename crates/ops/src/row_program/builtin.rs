@@ -305,6 +305,38 @@ pub fn norm_dynamic_per_token_quant(
     Ok(build(b))
 }
 
+/// Every built-in program in the configurations the ops take: with and without a weight, both
+/// roundings, both gelu forms, both fp8 dtypes, with and without a bound or a variance size (23
+/// programs), for tests and benchmarks that cover them all.
+pub fn all() -> Vec<RowProgram> {
+    let fp8 = |result: Result<RowProgram, ProgramError>| result.expect("an fp8 dtype");
+    let mut programs = vec![rms_norm(true, false), rms_norm(false, false), rms_norm(true, true)];
+    for rounding in [Rounding::Exact, Rounding::Dtype] {
+        programs.push(fused_add_rms_norm(true, false, rounding));
+    }
+    programs.push(fused_add_rms_norm(false, true, Rounding::Exact));
+    programs.push(silu_and_mul());
+    for approximate in [Approximate::None, Approximate::Tanh] {
+        programs.push(gelu_and_mul(approximate));
+        programs.push(gelu_and_mul_sparse(approximate));
+    }
+    for (out_dtype, rounding) in [(DType::F8E4M3FN, Rounding::Exact), (DType::F8E5M2, Rounding::Dtype)] {
+        programs.push(fp8(static_scaled_fp8_quant(out_dtype, rounding)));
+        programs.push(fp8(dynamic_per_token_scaled_fp8_quant(out_dtype, rounding == Rounding::Dtype)));
+        for fused in [false, true] {
+            programs.push(fp8(norm_static_fp8_quant(fused, true, out_dtype, rounding)));
+            programs.push(fp8(norm_dynamic_per_token_quant(
+                fused,
+                fused,
+                rounding == Rounding::Exact,
+                out_dtype,
+                rounding,
+            )));
+        }
+    }
+    programs
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::RowArg;
@@ -512,6 +544,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_catalog_holds_every_configuration_once() {
+        let programs = all();
+        assert_eq!(programs.len(), 23);
+        let mut fingerprints: Vec<u64> = programs.iter().map(RowProgram::fingerprint).collect();
+        fingerprints.sort_unstable();
+        fingerprints.dedup();
+        assert_eq!(fingerprints.len(), programs.len(), "no program twice");
     }
 
     #[test]
