@@ -68,10 +68,10 @@ fn eager_calls_name_the_culprit() {
     }
     let err = registry.run(Call::new("rms_norm", Overload::Default, vec![])).unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm`: missing argument for parameter `x`");
-    let err = registry.run(Call::new("layer_norm", Overload::Default, vec![])).unwrap_err();
+    let err = registry.run(Call::new("group_norm", Overload::Default, vec![])).unwrap_err();
     let known = registry.ops().join(", ");
     assert!(known.starts_with("rms_norm, fused_add_rms_norm"), "{known}");
-    assert_eq!(err.to_string(), format!("unknown op `layer_norm` (known: {known})"));
+    assert_eq!(err.to_string(), format!("unknown op `group_norm` (known: {known})"));
 }
 
 #[test]
@@ -159,7 +159,7 @@ fn malformed_priority_configuration() {
         ("=cpu", "empty op name"),
         ("rms_norm=cpu;rms_norm=native", "listed twice"),
         ("rms_norm=Cpu", "invalid name `Cpu`"),
-        ("layer_norm=cpu", "unknown op `layer_norm`"),
+        ("group_norm=cpu", "unknown op `group_norm`"),
         ("rms_norm=bogus", "unknown provider `bogus`"),
     ];
     for (text, expected) in cases {

@@ -652,3 +652,35 @@ fn every_registry_op_runs_on_candle_tensors_through_its_declaration() {
     assert!(no_tensor.contains("no candle tensor argument"), "{no_tensor}");
     assert!(bit_eq(&ours(&x), &x_before), "nothing written");
 }
+
+#[test]
+fn layer_norm_from_its_row_program_matches_candle_nn() {
+    // An op whose only implementations are its row program (native on the reference interpreter,
+    // cpu on the block-vectorized one), called on candle tensors through its declaration, beside
+    // candle-nn's layer norm.
+    let registry = ir_ops::registry();
+    ir_ops::layer_norm::define(&registry).unwrap();
+    kernels_cpu::register(&registry).unwrap();
+    kernels_cpu::program::register_layer_norm(&registry).unwrap();
+    PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
+    let ops = candle_ops::Candle(&registry);
+    for (dtype, tolerance) in [(CDType::F32, 1e-5), (CDType::BF16, 2e-2)] {
+        let x = randn((7, 384), dtype, 21).affine(1.0, 0.5).unwrap();
+        let w = randn((1, 384), dtype, 22).squeeze(0).unwrap().affine(0.1, 1.0).unwrap();
+        let b = randn((1, 384), dtype, 23).squeeze(0).unwrap().affine(0.1, 0.0).unwrap();
+        let ours = ir_ops::layer_norm::call(&ops, &x, Some(&w), Some(&b), 1e-5).unwrap();
+        let theirs = candle_nn::ops::layer_norm(&x, &w, &b, 1e-5).unwrap();
+        let (ours, theirs) = (ours.to_dtype(CDType::F64).unwrap(), theirs.to_dtype(CDType::F64).unwrap());
+        let (a, e) = (
+            ours.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+            theirs.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+        );
+        for (index, (a, e)) in a.iter().zip(&e).enumerate() {
+            assert!((a - e).abs() <= tolerance * (1.0 + e.abs()), "{dtype:?} element {index}: {a} vs candle-nn's {e}");
+        }
+    }
+    let record = registry.selection_record();
+    let op = record.ops.iter().find(|op| op.op == "layer_norm").expect("layer_norm is recorded");
+    assert!(op.providers.iter().any(|p| p.provider == "cpu" && p.selections == 2), "{op:?}");
+    assert_eq!(op.native_fallbacks, 0, "{op:?}");
+}

@@ -114,12 +114,12 @@ fn unknown_ops_and_providers_are_errors_naming_them() {
     let registry = registry_with_platform_providers();
     let config = PriorityConfig {
         platform: PlatformChoice::Pinned(Platform::Cpu),
-        user: UserPriorities::parse("rms_norm=cpu; layer_norm=native").unwrap(),
+        user: UserPriorities::parse("rms_norm=cpu; group_norm=native").unwrap(),
     };
     let err = config.apply(&registry).unwrap_err();
     let known = registry.ops().join(", ");
     assert!(known.starts_with("rms_norm, fused_add_rms_norm"), "{known}");
-    assert_eq!(err.to_string(), format!("priority config at byte 14: unknown op `layer_norm` (known: {known})"));
+    assert_eq!(err.to_string(), format!("priority config at byte 14: unknown op `group_norm` (known: {known})"));
     let config = PriorityConfig {
         platform: PlatformChoice::Pinned(Platform::Cpu),
         user: UserPriorities::parse("rms_norm=bogus;fused_add_rms_norm=nope,native").unwrap(),

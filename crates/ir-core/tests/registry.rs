@@ -468,8 +468,8 @@ fn unknown_providers_are_an_error_and_install_nothing() {
     assert_eq!(registry.installed_priority("rms_norm"), None);
     assert!(matches!(registry.set_default("rms_norm", &["bogus"]), Err(PriorityError::UnknownProvider { .. })));
     assert_eq!(registry.installed_priority("rms_norm"), None);
-    let unknown_op = registry.set_default("layer_norm", &["native"]).unwrap_err();
-    assert!(unknown_op.to_string().starts_with("unknown op `layer_norm`"), "{unknown_op}");
+    let unknown_op = registry.set_default("group_norm", &["native"]).unwrap_err();
+    assert!(unknown_op.to_string().starts_with("unknown op `group_norm`"), "{unknown_op}");
 }
 
 #[test]
@@ -650,7 +650,7 @@ fn bind_fills_defaults_and_checks_kinds() {
         ))
         .unwrap_err();
     assert_eq!(err.to_string(), "op `rms_norm` takes 4 arguments but 5 were given");
-    let err = registry.run(Call::new("layer_norm", Overload::Default, vec![])).unwrap_err();
+    let err = registry.run(Call::new("group_norm", Overload::Default, vec![])).unwrap_err();
     assert!(matches!(err, CallError::UnknownOp { .. }));
     let err = registry
         .run(Call::new("rms_norm", Overload::MaybeInplace, vec![Value::Tensor(x), Value::None, Value::F64(1e-6)]))

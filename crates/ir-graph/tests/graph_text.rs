@@ -167,7 +167,7 @@ fn five_planted_errors_give_five_diagnostics() {
     let text = "\
 graph g(%x: f32[2,8], %r: f32[2,8]) {
   %0 = rms_norm.maybe_inplace(%x, none, 1e-6, none) : f32[2,8]
-  %1 = layer_norm(%x) : f32[2,8]
+  %1 = group_norm(%x) : f32[2,8]
   %2 = add(%x, %r) : f32[2,7]
   %3 = impl rms_norm[cuda] (%x, none, 1e-6, none) : f32[2,8]
   %4 = scale(%x, 2.0) : f16[2,8]
@@ -180,13 +180,13 @@ graph g(%x: f32[2,8], %r: f32[2,8]) {
     assert_eq!(lines, vec![2, 3, 4, 5, 6], "{err}");
     let problems: Vec<&Problem> = err.diagnostics.iter().map(|d| &d.problem).collect();
     assert!(matches!(problems[0], Problem::NoInplaceForm { op } if op == "rms_norm"), "{err}");
-    assert!(matches!(problems[1], Problem::UnknownOp { op, .. } if op == "layer_norm"), "{err}");
+    assert!(matches!(problems[1], Problem::UnknownOp { op, .. } if op == "group_norm"), "{err}");
     assert!(matches!(problems[2], Problem::BuiltinResultType { expected, .. } if expected == "f32[2,8]"), "{err}");
     assert!(matches!(problems[3], Problem::UnknownProvider { provider, .. } if provider == "cuda"), "{err}");
     assert!(problems[3].to_string().contains("provider `cuda` is not registered"));
     assert!(problems[4].to_string().contains("should be f32[2,8]"));
     let rendered = err.to_string();
-    assert!(rendered.contains("  %1 = layer_norm(%x) : f32[2,8]\n  ; error: unknown op `layer_norm`"), "{rendered}");
+    assert!(rendered.contains("  %1 = group_norm(%x) : f32[2,8]\n  ; error: unknown op `group_norm`"), "{rendered}");
 }
 
 #[test]

@@ -7,8 +7,9 @@
 //! thread walks its columns (`j = threadIdx.x, j + ROW_BLOCK, ...`) and computes, per column, every
 //! element step the pass needs into registers, one fused loop: a value goes from its load to its
 //! store or reduction without touching memory. A reduction keeps a partial per thread, in its
-//! columns' order, and the block combines them by `block_reduce`'s fixed tree (`elem.h`), so the
-//! bits do not depend on scheduling. Row values are `double`, rounded as the program says (the
+//! columns' order (a sum in `double`, so a mean far from zero keeps its bits), and the block
+//! combines them by `block_reduce`'s fixed tree (`elem.h`), so the bits do not depend on
+//! scheduling. Row values are `double`, rounded as the program says (the
 //! reference's row arithmetic); element values are the compute type (`float`, `double` for f64
 //! activations), each operation one correctly rounded `c_*` call of the portability header, so a
 //! `compute` step is the reference's and a `wide` element step is computed in the compute type
@@ -166,6 +167,7 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
     }
     let _ = writeln!(src, "extern \"C\" __global__ void {ROW_PROGRAM_KERNEL}({}) {{", params.join(", "));
     let _ = writeln!(src, "    __shared__ {c} scratch[{ROW_BLOCK}];");
+    let _ = writeln!(src, "    __shared__ double scratch_d[{ROW_BLOCK}];");
     let _ = writeln!(src, "    GPU_ROWS(row, n_rows) {{");
     for (index, step) in steps.iter().enumerate() {
         if step.extent == Extent::Row {
@@ -219,7 +221,10 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
                     }
                 },
             };
-            let _ = writeln!(src, "        {c} a{index} = ({c})0; const long long n{index} = {n};");
+            // Sums accumulate in double (a mean far from zero keeps its bits, as on the cpu).
+            let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
+            let ty = if op == ReduceOp::Sum { "double" } else { c };
+            let _ = writeln!(src, "        {ty} a{index} = ({ty})0; const long long n{index} = {n};");
         }
         let last = pass + 1 == passes;
         let _ = writeln!(src, "        for (int j = threadIdx.x; j < width; j += {ROW_BLOCK}) {{");
@@ -258,7 +263,7 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
         for &index in reductions {
             let Op::Reduce { op, x, .. } = steps[index].op else { unreachable!("reductions are listed") };
             let term = match op {
-                ReduceOp::Sum => format!("c_add(a{index}, e{})", x.0),
+                ReduceOp::Sum => format!("c_add(a{index}, (double)e{})", x.0),
                 ReduceOp::SumSquares => format!("c_add(a{index}, c_mul(e{0}, e{0}))", x.0),
                 ReduceOp::MaxAbs => format!("c_fmax(a{index}, c_fabs(e{}))", x.0),
             };
@@ -276,8 +281,12 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
         let _ = writeln!(src, "        }}");
         for &index in reductions {
             let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
-            let combine = if op == ReduceOp::MaxAbs { "block_max" } else { "block_sum" };
-            let expr = format!("(double){combine}<{ROW_BLOCK}>(a{index}, scratch)");
+            let (combine, scratch) = match op {
+                ReduceOp::MaxAbs => ("block_max", "scratch"),
+                ReduceOp::SumSquares => ("block_sum", "scratch"),
+                ReduceOp::Sum => ("block_sum", "scratch_d"),
+            };
+            let expr = format!("(double){combine}<{ROW_BLOCK}>(a{index}, {scratch})");
             let _ = writeln!(src, "        r{index} = {};", round(expr, steps[index].precision, true)?);
             emitted[index] = true;
         }

@@ -13,8 +13,10 @@
 //! Element values are f32 (the compute type of f32, f16 and bf16 activations): a `compute` step is
 //! then exactly the reference's, and a `wide` element step (a transcendental function the
 //! reference composes in `f64`) is computed in f32, within the op's tolerance of the reference.
-//! Sums reduce in the order every cpu norm shares: 32 lanes over the row's full 32-element groups,
-//! a fixed tree, then the tail; a row whose f32 sum is not finite is run again with its sums
+//! Sums of squares reduce in the order every cpu norm shares: 32 f32 lanes over the row's full
+//! 32-element groups, a fixed tree, then the tail; sums likewise in f64 lanes (as the gated ops'
+//! row statistics: a mean far from zero keeps its bits). A row whose sum is not finite is run
+//! again with its sums
 //! accumulated in `f64` in column order (the reference's order), as the norms do when their f32 sum
 //! of squares overflows. So a norm program gives the cpu norm kernels' bits. `max_abs` does not
 //! depend on the order. f64 activations are refused: their programs run on the reference
@@ -116,6 +118,32 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
     Ok(outputs)
 }
 
+/// Registers `layer_norm`'s cpu implementation, its row program run here, for f32, f16 and bf16 x in
+/// host memory (f64 runs on native, the same program on the reference interpreter). The op is not
+/// among the ones `ir_ops::registry` defines: define it first (`ir_ops::layer_norm::define`).
+pub fn register_layer_norm(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
+    use ir_core::op::ArgMeta;
+    use ir_core::{Device, ImplSpec, Support};
+    let spec = ImplSpec::new(crate::PROVIDER).with_supports(|args: &[ArgMeta<'_>]| {
+        for arg in args {
+            if let ArgMeta::Tensor(meta) = arg
+                && meta.device != Device::Cpu
+            {
+                return Support::No("a tensor is not in host memory".into());
+            }
+        }
+        match args.first() {
+            Some(ArgMeta::Tensor(x)) if matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) => Support::Yes,
+            _ => Support::No("x is not f32, f16 or bf16".into()),
+        }
+    });
+    ir_ops::layer_norm::register(registry, spec, |x, weight, bias, epsilon| {
+        let program = ir_ops::row_program::builtin::layer_norm(weight.is_some(), bias.is_some());
+        let mut out = run_row_program(&program, &ir_ops::layer_norm::program_args(x, weight, bias, epsilon))?;
+        Ok(out.pop().expect("one output"))
+    })
+}
+
 /// [`Run::rows`], compiled for AVX-512, AVX2 and NEON besides the baseline and chosen at run time
 /// (every step loop is inlined into it, so each is vectorized for the CPU it runs on); the same bits
 /// on every path (Rust never contracts a multiply and an add by itself).
@@ -153,6 +181,10 @@ struct Accumulator {
     /// The tree's result and the tail after it, once the tail began (f32 sums), or the running
     /// max.
     acc: Option<f32>,
+    /// `sum`'s lanes, in f64.
+    wide_lanes: [f64; LANES],
+    /// `sum`'s tree result and tail.
+    wide_acc: Option<f64>,
     /// The sum in `f64`, in column order (a row run again with exact sums).
     exact: f64,
 }
@@ -210,7 +242,17 @@ impl Run<'_> {
                         c as usize
                     }
                 };
-                accumulators.push((index, Accumulator { n, lanes: [0.0; LANES], acc: None, exact: 0.0 }));
+                accumulators.push((
+                    index,
+                    Accumulator {
+                        n,
+                        lanes: [0.0; LANES],
+                        acc: None,
+                        wide_lanes: [0.0; LANES],
+                        wide_acc: None,
+                        exact: 0.0,
+                    },
+                ));
             }
             let last = pass + 1 == passes;
             for start in (0..width).step_by(CHUNK) {
@@ -495,7 +537,7 @@ fn accumulate(op: ReduceOp, accumulator: &mut Accumulator, start: usize, x: &[f3
         (ReduceOp::SumSquares, true) => {
             accumulator.exact = x.iter().fold(accumulator.exact, |s, &v| s + f64::from(v) * f64::from(v));
         }
-        (ReduceOp::Sum, false) => lanes(accumulator, start, x, |v| v),
+        (ReduceOp::Sum, false) => wide_lanes(accumulator, start, x),
         (ReduceOp::SumSquares, false) => lanes(accumulator, start, x, |v| v * v),
     }
 }
@@ -520,14 +562,36 @@ fn lanes(accumulator: &mut Accumulator, start: usize, x: &[f32], term: impl Fn(f
     }
 }
 
-/// The lanes summed by the fixed tree every cpu norm uses.
+/// `sum` in 32 f64 lanes over the full 32-element groups in order, then the tree and the tail
+/// (the gated ops' row statistics' order): a mean far from zero keeps its bits, so what is subtracted
+/// from each element cancels it exactly where the reference's does.
 #[inline(always)]
-fn tree(mut lanes: [f32; LANES]) -> f32 {
+fn wide_lanes(accumulator: &mut Accumulator, start: usize, x: &[f32]) {
+    let full = accumulator.n - accumulator.n % LANES;
+    let grouped = full.saturating_sub(start).min(x.len());
+    let (groups, _) = x[..grouped].as_chunks::<LANES>();
+    let mut lanes = accumulator.wide_lanes;
+    for group in groups {
+        for i in 0..LANES {
+            lanes[i] += f64::from(group[i]);
+        }
+    }
+    accumulator.wide_lanes = lanes;
+    for &v in &x[grouped..] {
+        let acc = accumulator.wide_acc.get_or_insert_with(|| tree(accumulator.wide_lanes));
+        *acc += f64::from(v);
+    }
+}
+
+/// The lanes summed by the fixed tree every cpu norm uses (f32 lanes; f64 for sums).
+#[inline(always)]
+fn tree<T: Copy + std::ops::AddAssign>(mut lanes: [T; LANES]) -> T {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
         for i in 0..width {
-            lanes[i] += lanes[i + width];
+            let other = lanes[i + width];
+            lanes[i] += other;
         }
     }
     lanes[0]
@@ -537,7 +601,8 @@ fn finish(op: ReduceOp, accumulator: Accumulator, exact: bool) -> f64 {
     match op {
         ReduceOp::MaxAbs => f64::from(accumulator.acc.unwrap_or(0.0)),
         _ if exact => accumulator.exact,
-        _ => f64::from(accumulator.acc.unwrap_or_else(|| tree(accumulator.lanes))),
+        ReduceOp::Sum => accumulator.wide_acc.unwrap_or_else(|| tree(accumulator.wide_lanes)),
+        ReduceOp::SumSquares => f64::from(accumulator.acc.unwrap_or_else(|| tree(accumulator.lanes))),
     }
 }
 

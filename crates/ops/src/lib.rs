@@ -10,6 +10,7 @@
 //! | `static_scaled_fp8_quant`, `dynamic_per_token_scaled_fp8_quant` | [`static_scaled_fp8_quant`], [`dynamic_per_token_scaled_fp8_quant`] (shared: [`quant`]) |
 //! | the four norm + quantization fusions | [`rms_norm_static_fp8_quant`], [`rms_norm_dynamic_per_token_quant`], [`fused_add_rms_norm_static_fp8_quant`], [`fused_add_rms_norm_dynamic_per_token_quant`] |
 //! | `rotary_embedding` | [`rotary_embedding`] |
+//! | `layer_norm` (its semantics a row program; not in [`BUILTIN_OPS`] until every provider implements it) | [`layer_norm`] |
 //!
 //! [`row_program`] describes a memory-bound computation over rows once, as data, with a reference
 //! interpreter that defines its semantics; [`row_program::builtin`] expresses the norms, the gated
@@ -42,6 +43,7 @@ pub mod fused_add_rms_norm_static_fp8_quant;
 pub mod gated;
 pub mod gelu_and_mul;
 pub mod gelu_and_mul_sparse;
+pub mod layer_norm;
 mod norm_math;
 pub mod quant;
 pub mod rms_norm;

@@ -264,3 +264,32 @@ fn exact_elementwise_steps_give_the_reference_bits() {
         }
     }
 }
+
+#[test]
+fn layer_norm_runs_its_program_on_the_cpu_provider() {
+    // The op's native is its program on the reference interpreter; the cpu provider runs the same
+    // program here: within the op's tolerance, and chosen on the cpu platform.
+    use ir_core::op::ArgMeta;
+    use ir_core::{Platform, PriorityConfig};
+    let registry = ir_ops::registry();
+    ir_ops::layer_norm::define(&registry).unwrap();
+    crate::register(&registry).unwrap();
+    super::register_layer_norm(&registry).unwrap();
+    PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
+    let mut rng = InputRng::new(41);
+    for dtype in DTYPES {
+        let x = activation(&mut rng, dtype, 6, 200, 2.0, true);
+        let w = rng.normal(dtype, &[200], 1.0, 0.1).unwrap();
+        let b = rng.normal(dtype, &[200], 0.0, 0.1).unwrap();
+        let metas =
+            [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(w.meta()), ArgMeta::Tensor(b.meta()), ArgMeta::F64(1e-5)];
+        assert_eq!(registry.select("layer_norm", &metas).unwrap().provider, crate::PROVIDER, "{dtype}");
+        for (weight, bias) in [(Some(&w), Some(&b)), (None, None), (Some(&w), None)] {
+            let ours = ir_ops::layer_norm::layer_norm(&registry, &x, weight, bias, 1e-5).unwrap();
+            let native = ir_ops::layer_norm::native(&x, weight, bias, 1e-5).unwrap();
+            let tolerance = ir_core::op::tolerance(&ir_ops::layer_norm::LAYER_NORM, dtype).unwrap();
+            ir_core::allclose(&ours, &native, tolerance.atol, tolerance.rtol)
+                .unwrap_or_else(|error| panic!("{dtype} weight {} bias {}: {error}", weight.is_some(), bias.is_some()));
+        }
+    }
+}

@@ -251,6 +251,61 @@ pub fn dynamic_per_token_scaled_fp8_quant(out_dtype: DType, scale_ub: bool) -> R
     Ok(build(b))
 }
 
+/// `silu_and_mul` then `dynamic_per_token_scaled_fp8_quant` of its output, fused (what vLLM fuses
+/// on GPUs before an fp8 matmul): `x` is `[..., 2d]`; outputs the codes `[..., d]` and the per-token
+/// scales. The gated output is rounded to x's dtype first, as the unfused pair stores it, so the
+/// program gives the pair's bits.
+pub fn silu_and_mul_dynamic_fp8_quant(out_dtype: DType, scale_ub: bool) -> Result<RowProgram, ProgramError> {
+    let name = "silu_and_mul_dynamic_fp8_quant";
+    let max = fp8_max(name, out_dtype)?;
+    let mut b = RowProgram::builder(name);
+    let x = b.activation("x", 2);
+    let ub = scale_ub.then(|| b.scalar_tensor("scale_ub"));
+    let (gate, up) = (b.load(x, 0), b.load(x, 1));
+    let act = silu_steps(&mut b, gate);
+    let act = b.round(act, Precision::Like(x));
+    let gated = b.binary(BinaryOp::Mul, act, up, Precision::Like(x));
+    let (q, scale) = dynamic_quant_steps(&mut b, gated, ub, max);
+    b.store("out", q, OutDType::Fixed(out_dtype), None);
+    b.store("scales", scale, OutDType::Fixed(DType::F32), None);
+    Ok(build(b))
+}
+
+/// `layer_norm(x, weight?, bias?, epsilon)` ([`crate::layer_norm`], whose semantics this is):
+/// inputs `x`, `weight` and `bias` (those present) and `epsilon`; output `out`. The mean and the
+/// biased variance from two wide sums, every step rounded to the compute type, the result to x's
+/// dtype once.
+pub fn layer_norm(weight: bool, bias: bool) -> RowProgram {
+    let mut b = RowProgram::builder("layer_norm");
+    let x = b.activation("x", 1);
+    let w = weight.then(|| b.weight("weight"));
+    let bi = bias.then(|| b.weight("bias"));
+    let eps = b.scalar("epsilon");
+    let c = Precision::Compute;
+    let a = b.load(x, 0);
+    let n = b.width();
+    let sum = b.reduce(ReduceOp::Sum, a, None, Precision::Wide);
+    let mean = b.binary(BinaryOp::Div, sum, n, c);
+    let d = b.binary(BinaryOp::Sub, a, mean, c);
+    let squares = b.reduce(ReduceOp::SumSquares, d, None, Precision::Wide);
+    let var = b.binary(BinaryOp::Div, squares, n, c);
+    let e = b.param(eps, c);
+    let shifted = b.binary(BinaryOp::Add, var, e, c);
+    let root = b.unary(UnaryOp::Sqrt, shifted, c);
+    let rstd = b.unary(UnaryOp::Recip, root, c);
+    let mut y = b.binary(BinaryOp::Mul, d, rstd, c);
+    if let Some(w) = w {
+        let wv = b.load_weight(w);
+        y = b.binary(BinaryOp::Mul, y, wv, c);
+    }
+    if let Some(bi) = bi {
+        let bv = b.load_weight(bi);
+        y = b.binary(BinaryOp::Add, y, bv, c);
+    }
+    b.store("out", y, OutDType::Like(x), None);
+    build(b)
+}
+
 /// The norm (plain or after the residual add) rounded to x's dtype, as the quantization reads it.
 fn norm_for_quant(b: &mut Builder, fused: Option<Rounding>, weight: bool) -> (InputId, ValueId) {
     let x = b.activation("x", 1);
@@ -306,8 +361,10 @@ pub fn norm_dynamic_per_token_quant(
 }
 
 /// Every built-in program in the configurations the ops take: with and without a weight, both
-/// roundings, both gelu forms, both fp8 dtypes, with and without a bound or a variance size (23
-/// programs), for tests and benchmarks that cover them all.
+/// roundings, both gelu forms, both fp8 dtypes, with and without a bound or a variance size, and
+/// `layer_norm`'s with and without its weight and bias, and the fused `silu_and_mul` + dynamic
+/// quantization (27 programs), for tests and benchmarks that
+/// cover them all.
 pub fn all() -> Vec<RowProgram> {
     let fp8 = |result: Result<RowProgram, ProgramError>| result.expect("an fp8 dtype");
     let mut programs = vec![rms_norm(true, false), rms_norm(false, false), rms_norm(true, true)];
@@ -334,6 +391,10 @@ pub fn all() -> Vec<RowProgram> {
             )));
         }
     }
+    programs.push(fp8(silu_and_mul_dynamic_fp8_quant(DType::F8E4M3FN, false)));
+    programs.push(fp8(silu_and_mul_dynamic_fp8_quant(DType::F8E5M2, true)));
+    programs.push(layer_norm(true, true));
+    programs.push(layer_norm(false, false));
     programs
 }
 
@@ -549,11 +610,30 @@ mod tests {
     #[test]
     fn the_catalog_holds_every_configuration_once() {
         let programs = all();
-        assert_eq!(programs.len(), 23);
+        assert_eq!(programs.len(), 27);
         let mut fingerprints: Vec<u64> = programs.iter().map(RowProgram::fingerprint).collect();
         fingerprints.sort_unstable();
         fingerprints.dedup();
         assert_eq!(fingerprints.len(), programs.len(), "no program twice");
+    }
+
+    #[test]
+    fn the_fused_silu_quantization_gives_the_unfused_pairs_bits() {
+        let mut rng = InputRng::new(23);
+        for dtype in DTYPES {
+            let x = activation(&mut rng, dtype, 5, 2 * 40, 4.0, true);
+            let bound = scalar_tensor(3.0);
+            for (out_dtype, ub) in [(DType::F8E4M3FN, None), (DType::F8E5M2, Some(&bound))] {
+                let gated = crate::silu_and_mul::native(&x).unwrap();
+                let (q, scales) = crate::dynamic_per_token_scaled_fp8_quant::native(&gated, ub, out_dtype).unwrap();
+                let program = silu_and_mul_dynamic_fp8_quant(out_dtype, ub.is_some()).unwrap();
+                let mut args = vec![RowArg::Tensor(&x)];
+                args.extend(ub.map(RowArg::Tensor));
+                let ours = program.run(&args).unwrap();
+                assert_same(&ours[0], &q, &format!("{dtype} {out_dtype}: q"));
+                assert_same(&ours[1], &scales, &format!("{dtype} {out_dtype}: scales"));
+            }
+        }
     }
 
     #[test]
