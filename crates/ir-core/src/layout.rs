@@ -156,15 +156,26 @@ impl Layout {
         if shape.len() != strides.len() {
             return Err(LayoutError::RankMismatch { shape: shape.to_vec(), strides: strides.to_vec() });
         }
-        if shape.iter().try_fold(1usize, |acc, &size| acc.checked_mul(size)).is_none() {
-            return Err(LayoutError::Overflow { shape: shape.to_vec() });
+        let overflow = || LayoutError::Overflow { shape: shape.to_vec() };
+        let numel = shape.iter().try_fold(1usize, |acc, &size| acc.checked_mul(size)).ok_or_else(overflow)?;
+        // One pass from the last dimension: `canonicalize` (a size-1 dimension, or every dimension
+        // of an empty layout, takes its row-major stride) and `span_checked` (the last element's
+        // index fits, and one past it), as every candle call makes its layouts here.
+        let mut canonical = Dims::from_slice(strides);
+        let mut row_major = 1usize;
+        let mut last = offset;
+        for (stride, &size) in canonical.iter_mut().zip(shape).rev() {
+            if numel == 0 || size == 1 {
+                *stride = row_major;
+            } else {
+                last = (size - 1).checked_mul(*stride).and_then(|step| last.checked_add(step)).ok_or_else(overflow)?;
+            }
+            row_major = row_major.saturating_mul(size);
         }
-        let mut layout = Layout { shape: Dims::from_slice(shape), strides: Dims::from_slice(strides), offset };
-        layout.canonicalize();
-        if layout.span_checked().is_none() {
-            return Err(LayoutError::Overflow { shape: shape.to_vec() });
+        if numel != 0 && last.checked_add(1).is_none() {
+            return Err(overflow());
         }
-        Ok(layout)
+        Ok(Layout { shape: Dims::from_slice(shape), strides: canonical, offset })
     }
 
     /// The shape.
@@ -475,16 +486,6 @@ impl Layout {
         Err(LayoutError::DimOutOfRange { dim, rank: self.rank() })
     }
 
-    fn canonicalize(&mut self) {
-        let compact = compact_dims(&self.shape);
-        let empty = self.numel() == 0;
-        for ((stride, &size), &row_major) in self.strides.iter_mut().zip(&self.shape).zip(&compact) {
-            if empty || size == 1 {
-                *stride = row_major;
-            }
-        }
-    }
-
     fn span_checked(&self) -> Option<usize> {
         if self.numel() == 0 {
             return Some(0);
@@ -661,6 +662,52 @@ mod tests {
             proptest::prop_assert_eq!(a.overlaps_itself(), distinct.len() != indices.len(), "{:?}", a);
             let meet = b.storage_indices().any(|i| distinct.contains(&i));
             proptest::prop_assert_eq!(a.shares_element_with(&b), meet, "{:?} {:?}", a, b);
+        }
+    }
+
+    proptest::proptest! {
+        /// `Layout::new` in its one pass is the definition: size-1 dimensions (every dimension of
+        /// an empty layout) take their row-major strides, and the layout is refused exactly when
+        /// its element count or one past its last element's index overflows.
+        #[test]
+        fn new_canonicalizes_and_checks_the_span_as_defined(
+            dims in proptest::collection::vec((0usize..4, 0usize..(1 << 20)), 0..5),
+            huge in proptest::bool::ANY,
+            offset in 0usize..64,
+        ) {
+            let (mut shape, mut strides): (Vec<usize>, Vec<usize>) = dims.iter().copied().unzip();
+            if huge && !strides.is_empty() {
+                strides[0] = usize::MAX / 2;
+                shape[0] = shape[0].max(3);
+            }
+            let numel = shape.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s));
+            let mut canonical = strides.clone();
+            let mut row_major = 1usize;
+            for (stride, &size) in canonical.iter_mut().zip(&shape).rev() {
+                if numel == Some(0) || size == 1 {
+                    *stride = row_major;
+                }
+                row_major = row_major.saturating_mul(size);
+            }
+            let span = match numel {
+                None => None,
+                Some(0) => Some(0),
+                Some(_) => shape
+                    .iter()
+                    .zip(&canonical)
+                    .try_fold(offset, |last, (&size, &stride)| (size - 1).checked_mul(stride).and_then(|s| last.checked_add(s)))
+                    .and_then(|last| last.checked_add(1)),
+            };
+            match Layout::new(&shape, &strides, offset) {
+                Ok(layout) => {
+                    proptest::prop_assert!(span.is_some(), "{:?} {:?}", shape, strides);
+                    proptest::prop_assert_eq!(layout.strides(), canonical.as_slice());
+                    proptest::prop_assert_eq!(layout.shape(), shape.as_slice());
+                }
+                Err(error) => {
+                    proptest::prop_assert!(span.is_none(), "{:?} {:?}: {}", shape, strides, error);
+                }
+            }
         }
     }
 
