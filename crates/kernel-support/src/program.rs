@@ -340,13 +340,15 @@ pub fn run_emulated(
         let Op::Reduce { count: Some(count), .. } = step.op else { continue };
         let Op::Param { input } = program.steps()[count.0 as usize].op else { continue };
         if let RowArg::Scalar(c) = args[input]
-            && !(c >= 1.0 && c <= binding.width as f64 && c.fract() == 0.0)
+            && binding.count(c).is_none()
         {
-            return Err(invalid(format!(
-                "row program `{}`, %{index}: reduction count {c} is not an integer in 1..={}",
-                program.name(),
-                binding.width
-            )));
+            let error = ir_ops::row_program::RunError::Count {
+                program: program.name().to_owned(),
+                step: ValueId(index as u32),
+                count: c,
+                width: binding.width,
+            };
+            return Err(invalid(error.to_string()));
         }
     }
     let built = EmuProgram::build(dialect, &[], &format!("{ROW_PROGRAM_HEADERS}{source}"))

@@ -25,7 +25,8 @@
 use ir_core::storage::CpuBuffer;
 use ir_core::{DType, KernelError, Tensor};
 use ir_ops::row_program::{
-    BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, Schedule, UnaryOp, ValueId,
+    BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, RunError, Schedule, UnaryOp,
+    ValueId,
 };
 use kernel_support::Rows;
 use rayon::prelude::*;
@@ -172,6 +173,14 @@ struct Run<'a> {
     sources: &'a [Source<'a>],
 }
 
+/// What a task's rows reuse: each step's row value, whether it is computed in the current row, and
+/// the accumulators of the current pass.
+struct RowState {
+    values: Vec<f64>,
+    computed: Vec<bool>,
+    accumulators: Vec<(usize, Accumulator)>,
+}
+
 /// A reduction's running state in one row.
 #[derive(Clone, Copy)]
 struct Accumulator {
@@ -194,12 +203,18 @@ impl Run<'_> {
     #[inline(always)]
     fn rows(&self, rows: std::ops::Range<usize>, sinks: &mut [&mut [u8]]) -> Result<(), KernelError> {
         let steps = self.program.steps().len();
-        let mut values = vec![0f64; steps];
+        // Per row, reset by `row`: each step's row value, whether it is computed, and the
+        // accumulators of the pass's reductions.
+        let mut state = RowState {
+            values: vec![0f64; steps],
+            computed: vec![false; steps],
+            accumulators: Vec::with_capacity(self.plan.reductions.iter().map(Vec::len).max().unwrap_or(0)),
+        };
         // Every chunk value a step reads was written by the step before in the same chunk.
         crate::rows::with_scratch(steps * CHUNK, |chunks: &mut [f32]| {
             for (local, row) in rows.enumerate() {
-                if !self.row(row, false, chunks, &mut values, sinks, local)? {
-                    self.row(row, true, chunks, &mut values, sinks, local)?;
+                if !self.row(row, false, chunks, &mut state, sinks, local)? {
+                    self.row(row, true, chunks, &mut state, sinks, local)?;
                 }
             }
             Ok(())
@@ -214,32 +229,33 @@ impl Run<'_> {
         row: usize,
         exact: bool,
         chunks: &mut [f32],
-        values: &mut [f64],
+        state: &mut RowState,
         sinks: &mut [&mut [u8]],
         local: usize,
     ) -> Result<bool, KernelError> {
         let (program, plan, width) = (self.program, self.plan, self.binding.width);
         let steps = program.steps();
         let passes = plan.elements.len();
-        let mut computed = vec![false; steps.len()];
+        let RowState { values, computed, accumulators } = state;
+        computed.fill(false);
         for pass in 0..passes {
-            self.row_values(pass, values, &mut computed);
-            let mut accumulators: Vec<(usize, Accumulator)> = Vec::with_capacity(plan.reductions[pass].len());
+            self.row_values(pass, values, computed);
+            accumulators.clear();
             for &index in &plan.reductions[pass] {
                 let Op::Reduce { count, .. } = steps[index].op else { unreachable!("reductions are listed") };
                 let n = match count {
                     None => width,
                     Some(count) => {
                         let c = values[count.0 as usize];
-                        if !(c >= 1.0 && c <= width as f64 && c.fract() == 0.0) {
-                            return Err(KernelError::InvalidArguments {
-                                reason: format!(
-                                    "row program `{}`, %{index}: reduction count {c} is not an integer in 1..={width}",
-                                    program.name()
-                                ),
-                            });
-                        }
-                        c as usize
+                        self.binding.count(c).ok_or_else(|| {
+                            let error = RunError::Count {
+                                program: program.name().to_owned(),
+                                step: ValueId(index as u32),
+                                count: c,
+                                width,
+                            };
+                            KernelError::InvalidArguments { reason: error.to_string() }
+                        })?
                     }
                 };
                 accumulators.push((
@@ -260,7 +276,7 @@ impl Run<'_> {
                 for &index in &plan.elements[pass] {
                     self.element_step(index, row, start, len, chunks, values);
                 }
-                for (index, accumulator) in &mut accumulators {
+                for (index, accumulator) in accumulators.iter_mut() {
                     let Op::Reduce { op, x, .. } = steps[*index].op else { unreachable!("reductions are listed") };
                     let x = &chunks[x.0 as usize * CHUNK..][..len];
                     accumulate(op, accumulator, start, x, exact);
@@ -269,7 +285,7 @@ impl Run<'_> {
                     self.store_elements(start, len, chunks, sinks, local);
                 }
             }
-            for (index, accumulator) in accumulators {
+            for &(index, accumulator) in accumulators.iter() {
                 let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
                 let value = finish(op, accumulator, exact);
                 if !exact && !value.is_finite() && op != ReduceOp::MaxAbs {
@@ -279,7 +295,7 @@ impl Run<'_> {
                 computed[index] = true;
             }
         }
-        self.row_values(passes, values, &mut computed);
+        self.row_values(passes, values, computed);
         for (output, sink) in program.outputs().iter().zip(sinks.iter_mut()) {
             if steps[output.value.0 as usize].extent == Extent::Row {
                 let dtype = self.binding.output_dtype(output.dtype);

@@ -56,6 +56,12 @@ impl Binding {
         }
     }
 
+    /// A reduction's count as the number of leading elements it reduces: `Some` for an integer in
+    /// `1..=W`, the only counts every executor accepts.
+    pub fn count(&self, count: f64) -> Option<usize> {
+        (count >= 1.0 && count <= self.width as f64 && count.fract() == 0.0).then_some(count as usize)
+    }
+
     /// An output's dtype.
     pub fn output_dtype(&self, dtype: OutDType) -> DType {
         match dtype {
@@ -213,15 +219,12 @@ impl RowProgram {
                             None => width,
                             Some(count) => {
                                 let Val::Row(c) = vals[count.0 as usize] else { unreachable!("counts are row values") };
-                                if !(c >= 1.0 && c <= width as f64 && c.fract() == 0.0) {
-                                    return Err(RunError::Count {
-                                        program: self.name.clone(),
-                                        step: ValueId(index as u32),
-                                        count: c,
-                                        width,
-                                    });
-                                }
-                                c as usize
+                                binding.count(c).ok_or_else(|| RunError::Count {
+                                    program: self.name.clone(),
+                                    step: ValueId(index as u32),
+                                    count: c,
+                                    width,
+                                })?
                             }
                         };
                         Val::Row(round(step.precision, reduce(op, &elements[..n])))
