@@ -284,12 +284,19 @@ fn layer_norm_runs_its_program_on_the_cpu_provider() {
         let metas =
             [ArgMeta::Tensor(x.meta()), ArgMeta::Tensor(w.meta()), ArgMeta::Tensor(b.meta()), ArgMeta::F64(1e-5)];
         assert_eq!(registry.select("layer_norm", &metas).unwrap().provider, crate::PROVIDER, "{dtype}");
-        for (weight, bias) in [(Some(&w), Some(&b)), (None, None), (Some(&w), None)] {
-            let ours = ir_ops::layer_norm::layer_norm(&registry, &x, weight, bias, 1e-5).unwrap();
-            let native = ir_ops::layer_norm::native(&x, weight, bias, 1e-5).unwrap();
-            let tolerance = ir_core::op::tolerance(&ir_ops::layer_norm::LAYER_NORM, dtype).unwrap();
-            ir_core::allclose(&ours, &native, tolerance.atol, tolerance.rtol)
-                .unwrap_or_else(|error| panic!("{dtype} weight {} bias {}: {error}", weight.is_some(), bias.is_some()));
+        // Every layout the op accepts: a column slice, and a transposed view (its last dimension
+        // strided), whose output is compact as the op declares.
+        let transposed = rng.normal(dtype, &[200, 6], 0.5, 1.0).unwrap().transpose(0, 1).unwrap();
+        for x in [&x, &transposed] {
+            for (weight, bias) in [(Some(&w), Some(&b)), (None, None), (Some(&w), None)] {
+                let ours = ir_ops::layer_norm::layer_norm(&registry, x, weight, bias, 1e-5).unwrap();
+                let native = ir_ops::layer_norm::native(x, weight, bias, 1e-5).unwrap();
+                assert_eq!(ours.meta(), native.meta(), "{dtype}: the declared metadata");
+                let tolerance = ir_core::op::tolerance(&ir_ops::layer_norm::LAYER_NORM, dtype).unwrap();
+                ir_core::allclose(&ours, &native, tolerance.atol, tolerance.rtol).unwrap_or_else(|error| {
+                    panic!("{dtype} {:?} weight {} bias {}: {error}", x.strides(), weight.is_some(), bias.is_some())
+                });
+            }
         }
     }
 }
