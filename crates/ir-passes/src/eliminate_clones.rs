@@ -672,10 +672,17 @@ fn view_writer(graph: &Graph, edits: &Edits, node: NodeId) -> Option<(NodeId, us
     read_once.then_some((writer, index))
 }
 
+/// Whether `writer` takes, besides `copy`, a tensor argument of storage class `class`.
+fn writer_reads_class(graph: &Graph, classes: &mut Classes, writer: NodeId, copy: ValueId, class: ValueId) -> bool {
+    let NodeKind::ImplCall { args, .. } = &graph.node(writer).kind else { return false };
+    args.iter().any(|arg| matches!(arg, ir_graph::Arg::Tensor(v) if *v != copy && classes.find(*v) == class))
+}
+
 /// The view-write rule: a copy that changes the layout, written by an in-place kernel whose
 /// provider takes the original's layout, is removed when the kernel can write the original where
 /// it is. Besides the rules every written copy obeys (one writer, not a non-donated input, graph
-/// outputs kept apart), it is judged element by element: no value of the original's storage that
+/// outputs kept apart, no other argument of the writer in the original's storage, which the kernel
+/// then could not own), it is judged element by element: no value of the original's storage that
 /// shares an element with the original is read at or after the write or written while the copy is
 /// read ([`ir_core::Layout::disjoint_from`]: q and k as column slices of one `qkv` buffer are
 /// apart), and the kernel's result takes the original's layout, which every reader of it must
@@ -701,6 +708,11 @@ fn decide_view_write(
         Some(KeepReason::OriginalUsedAfterWrite)
     } else if is_non_donated_input(graph, original_class) {
         Some(KeepReason::NonDonatedInput)
+    } else if writer_reads_class(graph, classes, writer, copy, original_class) {
+        // A kernel owns what it writes (the interpreter and every executor hand it the storage
+        // uniquely): another argument of the writer in the original's storage keeps the copy,
+        // even where their elements are apart (sibling column slices of one buffer).
+        Some(KeepReason::AliasedWriterArgument)
     } else if !retypes_cleanly(graph, cx, edits, writer, index, copy, original) {
         Some(KeepReason::LayoutChange)
     } else {
