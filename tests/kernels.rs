@@ -1787,3 +1787,83 @@ fn device_copies_allocate_their_outputs_without_zeroing() {
         assert!(bit_eq(&got.to_cpu().unwrap(), &expected), "{what}: {:?}", got.to_f64_vec());
     }
 }
+
+/// `layer_norm` on every emulated GPU (and a real one where there is one): its row program as a
+/// kernel generated for the call's dtypes, chosen for rows of a unit last stride, within the op's
+/// tolerance of the native (the program on the reference interpreter), its output on the device
+/// with the declared metadata; a layout the generated kernel does not take (a transposed view) is
+/// compacted on the device for it.
+#[test]
+fn layer_norm_runs_as_a_generated_kernel_on_every_gpu_backend() {
+    type Register = fn(&ir_core::Registry) -> Result<(), ir_core::RegistryError>;
+    let generated: [(&str, Register); 6] = [
+        (kernels_xpu::PROVIDER, kernels_xpu::register_layer_norm),
+        (kernels_cuda::PROVIDER, kernels_cuda::register_layer_norm),
+        (kernels_cuda::emu::PROVIDER, kernels_cuda::emu::register_layer_norm),
+        (kernels_rocm::PROVIDER, kernels_rocm::register_layer_norm),
+        (kernels_rocm::emu::PROVIDER, kernels_rocm::emu::register_layer_norm),
+        (kernels_rocm::emu::PROVIDER_WAVE32, kernels_rocm::emu::register_layer_norm_wave32),
+    ];
+    let mut ran = 0;
+    for backend in backends() {
+        let Some(&(provider, register)) = generated.iter().find(|(p, _)| *p == backend.provider) else { continue };
+        ran += 1;
+        let registry = &backend.registry;
+        ir_ops::layer_norm::define(registry).unwrap();
+        register(registry).unwrap();
+        let _priorities = registry.override_priority("layer_norm", &[provider, "native"]).unwrap();
+        let mut rng = ir_core::testing::InputRng::new(43);
+        for (d, dtype) in backend.element_dtypes().into_iter().enumerate() {
+            let tolerance = tolerance(&ir_ops::layer_norm::LAYER_NORM, dtype).unwrap();
+            // A column slice of a wider buffer (rows of one stride), 3 rows of 300 (more than a
+            // block's 256 threads, so threads take two columns).
+            let wide = rng.normal(dtype, &[3, 320], 0.5, 1.0).unwrap();
+            let x_host = wide.narrow(1, 7, 300).unwrap();
+            let w_host = rng.normal(dtype, &[300], 1.0, 0.1).unwrap();
+            let b_host = rng.normal(dtype, &[300], 0.0, 0.1).unwrap();
+            let transposed_host = rng.normal(dtype, &[300, 3], 0.5, 1.0).unwrap().transpose(0, 1).unwrap();
+            let up = |t: &Tensor| backend.upload(t).unwrap();
+            let (x, w, b, transposed) = (up(&x_host), up(&w_host), up(&b_host), up(&transposed_host));
+            for (x, x_host, compacted) in [(&x, &x_host, vec![]), (&transposed, &transposed_host, vec![0])] {
+                let metas = [
+                    ArgMeta::Tensor(x.meta()),
+                    ArgMeta::Tensor(w.meta()),
+                    ArgMeta::Tensor(b.meta()),
+                    ArgMeta::F64(1e-5),
+                ];
+                let selection = registry.select("layer_norm", &metas).unwrap();
+                assert_eq!(selection.provider, provider, "{provider} {dtype}");
+                assert_eq!(selection.compacted, compacted, "{provider} {dtype}");
+                // Each form is a kernel of its own (built for the CPU on an emulated device): all
+                // three in the first dtype, the weight and bias form in the others.
+                let forms = [
+                    (Some(&w), Some(&b), Some(&w_host), Some(&b_host)),
+                    (None, None, None, None),
+                    (Some(&w), None, Some(&w_host), None),
+                ];
+                for (weight, bias, weight_host, bias_host) in forms.into_iter().take(if d == 0 { 3 } else { 1 }) {
+                    let ours = ir_ops::layer_norm::layer_norm(registry, x, weight, bias, 1e-5).unwrap();
+                    assert!(
+                        matches!(ours.storage(), ir_core::storage::Storage::Device(_)),
+                        "{provider}: on the device"
+                    );
+                    let native = ir_ops::layer_norm::native(x_host, weight_host, bias_host, 1e-5).unwrap();
+                    assert_eq!(ours.shape(), native.shape());
+                    assert_eq!(ours.layout(), native.layout(), "{provider} {dtype}: compact, as declared");
+                    allclose(&ours.to_cpu().unwrap(), &native, tolerance.atol, tolerance.rtol).unwrap_or_else(
+                        |error| {
+                            panic!(
+                                "{provider} {dtype} {x:?} weight {} bias {}: {error}",
+                                weight.is_some(),
+                                bias.is_some()
+                            )
+                        },
+                    );
+                }
+            }
+        }
+    }
+    if ran == 0 {
+        ir_core::testing::skip("device", "no GPU backend here: layer_norm's generated kernel not run");
+    }
+}

@@ -602,8 +602,10 @@ fn text_of(message: &[c_char]) -> String {
 
 mod buffer;
 mod memory;
+mod row_program;
 pub use buffer::{EmuAllocator, EmuBuffer, EmuDevice};
 pub use memory::{ALIGN, EmuMemory, launch};
+pub use row_program::run_row_program;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -5,8 +5,10 @@
 //! family's scalar packing and table entries, the norm + quantization and rotary registration
 //! helpers, the strided-copy pieces and kernel tables) and access to a device provider's own
 //! buffers behind a tensor. With feature `emu`, module `emu` executes the CUDA/HIP kernel source
-//! on the CPU (for tests). Module `program` generates CUDA/HIP source from a row program
-//! (`ir_ops::row_program`) and, with `emu`, runs it on the emulated GPU.
+//! on the CPU (for tests). Module `program` generates CUDA/HIP and OpenCL C source from a row
+//! program (`ir_ops::row_program`), with the caches of compiled generated kernels; `gpu` launches
+//! them (`gpu::run_row_program`), and with `emu`, `emu::run_row_program` runs one on the emulated
+//! GPU without a backend.
 //!
 //! Every item is at the crate root; the modules behind it hold one concern each (`support`,
 //! `rows`, `geometry`, `gated`, `quant`, `rotary`, `copy`, `args`).

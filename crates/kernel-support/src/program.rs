@@ -20,6 +20,11 @@
 
 use std::fmt::Write as _;
 
+mod cache;
+#[cfg(test)]
+mod tests;
+pub use cache::DiskCache;
+
 use ir_core::DType;
 use ir_ops::row_program::{
     BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowProgram, UnaryOp, ValueId,
@@ -42,9 +47,9 @@ pub const ROW_PROGRAM_HEADERS: &str = concat!(
 /// The name of a generated kernel.
 pub const ROW_PROGRAM_KERNEL: &str = "row_program";
 
-/// What every generated kernel uses beyond the shared headers: erfc in the compute type, and IEEE
-/// 754-2019 `minimumNumber`/`maximumNumber` (`-0` below `+0`, a NaN operand gives the other), the
-/// rule of [`BinaryOp::Min`] and [`BinaryOp::Max`].
+/// What every generated CUDA/HIP kernel uses beyond the shared headers: erfc in the compute type,
+/// and IEEE 754-2019 `minimumNumber`/`maximumNumber` (`-0` below `+0`, a NaN operand gives the
+/// other), the rule of [`BinaryOp::Min`] and [`BinaryOp::Max`].
 const PRELUDE: &str = r#"__device__ __forceinline__ float rp_erfc(float a) { return erfcf(a); }
 __device__ __forceinline__ double rp_erfc(double a) { return erfc(a); }
 template <typename C>
@@ -52,6 +57,51 @@ __device__ __forceinline__ C rp_min(C a, C b) { return (a < b || (a == b && sign
 template <typename C>
 __device__ __forceinline__ C rp_max(C a, C b) { return (a > b || (a == b && signbit(b)) || b != b) ? a : b; }
 "#;
+
+/// What every generated OpenCL C kernel uses beyond `element.cl`'s helpers (compiled without a
+/// `DTYPE`): double (row values are double), no contraction of a multiply and an add, loads and
+/// roundings per element type and source type (`_f` float, `_d` double; OpenCL C has no
+/// overloading), `minimumNumber`/`maximumNumber`, and the work-group trees of the reductions.
+const OPENCL_PRELUDE: &str = r#"#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#pragma OPENCL FP_CONTRACT OFF
+#define RP_GROUP 256
+inline float rp_f16_round_f(float v) { return round_to_f16(v); }
+inline double rp_f16_round_d(double v) { ushort b; vstore_half_rte(v, 0, (__private half*)&b); return (double)vload_half(0, (__private const half*)&b); }
+inline float rp_bf16_round_f(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+inline double rp_bf16_round_d(double v) { return (double)bf16_to_f32(f32_to_bf16(f32_round_to_odd(v))); }
+inline float rp_f32_round_f(float v) { return v; }
+inline double rp_f32_round_d(double v) { return (double)(float)v; }
+inline float rp_f64_round_f(float v) { return v; }
+inline double rp_f64_round_d(double v) { return v; }
+inline float rp_min_f(float a, float b) { return (a < b || (a == b && signbit(a)) || b != b) ? a : b; }
+inline double rp_min_d(double a, double b) { return (a < b || (a == b && signbit(a)) || b != b) ? a : b; }
+inline float rp_max_f(float a, float b) { return (a > b || (a == b && signbit(b)) || b != b) ? a : b; }
+inline double rp_max_d(double a, double b) { return (a > b || (a == b && signbit(b)) || b != b) ? a : b; }
+inline float rp_narrow_f(float v) { return v; }
+inline float rp_narrow_d(double v) { return f32_round_to_odd(v); }
+#define RP_BLOCK_REDUCE(NAME, T, COMBINE) \
+    inline T NAME(T value, __local T* scratch) { \
+        int id = get_local_id(0); \
+        scratch[id] = value; \
+        barrier(CLK_LOCAL_MEM_FENCE); \
+        for (int width = RP_GROUP / 2; width > 0; width >>= 1) { \
+            if (id < width) scratch[id] = COMBINE(scratch[id], scratch[id + width]); \
+            barrier(CLK_LOCAL_MEM_FENCE); \
+        } \
+        T total = scratch[0]; \
+        barrier(CLK_LOCAL_MEM_FENCE); \
+        return total; \
+    }
+#define RP_ADD(a, b) ((a) + (b))
+RP_BLOCK_REDUCE(rp_block_sum_f, float, RP_ADD)
+RP_BLOCK_REDUCE(rp_block_sum_d, double, RP_ADD)
+RP_BLOCK_REDUCE(rp_block_max_f, float, fmax)
+RP_BLOCK_REDUCE(rp_block_max_d, double, fmax)
+"#;
+
+/// The OpenCL C helpers a generated kernel is compiled after: `element.cl`'s conversions (f16, bf16,
+/// fp8, rounding to odd), without a `DTYPE`.
+pub const OPENCL_HEADERS: &str = include_str!("../kernels/xpu/element.cl");
 
 /// Why a program has no GPU source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,32 +131,262 @@ fn elem_code(dtype: DType) -> Option<u32> {
     }
 }
 
-/// A generated kernel's parameters, in order: `long long n_rows, int width`, then per input an
-/// activation's `(const T* in, long long offset, long long row_stride)`, a weight's or a scalar
-/// tensor's `(const T* in, long long offset)`, a scalar's `double`; then per output its `T* out`
-/// (`unsigned char*` for fp8), compact.
+/// The source language a kernel is generated in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    /// CUDA and HIP (one source, `kernels/gpu`'s headers).
+    CudaHip,
+    /// OpenCL C 1.2 with `cl_khr_fp64`.
+    OpenCl,
+}
+
+/// A C type of a value in generated code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ty {
+    Float,
+    Double,
+}
+
+impl Ty {
+    fn name(self) -> &'static str {
+        match self {
+            Ty::Float => "float",
+            Ty::Double => "double",
+        }
+    }
+
+    /// The suffix of an OpenCL helper taking this type.
+    fn suffix(self) -> &'static str {
+        match self {
+            Ty::Float => "f",
+            Ty::Double => "d",
+        }
+    }
+}
+
+/// The pieces of source that differ between targets.
+struct Syntax {
+    target: Target,
+}
+
+impl Syntax {
+    fn dtype_name(dtype: DType) -> &'static str {
+        match dtype {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            _ => "f64",
+        }
+    }
+
+    /// The pointer type of a buffer of `dtype` (`constant` for an input).
+    fn pointer(&self, dtype: DType, input: bool) -> String {
+        let c = if input { "const " } else { "" };
+        match self.target {
+            Target::CudaHip if dtype.fp8_max().is_some() => format!("{c}unsigned char*"),
+            Target::CudaHip => format!("{c}typename Elem<{}>::T*", elem_code(dtype).unwrap_or(0)),
+            Target::OpenCl => {
+                let element = match dtype {
+                    DType::F32 => "float",
+                    DType::F16 => "half",
+                    DType::BF16 => "ushort",
+                    DType::F64 => "double",
+                    _ => "uchar",
+                };
+                format!("__global {c}{element}*")
+            }
+        }
+    }
+
+    /// A buffer parameter: the pointer, and on OpenCL its element offset.
+    fn buffer_params(&self, name: &str, dtype: DType, input: bool, params: &mut Vec<String>) {
+        params.push(format!("{} {name}", self.pointer(dtype, input)));
+        if self.target == Target::OpenCl {
+            params.push(format!("long {name}_off"));
+        }
+    }
+
+    /// The element `index` of buffer `name` of `dtype`, as a float (a double for f64).
+    fn load(&self, name: &str, dtype: DType, index: &str) -> String {
+        match self.target {
+            Target::CudaHip => format!("Elem<{}>::load({name}[{index}])", elem_code(dtype).unwrap_or(0)),
+            Target::OpenCl => {
+                let at = format!("{name}_off + {index}");
+                match dtype {
+                    DType::F16 => format!("vload_half({at}, {name})"),
+                    DType::BF16 => format!("bf16_to_f32({name}[{at}])"),
+                    _ => format!("{name}[{at}]"),
+                }
+            }
+        }
+    }
+
+    /// A statement storing `value` (of type `ty`) as element `index` of output `name` of `dtype`.
+    fn store(&self, name: &str, dtype: DType, index: &str, value: &str, ty: Ty) -> String {
+        match (self.target, dtype) {
+            (Target::CudaHip, DType::F8E4M3FN | DType::F8E5M2) => {
+                let narrow = match ty {
+                    Ty::Float => format!("({value})"),
+                    Ty::Double => format!("f32_round_to_odd({value})"),
+                };
+                let f = if dtype == DType::F8E4M3FN { "fp8_e4m3" } else { "fp8_e5m2" };
+                format!("{name}[{index}] = {f}({narrow});")
+            }
+            (Target::CudaHip, _) => {
+                format!("{name}[{index}] = Elem<{}>::store({value});", elem_code(dtype).unwrap_or(0))
+            }
+            (Target::OpenCl, _) => {
+                let at = format!("{name}_off + {index}");
+                let narrow = format!("rp_narrow_{}({value})", ty.suffix());
+                match dtype {
+                    DType::F8E4M3FN => format!("{name}[{at}] = fp8_from_f32({narrow}, 3, 7, 448.0f);"),
+                    DType::F8E5M2 => format!("{name}[{at}] = fp8_from_f32({narrow}, 2, 15, 57344.0f);"),
+                    DType::F16 => format!("vstore_half_rte({value}, {at}, {name});"),
+                    DType::BF16 => format!("{name}[{at}] = f32_to_bf16({narrow});"),
+                    DType::F32 => format!("{name}[{at}] = (float)({value});"),
+                    _ => format!("{name}[{at}] = {value};"),
+                }
+            }
+        }
+    }
+
+    /// `value` (of type `ty`) rounded to `dtype` and back.
+    fn round(&self, dtype: DType, value: &str, ty: Ty) -> String {
+        match self.target {
+            Target::CudaHip => format!("round_elem<{}>({value})", elem_code(dtype).unwrap_or(0)),
+            Target::OpenCl => format!("rp_{}_round_{}({value})", Self::dtype_name(dtype), ty.suffix()),
+        }
+    }
+
+    fn unary(&self, op: UnaryOp, a: String, ty: Ty) -> String {
+        let t = ty.name();
+        match (self.target, op) {
+            (_, UnaryOp::Neg) => format!("(-({a}))"),
+            (_, UnaryOp::Relu) => format!("(({a}) < ({t})0 ? ({t})0 : ({a}))"),
+            (_, UnaryOp::Round) => a,
+            (Target::CudaHip, UnaryOp::Abs) => format!("c_fabs({a})"),
+            (Target::CudaHip, UnaryOp::Exp) => format!("c_exp({a})"),
+            (Target::CudaHip, UnaryOp::Tanh) => format!("c_tanh({a})"),
+            (Target::CudaHip, UnaryOp::Erf) => format!("c_erf({a})"),
+            (Target::CudaHip, UnaryOp::Erfc) => format!("rp_erfc({a})"),
+            (Target::CudaHip, UnaryOp::Sigmoid) => format!("c_div(({t})1, c_add(({t})1, c_exp(-({a}))))"),
+            (Target::CudaHip, UnaryOp::Sqrt) => format!("c_sqrt({a})"),
+            (Target::CudaHip, UnaryOp::Recip) => format!("c_div(({t})1, {a})"),
+            (Target::OpenCl, UnaryOp::Abs) => format!("fabs({a})"),
+            (Target::OpenCl, UnaryOp::Exp) => format!("exp({a})"),
+            (Target::OpenCl, UnaryOp::Tanh) => format!("tanh({a})"),
+            (Target::OpenCl, UnaryOp::Erf) => format!("erf({a})"),
+            (Target::OpenCl, UnaryOp::Erfc) => format!("erfc({a})"),
+            (Target::OpenCl, UnaryOp::Sigmoid) => format!("(({t})1 / (({t})1 + exp(-({a}))))"),
+            (Target::OpenCl, UnaryOp::Sqrt) => format!("sqrt({a})"),
+            (Target::OpenCl, UnaryOp::Recip) => format!("(({t})1 / ({a}))"),
+        }
+    }
+
+    fn binary(&self, op: BinaryOp, a: String, b: String, ty: Ty) -> String {
+        match (self.target, op) {
+            (Target::CudaHip, BinaryOp::Add) => format!("c_add({a}, {b})"),
+            (Target::CudaHip, BinaryOp::Sub) => format!("c_sub({a}, {b})"),
+            (Target::CudaHip, BinaryOp::Mul) => format!("c_mul({a}, {b})"),
+            (Target::CudaHip, BinaryOp::Div) => format!("c_div({a}, {b})"),
+            (Target::CudaHip, BinaryOp::Min) => format!("rp_min({a}, {b})"),
+            (Target::CudaHip, BinaryOp::Max) => format!("rp_max({a}, {b})"),
+            (Target::OpenCl, BinaryOp::Add) => format!("(({a}) + ({b}))"),
+            (Target::OpenCl, BinaryOp::Sub) => format!("(({a}) - ({b}))"),
+            (Target::OpenCl, BinaryOp::Mul) => format!("(({a}) * ({b}))"),
+            (Target::OpenCl, BinaryOp::Div) => format!("(({a}) / ({b}))"),
+            (Target::OpenCl, BinaryOp::Min) => format!("rp_min_{}({a}, {b})", ty.suffix()),
+            (Target::OpenCl, BinaryOp::Max) => format!("rp_max_{}({a}, {b})", ty.suffix()),
+        }
+    }
+
+    /// A reduction's step: `acc` combined with the element value `e` (of type `ty`).
+    fn accumulate(&self, op: ReduceOp, acc: &str, e: &str) -> String {
+        match (self.target, op) {
+            (Target::CudaHip, ReduceOp::Sum) => format!("c_add({acc}, (double){e})"),
+            (Target::CudaHip, ReduceOp::SumSquares) => format!("c_add({acc}, c_mul({e}, {e}))"),
+            (Target::CudaHip, ReduceOp::MaxAbs) => format!("c_fmax({acc}, c_fabs({e}))"),
+            (Target::OpenCl, ReduceOp::Sum) => format!("{acc} + (double){e}"),
+            (Target::OpenCl, ReduceOp::SumSquares) => format!("{acc} + {e} * {e}"),
+            (Target::OpenCl, ReduceOp::MaxAbs) => format!("fmax({acc}, fabs({e}))"),
+        }
+    }
+
+    /// The block's combination of the partials `acc` (of type `ty`) of a reduction.
+    fn combine(&self, op: ReduceOp, acc: &str, ty: Ty) -> String {
+        let scratch = if ty == Ty::Double { "scratch_d" } else { "scratch" };
+        match (self.target, op) {
+            (Target::CudaHip, ReduceOp::MaxAbs) => format!("block_max<{ROW_BLOCK}>({acc}, {scratch})"),
+            (Target::CudaHip, _) => format!("block_sum<{ROW_BLOCK}>({acc}, {scratch})"),
+            (Target::OpenCl, ReduceOp::MaxAbs) => format!("rp_block_max_{}({acc}, {scratch})", ty.suffix()),
+            (Target::OpenCl, _) => format!("rp_block_sum_{}({acc}, {scratch})", ty.suffix()),
+        }
+    }
+
+    fn long(&self) -> &'static str {
+        match self.target {
+            Target::CudaHip => "long long",
+            Target::OpenCl => "long",
+        }
+    }
+
+    fn thread(&self) -> &'static str {
+        match self.target {
+            Target::CudaHip => "threadIdx.x",
+            Target::OpenCl => "get_local_id(0)",
+        }
+    }
+}
+
+/// The CUDA/HIP kernel of `program` for a call bound as `binding`. Its parameters, in order:
+/// `long long n_rows, int width`, then per input an activation's `(const T* in, long long
+/// row_stride)`, a weight's or a scalar tensor's `(const T* in)`, a scalar's `double`; then per
+/// output its `T* out` (`unsigned char*` for fp8), compact. Each buffer is passed at its tensor's
+/// first element (the [`gpu`](crate::gpu) module's convention: an element address on CUDA and
+/// HIP).
 ///
 /// Returns the source (the generated part only: compile it after [`ROW_PROGRAM_HEADERS`]).
 pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Unsupported> {
+    generate(program, binding, Target::CudaHip)
+}
+
+/// The OpenCL C 1.2 kernel of `program` for a call bound as `binding` (it needs `cl_khr_fp64`:
+/// row values are double): the parameters of [`gpu_source`]'s kernel, each buffer followed by its
+/// `long` element offset (the [`gpu`](crate::gpu) module's convention on OpenCL), `long` for
+/// `long long`. Arithmetic is exact IEEE where the CUDA source's is (no contraction; build with
+/// `-cl-fp32-correctly-rounded-divide-sqrt`); exp, tanh, erf and erfc are the device's (within
+/// the op's tolerance). Returns the generated part: compile it after [`OPENCL_HEADERS`].
+pub fn opencl_source(program: &RowProgram, binding: &Binding) -> Result<String, Unsupported> {
+    generate(program, binding, Target::OpenCl)
+}
+
+fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<String, Unsupported> {
     let unsupported = |reason: String| Unsupported { program: program.name().to_owned(), reason };
-    let c = match binding.compute {
-        DType::F64 => "double",
-        _ => "float",
+    let syntax = Syntax { target };
+    let long = syntax.long();
+    let c_ty = match binding.compute {
+        DType::F64 => Ty::Double,
+        _ => Ty::Float,
     };
-    let code = |dtype: DType| elem_code(dtype).ok_or_else(|| unsupported(format!("no element type for {dtype}")));
-    let input_code = |input: usize| code(binding.dtypes[input].unwrap_or(binding.compute));
+    let c = c_ty.name();
+    let dtype_of = |dtype: DType| -> Result<DType, Unsupported> {
+        elem_code(dtype).map(|_| dtype).ok_or_else(|| unsupported(format!("no element type for {dtype}")))
+    };
+    let input_dtype = |input: usize| dtype_of(binding.dtypes[input].unwrap_or(binding.compute));
     let steps = program.steps();
-    // The rounding of a value of C type `ty` to `precision`.
+    // The rounding of a value to `precision`: a row value (or a value computed in double) is
+    // double, an element value the compute type.
     let round = |expr: String, precision: Precision, row: bool| -> Result<String, Unsupported> {
+        let ty = if row { Ty::Double } else { c_ty };
         Ok(match precision {
             Precision::Wide => expr,
-            Precision::Compute if row && c == "float" => format!("(double)(float)({expr})"),
+            Precision::Compute if row && c_ty == Ty::Float => format!("(double)(float)({expr})"),
             Precision::Compute => expr,
-            Precision::Like(input) => format!("round_elem<{}>({expr})", input_code(input)?),
+            Precision::Like(input) => syntax.round(input_dtype(input)?, &expr, ty),
             Precision::Dtype(dtype) if dtype.fp8_max().is_some() => {
                 return Err(unsupported(format!("a step rounds to {dtype}, which only a store may")));
             }
-            Precision::Dtype(dtype) => format!("round_elem<{}>({expr})", code(dtype)?),
+            Precision::Dtype(dtype) => syntax.round(dtype_of(dtype)?, &expr, ty),
         })
     };
     let value = |v: ValueId, element: bool| match (steps[v.0 as usize].extent, element) {
@@ -114,61 +394,46 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
         (Extent::Row, true) => format!("(({c})r{})", v.0),
         (Extent::Row, false) => format!("r{}", v.0),
     };
-    let unary = |op: UnaryOp, a: String, ty: &str| match op {
-        UnaryOp::Neg => format!("(-({a}))"),
-        UnaryOp::Abs => format!("c_fabs({a})"),
-        UnaryOp::Exp => format!("c_exp({a})"),
-        UnaryOp::Tanh => format!("c_tanh({a})"),
-        UnaryOp::Erf => format!("c_erf({a})"),
-        UnaryOp::Erfc => format!("rp_erfc({a})"),
-        UnaryOp::Sigmoid => format!("c_div(({ty})1, c_add(({ty})1, c_exp(-({a}))))"),
-        UnaryOp::Sqrt => format!("c_sqrt({a})"),
-        UnaryOp::Recip => format!("c_div(({ty})1, {a})"),
-        UnaryOp::Relu => format!("(({a}) < ({ty})0 ? ({ty})0 : ({a}))"),
-        UnaryOp::Round => a,
-    };
-    let binary = |op: BinaryOp, a: String, b: String| match op {
-        BinaryOp::Add => format!("c_add({a}, {b})"),
-        BinaryOp::Sub => format!("c_sub({a}, {b})"),
-        BinaryOp::Mul => format!("c_mul({a}, {b})"),
-        BinaryOp::Div => format!("c_div({a}, {b})"),
-        BinaryOp::Min => format!("rp_min({a}, {b})"),
-        BinaryOp::Max => format!("rp_max({a}, {b})"),
-    };
 
     let mut src = String::new();
     let _ = writeln!(src, "// Generated from row program `{}` ({:016x}).", program.name(), program.fingerprint());
-    src.push_str(PRELUDE);
+    src.push_str(match target {
+        Target::CudaHip => PRELUDE,
+        Target::OpenCl => OPENCL_PRELUDE,
+    });
     // The prototype.
-    let mut params = vec!["long long n_rows".to_owned(), "int width".to_owned()];
+    let mut params = vec![format!("{long} n_rows"), "int width".to_owned()];
     for (index, input) in program.inputs().iter().enumerate() {
         match input.kind {
             InputKind::Scalar => params.push(format!("double s{index}")),
             InputKind::Activation { .. } => {
-                let t = input_code(index)?;
-                params.push(format!("const typename Elem<{t}>::T* in{index}"));
-                params.push(format!("long long off{index}"));
-                params.push(format!("long long stride{index}"));
+                syntax.buffer_params(&format!("in{index}"), input_dtype(index)?, true, &mut params);
+                params.push(format!("{long} stride{index}"));
             }
             InputKind::Weight | InputKind::ScalarTensor => {
-                let t = input_code(index)?;
-                params.push(format!("const typename Elem<{t}>::T* in{index}"));
-                params.push(format!("long long off{index}"));
+                syntax.buffer_params(&format!("in{index}"), input_dtype(index)?, true, &mut params);
             }
         }
     }
     for (index, output) in program.outputs().iter().enumerate() {
         let dtype = binding.output_dtype(output.dtype);
-        if dtype.fp8_max().is_some() {
-            params.push(format!("unsigned char* out{index}"));
-        } else {
-            params.push(format!("typename Elem<{}>::T* out{index}", code(dtype)?));
+        if dtype.fp8_max().is_none() {
+            dtype_of(dtype)?;
         }
+        syntax.buffer_params(&format!("out{index}"), dtype, false, &mut params);
     }
-    let _ = writeln!(src, "extern \"C\" __global__ void {ROW_PROGRAM_KERNEL}({}) {{", params.join(", "));
-    let _ = writeln!(src, "    __shared__ {c} scratch[{ROW_BLOCK}];");
-    let _ = writeln!(src, "    __shared__ double scratch_d[{ROW_BLOCK}];");
-    let _ = writeln!(src, "    GPU_ROWS(row, n_rows) {{");
+    let (head, shared, rows) = match target {
+        Target::CudaHip => ("extern \"C\" __global__ void", "__shared__", "GPU_ROWS(row, n_rows) {".to_owned()),
+        Target::OpenCl => (
+            "__kernel __attribute__((reqd_work_group_size(RP_GROUP, 1, 1))) void",
+            "__local",
+            "for (long row = get_group_id(0); row < n_rows; row += get_num_groups(0)) {".to_owned(),
+        ),
+    };
+    let _ = writeln!(src, "{head} {ROW_PROGRAM_KERNEL}({}) {{", params.join(", "));
+    let _ = writeln!(src, "    {shared} {c} scratch[{ROW_BLOCK}];");
+    let _ = writeln!(src, "    {shared} double scratch_d[{ROW_BLOCK}];");
+    let _ = writeln!(src, "    {rows}");
     for (index, step) in steps.iter().enumerate() {
         if step.extent == Extent::Row {
             let _ = writeln!(src, "        double r{index};");
@@ -186,13 +451,13 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
             let expr = match step.op {
                 Op::Param { input } => match program.inputs()[input].kind {
                     InputKind::Scalar => format!("s{input}"),
-                    _ => format!("(double)Elem<{}>::load(in{input}[off{input}])", input_code(input)?),
+                    _ => format!("(double){}", syntax.load(&format!("in{input}"), input_dtype(input)?, "0")),
                 },
                 Op::Const(v) if v.is_finite() => format!("{v:?}"),
                 Op::Const(v) => return Err(unsupported(format!("the constant {v} is not finite"))),
                 Op::Width => "(double)width".to_owned(),
-                Op::Unary(op, x) => unary(op, value(x, false), "double"),
-                Op::Binary(op, a, b) => binary(op, value(a, false), value(b, false)),
+                Op::Unary(op, x) => syntax.unary(op, value(x, false), Ty::Double),
+                Op::Binary(op, a, b) => syntax.binary(op, value(a, false), value(b, false), Ty::Double),
                 Op::Reduce { .. } => continue,
                 Op::Load { .. } | Op::Weight { .. } => unreachable!("loads are element steps"),
             };
@@ -201,17 +466,20 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
         }
         Ok(())
     };
+    // A reduction's accumulator type: a sum in double (a mean far from zero keeps its bits, as on
+    // the cpu), the others in the compute type.
+    let acc_ty = |op: ReduceOp| if op == ReduceOp::Sum { Ty::Double } else { c_ty };
     for pass in 0..passes {
         row_steps(&mut src, pass, &mut emitted)?;
         let reductions = &schedule.reductions[pass];
         for &index in reductions {
-            let Op::Reduce { count, .. } = steps[index].op else { unreachable!("reductions are listed") };
+            let Op::Reduce { op, count, .. } = steps[index].op else { unreachable!("reductions are listed") };
             let n = match count {
-                None => "(long long)width".to_owned(),
+                None => format!("({long})width"),
                 Some(count) => match steps[count.0 as usize].op {
                     Op::Param { input } if program.inputs()[input].kind == InputKind::Scalar => {
                         // Checked by the host: an integer in 1..=width.
-                        format!("(long long)r{}", count.0)
+                        format!("({long})r{}", count.0)
                     }
                     _ => {
                         return Err(unsupported(format!(
@@ -221,13 +489,11 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
                     }
                 },
             };
-            // Sums accumulate in double (a mean far from zero keeps its bits, as on the cpu).
-            let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
-            let ty = if op == ReduceOp::Sum { "double" } else { c };
-            let _ = writeln!(src, "        {ty} a{index} = ({ty})0; const long long n{index} = {n};");
+            let ty = acc_ty(op).name();
+            let _ = writeln!(src, "        {ty} a{index} = ({ty})0; const {long} n{index} = {n};");
         }
         let last = pass + 1 == passes;
-        let _ = writeln!(src, "        for (int j = threadIdx.x; j < width; j += {ROW_BLOCK}) {{");
+        let _ = writeln!(src, "        for (int j = {}; j < width; j += {ROW_BLOCK}) {{", syntax.thread());
         for &index in &schedule.elements[pass] {
             let step = steps[index];
             let narrow = binding
@@ -235,38 +501,36 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
                 .is_some_and(|d| elem_code(d).is_some_and(|code| code == 1 || code == 2));
             if narrow && !exact[index] && matches!(step.op, Op::Unary(..) | Op::Binary(..)) {
                 // Rounded to f16 or bf16 and not exact in the compute type: in double, rounded once
-                // (elem.h's double store rounds to odd first), as the reference.
+                // (a double narrows through f32 rounded to odd), as the reference.
                 let wide = |v: ValueId| match steps[v.0 as usize].extent {
                     Extent::Element => format!("(double)e{}", v.0),
                     Extent::Row => format!("r{}", v.0),
                 };
                 let expr = match step.op {
-                    Op::Unary(op, x) => unary(op, wide(x), "double"),
-                    Op::Binary(op, a, b) => binary(op, wide(a), wide(b)),
+                    Op::Unary(op, x) => syntax.unary(op, wide(x), Ty::Double),
+                    Op::Binary(op, a, b) => syntax.binary(op, wide(a), wide(b), Ty::Double),
                     _ => unreachable!("matched above"),
                 };
                 let _ = writeln!(src, "            const {c} e{index} = ({c}){};", round(expr, step.precision, true)?);
                 continue;
             }
             let expr = match step.op {
-                Op::Load { input, block } => format!(
-                    "({c})Elem<{}>::load(in{input}[off{input} + row * stride{input} + {block}LL * width + j])",
-                    input_code(input)?
-                ),
-                Op::Weight { input } => format!("({c})Elem<{}>::load(in{input}[off{input} + j])", input_code(input)?),
-                Op::Unary(op, x) => unary(op, value(x, true), c),
-                Op::Binary(op, a, b) => binary(op, value(a, true), value(b, true)),
+                Op::Load { input, block } => {
+                    let at = format!("row * stride{input} + {block} * ({long})width + j");
+                    format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, &at))
+                }
+                Op::Weight { input } => {
+                    format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, "j"))
+                }
+                Op::Unary(op, x) => syntax.unary(op, value(x, true), c_ty),
+                Op::Binary(op, a, b) => syntax.binary(op, value(a, true), value(b, true), c_ty),
                 _ => unreachable!("element steps"),
             };
             let _ = writeln!(src, "            const {c} e{index} = {};", round(expr, step.precision, false)?);
         }
         for &index in reductions {
             let Op::Reduce { op, x, .. } = steps[index].op else { unreachable!("reductions are listed") };
-            let term = match op {
-                ReduceOp::Sum => format!("c_add(a{index}, (double)e{})", x.0),
-                ReduceOp::SumSquares => format!("c_add(a{index}, c_mul(e{0}, e{0}))", x.0),
-                ReduceOp::MaxAbs => format!("c_fmax(a{index}, c_fabs(e{}))", x.0),
-            };
+            let term = syntax.accumulate(op, &format!("a{index}"), &format!("e{}", x.0));
             let _ = writeln!(src, "            if (j < n{index}) a{index} = {term};");
         }
         if last {
@@ -274,19 +538,16 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
                 if steps[output.value.0 as usize].extent != Extent::Element {
                     continue;
                 }
-                let store = store(program, binding.output_dtype(output.dtype), &format!("e{}", output.value.0))?;
-                let _ = writeln!(src, "            out{k}[row * width + j] = {store};");
+                let dtype = binding.output_dtype(output.dtype);
+                let at = format!("row * ({long})width + j");
+                let store = syntax.store(&format!("out{k}"), dtype, &at, &format!("e{}", output.value.0), c_ty);
+                let _ = writeln!(src, "            {store}");
             }
         }
         let _ = writeln!(src, "        }}");
         for &index in reductions {
             let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
-            let (combine, scratch) = match op {
-                ReduceOp::MaxAbs => ("block_max", "scratch"),
-                ReduceOp::SumSquares => ("block_sum", "scratch"),
-                ReduceOp::Sum => ("block_sum", "scratch_d"),
-            };
-            let expr = format!("(double){combine}<{ROW_BLOCK}>(a{index}, {scratch})");
+            let expr = format!("(double){}", syntax.combine(op, &format!("a{index}"), acc_ty(op)));
             let _ = writeln!(src, "        r{index} = {};", round(expr, steps[index].precision, true)?);
             emitted[index] = true;
         }
@@ -294,52 +555,26 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
     row_steps(&mut src, passes, &mut emitted)?;
     for (k, output) in program.outputs().iter().enumerate() {
         if steps[output.value.0 as usize].extent == Extent::Row {
-            let store = store(program, binding.output_dtype(output.dtype), &format!("r{}", output.value.0))?;
-            let _ = writeln!(src, "        if (threadIdx.x == 0) out{k}[row] = {store};");
+            let dtype = binding.output_dtype(output.dtype);
+            let store = syntax.store(&format!("out{k}"), dtype, "row", &format!("r{}", output.value.0), Ty::Double);
+            let _ = writeln!(src, "        if ({} == 0) {store}", syntax.thread());
         }
     }
     src.push_str("    }\n}\n");
     Ok(src)
 }
 
-/// The expression storing `value` as a `dtype` element.
-fn store(program: &RowProgram, dtype: DType, value: &str) -> Result<String, Unsupported> {
-    Ok(match dtype {
-        DType::F8E4M3FN => format!("fp8_e4m3((float)({value}))"),
-        DType::F8E5M2 => format!("fp8_e5m2((float)({value}))"),
-        other => match elem_code(other) {
-            Some(code) => format!("Elem<{code}>::store({value})"),
-            None => {
-                return Err(Unsupported {
-                    program: program.name().to_owned(),
-                    reason: format!("no store for {other}"),
-                });
-            }
-        },
-    })
-}
-
-/// The generated kernel run on the emulated GPU (feature `emu`): the program's outputs on `args`
-/// (host tensors), as fresh compact tensors, from the source [`gpu_source`] generates compiled as
-/// `dialect`'s compiler gets it (cached by the emulator under a hash of the source).
-#[cfg(feature = "emu")]
-pub fn run_emulated(
+/// Checks each reduction count a call passes as a scalar: an integer in `1..=W`
+/// ([`Binding::count`]), which the generated kernels trust.
+pub fn check_counts(
     program: &RowProgram,
     args: &[ir_ops::row_program::RowArg<'_>],
-    dialect: crate::emu::Dialect,
-) -> Result<Vec<ir_core::Tensor>, ir_core::KernelError> {
-    use crate::emu::{EmuArg, EmuGrid, EmuProgram};
-    use ir_core::{KernelError, Tensor};
-    use ir_ops::row_program::RowArg;
-
-    let invalid = |reason: String| KernelError::InvalidArguments { reason };
-    let binding = program.bind(args).map_err(|error| invalid(error.to_string()))?;
-    let source = gpu_source(program, &binding).map_err(|error| invalid(error.to_string()))?;
-    // A count read from a scalar is checked here (the kernel trusts it).
+    binding: &Binding,
+) -> Result<(), ir_core::KernelError> {
     for (index, step) in program.steps().iter().enumerate() {
         let Op::Reduce { count: Some(count), .. } = step.op else { continue };
         let Op::Param { input } = program.steps()[count.0 as usize].op else { continue };
-        if let RowArg::Scalar(c) = args[input]
+        if let Some(&ir_ops::row_program::RowArg::Scalar(c)) = args.get(input)
             && binding.count(c).is_none()
         {
             let error = ir_ops::row_program::RunError::Count {
@@ -348,69 +583,88 @@ pub fn run_emulated(
                 count: c,
                 width: binding.width,
             };
-            return Err(invalid(error.to_string()));
+            return Err(ir_core::KernelError::InvalidArguments { reason: error.to_string() });
         }
     }
-    let built = EmuProgram::build(dialect, &[], &format!("{ROW_PROGRAM_HEADERS}{source}"))
-        .map_err(|error| KernelError::Driver { backend: "emulated gpu", message: error.to_string() })?;
-    // Host tensors whose last dimension is contiguous (strided ones copied).
-    let mut held: Vec<Option<Tensor>> = Vec::with_capacity(args.len());
-    for (input, arg) in program.inputs().iter().zip(args) {
-        held.push(match arg {
-            RowArg::Tensor(tensor) if tensor.cpu_buffer().is_none() => {
-                return Err(KernelError::WrongMemory { param: input.name.clone(), memory: "host" });
-            }
-            RowArg::Tensor(tensor) if crate::Rows::of(tensor.meta()).is_err() => Some(tensor.contiguous()?),
-            _ => None,
-        });
-    }
-    let to_i64 = |v: usize| i64::try_from(v).map_err(|_| crate::out_of_range("extent", v, 0, i64::MAX));
-    let mut launch_args =
-        vec![EmuArg::i64(to_i64(binding.rows)?), EmuArg::i32(crate::kernel_int(binding.width, "width")?)];
-    for ((input, arg), copy) in program.inputs().iter().zip(args).zip(&held) {
-        match arg {
-            RowArg::Scalar(value) => launch_args.push(EmuArg::f64(*value)),
-            RowArg::Tensor(tensor) => {
-                let tensor = copy.as_ref().unwrap_or(tensor);
-                let buffer = tensor.cpu_buffer().expect("checked above: host tensors");
-                let rows = crate::Rows::for_kernel(tensor.meta())?;
-                launch_args.push(EmuArg::buffer(buffer.as_ptr(), tensor.dtype().size_in_bytes()));
-                launch_args.push(EmuArg::i64(to_i64(rows.offset)?));
-                if matches!(input.kind, InputKind::Activation { .. }) {
-                    launch_args.push(EmuArg::i64(to_i64(rows.row_stride)?));
-                }
-            }
-        }
-    }
-    let mut outputs = Vec::with_capacity(program.outputs().len());
-    for output in program.outputs() {
-        let shape = binding.output_shape(program.steps()[output.value.0 as usize].extent);
-        outputs.push(Tensor::zeros(binding.output_dtype(output.dtype), &shape)?);
-    }
-    for output in &mut outputs {
-        let size = output.dtype().size_in_bytes();
-        let buffer = output.cpu_buffer_mut()?.expect("a fresh host tensor");
-        launch_args.push(EmuArg::buffer(buffer.bytes_mut().as_mut_ptr(), size));
-    }
-    let blocks = match dialect {
-        crate::emu::Dialect::Cuda => u32::try_from(binding.rows).map_err(|_| invalid("too many rows".to_owned()))?,
-        crate::emu::Dialect::Hip => u32::try_from(binding.rows.min(1024)).unwrap_or(1024),
-    };
-    let warp = match dialect {
-        crate::emu::Dialect::Cuda => 32,
-        crate::emu::Dialect::Hip => 64,
-    };
-    // SAFETY: the kernel reads input i at `offset + row · row_stride + b · width + j` (activations,
-    // b below its blocks, j below width, row below n_rows), `offset + j` (weights) and `offset`
-    // (scalar tensors): inside each tensor's rows, which its storage holds (`Rows` of a tensor's
-    // layout, checked against its storage when the tensor was made). It writes output k at
-    // `row · width + j` or `row`: inside the fresh compact outputs, which nothing else reads or
-    // writes while it runs (the inputs are only read).
-    unsafe { built.launch(ROW_PROGRAM_KERNEL, EmuGrid { blocks, threads: ROW_BLOCK, warp }, &launch_args) }
-        .map_err(|error| KernelError::Driver { backend: "emulated gpu", message: error.to_string() })?;
-    drop(held);
-    Ok(outputs)
+    Ok(())
 }
 
-#[cfg(all(test, feature = "emu"))]
-mod tests;
+/// What a generated kernel is made from besides its program: the compute dtype and each input's
+/// dtype (`None` for a scalar), which fix every type in the source.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Signature {
+    /// The compute dtype.
+    pub compute: DType,
+    /// Each input's dtype.
+    pub dtypes: smallvec::SmallVec<[Option<DType>; 8]>,
+}
+
+impl Signature {
+    /// The signature of a call bound as `binding`.
+    pub fn of(binding: &Binding) -> Signature {
+        Signature { compute: binding.compute, dtypes: binding.dtypes.iter().copied().collect() }
+    }
+}
+
+impl std::fmt::Display for Signature {
+    /// `compute f32; bf16, bf16, -`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "compute {};", self.compute)?;
+        for (index, dtype) in self.dtypes.iter().enumerate() {
+            let sep = if index == 0 { " " } else { ", " };
+            match dtype {
+                Some(dtype) => write!(f, "{sep}{dtype}")?,
+                None => write!(f, "{sep}-")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A cache of kernels generated from row programs (a backend keeps one per device): a kernel per
+/// program and [`Signature`]. A lookup hashes the program's fingerprint and the signature, then
+/// compares the whole program, so two programs whose fingerprints collide never share a kernel.
+#[derive(Debug)]
+pub struct GeneratedKernels<K> {
+    kernels: std::collections::HashMap<(u64, Signature), Vec<(RowProgram, K)>>,
+}
+
+impl<K> Default for GeneratedKernels<K> {
+    fn default() -> Self {
+        GeneratedKernels { kernels: std::collections::HashMap::new() }
+    }
+}
+
+impl<K: Clone> GeneratedKernels<K> {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The kernel of `program` for a call bound as `binding`, made by `make` (generation and
+    /// compilation) on the first lookup; an error is returned and not cached.
+    pub fn get_or_make<E>(
+        &mut self,
+        program: &RowProgram,
+        binding: &Binding,
+        make: impl FnOnce() -> Result<K, E>,
+    ) -> Result<K, E> {
+        let entries = self.kernels.entry((program.fingerprint(), Signature::of(binding))).or_default();
+        if let Some((_, kernel)) = entries.iter().find(|(cached, _)| cached == program) {
+            return Ok(kernel.clone());
+        }
+        let kernel = make()?;
+        entries.push((program.clone(), kernel.clone()));
+        Ok(kernel)
+    }
+
+    /// How many kernels it holds.
+    pub fn len(&self) -> usize {
+        self.kernels.values().map(Vec::len).sum()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

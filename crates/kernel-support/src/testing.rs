@@ -273,3 +273,114 @@ pub fn check_device_binaries_of(allocator: &dyn ir_core::storage::DeviceAllocato
     }
     operations
 }
+
+/// `[rows, width]` in `dtype`: values in (-2, 2) times `scale`, the first row zero and a NaN in
+/// the second; a column slice of a wider buffer when `strided`. The activations of
+/// [`row_program_sample`].
+pub fn row_program_activation(
+    dtype: ir_core::DType,
+    rows: usize,
+    width: usize,
+    scale: f64,
+    seed: u64,
+    strided: bool,
+) -> ir_core::Tensor {
+    let wide = if strided { width + 3 } else { width };
+    let mut values: Vec<f64> =
+        (0..rows * wide).map(|i| ((i as f64 * 0.618_034 + seed as f64) * 12.9898).sin() * 2.0 * scale).collect();
+    values[..wide].iter_mut().for_each(|v| *v = 0.0);
+    if rows > 1 {
+        values[wide + 1] = f64::NAN;
+    }
+    let t = ir_core::Tensor::from_f64(dtype, &[rows, wide], &values).expect("a small tensor");
+    if strided { t.narrow(1, 1, width).expect("inside the row") } else { t }
+}
+
+/// An argument of a sample call of a row program: a tensor or a scalar.
+#[derive(Debug)]
+pub enum SampleArg {
+    /// A tensor argument.
+    Tensor(ir_core::Tensor),
+    /// A scalar argument.
+    Scalar(f64),
+}
+
+impl SampleArg {
+    /// As a program argument.
+    pub fn arg(&self) -> ir_ops::row_program::RowArg<'_> {
+        match self {
+            SampleArg::Tensor(t) => ir_ops::row_program::RowArg::Tensor(t),
+            SampleArg::Scalar(v) => ir_ops::row_program::RowArg::Scalar(*v),
+        }
+    }
+}
+
+/// A call of any built-in program (`ir_ops::row_program::builtin::all`) on `rows` rows of `width`
+/// in `dtype`, on the host: activations (the first a column slice, [`row_program_activation`] of
+/// scale 2), a weight of 1.25, an epsilon of 1e-6, a variance size of half the row, a std
+/// multiplier of 1, a scale of 0.01 and a bound of 2.
+pub fn row_program_sample(
+    program: &ir_ops::row_program::RowProgram,
+    dtype: ir_core::DType,
+    rows: usize,
+    width: usize,
+) -> Vec<SampleArg> {
+    use ir_core::{DType, Tensor};
+    use ir_ops::row_program::InputKind;
+    program
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(index, input)| match (&input.kind, input.name.as_str()) {
+            (InputKind::Activation { blocks }, _) => {
+                SampleArg::Tensor(row_program_activation(dtype, rows, blocks * width, 2.0, index as u64, index == 0))
+            }
+            (InputKind::Weight, _) => {
+                SampleArg::Tensor(Tensor::from_f64(dtype, &[width], &vec![1.25; width]).expect("a weight"))
+            }
+            (InputKind::ScalarTensor, "scale_ub") => {
+                SampleArg::Tensor(Tensor::from_f64(DType::F32, &[1], &[2.0]).expect("a bound"))
+            }
+            (InputKind::ScalarTensor, _) => {
+                SampleArg::Tensor(Tensor::from_f64(DType::F32, &[1], &[0.01]).expect("a scale"))
+            }
+            (InputKind::Scalar, "epsilon") => SampleArg::Scalar(1e-6),
+            (InputKind::Scalar, "variance_size") => SampleArg::Scalar((width / 2) as f64),
+            (InputKind::Scalar, "std_multiplier") => SampleArg::Scalar(1.0),
+            (InputKind::Scalar, other) => panic!("no sample for scalar `{other}`"),
+        })
+        .collect()
+}
+
+/// The op whose tolerance a built-in program's outputs are held to: its own, or the
+/// quantization's for the fused gated quantization.
+pub fn row_program_op(name: &str) -> &'static ir_core::op::OpDef {
+    match name {
+        "layer_norm" => &ir_ops::layer_norm::LAYER_NORM,
+        "silu_and_mul_dynamic_fp8_quant" => {
+            &ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT
+        }
+        _ => ir_ops::BUILTIN_OPS.iter().copied().find(|def| def.name == name).expect("a built-in op"),
+    }
+}
+
+/// Checks a generated kernel's outputs (`ours`, host or device tensors) against the reference
+/// interpreter's within the program's op's tolerance (an fp8 code may land one step away, where
+/// the f32 value before it differs in its last bit); panics naming the program, dtype, `what` (the
+/// backend) and the output.
+pub fn check_row_program_outputs(
+    program: &ir_ops::row_program::RowProgram,
+    dtype: ir_core::DType,
+    ours: &[ir_core::Tensor],
+    reference: &[ir_core::Tensor],
+    what: &str,
+) {
+    assert_eq!(ours.len(), reference.len(), "{} {dtype} {what}: the outputs", program.name());
+    let tolerance = ir_core::op::tolerance(row_program_op(program.name()), dtype).expect("a tolerance");
+    for (index, (a, b)) in ours.iter().zip(reference).enumerate() {
+        let rtol = if a.dtype().fp8_max().is_some() { 0.13 } else { tolerance.rtol };
+        let a = a.to_cpu().expect("an output downloads");
+        ir_core::allclose(&a, b, tolerance.atol, rtol)
+            .unwrap_or_else(|error| panic!("{} {dtype} {what} output {index}: {error}", program.name()));
+    }
+}

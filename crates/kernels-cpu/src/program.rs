@@ -139,8 +139,8 @@ pub fn register_layer_norm(registry: &ir_core::Registry) -> Result<(), ir_core::
         }
     });
     ir_ops::layer_norm::register(registry, spec, |x, weight, bias, epsilon| {
-        let program = ir_ops::row_program::builtin::layer_norm(weight.is_some(), bias.is_some());
-        let mut out = run_row_program(&program, &ir_ops::layer_norm::program_args(x, weight, bias, epsilon))?;
+        let program = ir_ops::layer_norm::program(weight.is_some(), bias.is_some());
+        let mut out = run_row_program(program, &ir_ops::layer_norm::program_args(x, weight, bias, epsilon))?;
         Ok(out.pop().expect("one output"))
     })
 }

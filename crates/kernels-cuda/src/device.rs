@@ -23,6 +23,7 @@ pub struct CudaDeviceState {
     pub(crate) arch: Option<&'static str>,
     norms: Mutex<KernelCache<NormProgram, KernelVariant>>,
     op_kernels: Mutex<KernelCache<ProgramKey, FunctionKey>>,
+    generated: Mutex<kernel_support::program::GeneratedKernels<CudaFunction>>,
 }
 
 impl std::fmt::Debug for CudaDeviceState {
@@ -142,6 +143,7 @@ fn init_devices() -> Result<Vec<Arc<CudaDeviceState>>, String> {
                 arch,
                 norms: Mutex::new(KernelCache::default()),
                 op_kernels: Mutex::new(KernelCache::default()),
+                generated: Mutex::new(Default::default()),
             }))
         })
         .collect()
@@ -184,6 +186,23 @@ impl CudaDeviceState {
                 compile_ptx(&program, self.arch)
             },
         )
+    }
+
+    /// The function generated from `program` for a call bound as `binding`, compiled (or read
+    /// from the disk cache) and loaded at its first use on this device, then cached per program
+    /// and signature.
+    pub(crate) fn generated_function(
+        &self,
+        program: &ir_ops::row_program::RowProgram,
+        binding: &ir_ops::row_program::Binding,
+    ) -> Result<CudaFunction, KernelError> {
+        let mut generated = self.generated.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        generated.get_or_make(program, binding, || {
+            let cache = kernel_support::program::DiskCache::from_env();
+            let (ptx, _) = crate::program::compile_ptx_cached(program, binding, self.arch, cache.as_ref())?;
+            let module = self.context.load_module(ptx).map_err(driver_error)?;
+            module.load_function(kernel_support::program::ROW_PROGRAM_KERNEL).map_err(driver_error)
+        })
     }
 
     /// The function `key` names, whose symbol is `name()`, from its program's module, which

@@ -62,15 +62,24 @@ pub fn allocator() -> EmuAllocator {
 /// Whether the emulator can build programs here (a C++ compiler).
 pub use kernel_support::emu::availability;
 
-/// Registers the `emu_cuda` provider for every built-in op, as [`crate::register`] does `cuda`.
-pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let backend = GpuBackend {
+fn backend() -> GpuBackend {
+    GpuBackend {
         device: DeviceKind::Cuda,
         dtypes: || crate::KERNEL_DTYPES,
         spec: || ImplSpec::new(PROVIDER).with_probe(availability),
         gated: crate::gated::GATED_OPS,
-    };
-    kernel_support::gpu::register::<EmuCuda>(registry, backend)
+    }
+}
+
+/// Registers the `emu_cuda` provider for every built-in op, as [`crate::register`] does `cuda`.
+pub fn register(registry: &Registry) -> Result<(), RegistryError> {
+    kernel_support::gpu::register::<EmuCuda>(registry, backend())
+}
+
+/// Registers the `emu_cuda` implementation of `layer_norm`, as [`crate::register_layer_norm`] does
+/// `cuda`'s: the generated kernel, built for the CPU.
+pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
+    kernel_support::gpu::register_layer_norm::<EmuCuda>(registry, backend())
 }
 
 /// A kernel of a built program.
@@ -129,9 +138,10 @@ impl Drop for PlantedEdit {
 }
 
 /// Builds `program` for the CPU (once per process and planted edit), as NVRTC gets it but for the
-/// portability header, and takes its kernel `symbol`.
+/// portability header, and takes its kernel `symbol`. A program is known by its file, name and
+/// defines, and a generated one (`row_program.cu`) by its whole source.
 fn kernel_of(program: Program, symbol: String) -> Result<EmuKernel, KernelError> {
-    type Key = (String, String, Vec<String>, Option<SourceEdit>);
+    type Key = (String, String, Vec<String>, Option<SourceEdit>, Option<String>);
     static BUILT: OnceLock<Mutex<HashMap<Key, Arc<EmuProgram>>>> = OnceLock::new();
     let edit = {
         let mut planted = EDIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -139,7 +149,8 @@ fn kernel_of(program: Program, symbol: String) -> Result<EmuKernel, KernelError>
         planted.1 += usize::from(edit.is_some());
         edit
     };
-    let key = (program.file.clone(), program.name.clone(), program.defines.clone(), edit);
+    let generated = (program.file == crate::program::FILE).then(|| program.source.clone());
+    let key = (program.file.clone(), program.name.clone(), program.defines.clone(), edit, generated);
     let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let emu = match built.get(&key) {
         Some(emu) => Arc::clone(emu),
@@ -202,6 +213,7 @@ impl GpuRuntime for EmuCuda {
             KernelKey::Gated { op, dtype, .. } => crate::gated::dtype_program(op, dtype)?,
             KernelKey::Rotary { dtype } => crate::rotary::program(dtype)?,
             KernelKey::Quant { dtype, .. } => crate::quant::program(dtype)?,
+            KernelKey::RowProgram { program, binding } => crate::program::row_program(program, binding)?,
         };
         kernel_of(program, key.symbol())
     }

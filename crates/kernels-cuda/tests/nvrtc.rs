@@ -143,3 +143,49 @@ fn every_built_in_row_program_compiles_to_ptx() {
         }
     }
 }
+
+/// A generated kernel's PTX is kept on disk: the second compile of a program reads it back (the
+/// same PTX), another signature compiles anew, and a cache that cannot be written costs only the
+/// compile.
+#[test]
+fn generated_kernels_are_cached_on_disk() {
+    if let ir_core::Availability::Unavailable(reason) = nvrtc_availability() {
+        ir_core::testing::skip("nvrtc", &reason);
+        return;
+    }
+    use ir_core::DType;
+    use ir_ops::row_program::Binding;
+    use kernel_support::program::DiskCache;
+    use kernels_cuda::program::{PtxOrigin, compile_ptx_cached};
+    let dir = std::env::temp_dir().join(format!("kernels-cuda-ptx-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = DiskCache::new(&dir);
+    let program = ir_ops::layer_norm::program(true, false);
+    let binding = |dtype| Binding {
+        width: 1024,
+        rows: 1,
+        rows_shape: vec![1],
+        compute: DType::F32,
+        dtypes: vec![Some(dtype), Some(dtype), None],
+    };
+    let arch = Some("compute_90");
+    let (first, origin) = compile_ptx_cached(program, &binding(DType::BF16), arch, Some(&cache)).unwrap();
+    assert_eq!(origin, PtxOrigin::Compiled);
+    let (again, origin) = compile_ptx_cached(program, &binding(DType::BF16), arch, Some(&cache)).unwrap();
+    assert_eq!(origin, PtxOrigin::Cached, "the second compile reads the cache");
+    assert_eq!(again.to_src(), first.to_src());
+    let (_, origin) = compile_ptx_cached(program, &binding(DType::F16), arch, Some(&cache)).unwrap();
+    assert_eq!(origin, PtxOrigin::Compiled, "another signature is another kernel");
+    let (_, origin) = compile_ptx_cached(program, &binding(DType::BF16), Some("compute_80"), Some(&cache)).unwrap();
+    assert_eq!(origin, PtxOrigin::Compiled, "another architecture is another kernel");
+    // A file where the directory should be: nothing is stored, the compile still succeeds.
+    let blocked = dir.join("blocked");
+    std::fs::write(&blocked, b"not a directory").unwrap();
+    let unwritable = DiskCache::new(blocked.join("kernels"));
+    for _ in 0..2 {
+        let (ptx, origin) = compile_ptx_cached(program, &binding(DType::BF16), arch, Some(&unwritable)).unwrap();
+        assert_eq!(origin, PtxOrigin::Compiled);
+        assert_eq!(ptx.to_src(), first.to_src());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

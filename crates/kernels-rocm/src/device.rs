@@ -26,6 +26,9 @@ pub(crate) struct HipDevice {
     target: &'static str,
     module: hipModule_t,
     functions: Mutex<HashMap<KernelId, HipFunction>>,
+    /// The kernels generated from row programs, each from a module of its own (loaded for the
+    /// device's lifetime, like the embedded code object).
+    generated: Mutex<kernel_support::program::GeneratedKernels<HipFunction>>,
 }
 
 /// A kernel of the code object: a norm variant, or another family's kernel by its base name, its
@@ -98,6 +101,7 @@ fn init() -> Result<Arc<HipDevice>, String> {
                 target,
                 module,
                 functions: Mutex::new(HashMap::new()),
+                generated: Mutex::new(Default::default()),
             }));
         }
     }
@@ -120,6 +124,30 @@ impl HipDevice {
         let function = HipFunction(function as usize);
         functions.insert(id, function);
         Ok(function)
+    }
+
+    /// The kernel generated from `program` for a call bound as `binding`: compiled by hipcc for
+    /// the device's target (or read from the disk cache) and loaded at its first use, then cached
+    /// per program and signature.
+    pub(crate) fn generated_function(
+        &self,
+        program: &ir_ops::row_program::RowProgram,
+        binding: &ir_ops::row_program::Binding,
+    ) -> Result<HipFunction, KernelError> {
+        let mut generated = self.generated.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        generated.get_or_make(program, binding, || {
+            let cache = kernel_support::program::DiskCache::from_env();
+            let (object, _) = crate::program::compile_code_object(program, binding, self.target, cache.as_ref())?;
+            let mut module: hipModule_t = ptr::null_mut();
+            // SAFETY: `object` is a complete code object hipcc wrote for this device's target; HIP
+            // copies what it needs while loading.
+            check(unsafe { hipModuleLoadData(&mut module, object.as_ptr() as *const c_void) }).map_err(driver)?;
+            let name = CString::new(kernel_support::program::ROW_PROGRAM_KERNEL).expect("no NUL");
+            let mut function: hipFunction_t = ptr::null_mut();
+            // SAFETY: the module is loaded and `name` is a NUL-terminated symbol name.
+            check(unsafe { hipModuleGetFunction(&mut function, module, name.as_ptr()) }).map_err(driver)?;
+            Ok(HipFunction(function as usize))
+        })
     }
 
     /// A buffer of `len_bytes`, allocated in order on the launches' stream (the caller's, when the

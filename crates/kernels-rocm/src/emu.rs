@@ -138,14 +138,28 @@ pub fn allocator_wave32() -> EmuHipAllocator<32> {
 /// Whether the emulator can build the code object here (a C++ compiler).
 pub use kernel_support::emu::availability;
 
-fn register_wave<const WAVE: u32>(registry: &Registry) -> Result<(), RegistryError> {
-    let backend = GpuBackend {
+fn backend<const WAVE: u32>() -> GpuBackend {
+    GpuBackend {
         device: DeviceKind::Rocm,
         dtypes: || crate::KERNEL_DTYPES,
         spec: || ImplSpec::new(provider(WAVE)).with_probe(availability),
         gated: crate::gated::GATED_OPS,
-    };
-    kernel_support::gpu::register::<EmuHip<WAVE>>(registry, backend)
+    }
+}
+
+fn register_wave<const WAVE: u32>(registry: &Registry) -> Result<(), RegistryError> {
+    kernel_support::gpu::register::<EmuHip<WAVE>>(registry, backend::<WAVE>())
+}
+
+/// Registers the `emu_hip` implementation of `layer_norm` (waves of 64), as
+/// [`crate::register_layer_norm`] does `rocm`'s: the generated kernel, built for the CPU.
+pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
+    kernel_support::gpu::register_layer_norm::<EmuHip<64>>(registry, backend::<64>())
+}
+
+/// Registers the `emu_hip_wave32` implementation of `layer_norm` (waves of 32).
+pub fn register_layer_norm_wave32(registry: &Registry) -> Result<(), RegistryError> {
+    kernel_support::gpu::register_layer_norm::<EmuHip<32>>(registry, backend::<32>())
 }
 
 /// Registers the `emu_hip` provider (waves of 64) for every built-in op, as [`crate::register`]
@@ -168,6 +182,30 @@ pub struct EmuHipKernel {
 
 fn kernel_of(symbol: String) -> Result<EmuHipKernel, KernelError> {
     Ok(EmuHipKernel { program: code_object()?, symbol })
+}
+
+/// The kernel generated from `program` for a call bound as `binding`, built for the CPU once per
+/// process (as hipcc gets it but for the portability header) and cached per program and signature.
+fn generated_kernel(
+    program: &ir_ops::row_program::RowProgram,
+    binding: &ir_ops::row_program::Binding,
+) -> Result<EmuHipKernel, KernelError> {
+    use kernel_support::program::{GeneratedKernels, ROW_PROGRAM_HEADERS, ROW_PROGRAM_KERNEL, gpu_source};
+    static BUILT: std::sync::Mutex<Option<GeneratedKernels<Arc<EmuProgram>>>> = std::sync::Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let emu = built.get_or_insert_with(GeneratedKernels::new).get_or_make(program, binding, || {
+        let source = gpu_source(program, binding)
+            .map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+        EmuProgram::build(Dialect::Hip, &[], &format!("{ROW_PROGRAM_HEADERS}{source}")).map_err(|error| match error {
+            EmuError::Compile { compiler, stderr, .. } => KernelError::Compile {
+                kernel: format!("row program `{}`", program.name()),
+                options: vec![compiler],
+                log: stderr,
+            },
+            other => KernelError::Driver { backend: PROVIDER, message: other.to_string() },
+        })
+    })?;
+    Ok(EmuHipKernel { program: emu, symbol: ROW_PROGRAM_KERNEL.to_owned() })
 }
 
 /// HIP emulated on the CPU, in waves of `WAVE` lanes.
@@ -197,7 +235,10 @@ impl<const WAVE: u32> GpuRuntime for EmuHip<WAVE> {
     }
 
     fn kernel(_like: &Self::Buffer, key: KernelKey<'_>) -> Result<EmuHipKernel, KernelError> {
-        kernel_of(key.symbol())
+        match key {
+            KernelKey::RowProgram { program, binding } => generated_kernel(program, binding),
+            _ => kernel_of(key.symbol()),
+        }
     }
 
     fn norm_kernel(_like: &Self::Buffer, key: &NormKey) -> Result<(EmuHipKernel, NormShape), KernelError> {

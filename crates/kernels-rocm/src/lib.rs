@@ -33,6 +33,7 @@ mod device;
 #[cfg(feature = "emu")]
 pub mod emu;
 mod module;
+pub mod program;
 pub mod quant;
 pub mod rotary;
 mod runtime;
@@ -62,13 +63,23 @@ pub const SOURCE: &str = include_str!("../kernels/rms_norm.hip");
 
 /// Registers the `rocm` implementations of every built-in op (unavailable without feature `rocm` or a device).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let backend = GpuBackend {
+    kernel_support::gpu::register::<runtime::Hip>(registry, backend())
+}
+
+fn backend() -> GpuBackend {
+    GpuBackend {
         device: DeviceKind::Rocm,
         dtypes: || KERNEL_DTYPES,
         spec: || ImplSpec::new(PROVIDER).with_probe(availability),
         gated: gated::GATED_OPS,
-    };
-    kernel_support::gpu::register::<runtime::Hip>(registry, backend)
+    }
+}
+
+/// Registers the `rocm` implementation of `layer_norm`, its row program as a kernel generated and
+/// compiled with hipcc at first use ([`program`]). `layer_norm` is not among the ops
+/// `ir_ops::registry` defines: define it first (`ir_ops::layer_norm::define`).
+pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
+    kernel_support::gpu::register_layer_norm::<runtime::Hip>(registry, backend())
 }
 
 /// Whether the provider can run here, and why not.

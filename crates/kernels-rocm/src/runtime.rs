@@ -72,6 +72,9 @@ mod hip {
                 KernelKey::Quant { kernel, dtype, vectorized } => {
                     KernelId::Op { kernel, dtype: Some(dtype), vectorized }
                 }
+                KernelKey::RowProgram { program, binding } => {
+                    return like.device.generated_function(program, binding);
+                }
             };
             like.device.function(id, || key.symbol())
         }

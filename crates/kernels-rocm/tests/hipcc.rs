@@ -547,3 +547,40 @@ fn without_the_feature_or_a_device_the_provider_says_why() {
         }
     }
 }
+
+/// A row program's generated HIP source compiles with hipcc at run time for gfx90a (what the
+/// `rocm` provider does at a generated kernel's first use), into a code object holding the kernel;
+/// the second compile reads the on-disk cache.
+#[test]
+fn a_generated_kernel_compiles_with_hipcc_and_is_cached() {
+    let hipcc = kernels_rocm::program::hipcc();
+    let probe = Command::new(&hipcc).arg("--version").output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        ir_core::testing::skip("hip", &format!("`{hipcc}` not found (install Debian's hipcc)"));
+        return;
+    }
+    use ir_core::DType;
+    use kernels_rocm::program::{CodeObjectOrigin, compile_code_object};
+    let dir = std::env::temp_dir().join(format!("kernels-rocm-generated-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = kernel_support::program::DiskCache::new(&dir);
+    let program = ir_ops::layer_norm::program(true, true);
+    let binding = ir_ops::row_program::Binding {
+        width: 4096,
+        rows: 1,
+        rows_shape: vec![1],
+        compute: DType::F32,
+        dtypes: vec![Some(DType::BF16), Some(DType::BF16), Some(DType::BF16), None],
+    };
+    let (object, origin) = compile_code_object(program, &binding, "gfx90a", Some(&cache))
+        .unwrap_or_else(|error| panic!("hipcc rejected the generated layer_norm: {error}"));
+    assert_eq!(origin, CodeObjectOrigin::Compiled);
+    assert!(
+        object.windows(kernel_support::program::ROW_PROGRAM_KERNEL.len()).any(|w| w == b"row_program"),
+        "the code object holds the kernel"
+    );
+    let (again, origin) = compile_code_object(program, &binding, "gfx90a", Some(&cache)).unwrap();
+    assert_eq!(origin, CodeObjectOrigin::Cached);
+    assert_eq!(again, object);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -43,6 +43,8 @@ pub struct XpuDevice {
     convert_kernels: KernelCache<(DType, DType)>,
     /// The `add`/`mul` kernel by dtype and operation.
     binary_kernels: KernelCache<(DType, BinaryOp)>,
+    /// The kernels generated from row programs, by program and signature.
+    generated: Mutex<kernel_support::program::GeneratedKernels<Arc<Mutex<Kernel>>>>,
     /// Strided copies and conversions done on the device (`clone`, `contiguous`, `cat`, `copy_`,
     /// `scale` of xpu tensors).
     device_copies: AtomicU64,
@@ -169,6 +171,7 @@ fn select_device(allow_cpu: bool) -> Result<Arc<XpuDevice>, String> {
         copy_kernels: Mutex::new(HashMap::new()),
         convert_kernels: Mutex::new(HashMap::new()),
         binary_kernels: Mutex::new(HashMap::new()),
+        generated: Mutex::new(Default::default()),
         device_copies: AtomicU64::new(0),
     }))
 }
@@ -275,6 +278,39 @@ impl XpuDevice {
             self.build(&source, &options, "strided_binary", format!("strided_binary[{} {dtype}]", op.name()))?;
         kernels.insert((dtype, op), Arc::clone(&kernel));
         Ok(Some(kernel))
+    }
+
+    /// The kernel generated from `program` for a call bound as `binding`
+    /// (`kernel_support::program::opencl_source`), built at its first use on this device (which
+    /// needs `cl_khr_fp64`: row values are double) and cached per program and signature.
+    pub(crate) fn generated_kernel(
+        &self,
+        program: &ir_ops::row_program::RowProgram,
+        binding: &ir_ops::row_program::Binding,
+    ) -> Result<Arc<Mutex<Kernel>>, KernelError> {
+        use kernel_support::program::{OPENCL_HEADERS, ROW_PROGRAM_KERNEL, Signature, opencl_source};
+        let mut generated = self.generated.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        generated.get_or_make(program, binding, || {
+            if !self.has_fp64() {
+                return Err(KernelError::InvalidArguments {
+                    reason: format!(
+                        "row program `{}` needs cl_khr_fp64 (its row values are double), which {} lacks",
+                        program.name(),
+                        self.name
+                    ),
+                });
+            }
+            let source = opencl_source(program, binding)
+                .map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+            let label = format!("row program `{}` ({})", program.name(), Signature::of(binding));
+            tracing::debug!(target: "kernels_xpu", %label, "building a generated OpenCL program");
+            self.build(
+                &format!("{OPENCL_HEADERS}\n{source}"),
+                "-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt",
+                ROW_PROGRAM_KERNEL,
+                label,
+            )
+        })
     }
 
     /// Whether the device computes in f64 (`cl_khr_fp64`).

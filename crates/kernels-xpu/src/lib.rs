@@ -51,13 +51,25 @@ pub const FORCE_TREE_ENV: &str = "VLLM_IR_XPU_FORCE_TREE";
 /// `variance_size` run on the device, not on the host through native), and on a device with
 /// `cl_khr_fp64` every op computes on f64 too (an f64 reference on device tensors).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let backend = GpuBackend {
+    kernel_support::gpu::register::<OpenCl>(registry, backend())
+}
+
+fn backend() -> GpuBackend {
+    GpuBackend {
         device: DeviceKind::Xpu,
         dtypes: kernel_dtypes,
         spec: || ImplSpec::new(PROVIDER).with_probe(availability).with_platform_detection(is_gpu),
         gated: gated::GATED_OPS,
-    };
-    kernel_support::gpu::register::<OpenCl>(registry, backend)
+    }
+}
+
+/// Registers the `xpu` implementation of `layer_norm`, its row program as an OpenCL C kernel
+/// generated and built at first use (`kernel_support::program::opencl_source`), on devices with
+/// `cl_khr_fp64` (a device without it is refused by the predicate, and the call falls to the next
+/// provider). `layer_norm` is not among the ops `ir_ops::registry` defines: define it first
+/// (`ir_ops::layer_norm::define`).
+pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
+    kernel_support::gpu::register_layer_norm::<OpenCl>(registry, backend())
 }
 
 /// The element dtypes the kernels compute on: f32, f16 and bf16, and f64 where the device has

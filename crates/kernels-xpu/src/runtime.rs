@@ -73,6 +73,7 @@ impl GpuRuntime for OpenCl {
             KernelKey::Quant { kernel, dtype, .. } => {
                 like.device.op_kernel(kernel, dtype, || key.symbol(), crate::quant::program)
             }
+            KernelKey::RowProgram { program, binding } => like.device.generated_kernel(program, binding),
         }
     }
 

@@ -9,17 +9,17 @@
 //! computation as a row program; `native` runs it on the reference interpreter, so the semantics
 //! are stated once. Not in place; activations `[x]`.
 //!
-//! Not in [`BUILTIN_OPS`](crate::BUILTIN_OPS) yet: a built-in op is implemented by every provider,
-//! and the GPU providers do not launch generated kernels yet. [`define`] defines it on a registry
-//! (before its providers register), and `kernels_cpu::program::register_layer_norm` registers the
-//! cpu implementation.
+//! Not in [`BUILTIN_OPS`](crate::BUILTIN_OPS) yet. [`define`] defines it on a registry (before its
+//! providers register); `kernels_cpu::program::register_layer_norm` registers the cpu
+//! implementation, and `kernels_cuda::register_layer_norm`, `kernels_rocm::register_layer_norm`
+//! and `kernels_xpu::register_layer_norm` (and the emulated providers' `emu::register_layer_norm`)
+//! the generated GPU kernel.
 
 use ir_core::op::{Activation, ArgMeta, InputSpec, MetaError, Value};
 use ir_core::{KernelError, Tensor, TensorError, TensorMeta};
 
 use crate::norm_math::named;
-use crate::row_program::RowArg;
-use crate::row_program::builtin::layer_norm as program;
+use crate::row_program::{RowArg, RowProgram};
 
 ir_core::define_op! {
     /// The definition of `layer_norm`.
@@ -60,6 +60,18 @@ pub fn program_args<'a>(
     args
 }
 
+/// `layer_norm`'s row program for a call with or without a weight and a bias
+/// ([`row_program::builtin::layer_norm`](crate::row_program::builtin::layer_norm)), built once per
+/// process.
+pub fn program(weight: bool, bias: bool) -> &'static RowProgram {
+    static PROGRAMS: std::sync::OnceLock<[RowProgram; 4]> = std::sync::OnceLock::new();
+    let programs = PROGRAMS.get_or_init(|| {
+        [(false, false), (false, true), (true, false), (true, true)]
+            .map(|(weight, bias)| crate::row_program::builtin::layer_norm(weight, bias))
+    });
+    &programs[usize::from(weight) * 2 + usize::from(bias)]
+}
+
 /// Defines `layer_norm` on `registry` (it is not among the ops [`crate::registry`] defines).
 pub fn define(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
     registry.define_op(&LAYER_NORM)
@@ -71,8 +83,7 @@ pub fn native(x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, epsilo
         t.map_or(ArgMeta::None, |t| ArgMeta::Tensor(t.meta()))
     }
     meta(&LAYER_NORM, &[ArgMeta::Tensor(x.meta()), tensor(weight), tensor(bias), ArgMeta::F64(epsilon)])?;
-    let program = program(weight.is_some(), bias.is_some());
-    let mut out = program
+    let mut out = program(weight.is_some(), bias.is_some())
         .run(&program_args(x, weight, bias, epsilon))
         .map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
     let out = out.pop().expect("one output");

@@ -20,6 +20,7 @@
 
 mod gated;
 mod norm;
+mod program;
 mod quant;
 mod rotary;
 mod strided;
@@ -36,6 +37,7 @@ pub use norm::{
     NormKey, NormShape, address_alignment, base_aligned, norm_vectorizes, run_fused_add_rms_norm, run_rms_norm,
     vector_ok,
 };
+pub use program::{register_layer_norm, row_program_support_with, run_row_program};
 pub use quant::{NORM_QUANT_KERNEL, run_dynamic_quant, run_norm_quant, run_static_quant};
 pub use rotary::run_rotary;
 pub use strided::{BufferRuntime, StridedKey, binary_strided, convert_strided, copy_strided};
@@ -82,6 +84,16 @@ pub enum KernelKey<'a> {
         /// The 16-byte kernel (`<kernel>_<dtype>_vec`), for aligned rows.
         vectorized: bool,
     },
+    /// The kernel generated from a row program for a call's dtypes
+    /// ([`program::gpu_source`](crate::program::gpu_source) on CUDA and HIP): a backend caches it
+    /// per device in a [`GeneratedKernels`](crate::program::GeneratedKernels).
+    RowProgram {
+        /// The program.
+        program: &'a ir_ops::row_program::RowProgram,
+        /// The call's binding (only its [`Signature`](crate::program::Signature) decides the
+        /// kernel).
+        binding: &'a ir_ops::row_program::Binding,
+    },
 }
 
 impl KernelKey<'_> {
@@ -93,6 +105,7 @@ impl KernelKey<'_> {
             KernelKey::Rotary { dtype } => format!("rotary_embedding_{dtype}"),
             KernelKey::Quant { kernel, dtype, vectorized: false } => format!("{kernel}_{dtype}"),
             KernelKey::Quant { kernel, dtype, vectorized: true } => format!("{kernel}_{dtype}_vec"),
+            KernelKey::RowProgram { .. } => crate::program::ROW_PROGRAM_KERNEL.to_owned(),
         }
     }
 }

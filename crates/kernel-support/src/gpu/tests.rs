@@ -721,3 +721,56 @@ fn kernel_symbols_are_op_then_dtype() {
     let vectorized = KernelKey::Gated { op: &op, dtype: DType::BF16, vectorized: true };
     assert_eq!(vectorized.symbol(), "silu_and_mul_bf16_vec");
 }
+
+#[test]
+fn row_program_host_code_passes_the_generated_prototype() {
+    use ir_ops::row_program::RowArg;
+    // layer_norm with a weight: x is 3 rows of 8, 10 apart, from element 2; the weight 8 elements
+    // from element 1 of its buffer.
+    let x = on_host(DType::BF16, &[3, 8], &[10, 1], 2, 40);
+    let w = on_host(DType::F32, &[8], &[1], 1, 9);
+    let program = ir_ops::layer_norm::program(true, false);
+    let out =
+        run_row_program::<Recorder>(program, &[RowArg::Tensor(&x), RowArg::Tensor(&w), RowArg::Scalar(1e-5)]).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].shape(), out[0].dtype()), ([3, 8].as_slice(), DType::BF16));
+    assert!(out[0].layout().is_compact_at_zero());
+    assert_eq!(
+        take_launches(),
+        [Launched {
+            symbol: crate::program::ROW_PROGRAM_KERNEL.to_owned(),
+            grid: Grid { groups: 3, group_size: crate::program::ROW_BLOCK, what: "rows", grid_stride: true },
+            args: [
+                "I64(3)",
+                "I32(8)",
+                "read 80 bytes @2x2",
+                "I64(10)",
+                "read 36 bytes @1x4",
+                "F64(1e-5)",
+                "write 48 bytes @0x2"
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        }]
+    );
+    // No rows: outputs, no launch. A tensor in host memory, or a bad count, is an error naming it.
+    let empty = on_host(DType::F32, &[0, 8], &[8, 1], 0, 0);
+    let out = run_row_program::<Recorder>(program, &[RowArg::Tensor(&empty), RowArg::Tensor(&w), RowArg::Scalar(1e-5)])
+        .unwrap();
+    assert_eq!(out[0].shape(), [0, 8]);
+    assert!(take_launches().is_empty());
+    let host = Tensor::zeros(DType::F32, &[8]).unwrap();
+    let error =
+        run_row_program::<Recorder>(program, &[RowArg::Tensor(&x), RowArg::Tensor(&host), RowArg::Scalar(1e-5)])
+            .unwrap_err();
+    assert!(error.to_string().contains("weight"), "{error}");
+    let variance = ir_ops::row_program::builtin::rms_norm(false, true);
+    let x = on_host(DType::F32, &[2, 8], &[8, 1], 0, 16);
+    for count in [0.0, 9.0, 2.5] {
+        let error =
+            run_row_program::<Recorder>(&variance, &[RowArg::Tensor(&x), RowArg::Scalar(1e-6), RowArg::Scalar(count)])
+                .unwrap_err();
+        assert!(error.to_string().contains(&format!("{count}")), "count {count}: {error}");
+    }
+    assert!(take_launches().is_empty());
+}

@@ -398,13 +398,21 @@ pub struct RowProgram {
     inputs: Vec<Input>,
     steps: Vec<Step>,
     outputs: Vec<Output>,
+    /// The text's hash, computed once by [`Builder::build`].
+    fingerprint: u64,
 }
 
 impl RowProgram {
     /// A builder for a program named `name`.
     pub fn builder(name: impl Into<String>) -> Builder {
         Builder {
-            program: RowProgram { name: name.into(), inputs: Vec::new(), steps: Vec::new(), outputs: Vec::new() },
+            program: RowProgram {
+                name: name.into(),
+                inputs: Vec::new(),
+                steps: Vec::new(),
+                outputs: Vec::new(),
+                fingerprint: 0,
+            },
         }
     }
 
@@ -440,11 +448,10 @@ impl RowProgram {
     }
 
     /// A 64-bit FNV-1a hash of the program's text: equal for equal programs, stable across
-    /// processes and toolchains (the key of generated code's caches).
+    /// processes and toolchains (the key of generated code's caches), computed once when the program
+    /// is built.
     pub fn fingerprint(&self) -> u64 {
-        let text = self.to_string();
-        text.bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+        self.fingerprint
     }
 
     fn step(&self, value: ValueId) -> Option<&Step> {
@@ -660,6 +667,10 @@ impl Builder {
                 written.push(input);
             }
         }
+        program.fingerprint = program
+            .to_string()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
         Ok(program)
     }
 }
