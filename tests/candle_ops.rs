@@ -659,9 +659,7 @@ fn layer_norm_from_its_row_program_matches_candle_nn() {
     // cpu on the block-vectorized one), called on candle tensors through its declaration, beside
     // candle-nn's layer norm.
     let registry = ir_ops::registry();
-    ir_ops::layer_norm::define(&registry).unwrap();
     kernels_cpu::register(&registry).unwrap();
-    kernels_cpu::program::register_layer_norm(&registry).unwrap();
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
     let ops = candle_ops::Candle(&registry);
     for (dtype, tolerance) in [(CDType::F32, 1e-5), (CDType::BF16, 2e-2)] {

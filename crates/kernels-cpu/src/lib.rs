@@ -172,7 +172,8 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
             quant::fused_add_rms_norm_dynamic_per_token_quant_cpu,
         ),
     )?;
-    rotary::register(registry)
+    rotary::register(registry)?;
+    program::register_layer_norm(registry)
 }
 
 /// `rms_norm` on the CPU: a fresh output with the layout the meta function declares.

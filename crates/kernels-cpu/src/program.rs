@@ -120,9 +120,8 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
 }
 
 /// Registers `layer_norm`'s cpu implementation, its row program run here, for f32, f16 and bf16 x in
-/// host memory (f64 runs on native, the same program on the reference interpreter). The op is not
-/// among the ones `ir_ops::registry` defines: define it first (`ir_ops::layer_norm::define`).
-pub fn register_layer_norm(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
+/// host memory (f64 runs on native, the same program on the reference interpreter).
+pub(crate) fn register_layer_norm(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
     use ir_core::op::ArgMeta;
     use ir_core::{Device, ImplSpec, Support};
     let spec = ImplSpec::new(crate::PROVIDER).with_supports(|args: &[ArgMeta<'_>]| {

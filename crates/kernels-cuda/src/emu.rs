@@ -76,12 +76,6 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     kernel_support::gpu::register::<EmuCuda>(registry, backend())
 }
 
-/// Registers the `emu_cuda` implementation of `layer_norm`, as [`crate::register_layer_norm`] does
-/// `cuda`'s: the generated kernel, built for the CPU.
-pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
-    kernel_support::gpu::register_layer_norm::<EmuCuda>(registry, backend())
-}
-
 /// A kernel of a built program.
 #[derive(Clone, Debug)]
 pub struct EmuKernel {

@@ -74,13 +74,6 @@ fn backend() -> GpuBackend {
     }
 }
 
-/// Registers the `cuda` implementation of `layer_norm`, its row program as a kernel generated and
-/// compiled with NVRTC at first use ([`program`]). `layer_norm` is not among the ops
-/// `ir_ops::registry` defines: define it first (`ir_ops::layer_norm::define`).
-pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
-    kernel_support::gpu::register_layer_norm::<Cuda>(registry, backend())
-}
-
 /// Registers the `cuda` implementations of every built-in op (also when no GPU exists: then unavailable).
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     kernel_support::gpu::register::<Cuda>(registry, backend())?;

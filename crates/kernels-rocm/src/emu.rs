@@ -151,17 +151,6 @@ fn register_wave<const WAVE: u32>(registry: &Registry) -> Result<(), RegistryErr
     kernel_support::gpu::register::<EmuHip<WAVE>>(registry, backend::<WAVE>())
 }
 
-/// Registers the `emu_hip` implementation of `layer_norm` (waves of 64), as
-/// [`crate::register_layer_norm`] does `rocm`'s: the generated kernel, built for the CPU.
-pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
-    kernel_support::gpu::register_layer_norm::<EmuHip<64>>(registry, backend::<64>())
-}
-
-/// Registers the `emu_hip_wave32` implementation of `layer_norm` (waves of 32).
-pub fn register_layer_norm_wave32(registry: &Registry) -> Result<(), RegistryError> {
-    kernel_support::gpu::register_layer_norm::<EmuHip<32>>(registry, backend::<32>())
-}
-
 /// Registers the `emu_hip` provider (waves of 64) for every built-in op, as [`crate::register`]
 /// does `rocm`.
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {

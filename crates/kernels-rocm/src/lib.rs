@@ -75,13 +75,6 @@ fn backend() -> GpuBackend {
     }
 }
 
-/// Registers the `rocm` implementation of `layer_norm`, its row program as a kernel generated and
-/// compiled with hipcc at first use ([`program`]). `layer_norm` is not among the ops
-/// `ir_ops::registry` defines: define it first (`ir_ops::layer_norm::define`).
-pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
-    kernel_support::gpu::register_layer_norm::<runtime::Hip>(registry, backend())
-}
-
 /// Whether the provider can run here, and why not.
 pub fn availability() -> Availability {
     #[cfg(feature = "rocm")]

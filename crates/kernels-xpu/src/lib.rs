@@ -63,15 +63,6 @@ fn backend() -> GpuBackend {
     }
 }
 
-/// Registers the `xpu` implementation of `layer_norm`, its row program as an OpenCL C kernel
-/// generated and built at first use (`kernel_support::program::opencl_source`), on devices with
-/// `cl_khr_fp64` (a device without it is refused by the predicate, and the call falls to the next
-/// provider). `layer_norm` is not among the ops `ir_ops::registry` defines: define it first
-/// (`ir_ops::layer_norm::define`).
-pub fn register_layer_norm(registry: &Registry) -> Result<(), RegistryError> {
-    kernel_support::gpu::register_layer_norm::<OpenCl>(registry, backend())
-}
-
 /// The element dtypes the kernels compute on: f32, f16 and bf16, and f64 where the device has
 /// `cl_khr_fp64` (every kernel then computes in f64, as the reference does for f64).
 pub fn kernel_dtypes() -> KernelDTypes {

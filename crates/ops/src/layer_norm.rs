@@ -9,11 +9,9 @@
 //! computation as a row program; `native` runs it on the reference interpreter, so the semantics
 //! are stated once. Not in place; activations `[x]`.
 //!
-//! Not in [`BUILTIN_OPS`](crate::BUILTIN_OPS) yet. [`define`] defines it on a registry (before its
-//! providers register); `kernels_cpu::program::register_layer_norm` registers the cpu
-//! implementation, and `kernels_cuda::register_layer_norm`, `kernels_rocm::register_layer_norm`
-//! and `kernels_xpu::register_layer_norm` (and the emulated providers' `emu::register_layer_norm`)
-//! the generated GPU kernel.
+//! No provider has a kernel written for it: the cpu provider runs its program on the
+//! block-vectorized interpreter, and every GPU provider launches the kernel generated from it
+//! (CUDA, HIP and OpenCL C).
 
 use ir_core::op::{Activation, ArgMeta, InputSpec, MetaError, Value};
 use ir_core::{KernelError, Tensor, TensorError, TensorMeta};
@@ -70,11 +68,6 @@ pub fn program(weight: bool, bias: bool) -> &'static RowProgram {
             .map(|(weight, bias)| crate::row_program::builtin::layer_norm(weight, bias))
     });
     &programs[usize::from(weight) * 2 + usize::from(bias)]
-}
-
-/// Defines `layer_norm` on `registry` (it is not among the ops [`crate::registry`] defines).
-pub fn define(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
-    registry.define_op(&LAYER_NORM)
 }
 
 /// The reference implementation: its row program on the reference interpreter.
@@ -152,7 +145,6 @@ mod tests {
     #[test]
     fn layer_norm_is_the_textbook_form() {
         let registry = crate::registry();
-        define(&registry).unwrap();
         for dtype in [DType::F32, DType::BF16, DType::F64] {
             let xs: Vec<f64> = (0..96).map(|i| ((i * 37) % 17) as f64 / 4.0 - 1.0).collect();
             let ws: Vec<f64> = (0..48).map(|i| 1.0 + (i % 5) as f64 / 8.0).collect();
@@ -174,7 +166,6 @@ mod tests {
     #[test]
     fn bad_arguments_are_refused_naming_the_parameter() {
         let registry = crate::registry();
-        define(&registry).unwrap();
         let x = Tensor::zeros(DType::F32, &[2, 8]).unwrap();
         let w = Tensor::zeros(DType::F32, &[4]).unwrap();
         let error = layer_norm(&registry, &x, Some(&w), None, 1e-5).unwrap_err().to_string();

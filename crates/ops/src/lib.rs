@@ -10,7 +10,7 @@
 //! | `static_scaled_fp8_quant`, `dynamic_per_token_scaled_fp8_quant` | [`static_scaled_fp8_quant`], [`dynamic_per_token_scaled_fp8_quant`] (shared: [`quant`]) |
 //! | the four norm + quantization fusions | [`rms_norm_static_fp8_quant`], [`rms_norm_dynamic_per_token_quant`], [`fused_add_rms_norm_static_fp8_quant`], [`fused_add_rms_norm_dynamic_per_token_quant`] |
 //! | `rotary_embedding` | [`rotary_embedding`] |
-//! | `layer_norm` (its semantics a row program; not in [`BUILTIN_OPS`] until every provider implements it) | [`layer_norm`] |
+//! | `layer_norm` (its semantics a row program, every provider's implementation generated from it) | [`layer_norm`] |
 //!
 //! [`row_program`] describes a memory-bound computation over rows once, as data, with a reference
 //! interpreter that defines its semantics; [`row_program::builtin`] expresses the norms, the gated
@@ -104,6 +104,7 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
     &fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
     &rotary_embedding::ROTARY_EMBEDDING,
+    &layer_norm::LAYER_NORM,
 ];
 
 /// A registry defining every op of [`BUILTIN_OPS`], each with `native` only; kernel crates register

@@ -37,7 +37,7 @@ pub use norm::{
     NormKey, NormShape, address_alignment, base_aligned, norm_vectorizes, run_fused_add_rms_norm, run_rms_norm,
     vector_ok,
 };
-pub use program::{register_layer_norm, row_program_support_with, run_row_program};
+pub use program::{row_program_support_with, run_row_program};
 pub use quant::{NORM_QUANT_KERNEL, run_dynamic_quant, run_norm_quant, run_static_quant};
 pub use rotary::run_rotary;
 pub use strided::{BufferRuntime, StridedKey, binary_strided, convert_strided, copy_strided};
@@ -475,9 +475,10 @@ pub struct GpuBackend {
 
 /// Registers runtime `R`'s implementations of every built-in op: the norms (every argument form:
 /// a weight of another dtype, `variance_size`; `fused_add_rms_norm` in place), the gated
-/// activations, the fp8 quantizations, the norm + quantizations (the fused-add forms in place) and
+/// activations, the fp8 quantizations, the norm + quantizations (the fused-add forms in place),
 /// `rotary_embedding` (in place), each with the standard predicate on the backend's device and
-/// dtypes.
+/// dtypes, and `layer_norm` as the kernel generated from its row program
+/// ([`row_program_support_with`]).
 pub fn register<R: GpuRuntime>(registry: &Registry, backend: GpuBackend) -> Result<(), RegistryError> {
     let GpuBackend { device, dtypes, spec, gated } = backend;
     let capabilities = move || NormCapabilities { dtypes: dtypes(), ..NormCapabilities::ALL };
@@ -491,7 +492,8 @@ pub fn register<R: GpuRuntime>(registry: &Registry, backend: GpuBackend) -> Resu
     ir_ops::static_scaled_fp8_quant::register(registry, quant_spec(), run_static_quant::<R>)?;
     ir_ops::dynamic_per_token_scaled_fp8_quant::register(registry, quant_spec(), run_dynamic_quant::<R>)?;
     register_norm_quant_ops(registry, device, dtypes, spec, run_norm_quant::<R>)?;
-    register_rotary_with(registry, device, dtypes, spec(), run_rotary::<R>)
+    register_rotary_with(registry, device, dtypes, spec(), run_rotary::<R>)?;
+    program::register_layer_norm::<R>(registry, backend)
 }
 
 /// [`run_fused_add_rms_norm`] with the op's `rounding` argument.

@@ -125,9 +125,12 @@ pub fn row_program_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes
     Support::Yes
 }
 
-/// Registers runtime `R`'s implementation of `layer_norm` (which `registry` must define: see
-/// [`ir_ops::layer_norm::define`]): its row program, generated for the call's dtypes.
-pub fn register_layer_norm<R: GpuRuntime>(registry: &Registry, backend: GpuBackend) -> Result<(), RegistryError> {
+/// Registers runtime `R`'s implementation of `layer_norm`: its row program, generated for the
+/// call's dtypes.
+pub(crate) fn register_layer_norm<R: GpuRuntime>(
+    registry: &Registry,
+    backend: GpuBackend,
+) -> Result<(), RegistryError> {
     let GpuBackend { device, dtypes, spec, .. } = backend;
     let spec = spec().with_supports(move |args| row_program_support_with(args, device, dtypes()));
     ir_ops::layer_norm::register(registry, spec, |x, weight, bias, epsilon| {

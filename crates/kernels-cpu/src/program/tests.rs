@@ -272,9 +272,7 @@ fn layer_norm_runs_its_program_on_the_cpu_provider() {
     use ir_core::op::ArgMeta;
     use ir_core::{Platform, PriorityConfig};
     let registry = ir_ops::registry();
-    ir_ops::layer_norm::define(&registry).unwrap();
     crate::register(&registry).unwrap();
-    super::register_layer_norm(&registry).unwrap();
     PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
     let mut rng = InputRng::new(41);
     for dtype in DTYPES {
