@@ -1684,7 +1684,7 @@ fn run_logged(
 
 /// The ops without a 16-byte kernel: rotary (one thread per rotated pair), and the ops whose GPU
 /// kernels are generated from their row programs (the generator loads one element per column yet).
-const SCALAR_ONLY: [&str; 2] = ["rotary_embedding", "layer_norm"];
+const SCALAR_ONLY: [&str; 3] = ["rotary_embedding", "layer_norm", "silu_and_mul_dynamic_fp8_quant"];
 
 /// Every op, on every emulated provider: rows the host gives its 16-byte kernel (compact, of a
 /// multiple of 16 bytes) and the same values in rows 3 elements apart (which only a scalar kernel

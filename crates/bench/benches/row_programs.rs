@@ -1,6 +1,8 @@
 //! Row programs on the cpu: the block-vectorized interpreter (`kernels_cpu::program`) running a
 //! built-in op's program beside the hand-written cpu kernel of the op, at decode (1 × 4096) and
-//! prefill (512 × 4096), f32 and bf16. Both return fresh outputs.
+//! prefill (512 × 4096), f32 and bf16. Both return fresh outputs. And one fused pattern,
+//! `silu_and_mul_dynamic_fp8_quant`, as one program beside the unfused pair (two programs, and the
+//! two hand-written kernels).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ir_core::{DType, Tensor, TensorMeta};
@@ -38,6 +40,27 @@ fn row_programs(c: &mut Criterion) {
             group.bench_function("dynamic_per_token_scaled_fp8_quant/hand-written", |b| {
                 b.iter(|| {
                     kernels_cpu::quant::dynamic_per_token_scaled_fp8_quant_cpu(&x, None, DType::F8E4M3FN).expect("ran")
+                })
+            });
+            // A fused pattern: silu_and_mul then the per-token quantization of its output, as one
+            // program (the gated values never stored) beside the unfused pair, as programs and as
+            // the hand-written kernels.
+            let fused = builtin::silu_and_mul_dynamic_fp8_quant(DType::F8E4M3FN, false).expect("fp8");
+            group.bench_function("silu_and_mul_dynamic_fp8_quant/fused-program", |b| {
+                let args = [RowArg::Tensor(&gate_up)];
+                b.iter(|| kernels_cpu::program::run_row_program(&fused, &args).expect("ran"))
+            });
+            group.bench_function("silu_and_mul_dynamic_fp8_quant/unfused-programs", |b| {
+                b.iter(|| {
+                    let gated = kernels_cpu::program::run_row_program(&silu, &[RowArg::Tensor(&gate_up)]).expect("ran");
+                    kernels_cpu::program::run_row_program(&quant, &[RowArg::Tensor(&gated[0])]).expect("ran")
+                })
+            });
+            group.bench_function("silu_and_mul_dynamic_fp8_quant/unfused-hand-written", |b| {
+                b.iter(|| {
+                    let gated = kernels_cpu::gated::run(&gate_up, kernels_cpu::gated::Silu).expect("ran");
+                    kernels_cpu::quant::dynamic_per_token_scaled_fp8_quant_cpu(&gated, None, DType::F8E4M3FN)
+                        .expect("ran")
                 })
             });
             group.finish();

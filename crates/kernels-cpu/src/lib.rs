@@ -173,7 +173,7 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
         ),
     )?;
     rotary::register(registry)?;
-    program::register_layer_norm(registry)
+    program::register_program_ops(registry)
 }
 
 /// `rms_norm` on the CPU: a fresh output with the layout the meta function declares.

@@ -119,28 +119,37 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
     Ok(outputs)
 }
 
-/// Registers `layer_norm`'s cpu implementation, its row program run here, for f32, f16 and bf16 x in
-/// host memory (f64 runs on native, the same program on the reference interpreter).
-pub(crate) fn register_layer_norm(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
+/// Registers the cpu implementations of the built-in ops defined by row programs (`layer_norm`,
+/// `silu_and_mul_dynamic_fp8_quant`): each its program run here, for f32, f16 and bf16 x in host
+/// memory (f64 runs on native, the same program on the reference interpreter).
+pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
     use ir_core::op::ArgMeta;
     use ir_core::{Device, ImplSpec, Support};
-    let spec = ImplSpec::new(crate::PROVIDER).with_supports(|args: &[ArgMeta<'_>]| {
-        for arg in args {
-            if let ArgMeta::Tensor(meta) = arg
-                && meta.device != Device::Cpu
-            {
-                return Support::No("a tensor is not in host memory".into());
+    let spec = || {
+        ImplSpec::new(crate::PROVIDER).with_supports(|args: &[ArgMeta<'_>]| {
+            for arg in args {
+                if let ArgMeta::Tensor(meta) = arg
+                    && meta.device != Device::Cpu
+                {
+                    return Support::No("a tensor is not in host memory".into());
+                }
             }
-        }
-        match args.first() {
-            Some(ArgMeta::Tensor(x)) if matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) => Support::Yes,
-            _ => Support::No("x is not f32, f16 or bf16".into()),
-        }
-    });
-    ir_ops::layer_norm::register(registry, spec, |x, weight, bias, epsilon| {
+            match args.first() {
+                Some(ArgMeta::Tensor(x)) if matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) => Support::Yes,
+                _ => Support::No("x is not f32, f16 or bf16".into()),
+            }
+        })
+    };
+    ir_ops::layer_norm::register(registry, spec(), |x, weight, bias, epsilon| {
         let program = ir_ops::layer_norm::program(weight.is_some(), bias.is_some());
         let mut out = run_row_program(program, &ir_ops::layer_norm::program_args(x, weight, bias, epsilon))?;
         Ok(out.pop().expect("one output"))
+    })?;
+    ir_ops::silu_and_mul_dynamic_fp8_quant::register(registry, spec(), |x, scale_ub, out_dtype| {
+        use ir_ops::silu_and_mul_dynamic_fp8_quant::{program, program_args};
+        let mut out = run_row_program(program(out_dtype, scale_ub.is_some())?, &program_args(x, scale_ub))?;
+        let scales = out.pop().expect("two outputs");
+        Ok((out.pop().expect("two outputs"), scales))
     })
 }
 

@@ -11,6 +11,7 @@
 //! | the four norm + quantization fusions | [`rms_norm_static_fp8_quant`], [`rms_norm_dynamic_per_token_quant`], [`fused_add_rms_norm_static_fp8_quant`], [`fused_add_rms_norm_dynamic_per_token_quant`] |
 //! | `rotary_embedding` | [`rotary_embedding`] |
 //! | `layer_norm` (its semantics a row program, every provider's implementation generated from it) | [`layer_norm`] |
+//! | `silu_and_mul_dynamic_fp8_quant` (the gated activation and the per-token quantization fused, likewise) | [`silu_and_mul_dynamic_fp8_quant`] |
 //!
 //! [`row_program`] describes a memory-bound computation over rows once, as data, with a reference
 //! interpreter that defines its semantics; [`row_program::builtin`] expresses the norms, the gated
@@ -52,6 +53,7 @@ pub mod rms_norm_static_fp8_quant;
 pub mod rotary_embedding;
 pub mod row_program;
 pub mod silu_and_mul;
+pub mod silu_and_mul_dynamic_fp8_quant;
 pub mod static_scaled_fp8_quant;
 
 use ir_core::op::OpDef;
@@ -105,6 +107,7 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
     &rotary_embedding::ROTARY_EMBEDDING,
     &layer_norm::LAYER_NORM,
+    &silu_and_mul_dynamic_fp8_quant::SILU_AND_MUL_DYNAMIC_FP8_QUANT,
 ];
 
 /// A registry defining every op of [`BUILTIN_OPS`], each with `native` only; kernel crates register

@@ -477,8 +477,8 @@ pub struct GpuBackend {
 /// a weight of another dtype, `variance_size`; `fused_add_rms_norm` in place), the gated
 /// activations, the fp8 quantizations, the norm + quantizations (the fused-add forms in place),
 /// `rotary_embedding` (in place), each with the standard predicate on the backend's device and
-/// dtypes, and `layer_norm` as the kernel generated from its row program
-/// ([`row_program_support_with`]).
+/// dtypes, and the ops defined by row programs (`layer_norm`, `silu_and_mul_dynamic_fp8_quant`) as
+/// the kernels generated from them ([`row_program_support_with`]).
 pub fn register<R: GpuRuntime>(registry: &Registry, backend: GpuBackend) -> Result<(), RegistryError> {
     let GpuBackend { device, dtypes, spec, gated } = backend;
     let capabilities = move || NormCapabilities { dtypes: dtypes(), ..NormCapabilities::ALL };
@@ -493,7 +493,7 @@ pub fn register<R: GpuRuntime>(registry: &Registry, backend: GpuBackend) -> Resu
     ir_ops::dynamic_per_token_scaled_fp8_quant::register(registry, quant_spec(), run_dynamic_quant::<R>)?;
     register_norm_quant_ops(registry, device, dtypes, spec, run_norm_quant::<R>)?;
     register_rotary_with(registry, device, dtypes, spec(), run_rotary::<R>)?;
-    program::register_layer_norm::<R>(registry, backend)
+    program::register_program_ops::<R>(registry, backend)
 }
 
 /// [`run_fused_add_rms_norm`] with the op's `rounding` argument.

@@ -125,17 +125,24 @@ pub fn row_program_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes
     Support::Yes
 }
 
-/// Registers runtime `R`'s implementation of `layer_norm`: its row program, generated for the
-/// call's dtypes.
-pub(crate) fn register_layer_norm<R: GpuRuntime>(
+/// Registers runtime `R`'s implementations of the built-in ops defined by row programs
+/// (`layer_norm`, `silu_and_mul_dynamic_fp8_quant`): each the kernel generated from its program for
+/// the call's dtypes.
+pub(crate) fn register_program_ops<R: GpuRuntime>(
     registry: &Registry,
     backend: GpuBackend,
 ) -> Result<(), RegistryError> {
     let GpuBackend { device, dtypes, spec, .. } = backend;
-    let spec = spec().with_supports(move |args| row_program_support_with(args, device, dtypes()));
-    ir_ops::layer_norm::register(registry, spec, |x, weight, bias, epsilon| {
+    let spec = move || spec().with_supports(move |args| row_program_support_with(args, device, dtypes()));
+    ir_ops::layer_norm::register(registry, spec(), |x, weight, bias, epsilon| {
         let program = ir_ops::layer_norm::program(weight.is_some(), bias.is_some());
         let mut out = run_row_program::<R>(program, &ir_ops::layer_norm::program_args(x, weight, bias, epsilon))?;
         Ok(out.pop().expect("one output"))
+    })?;
+    ir_ops::silu_and_mul_dynamic_fp8_quant::register(registry, spec(), |x, scale_ub, out_dtype| {
+        use ir_ops::silu_and_mul_dynamic_fp8_quant::{program, program_args};
+        let mut out = run_row_program::<R>(program(out_dtype, scale_ub.is_some())?, &program_args(x, scale_ub))?;
+        let scales = out.pop().expect("two outputs");
+        Ok((out.pop().expect("two outputs"), scales))
     })
 }
