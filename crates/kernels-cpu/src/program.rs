@@ -6,7 +6,11 @@
 //! only the element steps the pass needs (the operands of the reductions it accumulates; in the last
 //! pass, of the outputs), each step one loop over the chunk's f32 values that the compiler
 //! vectorizes; earlier passes' element steps are computed again from the loads (a row is read once
-//! per pass, from the L1 cache for decode and prefill rows). Row values (parameters, reductions and
+//! per pass, from the L1 cache for decode and prefill rows), except a value whose computation holds
+//! a transcendental step (`exp`, `tanh`, `erf`, `erfc`, `sigmoid`): the pass that first computes it
+//! keeps its row in a buffer of the task, and later passes read it back instead of computing it
+//! again (the same f32 values, so the same bits; a fused gated activation + quantization computes
+//! its activation once). Row values (parameters, reductions and
 //! what is computed from them) are `f64`, rounded as the program says, so the row arithmetic is the
 //! reference's. Rows are split across threads as the norms' rows are.
 //!
@@ -87,7 +91,8 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
         outputs.push(Tensor::empty_with_layout(binding.output_dtype(output.dtype), layout)?);
     }
     let exact = program.exact_in_f32(&binding);
-    let run = Run { program, plan: &plan, exact, binding: &binding, sources: &sources };
+    let reuse = Reuse::plan(program, &plan);
+    let run = Run { program, plan: &plan, reuse, exact, binding: &binding, sources: &sources };
     let per_task = rows_per_task(binding.width, size_of::<f32>());
     // Each output's bytes, split into the tasks' disjoint row ranges (one piece per task and
     // output, empty where the output has no bytes).
@@ -175,18 +180,109 @@ enum Source<'a> {
 struct Run<'a> {
     program: &'a RowProgram,
     plan: &'a Schedule,
+    /// Which element steps each pass computes, recalls or keeps.
+    reuse: Reuse,
     /// Per step: exact in f32 ([`RowProgram::exact_in_f32`]).
     exact: Vec<bool>,
     binding: &'a Binding,
     sources: &'a [Source<'a>],
 }
 
-/// What a task's rows reuse: each step's row value, whether it is computed in the current row, and
-/// the accumulators of the current pass.
+/// What a task's rows reuse: each step's row value, whether it is computed in the current row, the
+/// accumulators of the current pass, and the kept element values of the current row (a row of
+/// `width` per slot).
 struct RowState {
     values: Vec<f64>,
     computed: Vec<bool>,
     accumulators: Vec<(usize, Accumulator)>,
+    kept: Vec<f32>,
+}
+
+/// What each pass does with its element steps: per pass, in order, each step it needs and whether
+/// it reads the step's values back from a kept row instead of computing them; per step, its kept
+/// row's slot and the pass that computes and keeps it.
+#[derive(Debug)]
+struct Reuse {
+    actions: Vec<Vec<(usize, bool)>>,
+    slot: Vec<Option<usize>>,
+    computed_in: Vec<Option<usize>>,
+    slots: usize,
+}
+
+impl Reuse {
+    /// The plan for `program`'s `schedule`: an element step whose computation holds a
+    /// transcendental step and which a later pass needs again is kept by the first pass that
+    /// computes it and recalled by the later ones, which then skip what only it needed.
+    fn plan(program: &RowProgram, schedule: &Schedule) -> Reuse {
+        let steps = program.steps();
+        let n = steps.len();
+        let element = |v: ValueId| steps[v.0 as usize].extent == Extent::Element;
+        let mut costly = vec![false; n];
+        for (index, step) in steps.iter().enumerate() {
+            costly[index] = step.extent == Extent::Element
+                && match step.op {
+                    Op::Unary(op, x) => {
+                        matches!(op, UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Erfc | UnaryOp::Sigmoid)
+                            || (element(x) && costly[x.0 as usize])
+                    }
+                    Op::Binary(_, a, b) => (element(a) && costly[a.0 as usize]) || (element(b) && costly[b.0 as usize]),
+                    _ => false,
+                };
+        }
+        let passes = schedule.elements.len();
+        let (mut slot, mut computed_in, mut slots) = (vec![None; n], vec![None; n], 0);
+        let mut actions = Vec::with_capacity(passes);
+        for (pass, elements) in schedule.elements.iter().enumerate() {
+            let mut needed = vec![false; n];
+            for &index in &schedule.reductions[pass] {
+                let Op::Reduce { x, .. } = steps[index].op else { unreachable!("reductions are listed") };
+                needed[x.0 as usize] = true;
+            }
+            if pass + 1 == passes {
+                for output in program.outputs() {
+                    if element(output.value) {
+                        needed[output.value.0 as usize] = true;
+                    }
+                }
+            }
+            let mut pass_actions = Vec::with_capacity(elements.len());
+            for &index in elements.iter().rev() {
+                if !needed[index] {
+                    continue;
+                }
+                if costly[index] && computed_in[index].is_some() {
+                    pass_actions.push((index, true));
+                    if slot[index].is_none() {
+                        slot[index] = Some(slots);
+                        slots += 1;
+                    }
+                    continue;
+                }
+                pass_actions.push((index, false));
+                let mut need = |v: ValueId| {
+                    if element(v) {
+                        needed[v.0 as usize] = true;
+                    }
+                };
+                match steps[index].op {
+                    Op::Unary(_, x) => need(x),
+                    Op::Binary(_, a, b) => {
+                        need(a);
+                        need(b);
+                    }
+                    _ => {}
+                }
+            }
+            pass_actions.reverse();
+            for &(index, recall) in &pass_actions {
+                if !recall && computed_in[index].is_none() {
+                    computed_in[index] = Some(pass);
+                }
+            }
+            actions.push(pass_actions);
+        }
+        Reuse { actions, slot, computed_in, slots }
+    }
 }
 
 /// A reduction's running state in one row.
@@ -217,6 +313,7 @@ impl Run<'_> {
             values: vec![0f64; steps],
             computed: vec![false; steps],
             accumulators: Vec::with_capacity(self.plan.reductions.iter().map(Vec::len).max().unwrap_or(0)),
+            kept: vec![0f32; self.reuse.slots * self.binding.width],
         };
         // Every chunk value a step reads was written by the step before in the same chunk.
         crate::rows::with_scratch(steps * CHUNK, |chunks: &mut [f32]| {
@@ -244,7 +341,7 @@ impl Run<'_> {
         let (program, plan, width) = (self.program, self.plan, self.binding.width);
         let steps = program.steps();
         let passes = plan.elements.len();
-        let RowState { values, computed, accumulators } = state;
+        let RowState { values, computed, accumulators, kept } = state;
         computed.fill(false);
         for pass in 0..passes {
             self.row_values(pass, values, computed);
@@ -281,8 +378,22 @@ impl Run<'_> {
             let last = pass + 1 == passes;
             for start in (0..width).step_by(CHUNK) {
                 let len = CHUNK.min(width - start);
-                for &index in &plan.elements[pass] {
-                    self.element_step(index, row, start, len, chunks, values);
+                for &(index, recall) in &self.reuse.actions[pass] {
+                    let slot = self.reuse.slot[index];
+                    let chunk = index * CHUNK..index * CHUNK + len;
+                    match slot {
+                        Some(slot) if recall => {
+                            chunks[chunk].copy_from_slice(&kept[slot * width + start..][..len]);
+                        }
+                        _ => {
+                            self.element_step(index, row, start, len, chunks, values);
+                            if let Some(slot) = slot
+                                && self.reuse.computed_in[index] == Some(pass)
+                            {
+                                kept[slot * width + start..][..len].copy_from_slice(&chunks[chunk]);
+                            }
+                        }
+                    }
                 }
                 for (index, accumulator) in accumulators.iter_mut() {
                     let Op::Reduce { op, x, .. } = steps[*index].op else { unreachable!("reductions are listed") };

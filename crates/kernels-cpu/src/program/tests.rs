@@ -298,3 +298,61 @@ fn layer_norm_runs_its_program_on_the_cpu_provider() {
         }
     }
 }
+
+#[test]
+fn a_fused_gated_quantization_computes_its_activation_once_with_the_unfused_bits() {
+    // The activation (an exp) is kept by the absmax pass and read back by the codes pass; the
+    // loads and the activation are not computed again there. A norm keeps nothing: its loads are
+    // cheaper to repeat than to keep.
+    for approximate in [None, Some(Approximate::Tanh)] {
+        let fused = match approximate {
+            None => builtin::silu_and_mul_dynamic_fp8_quant(DType::F8E4M3FN, true).unwrap(),
+            Some(_) => {
+                let mut b = RowProgram::builder("gelu_tanh_quant");
+                let x = b.activation("x", 2);
+                let g = b.load(x, 0);
+                let t = b.unary(ir_ops::row_program::UnaryOp::Tanh, g, Precision::Compute);
+                let gated = b.binary(BinaryOp::Mul, t, g, Precision::Like(x));
+                let m = b.reduce(ReduceOp::MaxAbs, gated, None, Precision::Compute);
+                let q = b.binary(BinaryOp::Div, gated, m, Precision::Compute);
+                b.store("q", q, OutDType::Like(x), None);
+                b.build().unwrap()
+            }
+        };
+        let reuse = super::Reuse::plan(&fused, &fused.schedule());
+        assert_eq!(reuse.slots, 1, "{}: one kept row", fused.name());
+        let last = reuse.actions.last().unwrap();
+        assert_eq!(last.iter().filter(|(_, recall)| *recall).count(), 1, "{}: {reuse:?}", fused.name());
+        let steps = fused.steps();
+        for &(index, recall) in last {
+            if !recall {
+                assert!(
+                    !matches!(
+                        steps[index].op,
+                        ir_ops::row_program::Op::Load { .. } | ir_ops::row_program::Op::Unary(..)
+                    ),
+                    "{}: the codes pass computes %{index} again: {reuse:?}",
+                    fused.name()
+                );
+            }
+        }
+    }
+    let norm = builtin::rms_norm(true, false);
+    assert_eq!(super::Reuse::plan(&norm, &norm.schedule()).slots, 0);
+
+    let mut rng = InputRng::new(77);
+    let bound = Tensor::from_f64(DType::F32, &[1], &[3.0]).unwrap();
+    let fused = builtin::silu_and_mul_dynamic_fp8_quant(DType::F8E4M3FN, true).unwrap();
+    let silu = builtin::silu_and_mul();
+    let quant = builtin::dynamic_per_token_scaled_fp8_quant(DType::F8E4M3FN, true).unwrap();
+    for dtype in DTYPES {
+        // 3 chunks and a tail per row, and a column slice.
+        let x = activation(&mut rng, dtype, 5, 2 * 700, 3.0, true);
+        let ours = run_row_program(&fused, &[RowArg::Tensor(&x), RowArg::Tensor(&bound)]).unwrap();
+        let gated = run_row_program(&silu, &[RowArg::Tensor(&x)]).unwrap().pop().unwrap();
+        let pair = run_row_program(&quant, &[RowArg::Tensor(&gated), RowArg::Tensor(&bound)]).unwrap();
+        for (index, (a, b)) in ours.iter().zip(&pair).enumerate() {
+            assert_bits(a, b, &format!("{dtype} output {index}"));
+        }
+    }
+}
