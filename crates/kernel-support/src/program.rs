@@ -120,6 +120,13 @@ impl std::fmt::Display for Unsupported {
 
 impl std::error::Error for Unsupported {}
 
+impl From<Unsupported> for ir_core::KernelError {
+    /// A program a backend cannot generate, refused as invalid arguments with the reason.
+    fn from(error: Unsupported) -> ir_core::KernelError {
+        ir_core::KernelError::InvalidArguments { reason: error.to_string() }
+    }
+}
+
 /// `elem.h`'s element type code of `dtype` (`Elem<code>`), if it has one.
 fn elem_code(dtype: DType) -> Option<u32> {
     match dtype {
@@ -170,15 +177,6 @@ struct Syntax {
 }
 
 impl Syntax {
-    fn dtype_name(dtype: DType) -> &'static str {
-        match dtype {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            _ => "f64",
-        }
-    }
-
     /// The pointer type of a buffer of `dtype` (`constant` for an input).
     fn pointer(&self, dtype: DType, input: bool) -> String {
         let c = if input { "const " } else { "" };
@@ -254,7 +252,7 @@ impl Syntax {
     fn round(&self, dtype: DType, value: &str, ty: Ty) -> String {
         match self.target {
             Target::CudaHip => format!("round_elem<{}>({value})", elem_code(dtype).unwrap_or(0)),
-            Target::OpenCl => format!("rp_{}_round_{}({value})", Self::dtype_name(dtype), ty.suffix()),
+            Target::OpenCl => format!("rp_{dtype}_round_{}({value})", ty.suffix()),
         }
     }
 
@@ -574,16 +572,8 @@ pub fn check_counts(
     for (index, step) in program.steps().iter().enumerate() {
         let Op::Reduce { count: Some(count), .. } = step.op else { continue };
         let Op::Param { input } = program.steps()[count.0 as usize].op else { continue };
-        if let Some(&ir_ops::row_program::RowArg::Scalar(c)) = args.get(input)
-            && binding.count(c).is_none()
-        {
-            let error = ir_ops::row_program::RunError::Count {
-                program: program.name().to_owned(),
-                step: ValueId(index as u32),
-                count: c,
-                width: binding.width,
-            };
-            return Err(ir_core::KernelError::InvalidArguments { reason: error.to_string() });
+        if let Some(&ir_ops::row_program::RowArg::Scalar(c)) = args.get(input) {
+            binding.checked_count(program, index, c)?;
         }
     }
     Ok(())

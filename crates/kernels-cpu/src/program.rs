@@ -29,8 +29,7 @@
 use ir_core::storage::CpuBuffer;
 use ir_core::{DType, KernelError, Tensor};
 use ir_ops::row_program::{
-    BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, RunError, Schedule, UnaryOp,
-    ValueId,
+    BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, Schedule, UnaryOp, ValueId,
 };
 use kernel_support::Rows;
 use rayon::prelude::*;
@@ -50,7 +49,7 @@ const CHUNK: usize = 256;
 /// ([`RowProgram::bind`]), a tensor is not in host memory, an activation is f64, or a reduction's
 /// count is not an integer in `1..=W`.
 pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError> {
-    let binding = program.bind(args).map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+    let binding = program.bind(args)?;
     if binding.compute != DType::F32 {
         return Err(KernelError::InvalidArguments {
             reason: format!(
@@ -146,15 +145,10 @@ pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), i
         })
     };
     ir_ops::layer_norm::register(registry, spec(), |x, weight, bias, epsilon| {
-        let program = ir_ops::layer_norm::program(weight.is_some(), bias.is_some());
-        let mut out = run_row_program(program, &ir_ops::layer_norm::program_args(x, weight, bias, epsilon))?;
-        Ok(out.pop().expect("one output"))
+        ir_ops::layer_norm::run_with(run_row_program, x, weight, bias, epsilon)
     })?;
     ir_ops::silu_and_mul_dynamic_fp8_quant::register(registry, spec(), |x, scale_ub, out_dtype| {
-        use ir_ops::silu_and_mul_dynamic_fp8_quant::{program, program_args};
-        let mut out = run_row_program(program(out_dtype, scale_ub.is_some())?, &program_args(x, scale_ub))?;
-        let scales = out.pop().expect("two outputs");
-        Ok((out.pop().expect("two outputs"), scales))
+        ir_ops::silu_and_mul_dynamic_fp8_quant::run_with(run_row_program, x, scale_ub, out_dtype)
     })
 }
 
@@ -352,15 +346,7 @@ impl Run<'_> {
                     None => width,
                     Some(count) => {
                         let c = values[count.0 as usize];
-                        self.binding.count(c).ok_or_else(|| {
-                            let error = RunError::Count {
-                                program: program.name().to_owned(),
-                                step: ValueId(index as u32),
-                                count: c,
-                                width,
-                            };
-                            KernelError::InvalidArguments { reason: error.to_string() }
-                        })?
+                        self.binding.checked_count(program, index, c)?
                     }
                 };
                 accumulators.push((

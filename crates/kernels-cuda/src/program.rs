@@ -23,8 +23,7 @@ pub const FILE: &str = "row_program.cu";
 /// The NVRTC program of `program` for a call bound as `binding` (kernel
 /// [`ROW_PROGRAM_KERNEL`](kernel_support::program::ROW_PROGRAM_KERNEL)).
 pub fn row_program(program: &RowProgram, binding: &Binding) -> Result<Program, KernelError> {
-    let generated =
-        gpu_source(program, binding).map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+    let generated = gpu_source(program, binding)?;
     Ok(Program {
         source: format!("{PORT_HEADER}\n{ROW_PROGRAM_HEADERS}{generated}"),
         file: FILE.to_owned(),

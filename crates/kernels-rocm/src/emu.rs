@@ -183,8 +183,7 @@ fn generated_kernel(
     static BUILT: std::sync::Mutex<Option<GeneratedKernels<Arc<EmuProgram>>>> = std::sync::Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let emu = built.get_or_insert_with(GeneratedKernels::new).get_or_make(program, binding, || {
-        let source = gpu_source(program, binding)
-            .map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+        let source = gpu_source(program, binding)?;
         EmuProgram::build(Dialect::Hip, &[], &format!("{ROW_PROGRAM_HEADERS}{source}")).map_err(|error| match error {
             EmuError::Compile { compiler, stderr, .. } => KernelError::Compile {
                 kernel: format!("row program `{}`", program.name()),

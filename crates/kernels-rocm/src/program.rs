@@ -24,8 +24,7 @@ pub const FLAGS: [&str; 3] = ["--genco", "-O3", "-xhip"];
 /// [`ROW_PROGRAM_KERNEL`](kernel_support::program::ROW_PROGRAM_KERNEL)), whole: it includes
 /// nothing but `hip/hip_runtime.h`.
 pub fn hip_source(program: &RowProgram, binding: &Binding) -> Result<String, KernelError> {
-    let generated =
-        gpu_source(program, binding).map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+    let generated = gpu_source(program, binding)?;
     let port = PORT.replace("#include \"gpu/compute.h\"", "");
     Ok(format!("{port}\n{ROW_PROGRAM_HEADERS}{generated}"))
 }

@@ -300,8 +300,7 @@ impl XpuDevice {
                     ),
                 });
             }
-            let source = opencl_source(program, binding)
-                .map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+            let source = opencl_source(program, binding)?;
             let label = format!("row program `{}` ({})", program.name(), Signature::of(binding));
             tracing::debug!(target: "kernels_xpu", %label, "building a generated OpenCL program");
             self.build(

@@ -76,11 +76,22 @@ pub fn native(x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, epsilo
         t.map_or(ArgMeta::None, |t| ArgMeta::Tensor(t.meta()))
     }
     meta(&LAYER_NORM, &[ArgMeta::Tensor(x.meta()), tensor(weight), tensor(bias), ArgMeta::F64(epsilon)])?;
-    let mut out = program(weight.is_some(), bias.is_some())
-        .run(&program_args(x, weight, bias, epsilon))
-        .map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
-    let out = out.pop().expect("one output");
+    let out = run_with(|program, args| Ok(program.run(args)?), x, weight, bias, epsilon)?;
     Ok(if x.device().is_cpu() { out } else { out.to_device_of(x)? })
+}
+
+/// The op on an executor of row programs (`run`: the reference interpreter, the cpu's, a GPU
+/// backend's): its program for the call, run on the call's arguments, and the output. What every
+/// implementation of the op is.
+pub fn run_with(
+    run: impl FnOnce(&RowProgram, &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError>,
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    epsilon: f64,
+) -> Result<Tensor, KernelError> {
+    let mut out = run(program(weight.is_some(), bias.is_some()), &program_args(x, weight, bias, epsilon))?;
+    Ok(out.pop().expect("one output"))
 }
 
 fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {

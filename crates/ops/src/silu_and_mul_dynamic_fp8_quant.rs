@@ -74,12 +74,22 @@ pub fn program_args<'a>(x: &'a Tensor, scale_ub: Option<&'a Tensor>) -> Vec<RowA
 pub fn native(x: &Tensor, scale_ub: Option<&Tensor>, out_dtype: DType) -> Result<(Tensor, Tensor), KernelError> {
     let ub_meta = scale_ub.map_or(ArgMeta::None, |t| ArgMeta::Tensor(t.meta()));
     meta(&SILU_AND_MUL_DYNAMIC_FP8_QUANT, &[ArgMeta::Tensor(x.meta()), ub_meta, ArgMeta::DType(out_dtype)])?;
-    let mut outputs = program(out_dtype, scale_ub.is_some())?
-        .run(&program_args(x, scale_ub))
-        .map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
-    let scales = outputs.pop().expect("two outputs");
-    let q = outputs.pop().expect("two outputs");
+    let (q, scales) = run_with(|program, args| Ok(program.run(args)?), x, scale_ub, out_dtype)?;
     Ok(if x.device().is_cpu() { (q, scales) } else { (q.to_device_of(x)?, scales.to_device_of(x)?) })
+}
+
+/// The op on an executor of row programs (`run`: the reference interpreter, the cpu's, a GPU
+/// backend's): its program for the call, run on the call's arguments, and the outputs (codes,
+/// scales). What every implementation of the op is.
+pub fn run_with(
+    run: impl FnOnce(&RowProgram, &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError>,
+    x: &Tensor,
+    scale_ub: Option<&Tensor>,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let mut outputs = run(program(out_dtype, scale_ub.is_some())?, &program_args(x, scale_ub))?;
+    let scales = outputs.pop().expect("two outputs");
+    Ok((outputs.pop().expect("two outputs"), scales))
 }
 
 fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {

@@ -17,8 +17,8 @@ pub fn run_row_program(
     dialect: Dialect,
 ) -> Result<Vec<Tensor>, KernelError> {
     let invalid = |reason: String| KernelError::InvalidArguments { reason };
-    let binding = program.bind(args).map_err(|error| invalid(error.to_string()))?;
-    let source = gpu_source(program, &binding).map_err(|error| invalid(error.to_string()))?;
+    let binding = program.bind(args)?;
+    let source = gpu_source(program, &binding)?;
     check_counts(program, args, &binding)?;
     let built = EmuProgram::build(dialect, &[], &format!("{ROW_PROGRAM_HEADERS}{source}"))
         .map_err(|error| KernelError::Driver { backend: "emulated gpu", message: error.to_string() })?;

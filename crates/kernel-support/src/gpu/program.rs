@@ -18,7 +18,7 @@ use crate::{KernelDTypes, Rows, device_buffer, kernel_int, stepped_extent};
 /// [`ROW_BLOCK`] per row). Every tensor argument must be `R`'s memory and rows of one stride with a
 /// unit last stride (what [`row_program_support_with`] asks).
 pub fn run_row_program<R: GpuRuntime>(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError> {
-    let binding = program.bind(args).map_err(|error| KernelError::InvalidArguments { reason: error.to_string() })?;
+    let binding = program.bind(args)?;
     check_counts(program, args, &binding)?;
     let inputs = program.inputs();
     let first = inputs
@@ -105,21 +105,31 @@ pub fn row_program_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes
     }
     for (position, arg) in args.iter().enumerate() {
         let ArgMeta::Tensor(meta) = arg else { continue };
-        let name = format!("argument {position}");
+        let name = || format!("argument {position}");
         if !dtypes.contains(meta.dtype) {
-            return Support::No(Cow::Owned(format!("{name} dtype {} is not one of {}", meta.dtype, dtypes.describe())));
+            return Support::No(Cow::Owned(format!(
+                "{} dtype {} is not one of {}",
+                name(),
+                meta.dtype,
+                dtypes.describe()
+            )));
         }
         if meta.device.kind() != device {
-            return Support::No(Cow::Owned(format!("{name} is on {}, this provider runs on {device}", meta.device)));
+            return Support::No(Cow::Owned(format!(
+                "{} is on {}, this provider runs on {device}",
+                name(),
+                meta.device
+            )));
         }
         if i32::try_from(meta.layout.last_dim()).map_or(true, |w| w > i32::MAX - ROW_BLOCK as i32) {
             return Support::No(Cow::Owned(format!(
-                "{name}'s last dimension {} exceeds the generated kernels' 32-bit column index",
+                "{}'s last dimension {} exceeds the generated kernels' 32-bit column index",
+                name(),
                 meta.layout.last_dim()
             )));
         }
         if let Err(reason) = Rows::of(meta) {
-            return Support::No(Cow::Owned(format!("{name}: {reason}")));
+            return Support::No(Cow::Owned(format!("{}: {reason}", name())));
         }
     }
     Support::Yes
@@ -135,14 +145,9 @@ pub(crate) fn register_program_ops<R: GpuRuntime>(
     let GpuBackend { device, dtypes, spec, .. } = backend;
     let spec = move || spec().with_supports(move |args| row_program_support_with(args, device, dtypes()));
     ir_ops::layer_norm::register(registry, spec(), |x, weight, bias, epsilon| {
-        let program = ir_ops::layer_norm::program(weight.is_some(), bias.is_some());
-        let mut out = run_row_program::<R>(program, &ir_ops::layer_norm::program_args(x, weight, bias, epsilon))?;
-        Ok(out.pop().expect("one output"))
+        ir_ops::layer_norm::run_with(run_row_program::<R>, x, weight, bias, epsilon)
     })?;
     ir_ops::silu_and_mul_dynamic_fp8_quant::register(registry, spec(), |x, scale_ub, out_dtype| {
-        use ir_ops::silu_and_mul_dynamic_fp8_quant::{program, program_args};
-        let mut out = run_row_program::<R>(program(out_dtype, scale_ub.is_some())?, &program_args(x, scale_ub))?;
-        let scales = out.pop().expect("two outputs");
-        Ok((out.pop().expect("two outputs"), scales))
+        ir_ops::silu_and_mul_dynamic_fp8_quant::run_with(run_row_program::<R>, x, scale_ub, out_dtype)
     })
 }

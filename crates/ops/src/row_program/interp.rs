@@ -62,6 +62,17 @@ impl Binding {
         (count >= 1.0 && count <= self.width as f64 && count.fract() == 0.0).then_some(count as usize)
     }
 
+    /// Reduction `step`'s count as [`Binding::count`] takes it, or the error naming `program`, the
+    /// step, the count and the width.
+    pub fn checked_count(&self, program: &RowProgram, step: usize, count: f64) -> Result<usize, RunError> {
+        self.count(count).ok_or_else(|| RunError::Count {
+            program: program.name().to_owned(),
+            step: ValueId(step as u32),
+            count,
+            width: self.width,
+        })
+    }
+
     /// An output's dtype.
     pub fn output_dtype(&self, dtype: OutDType) -> DType {
         match dtype {
@@ -219,12 +230,7 @@ impl RowProgram {
                             None => width,
                             Some(count) => {
                                 let Val::Row(c) = vals[count.0 as usize] else { unreachable!("counts are row values") };
-                                binding.count(c).ok_or_else(|| RunError::Count {
-                                    program: self.name.clone(),
-                                    step: ValueId(index as u32),
-                                    count: c,
-                                    width,
-                                })?
+                                binding.checked_count(self, index, c)?
                             }
                         };
                         Val::Row(round(step.precision, reduce(op, &elements[..n])))

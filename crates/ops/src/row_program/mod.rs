@@ -391,6 +391,13 @@ pub enum RunError {
     Tensor(#[from] ir_core::TensorError),
 }
 
+impl From<RunError> for ir_core::KernelError {
+    /// A refused call, as the executors report it: invalid arguments, with the reason.
+    fn from(error: RunError) -> ir_core::KernelError {
+        ir_core::KernelError::InvalidArguments { reason: error.to_string() }
+    }
+}
+
 /// A row program: inputs, steps and outputs, well formed (see the module documentation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowProgram {
