@@ -307,7 +307,17 @@ impl Run<'_> {
             values: vec![0f64; steps],
             computed: vec![false; steps],
             accumulators: Vec::with_capacity(self.plan.reductions.iter().map(Vec::len).max().unwrap_or(0)),
-            kept: vec![0f32; self.reuse.slots * self.binding.width],
+            kept: vec![
+                0f32;
+                self.reuse.slots.checked_mul(self.binding.width).ok_or_else(|| {
+                    kernel_support::out_of_range(
+                        "kept row elements",
+                        self.binding.width,
+                        0,
+                        usize::MAX / self.reuse.slots.max(1),
+                    )
+                })?
+            ],
         };
         // Every chunk value a step reads was written by the step before in the same chunk.
         crate::rows::with_scratch(steps * CHUNK, |chunks: &mut [f32]| {
