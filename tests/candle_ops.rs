@@ -682,3 +682,52 @@ fn layer_norm_from_its_row_program_matches_candle_nn() {
     assert!(op.providers.iter().any(|p| p.provider == "cpu" && p.selections == 2), "{op:?}");
     assert_eq!(op.native_fallbacks, 0, "{op:?}");
 }
+
+/// Close to `expected` elementwise (relative to its magnitude), naming the element.
+fn assert_near(ours: &CTensor, expected: &CTensor, tolerance: f64, what: &str) {
+    let values = |t: &CTensor| t.to_dtype(CDType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    for (index, (a, e)) in values(ours).iter().zip(&values(expected)).enumerate() {
+        assert!((a - e).abs() <= tolerance * (1.0 + e.abs()), "{what}: element {index}: {a} vs candle-nn's {e}");
+    }
+}
+
+#[test]
+fn the_fused_add_and_sandwich_norms_match_candle_nn_chains() {
+    // Two model patterns with no kernel written (add + LayerNorm; Gemma 2/3's norm, add, norm),
+    // called on candle tensors through their declarations, beside the same chains of candle-nn
+    // ops an unfused engine runs.
+    use ir_ops::Rounding;
+    let registry = ir_ops::registry();
+    kernels_cpu::register(&registry).unwrap();
+    PriorityConfig::platform_default(Platform::Cpu).apply(&registry).unwrap();
+    let ops = candle_ops::Candle(&registry);
+    for (dtype, tolerance) in [(CDType::F32, 1e-5), (CDType::BF16, 2e-2)] {
+        let x = randn((5, 256), dtype, 31).affine(3.0, 0.5).unwrap();
+        let r = randn((5, 256), dtype, 32);
+        let w = randn((1, 256), dtype, 33).squeeze(0).unwrap().affine(0.1, 1.0).unwrap();
+        let b = randn((1, 256), dtype, 34).squeeze(0).unwrap().affine(0.1, 0.0).unwrap();
+        let v = randn((1, 256), dtype, 35).squeeze(0).unwrap().affine(0.1, 1.0).unwrap();
+        let sum = (&x + &r).unwrap();
+
+        let (out, residual) =
+            ir_ops::fused_add_layer_norm::call(&ops, &x, &r, Some(&w), Some(&b), 1e-5, Rounding::Dtype).unwrap();
+        // The residual is candle's own sum, bit for bit (both round the f32 sum to the dtype).
+        assert_near(&residual, &sum, 0.0, &format!("{dtype:?} add + layer_norm: residual"));
+        let expected = candle_nn::ops::layer_norm(&sum, &w, &b, 1e-5).unwrap();
+        assert_near(&out, &expected, tolerance, &format!("{dtype:?} add + layer_norm: out"));
+
+        let (out, residual) =
+            ir_ops::fused_sandwich_rms_norm::call(&ops, &x, &r, Some(&w), Some(&v), 1e-6, Rounding::Dtype).unwrap();
+        let h = candle_nn::ops::rms_norm(&x, &w, 1e-6).unwrap();
+        let stream = (&h + &r).unwrap();
+        assert_near(&residual, &stream, tolerance, &format!("{dtype:?} sandwich: residual"));
+        let expected = candle_nn::ops::rms_norm(&stream, &v, 1e-6).unwrap();
+        assert_near(&out, &expected, tolerance, &format!("{dtype:?} sandwich: out"));
+    }
+    let record = registry.selection_record();
+    for name in ["fused_add_layer_norm", "fused_sandwich_rms_norm"] {
+        let op = record.ops.iter().find(|op| op.op == name).expect("recorded");
+        assert!(op.providers.iter().any(|p| p.provider == "cpu" && p.selections == 2), "{op:?}");
+        assert_eq!(op.native_fallbacks, 0, "{op:?}");
+    }
+}

@@ -1684,7 +1684,13 @@ fn run_logged(
 
 /// The ops without a 16-byte kernel: rotary (one thread per rotated pair), and the ops whose GPU
 /// kernels are generated from their row programs (the generator loads one element per column yet).
-const SCALAR_ONLY: [&str; 3] = ["rotary_embedding", "layer_norm", "silu_and_mul_dynamic_fp8_quant"];
+const SCALAR_ONLY: [&str; 5] = [
+    "rotary_embedding",
+    "layer_norm",
+    "silu_and_mul_dynamic_fp8_quant",
+    "fused_add_layer_norm",
+    "fused_sandwich_rms_norm",
+];
 
 /// Every op, on every emulated provider: rows the host gives its 16-byte kernel (compact, of a
 /// multiple of 16 bytes) and the same values in rows 3 elements apart (which only a scalar kernel

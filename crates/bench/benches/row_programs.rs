@@ -1,12 +1,49 @@
 //! Row programs on the cpu: the block-vectorized interpreter (`kernels_cpu::program`) running a
 //! built-in op's program beside the hand-written cpu kernel of the op, at decode (1 × 4096) and
-//! prefill (512 × 4096), f32 and bf16. Both return fresh outputs. And one fused pattern,
-//! `silu_and_mul_dynamic_fp8_quant`, as one program beside the unfused pair (two programs, and the
-//! two hand-written kernels).
+//! prefill (512 × 4096), f32 and bf16. Both return fresh outputs. And three fused patterns, each
+//! beside its unfused chain: `silu_and_mul_dynamic_fp8_quant` (as one program, as two programs,
+//! and as the two hand-written kernels), and, in place on donated activations (copied outside the
+//! timing), `fused_sandwich_rms_norm` (one program beside the hand-written `rms_norm` then
+//! `fused_add_rms_norm`) and `fused_add_layer_norm` (one program beside an in-place add program then
+//! the `layer_norm` program).
 
-use criterion::{Criterion, criterion_group, criterion_main};
-use ir_core::{DType, Tensor, TensorMeta};
-use ir_ops::row_program::{RowArg, builtin};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use ir_core::{DType, Tensor, TensorMeta, UniqueTensor};
+use ir_ops::Rounding;
+use ir_ops::row_program::{BinaryOp, InPlaceArg, OutDType, Precision, RowArg, RowProgram, builtin};
+use kernels_cpu::program::{run_row_program, run_row_program_in_place};
+
+/// A uniquely owned copy of `t`, to donate.
+fn donate(t: &Tensor) -> UniqueTensor {
+    UniqueTensor::new(t.deep_clone().expect("a copy")).unwrap_or_else(|_| panic!("a fresh copy is uniquely owned"))
+}
+
+/// `residual ← x + residual` in place, rounded to x's dtype: the add of an unfused engine.
+fn add_in_place() -> RowProgram {
+    let mut b = RowProgram::builder("add");
+    let x = b.activation("x", 1);
+    let r = b.activation("residual", 1);
+    let (a, c) = (b.load(x, 0), b.load(r, 0));
+    let sum = b.binary(BinaryOp::Add, a, c, Precision::Like(x));
+    b.store("residual_out", sum, OutDType::Like(r), Some(r));
+    b.build().expect("well formed")
+}
+
+/// Runs the fused-add program `program` in place on fresh donated copies of `x` and `r` (made
+/// outside the timing), with `vectors` and epsilon.
+fn bench_in_place(b: &mut criterion::Bencher<'_>, program: &RowProgram, x: &Tensor, r: &Tensor, vectors: &[&Tensor]) {
+    b.iter_batched(
+        || (donate(x), donate(r)),
+        |(mut x, mut r)| {
+            let mut args = vec![InPlaceArg::Donated(&mut x), InPlaceArg::Donated(&mut r)];
+            args.extend(vectors.iter().map(|v| InPlaceArg::Read(RowArg::Tensor(v))));
+            args.push(InPlaceArg::Read(RowArg::Scalar(1e-6)));
+            run_row_program_in_place(program, &mut args).expect("ran");
+            (x, r)
+        },
+        BatchSize::LargeInput,
+    )
+}
 
 fn row_programs(c: &mut Criterion) {
     let hidden = 4096;
@@ -19,7 +56,7 @@ fn row_programs(c: &mut Criterion) {
             let norm = builtin::rms_norm(true, false);
             group.bench_function("rms_norm/program", |b| {
                 let args = [RowArg::Tensor(&x), RowArg::Tensor(&w), RowArg::Scalar(1e-6)];
-                b.iter(|| kernels_cpu::program::run_row_program(&norm, &args).expect("ran"))
+                b.iter(|| run_row_program(&norm, &args).expect("ran"))
             });
             group.bench_function("rms_norm/hand-written", |b| {
                 b.iter(|| kernels_cpu::rms_norm_cpu(&x, Some(&w), 1e-6, None).expect("ran"))
@@ -27,7 +64,7 @@ fn row_programs(c: &mut Criterion) {
             let silu = builtin::silu_and_mul();
             group.bench_function("silu_and_mul/program", |b| {
                 let args = [RowArg::Tensor(&gate_up)];
-                b.iter(|| kernels_cpu::program::run_row_program(&silu, &args).expect("ran"))
+                b.iter(|| run_row_program(&silu, &args).expect("ran"))
             });
             group.bench_function("silu_and_mul/hand-written", |b| {
                 b.iter(|| kernels_cpu::gated::run(&gate_up, kernels_cpu::gated::Silu).expect("ran"))
@@ -35,7 +72,7 @@ fn row_programs(c: &mut Criterion) {
             let quant = builtin::dynamic_per_token_scaled_fp8_quant(DType::F8E4M3FN, false).expect("fp8");
             group.bench_function("dynamic_per_token_scaled_fp8_quant/program", |b| {
                 let args = [RowArg::Tensor(&x)];
-                b.iter(|| kernels_cpu::program::run_row_program(&quant, &args).expect("ran"))
+                b.iter(|| run_row_program(&quant, &args).expect("ran"))
             });
             group.bench_function("dynamic_per_token_scaled_fp8_quant/hand-written", |b| {
                 b.iter(|| {
@@ -48,12 +85,12 @@ fn row_programs(c: &mut Criterion) {
             let fused = builtin::silu_and_mul_dynamic_fp8_quant(DType::F8E4M3FN, false).expect("fp8");
             group.bench_function("silu_and_mul_dynamic_fp8_quant/fused-program", |b| {
                 let args = [RowArg::Tensor(&gate_up)];
-                b.iter(|| kernels_cpu::program::run_row_program(&fused, &args).expect("ran"))
+                b.iter(|| run_row_program(&fused, &args).expect("ran"))
             });
             group.bench_function("silu_and_mul_dynamic_fp8_quant/unfused-programs", |b| {
                 b.iter(|| {
-                    let gated = kernels_cpu::program::run_row_program(&silu, &[RowArg::Tensor(&gate_up)]).expect("ran");
-                    kernels_cpu::program::run_row_program(&quant, &[RowArg::Tensor(&gated[0])]).expect("ran")
+                    let gated = run_row_program(&silu, &[RowArg::Tensor(&gate_up)]).expect("ran");
+                    run_row_program(&quant, &[RowArg::Tensor(&gated[0])]).expect("ran")
                 })
             });
             group.bench_function("silu_and_mul_dynamic_fp8_quant/unfused-hand-written", |b| {
@@ -62,6 +99,44 @@ fn row_programs(c: &mut Criterion) {
                     kernels_cpu::quant::dynamic_per_token_scaled_fp8_quant_cpu(&gated, None, DType::F8E4M3FN)
                         .expect("ran")
                 })
+            });
+            // Gemma 2/3's sandwich: norm of the block's output, residual add, norm of the sum.
+            let r = Tensor::randn(&TensorMeta::compact(dtype, &[tokens, hidden]), 4).expect("residual");
+            let v = Tensor::randn(&TensorMeta::compact(dtype, &[hidden]), 5).expect("v");
+            let sandwich = builtin::fused_sandwich_rms_norm(true, true, Rounding::Dtype);
+            group.bench_function("fused_sandwich_rms_norm/fused-program", |b| {
+                bench_in_place(b, &sandwich, &x, &r, &[&w, &v])
+            });
+            group.bench_function("fused_sandwich_rms_norm/unfused-hand-written", |b| {
+                b.iter_batched(
+                    || donate(&r),
+                    |r| {
+                        let h = kernels_cpu::rms_norm_cpu(&x, Some(&w), 1e-6, None).expect("ran");
+                        let h = UniqueTensor::new(h).unwrap_or_else(|_| panic!("fresh"));
+                        kernels_cpu::fused_add_rms_norm_cpu(h, r, Some(&v), 1e-6, None, Rounding::Dtype).expect("ran")
+                    },
+                    BatchSize::LargeInput,
+                )
+            });
+            // add + LayerNorm.
+            let add_ln = builtin::fused_add_layer_norm(true, true, Rounding::Dtype);
+            let layer_norm = builtin::layer_norm(true, true);
+            group.bench_function("fused_add_layer_norm/fused-program", |b| {
+                bench_in_place(b, &add_ln, &x, &r, &[&w, &v])
+            });
+            let add = add_in_place();
+            group.bench_function("fused_add_layer_norm/unfused-programs", |b| {
+                b.iter_batched(
+                    || donate(&r),
+                    |mut r| {
+                        let mut args = [InPlaceArg::Read(RowArg::Tensor(&x)), InPlaceArg::Donated(&mut r)];
+                        run_row_program_in_place(&add, &mut args).expect("ran");
+                        let args =
+                            [RowArg::Tensor(r.tensor()), RowArg::Tensor(&w), RowArg::Tensor(&v), RowArg::Scalar(1e-6)];
+                        (run_row_program(&layer_norm, &args).expect("ran"), r)
+                    },
+                    BatchSize::LargeInput,
+                )
             });
             group.finish();
         }

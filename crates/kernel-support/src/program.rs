@@ -339,7 +339,9 @@ impl Syntax {
 /// The CUDA/HIP kernel of `program` for a call bound as `binding`. Its parameters, in order:
 /// `long long n_rows, int width`, then per input an activation's `(const T* in, long long
 /// row_stride)`, a weight's or a scalar tensor's `(const T* in)`, a scalar's `double`; then per
-/// output its `T* out` (`unsigned char*` for fp8), compact. Each buffer is passed at its tensor's
+/// output its `T* out` (`unsigned char*` for fp8), compact. When `binding.in_place` is set, an
+/// output stored in place of an activation has no parameter: it is written into that activation
+/// (`T* in`, at its row stride). Each buffer is passed at its tensor's
 /// first element (the [`gpu`](crate::gpu) module's convention: an element address on CUDA and
 /// HIP).
 ///
@@ -393,8 +395,14 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
         (Extent::Row, false) => format!("r{}", v.0),
     };
 
+    // The activation an output is stored into, when the call runs in place.
+    let in_place_target = |output: &ir_ops::row_program::Output| output.in_place_of.filter(|_| binding.in_place);
+    let written_in_place = |input: usize| program.outputs().iter().any(|o| in_place_target(o) == Some(input));
+
     let mut src = String::new();
-    let _ = writeln!(src, "// Generated from row program `{}` ({:016x}).", program.name(), program.fingerprint());
+    let in_place = if binding.in_place { ", in place" } else { "" };
+    let _ =
+        writeln!(src, "// Generated from row program `{}` ({:016x}{in_place}).", program.name(), program.fingerprint());
     src.push_str(match target {
         Target::CudaHip => PRELUDE,
         Target::OpenCl => OPENCL_PRELUDE,
@@ -405,7 +413,9 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
         match input.kind {
             InputKind::Scalar => params.push(format!("double s{index}")),
             InputKind::Activation { .. } => {
-                syntax.buffer_params(&format!("in{index}"), input_dtype(index)?, true, &mut params);
+                // Written too when the call stores an output in place of it.
+                let read_only = !written_in_place(index);
+                syntax.buffer_params(&format!("in{index}"), input_dtype(index)?, read_only, &mut params);
                 params.push(format!("{long} stride{index}"));
             }
             InputKind::Weight | InputKind::ScalarTensor => {
@@ -418,7 +428,9 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
         if dtype.fp8_max().is_none() {
             dtype_of(dtype)?;
         }
-        syntax.buffer_params(&format!("out{index}"), dtype, false, &mut params);
+        if in_place_target(output).is_none() {
+            syntax.buffer_params(&format!("out{index}"), dtype, false, &mut params);
+        }
     }
     let (head, shared, rows) = match target {
         Target::CudaHip => ("extern \"C\" __global__ void", "__shared__", "GPU_ROWS(row, n_rows) {".to_owned()),
@@ -537,8 +549,13 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
                     continue;
                 }
                 let dtype = binding.output_dtype(output.dtype);
-                let at = format!("row * ({long})width + j");
-                let store = syntax.store(&format!("out{k}"), dtype, &at, &format!("e{}", output.value.0), c_ty);
+                // In place: into the activation's element this iteration loaded (each thread
+                // reads its columns of the row before it writes them; no other thread reads them).
+                let (buffer, at) = match in_place_target(output) {
+                    Some(input) => (format!("in{input}"), format!("row * stride{input} + j")),
+                    None => (format!("out{k}"), format!("row * ({long})width + j")),
+                };
+                let store = syntax.store(&buffer, dtype, &at, &format!("e{}", output.value.0), c_ty);
                 let _ = writeln!(src, "            {store}");
             }
         }
@@ -587,12 +604,18 @@ pub struct Signature {
     pub compute: DType,
     /// Each input's dtype.
     pub dtypes: smallvec::SmallVec<[Option<DType>; 8]>,
+    /// Whether in-place outputs are written into their activations ([`Binding::in_place`]).
+    pub in_place: bool,
 }
 
 impl Signature {
     /// The signature of a call bound as `binding`.
     pub fn of(binding: &Binding) -> Signature {
-        Signature { compute: binding.compute, dtypes: binding.dtypes.iter().copied().collect() }
+        Signature {
+            compute: binding.compute,
+            dtypes: binding.dtypes.iter().copied().collect(),
+            in_place: binding.in_place,
+        }
     }
 }
 
@@ -606,6 +629,9 @@ impl std::fmt::Display for Signature {
                 Some(dtype) => write!(f, "{sep}{dtype}")?,
                 None => write!(f, "{sep}-")?,
             }
+        }
+        if self.in_place {
+            write!(f, "; in place")?;
         }
         Ok(())
     }

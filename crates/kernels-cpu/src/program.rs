@@ -26,10 +26,10 @@
 //! depend on the order. f64 activations are refused: their programs run on the reference
 //! interpreter ([`RowProgram::run`]).
 
-use ir_core::storage::CpuBuffer;
 use ir_core::{DType, KernelError, Tensor};
 use ir_ops::row_program::{
-    BinaryOp, Binding, Extent, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, Schedule, UnaryOp, ValueId,
+    BinaryOp, Binding, Extent, InPlaceArg, InputKind, Op, Precision, ReduceOp, RowArg, RowProgram, Schedule, UnaryOp,
+    ValueId,
 };
 use kernel_support::Rows;
 use rayon::prelude::*;
@@ -45,10 +45,120 @@ const CHUNK: usize = 256;
 
 /// Runs `program` on `args` (as [`RowProgram::run`] takes them) on the cpu and returns its
 /// outputs as fresh compact tensors, in order (an in-place output too: nothing is written in
-/// place). Fails naming the argument when the arguments do not fit the program
-/// ([`RowProgram::bind`]), a tensor is not in host memory, an activation is f64, or a reduction's
-/// count is not an integer in `1..=W`.
+/// place; [`run_row_program_in_place`] writes them). Fails naming the argument when the arguments
+/// do not fit the program ([`RowProgram::bind`]), a tensor is not in host memory, an activation is
+/// f64, or a reduction's count is not an integer in `1..=W`.
 pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError> {
+    let binding = bind_f32(program, args)?;
+    // Each tensor input as rows over its buffer (a compact copy when its last dimension is strided).
+    let copies = compact_copies(program, args)?;
+    let mut sources = Vec::with_capacity(args.len());
+    for ((input, arg), copy) in program.inputs().iter().zip(args).zip(&copies) {
+        sources.push(read_source(&input.name, &input.kind, arg, copy.as_ref())?);
+    }
+    let sinks = fresh_sinks(program, &binding, &[])?;
+    let outputs = execute(program, &binding, &sources, sinks)?;
+    Ok(outputs.into_iter().map(|output| output.expect("every output is fresh")).collect())
+}
+
+/// Runs `program` on `args` on the cpu, writing each in-place output into its donated activation
+/// (no copy, nothing allocated for it); returns the outputs in order, `None` for those written in
+/// place. Each row is written in the pass that last reads it, chunk by chunk after the chunk is
+/// read, so the written values are those [`run_row_program`] returns. Fails as
+/// [`run_row_program`] does, and when a donated argument is not rows of one stride in host memory,
+/// has no in-place output in the program, or the program's last pass finishes a sum (a row whose
+/// sum overflows f32 is run again, which must not follow its writes).
+pub fn run_row_program_in_place(
+    program: &RowProgram,
+    args: &mut [InPlaceArg<'_>],
+) -> Result<Vec<Option<Tensor>>, KernelError> {
+    let refuse = |reason: String| KernelError::InvalidArguments {
+        reason: format!("row program `{}` cannot run in place: {reason}", program.name()),
+    };
+    let plan = program.schedule();
+    let steps = program.steps();
+    let last_sums = plan
+        .reductions
+        .last()
+        .into_iter()
+        .flatten()
+        .any(|&index| !matches!(steps[index].op, Op::Reduce { op: ReduceOp::MaxAbs, .. }));
+    if last_sums {
+        return Err(refuse("its last pass finishes a sum, and a row is run again when its sum overflows".into()));
+    }
+    // Bound, and each donated argument's rows, before any storage is taken.
+    let (binding, donated) = {
+        let read: Vec<RowArg<'_>> = args.iter().map(InPlaceArg::as_read).collect();
+        let mut binding = bind_f32(program, &read)?;
+        binding.in_place = true;
+        let mut donated = Vec::new();
+        for (input, arg) in args.iter().enumerate() {
+            let InPlaceArg::Donated(tensor) = arg else { continue };
+            let name = &program.inputs()[input].name;
+            let output = program.outputs().iter().position(|o| o.in_place_of == Some(input));
+            let output =
+                output.ok_or_else(|| refuse(format!("`{name}` is donated but no output is written in place of it")))?;
+            let rows = Rows::of(tensor.tensor().meta()).map_err(|why| refuse(format!("`{name}`: {why}")))?;
+            if tensor.tensor().cpu_buffer().is_none() {
+                return Err(crate::not_on_cpu(name));
+            }
+            let dtype = binding.output_dtype(program.outputs()[output].dtype);
+            if dtype != tensor.tensor().dtype() {
+                return Err(refuse(format!("`{name}` is {} but its output is {dtype}", tensor.tensor().dtype())));
+            }
+            donated.push((input, output, rows));
+        }
+        (binding, donated)
+    };
+    let read: Vec<Option<RowArg<'_>>> =
+        args.iter().map(|arg| if let InPlaceArg::Read(arg) = arg { Some(*arg) } else { None }).collect();
+    let copies = {
+        let mut copies = Vec::with_capacity(read.len());
+        for (input, arg) in program.inputs().iter().zip(&read) {
+            copies.push(match arg {
+                Some(RowArg::Tensor(tensor)) if tensor.cpu_buffer().is_none() => {
+                    return Err(crate::not_on_cpu(&input.name));
+                }
+                Some(RowArg::Tensor(tensor)) if Rows::of(tensor.meta()).is_err() => Some(tensor.contiguous()?),
+                _ => None,
+            });
+        }
+        copies
+    };
+    let mut sources = Vec::with_capacity(read.len());
+    for (index, ((input, arg), copy)) in program.inputs().iter().zip(&read).zip(&copies).enumerate() {
+        sources.push(match arg {
+            Some(arg) => read_source(&input.name, &input.kind, arg, copy.as_ref())?,
+            None => {
+                let &(_, output, rows) =
+                    donated.iter().find(|d| d.0 == index).expect("each donated argument is listed");
+                Source::InPlace { output, rows, dtype: binding.output_dtype(program.outputs()[output].dtype) }
+            }
+        });
+    }
+    // The donated storages, each from its first row's first element.
+    let mut written: Vec<(usize, &mut [u8], Rows)> = Vec::with_capacity(donated.len());
+    for (input, arg) in args.iter_mut().enumerate() {
+        let InPlaceArg::Donated(tensor) = arg else { continue };
+        let &(_, output, rows) = donated.iter().find(|d| d.0 == input).expect("each donated argument is listed");
+        let size = tensor.tensor().dtype().size_in_bytes();
+        let ir_core::storage::Storage::Cpu(buffer) = tensor.storage_mut()? else {
+            return Err(crate::not_on_cpu(&program.inputs()[input].name));
+        };
+        let bytes = buffer.bytes_mut();
+        let start = (rows.offset * size).min(bytes.len());
+        written.push((output, &mut bytes[start..], rows));
+    }
+    let sinks = fresh_sinks(program, &binding, &written.iter().map(|w| w.0).collect::<Vec<_>>())?;
+    let mut sinks: Vec<Sink<'_>> = sinks;
+    for (output, bytes, rows) in written {
+        sinks[output] = Sink::InPlace(bytes, rows);
+    }
+    execute(program, &binding, &sources, sinks)
+}
+
+/// The program bound to `args`, refused unless it computes in f32.
+fn bind_f32(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Binding, KernelError> {
     let binding = program.bind(args)?;
     if binding.compute != DType::F32 {
         return Err(KernelError::InvalidArguments {
@@ -58,9 +168,12 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
             ),
         });
     }
-    let plan = program.schedule();
-    // Each tensor input as rows over its buffer (a compact copy when its last dimension is strided).
-    let mut copies: Vec<Option<Tensor>> = Vec::with_capacity(args.len());
+    Ok(binding)
+}
+
+/// A compact copy of each tensor argument whose last dimension is strided (`None` for the others).
+fn compact_copies(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Option<Tensor>>, KernelError> {
+    let mut copies = Vec::with_capacity(args.len());
     for (input, arg) in program.inputs().iter().zip(args) {
         copies.push(match arg {
             RowArg::Tensor(tensor) if tensor.cpu_buffer().is_none() => return Err(crate::not_on_cpu(&input.name)),
@@ -68,88 +181,174 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
             _ => None,
         });
     }
-    let mut sources = Vec::with_capacity(args.len());
-    for ((input, arg), copy) in program.inputs().iter().zip(args).zip(&copies) {
-        sources.push(match (arg, copy) {
-            (RowArg::Scalar(value), _) => Source::Scalar(*value),
-            (RowArg::Tensor(tensor), copy) => {
-                let tensor = copy.as_ref().unwrap_or(tensor);
-                let buffer = tensor.cpu_buffer().ok_or_else(|| crate::not_on_cpu(&input.name))?;
-                match input.kind {
-                    InputKind::ScalarTensor => Source::Scalar(tensor.to_f64_vec()?[0]),
-                    _ => Source::Rows(buffer, Rows::for_kernel(tensor.meta())?, tensor.dtype()),
-                }
+    Ok(copies)
+}
+
+/// A read argument as a source: its rows over its buffer (or over `copy`), or its scalar value.
+fn read_source<'a>(
+    name: &str,
+    kind: &InputKind,
+    arg: &RowArg<'a>,
+    copy: Option<&'a Tensor>,
+) -> Result<Source<'a>, KernelError> {
+    Ok(match arg {
+        RowArg::Scalar(value) => Source::Scalar(*value),
+        RowArg::Tensor(tensor) => {
+            let tensor = copy.unwrap_or(tensor);
+            let buffer = tensor.cpu_buffer().ok_or_else(|| crate::not_on_cpu(name))?;
+            match kind {
+                InputKind::ScalarTensor => Source::Scalar(tensor.to_f64_vec()?[0]),
+                _ => Source::Rows(buffer.bytes(), Rows::for_kernel(tensor.meta())?, tensor.dtype()),
             }
-        });
-    }
-    let mut outputs = Vec::with_capacity(program.outputs().len());
-    for output in program.outputs() {
+        }
+    })
+}
+
+/// A fresh compact output for each of `program`'s outputs but those in `skip` (written in place;
+/// a placeholder the caller replaces).
+fn fresh_sinks<'a>(program: &RowProgram, binding: &Binding, skip: &[usize]) -> Result<Vec<Sink<'a>>, KernelError> {
+    let mut sinks = Vec::with_capacity(program.outputs().len());
+    for (index, output) in program.outputs().iter().enumerate() {
+        if skip.contains(&index) {
+            sinks.push(Sink::InPlace(&mut [], Rows { n_rows: 0, hidden: 0, row_stride: 0, offset: 0 }));
+            continue;
+        }
         let extent = program.steps()[output.value.0 as usize].extent;
         // Every element is written: no zero fill.
         let layout = ir_core::Layout::compact(&binding.output_shape(extent));
-        outputs.push(Tensor::empty_with_layout(binding.output_dtype(output.dtype), layout)?);
+        sinks.push(Sink::Fresh(Tensor::empty_with_layout(binding.output_dtype(output.dtype), layout)?));
     }
-    let exact = program.exact_in_f32(&binding);
+    Ok(sinks)
+}
+
+/// Where an output is written: a fresh compact tensor, or a donated activation's storage from its
+/// first row's first element (its rows).
+enum Sink<'a> {
+    Fresh(Tensor),
+    InPlace(&'a mut [u8], Rows),
+}
+
+/// Runs the bound program over every row, writing `sinks`; returns the fresh outputs (`None` for
+/// those written in place).
+fn execute(
+    program: &RowProgram,
+    binding: &Binding,
+    sources: &[Source<'_>],
+    mut sinks: Vec<Sink<'_>>,
+) -> Result<Vec<Option<Tensor>>, KernelError> {
+    let plan = program.schedule();
+    let exact = program.exact_in_f32(binding);
     let reuse = Reuse::plan(program, &plan);
-    let run = Run { program, plan: &plan, reuse, exact, binding: &binding, sources: &sources };
+    // Elements from one row's start to the next in each output's sink.
+    let strides: Vec<usize> = program
+        .outputs()
+        .iter()
+        .zip(&sinks)
+        .map(|(output, sink)| match (sink, program.steps()[output.value.0 as usize].extent) {
+            (Sink::InPlace(_, rows), _) => rows.row_stride,
+            (Sink::Fresh(_), Extent::Element) => binding.width,
+            (Sink::Fresh(_), Extent::Row) => 1,
+        })
+        .collect();
+    let run = Run { program, plan: &plan, reuse, exact, binding, sources, strides };
     let per_task = rows_per_task(binding.width, size_of::<f32>());
     // Each output's bytes, split into the tasks' disjoint row ranges (one piece per task and
-    // output, empty where the output has no bytes).
+    // output, empty where the output has no bytes; a donated activation's piece runs to the next
+    // task's first row, or to the end of its storage).
     let n_tasks = binding.rows.div_ceil(per_task).max(1);
-    let mut tasks: Vec<Vec<&mut [u8]>> = (0..n_tasks).map(|_| Vec::with_capacity(outputs.len())).collect();
-    for (output, tensor) in program.outputs().iter().zip(&mut outputs) {
-        let per_row = match program.steps()[output.value.0 as usize].extent {
-            Extent::Element => binding.width,
-            Extent::Row => 1,
-        } * tensor.dtype().size_in_bytes();
-        let mut rest = tensor.cpu_buffer_mut()?.expect("a fresh host tensor").bytes_mut();
-        for (task, pieces) in tasks.iter_mut().enumerate() {
-            let rows = per_task.min(binding.rows.saturating_sub(task * per_task));
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(rows * per_row);
+    let mut tasks: Vec<Vec<&mut [u8]>> = (0..n_tasks).map(|_| Vec::with_capacity(sinks.len())).collect();
+    for ((output, sink), stride) in program.outputs().iter().zip(&mut sinks).zip(&run.strides) {
+        let size = binding.output_dtype(output.dtype).size_in_bytes();
+        let mut rest: &mut [u8] = match sink {
+            Sink::Fresh(tensor) => tensor.cpu_buffer_mut()?.expect("a fresh host tensor").bytes_mut(),
+            Sink::InPlace(bytes, _) => bytes,
+        };
+        for pieces in tasks.iter_mut() {
+            let bytes = (per_task * stride * size).min(rest.len());
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(bytes);
             pieces.push(piece);
             rest = tail;
         }
     }
     let task_rows = |task: usize| task * per_task..((task + 1) * per_task).min(binding.rows);
     if tasks.len() <= 1 {
-        let mut sinks = tasks.pop().unwrap_or_default();
-        run_rows(&run, 0..binding.rows, &mut sinks)?;
+        let mut pieces = tasks.pop().unwrap_or_default();
+        run_rows(&run, 0..binding.rows, &mut pieces)?;
     } else {
         tasks
             .into_par_iter()
             .enumerate()
-            .try_for_each(|(task, mut sinks)| run_rows(&run, task_rows(task), &mut sinks))?;
+            .try_for_each(|(task, mut pieces)| run_rows(&run, task_rows(task), &mut pieces))?;
     }
-    Ok(outputs)
+    Ok(sinks
+        .into_iter()
+        .map(|sink| match sink {
+            Sink::Fresh(tensor) => Some(tensor),
+            Sink::InPlace(..) => None,
+        })
+        .collect())
 }
 
-/// Registers the cpu implementations of the built-in ops defined by row programs (`layer_norm`,
-/// `silu_and_mul_dynamic_fp8_quant`): each its program run here, for f32, f16 and bf16 x in host
-/// memory (f64 runs on native, the same program on the reference interpreter).
+/// Registers the cpu implementations of the built-in ops defined by row programs: `layer_norm`
+/// and `silu_and_mul_dynamic_fp8_quant` functional, `fused_add_layer_norm` and
+/// `fused_sandwich_rms_norm` in place ([`run_row_program_in_place`]); each its program run here,
+/// for f32, f16 and bf16 x in host memory (f64 runs on native, the same program on the reference
+/// interpreter).
 pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
     use ir_core::op::ArgMeta;
     use ir_core::{Device, ImplSpec, Support};
-    let spec = || {
-        ImplSpec::new(crate::PROVIDER).with_supports(|args: &[ArgMeta<'_>]| {
-            for arg in args {
-                if let ArgMeta::Tensor(meta) = arg
-                    && meta.device != Device::Cpu
-                {
-                    return Support::No("a tensor is not in host memory".into());
-                }
+    fn host_support(args: &[ArgMeta<'_>]) -> Support {
+        for arg in args {
+            if let ArgMeta::Tensor(meta) = arg
+                && meta.device != Device::Cpu
+            {
+                return Support::No("a tensor is not in host memory".into());
             }
-            match args.first() {
-                Some(ArgMeta::Tensor(x)) if matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) => Support::Yes,
-                _ => Support::No("x is not f32, f16 or bf16".into()),
-            }
-        })
-    };
+        }
+        match args.first() {
+            Some(ArgMeta::Tensor(x)) if matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) => Support::Yes,
+            _ => Support::No("x is not f32, f16 or bf16".into()),
+        }
+    }
+    let spec = || ImplSpec::new(crate::PROVIDER).with_supports(host_support);
     ir_ops::layer_norm::register(registry, spec(), |x, weight, bias, epsilon| {
         ir_ops::layer_norm::run_with(run_row_program, x, weight, bias, epsilon)
     })?;
     ir_ops::silu_and_mul_dynamic_fp8_quant::register(registry, spec(), |x, scale_ub, out_dtype| {
         ir_ops::silu_and_mul_dynamic_fp8_quant::run_with(run_row_program, x, scale_ub, out_dtype)
-    })
+    })?;
+    // The fused-add norms run in place: out into x, residual_out into the residual, which must
+    // then be rows of one stride.
+    let inplace_spec = || {
+        ImplSpec::new(crate::PROVIDER).with_supports(|args: &[ArgMeta<'_>]| {
+            if let Support::No(reason) = host_support(args) {
+                return Support::No(reason);
+            }
+            for (arg, name) in args.iter().zip(["x", "x_residual"]) {
+                if let ArgMeta::Tensor(meta) = arg
+                    && let Err(reason) = Rows::of(meta)
+                {
+                    return Support::No(format!("{name}: {reason}").into());
+                }
+            }
+            Support::Yes
+        })
+    };
+    use ir_ops::{fused_add_layer_norm as add_ln, fused_sandwich_rms_norm as sandwich};
+    add_ln::register(
+        registry,
+        inplace_spec(),
+        add_ln::Impl::inplace(|x, r, weight, bias, epsilon, rounding| {
+            add_ln::run_in_place(run_row_program_in_place, x, r, weight, bias, epsilon, rounding)
+        }),
+    )?;
+    sandwich::register(
+        registry,
+        inplace_spec(),
+        sandwich::Impl::inplace(|x, r, post, pre, epsilon, rounding| {
+            sandwich::run_in_place(run_row_program_in_place, x, r, post, pre, epsilon, rounding)
+        }),
+    )
 }
 
 /// [`Run::rows`], compiled for AVX-512, AVX2 and NEON besides the baseline and chosen at run time
@@ -164,9 +363,11 @@ fn run_rows(run: &Run<'_>, rows: std::ops::Range<usize>, sinks: &mut [&mut [u8]]
     run.rows(rows, sinks)
 }
 
-/// An input's memory: rows over a host buffer, or a scalar's value.
+/// An input's memory: rows over a host buffer's bytes, a donated activation (read from the task's
+/// piece of output `output`'s sink, which it is written into), or a scalar's value.
 enum Source<'a> {
-    Rows(&'a CpuBuffer, Rows, DType),
+    Rows(&'a [u8], Rows, DType),
+    InPlace { output: usize, rows: Rows, dtype: DType },
     Scalar(f64),
 }
 
@@ -180,6 +381,8 @@ struct Run<'a> {
     exact: Vec<bool>,
     binding: &'a Binding,
     sources: &'a [Source<'a>],
+    /// Per output: elements from one row's start to the next in its sink.
+    strides: Vec<usize>,
 }
 
 /// What a task's rows reuse: each step's row value, whether it is computed in the current row, the
@@ -382,7 +585,7 @@ impl Run<'_> {
                             chunks[chunk].copy_from_slice(&kept[slot * width + start..][..len]);
                         }
                         _ => {
-                            self.element_step(index, row, start, len, chunks, values);
+                            self.element_step(index, (row, local), start, len, chunks, values, sinks);
                             if let Some(slot) = slot
                                 && self.reuse.computed_in[index] == Some(pass)
                             {
@@ -432,7 +635,7 @@ impl Run<'_> {
             let value = match step.op {
                 Op::Param { input } => match self.sources[input] {
                     Source::Scalar(value) => value,
-                    Source::Rows(..) => unreachable!("a param reads a scalar"),
+                    Source::Rows(..) | Source::InPlace { .. } => unreachable!("a param reads a scalar"),
                 },
                 Op::Const(value) => value,
                 Op::Width => self.binding.width as f64,
@@ -450,9 +653,20 @@ impl Run<'_> {
         self.binding.precision_dtype(precision).map_or(value, |dtype| dtype.round(value))
     }
 
-    /// Computes element step `index` over `len` elements from column `start` of `row`.
+    /// Computes element step `index` over `len` elements from column `start` of `row` (the task's
+    /// row `local`, whose piece of each sink is in `sinks`).
     #[inline(always)]
-    fn element_step(&self, index: usize, row: usize, start: usize, len: usize, chunks: &mut [f32], values: &[f64]) {
+    #[allow(clippy::too_many_arguments)]
+    fn element_step(
+        &self,
+        index: usize,
+        (row, local): (usize, usize),
+        start: usize,
+        len: usize,
+        chunks: &mut [f32],
+        values: &[f64],
+        sinks: &[&mut [u8]],
+    ) {
         let step = self.program.steps()[index];
         let (before, rest) = chunks.split_at_mut(index * CHUNK);
         let out = &mut rest[..len];
@@ -461,13 +675,19 @@ impl Run<'_> {
             Extent::Row => Operand::Value(values[v.0 as usize] as f32),
         };
         match step.op {
-            Op::Load { input, block } => {
-                let Source::Rows(buffer, rows, dtype) = &self.sources[input] else { unreachable!("loads read rows") };
-                load(*dtype, buffer, rows.offset + row * rows.row_stride + block * self.binding.width + start, out);
-            }
+            Op::Load { input, block } => match &self.sources[input] {
+                Source::Rows(bytes, rows, dtype) => {
+                    load(*dtype, bytes, rows.offset + row * rows.row_stride + block * self.binding.width + start, out);
+                }
+                // Read before this chunk of the row is written (`store_elements` runs after).
+                Source::InPlace { output, rows, dtype } => {
+                    load(*dtype, sinks[*output], local * rows.row_stride + block * self.binding.width + start, out);
+                }
+                Source::Scalar(_) => unreachable!("loads read rows"),
+            },
             Op::Weight { input } => {
-                let Source::Rows(buffer, rows, dtype) = &self.sources[input] else { unreachable!("weights are rows") };
-                load(*dtype, buffer, rows.offset + start, out);
+                let Source::Rows(bytes, rows, dtype) = &self.sources[input] else { unreachable!("weights are rows") };
+                load(*dtype, bytes, rows.offset + start, out);
             }
             Op::Unary(_, _) | Op::Binary(..)
                 if !self.exact[index] && narrower_than_f32(self.binding.precision_dtype(step.precision)) =>
@@ -507,14 +727,14 @@ impl Run<'_> {
     #[inline(always)]
     fn store_elements(&self, start: usize, len: usize, chunks: &[f32], sinks: &mut [&mut [u8]], local: usize) {
         let steps = self.program.steps();
-        for (output, sink) in self.program.outputs().iter().zip(sinks.iter_mut()) {
+        for ((output, sink), stride) in self.program.outputs().iter().zip(sinks.iter_mut()).zip(&self.strides) {
             let value = output.value.0 as usize;
             if steps[value].extent != Extent::Element {
                 continue;
             }
             let dtype = self.binding.output_dtype(output.dtype);
             let size = dtype.size_in_bytes();
-            let first = local * self.binding.width + start;
+            let first = local * stride + start;
             let bytes = &mut sink[first * size..(first + len) * size];
             store(dtype, &chunks[value * CHUNK..][..len], bytes);
         }
@@ -533,20 +753,23 @@ enum Operand<'a> {
     Value(f32),
 }
 
-/// Widens `out.len()` elements of `dtype` from element `start` of `buffer`.
+/// Widens `out.len()` elements of `dtype` from element `start` of `bytes` (aligned to `dtype`).
 #[inline(always)]
-fn load(dtype: DType, buffer: &CpuBuffer, start: usize, out: &mut [f32]) {
-    fn typed<T: CpuElement>(buffer: &CpuBuffer, start: usize, out: &mut [f32]) {
-        T::load(&buffer.typed::<T>()[start..start + out.len()], out);
+fn load(dtype: DType, bytes: &[u8], start: usize, out: &mut [f32]) {
+    /// The whole elements of `bytes` (a donated storage's tail may end inside one).
+    fn elements<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {
+        bytemuck::cast_slice(&bytes[..bytes.len() / size_of::<T>() * size_of::<T>()])
+    }
+    fn typed<T: CpuElement>(bytes: &[u8], start: usize, out: &mut [f32]) {
+        T::load(&elements::<T>(bytes)[start..start + out.len()], out);
     }
     match dtype {
-        DType::F32 => out.copy_from_slice(&buffer.typed::<f32>()[start..start + out.len()]),
-        DType::F16 => typed::<half::f16>(buffer, start, out),
-        DType::BF16 => typed::<half::bf16>(buffer, start, out),
+        DType::F32 => out.copy_from_slice(&elements::<f32>(bytes)[start..start + out.len()]),
+        DType::F16 => typed::<half::f16>(bytes, start, out),
+        DType::BF16 => typed::<half::bf16>(bytes, start, out),
         // f64 activations are refused; an f64 weight or scalar tensor on f32 rows rounds here.
         other => {
             let read = other.element_reader();
-            let bytes = buffer.bytes();
             for (index, value) in out.iter_mut().enumerate() {
                 *value = read(bytes, start + index) as f32;
             }

@@ -136,7 +136,14 @@ fn every_built_in_row_program_compiles_to_ptx() {
                     _ => Some(dtype),
                 })
                 .collect();
-            let binding = Binding { width: 4096, rows: 1, rows_shape: vec![1], compute: ir_core::DType::F32, dtypes };
+            let binding = Binding {
+                width: 4096,
+                rows: 1,
+                rows_shape: vec![1],
+                compute: ir_core::DType::F32,
+                dtypes,
+                in_place: false,
+            };
             let ptx = kernels_cuda::program::compile_ptx(&program, &binding, Some(arch))
                 .unwrap_or_else(|e| panic!("{} {dtype} {arch}: {e}", program.name()));
             assert!(ptx.to_src().contains(".entry row_program("), "{} {dtype}: PTX lacks the kernel", program.name());
@@ -167,6 +174,7 @@ fn generated_kernels_are_cached_on_disk() {
         rows_shape: vec![1],
         compute: DType::F32,
         dtypes: vec![Some(dtype), Some(dtype), None],
+        in_place: false,
     };
     let arch = Some("compute_90");
     let (first, origin) = compile_ptx_cached(program, &binding(DType::BF16), arch, Some(&cache)).unwrap();

@@ -571,6 +571,7 @@ fn a_generated_kernel_compiles_with_hipcc_and_is_cached() {
         rows_shape: vec![1],
         compute: DType::F32,
         dtypes: vec![Some(DType::BF16), Some(DType::BF16), Some(DType::BF16), None],
+        in_place: false,
     };
     let (object, origin) = compile_code_object(program, &binding, "gfx90a", Some(&cache))
         .unwrap_or_else(|error| panic!("hipcc rejected the generated layer_norm: {error}"));

@@ -5,8 +5,8 @@
 //! device's library).
 
 use ir_core::storage::Storage;
-use ir_core::{DType, Tensor};
-use ir_ops::row_program::{RowArg, builtin};
+use ir_core::{DType, Tensor, UniqueTensor};
+use ir_ops::row_program::{InPlaceArg, RowArg, builtin};
 use kernel_support::testing::{SampleArg, check_row_program_outputs, row_program_sample};
 use kernels_xpu::runtime::OpenCl;
 
@@ -65,5 +65,52 @@ fn every_built_in_program_runs_as_generated_opencl_c() {
             assert!(matches!(out.storage(), Storage::Device(_)), "{}: on the device", program.name());
         }
         check_row_program_outputs(&program, dtype, &ours, &reference, "xpu");
+        if program.is_inplace() {
+            // In place on donated device copies (the x sample is a column slice of a wider
+            // buffer): the same kernel arithmetic, so the functional run's bits.
+            let mut donated: Vec<Option<UniqueTensor>> = tensors_in_order(&host)
+                .into_iter()
+                .enumerate()
+                .map(|(input, t)| {
+                    let written = program.outputs().iter().any(|o| o.in_place_of == Some(input));
+                    written.then(|| UniqueTensor::new(upload(&t)).unwrap())
+                })
+                .collect();
+            let fresh = {
+                let mut args: Vec<InPlaceArg<'_>> = row_args(&device, &device_tensors)
+                    .into_iter()
+                    .zip(donated.iter_mut())
+                    .map(|(arg, donated)| match donated {
+                        Some(unique) => InPlaceArg::Donated(unique),
+                        None => InPlaceArg::Read(arg),
+                    })
+                    .collect();
+                kernel_support::gpu::run_row_program_in_place::<OpenCl>(&program, &mut args)
+                    .unwrap_or_else(|e| panic!("{} {dtype} in place: {e}", program.name()))
+            };
+            for (index, (output, fresh)) in program.outputs().iter().zip(fresh).enumerate() {
+                let got = match (output.in_place_of, fresh) {
+                    (Some(input), None) => donated[input].take().expect("donated").into_tensor(),
+                    (None, Some(tensor)) => tensor,
+                    other => panic!("{}: output {index}: {:?}", program.name(), other.0),
+                };
+                assert!(
+                    ir_core::bit_eq(&got.to_cpu().unwrap(), &ours[index].to_cpu().unwrap()),
+                    "{} {dtype}: in-place output {index} differs from the functional run",
+                    program.name()
+                );
+            }
+        }
     }
+}
+
+/// Each argument's tensor (an empty one for a scalar), in input order.
+fn tensors_in_order(samples: &[SampleArg]) -> Vec<Tensor> {
+    samples
+        .iter()
+        .map(|s| match s {
+            SampleArg::Tensor(t) => t.clone(),
+            SampleArg::Scalar(_) => Tensor::zeros(DType::F32, &[0]).unwrap(),
+        })
+        .collect()
 }

@@ -14,9 +14,9 @@
 //! (CUDA, HIP and OpenCL C).
 
 use ir_core::op::{Activation, ArgMeta, InputSpec, MetaError, Value};
-use ir_core::{KernelError, Tensor, TensorError, TensorMeta};
+use ir_core::{KernelError, Tensor, TensorError};
 
-use crate::norm_math::named;
+use crate::norm_math::row_norm_meta;
 use crate::row_program::{RowArg, RowProgram};
 
 ir_core::define_op! {
@@ -95,41 +95,7 @@ pub fn run_with(
 }
 
 fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let op = def.name;
-    let x = named(def, args, "x").and_then(ArgMeta::tensor).ok_or(MetaError::Kind { op, param: "x" })?;
-    if x.layout.rank() == 0 {
-        return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });
-    }
-    MetaError::require_compute_dtype(op, "x", x)?;
-    let hidden = x.layout.last_dim();
-    for param in ["weight", "bias"] {
-        match named(def, args, param) {
-            Some(ArgMeta::None) => {}
-            Some(ArgMeta::Tensor(t)) => {
-                MetaError::require_compute_dtype(op, param, t)?;
-                if t.shape() != [hidden] {
-                    return Err(MetaError::Shape {
-                        op,
-                        param,
-                        shape: t.shape().to_vec(),
-                        expected: "must be [H] with H the last dimension of x",
-                        other: "x",
-                        other_shape: x.shape().to_vec(),
-                    });
-                }
-                if t.device != x.device {
-                    return Err(MetaError::Device { op, param, device: t.device, other: "x", other_device: x.device });
-                }
-            }
-            _ => return Err(MetaError::Kind { op, param }),
-        }
-    }
-    if !matches!(named(def, args, "epsilon"), Some(ArgMeta::F64(_))) {
-        return Err(MetaError::Kind { op, param: "epsilon" });
-    }
-    // Compact, as the program's executors write it.
-    let layout = ir_core::Layout::compact(x.shape());
-    Ok(ir_core::op::smallvec![TensorMeta { dtype: x.dtype, device: x.device, layout }])
+    row_norm_meta(def, args, &["weight", "bias"])
 }
 
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {

@@ -12,6 +12,8 @@
 //! | `rotary_embedding` | [`rotary_embedding`] |
 //! | `layer_norm` (its semantics a row program, every provider's implementation generated from it) | [`layer_norm`] |
 //! | `silu_and_mul_dynamic_fp8_quant` (the gated activation and the per-token quantization fused, likewise) | [`silu_and_mul_dynamic_fp8_quant`] |
+//! | `fused_add_layer_norm` (the residual add and `layer_norm` fused, likewise) | [`fused_add_layer_norm`] |
+//! | `fused_sandwich_rms_norm` (Gemma 2/3: `rms_norm`, residual add, `rms_norm` of the sum, fused, likewise) | [`fused_sandwich_rms_norm`] |
 //!
 //! [`row_program`] describes a memory-bound computation over rows once, as data, with a reference
 //! interpreter that defines its semantics; [`row_program::builtin`] expresses the norms, the gated
@@ -38,9 +40,12 @@
 #[cfg(feature = "candle")]
 pub mod candle_ops;
 pub mod dynamic_per_token_scaled_fp8_quant;
+pub mod fused_add_layer_norm;
 pub mod fused_add_rms_norm;
 pub mod fused_add_rms_norm_dynamic_per_token_quant;
 pub mod fused_add_rms_norm_static_fp8_quant;
+mod fused_norm;
+pub mod fused_sandwich_rms_norm;
 pub mod gated;
 pub mod gelu_and_mul;
 pub mod gelu_and_mul_sparse;
@@ -108,6 +113,8 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &rotary_embedding::ROTARY_EMBEDDING,
     &layer_norm::LAYER_NORM,
     &silu_and_mul_dynamic_fp8_quant::SILU_AND_MUL_DYNAMIC_FP8_QUANT,
+    &fused_add_layer_norm::FUSED_ADD_LAYER_NORM,
+    &fused_sandwich_rms_norm::FUSED_SANDWICH_RMS_NORM,
 ];
 
 /// A registry defining every op of [`BUILTIN_OPS`], each with `native` only; kernel crates register

@@ -58,25 +58,7 @@ pub(crate) fn norm_meta(def: &'static OpDef, args: &[ArgMeta<'_>]) -> Result<ir_
     if def.param_index("x_residual").is_some() {
         let r = arg("x_residual").and_then(ArgMeta::tensor).ok_or(kind("x_residual"))?;
         MetaError::require_compute_dtype(op, "x_residual", r)?;
-        if r.shape() != x.shape() {
-            return Err(MetaError::Shape {
-                op,
-                param: "x_residual",
-                shape: r.shape().to_vec(),
-                expected: "must equal the shape of x",
-                other: "x",
-                other_shape: x.shape().to_vec(),
-            });
-        }
-        if r.device != x.device {
-            return Err(MetaError::Device {
-                op,
-                param: "x_residual",
-                device: r.device,
-                other: "x",
-                other_device: x.device,
-            });
-        }
+        residual_fits(op, r, x)?;
         outputs.push(TensorMeta { dtype: x.dtype, device: x.device, layout: r.layout.copy_layout() });
     }
     let epsilon = arg("epsilon").and_then(ArgMeta::f64).ok_or(kind("epsilon"))?;
@@ -105,6 +87,30 @@ pub(crate) fn norm_meta(def: &'static OpDef, args: &[ArgMeta<'_>]) -> Result<ir_
         _ => return Err(kind("variance_size")),
     }
     Ok(outputs)
+}
+
+/// `x_residual` has x's shape and device, or the error naming it.
+fn residual_fits(op: &'static str, r: &TensorMeta, x: &TensorMeta) -> Result<(), MetaError> {
+    if r.shape() != x.shape() {
+        return Err(MetaError::Shape {
+            op,
+            param: "x_residual",
+            shape: r.shape().to_vec(),
+            expected: "must equal the shape of x",
+            other: "x",
+            other_shape: x.shape().to_vec(),
+        });
+    }
+    if r.device != x.device {
+        return Err(MetaError::Device {
+            op,
+            param: "x_residual",
+            device: r.device,
+            other: "x",
+            other_device: x.device,
+        });
+    }
+    Ok(())
 }
 
 /// The reference computation. Returns `(out, residual_out)`; `residual_out` only when a residual is given.
@@ -196,4 +202,75 @@ pub(crate) fn native_norm(
     }
     let residual_out = residual_out.map(|r| r.to_device_of(x)).transpose()?;
     Ok((out.to_device_of(x)?, residual_out))
+}
+
+/// The meta function of the norms defined by row programs (`layer_norm`, `fused_add_layer_norm`,
+/// `fused_sandwich_rms_norm`): reads `x`, the optional `[H]` vectors `vectors` (weights and
+/// biases, each in a compute dtype on x's device), `x_residual` where the op has one (x's shape and
+/// device) and `epsilon` (finite and `>= 0`). The outputs: `out` in x's dtype, then `residual_out`
+/// in x's dtype where the op has a residual; compact for a functional op, in the dense layout of
+/// their activations for an in-place one.
+pub(crate) fn row_norm_meta(
+    def: &'static OpDef,
+    args: &[ArgMeta<'_>],
+    vectors: &[&'static str],
+) -> Result<ir_core::op::OutputMetas, MetaError> {
+    let op = def.name;
+    let kind = |param| MetaError::Kind { op, param };
+    let x = named(def, args, "x").and_then(ArgMeta::tensor).ok_or(kind("x"))?;
+    if x.layout.rank() == 0 {
+        return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });
+    }
+    MetaError::require_compute_dtype(op, "x", x)?;
+    let hidden = x.layout.last_dim();
+    for &param in vectors {
+        match named(def, args, param) {
+            Some(ArgMeta::None) => {}
+            Some(ArgMeta::Tensor(t)) => {
+                MetaError::require_compute_dtype(op, param, t)?;
+                if t.shape() != [hidden] {
+                    return Err(MetaError::Shape {
+                        op,
+                        param,
+                        shape: t.shape().to_vec(),
+                        expected: "must be [H] with H the last dimension of x",
+                        other: "x",
+                        other_shape: x.shape().to_vec(),
+                    });
+                }
+                if t.device != x.device {
+                    return Err(MetaError::Device { op, param, device: t.device, other: "x", other_device: x.device });
+                }
+            }
+            _ => return Err(kind(param)),
+        }
+    }
+    // A functional op's outputs are compact, as the programs' executors write them; an in-place
+    // op's keep each activation's dense layout (an in-place kernel writes into it), as
+    // `fused_add_rms_norm`'s do.
+    let layout_of = |t: &TensorMeta| {
+        if def.allow_inplace { t.layout.copy_layout() } else { ir_core::Layout::compact(t.shape()) }
+    };
+    let mut outputs: ir_core::op::OutputMetas =
+        ir_core::op::smallvec![TensorMeta { dtype: x.dtype, device: x.device, layout: layout_of(x) }];
+    if def.param_index("x_residual").is_some() {
+        let r = named(def, args, "x_residual").and_then(ArgMeta::tensor).ok_or(kind("x_residual"))?;
+        // The residual output is written in place of the residual and read as the norm's input:
+        // one dtype for both.
+        if r.dtype != x.dtype {
+            return Err(MetaError::DType { op, param: "x_residual", dtype: r.dtype, expected: "x's dtype" });
+        }
+        residual_fits(op, r, x)?;
+        outputs.push(TensorMeta { dtype: x.dtype, device: x.device, layout: layout_of(r) });
+    }
+    let epsilon = named(def, args, "epsilon").and_then(ArgMeta::f64).ok_or(kind("epsilon"))?;
+    if !(epsilon.is_finite() && epsilon >= 0.0) {
+        return Err(MetaError::Scalar {
+            op,
+            param: "epsilon",
+            value: format!("{epsilon:?}"),
+            reason: "must be finite and >= 0".to_owned(),
+        });
+    }
+    Ok(outputs)
 }

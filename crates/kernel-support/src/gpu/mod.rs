@@ -37,7 +37,7 @@ pub use norm::{
     NormKey, NormShape, address_alignment, base_aligned, norm_vectorizes, run_fused_add_rms_norm, run_rms_norm,
     vector_ok,
 };
-pub use program::{row_program_support_with, run_row_program};
+pub use program::{row_program_support_with, run_row_program, run_row_program_in_place};
 pub use quant::{NORM_QUANT_KERNEL, run_dynamic_quant, run_norm_quant, run_static_quant};
 pub use rotary::run_rotary;
 pub use strided::{BufferRuntime, StridedKey, binary_strided, convert_strided, copy_strided};

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use ir_core::op::ArgMeta;
 use ir_core::storage::Storage;
 use ir_core::{DeviceKind, KernelError, Layout, Registry, RegistryError, Support, Tensor};
-use ir_ops::row_program::{InputKind, RowArg, RowProgram};
+use ir_ops::row_program::{InPlaceArg, InputKind, RowArg, RowProgram};
 
 use super::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey};
 use crate::program::{ROW_BLOCK, check_counts};
@@ -18,78 +18,163 @@ use crate::{KernelDTypes, Rows, device_buffer, kernel_int, stepped_extent};
 /// [`ROW_BLOCK`] per row). Every tensor argument must be `R`'s memory and rows of one stride with a
 /// unit last stride (what [`row_program_support_with`] asks).
 pub fn run_row_program<R: GpuRuntime>(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError> {
-    let binding = program.bind(args)?;
-    check_counts(program, args, &binding)?;
+    let mut args: Vec<InPlaceArg<'_>> = args.iter().map(|arg| InPlaceArg::Read(*arg)).collect();
+    let outputs = launch::<R>(program, &mut args)?;
+    Ok(outputs.into_iter().map(|output| output.expect("nothing is donated: every output is fresh")).collect())
+}
+
+/// [`run_row_program`] with the program's in-place outputs written into the donated activations
+/// (the kernel generated for the call in place: each thread writes the columns of a row it has
+/// read, in the pass that reads them last); returns the outputs in order, `None` for those
+/// written in place. Every activation an output is stored in place of must be donated, in the
+/// output's dtype.
+pub fn run_row_program_in_place<R: GpuRuntime>(
+    program: &RowProgram,
+    args: &mut [InPlaceArg<'_>],
+) -> Result<Vec<Option<Tensor>>, KernelError> {
+    launch::<R>(program, args)
+}
+
+/// One launch of `program`'s kernel on `args`, in place when an argument is donated.
+fn launch<R: GpuRuntime>(
+    program: &RowProgram,
+    args: &mut [InPlaceArg<'_>],
+) -> Result<Vec<Option<Tensor>>, KernelError> {
     let inputs = program.inputs();
+    let refuse = |reason: String| KernelError::InvalidArguments {
+        reason: format!("row program `{}` cannot run in place: {reason}", program.name()),
+    };
     let first = inputs
         .iter()
         .position(|input| matches!(input.kind, InputKind::Activation { .. }))
         .expect("a built program has an activation");
-    let RowArg::Tensor(first_tensor) = args[first] else { unreachable!("bind checks each argument's kind") };
-    let like = device_buffer::<R::Buffer>(first_tensor, &inputs[first].name, R::MEMORY)?;
-    let queue = R::queue(like)?;
-    // Each tensor argument's buffer and rows, checked before anything is allocated.
-    let mut buffers = Vec::with_capacity(args.len());
-    for (input, arg) in inputs.iter().zip(args) {
-        buffers.push(match arg {
-            RowArg::Tensor(tensor) => {
-                let buffer = device_buffer::<R::Buffer>(tensor, &input.name, R::MEMORY)?;
-                if !R::same_device(buffer, like) {
-                    return Err(KernelError::InvalidArguments {
-                        reason: format!("`{}` is on another device than `{}`", input.name, inputs[first].name),
-                    });
+    // Everything that reads the arguments, before a donated storage is borrowed for writing: the
+    // binding, each tensor's rows, the queue, the kernel and the fresh outputs.
+    let (binding, rows, queue, kernel, mut outputs) = {
+        let read: Vec<RowArg<'_>> = args.iter().map(InPlaceArg::as_read).collect();
+        let mut binding = program.bind(&read)?;
+        check_counts(program, &read, &binding)?;
+        binding.in_place = args.iter().any(|arg| matches!(arg, InPlaceArg::Donated(_)));
+        for (index, arg) in args.iter().enumerate() {
+            let name = &inputs[index].name;
+            let output = program.outputs().iter().find(|o| o.in_place_of == Some(index));
+            match (arg, output) {
+                (InPlaceArg::Donated(_), None) => {
+                    return Err(refuse(format!("`{name}` is donated but no output is written in place of it")));
                 }
-                Some((buffer, Rows::for_kernel(tensor.meta())?))
+                (InPlaceArg::Read(_), Some(_)) if binding.in_place => {
+                    return Err(refuse(format!("`{name}` is written in place but not donated")));
+                }
+                (InPlaceArg::Donated(tensor), Some(output)) => {
+                    let dtype = binding.output_dtype(output.dtype);
+                    if dtype != tensor.tensor().dtype() {
+                        return Err(refuse(format!(
+                            "`{name}` is {} but its output is {dtype}",
+                            tensor.tensor().dtype()
+                        )));
+                    }
+                }
+                _ => {}
             }
-            RowArg::Scalar(_) => None,
-        });
-    }
-    let steps = program.steps();
-    let mut outputs = Vec::with_capacity(program.outputs().len());
-    for output in program.outputs() {
-        let shape = binding.output_shape(steps[output.value.0 as usize].extent);
-        let dtype = binding.output_dtype(output.dtype);
-        let layout = Layout::compact(&shape);
-        let buffer = R::allocate(like, &queue, layout.storage_end() * dtype.size_in_bytes())?;
-        outputs.push((buffer, dtype, layout));
-    }
-    if binding.rows > 0 {
-        let kernel = R::kernel(like, KernelKey::RowProgram { program, binding: &binding })?;
+        }
+        let RowArg::Tensor(first_tensor) = read[first] else { unreachable!("bind checks each argument's kind") };
+        let like = device_buffer::<R::Buffer>(first_tensor, &inputs[first].name, R::MEMORY)?;
+        let queue = R::queue(like)?;
+        // Each tensor argument's rows, its buffer checked before anything is allocated.
+        let mut rows = Vec::with_capacity(read.len());
+        for (input, arg) in inputs.iter().zip(&read) {
+            rows.push(match arg {
+                RowArg::Tensor(tensor) => {
+                    let buffer = device_buffer::<R::Buffer>(tensor, &input.name, R::MEMORY)?;
+                    if !R::same_device(buffer, like) {
+                        return Err(KernelError::InvalidArguments {
+                            reason: format!("`{}` is on another device than `{}`", input.name, inputs[first].name),
+                        });
+                    }
+                    Some(Rows::for_kernel(tensor.meta())?)
+                }
+                RowArg::Scalar(_) => None,
+            });
+        }
+        let steps = program.steps();
+        let mut outputs = Vec::with_capacity(program.outputs().len());
+        for output in program.outputs() {
+            if binding.in_place && output.in_place_of.is_some() {
+                outputs.push(None);
+                continue;
+            }
+            let shape = binding.output_shape(steps[output.value.0 as usize].extent);
+            let dtype = binding.output_dtype(output.dtype);
+            let layout = Layout::compact(&shape);
+            let buffer = R::allocate(like, &queue, layout.storage_end() * dtype.size_in_bytes())?;
+            outputs.push(Some((buffer, dtype, layout)));
+        }
+        let kernel = if binding.rows > 0 {
+            Some(R::kernel(like, KernelKey::RowProgram { program, binding: &binding })?)
+        } else {
+            None
+        };
+        (binding, rows, queue, kernel, outputs)
+    };
+    if let Some(kernel) = kernel {
         let mut launch: KernelArgs<'_, R::Buffer> = KernelArgs::new();
         launch.long(kernel_int(binding.rows, "rows")?).int(stepped_extent(binding.width, "row width", ROW_BLOCK)?);
-        for ((input, arg), buffer) in inputs.iter().zip(args).zip(&buffers) {
-            match (arg, buffer) {
-                (RowArg::Scalar(value), _) => {
+        for ((input, arg), rows) in inputs.iter().zip(args.iter_mut()).zip(&rows) {
+            match (arg, rows) {
+                (InPlaceArg::Read(RowArg::Scalar(value)), _) => {
                     launch.scalar(super::Scalar::F64(*value));
                 }
-                (RowArg::Tensor(tensor), Some((buffer, rows))) => {
-                    launch.read(*buffer, rows.offset, tensor.dtype());
+                (InPlaceArg::Read(RowArg::Tensor(tensor)), Some(rows)) => {
+                    let tensor: &Tensor = tensor;
+                    launch.read(
+                        device_buffer::<R::Buffer>(tensor, &input.name, R::MEMORY)?,
+                        rows.offset,
+                        tensor.dtype(),
+                    );
                     if matches!(input.kind, InputKind::Activation { .. }) {
                         launch.long(kernel_int(rows.row_stride, "row stride")?);
                     }
                 }
-                (RowArg::Tensor(_), None) => unreachable!("every tensor's buffer was taken above"),
+                (InPlaceArg::Donated(tensor), Some(rows)) => {
+                    let dtype = tensor.tensor().dtype();
+                    launch.write(
+                        crate::device_buffer_mut::<R::Buffer>(tensor, &input.name, R::MEMORY)?,
+                        rows.offset,
+                        dtype,
+                    );
+                    launch.long(kernel_int(rows.row_stride, "row stride")?);
+                }
+                (_, None) => unreachable!("every tensor's rows were taken above"),
             }
         }
-        for (buffer, dtype, _) in &mut outputs {
+        for (buffer, dtype, _) in outputs.iter_mut().flatten() {
             launch.write(buffer, 0, *dtype);
         }
         let grid = Grid { groups: binding.rows, group_size: ROW_BLOCK, what: "rows", grid_stride: true };
-        // SAFETY: the arguments follow the generated prototype (`gpu_source`): the row count and
-        // width (converted without loss, the width with room for the kernel's last column step),
-        // then per input its buffer at its first element and, for an activation, its row stride
-        // (each converted without loss), a scalar as a double, then the outputs. The kernel reads
-        // activation i at `row · row_stride + b · W + j` (row below its rows, b below its blocks,
-        // j below W: inside its rows, which `bind` checked and whose layout was checked against
-        // its storage), a weight at `j < W` (its `[W]` shape) and a scalar tensor at 0; it reads a
-        // prefix of `count` elements only for counts `check_counts` accepted. It writes output k
-        // at `row · W + j` or `row`, inside the fresh compact buffers allocated above for the
-        // outputs' shapes, which only this launch holds; the inputs are only read.
+        // SAFETY: the arguments follow the generated prototype (`gpu_source`, in place when
+        // `binding.in_place`): the row count and width (converted without loss, the width with room
+        // for the kernel's last column step), then per input its buffer at its first element and,
+        // for an activation, its row stride (each converted without loss), a scalar as a double,
+        // then the fresh outputs. The kernel reads activation i at `row · row_stride + b · W + j`
+        // (row below its rows, b below its blocks, j below W: inside its rows, which `bind` checked
+        // and whose layout was checked against its storage), a weight at `j < W` (its `[W]` shape)
+        // and a scalar tensor at 0; it reads a prefix of `count` elements only for counts
+        // `check_counts` accepted. It writes a fresh output k at `row · W + j` or `row`, inside the
+        // compact buffers allocated above for the outputs' shapes, which only this launch holds,
+        // and an in-place output at the elements of its donated activation it reads (one block,
+        // its dtype, checked above), whose storage the `UniqueTensor` owns alone; read arguments
+        // are only read, and none of them shares a donated storage (a unique one).
         unsafe { R::launch(&queue, &kernel, grid, launch) }?;
     }
     outputs
         .into_iter()
-        .map(|(buffer, dtype, layout)| Ok(Tensor::from_storage(Storage::Device(Box::new(buffer)), dtype, layout)?))
+        .map(|output| {
+            output
+                .map(|(buffer, dtype, layout)| {
+                    Ok(Tensor::from_storage(Storage::Device(Box::new(buffer)), dtype, layout)?)
+                })
+                .transpose()
+        })
         .collect()
 }
 
@@ -136,8 +221,8 @@ pub fn row_program_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes
 }
 
 /// Registers runtime `R`'s implementations of the built-in ops defined by row programs
-/// (`layer_norm`, `silu_and_mul_dynamic_fp8_quant`): each the kernel generated from its program for
-/// the call's dtypes.
+/// (`layer_norm`, `silu_and_mul_dynamic_fp8_quant`, and in place `fused_add_layer_norm` and
+/// `fused_sandwich_rms_norm`): each the kernel generated from its program for the call's dtypes.
 pub(crate) fn register_program_ops<R: GpuRuntime>(
     registry: &Registry,
     backend: GpuBackend,
@@ -149,5 +234,20 @@ pub(crate) fn register_program_ops<R: GpuRuntime>(
     })?;
     ir_ops::silu_and_mul_dynamic_fp8_quant::register(registry, spec(), |x, scale_ub, out_dtype| {
         ir_ops::silu_and_mul_dynamic_fp8_quant::run_with(run_row_program::<R>, x, scale_ub, out_dtype)
-    })
+    })?;
+    use ir_ops::{fused_add_layer_norm as add_ln, fused_sandwich_rms_norm as sandwich};
+    add_ln::register(
+        registry,
+        spec(),
+        add_ln::Impl::inplace(|x, r, weight, bias, epsilon, rounding| {
+            add_ln::run_in_place(run_row_program_in_place::<R>, x, r, weight, bias, epsilon, rounding)
+        }),
+    )?;
+    sandwich::register(
+        registry,
+        spec(),
+        sandwich::Impl::inplace(|x, r, post, pre, epsilon, rounding| {
+            sandwich::run_in_place(run_row_program_in_place::<R>, x, r, post, pre, epsilon, rounding)
+        }),
+    )
 }

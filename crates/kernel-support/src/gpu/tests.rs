@@ -774,3 +774,49 @@ fn row_program_host_code_passes_the_generated_prototype() {
     }
     assert!(take_launches().is_empty());
 }
+
+#[test]
+fn row_program_host_code_passes_donated_activations_as_the_in_place_prototype() {
+    use ir_ops::row_program::{InPlaceArg, RowArg};
+    let unique = |t: Tensor| UniqueTensor::new(t).unwrap_or_else(|_| panic!("a fresh tensor is uniquely owned"));
+    // fused_add_layer_norm without weight or bias: x 2 rows of 8, 12 apart, from element 4; the
+    // residual compact. Both donated: written through their own buffers, no output allocated.
+    let program = ir_ops::fused_add_layer_norm::program(false, false, ir_ops::Rounding::Exact);
+    let mut x = unique(on_host(DType::F16, &[2, 8], &[12, 1], 4, 24));
+    let mut r = unique(on_host(DType::F16, &[2, 8], &[8, 1], 0, 16));
+    let mut args = [InPlaceArg::Donated(&mut x), InPlaceArg::Donated(&mut r), InPlaceArg::Read(RowArg::Scalar(1e-5))];
+    let out = crate::gpu::run_row_program_in_place::<Recorder>(program, &mut args).unwrap();
+    assert!(out.iter().all(Option::is_none), "both outputs in place");
+    assert_eq!(
+        take_launches(),
+        [Launched {
+            symbol: crate::program::ROW_PROGRAM_KERNEL.to_owned(),
+            grid: Grid { groups: 2, group_size: crate::program::ROW_BLOCK, what: "rows", grid_stride: true },
+            args: ["I64(2)", "I32(8)", "write 48 bytes @4x2", "I64(12)", "write 32 bytes @0x2", "I64(8)", "F64(1e-5)"]
+                .map(str::to_owned)
+                .to_vec(),
+        }]
+    );
+    // The generated prototype for that call: the activations writable, no output parameters.
+    let read: Vec<RowArg<'_>> = [RowArg::Tensor(x.tensor()), RowArg::Tensor(r.tensor()), RowArg::Scalar(1e-5)].to_vec();
+    let mut binding = program.bind(&read).unwrap();
+    binding.in_place = true;
+    let source = crate::program::gpu_source(program, &binding).unwrap();
+    assert!(!source.contains("out0") && !source.contains("out1"), "{source}");
+    assert!(source.contains("in0[row * stride0 + j] =") && source.contains("in1[row * stride1 + j] ="), "{source}");
+    // A donated activation the program does not write, or one it writes but not donated: refused
+    // before anything runs.
+    let norm = ir_ops::row_program::builtin::rms_norm(false, false);
+    let mut args = [InPlaceArg::Donated(&mut x), InPlaceArg::Read(RowArg::Scalar(1e-5))];
+    let error = crate::gpu::run_row_program_in_place::<Recorder>(&norm, &mut args).unwrap_err().to_string();
+    assert!(error.contains("`x` is donated but no output is written in place of it"), "{error}");
+    let residual = on_host(DType::F16, &[2, 8], &[8, 1], 0, 16);
+    let mut args = [
+        InPlaceArg::Donated(&mut x),
+        InPlaceArg::Read(RowArg::Tensor(&residual)),
+        InPlaceArg::Read(RowArg::Scalar(1e-5)),
+    ];
+    let error = crate::gpu::run_row_program_in_place::<Recorder>(program, &mut args).unwrap_err().to_string();
+    assert!(error.contains("`x_residual` is written in place but not donated"), "{error}");
+    assert!(take_launches().is_empty());
+}

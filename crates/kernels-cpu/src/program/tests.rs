@@ -356,3 +356,122 @@ fn a_fused_gated_quantization_computes_its_activation_once_with_the_unfused_bits
         }
     }
 }
+
+/// A uniquely owned copy of `t` with `t`'s layout (a column slice stays a slice of a wider buffer).
+fn unique_same_layout(t: &Tensor) -> UniqueTensor {
+    UniqueTensor::new(t.deep_clone_same_layout().unwrap()).unwrap_or_else(|_| panic!("a fresh copy is uniquely owned"))
+}
+
+/// Every program that writes in place, run in place on donated activations (column slices of wider
+/// buffers, and rows split across tasks): the values written are the functional run's, bit for
+/// bit, and the storage outside the views is untouched.
+#[test]
+fn in_place_runs_write_the_functional_runs_bits_into_the_donated_rows() {
+    use super::run_row_program_in_place;
+    use ir_ops::row_program::InPlaceArg;
+    use kernel_support::testing::{SampleArg, row_program_sample};
+    let mut rng = InputRng::new(43);
+    let programs: Vec<RowProgram> = builtin::all().into_iter().filter(RowProgram::is_inplace).collect();
+    assert!(programs.len() >= 8, "the fused-add norms, their quantizations, add + layer_norm, sandwich");
+    for program in &programs {
+        for dtype in DTYPES {
+            for (rows, width, strided) in [(6, 97, true), (300, 1024, false)] {
+                let what = format!("{} {dtype} {rows}x{width}", program.name());
+                let mut samples = row_program_sample(program, dtype, rows, width);
+                // Activations with the awkward rows (a NaN, an infinity, an f32 sum that overflows).
+                for (sample, input) in samples.iter_mut().zip(program.inputs()) {
+                    if matches!(input.kind, ir_ops::row_program::InputKind::Activation { .. }) {
+                        *sample = SampleArg::Tensor(activation(&mut rng, dtype, rows, width, 1.0, strided));
+                    }
+                }
+                let row_args: Vec<RowArg<'_>> = samples
+                    .iter()
+                    .map(|s| match s {
+                        SampleArg::Tensor(t) => RowArg::Tensor(t),
+                        SampleArg::Scalar(v) => RowArg::Scalar(*v),
+                    })
+                    .collect();
+                let functional = run_row_program(program, &row_args).unwrap();
+                let mut donated: Vec<(usize, UniqueTensor, Vec<u8>)> = program
+                    .outputs()
+                    .iter()
+                    .filter_map(|o| o.in_place_of)
+                    .map(|input| {
+                        let SampleArg::Tensor(t) = &samples[input] else { unreachable!("activations are tensors") };
+                        let unique = unique_same_layout(t);
+                        let before = unique.tensor().cpu_buffer().unwrap().bytes().to_vec();
+                        (input, unique, before)
+                    })
+                    .collect();
+                let fresh = {
+                    let mut owned: Vec<Option<&mut UniqueTensor>> = (0..row_args.len()).map(|_| None).collect();
+                    for (input, unique, _) in donated.iter_mut() {
+                        owned[*input] = Some(unique);
+                    }
+                    let mut args: Vec<InPlaceArg<'_>> = row_args
+                        .iter()
+                        .zip(owned)
+                        .map(|(arg, owned)| match owned {
+                            Some(unique) => InPlaceArg::Donated(unique),
+                            None => InPlaceArg::Read(*arg),
+                        })
+                        .collect();
+                    run_row_program_in_place(program, &mut args).unwrap_or_else(|e| panic!("{what}: {e}"))
+                };
+                for (index, (output, fresh)) in program.outputs().iter().zip(&fresh).enumerate() {
+                    let what = format!("{what}: output `{}`", output.name);
+                    match (output.in_place_of, fresh) {
+                        (Some(input), None) => {
+                            let (_, unique, before) = donated.iter().find(|d| d.0 == input).unwrap();
+                            let written = unique.tensor();
+                            assert_bits(written, &functional[index], &what);
+                            // Outside the view (the other columns of the wider buffer): untouched.
+                            let size = dtype.size_in_bytes();
+                            let mut inside = vec![false; before.len() / size];
+                            for element in written.layout().storage_indices() {
+                                inside[element] = true;
+                            }
+                            let after = written.cpu_buffer().unwrap().bytes();
+                            for (element, inside) in inside.iter().enumerate() {
+                                let bytes = element * size..(element + 1) * size;
+                                assert!(*inside || after[bytes.clone()] == before[bytes], "{what}: element {element}");
+                            }
+                        }
+                        (None, Some(tensor)) => assert_bits(tensor, &functional[index], &what),
+                        other => panic!("{what}: in place of {:?}, fresh {}", other.0, other.1.is_some()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn what_cannot_run_in_place_is_refused_with_the_reason() {
+    use super::run_row_program_in_place;
+    use ir_ops::row_program::InPlaceArg;
+    let x = Tensor::from_f64(DType::F32, &[2, 4], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]).unwrap();
+    // A donated argument the program writes nothing into.
+    let mut donated = unique(&x);
+    let mut args = [InPlaceArg::Donated(&mut donated), InPlaceArg::Read(RowArg::Scalar(1e-6))];
+    let error = run_row_program_in_place(&builtin::rms_norm(false, false), &mut args).unwrap_err().to_string();
+    assert!(error.contains("`x` is donated but no output is written in place of it"), "{error}");
+    // A program whose last pass finishes a sum (a row output): a row would be run again after its
+    // writes when its sum overflows.
+    let mut b = RowProgram::builder("doubled_with_total");
+    let input = b.activation("x", 1);
+    let v = b.load(input, 0);
+    let two = b.constant(2.0);
+    let doubled = b.binary(BinaryOp::Mul, v, two, Precision::Compute);
+    let total = b.reduce(ReduceOp::Sum, v, None, Precision::Wide);
+    b.store("x_out", doubled, OutDType::Like(input), Some(input));
+    b.store("total", total, OutDType::Fixed(DType::F32), None);
+    let program = b.build().unwrap();
+    let mut donated = unique(&x);
+    let error = run_row_program_in_place(&program, &mut [InPlaceArg::Donated(&mut donated)]).unwrap_err().to_string();
+    assert!(error.contains("cannot run in place") && error.contains("finishes a sum"), "{error}");
+    assert_eq!(donated.tensor().to_f64_vec().unwrap(), x.to_f64_vec().unwrap(), "nothing written");
+    // The functional run of the same program is fine.
+    let out = run_row_program(&program, &[RowArg::Tensor(&x)]).unwrap();
+    assert_eq!(out[1].to_f64_vec().unwrap(), [10.0, 26.0]);
+}

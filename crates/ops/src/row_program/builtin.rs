@@ -281,28 +281,90 @@ pub fn layer_norm(weight: bool, bias: bool) -> RowProgram {
     let w = weight.then(|| b.weight("weight"));
     let bi = bias.then(|| b.weight("bias"));
     let eps = b.scalar("epsilon");
-    let c = Precision::Compute;
     let a = b.load(x, 0);
+    let y = layer_norm_steps(&mut b, a, w, bi, eps);
+    b.store("out", y, OutDType::Like(x), None);
+    build(b)
+}
+
+/// The steps of `layer_norm` on `a` (the row's values in the compute dtype): the mean and the
+/// biased variance from two wide sums each divided once, every step rounded to the compute type,
+/// then the weight and the bias when given. Returns the value stored as the norm's output.
+fn layer_norm_steps(
+    b: &mut Builder,
+    a: ValueId,
+    weight: Option<InputId>,
+    bias: Option<InputId>,
+    epsilon: InputId,
+) -> ValueId {
+    let c = Precision::Compute;
     let n = b.width();
     let sum = b.reduce(ReduceOp::Sum, a, None, Precision::Wide);
     let mean = b.binary(BinaryOp::Div, sum, n, c);
     let d = b.binary(BinaryOp::Sub, a, mean, c);
     let squares = b.reduce(ReduceOp::SumSquares, d, None, Precision::Wide);
     let var = b.binary(BinaryOp::Div, squares, n, c);
-    let e = b.param(eps, c);
+    let e = b.param(epsilon, c);
     let shifted = b.binary(BinaryOp::Add, var, e, c);
     let root = b.unary(UnaryOp::Sqrt, shifted, c);
     let rstd = b.unary(UnaryOp::Recip, root, c);
     let mut y = b.binary(BinaryOp::Mul, d, rstd, c);
-    if let Some(w) = w {
+    if let Some(w) = weight {
         let wv = b.load_weight(w);
         y = b.binary(BinaryOp::Mul, y, wv, c);
     }
-    if let Some(bi) = bi {
+    if let Some(bi) = bias {
         let bv = b.load_weight(bi);
         y = b.binary(BinaryOp::Add, y, bv, c);
     }
-    b.store("out", y, OutDType::Like(x), None);
+    y
+}
+
+/// `fused_add_layer_norm(x, x_residual, weight?, bias?, epsilon)` with `rounding`
+/// ([`crate::fused_add_layer_norm`]): `residual ← x + residual` and `x ← layer_norm(x +
+/// residual)`, both in place; outputs `(out, residual_out)`. The sum is the one
+/// `fused_add_rms_norm` computes (rounded to x's dtype under `rounding = "dtype"`), the norm
+/// `layer_norm`'s.
+pub fn fused_add_layer_norm(weight: bool, bias: bool, rounding: Rounding) -> RowProgram {
+    let mut b = RowProgram::builder("fused_add_layer_norm");
+    let x = b.activation("x", 1);
+    let residual = b.activation("x_residual", 1);
+    let w = weight.then(|| b.weight("weight"));
+    let bi = bias.then(|| b.weight("bias"));
+    let eps = b.scalar("epsilon");
+    let sum = add_residual(&mut b, x, residual, rounding);
+    let out = layer_norm_steps(&mut b, sum, w, bi, eps);
+    b.store("out", out, OutDType::Like(x), Some(x));
+    // The op's outputs are (out, residual_out).
+    b.program.outputs.rotate_right(1);
+    build(b)
+}
+
+/// `fused_sandwich_rms_norm(x, x_residual, post_weight?, pre_weight?, epsilon)` with `rounding`
+/// ([`crate::fused_sandwich_rms_norm`]): Gemma 2 and 3's norms around a residual add. `h =
+/// rms_norm(x, post_weight)` rounded to x's dtype (as `rms_norm` stores it), then
+/// `fused_add_rms_norm(h, residual, pre_weight)`: `residual ← h + residual` and `x ←
+/// rms_norm(h + residual, pre_weight)`, both in place; outputs `(out, residual_out)`.
+pub fn fused_sandwich_rms_norm(post_weight: bool, pre_weight: bool, rounding: Rounding) -> RowProgram {
+    let mut b = RowProgram::builder("fused_sandwich_rms_norm");
+    let x = b.activation("x", 1);
+    let residual = b.activation("x_residual", 1);
+    let post = post_weight.then(|| b.weight("post_weight"));
+    let pre = pre_weight.then(|| b.weight("pre_weight"));
+    let eps = b.scalar("epsilon");
+    let a = b.load(x, 0);
+    let h = norm_steps(&mut b, a, post, eps, None);
+    let h = b.round(h, Precision::Like(x));
+    let r = b.load(residual, 0);
+    let sum = b.binary(BinaryOp::Add, h, r, Precision::Compute);
+    let sum = match rounding {
+        Rounding::Dtype => b.round(sum, Precision::Like(x)),
+        Rounding::Exact => sum,
+    };
+    b.store("residual_out", sum, OutDType::Like(residual), Some(residual));
+    let out = norm_steps(&mut b, sum, pre, eps, None);
+    b.store("out", out, OutDType::Like(x), Some(x));
+    b.program.outputs.rotate_right(1);
     build(b)
 }
 
@@ -362,9 +424,9 @@ pub fn norm_dynamic_per_token_quant(
 
 /// Every built-in program in the configurations the ops take: with and without a weight, both
 /// roundings, both gelu forms, both fp8 dtypes, with and without a bound or a variance size, and
-/// `layer_norm`'s with and without its weight and bias, and the fused `silu_and_mul` + dynamic
-/// quantization (27 programs), for tests and benchmarks that
-/// cover them all.
+/// `layer_norm`'s with and without its weight and bias, the fused `silu_and_mul` + dynamic
+/// quantization, and the fused add + `layer_norm` and sandwich norms in both roundings (31
+/// programs), for tests and benchmarks that cover them all.
 pub fn all() -> Vec<RowProgram> {
     let fp8 = |result: Result<RowProgram, ProgramError>| result.expect("an fp8 dtype");
     let mut programs = vec![rms_norm(true, false), rms_norm(false, false), rms_norm(true, true)];
@@ -395,6 +457,10 @@ pub fn all() -> Vec<RowProgram> {
     programs.push(fp8(silu_and_mul_dynamic_fp8_quant(DType::F8E5M2, true)));
     programs.push(layer_norm(true, true));
     programs.push(layer_norm(false, false));
+    programs.push(fused_add_layer_norm(true, true, Rounding::Exact));
+    programs.push(fused_add_layer_norm(false, false, Rounding::Dtype));
+    programs.push(fused_sandwich_rms_norm(true, true, Rounding::Dtype));
+    programs.push(fused_sandwich_rms_norm(false, true, Rounding::Exact));
     programs
 }
 
@@ -610,7 +676,7 @@ mod tests {
     #[test]
     fn the_catalog_holds_every_configuration_once() {
         let programs = all();
-        assert_eq!(programs.len(), 27);
+        assert_eq!(programs.len(), 31);
         let mut fingerprints: Vec<u64> = programs.iter().map(RowProgram::fingerprint).collect();
         fingerprints.sort_unstable();
         fingerprints.dedup();

@@ -14,6 +14,26 @@ pub enum RowArg<'a> {
     Scalar(f64),
 }
 
+/// An argument of a call run in place: read, or donated (uniquely owned) for the output the
+/// program writes in place of it (an executor's in-place entry point takes these).
+#[derive(Debug)]
+pub enum InPlaceArg<'a> {
+    /// Read only, as [`RowProgram::run`] takes it.
+    Read(RowArg<'a>),
+    /// A donated activation: the program's in-place output of it is written into its storage.
+    Donated(&'a mut ir_core::UniqueTensor),
+}
+
+impl InPlaceArg<'_> {
+    /// The argument as read (a donated tensor as it is before the call).
+    pub fn as_read(&self) -> RowArg<'_> {
+        match self {
+            InPlaceArg::Read(arg) => *arg,
+            InPlaceArg::Donated(tensor) => RowArg::Tensor(tensor.tensor()),
+        }
+    }
+}
+
 /// An input's values, read once.
 enum Read {
     /// All elements in logical order.
@@ -43,6 +63,10 @@ pub struct Binding {
     pub compute: DType,
     /// Each input's dtype (`None` for a scalar).
     pub dtypes: Vec<Option<DType>>,
+    /// Whether the call writes each in-place output into its activation ([`InPlaceArg`]) rather
+    /// than into a fresh tensor: [`RowProgram::bind`] leaves it `false`, an executor running the
+    /// call in place sets it (a generated kernel's prototype differs).
+    pub in_place: bool,
 }
 
 impl Binding {
@@ -162,6 +186,7 @@ impl RowProgram {
             rows_shape: rows_shape.to_vec(),
             compute: lead.dtype().compute_dtype(),
             dtypes,
+            in_place: false,
         })
     }
 

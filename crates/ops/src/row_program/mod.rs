@@ -68,7 +68,7 @@ use std::fmt;
 
 use ir_core::DType;
 
-pub use interp::{Binding, RowArg};
+pub use interp::{Binding, InPlaceArg, RowArg};
 pub use schedule::Schedule;
 
 /// A step's value: the index of the step that defines it.
