@@ -273,12 +273,12 @@ fn execute(
     let task_rows = |task: usize| task * per_task..((task + 1) * per_task).min(binding.rows);
     if tasks.len() <= 1 {
         let mut pieces = tasks.pop().unwrap_or_default();
-        run_rows(&run, 0..binding.rows, &mut pieces)?;
+        run.rows(0..binding.rows, &mut pieces)?;
     } else {
         tasks
             .into_par_iter()
             .enumerate()
-            .try_for_each(|(task, mut pieces)| run_rows(&run, task_rows(task), &mut pieces))?;
+            .try_for_each(|(task, mut pieces)| run.rows(task_rows(task), &mut pieces))?;
     }
     Ok(sinks
         .into_iter()
@@ -351,16 +351,28 @@ pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), i
     )
 }
 
-/// [`Run::rows`], compiled for AVX-512, AVX2 and NEON besides the baseline and chosen at run time
-/// (every step loop is inlined into it, so each is vectorized for the CPU it runs on); the same bits
-/// on every path (Rust never contracts a multiply and an add by itself).
+/// The rows of a task ([`Run::rows`] gives it the scratch and the row state), compiled for
+/// AVX-512, AVX2 and NEON besides the baseline and chosen at run time (every step loop is inlined
+/// into it, so each is vectorized for the CPU it runs on); the same bits on every path (Rust never
+/// contracts a multiply and an add by itself).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
     "x86_64+avx2+fma+f16c",
     "aarch64+neon"
 ))]
-fn run_rows(run: &Run<'_>, rows: std::ops::Range<usize>, sinks: &mut [&mut [u8]]) -> Result<(), KernelError> {
-    run.rows(rows, sinks)
+fn run_rows(
+    run: &Run<'_>,
+    rows: std::ops::Range<usize>,
+    chunks: &mut [f32],
+    state: &mut RowState,
+    sinks: &mut [&mut [u8]],
+) -> Result<(), KernelError> {
+    for (local, row) in rows.enumerate() {
+        if !run.row(row, false, chunks, state, sinks, local)? {
+            run.row(row, true, chunks, state, sinks, local)?;
+        }
+    }
+    Ok(())
 }
 
 /// An input's memory: rows over a host buffer's bytes, a donated activation (read from the task's
@@ -522,15 +534,10 @@ impl Run<'_> {
                 })?
             ],
         };
-        // Every chunk value a step reads was written by the step before in the same chunk.
-        crate::rows::with_scratch(steps * CHUNK, |chunks: &mut [f32]| {
-            for (local, row) in rows.enumerate() {
-                if !self.row(row, false, chunks, &mut state, sinks, local)? {
-                    self.row(row, true, chunks, &mut state, sinks, local)?;
-                }
-            }
-            Ok(())
-        })
+        // Every chunk value a step reads was written by the step before in the same chunk. The
+        // rows run in a multiversioned function called from the closure: a closure's body is its
+        // own function, compiled for the baseline CPU whatever function it is written in.
+        crate::rows::with_scratch(steps * CHUNK, |chunks: &mut [f32]| run_rows(self, rows, chunks, &mut state, sinks))
     }
 
     /// Runs one row; returns `false` (having written nothing) when an f32 sum is not finite and
