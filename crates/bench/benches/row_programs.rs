@@ -18,13 +18,14 @@ fn donate(t: &Tensor) -> UniqueTensor {
     UniqueTensor::new(t.deep_clone().expect("a copy")).unwrap_or_else(|_| panic!("a fresh copy is uniquely owned"))
 }
 
-/// `residual ← x + residual` in place, rounded to x's dtype: the add of an unfused engine.
+/// `residual ← x + residual` in place, in f32 rounded to x's dtype: the add of an unfused engine.
 fn add_in_place() -> RowProgram {
     let mut b = RowProgram::builder("add");
     let x = b.activation("x", 1);
     let r = b.activation("residual", 1);
     let (a, c) = (b.load(x, 0), b.load(r, 0));
-    let sum = b.binary(BinaryOp::Add, a, c, Precision::Like(x));
+    let sum = b.binary(BinaryOp::Add, a, c, Precision::Compute);
+    let sum = b.round(sum, Precision::Like(x));
     b.store("residual_out", sum, OutDType::Like(r), Some(r));
     b.build().expect("well formed")
 }

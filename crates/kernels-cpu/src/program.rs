@@ -2,15 +2,16 @@
 //! op's, or one a pass makes at run time) with no code generated for it.
 //!
 //! A row runs in passes: a program with `k` row reductions that depend on each other in a chain
-//! needs `k + 1`. Each pass walks the row 256 elements at a time (`CHUNK`) and runs, for each chunk,
-//! only the element steps the pass needs (the operands of the reductions it accumulates; in the last
-//! pass, of the outputs), each step one loop over the chunk's f32 values that the compiler
-//! vectorizes; earlier passes' element steps are computed again from the loads (a row is read once
-//! per pass, from the L1 cache for decode and prefill rows), except a value whose computation holds
-//! a transcendental step (`exp`, `tanh`, `erf`, `erfc`, `sigmoid`): the pass that first computes it
-//! keeps its row in a buffer of the task, and later passes read it back instead of computing it
-//! again (the same f32 values, so the same bits; a fused gated activation + quantization computes
-//! its activation once). Row values (parameters, reductions and
+//! needs `k + 1`. Each pass walks the row 1024 elements at a time (`CHUNK`) and runs, for each
+//! chunk, only the element steps the pass needs (the operands of the reductions it accumulates; in
+//! the last pass, of the outputs), each step one loop over the chunk's f32 values that the compiler
+//! vectorizes (in the AVX2 or AVX-512 build the CPU has). An element value a later pass needs again
+//! is computed again from the loads (a row is read once per pass, from the L1 or L2 cache) when that
+//! is cheap; when its computation costs four element loops or more (a transcendental step, `exp`,
+//! `tanh`, `erf`, `erfc`, `sigmoid`, counting as that many), the pass that first computes it keeps
+//! its row in a buffer of the task, and later passes read it back instead (the same f32 values, so
+//! the same bits; a fused gated activation + quantization computes its activation once, the
+//! sandwich norm its residual sum). Row values (parameters, reductions and
 //! what is computed from them) are `f64`, rounded as the program says, so the row arithmetic is the
 //! reference's. Rows are split across threads as the norms' rows are.
 //!
@@ -39,9 +40,19 @@ use crate::quant::{E4M3, E5M2, Fp8};
 use crate::rows::{LANES, rows_per_task};
 use ir_core::{F8E4M3, F8E5M2};
 
+/// The unary steps whose element loops cost more than keeping their values: a value whose
+/// computation holds one is kept for a later pass that needs it.
+const TRANSCENDENTAL: [UnaryOp; 5] = [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Erf, UnaryOp::Erfc, UnaryOp::Sigmoid];
+
+/// The cost (element loops, loads counted) from which a value a later pass needs is kept in a row
+/// buffer rather than computed again: keeping costs a copy out and a copy back, about two loops
+/// (of 3, 4 and 6, 4 ran the sandwich norm and add + LayerNorm programs fastest).
+const KEEP_COST: u32 = 4;
+
 /// Elements computed at a time per step (a multiple of [`LANES`], so every chunk but a row's last
-/// holds whole 32-element groups).
-const CHUNK: usize = 256;
+/// holds whole 32-element groups). 1024 rather than 256: a step's dispatch is paid once per 1024
+/// elements.
+const CHUNK: usize = 1024;
 
 /// Runs `program` on `args` (as [`RowProgram::run`] takes them) on the cpu and returns its
 /// outputs as fresh compact tensors, in order (an in-place output too: nothing is written in
@@ -275,10 +286,7 @@ fn execute(
         let mut pieces = tasks.pop().unwrap_or_default();
         run.rows(0..binding.rows, &mut pieces)?;
     } else {
-        tasks
-            .into_par_iter()
-            .enumerate()
-            .try_for_each(|(task, mut pieces)| run.rows(task_rows(task), &mut pieces))?;
+        tasks.into_par_iter().enumerate().try_for_each(|(task, mut pieces)| run.rows(task_rows(task), &mut pieces))?;
     }
     Ok(sinks
         .into_iter()
@@ -426,18 +434,20 @@ impl Reuse {
         let steps = program.steps();
         let n = steps.len();
         let element = |v: ValueId| steps[v.0 as usize].extent == Extent::Element;
-        let mut costly = vec![false; n];
+        // The element loops computing a value again from the loads costs: one per step of its cone,
+        // a transcendental step counting as many.
+        let mut cost = vec![0u32; n];
         for (index, step) in steps.iter().enumerate() {
-            costly[index] = step.extent == Extent::Element
-                && match step.op {
-                    Op::Unary(op, x) => {
-                        matches!(op, UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Erfc | UnaryOp::Sigmoid)
-                            || (element(x) && costly[x.0 as usize])
-                    }
-                    Op::Binary(_, a, b) => (element(a) && costly[a.0 as usize]) || (element(b) && costly[b.0 as usize]),
-                    _ => false,
-                };
+            let of = |v: ValueId| if element(v) { cost[v.0 as usize] } else { 0 };
+            cost[index] = match (step.extent, step.op) {
+                (Extent::Row, _) => 0,
+                (_, Op::Unary(op, x)) if TRANSCENDENTAL.contains(&op) => KEEP_COST.saturating_add(of(x)),
+                (_, Op::Unary(_, x)) => 1 + of(x),
+                (_, Op::Binary(_, a, b)) => (1 + of(a)).saturating_add(of(b)),
+                _ => 1,
+            };
         }
+        let costly: Vec<bool> = cost.iter().map(|&c| c >= KEEP_COST).collect();
         let passes = schedule.elements.len();
         let (mut slot, mut computed_in, mut slots) = (vec![None; n], vec![None; n], 0);
         let mut actions = Vec::with_capacity(passes);

@@ -44,9 +44,9 @@ fn activation(rng: &mut InputRng, dtype: DType, rows: usize, width: usize, scale
 fn norm_programs_give_the_cpu_norms_bits() {
     let mut rng = InputRng::new(3);
     for dtype in DTYPES {
-        // 300 rows of 2 · 40 + 17 values: whole chunks, a partial one, groups and a tail; with 1024
-        // columns, rows split across tasks.
-        for (rows, width) in [(6, 97), (300, 1024)] {
+        // Rows of 97 values (a partial chunk: whole 32-element groups and a tail), and 300 rows of
+        // 2100 (two whole chunks and a partial one), split across tasks.
+        for (rows, width) in [(6, 97), (300, 2100)] {
             let x = activation(&mut rng, dtype, rows, width, 1.0, rows < 100);
             let r = activation(&mut rng, dtype, rows, width, 1.0, false);
             let w = rng.normal(dtype, &[width], 1.0, 0.1).unwrap();
@@ -375,7 +375,7 @@ fn in_place_runs_write_the_functional_runs_bits_into_the_donated_rows() {
     assert!(programs.len() >= 8, "the fused-add norms, their quantizations, add + layer_norm, sandwich");
     for program in &programs {
         for dtype in DTYPES {
-            for (rows, width, strided) in [(6, 97, true), (300, 1024, false)] {
+            for (rows, width, strided) in [(6, 97, true), (300, 2100, false)] {
                 let what = format!("{} {dtype} {rows}x{width}", program.name());
                 let mut samples = row_program_sample(program, dtype, rows, width);
                 // Activations with the awkward rows (a NaN, an infinity, an f32 sum that overflows).
