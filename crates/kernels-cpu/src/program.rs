@@ -62,7 +62,7 @@ const CHUNK: usize = 1024;
 pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError> {
     let binding = bind_f32(program, args)?;
     // Each tensor input as rows over its buffer (a compact copy when its last dimension is strided).
-    let copies = compact_copies(program, args)?;
+    let copies = compact_copies(program, args.iter().map(Some))?;
     let mut sources = Vec::with_capacity(args.len());
     for ((input, arg), copy) in program.inputs().iter().zip(args).zip(&copies) {
         sources.push(read_source(&input.name, &input.kind, arg, copy.as_ref())?);
@@ -123,19 +123,7 @@ pub fn run_row_program_in_place(
     };
     let read: Vec<Option<RowArg<'_>>> =
         args.iter().map(|arg| if let InPlaceArg::Read(arg) = arg { Some(*arg) } else { None }).collect();
-    let copies = {
-        let mut copies = Vec::with_capacity(read.len());
-        for (input, arg) in program.inputs().iter().zip(&read) {
-            copies.push(match arg {
-                Some(RowArg::Tensor(tensor)) if tensor.cpu_buffer().is_none() => {
-                    return Err(crate::not_on_cpu(&input.name));
-                }
-                Some(RowArg::Tensor(tensor)) if Rows::of(tensor.meta()).is_err() => Some(tensor.contiguous()?),
-                _ => None,
-            });
-        }
-        copies
-    };
+    let copies = compact_copies(program, read.iter().map(Option::as_ref))?;
     let mut sources = Vec::with_capacity(read.len());
     for (index, ((input, arg), copy)) in program.inputs().iter().zip(&read).zip(&copies).enumerate() {
         sources.push(match arg {
@@ -182,13 +170,19 @@ fn bind_f32(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Binding, Kernel
     Ok(binding)
 }
 
-/// A compact copy of each tensor argument whose last dimension is strided (`None` for the others).
-fn compact_copies(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Option<Tensor>>, KernelError> {
-    let mut copies = Vec::with_capacity(args.len());
+/// A compact copy of each read tensor argument whose last dimension is strided (`None` for the
+/// others; `args` gives `None` for a donated one).
+fn compact_copies<'a>(
+    program: &RowProgram,
+    args: impl Iterator<Item = Option<&'a RowArg<'a>>>,
+) -> Result<Vec<Option<Tensor>>, KernelError> {
+    let mut copies = Vec::with_capacity(program.inputs().len());
     for (input, arg) in program.inputs().iter().zip(args) {
         copies.push(match arg {
-            RowArg::Tensor(tensor) if tensor.cpu_buffer().is_none() => return Err(crate::not_on_cpu(&input.name)),
-            RowArg::Tensor(tensor) if Rows::of(tensor.meta()).is_err() => Some(tensor.contiguous()?),
+            Some(RowArg::Tensor(tensor)) if tensor.cpu_buffer().is_none() => {
+                return Err(crate::not_on_cpu(&input.name));
+            }
+            Some(RowArg::Tensor(tensor)) if Rows::of(tensor.meta()).is_err() => Some(tensor.contiguous()?),
             _ => None,
         });
     }
@@ -275,7 +269,7 @@ fn execute(
             Sink::InPlace(bytes, _) => bytes,
         };
         for pieces in tasks.iter_mut() {
-            let bytes = (per_task * stride * size).min(rest.len());
+            let bytes = per_task.saturating_mul(*stride).saturating_mul(size).min(rest.len());
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut(bytes);
             pieces.push(piece);
             rest = tail;

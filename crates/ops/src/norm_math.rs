@@ -27,32 +27,7 @@ pub(crate) fn norm_meta(def: &'static OpDef, args: &[ArgMeta<'_>]) -> Result<ir_
     }
     MetaError::require_compute_dtype(op, "x", x)?;
     let hidden = x.layout.last_dim();
-    match arg("weight") {
-        Some(ArgMeta::None) => {}
-        Some(ArgMeta::Tensor(w)) => {
-            MetaError::require_compute_dtype(op, "weight", w)?;
-            if w.shape() != [hidden] {
-                return Err(MetaError::Shape {
-                    op,
-                    param: "weight",
-                    shape: w.shape().to_vec(),
-                    expected: "must be [H] with H the last dimension of x",
-                    other: "x",
-                    other_shape: x.shape().to_vec(),
-                });
-            }
-            if w.device != x.device {
-                return Err(MetaError::Device {
-                    op,
-                    param: "weight",
-                    device: w.device,
-                    other: "x",
-                    other_device: x.device,
-                });
-            }
-        }
-        _ => return Err(kind("weight")),
-    }
+    optional_vector(def, args, "weight", x)?;
     let mut outputs: ir_core::op::OutputMetas =
         ir_core::op::smallvec![TensorMeta { dtype: x.dtype, device: x.device, layout: x.layout.copy_layout() }];
     if def.param_index("x_residual").is_some() {
@@ -87,6 +62,38 @@ pub(crate) fn norm_meta(def: &'static OpDef, args: &[ArgMeta<'_>]) -> Result<ir_
         _ => return Err(kind("variance_size")),
     }
     Ok(outputs)
+}
+
+/// `def`'s optional `[H]` vector `param` (a weight or a bias) is absent, or a compute-dtype tensor of
+/// x's last dimension on x's device; else the error naming it.
+fn optional_vector(
+    def: &'static OpDef,
+    args: &[ArgMeta<'_>],
+    param: &'static str,
+    x: &TensorMeta,
+) -> Result<(), MetaError> {
+    let op = def.name;
+    match named(def, args, param) {
+        Some(ArgMeta::None) => Ok(()),
+        Some(ArgMeta::Tensor(t)) => {
+            MetaError::require_compute_dtype(op, param, t)?;
+            if t.shape() != [x.layout.last_dim()] {
+                return Err(MetaError::Shape {
+                    op,
+                    param,
+                    shape: t.shape().to_vec(),
+                    expected: "must be [H] with H the last dimension of x",
+                    other: "x",
+                    other_shape: x.shape().to_vec(),
+                });
+            }
+            if t.device != x.device {
+                return Err(MetaError::Device { op, param, device: t.device, other: "x", other_device: x.device });
+            }
+            Ok(())
+        }
+        _ => Err(MetaError::Kind { op, param }),
+    }
 }
 
 /// `x_residual` has x's shape and device, or the error naming it.
@@ -222,28 +229,8 @@ pub(crate) fn row_norm_meta(
         return Err(MetaError::Rank { op, param: "x", expected: "rank >= 1", shape: vec![] });
     }
     MetaError::require_compute_dtype(op, "x", x)?;
-    let hidden = x.layout.last_dim();
     for &param in vectors {
-        match named(def, args, param) {
-            Some(ArgMeta::None) => {}
-            Some(ArgMeta::Tensor(t)) => {
-                MetaError::require_compute_dtype(op, param, t)?;
-                if t.shape() != [hidden] {
-                    return Err(MetaError::Shape {
-                        op,
-                        param,
-                        shape: t.shape().to_vec(),
-                        expected: "must be [H] with H the last dimension of x",
-                        other: "x",
-                        other_shape: x.shape().to_vec(),
-                    });
-                }
-                if t.device != x.device {
-                    return Err(MetaError::Device { op, param, device: t.device, other: "x", other_device: x.device });
-                }
-            }
-            _ => return Err(kind(param)),
-        }
+        optional_vector(def, args, param, x)?;
     }
     // A functional op's outputs are compact, as the programs' executors write them; an in-place
     // op's keep each activation's dense layout (an in-place kernel writes into it), as
