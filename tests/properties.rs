@@ -21,6 +21,18 @@ enum Step {
     AddNorm(u8, u8, bool),
     /// `rms_norm` of the value made last (`AddNorm`'s second half).
     RmsNormLast(bool),
+    /// Gemma's sandwich (what `fuse-row-programs` fuses after `fuse-add-rms-norm`): `rms_norm`, an
+    /// add of its output and a partner, `rms_norm` of the sum.
+    Sandwich(u8, u8, bool),
+    /// An add of the value made last and a partner (`Sandwich`'s middle).
+    AddLast(u8),
+    /// A residual add whose sum a `layer_norm` normalizes at once (what `fuse-row-programs` fuses).
+    AddLayerNorm(u8, u8, bool),
+    /// `layer_norm` of the value made last, with the weight and bias or neither.
+    LayerNormLast(bool),
+    /// `silu_and_mul` of an even-width value and a per-token fp8 quantization of its output (with
+    /// the bound or none); the third byte also puts the gated output in the pool, a second reader.
+    SiluQuant(u8, bool, u8),
     Scale(u8),
     Add(u8, u8),
     RowSlice(u8, u8),
@@ -65,6 +77,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, k, w)| Step::NormQuant(a, b, k, w)),
         1 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(a, b, k)| Step::Rotary(a, b, k)),
         1 => (any::<u8>(), any::<u8>()).prop_map(|(a, k)| Step::SelfOperandPair(a, k)),
+        1 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, w)| Step::Sandwich(a, b, w)),
+        1 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, w)| Step::AddLayerNorm(a, b, w)),
+        1 => (any::<u8>(), any::<bool>(), any::<u8>()).prop_map(|(a, w, k)| Step::SiluQuant(a, w, k)),
     ]
 }
 
@@ -119,6 +134,8 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
         .iter()
         .flat_map(|step| match step {
             Step::AddNorm(a, b, w) => vec![Step::Add(*a, *b), Step::RmsNormLast(*w)],
+            Step::Sandwich(a, b, w) => vec![Step::RmsNorm(*a, *w), Step::AddLast(*b), Step::RmsNormLast(*w)],
+            Step::AddLayerNorm(a, b, w) => vec![Step::Add(*a, *b), Step::LayerNormLast(*w)],
             other => vec![other.clone()],
         })
         .collect();
@@ -174,7 +191,54 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                 };
                 pool.extend(graph.push(kind, vec![out]).1);
             }
-            Step::AddNorm(..) => unreachable!("expanded into an add and a norm above"),
+            Step::AddNorm(..) | Step::Sandwich(..) | Step::AddLayerNorm(..) => {
+                unreachable!("expanded into their calls above")
+            }
+            Step::LayerNormLast(w) => {
+                let x = *pool.last().expect("the add's sum was just made");
+                let vector =
+                    if w && graph.meta(x).shape().last() == Some(&H) { Arg::Tensor(weight) } else { Arg::None };
+                let out = TensorMeta { layout: m(&graph, x).layout.copy_layout(), ..m(&graph, x) };
+                let kind = NodeKind::IrCall {
+                    op: graph.op_ref("layer_norm"),
+                    overload: Overload::Default,
+                    args: vec![Arg::Tensor(x), vector.clone(), vector, Arg::F64(1e-5)],
+                };
+                pool.extend(graph.push(kind, vec![out]).1);
+            }
+            Step::SiluQuant(a, w, k) => {
+                let even: Vec<ValueId> = pool
+                    .iter()
+                    .copied()
+                    .filter(|&v| graph.meta(v).shape().last().is_some_and(|d| d % 2 == 0))
+                    .collect();
+                if even.is_empty() {
+                    continue;
+                }
+                let x = pick(&even, a);
+                let mut shape = graph.meta(x).shape().to_vec();
+                *shape.last_mut().expect("rank 2") /= 2;
+                let kind = NodeKind::IrCall {
+                    op: graph.op_ref("silu_and_mul"),
+                    overload: Overload::Default,
+                    args: vec![Arg::Tensor(x)],
+                };
+                let gated = graph.push(kind, vec![TensorMeta::compact(graph.meta(x).dtype, &shape)]).1[0];
+                let mut scales_shape = shape.clone();
+                *scales_shape.last_mut().expect("rank 2") = 1;
+                let ub = if w { Arg::Tensor(scale) } else { Arg::None };
+                let kind = NodeKind::IrCall {
+                    op: graph.op_ref("dynamic_per_token_scaled_fp8_quant"),
+                    overload: Overload::Default,
+                    args: vec![Arg::Tensor(gated), ub, Arg::DType(DType::F8E4M3FN)],
+                };
+                let metas =
+                    vec![TensorMeta::compact(DType::F8E4M3FN, &shape), TensorMeta::compact(DType::F32, &scales_shape)];
+                quantized.extend(graph.push(kind, metas).1);
+                if k % 3 == 0 {
+                    pool.push(gated);
+                }
+            }
             Step::Scale(a) => {
                 let x = pick(&pool, a);
                 let out = TensorMeta { layout: Layout::compact(graph.meta(x).shape()), ..m(&graph, x) };
@@ -187,8 +251,11 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                         .1,
                 );
             }
-            Step::Add(a, b) => {
-                let x = pick(&pool, a);
+            Step::Add(_, b) | Step::AddLast(b) => {
+                let x = match step {
+                    Step::Add(a, _) => pick(&pool, *a),
+                    _ => *pool.last().expect("the norm's output was just made"),
+                };
                 let same_kind: Vec<ValueId> = pool
                     .iter()
                     .copied()
@@ -569,6 +636,11 @@ fn registry() -> (Registry, Vec<PriorityGuard>) {
         "fused_add_rms_norm_static_fp8_quant",
         "fused_add_rms_norm_dynamic_per_token_quant",
         "rotary_embedding",
+        "layer_norm",
+        "fused_add_layer_norm",
+        "fused_sandwich_rms_norm",
+        "silu_and_mul",
+        "silu_and_mul_dynamic_fp8_quant",
     ];
     let guards = ops.iter().map(|op| registry.override_priority(op, &["cpu", "native"]).unwrap()).collect();
     (registry, guards)
@@ -894,6 +966,105 @@ fn the_generator_gives_norm_quant_pairs_to_fuse() {
     assert_eq!(by_op.len(), 4, "every fused op is made: {by_op:?}");
     assert!(through_reshapes > 0, "some fusions move a reshape");
     assert!(kept > 0, "the generator makes pairs the pass must keep");
+}
+
+/// The generator's sandwich, add + LayerNorm and silu + quantization chains give
+/// `fuse-row-programs` chains to fuse (every fused op) and to keep; on the cpu the exact form fuses
+/// the norm chains, and the standard pipeline that runs it keeps the graphs' bits (the pipeline
+/// property above runs it on every graph too). By name the pass also fuses silu + quantization,
+/// and the fused graphs run without tripping a safety check.
+#[test]
+fn the_generator_gives_row_program_chains_to_fuse() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    let (registry, _guards) = registry();
+    let cx = PassContext::new(&registry);
+    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let strategy = graphs();
+    let (mut by_op, mut exact_by_op) =
+        (std::collections::BTreeMap::<String, usize>::new(), std::collections::BTreeMap::<String, usize>::new());
+    let mut kept = std::collections::BTreeSet::new();
+    let op_of = |statement: &str| {
+        statement.split(" = ").nth(1).and_then(|rest| rest.split('(').next()).unwrap_or("?").to_owned()
+    };
+    for seed in 0..600u64 {
+        let graph = strategy.new_tree(&mut runner).expect("graphs generate").current();
+        // By name, after fuse-add-rms-norm (the form a sandwich is found in).
+        let mut fused = graph.clone();
+        ir_passes::fuse_add_rms_norm_exact(&mut fused, &cx).unwrap();
+        let report = ir_passes::fuse_row_programs(&mut fused, &cx).unwrap();
+        for statement in &report.fused {
+            *by_op.entry(op_of(statement)).or_default() += 1;
+        }
+        for (_, reason) in &report.skipped {
+            kept.insert(format!("{reason:?}").split([' ', '{', '(']).next().unwrap_or("?").to_owned());
+        }
+        ir_graph::verify(&fused, &registry).unwrap_or_else(|e| panic!("{e}\nbefore:\n{graph}\nafter:\n{fused}"));
+        let reference = interpret(&graph, &registry, inputs(&graph, seed), InterpOptions::checked()).unwrap();
+        // Within tolerance chain by chain (last-bit differences may grow through later ops, as
+        // for fuse-add-rms-norm), so here the fused graph only has to run without tripping a
+        // safety check; the golden files compare single chains.
+        interpret(&fused, &registry, inputs(&fused, seed), InterpOptions::checked())
+            .unwrap_or_else(|e| panic!("{e}\nbefore:\n{graph}\nafter:\n{fused}"));
+        // The exact form, in the standard pipeline: bit for bit.
+        let mut compiled = graph.clone();
+        let report = Pipeline::standard().run(&mut compiled, &cx, None, Snapshots::Skip).unwrap();
+        for run in &report.runs {
+            if let ir_passes::PassReport::Fusion(fusion) = &run.report
+                && run.pass == ir_passes::PassName::FuseRowProgramsExact
+            {
+                for statement in &fusion.fused {
+                    *exact_by_op.entry(op_of(statement)).or_default() += 1;
+                }
+            }
+        }
+        let run = interpret(&compiled, &registry, inputs(&compiled, seed), InterpOptions::checked()).unwrap();
+        for (a, b) in run.outputs.iter().zip(&reference.outputs) {
+            assert!(bit_eq(a, b), "outputs differ\nbefore:\n{graph}\nafter:\n{compiled}");
+        }
+    }
+    eprintln!("600 graphs: fused {by_op:?} by name, {exact_by_op:?} exactly; kept for {kept:?}");
+    assert_eq!(by_op.len(), 3, "every fused op is made: {by_op:?}");
+    assert_eq!(exact_by_op.len(), 2, "the exact form fuses both norm chains on the cpu: {exact_by_op:?}");
+    assert!(!exact_by_op.contains_key("silu_and_mul_dynamic_fp8_quant"), "{exact_by_op:?}");
+    assert!(kept.contains("IntermediateRead"), "the generator makes chains the pass must keep: {kept:?}");
+}
+
+/// A sandwich and an add + LayerNorm of any width and dtype, through the standard pipeline on the
+/// cpu: fused, and bit for bit the unfused graph (the cpu reduces a row in one order, fused or not).
+#[test]
+fn fused_norm_chains_keep_their_bits_at_every_width() {
+    let (registry, _guards) = registry();
+    let cx = PassContext::new(&registry);
+    for dtype in ["f32", "bf16", "f16"] {
+        for (rows, hidden) in [(1, 1), (3, 7), (2, 31), (5, 33), (4, 64), (3, 257), (2, 1030), (1, 4099)] {
+            let text = format!(
+                "graph g(%a: {dtype}[{rows},{hidden}], %r: {dtype}[{rows},{hidden}], %w: {dtype}[{hidden}], %b: {dtype}[{hidden}]) {{\n\
+                   %h = rms_norm(%a, %w, 1e-6, none) : {dtype}[{rows},{hidden}]\n\
+                   %s = add(%h, %r) : {dtype}[{rows},{hidden}]\n\
+                   %n = rms_norm(%s, %b, 1e-6, none) : {dtype}[{rows},{hidden}]\n\
+                   %s2 = add(%n, %s) : {dtype}[{rows},{hidden}]\n\
+                   %y = layer_norm(%s2, %w, %b, 1e-5) : {dtype}[{rows},{hidden}]\n\
+                   output(%y, %s2)\n}}\n"
+            );
+            let graph = parse(&text).unwrap();
+            let mut compiled = graph.clone();
+            Pipeline::standard().run(&mut compiled, &cx, None, Snapshots::Skip).unwrap();
+            let printed = compiled.to_string();
+            assert!(
+                printed.contains("fused_sandwich_rms_norm[cpu]") && printed.contains("fused_add_layer_norm[cpu]"),
+                "{printed}"
+            );
+            for seed in 0..3 {
+                let reference = interpret(&graph, &registry, inputs(&graph, seed), InterpOptions::checked()).unwrap();
+                let run = interpret(&compiled, &registry, inputs(&compiled, seed), InterpOptions::checked()).unwrap();
+                for (a, b) in run.outputs.iter().zip(&reference.outputs) {
+                    assert!(bit_eq(a, b), "{dtype} [{rows}, {hidden}] seed {seed}: outputs differ\n{printed}");
+                }
+            }
+        }
+    }
 }
 
 /// The generator exercises rotary embedding's optional activation: with and without a key,

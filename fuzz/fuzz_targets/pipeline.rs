@@ -22,8 +22,18 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         let registry = ir_ops::registry();
         kernels_cpu::register(&registry).expect("a fresh registry");
-        registry.set_default("rms_norm", &["cpu", "native"]).expect("registered");
-        registry.set_default("fused_add_rms_norm", &["cpu", "native"]).expect("registered");
+        for op in [
+            "rms_norm",
+            "fused_add_rms_norm",
+            "layer_norm",
+            "fused_add_layer_norm",
+            "fused_sandwich_rms_norm",
+            "silu_and_mul",
+            "dynamic_per_token_scaled_fp8_quant",
+            "silu_and_mul_dynamic_fp8_quant",
+        ] {
+            registry.set_default(op, &["cpu", "native"]).expect("registered");
+        }
         registry
     })
 }

@@ -1,4 +1,4 @@
-//! The standard pipeline (functionalize, fuse-add-rms-norm-exact, fuse-norm-quant, dce, lower, eliminate-clones, dce, each verified) on traced
+//! The standard pipeline (functionalize, fuse-add-rms-norm-exact, fuse-row-programs-exact, fuse-norm-quant, dce, lower, eliminate-clones, dce, each verified) on traced
 //! decoder graphs of 1k to 1M nodes: time per node and how it grows; and the interpreter running
 //! the same (uncompiled) graphs, which must grow linearly too.
 

@@ -137,7 +137,7 @@ fn opt_prints_the_optimized_graph_and_reports() {
     let (ok, _, stderr) = vllm_ir(&["opt", path.to_str().unwrap(), "--dump-dir", dump.to_str().unwrap()], &[]);
     assert!(ok, "{stderr}");
     let index = std::fs::read_to_string(dump.join("index.md")).unwrap();
-    assert!(index.contains("| 1 | functionalize |") && index.contains("07-dce.ir"), "{index}");
+    assert!(index.contains("| 1 | functionalize |") && index.contains("08-dce.ir"), "{index}");
     assert!(dump.join("00-input.ir").is_file());
 }
 

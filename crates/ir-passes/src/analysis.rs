@@ -207,3 +207,49 @@ fn operand_ready(
     }
     true
 }
+
+/// A fusion to apply: a call of the fused op `op` with `args`, right before `anchor`, replacing
+/// the nodes `removed`, whose results `replaced` (in the fused call's result order) it redefines.
+pub(crate) struct FusedCall {
+    /// The fused op.
+    pub(crate) op: &'static str,
+    /// The node the fused call goes right before.
+    pub(crate) anchor: NodeId,
+    /// The fused call's arguments.
+    pub(crate) args: Vec<Arg>,
+    /// The nodes the call replaces.
+    pub(crate) removed: smallvec::SmallVec<[NodeId; 3]>,
+    /// The values its results replace.
+    pub(crate) replaced: Vec<ValueId>,
+}
+
+/// Applies decided fusions (checked by [`split_misplaced`]) at once: creates each fused call with
+/// the metadata of the values it replaces, places it, removes the replaced nodes and rewires every
+/// use, the fused calls' own operands included (one fusion's call may read a value another's
+/// replaces). Returns the created nodes, in the fusions' order.
+pub(crate) fn apply_fusions(graph: &mut Graph, fusions: Vec<FusedCall>) -> Vec<NodeId> {
+    if fusions.is_empty() {
+        return Vec::new();
+    }
+    let mut replacement: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::new();
+    let mut placements = Vec::with_capacity(fusions.len());
+    let mut removed = cranelift_entity::EntitySet::new();
+    let mut created = Vec::with_capacity(fusions.len());
+    for fusion in fusions {
+        let metas = fusion.replaced.iter().map(|&v| graph.meta(v).clone()).collect();
+        let kind = NodeKind::IrCall { op: graph.op_ref(fusion.op), overload: Overload::Default, args: fusion.args };
+        let (node, results) = graph.create_detached(kind, metas);
+        for (&old, &new) in fusion.replaced.iter().zip(&results) {
+            replacement[old] = Some(new);
+        }
+        placements.push((fusion.anchor, node));
+        for node in fusion.removed {
+            removed.insert(node);
+        }
+        created.push(node);
+    }
+    graph.insert_detached_before(&placements);
+    graph.remove_nodes(&removed);
+    replace_uses(graph, &replacement);
+    created
+}

@@ -1,15 +1,18 @@
-//! The `fuse_add_rms_norm` pass ([`fuse_add_rms_norm`] documents it).
+//! The `fuse_add_rms_norm` pass ([`fuse_add_rms_norm`] documents it), and the add + norm fusion it
+//! shares with `fuse-row-programs` (add + `layer_norm`).
 
-use cranelift_entity::{EntitySet, SecondaryMap};
+use cranelift_entity::EntitySet;
 use ir_core::TensorMeta;
 use ir_core::builtin::Builtin;
-use ir_core::op::{Overload, StrEnum};
-use ir_graph::{Arg, Graph, NodeId, NodeKind, OpTable, ValueId};
+use ir_core::op::{OpDef, StrEnum};
+use ir_graph::{Arg, Graph, NodeId, OpTable, ValueId};
+use ir_ops::fused_add_layer_norm::{FUSED_ADD_LAYER_NORM, FusedAddLayerNormArgs};
 use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
+use ir_ops::layer_norm::{LAYER_NORM, LayerNormArgs};
 use ir_ops::rms_norm::{RMS_NORM, RmsNormArgs};
 
 // The fused call's arguments are the sum's two operands, then the norm's arguments after `x`, in
-// the norm's order.
+// the norm's order, then the fused op's `rounding`.
 const _: () = assert!(
     RmsNormArgs::x == 0
         && FusedAddRmsNormArgs::x == 0
@@ -17,9 +20,38 @@ const _: () = assert!(
         && FusedAddRmsNormArgs::weight == RmsNormArgs::weight + 1
         && FusedAddRmsNormArgs::epsilon == RmsNormArgs::epsilon + 1
         && FusedAddRmsNormArgs::variance_size == RmsNormArgs::variance_size + 1
+        && FusedAddRmsNormArgs::rounding == FusedAddRmsNormArgs::variance_size + 1
+);
+const _: () = assert!(
+    LayerNormArgs::x == 0
+        && FusedAddLayerNormArgs::x == 0
+        && FusedAddLayerNormArgs::x_residual == 1
+        && FusedAddLayerNormArgs::weight == LayerNormArgs::weight + 1
+        && FusedAddLayerNormArgs::bias == LayerNormArgs::bias + 1
+        && FusedAddLayerNormArgs::epsilon == LayerNormArgs::epsilon + 1
+        && FusedAddLayerNormArgs::rounding == FusedAddLayerNormArgs::epsilon + 1
 );
 
-use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
+/// A norm whose residual add a fused op takes in: `add(x, r)` then `norm(sum, rest…)` becomes
+/// `fused(x, r, rest…, rounding)`, whose results are the norm's output and the sum.
+pub(crate) struct AddNorm {
+    /// The norm (`x` first).
+    pub(crate) norm: &'static OpDef,
+    /// The fused op: `x`, `x_residual`, the norm's parameters after `x`, then `rounding`.
+    pub(crate) fused: &'static OpDef,
+    /// The fused op's `rounding` parameter.
+    pub(crate) rounding: usize,
+}
+
+/// Add + `rms_norm`.
+pub(crate) const ADD_RMS_NORM: AddNorm =
+    AddNorm { norm: &RMS_NORM, fused: &FUSED_ADD_RMS_NORM, rounding: FusedAddRmsNormArgs::rounding };
+
+/// Add + `layer_norm`.
+pub(crate) const ADD_LAYER_NORM: AddNorm =
+    AddNorm { norm: &LAYER_NORM, fused: &FUSED_ADD_LAYER_NORM, rounding: FusedAddLayerNormArgs::rounding };
+
+use crate::analysis::{DecidedFusion, FusedCall, FusionSite, apply_fusions, split_misplaced, writes_before};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};
 
 /// One fusion decided on the unmodified graph.
@@ -133,7 +165,9 @@ impl DecidedFusion for Fusion {
 /// count of writing nodes answer each rule in constant time per use), one more rewrites the uses.
 pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-add-rms-norm").entered();
-    fuse(graph, cx, false)
+    let mut report = FusionReport::new("add + rms_norm");
+    fuse_add_norm(graph, cx, &ADD_RMS_NORM, false, &mut report)?;
+    Ok(report)
 }
 
 /// `fuse-add-rms-norm-exact`, the standard pipeline's form: fuses the pairs whose results stay
@@ -141,18 +175,28 @@ pub fn fuse_add_rms_norm(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusi
 /// rounded sum) when the norm and the fused op run on one provider, and reports the others.
 pub fn fuse_add_rms_norm_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-add-rms-norm-exact").entered();
-    fuse(graph, cx, true)
+    let mut report = FusionReport::new("add + rms_norm");
+    fuse_add_norm(graph, cx, &ADD_RMS_NORM, true, &mut report)?;
+    Ok(report)
 }
 
-fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionReport, PassError> {
-    let mut report = FusionReport::new("add + rms_norm");
+/// Fuses every add + norm pair of `pattern` the rules of [`fuse_add_rms_norm`] allow (with `exact`,
+/// those of [`fuse_add_rms_norm_exact`]), adding what it fused and kept to `report`.
+pub(crate) fn fuse_add_norm(
+    graph: &mut Graph,
+    cx: &PassContext<'_>,
+    pattern: &AddNorm,
+    exact: bool,
+    report: &mut FusionReport,
+) -> Result<(), PassError> {
     let fused_def = cx
         .registry
-        .op_def(FUSED_ADD_RMS_NORM.name)
-        .ok_or_else(|| PassError::UnknownOp { op: FUSED_ADD_RMS_NORM.name.to_owned() })?;
+        .op_def(pattern.fused.name)
+        .ok_or_else(|| PassError::UnknownOp { op: pattern.fused.name.to_owned() })?;
     // The analyses below read the whole graph: a graph without a candidate pair (most) skips them.
-    if !graph.order().iter().any(|&norm| candidate(graph, norm).is_some()) {
-        return Ok(report);
+    if !graph.mentions_op(pattern.norm) || !graph.order().iter().any(|&norm| candidate(graph, pattern, norm).is_some())
+    {
+        return Ok(());
     }
     let ops = OpTable::compute(graph, cx.registry);
     let positions = graph.positions();
@@ -162,7 +206,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
     let mut fusions = Vec::new();
     let mut fused_adds = EntitySet::new();
     for &norm in graph.order() {
-        let Some((args, sum, add, add_args)) = candidate(graph, norm) else { continue };
+        let Some((args, sum, add, add_args)) = candidate(graph, pattern, norm) else { continue };
         let (Some(&x), Some(&r)) = (add_args[0].value(), add_args[1].value()) else { continue };
         let (add_at, norm_at) = (positions[add] as usize, positions[norm] as usize);
         let statement = graph.display_node(norm);
@@ -174,7 +218,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
         let read_before_norm = uses[*sum].iter().any(|&user| user != norm && (positions[user] as usize) < norm_at);
         let anchor = if !read_before_norm {
             norm
-        } else if args[RmsNormArgs::weight..].iter().all(|arg| match arg {
+        } else if args[1..].iter().all(|arg| match arg {
             Arg::Tensor(v) => (positions[graph.value(*v).def] as usize) < add_at,
             _ => true,
         }) {
@@ -188,20 +232,20 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
             continue;
         }
         let mut fused_args = vec![Arg::Tensor(x), Arg::Tensor(r)];
-        fused_args.extend(args[RmsNormArgs::weight..].iter().cloned());
+        fused_args.extend(args[1..].iter().cloned());
         // The exact form normalizes the sum rounded to the dtype, as the pair does (the same for
         // f32 and f64, whose sum is computed in the dtype itself).
         if exact && !matches!(dtype, ir_core::DType::F32 | ir_core::DType::F64) {
-            fused_args.resize(FusedAddRmsNormArgs::rounding, Arg::None);
+            fused_args.resize(pattern.rounding, Arg::None);
             fused_args.push(Arg::Str(ir_ops::Rounding::Dtype.as_str().to_owned()));
         }
         let output = graph.node(norm).results[0];
         let expected = [graph.meta(output), graph.meta(*sum)];
-        if let Err(why) = same_metadata(graph, fused_def, &fused_args, expected) {
+        if let Err(why) = same_metadata(graph, fused_def, &fused_args, ["output", "residual"], expected) {
             report.skipped.push((statement, FusionSkip::Metadata(why)));
             continue;
         }
-        if exact && let Some(reason) = provider_change(graph, cx, args, &fused_args) {
+        if exact && let Some(reason) = provider_change(graph, cx, pattern, args, &fused_args) {
             report.skipped.push((statement, reason));
             continue;
         }
@@ -212,68 +256,69 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
     for (fusion, operand) in dropped {
         report.skipped.push((fusion.statement, FusionSkip::OperandNotReady { operand }));
     }
-
-    let fused_op = graph.op_ref(FUSED_ADD_RMS_NORM.name);
-    let mut replacement: SecondaryMap<ValueId, Option<ValueId>> = SecondaryMap::new();
-    let mut placements = Vec::with_capacity(fusions.len());
-    let mut removed = EntitySet::new();
-    let mut created = Vec::with_capacity(fusions.len());
-    for fusion in fusions {
-        let metas = fusion.replaced.iter().map(|&v| graph.meta(v).clone()).collect();
-        let kind = NodeKind::IrCall { op: fused_op, overload: Overload::Default, args: fusion.args };
-        let (node, results) = graph.create_detached(kind, metas);
-        for (&old, &new) in fusion.replaced.iter().zip(&results) {
-            replacement[old] = Some(new);
-        }
-        placements.push((fusion.anchor, node));
-        removed.insert(fusion.add);
-        removed.insert(fusion.norm);
-        created.push(node);
-    }
-    if created.is_empty() {
-        return Ok(report);
-    }
-    graph.insert_detached_before(&placements);
-    graph.remove_nodes(&removed);
-    replace_uses(graph, &replacement);
-    report.fused = created.iter().map(|&node| graph.display_node(node)).collect();
+    let decided = fusions
+        .into_iter()
+        .map(|fusion| FusedCall {
+            op: pattern.fused.name,
+            anchor: fusion.anchor,
+            args: fusion.args,
+            removed: [fusion.add, fusion.norm].into_iter().collect(),
+            replaced: fusion.replaced.to_vec(),
+        })
+        .collect();
+    let created = apply_fusions(graph, decided);
+    report.fused.extend(created.iter().map(|&node| graph.display_node(node)));
     tracing::debug!(target: "ir_passes::fuse_add_rms_norm", %report, "fused");
-    Ok(report)
+    Ok(())
 }
 
-/// A functional `rms_norm` whose input is the result of an `add`: its arguments, the sum, the add
-/// node and the add's arguments.
-fn candidate(graph: &Graph, norm: NodeId) -> Option<(&[Arg], &ValueId, NodeId, &[ir_graph::BuiltinArg])> {
-    let args = graph.functional_call_of(norm, &RMS_NORM)?;
-    let Some(Arg::Tensor(sum)) = args.get(RmsNormArgs::x) else { return None };
+/// A functional call of the pattern's norm whose input is the result of an `add`: its arguments,
+/// the sum, the add node and the add's arguments.
+fn candidate<'g>(
+    graph: &'g Graph,
+    pattern: &AddNorm,
+    norm: NodeId,
+) -> Option<(&'g [Arg], &'g ValueId, NodeId, &'g [ir_graph::BuiltinArg])> {
+    let args = graph.functional_call_of(norm, pattern.norm)?;
+    let Some(Arg::Tensor(sum)) = args.first() else { return None };
     let (add, add_args) = graph.builtin_defining(*sum, Builtin::Add)?;
     Some((args, sum, add, add_args))
 }
 
-/// Whether the fused op, bound to `args`, gives exactly `expected` (its output, then the sum).
 /// Why the exact form keeps a pair: the providers the installed priorities pick for the norm and
 /// for the fused op differ (or one cannot be selected); `None` when they are the same.
-fn provider_change(graph: &Graph, cx: &PassContext<'_>, norm_args: &[Arg], fused_args: &[Arg]) -> Option<FusionSkip> {
-    let select = |op: &str, args: &[Arg]| {
-        let metas: Vec<_> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
-        cx.registry.select(op, &metas).map(|s| s.provider.to_owned()).map_err(|e| e.to_string())
-    };
-    match (select(RMS_NORM.name, norm_args), select(FUSED_ADD_RMS_NORM.name, fused_args)) {
+fn provider_change(
+    graph: &Graph,
+    cx: &PassContext<'_>,
+    pattern: &AddNorm,
+    norm_args: &[Arg],
+    fused_args: &[Arg],
+) -> Option<FusionSkip> {
+    match (select(graph, cx, pattern.norm, norm_args), select(graph, cx, pattern.fused, fused_args)) {
         (Ok(norm), Ok(fused)) if norm == fused => None,
         (Ok(norm), Ok(fused)) => Some(FusionSkip::Provider { norm, fused }),
         (Err(why), _) | (_, Err(why)) => Some(FusionSkip::Metadata(why)),
     }
 }
 
-fn same_metadata(
+/// The provider the installed priorities pick for a call of `def` with `args`, or why none.
+pub(crate) fn select(graph: &Graph, cx: &PassContext<'_>, def: &OpDef, args: &[Arg]) -> Result<String, String> {
+    let metas: Vec<_> = args.iter().map(|arg| graph.arg_meta(arg)).collect();
+    cx.registry.select(def.name, &metas).map(|s| s.provider.to_owned()).map_err(|e| e.to_string())
+}
+
+/// Whether the fused op, bound to `args`, gives exactly `expected` (its two results in order, named
+/// `names` in the answer), or how they differ.
+pub(crate) fn same_metadata(
     graph: &Graph,
-    def: &'static ir_core::op::OpDef,
+    def: &'static OpDef,
     args: &[Arg],
+    names: [&str; 2],
     expected: [&TensorMeta; 2],
 ) -> Result<(), String> {
     let metas = args.iter().map(|arg| graph.arg_meta(arg)).collect();
     let outputs = def.output_metas(metas).map_err(|e| e.to_string())?;
-    for ((what, got), want) in ["output", "residual"].iter().zip(&outputs).zip(expected) {
+    for ((what, got), want) in names.iter().zip(&outputs).zip(expected) {
         if got != want {
             return Err(format!("its {what} would be {got}, not {want}"));
         }

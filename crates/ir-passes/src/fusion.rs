@@ -94,6 +94,30 @@ pub enum FusionSkip {
     /// Norm + quantization: a reshape between a norm and a per-token quantization changes the last
     /// dimension (the rows).
     ReshapeChangesRows,
+    /// A chain (`fuse-row-programs`): the first call's output has another reader than the second
+    /// call's input (the graph's output included), so fusing would compute it twice.
+    IntermediateRead {
+        /// The first call's op.
+        op: &'static str,
+    },
+    /// A chain of two norms (`fuse-row-programs`): their epsilons differ, and the fused op takes one.
+    EpsilonDiffers,
+    /// The exact form of `fuse-row-programs`: the installed priorities pick another provider for a
+    /// call of the chain than for the fused op (it may reduce in another order).
+    ProviderDiffers {
+        /// The chain's call.
+        op: &'static str,
+        /// Its provider.
+        provider: String,
+        /// The fused op's provider.
+        fused: String,
+    },
+    /// The exact form of `fuse-row-programs`: on this provider the fused op is within its tolerance
+    /// of the chain, not bit for bit (a transcendental function computed by another kernel).
+    NotBitExact {
+        /// The provider.
+        provider: String,
+    },
 }
 
 impl fmt::Display for FusionSkip {
@@ -135,6 +159,18 @@ impl fmt::Display for FusionSkip {
             FusionSkip::ReshapeChangesRows => {
                 f.write_str("a reshape between the norm and the per-token quantization changes the rows")
             }
+            FusionSkip::IntermediateRead { op } => {
+                write!(f, "the {op} output has another reader (or is a graph output)")
+            }
+            FusionSkip::EpsilonDiffers => f.write_str("the two norms' epsilons differ (the fused op takes one)"),
+            FusionSkip::ProviderDiffers { op, provider, fused } => write!(
+                f,
+                "the {op} runs on `{provider}` but the fused op would run on `{fused}` (select `fuse-row-programs` to fuse it)"
+            ),
+            FusionSkip::NotBitExact { provider } => write!(
+                f,
+                "on `{provider}` the fused op is within its tolerance of the chain, not bit for bit (select `fuse-row-programs` to fuse it)"
+            ),
         }
     }
 }

@@ -17,9 +17,13 @@
 //! - [`fuse_norm_quant`](fn@fuse_norm_quant): an fp8 quantization of an RMS norm's output becomes one
 //!   norm + quantization op (in the standard pipeline, right after functionalize: the fused ops'
 //!   semantics are the pair's).
+//! - [`fuse_row_programs`](fn@fuse_row_programs): chains that one row-program op computes become
+//!   that op (add + `layer_norm`, Gemma's sandwich norms, `silu_and_mul` + per-token fp8
+//!   quantization); the standard pipeline runs its exact form (`fuse-row-programs-exact`: the
+//!   chains whose results keep their bits on the provider that runs them).
 //!
-//! [`Pipeline::standard`] runs functionalize, fuse-add-rms-norm-exact, fuse-norm-quant, dce, lower,
-//! eliminate-clones and dce, and verifies after each pass.
+//! [`Pipeline::standard`] runs functionalize, fuse-add-rms-norm-exact, fuse-row-programs-exact,
+//! fuse-norm-quant, dce, lower, eliminate-clones and dce, and verifies after each pass.
 //!
 //! ```
 //! use ir_graph::parse;
@@ -33,7 +37,7 @@
 //!      }",
 //! )?;
 //! let report = Pipeline::standard().run(&mut graph, &PassContext::new(&registry), None, Snapshots::Skip)?;
-//! assert_eq!(report.runs.len(), 7);
+//! assert_eq!(report.runs.len(), 8);
 //! assert!(graph.to_string().contains("impl fused_add_rms_norm[native] (%x, %r, %w, 1e-6, none)"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -50,6 +54,7 @@ mod eliminate_clones;
 mod functionalize;
 mod fuse_add_rms_norm;
 mod fuse_norm_quant;
+mod fuse_row_programs;
 mod fusion;
 mod lower;
 mod pipeline;
@@ -64,6 +69,7 @@ pub use crate::eliminate_clones::{CloneReport, KeepReason, KeptCopy, eliminate_c
 pub use crate::functionalize::{FunctionalizeReport, functionalize};
 pub use crate::fuse_add_rms_norm::{fuse_add_rms_norm, fuse_add_rms_norm_exact};
 pub use crate::fuse_norm_quant::fuse_norm_quant;
+pub use crate::fuse_row_programs::{fuse_row_programs, fuse_row_programs_exact};
 pub use crate::fusion::{FusionReport, FusionSkip};
 pub use crate::lower::{LowerReport, Lowered, lower};
 pub use crate::pipeline::{

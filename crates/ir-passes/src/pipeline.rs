@@ -10,11 +10,13 @@ use ir_graph::{Graph, VerifyError, verify};
 
 use crate::{
     CloneReport, DceReport, FunctionalizeReport, FusionReport, LowerReport, PassContext, PassError, dce,
-    eliminate_clones, functionalize, fuse_add_rms_norm, fuse_add_rms_norm_exact, fuse_norm_quant, lower,
+    eliminate_clones, functionalize, fuse_add_rms_norm, fuse_add_rms_norm_exact, fuse_norm_quant, fuse_row_programs,
+    fuse_row_programs_exact, lower,
 };
 
-/// A pass the pipeline can run.
+/// A pass the pipeline can run (a later release may add passes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PassName {
     /// `functionalize`.
     Functionalize,
@@ -30,6 +32,11 @@ pub enum PassName {
     FuseAddRmsNormExact,
     /// `fuse-norm-quant`.
     FuseNormQuant,
+    /// `fuse-row-programs`.
+    FuseRowPrograms,
+    /// `fuse-row-programs-exact`: the chains whose results keep their bits (the standard
+    /// pipeline's form).
+    FuseRowProgramsExact,
 }
 
 /// One pass of the table: its name, what it does, and how the pipeline runs it.
@@ -52,7 +59,7 @@ impl fmt::Debug for PassDef {
 
 /// Every pass the pipeline can run: the one place a pass is named (parsing `--passes`, the
 /// unknown-pass error, dump file names and running all read it).
-pub const PASSES: [PassDef; 7] = [
+pub const PASSES: [PassDef; 9] = [
     PassDef {
         pass: PassName::Functionalize,
         name: "functionalize",
@@ -94,6 +101,18 @@ pub const PASSES: [PassDef; 7] = [
         name: "fuse-norm-quant",
         summary: "a norm feeding an fp8 quantization becomes the fused norm + quantization op",
         run: |graph, cx| fuse_norm_quant(graph, cx).map(PassReport::Fusion),
+    },
+    PassDef {
+        pass: PassName::FuseRowPrograms,
+        name: "fuse-row-programs",
+        summary: "chains one generated row-program op computes (add + layer_norm, Gemma's sandwich norms, silu_and_mul + per-token fp8 quantization) become that op",
+        run: |graph, cx| fuse_row_programs(graph, cx).map(PassReport::Fusion),
+    },
+    PassDef {
+        pass: PassName::FuseRowProgramsExact,
+        name: "fuse-row-programs-exact",
+        summary: "fuse-row-programs where results keep their bits (the chain's provider, 16-bit sums rounded)",
+        run: |graph, cx| fuse_row_programs_exact(graph, cx).map(PassReport::Fusion),
     },
 ];
 
@@ -146,7 +165,8 @@ pub enum PassReport {
     Lower(LowerReport),
     /// From `eliminate-clones`.
     EliminateClones(CloneReport),
-    /// From a fusion pass (`fuse-add-rms-norm`, `fuse-add-rms-norm-exact`, `fuse-norm-quant`).
+    /// From a fusion pass (`fuse-add-rms-norm`, `fuse-add-rms-norm-exact`, `fuse-norm-quant`,
+    /// `fuse-row-programs`, `fuse-row-programs-exact`).
     Fusion(FusionReport),
 }
 
@@ -248,14 +268,16 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// The standard pipeline: functionalize → fuse-add-rms-norm-exact → fuse-norm-quant → dce → lower →
-    /// eliminate-clones → dce. Its results are bit-identical to the input graph's with the same
-    /// providers (the exact form of the add + norm fusion leaves 16-bit pairs unfused).
+    /// The standard pipeline: functionalize → fuse-add-rms-norm-exact → fuse-row-programs-exact →
+    /// fuse-norm-quant → dce → lower → eliminate-clones → dce. Its results are bit-identical to the
+    /// input graph's with the same providers (the exact forms of the fusions fuse only what keeps
+    /// its bits).
     pub fn standard() -> Pipeline {
         Pipeline {
             passes: vec![
                 PassName::Functionalize,
                 PassName::FuseAddRmsNormExact,
+                PassName::FuseRowProgramsExact,
                 PassName::FuseNormQuant,
                 PassName::Dce,
                 PassName::Lower,
@@ -363,6 +385,8 @@ mod tests {
             PassName::FuseAddRmsNorm,
             PassName::FuseAddRmsNormExact,
             PassName::FuseNormQuant,
+            PassName::FuseRowPrograms,
+            PassName::FuseRowProgramsExact,
         ];
         assert_eq!(all.len(), PASSES.len());
         for (index, def) in PASSES.iter().enumerate() {

@@ -956,7 +956,7 @@ fn dispatch_table(results: &Results) -> String {
 fn passes_table(results: &Results) -> String {
     let Some(rows) = growth_rows(results, "passes/pipeline") else { return String::new() };
     let mut out = String::from(
-        "## Passes\n\nThe standard pipeline (functionalize, fuse-add-rms-norm-exact, fuse-norm-quant, dce, lower, eliminate-clones, dce) with the graph \
+        "## Passes\n\nThe standard pipeline (functionalize, fuse-add-rms-norm-exact, fuse-row-programs-exact, fuse-norm-quant, dce, lower, eliminate-clones, dce) with the graph \
          verified before the first pass and after each, on traced decoder graphs (a first `rms_norm`, then \
          layers of `scale` and a donating fused norm, each with its weight input). The graph is cloned \
          outside the timed region.\n\n",

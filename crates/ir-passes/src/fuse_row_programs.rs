@@ -1,0 +1,330 @@
+//! The `fuse_row_programs` pass ([`fuse_row_programs`] documents it).
+
+use ir_core::op::OpDef;
+use ir_graph::{Arg, Graph, NodeId, OpTable, ValueId};
+use ir_ops::dynamic_per_token_scaled_fp8_quant::{
+    DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT, DynamicPerTokenScaledFp8QuantArgs,
+};
+use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
+use ir_ops::fused_sandwich_rms_norm::{FUSED_SANDWICH_RMS_NORM, FusedSandwichRmsNormArgs};
+use ir_ops::rms_norm::{RMS_NORM, RmsNormArgs};
+use ir_ops::silu_and_mul::SILU_AND_MUL;
+use ir_ops::silu_and_mul_dynamic_fp8_quant::{SILU_AND_MUL_DYNAMIC_FP8_QUANT, SiluAndMulDynamicFp8QuantArgs};
+
+use crate::analysis::{DecidedFusion, FusedCall, FusionSite, apply_fusions, split_misplaced, writes_before};
+use crate::fuse_add_rms_norm::{ADD_LAYER_NORM, fuse_add_norm, same_metadata, select};
+use crate::{FusionReport, FusionSkip, PassContext, PassError};
+
+// The sandwich takes the first norm's `x` and weight, the fused add's residual and weight, one
+// epsilon and the fused add's rounding; the fused silu + quantization takes `silu_and_mul`'s `x`
+// and the quantization's arguments after its input, in order.
+const _: () = assert!(
+    FusedSandwichRmsNormArgs::x == 0
+        && FusedSandwichRmsNormArgs::x_residual == 1
+        && FusedSandwichRmsNormArgs::post_weight == 2
+        && FusedSandwichRmsNormArgs::pre_weight == 3
+        && FusedSandwichRmsNormArgs::epsilon == 4
+        && FusedSandwichRmsNormArgs::rounding == 5
+        && SiluAndMulDynamicFp8QuantArgs::x == 0
+        && SiluAndMulDynamicFp8QuantArgs::scale_ub == DynamicPerTokenScaledFp8QuantArgs::scale_ub
+        && SiluAndMulDynamicFp8QuantArgs::out_dtype == DynamicPerTokenScaledFp8QuantArgs::out_dtype
+        && DynamicPerTokenScaledFp8QuantArgs::x == 0
+);
+
+/// The fused call's arguments from a chain's two calls' arguments, or why the chain stays.
+type ChainArgs = fn(first: &[Arg], second: &[Arg]) -> Result<Vec<Arg>, FusionSkip>;
+
+/// Two calls, the second reading the first's output as its `x`, that one fused op computes.
+struct Chain {
+    first: &'static OpDef,
+    second: &'static OpDef,
+    fused: &'static OpDef,
+    /// The fused call's arguments.
+    args: ChainArgs,
+    /// The names of the fused op's two results (for a metadata refusal).
+    results: [&'static str; 2],
+    /// Whether the fused op gives the chain's bits on a provider that runs all three calls.
+    bit_exact_on: fn(provider: &str) -> bool,
+}
+
+/// The chains with a fused op.
+static CHAINS: [Chain; 2] = [
+    Chain {
+        first: &RMS_NORM,
+        second: &FUSED_ADD_RMS_NORM,
+        fused: &FUSED_SANDWICH_RMS_NORM,
+        args: sandwich_args,
+        results: ["output", "residual"],
+        // The same provider runs the norms' reductions in its one order.
+        bit_exact_on: |_| true,
+    },
+    Chain {
+        first: &SILU_AND_MUL,
+        second: &DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT,
+        fused: &SILU_AND_MUL_DYNAMIC_FP8_QUANT,
+        args: |first, second| Ok(first[..1].iter().chain(&second[1..]).cloned().collect()),
+        results: ["codes", "scales"],
+        // A provider's fused kernel computes silu from the program's steps, its `silu_and_mul`
+        // kernel its own way: only the reference gives the pair's bits for both.
+        bit_exact_on: |provider| provider == "native",
+    },
+];
+
+/// `rms_norm(x, post_weight, epsilon, none)` then `fused_add_rms_norm(h, r, pre_weight, epsilon,
+/// none, rounding)`: `fused_sandwich_rms_norm(x, r, post_weight, pre_weight, epsilon, rounding)`.
+fn sandwich_args(norm: &[Arg], add_norm: &[Arg]) -> Result<Vec<Arg>, FusionSkip> {
+    let absent = |args: &[Arg], at: usize| matches!(args.get(at), None | Some(Arg::None));
+    if !absent(norm, RmsNormArgs::variance_size) || !absent(add_norm, FusedAddRmsNormArgs::variance_size) {
+        return Err(FusionSkip::VarianceSize);
+    }
+    let epsilon = |args: &[Arg], at: usize| match args.get(at) {
+        Some(Arg::F64(e)) => Some(e.to_bits()),
+        _ => None,
+    };
+    let eps = epsilon(norm, RmsNormArgs::epsilon);
+    if eps.is_none() || eps != epsilon(add_norm, FusedAddRmsNormArgs::epsilon) {
+        return Err(FusionSkip::EpsilonDiffers);
+    }
+    let arg = |args: &[Arg], at: usize| args.get(at).cloned().unwrap_or(Arg::None);
+    let mut args = vec![
+        arg(norm, RmsNormArgs::x),
+        arg(add_norm, FusedAddRmsNormArgs::x_residual),
+        arg(norm, RmsNormArgs::weight),
+        arg(add_norm, FusedAddRmsNormArgs::weight),
+        arg(norm, RmsNormArgs::epsilon),
+    ];
+    if let Some(rounding) = add_norm.get(FusedAddRmsNormArgs::rounding) {
+        args.push(rounding.clone());
+    }
+    Ok(args)
+}
+
+/// One chain fusion decided on the unmodified graph.
+struct Fusion {
+    chain: &'static Chain,
+    first: NodeId,
+    second: NodeId,
+    args: Vec<Arg>,
+    /// The second call's results, which the fused call's replace.
+    replaced: Vec<ValueId>,
+    /// The second call's statement, printed.
+    statement: String,
+}
+
+impl DecidedFusion for Fusion {
+    fn site(&self) -> FusionSite<'_> {
+        FusionSite {
+            anchor: self.second,
+            args: &self.args,
+            removed: [self.first, self.second].into_iter().collect(),
+            replaced: &self.replaced,
+        }
+    }
+}
+
+/// Row-program fusion: chains of calls that one generated row-program op computes become that op,
+/// so the values between them are never written to memory. Each fused op is declared once and
+/// implemented on every provider by the kernel generated from its row program (no kernel written
+/// for it by hand); the chains are the model patterns engines run:
+///
+/// | chain | fused op (results) | models |
+/// |---|---|---|
+/// | `add` then `layer_norm` | `fused_add_layer_norm` (`out`, `residual_out`) | LayerNorm models |
+/// | `rms_norm` then `fused_add_rms_norm` of its output | `fused_sandwich_rms_norm` (`out`, `residual_out`) | Gemma 2 and 3 |
+/// | `silu_and_mul` then `dynamic_per_token_scaled_fp8_quant` of its output | `silu_and_mul_dynamic_fp8_quant` (`q`, `scales`) | fp8 feed-forward blocks |
+///
+/// ```text
+/// %h = rms_norm(%a, %w1, 1e-6, none) : bf16[8,16]                %o, %s = fused_sandwich_rms_norm(%a, %r, %w1, %w2, 1e-6, dtype)
+/// %o, %s = fused_add_rms_norm(%h, %r, %w2, 1e-6, none, dtype)  →        : bf16[8,16], bf16[8,16]
+///          : bf16[8,16], bf16[8,16]
+/// ```
+///
+/// A Gemma sandwich is found in the form `fuse-add-rms-norm` leaves it (its add and second norm
+/// already one `fused_add_rms_norm`), which is why the standard pipeline runs
+/// `fuse-add-rms-norm-exact` first. The pass matches functional calls only (`functionalize` runs
+/// first in the standard pipeline).
+///
+/// # When a candidate is fused
+///
+/// Add + `layer_norm` follows the rules of [`fuse_add_rms_norm`](crate::fuse_add_rms_norm) (a
+/// place for the fused call, nothing written between, one norm per add, every operand ready, the
+/// same metadata; the exact form rounds a 16-bit sum as the pair does). A two-call chain is fused
+/// when all of these hold, and otherwise reported with the first that fails ([`FusionSkip`]):
+///
+/// - **The intermediate value has no other reader** ([`FusionSkip::IntermediateRead`]): the
+///   second call is the only reader of the first's output (a graph output needs it in memory),
+///   and reads it only as its input.
+///   ```text
+///   %h = silu_and_mul(%x) : bf16[4,8]
+///   %q, %sc = dynamic_per_token_scaled_fp8_quant(%h, none, f8e4m3fn) : f8e4m3fn[4,8], f32[4,1]
+///   output(%q, %sc, %h)                    // h is an output: kept as is
+///   ```
+/// - **The arguments fit the fused op**: the norms have no `variance_size`
+///   ([`FusionSkip::VarianceSize`]) and one epsilon ([`FusionSkip::EpsilonDiffers`]).
+/// - **Nothing is written between them** ([`FusionSkip::WriteBetween`]): the first call moves to
+///   the second's place, so a write in between could change what it reads.
+/// - **Every operand is there where the fused call stands** ([`FusionSkip::OperandNotReady`]), as
+///   for the other fusions.
+/// - **The fused op gives the same metadata** ([`FusionSkip::Metadata`]): the dtype, device and
+///   layout of the second call's results (a residual of another dtype than x does not fuse into
+///   the sandwich, which takes one).
+///
+/// # Rounding and providers
+///
+/// Each fused op's semantics are its chain's, rounding points included (the first call's output
+/// rounded to its dtype, the sum rounded as the fused add's `rounding` says), so the pass changes
+/// no result of the reference. Kernels may differ: the standard pipeline runs
+/// `fuse-row-programs-exact` ([`fuse_row_programs_exact`]), which fuses a chain only when the
+/// installed priorities pick the fused op's provider for every call of the chain
+/// ([`FusionSkip::ProviderDiffers`]) and that provider gives the chain's bits: every provider for
+/// the norms (one provider reduces a row in one order), only `native` for `silu_and_mul` + the
+/// quantization, whose fused kernels compute silu from the program's steps
+/// ([`FusionSkip::NotBitExact`]). `fuse-row-programs` by name fuses every chain, within the fused
+/// ops' tolerance.
+///
+/// ```
+/// use ir_graph::parse;
+/// use ir_passes::{PassContext, fuse_row_programs};
+///
+/// let mut graph = parse(
+///     "graph g(%x: f32[2,8], %r: f32[2,8], %w: f32[8], %b: f32[8]) {
+///        %s = add(%x, %r) : f32[2,8]
+///        %o = layer_norm(%s, %w, %b, 1e-5) : f32[2,8]
+///        output(%o, %s)
+///      }",
+/// )?;
+/// let registry = ir_ops::registry();
+/// let report = fuse_row_programs(&mut graph, &PassContext::new(&registry))?;
+/// assert_eq!(report.fused.len(), 1);
+/// assert!(graph.to_string().contains("= fused_add_layer_norm(%x, %r, %w, %b, 1e-5) : f32[2,8], f32[2,8]"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Linear: each family is decided in one walk over the unmodified graph and applied in one more.
+pub fn fuse_row_programs(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
+    let _span = tracing::info_span!("pass", name = "fuse-row-programs").entered();
+    fuse(graph, cx, false)
+}
+
+/// `fuse-row-programs-exact`, the standard pipeline's form: fuses the chains whose results stay
+/// bit-identical (16-bit add + `layer_norm` pairs with `rounding = "dtype"`; every call on the
+/// fused op's provider, which gives the chain's bits) and reports the others.
+pub fn fuse_row_programs_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
+    let _span = tracing::info_span!("pass", name = "fuse-row-programs-exact").entered();
+    fuse(graph, cx, true)
+}
+
+fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionReport, PassError> {
+    let mut report = FusionReport::new("row-program");
+    fuse_add_norm(graph, cx, &ADD_LAYER_NORM, exact, &mut report)?;
+    fuse_chains(graph, cx, exact, &mut report)?;
+    tracing::debug!(target: "ir_passes::fuse_row_programs", %report, "fused");
+    Ok(report)
+}
+
+fn fuse_chains(
+    graph: &mut Graph,
+    cx: &PassContext<'_>,
+    exact: bool,
+    report: &mut FusionReport,
+) -> Result<(), PassError> {
+    // The analyses below read the whole graph: a graph that calls no chain's second op skips them.
+    if !CHAINS.iter().any(|chain| graph.mentions_op(chain.first) && graph.mentions_op(chain.second)) {
+        return Ok(());
+    }
+    for chain in &CHAINS {
+        if cx.registry.op_def(chain.fused.name).is_none() {
+            return Err(PassError::UnknownOp { op: chain.fused.name.to_owned() });
+        }
+    }
+    let ops = OpTable::compute(graph, cx.registry);
+    let positions = graph.positions();
+    let uses = graph.use_lists();
+    let writes_before = writes_before(graph, &ops);
+
+    let mut fusions = Vec::new();
+    for &second in graph.order() {
+        let Some((chain, second_args)) =
+            CHAINS.iter().find_map(|chain| graph.functional_call_of(second, chain.second).map(|args| (chain, args)))
+        else {
+            continue;
+        };
+        let Some(&Arg::Tensor(intermediate)) = second_args.first() else { continue };
+        let first = graph.value(intermediate).def;
+        let Some(first_args) = graph.functional_call_of(first, chain.first) else { continue };
+        if graph.node(first).results.first() != Some(&intermediate) {
+            continue;
+        }
+        let statement = graph.display_node(second);
+        let skip = |reason| (statement.clone(), reason);
+        let read_elsewhere = uses[intermediate].iter().any(|&user| user != second)
+            || second_args[1..].iter().any(|arg| matches!(arg, Arg::Tensor(v) if *v == intermediate));
+        if read_elsewhere {
+            report.skipped.push(skip(FusionSkip::IntermediateRead { op: chain.first.name }));
+            continue;
+        }
+        let args = match (chain.args)(first_args, second_args) {
+            Ok(args) => args,
+            Err(reason) => {
+                report.skipped.push(skip(reason));
+                continue;
+            }
+        };
+        let (first_at, second_at) = (positions[first] as usize, positions[second] as usize);
+        if writes_before[second_at] - writes_before[first_at + 1] > 0 {
+            report.skipped.push(skip(FusionSkip::WriteBetween { first: chain.first.name, second: chain.second.name }));
+            continue;
+        }
+        let replaced = graph.node(second).results.to_vec();
+        let [a, b] = replaced[..] else { continue };
+        if let Err(why) = same_metadata(graph, chain.fused, &args, chain.results, [graph.meta(a), graph.meta(b)]) {
+            report.skipped.push(skip(FusionSkip::Metadata(why)));
+            continue;
+        }
+        if exact && let Some(reason) = not_exact(graph, cx, chain, [first_args, second_args], &args) {
+            report.skipped.push(skip(reason));
+            continue;
+        }
+        fusions.push(Fusion { chain, first, second, args, replaced, statement });
+    }
+    let (fusions, dropped) = split_misplaced(graph, &positions, fusions);
+    for (fusion, operand) in dropped {
+        report.skipped.push((fusion.statement, FusionSkip::OperandNotReady { operand }));
+    }
+    let decided = fusions
+        .into_iter()
+        .map(|fusion| FusedCall {
+            op: fusion.chain.fused.name,
+            anchor: fusion.second,
+            args: fusion.args,
+            removed: [fusion.first, fusion.second].into_iter().collect(),
+            replaced: fusion.replaced,
+        })
+        .collect();
+    let created = apply_fusions(graph, decided);
+    report.fused.extend(created.iter().map(|&node| graph.display_node(node)));
+    Ok(())
+}
+
+/// Why the exact form keeps a chain: a call of it runs on another provider than the fused op
+/// would, or that provider's fused kernel does not give the chain's bits; `None` when it does.
+fn not_exact(
+    graph: &Graph,
+    cx: &PassContext<'_>,
+    chain: &Chain,
+    calls: [&[Arg]; 2],
+    fused_args: &[Arg],
+) -> Option<FusionSkip> {
+    let fused = match select(graph, cx, chain.fused, fused_args) {
+        Ok(provider) => provider,
+        Err(why) => return Some(FusionSkip::Metadata(why)),
+    };
+    for (def, args) in [chain.first, chain.second].into_iter().zip(calls) {
+        match select(graph, cx, def, args) {
+            Ok(provider) if provider == fused => {}
+            Ok(provider) => return Some(FusionSkip::ProviderDiffers { op: def.name, provider, fused }),
+            Err(why) => return Some(FusionSkip::Metadata(why)),
+        }
+    }
+    (!(chain.bit_exact_on)(&fused)).then_some(FusionSkip::NotBitExact { provider: fused })
+}
