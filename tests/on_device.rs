@@ -226,3 +226,77 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
         assert!(bit_eq(&run.outputs[0], &expected) && bit_eq(&run.outputs[1], &expected_sum), "{label}: same bits");
     });
 }
+
+/// The norm chains `fuse-row-programs` fuses (Gemma's sandwich, an add + LayerNorm), traced unfused
+/// on the device. The standard pipeline keeps them apart there: a device provider's generated
+/// kernel may reduce a row in another order than its hand-written norms (f32 rows of 1000 differ in
+/// the last bits), so the exact form fuses norm chains on the cpu and native only, and the outputs
+/// keep their bits. By name the pass fuses both onto the device provider, within tolerance.
+#[test]
+fn norm_chains_fuse_on_each_device_by_name_and_stay_apart_in_the_exact_form() {
+    on_each_device("the fused norm chains", |backend| {
+        let label = backend.provider;
+        for dtype in [DType::F32, DType::BF16] {
+            for hidden in [64usize, 1000] {
+                let spec = InputSpec { num_tokens: 3, hidden_size: hidden, dtype, epsilon: 1e-6, seed: 5 };
+                let inputs = (FUSED_ADD_RMS_NORM.generate_inputs)(&spec).unwrap();
+                let host: Vec<Tensor> = (0..3).map(|i| inputs[i].as_tensor().unwrap().deep_clone().unwrap()).collect();
+                let named = || -> Vec<(String, Tensor)> {
+                    ["a", "r", "w"]
+                        .iter()
+                        .zip(&host)
+                        .map(|(n, t)| (n.to_string(), backend.upload(t).unwrap()))
+                        .collect()
+                };
+                let given = named();
+                let (act, vector) = (given[0].1.meta().to_string(), given[2].1.meta().to_string());
+                let text = format!(
+                    "graph g(%a: {act}, %r: {act}, %w: {vector}) {{\n\
+                       %h = rms_norm(%a, %w, 1e-6, none) : {act}\n\
+                       %s = add(%h, %r) : {act}\n\
+                       %n = rms_norm(%s, %w, 1e-6, none) : {act}\n\
+                       %s2 = add(%n, %s) : {act}\n\
+                       %y = layer_norm(%s2, %w, %w, 1e-5) : {act}\n\
+                       output(%y, %s2, %n)\n}}\n"
+                );
+                let graph = ir_graph::parse(&text).unwrap();
+                let cx = PassContext::new(&backend.registry);
+                let reference = interpret(&graph, &backend.registry, named(), InterpOptions::checked()).unwrap();
+
+                let mut exact = graph.clone();
+                let report = Pipeline::standard().run(&mut exact, &cx, None, Snapshots::Skip).unwrap();
+                let reports: Vec<String> = report.runs.iter().map(|run| run.report.to_string()).collect();
+                let kept = format!("on `{label}` the fused op is within its tolerance of the chain");
+                assert!(
+                    reports.iter().any(|r| r.contains("fused 0 row-program") && r.contains(&kept)),
+                    "{label}: {reports:?}"
+                );
+                let run = interpret(&exact, &backend.registry, named(), InterpOptions::checked()).unwrap();
+                for (i, (got, want)) in run.outputs.iter().zip(&reference.outputs).enumerate() {
+                    assert!(bit_eq(got, want), "{label} {dtype} hidden {hidden}: output {i} differs\n{exact}");
+                }
+
+                let by_name = Pipeline::from_names(
+                    "functionalize,fuse-add-rms-norm-exact,fuse-row-programs,dce,lower,eliminate-clones,dce",
+                )
+                .unwrap();
+                let mut fused = graph.clone();
+                by_name.run(&mut fused, &cx, None, Snapshots::Skip).unwrap();
+                let printed = fused.to_string();
+                assert!(
+                    printed.contains(&format!("fused_sandwich_rms_norm[{label}]"))
+                        && printed.contains(&format!("fused_add_layer_norm[{label}]")),
+                    "{label}: both chains fused onto the device provider:\n{printed}"
+                );
+                let run = interpret(&fused, &backend.registry, named(), InterpOptions::checked()).unwrap();
+                for (i, (got, want)) in run.outputs.iter().zip(&reference.outputs).enumerate() {
+                    // Last-bit differences of the norm, grown by the LayerNorm of the sum: ten
+                    // steps of the dtype.
+                    let t = ir_core::op::global_tolerance(dtype);
+                    let close = allclose(got, want, 10.0 * t.atol, 10.0 * t.rtol);
+                    assert!(close.is_ok(), "{label} {dtype} hidden {hidden}: output {i}: {close:?}\n{printed}");
+                }
+            }
+        }
+    });
+}

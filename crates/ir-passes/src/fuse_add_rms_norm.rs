@@ -41,15 +41,36 @@ pub(crate) struct AddNorm {
     pub(crate) fused: &'static OpDef,
     /// The fused op's `rounding` parameter.
     pub(crate) rounding: usize,
+    /// Whether the fused op gives the pair's bits on a provider that runs both.
+    pub(crate) bit_exact_on: fn(provider: &str) -> bool,
+}
+
+/// Whether a provider's fused norm ops reduce a row in the order of its unfused norms: the cpu's
+/// (its row-program interpreter sums in the cpu norms' lanes, tested bit for bit) and the
+/// reference's. A GPU provider's generated kernel may assign a row's elements to its threads
+/// otherwise than its hand-written norms do (scalar loads where they load 16 bytes), which changes
+/// the last bits of an f32 norm.
+pub(crate) fn reduces_like_its_norms(provider: &str) -> bool {
+    matches!(provider, "cpu" | "native")
 }
 
 /// Add + `rms_norm`.
-pub(crate) const ADD_RMS_NORM: AddNorm =
-    AddNorm { norm: &RMS_NORM, fused: &FUSED_ADD_RMS_NORM, rounding: FusedAddRmsNormArgs::rounding };
+pub(crate) const ADD_RMS_NORM: AddNorm = AddNorm {
+    norm: &RMS_NORM,
+    fused: &FUSED_ADD_RMS_NORM,
+    rounding: FusedAddRmsNormArgs::rounding,
+    // Every provider's `rms_norm` and `fused_add_rms_norm` kernels are written as a pair (one row
+    // loop, one reduction).
+    bit_exact_on: |_| true,
+};
 
 /// Add + `layer_norm`.
-pub(crate) const ADD_LAYER_NORM: AddNorm =
-    AddNorm { norm: &LAYER_NORM, fused: &FUSED_ADD_LAYER_NORM, rounding: FusedAddLayerNormArgs::rounding };
+pub(crate) const ADD_LAYER_NORM: AddNorm = AddNorm {
+    norm: &LAYER_NORM,
+    fused: &FUSED_ADD_LAYER_NORM,
+    rounding: FusedAddLayerNormArgs::rounding,
+    bit_exact_on: reduces_like_its_norms,
+};
 
 use crate::analysis::{DecidedFusion, FusedCall, FusionSite, apply_fusions, split_misplaced, writes_before};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};
@@ -286,7 +307,8 @@ fn candidate<'g>(
 }
 
 /// Why the exact form keeps a pair: the providers the installed priorities pick for the norm and
-/// for the fused op differ (or one cannot be selected); `None` when they are the same.
+/// for the fused op differ (or one cannot be selected), or their one provider's fused kernel does
+/// not give the pair's bits; `None` when the fused call keeps them.
 fn provider_change(
     graph: &Graph,
     cx: &PassContext<'_>,
@@ -295,7 +317,8 @@ fn provider_change(
     fused_args: &[Arg],
 ) -> Option<FusionSkip> {
     match (select(graph, cx, pattern.norm, norm_args), select(graph, cx, pattern.fused, fused_args)) {
-        (Ok(norm), Ok(fused)) if norm == fused => None,
+        (Ok(norm), Ok(fused)) if norm == fused && (pattern.bit_exact_on)(&fused) => None,
+        (Ok(norm), Ok(fused)) if norm == fused => Some(FusionSkip::NotBitExact { provider: fused }),
         (Ok(norm), Ok(fused)) => Some(FusionSkip::Provider { norm, fused }),
         (Err(why), _) | (_, Err(why)) => Some(FusionSkip::Metadata(why)),
     }

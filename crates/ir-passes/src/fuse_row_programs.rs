@@ -12,7 +12,7 @@ use ir_ops::silu_and_mul::SILU_AND_MUL;
 use ir_ops::silu_and_mul_dynamic_fp8_quant::{SILU_AND_MUL_DYNAMIC_FP8_QUANT, SiluAndMulDynamicFp8QuantArgs};
 
 use crate::analysis::{DecidedFusion, FusedCall, FusionSite, apply_fusions, split_misplaced, writes_before};
-use crate::fuse_add_rms_norm::{ADD_LAYER_NORM, fuse_add_norm, same_metadata, select};
+use crate::fuse_add_rms_norm::{ADD_LAYER_NORM, fuse_add_norm, reduces_like_its_norms, same_metadata, select};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};
 
 // The sandwich takes the first norm's `x` and weight, the fused add's residual and weight, one
@@ -55,8 +55,7 @@ static CHAINS: [Chain; 2] = [
         fused: &FUSED_SANDWICH_RMS_NORM,
         args: sandwich_args,
         results: ["output", "residual"],
-        // The same provider runs the norms' reductions in its one order.
-        bit_exact_on: |_| true,
+        bit_exact_on: reduces_like_its_norms,
     },
     Chain {
         first: &SILU_AND_MUL,
@@ -176,11 +175,13 @@ impl DecidedFusion for Fusion {
 /// no result of the reference. Kernels may differ: the standard pipeline runs
 /// `fuse-row-programs-exact` ([`fuse_row_programs_exact`]), which fuses a chain only when the
 /// installed priorities pick the fused op's provider for every call of the chain
-/// ([`FusionSkip::ProviderDiffers`]) and that provider gives the chain's bits: every provider for
-/// the norms (one provider reduces a row in one order), only `native` for `silu_and_mul` + the
-/// quantization, whose fused kernels compute silu from the program's steps
-/// ([`FusionSkip::NotBitExact`]). `fuse-row-programs` by name fuses every chain, within the fused
-/// ops' tolerance.
+/// ([`FusionSkip::ProviderDiffers`]) and that provider gives the chain's bits
+/// ([`FusionSkip::NotBitExact`]): the cpu provider and `native` for the norm chains (the cpu's
+/// row-program interpreter reduces a row in the lanes of its norms); `native` only for
+/// `silu_and_mul` + the quantization, whose fused kernels compute silu from the program's steps. A
+/// GPU provider's generated kernel may assign a row's elements to its threads otherwise than its
+/// hand-written norms do, which changes the last bits of an f32 norm. `fuse-row-programs` by name
+/// fuses every chain, within the fused ops' tolerance.
 ///
 /// ```
 /// use ir_graph::parse;
@@ -208,7 +209,7 @@ pub fn fuse_row_programs(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusi
 
 /// `fuse-row-programs-exact`, the standard pipeline's form: fuses the chains whose results stay
 /// bit-identical (16-bit add + `layer_norm` pairs with `rounding = "dtype"`; every call on the
-/// fused op's provider, which gives the chain's bits) and reports the others.
+/// fused op's provider, one that gives the chain's bits) and reports the others.
 pub fn fuse_row_programs_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Result<FusionReport, PassError> {
     let _span = tracing::info_span!("pass", name = "fuse-row-programs-exact").entered();
     fuse(graph, cx, true)
