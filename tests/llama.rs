@@ -1,4 +1,5 @@
-//! The Llama example's model, on a tiny random checkpoint of each variant (no download): this
+//! The Llama example's model, on a tiny random checkpoint of each variant (Llama, Gemma, Qwen3,
+//! Gemma 3; no download): this
 //! project's ops on candle tensors against candle-nn's on the same weights (logits within the
 //! dtype's tolerance, the same greedy tokens), with 0 defensive copies and 0 native fallbacks on the
 //! cpu platform in prefill and decode, and the in-place ops writing in place; and the model traced
@@ -11,6 +12,9 @@ mod model;
 
 use candle_core::{DType, Tensor};
 use model::{Cache, Model, Ops};
+
+/// The example's architectures, by their Hugging Face `model_type`.
+const VARIANTS: [&str; 4] = ["llama", "gemma", "qwen3", "gemma3_text"];
 
 fn run(model: &Model, ops: Ops<'_>, prompt: &[u32], decode: usize) -> Vec<Tensor> {
     run_with(model, prompt, decode, |tokens, cache| model.forward(ops, tokens, cache))
@@ -50,7 +54,7 @@ fn bits(t: &Tensor) -> Vec<u32> {
 
 #[test]
 fn the_compiled_model_with_engine_ops_runs_bit_for_bit_like_eager_with_no_copy() {
-    for variant in ["llama", "gemma"] {
+    for variant in VARIANTS {
         for dtype in [DType::F32, DType::BF16] {
             let label = format!("{variant} {dtype:?}");
             let config = model::tiny_config(variant);
@@ -78,7 +82,25 @@ fn the_compiled_model_with_engine_ops_runs_bit_for_bit_like_eager_with_no_copy()
             let (layers, steps) = (config.num_hidden_layers, 4);
             assert_eq!(calls("llama_linear", "engine"), (4 * layers + 1) * steps, "{label}");
             assert_eq!(calls("llama_attention", "engine"), layers * steps, "{label}");
-            assert_eq!(calls("rotary_embedding", "cpu"), 2 * layers * steps, "{label}: q and k split on one storage");
+            if config.has_qk_norm() {
+                // q and k are the head norms' fresh results: one in-place call per layer.
+                assert_eq!(calls("rotary_embedding", "cpu"), layers * steps, "{label}");
+                assert!(calls("rms_norm", "cpu") >= 2 * layers * steps, "{label}: q and k heads normalized");
+            } else {
+                assert_eq!(
+                    calls("rotary_embedding", "cpu"),
+                    2 * layers * steps,
+                    "{label}: q and k split on one storage"
+                );
+            }
+            if config.is_gemma3() {
+                // Traced unfused (norm, add, norm), found by fuse-row-programs: the sandwich around
+                // the attention, and the one from the MLP's output into the next layer's (or the
+                // final) norm.
+                assert_eq!(calls("fused_sandwich_rms_norm", "cpu"), 2 * layers * steps, "{label}");
+                let text = compiled.graph(24).unwrap().to_string();
+                assert!(text.contains("impl fused_sandwich_rms_norm[cpu] writes(0, 1)"), "{text}");
+            }
             assert!(
                 stats.providers.keys().all(|(_, provider)| *provider != "native"),
                 "{label}: {:?}",
@@ -121,7 +143,7 @@ fn attention_outside_its_engine_is_a_clear_error() {
 #[test]
 fn ours_and_candle_nn_agree_with_no_copy_and_no_fallback() {
     let registry = vllm_ir::registry().unwrap();
-    for variant in ["llama", "gemma"] {
+    for variant in VARIANTS {
         for (dtype, tolerance) in [(DType::F32, 1e-4f32), (DType::BF16, 3e-2)] {
             let label = format!("{variant} {dtype:?}");
             let config = model::tiny_config(variant);
@@ -146,11 +168,13 @@ fn ours_and_candle_nn_agree_with_no_copy_and_no_fallback() {
             // Per layer: two fused norms (one the first layer's plain norm), rotary on q and k.
             let layers: u64 = 2;
             let calls: u64 = 4; // prefill and three decode steps
-            let fused = step.op("fused_add_rms_norm").unwrap();
+            // Gemma 3's fused norms are the sandwiches (norm, add, norm): one fused op.
+            let fused_op = if variant == "gemma3_text" { "fused_sandwich_rms_norm" } else { "fused_add_rms_norm" };
+            let fused = step.op(fused_op).unwrap();
             assert_eq!(fused.inplace_writes, 2 * (2 * layers) * calls, "{label}: x and residual in place");
             let rotary = step.op("rotary_embedding").unwrap();
             assert_eq!(rotary.inplace_writes, 2 * layers * calls, "{label}: q and k in place");
-            let activation = if variant == "gemma" { "gelu_and_mul" } else { "silu_and_mul" };
+            let activation = if variant.starts_with("gemma") { "gelu_and_mul" } else { "silu_and_mul" };
             assert_eq!(step.selections(activation, "cpu"), layers * calls, "{label}");
 
             // PyTorch's rounding (the norm of the rounded sum, rounded rotary products): still in
@@ -191,6 +215,22 @@ fn a_checkpoint_config_reads_like_hugging_faces() {
     )
     .unwrap();
     assert_eq!((gemma.head_size(), gemma.is_gemma()), (256, true));
+    // Gemma 3 1B's attention: every sixth layer global, the others sliding over 512 keys.
+    let gemma3: model::Config = serde_json::from_str(
+        r#"{"vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "model_type": "gemma3_text",
+            "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0}"#,
+    )
+    .unwrap();
+    assert!(gemma3.is_gemma3() && gemma3.has_qk_norm());
+    assert_eq!((gemma3.window(0), gemma3.window(5), gemma3.window(6)), (Some(512), None, Some(512)));
+    assert_eq!(gemma3.attention_scale(), 1.0 / 16.0);
+    let mut gemma2 = model::tiny_config("gemma");
+    gemma2.model_type = "gemma2".to_owned();
+    let weights = model::random_weights(&gemma2, DType::F32, 1).unwrap();
+    let err = Model::new(gemma2, &weights).err().unwrap().to_string();
+    assert!(err.contains("gemma2") && err.contains("soft-capping"), "{err}");
     // Llama 3.1's rope scaling, read and used: the model runs on the stretched frequencies.
     let mut config = model::tiny_config("llama");
     config.rope_scaling = Some(
@@ -218,14 +258,15 @@ fn a_checkpoint_config_reads_like_hugging_faces() {
     assert!(err.to_string().contains("longrope"), "{err}");
 }
 
-/// The logits of Hugging Face transformers' `LlamaForCausalLM` and `GemmaForCausalLM` on the tiny
+/// The logits of Hugging Face transformers' `LlamaForCausalLM`, `GemmaForCausalLM`,
+/// `Qwen3ForCausalLM` and `Gemma3ForCausalLM` on the tiny
 /// random checkpoints, checked in by `crates/vllm-ir/examples/llama/reference/generate.py` (which
 /// makes the same weights): the example's model, prefill then decode, with this project's ops on
 /// candle tensors and compiled, gives them within f32 noise and the same greedy tokens.
 #[test]
 fn the_tiny_models_match_transformers_reference_logits() {
     let registry = vllm_ir::registry().unwrap();
-    for variant in ["llama", "gemma"] {
+    for variant in VARIANTS {
         let path = format!("{}/../crates/vllm-ir/examples/llama/reference/{variant}.json", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let reference: serde_json::Value = serde_json::from_str(&text).unwrap();

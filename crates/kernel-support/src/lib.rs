@@ -48,7 +48,7 @@ pub use crate::quant::{
     floor_scales, fp8_format_code, host_scale, norm_quant_kernel, register_norm_quant_ops,
 };
 pub use crate::rotary::{RotaryCall, RotaryKernel, RotaryLaunch, register_rotary, register_rotary_with};
-pub use crate::rows::{NormOp, RowArgs, Rows, norm_variance, reject_variance_size};
+pub use crate::rows::{NormOp, RowArgs, RowBlocks, Rows, norm_variance, reject_variance_size};
 pub use crate::support::{
     ComputeScalar, KernelDTypes, NormCapabilities, fused_add_rms_norm_dynamic_per_token_quant_support,
     fused_add_rms_norm_dynamic_per_token_quant_support_with, fused_add_rms_norm_static_fp8_quant_support,

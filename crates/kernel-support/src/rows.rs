@@ -77,6 +77,69 @@ impl Rows {
     }
 }
 
+/// A tensor seen as `count` blocks of [`Rows`], one block stride apart: the heads of a column slice
+/// (`q` of a merged qkv projection viewed `[tokens, heads, head_dim]`), whose rows are one stride
+/// apart within a token and another between tokens, so they are not rows of one stride. Blocks may
+/// overlap (a broadcast view): what reads them is fine with that, and nothing writes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowBlocks {
+    /// The first block's rows (the second-to-last dimension, each row the last).
+    pub rows: Rows,
+    /// Number of blocks (product of the dimensions before the last two).
+    pub count: usize,
+    /// Elements between the starts of consecutive blocks.
+    pub stride: usize,
+}
+
+impl RowBlocks {
+    /// The row blocks of `meta`, or why there are none: rank 3 or more, a unit last stride, and
+    /// the dimensions before the last two of one stride (their strides nest).
+    pub fn of(meta: &TensorMeta) -> Result<RowBlocks, Cow<'static, str>> {
+        let layout = &meta.layout;
+        let (shape, strides) = (layout.shape(), layout.strides());
+        let rank = shape.len();
+        if rank < 3 {
+            return Err(Cow::Borrowed("row blocks need rank 3 or more"));
+        }
+        let hidden = shape[rank - 1];
+        if hidden > 1 && strides[rank - 1] != 1 {
+            return Err(Cow::Owned(format!("last dimension has stride {}, kernels need 1", strides[rank - 1])));
+        }
+        let (n_rows, row_stride) = (shape[rank - 2], if shape[rank - 2] <= 1 { hidden } else { strides[rank - 2] });
+        if row_stride < hidden {
+            return Err(Cow::Owned(format!("row stride {row_stride} is smaller than the hidden size {hidden}")));
+        }
+        // The leading dimensions as one: each stride the next one's times its extent (extents of 1
+        // do not count).
+        let leading: Vec<(usize, usize)> = shape[..rank - 2]
+            .iter()
+            .zip(&strides[..rank - 2])
+            .map(|(&n, &s)| (n, s))
+            .filter(|&(n, _)| n != 1)
+            .collect();
+        let count = shape[..rank - 2].iter().product();
+        let nested = leading.windows(2).all(|pair| pair[0].1 == pair[1].1 * pair[1].0);
+        if !nested {
+            return Err(Cow::Owned(format!("layout {layout} has leading dimensions of more than one stride")));
+        }
+        let stride = leading.last().map_or(0, |&(_, s)| s);
+        Ok(RowBlocks { rows: Rows { n_rows, hidden, row_stride, offset: layout.offset() }, count, stride })
+    }
+
+    /// Block `index`'s rows.
+    pub fn block(&self, index: usize) -> Rows {
+        Rows { offset: self.rows.offset + index * self.stride, ..self.rows }
+    }
+
+    /// One past the last element the blocks touch, relative to the first block's offset.
+    pub fn span(&self) -> usize {
+        match self.count {
+            0 => 0,
+            n => (n - 1) * self.stride + self.rows.span(),
+        }
+    }
+}
+
 /// [`Rows`] as a GPU kernel's integer parameters (`long long n_rows, int hidden, long long
 /// row_stride`, and the storage offset for kernels that take it), each converted without loss.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

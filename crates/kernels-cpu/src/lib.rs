@@ -48,14 +48,15 @@ mod stored;
 
 pub use crate::rows::BYTES_PER_TASK;
 
+use ir_core::op::ArgMeta;
 use ir_core::storage::Storage;
 use ir_core::{
-    DType, DeviceKind, ImplSpec, KernelError, OperandMismatch, Registry, RegistryError, Tensor, UniqueTensor,
+    DType, DeviceKind, ImplSpec, KernelError, OperandMismatch, Registry, RegistryError, Support, Tensor, UniqueTensor,
 };
 use ir_ops::fused_add_rms_norm::{self, FusedAddRmsNormImpl};
 use ir_ops::rms_norm;
 use ir_ops::{gelu_and_mul, silu_and_mul};
-use kernel_support::{NormCapabilities, Rows, reject_variance_size};
+use kernel_support::{NormCapabilities, RowBlocks, Rows, reject_variance_size};
 
 use crate::element::CpuElement;
 
@@ -128,8 +129,7 @@ const NORMS: NormCapabilities =
 
 /// Registers the `cpu` implementations of every built-in op.
 pub fn register(registry: &Registry) -> Result<(), RegistryError> {
-    let rms_spec = ImplSpec::new(PROVIDER)
-        .with_supports(|args| kernel_support::rms_norm_support_with(args, DeviceKind::Cpu, NORMS));
+    let rms_spec = ImplSpec::new(PROVIDER).with_supports(rms_norm_support);
     rms_norm::register(registry, rms_spec, rms_norm_cpu)?;
     let fused_spec = ImplSpec::new(PROVIDER)
         .with_supports(|args| kernel_support::fused_add_rms_norm_support_with(args, DeviceKind::Cpu, NORMS));
@@ -176,6 +176,25 @@ pub fn register(registry: &Registry) -> Result<(), RegistryError> {
     program::register_program_ops(registry)
 }
 
+/// The cpu `rms_norm`'s predicate: the standard one, and besides x of rows in blocks
+/// ([`RowBlocks`]: the heads of a q or k column slice, which Qwen3 and Gemma 3 normalize) with what
+/// the standard predicate takes of a compact x.
+fn rms_norm_support(args: &[ArgMeta<'_>]) -> Support {
+    let standard = |args: &[ArgMeta<'_>]| kernel_support::rms_norm_support_with(args, DeviceKind::Cpu, NORMS);
+    match (standard(args), args.first()) {
+        (Support::No(reason), Some(ArgMeta::Tensor(x))) if RowBlocks::of(x).is_ok() => {
+            let compact = x.compact_like();
+            let mut with_compact = args.to_vec();
+            with_compact[0] = ArgMeta::Tensor(&compact);
+            match standard(&with_compact) {
+                Support::Yes => Support::Yes,
+                Support::No(_) => Support::No(reason),
+            }
+        }
+        (support, _) => support,
+    }
+}
+
 /// `rms_norm` on the CPU: a fresh output with the layout the meta function declares.
 pub fn rms_norm_cpu(
     x: &Tensor,
@@ -202,20 +221,33 @@ pub fn rms_norm_cpu_into(
     if out.dtype() != x.dtype() || out.shape() != x.shape() {
         return Err(OperandMismatch::error("out", out.meta(), "x", x.meta()));
     }
-    let x_rows = Rows::for_kernel(x.meta())?;
     let out_rows = Rows::for_kernel(out.meta())?;
-    if x_rows.n_rows == 0 || x_rows.hidden == 0 {
+    // x as rows of one stride, or (the heads of a column slice) as blocks of them, each block's
+    // rows the output's next ones.
+    let x_blocks = match Rows::of(x.meta()) {
+        Ok(rows) => RowBlocks { rows, count: 1, stride: 0 },
+        Err(reason) => {
+            RowBlocks::of(x.meta()).map_err(|_| KernelError::InvalidArguments { reason: reason.into_owned() })?
+        }
+    };
+    if x_blocks.count == 0 || x_blocks.rows.n_rows == 0 || x_blocks.rows.hidden == 0 {
         return Ok(());
     }
     let weight = RowWeight::of(weight, x.dtype())?;
     let x_buffer = x.cpu_buffer().ok_or_else(|| not_on_cpu("x"))?;
     let out_buffer = out.cpu_buffer_mut()?.ok_or_else(|| not_on_cpu("out"))?;
     let eps = epsilon as f32;
-    match x.dtype() {
-        DType::F32 => rows::rms_norm::<f32>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
-        DType::F16 => rows::rms_norm::<half::f16>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
-        DType::BF16 => rows::rms_norm::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
-        other => return Err(unsupported_dtype(other)),
+    let per_block = x_blocks.rows.n_rows;
+    for index in 0..x_blocks.count {
+        let x_rows = x_blocks.block(index);
+        let out_rows =
+            Rows { n_rows: per_block, offset: out_rows.offset + index * per_block * out_rows.row_stride, ..out_rows };
+        match x.dtype() {
+            DType::F32 => rows::rms_norm::<f32>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
+            DType::F16 => rows::rms_norm::<half::f16>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
+            DType::BF16 => rows::rms_norm::<half::bf16>(x_buffer, x_rows, out_buffer, out_rows, weight.typed(), eps),
+            other => return Err(unsupported_dtype(other)),
+        }
     }
     Ok(())
 }
@@ -321,6 +353,49 @@ pub(crate) fn unsupported_dtype(dtype: DType) -> KernelError {
 mod tests {
     use super::*;
     use ir_core::TensorMeta;
+
+    /// Qwen3's and Gemma 3's head norms: the heads of q, a column slice of a merged qkv buffer
+    /// viewed `[tokens, heads, head_dim]`, are rows in blocks. The predicate takes them (the
+    /// registry then runs the kernel, not native) and the kernel gives the bits of the same rows
+    /// made compact, in every dtype, with a weight of x's dtype or f32.
+    #[test]
+    fn rms_norm_runs_on_the_heads_of_a_column_slice() {
+        let registry = ir_ops::registry();
+        register(&registry).unwrap();
+        let _cpu = registry.override_priority("rms_norm", &[PROVIDER, "native"]).unwrap();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for weight_dtype in [dtype, DType::F32] {
+                let (tokens, heads, head_dim, width) = (5, 4, 32, 4 * 32 + 2 * 2 * 32);
+                let qkv = Tensor::randn(&TensorMeta::compact(dtype, &[tokens, width]), 3).unwrap();
+                let layout = qkv.layout().slice(1, 0, heads * head_dim).unwrap().reshape(&[tokens, heads, head_dim]);
+                let q_heads = qkv.as_strided(layout.unwrap()).unwrap();
+                assert!(Rows::of(q_heads.meta()).is_err() && RowBlocks::of(q_heads.meta()).is_ok());
+                let weight = Tensor::randn(&TensorMeta::compact(weight_dtype, &[head_dim]), 4).unwrap();
+                let metas = [
+                    ArgMeta::Tensor(q_heads.meta()),
+                    ArgMeta::Tensor(weight.meta()),
+                    ArgMeta::F64(1e-6),
+                    ArgMeta::None,
+                ];
+                assert_eq!(rms_norm_support(&metas), Support::Yes, "{dtype} weight {weight_dtype}");
+                let ours = rms_norm_cpu(&q_heads, Some(&weight), 1e-6, None).unwrap();
+                let compact = rms_norm_cpu(&q_heads.contiguous().unwrap(), Some(&weight), 1e-6, None).unwrap();
+                assert!(ir_core::bit_eq(&ours, &compact), "{dtype} weight {weight_dtype}");
+                let before = registry.selection_record();
+                let ctx = ir_core::EagerContext::new(&registry);
+                let dispatched = rms_norm::call(&ctx, &q_heads, Some(&weight), 1e-6, None).unwrap();
+                let step = registry.selection_record().since(&before);
+                assert_eq!((step.selections("rms_norm", PROVIDER), step.native_fallbacks()), (1, 0));
+                assert!(ir_core::bit_eq(&dispatched, &compact));
+            }
+        }
+        // Leading dimensions of more than one stride are not blocks (the predicate refuses them).
+        let t = Tensor::randn(&TensorMeta::compact(DType::F32, &[4, 6, 8]), 1).unwrap();
+        let odd = t.as_strided(t.layout().transpose(0, 1).unwrap().reshape(&[2, 3, 4, 1, 8]).unwrap()).unwrap();
+        assert!(RowBlocks::of(odd.meta()).is_err(), "{:?}", odd.layout());
+        let metas = [ArgMeta::Tensor(odd.meta()), ArgMeta::None, ArgMeta::F64(1e-6), ArgMeta::None];
+        assert!(matches!(rms_norm_support(&metas), Support::No(_)));
+    }
 
     #[test]
     fn rms_norm_into_writes_what_the_functional_kernel_returns() {

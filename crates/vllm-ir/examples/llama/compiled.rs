@@ -198,7 +198,7 @@ impl AttentionState {
         let out = (|| -> candle_core::Result<CandleTensor> {
             let (q, k, v) =
                 (to_heads(q, c.num_attention_heads)?, to_heads(k, c.kv_heads())?, to_heads(v, c.kv_heads())?);
-            attend(c, self.dtype, &q, &k, &v, kv)
+            attend(c, self.dtype, layer as usize, &q, &k, &v, kv)
         })()
         .map_err(engine_error)?;
         Tensor::from_candle(&out).map_err(engine_error)
@@ -223,11 +223,24 @@ pub fn engine_registry(state: &Arc<AttentionState>) -> anyhow::Result<Registry> 
 
 /// The model's weights as tensors viewing candle's memory (no copy), by graph parameter name.
 pub struct Weights {
-    /// Per layer: input norm, qkv, o, post-attention norm, gate_up, down.
+    /// Per layer: input norm, qkv, o, the MLP's input norm, gate_up, down.
     pub(crate) layers: Vec<[(String, Tensor); 6]>,
+    /// Per layer, the norms some architectures add ([`LayerNorms`]).
+    pub(crate) norms: Vec<LayerNorms>,
     pub(crate) norm: (String, Tensor),
     pub(crate) lm_head: (String, Tensor),
     pub(crate) cos_sin: (String, Tensor),
+    /// Gemma 3's sliding layers' rotary table, when its base differs.
+    pub(crate) cos_sin_local: Option<(String, Tensor)>,
+}
+
+/// A layer's optional norm weights: q and k heads (Qwen3, Gemma 3), the attention's and the MLP's
+/// outputs (Gemma 3).
+pub struct LayerNorms {
+    pub(crate) q: Option<(String, Tensor)>,
+    pub(crate) k: Option<(String, Tensor)>,
+    pub(crate) attn_out: Option<(String, Tensor)>,
+    pub(crate) mlp_out: Option<(String, Tensor)>,
 }
 
 impl Weights {
@@ -247,17 +260,39 @@ impl Weights {
                     view(format!("layers.{i}.input_norm"), &l.input_norm)?,
                     view(format!("layers.{i}.qkv"), l.qkv.weight())?,
                     view(format!("layers.{i}.o"), l.o.weight())?,
-                    view(format!("layers.{i}.post_attention_norm"), &l.post_attention_norm)?,
+                    view(format!("layers.{i}.pre_mlp_norm"), &l.pre_mlp_norm)?,
                     view(format!("layers.{i}.gate_up"), l.gate_up.weight())?,
                     view(format!("layers.{i}.down"), l.down.weight())?,
                 ])
             })
             .collect::<anyhow::Result<_>>()?;
+        let norms = model
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| -> anyhow::Result<LayerNorms> {
+                let optional = |name: &str, t: &Option<CandleTensor>| {
+                    t.as_ref().map(|t| view(format!("layers.{i}.{name}"), t)).transpose()
+                };
+                Ok(LayerNorms {
+                    q: optional("q_norm", &l.q_norm)?,
+                    k: optional("k_norm", &l.k_norm)?,
+                    attn_out: optional("attn_out_norm", &l.attn_out_norm)?,
+                    mlp_out: optional("mlp_out_norm", &l.mlp_out_norm)?,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
         Ok(Weights {
             layers,
+            norms,
             norm: view("norm".to_owned(), &model.norm)?,
             lm_head: view("lm_head".to_owned(), model.lm_head.weight())?,
-            cos_sin: view("cos_sin".to_owned(), &model.cos_sin)?,
+            cos_sin: view("cos_sin".to_owned(), &model.rope.cos_sin)?,
+            cos_sin_local: model
+                .local_rope
+                .as_ref()
+                .map(|r| view("cos_sin_local".to_owned(), &r.cos_sin))
+                .transpose()?,
         })
     }
 }
@@ -276,10 +311,21 @@ pub fn decoder<C: ExecutionContext>(
     let (heads, kv_heads, d) = (c.num_attention_heads, c.kv_heads(), c.head_size());
     let param = |(name, t): &(String, Tensor)| ctx.parameter(name, t);
     let cos_sin = param(&weights.cos_sin)?;
+    let cos_sin_local = weights.cos_sin_local.as_ref().map(param).transpose()?;
+    let optional = |w: &Option<(String, Tensor)>| w.as_ref().map(param).transpose();
     let mut h = h;
     let mut residual: Option<C::Tensor> = None;
-    // `residual ← h + residual` (the first time: `residual ← h`), then its norm; in place.
-    let add_norm = |h: C::Tensor, residual: &mut Option<C::Tensor>, w: &C::Tensor| -> Result<C::Tensor, CallError> {
+    // `residual ← h + residual` (the first time: `residual ← h`), then its norm; in place. With
+    // `out_norm`, h is normalized by it first (Gemma 3's sandwich, unfused: the passes fuse it).
+    let add_norm = |h: C::Tensor,
+                    out_norm: Option<&C::Tensor>,
+                    residual: &mut Option<C::Tensor>,
+                    w: &C::Tensor|
+     -> Result<C::Tensor, CallError> {
+        let h = match out_norm {
+            Some(p) => rms_norm::call(ctx, &h, Some(p), eps, None)?,
+            None => h,
+        };
         match residual.take() {
             None => {
                 let normed = rms_norm::call(ctx, &h, Some(w), eps, None)?;
@@ -293,20 +339,34 @@ pub fn decoder<C: ExecutionContext>(
             }
         }
     };
-    for (layer, w) in weights.layers.iter().enumerate() {
-        let [input_norm, qkv_w, o_w, post_norm, gate_up_w, down_w] = w;
-        let normed = add_norm(h, &mut residual, &param(input_norm)?)?;
+    let mut out_norm: Option<C::Tensor> = None;
+    for (layer, (w, norms)) in weights.layers.iter().zip(&weights.norms).enumerate() {
+        let [input_norm, qkv_w, o_w, pre_mlp_norm, gate_up_w, down_w] = w;
+        let normed = add_norm(h, out_norm.as_ref(), &mut residual, &param(input_norm)?)?;
         let qkv = linear::call(ctx, &normed, &param(qkv_w)?)?;
+        let t = ctx.meta(&qkv).shape()[0];
         let q = ctx.slice(&qkv, 1, 0, heads * d)?;
         let k = ctx.slice(&qkv, 1, heads * d, (heads + kv_heads) * d)?;
         let v = ctx.slice(&qkv, 1, (heads + kv_heads) * d, (heads + 2 * kv_heads) * d)?;
         drop(qkv);
+        // Qwen3 and Gemma 3: each head of q and k normalized (a view of the heads; fresh results).
+        let head_norm = |x: C::Tensor, n: usize, w: Option<C::Tensor>| -> Result<C::Tensor, CallError> {
+            let Some(w) = w else { return Ok(x) };
+            let normed = rms_norm::call(ctx, &ctx.reshape(&x, &[t, n, d])?, Some(&w), eps, None)?;
+            ctx.reshape(&normed, &[t, n * d])
+        };
+        let q = head_norm(q, heads, optional(&norms.q)?)?;
+        let k = head_norm(k, kv_heads, optional(&norms.k)?)?;
+        let table = match &cos_sin_local {
+            Some(local) if c.window(layer).is_some() => local,
+            _ => &cos_sin,
+        };
         let (q, k) = rotary_embedding::call_maybe_inplace(
             ctx,
             positions,
             q,
             Some(k),
-            &cos_sin,
+            table,
             d as i64,
             d as i64,
             true,
@@ -315,7 +375,8 @@ pub fn decoder<C: ExecutionContext>(
         let k = k.expect("a key was given");
         let out = attention::call(ctx, &q, &k, &v, layer as i64)?;
         let attn = linear::call(ctx, &out, &param(o_w)?)?;
-        let normed = add_norm(attn, &mut residual, &param(post_norm)?)?;
+        let attn_out_norm = optional(&norms.attn_out)?;
+        let normed = add_norm(attn, attn_out_norm.as_ref(), &mut residual, &param(pre_mlp_norm)?)?;
         let gate_up = linear::call(ctx, &normed, &param(gate_up_w)?)?;
         let activated = if c.is_gemma() {
             gelu_and_mul::call(ctx, &gate_up, Approximate::Tanh)?
@@ -323,8 +384,9 @@ pub fn decoder<C: ExecutionContext>(
             silu_and_mul::call(ctx, &gate_up)?
         };
         h = linear::call(ctx, &activated, &param(down_w)?)?;
+        out_norm = optional(&norms.mlp_out)?;
     }
-    let normed = add_norm(h, &mut residual, &param(&weights.norm)?)?;
+    let normed = add_norm(h, out_norm.as_ref(), &mut residual, &param(&weights.norm)?)?;
     linear::call(ctx, &normed, &param(&weights.lm_head)?)
 }
 

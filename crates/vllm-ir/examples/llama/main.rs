@@ -7,7 +7,7 @@
 //! run's bit for bit (the example fails otherwise), timed beside the other two.
 //!
 //! ```text
-//! cargo run --release -p vllm-ir --features candle --example llama -- [--model DIR] [--variant llama|gemma]
+//! cargo run --release -p vllm-ir --features candle --example llama -- [--model DIR] [--variant llama|gemma|qwen3|gemma3_text]
 //!     [--dtype f32|bf16] [--prefill N] [--decode N] [--iters N] [--rounding exact|dtype]
 //! ```
 //!

@@ -1,7 +1,10 @@
-//! A Llama-architecture decoder (Llama with grouped-query attention, and Gemma's variant: the
-//! `(1 + w)` norm weight in f32, scaled embeddings, GELU-tanh) on candle: candle's matmuls,
-//! attention and KV cache, and either this project's ops on candle tensors ([`Ops::Ours`]) or
-//! candle-nn's ([`Ops::CandleNn`]) for the norms, rotary and the gated activation.
+//! A Llama-architecture decoder on candle: Llama with grouped-query attention; Gemma's variant (the
+//! `(1 + w)` norm weight in f32, scaled embeddings, GELU-tanh); Qwen3's (an RMS norm of each query
+//! and key head before rotary); and Gemma 3's (Gemma's, with q/k norms, the sandwich norms around
+//! the attention and the MLP, sliding-window layers with their own rotary base, and the attention
+//! scaled by `query_pre_attn_scalar`). Candle's matmuls, attention and KV cache, and either this
+//! project's ops on candle tensors ([`Ops::Ours`]) or candle-nn's ([`Ops::CandleNn`]) for the
+//! norms, rotary and the gated activation.
 //!
 //! Weights use Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...); q, k and v are
 //! merged into one `qkv` projection at load and gate and up into one `gate_up` projection (the
@@ -18,8 +21,8 @@ use candle_nn::{Embedding, Linear};
 use vllm_ir::Registry;
 use vllm_ir::interop::candle_ops;
 use vllm_ir::layers::{RopeScaling, rope_cache};
-use vllm_ir::op::Rounding;
 use vllm_ir::op::gelu_and_mul::Approximate;
+use vllm_ir::op::{Rounding, fused_sandwich_rms_norm};
 
 /// The fields of a Hugging Face `config.json` this model reads.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -52,9 +55,23 @@ pub struct Config {
     /// Whether the output projection is the embedding's transpose.
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    /// `llama` or `gemma`.
+    /// `llama`, `gemma`, `qwen3` or `gemma3_text`.
     #[serde(default = "default_model_type")]
     pub model_type: String,
+    /// Gemma 3: the attention scores are scaled by `query_pre_attn_scalar^-1/2` (`head_dim^-1/2`
+    /// when absent).
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 3: the keys a sliding layer's query sees: itself and the `sliding_window - 1` before.
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// Gemma 3: every `sliding_window_pattern`-th layer attends globally, the others slide (6 when
+    /// absent).
+    #[serde(default)]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3: the rotary base of the sliding layers (`rope_theta` when absent).
+    #[serde(default)]
+    pub rope_local_base_freq: Option<f64>,
     /// The rotary frequencies' scaling (`rope_type` linear, dynamic, llama3 or yarn, and its
     /// fields), if any.
     #[serde(default)]
@@ -75,9 +92,39 @@ fn default_model_type() -> String {
 }
 
 impl Config {
-    /// Whether this is Gemma's variant.
+    /// Whether this is Gemma's variant (Gemma 3 included).
     pub fn is_gemma(&self) -> bool {
         self.model_type.starts_with("gemma")
+    }
+
+    /// Whether this is Gemma 3.
+    pub fn is_gemma3(&self) -> bool {
+        self.model_type.starts_with("gemma3")
+    }
+
+    /// Whether each query and key head is RMS-normalized before rotary (Qwen3, Gemma 3).
+    pub fn has_qk_norm(&self) -> bool {
+        self.model_type == "qwen3" || self.is_gemma3()
+    }
+
+    /// How many keys before itself (and itself) a query of `layer` sees: Gemma 3's sliding layers.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        let pattern = self.sliding_window_pattern.unwrap_or(6).max(1);
+        self.sliding_window.filter(|_| self.is_gemma3() && !(layer + 1).is_multiple_of(pattern))
+    }
+
+    /// The attention scores' scale.
+    pub fn attention_scale(&self) -> f64 {
+        1.0 / self.query_pre_attn_scalar.unwrap_or(self.head_size() as f64).sqrt()
+    }
+
+    /// Refuses an architecture this model does not run: Gemma 2 (its logit soft-capping is not
+    /// implemented here).
+    pub fn check_supported(&self) -> anyhow::Result<()> {
+        if self.model_type == "gemma2" {
+            anyhow::bail!("model_type `gemma2` is not supported by this example (attention logit soft-capping)");
+        }
+        Ok(())
     }
 
     /// Key and value heads.
@@ -138,7 +185,16 @@ pub enum Ops<'r> {
 
 pub(crate) struct Layer {
     pub(crate) input_norm: Tensor,
-    pub(crate) post_attention_norm: Tensor,
+    /// The norm of the MLP's input (`post_attention_layernorm`; Gemma 3's
+    /// `pre_feedforward_layernorm`).
+    pub(crate) pre_mlp_norm: Tensor,
+    /// Gemma 3: the norms of the attention's and the MLP's outputs (`post_attention_layernorm`,
+    /// `post_feedforward_layernorm`), before each joins the residual stream.
+    pub(crate) attn_out_norm: Option<Tensor>,
+    pub(crate) mlp_out_norm: Option<Tensor>,
+    /// Qwen3 and Gemma 3: the norms of each query and key head (`[head_dim]`).
+    pub(crate) q_norm: Option<Tensor>,
+    pub(crate) k_norm: Option<Tensor>,
     pub(crate) qkv: Linear,
     pub(crate) o: Linear,
     pub(crate) gate_up: Linear,
@@ -153,13 +209,40 @@ pub struct Model {
     pub(crate) layers: Vec<Layer>,
     pub(crate) norm: Tensor,
     pub(crate) lm_head: Linear,
+    /// The rotary tables of the global layers.
+    pub(crate) rope: Rope,
+    /// Gemma 3: those of the sliding layers, when their base differs.
+    pub(crate) local_rope: Option<Rope>,
+    /// Where this project's fused norm and rotary round ([`Model::set_rounding`]).
+    pub(crate) rounding: Rounding,
+}
+
+/// One rotary base's tables.
+pub(crate) struct Rope {
     /// `[max_position, head_size]`: cos, then sin (this project's rotary).
     pub(crate) cos_sin: Tensor,
     /// `[max_position, head_size / 2]` each (candle-nn's rope).
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
-    /// Where this project's fused norm and rotary round ([`Model::set_rounding`]).
-    pub(crate) rounding: Rounding,
+}
+
+impl Rope {
+    fn new(
+        config: &Config,
+        dtype: DType,
+        base: f64,
+        scaling: Option<&RopeScaling>,
+        positions: usize,
+    ) -> anyhow::Result<Rope> {
+        let head_size = config.head_size();
+        let cache = rope_cache(vllm_ir::DType::F32, positions, head_size, base, scaling)?.into_candle()?;
+        let cos_sin = cache.to_dtype(dtype)?;
+        let (cos, sin) = (
+            cos_sin.narrow(1, 0, head_size / 2)?.contiguous()?,
+            cos_sin.narrow(1, head_size / 2, head_size / 2)?.contiguous()?,
+        );
+        Ok(Rope { cos_sin, cos, sin })
+    }
 }
 
 /// Each layer's keys and values so far, `[1, kv_heads, seen, head_size]`.
@@ -194,6 +277,7 @@ pub fn gate_up_weight(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor>
 impl Model {
     /// The model from Hugging Face-named `weights` (all of one float dtype).
     pub fn new(config: Config, weights: &HashMap<String, Tensor>) -> anyhow::Result<Model> {
+        config.check_supported()?;
         let get = |name: &str| weights.get(name).cloned().ok_or_else(|| anyhow::anyhow!("missing weight `{name}`"));
         let embed_weight = get("model.embed_tokens.weight")?;
         let dtype = embed_weight.dtype();
@@ -215,9 +299,21 @@ impl Model {
             )?;
             let gate_up =
                 gate_up_weight(&get(&format!("{p}.mlp.gate_proj.weight"))?, &get(&format!("{p}.mlp.up_proj.weight"))?)?;
+            let gemma3 = config.is_gemma3();
+            let optional = |present: bool, name: &str| present.then(|| norm_weight(name)).transpose();
+            let post_attention = norm_weight(&format!("{p}.post_attention_layernorm.weight"))?;
+            let (attn_out_norm, pre_mlp_norm) = if gemma3 {
+                (Some(post_attention), norm_weight(&format!("{p}.pre_feedforward_layernorm.weight"))?)
+            } else {
+                (None, post_attention)
+            };
             layers.push(Layer {
                 input_norm: norm_weight(&format!("{p}.input_layernorm.weight"))?,
-                post_attention_norm: norm_weight(&format!("{p}.post_attention_layernorm.weight"))?,
+                pre_mlp_norm,
+                attn_out_norm,
+                mlp_out_norm: optional(gemma3, &format!("{p}.post_feedforward_layernorm.weight"))?,
+                q_norm: optional(config.has_qk_norm(), &format!("{p}.self_attn.q_norm.weight"))?,
+                k_norm: optional(config.has_qk_norm(), &format!("{p}.self_attn.k_norm.weight"))?,
                 qkv: linear(qkv)?,
                 o: linear(get(&format!("{p}.self_attn.o_proj.weight"))?)?,
                 gate_up: linear(gate_up)?,
@@ -228,25 +324,24 @@ impl Model {
             Some(w) if !config.tie_word_embeddings => w.clone(),
             _ => embed_weight.clone(),
         };
-        let head_size = config.head_size();
         let scaling = config.scaling()?;
         let positions =
             scaling.map_or(config.max_position_embeddings, |s| s.max_position(config.max_position_embeddings));
-        let cache = rope_cache(vllm_ir::DType::F32, positions, head_size, config.rope_theta, scaling.as_ref())?
-            .into_candle()?;
-        let cos_sin = cache.to_dtype(dtype)?;
-        let (cos, sin) = (
-            cos_sin.narrow(1, 0, head_size / 2)?.contiguous()?,
-            cos_sin.narrow(1, head_size / 2, head_size / 2)?.contiguous()?,
-        );
+        let rope = Rope::new(&config, dtype, config.rope_theta, scaling.as_ref(), positions)?;
+        // Gemma 3's sliding layers rotate with their own base and no scaling.
+        let local_rope = match config.rope_local_base_freq {
+            Some(base) if config.is_gemma3() => {
+                Some(Rope::new(&config, dtype, base, None, config.max_position_embeddings)?)
+            }
+            _ => None,
+        };
         Ok(Model {
             embed: Embedding::new(embed_weight, config.hidden_size),
             norm: norm_weight("model.norm.weight")?,
             lm_head: linear(lm_head)?,
             layers,
-            cos_sin,
-            cos,
-            sin,
+            rope,
+            local_rope,
             dtype,
             config,
             rounding: Rounding::Exact,
@@ -264,6 +359,14 @@ impl Model {
         &self.config
     }
 
+    /// The rotary tables of `layer`.
+    pub(crate) fn rope(&self, layer: usize) -> &Rope {
+        match &self.local_rope {
+            Some(local) if self.config.window(layer).is_some() => local,
+            _ => &self.rope,
+        }
+    }
+
     /// The logits of every token of `tokens`, which follow the cache's tokens.
     pub fn forward(&self, ops: Ops<'_>, tokens: &[u32], cache: &mut Cache) -> anyhow::Result<Tensor> {
         let device = Device::Cpu;
@@ -272,13 +375,16 @@ impl Model {
         let positions = Tensor::arange(start as u32, (start + t) as u32, &device)?;
         let mut h = self.embed_tokens(tokens)?;
         let mut residual: Option<Tensor> = None;
-        for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            let normed = self.add_norm(ops, h, &mut residual, &layer.input_norm)?;
-            let attn = self.attention(ops, layer, &normed, &positions, kv)?;
-            let normed = self.add_norm(ops, attn, &mut residual, &layer.post_attention_norm)?;
+        // The norm of h before it joins the residual stream (Gemma 3's post-feed-forward norm).
+        let mut out_norm: Option<&Tensor> = None;
+        for (l, (layer, kv)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+            let normed = self.add_norm(ops, h, out_norm, &mut residual, &layer.input_norm)?;
+            let attn = self.attention(ops, l, layer, &normed, &positions, kv)?;
+            let normed = self.add_norm(ops, attn, layer.attn_out_norm.as_ref(), &mut residual, &layer.pre_mlp_norm)?;
             h = self.mlp(ops, layer, &normed)?;
+            out_norm = layer.mlp_out_norm.as_ref();
         }
-        let normed = self.add_norm(ops, h, &mut residual, &self.norm)?;
+        let normed = self.add_norm(ops, h, out_norm, &mut residual, &self.norm)?;
         self.project(&self.lm_head, &normed)
     }
 
@@ -293,11 +399,40 @@ impl Model {
         Ok(linear.forward(&x.to_dtype(DType::F32)?)?.to_dtype(self.dtype)?)
     }
 
-    /// `residual ← h + residual` (the first time: `residual ← h`), then the norm of it.
-    fn add_norm(&self, ops: Ops<'_>, h: Tensor, residual: &mut Option<Tensor>, w: &Tensor) -> anyhow::Result<Tensor> {
+    /// `residual ← h + residual` (the first time: `residual ← h`), then the norm of it; with
+    /// `out_norm`, h is normalized by it first (Gemma 3's sandwich: one fused call).
+    fn add_norm(
+        &self,
+        ops: Ops<'_>,
+        h: Tensor,
+        out_norm: Option<&Tensor>,
+        residual: &mut Option<Tensor>,
+        w: &Tensor,
+    ) -> anyhow::Result<Tensor> {
         let eps = self.config.rms_norm_eps;
         match (ops, residual.take()) {
+            (Ops::Ours(registry), Some(r)) if out_norm.is_some() => {
+                // In place: r holds the sum of h's norm and r, h the norm of the sum.
+                let sandwich = |x: Tensor, r: Tensor| {
+                    fused_sandwich_rms_norm::call_maybe_inplace(
+                        &candle_ops::Candle(registry),
+                        x,
+                        r,
+                        out_norm,
+                        Some(w),
+                        eps,
+                        self.rounding,
+                    )
+                };
+                let (normed, sum) = ours(|| sandwich(h, r))?;
+                *residual = Some(sum);
+                Ok(normed)
+            }
             (Ops::Ours(registry), None) => {
+                let h = match out_norm {
+                    Some(p) => ours(|| candle_ops::rms_norm(registry, &h, Some(p), eps))?,
+                    None => h,
+                };
                 let normed = ours(|| candle_ops::rms_norm(registry, &h, Some(w), eps))?;
                 *residual = Some(h);
                 Ok(normed)
@@ -309,25 +444,35 @@ impl Model {
                 Ok(h)
             }
             (Ops::CandleNn, previous) => {
+                let h = match out_norm {
+                    Some(p) => self.candle_nn_norm(&h, p)?,
+                    None => h,
+                };
                 let sum = match previous {
                     None => h,
                     Some(r) => (h + r)?,
                 };
-                let normed = if w.dtype() == sum.dtype() {
-                    candle_nn::ops::rms_norm(&sum, w, eps as f32)?
-                } else {
-                    // Gemma: in f32, then back.
-                    candle_nn::ops::rms_norm(&sum.to_dtype(DType::F32)?, w, eps as f32)?.to_dtype(self.dtype)?
-                };
+                let normed = self.candle_nn_norm(&sum, w)?;
                 *residual = Some(sum);
                 Ok(normed)
             }
         }
     }
 
+    /// candle-nn's RMS norm of `x` by `w` (Gemma's f32 `1 + w`: in f32, then back).
+    fn candle_nn_norm(&self, x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+        let eps = self.config.rms_norm_eps as f32;
+        if w.dtype() == x.dtype() {
+            candle_nn::ops::rms_norm(x, w, eps)
+        } else {
+            candle_nn::ops::rms_norm(&x.to_dtype(DType::F32)?, w, eps)?.to_dtype(x.dtype())
+        }
+    }
+
     fn attention(
         &self,
         ops: Ops<'_>,
+        index: usize,
         layer: &Layer,
         x: &Tensor,
         positions: &Tensor,
@@ -341,6 +486,20 @@ impl Model {
         let k = qkv.narrow(1, heads * d, kv_heads * d)?;
         let v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d)?;
         let to_heads = |x: &Tensor, n: usize| x.reshape((1, t, n, d))?.transpose(1, 2)?.contiguous();
+        let rope = self.rope(index);
+        let eps = self.config.rms_norm_eps;
+        // Qwen3 and Gemma 3: each head of q and k normalized (fresh tensors, `[t, n * d]`).
+        let head_norm = |x: Tensor, n: usize, w: Option<&Tensor>| -> anyhow::Result<Tensor> {
+            let Some(w) = w else { return Ok(x) };
+            let heads = x.reshape((t, n, d))?;
+            let normed = match ops {
+                Ops::Ours(registry) => ours(|| candle_ops::rms_norm(registry, &heads, Some(w), eps))?,
+                Ops::CandleNn => self.candle_nn_norm(&heads, w)?,
+            };
+            Ok(normed.reshape((t, n * d))?)
+        };
+        let q = head_norm(q, heads, layer.q_norm.as_ref())?;
+        let k = head_norm(k, kv_heads, layer.k_norm.as_ref())?;
         let (q, k) = match ops {
             Ops::Ours(registry) => {
                 // In place on the column slices of qkv.
@@ -350,7 +509,7 @@ impl Model {
                         positions,
                         &q,
                         Some(&k),
-                        &self.cos_sin,
+                        &rope.cos_sin,
                         d,
                         d,
                         true,
@@ -361,7 +520,7 @@ impl Model {
             }
             Ops::CandleNn => {
                 let start = positions.to_vec1::<u32>()?[0] as usize;
-                let (cos, sin) = (self.cos.narrow(0, start, t)?, self.sin.narrow(0, start, t)?);
+                let (cos, sin) = (rope.cos.narrow(0, start, t)?, rope.sin.narrow(0, start, t)?);
                 (
                     candle_nn::rotary_emb::rope(&to_heads(&q, heads)?, &cos, &sin)?,
                     candle_nn::rotary_emb::rope(&to_heads(&k, kv_heads)?, &cos, &sin)?,
@@ -369,7 +528,7 @@ impl Model {
             }
         };
         let v = to_heads(&v, kv_heads)?;
-        let out = attend(c, self.dtype, &q, &k, &v, kv)?;
+        let out = attend(c, self.dtype, index, &q, &k, &v, kv)?;
         self.project(&layer.o, &out)
     }
 
@@ -390,12 +549,15 @@ impl Model {
     }
 }
 
-/// Causal grouped-query attention of this step's rotated queries, keys and values (`[1, heads,
-/// t, d]`, `[1, kv_heads, t, d]` twice) over the cache's keys and values and themselves, which join
-/// the cache; `[t, heads * d]` in `dtype`. Candle's, shared by every path of the example.
+/// Causal grouped-query attention of `layer` for this step's rotated queries, keys and values
+/// (`[1, heads, t, d]`, `[1, kv_heads, t, d]` twice) over the cache's keys and values and
+/// themselves, which join the cache (a sliding layer's queries see the last
+/// [`Config::window`] keys); `[t, heads * d]` in `dtype`. Candle's, shared by every path of the
+/// example.
 pub fn attend(
     c: &Config,
     dtype: DType,
+    layer: usize,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -418,14 +580,16 @@ pub fn attend(
         x.unsqueeze(2)?.expand((1, kv_heads, repeat, seen, d))?.reshape((1, heads, seen, d))
     };
     let (k, v) = (expand(&k)?, expand(&v)?);
-    let scale = 1.0 / (d as f64).sqrt();
+    let scale = c.attention_scale();
     let scores = (q.to_dtype(DType::F32)?.matmul(&k.to_dtype(DType::F32)?.t()?)? * scale)?;
-    let scores = if t > 1 {
-        // Causal: token i of this step sees the cache and tokens up to itself.
+    let window = c.window(layer);
+    let scores = if t > 1 || window.is_some_and(|w| seen > w) {
+        // Causal: token i of this step sees the cache and tokens up to itself (in a sliding layer,
+        // the last `window` of them).
         let offset = seen - t;
-        let mask: Vec<f32> = (0..t)
-            .flat_map(|i| (0..seen).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
-            .collect();
+        let visible = move |i: usize, j: usize| j <= offset + i && window.is_none_or(|w| offset + i - j < w);
+        let mask: Vec<f32> =
+            (0..t).flat_map(|i| (0..seen).map(move |j| if visible(i, j) { 0.0 } else { f32::NEG_INFINITY })).collect();
         scores.broadcast_add(&Tensor::from_vec(mask, (t, seen), &Device::Cpu)?)?
     } else {
         scores
@@ -463,10 +627,20 @@ pub fn random_weights(config: &Config, dtype: DType, seed: u64) -> candle_core::
         for name in ["input_layernorm", "post_attention_layernorm"] {
             weights.insert(format!("{p}.{name}.weight"), (tensor(&[h], 0.1)? + norm_center)?);
         }
+        if config.is_gemma3() {
+            for name in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+                weights.insert(format!("{p}.{name}.weight"), (tensor(&[h], 0.1)? + norm_center)?);
+            }
+        }
         weights.insert(format!("{p}.self_attn.q_proj.weight"), tensor(&[heads * d, h], scale)?);
         weights.insert(format!("{p}.self_attn.k_proj.weight"), tensor(&[kv_heads * d, h], scale)?);
         weights.insert(format!("{p}.self_attn.v_proj.weight"), tensor(&[kv_heads * d, h], scale)?);
         weights.insert(format!("{p}.self_attn.o_proj.weight"), tensor(&[h, heads * d], scale)?);
+        if config.has_qk_norm() {
+            for name in ["q_norm", "k_norm"] {
+                weights.insert(format!("{p}.self_attn.{name}.weight"), (tensor(&[d], 0.1)? + norm_center)?);
+            }
+        }
         weights.insert(format!("{p}.mlp.gate_proj.weight"), tensor(&[i, h], scale)?);
         weights.insert(format!("{p}.mlp.up_proj.weight"), tensor(&[i, h], scale)?);
         weights.insert(format!("{p}.mlp.down_proj.weight"), tensor(&[h, i], 1.0 / (i as f64).sqrt())?);
@@ -479,9 +653,13 @@ pub fn random_weights(config: &Config, dtype: DType, seed: u64) -> candle_core::
     Ok(weights)
 }
 
-/// A tiny configuration of the architecture (`llama` or `gemma`).
+/// A tiny configuration of the architecture (`llama`, `gemma`, `qwen3` or `gemma3_text`). Gemma
+/// 3's slides every other layer over 8 keys (the references' 20 tokens see the window move), with
+/// another rotary base than its global layers, and scales its attention by a
+/// `query_pre_attn_scalar` other than its head size.
 pub fn tiny_config(model_type: &str) -> Config {
-    let gemma = model_type == "gemma";
+    let gemma = model_type.starts_with("gemma");
+    let gemma3 = model_type == "gemma3_text";
     Config {
         vocab_size: 256,
         hidden_size: 128,
@@ -491,10 +669,14 @@ pub fn tiny_config(model_type: &str) -> Config {
         num_key_value_heads: Some(2),
         head_dim: Some(if gemma { 64 } else { 32 }),
         rms_norm_eps: 1e-6,
-        rope_theta: 10000.0,
+        rope_theta: if gemma3 { 1_000_000.0 } else { 10000.0 },
         max_position_embeddings: 1024,
         tie_word_embeddings: gemma,
         model_type: model_type.to_owned(),
         rope_scaling: None,
+        query_pre_attn_scalar: gemma3.then_some(32.0),
+        sliding_window: gemma3.then_some(8),
+        sliding_window_pattern: gemma3.then_some(2),
+        rope_local_base_freq: gemma3.then_some(10000.0),
     }
 }
