@@ -45,11 +45,11 @@ pub(crate) struct AddNorm {
     pub(crate) bit_exact_on: fn(provider: &str) -> bool,
 }
 
-/// Whether a provider's fused norm ops reduce a row in the order of its unfused norms: the cpu's
-/// (its row-program interpreter sums in the cpu norms' lanes, tested bit for bit) and the
-/// reference's. A GPU provider's generated kernel may assign a row's elements to its threads
-/// otherwise than its hand-written norms do (scalar loads where they load 16 bytes), which changes
-/// the last bits of an f32 norm.
+/// Whether a provider's row-program ops give the bits of its unfused kernels: the cpu's (its
+/// row-program interpreter sums in the cpu norms' lanes and computes silu as its gated kernel,
+/// tested bit for bit) and the reference's. A GPU provider's generated kernel may assign a row's
+/// elements to its threads otherwise than its hand-written norms do (scalar loads where they load
+/// 16 bytes), which changes the last bits of an f32 norm.
 pub(crate) fn reduces_like_its_norms(provider: &str) -> bool {
     matches!(provider, "cpu" | "native")
 }

@@ -64,8 +64,9 @@ static CHAINS: [Chain; 2] = [
         args: |first, second| Ok(first[..1].iter().chain(&second[1..]).cloned().collect()),
         results: ["codes", "scales"],
         // A provider's fused kernel computes silu from the program's steps, its `silu_and_mul`
-        // kernel its own way: only the reference gives the pair's bits for both.
-        bit_exact_on: |provider| provider == "native",
+        // kernel its own way: the cpu's both as `g / (1 + exp(-g))` with one vectorized `exp`
+        // (tested bit for bit in `kernels-cpu`), a GPU's with other instructions.
+        bit_exact_on: reduces_like_its_norms,
     },
 ];
 
@@ -176,12 +177,13 @@ impl DecidedFusion for Fusion {
 /// `fuse-row-programs-exact` ([`fuse_row_programs_exact`]), which fuses a chain only when the
 /// installed priorities pick the fused op's provider for every call of the chain
 /// ([`FusionSkip::ProviderDiffers`]) and that provider gives the chain's bits
-/// ([`FusionSkip::NotBitExact`]): the cpu provider and `native` for the norm chains (the cpu's
-/// row-program interpreter reduces a row in the lanes of its norms); `native` only for
-/// `silu_and_mul` + the quantization, whose fused kernels compute silu from the program's steps. A
-/// GPU provider's generated kernel may assign a row's elements to its threads otherwise than its
-/// hand-written norms do, which changes the last bits of an f32 norm. `fuse-row-programs` by name
-/// fuses every chain, within the fused ops' tolerance.
+/// ([`FusionSkip::NotBitExact`]): the cpu provider and `native`. The cpu's row-program
+/// interpreter reduces a row in the lanes of its norms and computes silu as its `silu_and_mul`
+/// kernel does (`g / (1 + exp(-g))` with one vectorized `exp`), both tested bit for bit. A GPU
+/// provider's generated kernel may assign a row's elements to its threads otherwise than its
+/// hand-written norms do, which changes the last bits of an f32 norm, and computes silu with other
+/// instructions than its gated kernel. `fuse-row-programs` by name fuses every chain, within the
+/// fused ops' tolerance.
 ///
 /// ```
 /// use ir_graph::parse;

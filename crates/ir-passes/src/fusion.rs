@@ -113,7 +113,8 @@ pub enum FusionSkip {
         fused: String,
     },
     /// The exact form of `fuse-row-programs`: on this provider the fused op is within its tolerance
-    /// of the chain, not bit for bit (a transcendental function computed by another kernel).
+    /// of the chain, not bit for bit (a GPU provider's generated kernel reduces or computes
+    /// otherwise than its hand-written ones).
     NotBitExact {
         /// The provider.
         provider: String,

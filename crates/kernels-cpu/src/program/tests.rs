@@ -475,3 +475,47 @@ fn what_cannot_run_in_place_is_refused_with_the_reason() {
     let out = run_row_program(&program, &[RowArg::Tensor(&x)]).unwrap();
     assert_eq!(out[1].to_f64_vec().unwrap(), [10.0, 26.0]);
 }
+
+/// The cpu provider's `silu_and_mul` then `dynamic_per_token_scaled_fp8_quant` (its hand-written
+/// kernels) and its `silu_and_mul_dynamic_fp8_quant` (the program on the interpreter) give the
+/// same codes and scales, bit for bit: both compute silu as `g / (1 + exp(-g))` in f32 with the
+/// same vectorized `exp`, round the gated value to x's dtype, and take the same per-row absmax. The
+/// exact form of `fuse-row-programs` fuses the pair on the cpu on this ground; this test is its
+/// guard (every dtype, widths with and without full vectors and chunks, both fp8 formats, with and
+/// without a bound, rows of zeros, NaN, infinity and values beyond the fp8 range).
+#[test]
+fn the_cpu_silu_and_quantization_pair_gives_its_fused_ops_bits() {
+    use ir_core::EagerContext;
+    use ir_ops::{dynamic_per_token_scaled_fp8_quant, silu_and_mul, silu_and_mul_dynamic_fp8_quant};
+
+    let registry = ir_ops::registry();
+    crate::register(&registry).unwrap();
+    let ops = ["silu_and_mul", "dynamic_per_token_scaled_fp8_quant", "silu_and_mul_dynamic_fp8_quant"];
+    let _guards: Vec<_> =
+        ops.iter().map(|op| registry.override_priority(op, &[crate::PROVIDER, "native"]).unwrap()).collect();
+    let ctx = EagerContext::new(&registry);
+    let mut rng = InputRng::new(91);
+    let bound = Tensor::from_f64(DType::F32, &[1], &[0.5]).unwrap();
+    for dtype in DTYPES {
+        for width in [1, 7, 32, 33, 100, 1000, 4099] {
+            for scale in [0.01, 1.0, 30.0, 3000.0] {
+                let x = activation(&mut rng, dtype, 5, 2 * width, scale, width % 2 == 1);
+                for out_dtype in [DType::F8E4M3FN, DType::F8E5M2] {
+                    for ub in [None, Some(&bound)] {
+                        let what = format!("{dtype} width {width} scale {scale} {out_dtype} bound {}", ub.is_some());
+                        let before = registry.selection_record();
+                        let gated = silu_and_mul::call(&ctx, &x).unwrap();
+                        let pair = dynamic_per_token_scaled_fp8_quant::call(&ctx, &gated, ub, out_dtype).unwrap();
+                        let fused = silu_and_mul_dynamic_fp8_quant::call(&ctx, &x, ub, out_dtype).unwrap();
+                        let step = registry.selection_record().since(&before);
+                        for op in ops {
+                            assert_eq!(step.selections(op, crate::PROVIDER), 1, "{what}: {op} on the cpu");
+                        }
+                        assert_bits(&fused.0, &pair.0, &format!("{what}: codes"));
+                        assert_bits(&fused.1, &pair.1, &format!("{what}: scales"));
+                    }
+                }
+            }
+        }
+    }
+}
