@@ -1,11 +1,12 @@
 //! Row programs on the cpu: the block-vectorized interpreter (`kernels_cpu::program`) running a
 //! built-in op's program beside the hand-written cpu kernel of the op, at decode (1 × 4096) and
 //! prefill (512 × 4096), f32 and bf16. Both return fresh outputs. And three fused patterns, each
-//! beside its unfused chain: `silu_and_mul_dynamic_fp8_quant` (as one program, as two programs,
-//! and as the two hand-written kernels), and, in place on donated activations (copied outside the
-//! timing), `fused_sandwich_rms_norm` (one program beside the hand-written `rms_norm` then
-//! `fused_add_rms_norm`) and `fused_add_layer_norm` (one program beside an in-place add program then
-//! the `layer_norm` program).
+//! beside its unfused chain: `silu_and_mul_dynamic_fp8_quant` (as one program and as the cpu
+//! provider's composed rows, beside two programs and the two hand-written kernels), and, in place
+//! on donated activations (copied outside the timing), `fused_sandwich_rms_norm` (one program, and
+//! the cpu provider's composed norm rows, beside the hand-written `rms_norm` then
+//! `fused_add_rms_norm`) and `fused_add_layer_norm` (one program beside an in-place add program
+//! then the `layer_norm` program).
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use ir_core::{DType, Tensor, TensorMeta, UniqueTensor};
@@ -94,6 +95,12 @@ fn row_programs(c: &mut Criterion) {
                     run_row_program(&quant, &[RowArg::Tensor(&gated[0])]).expect("ran")
                 })
             });
+            group.bench_function("silu_and_mul_dynamic_fp8_quant/fused-cpu-rows", |b| {
+                b.iter(|| {
+                    kernels_cpu::quant::silu_and_mul_dynamic_fp8_quant_cpu(&gate_up, None, DType::F8E4M3FN)
+                        .expect("ran")
+                })
+            });
             group.bench_function("silu_and_mul_dynamic_fp8_quant/unfused-hand-written", |b| {
                 b.iter(|| {
                     let gated = kernels_cpu::gated::run(&gate_up, kernels_cpu::gated::Silu).expect("ran");
@@ -107,6 +114,16 @@ fn row_programs(c: &mut Criterion) {
             let sandwich = builtin::fused_sandwich_rms_norm(true, true, Rounding::Dtype);
             group.bench_function("fused_sandwich_rms_norm/fused-program", |b| {
                 bench_in_place(b, &sandwich, &x, &r, &[&w, &v])
+            });
+            group.bench_function("fused_sandwich_rms_norm/fused-cpu-rows", |b| {
+                b.iter_batched(
+                    || (donate(&x), donate(&r)),
+                    |(x, r)| {
+                        kernels_cpu::fused_sandwich_rms_norm_cpu(x, r, Some(&w), Some(&v), 1e-6, Rounding::Dtype)
+                            .expect("ran")
+                    },
+                    BatchSize::LargeInput,
+                )
             });
             group.bench_function("fused_sandwich_rms_norm/unfused-hand-written", |b| {
                 b.iter_batched(

@@ -219,6 +219,13 @@ pub fn fuse_row_programs_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
 
 fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionReport, PassError> {
     let mut report = FusionReport::new("row-program");
+    // Every fused op is looked up before anything changes: on error the graph is as it was.
+    let fused_ops = std::iter::once(ADD_LAYER_NORM.fused).chain(CHAINS.iter().map(|chain| chain.fused));
+    for def in fused_ops {
+        if cx.registry.op_def(def.name).is_none() {
+            return Err(PassError::UnknownOp { op: def.name.to_owned() });
+        }
+    }
     fuse_add_norm(graph, cx, &ADD_LAYER_NORM, exact, &mut report)?;
     fuse_chains(graph, cx, exact, &mut report)?;
     tracing::debug!(target: "ir_passes::fuse_row_programs", %report, "fused");
@@ -234,11 +241,6 @@ fn fuse_chains(
     // The analyses below read the whole graph: a graph that calls no chain's second op skips them.
     if !CHAINS.iter().any(|chain| graph.mentions_op(chain.first) && graph.mentions_op(chain.second)) {
         return Ok(());
-    }
-    for chain in &CHAINS {
-        if cx.registry.op_def(chain.fused.name).is_none() {
-            return Err(PassError::UnknownOp { op: chain.fused.name.to_owned() });
-        }
     }
     let ops = OpTable::compute(graph, cx.registry);
     let positions = graph.positions();

@@ -284,7 +284,7 @@ fn gated<T: CpuElement, G: GateRow>(x: &CpuBuffer, rows: Rows, out: &mut CpuBuff
     "x86_64+avx2+fma+f16c",
     "aarch64+neon"
 ))]
-fn gated_row<T: CpuElement, G: GateRow>(
+pub(crate) fn gated_row<T: CpuElement, G: GateRow>(
     g: &[T],
     u: &[T],
     a: &mut [f32],

@@ -301,13 +301,8 @@ pub fn fused_add_rms_norm_cpu(
     rounding: ir_ops::Rounding,
 ) -> Result<(Tensor, Tensor), KernelError> {
     reject_variance_size(variance_size)?;
-    let dtype = x.tensor().dtype();
+    let (dtype, x_rows, residual_rows) = residual_pair_rows(&x, &residual)?;
     let round_sum = rounding.rounds_intermediates(dtype);
-    if residual.tensor().dtype() != dtype || residual.tensor().shape() != x.tensor().shape() {
-        return Err(OperandMismatch::error("x_residual", residual.tensor().meta(), "x", x.tensor().meta()));
-    }
-    let x_rows = Rows::for_kernel(x.tensor().meta())?;
-    let residual_rows = Rows::for_kernel(residual.tensor().meta())?;
     if x_rows.n_rows > 0 && x_rows.hidden > 0 {
         let weight = RowWeight::of(weight, dtype)?;
         let eps = epsilon as f32;
@@ -324,6 +319,67 @@ pub fn fused_add_rms_norm_cpu(
         }
     }
     Ok((x.into_tensor(), residual.into_tensor()))
+}
+
+/// `fused_sandwich_rms_norm` on the CPU, in place: the cpu `rms_norm` and `fused_add_rms_norm`
+/// rows composed per row (the unfused pair's bits), x and the residual read and written once, the
+/// first norm's output kept in an L1-sized row of scratch. x and the residual are rows of one
+/// stride of one dtype (the predicate's and the meta function's rules); each weight is of x's
+/// dtype or another float dtype (Gemma's f32 `1 + w`).
+pub fn fused_sandwich_rms_norm_cpu(
+    mut x: UniqueTensor,
+    mut residual: UniqueTensor,
+    post_weight: Option<&Tensor>,
+    pre_weight: Option<&Tensor>,
+    epsilon: f64,
+    rounding: ir_ops::Rounding,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let (dtype, x_rows, residual_rows) = residual_pair_rows(&x, &residual)?;
+    let round_sum = rounding.rounds_intermediates(dtype);
+    if x_rows.n_rows > 0 && x_rows.hidden > 0 {
+        let (post, pre) = (RowWeight::of(post_weight, dtype)?, RowWeight::of(pre_weight, dtype)?);
+        let eps = epsilon as f32;
+        let Storage::Cpu(x_buffer) = x.storage_mut()? else { return Err(not_on_cpu("x")) };
+        let Storage::Cpu(r_buffer) = residual.storage_mut()? else { return Err(not_on_cpu("x_residual")) };
+        let r_rows = residual_rows;
+        match dtype {
+            DType::F32 => {
+                rows::sandwich::<f32>(x_buffer, x_rows, r_buffer, r_rows, post.typed(), pre.typed(), eps, round_sum)
+            }
+            DType::F16 => rows::sandwich::<half::f16>(
+                x_buffer,
+                x_rows,
+                r_buffer,
+                r_rows,
+                post.typed(),
+                pre.typed(),
+                eps,
+                round_sum,
+            ),
+            DType::BF16 => rows::sandwich::<half::bf16>(
+                x_buffer,
+                x_rows,
+                r_buffer,
+                r_rows,
+                post.typed(),
+                pre.typed(),
+                eps,
+                round_sum,
+            ),
+            other => return Err(unsupported_dtype(other)),
+        }
+    }
+    Ok((x.into_tensor(), residual.into_tensor()))
+}
+
+/// x's dtype and the rows of x and of the residual of a fused-add kernel, which share x's dtype and
+/// shape.
+fn residual_pair_rows(x: &UniqueTensor, residual: &UniqueTensor) -> Result<(DType, Rows, Rows), KernelError> {
+    let (x, residual) = (x.tensor(), residual.tensor());
+    if residual.dtype() != x.dtype() || residual.shape() != x.shape() {
+        return Err(OperandMismatch::error("x_residual", residual.meta(), "x", x.meta()));
+    }
+    Ok((x.dtype(), Rows::for_kernel(x.meta())?, Rows::for_kernel(residual.meta())?))
 }
 
 /// The weight converted to f32 once per call.

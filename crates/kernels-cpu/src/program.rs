@@ -292,9 +292,10 @@ fn execute(
 }
 
 /// Registers the cpu implementations of the built-in ops defined by row programs: `layer_norm`
-/// and `silu_and_mul_dynamic_fp8_quant` functional, `fused_add_layer_norm` and
-/// `fused_sandwich_rms_norm` in place ([`run_row_program_in_place`]); each its program run here,
-/// for f32, f16 and bf16 x in host memory (f64 runs on native, the same program on the reference
+/// and `silu_and_mul_dynamic_fp8_quant` functional, `fused_add_layer_norm` in place
+/// ([`run_row_program_in_place`]), each its program run here; and `fused_sandwich_rms_norm` in
+/// place as the cpu norm rows composed (`fused_sandwich_rms_norm_cpu`, its program's bits); for
+/// f32, f16 and bf16 x in host memory (f64 runs on native, the same program on the reference
 /// interpreter).
 pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
     use ir_core::op::ArgMeta;
@@ -316,8 +317,14 @@ pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), i
     ir_ops::layer_norm::register(registry, spec(), |x, weight, bias, epsilon| {
         ir_ops::layer_norm::run_with(run_row_program, x, weight, bias, epsilon)
     })?;
+    // Rows of one stride: the cpu silu_and_mul and quantization rows composed (the program's bits,
+    // tested, at the hand-written rows' speed); other layouts: the program.
     ir_ops::silu_and_mul_dynamic_fp8_quant::register(registry, spec(), |x, scale_ub, out_dtype| {
-        ir_ops::silu_and_mul_dynamic_fp8_quant::run_with(run_row_program, x, scale_ub, out_dtype)
+        if Rows::of(x.meta()).is_ok() {
+            crate::quant::silu_and_mul_dynamic_fp8_quant_cpu(x, scale_ub, out_dtype)
+        } else {
+            ir_ops::silu_and_mul_dynamic_fp8_quant::run_with(run_row_program, x, scale_ub, out_dtype)
+        }
     })?;
     // The fused-add norms run in place: out into x, residual_out into the residual, which must
     // then be rows of one stride.
@@ -347,9 +354,8 @@ pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), i
     sandwich::register(
         registry,
         inplace_spec(),
-        sandwich::Impl::inplace(|x, r, post, pre, epsilon, rounding| {
-            sandwich::run_in_place(run_row_program_in_place, x, r, post, pre, epsilon, rounding)
-        }),
+        // The cpu norm rows composed: the program's bits (tested), at the hand-written rows' speed.
+        sandwich::Impl::inplace(crate::fused_sandwich_rms_norm_cpu),
     )
 }
 

@@ -226,9 +226,26 @@ fn quantize(
     scale: RowScale,
     out_dtype: DType,
 ) -> Result<Quantized, KernelError> {
+    quantize_rows(x, norm, residual, scale, out_dtype, false)
+}
+
+/// [`quantize`], or with `gated` the quantization of `silu_and_mul(x)`: x's rows are `[gate | up]`
+/// and q has half their width.
+fn quantize_rows(
+    x: &Tensor,
+    norm: Option<Norm<'_>>,
+    residual: Option<(&mut CpuBuffer, Rows)>,
+    scale: RowScale,
+    out_dtype: DType,
+    gated: bool,
+) -> Result<Quantized, KernelError> {
     let rows = Rows::for_kernel(x.meta())?;
+    let mut q_shape = x.shape().to_vec();
+    if gated && let Some(last) = q_shape.last_mut() {
+        *last /= 2;
+    }
     // Every element of q is written (rows of no elements have none); the scales are small.
-    let mut q = Tensor::empty_with_layout(out_dtype, ir_core::Layout::compact(x.shape()))?;
+    let mut q = Tensor::empty_with_layout(out_dtype, ir_core::Layout::compact(&q_shape))?;
     let mut scales = Tensor::zeros(DType::F32, &per_token_scales_shape(x.shape()))?;
     if rows.n_rows > 0 {
         let weight = crate::RowWeight::of(norm.as_ref().and_then(|n| n.weight), x.dtype())?;
@@ -239,6 +256,7 @@ fn quantize(
             eps: norm.as_ref().map(|n| n.eps),
             round_sum: norm.as_ref().is_some_and(|n| n.round_sum),
             scale,
+            gated,
         };
         let outputs = RowOutputs {
             q: q.cpu_buffer_mut()?.ok_or_else(|| crate::not_on_cpu("q"))?,
@@ -268,6 +286,8 @@ struct RowInputs<'a> {
     eps: Option<f32>,
     round_sum: bool,
     scale: RowScale,
+    /// x's rows are `[gate | up]`, quantized as `silu_and_mul` of them (q half as wide).
+    gated: bool,
 }
 
 /// The write side: q (compact rows), one scale per row, and the residual (read, then written with
@@ -278,45 +298,50 @@ struct RowOutputs<'a> {
     residual: Option<(&'a mut CpuBuffer, Rows)>,
 }
 
-/// Per-task scratch: an f32 row and a row of the element type.
+/// Per-task scratch: two f32 rows and a row of the element type.
 struct Scratch<'a, T> {
     a: &'a mut [f32],
+    b: &'a mut [f32],
     normalized: &'a mut [T],
 }
 
 /// Owned scratch for a task of the thread pool (allocated once per task, not per row).
 struct OwnedScratch<T> {
     a: Vec<f32>,
+    b: Vec<f32>,
     normalized: Vec<T>,
 }
 
 impl<T: CpuElement> OwnedScratch<T> {
     fn new(hidden: usize) -> OwnedScratch<T> {
-        OwnedScratch { a: vec![0f32; hidden], normalized: vec![T::zeroed(); hidden] }
+        OwnedScratch { a: vec![0f32; hidden], b: vec![0f32; hidden], normalized: vec![T::zeroed(); hidden] }
     }
 
     fn view(&mut self) -> Scratch<'_, T> {
-        Scratch { a: &mut self.a, normalized: &mut self.normalized }
+        Scratch { a: &mut self.a, b: &mut self.b, normalized: &mut self.normalized }
     }
 }
 
 fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>) {
-    let RowInputs { x, rows, weight, eps, round_sum, scale } = inputs;
+    let RowInputs { x, rows, weight, eps, round_sum, scale, gated } = inputs;
     let weight = weight.typed::<T>();
-    let hidden = rows.hidden;
+    // The width of q's rows (and of the rows quantized).
+    let hidden = if gated { rows.hidden / 2 } else { rows.hidden };
     let scales = &mut outputs.scales.typed_mut::<f32>()[..rows.n_rows];
     if hidden == 0 {
         scales.iter_mut().for_each(|s| *s = row_scale(&[], scale));
         return;
     }
     let x_data = &x.typed::<T>()[rows.offset..rows.offset + rows.span()];
+    let x_width = rows.hidden;
     let q_data = &mut outputs.q.typed_mut::<u8>()[..rows.n_rows * hidden];
     let residual = outputs
         .residual
         .map(|(r, r_rows)| (&mut r.typed_mut::<T>()[r_rows.offset..r_rows.offset + r_rows.span()], r_rows.row_stride));
     let task = |scratch: &mut Scratch<T>, index: usize, q_row: &mut [u8], s: &mut f32, r: Option<&mut [T]>| {
-        let x_row = &x_data[index * rows.row_stride..][..hidden];
+        let x_row = &x_data[index * rows.row_stride..][..x_width];
         let row = match (eps, r) {
+            (None, _) if gated => Row::Gated { g: &x_row[..hidden], u: &x_row[hidden..] },
             (None, _) => Row::Plain(x_row),
             (Some(eps), Some(r)) => Row::Fused { x: x_row, r: &mut r[..hidden], weight, eps, round_sum },
             (Some(eps), None) => Row::Norm { x: x_row, weight, eps },
@@ -325,11 +350,12 @@ fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>
     };
     let per_task = rows_per_task(hidden, size_of::<T>());
     if rows.n_rows <= per_task {
-        // This thread's reused scratch: an f32 row, then a row of T (at most 4 bytes a value).
-        with_scratch(2 * hidden, |words: &mut [f32]| {
-            let (a, normalized) = words.split_at_mut(hidden);
+        // This thread's reused scratch: two f32 rows, then a row of T (at most 4 bytes a value).
+        with_scratch(3 * hidden, |words: &mut [f32]| {
+            let (a, rest) = words.split_at_mut(hidden);
+            let (b, normalized) = rest.split_at_mut(hidden);
             let normalized = &mut bytemuck::cast_slice_mut::<f32, T>(normalized)[..hidden];
-            let mut scratch = Scratch { a, normalized };
+            let mut scratch = Scratch { a, b, normalized };
             let mut r_chunks = residual.map(|(r, stride)| r.chunks_mut(stride));
             for (index, (q_row, s)) in q_data.chunks_mut(hidden).zip(scales.iter_mut()).enumerate() {
                 let r = r_chunks.as_mut().and_then(Iterator::next);
@@ -355,6 +381,19 @@ fn rows_of<T: CpuElement, Q: Fp8>(inputs: RowInputs<'_>, outputs: RowOutputs<'_>
         );
 }
 
+/// `silu_and_mul_dynamic_fp8_quant` on the cpu: per row, the cpu `silu_and_mul` row (in scratch,
+/// stored in x's type as that kernel stores it), then the cpu per-token quantization row of it: the
+/// unfused pair's codes and scales, with the gated values never written to memory. x is rows of one
+/// stride (`[..., gate | up]`).
+pub fn silu_and_mul_dynamic_fp8_quant_cpu(
+    x: &Tensor,
+    scale_ub: Option<&Tensor>,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let Quantized { q, scales } = quantize_rows(x, None, None, dynamic_scale(scale_ub, out_dtype)?, out_dtype, true)?;
+    Ok((q, scales))
+}
+
 /// One row's input to quantization.
 enum Row<'a, T> {
     /// x itself.
@@ -364,6 +403,8 @@ enum Row<'a, T> {
     /// `fused_add_rms_norm(x, r)`, writing the sum back into `r`; the norm of the rounded sum when
     /// `round_sum`.
     Fused { x: &'a [T], r: &'a mut [T], weight: Weight<'a, T>, eps: f32, round_sum: bool },
+    /// `silu_and_mul` of the gate and up halves of a row.
+    Gated { g: &'a [T], u: &'a [T] },
 }
 
 /// The scale of one row of f32 values.
@@ -393,9 +434,15 @@ fn quantize_row<T: CpuElement, Q: Fp8>(
     scale: RowScale,
     q: &mut [u8],
 ) -> f32 {
-    let Scratch { a, normalized } = scratch;
+    let Scratch { a, b, normalized } = scratch;
     match row {
         Row::Plain(x) => T::load(x, a),
+        Row::Gated { g, u } => {
+            // The cpu silu_and_mul row itself, stored in x's type as that kernel stores it, so
+            // the composition's bits are the pair's.
+            crate::gated::gated_row(g, u, a, b, &crate::gated::Silu, normalized, false);
+            T::load(normalized, a);
+        }
         Row::Norm { x, weight, eps } => {
             // The cpu rms_norm row itself (explicit where the CPU has it), so the composition's
             // bits are the cpu norm's.

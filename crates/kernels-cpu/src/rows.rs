@@ -60,12 +60,7 @@ pub(crate) fn fused<T: CpuElement>(
     eps: f32,
     round_sum: bool,
 ) {
-    let hidden = x_rows.hidden;
-    let x_data = &mut x.typed_mut::<T>()[x_rows.offset..x_rows.offset + x_rows.span()];
-    let residual_data =
-        &mut residual.typed_mut::<T>()[residual_rows.offset..residual_rows.offset + residual_rows.span()];
-    let task = |(x_chunk, r_chunk): (&mut [T], &mut [T])| {
-        let (x, r) = (&mut x_chunk[..hidden], &mut r_chunk[..hidden]);
+    for_each_row_pair(x, x_rows, residual, residual_rows, "fused_add_rms_norm", |x: &mut [T], r: &mut [T]| {
         if round_sum {
             // `dtype` rounding: the stored (rounded) sum, then the norm row of it: rms_norm of the
             // residual output, bit for bit.
@@ -74,18 +69,65 @@ pub(crate) fn fused<T: CpuElement>(
         } else {
             fused_row(RowOut::InPlace(x), r, weight, eps);
         }
-    };
+    });
+}
+
+/// Runs `row` on each pair of rows of x and the residual (their first `hidden` elements), in
+/// order on this thread or split across the pool as the norms' rows are (`op` names the kernel in
+/// the log).
+fn for_each_row_pair<T: CpuElement>(
+    x: &mut CpuBuffer,
+    x_rows: Rows,
+    residual: &mut CpuBuffer,
+    residual_rows: Rows,
+    op: &str,
+    row: impl Fn(&mut [T], &mut [T]) + Sync,
+) {
+    let hidden = x_rows.hidden;
+    let x_data = &mut x.typed_mut::<T>()[x_rows.offset..x_rows.offset + x_rows.span()];
+    let residual_data =
+        &mut residual.typed_mut::<T>()[residual_rows.offset..residual_rows.offset + residual_rows.span()];
+    let task = |(x_chunk, r_chunk): (&mut [T], &mut [T])| row(&mut x_chunk[..hidden], &mut r_chunk[..hidden]);
     let per_task = rows_per_task(hidden, size_of::<T>());
     if x_rows.n_rows <= per_task {
         x_data.chunks_mut(x_rows.row_stride).zip(residual_data.chunks_mut(residual_rows.row_stride)).for_each(task);
         return;
     }
-    tracing::debug!(target: "kernels_cpu", rows = x_rows.n_rows, per_task, "fused_add_rms_norm split across threads");
+    tracing::debug!(target: "kernels_cpu", rows = x_rows.n_rows, per_task, op, "rows split across threads");
     x_data
         .par_chunks_mut(x_rows.row_stride)
         .zip(residual_data.par_chunks_mut(residual_rows.row_stride))
         .with_min_len(per_task)
         .for_each(task);
+}
+
+/// `fused_sandwich_rms_norm` in place: per row, `h = rms_norm(x, post)` (stored in x's type, in
+/// this thread's scratch), then `fused_add_rms_norm(h, r, pre)` with its norm written over x: the
+/// cpu's `rms_norm` and `fused_add_rms_norm` rows composed, so the unfused pair's bits, reading and
+/// writing x and r once.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sandwich<T: CpuElement>(
+    x: &mut CpuBuffer,
+    x_rows: Rows,
+    residual: &mut CpuBuffer,
+    residual_rows: Rows,
+    post: Weight<'_, T>,
+    pre: Weight<'_, T>,
+    eps: f32,
+    round_sum: bool,
+) {
+    let hidden = x_rows.hidden;
+    for_each_row_pair(x, x_rows, residual, residual_rows, "fused_sandwich_rms_norm", |x: &mut [T], r: &mut [T]| {
+        with_scratch::<T, ()>(hidden, |h| {
+            rms_norm_row(x, post, eps, h, false);
+            if round_sum {
+                add_into(h, r);
+                rms_norm_row(r, pre, eps, x, false);
+            } else {
+                fused_row(RowOut::Separate { x: h, out: x }, r, pre, eps);
+            }
+        });
+    });
 }
 
 /// Runs `f` on `len` values of this thread's scratch, which grows to the largest request seen and is

@@ -11,8 +11,9 @@
 //! rms_norm(residual_out, pre_weight, epsilon)`. Gemma's `(1 + w)` weights are given as they are
 //! applied (an f32 weight on bf16 activations is applied in f32, as Gemma's norm does).
 //! [`row_program::builtin::fused_sandwich_rms_norm`](crate::row_program::builtin::fused_sandwich_rms_norm)
-//! is that computation as a row program: `native` runs it on the reference interpreter, the cpu
-//! provider on the block-vectorized one, every GPU provider as the kernel generated from it; `h`
+//! is that computation as a row program: `native` runs it on the reference interpreter, every GPU
+//! provider as the kernel generated from it; the cpu provider composes its `rms_norm` and
+//! `fused_add_rms_norm` rows per row (the program's bits, tested, at the speed of those rows). `h`
 //! is never stored.
 //!
 //! `allow_inplace`; activations `[x, x_residual]`; `out` ↔ `x`, `residual_out` ↔ `x_residual`

@@ -9,9 +9,10 @@
 //! stores it, then the per-token scale and codes of
 //! [`dynamic_per_token_scaled_fp8_quant`](crate::dynamic_per_token_scaled_fp8_quant).
 //! [`row_program::builtin::silu_and_mul_dynamic_fp8_quant`](crate::row_program::builtin::silu_and_mul_dynamic_fp8_quant)
-//! is that computation as a row program: `native` runs it on the reference interpreter, the cpu
-//! provider on the block-vectorized one, every GPU provider as the kernel generated from it. Not
-//! in place; activations `[x]`.
+//! is that computation as a row program: `native` runs it on the reference interpreter, every GPU
+//! provider as the kernel generated from it; the cpu provider composes its `silu_and_mul` and
+//! quantization rows per row (rows of one stride; the program's bits, tested), or runs the
+//! program on its block-vectorized interpreter. Not in place; activations `[x]`.
 
 use ir_core::op::{Activation, ArgMeta, InputSpec, Literal, MetaError, Tolerance, Value};
 use ir_core::{DType, KernelError, Tensor, TensorError};

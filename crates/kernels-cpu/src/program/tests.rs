@@ -477,9 +477,10 @@ fn what_cannot_run_in_place_is_refused_with_the_reason() {
 }
 
 /// The cpu provider's `silu_and_mul` then `dynamic_per_token_scaled_fp8_quant` (its hand-written
-/// kernels) and its `silu_and_mul_dynamic_fp8_quant` (the program on the interpreter) give the
-/// same codes and scales, bit for bit: both compute silu as `g / (1 + exp(-g))` in f32 with the
-/// same vectorized `exp`, round the gated value to x's dtype, and take the same per-row absmax. The
+/// kernels), its `silu_and_mul_dynamic_fp8_quant` (the two rows composed) and the op's program on
+/// the interpreter give the same codes and scales, bit for bit: all compute silu as
+/// `g / (1 + exp(-g))` in f32 with the same vectorized `exp`, round the gated value to x's dtype,
+/// and take the same per-row absmax. The
 /// exact form of `fuse-row-programs` fuses the pair on the cpu on this ground; this test is its
 /// guard (every dtype, widths with and without full vectors and chunks, both fp8 formats, with and
 /// without a bound, rows of zeros, NaN, infinity and values beyond the fp8 range).
@@ -513,6 +514,55 @@ fn the_cpu_silu_and_quantization_pair_gives_its_fused_ops_bits() {
                         }
                         assert_bits(&fused.0, &pair.0, &format!("{what}: codes"));
                         assert_bits(&fused.1, &pair.1, &format!("{what}: scales"));
+                        // The program on the interpreter (what other layouts run): the same bits.
+                        let program = silu_and_mul_dynamic_fp8_quant::program(out_dtype, ub.is_some()).unwrap();
+                        let args = silu_and_mul_dynamic_fp8_quant::program_args(&x, ub);
+                        let interpreted = run_row_program(program, &args).unwrap();
+                        assert_bits(&interpreted[0], &pair.0, &format!("{what}: the program's codes"));
+                        assert_bits(&interpreted[1], &pair.1, &format!("{what}: the program's scales"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The cpu `fused_sandwich_rms_norm` (the norm rows composed) gives its program's bits and the cpu
+/// pair's (`rms_norm`, then `fused_add_rms_norm` of its output): every dtype, both roundings, each
+/// weight present or absent, Gemma's f32 weights on 16-bit rows, strided rows, rows split across
+/// threads, and the awkward rows (a NaN, an infinity, an f32 sum of squares that overflows).
+#[test]
+fn the_composed_sandwich_kernel_gives_the_program_and_the_pairs_bits() {
+    let mut rng = InputRng::new(59);
+    for dtype in DTYPES {
+        for (rows, width, strided) in [(5, 97, true), (300, 2100, false)] {
+            let x = activation(&mut rng, dtype, rows, width, 4.0, strided);
+            let r = activation(&mut rng, dtype, rows, width, 1.0, !strided);
+            for weight_dtype in [dtype, DType::F32] {
+                let post = rng.normal(weight_dtype, &[width], 1.0, 0.1).unwrap();
+                let pre = rng.normal(weight_dtype, &[width], 1.0, 0.1).unwrap();
+                for rounding in [Rounding::Exact, Rounding::Dtype] {
+                    for (p, q) in [(Some(&post), Some(&pre)), (None, Some(&pre)), (Some(&post), None)] {
+                        let what = format!(
+                            "{dtype} {rows}x{width} weights {weight_dtype} {rounding:?} post {} pre {}",
+                            p.is_some(),
+                            q.is_some()
+                        );
+                        let (out, sum) =
+                            crate::fused_sandwich_rms_norm_cpu(unique(&x), unique(&r), p, q, 1e-6, rounding).unwrap();
+                        let program = ir_ops::fused_sandwich_rms_norm::program(p.is_some(), q.is_some(), rounding);
+                        let mut args = vec![RowArg::Tensor(&x), RowArg::Tensor(&r)];
+                        args.extend(p.map(RowArg::Tensor));
+                        args.extend(q.map(RowArg::Tensor));
+                        args.push(RowArg::Scalar(1e-6));
+                        let expected = run_row_program(program, &args).unwrap();
+                        assert_bits(&out, &expected[0], &format!("{what}: out against the program"));
+                        assert_bits(&sum, &expected[1], &format!("{what}: residual against the program"));
+                        let h = crate::rms_norm_cpu(&x, p, 1e-6, None).unwrap();
+                        let (pair_out, pair_sum) =
+                            crate::fused_add_rms_norm_cpu(unique(&h), unique(&r), q, 1e-6, None, rounding).unwrap();
+                        assert_bits(&out, &pair_out, &format!("{what}: out against the pair"));
+                        assert_bits(&sum, &pair_sum, &format!("{what}: residual against the pair"));
                     }
                 }
             }
