@@ -341,31 +341,11 @@ pub fn fused_sandwich_rms_norm_cpu(
         let eps = epsilon as f32;
         let Storage::Cpu(x_buffer) = x.storage_mut()? else { return Err(not_on_cpu("x")) };
         let Storage::Cpu(r_buffer) = residual.storage_mut()? else { return Err(not_on_cpu("x_residual")) };
-        let r_rows = residual_rows;
+        let (r_rows, round) = (residual_rows, round_sum);
         match dtype {
-            DType::F32 => {
-                rows::sandwich::<f32>(x_buffer, x_rows, r_buffer, r_rows, post.typed(), pre.typed(), eps, round_sum)
-            }
-            DType::F16 => rows::sandwich::<half::f16>(
-                x_buffer,
-                x_rows,
-                r_buffer,
-                r_rows,
-                post.typed(),
-                pre.typed(),
-                eps,
-                round_sum,
-            ),
-            DType::BF16 => rows::sandwich::<half::bf16>(
-                x_buffer,
-                x_rows,
-                r_buffer,
-                r_rows,
-                post.typed(),
-                pre.typed(),
-                eps,
-                round_sum,
-            ),
+            DType::F32 => rows::sandwich::<f32>(x_buffer, x_rows, r_buffer, r_rows, &post, &pre, eps, round),
+            DType::F16 => rows::sandwich::<half::f16>(x_buffer, x_rows, r_buffer, r_rows, &post, &pre, eps, round),
+            DType::BF16 => rows::sandwich::<half::bf16>(x_buffer, x_rows, r_buffer, r_rows, &post, &pre, eps, round),
             other => return Err(unsupported_dtype(other)),
         }
     }

@@ -111,11 +111,12 @@ pub(crate) fn sandwich<T: CpuElement>(
     x_rows: Rows,
     residual: &mut CpuBuffer,
     residual_rows: Rows,
-    post: Weight<'_, T>,
-    pre: Weight<'_, T>,
+    post: &crate::RowWeight<'_>,
+    pre: &crate::RowWeight<'_>,
     eps: f32,
     round_sum: bool,
 ) {
+    let (post, pre) = (post.typed::<T>(), pre.typed::<T>());
     let hidden = x_rows.hidden;
     for_each_row_pair(x, x_rows, residual, residual_rows, "fused_sandwich_rms_norm", |x: &mut [T], r: &mut [T]| {
         with_scratch::<T, ()>(hidden, |h| {
