@@ -204,6 +204,14 @@ impl Syntax {
         }
     }
 
+    /// A positions buffer's parameter (`i64`): the pointer, and on OpenCL its element offset.
+    fn positions_params(&self, name: &str, params: &mut Vec<String>) {
+        match self.target {
+            Target::CudaHip => params.push(format!("const long long* {name}")),
+            Target::OpenCl => params.extend([format!("__global const long* {name}"), format!("long {name}_off")]),
+        }
+    }
+
     /// The element `index` of buffer `name` of `dtype`, as a float (a double for f64).
     fn load(&self, name: &str, dtype: DType, index: &str) -> String {
         match self.target {
@@ -389,8 +397,9 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             Precision::Dtype(dtype) => syntax.round(dtype_of(dtype)?, &expr, ty),
         })
     };
-    let value = |v: ValueId, element: bool| match (steps[v.0 as usize].extent, element) {
-        (Extent::Element, _) => format!("e{}", v.0),
+    // A value in a column's computation: element values carry the column's suffix.
+    let value = |v: ValueId, element: bool, column: &Column| match (steps[v.0 as usize].extent, element) {
+        (Extent::Element, _) => format!("e{}{}", v.0, column.suffix),
         (Extent::Row, true) => format!("(({c})r{})", v.0),
         (Extent::Row, false) => format!("r{}", v.0),
     };
@@ -421,6 +430,18 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             InputKind::Weight | InputKind::ScalarTensor => {
                 syntax.buffer_params(&format!("in{index}"), input_dtype(index)?, true, &mut params);
             }
+            InputKind::Positions => {
+                syntax.positions_params(&format!("in{index}"), &mut params);
+                params.push(format!("{long} per{index}"));
+            }
+            InputKind::CosSinCache { .. } => {
+                syntax.buffer_params(&format!("in{index}"), input_dtype(index)?, true, &mut params);
+                params.extend([
+                    format!("{long} stride{index}"),
+                    format!("int rot{index}"),
+                    format!("{long} max{index}"),
+                ]);
+            }
         }
     }
     for (index, output) in program.outputs().iter().enumerate() {
@@ -449,6 +470,30 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             let _ = writeln!(src, "        double r{index};");
         }
     }
+    // A rotary program walks its row by pairs: iteration p < R/2 computes pair p's two columns
+    // (`ja`, `jb`) together, so each reads its partner's values from the other; the columns past R
+    // come one by one after (`jb` then repeats `ja`, and only `ja` counts). `turn` says whether the
+    // iteration rotates: a pair, at a position inside the cache.
+    let rotary = program.rotary_cache();
+    let columns: Vec<Column> = match rotary {
+        None => vec![Column { suffix: "", at: "j", partner: None }],
+        Some(cache) => {
+            let InputKind::CosSinCache { positions, .. } = program.inputs()[cache].kind else {
+                unreachable!("a built program's rotary steps read a cache")
+            };
+            let first = match target {
+                Target::CudaHip => String::new(),
+                Target::OpenCl => format!("in{positions}_off + "),
+            };
+            let _ = writeln!(src, "        const {long} pos = in{positions}[{first}row / per{positions}];");
+            let _ = writeln!(src, "        const int rhalf = rot{cache} / 2;");
+            let _ = writeln!(src, "        const int inside = pos >= 0 && pos < max{cache};");
+            vec![
+                Column { suffix: "_a", at: "ja", partner: Some("_b") },
+                Column { suffix: "_b", at: "jb", partner: Some("_a") },
+            ]
+        }
+    };
     let schedule = program.schedule();
     let exact = program.exact_in_f32(binding);
     let passes = schedule.elements.len();
@@ -458,6 +503,7 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             if emitted[index] || step.extent != Extent::Row || schedule.phase[index] > pass {
                 continue;
             }
+            let none = Column { suffix: "", at: "j", partner: None };
             let expr = match step.op {
                 Op::Param { input } => match program.inputs()[input].kind {
                     InputKind::Scalar => format!("s{input}"),
@@ -466,15 +512,71 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
                 Op::Const(v) if v.is_finite() => format!("{v:?}"),
                 Op::Const(v) => return Err(unsupported(format!("the constant {v} is not finite"))),
                 Op::Width => "(double)width".to_owned(),
-                Op::Unary(op, x) => syntax.unary(op, value(x, false), Ty::Double),
-                Op::Binary(op, a, b) => syntax.binary(op, value(a, false), value(b, false), Ty::Double),
+                Op::Unary(op, x) => syntax.unary(op, value(x, false, &none), Ty::Double),
+                Op::Binary(op, a, b) => syntax.binary(op, value(a, false, &none), value(b, false, &none), Ty::Double),
                 Op::Reduce { .. } => continue,
-                Op::Load { .. } | Op::Weight { .. } => unreachable!("loads are element steps"),
+                Op::Load { .. } | Op::Weight { .. } | Op::Cos { .. } | Op::Sin { .. } | Op::Pair { .. } => {
+                    unreachable!("loads and rotary steps are element steps")
+                }
             };
             let _ = writeln!(src, "        r{index} = {};", round(expr, step.precision, true)?);
             emitted[index] = true;
         }
         Ok(())
+    };
+    // Element step `index` at `column`, as a statement defining its value there.
+    let element = |index: usize, column: &Column| -> Result<String, Unsupported> {
+        let step = steps[index];
+        let (sfx, at) = (column.suffix, column.at);
+        let narrow = binding
+            .precision_dtype(step.precision)
+            .is_some_and(|d| elem_code(d).is_some_and(|code| code == 1 || code == 2));
+        if narrow && !exact[index] && matches!(step.op, Op::Unary(..) | Op::Binary(..)) {
+            // Rounded to f16 or bf16 and not exact in the compute type: in double, rounded once
+            // (a double narrows through f32 rounded to odd), as the reference.
+            let wide = |v: ValueId| match steps[v.0 as usize].extent {
+                Extent::Element => format!("(double)e{}{sfx}", v.0),
+                Extent::Row => format!("r{}", v.0),
+            };
+            let expr = match step.op {
+                Op::Unary(op, x) => syntax.unary(op, wide(x), Ty::Double),
+                Op::Binary(op, a, b) => syntax.binary(op, wide(a), wide(b), Ty::Double),
+                _ => unreachable!("matched above"),
+            };
+            return Ok(format!("const {c} e{index}{sfx} = ({c}){};", round(expr, step.precision, true)?));
+        }
+        let expr = match step.op {
+            Op::Load { input, block } => {
+                let at = format!("row * stride{input} + {block} * ({long})width + {at}");
+                format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, &at))
+            }
+            Op::Weight { input } => {
+                format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, at))
+            }
+            Op::Cos { cache } | Op::Sin { cache } => {
+                // Pair p's cosine is cache column p, its sine column R/2 + p, negated on the first
+                // column.
+                let (column_of, sign, rest) = match (step.op, sfx) {
+                    (Op::Cos { .. }, _) => ("p", "", "1"),
+                    (_, "_a") => ("rhalf + p", "-", "0"),
+                    _ => ("rhalf + p", "", "0"),
+                };
+                let load = syntax.load(
+                    &format!("in{cache}"),
+                    input_dtype(cache)?,
+                    &format!("pos * stride{cache} + {column_of}"),
+                );
+                format!("(turn ? {sign}({c}){load} : ({c}){rest})")
+            }
+            Op::Pair { x, .. } => {
+                let partner = column.partner.expect("a rotary program's columns come in pairs");
+                format!("(turn ? e{}{partner} : -({c})0)", x.0)
+            }
+            Op::Unary(op, x) => syntax.unary(op, value(x, true, column), c_ty),
+            Op::Binary(op, a, b) => syntax.binary(op, value(a, true, column), value(b, true, column), c_ty),
+            _ => unreachable!("element steps"),
+        };
+        Ok(format!("const {c} e{index}{sfx} = {};", round(expr, step.precision, false)?))
     };
     // A reduction's accumulator type: a sum in double (a mean far from zero keeps its bits, as on
     // the cpu), the others in the compute type.
@@ -503,45 +605,37 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             let _ = writeln!(src, "        {ty} a{index} = ({ty})0; const {long} n{index} = {n};");
         }
         let last = pass + 1 == passes;
-        let _ = writeln!(src, "        for (int j = {}; j < width; j += {ROW_BLOCK}) {{", syntax.thread());
-        for &index in &schedule.elements[pass] {
-            let step = steps[index];
-            let narrow = binding
-                .precision_dtype(step.precision)
-                .is_some_and(|d| elem_code(d).is_some_and(|code| code == 1 || code == 2));
-            if narrow && !exact[index] && matches!(step.op, Op::Unary(..) | Op::Binary(..)) {
-                // Rounded to f16 or bf16 and not exact in the compute type: in double, rounded once
-                // (a double narrows through f32 rounded to odd), as the reference.
-                let wide = |v: ValueId| match steps[v.0 as usize].extent {
-                    Extent::Element => format!("(double)e{}", v.0),
-                    Extent::Row => format!("r{}", v.0),
-                };
-                let expr = match step.op {
-                    Op::Unary(op, x) => syntax.unary(op, wide(x), Ty::Double),
-                    Op::Binary(op, a, b) => syntax.binary(op, wide(a), wide(b), Ty::Double),
-                    _ => unreachable!("matched above"),
-                };
-                let _ = writeln!(src, "            const {c} e{index} = ({c}){};", round(expr, step.precision, true)?);
-                continue;
+        let thread = syntax.thread();
+        match rotary {
+            None => {
+                let _ = writeln!(src, "        for (int j = {thread}; j < width; j += {ROW_BLOCK}) {{");
             }
-            let expr = match step.op {
-                Op::Load { input, block } => {
-                    let at = format!("row * stride{input} + {block} * ({long})width + j");
-                    format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, &at))
-                }
-                Op::Weight { input } => {
-                    format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, "j"))
-                }
-                Op::Unary(op, x) => syntax.unary(op, value(x, true), c_ty),
-                Op::Binary(op, a, b) => syntax.binary(op, value(a, true), value(b, true), c_ty),
-                _ => unreachable!("element steps"),
-            };
-            let _ = writeln!(src, "            const {c} e{index} = {};", round(expr, step.precision, false)?);
+            Some(cache) => {
+                let _ = writeln!(src, "        for (int p = {thread}; p < width - rhalf; p += {ROW_BLOCK}) {{");
+                let InputKind::CosSinCache { neox, .. } = program.inputs()[cache].kind else {
+                    unreachable!("a built program's rotary steps read a cache")
+                };
+                let (ja, jb) = if neox { ("p", "p + rhalf") } else { ("2 * p", "2 * p + 1") };
+                let _ = writeln!(src, "            const int two = p < rhalf;");
+                let _ = writeln!(src, "            const int turn = two && inside;");
+                let _ = writeln!(src, "            const int ja = two ? {ja} : p + rhalf;");
+                let _ = writeln!(src, "            const int jb = two ? {jb} : ja;");
+            }
         }
+        // Each column's value of every element step the pass needs, step by step (a pair's
+        // partner value exists before the step that reads it).
+        for &index in &schedule.elements[pass] {
+            for column in &columns {
+                let _ = writeln!(src, "            {}", element(index, column)?);
+            }
+        }
+        let counts = |column: &Column| if column.suffix == "_b" { "two && " } else { "" };
         for &index in reductions {
             let Op::Reduce { op, x, .. } = steps[index].op else { unreachable!("reductions are listed") };
-            let term = syntax.accumulate(op, &format!("a{index}"), &format!("e{}", x.0));
-            let _ = writeln!(src, "            if (j < n{index}) a{index} = {term};");
+            for column in &columns {
+                let term = syntax.accumulate(op, &format!("a{index}"), &format!("e{}{}", x.0, column.suffix));
+                let _ = writeln!(src, "            if ({}{} < n{index}) a{index} = {term};", counts(column), column.at);
+            }
         }
         if last {
             for (k, output) in program.outputs().iter().enumerate() {
@@ -549,14 +643,25 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
                     continue;
                 }
                 let dtype = binding.output_dtype(output.dtype);
-                // In place: into the activation's element this iteration loaded (each thread
-                // reads its columns of the row before it writes them; no other thread reads them).
-                let (buffer, at) = match in_place_target(output) {
-                    Some(input) => (format!("in{input}"), format!("row * stride{input} + j")),
-                    None => (format!("out{k}"), format!("row * ({long})width + j")),
-                };
-                let store = syntax.store(&buffer, dtype, &at, &format!("e{}", output.value.0), c_ty);
-                let _ = writeln!(src, "            {store}");
+                for column in &columns {
+                    // In place: into the activation's element this iteration loaded (each thread
+                    // reads its columns of the row before it writes them; no other thread reads them).
+                    let at = column.at;
+                    let (buffer, at) = match in_place_target(output) {
+                        Some(input) => (format!("in{input}"), format!("row * stride{input} + {at}")),
+                        None => (format!("out{k}"), format!("row * ({long})width + {at}")),
+                    };
+                    let store =
+                        syntax.store(&buffer, dtype, &at, &format!("e{}{}", output.value.0, column.suffix), c_ty);
+                    match column.suffix {
+                        "_b" => {
+                            let _ = writeln!(src, "            if (two) {store}");
+                        }
+                        _ => {
+                            let _ = writeln!(src, "            {store}");
+                        }
+                    }
+                }
             }
         }
         let _ = writeln!(src, "        }}");
@@ -577,6 +682,14 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
     }
     src.push_str("    }\n}\n");
     Ok(src)
+}
+
+/// One column a generated loop iteration computes: its values' suffix, its index variable, and
+/// (in a rotary program) the suffix of its partner's values.
+struct Column {
+    suffix: &'static str,
+    at: &'static str,
+    partner: Option<&'static str>,
 }
 
 /// Checks each reduction count a call passes as a scalar: an integer in `1..=W`

@@ -318,7 +318,9 @@ impl SampleArg {
 /// A call of any built-in program (`ir_ops::row_program::builtin::all`) on `rows` rows of `width`
 /// in `dtype`, on the host: activations (the first a column slice, [`row_program_activation`] of
 /// scale 2), a weight of 1.25, an epsilon of 1e-6, a variance size of half the row, a std
-/// multiplier of 1, a scale of 0.01 and a bound of 2.
+/// multiplier of 1, a scale of 0.01, a bound of 2, one position per row (cycling through 7, the
+/// last one 7 rows apart), and a cos/sin cache of 7 positions rotating half the row (an even width
+/// of at least 2: all of it below 4).
 pub fn row_program_sample(
     program: &ir_ops::row_program::RowProgram,
     dtype: ir_core::DType,
@@ -344,6 +346,15 @@ pub fn row_program_sample(
             (InputKind::ScalarTensor, _) => {
                 SampleArg::Tensor(Tensor::from_f64(DType::F32, &[1], &[0.01]).expect("a scale"))
             }
+            (InputKind::Positions, _) => {
+                let positions: Vec<i64> = (0..rows as i64).map(|row| (row * 3 + 1) % 7).collect();
+                SampleArg::Tensor(Tensor::from_slice(&[rows], &positions).expect("positions"))
+            }
+            (InputKind::CosSinCache { .. }, _) => {
+                let rotated = if width < 4 { width & !1 } else { (width / 2) & !1 }.max(2);
+                let values: Vec<f64> = (0..7 * rotated).map(|i| (i as f64 * 0.37).cos()).collect();
+                SampleArg::Tensor(Tensor::from_f64(dtype, &[7, rotated], &values).expect("a cos/sin cache"))
+            }
             (InputKind::Scalar, "epsilon") => SampleArg::Scalar(1e-6),
             (InputKind::Scalar, "variance_size") => SampleArg::Scalar((width / 2) as f64),
             (InputKind::Scalar, "std_multiplier") => SampleArg::Scalar(1.0),
@@ -357,6 +368,9 @@ pub fn row_program_sample(
 pub fn row_program_op(name: &str) -> &'static ir_core::op::OpDef {
     match name {
         "layer_norm" => &ir_ops::layer_norm::LAYER_NORM,
+        "rotary_neox" | "rotary_gptj" => &ir_ops::rotary_embedding::ROTARY_EMBEDDING,
+        // The rotation is exact; the norm before it sums in another order.
+        "rms_norm_rotary_neox" | "rms_norm_rotary_gptj" => &ir_ops::rms_norm::RMS_NORM,
         "silu_and_mul_dynamic_fp8_quant" => {
             &ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT
         }

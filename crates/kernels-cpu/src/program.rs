@@ -26,6 +26,10 @@
 //! of squares overflows. So a norm program gives the cpu norm kernels' bits. `max_abs` does not
 //! depend on the order. f64 activations are refused: their programs run on the reference
 //! interpreter ([`RowProgram::run`]).
+//!
+//! A program that pairs columns (a rotation, [`Op::Pair`]) walks each row in one chunk (the row's
+//! width rounded up to 32 lanes, at least 1024), so a column's partner is in the chunk its pair
+//! reads. Positions outside a cos/sin cache are refused, naming the first.
 
 use ir_core::{DType, KernelError, Tensor};
 use ir_ops::row_program::{
@@ -67,6 +71,7 @@ pub fn run_row_program(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<
     for ((input, arg), copy) in program.inputs().iter().zip(args).zip(&copies) {
         sources.push(read_source(&input.name, &input.kind, arg, copy.as_ref())?);
     }
+    check_positions(program, &sources)?;
     let sinks = fresh_sinks(program, &binding, &[])?;
     let outputs = execute(program, &binding, &sources, sinks)?;
     Ok(outputs.into_iter().map(|output| output.expect("every output is fresh")).collect())
@@ -135,6 +140,7 @@ pub fn run_row_program_in_place(
             }
         });
     }
+    check_positions(program, &sources)?;
     // The donated storages, each from its first row's first element.
     let mut written: Vec<(usize, &mut [u8], Rows)> = Vec::with_capacity(donated.len());
     for (input, arg) in args.iter_mut().enumerate() {
@@ -182,6 +188,7 @@ fn compact_copies<'a>(
             Some(RowArg::Tensor(tensor)) if tensor.cpu_buffer().is_none() => {
                 return Err(crate::not_on_cpu(&input.name));
             }
+            Some(RowArg::Tensor(_)) if input.kind == InputKind::Positions => None,
             Some(RowArg::Tensor(tensor)) if Rows::of(tensor.meta()).is_err() => Some(tensor.contiguous()?),
             _ => None,
         });
@@ -203,10 +210,34 @@ fn read_source<'a>(
             let buffer = tensor.cpu_buffer().ok_or_else(|| crate::not_on_cpu(name))?;
             match kind {
                 InputKind::ScalarTensor => Source::Scalar(tensor.to_f64_vec()?[0]),
+                InputKind::Positions => Source::Positions(tensor.contiguous()?.to_vec::<i64>()?),
                 _ => Source::Rows(buffer.bytes(), Rows::for_kernel(tensor.meta())?, tensor.dtype()),
             }
         }
     })
+}
+
+/// Refuses a position outside a cos/sin cache read at it, naming the first.
+fn check_positions(program: &RowProgram, sources: &[Source<'_>]) -> Result<(), KernelError> {
+    for (input, source) in program.inputs().iter().zip(sources) {
+        let (InputKind::CosSinCache { positions, .. }, Source::Rows(_, rows, _)) = (&input.kind, source) else {
+            continue;
+        };
+        let Source::Positions(at) = &sources[*positions] else { unreachable!("bind checked the positions") };
+        let outside = |&p: &i64| usize::try_from(p).map_or(true, |p| p >= rows.n_rows);
+        if let Some(group) = at.iter().position(outside) {
+            return Err(KernelError::InvalidArguments {
+                reason: format!(
+                    "row program `{}`: position {} of row group {group} is outside the cos/sin cache `{}` (0..{})",
+                    program.name(),
+                    at[group],
+                    input.name,
+                    rows.n_rows
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A fresh compact output for each of `program`'s outputs but those in `skip` (written in place;
@@ -255,7 +286,12 @@ fn execute(
             (Sink::Fresh(_), Extent::Row) => 1,
         })
         .collect();
-    let run = Run { program, plan: &plan, reuse, exact, binding, sources, strides };
+    // A program that pairs columns runs each row in one chunk, its partner columns in it.
+    let chunk = match program.rotary_cache() {
+        Some(_) => binding.width.next_multiple_of(LANES).max(CHUNK),
+        None => CHUNK,
+    };
+    let run = Run { program, plan: &plan, reuse, exact, binding, sources, strides, chunk };
     let per_task = rows_per_task(binding.width, size_of::<f32>());
     // Each output's bytes, split into the tasks' disjoint row ranges (one piece per task and
     // output, empty where the output has no bytes; a donated activation's piece runs to the next
@@ -387,8 +423,14 @@ fn run_rows(
 /// piece of output `output`'s sink, which it is written into), or a scalar's value.
 enum Source<'a> {
     Rows(&'a [u8], Rows, DType),
-    InPlace { output: usize, rows: Rows, dtype: DType },
+    InPlace {
+        output: usize,
+        rows: Rows,
+        dtype: DType,
+    },
     Scalar(f64),
+    /// Positions, each a row of every cache read at them (checked before the rows run).
+    Positions(Vec<i64>),
 }
 
 /// One call's shared state, read by every task.
@@ -403,6 +445,9 @@ struct Run<'a> {
     sources: &'a [Source<'a>],
     /// Per output: elements from one row's start to the next in its sink.
     strides: Vec<usize>,
+    /// Elements computed at a time per step: [`CHUNK`], or a whole row when the program pairs
+    /// columns.
+    chunk: usize,
 }
 
 /// What a task's rows reuse: each step's row value, whether it is computed in the current row, the
@@ -442,7 +487,7 @@ impl Reuse {
             cost[index] = match (step.extent, step.op) {
                 (Extent::Row, _) => 0,
                 (_, Op::Unary(op, x)) if TRANSCENDENTAL.contains(&op) => KEEP_COST.saturating_add(of(x)),
-                (_, Op::Unary(_, x)) => 1 + of(x),
+                (_, Op::Unary(_, x) | Op::Pair { x, .. }) => 1 + of(x),
                 (_, Op::Binary(_, a, b)) => (1 + of(a)).saturating_add(of(b)),
                 _ => 1,
             };
@@ -484,7 +529,7 @@ impl Reuse {
                     }
                 };
                 match steps[index].op {
-                    Op::Unary(_, x) => need(x),
+                    Op::Unary(_, x) | Op::Pair { x, .. } => need(x),
                     Op::Binary(_, a, b) => {
                         need(a);
                         need(b);
@@ -547,7 +592,10 @@ impl Run<'_> {
         // Every chunk value a step reads was written by the step before in the same chunk. The
         // rows run in a multiversioned function called from the closure: a closure's body is its
         // own function, compiled for the baseline CPU whatever function it is written in.
-        crate::rows::with_scratch(steps * CHUNK, |chunks: &mut [f32]| run_rows(self, rows, chunks, &mut state, sinks))
+        let scratch = steps.checked_mul(self.chunk).ok_or_else(|| {
+            kernel_support::out_of_range("row program scratch elements", self.chunk, 0, usize::MAX / steps.max(1))
+        })?;
+        crate::rows::with_scratch(scratch, |chunks: &mut [f32]| run_rows(self, rows, chunks, &mut state, sinks))
     }
 
     /// Runs one row; returns `false` (having written nothing) when an f32 sum is not finite and
@@ -592,11 +640,12 @@ impl Run<'_> {
                 ));
             }
             let last = pass + 1 == passes;
-            for start in (0..width).step_by(CHUNK) {
-                let len = CHUNK.min(width - start);
+            let chunk_len = self.chunk;
+            for start in (0..width).step_by(chunk_len) {
+                let len = chunk_len.min(width - start);
                 for &(index, recall) in &self.reuse.actions[pass] {
                     let slot = self.reuse.slot[index];
-                    let chunk = index * CHUNK..index * CHUNK + len;
+                    let chunk = index * chunk_len..index * chunk_len + len;
                     match slot {
                         Some(slot) if recall => {
                             chunks[chunk].copy_from_slice(&kept[slot * width + start..][..len]);
@@ -613,7 +662,7 @@ impl Run<'_> {
                 }
                 for (index, accumulator) in accumulators.iter_mut() {
                     let Op::Reduce { op, x, .. } = steps[*index].op else { unreachable!("reductions are listed") };
-                    let x = &chunks[x.0 as usize * CHUNK..][..len];
+                    let x = &chunks[x.0 as usize * chunk_len..][..len];
                     accumulate(op, accumulator, start, x, exact);
                 }
                 if last {
@@ -652,14 +701,16 @@ impl Run<'_> {
             let value = match step.op {
                 Op::Param { input } => match self.sources[input] {
                     Source::Scalar(value) => value,
-                    Source::Rows(..) | Source::InPlace { .. } => unreachable!("a param reads a scalar"),
+                    _ => unreachable!("a param reads a scalar"),
                 },
                 Op::Const(value) => value,
                 Op::Width => self.binding.width as f64,
                 Op::Unary(op, x) => op.eval(values[x.0 as usize]),
                 Op::Binary(op, a, b) => op.eval(values[a.0 as usize], values[b.0 as usize]),
                 Op::Reduce { .. } => continue,
-                Op::Load { .. } | Op::Weight { .. } => unreachable!("loads are element steps"),
+                Op::Load { .. } | Op::Weight { .. } | Op::Cos { .. } | Op::Sin { .. } | Op::Pair { .. } => {
+                    unreachable!("loads and rotary steps are element steps")
+                }
             };
             values[index] = self.round(step.precision, value);
             computed[index] = true;
@@ -685,10 +736,11 @@ impl Run<'_> {
         sinks: &[&mut [u8]],
     ) {
         let step = self.program.steps()[index];
-        let (before, rest) = chunks.split_at_mut(index * CHUNK);
+        let chunk = self.chunk;
+        let (before, rest) = chunks.split_at_mut(index * chunk);
         let out = &mut rest[..len];
         let operand = |v: ValueId| match self.program.steps()[v.0 as usize].extent {
-            Extent::Element => Operand::Chunk(&before[v.0 as usize * CHUNK..][..len]),
+            Extent::Element => Operand::Chunk(&before[v.0 as usize * chunk..][..len]),
             Extent::Row => Operand::Value(values[v.0 as usize] as f32),
         };
         match step.op {
@@ -700,8 +752,41 @@ impl Run<'_> {
                 Source::InPlace { output, rows, dtype } => {
                     load(*dtype, sinks[*output], local * rows.row_stride + block * self.binding.width + start, out);
                 }
-                Source::Scalar(_) => unreachable!("loads read rows"),
+                Source::Scalar(_) | Source::Positions(_) => unreachable!("loads read rows"),
             },
+            Op::Cos { cache } | Op::Sin { cache } => {
+                let (bytes, rows, dtype, rotated, neox, position) = self.cache_row(cache, row);
+                let mut cache_row = [0f32; 1];
+                let read = |i: usize, value: &mut [f32; 1]| {
+                    load(dtype, bytes, rows.offset + position * rows.row_stride + i, value)
+                };
+                let sin = matches!(step.op, Op::Sin { .. });
+                for (o, j) in out.iter_mut().zip(start..) {
+                    *o = match (ir_ops::row_program::rotary_column(j, rotated, neox), sin) {
+                        (None, false) => 1.0,
+                        (None, true) => 0.0,
+                        (Some((i, _, _)), false) => {
+                            read(i, &mut cache_row);
+                            cache_row[0]
+                        }
+                        (Some((i, first, _)), true) => {
+                            read(rotated / 2 + i, &mut cache_row);
+                            if first { -cache_row[0] } else { cache_row[0] }
+                        }
+                    };
+                }
+            }
+            Op::Pair { x, cache } => {
+                // The row is one chunk (`Run::chunk`): every partner is in x's chunk.
+                let (_, _, _, rotated, neox, _) = self.cache_row(cache, row);
+                let x = &before[x.0 as usize * chunk..][..len];
+                for (o, j) in out.iter_mut().zip(start..) {
+                    *o = match ir_ops::row_program::rotary_column(j, rotated, neox) {
+                        Some((_, _, partner)) => x[partner - start],
+                        None => -0.0,
+                    };
+                }
+            }
             Op::Weight { input } => {
                 let Source::Rows(bytes, rows, dtype) = &self.sources[input] else { unreachable!("weights are rows") };
                 load(*dtype, bytes, rows.offset + start, out);
@@ -713,7 +798,7 @@ impl Run<'_> {
                 // reference (an f32 result rounded again could land on the other side of a tie).
                 let dtype = self.binding.precision_dtype(step.precision).expect("narrower than f32");
                 let wide = |v: ValueId, i: usize| match self.program.steps()[v.0 as usize].extent {
-                    Extent::Element => f64::from(before[v.0 as usize * CHUNK + i]),
+                    Extent::Element => f64::from(before[v.0 as usize * chunk + i]),
                     Extent::Row => values[v.0 as usize],
                 };
                 for (i, o) in out.iter_mut().enumerate() {
@@ -740,6 +825,22 @@ impl Run<'_> {
         }
     }
 
+    /// Cache `cache`'s memory, rows and dtype, its rotated width and style, and the cache row that
+    /// row `row` reads (its position, checked before the rows run).
+    #[inline(always)]
+    fn cache_row(&self, cache: usize, row: usize) -> (&[u8], Rows, DType, usize, bool, usize) {
+        let InputKind::CosSinCache { positions, neox } = self.program.inputs()[cache].kind else {
+            unreachable!("a built program reads caches as caches")
+        };
+        let (Source::Rows(bytes, rows, dtype), Source::Positions(at)) =
+            (&self.sources[cache], &self.sources[positions])
+        else {
+            unreachable!("caches are rows and positions are read as such")
+        };
+        let position = at[row / (self.binding.rows / at.len())] as usize;
+        (bytes, *rows, *dtype, rows.hidden, neox, position)
+    }
+
     /// Stores the element outputs' chunk `start..start + len` of the current row.
     #[inline(always)]
     fn store_elements(&self, start: usize, len: usize, chunks: &[f32], sinks: &mut [&mut [u8]], local: usize) {
@@ -753,7 +854,7 @@ impl Run<'_> {
             let size = dtype.size_in_bytes();
             let first = local * stride + start;
             let bytes = &mut sink[first * size..(first + len) * size];
-            store(dtype, &chunks[value * CHUNK..][..len], bytes);
+            store(dtype, &chunks[value * self.chunk..][..len], bytes);
         }
     }
 }
@@ -916,7 +1017,8 @@ fn accumulate(op: ReduceOp, accumulator: &mut Accumulator, start: usize, x: &[f3
 /// The f32 sum: 32 lanes over the full 32-element groups in order, then the tree and the tail.
 #[inline(always)]
 fn lanes(accumulator: &mut Accumulator, start: usize, x: &[f32], term: impl Fn(f32) -> f32) {
-    // `start` is a multiple of CHUNK, so this chunk's part below `full` is whole groups.
+    // `start` is a multiple of the chunk (of 32 lanes), so this chunk's part below `full` is whole
+    // groups.
     let full = accumulator.n - accumulator.n % LANES;
     let grouped = full.saturating_sub(start).min(x.len());
     let (groups, _) = x[..grouped].as_chunks::<LANES>();

@@ -133,6 +133,7 @@ fn every_built_in_row_program_compiles_to_ptx() {
                 .map(|input| match input.kind {
                     InputKind::Scalar => None,
                     InputKind::ScalarTensor => Some(ir_core::DType::F32),
+                    InputKind::Positions => Some(ir_core::DType::I64),
                     _ => Some(dtype),
                 })
                 .collect();

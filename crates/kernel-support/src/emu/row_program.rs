@@ -47,8 +47,18 @@ pub fn run_row_program(
                 // At the tensor's first element (inside the buffer: its layout was checked against
                 // its storage).
                 launch_args.push(EmuArg::buffer(buffer.as_ptr().wrapping_add(rows.offset * size), size));
-                if matches!(input.kind, InputKind::Activation { .. }) {
-                    launch_args.push(EmuArg::i64(to_i64(rows.row_stride)?));
+                match input.kind {
+                    InputKind::Activation { .. } => launch_args.push(EmuArg::i64(to_i64(rows.row_stride)?)),
+                    // `bind` checked that the positions split the rows evenly.
+                    InputKind::Positions => {
+                        launch_args.push(EmuArg::i64(to_i64(binding.rows / tensor.numel().max(1))?))
+                    }
+                    InputKind::CosSinCache { .. } => launch_args.extend([
+                        EmuArg::i64(to_i64(rows.row_stride)?),
+                        EmuArg::i32(crate::kernel_int(rows.hidden, "rotary width")?),
+                        EmuArg::i64(to_i64(rows.n_rows)?),
+                    ]),
+                    _ => {}
                 }
             }
         }
@@ -72,8 +82,10 @@ pub fn run_row_program(
         Dialect::Hip => 64,
     };
     // SAFETY: the kernel reads input i at `offset + row · row_stride + b · width + j` (activations,
-    // b below its blocks, j below width, row below n_rows), `offset + j` (weights) and `offset`
-    // (scalar tensors): inside each tensor's rows, which its storage holds (`Rows` of a tensor's
+    // b below its blocks, j below width, row below n_rows), `offset + j` (weights), `offset`
+    // (scalar tensors), `offset + row / per` (positions: below their count) and `offset + pos ·
+    // row_stride + c` (a cache: only for a position below its row count, c below its width):
+    // inside each tensor's rows, which its storage holds (`Rows` of a tensor's
     // layout, checked against its storage when the tensor was made). It writes output k at
     // `row · width + j` or `row`: inside the fresh compact outputs, which nothing else reads or
     // writes while it runs (the inputs are only read).

@@ -131,8 +131,21 @@ fn launch<R: GpuRuntime>(
                         rows.offset,
                         tensor.dtype(),
                     );
-                    if matches!(input.kind, InputKind::Activation { .. }) {
-                        launch.long(kernel_int(rows.row_stride, "row stride")?);
+                    match input.kind {
+                        InputKind::Activation { .. } => {
+                            launch.long(kernel_int(rows.row_stride, "row stride")?);
+                        }
+                        // Rows per position (`bind` checked that they split the rows evenly).
+                        InputKind::Positions => {
+                            launch.long(kernel_int(binding.rows / tensor.numel().max(1), "rows per position")?);
+                        }
+                        InputKind::CosSinCache { .. } => {
+                            launch
+                                .long(kernel_int(rows.row_stride, "cache row stride")?)
+                                .int(stepped_extent(rows.hidden, "rotary width", 1)?)
+                                .long(kernel_int(rows.n_rows, "cache positions")?);
+                        }
+                        _ => {}
                     }
                 }
                 (InPlaceArg::Donated(tensor), Some(rows)) => {
@@ -154,12 +167,16 @@ fn launch<R: GpuRuntime>(
         // SAFETY: the arguments follow the generated prototype (`gpu_source`, in place when
         // `binding.in_place`): the row count and width (converted without loss, the width with room
         // for the kernel's last column step), then per input its buffer at its first element and,
-        // for an activation, its row stride (each converted without loss), a scalar as a double,
+        // for an activation, its row stride, for positions the rows per position, for a cache its
+        // row stride, width and row count (each converted without loss), a scalar as a double,
         // then the fresh outputs. The kernel reads activation i at `row · row_stride + b · W + j`
         // (row below its rows, b below its blocks, j below W: inside its rows, which `bind` checked
         // and whose layout was checked against its storage), a weight at `j < W` (its `[W]` shape)
-        // and a scalar tensor at 0; it reads a prefix of `count` elements only for counts
-        // `check_counts` accepted. It writes a fresh output k at `row · W + j` or `row`, inside the
+        // and a scalar tensor at 0; positions at `row / per` (below their count: `bind` checked
+        // that they split the rows evenly, unit stride: the predicate), a cache at
+        // `pos · stride + c` only for a position below its row count and a column `c` below its
+        // width R (pair `p < R/2`, at `p` and `R/2 + p`); it reads a prefix of `count` elements only
+        // for counts `check_counts` accepted. It writes a fresh output k at `row · W + j` or `row`, inside the
         // compact buffers allocated above for the outputs' shapes, which only this launch holds,
         // and an in-place output at the elements of its donated activation it reads (one block,
         // its dtype, checked above), whose storage the `UniqueTensor` owns alone; read arguments
@@ -191,7 +208,8 @@ pub fn row_program_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes
     for (position, arg) in args.iter().enumerate() {
         let ArgMeta::Tensor(meta) = arg else { continue };
         let name = || format!("argument {position}");
-        if !dtypes.contains(meta.dtype) {
+        // Positions are i64; `bind` refuses i64 anywhere else.
+        if !dtypes.contains(meta.dtype) && meta.dtype != ir_core::DType::I64 {
             return Support::No(Cow::Owned(format!(
                 "{} dtype {} is not one of {}",
                 name(),

@@ -569,3 +569,52 @@ fn the_composed_sandwich_kernel_gives_the_program_and_the_pairs_bits() {
         }
     }
 }
+
+/// Rotations on the cpu: the reference's bits (a rotation is exact per element), in both styles
+/// and roundings, rows of one chunk and rows wider than a chunk (the row runs as one), split across
+/// tasks; Qwen3's head norm + rotation gives the cpu `rms_norm`'s bits rotated; a position outside
+/// the cache is refused naming it.
+#[test]
+fn rotations_give_the_reference_bits_and_the_head_norm_the_cpu_norms() {
+    let mut rng = InputRng::new(47);
+    for dtype in DTYPES {
+        for (tokens, heads, width, rotated) in [(4, 3, 96, 64), (5, 2, 128, 128), (70, 8, 2100, 2048)] {
+            let positions: Vec<i64> = (0..tokens as i64).map(|t| (t * 5 + 2) % 9).collect();
+            let positions = Tensor::from_slice(&[tokens], &positions).unwrap();
+            let x = activation(&mut rng, dtype, tokens * heads, width, 1.0, false);
+            let x = x.reshape(&[tokens, heads, width]).unwrap();
+            let cache = rng.normal(dtype, &[9, rotated], 0.0, 1.0).unwrap();
+            let w = rng.normal(dtype, &[width], 1.0, 0.1).unwrap();
+            for (neox, rounding) in [(true, Rounding::Exact), (false, Rounding::Dtype), (true, Rounding::Dtype)] {
+                let what = format!("{dtype} {tokens}x{heads}x{width}/{rotated} neox {neox} {rounding:?}");
+                let program = builtin::rotary(neox, rounding);
+                let args = [RowArg::Tensor(&positions), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
+                let reference = program.run(&args).unwrap();
+                assert_bits(&run_row_program(&program, &args).unwrap()[0], &reference[0], &format!("rotary {what}"));
+
+                let normed = crate::rms_norm_cpu(&x, Some(&w), 1e-6, None).unwrap();
+                let normed_args = [RowArg::Tensor(&positions), RowArg::Tensor(&normed), RowArg::Tensor(&cache)];
+                let theirs = program.run(&normed_args).unwrap();
+                let program = builtin::rms_norm_rotary(neox, rounding);
+                let args = [
+                    RowArg::Tensor(&positions),
+                    RowArg::Tensor(&x),
+                    RowArg::Tensor(&w),
+                    RowArg::Tensor(&cache),
+                    RowArg::Scalar(1e-6),
+                ];
+                assert_bits(
+                    &run_row_program(&program, &args).unwrap()[0],
+                    &theirs[0],
+                    &format!("norm + rotary {what}"),
+                );
+            }
+        }
+    }
+    let x = Tensor::zeros(DType::F32, &[2, 2, 8]).unwrap();
+    let cache = Tensor::zeros(DType::F32, &[3, 8]).unwrap();
+    let positions = Tensor::from_slice::<i64>(&[2], &[0, 3]).unwrap();
+    let args = [RowArg::Tensor(&positions), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
+    let error = run_row_program(&builtin::rotary(true, Rounding::Exact), &args).unwrap_err().to_string();
+    assert!(error.contains("position 3 of row group 1 is outside the cos/sin cache `cos_sin_cache` (0..3)"), "{error}");
+}

@@ -4,8 +4,8 @@
 //! outputs in the op's order. Run by the reference interpreter, each gives its op's native
 //! reference's bits (tested below on every compute dtype, strided inputs and non-finite values).
 //!
-//! Not here: `rotary_embedding`, whose element pairs (`j` with `j + d/2`, or `2i` with `2i + 1`)
-//! and per-row cache rows are not yet steps of a row program.
+//! `rotary_embedding` is [`rotary`] run on its query, then on its key, each viewed as rows of one
+//! head (`[tokens, heads, head_size]`): the program's row is a head, its positions one per token.
 
 use ir_core::DType;
 
@@ -422,11 +422,57 @@ pub fn norm_dynamic_per_token_quant(
     Ok(build(b))
 }
 
+/// The products' and the sum's precision of a rotation under `rounding`: f32 (the compute dtype),
+/// or x's dtype with `"dtype"` (vLLM's rounding of 16-bit tensors; the same on f32 and f64).
+fn rotation_precision(x: InputId, rounding: Rounding) -> Precision {
+    match rounding {
+        Rounding::Exact => Precision::Compute,
+        Rounding::Dtype => Precision::Like(x),
+    }
+}
+
+/// `rotary_embedding` of one tensor, in place: `rotary(positions, x, cos_sin_cache)` with x's rows
+/// the heads (`[tokens, heads, head_size]`; positions one per token), the cache's pairs NeoX-style
+/// when `neox` (else GPT-J), each pair `(x·c − y·s, y·c + x·s)` with the products and the sum
+/// rounded as `rounding` says.
+pub fn rotary(neox: bool, rounding: Rounding) -> RowProgram {
+    let mut b = RowProgram::builder(format!("rotary_{}", if neox { "neox" } else { "gptj" }));
+    let positions = b.positions("positions");
+    let x = b.activation("x", 1);
+    let cache = b.cos_sin_cache("cos_sin_cache", positions, neox);
+    let v = b.load(x, 0);
+    let precision = rotation_precision(x, rounding);
+    let rotated = b.rotate(v, cache, precision, precision);
+    b.store("out", rotated, OutDType::Like(x), Some(x));
+    build(b)
+}
+
+/// Qwen3's head norm and rotation of one tensor, in place: `rms_norm(x, weight, epsilon)` of each
+/// head (rounded to x's dtype, as the norm's output is stored), then [`rotary`] of it:
+/// `rms_norm_rotary(positions, x, weight, cos_sin_cache, epsilon)`, the bits of the two ops run one
+/// after the other.
+pub fn rms_norm_rotary(neox: bool, rounding: Rounding) -> RowProgram {
+    let mut b = RowProgram::builder(format!("rms_norm_rotary_{}", if neox { "neox" } else { "gptj" }));
+    let positions = b.positions("positions");
+    let x = b.activation("x", 1);
+    let weight = b.weight("weight");
+    let cache = b.cos_sin_cache("cos_sin_cache", positions, neox);
+    let epsilon = b.scalar("epsilon");
+    let v = b.load(x, 0);
+    let normed = norm_steps(&mut b, v, Some(weight), epsilon, None);
+    let normed = b.round(normed, Precision::Like(x));
+    let precision = rotation_precision(x, rounding);
+    let rotated = b.rotate(normed, cache, precision, precision);
+    b.store("out", rotated, OutDType::Like(x), Some(x));
+    build(b)
+}
+
 /// Every built-in program in the configurations the ops take: with and without a weight, both
 /// roundings, both gelu forms, both fp8 dtypes, with and without a bound or a variance size, and
 /// `layer_norm`'s with and without its weight and bias, the fused `silu_and_mul` + dynamic
-/// quantization, and the fused add + `layer_norm` and sandwich norms in both roundings (31
-/// programs), for tests and benchmarks that cover them all.
+/// quantization, the fused add + `layer_norm` and sandwich norms in both roundings, and the
+/// rotations and head norms + rotations in both styles and roundings (35 programs), for tests and
+/// benchmarks that cover them all.
 pub fn all() -> Vec<RowProgram> {
     let fp8 = |result: Result<RowProgram, ProgramError>| result.expect("an fp8 dtype");
     let mut programs = vec![rms_norm(true, false), rms_norm(false, false), rms_norm(true, true)];
@@ -461,6 +507,10 @@ pub fn all() -> Vec<RowProgram> {
     programs.push(fused_add_layer_norm(false, false, Rounding::Dtype));
     programs.push(fused_sandwich_rms_norm(true, true, Rounding::Dtype));
     programs.push(fused_sandwich_rms_norm(false, true, Rounding::Exact));
+    programs.push(rotary(true, Rounding::Exact));
+    programs.push(rotary(false, Rounding::Dtype));
+    programs.push(rms_norm_rotary(true, Rounding::Dtype));
+    programs.push(rms_norm_rotary(false, Rounding::Exact));
     programs
 }
 
@@ -673,10 +723,112 @@ mod tests {
         }
     }
 
+    /// Query `[tokens, heads · head_size]` rotated by native `rotary_embedding` and by the program
+    /// on its heads, every dtype, both styles and roundings, a partial and a full rotary width.
+    #[test]
+    fn the_rotary_program_gives_the_native_bits() {
+        let mut rng = InputRng::new(29);
+        let (tokens, heads, head_size, max_position) = (5, 3, 8, 7);
+        let positions = Tensor::from_slice::<i64>(&[tokens], &[6, 0, 3, 3, 1]).unwrap();
+        for dtype in DTYPES {
+            let query = activation(&mut rng, dtype, tokens, heads * head_size, 2.0, false);
+            for rotary_dim in [4, head_size] {
+                let cache = rng.normal(dtype, &[max_position, rotary_dim], 0.0, 1.0).unwrap();
+                for neox in [true, false] {
+                    for rounding in ROUNDINGS {
+                        let what = format!("{dtype} rotary_dim {rotary_dim} neox {neox} {rounding:?}");
+                        let (native, _) = crate::rotary_embedding::native(
+                            &positions,
+                            &query,
+                            None,
+                            &cache,
+                            head_size as i64,
+                            rotary_dim as i64,
+                            neox,
+                            rounding,
+                        )
+                        .unwrap();
+                        let heads_view = query.reshape(&[tokens, heads, head_size]).unwrap();
+                        let args = [RowArg::Tensor(&positions), RowArg::Tensor(&heads_view), RowArg::Tensor(&cache)];
+                        let ours = rotary(neox, rounding).run(&args).unwrap();
+                        let ours = ours[0].reshape(&[tokens, heads * head_size]).unwrap();
+                        assert_same(&ours, &native, &what);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Qwen3's head norm then rotation: the program gives the bits of native `rms_norm` on the heads
+    /// followed by native `rotary_embedding`, every dtype (a weight of x's dtype and an f32 one),
+    /// both styles and roundings.
+    #[test]
+    fn the_head_norm_rotation_gives_the_native_pairs_bits() {
+        let mut rng = InputRng::new(31);
+        let (tokens, heads, head_size, max_position) = (4, 2, 16, 5);
+        let positions = Tensor::from_slice::<i64>(&[tokens], &[4, 0, 2, 2]).unwrap();
+        for dtype in DTYPES {
+            let query = activation(&mut rng, dtype, tokens, heads * head_size, 2.0, false);
+            let heads_view = query.reshape(&[tokens, heads, head_size]).unwrap();
+            let cache = rng.normal(dtype, &[max_position, head_size], 0.0, 1.0).unwrap();
+            for weight_dtype in [dtype, DType::F32] {
+                let w = weight(&mut rng, weight_dtype, head_size);
+                let normed = crate::rms_norm::native(&heads_view, Some(&w), 1e-6, None).unwrap();
+                let normed = normed.reshape(&[tokens, heads * head_size]).unwrap();
+                for neox in [true, false] {
+                    for rounding in ROUNDINGS {
+                        let what = format!("{dtype} weight {weight_dtype} neox {neox} {rounding:?}");
+                        let (native, _) = crate::rotary_embedding::native(
+                            &positions,
+                            &normed,
+                            None,
+                            &cache,
+                            head_size as i64,
+                            head_size as i64,
+                            neox,
+                            rounding,
+                        )
+                        .unwrap();
+                        let args = [
+                            RowArg::Tensor(&positions),
+                            RowArg::Tensor(&heads_view),
+                            RowArg::Tensor(&w),
+                            RowArg::Tensor(&cache),
+                            RowArg::Scalar(1e-6),
+                        ];
+                        let ours = rms_norm_rotary(neox, rounding).run(&args).unwrap();
+                        assert_same(&ours[0].reshape(&[tokens, heads * head_size]).unwrap(), &native, &what);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rotary_arguments_that_do_not_fit_are_refused_naming_them() {
+        let program = rotary(true, Rounding::Exact);
+        let x = Tensor::zeros(DType::F32, &[2, 3, 8]).unwrap();
+        let cache = Tensor::zeros(DType::F32, &[4, 8]).unwrap();
+        let fails = |positions: &Tensor, x: &Tensor, cache: &Tensor, needle: &str| {
+            let args = [RowArg::Tensor(positions), RowArg::Tensor(x), RowArg::Tensor(cache)];
+            let error = program.run(&args).unwrap_err().to_string();
+            assert!(error.contains(needle), "{error}");
+        };
+        let positions = Tensor::from_slice::<i64>(&[2], &[1, 3]).unwrap();
+        fails(&Tensor::from_slice::<i64>(&[2], &[1, 4]).unwrap(), &x, &cache, "position 4 of row group 1 is outside");
+        fails(&Tensor::from_slice::<i64>(&[2], &[-1, 0]).unwrap(), &x, &cache, "position -1 of row group 0");
+        fails(&Tensor::from_slice::<i64>(&[4], &[0, 1, 2, 3]).unwrap(), &x, &cache, "do not split the 6 rows");
+        fails(&Tensor::zeros(DType::F32, &[2]).unwrap(), &x, &cache, "expected i64");
+        fails(&positions, &x, &Tensor::zeros(DType::F32, &[4, 10]).unwrap(), "R even in 2..=8");
+        fails(&positions, &x, &Tensor::zeros(DType::F32, &[4, 3]).unwrap(), "R even in 2..=8");
+        let ok = [RowArg::Tensor(&positions), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
+        assert_eq!(program.run(&ok).unwrap()[0].shape(), [2, 3, 8]);
+    }
+
     #[test]
     fn the_catalog_holds_every_configuration_once() {
         let programs = all();
-        assert_eq!(programs.len(), 31);
+        assert_eq!(programs.len(), 35);
         let mut fingerprints: Vec<u64> = programs.iter().map(RowProgram::fingerprint).collect();
         fingerprints.sort_unstable();
         fingerprints.dedup();

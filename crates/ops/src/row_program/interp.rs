@@ -40,6 +40,8 @@ enum Read {
     Values(Vec<f64>),
     /// A scalar's (or a scalar tensor's) value.
     Scalar(f64),
+    /// Positions, each checked to be a row of every cache read at it.
+    Positions(Vec<usize>),
 }
 
 /// A step's value in the current row.
@@ -148,12 +150,30 @@ impl RowProgram {
             return Err(refuse(first, format!("last dimension {last} is not {blocks} blocks of one width")));
         }
         let width = last / blocks;
+        let rows: usize = rows_shape.iter().product();
         let mut dtypes = Vec::with_capacity(args.len());
         for (index, (input, arg)) in self.inputs.iter().zip(args).enumerate() {
             let dtype = match (&input.kind, *arg) {
                 (InputKind::Scalar, RowArg::Scalar(_)) => None,
                 (InputKind::Scalar, RowArg::Tensor(_)) => return Err(refuse(index, "must be a scalar".to_owned())),
                 (_, RowArg::Scalar(_)) => return Err(refuse(index, "must be a tensor".to_owned())),
+                (InputKind::Positions, RowArg::Tensor(tensor)) => {
+                    if tensor.dtype() != DType::I64 {
+                        return Err(refuse(index, format!("has dtype {}, expected i64", tensor.dtype())));
+                    }
+                    let n = tensor.numel();
+                    let even = if n == 0 { rows == 0 } else { rows.is_multiple_of(n) };
+                    if !even {
+                        return Err(refuse(
+                            index,
+                            format!(
+                                "has {n} positions, which do not split the {rows} rows of `{}` evenly",
+                                self.inputs[first].name
+                            ),
+                        ));
+                    }
+                    Some(DType::I64)
+                }
                 (kind, RowArg::Tensor(tensor)) => {
                     let dtype = tensor.dtype();
                     if !dtype.is_compute() {
@@ -170,7 +190,11 @@ impl RowProgram {
                         }
                         InputKind::Weight => (tensor.shape() == [width], format!("[{width}]")),
                         InputKind::ScalarTensor => (tensor.numel() == 1, "one element".to_owned()),
-                        InputKind::Scalar => unreachable!("matched above"),
+                        InputKind::CosSinCache { .. } => {
+                            let fits = matches!(tensor.shape(), &[_, r] if r >= 2 && r.is_multiple_of(2) && r <= width);
+                            (fits, format!("[max_position, R] with R even in 2..={width} (the row width)"))
+                        }
+                        InputKind::Scalar | InputKind::Positions => unreachable!("matched above"),
                     };
                     if !fits {
                         return Err(refuse(index, format!("has shape {:?}, expected {expected}", tensor.shape())));
@@ -182,7 +206,7 @@ impl RowProgram {
         }
         Ok(Binding {
             width,
-            rows: rows_shape.iter().product(),
+            rows,
             rows_shape: rows_shape.to_vec(),
             compute: lead.dtype().compute_dtype(),
             dtypes,
@@ -197,10 +221,13 @@ impl RowProgram {
         let binding = self.bind(args)?;
         let (width, n_rows) = (binding.width, binding.rows);
         let mut read = Vec::with_capacity(args.len());
-        for (input, arg) in self.inputs.iter().zip(args) {
+        for (index, (input, arg)) in self.inputs.iter().zip(args).enumerate() {
             read.push(match (&input.kind, *arg) {
                 (_, RowArg::Scalar(value)) => Read::Scalar(value),
                 (InputKind::ScalarTensor, RowArg::Tensor(tensor)) => Read::Scalar(tensor.to_f64_vec()?[0]),
+                (InputKind::Positions, RowArg::Tensor(tensor)) => {
+                    Read::Positions(self.checked_positions(index, tensor, args)?)
+                }
                 (_, RowArg::Tensor(tensor)) => Read::Values(tensor.to_f64_vec()?),
             });
         }
@@ -243,6 +270,40 @@ impl RowProgram {
                     }
                     Op::Const(value) => Val::Row(round(step.precision, value)),
                     Op::Width => Val::Row(round(step.precision, width as f64)),
+                    Op::Cos { cache } | Op::Sin { cache } => {
+                        let (values, rotated, neox, position) = self.cache_row(&read, args, cache, row, n_rows);
+                        let cache_row = &values[position * rotated..][..rotated];
+                        let sin = matches!(step.op, Op::Sin { .. });
+                        Val::Element(
+                            (0..width)
+                                .map(|j| match (super::rotary_column(j, rotated, neox), sin) {
+                                    (None, false) => 1.0,
+                                    (None, true) => 0.0,
+                                    (Some((i, _, _)), false) => cache_row[i],
+                                    (Some((i, first, _)), true) => {
+                                        let s = cache_row[rotated / 2 + i];
+                                        if first { -s } else { s }
+                                    }
+                                })
+                                .map(|v| round(step.precision, v))
+                                .collect(),
+                        )
+                    }
+                    Op::Pair { x, cache } => {
+                        let Val::Element(elements) = &vals[x.0 as usize] else {
+                            unreachable!("a built program pairs elements")
+                        };
+                        let (_, rotated, neox, _) = self.cache_row(&read, args, cache, row, n_rows);
+                        Val::Element(
+                            (0..width)
+                                .map(|j| match super::rotary_column(j, rotated, neox) {
+                                    Some((_, _, partner)) => elements[partner],
+                                    None => -0.0,
+                                })
+                                .map(|v| round(step.precision, v))
+                                .collect(),
+                        )
+                    }
                     Op::Unary(op, x) => map(&vals[x.0 as usize], |v| round(step.precision, op.eval(v))),
                     Op::Binary(op, a, b) => {
                         zip(&vals[a.0 as usize], &vals[b.0 as usize], |a, b| round(step.precision, op.eval(a, b)))
@@ -281,6 +342,54 @@ impl RowProgram {
                 Ok(Tensor::from_f64(dtype, &shape, &values)?)
             })
             .collect()
+    }
+}
+
+impl RowProgram {
+    /// The positions of input `index` (checked by [`RowProgram::bind`]), each checked to be a row
+    /// of every cache read at them.
+    fn checked_positions(&self, index: usize, tensor: &Tensor, args: &[RowArg<'_>]) -> Result<Vec<usize>, RunError> {
+        let positions = tensor.to_cpu()?.contiguous()?.to_vec::<i64>()?;
+        let mut checked = vec![0usize; positions.len()];
+        for (cache, input) in self.inputs.iter().enumerate() {
+            let InputKind::CosSinCache { positions: read_at, .. } = input.kind else { continue };
+            let RowArg::Tensor(cache_tensor) = args[cache] else { unreachable!("bind checked the cache") };
+            if read_at != index {
+                continue;
+            }
+            let max = cache_tensor.shape()[0];
+            for (group, (&p, row)) in positions.iter().zip(&mut checked).enumerate() {
+                *row = usize::try_from(p).ok().filter(|&p| p < max).ok_or_else(|| RunError::Argument {
+                    program: self.name.clone(),
+                    param: self.inputs[index].name.clone(),
+                    reason: format!(
+                        "position {p} of row group {group} is outside the cos/sin cache `{}` (0..{max})",
+                        input.name
+                    ),
+                })?;
+            }
+        }
+        Ok(checked)
+    }
+
+    /// Cache `cache`'s values, rotated width, style and the row of it row `row` (of `rows`) reads.
+    fn cache_row<'v>(
+        &self,
+        read: &'v [Read],
+        args: &[RowArg<'_>],
+        cache: usize,
+        row: usize,
+        rows: usize,
+    ) -> (&'v [f64], usize, bool, usize) {
+        let InputKind::CosSinCache { positions, neox } = self.inputs[cache].kind else {
+            unreachable!("a built program reads caches as caches")
+        };
+        let (Read::Values(values), Read::Positions(at), RowArg::Tensor(tensor)) =
+            (&read[cache], &read[positions], args[cache])
+        else {
+            unreachable!("caches and positions are read as such")
+        };
+        (values, tensor.shape()[1], neox, at[row / (rows / at.len())])
     }
 }
 

@@ -8,11 +8,14 @@
 //!
 //! - **inputs** ([`Input`]): activations (read per element, possibly several blocks of a row), weights
 //!   (one vector of `W` elements every row shares: a norm's weight), scalars (an `f64` argument,
-//!   such as epsilon) and scalar tensors (a one-element `f32` tensor, such as a quantization's scale);
+//!   such as epsilon), scalar tensors (a one-element `f32` tensor, such as a quantization's scale),
+//!   positions (one `i64` per group of consecutive rows: a token's heads) and a rotary cos/sin cache
+//!   read at them;
 //! - **steps** ([`Step`]), in order, each defining one value: per element (a vector of `W`) or per
 //!   row (one number). Loads, constants, elementwise unary and binary operations (a row value
-//!   broadcasts over the row) and row reductions (sum, sum of squares, max |x|, over the whole row or
-//!   its first `n` elements) whose results are row values;
+//!   broadcasts over the row), row reductions (sum, sum of squares, max |x|, over the whole row or
+//!   its first `n` elements) whose results are row values, and the rotary steps: a column's cosine
+//!   and signed sine at the row's position, and a value at the column paired with it;
 //! - **outputs** ([`Output`]): element values stored as a tensor of the activations' rows (fresh, or
 //!   in place of an activation, which makes an implementation in place) and row values stored as
 //!   one value per row (a per-token scale: the activations' shape with last dimension 1).
@@ -33,6 +36,19 @@
 //! generated kernel reduces in its backend class's fixed order (the cpu kernels' 32 lanes, a GPU
 //! block's tree), as the hand-written kernels do, and meets the op's tolerance where that order
 //! changes the bits.
+//!
+//! # Rotation
+//!
+//! A cos/sin cache `[max_position, R]` (`R` even, at most `W`: `R/2` cosines, then `R/2` sines per
+//! position) pairs the first `R` columns of a row: NeoX-style `(i, R/2 + i)`, GPT-J-style
+//! `(2i, 2i + 1)`, for `i < R/2`. At the row's position `p`, [`Op::Cos`] is `cache[p][i]` on both
+//! columns of pair `i`, [`Op::Sin`] is `-cache[p][R/2 + i]` on its first column and
+//! `+cache[p][R/2 + i]` on its second, and [`Op::Pair`] of `x` is `x` at the other column of the
+//! pair. Past the rotated columns they are `1`, `+0` and `-0`, so the rotation
+//! `x · cos + pair(x) · sin` ([`Builder::rotate`]) leaves those columns exactly as they are (an
+//! infinity included). A position outside the cache is refused by the reference interpreter and
+//! the cpu; a generated GPU kernel, which cannot report it, leaves its rows unrotated (every column
+//! as past the rotated ones), as the hand-written rotary kernels do.
 //!
 //! # Text and identity
 //!
@@ -99,12 +115,30 @@ pub enum InputKind {
     Scalar,
     /// A one-element tensor (a quantization's scale), read as one value.
     ScalarTensor,
+    /// Token positions: `i64`, one per group of consecutive rows (the rows split evenly among
+    /// them: row `r` of `n` rows reads position `r / (n / positions)`, a token's heads).
+    Positions,
+    /// A rotary cos/sin cache `[max_position, R]` of a compute dtype, read at the row's position of
+    /// input `positions`, its columns paired NeoX-style (`neox`) or GPT-J-style (see the module's
+    /// "Rotation").
+    CosSinCache {
+        /// The positions input.
+        positions: InputId,
+        /// NeoX-style pairs `(i, R/2 + i)`, else GPT-J-style `(2i, 2i + 1)`.
+        neox: bool,
+    },
 }
 
 impl InputKind {
     /// Whether the argument is a tensor.
     pub fn is_tensor(&self) -> bool {
         !matches!(self, InputKind::Scalar)
+    }
+
+    /// Whether the argument is a tensor of a compute dtype (every tensor but positions), which a
+    /// precision or an output's dtype may name.
+    pub fn has_compute_dtype(&self) -> bool {
+        !matches!(self, InputKind::Scalar | InputKind::Positions)
     }
 }
 
@@ -265,6 +299,26 @@ pub enum Op {
     Unary(UnaryOp, ValueId),
     /// An elementwise function of two values.
     Binary(BinaryOp, ValueId, ValueId),
+    /// The cosine of each column's rotation at the row's position in cos/sin cache `cache`, per
+    /// element (1 past the rotated columns).
+    Cos {
+        /// The cache.
+        cache: InputId,
+    },
+    /// The signed sine of each column's rotation: `-sin` on the first column of a pair, `+sin` on
+    /// the second, `+0` past the rotated columns.
+    Sin {
+        /// The cache.
+        cache: InputId,
+    },
+    /// Element value `x` at the column paired with each column by cache `cache` (`-0` past the
+    /// rotated columns).
+    Pair {
+        /// The value read at the partner column.
+        x: ValueId,
+        /// The cache whose pairs (rotated width and style) it follows.
+        cache: InputId,
+    },
     /// A reduction of an element value over the row's first `count` elements (a row value whose
     /// value is an integer in `1..=W`), or over the whole row.
     Reduce {
@@ -318,6 +372,19 @@ pub struct Output {
     pub dtype: OutDType,
     /// The activation it is written into in place, if any (one block, its dtype, element value).
     pub in_place_of: Option<InputId>,
+}
+
+/// Column `j`'s place in the pairs of a cache of `rotated` columns (`R`): its pair's index `i`
+/// (the cache column of its cosine; its sine's is `R/2 + i`), whether it is the pair's first column,
+/// and its partner column; `None` past the rotated columns.
+pub fn rotary_column(j: usize, rotated: usize, neox: bool) -> Option<(usize, bool, usize)> {
+    let half = rotated / 2;
+    match (j < rotated, neox) {
+        (false, _) => None,
+        (true, true) if j < half => Some((j, true, j + half)),
+        (true, true) => Some((j - half, false, j - half)),
+        (true, false) => Some((j / 2, j.is_multiple_of(2), j ^ 1)),
+    }
 }
 
 /// Why a program is not well formed (found by [`Builder::build`]).
@@ -454,6 +521,15 @@ impl RowProgram {
         self.steps.iter().filter(|step| matches!(step.op, Op::Reduce { .. })).count()
     }
 
+    /// The cos/sin cache the program's rotary steps ([`Op::Cos`], [`Op::Sin`], [`Op::Pair`]) read
+    /// (one per program), if it has any.
+    pub fn rotary_cache(&self) -> Option<InputId> {
+        self.steps.iter().find_map(|step| match step.op {
+            Op::Cos { cache } | Op::Sin { cache } | Op::Pair { cache, .. } => Some(cache),
+            _ => None,
+        })
+    }
+
     /// A 64-bit FNV-1a hash of the program's text: equal for equal programs, stable across
     /// processes and toolchains (the key of generated code's caches), computed once when the program
     /// is built.
@@ -507,6 +583,41 @@ impl Builder {
     /// A one-element tensor argument.
     pub fn scalar_tensor(&mut self, name: &str) -> InputId {
         self.input(name, InputKind::ScalarTensor)
+    }
+
+    /// Token positions (`i64`, one per group of consecutive rows).
+    pub fn positions(&mut self, name: &str) -> InputId {
+        self.input(name, InputKind::Positions)
+    }
+
+    /// A rotary cos/sin cache read at `positions`, with NeoX-style pairs when `neox` (else GPT-J).
+    pub fn cos_sin_cache(&mut self, name: &str, positions: InputId, neox: bool) -> InputId {
+        self.input(name, InputKind::CosSinCache { positions, neox })
+    }
+
+    /// Each column's rotation cosine from `cache` (exact).
+    pub fn cos(&mut self, cache: InputId) -> ValueId {
+        self.push(Op::Cos { cache }, Precision::Wide)
+    }
+
+    /// Each column's signed rotation sine from `cache` (exact).
+    pub fn sin(&mut self, cache: InputId) -> ValueId {
+        self.push(Op::Sin { cache }, Precision::Wide)
+    }
+
+    /// Element value `x` at each column's partner in `cache`'s pairs (exact).
+    pub fn pair(&mut self, x: ValueId, cache: InputId) -> ValueId {
+        self.push(Op::Pair { x, cache }, Precision::Wide)
+    }
+
+    /// The rotation of element value `x` by `cache`: `x · cos + pair(x) · sin`, each product rounded
+    /// to `products`, the sum to `precision` (vLLM's rotary: products and sum in f32, or each
+    /// rounded to the activation's dtype).
+    pub fn rotate(&mut self, x: ValueId, cache: InputId, products: Precision, precision: Precision) -> ValueId {
+        let (cos, sin, partner) = (self.cos(cache), self.sin(cache), self.pair(x, cache));
+        let straight = self.binary(BinaryOp::Mul, x, cos, products);
+        let crossed = self.binary(BinaryOp::Mul, partner, sin, products);
+        self.binary(BinaryOp::Add, straight, crossed, precision)
     }
 
     /// Block `block` of activation `input`, per element, exactly (every stored dtype is exact in
@@ -583,8 +694,24 @@ impl Builder {
         if !program.inputs.iter().any(|i| matches!(i.kind, InputKind::Activation { .. })) {
             return Err(ProgramError::NoActivation { program: program.name.clone() });
         }
-        let tensor_input =
-            |program: &RowProgram, input: InputId| program.inputs.get(input).is_some_and(|i| i.kind.is_tensor());
+        let tensor_input = |program: &RowProgram, input: InputId| {
+            program.inputs.get(input).is_some_and(|i| i.kind.has_compute_dtype())
+        };
+        for input in &program.inputs {
+            if let InputKind::CosSinCache { positions, .. } = input.kind
+                && !matches!(program.inputs.get(positions).map(|i| &i.kind), Some(InputKind::Positions))
+            {
+                return Err(invalid(
+                    &program,
+                    format!("input `{}`", input.name),
+                    format!("reads its rows at input {positions}, which is no positions input"),
+                ));
+            }
+        }
+        let is_cache = |program: &RowProgram, input: InputId| {
+            matches!(program.inputs.get(input).map(|i| &i.kind), Some(InputKind::CosSinCache { .. }))
+        };
+        let mut rotary_cache: Option<InputId> = None;
         for index in 0..program.steps.len() {
             let step = program.steps[index];
             let what = format!("{}", ValueId(index as u32));
@@ -598,7 +725,11 @@ impl Builder {
             if let Precision::Like(input) = step.precision
                 && !tensor_input(&program, input)
             {
-                return Err(invalid(&program, what, format!("rounds like input {input}, which is no tensor")));
+                return Err(invalid(
+                    &program,
+                    what,
+                    format!("rounds like input {input}, which is no tensor of a compute dtype"),
+                ));
             }
             let extent = match step.op {
                 Op::Load { input, block } => match program.inputs.get(input).map(|i| &i.kind) {
@@ -617,6 +748,25 @@ impl Builder {
                     _ => return Err(invalid(&program, what, format!("reads input {input} as a scalar"))),
                 },
                 Op::Const(_) | Op::Width => Extent::Row,
+                Op::Cos { cache } | Op::Sin { cache } | Op::Pair { cache, .. } => {
+                    if !is_cache(&program, cache) {
+                        return Err(invalid(&program, what, format!("reads input {cache} as a cos/sin cache")));
+                    }
+                    if *rotary_cache.get_or_insert(cache) != cache {
+                        return Err(invalid(
+                            &program,
+                            what,
+                            "reads another cos/sin cache than an earlier rotary step: a program pairs its columns one way"
+                                .to_owned(),
+                        ));
+                    }
+                    if let Op::Pair { x, .. } = step.op
+                        && operand(&program, x)? != Extent::Element
+                    {
+                        return Err(invalid(&program, what, format!("pairs {x}, a row value")));
+                    }
+                    Extent::Element
+                }
                 Op::Unary(_, x) => operand(&program, x)?,
                 Op::Binary(_, a, b) => match (operand(&program, a)?, operand(&program, b)?) {
                     (Extent::Row, Extent::Row) => Extent::Row,
@@ -645,7 +795,11 @@ impl Builder {
             if let OutDType::Like(input) = output.dtype
                 && !tensor_input(&program, input)
             {
-                return Err(invalid(&program, what, format!("has the dtype of input {input}, which is no tensor")));
+                return Err(invalid(
+                    &program,
+                    what,
+                    format!("has the dtype of input {input}, which is no tensor of a compute dtype"),
+                ));
             }
             if let Some(input) = output.in_place_of {
                 let one_block =
@@ -705,6 +859,10 @@ impl fmt::Display for RowProgram {
                 InputKind::Weight => "weight".to_owned(),
                 InputKind::Scalar => "scalar".to_owned(),
                 InputKind::ScalarTensor => "scalar_tensor".to_owned(),
+                InputKind::Positions => "positions".to_owned(),
+                InputKind::CosSinCache { positions, neox } => {
+                    format!("cos_sin_cache(#{positions}, {})", if neox { "neox" } else { "gptj" })
+                }
             };
             writeln!(f, "input #{index} {}: {kind}", input.name)?;
         }
@@ -716,6 +874,9 @@ impl fmt::Display for RowProgram {
                 // Bits, so the text (and the fingerprint) tells every constant apart.
                 Op::Const(value) => format!("const {value:e} ({:#018x})", value.to_bits()),
                 Op::Width => "width".to_owned(),
+                Op::Cos { cache } => format!("cos #{cache}"),
+                Op::Sin { cache } => format!("sin #{cache}"),
+                Op::Pair { x, cache } => format!("pair {x} by #{cache}"),
                 Op::Unary(op, x) => format!("{} {x}", format!("{op:?}").to_lowercase()),
                 Op::Binary(op, a, b) => format!("{} {a}, {b}", format!("{op:?}").to_lowercase()),
                 Op::Reduce { op, x, count } => {
@@ -838,7 +999,7 @@ mod tests {
         let mut b = tiny();
         let s = b.scalar("s");
         b.round(ValueId(0), Precision::Like(s));
-        refused(b, "which is no tensor");
+        refused(b, "which is no tensor of a compute dtype");
 
         let mut b = RowProgram::builder("p");
         let x = b.activation("x", 2);
@@ -863,5 +1024,51 @@ mod tests {
         let mut b = tiny();
         b.store("z", ValueId(9), OutDType::Fixed(DType::F32), None);
         refused(b, "which no step defines");
+
+        let mut b = tiny();
+        let s = b.scalar("s");
+        b.cos_sin_cache("cache", s, true);
+        refused(b, "input `cache`: reads its rows at input 1, which is no positions input");
+
+        let mut b = tiny();
+        b.pair(ValueId(0), 0);
+        refused(b, "reads input 0 as a cos/sin cache");
+
+        let mut b = tiny();
+        b.cos(0);
+        refused(b, "reads input 0 as a cos/sin cache");
+
+        let mut b = tiny();
+        let p = b.positions("p");
+        let (one, two) = (b.cos_sin_cache("one", p, true), b.cos_sin_cache("two", p, false));
+        b.pair(ValueId(0), one);
+        b.sin(two);
+        refused(b, "reads another cos/sin cache than an earlier rotary step");
+
+        let mut b = tiny();
+        let p = b.positions("p");
+        let cache = b.cos_sin_cache("cache", p, true);
+        let c = b.constant(1.0);
+        b.pair(c, cache);
+        refused(b, "pairs %1, a row value");
+
+        let mut b = tiny();
+        let p = b.positions("p");
+        b.round(ValueId(0), Precision::Like(p));
+        refused(b, "rounds like input 1, which is no tensor of a compute dtype");
+    }
+
+    #[test]
+    fn columns_pair_neox_and_gptj_style_and_rotations_print() {
+        assert_eq!(rotary_column(1, 8, true), Some((1, true, 5)));
+        assert_eq!(rotary_column(5, 8, true), Some((1, false, 1)));
+        assert_eq!(rotary_column(4, 8, false), Some((2, true, 5)));
+        assert_eq!(rotary_column(5, 8, false), Some((2, false, 4)));
+        assert_eq!(rotary_column(8, 8, true), None);
+        let program = builtin::rotary(false, crate::Rounding::Exact);
+        assert_eq!(program.rotary_cache(), Some(2));
+        let text = program.to_string();
+        assert!(text.contains("input #2 cos_sin_cache: cos_sin_cache(#0, gptj)"), "{text}");
+        assert!(text.contains("%3 = pair %0 by #2 : wide"), "{text}");
     }
 }

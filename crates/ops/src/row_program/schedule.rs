@@ -30,7 +30,7 @@ impl RowProgram {
         for (index, step) in steps.iter().enumerate() {
             let of = |v: ValueId| phase[v.0 as usize];
             phase[index] = match step.op {
-                Op::Unary(_, x) => of(x),
+                Op::Unary(_, x) | Op::Pair { x, .. } => of(x),
                 Op::Binary(_, a, b) => of(a).max(of(b)),
                 Op::Reduce { x, count, .. } => {
                     accumulates[index] = of(x).max(count.map_or(0, of));
@@ -74,7 +74,7 @@ impl RowProgram {
                 }
                 needed[step] = true;
                 match steps[step].op {
-                    Op::Unary(_, x) => roots.push(x.0 as usize),
+                    Op::Unary(_, x) | Op::Pair { x, .. } => roots.push(x.0 as usize),
                     Op::Binary(_, a, b) => roots.extend([a.0 as usize, b.0 as usize]),
                     _ => {}
                 }
@@ -102,7 +102,7 @@ impl RowProgram {
     /// Per step, for a call bound as `binding`: whether its operation on its operands is exact in
     /// f32, so an executor that computes it in f32 and then rounds to a narrower precision rounds
     /// once, as the reference does (it computes in `f64`). True for the operations that return an
-    /// operand (`round`, `neg`, `abs`, `relu`, `min`, `max`) and for a product whose operands'
+    /// operand (`round`, `neg`, `abs`, `relu`, `min`, `max`, `pair`), for loads (a cache's too) and for a product whose operands'
     /// significant bits (their dtype's, or their precision's) add up to at most 24 (barring a
     /// product beyond f32's range, which f32 turns into an infinity or a subnormal first: bf16
     /// operands near its limits, as the hand-written kernels' f32 products do); an executor computes
@@ -115,11 +115,13 @@ impl RowProgram {
         for (index, step) in steps.iter().enumerate() {
             let of = |v: ValueId| bits[v.0 as usize];
             let (operation_bits, is_exact) = match step.op {
-                Op::Load { input, .. } | Op::Weight { input } => {
+                Op::Load { input, .. } | Op::Weight { input } | Op::Cos { cache: input } | Op::Sin { cache: input } => {
                     let dtype = binding.dtypes.get(input).copied().flatten().unwrap_or(binding.compute);
                     (significant_bits(dtype), true)
                 }
-                Op::Unary(UnaryOp::Round | UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu, x) => (of(x), true),
+                Op::Unary(UnaryOp::Round | UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu, x) | Op::Pair { x, .. } => {
+                    (of(x), true)
+                }
                 Op::Binary(BinaryOp::Min | BinaryOp::Max, a, b) => (of(a).max(of(b)), true),
                 Op::Binary(BinaryOp::Mul, a, b) => (of(a) + of(b), of(a) + of(b) <= 24),
                 _ => (53, false),

@@ -110,3 +110,61 @@ fn exact_steps_give_the_reference_bits() {
         }
     }
 }
+
+/// Equal bits element by element (any NaN equals any NaN).
+fn assert_bits(ours: &Tensor, reference: &Tensor, what: &str) {
+    let (a, b) = (ours.to_f64_vec().unwrap(), reference.to_f64_vec().unwrap());
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (index, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{what}: element {index}: {x} != {y}");
+    }
+}
+
+#[test]
+fn rotations_give_the_reference_bits_and_leave_rows_at_unknown_positions_unrotated() {
+    // A rotation is exact per element (no reduction): the generated pair walk gives the reference's
+    // bits, in both styles, both roundings, a partial and a full rotated width, with infinities and
+    // NaNs in the rotated and the passed-through columns.
+    if !compiler_at_hand() {
+        return;
+    }
+    let (tokens, heads) = (3, 4);
+    let positions = Tensor::from_slice::<i64>(&[tokens], &[2, 0, 5]).unwrap();
+    for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64] {
+        for (width, rotated) in [(64, 64), (70, 32), (6, 2)] {
+            let x = activation(dtype, tokens * heads, width, 3.0, 5, false);
+            let mut values = x.to_f64_vec().unwrap();
+            values[width + 3] = f64::INFINITY;
+            values[2 * width + width - 1] = f64::NEG_INFINITY;
+            let x = Tensor::from_f64(dtype, &[tokens, heads, width], &values).unwrap();
+            let cache: Vec<f64> = (0..6 * rotated).map(|i| (i as f64 * 0.71).sin()).collect();
+            let cache = Tensor::from_f64(dtype, &[6, rotated], &cache).unwrap();
+            for (neox, rounding) in [(true, ir_ops::Rounding::Exact), (false, ir_ops::Rounding::Dtype)] {
+                let program = builtin::rotary(neox, rounding);
+                let args = [RowArg::Tensor(&positions), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
+                let reference = program.run(&args).unwrap();
+                for dialect in [Dialect::Cuda, Dialect::Hip] {
+                    let ours = run_emulated(&program, &args, dialect).unwrap();
+                    let what = format!("{} {dtype} {width}/{rotated} {dialect:?}", program.name());
+                    assert_bits(&ours[0], &reference[0], &what);
+                }
+            }
+            // A position past the cache: the kernel cannot report it, so its token's rows stay as
+            // they are (the reference and the cpu refuse the call).
+            let outside = Tensor::from_slice::<i64>(&[tokens], &[2, 6, -1]).unwrap();
+            let program = builtin::rotary(true, ir_ops::Rounding::Exact);
+            let args = [RowArg::Tensor(&outside), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
+            assert!(program.run(&args).unwrap_err().to_string().contains("position 6 of row group 1 is outside"));
+            let ours = run_emulated(&program, &args, Dialect::Cuda).unwrap();
+            let rows = |t: &Tensor, first: usize| t.narrow(0, first, 2).unwrap().contiguous().unwrap();
+            assert_bits(&rows(&ours[0], 1), &rows(&x, 1), &format!("{dtype} {width}: unknown positions"));
+            let inside = [RowArg::Tensor(&positions), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
+            let rotated_rows = program.run(&inside).unwrap();
+            assert_bits(
+                &rows(&ours[0], 0).narrow(0, 0, 1).unwrap(),
+                &rows(&rotated_rows[0], 0).narrow(0, 0, 1).unwrap(),
+                &format!("{dtype} {width}: the known position"),
+            );
+        }
+    }
+}
