@@ -1684,12 +1684,13 @@ fn run_logged(
 
 /// The ops without a 16-byte kernel: rotary (one thread per rotated pair), and the ops whose GPU
 /// kernels are generated from their row programs (the generator loads one element per column yet).
-const SCALAR_ONLY: [&str; 5] = [
+const SCALAR_ONLY: [&str; 6] = [
     "rotary_embedding",
     "layer_norm",
     "silu_and_mul_dynamic_fp8_quant",
     "fused_add_layer_norm",
     "fused_sandwich_rms_norm",
+    "fused_qk_norm_rope",
 ];
 
 /// Every op, on every emulated provider: rows the host gives its 16-byte kernel (compact, of a

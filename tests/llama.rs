@@ -83,9 +83,13 @@ fn the_compiled_model_with_engine_ops_runs_bit_for_bit_like_eager_with_no_copy()
             assert_eq!(calls("llama_linear", "engine"), (4 * layers + 1) * steps, "{label}");
             assert_eq!(calls("llama_attention", "engine"), layers * steps, "{label}");
             if config.has_qk_norm() {
-                // q and k are the head norms' fresh results: one in-place call per layer.
-                assert_eq!(calls("rotary_embedding", "cpu"), layers * steps, "{label}");
-                assert!(calls("rms_norm", "cpu") >= 2 * layers * steps, "{label}: q and k heads normalized");
+                // Traced unfused (the heads of q and of k normalized, then rotary), found by
+                // fuse-row-programs, and split in two on the qkv storage: each call normalizes and
+                // rotates its slice of qkv where it is.
+                assert_eq!(calls("fused_qk_norm_rope", "cpu"), 2 * layers * steps, "{label}");
+                assert_eq!(calls("rotary_embedding", "cpu"), 0, "{label}: every rotation fused");
+                let text = compiled.graph(24).unwrap().to_string();
+                assert!(text.contains("impl fused_qk_norm_rope[cpu] writes(1)"), "{text}");
             } else {
                 assert_eq!(
                     calls("rotary_embedding", "cpu"),

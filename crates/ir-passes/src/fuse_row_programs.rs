@@ -6,8 +6,10 @@ use ir_ops::dynamic_per_token_scaled_fp8_quant::{
     DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT, DynamicPerTokenScaledFp8QuantArgs,
 };
 use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
+use ir_ops::fused_qk_norm_rope::{FUSED_QK_NORM_ROPE, FusedQkNormRopeArgs};
 use ir_ops::fused_sandwich_rms_norm::{FUSED_SANDWICH_RMS_NORM, FusedSandwichRmsNormArgs};
 use ir_ops::rms_norm::{RMS_NORM, RmsNormArgs};
+use ir_ops::rotary_embedding::{ROTARY_EMBEDDING, RotaryEmbeddingArgs};
 use ir_ops::silu_and_mul::SILU_AND_MUL;
 use ir_ops::silu_and_mul_dynamic_fp8_quant::{SILU_AND_MUL_DYNAMIC_FP8_QUANT, SiluAndMulDynamicFp8QuantArgs};
 
@@ -29,6 +31,23 @@ const _: () = assert!(
         && SiluAndMulDynamicFp8QuantArgs::scale_ub == DynamicPerTokenScaledFp8QuantArgs::scale_ub
         && SiluAndMulDynamicFp8QuantArgs::out_dtype == DynamicPerTokenScaledFp8QuantArgs::out_dtype
         && DynamicPerTokenScaledFp8QuantArgs::x == 0
+);
+
+// The head norms + rotation take the rotation's arguments with the two weights after the key and
+// the norms' epsilon after the cache.
+const _: () = assert!(
+    FusedQkNormRopeArgs::positions == RotaryEmbeddingArgs::positions
+        && FusedQkNormRopeArgs::query == RotaryEmbeddingArgs::query
+        && FusedQkNormRopeArgs::key == RotaryEmbeddingArgs::key
+        && FusedQkNormRopeArgs::q_weight == 3
+        && FusedQkNormRopeArgs::k_weight == 4
+        && FusedQkNormRopeArgs::cos_sin_cache == 5
+        && RotaryEmbeddingArgs::cos_sin_cache == 3
+        && FusedQkNormRopeArgs::epsilon == 6
+        && FusedQkNormRopeArgs::head_size == 7
+        && RotaryEmbeddingArgs::head_size == 4
+        && FusedQkNormRopeArgs::rounding == 10
+        && RotaryEmbeddingArgs::rounding == 7
 );
 
 /// The fused call's arguments from a chain's two calls' arguments, or why the chain stays.
@@ -132,6 +151,18 @@ impl DecidedFusion for Fusion {
 /// | `add` then `layer_norm` | `fused_add_layer_norm` (`out`, `residual_out`) | LayerNorm models |
 /// | `rms_norm` then `fused_add_rms_norm` of its output | `fused_sandwich_rms_norm` (`out`, `residual_out`) | Gemma 2 and 3 |
 /// | `silu_and_mul` then `dynamic_per_token_scaled_fp8_quant` of its output | `silu_and_mul_dynamic_fp8_quant` (`q`, `scales`) | fp8 feed-forward blocks |
+/// | `rms_norm` of the heads of query and of key, then `rotary_embedding` of both | `fused_qk_norm_rope` (`query`, `key`) | Qwen3 |
+///
+/// The heads are the query and key viewed `[tokens, heads, head_size]` (a `reshape` each way):
+///
+/// ```text
+/// %qh = reshape(%q, [4,2,8]) : bf16[4,2,8]
+/// %qn = rms_norm(%qh, %wq, 1e-6, none) : bf16[4,2,8]
+/// %q2 = reshape(%qn, [4,16]) : bf16[4,16]
+/// ... the same for %k ...
+/// %rq, %rk = rotary_embedding(%pos, %q2, %k2, %cache, 8, 8, true, "exact")
+///   →  %rq, %rk = fused_qk_norm_rope(%pos, %q, %k, %wq, %wk, %cache, 1e-6, 8, 8, true, "exact")
+/// ```
 ///
 /// ```text
 /// %h = rms_norm(%a, %w1, 1e-6, none) : bf16[8,16]                %o, %s = fused_sandwich_rms_norm(%a, %r, %w1, %w2, 1e-6, dtype)
@@ -220,7 +251,8 @@ pub fn fuse_row_programs_exact(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
 fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionReport, PassError> {
     let mut report = FusionReport::new("row-program");
     // Every fused op is looked up before anything changes: on error the graph is as it was.
-    let fused_ops = std::iter::once(ADD_LAYER_NORM.fused).chain(CHAINS.iter().map(|chain| chain.fused));
+    let fused_ops =
+        [ADD_LAYER_NORM.fused, &FUSED_QK_NORM_ROPE].into_iter().chain(CHAINS.iter().map(|chain| chain.fused));
     for def in fused_ops {
         if cx.registry.op_def(def.name).is_none() {
             return Err(PassError::UnknownOp { op: def.name.to_owned() });
@@ -228,6 +260,7 @@ fn fuse(graph: &mut Graph, cx: &PassContext<'_>, exact: bool) -> Result<FusionRe
     }
     fuse_add_norm(graph, cx, &ADD_LAYER_NORM, exact, &mut report)?;
     fuse_chains(graph, cx, exact, &mut report)?;
+    fuse_qk_norm_rope(graph, cx, exact, &mut report)?;
     tracing::debug!(target: "ir_passes::fuse_row_programs", %report, "fused");
     Ok(report)
 }
@@ -292,23 +325,34 @@ fn fuse_chains(
         }
         fusions.push(Fusion { chain, first, second, args, replaced, statement });
     }
-    let (fusions, dropped) = split_misplaced(graph, &positions, fusions);
-    for (fusion, operand) in dropped {
-        report.skipped.push((fusion.statement, FusionSkip::OperandNotReady { operand }));
-    }
-    let decided = fusions
-        .into_iter()
-        .map(|fusion| FusedCall {
+    apply_decided(graph, &positions, fusions, report, |fusion| {
+        let call = FusedCall {
             op: fusion.chain.fused.name,
             anchor: fusion.second,
             args: fusion.args,
             removed: [fusion.first, fusion.second].into_iter().collect(),
             replaced: fusion.replaced,
-        })
-        .collect();
-    let created = apply_fusions(graph, decided);
-    report.fused.extend(created.iter().map(|&node| graph.display_node(node)));
+        };
+        (fusion.statement, call)
+    });
     Ok(())
+}
+
+/// Applies the decided fusions whose operands are ready where their calls stand and reports them;
+/// reports the others (`parts` gives a fusion's statement and its call).
+fn apply_decided<F: DecidedFusion>(
+    graph: &mut Graph,
+    positions: &cranelift_entity::SecondaryMap<NodeId, u32>,
+    fusions: Vec<F>,
+    report: &mut FusionReport,
+    parts: impl Fn(F) -> (String, FusedCall),
+) {
+    let (fusions, dropped) = split_misplaced(graph, positions, fusions);
+    for (fusion, operand) in dropped {
+        report.skipped.push((parts(fusion).0, FusionSkip::OperandNotReady { operand }));
+    }
+    let created = apply_fusions(graph, fusions.into_iter().map(|fusion| parts(fusion).1).collect());
+    report.fused.extend(created.iter().map(|&node| graph.display_node(node)));
 }
 
 /// Why the exact form keeps a chain: a call of it runs on another provider than the fused op
@@ -320,16 +364,198 @@ fn not_exact(
     calls: [&[Arg]; 2],
     fused_args: &[Arg],
 ) -> Option<FusionSkip> {
-    let fused = match select(graph, cx, chain.fused, fused_args) {
+    let calls = [(chain.first, calls[0]), (chain.second, calls[1])];
+    not_exact_calls(graph, cx, chain.fused, chain.bit_exact_on, &calls, fused_args)
+}
+
+/// Why the exact form keeps a chain of `calls` that `fused` (called with `fused_args`) computes: a
+/// call runs on another provider than the fused op would, or that provider's fused kernel does not
+/// give the chain's bits (`bit_exact_on`); `None` when the chain may fuse.
+fn not_exact_calls(
+    graph: &Graph,
+    cx: &PassContext<'_>,
+    fused: &'static OpDef,
+    bit_exact_on: fn(&str) -> bool,
+    calls: &[(&'static OpDef, &[Arg])],
+    fused_args: &[Arg],
+) -> Option<FusionSkip> {
+    let provider = match select(graph, cx, fused, fused_args) {
         Ok(provider) => provider,
         Err(why) => return Some(FusionSkip::Metadata(why)),
     };
-    for (def, args) in [chain.first, chain.second].into_iter().zip(calls) {
+    for &(def, args) in calls {
         match select(graph, cx, def, args) {
-            Ok(provider) if provider == fused => {}
-            Ok(provider) => return Some(FusionSkip::ProviderDiffers { op: def.name, provider, fused }),
+            Ok(p) if p == provider => {}
+            Ok(p) => return Some(FusionSkip::ProviderDiffers { op: def.name, provider: p, fused: provider }),
             Err(why) => return Some(FusionSkip::Metadata(why)),
         }
     }
-    (!(chain.bit_exact_on)(&fused)).then_some(FusionSkip::NotBitExact { provider: fused })
+    (!bit_exact_on(&provider)).then_some(FusionSkip::NotBitExact { provider })
+}
+
+/// One tensor's head norm feeding a rotation: `reshape(rms_norm(reshape(x, [t, n, d]), w, eps),
+/// shape of x)`.
+struct HeadNorm {
+    /// The tensor whose heads are normalized.
+    x: ValueId,
+    weight: Arg,
+    epsilon: Arg,
+    /// The norm and the view back.
+    nodes: [NodeId; 2],
+}
+
+/// The head norm that defines `value` (a rotation's query or key), read by `reader` alone, with a
+/// weight and no `variance_size`; `None` when `value` is not one.
+fn head_norm(
+    graph: &Graph,
+    uses: &cranelift_entity::SecondaryMap<ValueId, ir_graph::UseList>,
+    value: ValueId,
+    reader: NodeId,
+    head_size: i64,
+) -> Option<HeadNorm> {
+    let view = |node: NodeId| match &graph.node(node).kind {
+        ir_graph::NodeKind::Builtin { op: ir_core::builtin::Builtin::Reshape, args } => match args.as_slice() {
+            [ir_core::builtin::BuiltinArg::Value(of), ir_core::builtin::BuiltinArg::Shape(shape)] => Some((*of, shape)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let only_reader = |v: ValueId, node: NodeId| uses[v].iter().all(|&user| user == node);
+    let back = graph.value(value).def;
+    let (normed, _) = view(back)?;
+    let norm = graph.value(normed).def;
+    let args = graph.functional_call_of(norm, &RMS_NORM)?;
+    let &Arg::Tensor(heads) = args.get(RmsNormArgs::x)? else { return None };
+    let (x, shape) = view(graph.value(heads).def)?;
+    let absent = |at: usize| matches!(args.get(at), None | Some(Arg::None));
+    let fits = graph.node(norm).results.first() == Some(&normed)
+        && only_reader(normed, back)
+        && only_reader(value, reader)
+        && shape.len() == 3
+        && i64::try_from(shape[2]).ok() == Some(head_size)
+        && graph.meta(x).shape() == graph.meta(value).shape()
+        && matches!(args.get(RmsNormArgs::weight), Some(Arg::Tensor(_)))
+        && absent(RmsNormArgs::variance_size);
+    fits.then(|| HeadNorm {
+        x,
+        weight: args[RmsNormArgs::weight].clone(),
+        epsilon: args.get(RmsNormArgs::epsilon).cloned().unwrap_or(Arg::None),
+        nodes: [norm, back],
+    })
+}
+
+/// One head norms + rotation fusion decided on the unmodified graph.
+struct QkFusion {
+    rotary: NodeId,
+    args: Vec<Arg>,
+    removed: smallvec::SmallVec<[NodeId; 3]>,
+    replaced: Vec<ValueId>,
+    statement: String,
+}
+
+impl DecidedFusion for QkFusion {
+    fn site(&self) -> FusionSite<'_> {
+        FusionSite { anchor: self.rotary, args: &self.args, removed: self.removed.clone(), replaced: &self.replaced }
+    }
+}
+
+/// Qwen3's head norms then rotation ([`fuse_row_programs`]'s last chain): a functional
+/// `rotary_embedding` whose query and key are each the head norm of a tensor, read by the rotation
+/// alone, becomes `fused_qk_norm_rope` of those tensors, under the rules of the two-call chains
+/// (one epsilon, nothing written between, operands ready, the same metadata; the exact form: every
+/// call on the fused op's provider, one that gives the chain's bits).
+fn fuse_qk_norm_rope(
+    graph: &mut Graph,
+    cx: &PassContext<'_>,
+    exact: bool,
+    report: &mut FusionReport,
+) -> Result<(), PassError> {
+    if !(graph.mentions_op(&ROTARY_EMBEDDING) && graph.mentions_op(&RMS_NORM)) {
+        return Ok(());
+    }
+    let ops = OpTable::compute(graph, cx.registry);
+    let positions = graph.positions();
+    let uses = graph.use_lists();
+    let writes_before = writes_before(graph, &ops);
+    let mut fusions = Vec::new();
+    for &rotary in graph.order() {
+        let Some(args) = graph.functional_call_of(rotary, &ROTARY_EMBEDDING) else { continue };
+        let (Some(&Arg::Tensor(query)), Some(&Arg::Tensor(key)), Some(&Arg::I64(head_size))) = (
+            args.get(RotaryEmbeddingArgs::query),
+            args.get(RotaryEmbeddingArgs::key),
+            args.get(RotaryEmbeddingArgs::head_size),
+        ) else {
+            continue;
+        };
+        if query == key {
+            continue;
+        }
+        let (Some(q), Some(k)) =
+            (head_norm(graph, &uses, query, rotary, head_size), head_norm(graph, &uses, key, rotary, head_size))
+        else {
+            continue;
+        };
+        let statement = graph.display_node(rotary);
+        let skip = |reason| (statement.clone(), reason);
+        let epsilon_bits = |arg: &Arg| match arg {
+            Arg::F64(e) => Some(e.to_bits()),
+            _ => None,
+        };
+        if epsilon_bits(&q.epsilon).is_none() || epsilon_bits(&q.epsilon) != epsilon_bits(&k.epsilon) {
+            report.skipped.push(skip(FusionSkip::EpsilonDiffers));
+            continue;
+        }
+        let first = q.nodes.iter().chain(&k.nodes).map(|&node| positions[node] as usize).min().unwrap_or(0);
+        if writes_before[positions[rotary] as usize] - writes_before[first + 1] > 0 {
+            report.skipped.push(skip(FusionSkip::WriteBetween { first: RMS_NORM.name, second: ROTARY_EMBEDDING.name }));
+            continue;
+        }
+        let arg = |at: usize| args.get(at).cloned().unwrap_or(Arg::None);
+        let mut fused_args = vec![
+            arg(RotaryEmbeddingArgs::positions),
+            Arg::Tensor(q.x),
+            Arg::Tensor(k.x),
+            q.weight.clone(),
+            k.weight.clone(),
+            arg(RotaryEmbeddingArgs::cos_sin_cache),
+            q.epsilon.clone(),
+            arg(RotaryEmbeddingArgs::head_size),
+            arg(RotaryEmbeddingArgs::rotary_dim),
+            arg(RotaryEmbeddingArgs::is_neox_style),
+        ];
+        if let Some(rounding) = args.get(RotaryEmbeddingArgs::rounding) {
+            fused_args.push(rounding.clone());
+        }
+        let replaced = graph.node(rotary).results.to_vec();
+        let [rq, rk] = replaced[..] else { continue };
+        let expected = [graph.meta(rq), graph.meta(rk)];
+        if let Err(why) = same_metadata(graph, &FUSED_QK_NORM_ROPE, &fused_args, ["query", "key"], expected) {
+            report.skipped.push(skip(FusionSkip::Metadata(why)));
+            continue;
+        }
+        if exact {
+            let norm_args = |h: &HeadNorm| graph.functional_call_of(h.nodes[0], &RMS_NORM).unwrap_or_default();
+            let calls = [(&RMS_NORM, norm_args(&q)), (&RMS_NORM, norm_args(&k)), (&ROTARY_EMBEDDING, args)];
+            // The cpu composes its norm and rotary rows (the chain's bits); a GPU's generated
+            // kernel reduces a head otherwise than its hand-written norm.
+            let fused = &FUSED_QK_NORM_ROPE;
+            if let Some(reason) = not_exact_calls(graph, cx, fused, reduces_like_its_norms, &calls, &fused_args) {
+                report.skipped.push(skip(reason));
+                continue;
+            }
+        }
+        let removed = q.nodes.into_iter().chain(k.nodes).chain([rotary]).collect();
+        fusions.push(QkFusion { rotary, args: fused_args, removed, replaced, statement });
+    }
+    apply_decided(graph, &positions, fusions, report, |fusion| {
+        let call = FusedCall {
+            op: FUSED_QK_NORM_ROPE.name,
+            anchor: fusion.rotary,
+            args: fusion.args,
+            removed: fusion.removed,
+            replaced: fusion.replaced,
+        };
+        (fusion.statement, call)
+    });
+    Ok(())
 }

@@ -8,6 +8,7 @@ use indexmap::IndexMap;
 use ir_core::op::{ArgMeta, Overload};
 use ir_core::{NATIVE, Rejection, TensorMeta};
 use ir_graph::{Arg, Graph, NodeId, NodeKind, OpRef, OpTable};
+use ir_ops::fused_qk_norm_rope::{FUSED_QK_NORM_ROPE, FusedQkNormRopeArgs};
 use ir_ops::rotary_embedding::{ROTARY_EMBEDDING, RotaryEmbeddingArgs};
 
 use crate::analysis::StorageRoots;
@@ -73,11 +74,12 @@ impl fmt::Display for LowerReport {
 /// fallback, as in eager dispatch: counted in the selection record and said once, or refused by a
 /// strict registry (the pass fails, naming the node and each provider's reason).
 ///
-/// An in-place kernel writes one activation per storage, so a `rotary_embedding` call whose query
-/// and key are disjoint views of one storage (column slices of one `qkv` buffer) and whose provider
-/// is in place becomes two calls, the key rotated as the query of its own call (every head is
-/// rotated alike: the same bits), placed before the query's; clone elimination can then let each
-/// write its slice where it is ([`LowerReport::rotary_splits`] counts them).
+/// An in-place kernel writes one activation per storage, so a `rotary_embedding` (or
+/// `fused_qk_norm_rope`) call whose query and key are disjoint views of one storage (column slices
+/// of one `qkv` buffer) and whose provider is in place becomes two calls, the key rotated (and
+/// normalized, with its weight) as the query of its own call (every head is treated alike: the
+/// same bits), placed before the query's; clone elimination can then let each write its slice
+/// where it is ([`LowerReport::rotary_splits`] counts them).
 ///
 /// # What it does not do
 ///
@@ -228,22 +230,51 @@ fn same_metas(a: &[ArgMeta<'_>], b: &[ArgMeta<'_>]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_as(y))
 }
 
-/// Splits each functional `rotary_embedding` call whose query and key are disjoint views of one
+/// A rotation an in-place kernel runs on the query and the key: the positions of its query and
+/// key, and of the query's and the key's norm weights when it has them.
+struct Rotation {
+    def: &'static ir_core::op::OpDef,
+    query: usize,
+    key: usize,
+    weights: Option<(usize, usize)>,
+}
+
+/// The rotations whose calls on one storage are split.
+static ROTATIONS: [Rotation; 2] = [
+    Rotation {
+        def: &ROTARY_EMBEDDING,
+        query: RotaryEmbeddingArgs::query,
+        key: RotaryEmbeddingArgs::key,
+        weights: None,
+    },
+    Rotation {
+        def: &FUSED_QK_NORM_ROPE,
+        query: FusedQkNormRopeArgs::query,
+        key: FusedQkNormRopeArgs::key,
+        weights: Some((FusedQkNormRopeArgs::q_weight, FusedQkNormRopeArgs::k_weight)),
+    },
+];
+
+/// Splits each functional `rotary_embedding` (or `fused_qk_norm_rope`) call whose query and key are disjoint views of one
 /// storage (column slices of one `qkv` buffer) and whose selected provider is in place into two
 /// calls, the key rotated as the query of a call of its own (rotary treats every head alike, so the
 /// results are the same bits). An in-place kernel writes one activation per storage, so after the
 /// split each call can write its slice where it is once clone elimination proves the slices apart.
 /// Returns the number of calls split.
 fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Result<usize, PassError> {
-    if !graph.mentions_op(&ROTARY_EMBEDDING) {
+    if !ROTATIONS.iter().any(|rotation| graph.mentions_op(rotation.def)) {
         return Ok(0);
     }
     let ops = OpTable::compute(graph, cx.registry);
     let roots = StorageRoots::compute(graph, &ops);
     let mut splits = Vec::new();
     for &node in graph.order() {
-        let Some(args) = graph.functional_call_of(node, &ROTARY_EMBEDDING) else { continue };
-        let (query, key) = (RotaryEmbeddingArgs::query, RotaryEmbeddingArgs::key);
+        let Some((rotation, args)) =
+            ROTATIONS.iter().find_map(|r| graph.functional_call_of(node, r.def).map(|args| (r, args)))
+        else {
+            continue;
+        };
+        let (query, key) = (rotation.query, rotation.key);
         let (Some(Arg::Tensor(query)), Some(Arg::Tensor(key))) = (args.get(query), args.get(key)) else { continue };
         let (q, k) = (&graph.meta(*query).layout, &graph.meta(*key).layout);
         if roots.root(*query) != roots.root(*key) || !q.disjoint_from(k) {
@@ -252,10 +283,10 @@ fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
         let metas: Vec<ArgMeta<'_>> = args.iter().map(|a| graph.arg_meta(a)).collect();
         let selection = cx
             .registry
-            .select(ROTARY_EMBEDDING.name, &metas)
+            .select(rotation.def.name, &metas)
             .map_err(|source| PassError::Selection { node: graph.display_node(node), source: Box::new(source) })?;
         if selection.inplace {
-            splits.push(node);
+            splits.push((rotation, node));
         }
     }
     if splits.is_empty() {
@@ -263,15 +294,18 @@ fn split_rotary_on_one_storage(graph: &mut Graph, cx: &PassContext<'_>) -> Resul
     }
     let uses = graph.use_lists();
     let mut placements = Vec::with_capacity(splits.len());
-    for &node in &splits {
+    for &(rotation, node) in &splits {
         let NodeKind::IrCall { op, args, .. } = &mut graph.node_mut(node).kind else {
             unreachable!("split nodes are rotary calls")
         };
         let op = *op;
-        // The query's call keeps no key; the key's call rotates the key as its query.
-        let key = std::mem::replace(&mut args[RotaryEmbeddingArgs::key], Arg::None);
+        // The query's call keeps no key (nor the key's weight); the key's call rotates the key as
+        // its query (with the key's weight as the query's).
         let mut key_args = args.clone();
-        key_args[RotaryEmbeddingArgs::query] = key;
+        for (query_at, key_at) in std::iter::once((rotation.query, rotation.key)).chain(rotation.weights) {
+            key_args[query_at] = std::mem::replace(&mut args[key_at], Arg::None);
+            key_args[key_at] = Arg::None;
+        }
         let key_result = graph.node(node).results[1];
         let key_meta = graph.meta(key_result).clone();
         let kind = NodeKind::IrCall { op, overload: Overload::Default, args: key_args };

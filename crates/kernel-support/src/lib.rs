@@ -53,9 +53,9 @@ pub use crate::support::{
     ComputeScalar, KernelDTypes, NormCapabilities, fused_add_rms_norm_dynamic_per_token_quant_support,
     fused_add_rms_norm_dynamic_per_token_quant_support_with, fused_add_rms_norm_static_fp8_quant_support,
     fused_add_rms_norm_static_fp8_quant_support_with, fused_add_rms_norm_support, fused_add_rms_norm_support_with,
-    gated_support, gated_support_with, quant_support, quant_support_with, rms_norm_dynamic_per_token_quant_support,
-    rms_norm_dynamic_per_token_quant_support_with, rms_norm_static_fp8_quant_support,
-    rms_norm_static_fp8_quant_support_with, rms_norm_support, rms_norm_support_with, rotary_support,
-    rotary_support_with,
+    gated_support, gated_support_with, qk_norm_rope_support_with, quant_support, quant_support_with,
+    rms_norm_dynamic_per_token_quant_support, rms_norm_dynamic_per_token_quant_support_with,
+    rms_norm_static_fp8_quant_support, rms_norm_static_fp8_quant_support_with, rms_norm_support, rms_norm_support_with,
+    rotary_support, rotary_support_with,
 };
 pub use ir_ops::quant::per_token_scales_shape;

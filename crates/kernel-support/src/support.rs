@@ -358,6 +358,65 @@ pub fn rotary_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes: Ker
     let Some(args) = ir_ops::rotary_embedding::RotaryEmbeddingArgs::from_meta(args) else {
         return no("arguments do not match rotary_embedding");
     };
+    rotation_support(&args, device, dtypes)
+}
+
+/// The predicate of `fused_qk_norm_rope` on `device` for a provider computing on `dtypes`: the
+/// rotation's rules ([`rotary_support_with`]: query and key rows of one stride, column slices of a
+/// qkv buffer included), and both weights on the device in one of `dtypes`. With `heads_as_rows`
+/// (an executor of row programs, which walks the heads as its rows), the heads of query and of key
+/// (each viewed `[tokens, heads, head_size]`) must be rows of one stride too: compact tensors, not
+/// column slices.
+pub fn qk_norm_rope_support_with(
+    args: &[ArgMeta<'_>],
+    device: DeviceKind,
+    dtypes: KernelDTypes,
+    heads_as_rows: bool,
+) -> Support {
+    use ir_ops::fused_qk_norm_rope::FusedQkNormRopeArgs;
+    let Some(args) = FusedQkNormRopeArgs::from_meta(args) else {
+        return no("arguments do not match fused_qk_norm_rope");
+    };
+    let rotation = args.rotation();
+    if let Support::No(reason) = rotation_support(&rotation, device, dtypes) {
+        return Support::No(reason);
+    }
+    for (what, weight) in [("q_weight", Some(args.q_weight)), ("k_weight", args.k_weight)] {
+        let Some(weight) = weight else { continue };
+        if let Support::No(reason) = dtypes.support(what, weight.dtype) {
+            return Support::No(reason);
+        }
+        if weight.device.kind() != device {
+            return Support::No(Cow::Owned(format!("{what} is on {}, this provider runs on {device}", weight.device)));
+        }
+    }
+    if heads_as_rows {
+        let head_size = usize::try_from(args.head_size).unwrap_or(1).max(1);
+        for (what, t) in [("query", Some(args.query)), ("key", args.key)] {
+            let Some(t) = t else { continue };
+            let width = t.layout.last_dim();
+            let tokens = t.layout.numel() / width.max(1);
+            let heads = t
+                .layout
+                .reshape(&[tokens, width / head_size, head_size])
+                .ok()
+                .map(|layout| crate::Rows::of(&ir_core::TensorMeta { layout, ..t.clone() }).is_ok());
+            if heads != Some(true) {
+                return Support::No(Cow::Owned(format!(
+                    "{what}'s heads are not rows of one stride (a column slice of a wider buffer), which a generated kernel walks"
+                )));
+            }
+        }
+    }
+    Support::Yes
+}
+
+/// [`rotary_support_with`]'s rules for a rotation's arguments.
+fn rotation_support(
+    args: &ir_ops::rotary_embedding::RotaryEmbeddingArgs<'_>,
+    device: DeviceKind,
+    dtypes: KernelDTypes,
+) -> Support {
     let query = args.query;
     if let Support::No(reason) = dtypes.support("query", query.dtype) {
         return Support::No(reason);

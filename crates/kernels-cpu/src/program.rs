@@ -330,9 +330,10 @@ fn execute(
 /// Registers the cpu implementations of the built-in ops defined by row programs: `layer_norm`
 /// and `silu_and_mul_dynamic_fp8_quant` functional, `fused_add_layer_norm` in place
 /// ([`run_row_program_in_place`]), each its program run here; and `fused_sandwich_rms_norm` in
-/// place as the cpu norm rows composed (`fused_sandwich_rms_norm_cpu`, its program's bits); for
-/// f32, f16 and bf16 x in host memory (f64 runs on native, the same program on the reference
-/// interpreter).
+/// place as the cpu norm rows composed (`fused_sandwich_rms_norm_cpu`, its program's bits), and
+/// `fused_qk_norm_rope` in place as the cpu `rms_norm` and rotary rows composed
+/// (`fused_qk_norm_rope_cpu`); for f32, f16 and bf16 x in host memory (f64 runs on native, the same
+/// program on the reference interpreter).
 pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), ir_core::RegistryError> {
     use ir_core::op::ArgMeta;
     use ir_core::{Device, ImplSpec, Support};
@@ -392,7 +393,18 @@ pub(crate) fn register_program_ops(registry: &ir_core::Registry) -> Result<(), i
         inplace_spec(),
         // The cpu norm rows composed: the program's bits (tested), at the hand-written rows' speed.
         sandwich::Impl::inplace(crate::fused_sandwich_rms_norm_cpu),
-    )
+    )?;
+    // The cpu `rms_norm` and rotary rows composed per token (column slices of qkv included).
+    use ir_ops::fused_qk_norm_rope as qk;
+    let qk_spec = ImplSpec::new(crate::PROVIDER).with_supports(|args: &[ArgMeta<'_>]| {
+        kernel_support::qk_norm_rope_support_with(
+            args,
+            ir_core::DeviceKind::Cpu,
+            kernel_support::KernelDTypes::Reduced,
+            false,
+        )
+    });
+    qk::register(registry, qk_spec, qk::Impl::inplace(crate::rotary::fused_qk_norm_rope_cpu))
 }
 
 /// The rows of a task ([`Run::rows`] gives it the scratch and the row state), compiled for

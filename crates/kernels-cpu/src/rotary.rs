@@ -13,7 +13,7 @@ use kernel_support::{RotaryCall, RotaryLaunch, Rows, register_rotary};
 use rayon::prelude::*;
 
 use crate::element::CpuElement;
-use crate::rows::{rows_per_task, with_scratch};
+use crate::rows::{Weight, rms_norm_row, rows_per_task, with_scratch};
 
 /// Registers `rotary_embedding` on the cpu (in place).
 pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
@@ -47,6 +47,70 @@ pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tens
             DType::F32 => pass.rotate::<f32>(buffer, rows),
             DType::F16 => pass.rotate::<half::f16>(buffer, rows),
             DType::BF16 => pass.rotate::<half::bf16>(buffer, rows),
+            other => return Err(crate::unsupported_dtype(other)),
+        }
+    }
+    Ok((query.into_tensor(), key.map(UniqueTensor::into_tensor)))
+}
+
+/// `fused_qk_norm_rope` on the cpu, in place: per token, each head of the query (then the key)
+/// normalized by the cpu `rms_norm` row into this thread's scratch (rounded to the tensor's dtype,
+/// as `rms_norm` stores it), the row rotated as `rotary_embedding_cpu` rotates it and stored back: the cpu's
+/// `rms_norm` and `rotary_embedding` rows composed, so the unfused chain's bits (the op's program's
+/// too, tested), reading and writing each row once. Query and key may be column slices of one qkv
+/// buffer; positions are checked against the cache before anything is written.
+#[allow(clippy::too_many_arguments)] // one argument per parameter of the op
+pub fn fused_qk_norm_rope_cpu(
+    positions: &Tensor,
+    mut query: UniqueTensor,
+    mut key: Option<UniqueTensor>,
+    q_weight: &Tensor,
+    k_weight: Option<&Tensor>,
+    cos_sin_cache: &Tensor,
+    epsilon: f64,
+    head_size: i64,
+    rotary_dim: i64,
+    is_neox_style: bool,
+    rounding: ir_ops::Rounding,
+) -> Result<(Tensor, Option<Tensor>), KernelError> {
+    let dtype = query.tensor().dtype();
+    let launch = RotaryLaunch::of(
+        positions,
+        query.tensor(),
+        key.as_ref().map(UniqueTensor::tensor),
+        cos_sin_cache,
+        head_size,
+        rotary_dim,
+        is_neox_style,
+    )?;
+    let tokens = launch.geometry.tokens;
+    let stored = positions.cpu_buffer().ok_or_else(|| crate::not_on_cpu("positions"))?.typed::<i64>();
+    let stored = positions
+        .offset()
+        .checked_add(tokens)
+        .and_then(|end| stored.get(positions.offset()..end))
+        .ok_or_else(|| KernelError::InvalidArguments { reason: "positions lie outside their buffer".to_owned() })?;
+    check_positions(stored, launch.geometry.max_position)?;
+    let cache = cos_sin_cache.cpu_buffer().ok_or_else(|| crate::not_on_cpu("cos_sin_cache"))?;
+    let round_products = rounding.rounds_intermediates(dtype);
+    let pass = Pass { positions: stored, cache, cache_rows: launch.cache.rows()?, launch: &launch, round_products };
+    let eps = epsilon as f32;
+    for (param, tensor, rows, weight) in
+        [("query", Some(&mut query), Some(launch.query), Some(q_weight)), ("key", key.as_mut(), launch.key, k_weight)]
+    {
+        let Some(tensor) = tensor else { continue };
+        let weight = weight.ok_or_else(|| KernelError::InvalidArguments {
+            reason: format!("fused_qk_norm_rope: {param} without its norm weight"),
+        })?;
+        let rows = rows
+            .ok_or_else(|| KernelError::InvalidArguments { reason: format!("the launch has no rows for {param}") })?
+            .rows()?;
+        let weight = crate::RowWeight::of(Some(weight), dtype)?;
+        let Storage::Cpu(buffer) = tensor.storage_mut()? else { return Err(crate::not_on_cpu(param)) };
+        match dtype {
+            DType::F32 => pass.norm_rotate::<f32>(buffer, rows, weight.typed(), eps),
+            DType::F16 => pass.norm_rotate::<half::f16>(buffer, rows, weight.typed(), eps),
+            DType::BF16 => pass.norm_rotate::<half::bf16>(buffer, rows, weight.typed(), eps),
             other => return Err(crate::unsupported_dtype(other)),
         }
     }
@@ -93,6 +157,49 @@ impl Pass<'_> {
             .zip(self.positions.par_iter())
             .with_min_len(per_task)
             .for_each_init(|| vec![0f32; width + rot], |scratch, item| task(scratch, item));
+    }
+}
+
+impl Pass<'_> {
+    /// Normalizes every head of each row (the cpu `rms_norm` row, into scratch in `T`), then
+    /// rotates the row and stores it back, in place.
+    fn norm_rotate<T: CpuElement>(&self, buffer: &mut CpuBuffer, rows: Rows, weight: Weight<'_, T>, eps: f32) {
+        let g = self.launch.geometry;
+        let rot = g.rotary_dim;
+        let width = rows.hidden;
+        if rows.n_rows == 0 || width == 0 {
+            return;
+        }
+        let cache = &self.cache.typed::<T>()[self.cache_rows.offset..self.cache_rows.offset + self.cache_rows.span()];
+        let cache_stride = self.cache_rows.row_stride;
+        let data = &mut buffer.typed_mut::<T>()[rows.offset..rows.offset + rows.span()];
+        let per_task = rows_per_task(width, size_of::<T>());
+        let head_size = g.head_size;
+        let task = |normed: &mut [T], scratch: &mut [f32], (row, &position): (&mut [T], &i64)| {
+            let row = &mut row[..width];
+            for (head, out) in row.chunks_exact(head_size).zip(normed.chunks_exact_mut(head_size)) {
+                rms_norm_row(head, weight, eps, out, false);
+            }
+            let cache_row = &cache[position as usize * cache_stride..][..rot];
+            rotate_row(normed, cache_row, scratch, head_size, g.is_neox_style, self.round_products);
+            row.copy_from_slice(normed);
+        };
+        if rows.n_rows <= per_task {
+            // One scratch: the normalized row (`width` values of T in the room of `width` f32s),
+            // then the rotation's f32 row and cache row.
+            with_scratch(2 * width + rot, |scratch: &mut [f32]| {
+                let (normed, scratch) = scratch.split_at_mut(width);
+                let normed = &mut bytemuck::cast_slice_mut::<f32, T>(normed)[..width];
+                data.chunks_mut(rows.row_stride)
+                    .zip(self.positions.iter())
+                    .for_each(|item| task(normed, scratch, item));
+            });
+            return;
+        }
+        data.par_chunks_mut(rows.row_stride).zip(self.positions.par_iter()).with_min_len(per_task).for_each_init(
+            || (vec![<T as bytemuck::Zeroable>::zeroed(); width], vec![0f32; width + rot]),
+            |(normed, scratch), item| task(normed, scratch, item),
+        );
     }
 }
 
@@ -297,6 +404,99 @@ mod tests {
                 (indexed[xi], indexed[yi]) = rotate_pair(head[xi], head[yi], cos[i], sin[i]);
             }
             assert_eq!(fast, indexed, "neox={neox}");
+        }
+    }
+
+    /// The composed kernel gives the cpu `rms_norm` of the heads then the rotation's bits (the
+    /// unfused chain on the cpu), in place on query and key column slices of one qkv buffer: every
+    /// dtype, both styles and roundings, partial and full rotation, weights of x's dtype and f32,
+    /// decode and prefill sizes (rows split across threads), awkward values; and the op's program on
+    /// the cpu interpreter gives the same bits on compact tensors.
+    #[test]
+    fn the_fused_qk_norm_rope_gives_the_unfused_cpu_chains_bits() {
+        use ir_core::testing::InputRng;
+        use ir_ops::Rounding;
+        use ir_ops::rotary_embedding::cos_sin_cache;
+        let mut rng = InputRng::new(53);
+        let (heads, kv_heads, head_size) = (8, 2, 128);
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for tokens in [1, 3, 300] {
+                let width = (heads + 2 * kv_heads) * head_size;
+                let mut values = rng.normal(dtype, &[tokens, width], 0.0, 2.0).unwrap().to_f64_vec().unwrap();
+                values[3] = f64::INFINITY;
+                values[head_size + 1] = f64::NAN;
+                values[2 * head_size..3 * head_size].iter_mut().for_each(|v| *v = 0.0);
+                let qkv = Tensor::from_f64(dtype, &[tokens, width], &values).unwrap();
+                let positions: Vec<i64> = (0..tokens as i64).map(|t| (t * 7 + 3) % 611).collect();
+                let positions = Tensor::from_slice(&[tokens], &positions).unwrap();
+                for weight_dtype in [dtype, DType::F32] {
+                    let q_weight = rng.normal(weight_dtype, &[head_size], 1.0, 0.2).unwrap();
+                    let k_weight = rng.normal(weight_dtype, &[head_size], 1.0, 0.2).unwrap();
+                    for (rotary_dim, neox, rounding) in [
+                        (head_size, true, Rounding::Exact),
+                        (64, false, Rounding::Dtype),
+                        (head_size, true, Rounding::Dtype),
+                    ] {
+                        let what = format!("{dtype} {tokens} weights {weight_dtype} {rotary_dim} {neox} {rounding:?}");
+                        let cache = cos_sin_cache(dtype, 611, rotary_dim, 1e6).unwrap();
+                        let slice = |t: &Tensor, first: usize, count: usize| {
+                            t.narrow(1, first * head_size, count * head_size).unwrap()
+                        };
+                        let as_heads = |t: &Tensor| t.reshape(&[tokens, t.shape()[1] / head_size, head_size]).unwrap();
+                        // The unfused chain on the cpu.
+                        let norm = |t: &Tensor, w: &Tensor| {
+                            crate::rms_norm_cpu(&as_heads(t), Some(w), 1e-6, None).unwrap().reshape(t.shape()).unwrap()
+                        };
+                        let (nq, nk) =
+                            (norm(&slice(&qkv, 0, heads), &q_weight), norm(&slice(&qkv, heads, kv_heads), &k_weight));
+                        let (eq, ek) = ir_ops::rotary_embedding::native(
+                            &positions,
+                            &nq,
+                            Some(&nk),
+                            &cache,
+                            head_size as i64,
+                            rotary_dim as i64,
+                            neox,
+                            rounding,
+                        )
+                        .unwrap();
+                        // In place on column slices of copies of qkv (each the only view of its storage).
+                        let unique_slice = |first: usize, count: usize| {
+                            let view = slice(&qkv.deep_clone().unwrap(), first, count);
+                            UniqueTensor::new(view).unwrap_or_else(|_| panic!("the only view"))
+                        };
+                        let (q, k) = (unique_slice(0, heads), unique_slice(heads, kv_heads));
+                        let (q, k) = fused_qk_norm_rope_cpu(
+                            &positions,
+                            q,
+                            Some(k),
+                            &q_weight,
+                            Some(&k_weight),
+                            &cache,
+                            1e-6,
+                            head_size as i64,
+                            rotary_dim as i64,
+                            neox,
+                            rounding,
+                        )
+                        .unwrap();
+                        assert!(ir_core::bit_eq(&q, &eq), "{what}: query");
+                        assert!(ir_core::bit_eq(&k.unwrap(), &ek.unwrap()), "{what}: key");
+                        // The program on the cpu interpreter, compact tensors.
+                        let program = ir_ops::fused_qk_norm_rope::program(neox, rounding);
+                        let compact = slice(&qkv, 0, heads).contiguous().unwrap();
+                        let args = [
+                            ir_ops::row_program::RowArg::Tensor(&positions),
+                            ir_ops::row_program::RowArg::Tensor(&as_heads(&compact)),
+                            ir_ops::row_program::RowArg::Tensor(&q_weight),
+                            ir_ops::row_program::RowArg::Tensor(&cache),
+                            ir_ops::row_program::RowArg::Scalar(1e-6),
+                        ];
+                        let ours = crate::program::run_row_program(program, &args).unwrap();
+                        assert!(ir_core::bit_eq(&ours[0].reshape(eq.shape()).unwrap(), &eq), "{what}: the program");
+                    }
+                }
+            }
         }
     }
 }

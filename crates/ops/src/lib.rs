@@ -14,6 +14,7 @@
 //! | `silu_and_mul_dynamic_fp8_quant` (the gated activation and the per-token quantization fused, likewise) | [`silu_and_mul_dynamic_fp8_quant`] |
 //! | `fused_add_layer_norm` (the residual add and `layer_norm` fused, likewise) | [`fused_add_layer_norm`] |
 //! | `fused_sandwich_rms_norm` (Gemma 2/3: `rms_norm`, residual add, `rms_norm` of the sum, fused, likewise) | [`fused_sandwich_rms_norm`] |
+//! | `fused_qk_norm_rope` (Qwen3: `rms_norm` of every query and key head, then `rotary_embedding`, fused, likewise) | [`fused_qk_norm_rope`] |
 //!
 //! [`row_program`] describes a memory-bound computation over rows once, as data, with a reference
 //! interpreter that defines its semantics; [`row_program::builtin`] expresses the norms, the gated
@@ -45,6 +46,7 @@ pub mod fused_add_rms_norm;
 pub mod fused_add_rms_norm_dynamic_per_token_quant;
 pub mod fused_add_rms_norm_static_fp8_quant;
 mod fused_norm;
+pub mod fused_qk_norm_rope;
 pub mod fused_sandwich_rms_norm;
 pub mod gated;
 pub mod gelu_and_mul;
@@ -115,6 +117,7 @@ pub const BUILTIN_OPS: &[&OpDef] = &[
     &silu_and_mul_dynamic_fp8_quant::SILU_AND_MUL_DYNAMIC_FP8_QUANT,
     &fused_add_layer_norm::FUSED_ADD_LAYER_NORM,
     &fused_sandwich_rms_norm::FUSED_SANDWICH_RMS_NORM,
+    &fused_qk_norm_rope::FUSED_QK_NORM_ROPE,
 ];
 
 /// A registry defining every op of [`BUILTIN_OPS`], each with `native` only; kernel crates register

@@ -243,9 +243,16 @@ pub fn check_positions(positions: &[i64], max_position: usize) -> Result<(), Ker
 }
 
 fn meta(def: &'static ir_core::op::OpDef, args: &[ArgMeta<'_>]) -> Result<ir_core::op::OutputMetas, MetaError> {
-    let op = def.name;
-    let kind = |param| MetaError::Kind { op, param };
-    let args = RotaryEmbeddingArgs::from_meta(args).ok_or(kind("query"))?;
+    let args = RotaryEmbeddingArgs::from_meta(args).ok_or(MetaError::Kind { op: def.name, param: "query" })?;
+    rotary_meta(def.name, &args)
+}
+
+/// The checks and output metadata of a rotation of `args` by op `op` (this op's meta function, and
+/// that of the ops that rotate as it does).
+pub(crate) fn rotary_meta(
+    op: &'static str,
+    args: &RotaryEmbeddingArgs<'_>,
+) -> Result<ir_core::op::OutputMetas, MetaError> {
     let query = args.query;
     if query.layout.rank() == 0 {
         return Err(MetaError::Rank { op, param: "query", expected: "rank >= 1", shape: vec![] });

@@ -239,8 +239,9 @@ pub fn row_program_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes
 }
 
 /// Registers runtime `R`'s implementations of the built-in ops defined by row programs
-/// (`layer_norm`, `silu_and_mul_dynamic_fp8_quant`, and in place `fused_add_layer_norm` and
-/// `fused_sandwich_rms_norm`): each the kernel generated from its program for the call's dtypes.
+/// (`layer_norm`, `silu_and_mul_dynamic_fp8_quant`, and in place `fused_add_layer_norm`,
+/// `fused_sandwich_rms_norm` and `fused_qk_norm_rope`): each the kernel generated from its program
+/// for the call's dtypes.
 pub(crate) fn register_program_ops<R: GpuRuntime>(
     registry: &Registry,
     backend: GpuBackend,
@@ -267,5 +268,21 @@ pub(crate) fn register_program_ops<R: GpuRuntime>(
         sandwich::Impl::inplace(|x, r, post, pre, epsilon, rounding| {
             sandwich::run_in_place(run_row_program_in_place::<R>, x, r, post, pre, epsilon, rounding)
         }),
+    )?;
+    use ir_ops::fused_qk_norm_rope as qk;
+    // The generated kernel walks the heads as rows: their views must be rows of one stride.
+    let qk_spec = spec().with_supports(move |args| match row_program_support_with(args, device, dtypes()) {
+        Support::Yes => crate::qk_norm_rope_support_with(args, device, dtypes(), true),
+        refused => refused,
+    });
+    qk::register(
+        registry,
+        qk_spec,
+        qk::Impl::inplace(
+            |positions, q, k, q_weight, k_weight, cache, epsilon, head_size, _rotary_dim, neox, rounding| {
+                let run = run_row_program_in_place::<R>;
+                qk::run_in_place(run, positions, q, k, q_weight, k_weight, cache, epsilon, head_size, neox, rounding)
+            },
+        ),
     )
 }
