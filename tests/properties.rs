@@ -52,6 +52,11 @@ enum Step {
     /// a key of its dtype (the query itself possible): the query, the key, and the case (key or
     /// none, full or partial rotary, `maybe_inplace` or functional, NeoX or GPT-J).
     Rotary(u8, u8, u8),
+    /// Qwen3's attention input (what `fuse-row-programs` fuses into `fused_qk_norm_rope`): the heads
+    /// (of 8) of a query and of a key of its dtype each RMS-normalized through a view
+    /// (`reshape` to `[T, heads, 8]` and back), then rotated: the query, the key, and the case
+    /// (`maybe_inplace` or functional, full or partial rotary, NeoX or GPT-J, one epsilon or two).
+    QkNormRope(u8, u8, u8),
     /// A fusion candidate one of whose other operands the pair itself computes: an add + rms_norm
     /// whose weight is the sum (rank 1, `[H]`), or a `fused_add_rms_norm` + static quantization whose
     /// scale is the norm's residual output (`[1]`, f32); the second byte reads the sum before the
@@ -80,6 +85,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, w)| Step::Sandwich(a, b, w)),
         1 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(a, b, w)| Step::AddLayerNorm(a, b, w)),
         1 => (any::<u8>(), any::<bool>(), any::<u8>()).prop_map(|(a, w, k)| Step::SiluQuant(a, w, k)),
+        1 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(a, b, k)| Step::QkNormRope(a, b, k)),
     ]
 }
 
@@ -109,6 +115,8 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
         })
         .collect();
     let weight = graph.add_input("w", TensorMeta::compact(dtype, &[H]));
+    // The head norms' weight (heads of 8).
+    let head_weight = graph.add_input("w_head", TensorMeta::compact(dtype, &[8]));
     let scale = graph.add_input("scale", TensorMeta::compact(DType::F32, &[1]));
     // Rotary embedding's positions (i64 inputs are drawn in 0..8) and a cos/sin cache of 8 rows per
     // dtype and rotary_dim (8: full rotary of heads of 8; 4: partial).
@@ -566,6 +574,72 @@ fn build(dtype: DType, tokens: usize, inputs: &[(u8, bool, bool)], steps: &[Step
                     quantized.extend(graph.push(kind, vec![TensorMeta::compact(DType::F8E4M3FN, &[1])]).1);
                 }
             }
+            Step::QkNormRope(a, b, k) => {
+                // The heads view, and the norm's result (the view's copy layout) viewed back.
+                let heads_of = |graph: &Graph, v: ValueId| match graph.meta(v).shape() {
+                    [t, w] if *t == tokens && *w > 0 && w % 8 == 0 => {
+                        let heads = graph.meta(v).layout.reshape(&[*t, w / 8, 8]).ok()?;
+                        let normed = heads.copy_layout();
+                        let back = normed.reshape(&[*t, *w]).ok()?;
+                        Some((heads, normed, back))
+                    }
+                    _ => None,
+                };
+                let queries: Vec<ValueId> = pool.iter().copied().filter(|&v| heads_of(&graph, v).is_some()).collect();
+                if queries.is_empty() {
+                    continue;
+                }
+                let q = pick(&queries, a);
+                let q_dtype = graph.meta(q).dtype;
+                let keys: Vec<ValueId> = queries.iter().copied().filter(|&v| graph.meta(v).dtype == q_dtype).collect();
+                let key = pick(&keys, b);
+                let mut normalized = Vec::with_capacity(2);
+                for (index, x) in [q, key].into_iter().enumerate() {
+                    let (heads, normed, back) = heads_of(&graph, x).expect("filtered above");
+                    let view = TensorMeta { layout: heads, ..m(&graph, x) };
+                    let heads_shape = view.shape().to_vec();
+                    let back_shape = back.shape().to_vec();
+                    let reshape = |of: ValueId, shape: Vec<usize>| {
+                        NodeKind::builtin(Builtin::Reshape, vec![BuiltinArg::Value(of), BuiltinArg::Shape(shape)])
+                    };
+                    let (_, heads) = graph.push(reshape(x, heads_shape.clone()), vec![view.clone()]);
+                    roots.insert(heads[0], root(&roots, x));
+                    let epsilon = if index == 1 && k % 5 == 0 { 1e-5 } else { 1e-6 };
+                    let kind = NodeKind::IrCall {
+                        op: graph.op_ref("rms_norm"),
+                        overload: Overload::Default,
+                        args: vec![Arg::Tensor(heads[0]), Arg::Tensor(head_weight), Arg::F64(epsilon), Arg::None],
+                    };
+                    let normed = graph.push(kind, vec![TensorMeta { layout: normed, ..m(&graph, x) }]).1[0];
+                    let back = TensorMeta { layout: back, ..m(&graph, x) };
+                    let (_, back) = graph.push(reshape(normed, back_shape), vec![back]);
+                    roots.insert(back[0], normed);
+                    normalized.push(back[0]);
+                }
+                let rotary_dim = if k % 2 == 0 { 8 } else { 4 };
+                let overload = if k % 4 < 2 { Overload::MaybeInplace } else { Overload::Default };
+                let metas = normalized.iter().map(|&v| m(&graph, v)).collect();
+                let kind = NodeKind::IrCall {
+                    op: graph.op_ref("rotary_embedding"),
+                    overload,
+                    args: vec![
+                        Arg::Tensor(positions),
+                        Arg::Tensor(normalized[0]),
+                        Arg::Tensor(normalized[1]),
+                        Arg::Tensor(caches[&(q_dtype, rotary_dim)]),
+                        Arg::I64(8),
+                        Arg::I64(rotary_dim as i64),
+                        Arg::Bool(k % 8 < 4),
+                    ],
+                };
+                let (_, results) = graph.push(kind, metas);
+                if overload == Overload::MaybeInplace {
+                    for (&result, &of) in results.iter().zip(&normalized) {
+                        roots.insert(result, root(&roots, of));
+                    }
+                }
+                pool.extend(results);
+            }
             Step::Rotary(a, b, k) => {
                 let queries: Vec<ValueId> = pool
                     .iter()
@@ -641,6 +715,7 @@ fn registry() -> (Registry, Vec<PriorityGuard>) {
         "fused_sandwich_rms_norm",
         "silu_and_mul",
         "silu_and_mul_dynamic_fp8_quant",
+        "fused_qk_norm_rope",
     ];
     let guards = ops.iter().map(|op| registry.override_priority(op, &["cpu", "native"]).unwrap()).collect();
     (registry, guards)
@@ -1025,8 +1100,9 @@ fn the_generator_gives_row_program_chains_to_fuse() {
         }
     }
     eprintln!("600 graphs: fused {by_op:?} by name, {exact_by_op:?} exactly; kept for {kept:?}");
-    assert_eq!(by_op.len(), 3, "every fused op is made: {by_op:?}");
-    assert_eq!(exact_by_op.len(), 3, "the exact form fuses every chain on the cpu: {exact_by_op:?}");
+    assert_eq!(by_op.len(), 4, "every fused op is made: {by_op:?}");
+    assert_eq!(exact_by_op.len(), 4, "the exact form fuses every chain on the cpu: {exact_by_op:?}");
+    assert!(kept.contains("EpsilonDiffers"), "head norms of two epsilons are kept: {kept:?}");
     assert!(kept.contains("IntermediateRead"), "the generator makes chains the pass must keep: {kept:?}");
 }
 

@@ -31,6 +31,8 @@ fn registry() -> &'static Registry {
             "silu_and_mul",
             "dynamic_per_token_scaled_fp8_quant",
             "silu_and_mul_dynamic_fp8_quant",
+            "rotary_embedding",
+            "fused_qk_norm_rope",
         ] {
             registry.set_default(op, &["cpu", "native"]).expect("registered");
         }

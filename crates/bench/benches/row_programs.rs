@@ -6,7 +6,9 @@
 //! on donated activations (copied outside the timing), `fused_sandwich_rms_norm` (one program, and
 //! the cpu provider's composed norm rows, beside the hand-written `rms_norm` then
 //! `fused_add_rms_norm`) and `fused_add_layer_norm` (one program beside an in-place add program
-//! then the `layer_norm` program).
+//! then the `layer_norm` program), and Qwen3's `fused_qk_norm_rope` in place on the q and k slices
+//! of a qkv buffer (the cpu provider's composed rows) beside the hand-written `rms_norm` of the
+//! heads then rotary.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use ir_core::{DType, Tensor, TensorMeta, UniqueTensor};
@@ -156,9 +158,110 @@ fn row_programs(c: &mut Criterion) {
                     BatchSize::LargeInput,
                 )
             });
+            qk_norm_rope(&mut group, dtype, tokens);
             group.finish();
         }
     }
+}
+
+/// Qwen3-8B's attention input (32 query heads, 8 key heads of 128, a `[T, 6144]` qkv buffer):
+/// `fused_qk_norm_rope` in place on the q and k column slices of qkv (the cpu provider's composed
+/// rows, and the program in place on compact q and k), beside the unfused chain the engine runs:
+/// the cpu `rms_norm` of each slice's heads (fresh results), then the cpu rotary in place on them.
+fn qk_norm_rope(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    dtype: DType,
+    tokens: usize,
+) {
+    use ir_ops::rotary_embedding::cos_sin_cache;
+    let (heads, kv_heads, head_size) = (32usize, 8usize, 128usize);
+    let width = (heads + 2 * kv_heads) * head_size;
+    let qkv = Tensor::randn(&TensorMeta::compact(dtype, &[tokens, width]), 6).expect("qkv");
+    let q_weight = Tensor::randn(&TensorMeta::compact(dtype, &[head_size]), 7).expect("q_weight");
+    let k_weight = Tensor::randn(&TensorMeta::compact(dtype, &[head_size]), 8).expect("k_weight");
+    let cache = cos_sin_cache(dtype, 4096, head_size, 1e6).expect("cache");
+    let positions: Vec<i64> = (0..tokens as i64).map(|t| (t * 7 + 3) % 4096).collect();
+    let positions = Tensor::from_slice(&[tokens], &positions).expect("positions");
+    let slice = |t: &Tensor, first: usize, count: usize| {
+        t.narrow(1, first * head_size, count * head_size).expect("a slice of qkv")
+    };
+    // A donated copy of qkv's q and k slices (each the only view of its copy's storage).
+    let donated_slices = || {
+        let unique = |first, count| {
+            let view = slice(&qkv.deep_clone().expect("a copy"), first, count);
+            UniqueTensor::new(view).unwrap_or_else(|_| panic!("the only view"))
+        };
+        (unique(0, heads), unique(heads, kv_heads))
+    };
+    group.bench_function("fused_qk_norm_rope/fused-cpu-rows", |b| {
+        b.iter_batched(
+            donated_slices,
+            |(q, k)| {
+                let (q_weight, k_weight, neox) = (&q_weight, Some(&k_weight), true);
+                let size = head_size as i64;
+                kernels_cpu::rotary::fused_qk_norm_rope_cpu(
+                    &positions,
+                    q,
+                    Some(k),
+                    q_weight,
+                    k_weight,
+                    &cache,
+                    1e-6,
+                    size,
+                    size,
+                    neox,
+                    Rounding::Exact,
+                )
+                .expect("ran")
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    let program = ir_ops::fused_qk_norm_rope::program(true, Rounding::Exact);
+    let q_compact = slice(&qkv, 0, heads).contiguous().expect("q");
+    group.bench_function("fused_qk_norm_rope/fused-program-query", |b| {
+        b.iter_batched(
+            || donate(&q_compact.reshape(&[tokens, heads, head_size]).expect("heads")),
+            |mut q| {
+                let mut args = [
+                    InPlaceArg::Read(RowArg::Tensor(&positions)),
+                    InPlaceArg::Donated(&mut q),
+                    InPlaceArg::Read(RowArg::Tensor(&q_weight)),
+                    InPlaceArg::Read(RowArg::Tensor(&cache)),
+                    InPlaceArg::Read(RowArg::Scalar(1e-6)),
+                ];
+                run_row_program_in_place(program, &mut args).expect("ran");
+                q
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("fused_qk_norm_rope/unfused-hand-written", |b| {
+        b.iter(|| {
+            let norm = |first, count, weight: &Tensor| {
+                let heads_view = slice(&qkv, first, count).reshape(&[tokens, count, head_size]).expect("heads");
+                let rows = {
+                    let normed = kernels_cpu::rms_norm_cpu(&heads_view, Some(weight), 1e-6, None).expect("ran");
+                    normed.reshape(&[tokens, count * head_size]).expect("rows")
+                };
+                UniqueTensor::new(rows).unwrap_or_else(|_| panic!("fresh"))
+            };
+            let (q, k) = (norm(0, heads, &q_weight), norm(heads, kv_heads, &k_weight));
+            let size = head_size as i64;
+            let launch =
+                kernel_support::RotaryLaunch::of(&positions, q.tensor(), Some(k.tensor()), &cache, size, size, true)
+                    .expect("launch");
+            let call = kernel_support::RotaryCall {
+                positions: &positions,
+                query: q,
+                key: Some(k),
+                cos_sin_cache: &cache,
+                launch,
+                round_products: false,
+            };
+            kernels_cpu::rotary::rotary_embedding_cpu(call).expect("ran")
+        })
+    });
 }
 
 criterion_group! { name = benches; config = Criterion::default().sample_size(20); targets = row_programs }

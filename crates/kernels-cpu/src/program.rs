@@ -766,38 +766,41 @@ impl Run<'_> {
                 }
                 Source::Scalar(_) | Source::Positions(_) => unreachable!("loads read rows"),
             },
+            // A rotary program's row is one chunk (`Run::chunk`): `start` is 0 and `len` the width.
             Op::Cos { cache } | Op::Sin { cache } => {
                 let (bytes, rows, dtype, rotated, neox, position) = self.cache_row(cache, row);
-                let mut cache_row = [0f32; 1];
-                let read = |i: usize, value: &mut [f32; 1]| {
-                    load(dtype, bytes, rows.offset + position * rows.row_stride + i, value)
-                };
+                let half = rotated / 2;
                 let sin = matches!(step.op, Op::Sin { .. });
-                for (o, j) in out.iter_mut().zip(start..) {
-                    *o = match (ir_ops::row_program::rotary_column(j, rotated, neox), sin) {
-                        (None, false) => 1.0,
-                        (None, true) => 0.0,
-                        (Some((i, _, _)), false) => {
-                            read(i, &mut cache_row);
-                            cache_row[0]
-                        }
-                        (Some((i, first, _)), true) => {
-                            read(rotated / 2 + i, &mut cache_row);
-                            if first { -cache_row[0] } else { cache_row[0] }
-                        }
-                    };
+                // The pairs' cosines (or sines) into the first half, widened at once, then spread
+                // over both columns of each pair (the sine negated on the first).
+                let first = rows.offset + position * rows.row_stride + if sin { half } else { 0 };
+                load(dtype, bytes, first, &mut out[..half]);
+                let negate = |v: f32| if sin { -v } else { v };
+                if neox {
+                    let (firsts, rest) = out.split_at_mut(half);
+                    rest[..half].copy_from_slice(firsts);
+                    firsts.iter_mut().for_each(|v| *v = negate(*v));
+                } else {
+                    for i in (0..half).rev() {
+                        let v = out[i];
+                        (out[2 * i], out[2 * i + 1]) = (negate(v), v);
+                    }
                 }
+                out[rotated..].fill(if sin { 0.0 } else { 1.0 });
             }
             Op::Pair { x, cache } => {
-                // The row is one chunk (`Run::chunk`): every partner is in x's chunk.
                 let (_, _, _, rotated, neox, _) = self.cache_row(cache, row);
+                let half = rotated / 2;
                 let x = &before[x.0 as usize * chunk..][..len];
-                for (o, j) in out.iter_mut().zip(start..) {
-                    *o = match ir_ops::row_program::rotary_column(j, rotated, neox) {
-                        Some((_, _, partner)) => x[partner - start],
-                        None => -0.0,
-                    };
+                if neox {
+                    out[..half].copy_from_slice(&x[half..rotated]);
+                    out[half..rotated].copy_from_slice(&x[..half]);
+                } else {
+                    for (o, x) in out[..rotated].chunks_exact_mut(2).zip(x.chunks_exact(2)) {
+                        (o[0], o[1]) = (x[1], x[0]);
+                    }
                 }
+                out[rotated..].fill(-0.0);
             }
             Op::Weight { input } => {
                 let Source::Rows(bytes, rows, dtype) = &self.sources[input] else { unreachable!("weights are rows") };
