@@ -1733,6 +1733,37 @@ fn the_16_byte_and_scalar_kernels_give_the_same_bits() {
     }
 }
 
+/// Qwen3's head norms and rotation on every emulated GPU, in place on query and key rows 3
+/// elements apart (the heads of such rows are blocks of rows, as a column slice of qkv's are): the
+/// generated kernel walks the heads where they are, with no compact copy launched, and gives the
+/// compact rows' bits.
+#[test]
+fn the_generated_kernels_walk_the_heads_of_padded_rows_where_they_are() {
+    let emulated = emulated_backends();
+    if emulated.is_empty() {
+        return ir_core::testing::skip("cxx", "no emulated GPU: head blocks not walked");
+    }
+    let def = &ir_ops::fused_qk_norm_rope::FUSED_QK_NORM_ROPE;
+    for backend in emulated {
+        for dtype in [DType::F32, DType::BF16] {
+            for seed in 0..3u64 {
+                let spec = InputSpec { num_tokens: 5, hidden_size: 1024, dtype, epsilon: EPS, seed };
+                let host = (def.generate_inputs)(&spec).unwrap();
+                let label = format!("{} {dtype} seed {seed}", backend.provider);
+                let (compact, _) = run_logged(&backend, def, &host, false);
+                let (padded, launches) = run_logged(&backend, def, &host, true);
+                assert!(
+                    !launches.is_empty() && launches.iter().all(|l| &*l.kernel == "row_program"),
+                    "{label}: {launches:?}"
+                );
+                for (index, (a, b)) in compact.iter().zip(&padded).enumerate() {
+                    assert!(bit_eq(a, b), "{label}: output {index} differs between compact and padded rows");
+                }
+            }
+        }
+    }
+}
+
 /// The same source in CUDA's dialect (one block per row, warps of 32) and HIP's (grid-stride rows,
 /// its own norm kernels) on a GPU with waves of 32: every op gives the same bits on both, every
 /// dtype, compact and padded rows.

@@ -346,12 +346,15 @@ impl Syntax {
 
 /// The CUDA/HIP kernel of `program` for a call bound as `binding`. Its parameters, in order:
 /// `long long n_rows, int width`, then per input an activation's `(const T* in, long long
-/// row_stride)`, a weight's or a scalar tensor's `(const T* in)`, a scalar's `double`; then per
-/// output its `T* out` (`unsigned char*` for fp8), compact. When `binding.in_place` is set, an
-/// output stored in place of an activation has no parameter: it is written into that activation
-/// (`T* in`, at its row stride). Each buffer is passed at its tensor's
-/// first element (the [`gpu`](crate::gpu) module's convention: an element address on CUDA and
-/// HIP).
+/// row_stride, long long inner, long long outer)` (row `r` at `(r / inner) · outer + (r % inner) ·
+/// row_stride`: rows of one stride, `inner` the row count, or blocks of `inner` rows `outer`
+/// apart, the heads of a column slice), a positions input's `(const long long* in, long long
+/// per)`, a cache's `(const T* in, long long row_stride, int rotated, long long max_position)`, a
+/// weight's or a scalar tensor's `(const T* in)`, a scalar's `double`; then per output its `T*
+/// out` (`unsigned char*` for fp8), compact. When `binding.in_place` is set, an output stored in
+/// place of an activation has no parameter: it is written into that activation (`T* in`, at its
+/// rows). Each buffer is passed at its tensor's first element (the [`gpu`](crate::gpu) module's
+/// convention: an element address on CUDA and HIP).
 ///
 /// Returns the source (the generated part only: compile it after [`ROW_PROGRAM_HEADERS`]).
 pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Unsupported> {
@@ -422,10 +425,15 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
         match input.kind {
             InputKind::Scalar => params.push(format!("double s{index}")),
             InputKind::Activation { .. } => {
-                // Written too when the call stores an output in place of it.
+                // Written too when the call stores an output in place of it. Its rows come in
+                // blocks of `inner` (`outer` apart), `stride` apart within a block.
                 let read_only = !written_in_place(index);
                 syntax.buffer_params(&format!("in{index}"), input_dtype(index)?, read_only, &mut params);
-                params.push(format!("{long} stride{index}"));
+                params.extend([
+                    format!("{long} stride{index}"),
+                    format!("{long} inner{index}"),
+                    format!("{long} outer{index}"),
+                ]);
             }
             InputKind::Weight | InputKind::ScalarTensor => {
                 syntax.buffer_params(&format!("in{index}"), input_dtype(index)?, true, &mut params);
@@ -468,6 +476,15 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
     for (index, step) in steps.iter().enumerate() {
         if step.extent == Extent::Row {
             let _ = writeln!(src, "        double r{index};");
+        }
+    }
+    // Each activation's first element of the row.
+    for (index, input) in program.inputs().iter().enumerate() {
+        if matches!(input.kind, InputKind::Activation { .. }) {
+            let _ = writeln!(
+                src,
+                "        const {long} base{index} = (row / inner{index}) * outer{index} + (row % inner{index}) * stride{index};"
+            );
         }
     }
     // A rotary program walks its row by pairs: iteration p < R/2 computes pair p's two columns
@@ -547,7 +564,7 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
         }
         let expr = match step.op {
             Op::Load { input, block } => {
-                let at = format!("row * stride{input} + {block} * ({long})width + {at}");
+                let at = format!("base{input} + {block} * ({long})width + {at}");
                 format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, &at))
             }
             Op::Weight { input } => {
@@ -648,7 +665,7 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
                     // reads its columns of the row before it writes them; no other thread reads them).
                     let at = column.at;
                     let (buffer, at) = match in_place_target(output) {
-                        Some(input) => (format!("in{input}"), format!("row * stride{input} + {at}")),
+                        Some(input) => (format!("in{input}"), format!("base{input} + {at}")),
                         None => (format!("out{k}"), format!("row * ({long})width + {at}")),
                     };
                     let store =

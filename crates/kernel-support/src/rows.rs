@@ -126,6 +126,15 @@ impl RowBlocks {
         Ok(RowBlocks { rows: Rows { n_rows, hidden, row_stride, offset: layout.offset() }, count, stride })
     }
 
+    /// `meta`'s rows as blocks: rows of one stride as one block (of stride 0), else its row blocks
+    /// (the heads of a column slice); the error is why `meta` is not rows of one stride.
+    pub fn of_any(meta: &TensorMeta) -> Result<RowBlocks, Cow<'static, str>> {
+        match Rows::of(meta) {
+            Ok(rows) => Ok(RowBlocks { rows, count: 1, stride: 0 }),
+            Err(why) => RowBlocks::of(meta).map_err(|_| why),
+        }
+    }
+
     /// Block `index`'s rows.
     pub fn block(&self, index: usize) -> Rows {
         Rows { offset: self.rows.offset + index * self.stride, ..self.rows }

@@ -365,8 +365,8 @@ pub fn rotary_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes: Ker
 /// rotation's rules ([`rotary_support_with`]: query and key rows of one stride, column slices of a
 /// qkv buffer included), and both weights on the device in one of `dtypes`. With `heads_as_rows`
 /// (an executor of row programs, which walks the heads as its rows), the heads of query and of key
-/// (each viewed `[tokens, heads, head_size]`) must be rows of one stride too: compact tensors, not
-/// column slices.
+/// (each viewed `[tokens, heads, head_size]`) must be rows of one stride or blocks of them
+/// ([`RowBlocks::of_any`](crate::RowBlocks::of_any): the heads of a column slice of qkv are).
 pub fn qk_norm_rope_support_with(
     args: &[ArgMeta<'_>],
     device: DeviceKind,
@@ -400,10 +400,10 @@ pub fn qk_norm_rope_support_with(
                 .layout
                 .reshape(&[tokens, width / head_size, head_size])
                 .ok()
-                .map(|layout| crate::Rows::of(&ir_core::TensorMeta { layout, ..t.clone() }).is_ok());
+                .map(|layout| crate::RowBlocks::of_any(&ir_core::TensorMeta { layout, ..t.clone() }).is_ok());
             if heads != Some(true) {
                 return Support::No(Cow::Owned(format!(
-                    "{what}'s heads are not rows of one stride (a column slice of a wider buffer), which a generated kernel walks"
+                    "{what}'s heads are neither rows of one stride nor blocks of them, which a generated kernel walks"
                 )));
             }
         }

@@ -29,7 +29,7 @@ pub fn run_row_program(
             RowArg::Tensor(tensor) if tensor.cpu_buffer().is_none() => {
                 return Err(KernelError::WrongMemory { param: input.name.clone(), memory: "host" });
             }
-            RowArg::Tensor(tensor) if crate::Rows::of(tensor.meta()).is_err() => Some(tensor.contiguous()?),
+            RowArg::Tensor(tensor) if crate::RowBlocks::of_any(tensor.meta()).is_err() => Some(tensor.contiguous()?),
             _ => None,
         });
     }
@@ -42,13 +42,19 @@ pub fn run_row_program(
             RowArg::Tensor(tensor) => {
                 let tensor = copy.as_ref().unwrap_or(tensor);
                 let buffer = tensor.cpu_buffer().expect("checked above: host tensors");
-                let rows = crate::Rows::for_kernel(tensor.meta())?;
+                let blocks = crate::RowBlocks::of_any(tensor.meta())
+                    .map_err(|reason| invalid(format!("`{}`: {reason}", input.name)))?;
+                let rows = blocks.rows;
                 let size = tensor.dtype().size_in_bytes();
                 // At the tensor's first element (inside the buffer: its layout was checked against
                 // its storage).
                 launch_args.push(EmuArg::buffer(buffer.as_ptr().wrapping_add(rows.offset * size), size));
                 match input.kind {
-                    InputKind::Activation { .. } => launch_args.push(EmuArg::i64(to_i64(rows.row_stride)?)),
+                    InputKind::Activation { .. } => launch_args.extend([
+                        EmuArg::i64(to_i64(rows.row_stride)?),
+                        EmuArg::i64(to_i64(rows.n_rows.max(1))?),
+                        EmuArg::i64(to_i64(blocks.stride)?),
+                    ]),
                     // `bind` checked that the positions split the rows evenly.
                     InputKind::Positions => {
                         launch_args.push(EmuArg::i64(to_i64(binding.rows / tensor.numel().max(1))?))
@@ -81,8 +87,9 @@ pub fn run_row_program(
         Dialect::Cuda => 32,
         Dialect::Hip => 64,
     };
-    // SAFETY: the kernel reads input i at `offset + row · row_stride + b · width + j` (activations,
-    // b below its blocks, j below width, row below n_rows), `offset + j` (weights), `offset`
+    // SAFETY: the kernel reads input i at `offset + (row / inner) · outer + (row % inner) ·
+    // row_stride + b · width + j` (activations, b below its blocks, j below width, row below
+    // n_rows: a row of one of its row blocks, `RowBlocks::of_any`), `offset + j` (weights), `offset`
     // (scalar tensors), `offset + row / per` (positions: below their count) and `offset + pos ·
     // row_stride + c` (a cache: only for a position below its row count, c below its width):
     // inside each tensor's rows, which its storage holds (`Rows` of a tensor's

@@ -11,7 +11,7 @@ use ir_ops::row_program::{InPlaceArg, InputKind, RowArg, RowProgram};
 
 use super::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey};
 use crate::program::{ROW_BLOCK, check_counts};
-use crate::{KernelDTypes, Rows, device_buffer, kernel_int, stepped_extent};
+use crate::{KernelDTypes, device_buffer, kernel_int, stepped_extent};
 
 /// Runs `program` on `args` on runtime `R`: its outputs as fresh compact tensors on the device of
 /// the first activation, from one launch of the kernel generated for the call's dtypes (a group of
@@ -91,7 +91,9 @@ fn launch<R: GpuRuntime>(
                             reason: format!("`{}` is on another device than `{}`", input.name, inputs[first].name),
                         });
                     }
-                    Some(Rows::for_kernel(tensor.meta())?)
+                    Some(crate::RowBlocks::of_any(tensor.meta()).map_err(|reason| KernelError::InvalidArguments {
+                        reason: format!("`{}`: {reason}", input.name),
+                    })?)
                 }
                 RowArg::Scalar(_) => None,
             });
@@ -128,13 +130,13 @@ fn launch<R: GpuRuntime>(
                     let tensor: &Tensor = tensor;
                     launch.read(
                         device_buffer::<R::Buffer>(tensor, &input.name, R::MEMORY)?,
-                        rows.offset,
+                        rows.rows.offset,
                         tensor.dtype(),
                     );
+                    let rows_of_blocks = *rows;
+                    let rows = rows.rows;
                     match input.kind {
-                        InputKind::Activation { .. } => {
-                            launch.long(kernel_int(rows.row_stride, "row stride")?);
-                        }
+                        InputKind::Activation { .. } => block_args(&mut launch, rows_of_blocks)?,
                         // Rows per position (`bind` checked that they split the rows evenly).
                         InputKind::Positions => {
                             launch.long(kernel_int(binding.rows / tensor.numel().max(1), "rows per position")?);
@@ -152,10 +154,10 @@ fn launch<R: GpuRuntime>(
                     let dtype = tensor.tensor().dtype();
                     launch.write(
                         crate::device_buffer_mut::<R::Buffer>(tensor, &input.name, R::MEMORY)?,
-                        rows.offset,
+                        rows.rows.offset,
                         dtype,
                     );
-                    launch.long(kernel_int(rows.row_stride, "row stride")?);
+                    block_args(&mut launch, *rows)?;
                 }
                 (_, None) => unreachable!("every tensor's rows were taken above"),
             }
@@ -167,11 +169,12 @@ fn launch<R: GpuRuntime>(
         // SAFETY: the arguments follow the generated prototype (`gpu_source`, in place when
         // `binding.in_place`): the row count and width (converted without loss, the width with room
         // for the kernel's last column step), then per input its buffer at its first element and,
-        // for an activation, its row stride, for positions the rows per position, for a cache its
+        // for an activation, its row stride, rows per block and block stride, for positions the rows per position, for a cache its
         // row stride, width and row count (each converted without loss), a scalar as a double,
-        // then the fresh outputs. The kernel reads activation i at `row · row_stride + b · W + j`
-        // (row below its rows, b below its blocks, j below W: inside its rows, which `bind` checked
-        // and whose layout was checked against its storage), a weight at `j < W` (its `[W]` shape)
+        // then the fresh outputs. The kernel reads activation i at `(row / inner) · outer + (row % inner)
+        // · row_stride + b · W + j` (row below its rows, b below its blocks, j below W: inside its
+        // rows, one of its row blocks' rows (`RowBlocks::of_any` of its layout, which `bind` checked
+        // and which was checked against its storage)), a weight at `j < W` (its `[W]` shape)
         // and a scalar tensor at 0; positions at `row / per` (below their count: `bind` checked
         // that they split the rows evenly, unit stride: the predicate), a cache at
         // `pos · stride + c` only for a position below its row count and a column `c` below its
@@ -193,6 +196,16 @@ fn launch<R: GpuRuntime>(
                 .transpose()
         })
         .collect()
+}
+
+/// An activation's row arguments: the row stride, the rows per block and the block stride (rows
+/// of one stride are one block).
+fn block_args<B>(launch: &mut KernelArgs<'_, B>, rows: crate::RowBlocks) -> Result<(), KernelError> {
+    launch
+        .long(kernel_int(rows.rows.row_stride, "row stride")?)
+        .long(kernel_int(rows.rows.n_rows.max(1), "rows per block")?)
+        .long(kernel_int(rows.stride, "block stride")?);
+    Ok(())
 }
 
 /// The predicate of an op a GPU backend runs as a generated kernel: the device computes in f64
@@ -231,7 +244,7 @@ pub fn row_program_support_with(args: &[ArgMeta<'_>], device: DeviceKind, dtypes
                 meta.layout.last_dim()
             )));
         }
-        if let Err(reason) = Rows::of(meta) {
+        if let Err(reason) = crate::RowBlocks::of_any(meta) {
             return Support::No(Cow::Owned(format!("{}: {reason}", name())));
         }
     }

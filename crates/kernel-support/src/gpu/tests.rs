@@ -745,6 +745,8 @@ fn row_program_host_code_passes_the_generated_prototype() {
                 "I32(8)",
                 "read 80 bytes @2x2",
                 "I64(10)",
+                "I64(3)",
+                "I64(0)",
                 "read 36 bytes @1x4",
                 "F64(1e-5)",
                 "write 48 bytes @0x2"
@@ -792,9 +794,21 @@ fn row_program_host_code_passes_donated_activations_as_the_in_place_prototype() 
         [Launched {
             symbol: crate::program::ROW_PROGRAM_KERNEL.to_owned(),
             grid: Grid { groups: 2, group_size: crate::program::ROW_BLOCK, what: "rows", grid_stride: true },
-            args: ["I64(2)", "I32(8)", "write 48 bytes @4x2", "I64(12)", "write 32 bytes @0x2", "I64(8)", "F64(1e-5)"]
-                .map(str::to_owned)
-                .to_vec(),
+            args: [
+                "I64(2)",
+                "I32(8)",
+                "write 48 bytes @4x2",
+                "I64(12)",
+                "I64(2)",
+                "I64(0)",
+                "write 32 bytes @0x2",
+                "I64(8)",
+                "I64(2)",
+                "I64(0)",
+                "F64(1e-5)"
+            ]
+            .map(str::to_owned)
+            .to_vec(),
         }]
     );
     // The generated prototype for that call: the activations writable, no output parameters.
@@ -803,7 +817,7 @@ fn row_program_host_code_passes_donated_activations_as_the_in_place_prototype() 
     binding.in_place = true;
     let source = crate::program::gpu_source(program, &binding).unwrap();
     assert!(!source.contains("out0") && !source.contains("out1"), "{source}");
-    assert!(source.contains("in0[row * stride0 + j] =") && source.contains("in1[row * stride1 + j] ="), "{source}");
+    assert!(source.contains("in0[base0 + j] =") && source.contains("in1[base1 + j] ="), "{source}");
     // A donated activation the program does not write, or one it writes but not donated: refused
     // before anything runs.
     let norm = ir_ops::row_program::builtin::rms_norm(false, false);
