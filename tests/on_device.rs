@@ -300,3 +300,86 @@ fn norm_chains_fuse_on_each_device_by_name_and_stay_apart_in_the_exact_form() {
         }
     });
 }
+
+/// Qwen3's head norms and rotation on each device: the standard pipeline keeps the chain apart
+/// (the generated kernel reduces a head otherwise than the device's hand-written norm) and runs it
+/// bit for bit; by name the chain becomes one `fused_qk_norm_rope` call on the device provider,
+/// within the norm's tolerance.
+#[test]
+fn head_norms_and_rotation_fuse_on_each_device_by_name_and_stay_apart_in_the_exact_form() {
+    use ir_ops::fused_qk_norm_rope::FUSED_QK_NORM_ROPE;
+    on_each_device("the head norms and rotation", |backend| {
+        let label = backend.provider;
+        for dtype in [DType::F32, DType::BF16] {
+            // Seed 0: a key, full NeoX rotation, `exact` rounding; heads of 64.
+            let spec = InputSpec { num_tokens: 3, hidden_size: 256, dtype, epsilon: 1e-6, seed: 0 };
+            let inputs = (FUSED_QK_NORM_ROPE.generate_inputs)(&spec).unwrap();
+            let names = ["pos", "q", "k", "wq", "wk", "cache"];
+            let host: Vec<Tensor> = (0..6).map(|i| inputs[i].as_tensor().unwrap().deep_clone().unwrap()).collect();
+            let named = || -> Vec<(String, Tensor)> {
+                names.iter().zip(&host).map(|(n, t)| (n.to_string(), backend.upload(t).unwrap())).collect()
+            };
+            let given = named();
+            let ty = |i: usize| given[i].1.meta().to_string();
+            let (Value::I64(head_size), Value::I64(rotary_dim)) = (&inputs[7], &inputs[8]) else { unreachable!() };
+            let d = *head_size as usize;
+            let heads = |i: usize| given[i].1.shape()[1] / d;
+            let compact = |shape: &[usize]| {
+                TensorMeta { layout: ir_core::Layout::compact(shape), ..given[1].1.meta().clone() }.to_string()
+            };
+            let (n, m) = (heads(1), heads(2));
+            let text = format!(
+                "graph g(%pos: {}, %q: {}, %k: {}, %wq: {}, %wk: {}, %cache: {}) {{\n\
+                   %qh = reshape(%q, [3, {n}, {d}]) : {}\n\
+                   %qn = rms_norm(%qh, %wq, 1e-6, none) : {}\n\
+                   %q2 = reshape(%qn, [3, {}]) : {}\n\
+                   %kh = reshape(%k, [3, {m}, {d}]) : {}\n\
+                   %kn = rms_norm(%kh, %wk, 1e-6, none) : {}\n\
+                   %k2 = reshape(%kn, [3, {}]) : {}\n\
+                   %rq, %rk = rotary_embedding(%pos, %q2, %k2, %cache, {d}, {rotary_dim}, true) : {}, {}\n\
+                   output(%rq, %rk)\n}}\n",
+                ty(0),
+                ty(1),
+                ty(2),
+                ty(3),
+                ty(4),
+                ty(5),
+                compact(&[3, n, d]),
+                compact(&[3, n, d]),
+                n * d,
+                compact(&[3, n * d]),
+                compact(&[3, m, d]),
+                compact(&[3, m, d]),
+                m * d,
+                compact(&[3, m * d]),
+                compact(&[3, n * d]),
+                compact(&[3, m * d]),
+            );
+            let graph = ir_graph::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let cx = PassContext::new(&backend.registry);
+            let reference = interpret(&graph, &backend.registry, named(), InterpOptions::checked()).unwrap();
+
+            let mut exact = graph.clone();
+            let report = Pipeline::standard().run(&mut exact, &cx, None, Snapshots::Skip).unwrap();
+            let reports: Vec<String> = report.runs.iter().map(|run| run.report.to_string()).collect();
+            assert!(reports.iter().any(|r| r.contains("fused 0 row-program")), "{label}: {reports:?}");
+            let run = interpret(&exact, &backend.registry, named(), InterpOptions::checked()).unwrap();
+            for (i, (got, want)) in run.outputs.iter().zip(&reference.outputs).enumerate() {
+                assert!(bit_eq(got, want), "{label} {dtype}: output {i} differs\n{exact}");
+            }
+
+            let by_name =
+                Pipeline::from_names("functionalize,fuse-row-programs,dce,lower,eliminate-clones,dce").unwrap();
+            let mut fused = graph.clone();
+            by_name.run(&mut fused, &cx, None, Snapshots::Skip).unwrap();
+            let printed = fused.to_string();
+            assert!(printed.contains(&format!("fused_qk_norm_rope[{label}]")), "{label}:\n{printed}");
+            let run = interpret(&fused, &backend.registry, named(), InterpOptions::checked()).unwrap();
+            let t = ir_core::op::tolerance(&ir_ops::rms_norm::RMS_NORM, dtype).unwrap();
+            for (i, (got, want)) in run.outputs.iter().zip(&reference.outputs).enumerate() {
+                let close = allclose(got, want, 4.0 * t.atol, 4.0 * t.rtol);
+                assert!(close.is_ok(), "{label} {dtype}: output {i}: {close:?}\n{printed}");
+            }
+        }
+    });
+}
