@@ -42,8 +42,10 @@ pub(crate) fn run(render_only: bool) -> anyhow::Result<()> {
     let loads_path = loads_table.display().to_string();
     let isa_table = dir.join("isa-loads.tsv");
     let isa_path = isa_table.display().to_string();
+    let generated_table = dir.join("generated-loads.tsv");
+    let generated_path = generated_table.display().to_string();
     if !render_only {
-        run_sweeps(&table_path, &loads_path, &isa_path)?;
+        run_sweeps(&table_path, &loads_path, &isa_path, &generated_path)?;
     }
     let text = std::fs::read_to_string(&table).with_context(|| format!("reading {}", table.display()))?;
     let cuda = parse_ptxas_table(&text)?;
@@ -56,6 +58,9 @@ pub(crate) fn run(render_only: bool) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&isa_table).with_context(|| format!("reading {}", isa_table.display()))?;
     let isa_loads = parse_isa_loads(&text)?;
     let mut report = render(&cuda, &loads, &rocm);
+    let text =
+        std::fs::read_to_string(&generated_table).with_context(|| format!("reading {}", generated_table.display()))?;
+    report.push_str(&render_generated_loads(&cuda, &text)?);
     report.push_str(&render_rocm_loads(&rocm, &isa_loads));
     let path = project_root().join("docs/kernel-resources.md");
     std::fs::write(&path, report).with_context(|| format!("writing {}", path.display()))?;
@@ -63,8 +68,8 @@ pub(crate) fn run(render_only: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `ptxas` and `hipcc` sweeps, writing their tables to the three paths.
-fn run_sweeps(table_path: &str, loads_path: &str, isa_path: &str) -> anyhow::Result<()> {
+/// The `ptxas` and `hipcc` sweeps, writing their tables to the four paths.
+fn run_sweeps(table_path: &str, loads_path: &str, isa_path: &str, generated_path: &str) -> anyhow::Result<()> {
     cargo(
         &[
             "test",
@@ -80,6 +85,7 @@ fn run_sweeps(table_path: &str, loads_path: &str, isa_path: &str) -> anyhow::Res
         &[
             ("VLLM_IR_PTXAS_TABLE", table_path),
             ("VLLM_IR_SASS_LOADS_TABLE", loads_path),
+            ("VLLM_IR_GENERATED_LOADS_TABLE", generated_path),
             ("VLLM_IR_REQUIRE", "nvrtc,ptxas,nvdisasm"),
         ],
     )?;
@@ -702,6 +708,32 @@ pub(crate) fn parse_hipcc_remarks(report: &str) -> Vec<RocmKernel> {
         }
     }
     kernels
+}
+
+/// The kernels generated from the built-in row programs (the `ptxas` test's generated-loads rows:
+/// architecture, label, loads, 16-byte loads): per sm_90 kernel in bf16 at rows of 4096, its
+/// registers and the loads a thread has in flight before it first reads one.
+fn render_generated_loads(cuda: &[CudaKernel], text: &str) -> anyhow::Result<String> {
+    let mut out = String::from(
+        "\n## Loads in flight (CUDA kernels generated from row programs, bf16)\n\nRead from the SASS of the \
+         kernel generated for every built-in row program (`ir_ops::row_program::builtin::all`, rows of 4096): \
+         the global loads a thread issues before the first instruction that reads one, and how many of them load \
+         16 bytes. A generated kernel walks its row a column per thread and iteration and loads one element per \
+         operand, so its columns have these loads in flight where a hand-written norm has its cached 16-byte \
+         chunks (the tables above).\n\n| kernel | registers | loads in flight | of 16 bytes |\n|---|---:|---:|---:|\n",
+    );
+    for line in text.lines().filter(|line| !line.is_empty()) {
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [sm, label, loads, wide] = fields.as_slice() else {
+            bail!("a generated-loads row has {} fields, not 4: {line:?}", fields.len());
+        };
+        let registers = cuda
+            .iter()
+            .find(|k| k.sm == *sm && k.kernel == *label)
+            .map_or_else(|| "?".to_owned(), |k| k.registers.to_string());
+        let _ = writeln!(out, "| `{label}` | {registers} | {loads} | {wide} |");
+    }
+    Ok(out)
 }
 
 /// A norm kernel's family (`rms_norm_bf16_w1_v8_t32` → `rms_norm_bf16`); other kernels are their own.

@@ -108,6 +108,14 @@ fn programs(arch: &'static str) -> Vec<(String, String)> {
             (format!("rotary_{dtype}"), rotary.to_src())
         }));
     }
+    // The kernels generated from every built-in row program, in bf16 (rows of 4096).
+    for (index, program) in ir_ops::row_program::builtin::all().into_iter().enumerate() {
+        jobs.push(Box::new(move || {
+            let ptx = kernels_cuda::program::compile_ptx(&program, &generated_binding(&program), Some(arch))
+                .unwrap_or_else(|e| panic!("{} for {arch}: {e}", program.name()));
+            (generated_label(index, &program), ptx.to_src())
+        }));
+    }
     jobs.push(Box::new(move || {
         let copy = kernels_cuda::copy::compile_ptx(Some(arch)).unwrap_or_else(|e| panic!("{e}"));
         for size in kernels_cuda::copy::ELEMENT_SIZES {
@@ -144,6 +152,35 @@ fn programs(arch: &'static str) -> Vec<(String, String)> {
     });
     compiled.sort_by_key(|(i, _)| *i);
     compiled.into_iter().map(|(_, program)| program).collect()
+}
+
+/// The label of built-in row program `index`'s generated kernel (`generated_<index>_<name>`), the
+/// kernel's name in the resource table (every generated kernel's symbol is `row_program`).
+fn generated_label(index: usize, program: &ir_ops::row_program::RowProgram) -> String {
+    format!("generated_{index:02}_{}", program.name())
+}
+
+/// A bf16 call of `program` on rows of 4096 (f32 scalar tensors, i64 positions).
+fn generated_binding(program: &ir_ops::row_program::RowProgram) -> ir_ops::row_program::Binding {
+    use ir_ops::row_program::InputKind;
+    let dtypes = program
+        .inputs()
+        .iter()
+        .map(|input| match input.kind {
+            InputKind::Scalar => None,
+            InputKind::ScalarTensor => Some(DType::F32),
+            InputKind::Positions => Some(DType::I64),
+            _ => Some(DType::BF16),
+        })
+        .collect();
+    ir_ops::row_program::Binding {
+        width: 4096,
+        rows: 1,
+        rows_shape: vec![1],
+        compute: DType::F32,
+        dtypes,
+        in_place: false,
+    }
 }
 
 /// The cubin `assemble` writes for a program.
@@ -456,9 +493,12 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
         for (label, report) in reports {
             let kernels = parse_report(&report);
             assert!(!kernels.is_empty(), "{label} for {sm}: no entry function in the report:\n{report}");
-            for k in kernels {
+            for mut k in kernels {
                 let clean = k.stack_bytes == 0 && k.spill_store_bytes == 0 && k.spill_load_bytes == 0;
                 assert!(clean, "{label} for {sm}: {k:?} uses local memory or spills:\n{report}");
+                if label.starts_with("generated_") {
+                    k.kernel = label.clone();
+                }
                 table.push((sm, label.clone(), k));
             }
         }
@@ -468,6 +508,7 @@ fn every_kernel_compiles_and_assembles_without_spills_or_local_memory() {
     check_gated_loads_in_flight(&dir);
     check_fp8_conversions(&dir);
     check_quant_loads_in_flight(&dir);
+    report_generated_loads(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     // The resource table, on stderr (which libtest does not capture): per architecture and kernel
     // symbol, the registers per thread over its variants and the most shared memory.
@@ -679,6 +720,41 @@ fn check_quant_loads_in_flight(dir: &std::path::Path) {
     }
     report_chunk_loads("quantization", &rows, &table);
 }
+
+/// The kernels generated from the built-in row programs, on sm_90: the global loads a thread issues
+/// before it first reads one, and how many load 16 bytes (what `cargo xtask kernel-resources` puts
+/// beside the hand-written kernels'; printed, and written to `VLLM_IR_GENERATED_LOADS_TABLE` as
+/// `sm, label, loads, 16-byte loads` rows). A generated kernel loads one element per operand per
+/// column and uses it at once, so this is what its columns have in flight.
+fn report_generated_loads(dir: &std::path::Path) {
+    let Ok(nvdisasm) = nvdisasm() else { return };
+    let (mut rows, mut table) = (Vec::new(), String::new());
+    for (index, program) in ir_ops::row_program::builtin::all().iter().enumerate() {
+        let label = generated_label(index, program);
+        let functions = disassemble(&nvdisasm, &cubin_path(dir, &label, "sm_90"));
+        let code = functions
+            .get(kernel_support::program::ROW_PROGRAM_KERNEL)
+            .unwrap_or_else(|| panic!("{label}: no SASS for the generated kernel"));
+        let pass = first_pass(code);
+        assert!(pass.loads_before_first_use >= 1, "{label}: no load before the first use: {pass:?}");
+        rows.push(format!(
+            "  sm_90 {label}: {} loads in flight before the first use ({} of 16 bytes)",
+            pass.loads_before_first_use, pass.wide_loads
+        ));
+        table.push_str(&format!("sm_90\t{label}\t{}\t{}\n", pass.loads_before_first_use, pass.wide_loads));
+    }
+    if let Ok(path) = std::env::var(GENERATED_LOADS_ENV) {
+        std::fs::write(&path, table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "nvdisasm: read {} generated kernels; loads in flight per thread:", rows.len());
+    for row in rows {
+        let _ = writeln!(err, "{row}");
+    }
+}
+
+/// Where to write the generated kernels' loads table (tab-separated), when set.
+const GENERATED_LOADS_ENV: &str = "VLLM_IR_GENERATED_LOADS_TABLE";
 
 /// Appends a family's loads-table rows to the norms' (`cargo xtask kernel-resources`; the block
 /// stands in the threads-per-row column, the row width in the largest-H one) and prints its
