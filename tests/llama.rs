@@ -176,7 +176,11 @@ fn ours_and_candle_nn_agree_with_no_copy_and_no_fallback() {
             let fused_op = if variant == "gemma3_text" { "fused_sandwich_rms_norm" } else { "fused_add_rms_norm" };
             let fused = step.op(fused_op).unwrap();
             assert_eq!(fused.inplace_writes, 2 * (2 * layers) * calls, "{label}: x and residual in place");
-            let rotary = step.op("rotary_embedding").unwrap();
+            // Qwen3 and Gemma 3 normalize and rotate each head of q and k with one op (a call per
+            // slice of qkv), the others rotate both with one rotary call.
+            let rotation =
+                if model::tiny_config(variant).has_qk_norm() { "fused_qk_norm_rope" } else { "rotary_embedding" };
+            let rotary = step.op(rotation).unwrap();
             assert_eq!(rotary.inplace_writes, 2 * layers * calls, "{label}: q and k in place");
             let activation = if variant.starts_with("gemma") { "gelu_and_mul" } else { "silu_and_mul" };
             assert_eq!(step.selections(activation, "cpu"), layers * calls, "{label}");

@@ -9,7 +9,8 @@
 //! Weights use Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...); q, k and v are
 //! merged into one `qkv` projection at load and gate and up into one `gate_up` projection (the
 //! `[gate | up]` layout the gated ops take), as vLLM does, so rotary runs in place on the q and k
-//! column slices of the qkv output.
+//! column slices of the qkv output; with this project's ops, Qwen3's and Gemma 3's head norms and
+//! rotation are one `fused_qk_norm_rope` per slice, in place.
 
 // Shared by the example and its test (`tests/llama.rs`), each of which uses its own part.
 #![allow(unreachable_pub, dead_code)]
@@ -22,7 +23,7 @@ use vllm_ir::Registry;
 use vllm_ir::interop::candle_ops;
 use vllm_ir::layers::{RopeScaling, rope_cache};
 use vllm_ir::op::gelu_and_mul::Approximate;
-use vllm_ir::op::{Rounding, fused_sandwich_rms_norm};
+use vllm_ir::op::{Rounding, fused_qk_norm_rope, fused_sandwich_rms_norm};
 
 /// The fields of a Hugging Face `config.json` this model reads.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -498,10 +499,37 @@ impl Model {
             };
             Ok(normed.reshape((t, n * d))?)
         };
-        let q = head_norm(q, heads, layer.q_norm.as_ref())?;
-        let k = head_norm(k, kv_heads, layer.k_norm.as_ref())?;
-        let (q, k) = match ops {
-            Ops::Ours(registry) => {
+        let (q, k) = match (ops, &layer.q_norm, &layer.k_norm) {
+            (Ops::Ours(registry), Some(q_norm), Some(k_norm)) => {
+                // Qwen3 and Gemma 3 with this project's ops: each head normalized and rotated by one
+                // op, in place on the column slices of qkv (a call per slice: an in-place call
+                // writes one activation per storage).
+                let ops = candle_ops::Candle(registry);
+                // The op's positions are i64 (candle's are u32 here).
+                let positions = &positions.to_dtype(DType::I64)?;
+                for (x, w) in [(&q, q_norm), (&k, k_norm)] {
+                    ours(|| {
+                        fused_qk_norm_rope::call_maybe_inplace(
+                            &ops,
+                            positions,
+                            x.clone(),
+                            None,
+                            w,
+                            None,
+                            &rope.cos_sin,
+                            eps,
+                            d as i64,
+                            d as i64,
+                            true,
+                            self.rounding,
+                        )
+                    })?;
+                }
+                (to_heads(&q, heads)?, to_heads(&k, kv_heads)?)
+            }
+            (Ops::Ours(registry), ..) => {
+                let q = head_norm(q, heads, layer.q_norm.as_ref())?;
+                let k = head_norm(k, kv_heads, layer.k_norm.as_ref())?;
                 // In place on the column slices of qkv.
                 ours(|| {
                     candle_ops::rotary_embedding(
@@ -518,7 +546,9 @@ impl Model {
                 })?;
                 (to_heads(&q, heads)?, to_heads(&k, kv_heads)?)
             }
-            Ops::CandleNn => {
+            (Ops::CandleNn, ..) => {
+                let q = head_norm(q, heads, layer.q_norm.as_ref())?;
+                let k = head_norm(k, kv_heads, layer.k_norm.as_ref())?;
                 let start = positions.to_vec1::<u32>()?[0] as usize;
                 let (cos, sin) = (rope.cos.narrow(0, start, t)?, rope.sin.narrow(0, start, t)?);
                 (
