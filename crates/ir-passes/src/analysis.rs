@@ -106,6 +106,23 @@ impl StorageRoots {
     }
 }
 
+/// What a fusion pass reads of the unmodified graph before it decides: each node's position, each
+/// value's users, and the writes before each position ([`writes_before`]).
+pub(crate) struct FusionFacts {
+    pub(crate) positions: SecondaryMap<NodeId, u32>,
+    pub(crate) uses: SecondaryMap<ValueId, ir_graph::UseList>,
+    pub(crate) writes_before: Vec<u32>,
+}
+
+impl FusionFacts {
+    /// The facts of `graph`.
+    pub(crate) fn compute(graph: &Graph, cx: &crate::PassContext<'_>) -> FusionFacts {
+        let ops = OpTable::compute(graph, cx.registry);
+        let writes_before = writes_before(graph, &ops);
+        FusionFacts { positions: graph.positions(), uses: graph.use_lists(), writes_before }
+    }
+}
+
 /// One fusion as [`split_misplaced`] sees it: the fused call stands right before `anchor`, takes
 /// `args`, and replaces the nodes `removed` (whose results `replaced` it redefines).
 pub(crate) struct FusionSite<'a> {

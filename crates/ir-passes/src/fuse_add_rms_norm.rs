@@ -1,11 +1,12 @@
 //! The `fuse_add_rms_norm` pass ([`fuse_add_rms_norm`] documents it), and the add + norm fusion it
 //! shares with `fuse-row-programs` (add + `layer_norm`).
 
+use crate::analysis::FusionFacts;
 use cranelift_entity::EntitySet;
 use ir_core::TensorMeta;
 use ir_core::builtin::Builtin;
 use ir_core::op::{OpDef, StrEnum};
-use ir_graph::{Arg, Graph, NodeId, OpTable, ValueId};
+use ir_graph::{Arg, Graph, NodeId, ValueId};
 use ir_ops::fused_add_layer_norm::{FUSED_ADD_LAYER_NORM, FusedAddLayerNormArgs};
 use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
 use ir_ops::layer_norm::{LAYER_NORM, LayerNormArgs};
@@ -72,7 +73,7 @@ pub(crate) const ADD_LAYER_NORM: AddNorm = AddNorm {
     bit_exact_on: reduces_like_its_norms,
 };
 
-use crate::analysis::{DecidedFusion, FusedCall, FusionSite, apply_fusions, split_misplaced, writes_before};
+use crate::analysis::{DecidedFusion, FusedCall, FusionSite, apply_fusions, split_misplaced};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};
 
 /// One fusion decided on the unmodified graph.
@@ -219,10 +220,7 @@ pub(crate) fn fuse_add_norm(
     {
         return Ok(());
     }
-    let ops = OpTable::compute(graph, cx.registry);
-    let positions = graph.positions();
-    let uses = graph.use_lists();
-    let writes_before = writes_before(graph, &ops);
+    let FusionFacts { positions, uses, writes_before } = FusionFacts::compute(graph, cx);
 
     let mut fusions = Vec::new();
     let mut fused_adds = EntitySet::new();

@@ -1,10 +1,11 @@
 //! The `fuse_norm_quant` pass ([`fuse_norm_quant`] documents it).
 
+use crate::analysis::FusionFacts;
 use cranelift_entity::{EntitySet, SecondaryMap};
 use ir_core::TensorMeta;
 use ir_core::builtin::Builtin;
 use ir_core::op::{OpDef, Overload, StrEnum};
-use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, OpTable, ValueId};
+use ir_graph::{Arg, BuiltinArg, Graph, NodeId, NodeKind, ValueId};
 use ir_ops::Rounding;
 use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
 use ir_ops::fused_add_rms_norm::{FUSED_ADD_RMS_NORM, FusedAddRmsNormArgs};
@@ -15,7 +16,7 @@ use ir_ops::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
 use ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT;
 use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
 
-use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced, writes_before};
+use crate::analysis::{DecidedFusion, FusionSite, replace_uses, split_misplaced};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};
 
 /// A norm, a quantization and their fused op, by their definitions.
@@ -192,10 +193,7 @@ pub fn fuse_norm_quant(graph: &mut Graph, cx: &PassContext<'_>) -> Result<Fusion
     if !QUANTS.iter().any(|quant| graph.mentions_op(quant)) {
         return Ok(report);
     }
-    let ops = OpTable::compute(graph, cx.registry);
-    let positions = graph.positions();
-    let uses = graph.use_lists();
-    let writes_before = writes_before(graph, &ops);
+    let FusionFacts { positions, uses, writes_before } = FusionFacts::compute(graph, cx);
 
     let mut fusions = Vec::new();
     for &quant in graph.order() {

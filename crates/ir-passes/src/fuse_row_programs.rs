@@ -1,7 +1,8 @@
 //! The `fuse_row_programs` pass ([`fuse_row_programs`] documents it).
 
+use crate::analysis::FusionFacts;
 use ir_core::op::OpDef;
-use ir_graph::{Arg, Graph, NodeId, OpTable, ValueId};
+use ir_graph::{Arg, Graph, NodeId, ValueId};
 use ir_ops::dynamic_per_token_scaled_fp8_quant::{
     DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT, DynamicPerTokenScaledFp8QuantArgs,
 };
@@ -13,7 +14,7 @@ use ir_ops::rotary_embedding::{ROTARY_EMBEDDING, RotaryEmbeddingArgs};
 use ir_ops::silu_and_mul::SILU_AND_MUL;
 use ir_ops::silu_and_mul_dynamic_fp8_quant::{SILU_AND_MUL_DYNAMIC_FP8_QUANT, SiluAndMulDynamicFp8QuantArgs};
 
-use crate::analysis::{DecidedFusion, FusedCall, FusionSite, apply_fusions, split_misplaced, writes_before};
+use crate::analysis::{DecidedFusion, FusedCall, FusionSite, apply_fusions, split_misplaced};
 use crate::fuse_add_rms_norm::{ADD_LAYER_NORM, fuse_add_norm, reduces_like_its_norms, same_metadata, select};
 use crate::{FusionReport, FusionSkip, PassContext, PassError};
 
@@ -275,10 +276,7 @@ fn fuse_chains(
     if !CHAINS.iter().any(|chain| graph.mentions_op(chain.first) && graph.mentions_op(chain.second)) {
         return Ok(());
     }
-    let ops = OpTable::compute(graph, cx.registry);
-    let positions = graph.positions();
-    let uses = graph.use_lists();
-    let writes_before = writes_before(graph, &ops);
+    let FusionFacts { positions, uses, writes_before } = FusionFacts::compute(graph, cx);
 
     let mut fusions = Vec::new();
     for &second in graph.order() {
@@ -473,10 +471,7 @@ fn fuse_qk_norm_rope(
     if !(graph.mentions_op(&ROTARY_EMBEDDING) && graph.mentions_op(&RMS_NORM)) {
         return Ok(());
     }
-    let ops = OpTable::compute(graph, cx.registry);
-    let positions = graph.positions();
-    let uses = graph.use_lists();
-    let writes_before = writes_before(graph, &ops);
+    let FusionFacts { positions, uses, writes_before } = FusionFacts::compute(graph, cx);
     let mut fusions = Vec::new();
     for &rotary in graph.order() {
         let Some(args) = graph.functional_call_of(rotary, &ROTARY_EMBEDDING) else { continue };

@@ -23,20 +23,8 @@ pub(crate) fn register(registry: &Registry) -> Result<(), RegistryError> {
 /// `rotary_embedding` on the cpu: rotates query and key (when given) in their storage and returns them.
 pub fn rotary_embedding_cpu(call: RotaryCall<'_>) -> Result<(Tensor, Option<Tensor>), KernelError> {
     let RotaryCall { positions, mut query, mut key, cos_sin_cache, launch, round_products } = call;
-    let tokens = launch.geometry.tokens;
-    let stored = positions.cpu_buffer().ok_or_else(|| crate::not_on_cpu("positions"))?.typed::<i64>();
-    let end = positions.offset().checked_add(tokens);
-    let stored = end
-        .and_then(|end| stored.get(positions.offset()..end))
-        .ok_or_else(|| KernelError::InvalidArguments { reason: "positions lie outside their buffer".to_owned() })?;
-    // Checked in place (no per-call list); each is then a cache row.
-    check_positions(stored, launch.geometry.max_position)?;
-    let positions = stored;
-    // The row views the launch was made with (not derived from the layouts a second time).
-    let cache_rows = launch.cache.rows()?;
-    let cache = cos_sin_cache.cpu_buffer().ok_or_else(|| crate::not_on_cpu("cos_sin_cache"))?;
     let dtype = query.tensor().dtype();
-    let pass = Pass { positions, cache, cache_rows, launch: &launch, round_products };
+    let pass = Pass::new(positions, cos_sin_cache, &launch, round_products)?;
     for (param, tensor, rows) in [("query", Some(&mut query), Some(launch.query)), ("key", key.as_mut(), launch.key)] {
         let Some(tensor) = tensor else { continue };
         let rows = rows
@@ -83,17 +71,7 @@ pub fn fused_qk_norm_rope_cpu(
         rotary_dim,
         is_neox_style,
     )?;
-    let tokens = launch.geometry.tokens;
-    let stored = positions.cpu_buffer().ok_or_else(|| crate::not_on_cpu("positions"))?.typed::<i64>();
-    let stored = positions
-        .offset()
-        .checked_add(tokens)
-        .and_then(|end| stored.get(positions.offset()..end))
-        .ok_or_else(|| KernelError::InvalidArguments { reason: "positions lie outside their buffer".to_owned() })?;
-    check_positions(stored, launch.geometry.max_position)?;
-    let cache = cos_sin_cache.cpu_buffer().ok_or_else(|| crate::not_on_cpu("cos_sin_cache"))?;
-    let round_products = rounding.rounds_intermediates(dtype);
-    let pass = Pass { positions: stored, cache, cache_rows: launch.cache.rows()?, launch: &launch, round_products };
+    let pass = Pass::new(positions, cos_sin_cache, &launch, rounding.rounds_intermediates(dtype))?;
     let eps = epsilon as f32;
     for (param, tensor, rows, weight) in
         [("query", Some(&mut query), Some(launch.query), Some(q_weight)), ("key", key.as_mut(), launch.key, k_weight)]
@@ -128,7 +106,32 @@ struct Pass<'a> {
     round_products: bool,
 }
 
-impl Pass<'_> {
+impl<'a> Pass<'a> {
+    /// The positions (checked in place against the cache: no per-call list) and the cache of a call
+    /// launched as `launch`.
+    fn new(
+        positions: &'a Tensor,
+        cos_sin_cache: &'a Tensor,
+        launch: &'a RotaryLaunch,
+        round_products: bool,
+    ) -> Result<Pass<'a>, KernelError> {
+        let stored = positions.cpu_buffer().ok_or_else(|| crate::not_on_cpu("positions"))?.typed::<i64>();
+        let end = positions.offset().checked_add(launch.geometry.tokens);
+        let positions = end
+            .and_then(|end| stored.get(positions.offset()..end))
+            .ok_or_else(|| KernelError::InvalidArguments { reason: "positions lie outside their buffer".to_owned() })?;
+        check_positions(positions, launch.geometry.max_position)?;
+        let cache = cos_sin_cache.cpu_buffer().ok_or_else(|| crate::not_on_cpu("cos_sin_cache"))?;
+        // The row views the launch was made with (not derived from the layouts a second time).
+        Ok(Pass { positions, cache, cache_rows: launch.cache.rows()?, launch, round_products })
+    }
+
+    /// The cache's rows as `T`, and their stride.
+    fn cache<T: CpuElement>(&self) -> (&[T], usize) {
+        let rows = self.cache_rows;
+        (&self.cache.typed::<T>()[rows.offset..rows.offset + rows.span()], rows.row_stride)
+    }
+
     /// Rotates the rows of one tensor in place.
     fn rotate<T: CpuElement>(&self, buffer: &mut CpuBuffer, rows: Rows) {
         let g = self.launch.geometry;
@@ -137,8 +140,7 @@ impl Pass<'_> {
         if rows.n_rows == 0 || width == 0 {
             return;
         }
-        let cache = &self.cache.typed::<T>()[self.cache_rows.offset..self.cache_rows.offset + self.cache_rows.span()];
-        let cache_stride = self.cache_rows.row_stride;
+        let (cache, cache_stride) = self.cache::<T>();
         let data = &mut buffer.typed_mut::<T>()[rows.offset..rows.offset + rows.span()];
         let per_task = rows_per_task(width, size_of::<T>());
         let task = |scratch: &mut [f32], (row, &position): (&mut [T], &i64)| {
@@ -158,9 +160,7 @@ impl Pass<'_> {
             .with_min_len(per_task)
             .for_each_init(|| vec![0f32; width + rot], |scratch, item| task(scratch, item));
     }
-}
 
-impl Pass<'_> {
     /// Normalizes every head of each row (the cpu `rms_norm` row, into scratch in `T`), then
     /// rotates the row and stores it back, in place.
     fn norm_rotate<T: CpuElement>(&self, buffer: &mut CpuBuffer, rows: Rows, weight: Weight<'_, T>, eps: f32) {
@@ -170,8 +170,7 @@ impl Pass<'_> {
         if rows.n_rows == 0 || width == 0 {
             return;
         }
-        let cache = &self.cache.typed::<T>()[self.cache_rows.offset..self.cache_rows.offset + self.cache_rows.span()];
-        let cache_stride = self.cache_rows.row_stride;
+        let (cache, cache_stride) = self.cache::<T>();
         let data = &mut buffer.typed_mut::<T>()[rows.offset..rows.offset + rows.span()];
         let per_task = rows_per_task(width, size_of::<T>());
         let head_size = g.head_size;

@@ -278,9 +278,7 @@ fn weight_fits(
 /// for seeds 1 or 2 past a multiple of 4.
 fn generate(spec: &InputSpec) -> Result<Vec<Value>, TensorError> {
     let mut rng = ir_core::testing::InputRng::new(spec.seed);
-    let width = spec.hidden_size.max(2);
-    let head_size =
-        [128, 64, 32, 16, 8, 4, 2].into_iter().find(|&h| width.is_multiple_of(h) && width / h >= 2).unwrap_or(width);
+    let (width, head_size) = crate::rotary_embedding::generated_heads(spec.hidden_size);
     let heads = width / head_size;
     let kv_heads = (heads / 4).max(1);
     let rotary_dim = if spec.seed.is_multiple_of(3) { head_size / 2 * 2 } else { (head_size / 4 * 2).max(2) };

@@ -337,7 +337,7 @@ pub(crate) fn rotary_meta(
 
 /// The generator's geometry for a hidden size: `(query width, head_size)`, the largest power of two
 /// from 128 down that gives at least two heads, else one head of the whole width.
-fn generated_heads(hidden: usize) -> (usize, usize) {
+pub(crate) fn generated_heads(hidden: usize) -> (usize, usize) {
     let width = hidden.max(2);
     let head_size =
         [128, 64, 32, 16, 8, 4, 2].into_iter().find(|&h| width.is_multiple_of(h) && width / h >= 2).unwrap_or(width);
