@@ -1633,13 +1633,13 @@ fn emulated_backends() -> Vec<Backend> {
 
 /// Whether an emulated launch ran a 16-byte kernel: `<kernel>_vec` (the gated ops and the
 /// quantizations), a HIP norm of vector width 4 or 8 (`_v4_`, `_v8_`), a CUDA norm program built
-/// with `VEC=4` or `VEC=8`.
+/// with `VEC=4` or `VEC=8`, a generated kernel of whole chunks (`RP_VEC=1`).
 fn is_16_byte(launch: &kernel_support::emu::EmuLaunch) -> bool {
     let k = &launch.kernel;
     k.ends_with("_vec")
         || k.contains("_v4_")
         || k.contains("_v8_")
-        || launch.defines.split(' ').any(|d| d == "VEC=4" || d == "VEC=8")
+        || launch.defines.split(' ').any(|d| d == "VEC=4" || d == "VEC=8" || d == "RP_VEC=1")
 }
 
 /// The generated `host` arguments on `backend`'s device, the op's activations compact or (`padded`)
@@ -1682,16 +1682,9 @@ fn run_logged(
     (got.iter().map(|t| t.to_cpu().unwrap()).collect(), launches)
 }
 
-/// The ops without a 16-byte kernel: rotary (one thread per rotated pair), and the ops whose GPU
-/// kernels are generated from their row programs (the generator loads one element per column yet).
-const SCALAR_ONLY: [&str; 6] = [
-    "rotary_embedding",
-    "layer_norm",
-    "silu_and_mul_dynamic_fp8_quant",
-    "fused_add_layer_norm",
-    "fused_sandwich_rms_norm",
-    "fused_qk_norm_rope",
-];
+/// The ops without a 16-byte kernel: rotary and Qwen3's head norms + rotary (one thread per
+/// rotated pair, the generated kernel of a rotary program walks its pairs).
+const SCALAR_ONLY: [&str; 2] = ["rotary_embedding", "fused_qk_norm_rope"];
 
 /// Every op, on every emulated provider: rows the host gives its 16-byte kernel (compact, of a
 /// multiple of 16 bytes) and the same values in rows 3 elements apart (which only a scalar kernel
@@ -1895,5 +1888,76 @@ fn layer_norm_runs_as_a_generated_kernel_on_every_gpu_backend() {
     }
     if ran == 0 {
         ir_core::testing::skip("device", "no GPU backend here: layer_norm's generated kernel not run");
+    }
+}
+
+/// The generated sandwich norm on each emulated GPU gives its hand-written chain's bits
+/// (`rms_norm`, then `fused_add_rms_norm` of its output): the generated kernel lays a row over the
+/// hand-written norms' threads, owns their chunks and reduces by their tree, so the sums of
+/// squares are the same whatever the access width. Rows of every threads-per-row bucket and past
+/// the registers' cache, compact (whole 16-byte chunks) and padded (element by element), in every
+/// compute dtype and both roundings.
+#[test]
+fn the_generated_sandwich_gives_the_hand_written_norms_bits_on_the_emulated_gpus() {
+    use ir_ops::fused_sandwich_rms_norm::FUSED_SANDWICH_RMS_NORM;
+    let emulated = emulated_backends();
+    if emulated.is_empty() {
+        return ir_core::testing::skip("cxx", "no emulated GPU: generated and hand-written norms not compared");
+    }
+    let def = &FUSED_SANDWICH_RMS_NORM;
+    let shapes = [(3usize, 64usize), (5, 100), (4, 1000), (2, 4096), (3, 5000), (1, 8192), (2, 20000)];
+    for backend in &emulated {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (seed, (tokens, hidden)) in shapes.into_iter().enumerate() {
+                let spec =
+                    InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: seed as u64 };
+                let host = (def.generate_inputs)(&spec).unwrap();
+                for padded in [false, true] {
+                    let label = format!("{} {dtype} T={tokens} H={hidden} padded={padded}", backend.provider);
+                    let (fused, launches) = run_logged(backend, def, &host, padded);
+                    assert!(
+                        launches.len() == 1 && &*launches[0].kernel == "row_program",
+                        "{label}: one generated launch, got {launches:?}"
+                    );
+                    let whole = hidden.is_multiple_of(kernel_support::gpu_chunk(dtype));
+                    // One row has no row stride to break its chunks.
+                    let wide = whole && (!padded || tokens == 1);
+                    assert_eq!(launches.iter().any(is_16_byte), wide, "{label}: {launches:?}");
+                    let args = uploaded(backend, def, &host, padded);
+                    let norm = backend
+                        .registry
+                        .run(
+                            Call::new(
+                                "rms_norm",
+                                Overload::Default,
+                                vec![args[0].clone(), args[2].clone(), args[4].clone()],
+                            )
+                            .provider(backend.provider),
+                        )
+                        .unwrap();
+                    let chain = backend
+                        .registry
+                        .run(
+                            Call::new(
+                                "fused_add_rms_norm",
+                                Overload::Default,
+                                vec![
+                                    Value::Tensor(norm[0].clone()),
+                                    args[1].clone(),
+                                    args[3].clone(),
+                                    args[4].clone(),
+                                    Value::None,
+                                    args[5].clone(),
+                                ],
+                            )
+                            .provider(backend.provider),
+                        )
+                        .unwrap();
+                    for (index, (a, b)) in fused.iter().zip(&chain).enumerate() {
+                        assert!(bit_eq(a, &b.to_cpu().unwrap()), "{label}: output {index} differs from the chain's");
+                    }
+                }
+            }
+        }
     }
 }

@@ -2,18 +2,31 @@
 //! for a call's dtypes, compiled after the shared headers (`kernels/gpu/compute.h`, `elem.h`,
 //! `fp8.h`) and a backend's portability header, like the hand-written kernels.
 //!
-//! The kernel computes one row per block (`GPU_ROWS`: a block per row on CUDA, a grid-stride loop
-//! on HIP), [`ROW_BLOCK`] threads each, in the passes of [`RowProgram::schedule`]. In each pass a
-//! thread walks its columns (`j = threadIdx.x, j + ROW_BLOCK, ...`) and computes, per column, every
-//! element step the pass needs into registers, one fused loop: a value goes from its load to its
-//! store or reduction without touching memory. A reduction keeps a partial per thread, in its
-//! columns' order (a sum in `double`, so a mean far from zero keeps its bits), and the block
-//! combines them by `block_reduce`'s fixed tree (`elem.h`), so the bits do not depend on
-//! scheduling. Row values are `double`, rounded as the program says (the
-//! reference's row arithmetic); element values are the compute type (`float`, `double` for f64
-//! activations), each operation one correctly rounded `c_*` call of the portability header, so a
-//! `compute` step is the reference's and a `wide` element step is computed in the compute type
-//! (within the op's tolerance). Outputs are fresh and compact.
+//! The kernel computes in the passes of [`RowProgram::schedule`], laid over its threads as its
+//! [`RowShape`] says (`GPU_ROWS` over the blocks: one per block on CUDA, a grid-stride loop on
+//! HIP). In each pass a thread computes, per column it owns, every element step the pass needs
+//! into registers, one fused loop: a value goes from its load to its store or reduction without
+//! touching memory. A reduction keeps a partial per thread, in its columns' order (a sum in
+//! `double`, so a mean far from zero keeps its bits), combined by a fixed tree, so the bits do not
+//! depend on scheduling.
+//!
+//! - [`RowShape::Chunks`], every program but a rotary one: the hand-written norms' layout. A row
+//!   has `threads_per_row` threads; each owns whole chunks of 16 bytes of the first activation's
+//!   dtype (chunk `c` on thread `c mod threads_per_row`), keeps the first [`cached_chunks`] of each
+//!   activation stream in registers from the pass that first reads it (their loads all issued
+//!   before the first is used; the weights' loads issued a group ahead of their use), loads and
+//!   stores whole chunks 16 bytes at a time where the host found every buffer aligned, and combines
+//!   a reduction by butterfly shuffles then the row's warps in order. The sums of squares are so
+//!   the hand-written `rms_norm`'s and `fused_add_rms_norm`'s, bit for bit.
+//! - [`RowShape::Walk`], rotary programs: one row per block of [`ROW_BLOCK`] threads, each walking
+//!   its columns (`j = threadIdx.x, j + ROW_BLOCK, ...`; a rotary program walks pairs), a reduction
+//!   combined by `block_reduce`'s tree (`elem.h`).
+//!
+//! Row values are `double`, rounded as the program says (the reference's row arithmetic); element
+//! values are the compute type (`float`, `double` for f64 activations), each operation one
+//! correctly rounded `c_*` call of the portability header, so a `compute` step is the reference's
+//! and a `wide` element step is computed in the compute type (within the op's tolerance). Outputs
+//! are fresh and compact, or written into their activations ([`Binding::in_place`]).
 //!
 //! Not generated (an error names it): a step that rounds to an fp8 dtype (fp8 is a store's dtype),
 //! a constant that is not finite, a reduction counted by anything but a scalar parameter.
@@ -32,6 +45,86 @@ use ir_ops::row_program::{
 
 /// Threads per block of a generated kernel (a power of two: `block_reduce`'s tree).
 pub const ROW_BLOCK: u32 = 256;
+
+/// The weight chunks a thread of a [`RowShape::Chunks`] kernel loads ahead of their use, so a
+/// weight costs one memory round trip per group of chunks (the hand-written norms' bound).
+const WEIGHT_AHEAD: u32 = 8;
+
+/// How a generated CUDA/HIP kernel lays a call's rows over its threads. Part of the kernel's
+/// [`Signature`]: the launch follows it ([`RowShape::block`], [`RowShape::groups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowShape {
+    /// One row per block of [`ROW_BLOCK`] threads, each walking its columns `j = thread, thread +
+    /// ROW_BLOCK, ...` (a rotary program walks pairs), reductions by `block_reduce`'s tree: the
+    /// layout of rotary programs and of every OpenCL kernel.
+    Walk,
+    /// The hand-written norms' layout: `threads_per_row` threads per row (a power of two), each
+    /// owning whole chunks of 16 bytes of the first activation's dtype (chunk `c` on thread `c mod
+    /// threads_per_row`, its elements in order), the chunks of a row a thread keeps in registers
+    /// loaded before the first is used, and each reduction combined by butterfly shuffles then the
+    /// row's warps in order. So a reduction's bits are the hand-written kernel's, whatever the
+    /// access width. `vectorized`: every chunk is whole and loaded and stored 16 bytes (fewer
+    /// for narrower dtypes) at a time, which the host decides from each buffer's alignment.
+    Chunks {
+        /// Threads cooperating on a row.
+        threads_per_row: u32,
+        /// Whether chunks are loaded and stored whole.
+        vectorized: bool,
+    },
+}
+
+impl RowShape {
+    /// The shape of a call of `program` bound as `binding` on CUDA or HIP: [`RowShape::Walk`] for a
+    /// rotary program (its pairs cross chunks), else [`RowShape::Chunks`] with the hand-written
+    /// norms' threads per row for the width ([`gpu_threads_per_row`](crate::gpu_threads_per_row)),
+    /// whole chunks when `aligned` (the host's check of every buffer) and no buffer is f64.
+    pub fn for_call(program: &RowProgram, binding: &Binding, aligned: bool) -> RowShape {
+        if program.rotary_cache().is_some() {
+            return RowShape::Walk;
+        }
+        let f64_buffer = binding.dtypes.iter().flatten().any(|&d| d == DType::F64) || binding.compute == DType::F64;
+        RowShape::Chunks {
+            threads_per_row: crate::gpu_threads_per_row(binding.width),
+            vectorized: aligned && !f64_buffer,
+        }
+    }
+
+    /// Threads per block: [`ROW_BLOCK`] for a walk, else the hand-written norms' block (256 above
+    /// 128 threads per row, else 128).
+    pub fn block(&self) -> u32 {
+        match *self {
+            RowShape::Walk => ROW_BLOCK,
+            RowShape::Chunks { threads_per_row, .. } if threads_per_row > 128 => 256,
+            RowShape::Chunks { .. } => 128,
+        }
+    }
+
+    /// Rows one block computes.
+    pub fn rows_per_block(&self) -> u32 {
+        match *self {
+            RowShape::Walk => 1,
+            RowShape::Chunks { threads_per_row, .. } => self.block() / threads_per_row,
+        }
+    }
+
+    /// The blocks that cover `rows` rows.
+    pub fn groups(&self, rows: usize) -> usize {
+        rows.div_ceil(self.rows_per_block() as usize)
+    }
+}
+
+impl std::fmt::Display for RowShape {
+    /// `walk`, `32 threads per row, 16-byte`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            RowShape::Walk => write!(f, "walk"),
+            RowShape::Chunks { threads_per_row, vectorized } => {
+                let access = if vectorized { "16-byte" } else { "scalar" };
+                write!(f, "{threads_per_row} threads per row, {access}")
+            }
+        }
+    }
+}
 
 /// The headers a generated kernel is compiled after, in order (after the backend's portability
 /// header).
@@ -56,6 +149,103 @@ template <typename C>
 __device__ __forceinline__ C rp_min(C a, C b) { return (a < b || (a == b && signbit(a)) || b != b) ? a : b; }
 template <typename C>
 __device__ __forceinline__ C rp_max(C a, C b) { return (a > b || (a == b && signbit(b)) || b != b) ? a : b; }
+"#;
+
+/// What a CUDA/HIP kernel of the [`RowShape::Chunks`] layout uses besides [`PRELUDE`]: a thread's
+/// chunk of `CH` elements of `Elem<DT>` as stored (`RpChunk`: 32-bit words filled by 16-, 8- or
+/// 4-byte loads on the 16-byte path, where the host guarantees whole aligned chunks; else the
+/// elements below the row's width, one by one), a chunk's store (`rp_store_chunk`, the same two
+/// kinds), and the row's reduction over its `TPR` threads (`rp_row_reduce`: the hand-written norms'
+/// tree, butterfly shuffles within a warp then the row's warps in order, and a barrier after it so
+/// the partials may be reused).
+const CHUNK_PRELUDE: &str = r#"template <typename T> __device__ __forceinline__ unsigned int rp_bits(T v) {
+    if constexpr (sizeof(T) == 4) return __float_as_uint(v); else return (unsigned int)v;
+}
+template <int DT, int CH, bool VEC> struct RpChunk;
+template <int DT, int CH> struct RpChunk<DT, CH, true> {
+    typedef typename Elem<DT>::T T;
+    static constexpr int N = CH * (int)sizeof(T) / 4;
+    unsigned int w[N];
+    __device__ __forceinline__ void load(const T* p, int) {
+        if constexpr (N % 4 == 0) {
+#pragma unroll
+            for (int q = 0; q < N / 4; ++q) {
+                Words words = reinterpret_cast<const Words*>(p)[q];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) w[4 * q + i] = words.w[i];
+            }
+        } else if constexpr (N == 2) {
+            unsigned long long pair = *reinterpret_cast<const unsigned long long*>(p);
+            w[0] = (unsigned int)pair;
+            w[1] = (unsigned int)(pair >> 32);
+        } else {
+            w[0] = *reinterpret_cast<const unsigned int*>(p);
+        }
+    }
+    __device__ __forceinline__ T get(int i) const {
+        if constexpr (sizeof(T) == 2) return (T)(w[i / 2] >> (16 * (i % 2))); else return __uint_as_float(w[i]);
+    }
+};
+template <int DT, int CH> struct RpChunk<DT, CH, false> {
+    typedef typename Elem<DT>::T T;
+    T v[CH];
+    __device__ __forceinline__ void load(const T* p, int n) {
+#pragma unroll
+        for (int i = 0; i < CH; ++i) v[i] = i < n ? p[i] : Elem<DT>::store(0.0f);
+    }
+    __device__ __forceinline__ T get(int i) const { return v[i]; }
+};
+template <int CH, bool VEC, typename T> __device__ __forceinline__ void rp_store_chunk(T* p, const T* v, int n) {
+    constexpr int BYTES = CH * (int)sizeof(T);
+    if constexpr (VEC && BYTES % 4 == 0) {
+        constexpr int PER = 4 / (int)sizeof(T);
+        unsigned int w[BYTES / 4];
+#pragma unroll
+        for (int q = 0; q < BYTES / 4; ++q) {
+            w[q] = 0;
+#pragma unroll
+            for (int b = 0; b < PER; ++b) w[q] |= rp_bits(v[q * PER + b]) << (8 * (int)sizeof(T) * b);
+        }
+        if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+            for (int q = 0; q < BYTES / 16; ++q) {
+                Words words;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) words.w[i] = w[4 * q + i];
+                reinterpret_cast<Words*>(p)[q] = words;
+            }
+        } else if constexpr (BYTES == 8) {
+            *reinterpret_cast<unsigned long long*>(p) = (unsigned long long)w[0] | ((unsigned long long)w[1] << 32);
+        } else {
+#pragma unroll
+            for (int q = 0; q < BYTES / 4; ++q) reinterpret_cast<unsigned int*>(p)[q] = w[q];
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+            if (i < n) p[i] = v[i];
+        }
+    }
+}
+template <int TPR, int BLOCK, typename V, typename F>
+__device__ __forceinline__ V rp_row_reduce(V value, V* partials, F combine) {
+    const int warp = GPU_WARP;
+    if (TPR <= warp) {
+#pragma unroll
+        for (int offset = TPR / 2; offset > 0; offset >>= 1) value = combine(value, gpu_shfl_xor(value, offset));
+        return value;
+    }
+#pragma unroll
+    for (int offset = warp / 2; offset > 0; offset >>= 1) value = combine(value, gpu_shfl_xor(value, offset));
+    if (threadIdx.x % warp == 0) partials[threadIdx.x / warp] = value;
+    __syncthreads();
+    const int per_row = TPR / warp;
+    const int first = (threadIdx.x / TPR) * per_row;
+    V total = partials[first];
+    for (int w = 1; w < per_row; ++w) total = combine(total, partials[first + w]);
+    __syncthreads();
+    return total;
+}
 "#;
 
 /// What every generated OpenCL C kernel uses beyond `element.cl`'s helpers (compiled without a
@@ -357,8 +547,8 @@ impl Syntax {
 /// convention: an element address on CUDA and HIP).
 ///
 /// Returns the source (the generated part only: compile it after [`ROW_PROGRAM_HEADERS`]).
-pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Unsupported> {
-    generate(program, binding, Target::CudaHip)
+pub fn gpu_source(program: &RowProgram, binding: &Binding, shape: RowShape) -> Result<String, Unsupported> {
+    generate(program, binding, Target::CudaHip, shape)
 }
 
 /// The OpenCL C 1.2 kernel of `program` for a call bound as `binding` (it needs `cl_khr_fp64`:
@@ -368,11 +558,24 @@ pub fn gpu_source(program: &RowProgram, binding: &Binding) -> Result<String, Uns
 /// `-cl-fp32-correctly-rounded-divide-sqrt`); exp, tanh, erf and erfc are the device's (within
 /// the op's tolerance). Returns the generated part: compile it after [`OPENCL_HEADERS`].
 pub fn opencl_source(program: &RowProgram, binding: &Binding) -> Result<String, Unsupported> {
-    generate(program, binding, Target::OpenCl)
+    generate(program, binding, Target::OpenCl, RowShape::Walk)
 }
 
-fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<String, Unsupported> {
+fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowShape) -> Result<String, Unsupported> {
     let unsupported = |reason: String| Unsupported { program: program.name().to_owned(), reason };
+    // The chunk layout's threads per row and access width, on CUDA/HIP only.
+    let chunks = match (target, shape) {
+        (Target::CudaHip, RowShape::Chunks { threads_per_row, vectorized }) => {
+            if program.rotary_cache().is_some() {
+                return Err(unsupported("a rotary program walks its pairs; it has no chunk layout".to_owned()));
+            }
+            if !threads_per_row.is_power_of_two() {
+                return Err(unsupported(format!("{threads_per_row} threads per row is not a power of two")));
+            }
+            Some((threads_per_row, vectorized))
+        }
+        _ => None,
+    };
     let syntax = Syntax { target };
     let long = syntax.long();
     let c_ty = match binding.compute {
@@ -469,10 +672,29 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             "for (long row = get_group_id(0); row < n_rows; row += get_num_groups(0)) {".to_owned(),
         ),
     };
-    let _ = writeln!(src, "{head} {ROW_PROGRAM_KERNEL}({}) {{", params.join(", "));
-    let _ = writeln!(src, "    {shared} {c} scratch[{ROW_BLOCK}];");
-    let _ = writeln!(src, "    {shared} double scratch_d[{ROW_BLOCK}];");
-    let _ = writeln!(src, "    {rows}");
+    if let Some((tpr, _)) = chunks {
+        // Rows of `tpr` threads, `rows_per_block` to a block; the threads of a row past the last
+        // compute with no chunk (they take part in the reductions' shuffles and barriers).
+        let (block, per_block) = (shape.block(), shape.rows_per_block());
+        let chunk = chunk_elements(program, binding);
+        src.push_str(CHUNK_PRELUDE);
+        let _ = writeln!(src, "{head} __launch_bounds__({block}) {ROW_PROGRAM_KERNEL}({}) {{", params.join(", "));
+        let _ = writeln!(src, "    {shared} {c} scratch[{block} / 32];");
+        let _ = writeln!(src, "    {shared} double scratch_d[{block} / 32];");
+        let _ = writeln!(src, "    const int lane = threadIdx.x % {tpr};");
+        let _ = writeln!(src, "    const {long} n_groups = (n_rows + {per_block} - 1) / {per_block};");
+        let _ = writeln!(src, "    const {long} n_chunks = (({long})width + {chunk} - 1) / {chunk};");
+        let _ = writeln!(src, "    GPU_ROWS(group, n_groups) {{");
+        let _ = writeln!(src, "        const {long} row_at = group * {per_block} + threadIdx.x / {tpr};");
+        let _ = writeln!(src, "        const int live = row_at < n_rows;");
+        let _ = writeln!(src, "        const {long} row = live ? row_at : 0;");
+        let _ = writeln!(src, "        const {long} nc = live ? n_chunks : 0;");
+    } else {
+        let _ = writeln!(src, "{head} {ROW_PROGRAM_KERNEL}({}) {{", params.join(", "));
+        let _ = writeln!(src, "    {shared} {c} scratch[{ROW_BLOCK}];");
+        let _ = writeln!(src, "    {shared} double scratch_d[{ROW_BLOCK}];");
+        let _ = writeln!(src, "    {rows}");
+    }
     for (index, step) in steps.iter().enumerate() {
         if step.extent == Extent::Row {
             let _ = writeln!(src, "        double r{index};");
@@ -493,7 +715,7 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
     // iteration rotates: a pair, at a position inside the cache.
     let rotary = program.rotary_cache();
     let columns: Vec<Column> = match rotary {
-        None => vec![Column { suffix: "", at: "j", partner: None }],
+        None => vec![Column { suffix: "", at: "j", partner: None, slot: None }],
         Some(cache) => {
             let InputKind::CosSinCache { positions, .. } = program.inputs()[cache].kind else {
                 unreachable!("a built program's rotary steps read a cache")
@@ -506,8 +728,8 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             let _ = writeln!(src, "        const int rhalf = rot{cache} / 2;");
             let _ = writeln!(src, "        const int inside = pos >= 0 && pos < max{cache};");
             vec![
-                Column { suffix: "_a", at: "ja", partner: Some("_b") },
-                Column { suffix: "_b", at: "jb", partner: Some("_a") },
+                Column { suffix: "_a", at: "ja", partner: Some("_b"), slot: None },
+                Column { suffix: "_b", at: "jb", partner: Some("_a"), slot: None },
             ]
         }
     };
@@ -520,7 +742,7 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             if emitted[index] || step.extent != Extent::Row || schedule.phase[index] > pass {
                 continue;
             }
-            let none = Column { suffix: "", at: "j", partner: None };
+            let none = Column { suffix: "", at: "j", partner: None, slot: None };
             let expr = match step.op {
                 Op::Param { input } => match program.inputs()[input].kind {
                     InputKind::Scalar => format!("s{input}"),
@@ -562,45 +784,55 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             };
             return Ok(format!("const {c} e{index}{sfx} = ({c}){};", round(expr, step.precision, true)?));
         }
-        let expr = match step.op {
-            Op::Load { input, block } => {
-                let at = format!("base{input} + {block} * ({long})width + {at}");
-                format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, &at))
+        let expr = match (step.op, column.slot) {
+            (Op::Load { input, block }, Some((slot, _))) => {
+                format!(
+                    "({c})Elem<{}>::load(ld{input}_{block}{slot}.get(i))",
+                    elem_code(input_dtype(input)?).unwrap_or(0)
+                )
             }
-            Op::Weight { input } => {
-                format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, at))
+            (Op::Weight { input }, Some((_, slot))) => {
+                format!("({c})Elem<{}>::load(wt{input}{slot}.get(i))", elem_code(input_dtype(input)?).unwrap_or(0))
             }
-            Op::Cos { cache } | Op::Sin { cache } => {
-                // Pair p's cosine is cache column p, its sine column R/2 + p, negated on the first
-                // column.
-                let (column_of, sign, rest) = match (step.op, sfx) {
-                    (Op::Cos { .. }, _) => ("p", "", "1"),
-                    (_, "_a") => ("rhalf + p", "-", "0"),
-                    _ => ("rhalf + p", "", "0"),
-                };
-                let load = syntax.load(
-                    &format!("in{cache}"),
-                    input_dtype(cache)?,
-                    &format!("pos * stride{cache} + {column_of}"),
-                );
-                format!("(turn ? {sign}({c}){load} : ({c}){rest})")
-            }
-            Op::Pair { x, .. } => {
-                let partner = column.partner.expect("a rotary program's columns come in pairs");
-                format!("(turn ? e{}{partner} : -({c})0)", x.0)
-            }
-            Op::Unary(op, x) => syntax.unary(op, value(x, true, column), c_ty),
-            Op::Binary(op, a, b) => syntax.binary(op, value(a, true, column), value(b, true, column), c_ty),
-            _ => unreachable!("element steps"),
+            _ => match step.op {
+                Op::Load { input, block } => {
+                    let at = format!("base{input} + {block} * ({long})width + {at}");
+                    format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, &at))
+                }
+                Op::Weight { input } => {
+                    format!("({c}){}", syntax.load(&format!("in{input}"), input_dtype(input)?, at))
+                }
+                Op::Cos { cache } | Op::Sin { cache } => {
+                    // Pair p's cosine is cache column p, its sine column R/2 + p, negated on the first
+                    // column.
+                    let (column_of, sign, rest) = match (step.op, sfx) {
+                        (Op::Cos { .. }, _) => ("p", "", "1"),
+                        (_, "_a") => ("rhalf + p", "-", "0"),
+                        _ => ("rhalf + p", "", "0"),
+                    };
+                    let load = syntax.load(
+                        &format!("in{cache}"),
+                        input_dtype(cache)?,
+                        &format!("pos * stride{cache} + {column_of}"),
+                    );
+                    format!("(turn ? {sign}({c}){load} : ({c}){rest})")
+                }
+                Op::Pair { x, .. } => {
+                    let partner = column.partner.expect("a rotary program's columns come in pairs");
+                    format!("(turn ? e{}{partner} : -({c})0)", x.0)
+                }
+                Op::Unary(op, x) => syntax.unary(op, value(x, true, column), c_ty),
+                Op::Binary(op, a, b) => syntax.binary(op, value(a, true, column), value(b, true, column), c_ty),
+                _ => unreachable!("element steps"),
+            },
         };
         Ok(format!("const {c} e{index}{sfx} = {};", round(expr, step.precision, false)?))
     };
     // A reduction's accumulator type: a sum in double (a mean far from zero keeps its bits, as on
     // the cpu), the others in the compute type.
     let acc_ty = |op: ReduceOp| if op == ReduceOp::Sum { Ty::Double } else { c_ty };
-    for pass in 0..passes {
-        row_steps(&mut src, pass, &mut emitted)?;
-        let reductions = &schedule.reductions[pass];
+    // Each reduction of a pass: its accumulator and its count, at the top of the pass.
+    let init_reductions = |src: &mut String, reductions: &[usize]| -> Result<(), Unsupported> {
         for &index in reductions {
             let Op::Reduce { op, count, .. } = steps[index].op else { unreachable!("reductions are listed") };
             let n = match count {
@@ -621,72 +853,265 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
             let ty = acc_ty(op).name();
             let _ = writeln!(src, "        {ty} a{index} = ({ty})0; const {long} n{index} = {n};");
         }
-        let last = pass + 1 == passes;
-        let thread = syntax.thread();
-        match rotary {
-            None => {
-                let _ = writeln!(src, "        for (int j = {thread}; j < width; j += {ROW_BLOCK}) {{");
-            }
-            Some(cache) => {
-                let _ = writeln!(src, "        for (int p = {thread}; p < width - rhalf; p += {ROW_BLOCK}) {{");
-                let InputKind::CosSinCache { neox, .. } = program.inputs()[cache].kind else {
-                    unreachable!("a built program's rotary steps read a cache")
-                };
-                let (ja, jb) = if neox { ("p", "p + rhalf") } else { ("2 * p", "2 * p + 1") };
-                let _ = writeln!(src, "            const int two = p < rhalf;");
-                let _ = writeln!(src, "            const int turn = two && inside;");
-                let _ = writeln!(src, "            const int ja = two ? {ja} : p + rhalf;");
-                let _ = writeln!(src, "            const int jb = two ? {jb} : ja;");
-            }
-        }
-        // Each column's value of every element step the pass needs, step by step (a pair's
-        // partner value exists before the step that reads it).
-        for &index in &schedule.elements[pass] {
-            for column in &columns {
-                let _ = writeln!(src, "            {}", element(index, column)?);
-            }
-        }
-        let counts = |column: &Column| if column.suffix == "_b" { "two && " } else { "" };
-        for &index in reductions {
-            let Op::Reduce { op, x, .. } = steps[index].op else { unreachable!("reductions are listed") };
-            for column in &columns {
-                let term = syntax.accumulate(op, &format!("a{index}"), &format!("e{}{}", x.0, column.suffix));
-                let _ = writeln!(src, "            if ({}{} < n{index}) a{index} = {term};", counts(column), column.at);
-            }
-        }
-        if last {
-            for (k, output) in program.outputs().iter().enumerate() {
-                if steps[output.value.0 as usize].extent != Extent::Element {
-                    continue;
+        Ok(())
+    };
+    if let Some((tpr, vectorized)) = chunks {
+        // Chunk `c` of a row (elements `c·ch ..`) is lane `c mod tpr`'s. A thread's first `cached`
+        // chunks of each activation stream stay in registers from the pass that first reads the
+        // stream, their loads all issued before the first is used; the chunks past them are
+        // loaded again in each pass that reads them.
+        let ch = chunk_elements(program, binding);
+        let cached = cached_chunks(program, binding, tpr);
+        let block = shape.block();
+        let vec_of = |dtype: DType| vectorized && dtype != DType::F64;
+        let chunk_ty = |input: usize| -> Result<String, Unsupported> {
+            let dtype = input_dtype(input)?;
+            Ok(format!("RpChunk<{}, {ch}, {}>", elem_code(dtype).unwrap_or(0), vec_of(dtype)))
+        };
+        // The activation streams (an input's block) and weights each pass reads.
+        let reads = |pass: usize| {
+            let (mut loads, mut weights) = (Vec::new(), Vec::new());
+            for &index in &schedule.elements[pass] {
+                match steps[index].op {
+                    Op::Load { input, block } if !loads.contains(&(input, block)) => loads.push((input, block)),
+                    Op::Weight { input } if !weights.contains(&input) => weights.push(input),
+                    _ => {}
                 }
-                let dtype = binding.output_dtype(output.dtype);
-                for column in &columns {
-                    // In place: into the activation's element this iteration loaded (each thread
-                    // reads its columns of the row before it writes them; no other thread reads them).
-                    let at = column.at;
-                    let (buffer, at) = match in_place_target(output) {
-                        Some(input) => (format!("in{input}"), format!("base{input} + {at}")),
-                        None => (format!("out{k}"), format!("row * ({long})width + {at}")),
+            }
+            (loads, weights)
+        };
+        let mut held: Vec<(usize, usize)> = Vec::new();
+        for pass in 0..passes {
+            for stream in reads(pass).0 {
+                if !held.contains(&stream) {
+                    held.push(stream);
+                    let _ = writeln!(src, "        {} ld{}_{}[{cached}];", chunk_ty(stream.0)?, stream.0, stream.1);
+                }
+            }
+        }
+        held.clear();
+        let stream_at = |(input, block): (usize, usize)| {
+            format!("in{input} + base{input} + {block} * ({long})width + c * {ch}, width - (int)(c * {ch})")
+        };
+        let weight_at = |input: usize| format!("in{input} + c * {ch}, width - (int)(c * {ch})");
+        let chunk_of = |k: &str| format!("const {long} c = lane + ({long}){k} * {tpr};");
+        for pass in 0..passes {
+            row_steps(&mut src, pass, &mut emitted)?;
+            let reductions = &schedule.reductions[pass];
+            init_reductions(&mut src, reductions)?;
+            let last = pass + 1 == passes;
+            let (loads, weights) = reads(pass);
+            // The chunk's computation, its stream and weight chunks at `slot`: every element step
+            // of the pass per element in order, the reductions' terms, and in the last pass the
+            // element outputs, gathered and stored as a chunk.
+            let body =
+                |src: &mut String, indent: &str, slot: (&'static str, &'static str)| -> Result<(), Unsupported> {
+                    let column = Column { suffix: "", at: "j", partner: None, slot: Some(slot) };
+                    let _ = writeln!(src, "{indent}const int j0 = (int)(c * {ch});");
+                    let element_outputs =
+                        || {
+                            program.outputs().iter().enumerate().filter(move |(_, output)| {
+                                last && steps[output.value.0 as usize].extent == Extent::Element
+                            })
+                        };
+                    for (k, output) in element_outputs() {
+                        let dtype = binding.output_dtype(output.dtype);
+                        let ty = match elem_code(dtype) {
+                            Some(code) => format!("typename Elem<{code}>::T"),
+                            None => "unsigned char".to_owned(),
+                        };
+                        let _ = writeln!(src, "{indent}{ty} o{k}[{ch}];");
+                    }
+                    let _ = writeln!(src, "#pragma unroll");
+                    let _ = writeln!(src, "{indent}for (int i = 0; i < {ch}; ++i) {{");
+                    let _ = writeln!(src, "{indent}    const int j = j0 + i;");
+                    // Whole chunks on the 16-byte path; else the elements inside the row.
+                    let inner = if vectorized {
+                        format!("{indent}    ")
+                    } else {
+                        let _ = writeln!(src, "{indent}    if (j < width) {{");
+                        format!("{indent}        ")
                     };
-                    let store =
-                        syntax.store(&buffer, dtype, &at, &format!("e{}{}", output.value.0, column.suffix), c_ty);
-                    match column.suffix {
-                        "_b" => {
-                            let _ = writeln!(src, "            if (two) {store}");
-                        }
-                        _ => {
-                            let _ = writeln!(src, "            {store}");
+                    for &index in &schedule.elements[pass] {
+                        let _ = writeln!(src, "{inner}{}", element(index, &column)?);
+                    }
+                    for &index in reductions {
+                        let Op::Reduce { op, x, .. } = steps[index].op else { unreachable!("reductions are listed") };
+                        let term = syntax.accumulate(op, &format!("a{index}"), &format!("e{}", x.0));
+                        let _ = writeln!(src, "{inner}if (j < n{index}) a{index} = {term};");
+                    }
+                    for (k, output) in element_outputs() {
+                        let dtype = binding.output_dtype(output.dtype);
+                        let _ = writeln!(
+                            src,
+                            "{inner}{}",
+                            syntax.store(&format!("o{k}"), dtype, "i", &format!("e{}", output.value.0), c_ty)
+                        );
+                    }
+                    if !vectorized {
+                        let _ = writeln!(src, "{indent}    }}");
+                    }
+                    let _ = writeln!(src, "{indent}}}");
+                    for (k, output) in element_outputs() {
+                        let dtype = binding.output_dtype(output.dtype);
+                        let at = match in_place_target(output) {
+                            Some(input) => format!("in{input} + base{input} + j0"),
+                            None => format!("out{k} + row * ({long})width + j0"),
+                        };
+                        let _ =
+                            writeln!(src, "{indent}rp_store_chunk<{ch}, {}>({at}, o{k}, width - j0);", vec_of(dtype));
+                    }
+                    Ok(())
+                };
+            // The cached chunks: the streams this pass reads first, every load issued before any
+            // chunk is used.
+            let fresh: Vec<(usize, usize)> = loads.iter().copied().filter(|s| !held.contains(s)).collect();
+            if !fresh.is_empty() {
+                let _ = writeln!(src, "#pragma unroll");
+                let _ = writeln!(src, "        for (int k = 0; k < {cached}; ++k) {{");
+                let _ = writeln!(src, "            {}", chunk_of("k"));
+                let _ = writeln!(src, "            if (c < nc) {{");
+                for &stream in &fresh {
+                    let _ =
+                        writeln!(src, "                ld{}_{}[k].load({});", stream.0, stream.1, stream_at(stream));
+                }
+                let _ = writeln!(src, "            }}");
+                let _ = writeln!(src, "        }}");
+                held.extend(fresh);
+            }
+            if weights.is_empty() {
+                let _ = writeln!(src, "#pragma unroll");
+                let _ = writeln!(src, "        for (int k = 0; k < {cached}; ++k) {{");
+                let _ = writeln!(src, "            {}", chunk_of("k"));
+                let _ = writeln!(src, "            if (c < nc) {{");
+                body(&mut src, "                ", ("[k]", ""))?;
+                let _ = writeln!(src, "            }}");
+                let _ = writeln!(src, "        }}");
+            } else {
+                // The weights' chunks of a group loaded ahead of the group's first use (fewer
+                // per group for more weights, bounding their registers).
+                let ahead = (WEIGHT_AHEAD / weights.len() as u32).clamp(1, cached);
+                let _ = writeln!(src, "#pragma unroll");
+                let _ = writeln!(src, "        for (int k0 = 0; k0 < {cached}; k0 += {ahead}) {{");
+                for &w in &weights {
+                    let _ = writeln!(src, "            {} wt{w}[{ahead}];", chunk_ty(w)?);
+                }
+                let _ = writeln!(src, "#pragma unroll");
+                let _ = writeln!(src, "            for (int k = k0; k < k0 + {ahead} && k < {cached}; ++k) {{");
+                let _ = writeln!(src, "                {}", chunk_of("k"));
+                let _ = writeln!(src, "                if (c < nc) {{");
+                for &w in &weights {
+                    let _ = writeln!(src, "                    wt{w}[k - k0].load({});", weight_at(w));
+                }
+                let _ = writeln!(src, "                }}");
+                let _ = writeln!(src, "            }}");
+                let _ = writeln!(src, "#pragma unroll");
+                let _ = writeln!(src, "            for (int k = k0; k < k0 + {ahead} && k < {cached}; ++k) {{");
+                let _ = writeln!(src, "                {}", chunk_of("k"));
+                let _ = writeln!(src, "                if (c < nc) {{");
+                body(&mut src, "                    ", ("[k]", "[k - k0]"))?;
+                let _ = writeln!(src, "                }}");
+                let _ = writeln!(src, "            }}");
+                let _ = writeln!(src, "        }}");
+            }
+            // The chunks past the cached ones, loaded where they are used.
+            let _ = writeln!(src, "        for ({long} c = lane + ({long}){cached} * {tpr}; c < nc; c += {tpr}) {{");
+            for &stream in &loads {
+                let (input, b) = stream;
+                let ty = chunk_ty(input)?;
+                let _ = writeln!(src, "            {ty} ld{input}_{b}_t; ld{input}_{b}_t.load({});", stream_at(stream));
+            }
+            for &w in &weights {
+                let _ = writeln!(src, "            {} wt{w}_t; wt{w}_t.load({});", chunk_ty(w)?, weight_at(w));
+            }
+            body(&mut src, "            ", ("_t", "_t"))?;
+            let _ = writeln!(src, "        }}");
+            for &index in reductions {
+                let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
+                let ty = acc_ty(op);
+                let scratch = if ty == Ty::Double { "scratch_d" } else { "scratch" };
+                let combine = if op == ReduceOp::MaxAbs { "c_fmax(a, b)" } else { "c_add(a, b)" };
+                let t = ty.name();
+                let expr = format!(
+                    "(double)rp_row_reduce<{tpr}, {block}>(a{index}, {scratch}, []({t} a, {t} b) {{ return {combine}; }})"
+                );
+                let _ = writeln!(src, "        r{index} = {};", round(expr, steps[index].precision, true)?);
+                emitted[index] = true;
+            }
+        }
+    } else {
+        for pass in 0..passes {
+            row_steps(&mut src, pass, &mut emitted)?;
+            let reductions = &schedule.reductions[pass];
+            init_reductions(&mut src, reductions)?;
+            let last = pass + 1 == passes;
+            let thread = syntax.thread();
+            match rotary {
+                None => {
+                    let _ = writeln!(src, "        for (int j = {thread}; j < width; j += {ROW_BLOCK}) {{");
+                }
+                Some(cache) => {
+                    let _ = writeln!(src, "        for (int p = {thread}; p < width - rhalf; p += {ROW_BLOCK}) {{");
+                    let InputKind::CosSinCache { neox, .. } = program.inputs()[cache].kind else {
+                        unreachable!("a built program's rotary steps read a cache")
+                    };
+                    let (ja, jb) = if neox { ("p", "p + rhalf") } else { ("2 * p", "2 * p + 1") };
+                    let _ = writeln!(src, "            const int two = p < rhalf;");
+                    let _ = writeln!(src, "            const int turn = two && inside;");
+                    let _ = writeln!(src, "            const int ja = two ? {ja} : p + rhalf;");
+                    let _ = writeln!(src, "            const int jb = two ? {jb} : ja;");
+                }
+            }
+            // Each column's value of every element step the pass needs, step by step (a pair's
+            // partner value exists before the step that reads it).
+            for &index in &schedule.elements[pass] {
+                for column in &columns {
+                    let _ = writeln!(src, "            {}", element(index, column)?);
+                }
+            }
+            let counts = |column: &Column| if column.suffix == "_b" { "two && " } else { "" };
+            for &index in reductions {
+                let Op::Reduce { op, x, .. } = steps[index].op else { unreachable!("reductions are listed") };
+                for column in &columns {
+                    let term = syntax.accumulate(op, &format!("a{index}"), &format!("e{}{}", x.0, column.suffix));
+                    let _ =
+                        writeln!(src, "            if ({}{} < n{index}) a{index} = {term};", counts(column), column.at);
+                }
+            }
+            if last {
+                for (k, output) in program.outputs().iter().enumerate() {
+                    if steps[output.value.0 as usize].extent != Extent::Element {
+                        continue;
+                    }
+                    let dtype = binding.output_dtype(output.dtype);
+                    for column in &columns {
+                        // In place: into the activation's element this iteration loaded (each thread
+                        // reads its columns of the row before it writes them; no other thread reads them).
+                        let at = column.at;
+                        let (buffer, at) = match in_place_target(output) {
+                            Some(input) => (format!("in{input}"), format!("base{input} + {at}")),
+                            None => (format!("out{k}"), format!("row * ({long})width + {at}")),
+                        };
+                        let store =
+                            syntax.store(&buffer, dtype, &at, &format!("e{}{}", output.value.0, column.suffix), c_ty);
+                        match column.suffix {
+                            "_b" => {
+                                let _ = writeln!(src, "            if (two) {store}");
+                            }
+                            _ => {
+                                let _ = writeln!(src, "            {store}");
+                            }
                         }
                     }
                 }
             }
-        }
-        let _ = writeln!(src, "        }}");
-        for &index in reductions {
-            let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
-            let expr = format!("(double){}", syntax.combine(op, &format!("a{index}"), acc_ty(op)));
-            let _ = writeln!(src, "        r{index} = {};", round(expr, steps[index].precision, true)?);
-            emitted[index] = true;
+            let _ = writeln!(src, "        }}");
+            for &index in reductions {
+                let Op::Reduce { op, .. } = steps[index].op else { unreachable!("reductions are listed") };
+                let expr = format!("(double){}", syntax.combine(op, &format!("a{index}"), acc_ty(op)));
+                let _ = writeln!(src, "        r{index} = {};", round(expr, steps[index].precision, true)?);
+                emitted[index] = true;
+            }
         }
     }
     row_steps(&mut src, passes, &mut emitted)?;
@@ -694,11 +1119,73 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target) -> Result<S
         if steps[output.value.0 as usize].extent == Extent::Row {
             let dtype = binding.output_dtype(output.dtype);
             let store = syntax.store(&format!("out{k}"), dtype, "row", &format!("r{}", output.value.0), Ty::Double);
-            let _ = writeln!(src, "        if ({} == 0) {store}", syntax.thread());
+            let first =
+                if chunks.is_some() { "live && lane == 0".to_owned() } else { format!("{} == 0", syntax.thread()) };
+            let _ = writeln!(src, "        if ({first}) {store}");
         }
     }
     src.push_str("    }\n}\n");
     Ok(src)
+}
+
+/// The defines a backend compiles a generated kernel of `shape` with (`RP_TPR`, threads per row;
+/// `RP_VEC`, 1 for whole chunks; none for a walk): the source does not read them, they name the
+/// shape in a compile's options and in the emulator's launch records.
+pub fn shape_defines(shape: RowShape) -> Vec<(&'static str, String)> {
+    match shape {
+        RowShape::Walk => Vec::new(),
+        RowShape::Chunks { threads_per_row, vectorized } => {
+            vec![("RP_TPR", threads_per_row.to_string()), ("RP_VEC", u8::from(vectorized).to_string())]
+        }
+    }
+}
+
+/// The elements of a chunk in the [`RowShape::Chunks`] layout: 16 bytes of the first activation's
+/// dtype (the unit of the hand-written norms' threads, so their reductions' order).
+pub fn chunk_elements(program: &RowProgram, binding: &Binding) -> usize {
+    crate::gpu_chunk(row_dtype(program, binding))
+}
+
+/// Whether a buffer of `dtype` allows the [`RowShape::Chunks`] layout's whole-chunk accesses of
+/// `chunk` elements ([`chunk_elements`]): its first element's address has `alignment` (a power of
+/// two; 0 for a backend without wide accesses) and each of `strides` (its row and block strides,
+/// in elements) keeps a chunk's alignment: 16 bytes, or the chunk's size when smaller (an fp8
+/// output's 8). The host also needs the row width to be a multiple of `chunk`. f64 never.
+pub fn chunk_aligned(dtype: DType, chunk: usize, alignment: usize, strides: &[usize]) -> bool {
+    let size = dtype.size_in_bytes();
+    let unit = (chunk * size).min(16);
+    dtype != DType::F64
+        && unit >= 4
+        && unit.is_power_of_two()
+        && alignment >= unit
+        && alignment.is_multiple_of(unit)
+        && strides.iter().all(|stride| (stride * size).is_multiple_of(unit))
+}
+
+/// The first activation's dtype, which fixes a chunk's elements.
+fn row_dtype(program: &RowProgram, binding: &Binding) -> DType {
+    let first = program.inputs().iter().position(|input| matches!(input.kind, InputKind::Activation { .. }));
+    first.and_then(|input| binding.dtypes[input]).unwrap_or(binding.compute)
+}
+
+/// The chunks of each activation stream (an input's block) a thread of the [`RowShape::Chunks`]
+/// layout keeps in registers: the hand-written `rms_norm`'s count for the row's dtype and threads
+/// per row ([`norm_cache_chunks`](crate::norm_cache_chunks): the whole row up to the largest width
+/// of the bucket), shared among the streams (16-bit streams held packed take half the registers
+/// of f32 ones, so two of them keep the whole count, as the hand-written fused norm does).
+pub fn cached_chunks(program: &RowProgram, binding: &Binding, threads_per_row: u32) -> u32 {
+    let dtype = row_dtype(program, binding);
+    let chunks = crate::norm_cache_chunks(dtype, threads_per_row);
+    let mut streams = Vec::new();
+    for step in program.steps() {
+        if let Op::Load { input, block } = step.op
+            && !streams.contains(&(input, block))
+        {
+            streams.push((input, block));
+        }
+    }
+    let budget = if dtype.size_in_bytes() < 4 { 2 * chunks } else { chunks };
+    (budget / streams.len().max(1) as u32).clamp(1, chunks.max(1))
 }
 
 /// One column a generated loop iteration computes: its values' suffix, its index variable, and
@@ -707,6 +1194,9 @@ struct Column {
     suffix: &'static str,
     at: &'static str,
     partner: Option<&'static str>,
+    /// In the chunk layout, where the column's chunk of an activation stream and of a weight are
+    /// held (`ld<input>_<block><slot>`, `wt<input><slot>`); element `i` of them is the column.
+    slot: Option<(&'static str, &'static str)>,
 }
 
 /// Checks each reduction count a call passes as a scalar: an integer in `1..=W`
@@ -736,15 +1226,18 @@ pub struct Signature {
     pub dtypes: smallvec::SmallVec<[Option<DType>; 8]>,
     /// Whether in-place outputs are written into their activations ([`Binding::in_place`]).
     pub in_place: bool,
+    /// How the kernel lays the rows over its threads.
+    pub shape: RowShape,
 }
 
 impl Signature {
-    /// The signature of a call bound as `binding`.
-    pub fn of(binding: &Binding) -> Signature {
+    /// The signature of a call bound as `binding`, launched in `shape`.
+    pub fn of(binding: &Binding, shape: RowShape) -> Signature {
         Signature {
             compute: binding.compute,
             dtypes: binding.dtypes.iter().copied().collect(),
             in_place: binding.in_place,
+            shape,
         }
     }
 }
@@ -763,7 +1256,7 @@ impl std::fmt::Display for Signature {
         if self.in_place {
             write!(f, "; in place")?;
         }
-        Ok(())
+        write!(f, "; {}", self.shape)
     }
 }
 
@@ -787,15 +1280,16 @@ impl<K: Clone> GeneratedKernels<K> {
         Self::default()
     }
 
-    /// The kernel of `program` for a call bound as `binding`, made by `make` (generation and
-    /// compilation) on the first lookup; an error is returned and not cached.
+    /// The kernel of `program` for a call bound as `binding` and launched in `shape`, made by
+    /// `make` (generation and compilation) on the first lookup; an error is returned and not cached.
     pub fn get_or_make<E>(
         &mut self,
         program: &RowProgram,
         binding: &Binding,
+        shape: RowShape,
         make: impl FnOnce() -> Result<K, E>,
     ) -> Result<K, E> {
-        let entries = self.kernels.entry((program.fingerprint(), Signature::of(binding))).or_default();
+        let entries = self.kernels.entry((program.fingerprint(), Signature::of(binding, shape))).or_default();
         if let Some((_, kernel)) = entries.iter().find(|(cached, _)| cached == program) {
             return Ok(kernel.clone());
         }

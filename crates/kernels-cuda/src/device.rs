@@ -195,11 +195,12 @@ impl CudaDeviceState {
         &self,
         program: &ir_ops::row_program::RowProgram,
         binding: &ir_ops::row_program::Binding,
+        shape: kernel_support::program::RowShape,
     ) -> Result<CudaFunction, KernelError> {
         let mut generated = self.generated.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        generated.get_or_make(program, binding, || {
+        generated.get_or_make(program, binding, shape, || {
             let cache = kernel_support::program::DiskCache::from_env();
-            let (ptx, _) = crate::program::compile_ptx_cached(program, binding, self.arch, cache.as_ref())?;
+            let (ptx, _) = crate::program::compile_ptx_cached(program, binding, shape, self.arch, cache.as_ref())?;
             let module = self.context.load_module(ptx).map_err(driver_error)?;
             module.load_function(kernel_support::program::ROW_PROGRAM_KERNEL).map_err(driver_error)
         })

@@ -207,7 +207,7 @@ impl GpuRuntime for EmuCuda {
             KernelKey::Gated { op, dtype, .. } => crate::gated::dtype_program(op, dtype)?,
             KernelKey::Rotary { dtype } => crate::rotary::program(dtype)?,
             KernelKey::Quant { dtype, .. } => crate::quant::program(dtype)?,
-            KernelKey::RowProgram { program, binding } => crate::program::row_program(program, binding)?,
+            KernelKey::RowProgram { program, binding, shape } => crate::program::row_program(program, binding, shape)?,
         };
         kernel_of(program, key.symbol())
     }

@@ -13,29 +13,36 @@ use std::time::Instant;
 use cudarc::nvrtc::Ptx;
 use ir_core::KernelError;
 use ir_ops::row_program::{Binding, RowProgram};
-use kernel_support::program::{DiskCache, ROW_PROGRAM_HEADERS, Signature, gpu_source};
+use kernel_support::program::{DiskCache, ROW_PROGRAM_HEADERS, RowShape, Signature, gpu_source};
 
 use crate::module::{PORT_HEADER, Program, compile_program, nvrtc_availability};
 
 /// The file name of every generated program.
 pub const FILE: &str = "row_program.cu";
 
-/// The NVRTC program of `program` for a call bound as `binding` (kernel
-/// [`ROW_PROGRAM_KERNEL`](kernel_support::program::ROW_PROGRAM_KERNEL)).
-pub fn row_program(program: &RowProgram, binding: &Binding) -> Result<Program, KernelError> {
-    let generated = gpu_source(program, binding)?;
+/// The NVRTC program of `program` for a call bound as `binding` and launched in `shape` (kernel
+/// [`ROW_PROGRAM_KERNEL`](kernel_support::program::ROW_PROGRAM_KERNEL)); its defines name the
+/// shape ([`shape_defines`](kernel_support::program::shape_defines)).
+pub fn row_program(program: &RowProgram, binding: &Binding, shape: RowShape) -> Result<Program, KernelError> {
+    let generated = gpu_source(program, binding, shape)?;
+    let defines = kernel_support::program::shape_defines(shape);
     Ok(Program {
         source: format!("{PORT_HEADER}\n{ROW_PROGRAM_HEADERS}{generated}"),
         file: FILE.to_owned(),
-        name: format!("row program `{}` ({})", program.name(), Signature::of(binding)),
-        defines: Vec::new(),
+        name: format!("row program `{}` ({})", program.name(), Signature::of(binding, shape)),
+        defines: defines.into_iter().map(|(name, value)| format!("-D{name}={value}")).collect(),
     })
 }
 
-/// Compiles `program` for a call bound as `binding` to PTX for `arch` (`compute_90`, …; `None`
-/// for NVRTC's default).
-pub fn compile_ptx(program: &RowProgram, binding: &Binding, arch: Option<&'static str>) -> Result<Ptx, KernelError> {
-    compile_program(&row_program(program, binding)?, arch)
+/// Compiles `program` for a call bound as `binding` and launched in `shape` to PTX for `arch`
+/// (`compute_90`, …; `None` for NVRTC's default).
+pub fn compile_ptx(
+    program: &RowProgram,
+    binding: &Binding,
+    shape: RowShape,
+    arch: Option<&'static str>,
+) -> Result<Ptx, KernelError> {
+    compile_program(&row_program(program, binding, shape)?, arch)
 }
 
 /// Where a generated kernel's PTX came from.
@@ -68,10 +75,11 @@ fn nvrtc_version() -> Result<String, KernelError> {
 pub fn compile_ptx_cached(
     program: &RowProgram,
     binding: &Binding,
+    shape: RowShape,
     arch: Option<&'static str>,
     cache: Option<&DiskCache>,
 ) -> Result<(Ptx, PtxOrigin), KernelError> {
-    let nvrtc = row_program(program, binding)?;
+    let nvrtc = row_program(program, binding, shape)?;
     let key = match cache {
         Some(_) => format!("nvrtc {}\narch {arch:?}\noptions {:?}\n{}", nvrtc_version()?, nvrtc.defines, nvrtc.source),
         None => String::new(),
@@ -88,7 +96,7 @@ pub fn compile_ptx_cached(
     tracing::info!(
         target: "kernels_cuda",
         program = program.name(),
-        signature = %Signature::of(binding),
+        signature = %Signature::of(binding, shape),
         ?arch,
         elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
         "generated kernel compiled with NVRTC"

@@ -59,7 +59,7 @@ impl GpuRuntime for Cuda {
                 let function = FunctionKey { program, kernel, vectorized };
                 device.op_function(function, || key.symbol(), || crate::quant::compile_ptx(dtype, device.arch))
             }
-            KernelKey::RowProgram { program, binding } => device.generated_function(program, binding),
+            KernelKey::RowProgram { program, binding, shape } => device.generated_function(program, binding, shape),
         }
     }
 

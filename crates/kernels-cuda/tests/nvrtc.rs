@@ -145,9 +145,17 @@ fn every_built_in_row_program_compiles_to_ptx() {
                 dtypes,
                 in_place: false,
             };
-            let ptx = kernels_cuda::program::compile_ptx(&program, &binding, Some(arch))
-                .unwrap_or_else(|e| panic!("{} {dtype} {arch}: {e}", program.name()));
-            assert!(ptx.to_src().contains(".entry row_program("), "{} {dtype}: PTX lacks the kernel", program.name());
+            // Both shapes: whole aligned chunks and element by element.
+            for aligned in [true, false] {
+                let shape = kernel_support::program::RowShape::for_call(&program, &binding, aligned);
+                let ptx = kernels_cuda::program::compile_ptx(&program, &binding, shape, Some(arch))
+                    .unwrap_or_else(|e| panic!("{} {dtype} {arch} {shape}: {e}", program.name()));
+                assert!(
+                    ptx.to_src().contains(".entry row_program("),
+                    "{} {dtype}: PTX lacks the kernel",
+                    program.name()
+                );
+            }
         }
     }
 }
@@ -178,21 +186,23 @@ fn generated_kernels_are_cached_on_disk() {
         in_place: false,
     };
     let arch = Some("compute_90");
-    let (first, origin) = compile_ptx_cached(program, &binding(DType::BF16), arch, Some(&cache)).unwrap();
+    let shape = kernel_support::program::RowShape::Chunks { threads_per_row: 32, vectorized: true };
+    let (first, origin) = compile_ptx_cached(program, &binding(DType::BF16), shape, arch, Some(&cache)).unwrap();
     assert_eq!(origin, PtxOrigin::Compiled);
-    let (again, origin) = compile_ptx_cached(program, &binding(DType::BF16), arch, Some(&cache)).unwrap();
+    let (again, origin) = compile_ptx_cached(program, &binding(DType::BF16), shape, arch, Some(&cache)).unwrap();
     assert_eq!(origin, PtxOrigin::Cached, "the second compile reads the cache");
     assert_eq!(again.to_src(), first.to_src());
-    let (_, origin) = compile_ptx_cached(program, &binding(DType::F16), arch, Some(&cache)).unwrap();
+    let (_, origin) = compile_ptx_cached(program, &binding(DType::F16), shape, arch, Some(&cache)).unwrap();
     assert_eq!(origin, PtxOrigin::Compiled, "another signature is another kernel");
-    let (_, origin) = compile_ptx_cached(program, &binding(DType::BF16), Some("compute_80"), Some(&cache)).unwrap();
+    let (_, origin) =
+        compile_ptx_cached(program, &binding(DType::BF16), shape, Some("compute_80"), Some(&cache)).unwrap();
     assert_eq!(origin, PtxOrigin::Compiled, "another architecture is another kernel");
     // A file where the directory should be: nothing is stored, the compile still succeeds.
     let blocked = dir.join("blocked");
     std::fs::write(&blocked, b"not a directory").unwrap();
     let unwritable = DiskCache::new(blocked.join("kernels"));
     for _ in 0..2 {
-        let (ptx, origin) = compile_ptx_cached(program, &binding(DType::BF16), arch, Some(&unwritable)).unwrap();
+        let (ptx, origin) = compile_ptx_cached(program, &binding(DType::BF16), shape, arch, Some(&unwritable)).unwrap();
         assert_eq!(origin, PtxOrigin::Compiled);
         assert_eq!(ptx.to_src(), first.to_src());
     }

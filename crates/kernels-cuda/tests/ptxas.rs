@@ -111,7 +111,10 @@ fn programs(arch: &'static str) -> Vec<(String, String)> {
     // The kernels generated from every built-in row program, in bf16 (rows of 4096).
     for (index, program) in ir_ops::row_program::builtin::all().into_iter().enumerate() {
         jobs.push(Box::new(move || {
-            let ptx = kernels_cuda::program::compile_ptx(&program, &generated_binding(&program), Some(arch))
+            // The shape of an aligned call: whole chunks, 16-byte accesses.
+            let binding = generated_binding(&program);
+            let shape = kernel_support::program::RowShape::for_call(&program, &binding, true);
+            let ptx = kernels_cuda::program::compile_ptx(&program, &binding, shape, Some(arch))
                 .unwrap_or_else(|e| panic!("{} for {arch}: {e}", program.name()));
             (generated_label(index, &program), ptx.to_src())
         }));

@@ -133,11 +133,13 @@ impl HipDevice {
         &self,
         program: &ir_ops::row_program::RowProgram,
         binding: &ir_ops::row_program::Binding,
+        shape: kernel_support::program::RowShape,
     ) -> Result<HipFunction, KernelError> {
         let mut generated = self.generated.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        generated.get_or_make(program, binding, || {
+        generated.get_or_make(program, binding, shape, || {
             let cache = kernel_support::program::DiskCache::from_env();
-            let (object, _) = crate::program::compile_code_object(program, binding, self.target, cache.as_ref())?;
+            let (object, _) =
+                crate::program::compile_code_object(program, binding, shape, self.target, cache.as_ref())?;
             let mut module: hipModule_t = ptr::null_mut();
             // SAFETY: `object` is a complete code object hipcc wrote for this device's target; HIP
             // copies what it needs while loading.

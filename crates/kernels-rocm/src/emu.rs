@@ -178,20 +178,24 @@ fn kernel_of(symbol: String) -> Result<EmuHipKernel, KernelError> {
 fn generated_kernel(
     program: &ir_ops::row_program::RowProgram,
     binding: &ir_ops::row_program::Binding,
+    shape: kernel_support::program::RowShape,
 ) -> Result<EmuHipKernel, KernelError> {
     use kernel_support::program::{GeneratedKernels, ROW_PROGRAM_HEADERS, ROW_PROGRAM_KERNEL, gpu_source};
     static BUILT: std::sync::Mutex<Option<GeneratedKernels<Arc<EmuProgram>>>> = std::sync::Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let emu = built.get_or_insert_with(GeneratedKernels::new).get_or_make(program, binding, || {
-        let source = gpu_source(program, binding)?;
-        EmuProgram::build(Dialect::Hip, &[], &format!("{ROW_PROGRAM_HEADERS}{source}")).map_err(|error| match error {
-            EmuError::Compile { compiler, stderr, .. } => KernelError::Compile {
-                kernel: format!("row program `{}`", program.name()),
-                options: vec![compiler],
-                log: stderr,
+    let emu = built.get_or_insert_with(GeneratedKernels::new).get_or_make(program, binding, shape, || {
+        let source = gpu_source(program, binding, shape)?;
+        let defines = kernel_support::program::shape_defines(shape);
+        EmuProgram::build(Dialect::Hip, &defines, &format!("{ROW_PROGRAM_HEADERS}{source}")).map_err(
+            |error| match error {
+                EmuError::Compile { compiler, stderr, .. } => KernelError::Compile {
+                    kernel: format!("row program `{}`", program.name()),
+                    options: vec![compiler],
+                    log: stderr,
+                },
+                other => KernelError::Driver { backend: PROVIDER, message: other.to_string() },
             },
-            other => KernelError::Driver { backend: PROVIDER, message: other.to_string() },
-        })
+        )
     })?;
     Ok(EmuHipKernel { program: emu, symbol: ROW_PROGRAM_KERNEL.to_owned() })
 }
@@ -224,7 +228,7 @@ impl<const WAVE: u32> GpuRuntime for EmuHip<WAVE> {
 
     fn kernel(_like: &Self::Buffer, key: KernelKey<'_>) -> Result<EmuHipKernel, KernelError> {
         match key {
-            KernelKey::RowProgram { program, binding } => generated_kernel(program, binding),
+            KernelKey::RowProgram { program, binding, shape } => generated_kernel(program, binding, shape),
             _ => kernel_of(key.symbol()),
         }
     }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use ir_core::KernelError;
 use ir_ops::row_program::{Binding, RowProgram};
-use kernel_support::program::{DiskCache, ROW_PROGRAM_HEADERS, Signature, gpu_source};
+use kernel_support::program::{DiskCache, ROW_PROGRAM_HEADERS, RowShape, Signature, gpu_source};
 
 /// `port.hip.h` without its last include (the shared operations, which the generated program's
 /// headers hold).
@@ -23,8 +23,8 @@ pub const FLAGS: [&str; 3] = ["--genco", "-O3", "-xhip"];
 /// The HIP source of `program` for a call bound as `binding` (kernel
 /// [`ROW_PROGRAM_KERNEL`](kernel_support::program::ROW_PROGRAM_KERNEL)), whole: it includes
 /// nothing but `hip/hip_runtime.h`.
-pub fn hip_source(program: &RowProgram, binding: &Binding) -> Result<String, KernelError> {
-    let generated = gpu_source(program, binding)?;
+pub fn hip_source(program: &RowProgram, binding: &Binding, shape: RowShape) -> Result<String, KernelError> {
+    let generated = gpu_source(program, binding, shape)?;
     let port = PORT.replace("#include \"gpu/compute.h\"", "");
     Ok(format!("{port}\n{ROW_PROGRAM_HEADERS}{generated}"))
 }
@@ -49,12 +49,13 @@ pub fn hipcc() -> String {
 pub fn compile_code_object(
     program: &RowProgram,
     binding: &Binding,
+    shape: RowShape,
     target: &str,
     cache: Option<&DiskCache>,
 ) -> Result<(Vec<u8>, CodeObjectOrigin), KernelError> {
-    let source = hip_source(program, binding)?;
+    let source = hip_source(program, binding, shape)?;
     let hipcc = hipcc();
-    let kernel = format!("row program `{}` ({})", program.name(), Signature::of(binding));
+    let kernel = format!("row program `{}` ({})", program.name(), Signature::of(binding, shape));
     let mut options: Vec<String> = vec![format!("--offload-arch={target}")];
     options.extend(FLAGS.iter().map(|f| (*f).to_owned()));
     let driver = |message: String| KernelError::Driver { backend: "rocm", message };
@@ -95,7 +96,7 @@ pub fn compile_code_object(
     tracing::info!(
         target: "kernels_rocm",
         program = program.name(),
-        signature = %Signature::of(binding),
+        signature = %Signature::of(binding, shape),
         target,
         elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
         "generated kernel compiled with hipcc"

@@ -72,8 +72,8 @@ mod hip {
                 KernelKey::Quant { kernel, dtype, vectorized } => {
                     KernelId::Op { kernel, dtype: Some(dtype), vectorized }
                 }
-                KernelKey::RowProgram { program, binding } => {
-                    return like.device.generated_function(program, binding);
+                KernelKey::RowProgram { program, binding, shape } => {
+                    return like.device.generated_function(program, binding, shape);
                 }
             };
             like.device.function(id, || key.symbol())

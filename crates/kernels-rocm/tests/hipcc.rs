@@ -573,14 +573,15 @@ fn a_generated_kernel_compiles_with_hipcc_and_is_cached() {
         dtypes: vec![Some(DType::BF16), Some(DType::BF16), Some(DType::BF16), None],
         in_place: false,
     };
-    let (object, origin) = compile_code_object(program, &binding, "gfx90a", Some(&cache))
+    let shape = kernel_support::program::RowShape::for_call(program, &binding, true);
+    let (object, origin) = compile_code_object(program, &binding, shape, "gfx90a", Some(&cache))
         .unwrap_or_else(|error| panic!("hipcc rejected the generated layer_norm: {error}"));
     assert_eq!(origin, CodeObjectOrigin::Compiled);
     assert!(
         object.windows(kernel_support::program::ROW_PROGRAM_KERNEL.len()).any(|w| w == b"row_program"),
         "the code object holds the kernel"
     );
-    let (again, origin) = compile_code_object(program, &binding, "gfx90a", Some(&cache)).unwrap();
+    let (again, origin) = compile_code_object(program, &binding, shape, "gfx90a", Some(&cache)).unwrap();
     assert_eq!(origin, CodeObjectOrigin::Cached);
     assert_eq!(again, object);
     let _ = std::fs::remove_dir_all(&dir);

@@ -288,9 +288,10 @@ impl XpuDevice {
         program: &ir_ops::row_program::RowProgram,
         binding: &ir_ops::row_program::Binding,
     ) -> Result<Arc<Mutex<Kernel>>, KernelError> {
-        use kernel_support::program::{OPENCL_HEADERS, ROW_PROGRAM_KERNEL, Signature, opencl_source};
+        use kernel_support::program::{OPENCL_HEADERS, ROW_PROGRAM_KERNEL, RowShape, Signature, opencl_source};
         let mut generated = self.generated.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        generated.get_or_make(program, binding, || {
+        // OpenCL kernels walk their rows (`opencl_source`).
+        generated.get_or_make(program, binding, RowShape::Walk, || {
             if !self.has_fp64() {
                 return Err(KernelError::InvalidArguments {
                     reason: format!(
@@ -301,7 +302,7 @@ impl XpuDevice {
                 });
             }
             let source = opencl_source(program, binding)?;
-            let label = format!("row program `{}` ({})", program.name(), Signature::of(binding));
+            let label = format!("row program `{}` ({})", program.name(), Signature::of(binding, RowShape::Walk));
             tracing::debug!(target: "kernels_xpu", %label, "building a generated OpenCL program");
             self.build(
                 &format!("{OPENCL_HEADERS}\n{source}"),

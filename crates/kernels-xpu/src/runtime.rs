@@ -31,6 +31,7 @@ impl GpuRuntime for OpenCl {
     const MEMORY: &'static str = "xpu";
     const QUANT_GROUP: u32 = crate::quant::QUANT_GROUP as u32;
     const COPY_GROUP: u32 = 128;
+    const GENERATED_CHUNKS: bool = false;
 
     type Buffer = XpuBuffer;
     type Queue = Arc<CommandQueue>;
@@ -73,7 +74,7 @@ impl GpuRuntime for OpenCl {
             KernelKey::Quant { kernel, dtype, .. } => {
                 like.device.op_kernel(kernel, dtype, || key.symbol(), crate::quant::program)
             }
-            KernelKey::RowProgram { program, binding } => like.device.generated_kernel(program, binding),
+            KernelKey::RowProgram { program, binding, .. } => like.device.generated_kernel(program, binding),
         }
     }
 

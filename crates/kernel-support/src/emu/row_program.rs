@@ -6,22 +6,24 @@ use ir_core::{KernelError, Tensor};
 use ir_ops::row_program::{InputKind, RowArg, RowProgram};
 
 use super::{Dialect, EmuArg, EmuGrid, EmuProgram};
-use crate::program::{ROW_BLOCK, ROW_PROGRAM_HEADERS, ROW_PROGRAM_KERNEL, check_counts, gpu_source};
+use crate::program::{
+    ROW_PROGRAM_HEADERS, ROW_PROGRAM_KERNEL, RowShape, check_counts, chunk_aligned, chunk_elements, gpu_source,
+};
 
 /// The generated kernel run on the emulated GPU: the program's outputs on `args`
 /// (host tensors), as fresh compact tensors, from the source [`gpu_source`] generates compiled as
-/// `dialect`'s compiler gets it (cached by the emulator under a hash of the source).
+/// `dialect`'s compiler gets it (cached by the emulator under a hash of the source), in the shape
+/// a GPU backend picks ([`RowShape::for_call`]: whole chunks where every buffer is aligned, unless
+/// `scalar`).
 pub fn run_row_program(
     program: &RowProgram,
     args: &[RowArg<'_>],
     dialect: Dialect,
+    scalar: bool,
 ) -> Result<Vec<Tensor>, KernelError> {
     let invalid = |reason: String| KernelError::InvalidArguments { reason };
     let binding = program.bind(args)?;
-    let source = gpu_source(program, &binding)?;
     check_counts(program, args, &binding)?;
-    let built = EmuProgram::build(dialect, &[], &format!("{ROW_PROGRAM_HEADERS}{source}"))
-        .map_err(|error| KernelError::Driver { backend: "emulated gpu", message: error.to_string() })?;
     // Host tensors whose last dimension is contiguous (strided ones copied).
     let mut held: Vec<Option<Tensor>> = Vec::with_capacity(args.len());
     for (input, arg) in program.inputs().iter().zip(args) {
@@ -74,14 +76,38 @@ pub fn run_row_program(
         let shape = binding.output_shape(program.steps()[output.value.0 as usize].extent);
         outputs.push(Tensor::zeros(binding.output_dtype(output.dtype), &shape)?);
     }
+    // Whole chunks where every tensor's first element and strides keep a chunk aligned.
+    let chunk = chunk_elements(program, &binding);
+    let mut aligned = !scalar && binding.width.is_multiple_of(chunk);
+    for ((input, arg), copy) in program.inputs().iter().zip(args).zip(&held) {
+        let RowArg::Tensor(tensor) = arg else { continue };
+        let tensor = copy.as_ref().unwrap_or(tensor);
+        if !matches!(input.kind, InputKind::Activation { .. } | InputKind::Weight) {
+            continue;
+        }
+        let blocks = crate::RowBlocks::of_any(tensor.meta()).map_err(|reason| invalid(reason.to_string()))?;
+        let size = tensor.dtype().size_in_bytes();
+        let address = tensor.cpu_buffer().expect("checked above: host tensors").as_ptr() as usize;
+        let first = crate::gpu::address_alignment((address + blocks.rows.offset * size) as u64);
+        aligned &= chunk_aligned(tensor.dtype(), chunk, first, &[blocks.rows.row_stride, blocks.stride]);
+    }
+    for output in &mut outputs {
+        let address = output.cpu_buffer_mut()?.expect("a fresh host tensor").bytes_mut().as_ptr() as usize;
+        aligned &= chunk_aligned(output.dtype(), chunk, crate::gpu::address_alignment(address as u64), &[]);
+    }
+    let shape = RowShape::for_call(program, &binding, aligned);
+    let source = gpu_source(program, &binding, shape)?;
+    let built = EmuProgram::build(dialect, &[], &format!("{ROW_PROGRAM_HEADERS}{source}"))
+        .map_err(|error| KernelError::Driver { backend: "emulated gpu", message: error.to_string() })?;
     for output in &mut outputs {
         let size = output.dtype().size_in_bytes();
         let buffer = output.cpu_buffer_mut()?.expect("a fresh host tensor");
         launch_args.push(EmuArg::buffer(buffer.bytes_mut().as_mut_ptr(), size));
     }
+    let groups = shape.groups(binding.rows);
     let blocks = match dialect {
-        Dialect::Cuda => u32::try_from(binding.rows).map_err(|_| invalid("too many rows".to_owned()))?,
-        Dialect::Hip => u32::try_from(binding.rows.min(1024)).unwrap_or(1024),
+        Dialect::Cuda => u32::try_from(groups).map_err(|_| invalid("too many rows".to_owned()))?,
+        Dialect::Hip => u32::try_from(groups.min(1024)).unwrap_or(1024),
     };
     let warp = match dialect {
         Dialect::Cuda => 32,
@@ -96,7 +122,7 @@ pub fn run_row_program(
     // layout, checked against its storage when the tensor was made). It writes output k at
     // `row · width + j` or `row`: inside the fresh compact outputs, which nothing else reads or
     // writes while it runs (the inputs are only read).
-    unsafe { built.launch(ROW_PROGRAM_KERNEL, EmuGrid { blocks, threads: ROW_BLOCK, warp }, &launch_args) }
+    unsafe { built.launch(ROW_PROGRAM_KERNEL, EmuGrid { blocks, threads: shape.block(), warp }, &launch_args) }
         .map_err(|error| KernelError::Driver { backend: "emulated gpu", message: error.to_string() })?;
     drop(held);
     Ok(outputs)

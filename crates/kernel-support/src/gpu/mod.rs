@@ -93,6 +93,8 @@ pub enum KernelKey<'a> {
         /// The call's binding (only its [`Signature`](crate::program::Signature) decides the
         /// kernel).
         binding: &'a ir_ops::row_program::Binding,
+        /// How the kernel lays the rows over its threads (part of its signature).
+        shape: crate::program::RowShape,
     },
 }
 
@@ -373,6 +375,12 @@ pub trait GpuRuntime: 'static {
     /// Threads (work-items) per block of the strided copies, conversions and `add`/`mul`: one per
     /// element.
     const COPY_GROUP: u32;
+    /// Whether the runtime's generated kernels take the chunk layout
+    /// ([`RowShape::Chunks`](crate::program::RowShape::Chunks)): `true` for a runtime compiling
+    /// [`gpu_source`](crate::program::gpu_source) in the shape its key names (CUDA, HIP); an OpenCL
+    /// runtime, whose [`opencl_source`](crate::program::opencl_source) kernels walk their rows,
+    /// sets `false` and gets [`RowShape::Walk`](crate::program::RowShape::Walk).
+    const GENERATED_CHUNKS: bool = true;
 
     /// Threads (work-items) per block of the gated kernels, one block per row of `d` outputs of
     /// `dtype`.

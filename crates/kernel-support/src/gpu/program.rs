@@ -10,12 +10,13 @@ use ir_core::{DeviceKind, KernelError, Layout, Registry, RegistryError, Support,
 use ir_ops::row_program::{InPlaceArg, InputKind, RowArg, RowProgram};
 
 use super::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey};
-use crate::program::{ROW_BLOCK, check_counts};
+use crate::program::{ROW_BLOCK, RowShape, check_counts, chunk_aligned, chunk_elements};
 use crate::{KernelDTypes, device_buffer, kernel_int, stepped_extent};
 
 /// Runs `program` on `args` on runtime `R`: its outputs as fresh compact tensors on the device of
-/// the first activation, from one launch of the kernel generated for the call's dtypes (a group of
-/// [`ROW_BLOCK`] per row). Every tensor argument must be `R`'s memory and rows of one stride with a
+/// the first activation, from one launch of the kernel generated for the call's dtypes (in the
+/// [`RowShape`] of the call: the hand-written norms' threads per row, whole 16-byte chunks where
+/// every buffer is aligned). Every tensor argument must be `R`'s memory and rows of one stride with a
 /// unit last stride (what [`row_program_support_with`] asks).
 pub fn run_row_program<R: GpuRuntime>(program: &RowProgram, args: &[RowArg<'_>]) -> Result<Vec<Tensor>, KernelError> {
     let mut args: Vec<InPlaceArg<'_>> = args.iter().map(|arg| InPlaceArg::Read(*arg)).collect();
@@ -50,7 +51,7 @@ fn launch<R: GpuRuntime>(
         .expect("a built program has an activation");
     // Everything that reads the arguments, before a donated storage is borrowed for writing: the
     // binding, each tensor's rows, the queue, the kernel and the fresh outputs.
-    let (binding, rows, queue, kernel, mut outputs) = {
+    let (binding, rows, queue, kernel, mut outputs, shape) = {
         let read: Vec<RowArg<'_>> = args.iter().map(InPlaceArg::as_read).collect();
         let mut binding = program.bind(&read)?;
         check_counts(program, &read, &binding)?;
@@ -111,12 +112,33 @@ fn launch<R: GpuRuntime>(
             let buffer = R::allocate(like, &queue, layout.storage_end() * dtype.size_in_bytes())?;
             outputs.push(Some((buffer, dtype, layout)));
         }
+        // Whole chunks where the width splits into them and every activation, weight and fresh
+        // output keeps a chunk aligned at each row and block.
+        let chunk = chunk_elements(program, &binding);
+        let mut aligned = binding.width.is_multiple_of(chunk);
+        for ((input, arg), rows) in inputs.iter().zip(&read).zip(&rows) {
+            let (RowArg::Tensor(tensor), Some(blocks)) = (arg, rows) else { continue };
+            if !matches!(input.kind, InputKind::Activation { .. } | InputKind::Weight) {
+                continue;
+            }
+            let buffer = device_buffer::<R::Buffer>(tensor, &input.name, R::MEMORY)?;
+            let offset_bytes = blocks.rows.offset * tensor.dtype().size_in_bytes();
+            let first = match R::base_alignment(buffer) {
+                0 => 0,
+                base => base.min(super::address_alignment(offset_bytes as u64)),
+            };
+            aligned &= chunk_aligned(tensor.dtype(), chunk, first, &[blocks.rows.row_stride, blocks.stride]);
+        }
+        for (buffer, dtype, _) in outputs.iter().flatten() {
+            aligned &= chunk_aligned(*dtype, chunk, R::base_alignment(buffer), &[]);
+        }
+        let shape = if R::GENERATED_CHUNKS { RowShape::for_call(program, &binding, aligned) } else { RowShape::Walk };
         let kernel = if binding.rows > 0 {
-            Some(R::kernel(like, KernelKey::RowProgram { program, binding: &binding })?)
+            Some(R::kernel(like, KernelKey::RowProgram { program, binding: &binding, shape })?)
         } else {
             None
         };
-        (binding, rows, queue, kernel, outputs)
+        (binding, rows, queue, kernel, outputs, shape)
     };
     if let Some(kernel) = kernel {
         let mut launch: KernelArgs<'_, R::Buffer> = KernelArgs::new();
@@ -165,9 +187,12 @@ fn launch<R: GpuRuntime>(
         for (buffer, dtype, _) in outputs.iter_mut().flatten() {
             launch.write(buffer, 0, *dtype);
         }
-        let grid = Grid { groups: binding.rows, group_size: ROW_BLOCK, what: "rows", grid_stride: true };
-        // SAFETY: the arguments follow the generated prototype (`gpu_source`, in place when
-        // `binding.in_place`): the row count and width (converted without loss, the width with room
+        let grid =
+            Grid { groups: shape.groups(binding.rows), group_size: shape.block(), what: "rows", grid_stride: true };
+        // SAFETY: the arguments follow the generated prototype (`gpu_source` for `shape`, in place
+        // when `binding.in_place`; its grid covers the rows in `shape`'s groups, a thread past the
+        // last row loads no chunk and writes nothing, and whole-chunk accesses only
+        // where `chunk_aligned` and the width allowed them): the row count and width (converted without loss, the width with room
         // for the kernel's last column step), then per input its buffer at its first element and,
         // for an activation, its row stride, rows per block and block stride, for positions the rows per position, for a cache its
         // row stride, width and row count (each converted without loss), a scalar as a double,

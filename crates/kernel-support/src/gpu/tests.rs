@@ -739,7 +739,7 @@ fn row_program_host_code_passes_the_generated_prototype() {
         take_launches(),
         [Launched {
             symbol: crate::program::ROW_PROGRAM_KERNEL.to_owned(),
-            grid: Grid { groups: 3, group_size: crate::program::ROW_BLOCK, what: "rows", grid_stride: true },
+            grid: Grid { groups: 1, group_size: 128, what: "rows", grid_stride: true }, // 8 threads per row: 16 rows to a block.
             args: [
                 "I64(3)",
                 "I32(8)",
@@ -793,7 +793,7 @@ fn row_program_host_code_passes_donated_activations_as_the_in_place_prototype() 
         take_launches(),
         [Launched {
             symbol: crate::program::ROW_PROGRAM_KERNEL.to_owned(),
-            grid: Grid { groups: 2, group_size: crate::program::ROW_BLOCK, what: "rows", grid_stride: true },
+            grid: Grid { groups: 1, group_size: 128, what: "rows", grid_stride: true }, // 8 threads per row: 16 rows to a block.
             args: [
                 "I64(2)",
                 "I32(8)",
@@ -815,9 +815,10 @@ fn row_program_host_code_passes_donated_activations_as_the_in_place_prototype() 
     let read: Vec<RowArg<'_>> = [RowArg::Tensor(x.tensor()), RowArg::Tensor(r.tensor()), RowArg::Scalar(1e-5)].to_vec();
     let mut binding = program.bind(&read).unwrap();
     binding.in_place = true;
-    let source = crate::program::gpu_source(program, &binding).unwrap();
+    let shape = crate::program::RowShape::for_call(program, &binding, false);
+    let source = crate::program::gpu_source(program, &binding, shape).unwrap();
     assert!(!source.contains("out0") && !source.contains("out1"), "{source}");
-    assert!(source.contains("in0[base0 + j] =") && source.contains("in1[base1 + j] ="), "{source}");
+    assert!(source.contains("(in0 + base0 + j0,") && source.contains("(in1 + base1 + j0,"), "{source}");
     // A donated activation the program does not write, or one it writes but not donated: refused
     // before anything runs.
     let norm = ir_ops::row_program::builtin::rms_norm(false, false);

@@ -13,12 +13,17 @@ fn both_dialects_fuse_each_pass_into_one_loop_in_their_own_terms() {
     let w = Tensor::zeros(DType::BF16, &[64]).unwrap();
     let binding =
         program.bind(&[RowArg::Tensor(&x), RowArg::Tensor(&x), RowArg::Tensor(&w), RowArg::Scalar(1e-6)]).unwrap();
-    let cuda = gpu_source(&program, &binding).unwrap();
+    let cuda = gpu_source(&program, &binding, super::RowShape::for_call(&program, &binding, true)).unwrap();
     let opencl = opencl_source(&program, &binding).unwrap();
-    // Three passes (the sum of squares, the absmax, the codes), each one loop over the row, and
-    // two block reductions.
-    assert_eq!(cuda.matches("for (int j = threadIdx.x; j < width;").count(), 3, "{cuda}");
-    assert_eq!(cuda.matches("block_sum<").count() + cuda.matches("block_max<").count(), 2, "{cuda}");
+    // Three passes (the sum of squares, the absmax, the codes), each one walk over a thread's
+    // chunks (the cached ones, then those past them), and two row reductions; x and the residual
+    // are loaded 16 bytes at a time into registers once, in the first pass.
+    assert_eq!(cuda.matches("for (long long c = lane + (long long)").count(), 3, "{cuda}");
+    assert_eq!(cuda.matches("rp_row_reduce<").count(), 2, "{cuda}");
+    assert_eq!(cuda.matches("[k].load(").count(), 2, "{cuda}");
+    // The weight's chunks loaded ahead of their use in the two passes that read it.
+    assert_eq!(cuda.matches("wt2[k - k0].load(").count(), 2, "{cuda}");
+    assert!(cuda.contains("RpChunk<2, 8, true> ld0_0["), "{cuda}");
     assert!(cuda.contains("fp8_e4m3("), "{cuda}");
     assert_eq!(opencl.matches("for (int j = get_local_id(0); j < width;").count(), 3, "{opencl}");
     assert_eq!(opencl.matches("rp_block_sum_").count() + opencl.matches("rp_block_max_").count(), 2 + 4);
@@ -42,6 +47,10 @@ fn an_f64_value_stored_as_fp8_is_rounded_to_odd_first_in_both_dialects() {
     let program = builtin::dynamic_per_token_scaled_fp8_quant(DType::F8E4M3FN, false).unwrap();
     let x = Tensor::zeros(DType::F64, &[2, 64]).unwrap();
     let binding = program.bind(&[RowArg::Tensor(&x)]).unwrap();
-    assert!(gpu_source(&program, &binding).unwrap().contains("fp8_e4m3(f32_round_to_odd("));
+    assert!(
+        gpu_source(&program, &binding, super::RowShape::for_call(&program, &binding, true))
+            .unwrap()
+            .contains("fp8_e4m3(f32_round_to_odd(")
+    );
     assert!(opencl_source(&program, &binding).unwrap().contains("fp8_from_f32(rp_narrow_d("));
 }

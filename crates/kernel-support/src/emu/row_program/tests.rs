@@ -8,14 +8,17 @@ use ir_ops::row_program::{BinaryOp, OutDType, Precision, ReduceOp, RowArg, RowPr
 use super::run_row_program as run_emulated;
 use crate::emu::Dialect;
 use crate::emu::tests::compiler_at_hand;
-use crate::program::gpu_source;
+use crate::program::{RowShape, gpu_source};
 use crate::testing::{SampleArg, check_row_program_outputs, row_program_activation as activation, row_program_sample};
 
 /// Runs `program` on the emulated GPU and compares every output with the interpreter's.
 fn check(program: &RowProgram, args: &[RowArg<'_>], dialect: Dialect, dtype: DType) {
-    let ours = run_emulated(program, args, dialect).unwrap_or_else(|e| panic!("{} {dtype}: {e}", program.name()));
     let reference = program.run(args).unwrap();
-    check_row_program_outputs(program, dtype, &ours, &reference, &format!("{dialect:?}"));
+    for scalar in [false, true] {
+        let ours = run_emulated(program, args, dialect, scalar)
+            .unwrap_or_else(|e| panic!("{} {dtype} (scalar {scalar}): {e}", program.name()));
+        check_row_program_outputs(program, dtype, &ours, &reference, &format!("{dialect:?} (scalar {scalar})"));
+    }
 }
 
 #[test]
@@ -43,7 +46,7 @@ fn what_the_generator_cannot_express_is_refused_with_the_reason() {
     b.store("q", q, OutDType::Like(xi), None);
     let program = b.build().unwrap();
     let binding = program.bind(&[RowArg::Tensor(&x)]).unwrap();
-    let error = gpu_source(&program, &binding).unwrap_err().to_string();
+    let error = gpu_source(&program, &binding, RowShape::for_call(&program, &binding, false)).unwrap_err().to_string();
     assert!(error.contains("a step rounds to f8e4m3fn, which only a store may"), "{error}");
 
     let mut b = RowProgram::builder("counted");
@@ -54,13 +57,13 @@ fn what_the_generator_cannot_express_is_refused_with_the_reason() {
     let y = b.binary(BinaryOp::Mul, v, s, Precision::Compute);
     b.store("y", y, OutDType::Like(xi), None);
     let program = b.build().unwrap();
-    let error = gpu_source(&program, &binding).unwrap_err().to_string();
+    let error = gpu_source(&program, &binding, RowShape::for_call(&program, &binding, false)).unwrap_err().to_string();
     assert!(error.contains("%2 is counted by %1, not a scalar parameter"), "{error}");
 
     if compiler_at_hand() {
         let program = builtin::rms_norm(false, true);
         let args = [RowArg::Tensor(&x), RowArg::Scalar(1e-6), RowArg::Scalar(9.0)];
-        let error = run_emulated(&program, &args, Dialect::Cuda).unwrap_err().to_string();
+        let error = run_emulated(&program, &args, Dialect::Cuda, false).unwrap_err().to_string();
         assert!(error.contains("reduction count 9 is not an integer in 1..=8"), "{error}");
     }
 }
@@ -96,7 +99,7 @@ fn exact_steps_give_the_reference_bits() {
         let w = Tensor::from_f64(dtype, &[70], &w).unwrap();
         let args = [RowArg::Tensor(&x), RowArg::Tensor(&w), RowArg::Scalar(0.3)];
         for dialect in [Dialect::Cuda, Dialect::Hip] {
-            let ours = run_emulated(&program, &args, dialect).unwrap();
+            let ours = run_emulated(&program, &args, dialect, false).unwrap();
             let reference = program.run(&args).unwrap();
             for (output, (a, b)) in ours.iter().zip(&reference).enumerate() {
                 let (a, b) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
@@ -144,7 +147,7 @@ fn rotations_give_the_reference_bits_and_leave_rows_at_unknown_positions_unrotat
                 let args = [RowArg::Tensor(&positions), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
                 let reference = program.run(&args).unwrap();
                 for dialect in [Dialect::Cuda, Dialect::Hip] {
-                    let ours = run_emulated(&program, &args, dialect).unwrap();
+                    let ours = run_emulated(&program, &args, dialect, false).unwrap();
                     let what = format!("{} {dtype} {width}/{rotated} {dialect:?}", program.name());
                     assert_bits(&ours[0], &reference[0], &what);
                 }
@@ -155,7 +158,7 @@ fn rotations_give_the_reference_bits_and_leave_rows_at_unknown_positions_unrotat
             let program = builtin::rotary(true, ir_ops::Rounding::Exact);
             let args = [RowArg::Tensor(&outside), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
             assert!(program.run(&args).unwrap_err().to_string().contains("position 6 of row group 1 is outside"));
-            let ours = run_emulated(&program, &args, Dialect::Cuda).unwrap();
+            let ours = run_emulated(&program, &args, Dialect::Cuda, false).unwrap();
             let rows = |t: &Tensor, first: usize| t.narrow(0, first, 2).unwrap().contiguous().unwrap();
             assert_bits(&rows(&ours[0], 1), &rows(&x, 1), &format!("{dtype} {width}: unknown positions"));
             let inside = [RowArg::Tensor(&positions), RowArg::Tensor(&x), RowArg::Tensor(&cache)];
