@@ -229,9 +229,10 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
 
 /// The norm chains `fuse-row-programs` fuses (Gemma's sandwich, an add + LayerNorm), traced unfused
 /// on the device. The standard pipeline keeps them apart there: a device provider's generated
-/// kernel may reduce a row in another order than its hand-written norms (f32 rows of 1000 differ in
-/// the last bits), so the exact form fuses norm chains on the cpu and native only, and the outputs
-/// keep their bits. By name the pass fuses both onto the device provider, within tolerance.
+/// kernel is not its hand-written norms' bits in every row (a CUDA/HIP kernel does not rescale a
+/// row whose f32 sum of squares overflows, as they do; an OpenCL kernel reduces by another tree),
+/// so the exact form fuses norm chains on the cpu and native only, and the outputs keep their
+/// bits. By name the pass fuses both onto the device provider, within tolerance.
 #[test]
 fn norm_chains_fuse_on_each_device_by_name_and_stay_apart_in_the_exact_form() {
     on_each_device("the fused norm chains", |backend| {

@@ -718,9 +718,12 @@ fn render_generated_loads(cuda: &[CudaKernel], text: &str) -> anyhow::Result<Str
         "\n## Loads in flight (CUDA kernels generated from row programs, bf16)\n\nRead from the SASS of the \
          kernel generated for every built-in row program (`ir_ops::row_program::builtin::all`, rows of 4096): \
          the global loads a thread issues before the first instruction that reads one, and how many of them load \
-         16 bytes. A generated kernel walks its row a column per thread and iteration and loads one element per \
-         operand, so its columns have these loads in flight where a hand-written norm has its cached 16-byte \
-         chunks (the tables above).\n\n| kernel | registers | loads in flight | of 16 bytes |\n|---|---:|---:|---:|\n",
+         16 bytes, in the shape an aligned call launches (whole chunks). Every program but a rotary one takes the \
+         hand-written norms' layout: at 4096 bf16 elements, 64 threads per row, each holding up to 12 chunks of 16 \
+         bytes per activation stream in registers (the bucket's longest row, 6144 elements; a gated program's gate \
+         and up, or a fused norm's x and residual, are two streams of 12 each), their loads all issued before the first is used, as a \
+         hand-written norm's cached chunks are (the tables above: 12 for `rms_norm` at 64 threads per row, 24 for \
+         `fused_add_rms_norm`). A rotary program walks its row by pairs and loads one element per operand.\n\n| kernel | registers | loads in flight | of 16 bytes |\n|---|---:|---:|---:|\n",
     );
     for line in text.lines().filter(|line| !line.is_empty()) {
         let fields: Vec<&str> = line.split('\t').collect();

@@ -48,9 +48,10 @@ pub(crate) struct AddNorm {
 
 /// Whether a provider's row-program ops give the bits of its unfused kernels: the cpu's (its
 /// row-program interpreter sums in the cpu norms' lanes and computes silu as its gated kernel,
-/// tested bit for bit) and the reference's. A GPU provider's generated kernel may assign a row's
-/// elements to its threads otherwise than its hand-written norms do (scalar loads where they load
-/// 16 bytes), which changes the last bits of an f32 norm.
+/// tested bit for bit) and the reference's. Not a GPU provider's: a generated CUDA/HIP kernel owns
+/// and reduces a row's chunks as the hand-written norms do (the same bits on the emulated GPUs),
+/// but where a row's f32 sum of squares overflows the hand-written norms rescale it and the
+/// generated kernel does not; an OpenCL kernel reduces by another tree.
 pub(crate) fn reduces_like_its_norms(provider: &str) -> bool {
     matches!(provider, "cpu" | "native")
 }

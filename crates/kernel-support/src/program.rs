@@ -678,7 +678,10 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
         let (block, per_block) = (shape.block(), shape.rows_per_block());
         let chunk = chunk_elements(program, binding);
         src.push_str(CHUNK_PRELUDE);
-        let _ = writeln!(src, "{head} __launch_bounds__({block}) {ROW_PROGRAM_KERNEL}({}) {{", params.join(", "));
+        // One block per SM at least: ptxas then gives the cached chunks the registers they take
+        // (without the bound it capped some kernels at 96 registers and spilled around the calls
+        // of f64 division's slow path).
+        let _ = writeln!(src, "{head} __launch_bounds__({block}, 1) {ROW_PROGRAM_KERNEL}({}) {{", params.join(", "));
         let _ = writeln!(src, "    {shared} {c} scratch[{block} / 32];");
         let _ = writeln!(src, "    {shared} double scratch_d[{block} / 32];");
         let _ = writeln!(src, "    const int lane = threadIdx.x % {tpr};");

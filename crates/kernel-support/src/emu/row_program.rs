@@ -97,7 +97,8 @@ pub fn run_row_program(
     }
     let shape = RowShape::for_call(program, &binding, aligned);
     let source = gpu_source(program, &binding, shape)?;
-    let built = EmuProgram::build(dialect, &[], &format!("{ROW_PROGRAM_HEADERS}{source}"))
+    let defines = crate::program::shape_defines(shape);
+    let built = EmuProgram::build(dialect, &defines, &format!("{ROW_PROGRAM_HEADERS}{source}"))
         .map_err(|error| KernelError::Driver { backend: "emulated gpu", message: error.to_string() })?;
     for output in &mut outputs {
         let size = output.dtype().size_in_bytes();
