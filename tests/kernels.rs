@@ -1894,9 +1894,10 @@ fn layer_norm_runs_as_a_generated_kernel_on_every_gpu_backend() {
 /// The generated sandwich norm on each emulated GPU gives its hand-written chain's bits
 /// (`rms_norm`, then `fused_add_rms_norm` of its output): the generated kernel lays a row over the
 /// hand-written norms' threads, owns their chunks and reduces by their tree, so the sums of
-/// squares are the same whatever the access width. Rows of every threads-per-row bucket and past
-/// the registers' cache, compact (whole 16-byte chunks) and padded (element by element), in every
-/// compute dtype and both roundings.
+/// squares are the same whatever the access width, and a row whose f32 sum overflows is summed
+/// again in double by both. Rows of every threads-per-row bucket and past the registers' cache,
+/// compact (whole 16-byte chunks) and padded (element by element), in every compute dtype and
+/// both roundings.
 #[test]
 fn the_generated_sandwich_gives_the_hand_written_norms_bits_on_the_emulated_gpus() {
     use ir_ops::fused_sandwich_rms_norm::FUSED_SANDWICH_RMS_NORM;
@@ -1911,9 +1912,23 @@ fn the_generated_sandwich_gives_the_hand_written_norms_bits_on_the_emulated_gpus
             for (seed, (tokens, hidden)) in shapes.into_iter().enumerate() {
                 let spec =
                     InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: seed as u64 };
-                let host = (def.generate_inputs)(&spec).unwrap();
+                let mut host = (def.generate_inputs)(&spec).unwrap();
+                // Odd seeds in f32 and bf16: rows whose f32 sums of squares overflow although their
+                // means fit, which both kernels sum again in double.
+                let overflow = dtype != DType::F16 && seed % 2 == 1;
+                if overflow {
+                    for at in [0, 1] {
+                        let values = host[at].as_tensor().unwrap().to_f64_vec().unwrap();
+                        let scale = |k: usize| [1.0, 1e18, 4e18, 1.5e19][(k / hidden) % 4];
+                        let scaled: Vec<f64> = values.iter().enumerate().map(|(k, v)| v * scale(k)).collect();
+                        host[at] = Value::Tensor(Tensor::from_f64(dtype, &[tokens, hidden], &scaled).unwrap());
+                    }
+                }
                 for padded in [false, true] {
-                    let label = format!("{} {dtype} T={tokens} H={hidden} padded={padded}", backend.provider);
+                    let label = format!(
+                        "{} {dtype} T={tokens} H={hidden} padded={padded} overflow={overflow}",
+                        backend.provider
+                    );
                     let (fused, launches) = run_logged(backend, def, &host, padded);
                     assert!(
                         launches.len() == 1 && &*launches[0].kernel == "row_program",

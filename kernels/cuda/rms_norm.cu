@@ -20,11 +20,15 @@
 #error "a norm program needs DTYPE, HAS_WEIGHT, WDTYPE, VEC, THREADS_PER_ROW, BLOCK_SIZE and CACHE_CHUNKS"
 #endif
 
+// The kernels are declared for one block per SM at least: without the minimum, ptxas spilled a few
+// registers of the small-row f32 and f64 kernels around the rare path's call (a row whose sum of
+// squares overflows, summed again in double and divided in double).
+
 // The weight's type as the row kernel takes it (-1: none).
 #define NORM_WEIGHT (HAS_WEIGHT ? WDTYPE : -1)
 
 #define NORM_KERNELS(DT, NAME, VECTOR_FORM, ...)                                                                   \
-    extern "C" __global__ void __launch_bounds__(BLOCK_SIZE)                                                       \
+    extern "C" __global__ void __launch_bounds__(BLOCK_SIZE, 1)                                                     \
         rms_norm_##NAME(Elem<DT>::T* __restrict__ out, const Elem<DT>::T* __restrict__ x,                          \
                         const NormWeight<NORM_WEIGHT>::T* __restrict__ weight, Compute<DT> epsilon, long long n_rows, \
                         int hidden, int variance, long long x_row_stride, long long out_row_stride) {              \
@@ -32,7 +36,7 @@
             out, const_cast<Elem<DT>::T*>(x), weight, epsilon, n_rows, hidden, variance, out_row_stride,         \
             x_row_stride);                                                                                         \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(BLOCK_SIZE) fused_add_rms_norm_##NAME(                           \
+    extern "C" __global__ void __launch_bounds__(BLOCK_SIZE, 1) fused_add_rms_norm_##NAME(                         \
         Elem<DT>::T* __restrict__ x, Elem<DT>::T* __restrict__ residual,                                           \
         const NormWeight<NORM_WEIGHT>::T* __restrict__ weight, Compute<DT> epsilon, long long n_rows, int hidden,   \
         int variance, long long x_row_stride, long long residual_row_stride) {                                    \

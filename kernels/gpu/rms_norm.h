@@ -115,27 +115,22 @@ __device__ __forceinline__ V norm_row_sum(V value) {
     return total;
 }
 
-// The mean square of the first `count` elements of a row when their sum of squares in C overflowed
-// (|x| above about 1.8e19 / sqrt(count) in f32) although the mean may fit: the elements scaled by
-// their largest magnitude, summed serially by the calling thread (no barrier, so any subset of
-// threads may call it), then scaled back. A rare path.
+// The sum of squares of the first `count` elements of a row when their sum in C overflowed (|x|
+// above about 1.8e19 / sqrt(count) in f32) although the mean may fit: the squares summed in double,
+// serially in element order, by the calling thread (no barrier, so any subset of threads may call
+// it). Divided once in double and rounded to C, that is the reference's mean square (its sum is a
+// double fold in element order), and a generated kernel's on the same row. A rare path.
 template <int DT>
-__device__ __noinline__ Compute<DT> norm_rescaled_mean_square(const typename Elem<DT>::T* x_row,
-                                                              const typename Elem<DT>::T* r_row, int count) {
+__device__ __noinline__ double norm_wide_sum_squares(const typename Elem<DT>::T* x_row,
+                                                      const typename Elem<DT>::T* r_row, int count) {
     typedef Elem<DT> E;
     typedef Compute<DT> C;
-    C largest = 0;
+    double sum = 0;
     for (int j = 0; j < count; ++j) {
-        C s = E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : C(0));
-        largest = c_fmax(largest, c_fabs(s));
+        C s = r_row ? c_add(E::load(x_row[j]), E::load(r_row[j])) : E::load(x_row[j]);
+        sum = c_add(sum, c_mul((double)s, (double)s));
     }
-    if (!(largest > C(0)) || isinf(largest)) return C(__int_as_float(0x7f800000));
-    C sum = 0;
-    for (int j = 0; j < count; ++j) {
-        C s = (E::load(x_row[j]) + (r_row ? E::load(r_row[j]) : C(0))) / largest;
-        sum += s * s;
-    }
-    return sum / (C)count * largest * largest;
+    return sum;
 }
 
 // Adds the squares of chunk `c`'s elements among the first `variance` of the row to `sum`, in element
@@ -349,7 +344,7 @@ __device__ __forceinline__ void norm_rows(typename Elem<DT>::T* first, typename 
     }
     C total = norm_row_sum<TPR, BLOCK>(sum_sq);
     C mean_square = active && isinf(total)
-                        ? norm_rescaled_mean_square<DT>(x_row, FUSED ? b_row : nullptr, variance)
+                        ? (C)c_div(norm_wide_sum_squares<DT>(x_row, FUSED ? b_row : nullptr, variance), (double)variance)
                         : total / (C)variance;
     // The fused rescue reads the whole row: no thread of the block writes before every one has read.
     if (FUSED) __syncthreads();

@@ -75,7 +75,7 @@ static CHAINS: [Chain; 2] = [
         fused: &FUSED_SANDWICH_RMS_NORM,
         args: sandwich_args,
         results: ["output", "residual"],
-        bit_exact_on: reduces_like_its_norms,
+        bit_exact_on: sandwich_bit_exact_on,
     },
     Chain {
         first: &SILU_AND_MUL,
@@ -89,6 +89,16 @@ static CHAINS: [Chain; 2] = [
         bit_exact_on: reduces_like_its_norms,
     },
 ];
+
+/// Whether a provider's `fused_sandwich_rms_norm` gives its `rms_norm` then `fused_add_rms_norm`
+/// bits: where its row programs reduce like its norms, and on CUDA (the device and the emulated
+/// one), whose generated kernel owns and reduces a row's chunks as its hand-written norms do,
+/// sums an overflowing row again in double as they do, and rounds every product on its own as
+/// they do (tested bit for bit on the emulated GPU, and for fused multiply-adds in the PTX). Not
+/// on HIP: its hand-written norms mixing f64 with another dtype run at other threads per row.
+fn sandwich_bit_exact_on(provider: &str) -> bool {
+    reduces_like_its_norms(provider) || matches!(provider, "cuda" | "emu_cuda")
+}
 
 /// `rms_norm(x, post_weight, epsilon, none)` then `fused_add_rms_norm(h, r, pre_weight, epsilon,
 /// none, rounding)`: `fused_sandwich_rms_norm(x, r, post_weight, pre_weight, epsilon, rounding)`.

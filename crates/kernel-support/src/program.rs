@@ -1040,6 +1040,26 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
                 );
                 let _ = writeln!(src, "        r{index} = {};", round(expr, steps[index].precision, true)?);
                 emitted[index] = true;
+                if op == ReduceOp::SumSquares && steps[index].precision == Precision::Wide && c_ty == Ty::Float {
+                    // A row whose f32 sum of squares overflowed although its mean may fit: the
+                    // reference's sum, in double, serially in element order by each thread of the
+                    // row (the hand-written norms' rescue, `norm_wide_sum_squares`), then a
+                    // barrier before any thread writes what the others read.
+                    let Op::Reduce { x, .. } = steps[index].op else { unreachable!("reductions are listed") };
+                    let walk = Column { suffix: "", at: "j", partner: None, slot: None };
+                    let _ = writeln!(src, "        if (live && isinf(r{index})) {{");
+                    let _ = writeln!(src, "            double wide = 0;");
+                    let _ = writeln!(src, "            for (int j = 0; j < n{index}; ++j) {{");
+                    for step in element_cone(steps, x) {
+                        let _ = writeln!(src, "                {}", element(step, &walk)?);
+                    }
+                    let e = format!("(double)e{}", x.0);
+                    let _ = writeln!(src, "                wide = c_add(wide, c_mul({e}, {e}));");
+                    let _ = writeln!(src, "            }}");
+                    let _ = writeln!(src, "            r{index} = wide;");
+                    let _ = writeln!(src, "        }}");
+                    let _ = writeln!(src, "        __syncthreads();");
+                }
             }
         }
     } else {
@@ -1189,6 +1209,29 @@ pub fn cached_chunks(program: &RowProgram, binding: &Binding, threads_per_row: u
     }
     let budget = if dtype.size_in_bytes() < 4 { 2 * chunks } else { chunks };
     (budget / streams.len().max(1) as u32).clamp(1, chunks.max(1))
+}
+
+/// The element steps value `x` is computed from (itself included), in step order.
+fn element_cone(steps: &[ir_ops::row_program::Step], x: ValueId) -> Vec<usize> {
+    let mut needed = vec![false; x.0 as usize + 1];
+    needed[x.0 as usize] = true;
+    for index in (0..=x.0 as usize).rev() {
+        if !needed[index] {
+            continue;
+        }
+        let operands: &[ValueId] = match &steps[index].op {
+            Op::Unary(_, a) => std::slice::from_ref(a),
+            Op::Binary(_, a, b) => &[*a, *b],
+            Op::Pair { x, .. } => std::slice::from_ref(x),
+            _ => &[],
+        };
+        for operand in operands {
+            if steps[operand.0 as usize].extent == Extent::Element {
+                needed[operand.0 as usize] = true;
+            }
+        }
+    }
+    (0..=x.0 as usize).filter(|&index| needed[index] && steps[index].extent == Extent::Element).collect()
 }
 
 /// One column a generated loop iteration computes: its values' suffix, its index variable, and

@@ -208,3 +208,54 @@ fn generated_kernels_are_cached_on_disk() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The first fused multiply-add of `ptx` that adds something to its product: `fma(x, y, +0)` is
+/// `x · y` rounded once (NVRTC writes a sum's first term so), any other rounds a product and a sum
+/// once where the source rounds them apart.
+fn contracted(ptx: &str) -> Option<&str> {
+    ptx.lines().map(str::trim).find(|line| {
+        line.starts_with("fma.rn.")
+            && !line
+                .trim_end_matches(';')
+                .rsplit(',')
+                .next()
+                .is_some_and(|addend| matches!(addend.trim(), "0f00000000" | "0d0000000000000000"))
+    })
+}
+
+/// The norms' sums of squares and their weight steps round each product on its own on a GPU as on
+/// the emulated one (compiled with contraction off): no fused multiply-add that adds to its
+/// product in the hand-written norm programs (f32 and bf16, at 64 threads per row) nor in the
+/// kernels generated from the norm programs, so a generated kernel that
+/// owns and reduces a row's chunks as the hand-written norms do gives their bits on the device
+/// too, not only on the emulator.
+#[test]
+fn the_norms_compile_without_fused_multiply_adds() {
+    if let ir_core::Availability::Unavailable(reason) = nvrtc_availability() {
+        ir_core::testing::skip("nvrtc", &reason);
+        return;
+    }
+    use ir_core::DType;
+    let arch = Some("compute_90");
+    for program in all_programs() {
+        let wide_weight = program.weight.is_some_and(|w| w != program.dtype);
+        if !matches!(program.dtype, DType::F32 | DType::BF16) || program.threads_per_row != 64 || wide_weight {
+            continue;
+        }
+        let ptx = compile_ptx(&program, arch).unwrap_or_else(|e| panic!("{program:?}: {e}")).to_src();
+        assert_eq!(contracted(&ptx), None, "{program:?}: a fused multiply-add");
+    }
+    use ir_ops::row_program::{Binding, builtin};
+    for program in
+        [builtin::rms_norm(true, false), builtin::fused_sandwich_rms_norm(true, true, ir_ops::Rounding::Exact)]
+    {
+        let dtypes = program.inputs().iter().map(|input| input.kind.is_tensor().then_some(DType::BF16)).collect();
+        let binding =
+            Binding { width: 4096, rows: 1, rows_shape: vec![1], compute: DType::F32, dtypes, in_place: false };
+        for aligned in [true, false] {
+            let shape = kernel_support::program::RowShape::for_call(&program, &binding, aligned);
+            let ptx = kernels_cuda::program::compile_ptx(&program, &binding, shape, arch).unwrap().to_src();
+            assert_eq!(contracted(&ptx), None, "{} {shape}: a fused multiply-add", program.name());
+        }
+    }
+}
