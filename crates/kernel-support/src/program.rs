@@ -718,7 +718,7 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
     // iteration rotates: a pair, at a position inside the cache.
     let rotary = program.rotary_cache();
     let columns: Vec<Column> = match rotary {
-        None => vec![Column { suffix: "", at: "j", partner: None, slot: None }],
+        None => vec![Column::WALK],
         Some(cache) => {
             let InputKind::CosSinCache { positions, .. } = program.inputs()[cache].kind else {
                 unreachable!("a built program's rotary steps read a cache")
@@ -745,7 +745,6 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
             if emitted[index] || step.extent != Extent::Row || schedule.phase[index] > pass {
                 continue;
             }
-            let none = Column { suffix: "", at: "j", partner: None, slot: None };
             let expr = match step.op {
                 Op::Param { input } => match program.inputs()[input].kind {
                     InputKind::Scalar => format!("s{input}"),
@@ -754,8 +753,10 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
                 Op::Const(v) if v.is_finite() => format!("{v:?}"),
                 Op::Const(v) => return Err(unsupported(format!("the constant {v} is not finite"))),
                 Op::Width => "(double)width".to_owned(),
-                Op::Unary(op, x) => syntax.unary(op, value(x, false, &none), Ty::Double),
-                Op::Binary(op, a, b) => syntax.binary(op, value(a, false, &none), value(b, false, &none), Ty::Double),
+                Op::Unary(op, x) => syntax.unary(op, value(x, false, &Column::WALK), Ty::Double),
+                Op::Binary(op, a, b) => {
+                    syntax.binary(op, value(a, false, &Column::WALK), value(b, false, &Column::WALK), Ty::Double)
+                }
                 Op::Reduce { .. } => continue,
                 Op::Load { .. } | Op::Weight { .. } | Op::Cos { .. } | Op::Sin { .. } | Op::Pair { .. } => {
                     unreachable!("loads and rotary steps are element steps")
@@ -872,24 +873,28 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
             Ok(format!("RpChunk<{}, {ch}, {}>", elem_code(dtype).unwrap_or(0), vec_of(dtype)))
         };
         // The activation streams (an input's block) and weights each pass reads.
-        let reads = |pass: usize| {
-            let (mut loads, mut weights) = (Vec::new(), Vec::new());
-            for &index in &schedule.elements[pass] {
-                match steps[index].op {
-                    Op::Load { input, block } if !loads.contains(&(input, block)) => loads.push((input, block)),
-                    Op::Weight { input } if !weights.contains(&input) => weights.push(input),
-                    _ => {}
+        let reads: Vec<PassReads> = schedule
+            .elements
+            .iter()
+            .map(|elements| {
+                let mut reads = PassReads::default();
+                for &index in elements {
+                    match steps[index].op {
+                        Op::Load { input, block } if !reads.loads.contains(&(input, block)) => {
+                            reads.loads.push((input, block))
+                        }
+                        Op::Weight { input } if !reads.weights.contains(&input) => reads.weights.push(input),
+                        _ => {}
+                    }
                 }
-            }
-            (loads, weights)
-        };
+                reads
+            })
+            .collect();
         let mut held: Vec<(usize, usize)> = Vec::new();
-        for pass in 0..passes {
-            for stream in reads(pass).0 {
-                if !held.contains(&stream) {
-                    held.push(stream);
-                    let _ = writeln!(src, "        {} ld{}_{}[{cached}];", chunk_ty(stream.0)?, stream.0, stream.1);
-                }
+        for &stream in reads.iter().flat_map(|reads| &reads.loads) {
+            if !held.contains(&stream) {
+                held.push(stream);
+                let _ = writeln!(src, "        {} ld{}_{}[{cached}];", chunk_ty(stream.0)?, stream.0, stream.1);
             }
         }
         held.clear();
@@ -897,13 +902,13 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
             format!("in{input} + base{input} + {block} * ({long})width + c * {ch}, width - (int)(c * {ch})")
         };
         let weight_at = |input: usize| format!("in{input} + c * {ch}, width - (int)(c * {ch})");
-        let chunk_of = |k: &str| format!("const {long} c = lane + ({long}){k} * {tpr};");
-        for pass in 0..passes {
+        let each_cached = CachedChunks { long, tpr };
+        let all_cached = format!("int k = 0; k < {cached}");
+        for (pass, PassReads { loads, weights }) in reads.iter().enumerate() {
             row_steps(&mut src, pass, &mut emitted)?;
             let reductions = &schedule.reductions[pass];
             init_reductions(&mut src, reductions)?;
             let last = pass + 1 == passes;
-            let (loads, weights) = reads(pass);
             // The chunk's computation, its stream and weight chunks at `slot`: every element step
             // of the pass per element in order, the reductions' terms, and in the last pass the
             // element outputs, gathered and stored as a chunk.
@@ -970,61 +975,44 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
             // chunk is used.
             let fresh: Vec<(usize, usize)> = loads.iter().copied().filter(|s| !held.contains(s)).collect();
             if !fresh.is_empty() {
-                let _ = writeln!(src, "#pragma unroll");
-                let _ = writeln!(src, "        for (int k = 0; k < {cached}; ++k) {{");
-                let _ = writeln!(src, "            {}", chunk_of("k"));
-                let _ = writeln!(src, "            if (c < nc) {{");
-                for &stream in &fresh {
-                    let _ =
-                        writeln!(src, "                ld{}_{}[k].load({});", stream.0, stream.1, stream_at(stream));
-                }
-                let _ = writeln!(src, "            }}");
-                let _ = writeln!(src, "        }}");
+                each_cached.each(&mut src, "        ", &all_cached, |src, inner| {
+                    for &(input, block) in &fresh {
+                        let _ = writeln!(src, "{inner}ld{input}_{block}[k].load({});", stream_at((input, block)));
+                    }
+                    Ok(())
+                })?;
                 held.extend(fresh);
             }
             if weights.is_empty() {
-                let _ = writeln!(src, "#pragma unroll");
-                let _ = writeln!(src, "        for (int k = 0; k < {cached}; ++k) {{");
-                let _ = writeln!(src, "            {}", chunk_of("k"));
-                let _ = writeln!(src, "            if (c < nc) {{");
-                body(&mut src, "                ", ("[k]", ""))?;
-                let _ = writeln!(src, "            }}");
-                let _ = writeln!(src, "        }}");
+                each_cached.each(&mut src, "        ", &all_cached, |src, inner| body(src, inner, ("[k]", "")))?;
             } else {
                 // The weights' chunks of a group loaded ahead of the group's first use (fewer
                 // per group for more weights, bounding their registers).
                 let ahead = (WEIGHT_AHEAD / weights.len() as u32).clamp(1, cached);
                 let _ = writeln!(src, "#pragma unroll");
                 let _ = writeln!(src, "        for (int k0 = 0; k0 < {cached}; k0 += {ahead}) {{");
-                for &w in &weights {
+                for &w in weights {
                     let _ = writeln!(src, "            {} wt{w}[{ahead}];", chunk_ty(w)?);
                 }
-                let _ = writeln!(src, "#pragma unroll");
-                let _ = writeln!(src, "            for (int k = k0; k < k0 + {ahead} && k < {cached}; ++k) {{");
-                let _ = writeln!(src, "                {}", chunk_of("k"));
-                let _ = writeln!(src, "                if (c < nc) {{");
-                for &w in &weights {
-                    let _ = writeln!(src, "                    wt{w}[k - k0].load({});", weight_at(w));
-                }
-                let _ = writeln!(src, "                }}");
-                let _ = writeln!(src, "            }}");
-                let _ = writeln!(src, "#pragma unroll");
-                let _ = writeln!(src, "            for (int k = k0; k < k0 + {ahead} && k < {cached}; ++k) {{");
-                let _ = writeln!(src, "                {}", chunk_of("k"));
-                let _ = writeln!(src, "                if (c < nc) {{");
-                body(&mut src, "                    ", ("[k]", "[k - k0]"))?;
-                let _ = writeln!(src, "                }}");
-                let _ = writeln!(src, "            }}");
+                let group = format!("int k = k0; k < k0 + {ahead} && k < {cached}");
+                each_cached.each(&mut src, "            ", &group, |src, inner| {
+                    for &w in weights {
+                        let _ = writeln!(src, "{inner}wt{w}[k - k0].load({});", weight_at(w));
+                    }
+                    Ok(())
+                })?;
+                each_cached
+                    .each(&mut src, "            ", &group, |src, inner| body(src, inner, ("[k]", "[k - k0]")))?;
                 let _ = writeln!(src, "        }}");
             }
             // The chunks past the cached ones, loaded where they are used.
             let _ = writeln!(src, "        for ({long} c = lane + ({long}){cached} * {tpr}; c < nc; c += {tpr}) {{");
-            for &stream in &loads {
+            for &stream in loads {
                 let (input, b) = stream;
                 let ty = chunk_ty(input)?;
                 let _ = writeln!(src, "            {ty} ld{input}_{b}_t; ld{input}_{b}_t.load({});", stream_at(stream));
             }
-            for &w in &weights {
+            for &w in weights {
                 let _ = writeln!(src, "            {} wt{w}_t; wt{w}_t.load({});", chunk_ty(w)?, weight_at(w));
             }
             body(&mut src, "            ", ("_t", "_t"))?;
@@ -1046,12 +1034,11 @@ fn generate(program: &RowProgram, binding: &Binding, target: Target, shape: RowS
                     // row (the hand-written norms' rescue, `norm_wide_sum_squares`), then a
                     // barrier before any thread writes what the others read.
                     let Op::Reduce { x, .. } = steps[index].op else { unreachable!("reductions are listed") };
-                    let walk = Column { suffix: "", at: "j", partner: None, slot: None };
                     let _ = writeln!(src, "        if (live && isinf(r{index})) {{");
                     let _ = writeln!(src, "            double wide = 0;");
                     let _ = writeln!(src, "            for (int j = 0; j < n{index}; ++j) {{");
                     for step in element_cone(steps, x) {
-                        let _ = writeln!(src, "                {}", element(step, &walk)?);
+                        let _ = writeln!(src, "                {}", element(step, &Column::WALK)?);
                     }
                     let e = format!("(double)e{}", x.0);
                     let _ = writeln!(src, "                wide = c_add(wide, c_mul({e}, {e}));");
@@ -1169,20 +1156,45 @@ pub fn chunk_elements(program: &RowProgram, binding: &Binding) -> usize {
     crate::gpu_chunk(row_dtype(program, binding))
 }
 
-/// Whether a buffer of `dtype` allows the [`RowShape::Chunks`] layout's whole-chunk accesses of
-/// `chunk` elements ([`chunk_elements`]): its first element's address has `alignment` (a power of
-/// two; 0 for a backend without wide accesses) and each of `strides` (its row and block strides,
-/// in elements) keeps a chunk's alignment: 16 bytes, or the chunk's size when smaller (an fp8
-/// output's 8). The host also needs the row width to be a multiple of `chunk`. f64 never.
-pub fn chunk_aligned(dtype: DType, chunk: usize, alignment: usize, strides: &[usize]) -> bool {
-    let size = dtype.size_in_bytes();
+/// A buffer that a call of a row program reads or writes in chunks (an activation, a weight, a
+/// fresh output), as its host found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkBuffer {
+    /// Its elements' dtype.
+    pub dtype: DType,
+    /// The alignment of its first element's address: a power of two, or 0 for a backend without
+    /// wide accesses.
+    pub alignment: usize,
+    /// Its row and block strides in elements (zeros for a fresh compact output, whose rows are
+    /// the width apart).
+    pub strides: [usize; 2],
+}
+
+/// Whether `input` is read in chunks, so its alignment counts for [`chunks_aligned`]: the
+/// activations and the weights (positions and a cos/sin cache are read by index).
+pub fn read_in_chunks(input: &ir_ops::row_program::Input) -> bool {
+    matches!(input.kind, InputKind::Activation { .. } | InputKind::Weight)
+}
+
+/// Whether a call may take the [`RowShape::Chunks`] layout's whole-chunk accesses: the row width
+/// is a multiple of a chunk ([`chunk_elements`]) and every buffer the call reads or writes in
+/// chunks allows a chunk's accesses: its first element's address and each of its strides keep a
+/// chunk's alignment (16 bytes, or the chunk's size when smaller: an fp8 output's 8). f64 never.
+pub fn chunks_aligned(program: &RowProgram, binding: &Binding, buffers: impl IntoIterator<Item = ChunkBuffer>) -> bool {
+    let chunk = chunk_elements(program, binding);
+    binding.width.is_multiple_of(chunk) && buffers.into_iter().all(|buffer| chunk_aligned(buffer, chunk))
+}
+
+/// Whether `buffer` allows whole-chunk accesses of `chunk` elements.
+fn chunk_aligned(buffer: ChunkBuffer, chunk: usize) -> bool {
+    let size = buffer.dtype.size_in_bytes();
     let unit = (chunk * size).min(16);
-    dtype != DType::F64
+    buffer.dtype != DType::F64
         && unit >= 4
         && unit.is_power_of_two()
-        && alignment >= unit
-        && alignment.is_multiple_of(unit)
-        && strides.iter().all(|stride| (stride * size).is_multiple_of(unit))
+        && buffer.alignment >= unit
+        && buffer.alignment.is_multiple_of(unit)
+        && buffer.strides.iter().all(|stride| (stride * size).is_multiple_of(unit))
 }
 
 /// The first activation's dtype, which fixes a chunk's elements.
@@ -1243,6 +1255,49 @@ struct Column {
     /// In the chunk layout, where the column's chunk of an activation stream and of a weight are
     /// held (`ld<input>_<block><slot>`, `wt<input><slot>`); element `i` of them is the column.
     slot: Option<(&'static str, &'static str)>,
+}
+
+impl Column {
+    /// The column `j` of a row walked one element at a time, outside any chunk.
+    const WALK: Column = Column { suffix: "", at: "j", partner: None, slot: None };
+}
+
+/// The activation streams (an input's block) and the weights one pass of a generated kernel reads,
+/// each once, in the order of their first read.
+#[derive(Default)]
+struct PassReads {
+    loads: Vec<(usize, usize)>,
+    weights: Vec<usize>,
+}
+
+/// The loops over a thread's cached chunks in the [`RowShape::Chunks`] layout: `k` counts them,
+/// chunk `c = lane + k·TPR`.
+struct CachedChunks<'a> {
+    /// The source's 64-bit integer type.
+    long: &'a str,
+    tpr: u32,
+}
+
+impl CachedChunks<'_> {
+    /// Emits a loop over the chunks `range` gives (the loop's init and condition on `k`), each
+    /// chunk that lies in the row (`c < nc`) given to `inner` with its indent.
+    fn each(
+        &self,
+        src: &mut String,
+        indent: &str,
+        range: &str,
+        inner: impl FnOnce(&mut String, &str) -> Result<(), Unsupported>,
+    ) -> Result<(), Unsupported> {
+        let long = self.long;
+        let _ = writeln!(src, "#pragma unroll");
+        let _ = writeln!(src, "{indent}for ({range}; ++k) {{");
+        let _ = writeln!(src, "{indent}    const {long} c = lane + ({long})k * {};", self.tpr);
+        let _ = writeln!(src, "{indent}    if (c < nc) {{");
+        inner(src, &format!("{indent}        "))?;
+        let _ = writeln!(src, "{indent}    }}");
+        let _ = writeln!(src, "{indent}}}");
+        Ok(())
+    }
 }
 
 /// Checks each reduction count a call passes as a scalar: an integer in `1..=W`

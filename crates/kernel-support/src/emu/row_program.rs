@@ -7,7 +7,8 @@ use ir_ops::row_program::{InputKind, RowArg, RowProgram};
 
 use super::{Dialect, EmuArg, EmuGrid, EmuProgram};
 use crate::program::{
-    ROW_PROGRAM_HEADERS, ROW_PROGRAM_KERNEL, RowShape, check_counts, chunk_aligned, chunk_elements, gpu_source,
+    ChunkBuffer, ROW_PROGRAM_HEADERS, ROW_PROGRAM_KERNEL, RowShape, check_counts, chunks_aligned, gpu_source,
+    read_in_chunks,
 };
 
 /// The generated kernel run on the emulated GPU: the program's outputs on `args`
@@ -77,24 +78,28 @@ pub fn run_row_program(
         outputs.push(Tensor::zeros(binding.output_dtype(output.dtype), &shape)?);
     }
     // Whole chunks where every tensor's first element and strides keep a chunk aligned.
-    let chunk = chunk_elements(program, &binding);
-    let mut aligned = !scalar && binding.width.is_multiple_of(chunk);
+    let mut buffers = Vec::new();
     for ((input, arg), copy) in program.inputs().iter().zip(args).zip(&held) {
         let RowArg::Tensor(tensor) = arg else { continue };
         let tensor = copy.as_ref().unwrap_or(tensor);
-        if !matches!(input.kind, InputKind::Activation { .. } | InputKind::Weight) {
+        if !read_in_chunks(input) {
             continue;
         }
         let blocks = crate::RowBlocks::of_any(tensor.meta()).map_err(|reason| invalid(reason.to_string()))?;
         let size = tensor.dtype().size_in_bytes();
         let address = tensor.cpu_buffer().expect("checked above: host tensors").as_ptr() as usize;
-        let first = crate::gpu::address_alignment((address + blocks.rows.offset * size) as u64);
-        aligned &= chunk_aligned(tensor.dtype(), chunk, first, &[blocks.rows.row_stride, blocks.stride]);
+        buffers.push(ChunkBuffer {
+            dtype: tensor.dtype(),
+            alignment: crate::gpu::address_alignment((address + blocks.rows.offset * size) as u64),
+            strides: [blocks.rows.row_stride, blocks.stride],
+        });
     }
     for output in &mut outputs {
         let address = output.cpu_buffer_mut()?.expect("a fresh host tensor").bytes_mut().as_ptr() as usize;
-        aligned &= chunk_aligned(output.dtype(), chunk, crate::gpu::address_alignment(address as u64), &[]);
+        let alignment = crate::gpu::address_alignment(address as u64);
+        buffers.push(ChunkBuffer { dtype: output.dtype(), alignment, strides: [0, 0] });
     }
+    let aligned = !scalar && chunks_aligned(program, &binding, buffers);
     let shape = RowShape::for_call(program, &binding, aligned);
     let source = gpu_source(program, &binding, shape)?;
     let defines = crate::program::shape_defines(shape);

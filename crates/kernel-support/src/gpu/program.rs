@@ -10,7 +10,7 @@ use ir_core::{DeviceKind, KernelError, Layout, Registry, RegistryError, Support,
 use ir_ops::row_program::{InPlaceArg, InputKind, RowArg, RowProgram};
 
 use super::{GpuBackend, GpuRuntime, Grid, KernelArgs, KernelKey};
-use crate::program::{ROW_BLOCK, RowShape, check_counts, chunk_aligned, chunk_elements};
+use crate::program::{ChunkBuffer, ROW_BLOCK, RowShape, check_counts, chunks_aligned, read_in_chunks};
 use crate::{KernelDTypes, device_buffer, kernel_int, stepped_extent};
 
 /// Runs `program` on `args` on runtime `R`: its outputs as fresh compact tensors on the device of
@@ -114,24 +114,28 @@ fn launch<R: GpuRuntime>(
         }
         // Whole chunks where the width splits into them and every activation, weight and fresh
         // output keeps a chunk aligned at each row and block.
-        let chunk = chunk_elements(program, &binding);
-        let mut aligned = binding.width.is_multiple_of(chunk);
+        let mut buffers = Vec::new();
         for ((input, arg), rows) in inputs.iter().zip(&read).zip(&rows) {
             let (RowArg::Tensor(tensor), Some(blocks)) = (arg, rows) else { continue };
-            if !matches!(input.kind, InputKind::Activation { .. } | InputKind::Weight) {
+            if !read_in_chunks(input) {
                 continue;
             }
             let buffer = device_buffer::<R::Buffer>(tensor, &input.name, R::MEMORY)?;
             let offset_bytes = blocks.rows.offset * tensor.dtype().size_in_bytes();
-            let first = match R::base_alignment(buffer) {
+            let alignment = match R::base_alignment(buffer) {
                 0 => 0,
                 base => base.min(super::address_alignment(offset_bytes as u64)),
             };
-            aligned &= chunk_aligned(tensor.dtype(), chunk, first, &[blocks.rows.row_stride, blocks.stride]);
+            buffers.push(ChunkBuffer {
+                dtype: tensor.dtype(),
+                alignment,
+                strides: [blocks.rows.row_stride, blocks.stride],
+            });
         }
         for (buffer, dtype, _) in outputs.iter().flatten() {
-            aligned &= chunk_aligned(*dtype, chunk, R::base_alignment(buffer), &[]);
+            buffers.push(ChunkBuffer { dtype: *dtype, alignment: R::base_alignment(buffer), strides: [0, 0] });
         }
+        let aligned = chunks_aligned(program, &binding, buffers);
         let shape = if R::GENERATED_CHUNKS { RowShape::for_call(program, &binding, aligned) } else { RowShape::Walk };
         let kernel = if binding.rows > 0 {
             Some(R::kernel(like, KernelKey::RowProgram { program, binding: &binding, shape })?)
@@ -192,7 +196,7 @@ fn launch<R: GpuRuntime>(
         // SAFETY: the arguments follow the generated prototype (`gpu_source` for `shape`, in place
         // when `binding.in_place`; its grid covers the rows in `shape`'s groups, a thread past the
         // last row loads no chunk and writes nothing, and whole-chunk accesses only
-        // where `chunk_aligned` and the width allowed them): the row count and width (converted without loss, the width with room
+        // where `chunks_aligned` allowed them): the row count and width (converted without loss, the width with room
         // for the kernel's last column step), then per input its buffer at its first element and,
         // for an activation, its row stride, rows per block and block stride, for positions the rows per position, for a cache its
         // row stride, width and row count (each converted without loss), a scalar as a double,
