@@ -609,6 +609,23 @@ fn every_registry_op_runs_on_candle_tensors_through_its_declaration() {
                 }
                 let after: Vec<Tensor> = candle.iter().filter_map(Arg::as_tensor).map(ours).collect();
                 assert!(inputs.iter().zip(&after).all(|(a, b)| bit_eq(a, b)), "{label} {name} {dtype}: read only");
+                // Index tensors (positions) in candle's usual u32 give the i64 call's outputs.
+                let is_i64 = |t: &CTensor| t.dtype() == CDType::I64;
+                if candle.iter().filter_map(Arg::as_tensor).any(is_i64) {
+                    let as_u32: Vec<Arg<CTensor>> = candle
+                        .iter()
+                        .map(|arg| match arg.as_tensor() {
+                            Some(t) if is_i64(t) => Arg::Tensor(t.to_dtype(CDType::U32).unwrap()),
+                            _ => arg.clone(),
+                        })
+                        .collect();
+                    let from_u32 = Candle(registry)
+                        .call_op(def, Overload::Default, as_u32.into_iter().collect())
+                        .unwrap_or_else(|e| panic!("{label} {name} {dtype}: u32 indices: {e}"));
+                    for (i, (a, b)) in from_u32.iter().zip(&functional).enumerate() {
+                        assert!(bit_eq(&ours(a), &ours(b)), "{label} {name} {dtype}: output {i} from u32 indices");
+                    }
+                }
                 let before = registry.selection_record();
                 let fresh =
                     candle_ops::call(registry, def, &args).unwrap_or_else(|e| panic!("{label} {name} {dtype}: {e}"));

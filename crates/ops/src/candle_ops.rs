@@ -681,7 +681,9 @@ pub type CandleArg<'t> = Arg<&'t candle::Tensor, &'t str, &'t [i64]>;
 /// Every argument is checked before a byte is written: the rules of this module's "In place" before
 /// a lock is taken, the kinds and the op's meta function by the dispatch, before its kernel runs. Written tensors in separate storages are donated to
 /// the call, so an in-place kernel writes candle's memory; written tensors in one storage are
-/// computed functionally and copied back (counted as defensive copies of the op).
+/// computed functionally and copied back (counted as defensive copies of the op). A read tensor of
+/// u32, candle's usual index type (token positions), is read as i64, the ops' index type (one copy
+/// of it).
 ///
 /// ```
 /// use candle_core::{Device, Tensor};
@@ -777,9 +779,16 @@ where
         _ => Vec::new(),
     };
     let written = |index: usize| activations.contains(&index);
-    let parts = args.iter().enumerate().map(|(index, arg)| {
+    // A read tensor of candle's usual index type, u32 (token positions), is read as the i64 the ops
+    // take: one small copy.
+    let mut widened: SmallVec<[Option<candle::Tensor>; 8]> = SmallVec::new();
+    for (index, arg) in args.iter().enumerate() {
+        let u32_read = arg.as_tensor().filter(|t| t.borrow().dtype() == candle::DType::U32 && !written(index));
+        widened.push(u32_read.map(|t| t.borrow().to_dtype(candle::DType::I64)).transpose()?);
+    }
+    let parts = args.iter().zip(&widened).enumerate().map(|(index, (arg, widened))| {
         let role = if written(index) { Role::Written } else { Role::Read };
-        arg.as_tensor().map(|tensor| (op.params[index].name, tensor.borrow(), role))
+        arg.as_tensor().map(|tensor| (op.params[index].name, widened.as_ref().unwrap_or(tensor.borrow()), role))
     });
     let call = Call::new(registry, op.name, parts)?;
     if call.parts.is_empty() {
