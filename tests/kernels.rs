@@ -221,6 +221,21 @@ fn special_values() {
 /// Magnitudes near each dtype's limits: wherever native's result is finite, every provider
 /// matches it within the op's tolerance. With |x| near 1e18 and H = 4096 the f32 sum of squares
 /// overflows although the mean square fits.
+/// One row per scale of `hidden` values of about that magnitude (and signs mixed), a residual of
+/// half of it, and a weight of 1.5.
+fn magnitude_rows(dtype: DType, scales: &[f64], hidden: usize) -> Case {
+    let tokens = scales.len();
+    let pattern = |k: usize, shift: usize| (((k * 7 + shift) % 23) as f64 - 11.0) / 11.0;
+    let values = |shift: usize, factor: f64| -> Vec<f64> {
+        (0..tokens * hidden).map(|k| pattern(k, shift) * scales[k / hidden] * factor).collect()
+    };
+    Case {
+        x: Tensor::from_f64(dtype, &[tokens, hidden], &values(0, 1.0)).unwrap(),
+        residual: Tensor::from_f64(dtype, &[tokens, hidden], &values(5, 0.5)).unwrap(),
+        weight: Tensor::from_f64(dtype, &[hidden], &vec![1.5; hidden]).unwrap(),
+    }
+}
+
 #[test]
 fn magnitudes_near_the_dtype_limits() {
     let limits: [(DType, &[f64]); 3] = [
@@ -235,14 +250,7 @@ fn magnitudes_near_the_dtype_limits() {
         ];
         for (dtype, scales) in limits {
             for hidden in [64, 4096] {
-                let tokens = scales.len();
-                let pattern = |k: usize, shift: usize| (((k * 7 + shift) % 23) as f64 - 11.0) / 11.0;
-                let values = |shift: usize, factor: f64| -> Vec<f64> {
-                    (0..tokens * hidden).map(|k| pattern(k, shift) * scales[k / hidden] * factor).collect()
-                };
-                let x = Tensor::from_f64(dtype, &[tokens, hidden], &values(0, 1.0)).unwrap();
-                let residual = Tensor::from_f64(dtype, &[tokens, hidden], &values(5, 0.5)).unwrap();
-                let weight = Tensor::from_f64(dtype, &[hidden], &vec![1.5; hidden]).unwrap();
+                let Case { x, residual, weight } = magnitude_rows(dtype, scales, hidden);
                 let label = format!("{} {dtype} H={hidden} scales {scales:?}", backend.provider);
                 let (dx, dr, dw) =
                     (backend.upload(&x).unwrap(), backend.upload(&residual).unwrap(), backend.upload(&weight).unwrap());
@@ -1260,58 +1268,112 @@ fn gated_activations_hold_their_tolerance_over_the_whole_gate_range() {
 /// output bit-exact, the codes and scales within the op's tolerance.
 #[test]
 fn norm_quantizations_take_every_weight_dtype_the_norms_take() {
-    use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
-    use ir_ops::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
-    use ir_ops::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
-    use ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT;
     for backend in backends() {
         let dtypes = backend.element_dtypes();
-        let defs = [
-            &RMS_NORM_STATIC_FP8_QUANT,
-            &RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
-            &FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
-            &FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
-        ];
-        for def in defs {
+        for def in norm_quant_defs() {
             let op = def.name;
-            let fused = op.starts_with("fused_add");
-            let dynamic = op.contains("dynamic");
             let _guard = backend.registry.override_priority(op, &[backend.provider, "native"]).unwrap();
-            let scale = Tensor::from_f64(DType::F32, &[1], &[if dynamic { 100.0 } else { 0.01 }]).unwrap();
             for &x_dtype in &dtypes {
                 let host = case(x_dtype, 3, 200, 11);
                 for &w_dtype in &dtypes {
                     let label = format!("{} {op} x={x_dtype} w={w_dtype}", backend.provider);
                     let weight = Tensor::from_f64(w_dtype, &[200], &host.weight.to_f64_vec().unwrap()).unwrap();
-                    let args = |up: &dyn Fn(&Tensor) -> Tensor| -> Vec<Value> {
-                        let mut args = vec![Value::Tensor(up(&host.x))];
-                        if fused {
-                            args.push(Value::Tensor(up(&host.residual)));
-                        }
-                        args.extend([
-                            Value::Tensor(up(&weight)),
-                            Value::F64(EPS),
-                            Value::Tensor(up(&scale)),
-                            Value::DType(DType::F8E4M3FN),
-                            Value::Str("exact".to_owned()),
-                        ]);
-                        args
-                    };
+                    let args =
+                        |up: &dyn Fn(&Tensor) -> Tensor| norm_quant_args(def, &host.x, &host.residual, &weight, up);
                     let device_args = args(&|t| backend.upload(t).unwrap());
                     let metas: Vec<ArgMeta<'_>> = device_args.iter().map(Value::meta).collect();
                     let selection = backend.registry.select(op, &metas).unwrap();
                     assert_eq!(selection.provider, backend.provider, "{label}: {:?}", selection.rejected);
                     let got = backend.registry.run(Call::new(op, Overload::Default, device_args)).unwrap();
                     let expected = (def.native)(&args(&|t| t.clone())).unwrap();
-                    for (index, (a, b)) in got.iter().zip(&expected).enumerate() {
-                        let a = a.to_cpu().unwrap().contiguous().unwrap();
-                        if fused && index == 0 {
-                            assert!(bit_eq(&a, b), "{label}: residual_out is bit-exact");
-                            continue;
-                        }
-                        let tol = tolerance(def, b.dtype()).unwrap();
-                        allclose(&a, b, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label}: output {index}: {e}"));
+                    check_norm_quant_outputs(&label, def, &got, &expected);
+                }
+            }
+        }
+    }
+}
+
+/// The four norm + quantization ops.
+fn norm_quant_defs() -> [&'static OpDef; 4] {
+    use ir_ops::fused_add_rms_norm_dynamic_per_token_quant::FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+    use ir_ops::fused_add_rms_norm_static_fp8_quant::FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT;
+    use ir_ops::rms_norm_dynamic_per_token_quant::RMS_NORM_DYNAMIC_PER_TOKEN_QUANT;
+    use ir_ops::rms_norm_static_fp8_quant::RMS_NORM_STATIC_FP8_QUANT;
+    [
+        &RMS_NORM_STATIC_FP8_QUANT,
+        &RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
+        &FUSED_ADD_RMS_NORM_STATIC_FP8_QUANT,
+        &FUSED_ADD_RMS_NORM_DYNAMIC_PER_TOKEN_QUANT,
+    ]
+}
+
+/// The arguments of a norm + quantization call, each tensor through `up`: x, the residual for a
+/// fused op, the weight, epsilon, the scale (0.01 for a static op, an upper bound of 100 for a
+/// dynamic one), e4m3 codes and exact rounding.
+fn norm_quant_args(
+    def: &OpDef,
+    x: &Tensor,
+    residual: &Tensor,
+    weight: &Tensor,
+    up: &dyn Fn(&Tensor) -> Tensor,
+) -> Vec<Value> {
+    let scale = if def.name.contains("dynamic") { 100.0 } else { 0.01 };
+    let scale = Tensor::from_f64(DType::F32, &[1], &[scale]).unwrap();
+    let mut args = vec![Value::Tensor(up(x))];
+    if def.name.starts_with("fused_add") {
+        args.push(Value::Tensor(up(residual)));
+    }
+    args.extend([
+        Value::Tensor(up(weight)),
+        Value::F64(EPS),
+        Value::Tensor(up(&scale)),
+        Value::DType(DType::F8E4M3FN),
+        Value::Str("exact".to_owned()),
+    ]);
+    args
+}
+
+/// A norm + quantization's outputs against native's: a fused op's residual output bit for bit,
+/// the codes and scales within the op's tolerance.
+fn check_norm_quant_outputs(label: &str, def: &OpDef, got: &[Tensor], expected: &[Tensor]) {
+    assert_eq!(got.len(), expected.len(), "{label}: outputs");
+    for (index, (a, b)) in got.iter().zip(expected).enumerate() {
+        let a = a.to_cpu().unwrap().contiguous().unwrap();
+        if def.name.starts_with("fused_add") && index == 0 {
+            assert!(bit_eq(&a, b), "{label}: residual_out is bit-exact");
+            continue;
+        }
+        let tol = tolerance(def, b.dtype()).unwrap();
+        allclose(&a, b, tol.atol, tol.rtol).unwrap_or_else(|e| panic!("{label}: output {index}: {e}"));
+    }
+}
+
+/// A row whose f32 sum of squares overflows although its mean square fits (|x| near 1e18 at
+/// 4096 columns) is normalized and quantized as the reference does it by every provider's norm +
+/// quantization kernels: its sum taken again in double, as the norms take it. Tiny rows (1e-19)
+/// whose squares underflow keep theirs too.
+#[test]
+fn norm_quantizations_keep_rows_whose_f32_sum_of_squares_overflows() {
+    let scales = [1e18, 4e18, 1.5e19, 1e-19, 1.0];
+    for backend in backends() {
+        for def in norm_quant_defs() {
+            let op = def.name;
+            let _guard = backend.registry.override_priority(op, &[backend.provider]).unwrap();
+            for dtype in [DType::F32, DType::BF16] {
+                for hidden in [64, 4096] {
+                    let Case { x, residual, weight } = magnitude_rows(dtype, &scales, hidden);
+                    let label = format!("{} {op} {dtype} H={hidden}", backend.provider);
+                    let args = |up: &dyn Fn(&Tensor) -> Tensor| norm_quant_args(def, &x, &residual, &weight, up);
+                    let got = backend
+                        .registry
+                        .run(Call::new(op, Overload::Default, args(&|t| backend.upload(t).unwrap())))
+                        .unwrap_or_else(|e| panic!("{label}: {e}"));
+                    let expected = (def.native)(&args(&|t| t.clone())).unwrap();
+                    for (index, b) in expected.iter().enumerate() {
+                        let finite = b.to_f64_vec().unwrap().iter().all(|v| v.is_finite());
+                        assert!(finite, "{label}: native's output {index} is finite");
                     }
+                    check_norm_quant_outputs(&label, def, &got, &expected);
                 }
             }
         }

@@ -11,7 +11,8 @@
 // residual in registers, their loads all issued before any is read, so a row up to QUANT_BLOCK *
 // CHUNK * 4 elements is read once; chunks past them are read again in each pass. Pass 1 sums the
 // squares of a = x (+ r) (in the thread's chunk order, then the block's tree); rstd = 1 / sqrt(sum /
-// hidden + eps) (IEEE division and square root). Pass 2 (dynamic only: a static scale needs no
+// hidden + eps) (IEEE division and square root); a row whose f32 sum overflows is summed again in
+// double, serially, as the norms do. Pass 2 (dynamic only: a static scale needs no
 // reduction) reduces the absmax of the normalized values z. The last pass recomputes z, writes the
 // residual output (the rounded sum) and q = fp8(z / s), or fp8(z * c(1 / s)) with `invert` (a
 // static scale under `rounding = "dtype"`). With `round_sum` (`rounding = "dtype"` on 16-bit
@@ -82,6 +83,27 @@ template <int DT>
 __device__ __forceinline__ void add_squares(const Compute<DT>* a, Compute<DT>& squares) {
 #pragma unroll
     for (int i = 0; i < Elem<DT>::CHUNK; ++i) squares = c_add(squares, c_mul(a[i], a[i]));
+}
+
+// The sum of squares of a row's values a = x (+ r) (the sum rounded with `has_residual == 2`) when
+// their sum in the compute type overflowed although the mean square may fit (|x| above about
+// 1.8e19 / sqrt(hidden) in f32): the squares summed in double, serially in element order, by the
+// calling thread, as the norms' `norm_wide_sum_squares` does. Divided once in double and rounded to
+// the compute type, that is the reference's mean square. A rare path, inlined: as a call it took
+// ten more registers in the mixed-weight 16-byte kernels (Gemma's f32 weight on bf16), a quarter of
+// their occupancy.
+template <int DT>
+__device__ __forceinline__ double quant_wide_sum_squares(const typename Elem<DT>::T* x_row,
+                                                         const typename Elem<DT>::T* r_row, int hidden,
+                                                         int has_residual) {
+    double sum = 0;
+    for (int j = 0; j < hidden; ++j) {
+        Compute<DT> a = Elem<DT>::load(x_row[j]);
+        if (has_residual) a = c_add(a, Elem<DT>::load(r_row[j]));
+        if (has_residual == 2) a = round_elem<DT>(a);
+        sum = c_add(sum, c_mul((double)a, (double)a));
+    }
+    return sum;
 }
 
 // The largest magnitude of a chunk's values, folded into `absmax` (fmax: NaN skipped).
@@ -166,7 +188,17 @@ __device__ __forceinline__ void norm_quant_rows(unsigned char* __restrict__ q, f
             row_values(xc, rc, has_residual, a);
             add_squares<DT>(a, squares);
         }
-        C mean_square = c_div(block_sum<QUANT_BLOCK>(squares, scratch), (C)hidden);
+        const C total = block_sum<QUANT_BLOCK>(squares, scratch);
+        C mean_square;
+        if (sizeof(C) == 4 && isinf(total)) {
+            // Every thread has the block's total, so all take this branch and reach the barrier:
+            // the residual output may be r's own rows, and no thread writes them before every one
+            // has read them.
+            mean_square = (C)c_div(quant_wide_sum_squares<DT>(x_row, r_row, hidden, has_residual), (double)hidden);
+            __syncthreads();
+        } else {
+            mean_square = c_div(total, (C)hidden);
+        }
         C rstd = c_div(C(1), c_sqrt(c_add(mean_square, eps)));
 
         C s;

@@ -4,8 +4,9 @@
 // and the group maximum), per input dtype.
 //
 // One work-group of QUANT_GROUP work-items per row, each owning whole 16-byte chunks of it
-// (`load_chunk`, element.cl: one vector load each of x, the residual and the weight). Pass 1 sums the squares of a = x (+ r) in f32;
-// rstd = 1 / sqrt(sum / hidden + eps). Pass 2 (dynamic only) reduces the absmax of the normalized
+// (`load_chunk`, element.cl: one vector load each of x, the residual and the weight). Pass 1 sums the squares of a = x (+ r) in f32
+// (a row whose sum overflows: scaled by its largest magnitude, as the norms do); rstd = 1 / sqrt(sum
+// / hidden + eps). Pass 2 (dynamic only) reduces the absmax of the normalized
 // values z. The last pass recomputes z, writes the residual output (the rounded sum) and
 // q = fp8(z / s) (fp8(z * c(1 / s)) with `invert`, a static scale under `rounding = "dtype"`).
 // With `round_sum` (`rounding = "dtype"` on 16-bit elements) every pass reads the sum rounded to
@@ -44,6 +45,31 @@ inline void row_values(__global const elem_t* x_row, __global const elem_t* r_ro
             for (int i = 0; i < CHUNK; ++i) a[i] = round_to_elem(a[i]);
         }
     }
+}
+
+// Element j's value a = x (+ r), rounded with `has_residual == 2`: `row_values` one at a time.
+inline compute_t row_value(__global const elem_t* x_row, __global const elem_t* r_row, long j, int has_residual) {
+    compute_t a = LOAD(x_row, j);
+    if (has_residual) a += LOAD(r_row, j);
+    if (has_residual == 2) a = round_to_elem(a);
+    return a;
+}
+
+// The mean square of a row's values when their f32 sum of squares overflowed (|a| above about
+// 1.8e19 / sqrt(hidden)) although the mean may fit: the row scaled by its largest magnitude, summed
+// serially by the calling work-item, then scaled back, as the norms' `rescaled_mean_square` does.
+// A rare path.
+inline compute_t quant_rescaled_mean_square(__global const elem_t* x_row, __global const elem_t* r_row, int hidden,
+                                            int has_residual) {
+    compute_t largest = 0.0f;
+    for (long j = 0; j < hidden; ++j) largest = fmax(largest, fabs(row_value(x_row, r_row, j, has_residual)));
+    if (!(largest > 0.0f) || isinf(largest)) return INFINITY;
+    compute_t sum = 0.0f;
+    for (long j = 0; j < hidden; ++j) {
+        compute_t s = row_value(x_row, r_row, j, has_residual) / largest;
+        sum += s * s;
+    }
+    return sum / (compute_t)hidden * largest * largest;
 }
 
 #if WDTYPE == DTYPE
@@ -119,7 +145,12 @@ __kernel __attribute__((reqd_work_group_size(QUANT_GROUP, 1, 1))) void NORM_QUAN
         row_values(x_row, r_row, c, hidden, has_residual, a);
         for (int i = 0; i < CHUNK; ++i) squares += a[i] * a[i];  // past hidden: zero
     }
-    compute_t rstd = 1.0f / sqrt(quant_group_sum(squares, scratch) / (compute_t)hidden + eps);
+    // The total is every work-item's, so a row that overflowed is rescued by all of them; the
+    // absmax's barriers below come before any write of the residual output.
+    compute_t total = quant_group_sum(squares, scratch);
+    compute_t mean_square =
+        isinf(total) ? quant_rescaled_mean_square(x_row, r_row, hidden, has_residual) : total / (compute_t)hidden;
+    compute_t rstd = 1.0f / sqrt(mean_square + eps);
 
     // The reduction runs for static calls too (on zeros), so every barrier is reached
     // unconditionally.
