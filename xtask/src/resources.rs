@@ -60,7 +60,7 @@ pub(crate) fn run(render_only: bool) -> anyhow::Result<()> {
     let mut report = render(&cuda, &loads, &rocm);
     let text =
         std::fs::read_to_string(&generated_table).with_context(|| format!("reading {}", generated_table.display()))?;
-    report.push_str(&render_generated_loads(&cuda, &text)?);
+    report.push_str(&render_generated_loads(&cuda, &loads, &text)?);
     report.push_str(&render_rocm_loads(&rocm, &isa_loads));
     let path = project_root().join("docs/kernel-resources.md");
     std::fs::write(&path, report).with_context(|| format!("writing {}", path.display()))?;
@@ -710,31 +710,235 @@ pub(crate) fn parse_hipcc_remarks(report: &str) -> Vec<RocmKernel> {
     kernels
 }
 
-/// The kernels generated from the built-in row programs (the `ptxas` test's generated-loads rows:
-/// architecture, label, loads, 16-byte loads): per sm_90 kernel in bf16 at rows of 4096, its
-/// registers and the loads a thread has in flight before it first reads one.
-fn render_generated_loads(cuda: &[CudaKernel], text: &str) -> anyhow::Result<String> {
-    let mut out = String::from(
-        "\n## Loads in flight (CUDA kernels generated from row programs, bf16)\n\nRead from the SASS of the \
-         kernel generated for every built-in row program (`ir_ops::row_program::builtin::all`, rows of 4096): \
-         the global loads a thread issues before the first instruction that reads one, and how many of them load \
-         16 bytes, in the shape an aligned call launches (whole chunks). Every program but a rotary one takes the \
-         hand-written norms' layout: at 4096 bf16 elements, 64 threads per row, each holding up to 12 chunks of 16 \
-         bytes per activation stream in registers (the bucket's longest row, 6144 elements; a gated program's gate \
-         and up, or a fused norm's x and residual, are two streams of 12 each), their loads all issued before the first is used, as a \
-         hand-written norm's cached chunks are (the tables above: 12 for `rms_norm` at 64 threads per row, 24 for \
-         `fused_add_rms_norm`). A rotary program walks its row by pairs and loads one element per operand.\n\n| kernel | registers | loads in flight | of 16 bytes |\n|---|---:|---:|---:|\n",
-    );
-    for line in text.lines().filter(|line| !line.is_empty()) {
-        let fields: Vec<&str> = line.split('\t').collect();
-        let [sm, label, loads, wide] = fields.as_slice() else {
-            bail!("a generated-loads row has {} fields, not 4: {line:?}", fields.len());
+/// One kernel generated from a built-in row program, as the `ptxas` test describes its launch on
+/// rows of [`GENERATED_WIDTH`] bf16 elements (an aligned call).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GeneratedLaunch {
+    pub(crate) sm: String,
+    /// `generated_<index>_<program>`.
+    pub(crate) label: String,
+    /// Global loads a thread issues before it first reads one, and of those the 16-byte ones.
+    pub(crate) loads: u32,
+    pub(crate) wide: u32,
+    /// The 16-byte loads in flight at [`GENERATED_WIDTH`] (the SASS issues a bucket's longest row's).
+    pub(crate) wide_at_width: u32,
+    pub(crate) block: u32,
+    pub(crate) threads_per_row: u32,
+    /// DRAM bytes a row reads (its activations) and writes (its outputs).
+    pub(crate) read_per_row: u32,
+    pub(crate) written_per_row: u32,
+    pub(crate) barriers: u32,
+}
+
+impl GeneratedLaunch {
+    /// The program it was generated from.
+    fn program(&self) -> &str {
+        self.label.splitn(3, '_').nth(2).unwrap_or(&self.label)
+    }
+}
+
+/// The row width the generated kernels are compiled and predicted at.
+pub(crate) const GENERATED_WIDTH: u32 = 4096;
+
+/// Reads the `ptxas` test's generated-kernel rows: architecture, label, loads, 16-byte loads,
+/// 16-byte loads at the width, block, threads per row, bytes read and written per row, barriers.
+pub(crate) fn parse_generated_table(text: &str) -> anyhow::Result<Vec<GeneratedLaunch>> {
+    text.lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [sm, label, numbers @ ..] = fields.as_slice() else { bail!("an empty generated-kernel row") };
+            let numbers: Vec<u32> = numbers
+                .iter()
+                .map(|field| field.parse().with_context(|| format!("{field:?} in {line:?}")))
+                .collect::<anyhow::Result<_>>()?;
+            let [loads, wide, wide_at_width, block, threads_per_row, read_per_row, written_per_row, barriers] =
+                numbers.as_slice()
+            else {
+                bail!("a generated-kernel row has {} fields, not 10: {line:?}", fields.len());
+            };
+            Ok(GeneratedLaunch {
+                sm: (*sm).to_owned(),
+                label: (*label).to_owned(),
+                loads: *loads,
+                wide: *wide,
+                wide_at_width: *wide_at_width,
+                block: *block,
+                threads_per_row: *threads_per_row,
+                read_per_row: *read_per_row,
+                written_per_row: *written_per_row,
+                barriers: *barriers,
+            })
+        })
+        .collect()
+}
+
+/// A kernel's launch at rows of [`GENERATED_WIDTH`], for the prediction: its resources, its row
+/// geometry, its loads in flight per thread (16-byte ones and others, counted at 4 bytes), and the
+/// traffic a row moves.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowLaunch {
+    pub(crate) registers: u32,
+    pub(crate) shared_bytes: u32,
+    pub(crate) block: u32,
+    pub(crate) threads_per_row: u32,
+    pub(crate) wide_loads: u32,
+    pub(crate) other_loads: u32,
+    pub(crate) read_per_row: u32,
+    pub(crate) written_per_row: u32,
+    pub(crate) barriers: u32,
+}
+
+impl RowLaunch {
+    /// Resident threads per SM on sm_90.
+    fn threads_per_sm(&self) -> f64 {
+        (cuda_occupancy("sm_90", self.registers, self.shared_bytes, self.block) * 64.0 * 32.0).round()
+    }
+
+    /// Bytes in flight per SM.
+    fn in_flight_per_sm(&self) -> f64 {
+        (f64::from(self.wide_loads) * 16.0 + f64::from(self.other_loads) * 4.0) * self.threads_per_sm()
+    }
+
+    /// The predicted share of H200's peak over [`PREDICTED_ROWS`] rows ([`predicted_achieved_share`]).
+    fn predicted_share(&self) -> f64 {
+        let rows_per_block = (self.block / self.threads_per_row.max(1)).max(1);
+        let traffic = f64::from(self.read_per_row + self.written_per_row);
+        let launch = Launch {
+            in_flight_per_sm: self.in_flight_per_sm(),
+            write_share: if traffic > 0.0 { f64::from(self.written_per_row) / traffic } else { 0.0 },
+            blocks: PREDICTED_ROWS.div_ceil(u64::from(rows_per_block)),
+            blocks_per_sm: self.threads_per_sm() as u64 / u64::from(self.block.max(1)),
+            bytes_per_block: traffic * f64::from(rows_per_block),
+            barriers_per_block: self.barriers,
         };
-        let registers = cuda
-            .iter()
-            .find(|k| k.sm == *sm && k.kernel == *label)
-            .map_or_else(|| "?".to_owned(), |k| k.registers.to_string());
-        let _ = writeln!(out, "| `{label}` | {registers} | {loads} | {wide} |");
+        predicted_achieved_share(&launch)
+    }
+}
+
+/// The hand-written sm_90 kernel a generated one stands beside (bf16, rows of [`GENERATED_WIDTH`],
+/// 16-byte path, the weight in x's dtype), launched as its host launches it there, with the traffic
+/// of the generated kernel's program (the same op): its symbol and launch. None for a program no
+/// hand-written kernel computes.
+pub(crate) fn hand_written_beside(
+    generated: &GeneratedLaunch,
+    cuda: &[CudaKernel],
+    loads: &[SassLoads],
+) -> Option<(String, RowLaunch)> {
+    let op = generated.program();
+    let (kernel, row) = match op {
+        "rms_norm" | "fused_add_rms_norm" => {
+            let kernel = format!("{op}_bf16");
+            let row = loads.iter().find(|l| {
+                l.sm == "sm_90"
+                    && l.kernel == kernel
+                    && l.threads_per_row == generated.threads_per_row
+                    && label_field(&l.program, "weight") == label_field(&l.program, "dtype")
+            })?;
+            (kernel, row)
+        }
+        _ => {
+            let kernel = match op {
+                "silu_and_mul" | "gelu_and_mul" | "gelu_and_mul_sparse" => format!("{op}_bf16_vec"),
+                "static_scaled_fp8_quant" | "dynamic_per_token_scaled_fp8_quant" => format!("{op}_bf16_vec"),
+                "rms_norm_static_fp8_quant"
+                | "rms_norm_dynamic_per_token_quant"
+                | "fused_add_rms_norm_static_fp8_quant"
+                | "fused_add_rms_norm_dynamic_per_token_quant" => "norm_quant_bf16_vec".to_owned(),
+                _ => return None,
+            };
+            let row =
+                loads.iter().find(|l| l.sm == "sm_90" && l.kernel == kernel && l.up_to_hidden == GENERATED_WIDTH)?;
+            (kernel, row)
+        }
+    };
+    let resources = cuda.iter().find(|k| k.sm == row.sm && k.program == row.program && k.kernel == row.kernel)?;
+    // A norm's row holds its bucket's longest row's chunks (x, and the residual for the fused op);
+    // at the width each stream has the chunks the row has per thread.
+    let wide_loads = if kernel.ends_with("_vec") {
+        row.loads
+    } else {
+        let streams = if op.starts_with("fused") { 2 } else { 1 };
+        let per_thread = (GENERATED_WIDTH / 8).div_ceil(row.threads_per_row.max(1));
+        streams * (row.loads / streams).min(per_thread)
+    };
+    let launch = RowLaunch {
+        registers: resources.registers,
+        shared_bytes: resources.shared_bytes,
+        block: row.block,
+        threads_per_row: if kernel.ends_with("_vec") { row.block } else { row.threads_per_row },
+        wide_loads,
+        other_loads: 0,
+        read_per_row: generated.read_per_row,
+        written_per_row: generated.written_per_row,
+        barriers: barriers_per_block(&kernel, row.block, row.threads_per_row),
+    };
+    Some((kernel, launch))
+}
+
+/// The kernels generated from the built-in row programs (the `ptxas` test's generated-kernel rows):
+/// per sm_90 kernel in bf16 at rows of 4096, its registers, the loads a thread has in flight before
+/// it first reads one, and the predicted share of H200's peak, beside the hand-written kernel of
+/// the same op.
+fn render_generated_loads(cuda: &[CudaKernel], loads: &[SassLoads], text: &str) -> anyhow::Result<String> {
+    let mut out = format!(
+        "\n## Loads in flight (CUDA kernels generated from row programs, bf16)\n\nRead from the SASS of the \
+         kernel generated for every built-in row program (`ir_ops::row_program::builtin::all`, rows of \
+         {GENERATED_WIDTH}): the global loads a thread issues before the first instruction that reads one, and how \
+         many of them load 16 bytes, in the shape an aligned call launches (whole chunks). Every program but a \
+         rotary one takes the hand-written norms' layout: at 4096 bf16 elements, 64 threads per row, each holding \
+         up to 12 chunks of 16 bytes per activation stream in registers (the bucket's longest row, 6144 elements; \
+         a gated program's gate and up, or a fused norm's x and residual, are two streams of 12 each), their loads \
+         all issued before the first is used, as a hand-written norm's cached chunks are (the tables above: 12 for \
+         `rms_norm` at 64 threads per row, 24 for `fused_add_rms_norm`). A rotary program walks its row by pairs \
+         and loads one element per operand.\n\nThe prediction is the model above at rows of {GENERATED_WIDTH} \
+         ({PREDICTED_ROWS} of them), where a thread holds 8 chunks of each stream: the loads in flight there (a \
+         load of fewer than 16 bytes counted at 4), the blocks an SM holds by registers, the barriers a block waits \
+         at (two per row reduction past a warp, log2(block) + 2 per block reduction of a walk, one after an \
+         overflow rescue), and the DRAM bytes of the program's activations and outputs (weights in L2). The \
+         hand-written kernel of the same op is predicted with the same traffic, at the block and loads its host \
+         launches at that width.\n\n| kernel | registers | loads in flight | of 16 bytes | 16-byte loads at \
+         {GENERATED_WIDTH} | threads per SM | barriers per block | predicted % of H200 peak | hand-written | its \
+         registers | its 16-byte loads at {GENERATED_WIDTH} | its predicted % |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n"
+    );
+    for generated in parse_generated_table(text)? {
+        let resources = cuda.iter().find(|k| k.sm == generated.sm && k.kernel == generated.label);
+        let Some(resources) = resources else {
+            bail!("no ptxas row for the generated kernel {}", generated.label);
+        };
+        let launch = RowLaunch {
+            registers: resources.registers,
+            shared_bytes: resources.shared_bytes,
+            block: generated.block,
+            threads_per_row: generated.threads_per_row,
+            wide_loads: generated.wide_at_width,
+            other_loads: generated.loads - generated.wide,
+            read_per_row: generated.read_per_row,
+            written_per_row: generated.written_per_row,
+            barriers: generated.barriers,
+        };
+        let beside = match hand_written_beside(&generated, cuda, loads) {
+            Some((kernel, hand)) => format!(
+                "`{kernel}` | {} | {} | {:.0}%",
+                hand.registers,
+                hand.wide_loads,
+                hand.predicted_share() * 100.0
+            ),
+            None => "— | | |".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} | {} | {:.0} | {} | {:.0}% | {beside} |",
+            generated.label,
+            resources.registers,
+            generated.loads,
+            generated.wide,
+            generated.wide_at_width,
+            launch.threads_per_sm(),
+            generated.barriers,
+            launch.predicted_share() * 100.0
+        );
     }
     Ok(out)
 }
@@ -865,6 +1069,58 @@ mod tests {
         assert_eq!(family("rms_norm_bf16_w1_v8_t32"), "rms_norm_bf16");
         assert_eq!(family("fused_add_rms_norm_f16_wf32_v1_t256"), "fused_add_rms_norm_f16");
         assert_eq!(family("silu_and_mul_bf16"), "silu_and_mul_bf16");
+    }
+
+    #[test]
+    fn generated_kernels_are_predicted_beside_the_hand_written_kernel_of_their_op() {
+        let text = "sm_90\tgenerated_00_rms_norm\t12\t12\t8\t128\t64\t8192\t8192\t2\n\
+                    sm_90\tgenerated_31_rotary_neox\t1\t0\t0\t256\t256\t8192\t8192\t0\n";
+        let generated = parse_generated_table(text).unwrap();
+        assert_eq!(generated[0].program(), "rms_norm");
+        assert_eq!((generated[0].wide_at_width, generated[0].block, generated[0].barriers), (8, 128, 2));
+        assert!(parse_generated_table("sm_90\tgenerated_00_rms_norm\t12\t12\n").is_err());
+        let program = "rms_norm.cu[dtype=bf16, weight=bf16, vec=true, threads_per_row=64]";
+        let cuda = [
+            CudaKernel {
+                sm: "sm_90".into(),
+                program: "generated_00_rms_norm".into(),
+                kernel: "generated_00_rms_norm".into(),
+                registers: 112,
+                shared_bytes: 0,
+            },
+            CudaKernel {
+                sm: "sm_90".into(),
+                program: program.into(),
+                kernel: "rms_norm_bf16".into(),
+                registers: 113,
+                shared_bytes: 0,
+            },
+        ];
+        let loads = [SassLoads {
+            sm: "sm_90".into(),
+            program: program.into(),
+            kernel: "rms_norm_bf16".into(),
+            threads_per_row: 64,
+            block: 128,
+            up_to_hidden: 6144,
+            loads: 12,
+        }];
+        // The hand-written norm at 4096: 8 of its 12 cached chunks are in the row; one barrier
+        // (its row sum past a warp); the generated kernel's traffic.
+        let (kernel, hand) = hand_written_beside(&generated[0], &cuda, &loads).unwrap();
+        assert_eq!(kernel, "rms_norm_bf16");
+        assert_eq!((hand.wide_loads, hand.barriers, hand.read_per_row, hand.registers), (8, 1, 8192, 113));
+        // No hand-written rotary stands beside a generated one here.
+        assert!(hand_written_beside(&generated[1], &cuda, &loads).is_none());
+        // One more barrier per block, the rest alike: never a better prediction.
+        let ours = RowLaunch { registers: 112, barriers: 2, ..hand };
+        assert!(ours.predicted_share() <= hand.predicted_share());
+        assert!(ours.predicted_share() > 0.5, "{}", ours.predicted_share());
+        let section = render_generated_loads(&cuda, &loads, &text[..text.find('\n').unwrap() + 1]).unwrap();
+        assert!(section.contains("| `generated_00_rms_norm` | 112 | 12 | 12 | 8 |"), "{section}");
+        assert!(section.contains("`rms_norm_bf16` | 113 | 8 |"), "{section}");
+        // A generated kernel the ptxas table lacks is an error, not a silent row.
+        assert!(render_generated_loads(&cuda[1..], &loads, text).is_err());
     }
 
     #[test]

@@ -643,7 +643,7 @@ fn check_loads_in_flight(dir: &std::path::Path) {
 fn check_gated_loads_in_flight(dir: &std::path::Path) {
     let Ok(nvdisasm) = nvdisasm() else { return };
     const GATED_UNROLL: usize = kernel_support::GATED_STEP_CHUNKS;
-    const GATED_TABLE_WIDTHS: [usize; 3] = [2048, 8192, 14336];
+    const GATED_TABLE_WIDTHS: [usize; 4] = [2048, 4096, 8192, 14336];
     let (mut rows, mut table) = (Vec::new(), String::new());
     for (_, sm) in ARCHS {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -727,7 +727,7 @@ fn check_quant_loads_in_flight(dir: &std::path::Path) {
 /// The kernels generated from the built-in row programs, on sm_90: the global loads a thread issues
 /// before it first reads one, and how many load 16 bytes (what `cargo xtask kernel-resources` puts
 /// beside the hand-written kernels'; printed, and written to `VLLM_IR_GENERATED_LOADS_TABLE` as
-/// `sm, label, loads, 16-byte loads` rows). A generated kernel loads one element per operand per
+/// rows of [`GeneratedLaunch::row`]). A generated kernel loads one element per operand per
 /// column and uses it at once, so this is what its columns have in flight.
 fn report_generated_loads(dir: &std::path::Path) {
     let Ok(nvdisasm) = nvdisasm() else { return };
@@ -744,7 +744,8 @@ fn report_generated_loads(dir: &std::path::Path) {
             "  sm_90 {label}: {} loads in flight before the first use ({} of 16 bytes)",
             pass.loads_before_first_use, pass.wide_loads
         ));
-        table.push_str(&format!("sm_90\t{label}\t{}\t{}\n", pass.loads_before_first_use, pass.wide_loads));
+        let launch = GeneratedLaunch::of(program, &pass);
+        table.push_str(&format!("sm_90\t{label}\t{}\n", launch.row()));
     }
     if let Ok(path) = std::env::var(GENERATED_LOADS_ENV) {
         std::fs::write(&path, table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
@@ -753,6 +754,96 @@ fn report_generated_loads(dir: &std::path::Path) {
     let _ = writeln!(err, "nvdisasm: read {} generated kernels; loads in flight per thread:", rows.len());
     for row in rows {
         let _ = writeln!(err, "{row}");
+    }
+}
+
+/// What the resource report's prediction needs of a generated kernel's launch on rows of 4096 bf16
+/// elements ([`generated_binding`], an aligned call): its loads in flight, its block and row
+/// geometry, the DRAM bytes a row moves, and the barriers a block waits at.
+struct GeneratedLaunch {
+    /// Global loads before the first use, and of those the 16-byte ones (the SASS's count).
+    loads: usize,
+    wide: usize,
+    /// The 16-byte loads in flight at rows of 4096: each activation stream a thread caches holds
+    /// `cached_chunks` chunks in the SASS, of which the row has `chunks_per_thread`.
+    wide_at_width: usize,
+    block: u32,
+    threads_per_row: u32,
+    /// DRAM bytes a row reads (its activations; weights and caches stay in L2) and writes.
+    read_per_row: usize,
+    written_per_row: usize,
+    /// Barriers a block waits at: two per row reduction past a warp (`rp_row_reduce`), log2(block)
+    /// + 2 per block reduction of a walk, and those the kernel's own source has.
+    barriers: usize,
+}
+
+impl GeneratedLaunch {
+    fn of(program: &ir_ops::row_program::RowProgram, pass: &FirstPass) -> GeneratedLaunch {
+        use ir_ops::row_program::{Extent, Op};
+        use kernel_support::program::RowShape;
+        let binding = generated_binding(program);
+        let shape = RowShape::for_call(program, &binding, true);
+        let source = kernel_support::program::gpu_source(program, &binding, shape).unwrap();
+        let kernel = source.split("extern \"C\"").nth(1).expect("the kernel's entry point");
+        let block = shape.block();
+        let (threads_per_row, wide_at_width) = match shape {
+            RowShape::Chunks { threads_per_row, .. } => {
+                let cached = kernel_support::program::cached_chunks(program, &binding, threads_per_row) as usize;
+                let chunk = kernel_support::program::chunk_elements(program, &binding);
+                let per_thread = binding.width.div_ceil(chunk).div_ceil(threads_per_row as usize);
+                (threads_per_row, pass.wide_loads * cached.min(per_thread) / cached.max(1))
+            }
+            RowShape::Walk => (block, pass.wide_loads),
+        };
+        let row_reduce = if threads_per_row > 32 { 2 } else { 0 };
+        let block_reduce = block.ilog2() as usize + 2;
+        let barriers = kernel.matches("rp_row_reduce<").count() * row_reduce
+            + (kernel.matches("block_sum<").count() + kernel.matches("block_max<").count()) * block_reduce
+            + kernel.matches("__syncthreads();").count();
+        let bytes = |dtype: DType| binding.width * dtype.size_in_bytes();
+        let mut streams = Vec::new();
+        for step in program.steps() {
+            if let Op::Load { input, block } = step.op
+                && !streams.contains(&(input, block))
+            {
+                streams.push((input, block));
+            }
+        }
+        let read_per_row = streams.iter().map(|&(input, _)| bytes(binding.dtypes[input].unwrap())).sum();
+        let written_per_row = program
+            .outputs()
+            .iter()
+            .map(|output| match program.steps()[output.value.0 as usize].extent {
+                Extent::Element => bytes(binding.output_dtype(output.dtype)),
+                Extent::Row => binding.output_dtype(output.dtype).size_in_bytes(),
+            })
+            .sum();
+        GeneratedLaunch {
+            loads: pass.loads_before_first_use,
+            wide: pass.wide_loads,
+            wide_at_width,
+            block,
+            threads_per_row,
+            read_per_row,
+            written_per_row,
+            barriers,
+        }
+    }
+
+    /// The table's fields after the architecture and label: loads, 16-byte loads, 16-byte loads at
+    /// the width, block, threads per row, bytes read and written per row, barriers per block.
+    fn row(&self) -> String {
+        let fields = [
+            self.loads,
+            self.wide,
+            self.wide_at_width,
+            self.block as usize,
+            self.threads_per_row as usize,
+            self.read_per_row,
+            self.written_per_row,
+            self.barriers,
+        ];
+        fields.map(|field| field.to_string()).join("\t")
     }
 }
 
