@@ -2038,3 +2038,117 @@ fn the_generated_sandwich_gives_the_hand_written_norms_bits_on_the_emulated_gpus
         }
     }
 }
+
+/// The row program of `def`'s call with `host` arguments, and the arguments it takes (their
+/// indices among the op's): the norms and quantizations whose generated kernels stand beside
+/// hand-written ones with the same order of operations.
+fn program_of_call(def: &OpDef, host: &[Value]) -> (ir_ops::row_program::RowProgram, Vec<usize>) {
+    use ir_core::op::StrEnum;
+    use ir_ops::row_program::builtin;
+    let given = |at: usize| host.get(at).is_some_and(|v| !matches!(v, Value::None));
+    let rounding = |at: usize| match host.get(at) {
+        Some(Value::Str(text)) => ir_ops::Rounding::from_str(text).unwrap(),
+        _ => ir_ops::Rounding::Exact,
+    };
+    let picked = |at: &[usize]| at.iter().copied().filter(|&i| given(i)).collect();
+    match def.name {
+        "rms_norm" => (builtin::rms_norm(given(1), given(3)), picked(&[0, 1, 2, 3])),
+        "fused_add_rms_norm" => {
+            (builtin::fused_add_rms_norm(given(2), given(4), rounding(5)), picked(&[0, 1, 2, 3, 4]))
+        }
+        "static_scaled_fp8_quant" => {
+            let Value::DType(out) = host[2] else { panic!("static quantization's out_dtype") };
+            (builtin::static_scaled_fp8_quant(out, rounding(3)).unwrap(), vec![0, 1])
+        }
+        "dynamic_per_token_scaled_fp8_quant" => {
+            let Value::DType(out) = host[2] else { panic!("per-token quantization's out_dtype") };
+            (builtin::dynamic_per_token_scaled_fp8_quant(out, given(1)).unwrap(), picked(&[0, 1]))
+        }
+        other => panic!("no program stands beside a hand-written {other} here"),
+    }
+}
+
+/// The kernels generated from the programs of `rms_norm`, `fused_add_rms_norm` and the static and
+/// per-token quantizations give the hand-written CUDA and HIP kernels' bits on the emulated GPUs,
+/// where both fix the order of operations: the norms' chunk ownership and reduction tree (small,
+/// Llama-sized and long rows, past the register cache), the quantizations' elementwise codes and
+/// order-free absmax. Compact rows (16-byte accesses where a chunk fits) and padded ones, f32, bf16
+/// and f16, both roundings. What stands between such a generated kernel and the hand-written one
+/// it would replace is the benchmark on a device.
+#[test]
+fn the_generated_norms_and_quantizations_give_the_hand_written_kernels_bits_on_the_emulated_gpus() {
+    use ir_ops::dynamic_per_token_scaled_fp8_quant::DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT;
+    use ir_ops::row_program::RowArg;
+    use ir_ops::static_scaled_fp8_quant::STATIC_SCALED_FP8_QUANT;
+    use kernel_support::emu::Dialect;
+    let emulated: Vec<(Backend, Dialect)> = emulated_backends()
+        .into_iter()
+        .filter_map(|backend| match backend.provider {
+            "emu_cuda" => Some((backend, Dialect::Cuda)),
+            "emu_hip" => Some((backend, Dialect::Hip)),
+            _ => None,
+        })
+        .collect();
+    if emulated.is_empty() {
+        return ir_core::testing::skip("cxx", "no emulated GPU: generated and hand-written kernels not compared");
+    }
+    let defs = [&RMS_NORM, &FUSED_ADD_RMS_NORM, &STATIC_SCALED_FP8_QUANT, &DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT];
+    // 8 threads per row; a partial chunk; 64 (Llama's 4096); 256, past the register cache.
+    let shapes = [(3usize, 64usize), (5, 100), (2, 4096), (2, 20000)];
+    for (backend, dialect) in &emulated {
+        for def in defs {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for (seed, (tokens, hidden)) in shapes.into_iter().enumerate() {
+                    let spec =
+                        InputSpec { num_tokens: tokens, hidden_size: hidden, dtype, epsilon: EPS, seed: seed as u64 };
+                    let mut host = (def.generate_inputs)(&spec).unwrap();
+                    if def.name == "fused_add_rms_norm" {
+                        // Both roundings, by seed.
+                        let rounding = ROUNDINGS[seed % 2];
+                        host[5] = Value::Str(ir_core::op::StrEnum::as_str(rounding).to_owned());
+                    }
+                    let (program, picks) = program_of_call(def, &host);
+                    let activations = def.activation_indices().unwrap();
+                    for padded in [false, true] {
+                        let label =
+                            format!("{} {} {dtype} T={tokens} H={hidden} padded={padded}", backend.provider, def.name);
+                        let (hand, launches) = run_logged(backend, def, &host, padded);
+                        assert!(
+                            launches.iter().all(|l| &*l.kernel != "row_program"),
+                            "{label}: the hand-written kernel ran: {launches:?}"
+                        );
+                        let tensors: Vec<Option<Tensor>> = host
+                            .iter()
+                            .enumerate()
+                            .map(|(i, v)| match v {
+                                Value::Tensor(t) if padded && activations.contains(&i) => Some(row_padded(t)),
+                                Value::Tensor(t) => Some(t.clone()),
+                                _ => None,
+                            })
+                            .collect();
+                        let args: Vec<RowArg<'_>> = picks
+                            .iter()
+                            .map(|&i| match &host[i] {
+                                Value::Tensor(_) => RowArg::Tensor(tensors[i].as_ref().unwrap()),
+                                Value::F64(v) => RowArg::Scalar(*v),
+                                Value::I64(v) => RowArg::Scalar(*v as f64),
+                                other => panic!("{label}: argument {i} is {other:?}"),
+                            })
+                            .collect();
+                        kernel_support::emu::take_launches();
+                        let generated = kernel_support::emu::run_row_program(&program, &args, *dialect, false)
+                            .unwrap_or_else(|e| panic!("{label}: generated: {e}"));
+                        let launches = kernel_support::emu::take_launches();
+                        let whole = hidden.is_multiple_of(kernel_support::gpu_chunk(dtype)) && (!padded || tokens == 1);
+                        assert_eq!(launches.iter().any(is_16_byte), whole, "{label}: {launches:?}");
+                        assert_eq!(generated.len(), hand.len(), "{label}: outputs");
+                        for (index, (g, h)) in generated.iter().zip(&hand).enumerate() {
+                            let h = h.contiguous().unwrap();
+                            assert!(bit_eq(g, &h), "{label}: output {index} differs from the hand-written kernel's");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
