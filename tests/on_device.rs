@@ -228,11 +228,10 @@ fn a_compiled_graph_on_transposed_device_inputs_stays_on_the_device() {
 }
 
 /// The norm chains `fuse-row-programs` fuses (Gemma's sandwich, an add + LayerNorm), traced unfused
-/// on the device. The standard pipeline fuses the sandwich on CUDA (its generated kernel reduces
-/// as its hand-written norms do) and keeps the other chains apart (an OpenCL kernel reduces by
-/// another tree, HIP's norms mixing f64 run at other threads per row, add + LayerNorm is not
-/// proven bit for bit), and the outputs keep their bits. By name the pass fuses both onto the
-/// device provider, within tolerance.
+/// on the device. The standard pipeline fuses the sandwich on CUDA and HIP (its generated kernel
+/// reduces as the hand-written norms do) and keeps the other chains apart (an OpenCL kernel
+/// reduces by another tree, add + LayerNorm is not proven bit for bit), and the outputs keep their
+/// bits. By name the pass fuses both onto the device provider, within tolerance.
 #[test]
 fn norm_chains_fuse_on_each_device_by_name_and_stay_apart_in_the_exact_form() {
     on_each_device("the fused norm chains", |backend| {
@@ -268,13 +267,13 @@ fn norm_chains_fuse_on_each_device_by_name_and_stay_apart_in_the_exact_form() {
                 let report = Pipeline::standard().run(&mut exact, &cx, None, Snapshots::Skip).unwrap();
                 let reports: Vec<String> = report.runs.iter().map(|run| run.report.to_string()).collect();
                 let kept = format!("on `{label}` the fused op is within its tolerance of the chain");
-                let cuda = matches!(label, "cuda" | "emu_cuda");
-                let fused = if cuda { "fused 1 row-program" } else { "fused 0 row-program" };
+                let cuda_or_hip = matches!(label, "cuda" | "emu_cuda" | "rocm" | "emu_hip" | "emu_hip_wave32");
+                let fused = if cuda_or_hip { "fused 1 row-program" } else { "fused 0 row-program" };
                 assert!(reports.iter().any(|r| r.contains(fused) && r.contains(&kept)), "{label}: {reports:?}");
                 assert_eq!(
                     exact.to_string().contains(&format!("fused_sandwich_rms_norm[{label}]")),
-                    cuda,
-                    "{label}: the sandwich fused exactly on CUDA only:\n{exact}"
+                    cuda_or_hip,
+                    "{label}: the sandwich fused exactly on CUDA and HIP only:\n{exact}"
                 );
                 let run = interpret(&exact, &backend.registry, named(), InterpOptions::checked()).unwrap();
                 for (i, (got, want)) in run.outputs.iter().zip(&reference.outputs).enumerate() {

@@ -13,7 +13,8 @@
 //   is compiled with contraction off (`-ffp-contract=off`) and SSE arithmetic, so `a * b` is one
 //   IEEE multiplication.
 // - `gpu_isnan`, and `GPU_FP8_HARDWARE` 0: fp8 is converted in software (`kernels/gpu/fp8.h`).
-// - `gpu_shfl_xor`, `GPU_WARP`, `GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`, `GPU_ROWS`,
+// - `gpu_shfl_xor`, `GPU_WARP`, `GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`,
+//   `GPU_NORM_ROUNDED_SQUARES`, `GPU_ROWS`,
 //   `GPU_ELEMENTS` and `GPU_KERNEL_DTYPES` as the dialect emulated defines them.
 
 #include <math.h>
@@ -98,6 +99,7 @@ template <class T> __device__ __forceinline__ T gpu_shfl_xor(T value, int lane_m
 #define GPU_WARP warpSize
 #define GPU_NORM_CLAMPED_LOADS 1
 #define GPU_NORM_SCALAR_WEIGHT_AHEAD 0
+#define GPU_NORM_ROUNDED_SQUARES 1
 
 #define GPU_ROWS(row, n_rows) for (long long row = blockIdx.x; row < (n_rows); row += gridDim.x)
 #define GPU_ELEMENTS(i, n) \
@@ -126,6 +128,7 @@ template <class T> __device__ __forceinline__ T gpu_shfl_xor(T value, int lane_m
 #define GPU_WARP 32
 #define GPU_NORM_CLAMPED_LOADS 0
 #define GPU_NORM_SCALAR_WEIGHT_AHEAD 1
+#define GPU_NORM_ROUNDED_SQUARES 0
 
 #define GPU_ROWS(row, n_rows) if (long long row = blockIdx.x; row < (n_rows))
 #define GPU_ELEMENTS(i, n) if (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n))

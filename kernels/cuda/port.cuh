@@ -14,7 +14,7 @@
 //   `fp8_hardware<E5M2>` is `cvt.rn.satfinite` (`kernels/gpu/fp8.h` picks it).
 // - `gpu_load_in_order`, a 16-byte load ptxas keeps in program order; `gpu_shfl_xor` and
 //   `GPU_WARP`, the warp's butterfly shuffle and width; how the norms keep loads in flight
-//   (`GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`).
+//   (`GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`, `GPU_NORM_ROUNDED_SQUARES`).
 // - `GPU_ROWS(row, n_rows)`, the rows a block computes: CUDA launches one block per row (up to
 //   2^31 - 1), so a block takes its own row, `if (row < n_rows)`. Written as a loop over rows,
 //   ptxas spilled the dynamic quantization (48 bytes) and the norm + quantization. Likewise
@@ -106,6 +106,8 @@ template <class T> __device__ __forceinline__ T gpu_shfl_xor(T value, int lane_m
 // loaded a group of chunks ahead of the group's stores like a 16-byte one.
 #define GPU_NORM_CLAMPED_LOADS 0
 #define GPU_NORM_SCALAR_WEIGHT_AHEAD 1
+// NVRTC leaves the norms' squares and sums apart through their select (`tests/nvrtc.rs`).
+#define GPU_NORM_ROUNDED_SQUARES 0
 
 #define GPU_ROWS(row, n_rows) if (long long row = blockIdx.x; row < (n_rows))
 #define GPU_ELEMENTS(i, n) if (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n))

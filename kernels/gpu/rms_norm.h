@@ -134,11 +134,21 @@ __device__ __noinline__ double norm_wide_sum_squares(const typename Elem<DT>::T*
 }
 
 // Adds the squares of chunk `c`'s elements among the first `variance` of the row to `sum`, in element
-// order (the others add an exact 0, so with variance = H the sum is the plain one).
+// order (the others add an exact 0, so with variance = H the sum is the plain one). Each square and
+// each sum rounds on its own, as on the emulated GPU and in a generated kernel: with
+// `GPU_NORM_ROUNDED_SQUARES` (HIP) they are a `c_mul` and a `c_add`, which hipcc may not contract
+// into a fused multiply-add; NVRTC keeps the select between them apart (`tests/nvrtc.rs` reads the
+// PTX), and with the `_rn` intrinsics ptxas took more registers (12 more for bf16 rows past 16384).
 template <int CHUNK, typename V>
 __device__ __forceinline__ void norm_add_squares(V& sum, const V* s, long long c, int variance) {
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) sum += (c * CHUNK + i < variance) ? s[i] * s[i] : V(0);
+    for (int i = 0; i < CHUNK; ++i) {
+#if GPU_NORM_ROUNDED_SQUARES
+        sum = c_add(sum, (c * CHUNK + i < variance) ? c_mul(s[i], s[i]) : V(0));
+#else
+        sum += (c * CHUNK + i < variance) ? s[i] * s[i] : V(0);
+#endif
+    }
 }
 
 // Chunk `c` of x, plus the residual's for the fused op (one addition in C per element).

@@ -11,7 +11,8 @@
 //   `kernels/gpu/compute.h`, included at the end.
 // - `gpu_isnan`, and `GPU_FP8_HARDWARE` 0: fp8 is converted in software (`kernels/gpu/fp8.h`).
 // - `gpu_load_in_order`, `gpu_shfl_xor` and `GPU_WARP` (the wave's shuffle and width), and how the
-//   norms keep loads in flight (`GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`).
+//   norms keep loads in flight (`GPU_NORM_CLAMPED_LOADS`, `GPU_NORM_SCALAR_WEIGHT_AHEAD`) and round
+//   their squares (`GPU_NORM_ROUNDED_SQUARES`).
 // - `GPU_ROWS(row, n_rows)`, the rows a block computes: a grid-stride loop, since the host caps a
 //   grid at HIP's 2^32 work-items; likewise `GPU_ELEMENTS(i, n)`, the elements a thread of the
 //   strided kernels takes.
@@ -85,6 +86,9 @@ template <class T> __device__ __forceinline__ T gpu_shfl_xor(T value, int lane_m
 // the first wait on the row's own loads.
 #define GPU_NORM_CLAMPED_LOADS 1
 #define GPU_NORM_SCALAR_WEIGHT_AHEAD 0
+// hipcc compiles HIP with contraction on, so a product may fuse with the sum it feeds: the norms'
+// sums of squares take `c_mul` and `c_add`, which round each on its own.
+#define GPU_NORM_ROUNDED_SQUARES 1
 
 #define GPU_ROWS(row, n_rows) for (long long row = blockIdx.x; row < (n_rows); row += gridDim.x)
 #define GPU_ELEMENTS(i, n) \

@@ -49,7 +49,7 @@ pub(crate) struct AddNorm {
 /// Whether a provider's row-program ops give the bits of its unfused kernels: the cpu's (its
 /// row-program interpreter sums in the cpu norms' lanes and computes silu as its gated kernel,
 /// tested bit for bit) and the reference's. A GPU's generated kernels give its unfused kernels'
-/// bits only where a chain proves it (the sandwich on CUDA): the hand-written gated kernels
+/// bits only where a chain proves it (the sandwich on CUDA and HIP): the hand-written gated kernels
 /// compute silu with other instructions, add + LayerNorm is not proven, and an OpenCL kernel
 /// reduces by another tree.
 pub(crate) fn reduces_like_its_norms(provider: &str) -> bool {

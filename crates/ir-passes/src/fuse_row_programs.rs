@@ -1,7 +1,8 @@
 //! The `fuse_row_programs` pass ([`fuse_row_programs`] documents it).
 
 use crate::analysis::FusionFacts;
-use ir_core::op::OpDef;
+use ir_core::DType;
+use ir_core::op::{ArgMeta, OpDef};
 use ir_graph::{Arg, Graph, NodeId, ValueId};
 use ir_ops::dynamic_per_token_scaled_fp8_quant::{
     DYNAMIC_PER_TOKEN_SCALED_FP8_QUANT, DynamicPerTokenScaledFp8QuantArgs,
@@ -64,8 +65,11 @@ struct Chain {
     /// The names of the fused op's two results (for a metadata refusal).
     results: [&'static str; 2],
     /// Whether the fused op gives the chain's bits on a provider that runs all three calls.
-    bit_exact_on: fn(provider: &str) -> bool,
+    bit_exact_on: BitExactOn,
 }
+
+/// Whether a fused op gives its chain's bits on `provider`, called on tensors of `dtypes`.
+type BitExactOn = fn(provider: &str, dtypes: &[DType]) -> bool;
 
 /// The chains with a fused op.
 static CHAINS: [Chain; 2] = [
@@ -86,18 +90,20 @@ static CHAINS: [Chain; 2] = [
         // A provider's fused kernel computes silu from the program's steps, its `silu_and_mul`
         // kernel its own way: the cpu's both as `g / (1 + exp(-g))` with one vectorized `exp`
         // (tested bit for bit in `kernels-cpu`), a GPU's with other instructions.
-        bit_exact_on: reduces_like_its_norms,
+        bit_exact_on: |provider, _| reduces_like_its_norms(provider),
     },
 ];
 
 /// Whether a provider's `fused_sandwich_rms_norm` gives its `rms_norm` then `fused_add_rms_norm`
-/// bits: where its row programs reduce like its norms, and on CUDA (the device and the emulated
-/// one), whose generated kernel owns and reduces a row's chunks as its hand-written norms do,
-/// sums an overflowing row again in double as they do, and rounds every product on its own as
-/// they do (tested bit for bit on the emulated GPU, and for fused multiply-adds in the PTX). Not
-/// on HIP: its hand-written norms mixing f64 with another dtype run at other threads per row.
-fn sandwich_bit_exact_on(provider: &str) -> bool {
-    reduces_like_its_norms(provider) || matches!(provider, "cuda" | "emu_cuda")
+/// bits: where its row programs reduce like its norms, and on CUDA and HIP (the devices and the
+/// emulated ones, wavefronts of 64 and 32) for f32, f16 and bf16 tensors: the generated kernel owns
+/// and reduces a row's chunks as the hand-written norms do, sums an overflowing row again in
+/// double as they do, and rounds every product and sum on its own as they do (tested bit for bit
+/// on every emulated GPU, and for fused multiply-adds in the PTX). f64, a reference dtype, is not
+/// proven: HIP's norms mixing it with another dtype run at other threads per row.
+fn sandwich_bit_exact_on(provider: &str, dtypes: &[DType]) -> bool {
+    const GPUS: [&str; 5] = ["cuda", "emu_cuda", "rocm", "emu_hip", "emu_hip_wave32"];
+    reduces_like_its_norms(provider) || (GPUS.contains(&provider) && !dtypes.contains(&DType::F64))
 }
 
 /// `rms_norm(x, post_weight, epsilon, none)` then `fused_add_rms_norm(h, r, pre_weight, epsilon,
@@ -383,7 +389,7 @@ fn not_exact_calls(
     graph: &Graph,
     cx: &PassContext<'_>,
     fused: &'static OpDef,
-    bit_exact_on: fn(&str) -> bool,
+    bit_exact_on: BitExactOn,
     calls: &[(&'static OpDef, &[Arg])],
     fused_args: &[Arg],
 ) -> Option<FusionSkip> {
@@ -398,7 +404,14 @@ fn not_exact_calls(
             Err(why) => return Some(FusionSkip::Metadata(why)),
         }
     }
-    (!bit_exact_on(&provider)).then_some(FusionSkip::NotBitExact { provider })
+    let dtypes: Vec<DType> = fused_args
+        .iter()
+        .filter_map(|arg| match graph.arg_meta(arg) {
+            ArgMeta::Tensor(meta) => Some(meta.dtype),
+            _ => None,
+        })
+        .collect();
+    (!bit_exact_on(&provider, &dtypes)).then_some(FusionSkip::NotBitExact { provider })
 }
 
 /// One tensor's head norm feeding a rotation: `reshape(rms_norm(reshape(x, [t, n, d]), w, eps),
@@ -544,7 +557,8 @@ fn fuse_qk_norm_rope(
             // The cpu composes its norm and rotary rows (the chain's bits); a GPU's generated
             // kernel reduces a head otherwise than its hand-written norm.
             let fused = &FUSED_QK_NORM_ROPE;
-            if let Some(reason) = not_exact_calls(graph, cx, fused, reduces_like_its_norms, &calls, &fused_args) {
+            let exact_on: BitExactOn = |provider, _| reduces_like_its_norms(provider);
+            if let Some(reason) = not_exact_calls(graph, cx, fused, exact_on, &calls, &fused_args) {
                 report.skipped.push(skip(reason));
                 continue;
             }
