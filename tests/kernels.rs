@@ -1959,7 +1959,7 @@ fn layer_norm_runs_as_a_generated_kernel_on_every_gpu_backend() {
 /// squares are the same whatever the access width, and a row whose f32 sum overflows is summed
 /// again in double by both. Rows of every threads-per-row bucket and past the registers' cache,
 /// compact (whole 16-byte chunks) and padded (element by element), in every compute dtype and
-/// both roundings.
+/// both roundings, and with Gemma's f32 weights on 16-bit rows.
 #[test]
 fn the_generated_sandwich_gives_the_hand_written_norms_bits_on_the_emulated_gpus() {
     use ir_ops::fused_sandwich_rms_norm::FUSED_SANDWICH_RMS_NORM;
@@ -1986,9 +1986,18 @@ fn the_generated_sandwich_gives_the_hand_written_norms_bits_on_the_emulated_gpus
                         host[at] = Value::Tensor(Tensor::from_f64(dtype, &[tokens, hidden], &scaled).unwrap());
                     }
                 }
-                for padded in [false, true] {
+                // Gemma's f32 weights on 16-bit rows, at a small, a Llama-sized and a long width.
+                let mixes: &[bool] = if dtype != DType::F32 && seed % 3 == 0 { &[false, true] } else { &[false] };
+                for (&mixed, padded) in mixes.iter().flat_map(|m| [(m, false), (m, true)]) {
+                    let mut host = host.clone();
+                    if mixed {
+                        for at in [2, 3] {
+                            let weight = host[at].as_tensor().unwrap().to_f64_vec().unwrap();
+                            host[at] = Value::Tensor(Tensor::from_f64(DType::F32, &[hidden], &weight).unwrap());
+                        }
+                    }
                     let label = format!(
-                        "{} {dtype} T={tokens} H={hidden} padded={padded} overflow={overflow}",
+                        "{} {dtype} T={tokens} H={hidden} padded={padded} overflow={overflow} f32 weights={mixed}",
                         backend.provider
                     );
                     let (fused, launches) = run_logged(backend, def, &host, padded);
